@@ -81,7 +81,7 @@ REQUIRED = "required"
 class LLMRequest:
     """One task for the LLM. When `schema` is set, the reply's `data` is the JSON value the
     model answered, asked to match it; the task reads what it needs of it, so a reply may
-    leave out what the task can do without (`mnemo.calls.reply`).
+    leave out what the task can do without (`mnemo.calls.tasks`).
 
     `tool_choice` says which of `tools` the reply must call: None leaves it to the model,
     `REQUIRED` ("required") asks for a call of any of them, and a tool's name for a call of

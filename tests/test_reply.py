@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mnemo.calls.reply import UNSET, Reply, UnsetType, most_tokens, read_reply, reply_schema
+from mnemo.calls.tasks import UNSET, Reply, UnsetType, most_tokens, read_reply, reply_schema
 from mnemo.extraction import prompts
 from mnemo.ports import LLMResponse
 from tests.fakes import js

@@ -1,37 +1,17 @@
 """`Transport`: the one place where mnemo's HTTP adapters become robust.
 
-Every adapter (OpenAI-compatible chat, Anthropic, OpenAI embeddings) sends its requests through
-one `Transport`, which owns one `httpx.AsyncClient` (its connections pooled by aiohttp, `Pool`;
-a request is built from its path's template and handed to that network transport directly,
-`Transport._send`; msgspec writes the body and reads the reply) and applies, in this order, to
-each attempt:
-
-1. a concurrency limit adapted to the server (`mnemo.adapters.limit.Limit`: it learns how many
-   requests the server serves at once, below the `max_concurrency` ceiling, unless
-   `concurrency` pins it);
-2. client-side rate limits: requests/min and tokens/min token buckets (`RateGate`), plus a pause
-   shared by every caller after a 429, so one rate-limited reply slows all of them down;
-3. a timeout on the whole attempt (`anyio.fail_after`, covering connect, upload and download).
-
-Waiting for 1 and 2 is mnemo's own queue: it never counts against the attempt's timeout nor the
-task's retry budget (`mnemo.calls.deadline.waiting`). A timeout, a 429 or 503 and a refused
-connection tell the limit the server is overloaded: it drops before the retry waits for a slot.
-
-A failed attempt is retried with exponential backoff and full jitter when it may succeed later:
-HTTP 408, 409, 429 and 5xx, connection errors, timeouts, and a 2xx body that is not the reply
-the caller reads (`post_json`'s `reply`, a msgspec struct): a truncated body, a chat completion
-without its message, a provider's garbage. `Retry-After` (seconds or an HTTP date, and OpenAI's
-`retry-after-ms`) replaces the computed delay and is waited in full, so a retry is never sent
-before the server allows it; one past `Backoff.max_retry_after` fails at once. Any other
-status is final at once, and so is any error reply the caller's `refusal` predicate recognises
-(a local server refusing a request parameter with HTTP 500 will refuse it again). Every attempt
-is charged to the task's `mnemo.calls.retry.Budget`: retries stop when it has no call left or the
-wait would end past its seconds (a far `Retry-After` fails at once), and an attempt's timeout
-is cut to the seconds left. Giving up raises the adapter's error class (`LLMError`,
-`EmbeddingError`; `timeout_error` for timeouts) with a message naming the HTTP status and the
-provider's own error message; its `__cause__` is an `HTTPFailure` (status, message) or the
-connection error. Waiting goes through the policy's `Clock`, so tests drive backoff and rate
-limits in virtual time instead of sleeping.
+Each adapter's `Transport` owns one `httpx.AsyncClient` over aiohttp's pool (`Pool`; msgspec
+writes each body and reads each reply) and applies to each attempt, in this order: a concurrency
+limit adapted to the server (`Limit`), client-side rate limits (`RateGate`, paused for every
+caller after a 429), and a timeout on the whole attempt. Waiting for the first two counts
+against no timeout nor retry budget (`mnemo.calls.retry.waiting`). A failed attempt is retried
+with backoff and full jitter when it may succeed later (408, 409, 429, 5xx, connection errors,
+timeouts, a 2xx body that is not the reply the caller reads); `Retry-After` (or OpenAI's
+`retry-after-ms`) is waited in full, or failed at once past `Backoff.max_retry_after`. Any other
+status, or an error reply the caller's `refusal` recognises, is final. Every attempt is charged
+to the task's `Budget`, and its timeout cut to the budget's seconds left. Giving up raises the
+adapter's error class naming the HTTP status and the provider's message; its `__cause__` is an
+`HTTPFailure` or the connection error.
 """
 
 from __future__ import annotations
@@ -39,26 +19,33 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Protocol, TypeVar
+from typing import Protocol, Self, TypedDict, TypeVar, Unpack
 
 import anyio
 import httpx
 import msgspec
 
 from mnemo.adapters._pool import Pool
-from mnemo.adapters.limit import Limit, Ticket
-from mnemo.calls import deadline
-from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, policy_from
+from mnemo.adapters.limit import Limit, RateGate, Ticket
+from mnemo.calls.retry import (
+    Backoff,
+    Budget,
+    Clock,
+    RetryPolicy,
+    allow,
+    policy_from,
+    remaining,
+    waiting,
+)
 from mnemo.errors import AdapterError, InvalidInputError
+from mnemo.inputs import check_count
 
 logger = logging.getLogger("mnemo.adapters")
 
-# Statuses worth another attempt: the server timed out, hit a conflict, rate-limited us, or
-# failed. Every other 4xx means the request itself is wrong; sending it again cannot help.
+# Statuses worth another attempt (and 5xx); any other 4xx says the request itself is wrong.
 RETRY_STATUSES = frozenset({408, 409, 429})
 # One attempt's seconds when the adapter sets none and the work it serves has no longer
 # deadline: the first guess, until the server's speed is measured; the most the measure gives.
@@ -72,32 +59,23 @@ CHARS_PER_TOKEN = 4
 
 
 class WireReply(Protocol):
-    """A provider's reply as an adapter reads it: a msgspec struct of the fields it uses."""
+    """A provider's reply as an adapter reads it: a msgspec struct of the fields it uses, and
+    the (input, output) tokens it says it used."""
 
-    def tokens(self) -> Tokens:
-        """The (input, output) tokens the reply says it used."""
-        ...
+    def tokens(self) -> Tokens: ...
 
 
 R = TypeVar("R", bound=WireReply)
 
 
-def resolve_key(given: str | None, env: str, *, base_url: str, provider_url: str,
-            provider: str, transport: object | None = None) -> str | None:
-    """The key to send: the argument, else the environment variable `env` (read now, when
-    the adapter is made, never at import).
+class Counts(msgspec.Struct):
+    """A reply's token counts, under each provider's names."""
 
-    Raises:
-        InvalidInputError: there is none, `base_url` is the provider's own API (a local
-            server such as Ollama needs no key) and the requests would go there over the
-            network: no `transport`, or httpx's own network one (a replacement such as
-            `httpx.MockTransport` needs none).
-    """
-    key = given if given is not None else os.environ.get(env)
-    networked = transport is None or isinstance(transport, httpx.AsyncHTTPTransport)
-    if not key and base_url == provider_url and networked:
-        raise InvalidInputError(f"the {provider} API needs a key: pass api_key= or set {env}")
-    return key or None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
 
 
 # What servers say when a prompt does not fit the model's context (llama.cpp, vLLM, OpenAI,
@@ -107,11 +85,8 @@ _CONTEXT_WORDS = ("context size", "context length", "context window", "exceed_co
 
 
 class HTTPFailure(Exception):
-    """A provider's HTTP error reply: `status` and the error `message` from its body.
-
-    It is the `__cause__` of the `AdapterError` a `Transport` raises, so an adapter can react to
-    a given status (the OpenAI adapter's structured-output fallback does).
-    """
+    """A provider's HTTP error reply: `status` and the error `message` from its body; the
+    `__cause__` of the `AdapterError` a `Transport` raises, for an adapter to react to."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status} {_reason(status)}: {message}")
@@ -159,134 +134,61 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None
     return max(seconds, 0.0) if math.isfinite(seconds) else None
 
 
-class _Bucket:
-    """A token bucket: `per_minute` units refill continuously up to `capacity`.
+class Closing:
+    """An async context manager that closes itself (`aclose`) on the way out."""
 
-    The level may go negative: a request larger than the bucket is let through when the bucket
-    is full, and a reply that used more tokens than estimated is charged afterwards; the debt
-    then delays later requests, so the average rate still holds.
-    """
+    async def aclose(self) -> None:
+        raise NotImplementedError
 
-    def __init__(self, per_minute: float, capacity: float, now: float) -> None:
-        self.rate = per_minute / 60.0
-        self.capacity = capacity
-        self.level = capacity
-        self.stamp = now
+    async def __aenter__(self) -> Self:
+        return self
 
-    def refill(self, now: float) -> None:
-        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
-        self.stamp = now
-
-    def wait_for(self, amount: float) -> float:
-        need = min(amount, self.capacity)
-        return 0.0 if self.level >= need else (need - self.level) / self.rate
-
-
-class RateGate:
-    """Client-side rate limits: requests/min and tokens/min, and a shared pause after a 429.
-
-    Each bucket holds `burst_seconds` worth of its rate (at least one request), not a whole
-    minute: providers enforce per-minute limits over shorter windows, so a minute's burst at
-    once would be refused. Callers pass the gate one at a time, in arrival order (a fair lock),
-    so a large request is not starved by small ones.
-    """
-
-    def __init__(
-        self,
-        *,
-        requests_per_minute: float | None,
-        tokens_per_minute: float | None,
-        clock: Clock,
-        burst_seconds: float = 1.0,
-    ) -> None:
-        now = clock.now()
-        self._clock = clock
-        self._requests = (
-            _Bucket(requests_per_minute, max(1.0, requests_per_minute / 60.0 * burst_seconds), now)
-            if requests_per_minute
-            else None
-        )
-        self._tokens = (
-            _Bucket(tokens_per_minute, max(1.0, tokens_per_minute / 60.0 * burst_seconds), now)
-            if tokens_per_minute
-            else None
-        )
-        self._paused_until = -math.inf
-        self._lock = anyio.Lock()
-
-    @property
-    def open(self) -> bool:
-        """Whether `acquire` has nothing to wait for: no limits, no pause, nobody in line."""
-        return self._requests is None and self._tokens is None and not self._lock.locked() \
-            and self._paused_until <= self._clock.now()
-
-    async def acquire(self, tokens: int) -> None:
-        """Waits until one more request of about `tokens` tokens fits the limits, and takes it."""
-        if self.open:
-            # No trip through the event loop (anyio's Lock yields once even when free).
-            return
-        async with self._lock:
-            while True:
-                wait = self._wait(tokens)
-                if wait <= 0:
-                    break
-                await self._clock.sleep(wait)
-            if self._requests is not None:
-                self._requests.level -= 1
-            if self._tokens is not None:
-                self._tokens.level -= tokens
-
-    def settle(self, estimated: int, actual: int) -> None:
-        """Corrects the tokens charged for a request once its real usage is known."""
-        if self._tokens is not None:
-            self._tokens.refill(self._clock.now())
-            self._tokens.level = min(self._tokens.capacity, self._tokens.level + estimated - actual)
-
-    def pause(self, seconds: float) -> None:
-        """Holds every request back for `seconds` from now (never shortens a longer pause)."""
-        self._paused_until = max(self._paused_until, self._clock.now() + seconds)
-
-    def _wait(self, tokens: int) -> float:
-        now = self._clock.now()
-        wait = self._paused_until - now
-        for bucket, amount in ((self._requests, 1), (self._tokens, tokens)):
-            if bucket is not None:
-                bucket.refill(now)
-                wait = max(wait, bucket.wait_for(amount))
-        return wait
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class _Retryable(Exception):
     """One attempt failed in a way another attempt may fix."""
 
-    def __init__(
-        self,
-        problem: str,
-        cause: BaseException,
-        *,
-        retry_after: float | None = None,
-        timed_out: bool = False,
-        rate_limited: bool = False,
-    ) -> None:
+    def __init__(self, problem: str, cause: BaseException, *, retry_after: float | None = None,
+                 timed_out: bool = False, rate_limited: bool = False) -> None:
         super().__init__(problem)
-        self.problem = problem
-        self.cause = cause
-        self.retry_after = retry_after
-        self.timed_out = timed_out
-        self.rate_limited = rate_limited
+        self.problem, self.cause, self.retry_after = problem, cause, retry_after
+        self.timed_out, self.rate_limited = timed_out, rate_limited
 
 
-class Transport:
-    """JSON over HTTP POST to one provider, with timeouts, retries, rate limits and a cap.
+class HTTPOptions(TypedDict, total=False):
+    """What every HTTP adapter passes to its `Transport`: `timeout` (seconds one request may
+    take; None: 60 s, longer when the work it serves has longer left or the server's measured
+    speed says its `max_tokens` need more: `Transport.attempt_timeout`), `requests_per_minute`
+    and `tokens_per_minute` (client-side rate limits), `max_concurrency` (the most requests in
+    flight, 8 unless said; below it their number adapts to the server unless `concurrency`
+    pins it), the retry policy `retry` (the budget of calls and seconds each task may spend,
+    `mnemo.calls.retry`) with its shorthands `max_retries` (calls after the first), `backoff`
+    and `clock`, and `transport`, which replaces httpx's network transport (tests)."""
 
-    `retry` is the retry policy (`mnemo.calls.retry`); `max_retries`, `backoff` and `clock` are
-    shorthands that replace its parts. `name` says who the provider is in error messages.
-    `error` is the class raised on failure (and `timeout_error` when the last attempt timed
-    out). The tokens a reply says it used (`WireReply.tokens`) correct the tokens/min estimate
-    (4 characters a token of the request body) and size the reply for the concurrency limit.
-    `max_concurrency` is
-    the most requests in flight at once; below it the number adapts to the server, unless
-    `concurrency` pins it.
+    timeout: float | None
+    max_retries: int | None
+    requests_per_minute: float | None
+    tokens_per_minute: float | None
+    max_concurrency: int
+    concurrency: int | None
+    transport: httpx.AsyncBaseTransport | None
+    backoff: Backoff | None
+    clock: Clock | None
+    retry: RetryPolicy | None
+
+
+class Transport(Closing):
+    """JSON over HTTP POST to one provider, with timeouts, retries, rate limits and a cap
+    (`HTTPOptions`). `name` says who the provider is in error messages; `error` is the class
+    raised on failure (and `timeout_error` when the last attempt timed out). The tokens a reply
+    says it used (`WireReply.tokens`) correct the tokens/min estimate (4 characters a token of
+    the request body) and size the reply for the concurrency limit.
+
+    Raises:
+        InvalidInputError: a bad limit or retry policy.
+        TypeError: a keyword `HTTPOptions` does not name.
     """
 
     def __init__(
@@ -297,78 +199,69 @@ class Transport:
         error: type[AdapterError],
         timeout_error: type[AdapterError] | None = None,
         headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-        max_retries: int | None = None,
-        requests_per_minute: float | None = None,
-        tokens_per_minute: float | None = None,
-        max_concurrency: int = 8,
-        backoff: Backoff | None = None,
-        clock: Clock | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-        retry: RetryPolicy | None = None,
-        concurrency: int | None = None,
+        **options: Unpack[HTTPOptions],
     ) -> None:
-        _check_limits(timeout, requests_per_minute, tokens_per_minute, max_concurrency,
-                      concurrency)
+        unknown = sorted(set(options) - HTTPOptions.__optional_keys__)
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
+        timeout = options.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not (
+                isinstance(timeout, int | float) and timeout > 0)):
+            raise InvalidInputError(f"timeout must be positive or None, got {timeout!r}")
+        rates = {"requests_per_minute": options.get("requests_per_minute"),
+                 "tokens_per_minute": options.get("tokens_per_minute")}
+        for label, rate in rates.items():
+            if rate is not None and not rate > 0:
+                raise InvalidInputError(f"{label} must be positive or None, got {rate!r}")
+        most = check_count("max_concurrency", options.get("max_concurrency", 8), minimum=1)
+        pinned = options.get("concurrency")
+        if pinned is not None:
+            check_count("concurrency", pinned, minimum=1, maximum=most,
+                        setting="None adapts to the server; at most max_concurrency")
         self.name = name
         self._error = error
         self._timeout_error = timeout_error or error
         # None: `DEFAULT_TIMEOUT`, or what the work's deadline has left when longer.
         self._timeout = timeout
         self.retry_policy = policy_from(
-            retry, max_retries=max_retries, backoff=backoff, clock=clock
-        )
+            options.get("retry"), max_retries=options.get("max_retries"),
+            backoff=options.get("backoff"), clock=options.get("clock"))
         self._backoff = self.retry_policy.backoff
         self._clock: Clock = self.retry_policy.clock
-        self.limit = Limit(max_concurrency, pinned=concurrency)
-        self._gate = RateGate(
-            requests_per_minute=requests_per_minute,
-            tokens_per_minute=tokens_per_minute,
-            clock=self._clock,
-        )
+        self.limit = Limit(most, pinned=pinned)
+        self._gate = RateGate(requests_per_minute=options.get("requests_per_minute"),
+                              tokens_per_minute=options.get("tokens_per_minute"),
+                              clock=self._clock)
         # The network is aiohttp's pool (`Pool`: a call costs a seventh of httpx's own pool's
         # CPU with dozens in flight), as many connections kept alive as requests in flight.
-        self._network = transport if transport is not None else Pool(
-            max_connections=max_concurrency
-        )
-        self._client = httpx.AsyncClient(
-            base_url=base_url,
-            headers=dict(headers or {}),
-            # httpx's own timeout bounds each network phase; `fail_after` bounds the attempt.
-            timeout=httpx.Timeout(timeout),
-            transport=self._network,
-        )
+        self._network = options.get("transport") or Pool(max_connections=most)
+        # httpx's own timeout bounds each network phase; `fail_after` bounds the attempt.
+        self._client = httpx.AsyncClient(base_url=base_url, headers=dict(headers or {}),
+                                         timeout=httpx.Timeout(timeout), transport=self._network)
         # Per path, the URL, headers and timeouts `build_request` gives a POST (`_send`).
         self._templates: dict[
             str, tuple[httpx.URL, list[tuple[bytes, bytes]], dict[str, object]]] = {}
 
     def attempt_timeout(self, max_tokens: int | None = None, prompt_tokens: int = 0) -> float:
-        """The seconds one attempt of a request for `max_tokens` reply tokens (with a prompt
-        of about `prompt_tokens`) may take: the adapter's `timeout`; or, when it set none,
-        `DEFAULT_TIMEOUT`, longer when the work it serves has longer left (a slow server's
-        extraction given 900 s does not have each request cut at 60), and longer again when
-        the server's measured speed says its `max_tokens` need more (`Limit.request_time`,
-        at most `MOST_TIMEOUT`): a server that slows under load is given the time it needs."""
+        """The seconds one attempt of a request for `max_tokens` reply tokens may take: the
+        adapter's `timeout`; or, when it set none, `DEFAULT_TIMEOUT`, longer when the work it
+        serves has longer left, and longer again when the server's measured speed says its
+        `max_tokens` need more (`needed_time`)."""
         if self._timeout is not None:
             return self._timeout
-        work = deadline.remaining()
+        work = remaining()
         guess = DEFAULT_TIMEOUT if work is None else max(DEFAULT_TIMEOUT, work)
         needed = self.needed_time(max_tokens, prompt_tokens)
         return guess if needed is None else max(guess, needed)
 
     def needed_time(self, max_tokens: int | None, prompt_tokens: int = 0) -> float | None:
         """The seconds the server's measured speed says a request for `max_tokens` reply
-        tokens needs (`Limit.request_time`, at most `MOST_TIMEOUT`); None when the adapter
-        has a `timeout` of its own, the request no `max_tokens`, or the speed is not measured."""
+        tokens needs (`Limit.request_time`, at most `MOST_TIMEOUT`); None with a `timeout` of
+        the adapter's own, no `max_tokens`, or no speed measured yet."""
         if self._timeout is not None or max_tokens is None:
             return None
         needed = self.limit.request_time(max_tokens, prompt_tokens)
         return None if needed is None else min(MOST_TIMEOUT, needed)
-
-    @property
-    def in_flight(self) -> int:
-        """Requests being sent right now (at most the limit's `current`)."""
-        return self.limit.in_flight
 
     async def post_json(
         self,
@@ -382,27 +275,25 @@ class Transport:
         kind: str = "",
     ) -> R:
         """POSTs `payload` as JSON to `path` (relative to the base URL); returns the reply read
-        as `reply` (msgspec, numbers in strings taken). `kind` names what is asked (a task),
-        so the concurrency limit compares like with like.
-
-        Every attempt is charged to `budget` (the task's; a new one of `retry_policy` when
-        None). Retries as the module doc says, then gives up. An error reply for which
-        `refusal` returns True is final whatever its status: no retry. A 2xx body that is not a
-        `reply` (it lacks what the caller reads) is retried like a cut body, the problem naming
-        it when the retries run out.
+        as `reply` (msgspec, numbers in strings taken). `kind` names what is asked (a task), so
+        the concurrency limit compares like with like. Every attempt is charged to `budget`
+        (the task's; a new one of `retry_policy` when None); retries as the module doc says.
+        An error reply for which `refusal` returns True is final whatever its status.
 
         Raises:
-            AdapterError: (the `error` class) the provider refused the request (a 4xx other than
-                408/409/429, or a `refusal`), every attempt failed, or the budget was spent
-                before the first;
-                the message names the HTTP status and the provider's error message, or the
-                connection problem, and the budget when it was what stopped the retries.
-            AdapterError: (the `timeout_error` class) the last attempt timed out.
+            AdapterError: (the `error` class) the provider refused the request, every attempt
+                failed, or the budget was spent before the first; the message names the HTTP
+                status and the provider's message, or the connection problem, and the budget
+                when it was what stopped the retries. (`timeout_error`) The last attempt timed
+                out.
         """
         budget = budget if budget is not None else Budget(self.retry_policy)
         if not budget.can_call():
             raise self._error(f"{self.name}: no call left in {budget.describe()}")
-        body = _encode(payload)
+        try:  # msgspec: a twentieth of `json.dumps`'s time
+            body = _ENCODER.encode(payload)
+        except msgspec.EncodeError as exc:
+            raise TypeError(str(exc)) from exc
         estimate = max(1, len(body) // CHARS_PER_TOKEN)
         # The reply's cap, as the chat providers name it (embeddings have none).
         cap = payload.get("max_tokens", payload.get("max_completion_tokens"))
@@ -444,36 +335,22 @@ class Transport:
         """Closes the HTTP client and its connections."""
         await self._client.aclose()
 
-    async def __aenter__(self) -> Transport:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def _attempt(
-        self,
-        path: str,
-        body: bytes,
-        reply: type[R],
-        headers: Mapping[str, str] | None,
-        estimate: int,
-        budget: Budget,
-        refusal: Callable[[HTTPFailure], bool] | None,
-        kind: str,
-        max_tokens: int | None,
-    ) -> R:
+    async def _attempt(self, path: str, body: bytes, reply: type[R],
+                       headers: Mapping[str, str] | None, estimate: int, budget: Budget,
+                       refusal: Callable[[HTTPFailure], bool] | None, kind: str,
+                       max_tokens: int | None) -> R:
         allowed = self.attempt_timeout(max_tokens, estimate)
         async with self.limit.slot(kind, allowed, max_tokens=max_tokens,
                                    prompt_tokens=estimate) as ticket:
             if not self._gate.open:
                 # Only a wait stops the clocks: each stop and start moves the deadlines' timers.
-                with deadline.waiting():
+                with waiting():
                     await self._gate.acquire(estimate)
             needed = self.needed_time(max_tokens, estimate)
             if needed is not None:
                 # The work this request serves (an annotation, an extraction) gives it the
                 # time the server's speed says it needs: its deadline was only a first guess.
-                deadline.allow(needed)
+                allow(needed)
             # Cut to the budget's seconds only now: the waits above did not spend them.
             seconds = ticket.timeout = min(allowed, budget.seconds_left())
             try:
@@ -495,13 +372,10 @@ class Transport:
     async def _send(
         self, path: str, body: bytes, headers: Mapping[str, str] | None
     ) -> httpx.Response:
-        """POSTs `body` as JSON to `path` and reads the whole reply: what `AsyncClient.post`
-        does for mnemo's requests, without the steps that do nothing here (auth, redirects,
-        which mnemo never follows; event hooks) or that cost without use (the URL merged and
-        the headers built again, cookies parsed from every reply: a share of a call's
-        client CPU). A reply that sets cookies has them kept, and the requests after it are
-        built by the client, which sends them; the "HTTP Request" line is logged as httpx
-        logs it."""
+        """POSTs `body` as JSON to `path` and reads the whole reply: `AsyncClient.post` without
+        the steps that do nothing here (auth, redirects, event hooks) or cost without use (the
+        URL merged and headers built again per request). A reply's cookies are kept, and the
+        requests after it built by the client, which sends them; httpx's log line is kept."""
         client = self._client
         if client.is_closed:
             raise RuntimeError("Cannot send a request, as the client has been closed.")
@@ -571,32 +445,16 @@ class Transport:
         self, failed: _Retryable, attempts: int, budget: Budget, *, beyond: str | None = None
     ) -> AdapterError:
         error = self._timeout_error if failed.timed_out else self._error
-        wait = (
-            "" if failed.retry_after is None
-            else f"; the provider asked to wait {failed.retry_after:g} s (Retry-After)"
-            + ("" if beyond is None else f", past {beyond}")
-        )
-        return error(
-            f"{self.name} failed after {attempts} attempts: {failed.problem} "
-            f"({budget.describe()}{wait})"
-        )
+        wait = "" if failed.retry_after is None else (
+            f"; the provider asked to wait {failed.retry_after:g} s (Retry-After)"
+            + ("" if beyond is None else f", past {beyond}"))
+        return error(f"{self.name} failed after {attempts} attempts: {failed.problem} "
+                     f"({budget.describe()}{wait})")
 
 
 _JSON_HEADERS = {"content-type": "application/json"}
 _HTTPX_LOG = logging.getLogger("httpx")
 _ENCODER = msgspec.json.Encoder()
-
-
-def _encode(payload: Mapping[str, object]) -> bytes:
-    """`payload` as compact JSON in UTF-8 (msgspec: a twentieth of `json.dumps`'s time).
-
-    Raises:
-        TypeError: a value JSON cannot hold.
-    """
-    try:
-        return _ENCODER.encode(payload)
-    except msgspec.EncodeError as exc:
-        raise TypeError(str(exc)) from exc
 
 
 def _decode(content: bytes, reply: type[R]) -> R:
@@ -614,44 +472,11 @@ def _decode(content: bytes, reply: type[R]) -> R:
     except msgspec.DecodeError:
         pass
     try:
-        value = json.loads(content, strict=False)
-    except ValueError:
-        raise ValueError("the body is not a JSON object") from None
-    try:
-        return msgspec.convert(value, reply, strict=False)
+        return msgspec.convert(json.loads(content, strict=False), reply, strict=False)
     except msgspec.ValidationError as exc:
         raise ValueError(f"the body is not the reply expected ({exc})") from None
-
-
-def _check_limits(
-    timeout: float | None,
-    requests_per_minute: float | None,
-    tokens_per_minute: float | None,
-    max_concurrency: int,
-    concurrency: int | None,
-) -> None:
-    if timeout is not None and not (
-        isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0
-    ):
-        raise InvalidInputError(f"timeout must be positive or None, got {timeout!r}")
-    for label, value in (
-        ("requests_per_minute", requests_per_minute),
-        ("tokens_per_minute", tokens_per_minute),
-    ):
-        if value is not None and not value > 0:
-            raise InvalidInputError(f"{label} must be positive or None, got {value!r}")
-    if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) \
-            or max_concurrency < 1:
-        raise InvalidInputError(f"max_concurrency must be an integer >= 1, got "
-                                f"{max_concurrency!r}")
-    if concurrency is not None and (
-        isinstance(concurrency, bool) or not isinstance(concurrency, int)
-        or not 1 <= concurrency <= max_concurrency
-    ):
-        raise InvalidInputError(
-            f"concurrency must be None (adapt to the server) or an integer within "
-            f"1..max_concurrency ({max_concurrency}), got {concurrency!r}"
-        )
+    except ValueError:
+        raise ValueError("the body is not a JSON object") from None
 
 
 class _Detail(msgspec.Struct):

@@ -3,8 +3,8 @@
 Structured output goes through a forced tool call: the request's schema becomes the input
 schema of a tool named after the task, `tool_choice` forces it, and the `tool_use` block's
 `input` is the data (JSON in the text when the model wrote prose instead), passed up unchecked
-for the task to read (`mnemo.calls.reply`). A reply stopped at its max_tokens is asked again
-with twice the room, up to the adapter's `max_tokens`, then raises `mnemo.calls.reply.Cut`. A
+for the task to read (`mnemo.calls.tasks`). A reply stopped at its max_tokens is asked again
+with twice the room, up to the adapter's `max_tokens`, then raises `mnemo.calls.tasks.Cut`. A
 reply without a `content` list is retried by the transport like a cut body, within the task's
 retry budget (`mnemo.calls.retry`). A request's own `tools` go out with its `tool_choice`:
 `"required"` as `{"type": "any"}`, a tool's name as `{"type": "tool", "name": ...}`.
@@ -17,44 +17,40 @@ assistant's tool calls become `tool_use` blocks, and a "tool" message a `tool_re
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping, Sequence
+from typing import Unpack
 
-import httpx
 import msgspec
 
-from mnemo.adapters._chat import (
+from mnemo.adapters._http import Counts, HTTPOptions, Tokens
+from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
-    DEFAULT_PRICES,
+    HTTPModel,
     add_usage,
-    checked_max_tokens,
     cut_note,
-    price_of,
+    more_room,
     reply_cap,
     tool_spec,
-    usage_of,
+    warn_cut,
 )
-from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
-from mnemo.adapters.limit import Limit, ServerProfile
-from mnemo.calls.reply import Cut, decode_json
-from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
-from mnemo.errors import LLMContextError, LLMError, LLMTimeout
+from mnemo.calls.retry import Budget, task_budget
+from mnemo.calls.tasks import Cut, decode_json
+from mnemo.errors import LLMError, LLMTimeout
+from mnemo.inputs import check_count
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
-
-logger = logging.getLogger("mnemo.adapters")
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
 _TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
 
 
-class Anthropic:
+class Anthropic(HTTPModel):
     """An `LLM` speaking Anthropic's `POST {base_url}/v1/messages`.
 
-    `api_key` defaults to the environment's `ANTHROPIC_API_KEY`, read here, when the adapter is
-    created. `max_tokens` is the most tokens any reply may use: the cap on each request's own
-    `max_tokens`, and the value sent when a request has none (the API requires one). Prices,
-    robustness and the retry policy (`retry`, `retry_policy`) are as for `OpenAICompatible`.
+    `api_key` defaults to the environment's `ANTHROPIC_API_KEY`, read here. `max_tokens` is the
+    most tokens any reply may use: the cap on each request's own `max_tokens`, and the value
+    sent when a request has none (the API requires one). `prices`, `temperature` and the
+    other keywords (`mnemo.adapters._http.HTTPOptions`) are as for `OpenAICompatible`.
 
     Raises:
         InvalidInputError: no API key for Anthropic's own API (unless a `transport` replaces
@@ -68,74 +64,21 @@ class Anthropic:
         api_key: str | None = None,
         base_url: str = ANTHROPIC_BASE_URL,
         max_tokens: int = DEFAULT_MAX_TOKENS,
-        timeout: float | None = None,
-        max_retries: int | None = None,
-        requests_per_minute: float | None = None,
-        tokens_per_minute: float | None = None,
-        max_concurrency: int = 8,
-        concurrency: int | None = None,
         prices: Mapping[str, tuple[float, float]] | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
         temperature: float | None = 0.0,
-        backoff: Backoff | None = None,
-        clock: Clock | None = None,
-        retry: RetryPolicy | None = None,
+        **options: Unpack[HTTPOptions],
     ) -> None:
-        base_url = base_url.rstrip("/")
-        key = resolve_key(
-            api_key, "ANTHROPIC_API_KEY", base_url=base_url, provider_url=ANTHROPIC_BASE_URL,
-            provider="Anthropic", transport=transport,
-        )
-        headers = {"anthropic-version": ANTHROPIC_VERSION}
-        if key:
-            headers["x-api-key"] = key
-        self.model = model
+        self.max_tokens = check_count("max_tokens", max_tokens, minimum=1)
+        super().__init__(model, base_url, api_key, prices, options, provider="Anthropic",
+                         provider_url=ANTHROPIC_BASE_URL, key_variable="ANTHROPIC_API_KEY",
+                         error=LLMError, timeout_error=LLMTimeout)
         # The URI that `mnemo.llm_from_uri` builds this from again (a repo records it).
-        self.name = (
-            f"anthropic:{model}" if base_url == ANTHROPIC_BASE_URL
-            else f"anthropic:{model}@{base_url}"
-        )
-        self.max_tokens = checked_max_tokens(max_tokens)
+        self.name = f"anthropic:{model}" + (
+            "" if self.base_url == ANTHROPIC_BASE_URL else f"@{self.base_url}")
         self._temperature = temperature
-        self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
-        self.total_usage = Usage()
-        self._http = Transport(
-            base_url,
-            name=f"{base_url} (model {model})",
-            error=LLMError,
-            timeout_error=LLMTimeout,
-            headers=headers,
-            timeout=timeout,
-            max_retries=max_retries,
-            requests_per_minute=requests_per_minute,
-            tokens_per_minute=tokens_per_minute,
-            max_concurrency=max_concurrency,
-            concurrency=concurrency,
-            backoff=backoff,
-            clock=clock,
-            transport=transport,
-            retry=retry,
-        )
-        self.retry_policy = self._http.retry_policy
 
-    @property
-    def concurrency(self) -> Limit:
-        """How many requests the API gets at once (`mnemo.adapters.limit.Limit`)."""
-        return self._http.limit
-
-    @property
-    def transport(self) -> Transport:
-        """The HTTP transport: its timeouts (`Transport.attempt_timeout`), retries, limits."""
-        return self._http
-
-    def server_profile(self) -> ServerProfile:
-        """What this adapter learned of its server: the concurrency limit."""
-        return ServerProfile(self._http.limit.state())
-
-    def adopt_server_profile(self, stored: ServerProfile) -> None:
-        """Starts from what an earlier adapter learned of this server (`server_profile`)."""
-        if stored.concurrency is not None:
-            self._http.limit.restore(stored.concurrency)
+    def _headers(self, key: str | None) -> dict[str, str]:
+        return {"anthropic-version": ANTHROPIC_VERSION, **({"x-api-key": key} if key else {})}
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Sends `request`; with a schema the reply's `data` is the forced tool's input (or
@@ -156,26 +99,13 @@ class Anthropic:
                     force=request.tool_choice if request.tools else None,
                 )
                 if reply.stop_reason == "max_tokens":
-                    logger.warning(
-                        "%s: the reply to task %r was cut short at max_tokens=%d, so it is "
-                        "incomplete", self._http.name, request.task,
-                        reply_cap(request.max_tokens, self.max_tokens),
-                    )
+                    warn_cut(self._http.name, request.task,
+                             reply_cap(request.max_tokens, self.max_tokens))
                 return LLMResponse(
                     text=_text(reply.content), tool_calls=self._tool_calls(reply.content),
-                    usage=self._usage(reply),
+                    usage=self._usage(*reply.tokens()),
                 )
             return await self._structured(request, request.schema, system, messages, budget)
-
-    async def aclose(self) -> None:
-        """Closes the HTTP client."""
-        await self._http.aclose()
-
-    async def __aenter__(self) -> Anthropic:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def _structured(
         self,
@@ -194,15 +124,14 @@ class Anthropic:
             reply = await self._send(
                 request, system, messages, budget, tools=[tool], force=request.task, cap=cap
             )
-            usage = add_usage(usage, self._usage(reply))
+            usage = add_usage(usage, self._usage(*reply.tokens()))
             text = _text(reply.content)
             data = next((block.input for block in reply.content
                          if block.type == "tool_use" and block.name == request.task), None)
             if reply.stop_reason == "max_tokens":
-                if cap < self.max_tokens and budget.can_call():
-                    # Asked again as it was, with room for the whole reply.
-                    cap = min(self.max_tokens, cap * 2)
-                    budget.next_call("retry")
+                more = more_room(self._http.name, request.task, cap, self.max_tokens, budget)
+                if more is not None:
+                    cap = more
                     continue
                 raise Cut(f"{self._http.name}: the reply to task {request.task!r} was "
                           f"{cut_note('cut short', cap)}", text=text, data=data, at_cap=True)
@@ -239,14 +168,8 @@ class Anthropic:
             payload["tool_choice"] = {"type": "any"}
         elif force is not None:
             payload["tool_choice"] = {"type": "tool", "name": force}
-        try:
-            return await self._http.post_json(
-                "/v1/messages", payload, Message, budget=budget, kind=request.task,
-            )
-        except LLMError as exc:
-            if isinstance(exc.__cause__, HTTPFailure) and exc.__cause__.context_overflow:
-                raise LLMContextError(str(exc)) from exc.__cause__
-            raise
+        return await self._post("/v1/messages", payload, Message, budget=budget,
+                                kind=request.task)
 
     def _tool_calls(self, blocks: list[_Block]) -> list[ToolCall]:
         calls: list[ToolCall] = []
@@ -261,14 +184,6 @@ class Anthropic:
             calls.append(ToolCall(block.name, block.input, block.id))
         return calls
 
-    def _usage(self, reply: Message) -> Usage | None:
-        if reply.usage is None:
-            return None
-        usage = usage_of(reply.usage.input_tokens, reply.usage.output_tokens, self._price)
-        if usage is not None:
-            self.total_usage += usage
-        return usage
-
 
 # ---- the reply, as mnemo reads it --------------------------------------------------------------
 
@@ -281,21 +196,16 @@ class _Block(msgspec.Struct):
     input: object = None
 
 
-class _Counts(msgspec.Struct):
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-
-
 class Message(msgspec.Struct):
     """A Messages API reply: its content blocks (a reply without a list of them is garbage,
     which the transport retries), why it stopped, and the tokens it used."""
 
     content: list[_Block]
     stop_reason: str | None = None
-    usage: _Counts | None = None
+    usage: Counts | None = None
 
     def tokens(self) -> Tokens:
-        counts = self.usage or _Counts()
+        counts = self.usage or Counts()
         return counts.input_tokens, counts.output_tokens
 
 

@@ -22,20 +22,18 @@ import base64
 import binascii
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, Unpack
 
 import anyio
-import httpx
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.adapters._chat import DEFAULT_PRICES, price_of, usage_of
-from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
-from mnemo.adapters.limit import Limit, ServerProfile
-from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy
+from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
+from mnemo.adapters._model import HTTPModel
+from mnemo.adapters.limit import ServerProfile
+from mnemo.calls.retry import Budget
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
-from mnemo.ports import Usage
 
 logger = logging.getLogger("mnemo.adapters")
 
@@ -55,16 +53,16 @@ class DimensionUnknown(EmbeddingError, AttributeError):
     """
 
 
-class OpenAIEmbedder:
+class OpenAIEmbedder(HTTPModel):
     """An `Embedder` calling `POST {base_url}/embeddings` with `{"model", "input": [...]}`.
 
     Texts are sent `batch_size` at a time (batches run concurrently, within the transport's
-    `max_concurrency`); `embed` returns a float32 array of shape (len(texts), dim), row i
-    being text i (replies are ordered by their `index`, not their position). Vectors travel
-    as base64 unless `encoding_format="float"` (see the module's doc). `api_key`
+    `max_concurrency`, 4 by default); `embed` returns a float32 array of shape
+    (len(texts), dim), row i being text i (replies are ordered by their `index`). Vectors
+    travel as base64 unless `encoding_format="float"` (see the module's doc). `api_key`
     defaults to `OPENAI_API_KEY`, read when the embedder is created; with no key no
-    `Authorization` header is sent. Robustness arguments are `Transport`'s; each batch is one
-    task of the retry policy (`retry`, `retry_policy`; see `mnemo.calls.retry`).
+    `Authorization` header is sent. The other keywords are every HTTP adapter's
+    (`mnemo.adapters._http.HTTPOptions`); each batch is one task of the retry policy.
 
     Raises:
         InvalidInputError: a bad `dim`, `batch_size` or limit, or no key for OpenAI's own API.
@@ -78,56 +76,27 @@ class OpenAIEmbedder:
         api_key: str | None = None,
         dim: int | None = None,
         batch_size: int = 128,
-        timeout: float | None = None,
-        max_retries: int | None = None,
-        requests_per_minute: float | None = None,
-        tokens_per_minute: float | None = None,
-        max_concurrency: int = 4,
-        concurrency: int | None = None,
         prices: Mapping[str, tuple[float, float]] | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-        backoff: Backoff | None = None,
-        clock: Clock | None = None,
-        retry: RetryPolicy | None = None,
         encoding_format: Encoding = "base64",
+        **options: Unpack[HTTPOptions],
     ) -> None:
         if encoding_format not in ("base64", "float"):
             raise InvalidInputError(
                 f"encoding_format must be 'base64' or 'float', got {encoding_format!r}")
-        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
-            raise InvalidInputError(f"dim must be a positive integer or None, got {dim!r}")
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size!r}")
-        base_url = base_url.rstrip("/")
-        key = resolve_key(
-            api_key, "OPENAI_API_KEY", base_url=base_url, provider_url=OPENAI_BASE_URL,
-            provider="OpenAI", transport=transport,
-        )
-        self.model = model
+        self._dim: int | None = None
+        if dim is not None:
+            self.dim = dim
+        options.setdefault("max_concurrency", 4)
+        super().__init__(model, base_url, api_key, prices, options, provider="OpenAI",
+                         provider_url=OPENAI_BASE_URL, key_variable="OPENAI_API_KEY",
+                         error=EmbeddingError, kind="embedding model")
         # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
-        self.name = f"openai:{model}" + ("" if base_url == OPENAI_BASE_URL else f"@{base_url}")
-        self._dim = dim
+        self.name = f"openai:{model}" + (
+            "" if self.base_url == OPENAI_BASE_URL else f"@{self.base_url}")
         self._batch_size = batch_size
         self._encoding: Encoding = encoding_format
-        self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
-        self.total_usage = Usage()
-        self._http = Transport(
-            base_url,
-            name=f"{base_url} (embedding model {model})",
-            error=EmbeddingError,
-            headers={"Authorization": f"Bearer {key}"} if key else None,
-            timeout=timeout,
-            max_retries=max_retries,
-            requests_per_minute=requests_per_minute,
-            tokens_per_minute=tokens_per_minute,
-            max_concurrency=max_concurrency,
-            concurrency=concurrency,
-            backoff=backoff,
-            clock=clock,
-            transport=transport,
-            retry=retry,
-        )
-        self.retry_policy = self._http.retry_policy
 
     @property
     def dim(self) -> int:
@@ -150,11 +119,6 @@ class OpenAIEmbedder:
             raise InvalidInputError(f"dim must be a positive integer, got {value!r}")
         self._dim = value
 
-    @property
-    def concurrency(self) -> Limit:
-        """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
-        return self._http.limit
-
     def server_profile(self) -> ServerProfile:
         """What this embedder learned of its server: the vectors' encoding it accepts and the
         concurrency limit."""
@@ -164,8 +128,7 @@ class OpenAIEmbedder:
         """Starts from what an earlier embedder learned of this server (`server_profile`)."""
         if stored.encoding == "float":
             self._encoding = "float"
-        if stored.concurrency is not None:
-            self._http.limit.restore(stored.concurrency)
+        super().adopt_server_profile(stored)
 
     async def detect_dim(self) -> int:
         """The vector dimension, asking the server with one short text if it is not known.
@@ -201,23 +164,13 @@ class OpenAIEmbedder:
                         tg.start_soon(one, slot, start)
         return np.concatenate([part for part in parts if part is not None], axis=0)
 
-    async def aclose(self) -> None:
-        """Closes the HTTP client."""
-        await self._http.aclose()
-
-    async def __aenter__(self) -> OpenAIEmbedder:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
     @property
     def encoding_format(self) -> Encoding:
         """The vectors' wire format in use (after any fallback to floats)."""
         return self._encoding
 
     async def _batch(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        reply = await self._post(list(texts))
+        reply = await self._send(list(texts))
         rows = self._rows(reply, len(texts))
         if self._dim is None:
             self._dim = len(rows[0])
@@ -228,12 +181,10 @@ class OpenAIEmbedder:
                     f"embedder's dimension is {self._dim}"
                 )
         if reply.usage is not None:
-            counted = usage_of(reply.usage.prompt_tokens, 0, self._price)
-            if counted is not None:
-                self.total_usage += counted
+            self._usage(reply.usage.prompt_tokens, 0)
         return np.stack(rows).astype(np.float32, copy=False)
 
-    async def _post(self, texts: list[str]) -> Embeddings:
+    async def _send(self, texts: list[str]) -> Embeddings:
         """POSTs one batch; a refusal of base64 switches to floats for good and asks again,
         within the batch's one retry budget."""
         budget = Budget(self.retry_policy)
@@ -330,19 +281,14 @@ class _Vector(msgspec.Struct):
     index: int | None = None
 
 
-class _Counts(msgspec.Struct):
-    prompt_tokens: int | None = None
-    total_tokens: int | None = None
-
-
 class Embeddings(msgspec.Struct):
     """An embeddings reply: its vectors (a reply without a list of them is garbage, which the
     transport retries) and the tokens it read."""
 
     data: list[_Vector]
-    usage: _Counts | None = None
+    usage: Counts | None = None
 
     def tokens(self) -> Tokens:
-        counts = self.usage or _Counts()
+        counts = self.usage or Counts()
         total = counts.prompt_tokens if counts.total_tokens is None else counts.total_tokens
         return total, 0

@@ -61,7 +61,7 @@ def _mix(first: npt.NDArray[np.int64], second: npt.NDArray[np.int64]) -> npt.NDA
 
 
 class HashEmbedder:
-    """An `Embedder` of hashed n-gram features: deterministic, offline, ~40k short texts/s.
+    """An `Embedder` of hashed n-gram features: deterministic, offline, fast (BENCHMARKS.md).
 
     `embed` returns a float32 array of shape (len(texts), dim) whose rows have unit L2 norm
     (zero rows for texts without words).

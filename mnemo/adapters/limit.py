@@ -1,45 +1,29 @@
-"""`Limit`: how many requests one model server gets at once, adapted to the server it meets.
+"""`Limit`: how many requests one model server gets at once, adapted to the server it meets;
+`RateGate`: the client-side rate limits (requests and tokens per minute).
 
-A server answers a number of requests at once (llama.cpp's and Ollama's default: one) and
-queues the rest; a queued request's time counts against its timeout all the same. So mnemo
-sends no more at once than the server serves, learned from how it answers (a Vegas-style
-limit, after TCP Vegas and Netflix's concurrency-limits):
+A server answers some requests at once (llama.cpp's and Ollama's default: one) and queues the
+rest, whose time counts against their timeout all the same. So mnemo sends no more at once than
+the server serves, learned from how it answers (a Vegas-style limit, after TCP Vegas and
+Netflix's concurrency-limits):
 
-- Each reply's time is compared with the fastest recent reply of the same kind (the task:
-  "state", "semantic", ...), per unit of work: the tokens it read and wrote, when the server
-  reports them, since a reply twice as long takes about twice as long; and never with more
-  than 1.5 times the fastest of any kind, which a kind first seen under load would take for
-  the server's own speed. A request that had up
-  to n in flight beside it (itself included) and took r times the fastest stood behind about
-  `n * (1 - 1/r)` others in the server's queue. Only a request alone with the server may make
-  the baseline slower (a server that got slower): one that stood in a queue would hide the
-  queue it measures.
-- No queue, and at least half the limit in use (the request went out with that many in
-  flight, or others wait; Netflix VegasLimit's rule): the limit grows, by one a reply until the
-  first sign of a queue (slow start), then by one a round trip. So room is found before a
-  burst larger than the last one needs it, while a limit far above what mnemo sends stays.
-- A queue of two or more (6 log10 n with n in flight, as TCP Vegas: a server answering many at
-  once jitters), or a reply that used half its timeout: the limit drops by one; the first one
-  ends slow start and halves it (slow start grew it by a request a reply while the queue's
-  first replies were on their way, so it overshot by up to that much).
-- A timeout, a 429 or 503, or a connection refused: the limit halves before the request is
-  sent again, and the retry waits for a slot like any other request.
+- Each reply's time per unit of work (the tokens it read and wrote, when reported) is compared
+  with the fastest recent reply of the same kind (the task), and never with more than `SLACK`
+  times the fastest of any kind. A request that had n in flight beside it (itself included) and
+  took r times the fastest stood behind about `n * (1 - 1/r)` others. Only a request alone with
+  the server may make the baseline slower.
+- No queue, and at least half the limit in use: the limit grows, by one a reply until the first
+  sign of a queue (slow start), then by one a round trip.
+- A queue of two or more (6 log10 n with n in flight), or a reply that used half its timeout:
+  the limit drops by one; the first one ends slow start and halves it.
+- A timeout, a 429 or 503, or a refused connection: the limit halves before the retry.
 
-At most one decrease per round trip: replies to requests sent before the last decrease say
-nothing new. The limit stays between 1 and `ceiling` (the adapter's `max_concurrency`); a
-`pinned` limit never moves. A limit starts at `initial` (2 for a server mnemo has not met;
-`Memory` restores what a repo learned of its server, `state` / `restore`).
-
-The limit also learns the server's speed: the seconds a unit of work takes (a reply token,
-`_work`), from each reply's wall time, the server's queue and the prompt included (what a
-request's timeout must cover). A slower reply is learned at once, a faster one over a few
-(`FOLLOW`); a timeout doubles it. `request_time` is the time a request's `max_tokens` needs
-at that speed, `MARGIN` times over; None until a reply was measured
-(`Transport.attempt_timeout` gives a request that time when it is longer than its first
-guess).
-
-Waiting for a slot is mnemo's own queue: it runs under `mnemo.calls.deadline.waiting()`, so it never
-counts against a timeout or a task's retry budget.
+At most one decrease per round trip. The limit stays between 1 and `ceiling` (the adapter's
+`max_concurrency`); a `pinned` one never moves; it starts at `initial` (`Memory` restores what
+a repo learned of its server: `state` / `restore`). The limit also learns the server's speed,
+the seconds a reply token takes (`_work`), slower replies at once and faster ones over a few
+(`FOLLOW`), a timeout doubling it: `request_time` is the time a request's `max_tokens` needs at
+that speed, `MARGIN` times over (`Transport.attempt_timeout`). Waiting for a slot runs under
+`mnemo.calls.retry.waiting()`: it counts against no timeout or retry budget.
 """
 
 from __future__ import annotations
@@ -55,7 +39,7 @@ from typing import Annotated
 import anyio
 import msgspec
 
-from mnemo.calls import deadline
+from mnemo.calls.retry import Clock, waiting
 
 # A server mnemo has not met gets this many requests at once (the adapter's ceiling if lower).
 INITIAL = 2
@@ -155,19 +139,12 @@ class ServerProfile(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class Limit:
-    """The adaptive concurrency limit of one server (see the module doc).
-
-    Raises:
-        ValueError: `ceiling` below 1, or `pinned` outside 1..`ceiling`.
-    """
+    """The adaptive concurrency limit of one server (see the module doc): at most `ceiling`
+    (>= 1), `pinned` (within 1..`ceiling`, as `Transport` checks) when given."""
 
     def __init__(self, ceiling: int, *, pinned: int | None = None,
                  initial: int | None = None,
                  clock: Callable[[], float] = anyio.current_time) -> None:
-        if ceiling < 1:
-            raise ValueError(f"ceiling must be >= 1, got {ceiling}")
-        if pinned is not None and not 1 <= pinned <= ceiling:
-            raise ValueError(f"pinned must be within 1..{ceiling}, got {pinned}")
         self.ceiling = ceiling
         self.pinned = pinned
         self._clock = clock
@@ -221,7 +198,7 @@ class Limit:
         """Holds one slot for a request of `kind` (its task), waiting in line for one (a wait
         no timeout counts); the caller marks the ticket `answered` or `overloaded`."""
         if self._in_flight >= self.current or self._waiters:
-            with deadline.waiting():
+            with waiting():
                 await self._wait_turn()
         ticket = self.begin(kind, request_timeout)
         ticket.max_tokens, ticket.prompt_tokens = max_tokens, prompt_tokens
@@ -347,3 +324,100 @@ class Limit:
             return 1.0
         return (BASE_TOKENS + (ticket.output_tokens or 0)
                 + PROMPT_WEIGHT * (ticket.input_tokens or 0))
+
+
+class _Bucket:
+    """A token bucket: `per_minute` units refill continuously up to `capacity`.
+
+    The level may go negative: a request larger than the bucket is let through when the bucket
+    is full, and a reply that used more tokens than estimated is charged afterwards; the debt
+    then delays later requests, so the average rate still holds.
+    """
+
+    def __init__(self, per_minute: float, capacity: float, now: float) -> None:
+        self.rate = per_minute / 60.0
+        self.capacity = capacity
+        self.level = capacity
+        self.stamp = now
+
+    def refill(self, now: float) -> None:
+        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def wait_for(self, amount: float) -> float:
+        need = min(amount, self.capacity)
+        return 0.0 if self.level >= need else (need - self.level) / self.rate
+
+
+class RateGate:
+    """Client-side rate limits: requests/min and tokens/min, and a shared pause after a 429.
+
+    Each bucket holds `burst_seconds` worth of its rate (at least one request), not a whole
+    minute: providers enforce per-minute limits over shorter windows, so a minute's burst at
+    once would be refused. Callers pass the gate one at a time, in arrival order (a fair lock),
+    so a large request is not starved by small ones.
+    """
+
+    def __init__(
+        self,
+        *,
+        requests_per_minute: float | None,
+        tokens_per_minute: float | None,
+        clock: Clock,
+        burst_seconds: float = 1.0,
+    ) -> None:
+        now = clock.now()
+        self._clock = clock
+        self._requests = (
+            _Bucket(requests_per_minute, max(1.0, requests_per_minute / 60.0 * burst_seconds), now)
+            if requests_per_minute
+            else None
+        )
+        self._tokens = (
+            _Bucket(tokens_per_minute, max(1.0, tokens_per_minute / 60.0 * burst_seconds), now)
+            if tokens_per_minute
+            else None
+        )
+        self._paused_until = -math.inf
+        self._lock = anyio.Lock()
+
+    @property
+    def open(self) -> bool:
+        """Whether `acquire` has nothing to wait for: no limits, no pause, nobody in line."""
+        return self._requests is None and self._tokens is None and not self._lock.locked() \
+            and self._paused_until <= self._clock.now()
+
+    async def acquire(self, tokens: int) -> None:
+        """Waits until one more request of about `tokens` tokens fits the limits, and takes it."""
+        if self.open:
+            # No trip through the event loop (anyio's Lock yields once even when free).
+            return
+        async with self._lock:
+            while True:
+                wait = self._wait(tokens)
+                if wait <= 0:
+                    break
+                await self._clock.sleep(wait)
+            if self._requests is not None:
+                self._requests.level -= 1
+            if self._tokens is not None:
+                self._tokens.level -= tokens
+
+    def settle(self, estimated: int, actual: int) -> None:
+        """Corrects the tokens charged for a request once its real usage is known."""
+        if self._tokens is not None:
+            self._tokens.refill(self._clock.now())
+            self._tokens.level = min(self._tokens.capacity, self._tokens.level + estimated - actual)
+
+    def pause(self, seconds: float) -> None:
+        """Holds every request back for `seconds` from now (never shortens a longer pause)."""
+        self._paused_until = max(self._paused_until, self._clock.now() + seconds)
+
+    def _wait(self, tokens: int) -> float:
+        now = self._clock.now()
+        wait = self._paused_until - now
+        for bucket, amount in ((self._requests, 1), (self._tokens, tokens)):
+            if bucket is not None:
+                bucket.refill(now)
+                wait = max(wait, bucket.wait_for(amount))
+        return wait

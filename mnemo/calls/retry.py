@@ -1,8 +1,9 @@
-"""The one retry policy of model calls, and the budget each task spends.
+"""What a model call may spend: its task's retry budget, the deadlines of the work it serves,
+and a slot of its provider's limiter.
 
-A *task* is one thing mnemo asks of a model: one `calls.tasks.ask` (a request and the reading of
-its reply), or one `generate` called on its own. Every model call made for a task is charged to
-one `Budget`, whichever layer makes it, and shows in `Usage` (so in `Memory.usage()`):
+A *task* is one thing mnemo asks of a model: one `calls.tasks.ask`, or one `generate` on its
+own. Every model call made for a task is charged to one `Budget`, whichever layer makes it, and
+shows in `Usage` (so in `Memory.usage()`):
 
 | call | made by | counted in |
 | --- | --- | --- |
@@ -20,42 +21,145 @@ one `Budget`, whichever layer makes it, and shows in `Usage` (so in `Memory.usag
 | `max_re_asks` | 1 | an unusable reply after that many re-asks is raised ("re-ask once") |
 | `max_seconds` | 120 (or longer: *) | no call starts and no wait begins that would end past it |
 
-(*) Unset, a task may take as long as the work it serves has left (an extraction's, an
-append's deadline: `mnemo.calls.deadline.fail_after`) when that is longer than 120 s.
+(*) Unset, a task may take as long as the work it serves has left (`fail_after`), if longer.
 
-The seconds do not run while a call waits for its turn inside mnemo (a concurrency slot, a
-rate limit: `mnemo.calls.deadline.waiting`).
+A `Retry-After` is waited in full, so one past the seconds left, or past
+`Backoff.max_retry_after`, fails at once; each HTTP attempt's timeout is cut to the seconds
+left. Layers share the budget through a context variable (`task_budget`): `ask` opens it, and
+the adapter's `generate` (and `LimitedLLM`) join it, so no layer multiplies another. The policy
+comes from the LLM (`retry_policy`, which every adapter has), else `RetryPolicy()`.
 
-A `Retry-After` is waited in full (a retry is never sent before the server allows it), so one
-past the seconds left, or past `Backoff.max_retry_after`, fails at once. Each HTTP attempt's
-timeout is cut to the seconds left. A single call of an LLM without a transport is not cut short
-(the caller's own `fail_after` bounds it); the budget is checked before each further call.
-
-Layers share the budget through a context variable: `calls.tasks.ask` opens it, and the adapter's
-`generate` (and `LimitedLLM`) join it instead of opening their own, so no layer multiplies
-another. The policy comes from the LLM (`retry_policy`, which every adapter has), else
-`RetryPolicy()`.
+A call may wait inside mnemo before it is sent: for a slot of the adapter's concurrency limit,
+of the repo's `Config.llm_concurrency`, or of a client-side rate limit. That wait is mnemo's
+own queue, not the model's time: `waiting()` stops every deadline (`fail_after`) and budget open
+in its context meanwhile. Tasks started inside a deadline share it (a context variable carries
+it), so an extraction's time limit stops while any of its calls waits.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 import anyio
 
-from mnemo.calls import deadline
-from mnemo.calls.deadline import registered
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import check_count
+from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 
 # A task's seconds when its policy sets none and the work it serves has no longer deadline.
 DEFAULT_SECONDS = 120.0
+
+
+# ---- deadlines that stop while a call waits for its turn ------------------------------------
+
+
+class Pausable(Protocol):
+    """A clock that `waiting()` stops: a deadline or a retry budget."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+_OPEN: ContextVar[tuple[Pausable, ...]] = ContextVar("mnemo_deadlines", default=())
+
+
+class Deadline:
+    """One deadline's cancel scope, pushed back by the time calls inside it wait (and, when
+    it `stretches`, by what a request inside it needs: `allow`)."""
+
+    def __init__(self, seconds: float, *, stretches: bool = False) -> None:
+        self.scope = anyio.CancelScope(deadline=anyio.current_time() + seconds)
+        self.stretches = stretches
+        self._paused = 0
+        self._left = seconds
+
+    def pause(self) -> None:
+        if self._paused == 0:
+            self._left = self.scope.deadline - anyio.current_time()
+            self.scope.deadline = math.inf
+        self._paused += 1
+
+    def resume(self) -> None:
+        self._paused -= 1
+        if self._paused == 0:
+            self.scope.deadline = anyio.current_time() + self._left
+
+    def allow(self, seconds: float) -> None:
+        """Leaves at least `seconds` before the deadline, waits excluded."""
+        if self._paused:
+            self._left = max(self._left, seconds)
+        else:
+            self.scope.deadline = max(self.scope.deadline, anyio.current_time() + seconds)
+
+    def left(self) -> float:
+        """Seconds left, not counting waits."""
+        return self._left if self._paused else self.scope.deadline - anyio.current_time()
+
+
+def remaining() -> float | None:
+    """Seconds left before the nearest deadline open in this context, waits excluded; None
+    outside any."""
+    left = [clock.left() for clock in _OPEN.get() if isinstance(clock, Deadline)]
+    return min(left) if left else None
+
+
+def allow(seconds: float) -> None:
+    """Leaves every deadline open in this context that `stretches` at least `seconds`: a
+    request the server's measured speed says needs that long (`Transport.needed_time`) is not
+    cut by the work it serves. A deadline that does not stretch is the caller's fixed time."""
+    for clock in _OPEN.get():
+        if isinstance(clock, Deadline) and clock.stretches:
+            clock.allow(seconds)
+
+
+@contextmanager
+def registered(clock: Pausable) -> Iterator[None]:
+    """Makes `clock` stop while a call in this context (or a task started from it) waits."""
+    token = _OPEN.set((*_OPEN.get(), clock))
+    try:
+        yield
+    finally:
+        _OPEN.reset(token)
+
+
+@contextmanager
+def fail_after(seconds: float, *, stretches: bool = False) -> Iterator[anyio.CancelScope]:
+    """`anyio.fail_after(seconds)`, not counting the time calls inside it spend `waiting()`;
+    with `stretches`, `seconds` is a first guess a slow server's requests lengthen (`allow`).
+
+    Raises:
+        TimeoutError: the work inside took longer than `seconds`, waits excluded.
+    """
+    deadline = Deadline(seconds, stretches=stretches)
+    with registered(deadline), deadline.scope:
+        yield deadline.scope
+    if deadline.scope.cancelled_caught and anyio.current_time() >= deadline.scope.deadline:
+        raise TimeoutError
+
+
+@contextmanager
+def waiting() -> Iterator[None]:
+    """Marks a wait for a turn inside mnemo: every deadline and budget open in this context
+    stands still meanwhile."""
+    clocks = _OPEN.get()
+    for clock in clocks:
+        clock.pause()
+    try:
+        yield
+    finally:
+        for clock in clocks:
+            clock.resume()
+
+
+# ---- the retry policy and a task's budget -----------------------------------------------------
 
 
 class Clock(Protocol):
@@ -80,11 +184,9 @@ class SystemClock:
 class Backoff:
     """How long to wait before retry number n (0-based): `jitter() * min(cap, base * 2**n)`.
 
-    "Full jitter" spreads the retries of many callers over the whole window, so they do not hit
-    a recovering provider in lockstep. A `Retry-After` header replaces the computed delay and
-    is waited in full: a retry sent sooner would be refused again. `max_retry_after` is the
-    longest such wait accepted; past it (or past the task's seconds) the transport gives up at
-    once instead of waiting.
+    "Full jitter" spreads the retries of many callers over the whole window. A `Retry-After`
+    header replaces the computed delay and is waited in full; `max_retry_after` is the longest
+    such wait accepted: past it (or past the task's seconds) the transport gives up at once.
     """
 
     base: float = 0.5
@@ -100,8 +202,7 @@ class Backoff:
         return self.jitter() * min(self.cap, self.base * 2.0 ** (failures - 1))
 
     def accepts(self, retry_after: float | None) -> bool:
-        """Whether a retry may wait out the server's Retry-After (none given, or at most
-        `max_retry_after`)."""
+        """Whether a retry may wait out the server's Retry-After."""
         return retry_after is None or retry_after <= self.max_retry_after
 
 
@@ -109,7 +210,8 @@ class Backoff:
 class RetryPolicy:
     """The budget of one task (`max_calls` model calls and `max_seconds` in all, of which at
     most `max_re_asks` re-ask an unusable reply; see the module's table), the backoff between
-    retries, and the clock that times both.
+    retries, and the clock that times both. `max_seconds` None: `DEFAULT_SECONDS`, or longer
+    when the work the task serves has longer left.
 
     Raises:
         InvalidInputError: `max_calls` below 1, `max_re_asks` below 0 or `max_seconds` not
@@ -117,8 +219,6 @@ class RetryPolicy:
     """
 
     max_calls: int = 3
-    # None: `DEFAULT_SECONDS`, or longer when the work the task serves (an extraction, an
-    # append: `mnemo.calls.deadline.fail_after`) has longer left.
     max_seconds: float | None = None
     backoff: Backoff = field(default_factory=Backoff)
     clock: Clock = field(default_factory=SystemClock, compare=False)
@@ -155,9 +255,13 @@ def policy_from(
         policy = replace(policy, max_calls=max_retries + 1)
     if backoff is not None:
         policy = replace(policy, backoff=backoff)
-    if clock is not None:
-        policy = replace(policy, clock=clock)
-    return policy
+    return policy if clock is None else replace(policy, clock=clock)
+
+
+def policy_of(llm: object) -> RetryPolicy:
+    """The LLM's own `retry_policy` (every adapter has one), else the default."""
+    policy = getattr(llm, "retry_policy", None)
+    return policy if isinstance(policy, RetryPolicy) else RetryPolicy()
 
 
 Kind = Literal["retry", "re_ask"]
@@ -168,22 +272,19 @@ class Budget:
 
     `calls` counts every model call (first ones, retries and re-asks); `retries` and `re_asks`
     count those two kinds. A layer about to make a retry or a re-ask says so (`next_call`),
-    and the layer that really sends the call `charge`s it.
+    and the layer that really sends the call `charge`s it. Its seconds stop while a call
+    waits for its turn inside mnemo (`waiting`).
     """
 
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
         self.started = policy.clock.now()
-        self.calls = 0
-        self.retries = 0
-        self.re_asks = 0
+        self.calls = self.retries = self.re_asks = 0
         self._next: Kind | None = None
         self._paused = 0
         self._paused_at = 0.0
 
     def pause(self) -> None:
-        """Stops the budget's seconds while a call waits for its turn inside mnemo
-        (`mnemo.calls.deadline.waiting`): that wait is not the model's time."""
         if self._paused == 0:
             self._paused_at = self.policy.clock.now()
         self._paused += 1
@@ -193,20 +294,24 @@ class Budget:
         if self._paused == 0:
             self.started += self.policy.clock.now() - self._paused_at
 
-    def seconds_left(self) -> float:
+    def _total(self) -> float:
+        """The task's seconds: its policy's, else the longer of the default and what the work
+        it serves has left."""
         if self.policy.max_seconds is not None:
-            return self.policy.max_seconds - (self.policy.clock.now() - self.started)
-        own = DEFAULT_SECONDS - (self.policy.clock.now() - self.started)
-        work = deadline.remaining()
-        return own if work is None else max(own, work)
+            return self.policy.max_seconds
+        work = remaining()
+        used = self.policy.clock.now() - self.started
+        return DEFAULT_SECONDS if work is None else max(DEFAULT_SECONDS, used + work)
+
+    def seconds_left(self) -> float:
+        return self._total() - (self.policy.clock.now() - self.started)
 
     def can_call(self) -> bool:
         """Whether one more call is within the budget (calls and seconds)."""
         return self.calls < self.policy.max_calls and self.seconds_left() > 0
 
     def can_re_ask(self) -> bool:
-        """Whether an unusable reply may be asked again: a re-ask left (`max_re_asks`) and a
-        call within the budget."""
+        """Whether an unusable reply may be asked again (a re-ask and a call left)."""
         return self.re_asks < self.policy.max_re_asks and self.can_call()
 
     def can_wait(self, seconds: float) -> bool:
@@ -222,10 +327,8 @@ class Budget:
         kind = "retry" if retry else self._next
         self._next = None
         self.calls += 1
-        if kind == "retry":
-            self.retries += 1
-        elif kind == "re_ask":
-            self.re_asks += 1
+        self.retries += kind == "retry"
+        self.re_asks += kind == "re_ask"
 
     def counts(self) -> tuple[int, int, int]:
         """(calls, retries, re_asks) so far."""
@@ -240,14 +343,10 @@ class Budget:
     def describe(self) -> str:
         """The budget in words, for error messages."""
         used = self.policy.clock.now() - self.started
-        total = self.policy.max_seconds
-        if total is None:
-            work = deadline.remaining()
-            total = DEFAULT_SECONDS if work is None else max(DEFAULT_SECONDS, used + work)
         return (
             f"{self.calls} of {self.policy.max_calls} calls ({self.re_asks} of "
             f"{self.policy.max_re_asks} re-asks), {used:.1f} of "
-            f"{total:g} s of the task's retry budget"
+            f"{self._total():g} s of the task's retry budget"
         )
 
 
@@ -271,7 +370,69 @@ def task_budget(policy: RetryPolicy) -> Iterator[Budget]:
         _current.reset(token)
 
 
-def policy_of(llm: object) -> RetryPolicy:
-    """The LLM's own `retry_policy` (every adapter has one), else the default."""
-    policy = getattr(llm, "retry_policy", None)
-    return policy if isinstance(policy, RetryPolicy) else RetryPolicy()
+# ---- the provider's limiter and the usage meter -----------------------------------------------
+
+
+class LimitedLLM:
+    """An LLM whose calls each wait for a slot of its provider's limiter
+    (`Config.llm_concurrency`), whose usage (the calls, retries and re-asks each `generate`
+    charged to its task's budget, and the replies' tokens) goes to `meter`, and whose
+    `generate` runs inside `calling()`, when given."""
+
+    def __init__(
+        self,
+        llm: LLM,
+        slots: anyio.CapacityLimiter,
+        meter: Callable[[Usage], None] | None = None,
+        calling: Callable[[], AbstractContextManager[None]] | None = None,
+    ) -> None:
+        self._llm, self._slots, self._meter = llm, slots, meter
+        self._calling = calling or nullcontext
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The wrapped LLM's policy (`policy_of`)."""
+        return policy_of(self._llm)
+
+    async def generate(self, request: LLMRequest) -> LLMResponse:
+        with task_budget(self.retry_policy) as budget, self._calling():
+            before = budget.counts()
+            try:
+                async with slot(self._slots):
+                    response = await self._llm.generate(request)
+            finally:
+                # Booked even when the call failed: a 429 storm's calls were spent all the same.
+                budget.charge_bare(before)
+                calls, retries, re_asks = budget.counts()
+                self.book(Usage(calls=calls - before[0], retries=retries - before[1],
+                                re_asks=re_asks - before[2]))
+        if response.usage is not None:
+            self.book(response.usage)
+        return response
+
+    def book(self, usage: Usage) -> None:
+        """Books `usage` on the meter, if any (what a reply or a saved retry used)."""
+        if self._meter is not None:
+            self._meter(usage)
+
+
+def book(llm: LLM, usage: Usage) -> None:
+    """Books `usage` that no reply carried (what a retry saved) on `llm`'s meter, when `llm` is
+    a `LimitedLLM`; otherwise there is nowhere to book it."""
+    if isinstance(llm, LimitedLLM):
+        llm.book(usage)
+
+
+@asynccontextmanager
+async def slot(limiter: anyio.CapacityLimiter) -> AsyncIterator[None]:
+    """Holds one token of `limiter`, taking a free one without a trip through the event loop
+    (anyio's `acquire` always yields once). Waiting for one counts against no deadline."""
+    try:
+        limiter.acquire_nowait()
+    except anyio.WouldBlock:
+        with waiting():
+            await limiter.acquire()
+    try:
+        yield
+    finally:
+        limiter.release()

@@ -1,33 +1,344 @@
-"""A task asked of an LLM: the request it is sent as, and `ask`, which reads its reply (through
-the task's parser, on top of `mnemo.calls.reply`), asks again showing the model what was wrong
-with an unusable one, keeps what a reply cut short holds whole, and shortens a prompt the
-model's context refused.
+"""A task asked of an LLM, from its request to the typed value read from its reply.
 
-Every task mnemo asks of an LLM is one `LLMRequest`: a system prompt saying what to do, and one
-user message holding the instructions followed by the task's inputs as a JSON document after
-the line `INPUT:`. Real models read that JSON like any prompt; the offline LLM parses it back
-with `task_inputs`, so the two never drift apart.
+A task's request (`task_request`) is a system prompt and one user message: the instructions,
+then the task's inputs as JSON after the line `INPUT:` (the offline LLM reads them back with
+`task_inputs`). The schema sent and the value read back both come from one msgspec struct per
+task (`Reply`), and this module is the only place a reply is checked: `reply_schema` inlines
+the struct's schema (no `$ref`), requires every field but one that defaults to `UNSET`, and
+never offers null (a field that takes None is still asked for, and read as None when missing).
+`text(n)` and `items(n)` bound a string or a list in the schema only, for a server that turns
+it into a grammar; `most_tokens` is the longest reply a bounded schema allows. `read_reply`
+reads a reply leniently (a numeric string reads as a number) and phrases a mismatch as a
+`ValueError` naming the field ("facts[2].proposition must be a string, got 3"). `ask` sends
+the request, asks again showing the model what was wrong with an unusable reply, keeps what a
+reply cut short (`Cut`) holds whole (`salvage`), and shortens a prompt the context refused.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
+from functools import cache
 from typing import Any, TypeVar
 
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import inspect as mi
+from partial_json_parser import Allow, fix_fast
+
 from mnemo import cpu
-from mnemo.calls.reply import Cut, salvage
 from mnemo.calls.retry import RetryPolicy, policy_of, task_budget
 from mnemo.errors import LLMContextError, LLMError, LLMReplyError
-from mnemo.ports import LLM, JSONObject, LLMRequest, LLMResponse
+from mnemo.ports import LLM, JSONObject, JSONValue, LLMRequest, LLMResponse
+
+__all__ = [
+    "UNSET", "Cut", "Meta", "Reply", "UnsetType", "ask", "bounded", "decode_json", "input_json",
+    "items", "most_tokens", "preview", "read_reply", "reply_data", "reply_schema", "salvage",
+    "shorter", "task_inputs", "task_request", "text",
+]
 
 log = logging.getLogger("mnemo")
 
-INPUT_MARKER = "\nINPUT:\n"
-
 T = TypeVar("T")
+
+# The most items a reply's list may hold, whatever its task's inputs.
+MOST_ITEMS = 16
+
+# Characters a token stands for, counted low (JSON escapes, digits, short words) so that
+# `most_tokens` errs long.
+_CHARS_PER_TOKEN = 3
+
+
+def text(at_most: int, description: str | None = None) -> Meta:
+    """A string field's bound: at most `at_most` characters in the schema (`maxLength`)."""
+    return Meta(description=description, extra_json_schema={"maxLength": at_most})
+
+
+def items(at_most: int) -> Meta:
+    """A list field's bound: at most `at_most` items in the schema (`maxItems`)."""
+    return Meta(extra_json_schema={"maxItems": at_most})
+
+
+def bounded(
+    schema: JSONObject, field: str, count: int, *, most: int | None = MOST_ITEMS,
+    floor: int = 64,
+) -> tuple[JSONObject, int]:
+    """A request's schema, its list `field` holding at most `count` items (at least one, at
+    most `most`: None for a list that answers its inputs one by one), and the max_tokens that
+    holds the longest reply it allows (at least `floor`, at most 4096)."""
+    count = max(1, count if most is None else min(count, most))
+    properties = schema.get("properties")
+    if not isinstance(properties, dict) or not isinstance(properties.get(field), dict):
+        raise KeyError(f"the schema has no list field {field!r}")
+    schema = {**schema, "properties": {**properties, field: {**properties[field],
+                                                             "maxItems": count}}}
+    return schema, max(floor, min(4096, most_tokens(schema) or 4096))
+
+
+def most_tokens(schema: Mapping[str, object]) -> int | None:
+    """The most tokens a reply matching `schema` can take, counting its keys, quotes and
+    punctuation; None when a string or a list in it is unbounded."""
+    kind, options = schema.get("type"), schema.get("anyOf")
+    if options is not None:
+        sizes = [most_tokens(o) if isinstance(o, Mapping) else None
+                 for o in (options if isinstance(options, list) else [None])]
+        return None if not sizes or None in sizes else max(n for n in sizes if n is not None)
+    at_most = schema.get("maxLength" if kind == "string" else "maxItems")
+    if kind == "string":
+        return at_most // _CHARS_PER_TOKEN + 2 if isinstance(at_most, int) else None
+    if kind == "array":
+        item = schema.get("items")
+        each = most_tokens(item) if isinstance(item, Mapping) else None
+        return None if not isinstance(at_most, int) or each is None else 2 + at_most * (each + 1)
+    if kind == "object":
+        properties = schema.get("properties")
+        fields = properties.items() if isinstance(properties, Mapping) else ()
+        each_field = [(name, most_tokens(sub) if isinstance(sub, Mapping) else None)
+                      for name, sub in fields]
+        if any(size is None for _, size in each_field):
+            return None
+        return 2 + sum(len(name) // _CHARS_PER_TOKEN + 4 + (size or 0)
+                       for name, size in each_field)
+    return 6 if kind == "number" else 4  # a confidence; an index, a score, a boolean
+
+
+class Reply(Struct, frozen=True, kw_only=True):
+    """A task's reply; subclasses declare its fields, in the order the model is shown them.
+    Unknown fields are ignored when read (the schema says there are none)."""
+
+
+R = TypeVar("R", bound=Reply)
+
+# A type in words, by its name in msgspec's messages or its `msgspec.inspect` class.
+_NAMES: dict[object, str] = {
+    "array": "a list", "object": "an object", "str": "a string", "int": "an integer",
+    "float": "a number", "null": "null", "bool": "a boolean", mi.ListType: "a list",
+    mi.StructType: "an object", mi.StrType: "a string", mi.IntType: "an integer",
+    mi.FloatType: "a number", mi.BoolType: "a boolean", mi.NoneType: "null"}
+_EXPECTED = re.compile(r"^Expected `([^`]+)`(?:, got `([^`]+)`)?(?: - at `([^`]+)`)?$")
+_MISSING = re.compile(r"^Object missing required field `([^`]+)`(?: - at `([^`]+)`)?$")
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+
+
+@cache
+def reply_schema(kind: type[Reply]) -> JSONObject:
+    """The JSON schema of `kind`, with every struct inlined and its `required` as the module
+    docstring says. Cached: treat the result as read-only."""
+    (root,), defs = msgspec.json.schema_components([kind], ref_template="{name}")
+    schema = _inline(root, defs)
+    if not isinstance(schema, dict):
+        raise TypeError(f"{kind.__name__} has no object schema")
+    return schema
+
+
+def read_reply(response: LLMResponse, kind: type[R], task: str) -> R:
+    """`response` (its `reply_data`) as a `kind`.
+
+    Raises:
+        ValueError: the reply holds no JSON object, or a field that does not match (named by
+            its path from the reply's root, what it must be, and what it is).
+    """
+    data = reply_data(response, strict=True)
+    if not isinstance(data, dict):
+        raise ValueError(f"{task} reply must be a JSON object, got {preview(data)}")
+    try:
+        return msgspec.convert(data, kind, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ValueError(_problem(str(exc), data, kind, task)) from None
+
+
+def reply_data(response: LLMResponse, *, strict: bool = False) -> object:
+    """A structured reply's JSON value: its `data`, else its `text` read by `decode_json`;
+    None when neither holds one.
+
+    Raises:
+        ValueError: (`strict` only) saying why the text holds no JSON value.
+    """
+    if response.data is not None or not response.text.strip():
+        return response.data
+    try:
+        return decode_json(response.text)
+    except ValueError:
+        if strict:
+            raise
+        return None
+
+
+def preview(value: object) -> str:
+    """`repr(value)` cut to 120 characters, for a parser's error message."""
+    shown = repr(value)
+    return shown if len(shown) <= 120 else shown[:117] + "..."
+
+
+_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
+_LENIENT = json.JSONDecoder(strict=False)
+_DECODER = msgspec.json.Decoder()
+
+
+def decode_json(text: str) -> object:
+    """The JSON value in a model's reply text: bare, in a Markdown code fence, or one object
+    with prose around it; raw control characters inside strings (small models write them) are
+    taken.
+
+    Raises:
+        ValueError: saying why no JSON value could be read.
+    """
+    fenced = _FENCE.match(text.strip())
+    stripped = fenced.group(1).strip() if fenced else text.strip()
+    if not stripped:
+        raise ValueError("the reply is empty, expected a JSON object")
+    try:
+        return _DECODER.decode(stripped)
+    except msgspec.DecodeError:
+        pass
+    try:
+        return json.loads(stripped, strict=False)
+    except json.JSONDecodeError as exc:
+        start = stripped.find("{")
+        if start >= 0:
+            try:
+                return _LENIENT.raw_decode(stripped[start:])[0]
+            except json.JSONDecodeError:
+                pass
+        raise ValueError(f"the reply is not valid JSON ({exc.msg} at char {exc.pos})") from exc
+
+
+class Cut(LLMReplyError, LLMContextError):
+    """A structured reply that stopped before its end: at its max_tokens, the adapter allowing
+    no more (`at_cap`), or with room left under it, when the model's context filled. `text` is
+    what came (the start of a JSON value), `data` what the provider read of it (a tool call's
+    input), if anything. Unusable as it is (`LLMReplyError`), and a shorter prompt may go
+    through (`LLMContextError`)."""
+
+    def __init__(self, message: str, *, text: str, data: object = None, at_cap: bool) -> None:
+        super().__init__(message)
+        self.text, self.data, self.at_cap = text, data, at_cap
+
+
+def salvage(cut: Cut) -> JSONObject | None:
+    """What a cut reply holds whole: its JSON object without a string or a number cut midway
+    (`partial-json-parser`), and without the last item of its last list when the cut fell
+    inside that item (a provider's own reading, `data`, is taken to be cut inside it); None
+    when no list item is left."""
+    stripped = cut.text.strip().removesuffix("```")
+    start = stripped.find("{")
+    value: object = cut.data
+    inside_item = True
+    if start >= 0:
+        try:
+            head, tail = fix_fast(stripped[start:], Allow.OBJ | Allow.ARR)
+            value = json.loads(head + tail)
+        except Exception:  # the parser's own errors: nothing whole in it
+            return None
+        # The containers left open: the root, a list of it, and an item of that list.
+        inside_item = len(tail) > 2
+    if not isinstance(value, dict) or not value:
+        return None
+    last = next(reversed(value))
+    if inside_item and isinstance(value[last], list):
+        value[last] = value[last][:-1]
+    return value if any(isinstance(v, list) and v for v in value.values()) else None
+
+
+def _problem(message: str, data: JSONObject, kind: type[Reply], task: str) -> str:
+    missing = _MISSING.match(message)
+    if missing:
+        name, at = missing.group(1), _where(missing.group(2) or "$")
+        wanted = _field_type(kind, (missing.group(2) or "$") + f".{name}")
+        if not at:
+            return f"{task} reply has no {name!r} field ({name} must be {wanted}): {preview(data)}"
+        return f"{at}.{name} must be {wanted}, got nothing"
+    expected = _EXPECTED.match(message)
+    if expected and expected.group(3):
+        path = expected.group(3)
+        return (f"{_where(path)} must be {_phrase(expected.group(1))}, got "
+                f"{preview(_value_at(data, path))}")
+    located = re.search(r" - at `([^`]+)`$", message)
+    where = _where(located.group(1)) if located else f"{task} reply"
+    return f"{where}: {message.split(' - at ')[0]}"
+
+
+def _phrase(expected: str) -> str:
+    words = [_NAMES.get(part.strip().split(" ")[0], part.strip()) for part in expected.split("|")]
+    return " or ".join(words)
+
+
+def _where(path: str) -> str:
+    return path.removeprefix("$").removeprefix(".")
+
+
+def _value_at(data: object, path: str) -> object:
+    for key, index in _STEP.findall(path):
+        if key and isinstance(data, dict):
+            data = data.get(key)
+        elif index and isinstance(data, list) and int(index) < len(data):
+            data = data[int(index)]
+        else:
+            return None
+    return data
+
+
+def _field_type(kind: type[Reply], path: str) -> str:
+    """What the field at `path` of `kind` must be, in words."""
+    info = mi.type_info(kind)
+    for key, _ in _STEP.findall(path):
+        info = _bare(info)
+        if isinstance(info, mi.ListType) and not key:
+            info = info.item_type
+        elif isinstance(info, mi.StructType):
+            info = next((f.type for f in info.fields if f.name == key), info)
+    return _describe(_bare(info))
+
+
+def _bare(info: mi.Type) -> mi.Type:
+    return info.type if isinstance(info, mi.Metadata) else info
+
+
+def _describe(info: mi.Type) -> str:
+    if isinstance(info, mi.UnionType):
+        return " or ".join(_describe(_bare(t)) for t in info.types)
+    return _NAMES.get(type(info), "a value")
+
+
+def _inline(node: JSONValue, defs: JSONObject) -> JSONValue:
+    """`node` (a schema) with each `$ref` replaced by its definition, without msgspec's
+    `title` and `default` annotations; a struct requires every field that has no default or
+    has one other than `UNSET` (msgspec writes no `default` for it)."""
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        return _inline(defs[ref], defs)
+    choices = node.get("anyOf")
+    if isinstance(choices, list):
+        # null is what a reader tolerates, never what a model is asked for.
+        shown = [c for c in choices if c != {"type": "null"}]
+        if len(shown) == 1:
+            rest = {k: v for k, v in node.items() if k != "anyOf"}
+            return _inline({**rest, **shown[0]}, defs)
+        node = {**node, "anyOf": shown}
+    out: JSONObject = {k: {name: _inline(sub, defs) for name, sub in v.items()}
+                       if k == "properties" and isinstance(v, dict) else _inline(v, defs)
+                       for k, v in node.items() if k not in ("title", "default")}
+    properties = node.get("properties")
+    if isinstance(properties, dict):
+        required = node.get("required")
+        out["required"] = [name for name, sub in properties.items()
+                           if (isinstance(required, list) and name in required)
+                           or (isinstance(sub, dict) and "default" in sub)]
+        out["additionalProperties"] = False
+    return out
+
+
+# ---- the request, and asking until a reply is usable ------------------------------
+
+
+INPUT_MARKER = "\nINPUT:\n"
 
 
 def task_request(
@@ -39,9 +350,8 @@ def task_request(
     schema: JSONObject | None = None,
     max_tokens: int | None = None,
 ) -> LLMRequest:
-    """Builds the request for one task: instructions, then the inputs as JSON."""
-    # No `indent`: it would switch json.dumps to its slow pure-Python encoder, on the append
-    # path (BENCHMARKS.md). `cpu.dumps` keeps each C call short for a long trajectory's steps.
+    """Builds the request for one task: instructions, then the inputs as compact JSON
+    (`cpu.dumps` keeps each C call short for a long trajectory's steps)."""
     content = instructions.strip() + INPUT_MARKER + cpu.dumps(inputs)
     return LLMRequest(
         task=task,
@@ -82,28 +392,18 @@ async def ask(
 ) -> T:
     """Sends `request` and parses the reply, asking again when the reply is unusable.
 
-    `parse` reads the reply (`mnemo.calls.reply.read_reply` into the task's struct) and
-    raises `ValueError` for one it cannot use: the model is then shown its reply and the
-    problem, and asked again. The task has one budget (`policy`, else the LLM's
-    `retry_policy`, else the default; see `mnemo.calls.retry`): the adapter's transport
-    retries and the re-asks made here count against it. An exception from the LLM is not
-    retried here: the adapter has already spent what it could.
-
-    A reply cut short (`mnemo.calls.reply.Cut`) is read for what it holds whole
-    (`salvage`); with nothing whole in it, a reply cut at its max_tokens is unusable like any
-    other, and one cut with room left (the model's context filled) is sent again shortened,
-    as a prompt the model's context refused (`LLMContextError`) is: by `shorten` (default
-    `shorter`), at most `MAX_SHRINKS` times. A task that shortens its own inputs (it knows
-    what may go) passes a `shorten` that returns None, and gets the error.
-
-    `unusable`, when given, is what a reply still unusable once the re-asks are spent stands
-    for (a reward's neutral 0.5, as the API contract says), returned with a warning instead of
-    the error. A failure of the LLM itself (an HTTP error, a timeout) raises all the same.
+    `parse` (`read_reply` into the task's struct) raises `ValueError` for a reply it cannot
+    use: the model is shown its reply and the problem, and asked again, within the task's one
+    budget (`policy`, else the LLM's; `mnemo.calls.retry`). A reply cut short (`Cut`) is read
+    for what it holds whole (`salvage`); else one cut at its max_tokens is unusable like any
+    other, and one cut with room left is sent again shortened, as a prompt the model's context
+    refused (`LLMContextError`) is: by `shorten` (default `shorter`; a task that shortens its
+    own inputs passes one that returns None), at most `MAX_SHRINKS` times. `unusable`, when
+    given, is returned (with a warning) for a reply still unusable once the re-asks are spent.
 
     Raises:
         LLMError: the LLM raised (its exception is the `__cause__`), or the budget ran out on
-            unusable replies (`LLMReplyError`; the message says what was wrong with the last
-            one) and no `unusable` was given.
+            unusable replies (`LLMReplyError`) and no `unusable` was given.
     """
     with task_budget(policy or policy_of(llm)) as budget:
         shrinks = 0
@@ -210,15 +510,12 @@ def shorter(request: LLMRequest) -> LLMRequest | None:
         holder[key] = f"{text[: keep // 2]} … {text[len(text) - keep // 2:]}"
         total -= len(text) - len(holder[key])
     content = request.messages[-1].get("content") if request.messages else None
-    if not isinstance(content, str) or INPUT_MARKER not in content:
-        return None
-    head = content.rsplit(INPUT_MARKER, 1)[0]
+    head, marker, before = (content if isinstance(content, str) else "").rpartition(INPUT_MARKER)
     body = json.dumps(inputs, ensure_ascii=False)
-    if len(body) >= len(content.rsplit(INPUT_MARKER, 1)[1]):
+    if not marker or len(body) >= len(before):
         return None
-    messages = [*request.messages[:-1], {**request.messages[-1],
-                                         "content": head + INPUT_MARKER + body}]
-    return replace(request, messages=messages)
+    return replace(request, messages=[*request.messages[:-1], {
+        **request.messages[-1], "content": head + marker + body}])
 
 
 def _texts(value: Any) -> Iterator[tuple[Any, Any, str]]:

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field, replace
 
 import anyio
 
-from mnemo.adapters._chat import reply_cap
 from mnemo.adapters._http import CHARS_PER_TOKEN, Transport
+from mnemo.adapters._model import reply_cap
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.limit import Limit
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.adapters.uri import llm_from_uri, with_settings
-from mnemo.calls.reply import read_reply
+from mnemo.calls.tasks import read_reply
 from mnemo.cli._common import close
 from mnemo.cli._database import CliError
 from mnemo.episode.prompts import RewardReply, reward_request, state_request, subgoal_request

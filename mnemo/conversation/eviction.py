@@ -34,9 +34,8 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from mnemo.calls import deadline
-from mnemo.calls.reply import reply_data
-from mnemo.calls.tasks import ask
+from mnemo.calls.retry import fail_after
+from mnemo.calls.tasks import ask, reply_data
 from mnemo.conversation.model import EvictionResult, Goal, Message, SearchHit, Snapshot
 from mnemo.conversation.ports import EvictionInputs, ThreadStore
 from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
@@ -223,14 +222,14 @@ async def run_loop(
     without a snapshot, that is the failure. Once one is saved, the rounds go on only while
     there are open goals to pin messages to, and end at `everything_ok` or at a reply without
     tool calls. An LLM that raises ends the loop with the failure. All rounds together get
-    `time_limit` seconds (`mnemo.calls.deadline`: a wait for a slot inside mnemo does not count):
+    `time_limit` seconds (`mnemo.calls.retry`: a wait for a slot inside mnemo does not count):
     past it the round in flight is abandoned and that is the failure (a snapshot saved before
     it is kept). Cancellation is not caught.
     """
     usage: Usage | None = None
     silent = 0
     try:
-        with deadline.fail_after(time_limit):
+        with fail_after(time_limit):
             for _ in range(MAX_ROUNDS):
                 if tools.snapshot_parts and not goals:
                     break  # saved, and no goal to pin a message to: nothing is left to do
@@ -405,7 +404,7 @@ class Evictor:
             snapshots=fold_inputs(due), max_words=snapshot_words(token_budget, 2)
         )
         try:
-            with deadline.fail_after(self._timeout):
+            with fail_after(self._timeout):
                 text = await ask(llm, request, parse_summary)
         except Exception:
             # Folding is an optimisation of the viewport: the level-1 snapshots stay visible.

@@ -14,7 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from mnemo import cpu
-from mnemo.calls import deadline
+from mnemo.calls.retry import fail_after
 from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.conversation.drafts import (
@@ -462,7 +462,7 @@ class ConversationManager:
                 max_words=max_words,
             )
             try:
-                with deadline.fail_after(service.timeout):
+                with fail_after(service.timeout):
                     summary = await ask(self.llm, request, parse_summary)
             except Exception:
                 # The messages stay uncompacted and whole: load shows them, nothing is lost.

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from mnemo.calls.reply import Reply, most_tokens, read_reply, reply_data, reply_schema
-from mnemo.calls.tasks import task_request
+from mnemo.calls.tasks import Reply, most_tokens, read_reply, reply_data, reply_schema, task_request
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse
 
 
@@ -263,7 +262,7 @@ def eviction_request(
         max_tokens=max_words * 2 + 256,
     )
     # The summary's length in the schema: a server's grammar ends a small model's summary
-    # there instead of at max_tokens (`mnemo.calls.reply.text`; not checked when read).
+    # there instead of at max_tokens (`mnemo.calls.tasks.text`; not checked when read).
     snapshot = snapshot_schema(max_words)
     max_tokens = max(request.max_tokens or 0, most_tokens(snapshot) or 0)
     if as_data:

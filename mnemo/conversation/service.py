@@ -28,7 +28,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.calls import deadline
+from mnemo.calls.retry import fail_after
 from mnemo.config import DURATION_CEILINGS, Config
 from mnemo.conversation.drafts import check_thread_id, check_thread_name, search_text
 from mnemo.conversation.eviction import Evictor
@@ -220,7 +220,7 @@ class ConversationService:
 
     async def _call_embedder(self, call: Awaitable[T]) -> T:
         try:
-            with deadline.fail_after(self.timeout):
+            with fail_after(self.timeout):
                 return await call
         except TimeoutError as exc:
             raise EmbeddingError(f"the embedder timed out after {self.timeout:g} s") from exc

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import anyio
 import numpy as np
 
-from mnemo.calls import deadline
+from mnemo.calls.retry import fail_after
 from mnemo.calls.tasks import ask
 from mnemo.episode.model import StepRecord
 from mnemo.episode.prompts import (
@@ -114,7 +114,7 @@ async def annotate_step(
     """
     previous = steps[-1] if steps else None
     try:
-        with deadline.fail_after(time_limit, stretches=True):
+        with fail_after(time_limit, stretches=True):
             note = await annotate(
                 llm(),
                 embedder,

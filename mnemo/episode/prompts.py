@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Annotated
 
-from mnemo.calls.reply import (
+from mnemo.calls.tasks import (
     Meta,
     Reply,
     most_tokens,
@@ -19,9 +19,9 @@ from mnemo.calls.reply import (
     read_reply,
     reply_data,
     reply_schema,
+    task_request,
     text,
 )
-from mnemo.calls.tasks import task_request
 from mnemo.ports import LLMRequest, LLMResponse
 
 NEUTRAL_REWARD = 0.5

@@ -8,8 +8,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated
 
-from mnemo.calls.reply import MOST_ITEMS, Reply, bounded, items, read_reply, reply_schema
-from mnemo.calls.tasks import task_request
+from mnemo.calls.tasks import (
+    MOST_ITEMS,
+    Reply,
+    bounded,
+    items,
+    read_reply,
+    reply_schema,
+    task_request,
+)
 from mnemo.graph.contradiction import Question
 from mnemo.ports import LLMRequest, LLMResponse
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from mnemo import text as _text
-from mnemo.calls import deadline
+from mnemo.calls.retry import fail_after
 from mnemo.episode.annotation import embed
 from mnemo.errors import EmbeddingError
 from mnemo.graph.erasure import Embed
@@ -63,7 +63,7 @@ def wordings(embedder: Embedder, timeout: float) -> Embed:
         EmbeddingError: the embedder failed or took longer."""
     async def embed_wordings(texts: Sequence[str]) -> Vector:
         try:
-            with deadline.fail_after(timeout):
+            with fail_after(timeout):
                 return await embed(embedder, [embedding_text(t) for t in texts])
         except TimeoutError as exc:
             raise EmbeddingError(f"the embedder took more than {timeout} s") from exc

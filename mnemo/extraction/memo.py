@@ -12,8 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from mnemo.calls.retry import policy_of, task_budget
-from mnemo.calls.slots import book
+from mnemo.calls.retry import book, policy_of, task_budget
 from mnemo.calls.tasks import ask
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 

@@ -22,7 +22,7 @@ import anyio
 import anyio.lowlevel
 
 from mnemo import cpu
-from mnemo.calls import deadline
+from mnemo.calls.retry import fail_after
 from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.episode.prompts import NEUTRAL_REWARD, parse_reward, reward_request
 from mnemo.errors import AdapterError, LLMError, first_error
@@ -110,7 +110,7 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
         scores = deferred if deferred is not None and group[-1] is deferred else None
         trajectory = _Trajectory(i + 1, group)
         try:
-            with deadline.fail_after(time_limit, stretches=True):
+            with fail_after(time_limit, stretches=True):
                 await _extract_trajectory(work, trajectory, parts[i], first_round.one_in,
                                           scores_last=scores)
         except TimeoutError as exc:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated
 
-from mnemo.calls.reply import (
+from mnemo.calls.tasks import (
     MOST_ITEMS,
     UNSET,
     Meta,
@@ -24,9 +24,9 @@ from mnemo.calls.reply import (
     read_reply,
     reply_data,
     reply_schema,
+    task_request,
     text,
 )
-from mnemo.calls.tasks import task_request
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.ports import LLMRequest, LLMResponse
 
@@ -38,7 +38,7 @@ Steps = Sequence[Mapping[str, object]]
 
 # ---- semantic -----------------------------------------------------------------------------
 
-# The bounds of a reply (`mnemo.calls.reply.text`, `items`): what a grammar-bound model may
+# The bounds of a reply (`mnemo.calls.tasks.text`, `items`): what a grammar-bound model may
 # write, so that its reply fits the task's max_tokens (`most_tokens`); DECISIONS.md, "Bounded
 # replies".
 class FactReply(Reply, frozen=True):

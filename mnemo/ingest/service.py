@@ -15,7 +15,7 @@ from typing import cast
 import anyio
 
 from mnemo import cpu
-from mnemo.calls import deadline
+from mnemo.calls.retry import fail_after
 from mnemo.config import Config
 from mnemo.episode.annotation import annotate, starts_trajectory
 from mnemo.episode.model import EpisodeRecord, StepRecord
@@ -245,7 +245,7 @@ class IngestService:
             if resolve is not None:
                 step = Step(resolve(step.observation), resolve(step.action), step.metadata)
             previous = episode.steps[-1] if episode.steps else None
-            with deadline.fail_after(runtime.config.annotation_timeout, stretches=True):
+            with fail_after(runtime.config.annotation_timeout, stretches=True):
                 note = await annotate(
                     llm, runtime.embedder, goal=episode.goal, observation=step.observation,
                     action=step.action, previous=previous,

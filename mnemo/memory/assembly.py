@@ -10,7 +10,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from mnemo.adapters.minilm import default_embedder
-from mnemo.calls.slots import LimitedLLM
+from mnemo.calls.retry import LimitedLLM
 from mnemo.config import Config
 from mnemo.conversation.service import ConversationService
 from mnemo.events import EventCallback, Events

@@ -194,7 +194,7 @@ class GraphMethods(Parts):
         """The vector of a fact's text by the repo's embedder (within its
         `extraction_timeout`), its generation, and the commit policy of a fact stated as it
         is (no contradiction asked)."""
-        from mnemo.calls import deadline
+        from mnemo.calls.retry import fail_after
         from mnemo.episode.annotation import embed
         from mnemo.extraction.entities import vector_text
 
@@ -202,7 +202,7 @@ class GraphMethods(Parts):
         runtime = self._repos.embedding(repo)
         limit = runtime.config.extraction_timeout
         try:
-            with deadline.fail_after(limit):
+            with fail_after(limit):
                 vector = await embed(runtime.embedder, [vector_text(kind, text)])
         except TimeoutError as exc:
             raise EmbeddingError(f"the embedder took more than {limit} s") from exc
@@ -385,7 +385,7 @@ class GraphMethods(Parts):
             ConflictError: the repo is being re-embedded by another Memory.
         """
         from mnemo.adapters.uri import model_uri
-        from mnemo.calls import deadline
+        from mnemo.calls.retry import fail_after
         from mnemo.episode.annotation import embed
         from mnemo.events import deliver
         from mnemo.extraction.entities import vector_text
@@ -403,7 +403,7 @@ class GraphMethods(Parts):
 
         async def embed_nodes(nodes: Sequence[Unstaged]) -> Vector:
             try:
-                with deadline.fail_after(limit):
+                with fail_after(limit):
                     return await embed(target, [vector_text(n.type, n.text) for n in nodes])
             except TimeoutError as exc:
                 raise EmbeddingError(

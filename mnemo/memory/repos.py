@@ -20,7 +20,7 @@ from mnemo.adapters.minilm import default_embedder
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.recorded import RepoModels, UnavailableEmbedder
 from mnemo.adapters.uri import model_uri
-from mnemo.calls.slots import LimitedLLM
+from mnemo.calls.retry import LimitedLLM
 from mnemo.config import Config, ceilings, with_longer_timeouts
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.inputs import check_id, check_models, check_name

@@ -7,7 +7,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from mnemo.calls import deadline, tasks
+from mnemo.calls import tasks
+from mnemo.calls.retry import fail_after
 from mnemo.errors import LLMContextError, LLMTimeout
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 
@@ -41,7 +42,7 @@ async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T], 
         LLMTimeout: no usable answer within `LLM_TIMEOUT_S` seconds.
     """
     try:
-        with deadline.fail_after(LLM_TIMEOUT_S):
+        with fail_after(LLM_TIMEOUT_S):
             return await tasks.ask(llm, request, parse, shorten=shorten)
     except TimeoutError as exc:
         raise LLMTimeout(

@@ -8,8 +8,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from mnemo.calls.reply import Meta, Reply, read_reply, reply_schema
-from mnemo.calls.tasks import ask, task_request
+from mnemo.calls.tasks import Meta, Reply, ask, read_reply, reply_schema, task_request
 from mnemo.ports import LLM, LLMRequest, LLMResponse
 
 MODES = ("episodic", "semantic", "procedural", "mixed")

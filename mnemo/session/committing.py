@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from mnemo.calls import deadline
+from mnemo.calls.retry import fail_after
 from mnemo.calls.tasks import ask
 from mnemo.episode.annotation import embed
 from mnemo.episode.model import StepRecord
@@ -83,7 +83,7 @@ def intent_policy(
 
     async def merge(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, Vector] | None]:
         try:
-            with deadline.fail_after(limit):
+            with fail_after(limit):
                 if len(pairs) == 1:
                     existing, new = pairs[0]
                     texts = {0: await ask(llm, merge_intent_request(existing=existing, new=new),
@@ -102,7 +102,7 @@ def intent_policy(
     async def contradicts(questions: Sequence[Question]) -> list[set[int]]:
         request, pairs = contradiction_request(questions)
         try:
-            with deadline.fail_after(limit):
+            with fail_after(limit):
                 return await ask(
                     llm, request, lambda reply: parse_contradiction(reply, pairs, len(questions))
                 )
@@ -119,7 +119,7 @@ def intent_policy(
             nonlocal embedder
             fresh = await refresh(repo, generation)
             try:
-                with deadline.fail_after(limit):
+                with fail_after(limit):
                     made = await embedded_again(changeset, fresh.embedder, fresh.generation)
             except TimeoutError as exc:
                 raise EmbeddingError(f"the embedder took more than {limit} s") from exc

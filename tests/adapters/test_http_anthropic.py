@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from mnemo.adapters.anthropic import Anthropic, _translate
-from mnemo.calls.reply import Cut, decode_json
-from mnemo.calls.tasks import ask
+from mnemo.calls.tasks import Cut, ask, decode_json
 from mnemo.errors import InvalidInputError, LLMError, LLMReplyError
 from mnemo.extraction.prompts import parse_facts, semantic_request
 from mnemo.ports import LLMRequest, ToolCall

@@ -9,13 +9,12 @@ from typing import Any
 import httpx
 import pytest
 
-from mnemo.adapters._chat import DEFAULT_PRICES, price_of
+from mnemo.adapters._model import DEFAULT_PRICES, price_of
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.openai import OpenAICompatible
-from mnemo.calls.reply import Cut, decode_json
 from mnemo.calls.retry import Backoff
-from mnemo.calls.tasks import ask
+from mnemo.calls.tasks import Cut, ask, decode_json
 from mnemo.errors import InvalidInputError, LLMError, LLMReplyError
 from mnemo.extraction.prompts import parse_facts, semantic_request
 from mnemo.ports import LLMRequest, ToolCall, Usage

@@ -18,11 +18,12 @@ import anyio
 import httpx
 import pytest
 
-from mnemo.adapters._http import HTTPFailure, RateGate, Transport, parse_retry_after
+import mnemo
+from mnemo.adapters._http import HTTPFailure, Transport, parse_retry_after
 from mnemo.adapters.embeddings import Embeddings
+from mnemo.adapters.limit import RateGate
 from mnemo.adapters.openai import Completion
-from mnemo.calls import deadline
-from mnemo.calls.retry import Backoff
+from mnemo.calls.retry import Backoff, registered
 from mnemo.errors import EmbeddingError, LLMError, LLMTimeout
 from tests.adapters.provider_server import (
     Answer,
@@ -391,17 +392,17 @@ async def test_concurrency_cap(clock: VirtualClock) -> None:
             tg.start_soon(t.post_json, "/x", PAYLOAD, AnyReply)
         await anyio.wait_all_tasks_blocked()
         assert arrived == 2
-        assert t.in_flight == 2
+        assert t.limit.in_flight == 2
         release.set()
     assert arrived == 5
-    assert t.in_flight == 0
+    assert t.limit.in_flight == 0
 
 
 # ---- the HTTP path's own cost --------------------------------------------------------------------
 
 
 class Stops:
-    """A `deadline.Pausable` that counts how often a wait stopped it."""
+    """A `Pausable` that counts how often a wait stopped it."""
 
     def __init__(self) -> None:
         self.stops = 0
@@ -419,7 +420,7 @@ async def test_an_attempt_that_waits_for_nothing_stops_no_clock(
     """A request with a free slot and an open gate stops no deadline (each stop and start
     moved the deadlines' timers on every call); one that waits for the rate limit does."""
     stops = Stops()
-    with deadline.registered(stops):
+    with registered(stops):
         async with transport(server.openai_url, clock) as t:
             await t.post_json("/chat/completions", PAYLOAD, Completion)
         assert stops.stops == 0
@@ -456,3 +457,31 @@ def test_transport_dependencies_are_declared() -> None:
     pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     dependencies = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     assert any(dep.startswith("sniffio>=") for dep in dependencies)
+
+
+# ---- the keywords every HTTP adapter takes ---------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [
+    lambda **kw: mnemo.OpenAICompatible("m", base_url="http://x/v1", **kw),
+    lambda **kw: mnemo.Anthropic("m", base_url="http://x", **kw),
+    lambda **kw: mnemo.OpenAIEmbedder("m", base_url="http://x/v1", dim=4, **kw),
+])
+async def test_every_http_adapter_takes_the_transport_keywords(make: Any) -> None:
+    """Each HTTP adapter takes each of `HTTPOptions`' keywords and hands it to its transport;
+    a bad one is refused by the same check, whichever adapter it was given to."""
+    clock = VirtualClock()
+    backoff = Backoff(base=0.1)
+    async with make(timeout=5.0, max_retries=4, requests_per_minute=60.0,
+                    tokens_per_minute=1000.0, max_concurrency=3, concurrency=2,
+                    transport=httpx.MockTransport(lambda _: httpx.Response(500)),
+                    backoff=backoff, clock=clock, retry=None) as adapter:
+        assert adapter.retry_policy.max_calls == 5
+        assert adapter.retry_policy.backoff is backoff
+        assert adapter.retry_policy.clock is clock
+        assert (adapter.concurrency.ceiling, adapter.concurrency.current) == (3, 2)
+        assert adapter.transport.attempt_timeout(100) == 5.0
+    with pytest.raises(mnemo.InvalidInputError, match="concurrency must be an integer"):
+        make(max_concurrency=2, concurrency=3)
+    with pytest.raises(TypeError):
+        make(timeout_seconds=5)

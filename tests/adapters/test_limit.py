@@ -1,5 +1,5 @@
 """The adaptive concurrency limit (mnemo/adapters/limit.py) against simulated servers, and the
-deadlines that do not count a wait for a slot (mnemo/deadline.py).
+deadlines that do not count a wait for a slot (`mnemo.calls.retry`).
 
 The servers are simulated in virtual time (trio's `MockClock`, which jumps ahead whenever every
 task waits), so a run of hundreds of requests of seconds each takes milliseconds and its times
@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mnemo.adapters.limit import INITIAL, Limit, LimitState, ServerProfile
-from mnemo.calls import deadline
+from mnemo.calls.retry import fail_after, waiting
 
 
 def simulate(main: Callable[[], Awaitable[None]]) -> None:
@@ -259,11 +259,11 @@ def test_a_deadline_does_not_count_a_wait_for_a_turn() -> None:
     without the wait marked does."""
 
     async def main() -> None:
-        with deadline.fail_after(2.0):
-            with deadline.waiting():
+        with fail_after(2.0):
+            with waiting():
                 await anyio.sleep(5.0)
             await anyio.sleep(1.0)
-        with pytest.raises(TimeoutError), deadline.fail_after(2.0):
+        with pytest.raises(TimeoutError), fail_after(2.0):
             await anyio.sleep(5.0)
 
     simulate(main)
@@ -275,17 +275,17 @@ def test_tasks_started_inside_a_deadline_share_it() -> None:
     ended: list[float] = []
 
     async def worker(wait: float, work: float) -> None:
-        with deadline.waiting():
+        with waiting():
             await anyio.sleep(wait)
         await anyio.sleep(work)
         ended.append(anyio.current_time())
 
     async def main() -> None:
-        with deadline.fail_after(3.0):
+        with fail_after(3.0):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(worker, 4.0, 2.0)  # waits 0-4, works 4-6
                 tg.start_soon(worker, 0.0, 2.5)  # works 0-2.5 (while the other waits)
-        with pytest.raises(TimeoutError), deadline.fail_after(3.0):
+        with pytest.raises(TimeoutError), fail_after(3.0):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(worker, 0.0, 4.0)
 

@@ -17,8 +17,7 @@ import pytest
 
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.openai import OpenAICompatible
-from mnemo.calls.retry import Backoff, RetryPolicy, SystemClock, policy_from
-from mnemo.calls.slots import LimitedLLM
+from mnemo.calls.retry import Backoff, LimitedLLM, RetryPolicy, SystemClock, policy_from
 from mnemo.calls.tasks import ask
 from mnemo.episode.prompts import parse_subgoal, subgoal_request
 from mnemo.errors import InvalidInputError, LLMError, LLMTimeout

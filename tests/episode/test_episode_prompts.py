@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mnemo.calls.reply import most_tokens
-from mnemo.calls.tasks import task_inputs
+from mnemo.calls.tasks import most_tokens, task_inputs
 from mnemo.episode.prompts import (
     REWARD_SCHEMA,
     SUBGOAL_SCHEMA,

@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mnemo.calls.reply import with_most_items
-from mnemo.calls.tasks import task_inputs
+from mnemo.calls.tasks import bounded, task_inputs
 from mnemo.extraction.contradiction import contradiction_request, parse_contradiction
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (
@@ -52,7 +51,7 @@ def test_semantic_request_carries_inputs() -> None:
     round-trips goal, subgoal and steps."""
     request = semantic_request(goal="g", subgoal="s", steps=STEPS)
     assert request.task == "semantic"
-    assert request.schema == with_most_items(SEMANTIC_SCHEMA, "facts", 5)
+    assert request.schema == bounded(SEMANTIC_SCHEMA, "facts", 5)[0]
     assert task_inputs(request) == {"goal": "g", "subgoal": "s", "steps": STEPS}
 
 
@@ -62,7 +61,7 @@ def test_procedural_request_carries_inputs() -> None:
     steps = [dict(STEPS[0], reward=None)]
     request = procedural_request(goal="g", subgoal="s", steps=steps)
     assert request.task == "procedural"
-    assert request.schema == with_most_items(PROCEDURAL_SCHEMA, "instructions", 3)
+    assert request.schema == bounded(PROCEDURAL_SCHEMA, "instructions", 3)[0]
     assert task_inputs(request) == {"goal": "g", "subgoal": "s", "steps": steps}
 
 
@@ -74,7 +73,7 @@ def test_return_request_carries_inputs() -> None:
     ]
     request = return_request(goal="g", subgoal="s", instructions=instructions, steps=STEPS)
     assert request.task == "return"
-    assert request.schema == with_most_items(RETURN_SCHEMA, "scores", 1)
+    assert request.schema == bounded(RETURN_SCHEMA, "scores", 1)[0]
     assert task_inputs(request) == {
         "goal": "g",
         "subgoal": "s",

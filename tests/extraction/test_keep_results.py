@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 import mnemo
-from mnemo.calls.slots import LimitedLLM
+from mnemo.calls.retry import LimitedLLM
 from mnemo.extraction import memo as memo_module
 from mnemo.extraction.memo import TaskMemo, request_digest
 from mnemo.extraction.model import Instruction

@@ -12,7 +12,7 @@ import pytest
 
 import mnemo
 from mnemo.adapters._http import DEFAULT_TIMEOUT, Transport
-from mnemo.calls import deadline
+from mnemo.calls.retry import fail_after, remaining
 from mnemo.errors import LLMError
 from tests.adapters.provider_server import ProviderServer
 from tests.conftest import REPO
@@ -21,7 +21,7 @@ from tests.fakes import FakeEmbedder, FakeLLM
 
 class Timed(FakeLLM):
     """A FakeLLM whose calls take `seconds` (a slow server) and record the time the work
-    they serve has left (`deadline.remaining()`)."""
+    they serve has left (`remaining()`)."""
 
     def __init__(self, seconds: float = 0.0) -> None:
         super().__init__()
@@ -29,7 +29,7 @@ class Timed(FakeLLM):
         self.left: list[float | None] = []
 
     async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
-        self.left.append(deadline.remaining())
+        self.left.append(remaining())
         await anyio.sleep(self.seconds)
         return await super().generate(request)
 
@@ -98,10 +98,10 @@ def test_an_attempt_may_take_what_the_work_has_left() -> None:
         free = Transport("http://x", name="x", error=LLMError)
         capped = Transport("http://x", name="x", error=LLMError, timeout=5.0)
         assert free.attempt_timeout() == DEFAULT_TIMEOUT
-        with deadline.fail_after(900.0):
+        with fail_after(900.0):
             assert free.attempt_timeout() == pytest.approx(900.0, abs=5)
             assert capped.attempt_timeout() == 5.0
-        with deadline.fail_after(10.0):
+        with fail_after(10.0):
             assert free.attempt_timeout() == DEFAULT_TIMEOUT
         await free.aclose()
         await capped.aclose()

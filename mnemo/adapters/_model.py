@@ -1,0 +1,243 @@
+"""What the HTTP adapters share: their constructor (`HTTPModel`, `HTTPOptions`), prices and
+usage; and what the chat adapters share: max_tokens, tools, and an example answer drawn from a
+schema. A structured reply is not checked here: the adapters pass its JSON value up, and
+`mnemo.calls.tasks` reads it into its task's struct."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+
+import httpx
+
+from mnemo.adapters._http import Closing, HTTPFailure, HTTPOptions, R, Transport
+from mnemo.adapters.limit import Limit, ServerProfile
+from mnemo.calls.retry import Budget
+from mnemo.errors import AdapterError, InvalidInputError, LLMContextError, LLMError
+from mnemo.ports import JSONObject, Usage
+
+logger = logging.getLogger("mnemo.adapters")
+
+# Prices in US dollars per million tokens (input, output), as published by the providers in
+# 2025. A model matches its own name or the longest entry it starts with followed by "-"
+# ("gpt-4o-mini-2024-07-18" is priced as "gpt-4o-mini"). Pass `prices=` to correct or extend.
+DEFAULT_PRICES: dict[str, tuple[float, float]] = {
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1-nano": (0.10, 0.40),
+    "text-embedding-3-small": (0.02, 0.0),
+    "text-embedding-3-large": (0.13, 0.0),
+    "claude-3-5-haiku": (0.80, 4.00),
+    "claude-3-5-sonnet": (3.00, 15.00),
+    "claude-3-7-sonnet": (3.00, 15.00),
+    "claude-sonnet-4": (3.00, 15.00),
+    "claude-opus-4": (15.00, 75.00),
+}
+
+# The adapters' default `max_tokens`: the most tokens any reply may use, and what a request
+# that sets none gets. mnemo's own tasks ask for less, sized to their schemas.
+DEFAULT_MAX_TOKENS = 4096
+
+
+def reply_cap(requested: int | None, ceiling: int) -> int:
+    """The `max_tokens` to send: the request's own, at most the adapter's `ceiling`."""
+    return ceiling if requested is None else max(1, min(requested, ceiling))
+
+
+def cut_note(problem: str, max_tokens: int) -> str:
+    """`problem`, saying the reply stopped at the token cap (so it is incomplete)."""
+    return f"{problem} (the reply was cut short at max_tokens={max_tokens}, so it is incomplete)"
+
+
+def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> int | None:
+    """The max_tokens (twice `cap`, at most `ceiling`) to ask a reply cut at `cap` again with,
+    as it was (a re-ask would add the cut reply to the prompt), the call marked a retry; None
+    when the adapter allows no more or the budget has no call left."""
+    if cap >= ceiling or not budget.can_call():
+        return None
+    more = min(ceiling, cap * 2)
+    logger.warning("%s: the reply to task %r was cut short at max_tokens=%d; asking again with "
+                   "%d", name, task, cap, more)
+    budget.next_call("retry")
+    return more
+
+
+def warn_cut(name: str, task: str, cap: int | None) -> None:
+    """Logs that a free-text reply stopped before its end: at `cap`, or (None) when the model's
+    context filled."""
+    why = "the model's context filled" if cap is None else f"at max_tokens={cap}"
+    logger.warning("%s: the reply to task %r was cut short %s, so it is incomplete", name, task,
+                   why)
+
+
+def example_of(schema: Mapping[str, object]) -> object:
+    """A value shaped as `schema` says, to show a model what an answer looks like (a small
+    model shown only the schema answered with the schema itself): an object with its
+    required properties (all of them when it lists none), a list of one item, "..." for a
+    string, the minimum (or 0.5 between 0 and 1) for a number, the first alternative but
+    null of an `anyOf`."""
+    choices = schema.get("anyOf")
+    if isinstance(choices, list):
+        # The first alternative that is not null: a model shown null copies it.
+        shown = [c for c in choices if isinstance(c, Mapping) and c.get("type") != "null"]
+        return example_of(shown[0]) if shown else None
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[0]
+    kind = schema.get("type")
+    if kind == "object" or "properties" in schema:
+        properties = schema.get("properties")
+        properties = properties if isinstance(properties, Mapping) else {}
+        required = schema.get("required")
+        wanted = required if isinstance(required, list) and required else list(properties)
+        return {key: example_of(_mapping(properties.get(key))) for key in wanted}
+    if kind == "array":
+        items = schema.get("items")
+        return [example_of(items)] if isinstance(items, Mapping) else []
+    if kind == "string":
+        return "..."
+    low, high = schema.get("minimum"), schema.get("maximum")
+    low = low if isinstance(low, int | float) else None
+    high = high if isinstance(high, int | float) else None
+    if kind == "integer":
+        return int(low or 0)
+    if kind == "number":
+        return (low + high) / 2 if low is not None and high is not None else low or 0.5
+    if kind == "boolean":
+        return False
+    return None
+
+
+def _mapping(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def tool_spec(tool: Mapping[str, object]) -> tuple[str, str, JSONObject]:
+    """(name, description, parameters schema) of a tool given in any usual shape.
+
+    Accepts mnemo's neutral {"name", "description", "parameters"}, OpenAI's
+    {"type": "function", "function": {...}} and Anthropic's {"name", "input_schema"}.
+
+    Raises:
+        ValueError: the tool has no name.
+    """
+    inner = tool.get("function") if tool.get("type") == "function" else tool
+    if not isinstance(inner, Mapping) or not isinstance(inner.get("name"), str):
+        raise ValueError(f"a tool needs a name, got {tool!r}")
+    parameters = inner.get("parameters", inner.get("input_schema"))
+    if not isinstance(parameters, dict):
+        parameters = {"type": "object", "properties": {}}
+    description = inner.get("description")
+    return inner["name"], description if isinstance(description, str) else "", parameters
+
+
+def price_of(model: str, prices: Mapping[str, tuple[float, float]]) -> tuple[float, float] | None:
+    """The (input, output) $/Mtok of `model`: its own entry or its longest "-" prefix."""
+    if model in prices:
+        return prices[model]
+    matches = [name for name in prices if model.startswith(name + "-")]
+    return prices[max(matches, key=len)] if matches else None
+
+
+def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
+    """`total + more`, where None means "not reported"."""
+    if total is None:
+        return more
+    return total if more is None else total + more
+
+
+class HTTPModel(Closing):
+    """What the HTTP adapters share: the key (`api_key`, else the environment's `key_variable`,
+    read when the adapter is made; with none, no key is sent), one `Transport` to `base_url`,
+    the prices of `model` (`prices` on top of `DEFAULT_PRICES`: a reply's `Usage.cost` is None
+    for an unpriced model), the usage of its replies (`total_usage`), what it learned of its
+    server (`server_profile`) and closing.
+
+    Raises:
+        InvalidInputError: a bad limit, or no key for the provider's own API (`provider_url`)
+            that the requests would reach over the network (no `transport`, or httpx's own).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        api_key: str | None,
+        prices: Mapping[str, tuple[float, float]] | None,
+        options: HTTPOptions,
+        *,
+        provider: str,
+        provider_url: str,
+        key_variable: str,
+        error: type[AdapterError],
+        timeout_error: type[AdapterError] | None = None,
+        kind: str = "model",
+    ) -> None:
+        self.model = model
+        self.base_url = base_url = base_url.rstrip("/")
+        key = api_key if api_key is not None else os.environ.get(key_variable)
+        network = options.get("transport")
+        if not key and base_url == provider_url and (
+                network is None or isinstance(network, httpx.AsyncHTTPTransport)):
+            raise InvalidInputError(
+                f"the {provider} API needs a key: pass api_key= or set {key_variable}")
+        self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
+        self.total_usage = Usage()
+        self._http = Transport(base_url, name=f"{base_url} ({kind} {model})", error=error,
+                               timeout_error=timeout_error, headers=self._headers(key or None),
+                               **options)
+        self.retry_policy = self._http.retry_policy
+
+    def _headers(self, key: str | None) -> dict[str, str]:
+        """The headers every request carries: the key as a bearer token."""
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    @property
+    def transport(self) -> Transport:
+        """The HTTP transport: its timeouts (`Transport.attempt_timeout`), retries, limits."""
+        return self._http
+
+    @property
+    def concurrency(self) -> Limit:
+        """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
+        return self._http.limit
+
+    def server_profile(self) -> ServerProfile:
+        """What this adapter learned of its server, for the next one: the concurrency limit."""
+        return ServerProfile(self._http.limit.state())
+
+    def adopt_server_profile(self, stored: ServerProfile) -> None:
+        """Starts from what an earlier adapter learned of this server (`server_profile`); a
+        concurrency given explicitly stays."""
+        if stored.concurrency is not None:
+            self._http.limit.restore(stored.concurrency)
+
+    def _usage(self, input_tokens: int | None, output_tokens: int | None) -> Usage | None:
+        """A reply's usage, priced if known, and added to `total_usage`; None when it reported
+        none."""
+        if input_tokens is None and output_tokens is None:
+            return None
+        inp, out, price = input_tokens or 0, output_tokens or 0, self._price
+        usage = Usage(inp, out, None if price is None else (inp * price[0] + out * price[1]) / 1e6)
+        self.total_usage += usage
+        return usage
+
+    async def _post(self, path: str, payload: Mapping[str, object], reply: type[R], *,
+                    budget: Budget, refusal: Callable[[HTTPFailure], bool] | None = None,
+                    kind: str) -> R:
+        """`Transport.post_json`; a prompt longer than the model's context raises
+        `LLMContextError`."""
+        try:
+            return await self._http.post_json(path, payload, reply, budget=budget,
+                                              refusal=refusal, kind=kind)
+        except LLMError as exc:
+            if isinstance(exc.__cause__, HTTPFailure) and exc.__cause__.context_overflow:
+                raise LLMContextError(str(exc)) from exc.__cause__
+            raise
+
+    async def aclose(self) -> None:
+        """Closes the HTTP client and its connections."""
+        await self._http.aclose()

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from mnemo.config import Config
 from mnemo.graph.model import NodeType, Vector, now_utc
-from mnemo.graph.ports import GraphStore
+from mnemo.graph.ports import GraphMaintenance
 from mnemo.graph.scope import same
 from mnemo.graph.vectors import COSINE_TOLERANCE
 from mnemo.ports import JSONObject
@@ -91,7 +91,7 @@ class ValidationReport:
 
 
 async def consolidate(
-    graph: GraphStore, repo: str, config: Config, *, full: bool = False
+    graph: GraphMaintenance, repo: str, config: Config, *, full: bool = False
 ) -> ConsolidationReport:
     """Merges the repo's SEMANTIC near-duplicates (raw cosine >= `config.consolidate_threshold`).
 
@@ -228,7 +228,7 @@ def _strings(value: object) -> list[str]:
 
 
 async def decay(
-    graph: GraphStore, repo: str, config: Config, *, now: datetime | None = None
+    graph: GraphMaintenance, repo: str, config: Config, *, now: datetime | None = None
 ) -> DecayReport:
     """Deletes the repo's memories (EPISODIC, SEMANTIC, PROCEDURAL) whose `node_value` at `now`
     (default: the current time) is below `config.decay_threshold`, with their links, vectors
@@ -249,7 +249,7 @@ async def decay(
 # ---- validate -------------------------------------------------------------------------------
 
 
-async def validate_episodic(graph: GraphStore, repo: str) -> ValidationReport:
+async def validate_episodic(graph: GraphMaintenance, repo: str) -> ValidationReport:
     """Checks the repo's episodic integrity and repairs what can be repaired.
 
     An EPISODIC node without a SUBGOAL (or SOURCE) link is linked again to the subgoal (source)

@@ -1,7 +1,7 @@
 """Re-embedding a repo: every node's vector made again with another embedder (`Memory.reembed`),
 while the repo stays readable and writable, and never searched with a mix of the two.
 
-How, whatever the backend (`GraphStore`'s re-embedding methods):
+How, whatever the backend (`Reembedding`'s re-embedding methods):
 
 - One re-embedding per repo at a time, across processes (`GraphStore.reembedding`, taken
   without waiting: a second one is a `ConflictError`).
@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from mnemo.graph.model import Vector
-from mnemo.graph.ports import GraphStore, Unstaged
+from mnemo.graph.ports import Reembedding, Unstaged
 
 # Embeds nodes (their type and text), one vector row each (the caller runs the embedder).
 EmbedNodes = Callable[[Sequence[Unstaged]], Awaitable[Vector]]
@@ -67,7 +67,7 @@ class Reembedded:
 
 
 async def reembed(
-    graph: GraphStore,
+    graph: Reembedding,
     repo: str,
     *,
     embedder: str,

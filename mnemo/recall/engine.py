@@ -35,7 +35,7 @@ from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, now_utc
-from mnemo.graph.ports import GraphStore, NodeContext, PendingRead, VectorsMoved
+from mnemo.graph.ports import RecallReads, NodeContext, PendingRead, VectorsMoved
 from mnemo.graph.scope import Scope, Where
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, Reranker
@@ -100,7 +100,7 @@ class Recaller:
     """What a recall needs: the graph, the repo's embedder and config, and LLMs for planning
     (the offline heuristics unless `recall_planner="llm"`) and synthesis."""
 
-    graph: GraphStore
+    graph: RecallReads
     embedder: Embedder
     config: Config
     planner: LLM
@@ -526,7 +526,7 @@ class Recaller:
 
 
 async def _keep_inside(
-    graph: GraphStore, repo: str, scope: Scope, found: dict[str, _Candidate]
+    graph: RecallReads, repo: str, scope: Scope, found: dict[str, _Candidate]
 ) -> None:
     """Drops from `found` the candidates outside the scope."""
     keep = await graph.inside(repo, scope, list(found))

@@ -9,7 +9,7 @@ import numpy as np
 
 from mnemo.config import Config
 from mnemo.graph.model import LinkType, NodeType, Vector
-from mnemo.graph.ports import GraphStore
+from mnemo.graph.ports import RecallReads
 from mnemo.graph.vectors import reaches
 from mnemo.recall.candidates import Candidate
 
@@ -17,7 +17,7 @@ N = NodeType
 
 
 async def routes(
-    graph: GraphStore, config: Config, repo: str, query_vector: Vector, tag_vectors: Vector
+    graph: RecallReads, config: Config, repo: str, query_vector: Vector, tag_vectors: Vector
 ) -> list[tuple[str, Candidate]]:
     """Routes into the graph: tags near a search tag or the query, intents near the query
     (they need only the query's vectors: recall asks for them beside hop 0)."""
@@ -38,7 +38,7 @@ async def routes(
 
 
 async def follow(
-    graph: GraphStore,
+    graph: RecallReads,
     config: Config,
     repo: str,
     found: dict[str, Candidate],
@@ -108,7 +108,7 @@ def _floor(ranking: list[tuple[str, Candidate]], depth: int, decay: float) -> fl
 
 
 async def _expand(
-    graph: GraphStore,
+    graph: RecallReads,
     config: Config,
     repo: str,
     frontier: set[str],
@@ -152,7 +152,7 @@ async def _expand(
 
 
 async def _bridge_tags(
-    graph: GraphStore,
+    graph: RecallReads,
     config: Config,
     repo: str,
     top: list[str],

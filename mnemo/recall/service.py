@@ -10,7 +10,7 @@ from datetime import datetime
 from mnemo.config import Config
 from mnemo.events import Events
 from mnemo.graph.model import NodeType
-from mnemo.graph.ports import GraphStore
+from mnemo.graph.ports import RecallReads
 from mnemo.graph.reads import node_types
 from mnemo.graph.scope import Where
 from mnemo.inputs import check_count, check_text
@@ -39,7 +39,7 @@ class RecallService:
 
     def __init__(
         self,
-        graph: GraphStore,
+        graph: RecallReads,
         events: Events,
         *,
         runtime: Callable[[str], RecallRuntime],

@@ -17,7 +17,7 @@ import re
 
 from mnemo import text as _text
 from mnemo.extraction.entities import speaker_of
-from mnemo.graph.ports import GraphStore
+from mnemo.graph.ports import NodeReads
 from mnemo.recall.candidates import ReadContext
 
 _POSSESSIVE = re.compile(r"['\u2019]s$", re.IGNORECASE)
@@ -54,7 +54,7 @@ def without_names(query: str) -> str:
 
 
 async def speaker_boosts(
-    graph: GraphStore, repo: str, names: frozenset[str], context: ReadContext, boost: float
+    graph: NodeReads, repo: str, names: frozenset[str], context: ReadContext, boost: float
 ) -> dict[str, float]:
     """The factor of each node recall read (`context.nodes`) whose speaker (its own, else
     that of the one step it came from) the query does not name (`names`: `query_names` of

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from mnemo.errors import InvalidInputError
 from mnemo.graph.facts import TEMPORAL
 from mnemo.graph.model import LinkType, Node, NodeId
-from mnemo.graph.ports import GraphStore
+from mnemo.graph.ports import NodeReads
 from mnemo.recall.model import Recalled
 
 # A retired fact's share of its score: below what holds now, still found when asked for.
@@ -95,7 +95,7 @@ def left_out(nodes: Iterable[Node], sources: Mapping[str, Sequence[str]], when: 
 
 
 async def in_time(
-    graph: GraphStore, repo: str, ranked: list[Recalled], when: When
+    graph: NodeReads, repo: str, ranked: list[Recalled], when: When
 ) -> list[Recalled]:
     """`ranked` as of `when.as_of` (None: now): later nodes left out, retired facts marked
     (their scores already hold `weight`) and each placed right after the fact that succeeded
@@ -145,7 +145,7 @@ def successors_first(ranked: list[Recalled], pool: Iterable[Recalled]) -> list[R
 
 
 async def _successors(
-    graph: GraphStore, repo: str, retired: list[NodeId], as_of: datetime | None
+    graph: NodeReads, repo: str, retired: list[NodeId], as_of: datetime | None
 ) -> dict[str, NodeId]:
     """The fact that succeeded each retired one: of the facts SUPERSEDES links it to (and
     recorded by `as_of`), the live one that began to hold last."""

@@ -4,10 +4,11 @@ the side writes a commit carries into its transaction.
 The port is cut by role: `NodeReads` (what every role reads), `RecallReads`, `GraphWrites`,
 `GraphHistory`, `GraphMaintenance` and `Reembedding`; a caller asks for the role it uses, and a
 backend (`mnemo.storage.sqlite`, `mnemo.storage.postgres`) implements `GraphStore`, all of them,
-on the shared `mnemo.storage.graph_base.GraphBase`. Nothing outside `mnemo/storage/` knows how. A commit is one unit of work across stores: the graph's
-rows and, in the same transaction, the session side (steps marked committed, the state
-change) or the ingest side (the source recorded), passed as plain values (`SideWrite`) that
-each backend knows how to write.
+on the shared `mnemo.storage.graph_base.GraphBase`. Nothing outside `mnemo/storage/` knows how.
+
+A commit is one unit of work across stores: the graph's rows and, in the same transaction, the
+session side (steps marked committed, the state change) or the ingest side (the source
+recorded), passed as plain values (`SideWrite`) that each backend knows how to write.
 """
 
 from __future__ import annotations
@@ -190,13 +191,6 @@ class VectorsMoved(Exception):
     def __init__(self, generation: int) -> None:
         super().__init__(f"the repo's vectors are of generation {generation}")
         self.generation = generation
-
-
-async def same_generation(graph: NodeReads, repo: str, expected: int | None) -> None:
-    """Raises `VectorsMoved` when the repo's vectors are of another generation than
-    `expected` (None: not checked)."""
-    if expected is not None and (now := await graph.generation(repo)) != expected:
-        raise VectorsMoved(now)
 
 
 class SourceTaken(Exception):

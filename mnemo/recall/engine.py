@@ -35,7 +35,7 @@ from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, now_utc
-from mnemo.graph.ports import RecallReads, NodeContext, PendingRead, VectorsMoved
+from mnemo.graph.ports import NodeContext, PendingRead, RecallReads, VectorsMoved
 from mnemo.graph.scope import Scope, Where
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, Reranker

@@ -115,7 +115,10 @@ class PgVectors:
         if repo in self._sizes:
             self._sizes[repo] += new
 
-    def removed(self, repo: str, node_ids: Sequence[str]) -> None:
+    def on_loop(self, repo: str) -> bool:
+        return False  # the database searches the nodes' vectors: a round trip each
+
+    def forget(self, repo: str, node_ids: Sequence[str]) -> None:
         if repo in self._sizes:
             self._sizes[repo] = max(0, self._sizes[repo] - len(node_ids))
         self._routes.remove(repo, node_ids)
@@ -138,7 +141,7 @@ class PgVectors:
         if k <= 0:
             return [[] for _ in range(len(probes))]
         if kind in ROUTES:
-            return await ann_calls.nearest_of_type(await self.routes(repo), probes, kind, k)
+            return await ann_calls.nearest_of_type(await self.index(repo), probes, kind, k)
         return await self._nearest(repo, list(probes), [kind.value], k)
 
     async def similarities(
@@ -162,7 +165,7 @@ class PgVectors:
     async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
         """The ids and unit vectors of every node of one type, oldest first."""
         if kind in ROUTES:
-            return await ann_calls.of_type(await self.routes(repo), kind)
+            return await ann_calls.of_type(await self.index(repo), kind)
         _, ids, _, matrix = await self._load(repo, [kind.value])
         return ids, unit(matrix) if ids else matrix
 
@@ -170,7 +173,7 @@ class PgVectors:
         """A block whose uses of the repo's routes share one look at the log, at its start."""
         return self._routes.reading(repo)
 
-    async def routes(self, repo: str) -> VectorIndex:
+    async def index(self, repo: str) -> VectorIndex:
         """The repo's TAG and INTENT vectors as the store holds them now
         (`vector_log.VectorCache`)."""
         return await self._routes.index(repo)

@@ -34,10 +34,10 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph.model import NODE_TYPES, LinkType, Node, NodeType
 from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
+from mnemo.storage.graph_base import seen_from_asked
 from mnemo.storage.row import Row
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
-from mnemo.storage.typed_links import seen_from_asked
 
 # The statements' chunks (`recall_reads._CHUNK`): an answer is built chunk by chunk as theirs.
 CHUNK = 400

@@ -20,8 +20,8 @@ from mnemo.errors import StorageError
 from mnemo.graph.model import LinkType, NodeType, Vector
 from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead
 from mnemo.graph.scope import Scope, Where
+from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.scopes import ScopeReads
 from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write
 from mnemo.storage.sqlite.recall_cache import RecallCache
@@ -40,7 +40,7 @@ def fts_query(text: str) -> str:
     return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
 
 
-class SqliteRecallReads(ScopeReads):
+class SqliteRecallReads(GraphBase):
     """Recall's reads of a `SqliteGraph` (its database, vectors, lexical index and cache)."""
 
     _database: Database
@@ -148,14 +148,6 @@ class SqliteRecallReads(ScopeReads):
         cache = self._cache
         cache.valid()
         return cache
-
-    async def search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
-        scope: Scope | None = None,
-    ) -> list[tuple[str, float]]:
-        """Nodes matching words of `query` by BM25, best first (higher is better): from the
-        lexical index, or from FTS5 when there is none or it cannot answer now."""
-        return await self.start_search_text(repo, query, limit, types, scope).result()
 
     async def _scope_rows(self, statement: str, params: list[object]) -> list[Any]:
         return await self._database.run(lambda db: db.conn.execute(statement, params).fetchall())

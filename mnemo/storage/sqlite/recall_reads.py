@@ -13,10 +13,10 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
 from mnemo.graph.scope import Where
-from mnemo.storage import scopes
+from mnemo.storage import graph_base as scopes
+from mnemo.storage.graph_base import neighbors_seen_from_asked, seen_from_asked
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
-from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
 
 _CHUNK = 400
 

@@ -18,7 +18,7 @@ from mnemo.graph.model import Link, LinkType, NodeType, now_utc
 from mnemo.graph.ports import GraphStore, More, Neighbor, NodeContext
 from mnemo.graph.vectors import VectorIndex
 from mnemo.recall.engine import Recaller
-from mnemo.recall.fusion import maximal_marginal_relevance
+from mnemo.recall.ranking import maximal_marginal_relevance
 from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.backends import open_stores
 from tests.recall.test_engine import EMBEDDER, REPO, build, run

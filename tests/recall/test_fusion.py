@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mnemo.recall.fusion import hop_scores, reciprocal_rank_fusion
+from mnemo.recall.ranking import hop_scores, reciprocal_rank_fusion
 
 items = st.sampled_from([f"n{i}" for i in range(12)])
 rankings = st.lists(st.lists(items, unique=True, max_size=10), min_size=1, max_size=4)

@@ -7,7 +7,7 @@ commit resolves its tags and intents against the graph before writing, so a tag 
 between would leave it linking to a node that is gone. Only what is read inside the transaction
 (access counts, which recall updates without the lock) is taken as current there.
 
-The value function, `node_value`, is in `graph/value.py`, for `decay` and recall alike.
+The value function, `node_value`, is in `graph/model.py`, for `decay` and recall alike.
 """
 
 from __future__ import annotations

@@ -33,10 +33,9 @@ from mnemo import cpu
 from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
-from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, now_utc
+from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, node_value, now_utc
 from mnemo.graph.ports import NodeContext, PendingRead, RecallReads, VectorsMoved
 from mnemo.graph.scope import Scope, Where
-from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, Reranker
 from mnemo.recall import hops, prompts, ranking
 from mnemo.recall.model import (

@@ -17,9 +17,8 @@ from psycopg.types.json import Jsonb
 
 from mnemo.config import Config
 from mnemo.graph.maintenance import ValidationReport, merge_groups, merged_data
-from mnemo.graph.model import NodeType
+from mnemo.graph.model import NodeType, node_value
 from mnemo.graph.ports import MergeResult, SweepResult
-from mnemo.graph.value import node_value
 from mnemo.ports import JSONObject
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.postgres.migrations import SEARCH_VECTOR

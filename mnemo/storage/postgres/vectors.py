@@ -24,7 +24,7 @@ import numpy as np
 from psycopg import sql
 
 from mnemo.errors import StorageError
-from mnemo.graph import ann, ann_calls, ann_files
+from mnemo.graph import ann, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage.postgres import lexical, schema
@@ -141,7 +141,7 @@ class PgVectors:
         if k <= 0:
             return [[] for _ in range(len(probes))]
         if kind in ROUTES:
-            return await ann_calls.nearest_of_type(await self.index(repo), probes, kind, k)
+            return await ann.nearest_of_type(await self.index(repo), probes, kind, k)
         return await self._nearest(repo, list(probes), [kind.value], k)
 
     async def similarities(
@@ -165,7 +165,7 @@ class PgVectors:
     async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
         """The ids and unit vectors of every node of one type, oldest first."""
         if kind in ROUTES:
-            return await ann_calls.of_type(await self.index(repo), kind)
+            return await ann.of_type(await self.index(repo), kind)
         _, ids, _, matrix = await self._load(repo, [kind.value])
         return ids, unit(matrix) if ids else matrix
 
@@ -221,11 +221,11 @@ class PgVectors:
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's routes' HNSW graphs (if any) have caught up with them."""
-        await ann_calls.settle(self._routes.loaded(repo))
+        await ann.settle(self._routes.loaded(repo))
 
     async def aclose(self) -> None:
         """Stops the routes' HNSW builders (a build in progress stops at its next chunk)."""
-        await ann_calls.close(self._routes.indexes())
+        await ann.close(self._routes.indexes())
 
     async def _nearest(
         self, repo: str, probes: list[Vector], kinds: list[str] | None, k: int

@@ -20,7 +20,7 @@ holds the two to the same answers), built afresh at each read: a caller gets nod
 own, as from the file.
 
 **Bounded**: at most `LIMIT` nodes, emptied when full; used only for repos of fewer than
-`ann_calls.IN_TURN_BELOW` vectors, the small ones (a large repo's recalls rarely read a node
+`ann.IN_TURN_BELOW` vectors, the small ones (a large repo's recalls rarely read a node
 twice).
 """
 

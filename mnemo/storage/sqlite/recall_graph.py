@@ -3,7 +3,7 @@ search, the hops' links, the best candidates' nodes and links (from the `RecallC
 may answer), access stats and the access counts' write.
 
 Each read is one call on the connection's thread, or none: a recall of a small repo (its
-vectors searched on the event loop, `ann_calls.on_loop`) answers its hops and its best
+vectors searched on the event loop, `ann.on_loop`) answers its hops and its best
 candidates' read from the cache once it holds their rows.
 """
 
@@ -139,7 +139,7 @@ class SqliteRecallReads(GraphBase):
 
     def _cache_for(self, repo: str) -> RecallCache | None:
         """The recall cache, when it may answer for `repo` now: a small repo (its vectors
-        searched on the event loop: fewer than `ann_calls.IN_TURN_BELOW`), read inside a
+        searched on the event loop: fewer than `ann.IN_TURN_BELOW`), read inside a
         `reading` block whose look at the log is done (the look read the file's stamp:
         `RecallCache.valid`). A larger repo's recalls rarely read a node twice: filling the
         cache cost them more than it saved (measured at 10,000 nodes)."""

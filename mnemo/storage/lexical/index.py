@@ -63,8 +63,7 @@ from mnemo.storage.lexical.windows import (
     rowid_of,
     to_rewrite,
 )
-from mnemo.storage.started import Queued
-from mnemo.storage.worker import Worker
+from mnemo.storage.worker import Queued, Worker
 from mnemo.text import query_words
 
 log = logging.getLogger("mnemo.lexical")

@@ -65,7 +65,7 @@ from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Column, Row
-from mnemo.storage.started import DeferredRead, FallbackRead
+from mnemo.storage.worker import DeferredRead, FallbackRead
 from mnemo.text import query_words
 
 # A query up to this long has its words read on the event loop; every word of a longer one

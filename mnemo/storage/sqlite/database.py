@@ -39,8 +39,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.errors import StorageError
 from mnemo.storage.clock import elapsed, host_now
 from mnemo.storage.sqlite.migrations import MIGRATIONS
-from mnemo.storage.started import Queued
-from mnemo.storage.worker import Worker
+from mnemo.storage.worker import Queued, Worker
 
 T = TypeVar("T")
 

@@ -26,7 +26,7 @@ from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write
 from mnemo.storage.sqlite.recall_cache import RecallCache
 from mnemo.storage.sqlite.vectors import SqliteVectors
-from mnemo.storage.started import DeferredRead, FallbackRead
+from mnemo.storage.worker import DeferredRead, FallbackRead
 from mnemo.text import query_words
 
 log = logging.getLogger("mnemo")

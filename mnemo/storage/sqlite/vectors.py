@@ -25,7 +25,6 @@ from mnemo.graph.vectors import VectorIndex
 from mnemo.storage import vector_log
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.rows import vector_of_half, vectors_of_halves
-from mnemo.storage.started import Queued
 from mnemo.storage.vector_log import (
     CHANGED,
     VECTOR_STATE,
@@ -35,6 +34,7 @@ from mnemo.storage.vector_log import (
     VectorCache,
     VectorState,
 )
+from mnemo.storage.worker import Queued
 
 
 class SqliteVectors:

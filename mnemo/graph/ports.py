@@ -106,6 +106,11 @@ class NodeContext:
     links: list[Neighbor]
     vectors: dict[str, Vector] = field(default_factory=dict)
 
+    def joined(self, more: NodeContext) -> NodeContext:
+        """This context, then `more`'s nodes, stats, links and vectors."""
+        return NodeContext([*self.nodes, *more.nodes], {**self.stats, **more.stats},
+                           [*self.links, *more.links], {**self.vectors, **more.vectors})
+
 
 # What a `node_context` reads next, from what it read first: more node ids, and the types of
 # those whose links to read.
@@ -292,14 +297,8 @@ class RecallReads(NodeReads, Protocol):
         other ends, in one read (a recall hop)."""
         ...
 
-    async def node_context(
-        self,
-        repo: str,
-        node_ids: Sequence[str],
-        linked: Iterable[NodeType],
-        link_type: LinkType,
-        then: More | None = None,
-    ) -> NodeContext:
+    async def node_context(self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
+                           link_type: LinkType, then: More | None = None) -> NodeContext:
         """`get_nodes`, `access_stats` and `vectors` of `node_ids`, and
         `neighbors(..., link_type)` of those of them whose type is in `linked`, in one read
         (recall: bounded by k).

@@ -18,10 +18,21 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from mnemo.errors import ConflictError
 from mnemo.graph import commit, erasure
 from mnemo.graph.erasure import Embed, Inherited
-from mnemo.graph.model import LINK_TYPES, NODE_TYPES, Changeset, CommitReceipt, NodeType, Vector
+from mnemo.graph.model import (
+    LINK_TYPES,
+    NODE_TYPES,
+    Changeset,
+    CommitReceipt,
+    LinkType,
+    Node,
+    NodeType,
+    Vector,
+)
 from mnemo.graph.ports import (
     IntentPolicy,
+    More,
     Neighbor,
+    NodeContext,
     PendingRead,
     Reverting,
     SideWrite,
@@ -162,6 +173,26 @@ class GraphBase:
     async def _scope_rows(self, statement: str, params: list[object]) -> list[Any]:
         raise NotImplementedError
 
+    async def _context(self, repo: str, node_ids: Sequence[str], linked: list[NodeType],
+                       link_type: LinkType, then: More | None) -> NodeContext:
+        raise NotImplementedError
+
+    async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
+                          ) -> tuple[list[TypedLink], dict[str, float]]:
+        raise NotImplementedError
+
+    async def node_context(self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
+                           link_type: LinkType, then: More | None = None) -> NodeContext:
+        """See `GraphStore.node_context` (`_context` reads it)."""
+        if not node_ids:
+            return NodeContext([], {}, [])
+        return await self._context(repo, node_ids, list(linked), link_type, then)
+
+    async def typed_links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
+                               ) -> tuple[list[TypedLink], dict[str, float]]:
+        """See `GraphStore.typed_links_near` (`_links_near` reads it)."""
+        return await self._links_near(repo, node_ids, vector) if node_ids else ([], {})
+
     async def _store_text(
         self, repo: str, query: str, limit: int, kinds: list[str] | None, where: Where
     ) -> Hits:
@@ -172,6 +203,19 @@ class GraphBase:
         scope: Scope | None = None,
     ) -> PendingRead[Hits]:
         raise NotImplementedError
+
+    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
+        raise NotImplementedError
+
+    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
+        """Every node of these types, oldest first."""
+        kinds = [NodeType(t).value for t in types]
+        return await self._of_types(repo, kinds, None) if kinds else []
+
+    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
+        """The newest `top_k` nodes of these types, newest first."""
+        kinds = [NodeType(t).value for t in types]
+        return await self._of_types(repo, kinds, top_k) if kinds and top_k > 0 else []
 
     def dim(self, repo: str) -> int:
         """The dimension of the repo's vectors."""

@@ -225,26 +225,11 @@ class PgGraph(PgReembedding):
         found: dict[str, Node] = {node.id: node for node in map(node_of, rows)}
         return [found[i] for i in ids if i in found]
 
-    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
-        kinds = kind_values(types)
-        if not kinds:
-            return []
+    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
+        order = " ORDER BY rowid" if newest is None else " ORDER BY rowid DESC LIMIT %s"
         rows = await self._all(
-            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND type = ANY(%s)"
-            " ORDER BY rowid",
-            (repo, kinds),
-        )
-        return [node_of(row) for row in rows]
-
-    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
-        kinds = kind_values(types)
-        if not kinds or top_k <= 0:
-            return []
-        rows = await self._all(
-            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND type = ANY(%s)"
-            " ORDER BY rowid DESC LIMIT %s",
-            (repo, kinds, top_k),
-        )
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND type = ANY(%s){order}",
+            (repo, kinds, *([] if newest is None else [newest])))
         return [node_of(row) for row in rows]
 
     async def neighbors(
@@ -263,24 +248,12 @@ class PgGraph(PgReembedding):
         )
         return list(dict.fromkeys(neighbors_seen_from_asked(rows, set(ids))))
 
-    async def node_context(
-        self,
-        repo: str,
-        node_ids: Sequence[str],
-        linked: Iterable[NodeType],
-        link_type: LinkType,
-        then: More | None = None,
-    ) -> NodeContext:
-        if not node_ids:
-            return NodeContext([], {}, [])
-        return await recall_reads.node_context(self._pg, repo, node_ids, linked, link_type,
-                                               then)
+    async def _context(self, repo: str, node_ids: Sequence[str], linked: list[NodeType],
+                       link_type: LinkType, then: More | None) -> NodeContext:
+        return await recall_reads.node_context(self._pg, repo, node_ids, linked, link_type, then)
 
-    async def typed_links_near(
-        self, repo: str, node_ids: Sequence[str], vector: Vector
-    ) -> tuple[list[TypedLink], dict[str, float]]:
-        if not node_ids:
-            return [], {}
+    async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
+                          ) -> tuple[list[TypedLink], dict[str, float]]:
         return await recall_reads.typed_links_near(self._pg, repo, node_ids, vector)
 
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]:

@@ -31,12 +31,8 @@ _LINKS = (
 
 
 async def node_context(
-    pg: Postgres,
-    repo: str,
-    node_ids: Sequence[str],
-    linked: Iterable[NodeType],
-    link_type: LinkType,
-    then: More | None = None,
+    pg: Postgres, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
+    link_type: LinkType, then: More | None = None,
 ) -> NodeContext:
     """See `GraphStore.node_context`: `then`'s nodes on the same connection."""
     async with pg.connection() as conn:
@@ -47,15 +43,11 @@ async def node_context(
         if not more:
             return first
         second = await _node_context(conn, repo, more, more_linked, link_type)
-    return NodeContext([*first.nodes, *second.nodes], {**first.stats, **second.stats},
-                       [*first.links, *second.links], {**first.vectors, **second.vectors})
+    return first.joined(second)
 
 
 async def _node_context(
-    conn: Connection,
-    repo: str,
-    node_ids: Sequence[str],
-    linked: Iterable[NodeType],
+    conn: Connection, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
     link_type: LinkType,
 ) -> NodeContext:
     ids = list(dict.fromkeys(node_ids))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -36,7 +36,6 @@ from mnemo.graph.model import (
     LinkType,
     Node,
     NodeId,
-    NodeType,
     Vector,
     now_utc,
 )
@@ -205,39 +204,12 @@ class SqliteGraph(SqliteRecallReads):
 
         return await self._database.run(read)
 
-    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
-        """Every node of these types, oldest first."""
-        kinds = [NodeType(t).value for t in types]
-        if not kinds:
-            return []
+    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
         marks = ",".join("?" * len(kinds))
-        return await self._database.run(
-            lambda db: [
-                node_of(row)
-                for row in db.conn.execute(
-                    f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks})"
-                    " ORDER BY rowid",
-                    [repo, *kinds],
-                )
-            ]
-        )
-
-    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
-        """The newest `top_k` nodes of these types, newest first."""
-        kinds = [NodeType(t).value for t in types]
-        if not kinds or top_k <= 0:
-            return []
-        marks = ",".join("?" * len(kinds))
-        return await self._database.run(
-            lambda db: [
-                node_of(row)
-                for row in db.conn.execute(
-                    f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks})"
-                    " ORDER BY rowid DESC LIMIT ?",
-                    [repo, *kinds, top_k],
-                )
-            ]
-        )
+        order = " ORDER BY rowid" if newest is None else " ORDER BY rowid DESC LIMIT ?"
+        return await self._database.run(lambda db: [node_of(row) for row in db.conn.execute(
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks}){order}",
+            [repo, *kinds, *([] if newest is None else [newest])])])
 
     async def links(self, repo: str) -> list[Link]:
         rows = await self._database.run(

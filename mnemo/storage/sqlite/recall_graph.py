@@ -18,7 +18,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.graph.model import LinkType, NodeType, Vector
-from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead
+from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead, TypedLink
 from mnemo.graph.scope import Scope, Where
 from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.lexical import LexicalIndex
@@ -60,17 +60,8 @@ class SqliteRecallReads(GraphBase):
             lambda db: recall_reads.neighbors(db, repo, ids, link_type)
         )
 
-    async def node_context(
-        self,
-        repo: str,
-        node_ids: Sequence[str],
-        linked: Iterable[NodeType],
-        link_type: LinkType,
-        then: More | None = None,
-    ) -> NodeContext:
-        if not node_ids:
-            return NodeContext([], {}, [])
-        kinds = list(linked)
+    async def _context(self, repo: str, node_ids: Sequence[str], kinds: list[NodeType],
+                       link_type: LinkType, then: More | None) -> NodeContext:
         # The vectors are in memory: no read, and `then` sees the first read's with its nodes.
         vectors = await self._vectors.of_nodes(repo, node_ids)
         cache = self._cache_for(repo)
@@ -132,10 +123,8 @@ class SqliteRecallReads(GraphBase):
         if second is None:
             return first
         more, context = second
-        both = NodeContext([*first.nodes, *context.nodes], {**first.stats, **context.stats},
-                           [*first.links, *context.links], dict(vectors))
-        both.vectors.update(await self._vectors.of_nodes(repo, more))
-        return both
+        context.vectors.update(await self._vectors.of_nodes(repo, more))
+        return first.joined(context)
 
     def _cache_for(self, repo: str) -> RecallCache | None:
         """The recall cache, when it may answer for `repo` now: a small repo (its vectors
@@ -263,9 +252,8 @@ class SqliteRecallReads(GraphBase):
                 cache.keep(filled)
         return view.typed_links(repo, ids)
 
-    async def typed_links_near(
-        self, repo: str, node_ids: Sequence[str], vector: Vector
-    ) -> tuple[list[tuple[str, NodeType, str, NodeType, LinkType]], dict[str, float]]:
+    async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
+                          ) -> tuple[list[TypedLink], dict[str, float]]:
         links = await self.typed_links(repo, node_ids)
         # The vectors are in memory: the cosines cost no second read.
         targets = [target for _, _, target, _, _ in links]

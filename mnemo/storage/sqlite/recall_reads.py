@@ -22,12 +22,8 @@ _CHUNK = 400
 
 
 def node_context(
-    db: SqliteUtilsDatabase,
-    repo: str,
-    node_ids: Sequence[str],
-    linked: Iterable[NodeType],
-    link_type: LinkType,
-    then: More | None = None,
+    db: SqliteUtilsDatabase, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
+    link_type: LinkType, then: More | None = None,
 ) -> NodeContext:
     """See `GraphStore.node_context` (the vectors are the caller's: they are in memory)."""
     first = _node_context(db, repo, node_ids, linked, link_type)
@@ -37,15 +33,11 @@ def node_context(
     if not more:
         return first
     second = _node_context(db, repo, more, more_linked, link_type)
-    return NodeContext([*first.nodes, *second.nodes], {**first.stats, **second.stats},
-                       [*first.links, *second.links])
+    return first.joined(second)
 
 
 def _node_context(
-    db: SqliteUtilsDatabase,
-    repo: str,
-    node_ids: Sequence[str],
-    linked: Iterable[NodeType],
+    db: SqliteUtilsDatabase, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
     link_type: LinkType,
 ) -> NodeContext:
     ids = list(dict.fromkeys(node_ids))

@@ -157,6 +157,29 @@ def _similar_pairs(
     return found
 
 
+def relinks(
+    steps: list[tuple[str, str | None]], owners: Mapping[str, str], existing: set[str],
+    prefix: str, *, to_step: bool,
+) -> list[tuple[str, str]]:
+    """The (src, dst) links `validate` restores: each unlinked step to the subgoal (`to_step`:
+    subgoal -> step) or source (step -> source) of its trajectory or episode, the one another
+    of its steps is linked to (`owners`), else the node named `prefix` + its group when it is
+    among `existing`."""
+    found: list[tuple[str, str]] = []
+    for step, group in steps:
+        owner = None if group is None else owners.get(group) or (
+            prefix + group if prefix + group in existing else None)
+        if owner is not None:
+            found.append((owner, step) if to_step else (step, owner))
+    return found
+
+
+def wanted(steps: list[tuple[str, str | None]], owners: Mapping[str, str], prefix: str
+           ) -> list[str]:
+    """The ids `relinks` looks for among the nodes: those of the groups without an owner."""
+    return sorted({prefix + g for _, g in steps if g is not None and g not in owners})
+
+
 def merge_groups(
     pairs: list[tuple[str, str]],
     rows: Mapping[str, tuple[int, JSONObject, int, str | None]],

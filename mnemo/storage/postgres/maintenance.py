@@ -16,7 +16,13 @@ from datetime import datetime
 from psycopg.types.json import Jsonb
 
 from mnemo.config import Config
-from mnemo.graph.maintenance import ValidationReport, merge_groups, merged_data
+from mnemo.graph.maintenance import (
+    ValidationReport,
+    merge_groups,
+    merged_data,
+    relinks,
+    wanted,
+)
 from mnemo.graph.model import NodeType, node_value
 from mnemo.graph.ports import MergeResult, SweepResult
 from mnemo.ports import JSONObject
@@ -295,35 +301,17 @@ def _group(value: object) -> str | None:
 
 
 async def _relink(
-    conn: Connection,
-    repo: str,
-    steps: list[tuple[str, str | None]],
-    owners: dict[str, str],
-    prefix: str,
-    *,
-    to_step: bool,
+    conn: Connection, repo: str, steps: list[tuple[str, str | None]],
+    owners: dict[str, str], prefix: str, *, to_step: bool,
 ) -> int:
     kind, link = ("subgoal", "hierarchical") if to_step else ("source", "provenance")
+    cur = await conn.execute("SELECT id FROM nodes WHERE repo = %s AND type = %s AND id = ANY(%s)",
+                             (repo, kind, wanted(steps, owners, prefix)))
+    existing = {str(i) for (i,) in await cur.fetchall()}
     restored = 0
-    for step, group in steps:
-        if group is None:
-            continue
-        owner = owners.get(group)
-        if owner is None:
-            cur = await conn.execute(
-                "SELECT id FROM nodes WHERE id = %s AND repo = %s AND type = %s",
-                (prefix + group, repo, kind),
-            )
-            found = await cur.fetchone()
-            owner = None if found is None else str(found[0])
-        if owner is None:
-            continue
-        src, dst = (owner, step) if to_step else (step, owner)
-        cur = await conn.execute(
-            "INSERT INTO links (repo, src, dst, type) VALUES (%s, %s, %s, %s)"
-            " ON CONFLICT DO NOTHING",
-            (repo, src, dst, link),
-        )
+    for src, dst in relinks(steps, owners, existing, prefix, to_step=to_step):
+        cur = await conn.execute("INSERT INTO links (repo, src, dst, type) VALUES (%s, %s, %s, %s)"
+                                 " ON CONFLICT DO NOTHING", (repo, src, dst, link))
         restored += max(cur.rowcount, 0)
     return restored
 

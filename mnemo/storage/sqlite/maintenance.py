@@ -11,7 +11,13 @@ from datetime import datetime
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
-from mnemo.graph.maintenance import ValidationReport, merge_groups, merged_data
+from mnemo.graph.maintenance import (
+    ValidationReport,
+    merge_groups,
+    merged_data,
+    relinks,
+    wanted,
+)
 from mnemo.graph.model import NodeType, node_value
 from mnemo.graph.ports import MergeResult, SweepResult
 from mnemo.ports import JSONObject
@@ -238,36 +244,20 @@ def _owners(conn: sqlite3.Connection, repo: str, kind: str, link: str, key: str)
 
 
 def _relink(
-    conn: sqlite3.Connection,
-    repo: str,
-    steps: list[tuple[str, str | None]],
-    owners: dict[str, str],
-    prefix: str,
-    *,
-    to_step: bool,
+    conn: sqlite3.Connection, repo: str, steps: list[tuple[str, str | None]],
+    owners: dict[str, str], prefix: str, *, to_step: bool,
 ) -> int:
     kind, link = ("subgoal", "hierarchical") if to_step else ("source", "provenance")
-    restored = 0
-    for step, group in steps:
-        if group is None:
-            continue
-        owner = owners.get(group)
-        if owner is None:
-            found = conn.execute(
-                "SELECT id FROM nodes WHERE id = ? AND repo = ? AND type = ?",
-                (prefix + group, repo, kind),
-            ).fetchone()
-            owner = None if found is None else found[0]
-        if owner is None:
-            continue
-        src, dst = (owner, step) if to_step else (step, owner)
-        restored += conn.execute(
-            "INSERT OR IGNORE INTO links(src, dst, type)"
-            " SELECT a.rowid, b.rowid, ? FROM nodes a, nodes b"
-            " WHERE a.repo = ? AND a.id = ? AND b.repo = ? AND b.id = ?",
-            (link, repo, src, repo, dst),
-        ).rowcount
-    return restored
+    existing: set[str] = set()
+    for chunk in chunks(wanted(steps, owners, prefix), _SQL_CHUNK):
+        existing |= {row[0] for row in conn.execute(
+            f"SELECT id FROM nodes WHERE repo = ? AND type = ? AND id IN"
+            f" ({','.join('?' * len(chunk))})", [repo, kind, *chunk])}
+    return sum(conn.execute(
+        "INSERT OR IGNORE INTO links(src, dst, type) SELECT a.rowid, b.rowid, ? FROM nodes a,"
+        " nodes b WHERE a.repo = ? AND a.id = ? AND b.repo = ? AND b.id = ?",
+        (link, repo, src, repo, dst)).rowcount
+        for src, dst in relinks(steps, owners, existing, prefix, to_step=to_step))
 
 
 # ---- shared ---------------------------------------------------------------------------------

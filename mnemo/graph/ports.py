@@ -346,10 +346,6 @@ class RecallReads(NodeReads, Protocol):
         self, repo: str, node_ids: Sequence[str], vector: Vector
     ) -> dict[str, float]: ...
 
-    async def access_stats(
-        self, repo: str, node_ids: Sequence[str]
-    ) -> dict[str, tuple[int, datetime | None]]: ...
-
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
         """Counts one access of each node at `when`; every later call of this store sees the
         counts. A side write of a read, which holds nothing up for long: PostgreSQL writes it
@@ -530,3 +526,7 @@ class GraphStore(RecallReads, GraphHistory, GraphMaintenance, Reembedding, Proto
         ...
 
     async def aclose(self) -> None: ...
+
+    async def access_stats(
+        self, repo: str, node_ids: Sequence[str]
+    ) -> dict[str, tuple[int, datetime | None]]: ...

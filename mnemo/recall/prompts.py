@@ -12,8 +12,6 @@ from mnemo.calls.reply import Meta, Reply, read_reply, reply_schema
 from mnemo.calls.tasks import ask, task_request
 from mnemo.ports import LLM, LLMRequest, LLMResponse
 
-MODES = ("episodic", "semantic", "procedural", "mixed")
-
 
 class PlanReply(Reply, frozen=True):
     mode: Literal["episodic", "semantic", "procedural", "mixed"]

@@ -53,21 +53,6 @@ def reciprocal_rank_fusion(
     return {item: score / best for item, score in scores.items()}
 
 
-def hop_scores(
-    parents: dict[str, float], edges: Sequence[tuple[str, str]], decay: float
-) -> dict[str, float]:
-    """Scores of nodes one hop from scored `parents` along `edges` (parent, child): the best
-    parent's score times `decay`. Parents themselves are left out."""
-    found: dict[str, float] = {}
-    for parent, child in edges:
-        if child in parents or parent not in parents:
-            continue
-        score = parents[parent] * decay
-        if score > found.get(child, 0.0):
-            found[child] = score
-    return found
-
-
 def maximal_marginal_relevance(
     order: Sequence[str],
     relevance: Mapping[str, float],

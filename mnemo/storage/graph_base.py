@@ -47,8 +47,12 @@ from mnemo.storage.row import Row
 
 if TYPE_CHECKING:
     from mnemo.graph.commit import CommitTarget
+    from mnemo.graph.history import CommitRecord
 
 Hits = list[tuple[str, float]]
+
+COMMIT_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
+                  " reworded, joined, reverted_by, reverts")
 
 
 def exists(repo: str, where: Where, node: str, skip: int) -> tuple[str, list[object]]:
@@ -144,8 +148,8 @@ class Vectors(Protocol):
 
 class GraphBase:
     """The `GraphStore` methods both backends share, over their hooks: `_repo_lock`,
-    `_reembed_lock`, `_delete_rows`, `_inherited`, `_withdraw_rows`, `_scope_rows` (runs a
-    statement of this module, its `?` placeholders the store's) and `_store_text` (the
+    `_reembed_lock`, `_delete_rows`, `_inherited`, `_withdraw_rows`, `_rows` (runs a
+    statement with `?` placeholders, which PostgreSQL's store swaps) and `_store_text` (the
     store's own full-text search)."""
 
     _lexical: LexicalIndex | None
@@ -170,8 +174,34 @@ class GraphBase:
                              plan: erasure.Plan, reverting: Reverting | None) -> list[str]:
         raise NotImplementedError
 
-    async def _scope_rows(self, statement: str, params: list[object]) -> list[Any]:
+    async def _rows(self, statement: str, params: list[object]) -> list[Any]:
         raise NotImplementedError
+
+    def _commit(self, row: Row) -> CommitRecord:
+        raise NotImplementedError
+
+    async def commit_log(
+        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
+    ) -> list[CommitRecord]:
+        """The repo's commits, newest first: the `limit` newest (all if None), or every one
+        after `after_seq`."""
+        after, params = ("", []) if after_seq is None else (" AND seq > ?", [after_seq])
+        cut = "" if after_seq is not None or limit is None else f" LIMIT {int(limit)}"
+        return [self._commit(row) for row in await self._rows(
+            f"SELECT {COMMIT_COLUMNS} FROM commits WHERE repo = ?{after} ORDER BY seq DESC{cut}",
+            [repo, *params])]
+
+    async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
+        rows = await self._rows(f"SELECT {COMMIT_COLUMNS} FROM commits WHERE repo = ? AND id = ?",
+                                [repo, commit_id])
+        return self._commit(rows[0]) if rows else None
+
+    async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
+        """See `GraphStore.node_ids`."""
+        rows = await self._rows(
+            "SELECT id FROM nodes WHERE repo = ? AND id LIKE ? ESCAPE '\\'"
+            " AND id NOT LIKE ? ESCAPE '\\' ORDER BY id LIMIT ?", [repo, like, unlike, limit])
+        return [str(row[0]) for row in rows]
 
     async def _context(self, repo: str, node_ids: Sequence[str], linked: list[NodeType],
                        link_type: LinkType, then: More | None) -> NodeContext:
@@ -367,7 +397,7 @@ class GraphBase:
 
     async def scope(self, repo: str, where: Where) -> Scope:
         """`where`'s nodes, read from the scope index when they are at most `SCOPE_LIMIT`."""
-        rows = await self._scope_rows(*members(repo, where, SCOPE_LIMIT + 1))
+        rows = await self._rows(*members(repo, where, SCOPE_LIMIT + 1))
         return Scope(where, None if len(rows) > SCOPE_LIMIT
                      else {str(i): (int(r), str(t)) for i, r, t in rows})
 
@@ -378,7 +408,7 @@ class GraphBase:
             return {i for i in ids if i in scope.members}
         found: set[str] = set()
         for at in range(0, len(ids), 500):
-            rows = await self._scope_rows(*inside(repo, scope.where, ids[at:at + 500]))
+            rows = await self._rows(*inside(repo, scope.where, ids[at:at + 500]))
             found |= {str(row[0]) for row in rows}
         return found
 
@@ -388,7 +418,7 @@ class GraphBase:
         """(source id or None, node id, type) of the nodes inside `where` (the first `limit`
         in the order they were added; all for None)."""
         return [(None if s is None else str(s), str(i), str(t)) for s, i, t in
-                await self._scope_rows(*members(repo, where, 2**62 if limit is None else limit,
+                await self._rows(*members(repo, where, 2**62 if limit is None else limit,
                                                 "n.source_id, n.id, n.type"))]
 
     async def scoped(

@@ -169,15 +169,9 @@ class PgGraph(PgReembedding):
         async with self._pg.transaction() as conn:
             await side_writes(conn, also)
 
-    async def commit_log(
-        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
-    ) -> list[CommitRecord]:
-        async with self._pg.connection() as conn:
-            return await history.log(conn, repo, limit=limit, after_seq=after_seq)
-
-    async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
-        async with self._pg.connection() as conn:
-            return await history.one(conn, repo, commit_id)
+    @staticmethod
+    def _commit(row: Row) -> CommitRecord:
+        return history.record_of(row)
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         row = await self._one("SELECT receipt FROM applied_changesets WHERE id = %s",
@@ -351,7 +345,7 @@ class PgGraph(PgReembedding):
         return FallbackRead(self._lexical.start_search(repo, query, limit, kinds),
                       lambda: self._full_text(repo, query, limit, kinds))
 
-    async def _scope_rows(self, statement: str, params: list[object]) -> list[Any]:
+    async def _rows(self, statement: str, params: list[object]) -> list[Any]:
         return await self._all(statement.replace("?", "%s"), params)
 
     async def _store_text(

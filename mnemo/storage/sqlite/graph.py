@@ -49,6 +49,7 @@ from mnemo.graph.ports import (
 )
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.reembed_claims import Claims
+from mnemo.storage.row import Row
 from mnemo.storage.sqlite import commits, deletes, history, maintenance, reembeds
 from mnemo.storage.sqlite.database import Database, chunks, truncate_wal
 from mnemo.storage.sqlite.recall_cache import RecallCache
@@ -169,15 +170,9 @@ class SqliteGraph(SqliteRecallReads):
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         await self._database.run(lambda db: side_writes_alone(db, also))
 
-    async def commit_log(
-        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
-    ) -> list[CommitRecord]:
-        return await self._database.run(
-            lambda db: history.log(db.conn, repo, limit=limit, after_seq=after_seq)
-        )
-
-    async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
-        return await self._database.run(lambda db: history.one(db.conn, repo, commit_id))
+    @staticmethod
+    def _commit(row: Row) -> CommitRecord:
+        return history.record_of(row)
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         """The receipt of an applied changeset, None if it was never applied."""

@@ -138,7 +138,7 @@ class SqliteRecallReads(GraphBase):
         cache.valid()
         return cache
 
-    async def _scope_rows(self, statement: str, params: list[object]) -> list[Any]:
+    async def _rows(self, statement: str, params: list[object]) -> list[Any]:
         return await self._database.run(lambda db: db.conn.execute(statement, params).fetchall())
 
     async def _store_text(

@@ -18,7 +18,7 @@ from mnemo.graph.reads import GraphReads
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.memory.repos import Repos
 from mnemo.ports import LLM, Embedder, Reranker
-from mnemo.recall.prompts import LLMReranker
+from mnemo.recall.query import LLMReranker
 from mnemo.recall.service import RecallRuntime, RecallService
 from mnemo.session.service import SessionService
 from mnemo.storage.ports import has_postgres_driver, is_postgres, open_backend

@@ -37,7 +37,7 @@ from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, node_val
 from mnemo.graph.ports import NodeContext, PendingRead, RecallReads, VectorsMoved
 from mnemo.graph.scope import Scope, Where
 from mnemo.ports import LLM, Embedder, Reranker
-from mnemo.recall import hops, prompts, ranking
+from mnemo.recall import hops, ranking
 from mnemo.recall.model import (
     Candidate,
     ReadContext,
@@ -52,12 +52,17 @@ from mnemo.recall.model import (
 from mnemo.recall.query import (
     FEEDBACK_DOCS,
     INLINE_CHARS,
+    Plan,
     QueryParts,
     TagVectors,
     feedback_terms,
+    parse_plan,
+    plan_request,
+    reranked,
     restatement,
     speaker_boosts,
     split,
+    synthesis,
 )
 
 # The result types live in recall.model and are re-exported, where callers import them from.
@@ -214,7 +219,7 @@ class Recaller:
         ranked = (await ranking.in_time(self.graph, repo, ranked, when))[:width]
         trace.mark("rank")
         if reranking:
-            reordered = await self._rerank(query, ranked, k, degraded)
+            reordered = await reranked(self.reranker, query, ranked, k, degraded)
             ranked = (reordered if when.valid_at is not None
                       else ranking.successors_first(reordered, ranked)[:k])
             trace.mark("rerank")
@@ -224,7 +229,7 @@ class Recaller:
         if ranked and reinforce:
             await self._reinforce(repo, ranked, degraded)
         trace.mark("reinforce")
-        reasoned = (await self._synthesise(query, ranked, degraded) if config.recall_synthesis
+        reasoned = (await synthesis(self.llm, query, ranked, degraded) if config.recall_synthesis
                     else None)
         trace.mark("synthesis")
         touched = [Touched(NodeId(i), c.phase, c.hop, c.score) for i, c in found.items()]
@@ -248,13 +253,13 @@ class Recaller:
                         repo, len(ranked), exc)
             degraded.append(f"access counts: {exc!r}")
 
-    async def _plan(self, query: str, degraded: list[str]) -> prompts.Plan:
+    async def _plan(self, query: str, degraded: list[str]) -> Plan:
         try:
-            return await ask(self.planner, prompts.plan_request(query=query), prompts.parse_plan)
+            return await ask(self.planner, plan_request(query=query), parse_plan)
         except Exception as exc:  # a plan only steers the search: go on without one
             log.warning("recall planning failed, searching in mixed mode: %r", exc)
             degraded.append(f"plan: {exc!r}")
-            return prompts.Plan("mixed", ())
+            return Plan("mixed", ())
 
     async def _hop_zero(
         self, repo: str, terms: str, words: PendingRead[list[tuple[str, float]]], vector: Vector,
@@ -368,7 +373,7 @@ class Recaller:
         found: dict[str, Candidate],
         context: ReadContext,
         parts: QueryParts,
-        plan: prompts.Plan,
+        plan: Plan,
         wanted: set[NodeType] | None,
         k: int,
         boosts: Mapping[str, float],
@@ -456,35 +461,6 @@ class Recaller:
         # Quadratic: a long head is ordered in a worker thread.
         order = diversified() if len(by_id) <= MMR_ON_LOOP else await cpu.off_loop(diversified)
         return [by_id[i] for i in order] + scored[n:]
-
-    async def _rerank(
-        self, query: str, ranked: list[Recalled], k: int, degraded: list[str]
-    ) -> list[Recalled]:
-        """`ranked` in the order the reranker gives, cut to `k`; on any failure the
-        retrieval's order."""
-        if len(ranked) < 2 or self.reranker is None:
-            return ranked[:k]
-        try:
-            given = await self.reranker.rerank(query, [r.node.text for r in ranked])
-            order = prompts.full_order(list(given), len(ranked))
-        except Exception as exc:  # optional: the retrieval's order stands without it
-            log.warning("recall re-ranking failed: %r", exc)
-            degraded.append(f"rerank: {exc!r}")
-            return ranked[:k]
-        return [ranked[i] for i in order][:k]
-
-    async def _synthesise(
-        self, query: str, ranked: list[Recalled], degraded: list[str]
-    ) -> str | None:
-        if not ranked:
-            return None
-        try:
-            request = prompts.synthesis_request(query=query, memories=[r.node.text for r in ranked])
-            return await ask(self.llm, request, prompts.parse_synthesis)
-        except Exception as exc:  # optional: the memories are the answer without it
-            log.warning("recall synthesis failed: %r", exc)
-            degraded.append(f"synthesis: {exc!r}")
-            return None
 
 
 def _hop_zero_width(config: Config, k: int) -> int:

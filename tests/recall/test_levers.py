@@ -17,8 +17,7 @@ from mnemo.graph.ports import GraphStore
 from mnemo.ports import LLMRequest, LLMResponse
 from mnemo.recall.engine import Recaller
 from mnemo.recall.model import adjacent_steps
-from mnemo.recall.prompts import LLMReranker, full_order, parse_rerank
-from mnemo.recall.query import feedback_terms, query_side
+from mnemo.recall.query import LLMReranker, feedback_terms, full_order, parse_rerank, query_side
 from mnemo.recall.ranking import maximal_marginal_relevance
 from tests.backends import open_stores
 from tests.fakes import js

@@ -106,11 +106,6 @@ class NodeContext:
     links: list[Neighbor]
     vectors: dict[str, Vector] = field(default_factory=dict)
 
-    def joined(self, more: NodeContext) -> NodeContext:
-        """This context, then `more`'s nodes, stats, links and vectors."""
-        return NodeContext([*self.nodes, *more.nodes], {**self.stats, **more.stats},
-                           [*self.links, *more.links], {**self.vectors, **more.vectors})
-
 
 # What a `node_context` reads next, from what it read first: more node ids, and the types of
 # those whose links to read.

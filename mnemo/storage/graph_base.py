@@ -114,6 +114,12 @@ def neighbors_seen_from_asked(rows: Iterable[Row], asked: Collection[str]) -> li
     return found
 
 
+def joined(first: NodeContext, more: NodeContext) -> NodeContext:
+    """`first`, then `more`'s nodes, stats, links and vectors (a `node_context`'s `then`)."""
+    return NodeContext([*first.nodes, *more.nodes], {**first.stats, **more.stats},
+                       [*first.links, *more.links], {**first.vectors, **more.vectors})
+
+
 class Vectors(Protocol):
     """A backend's vector side: the repo's vectors searched, read and followed."""
 

@@ -10,6 +10,7 @@ from datetime import datetime
 
 from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeType, Vector
 from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
+from mnemo.storage.graph_base import joined
 from mnemo.storage.postgres.connection import Connection, Postgres
 from mnemo.storage.postgres.rows import NODE_COLUMNS, NODE_WIDTH, node
 from mnemo.storage.postgres.vectors import OF_NODES, as_array, unit_rows
@@ -43,7 +44,7 @@ async def node_context(
         if not more:
             return first
         second = await _node_context(conn, repo, more, more_linked, link_type)
-    return first.joined(second)
+    return joined(first, second)
 
 
 async def _node_context(

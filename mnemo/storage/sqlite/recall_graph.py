@@ -20,7 +20,7 @@ from mnemo.errors import StorageError
 from mnemo.graph.model import LinkType, NodeType, Vector
 from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead, TypedLink
 from mnemo.graph.scope import Scope, Where
-from mnemo.storage.graph_base import GraphBase
+from mnemo.storage.graph_base import GraphBase, joined
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write
@@ -124,7 +124,7 @@ class SqliteRecallReads(GraphBase):
             return first
         more, context = second
         context.vectors.update(await self._vectors.of_nodes(repo, more))
-        return first.joined(context)
+        return joined(first, context)
 
     def _cache_for(self, repo: str) -> RecallCache | None:
         """The recall cache, when it may answer for `repo` now: a small repo (its vectors

@@ -14,7 +14,7 @@ from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
 from mnemo.graph.scope import Where
 from mnemo.storage import graph_base as scopes
-from mnemo.storage.graph_base import neighbors_seen_from_asked, seen_from_asked
+from mnemo.storage.graph_base import joined, neighbors_seen_from_asked, seen_from_asked
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
 
@@ -33,7 +33,7 @@ def node_context(
     if not more:
         return first
     second = _node_context(db, repo, more, more_linked, link_type)
-    return first.joined(second)
+    return joined(first, second)
 
 
 def _node_context(

@@ -31,15 +31,7 @@ from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.maintenance import ValidationReport
-from mnemo.graph.model import (
-    CommitReceipt,
-    Link,
-    LinkType,
-    Node,
-    NodeId,
-    NodeType,
-    Vector,
-)
+from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, NodeType, Vector
 from mnemo.graph.ports import (
     MergeResult,
     More,

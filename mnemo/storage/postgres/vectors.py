@@ -27,18 +27,11 @@ from mnemo.errors import StorageError
 from mnemo.graph import ann, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
+from mnemo.storage import vector_log
 from mnemo.storage.postgres import lexical, schema
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.row import Row
-from mnemo.storage.vector_log import (
-    CHANGED_OF_KINDS,
-    VECTOR_STATE,
-    Change,
-    Reload,
-    RepoVectors,
-    VectorCache,
-    VectorState,
-)
+from mnemo.storage.vector_log import Change, RepoVectors, VectorCache, VectorState
 
 log = logging.getLogger("mnemo")
 
@@ -204,7 +197,8 @@ class PgVectors:
         return followed
 
     async def _state(self, repo: str) -> VectorState:
-        return VectorState.of(await self._pg.fetch_all(VECTOR_STATE.replace("?", "%s"), (repo,)))
+        return VectorState.of(
+            await self._pg.fetch_all(vector_log.VECTOR_STATE.replace("?", "%s"), (repo,)))
 
     async def _changes(self, repo: str, followed: RepoVectors) -> tuple[int, list[Change]] | None:
         """What the node log holds past `followed`'s sequence (see `vector_log.Changes`)."""
@@ -213,10 +207,11 @@ class PgVectors:
         if not followed.behind(seq, state.horizon, state.generation):
             return None
         rows = await self._pg.fetch_all(
-            CHANGED_OF_KINDS.replace("?", "%s"),
+            vector_log.CHANGED_OF_KINDS.replace("?", "%s"),
             (repo, followed.seq, seq, repo, [t.value for t in ROUTES]), binary=True)
         if any(v is not None and len(v) != followed.index.dim for _, _, _, v in rows):
-            raise Reload  # a switch to another dimension committed after the state was read
+            # A switch to another dimension committed after the state was read.
+            raise vector_log.Reload
         return seq, [(int(r), i, t, v) for r, i, t, v in rows]
 
     async def settle(self, repo: str) -> None:

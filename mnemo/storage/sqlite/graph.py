@@ -30,23 +30,8 @@ from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.maintenance import ValidationReport
-from mnemo.graph.model import (
-    CommitReceipt,
-    Link,
-    LinkType,
-    Node,
-    NodeId,
-    Vector,
-    now_utc,
-)
-from mnemo.graph.ports import (
-    MergeResult,
-    Reverting,
-    SideWrite,
-    Staging,
-    SweepResult,
-    Unstaged,
-)
+from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, Vector, now_utc
+from mnemo.graph.ports import MergeResult, Reverting, SideWrite, Staging, SweepResult, Unstaged
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Row
@@ -63,16 +48,10 @@ from mnemo.storage.sqlite.vectors import SqliteVectors
 class SqliteGraph(SqliteRecallReads):
     """`GraphStore` over mnemo's SQLite file."""
 
-    def __init__(
-        self,
-        database: Database,
-        dims: Callable[[str], int],
-        *,
-        ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
-        ann_params: ann.HnswParams | None = None,
-        lexical: LexicalIndex | None = None,
-        ann_dir: Path | None = None,
-    ) -> None:
+    def __init__(self, database: Database, dims: Callable[[str], int], *,
+                 ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
+                 ann_params: ann.HnswParams | None = None, lexical: LexicalIndex | None = None,
+                 ann_dir: Path | None = None) -> None:
         """`ann_threshold`: vectors a repo must exceed before its searches use the HNSW index
         (None: always exact); `lexical`: the index that answers `search_text` (None: FTS5);
         `ann_dir`: where the HNSW graphs are saved (None: not saved)."""

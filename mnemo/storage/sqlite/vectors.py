@@ -25,31 +25,17 @@ from mnemo.graph.vectors import VectorIndex
 from mnemo.storage import vector_log
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.rows import vector_of_half, vectors_of_halves
-from mnemo.storage.vector_log import (
-    CHANGED,
-    VECTOR_STATE,
-    Change,
-    Reload,
-    RepoVectors,
-    VectorCache,
-    VectorState,
-)
+from mnemo.storage.vector_log import Change, RepoVectors, VectorCache, VectorState
 from mnemo.storage.worker import Queued
 
 
 class SqliteVectors:
     """Every repo's vectors in memory, loaded from one SQLite file."""
 
-    def __init__(
-        self,
-        database: Database,
-        dims: Callable[[str], int],
-        *,
-        ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
-        ann_params: ann.HnswParams | None = None,
-        ann_dir: Path | None = None,
-        on_look: Callable[[SqliteUtilsDatabase], object] = lambda db: None,
-    ) -> None:
+    def __init__(self, database: Database, dims: Callable[[str], int], *,
+                 ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
+                 ann_params: ann.HnswParams | None = None, ann_dir: Path | None = None,
+                 on_look: Callable[[SqliteUtilsDatabase], object] = lambda db: None) -> None:
         """`on_look`: called on the connection's thread by each look at the node log (and
         each load), before it reads."""
         self._database = database
@@ -166,7 +152,7 @@ class SqliteVectors:
 
 
 # The store's vectors are keyed by their node's rowid.
-_CHANGED = CHANGED.replace("v.node_id = n.id", "v.node = n.rowid")
+_CHANGED = vector_log.CHANGED.replace("v.node_id = n.id", "v.node = n.rowid")
 
 
 def _snapshot(db: SqliteUtilsDatabase) -> None:
@@ -178,7 +164,7 @@ def _snapshot(db: SqliteUtilsDatabase) -> None:
 
 
 def _state(db: SqliteUtilsDatabase, repo: str) -> VectorState:
-    return VectorState.of(db.conn.execute(VECTOR_STATE, (repo,)).fetchall())
+    return VectorState.of(db.conn.execute(vector_log.VECTOR_STATE, (repo,)).fetchall())
 
 
 def _changes(
@@ -190,7 +176,7 @@ def _changes(
     state = _state(db, repo)
     seq = state.seq
     if state.generation != generation:
-        raise Reload
+        raise vector_log.Reload
     if not vector_log.moved(since, seq, state.horizon):
         return None
     rows = db.conn.execute(_CHANGED, (repo, since, seq, repo)).fetchall()

@@ -222,16 +222,8 @@ async def validate(conn: Connection, repo: str, dim: int) -> ValidationReport:
     stale = f"repo = %s AND search IS DISTINCT FROM {SEARCH_VECTOR}"
     cur = await conn.execute("UPDATE nodes SET text = text WHERE " + stale, (repo,))
     rebuilt = cur.rowcount > 0
-    return ValidationReport(
-        episodic=episodic,
-        missing_subgoal=len(no_subgoal),
-        missing_source=len(no_source),
-        links_restored=restored,
-        dangling_links=dangling,
-        missing_vectors=missing_vectors,
-        bad_vectors=bad_vectors,
-        fts_rebuilt=rebuilt,
-    )
+    return ValidationReport(episodic, len(no_subgoal), len(no_source), restored, dangling,
+                            missing_vectors, bad_vectors, rebuilt)
 
 
 _DANGLING = (

@@ -173,16 +173,8 @@ def validate(db: SqliteUtilsDatabase, repo: str, dim: int) -> ValidationReport:
         except sqlite3.DatabaseError:
             conn.execute("INSERT INTO nodes_fts(nodes_fts) VALUES ('rebuild')")
             rebuilt = True
-    return ValidationReport(
-        episodic=episodic,
-        missing_subgoal=len(no_subgoal),
-        missing_source=len(no_source),
-        links_restored=restored,
-        dangling_links=dangling,
-        missing_vectors=missing_vectors,
-        bad_vectors=bad_vectors,
-        fts_rebuilt=rebuilt,
-    )
+    return ValidationReport(episodic, len(no_subgoal), len(no_source), restored, dangling,
+                            missing_vectors, bad_vectors, rebuilt)
 
 
 

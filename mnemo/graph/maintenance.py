@@ -13,7 +13,7 @@ The value function, `node_value`, is in `graph/model.py`, for `decay` and recall
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import anyio.to_thread
@@ -29,6 +29,28 @@ from mnemo.ports import JSONObject
 
 # Similarity scores held at once while consolidating (block rows x all rows): 128 MB.
 _BLOCK_CELLS = 32_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    """What one consolidation transaction did."""
+
+    deleted: list[str] = field(default_factory=list)
+    merged: int = 0
+    links_moved: int = 0
+    tags_pruned: int = 0
+
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """What one decay transaction did: nodes examined, deleted for low value, and routing or
+    source nodes pruned because nothing linked to them any more."""
+
+    examined: int
+    doomed: list[str]
+    pruned: list[str]
+
 
 
 # ---- reports --------------------------------------------------------------------------------

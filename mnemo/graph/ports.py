@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from mnemo.config import Config
 from mnemo.graph.contradiction import CANDIDATES, CLOSE, Contradicts
@@ -37,7 +37,8 @@ from mnemo.graph.scope import Scope, Where
 
 if TYPE_CHECKING:
     from mnemo.graph.history import CommitRecord
-    from mnemo.graph.maintenance import ValidationReport
+    from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
+    from mnemo.graph.reembed import Staging, Unstaged
 
 __all__ = [
     "GraphHistory",
@@ -45,7 +46,6 @@ __all__ = [
     "GraphStore",
     "GraphWrites",
     "IntentPolicy",
-    "MergeResult",
     "Neighbor",
     "NodeContext",
     "NodeReads",
@@ -57,11 +57,8 @@ __all__ = [
     "SideWrite",
     "SourceForgotten",
     "SourceRecorded",
-    "Staging",
     "StepsCommitted",
-    "SweepResult",
     "TypedLink",
-    "Unstaged",
     "VectorsMoved",
 ]
 
@@ -201,49 +198,6 @@ class SourceTaken(Exception):
     def __init__(self, source_id: str) -> None:
         super().__init__(f"source {source_id!r} was recorded by another writer")
         self.source_id = source_id
-
-
-@dataclass(frozen=True, slots=True)
-class Staging:
-    """A repo's re-embedding as the store holds it (`mnemo.graph.reembed`): the URI and the
-    dimension of the embedder its staged vectors are made with, how many of the repo's nodes
-    have one, of how many, and whether it carries on with what one before it staged (a
-    re-embedding with the same embedder that was cut short)."""
-
-    embedder: str
-    dim: int
-    staged: int
-    total: int
-    resumed: bool
-
-
-class Unstaged(NamedTuple):
-    """A node of a repo being re-embedded that has no staged vector yet."""
-
-    rowid: int
-    id: str
-    type: NodeType
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class MergeResult:
-    """What one consolidation transaction did."""
-
-    deleted: list[str] = field(default_factory=list)
-    merged: int = 0
-    links_moved: int = 0
-    tags_pruned: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class SweepResult:
-    """What one decay transaction did: nodes examined, deleted for low value, and routing or
-    source nodes pruned because nothing linked to them any more."""
-
-    examined: int
-    doomed: list[str]
-    pruned: list[str]
 
 
 class NodeReads(Protocol):

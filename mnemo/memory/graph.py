@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from mnemo.graph.history import CommitDiff, CommitRecord
     from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
     from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType, Vector
-    from mnemo.graph.ports import IntentPolicy, Unstaged
-    from mnemo.graph.reembed import ReembedProgress
+    from mnemo.graph.ports import IntentPolicy
+    from mnemo.graph.reembed import ReembedProgress, Unstaged
     from mnemo.ports import Embedder, JSONObject, JSONValue
 
 # Nodes embedded in one call by `reembed`, by default, and at most.

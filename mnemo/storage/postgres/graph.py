@@ -30,17 +30,15 @@ from mnemo.graph import erasure, facts
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited
 from mnemo.graph.history import CommitRecord
-from mnemo.graph.maintenance import ValidationReport
+from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
 from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, NodeType, Vector
 from mnemo.graph.ports import (
-    MergeResult,
     More,
     Neighbor,
     NodeContext,
     PendingRead,
     Reverting,
     SideWrite,
-    SweepResult,
     TypedLink,
 )
 from mnemo.graph.scope import Scope, Where, pairs

@@ -16,9 +16,16 @@ from datetime import datetime
 from psycopg.types.json import Jsonb
 
 from mnemo.config import Config
-from mnemo.graph.maintenance import ValidationReport, merge_groups, merged_data, relinks, wanted
+from mnemo.graph.maintenance import (
+    MergeResult,
+    SweepResult,
+    ValidationReport,
+    merge_groups,
+    merged_data,
+    relinks,
+    wanted,
+)
 from mnemo.graph.model import NodeType, node_value
-from mnemo.graph.ports import MergeResult, SweepResult
 from mnemo.ports import JSONObject
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.postgres.migrations import SEARCH_VECTOR

@@ -11,7 +11,7 @@ import anyio
 
 from mnemo.errors import ConflictError
 from mnemo.graph.model import Vector
-from mnemo.graph.ports import Staging, Unstaged
+from mnemo.graph.reembed import Staging, Unstaged
 from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.postgres import reembeds
 from mnemo.storage.postgres.connection import Postgres

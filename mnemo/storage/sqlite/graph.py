@@ -29,9 +29,10 @@ from mnemo.graph import ann, ann_files, erasure
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited
 from mnemo.graph.history import CommitRecord
-from mnemo.graph.maintenance import ValidationReport
+from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
 from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, Vector, now_utc
-from mnemo.graph.ports import MergeResult, Reverting, SideWrite, Staging, SweepResult, Unstaged
+from mnemo.graph.ports import Reverting, SideWrite
+from mnemo.graph.reembed import Staging, Unstaged
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Row

@@ -11,9 +11,16 @@ from datetime import datetime
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
-from mnemo.graph.maintenance import ValidationReport, merge_groups, merged_data, relinks, wanted
+from mnemo.graph.maintenance import (
+    MergeResult,
+    SweepResult,
+    ValidationReport,
+    merge_groups,
+    merged_data,
+    relinks,
+    wanted,
+)
 from mnemo.graph.model import NodeType, node_value
-from mnemo.graph.ports import MergeResult, SweepResult
 from mnemo.ports import JSONObject
 from mnemo.storage.sqlite.database import chunks
 

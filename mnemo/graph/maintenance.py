@@ -27,6 +27,11 @@ from mnemo.graph.scope import same
 from mnemo.graph.vectors import COSINE_TOLERANCE
 from mnemo.ports import JSONObject
 
+# Nodes that route a search to memories; never valued, deleted only once nothing links them.
+# SOURCE nodes exist only as provenance for episodic steps, so they go the same way.
+ROUTES = (NodeType.TAG, NodeType.INTENT, NodeType.SUBGOAL, NodeType.SOURCE)
+VALUED = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
+
 # Similarity scores held at once while consolidating (block rows x all rows): 128 MB.
 _BLOCK_CELLS = 32_000_000
 

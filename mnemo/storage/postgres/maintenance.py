@@ -16,24 +16,12 @@ from datetime import datetime
 from psycopg.types.json import Jsonb
 
 from mnemo.config import Config
-from mnemo.graph.maintenance import (
-    MergeResult,
-    SweepResult,
-    ValidationReport,
-    merge_groups,
-    merged_data,
-    relinks,
-    wanted,
-)
+from mnemo.graph import maintenance
+from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
 from mnemo.graph.model import NodeType, node_value
 from mnemo.ports import JSONObject
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.postgres.migrations import SEARCH_VECTOR
-
-# Nodes that route a search to memories; never valued, deleted only once nothing links them.
-# SOURCE nodes exist only as provenance for episodic steps, so they go the same way.
-_ROUTES = (NodeType.TAG, NodeType.INTENT, NodeType.SUBGOAL, NodeType.SOURCE)
-_VALUED = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
 
 
 async def unconsolidated(conn: Connection, repo: str) -> set[str]:
@@ -74,7 +62,7 @@ async def merge_duplicates(
             )
             lasts[str(node_id)] = last
             sources[str(node_id)] = None if source is None else str(source)
-    groups = merge_groups(pairs, rows, sources)
+    groups = maintenance.merge_groups(pairs, rows, sources)
     moved = 0
     merged: list[str] = []
     for survivor, members in groups.items():
@@ -83,7 +71,7 @@ async def merge_duplicates(
         for member in members:
             moved += await _move_links(conn, member, survivor)
             _, other, other_count, _ = rows[member]
-            data = merged_data(data, other, member)
+            data = maintenance.merged_data(data, other, member)
             count += other_count
             last = max(filter(None, (last, lasts[member])), default=None)
             merged.append(member)
@@ -132,7 +120,7 @@ async def decay_sweep(conn: Connection, repo: str, config: Config, now: datetime
     """Deletes the repo's memories whose `node_value` at `now` is below
     `config.decay_threshold`, then the routing and source nodes left with no link."""
     examined, candidates = await _below_threshold(
-        conn, "repo = %s AND type = ANY(%s)", (repo, [kind.value for kind in _VALUED]),
+        conn, "repo = %s AND type = ANY(%s)", (repo, [kind.value for kind in maintenance.VALUED]),
         config, now,
     )
     # The scan took no locks (locking every memory of the repo would write every row). SQLite
@@ -145,7 +133,7 @@ async def decay_sweep(conn: Connection, repo: str, config: Config, now: datetime
             conn, "id = ANY(%s)", (candidates,), config, now, lock=True
         )
     await _delete(conn, doomed)
-    pruned = await _orphans(conn, repo, _ROUTES)
+    pruned = await _orphans(conn, repo, maintenance.ROUTES)
     await _delete(conn, pruned)
     return SweepResult(examined, doomed, pruned)
 
@@ -299,10 +287,10 @@ async def _relink(
 ) -> int:
     kind, link = ("subgoal", "hierarchical") if to_step else ("source", "provenance")
     cur = await conn.execute("SELECT id FROM nodes WHERE repo = %s AND type = %s AND id = ANY(%s)",
-                             (repo, kind, wanted(steps, owners, prefix)))
+                             (repo, kind, maintenance.wanted(steps, owners, prefix)))
     existing = {str(i) for (i,) in await cur.fetchall()}
     restored = 0
-    for src, dst in relinks(steps, owners, existing, prefix, to_step=to_step):
+    for src, dst in maintenance.relinks(steps, owners, existing, prefix, to_step=to_step):
         cur = await conn.execute("INSERT INTO links (repo, src, dst, type) VALUES (%s, %s, %s, %s)"
                                  " ON CONFLICT DO NOTHING", (repo, src, dst, link))
         restored += max(cur.rowcount, 0)

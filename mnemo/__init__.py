@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from mnemo.memoryfiles import MemoryFile, MemoryFiles, MemoryUpdate
     from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, Reranker, ToolCall, Usage
     from mnemo.recall.engine import Recalled, RecallResult
-    from mnemo.recall.prompts import LLMReranker
+    from mnemo.recall.query import LLMReranker
     from mnemo.session.machine import State
     from mnemo.session.queue import OpResult
     from mnemo.session.service import SessionContext, SessionInfo
@@ -86,7 +86,7 @@ _WHERE = {
     "E5SmallEmbedder": "mnemo.adapters.e5",
     "Embedder": "mnemo.ports",
     "Reranker": "mnemo.ports",
-    "LLMReranker": "mnemo.recall.prompts",
+    "LLMReranker": "mnemo.recall.query",
     "EmbeddingError": "mnemo.errors",
     "EpisodeLog": "mnemo.episode.model",
     "Event": "mnemo.events",

@@ -49,13 +49,7 @@ from mnemo.graph.model import (
     Vector,
     now_utc,
 )
-from mnemo.graph.ports import (
-    IntentPolicy,
-    SideWrite,
-    SourceRecorded,
-    SourceTaken,
-    StepsCommitted,
-)
+from mnemo.graph.ports import IntentPolicy, SideWrite, SourceRecorded, SourceTaken, StepsCommitted
 from mnemo.graph.scope import Metadata, canonical, same
 from mnemo.graph.shares import Contribution
 from mnemo.graph.vectors import Snapshot, VectorIndex, unit

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mnemo import text as _text
-from mnemo.graph import ann_calls
+from mnemo.graph import ann
 from mnemo.graph.model import Link, LinkType, NodeDraft, NodeType, Vector
 from mnemo.graph.vectors import COSINE_TOLERANCE, VectorIndex, cosine, reaches, unit
 
@@ -107,11 +107,11 @@ async def resolve_intents(
     intents = [d for d in drafts if d.type is NodeType.INTENT]
     if not intents:
         return
-    graph_ids, graph_matrix = await ann_calls.of_type(index, NodeType.INTENT)
+    graph_ids, graph_matrix = await ann.of_type(index, NodeType.INTENT)
     nearest: Nearest = [[] for _ in intents]
     if graph_ids:
         vectors = unit(np.stack([d.vector for d in intents]))
-        to_graph = await ann_calls.by_size(len(graph_ids), lambda: vectors @ graph_matrix.T)
+        to_graph = await ann.by_size(len(graph_ids), lambda: vectors @ graph_matrix.T)
         best = np.argmax(to_graph, axis=1)
         nearest = [[(graph_ids[j], float(to_graph[i, j]))] for i, j in enumerate(best)]
     await resolve(intents, nearest, {}, texts_of, merge, identity_threshold=identity_threshold,

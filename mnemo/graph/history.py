@@ -31,7 +31,7 @@ from mnemo.graph.ports import Reverting
 from mnemo.inputs import check_count, check_id
 
 if TYPE_CHECKING:
-    from mnemo.graph.ports import GraphStore
+    from mnemo.graph.ports import GraphHistory
 
 # The nodes a revert deletes when only its commit holds them: a later commit's link to one of
 # them is work built on it. The others stay while something links to them.
@@ -84,7 +84,7 @@ class CommitDiff:
     retired: list[Node] = field(default_factory=list)
 
 
-async def history(graph: GraphStore, repo: str, limit: int) -> list[CommitRecord]:
+async def history(graph: GraphHistory, repo: str, limit: int) -> list[CommitRecord]:
     """The repo's `limit` newest commits, newest first.
 
     Raises:
@@ -94,7 +94,7 @@ async def history(graph: GraphStore, repo: str, limit: int) -> list[CommitRecord
     return await graph.commit_log(repo, limit=limit)
 
 
-async def _record(graph: GraphStore, repo: str, commit_id: str) -> CommitRecord:
+async def _record(graph: GraphHistory, repo: str, commit_id: str) -> CommitRecord:
     check_id(commit_id, "commit_id")
     record = await graph.commit_record(repo, commit_id)
     if record is None:
@@ -102,7 +102,7 @@ async def _record(graph: GraphStore, repo: str, commit_id: str) -> CommitRecord:
     return record
 
 
-async def diff(graph: GraphStore, repo: str, commit_id: str) -> CommitDiff:
+async def diff(graph: GraphHistory, repo: str, commit_id: str) -> CommitDiff:
     """What the commit added and retired.
 
     Raises:
@@ -118,7 +118,7 @@ async def diff(graph: GraphStore, repo: str, commit_id: str) -> CommitDiff:
 
 
 async def revert(
-    graph: GraphStore, repo: str, commit_id: str, *, embed: Embed, generation: int | None = None
+    graph: GraphHistory, repo: str, commit_id: str, *, embed: Embed, generation: int | None = None
 ) -> CommitDiff:
     """Undoes the commit in one transaction (see the module's docstring) and records the
     revert; an ingested source's id is free again. `embed` makes the vectors of the wordings
@@ -149,7 +149,7 @@ async def revert(
                       undone.retired)
 
 
-async def _built_on(graph: GraphStore, record: CommitRecord) -> str | None:
+async def _built_on(graph: GraphHistory, record: CommitRecord) -> str | None:
     """Why later work depends on the commit, naming the later commit: None if it can be
     reverted. A later commit that retired one of its facts, or linked to a node only it
     holds, built on it; not when a commit in between (or that one) joined the node: the

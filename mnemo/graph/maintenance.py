@@ -7,13 +7,13 @@ commit resolves its tags and intents against the graph before writing, so a tag 
 between would leave it linking to a node that is gone. Only what is read inside the transaction
 (access counts, which recall updates without the lock) is taken as current there.
 
-The value function, `node_value`, is in `graph/value.py`, for `decay` and recall alike.
+The value function, `node_value`, is in `graph/model.py`, for `decay` and recall alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import anyio.to_thread
@@ -22,13 +22,40 @@ import numpy.typing as npt
 
 from mnemo.config import Config
 from mnemo.graph.model import NodeType, Vector, now_utc
-from mnemo.graph.ports import GraphStore
+from mnemo.graph.ports import GraphMaintenance
 from mnemo.graph.scope import same
 from mnemo.graph.vectors import COSINE_TOLERANCE
 from mnemo.ports import JSONObject
 
+# Nodes that route a search to memories; never valued, deleted only once nothing links them.
+# SOURCE nodes exist only as provenance for episodic steps, so they go the same way.
+ROUTES = (NodeType.TAG, NodeType.INTENT, NodeType.SUBGOAL, NodeType.SOURCE)
+VALUED = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
+
 # Similarity scores held at once while consolidating (block rows x all rows): 128 MB.
 _BLOCK_CELLS = 32_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    """What one consolidation transaction did."""
+
+    deleted: list[str] = field(default_factory=list)
+    merged: int = 0
+    links_moved: int = 0
+    tags_pruned: int = 0
+
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """What one decay transaction did: nodes examined, deleted for low value, and routing or
+    source nodes pruned because nothing linked to them any more."""
+
+    examined: int
+    doomed: list[str]
+    pruned: list[str]
+
 
 
 # ---- reports --------------------------------------------------------------------------------
@@ -91,7 +118,7 @@ class ValidationReport:
 
 
 async def consolidate(
-    graph: GraphStore, repo: str, config: Config, *, full: bool = False
+    graph: GraphMaintenance, repo: str, config: Config, *, full: bool = False
 ) -> ConsolidationReport:
     """Merges the repo's SEMANTIC near-duplicates (raw cosine >= `config.consolidate_threshold`).
 
@@ -155,6 +182,29 @@ def _similar_pairs(
         r, c = np.nonzero(scores >= threshold - COSINE_TOLERANCE)
         found.extend(zip(rows[r].tolist(), c.tolist(), strict=True))
     return found
+
+
+def relinks(
+    steps: list[tuple[str, str | None]], owners: Mapping[str, str], existing: set[str],
+    prefix: str, *, to_step: bool,
+) -> list[tuple[str, str]]:
+    """The (src, dst) links `validate` restores: each unlinked step to the subgoal (`to_step`:
+    subgoal -> step) or source (step -> source) of its trajectory or episode, the one another
+    of its steps is linked to (`owners`), else the node named `prefix` + its group when it is
+    among `existing`."""
+    found: list[tuple[str, str]] = []
+    for step, group in steps:
+        owner = None if group is None else owners.get(group) or (
+            prefix + group if prefix + group in existing else None)
+        if owner is not None:
+            found.append((owner, step) if to_step else (step, owner))
+    return found
+
+
+def wanted(steps: list[tuple[str, str | None]], owners: Mapping[str, str], prefix: str
+           ) -> list[str]:
+    """The ids `relinks` looks for among the nodes: those of the groups without an owner."""
+    return sorted({prefix + g for _, g in steps if g is not None and g not in owners})
 
 
 def merge_groups(
@@ -228,7 +278,7 @@ def _strings(value: object) -> list[str]:
 
 
 async def decay(
-    graph: GraphStore, repo: str, config: Config, *, now: datetime | None = None
+    graph: GraphMaintenance, repo: str, config: Config, *, now: datetime | None = None
 ) -> DecayReport:
     """Deletes the repo's memories (EPISODIC, SEMANTIC, PROCEDURAL) whose `node_value` at `now`
     (default: the current time) is below `config.decay_threshold`, with their links, vectors
@@ -249,7 +299,7 @@ async def decay(
 # ---- validate -------------------------------------------------------------------------------
 
 
-async def validate_episodic(graph: GraphStore, repo: str) -> ValidationReport:
+async def validate_episodic(graph: GraphMaintenance, repo: str) -> ValidationReport:
     """Checks the repo's episodic integrity and repairs what can be repaired.
 
     An EPISODIC node without a SUBGOAL (or SOURCE) link is linked again to the subgoal (source)

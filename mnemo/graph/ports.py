@@ -1,11 +1,14 @@
 """The graph's port: what sessions, ingest, recall and maintenance need from a graph store, and
 the side writes a commit carries into its transaction.
 
-A backend (`mnemo.storage.sqlite`, `mnemo.storage.postgres`) implements `GraphStore`; nothing
-outside `mnemo/storage/` knows how. A commit is one unit of work across stores: the graph's
-rows and, in the same transaction, the session side (steps marked committed, the state
-change) or the ingest side (the source recorded), passed as plain values (`SideWrite`) that
-each backend knows how to write.
+The port is cut by role: `NodeReads` (what every role reads), `RecallReads`, `GraphWrites`,
+`GraphHistory`, `GraphMaintenance` and `Reembedding`; a caller asks for the role it uses, and a
+backend (`mnemo.storage.sqlite`, `mnemo.storage.postgres`) implements `GraphStore`, all of them,
+on the shared `mnemo.storage.graph_base.GraphBase`. Nothing outside `mnemo/storage/` knows how.
+
+A commit is one unit of work across stores: the graph's rows and, in the same transaction, the
+session side (steps marked committed, the state change) or the ingest side (the source
+recorded), passed as plain values (`SideWrite`) that each backend knows how to write.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from mnemo.config import Config
 from mnemo.graph.contradiction import CANDIDATES, CLOSE, Contradicts
@@ -34,25 +37,28 @@ from mnemo.graph.scope import Scope, Where
 
 if TYPE_CHECKING:
     from mnemo.graph.history import CommitRecord
-    from mnemo.graph.maintenance import ValidationReport
+    from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
+    from mnemo.graph.reembed import Staging, Unstaged
 
 __all__ = [
+    "GraphHistory",
+    "GraphMaintenance",
     "GraphStore",
+    "GraphWrites",
     "IntentPolicy",
-    "MergeResult",
     "Neighbor",
     "NodeContext",
+    "NodeReads",
     "PendingRead",
+    "RecallReads",
+    "Reembedding",
     "Restamp",
     "Reverting",
     "SideWrite",
     "SourceForgotten",
     "SourceRecorded",
-    "Staging",
     "StepsCommitted",
-    "SweepResult",
     "TypedLink",
-    "Unstaged",
     "VectorsMoved",
 ]
 
@@ -184,13 +190,6 @@ class VectorsMoved(Exception):
         self.generation = generation
 
 
-async def same_generation(graph: GraphStore, repo: str, expected: int | None) -> None:
-    """Raises `VectorsMoved` when the repo's vectors are of another generation than
-    `expected` (None: not checked)."""
-    if expected is not None and (now := await graph.generation(repo)) != expected:
-        raise VectorsMoved(now)
-
-
 class SourceTaken(Exception):
     """Raised by `apply` when, under the repo's write lock, a `SourceRecorded`'s source turns
     out to be recorded already: another writer (a second Memory, another process) ingested it
@@ -201,55 +200,30 @@ class SourceTaken(Exception):
         self.source_id = source_id
 
 
-@dataclass(frozen=True, slots=True)
-class Staging:
-    """A repo's re-embedding as the store holds it (`mnemo.graph.reembed`): the URI and the
-    dimension of the embedder its staged vectors are made with, how many of the repo's nodes
-    have one, of how many, and whether it carries on with what one before it staged (a
-    re-embedding with the same embedder that was cut short)."""
-
-    embedder: str
-    dim: int
-    staged: int
-    total: int
-    resumed: bool
-
-
-class Unstaged(NamedTuple):
-    """A node of a repo being re-embedded that has no staged vector yet."""
-
-    rowid: int
-    id: str
-    type: NodeType
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class MergeResult:
-    """What one consolidation transaction did."""
-
-    deleted: list[str] = field(default_factory=list)
-    merged: int = 0
-    links_moved: int = 0
-    tags_pruned: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class SweepResult:
-    """What one decay transaction did: nodes examined, deleted for low value, and routing or
-    source nodes pruned because nothing linked to them any more."""
-
-    examined: int
-    doomed: list[str]
-    pruned: list[str]
-
-
-class GraphStore(Protocol):
-    """A repo's knowledge graph, as every consumer in mnemo sees it."""
+class NodeReads(Protocol):
+    """What every role reads and holds: nodes, their links, the repo's write lock and its
+    vectors' dimension and generation."""
 
     def lock(self, repo: str) -> AbstractAsyncContextManager[None]:
         """The repo's write lock: commits and maintenance hold it."""
         ...
+
+    def dim(self, repo: str) -> int: ...
+
+    async def generation(self, repo: str) -> int:
+        """The generation of the repo's vectors (`RepoRow.generation`): as of the look of the
+        `reading` block this task is in (it ends the look if it is still under way, as the
+        block's first use of the vectors would), else as the store holds them now."""
+        ...
+
+    async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]: ...
+
+    async def neighbors(
+        self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
+    ) -> list[Neighbor]: ...
+
+class RecallReads(NodeReads, Protocol):
+    """The reads of a recall (`mnemo.recall`)."""
 
     def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
         """A block of reads (a recall) that sees the repo at least as of its start: what the
@@ -263,37 +237,6 @@ class GraphStore(Protocol):
         the same either way."""
         ...
 
-    def dim(self, repo: str) -> int: ...
-
-    async def generation(self, repo: str) -> int:
-        """The generation of the repo's vectors (`RepoRow.generation`): as of the look of the
-        `reading` block this task is in (it ends the look if it is still under way, as the
-        block's first use of the vectors would), else as the store holds them now."""
-        ...
-
-    async def apply(
-        self,
-        changeset: Changeset,
-        *,
-        intents: IntentPolicy,
-        also: Sequence[SideWrite] = (),
-    ) -> CommitReceipt: ...
-
-    async def receipt(self, changeset_id: str) -> CommitReceipt | None: ...
-
-    async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]: ...
-
-    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]: ...
-
-    async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
-        """The ids of the repo's nodes that match the LIKE pattern `like` and not `unlike`
-        (`\\` escapes), sorted, at most `limit`."""
-        ...
-
-    async def neighbors(
-        self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
-    ) -> list[Neighbor]: ...
-
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]: ...
 
     async def typed_links_near(
@@ -303,16 +246,8 @@ class GraphStore(Protocol):
         other ends, in one read (a recall hop)."""
         ...
 
-    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]: ...
-
-    async def node_context(
-        self,
-        repo: str,
-        node_ids: Sequence[str],
-        linked: Iterable[NodeType],
-        link_type: LinkType,
-        then: More | None = None,
-    ) -> NodeContext:
+    async def node_context(self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
+                           link_type: LinkType, then: More | None = None) -> NodeContext:
         """`get_nodes`, `access_stats` and `vectors` of `node_ids`, and
         `neighbors(..., link_type)` of those of them whose type is in `linked`, in one read
         (recall: bounded by k).
@@ -324,37 +259,6 @@ class GraphStore(Protocol):
         (on SQLite its worker thread): plain computation, no I/O, nothing of the event loop."""
         ...
 
-    async def links(self, repo: str) -> list[Link]:
-        """Every link of the repo, by type, then source, then destination."""
-        ...
-
-    async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int: ...
-
-    async def withdraw(
-        self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
-        generation: int | None = None, reverting: Reverting | None = None,
-    ) -> int:
-        """Forgets the source `key`: deletes every node it produced, then the tags, intents,
-        sources and subgoals this left without links (one another source still uses stays,
-        without the source's id), and its commits' records; a node another source shares
-        (an intent, a fact, an instruction: `mnemo.graph.erasure`) that has words of the source
-        takes the other's, embedded by `embed` before the repo's lock is taken. With
-        `reverting`, withdraws the work of the commit `key` alike, records its revert, and
-        erases nothing else. `generation`: the generation of the repo's vectors `embed` makes,
-        checked under the lock. Returns how many nodes went.
-
-        Raises:
-            EmbeddingError: `embed` failed; nothing was deleted.
-            VectorsMoved: the repo's vectors are of another generation than `generation`;
-                nothing was deleted.
-            Whatever `reverting.refused` raises; nothing was deleted.
-        """
-        ...
-
-    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
-        """(payload hash, node ids of its commit) of an ingested source, None if unknown."""
-        ...
-
     async def scope(self, repo: str, where: Where) -> Scope:
         """`where` resolved for the reads of one recall or search: its nodes, read from the
         scope index, when they are few enough to search over (`Scope`)."""
@@ -362,13 +266,6 @@ class GraphStore(Protocol):
 
     async def inside(self, repo: str, scope: Scope, node_ids: Sequence[str]) -> set[str]:
         """Those of `node_ids` inside the scope."""
-        ...
-
-    async def scope_sources(
-        self, repo: str, where: Where, limit: int | None = None
-    ) -> list[tuple[str | None, str, str]]:
-        """(source id or None, node id, type) of the nodes inside `where` (the first `limit`
-        in the order they were added; all for None)."""
         ...
 
     async def search_text(
@@ -398,10 +295,6 @@ class GraphStore(Protocol):
         self, repo: str, node_ids: Sequence[str], vector: Vector
     ) -> dict[str, float]: ...
 
-    async def access_stats(
-        self, repo: str, node_ids: Sequence[str]
-    ) -> dict[str, tuple[int, datetime | None]]: ...
-
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
         """Counts one access of each node at `when`; every later call of this store sees the
         counts. A side write of a read, which holds nothing up for long: PostgreSQL writes it
@@ -415,11 +308,61 @@ class GraphStore(Protocol):
         """The unit vector of each of these nodes that has one."""
         ...
 
-    async def vectors_of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
-        """The ids and unit vectors (one row each) of every node of one type."""
+class GraphWrites(NodeReads, Protocol):
+    """Commits and erasures (`mnemo.graph.commit`, `mnemo.graph.erasure`, ingest)."""
+
+    async def apply(
+        self,
+        changeset: Changeset,
+        *,
+        intents: IntentPolicy,
+        also: Sequence[SideWrite] = (),
+    ) -> CommitReceipt: ...
+
+    async def receipt(self, changeset_id: str) -> CommitReceipt | None: ...
+
+    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
+        """(payload hash, node ids of its commit) of an ingested source, None if unknown."""
         ...
 
-    # Maintenance: each runs under `lock(repo)`, held by the caller.
+    async def withdraw(
+        self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
+        generation: int | None = None, reverting: Reverting | None = None,
+    ) -> int:
+        """Forgets the source `key`: deletes every node it produced, then the tags, intents,
+        sources and subgoals this left without links (one another source still uses stays,
+        without the source's id), and its commits' records; a node another source shares
+        (an intent, a fact, an instruction: `mnemo.graph.erasure`) that has words of the source
+        takes the other's, embedded by `embed` before the repo's lock is taken. With
+        `reverting`, withdraws the work of the commit `key` alike, records its revert, and
+        erases nothing else. `generation`: the generation of the repo's vectors `embed` makes,
+        checked under the lock. Returns how many nodes went.
+
+        Raises:
+            EmbeddingError: `embed` failed; nothing was deleted.
+            VectorsMoved: the repo's vectors are of another generation than `generation`;
+                nothing was deleted.
+            Whatever `reverting.refused` raises; nothing was deleted.
+        """
+        ...
+
+    async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int: ...
+
+class GraphHistory(GraphWrites, Protocol):
+    """A repo's commits as records (`mnemo.graph.history`); a revert withdraws one."""
+
+    async def commit_log(
+        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
+    ) -> list[CommitRecord]:
+        """The repo's commits, newest first: the `limit` newest (all if None), or every one
+        after `after_seq`."""
+        ...
+
+    async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None: ...
+
+class GraphMaintenance(NodeReads, Protocol):
+    """Consolidation, decay and validation (`mnemo.graph.maintenance`): each runs under
+    `lock(repo)`, held by the caller."""
 
     async def unconsolidated(self, repo: str) -> set[str]:
         """The SEMANTIC nodes not yet compared by `consolidate`."""
@@ -441,23 +384,13 @@ class GraphStore(Protocol):
         """Checks (and repairs) the repo's episodic integrity, in one transaction."""
         ...
 
-    # History (`mnemo.graph.history`).
-
-    async def commit_log(
-        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
-    ) -> list[CommitRecord]:
-        """The repo's commits, newest first: the `limit` newest (all if None), or every one
-        after `after_seq`."""
+    async def vectors_of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
+        """The ids and unit vectors (one row each) of every node of one type."""
         ...
 
-    async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None: ...
-
-    async def settle(self, repo: str) -> None:
-        """Waits until the repo's indexes built in the background have caught up."""
-        ...
-
-    # Re-embedding (`mnemo.graph.reembed`): new vectors staged beside the old ones, then put
-    # in place in one transaction.
+class Reembedding(NodeReads, Protocol):
+    """A repo's re-embedding (`mnemo.graph.reembed`): new vectors staged beside the old ones,
+    then put in place in one transaction."""
 
     def reembedding(self, repo: str) -> AbstractAsyncContextManager[None]:
         """The repo's re-embedding, one at a time across every process on the store: the
@@ -513,4 +446,36 @@ class GraphStore(Protocol):
         is let go: it may take long)."""
         ...
 
+class GraphStore(RecallReads, GraphHistory, GraphMaintenance, Reembedding, Protocol):
+    """A repo's knowledge graph, every role at once: what a backend implements (the lookups of
+    `mnemo.graph.reads` and the facade are its own)."""
+
+    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]: ...
+
+    async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
+        """The ids of the repo's nodes that match the LIKE pattern `like` and not `unlike`
+        (`\\` escapes), sorted, at most `limit`."""
+        ...
+
+    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]: ...
+
+    async def links(self, repo: str) -> list[Link]:
+        """Every link of the repo, by type, then source, then destination."""
+        ...
+
+    async def scope_sources(
+        self, repo: str, where: Where, limit: int | None = None
+    ) -> list[tuple[str | None, str, str]]:
+        """(source id or None, node id, type) of the nodes inside `where` (the first `limit`
+        in the order they were added; all for None)."""
+        ...
+
+    async def settle(self, repo: str) -> None:
+        """Waits until the repo's indexes built in the background have caught up."""
+        ...
+
     async def aclose(self) -> None: ...
+
+    async def access_stats(
+        self, repo: str, node_ids: Sequence[str]
+    ) -> dict[str, tuple[int, datetime | None]]: ...

@@ -1,7 +1,7 @@
 """Re-embedding a repo: every node's vector made again with another embedder (`Memory.reembed`),
 while the repo stays readable and writable, and never searched with a mix of the two.
 
-How, whatever the backend (`GraphStore`'s re-embedding methods):
+How, whatever the backend (`Reembedding`'s re-embedding methods):
 
 - One re-embedding per repo at a time, across processes (`GraphStore.reembedding`, taken
   without waiting: a second one is a `ConflictError`).
@@ -25,9 +25,36 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from mnemo.graph.model import Vector
-from mnemo.graph.ports import GraphStore, Unstaged
+from mnemo.graph.model import NodeType, Vector
+from mnemo.graph.ports import Reembedding
+
+
+@dataclass(frozen=True, slots=True)
+class Staging:
+    """A repo's re-embedding as the store holds it (`mnemo.graph.reembed`): the URI and the
+    dimension of the embedder its staged vectors are made with, how many of the repo's nodes
+    have one, of how many, and whether it carries on with what one before it staged (a
+    re-embedding with the same embedder that was cut short)."""
+
+    embedder: str
+    dim: int
+    staged: int
+    total: int
+    resumed: bool
+
+
+
+class Unstaged(NamedTuple):
+    """A node of a repo being re-embedded that has no staged vector yet."""
+
+    rowid: int
+    id: str
+    type: NodeType
+    text: str
+
+
 
 # Embeds nodes (their type and text), one vector row each (the caller runs the embedder).
 EmbedNodes = Callable[[Sequence[Unstaged]], Awaitable[Vector]]
@@ -35,6 +62,7 @@ EmbedNodes = Callable[[Sequence[Unstaged]], Awaitable[Vector]]
 # Catch-ups before the repo's lock is taken: each stages what the one before it let arrive,
 # so the last, under the lock, has little left to embed while commits wait for it.
 CATCH_UPS = 3
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +95,7 @@ class Reembedded:
 
 
 async def reembed(
-    graph: GraphStore,
+    graph: Reembedding,
     repo: str,
     *,
     embedder: str,

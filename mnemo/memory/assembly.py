@@ -14,11 +14,10 @@ from mnemo.calls.retry import LimitedLLM
 from mnemo.config import Config
 from mnemo.conversation.service import ConversationService
 from mnemo.events import EventCallback, Events
-from mnemo.graph.reads import GraphReads
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.memory.repos import Repos
 from mnemo.ports import LLM, Embedder, Reranker
-from mnemo.recall.prompts import LLMReranker
+from mnemo.recall.query import LLMReranker
 from mnemo.recall.service import RecallRuntime, RecallService
 from mnemo.session.service import SessionService
 from mnemo.storage.ports import has_postgres_driver, is_postgres, open_backend
@@ -91,7 +90,6 @@ def build(
     )
     memory._backend, memory._sessions_store, memory._repos = backend, sessions, repos
     memory._events, memory._graph, memory._service = events, backend.graph, service
-    memory._reads = GraphReads(backend.graph, repos)
     memory._recalls = RecallService(backend.graph, events, runtime=recall_runtime)
     memory._ingests = IngestService(backend.graph, ingest_runtime, events)
     def limited(llm: LLM) -> LLM:

@@ -5,7 +5,8 @@
 - `memory.repos.Repos` knows each repo's llm, embedder and config, the LLM limiters and the
   usage;
 - `session.SessionService` runs every session's state machine, queue and background work;
-- `graph.reads.GraphReads` looks nodes up; `graph.maintenance` consolidates and decays;
+- `memory.graph.GraphMethods` looks nodes up (`graph.reads` checks the input);
+  `graph.maintenance` consolidates and decays;
 - `recall.service.RecallService` searches a repo; `ingest.IngestService` stores trajectories;
 - `conversation.ConversationService` keeps chat threads: log, viewport, eviction, search.
 

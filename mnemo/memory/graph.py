@@ -9,16 +9,25 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError, NotFoundError
+from mnemo.graph.reads import (
+    MAX_IDS,
+    RESULTS,
+    link_type_of,
+    literal,
+    node_id_list,
+    node_types,
+)
 from mnemo.graph.scope import check_metadata, check_where
-from mnemo.inputs import check_count, check_id, check_json, check_name, check_text
+from mnemo.inputs import check_count, check_id, check_json, check_name, check_text, names_id
 from mnemo.memory.parts import Parts
 
 if TYPE_CHECKING:
+    from mnemo.config import Config
     from mnemo.graph.history import CommitDiff, CommitRecord
     from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
     from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType, Vector
-    from mnemo.graph.ports import IntentPolicy, Unstaged
-    from mnemo.graph.reembed import ReembedProgress
+    from mnemo.graph.ports import IntentPolicy
+    from mnemo.graph.reembed import ReembedProgress, Unstaged
     from mnemo.ports import Embedder, JSONObject, JSONValue
 
 # Nodes embedded in one call by `reembed`, by default, and at most.
@@ -33,11 +42,14 @@ class GraphMethods(Parts):
 
     async def get_node(self, repo: str, node_id: str) -> Node | None:
         """The node, or None if the repo has no such node."""
-        return await self._reads.get_node(repo, node_id)
+        await self._repos.checked(repo, lambda _: check_id(node_id, "node_id"))
+        nodes = await self._graph.get_nodes(repo, [node_id])
+        return nodes[0] if nodes else None
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
         """Every node of these types, oldest first."""
-        return await self._reads.get_nodes_by_type(repo, types)
+        kinds = await self._repos.checked(repo, lambda _: node_types(types))
+        return await self._graph.get_nodes_by_type(repo, kinds)
 
     async def node_ids(self, repo: str, prefix: str, *, limit: int = 2) -> list[str]:
         """The ids of the repo's nodes that `prefix` names, sorted, at most `limit` (1..100):
@@ -49,13 +61,29 @@ class GraphMethods(Parts):
             InvalidInputError: a blank prefix, or a limit outside 1..100.
             NotFoundError: an unknown repo.
         """
-        return await self._reads.node_ids(repo, prefix, limit)
+        def check(_: Config) -> None:
+            check_id(prefix, "prefix")
+            check_count("limit", limit, minimum=1, maximum=MAX_IDS)
+
+        await self._repos.checked(repo, check)
+        head, colon, index = prefix.partition(":")
+        # What the store returns holds `head` after an underscore (or at the start, given a
+        # kind); `names_id` keeps those it names.
+        start = literal(head) if "_" in head else "%\\_" + literal(head)
+        like = f"{start}%{literal(colon + index)}"
+        found = await self._graph.node_ids(repo, like, "" if colon else "%:%", limit)
+        return [node_id for node_id in found if names_id(prefix, node_id)]
 
     async def get_linked_nodes(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
     ) -> list[Node]:
         """The nodes linked to any of `node_ids` (either direction), not those themselves."""
-        return await self._reads.get_linked_nodes(repo, node_ids, link_type)
+        kind = link_type_of(link_type)
+        ids = await self._repos.checked(repo, lambda config: node_id_list(node_ids, config))
+        neighbors = await self._graph.neighbors(repo, ids, kind)
+        asked = set(ids)
+        linked = [n.node_id for n in neighbors if n.node_id not in asked]
+        return await self._graph.get_nodes(repo, linked)
 
     async def links(self, repo: str) -> list[Link]:
         """Every link of the repo (`src`, `dst`, `type`), by type, then source, then
@@ -64,7 +92,8 @@ class GraphMethods(Parts):
         Raises:
             NotFoundError: an unknown repo.
         """
-        return await self._reads.links(repo)
+        await self._repos.checked(repo, lambda _: None)
+        return await self._graph.links(repo)
 
     async def latest(
         self,
@@ -80,7 +109,11 @@ class GraphMethods(Parts):
                 an unknown node type.
             NotFoundError: an unknown repo.
         """
-        return await self._reads.latest(repo, types, top_k)
+        def check(config: Config) -> list[NodeType]:
+            check_count("top_k", top_k, minimum=1, maximum=config.max_results, setting=RESULTS)
+            return node_types(types)
+
+        return await self._graph.latest(repo, await self._repos.checked(repo, check), top_k)
 
     async def search_nodes(
         self,
@@ -101,11 +134,21 @@ class GraphMethods(Parts):
                 or a malformed `where`.
             NotFoundError: an unknown repo.
         """
-        return await self._reads.search_nodes(repo, query, limit, types, check_where(where))
+        def check(config: Config) -> list[NodeType] | None:
+            check_text(query, "query", limit=config.max_text_chars, stored=False)
+            check_count("limit", limit, minimum=1, maximum=config.max_results, setting=RESULTS)
+            return None if types is None else node_types(types)
+
+        kinds = await self._repos.checked(repo, check)
+        scope = None if (where := check_where(where)) is None else await self._graph.scope(
+            repo, where)
+        found = await self._graph.search_text(repo, query, limit, kinds, scope)
+        return await self._graph.get_nodes(repo, [node_id for node_id, _ in found])
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
         """Deletes nodes with their links, vectors and search entries; returns how many."""
-        return await self._reads.delete_nodes(repo, node_ids)
+        ids = await self._repos.checked(repo, lambda config: node_id_list(node_ids, config))
+        return await self._graph.delete_nodes(repo, ids)
 
     async def correct(self, repo: str, node_id: str, text: str) -> CommitReceipt:
         """Corrects a fact: commits `text` as a new fact of the old one's type and data, and
@@ -130,7 +173,7 @@ class GraphMethods(Parts):
         await self._repos.checked(repo, lambda config: check_text(
             text, "text", limit=config.max_text_chars))
         check_id(node_id, "node_id")
-        old = await self._reads.get_node(repo, node_id)
+        old = await self.get_node(repo, node_id)
         if old is None:
             raise NotFoundError("node", node_id)
         if old.type not in TEMPORAL or old.retired:

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from mnemo.conversation.service import ConversationService
     from mnemo.events import EventCallback, Events
     from mnemo.graph.ports import GraphStore
-    from mnemo.graph.reads import GraphReads
     from mnemo.ingest.service import IngestService
     from mnemo.memory.repos import Repos
     from mnemo.ports import LLM, Embedder, Reranker
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
 
 # What `memory.assembly.build` sets.
 BUILT = frozenset({
-    "_backend", "_sessions_store", "_repos", "_events", "_graph", "_service", "_reads",
+    "_backend", "_sessions_store", "_repos", "_events", "_graph", "_service",
     "_recalls", "_ingests", "_conversations",
 })
 
@@ -43,7 +42,6 @@ class Parts:
     _events: Events
     _graph: GraphStore
     _service: SessionService
-    _reads: GraphReads
     _recalls: RecallService
     _ingests: IngestService
     _conversations: ConversationService

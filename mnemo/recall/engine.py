@@ -23,9 +23,8 @@ Every node scored on the way is in `RecallResult.touched`, and `trace` holds sec
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import anyio
@@ -34,32 +33,37 @@ from mnemo import cpu
 from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
-from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, now_utc
-from mnemo.graph.ports import GraphStore, NodeContext, PendingRead, VectorsMoved
+from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, node_value, now_utc
+from mnemo.graph.ports import NodeContext, PendingRead, RecallReads, VectorsMoved
 from mnemo.graph.scope import Scope, Where
-from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, Reranker
-from mnemo.recall import hops, knowledge, temporal
-from mnemo.recall.candidates import Candidate as _Candidate
-from mnemo.recall.candidates import ReadContext as _Context
-from mnemo.recall.candidates import best_first, restatements_first
-from mnemo.recall.context import adjacent_steps
-from mnemo.recall.feedback import FEEDBACK_DOCS, feedback_terms
-from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusion
-from mnemo.recall.hops import best, offer
-from mnemo.recall.model import Recalled, RecallResult, Touched
-from mnemo.recall.picks import ResultSelection
-from mnemo.recall.prompts import (
-    Plan,
-    full_order,
-    parse_plan,
-    parse_synthesis,
-    plan_request,
-    synthesis_request,
+from mnemo.recall import hops, ranking
+from mnemo.recall.model import (
+    Candidate,
+    ReadContext,
+    Recalled,
+    RecallResult,
+    ResultSelection,
+    Touched,
+    Trace,
+    best_first,
+    restatements_first,
 )
-from mnemo.recall.query import INLINE_CHARS, QueryParts, restatement, split
-from mnemo.recall.speakers import speaker_boosts
-from mnemo.recall.tag_vectors import TagVectors
+from mnemo.recall.query import (
+    FEEDBACK_DOCS,
+    INLINE_CHARS,
+    Plan,
+    QueryParts,
+    TagVectors,
+    feedback_terms,
+    parse_plan,
+    plan_request,
+    reranked,
+    restatement,
+    speaker_boosts,
+    split,
+    synthesis,
+)
 
 # The result types live in recall.model and are re-exported, where callers import them from.
 __all__ = ["RecallResult", "Recalled", "Recaller", "Touched"]
@@ -75,24 +79,6 @@ MEMORIES = (N.SEMANTIC, N.EPISODIC, N.PROCEDURAL)
 MMR_HEAD = 2_000
 MMR_ON_LOOP = 64
 
-# How much each kind of memory counts for a query of each mode.
-_MODE_WEIGHTS: dict[str, dict[NodeType, float]] = {
-    "mixed": {},
-    "semantic": {N.SEMANTIC: 1.0, N.EPISODIC: 0.9, N.PROCEDURAL: 0.7},
-    "episodic": {N.EPISODIC: 1.0, N.SEMANTIC: 0.9, N.PROCEDURAL: 0.7},
-    "procedural": {N.PROCEDURAL: 1.0, N.SEMANTIC: 0.8, N.EPISODIC: 0.8},
-}
-
-
-class _Trace:
-    def __init__(self) -> None:
-        self.stages: dict[str, float] = {}
-        self._start = time.perf_counter()
-
-    def mark(self, stage: str) -> None:
-        now = time.perf_counter()
-        self.stages[stage] = self.stages.get(stage, 0.0) + now - self._start
-        self._start = now
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +86,7 @@ class Recaller:
     """What a recall needs: the graph, the repo's embedder and config, and LLMs for planning
     (the offline heuristics unless `recall_planner="llm"`) and synthesis."""
 
-    graph: GraphStore
+    graph: RecallReads
     embedder: Embedder
     config: Config
     planner: LLM
@@ -127,13 +113,13 @@ class Recaller:
         """With `where`, every candidate comes from inside that scope (`GraphStore.scope`):
         the channels search its nodes only, and what routes, hops and provenance bring in
         from outside it is dropped before anything is ranked, returned or touched."""
-        trace = _Trace()
+        trace = Trace()
         # What the store keeps in memory is brought up to it once, here, not at each read.
         async with self.graph.reading(repo):
             scope = None if where is None else await self.graph.scope(repo, where)
             trace.mark("look")
             return await self._recall(repo, query, k=k, types=types, reinforce=reinforce,
-                                      when=temporal.When(as_of, valid_at), trace=trace,
+                                      when=ranking.When(as_of, valid_at), trace=trace,
                                       scope=scope)
 
     async def _recall(
@@ -144,8 +130,8 @@ class Recaller:
         k: int,
         types: Iterable[NodeType] | None,
         reinforce: bool,
-        when: temporal.When,
-        trace: _Trace,
+        when: ranking.When,
+        trace: Trace,
         scope: Scope | None,
     ) -> RecallResult:
         config = self.config
@@ -175,8 +161,8 @@ class Recaller:
         # each side waits on a worker thread (HNSW walks, the database). When the vectors
         # answer on the event loop (a small store), one after the other: nothing would run
         # beside them, and a task group costs more than such a probe.
-        found: dict[str, _Candidate] = {}
-        routes: list[tuple[str, _Candidate]] = []
+        found: dict[str, Candidate] = {}
+        routes: list[tuple[str, Candidate]] = []
         if words is None:
             words = self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
                                                  searched, scope)
@@ -218,32 +204,32 @@ class Recaller:
         followed = await hops.follow(self.graph, config, repo, found, routes, query_vector, k,
                                      depth)
         if scope is not None:
-            await _keep_inside(self.graph, repo, scope, found)
+            await hops.keep_inside(self.graph, repo, scope, found)
             followed = [(i, c) for i, c in followed if i in found]
         trace.mark("hops")
         context = await self._context(repo, found, followed, k, depth, trace)
         if scope is not None:  # what provenance and neighbours brought in
-            await _keep_inside(self.graph, repo, scope, found)
+            await hops.keep_inside(self.graph, repo, scope, found)
         boosts = await speaker_boosts(self.graph, repo, parts.names, context,
                                       config.recall_speaker_boost)
         if boosts:
             trace.mark("speaker")
         ranked = await self._rank(repo, found, context, parts, plan, wanted, width, boosts,
                                   direct, when)
-        ranked = (await temporal.in_time(self.graph, repo, ranked, when))[:width]
+        ranked = (await ranking.in_time(self.graph, repo, ranked, when))[:width]
         trace.mark("rank")
         if reranking:
-            reordered = await self._rerank(query, ranked, k, degraded)
+            reordered = await reranked(self.reranker, query, ranked, k, degraded)
             ranked = (reordered if when.valid_at is not None
-                      else temporal.successors_first(reordered, ranked)[:k])
+                      else ranking.successors_first(reordered, ranked)[:k])
             trace.mark("rerank")
-        ranked = knowledge.above_their_steps(ranked, direct)
+        ranked = ranking.above_their_steps(ranked, direct)
         if reranking or config.recall_mmr_lambda < 1.0:
-            ranked = _descending(ranked)
+            ranked = ranking.descending(ranked)
         if ranked and reinforce:
             await self._reinforce(repo, ranked, degraded)
         trace.mark("reinforce")
-        reasoned = (await self._synthesise(query, ranked, degraded) if config.recall_synthesis
+        reasoned = (await synthesis(self.llm, query, ranked, degraded) if config.recall_synthesis
                     else None)
         trace.mark("synthesis")
         touched = [Touched(NodeId(i), c.phase, c.hop, c.score) for i, c in found.items()]
@@ -278,7 +264,7 @@ class Recaller:
     async def _hop_zero(
         self, repo: str, terms: str, words: PendingRead[list[tuple[str, float]]], vector: Vector,
         searched: list[NodeType] | None, k: int, on_loop: bool, scope: Scope | None,
-    ) -> dict[str, _Candidate]:
+    ) -> dict[str, Candidate]:
         """Hop 0's candidates: the words search begun before (`words`, of `terms`) and the
         dense channel, fused by reciprocal rank (with pseudo-relevance feedback when on)."""
         config = self.config
@@ -308,10 +294,10 @@ class Recaller:
             rankings.append(expanded)
             weights.append(0.5)
             lexical_ids = [*lexical_ids, *expanded]
-        fused = reciprocal_rank_fusion(rankings, config.rrf_k, weights)
+        fused = ranking.reciprocal_rank_fusion(rankings, config.rrf_k, weights)
         in_lexical, in_dense = set(lexical_ids), set(dense_ids)
         return {
-            node_id: _Candidate(
+            node_id: Candidate(
                 score,
                 "hybrid" if node_id in in_lexical and node_id in in_dense
                 else "lexical" if node_id in in_lexical else "dense",
@@ -338,9 +324,9 @@ class Recaller:
         return [node_id for node_id, _ in found]
 
     async def _context(
-        self, repo: str, found: dict[str, _Candidate], ranked: list[tuple[str, _Candidate]],
-        k: int, depth: int, trace: _Trace,
-    ) -> _Context:
+        self, repo: str, found: dict[str, Candidate], ranked: list[tuple[str, Candidate]],
+        k: int, depth: int, trace: Trace,
+    ) -> ReadContext:
         """The nodes, access stats and steps of the best candidates (`ranked`: `found` best
         first), with provenance and neighbours offered, in one read bounded by k: the best
         `depth` candidates (what ranking can pick from: the others are touched, never read),
@@ -350,7 +336,7 @@ class Recaller:
         # An episodic hit among the best 2k brings its SOURCE (and the facts made from it)
         # at half its score.
         top = {i for i, _ in ranked[: 2 * k]}
-        offers: dict[str, _Candidate] = {}
+        offers: dict[str, Candidate] = {}
 
         def more(first: NodeContext) -> tuple[list[str], tuple[NodeType, ...]]:
             """What provenance and neighbours bring in, from the best candidates' read: run
@@ -362,67 +348,48 @@ class Recaller:
                 if origin is None or origin.type is not N.EPISODIC or link.origin not in top:
                     continue
                 parent = found[link.origin]
-                candidate = _Candidate(parent.score / 2, "provenance", parent.hop + 1)
-                if offer(found, link.node_id, candidate) and link.node_id not in nodes:
+                candidate = Candidate(parent.score / 2, "provenance", parent.hop + 1)
+                if hops.offer(found, link.node_id, candidate) and link.node_id not in nodes:
                     arrived.append(link.node_id)
-            offers.update(self._neighbour_offers(found, nodes, k))
+            offers.update(hops.neighbour_offers(self.config, found, nodes, k))
             return ([*dict.fromkeys([*arrived, *(i for i in offers if i not in nodes)])],
                     (N.SEMANTIC, N.PROCEDURAL))
 
         read = await self.graph.node_context(repo, best, MEMORIES, LinkType.PROVENANCE, more)
-        context = _Context({n.id: n for n in read.nodes}, dict(read.stats), {},
+        context = ReadContext({n.id: n for n in read.nodes}, dict(read.stats), {},
                            dict(read.vectors))
         context.add_steps(read.links)
         trace.mark("provenance")
         for node_id, candidate in offers.items():
             if node_id in context.nodes:
-                offer(found, node_id, candidate)
+                hops.offer(found, node_id, candidate)
         if self.config.recall_neighbour_weight > 0:
             trace.mark("neighbours")
         return context
 
-    def _neighbour_offers(
-        self, found: dict[str, _Candidate], nodes: dict[str, Node], k: int
-    ) -> dict[str, _Candidate]:
-        """The steps up to `recall_neighbour_width` before and after the best `2k` episodic
-        hits, at `recall_neighbour_weight` of their score, as one hop."""
-        weight = self.config.recall_neighbour_weight
-        offers: dict[str, _Candidate] = {}
-        if weight <= 0:
-            return offers
-        for node_id in best(found, 2 * k):
-            node = nodes.get(node_id)
-            if node is None:
-                continue
-            parent = found[node_id]
-            for neighbour in adjacent_steps(node, self.config.recall_neighbour_width):
-                candidate = _Candidate(parent.score * weight, "hop", parent.hop + 1)
-                offer(offers, neighbour, candidate)
-        return offers
-
     async def _rank(
         self,
         repo: str,
-        found: dict[str, _Candidate],
-        context: _Context,
+        found: dict[str, Candidate],
+        context: ReadContext,
         parts: QueryParts,
         plan: Plan,
         wanted: set[NodeType] | None,
         k: int,
         boosts: Mapping[str, float],
         direct: Mapping[str, float],
-        when: temporal.When,
+        when: ranking.When,
     ) -> list[Recalled]:
         config = self.config
         nodes, stats = context.nodes, context.stats
         # Nodes of another time (`as_of`, `valid_at`) are no candidates at all: the k
         # results are of that time.
-        out = temporal.left_out(nodes.values(), context.sources, when) if (
+        out = ranking.left_out(nodes.values(), context.sources, when) if (
             when.as_of or when.valid_at) else set()
-        weights = _MODE_WEIGHTS.get(plan.mode, {})
+        weights = ranking.MODE_WEIGHTS.get(plan.mode, {})
         now = now_utc()
         query_words = parts.words
-        scored: list[tuple[float, Node, _Candidate]] = []
+        scored: list[tuple[float, Node, Candidate]] = []
         restated: dict[str, int] = {}
         for node_id, candidate in found.items():
             node = nodes.get(node_id)
@@ -432,7 +399,7 @@ class Recaller:
             value = node_value(node.type, node.data, created_at=node.created_at,
                                last_access=last, access_count=count, now=now, config=config)
             score = candidate.score * value**config.value_weight * weights.get(node.type, 1.0)
-            score *= boosts.get(node_id, 1.0) * temporal.weight(node, when)
+            score *= boosts.get(node_id, 1.0) * ranking.weight(node, when)
             if wanted is None and node.type in ROUTING:
                 score *= config.hop_decay  # a route, not a memory: below what it leads to
             candidate.score = score
@@ -442,14 +409,14 @@ class Recaller:
                 restated[node_id] = tier
         steps = context.steps_of([n for _, n, _ in scored]) if config.recall_distinct_steps else {}
         # A step and a fact made from it are one memory: the fact, when it matches.
-        stand_ins = (knowledge.stand_ins(scored, direct, context.sources, restated,
+        stand_ins = (ranking.stand_ins(scored, direct, context.sources, restated,
                                          procedural=plan.mode == "procedural")
                      if config.recall_distinct_steps else {})
         if restated:
             scored = restatements_first(scored, restated)
         else:
             scored.sort(key=best_first)
-        leads: list[tuple[float, Node, _Candidate]] = []
+        leads: list[tuple[float, Node, Candidate]] = []
         if wanted is None:
             # Routes and sources lead to memories: after every memory, whatever their scores,
             # and out of the memories' diversity.
@@ -458,9 +425,9 @@ class Recaller:
         if config.recall_mmr_lambda < 1.0:
             scored = await self._diversify(repo, scored, min(4 * k, MMR_HEAD),
                                            context.vectors)
-        scored = knowledge.matching_first(scored, direct, restated, k)
+        scored = ranking.matching_first(scored, direct, restated, k)
         picks = ResultSelection(config, k, steps, context.sources, stand_ins,
-                       knowledge.strong(direct, context.nodes))
+                       ranking.strong(direct, context.nodes))
         # Further facts of a step come after one result of every other step, routes last.
         picks.take(scored)
         picks.take(picks.deferred, defer=False)
@@ -470,10 +437,10 @@ class Recaller:
     async def _diversify(
         self,
         repo: str,
-        scored: list[tuple[float, Node, _Candidate]],
+        scored: list[tuple[float, Node, Candidate]],
         n: int,
         known: Mapping[str, Vector],
-    ) -> list[tuple[float, Node, _Candidate]]:
+    ) -> list[tuple[float, Node, Candidate]]:
         """The best `n` of `scored` in MMR order, then the rest; the cost is bounded by `n`.
         Their vectors came with the nodes (`known`); a store that left some out is asked."""
         head = scored[:n]
@@ -483,10 +450,10 @@ class Recaller:
         missing = [node.id for _, node, _ in head if node.id not in known]
         if missing:
             vectors.update(await self.graph.vectors(repo, missing))
-        by_id: dict[str, tuple[float, Node, _Candidate]] = {item[1].id: item for item in head}
+        by_id: dict[str, tuple[float, Node, Candidate]] = {item[1].id: item for item in head}
 
         def diversified() -> list[str]:
-            return maximal_marginal_relevance(
+            return ranking.maximal_marginal_relevance(
                 list(by_id), {i: item[0] for i, item in by_id.items()}, vectors,
                 self.config.recall_mmr_lambda,
             )
@@ -494,44 +461,6 @@ class Recaller:
         # Quadratic: a long head is ordered in a worker thread.
         order = diversified() if len(by_id) <= MMR_ON_LOOP else await cpu.off_loop(diversified)
         return [by_id[i] for i in order] + scored[n:]
-
-    async def _rerank(
-        self, query: str, ranked: list[Recalled], k: int, degraded: list[str]
-    ) -> list[Recalled]:
-        """`ranked` in the order the reranker gives, cut to `k`; on any failure the
-        retrieval's order."""
-        if len(ranked) < 2 or self.reranker is None:
-            return ranked[:k]
-        try:
-            given = await self.reranker.rerank(query, [r.node.text for r in ranked])
-            order = full_order(list(given), len(ranked))
-        except Exception as exc:  # optional: the retrieval's order stands without it
-            log.warning("recall re-ranking failed: %r", exc)
-            degraded.append(f"rerank: {exc!r}")
-            return ranked[:k]
-        return [ranked[i] for i in order][:k]
-
-    async def _synthesise(
-        self, query: str, ranked: list[Recalled], degraded: list[str]
-    ) -> str | None:
-        if not ranked:
-            return None
-        try:
-            request = synthesis_request(query=query, memories=[r.node.text for r in ranked])
-            return await ask(self.llm, request, parse_synthesis)
-        except Exception as exc:  # optional: the memories are the answer without it
-            log.warning("recall synthesis failed: %r", exc)
-            degraded.append(f"synthesis: {exc!r}")
-            return None
-
-
-async def _keep_inside(
-    graph: GraphStore, repo: str, scope: Scope, found: dict[str, _Candidate]
-) -> None:
-    """Drops from `found` the candidates outside the scope."""
-    keep = await graph.inside(repo, scope, list(found))
-    for node_id in [i for i in found if i not in keep]:
-        del found[node_id]
 
 
 def _hop_zero_width(config: Config, k: int) -> int:
@@ -553,14 +482,3 @@ async def _in_turn(*calls: Callable[[], Coroutine[object, object, None]]) -> Non
     wait on side by side)."""
     for call in calls:
         await call()
-
-
-def _descending(ranked: list[Recalled]) -> list[Recalled]:
-    """Scores capped by the one before: a result moved up by diversity or a re-ranking keeps
-    its own relevance only as far as its new place allows, so scores still read best first."""
-    out: list[Recalled] = []
-    for r in ranked:
-        if out and r.score > out[-1].score:
-            r = replace(r, score=out[-1].score)  # the rest as it was: retired, successor
-        out.append(r)
-    return out

@@ -8,16 +8,17 @@ from collections.abc import Iterable
 import numpy as np
 
 from mnemo.config import Config
-from mnemo.graph.model import LinkType, NodeType, Vector
-from mnemo.graph.ports import GraphStore
+from mnemo.graph.model import LinkType, Node, NodeType, Vector
+from mnemo.graph.ports import RecallReads
+from mnemo.graph.scope import Scope
 from mnemo.graph.vectors import reaches
-from mnemo.recall.candidates import Candidate
+from mnemo.recall.model import Candidate, adjacent_steps
 
 N = NodeType
 
 
 async def routes(
-    graph: GraphStore, config: Config, repo: str, query_vector: Vector, tag_vectors: Vector
+    graph: RecallReads, config: Config, repo: str, query_vector: Vector, tag_vectors: Vector
 ) -> list[tuple[str, Candidate]]:
     """Routes into the graph: tags near a search tag or the query, intents near the query
     (they need only the query's vectors: recall asks for them beside hop 0)."""
@@ -38,7 +39,7 @@ async def routes(
 
 
 async def follow(
-    graph: GraphStore,
+    graph: RecallReads,
     config: Config,
     repo: str,
     found: dict[str, Candidate],
@@ -108,7 +109,7 @@ def _floor(ranking: list[tuple[str, Candidate]], depth: int, decay: float) -> fl
 
 
 async def _expand(
-    graph: GraphStore,
+    graph: RecallReads,
     config: Config,
     repo: str,
     frontier: set[str],
@@ -152,7 +153,7 @@ async def _expand(
 
 
 async def _bridge_tags(
-    graph: GraphStore,
+    graph: RecallReads,
     config: Config,
     repo: str,
     top: list[str],
@@ -223,3 +224,32 @@ def follows(origin: NodeType, target: NodeType, link: LinkType) -> bool:
     if link is LinkType.PROVENANCE:
         return target is N.EPISODIC
     return False
+
+
+def neighbour_offers(
+config: Config, found: dict[str, Candidate], nodes: dict[str, Node], k: int
+) -> dict[str, Candidate]:
+    """The steps up to `recall_neighbour_width` before and after the best `2k` episodic
+    hits, at `recall_neighbour_weight` of their score, as one hop."""
+    weight = config.recall_neighbour_weight
+    offers: dict[str, Candidate] = {}
+    if weight <= 0:
+        return offers
+    for node_id in best(found, 2 * k):
+        node = nodes.get(node_id)
+        if node is None:
+            continue
+        parent = found[node_id]
+        for neighbour in adjacent_steps(node, config.recall_neighbour_width):
+            candidate = Candidate(parent.score * weight, "hop", parent.hop + 1)
+            offer(offers, neighbour, candidate)
+    return offers
+
+
+async def keep_inside(
+    graph: RecallReads, repo: str, scope: Scope, found: dict[str, Candidate]
+) -> None:
+    """Drops from `found` the candidates outside the scope."""
+    keep = await graph.inside(repo, scope, list(found))
+    for node_id in [i for i in found if i not in keep]:
+        del found[node_id]

@@ -1,11 +1,19 @@
-"""What a recall returns."""
+"""What a recall keeps and returns: its candidates (score, phase, hop) and what it read about
+the best of them, a step's neighbours in its episode (the answer to a question often sits in
+the turn after the one that names its subject), the results it picks (`ResultSelection`: at
+most k, each type within its bounds, one result per step, with the facts that stand in for
+their steps) and the values it returns."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from mnemo.graph.model import Node, NodeId
+from mnemo.config import Config
+from mnemo.graph.model import Node, NodeId, NodeType, Vector, step_window
+from mnemo.graph.ports import Neighbor
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +68,186 @@ class RecallResult:
     touched: list[Touched] = field(default_factory=list)
     trace: dict[str, float] = field(default_factory=dict)
     degraded: list[str] = field(default_factory=list)
+
+
+N = NodeType
+
+
+@dataclass(slots=True)
+class Candidate:
+    """How a recall reached a node: its score so far, by which phase, at which hop."""
+
+    score: float
+    phase: str
+    hop: int
+
+
+@dataclass(slots=True)
+class ReadContext:
+    """What recall read about its best candidates: nodes, access stats, the sources of
+    each fact or procedure (its PROVENANCE links), and their vectors."""
+
+    nodes: dict[str, Node]
+    stats: dict[str, tuple[int, datetime | None]]
+    sources: dict[str, list[str]]
+    vectors: dict[str, Vector] = field(default_factory=dict)
+
+    def add_steps(self, links: Iterable[Neighbor]) -> None:
+        for link in links:
+            node = self.nodes.get(link.origin)
+            if node is not None and node.type in (N.SEMANTIC, N.PROCEDURAL):
+                self.sources.setdefault(link.origin, []).append(link.node_id)
+
+    def steps_of(self, nodes: Sequence[Node]) -> dict[str, str]:
+        """The one step each memory stands for: an EPISODIC node itself, a fact or procedure
+        made from exactly one step that step."""
+        steps: dict[str, str] = {n.id: n.id for n in nodes if n.type is N.EPISODIC}
+        for node in nodes:
+            sources = self.sources.get(node.id, [])
+            if node.type in (N.SEMANTIC, N.PROCEDURAL) and len(sources) == 1:
+                steps[node.id] = sources[0]
+        return steps
+
+
+def restatements_first(
+    scored: list[tuple[float, Node, Candidate]], restated: dict[str, int]
+) -> list[tuple[float, Node, Candidate]]:
+    """`scored` best first, with the memories that restate the query ahead of all others at
+    the best score, exact restatements before near-exact ones (tier 0, then 1): asked for in
+    so many words, a memory is the answer whatever its value or the other channels say
+    (an exact restatement came first 12 times in 20). Within a tier, and among
+    the rest, the usual order."""
+    best = max(score for score, _, _ in scored)
+    others = 2
+    scored.sort(key=lambda item: (restated.get(item[1].id, others), *best_first(item)))
+    out = []
+    for score, node, candidate in scored:
+        if node.id in restated:
+            candidate.score = score = max(score, best)
+        out.append((score, node, candidate))
+    return out
+
+
+_TIES = {N.SEMANTIC: 0, N.PROCEDURAL: 0, N.EPISODIC: 1}
+
+
+def best_first(item: tuple[float, Node, Candidate]) -> tuple[float, int, float, str, str]:
+    """The sort key of a scored memory, best first. An exact tie goes to knowledge before a
+    step, then the newer, then by text: the same memories rank alike in any store that holds
+    them, whatever their random ids (the id decides only between two of one text)."""
+    score, node, _ = item
+    return (-score, _TIES.get(node.type, 2), -node.created_at.timestamp(), node.text, node.id)
+
+
+def adjacent_steps(node: Node, width: int = 1) -> list[str]:
+    """The ids of the EPISODIC nodes up to `width` steps before and after `node` in its
+    episode, nearest first; none for another type or a node without its place. A step's id
+    is "<episode id>:<index>" and its node's "episodic_<step id>" (extraction.pipeline)."""
+    if node.type is not NodeType.EPISODIC:
+        return []
+    episode, index = node.data.get("episode_id"), node.data.get("index")
+    if not isinstance(episode, str) or not isinstance(index, int) or isinstance(index, bool):
+        return []
+    return step_window(f"episodic_{episode}:{index}", width)
+
+
+
+class ResultSelection:
+    """The results, best first, chosen from scored candidates: at most `k`, each type within
+    its minimum score and its top-k, one result per step (`steps`: ReadContext.steps_of), one
+    per wording of the other nodes. The place of a step, or of the first of a step and
+    its facts, goes to the first fact not taken yet of those that may stand in for it
+    (`stand_ins`, by step id), at the better of the two scores; a step returned stands for the
+    facts made from it alone; a fact returned stands for its step, and further facts of that
+    step are `deferred` (taken after every other step's result) unless `strong`
+    (`ranking.strong`)."""
+
+    def __init__(
+        self, config: Config, k: int, steps: Mapping[str, str], sources: Mapping[str, list[str]],
+        stand_ins: Mapping[str, list[tuple[float, Node, Candidate]]], strong: set[str],
+    ) -> None:
+        self.config, self.k, self.steps, self.sources = config, k, steps, sources
+        self.stand_ins, self.strong = stand_ins, strong
+        self._min_score = _min_scores(config)
+        self._top_k = _top_ks(config)
+        self.ranked: list[Recalled] = []
+        self.deferred: list[tuple[float, Node, Candidate]] = []
+        self._per_type: dict[NodeType, int] = {}
+        self._claimed: set[str] = set()  # steps a result stands for
+        self._returned: set[str] = set()  # steps returned themselves
+        self._taken: set[str] = set()
+        self._said: set[str] = set()  # the texts returned (of nodes other than steps)
+
+    def take(self, scored: Iterable[tuple[float, Node, Candidate]], *, defer: bool = True
+             ) -> None:
+        for item in scored:
+            if len(self.ranked) == self.k:
+                return
+            score, node, candidate = item
+            place = self.steps.get(node.id, node.id)
+            stand_in = None if place in self._claimed else next(
+                (s for s in self.stand_ins.get(place, ()) if s[1].id not in self._taken), None)
+            if stand_in is not None:
+                node, candidate = stand_in[1], stand_in[2]
+                score = max(score, stand_in[0])
+            if node.id in self._taken or score < self._min_score.get(node.type, 0.0):
+                continue
+            step = self.steps.get(node.id)
+            if step is not None and (step in self._returned or (
+                    node.type is N.EPISODIC and step in self._claimed)):
+                continue
+            if defer and step is not None and step in self._claimed and (
+                    node.id not in self.strong):
+                self.deferred.append(item)
+                continue
+            if self._per_type.get(node.type, 0) >= self._top_k.get(node.type, 1_000_000):
+                continue
+            # Nodes of one wording are one answer, the better placed: a fact and an instruction
+            # the offline model made of one action, the goal of two sessions, a subgoal and
+            # its intent. Steps are events, each its own.
+            said = " ".join(node.text.casefold().split()) if node.type is not N.EPISODIC else None
+            if said is not None and said in self._said:
+                continue
+            if said is not None:
+                self._said.add(said)
+            self._per_type[node.type] = self._per_type.get(node.type, 0) + 1
+            self._taken.add(node.id)
+            if stand_in is not None:
+                self._claimed.add(place)
+            if step is not None:
+                self._claimed.add(step)
+                if node.type is N.EPISODIC:
+                    self._returned.add(step)
+            self.ranked.append(Recalled(node, score, candidate.phase, candidate.hop,
+                                        evidence=tuple(map(NodeId, self.sources.get(node.id, ())))))
+
+
+def _min_scores(config: Config) -> dict[NodeType, float]:
+    """The lowest score of a result of each memory type (other types: 0)."""
+    return {
+        N.SEMANTIC: config.recall_min_score_semantic,
+        N.EPISODIC: config.recall_min_score_episodic,
+        N.PROCEDURAL: config.recall_min_score_procedural,
+    }
+
+
+def _top_ks(config: Config) -> dict[NodeType, int]:
+    """How many results of each memory type (other types: no bound)."""
+    return {
+        N.SEMANTIC: config.recall_top_k_semantic,
+        N.EPISODIC: config.recall_top_k_episodic,
+        N.PROCEDURAL: config.recall_top_k_procedural,
+    }
+
+
+class Trace:
+    """Seconds per stage of one recall (`RecallResult.trace`)."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+        self._start = time.perf_counter()
+
+    def mark(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.stages[stage] = self.stages.get(stage, 0.0) + now - self._start
+        self._start = now

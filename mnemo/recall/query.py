@@ -1,20 +1,48 @@
-"""What a recall's query becomes: its words for BM25, and the embedder that embeds it."""
+"""What a recall's query becomes: its words for BM25, the names it mentions, its vectors, and
+the words its best hits share; and its model tasks: planning, re-ranking, synthesis.
+
+- **Speaker match** (`Config.recall_speaker_boost`): a transcript line says who speaks
+  ("Melanie (8 May 2023): ..."), which its words rarely do; a candidate whose speaker the query
+  names scores `1 + boost` times more than the others (they are divided by it, so that scores
+  stay within [0, 1]); a fact counts as said by the speaker of the one step it came from. The
+  dense channel may embed the query without the names (`without_names`).
+- **Tag vectors** (`TagVectors`): a recall embeds its query and its plan's search tags in one
+  call; the tags come back query after query, so each embedder's tag vectors are kept (least
+  recently used out first) and only the query and the new tags are embedded. An embedder
+  gives a text the same vector whenever it is asked, so nothing returned depends on it.
+- **Pseudo-relevance feedback** (`feedback_terms`): a word several of the best BM25 hits use,
+  and the query does not, goes into a second lexical query. Pure: the caller searches.
+"""
 
 from __future__ import annotations
 
+import logging
+import re
+import unicodedata
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import anyio.to_thread
+import msgspec
+import numpy as np
 
 from mnemo import text as _text
-from mnemo.ports import Embedder
-from mnemo.recall.speakers import query_names, without_names
+from mnemo.calls.tasks import Meta, Reply, ask, read_reply, reply_schema, task_request
+from mnemo.episode.annotation import embed
+from mnemo.extraction.entities import speaker_of
+from mnemo.graph.model import Vector
+from mnemo.graph.ports import NodeReads
+from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, Reranker
+from mnemo.recall.model import ReadContext, Recalled
 from mnemo.text import MAX_QUERY_TERMS, query_words
 
 # A query up to this long is split on the event loop; a longer one in a worker thread (one at
 # the size limit would hold the loop on a busy machine).
 INLINE_CHARS = 2_000
+
+log = logging.getLogger("mnemo")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,3 +171,321 @@ def _one_edit(a: list[str], b: list[str]) -> bool:
     if len(a) == len(b):
         return a[i + 1 :] == b[i + 1 :]
     return a[i:] == b[i + 1 :]
+
+
+_POSSESSIVE = re.compile(r"['\u2019]s$", re.IGNORECASE)
+_PUNCTUATION = "?!.,;:\"()"
+
+
+def query_names(query: str) -> frozenset[str]:
+    """The names a query mentions, lower-case: its capitalised words that are not stopwords
+    (the first word too: "Melanie's pets?"), without a possessive "'s"."""
+    names = {
+        _POSSESSIVE.sub("", word).lower()
+        for word in _text.words(_text.normalise(query))
+        if word[:1].isupper()
+    }
+    return frozenset(n for n in names if n and not _text.is_stopword(n))
+
+
+def without_names(query: str) -> str:
+    """The query as the dense channel embeds it: without the names it mentions ("What did
+    Melanie paint?" -> "What did paint?"), or as it is when it is nothing but names. A name
+    in a question is matched by the words channel and the speaker match; in its vector it
+    pulls towards every line near the name rather than towards the answer (measured on
+    LoCoMo dev). The first word counts only with a
+    possessive ("Melanie's pets?"): capitalised there, "Restart the webserver" is no name."""
+    head, _, rest = query.strip().partition(" ")
+    names = query_names(rest)
+    if _POSSESSIVE.search(head.strip(_PUNCTUATION)):
+        names |= query_names(head)
+    if not names:
+        return query
+    kept = [w for w in query.split()
+            if _POSSESSIVE.sub("", w.strip(_PUNCTUATION)).lower() not in names]
+    return " ".join(kept) if kept else query
+
+
+async def speaker_boosts(
+    graph: NodeReads, repo: str, names: frozenset[str], context: ReadContext, boost: float
+) -> dict[str, float]:
+    """The factor of each node recall read (`context.nodes`) whose speaker (its own, else
+    that of the one step it came from) the query does not name (`names`: `query_names` of
+    it), when some candidate's
+    speaker it names: 1 / (1 + boost); nodes not listed keep their score. The steps come from
+    the provenance links recall read with the nodes; at most one node read, of the steps not
+    read yet, bounded by `len(context.nodes)` (the candidates, bounded by k)."""
+    if not names or boost <= 0:
+        return {}
+    nodes = context.nodes
+    speakers = {i: s for i, n in nodes.items() if (s := speaker_of(n.text)) is not None}
+    step_of = {
+        i: step for i, step in context.steps_of(list(nodes.values())).items()
+        if step != i and i not in speakers
+    }
+    missing = sorted({s for s in step_of.values() if s not in nodes})
+    texts = {i: n.text for i, n in nodes.items()}
+    texts |= {n.id: n.text for n in await graph.get_nodes(repo, missing)}
+    for node_id, step in step_of.items():
+        speaker = speaker_of(texts.get(step, ""))
+        if speaker is not None:
+            speakers[node_id] = speaker
+    said = {i for i, speaker in speakers.items() if set(speaker.lower().split()) & names}
+    if not said:
+        return {}
+    # The others go down rather than these up: a score stays within [0, 1].
+    return {i: 1.0 / (1.0 + boost) for i in nodes if i not in said}
+
+
+# Tags kept across every repo's embedder: 4,096 x 384 floats is 6 MB.
+KEPT = 4096
+
+
+class TagVectors:
+    """`embed(query_side(embedder), [query, *tags])`, with the tags' vectors remembered."""
+
+    def __init__(self, size: int = KEPT) -> None:
+        if size < 0:
+            raise ValueError(f"size must be >= 0, got {size}")
+        self._size = size
+        # (id(embedder), tag) -> (the embedder, its vector): the embedder is held so that its
+        # id is not reused by another while the entry lives.
+        self._kept: OrderedDict[tuple[int, str], tuple[Embedder, Vector]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    async def embed(self, embedder: Embedder, query: str, tags: Sequence[str]) -> Vector:
+        """The vectors of `query` then of each of `tags`, as rows of one matrix.
+
+        Raises:
+            EmbeddingError: as `mnemo.episode.annotation.embed`.
+        """
+        unique = dict.fromkeys(tags)
+        known = {tag: vector for tag in unique if (vector := self._get(embedder, tag)) is not None}
+        missing = [tag for tag in unique if tag not in known]
+        fresh = await embed(query_side(embedder), [query, *missing])
+        for tag, vector in zip(missing, fresh[1:], strict=True):
+            known[tag] = vector
+            self._put(embedder, tag, vector)
+        if not tags:
+            return fresh
+        return np.vstack([fresh[0], *(known[tag] for tag in tags)])
+
+    def _get(self, embedder: Embedder, tag: str) -> Vector | None:
+        entry = self._kept.get((id(embedder), tag))
+        if entry is None or entry[0] is not embedder:
+            return None
+        self._kept.move_to_end((id(embedder), tag))
+        return entry[1]
+
+    def _put(self, embedder: Embedder, tag: str, vector: Vector) -> None:
+        if self._size == 0:
+            return
+        self._kept[(id(embedder), tag)] = (embedder, vector.copy())
+        self._kept.move_to_end((id(embedder), tag))
+        while len(self._kept) > self._size:
+            self._kept.popitem(last=False)
+
+
+# How many of the best lexical hits feed back, and in how many of them a word must appear.
+FEEDBACK_DOCS = 5
+MIN_SHARED = 2
+
+
+def feedback_terms(
+    query: str, documents: Sequence[str], n: int, *, min_shared: int = MIN_SHARED
+) -> list[str]:
+    """At most `n` words of `documents` to add to `query`: content words (no stopwords, no
+    digits, three characters or more, an underscored identifier whole; see `_content`)
+    absent from the query, found in at least `min_shared` documents; the most shared first,
+    then the most frequent, then the first seen. Words are split as a search splits them
+    (`text.parts`), from the words that are no stopwords whole: "didn't" gives no "didn"."""
+    asked = {_text.stem(w.lower()) for w in _text.text_words(query)}
+    shared: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for document in documents:
+        seen: set[str] = set()
+        for lower in _search_words(document):
+            if not _content(lower) or _text.is_stopword(lower) or _text.stem(lower) in asked:
+                continue
+            counts[lower] = counts.get(lower, 0) + 1
+            first.setdefault(lower, len(first))
+            if lower not in seen:
+                seen.add(lower)
+                shared[lower] = shared.get(lower, 0) + 1
+    ranked = sorted(
+        (w for w, docs in shared.items() if docs >= min_shared),
+        key=lambda w: (-shared[w], -counts[w], first[w]),
+    )
+    return ranked[:n]
+
+
+def _search_words(document: str) -> list[str]:
+    """The lower-cased words a search reads in `document`, but those of a stopword."""
+    return [part for word in _text.tokens(document) if not _text.is_stopword(word)
+            for part in _text.parts(word)]
+
+
+def _content(word: str) -> bool:
+    """Three characters or more, a letter among them, and no digit: letters with the marks,
+    joiners and underscores a word keeps ("हिन्दी", whose vowel signs `str.isalpha` refuses;
+    "max_connections", searched as the phrase of its parts)."""
+    return len(word) >= 3 and any(c.isalpha() for c in word) and all(
+        unicodedata.category(c)[0] in "LM" or unicodedata.category(c) in ("Cf", "Pc")
+        for c in word
+    )
+
+
+class PlanReply(Reply, frozen=True):
+    mode: Literal["episodic", "semantic", "procedural", "mixed"]
+    # At most 8 asked; more are cut when read, never a reason to refuse the plan.
+    tags: Annotated[list[str], Meta(extra_json_schema={"maxItems": 8})] = msgspec.field(
+        default_factory=list)
+
+
+class SynthesisReply(Reply, frozen=True):
+    answer: str
+
+
+class RerankReply(Reply, frozen=True):
+    # Numbers outside the memories, and anything but integers, are left out when read.
+    order: list[Annotated[object, Meta(extra_json_schema={"type": "integer"})]]
+
+
+PLAN_SCHEMA = reply_schema(PlanReply)
+SYNTHESIS_SCHEMA = reply_schema(SynthesisReply)
+RERANK_SCHEMA = reply_schema(RerankReply)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How to search: which kind of memory the query wants, and topic tags to route by."""
+
+    mode: str
+    tags: tuple[str, ...]
+
+
+def plan_request(*, query: str) -> LLMRequest:
+    return task_request(
+        "recall_plan",
+        system="You route queries to an agent's long-term memory.",
+        instructions=(
+            "Classify what the query asks of memory. mode: 'episodic' for what happened "
+            "(events, when something was done), 'semantic' for facts and preferences, "
+            "'procedural' for how to do something, 'mixed' when unsure. tags: 1 to 8 short "
+            "lower-case topic labels (names, things, activities) that memories about the "
+            "answer would be filed under; no question words."
+        ),
+        inputs={"query": query},
+        schema=PLAN_SCHEMA,
+        max_tokens=256,
+    )
+
+
+def parse_plan(response: LLMResponse) -> Plan:
+    """Raises ValueError when the reply is not a plan."""
+    plan = read_reply(response, PlanReply, "recall_plan")
+    return Plan(plan.mode, tuple(t.strip().lower() for t in plan.tags if t.strip())[:8])
+
+
+def synthesis_request(*, query: str, memories: list[str]) -> LLMRequest:
+    return task_request(
+        "recall_synthesis",
+        system="You answer from an agent's memories only.",
+        instructions=(
+            "Answer the query using only the numbered memories. Be brief; cite memory numbers "
+            "in brackets. If they do not contain the answer, say so."
+        ),
+        inputs={"query": query, "memories": [f"[{i}] {m}" for i, m in enumerate(memories, 1)]},
+        schema=SYNTHESIS_SCHEMA,
+        max_tokens=512,
+    )
+
+
+def parse_synthesis(response: LLMResponse) -> str:
+    try:
+        answer = read_reply(response, SynthesisReply, "recall_synthesis").answer.strip()
+    except ValueError:
+        answer = ""
+    if answer:
+        return answer
+    if response.text.strip():
+        return response.text.strip()
+    raise ValueError("a synthesis needs a non-empty answer")
+
+
+def rerank_request(*, query: str, memories: list[str]) -> LLMRequest:
+    return task_request(
+        "recall_rerank",
+        system="You rank an agent's memories by how much they help answer a query.",
+        instructions=(
+            "Order the numbered memories from most to least useful for answering the query: "
+            "those that hold the answer or a part of it (a date, a name, one step of a "
+            "multi-step answer) first. order: the memory numbers, best first; leave out none."
+        ),
+        inputs={"query": query, "memories": [f"[{i}] {m}" for i, m in enumerate(memories, 1)]},
+        schema=RERANK_SCHEMA,
+        max_tokens=16 + 6 * len(memories),
+    )
+
+
+def parse_rerank(response: LLMResponse) -> list[int]:
+    """The reply's order as 0-based indexes (its numbers are 1-based; what is not an integer
+    is dropped).
+
+    Raises ValueError when the reply holds no order."""
+    order = read_reply(response, RerankReply, "recall_rerank").order
+    return [n - 1 for n in order if isinstance(n, int) and not isinstance(n, bool)]
+
+
+def full_order(order: Sequence[object], count: int) -> list[int]:
+    """Every index below `count` once: those of `order` first (strangers and repeats
+    dropped), then the ones it left out, in their old order."""
+    chosen = dict.fromkeys(
+        i for i in order if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < count)
+    return [*chosen, *(i for i in range(count) if i not in chosen)]
+
+
+@dataclass(frozen=True, slots=True)
+class LLMReranker:
+    """The `Reranker` a model makes: one call (task "recall_rerank") per recall, its prompt
+    one snippet per candidate."""
+
+    llm: LLM
+
+    async def rerank(self, query: str, texts: Sequence[str]) -> list[int]:
+        return await ask(self.llm, rerank_request(query=query, memories=list(texts)),
+                         parse_rerank)
+
+
+async def reranked(reranker: Reranker | None, query: str, ranked: list[Recalled], k: int,
+                   degraded: list[str]) -> list[Recalled]:
+    """`ranked` in the order the reranker gives, cut to `k`; on any failure the retrieval's
+    order (named in `degraded`)."""
+    if len(ranked) < 2 or reranker is None:
+        return ranked[:k]
+    try:
+        given = await reranker.rerank(query, [r.node.text for r in ranked])
+        order = full_order(list(given), len(ranked))
+    except Exception as exc:  # optional: the retrieval's order stands without it
+        log.warning("recall re-ranking failed: %r", exc)
+        degraded.append(f"rerank: {exc!r}")
+        return ranked[:k]
+    return [ranked[i] for i in order][:k]
+
+
+async def synthesis(llm: LLM, query: str, ranked: list[Recalled], degraded: list[str]
+                    ) -> str | None:
+    """The model's answer from the memories; None without them, or when it fails (named in
+    `degraded`: the memories are the answer without it)."""
+    if not ranked:
+        return None
+    try:
+        request = synthesis_request(query=query, memories=[r.node.text for r in ranked])
+        return await ask(llm, request, parse_synthesis)
+    except Exception as exc:
+        log.warning("recall synthesis failed: %r", exc)
+        degraded.append(f"synthesis: {exc!r}")
+        return None

@@ -10,14 +10,14 @@ from datetime import datetime
 from mnemo.config import Config
 from mnemo.events import Events
 from mnemo.graph.model import NodeType
-from mnemo.graph.ports import GraphStore
+from mnemo.graph.ports import RecallReads
 from mnemo.graph.reads import node_types
 from mnemo.graph.scope import Where
 from mnemo.inputs import check_count, check_text
 from mnemo.ports import LLM, Embedder, Reranker
-from mnemo.recall import temporal
+from mnemo.recall import ranking
 from mnemo.recall.engine import Recaller, RecallResult
-from mnemo.recall.tag_vectors import TagVectors
+from mnemo.recall.query import TagVectors
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ class RecallService:
 
     def __init__(
         self,
-        graph: GraphStore,
+        graph: RecallReads,
         events: Events,
         *,
         runtime: Callable[[str], RecallRuntime],
@@ -88,5 +88,5 @@ def check_recall(
     """
     check_text(query, "query", limit=config.max_text_chars, stored=False)
     check_count("k", k, minimum=1, maximum=config.max_results, setting="Config.max_results")
-    return (None if types is None else node_types(types), temporal.check_moment(as_of, "as_of"),
-            temporal.check_moment(valid_at, "valid_at"))
+    return (None if types is None else node_types(types), ranking.check_moment(as_of, "as_of"),
+            ranking.check_moment(valid_at, "valid_at"))

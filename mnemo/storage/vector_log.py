@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import anyio
 import numpy as np
 
-from mnemo.graph import ann_calls
+from mnemo.graph import ann
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.ports import PendingRead
 from mnemo.graph.vectors import VectorIndex
@@ -235,7 +235,7 @@ class VectorCache:
                     return held.index
             except Reload:
                 assert held is not None
-                await ann_calls.close([held.index])
+                await ann.close([held.index])
             followed = await self._load(repo)
             self._held[repo] = followed
             return followed.index

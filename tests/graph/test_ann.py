@@ -14,7 +14,7 @@ import anyio
 import numpy as np
 import pytest
 
-from mnemo.graph import ann, ann_calls, dedup
+from mnemo.graph import ann, dedup
 from mnemo.graph.ann import HnswAccelerator, HnswParams
 from mnemo.graph.ann_search import ALL
 from mnemo.graph.model import Changeset, NodeDraft, NodeType, Vector
@@ -476,10 +476,10 @@ async def test_a_ready_index_walks_only_for_a_big_type(
     probes = clustered(4, seed=12)
     truth = [[i for i, _ in exact(index, p, 3, [NodeType.SEMANTIC])] for p in probes]
     walks.clear()
-    found = await ann_calls.nearest_of_type(index, probes, NodeType.SEMANTIC, 3)  # 400 rows
+    found = await ann.nearest_of_type(index, probes, NodeType.SEMANTIC, 3)  # 400 rows
     assert (walks, [[i for i, _ in row] for row in found]) == ([], truth)
     monkeypatch.setattr(ann, "WALK_FROM", 100)
-    found = await ann_calls.nearest_of_type(index, probes, NodeType.SEMANTIC, 3)
+    found = await ann.nearest_of_type(index, probes, NodeType.SEMANTIC, 3)
     assert walks == [4]  # one walk of the graph for the four probes
     assert [[i for i, _ in row] for row in found] == truth
 
@@ -566,10 +566,10 @@ async def test_a_big_gather_of_one_type_runs_off_the_event_loop(
     monkeypatch.setattr(index, "of_type", recorded)
     probes = clustered(2, seed=5)
     truth = [exact(index, p, 3, [NodeType.INTENT]) for p in probes]
-    found = await ann_calls.nearest_of_type(index, probes, NodeType.INTENT, 3)
+    found = await ann.nearest_of_type(index, probes, NodeType.INTENT, 3)
     assert [[i for i, _ in row] for row in found] == [[i for i, _ in row] for row in truth]
     assert on_loop == [False]
-    await ann_calls.nearest_of_type(index, probes, NodeType.INTENT, 3)
+    await ann.nearest_of_type(index, probes, NodeType.INTENT, 3)
     assert on_loop == [False, True]  # from the copy
 
     index.add(["i0"], [NodeType.INTENT], clustered(1, seed=9))  # a change: gathered again
@@ -589,15 +589,15 @@ async def test_the_stores_gather_a_type_through_the_loop_safe_call(
     graph: GraphStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A store's `vectors_of_type` of the tags (its in-memory rows, on both backends) goes
-    through `ann_calls.of_type`, which gathers a big index's rows off the loop."""
+    through `ann.of_type`, which gathers a big index's rows off the loop."""
     kinds: list[NodeType] = []
-    gather = ann_calls.of_type
+    gather = ann.of_type
 
     async def recorded(index: VectorIndex, kind: NodeType) -> tuple[list[str], Vector]:
         kinds.append(kind)
         return await gather(index, kind)
 
-    monkeypatch.setattr(ann_calls, "of_type", recorded)
+    monkeypatch.setattr(ann, "of_type", recorded)
     ids, matrix = await graph.vectors_of_type(REPO, NodeType.TAG)
     assert (ids, matrix.shape[0]) == ([], 0)
     assert kinds == [NodeType.TAG]

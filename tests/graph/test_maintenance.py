@@ -19,7 +19,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 import mnemo
 from mnemo.config import Config
-from mnemo.graph import maintenance, value
+from mnemo.graph import maintenance, model
 from mnemo.graph.commit import CommitTarget
 from mnemo.graph.maintenance import (
     ConsolidationReport,
@@ -36,11 +36,11 @@ from mnemo.graph.model import (
     NodeDraft,
     NodeType,
     Vector,
+    node_value,
     normalise_label,
     now_utc,
 )
 from mnemo.graph.ports import GraphStore
-from mnemo.graph.value import node_value
 from mnemo.storage.ports import Backend
 from tests.backends import is_sqlite, link_end, links_table, open_stores, sql, vector_of
 from tests.fakes import sqlite_database
@@ -119,7 +119,7 @@ def test_value_of_a_new_node_is_floor_times_reward() -> None:
 )
 def test_reward_per_type(kind: NodeType, data: dict[str, Any], expected: float) -> None:
     """Reward: step reward, return score / 10, confidence; 0.5 when missing; clamped."""
-    assert value.reward(kind, data) == pytest.approx(expected)
+    assert model.reward(kind, data) == pytest.approx(expected)
 
 
 def test_recency_halves_per_half_life_and_restarts_at_access() -> None:
@@ -159,8 +159,8 @@ def test_value_is_recency_times_frequency_times_reward(
 
     seen = utc(created) if last is None else max(utc(created), utc(last))
     age = (utc(now) - seen).total_seconds() // 3600 / 24
-    expected = (value.recency(age, CONFIG.recency_half_life_days)
-                * value.frequency(count, CONFIG.frequency_floor) * value.reward(kind, data))
+    expected = (model.recency(age, CONFIG.recency_half_life_days)
+                * model.frequency(count, CONFIG.frequency_floor) * model.reward(kind, data))
     found = node_value(kind, data, created_at=created, last_access=last, access_count=count,
                        now=now, config=CONFIG)
     assert found == expected or (math.isnan(found) and math.isnan(expected))

@@ -13,7 +13,8 @@ import pytest
 import mnemo
 from mnemo.graph.commit import CommitTarget
 from mnemo.graph.model import Vector
-from mnemo.graph.ports import GraphStore, Unstaged
+from mnemo.graph.ports import GraphStore
+from mnemo.graph.reembed import Unstaged
 from mnemo.graph.vectors import VectorIndex
 from tests.backends import sql
 

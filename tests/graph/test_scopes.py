@@ -1,5 +1,5 @@
 """Scopes: the metadata a session or an ingest gives every node it commits, and `where=`
-selecting by it in recall, search and forget (mnemo/graph/scope.py, mnemo/storage/scopes.py)."""
+selecting by it in recall, search and forget (mnemo/graph/scope.py, mnemo/storage/graph_base.py)."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ async def test_every_search_path_keeps_to_the_scope(
     recall and search_nodes return only the scope's nodes."""
     config = mnemo.Config(lexical_dir="") if path == "store's own search" else None
     if path == "scope too large to list":
-        monkeypatch.setattr("mnemo.storage.scopes.SCOPE_LIMIT", 0)
+        monkeypatch.setattr("mnemo.storage.graph_base.SCOPE_LIMIT", 0)
     async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(),
                             config=config) as mem:
         await mem.open_repo(REPO)

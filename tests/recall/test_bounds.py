@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 import mnemo
-from mnemo.graph import ann, ann_calls
+from mnemo.graph import ann
 from mnemo.graph.model import Link, LinkType, NodeType, now_utc
 from mnemo.graph.ports import GraphStore, More, Neighbor, NodeContext
 from mnemo.graph.vectors import VectorIndex
 from mnemo.recall.engine import Recaller
-from mnemo.recall.fusion import maximal_marginal_relevance
+from mnemo.recall.ranking import maximal_marginal_relevance
 from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.backends import open_stores
 from tests.recall.test_engine import EMBEDDER, REPO, build, run
@@ -239,15 +239,15 @@ async def test_vectors_on_loop_only_for_a_small_index_in_memory(crowded: GraphSt
 
 
 def test_an_index_of_many_rows_is_not_searched_in_turn() -> None:
-    """`ann_calls.on_loop` holds below `IN_TURN_BELOW` rows (below `ann.IN_THREAD_FROM`, where
+    """`ann.on_loop` holds below `IN_TURN_BELOW` rows (below `ann.IN_THREAD_FROM`, where
     the searches go to a worker thread)."""
-    assert ann_calls.IN_TURN_BELOW <= ann.IN_THREAD_FROM
+    assert ann.IN_TURN_BELOW <= ann.IN_THREAD_FROM
     index = VectorIndex(4)
     index.add(["a", "b"], [NodeType.SEMANTIC] * 2, np.eye(4, dtype=np.float32)[:2])
-    assert ann_calls.on_loop(index)
+    assert ann.on_loop(index)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ann_calls, "IN_TURN_BELOW", 2)
-        assert not ann_calls.on_loop(index)
+        patch.setattr(ann, "IN_TURN_BELOW", 2)
+        assert not ann.on_loop(index)
 
 
 async def test_a_recall_for_a_moment_reads_what_any_recall_reads(crowded: GraphStore) -> None:

@@ -14,7 +14,7 @@ from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType
 from mnemo.graph.ports import GraphStore
 from mnemo.ports import LLMRequest, LLMResponse
 from mnemo.recall.engine import Recaller, RecallResult
-from mnemo.recall.prompts import LLMReranker
+from mnemo.recall.query import LLMReranker
 from tests.backends import open_stores
 from tests.graph._support import policy
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mnemo.recall.fusion import hop_scores, reciprocal_rank_fusion
+from mnemo.recall.ranking import reciprocal_rank_fusion
 
 items = st.sampled_from([f"n{i}" for i in range(12)])
 rankings = st.lists(st.lists(items, unique=True, max_size=10), min_size=1, max_size=4)
@@ -81,35 +81,3 @@ def test_fusion_ignores_the_order_of_rankings(lists: list[list[str]], k: int) ->
         assert backward[item] == pytest.approx(score)
 
 
-def test_hop_scores_take_the_best_parent_times_decay() -> None:
-    """A child scores its best parent's score times the decay."""
-    parents = {"a": 1.0, "b": 0.6}
-    edges = [("a", "x"), ("b", "x"), ("b", "y")]
-    assert hop_scores(parents, edges, 0.5) == {"x": 0.5, "y": 0.3}
-
-
-def test_hop_scores_leave_out_parents_and_unscored_origins() -> None:
-    """Parents are not their own children, and edges from unscored nodes carry nothing."""
-    parents = {"a": 1.0, "b": 0.8}
-    edges = [("a", "b"), ("b", "a"), ("z", "x"), ("a", "a")]
-    assert hop_scores(parents, edges, 0.5) == {}
-    assert hop_scores({}, [("a", "b")], 0.5) == {}
-    assert hop_scores(parents, [], 0.5) == {}
-
-
-@given(
-    st.dictionaries(items, st.floats(0.01, 1.0), min_size=1),
-    st.lists(st.tuples(items, items), max_size=20),
-    st.floats(0.01, 1.0),
-)
-def test_hop_scores_properties(
-    parents: dict[str, float], edges: list[tuple[str, str]], decay: float
-) -> None:
-    """Each child's score is the maximum over its scored parents, times the decay."""
-    found = hop_scores(parents, edges, decay)
-    assert not set(found) & set(parents)
-    for child, score in found.items():
-        origins = [parents[p] for p, c in edges if c == child and p in parents]
-        assert score == pytest.approx(max(origins) * decay)
-    reached = {c for p, c in edges if p in parents and c not in parents}
-    assert set(found) == reached

@@ -13,7 +13,7 @@ import mnemo
 from mnemo.graph.model import Link, LinkType, NodeType
 from mnemo.graph.ports import GraphStore
 from mnemo.recall import hops
-from mnemo.recall.candidates import Candidate
+from mnemo.recall.model import Candidate
 from tests.backends import open_stores
 from tests.recall.test_engine import EMBEDDER, REPO, build
 

@@ -11,8 +11,8 @@ import pytest
 import mnemo
 from mnemo.adapters.uri import embedder_from_uri
 from mnemo.graph.model import Link, LinkType, Node, NodeId, NodeType, now_utc
-from mnemo.recall.knowledge import above_their_steps, matching_first, stand_ins
 from mnemo.recall.model import Recalled
+from mnemo.recall.ranking import above_their_steps, matching_first, stand_ins
 from tests.backends import open_stores
 from tests.recall import fact_first
 from tests.recall.fact_first import SESSIONS, SuiteLLM, remember

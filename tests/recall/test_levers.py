@@ -15,12 +15,10 @@ from mnemo.calls.tasks import task_inputs
 from mnemo.graph.model import Changeset, Node, NodeDraft, NodeId, NodeType, now_utc
 from mnemo.graph.ports import GraphStore
 from mnemo.ports import LLMRequest, LLMResponse
-from mnemo.recall.context import adjacent_steps
 from mnemo.recall.engine import Recaller
-from mnemo.recall.feedback import feedback_terms
-from mnemo.recall.fusion import maximal_marginal_relevance
-from mnemo.recall.prompts import LLMReranker, full_order, parse_rerank
-from mnemo.recall.query import query_side
+from mnemo.recall.model import adjacent_steps
+from mnemo.recall.query import LLMReranker, feedback_terms, full_order, parse_rerank, query_side
+from mnemo.recall.ranking import maximal_marginal_relevance
 from tests.backends import open_stores
 from tests.fakes import js
 from tests.graph._support import policy

@@ -8,7 +8,7 @@ import mnemo
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType
 from mnemo.graph.ports import GraphStore
 from mnemo.recall.engine import Recaller
-from mnemo.recall.speakers import query_names, without_names
+from mnemo.recall.query import query_names, without_names
 from tests.fakes import RecordingEmbedder
 from tests.graph._support import policy
 from tests.recall.test_engine import EMBEDDER, check_invariants, graph

@@ -1,4 +1,4 @@
-"""The search tags' vectors kept between recalls (mnemo/recall/tag_vectors.py): the same
+"""The search tags' vectors kept between recalls (mnemo/recall/query.py): the same
 matrix as embedding everything, fewer texts embedded, bounded, per embedder."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mnemo
-from mnemo.recall.tag_vectors import TagVectors
+from mnemo.recall.query import TagVectors
 from tests.fakes import FakeEmbedder
 
 

@@ -53,8 +53,7 @@ from mnemo.storage.lexical.windows import (
     key,
     rowid_of,
 )
-from mnemo.storage.started import Queued
-from mnemo.storage.worker import Worker
+from mnemo.storage.worker import Queued, Worker
 from mnemo.text import query_words
 
 log = logging.getLogger("mnemo.lexical")

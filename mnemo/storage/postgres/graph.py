@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,37 +26,24 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from mnemo.config import Config
-from mnemo.graph import commit, erasure, facts
+from mnemo.graph import erasure, facts
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.erasure import Embed, Inherited
+from mnemo.graph.erasure import Inherited
 from mnemo.graph.history import CommitRecord
-from mnemo.graph.maintenance import ValidationReport
-from mnemo.graph.model import (
-    Changeset,
-    CommitReceipt,
-    Link,
-    LinkType,
-    Node,
-    NodeId,
-    NodeType,
-    Vector,
-)
+from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
+from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, NodeType, Vector
 from mnemo.graph.ports import (
-    IntentPolicy,
-    MergeResult,
     More,
     Neighbor,
     NodeContext,
     PendingRead,
     Reverting,
     SideWrite,
-    SweepResult,
     TypedLink,
-    same_generation,
 )
 from mnemo.graph.scope import Scope, Where, pairs
-from mnemo.graph.vectors import VectorIndex
-from mnemo.storage import scopes
+from mnemo.storage import graph_base as scopes
+from mnemo.storage.graph_base import neighbors_seen_from_asked, seen_from_asked
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.postgres import deletes, history, maintenance, recall_reads
 from mnemo.storage.postgres.connection import Postgres
@@ -68,9 +55,7 @@ from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Column, Row
-from mnemo.storage.scopes import ScopeReads
-from mnemo.storage.started import DeferredRead, FallbackRead
-from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
+from mnemo.storage.worker import DeferredRead, FallbackRead
 from mnemo.text import query_words
 
 # A query up to this long has its words read on the event loop; every word of a longer one
@@ -84,7 +69,7 @@ def repo_lock_key(repo: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-class PgGraph(PgReembedding, ScopeReads):
+class PgGraph(PgReembedding):
     """`GraphStore` over a PostgreSQL database."""
 
     def __init__(
@@ -107,13 +92,10 @@ class PgGraph(PgReembedding, ScopeReads):
         self._lock_slots = anyio.CapacityLimiter(max(1, pg.max_size // 2))
         self._vectors = PgVectors(pg, dims, exact_below=exact_below, ann_dir=ann_dir)
 
-    def dim(self, repo: str) -> int:
-        return self._dims(repo)
-
     @asynccontextmanager
-    async def lock(self, repo: str) -> AsyncIterator[None]:
-        """The repo's write lock: this process's lock, then the database's advisory lock (the
-        wait for another process is bounded by the busy timeout: StorageError "busy")."""
+    async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
+        """This process's lock, then the database's advisory lock (the wait for another
+        process is bounded by the busy timeout: StorageError "busy")."""
         async with (
             self._locks.setdefault(repo, anyio.Lock()),
             self._lock_slots,
@@ -127,22 +109,8 @@ class PgGraph(PgReembedding, ScopeReads):
                 # Shielded: a cancelled block must not hand a locked connection to the pool.
                 with anyio.CancelScope(shield=True):
                     await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-                if self._lexical is not None:
-                    self._lexical.changed(repo)
 
     # ---- commits --------------------------------------------------------------------------
-
-    async def apply(
-        self, changeset: Changeset, *, intents: IntentPolicy, also: Sequence[SideWrite] = ()
-    ) -> CommitReceipt:
-        """Adds the changeset's nodes and links (deduplicated), durably, once
-        (`mnemo.graph.commit.apply`).
-
-        Raises:
-            StorageError: the transaction failed; nothing of it was written.
-            ValueError: a vector is not of the repo's dimension; nothing was written.
-        """
-        return await commit.apply(self, changeset, intents=intents, also=also)
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         repo, created = plan.repo, datetime.fromisoformat(plan.created_at)
@@ -191,15 +159,9 @@ class PgGraph(PgReembedding, ScopeReads):
         async with self._pg.transaction() as conn:
             await side_writes(conn, also)
 
-    async def commit_log(
-        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
-    ) -> list[CommitRecord]:
-        async with self._pg.connection() as conn:
-            return await history.log(conn, repo, limit=limit, after_seq=after_seq)
-
-    async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
-        async with self._pg.connection() as conn:
-            return await history.one(conn, repo, commit_id)
+    @staticmethod
+    def _commit(row: Row) -> CommitRecord:
+        return history.record_of(row)
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         row = await self._one("SELECT receipt FROM applied_changesets WHERE id = %s",
@@ -247,26 +209,11 @@ class PgGraph(PgReembedding, ScopeReads):
         found: dict[str, Node] = {node.id: node for node in map(node_of, rows)}
         return [found[i] for i in ids if i in found]
 
-    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
-        kinds = kind_values(types)
-        if not kinds:
-            return []
+    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
+        order = " ORDER BY rowid" if newest is None else " ORDER BY rowid DESC LIMIT %s"
         rows = await self._all(
-            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND type = ANY(%s)"
-            " ORDER BY rowid",
-            (repo, kinds),
-        )
-        return [node_of(row) for row in rows]
-
-    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
-        kinds = kind_values(types)
-        if not kinds or top_k <= 0:
-            return []
-        rows = await self._all(
-            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND type = ANY(%s)"
-            " ORDER BY rowid DESC LIMIT %s",
-            (repo, kinds, top_k),
-        )
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND type = ANY(%s){order}",
+            (repo, kinds, *([] if newest is None else [newest])))
         return [node_of(row) for row in rows]
 
     async def neighbors(
@@ -285,24 +232,12 @@ class PgGraph(PgReembedding, ScopeReads):
         )
         return list(dict.fromkeys(neighbors_seen_from_asked(rows, set(ids))))
 
-    async def node_context(
-        self,
-        repo: str,
-        node_ids: Sequence[str],
-        linked: Iterable[NodeType],
-        link_type: LinkType,
-        then: More | None = None,
-    ) -> NodeContext:
-        if not node_ids:
-            return NodeContext([], {}, [])
-        return await recall_reads.node_context(self._pg, repo, node_ids, linked, link_type,
-                                               then)
+    async def _context(self, repo: str, node_ids: Sequence[str], linked: list[NodeType],
+                       link_type: LinkType, then: More | None) -> NodeContext:
+        return await recall_reads.node_context(self._pg, repo, node_ids, linked, link_type, then)
 
-    async def typed_links_near(
-        self, repo: str, node_ids: Sequence[str], vector: Vector
-    ) -> tuple[list[TypedLink], dict[str, float]]:
-        if not node_ids:
-            return [], {}
+    async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
+                          ) -> tuple[list[TypedLink], dict[str, float]]:
         return await recall_reads.typed_links_near(self._pg, repo, node_ids, vector)
 
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]:
@@ -362,70 +297,26 @@ class PgGraph(PgReembedding, ScopeReads):
 
     # ---- deletes --------------------------------------------------------------------------
 
-    async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
-        """Deletes nodes with their links, vectors and search entries; returns how many went."""
-        ids = list(dict.fromkeys(node_ids))
-        if not ids:
-            return 0
-        async with self.lock(repo):
-            async with self._pg.transaction() as conn:
-                cur = await conn.execute(
-                    "DELETE FROM nodes WHERE repo = %s AND id = ANY(%s) RETURNING id",
-                    (repo, ids),
-                )
-                gone = [str(i) for (i,) in await cur.fetchall()]
-                if gone:
-                    await deletes.new_epoch(conn)
-            self._forget(repo, gone)
+    async def _delete_rows(self, repo: str, ids: list[str]) -> list[str]:
+        async with self._pg.transaction() as conn:
+            cur = await conn.execute(
+                "DELETE FROM nodes WHERE repo = %s AND id = ANY(%s) RETURNING id", (repo, ids))
+            gone = [str(i) for (i,) in await cur.fetchall()]
             if gone:
-                await self._erased()
-        return len(gone)
+                await deletes.new_epoch(conn)
+        return gone
 
-    async def withdraw(
-        self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
-        generation: int | None = None, reverting: Reverting | None = None,
-    ) -> int:
-        """See `GraphStore.withdraw`."""
-        async def read() -> Inherited:
-            async with self._pg.connection() as conn:
-                return await deletes.inherited(conn, repo, key, one=reverting is not None)
+    async def _inherited(self, repo: str, key: str, one: bool) -> Inherited:
+        async with self._pg.connection() as conn:
+            return await deletes.inherited(conn, repo, key, one=one)
 
-        async def delete(plan: erasure.Plan) -> list[str]:
-            if reverting is not None:
-                await reverting.refused()
-            async with self._pg.transaction() as conn:
-                gone = await deletes.withdraw(
-                    conn, repo, key, also, plan, reverting.revert_id if reverting else None)
-            self._forget(repo, gone)
-            if reverting is None:
-                await self._erased()
-            return gone
-
-        return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,
-                                        lambda: same_generation(self, repo, generation)))
-
-    async def _erased(self) -> None:
-        """After an erasure's transaction: the lexical index's slots wiped
-        (`LexicalIndex.erase`). The deleted rows' bytes stay in the tables' pages until
-        VACUUM reuses them (README)."""
-        if self._lexical is not None:
-            await self._lexical.erase()
-
-    def _forget(self, repo: str, node_ids: Sequence[str]) -> None:
-        self._vectors.removed(repo, node_ids)
+    async def _withdraw_rows(self, repo: str, key: str, also: Sequence[SideWrite],
+                             plan: erasure.Plan, reverting: Reverting | None) -> list[str]:
+        async with self._pg.transaction() as conn:
+            return await deletes.withdraw(
+                conn, repo, key, also, plan, None if reverting is None else reverting.revert_id)
 
     # ---- search ---------------------------------------------------------------------------
-
-    async def search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
-        scope: Scope | None = None,
-    ) -> list[tuple[str, float]]:
-        """Nodes matching words of `query` by BM25, best first: from the lexical index, or
-        from PostgreSQL's full-text search (stemmed, `ts_rank_cd`) when there is none or it
-        cannot answer now, each word the phrase of its parts (`WORD_QUERY`), as in message
-        search and FTS5 (`plainto_tsquery` found "snake_case_name" in "name the snake's
-        case")."""
-        return await self.start_search_text(repo, query, limit, types, scope).result()
 
     def start_search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
@@ -444,7 +335,7 @@ class PgGraph(PgReembedding, ScopeReads):
         return FallbackRead(self._lexical.start_search(repo, query, limit, kinds),
                       lambda: self._full_text(repo, query, limit, kinds))
 
-    async def _scope_rows(self, statement: str, params: list[object]) -> list[Any]:
+    async def _rows(self, statement: str, params: list[object]) -> list[Any]:
         return await self._all(statement.replace("?", "%s"), params)
 
     async def _store_text(
@@ -474,44 +365,6 @@ class PgGraph(PgReembedding, ScopeReads):
         rows = await self._all(statement, params)
         return [(str(i), float(score)) for i, score in rows]
 
-    async def search_vectors(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None,
-        scope: Scope | None = None,
-    ) -> list[tuple[str, float]]:
-        """Nodes nearest to `vector` by cosine (similarity, best first; inside `scope`, when
-        given)."""
-        if scope is None:
-            return await self._vectors.search(repo, vector, limit, types)
-        return await self.scoped_vectors(
-            repo, scope, vector, limit, None if types is None else kind_values(types),
-            self.similarities, lambda n: self._vectors.search(repo, vector, n, types))
-
-    async def nearest_of_type(
-        self, repo: str, probes: Vector, kind: NodeType, k: int
-    ) -> list[list[tuple[str, float]]]:
-        return await self._vectors.nearest_of_type(repo, probes, kind, k)
-
-    async def similarities(
-        self, repo: str, node_ids: Sequence[str], vector: Vector
-    ) -> dict[str, float]:
-        return await self._vectors.similarities(repo, node_ids, vector)
-
-    async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
-        return await self._vectors.of_nodes(repo, node_ids)
-
-    async def vectors_of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
-        return await self._vectors.of_type(repo, kind)
-
-    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
-        return self._vectors.reading(repo)
-
-    def vectors_on_loop(self, repo: str) -> bool:
-        return False  # the database searches the nodes' vectors: a round trip each
-
-    async def vector_index(self, repo: str) -> VectorIndex:
-        """The repo's TAG and INTENT vectors, in memory (`CommitTarget`)."""
-        return await self._vectors.routes(repo)
-
     # ---- maintenance (the caller holds the repo's lock) -----------------------------------
 
     async def unconsolidated(self, repo: str) -> set[str]:
@@ -523,32 +376,18 @@ class PgGraph(PgReembedding, ScopeReads):
     ) -> MergeResult:
         async with self._pg.transaction() as conn:
             result = await maintenance.merge_duplicates(conn, repo, pairs, examined)
-        self._forget(repo, result.deleted)
+        self._vectors.forget(repo, result.deleted)
         return result
 
     async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
         async with self._pg.transaction() as conn:
             swept = await maintenance.decay_sweep(conn, repo, config, now)
-        self._forget(repo, [*swept.doomed, *swept.pruned])
+        self._vectors.forget(repo, [*swept.doomed, *swept.pruned])
         return swept
 
     async def validate(self, repo: str, dim: int) -> ValidationReport:
         async with self._pg.transaction() as conn:
             return await maintenance.validate(conn, repo, dim)
-
-    async def settle(self, repo: str) -> None:
-        """Waits until the repo's lexical index and routes' HNSW graphs (if any) have caught up
-        with its rows (pgvector's index is written with the rows)."""
-        await self._vectors.settle(repo)
-        if self._lexical is not None:
-            await self._lexical.settle(repo)
-
-    async def aclose(self) -> None:
-        """Stops the lexical index's and the routes' HNSW work (the connections belong to the
-        backend)."""
-        await self._vectors.aclose()
-        if self._lexical is not None:
-            await self._lexical.aclose()
 
     async def _all(self, statement: Any, params: Any = None) -> list[Row]:
         return await self._pg.fetch_all(statement, params)

@@ -14,13 +14,12 @@ from mnemo.graph.commit import CommitPlan
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import Link, LinkType
 from mnemo.ports import JSONObject
+from mnemo.storage.graph_base import COMMIT_COLUMNS
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.row import Row
 
-_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
-            " reworded, joined, reverted_by, reverts")
 _INSERT = (
-    f"INSERT INTO commits ({_COLUMNS})"
+    f"INSERT INTO commits ({COMMIT_COLUMNS})"
     " SELECT %s, %s, COALESCE(MAX(seq), 0) + 1, %s, %s, %s, %s, %s, %s, %s, %s, NULL, %s"
     " FROM commits WHERE repo = %s"
 )
@@ -68,31 +67,6 @@ async def record(conn: Connection, plan: CommitPlan) -> None:
         )
 
 
-async def log(
-    conn: Connection, repo: str, *, limit: int | None, after_seq: int | None
-) -> list[CommitRecord]:
-    """The repo's commits, newest first: the `limit` newest, or every one after `after_seq`."""
-    if after_seq is not None:
-        cur = await conn.execute(
-            f"SELECT {_COLUMNS} FROM commits WHERE repo = %s AND seq > %s ORDER BY seq DESC",
-            (repo, after_seq),
-        )
-    else:
-        cur = await conn.execute(
-            f"SELECT {_COLUMNS} FROM commits WHERE repo = %s ORDER BY seq DESC LIMIT %s",
-            (repo, limit),
-        )
-    return [_record(row) for row in await cur.fetchall()]
-
-
-async def one(conn: Connection, repo: str, commit_id: str) -> CommitRecord | None:
-    cur = await conn.execute(
-        f"SELECT {_COLUMNS} FROM commits WHERE repo = %s AND id = %s", (repo, commit_id)
-    )
-    row = await cur.fetchone()
-    return None if row is None else _record(row)
-
-
 async def reverted(conn: Connection, repo: str, commit_id: str, revert_id: str) -> None:
     """Records the revert of a commit whose work was withdrawn: a record of its own, named by
     the reverted one's; an ingested source's id is free again."""
@@ -123,7 +97,8 @@ async def forget_commits(conn: Connection, repo: str, commit_ids: Sequence[str])
     )
 
 
-def _record(row: Row) -> CommitRecord:
+def record_of(row: Row) -> CommitRecord:
+    """A commit's record from its row (`graph_base.COMMIT_COLUMNS`)."""
     (commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded, joined,
      reverted_by, reverts) = row
     return CommitRecord(

@@ -16,18 +16,12 @@ from datetime import datetime
 from psycopg.types.json import Jsonb
 
 from mnemo.config import Config
-from mnemo.graph.maintenance import ValidationReport, merge_groups, merged_data
-from mnemo.graph.model import NodeType
-from mnemo.graph.ports import MergeResult, SweepResult
-from mnemo.graph.value import node_value
+from mnemo.graph import maintenance
+from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
+from mnemo.graph.model import NodeType, node_value
 from mnemo.ports import JSONObject
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.postgres.migrations import SEARCH_VECTOR
-
-# Nodes that route a search to memories; never valued, deleted only once nothing links them.
-# SOURCE nodes exist only as provenance for episodic steps, so they go the same way.
-_ROUTES = (NodeType.TAG, NodeType.INTENT, NodeType.SUBGOAL, NodeType.SOURCE)
-_VALUED = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
 
 
 async def unconsolidated(conn: Connection, repo: str) -> set[str]:
@@ -68,7 +62,7 @@ async def merge_duplicates(
             )
             lasts[str(node_id)] = last
             sources[str(node_id)] = None if source is None else str(source)
-    groups = merge_groups(pairs, rows, sources)
+    groups = maintenance.merge_groups(pairs, rows, sources)
     moved = 0
     merged: list[str] = []
     for survivor, members in groups.items():
@@ -77,7 +71,7 @@ async def merge_duplicates(
         for member in members:
             moved += await _move_links(conn, member, survivor)
             _, other, other_count, _ = rows[member]
-            data = merged_data(data, other, member)
+            data = maintenance.merged_data(data, other, member)
             count += other_count
             last = max(filter(None, (last, lasts[member])), default=None)
             merged.append(member)
@@ -126,7 +120,7 @@ async def decay_sweep(conn: Connection, repo: str, config: Config, now: datetime
     """Deletes the repo's memories whose `node_value` at `now` is below
     `config.decay_threshold`, then the routing and source nodes left with no link."""
     examined, candidates = await _below_threshold(
-        conn, "repo = %s AND type = ANY(%s)", (repo, [kind.value for kind in _VALUED]),
+        conn, "repo = %s AND type = ANY(%s)", (repo, [kind.value for kind in maintenance.VALUED]),
         config, now,
     )
     # The scan took no locks (locking every memory of the repo would write every row). SQLite
@@ -139,7 +133,7 @@ async def decay_sweep(conn: Connection, repo: str, config: Config, now: datetime
             conn, "id = ANY(%s)", (candidates,), config, now, lock=True
         )
     await _delete(conn, doomed)
-    pruned = await _orphans(conn, repo, _ROUTES)
+    pruned = await _orphans(conn, repo, maintenance.ROUTES)
     await _delete(conn, pruned)
     return SweepResult(examined, doomed, pruned)
 
@@ -223,16 +217,8 @@ async def validate(conn: Connection, repo: str, dim: int) -> ValidationReport:
     stale = f"repo = %s AND search IS DISTINCT FROM {SEARCH_VECTOR}"
     cur = await conn.execute("UPDATE nodes SET text = text WHERE " + stale, (repo,))
     rebuilt = cur.rowcount > 0
-    return ValidationReport(
-        episodic=episodic,
-        missing_subgoal=len(no_subgoal),
-        missing_source=len(no_source),
-        links_restored=restored,
-        dangling_links=dangling,
-        missing_vectors=missing_vectors,
-        bad_vectors=bad_vectors,
-        fts_rebuilt=rebuilt,
-    )
+    return ValidationReport(episodic, len(no_subgoal), len(no_source), restored, dangling,
+                            missing_vectors, bad_vectors, rebuilt)
 
 
 _DANGLING = (
@@ -296,35 +282,17 @@ def _group(value: object) -> str | None:
 
 
 async def _relink(
-    conn: Connection,
-    repo: str,
-    steps: list[tuple[str, str | None]],
-    owners: dict[str, str],
-    prefix: str,
-    *,
-    to_step: bool,
+    conn: Connection, repo: str, steps: list[tuple[str, str | None]],
+    owners: dict[str, str], prefix: str, *, to_step: bool,
 ) -> int:
     kind, link = ("subgoal", "hierarchical") if to_step else ("source", "provenance")
+    cur = await conn.execute("SELECT id FROM nodes WHERE repo = %s AND type = %s AND id = ANY(%s)",
+                             (repo, kind, maintenance.wanted(steps, owners, prefix)))
+    existing = {str(i) for (i,) in await cur.fetchall()}
     restored = 0
-    for step, group in steps:
-        if group is None:
-            continue
-        owner = owners.get(group)
-        if owner is None:
-            cur = await conn.execute(
-                "SELECT id FROM nodes WHERE id = %s AND repo = %s AND type = %s",
-                (prefix + group, repo, kind),
-            )
-            found = await cur.fetchone()
-            owner = None if found is None else str(found[0])
-        if owner is None:
-            continue
-        src, dst = (owner, step) if to_step else (step, owner)
-        cur = await conn.execute(
-            "INSERT INTO links (repo, src, dst, type) VALUES (%s, %s, %s, %s)"
-            " ON CONFLICT DO NOTHING",
-            (repo, src, dst, link),
-        )
+    for src, dst in maintenance.relinks(steps, owners, existing, prefix, to_step=to_step):
+        cur = await conn.execute("INSERT INTO links (repo, src, dst, type) VALUES (%s, %s, %s, %s)"
+                                 " ON CONFLICT DO NOTHING", (repo, src, dst, link))
         restored += max(cur.rowcount, 0)
     return restored
 

@@ -10,6 +10,7 @@ from datetime import datetime
 
 from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeType, Vector
 from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
+from mnemo.storage.graph_base import joined
 from mnemo.storage.postgres.connection import Connection, Postgres
 from mnemo.storage.postgres.rows import NODE_COLUMNS, NODE_WIDTH, node
 from mnemo.storage.postgres.vectors import OF_NODES, as_array, unit_rows
@@ -31,12 +32,8 @@ _LINKS = (
 
 
 async def node_context(
-    pg: Postgres,
-    repo: str,
-    node_ids: Sequence[str],
-    linked: Iterable[NodeType],
-    link_type: LinkType,
-    then: More | None = None,
+    pg: Postgres, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
+    link_type: LinkType, then: More | None = None,
 ) -> NodeContext:
     """See `GraphStore.node_context`: `then`'s nodes on the same connection."""
     async with pg.connection() as conn:
@@ -47,15 +44,11 @@ async def node_context(
         if not more:
             return first
         second = await _node_context(conn, repo, more, more_linked, link_type)
-    return NodeContext([*first.nodes, *second.nodes], {**first.stats, **second.stats},
-                       [*first.links, *second.links], {**first.vectors, **second.vectors})
+    return joined(first, second)
 
 
 async def _node_context(
-    conn: Connection,
-    repo: str,
-    node_ids: Sequence[str],
-    linked: Iterable[NodeType],
+    conn: Connection, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
     link_type: LinkType,
 ) -> NodeContext:
     ids = list(dict.fromkeys(node_ids))

@@ -9,8 +9,10 @@ from contextlib import asynccontextmanager
 
 import anyio
 
+from mnemo.errors import ConflictError
 from mnemo.graph.model import Vector
-from mnemo.graph.ports import Staging, Unstaged
+from mnemo.graph.reembed import Staging, Unstaged
+from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.postgres import reembeds
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.vectors import PgVectors
@@ -23,38 +25,29 @@ def reembed_lock_key(repo: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-class PgReembedding:
+class PgReembedding(GraphBase):
     """`GraphStore`'s re-embedding methods over PostgreSQL."""
 
     _pg: Postgres
     _vectors: PgVectors
     _reembeds: Claims
 
-    async def generation(self, repo: str) -> int:
-        return (await self._vectors.routes(repo)).generation
-
     @asynccontextmanager
-    async def reembedding(self, repo: str) -> AsyncIterator[None]:
-        """The repo's re-embedding: this store's claim, then the database's advisory lock of
-        it, taken without waiting on a connection held for the block (the server lets it go
-        when the connection ends, with its process).
-
-        Raises:
-            ConflictError: another re-embedding of the repo (here or in another process)
-                holds it.
-        """
-        with self._reembeds.claim(repo) as busy:
-            async with self._pg.connection() as conn:
-                key = reembed_lock_key(repo)
-                cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))
-                row = await cur.fetchone()
-                if row is None or row[0] is not True:
-                    raise busy
-                try:
-                    yield
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+    async def _reembed_lock(self, repo: str, busy: ConflictError) -> AsyncIterator[None]:
+        """The database's advisory lock of the repo's re-embedding, taken without waiting on
+        a connection held for the block (the server lets it go when the connection ends,
+        with its process)."""
+        async with self._pg.connection() as conn:
+            key = reembed_lock_key(repo)
+            cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))
+            row = await cur.fetchone()
+            if row is None or row[0] is not True:
+                raise busy
+            try:
+                yield
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
     async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
         async with self._pg.transaction() as conn:

@@ -11,7 +11,7 @@ from psycopg import sql
 
 from mnemo.errors import StorageError
 from mnemo.graph.model import NODE_TYPES, Vector
-from mnemo.graph.ports import Staging, Unstaged
+from mnemo.graph.reembed import Staging, Unstaged
 from mnemo.storage import vector_log
 from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.postgres.connection import Connection

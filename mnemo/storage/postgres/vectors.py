@@ -24,21 +24,14 @@ import numpy as np
 from psycopg import sql
 
 from mnemo.errors import StorageError
-from mnemo.graph import ann, ann_calls, ann_files
+from mnemo.graph import ann, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
+from mnemo.storage import vector_log
 from mnemo.storage.postgres import lexical, schema
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.row import Row
-from mnemo.storage.vector_log import (
-    CHANGED_OF_KINDS,
-    VECTOR_STATE,
-    Change,
-    Reload,
-    RepoVectors,
-    VectorCache,
-    VectorState,
-)
+from mnemo.storage.vector_log import Change, RepoVectors, VectorCache, VectorState
 
 log = logging.getLogger("mnemo")
 
@@ -115,7 +108,10 @@ class PgVectors:
         if repo in self._sizes:
             self._sizes[repo] += new
 
-    def removed(self, repo: str, node_ids: Sequence[str]) -> None:
+    def on_loop(self, repo: str) -> bool:
+        return False  # the database searches the nodes' vectors: a round trip each
+
+    def forget(self, repo: str, node_ids: Sequence[str]) -> None:
         if repo in self._sizes:
             self._sizes[repo] = max(0, self._sizes[repo] - len(node_ids))
         self._routes.remove(repo, node_ids)
@@ -138,7 +134,7 @@ class PgVectors:
         if k <= 0:
             return [[] for _ in range(len(probes))]
         if kind in ROUTES:
-            return await ann_calls.nearest_of_type(await self.routes(repo), probes, kind, k)
+            return await ann.nearest_of_type(await self.index(repo), probes, kind, k)
         return await self._nearest(repo, list(probes), [kind.value], k)
 
     async def similarities(
@@ -162,7 +158,7 @@ class PgVectors:
     async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
         """The ids and unit vectors of every node of one type, oldest first."""
         if kind in ROUTES:
-            return await ann_calls.of_type(await self.routes(repo), kind)
+            return await ann.of_type(await self.index(repo), kind)
         _, ids, _, matrix = await self._load(repo, [kind.value])
         return ids, unit(matrix) if ids else matrix
 
@@ -170,7 +166,7 @@ class PgVectors:
         """A block whose uses of the repo's routes share one look at the log, at its start."""
         return self._routes.reading(repo)
 
-    async def routes(self, repo: str) -> VectorIndex:
+    async def index(self, repo: str) -> VectorIndex:
         """The repo's TAG and INTENT vectors as the store holds them now
         (`vector_log.VectorCache`)."""
         return await self._routes.index(repo)
@@ -201,7 +197,8 @@ class PgVectors:
         return followed
 
     async def _state(self, repo: str) -> VectorState:
-        return VectorState.of(await self._pg.fetch_all(VECTOR_STATE.replace("?", "%s"), (repo,)))
+        return VectorState.of(
+            await self._pg.fetch_all(vector_log.VECTOR_STATE.replace("?", "%s"), (repo,)))
 
     async def _changes(self, repo: str, followed: RepoVectors) -> tuple[int, list[Change]] | None:
         """What the node log holds past `followed`'s sequence (see `vector_log.Changes`)."""
@@ -210,19 +207,20 @@ class PgVectors:
         if not followed.behind(seq, state.horizon, state.generation):
             return None
         rows = await self._pg.fetch_all(
-            CHANGED_OF_KINDS.replace("?", "%s"),
+            vector_log.CHANGED_OF_KINDS.replace("?", "%s"),
             (repo, followed.seq, seq, repo, [t.value for t in ROUTES]), binary=True)
         if any(v is not None and len(v) != followed.index.dim for _, _, _, v in rows):
-            raise Reload  # a switch to another dimension committed after the state was read
+            # A switch to another dimension committed after the state was read.
+            raise vector_log.Reload
         return seq, [(int(r), i, t, v) for r, i, t, v in rows]
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's routes' HNSW graphs (if any) have caught up with them."""
-        await ann_calls.settle(self._routes.loaded(repo))
+        await ann.settle(self._routes.loaded(repo))
 
     async def aclose(self) -> None:
         """Stops the routes' HNSW builders (a build in progress stops at its next chunk)."""
-        await ann_calls.close(self._routes.indexes())
+        await ann.close(self._routes.indexes())
 
     async def _nearest(
         self, repo: str, probes: list[Vector], kinds: list[str] | None, k: int

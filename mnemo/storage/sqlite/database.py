@@ -42,8 +42,7 @@ from mnemo.storage.row import Row
 from mnemo.storage.sql import Work as StatementsWork
 from mnemo.storage.sql import drive
 from mnemo.storage.sqlite.migrations import MIGRATIONS
-from mnemo.storage.started import Queued
-from mnemo.storage.worker import Worker
+from mnemo.storage.worker import Queued, Worker
 
 T = TypeVar("T")
 

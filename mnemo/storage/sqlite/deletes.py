@@ -23,16 +23,14 @@ from mnemo.storage.sqlite.rows import half_blob, unpack_text
 from mnemo.storage.sqlite.sessions import side_writes
 
 
-def delete_nodes(db: SqliteUtilsDatabase, repo: str, ids: list[str]) -> int:
-    """See `GraphStore.delete_nodes`: returns how many of `ids` were rows."""
-    gone = 0
+def delete_nodes(db: SqliteUtilsDatabase, repo: str, ids: list[str]) -> list[str]:
+    """See `GraphStore.delete_nodes`: returns those of `ids` that were rows."""
+    gone: list[str] = []
     with db.atomic():
         for chunk in chunks(ids, 500):
-            marks = ",".join("?" * len(chunk))
-            gone += db.conn.execute(
-                f"DELETE FROM nodes WHERE repo = ? AND id IN ({marks})",
-                [repo, *chunk],
-            ).rowcount
+            gone += [row[0] for row in db.conn.execute(
+                f"DELETE FROM nodes WHERE repo = ? AND id IN ({','.join('?' * len(chunk))})"
+                " RETURNING id", [repo, *chunk])]
         if gone:
             scrub(db.conn)
     return gone

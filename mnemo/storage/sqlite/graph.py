@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -24,37 +24,18 @@ import filelock
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
-from mnemo.errors import StorageError
-from mnemo.graph import ann, ann_files, commit, erasure
+from mnemo.errors import ConflictError, StorageError
+from mnemo.graph import ann, ann_files, erasure
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.erasure import Embed, Inherited
+from mnemo.graph.erasure import Inherited
 from mnemo.graph.history import CommitRecord
-from mnemo.graph.maintenance import ValidationReport
-from mnemo.graph.model import (
-    Changeset,
-    CommitReceipt,
-    Link,
-    LinkType,
-    Node,
-    NodeId,
-    NodeType,
-    Vector,
-    now_utc,
-)
-from mnemo.graph.ports import (
-    IntentPolicy,
-    MergeResult,
-    Reverting,
-    SideWrite,
-    Staging,
-    SweepResult,
-    Unstaged,
-    same_generation,
-)
-from mnemo.graph.scope import Scope
-from mnemo.graph.vectors import VectorIndex
+from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
+from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, Vector, now_utc
+from mnemo.graph.ports import Reverting, SideWrite
+from mnemo.graph.reembed import Staging, Unstaged
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.reembed_claims import Claims
+from mnemo.storage.row import Row
 from mnemo.storage.sqlite import commits, deletes, history, maintenance, reembeds
 from mnemo.storage.sqlite.database import Database, chunks, truncate_wal
 from mnemo.storage.sqlite.recall_cache import RecallCache
@@ -68,16 +49,10 @@ from mnemo.storage.sqlite.vectors import SqliteVectors
 class SqliteGraph(SqliteRecallReads):
     """`GraphStore` over mnemo's SQLite file."""
 
-    def __init__(
-        self,
-        database: Database,
-        dims: Callable[[str], int],
-        *,
-        ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
-        ann_params: ann.HnswParams | None = None,
-        lexical: LexicalIndex | None = None,
-        ann_dir: Path | None = None,
-    ) -> None:
+    def __init__(self, database: Database, dims: Callable[[str], int], *,
+                 ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
+                 ann_params: ann.HnswParams | None = None, lexical: LexicalIndex | None = None,
+                 ann_dir: Path | None = None) -> None:
         """`ann_threshold`: vectors a repo must exceed before its searches use the HNSW index
         (None: always exact); `lexical`: the index that answers `search_text` (None: FTS5);
         `ann_dir`: where the HNSW graphs are saved (None: not saved)."""
@@ -95,23 +70,6 @@ class SqliteGraph(SqliteRecallReads):
     @property
     def database(self) -> Database:
         return self._database
-
-    def dim(self, repo: str) -> int:
-        """The dimension of the repo's vectors."""
-        return self._dims(repo)
-
-    @asynccontextmanager
-    async def lock(self, repo: str) -> AsyncIterator[None]:
-        """The repo's write lock: commits and maintenance hold it. This process's lock, then,
-        for a file, a lock file beside it that every process on the host takes for the repo
-        (its commits read the graph, then write: SQLite's write lock covers the write only).
-        The wait for another process is bounded by the busy timeout (StorageError "busy")."""
-        try:
-            async with self._repo_lock(repo):
-                yield
-        finally:
-            if self._lexical is not None:
-                self._lexical.changed(repo)
 
     @asynccontextmanager
     async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
@@ -161,18 +119,15 @@ class SqliteGraph(SqliteRecallReads):
         result = await self._database.run(
             lambda db: maintenance.merge_duplicates(db, repo, pairs, examined)
         )
-        self._forget_vectors(repo, result.deleted)
+        self._vectors.forget(repo, result.deleted)
         return result
 
     async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
         swept = await self._database.run(
             lambda db: maintenance.decay_sweep(db, repo, config, now)
         )
-        self._forget_vectors(repo, [*swept.doomed, *swept.pruned])
+        self._vectors.forget(repo, [*swept.doomed, *swept.pruned])
         return swept
-
-    def _forget_vectors(self, repo: str, node_ids: Sequence[str]) -> None:
-        self._vectors.forget(repo, node_ids)
 
     async def validate(self, repo: str, dim: int) -> ValidationReport:
         return await self._database.run(lambda db: maintenance.validate(db, repo, dim))
@@ -183,18 +138,6 @@ class SqliteGraph(SqliteRecallReads):
             return None
         digest, receipt = found
         return digest, CommitReceipt.from_json(receipt).node_ids
-
-    async def apply(
-        self, changeset: Changeset, *, intents: IntentPolicy, also: Sequence[SideWrite] = ()
-    ) -> CommitReceipt:
-        """Adds the changeset's nodes and links (deduplicated), durably, once
-        (`mnemo.graph.commit.apply`).
-
-        Raises:
-            StorageError: the transaction failed; nothing of it was written.
-            ValueError: a vector is not of the repo's dimension; nothing was written.
-        """
-        return await commit.apply(self, changeset, intents=intents, also=also)
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         repo = plan.repo
@@ -207,15 +150,9 @@ class SqliteGraph(SqliteRecallReads):
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         await self._database.run(lambda db: side_writes_alone(db, also))
 
-    async def commit_log(
-        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
-    ) -> list[CommitRecord]:
-        return await self._database.run(
-            lambda db: history.log(db.conn, repo, limit=limit, after_seq=after_seq)
-        )
-
-    async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
-        return await self._database.run(lambda db: history.one(db.conn, repo, commit_id))
+    @staticmethod
+    def _commit(row: Row) -> CommitRecord:
+        return history.record_of(row)
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         """The receipt of an applied changeset, None if it was never applied."""
@@ -242,39 +179,12 @@ class SqliteGraph(SqliteRecallReads):
 
         return await self._database.run(read)
 
-    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
-        """Every node of these types, oldest first."""
-        kinds = [NodeType(t).value for t in types]
-        if not kinds:
-            return []
+    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
         marks = ",".join("?" * len(kinds))
-        return await self._database.run(
-            lambda db: [
-                node_of(row)
-                for row in db.conn.execute(
-                    f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks})"
-                    " ORDER BY rowid",
-                    [repo, *kinds],
-                )
-            ]
-        )
-
-    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
-        """The newest `top_k` nodes of these types, newest first."""
-        kinds = [NodeType(t).value for t in types]
-        if not kinds or top_k <= 0:
-            return []
-        marks = ",".join("?" * len(kinds))
-        return await self._database.run(
-            lambda db: [
-                node_of(row)
-                for row in db.conn.execute(
-                    f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks})"
-                    " ORDER BY rowid DESC LIMIT ?",
-                    [repo, *kinds, top_k],
-                )
-            ]
-        )
+        order = " ORDER BY rowid" if newest is None else " ORDER BY rowid DESC LIMIT ?"
+        return await self._database.run(lambda db: [node_of(row) for row in db.conn.execute(
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks}){order}",
+            [repo, *kinds, *([] if newest is None else [newest])])])
 
     async def links(self, repo: str) -> list[Link]:
         rows = await self._database.run(
@@ -296,125 +206,46 @@ class SqliteGraph(SqliteRecallReads):
         )
         return [str(row[0]) for row in rows]
 
-    async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
-        """Deletes nodes with their links, vectors and search entries; returns how many went."""
-        ids = list(dict.fromkeys(node_ids))
-        if not ids:
-            return 0
-        async with self.lock(repo):
-            gone = await self._database.run(lambda db: deletes.delete_nodes(db, repo, ids))
-            self._forget_vectors(repo, ids)
-            if gone:
-                await self._erased()
-            return gone
+    async def _delete_rows(self, repo: str, ids: list[str]) -> list[str]:
+        return await self._database.run(lambda db: deletes.delete_nodes(db, repo, ids))
 
-    async def withdraw(
-        self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
-        generation: int | None = None, reverting: Reverting | None = None,
-    ) -> int:
-        """See `GraphStore.withdraw`."""
-        async def read() -> Inherited:
-            return await self._database.run(
-                lambda db: deletes.inherited(db, repo, key, one=reverting is not None))
+    async def _inherited(self, repo: str, key: str, one: bool) -> Inherited:
+        return await self._database.run(lambda db: deletes.inherited(db, repo, key, one=one))
 
-        async def delete(plan: erasure.Plan) -> list[str]:
-            revert = None
-            if reverting is not None:
-                await reverting.refused()
-                revert = (reverting.revert_id, now_utc().isoformat())
-            gone = await self._database.run(
-                lambda db: deletes.withdraw(db, repo, key, also, plan, revert))
-            self._forget_vectors(repo, gone)
-            if revert is None:
-                await self._erased()
-            return gone
-
-        return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,
-                                        lambda: same_generation(self, repo, generation)))
+    async def _withdraw_rows(self, repo: str, key: str, also: Sequence[SideWrite],
+                             plan: erasure.Plan, reverting: Reverting | None) -> list[str]:
+        revert = None if reverting is None else (reverting.revert_id, now_utc().isoformat())
+        return await self._database.run(
+            lambda db: deletes.withdraw(db, repo, key, also, plan, revert))
 
     async def _erased(self) -> None:
-        """After an erasure's transaction (`deletes.scrub`): the WAL truncated, the lexical
-        index's slots wiped (`LexicalIndex.erase`)."""
+        """After an erasure's transaction (`deletes.scrub`): the WAL truncated, then the
+        lexical index's slots wiped."""
         await self._database.run(truncate_wal)
-        if self._lexical is not None:
-            await self._lexical.erase()
-
-    async def search_vectors(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None,
-        scope: Scope | None = None,
-    ) -> list[tuple[str, float]]:
-        """Nodes nearest to `vector` by cosine, best first (inside `scope`, when given)."""
-        if scope is None:
-            return await self._vectors.search(repo, vector, limit, types)
-        kinds = None if types is None else [NodeType(t).value for t in types]
-        return await self.scoped_vectors(
-            repo, scope, vector, limit, kinds,
-            self.similarities, lambda n: self._vectors.search(repo, vector, n, types))
-
-    async def nearest_of_type(
-        self, repo: str, probes: Vector, kind: NodeType, k: int
-    ) -> list[list[tuple[str, float]]]:
-        return await self._vectors.nearest_of_type(repo, probes, kind, k)
-
-    async def similarities(
-        self, repo: str, node_ids: Sequence[str], vector: Vector
-    ) -> dict[str, float]:
-        return await self._vectors.similarities(repo, node_ids, vector)
-
-    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
-        return self._vectors.reading(repo)
-
-    def vectors_on_loop(self, repo: str) -> bool:
-        return self._vectors.on_loop(repo)
-
-    async def vector_index(self, repo: str) -> VectorIndex:
-        """The repo's in-memory vectors, loaded from SQLite on first use (`CommitTarget`)."""
-        return await self._vectors.index(repo)
-
-    async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
-        return await self._vectors.of_nodes(repo, node_ids)
-
-    async def vectors_of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
-        return await self._vectors.of_type(repo, kind)
-
-    async def settle(self, repo: str) -> None:
-        """Waits until the repo's HNSW and lexical indexes (if any) have caught up with its
-        rows."""
-        await self._vectors.settle(repo)
-        if self._lexical is not None:
-            await self._lexical.settle(repo)
+        await super()._erased()
 
     # ---- re-embedding (`mnemo.graph.reembed`; the SQL in `reembeds.py`) ------------------
 
-    async def generation(self, repo: str) -> int:
-        return (await self._vectors.index(repo)).generation
-
     @asynccontextmanager
-    async def reembedding(self, repo: str) -> AsyncIterator[None]:
-        """The repo's re-embedding: this store's claim, then, for a file, a lock file beside it
-        taken without waiting (the system lets it go when its process dies).
-
-        Raises:
-            ConflictError: another re-embedding of the repo (here or in another process)
-                holds it.
-        """
-        with self._reembeds.claim(repo) as busy:
-            held = self._file_lock(repo, "reembed")
-            if held is None:
-                yield
-                return
-            try:
-                await anyio.to_thread.run_sync(functools.partial(held.acquire, timeout=0))
-            except filelock.Timeout:
-                raise busy from None
-            except OSError as exc:
-                raise StorageError(
-                    "unavailable", f"cannot take repo {repo!r}'s re-embedding lock: {exc}"
-                ) from exc
-            try:
-                yield
-            finally:
-                held.release()
+    async def _reembed_lock(self, repo: str, busy: ConflictError) -> AsyncIterator[None]:
+        """For a file, a lock file beside it taken without waiting (the system lets it go
+        when its process dies)."""
+        held = self._file_lock(repo, "reembed")
+        if held is None:
+            yield
+            return
+        try:
+            await anyio.to_thread.run_sync(functools.partial(held.acquire, timeout=0))
+        except filelock.Timeout:
+            raise busy from None
+        except OSError as exc:
+            raise StorageError(
+                "unavailable", f"cannot take repo {repo!r}'s re-embedding lock: {exc}"
+            ) from exc
+        try:
+            yield
+        finally:
+            held.release()
 
     async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
         return await self._database.run(lambda db: reembeds.begin(db, repo, embedder, dim))
@@ -443,13 +274,6 @@ class SqliteGraph(SqliteRecallReads):
         folder = self._vectors.graph_folder(repo)
         if folder is not None:
             await anyio.to_thread.run_sync(ann_files.discard, folder)
-
-    async def aclose(self) -> None:
-        try:
-            await self._vectors.aclose()
-        finally:
-            if self._lexical is not None:
-                await self._lexical.aclose()
 
     async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]:
         if not keys:

@@ -13,14 +13,11 @@ from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import Link, LinkType
+from mnemo.storage.graph_base import COMMIT_COLUMNS
 from mnemo.storage.json_text import loads_object
 from mnemo.storage.row import Row
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import pack_text, unpack_text
-
-_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
-            " reworded, joined, reverted_by, reverts")
-
 
 # A link names its ends by their rowids. An end that is no node makes a NULL, which fails
 # (NOT NULL constraint) as the foreign key did. `refs` counts the commits that made it.
@@ -56,7 +53,8 @@ def joined(conn: sqlite3.Connection, plan: CommitPlan) -> None:
 def record(conn: sqlite3.Connection, plan: CommitPlan) -> None:
     """Writes the commit's record (the caller holds the repo's lock: `seq` is max + 1)."""
     conn.execute(
-        f"INSERT INTO commits({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
+        f"INSERT INTO commits({COMMIT_COLUMNS})"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
         (
             plan.changeset_id, plan.repo, _next_seq(conn, plan.repo), plan.created_at,
             plan.session_id, plan.source_id,
@@ -73,30 +71,6 @@ def record(conn: sqlite3.Connection, plan: CommitPlan) -> None:
     )
 
 
-def log(
-    conn: sqlite3.Connection, repo: str, *, limit: int | None, after_seq: int | None
-) -> list[CommitRecord]:
-    """The repo's commits, newest first: the `limit` newest, or every one after `after_seq`."""
-    if after_seq is not None:
-        rows = conn.execute(
-            f"SELECT {_COLUMNS} FROM commits WHERE repo = ? AND seq > ? ORDER BY seq DESC",
-            (repo, after_seq),
-        ).fetchall()
-    else:
-        rows = conn.execute(
-            f"SELECT {_COLUMNS} FROM commits WHERE repo = ? ORDER BY seq DESC LIMIT ?",
-            (repo, -1 if limit is None else limit),
-        ).fetchall()
-    return [_record(row) for row in rows]
-
-
-def one(conn: sqlite3.Connection, repo: str, commit_id: str) -> CommitRecord | None:
-    row = conn.execute(
-        f"SELECT {_COLUMNS} FROM commits WHERE repo = ? AND id = ?", (repo, commit_id)
-    ).fetchone()
-    return None if row is None else _record(row)
-
-
 def _next_seq(conn: sqlite3.Connection, repo: str) -> int:
     (seq,) = conn.execute(
         "SELECT COALESCE(MAX(seq), 0) + 1 FROM commits WHERE repo = ?", (repo,)).fetchone()
@@ -107,7 +81,7 @@ def reverted(conn: sqlite3.Connection, repo: str, commit_id: str, revert_id: str
     """Records the revert of a commit whose work was withdrawn: a record of its own, named by
     the reverted one's; an ingested source's id is free again."""
     conn.execute(
-        f"INSERT INTO commits({_COLUMNS}) VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, '[]', '[]',"
+        f"INSERT INTO commits({COMMIT_COLUMNS}) VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, '[]', '[]',"
         " '[]', NULL, ?)",
         (revert_id, repo, _next_seq(conn, repo), at, pack_text("[]"), pack_text("[]"),
          commit_id))
@@ -131,7 +105,8 @@ def forget_commits(conn: sqlite3.Connection, repo: str, commit_ids: Sequence[str
                      f" OR reverts IN ({marks}))", [repo, *chunk, *chunk])
 
 
-def _record(row: Row) -> CommitRecord:
+def record_of(row: Row) -> CommitRecord:
+    """A commit's record from its row (`graph_base.COMMIT_COLUMNS`)."""
     (commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded, joined,
      reverted_by, reverts) = row
     return CommitRecord(

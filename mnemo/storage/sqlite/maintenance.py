@@ -11,17 +11,12 @@ from datetime import datetime
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
-from mnemo.graph.maintenance import ValidationReport, merge_groups, merged_data
-from mnemo.graph.model import NodeType
-from mnemo.graph.ports import MergeResult, SweepResult
-from mnemo.graph.value import node_value
+from mnemo.graph import maintenance
+from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
+from mnemo.graph.model import NodeType, node_value
 from mnemo.ports import JSONObject
 from mnemo.storage.sqlite.database import chunks
 
-# Nodes that route a search to memories; never valued, deleted only once nothing links them.
-# SOURCE nodes exist only as provenance for episodic steps, so they go the same way.
-_ROUTES = (NodeType.TAG, NodeType.INTENT, NodeType.SUBGOAL, NodeType.SOURCE)
-_VALUED = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
 _SQL_CHUNK = 400
 
 
@@ -53,7 +48,7 @@ def merge_duplicates(
             ):
                 rows[node_id] = (rowid, json.loads(data), count, last)
                 sources[node_id] = source
-        groups = merge_groups(pairs, rows, sources)
+        groups = maintenance.merge_groups(pairs, rows, sources)
         moved = 0
         merged: list[str] = []
         for survivor, members in groups.items():
@@ -61,7 +56,7 @@ def merge_duplicates(
             for member in members:
                 member_row, other, other_count, other_last = rows[member]
                 moved += _move_links(conn, member_row, rowid)
-                data = merged_data(data, other, member)
+                data = maintenance.merged_data(data, other, member)
                 count += other_count
                 last = max(filter(None, (last, other_last)), default=None)
                 merged.append(member)
@@ -105,7 +100,7 @@ def decay_sweep(
     db: SqliteUtilsDatabase, repo: str, config: Config, now: datetime
 ) -> SweepResult:
     conn = db.conn
-    kinds = [kind.value for kind in _VALUED]
+    kinds = [kind.value for kind in maintenance.VALUED]
     examined = 0
     doomed: list[str] = []
     with db.atomic():
@@ -130,7 +125,7 @@ def decay_sweep(
             if value < config.decay_threshold:
                 doomed.append(node_id)
         _delete(conn, doomed)
-        pruned = _orphans(conn, repo, _ROUTES)
+        pruned = _orphans(conn, repo, maintenance.ROUTES)
         _delete(conn, pruned)
     return SweepResult(examined, doomed, pruned)
 
@@ -174,16 +169,8 @@ def validate(db: SqliteUtilsDatabase, repo: str, dim: int) -> ValidationReport:
         except sqlite3.DatabaseError:
             conn.execute("INSERT INTO nodes_fts(nodes_fts) VALUES ('rebuild')")
             rebuilt = True
-    return ValidationReport(
-        episodic=episodic,
-        missing_subgoal=len(no_subgoal),
-        missing_source=len(no_source),
-        links_restored=restored,
-        dangling_links=dangling,
-        missing_vectors=missing_vectors,
-        bad_vectors=bad_vectors,
-        fts_rebuilt=rebuilt,
-    )
+    return ValidationReport(episodic, len(no_subgoal), len(no_source), restored, dangling,
+                            missing_vectors, bad_vectors, rebuilt)
 
 
 
@@ -239,36 +226,20 @@ def _owners(conn: sqlite3.Connection, repo: str, kind: str, link: str, key: str)
 
 
 def _relink(
-    conn: sqlite3.Connection,
-    repo: str,
-    steps: list[tuple[str, str | None]],
-    owners: dict[str, str],
-    prefix: str,
-    *,
-    to_step: bool,
+    conn: sqlite3.Connection, repo: str, steps: list[tuple[str, str | None]],
+    owners: dict[str, str], prefix: str, *, to_step: bool,
 ) -> int:
     kind, link = ("subgoal", "hierarchical") if to_step else ("source", "provenance")
-    restored = 0
-    for step, group in steps:
-        if group is None:
-            continue
-        owner = owners.get(group)
-        if owner is None:
-            found = conn.execute(
-                "SELECT id FROM nodes WHERE id = ? AND repo = ? AND type = ?",
-                (prefix + group, repo, kind),
-            ).fetchone()
-            owner = None if found is None else found[0]
-        if owner is None:
-            continue
-        src, dst = (owner, step) if to_step else (step, owner)
-        restored += conn.execute(
-            "INSERT OR IGNORE INTO links(src, dst, type)"
-            " SELECT a.rowid, b.rowid, ? FROM nodes a, nodes b"
-            " WHERE a.repo = ? AND a.id = ? AND b.repo = ? AND b.id = ?",
-            (link, repo, src, repo, dst),
-        ).rowcount
-    return restored
+    existing: set[str] = set()
+    for chunk in chunks(maintenance.wanted(steps, owners, prefix), _SQL_CHUNK):
+        existing |= {row[0] for row in conn.execute(
+            f"SELECT id FROM nodes WHERE repo = ? AND type = ? AND id IN"
+            f" ({','.join('?' * len(chunk))})", [repo, kind, *chunk])}
+    return sum(conn.execute(
+        "INSERT OR IGNORE INTO links(src, dst, type) SELECT a.rowid, b.rowid, ? FROM nodes a,"
+        " nodes b WHERE a.repo = ? AND a.id = ? AND b.repo = ? AND b.id = ?",
+        (link, repo, src, repo, dst)).rowcount
+        for src, dst in maintenance.relinks(steps, owners, existing, prefix, to_step=to_step))
 
 
 # ---- shared ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ holds the two to the same answers), built afresh at each read: a caller gets nod
 own, as from the file.
 
 **Bounded**: at most `LIMIT` nodes, emptied when full; used only for repos of fewer than
-`ann_calls.IN_TURN_BELOW` vectors, the small ones (a large repo's recalls rarely read a node
+`ann.IN_TURN_BELOW` vectors, the small ones (a large repo's recalls rarely read a node
 twice).
 """
 
@@ -34,10 +34,10 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph.model import NODE_TYPES, LinkType, Node, NodeType
 from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
+from mnemo.storage.graph_base import seen_from_asked
 from mnemo.storage.row import Row
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
-from mnemo.storage.typed_links import seen_from_asked
 
 # The statements' chunks (`recall_reads._CHUNK`): an answer is built chunk by chunk as theirs.
 CHUNK = 400

@@ -3,7 +3,7 @@ search, the hops' links, the best candidates' nodes and links (from the `RecallC
 may answer), access stats and the access counts' write.
 
 Each read is one call on the connection's thread, or none: a recall of a small repo (its
-vectors searched on the event loop, `ann_calls.on_loop`) answers its hops and its best
+vectors searched on the event loop, `ann.on_loop`) answers its hops and its best
 candidates' read from the cache once it holds their rows.
 """
 
@@ -18,15 +18,15 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.graph.model import LinkType, NodeType, Vector
-from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead
+from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead, TypedLink
 from mnemo.graph.scope import Scope, Where
+from mnemo.storage.graph_base import GraphBase, joined
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.scopes import ScopeReads
 from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write
 from mnemo.storage.sqlite.recall_cache import RecallCache
 from mnemo.storage.sqlite.vectors import SqliteVectors
-from mnemo.storage.started import DeferredRead, FallbackRead
+from mnemo.storage.worker import DeferredRead, FallbackRead
 from mnemo.text import query_words
 
 log = logging.getLogger("mnemo")
@@ -40,7 +40,7 @@ def fts_query(text: str) -> str:
     return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
 
 
-class SqliteRecallReads(ScopeReads):
+class SqliteRecallReads(GraphBase):
     """Recall's reads of a `SqliteGraph` (its database, vectors, lexical index and cache)."""
 
     _database: Database
@@ -60,17 +60,8 @@ class SqliteRecallReads(ScopeReads):
             lambda db: recall_reads.neighbors(db, repo, ids, link_type)
         )
 
-    async def node_context(
-        self,
-        repo: str,
-        node_ids: Sequence[str],
-        linked: Iterable[NodeType],
-        link_type: LinkType,
-        then: More | None = None,
-    ) -> NodeContext:
-        if not node_ids:
-            return NodeContext([], {}, [])
-        kinds = list(linked)
+    async def _context(self, repo: str, node_ids: Sequence[str], kinds: list[NodeType],
+                       link_type: LinkType, then: More | None) -> NodeContext:
         # The vectors are in memory: no read, and `then` sees the first read's with its nodes.
         vectors = await self._vectors.of_nodes(repo, node_ids)
         cache = self._cache_for(repo)
@@ -132,14 +123,12 @@ class SqliteRecallReads(ScopeReads):
         if second is None:
             return first
         more, context = second
-        both = NodeContext([*first.nodes, *context.nodes], {**first.stats, **context.stats},
-                           [*first.links, *context.links], dict(vectors))
-        both.vectors.update(await self._vectors.of_nodes(repo, more))
-        return both
+        context.vectors.update(await self._vectors.of_nodes(repo, more))
+        return joined(first, context)
 
     def _cache_for(self, repo: str) -> RecallCache | None:
         """The recall cache, when it may answer for `repo` now: a small repo (its vectors
-        searched on the event loop: fewer than `ann_calls.IN_TURN_BELOW`), read inside a
+        searched on the event loop: fewer than `ann.IN_TURN_BELOW`), read inside a
         `reading` block whose look at the log is done (the look read the file's stamp:
         `RecallCache.valid`). A larger repo's recalls rarely read a node twice: filling the
         cache cost them more than it saved (measured at 10,000 nodes)."""
@@ -149,15 +138,7 @@ class SqliteRecallReads(ScopeReads):
         cache.valid()
         return cache
 
-    async def search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
-        scope: Scope | None = None,
-    ) -> list[tuple[str, float]]:
-        """Nodes matching words of `query` by BM25, best first (higher is better): from the
-        lexical index, or from FTS5 when there is none or it cannot answer now."""
-        return await self.start_search_text(repo, query, limit, types, scope).result()
-
-    async def _scope_rows(self, statement: str, params: list[object]) -> list[Any]:
+    async def _rows(self, statement: str, params: list[object]) -> list[Any]:
         return await self._database.run(lambda db: db.conn.execute(statement, params).fetchall())
 
     async def _store_text(
@@ -271,9 +252,8 @@ class SqliteRecallReads(ScopeReads):
                 cache.keep(filled)
         return view.typed_links(repo, ids)
 
-    async def typed_links_near(
-        self, repo: str, node_ids: Sequence[str], vector: Vector
-    ) -> tuple[list[tuple[str, NodeType, str, NodeType, LinkType]], dict[str, float]]:
+    async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
+                          ) -> tuple[list[TypedLink], dict[str, float]]:
         links = await self.typed_links(repo, node_ids)
         # The vectors are in memory: the cosines cost no second read.
         targets = [target for _, _, target, _, _ in links]

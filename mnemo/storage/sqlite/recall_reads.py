@@ -13,21 +13,17 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
 from mnemo.graph.scope import Where
-from mnemo.storage import scopes
+from mnemo.storage import graph_base as scopes
+from mnemo.storage.graph_base import joined, neighbors_seen_from_asked, seen_from_asked
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
-from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
 
 _CHUNK = 400
 
 
 def node_context(
-    db: SqliteUtilsDatabase,
-    repo: str,
-    node_ids: Sequence[str],
-    linked: Iterable[NodeType],
-    link_type: LinkType,
-    then: More | None = None,
+    db: SqliteUtilsDatabase, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
+    link_type: LinkType, then: More | None = None,
 ) -> NodeContext:
     """See `GraphStore.node_context` (the vectors are the caller's: they are in memory)."""
     first = _node_context(db, repo, node_ids, linked, link_type)
@@ -37,15 +33,11 @@ def node_context(
     if not more:
         return first
     second = _node_context(db, repo, more, more_linked, link_type)
-    return NodeContext([*first.nodes, *second.nodes], {**first.stats, **second.stats},
-                       [*first.links, *second.links])
+    return joined(first, second)
 
 
 def _node_context(
-    db: SqliteUtilsDatabase,
-    repo: str,
-    node_ids: Sequence[str],
-    linked: Iterable[NodeType],
+    db: SqliteUtilsDatabase, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
     link_type: LinkType,
 ) -> NodeContext:
     ids = list(dict.fromkeys(node_ids))

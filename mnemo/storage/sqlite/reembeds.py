@@ -10,7 +10,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.graph.model import NODE_TYPES, Vector, now_utc
-from mnemo.graph.ports import Staging, Unstaged
+from mnemo.graph.reembed import Staging, Unstaged
 from mnemo.storage import vector_log
 from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.sqlite.rows import half_blob

@@ -19,37 +19,23 @@ import anyio
 import anyio.to_thread
 from sqlite_utils import Database as SqliteUtilsDatabase
 
-from mnemo.graph import ann, ann_calls, ann_files
+from mnemo.graph import ann, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage import vector_log
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.rows import vector_of_half, vectors_of_halves
-from mnemo.storage.started import Queued
-from mnemo.storage.vector_log import (
-    CHANGED,
-    VECTOR_STATE,
-    Change,
-    Reload,
-    RepoVectors,
-    VectorCache,
-    VectorState,
-)
+from mnemo.storage.vector_log import Change, RepoVectors, VectorCache, VectorState
+from mnemo.storage.worker import Queued
 
 
 class SqliteVectors:
     """Every repo's vectors in memory, loaded from one SQLite file."""
 
-    def __init__(
-        self,
-        database: Database,
-        dims: Callable[[str], int],
-        *,
-        ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
-        ann_params: ann.HnswParams | None = None,
-        ann_dir: Path | None = None,
-        on_look: Callable[[SqliteUtilsDatabase], object] = lambda db: None,
-    ) -> None:
+    def __init__(self, database: Database, dims: Callable[[str], int], *,
+                 ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
+                 ann_params: ann.HnswParams | None = None, ann_dir: Path | None = None,
+                 on_look: Callable[[SqliteUtilsDatabase], object] = lambda db: None) -> None:
         """`on_look`: called on the connection's thread by each look at the node log (and
         each load), before it reads."""
         self._database = database
@@ -65,10 +51,10 @@ class SqliteVectors:
         return self._follower.loaded(repo)
 
     def on_loop(self, repo: str) -> bool:
-        """Whether the repo's searches run on the event loop now (`ann_calls.on_loop`); False
+        """Whether the repo's searches run on the event loop now (`ann.on_loop`); False
         while it is not loaded (the first use reads it)."""
         index = self.loaded(repo)
-        return index is not None and ann_calls.on_loop(index)
+        return index is not None and ann.on_loop(index)
 
     def forget(self, repo: str, node_ids: Sequence[str]) -> None:
         """The nodes were deleted."""
@@ -88,13 +74,13 @@ class SqliteVectors:
         """Nodes nearest to `vector` by cosine, best first."""
         index = await self.index(repo)
         kinds = None if types is None else list(types)
-        return await ann_calls.by_size(len(index), lambda: index.search(vector, limit, kinds))
+        return await ann.by_size(len(index), lambda: index.search(vector, limit, kinds))
 
     async def nearest_of_type(
         self, repo: str, probes: Vector, kind: NodeType, k: int
     ) -> list[list[tuple[str, float]]]:
         """For each probe row, the `k` nodes of one type nearest by cosine."""
-        return await ann_calls.nearest_of_type(await self.index(repo), probes, kind, k)
+        return await ann.nearest_of_type(await self.index(repo), probes, kind, k)
 
     async def similarities(
         self, repo: str, node_ids: Sequence[str], vector: Vector
@@ -107,16 +93,16 @@ class SqliteVectors:
         return {i: v for i in dict.fromkeys(node_ids) if (v := index.get(i)) is not None}
 
     async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
-        return await ann_calls.of_type(await self.index(repo), kind)
+        return await ann.of_type(await self.index(repo), kind)
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's HNSW index (if any) has caught up with its rows (built, no
         insert pending); bound it with `anyio.fail_after`. For tests and benchmarks."""
-        await ann_calls.settle(self.loaded(repo))
+        await ann.settle(self.loaded(repo))
 
     async def aclose(self) -> None:
         """Stops the HNSW builders (a build in progress stops at its next chunk)."""
-        await ann_calls.close(self._follower.indexes())
+        await ann.close(self._follower.indexes())
 
     def settled(self, repo: str) -> bool:
         """Whether this task is in a `reading` block of the repo whose look at the log is
@@ -166,7 +152,7 @@ class SqliteVectors:
 
 
 # The store's vectors are keyed by their node's rowid.
-_CHANGED = CHANGED.replace("v.node_id = n.id", "v.node = n.rowid")
+_CHANGED = vector_log.CHANGED.replace("v.node_id = n.id", "v.node = n.rowid")
 
 
 def _snapshot(db: SqliteUtilsDatabase) -> None:
@@ -178,7 +164,7 @@ def _snapshot(db: SqliteUtilsDatabase) -> None:
 
 
 def _state(db: SqliteUtilsDatabase, repo: str) -> VectorState:
-    return VectorState.of(db.conn.execute(VECTOR_STATE, (repo,)).fetchall())
+    return VectorState.of(db.conn.execute(vector_log.VECTOR_STATE, (repo,)).fetchall())
 
 
 def _changes(
@@ -190,7 +176,7 @@ def _changes(
     state = _state(db, repo)
     seq = state.seq
     if state.generation != generation:
-        raise Reload
+        raise vector_log.Reload
     if not vector_log.moved(since, seq, state.horizon):
         return None
     rows = db.conn.execute(_CHANGED, (repo, since, seq, repo)).fetchall()

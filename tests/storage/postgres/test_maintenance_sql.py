@@ -17,9 +17,8 @@ import pytest
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
-from mnemo.graph.maintenance import ValidationReport
+from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
 from mnemo.graph.model import NodeType
-from mnemo.graph.ports import MergeResult, SweepResult
 from mnemo.storage.postgres import maintenance as pg_maintenance
 from mnemo.storage.postgres.connection import Connection, Postgres
 from mnemo.storage.sqlite import maintenance as sqlite_maintenance

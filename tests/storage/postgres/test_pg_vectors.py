@@ -96,7 +96,7 @@ async def test_routes_past_the_threshold_are_probed_through_hnsw(
         graph = PgGraph(pg, lambda repo: DIM)
         try:
             await graph.apply(Changeset("cs", "r", nodes[:999]), intents=policy())
-            routes = await graph._vectors.routes("r")
+            routes = await graph._vectors.index("r")
             await graph.settle("r")
             assert isinstance(routes.accelerator, HnswAccelerator)
             assert routes.accelerator.ready
@@ -129,7 +129,7 @@ async def test_routes_graphs_are_saved_and_read_back_by_the_next_process(
         graph = PgGraph(pg, lambda repo: DIM, ann_dir=tmp_path)
         try:
             await graph.apply(Changeset("cs", "r", nodes), intents=policy())
-            routes = await graph._vectors.routes("r")
+            routes = await graph._vectors.index("r")
             await graph.settle("r")
             assert isinstance(routes.accelerator, HnswAccelerator)
             assert routes.accelerator.stats()["read"] == 0
@@ -141,7 +141,7 @@ async def test_routes_graphs_are_saved_and_read_back_by_the_next_process(
         again = PgGraph(pg, lambda repo: DIM, ann_dir=tmp_path)
         try:
             await again.delete_nodes("r", ["n8"])
-            routes = await again._vectors.routes("r")
+            routes = await again._vectors.index("r")
             await again.settle("r")
             assert isinstance(routes.accelerator, HnswAccelerator)
             assert routes.accelerator.stats()["read"] == 1
@@ -179,7 +179,7 @@ async def test_routes_load_when_the_database_identity_cannot_be_read(
                 found = await graph.nearest_of_type("r", vectors[[4]], NodeType.TAG, 1)
             assert found[0][0][0] == "t4"
             assert "will not be saved" in caplog.text
-            routes = await graph._vectors.routes("r")
+            routes = await graph._vectors.index("r")
             assert isinstance(routes.accelerator, HnswAccelerator)
             assert routes.accelerator.files is None
         finally:

@@ -1,0 +1,475 @@
+"""`GraphBase`: what both backends' graph stores (`SqliteGraph`, `PgGraph`) share, over their
+hooks: the repo's lock and re-embedding claim, the vector side's delegations, the deletes'
+and the forget's steps, the scoped searches; and the SQL text both run.
+
+The scope index's SQL is one text for both backends (`?` placeholders; PostgreSQL's store
+swaps them): a `where`'s nodes read from `node_scopes`, driven by its first key's rows (one
+range of the index) and each other key checked by a seek per node, so that what a filtered
+read costs is bounded by its scope, never by the repo. The rows of links both backends'
+`typed_links` and `neighbors` read are made into values here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from mnemo.errors import ConflictError
+from mnemo.graph import commit, erasure
+from mnemo.graph.erasure import Embed, Inherited
+from mnemo.graph.model import (
+    LINK_TYPES,
+    NODE_TYPES,
+    Changeset,
+    CommitReceipt,
+    LinkType,
+    Node,
+    NodeType,
+    Vector,
+)
+from mnemo.graph.ports import (
+    IntentPolicy,
+    More,
+    Neighbor,
+    NodeContext,
+    PendingRead,
+    Reverting,
+    SideWrite,
+    TypedLink,
+    VectorsMoved,
+)
+from mnemo.graph.scope import SCOPE_LIMIT, WIDEN, Scope, Where
+from mnemo.graph.vectors import VectorIndex
+from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.reembed_claims import Claims
+from mnemo.storage.row import Row
+
+if TYPE_CHECKING:
+    from mnemo.graph.commit import CommitTarget
+    from mnemo.graph.history import CommitRecord
+
+Hits = list[tuple[str, float]]
+
+COMMIT_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
+                  " reworded, joined, reverted_by, reverts")
+
+
+def exists(repo: str, where: Where, node: str, skip: int) -> tuple[str, list[object]]:
+    """EXISTS clauses for `where`'s keys after the first `skip`, about the node whose rowid
+    is the SQL `node`."""
+    clauses: list[str] = []
+    params: list[object] = []
+    for key, values in list(where.items())[skip:]:
+        clauses.append(
+            "EXISTS (SELECT 1 FROM node_scopes t WHERE t.repo = ? AND t.key = ?"
+            f" AND t.value IN ({', '.join('?' * len(values))}) AND t.node = {node})")
+        params += [repo, key, *values]
+    return "".join(f" AND {c}" for c in clauses), params
+
+
+def members(repo: str, where: Where, limit: int, columns: str = "n.id, n.rowid, n.type"
+            ) -> tuple[str, list[object]]:
+    """(SQL, params) of `columns` of the first `limit` nodes inside `where`, by rowid (the
+    order they were added)."""
+    (key, values), *_ = where.items()
+    others, params = exists(repo, where, "s.node", 1)
+    return (
+        f"SELECT {columns} FROM node_scopes s JOIN nodes n ON n.rowid = s.node"
+        f" WHERE s.repo = ? AND s.key = ? AND s.value IN ({', '.join('?' * len(values))})"
+        f"{others} ORDER BY s.node LIMIT ?",
+        [repo, key, *values, *params, limit],
+    )
+
+
+def inside(repo: str, where: Where, node_ids: Sequence[str]) -> tuple[str, list[object]]:
+    """(SQL, params) of those of `node_ids` that are inside `where`."""
+    others, params = exists(repo, where, "n.rowid", 0)
+    return (
+        f"SELECT n.id FROM nodes n WHERE n.repo = ? AND n.id IN ({', '.join('?' * len(node_ids))})"
+        f"{others}",
+        [repo, *node_ids, *params],
+    )
+
+
+def seen_from_asked(rows: Iterable[Row], asked: Collection[str]) -> list[TypedLink]:
+    """Rows of (src, its type, dst, its type, link type) as typed links seen from each end
+    that was asked for: a link between two asked nodes is seen from both."""
+    found: list[TypedLink] = []
+    for src, src_type, dst, dst_type, kind in rows:
+        link = LINK_TYPES[kind]
+        if src in asked:
+            found.append((src, NODE_TYPES[src_type], dst, NODE_TYPES[dst_type], link))
+        if dst in asked:
+            found.append((dst, NODE_TYPES[dst_type], src, NODE_TYPES[src_type], link))
+    return found
+
+
+def neighbors_seen_from_asked(rows: Iterable[Row], asked: Collection[str]) -> list[Neighbor]:
+    """Rows of (src, dst, link type) as neighbors seen from each end that was asked for."""
+    found: list[Neighbor] = []
+    for src, dst, kind in rows:
+        found += [Neighbor(a, b, LINK_TYPES[kind]) for a, b in ((src, dst), (dst, src))
+                  if a in asked]
+    return found
+
+
+def joined(first: NodeContext, more: NodeContext) -> NodeContext:
+    """`first`, then `more`'s nodes, stats, links and vectors (a `node_context`'s `then`)."""
+    return NodeContext([*first.nodes, *more.nodes], {**first.stats, **more.stats},
+                       [*first.links, *more.links], {**first.vectors, **more.vectors})
+
+
+class Vectors(Protocol):
+    """A backend's vector side: the repo's vectors searched, read and followed."""
+
+    def reading(self, repo: str) -> AbstractAsyncContextManager[None]: ...
+
+    def on_loop(self, repo: str) -> bool: ...
+
+    def forget(self, repo: str, node_ids: Sequence[str]) -> None: ...
+
+    async def index(self, repo: str) -> VectorIndex: ...
+
+    async def search(
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+    ) -> Hits: ...
+
+    async def nearest_of_type(
+        self, repo: str, probes: Vector, kind: NodeType, k: int
+    ) -> list[Hits]: ...
+
+    async def similarities(
+        self, repo: str, node_ids: Sequence[str], vector: Vector
+    ) -> dict[str, float]: ...
+
+    async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]: ...
+
+    async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]: ...
+
+    async def settle(self, repo: str) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class GraphBase:
+    """The `GraphStore` methods both backends share, over their hooks: `_repo_lock`,
+    `_reembed_lock`, `_delete_rows`, `_inherited`, `_withdraw_rows`, `_rows` (runs a
+    statement with `?` placeholders, which PostgreSQL's store swaps) and `_store_text` (the
+    store's own full-text search)."""
+
+    _lexical: LexicalIndex | None
+    _vectors: Vectors
+    _dims: Callable[[str], int]
+    _reembeds: Claims
+
+    def _repo_lock(self, repo: str) -> AbstractAsyncContextManager[None]:
+        raise NotImplementedError
+
+    def _reembed_lock(self, repo: str, busy: ConflictError
+                      ) -> AbstractAsyncContextManager[None]:
+        raise NotImplementedError
+
+    async def _delete_rows(self, repo: str, ids: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    async def _inherited(self, repo: str, key: str, one: bool) -> Inherited:
+        raise NotImplementedError
+
+    async def _withdraw_rows(self, repo: str, key: str, also: Sequence[SideWrite],
+                             plan: erasure.Plan, reverting: Reverting | None) -> list[str]:
+        raise NotImplementedError
+
+    async def _rows(self, statement: str, params: list[object]) -> list[Any]:
+        raise NotImplementedError
+
+    def _commit(self, row: Row) -> CommitRecord:
+        raise NotImplementedError
+
+    async def commit_log(
+        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
+    ) -> list[CommitRecord]:
+        """The repo's commits, newest first: the `limit` newest (all if None), or every one
+        after `after_seq`."""
+        after, params = ("", []) if after_seq is None else (" AND seq > ?", [after_seq])
+        cut = "" if after_seq is not None or limit is None else f" LIMIT {int(limit)}"
+        return [self._commit(row) for row in await self._rows(
+            f"SELECT {COMMIT_COLUMNS} FROM commits WHERE repo = ?{after} ORDER BY seq DESC{cut}",
+            [repo, *params])]
+
+    async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
+        rows = await self._rows(f"SELECT {COMMIT_COLUMNS} FROM commits WHERE repo = ? AND id = ?",
+                                [repo, commit_id])
+        return self._commit(rows[0]) if rows else None
+
+    async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
+        """See `GraphStore.node_ids`."""
+        rows = await self._rows(
+            "SELECT id FROM nodes WHERE repo = ? AND id LIKE ? ESCAPE '\\'"
+            " AND id NOT LIKE ? ESCAPE '\\' ORDER BY id LIMIT ?", [repo, like, unlike, limit])
+        return [str(row[0]) for row in rows]
+
+    async def _context(self, repo: str, node_ids: Sequence[str], linked: list[NodeType],
+                       link_type: LinkType, then: More | None) -> NodeContext:
+        raise NotImplementedError
+
+    async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
+                          ) -> tuple[list[TypedLink], dict[str, float]]:
+        raise NotImplementedError
+
+    async def node_context(self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
+                           link_type: LinkType, then: More | None = None) -> NodeContext:
+        """See `GraphStore.node_context` (`_context` reads it)."""
+        if not node_ids:
+            return NodeContext([], {}, [])
+        return await self._context(repo, node_ids, list(linked), link_type, then)
+
+    async def typed_links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
+                               ) -> tuple[list[TypedLink], dict[str, float]]:
+        """See `GraphStore.typed_links_near` (`_links_near` reads it)."""
+        return await self._links_near(repo, node_ids, vector) if node_ids else ([], {})
+
+    async def _store_text(
+        self, repo: str, query: str, limit: int, kinds: list[str] | None, where: Where
+    ) -> Hits:
+        raise NotImplementedError
+
+    def start_search_text(
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
+    ) -> PendingRead[Hits]:
+        raise NotImplementedError
+
+    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
+        raise NotImplementedError
+
+    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
+        """Every node of these types, oldest first."""
+        kinds = [NodeType(t).value for t in types]
+        return await self._of_types(repo, kinds, None) if kinds else []
+
+    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
+        """The newest `top_k` nodes of these types, newest first."""
+        kinds = [NodeType(t).value for t in types]
+        return await self._of_types(repo, kinds, top_k) if kinds and top_k > 0 else []
+
+    def dim(self, repo: str) -> int:
+        """The dimension of the repo's vectors."""
+        return self._dims(repo)
+
+    @asynccontextmanager
+    async def lock(self, repo: str) -> AsyncIterator[None]:
+        """The repo's write lock (`_repo_lock`: this process's, then every process's on the
+        store); the lexical index learns the repo changed when it is let go."""
+        try:
+            async with self._repo_lock(repo):
+                yield
+        finally:
+            if self._lexical is not None:
+                self._lexical.changed(repo)
+
+    @asynccontextmanager
+    async def reembedding(self, repo: str) -> AsyncIterator[None]:
+        """The repo's re-embedding: this store's claim, then the backend's lock of it taken
+        without waiting (`_reembed_lock`, let go when its process dies).
+
+        Raises:
+            ConflictError: another re-embedding of the repo (here or in another process)
+                holds it.
+        """
+        with self._reembeds.claim(repo) as busy:
+            async with self._reembed_lock(repo, busy):
+                yield
+
+    async def apply(
+        self, changeset: Changeset, *, intents: IntentPolicy, also: Sequence[SideWrite] = ()
+    ) -> CommitReceipt:
+        """Adds the changeset's nodes and links (deduplicated), durably, once
+        (`mnemo.graph.commit.apply`).
+
+        Raises:
+            StorageError: the transaction failed; nothing of it was written.
+            ValueError: a vector is not of the repo's dimension; nothing was written.
+        """
+        return await commit.apply(cast("CommitTarget", self), changeset, intents=intents,
+                                  also=also)
+
+    async def generation(self, repo: str) -> int:
+        return (await self._vectors.index(repo)).generation
+
+    async def vector_index(self, repo: str) -> VectorIndex:
+        """The repo's vectors kept in memory (`CommitTarget`)."""
+        return await self._vectors.index(repo)
+
+    async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
+        """Deletes nodes with their links, vectors and search entries; returns how many went."""
+        ids = list(dict.fromkeys(node_ids))
+        if not ids:
+            return 0
+        async with self.lock(repo):
+            gone = await self._delete_rows(repo, ids)
+            self._vectors.forget(repo, gone)
+            if gone:
+                await self._erased()
+        return len(gone)
+
+    async def withdraw(
+        self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
+        generation: int | None = None, reverting: Reverting | None = None,
+    ) -> int:
+        """See `GraphStore.withdraw`."""
+        async def delete(plan: erasure.Plan) -> list[str]:
+            if reverting is not None:
+                await reverting.refused()
+            gone = await self._withdraw_rows(repo, key, also, plan, reverting)
+            self._vectors.forget(repo, gone)
+            if reverting is None:
+                await self._erased()
+            return gone
+
+        return len(await erasure.forget(
+            lambda: self.lock(repo), lambda: self._inherited(repo, key, reverting is not None),
+            embed, delete, lambda: self._same_generation(repo, generation)))
+
+    async def _same_generation(self, repo: str, expected: int | None) -> None:
+        """Raises `VectorsMoved` when the repo's vectors are of another generation than
+        `expected` (None: not checked)."""
+        if expected is not None and (now := await self.generation(repo)) != expected:
+            raise VectorsMoved(now)
+
+    async def _erased(self) -> None:
+        """After an erasure's transaction: the lexical index's slots wiped
+        (`LexicalIndex.erase`)."""
+        if self._lexical is not None:
+            await self._lexical.erase()
+
+    async def search_text(
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
+    ) -> Hits:
+        """Nodes matching words of `query` by BM25, best first (higher is better): from the
+        lexical index, or from the store's own full-text search when there is none or it
+        cannot answer now."""
+        return await self.start_search_text(repo, query, limit, types, scope).result()
+
+    async def search_vectors(
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
+    ) -> Hits:
+        """Nodes nearest to `vector` by cosine, best first (inside `scope`, when given)."""
+        if scope is None:
+            return await self._vectors.search(repo, vector, limit, types)
+        kinds = None if types is None else [NodeType(t).value for t in types]
+        return await self.scoped_vectors(
+            repo, scope, vector, limit, kinds,
+            self.similarities, lambda n: self._vectors.search(repo, vector, n, types))
+
+    async def nearest_of_type(
+        self, repo: str, probes: Vector, kind: NodeType, k: int
+    ) -> list[Hits]:
+        return await self._vectors.nearest_of_type(repo, probes, kind, k)
+
+    async def similarities(
+        self, repo: str, node_ids: Sequence[str], vector: Vector
+    ) -> dict[str, float]:
+        return await self._vectors.similarities(repo, node_ids, vector)
+
+    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
+        return self._vectors.reading(repo)
+
+    def vectors_on_loop(self, repo: str) -> bool:
+        return self._vectors.on_loop(repo)
+
+    async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
+        return await self._vectors.of_nodes(repo, node_ids)
+
+    async def vectors_of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
+        return await self._vectors.of_type(repo, kind)
+
+    async def settle(self, repo: str) -> None:
+        """Waits until the repo's indexes built in the background (HNSW graphs, lexical
+        index) have caught up with its rows."""
+        await self._vectors.settle(repo)
+        if self._lexical is not None:
+            await self._lexical.settle(repo)
+
+    async def aclose(self) -> None:
+        """Stops the vector side's and the lexical index's background work."""
+        try:
+            await self._vectors.aclose()
+        finally:
+            if self._lexical is not None:
+                await self._lexical.aclose()
+
+    async def scope(self, repo: str, where: Where) -> Scope:
+        """`where`'s nodes, read from the scope index when they are at most `SCOPE_LIMIT`."""
+        rows = await self._rows(*members(repo, where, SCOPE_LIMIT + 1))
+        return Scope(where, None if len(rows) > SCOPE_LIMIT
+                     else {str(i): (int(r), str(t)) for i, r, t in rows})
+
+    async def inside(self, repo: str, scope: Scope, node_ids: Sequence[str]) -> set[str]:
+        """Those of `node_ids` inside the scope."""
+        ids = list(dict.fromkeys(node_ids))
+        if scope.members is not None:
+            return {i for i in ids if i in scope.members}
+        found: set[str] = set()
+        for at in range(0, len(ids), 500):
+            rows = await self._rows(*inside(repo, scope.where, ids[at:at + 500]))
+            found |= {str(row[0]) for row in rows}
+        return found
+
+    async def scope_sources(
+        self, repo: str, where: Where, limit: int | None = None
+    ) -> list[tuple[str | None, str, str]]:
+        """(source id or None, node id, type) of the nodes inside `where` (the first `limit`
+        in the order they were added; all for None)."""
+        return [(None if s is None else str(s), str(i), str(t)) for s, i, t in
+                await self._rows(*members(repo, where, 2**62 if limit is None else limit,
+                                                "n.source_id, n.id, n.type"))]
+
+    async def scoped(
+        self, repo: str, scope: Scope, limit: int, kinds: Collection[str] | None,
+        within: Callable[[list[str]], Awaitable[Hits]], wide: Callable[[int], Awaitable[Hits]],
+    ) -> Hits:
+        """A search inside the scope: `within` its members (of `kinds`), or, for a scope too
+        large to list, `wide`, the repo's search, `WIDEN` times as wide, cut to the scope."""
+        if scope.members is None:
+            hits = await wide(limit * WIDEN)
+            keep = await self.inside(repo, scope, [i for i, _ in hits])
+            return [(i, score) for i, score in hits if i in keep][:limit]
+        ids = scope.ids(kinds)
+        return await within(ids) if ids and limit > 0 else []
+
+    async def scoped_vectors(
+        self, repo: str, scope: Scope, vector: Any, limit: int, kinds: Collection[str] | None,
+        similarities: Callable[[str, Sequence[str], Any], Awaitable[dict[str, float]]],
+        wide: Callable[[int], Awaitable[Hits]],
+    ) -> Hits:
+        """The dense channel inside the scope: exact cosine over its members' vectors."""
+
+        async def within(ids: list[str]) -> Hits:
+            assert scope.members is not None
+            rows = scope.members
+            similar = await similarities(repo, ids, vector)
+            return sorted(similar.items(), key=lambda hit: (-hit[1], rows[hit[0]][0]))[:limit]
+
+        return await self.scoped(repo, scope, limit, kinds, within, wide)
+
+    async def scoped_text(
+        self, repo: str, query: str, limit: int, kinds: list[str] | None, scope: Scope,
+        wide: Callable[[int], Awaitable[Hits]],
+    ) -> Hits:
+        """The words channel inside the scope: the lexical index over its members' documents
+        (their keys' postings), or the store's own search with the scope's condition."""
+        lexical = self._lexical
+
+        async def within(ids: list[str]) -> Hits:
+            assert scope.members is not None
+            if lexical is not None:
+                rows = scope.members
+                found = await lexical.search(repo, query, limit, kinds, [rows[i][0] for i in ids])
+                if found is not None:
+                    return found
+            return await self._store_text(repo, query, limit, kinds, scope.where)
+
+        return await self.scoped(repo, scope, limit, kinds, within, wide)

@@ -54,7 +54,7 @@ async def deliver(callback: Callable[[T], Awaitable[None] | None], value: T, wha
     """Calls the user's sync or async `callback` with `value`; an exception it raises is
     logged (naming `what`), never propagated.
 
-    Shielded, as an operation's callback (`session.queue.deliver`): the task that reports may
+    Shielded, as an operation's callback (`session.machine.deliver`): the task that reports may
     be cancelled by the very change it reports (an expiry ends its own session), and an async
     callback cut off at its first await never saw the value.
     """

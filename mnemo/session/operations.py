@@ -1,31 +1,57 @@
-"""The async operation queue of each session (the API contract, "The async operation queue").
+"""The async operation queue of each session (the API contract, "The async operation queue"),
+and the operations stored with their session for work another `Memory` holds.
 
 `submit` accepts an operation: it runs now when the session is free, else it waits in the
-session's `pending` queue, accepted only if the projected state (`queue.project`) allows it.
-`start_next` starts the next one once nothing holds the session (no running operation, no
-extraction, no background commit). Each accepted operation gets exactly one callback: its
+session's `pending` queue, accepted only if the projected state (`machine.project`) allows
+it. `start_next` starts the next one once nothing holds the session (no running operation,
+no extraction, no background commit). Each accepted operation gets exactly one callback: its
 result, or a `SessionError` when it, or one before it, failed, or the session ended.
+
+While another Memory extracts a session (or holds its background work), an operation
+accepted here is stored in the store's `ops` table (`submit_remote`), and this Memory waits
+for it (`watch`). Whoever ends that work takes the stored operations (`run_stored`), runs
+them in the order they were accepted, and records each result for the Memory that accepted
+it, whose callback then runs (`deliver_results`). When the taker leaves without recording a
+result, the accepting Memory's takeover task answers for it (`answer_abandoned`). Every path
+that calls back a waiting operation takes it out of `Sessions.remote` first, at once: one
+callback each, never none and never two.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import uuid
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import anyio
 
 from mnemo.errors import (
+    EmbeddingError,
+    LLMError,
+    LLMTimeout,
     MnemoError,
+    NotFoundError,
     SessionError,
+    StorageError,
 )
 from mnemo.inputs import check_text
 from mnemo.session import transitions
-from mnemo.session.machine import Move, State, answer
-from mnemo.session.queue import VALUES, Callback, Op, OpResult, deliver, project
-from mnemo.session.records import SessionRecord, check_step
-from mnemo.session.registry import Sessions
+from mnemo.session.machine import (
+    VALUES,
+    Callback,
+    Op,
+    OpResult,
+    SessionRecord,
+    State,
+    deliver,
+    project,
+    refusal,
+)
+from mnemo.session.ports import StoredOp, StoredResult
+from mnemo.session.registry import POLL_INTERVAL, Sessions
 
 S = State
 
@@ -56,15 +82,14 @@ def submit(
             raise SessionError(
                 "pending_queue_full", state=session.state, session_id=session_id
             )
-        if _projection(session, [*stored, *session.pending, op]) is None:
+        if _projection(session, [*stored, *(o.kind for o in session.pending), kind]) is None:
             raise SessionError(
                 "invalid_queued_operation", state=session.state, session_id=session_id
             )
         accept(session, op)
         session.pending.append(op)
         return
-    verdict = answer(session.state, kind)
-    if not isinstance(verdict, Move) or (kind == "close" and session.appends_in_flight):
+    if refusal(session, kind, appends=session.appends_in_flight) is not None:
         raise SessionError("invalid_operation", state=session.state, session_id=session_id)
     accept(session, op)
     session.running = op
@@ -74,7 +99,7 @@ def submit(
 def check_args(session: SessionRecord, kind: str, args: tuple[Any, ...]) -> None:
     """Raises InvalidInputError for an operation's text past the session's bounds."""
     if kind == "append":
-        check_step(session.config, args[0], args[1], None)
+        transitions.check_step(session.config, args[0], args[1], None)
     elif kind == "start_episode":
         check_text(args[0], "goal", limit=session.config.max_text_chars)
 
@@ -106,23 +131,24 @@ def handing_over(live: Sessions, session: SessionRecord) -> Iterator[None]:
         start_next(live, session)
 
 
-def _stored_here(live: Sessions, session: SessionRecord) -> list[Op]:
-    """The operations this Memory stored for the session while another Memory held its
-    extraction, not yet taken: accepted before any it queued since it took the work over,
-    so they come first in its queue (they are taken to its front: `stored.run_stored`)."""
-    return [Op(kind, (), None) for _, kind, _ in live.remote.get(session.id, [])]
+def _stored_here(live: Sessions, session: SessionRecord) -> list[str]:
+    """The kinds of the operations this Memory stored for the session while another Memory
+    held its extraction, not yet taken: accepted before any it queued since it took the work
+    over, so they come first in its queue (taken to its front: `run_stored`)."""
+    return [kind for _, kind, _ in live.remote.get(session.id, [])]
 
 
-def _projection(session: SessionRecord, queued: list[Op]) -> State | None:
+def _projection(session: SessionRecord, queued: list[str]) -> State | None:
     """The state after the running operation (if not applied yet) and `queued`."""
     auto = session.config.auto_commit
     if session.state is S.EXTRACTING:
         start = S.IDLE if auto else S.READY
-        ops: list[Op] = []
+        kinds: list[str] = []
     else:
         start = session.state
-        ops = [session.running] if session.running and not session.running.applied else []
-    return project(start, [*ops, *queued], auto_commit=auto)
+        running = session.running
+        kinds = [running.kind] if running and not running.applied else []
+    return project(start, [*kinds, *queued], auto_commit=auto)
 
 
 async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
@@ -183,7 +209,7 @@ async def _still_taken(live: Sessions, op: Op) -> None:
     Raises:
         MnemoError: saying so (`_run_op` reports it as "operation_failed", its cause).
     """
-    if op.stored is None or live.holder_id is None:
+    if op.stored is None:
         return
     if not await live.coordination.still_taken(op.stored, live.holder_id):
         raise MnemoError(
@@ -270,3 +296,345 @@ def _as_session_error(exc: Exception, session: SessionRecord) -> SessionError:
     error = SessionError("operation_failed", state=session.state, session_id=session.id)
     error.__cause__ = exc
     return error
+
+
+# How often a Memory whose stored operations wait for work another Memory holds looks at the
+# store's change token (a cheap read; results and the session are read only when it moved).
+WATCH_INTERVAL = POLL_INTERVAL
+# After storage faults in a row, the watcher pauses up to this many intervals (3.2 s).
+WATCH_BACKOFF = 64
+
+
+async def submit_remote(
+    live: Sessions,
+    session: SessionRecord,
+    kind: str,
+    args: tuple[Any, ...],
+    callback: Callback | None,
+) -> None:
+    """Accepts an operation for a session whose extraction another Memory holds: it is stored
+    with the session, whoever ends that work runs it, and its callback runs here.
+
+    Raises:
+        SessionError: as `submit`.
+        NotFoundError: the session ended while the call waited for another one's row.
+        RuntimeError: the Memory has closed (as a call that would start a task does).
+    """
+    check_args(session, kind, args)
+    if live.closing:  # a callback of the close itself, say, which holds `storing`
+        raise RuntimeError("the Memory has closed")
+    # From the check to the append, one call at a time: the store's insert is awaited, and a
+    # second call checked meanwhile would pass the bound and the rules without the first.
+    async with session.storing:
+        if session.ended:
+            raise NotFoundError("session", session.id)
+        if live.closing:  # its close has answered what was stored, or will not wait for this
+            raise RuntimeError("the Memory has closed")
+        waiting = live.remote.get(session.id, [])
+        if len(waiting) >= session.config.max_pending_ops:
+            raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
+        auto = session.config.auto_commit
+        queued = [k for _, k, _ in waiting]
+        if project(S.IDLE if auto else S.READY, [*queued, kind], auto_commit=auto) is None:
+            raise SessionError(
+                "invalid_queued_operation", state=session.state, session_id=session.id
+            )
+        op_id = f"op_{uuid.uuid4().hex}"
+        await live.coordination.queue_op(StoredOp(
+            op_id, session.id, kind, list(args), live.holder_id, live.coordination.now()
+        ))
+        live.remote.setdefault(session.id, []).append((op_id, kind, callback))
+        if session.ended:
+            # Ended while its row was written: the end (which marks the record before it
+            # answers, `Sessions.drop`) answered what it found, not this, and cancelled the
+            # watcher. Accepted all the same (the row may have run already): answered here.
+            with anyio.CancelScope(shield=True):
+                await fail_remote(live, session, "session_ended")
+            return
+    watch(live, session)
+
+
+def watch(live: Sessions, session: SessionRecord) -> None:
+    """Waits, while operations this Memory stored for the session wait for work held
+    elsewhere, for their results (and calls back), or for the work to end with nobody to run
+    them (then runs them here)."""
+    if session.watching:
+        return
+    session.watching = True
+
+    async def wait_for_the_store() -> None:
+        token: int | None = None
+        faults = 0
+        try:
+            while live.remote.get(session.id):
+                try:
+                    current = await live.coordination.change_token()
+                    if current == token:
+                        await anyio.sleep(WATCH_INTERVAL)
+                        continue
+                    await deliver_results(live, session)
+                    if not live.remote.get(session.id):
+                        break
+                    try:
+                        await live.fetch(session.id, fresh=True)
+                    except NotFoundError:
+                        await fail_remote(live, session, "session_ended")
+                        break
+                    if session.state is not S.EXTRACTING:
+                        await run_stored(live, session)
+                except StorageError as exc:
+                    # The results are in the store, which is the one truth: a fault ends
+                    # nothing, and the operations still get their one callback once it
+                    # answers again (failing them here could contradict a result written
+                    # meanwhile). Looked at again after a growing pause.
+                    faults += 1
+                    log.warning("%s: waiting for operations held elsewhere: %s (attempt %d)",
+                                session.id, exc, faults)
+                    await anyio.sleep(WATCH_INTERVAL * min(2**faults, WATCH_BACKOFF))
+                    continue
+                token, faults = current, 0
+        finally:
+            session.watching = False
+
+    try:
+        live.spawn(session, wait_for_the_store, waiting=True)
+    except RuntimeError:
+        # The Memory closed after the entry was kept: its close answers it (`memory_closed`,
+        # waiting for `storing`), and leaves the row to whoever runs the work.
+        session.watching = False
+
+
+async def deliver_results(live: Sessions, session: SessionRecord) -> None:
+    """Calls back for the operations this Memory stored whose results another wrote."""
+    mine = live.remote.get(session.id, [])
+    results = await live.coordination.op_results([op_id for op_id, _, _ in mine])
+    if not results:
+        return
+    # Dropped from the store before they are forgotten here: a fault then leaves both as they
+    # were, and the next look finds the same results (one callback each, never none).
+    await live.coordination.drop_ops([op_id for op_id, _, _ in mine if op_id in results])
+    for op_id, _, callback in _claim_waiting(live, session.id, results):
+        await deliver(callback, _op_result(results[op_id], session))
+
+
+async def answer_abandoned(
+    live: Sessions, unseen_since: datetime, gone: list[str]
+) -> None:
+    """Calls back for the operations this Memory stored that a holder took and then left
+    without recording a result (killed, or closed or cut off from the store before it could):
+    nobody else will. They are forgotten in the store first, so a result that holder still
+    records goes nowhere and, were it only late, it runs none of them it had not started
+    (`_still_taken`). Each gets `operation_failed`, with a cause that says
+    whether it took effect is unknown (the session's state tells); none is run again, which
+    could do it twice. The takeover task asks, twice a lease (`leases.Holder`); the callbacks
+    run in the sessions' own tasks, not the takeover task's."""
+    waiting = {op_id: session_id for session_id, entries in live.remote.items()
+               for op_id, _, _ in entries}
+    if not waiting:
+        return
+    abandoned = set(await live.coordination.abandon_ops(
+        list(waiting), unseen_since, gone, me=live.holder_id
+    ))
+    for session_id in dict.fromkeys(waiting[op_id] for op_id in abandoned):
+        session = live.by_id.get(session_id)
+        if session is None:
+            await _answer_left(live, session_id, None, abandoned)
+        else:
+            live.spawn(session, _answer_left, live, session_id, session, abandoned)
+
+
+async def _answer_left(
+    live: Sessions, session_id: str, session: SessionRecord | None, abandoned: set[str]
+) -> None:
+    state = None if session is None else session.state
+    for op_id, kind, callback in _claim_waiting(live, session_id, abandoned):
+        log.warning("%s: %s %s was taken by a Memory that left before it recorded a result",
+                    session_id, kind, op_id)
+        error = SessionError("operation_failed", state=state, session_id=session_id)
+        error.__cause__ = MnemoError(
+            f"the Memory that took {kind} {op_id} to run it left before it recorded a "
+            "result: whether it took effect is unknown (the session's state tells)"
+        )
+        await deliver(callback, OpResult(False, None, error))
+
+
+def _claim_waiting(
+    live: Sessions, session_id: str, op_ids: Collection[str]
+) -> list[tuple[str, str, Callback | None]]:
+    """Takes the entries of `op_ids` out of what this Memory waits for, in the order they
+    were accepted, at once (no await in between), so that two paths that both found one
+    answered (its result and its runner gone, say) call back once. (`fail_remote` takes all
+    of a session's, as at once.)"""
+    entries = live.remote.get(session_id, [])
+    claimed = [entry for entry in entries if entry[0] in op_ids]
+    entries[:] = [entry for entry in entries if entry[0] not in op_ids]
+    return claimed
+
+
+async def run_stored(live: Sessions, session: SessionRecord) -> None:
+    """Takes the session's stored operations nobody took yet and runs them here, in the order
+    they were accepted (after a failed extraction they fail with "extraction_failed"); each
+    result goes to the Memory that accepted it. Then starts the session's queue.
+
+    One at a time per session: the extraction's end and the watcher both get here, and the
+    one that took nothing started the queue while the other's operations were still on their
+    way into it (a `start_episode` queued here ran before a stored `commit`, refused). A call
+    made meanwhile queues behind what this Memory stored (`awaits_handover`). Once
+    taken, they are queued whatever happens (shielded: a cancel in between lost them, taken
+    and never answered).
+
+    Raises:
+        StorageError: the stored operations could not be taken (they stay stored); the
+            session's own queue is started all the same (it waits for nothing stored: it
+            stuck, with no callback, when a fault here came right after an extraction).
+    """
+    with handing_over(live, session):
+        async with session.taking:
+            with anyio.CancelScope(shield=True):
+                await _take_stored(live, session)
+
+
+async def _take_stored(live: Sessions, session: SessionRecord) -> None:
+    # A holder that takes operations beats: to the Memories that accepted them, one that
+    # stops beating has left them (`answer_abandoned`).
+    await live.register()
+    taken = await live.coordination.take_ops(session.id, live.holder_id)
+    # An operation whose Memory closed before it ran has nobody to call back: its row goes.
+    # The operations are taken (committed) by now, so a fault there must not keep them from
+    # running: the row stays, taken, and nobody waits for it.
+    orphans = [op.id for op in taken if not op.accepted_by]
+    try:
+        await live.coordination.drop_ops(orphans)
+    except StorageError as exc:
+        log.warning("%s: %d finished operation rows left in the store: %s",
+                    session.id, len(orphans), exc)
+    # This Memory's own stored operations were accepted before any it queued here (it
+    # stored them while another Memory held the work): they go first.
+    first: list[Op] = []
+    for stored in taken:
+        callback = _result_to(live, session, stored.id) if stored.accepted_by else None
+        if session.state is S.FAILED:
+            error = SessionError("extraction_failed", state=session.state, session_id=session.id)
+            await deliver(callback, OpResult(False, None, error))
+            continue
+        op = Op(stored.kind, tuple(stored.args), callback,
+                stored=stored.id if stored.accepted_by else None)
+        accept(session, op)
+        if stored.accepted_by and stored.accepted_by == live.holder_id:
+            first.append(op)
+        else:
+            session.pending.append(op)
+    session.pending.extendleft(reversed(first))
+
+
+def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
+    """Where a stored operation's result goes: its callback, when this Memory accepted it
+    (it leaves `live.remote` now: queued here, it is no longer waited for in the store, and
+    counted there too it made the queue look one operation longer); else the store, for the
+    Memory that did."""
+    claimed = _claim_waiting(live, session.id, {op_id})
+    if not claimed:
+
+        async def report(result: OpResult) -> None:
+            cause = None if result.error is None else result.error.__cause__
+            await _store_result(live, session, op_id, StoredResult(
+                result.ok, result.value, None if result.error is None else result.error.reason,
+                # An exception does not cross processes: its type's name and message do.
+                None if cause is None else (type(cause).__name__, str(cause)),
+            ))
+
+        return report
+    [(_, _, mine)] = claimed
+
+    async def call_back(result: OpResult) -> None:
+        try:
+            await live.coordination.drop_ops([op_id])
+        except StorageError as exc:
+            # The row stays, taken, and nobody waits for it: the callback still comes (the
+            # fault does not end the report before it).
+            log.warning("%s: a finished operation's row left in the store: %s", op_id, exc)
+        await deliver(mine, result)
+
+    return call_back
+
+
+# A result for another Memory is stored again after a fault, with a pause doubling from
+# WATCH_INTERVAL, for this many seconds in the callback, tries included (a try may itself wait
+# out the store's busy timeout; the callback runs shielded, so a Memory closing waits for it),
+# then in the background for as long as this Memory is open.
+FINISH_BUDGET = 10.0
+
+
+async def _store_result(
+    live: Sessions, session: SessionRecord, op_id: str, result: StoredResult
+) -> None:
+    """Stores the result of an operation another Memory accepted, trying again after a fault
+    (a single fault lost it, and that Memory waited for its callback for good): for up to
+    `FINISH_BUDGET` seconds here, then in the background until it is stored or this Memory
+    closes. Closed first, this Memory retires, and the one that accepted the operation calls
+    it back as left without a result (`answer_abandoned`): one callback, never none."""
+    with anyio.move_on_after(FINISH_BUDGET):
+        await _keep_storing(live, op_id, result)
+        return
+    try:
+        live.spawn(session, _keep_storing, live, op_id, result, waiting=True)
+    except RuntimeError:  # the Memory is closing: its group runs no new task
+        log.error("%s: its result could not be stored in %.0f s, and this Memory closes: "
+                  "the Memory that accepted it answers it once this one retires", op_id,
+                  FINISH_BUDGET)
+        return
+    log.error("%s: its result could not be stored in %.0f s; still trying", op_id,
+              FINISH_BUDGET)
+
+
+async def _keep_storing(live: Sessions, op_id: str, result: StoredResult) -> None:
+    attempt = 0
+    while True:
+        try:
+            await live.coordination.finish_op(op_id, result)
+            return
+        except StorageError as exc:
+            attempt += 1
+            log.warning("%s: storing its result failed (attempt %d): %r", op_id, attempt, exc)
+        await anyio.sleep(WATCH_INTERVAL * 2 ** min(attempt - 1, 6))
+
+
+async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> None:
+    """Answers every operation this Memory stored for the session with `reason`. On a close
+    they stay stored (another Memory may still run them, and forgets each once it ran); an
+    ended session's are dropped, as its end drops those it finds (one stored as it ended
+    came after)."""
+    entries = live.remote.pop(session.id, [])
+    ids = [op_id for op_id, _, _ in entries]
+    try:
+        if ids and reason == "memory_closed":
+            await live.coordination.orphan_ops(ids)
+        elif ids and reason == "session_ended":
+            await live.coordination.drop_ops(ids)
+    except (MnemoError, RuntimeError) as exc:  # RuntimeError: the store has closed
+        # The rows only: the callbacks are owed all the same.
+        log.warning("%s: could not leave or drop its stored operations: %r", session.id, exc)
+    for _, _, callback in entries:
+        error = SessionError(reason, state=session.state, session_id=session.id)
+        await deliver(callback, OpResult(False, None, error))
+
+
+def _op_result(result: StoredResult, session: SessionRecord) -> OpResult:
+    """The result another Memory stored for an operation this one accepted; an error keeps
+    its cause (`operation_failed`'s LLM or embedder error) as far as the store could."""
+    error = None if result.error is None else SessionError(
+        result.error, state=session.state, session_id=session.id
+    )
+    if error is not None and result.cause is not None:
+        error.__cause__ = _remote_cause(*result.cause)
+    return OpResult(result.ok, result.value, error)
+
+
+def _remote_cause(kind: str, message: str) -> Exception:
+    """An error raised in another Memory, rebuilt from its type's name and message: an
+    `LLMError` or `EmbeddingError` (what a caller tells an `operation_failed` by) as itself,
+    anything else as a `MnemoError` naming its type."""
+    for error_type in (LLMTimeout, LLMError, EmbeddingError):
+        if kind == error_type.__name__:
+            return error_type(message)
+    return MnemoError(f"{kind} (raised by the Memory that ran the operation): {message}")

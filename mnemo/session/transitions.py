@@ -1,6 +1,6 @@
 """The session machine's moves, and what the calls that move it write.
 
-A state change happens in `move`: under the session's lock it re-checks the table (`answer`),
+A state change happens in `move`: under the session's lock it asks the table (`refusal`),
 persists, fires the trigger, starts what the move asks for (`then`, an `Effect`, through
 `Sessions.start`: the service starts it), then reports a "transition" event. The calls
 (`start_episode`, `append`, `close`, `commit`, `discard`) check the table first
@@ -21,21 +21,26 @@ from typing import Any
 
 import anyio
 
+from mnemo.config import Config
 from mnemo.episode.model import NO_VECTOR, EpisodeRecord, StepInfo, StepRecord
 from mnemo.errors import NotFoundError, SessionError, StorageError
-from mnemo.graph.model import CommitReceipt
+from mnemo.extraction.contradiction import intent_policy
+from mnemo.graph.model import Changeset, CommitReceipt
+from mnemo.graph.ports import StepsCommitted
+from mnemo.inputs import check_json, check_text
 from mnemo.ports import model_name
-from mnemo.session import committing
-from mnemo.session.machine import REFUSALS, Refuse, SharedMachine, Stale, State, answer
-from mnemo.session.ports import StaleSession
-from mnemo.session.queue import Op
-from mnemo.session.records import (
+from mnemo.session.machine import (
+    MACHINE,
+    STALE,
     Annotate,
     Effect,
     Extract,
+    Op,
     SessionRecord,
-    step_at,
+    State,
+    refusal,
 )
+from mnemo.session.ports import StaleSession
 from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
@@ -43,25 +48,26 @@ log = logging.getLogger("mnemo")
 S = State
 
 
-def refuse_unless(session: SessionRecord, event: str) -> None:
+def refuse_unless(session: SessionRecord, event: str, **facts: object) -> None:
     """Raises NotFoundError for an ended session, SessionError where the table refuses."""
     if session.ended:  # ended while this call waited for its turn
         raise NotFoundError("session", session.id)
-    # The table's refusals, read as data (a call `answer` would refuse has one, and only such
-    # a call): the check every call makes costs no call into the machine.
-    reason = REFUSALS[session.state].get(event)
+    reason = refusal(session, event, **facts)
     if reason is not None:
         raise SessionError(reason, state=session.state, session_id=session.id)
 
 
-def refuse_close(session: SessionRecord, *, queued: bool = False) -> None:
-    """Raises as `refuse_unless`, or `append_in_progress` while an append runs or was accepted
-    before the close. A `queued` close (running from the queue) is not held by the appends
+def appends_before(session: SessionRecord, *, queued: bool = False) -> int:
+    """The appends a close waits for (the table's condition on `close`): those running or
+    accepted before it. A `queued` close (running from the queue) is not held by the appends
     still queued after it: they run once it is done."""
-    refuse_unless(session, "close")
     later = sum(op.kind == "append" for op in session.pending) if queued else 0
-    if session.appends_in_flight > later:
-        raise SessionError("append_in_progress", state=session.state, session_id=session.id)
+    return max(session.appends_in_flight - later, 0)
+
+
+def refuse_close(session: SessionRecord, *, queued: bool = False) -> None:
+    """Raises as `refuse_unless`: `append_in_progress` while an append runs."""
+    refuse_unless(session, "close", appends=appends_before(session, queued=queued))
 
 
 async def move(
@@ -74,6 +80,7 @@ async def move(
     data: Callable[[], dict[str, Any]] | None = None,
     refuse: Callable[[], None] | None = None,
     then: Effect | None = None,
+    facts: Callable[[], dict[str, object]] | None = None,
 ) -> bool:
     """Persists and fires `event` if the table still allows it; False for a stale result.
     `then`, when given, is started (`Sessions.start`) right after the event fires, before
@@ -82,7 +89,8 @@ async def move(
     `persist` writes with the version the record holds and returns the new one; when another
     Memory moved the session first (`StaleSession`), the record is read again and the table
     asked again about the session as it now is. `refuse`, when given, raises what else
-    refuses the move, checked under the lock with the table.
+    refuses the move, checked under the lock with the table; `facts`, the arguments of the
+    table's condition, are taken once, so that the check and the move agree.
 
     Raises:
         SessionError: the table refuses `event` in the current state.
@@ -93,12 +101,13 @@ async def move(
             if session.ended:
                 return False
             before = session.state
-            verdict = answer(before, event)
-            if isinstance(verdict, Refuse):
-                raise SessionError(verdict.reason, state=before, session_id=session.id)
-            if isinstance(verdict, Stale):
+            given = facts() if facts else {}
+            reason = refusal(session, event, **given)
+            if reason == STALE:
                 log.info("%s: stale %s in state %s dropped", session.id, event, before)
                 return False
+            if reason is not None:
+                raise SessionError(reason, state=before, session_id=session.id)
             if refuse is not None:
                 refuse()
             if persist is None:
@@ -120,8 +129,9 @@ async def move(
             # forced the record to the stored state): the move is still this one's to fire,
             # with its event and what waits behind it (a lost transition left a queued
             # operation without its callback).
-            live.machines.force(session.model, before)
-        after = SharedMachine.fire(session.model, event)
+            MACHINE.set_state(before, model=session)
+        session.trigger(event, **given)
+        after = session.state
         if then is not None:
             live.start(session, then)
         if op is not None:
@@ -159,6 +169,17 @@ async def start_episode(
     live.touch(session)
 
 
+def check_step(
+    config: Config, observation: object, action: object, metadata: dict[str, Any] | None
+) -> None:
+    """Raises InvalidInputError for a blank observation (a step is what was observed), or a
+    step past `config.max_text_chars` (metadata: as JSON, and `inputs.MAX_JSON_DEPTH` deep)."""
+    check_text(observation, "observation", limit=config.max_text_chars)
+    check_text(action, "action", limit=config.max_text_chars, blank_ok=True)
+    if metadata is not None:
+        check_json(metadata, "metadata", limit=config.max_text_chars)
+
+
 @dataclass(frozen=True, slots=True)
 class Append:
     """One step on its way into a collecting session: what the caller gave, and the session
@@ -184,7 +205,7 @@ class Append:
             with anyio.move_on_after(session.runtime.config.append_timeout):
                 while True:
                     changed = session.changed
-                    now = step_at(session, episode_id, step.index)
+                    now = session.step_at(episode_id, step.index)
                     if now is None or now.annotated or not session.annotating:
                         break
                     await changed.wait()
@@ -193,9 +214,9 @@ class Append:
             # waited for it (`timers._working`) finds the session used, not idle.
             live.touch(session)
         info = StepInfo(step.index, None, None, annotated=False)
-        now = step_at(session, episode_id, step.index)
+        now = session.step_at(episode_id, step.index)
         if now is not None and now.annotated:
-            before = step_at(session, episode_id, step.index - 1) if step.index else None
+            before = session.step_at(episode_id, step.index - 1) if step.index else None
             boundary = before is not None and before.trajectory_id != now.trajectory_id
             info = StepInfo(step.index, now.trajectory_id, boundary)
         await live.events.emit(
@@ -234,8 +255,7 @@ class Append:
         annotation; None when the session moved in the store meanwhile (nothing written)."""
         live, session = self.live, self.session
         session.runtime.check_usable(session.repo)
-        if live.register_holder is not None and not live.registered:
-            await live.register_holder()  # a claim lasts while its holder is recorded
+        await live.register()  # a claim lasts while its holder is recorded
         async with session.lock:
             refuse_unless(session, "append")
             episode = session.episode
@@ -250,8 +270,7 @@ class Append:
                 )
             except StaleSession:
                 return None
-            if live.holder_id is not None:
-                session.held.add(step.id)
+            session.held.add(step.id)
             episode.steps.append(step)
             # Started at once, nothing awaited in between: a cancelled append leaves no
             # stored step whose claim nobody works on.
@@ -262,6 +281,7 @@ class Append:
 async def start_extraction(
     live: Sessions, session: SessionRecord, event: str, op: Op | None,
     refuse: Callable[[], None] | None = None,
+    facts: Callable[[], dict[str, object]] | None = None,
 ) -> None:
     """Moves the session to `extracting` (recording its repo's model: who may take the work
     over) and asks for its extraction (`Extract`); `refuse` as `move`'s."""
@@ -272,29 +292,23 @@ async def start_extraction(
     model = model_name(session.repo_runtime.llm)
 
     async def persist() -> int:
-        if live.holder_id is None or live.lease_until is None or live.register_holder is None:
-            version = await live.store.set_state(
-                session.id, S.EXTRACTING, model=model, version=session.version
-            )
-        else:
-            # Extracting and held by this Memory in one compare-and-set: no moment in which
-            # the row is extracting and nobody's (a takeover task would take it over).
-            await live.register_holder()
-            claimed = await live.coordination.claim(
-                session.id, version=session.version, holder_id=live.holder_id,
-                lease_until=live.lease_until(), state=S.EXTRACTING, model=model,
-            )
-            if claimed is None:
-                raise StaleSession(session.id)
-            version = claimed
-            # Held here now: so are its timers once it is idle again (an expiry's end).
-            live.drive(session)
+        # Extracting and held by this Memory in one compare-and-set: no moment in which the
+        # row is extracting and nobody's (a takeover task would take it over).
+        await live.register()
+        version = await live.coordination.claim(
+            session.id, version=session.version, holder_id=live.holder_id,
+            lease_until=live.lease_until(), state=S.EXTRACTING, model=model,
+        )
+        if version is None:
+            raise StaleSession(session.id)
+        live.drive(session)  # held here now: so are its timers once it is idle again
         session.extraction_model = model
         return version
 
     # Started with the move, before its event is delivered: in between, a call saw the
     # session extracting with no extraction here, and took it for another Memory's.
-    if not await move(live, session, event, persist, op=op, refuse=refuse, then=Extract()):
+    if not await move(live, session, event, persist, op=op, refuse=refuse, then=Extract(),
+                      facts=facts):
         live.start(session, Extract())
 
 
@@ -302,9 +316,8 @@ async def close(live: Sessions, session: SessionRecord, op: Op | None = None) ->
     """Starts the episode's extraction, refused as `refuse_close` (an `op` is a queued close)
     under the lock the move takes: an append begun after a caller's own check (while the
     close waited for the lock) refuses the close, rather than being refused once annotated."""
-    await start_extraction(
-        live, session, "close", op, refuse=lambda: refuse_close(session, queued=op is not None)
-    )
+    await start_extraction(live, session, "close", op, facts=lambda: {
+        "appends": appends_before(session, queued=op is not None)})
 
 
 async def commit(
@@ -324,7 +337,7 @@ async def commit(
             wanted = set(changeset.step_ids)
             steps = [s for s in episode.steps if s.id in wanted] if episode else []
             try:
-                receipt = await committing.commit_steps(live, session, changeset, steps, S.IDLE)
+                receipt = await commit_steps(live, session, changeset, steps, S.IDLE)
                 break
             except StaleSession as exc:
                 # Another Memory moved the session: nothing was written. Committed or
@@ -337,8 +350,8 @@ async def commit(
                 await live.reload(session, conflict=True)
         if session.state is not S.READY:
             # A read took in this very write while it was being made, as `move` allows for.
-            live.machines.force(session.model, S.READY)
-        SharedMachine.fire(session.model, "commit")
+            MACHINE.set_state(S.READY, model=session)
+        session.trigger("commit")
         if op is not None:
             op.applied = True
         session.changeset = None
@@ -366,3 +379,36 @@ async def discard(live: Sessions, session: SessionRecord, op: Op | None = None) 
         return version
 
     await move(live, session, "discard", persist, op=op)
+
+
+async def commit_steps(
+    live: Sessions,
+    session: SessionRecord,
+    changeset: Changeset,
+    steps: list[StepRecord],
+    state: State | None,
+) -> CommitReceipt:
+    """Applies `changeset` with the session's side (steps committed, and `state` unless
+    None) in the same transaction, then marks the steps committed in memory."""
+    episode_id = session.episode.id if session.episode else None
+    side = StepsCommitted(
+        session.id,
+        episode_id,
+        changeset.id,
+        tuple((s.id, s.reward) for s in steps),
+        None if state is None else state.value,
+        # A commit that moves the session checks that no other Memory moved it first.
+        None if state is None else session.version,
+    )
+    runtime = session.runtime
+    policy = intent_policy(runtime.config, runtime.embedder,
+                           live.llm_for(runtime, session.repo, session.id), session.repo,
+                           live.refresh_repo)
+    receipt = await live.graph.apply(changeset, intents=policy, also=[side])
+    if side.version is not None:
+        # The version the write made, not one more than the record's now: a read that took
+        # the write in meanwhile (`Sessions.reload`) already holds it.
+        session.version = side.version + 1
+    for step in steps:
+        step.committed_in = changeset.id
+    return receipt

@@ -15,6 +15,7 @@ from mnemo.session.machine import (
     Runtime,
     SessionRecord,
     State,
+    current_state,
     refusal,
 )
 from tests.fakes import FakeEmbedder, FakeLLM
@@ -93,9 +94,9 @@ def test_a_close_waits_for_the_appends_before_it() -> None:
     assert refusal(session, "close", appends=1) == "append_in_progress"
     assert refusal(session, "close", appends=0) is None
     session.trigger("close", appends=1)
-    assert session.state == S.COLLECTING
+    assert current_state(session) is S.COLLECTING
     session.trigger("close", appends=0)
-    assert session.state == S.EXTRACTING
+    assert current_state(session) is S.EXTRACTING
     MACHINE.remove_model(session)
 
 

@@ -15,7 +15,7 @@ from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.model import Link, Node
 from mnemo.memoryfiles.model import MemoryFile
 from mnemo.recall.engine import RecallResult
-from mnemo.session.service import SessionInfo
+from mnemo.session.machine import SessionInfo
 
 
 def label(value: object) -> str:

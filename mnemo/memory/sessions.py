@@ -15,8 +15,7 @@ if TYPE_CHECKING:
     from mnemo.episode.model import EpisodeLog, StepInfo
     from mnemo.graph.model import CommitReceipt
     from mnemo.ports import LLM, Embedder
-    from mnemo.session.machine import Callback, State
-    from mnemo.session.service import SessionContext, SessionInfo
+    from mnemo.session.machine import Callback, SessionContext, SessionInfo, State
 
 # The most extraction retries one `close_and_commit` may ask for: each runs its model calls
 # again.

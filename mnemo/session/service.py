@@ -57,9 +57,6 @@ from mnemo.session.machine import (
 from mnemo.session.ports import Coordination, LiveSession, SessionStore
 from mnemo.session.registry import Sessions
 
-# Re-exported: callers import them from here.
-__all__ = ["Runtime", "SessionContext", "SessionInfo", "SessionService"]
-
 log = logging.getLogger("mnemo")
 
 S = State

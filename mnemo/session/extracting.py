@@ -1,16 +1,8 @@
 """What the session machine's moves start, and the extraction runner.
 
-A move names its effect as a value (`Extract`, `CommitSteps`, `Annotate`); `start` (given to
+A move names its effect as a value (`Extract`, `CommitSteps`); `start` (given to
 `Sessions` as its starter) runs it as a task of the session's own, and then what waited for
 it: the operations queued behind it (`operations`).
-
-A step is stored before it is annotated (durable first). `_annotation` then annotates the
-open episode's stored steps one at a time, in order (a step's boundary needs the previous
-subgoal's vector, and its annotation scores the previous step's reward), each claimed in the
-store, so that two Memories never ask the model about one step: a step another live Memory
-holds is waited for, one whose holder is gone is taken over. A step whose annotation fails
-stays stored, unannotated, and its claim is given up: the next append, the close (which
-waits for every step) or another Memory's takeover task starts it again.
 
 An `Extraction` is the extraction work of one session: `run` is the close's extraction (the
 session is `extracting`, held here), which ends `ready`, or, in auto-commit, committed and
@@ -21,7 +13,6 @@ collecting (its steps `claimed` meanwhile, here and in the store).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass, replace
@@ -29,15 +20,13 @@ from enum import Enum
 
 import anyio
 
-from mnemo.episode.annotation import annotate_step
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.errors import LLMTimeout, NotFoundError, StorageError
+from mnemo.errors import LLMTimeout, StorageError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.pipeline import Source, extract
 from mnemo.graph.model import Changeset, CommitReceipt
 from mnemo.session import operations, registry, transitions
 from mnemo.session.machine import (
-    Annotate,
     CommitSteps,
     Effect,
     Extract,
@@ -56,11 +45,6 @@ def start(live: Sessions, session: SessionRecord, effect: Effect) -> None:
     """Starts `effect` for `session` in the service's group (cancelled with the session)."""
     if isinstance(effect, Extract):
         live.spawn(session, _extraction, live, session)
-        return
-    if isinstance(effect, Annotate):
-        if not session.annotating:  # one annotation task a session
-            session.annotating = True
-            live.spawn(session, _annotation, live, session)
         return
     assert isinstance(effect, CommitSteps)
     session.claimed.update(s.id for s in effect.steps)
@@ -102,91 +86,6 @@ async def _run_queue(live: Sessions, session: SessionRecord) -> None:
         await operations.run_stored(live, session)
     except StorageError as exc:
         log.warning("%s: stored operations not taken: %r", session.id, exc)
-
-
-async def _annotation(live: Sessions, session: SessionRecord) -> None:
-    """Annotates the stored steps in order until none is left (see the module doc)."""
-    try:
-        while session.state in (State.COLLECTING, State.EXTRACTING) and not session.ended:
-            episode, pending = session.episode, session.unannotated()
-            if episode is None or not pending:
-                break
-            step = pending[0]
-            if step.id in session.held:
-                await _annotate(live, session, episode, step)
-                continue
-            token = await live.coordination.change_token()
-            mine = await registry.claim(live, session, [step])
-            if not mine:
-                await registry.store_moved(live, token)  # another Memory's annotation of it
-            async with session.lock:
-                await live.reload(session)  # annotated meanwhile, by the claim's last holder?
-            now = session.step_at(episode.id, step.index)
-            if mine and (now is None or now.annotated):
-                await registry.release(live, session, mine)
-            elif mine:
-                session.held.add(step.id)
-        session.annotation_failure = None
-    except NotFoundError:
-        pass  # ended through another Memory: nothing is left to annotate
-    except Exception as exc:
-        log.warning("%s: a step's annotation failed; the step is kept and annotated later: "
-                    "%r", session.id, exc)
-        session.annotation_failure = exc
-        held = [s for s in session.unannotated() if s.id in session.held]
-        session.held.clear()
-        await registry.release(live, session, held)
-    finally:
-        session.annotating = False
-        session.notify()
-
-
-async def _annotate(
-    live: Sessions, session: SessionRecord, episode: EpisodeRecord, step: StepRecord
-) -> None:
-    """Annotates one stored step (within `Config.annotation_timeout`) and writes it with the
-    previous step's reward."""
-    runtime = session.runtime
-    config = runtime.config
-    note, boundary = await annotate_step(
-        lambda: live.llm_for(runtime, session.repo, session.id),
-        runtime.embedder,
-        goal=episode.goal,
-        observation=step.observation,
-        action=step.action,
-        steps=episode.steps[:step.index],
-        threshold=config.trajectory_threshold,
-        time_limit=config.annotation_timeout,
-        name=f"{session.id} step {step.index}",
-    )
-    previous = episode.steps[step.index - 1] if step.index else None
-    trajectory = (f"trajectory_{uuid.uuid4().hex}" if previous is None or boundary
-                  else previous.trajectory_id)
-    done = dataclasses.replace(step, trajectory_id=trajectory, state_summary=note.state_summary,
-                               subgoal=note.subgoal, subgoal_vec=note.subgoal_vec)
-    scored = None if previous is None else dataclasses.replace(
-        previous, reward=note.previous_reward)
-    async with session.lock:
-        version = await live.store.annotate_step(session.id, episode.id, done, scored,
-                                                 holder=live.holder_id)
-        session.held.discard(step.id)
-        here = session.step_at(episode.id, step.index)
-        if version is None or here is None:
-            # Annotated by another Memory, or the episode moved on: the store says how.
-            await live.reload(session, conflict=True)
-        else:
-            if version == session.version + 1:  # else another Memory wrote meanwhile
-                session.version = version
-            for name in ("trajectory_id", "state_summary", "subgoal", "subgoal_vec"):
-                setattr(here, name, getattr(done, name))
-            before = session.step_at(episode.id, step.index - 1) if step.index else None
-            if before is not None:
-                before.reward = note.previous_reward
-    session.notify()
-    if boundary and session.config.auto_commit:
-        ready = session.finished_steps()
-        if ready:
-            start(live, session, CommitSteps(ready))
 
 
 def _source(session: SessionRecord, episode: EpisodeRecord) -> Source:
@@ -288,7 +187,7 @@ class Extraction:
         live, session = self.live, self.session
         if not session.unannotated():
             return
-        live.start(session, Annotate())
+        transitions.annotate(live, session)
         limit = session.runtime.config.extraction_timeout
         left = -1
         while session.unannotated() and left != len(session.unannotated()) and (

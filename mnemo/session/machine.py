@@ -4,7 +4,7 @@
 them, and a trigger it does not fire is answered by `refusal`: a caller's call with the API
 contract's reason (`REFUSALS`), a background result with "stale" (its wait is over). The
 machine's callbacks never await I/O: effects run outside it (named by the moves as values,
-`Extract`, `CommitSteps`, `Annotate`), and their results come back as triggers.
+`Extract`, `CommitSteps`), and their results come back as triggers.
 
 ```
             start_episode            close                 extraction_succeeded
@@ -187,13 +187,7 @@ class CommitSteps:
     steps: list[StepRecord]
 
 
-@dataclass(frozen=True, slots=True)
-class Annotate:
-    """The effect of a stored step: annotate the open episode's stored steps in order, in
-    the background (one task a session)."""
-
-
-Effect = Extract | CommitSteps | Annotate
+Effect = Extract | CommitSteps
 
 
 @dataclass(frozen=True, slots=True)

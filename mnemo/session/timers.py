@@ -37,7 +37,6 @@ from mnemo.errors import MnemoError, NotFoundError, SessionError, StorageError
 from mnemo.ports import model_name
 from mnemo.session import operations, registry, transitions
 from mnemo.session.machine import (
-    Annotate,
     CommitSteps,
     Extract,
     SessionRecord,
@@ -376,7 +375,7 @@ async def take_over(live: Sessions) -> None:
             _same_model(session)
         ):
             log.info("%s: taking over the annotation of its stored steps", session.id)
-            live.start(session, Annotate())
+            transitions.annotate(live, session)
     try:
         await operations.answer_abandoned(live, now - live.lease, gone)
     except MnemoError as exc:

@@ -7,12 +7,19 @@ persists, fires the trigger, starts what the move asks for (`then`, an `Effect`,
 (`refuse_unless`) and move through `move`, except `commit`, which fires under the lock it
 applies the changeset in. A close moves the session to `extracting` (`start_extraction`) and
 asks for its extraction (`Extract`); an append stores its step and asks for the annotation of
-what is stored (`Annotate`). Nothing here runs an extraction, an annotation or an operation
-queue: those modules sit above this one.
+what is stored (`annotate`), which `annotation` runs: it annotates the open episode's stored
+steps one at a time, in order (a step's boundary needs the previous subgoal's vector, and its
+annotation scores the previous step's reward), each claimed in the store, so that two
+Memories never ask the model about one step: a step another live Memory holds is waited for,
+one whose holder is gone is taken over. A step whose annotation fails stays stored,
+unannotated, and its claim is given up: the next append, the close (which waits for every
+step) or another Memory's takeover task starts it again. Nothing here runs an extraction or
+an operation queue: those modules sit above this one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -22,6 +29,7 @@ from typing import Any
 import anyio
 
 from mnemo.config import Config
+from mnemo.episode.annotation import annotate_step
 from mnemo.episode.model import NO_VECTOR, EpisodeRecord, StepInfo, StepRecord
 from mnemo.errors import NotFoundError, SessionError, StorageError
 from mnemo.extraction.contradiction import intent_policy
@@ -29,10 +37,11 @@ from mnemo.graph.model import Changeset, CommitReceipt
 from mnemo.graph.ports import StepsCommitted
 from mnemo.inputs import check_json, check_text
 from mnemo.ports import model_name
+from mnemo.session import registry
 from mnemo.session.machine import (
     MACHINE,
     STALE,
-    Annotate,
+    CommitSteps,
     Effect,
     Extract,
     Op,
@@ -193,7 +202,7 @@ class Append:
 
     async def run(self, ticket: int) -> StepInfo:
         """Stores the step when the ticket queue reaches `ticket`, so steps keep their call order,
-        and starts the annotation of what is stored (`Annotate`); returns once the step is
+        and starts the annotation of what is stored (`annotate`); returns once the step is
         annotated, or `append_timeout` after it was stored, unannotated (annotated later)."""
         live, session = self.live, self.session
         await session.ticket_queue.wait(ticket)
@@ -274,8 +283,100 @@ class Append:
             episode.steps.append(step)
             # Started at once, nothing awaited in between: a cancelled append leaves no
             # stored step whose claim nobody works on.
-            live.start(session, Annotate())
+            annotate(live, session)
         return step, episode.id
+
+
+def annotate(live: Sessions, session: SessionRecord) -> None:
+    """Starts the annotation of the open episode's stored steps (one task a session)."""
+    if not session.annotating:
+        session.annotating = True
+        live.spawn(session, annotation, live, session)
+
+
+async def annotation(live: Sessions, session: SessionRecord) -> None:
+    """Annotates the stored steps in order until none is left (see the module doc)."""
+    try:
+        while session.state in (State.COLLECTING, State.EXTRACTING) and not session.ended:
+            episode, pending = session.episode, session.unannotated()
+            if episode is None or not pending:
+                break
+            step = pending[0]
+            if step.id in session.held:
+                await _annotate(live, session, episode, step)
+                continue
+            token = await live.coordination.change_token()
+            mine = await registry.claim(live, session, [step])
+            if not mine:
+                await registry.store_moved(live, token)  # another Memory's annotation of it
+            async with session.lock:
+                await live.reload(session)  # annotated meanwhile, by the claim's last holder?
+            now = session.step_at(episode.id, step.index)
+            if mine and (now is None or now.annotated):
+                await registry.release(live, session, mine)
+            elif mine:
+                session.held.add(step.id)
+        session.annotation_failure = None
+    except NotFoundError:
+        pass  # ended through another Memory: nothing is left to annotate
+    except Exception as exc:
+        log.warning("%s: a step's annotation failed; the step is kept and annotated later: "
+                    "%r", session.id, exc)
+        session.annotation_failure = exc
+        held = [s for s in session.unannotated() if s.id in session.held]
+        session.held.clear()
+        await registry.release(live, session, held)
+    finally:
+        session.annotating = False
+        session.notify()
+
+
+async def _annotate(
+    live: Sessions, session: SessionRecord, episode: EpisodeRecord, step: StepRecord
+) -> None:
+    """Annotates one stored step (within `Config.annotation_timeout`) and writes it with the
+    previous step's reward."""
+    runtime = session.runtime
+    config = runtime.config
+    note, boundary = await annotate_step(
+        lambda: live.llm_for(runtime, session.repo, session.id),
+        runtime.embedder,
+        goal=episode.goal,
+        observation=step.observation,
+        action=step.action,
+        steps=episode.steps[:step.index],
+        threshold=config.trajectory_threshold,
+        time_limit=config.annotation_timeout,
+        name=f"{session.id} step {step.index}",
+    )
+    previous = episode.steps[step.index - 1] if step.index else None
+    trajectory = (f"trajectory_{uuid.uuid4().hex}" if previous is None or boundary
+                  else previous.trajectory_id)
+    done = dataclasses.replace(step, trajectory_id=trajectory, state_summary=note.state_summary,
+                               subgoal=note.subgoal, subgoal_vec=note.subgoal_vec)
+    scored = None if previous is None else dataclasses.replace(
+        previous, reward=note.previous_reward)
+    async with session.lock:
+        version = await live.store.annotate_step(session.id, episode.id, done, scored,
+                                                 holder=live.holder_id)
+        session.held.discard(step.id)
+        here = session.step_at(episode.id, step.index)
+        if version is None or here is None:
+            # Annotated by another Memory, or the episode moved on: the store says how.
+            await live.reload(session, conflict=True)
+        else:
+            if version == session.version + 1:  # else another Memory wrote meanwhile
+                session.version = version
+            for name in ("trajectory_id", "state_summary", "subgoal", "subgoal_vec"):
+                setattr(here, name, getattr(done, name))
+            before = session.step_at(episode.id, step.index - 1) if step.index else None
+            if before is not None:
+                before.reward = note.previous_reward
+    session.notify()
+    if boundary and session.config.auto_commit:
+        ready = session.finished_steps()
+        if ready:
+            live.start(session, CommitSteps(ready))
 
 
 async def start_extraction(

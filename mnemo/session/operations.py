@@ -20,10 +20,8 @@ callback each, never none and never two.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from typing import Any
 
 import anyio
@@ -50,7 +48,7 @@ from mnemo.session.machine import (
     project,
     refusal,
 )
-from mnemo.session.ports import StoredOp, StoredResult
+from mnemo.session.ports import StoredResult
 from mnemo.session.registry import POLL_INTERVAL, Sessions
 
 S = State
@@ -112,9 +110,7 @@ def accept(session: SessionRecord, op: Op) -> None:
 
 def awaits_handover(live: Sessions, session: SessionRecord) -> bool:
     """Operations this Memory stored are being handed over to the session's queue (by its
-    extraction's end, or a take): they were accepted first, so a call made now queues behind
-    them, and the queue waits for them (a `start_episode` made then was checked against
-    `ready` alone, and refused)."""
+    extraction's end, or a take): accepted first, a call made now queues behind them."""
     return session.handing_over > 0 and bool(live.remote.get(session.id))
 
 
@@ -152,9 +148,7 @@ def _projection(session: SessionRecord, queued: list[str]) -> State | None:
 
 
 async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
-    """Runs an accepted operation and reports it: exactly one callback, whatever happens
-    (an error that is not a `MnemoError` clears `running` too, so the
-    session's queue moves on and the callback comes)."""
+    """Runs an accepted operation and reports it: exactly one callback, whatever happens."""
     try:
         await _still_taken(live, op)
         await _execute(live, session, op)
@@ -169,8 +163,7 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
             if ended:
                 # Ended through another Memory (the store no longer knows it, and the record
                 # went): what `end_session` answers for the operations it stops.
-                await _finish_op(session, op, OpResult(False, None, SessionError(
-                    "session_ended", state=session.state, session_id=session.id)))
+                await _finish_op(session, op, failure(session, "session_ended"))
                 await _fail(session, later, "session_ended")
             else:
                 await _finish_op(
@@ -181,8 +174,7 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
         # Cancelled: by `end_session` or by the Memory closing. The callback still comes.
         with anyio.CancelScope(shield=True):
             reason = "session_ended" if session.ended else "memory_closed"
-            await _finish_op(session, op, OpResult(False, None, SessionError(
-                reason, state=session.state, session_id=session.id)))
+            await _finish_op(session, op, failure(session, reason))
         raise
     else:
         await _finish_op(session, op, OpResult(True, VALUES[op.kind]))
@@ -190,10 +182,9 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
 
 
 async def _still_live(live: Sessions, session: SessionRecord) -> bool:
-    """Whether the session of a failed operation still exists: ended through another Memory
-    meanwhile (which may be why the operation failed: the Memory that stored it answered it
-    `session_ended` and dropped its row), the operations behind it are answered
-    `session_ended`, not `preceding_op_failed`. A store that cannot say counts as live."""
+    """Whether the session of a failed operation still exists (ended through another Memory,
+    which may be why it failed, the operations behind it are answered `session_ended`, not
+    `preceding_op_failed`). A store that cannot say counts as live."""
     try:
         return await live.still_live(session)
     except MnemoError as exc:
@@ -202,13 +193,9 @@ async def _still_live(live: Sessions, session: SessionRecord) -> bool:
 
 
 async def _still_taken(live: Sessions, op: Op) -> None:
-    """Raises when `op` came from the store and the Memory that accepted it has answered it
-    meanwhile, having taken this one for gone (a heartbeat late for a lease): run now, it
-    would have been done after its caller heard it failed.
-
-    Raises:
-        MnemoError: saying so (`_run_op` reports it as "operation_failed", its cause).
-    """
+    """Raises MnemoError when `op` came from the store and the Memory that accepted it has
+    answered it meanwhile, having taken this one for gone (a heartbeat late for a lease): run
+    now, it would be done after its caller heard it failed."""
     if op.stored is None:
         return
     if not await live.coordination.still_taken(op.stored, live.holder_id):
@@ -283,8 +270,11 @@ def _take_pending(session: SessionRecord) -> list[Op]:
 
 async def _fail(session: SessionRecord, ops: list[Op], reason: str) -> None:
     for op in ops:
-        error = SessionError(reason, state=session.state, session_id=session.id)
-        await deliver(op.callback, OpResult(False, None, error))
+        await deliver(op.callback, failure(session, reason))
+
+
+def failure(session: SessionRecord, reason: str) -> OpResult:
+    return OpResult(False, None, SessionError(reason, state=session.state, session_id=session.id))
 
 
 def _as_session_error(exc: Exception, session: SessionRecord) -> SessionError:
@@ -303,55 +293,6 @@ def _as_session_error(exc: Exception, session: SessionRecord) -> SessionError:
 WATCH_INTERVAL = POLL_INTERVAL
 # After storage faults in a row, the watcher pauses up to this many intervals (3.2 s).
 WATCH_BACKOFF = 64
-
-
-async def submit_remote(
-    live: Sessions,
-    session: SessionRecord,
-    kind: str,
-    args: tuple[Any, ...],
-    callback: Callback | None,
-) -> None:
-    """Accepts an operation for a session whose extraction another Memory holds: it is stored
-    with the session, whoever ends that work runs it, and its callback runs here.
-
-    Raises:
-        SessionError: as `submit`.
-        NotFoundError: the session ended while the call waited for another one's row.
-        RuntimeError: the Memory has closed (as a call that would start a task does).
-    """
-    check_args(session, kind, args)
-    if live.closing:  # a callback of the close itself, say, which holds `storing`
-        raise RuntimeError("the Memory has closed")
-    # From the check to the append, one call at a time: the store's insert is awaited, and a
-    # second call checked meanwhile would pass the bound and the rules without the first.
-    async with session.storing:
-        if session.ended:
-            raise NotFoundError("session", session.id)
-        if live.closing:  # its close has answered what was stored, or will not wait for this
-            raise RuntimeError("the Memory has closed")
-        waiting = live.remote.get(session.id, [])
-        if len(waiting) >= session.config.max_pending_ops:
-            raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
-        auto = session.config.auto_commit
-        queued = [k for _, k, _ in waiting]
-        if project(S.IDLE if auto else S.READY, [*queued, kind], auto_commit=auto) is None:
-            raise SessionError(
-                "invalid_queued_operation", state=session.state, session_id=session.id
-            )
-        op_id = f"op_{uuid.uuid4().hex}"
-        await live.coordination.queue_op(StoredOp(
-            op_id, session.id, kind, list(args), live.holder_id, live.coordination.now()
-        ))
-        live.remote.setdefault(session.id, []).append((op_id, kind, callback))
-        if session.ended:
-            # Ended while its row was written: the end (which marks the record before it
-            # answers, `Sessions.drop`) answered what it found, not this, and cancelled the
-            # watcher. Accepted all the same (the row may have run already): answered here.
-            with anyio.CancelScope(shield=True):
-                await fail_remote(live, session, "session_ended")
-            return
-    watch(live, session)
 
 
 def watch(live: Sessions, session: SessionRecord) -> None:
@@ -383,10 +324,8 @@ def watch(live: Sessions, session: SessionRecord) -> None:
                     if session.state is not S.EXTRACTING:
                         await run_stored(live, session)
                 except StorageError as exc:
-                    # The results are in the store, which is the one truth: a fault ends
-                    # nothing, and the operations still get their one callback once it
-                    # answers again (failing them here could contradict a result written
-                    # meanwhile). Looked at again after a growing pause.
+                    # The results are in the store, the one truth: a fault ends nothing (a
+                    # failure here could contradict a result written meanwhile).
                     faults += 1
                     log.warning("%s: waiting for operations held elsewhere: %s (attempt %d)",
                                 session.id, exc, faults)
@@ -413,58 +352,16 @@ async def deliver_results(live: Sessions, session: SessionRecord) -> None:
     # Dropped from the store before they are forgotten here: a fault then leaves both as they
     # were, and the next look finds the same results (one callback each, never none).
     await live.coordination.drop_ops([op_id for op_id, _, _ in mine if op_id in results])
-    for op_id, _, callback in _claim_waiting(live, session.id, results):
+    for op_id, _, callback in claim_waiting(live, session.id, results):
         await deliver(callback, _op_result(results[op_id], session))
 
 
-async def answer_abandoned(
-    live: Sessions, unseen_since: datetime, gone: list[str]
-) -> None:
-    """Calls back for the operations this Memory stored that a holder took and then left
-    without recording a result (killed, or closed or cut off from the store before it could):
-    nobody else will. They are forgotten in the store first, so a result that holder still
-    records goes nowhere and, were it only late, it runs none of them it had not started
-    (`_still_taken`). Each gets `operation_failed`, with a cause that says
-    whether it took effect is unknown (the session's state tells); none is run again, which
-    could do it twice. The takeover task asks, twice a lease (`leases.Holder`); the callbacks
-    run in the sessions' own tasks, not the takeover task's."""
-    waiting = {op_id: session_id for session_id, entries in live.remote.items()
-               for op_id, _, _ in entries}
-    if not waiting:
-        return
-    abandoned = set(await live.coordination.abandon_ops(
-        list(waiting), unseen_since, gone, me=live.holder_id
-    ))
-    for session_id in dict.fromkeys(waiting[op_id] for op_id in abandoned):
-        session = live.by_id.get(session_id)
-        if session is None:
-            await _answer_left(live, session_id, None, abandoned)
-        else:
-            live.spawn(session, _answer_left, live, session_id, session, abandoned)
-
-
-async def _answer_left(
-    live: Sessions, session_id: str, session: SessionRecord | None, abandoned: set[str]
-) -> None:
-    state = None if session is None else session.state
-    for op_id, kind, callback in _claim_waiting(live, session_id, abandoned):
-        log.warning("%s: %s %s was taken by a Memory that left before it recorded a result",
-                    session_id, kind, op_id)
-        error = SessionError("operation_failed", state=state, session_id=session_id)
-        error.__cause__ = MnemoError(
-            f"the Memory that took {kind} {op_id} to run it left before it recorded a "
-            "result: whether it took effect is unknown (the session's state tells)"
-        )
-        await deliver(callback, OpResult(False, None, error))
-
-
-def _claim_waiting(
+def claim_waiting(
     live: Sessions, session_id: str, op_ids: Collection[str]
 ) -> list[tuple[str, str, Callback | None]]:
     """Takes the entries of `op_ids` out of what this Memory waits for, in the order they
-    were accepted, at once (no await in between), so that two paths that both found one
-    answered (its result and its runner gone, say) call back once. (`fail_remote` takes all
-    of a session's, as at once.)"""
+    were accepted, at once (no await in between): two paths that both found one answered
+    call back once."""
     entries = live.remote.get(session_id, [])
     claimed = [entry for entry in entries if entry[0] in op_ids]
     entries[:] = [entry for entry in entries if entry[0] not in op_ids]
@@ -472,21 +369,18 @@ def _claim_waiting(
 
 
 async def run_stored(live: Sessions, session: SessionRecord) -> None:
-    """Takes the session's stored operations nobody took yet and runs them here, in the order
-    they were accepted (after a failed extraction they fail with "extraction_failed"); each
+    """Takes the session's stored operations nobody took yet and queues them here, in the
+    order they were accepted (after a failed extraction they fail "extraction_failed"); each
     result goes to the Memory that accepted it. Then starts the session's queue.
 
-    One at a time per session: the extraction's end and the watcher both get here, and the
-    one that took nothing started the queue while the other's operations were still on their
-    way into it (a `start_episode` queued here ran before a stored `commit`, refused). A call
-    made meanwhile queues behind what this Memory stored (`awaits_handover`). Once
-    taken, they are queued whatever happens (shielded: a cancel in between lost them, taken
-    and never answered).
+    One taker at a time (the extraction's end and the watcher both get here: the one that
+    took nothing started the queue while the other's were on their way into it); a call made
+    meanwhile queues behind them (`awaits_handover`). Once taken, they are queued whatever
+    happens (shielded: a cancel in between lost them).
 
     Raises:
         StorageError: the stored operations could not be taken (they stay stored); the
-            session's own queue is started all the same (it waits for nothing stored: it
-            stuck, with no callback, when a fault here came right after an extraction).
+            session's own queue is started all the same.
     """
     with handing_over(live, session):
         async with session.taking:
@@ -499,9 +393,8 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
     # stops beating has left them (`answer_abandoned`).
     await live.register()
     taken = await live.coordination.take_ops(session.id, live.holder_id)
-    # An operation whose Memory closed before it ran has nobody to call back: its row goes.
-    # The operations are taken (committed) by now, so a fault there must not keep them from
-    # running: the row stays, taken, and nobody waits for it.
+    # An operation whose Memory closed before it ran has nobody to call back: its row goes
+    # (on a fault it stays, taken; the operations still run).
     orphans = [op.id for op in taken if not op.accepted_by]
     try:
         await live.coordination.drop_ops(orphans)
@@ -514,8 +407,7 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
     for stored in taken:
         callback = _result_to(live, session, stored.id) if stored.accepted_by else None
         if session.state is S.FAILED:
-            error = SessionError("extraction_failed", state=session.state, session_id=session.id)
-            await deliver(callback, OpResult(False, None, error))
+            await deliver(callback, failure(session, "extraction_failed"))
             continue
         op = Op(stored.kind, tuple(stored.args), callback,
                 stored=stored.id if stored.accepted_by else None)
@@ -529,10 +421,9 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
 
 def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
     """Where a stored operation's result goes: its callback, when this Memory accepted it
-    (it leaves `live.remote` now: queued here, it is no longer waited for in the store, and
-    counted there too it made the queue look one operation longer); else the store, for the
-    Memory that did."""
-    claimed = _claim_waiting(live, session.id, {op_id})
+    (it leaves `live.remote` now: queued here, it is waited for there no more); else the
+    store, for the Memory that did."""
+    claimed = claim_waiting(live, session.id, {op_id})
     if not claimed:
 
         async def report(result: OpResult) -> None:
@@ -550,8 +441,7 @@ def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
         try:
             await live.coordination.drop_ops([op_id])
         except StorageError as exc:
-            # The row stays, taken, and nobody waits for it: the callback still comes (the
-            # fault does not end the report before it).
+            # The row stays, taken, and nobody waits for it: the callback still comes.
             log.warning("%s: a finished operation's row left in the store: %s", op_id, exc)
         await deliver(mine, result)
 
@@ -559,9 +449,8 @@ def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
 
 
 # A result for another Memory is stored again after a fault, with a pause doubling from
-# WATCH_INTERVAL, for this many seconds in the callback, tries included (a try may itself wait
-# out the store's busy timeout; the callback runs shielded, so a Memory closing waits for it),
-# then in the background for as long as this Memory is open.
+# WATCH_INTERVAL, for this many seconds in the callback (which runs shielded: a Memory closing
+# waits for it), then in the background for as long as this Memory is open.
 FINISH_BUDGET = 10.0
 
 
@@ -569,10 +458,9 @@ async def _store_result(
     live: Sessions, session: SessionRecord, op_id: str, result: StoredResult
 ) -> None:
     """Stores the result of an operation another Memory accepted, trying again after a fault
-    (a single fault lost it, and that Memory waited for its callback for good): for up to
-    `FINISH_BUDGET` seconds here, then in the background until it is stored or this Memory
-    closes. Closed first, this Memory retires, and the one that accepted the operation calls
-    it back as left without a result (`answer_abandoned`): one callback, never none."""
+    for `FINISH_BUDGET` seconds here, then in the background until it is stored or this
+    Memory closes; closed first, this Memory retires, and the one that accepted it calls it
+    back as left without a result (`answer_abandoned`): one callback, never none."""
     with anyio.move_on_after(FINISH_BUDGET):
         await _keep_storing(live, op_id, result)
         return
@@ -601,9 +489,7 @@ async def _keep_storing(live: Sessions, op_id: str, result: StoredResult) -> Non
 
 async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> None:
     """Answers every operation this Memory stored for the session with `reason`. On a close
-    they stay stored (another Memory may still run them, and forgets each once it ran); an
-    ended session's are dropped, as its end drops those it finds (one stored as it ended
-    came after)."""
+    they stay stored (another Memory may still run them); an ended session's are dropped."""
     entries = live.remote.pop(session.id, [])
     ids = [op_id for op_id, _, _ in entries]
     try:
@@ -615,8 +501,7 @@ async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> No
         # The rows only: the callbacks are owed all the same.
         log.warning("%s: could not leave or drop its stored operations: %r", session.id, exc)
     for _, _, callback in entries:
-        error = SessionError(reason, state=session.state, session_id=session.id)
-        await deliver(callback, OpResult(False, None, error))
+        await deliver(callback, failure(session, reason))
 
 
 def _op_result(result: StoredResult, session: SessionRecord) -> OpResult:

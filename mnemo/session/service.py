@@ -53,8 +53,9 @@ from mnemo.session.machine import (
     SessionInfo,
     SessionRecord,
     State,
+    project,
 )
-from mnemo.session.ports import Coordination, LiveSession, SessionStore
+from mnemo.session.ports import Coordination, LiveSession, SessionStore, StoredOp
 from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
@@ -434,7 +435,7 @@ class SessionService:
                       callback: Callback | None) -> None:
         if session.state is S.EXTRACTING and not session.scopes:
             # Another Memory extracts it: the operation is stored with the session.
-            await operations.submit_remote(self._live, session, kind, args, callback)
+            await _submit_remote(self._live, session, kind, args, callback)
             return
         operations.submit(self._live, session, kind, args, callback)
 
@@ -451,3 +452,51 @@ async def _answer_ended(live: Sessions, session: SessionRecord) -> None:
     nothing else would call them back). Its end here, or seen in the store."""
     await operations.fail_pending(session, "session_ended")
     await operations.fail_remote(live, session, "session_ended")
+
+
+async def _submit_remote(
+    live: Sessions,
+    session: SessionRecord,
+    kind: str,
+    args: tuple[Any, ...],
+    callback: Callback | None,
+) -> None:
+    """Accepts an operation for a session whose extraction another Memory holds: it is stored
+    with the session, whoever ends that work runs it, and its callback runs here.
+
+    Raises:
+        SessionError: as `submit`.
+        NotFoundError: the session ended while the call waited for another one's row.
+        RuntimeError: the Memory has closed (as a call that would start a task does).
+    """
+    operations.check_args(session, kind, args)
+    if live.closing:  # a callback of the close itself, say, which holds `storing`
+        raise RuntimeError("the Memory has closed")
+    # From the check to the append, one call at a time: the store's insert is awaited, and a
+    # second call checked meanwhile would pass the bound and the rules without the first.
+    async with session.storing:
+        if session.ended:
+            raise NotFoundError("session", session.id)
+        if live.closing:
+            raise RuntimeError("the Memory has closed")
+        waiting = live.remote.get(session.id, [])
+        if len(waiting) >= session.config.max_pending_ops:
+            raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
+        auto = session.config.auto_commit
+        queued = [k for _, k, _ in waiting]
+        if project(S.IDLE if auto else S.READY, [*queued, kind], auto_commit=auto) is None:
+            raise SessionError(
+                "invalid_queued_operation", state=session.state, session_id=session.id
+            )
+        op_id = f"op_{uuid.uuid4().hex}"
+        await live.coordination.queue_op(StoredOp(
+            op_id, session.id, kind, list(args), live.holder_id, live.coordination.now()
+        ))
+        live.remote.setdefault(session.id, []).append((op_id, kind, callback))
+        if session.ended:
+            # Ended while its row was written: the end answered what it found, not this, and
+            # cancelled the watcher. Accepted all the same: answered here.
+            with anyio.CancelScope(shield=True):
+                await operations.fail_remote(live, session, "session_ended")
+            return
+    operations.watch(live, session)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -39,9 +39,11 @@ from mnemo.session import operations, registry, transitions
 from mnemo.session.machine import (
     CommitSteps,
     Extract,
+    OpResult,
     SessionRecord,
     State,
     current_state,
+    deliver,
 )
 from mnemo.session.ports import StaleSession
 from mnemo.session.registry import Sessions
@@ -377,7 +379,7 @@ async def take_over(live: Sessions) -> None:
             log.info("%s: taking over the annotation of its stored steps", session.id)
             transitions.annotate(live, session)
     try:
-        await operations.answer_abandoned(live, now - live.lease, gone)
+        await answer_abandoned(live, now - live.lease, gone)
     except MnemoError as exc:
         log.warning("%s: looking for operations left by a gone holder failed: %r",
                     live.holder_id, exc)
@@ -429,3 +431,42 @@ def _same_model(session: SessionRecord) -> bool:
                  session.id, session.extraction_model, here)
         return False
     return True
+
+
+async def answer_abandoned(
+    live: Sessions, unseen_since: datetime, gone: list[str]
+) -> None:
+    """Calls back for the operations this Memory stored that a holder took and then left
+    without recording a result: nobody else will. They are forgotten in the store first, so
+    a result that holder still records goes nowhere, and a late holder runs none it had not
+    started (`_still_taken`). Each gets `operation_failed`, its cause saying whether it took
+    effect is unknown; none is run again, which could do it twice. The takeover task asks
+    (`timers.take_over`); the callbacks run in the sessions' own tasks."""
+    waiting = {op_id: session_id for session_id, entries in live.remote.items()
+               for op_id, _, _ in entries}
+    if not waiting:
+        return
+    abandoned = set(await live.coordination.abandon_ops(
+        list(waiting), unseen_since, gone, me=live.holder_id
+    ))
+    for session_id in dict.fromkeys(waiting[op_id] for op_id in abandoned):
+        session = live.by_id.get(session_id)
+        if session is None:
+            await _answer_left(live, session_id, None, abandoned)
+        else:
+            live.spawn(session, _answer_left, live, session_id, session, abandoned)
+
+
+async def _answer_left(
+    live: Sessions, session_id: str, session: SessionRecord | None, abandoned: set[str]
+) -> None:
+    state = None if session is None else session.state
+    for op_id, kind, callback in operations.claim_waiting(live, session_id, abandoned):
+        log.warning("%s: %s %s was taken by a Memory that left before it recorded a result",
+                    session_id, kind, op_id)
+        error = SessionError("operation_failed", state=state, session_id=session_id)
+        error.__cause__ = MnemoError(
+            f"the Memory that took {kind} {op_id} to run it left before it recorded a "
+            "result: whether it took effect is unknown (the session's state tells)"
+        )
+        await deliver(callback, OpResult(False, None, error))

@@ -21,7 +21,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.session import operations, timers
+from mnemo.session import timers
 from mnemo.session.ports import HolderInfo, StoredOp, StoredResult
 from tests.backends import sql
 from tests.fakes import Hold
@@ -131,7 +131,7 @@ async def test_a_late_taker_runs_none_of_what_was_answered_for_it(
             await storing.wait()  # the commit ran; its result is on its way
         a_live = a.mem._service._live
         # B's heartbeat is a day late as A sees it.
-        await operations.answer_abandoned(a_live, datetime.now(UTC) + timedelta(days=1), [])
+        await timers.answer_abandoned(a_live, datetime.now(UTC) + timedelta(days=1), [])
         with anyio.fail_after(5):
             await commit.done.wait()
             await start.done.wait()

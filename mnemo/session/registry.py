@@ -141,18 +141,6 @@ class Sessions:
             self.shortest_idle = seconds
             self.idle_wake.set()
 
-    def get(self, session_id: str) -> SessionRecord:
-        """The record this Memory holds.
-
-        Raises:
-            InvalidInputError: an id that is no session id (not a string, blank, NUL, ...).
-            NotFoundError: this Memory holds no such session.
-        """
-        session = self.by_id.get(check_id(session_id, "session_id"))
-        if session is None:
-            raise NotFoundError("session", session_id)
-        return session
-
     async def fetch(self, session_id: str, *, fresh: bool = False) -> SessionRecord:
         """The session's record, read from the store when this Memory does not know it yet
         (another Memory started it), and, when `fresh`, read again if the store's version is
@@ -190,24 +178,22 @@ class Sessions:
         """A record for a session the store holds (restored, or started elsewhere)."""
         session = self.add(row.id, row.repo, row.state, row.config, None)
         session.recorded = True
-        session.episode = row.episode
-        session.changeset = row.changeset
         session.metadata = dict(row.metadata)
-        session.extraction_model = row.model
-        session.version = row.version
-        # Restored or read, it is not this Memory's to drive: its holder drives its timers
-        # (a holder that vanished leaves them to the takeover task, `leases.Holder`).
-        session.driven = row.holder is not None and row.holder == self.holder_id
-        # Idle since its last use as stored, or, for a row without one, since now (a record
-        # starts at 0 on the loop's clock: such a session expired the moment it was read).
+        # Idle since its last use as stored, or, for a row without one, since now.
         session.last_activity = self.clock_of(row.active_at)
-        self._activity(session, row)
+        self._take_row(session, row)
         return session
 
-    def _activity(self, session: SessionRecord, row: LiveSession) -> None:
-        """Takes the store's time of the session's last use, when it moved (an append through
-        another Memory), as the start of its idle time; an expiry under way keeps its
-        `math.inf` mark, and sees the move through `active_at`."""
+    def _take_row(self, session: SessionRecord, row: LiveSession) -> None:
+        """The row's episode, changeset, model and version in the record; the session is this
+        Memory's to drive only when the store names it the holder; and the store's time of
+        its last use, when it moved, starts its idle time (an expiry under way keeps its
+        `math.inf` mark, and sees the move through `active_at`)."""
+        session.episode = row.episode
+        session.changeset = row.changeset
+        session.extraction_model = row.model
+        session.version = row.version
+        session.driven = row.holder is not None and row.holder == self.holder_id
         if row.active_at is None or row.active_at == session.active_at:
             return
         session.active_at = row.active_at
@@ -227,18 +213,14 @@ class Sessions:
         """Reads the session again from the store, which another Memory changed.
 
         A row no newer than the record is left out: a read that began before this Memory's
-        own write and answered after it (PostgreSQL's connections answer in any order).
-        Taken in, it put the session back where it was (a closed session looked extracting
-        again, with nobody here extracting it: an operation queued behind the close went to
-        the store's queue, then ran twice or never). `conflict`: read under the session's
-        lock after the store refused a write of the record's version, so no write of this
-        Memory can be under way: any other version is the store's truth, an older one too (a
-        record ahead of its store, restored from a backup say, never wrote again).
+        own write and answered after it (PostgreSQL's connections answer in any order), taken
+        in, put the session back where it was. `conflict`: read under the session's lock after
+        the store refused a write of the record's version, so no write of this Memory is under
+        way: any other version is the store's truth, an older one too.
 
         Raises:
             NotFoundError: it ended meanwhile (its record goes too, and what it owed is
-                answered `session_ended`, as `end_session` answers it: dropped without,
-                queued operations never got a callback).
+                answered `session_ended`).
         """
         row = await self.store.load_one(session.id)
         if row is None:
@@ -249,12 +231,7 @@ class Sessions:
         before = session.state
         if row.state is not before:
             MACHINE.set_state(row.state, model=session)
-        session.episode = row.episode
-        session.changeset = row.changeset
-        session.extraction_model = row.model
-        session.version = row.version
-        session.driven = row.holder is not None and row.holder == self.holder_id
-        self._activity(session, row)
+        self._take_row(session, row)
         if row.state is not before:
             session.notify()
 

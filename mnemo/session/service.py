@@ -291,13 +291,10 @@ class SessionService:
             session.notify()  # an expiry waits for appends to end (`timers._working`)
 
     async def _refuse_unless(self, session: SessionRecord, event: str) -> None:
-        """`transitions.refuse_unless`, for the calls that start from the record this Memory
-        holds rather than the store's row (append and start_episode: a round trip saved on
-        each). What the record allows is tried, and its write, refused by a store that moved
-        on, reads the session again; but a refusal was final, so a record behind the store
-        refused what the store allowed (this Memory's extraction left it ready, another
-        Memory committed and started an episode, and an append here was refused not_idle).
-        A refusal is therefore checked against the store first (`_read_again`).
+        """`transitions.refuse_unless` for the calls that start from the record this Memory
+        holds (append and start_episode: a round trip saved on each): what the record allows
+        is tried (a write the store refuses reads the session again), but a refusal is final,
+        so it is checked against the store first (`_read_again`).
 
         Raises:
             SessionError, NotFoundError: as `transitions.refuse_unless`, on the store's state.
@@ -309,11 +306,9 @@ class SessionService:
             transitions.refuse_unless(session, event)
 
     async def _read_again(self, session: SessionRecord) -> None:
-        """The store's state in the record, before a refusal is raised from it: read once no
-        write of this Memory's own is under way (under the session's lock, which a fresh
-        `fetch` skips the reload for: the refusal survived while this Memory committed).
-        Taken in only when newer than the record, as any read (a claim by this Memory's
-        takeover task writes outside the lock, and a read racing it may answer with the row before).
+        """The store's state in the record, before a refusal is raised from it: read under
+        the session's lock (no write of this Memory's own under way), taken in only when
+        newer than the record, as any read.
 
         Raises:
             NotFoundError: the session ended meanwhile.

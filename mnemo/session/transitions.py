@@ -2,19 +2,14 @@
 
 A state change happens in `move`: under the session's lock it asks the table (`refusal`),
 persists, fires the trigger, starts what the move asks for (`then`, an `Effect`, through
-`Sessions.start`: the service starts it), then reports a "transition" event. The calls
-(`start_episode`, `append`, `close`, `commit`, `discard`) check the table first
-(`refuse_unless`) and move through `move`, except `commit`, which fires under the lock it
-applies the changeset in. A close moves the session to `extracting` (`start_extraction`) and
-asks for its extraction (`Extract`); an append stores its step and asks for the annotation of
-what is stored (`annotate`), which `annotation` runs: it annotates the open episode's stored
-steps one at a time, in order (a step's boundary needs the previous subgoal's vector, and its
-annotation scores the previous step's reward), each claimed in the store, so that two
-Memories never ask the model about one step: a step another live Memory holds is waited for,
-one whose holder is gone is taken over. A step whose annotation fails stays stored,
-unannotated, and its claim is given up: the next append, the close (which waits for every
-step) or another Memory's takeover task starts it again. Nothing here runs an extraction or
-an operation queue: those modules sit above this one.
+`Sessions.start`), then reports a "transition" event. `commit` fires under the lock it applies
+the changeset in. A close moves the session to `extracting` and asks for its extraction
+(`Extract`); an append stores its step, then `annotate`s the stored steps in order (a step's
+boundary needs the previous subgoal's vector, and its annotation scores the previous step's
+reward), each claimed in the store so that two Memories never ask the model about one step.
+A step whose annotation fails stays stored, unannotated, its claim given up: the next append,
+the close or another Memory's takeover task starts it again. Nothing here runs an extraction
+or an operation queue: those modules sit above this one.
 """
 
 from __future__ import annotations
@@ -295,7 +290,8 @@ def annotate(live: Sessions, session: SessionRecord) -> None:
 
 
 async def annotation(live: Sessions, session: SessionRecord) -> None:
-    """Annotates the stored steps in order until none is left (see the module doc)."""
+    """Annotates the stored steps in order until none is left: a step another live Memory
+    holds is waited for, one whose holder is gone is taken over."""
     try:
         while session.state in (State.COLLECTING, State.EXTRACTING) and not session.ended:
             episode, pending = session.episode, session.unannotated()

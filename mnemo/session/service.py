@@ -449,13 +449,8 @@ async def _answer_ended(live: Sessions, session: SessionRecord) -> None:
     await operations.fail_remote(live, session, "session_ended")
 
 
-async def _submit_remote(
-    live: Sessions,
-    session: SessionRecord,
-    kind: str,
-    args: tuple[Any, ...],
-    callback: Callback | None,
-) -> None:
+async def _submit_remote(live: Sessions, session: SessionRecord, kind: str,
+                         args: tuple[Any, ...], callback: Callback | None) -> None:
     """Accepts an operation for a session whose extraction another Memory holds: it is stored
     with the session, whoever ends that work runs it, and its callback runs here.
 

@@ -95,13 +95,12 @@ REFUSALS: Final[dict[State, dict[str, str]]] = {
                "close": "session_failed"},
 }
 
-# One machine for every session, each record a model: an idle session stays small
-# (BENCHMARKS.md).
-MACHINE: Final = Machine(
-    model=None, states=list(State), transitions=EDGES, initial=S.IDLE,
-    auto_transitions=False, queued=True,
-    send_event=False,
-)
+def new_machine() -> Machine:
+    """The machine of one Memory's sessions, each record a model (an idle session stays
+    small: BENCHMARKS.md). Not queued: no callback fires a trigger, and the queue would be
+    one for every thread that moves a session."""
+    return Machine(model=None, states=list(State), transitions=EDGES, initial=S.IDLE,
+                   auto_transitions=False, queued=False, send_event=False)
 
 
 def refusal(session: SessionRecord, event: str, **facts: object) -> str | None:
@@ -299,7 +298,7 @@ class TicketQueue:
 
 @dataclass(eq=False)
 class SessionRecord:
-    """One live session of this Memory, and the model `MACHINE` moves (`state`, and the
+    """One live session of this Memory, and the model its Memory's machine moves (`state`, and the
     trigger methods it adds). Not slotted: the machine sets its methods on the record."""
 
     id: str
@@ -361,7 +360,7 @@ class SessionRecord:
     held: set[str] = field(default_factory=set)
     annotation_failure: BaseException | None = None
 
-    # Set on the record by `MACHINE.add_model`.
+    # Set on the record by `Machine.add_model`.
     may_trigger: ClassVar[Callable[..., bool]]
     trigger: ClassVar[Callable[..., bool]]
 

@@ -31,7 +31,7 @@ from mnemo.events import Events
 from mnemo.graph.ports import GraphStore
 from mnemo.inputs import check_id
 from mnemo.ports import LLM
-from mnemo.session.machine import MACHINE, Callback, Effect, Runtime, SessionRecord, State
+from mnemo.session.machine import Callback, Effect, Runtime, SessionRecord, State, new_machine
 from mnemo.session.ports import Coordination, HolderInfo, LiveSession, SessionStore
 
 log = logging.getLogger("mnemo")
@@ -88,6 +88,7 @@ class Sessions:
         # Operations this Memory accepted and stored for work another Memory holds, by
         # session: (op id, kind, callback), in the order accepted.
         self.remote: dict[str, list[tuple[str, str, Callback | None]]] = {}
+        self.machine = new_machine()
         self.by_id: dict[str, SessionRecord] = {}
         self.tg: TaskGroup | None = None
         # The Memory is closing: its tasks have ended, and what it owed is being answered;
@@ -129,7 +130,7 @@ class Sessions:
         self, session_id: str, repo: str, state: State, config: Config, override: Runtime | None
     ) -> SessionRecord:
         session = SessionRecord(session_id, repo, self.repo_runtime(repo), override, config)
-        MACHINE.add_model(session, initial=state)
+        self.machine.add_model(session, initial=state)
         self.by_id[session_id] = session
         self.idle_within(config.idle_session_timeout)
         return session
@@ -230,7 +231,7 @@ class Sessions:
             return
         before = session.state
         if row.state is not before:
-            MACHINE.set_state(row.state, model=session)
+            self.machine.set_state(row.state, model=session)
         self._take_row(session, row)
         if row.state is not before:
             session.notify()
@@ -289,7 +290,7 @@ class Sessions:
             return
         session.ended = True
         self.by_id.pop(session.id, None)
-        MACHINE.remove_model(session)
+        self.machine.remove_model(session)
         for scope in [*session.scopes, *session.waits]:
             scope.cancel()
         session.notify()

@@ -34,7 +34,6 @@ from mnemo.inputs import check_json, check_text
 from mnemo.ports import model_name
 from mnemo.session import registry
 from mnemo.session.machine import (
-    MACHINE,
     STALE,
     CommitSteps,
     Effect,
@@ -133,7 +132,7 @@ async def move(
             # forced the record to the stored state): the move is still this one's to fire,
             # with its event and what waits behind it (a lost transition left a queued
             # operation without its callback).
-            MACHINE.set_state(before, model=session)
+            live.machine.set_state(before, model=session)
         session.trigger(event, **given)
         after = session.state
         if then is not None:
@@ -447,7 +446,7 @@ async def commit(
                 await live.reload(session, conflict=True)
         if session.state is not S.READY:
             # A read took in this very write while it was being made, as `move` allows for.
-            MACHINE.set_state(S.READY, model=session)
+            live.machine.set_state(S.READY, model=session)
         session.trigger("commit")
         if op is not None:
             op.applied = True

@@ -8,7 +8,6 @@ import pytest
 from mnemo.config import Config
 from mnemo.session.machine import (
     CALLS,
-    MACHINE,
     REFUSALS,
     RESULTS,
     STALE,
@@ -16,6 +15,7 @@ from mnemo.session.machine import (
     SessionRecord,
     State,
     current_state,
+    new_machine,
     refusal,
 )
 from tests.fakes import FakeEmbedder, FakeLLM
@@ -51,7 +51,7 @@ EXPECTED: dict[tuple[State, str], State | str] = {
 def record(state: State) -> SessionRecord:
     session = SessionRecord("s", "r", Runtime(FakeLLM(), FakeEmbedder(), Config()), None,
                             Config())
-    MACHINE.add_model(session, initial=state)
+    new_machine().add_model(session, initial=state)
     return session
 
 
@@ -68,7 +68,6 @@ def test_every_call_in_every_state_matches_the_api_table(state: State, call: str
     else:
         assert refusal(session, call) == expected
         assert REFUSALS[state][call] == expected
-    MACHINE.remove_model(session)
 
 
 @pytest.mark.parametrize("state", list(State))
@@ -84,7 +83,6 @@ def test_background_results_are_answered_in_every_state(state: State, result: st
         assert session.state is expected
     else:
         assert refusal(session, result) == STALE
-    MACHINE.remove_model(session)
 
 
 def test_a_close_waits_for_the_appends_before_it() -> None:
@@ -97,7 +95,6 @@ def test_a_close_waits_for_the_appends_before_it() -> None:
     assert current_state(session) is S.COLLECTING
     session.trigger("close", appends=0)
     assert current_state(session) is S.EXTRACTING
-    MACHINE.remove_model(session)
 
 
 def test_an_unknown_event_is_an_error() -> None:
@@ -105,4 +102,3 @@ def test_an_unknown_event_is_an_error() -> None:
     session = record(S.IDLE)
     with pytest.raises(ValueError, match="unknown session event"):
         refusal(session, "explode")
-    MACHINE.remove_model(session)

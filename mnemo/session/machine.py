@@ -41,6 +41,7 @@ from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.errors import EmbeddingError, LLMError, SessionError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.graph.model import Changeset, CommitReceipt
+from mnemo.inputs import check_json, check_text
 from mnemo.ports import LLM, Embedder
 
 log = logging.getLogger("mnemo")
@@ -411,6 +412,17 @@ class SessionRecord:
 
     def _extractable(self, step: StepRecord) -> bool:
         return step.annotated and step.committed_in is None and step.id not in self.claimed
+
+
+def check_step(
+    config: Config, observation: object, action: object, metadata: dict[str, Any] | None
+) -> None:
+    """Raises InvalidInputError for a blank observation (a step is what was observed), or a
+    step past `config.max_text_chars` (metadata: as JSON, and `inputs.MAX_JSON_DEPTH` deep)."""
+    check_text(observation, "observation", limit=config.max_text_chars)
+    check_text(action, "action", limit=config.max_text_chars, blank_ok=True)
+    if metadata is not None:
+        check_json(metadata, "metadata", limit=config.max_text_chars)
 
 
 def current_state(session: SessionRecord) -> State:

@@ -7,14 +7,12 @@ it. `start_next` starts the next one once nothing holds the session (no running 
 no extraction, no background commit). Each accepted operation gets exactly one callback: its
 result, or a `SessionError` when it, or one before it, failed, or the session ended.
 
-While another Memory extracts a session (or holds its background work), an operation
-accepted here is stored in the store's `ops` table (`submit_remote`), and this Memory waits
-for it (`watch`). Whoever ends that work takes the stored operations (`run_stored`), runs
-them in the order they were accepted, and records each result for the Memory that accepted
-it, whose callback then runs (`deliver_results`). When the taker leaves without recording a
-result, the accepting Memory's takeover task answers for it (`answer_abandoned`). Every path
-that calls back a waiting operation takes it out of `Sessions.remote` first, at once: one
-callback each, never none and never two.
+While another Memory extracts a session, an operation accepted here is stored in the store's
+`ops` table (`SessionService`), and this Memory waits for it (`watch`). Whoever ends that work
+takes the stored operations (`run_stored`), runs them in order, and records each result for
+the Memory that accepted it, whose callback then runs (`deliver_results`; a taker that left
+without a result: `timers.answer_abandoned`). Every path that calls back a waiting operation
+takes it out of `Sessions.remote` first, at once: one callback each, never none, never two.
 """
 
 from __future__ import annotations
@@ -44,6 +42,7 @@ from mnemo.session.machine import (
     OpResult,
     SessionRecord,
     State,
+    check_step,
     deliver,
     project,
     refusal,
@@ -97,7 +96,7 @@ def submit(
 def check_args(session: SessionRecord, kind: str, args: tuple[Any, ...]) -> None:
     """Raises InvalidInputError for an operation's text past the session's bounds."""
     if kind == "append":
-        transitions.check_step(session.config, args[0], args[1], None)
+        check_step(session.config, args[0], args[1], None)
     elif kind == "start_episode":
         check_text(args[0], "goal", limit=session.config.max_text_chars)
 
@@ -222,17 +221,8 @@ async def _execute(live: Sessions, session: SessionRecord, op: Op) -> None:
         assert op.ticket is not None
         observation, action = op.args
         await transitions.Append(live, session, observation, action, None).run(op.ticket)
-    elif op.kind == "close":
-        transitions.refuse_close(session, queued=True)
-        await transitions.close(live, session, op)
     else:
-        transitions.refuse_unless(session, op.kind)
-        if op.kind == "commit":
-            await transitions.commit(live, session, op)
-        elif op.kind == "discard":
-            await transitions.discard(live, session, op)
-        else:
-            await transitions.start_episode(live, session, op.args[0], op=op)
+        await transitions.call(live, session, op.kind, op.args, op)
 
 
 def start_next(live: Sessions, session: SessionRecord) -> None:

@@ -53,6 +53,7 @@ from mnemo.session.machine import (
     SessionInfo,
     SessionRecord,
     State,
+    check_step,
     project,
 )
 from mnemo.session.ports import Coordination, LiveSession, SessionStore, StoredOp
@@ -278,7 +279,7 @@ class SessionService:
         if metadata is not None and not isinstance(metadata, dict):
             raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
         session = await self._live.fetch(session_id)
-        transitions.check_step(session.config, observation, action, metadata)
+        check_step(session.config, observation, action, metadata)
         await self._refuse_unless(session, "append")
         session.appends_in_flight += 1
         ticket = session.ticket_queue.take()
@@ -317,19 +318,15 @@ class SessionService:
             await self._live.reload(session)
 
     async def close(self, session_id: str) -> None:
-        session = await self._live.fetch(session_id, fresh=True)
-        transitions.refuse_close(session)
-        await transitions.close(self._live, session)
+        await transitions.call(self._live, await self._live.fetch(session_id, fresh=True), "close")
 
     async def commit(self, session_id: str) -> CommitReceipt | None:
         session = await self._live.fetch(session_id, fresh=True)
-        transitions.refuse_unless(session, "commit")
-        return await transitions.commit(self._live, session)
+        return await transitions.call(self._live, session, "commit")
 
     async def discard(self, session_id: str) -> None:
-        session = await self._live.fetch(session_id, fresh=True)
-        transitions.refuse_unless(session, "discard")
-        await transitions.discard(self._live, session)
+        await transitions.call(self._live, await self._live.fetch(session_id, fresh=True),
+                               "discard")
 
     async def close_and_commit(
         self, session_id: str, *, max_retries: int, max_polls: int | None, poll_interval: float

@@ -23,14 +23,12 @@ from typing import Any
 
 import anyio
 
-from mnemo.config import Config
 from mnemo.episode.annotation import annotate_step
 from mnemo.episode.model import NO_VECTOR, EpisodeRecord, StepInfo, StepRecord
 from mnemo.errors import NotFoundError, SessionError, StorageError
 from mnemo.extraction.contradiction import intent_policy
 from mnemo.graph.model import Changeset, CommitReceipt
 from mnemo.graph.ports import StepsCommitted
-from mnemo.inputs import check_json, check_text
 from mnemo.ports import model_name
 from mnemo.session import registry
 from mnemo.session.machine import (
@@ -172,17 +170,6 @@ async def start_episode(
     live.touch(session)
 
 
-def check_step(
-    config: Config, observation: object, action: object, metadata: dict[str, Any] | None
-) -> None:
-    """Raises InvalidInputError for a blank observation (a step is what was observed), or a
-    step past `config.max_text_chars` (metadata: as JSON, and `inputs.MAX_JSON_DEPTH` deep)."""
-    check_text(observation, "observation", limit=config.max_text_chars)
-    check_text(action, "action", limit=config.max_text_chars, blank_ok=True)
-    if metadata is not None:
-        check_json(metadata, "metadata", limit=config.max_text_chars)
-
-
 @dataclass(frozen=True, slots=True)
 class Append:
     """One step on its way into a collecting session: what the caller gave, and the session
@@ -213,9 +200,7 @@ class Append:
                         break
                     await changed.wait()
         finally:
-            # An append is activity until it returns, whatever came of it: an expiry that
-            # waited for it (`timers._working`) finds the session used, not idle.
-            live.touch(session)
+            live.touch(session)  # activity until it returns: an expiry finds it used
         info = StepInfo(step.index, None, None, annotated=False)
         now = session.step_at(episode_id, step.index)
         if now is not None and now.annotated:
@@ -231,24 +216,20 @@ class Append:
 
     async def _store(self) -> tuple[StepRecord, str]:
         live, session = self.live, self.session
-        # The store's state, once this append's turn came: a move another Memory made before
-        # (a close, say) is answered by the state table as the store holds it
-        # (`extraction_in_progress`); only a move during the append is `not_collecting` below.
+        # The store's state once this append's turn came: a move another Memory made before
+        # is answered by the table; only a move during the append is `not_collecting`.
         await live.fetch(session.id, fresh=True)
         moved = False
         while True:
             if moved and not session.ended and session.state is not S.COLLECTING:
-                # Closed through another Memory while this append was under way: it stopped
-                # collecting under the append, which the API contract answers with
-                # not_collecting (the state table's reason is for a call made once the session
-                # was elsewhere).
+                # Closed through another Memory while this append was under way.
                 raise SessionError("not_collecting", state=session.state, session_id=session.id)
             refuse_unless(session, "append")
             stored = await self._try()
             if stored is not None:
                 return stored
-            # Another Memory moved the session (appended, or closed it): read it again, and
-            # store against the episode as it now is, or be refused.
+            # Another Memory moved the session: read it again, and store against the episode
+            # as it now is, or be refused.
             async with session.lock:
                 await live.reload(session, conflict=True)
             moved = True
@@ -275,8 +256,7 @@ class Append:
                 return None
             session.held.add(step.id)
             episode.steps.append(step)
-            # Started at once, nothing awaited in between: a cancelled append leaves no
-            # stored step whose claim nobody works on.
+            # Started at once: a cancelled append leaves no stored step nobody annotates.
             annotate(live, session)
         return step, episode.id
 
@@ -381,10 +361,8 @@ async def start_extraction(
 ) -> None:
     """Moves the session to `extracting` (recording its repo's model: who may take the work
     over) and asks for its extraction (`Extract`); `refuse` as `move`'s."""
-    # The repo's model, not a per-session override's: overrides are not persisted, so the
-    # session restored after its holder vanished runs its repo's model, and only a Memory
-    # with that model may resume it (an override's name matched no Memory: it stayed
-    # extracting for good).
+    # The repo's model, not a per-session override's: overrides are not persisted, and only a
+    # Memory with the recorded model may resume the work.
     model = model_name(session.repo_runtime.llm)
 
     async def persist() -> int:
@@ -401,8 +379,7 @@ async def start_extraction(
         session.extraction_model = model
         return version
 
-    # Started with the move, before its event is delivered: in between, a call saw the
-    # session extracting with no extraction here, and took it for another Memory's.
+    # Started with the move: a call in between took it for another Memory's extraction.
     if not await move(live, session, event, persist, op=op, refuse=refuse, then=Extract(),
                       facts=facts):
         live.start(session, Extract())
@@ -410,8 +387,7 @@ async def start_extraction(
 
 async def close(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:
     """Starts the episode's extraction, refused as `refuse_close` (an `op` is a queued close)
-    under the lock the move takes: an append begun after a caller's own check (while the
-    close waited for the lock) refuses the close, rather than being refused once annotated."""
+    under the lock the move takes: an append begun while the close waited refuses it."""
     await start_extraction(live, session, "close", op, facts=lambda: {
         "appends": appends_before(session, queued=op is not None)})
 
@@ -436,9 +412,8 @@ async def commit(
                 receipt = await commit_steps(live, session, changeset, steps, S.IDLE)
                 break
             except StaleSession as exc:
-                # Another Memory moved the session: nothing was written. Committed or
-                # discarded there, the table refuses; still ready (its holder changed, say),
-                # the commit is tried again on the session as it now is.
+                # Another Memory moved the session: nothing was written; the table is asked
+                # again about the session as it now is.
                 if attempt == _ATTEMPTS - 1:
                     raise StorageError(
                         "busy", f"{session.id}: other Memory objects keep moving it"
@@ -475,6 +450,26 @@ async def discard(live: Sessions, session: SessionRecord, op: Op | None = None) 
         return version
 
     await move(live, session, "discard", persist, op=op)
+
+
+async def call(
+    live: Sessions, session: SessionRecord, kind: str, args: tuple[Any, ...] = (),
+    op: Op | None = None,
+) -> CommitReceipt | None:
+    """A caller's `close`, `commit`, `discard` or `start_episode` on the session, refused as
+    the table says (`op`: run from the session's queue)."""
+    if kind == "close":
+        refuse_close(session, queued=op is not None)
+        await close(live, session, op)
+        return None
+    refuse_unless(session, kind)
+    if kind == "commit":
+        return await commit(live, session, op)
+    if kind == "discard":
+        await discard(live, session, op)
+    else:
+        await start_episode(live, session, args[0], op)
+    return None
 
 
 async def commit_steps(

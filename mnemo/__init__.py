@@ -65,9 +65,7 @@ if TYPE_CHECKING:
     from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, Reranker, ToolCall, Usage
     from mnemo.recall.engine import Recalled, RecallResult
     from mnemo.recall.query import LLMReranker
-    from mnemo.session.machine import State
-    from mnemo.session.queue import OpResult
-    from mnemo.session.service import SessionContext, SessionInfo
+    from mnemo.session.machine import OpResult, SessionContext, SessionInfo, State
 
 # Where each public name lives.
 _WHERE = {
@@ -117,7 +115,7 @@ _WHERE = {
     "NodeType": "mnemo.graph.model",
     "NotFoundError": "mnemo.errors",
     "OfflineLLM": "mnemo.adapters.offline",
-    "OpResult": "mnemo.session.queue",
+    "OpResult": "mnemo.session.machine",
     "OpenAICompatible": "mnemo.adapters.openai",
     "OpenAIEmbedder": "mnemo.adapters.embeddings",
     "PipelineError": "mnemo.errors",
@@ -128,9 +126,9 @@ _WHERE = {
     "RetryPolicy": "mnemo.calls.retry",
     "SearchHit": "mnemo.conversation.model",
     "Semantic": "mnemo.conversation.model",
-    "SessionContext": "mnemo.session.service",
+    "SessionContext": "mnemo.session.machine",
     "SessionError": "mnemo.errors",
-    "SessionInfo": "mnemo.session.service",
+    "SessionInfo": "mnemo.session.machine",
     "Snapshot": "mnemo.conversation.model",
     "State": "mnemo.session.machine",
     "Step": "mnemo.ingest.model",

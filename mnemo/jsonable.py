@@ -14,7 +14,7 @@ from mnemo.episode.model import StepInfo
 from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.model import Link, Node
 from mnemo.recall.engine import RecallResult
-from mnemo.session.service import SessionInfo
+from mnemo.session.machine import SessionInfo
 
 
 def label(value: object) -> str:

@@ -1,24 +1,42 @@
 """The "contradiction" task: which new facts end existing ones about the same subject ("Dana
 lives in Lisbon" / "Dana moved to Porto")? A commit asks it once, for every new fact and the
 few close existing facts recall finds for it, as numbered pairs; a fact contradicted is
-retired, not deleted (`mnemo.graph.contradiction`)."""
+retired, not deleted (`mnemo.graph.contradiction`). `intent_policy` is what a commit asks the
+model: this task, and the merges of intents that say the same."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Annotated
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Annotated, Protocol
 
+from mnemo.calls.retry import fail_after
 from mnemo.calls.tasks import (
     MOST_ITEMS,
     Reply,
+    ask,
     bounded,
     items,
     read_reply,
     reply_schema,
     task_request,
 )
+from mnemo.config import Config
+from mnemo.episode.annotation import embed
+from mnemo.errors import EmbeddingError, LLMError
+from mnemo.extraction.entities import embedded_again
+from mnemo.extraction.prompts import (
+    merge_intent_request,
+    merge_intents_request,
+    parse_merged_intent,
+    parse_merged_intents,
+)
 from mnemo.graph.contradiction import Question
-from mnemo.ports import LLMRequest, LLMResponse
+from mnemo.graph.model import Changeset, Vector
+from mnemo.graph.ports import IntentPolicy, Restamp
+from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
+
+log = logging.getLogger("mnemo")
 
 
 class ContradictionReply(Reply, frozen=True):
@@ -70,3 +88,83 @@ def parse_contradiction(resp: LLMResponse, pairs: Sequence[tuple[int, int]],
             question, position = pairs[k]
             ended[question].add(position)
     return ended
+
+
+class Embedding(Protocol):
+    """A repo's embedder and the generation of its vectors."""
+
+    embedder: Embedder
+    generation: int
+
+
+# The repo's embedding, brought up to its record when the generation of its vectors is not
+# the one given (`Repos.refresh`).
+Refresh = Callable[[str, int], Awaitable[Embedding]]
+
+
+def intent_policy(
+    config: Config, embedder: Embedder, llm: LLM, repo: str | None = None,
+    refresh: Refresh | None = None,
+) -> IntentPolicy:
+    """How commits made with `config` and `embedder` deduplicate intents (merging through
+    `llm`, all of a commit's merges in one call) and retire contradicted facts (one call a
+    commit); with `refresh`, how a changeset made before `repo` was re-embedded is embedded
+    again (with the repo's embedder now, which then embeds the merges too)."""
+    limit = config.extraction_timeout
+
+    async def merge(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, Vector] | None]:
+        try:
+            with fail_after(limit):
+                if len(pairs) == 1:
+                    existing, new = pairs[0]
+                    texts = {0: await ask(llm, merge_intent_request(existing=existing, new=new),
+                                          parse_merged_intent)}
+                else:
+                    texts = await ask(llm, merge_intents_request(list(pairs)),
+                                      lambda reply: parse_merged_intents(reply, len(pairs)))
+                merged = sorted(texts.items())
+                vectors = await embed(embedder, [text for _, text in merged])
+        except (LLMError, EmbeddingError, TimeoutError) as exc:
+            log.warning("intent merges failed, keeping the existing wordings: %r", exc)
+            return [None] * len(pairs)
+        found = {i: (text, vector) for (i, text), vector in zip(merged, vectors, strict=True)}
+        return [found.get(i) for i in range(len(pairs))]
+
+    async def contradicts(questions: Sequence[Question]) -> list[set[int]]:
+        request, pairs = contradiction_request(questions)
+        try:
+            with fail_after(limit):
+                return await ask(
+                    llm, request, lambda reply: parse_contradiction(reply, pairs, len(questions))
+                )
+        except (LLMError, TimeoutError) as exc:
+            # Not knowing is not contradicting: the facts stay live.
+            log.warning("contradiction check failed, every fact stays live: %r", exc)
+            return [set() for _ in questions]
+
+    restamp: Restamp | None = None
+    if refresh is not None and repo is not None:
+
+        async def again(changeset: Changeset, generation: int, refresh: Refresh = refresh,
+                        repo: str = repo) -> Changeset:
+            nonlocal embedder
+            fresh = await refresh(repo, generation)
+            try:
+                with fail_after(limit):
+                    made = await embedded_again(changeset, fresh.embedder, fresh.generation)
+            except TimeoutError as exc:
+                raise EmbeddingError(f"the embedder took more than {limit} s") from exc
+            embedder = fresh.embedder
+            return made
+
+        restamp = again
+
+    return IntentPolicy(
+        identity_threshold=config.intent_identity_threshold,
+        merge_threshold=config.intent_merge_threshold,
+        merge=merge,
+        contradicts=contradicts,
+        contradiction_candidates=config.contradiction_candidates,
+        contradiction_similarity=config.contradiction_similarity,
+        restamp=restamp,
+    )

@@ -27,7 +27,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 import anyio
-from anyio.abc import TaskStatus
 
 from mnemo.config import Config
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
@@ -99,7 +98,6 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             )
         self._config = config or Config()
         self._inspect = inspect
-        self._host = None
         self._parts = (path, llm, embedder, on_event, synchronous.upper(), reranker)
         if _loaded(path) or _without_driver(path):
             self._build()  # at once (without the driver: raises what to install)
@@ -121,7 +119,6 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             await anyio.to_thread.run_sync(_load, self._parts[0])
             self._build()
         from mnemo.graph.blas import limit_blas_threads
-        from mnemo.session.host import TaskHost
 
         limit_blas_threads(self._config.blas_threads)
         await self._backend.open()
@@ -133,21 +130,13 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             # Idle sessions left behind end before the live ones are restored.
             await self._service.end_idle()
             live = await self._sessions_store.load_live()
-            self._host = TaskHost()
-            await self._host.start(self._background)
+            await self._service.start()
         except BaseException:
             await self._backend.close()
             raise
         known = set(self._repos.names())
         self._service.restore([s for s in live if s.repo in known])
         return self
-
-    async def _background(
-        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        async with anyio.create_task_group() as tg:
-            await tg.start(self._service.run)
-            task_status.started()
 
     async def __aexit__(
         self,
@@ -162,10 +151,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         the models this Memory made (never those it was given) and the database."""
         if "_backend" not in vars(self):
             return  # never built: nothing was opened
-        host, self._host = self._host, None
         try:
-            if host is not None:
-                await host.stop()
+            if await self._service.stop():
                 with anyio.move_on_after(2, shield=True):
                     await self._save_profiles()
         finally:

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from mnemo.memory.repos import Repos
     from mnemo.ports import LLM, Embedder, Reranker
     from mnemo.recall.service import RecallService
-    from mnemo.session.host import TaskHost
     from mnemo.session.ports import SessionStore
     from mnemo.session.service import SessionService
     from mnemo.storage.ports import Backend
@@ -45,7 +44,6 @@ class Parts:
     _recalls: RecallService
     _ingests: IngestService
     _conversations: ConversationService
-    _host: TaskHost | None
     # What `build` builds the parts from: the path, llm, embedder, on_event, synchronous,
     # reranker.
     _parts: tuple[str, LLM | None, Embedder | None, EventCallback | None, str, Reranker | None]

@@ -2,7 +2,8 @@
 
 It holds each repo's `Runtime` (llm, embedder, config, vector dimension), the models recorded
 for repos opened without them, one LLM limiter per provider, the usage book, and every adapter
-the Memory made itself (from a repo's recorded URIs, or by default), closed with the Memory.
+the Memory made itself (from a repo's recorded URIs, or by default), closed with the Memory;
+and `UsageBook`, the tokens and cost this process spent, by repo and by session.
 Adapters a caller passes in (to `Memory`, `open_repo`, `start_session`, `reembed`) stay open:
 their owner closes them, and may share them with other Memory objects.
 """
@@ -10,7 +11,8 @@ their owner closes them, and may share them with other Memory objects.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import anyio
@@ -24,10 +26,9 @@ from mnemo.calls.retry import LimitedLLM
 from mnemo.config import Config, ceilings, with_longer_timeouts
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.inputs import check_id, check_models, check_name
-from mnemo.memory.usage import UsageBook
 from mnemo.ports import LLM, Embedder, Usage, detect_dim, model_name
+from mnemo.session.machine import Runtime
 from mnemo.session.ports import RepoRow, SessionStore
-from mnemo.session.service import Runtime
 
 log = logging.getLogger("mnemo")
 
@@ -375,3 +376,55 @@ class Repos:
 
         return LimitedLLM(runtime.llm, self.slots(runtime.llm, runtime.config), meter,
                           lambda: self.usage.calling(session_id))
+
+
+class UsageBook:
+    """Sums the `Usage` of every LLM reply mnemo asked for, by repo and by session.
+
+    Kept in memory for the life of the `Memory` (it counts what this process spent).
+    """
+
+    def __init__(self) -> None:
+        self._repos: dict[str, Usage] = {}
+        self._sessions: dict[str, Usage] = {}
+        self._active: dict[str, float] = {}
+        self._calls: dict[str, int] = {}  # each session's model calls under way
+
+    def add(self, repo: str, session_id: str | None, usage: Usage) -> None:
+        self._repos[repo] = self._repos.get(repo, Usage()) + usage
+        if session_id is not None:
+            self._sessions[session_id] = self._sessions.get(session_id, Usage()) + usage
+            self._active[session_id] = anyio.current_time()
+
+    @contextmanager
+    def calling(self, session_id: str | None) -> Iterator[None]:
+        """Marks a model call of the session under way (`last_answer`)."""
+        if session_id is None:
+            yield
+            return
+        self._calls[session_id] = self._calls.get(session_id, 0) + 1
+        try:
+            yield
+        finally:
+            self._calls[session_id] -= 1
+            if not self._calls[session_id]:
+                del self._calls[session_id]
+
+    def last_answer(self, session_id: str) -> float | None:
+        """When (`anyio.current_time`) a model call of the session last ended here, now while
+        one is under way (a slow server's long reply); None when none did."""
+        if session_id in self._calls:
+            return anyio.current_time()
+        return self._active.get(session_id)
+
+    def of_repo(self, repo: str) -> Usage:
+        return self._repos.get(repo, Usage())
+
+    def of_session(self, session_id: str) -> Usage:
+        return self._sessions.get(session_id, Usage())
+
+    def total(self) -> Usage:
+        result = Usage()
+        for usage in self._repos.values():
+            result = result + usage
+        return result

@@ -15,9 +15,7 @@ if TYPE_CHECKING:
     from mnemo.episode.model import EpisodeLog, StepInfo
     from mnemo.graph.model import CommitReceipt
     from mnemo.ports import LLM, Embedder
-    from mnemo.session.machine import State
-    from mnemo.session.queue import Callback
-    from mnemo.session.service import SessionContext, SessionInfo
+    from mnemo.session.machine import Callback, SessionContext, SessionInfo, State
 
 # The most extraction retries one `close_and_commit` may ask for: each runs its model calls
 # again.
@@ -81,8 +79,7 @@ class SessionMethods(Parts):
                 another dimension, a recorded model that cannot be built); no step was added.
             StorageError: the step could not be stored.
         """
-        if self._inspect:  # checked here, not through `_works`: one file less per step
-            self._works("append")
+        self._works("append")
         return await self._service.append(session_id, observation, action, metadata)
 
     async def close(self, session_id: str) -> None:

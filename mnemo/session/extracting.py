@@ -1,19 +1,14 @@
-"""The extraction runner: turns a session's steps into a changeset and commits it.
+"""What the session machine's moves start, and the extraction runner.
 
-An `Extraction` is the extraction work of one session (the Memory's sessions and the session's
-record, which every step of it reads):
+A move names its effect as a value (`Extract`, `CommitSteps`); `start` (given to
+`Sessions` as its starter) runs it as a task of the session's own, and then what waited for
+it: the operations queued behind it (`operations`).
 
-- `run` is the close's extraction (the session is `extracting`, held here): it ends `ready`,
-  or, in auto-commit, committed and `idle`, or `failed`; never extracting with nobody working
-  on it. It returns how it ended; what runs next (the operations queued behind it) is the
-  caller's (`effects`).
-- `commit_in_background` extracts and commits finished trajectories of an auto-commit session
-  while it keeps collecting (its steps are `claimed` meanwhile, here and, unless the store
-  refused the claim, in the store (`claims`): a flush or a close, through this Memory or
-  another, leaves them to it while it lives, a close waiting at most an extraction's time
-  limit).
-
-Commits go through `committing`; the moves through `transitions`.
+An `Extraction` is the extraction work of one session: `run` is the close's extraction (the
+session is `extracting`, held here), which ends `ready`, or, in auto-commit, committed and
+`idle`, or `failed`, never extracting with nobody working on it; `commit_in_background`
+extracts and commits finished trajectories of an auto-commit session while it keeps
+collecting (its steps `claimed` meanwhile, here and in the store).
 """
 
 from __future__ import annotations
@@ -30,15 +25,67 @@ from mnemo.errors import LLMTimeout, StorageError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.pipeline import Source, extract
 from mnemo.graph.model import Changeset, CommitReceipt
-from mnemo.session import claims, committing, transitions
-from mnemo.session.machine import State
+from mnemo.session import operations, registry, transitions
+from mnemo.session.machine import (
+    CommitSteps,
+    Effect,
+    Extract,
+    SessionRecord,
+    State,
+)
 from mnemo.session.ports import StepsCommittedElsewhere
-from mnemo.session.records import Annotate, SessionRecord, unannotated, uncommitted
 from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
 
 S = State
+
+
+def start(live: Sessions, session: SessionRecord, effect: Effect) -> None:
+    """Starts `effect` for `session` in the service's group (cancelled with the session)."""
+    if isinstance(effect, Extract):
+        live.spawn(session, _extraction, live, session)
+        return
+    assert isinstance(effect, CommitSteps)
+    session.claimed.update(s.id for s in effect.steps)
+    session.background += 1
+    live.spawn(session, _background_commit, live, session, effect.steps)
+
+
+async def _extraction(live: Sessions, session: SessionRecord) -> None:
+    """The close's extraction, then what was queued behind it (`_run_queue`), which fails
+    with "extraction_failed" when it did. From its move until then the session stays busy
+    (`operations.handing_over`): a call made in between queues behind what the store hands
+    over, not ahead of it. A fault in the queue is no failed extraction (the failure's move
+    from `ready` was stale, so nothing ran or failed the queue, and it stuck)."""
+    with operations.handing_over(live, session):
+        ended = await Extraction(live, session).run()
+        if ended is Ended.FAILED:
+            await operations.fail_pending(session, "extraction_failed")
+        if ended is not Ended.STALE:
+            await _run_queue(live, session)
+
+
+async def _background_commit(
+    live: Sessions, session: SessionRecord, steps: list[StepRecord]
+) -> None:
+    """A background commit, then the queue: what waited behind it runs, or, when it failed,
+    fails with "extraction_failed"."""
+    if await Extraction(live, session).commit_in_background(steps):
+        operations.start_next(live, session)
+    else:
+        await operations.fail_pending(session, "extraction_failed")
+
+
+async def _run_queue(live: Sessions, session: SessionRecord) -> None:
+    """Runs what waited for the extraction that just ended: the operations stored for it
+    (`stored.run_stored`) and the session's own queue. If the store cannot hand over the
+    stored ones, they stay stored, untaken, and the watchers of the Memories that accepted
+    them run them; the queue here runs all the same."""
+    try:
+        await operations.run_stored(live, session)
+    except StorageError as exc:
+        log.warning("%s: stored operations not taken: %r", session.id, exc)
 
 
 def _source(session: SessionRecord, episode: EpisodeRecord) -> Source:
@@ -108,7 +155,7 @@ class Extraction:
             if session.config.auto_commit:
                 moved = await self._auto_commit_rest(started)
             else:
-                steps = uncommitted(session)
+                steps = session.uncommitted()
                 changeset = await self._changeset(steps)
 
                 async def persist() -> int:
@@ -124,7 +171,7 @@ class Extraction:
             session.failure = exc
             await self._store_kept()
             if session.config.auto_commit:
-                await claims.release(live, session, uncommitted(session))
+                await registry.release(live, session, session.uncommitted())
             return await self._extraction_failed()
         return Ended.MOVED if moved else Ended.STALE
 
@@ -138,24 +185,24 @@ class Extraction:
             Exception: what stopped their annotation (the model's error).
         """
         live, session = self.live, self.session
-        if not unannotated(session):
+        if not session.unannotated():
             return
-        live.start(session, Annotate())
+        transitions.annotate(live, session)
         limit = session.runtime.config.extraction_timeout
         left = -1
-        while unannotated(session) and left != len(unannotated(session)) and (
+        while session.unannotated() and left != len(session.unannotated()) and (
             session.annotating
         ):
-            left = len(unannotated(session))
+            left = len(session.unannotated())
             with anyio.move_on_after(limit):
-                while len(unannotated(session)) == left and session.annotating:
+                while len(session.unannotated()) == left and session.annotating:
                     changed = session.changed
                     await changed.wait()
-        if not unannotated(session):
+        if not session.unannotated():
             return
         if not session.annotating and session.annotation_failure is not None:
             raise session.annotation_failure
-        raise LLMTimeout(f"{session.id}: {len(unannotated(session))} steps not annotated, "
+        raise LLMTimeout(f"{session.id}: {len(session.unannotated())} steps not annotated, "
                          f"none for {limit}s")
 
     async def _changeset(self, steps: list[StepRecord]) -> Changeset:
@@ -174,7 +221,7 @@ class Extraction:
         `_ATTEMPTS` times."""
         live, session = self.live, self.session
         for attempt in range(_ATTEMPTS):
-            await claims.take_commits(live, session)
+            await registry.take_commits(live, session)
             changeset, steps = await self._close_changeset(started)
             try:
                 return await self._auto_commit_close(changeset, steps)
@@ -190,18 +237,18 @@ class Extraction:
     ) -> tuple[Changeset, list[StepRecord]]:
         """The auto-commit close's changeset and the steps it commits: those no commit has.
         When another Memory's commit has claimed some, the close first waits for it
-        (`claims.settle`), until an extraction's time limit from `started` (the close's wait for
+        (`registry.settle`), until an extraction's time limit from `started` (the close's wait for
         its own background commits counts), then extracts what is left, once: an extraction of
         its share while it waited would be asked again with the rest (a step's reward scored in
         between changes the request)."""
         live, session = self.live, self.session
-        steps = uncommitted(session)
-        mine = {s.id for s in await claims.claim_or_all(live, session, steps)}
+        steps = session.uncommitted()
+        mine = {s.id for s in await registry.claim_or_all(live, session, steps)}
         if len(mine) < len(steps):
             limit = started + session.runtime.config.extraction_timeout
-            await claims.settle(live, session, [s for s in steps if s.id not in mine],
+            await registry.settle(live, session, [s for s in steps if s.id not in mine],
                                 within=max(limit - anyio.current_time(), 0.0))
-            steps = uncommitted(session)
+            steps = session.uncommitted()
         return await self._changeset(steps), steps
 
     async def _store_kept(self) -> None:
@@ -244,7 +291,7 @@ class Extraction:
         receipts: list[CommitReceipt] = []
 
         async def persist() -> None:
-            receipts.append(await committing.commit_steps(live, session, changeset, steps, S.IDLE))
+            receipts.append(await transitions.commit_steps(live, session, changeset, steps, S.IDLE))
             session.last_receipt = receipts[0]
             session.episode = None
 
@@ -269,7 +316,7 @@ class Extraction:
         episode = session.episode
         try:
             assert episode is not None
-            mine = {s.id for s in await claims.claim_or_all(live, session, steps)}
+            mine = {s.id for s in await registry.claim_or_all(live, session, steps)}
             if len(mine) < len(steps):
                 # Committed, or claimed by another Memory's commit: left to it. What the store
                 # says of them is taken in (a commit elsewhere moves no version), and a flush
@@ -282,20 +329,20 @@ class Extraction:
                 _background_done(session, steps)
                 return True
             changeset = await self._extract_steps(episode, steps)
-            receipt = await committing.commit_steps(live, session, changeset, steps, None)
+            receipt = await transitions.commit_steps(live, session, changeset, steps, None)
         except StepsCommittedElsewhere:
             # Another Memory committed these steps first (its boundary's auto-commit against
             # this one's flush): the store refused them a second time, so they are in the graph
             # once. What it says of them is taken in; nothing failed.
             log.info("%s: %d steps were committed by another Memory", session.id, len(steps))
             await self._read_commits()
-            await claims.release(live, session, steps)
+            await registry.release(live, session, steps)
             _background_done(session, steps)
             return True
         except Exception as exc:
             log.warning("%s: auto-commit of %d steps failed: %r", session.id, len(steps), exc)
             await self._store_kept()
-            await claims.release(live, session, steps)
+            await registry.release(live, session, steps)
             session.claimed.difference_update(s.id for s in steps)
             session.background -= 1
             session.flush_after = anyio.current_time()  # the next flush waits a full timeout
@@ -318,11 +365,11 @@ class Extraction:
         return True
 
     async def _read_commits(self) -> None:
-        """`claims.take_commits`, best effort: what the store could not say is read at the next
+        """`registry.take_commits`, best effort: what the store could not say is read at the next
         close, or the next refusal."""
         live, session = self.live, self.session
         try:
-            await claims.take_commits(live, session)
+            await registry.take_commits(live, session)
         except StorageError as exc:
             log.warning("%s: could not read its steps again: %r", session.id, exc)
 

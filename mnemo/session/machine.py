@@ -1,10 +1,10 @@
-"""The session state machine, as data.
+"""The session state machine and the record it moves.
 
-`EDGES` is the transitions table; `answer(state, event)` gives every (state, event) pair a
-deliberate answer: a destination, a rejection reason, or "stale" for a background result that
-arrives when the session is no longer waiting for it. The `transitions` machine only ever
-fires edges that `answer` allowed; its callbacks never await I/O: effects run
-outside it, and their results come back as triggers.
+`EDGES` is the one table: every move, with its condition; the `transitions` machine fires
+them, and a trigger it does not fire is answered by `refusal`: a caller's call with the API
+contract's reason (`REFUSALS`), a background result with "stale" (its wait is over). The
+machine's callbacks never await I/O: effects run outside it (named by the moves as values,
+`Extract`, `CommitSteps`), and their results come back as triggers.
 
 ```
             start_episode            close                 extraction_succeeded
@@ -15,15 +15,36 @@ outside it, and their results come back as triggers.
     │                            │            ▼                                     │ │
     └──── discard ──────────── FAILED ◀───────┘          IDLE ◀── commit/discard ───┘ │
 ```
+
+A `SessionRecord` is the model the machine moves: one live session of this Memory, what the
+store holds of it plus its lock, queue and background work. Busy, for the async queue, means
+extracting, an auto-commit extraction in flight, or an accepted operation still running.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
-from typing import Final
+from typing import Any, ClassVar, Final
 
+import anyio
 from transitions import Machine
+
+from mnemo.adapters.recorded import UnavailableEmbedder, UnavailableLLM
+from mnemo.config import Config, with_longer_timeouts
+from mnemo.episode.model import EpisodeRecord, StepRecord
+from mnemo.errors import EmbeddingError, LLMError, SessionError
+from mnemo.extraction.memo import TaskMemo
+from mnemo.graph.model import Changeset, CommitReceipt
+from mnemo.inputs import check_json, check_text
+from mnemo.ports import LLM, Embedder
+
+log = logging.getLogger("mnemo")
 
 
 class State(StrEnum):
@@ -36,15 +57,22 @@ class State(StrEnum):
 
 S = State
 
-# What a caller can ask of a session...
+# What a caller can ask of a session, and what background work reports back.
 CALLS: Final = ("start_episode", "append", "close", "commit", "discard")
-# ...and what background work reports back.
 RESULTS: Final = ("extraction_succeeded", "extraction_failed", "auto_committed")
+STALE: Final = "stale"
 
-EDGES: Final[list[dict[str, str]]] = [
+
+def _appending(*, appends: int = 0, **_: object) -> bool:
+    """An append runs, or was accepted before the close (`appends`, counted by the caller
+    once, so that the check and the move agree: an append begun between is refused)."""
+    return appends > 0
+
+
+EDGES: Final[list[dict[str, Any]]] = [
     {"trigger": "start_episode", "source": S.IDLE, "dest": S.COLLECTING},
     {"trigger": "append", "source": S.COLLECTING, "dest": S.COLLECTING},
-    {"trigger": "close", "source": S.COLLECTING, "dest": S.EXTRACTING},
+    {"trigger": "close", "source": S.COLLECTING, "dest": S.EXTRACTING, "unless": [_appending]},
     {"trigger": "extraction_succeeded", "source": S.EXTRACTING, "dest": S.READY},
     {"trigger": "extraction_failed", "source": S.EXTRACTING, "dest": S.FAILED},
     # Auto-commit: the close's extraction commits by itself and the session is idle again.
@@ -52,100 +80,352 @@ EDGES: Final[list[dict[str, str]]] = [
     {"trigger": "commit", "source": S.READY, "dest": S.IDLE},
     # In FAILED, commit retries the extraction.
     {"trigger": "commit", "source": S.FAILED, "dest": S.EXTRACTING},
-    {"trigger": "discard", "source": S.READY, "dest": S.IDLE},
-    {"trigger": "discard", "source": S.FAILED, "dest": S.IDLE},
+    {"trigger": "discard", "source": [S.READY, S.FAILED], "dest": S.IDLE},
 ]
 
-_DESTINATIONS: Final = {(State(e["source"]), e["trigger"]): State(e["dest"]) for e in EDGES}
-
-# Why each call is refused where there is no edge (the API contract's state table).
+# Why each call is refused where the table has no edge for it (the API contract's state
+# table), and where its edge's condition does not hold.
 REFUSALS: Final[dict[State, dict[str, str]]] = {
     S.IDLE: {"append": "not_collecting", "close": "not_collecting", "commit": "not_ready",
              "discard": "not_discardable"},
     S.COLLECTING: {"start_episode": "not_idle", "commit": "not_ready",
-                   "discard": "not_discardable"},
+                   "discard": "not_discardable", "close": "append_in_progress"},
     S.EXTRACTING: dict.fromkeys(CALLS, "extraction_in_progress"),
     S.READY: {"start_episode": "not_idle", "append": "not_idle", "close": "not_idle"},
     S.FAILED: {"start_episode": "session_failed", "append": "session_failed",
                "close": "session_failed"},
 }
 
+def new_machine() -> Machine:
+    """The machine of one Memory's sessions, each record a model (an idle session stays
+    small: BENCHMARKS.md). Not queued: no callback fires a trigger, and the queue would be
+    one for every thread that moves a session."""
+    return Machine(model=None, states=list(State), transitions=EDGES, initial=S.IDLE,
+                   auto_transitions=False, queued=False, send_event=False)
+
+
+def refusal(session: SessionRecord, event: str, **facts: object) -> str | None:
+    """None when the table lets `event` fire on the session now (`facts`: its condition's
+    arguments); else a call's reason, or `STALE` for a background result."""
+    if event not in CALLS and event not in RESULTS:
+        raise ValueError(f"unknown session event {event!r}")
+    if session.may_trigger(event, **facts):
+        return None
+    return STALE if event in RESULTS else REFUSALS[session.state][event]
+
 
 @dataclass(frozen=True, slots=True)
-class Move:
-    """The event is allowed and leads to `dest`."""
+class SessionContext:
+    """A live session's goal and its last steps, each "obs -> act"."""
 
-    dest: State
-
-
-@dataclass(frozen=True, slots=True)
-class Refuse:
-    """The event is refused with `reason`."""
-
-    reason: str
+    goal: str
+    recent_steps: list[str]
 
 
 @dataclass(frozen=True, slots=True)
-class Stale:
-    """A background result for a wait that is over: logged and dropped."""
+class SessionInfo:
+    """A live session as `Memory.list_sessions` reports it: `goal` is its last episode's (the
+    open one's, or for an idle session the one it last committed or discarded) and `steps`
+    counts the open episode's steps (0 when idle). `holder` is the `Memory` that holds its
+    background work (an extraction), until `lease_until` unless its heartbeat renews it."""
 
-
-Answer = Move | Refuse | Stale
-
-
-def answer(state: State, event: str) -> Answer:
-    """The deliberate answer to `event` in `state`, for every pair."""
-    dest = _DESTINATIONS.get((state, event))
-    if dest is not None:
-        return Move(dest)
-    if event in RESULTS:
-        return Stale()
-    if event in CALLS:
-        return Refuse(REFUSALS[state][event])
-    raise ValueError(f"unknown session event {event!r}")
-
-
-class SessionModel:
-    """The object `transitions` moves: it holds one session's `state`."""
-
+    id: str
+    repo: str
     state: State
+    goal: str | None
+    steps: int
+    holder: str | None = None
+    lease_until: datetime | None = None
 
-    def __init__(self, session_id: str) -> None:
-        self.session_id = session_id
+
+@dataclass(slots=True)
+class Runtime:
+    """The llm, embedder and config a repo (or one session) works with, the dimension of the
+    repo's vectors (0 while the repo has none recorded), and their generation as this Memory
+    knows it (`RepoRow.generation`: what the embedder's vectors are made for)."""
+
+    llm: LLM
+    embedder: Embedder
+    config: Config
+    dim: int = 0
+    generation: int = 0
+
+    def check_dim(self, repo: str) -> None:
+        """Raises EmbeddingError when the embedder's vectors would not fit the repo's."""
+        if self.dim and self.embedder.dim != self.dim:
+            raise EmbeddingError(
+                f"repo {repo!r} holds vectors of dimension {self.dim}, but the embedder "
+                f"{getattr(self.embedder, 'name', type(self.embedder).__name__)} makes "
+                f"dimension {self.embedder.dim}; open the repo with an embedder of its "
+                "dimension"
+            )
+
+    def check_usable(self, repo: str) -> None:
+        """`check_dim`, and the error of a recorded model that cannot be built here: an
+        append refuses it before it stores a step no model here could annotate.
+
+        Raises:
+            LLMError, EmbeddingError: the LLM or the embedder cannot work here.
+        """
+        self.check_dim(repo)
+        if isinstance(self.llm, UnavailableLLM):
+            raise LLMError(self.llm.problem)
+        if isinstance(self.embedder, UnavailableEmbedder):
+            raise EmbeddingError(self.embedder.problem)
 
 
-class SharedMachine:
-    """One `transitions.Machine` shared by every session model.
+@dataclass(frozen=True, slots=True)
+class Extract:
+    """The effect of a move to `extracting` held here: run the open episode's extraction."""
 
-    Sharing keeps an idle session to a few small objects (BENCHMARKS.md: RSS per session).
-    """
+
+@dataclass(frozen=True, slots=True)
+class CommitSteps:
+    """The effect of a trajectory boundary in auto-commit (or a flush, or a take-over):
+    extract and commit `steps` in the background while the session keeps collecting."""
+
+    steps: list[StepRecord]
+
+
+Effect = Extract | CommitSteps
+
+
+@dataclass(frozen=True, slots=True)
+class OpResult:
+    """What an async operation's callback receives."""
+
+    ok: bool
+    value: str | None = None
+    error: SessionError | None = None
+
+
+Callback = Callable[[OpResult], Awaitable[None] | None]
+
+# What each operation reports when it succeeds.
+VALUES = {"commit": "committed", "discard": "discarded", "start_episode": "started",
+          "close": "closed", "append": "appended"}
+
+
+@dataclass(slots=True)
+class Op:
+    """One accepted async operation. `applied` is set once its state change has happened;
+    `stored` names the row of an operation taken from the store whose Memory waits for it."""
+
+    kind: str
+    args: tuple[Any, ...]
+    callback: Callback | None
+    ticket: int | None = None
+    applied: bool = False
+    done: bool = False
+    stored: str | None = None
+
+
+def project(start: State, kinds: Iterable[str], *, auto_commit: bool) -> State | None:
+    """The state after queued operations of `kinds` from `start` (a close ends `ready`, or
+    `idle` in auto-commit), or None if one of them has no edge on the way."""
+    state: State | None = start
+    for kind in kinds:
+        if state is None:
+            return None
+        state = next((S(e["dest"]) for e in EDGES if e["trigger"] == kind
+                      and state in (e["source"] if isinstance(e["source"], list)
+                                    else [e["source"]])), None)
+        if kind == "close" and state is not None:
+            state = S.IDLE if auto_commit else S.READY
+    return state
+
+
+async def deliver(callback: Callback | None, result: OpResult) -> None:
+    """Calls a sync or async callback; an exception it raises is logged, never propagated.
+
+    Shielded: a callback runs in one of the session's tasks, which `end_session` cancels (the
+    callback itself may end the session), and one cut off at its first await was as good as
+    never called. The cancellation reaches the task at its next await after the callback."""
+    if callback is None:
+        return
+    with anyio.CancelScope(shield=True):
+        try:
+            outcome = callback(result)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception:
+            log.exception("an operation callback failed")
+
+
+class TicketQueue:
+    """Lets holders of numbered tickets through one at a time, in ticket order. A ticket
+    taken and then abandoned (its operation failed or was cancelled before its turn) is
+    skipped, so no later holder waits forever."""
 
     def __init__(self) -> None:
-        self._machine = Machine(
-            model=None,
-            states=list(State),
-            transitions=EDGES,
-            initial=S.IDLE,
-            auto_transitions=False,
-            # Per-model queues (transitions >= 0.9.1): one session's trigger never waits on
-            # another's. The stubs only know the bool form.
-            queued="model",  # type: ignore[arg-type]
-            send_event=False,
-        )
+        self._next = 0
+        self._serving = 0
+        self._waiting: dict[int, anyio.Event] = {}
+        self._abandoned: set[int] = set()
 
-    def add(self, model: SessionModel, state: State) -> None:
-        self._machine.add_model(model, initial=state)
+    def take(self) -> int:
+        ticket = self._next
+        self._next += 1
+        return ticket
 
-    def force(self, model: SessionModel, state: State) -> None:
-        """Puts the model in `state` without an event: the store says another Memory moved
-        the session there."""
-        self._machine.set_state(state, model=model)
+    async def wait(self, ticket: int) -> None:
+        """Returns when it is `ticket`'s turn; the holder must then call `leave`."""
+        if ticket == self._serving:
+            return
+        event = self._waiting.setdefault(ticket, anyio.Event())
+        try:
+            await event.wait()
+        except BaseException:
+            self._waiting.pop(ticket, None)
+            if ticket == self._serving:
+                self.leave(ticket)  # our turn came as we were cancelled: pass it on
+            else:
+                self._abandoned.add(ticket)
+            raise
 
-    def remove(self, model: SessionModel) -> None:
-        self._machine.remove_model(model)
+    def leave(self, ticket: int) -> None:
+        """Ends `ticket`'s turn (or abandons it, if its turn has not come)."""
+        if ticket != self._serving:
+            self._abandoned.add(ticket)
+            return
+        self._serving += 1
+        while self._serving in self._abandoned:
+            self._abandoned.discard(self._serving)
+            self._serving += 1
+        event = self._waiting.pop(self._serving, None)
+        if event is not None:
+            event.set()
 
-    @staticmethod
-    def fire(model: SessionModel, event: str) -> State:
-        """Fires an event `answer` allowed; returns the new state."""
-        model.trigger(event)  # type: ignore[attr-defined]
-        return model.state
+
+@dataclass(eq=False)
+class SessionRecord:
+    """One live session of this Memory, and the model its Memory's machine moves (`state`, and the
+    trigger methods it adds). Not slotted: the machine sets its methods on the record."""
+
+    id: str
+    repo: str
+    repo_runtime: Runtime
+    override: Runtime | None
+    config: Config
+    state: State = S.IDLE
+    episode: EpisodeRecord | None = None
+    changeset: Changeset | None = None
+    # The scope its nodes carry (`Node.metadata`).
+    metadata: dict[str, str | int | float | bool] = field(default_factory=dict)
+    last_receipt: CommitReceipt | None = None
+    failure: BaseException | None = None
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    ticket_queue: TicketQueue = field(default_factory=TicketQueue)
+    appends_in_flight: int = 0
+    pending: deque[Op] = field(default_factory=deque)
+    running: Op | None = None
+    background: int = 0
+    claimed: set[str] = field(default_factory=set)
+    changed: anyio.Event = field(default_factory=anyio.Event)
+    scopes: set[anyio.CancelScope] = field(default_factory=set)
+    # Tasks that only wait on the store for it (`operations.watch`): cancelled with it, but
+    # no work on it (counted as work, this Memory queued operations locally for an
+    # extraction it did not hold, and never took that work over).
+    waits: set[anyio.CancelScope] = field(default_factory=set)
+    # Read from the store (restored, or started through another Memory) rather than started
+    # here: its repo's longer timeouts hold for it (`runtime`).
+    recorded: bool = False
+    # The model the session's extraction started with (`ports.model_name`); None: unknown.
+    extraction_model: str | None = None
+    # When it was last used, on the event loop's clock, and as the store last said
+    # (`active_at`: the store's time of the last use through any Memory).
+    last_activity: float = 0.0
+    active_at: datetime | None = None
+    flush_after: float = 0.0
+    # This Memory drives the session's auto-commit timers: the store names it the holder.
+    driven: bool = False
+    checking: bool = False  # a due deadline is being checked against the store
+    ended: bool = False
+    # The session row's version this record reflects: every write carries it, and one that
+    # finds another (a Memory elsewhere moved the session) writes nothing.
+    version: int = 0
+    watching: bool = False  # queued operations wait for work another Memory holds
+    # Held while an operation is checked against those this Memory stored for the session
+    # and stored beside them, and by the Memory's close while it answers them.
+    storing: anyio.Lock = field(default_factory=anyio.Lock)
+    # Held while the session's stored operations are taken and queued, one taker at a time.
+    taking: anyio.Lock = field(default_factory=anyio.Lock)
+    # Work that ends by handing stored operations over is under way: a call made meanwhile
+    # queues behind them (`operations.awaits_handover`).
+    handing_over: int = 0
+    # The open episode's validated extraction results, so a retry re-asks only what failed.
+    memo: TaskMemo | None = None
+    # The stored steps' annotation runs here; the steps whose annotation this Memory claimed
+    # in the store; what stopped the last one.
+    annotating: bool = False
+    held: set[str] = field(default_factory=set)
+    annotation_failure: BaseException | None = None
+
+    # Set on the record by `Machine.add_model`.
+    may_trigger: ClassVar[Callable[..., bool]]
+    trigger: ClassVar[Callable[..., bool]]
+
+    @property
+    def runtime(self) -> Runtime:
+        """The session's llm and embedder: its own overrides, else its repo's (read late, so
+        a restored session picks up what `open_repo` gives its repo). A session read from
+        the store runs with its repo's timeouts where they are longer."""
+        base = self.repo_runtime
+        config = with_longer_timeouts(self.config, base.config) if self.recorded else self.config
+        chosen = base if self.override is None else self.override
+        return Runtime(chosen.llm, chosen.embedder, config, base.dim, base.generation)
+
+    @property
+    def busy(self) -> bool:
+        return (self.state is S.EXTRACTING or self.background > 0 or self.running is not None
+                or bool(self.pending))
+
+    def notify(self) -> None:
+        """Wakes whoever waits for this session to change."""
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    def step_at(self, episode_id: str, index: int) -> StepRecord | None:
+        """The step `index` of episode `episode_id` as the record holds it now (a read of the
+        store replaces the records), None once the episode is not the session's."""
+        episode = self.episode
+        if episode is None or episode.id != episode_id or index >= len(episode.steps):
+            return None
+        return episode.steps[index]
+
+    def unannotated(self) -> list[StepRecord]:
+        return [s for s in self.episode.steps if not s.annotated] if self.episode else []
+
+    def uncommitted(self) -> list[StepRecord]:
+        """The open episode's annotated steps that no commit has and no background commit here
+        is extracting: what a flush or a close extracts."""
+        return [s for s in self.episode.steps if self._extractable(s)] if self.episode else []
+
+    def finished_steps(self) -> list[StepRecord]:
+        """The steps a boundary hands to a background commit: the uncommitted ones of every
+        trajectory of the open episode but the last annotated one."""
+        annotated = [s for s in self.episode.steps if s.annotated] if self.episode else []
+        if not annotated:
+            return []
+        current = annotated[-1].trajectory_id
+        return [s for s in annotated if s.trajectory_id != current and self._extractable(s)]
+
+    def _extractable(self, step: StepRecord) -> bool:
+        return step.annotated and step.committed_in is None and step.id not in self.claimed
+
+
+def check_step(
+    config: Config, observation: object, action: object, metadata: dict[str, Any] | None
+) -> None:
+    """Raises InvalidInputError for a blank observation (a step is what was observed), or a
+    step past `config.max_text_chars` (metadata: as JSON, and `inputs.MAX_JSON_DEPTH` deep)."""
+    check_text(observation, "observation", limit=config.max_text_chars)
+    check_text(action, "action", limit=config.max_text_chars, blank_ok=True)
+    if metadata is not None:
+        check_json(metadata, "metadata", limit=config.max_text_chars)
+
+
+def current_state(session: SessionRecord) -> State:
+    """The session's state now: a call that awaits may have moved it, which mypy's narrowing
+    of `session.state` cannot know."""
+    return session.state

@@ -1,31 +1,54 @@
-"""The async operation queue of each session (the API contract, "The async operation queue").
+"""The async operation queue of each session (the API contract, "The async operation queue"),
+and the operations stored with their session for work another `Memory` holds.
 
 `submit` accepts an operation: it runs now when the session is free, else it waits in the
-session's `pending` queue, accepted only if the projected state (`queue.project`) allows it.
-`start_next` starts the next one once nothing holds the session (no running operation, no
-extraction, no background commit). Each accepted operation gets exactly one callback: its
+session's `pending` queue, accepted only if the projected state (`machine.project`) allows
+it. `start_next` starts the next one once nothing holds the session (no running operation,
+no extraction, no background commit). Each accepted operation gets exactly one callback: its
 result, or a `SessionError` when it, or one before it, failed, or the session ended.
+
+While another Memory extracts a session, an operation accepted here is stored in the store's
+`ops` table (`SessionService`), and this Memory waits for it (`watch`). Whoever ends that work
+takes the stored operations (`run_stored`), runs them in order, and records each result for
+the Memory that accepted it, whose callback then runs (`deliver_results`; a taker that left
+without a result: `timers.answer_abandoned`). Every path that calls back a waiting operation
+takes it out of `Sessions.remote` first, at once: one callback each, never none, never two.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import anyio
 
 from mnemo.errors import (
+    EmbeddingError,
+    LLMError,
+    LLMTimeout,
     MnemoError,
+    NotFoundError,
     SessionError,
+    StorageError,
 )
 from mnemo.inputs import check_text
 from mnemo.session import transitions
-from mnemo.session.machine import Move, State, answer
-from mnemo.session.queue import VALUES, Callback, Op, OpResult, deliver, project
-from mnemo.session.records import SessionRecord, check_step
-from mnemo.session.registry import Sessions
+from mnemo.session.machine import (
+    VALUES,
+    Callback,
+    Op,
+    OpResult,
+    SessionRecord,
+    State,
+    check_step,
+    deliver,
+    project,
+    refusal,
+)
+from mnemo.session.ports import StoredResult
+from mnemo.session.registry import POLL_INTERVAL, Sessions
 
 S = State
 
@@ -56,15 +79,14 @@ def submit(
             raise SessionError(
                 "pending_queue_full", state=session.state, session_id=session_id
             )
-        if _projection(session, [*stored, *session.pending, op]) is None:
+        if _projection(session, [*stored, *(o.kind for o in session.pending), kind]) is None:
             raise SessionError(
                 "invalid_queued_operation", state=session.state, session_id=session_id
             )
         accept(session, op)
         session.pending.append(op)
         return
-    verdict = answer(session.state, kind)
-    if not isinstance(verdict, Move) or (kind == "close" and session.appends_in_flight):
+    if refusal(session, kind, appends=session.appends_in_flight) is not None:
         raise SessionError("invalid_operation", state=session.state, session_id=session_id)
     accept(session, op)
     session.running = op
@@ -87,9 +109,7 @@ def accept(session: SessionRecord, op: Op) -> None:
 
 def awaits_handover(live: Sessions, session: SessionRecord) -> bool:
     """Operations this Memory stored are being handed over to the session's queue (by its
-    extraction's end, or a take): they were accepted first, so a call made now queues behind
-    them, and the queue waits for them (a `start_episode` made then was checked against
-    `ready` alone, and refused)."""
+    extraction's end, or a take): accepted first, a call made now queues behind them."""
     return session.handing_over > 0 and bool(live.remote.get(session.id))
 
 
@@ -106,29 +126,28 @@ def handing_over(live: Sessions, session: SessionRecord) -> Iterator[None]:
         start_next(live, session)
 
 
-def _stored_here(live: Sessions, session: SessionRecord) -> list[Op]:
-    """The operations this Memory stored for the session while another Memory held its
-    extraction, not yet taken: accepted before any it queued since it took the work over,
-    so they come first in its queue (they are taken to its front: `stored.run_stored`)."""
-    return [Op(kind, (), None) for _, kind, _ in live.remote.get(session.id, [])]
+def _stored_here(live: Sessions, session: SessionRecord) -> list[str]:
+    """The kinds of the operations this Memory stored for the session while another Memory
+    held its extraction, not yet taken: accepted before any it queued since it took the work
+    over, so they come first in its queue (taken to its front: `run_stored`)."""
+    return [kind for _, kind, _ in live.remote.get(session.id, [])]
 
 
-def _projection(session: SessionRecord, queued: list[Op]) -> State | None:
+def _projection(session: SessionRecord, queued: list[str]) -> State | None:
     """The state after the running operation (if not applied yet) and `queued`."""
     auto = session.config.auto_commit
     if session.state is S.EXTRACTING:
         start = S.IDLE if auto else S.READY
-        ops: list[Op] = []
+        kinds: list[str] = []
     else:
         start = session.state
-        ops = [session.running] if session.running and not session.running.applied else []
-    return project(start, [*ops, *queued], auto_commit=auto)
+        running = session.running
+        kinds = [running.kind] if running and not running.applied else []
+    return project(start, [*kinds, *queued], auto_commit=auto)
 
 
 async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
-    """Runs an accepted operation and reports it: exactly one callback, whatever happens
-    (an error that is not a `MnemoError` clears `running` too, so the
-    session's queue moves on and the callback comes)."""
+    """Runs an accepted operation and reports it: exactly one callback, whatever happens."""
     try:
         await _still_taken(live, op)
         await _execute(live, session, op)
@@ -143,8 +162,7 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
             if ended:
                 # Ended through another Memory (the store no longer knows it, and the record
                 # went): what `end_session` answers for the operations it stops.
-                await _finish_op(session, op, OpResult(False, None, SessionError(
-                    "session_ended", state=session.state, session_id=session.id)))
+                await _finish_op(session, op, failure(session, "session_ended"))
                 await _fail(session, later, "session_ended")
             else:
                 await _finish_op(
@@ -155,8 +173,7 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
         # Cancelled: by `end_session` or by the Memory closing. The callback still comes.
         with anyio.CancelScope(shield=True):
             reason = "session_ended" if session.ended else "memory_closed"
-            await _finish_op(session, op, OpResult(False, None, SessionError(
-                reason, state=session.state, session_id=session.id)))
+            await _finish_op(session, op, failure(session, reason))
         raise
     else:
         await _finish_op(session, op, OpResult(True, VALUES[op.kind]))
@@ -164,10 +181,9 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
 
 
 async def _still_live(live: Sessions, session: SessionRecord) -> bool:
-    """Whether the session of a failed operation still exists: ended through another Memory
-    meanwhile (which may be why the operation failed: the Memory that stored it answered it
-    `session_ended` and dropped its row), the operations behind it are answered
-    `session_ended`, not `preceding_op_failed`. A store that cannot say counts as live."""
+    """Whether the session of a failed operation still exists (ended through another Memory,
+    which may be why it failed, the operations behind it are answered `session_ended`, not
+    `preceding_op_failed`). A store that cannot say counts as live."""
     try:
         return await live.still_live(session)
     except MnemoError as exc:
@@ -176,14 +192,10 @@ async def _still_live(live: Sessions, session: SessionRecord) -> bool:
 
 
 async def _still_taken(live: Sessions, op: Op) -> None:
-    """Raises when `op` came from the store and the Memory that accepted it has answered it
-    meanwhile, having taken this one for gone (a heartbeat late for a lease): run now, it
-    would have been done after its caller heard it failed.
-
-    Raises:
-        MnemoError: saying so (`_run_op` reports it as "operation_failed", its cause).
-    """
-    if op.stored is None or live.holder_id is None:
+    """Raises MnemoError when `op` came from the store and the Memory that accepted it has
+    answered it meanwhile, having taken this one for gone (a heartbeat late for a lease): run
+    now, it would be done after its caller heard it failed."""
+    if op.stored is None:
         return
     if not await live.coordination.still_taken(op.stored, live.holder_id):
         raise MnemoError(
@@ -209,17 +221,8 @@ async def _execute(live: Sessions, session: SessionRecord, op: Op) -> None:
         assert op.ticket is not None
         observation, action = op.args
         await transitions.Append(live, session, observation, action, None).run(op.ticket)
-    elif op.kind == "close":
-        transitions.refuse_close(session, queued=True)
-        await transitions.close(live, session, op)
     else:
-        transitions.refuse_unless(session, op.kind)
-        if op.kind == "commit":
-            await transitions.commit(live, session, op)
-        elif op.kind == "discard":
-            await transitions.discard(live, session, op)
-        else:
-            await transitions.start_episode(live, session, op.args[0], op=op)
+        await transitions.call(live, session, op.kind, op.args, op)
 
 
 def start_next(live: Sessions, session: SessionRecord) -> None:
@@ -257,8 +260,11 @@ def _take_pending(session: SessionRecord) -> list[Op]:
 
 async def _fail(session: SessionRecord, ops: list[Op], reason: str) -> None:
     for op in ops:
-        error = SessionError(reason, state=session.state, session_id=session.id)
-        await deliver(op.callback, OpResult(False, None, error))
+        await deliver(op.callback, failure(session, reason))
+
+
+def failure(session: SessionRecord, reason: str) -> OpResult:
+    return OpResult(False, None, SessionError(reason, state=session.state, session_id=session.id))
 
 
 def _as_session_error(exc: Exception, session: SessionRecord) -> SessionError:
@@ -270,3 +276,240 @@ def _as_session_error(exc: Exception, session: SessionRecord) -> SessionError:
     error = SessionError("operation_failed", state=session.state, session_id=session.id)
     error.__cause__ = exc
     return error
+
+
+# How often a Memory whose stored operations wait for work another Memory holds looks at the
+# store's change token (a cheap read; results and the session are read only when it moved).
+WATCH_INTERVAL = POLL_INTERVAL
+# After storage faults in a row, the watcher pauses up to this many intervals (3.2 s).
+WATCH_BACKOFF = 64
+
+
+def watch(live: Sessions, session: SessionRecord) -> None:
+    """Waits, while operations this Memory stored for the session wait for work held
+    elsewhere, for their results (and calls back), or for the work to end with nobody to run
+    them (then runs them here)."""
+    if session.watching:
+        return
+    session.watching = True
+
+    async def wait_for_the_store() -> None:
+        token: int | None = None
+        faults = 0
+        try:
+            while live.remote.get(session.id):
+                try:
+                    current = await live.coordination.change_token()
+                    if current == token:
+                        await anyio.sleep(WATCH_INTERVAL)
+                        continue
+                    await deliver_results(live, session)
+                    if not live.remote.get(session.id):
+                        break
+                    try:
+                        await live.fetch(session.id, fresh=True)
+                    except NotFoundError:
+                        await fail_remote(live, session, "session_ended")
+                        break
+                    if session.state is not S.EXTRACTING:
+                        await run_stored(live, session)
+                except StorageError as exc:
+                    # The results are in the store, the one truth: a fault ends nothing (a
+                    # failure here could contradict a result written meanwhile).
+                    faults += 1
+                    log.warning("%s: waiting for operations held elsewhere: %s (attempt %d)",
+                                session.id, exc, faults)
+                    await anyio.sleep(WATCH_INTERVAL * min(2**faults, WATCH_BACKOFF))
+                    continue
+                token, faults = current, 0
+        finally:
+            session.watching = False
+
+    try:
+        live.spawn(session, wait_for_the_store, waiting=True)
+    except RuntimeError:
+        # The Memory closed after the entry was kept: its close answers it (`memory_closed`,
+        # waiting for `storing`), and leaves the row to whoever runs the work.
+        session.watching = False
+
+
+async def deliver_results(live: Sessions, session: SessionRecord) -> None:
+    """Calls back for the operations this Memory stored whose results another wrote."""
+    mine = live.remote.get(session.id, [])
+    results = await live.coordination.op_results([op_id for op_id, _, _ in mine])
+    if not results:
+        return
+    # Dropped from the store before they are forgotten here: a fault then leaves both as they
+    # were, and the next look finds the same results (one callback each, never none).
+    await live.coordination.drop_ops([op_id for op_id, _, _ in mine if op_id in results])
+    for op_id, _, callback in claim_waiting(live, session.id, results):
+        await deliver(callback, _op_result(results[op_id], session))
+
+
+def claim_waiting(
+    live: Sessions, session_id: str, op_ids: Collection[str]
+) -> list[tuple[str, str, Callback | None]]:
+    """Takes the entries of `op_ids` out of what this Memory waits for, in the order they
+    were accepted, at once (no await in between): two paths that both found one answered
+    call back once."""
+    entries = live.remote.get(session_id, [])
+    claimed = [entry for entry in entries if entry[0] in op_ids]
+    entries[:] = [entry for entry in entries if entry[0] not in op_ids]
+    return claimed
+
+
+async def run_stored(live: Sessions, session: SessionRecord) -> None:
+    """Takes the session's stored operations nobody took yet and queues them here, in the
+    order they were accepted (after a failed extraction they fail "extraction_failed"); each
+    result goes to the Memory that accepted it. Then starts the session's queue.
+
+    One taker at a time (the extraction's end and the watcher both get here: the one that
+    took nothing started the queue while the other's were on their way into it); a call made
+    meanwhile queues behind them (`awaits_handover`). Once taken, they are queued whatever
+    happens (shielded: a cancel in between lost them).
+
+    Raises:
+        StorageError: the stored operations could not be taken (they stay stored); the
+            session's own queue is started all the same.
+    """
+    with handing_over(live, session):
+        async with session.taking:
+            with anyio.CancelScope(shield=True):
+                await _take_stored(live, session)
+
+
+async def _take_stored(live: Sessions, session: SessionRecord) -> None:
+    # A holder that takes operations beats: to the Memories that accepted them, one that
+    # stops beating has left them (`answer_abandoned`).
+    await live.register()
+    taken = await live.coordination.take_ops(session.id, live.holder_id)
+    # An operation whose Memory closed before it ran has nobody to call back: its row goes
+    # (on a fault it stays, taken; the operations still run).
+    orphans = [op.id for op in taken if not op.accepted_by]
+    try:
+        await live.coordination.drop_ops(orphans)
+    except StorageError as exc:
+        log.warning("%s: %d finished operation rows left in the store: %s",
+                    session.id, len(orphans), exc)
+    # This Memory's own stored operations were accepted before any it queued here (it
+    # stored them while another Memory held the work): they go first.
+    first: list[Op] = []
+    for stored in taken:
+        callback = _result_to(live, session, stored.id) if stored.accepted_by else None
+        if session.state is S.FAILED:
+            await deliver(callback, failure(session, "extraction_failed"))
+            continue
+        op = Op(stored.kind, tuple(stored.args), callback,
+                stored=stored.id if stored.accepted_by else None)
+        accept(session, op)
+        if stored.accepted_by and stored.accepted_by == live.holder_id:
+            first.append(op)
+        else:
+            session.pending.append(op)
+    session.pending.extendleft(reversed(first))
+
+
+def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
+    """Where a stored operation's result goes: its callback, when this Memory accepted it
+    (it leaves `live.remote` now: queued here, it is waited for there no more); else the
+    store, for the Memory that did."""
+    claimed = claim_waiting(live, session.id, {op_id})
+    if not claimed:
+
+        async def report(result: OpResult) -> None:
+            cause = None if result.error is None else result.error.__cause__
+            await _store_result(live, session, op_id, StoredResult(
+                result.ok, result.value, None if result.error is None else result.error.reason,
+                # An exception does not cross processes: its type's name and message do.
+                None if cause is None else (type(cause).__name__, str(cause)),
+            ))
+
+        return report
+    [(_, _, mine)] = claimed
+
+    async def call_back(result: OpResult) -> None:
+        try:
+            await live.coordination.drop_ops([op_id])
+        except StorageError as exc:
+            # The row stays, taken, and nobody waits for it: the callback still comes.
+            log.warning("%s: a finished operation's row left in the store: %s", op_id, exc)
+        await deliver(mine, result)
+
+    return call_back
+
+
+# A result for another Memory is stored again after a fault, with a pause doubling from
+# WATCH_INTERVAL, for this many seconds in the callback (which runs shielded: a Memory closing
+# waits for it), then in the background for as long as this Memory is open.
+FINISH_BUDGET = 10.0
+
+
+async def _store_result(
+    live: Sessions, session: SessionRecord, op_id: str, result: StoredResult
+) -> None:
+    """Stores the result of an operation another Memory accepted, trying again after a fault
+    for `FINISH_BUDGET` seconds here, then in the background until it is stored or this
+    Memory closes; closed first, this Memory retires, and the one that accepted it calls it
+    back as left without a result (`answer_abandoned`): one callback, never none."""
+    with anyio.move_on_after(FINISH_BUDGET):
+        await _keep_storing(live, op_id, result)
+        return
+    try:
+        live.spawn(session, _keep_storing, live, op_id, result, waiting=True)
+    except RuntimeError:  # the Memory is closing: its group runs no new task
+        log.error("%s: its result could not be stored in %.0f s, and this Memory closes: "
+                  "the Memory that accepted it answers it once this one retires", op_id,
+                  FINISH_BUDGET)
+        return
+    log.error("%s: its result could not be stored in %.0f s; still trying", op_id,
+              FINISH_BUDGET)
+
+
+async def _keep_storing(live: Sessions, op_id: str, result: StoredResult) -> None:
+    attempt = 0
+    while True:
+        try:
+            await live.coordination.finish_op(op_id, result)
+            return
+        except StorageError as exc:
+            attempt += 1
+            log.warning("%s: storing its result failed (attempt %d): %r", op_id, attempt, exc)
+        await anyio.sleep(WATCH_INTERVAL * 2 ** min(attempt - 1, 6))
+
+
+async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> None:
+    """Answers every operation this Memory stored for the session with `reason`. On a close
+    they stay stored (another Memory may still run them); an ended session's are dropped."""
+    entries = live.remote.pop(session.id, [])
+    ids = [op_id for op_id, _, _ in entries]
+    try:
+        if ids and reason == "memory_closed":
+            await live.coordination.orphan_ops(ids)
+        elif ids and reason == "session_ended":
+            await live.coordination.drop_ops(ids)
+    except (MnemoError, RuntimeError) as exc:  # RuntimeError: the store has closed
+        # The rows only: the callbacks are owed all the same.
+        log.warning("%s: could not leave or drop its stored operations: %r", session.id, exc)
+    for _, _, callback in entries:
+        await deliver(callback, failure(session, reason))
+
+
+def _op_result(result: StoredResult, session: SessionRecord) -> OpResult:
+    """The result another Memory stored for an operation this one accepted; an error keeps
+    its cause (`operation_failed`'s LLM or embedder error) as far as the store could."""
+    error = None if result.error is None else SessionError(
+        result.error, state=session.state, session_id=session.id
+    )
+    if error is not None and result.cause is not None:
+        error.__cause__ = _remote_cause(*result.cause)
+    return OpResult(result.ok, result.value, error)
+
+
+def _remote_cause(kind: str, message: str) -> Exception:
+    """An error raised in another Memory, rebuilt from its type's name and message: an
+    `LLMError` or `EmbeddingError` (what a caller tells an `operation_failed` by) as itself,
+    anything else as a `MnemoError` naming its type."""
+    for error_type in (LLMTimeout, LLMError, EmbeddingError):
+        if kind == error_type.__name__:
+            return error_type(message)
+    return MnemoError(f"{kind} (raised by the Memory that ran the operation): {message}")

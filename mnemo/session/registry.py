@@ -1,37 +1,49 @@
-"""`Sessions`: the state the session modules share: the live sessions of one Memory, the ports
-they work through, and the task group their background work runs in.
+"""`Sessions`: what the session modules share: the live sessions of one Memory, the ports they
+work through, this Memory as a holder of background work, and the task group their work runs
+in; and the step claims that say which Memory extracts which steps.
 
-`transitions`, `operations`, `stored`, `extracting` and `timers` are functions over one
-`Sessions`; `SessionService` owns it and wires the public calls to them.
+Step claims (`Coordination.claim_steps`): a boundary's background commit, a flush and a close
+each claim the uncommitted steps they are about to extract; what another live holder claimed
+is left to it, so that no model is asked about a step twice. A claim lasts until the step is
+committed, the claimer gives it up, or the claimer leaves. A close first waits for the claims
+of others (`settle`), at most an extraction's time limit, then extracts what is still open
+itself (the graph still takes each step once: `StepsCommitted`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 
 from mnemo.config import Config
-from mnemo.errors import NotFoundError
+from mnemo.episode.model import StepRecord
+from mnemo.errors import NotFoundError, StorageError
 from mnemo.events import Events
 from mnemo.graph.ports import GraphStore
 from mnemo.inputs import check_id
 from mnemo.ports import LLM
-from mnemo.session.machine import SessionModel, SharedMachine, State
-from mnemo.session.ports import Coordination, LiveSession, SessionStore
-from mnemo.session.queue import Callback
-from mnemo.session.records import Effect, Runtime, SessionRecord
+from mnemo.session.machine import Callback, Effect, Runtime, SessionRecord, State, new_machine
+from mnemo.session.ports import Coordination, HolderInfo, LiveSession, SessionStore
 
 log = logging.getLogger("mnemo")
 
-
+HOST = socket.gethostname()
 # How often a wait for work another Memory holds looks at the store's change token.
 POLL_INTERVAL = 0.05
+# A wait for another Memory's claims looks at the store's change token this often, and
+# again at least every `RECHECK` seconds though it has not moved: a claimer that died writes
+# nothing, its claims lapse.
+SETTLE_INTERVAL = 0.2
+RECHECK = 1.0
 
 
 class Sessions:
@@ -46,58 +58,79 @@ class Sessions:
         events: Events,
         repo_runtime: Callable[[str], Runtime],
         llm_for: Callable[[Runtime, str, str | None], LLM],
-        learn_repo: Callable[[str], Awaitable[None]] | None = None,
-        refresh_repo: Callable[[str, int], Awaitable[Runtime]] | None = None,
+        learn_repo: Callable[[str], Awaitable[None]],
+        refresh_repo: Callable[[str, int], Awaitable[Runtime]],
+        lease_timeout: float,
+        effects: Callable[[Sessions, SessionRecord, Effect], None],
+        answer_ended: Callable[[Sessions, SessionRecord], Awaitable[None]],
     ) -> None:
-        self.learn_repo = learn_repo
-        # Brings a repo's runtime up to its record when another Memory re-embedded it
-        # (`Repos.refresh`): a commit of work embedded before then embeds it again.
-        self.refresh_repo = refresh_repo
-        # Who this Memory is as a holder of background work, and until when a claim made now
-        # holds (`leases.Holder` sets both when it starts).
-        self.holder_id: str | None = None
-        self.lease_until: Callable[[], datetime] | None = None
-        self.register_holder: Callable[[], Awaitable[None]] | None = None
-        self.registered = False  # `register_holder` has recorded this Memory
-        # Claims steps for this Memory's extraction in the store (`leases.Holder`): the ids
-        # among those asked that it holds now; None where no holder was set up.
-        self.claim_steps: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
-        # Starts what a move asks for (`records.Effect`: an extraction, a background commit),
-        # in the session's own tasks: `SessionService` sets it (`effects.start`), so that the
-        # machine's moves name their effects without importing what runs them.
-        self.start: Callable[[SessionRecord, Effect], None] = _not_started
-        # Answers what a session ended elsewhere still owes (its queue, what it stored for
-        # another Memory): `SessionService` sets it, as `end_session` does for its own end.
-        self.answer_ended: Callable[[SessionRecord], Awaitable[None]] | None = None
-        # Operations this Memory accepted and stored for work another Memory holds, by
-        # session: (op id, kind, callback), in the order accepted (`stored.submit_remote`).
-        self.remote: dict[str, list[tuple[str, str, Callback | None]]] = {}
         self.store = store
         self.coordination = coordination
         self.graph = graph
         self.events = events
         self.repo_runtime = repo_runtime
         self.llm_for = llm_for
-        self.machines = SharedMachine()
+        self.learn_repo = learn_repo
+        # Brings a repo's runtime up to its record when another Memory re-embedded it
+        # (`Repos.refresh`): a commit of work embedded before then embeds it again.
+        self.refresh_repo = refresh_repo
+        # Starts what a move asks for (an `Effect`) in the session's own tasks, and answers
+        # what a session ended elsewhere still owes: given by the service, so that the
+        # machine's moves name their effects without importing what runs them.
+        self._effects = effects
+        self._answer_ended = answer_ended
+        # This Memory as a holder of background work (`Coordination.register`): recorded at
+        # its first claim, alive while its heartbeat renews its leases (`timers.beat`).
+        self.holder_id = f"holder_{uuid.uuid4().hex}"
+        self.lease = timedelta(seconds=lease_timeout)
+        self.registered = anyio.Event()
+        self._registering = anyio.Lock()
+        # Operations this Memory accepted and stored for work another Memory holds, by
+        # session: (op id, kind, callback), in the order accepted.
+        self.remote: dict[str, list[tuple[str, str, Callback | None]]] = {}
+        self.machine = new_machine()
         self.by_id: dict[str, SessionRecord] = {}
         self.tg: TaskGroup | None = None
-        # The Memory is closing: its tasks have ended, and what it owed is being answered
-        # (`SessionService.run`); nothing more is stored for another Memory.
+        # The Memory is closing: its tasks have ended, and what it owed is being answered;
+        # nothing more is stored for another Memory.
         self.closing = False
         self.timer_wake = anyio.Event()
         self.timed: set[str] = set()  # ids of auto-commit sessions, the only ones with timers
-        # The shortest `Config.idle_session_timeout` of the sessions this Memory knows (and of
-        # its own config): the most the idle sweep waits before it looks at the store again
-        # (`timers.sweep`), woken when a session with a shorter one comes.
+        # The shortest `Config.idle_session_timeout` of the sessions this Memory knows: the
+        # most the idle sweep waits before it looks at the store again.
         self.shortest_idle = math.inf
         self.idle_wake = anyio.Event()
+        self.look = anyio.Event()  # set: the takeover task looks for work now
+
+    def start(self, session: SessionRecord, effect: Effect) -> None:
+        """Starts `effect` for `session` in the service's group (cancelled with it)."""
+        self._effects(self, session, effect)
+
+    def lease_until(self) -> datetime:
+        return self.coordination.now() + self.lease
+
+    async def register(self) -> None:
+        """Records this Memory as a holder, once (before its first claim): a Memory that
+        only reads writes nothing."""
+        if self.registered.is_set():
+            return
+        async with self._registering:
+            if not self.registered.is_set():
+                now = self.coordination.now()
+                await self.coordination.register(
+                    HolderInfo(self.holder_id, HOST, os.getpid(), now, now))
+                self.registered.set()
+
+    async def gone(self) -> list[str]:
+        """The holders on this host, other than this one, whose process is gone."""
+        return [h.id for h in await self.coordination.holders()
+                if h.id != self.holder_id and h.host == HOST and not _alive(h.pid)]
 
     def add(
         self, session_id: str, repo: str, state: State, config: Config, override: Runtime | None
     ) -> SessionRecord:
-        model = SessionModel(session_id)
-        self.machines.add(model, state)
-        session = SessionRecord(session_id, repo, model, self.repo_runtime(repo), override, config)
+        session = SessionRecord(session_id, repo, self.repo_runtime(repo), override, config)
+        self.machine.add_model(session, initial=state)
         self.by_id[session_id] = session
         self.idle_within(config.idle_session_timeout)
         return session
@@ -108,18 +141,6 @@ class Sessions:
         if seconds < self.shortest_idle:
             self.shortest_idle = seconds
             self.idle_wake.set()
-
-    def get(self, session_id: str) -> SessionRecord:
-        """The record this Memory holds.
-
-        Raises:
-            InvalidInputError: an id that is no session id (not a string, blank, NUL, ...).
-            NotFoundError: this Memory holds no such session.
-        """
-        session = self.by_id.get(check_id(session_id, "session_id"))
-        if session is None:
-            raise NotFoundError("session", session_id)
-        return session
 
     async def fetch(self, session_id: str, *, fresh: bool = False) -> SessionRecord:
         """The session's record, read from the store when this Memory does not know it yet
@@ -136,8 +157,7 @@ class Sessions:
             row = await self.store.load_one(session_id)
             if row is None:
                 raise NotFoundError("session", session_id)
-            if self.learn_repo is not None:
-                await self.learn_repo(row.repo)  # opened through another Memory, maybe
+            await self.learn_repo(row.repo)  # opened through another Memory, maybe
             session = self.by_id.get(session_id)  # loaded meanwhile by another call
             if session is None:
                 session = self.adopt(row)
@@ -159,24 +179,22 @@ class Sessions:
         """A record for a session the store holds (restored, or started elsewhere)."""
         session = self.add(row.id, row.repo, row.state, row.config, None)
         session.recorded = True
-        session.episode = row.episode
-        session.changeset = row.changeset
         session.metadata = dict(row.metadata)
-        session.extraction_model = row.model
-        session.version = row.version
-        # Restored or read, it is not this Memory's to drive: its holder drives its timers
-        # (a holder that vanished leaves them to the takeover task, `leases.Holder`).
-        session.driven = row.holder is not None and row.holder == self.holder_id
-        # Idle since its last use as stored, or, for a row without one, since now (a record
-        # starts at 0 on the loop's clock: such a session expired the moment it was read).
+        # Idle since its last use as stored, or, for a row without one, since now.
         session.last_activity = self.clock_of(row.active_at)
-        self._activity(session, row)
+        self._take_row(session, row)
         return session
 
-    def _activity(self, session: SessionRecord, row: LiveSession) -> None:
-        """Takes the store's time of the session's last use, when it moved (an append through
-        another Memory), as the start of its idle time; an expiry under way keeps its
-        `math.inf` mark, and sees the move through `active_at`."""
+    def _take_row(self, session: SessionRecord, row: LiveSession) -> None:
+        """The row's episode, changeset, model and version in the record; the session is this
+        Memory's to drive only when the store names it the holder; and the store's time of
+        its last use, when it moved, starts its idle time (an expiry under way keeps its
+        `math.inf` mark, and sees the move through `active_at`)."""
+        session.episode = row.episode
+        session.changeset = row.changeset
+        session.extraction_model = row.model
+        session.version = row.version
+        session.driven = row.holder is not None and row.holder == self.holder_id
         if row.active_at is None or row.active_at == session.active_at:
             return
         session.active_at = row.active_at
@@ -196,18 +214,14 @@ class Sessions:
         """Reads the session again from the store, which another Memory changed.
 
         A row no newer than the record is left out: a read that began before this Memory's
-        own write and answered after it (PostgreSQL's connections answer in any order).
-        Taken in, it put the session back where it was (a closed session looked extracting
-        again, with nobody here extracting it: an operation queued behind the close went to
-        the store's queue, then ran twice or never). `conflict`: read under the session's
-        lock after the store refused a write of the record's version, so no write of this
-        Memory can be under way: any other version is the store's truth, an older one too (a
-        record ahead of its store, restored from a backup say, never wrote again).
+        own write and answered after it (PostgreSQL's connections answer in any order), taken
+        in, put the session back where it was. `conflict`: read under the session's lock after
+        the store refused a write of the record's version, so no write of this Memory is under
+        way: any other version is the store's truth, an older one too.
 
         Raises:
             NotFoundError: it ended meanwhile (its record goes too, and what it owed is
-                answered `session_ended`, as `end_session` answers it: dropped without,
-                queued operations never got a callback).
+                answered `session_ended`).
         """
         row = await self.store.load_one(session.id)
         if row is None:
@@ -217,13 +231,8 @@ class Sessions:
             return
         before = session.state
         if row.state is not before:
-            self.machines.force(session.model, row.state)
-        session.episode = row.episode
-        session.changeset = row.changeset
-        session.extraction_model = row.model
-        session.version = row.version
-        session.driven = row.holder is not None and row.holder == self.holder_id
-        self._activity(session, row)
+            self.machine.set_state(row.state, model=session)
+        self._take_row(session, row)
         if row.state is not before:
             session.notify()
 
@@ -243,11 +252,11 @@ class Sessions:
         or the idle sweep) and answers what it owed."""
         ended = not session.ended
         self.drop(session)
-        if ended and self.answer_ended is not None:
+        if ended:
             # Shielded: the drop has just cancelled the session's tasks, the caller's too
             # maybe, and the callbacks are owed all the same.
             with anyio.CancelScope(shield=True):
-                await self.answer_ended(session)
+                await self._answer_ended(self, session)
 
     async def wait_moved(self, session: SessionRecord) -> None:
         """Waits until the session may have moved: its event here, or, while another Memory
@@ -281,7 +290,7 @@ class Sessions:
             return
         session.ended = True
         self.by_id.pop(session.id, None)
-        self.machines.remove(session.model)
+        self.machine.remove_model(session)
         for scope in [*session.scopes, *session.waits]:
             scope.cancel()
         session.notify()
@@ -306,10 +315,7 @@ class Sessions:
     async def claim(self, session: SessionRecord) -> bool:
         """Holds the session's background work and drives its timers: a compare-and-set on
         the version the record holds; False when another Memory moved the session first."""
-        assert self.register_holder is not None
-        assert self.holder_id is not None
-        assert self.lease_until is not None
-        await self.register_holder()
+        await self.register()
         version = await self.coordination.claim(
             session.id, version=session.version, holder_id=self.holder_id,
             lease_until=self.lease_until(),
@@ -358,5 +364,133 @@ class Sessions:
             raise
 
 
-def _not_started(session: SessionRecord, effect: Effect) -> None:
-    raise RuntimeError(f"{session.id}: {effect} asked for before the service set its starter")
+async def claim(
+    live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]
+) -> list[StepRecord]:
+    """The steps among `steps` this Memory holds for its extraction now
+    (`Coordination.claim_steps`): those another live holder claims are left to it; one that
+    left (closed, unseen for a lease, or its process gone from this host) has left its claims.
+
+    Raises:
+        StorageError: the store could not be written.
+    """
+    if not steps:
+        return []
+    await live.register()
+    ids, co = [s.id for s in steps], live.coordination
+    cut = co.now() - live.lease
+    granted = await co.claim_steps(session.id, ids, live.holder_id, unseen_since=cut)
+    if len(granted) < len(ids):
+        # Only then is the read of the holders worth it: one whose process is gone from
+        # this host has left its claims already, not a lease from now.
+        gone = await live.gone()
+        if gone:
+            granted = await co.claim_steps(session.id, ids, live.holder_id, unseen_since=cut,
+                                           gone=gone)
+    return [s for s in steps if s.id in granted]
+
+
+async def claim_or_all(
+    live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]
+) -> list[StepRecord]:
+    """`claim`, but a store that refuses the claim (busy, away) yields all of `steps`: the
+    extraction goes on as it did before claims, at worst doing another Memory's work again,
+    rather than failing for a write that only saves work (the commit's own write reports a
+    store that stays away)."""
+    try:
+        return await claim(live, session, steps)
+    except StorageError as exc:
+        log.warning("%s: could not claim %d steps, extracting them unclaimed: %r", session.id,
+                    len(steps), exc)
+        return list(steps)
+
+
+async def release(live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]) -> None:
+    """Gives up this Memory's claims on `steps` (best effort: a claim the store keeps lapses
+    when this Memory closes, and this Memory may claim it again meanwhile)."""
+    if not steps:
+        return
+    try:
+        await live.coordination.release_steps(session.id, live.holder_id,
+                                              [s.id for s in steps])
+    except StorageError as exc:
+        log.warning("%s: could not give up its claim on %d steps: %r", session.id, len(steps),
+                    exc)
+
+
+async def settle(
+    live: Sessions, session: SessionRecord, steps: Sequence[StepRecord], *, within: float
+) -> None:
+    """Waits until each of `steps` (claimed by other holders) is committed, or claimed by
+    this Memory (its claimer gave it up or left), at most `within` seconds. The steps'
+    `committed_in` is read from the store. A storage fault is logged, and looked past.
+
+    Raises:
+        NotFoundError: the session ended meanwhile (through another Memory).
+    """
+    open_steps = list(steps)
+    co = live.coordination
+    with anyio.move_on_after(within):
+        while True:
+            # Taken before the look: a commit or a release landing during it moves the token,
+            # and is looked at again at once.
+            try:
+                token = await co.change_token()
+                lease = await co.lease(session.id)
+                if lease is None or lease.ended:
+                    # Ended through another Memory: nothing is left to wait for or extract.
+                    raise NotFoundError("session", session.id)
+                await take_commits(live, session)
+                open_steps = [s for s in open_steps if s.committed_in is None]
+                mine = {s.id for s in await claim(live, session, open_steps)}
+                open_steps = [s for s in open_steps if s.id not in mine]
+                if not open_steps:
+                    return
+                await store_moved(live, token)
+            except StorageError as exc:
+                # Busy, or away for a moment: the wait goes on, and looks again.
+                log.warning("%s: could not look at the claims of others: %r", session.id, exc)
+                await anyio.sleep(RECHECK)
+    log.warning("%s: %d steps still claimed by another Memory after %.0f s: extracted here",
+                session.id, len(open_steps), within)
+
+
+async def store_moved(live: Sessions, token: int) -> None:
+    """Returns once the store's change token is no longer `token` (looked at every
+    `SETTLE_INTERVAL` seconds), or after `RECHECK` seconds: a claimer that died writes nothing.
+
+    Raises:
+        StorageError: the store could not be read.
+    """
+    waited = 0.0
+    while waited < RECHECK:
+        await anyio.sleep(SETTLE_INTERVAL)
+        waited += SETTLE_INTERVAL
+        if await live.coordination.change_token() != token:
+            return
+
+
+async def take_commits(live: Sessions, session: SessionRecord) -> None:
+    """Marks the episode's steps with the changesets the store says committed them: another
+    Memory's background commit moves no version, so a reload does not see it.
+
+    Raises:
+        StorageError: the store could not be read.
+    """
+    episode = session.episode
+    stored = None if episode is None else await live.store.episode(episode.id)
+    if episode is None or stored is None:
+        return
+    committed = {s.id: s.committed_in for s in stored.steps}
+    for step in episode.steps:
+        step.committed_in = committed.get(step.id) or step.committed_in
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,28 +1,25 @@
 """`SessionService`: every live session of one Memory, and the calls a Memory makes on them.
 
-The work is split by concern, each module a set of functions over one shared `Sessions`
-(`registry.py`):
+The work is split by concern, each module a set of functions over one shared `Sessions`:
 
-- `records.py`: a live session's record, its runtime, and what callers read of it;
-- `transitions.py`: the machine's moves (`move`, the refusals) and what each call writes; a
-  move names what it starts (`records.Effect`), and does not start it itself;
-- `effects.py`: starts those effects (`Sessions.start`), and what runs once they are done;
-- `extracting.py`: the extraction runner and auto-commit's background commits;
-- `committing.py`: commits, and how they deduplicate intents;
-- `operations.py`: the async operation queue;
-- `stored.py`: async operations stored for work another Memory holds;
-- `timers.py`: auto-commit's flush and expiry deadlines, and the end of idle sessions.
+- `machine.py`: the state table that `transitions` drives, and the record it moves;
+- `registry.py`: `Sessions`, this Memory as a holder of work, and step claims;
+- `transitions.py`: the machine's moves (`move`) and what each call writes; a move names what
+  it starts (`machine.Effect`), and does not start it itself;
+- `extracting.py`: starts those effects: the annotation of steps, the extraction runner and
+  auto-commit's background commits;
+- `operations.py`: the async operation queue, and operations stored for another Memory;
+- `timers.py`: auto-commit's deadlines, the end of idle sessions, the heartbeat and the
+  takeover of work a gone holder left.
 
-Imports point one way, down this list read from the bottom (timers, stored, operations, effects)
-to the top (transitions, committing, records): no module imports one that imports it.
-
-This module checks a call's input, finds its session, and hands it to them; it also restores
-the sessions a store holds and resumes their extractions.
+Imports point one way, down this list read from the bottom: no module imports one that
+imports it. This module checks a call's input, finds its session, and hands it to them; it
+also restores the sessions a store holds, and hosts the task group of their background work.
 """
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import logging
 import math
 import uuid
@@ -41,28 +38,26 @@ from mnemo.errors import (
     StorageError,
 )
 from mnemo.events import Events
+from mnemo.extraction.contradiction import intent_policy
 from mnemo.extraction.pipeline import failure_reason
 from mnemo.graph.model import CommitReceipt
 from mnemo.graph.ports import GraphStore, IntentPolicy
 from mnemo.graph.scope import Metadata
 from mnemo.inputs import check_text
 from mnemo.ports import LLM
-from mnemo.session import committing, effects, operations, stored, timers, transitions
-from mnemo.session.leases import Holder
-from mnemo.session.machine import State
-from mnemo.session.ports import Coordination, LiveSession, SessionStore
-from mnemo.session.queue import Callback
-from mnemo.session.records import (
+from mnemo.session import extracting, operations, timers, transitions
+from mnemo.session.machine import (
+    Callback,
     Runtime,
     SessionContext,
     SessionInfo,
     SessionRecord,
+    State,
     check_step,
+    project,
 )
+from mnemo.session.ports import Coordination, LiveSession, SessionStore, StoredOp
 from mnemo.session.registry import Sessions
-
-# Re-exported: callers import them from here.
-__all__ = ["Runtime", "SessionContext", "SessionInfo", "SessionService"]
 
 log = logging.getLogger("mnemo")
 
@@ -81,8 +76,8 @@ class SessionService:
         events: Events,
         repo_runtime: Callable[[str], Runtime],
         llm_for: Callable[[Runtime, str, str | None], LLM],
-        learn_repo: Callable[[str], Awaitable[None]] | None = None,
-        refresh_repo: Callable[[str, int], Awaitable[Runtime]] | None = None,
+        learn_repo: Callable[[str], Awaitable[None]],
+        refresh_repo: Callable[[str, int], Awaitable[Runtime]],
         lease_timeout: float = 30.0,
         idle_session_timeout: float = DEFAULT_IDLE_SESSION_TIMEOUT,
         last_answer: Callable[[str], float | None] | None = None,
@@ -93,14 +88,55 @@ class SessionService:
         self._live = Sessions(
             store=store, coordination=coordination, graph=graph, events=events,
             repo_runtime=repo_runtime, llm_for=llm_for, learn_repo=learn_repo,
-            refresh_repo=refresh_repo,
+            refresh_repo=refresh_repo, lease_timeout=lease_timeout, effects=extracting.start,
+            answer_ended=_answer_ended,
         )
         self._live.idle_within(idle_session_timeout)
-        self._live.start = functools.partial(effects.start, self._live)
-        self._holder = Holder(self._live, lease_timeout)
-        self._live.answer_ended = self._answer_ended
+        self._host: asyncio.Task[None] | None = None
+        self._stop = anyio.Event()
 
     # ---- life of the service -------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Starts the background work (`run`) in a task group hosted by a dedicated asyncio
+        task; returns once it started. Not in the caller's task: a task group must be left by
+        the task that entered it, and pytest-asyncio (or any framework that opens a resource
+        in one task and closes it in another) closes a Memory from another task.
+
+        Raises:
+            Exception: whatever `run` raised before it started.
+        """
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._stop = anyio.Event()
+
+        async def host() -> None:
+            try:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(self.run)
+                    started.set_result(None)
+                    await self._stop.wait()
+                    tg.cancel_scope.cancel()
+            except BaseException as exc:
+                if not started.done():
+                    started.set_exception(exc)
+                    return
+                raise
+
+        self._host = asyncio.get_running_loop().create_task(host(), name="mnemo-host")
+        await started
+
+    async def stop(self) -> bool:
+        """Cancels the background work and waits until it is gone; False when it was not
+        running."""
+        task, self._host = self._host, None
+        if task is None:
+            return False
+        self._stop.set()
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+        return True
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Owns every background task; returns when cancelled."""
@@ -110,7 +146,7 @@ class SessionService:
                 live.tg = tg
                 tg.start_soon(timers.run, live, self._expire_end)
                 tg.start_soon(timers.sweep, live)
-                await tg.start(self._holder.run)
+                await tg.start(timers.holder, live)
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
@@ -122,7 +158,7 @@ class SessionService:
                 for session in list(live.by_id.values()):
                     await operations.fail_pending(session, "memory_closed")
                     async with session.storing:
-                        await stored.fail_remote(live, session, "memory_closed")
+                        await operations.fail_remote(live, session, "memory_closed")
 
     async def end_idle(self) -> None:
         """Ends the store's idle sessions that came due (`timers.end_idle`: at most one
@@ -136,16 +172,16 @@ class SessionService:
     def restore(self, live: list[LiveSession]) -> None:
         """Knows the sessions that had not ended. An extraction among them goes on when it
         is nobody's any more and this Memory's model for its repo is the one it started with
-        (`leases.Holder`: the API contract, work is resumed only by a matching model)."""
+        (`timers.take_over`: the API contract, work is resumed only by a matching model)."""
         for row in live:
             if row.id not in self._live.by_id:  # the takeover task may have taken it already
                 self._live.adopt(row)
-        self._holder.look()
+        self._live.look.set()
 
     def resume_repo(self, repo: str) -> None:
         """A repo was opened (perhaps with the model an interrupted extraction needs): the
         takeover task looks for work again."""
-        self._holder.look()
+        self._live.look.set()
 
     # ---- sessions --------------------------------------------------------------------------
 
@@ -158,11 +194,11 @@ class SessionService:
         episode = EpisodeRecord(f"episode_{uuid.uuid4().hex}", goal)
         live = self._live
         holder = until = None
-        if config.auto_commit and live.register_holder is not None and live.lease_until:
+        if config.auto_commit:
             # Its timers are this Memory's: the store says so, so that no other Memory that
             # reads or restores it flushes or expires it, and another takes them over when
-            # this one goes (`leases.Holder`).
-            await live.register_holder()
+            # this one goes (`timers.take_over`).
+            await live.register()
             holder, until = live.holder_id, live.lease_until()
         await live.store.create_session(
             session_id, repo, config, episode, holder=holder, lease_until=until,
@@ -227,15 +263,7 @@ class SessionService:
         # operation whose callback ends it), which the drop has just cancelled; the queued
         # operations still get their callbacks.
         with anyio.CancelScope(shield=True):
-            await self._answer_ended(session)
-
-    async def _answer_ended(self, session: SessionRecord) -> None:
-        """Answers what an ended session owed, `session_ended`: its queued operations, and
-        those it stored for another Memory's extraction (their watcher was cancelled with
-        the rest, and nothing else would call them back). Its end here, or seen in the store
-        (`Sessions.reload`)."""
-        await operations.fail_pending(session, "session_ended")
-        await stored.fail_remote(self._live, session, "session_ended")
+            await _answer_ended(self._live, session)
 
     # ---- the sync calls ----------------------------------------------------------------------
 
@@ -264,13 +292,10 @@ class SessionService:
             session.notify()  # an expiry waits for appends to end (`timers._working`)
 
     async def _refuse_unless(self, session: SessionRecord, event: str) -> None:
-        """`transitions.refuse_unless`, for the calls that start from the record this Memory
-        holds rather than the store's row (append and start_episode: a round trip saved on
-        each). What the record allows is tried, and its write, refused by a store that moved
-        on, reads the session again; but a refusal was final, so a record behind the store
-        refused what the store allowed (this Memory's extraction left it ready, another
-        Memory committed and started an episode, and an append here was refused not_idle).
-        A refusal is therefore checked against the store first (`_read_again`).
+        """`transitions.refuse_unless` for the calls that start from the record this Memory
+        holds (append and start_episode: a round trip saved on each): what the record allows
+        is tried (a write the store refuses reads the session again), but a refusal is final,
+        so it is checked against the store first (`_read_again`).
 
         Raises:
             SessionError, NotFoundError: as `transitions.refuse_unless`, on the store's state.
@@ -282,11 +307,9 @@ class SessionService:
             transitions.refuse_unless(session, event)
 
     async def _read_again(self, session: SessionRecord) -> None:
-        """The store's state in the record, before a refusal is raised from it: read once no
-        write of this Memory's own is under way (under the session's lock, which a fresh
-        `fetch` skips the reload for: the refusal survived while this Memory committed).
-        Taken in only when newer than the record, as any read (a claim by this Memory's
-        takeover task writes outside the lock, and a read racing it may answer with the row before).
+        """The store's state in the record, before a refusal is raised from it: read under
+        the session's lock (no write of this Memory's own under way), taken in only when
+        newer than the record, as any read.
 
         Raises:
             NotFoundError: the session ended meanwhile.
@@ -295,19 +318,15 @@ class SessionService:
             await self._live.reload(session)
 
     async def close(self, session_id: str) -> None:
-        session = await self._live.fetch(session_id, fresh=True)
-        transitions.refuse_close(session)
-        await transitions.close(self._live, session)
+        await transitions.call(self._live, await self._live.fetch(session_id, fresh=True), "close")
 
     async def commit(self, session_id: str) -> CommitReceipt | None:
         session = await self._live.fetch(session_id, fresh=True)
-        transitions.refuse_unless(session, "commit")
-        return await transitions.commit(self._live, session)
+        return await transitions.call(self._live, session, "commit")
 
     async def discard(self, session_id: str) -> None:
-        session = await self._live.fetch(session_id, fresh=True)
-        transitions.refuse_unless(session, "discard")
-        await transitions.discard(self._live, session)
+        await transitions.call(self._live, await self._live.fetch(session_id, fresh=True),
+                               "discard")
 
     async def close_and_commit(
         self, session_id: str, *, max_retries: int, max_polls: int | None, poll_interval: float
@@ -408,11 +427,63 @@ class SessionService:
                       callback: Callback | None) -> None:
         if session.state is S.EXTRACTING and not session.scopes:
             # Another Memory extracts it: the operation is stored with the session.
-            await stored.submit_remote(self._live, session, kind, args, callback)
+            await _submit_remote(self._live, session, kind, args, callback)
             return
         operations.submit(self._live, session, kind, args, callback)
 
     def intent_policy(self, runtime: Runtime, llm: LLM, repo: str) -> IntentPolicy:
         """How commits made with `runtime` to `repo` deduplicate intents (merging through
         `llm`), and embed again a changeset made before the repo was re-embedded."""
-        return committing.intent_policy(runtime, llm, repo, self._live.refresh_repo)
+        return intent_policy(runtime.config, runtime.embedder, llm, repo,
+                             self._live.refresh_repo)
+
+
+async def _answer_ended(live: Sessions, session: SessionRecord) -> None:
+    """Answers what an ended session owed, `session_ended`: its queued operations, and those
+    it stored for another Memory's extraction (their watcher was cancelled with the rest, and
+    nothing else would call them back). Its end here, or seen in the store."""
+    await operations.fail_pending(session, "session_ended")
+    await operations.fail_remote(live, session, "session_ended")
+
+
+async def _submit_remote(live: Sessions, session: SessionRecord, kind: str,
+                         args: tuple[Any, ...], callback: Callback | None) -> None:
+    """Accepts an operation for a session whose extraction another Memory holds: it is stored
+    with the session, whoever ends that work runs it, and its callback runs here.
+
+    Raises:
+        SessionError: as `submit`.
+        NotFoundError: the session ended while the call waited for another one's row.
+        RuntimeError: the Memory has closed (as a call that would start a task does).
+    """
+    operations.check_args(session, kind, args)
+    if live.closing:  # a callback of the close itself, say, which holds `storing`
+        raise RuntimeError("the Memory has closed")
+    # From the check to the append, one call at a time: the store's insert is awaited, and a
+    # second call checked meanwhile would pass the bound and the rules without the first.
+    async with session.storing:
+        if session.ended:
+            raise NotFoundError("session", session.id)
+        if live.closing:
+            raise RuntimeError("the Memory has closed")
+        waiting = live.remote.get(session.id, [])
+        if len(waiting) >= session.config.max_pending_ops:
+            raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
+        auto = session.config.auto_commit
+        queued = [k for _, k, _ in waiting]
+        if project(S.IDLE if auto else S.READY, [*queued, kind], auto_commit=auto) is None:
+            raise SessionError(
+                "invalid_queued_operation", state=session.state, session_id=session.id
+            )
+        op_id = f"op_{uuid.uuid4().hex}"
+        await live.coordination.queue_op(StoredOp(
+            op_id, session.id, kind, list(args), live.holder_id, live.coordination.now()
+        ))
+        live.remote.setdefault(session.id, []).append((op_id, kind, callback))
+        if session.ended:
+            # Ended while its row was written: the end answered what it found, not this, and
+            # cancelled the watcher. Accepted all the same: answered here.
+            with anyio.CancelScope(shield=True):
+                await operations.fail_remote(live, session, "session_ended")
+            return
+    operations.watch(live, session)

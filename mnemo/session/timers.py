@@ -1,20 +1,26 @@
-"""The session timers. Auto-commit's: an idle trajectory is flushed (extracted and committed
-in the background) after `Config.flush_timeout`, and an idle session expires after
-`Config.session_timeout`: what is left is committed, then the session ends. Every mode's: a
-session idle between episodes (state `idle`) and unchanged for `Config.idle_session_timeout`
-ends (`sweep`), whichever working Memory sees it due: one that a process left behind is ended
-by the next Memory that opens the store (`end_idle`, before it restores the live sessions)
-or by any open one's sweep.
+"""The background loops of one Memory's sessions.
 
-Only auto-commit sessions this Memory drives have timers here (`Sessions.timed`): the store
-names one holder per session, the Memory that started it, claimed its work or took it over,
-so a Memory that only reads or restores a session never flushes or expires it. Idle time runs
-from the session's last use as the store knows it (`active_at`: an append through any Memory
-counts). A deadline that comes due is checked against the store first (`_due`): if the session
-moved, its deadlines run again from what the store holds; a flush claims the session by a
-compare-and-set on its version, and an expiry's close and end are compare-and-sets too, so
-an append elsewhere in between keeps the session alive. `Sessions.touch` wakes the loop when a
-deadline may have moved.
+Auto-commit's timers (`run`): an idle trajectory is flushed (extracted and committed in the
+background) after `Config.flush_timeout`, and an idle session expires after
+`Config.session_timeout`: what is left is committed, then the session ends. Only the
+auto-commit sessions this Memory drives have timers here (`Sessions.timed`: the store names
+one holder per session), and idle time runs from the session's last use as the store knows it
+(`active_at`). A deadline that comes due is checked against the store first (`_due`); a flush
+claims the session by a compare-and-set on its version, and an expiry's close and end are
+compare-and-sets too, so an append elsewhere in between keeps the session alive.
+
+Every mode's: a session idle between episodes (`idle`) and unchanged for
+`Config.idle_session_timeout` ends (`sweep`), whichever working Memory sees it due.
+
+The holder's (`holder`): each open Memory that holds work beats (`Coordination.beat`) every
+third of `Config.lease_timeout`; its takeover task looks, when the Memory opens, when a repo
+is opened and twice a lease, for extractions nobody holds any more (a lease that ended, a
+holder not seen for a lease, one that closed, or, on this host, one whose process is gone)
+and takes one over by a compare-and-set, if its model for the repo is the one the work
+started with; so is the annotation of stored steps whose claim such a holder left, and the
+timers of auto-commit sessions. It also calls back, as failed, the operations this Memory
+stored that such a holder took and left without a result. A Memory closing retires, and its
+leases end at once.
 """
 
 from __future__ import annotations
@@ -22,19 +28,33 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
 
 import anyio
 
-from mnemo.errors import NotFoundError, SessionError, StorageError
-from mnemo.session import claims, transitions
-from mnemo.session.machine import State
+from mnemo.errors import MnemoError, NotFoundError, SessionError, StorageError
+from mnemo.ports import model_name
+from mnemo.session import operations, registry, transitions
+from mnemo.session.machine import (
+    CommitSteps,
+    Extract,
+    OpResult,
+    SessionRecord,
+    State,
+    current_state,
+    deliver,
+)
 from mnemo.session.ports import StaleSession
-from mnemo.session.records import CommitSteps, SessionRecord, current_state, uncommitted
 from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
 
 S = State
+
+# A holder not seen for this long (and for a lease at least) is gone for good: what it took
+# for a Memory that has closed since is forgotten (`Coordination.forget_orphans`).
+ORPHAN_GRACE = timedelta(hours=1)
 
 # Ends the session if it is still at the given version (else `StaleSession`).
 End = Callable[[str, int], Awaitable[None]]
@@ -149,17 +169,17 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
             return
         if now < flush_at:
             return  # used meanwhile: the loop waits for the new deadline
-        waiting = uncommitted(session)
+        waiting = session.uncommitted()
         if not waiting:
             session.flush_after = now  # nothing to flush: look again a timeout from now
             return
         # The steps first (`claims`): those committed elsewhere, or claimed by another
         # Memory's commit under way, are nothing to flush here, and the session is not
         # claimed (its version moved) for nothing.
-        mine = await claims.claim(live, session, waiting)
+        mine = await registry.claim(live, session, waiting)
         if not mine:
             session.flush_after = now
-            await claims.take_commits(live, session)
+            await registry.take_commits(live, session)
             return
         async with session.lock:
             claimed = session.state is S.COLLECTING and await live.claim(session)
@@ -169,13 +189,13 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
         if not claimed:
             # Given back, but for those a boundary's commit here took meanwhile (the store's
             # claims are this Memory's, not one task's).
-            await claims.release(live, session,
+            await registry.release(live, session,
                                  [s for s in mine if s.id not in session.claimed])
             return
         # By id: a reload meanwhile made new records (equal ones, whose vectors do not
         # compare as a truth value).
         ids = {s.id for s in mine}
-        waiting = [s for s in uncommitted(session) if s.id in ids]
+        waiting = [s for s in session.uncommitted() if s.id in ids]
         if waiting:
             live.start(session, CommitSteps(waiting))
     except NotFoundError:
@@ -278,3 +298,175 @@ def _working(session: SessionRecord) -> bool:
         or session.appends_in_flight > 0
         or session.background > 0
     )
+
+
+async def holder(live: Sessions, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+    """Looks for work to take over until cancelled and, once this Memory holds work, beats;
+    retires when cancelled (its leases end, so another Memory may go on at once)."""
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_beat, live)
+            tg.start_soon(_takeover_loop, live)
+            task_status.started()
+    finally:
+        if live.registered.is_set():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                try:
+                    await live.coordination.retire(live.holder_id, live.coordination.now())
+                except MnemoError as exc:
+                    log.warning("could not retire %s: %r", live.holder_id, exc)
+
+
+async def _beat(live: Sessions) -> None:
+    await live.registered.wait()
+    while True:
+        try:
+            await live.coordination.beat(live.holder_id, live.coordination.now(),
+                                         live.lease_until())
+        except MnemoError as exc:
+            log.warning("%s: heartbeat failed: %r", live.holder_id, exc)
+        await anyio.sleep(live.lease.total_seconds() / 3)
+
+
+async def _takeover_loop(live: Sessions) -> None:
+    while True:
+        live.look = anyio.Event()
+        try:
+            await take_over(live)
+        except MnemoError as exc:
+            log.warning("%s: looking for work failed: %r", live.holder_id, exc)
+        with anyio.move_on_after(live.lease.total_seconds() / 2):
+            await live.look.wait()
+
+
+async def take_over(live: Sessions) -> None:
+    co = live.coordination
+    try:
+        await co.sync_clock()
+    except MnemoError as exc:
+        log.warning("%s: could not read the store's clock (the last measure stays): %r",
+                    live.holder_id, exc)
+    now = co.now()
+    # Reads only: a holder whose process is gone is treated as gone, not retired here.
+    gone = await live.gone()
+    for lease in await co.takeable(now, now - live.lease, gone):
+        if lease.holder == live.holder_id:
+            continue  # this Memory's own work, starting or running
+        try:
+            session = await live.fetch(lease.id, fresh=True)
+        except (NotFoundError, MnemoError):
+            continue
+        if session.state in (State.COLLECTING, State.IDLE) and lease.state is not (
+            State.EXTRACTING
+        ):
+            await _take_timers(live, session)
+            continue
+        if session.state is not State.EXTRACTING or session.scopes:
+            continue  # moved on, or its work already runs here
+        if not _same_model(session):
+            continue
+        if await live.claim(session):
+            log.info("%s: taking over its extraction", session.id)
+            live.start(session, Extract())
+    for session_id in await co.unannotated(now - live.lease, gone):
+        try:
+            session = await live.fetch(session_id, fresh=True)
+        except MnemoError:
+            continue
+        if session.state is State.COLLECTING and not session.annotating and (
+            _same_model(session)
+        ):
+            log.info("%s: taking over the annotation of its stored steps", session.id)
+            transitions.annotate(live, session)
+    try:
+        await answer_abandoned(live, now - live.lease, gone)
+    except MnemoError as exc:
+        log.warning("%s: looking for operations left by a gone holder failed: %r",
+                    live.holder_id, exc)
+    try:
+        # What a holder took for a Memory that has closed since, and left: nobody would
+        # run it again or read it. Judged over a longer time than a lease (a live but
+        # late holder still runs what it took, nobody waiting for it).
+        forgotten = await co.forget_orphans(now - max(live.lease, ORPHAN_GRACE), gone,
+                                            me=live.holder_id)
+    except MnemoError as exc:
+        log.warning("%s: looking for operations nobody waits for failed: %r",
+                    live.holder_id, exc)
+    else:
+        if forgotten:
+            log.info("%s: forgot %d stored operations a gone holder left, for a Memory "
+                     "that has closed", live.holder_id, forgotten)
+
+
+async def _take_timers(live: Sessions, session: SessionRecord) -> None:
+    """Drives the auto-commit timers of a session whose holder went away, if this
+    Memory's model for its repo may do its work."""
+    config = session.config
+    if session.driven or not config.auto_commit:
+        return
+    if config.flush_timeout is None and config.session_timeout is None and not (
+        session.finished_steps()
+    ):
+        return  # no timers and nothing started: nothing to drive, so nothing written
+    if not _same_model(session):
+        return
+    if await live.claim(session):
+        log.info("%s: taking over its auto-commit timers", session.id)
+        # A boundary handed the finished trajectories to a background commit, which
+        # went with its holder: it runs again here now, not at the next flush.
+        finished = session.finished_steps()
+        if finished:
+            live.start(session, CommitSteps(finished))
+
+
+def _same_model(session: SessionRecord) -> bool:
+    """Whether this Memory's model for the session's repo is the one its work started with
+    (the API contract: work is taken over only by a matching model)."""
+    try:
+        here = model_name(session.repo_runtime.llm)
+    except NotFoundError:
+        return False  # a repo this Memory has not opened
+    if session.extraction_model is not None and session.extraction_model != here:
+        log.info("%s: its work started with %s, not %s: left to a Memory with that model",
+                 session.id, session.extraction_model, here)
+        return False
+    return True
+
+
+async def answer_abandoned(
+    live: Sessions, unseen_since: datetime, gone: list[str]
+) -> None:
+    """Calls back for the operations this Memory stored that a holder took and then left
+    without recording a result: nobody else will. They are forgotten in the store first, so
+    a result that holder still records goes nowhere, and a late holder runs none it had not
+    started (`_still_taken`). Each gets `operation_failed`, its cause saying whether it took
+    effect is unknown; none is run again, which could do it twice. The takeover task asks
+    (`timers.take_over`); the callbacks run in the sessions' own tasks."""
+    waiting = {op_id: session_id for session_id, entries in live.remote.items()
+               for op_id, _, _ in entries}
+    if not waiting:
+        return
+    abandoned = set(await live.coordination.abandon_ops(
+        list(waiting), unseen_since, gone, me=live.holder_id
+    ))
+    for session_id in dict.fromkeys(waiting[op_id] for op_id in abandoned):
+        session = live.by_id.get(session_id)
+        if session is None:
+            await _answer_left(live, session_id, None, abandoned)
+        else:
+            live.spawn(session, _answer_left, live, session_id, session, abandoned)
+
+
+async def _answer_left(
+    live: Sessions, session_id: str, session: SessionRecord | None, abandoned: set[str]
+) -> None:
+    state = None if session is None else session.state
+    for op_id, kind, callback in operations.claim_waiting(live, session_id, abandoned):
+        log.warning("%s: %s %s was taken by a Memory that left before it recorded a result",
+                    session_id, kind, op_id)
+        error = SessionError("operation_failed", state=state, session_id=session_id)
+        error.__cause__ = MnemoError(
+            f"the Memory that took {kind} {op_id} to run it left before it recorded a "
+            "result: whether it took effect is unknown (the session's state tells)"
+        )
+        await deliver(callback, OpResult(False, None, error))

@@ -1,18 +1,20 @@
 """The session machine's moves, and what the calls that move it write.
 
-A state change happens in `move`: under the session's lock it re-checks the table (`answer`),
+A state change happens in `move`: under the session's lock it asks the table (`refusal`),
 persists, fires the trigger, starts what the move asks for (`then`, an `Effect`, through
-`Sessions.start`: the service starts it), then reports a "transition" event. The calls
-(`start_episode`, `append`, `close`, `commit`, `discard`) check the table first
-(`refuse_unless`) and move through `move`, except `commit`, which fires under the lock it
-applies the changeset in. A close moves the session to `extracting` (`start_extraction`) and
-asks for its extraction (`Extract`); an append stores its step and asks for the annotation of
-what is stored (`Annotate`). Nothing here runs an extraction, an annotation or an operation
-queue: those modules sit above this one.
+`Sessions.start`), then reports a "transition" event. `commit` fires under the lock it applies
+the changeset in. A close moves the session to `extracting` and asks for its extraction
+(`Extract`); an append stores its step, then `annotate`s the stored steps in order (a step's
+boundary needs the previous subgoal's vector, and its annotation scores the previous step's
+reward), each claimed in the store so that two Memories never ask the model about one step.
+A step whose annotation fails stays stored, unannotated, its claim given up: the next append,
+the close or another Memory's takeover task starts it again. Nothing here runs an extraction
+or an operation queue: those modules sit above this one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -21,21 +23,25 @@ from typing import Any
 
 import anyio
 
+from mnemo.episode.annotation import annotate_step
 from mnemo.episode.model import NO_VECTOR, EpisodeRecord, StepInfo, StepRecord
 from mnemo.errors import NotFoundError, SessionError, StorageError
-from mnemo.graph.model import CommitReceipt
+from mnemo.extraction.contradiction import intent_policy
+from mnemo.graph.model import Changeset, CommitReceipt
+from mnemo.graph.ports import StepsCommitted
 from mnemo.ports import model_name
-from mnemo.session import committing
-from mnemo.session.machine import REFUSALS, Refuse, SharedMachine, Stale, State, answer
-from mnemo.session.ports import StaleSession
-from mnemo.session.queue import Op
-from mnemo.session.records import (
-    Annotate,
+from mnemo.session import registry
+from mnemo.session.machine import (
+    STALE,
+    CommitSteps,
     Effect,
     Extract,
+    Op,
     SessionRecord,
-    step_at,
+    State,
+    refusal,
 )
+from mnemo.session.ports import StaleSession
 from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
@@ -43,25 +49,26 @@ log = logging.getLogger("mnemo")
 S = State
 
 
-def refuse_unless(session: SessionRecord, event: str) -> None:
+def refuse_unless(session: SessionRecord, event: str, **facts: object) -> None:
     """Raises NotFoundError for an ended session, SessionError where the table refuses."""
     if session.ended:  # ended while this call waited for its turn
         raise NotFoundError("session", session.id)
-    # The table's refusals, read as data (a call `answer` would refuse has one, and only such
-    # a call): the check every call makes costs no call into the machine.
-    reason = REFUSALS[session.state].get(event)
+    reason = refusal(session, event, **facts)
     if reason is not None:
         raise SessionError(reason, state=session.state, session_id=session.id)
 
 
-def refuse_close(session: SessionRecord, *, queued: bool = False) -> None:
-    """Raises as `refuse_unless`, or `append_in_progress` while an append runs or was accepted
-    before the close. A `queued` close (running from the queue) is not held by the appends
+def appends_before(session: SessionRecord, *, queued: bool = False) -> int:
+    """The appends a close waits for (the table's condition on `close`): those running or
+    accepted before it. A `queued` close (running from the queue) is not held by the appends
     still queued after it: they run once it is done."""
-    refuse_unless(session, "close")
     later = sum(op.kind == "append" for op in session.pending) if queued else 0
-    if session.appends_in_flight > later:
-        raise SessionError("append_in_progress", state=session.state, session_id=session.id)
+    return max(session.appends_in_flight - later, 0)
+
+
+def refuse_close(session: SessionRecord, *, queued: bool = False) -> None:
+    """Raises as `refuse_unless`: `append_in_progress` while an append runs."""
+    refuse_unless(session, "close", appends=appends_before(session, queued=queued))
 
 
 async def move(
@@ -74,6 +81,7 @@ async def move(
     data: Callable[[], dict[str, Any]] | None = None,
     refuse: Callable[[], None] | None = None,
     then: Effect | None = None,
+    facts: Callable[[], dict[str, object]] | None = None,
 ) -> bool:
     """Persists and fires `event` if the table still allows it; False for a stale result.
     `then`, when given, is started (`Sessions.start`) right after the event fires, before
@@ -82,7 +90,8 @@ async def move(
     `persist` writes with the version the record holds and returns the new one; when another
     Memory moved the session first (`StaleSession`), the record is read again and the table
     asked again about the session as it now is. `refuse`, when given, raises what else
-    refuses the move, checked under the lock with the table.
+    refuses the move, checked under the lock with the table; `facts`, the arguments of the
+    table's condition, are taken once, so that the check and the move agree.
 
     Raises:
         SessionError: the table refuses `event` in the current state.
@@ -93,12 +102,13 @@ async def move(
             if session.ended:
                 return False
             before = session.state
-            verdict = answer(before, event)
-            if isinstance(verdict, Refuse):
-                raise SessionError(verdict.reason, state=before, session_id=session.id)
-            if isinstance(verdict, Stale):
+            given = facts() if facts else {}
+            reason = refusal(session, event, **given)
+            if reason == STALE:
                 log.info("%s: stale %s in state %s dropped", session.id, event, before)
                 return False
+            if reason is not None:
+                raise SessionError(reason, state=before, session_id=session.id)
             if refuse is not None:
                 refuse()
             if persist is None:
@@ -120,8 +130,9 @@ async def move(
             # forced the record to the stored state): the move is still this one's to fire,
             # with its event and what waits behind it (a lost transition left a queued
             # operation without its callback).
-            live.machines.force(session.model, before)
-        after = SharedMachine.fire(session.model, event)
+            live.machine.set_state(before, model=session)
+        session.trigger(event, **given)
+        after = session.state
         if then is not None:
             live.start(session, then)
         if op is not None:
@@ -172,7 +183,7 @@ class Append:
 
     async def run(self, ticket: int) -> StepInfo:
         """Stores the step when the ticket queue reaches `ticket`, so steps keep their call order,
-        and starts the annotation of what is stored (`Annotate`); returns once the step is
+        and starts the annotation of what is stored (`annotate`); returns once the step is
         annotated, or `append_timeout` after it was stored, unannotated (annotated later)."""
         live, session = self.live, self.session
         await session.ticket_queue.wait(ticket)
@@ -184,18 +195,16 @@ class Append:
             with anyio.move_on_after(session.runtime.config.append_timeout):
                 while True:
                     changed = session.changed
-                    now = step_at(session, episode_id, step.index)
+                    now = session.step_at(episode_id, step.index)
                     if now is None or now.annotated or not session.annotating:
                         break
                     await changed.wait()
         finally:
-            # An append is activity until it returns, whatever came of it: an expiry that
-            # waited for it (`timers._working`) finds the session used, not idle.
-            live.touch(session)
+            live.touch(session)  # activity until it returns: an expiry finds it used
         info = StepInfo(step.index, None, None, annotated=False)
-        now = step_at(session, episode_id, step.index)
+        now = session.step_at(episode_id, step.index)
         if now is not None and now.annotated:
-            before = step_at(session, episode_id, step.index - 1) if step.index else None
+            before = session.step_at(episode_id, step.index - 1) if step.index else None
             boundary = before is not None and before.trajectory_id != now.trajectory_id
             info = StepInfo(step.index, now.trajectory_id, boundary)
         await live.events.emit(
@@ -207,24 +216,20 @@ class Append:
 
     async def _store(self) -> tuple[StepRecord, str]:
         live, session = self.live, self.session
-        # The store's state, once this append's turn came: a move another Memory made before
-        # (a close, say) is answered by the state table as the store holds it
-        # (`extraction_in_progress`); only a move during the append is `not_collecting` below.
+        # The store's state once this append's turn came: a move another Memory made before
+        # is answered by the table; only a move during the append is `not_collecting`.
         await live.fetch(session.id, fresh=True)
         moved = False
         while True:
             if moved and not session.ended and session.state is not S.COLLECTING:
-                # Closed through another Memory while this append was under way: it stopped
-                # collecting under the append, which the API contract answers with
-                # not_collecting (the state table's reason is for a call made once the session
-                # was elsewhere).
+                # Closed through another Memory while this append was under way.
                 raise SessionError("not_collecting", state=session.state, session_id=session.id)
             refuse_unless(session, "append")
             stored = await self._try()
             if stored is not None:
                 return stored
-            # Another Memory moved the session (appended, or closed it): read it again, and
-            # store against the episode as it now is, or be refused.
+            # Another Memory moved the session: read it again, and store against the episode
+            # as it now is, or be refused.
             async with session.lock:
                 await live.reload(session, conflict=True)
             moved = True
@@ -234,8 +239,7 @@ class Append:
         annotation; None when the session moved in the store meanwhile (nothing written)."""
         live, session = self.live, self.session
         session.runtime.check_usable(session.repo)
-        if live.register_holder is not None and not live.registered:
-            await live.register_holder()  # a claim lasts while its holder is recorded
+        await live.register()  # a claim lasts while its holder is recorded
         async with session.lock:
             refuse_unless(session, "append")
             episode = session.episode
@@ -250,61 +254,142 @@ class Append:
                 )
             except StaleSession:
                 return None
-            if live.holder_id is not None:
-                session.held.add(step.id)
+            session.held.add(step.id)
             episode.steps.append(step)
-            # Started at once, nothing awaited in between: a cancelled append leaves no
-            # stored step whose claim nobody works on.
-            live.start(session, Annotate())
+            # Started at once: a cancelled append leaves no stored step nobody annotates.
+            annotate(live, session)
         return step, episode.id
+
+
+def annotate(live: Sessions, session: SessionRecord) -> None:
+    """Starts the annotation of the open episode's stored steps (one task a session)."""
+    if not session.annotating:
+        session.annotating = True
+        live.spawn(session, annotation, live, session)
+
+
+async def annotation(live: Sessions, session: SessionRecord) -> None:
+    """Annotates the stored steps in order until none is left: a step another live Memory
+    holds is waited for, one whose holder is gone is taken over."""
+    try:
+        while session.state in (State.COLLECTING, State.EXTRACTING) and not session.ended:
+            episode, pending = session.episode, session.unannotated()
+            if episode is None or not pending:
+                break
+            step = pending[0]
+            if step.id in session.held:
+                await _annotate(live, session, episode, step)
+                continue
+            token = await live.coordination.change_token()
+            mine = await registry.claim(live, session, [step])
+            if not mine:
+                await registry.store_moved(live, token)  # another Memory's annotation of it
+            async with session.lock:
+                await live.reload(session)  # annotated meanwhile, by the claim's last holder?
+            now = session.step_at(episode.id, step.index)
+            if mine and (now is None or now.annotated):
+                await registry.release(live, session, mine)
+            elif mine:
+                session.held.add(step.id)
+        session.annotation_failure = None
+    except NotFoundError:
+        pass  # ended through another Memory: nothing is left to annotate
+    except Exception as exc:
+        log.warning("%s: a step's annotation failed; the step is kept and annotated later: "
+                    "%r", session.id, exc)
+        session.annotation_failure = exc
+        held = [s for s in session.unannotated() if s.id in session.held]
+        session.held.clear()
+        await registry.release(live, session, held)
+    finally:
+        session.annotating = False
+        session.notify()
+
+
+async def _annotate(
+    live: Sessions, session: SessionRecord, episode: EpisodeRecord, step: StepRecord
+) -> None:
+    """Annotates one stored step (within `Config.annotation_timeout`) and writes it with the
+    previous step's reward."""
+    runtime = session.runtime
+    config = runtime.config
+    note, boundary = await annotate_step(
+        lambda: live.llm_for(runtime, session.repo, session.id),
+        runtime.embedder,
+        goal=episode.goal,
+        observation=step.observation,
+        action=step.action,
+        steps=episode.steps[:step.index],
+        threshold=config.trajectory_threshold,
+        time_limit=config.annotation_timeout,
+        name=f"{session.id} step {step.index}",
+    )
+    previous = episode.steps[step.index - 1] if step.index else None
+    trajectory = (f"trajectory_{uuid.uuid4().hex}" if previous is None or boundary
+                  else previous.trajectory_id)
+    done = dataclasses.replace(step, trajectory_id=trajectory, state_summary=note.state_summary,
+                               subgoal=note.subgoal, subgoal_vec=note.subgoal_vec)
+    scored = None if previous is None else dataclasses.replace(
+        previous, reward=note.previous_reward)
+    async with session.lock:
+        version = await live.store.annotate_step(session.id, episode.id, done, scored,
+                                                 holder=live.holder_id)
+        session.held.discard(step.id)
+        here = session.step_at(episode.id, step.index)
+        if version is None or here is None:
+            # Annotated by another Memory, or the episode moved on: the store says how.
+            await live.reload(session, conflict=True)
+        else:
+            if version == session.version + 1:  # else another Memory wrote meanwhile
+                session.version = version
+            for name in ("trajectory_id", "state_summary", "subgoal", "subgoal_vec"):
+                setattr(here, name, getattr(done, name))
+            before = session.step_at(episode.id, step.index - 1) if step.index else None
+            if before is not None:
+                before.reward = note.previous_reward
+    session.notify()
+    if boundary and session.config.auto_commit:
+        ready = session.finished_steps()
+        if ready:
+            live.start(session, CommitSteps(ready))
 
 
 async def start_extraction(
     live: Sessions, session: SessionRecord, event: str, op: Op | None,
     refuse: Callable[[], None] | None = None,
+    facts: Callable[[], dict[str, object]] | None = None,
 ) -> None:
     """Moves the session to `extracting` (recording its repo's model: who may take the work
     over) and asks for its extraction (`Extract`); `refuse` as `move`'s."""
-    # The repo's model, not a per-session override's: overrides are not persisted, so the
-    # session restored after its holder vanished runs its repo's model, and only a Memory
-    # with that model may resume it (an override's name matched no Memory: it stayed
-    # extracting for good).
+    # The repo's model, not a per-session override's: overrides are not persisted, and only a
+    # Memory with the recorded model may resume the work.
     model = model_name(session.repo_runtime.llm)
 
     async def persist() -> int:
-        if live.holder_id is None or live.lease_until is None or live.register_holder is None:
-            version = await live.store.set_state(
-                session.id, S.EXTRACTING, model=model, version=session.version
-            )
-        else:
-            # Extracting and held by this Memory in one compare-and-set: no moment in which
-            # the row is extracting and nobody's (a takeover task would take it over).
-            await live.register_holder()
-            claimed = await live.coordination.claim(
-                session.id, version=session.version, holder_id=live.holder_id,
-                lease_until=live.lease_until(), state=S.EXTRACTING, model=model,
-            )
-            if claimed is None:
-                raise StaleSession(session.id)
-            version = claimed
-            # Held here now: so are its timers once it is idle again (an expiry's end).
-            live.drive(session)
+        # Extracting and held by this Memory in one compare-and-set: no moment in which the
+        # row is extracting and nobody's (a takeover task would take it over).
+        await live.register()
+        version = await live.coordination.claim(
+            session.id, version=session.version, holder_id=live.holder_id,
+            lease_until=live.lease_until(), state=S.EXTRACTING, model=model,
+        )
+        if version is None:
+            raise StaleSession(session.id)
+        live.drive(session)  # held here now: so are its timers once it is idle again
         session.extraction_model = model
         return version
 
-    # Started with the move, before its event is delivered: in between, a call saw the
-    # session extracting with no extraction here, and took it for another Memory's.
-    if not await move(live, session, event, persist, op=op, refuse=refuse, then=Extract()):
+    # Started with the move: a call in between took it for another Memory's extraction.
+    if not await move(live, session, event, persist, op=op, refuse=refuse, then=Extract(),
+                      facts=facts):
         live.start(session, Extract())
 
 
 async def close(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:
     """Starts the episode's extraction, refused as `refuse_close` (an `op` is a queued close)
-    under the lock the move takes: an append begun after a caller's own check (while the
-    close waited for the lock) refuses the close, rather than being refused once annotated."""
-    await start_extraction(
-        live, session, "close", op, refuse=lambda: refuse_close(session, queued=op is not None)
-    )
+    under the lock the move takes: an append begun while the close waited refuses it."""
+    await start_extraction(live, session, "close", op, facts=lambda: {
+        "appends": appends_before(session, queued=op is not None)})
 
 
 async def commit(
@@ -324,12 +409,11 @@ async def commit(
             wanted = set(changeset.step_ids)
             steps = [s for s in episode.steps if s.id in wanted] if episode else []
             try:
-                receipt = await committing.commit_steps(live, session, changeset, steps, S.IDLE)
+                receipt = await commit_steps(live, session, changeset, steps, S.IDLE)
                 break
             except StaleSession as exc:
-                # Another Memory moved the session: nothing was written. Committed or
-                # discarded there, the table refuses; still ready (its holder changed, say),
-                # the commit is tried again on the session as it now is.
+                # Another Memory moved the session: nothing was written; the table is asked
+                # again about the session as it now is.
                 if attempt == _ATTEMPTS - 1:
                     raise StorageError(
                         "busy", f"{session.id}: other Memory objects keep moving it"
@@ -337,8 +421,8 @@ async def commit(
                 await live.reload(session, conflict=True)
         if session.state is not S.READY:
             # A read took in this very write while it was being made, as `move` allows for.
-            live.machines.force(session.model, S.READY)
-        SharedMachine.fire(session.model, "commit")
+            live.machine.set_state(S.READY, model=session)
+        session.trigger("commit")
         if op is not None:
             op.applied = True
         session.changeset = None
@@ -366,3 +450,56 @@ async def discard(live: Sessions, session: SessionRecord, op: Op | None = None) 
         return version
 
     await move(live, session, "discard", persist, op=op)
+
+
+async def call(
+    live: Sessions, session: SessionRecord, kind: str, args: tuple[Any, ...] = (),
+    op: Op | None = None,
+) -> CommitReceipt | None:
+    """A caller's `close`, `commit`, `discard` or `start_episode` on the session, refused as
+    the table says (`op`: run from the session's queue)."""
+    if kind == "close":
+        refuse_close(session, queued=op is not None)
+        await close(live, session, op)
+        return None
+    refuse_unless(session, kind)
+    if kind == "commit":
+        return await commit(live, session, op)
+    if kind == "discard":
+        await discard(live, session, op)
+    else:
+        await start_episode(live, session, args[0], op)
+    return None
+
+
+async def commit_steps(
+    live: Sessions,
+    session: SessionRecord,
+    changeset: Changeset,
+    steps: list[StepRecord],
+    state: State | None,
+) -> CommitReceipt:
+    """Applies `changeset` with the session's side (steps committed, and `state` unless
+    None) in the same transaction, then marks the steps committed in memory."""
+    episode_id = session.episode.id if session.episode else None
+    side = StepsCommitted(
+        session.id,
+        episode_id,
+        changeset.id,
+        tuple((s.id, s.reward) for s in steps),
+        None if state is None else state.value,
+        # A commit that moves the session checks that no other Memory moved it first.
+        None if state is None else session.version,
+    )
+    runtime = session.runtime
+    policy = intent_policy(runtime.config, runtime.embedder,
+                           live.llm_for(runtime, session.repo, session.id), session.repo,
+                           live.refresh_repo)
+    receipt = await live.graph.apply(changeset, intents=policy, also=[side])
+    if side.version is not None:
+        # The version the write made, not one more than the record's now: a read that took
+        # the write in meanwhile (`Sessions.reload`) already holds it.
+        session.version = side.version + 1
+    for step in steps:
+        step.committed_in = changeset.id
+    return receipt

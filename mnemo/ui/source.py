@@ -13,7 +13,7 @@ from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.memory import Memory
 from mnemo.recall.engine import RecallResult
-from mnemo.session.service import SessionInfo
+from mnemo.session.machine import SessionInfo
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner, Result
 import mnemo
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.cli import app
-from mnemo.session.service import SessionInfo
+from mnemo.session.machine import SessionInfo
 from tests.fakes import FakeLLM
 
 REPO = "ops"

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import sys
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import anyio
 import time_machine
 
 import mnemo
+from mnemo.session import timers
 from tests.fakes import FakeEmbedder, FakeLLM
 
 
@@ -25,16 +27,15 @@ async def run(store: str, hours: float) -> None:
     with time_machine.travel(datetime.now(UTC) + timedelta(hours=hours), tick=True):
         async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
                                 config=mnemo.Config(lease_timeout=30.0)) as mem:
-            holding = mem._service._holder
-            take_over, opened, looked = holding._take_over, False, anyio.Event()
+            take_over, opened, looked = timers.take_over, False, anyio.Event()
 
-            async def looking() -> None:
+            async def looking(live: Any) -> None:
                 after = opened
-                await take_over()
+                await take_over(live)
                 if after:
                     looked.set()
 
-            holding._take_over = looking  # type: ignore[method-assign]
+            timers.take_over = looking
             await mem.open_repo("r")  # the takeover task looks again, now
             opened = True
             with anyio.fail_after(30):

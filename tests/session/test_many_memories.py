@@ -22,10 +22,9 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.session import operations, stored
+from mnemo.session import operations
+from mnemo.session.machine import Op, SessionRecord
 from mnemo.session.ports import StaleSession, StoredOp
-from mnemo.session.queue import Op
-from mnemo.session.records import SessionRecord
 from mnemo.session.registry import Sessions
 from tests.backends import sql
 from tests.fakes import Callbacks, EventLog, FakeEmbedder, FakeLLM, Hold, extracted_observations
@@ -355,7 +354,7 @@ def the_holder_takes_first(
 ) -> None:
     """The stored operations `accepting` stored while `holder` extracts go to `holder`: the
     accepting Memory's watcher takes only once the holder has. When an extraction ends, its
-    holder and the watcher both take (`stored.run_stored`), and either may win: one runs
+    holder and the watcher both take (`operations.run_stored`), and either may win: one runs
     them, once, which is right both ways. A test of what the holder does with them was left
     to that race and lost it under load (CI: the watcher took the commit whose
     result was to meet the holder's store fault)."""
@@ -399,7 +398,7 @@ async def test_an_async_operation_calls_back_where_it_was_accepted(
         finish_op = coordination.finish_op
         faults = [mnemo.StorageError("unavailable", "the store is away")] * finish_faults
         if finish_faults > 1:  # their pauses, 0.05 + 0.1 + 0.2 + 0.4 s, outlast this budget
-            monkeypatch.setattr(stored, "FINISH_BUDGET", 0.05)
+            monkeypatch.setattr(operations, "FINISH_BUDGET", 0.05)
 
         async def failing(op_id: str, result: Any) -> None:
             if faults:
@@ -515,7 +514,7 @@ async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callbac
         sid = await fill(a.mem)
         b = await open_worker(stack, store)
         held = await extracting(b, sid)
-        monkeypatch.setattr(stored, "WATCH_BACKOFF", 2)  # pauses of 0.1 s, not up to 3.2
+        monkeypatch.setattr(operations, "WATCH_BACKOFF", 2)  # pauses of 0.1 s, not up to 3.2
         coordination = a.mem._backend.coordination
         # Faults while B still extracts (the change token, the results), then one when A
         # drops the finished operation's row, after its result is there.
@@ -725,7 +724,7 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
     store: str, monkeypatch: pytest.MonkeyPatch, drop_fails: bool
 ) -> None:
     """The extraction's end and the store's watcher both take the session's stored operations
-    (`stored.run_stored`): the one that took nothing started the queue while the other's
+    (`operations.run_stored`): the one that took nothing started the queue while the other's
     were still on their way into it, so a `start_episode` queued here ran before the stored
     `commit` it was accepted behind, and was refused. Taking is one at
     a time now. Placed deterministically: the first take answers only once everything else
@@ -758,8 +757,8 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
         take_faked(monkeypatch, live, take_ops)
         monkeypatch.setattr(live.coordination, "drop_ops", failing)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(stored.run_stored, live, session)
-            tg.start_soon(stored.run_stored, live, session)
+            tg.start_soon(operations.run_stored, live, session)
+            tg.start_soon(operations.run_stored, live, session)
             await anyio.wait_all_tasks_blocked()
             gate.set()
         assert [(label, r.ok, r.value) for label, r in await recorded.wait(2)] == [
@@ -796,7 +795,7 @@ async def test_a_call_made_while_a_stored_operation_runs_queues_behind_it(
 
         take_faked(monkeypatch, live, take_ops)
         monkeypatch.setattr(live.graph, "apply", held_apply)
-        await stored.run_stored(live, session)
+        await operations.run_stored(live, session)
         with anyio.fail_after(5):
             await applying.wait()
         await w.mem.start_episode_async(sid, "walk west", recorded("start"))
@@ -829,7 +828,7 @@ async def test_a_call_made_while_stored_operations_are_taken_queues_behind_them(
 
         take_faked(monkeypatch, live, take_ops)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(stored.run_stored, live, session)
+            tg.start_soon(operations.run_stored, live, session)
             with anyio.fail_after(5):
                 await taking.wait()
             await w.mem.start_episode_async(sid, "walk west", recorded("start"))

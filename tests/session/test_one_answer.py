@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 import mnemo
-from mnemo.session import committing
+from mnemo.session import transitions
 from tests.session.test_many_memories import Called, extracting, fill, open_worker, ready
 
 
@@ -46,7 +46,7 @@ async def test_a_commit_whose_session_another_memory_touched_meanwhile_commits(
         a = await open_worker(stack, store)
         b = await open_worker(stack, store)
         coordination = b.mem._backend.coordination
-        real = committing.commit_steps
+        real = transitions.commit_steps
         bumps = 0
 
         async def touched_first(*args: Any, **kwargs: Any) -> Any:
@@ -62,7 +62,7 @@ async def test_a_commit_whose_session_another_memory_touched_meanwhile_commits(
                 assert moved == row.version + 1
             return await real(*args, **kwargs)
 
-        monkeypatch.setattr(committing, "commit_steps", touched_first)
+        monkeypatch.setattr(transitions, "commit_steps", touched_first)
         sid = await fill(a.mem)
         await ready(a, sid)
         receipt = await a.mem.commit(sid)

@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 import mnemo
-from mnemo.session import claims
+from mnemo.session import registry
 from mnemo.session.ports import HolderInfo
 from tests.backends import backend_of, sql
 from tests.fakes import (
@@ -283,7 +283,7 @@ async def test_a_flush_whose_steps_are_read_again_while_it_claims_them_still_com
     the flush still extracts and commits them. It picked its steps by comparing records,
     whose vectors made the comparison raise (a final read of the change)."""
     config = mnemo.Config(auto_commit=True, flush_timeout=0.2, session_timeout=None)
-    claim = claims.claim
+    claim = registry.claim
 
     async def read_again(live: Any, session: Any, steps: Any) -> Any:
         mine = await claim(live, session, steps)
@@ -297,7 +297,7 @@ async def test_a_flush_whose_steps_are_read_again_while_it_claims_them_still_com
     async with AsyncExitStack() as stack:
         a, a_llm, a_events = await opened(stack, store, config)
         sid = await a.start_session("explore the house", repo=REPO)
-        monkeypatch.setattr(claims, "claim", read_again)
+        monkeypatch.setattr(registry, "claim", read_again)
         await a.append(sid, "walk north", "go north")
         with anyio.fail_after(10):
             flushed = await a_events.wait_for(lambda e: e.kind == "trajectory_committed")

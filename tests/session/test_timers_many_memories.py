@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 import mnemo
+from mnemo.session import timers
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM, extracted_observations, js
 
 REPO = "r"
@@ -221,7 +222,7 @@ async def test_a_reader_takes_over_no_session_without_timers(store: str) -> None
         b, _, _ = await opened(stack, store)
         coordination = b._service._live.coordination
         before = await coordination.lease(sid)
-        await b._service._holder._take_over()  # the takeover task's look, at once
+        await timers.take_over(b._service._live)  # the takeover task's look, at once
         after = await coordination.lease(sid)
         assert before is not None
         assert after is not None

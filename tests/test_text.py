@@ -9,7 +9,7 @@ import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mnemo import text as _text
@@ -100,10 +100,14 @@ def test_the_first_tokens_are_those_of_the_whole_text(text: str, n: int) -> None
 
 
 @given(TEXTS)
+@example("a,\u0301\u200ba")
+@example("a\u200b\u0301,a")
 def test_without_stopwords_drops_exactly_the_stopwords(text: str) -> None:
     """Only the words that are stopwords go, whole ("don't" with any apostrophe, "the" inside
-    "the_end" never); the rest stays as written, composed (but a format character at the
-    edge of a word, which stays in it only between two words, may go with the stopword)."""
+    "the_end" never); the rest stays as written, composed (but a format character or a
+    combining mark at the edge of a word, which stays in it only between two words, may go
+    with the stopword: "a,\u0301\u200ba" keeps ",\u0301\u200ba", whose word is then "a",
+    and "a\u200b\u0301,a" keeps "a\u200b\u0301,", whose word is "a")."""
     kept = _text.without_stopwords(text)
     assert _unformatted(_text.words(kept)) == _unformatted(
         [w for w in _text.words(text) if not _text.is_stopword(w)]
@@ -112,7 +116,10 @@ def test_without_stopwords_drops_exactly_the_stopwords(text: str) -> None:
 
 
 def _unformatted(words: list[str]) -> list[str]:
-    return ["".join(c for c in w if unicodedata.category(c) != "Cf") for w in words]
+    """Each word without its format characters, and without the marks they leave at its edges."""
+    bare = ("".join(c for c in w if unicodedata.category(c) != "Cf") for w in words)
+    return [w.strip("".join(c for c in w if unicodedata.category(c).startswith("M")))
+            for w in bare]
 
 
 def test_contractions_are_stopwords_with_any_apostrophe() -> None:

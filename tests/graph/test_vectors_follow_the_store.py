@@ -286,7 +286,7 @@ async def test_a_rewording_caught_up_in_place_is_not_overwritten_by_a_stale_merg
                     intents=IntentPolicy(0.95, 0.8, merge=pairwise(b_merge)))
             return f"merged[{existing} + {new}]", _unit((0, 1.0), (1, 0.3))
 
-        await ga.apply(Changeset("ca", REPO, [intent("D", "boil the water",
+        await ga.apply(Changeset("ca", REPO, [intent("D", "boil cold water",
                                                      _unit((0, 1.0), (1, 0.6)))]),
                        intents=IntentPolicy(0.95, 0.8, merge=pairwise(a_merge)))
         x = await a.get_node(REPO, "X")

@@ -152,11 +152,14 @@ async def revert(
 async def _built_on(graph: GraphHistory, record: CommitRecord) -> str | None:
     """Why later work depends on the commit, naming the later commit: None if it can be
     reverted. A later commit that retired one of its facts, or linked to a node only it
-    holds, built on it; not when a commit in between (or that one) joined the node: the
-    node stays, theirs."""
-    later = [c for c in await graph.commit_log(record.repo, after_seq=record.seq)
-             if not (c.reverted_by or c.reverts)]
-    held = {n.id for n in await graph.get_nodes(record.repo, record.node_ids)
+    holds (made, or joined when no earlier commit still holds it), built on it; not when a
+    commit in between (or that one) joined the node: the node stays, theirs."""
+    log = [c for c in await graph.commit_log(record.repo)
+           if not (c.reverted_by or c.reverts) and c.id != record.id]
+    later = [c for c in log if c.seq > record.seq]
+    before = {i for c in log if c.seq < record.seq for i in (*c.node_ids, *c.joined)}
+    sole = set(record.joined) - before  # nodes it joined that no earlier commit still holds
+    held = {n.id for n in await graph.get_nodes(record.repo, [*record.node_ids, *sole])
             if n.type in _HELD}
 
     def shared(node_id: str, by: CommitRecord) -> bool:
@@ -179,7 +182,7 @@ async def _built_on(graph: GraphHistory, record: CommitRecord) -> str | None:
         by = next((c.id for c in makers if not shared(n.origin, c)), None)
         if by is not None:
             return f"commit {by!r} linked to its node {n.origin!r}; revert it first"
-        if not makers and not ends & made:
+        if not makers and not ends & made and n.origin not in sole:
             return (f"its node {n.origin!r} has a {n.link_type.value} link to {n.node_id!r} "
                     "that a later change made (consolidate)")
     return None

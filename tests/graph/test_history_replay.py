@@ -119,6 +119,10 @@ async def scenario(ops: list[tuple[str, int, int, int]], store: str) -> None:
 # other commit joined that fact: the revert is refused.
 @example(ops=[("commit", 0, 0, 1), ("commit", 0, 0, 0), ("commit", 0, 1, 1),
               ("commit", 0, 0, 0), ("revert", 2, 0, 0)])
+# A later commit linked to a fact the commit joined after the fact's maker was reverted (so it
+# alone held the fact then), and a still later commit joined it too: the revert is refused.
+@example(ops=[("commit", 0, 0, 1), ("commit", 0, 0, 1), ("revert", 1, 0, 0),
+              ("commit", 0, 0, 0), ("commit", 0, 0, 1), ("revert", 2, 0, 0)])
 def test_reverts_equal_replaying_the_survivors(
     fresh_stores: Callable[[], str], ops: list[tuple[str, int, int, int]]
 ) -> None:

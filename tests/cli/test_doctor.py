@@ -118,7 +118,7 @@ def test_the_servers_speed_and_each_tasks_time_are_reported() -> None:
     tenth of its prompt's and its overhead), and each task is reported with the seconds one
     of its requests then gets: at least the first guess of 60 s, and no less for a task of
     more max_tokens; the table says both."""
-    with ProviderServer(tokens_per_second=40.0, latency=0.05) as server:
+    with ProviderServer(tokens_per_second=400.0, latency=0.05) as server:
         _, report = doctor(server)
         table = invoke("doctor", "--llm", f"openai-compatible:m@{server.openai_url}")
     measured = report["server"]

@@ -64,10 +64,12 @@ def alike(a: str, b: str, said: Callable[[str], set[str]] = _said) -> bool:
     return small <= big and not (big - small) & _NEGATIONS
 
 
-def says_no_more(new: str, old: str) -> bool:
-    """Whether every word of `new` (stemmed, bar articles and joiners) is one of `old`'s: a
-    repeat, a rewording or a part of it, which deduplication drops into `old` when close."""
-    return _said(new) <= _said(old)
+def says_no_more(new: str, old: str, said: Callable[[str], set[str]] = _said) -> bool:
+    """Whether `new` says nothing `old` does not: its words (stemmed, bar articles and
+    joiners) are all `old`'s, and what `old` adds is no negation (a repeat, a rewording or a
+    part of it, which deduplication drops into `old` when close)."""
+    small, big = said(new), said(old)
+    return small <= big and not (big - small) & _NEGATIONS
 
 
 @dataclass(slots=True)
@@ -178,7 +180,7 @@ async def resolve(
         existing = await text(best_id)
         # A draft that says nothing more is dropped (no merge could add to the wording); an
         # intent identical to the other too; a fact that says more is merged.
-        if said(draft.text) <= said(existing) or (
+        if says_no_more(draft.text, existing, said) or (
                 not knowledge and reaches(best_sim, identity_threshold)):
             continue
         merged = await (merged_knowledge(merge, existing, draft) if knowledge

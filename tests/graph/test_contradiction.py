@@ -328,3 +328,9 @@ async def test_a_fact_saying_nothing_new_is_not_asked_about(store: str) -> None:
         assert [(q.new, q.existing) for q in asked] == [
             ("The blog runs on uvicorn behind nginx.",
              ("The blog runs on gunicorn behind nginx.",))]
+        # Words all the old one's, but the old one adds a negation: asked.
+        asked.clear()
+        await graph.apply(fact("d", "The cache is not enabled."), intents=intents)
+        await graph.apply(fact("e", "The cache is enabled."), intents=intents)
+        assert any(q.new == "The cache is enabled." and "The cache is not enabled." in q.existing
+                   for q in asked), asked

@@ -154,11 +154,14 @@ async def _built_on(graph: GraphHistory, record: CommitRecord) -> str | None:
     reverted. A later commit that retired one of its facts, or linked to a node only it
     holds (made, or joined when no earlier commit still holds it), built on it; not when a
     commit in between (or that one) joined the node: the node stays, theirs."""
-    log = [c for c in await graph.commit_log(record.repo)
-           if not (c.reverted_by or c.reverts) and c.id != record.id]
-    later = [c for c in log if c.seq > record.seq]
-    before = {i for c in log if c.seq < record.seq for i in (*c.node_ids, *c.joined)}
-    sole = set(record.joined) - before  # nodes it joined that no earlier commit still holds
+    later = [c for c in await graph.commit_log(record.repo, after_seq=record.seq)
+             if not (c.reverted_by or c.reverts)]
+    # The nodes it joined that no earlier commit still holds (their maker was reverted).
+    sole = set(record.joined)
+    if sole:
+        sole -= {i for c in await graph.commit_log(record.repo)
+                 if c.seq < record.seq and not (c.reverted_by or c.reverts)
+                 for i in (*c.node_ids, *c.joined)}
     held = {n.id for n in await graph.get_nodes(record.repo, [*record.node_ids, *sole])
             if n.type in _HELD}
 

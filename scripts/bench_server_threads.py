@@ -11,42 +11,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_real_model import free_port, locate
+from bench_real_model import locate, server
 
 
 def speeds(binary: Path, model: Path, threads: str) -> list[float]:
-    port = free_port()
-    extra = [] if threads == "default" else ["-t", threads]
-    process = subprocess.Popen(
-        [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "2048",
-         "--no-repack", "-np", "1", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        found = []
+    found = []
+    with server(binary, model, 2048, 1, None if threads == "default" else int(threads)) as url:
         for i in range(3):
-            reply = httpx.post(f"{url}/v1/chat/completions", timeout=600, json={
+            reply = httpx.post(f"{url}/chat/completions", timeout=600, json={
                 "messages": [{"role": "user", "content": f"Write a long story about cat {i}."}],
                 "max_tokens": 64, "temperature": 0.2}).json()
             found.append(round(float(reply["timings"]["predicted_per_second"]), 1))
-        return found
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    return found
 
 
 def main() -> None:

@@ -40,10 +40,11 @@ async def off_loop(func: Callable[[], T], *, abandon_on_cancel: bool = False) ->
     return await anyio.to_thread.run_sync(func, limiter=slot(), abandon_on_cancel=abandon_on_cancel)
 
 
-async def run(func: Callable[[], T], chars: int, *, abandon_on_cancel: bool = False) -> T:
-    """`func()`, whose cost grows with `chars` characters of input: on the loop below
-    `ON_LOOP_CHARS`, else `off_loop`."""
-    if chars < ON_LOOP_CHARS:
+async def run(func: Callable[[], T], size: int, *, on_loop_below: int = ON_LOOP_CHARS,
+              abandon_on_cancel: bool = False) -> T:
+    """`func()`, whose cost grows with `size` (characters of input, or the unit of
+    `on_loop_below`): on the loop below `on_loop_below`, else `off_loop`."""
+    if size < on_loop_below:
         return func()
     return await off_loop(func, abandon_on_cancel=abandon_on_cancel)
 

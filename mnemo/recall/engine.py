@@ -79,6 +79,8 @@ MEMORIES = (N.SEMANTIC, N.EPISODIC, N.PROCEDURAL)
 MMR_HEAD = 2_000
 MMR_ON_LOOP = 64
 
+Scored = tuple[float, Node, Candidate]
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +234,9 @@ class Recaller:
         reasoned = (await synthesis(self.llm, query, ranked, degraded) if config.recall_synthesis
                     else None)
         trace.mark("synthesis")
-        touched = [Touched(NodeId(i), c.phase, c.hop, c.score) for i, c in found.items()]
-        touched.sort(key=lambda t: -t.score)
+        touched = await hops.pure(lambda: sorted(
+            (Touched(NodeId(i), c.phase, c.hop, c.score) for i, c in found.items()),
+            key=lambda t: -t.score), len(found))
         return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
 
     async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:
@@ -356,13 +359,18 @@ class Recaller:
                     (N.SEMANTIC, N.PROCEDURAL))
 
         read = await self.graph.node_context(repo, best, MEMORIES, LinkType.PROVENANCE, more)
-        context = ReadContext({n.id: n for n in read.nodes}, dict(read.stats), {},
-                           dict(read.vectors))
-        context.add_steps(read.links)
+
+        def gathered() -> ReadContext:
+            context = ReadContext({n.id: n for n in read.nodes}, dict(read.stats), {},
+                                  dict(read.vectors))
+            context.add_steps(read.links)
+            for node_id, candidate in offers.items():
+                if node_id in context.nodes:
+                    hops.offer(found, node_id, candidate)
+            return context
+
+        context = await hops.pure(gathered, len(read.nodes) + len(read.links))
         trace.mark("provenance")
-        for node_id, candidate in offers.items():
-            if node_id in context.nodes:
-                hops.offer(found, node_id, candidate)
         if self.config.recall_neighbour_weight > 0:
             trace.mark("neighbours")
         return context
@@ -388,51 +396,66 @@ class Recaller:
             when.as_of or when.valid_at) else set()
         weights = ranking.MODE_WEIGHTS.get(plan.mode, {})
         now = now_utc()
-        query_words = parts.words
-        scored: list[tuple[float, Node, Candidate]] = []
         restated: dict[str, int] = {}
-        for node_id, candidate in found.items():
-            node = nodes.get(node_id)
-            if node is None or (wanted is not None and node.type not in wanted) or node_id in out:
-                continue
-            count, last = stats.get(node_id, (0, None))
-            value = node_value(node.type, node.data, created_at=node.created_at,
-                               last_access=last, access_count=count, now=now, config=config)
-            score = candidate.score * value**config.value_weight * weights.get(node.type, 1.0)
-            score *= boosts.get(node_id, 1.0) * ranking.weight(node, when)
-            if wanted is None and node.type in ROUTING:
-                score *= config.hop_decay  # a route, not a memory: below what it leads to
-            candidate.score = score
-            scored.append((score, node, candidate))
-            tier = None if node.type in ROUTING else restatement(query_words, node.text)
-            if tier is not None:
-                restated[node_id] = tier
-        steps = context.steps_of([n for _, n, _ in scored]) if config.recall_distinct_steps else {}
-        # A step and a fact made from it are one memory: the fact, when it matches.
-        stand_ins = (ranking.stand_ins(scored, direct, context.sources, restated,
-                                         procedural=plan.mode == "procedural")
-                     if config.recall_distinct_steps else {})
-        if restated:
-            scored = restatements_first(scored, restated)
-        else:
-            scored.sort(key=best_first)
-        leads: list[tuple[float, Node, Candidate]] = []
-        if wanted is None:
+        steps: dict[str, str] = {}
+        stand_ins: dict[str, list[Scored]] = {}
+
+        def score() -> tuple[list[Scored], list[Scored]]:
+            """The memories and the leads (routes, sources) among the candidates, scored and
+            ordered; fills `restated`, `steps` and `stand_ins`."""
+            scored: list[Scored] = []
+            for node_id, candidate in found.items():
+                node = nodes.get(node_id)
+                if (node is None or (wanted is not None and node.type not in wanted)
+                        or node_id in out):
+                    continue
+                count, last = stats.get(node_id, (0, None))
+                value = node_value(node.type, node.data, created_at=node.created_at,
+                                   last_access=last, access_count=count, now=now,
+                                   config=config)
+                score = (candidate.score * value**config.value_weight
+                         * weights.get(node.type, 1.0))
+                score *= boosts.get(node_id, 1.0) * ranking.weight(node, when)
+                if wanted is None and node.type in ROUTING:
+                    score *= config.hop_decay  # a route, not a memory: below what it leads to
+                candidate.score = score
+                scored.append((score, node, candidate))
+                tier = None if node.type in ROUTING else restatement(parts.words, node.text)
+                if tier is not None:
+                    restated[node_id] = tier
+            if config.recall_distinct_steps:
+                steps.update(context.steps_of([n for _, n, _ in scored]))
+                # A step and a fact made from it are one memory: the fact, when it matches.
+                stand_ins.update(ranking.stand_ins(scored, direct, context.sources, restated,
+                                                   procedural=plan.mode == "procedural"))
+            if restated:
+                scored = restatements_first(scored, restated)
+            else:
+                scored.sort(key=best_first)
+            if wanted is not None:
+                return scored, []
             # Routes and sources lead to memories: after every memory, whatever their scores,
             # and out of the memories' diversity.
-            leads = [item for item in scored if item[1].type not in MEMORIES]
-            scored = [item for item in scored if item[1].type in MEMORIES]
+            return ([item for item in scored if item[1].type in MEMORIES],
+                    [item for item in scored if item[1].type not in MEMORIES])
+
+        scored, leads = await hops.pure(score, len(found))
         if config.recall_mmr_lambda < 1.0:
             scored = await self._diversify(repo, scored, min(4 * k, MMR_HEAD),
                                            context.vectors)
-        scored = ranking.matching_first(scored, direct, restated, k)
-        picks = ResultSelection(config, k, steps, context.sources, stand_ins,
-                       ranking.strong(direct, context.nodes))
-        # Further facts of a step come after one result of every other step, routes last.
-        picks.take(scored)
-        picks.take(picks.deferred, defer=False)
-        picks.take(leads)
-        return picks.ranked
+
+        def pick() -> list[Recalled]:
+            """The k results: further facts of a step after one result of every other step,
+            routes last."""
+            ordered = ranking.matching_first(scored, direct, restated, k)
+            picks = ResultSelection(config, k, steps, context.sources, stand_ins,
+                                    ranking.strong(direct, context.nodes))
+            picks.take(ordered)
+            picks.take(picks.deferred, defer=False)
+            picks.take(leads)
+            return picks.ranked
+
+        return await hops.pure(pick, len(scored))
 
     async def _diversify(
         self,
@@ -459,7 +482,7 @@ class Recaller:
             )
 
         # Quadratic: a long head is ordered in a worker thread.
-        order = diversified() if len(by_id) <= MMR_ON_LOOP else await cpu.off_loop(diversified)
+        order = await cpu.run(diversified, len(by_id), on_loop_below=MMR_ON_LOOP + 1)
         return [by_id[i] for i in order] + scored[n:]
 
 

@@ -3,10 +3,12 @@ query) and the hops along links from the best candidates (see `mnemo.recall.engi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import numpy as np
 
+from mnemo import cpu
 from mnemo.config import Config
 from mnemo.graph.model import LinkType, Node, NodeType, Vector
 from mnemo.graph.ports import RecallReads
@@ -15,6 +17,10 @@ from mnemo.graph.vectors import reaches
 from mnemo.recall.model import Candidate, adjacent_steps
 
 N = NodeType
+T = TypeVar("T")
+# Pure Python over more candidates or links than this runs off the loop, in `mnemo.cpu`'s
+# slot (about 10 µs an item; BENCHMARKS.md, "Figures behind the code").
+ON_LOOP_ITEMS = 1_000
 
 
 async def routes(
@@ -61,7 +67,7 @@ async def follow(
         offer(found, node_id, candidate)
     width = 2 * k
     # The candidates best first, sorted again only when `found` changed.
-    ranking = sorted(found.items(), key=by_score)
+    ranking = await _sorted(found)
     frontier = _ids(ranking, width)
     refinements = config.recall_refine_budget
     # The MEMBERSHIP neighbours of every node a hop has read the links of: a refinement's
@@ -76,7 +82,7 @@ async def follow(
         reached = (await _expand(graph, config, repo, parents, found, query_vector, hop,
                                  members) if parents else set())
         if reached:  # else `found` is as it was
-            ranking = sorted(found.items(), key=by_score)
+            ranking = await _sorted(found)
         top_after = _ids(ranking, k)
         # Only the best of what a hop reached leads on: a subgoal or a broad tag may link
         # hundreds of nodes, and each hop would multiply them.
@@ -91,8 +97,13 @@ async def follow(
                                              members)
                 frontier = frontier | bridges
                 if bridges:
-                    ranking = sorted(found.items(), key=by_score)
+                    ranking = await _sorted(found)
     return ranking
+
+
+async def _sorted(found: dict[str, Candidate]) -> list[tuple[str, Candidate]]:
+    """`found`'s candidates best first (`by_score`)."""
+    return await pure(lambda: sorted(found.items(), key=by_score), len(found))
 
 
 def _ids(ranking: list[tuple[str, Candidate]], n: int) -> set[str]:
@@ -125,31 +136,37 @@ async def _expand(
     ones nearest the query: a speaker's name or a long trajectory links hundreds.
     """
     typed, similarity = await graph.typed_links_near(repo, sorted(frontier), query_vector)
-    _record_members(members, frontier, ((o, t, link) for o, _, t, _, link in typed))
-    links = [
-        (origin, target, target_kind, link)
-        for origin, origin_kind, target, target_kind, link in typed
-        if origin in frontier and follows(origin_kind, target_kind, link)
-    ]
-    fanout = max(2, config.recall_candidates // 5)
-    by_origin: dict[str, list[tuple[float, str, NodeType]]] = {}
-    for origin, target, target_kind, _ in links:
-        by_origin.setdefault(origin, []).append(
-            (similarity.get(target, 0.0), target, target_kind)
-        )
-    reached: set[str] = set()
-    for origin, targets in by_origin.items():
-        targets.sort(key=lambda item: -item[0])
-        parent = found[origin].score
-        for sim, target, target_kind in targets[:fanout]:
-            if target_kind is N.TAG and not reaches(sim, config.recall_tag_threshold):
-                continue
-            if target_kind is N.INTENT and not reaches(sim, config.recall_intent_threshold):
-                continue
-            score = parent * config.hop_decay * (0.5 + 0.5 * max(sim, 0.0))
-            if offer(found, target, Candidate(score, "hop", hop)):
-                reached.add(target)
-    return reached
+
+    def reach() -> set[str]:
+        _record_members(members, frontier, ((o, t, link) for o, _, t, _, link in typed))
+        fanout = max(2, config.recall_candidates // 5)
+        by_origin: dict[str, list[tuple[float, str, NodeType]]] = {}
+        for origin, origin_kind, target, target_kind, link in typed:
+            if origin in frontier and follows(origin_kind, target_kind, link):
+                by_origin.setdefault(origin, []).append(
+                    (similarity.get(target, 0.0), target, target_kind))
+        reached: set[str] = set()
+        for origin, targets in by_origin.items():
+            targets.sort(key=lambda item: -item[0])
+            parent = found[origin].score
+            for sim, target, target_kind in targets[:fanout]:
+                if target_kind is N.TAG and not reaches(sim, config.recall_tag_threshold):
+                    continue
+                if target_kind is N.INTENT and not reaches(sim, config.recall_intent_threshold):
+                    continue
+                score = parent * config.hop_decay * (0.5 + 0.5 * max(sim, 0.0))
+                if offer(found, target, Candidate(score, "hop", hop)):
+                    reached.add(target)
+        return reached
+
+    return await pure(reach, len(typed))
+
+
+async def pure(func: Callable[[], T], items: int) -> T:
+    """`func()`, pure Python over `items` candidates or links: on the loop up to
+    `ON_LOOP_ITEMS`, else in `mnemo.cpu`'s slot (the recall waits for it meanwhile; nothing
+    else touches what it reads)."""
+    return await cpu.run(func, items, on_loop_below=ON_LOOP_ITEMS + 1)
 
 
 async def _bridge_tags(

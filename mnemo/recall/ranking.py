@@ -337,7 +337,7 @@ def successors_first(ranked: list[Recalled], pool: Iterable[Recalled]) -> list[R
             chain.append(after)
         for c in reversed(chain):
             if c.node.id not in out:
-                out[c.node.id] = replace(c, score=max(c.score, r.score))
+                out[c.node.id] = c if c.score >= r.score else replace(c, score=r.score)
     return list(out.values())
 
 

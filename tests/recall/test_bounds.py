@@ -4,6 +4,7 @@ stats and provenance of its best candidates in one read, what they bring in in a
 from __future__ import annotations
 
 import inspect
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import timedelta
@@ -17,6 +18,7 @@ from mnemo.graph import ann
 from mnemo.graph.model import Link, LinkType, NodeType, now_utc
 from mnemo.graph.ports import GraphStore, More, Neighbor, NodeContext
 from mnemo.graph.vectors import VectorIndex
+from mnemo.recall import engine, hops
 from mnemo.recall.engine import Recaller
 from mnemo.recall.ranking import maximal_marginal_relevance
 from mnemo.storage.sqlite.graph import SqliteGraph
@@ -265,3 +267,37 @@ async def test_a_recall_for_a_moment_reads_what_any_recall_reads(crowded: GraphS
     assert graph.calls["node_context"] == 1
     assert graph.calls["get_nodes"] == graph.calls["access_stats"] == 0
     assert len(graph.read) <= 20 + 3 * 2 * 2
+
+
+async def test_ranking_many_candidates_runs_off_the_event_loop(
+    crowded: GraphStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recall's pure-Python stages over many candidates (a hop weighing its links, the
+    sorts, scoring and picking) run in a worker thread, so a recall at `max_results`' ceiling
+    never holds the loop for its whole ranking; over few, they stay on the loop (a thread hop
+    costs more than they do). The result is the same either way."""
+    loop = threading.get_ident()
+    threads: dict[str, set[bool]] = {"score": set(), "hop": set()}
+    value, follows = engine.node_value, hops.follows
+
+    def valued(*args: Any, **kwargs: Any) -> float:
+        threads["score"].add(threading.get_ident() == loop)
+        return value(*args, **kwargs)
+
+    def followed(*args: Any) -> bool:
+        threads["hop"].add(threading.get_ident() == loop)
+        return follows(*args)
+
+    monkeypatch.setattr(engine, "node_value", valued)
+    monkeypatch.setattr(hops, "follows", followed)
+    config = mnemo.Config(max_results=10_000)
+    query = "red kettle in the kitchen"
+    on_loop = await run(crowded, query, k=200, config=config)
+    assert threads == {"score": {True}, "hop": {True}}
+
+    threads["score"].clear()
+    threads["hop"].clear()
+    monkeypatch.setattr(hops, "ON_LOOP_ITEMS", 0)
+    off_loop = await run(crowded, query, k=200, config=config)
+    assert threads == {"score": {False}, "hop": {False}}
+    assert [m.node.id for m in off_loop.memories] == [m.node.id for m in on_loop.memories]

@@ -17,10 +17,12 @@ import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+import numpy as np
+
 from mnemo.config import Config
 from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
-from mnemo.graph.model import Changeset, vector_from_blob, vector_to_blob
+from mnemo.graph.model import Changeset, Vector, vector_from_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
@@ -32,6 +34,12 @@ STEP_COLUMNS = (
     "id, session_id, episode_id, idx, trajectory_id, observation, action, state_summary,"
     " subgoal, subgoal_vec, reward, metadata, recorded_at"
 )
+
+
+def blob(vector: Vector) -> bytes:
+    """A step's subgoal vector as the float32 bytes the `steps` table holds (as
+    `graph.model.vector_to_blob`, here so that storing a step reads no other module)."""
+    return np.asarray(vector, dtype=np.float32).tobytes()
 
 
 def reward(value: float | None) -> float | None:
@@ -54,6 +62,10 @@ class SqlSessions(SqlStore):
     def __init__(self, driver: Driver, clock: Clock) -> None:
         super().__init__(driver)
         self._clock = clock
+
+    def _stamp(self, at: datetime) -> object:
+        # ISO-8601 text with microseconds, so that text order is time order.
+        return at.isoformat(timespec="microseconds")
 
     @staticmethod
     def _json(text: str) -> object:
@@ -91,7 +103,7 @@ class SqlSessions(SqlStore):
                   now: object) -> tuple[object, ...]:
         return (
             step.id, session_id, episode_id, step.index, step.trajectory_id, step.observation,
-            step.action, step.state_summary, step.subgoal, vector_to_blob(step.subgoal_vec),
+            step.action, step.state_summary, step.subgoal, blob(step.subgoal_vec),
             reward(step.reward),
             None if step.metadata is None
             else self._json(json.dumps(step.metadata, sort_keys=True)),
@@ -255,7 +267,7 @@ class SqlSessions(SqlStore):
                 " FROM sessions WHERE id = ? AND episode_id = ? AND ended = false"
                 " AND state IN ('collecting', 'extracting'))",
                 (step.trajectory_id, step.state_summary, step.subgoal,
-                 vector_to_blob(step.subgoal_vec), step.id, session_id, episode_id),
+                 blob(step.subgoal_vec), step.id, session_id, episode_id),
             )
             if not written:
                 return None

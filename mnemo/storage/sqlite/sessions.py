@@ -8,7 +8,6 @@ Every statement runs in the database's own thread (see `mnemo.storage.sqlite.dat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
@@ -28,9 +27,6 @@ class SqliteSessions(SqlSessions):
     def __init__(self, database: Database) -> None:
         # The store's time (`HostClock`): a session's last use is judged by other Memories.
         super().__init__(database, database.clock)
-
-    def _stamp(self, at: datetime) -> object:
-        return at.isoformat(timespec="microseconds")
 
 
 def side_writes(db: SqliteUtilsDatabase, writes: Sequence[SideWrite]) -> None:

@@ -27,28 +27,30 @@ from mnemo.graph import ann, ann_files, erasure
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited
 from mnemo.graph.history import CommitRecord
-from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, Vector, now_utc
+from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, now_utc
 from mnemo.graph.ports import Reverting, SideWrite
-from mnemo.graph.reembed import Staging, Unstaged
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph
 from mnemo.storage.reembed_claims import Claims
+from mnemo.storage.reembeds import ReembeddedGraph
 from mnemo.storage.row import Row
-from mnemo.storage.sqlite import commits, deletes, history, reembeds
+from mnemo.storage.sqlite import commits, deletes, history
 from mnemo.storage.sqlite.database import Database, chunks, truncate_wal
 from mnemo.storage.sqlite.maintenance import SqliteMaintenance
 from mnemo.storage.sqlite.recall_cache import RecallCache
 from mnemo.storage.sqlite.recall_graph import SqliteRecallReads
+from mnemo.storage.sqlite.reembeds import SqliteReembeds
 from mnemo.storage.sqlite.rows import NODE_COLUMNS
 from mnemo.storage.sqlite.rows import node as node_of
 from mnemo.storage.sqlite.sessions import side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
 
 
-class SqliteGraph(SqliteRecallReads, MaintainedGraph):
+class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
     """`GraphStore` over mnemo's SQLite file."""
 
     MAINTENANCE = SqliteMaintenance()
+    REEMBEDS = SqliteReembeds()
 
     def __init__(self, database: Database, dims: Callable[[str], int], *,
                  ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
@@ -201,7 +203,7 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph):
         await self._database.run(truncate_wal)
         await super()._erased()
 
-    # ---- re-embedding (`mnemo.graph.reembed`; the SQL in `reembeds.py`) ------------------
+    # ---- re-embedding (`mnemo.graph.reembed`; the SQL in `storage/reembeds.py`) ----------
 
     @asynccontextmanager
     async def _reembed_lock(self, repo: str, busy: ConflictError) -> AsyncIterator[None]:
@@ -223,27 +225,6 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph):
             yield
         finally:
             held.release()
-
-    async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
-        return await self._database.run(lambda db: reembeds.begin(db, repo, embedder, dim))
-
-    async def unstaged(
-        self, repo: str, after: int, limit: int, upto: int | None = None
-    ) -> list[Unstaged]:
-        return await self._database.run(
-            lambda db: reembeds.unstaged(db, repo, after, limit, upto))
-
-    async def last_rowid(self, repo: str) -> int:
-        return await self._database.run(lambda db: reembeds.last_rowid(db, repo))
-
-    async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
-        await self._database.run(lambda db: reembeds.stage(db, nodes, vectors))
-
-    async def unstage_changed(self, repo: str) -> None:
-        await self._database.run(lambda db: reembeds.unstage_changed(db, repo))
-
-    async def switch_vectors(self, repo: str) -> tuple[int, int]:
-        return await self._database.run(lambda db: reembeds.switch(db, repo))
 
     async def vectors_switched(self, repo: str, dim: int) -> None:
         """The repo's saved HNSW graphs go (every vector is new); the index in memory loads

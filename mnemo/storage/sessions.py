@@ -153,8 +153,6 @@ class SqlSessions(SqlStore):
             raise StaleSession(session_id)
         return int(row[0])
 
-    # ---- repos and profiles ---------------------------------------------------------------
-
     async def load_repos(self) -> list[RepoRow]:
         rows = await self._driver.read(lambda sql: sql.rows(
             f"SELECT name, config{self.TEXT}, dim, embedder, llm, vectors_generation"
@@ -194,8 +192,6 @@ class SqlSessions(SqlStore):
             " profile = excluded.profile, updated_at = excluded.updated_at",
             (repo, model, self._json(profile), self._now()),
         ))
-
-    # ---- a session's writes ---------------------------------------------------------------
 
     async def create_session(
         self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
@@ -353,8 +349,6 @@ class SqlSessions(SqlStore):
              self._json(kept.reply_json()), self._json(kept.cost_json()), self._now()),
         ))
 
-    # ---- reads ----------------------------------------------------------------------------
-
     async def kept_results(self, episode_id: str) -> list[KeptResult]:
         rows = await self._driver.read(lambda sql: sql.rows(
             f"SELECT trajectory_id, task, digest, reply{self.TEXT}, cost{self.TEXT}"
@@ -457,8 +451,6 @@ class SqlSessions(SqlStore):
                 committed_in=committed,
             ))
         return found
-
-    # ---- a graph commit's side ------------------------------------------------------------
 
     @classmethod
     async def side_writes(cls, sql: Statements, writes: Sequence[SideWrite]) -> None:

@@ -34,11 +34,16 @@ STEP_COLUMNS = (
     "id, session_id, episode_id, idx, trajectory_id, observation, action, state_summary,"
     " subgoal, subgoal_vec, reward, metadata, recorded_at"
 )
+# A step's annotation, while its session still collects or extracts its episode.
+ANNOTATE = (
+    "UPDATE steps SET trajectory_id = ?, state_summary = ?, subgoal = ?, subgoal_vec = ?"
+    " WHERE id = ? AND trajectory_id = '' AND EXISTS (SELECT 1 FROM sessions WHERE id = ?"
+    " AND episode_id = ? AND ended = false AND state IN ('collecting', 'extracting'))"
+)
 
 
 def blob(vector: Vector) -> bytes:
-    """A step's subgoal vector as the float32 bytes the `steps` table holds (as
-    `graph.model.vector_to_blob`, here so that storing a step reads no other module)."""
+    """`graph.model.vector_to_blob`, here so that storing a step reads no other module."""
     return np.asarray(vector, dtype=np.float32).tobytes()
 
 
@@ -64,8 +69,7 @@ class SqlSessions(SqlStore):
         self._clock = clock
 
     def _stamp(self, at: datetime) -> object:
-        # ISO-8601 text with microseconds, so that text order is time order.
-        return at.isoformat(timespec="microseconds")
+        return at.isoformat(timespec="microseconds")  # text order is time order
 
     @staticmethod
     def _json(text: str) -> object:
@@ -84,9 +88,8 @@ class SqlSessions(SqlStore):
     @classmethod
     async def _save_rewards(cls, sql: Statements, rewards: dict[str, float | None],
                             committed_in: str | None = None) -> bool:
-        """Sets each step's reward (and, given `committed_in`, the changeset that committed
-        it). False when a step is missing or, given `committed_in`, committed in another
-        changeset: the caller's transaction must not commit then."""
+        """Sets each step's reward (and its changeset, given `committed_in`); False when a
+        step is missing or committed in another changeset (the caller must roll back)."""
         written = 0
         for step_id, value in rewards.items():
             written += await sql.run(
@@ -257,21 +260,22 @@ class SqlSessions(SqlStore):
             if holder is not None:
                 await sql.run("DELETE FROM step_claims WHERE step_id = ? AND holder = ?",
                               (step.id, holder))
-            written = await sql.run(
-                "UPDATE steps SET trajectory_id = ?, state_summary = ?, subgoal = ?,"
-                " subgoal_vec = ? WHERE id = ? AND trajectory_id = '' AND EXISTS (SELECT 1"
-                " FROM sessions WHERE id = ? AND episode_id = ? AND ended = false"
-                " AND state IN ('collecting', 'extracting'))",
-                (step.trajectory_id, step.state_summary, step.subgoal,
-                 blob(step.subgoal_vec), step.id, session_id, episode_id),
-            )
-            if not written:
-                return None
-            if previous is not None:
+            moved = await self._annotate(sql, session_id, (
+                step.trajectory_id, step.state_summary, step.subgoal, blob(step.subgoal_vec),
+                step.id, session_id, episode_id))
+            if moved is not None and previous is not None:
                 await self._save_rewards(sql, {previous.id: reward(previous.reward)})
-            return await self.bump(sql, session_id, None, now=self._now())
+            return moved
 
         return await self._driver.write(write)
+
+    async def _annotate(self, sql: Statements, session_id: str,
+                        params: tuple[object, ...]) -> int | None:
+        """Writes a step's annotation (`ANNOTATE`'s parameters) and moves the session's version
+        on; None, writing nothing, when the step was annotated or its session moved on."""
+        if not await sql.run(ANNOTATE, params):
+            return None
+        return await self.bump(sql, session_id, None, now=self._now())
 
     async def set_state(self, session_id: str, state: State, *, model: str | None = None,
                         version: int | None = None) -> int:

@@ -22,7 +22,7 @@ from mnemo.session.ports import StaleSession
 from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Connection, PgStatements, Postgres
 from mnemo.storage.postgres.coordination import claims_lock_key
-from mnemo.storage.sessions import STEP_COLUMNS, SqlSessions
+from mnemo.storage.sessions import ANNOTATE, STEP_COLUMNS, SqlSessions
 from mnemo.storage.sql import Statements
 
 __all__ = ["PgSessions", "side_writes"]
@@ -76,6 +76,17 @@ class PgSessions(SqlSessions):
             (committed_in, list(rewards), list(rewards.values()), committed_in),
         )
         return written == len(rewards)
+
+    async def _annotate(self, sql: Statements, session_id: str,
+                        params: tuple[object, ...]) -> int | None:
+        # One statement: the version moves on only when the step was written.
+        row = await sql.row(
+            f"WITH done AS ({ANNOTATE} RETURNING id) UPDATE sessions SET version = version + 1,"
+            " updated_at = clock_timestamp() WHERE id = ? AND EXISTS (SELECT 1 FROM done)"
+            " RETURNING version",
+            (*params, session_id),
+        )
+        return None if row is None else int(row[0])
 
     async def add_step(self, session_id: str, episode_id: str, step: StepRecord, *,
                        version: int | None = None, holder: str | None = None) -> int:

@@ -14,6 +14,13 @@ import functools
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """A store's time (`ServerClock`, `HostClock`)."""
+
+    def now(self) -> datetime: ...
 
 
 def host_now() -> datetime:

@@ -201,8 +201,10 @@ def switch_at_next_state_read(
         return switched
     import sqlite_utils
 
-    from mnemo.storage.sqlite import reembeds
+    from mnemo.storage.sql import drive
     from mnemo.storage.sqlite import vectors as sqlite_vectors
+    from mnemo.storage.sqlite.database import SqliteStatements
+    from mnemo.storage.sqlite.reembeds import SqliteReembeds
 
     read_sqlite_state = sqlite_vectors._state
 
@@ -211,7 +213,9 @@ def switch_at_next_state_read(
         if not switched:
             other = sqlite_utils.Database(store)
             try:
-                switched.append(reembeds.switch(other, REPO)[0])
+                with other.atomic():
+                    switched.append(drive(SqliteReembeds().switch(
+                        SqliteStatements(other.conn), REPO))[0])
             finally:
                 other.close()
         return state

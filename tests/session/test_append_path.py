@@ -76,7 +76,7 @@ async def test_an_append_runs_through_few_files(
     """One append runs through at most `MOST_FILES` files of mnemo, its annotation included
     (what counts: the module's docstring)."""
     files = await files_of_one_append(str(tmp_path / "memory.db"), monkeypatch)
-    assert "storage/sqlite/sessions.py" in files
+    assert "storage/sessions.py" in files
     assert "episode/annotation.py" in files
     assert len(files) <= MOST_FILES, files
 

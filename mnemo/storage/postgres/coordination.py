@@ -18,10 +18,9 @@ from datetime import datetime
 from psycopg.types.json import Jsonb
 
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
-from mnemo.storage import coordination
 from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.postgres.clock import ServerClock
-from mnemo.storage.postgres.connection import Connection, PgStatements, Postgres
+from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
 
@@ -30,19 +29,6 @@ def claims_lock_key(session_id: str) -> int:
     """The advisory-lock key of a session's step claims: 64 bits of a digest of its id."""
     digest = hashlib.sha256(b"mnemo.step_claims:" + session_id.encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
-
-
-async def lock_claims(conn: Connection, session_id: str) -> None:
-    """Serialises, until the end of `conn`'s transaction, every write of the session's step
-    claims (a claim, a release, a commit's or an end's drop): without it, two writers that
-    lock claim rows in different orders across their statements deadlock, and a claim could
-    take a step a commit in flight was marking committed."""
-    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (claims_lock_key(session_id),))
-
-
-async def drop_ended_work(conn: Connection, session_ids: list[str]) -> None:
-    """`storage.coordination.drop_ended_work` on `conn`."""
-    await coordination.drop_ended_work(PgStatements(conn), session_ids)
 
 
 class PgCoordination(SqlCoordination):

@@ -25,12 +25,10 @@ import anyio.to_thread
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from mnemo.config import Config
 from mnemo.graph import erasure, facts
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited
 from mnemo.graph.history import CommitRecord
-from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
 from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, NodeType, Vector
 from mnemo.graph.ports import (
     More,
@@ -45,8 +43,10 @@ from mnemo.graph.scope import Scope, Where, pairs
 from mnemo.storage import graph_base as scopes
 from mnemo.storage.graph_base import neighbors_seen_from_asked, seen_from_asked
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.postgres import deletes, history, maintenance, recall_reads
+from mnemo.storage.maintenance import MaintainedGraph
+from mnemo.storage.postgres import deletes, history, recall_reads
 from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.maintenance import PgMaintenance
 from mnemo.storage.postgres.migrations import WORD_QUERY
 from mnemo.storage.postgres.reembedding import PgReembedding
 from mnemo.storage.postgres.rows import NODE_COLUMNS
@@ -69,8 +69,10 @@ def repo_lock_key(repo: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-class PgGraph(PgReembedding):
+class PgGraph(PgReembedding, MaintainedGraph):
     """`GraphStore` over a PostgreSQL database."""
+
+    MAINTENANCE = PgMaintenance()
 
     def __init__(
         self,
@@ -81,7 +83,7 @@ class PgGraph(PgReembedding):
         lexical: LexicalIndex | None = None,
         ann_dir: Path | None = None,
     ) -> None:
-        self._pg = pg
+        self._pg = self._driver = pg
         self._dims = dims
         self._lexical = lexical
         self._locks: dict[str, anyio.Lock] = {}
@@ -364,30 +366,6 @@ class PgGraph(PgReembedding):
                                 *inside, limit]
         rows = await self._all(statement, params)
         return [(str(i), float(score)) for i, score in rows]
-
-    # ---- maintenance (the caller holds the repo's lock) -----------------------------------
-
-    async def unconsolidated(self, repo: str) -> set[str]:
-        async with self._pg.connection() as conn:
-            return await maintenance.unconsolidated(conn, repo)
-
-    async def merge_duplicates(
-        self, repo: str, pairs: list[tuple[str, str]], examined: list[str]
-    ) -> MergeResult:
-        async with self._pg.transaction() as conn:
-            result = await maintenance.merge_duplicates(conn, repo, pairs, examined)
-        self._vectors.forget(repo, result.deleted)
-        return result
-
-    async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
-        async with self._pg.transaction() as conn:
-            swept = await maintenance.decay_sweep(conn, repo, config, now)
-        self._vectors.forget(repo, [*swept.doomed, *swept.pruned])
-        return swept
-
-    async def validate(self, repo: str, dim: int) -> ValidationReport:
-        async with self._pg.transaction() as conn:
-            return await maintenance.validate(conn, repo, dim)
 
     async def _all(self, statement: Any, params: Any = None) -> list[Row]:
         return await self._pg.fetch_all(statement, params)

@@ -1,22 +1,22 @@
 """`PgReembedding`: a repo's re-embedding on PostgreSQL (`PgGraph` inherits it; the steps in
-`mnemo.graph.reembed`, the SQL in `reembeds.py`)."""
+`mnemo.graph.reembed`, the SQL in `storage/reembeds.py`)."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 
 import anyio
 
 from mnemo.errors import ConflictError
 from mnemo.graph.model import Vector
-from mnemo.graph.reembed import Staging, Unstaged
-from mnemo.storage.graph_base import GraphBase
-from mnemo.storage.postgres import reembeds
 from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.postgres.vectors import PgVectors
+from mnemo.storage.postgres.schema import vector_index_name
+from mnemo.storage.postgres.vectors import PgVectors, as_array
 from mnemo.storage.reembed_claims import Claims
+from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 
 
 def reembed_lock_key(repo: str) -> int:
@@ -25,8 +25,36 @@ def reembed_lock_key(repo: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-class PgReembedding(GraphBase):
+class PgReembeds(SqlReembeds):
+    """The re-embedding's statements on PostgreSQL: staged vectors are pgvector's, keyed by
+    node id, and the rows a step reads are locked."""
+
+    OF_REPO = "repo = ?"
+    STAGED = "s.node_id = n.id"
+    LOCK = " FOR UPDATE"
+    STAGE = (
+        "INSERT INTO staged_vectors (node_id, repo, vec) SELECT id, repo, ? FROM nodes"
+        " WHERE rowid = ? AND id = ? ON CONFLICT (node_id) DO UPDATE SET vec = excluded.vec"
+    )
+    UNSTAGE_LOGGED = (
+        "DELETE FROM staged_vectors s USING nodes n WHERE s.node_id = n.id AND n.rowid IN"
+        " (SELECT node FROM lexical_log WHERE repo = ? AND seq > ? AND seq <= ?)"
+    )
+    VECTOR_COLUMNS = "node_id, repo, vec"
+
+    @staticmethod
+    def _vector(vector: Vector) -> object:
+        return as_array(vector)
+
+    @staticmethod
+    def _stamp(at: datetime) -> object:
+        return at
+
+
+class PgReembedding(ReembeddedGraph):
     """`GraphStore`'s re-embedding methods over PostgreSQL."""
+
+    REEMBEDS = PgReembeds()
 
     _pg: Postgres
     _vectors: PgVectors
@@ -49,33 +77,13 @@ class PgReembedding(GraphBase):
                 with anyio.CancelScope(shield=True):
                     await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
-    async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
-        async with self._pg.transaction() as conn:
-            return await reembeds.begin(conn, repo, embedder, dim)
-
-    async def unstaged(
-        self, repo: str, after: int, limit: int, upto: int | None = None
-    ) -> list[Unstaged]:
-        async with self._pg.connection() as conn:
-            return await reembeds.unstaged(conn, repo, after, limit, upto)
-
-    async def last_rowid(self, repo: str) -> int:
-        async with self._pg.connection() as conn:
-            return await reembeds.last_rowid(conn, repo)
-
-    async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
-        async with self._pg.transaction() as conn:
-            await reembeds.stage(conn, nodes, vectors)
-
-    async def unstage_changed(self, repo: str) -> None:
-        async with self._pg.transaction() as conn:
-            await reembeds.unstage_changed(conn, repo)
-
-    async def switch_vectors(self, repo: str) -> tuple[int, int]:
-        async with self._pg.transaction() as conn:
-            await reembeds.drop_vector_index(conn, repo)
-        async with self._pg.transaction() as conn:
-            return await reembeds.switch(conn, repo)
+    async def _before_switch(self, repo: str) -> None:
+        # Its cast to the old dimension would refuse the new vectors, and keeping it would
+        # insert each of them into its graph, one at a time, inside the switch (it is built
+        # again after); its lock on `vectors` is held only for the drop.
+        await self._pg.write(
+            lambda sql: sql.run(f'DROP INDEX IF EXISTS "{vector_index_name(repo)}"')
+        )
 
     async def vectors_switched(self, repo: str, dim: int) -> None:
         """The repo's HNSW index is built again for the new vectors when the repo is past

@@ -10,22 +10,13 @@ data_version`: it moves when another connection commits, and reading it costs no
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from datetime import datetime
 
-from sqlite_utils import Database as SqliteUtilsDatabase
-
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
-from mnemo.storage import coordination
 from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, drive, marks
-from mnemo.storage.sqlite.database import Database, SqliteStatements
-
-
-def drop_ended_work(db: SqliteUtilsDatabase, session_ids: Sequence[str]) -> None:
-    """`storage.coordination.drop_ended_work`, in the connection's thread."""
-    drive(coordination.drop_ended_work(SqliteStatements(db.conn), session_ids))
+from mnemo.storage.sql import Statements, marks
+from mnemo.storage.sqlite.database import Database
 
 
 class SqliteCoordination(SqlCoordination):

@@ -15,7 +15,6 @@ import functools
 import hashlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime
 from pathlib import Path
 
 import anyio
@@ -23,31 +22,35 @@ import anyio.to_thread
 import filelock
 from sqlite_utils import Database as SqliteUtilsDatabase
 
-from mnemo.config import Config
 from mnemo.errors import ConflictError, StorageError
 from mnemo.graph import ann, ann_files, erasure
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited
 from mnemo.graph.history import CommitRecord
-from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
-from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, Vector, now_utc
+from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, now_utc
 from mnemo.graph.ports import Reverting, SideWrite
-from mnemo.graph.reembed import Staging, Unstaged
 from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.maintenance import MaintainedGraph
 from mnemo.storage.reembed_claims import Claims
+from mnemo.storage.reembeds import ReembeddedGraph
 from mnemo.storage.row import Row
-from mnemo.storage.sqlite import commits, deletes, history, maintenance, reembeds
+from mnemo.storage.sqlite import commits, deletes, history
 from mnemo.storage.sqlite.database import Database, chunks, truncate_wal
+from mnemo.storage.sqlite.maintenance import SqliteMaintenance
 from mnemo.storage.sqlite.recall_cache import RecallCache
 from mnemo.storage.sqlite.recall_graph import SqliteRecallReads
+from mnemo.storage.sqlite.reembeds import SqliteReembeds
 from mnemo.storage.sqlite.rows import NODE_COLUMNS
 from mnemo.storage.sqlite.rows import node as node_of
 from mnemo.storage.sqlite.sessions import side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
 
 
-class SqliteGraph(SqliteRecallReads):
+class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
     """`GraphStore` over mnemo's SQLite file."""
+
+    MAINTENANCE = SqliteMaintenance()
+    REEMBEDS = SqliteReembeds()
 
     def __init__(self, database: Database, dims: Callable[[str], int], *,
                  ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
@@ -56,7 +59,7 @@ class SqliteGraph(SqliteRecallReads):
         """`ann_threshold`: vectors a repo must exceed before its searches use the HNSW index
         (None: always exact); `lexical`: the index that answers `search_text` (None: FTS5);
         `ann_dir`: where the HNSW graphs are saved (None: not saved)."""
-        self._database = database
+        self._database = self._driver = database
         self._lexical = lexical
         self._dims = dims
         self._locks: dict[str, anyio.Lock] = {}
@@ -107,30 +110,6 @@ class SqliteGraph(SqliteRecallReads):
         digest = hashlib.sha256(repo.encode()).hexdigest()[:24]
         # Not thread-local: taken in a worker thread, released on the event loop's.
         return filelock.FileLock(f"{path}-{kind}-{digest}.lock", thread_local=False)
-
-    # ---- maintenance (the caller holds the repo's lock) -----------------------------------
-
-    async def unconsolidated(self, repo: str) -> set[str]:
-        return await self._database.run(lambda db: maintenance.unconsolidated(db, repo))
-
-    async def merge_duplicates(
-        self, repo: str, pairs: list[tuple[str, str]], examined: list[str]
-    ) -> MergeResult:
-        result = await self._database.run(
-            lambda db: maintenance.merge_duplicates(db, repo, pairs, examined)
-        )
-        self._vectors.forget(repo, result.deleted)
-        return result
-
-    async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
-        swept = await self._database.run(
-            lambda db: maintenance.decay_sweep(db, repo, config, now)
-        )
-        self._vectors.forget(repo, [*swept.doomed, *swept.pruned])
-        return swept
-
-    async def validate(self, repo: str, dim: int) -> ValidationReport:
-        return await self._database.run(lambda db: maintenance.validate(db, repo, dim))
 
     async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
         found = await self._database.run(lambda db: commits.ingested(db, repo, source_id))
@@ -224,7 +203,7 @@ class SqliteGraph(SqliteRecallReads):
         await self._database.run(truncate_wal)
         await super()._erased()
 
-    # ---- re-embedding (`mnemo.graph.reembed`; the SQL in `reembeds.py`) ------------------
+    # ---- re-embedding (`mnemo.graph.reembed`; the SQL in `storage/reembeds.py`) ----------
 
     @asynccontextmanager
     async def _reembed_lock(self, repo: str, busy: ConflictError) -> AsyncIterator[None]:
@@ -246,27 +225,6 @@ class SqliteGraph(SqliteRecallReads):
             yield
         finally:
             held.release()
-
-    async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
-        return await self._database.run(lambda db: reembeds.begin(db, repo, embedder, dim))
-
-    async def unstaged(
-        self, repo: str, after: int, limit: int, upto: int | None = None
-    ) -> list[Unstaged]:
-        return await self._database.run(
-            lambda db: reembeds.unstaged(db, repo, after, limit, upto))
-
-    async def last_rowid(self, repo: str) -> int:
-        return await self._database.run(lambda db: reembeds.last_rowid(db, repo))
-
-    async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
-        await self._database.run(lambda db: reembeds.stage(db, nodes, vectors))
-
-    async def unstage_changed(self, repo: str) -> None:
-        await self._database.run(lambda db: reembeds.unstage_changed(db, repo))
-
-    async def switch_vectors(self, repo: str) -> tuple[int, int]:
-        return await self._database.run(lambda db: reembeds.switch(db, repo))
 
     async def vectors_switched(self, repo: str, dim: int) -> None:
         """The repo's saved HNSW graphs go (every vector is new); the index in memory loads

@@ -1,4 +1,4 @@
-"""The schema's migrations from m017 on (`schema.py` holds m001 to m016, and `MIGRATIONS`
+"""The schema's migrations from m016 on (`schema.py` holds m001 to m015, and `MIGRATIONS`
 itself): import `MIGRATIONS` from here, so that every migration is registered, in order.
 
 A migration that has been applied is never edited: add `m0NN_<what>` below it instead.
@@ -12,6 +12,25 @@ from mnemo.storage.sqlite.rows import half_of_blob, pack_text, unpack_text
 from mnemo.storage.sqlite.schema import MIGRATIONS, execute_all
 
 __all__ = ["MIGRATIONS"]
+
+
+@MIGRATIONS()
+def m016_step_claims(db: Database) -> None:
+    # Which holder is extracting which uncommitted steps of an auto-commit session (a
+    # boundary's background commit, a flush, a close): another Memory leaves them to it
+    # instead of asking the model about them again. A claim lasts while its holder lives.
+    execute_all(
+        db,
+        """
+        CREATE TABLE step_claims (
+            step_id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            holder TEXT NOT NULL
+        ) WITHOUT ROWID;
+        CREATE INDEX step_claims_by_holder ON step_claims(holder);
+        CREATE INDEX step_claims_by_session ON step_claims(session_id);
+        """,
+    )
 
 
 @MIGRATIONS()

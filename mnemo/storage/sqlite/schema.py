@@ -491,23 +491,3 @@ def m015_session_activity(db: Database) -> None:
         UPDATE sessions SET active_at = updated_at;
         """,
     )
-
-
-@MIGRATIONS()
-def m016_step_claims(db: Database) -> None:
-    # Which holder is extracting which uncommitted steps of an auto-commit session (a
-    # boundary's background commit, a flush, a close): another Memory leaves them to it
-    # instead of asking the model about them again. A claim lasts while its holder lives.
-    execute_all(
-        db,
-        """
-        CREATE TABLE step_claims (
-            step_id TEXT PRIMARY KEY,
-            session_id TEXT NOT NULL,
-            holder TEXT NOT NULL
-        ) WITHOUT ROWID;
-        CREATE INDEX step_claims_by_holder ON step_claims(holder);
-        CREATE INDEX step_claims_by_session ON step_claims(session_id);
-        """,
-    )
-

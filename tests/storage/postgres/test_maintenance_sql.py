@@ -4,7 +4,7 @@ SQLite twin: the same small graph on both, the same operation, equal results and
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -19,10 +19,12 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.config import Config
 from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
 from mnemo.graph.model import NodeType
-from mnemo.storage.postgres import maintenance as pg_maintenance
-from mnemo.storage.postgres.connection import Connection, Postgres
-from mnemo.storage.sqlite import maintenance as sqlite_maintenance
+from mnemo.storage.maintenance import SqlMaintenance
+from mnemo.storage.postgres.connection import PgStatements, Postgres
+from mnemo.storage.postgres.maintenance import PgMaintenance
+from mnemo.storage.sql import Statements
 from mnemo.storage.sqlite.database import Database
+from mnemo.storage.sqlite.maintenance import SqliteMaintenance
 from tests.pg import until_a_lock_wait
 
 T = TypeVar("T")
@@ -105,14 +107,11 @@ class Twins:
             await conn.execute(statement)
 
     async def both(
-        self,
-        on_sqlite: Callable[[SqliteUtilsDatabase], T],
-        on_pg: Callable[[Connection], Awaitable[T]],
+        self, work: Callable[[SqlMaintenance, Statements], Coroutine[Any, Any, T]]
     ) -> tuple[T, T]:
         """One operation on each backend, each in a transaction as its graph store runs it."""
-        from_sqlite = await self.sqlite.run(on_sqlite)
-        async with self.pg.transaction() as conn:
-            from_pg = await on_pg(conn)
+        from_sqlite = await self.sqlite.write(lambda sql: work(SqliteMaintenance(), sql))
+        from_pg = await self.pg.write(lambda sql: work(PgMaintenance(), sql))
         return from_sqlite, from_pg
 
     async def dumps(self) -> tuple[Dump, Dump]:
@@ -271,15 +270,13 @@ async def test_merge_duplicates_moves_links_and_merges_data_as_sqlite_does(twins
         ("step", "a", "sibling"),
     ])
     before = await twins.both(
-        lambda db: sqlite_maintenance.unconsolidated(db, REPO),
-        lambda conn: pg_maintenance.unconsolidated(conn, REPO),
+        lambda m, sql: m.unconsolidated(sql, REPO),
     )
     assert before == ({"a", "b", "c", "d", "far"},) * 2
     pairs = [("a", "b"), ("b", "c"), ("c", "d"), ("a", "elsewhere"), ("a", "ghost")]
     examined = ["a", "b", "c", "d"]
     results = await twins.both(
-        lambda db: sqlite_maintenance.merge_duplicates(db, REPO, pairs, examined),
-        lambda conn: pg_maintenance.merge_duplicates(conn, REPO, pairs, examined),
+        lambda m, sql: m.merge_duplicates(sql, REPO, pairs, examined),
     )
     assert results[1] == results[0]
     assert results[1] == MergeResult(["b", "d", "lonely", "alone"], 2, 3, 2)
@@ -295,8 +292,7 @@ async def test_merge_duplicates_moves_links_and_merges_data_as_sqlite_does(twins
     assert ("r", "c", "step", "provenance") in rows.links
     assert [link for link in rows.links if "b" in link[1:3]] == []
     after = await twins.both(
-        lambda db: sqlite_maintenance.unconsolidated(db, REPO),
-        lambda conn: pg_maintenance.unconsolidated(conn, REPO),
+        lambda m, sql: m.unconsolidated(sql, REPO),
     )
     assert after == ({"far"},) * 2
 
@@ -305,8 +301,7 @@ async def test_merge_with_nothing_to_merge_only_marks_the_examined(twins: Twins)
     """No pairs: nothing merged or moved, the examined node marked, on both backends."""
     await twins.insert([Row("a", N.SEMANTIC, "fact a", {"confidence": 0.5}, axis(0))], [])
     results = await twins.both(
-        lambda db: sqlite_maintenance.merge_duplicates(db, REPO, [], ["a"]),
-        lambda conn: pg_maintenance.merge_duplicates(conn, REPO, [], ["a"]),
+        lambda m, sql: m.merge_duplicates(sql, REPO, [], ["a"]),
     )
     assert results == (MergeResult([], 0, 0, 0),) * 2
     rows = await twins.assert_same_rows()
@@ -325,7 +320,8 @@ async def test_merge_counts_an_access_committed_while_it_waited(twins: Twins) ->
     async def merge() -> None:
         async with twins.pg.transaction() as conn:
             results.append(
-                await pg_maintenance.merge_duplicates(conn, REPO, [("a", "b")], ["a", "b"]))
+                await PgMaintenance().merge_duplicates(
+                    PgStatements(conn), REPO, [("a", "b")], ["a", "b"]))
 
     await _during_uncommitted(
         twins, "UPDATE nodes SET access_count = access_count + 1 WHERE id = 'b'", merge)
@@ -371,8 +367,7 @@ async def test_decay_sweep_deletes_as_sqlite_does(twins: Twins) -> None:
     ])
     assert await twins.pg_search("blue") == ["unsure"]
     results = await twins.both(
-        lambda db: sqlite_maintenance.decay_sweep(db, REPO, CONFIG, now),
-        lambda conn: pg_maintenance.decay_sweep(conn, REPO, CONFIG, now),
+        lambda m, sql: m.decay_sweep(sql, REPO, CONFIG, now),
     )
     assert _sorted(results[1]) == _sorted(results[0])
     assert _sorted(results[1]) == SweepResult(6, ["step", "unsure"], ["colour", "sg", "src"])
@@ -382,8 +377,7 @@ async def test_decay_sweep_deletes_as_sqlite_does(twins: Twins) -> None:
     assert await twins.pg_search("blue") == []
     later = now + timedelta(days=365)
     results = await twins.both(
-        lambda db: sqlite_maintenance.decay_sweep(db, REPO, CONFIG, later),
-        lambda conn: pg_maintenance.decay_sweep(conn, REPO, CONFIG, later),
+        lambda m, sql: m.decay_sweep(sql, REPO, CONFIG, later),
     )
     assert _sorted(results[1]) == _sorted(results[0])
     assert _sorted(results[1]) == SweepResult(4, ["known", "odd", "plain", "proc"],
@@ -404,7 +398,7 @@ async def test_decay_keeps_a_memory_recalled_while_it_waited(twins: Twins) -> No
 
     async def sweep() -> None:
         async with twins.pg.transaction() as conn:
-            results.append(await pg_maintenance.decay_sweep(conn, REPO, CONFIG, now))
+            results.append(await PgMaintenance().decay_sweep(PgStatements(conn), REPO, CONFIG, now))
 
     await _during_uncommitted(
         twins,
@@ -438,8 +432,7 @@ async def _trajectory(twins: Twins) -> None:
 async def _validate(twins: Twins) -> ValidationReport:
     """Validates both; asserts equal reports and rows; returns the report."""
     reports = await twins.both(
-        lambda db: sqlite_maintenance.validate(db, REPO, DIM),
-        lambda conn: pg_maintenance.validate(conn, REPO, DIM),
+        lambda m, sql: m.validate(sql, REPO, DIM),
     )
     assert reports[1] == reports[0]
     await twins.assert_same_rows()
@@ -502,8 +495,8 @@ async def test_validate_recomputes_stale_search_columns(own_twins: Twins) -> Non
         )
     assert await own_twins.pg_search("opened") == []
     async with own_twins.pg.transaction() as conn:
-        report = await pg_maintenance.validate(conn, REPO, DIM)
+        report = await PgMaintenance().validate(PgStatements(conn), REPO, DIM)
     assert report.fts_rebuilt
     assert await own_twins.pg_search("opened") == ["s2"]
     async with own_twins.pg.transaction() as conn:
-        assert not (await pg_maintenance.validate(conn, REPO, DIM)).fts_rebuilt
+        assert not (await PgMaintenance().validate(PgStatements(conn), REPO, DIM)).fts_rebuilt

@@ -14,7 +14,7 @@ import mnemo
 from mnemo.graph.ports import StepsCommitted
 from mnemo.session.ports import HolderInfo
 from mnemo.storage.postgres import sessions as pg_sessions
-from mnemo.storage.postgres.coordination import claims_lock_key, lock_claims
+from mnemo.storage.postgres.coordination import claims_lock_key
 from mnemo.storage.postgres.sessions import side_writes
 from tests.backends import open_stores, sql
 from tests.fakes import FakeEmbedder, FakeLLM
@@ -129,13 +129,16 @@ async def test_an_end_racing_a_closes_commit_waits_for_it(
                 except mnemo.MnemoError as exc:
                     errors.append(exc)
 
-            async def locked_then_end(conn: Any, session_id: str) -> None:
-                await lock_claims(conn, session_id)
-                if conn is commit:  # the end comes now, and waits
+            lock_claims = pg_sessions.PgSessions._lock_claims
+
+            async def locked_then_end(sql: Any, session_id: str) -> None:
+                await lock_claims(sql, session_id)
+                if sql.conn is commit:  # the end comes now, and waits
                     tg.start_soon(end)
                     await until_a_lock_wait(pg_url)
 
-            monkeypatch.setattr(pg_sessions, "lock_claims", locked_then_end)
+            monkeypatch.setattr(pg_sessions.PgSessions, "_lock_claims",
+                                staticmethod(locked_then_end))
             with anyio.fail_after(20):
                 async with anyio.create_task_group() as tg:
                     await side_writes(commit, [StepsCommitted(

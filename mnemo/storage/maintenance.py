@@ -1,0 +1,322 @@
+"""`SqlMaintenance`: the SQL of graph maintenance (`mnemo.graph.maintenance` decides, this
+writes), written once for both backends over `storage.sql.Statements`. Each method runs inside
+the caller's transaction, under the repo's lock. A backend (`storage.sqlite.maintenance`,
+`storage.postgres.maintenance`) gives its dialect's words and its own checks of the vectors and
+of the search index.
+
+Deleting a node deletes its links and vector by ON DELETE CASCADE, and its search entry with
+it. Lists of ids come back in insertion (rowid) order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from mnemo.config import Config
+from mnemo.graph import maintenance
+from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
+from mnemo.graph.model import NodeType, node_value
+from mnemo.ports import JSONObject
+from mnemo.storage.graph_base import GraphBase
+from mnemo.storage.sql import Driver, Statements, moment
+
+# The (kind, link, data field naming the group, prefix of the group's node) of the two links
+# `validate` restores: a step's subgoal (by trajectory), a step's source (by episode).
+_SUBGOAL = ("subgoal", "hierarchical", "trajectory_id", "subgoal_")
+_SOURCE = ("source", "provenance", "episode_id", "source_")
+
+
+def _group(value: object) -> str | None:
+    """A trajectory or episode id read from a node's data, as SQLite's json_extract names it:
+    a string as it is, a number as `str` of it, JSON true/false as 1/0, JSON null or a missing
+    field as None."""
+    if value is None:
+        return None
+    return str(int(value)) if isinstance(value, bool) else str(value)
+
+
+class SqlMaintenance:
+    """Graph maintenance over SQL tables; a backend's subclass gives what differs."""
+
+    # The column of `nodes` a link's ends name.
+    KEY = "rowid"
+    # The columns of a new link: its repo (PostgreSQL's links keep it) and its ends.
+    LINKS = "links(src, dst, type)"
+    # Appended to a SELECT whose rows stay locked until the transaction ends.
+    LOCK = ""
+    # A boolean column's false and true.
+    FALSE, TRUE = "0", "1"
+    # Appended to a JSON column read as its text.
+    TEXT = ""
+    # `column{ANY}`: the column is one of a list given as one parameter (`_list`).
+    ANY = " IN (SELECT value FROM json_each(?))"
+    # A node `n` that has a vector `v`.
+    HAS_VECTOR = "v.node = n.rowid"
+    # A link with an end gone (one parameter: the repo).
+    DANGLING = ""
+
+    @staticmethod
+    def _list(values: Sequence[str]) -> object:
+        return json.dumps(list(values))
+
+    @staticmethod
+    def _json(data: JSONObject) -> object:
+        return json.dumps(data, sort_keys=True)
+
+    @staticmethod
+    def _field(name: str, node: str = "") -> str:
+        """A field of the data of the node `node` (an alias and a dot, or none)."""
+        return f"json_extract({node}data, '$.{name}')"
+
+    @staticmethod
+    def _repo(node: str) -> str:
+        """What a new link copied from the row `node` gives before its ends."""
+        return ""
+
+    async def _bad_vectors(self, sql: Statements, repo: str, dim: int) -> int:
+        """How many of the repo's vectors are not of `dim` numbers."""
+        raise NotImplementedError
+
+    async def _search_rebuilt(self, sql: Statements, repo: str) -> bool:
+        """Checks the repo's search entries against its nodes, rebuilds them when they
+        disagree, and says whether it did."""
+        raise NotImplementedError
+
+    async def unconsolidated(self, sql: Statements, repo: str) -> set[str]:
+        """The repo's SEMANTIC nodes never compared by a consolidation."""
+        return {row[0] for row in await sql.rows(
+            "SELECT id FROM nodes WHERE repo = ? AND type = 'semantic'"
+            f" AND consolidated = {self.FALSE}", (repo,),
+        )}
+
+    async def merge_duplicates(self, sql: Statements, repo: str, pairs: list[tuple[str, str]],
+                               examined: list[str]) -> MergeResult:
+        """Folds each group of `merge_groups(pairs)` into its survivor (links, data, access
+        counts, latest access), deletes the members and the tags left with no link, and marks
+        `examined` as consolidated."""
+        involved = sorted({node_id for pair in pairs for node_id in pair})
+        rows: dict[str, tuple[int, JSONObject, int, str | None]] = {}
+        # The latest access as it is stored, compared as a time.
+        keys: dict[str, Any] = {}
+        lasts: dict[str, Any] = {}
+        sources: dict[str, str | None] = {}
+        # Locked: a recall that counts an access of a member between this read and its
+        # deletion waits for this transaction (SQLite's holds the write lock from its start).
+        for node_id, rowid, key, data, count, last, source in await sql.rows(
+            f"SELECT id, rowid, {self.KEY}, data{self.TEXT}, access_count, last_access,"
+            f" source_id FROM nodes WHERE repo = ? AND id{self.ANY} ORDER BY rowid{self.LOCK}",
+            (repo, self._list(involved)),
+        ):
+            rows[node_id] = (int(rowid), json.loads(data), int(count), None)
+            keys[node_id], lasts[node_id], sources[node_id] = key, last, source
+        moved = 0
+        merged: list[str] = []
+        for survivor, members in maintenance.merge_groups(pairs, rows, sources).items():
+            _, data, count, _ = rows[survivor]
+            last = lasts[survivor]
+            for member in members:
+                moved += await self._move_links(sql, keys[member], keys[survivor])
+                _, other, other_count, _ = rows[member]
+                data = maintenance.merged_data(data, other, member)
+                count += other_count
+                last = max(filter(None, (last, lasts[member])), key=moment, default=None)
+                merged.append(member)
+            await sql.run(
+                "UPDATE nodes SET data = ?, access_count = ?, last_access = ? WHERE id = ?",
+                (self._json(data), count, last, survivor),
+            )
+        await self._delete(sql, merged)
+        tags = await self._orphans(sql, repo, (NodeType.TAG,))
+        await self._delete(sql, tags)
+        if examined:
+            await sql.run(f"UPDATE nodes SET consolidated = {self.TRUE}"
+                          f" WHERE repo = ? AND id{self.ANY}", (repo, self._list(examined)))
+        return MergeResult(merged + tags, len(merged), moved, len(tags))
+
+    async def _move_links(self, sql: Statements, member: object, survivor: object) -> int:
+        """Re-points the member's links to the survivor; returns how many links were added. A
+        link the survivor already has (in either direction) or one between the two is
+        dropped, with the member's own links when it is deleted."""
+        moved = 0
+        for end, other in (("src", "dst"), ("dst", "src")):
+            ends = "?, l.dst" if end == "src" else "l.src, ?"
+            back = "r.src = l.dst AND r.dst = ?" if end == "src" else "r.src = ? AND r.dst = l.src"
+            moved += await sql.run(
+                f"INSERT INTO {self.LINKS} SELECT {self._repo('l')}{ends}, l.type FROM links l"
+                f" WHERE l.{end} = ? AND l.{other} <> ? AND NOT EXISTS (SELECT 1 FROM links r"
+                f" WHERE {back} AND r.type = l.type) ON CONFLICT DO NOTHING",
+                (survivor, member, survivor, survivor),
+            )
+        return moved
+
+    async def decay_sweep(self, sql: Statements, repo: str, config: Config,
+                          now: datetime) -> SweepResult:
+        """Deletes the repo's memories whose `node_value` at `now` is below
+        `config.decay_threshold`, then the routing and source nodes left with no link."""
+        kinds = [kind.value for kind in maintenance.VALUED]
+        examined, doomed = await self._below_threshold(
+            sql, f"repo = ? AND type{self.ANY}", (repo, self._list(kinds)), config, now
+        )
+        # The scan took no locks (locking every memory of the repo would write every row): the
+        # candidates are locked and valued again with what is now current, and a recall that
+        # comes later waits for this transaction.
+        if doomed and self.LOCK:
+            _, doomed = await self._below_threshold(
+                sql, f"id{self.ANY}", (self._list(doomed),), config, now, lock=True
+            )
+        await self._delete(sql, doomed)
+        pruned = await self._orphans(sql, repo, maintenance.ROUTES)
+        await self._delete(sql, pruned)
+        return SweepResult(examined, doomed, pruned)
+
+    async def _below_threshold(self, sql: Statements, where: str, params: tuple[object, ...],
+                               config: Config, now: datetime, *,
+                               lock: bool = False) -> tuple[int, list[str]]:
+        """How many nodes `where` selects, and the ids (in rowid order) of those whose
+        `node_value` at `now` is below `config.decay_threshold`."""
+        rows = await sql.rows(
+            "SELECT id, type, created_at, last_access, access_count,"
+            f" {self._field('reward')}, {self._field('return_score')},"
+            f" {self._field('confidence')} FROM nodes WHERE {where} ORDER BY rowid"
+            + (self.LOCK if lock else ""),
+            params,
+        )
+        below = [
+            node_id
+            for node_id, kind, created, last, count, step_reward, score, confidence in rows
+            if node_value(
+                NodeType(kind),
+                {"reward": step_reward, "return_score": score, "confidence": confidence},
+                created_at=moment(created), last_access=None if last is None else moment(last),
+                access_count=int(count or 0), now=now, config=config,
+            ) < config.decay_threshold
+        ]
+        return len(rows), below
+
+    async def validate(self, sql: Statements, repo: str, dim: int) -> ValidationReport:
+        """Counts and repairs what `mnemo.graph.maintenance.validate_episodic` describes."""
+        episodic = await _count(
+            sql, "SELECT count(*) FROM nodes WHERE repo = ? AND type = 'episodic'", repo
+        )
+        unlinked: list[list[tuple[str, str | None]]] = []
+        restored = 0
+        for kind, link, field, prefix in (_SUBGOAL, _SOURCE):
+            steps = [(node_id, _group(group)) for node_id, group in await sql.rows(
+                f"SELECT e.id, {self._field(field, 'e.')} FROM nodes e"
+                f" WHERE e.repo = ? AND e.type = 'episodic' AND NOT {self._linked_to(kind, link)}"
+                " ORDER BY e.rowid",
+                (repo,),
+            )]
+            unlinked.append(steps)
+            if steps:
+                restored += await self._relink(sql, repo, steps, kind, link, field, prefix)
+        # Foreign keys make these impossible unless a trigger or a restore bypassed them.
+        dangling = await _count(sql, f"SELECT count(*) FROM links WHERE {self.DANGLING}", repo)
+        if dangling:
+            await sql.run(f"DELETE FROM links WHERE {self.DANGLING}", (repo,))
+        missing_vectors = await _count(
+            sql,
+            "SELECT count(*) FROM nodes n WHERE n.repo = ?"
+            f" AND NOT EXISTS (SELECT 1 FROM vectors v WHERE {self.HAS_VECTOR})",
+            repo,
+        )
+        bad_vectors = await self._bad_vectors(sql, repo, dim)
+        rebuilt = await self._search_rebuilt(sql, repo)
+        return ValidationReport(episodic, len(unlinked[0]), len(unlinked[1]), restored,
+                                dangling, missing_vectors, bad_vectors, rebuilt)
+
+    def _linked_to(self, kind: str, link: str) -> str:
+        # Either direction: the pipeline links subgoal -> step and step -> source, but a link
+        # is a link whichever way it was written.
+        key = self.KEY
+        return (
+            f"(EXISTS (SELECT 1 FROM links l JOIN nodes o ON o.{key} = l.src"
+            f" WHERE l.dst = e.{key} AND l.type = '{link}' AND o.type = '{kind}')"
+            f" OR EXISTS (SELECT 1 FROM links l JOIN nodes o ON o.{key} = l.dst"
+            f" WHERE l.src = e.{key} AND l.type = '{link}' AND o.type = '{kind}'))"
+        )
+
+    async def _relink(self, sql: Statements, repo: str, steps: list[tuple[str, str | None]],
+                      kind: str, link: str, field: str, prefix: str) -> int:
+        """Links each step to the subgoal (source) of its trajectory (episode): the one another
+        of its steps is linked to, else the node named `prefix` + the group."""
+        key = self.KEY
+        owners: dict[str, str] = {}
+        for group, owner in await sql.rows(
+            f"SELECT {self._field(field, 'e.')}, o.id FROM nodes e"
+            f" JOIN links l ON (l.dst = e.{key} OR l.src = e.{key}) AND l.type = ?"
+            f" JOIN nodes o ON o.{key} = (CASE WHEN l.dst = e.{key} THEN l.src ELSE l.dst END)"
+            " WHERE e.repo = ? AND e.type = 'episodic' AND o.type = ? ORDER BY e.rowid, o.rowid",
+            (link, repo, kind),
+        ):
+            name = _group(group)
+            if name is not None:
+                owners.setdefault(name, owner)
+        existing = {row[0] for row in await sql.rows(
+            f"SELECT id FROM nodes WHERE repo = ? AND type = ? AND id{self.ANY}",
+            (repo, kind, self._list(maintenance.wanted(steps, owners, prefix))),
+        )}
+        restored = 0
+        for src, dst in maintenance.relinks(steps, owners, existing, prefix,
+                                            to_step=kind == "subgoal"):
+            restored += await sql.run(
+                f"INSERT INTO {self.LINKS} SELECT {self._repo('a')}a.{key},"
+                f" b.{key}, ? FROM nodes a, nodes b WHERE a.repo = ? AND a.id = ?"
+                " AND b.repo = ? AND b.id = ? ON CONFLICT DO NOTHING",
+                (link, repo, src, repo, dst),
+            )
+        return restored
+
+    async def _orphans(self, sql: Statements, repo: str,
+                       kinds: Sequence[NodeType]) -> list[str]:
+        """Nodes of these types with no link at all."""
+        return [row[0] for row in await sql.rows(
+            f"SELECT n.id FROM nodes n WHERE n.repo = ? AND n.type{self.ANY}"
+            f" AND NOT EXISTS (SELECT 1 FROM links l WHERE l.src = n.{self.KEY})"
+            f" AND NOT EXISTS (SELECT 1 FROM links l WHERE l.dst = n.{self.KEY})"
+            " ORDER BY n.rowid",
+            (repo, self._list([kind.value for kind in kinds])),
+        )]
+
+    async def _delete(self, sql: Statements, node_ids: list[str]) -> None:
+        if node_ids:
+            await sql.run(f"DELETE FROM nodes WHERE id{self.ANY}", (self._list(node_ids),))
+
+
+async def _count(sql: Statements, query: str, *params: object) -> int:
+    row = await sql.row(query, params)
+    assert row is not None
+    return int(row[0])
+
+
+class MaintainedGraph(GraphBase):
+    """The maintenance role (`graph.ports.GraphMaintenance`) of a graph store: its backend's
+    `MAINTENANCE` run by its driver, the caller holding the repo's lock."""
+
+    MAINTENANCE: SqlMaintenance
+    _driver: Driver
+
+    async def unconsolidated(self, repo: str) -> set[str]:
+        return await self._driver.read(lambda sql: self.MAINTENANCE.unconsolidated(sql, repo))
+
+    async def merge_duplicates(
+        self, repo: str, pairs: list[tuple[str, str]], examined: list[str]
+    ) -> MergeResult:
+        result = await self._driver.write(
+            lambda sql: self.MAINTENANCE.merge_duplicates(sql, repo, pairs, examined)
+        )
+        self._vectors.forget(repo, result.deleted)
+        return result
+
+    async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
+        swept = await self._driver.write(
+            lambda sql: self.MAINTENANCE.decay_sweep(sql, repo, config, now)
+        )
+        self._vectors.forget(repo, [*swept.doomed, *swept.pruned])
+        return swept
+
+    async def validate(self, repo: str, dim: int) -> ValidationReport:
+        return await self._driver.write(lambda sql: self.MAINTENANCE.validate(sql, repo, dim))

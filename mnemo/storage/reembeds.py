@@ -1,0 +1,207 @@
+"""The SQL of a repo's re-embedding (`mnemo.graph.reembed`), written once for both backends over
+`storage.sql.Statements`: new vectors staged beside the old ones in `staged_vectors`, keyed as
+`vectors` is (SQLite: the node's rowid; PostgreSQL: its id), then put in place in one
+transaction. `ReembeddedGraph` is the graph stores' re-embedding role over it; a backend gives
+its dialect's words and its lock (`_reembed_lock`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from mnemo.errors import StorageError
+from mnemo.graph.model import NODE_TYPES, Vector
+from mnemo.graph.reembed import Staging, Unstaged
+from mnemo.storage import vector_log
+from mnemo.storage.graph_base import GraphBase
+from mnemo.storage.lexical.source import STATE, state_of
+from mnemo.storage.sql import Driver, Statements
+
+# The largest rowid on both: no bound.
+MAX_ROWID = 2**63 - 1
+
+
+def _not_under_way(repo: str) -> StorageError:
+    return StorageError("unavailable", f"repo {repo!r} is not being re-embedded")
+
+
+class SqlReembeds:
+    """The re-embedding's statements; a backend's subclass gives what differs."""
+
+    # The rows of `staged_vectors` or `vectors` of the repo (one parameter: the repo).
+    OF_REPO = "node IN (SELECT rowid FROM nodes WHERE repo = ?)"
+    # A staged vector `s` of the node `n`.
+    STAGED = "s.node = n.rowid"
+    # Appended to a SELECT whose rows stay locked until the transaction ends.
+    LOCK = ""
+    # Stages a vector (the parameters: the vector, the node's rowid and id).
+    STAGE = (
+        "INSERT OR REPLACE INTO staged_vectors (node, vec) SELECT rowid, ? FROM nodes"
+        " WHERE rowid = ? AND id = ?"
+    )
+    # Drops the staged vectors of the nodes of the node log's entries (repo, after, upto).
+    UNSTAGE_LOGGED = (
+        "DELETE FROM staged_vectors WHERE node IN (SELECT node FROM lexical_log"
+        " WHERE repo = ? AND seq > ? AND seq <= ?)"
+    )
+    # The columns a vector is put in place with.
+    VECTOR_COLUMNS = "node, vec"
+
+    @staticmethod
+    def _vector(vector: Vector) -> object:
+        raise NotImplementedError
+
+    @staticmethod
+    def _stamp(at: datetime) -> object:
+        return at.isoformat()
+
+    async def _log_state(self, sql: Statements, repo: str) -> tuple[int, int]:
+        return state_of(await sql.rows(STATE, (repo,)))
+
+    async def _count(self, sql: Statements, query: str, repo: str) -> int:
+        row = await sql.row(query, (repo,))
+        return 0 if row is None else int(row[0])
+
+    async def begin(self, sql: Statements, repo: str, embedder: str, dim: int) -> Staging:
+        """Starts the repo's re-embedding with `embedder` of `dim`, or carries on with the one
+        under way when it is of the same embedder and dimension (another's staged vectors
+        go)."""
+        found = await sql.row(f"SELECT embedder, dim FROM reembeds WHERE repo = ?{self.LOCK}",
+                              (repo,))
+        resumed = found is not None and tuple(found) == (embedder, dim)
+        if not resumed:
+            await sql.run(f"DELETE FROM staged_vectors WHERE {self.OF_REPO}", (repo,))
+            await sql.run(
+                "INSERT INTO reembeds (repo, embedder, dim, seq, started_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (repo) DO UPDATE SET"
+                " embedder = excluded.embedder, dim = excluded.dim, seq = excluded.seq,"
+                " started_at = excluded.started_at",
+                (repo, embedder, dim, (await self._log_state(sql, repo))[0],
+                 self._stamp(datetime.now(UTC))),
+            )
+        total = await self._count(sql, "SELECT count(*) FROM nodes WHERE repo = ?", repo)
+        staged = await self._count(
+            sql, f"SELECT count(*) FROM staged_vectors WHERE {self.OF_REPO}", repo
+        )
+        return Staging(embedder, dim, staged, total, resumed)
+
+    async def unstaged(self, sql: Statements, repo: str, after: int, limit: int,
+                       upto: int | None) -> list[Unstaged]:
+        """Up to `limit` of the repo's nodes past rowid `after` (at most `upto`) with no
+        staged vector."""
+        rows = await sql.rows(
+            "SELECT n.rowid, n.id, n.type, n.text FROM nodes n WHERE n.repo = ?"
+            f" AND n.rowid > ? AND n.rowid <= ? AND NOT EXISTS (SELECT 1 FROM staged_vectors s"
+            f" WHERE {self.STAGED}) ORDER BY n.rowid LIMIT ?",
+            (repo, after, MAX_ROWID if upto is None else upto, limit),
+        )
+        return [Unstaged(int(rowid), node_id, NODE_TYPES[kind], text)
+                for rowid, node_id, kind, text in rows]
+
+    async def last_rowid(self, sql: Statements, repo: str) -> int:
+        """The highest rowid of the repo's nodes, 0 when it has none."""
+        return await self._count(
+            sql, "SELECT coalesce(max(rowid), 0) FROM nodes WHERE repo = ?", repo
+        )
+
+    async def stage(self, sql: Statements, nodes: Sequence[Unstaged], vectors: Vector) -> None:
+        """Stages each node's vector, if the node is still there (one deleted meanwhile has
+        none, and its rowid may be another node's by now)."""
+        await sql.run_many(self.STAGE, [(self._vector(vector), node.rowid, node.id)
+                                        for node, vector in zip(nodes, vectors, strict=True)])
+
+    async def unstage_changed(self, sql: Statements, repo: str) -> None:
+        """Drops the staged vectors of the nodes whose text changed since the re-embedding last
+        looked at the node log (they are embedded again), or every staged vector of the repo
+        when the log no longer reaches back that far; the re-embedding then looks from here."""
+        found = await sql.row(f"SELECT seq FROM reembeds WHERE repo = ?{self.LOCK}", (repo,))
+        if found is None:
+            raise _not_under_way(repo)
+        seen = int(found[0])
+        seq, horizon = await self._log_state(sql, repo)
+        try:
+            changed = vector_log.moved(seen, seq, horizon)
+        except vector_log.Reload:
+            await sql.run(f"DELETE FROM staged_vectors WHERE {self.OF_REPO}", (repo,))
+            changed = False
+        if changed:
+            await sql.run(self.UNSTAGE_LOGGED, (repo, seen, seq))
+        await sql.run("UPDATE reembeds SET seq = ? WHERE repo = ?", (seq, repo))
+
+    async def switch(self, sql: Statements, repo: str) -> tuple[int, int]:
+        """Puts the staged vectors in place of the repo's, records the re-embedding's embedder
+        and dimension with the next generation, and ends the re-embedding. Returns
+        (generation, vectors put in place).
+
+        Raises:
+            StorageError: "unavailable" when no re-embedding is under way, or a node of the
+                repo has no staged vector (nothing is written).
+        """
+        found = await sql.row(f"SELECT embedder, dim FROM reembeds WHERE repo = ?{self.LOCK}",
+                              (repo,))
+        if found is None:
+            raise _not_under_way(repo)
+        embedder, dim = found
+        missing = await self._count(
+            sql,
+            "SELECT count(*) FROM nodes n WHERE n.repo = ?"
+            f" AND NOT EXISTS (SELECT 1 FROM staged_vectors s WHERE {self.STAGED})",
+            repo,
+        )
+        if missing:
+            raise StorageError(
+                "unavailable", f"{missing} nodes of repo {repo!r} have no new vector yet"
+            )
+        await sql.run(f"DELETE FROM vectors WHERE {self.OF_REPO}", (repo,))
+        moved = await sql.run(
+            f"INSERT INTO vectors ({self.VECTOR_COLUMNS}) SELECT {self.VECTOR_COLUMNS}"
+            f" FROM staged_vectors WHERE {self.OF_REPO}",
+            (repo,),
+        )
+        await sql.run(f"DELETE FROM staged_vectors WHERE {self.OF_REPO}", (repo,))
+        recorded = await sql.row(
+            "UPDATE repos SET embedder = ?, dim = ?, vectors_generation = vectors_generation + 1"
+            " WHERE name = ? RETURNING vectors_generation",
+            (embedder, dim, repo),
+        )
+        if recorded is None:
+            raise StorageError("unavailable", f"repo {repo!r} has no record")
+        await sql.run("DELETE FROM reembeds WHERE repo = ?", (repo,))
+        return int(recorded[0]), moved
+
+
+class ReembeddedGraph(GraphBase):
+    """The re-embedding role (`graph.ports.Reembedding`) of a graph store: its backend's
+    `REEMBEDS` run by its driver."""
+
+    REEMBEDS: SqlReembeds
+    _driver: Driver
+
+    async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
+        return await self._driver.write(
+            lambda sql: self.REEMBEDS.begin(sql, repo, embedder, dim)
+        )
+
+    async def unstaged(
+        self, repo: str, after: int, limit: int, upto: int | None = None
+    ) -> list[Unstaged]:
+        return await self._driver.read(
+            lambda sql: self.REEMBEDS.unstaged(sql, repo, after, limit, upto)
+        )
+
+    async def last_rowid(self, repo: str) -> int:
+        return await self._driver.read(lambda sql: self.REEMBEDS.last_rowid(sql, repo))
+
+    async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
+        await self._driver.write(lambda sql: self.REEMBEDS.stage(sql, nodes, vectors))
+
+    async def unstage_changed(self, repo: str) -> None:
+        await self._driver.write(lambda sql: self.REEMBEDS.unstage_changed(sql, repo))
+
+    async def _before_switch(self, repo: str) -> None:
+        """What runs, in a transaction of its own, before the vectors are switched."""
+
+    async def switch_vectors(self, repo: str) -> tuple[int, int]:
+        await self._before_switch(repo)
+        return await self._driver.write(lambda sql: self.REEMBEDS.switch(sql, repo))

@@ -1,0 +1,499 @@
+"""`SqlSessions`: the `SessionStore` port (`mnemo.session.ports`), written once for both
+backends over `storage.sql.Statements`, and `SqlSessions.side_writes`, the session and ingest
+side of a graph commit. A backend (`storage.sqlite.sessions`, `storage.postgres.sessions`)
+gives its driver, its clock, how it stores times and JSON, and its dialect's few words.
+
+The rows mean the same on both: the same upserts, the same orders (insertion order through
+`rowid`, byte order of text), and `LiveSession.created_at` is the ISO text of a UTC time. A
+write of several statements is one transaction (`Driver.write`); a read of several statements
+reads one snapshot (`Driver.together`). A session's version moves on with every write of it
+(`bump`), checked against the version its writer read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+import numpy as np
+
+from mnemo.config import Config
+from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
+from mnemo.extraction.memo import KeptResult
+from mnemo.graph.model import Changeset, Vector, vector_from_blob
+from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
+from mnemo.session.machine import State
+from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
+from mnemo.storage import coordination
+from mnemo.storage.clock import Clock
+from mnemo.storage.sql import Driver, SqlStore, Statements, marks, moment
+
+STEP_COLUMNS = (
+    "id, session_id, episode_id, idx, trajectory_id, observation, action, state_summary,"
+    " subgoal, subgoal_vec, reward, metadata, recorded_at"
+)
+# A step's annotation, while its session still collects or extracts its episode.
+ANNOTATE = (
+    "UPDATE steps SET trajectory_id = ?, state_summary = ?, subgoal = ?, subgoal_vec = ?"
+    " WHERE id = ? AND trajectory_id = '' AND EXISTS (SELECT 1 FROM sessions WHERE id = ?"
+    " AND episode_id = ? AND ended = false AND state IN ('collecting', 'extracting'))"
+)
+
+
+def blob(vector: Vector) -> bytes:
+    """`graph.model.vector_to_blob`, here so that storing a step reads no other module."""
+    return np.asarray(vector, dtype=np.float32).tobytes()
+
+
+def reward(value: float | None) -> float | None:
+    """A reward as stored: a NaN is NULL (SQLite stores it so; PostgreSQL alike)."""
+    return None if value is None or math.isnan(value) else value
+
+
+class SqlSessions(SqlStore):
+    """`SessionStore` over SQL tables; a backend's subclass gives what differs."""
+
+    # Appended to a JSON column read as its text.
+    TEXT = ""
+    # The time in a statement of a commit's side writes (the server's on PostgreSQL).
+    NOW = ""
+    # An ingest's creation time as a parameter.
+    CREATED = "?"
+    # `column{ANY}`: the column is one of a list given as one parameter (`_list`).
+    ANY = ""
+
+    def __init__(self, driver: Driver, clock: Clock) -> None:
+        super().__init__(driver)
+        self._clock = clock
+
+    def _stamp(self, at: datetime) -> object:
+        return at.isoformat(timespec="microseconds")  # text order is time order
+
+    @staticmethod
+    def _json(text: str) -> object:
+        """JSON text as a statement's parameter."""
+        return text
+
+    @staticmethod
+    def _list(values: list[str]) -> object:
+        """A list as the parameter of `ANY`."""
+        return json.dumps(values)
+
+    @classmethod
+    async def _lock_claims(cls, sql: Statements, session_id: str) -> None:
+        """Serialises the writes of the session's step claims until the transaction ends."""
+
+    @classmethod
+    async def _save_rewards(cls, sql: Statements, rewards: dict[str, float | None],
+                            committed_in: str | None = None) -> bool:
+        """Sets each step's reward (and its changeset, given `committed_in`); False when a
+        step is missing or committed in another changeset (the caller must roll back)."""
+        written = 0
+        for step_id, value in rewards.items():
+            written += await sql.run(
+                "UPDATE steps SET reward = ?, committed_in = coalesce(?, committed_in) WHERE id = ?"
+                " AND (committed_in IS NULL OR committed_in = coalesce(?, committed_in))",
+                (value, committed_in, step_id, committed_in),
+            )
+        return written == len(rewards)
+
+    def _now(self) -> object:
+        return self._stamp(self._clock.now())
+
+    def _step_row(self, session_id: str, episode_id: str, step: StepRecord,
+                  now: object) -> tuple[object, ...]:
+        return (
+            step.id, session_id, episode_id, step.index, step.trajectory_id, step.observation,
+            step.action, step.state_summary, step.subgoal, blob(step.subgoal_vec),
+            reward(step.reward),
+            None if step.metadata is None
+            else self._json(json.dumps(step.metadata, sort_keys=True)),
+            now,
+        )
+
+    async def _insert_episode(self, sql: Statements, session_id: str, episode: EpisodeRecord,
+                              now: object) -> None:
+        await sql.run(
+            "INSERT INTO episodes(id, session_id, goal, status, started_at)"
+            " VALUES (?, ?, ?, 'open', ?)",
+            (episode.id, session_id, episode.goal, now),
+        )
+
+    @classmethod
+    async def bump(cls, sql: Statements, session_id: str, version: int | None, *,
+                   now: object = None, state: State | str | None = None,
+                   model: str | None = None, expect: State | None = None,
+                   episode_id: str | None = None, active: bool = False) -> int:
+        """Moves the session's version on at `now` (`NOW` when None; its state to `state`,
+        its model to `model` when given, its last activity to `now` when `active`), when it
+        is still at `version` and not ended (any, when None), in state `expect` and on
+        episode `episode_id` when given. Returns the new version.
+
+        Raises:
+            StaleSession: the session moved (or ended, or is unknown); nothing was written.
+        """
+        at = cls.NOW if now is None else "?"
+        query = (f"UPDATE sessions SET version = version + 1, updated_at = {at},"
+                 f"{' active_at = ?,' if active else ''} state = coalesce(?, state),"
+                 " model = coalesce(?, model) WHERE id = ?")
+        params: list[object] = [
+            *([] if now is None else [now]), *([now] if active else []),
+            None if state is None else State(state).value, model, session_id,
+        ]
+        if version is not None:
+            # A write that read the session refuses an ended one.
+            query += " AND ended = false"
+        for column, value in (("version", version),
+                              ("state", None if expect is None else expect.value),
+                              ("episode_id", episode_id)):
+            if value is not None:
+                query += f" AND {column} = ?"
+                params.append(value)
+        row = await sql.row(query + " RETURNING version", params)
+        if row is None:
+            raise StaleSession(session_id)
+        return int(row[0])
+
+    async def load_repos(self) -> list[RepoRow]:
+        rows = await self._driver.read(lambda sql: sql.rows(
+            f"SELECT name, config{self.TEXT}, dim, embedder, llm, vectors_generation"
+            f" FROM repos ORDER BY created_at, name{self.BYTE_ORDER}"
+        ))
+        return [
+            RepoRow(name, Config.from_json(config), int(dim), embedder, llm, int(generation))
+            for name, config, dim, embedder, llm, generation in rows
+        ]
+
+    async def save_repo(self, row: RepoRow) -> None:
+        await self._driver.one(lambda sql: sql.run(
+            "INSERT INTO repos(name, config, dim, embedder, llm, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)"
+            # The dimension changes only with the vectors (`Memory.reembed`); the models may
+            # change (an embedder of the same dimension, another LLM) and the record follows,
+            # but an embedder chosen before the vectors were made again is not recorded over
+            # the one that made them.
+            " ON CONFLICT (name) DO UPDATE SET config = excluded.config,"
+            " embedder = CASE WHEN repos.vectors_generation = ? THEN excluded.embedder"
+            " ELSE repos.embedder END, llm = excluded.llm",
+            (row.name, self._json(row.config.to_json()), row.dim, row.embedder, row.llm,
+             self._now(), row.generation),
+        ))
+
+    async def load_profile(self, repo: str, model: str) -> str | None:
+        row = await self._driver.read(lambda sql: sql.row(
+            f"SELECT profile{self.TEXT} FROM server_profiles WHERE repo = ? AND model = ?",
+            (repo, model),
+        ))
+        return None if row is None else str(row[0])
+
+    async def save_profile(self, repo: str, model: str, profile: str) -> None:
+        await self._driver.one(lambda sql: sql.run(
+            "INSERT INTO server_profiles(repo, model, profile, updated_at)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT (repo, model) DO UPDATE SET"
+            " profile = excluded.profile, updated_at = excluded.updated_at",
+            (repo, model, self._json(profile), self._now()),
+        ))
+
+    async def create_session(
+        self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
+        holder: str | None = None, lease_until: datetime | None = None,
+        metadata: Mapping[str, str | int | float | bool] | None = None,
+    ) -> None:
+        now = self._now()
+
+        async def write(sql: Statements) -> None:
+            await sql.run(
+                "INSERT INTO sessions(id, repo, state, config, episode_id, created_at,"
+                " updated_at, active_at, holder, lease_until, metadata)"
+                f" VALUES ({marks(11)})",
+                (session_id, repo, State.COLLECTING.value, self._json(config.to_json()),
+                 episode.id, now, now, now, holder,
+                 None if lease_until is None else self._stamp(lease_until),
+                 self._json(json.dumps(dict(metadata), sort_keys=True)) if metadata else None),
+            )
+            await self._insert_episode(sql, session_id, episode, now)
+
+        await self._driver.write(write)
+
+    async def start_episode(
+        self, session_id: str, episode: EpisodeRecord, *, version: int | None = None
+    ) -> int:
+        now = self._now()
+
+        async def write(sql: Statements) -> int:
+            moved = await self.bump(sql, session_id, version, now=now, state=State.COLLECTING)
+            await sql.run("UPDATE sessions SET episode_id = ?, active_at = ? WHERE id = ?",
+                          (episode.id, now, session_id))
+            await self._insert_episode(sql, session_id, episode, now)
+            return moved
+
+        return await self._driver.write(write)
+
+    async def add_step(self, session_id: str, episode_id: str, step: StepRecord, *,
+                       version: int | None = None, holder: str | None = None) -> int:
+        now = self._now()
+        row = self._step_row(session_id, episode_id, step, now)
+
+        async def write(sql: Statements) -> int:
+            # Checked first: the session is still collecting this episode at the version the
+            # caller read.
+            moved = await self.bump(sql, session_id, version, now=now, expect=State.COLLECTING,
+                                    episode_id=episode_id, active=True)
+            await sql.run(f"INSERT INTO steps({STEP_COLUMNS}) VALUES ({marks(13)})", row)
+            if holder is not None:
+                await sql.run(
+                    "INSERT INTO step_claims(step_id, session_id, holder) VALUES (?, ?, ?)",
+                    (step.id, session_id, holder),
+                )
+            return moved
+
+        return await self._driver.write(write)
+
+    async def annotate_step(self, session_id: str, episode_id: str, step: StepRecord,
+                            previous: StepRecord | None, *,
+                            holder: str | None = None) -> int | None:
+        async def write(sql: Statements) -> int | None:
+            # The claims first, as an end takes them before the session's row.
+            await self._lock_claims(sql, session_id)
+            if holder is not None:
+                await sql.run("DELETE FROM step_claims WHERE step_id = ? AND holder = ?",
+                              (step.id, holder))
+            moved = await self._annotate(sql, session_id, (
+                step.trajectory_id, step.state_summary, step.subgoal, blob(step.subgoal_vec),
+                step.id, session_id, episode_id))
+            if moved is not None and previous is not None:
+                await self._save_rewards(sql, {previous.id: reward(previous.reward)})
+            return moved
+
+        return await self._driver.write(write)
+
+    async def _annotate(self, sql: Statements, session_id: str,
+                        params: tuple[object, ...]) -> int | None:
+        """Writes a step's annotation (`ANNOTATE`'s parameters) and moves the session's version
+        on; None, writing nothing, when the step was annotated or its session moved on."""
+        if not await sql.run(ANNOTATE, params):
+            return None
+        return await self.bump(sql, session_id, None, now=self._now())
+
+    async def set_state(self, session_id: str, state: State, *, model: str | None = None,
+                        version: int | None = None) -> int:
+        return await self._driver.one(
+            lambda sql: self.bump(sql, session_id, version, now=self._now(), state=state,
+                                 model=model)
+        )
+
+    async def save_extraction(self, session_id: str, changeset: Changeset,
+                              scored: Sequence[StepRecord], *, version: int | None = None) -> int:
+        payload = self._json(changeset.to_json())
+        now = self._now()
+
+        async def write(sql: Statements) -> int:
+            moved = await self.bump(sql, session_id, version, now=now, state=State.READY)
+            await sql.run("DELETE FROM changesets WHERE session_id = ?", (session_id,))
+            await sql.run(
+                "INSERT INTO changesets(id, repo, session_id, payload, created_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (changeset.id, changeset.repo, session_id, payload, now),
+            )
+            # Of a step listed twice, the last reward.
+            await self._save_rewards(sql, {s.id: reward(s.reward) for s in scored})
+            return moved
+
+        return await self._driver.write(write)
+
+    async def discard(
+        self, session_id: str, episode_id: str | None, *, version: int | None = None
+    ) -> int:
+        now = self._now()
+
+        async def write(sql: Statements) -> int:
+            moved = await self.bump(sql, session_id, version, now=now, state=State.IDLE)
+            await sql.run("DELETE FROM changesets WHERE session_id = ?", (session_id,))
+            if episode_id is not None:
+                await sql.run("DELETE FROM task_results WHERE episode_id = ?", (episode_id,))
+                await sql.run(
+                    "UPDATE episodes SET status = 'discarded', closed_at = ? WHERE id = ?",
+                    (now, episode_id),
+                )
+            return moved
+
+        return await self._driver.write(write)
+
+    async def end(self, session_id: str, *, version: int | None = None) -> None:
+        guard = "" if version is None else " AND ended = false AND version = ?"
+        params: tuple[object, ...] = (self._now(), session_id)
+        if version is not None:
+            params += (version,)
+
+        async def write(sql: Statements) -> None:
+            # The claims lock before the session's row, as a commit takes them (its steps, the
+            # claims, then the row): the other order deadlocks against a close's commit.
+            await self._lock_claims(sql, session_id)
+            ended = await sql.run(
+                "UPDATE sessions SET ended = true, version = version + 1, holder = NULL,"
+                f" lease_until = NULL, updated_at = ? WHERE id = ?{guard}",
+                params,
+            )
+            if version is not None and not ended:
+                raise StaleSession(session_id)  # nothing written
+            await coordination.drop_ended_work(sql, [session_id])
+
+        await self._driver.write(write)
+
+    async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
+        # The last reply kept for a key wins.
+        await self._driver.one(lambda sql: sql.run(
+            "INSERT INTO task_results(episode_id, trajectory_id, task, digest, reply,"
+            " cost, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (episode_id, trajectory_id, task, digest) DO UPDATE SET"
+            " reply = excluded.reply, cost = excluded.cost, created_at = excluded.created_at",
+            (episode_id, kept.trajectory_id, kept.task, kept.digest,
+             self._json(kept.reply_json()), self._json(kept.cost_json()), self._now()),
+        ))
+
+    async def kept_results(self, episode_id: str) -> list[KeptResult]:
+        rows = await self._driver.read(lambda sql: sql.rows(
+            f"SELECT trajectory_id, task, digest, reply{self.TEXT}, cost{self.TEXT}"
+            f" FROM task_results WHERE episode_id = ? ORDER BY trajectory_id{self.BYTE_ORDER},"
+            f" task{self.BYTE_ORDER}, digest{self.BYTE_ORDER}",
+            (episode_id,),
+        ))
+        return [KeptResult.from_json(*row) for row in rows]
+
+    async def version(self, session_id: str) -> int | None:
+        row = await self._driver.read(lambda sql: sql.row(
+            "SELECT version FROM sessions WHERE id = ? AND ended = false", (session_id,)
+        ))
+        return None if row is None else int(row[0])
+
+    async def load_live(self) -> list[LiveSession]:
+        # The id breaks a tie of creation times.
+        return await self._driver.together(lambda sql: self._load(
+            sql, f"s.ended = false ORDER BY s.created_at, s.id{self.BYTE_ORDER}", ()
+        ))
+
+    async def load_one(self, session_id: str) -> LiveSession | None:
+        found = await self._driver.together(
+            lambda sql: self._load(sql, "s.ended = false AND s.id = ?", (session_id,))
+        )
+        return found[0] if found else None
+
+    async def episodes(self, session_id: str) -> list[EpisodeLog]:
+        return await self._driver.together(lambda sql: self._load_episodes(
+            sql, "session_id = ? ORDER BY started_at, rowid", session_id
+        ))
+
+    async def episode(self, episode_id: str) -> EpisodeLog | None:
+        found = await self._driver.together(
+            lambda sql: self._load_episodes(sql, "id = ?", episode_id)
+        )
+        return found[0] if found else None
+
+    async def _load(self, sql: Statements, where: str,
+                    params: tuple[object, ...]) -> list[LiveSession]:
+        sessions = await sql.rows(
+            f"SELECT s.id, s.repo, s.state, s.config{self.TEXT}, s.created_at, e.id, e.goal,"
+            " e.status, s.model, s.version, s.holder, s.lease_until, s.active_at,"
+            f" s.metadata{self.TEXT}, (SELECT payload{self.TEXT} FROM changesets"
+            " WHERE session_id = s.id LIMIT 1)"
+            f" FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id WHERE {where}",
+            params,
+        )
+        steps = await self._load_steps(
+            sql, [row[5] for row in sessions if row[5] is not None and row[7] == "open"]
+        )
+        return [
+            LiveSession(
+                sid, repo, State(state), Config.from_json(config),
+                None if episode_id is None or status != "open"
+                else EpisodeRecord(episode_id, goal, steps.get(episode_id, [])),
+                None if payload is None else Changeset.from_json(payload),
+                moment(created).isoformat(), model=model, version=int(version),
+                holder=holder, lease_until=None if until is None else moment(until),
+                active_at=None if active is None else moment(active), goal=goal,
+                metadata={} if metadata is None else json.loads(metadata),
+            )
+            for (sid, repo, state, config, created, episode_id, goal, status, model, version,
+                 holder, until, active, metadata, payload) in sessions
+        ]
+
+    async def _load_episodes(self, sql: Statements, where: str,
+                             value: str) -> list[EpisodeLog]:
+        rows = await sql.rows(
+            "SELECT id, session_id, goal, status, started_at, closed_at FROM episodes"
+            f" WHERE {where}",
+            (value,),
+        )
+        steps = await self._load_steps(sql, [row[0] for row in rows])
+        return [
+            EpisodeLog(episode_id, session_id, goal, status, moment(started),
+                       None if closed is None else moment(closed), steps.get(episode_id, []))
+            for episode_id, session_id, goal, status, started, closed in rows
+        ]
+
+    async def _load_steps(self, sql: Statements,
+                          episode_ids: list[str]) -> dict[str, list[StepRecord]]:
+        """The steps of each of `episode_ids`, in index order (one query for all of them)."""
+        found: dict[str, list[StepRecord]] = {}
+        if not episode_ids:
+            return found
+        for (episode_id, sid, idx, trajectory, observation, action, summary, subgoal, vec,
+             value, metadata, committed) in await sql.rows(
+            "SELECT episode_id, id, idx, trajectory_id, observation, action, state_summary,"
+            f" subgoal, subgoal_vec, reward, metadata{self.TEXT}, committed_in FROM steps"
+            f" WHERE episode_id{self.ANY} ORDER BY episode_id, idx",
+            (self._list(episode_ids),),
+        ):
+            found.setdefault(episode_id, []).append(StepRecord(
+                id=sid, index=int(idx), trajectory_id=trajectory, observation=observation,
+                action=action, state_summary=summary, subgoal=subgoal,
+                subgoal_vec=vector_from_blob(bytes(vec)).copy(),
+                reward=None if value is None else float(value),
+                metadata=None if metadata is None else json.loads(metadata),
+                committed_in=committed,
+            ))
+        return found
+
+    @classmethod
+    async def side_writes(cls, sql: Statements, writes: Sequence[SideWrite]) -> None:
+        """Writes a commit's (or a forget's) side effects on other stores, inside its
+        transaction (`sql` is the graph's)."""
+        for write in writes:
+            if isinstance(write, StepsCommitted):
+                # Of a step listed twice, the last reward.
+                rewards = {step_id: reward(value) for step_id, value in write.steps}
+                if not await cls._save_rewards(sql, rewards, write.changeset_id):
+                    # Committed in another changeset (another Memory's auto-commit of the
+                    # same steps) or gone: the commit's transaction writes nothing.
+                    raise StepsCommittedElsewhere(write.session_id)
+                # Committed: nobody extracts them again, so nobody needs to claim them.
+                await cls._lock_claims(sql, write.session_id)
+                await sql.run(f"DELETE FROM step_claims WHERE step_id{cls.ANY}",
+                              (cls._list(list(rewards)),))
+                if write.state is not None:
+                    await sql.run("DELETE FROM changesets WHERE session_id = ?",
+                                  (write.session_id,))
+                    await cls.bump(sql, write.session_id, write.version, state=write.state)
+                    if write.episode_id is not None:
+                        await sql.run(
+                            f"UPDATE episodes SET status = 'committed', closed_at = {cls.NOW}"
+                            " WHERE id = ?",
+                            (write.episode_id,),
+                        )
+                        # What the extraction kept for a retry is no longer needed.
+                        await sql.run("DELETE FROM task_results WHERE episode_id = ?",
+                                      (write.episode_id,))
+            elif isinstance(write, SourceRecorded):
+                # The receipt itself is the commit's, in applied_changesets: one source of
+                # truth.
+                await sql.run(
+                    "INSERT INTO ingests(repo, source_id, payload_hash, changeset_id,"
+                    f" created_at) VALUES (?, ?, ?, ?, {cls.CREATED})",
+                    (write.repo, write.source_id, write.payload_hash, write.changeset_id,
+                     write.created_at),
+                )
+            else:
+                await sql.run("DELETE FROM ingests WHERE repo = ? AND source_id = ?",
+                              (write.repo, write.source_id))

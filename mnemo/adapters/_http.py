@@ -22,7 +22,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Protocol, Self, TypedDict, TypeVar, Unpack
+from typing import Protocol, Self, TypedDict, TypeVar, Unpack, cast
 
 import anyio
 import httpx
@@ -89,9 +89,9 @@ class HTTPFailure(Exception):
     `__cause__` of the `AdapterError` a `Transport` raises, for an adapter to react to."""
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status} {_reason(status)}: {message}")
-        self.status = status
-        self.message = message
+        reason = httpx.codes.get_reason_phrase(status) or "error"
+        super().__init__(f"HTTP {status} {reason}: {message}")
+        self.status, self.message = status, message
 
     @property
     def context_overflow(self) -> bool:
@@ -204,15 +204,12 @@ class Transport(Closing):
         unknown = sorted(set(options) - HTTPOptions.__optional_keys__)
         if unknown:
             raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
+        for label in ("timeout", "requests_per_minute", "tokens_per_minute"):
+            value = cast(Mapping[str, object], options).get(label)
+            if value is not None and (isinstance(value, bool) or not (
+                    isinstance(value, int | float) and value > 0)):
+                raise InvalidInputError(f"{label} must be positive or None, got {value!r}")
         timeout = options.get("timeout")
-        if timeout is not None and (isinstance(timeout, bool) or not (
-                isinstance(timeout, int | float) and timeout > 0)):
-            raise InvalidInputError(f"timeout must be positive or None, got {timeout!r}")
-        rates = {"requests_per_minute": options.get("requests_per_minute"),
-                 "tokens_per_minute": options.get("tokens_per_minute")}
-        for label, rate in rates.items():
-            if rate is not None and not rate > 0:
-                raise InvalidInputError(f"{label} must be positive or None, got {rate!r}")
         most = check_count("max_concurrency", options.get("max_concurrency", 8), minimum=1)
         pinned = options.get("concurrency")
         if pinned is not None:
@@ -362,10 +359,9 @@ class Transport(Closing):
             except httpx.TimeoutException as exc:
                 ticket.overloaded(timed_out=True)
                 raise _Retryable(f"timed out ({exc!r})", exc, timed_out=True) from exc
-            except httpx.ConnectError as exc:
-                ticket.overloaded()
-                raise _Retryable(f"connection failed: {exc!r}", exc) from exc
             except httpx.TransportError as exc:
+                if isinstance(exc, httpx.ConnectError):
+                    ticket.overloaded()
                 raise _Retryable(f"connection failed: {exc!r}", exc) from exc
             return self._read(response, reply, estimate, refusal, ticket)
 
@@ -432,9 +428,7 @@ class Transport(Closing):
             ticket.answered(*used)
             return read
         failure = HTTPFailure(status, _error_message(response))
-        if refusal is not None and refusal(failure):
-            raise self._error(f"{self.name} refused the request: {failure}") from failure
-        if status in RETRY_STATUSES or status >= 500:
+        if (status in RETRY_STATUSES or status >= 500) and not (refusal and refusal(failure)):
             retry_after = parse_retry_after(response.headers, now=time.time())
             raise _Retryable(
                 str(failure), failure, retry_after=retry_after, rate_limited=status == 429
@@ -466,13 +460,12 @@ def _decode(content: bytes, reply: type[R]) -> R:
         ValueError: the body is not JSON, or not a `reply` (what is wrong, and where).
     """
     try:
-        return msgspec.json.decode(content, type=reply, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"the body is not the reply expected ({exc})") from None
-    except msgspec.DecodeError:
-        pass
-    try:
-        return msgspec.convert(json.loads(content, strict=False), reply, strict=False)
+        try:
+            return msgspec.json.decode(content, type=reply, strict=False)
+        except msgspec.DecodeError as exc:
+            if isinstance(exc, msgspec.ValidationError):
+                raise
+            return msgspec.convert(json.loads(content, strict=False), reply, strict=False)
     except msgspec.ValidationError as exc:
         raise ValueError(f"the body is not the reply expected ({exc})") from None
     except ValueError:
@@ -498,10 +491,6 @@ def _error_message(response: httpx.Response) -> str:
         return _clip(response.text) or "(empty body)"
     error = body.error.message if isinstance(body.error, _Detail) else body.error
     return _clip(error or body.message or body.detail or response.text)
-
-
-def _reason(status: int) -> str:
-    return httpx.codes.get_reason_phrase(status) or "error"
 
 
 def _clip(text: str, limit: int = 300) -> str:

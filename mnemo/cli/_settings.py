@@ -6,13 +6,15 @@ LLM's URI (`mnemo.adapters.uri`); the extraction timeout is the command's `Confi
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 
@@ -57,6 +59,35 @@ ExtractionTimeoutOpt = Annotated[float | None, _option("--extraction-timeout", h
 ConfigOpt = Annotated[Path | None, _option("--config", dir_okay=False, help=(
     "A TOML file with store, llm and embedder (env MNEMO_CONFIG; default ./mnemo.toml or "
     "~/.config/mnemo/config.toml)."))]
+
+# The options a command that opens models takes, in the order its help lists them.
+MODEL_OPTIONS = {
+    "store": StoreOpt, "llm": LlmOpt, "embedder": EmbedderOpt, "temperature": TemperatureOpt,
+    "llm_timeout": LlmTimeoutOpt, "extraction_timeout": ExtractionTimeoutOpt, "config": ConfigOpt}
+Command = TypeVar("Command", bound=Callable[..., None])
+
+
+def model_options(*, extraction: bool = True) -> Callable[[Command], Command]:
+    """Gives a command `MODEL_OPTIONS` (without --extraction-timeout unless `extraction`) in
+    place of its keyword-only parameter `settings`, which receives them `resolve`d."""
+    names = [name for name in MODEL_OPTIONS if extraction or name != "extraction_timeout"]
+    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                 annotation=MODEL_OPTIONS[name]) for name in names]
+
+    def wrap(command: Command) -> Command:
+        given = inspect.signature(command, eval_str=True).parameters.values()
+        params = [o for p in given for o in (options if p.name == "settings" else [p])]
+
+        @functools.wraps(command)
+        def resolved(*args: Any, **kwargs: Any) -> None:
+            command(*args, settings=resolve(**{name: kwargs.pop(name) for name in names}),
+                    **kwargs)
+
+        resolved.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        resolved.__annotations__ = {p.name: p.annotation for p in params}
+        return cast(Command, resolved)
+
+    return wrap
 
 
 @dataclass(frozen=True, slots=True)

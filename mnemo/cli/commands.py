@@ -25,11 +25,9 @@ from mnemo.cli._output import (
 from mnemo.cli._settings import (
     ConfigOpt,
     EmbedderOpt,
-    ExtractionTimeoutOpt,
-    LlmOpt,
-    LlmTimeoutOpt,
+    Settings,
     StoreOpt,
-    TemperatureOpt,
+    model_options,
     resolve,
 )
 from mnemo.graph.model import NodeType
@@ -93,6 +91,7 @@ def demo(
 
 
 @app.command()
+@model_options()
 def ingest(
     file: Annotated[Path, typer.Argument(help="A conversation JSON or a LoCoMo-style file.")],
     repo: Annotated[str | None, typer.Option(
@@ -101,13 +100,8 @@ def ingest(
         help="Source id prefix for a conversation file (default: its stem).")] = None,
     threads: Annotated[bool, typer.Option(
         help="Also save each session as a conversation thread (for search).")] = True,
-    store: StoreOpt = None,
-    llm: LlmOpt = None,
-    embedder: EmbedderOpt = None,
-    temperature: TemperatureOpt = None,
-    llm_timeout: LlmTimeoutOpt = None,
-    extraction_timeout: ExtractionTimeoutOpt = None,
-    config: ConfigOpt = None,
+    *,
+    settings: Settings,
     as_json: Json = False,
 ) -> None:
     """Ingest a file: each session becomes one source (idempotent: again adds nothing)."""
@@ -120,9 +114,6 @@ def ingest(
         target = repo or parsed.repo
         if not target:
             raise CliError(f"{file} names no repo: pass --repo")
-        settings = resolve(store=store, config=config, llm=llm, embedder=embedder,
-                           temperature=temperature, llm_timeout=llm_timeout,
-                           extraction_timeout=extraction_timeout)
         async with open_memory(settings, writes=True, works=True) as mem:
             report = await ingest_file(mem, target, parsed, threads=threads,
                                        console=stderr_console(), show_progress=not as_json)
@@ -143,6 +134,7 @@ def ingest(
 
 
 @app.command()
+@model_options(extraction=False)
 def recall(
     repo: Annotated[str, typer.Argument(help="The repo to search.")],
     query: Annotated[str, typer.Argument(help="What to recall.")],
@@ -153,12 +145,8 @@ def recall(
         "--reinforce", help="Count the memories recalled as accesses, as an "
                             "agent's own recall does (a look counts none).")] = False,
     where: Where = None,
-    store: StoreOpt = None,
-    llm: LlmOpt = None,
-    embedder: EmbedderOpt = None,
-    temperature: TemperatureOpt = None,
-    llm_timeout: LlmTimeoutOpt = None,
-    config: ConfigOpt = None,
+    *,
+    settings: Settings,
     as_json: Json = False,
 ) -> None:
     """Recall a repo's memories for a query: score, short id (for `mnemo show`), type, phase,
@@ -166,8 +154,6 @@ def recall(
     async def work() -> None:
         wanted = _node_types(types)
         scope = parse_where(where or ())
-        settings = resolve(store=store, config=config, llm=llm, embedder=embedder,
-                           temperature=temperature, llm_timeout=llm_timeout)
         async with open_memory(settings) as mem:
             await check_repo(mem, repo)
             await mem.open_repo(repo)  # checks the embedder makes the repo's dimension

@@ -20,16 +20,7 @@ from mnemo.cli._common import Json, app, check_store, close
 from mnemo.cli._database import CliError
 from mnemo.cli._output import print_json, stdout_console, table
 from mnemo.cli._probe import AT_ONCE, PROBE, Finding, ServerReport, probe_server, state_probe, timed
-from mnemo.cli._settings import (
-    ConfigOpt,
-    EmbedderOpt,
-    LlmOpt,
-    LlmTimeoutOpt,
-    Settings,
-    StoreOpt,
-    TemperatureOpt,
-    resolve,
-)
+from mnemo.cli._settings import Settings, model_options
 from mnemo.memory import Memory
 from mnemo.ports import LLM, Embedder
 from mnemo.text import shorten
@@ -94,21 +85,16 @@ async def diagnose(settings: Settings, *,
 
 
 @app.command()
+@model_options(extraction=False)
 def doctor(
-    store: StoreOpt = None,
-    llm: LlmOpt = None,
-    embedder: EmbedderOpt = None,
-    temperature: TemperatureOpt = None,
-    llm_timeout: LlmTimeoutOpt = None,
-    config: ConfigOpt = None,
+    *,
+    settings: Settings,
     quick: Annotated[bool, typer.Option(
         "--quick", help="One call each; do not measure the LLM's server.")] = False,
     as_json: Json = False,
 ) -> None:
     """Check the store, the LLM and the embedder, and measure the LLM's server: latency,
     structured modes, requests served at once, and whether each task's reply fits."""
-    settings = resolve(store=store, llm=llm, embedder=embedder, config=config,
-                       temperature=temperature, llm_timeout=llm_timeout)
     findings, report = anyio.run(lambda: diagnose(settings, measure=not quick))
     ok = all(f.ok for f in findings) and (report is None or report.ok)
     if as_json:

@@ -21,11 +21,9 @@ from mnemo.cli._output import print_json, progress, stderr_console, stdout_conso
 from mnemo.cli._settings import (
     ConfigOpt,
     EmbedderOpt,
-    ExtractionTimeoutOpt,
-    LlmOpt,
-    LlmTimeoutOpt,
+    Settings,
     StoreOpt,
-    TemperatureOpt,
+    model_options,
     resolve,
 )
 from mnemo.conversation.model import Snapshot
@@ -236,15 +234,11 @@ async def _act(mem: Memory, transitions: _Transitions, action: Action, sid: str,
 
 
 def _session_command(action: Action) -> None:
+    @model_options()
     def command(
         session_id: SessionId,
-        store: StoreOpt = None,
-        llm: LlmOpt = None,
-        embedder: EmbedderOpt = None,
-        temperature: TemperatureOpt = None,
-        llm_timeout: LlmTimeoutOpt = None,
-        extraction_timeout: ExtractionTimeoutOpt = None,
-        config: ConfigOpt = None,
+        *,
+        settings: Settings,
         wait: Annotated[
             float, typer.Option(min=0, help="Seconds to wait for an extraction to end.")
         ] = 120.0,
@@ -255,9 +249,6 @@ def _session_command(action: Action) -> None:
         as_json: Json = False,
     ) -> None:
         async def work() -> None:
-            settings = resolve(
-                store=store, llm=llm, embedder=embedder, config=config, temperature=temperature,
-                llm_timeout=llm_timeout, extraction_timeout=extraction_timeout)
             transitions = _Transitions()
             async with open_memory(settings, works=True, on_event=transitions) as mem:
                 out = await _act(mem, transitions, action, session_id, wait,

@@ -10,27 +10,14 @@ import typer
 
 from mnemo.cli._common import app, check_store, models, run
 from mnemo.cli._database import CliError
-from mnemo.cli._settings import (
-    ConfigOpt,
-    EmbedderOpt,
-    ExtractionTimeoutOpt,
-    LlmOpt,
-    LlmTimeoutOpt,
-    StoreOpt,
-    TemperatureOpt,
-    resolve,
-)
+from mnemo.cli._settings import Settings, model_options
 
 
 @app.command()
+@model_options()
 def mcp(
-    store: StoreOpt = None,
-    llm: LlmOpt = None,
-    embedder: EmbedderOpt = None,
-    temperature: TemperatureOpt = None,
-    llm_timeout: LlmTimeoutOpt = None,
-    extraction_timeout: ExtractionTimeoutOpt = None,
-    config: ConfigOpt = None,
+    *,
+    settings: Settings,
     memory_dir: Annotated[Path | None, typer.Option(
         help="Root of the memory files (default: <db>.memory beside the db).",
         file_okay=False)] = None,
@@ -61,9 +48,6 @@ def mcp(
     """Serve the memory to MCP clients over stdin/stdout, or over streamable HTTP with --http
     (created if the file is missing)."""
     async def work() -> None:
-        settings = resolve(
-            store=store, config=config, llm=llm, embedder=embedder, temperature=temperature,
-            llm_timeout=llm_timeout, extraction_timeout=extraction_timeout)
         if not http and (host, port, allow_host) != (None, None, None):
             raise CliError("--host, --port and --allow-host go with --http")
         try:
@@ -86,13 +70,10 @@ def mcp(
 
 
 @app.command()
+@model_options(extraction=False)
 def ui(
-    store: StoreOpt = None,
-    llm: LlmOpt = None,
-    embedder: EmbedderOpt = None,
-    temperature: TemperatureOpt = None,
-    llm_timeout: LlmTimeoutOpt = None,
-    config: ConfigOpt = None,
+    *,
+    settings: Settings,
     host: Annotated[
         str, typer.Option(help="The address to bind; anything but 127.0.0.1 shows the memory "
                                "to the network.")
@@ -113,8 +94,6 @@ def ui(
     """Serve a local web app to browse a memory: repos, graph, history, sessions, threads,
     recall."""
     async def work() -> None:
-        settings = resolve(store=store, config=config, llm=llm, embedder=embedder,
-                           temperature=temperature, llm_timeout=llm_timeout)
         check_store(settings, writes=False)
         try:
             from mnemo.ui import serve

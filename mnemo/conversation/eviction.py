@@ -33,12 +33,20 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import product
 
 from mnemo.calls.retry import fail_after
-from mnemo.calls.tasks import ask, reply_data
+from mnemo.calls.tasks import ask, read_reply, reply_data
 from mnemo.conversation.model import EvictionResult, Goal, Message, SearchHit, Snapshot
 from mnemo.conversation.ports import EvictionInputs, ThreadStore
-from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
+from mnemo.conversation.prompts import (
+    EVICTION_ARGUMENTS,
+    AttachMessagesToGoals,
+    SaveSnapshot,
+    eviction_request,
+    fold_request,
+    parse_summary,
+)
 from mnemo.conversation.render import render_window
 from mnemo.conversation.search import render_hits
 from mnemo.conversation.viewport import (
@@ -85,25 +93,30 @@ class EvictionTools:
     def call(self, call: ToolCall) -> str:
         """Runs one tool call; returns its result text."""
         self.calls.append(call)
-        args = call.arguments if isinstance(call.arguments, dict) else {}
-        if call.name == "save_snapshot":
-            result = self.save_snapshot(args.get("text"))
-        elif call.name == "attach_messages_to_goals":
-            result = self.attach(args.get("message_ids"), args.get("goal_ids"))
-        elif call.name == "everything_ok":
-            if self.snapshot_parts:
-                self.finished = True
-                result = "ok: eviction finished"
-            else:
-                # Every zone needs a snapshot: the boundary never passes messages none covers.
-                result = "error: call save_snapshot first; every eviction saves a snapshot"
-        else:
-            result = f"error: unknown tool {call.name!r}"
+        result = self._run(call)
         self.done.append(f"{call.name}: {result}")
         return result
 
-    def save_snapshot(self, text: object) -> str:
-        if not isinstance(text, str) or not text.strip():
+    def _run(self, call: ToolCall) -> str:
+        kind = EVICTION_ARGUMENTS.get(call.name)
+        if kind is None:
+            return f"error: unknown tool {call.name!r}"
+        try:
+            args = read_reply(LLMResponse(data=call.arguments), kind, call.name)
+        except ValueError as exc:
+            return f"error: {exc}"
+        if isinstance(args, SaveSnapshot):
+            return self.save_snapshot(args.text)
+        if isinstance(args, AttachMessagesToGoals):
+            return self.attach(args.message_ids, args.goal_ids)
+        if not self.snapshot_parts:
+            # Every zone needs a snapshot: the boundary never passes messages none covers.
+            return "error: call save_snapshot first; every eviction saves a snapshot"
+        self.finished = True
+        return "ok: eviction finished"
+
+    def save_snapshot(self, text: str) -> str:
+        if not text.strip():
             return "error: text must be a non-empty string"
         words = text.split()
         # Twice the asked length is tolerated; beyond that the snapshot would crowd out others.
@@ -112,30 +125,15 @@ class EvictionTools:
         self.snapshot_parts.append(clipped)
         return f"ok: snapshot saved ({min(len(words), limit)} words)"
 
-    def attach(self, message_ids: object, goal_ids: object) -> str:
-        if not isinstance(message_ids, list) or not isinstance(goal_ids, list):
-            return "error: message_ids and goal_ids must be lists"
+    def attach(self, message_ids: list[int | str], goal_ids: list[str]) -> str:
         by_seq = {m.seq: m.id for m in self.zone}
-        by_id = {m.id for m in self.zone}
-        messages: list[str] = []
-        unknown: list[str] = []
-        for raw in message_ids:
-            mid = _message_ref(raw, by_seq, by_id)
-            if mid is None:
-                unknown.append(repr(raw))
-            else:
-                messages.append(mid)
-        goals = [g for g in goal_ids if isinstance(g, str) and g in self.goal_ids]
-        bad_goals = [repr(g) for g in goal_ids if not (isinstance(g, str) and g in self.goal_ids)]
-        for mid in messages:
-            for gid in goals:
-                if (mid, gid) not in self.pins:
-                    self.pins.append((mid, gid))
-        problems = []
-        if unknown:
-            problems.append(f"not messages of the zone: {', '.join(unknown)}")
-        if bad_goals:
-            problems.append(f"not open goals: {', '.join(bad_goals)}")
+        found = [(raw, _message_ref(raw, by_seq)) for raw in message_ids]
+        messages = [mid for _, mid in found if mid is not None]
+        goals = [g for g in goal_ids if g in self.goal_ids]
+        self.pins += dict.fromkeys(p for p in product(messages, goals) if p not in self.pins)
+        problems = [f"{what}: {', '.join(map(repr, bad))}" for what, bad in (
+            ("not messages of the zone", [raw for raw, mid in found if mid is None]),
+            ("not open goals", [g for g in goal_ids if g not in self.goal_ids])) if bad]
         pinned = f"pinned {len(messages)} message(s) to {len(goals)} goal(s)"
         return f"ok: {pinned}" + (f"; ignored {'; '.join(problems)}" if problems else "")
 
@@ -144,18 +142,12 @@ class EvictionTools:
         return "\n".join(self.snapshot_parts)
 
 
-def _message_ref(raw: object, by_seq: dict[int, str], by_id: set[str]) -> str | None:
+def _message_ref(raw: int | str, by_seq: dict[int, str]) -> str | None:
     """A message id from what the model wrote: a seq (int or digits, "message 12") or an id."""
-    if isinstance(raw, bool):
-        return None
-    if isinstance(raw, int):
-        return by_seq.get(raw)
-    if isinstance(raw, str):
-        text = raw.strip().removeprefix("message").strip()
-        if text.isdigit():
-            return by_seq.get(int(text))
-        return raw if raw in by_id else None
-    return None
+    text = str(raw).strip().removeprefix("message").strip()
+    if text.isdigit():
+        return by_seq.get(int(text))
+    return str(raw) if raw in by_seq.values() else None
 
 
 NO_TOOL_CALL = (
@@ -197,10 +189,11 @@ def snapshot_calls(response: LLMResponse) -> list[ToolCall]:
     model may call the tools all the same), else `save_snapshot` with the reply's data."""
     if response.tool_calls:
         return list(response.tool_calls)
-    data = reply_data(response)
-    if isinstance(data, dict) and isinstance(data.get("text"), str):
-        return [ToolCall("save_snapshot", {"text": data["text"]})]
-    return []
+    try:
+        snapshot = read_reply(response, SaveSnapshot, "eviction")
+    except ValueError:
+        return []
+    return [ToolCall("save_snapshot", {"text": snapshot.text})]
 
 
 async def run_loop(

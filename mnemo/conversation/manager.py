@@ -7,10 +7,12 @@ Storage is the Memory's database; retrieval is `Recent(k)` or `Semantic(k)`; com
 from __future__ import annotations
 
 import logging
+from bisect import bisect_right
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import partial
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from mnemo import cpu
@@ -37,12 +39,7 @@ from mnemo.conversation.model import (
 )
 from mnemo.conversation.ports import ThreadState
 from mnemo.conversation.prompts import parse_summary, summary_request
-from mnemo.conversation.render import (
-    compaction_message,
-    flat,
-    prune_tool_outputs,
-    recalled_message,
-)
+from mnemo.conversation.render import compaction_message, flat, prune_tool_outputs, recalled_message
 from mnemo.conversation.selection import (
     result_ids,
     top_k,
@@ -101,9 +98,7 @@ class ConversationManager:
     def __await__(self) -> Generator[object, None, ConversationManager]:
         """`await mem.conversation(...)` gives the manager too: the factory is synchronous,
         but a caller that awaits mnemo's async calls may await it."""
-        return self._itself().__await__()
-
-    async def _itself(self) -> ConversationManager:
+        yield from ()
         return self
 
     async def save(
@@ -168,13 +163,12 @@ class ConversationManager:
         self._check_count(len(history))
         drafted = await cpu.run(partial(_drafts, history, 0, self._service.config, scoped),
                                 _chars(history))
-        drafts = list(drafted.values())
-        vectors = await self._embed(thread_id, dict(enumerate(drafts)), {})
+        vectors = await self._embed(thread_id, drafted, {})
         async with self._service.thread_lock(thread_id):
             appended = await self._service.store.append(
-                thread_id, drafts, recorded_at=self._clock(),
+                thread_id, list(drafted.values()), recorded_at=self._clock(),
                 vectors=None if vectors is None else list(vectors.values()),
-            ) if drafts else []
+            ) if drafted else []
             await self._compress(thread_id, appended)
         await self._evict(thread_id, appended)
         return appended
@@ -314,13 +308,11 @@ class ConversationManager:
         service = self._service
         if isinstance(self.retrieval, Semantic):
             compactions, pool = await service.store.uncompacted(thread_id)
-            k = self.retrieval.k
+            chosen = pool[-self.retrieval.k:]
             if query is not None and pool:
                 vectors = await service.message_vectors(pool)
-                wanted = (await service.embed([query]))[0]
-                picked = with_tool_pairs(top_k(pool, vectors, wanted, k), pool)
-            else:
-                picked = with_tool_pairs(pool[-k:], pool)
+                chosen = top_k(pool, vectors, (await service.embed([query]))[0], self.retrieval.k)
+            picked = with_tool_pairs(chosen, pool)
         else:
             compactions, picked = await service.store.recent_turns(thread_id, self.retrieval.k)
         shown = without_orphaned_results(picked)
@@ -351,10 +343,6 @@ class ConversationManager:
         check_thread_id(thread_id)
         check_count("start_seq", start_seq)
         check_count("end_seq", end_seq, minimum=start_seq)
-        if not isinstance(summary_text, str) or not summary_text.strip():
-            raise InvalidInputError(
-                f"summary_text must be a non-blank string, got {summary_text!r}"
-            )
         check_text(summary_text, "summary_text", limit=self._service.max_text_chars)
         async with self._service.thread_lock(thread_id):
             return await self._service.store.add_compaction(
@@ -443,14 +431,9 @@ class ConversationManager:
         max_words = max(48, policy.max_tokens * 3 // 16)
         chunk_tokens = max(SUMMARY_CHUNK_TOKENS, 4 * policy.max_tokens)
         while pending:
-            chunk: list[Message] = []
-            used = 0
-            for message in pending:
-                if chunk and used + message.tokens > chunk_tokens:
-                    break
-                chunk.append(message)
-                used += message.tokens
-            pending = pending[len(chunk):]
+            # The longest run that fits in chunk_tokens, one message at least.
+            fits = max(1, bisect_right(list(accumulate(m.tokens for m in pending)), chunk_tokens))
+            chunk, pending = pending[:fits], pending[fits:]
             earlier = [c for c in compactions if c.end_seq < chunk[0].seq]
             previous = max(earlier, key=lambda c: c.end_seq) if earlier else None
             # The new record replaces every compaction inside its range (a save_compaction
@@ -493,14 +476,11 @@ def _summary_inputs(
 ) -> list[JSONObject]:
     """The "summary" task's messages: the chunk's, each cut short, and each inner compaction
     whole as a message of role "summary" at its start seq, in seq order."""
-    items: list[tuple[int, JSONObject]] = []
-    for message in chunk:
-        limit = SUMMARY_TOOL_CHARS if message.is_tool_result else SUMMARY_MESSAGE_CHARS
-        text = flat(message.content, limit)
-        items.append((message.seq, {"seq": message.seq, "role": message.role, "text": text}))
-    for c in inner:
-        items.append((c.start_seq, {"seq": c.start_seq, "role": "summary", "text": c.summary_text}))
-    return [item for _, item in sorted(items, key=lambda pair: pair[0])]
+    items = [(m.seq, m.role, flat(m.content, SUMMARY_TOOL_CHARS if m.is_tool_result
+                                   else SUMMARY_MESSAGE_CHARS)) for m in chunk]
+    items += [(c.start_seq, "summary", c.summary_text) for c in inner]
+    return [{"seq": seq, "role": role, "text": text}
+            for seq, role, text in sorted(items, key=lambda item: item[0])]
 
 
 def _drafts(

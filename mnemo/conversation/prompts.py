@@ -7,7 +7,8 @@
 - `"eviction"`: inputs `zone`, `middle`, `recent` (the three zones of the window, each a
   compressed text under a delimiter line), `zone_start`, `zone_end`, `goals`
   [{id, description}], `previous_snapshot`, `recalled` (past messages found for the goals,
-  one line each, or ""), `max_words`, `done` [str]; reply: tool calls of `EVICTION_TOOLS`.
+  one line each, or ""), `max_words`, `done` [str]; reply: tool calls of `EVICTION_TOOL_SPECS`,
+  their arguments read into `EVICTION_ARGUMENTS`' structs.
 - `"snapshot_fold"`: inputs `snapshots` [{start_seq, end_seq, text}], `max_words`; reply
   `{"summary": str}`.
 
@@ -18,7 +19,9 @@ JSON schema; adapters turn them into their provider's format.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Annotated, TypedDict
+
+from msgspec import Meta
 
 from mnemo.calls.tasks import Reply, most_tokens, read_reply, reply_data, reply_schema, task_request
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse
@@ -119,62 +122,46 @@ class ToolDict(TypedDict):
     parameters: JSONObject
 
 
-# `save_snapshot`'s one argument, the summary (`snapshot_schema` bounds its length).
-SNAPSHOT_TEXT: JSONObject = {
-    "type": "string", "description": "The summary, plain sentences."
+SNAPSHOT_TEXT = "The summary, plain sentences."
+
+
+class SaveSnapshot(Reply, frozen=True):
+    """Save a summary of the messages leaving the context window. It stays visible to the
+    assistant in their place. Call once with the whole summary."""
+
+    text: Annotated[str, Meta(description=SNAPSHOT_TEXT)]
+
+
+class AttachMessagesToGoals(Reply, frozen=True):
+    """Pin messages word for word to open goals: they stay visible until every goal they are
+    attached to is completed. Use for instructions, corrections, requirements and exact
+    values that a summary would blur."""
+
+    message_ids: Annotated[
+        list[int | str], Meta(description="The numbers N of 'message N' lines to pin.")
+    ]
+    goal_ids: Annotated[list[str], Meta(description="The ids of the open goals they serve.")]
+
+
+class EverythingOk(Reply, frozen=True):
+    """Finish: everything worth keeping from these messages is saved."""
+
+
+# The eviction's tools: each one's arguments are a struct, whose docstring describes the tool.
+EVICTION_ARGUMENTS: dict[str, type[Reply]] = {
+    "save_snapshot": SaveSnapshot,
+    "attach_messages_to_goals": AttachMessagesToGoals,
+    "everything_ok": EverythingOk,
 }
 
-EVICTION_TOOL_SPECS: list[ToolDict] = [
-    {
-        "name": "save_snapshot",
-        "description": (
-            "Save a summary of the messages leaving the context window. It stays visible to "
-            "the assistant in their place. Call once with the whole summary."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "text": SNAPSHOT_TEXT
-            },
-            "required": ["text"],
-            "additionalProperties": False,
-        },
-    },
-    {
-        "name": "attach_messages_to_goals",
-        "description": (
-            "Pin messages word for word to open goals: they stay visible until every goal "
-            "they are attached to is completed. Use for instructions, corrections, "
-            "requirements and exact values that a summary would blur."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "message_ids": {
-                    "type": "array",
-                    "items": {"type": "integer"},
-                    "description": "The numbers N of 'message N' lines to pin.",
-                },
-                "goal_ids": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": "The ids of the open goals they serve.",
-                },
-            },
-            "required": ["message_ids", "goal_ids"],
-            "additionalProperties": False,
-        },
-    },
-    {
-        "name": "everything_ok",
-        "description": "Finish: everything worth keeping from these messages is saved.",
-        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
-    },
-]
 
-# `save_snapshot`'s arguments: what an eviction asked `as_data` replies.
-SNAPSHOT_SCHEMA = EVICTION_TOOL_SPECS[0]["parameters"]
-EVICTION_TOOLS: list[ToolDict] = [spec.copy() for spec in EVICTION_TOOL_SPECS]
+def _tool(name: str, kind: type[Reply]) -> ToolDict:
+    schema = dict(reply_schema(kind))
+    description = " ".join(str(schema.pop("description")).split())
+    return {"name": name, "description": description, "parameters": schema}
+
+
+EVICTION_TOOL_SPECS = [_tool(name, kind) for name, kind in EVICTION_ARGUMENTS.items()]
 # Characters a summary of `max_words` words may take: words of up to about six letters and
 # their spaces, with room to spare.
 CHARS_PER_WORD = 8
@@ -183,8 +170,10 @@ CHARS_PER_WORD = 8
 def snapshot_schema(max_words: int) -> JSONObject:
     """`save_snapshot`'s arguments with the summary bounded at `max_words` words' worth of
     characters (`maxLength`)."""
-    text = {**SNAPSHOT_TEXT, "maxLength": CHARS_PER_WORD * max(1, max_words)}
-    return {**SNAPSHOT_SCHEMA, "properties": {"text": text}}
+    schema = EVICTION_TOOL_SPECS[0]["parameters"]
+    text: JSONObject = {"type": "string", "description": SNAPSHOT_TEXT,
+            "maxLength": CHARS_PER_WORD * max(1, max_words)}
+    return {**schema, "properties": {"text": text}}
 
 
 EVICTION_AS_DATA = """
@@ -235,7 +224,7 @@ def eviction_request(
     tool_choice: str | None = None,
     as_data: bool = False,
 ) -> LLMRequest:
-    """One round of the "eviction" task; the reply's `tool_calls` name `EVICTION_TOOLS`, and
+    """One round of the "eviction" task; the reply's `tool_calls` name `EVICTION_TOOL_SPECS`, and
     `tool_choice` (see `LLMRequest`) says which the reply must call.
 
     `as_data` asks for `save_snapshot`'s arguments as structured output instead (the request's
@@ -278,7 +267,7 @@ def eviction_request(
         system=request.system,
         messages=request.messages,
         schema=None,
-        tools=[{**EVICTION_TOOLS[0], "parameters": snapshot}, *EVICTION_TOOLS[1:]],
+        tools=[{**EVICTION_TOOL_SPECS[0], "parameters": snapshot}, *EVICTION_TOOL_SPECS[1:]],
         max_tokens=max_tokens,
         tool_choice=tool_choice,
     )

@@ -6,7 +6,7 @@ from its session's date, else from when it was recorded."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 
 _MONTHS = {
@@ -47,22 +47,32 @@ TIME_KEYS = ("date", "datetime", "time", "timestamp", "date_time", "when")
 def _absolute(text: str) -> datetime | None:
     for pattern in (_ISO, _DAY_MONTH_YEAR, _MONTH_DAY_YEAR, _MONTH_YEAR):
         found = pattern.search(text)
-        if found is None:
-            continue
-        parts = found.groupdict()
-        month = parts["month"]
-        month_number = int(month) if month.isdigit() else _MONTHS[month.lower().rstrip(".")]
-        hour = int(parts.get("hour") or 0)
-        if (parts.get("ampm") or "").lower() == "pm" and hour < 12:
-            hour += 12
-        elif (parts.get("ampm") or "").lower() == "am" and hour == 12:
-            hour = 0
-        try:
-            return datetime(int(parts["year"]), month_number, int(parts.get("day") or 1), hour,
-                            int(parts.get("minute") or 0), tzinfo=UTC)
-        except ValueError:
-            continue
+        moment = None if found is None else _moment(found)
+        if moment is not None:
+            return moment
     return None
+
+
+def whole_dates(text: str) -> Iterator[datetime]:
+    """The dates with a day `text` writes, in its order ("31 February 2023" is none)."""
+    found = [m for p in (_ISO, _DAY_MONTH_YEAR, _MONTH_DAY_YEAR) for m in p.finditer(text)]
+    return filter(None, map(_moment, sorted(found, key=lambda m: m.start())))
+
+
+def _moment(found: re.Match[str]) -> datetime | None:
+    parts = found.groupdict()
+    month = parts["month"]
+    month_number = int(month) if month.isdigit() else _MONTHS[month.lower().rstrip(".")]
+    hour = int(parts.get("hour") or 0)
+    if (parts.get("ampm") or "").lower() == "pm" and hour < 12:
+        hour += 12
+    elif (parts.get("ampm") or "").lower() == "am" and hour == 12:
+        hour = 0
+    try:
+        return datetime(int(parts["year"]), month_number, int(parts.get("day") or 1), hour,
+                        int(parts.get("minute") or 0), tzinfo=UTC)
+    except ValueError:
+        return None
 
 
 def _relative(text: str, anchor: datetime) -> datetime | None:

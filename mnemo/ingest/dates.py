@@ -8,21 +8,14 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import date, timedelta
 
+from mnemo.extraction.dates import whole_dates
+
 _MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august",
            "september", "october", "november", "december")
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _COUNTS = {"a": 1, "an": 1, "one": 1, "two": 2, "a couple of": 2, "three": 3, "four": 4,
            "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
 
-_MONTH = r"(?P<month>jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?" \
-         r"|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"
-# "8 May, 2023", "8 May 2023", "May 8, 2023", "May 8th 2023", "2023-05-08".
-_ABSOLUTE = re.compile(
-    rf"\b(?:(?P<day>\d{{1,2}})(?:st|nd|rd|th)?\s+{_MONTH}\.?,?\s+(?P<year>\d{{4}})"
-    rf"|{_MONTH.replace('month', 'month2')}\.?\s+(?P<day2>\d{{1,2}})(?:st|nd|rd|th)?,?\s+"
-    r"(?P<year2>\d{4})"
-    r"|(?P<iso>\d{4}-\d{2}-\d{2}))\b",
-    re.IGNORECASE)
 _COUNT = r"(?P<count>\d{1,3}|an?|one|two|three|four|five|six|seven|eight|nine|ten|a couple of)"
 _RELATIVE = re.compile(
     r"\b(?:(?P<day_word>yesterday|today|tonight|tomorrow|last night|this morning"
@@ -36,26 +29,9 @@ _RESOLVED = re.compile(r"\s*\((?:the )?(?:week(?:end)? of )?[^()]*\d{4}\)")
 
 
 def parse_date(text: str) -> date | None:
-    """The first absolute date written in `text`, or None."""
-    for match in _ABSOLUTE.finditer(text):
-        found = _date_of(match)
-        if found is not None:
-            return found
-    return None
-
-
-def _date_of(match: re.Match[str]) -> date | None:
-    groups = match.groupdict()
-    try:
-        if groups["iso"]:
-            return date.fromisoformat(groups["iso"])
-        month = groups["month"] or groups["month2"]
-        day = groups["day"] or groups["day2"]
-        year = groups["year"] or groups["year2"]
-        number = next(i for i, name in enumerate(_MONTHS, 1) if name.startswith(month.lower()))
-        return date(int(year), number, int(day))
-    except (ValueError, StopIteration):  # "31 February": not a date
-        return None
+    """The first whole date (its day, month and year) written in `text`, or None: a month
+    alone names no day to resolve "yesterday" against."""
+    return next((moment.date() for moment in whole_dates(text)), None)
 
 
 def reference_date(goal: str, metadata: Mapping[str, object] | None) -> date | None:

@@ -7,9 +7,10 @@ tool's `directory` may only name a folder inside it: a prompt must not steer wri
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path, PurePath
 from typing import Annotated, Any
 
@@ -65,18 +66,6 @@ def _dumps(value: object) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
-@contextmanager
-def _as_tool_error() -> Iterator[None]:
-    """Turns mnemo's deliberate errors into tool errors whose message the agent sees."""
-    from mcp.server.mcpserver.exceptions import ToolError
-
-    try:
-        yield
-    except MnemoError as exc:
-        # The message may quote the input (a 1 MB query): the agent gets its start.
-        raise ToolError(clip(str(exc), ERROR_CHARS)) from exc
-
-
 class MemoryTools:
     """The server's tools over an open `Memory` `mem`; the session tools go to `worker()`,
     the Memory that works (by default `mem`). `reinforce`: a recall counts accesses. `llm`
@@ -108,11 +97,10 @@ class MemoryTools:
         best first, each with its score, the phase that found it, its hop, and its node: id,
         type and a snippet of its text (`chars` is the whole length; `get_node` reads it
         all). Errors: an unknown repo, a blank query, a malformed where."""
-        with _as_tool_error():
-            await self._check(repo)
-            found = await self._mem.recall(repo, query, k=k, reinforce=self.reinforce,
-                                           where=where)
-            return _dumps(_output.recall_output(found))
+        await self._check(repo)
+        found = await self._mem.recall(repo, query, k=k, reinforce=self.reinforce,
+                                       where=where)
+        return _dumps(_output.recall_output(found))
 
     async def get_node(
         self,
@@ -125,12 +113,11 @@ class MemoryTools:
         """One memory whole: its text a page of 8,000 characters at a time (pass the
         `next_offset` it returns to read on; null on the last page), and its data. Errors: an
         unknown repo or node."""
-        with _as_tool_error():
-            await self._check(repo)
-            node = await self._mem.get_node(repo, node_id)
-            if node is None:
-                raise NotFoundError("node", clip(node_id, 100))
-            return _dumps(_output.node_output(node, offset))
+        await self._check(repo)
+        node = await self._mem.get_node(repo, node_id)
+        if node is None:
+            raise NotFoundError("node", clip(node_id, 100))
+        return _dumps(_output.node_output(node, offset))
 
     async def forget(
         self,
@@ -148,17 +135,16 @@ class MemoryTools:
         entries (the history keeps no trace of their text). Give one of node_ids, source_id
         and where. Returns how many nodes went; to replace a wrong fact and keep its trail,
         use `correct`. Errors: an unknown repo, a malformed where."""
-        with _as_tool_error():
-            if [node_ids, source_id, where].count(None) != 2:
-                raise InvalidInputError("forget takes node_ids or source_id or where, one of them")
-            await self._check(repo)
-            if where is not None:
-                count = await self._mem.forget_where(repo, where)
-            elif source_id is not None:
-                count = await self._mem.forget(repo, source_id)
-            else:
-                count = await self._mem.delete_nodes(repo, node_ids or [])
-            return _dumps({"forgotten": count})
+        if [node_ids, source_id, where].count(None) != 2:
+            raise InvalidInputError("forget takes node_ids or source_id or where, one of them")
+        await self._check(repo)
+        if where is not None:
+            count = await self._mem.forget_where(repo, where)
+        elif source_id is not None:
+            count = await self._mem.forget(repo, source_id)
+        else:
+            count = await self._mem.delete_nodes(repo, node_ids or [])
+        return _dumps({"forgotten": count})
 
     async def correct(
         self,
@@ -171,10 +157,9 @@ class MemoryTools:
         correction is a commit of the repo's history. Returns the new fact's id and the
         commit's. Errors: an unknown repo or node, a node that is not a live fact (semantic
         or procedural, not retired)."""
-        with _as_tool_error():
-            await self._check(repo)
-            receipt = await self._mem.correct(repo, node_id, text)
-            return _dumps({"node_id": receipt.node_ids[0], "commit_id": receipt.changeset_id})
+        await self._check(repo)
+        receipt = await self._mem.correct(repo, node_id, text)
+        return _dumps({"node_id": receipt.node_ids[0], "commit_id": receipt.changeset_id})
 
     async def _working(self) -> Memory:
         return self._mem if self._worker is None else await self._worker()
@@ -196,10 +181,9 @@ class MemoryTools:
     ) -> str:
         """Full-text search over stored conversation messages (every thread, or one), best
         first: each hit has its message_id (for `view_messages`), thread, seq and a snippet."""
-        with _as_tool_error():
-            hits = await self._mem.search_messages(query, thread_id=thread_id, limit=limit,
-                                                   where=where)
-            return _dumps(_output.hits_output(hits))
+        hits = await self._mem.search_messages(query, thread_id=thread_id, limit=limit,
+                                               where=where)
+        return _dumps(_output.hits_output(hits))
 
     async def view_messages(
         self,
@@ -215,9 +199,8 @@ class MemoryTools:
         snapshots around it, and as many of its neighbours as fit, nearest first, each cut
         to a snippet (`messages_left_out` counts the others). Errors: an unknown message
         id."""
-        with _as_tool_error():
-            view = await self._mem.view_messages(message_id, radius=radius)
-            return _dumps(_output.view_output(view, offset))
+        view = await self._mem.view_messages(message_id, radius=radius)
+        return _dumps(_output.view_output(view, offset))
 
     async def save_messages(
         self,
@@ -232,9 +215,8 @@ class MemoryTools:
         appended. A history that does not begin with the stored messages (a window of the
         latest ones) is an error that stores nothing: `append_messages` takes new messages
         only. Returns how many were added and the thread's length."""
-        with _as_tool_error():
-            return await self._stored(thread_id, await self._mem.conversation().save(
-                thread_id, messages))
+        return await self._stored(thread_id, await self._mem.conversation().save(
+            thread_id, messages))
 
     async def append_messages(
         self,
@@ -246,9 +228,8 @@ class MemoryTools:
         """Adds messages after a conversation thread's stored ones, all of them (for a client
         that keeps a window of its history: pass only what is new). Returns how many were
         added and the thread's length."""
-        with _as_tool_error():
-            return await self._stored(thread_id, await self._mem.conversation().append(
-                thread_id, messages))
+        return await self._stored(thread_id, await self._mem.conversation().append(
+            thread_id, messages))
 
     async def _stored(self, thread_id: str, added: Sequence[object]) -> str:
         total = len(await self._mem.conversation().raw(thread_id))
@@ -257,9 +238,8 @@ class MemoryTools:
     async def list_repos(self, offset: Offset = 0) -> str:
         """The repos (knowledge graphs) in this memory, oldest first, a page at a time
         (`next_offset` reads on; null on the last page)."""
-        with _as_tool_error():
-            names = await self._mem.list_repos()
-            return _dumps(_page([clip(n, SNIPPET_CHARS) for n in names], offset, "repos"))
+        names = await self._mem.list_repos()
+        return _dumps(_page([clip(n, SNIPPET_CHARS) for n in names], offset, "repos"))
 
     async def list_sessions(
         self,
@@ -268,27 +248,24 @@ class MemoryTools:
     ) -> str:
         """The live sessions (not ended), oldest first, a page at a time: id, repo, state,
         the open episode's goal (a snippet) and its number of steps."""
-        with _as_tool_error():
-            live = [s for s in await self._mem.list_sessions() if repo is None or s.repo == repo]
-            rows = [
-                {**session_json(s), "goal": None if s.goal is None else clip(s.goal, SNIPPET_CHARS)}
-                for s in live]
-            return _dumps(_page(rows, offset, "sessions"))
+        live = [s for s in await self._mem.list_sessions() if repo is None or s.repo == repo]
+        rows = [
+            {**session_json(s), "goal": None if s.goal is None else clip(s.goal, SNIPPET_CHARS)}
+            for s in live]
+        return _dumps(_page(rows, offset, "sessions"))
 
     async def discard_session(self, session_id: SessionId) -> str:
         """Drops a session's ready changeset or failed extraction (then `end_session`, or
         keep it). Errors: a session that is neither ready nor failed."""
-        with _as_tool_error():
-            mem = await self._working()
-            await mem.discard(session_id)
-            state = await mem.session_state(session_id)
-            return _dumps({"session_id": session_id, "state": label(state)})
+        mem = await self._working()
+        await mem.discard(session_id)
+        state = await mem.session_state(session_id)
+        return _dumps({"session_id": session_id, "state": label(state)})
 
     async def end_session(self, session_id: SessionId) -> str:
         """Ends a session for good (what it committed stays); its id is then unknown."""
-        with _as_tool_error():
-            await (await self._working()).end_session(session_id)
-            return _dumps({"session_id": session_id, "ended": True})
+        await (await self._working()).end_session(session_id)
+        return _dumps({"session_id": session_id, "ended": True})
 
     async def start_session(
         self,
@@ -300,12 +277,11 @@ class MemoryTools:
     ) -> str:
         """Starts a session collecting steps towards the goal; returns its session_id for
         `append` and `close_and_commit`. An unknown repo is created."""
-        with _as_tool_error():
-            mem = await self._working()
-            if repo not in await mem.list_repos():
-                await mem.open_repo(repo)
-            session_id = await mem.start_session(goal, repo=repo, metadata=metadata)
-            return _dumps({"session_id": session_id, "repo": repo})
+        mem = await self._working()
+        if repo not in await mem.list_repos():
+            await mem.open_repo(repo)
+        session_id = await mem.start_session(goal, repo=repo, metadata=metadata)
+        return _dumps({"session_id": session_id, "repo": repo})
 
     async def append(
         self,
@@ -315,23 +291,21 @@ class MemoryTools:
     ) -> str:
         """Records one step of the session (once stored, it survives a restart); returns its
         index, trajectory and whether it began a new trajectory (a change of subgoal)."""
-        with _as_tool_error():
-            mem = await self._working()
-            return _dumps(step_json(await mem.append(session_id, observation, action)))
+        mem = await self._working()
+        return _dumps(step_json(await mem.append(session_id, observation, action)))
 
     async def close_and_commit(self, session_id: SessionId) -> str:
         """Ends the session: extracts facts and procedures from its steps, commits them to the
         repo's graph (then `recall` finds them) and returns the committed node ids."""
-        with _as_tool_error():
-            mem = await self._working()
-            receipt = await mem.close_and_commit(session_id)
-            # No tool can start a new episode in an idle session, so it is ended rather than
-            # left live forever (`mnemo sessions` lists live ones).
-            await mem.end_session(session_id)
-            return _dumps(
-                {
-                    "session_id": session_id, "node_ids": receipt.node_ids[: _output.MAX_LISTED],
-                    "node_count": len(receipt.node_ids)})
+        mem = await self._working()
+        receipt = await mem.close_and_commit(session_id)
+        # No tool can start a new episode in an idle session, so it is ended rather than
+        # left live forever (`mnemo sessions` lists live ones).
+        await mem.end_session(session_id)
+        return _dumps(
+            {
+                "session_id": session_id, "node_ids": receipt.node_ids[: _output.MAX_LISTED],
+                "node_count": len(receipt.node_ids)})
 
     async def persist_memory(
         self,
@@ -343,9 +317,8 @@ class MemoryTools:
         entries `dropped` (merged by condensing, or the oldest left out), whether it was
         `condensed`, whether an entry was cut (`entry_truncated`); `skipped` is "disabled"
         when the server's memory updates are off."""
-        with _as_tool_error():
-            files = self._files_in(directory)
-            return _dumps(_output.memory_file_output(await files.persist(what, llm=self._llm)))
+        files = self._files_in(directory)
+        return _dumps(_output.memory_file_output(await files.persist(what, llm=self._llm)))
 
     async def recall_memory(
         self,
@@ -355,10 +328,9 @@ class MemoryTools:
     ) -> str:
         """The topic memory files matching the query (topic, description, content), most
         recently used first."""
-        with _as_tool_error():
-            files = self._files_in(directory)
-            found = await files.recall(query, limit=limit)
-            return _dumps(_output.memory_files_output(found))
+        files = self._files_in(directory)
+        found = await files.recall(query, limit=limit)
+        return _dumps(_output.memory_files_output(found))
 
     def _files_in(self, directory: str | None) -> MemoryFiles:
         from mcp.server.mcpserver.exceptions import ToolError
@@ -380,6 +352,28 @@ class MemoryTools:
             # Writes stay serialised without it: the folder's OS locks hold across objects.
             del self._files[next(iter(self._files))]
         return files
+
+
+
+def _tool(method: Callable[..., Awaitable[str]]) -> Callable[..., Awaitable[str]]:
+    """`method`, turning mnemo's deliberate errors into tool errors whose message the agent
+    sees."""
+
+    @functools.wraps(method)
+    async def tool(*args: Any, **kwargs: Any) -> str:
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        try:
+            return await method(*args, **kwargs)
+        except MnemoError as exc:
+            # The message may quote the input (a 1 MB query): the agent gets its start.
+            raise ToolError(clip(str(exc), ERROR_CHARS)) from exc
+
+    return tool
+
+
+for _name in TOOL_NAMES:
+    setattr(MemoryTools, _name, _tool(getattr(MemoryTools, _name)))
 
 
 def _page(items: Sequence[object], offset: int, key: str) -> dict[str, object]:

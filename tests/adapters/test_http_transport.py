@@ -483,5 +483,8 @@ async def test_every_http_adapter_takes_the_transport_keywords(make: Any) -> Non
         assert adapter.transport.attempt_timeout(100) == 5.0
     with pytest.raises(mnemo.InvalidInputError, match="concurrency must be an integer"):
         make(max_concurrency=2, concurrency=3)
+    for bad in ({"timeout": True}, {"requests_per_minute": True}, {"tokens_per_minute": "9"}):
+        with pytest.raises(mnemo.InvalidInputError, match="must be positive or None"):
+            make(**bad)
     with pytest.raises(TypeError):
         make(timeout_seconds=5)

@@ -4,6 +4,7 @@ snapshot comes through the tools whatever the server, and the rounds share one d
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import anyio
 import pytest
@@ -11,7 +12,7 @@ import pytest
 import mnemo
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.openai import OpenAICompatible
-from tests.adapters.provider_server import ProviderServer
+from tests.adapters.provider_server import Answer, ProviderServer
 from tests.conversation._support import user
 from tests.fakes import FakeEmbedder
 
@@ -125,3 +126,58 @@ async def test_the_rounds_share_one_deadline(store: str, server: ProviderServer)
     assert result.snapshot is not None
     assert "search_messages" in result.snapshot.text
     assert result.boundary_after > result.boundary_before
+
+
+SNAPSHOT = "The billing service went to staging."
+
+
+@pytest.mark.parametrize(
+    ("obeys", "replies", "error", "pinned"),
+    [
+        # JSON mode: ids as strings ("message N" too), a key no schema asked for.
+        (frozenset({"named", "required"}),
+         [Answer(tool_calls=(("attach_messages_to_goals",
+                              {"goal_ids": ["GOAL"], "message_ids": ["1", "message 2"],
+                               "why": "kept"}),
+                             ("save_snapshot", {"text": SNAPSHOT}), ("everything_ok", {})))],
+         None, 2),
+        # A reply asked as data, fenced, with a key beside the summary.
+        (frozenset(), [Answer(text="Sure."), Answer(text="Sure."),
+                       Answer(data={"text": SNAPSHOT, "words": 6}, fenced=True)], None, 0),
+        # Arguments of the wrong type are answered with the field at fault.
+        (frozenset({"named", "required"}),
+         [Answer(tool_calls=(("save_snapshot", {"text": 7}),))] * 3,
+         "save_snapshot: error: text must be a string, got 7", 0),
+        # A reply cut at max_tokens mid-summary.
+        (frozenset(), [Answer(text="Sure."), Answer(text="Sure."),
+                       Answer(text='{"text": "The billing serv', finish="length")],
+         "the eviction model failed", 0),
+    ],
+    ids=["json-mode-tools", "json-mode-data", "wrong-type", "cut"],
+)
+async def test_eviction_replies_are_read_in_the_shapes_providers_send(
+    store: str, obeys: frozenset[str], replies: list[Answer], error: str | None, pinned: int
+) -> None:
+    """Each tool call's arguments and a reply asked as data are read into the eviction's
+    structs: JSON mode's loose shapes are taken, a field of the wrong type is told to the model
+    and reported, and a cut reply leaves the note snapshot."""
+    with ProviderServer(obeys=obeys) as server:
+        llm = _openai(server)
+        config = mnemo.Config(extraction_timeout=30)
+        async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
+                                     config=config) as mem:
+            await mem.conversation().save("t", HISTORY)
+            goal = await mem.add_goal("t", "ship the billing service")
+            server.script(*[replace(r, tool_calls=tuple(
+                (name, {k: [goal] if v == ["GOAL"] else v for k, v in args.items()})
+                for name, args in r.tool_calls)) for r in replies])
+            with anyio.fail_after(30):
+                result = await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+    assert result.snapshot is not None
+    if error is None:
+        assert result.error is None
+        assert result.snapshot.text == SNAPSHOT
+    else:
+        assert error in (result.error or "")
+        assert "search_messages" in result.snapshot.text
+    assert len(result.pinned) == pinned

@@ -92,7 +92,7 @@ def bad_arguments() -> mnemo.LLMResponse:
     ("replies", "cause"),
     [
         ([prose()], "replied 3 times without calling a tool"),
-        ([bad_arguments()], "save_snapshot: error: text must be a non-empty string"),
+        ([bad_arguments()], "save_snapshot: error: save_snapshot reply has no 'text' field"),
         ([prose(), prose(), mnemo.LLMResponse(data={"summary": "the deploy"})],
          "not save_snapshot's arguments"),
         ([prose(), bad_arguments(), prose()], "rounds (last: error: your reply called no tool"),

@@ -3,11 +3,12 @@ speakers and names as TAG nodes their steps belong to."""
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import UTC, date, datetime
 
 import pytest
 
 import mnemo
+from mnemo.extraction.dates import named_date
 from mnemo.extraction.entities import embedding_text, entity_names
 from mnemo.ingest.dates import parse_date, reference_date, resolve_dates
 from tests.conftest import REPO
@@ -144,3 +145,12 @@ async def test_ingest_embeds_a_transcript_line_without_its_time_and_stores_it_wh
         assert not [t for t in embedder.texts if t.startswith("Caroline (")]
         found = await mem.recall(REPO, "1:56 pm", types=[N.EPISODIC], reinforce=False)
         assert [m.node.id for m in found.memories] == [step.id]
+
+
+def test_a_month_alone_dates_a_fact_but_no_relative_date() -> None:
+    """One parser reads absolute dates: "May 2023" dates a fact from 1 May, but gives no day
+    for "yesterday" to resolve against; the first whole date written does."""
+    assert named_date("moved in May 2023") == datetime(2023, 5, 1, tzinfo=UTC)
+    assert parse_date("moved in May 2023") is None
+    assert reference_date("Chat in May 2023", None) is None
+    assert parse_date("in May 2023, on the 3rd of June 2023 at 2023-07-01") == date(2023, 6, 3)

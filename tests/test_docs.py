@@ -4,6 +4,7 @@ repository, and no file names a document outside it as a path."""
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import os
 import re
@@ -12,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.source import parsed
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where docstrings and comments must say what the code does, not its history.
@@ -107,17 +110,24 @@ def test_no_file_names_a_document_outside_the_repository(suffix: str) -> None:
     assert hits == []
 
 
-def _prose(source: str) -> Iterator[tuple[int, str]]:
-    """Each comment and each docstring of a module's source, with its first line."""
+def _prose(source: str, tree: ast.Module | None = None) -> Iterator[tuple[int, str]]:
+    """Each comment and each docstring of a module's source (parsed as `tree`), with its
+    first line."""
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
             yield token.start[0], token.string
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree or ast.parse(source)):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             body = node.body
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 if isinstance(body[0].value.value, str):
                     yield body[0].lineno, body[0].value.value
+
+
+@functools.cache
+def _file_prose(path: Path) -> tuple[tuple[int, str], ...]:
+    """`_prose` of the module at `path`, read once per process (two tests read mnemo/'s)."""
+    return tuple(_prose(path.read_text(encoding="utf-8"), parsed(path)))
 
 
 def test_docstrings_and_comments_tell_no_history() -> None:
@@ -127,7 +137,7 @@ def test_docstrings_and_comments_tell_no_history() -> None:
         f"{path.relative_to(ROOT)}:{line}: {found.group(0)!r}"
         for path in _files(".py")
         if path.relative_to(ROOT).parts[0] in CODE and path != Path(__file__).resolve()
-        for line, text in _prose(path.read_text(encoding="utf-8"))
+        for line, text in _file_prose(path)
         if (found := HISTORY.search(text))
         or (path.relative_to(ROOT).parts[0] == "mnemo" and (found := CHANGE_STORY.search(text)))
     ]
@@ -185,7 +195,7 @@ def test_no_timing_figures_in_the_code() -> None:
         f"{path.relative_to(ROOT)}:{line}: {found.group(0)!r}"
         for path in _files(".py")
         if path.relative_to(ROOT).parts[0] == "mnemo"
-        for line, text in _prose(path.read_text(encoding="utf-8"))
+        for line, text in _file_prose(path)
         if (found := TIMING.search(text))
     ]
     assert hits == []

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import mnemo
+from tests.source import parsed
 
 PACKAGE = Path(mnemo.__file__).parent
 
@@ -22,7 +23,7 @@ def imported(folder: Path) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for path in sorted(folder.rglob("*.py")):
         names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Import):
                 names.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module:
@@ -133,8 +134,7 @@ def module_imports(*, everywhere: bool) -> dict[str, set[str]]:
     for name, path in MODULES.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets: set[str] = set()
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in _statements(tree.body, everywhere=everywhere):
+        for node in _statements(parsed(path).body, everywhere=everywhere):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
                 continue

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-from agents import set_tracing_disabled
 
 import mnemo
 from tests.adapters.provider_server import ProviderServer
@@ -38,6 +37,8 @@ def run_block(line: int, code: str, folder: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.chdir(folder)
     with ProviderServer() as server:
         if "from agents import" in code:
+            from agents import set_tracing_disabled  # the SDK's import: 2 s, here only
+
             set_tracing_disabled(True)
             monkeypatch.setenv("OPENAI_BASE_URL", server.openai_url)
             monkeypatch.setenv("OPENAI_API_KEY", "not-a-key")

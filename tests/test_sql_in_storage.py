@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import mnemo
+from tests.source import parsed
 
 PACKAGE = Path(mnemo.__file__).parent
 STORAGE = PACKAGE / "storage"
@@ -58,11 +59,11 @@ def _strings(tree: ast.Module) -> Iterator[tuple[int, str]]:
             yield node.lineno, node.value
 
 
-def sql_statements(source: str) -> list[tuple[int, str]]:
-    """The string literals of `source` that hold an SQL statement, with their lines."""
-    return [
-        (line, text) for line, text in _strings(ast.parse(source)) if STATEMENT.search(text)
-    ]
+def sql_statements(source: str | ast.Module) -> list[tuple[int, str]]:
+    """The string literals of `source` (code, or its parsed tree) that hold an SQL statement,
+    with their lines."""
+    tree = ast.parse(source) if isinstance(source, str) else source
+    return [(line, text) for line, text in _strings(tree) if STATEMENT.search(text)]
 
 
 @pytest.mark.parametrize(
@@ -100,6 +101,6 @@ def test_sql_lives_only_in_storage() -> None:
         f"{path.relative_to(PACKAGE.parent)}:{line}: {text.strip()[:60]}"
         for path in sorted(PACKAGE.rglob("*.py"))
         if not path.is_relative_to(STORAGE)
-        for line, text in sql_statements(path.read_text(encoding="utf-8"))
+        for line, text in sql_statements(parsed(path))
     ]
     assert offenders == []

@@ -8,19 +8,12 @@ from typing import Any
 
 import anyio
 import pytest
-from agents import (
-    Agent,
-    OpenAIChatCompletionsModel,
-    Runner,
-    function_tool,
-    set_tracing_disabled,
-)
-from agents.memory import Session, SessionSettings
-from openai import AsyncOpenAI
 
 import mnemo
-from mnemo.integrations.openai_agents import ITEM_KEY, MnemoSession
 from tests.adapters.provider_server import Answer, ProviderServer
+
+# The SDK (and mnemo.integrations.openai_agents, which imports it) is imported inside the tests:
+# its import takes 2 s of CPU, which every pytest worker would pay to collect this module.
 
 # One item of each kind a run may store: a user message, an output message with its parts,
 # a function call and its output, a reasoning item, a hosted tool's call and an item without
@@ -43,6 +36,8 @@ ITEMS: list[Any] = [
 @pytest.fixture(autouse=True)
 def no_tracing() -> None:
     """The SDK's traces would go to OpenAI's servers: off for every test here."""
+    from agents import set_tracing_disabled
+
     set_tracing_disabled(True)
 
 
@@ -58,18 +53,22 @@ def server() -> Iterator[ProviderServer]:
         yield fake
 
 
-@function_tool
-def track_parcel(parcel: str) -> str:
-    """Where a parcel is now."""
-    return f"parcel {parcel} is in the Rotterdam depot"
-
-
 async def test_a_runner_keeps_two_turns_then_pops_and_clears(
     mem: mnemo.Memory, server: ProviderServer
 ) -> None:
     """Under `Runner.run`, the second turn's request holds the first turn (its user message,
     tool call, tool output and answer); pop_item takes the last answer out of the session and
     of search; clear_session leaves nothing of the thread."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
+    from openai import AsyncOpenAI
+
+    from mnemo.integrations.openai_agents import MnemoSession
+
+    @function_tool
+    def track_parcel(parcel: str) -> str:
+        """Where a parcel is now."""
+        return f"parcel {parcel} is in the Rotterdam depot"
+
     client = AsyncOpenAI(base_url=server.openai_url, api_key="x")
     agent = Agent(
         name="Support", instructions="Answer briefly.", tools=[track_parcel],
@@ -118,6 +117,8 @@ async def test_a_runner_keeps_two_turns_then_pops_and_clears(
 async def test_items_come_back_exactly_as_added(mem: mnemo.Memory) -> None:
     """Every kind of item comes back equal to what was added, a limit gives the newest ones
     in order, and an item without a role is a message whose role and text mnemo reads."""
+    from mnemo.integrations.openai_agents import ITEM_KEY, MnemoSession
+
     session = MnemoSession(mem, "s")
     await session.add_items(ITEMS[:4])
     await session.add_items([])
@@ -140,6 +141,8 @@ async def test_items_come_back_exactly_as_added(mem: mnemo.Memory) -> None:
 async def test_bad_input_is_refused_before_anything_is_stored(mem: mnemo.Memory) -> None:
     """A session id that is no thread name, a budget or limit out of range, an item that is
     no dict: InvalidInputError, and the session stays as it was."""
+    from mnemo.integrations.openai_agents import MnemoSession
+
     for bad in ("", "a\x00b", 7):
         with pytest.raises(mnemo.InvalidInputError):
             MnemoSession(mem, bad)  # type: ignore[arg-type]
@@ -157,6 +160,10 @@ async def test_bad_input_is_refused_before_anything_is_stored(mem: mnemo.Memory)
 async def test_it_is_the_sdks_session(mem: mnemo.Memory) -> None:
     """The SDK's runtime-checkable `Session` protocol recognises it, and a `SessionSettings`
     limit applies when get_items has none."""
+    from agents.memory import Session, SessionSettings
+
+    from mnemo.integrations.openai_agents import MnemoSession
+
     session: Session = MnemoSession(mem, "s", session_settings=SessionSettings(limit=1))
     assert isinstance(session, Session)
     await session.add_items(ITEMS[:3])
@@ -169,6 +176,8 @@ async def test_concurrent_adds_of_two_memories_are_all_kept(
 ) -> None:
     """Sessions of one thread in two Memory objects adding at once keep every item, each
     call's items together and in order."""
+    from mnemo.integrations.openai_agents import MnemoSession
+
     async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as other:
         batches = [[{"role": "user", "content": f"{who} {i}"} for i in range(5)]
                    for who in ("ann", "bob", "cy", "dee")]
@@ -190,6 +199,8 @@ async def test_a_token_budget_gives_the_viewport(mem: mnemo.Memory) -> None:
     """With a token budget, adds evict old history into snapshots: get_items() starts with
     one system item holding them and ends with the newest items, while a limit still reads
     the log's newest items."""
+    from mnemo.integrations.openai_agents import MnemoSession
+
     session = MnemoSession(mem, "long", token_budget=200)
     added: list[Any] = [{"role": "user" if i % 2 == 0 else "assistant",
               "content": f"note {i}: the deployment of service {i} went to the staging cluster"}

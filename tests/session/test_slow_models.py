@@ -147,7 +147,8 @@ async def test_a_server_that_slows_mid_session_loses_no_step(store: str) -> None
     """A local server (one slot) answering fast, then slowing to a few tokens a second (for
     replies of tens of tokens) mid-session, past what append_timeout allows a step: every
     append returns, the slow ones with their step stored but not annotated yet; no step is
-    lost, and close_and_commit annotates them in order and commits them all."""
+    lost, and close_and_commit (the server fast again, a slow reply still under way)
+    annotates them in order and commits them all."""
     steps = [("walk north", "go north"), ("walk east", "go east"), ("open the door", "push"),
              ("open the window", "lift"), ("climb the stairs", "go up")]
     config = mnemo.Config(append_timeout=0.5, extraction_timeout=60.0)
@@ -156,6 +157,7 @@ async def test_a_server_that_slows_mid_session_loses_no_step(store: str) -> None
             infos = [await mem.append(sid, *step) for step in steps[:2]]
             server.tokens_per_second = 20.0
             infos += [await mem.append(sid, *step) for step in steps[2:]]
+            server.tokens_per_second = 1000.0
             receipt = await mem.close_and_commit(sid)
             [episode] = await mem.episodes(sid)
             facts = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])

@@ -19,7 +19,9 @@ from mnemo.memory.repos import Repos
 from mnemo.ports import LLM, Embedder, Reranker
 from mnemo.recall.query import LLMReranker
 from mnemo.recall.service import RecallRuntime, RecallService
-from mnemo.session.service import SessionService
+from mnemo.session import extracting
+from mnemo.session.registry import Sessions
+from mnemo.session.service import SessionService, answer_ended
 from mnemo.storage.ports import has_postgres_driver, is_postgres, open_backend
 
 if TYPE_CHECKING:
@@ -75,7 +77,7 @@ def build(
             service.intent_policy(runtime, chosen, repo), runtime.generation,
         )
 
-    service = SessionService(
+    live = Sessions(
         store=sessions,
         coordination=backend.coordination,
         graph=backend.graph,
@@ -85,11 +87,16 @@ def build(
         learn_repo=repos.learn,
         refresh_repo=repos.refresh,
         lease_timeout=config.lease_timeout,
-        idle_session_timeout=config.idle_session_timeout,
+        effects=extracting.start,
+        answer_ended=answer_ended,
+    )
+    service = SessionService(
+        live, idle_session_timeout=config.idle_session_timeout,
         last_answer=repos.usage.last_answer,
     )
     memory._backend, memory._sessions_store, memory._repos = backend, sessions, repos
     memory._events, memory._graph, memory._service = events, backend.graph, service
+    memory._live = live
     memory._recalls = RecallService(backend.graph, events, runtime=recall_runtime)
     memory._ingests = IngestService(backend.graph, ingest_runtime, events)
     def limited(llm: LLM) -> LLM:

@@ -21,12 +21,13 @@ if TYPE_CHECKING:
     from mnemo.ports import LLM, Embedder, Reranker
     from mnemo.recall.service import RecallService
     from mnemo.session.ports import SessionStore
+    from mnemo.session.registry import Sessions
     from mnemo.session.service import SessionService
     from mnemo.storage.ports import Backend
 
 # What `memory.assembly.build` sets.
 BUILT = frozenset({
-    "_backend", "_sessions_store", "_repos", "_events", "_graph", "_service",
+    "_backend", "_sessions_store", "_repos", "_events", "_graph", "_service", "_live",
     "_recalls", "_ingests", "_conversations",
 })
 
@@ -41,6 +42,7 @@ class Parts:
     _events: Events
     _graph: GraphStore
     _service: SessionService
+    _live: Sessions
     _recalls: RecallService
     _ingests: IngestService
     _conversations: ConversationService

@@ -80,7 +80,9 @@ class SessionMethods(Parts):
             StorageError: the step could not be stored.
         """
         self._works("append")
-        return await self._service.append(session_id, observation, action, metadata)
+        from mnemo.session.transitions import append  # imported with the parts, off the loop
+
+        return await append(self._live, session_id, observation, action, metadata)
 
     async def close(self, session_id: str) -> None:
         """Ends the episode and starts extraction in the background (state `extracting`)."""

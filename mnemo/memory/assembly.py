@@ -17,8 +17,7 @@ from mnemo.events import EventCallback, Events
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.memory.repos import Repos
 from mnemo.ports import LLM, Embedder, Reranker
-from mnemo.recall.query import LLMReranker
-from mnemo.recall.service import RecallRuntime, RecallService
+from mnemo.recall.service import RecallService
 from mnemo.session import extracting
 from mnemo.session.registry import Sessions
 from mnemo.session.service import SessionService, answer_ended
@@ -61,14 +60,6 @@ def build(
     repos = Repos(config, llm, embedder, sessions.load_repos)
     events = Events(on_event)
 
-    def recall_runtime(repo: str) -> RecallRuntime:
-        runtime = repos.embedding(repo)
-        planner = runtime.llm if runtime.config.recall_planner == "llm" else repos.offline
-        llm = repos.llm_for(runtime, repo)
-        chosen = reranker or (LLMReranker(llm) if runtime.config.recall_rerank else None)
-        return RecallRuntime(
-            runtime.embedder, runtime.config, planner, llm, runtime.generation, chosen)
-
     def ingest_runtime(repo: str) -> IngestRuntime:
         runtime = repos.embedding(repo)
         chosen = repos.llm_for(runtime, repo)
@@ -97,7 +88,10 @@ def build(
     memory._backend, memory._sessions_store, memory._repos = backend, sessions, repos
     memory._events, memory._graph, memory._service = events, backend.graph, service
     memory._live = live
-    memory._recalls = RecallService(backend.graph, events, runtime=recall_runtime)
+    memory._recalls = RecallService(
+        backend.graph, events, runtime=repos.embedding, llm_for=repos.llm_for,
+        offline=repos.offline, reranker=reranker,
+    )
     memory._ingests = IngestService(backend.graph, ingest_runtime, events)
     def limited(llm: LLM) -> LLM:
         return LimitedLLM(llm, repos.slots(llm, config))

@@ -4,8 +4,8 @@ built with the repo's runtime, and the "recall_executed" event reported."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from mnemo.config import Config
 from mnemo.events import Events
@@ -14,39 +14,37 @@ from mnemo.graph.ports import RecallReads
 from mnemo.graph.reads import node_types
 from mnemo.graph.scope import Where
 from mnemo.inputs import check_count, check_text
-from mnemo.ports import LLM, Embedder, Reranker
+from mnemo.ports import LLM, Reranker
 from mnemo.recall import ranking
 from mnemo.recall.engine import Recaller, RecallResult
-from mnemo.recall.query import TagVectors
+from mnemo.recall.query import LLMReranker, TagVectors
 
-
-@dataclass(frozen=True, slots=True)
-class RecallRuntime:
-    """What a recall in one repo runs with: its embedder and config, the LLM that plans the
-    query and the one that synthesises, and the reranker if recalls are re-ranked."""
-
-    embedder: Embedder
-    config: Config
-    planner: LLM
-    llm: LLM
-    # The generation of the repo's vectors `embedder` makes (`RepoRow.generation`).
-    generation: int | None = None
-    reranker: Reranker | None = None
+if TYPE_CHECKING:
+    from mnemo.session.machine import Runtime
 
 
 class RecallService:
-    """Recalls of every repo; `runtime` raises NotFoundError for an unknown repo."""
+    """Recalls of every repo, each with its repo's runtime (`runtime`: NotFoundError for an
+    unknown repo): its embedder and config, the LLM that plans the query (the repo's, or
+    `offline` as `Config.recall_planner` says), the one that synthesises (`llm_for`), and
+    `reranker`, else the LLM's re-ranking when `Config.recall_rerank` asks for one."""
 
     def __init__(
         self,
         graph: RecallReads,
         events: Events,
         *,
-        runtime: Callable[[str], RecallRuntime],
+        runtime: Callable[[str], Runtime],
+        llm_for: Callable[[Runtime, str], LLM],
+        offline: LLM,
+        reranker: Reranker | None = None,
     ) -> None:
         self._graph = graph
         self._events = events
         self._runtime = runtime
+        self._llm_for = llm_for
+        self._offline = offline
+        self._reranker = reranker
         self._tag_vectors = TagVectors()
 
     async def recall(
@@ -57,11 +55,14 @@ class RecallService:
         """The recall, reported as "recall_executed" (with `session_id` when it ran in the
         context of a session, `recall_in_context`)."""
         runtime = self._runtime(repo)
-        kinds, as_of, valid_at = check_recall(runtime.config, query, k, types, as_of, valid_at)
+        config = runtime.config
+        kinds, as_of, valid_at = check_recall(config, query, k, types, as_of, valid_at)
+        llm = self._llm_for(runtime, repo)
         recaller = Recaller(
-            self._graph, runtime.embedder, runtime.config, planner=runtime.planner,
-            llm=runtime.llm, tag_vectors=self._tag_vectors, generation=runtime.generation,
-            reranker=runtime.reranker,
+            self._graph, runtime.embedder, config,
+            planner=runtime.llm if config.recall_planner == "llm" else self._offline, llm=llm,
+            tag_vectors=self._tag_vectors, generation=runtime.generation,
+            reranker=self._reranker or (LLMReranker(llm) if config.recall_rerank else None),
         )
         result = await recaller.recall(
             repo, query, k=k, types=kinds, reinforce=reinforce, as_of=as_of, valid_at=valid_at,

@@ -13,8 +13,9 @@ The work is split by concern, each module a set of functions over one shared `Se
   takeover of work a gone holder left.
 
 Imports point one way, down this list read from the bottom: no module imports one that
-imports it. This module checks a call's input, finds its session, and hands it to them; it
-also restores the sessions a store holds, and hosts the task group of their background work.
+imports it. This module checks a call's input, finds its session, and hands it to them (an
+append goes from `Memory.append` to `transitions.append` directly); it also restores the
+sessions a store holds, and hosts the task group of their background work.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from mnemo.events import EventCallback, Events
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.memory.repos import Repos
 from mnemo.ports import LLM, Embedder, Reranker
-from mnemo.recall.service import RecallService
+from mnemo.recall.query import TagVectors
 from mnemo.session import extracting
 from mnemo.session.registry import Sessions
 from mnemo.session.service import SessionService, answer_ended
@@ -88,10 +88,7 @@ def build(
     memory._backend, memory._sessions_store, memory._repos = backend, sessions, repos
     memory._events, memory._graph, memory._service = events, backend.graph, service
     memory._live = live
-    memory._recalls = RecallService(
-        backend.graph, events, runtime=repos.embedding, llm_for=repos.llm_for,
-        offline=repos.offline, reranker=reranker,
-    )
+    memory._tag_vectors = TagVectors()
     memory._ingests = IngestService(backend.graph, ingest_runtime, events)
     def limited(llm: LLM) -> LLM:
         return LimitedLLM(llm, repos.slots(llm, config))

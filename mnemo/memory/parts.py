@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from mnemo.ingest.service import IngestService
     from mnemo.memory.repos import Repos
     from mnemo.ports import LLM, Embedder, Reranker
-    from mnemo.recall.service import RecallService
+    from mnemo.recall.query import TagVectors
     from mnemo.session.ports import SessionStore
     from mnemo.session.registry import Sessions
     from mnemo.session.service import SessionService
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # What `memory.assembly.build` sets.
 BUILT = frozenset({
     "_backend", "_sessions_store", "_repos", "_events", "_graph", "_service", "_live",
-    "_recalls", "_ingests", "_conversations",
+    "_tag_vectors", "_ingests", "_conversations",
 })
 
 
@@ -43,7 +43,7 @@ class Parts:
     _graph: GraphStore
     _service: SessionService
     _live: Sessions
-    _recalls: RecallService
+    _tag_vectors: TagVectors
     _ingests: IngestService
     _conversations: ConversationService
     # What `build` builds the parts from: the path, llm, embedder, on_event, synchronous,

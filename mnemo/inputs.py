@@ -208,6 +208,18 @@ def check_count(name: str, value: object, *, minimum: int = 0, maximum: float = 
     return value
 
 
+def check_seconds(name: str, value: object, most: float) -> float:
+    """A positive number of seconds, at most `most`.
+
+    Raises:
+        InvalidInputError: not a number (bools refused), not positive, or past `most`.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= most:
+        raise InvalidInputError(
+            f"{name} must be a positive number of seconds, at most {most:,.0f}, got {value!r}")
+    return float(value)
+
+
 def check_json(value: object, what: str, *, limit: int) -> str:
     """The JSON text of `value` (keys sorted), checked (`check_tree` first, before it is
     encoded) to be at most `limit` characters and `MAX_JSON_DEPTH` containers deep.

@@ -54,7 +54,7 @@ from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, Stora
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
 from mnemo.graph.scope import Where
-from mnemo.inputs import check_count, check_id, check_models, check_text
+from mnemo.inputs import check_count, check_id, check_models, check_seconds, check_text
 from mnemo.ports import LLM, Embedder, detect_dim
 from mnemo.text import query_words
 
@@ -451,16 +451,8 @@ def _compressions(
 def _ttl(ttl: float | timedelta | None) -> float | None:
     if ttl is None:
         return None
-    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
-    most = DURATION_CEILINGS["age"]
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (
-        0 < seconds <= most
-    ):
-        raise InvalidInputError(
-            f"ttl must be a positive number of seconds, at most {most:,.0f} (100 years), "
-            f"got {ttl!r}"
-        )
-    return float(seconds)
+    return check_seconds("ttl", ttl.total_seconds() if isinstance(ttl, timedelta) else ttl,
+                         DURATION_CEILINGS["age"])
 
 
 

@@ -17,9 +17,10 @@ from mnemo.events import EventCallback, Events
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.memory.repos import Repos
 from mnemo.ports import LLM, Embedder, Reranker
-from mnemo.recall.query import LLMReranker
-from mnemo.recall.service import RecallRuntime, RecallService
-from mnemo.session.service import SessionService
+from mnemo.recall.query import TagVectors
+from mnemo.session import extracting
+from mnemo.session.registry import Sessions
+from mnemo.session.service import SessionService, answer_ended
 from mnemo.storage.ports import has_postgres_driver, is_postgres, open_backend
 
 if TYPE_CHECKING:
@@ -59,14 +60,6 @@ def build(
     repos = Repos(config, llm, embedder, sessions.load_repos)
     events = Events(on_event)
 
-    def recall_runtime(repo: str) -> RecallRuntime:
-        runtime = repos.embedding(repo)
-        planner = runtime.llm if runtime.config.recall_planner == "llm" else repos.offline
-        llm = repos.llm_for(runtime, repo)
-        chosen = reranker or (LLMReranker(llm) if runtime.config.recall_rerank else None)
-        return RecallRuntime(
-            runtime.embedder, runtime.config, planner, llm, runtime.generation, chosen)
-
     def ingest_runtime(repo: str) -> IngestRuntime:
         runtime = repos.embedding(repo)
         chosen = repos.llm_for(runtime, repo)
@@ -75,7 +68,7 @@ def build(
             service.intent_policy(runtime, chosen, repo), runtime.generation,
         )
 
-    service = SessionService(
+    live = Sessions(
         store=sessions,
         coordination=backend.coordination,
         graph=backend.graph,
@@ -85,12 +78,17 @@ def build(
         learn_repo=repos.learn,
         refresh_repo=repos.refresh,
         lease_timeout=config.lease_timeout,
-        idle_session_timeout=config.idle_session_timeout,
+        effects=extracting.start,
+        answer_ended=answer_ended,
+    )
+    service = SessionService(
+        live, idle_session_timeout=config.idle_session_timeout,
         last_answer=repos.usage.last_answer,
     )
     memory._backend, memory._sessions_store, memory._repos = backend, sessions, repos
     memory._events, memory._graph, memory._service = events, backend.graph, service
-    memory._recalls = RecallService(backend.graph, events, runtime=recall_runtime)
+    memory._live = live
+    memory._tag_vectors = TagVectors()
     memory._ingests = IngestService(backend.graph, ingest_runtime, events)
     def limited(llm: LLM) -> LLM:
         return LimitedLLM(llm, repos.slots(llm, config))

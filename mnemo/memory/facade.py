@@ -7,7 +7,7 @@
 - `session.SessionService` runs every session's state machine, queue and background work;
 - `memory.graph.GraphMethods` looks nodes up (`graph.reads` checks the input);
   `graph.maintenance` consolidates and decays;
-- `recall.service.RecallService` searches a repo; `ingest.IngestService` stores trajectories;
+- `recall.engine.Recaller` searches a repo; `ingest.IngestService` stores trajectories;
 - `conversation.ConversationService` keeps chat threads: log, viewport, eviction, search.
 
 This module builds the parts, opens and closes them, and holds the methods over repos, recall
@@ -39,6 +39,7 @@ from mnemo.memory.sessions import SessionMethods
 if TYPE_CHECKING:
     from mnemo.events import EventCallback
     from mnemo.graph.model import NodeType
+    from mnemo.graph.scope import Where
     from mnemo.ingest.model import IngestProgress, IngestReceipt, Trajectory
     from mnemo.ports import LLM, Embedder, Reranker, Usage
     from mnemo.recall.engine import RecallResult
@@ -257,7 +258,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             ConflictError: another Memory re-embedded the repo, then again before the recall
                 ran once more with the repo's new embedder (`Memory.reembed`).
         """
-        from mnemo.recall.service import check_recall
+        from mnemo.recall.ranking import check_recall
 
         scope = check_where(where)
         await self._repos.checked(
@@ -265,7 +266,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         if reinforce is None:
             reinforce = not self._inspect
         chosen = reinforce
-        return await self._following_switches(repo, lambda: self._recalls.recall(
+        return await self._following_switches(repo, lambda: self._recall(
             repo, query, k=k, types=types, reinforce=chosen, as_of=as_of, valid_at=valid_at,
             where=scope))
 
@@ -411,10 +412,43 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         if context is not None:
             query = "\n".join([query, context.goal, *context.recent_steps])[:limit]
         asked = query
-        return await self._following_switches(repo, lambda: self._recalls.recall(
+        return await self._following_switches(repo, lambda: self._recall(
             repo, asked, k=k, types=None, reinforce=not self._inspect,
             session_id=session_id, where=scope,
         ))
+
+    async def _recall(
+        self, repo: str, query: str, *, k: int, types: Iterable[NodeType] | None, reinforce: bool,
+        as_of: datetime | None = None, valid_at: datetime | None = None,
+        session_id: str | None = None, where: Where | None = None,
+    ) -> RecallResult:
+        """The recall with the repo's runtime: the LLM that plans the query (the repo's, or
+        the offline one, as `Config.recall_planner` says), the one that synthesises, and the
+        Memory's reranker, else the LLM's when `Config.recall_rerank` asks for one; reported
+        as "recall_executed" (with `session_id` for `recall_in_context`)."""
+        from mnemo.recall.engine import Recaller
+        from mnemo.recall.query import LLMReranker
+        from mnemo.recall.ranking import check_recall
+
+        runtime = self._repos.embedding(repo)
+        config = runtime.config
+        kinds, as_of, valid_at = check_recall(config, query, k, types, as_of, valid_at)
+        llm = self._repos.llm_for(runtime, repo)
+        recaller = Recaller(
+            self._graph, runtime.embedder, config, tag_vectors=self._tag_vectors, llm=llm,
+            planner=runtime.llm if config.recall_planner == "llm" else self._repos.offline,
+            generation=runtime.generation,
+            reranker=self._parts[5] or (LLMReranker(llm) if config.recall_rerank else None),
+        )
+        result = await recaller.recall(
+            repo, query, k=k, types=kinds, reinforce=reinforce, as_of=as_of, valid_at=valid_at,
+            where=where,
+        )
+        await self._events.emit(
+            "recall_executed", session_id=session_id, repo=repo, query=query, k=k,
+            node_ids=[m.node.id for m in result.memories],
+        )
+        return result
 
 
 def _loaded(path: str) -> bool:

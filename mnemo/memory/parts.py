@@ -19,15 +19,16 @@ if TYPE_CHECKING:
     from mnemo.ingest.service import IngestService
     from mnemo.memory.repos import Repos
     from mnemo.ports import LLM, Embedder, Reranker
-    from mnemo.recall.service import RecallService
+    from mnemo.recall.query import TagVectors
     from mnemo.session.ports import SessionStore
+    from mnemo.session.registry import Sessions
     from mnemo.session.service import SessionService
     from mnemo.storage.ports import Backend
 
 # What `memory.assembly.build` sets.
 BUILT = frozenset({
-    "_backend", "_sessions_store", "_repos", "_events", "_graph", "_service",
-    "_recalls", "_ingests", "_conversations",
+    "_backend", "_sessions_store", "_repos", "_events", "_graph", "_service", "_live",
+    "_tag_vectors", "_ingests", "_conversations",
 })
 
 
@@ -41,7 +42,8 @@ class Parts:
     _events: Events
     _graph: GraphStore
     _service: SessionService
-    _recalls: RecallService
+    _live: Sessions
+    _tag_vectors: TagVectors
     _ingests: IngestService
     _conversations: ConversationService
     # What `build` builds the parts from: the path, llm, embedder, on_event, synchronous,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from mnemo.config import DURATION_CEILINGS, Config
 from mnemo.errors import InvalidInputError
 from mnemo.graph.scope import check_metadata
-from mnemo.inputs import check_count, check_id, check_models, check_text
+from mnemo.inputs import check_count, check_id, check_models, check_seconds, check_text
 from mnemo.memory.parts import Parts
 
 if TYPE_CHECKING:
@@ -80,7 +80,9 @@ class SessionMethods(Parts):
             StorageError: the step could not be stored.
         """
         self._works("append")
-        return await self._service.append(session_id, observation, action, metadata)
+        from mnemo.session.transitions import append  # imported with the parts, off the loop
+
+        return await append(self._live, session_id, observation, action, metadata)
 
     async def close(self, session_id: str) -> None:
         """Ends the episode and starts extraction in the background (state `extracting`)."""
@@ -128,14 +130,7 @@ class SessionMethods(Parts):
         check_count("max_retries", max_retries, maximum=MAX_RETRIES)
         if max_polls is not None:
             check_count("max_polls", max_polls, minimum=1)
-        most = DURATION_CEILINGS["wait"]
-        if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not (
-            0 < poll_interval <= most
-        ):
-            raise InvalidInputError(
-                f"poll_interval must be a positive number of seconds, at most {most:,.0f}, "
-                f"got {poll_interval!r}"
-            )
+        check_seconds("poll_interval", poll_interval, DURATION_CEILINGS["wait"])
         try:
             return await self._service.close_and_commit(
                 session_id, max_retries=max_retries, max_polls=max_polls,

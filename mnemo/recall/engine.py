@@ -93,7 +93,7 @@ class Recaller:
     config: Config
     planner: LLM
     llm: LLM
-    # The search tags' vectors of earlier recalls (RecallService shares one).
+    # The search tags' vectors of earlier recalls (a Memory shares one).
     tag_vectors: TagVectors = field(default_factory=TagVectors)
     # The generation of the repo's vectors `embedder` makes (None: not checked).
     generation: int | None = None

@@ -28,10 +28,13 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from mnemo.config import Config
 from mnemo.errors import InvalidInputError
 from mnemo.graph.facts import TEMPORAL
 from mnemo.graph.model import LinkType, Node, NodeId, NodeType
 from mnemo.graph.ports import NodeReads
+from mnemo.graph.reads import node_types
+from mnemo.inputs import check_count, check_text
 from mnemo.recall.model import Recalled
 
 
@@ -383,3 +386,21 @@ def descending(ranked: list[Recalled]) -> list[Recalled]:
             r = replace(r, score=out[-1].score)  # the rest as it was: retired, successor
         out.append(r)
     return out
+
+
+def check_recall(
+    config: Config, query: object, k: object, types: Iterable[NodeType] | None,
+    as_of: object, valid_at: object = None,
+) -> tuple[list[NodeType] | None, datetime | None, datetime | None]:
+    """A recall's input checked against the repo's `config`: the types asked for and the
+    moments (`as_of` and `valid_at`, made aware).
+
+    Raises:
+        InvalidInputError: a blank query or one past `Config.max_text_chars`, a `k` below 1
+            or past `Config.max_results`, types that are not node types, an `as_of` that is
+            not a datetime, or a `valid_at` that is not one.
+    """
+    check_text(query, "query", limit=config.max_text_chars, stored=False)
+    check_count("k", k, minimum=1, maximum=config.max_results, setting="Config.max_results")
+    return (None if types is None else node_types(types), check_moment(as_of, "as_of"),
+            check_moment(valid_at, "valid_at"))

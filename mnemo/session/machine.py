@@ -38,7 +38,13 @@ from transitions import Machine
 from mnemo.adapters.recorded import UnavailableEmbedder, UnavailableLLM
 from mnemo.config import Config, with_longer_timeouts
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.errors import EmbeddingError, LLMError, SessionError
+from mnemo.errors import (
+    EmbeddingError,
+    InvalidInputError,
+    LLMError,
+    NotFoundError,
+    SessionError,
+)
 from mnemo.extraction.memo import TaskMemo
 from mnemo.graph.model import Changeset, CommitReceipt
 from mnemo.inputs import check_json, check_text
@@ -112,6 +118,28 @@ def refusal(session: SessionRecord, event: str, **facts: object) -> str | None:
     if session.may_trigger(event, **facts):
         return None
     return STALE if event in RESULTS else REFUSALS[session.state][event]
+
+
+def refuse_unless(session: SessionRecord, event: str, **facts: object) -> None:
+    """Raises NotFoundError for an ended session, SessionError where the table refuses."""
+    if session.ended:  # ended while this call waited for its turn
+        raise NotFoundError("session", session.id)
+    reason = refusal(session, event, **facts)
+    if reason is not None:
+        raise SessionError(reason, state=session.state, session_id=session.id)
+
+
+def appends_before(session: SessionRecord, *, queued: bool = False) -> int:
+    """The appends a close waits for (the table's condition on `close`): those running or
+    accepted before it. A `queued` close (running from the queue) is not held by the appends
+    still queued after it: they run once it is done."""
+    later = sum(op.kind == "append" for op in session.pending) if queued else 0
+    return max(session.appends_in_flight - later, 0)
+
+
+def refuse_close(session: SessionRecord, *, queued: bool = False) -> None:
+    """Raises as `refuse_unless`: `append_in_progress` while an append runs."""
+    refuse_unless(session, "close", appends=appends_before(session, queued=queued))
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,11 +442,12 @@ class SessionRecord:
         return step.annotated and step.committed_in is None and step.id not in self.claimed
 
 
-def check_step(
-    config: Config, observation: object, action: object, metadata: dict[str, Any] | None
-) -> None:
-    """Raises InvalidInputError for a blank observation (a step is what was observed), or a
-    step past `config.max_text_chars` (metadata: as JSON, and `inputs.MAX_JSON_DEPTH` deep)."""
+def check_step(config: Config, observation: object, action: object, metadata: object) -> None:
+    """Raises InvalidInputError for a blank observation (a step is what was observed), a
+    metadata that is not a dict, or a step past `config.max_text_chars` (metadata: as JSON,
+    and `inputs.MAX_JSON_DEPTH` deep)."""
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
     check_text(observation, "observation", limit=config.max_text_chars)
     check_text(action, "action", limit=config.max_text_chars, blank_ok=True)
     if metadata is not None:

@@ -220,7 +220,7 @@ async def _execute(live: Sessions, session: SessionRecord, op: Op) -> None:
     if op.kind == "append":
         assert op.ticket is not None
         observation, action = op.args
-        await transitions.Append(live, session, observation, action, None).run(op.ticket)
+        await transitions.run_append(live, session, op.ticket, observation, action, None)
     else:
         await transitions.call(live, session, op.kind, op.args, op)
 

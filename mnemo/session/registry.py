@@ -75,7 +75,7 @@ class Sessions:
         # (`Repos.refresh`): a commit of work embedded before then embeds it again.
         self.refresh_repo = refresh_repo
         # Starts what a move asks for (an `Effect`) in the session's own tasks, and answers
-        # what a session ended elsewhere still owes: given by the service, so that the
+        # what a session ended elsewhere still owes: given at construction, so that the
         # machine's moves name their effects without importing what runs them.
         self._effects = effects
         self._answer_ended = answer_ended

@@ -13,8 +13,9 @@ The work is split by concern, each module a set of functions over one shared `Se
   takeover of work a gone holder left.
 
 Imports point one way, down this list read from the bottom: no module imports one that
-imports it. This module checks a call's input, finds its session, and hands it to them; it
-also restores the sessions a store holds, and hosts the task group of their background work.
+imports it. This module checks a call's input, finds its session, and hands it to them (an
+append goes from `Memory.append` to `transitions.append` directly); it also restores the
+sessions a store holds, and hosts the task group of their background work.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT, Config
-from mnemo.episode.model import EpisodeRecord, StepInfo
+from mnemo.episode.model import EpisodeRecord
 from mnemo.errors import (
     InvalidInputError,
     NotFoundError,
@@ -37,15 +38,14 @@ from mnemo.errors import (
     SessionError,
     StorageError,
 )
-from mnemo.events import Events
 from mnemo.extraction.contradiction import intent_policy
 from mnemo.extraction.pipeline import failure_reason
 from mnemo.graph.model import CommitReceipt
-from mnemo.graph.ports import GraphStore, IntentPolicy
+from mnemo.graph.ports import IntentPolicy
 from mnemo.graph.scope import Metadata
 from mnemo.inputs import check_text
 from mnemo.ports import LLM
-from mnemo.session import extracting, operations, timers, transitions
+from mnemo.session import operations, timers, transitions
 from mnemo.session.machine import (
     Callback,
     Runtime,
@@ -53,10 +53,10 @@ from mnemo.session.machine import (
     SessionInfo,
     SessionRecord,
     State,
-    check_step,
     project,
+    refuse_close,
 )
-from mnemo.session.ports import Coordination, LiveSession, SessionStore, StoredOp
+from mnemo.session.ports import LiveSession, StoredOp
 from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
@@ -68,30 +68,14 @@ class SessionService:
     """All sessions of one `Memory`."""
 
     def __init__(
-        self,
-        *,
-        store: SessionStore,
-        coordination: Coordination,
-        graph: GraphStore,
-        events: Events,
-        repo_runtime: Callable[[str], Runtime],
-        llm_for: Callable[[Runtime, str, str | None], LLM],
-        learn_repo: Callable[[str], Awaitable[None]],
-        refresh_repo: Callable[[str, int], Awaitable[Runtime]],
-        lease_timeout: float = 30.0,
-        idle_session_timeout: float = DEFAULT_IDLE_SESSION_TIMEOUT,
+        self, live: Sessions, *, idle_session_timeout: float = DEFAULT_IDLE_SESSION_TIMEOUT,
         last_answer: Callable[[str], float | None] | None = None,
     ) -> None:
         # When a model call of a session last ended here: an extraction still being answered
         # is waited for past its deadline's length (its calls may queue for a slow server).
         self._last_answer = last_answer
-        self._live = Sessions(
-            store=store, coordination=coordination, graph=graph, events=events,
-            repo_runtime=repo_runtime, llm_for=llm_for, learn_repo=learn_repo,
-            refresh_repo=refresh_repo, lease_timeout=lease_timeout, effects=extracting.start,
-            answer_ended=_answer_ended,
-        )
-        self._live.idle_within(idle_session_timeout)
+        self._live = live
+        live.idle_within(idle_session_timeout)
         self._host: asyncio.Task[None] | None = None
         self._stop = anyio.Event()
 
@@ -263,59 +247,15 @@ class SessionService:
         # operation whose callback ends it), which the drop has just cancelled; the queued
         # operations still get their callbacks.
         with anyio.CancelScope(shield=True):
-            await _answer_ended(self._live, session)
+            await answer_ended(self._live, session)
 
     # ---- the sync calls ----------------------------------------------------------------------
 
     async def start_episode(self, session_id: str, goal: str) -> None:
         session = await self._live.fetch(session_id)
         check_text(goal, "goal", limit=session.config.max_text_chars)
-        await self._refuse_unless(session, "start_episode")
+        await transitions.refuse_checked(self._live, session, "start_episode")
         await transitions.start_episode(self._live, session, goal)
-
-    async def append(
-        self, session_id: str, observation: str, action: str, metadata: dict[str, Any] | None
-    ) -> StepInfo:
-        if metadata is not None and not isinstance(metadata, dict):
-            raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
-        session = await self._live.fetch(session_id)
-        check_step(session.config, observation, action, metadata)
-        await self._refuse_unless(session, "append")
-        session.appends_in_flight += 1
-        ticket = session.ticket_queue.take()
-        try:
-            return await transitions.Append(
-                self._live, session, observation, action, metadata
-            ).run(ticket)
-        finally:
-            session.appends_in_flight -= 1
-            session.notify()  # an expiry waits for appends to end (`timers._working`)
-
-    async def _refuse_unless(self, session: SessionRecord, event: str) -> None:
-        """`transitions.refuse_unless` for the calls that start from the record this Memory
-        holds (append and start_episode: a round trip saved on each): what the record allows
-        is tried (a write the store refuses reads the session again), but a refusal is final,
-        so it is checked against the store first (`_read_again`).
-
-        Raises:
-            SessionError, NotFoundError: as `transitions.refuse_unless`, on the store's state.
-        """
-        try:
-            transitions.refuse_unless(session, event)
-        except SessionError:
-            await self._read_again(session)
-            transitions.refuse_unless(session, event)
-
-    async def _read_again(self, session: SessionRecord) -> None:
-        """The store's state in the record, before a refusal is raised from it: read under
-        the session's lock (no write of this Memory's own under way), taken in only when
-        newer than the record, as any read.
-
-        Raises:
-            NotFoundError: the session ended meanwhile.
-        """
-        async with session.lock:
-            await self._live.reload(session)
 
     async def close(self, session_id: str) -> None:
         await transitions.call(self._live, await self._live.fetch(session_id, fresh=True), "close")
@@ -348,7 +288,7 @@ class SessionService:
         session = await self._live.fetch(session_id, fresh=True)
         runs = 0  # extractions this call started
         if session.state in (S.COLLECTING, S.IDLE):
-            transitions.refuse_close(session)
+            refuse_close(session)
             await transitions.close(self._live, session)
             runs = 1
         elif session.state is S.EXTRACTING:
@@ -419,8 +359,10 @@ class SessionService:
             ):
                 raise
             # Checked against the store before it is raised, as a sync call's refusal is
-            # (`_read_again`): nothing was accepted, so trying again accepts it at most once.
-            await self._read_again(session)
+            # (`transitions.refuse_checked`): nothing was accepted, so trying again accepts it
+            # at most once.
+            async with session.lock:
+                await self._live.reload(session)
             await self._accept(session, kind, args, callback)
 
     async def _accept(self, session: SessionRecord, kind: str, args: tuple[Any, ...],
@@ -438,7 +380,7 @@ class SessionService:
                              self._live.refresh_repo)
 
 
-async def _answer_ended(live: Sessions, session: SessionRecord) -> None:
+async def answer_ended(live: Sessions, session: SessionRecord) -> None:
     """Answers what an ended session owed, `session_ended`: its queued operations, and those
     it stored for another Memory's extraction (their watcher was cancelled with the rest, and
     nothing else would call them back). Its end here, or seen in the store."""

@@ -44,6 +44,7 @@ from mnemo.session.machine import (
     State,
     current_state,
     deliver,
+    refuse_close,
 )
 from mnemo.session.ports import StaleSession
 from mnemo.session.registry import Sessions
@@ -227,7 +228,7 @@ async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
                 or not session.driven)
 
     def refuse() -> None:
-        transitions.refuse_close(session)
+        refuse_close(session)
         if used():
             raise SessionError("not_idle", state=session.state, session_id=session.id)
 
@@ -251,7 +252,7 @@ async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
         if current_state(session) is not S.COLLECTING:
             break
         try:
-            # Refused, as any close, while an append runs (`transitions.refuse_close`), and
+            # Refused, as any close, while an append runs (`refuse_close`), and
             # when the store says it was used meanwhile (read again after a conflict).
             await transitions.start_extraction(live, session, "close", None, refuse=refuse)
         except SessionError:

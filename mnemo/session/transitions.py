@@ -18,7 +18,6 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -39,7 +38,11 @@ from mnemo.session.machine import (
     Op,
     SessionRecord,
     State,
+    appends_before,
+    check_step,
     refusal,
+    refuse_close,
+    refuse_unless,
 )
 from mnemo.session.ports import StaleSession
 from mnemo.session.registry import Sessions
@@ -47,28 +50,6 @@ from mnemo.session.registry import Sessions
 log = logging.getLogger("mnemo")
 
 S = State
-
-
-def refuse_unless(session: SessionRecord, event: str, **facts: object) -> None:
-    """Raises NotFoundError for an ended session, SessionError where the table refuses."""
-    if session.ended:  # ended while this call waited for its turn
-        raise NotFoundError("session", session.id)
-    reason = refusal(session, event, **facts)
-    if reason is not None:
-        raise SessionError(reason, state=session.state, session_id=session.id)
-
-
-def appends_before(session: SessionRecord, *, queued: bool = False) -> int:
-    """The appends a close waits for (the table's condition on `close`): those running or
-    accepted before it. A `queued` close (running from the queue) is not held by the appends
-    still queued after it: they run once it is done."""
-    later = sum(op.kind == "append" for op in session.pending) if queued else 0
-    return max(session.appends_in_flight - later, 0)
-
-
-def refuse_close(session: SessionRecord, *, queued: bool = False) -> None:
-    """Raises as `refuse_unless`: `append_in_progress` while an append runs."""
-    refuse_unless(session, "close", appends=appends_before(session, queued=queued))
 
 
 async def move(
@@ -170,95 +151,127 @@ async def start_episode(
     live.touch(session)
 
 
-@dataclass(frozen=True, slots=True)
-class Append:
-    """One step on its way into a collecting session: what the caller gave, and the session
-    (with the Memory's sessions) it goes to. `run` stores it, then waits for its annotation."""
+async def refuse_checked(live: Sessions, session: SessionRecord, event: str) -> None:
+    """`refuse_unless` for the calls that start from the record this Memory holds (append and
+    start_episode: a round trip saved on each): what the record allows is tried (a write the
+    store refuses reads the session again), but a refusal is final, so it is checked against
+    the store first: read under the session's lock (no write of this Memory's own under way),
+    taken in only when newer than the record, as any read.
 
-    live: Sessions
-    session: SessionRecord
-    observation: str
-    action: str
-    metadata: dict[str, Any] | None
-
-    async def run(self, ticket: int) -> StepInfo:
-        """Stores the step when the ticket queue reaches `ticket`, so steps keep their call order,
-        and starts the annotation of what is stored (`annotate`); returns once the step is
-        annotated, or `append_timeout` after it was stored, unannotated (annotated later)."""
-        live, session = self.live, self.session
-        await session.ticket_queue.wait(ticket)
-        try:
-            try:
-                step, episode_id = await self._store()
-            finally:
-                session.ticket_queue.leave(ticket)
-            with anyio.move_on_after(session.runtime.config.append_timeout):
-                while True:
-                    changed = session.changed
-                    now = session.step_at(episode_id, step.index)
-                    if now is None or now.annotated or not session.annotating:
-                        break
-                    await changed.wait()
-        finally:
-            live.touch(session)  # activity until it returns: an expiry finds it used
-        info = StepInfo(step.index, None, None, annotated=False)
-        now = session.step_at(episode_id, step.index)
-        if now is not None and now.annotated:
-            before = session.step_at(episode_id, step.index - 1) if step.index else None
-            boundary = before is not None and before.trajectory_id != now.trajectory_id
-            info = StepInfo(step.index, now.trajectory_id, boundary)
-        await live.events.emit(
-            "step_appended", session_id=session.id, repo=session.repo, index=info.index,
-            trajectory_id=info.trajectory_id, boundary_detected=info.boundary_detected,
-            annotated=info.annotated,
-        )
-        return info
-
-    async def _store(self) -> tuple[StepRecord, str]:
-        live, session = self.live, self.session
-        # The store's state once this append's turn came: a move another Memory made before
-        # is answered by the table; only a move during the append is `not_collecting`.
-        await live.fetch(session.id, fresh=True)
-        moved = False
-        while True:
-            if moved and not session.ended and session.state is not S.COLLECTING:
-                # Closed through another Memory while this append was under way.
-                raise SessionError("not_collecting", state=session.state, session_id=session.id)
-            refuse_unless(session, "append")
-            stored = await self._try()
-            if stored is not None:
-                return stored
-            # Another Memory moved the session: read it again, and store against the episode
-            # as it now is, or be refused.
-            async with session.lock:
-                await live.reload(session, conflict=True)
-            moved = True
-
-    async def _try(self) -> tuple[StepRecord, str] | None:
-        """Stores the step (claimed for its annotation by this Memory) and starts the
-        annotation; None when the session moved in the store meanwhile (nothing written)."""
-        live, session = self.live, self.session
-        session.runtime.check_usable(session.repo)
-        await live.register()  # a claim lasts while its holder is recorded
+    Raises:
+        SessionError, NotFoundError: as `refuse_unless`, on the store's state.
+    """
+    try:
+        refuse_unless(session, event)
+    except SessionError:
         async with session.lock:
-            refuse_unless(session, "append")
-            episode = session.episode
-            assert episode is not None, "a collecting session has an episode"
-            index = len(episode.steps)
-            step = StepRecord(f"{episode.id}:{index}", index, "", self.observation,
-                              self.action, "", "", NO_VECTOR, metadata=self.metadata)
-            try:
-                session.version = await live.store.add_step(
-                    session.id, episode.id, step, version=session.version,
-                    holder=live.holder_id,
-                )
-            except StaleSession:
-                return None
-            session.held.add(step.id)
-            episode.steps.append(step)
-            # Started at once: a cancelled append leaves no stored step nobody annotates.
-            annotate(live, session)
-        return step, episode.id
+            await live.reload(session)
+        refuse_unless(session, event)
+
+
+async def append(
+    live: Sessions, session_id: str, observation: str, action: str,
+    metadata: dict[str, Any] | None,
+) -> StepInfo:
+    """A caller's append: the step checked, then stored in call order (`run_append`)."""
+    session = await live.fetch(session_id)
+    check_step(session.config, observation, action, metadata)
+    await refuse_checked(live, session, "append")
+    session.appends_in_flight += 1
+    ticket = session.ticket_queue.take()
+    try:
+        return await run_append(live, session, ticket, observation, action, metadata)
+    finally:
+        session.appends_in_flight -= 1
+        session.notify()  # an expiry waits for appends to end (`timers._working`)
+
+
+async def run_append(
+    live: Sessions, session: SessionRecord, ticket: int, observation: str, action: str,
+    metadata: dict[str, Any] | None,
+) -> StepInfo:
+    """Stores the step when the ticket queue reaches
+    `ticket`, so steps keep their call order, and starts the annotation of what is stored
+    (`annotate`); returns once the step is annotated, or `append_timeout` after it was
+    stored, unannotated (annotated later)."""
+    await session.ticket_queue.wait(ticket)
+    try:
+        try:
+            stored, episode_id = await _store(live, session, observation, action, metadata)
+        finally:
+            session.ticket_queue.leave(ticket)
+        with anyio.move_on_after(session.runtime.config.append_timeout):
+            while True:
+                changed = session.changed
+                now = session.step_at(episode_id, stored.index)
+                if now is None or now.annotated or not session.annotating:
+                    break
+                await changed.wait()
+    finally:
+        live.touch(session)  # activity until it returns: an expiry finds it used
+    info = StepInfo(stored.index, None, None, annotated=False)
+    now = session.step_at(episode_id, stored.index)
+    if now is not None and now.annotated:
+        before = session.step_at(episode_id, stored.index - 1) if stored.index else None
+        boundary = before is not None and before.trajectory_id != now.trajectory_id
+        info = StepInfo(stored.index, now.trajectory_id, boundary)
+    await live.events.emit(
+        "step_appended", session_id=session.id, repo=session.repo, index=info.index,
+        trajectory_id=info.trajectory_id, boundary_detected=info.boundary_detected,
+        annotated=info.annotated,
+    )
+    return info
+
+
+async def _store(
+    live: Sessions, session: SessionRecord, observation: str, action: str,
+    metadata: dict[str, Any] | None,
+) -> tuple[StepRecord, str]:
+    # The store's state once this append's turn came: a move another Memory made before is
+    # answered by the table; only a move during the append is `not_collecting`.
+    await live.fetch(session.id, fresh=True)
+    moved = False
+    while True:
+        if moved and not session.ended and session.state is not S.COLLECTING:
+            # Closed through another Memory while this append was under way.
+            raise SessionError("not_collecting", state=session.state, session_id=session.id)
+        refuse_unless(session, "append")
+        stored = await _try(live, session, observation, action, metadata)
+        if stored is not None:
+            return stored
+        # Another Memory moved the session: read it again, and store against the episode as
+        # it now is, or be refused.
+        async with session.lock:
+            await live.reload(session, conflict=True)
+        moved = True
+
+
+async def _try(
+    live: Sessions, session: SessionRecord, observation: str, action: str,
+    metadata: dict[str, Any] | None,
+) -> tuple[StepRecord, str] | None:
+    """Stores the step (claimed for its annotation by this Memory) and starts the
+    annotation; None when the session moved in the store meanwhile (nothing written)."""
+    session.runtime.check_usable(session.repo)
+    await live.register()  # a claim lasts while its holder is recorded
+    async with session.lock:
+        refuse_unless(session, "append")
+        episode = session.episode
+        assert episode is not None, "a collecting session has an episode"
+        index = len(episode.steps)
+        step = StepRecord(f"{episode.id}:{index}", index, "", observation, action, "", "",
+                          NO_VECTOR, metadata=metadata)
+        try:
+            session.version = await live.store.add_step(
+                session.id, episode.id, step, version=session.version, holder=live.holder_id,
+            )
+        except StaleSession:
+            return None
+        session.held.add(step.id)
+        episode.steps.append(step)
+        # Started at once: a cancelled append leaves no stored step nobody annotates.
+        annotate(live, session)
+    return step, episode.id
 
 
 def annotate(live: Sessions, session: SessionRecord) -> None:
@@ -400,42 +413,25 @@ async def commit(
         session.failure = None
         await start_extraction(live, session, "commit", op)
         return None
-    async with session.lock:
-        for attempt in range(_ATTEMPTS):
-            refuse_unless(session, "commit")
-            changeset = session.changeset
-            episode = session.episode
-            assert changeset is not None, "a ready session holds its changeset"
-            wanted = set(changeset.step_ids)
-            steps = [s for s in episode.steps if s.id in wanted] if episode else []
-            try:
-                receipt = await commit_steps(live, session, changeset, steps, S.IDLE)
-                break
-            except StaleSession as exc:
-                # Another Memory moved the session: nothing was written; the table is asked
-                # again about the session as it now is.
-                if attempt == _ATTEMPTS - 1:
-                    raise StorageError(
-                        "busy", f"{session.id}: other Memory objects keep moving it"
-                    ) from exc
-                await live.reload(session, conflict=True)
-        if session.state is not S.READY:
-            # A read took in this very write while it was being made, as `move` allows for.
-            live.machine.set_state(S.READY, model=session)
-        session.trigger("commit")
-        if op is not None:
-            op.applied = True
-        session.changeset = None
-        session.episode = None
+    receipt: CommitReceipt | None = None
+
+    async def persist() -> None:
+        nonlocal receipt
+        changeset, episode = session.changeset, session.episode
+        assert changeset is not None, "a ready session holds its changeset"
+        wanted = set(changeset.step_ids)
+        steps = [s for s in episode.steps if s.id in wanted] if episode else []
+        receipt = await commit_steps(live, session, changeset, steps, S.IDLE)
+        session.changeset = session.episode = None
         session.last_receipt = receipt
-    session.notify()
+
+    if not await move(live, session, "commit", persist, op=op,
+                      data=lambda: {"node_ids": receipt.node_ids if receipt else []}):
+        raise NotFoundError("session", session.id)
+    assert receipt is not None
     await live.events.emit(
         "changeset_applied", session_id=session.id, repo=session.repo,
         node_ids=receipt.node_ids, changeset_id=receipt.changeset_id,
-    )
-    await live.events.emit(
-        "transition", session_id=session.id, repo=session.repo,
-        **{"from": S.READY, "to": S.IDLE, "node_ids": receipt.node_ids},
     )
     return receipt
 

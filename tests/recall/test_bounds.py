@@ -15,7 +15,7 @@ import pytest
 
 import mnemo
 from mnemo.graph import ann
-from mnemo.graph.model import Link, LinkType, NodeType, now_utc
+from mnemo.graph.model import Link, LinkType, NodeType, node_value, now_utc
 from mnemo.graph.ports import GraphStore, More, Neighbor, NodeContext
 from mnemo.graph.vectors import VectorIndex
 from mnemo.recall import engine, hops
@@ -278,11 +278,11 @@ async def test_ranking_many_candidates_runs_off_the_event_loop(
     costs more than they do). The result is the same either way."""
     loop = threading.get_ident()
     threads: dict[str, set[bool]] = {"score": set(), "hop": set()}
-    value, follows = engine.node_value, hops.follows
+    follows = hops.follows
 
     def valued(*args: Any, **kwargs: Any) -> float:
         threads["score"].add(threading.get_ident() == loop)
-        return value(*args, **kwargs)
+        return node_value(*args, **kwargs)
 
     def followed(*args: Any) -> bool:
         threads["hop"].add(threading.get_ident() == loop)

@@ -7,7 +7,7 @@ it came. Each operation runs at the ceilings of its bounds (`Config` raised to t
   (`max_text_chars`' default) that open alike, so the offline model keeps them one trajectory
   and each of its prompts holds all 32 MB;
 - recall: a 32,000-character query of distinct words, k = 10,000 (`max_results`' ceiling),
-  on the ingested graph;
+  on the ingested graph; and a short query every step matches (its ranking at its largest);
 - linked: `get_linked_nodes` of 1,000 of the ingest's node ids;
 - save: `save` of 1,000 messages of 32,000 characters (`Recent` retrieval: no vectors);
 - semantic: `Semantic(k=1000)`'s `load` with a query on that thread, which embeds its 1,000
@@ -103,6 +103,9 @@ async def measure(
     node_ids = [n.id for n in await mem.get_nodes_by_type("r", [mnemo.NodeType.EPISODIC])]
     cases: list[tuple[str, Callable[[], Awaitable[object]]]] = [
         ("recall k=10,000", lambda: mem.recall("r", query, k=10_000)),
+        ("recall k=10,000, every step matching",
+         lambda: mem.recall("r", "payment service deploy failed on the staging cluster",
+                            k=10_000)),
         (f"get_linked_nodes {len(node_ids[:1_000]):,} ids",
          lambda: mem.get_linked_nodes("r", node_ids[:1_000])),
         (f"save {len(messages):,} messages", lambda: mem.conversation().save("t", messages)),

@@ -44,6 +44,9 @@ async def test_work_at_the_limits_keeps_the_loop_running(store: str) -> None:
         async with ticking() as ticker:
             found = await mem.recall("r", query, k=10_000)
         lags["recall"] = ticker.longest
+        async with ticking() as ticker:
+            matching = await mem.recall("r", "payment service deploy failed", k=10_000)
+        lags["recall, every step matching"] = ticker.longest
         steps_ids = [n.id for n in await mem.get_nodes_by_type("r", [mnemo.NodeType.EPISODIC])]
         async with ticking() as ticker:
             linked = await mem.get_linked_nodes("r", steps_ids)
@@ -56,6 +59,7 @@ async def test_work_at_the_limits_keeps_the_loop_running(store: str) -> None:
                 "t", query=query)
         lags["semantic"] = ticker.longest
     assert found.memories
+    assert len(matching.memories) >= COUNT
     assert linked
     assert len(loaded) == len(messages)
     assert max(lags.values()) < BOUND, lags

@@ -19,7 +19,7 @@ from mnemo.recall.model import Candidate, adjacent_steps
 N = NodeType
 T = TypeVar("T")
 # Pure Python over more candidates or links than this runs off the loop, in `mnemo.cpu`'s
-# slot (about 10 µs an item; BENCHMARKS.md, "Figures behind the code").
+# slot (BENCHMARKS.md, "Figures behind the code").
 ON_LOOP_ITEMS = 1_000
 
 

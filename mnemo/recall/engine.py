@@ -439,7 +439,9 @@ class Recaller:
             return ([item for item in scored if item[1].type in MEMORIES],
                     [item for item in scored if item[1].type not in MEMORIES])
 
-        scored, leads = await hops.pure(score, len(found))
+        # Scoring reads every candidate's text (restatement): long texts count as more items.
+        chars = sum(len(n.text) for n in nodes.values())
+        scored, leads = await hops.pure(score, len(found) + chars // hops.CHARS_PER_ITEM)
         if config.recall_mmr_lambda < 1.0:
             scored = await self._diversify(repo, scored, min(4 * k, MMR_HEAD),
                                            context.vectors)

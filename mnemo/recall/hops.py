@@ -21,6 +21,8 @@ T = TypeVar("T")
 # Pure Python over more candidates or links than this runs off the loop, in `mnemo.cpu`'s
 # slot (BENCHMARKS.md, "Figures behind the code").
 ON_LOOP_ITEMS = 1_000
+# The characters of candidates' text that weigh as one more item.
+CHARS_PER_ITEM = 1_000
 
 
 async def routes(

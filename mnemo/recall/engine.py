@@ -79,8 +79,7 @@ MEMORIES = (N.SEMANTIC, N.EPISODIC, N.PROCEDURAL)
 MMR_HEAD = 2_000
 MMR_ON_LOOP = 64
 
-Scored = tuple[float, Node, Candidate]
-
+Scored = ranking.Scored[Candidate]
 
 
 @dataclass(frozen=True, slots=True)

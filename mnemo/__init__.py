@@ -38,7 +38,7 @@ if TYPE_CHECKING:
         ToolOutputPruner,
         Viewport,
     )
-    from mnemo.episode.model import EpisodeLog, StepInfo
+    from mnemo.episode import EpisodeLog, StepInfo
     from mnemo.errors import (
         AdapterError,
         ConflictError,
@@ -86,7 +86,7 @@ _WHERE = {
     "Reranker": "mnemo.ports",
     "LLMReranker": "mnemo.recall.query",
     "EmbeddingError": "mnemo.errors",
-    "EpisodeLog": "mnemo.episode.model",
+    "EpisodeLog": "mnemo.episode",
     "Event": "mnemo.events",
     "EvictionResult": "mnemo.conversation.model",
     "HashEmbedder": "mnemo.adapters.hashing",
@@ -132,7 +132,7 @@ _WHERE = {
     "Snapshot": "mnemo.conversation.model",
     "State": "mnemo.session.machine",
     "Step": "mnemo.ingest.model",
-    "StepInfo": "mnemo.episode.model",
+    "StepInfo": "mnemo.episode",
     "StorageError": "mnemo.errors",
     "Summary": "mnemo.conversation.model",
     "ThreadInfo": "mnemo.conversation.model",

@@ -10,7 +10,7 @@ import enum
 from datetime import datetime
 
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
-from mnemo.episode.model import StepInfo
+from mnemo.episode import StepInfo
 from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.model import Link, Node
 from mnemo.recall.engine import RecallResult

@@ -51,7 +51,7 @@ from rich.table import Table
 
 import mnemo
 from mnemo.adapters.openai import OpenAICompatible
-from mnemo.episode.prompts import reward_request
+from mnemo.episode import reward_request
 
 # The fake provider lives with the tests that use it; the bench borrows it from there.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

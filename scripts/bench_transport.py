@@ -82,7 +82,7 @@ async def _measure(calls: int, warmup: int, bursts: int, latency: float
     from mnemo.adapters._http import Transport
     from mnemo.adapters._pool import Pool
     from mnemo.adapters.openai import Completion, OpenAICompatible
-    from mnemo.episode.prompts import reward_request
+    from mnemo.episode import reward_request
     from mnemo.errors import LLMError
     from tests.adapters.provider_server import ProviderServer
 

@@ -23,7 +23,7 @@ from mnemo.adapters.uri import llm_from_uri, with_settings
 from mnemo.calls.tasks import read_reply
 from mnemo.cli._common import close
 from mnemo.cli._database import CliError
-from mnemo.episode.prompts import RewardReply, reward_request, state_request, subgoal_request
+from mnemo.episode import RewardReply, reward_request, state_request, subgoal_request
 from mnemo.errors import MnemoError, first_error
 from mnemo.extraction.prompts import procedural_request, semantic_request
 from mnemo.ports import LLM, JSONObject, LLMRequest

@@ -22,7 +22,7 @@ from mnemo.calls.tasks import (
     task_request,
 )
 from mnemo.config import Config
-from mnemo.episode.annotation import embed
+from mnemo.episode import embed
 from mnemo.errors import EmbeddingError, LLMError
 from mnemo.extraction.entities import embedded_again
 from mnemo.extraction.prompts import (

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from mnemo import cpu
-from mnemo.episode.annotation import embed
-from mnemo.episode.model import EpisodeRecord, StepRecord
+from mnemo.episode import EpisodeRecord, StepRecord, embed
 from mnemo.extraction import dates
 from mnemo.extraction.entities import vector_text
 from mnemo.extraction.model import Fact, Instruction

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from mnemo import text as _text
 from mnemo.calls.retry import fail_after
-from mnemo.episode.annotation import embed
+from mnemo.episode import embed
 from mnemo.errors import EmbeddingError
 from mnemo.graph.erasure import Embed
 from mnemo.graph.model import (
@@ -76,7 +76,7 @@ async def embedded_again(changeset: Changeset, embedder: Embedder, generation: i
     vectors of `generation` (it was made for an earlier one). One embedding call.
 
     Raises:
-        EmbeddingError: as `mnemo.episode.annotation.embed`.
+        EmbeddingError: as `mnemo.episode.embed`.
     """
     vectors = await embed(embedder, [vector_text(n.type, n.text) for n in changeset.nodes])
     nodes = [replace(n, vector=v) for n, v in zip(changeset.nodes, vectors, strict=True)]

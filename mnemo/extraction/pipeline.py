@@ -23,8 +23,7 @@ import anyio.lowlevel
 
 from mnemo import cpu
 from mnemo.calls.retry import fail_after
-from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.episode.prompts import NEUTRAL_REWARD, parse_reward, reward_request
+from mnemo.episode import NEUTRAL_REWARD, EpisodeRecord, StepRecord, parse_reward, reward_request
 from mnemo.errors import AdapterError, LLMError, first_error
 from mnemo.extraction.draft import Draft, Extracted, draw_up, procedure
 from mnemo.extraction.draft import Source as Source  # the callers' import

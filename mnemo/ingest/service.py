@@ -17,8 +17,7 @@ import anyio
 from mnemo import cpu
 from mnemo.calls.retry import fail_after
 from mnemo.config import Config
-from mnemo.episode.annotation import annotate, starts_trajectory
-from mnemo.episode.model import EpisodeRecord, StepRecord
+from mnemo.episode import EpisodeRecord, StepRecord, annotate, starts_trajectory
 from mnemo.errors import ConflictError, InvalidInputError, PipelineError
 from mnemo.events import Events, deliver
 from mnemo.extraction.entities import with_entity_tags, wordings

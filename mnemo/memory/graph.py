@@ -238,7 +238,7 @@ class GraphMethods(Parts):
         `extraction_timeout`), its generation, and the commit policy of a fact stated as it
         is (no contradiction asked)."""
         from mnemo.calls.retry import fail_after
-        from mnemo.episode.annotation import embed
+        from mnemo.episode import embed
         from mnemo.extraction.entities import vector_text
 
         await self._repos.refresh(repo)
@@ -429,7 +429,7 @@ class GraphMethods(Parts):
         """
         from mnemo.adapters.uri import model_uri
         from mnemo.calls.retry import fail_after
-        from mnemo.episode.annotation import embed
+        from mnemo.episode import embed
         from mnemo.events import deliver
         from mnemo.extraction.entities import vector_text
         from mnemo.graph import reembed as reembedding

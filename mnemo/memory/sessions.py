@@ -12,7 +12,7 @@ from mnemo.inputs import check_count, check_id, check_models, check_seconds, che
 from mnemo.memory.parts import Parts
 
 if TYPE_CHECKING:
-    from mnemo.episode.model import EpisodeLog, StepInfo
+    from mnemo.episode import EpisodeLog, StepInfo
     from mnemo.graph.model import CommitReceipt
     from mnemo.ports import LLM, Embedder
     from mnemo.session.machine import Callback, SessionContext, SessionInfo, State

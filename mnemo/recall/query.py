@@ -30,7 +30,7 @@ import numpy as np
 
 from mnemo import text as _text
 from mnemo.calls.tasks import Meta, Reply, ask, read_reply, reply_schema, task_request
-from mnemo.episode.annotation import embed
+from mnemo.episode import embed
 from mnemo.extraction.entities import speaker_of
 from mnemo.graph.model import Vector
 from mnemo.graph.ports import NodeReads
@@ -259,7 +259,7 @@ class TagVectors:
         """The vectors of `query` then of each of `tags`, as rows of one matrix.
 
         Raises:
-            EmbeddingError: as `mnemo.episode.annotation.embed`.
+            EmbeddingError: as `mnemo.episode.embed`.
         """
         unique = dict.fromkeys(tags)
         known = {tag: vector for tag in unique if (vector := self._get(embedder, tag)) is not None}

@@ -20,7 +20,7 @@ from enum import Enum
 
 import anyio
 
-from mnemo.episode.model import EpisodeRecord, StepRecord
+from mnemo.episode import EpisodeRecord, StepRecord
 from mnemo.errors import LLMTimeout, StorageError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.pipeline import Source, extract

@@ -37,7 +37,7 @@ from transitions import Machine
 
 from mnemo.adapters.recorded import UnavailableEmbedder, UnavailableLLM
 from mnemo.config import Config, with_longer_timeouts
-from mnemo.episode.model import EpisodeRecord, StepRecord
+from mnemo.episode import EpisodeRecord, StepRecord
 from mnemo.errors import (
     EmbeddingError,
     InvalidInputError,

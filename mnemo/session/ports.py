@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import msgspec
 
 from mnemo.config import Config
-from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
+from mnemo.episode import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset
 from mnemo.session.machine import State

@@ -25,7 +25,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from mnemo.config import Config
-from mnemo.episode.model import StepRecord
+from mnemo.episode import StepRecord
 from mnemo.errors import NotFoundError, StorageError
 from mnemo.events import Events
 from mnemo.graph.ports import GraphStore

@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT, Config
-from mnemo.episode.model import EpisodeRecord
+from mnemo.episode import EpisodeRecord
 from mnemo.errors import (
     InvalidInputError,
     NotFoundError,

@@ -22,8 +22,7 @@ from typing import Any
 
 import anyio
 
-from mnemo.episode.annotation import annotate_step
-from mnemo.episode.model import NO_VECTOR, EpisodeRecord, StepInfo, StepRecord
+from mnemo.episode import NO_VECTOR, EpisodeRecord, StepInfo, StepRecord, annotate_step
 from mnemo.errors import NotFoundError, SessionError, StorageError
 from mnemo.extraction.contradiction import intent_policy
 from mnemo.graph.model import Changeset, CommitReceipt

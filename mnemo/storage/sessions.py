@@ -20,7 +20,7 @@ from datetime import datetime
 import numpy as np
 
 from mnemo.config import Config
-from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
+from mnemo.episode import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, Vector, vector_from_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted

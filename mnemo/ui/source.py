@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mnemo.conversation.model import Message, ThreadInfo, Viewport
-from mnemo.episode.model import EpisodeLog
+from mnemo.episode import EpisodeLog
 from mnemo.errors import InvalidInputError
 from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.model import LinkType, Node, NodeType

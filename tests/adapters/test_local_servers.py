@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from mnemo.adapters.openai import OpenAICompatible
-from mnemo.episode.prompts import parse_reward, parse_state, reward_request, state_request
+from mnemo.episode import parse_reward, parse_state, reward_request, state_request
 from mnemo.ports import LLMRequest
 from tests.adapters.provider_server import LONGEST, Answer, ProviderServer, VirtualClock
 from tests.adapters.replay_server import ReplayServer

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from mnemo.adapters._offline_annotation import outcome_reward
 from mnemo.adapters.offline import OfflineLLM
-from mnemo.episode.prompts import (
+from mnemo.episode import (
     parse_reward,
     parse_state,
     parse_subgoal,

@@ -10,7 +10,7 @@ from typing import Any
 
 import mnemo
 from mnemo.adapters.offline import OfflineLLM
-from mnemo.episode.prompts import parse_subgoal, subgoal_request
+from mnemo.episode import parse_subgoal, subgoal_request
 from mnemo.extraction.prompts import (
     parse_facts,
     parse_instructions,

@@ -7,7 +7,7 @@ import pytest
 
 import mnemo
 from mnemo.adapters.offline import MAX_FACTS, OfflineLLM
-from mnemo.episode.annotation import annotate
+from mnemo.episode import annotate
 from mnemo.extraction.prompts import parse_facts, procedural_request, semantic_request
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS
 from tests.fakes import FakeEmbedder, open_test_memory

@@ -19,7 +19,7 @@ from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.calls.retry import Backoff, LimitedLLM, RetryPolicy, SystemClock, policy_from
 from mnemo.calls.tasks import ask
-from mnemo.episode.prompts import parse_subgoal, subgoal_request
+from mnemo.episode import parse_subgoal, subgoal_request
 from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
 from mnemo.extraction.prompts import parse_facts, semantic_request
 from mnemo.ports import LLMRequest, LLMResponse, Usage

@@ -10,7 +10,7 @@ import pytest
 from mnemo.adapters import _http
 from mnemo.adapters._http import DEFAULT_TIMEOUT, MOST_TIMEOUT, Transport
 from mnemo.adapters.openai import OpenAICompatible
-from mnemo.episode.prompts import parse_subgoal, reward_request, subgoal_request
+from mnemo.episode import parse_subgoal, reward_request, subgoal_request
 from mnemo.errors import LLMError, LLMTimeout
 from mnemo.ports import LLMRequest
 from tests.adapters.provider_server import Answer, ProviderServer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mnemo.conversation.prompts import eviction_request, fold_request, summary_request
-from mnemo.episode.prompts import reward_request, state_request, subgoal_request
+from mnemo.episode import reward_request, state_request, subgoal_request
 from mnemo.extraction.prompts import (
     merge_intent_request,
     procedural_request,

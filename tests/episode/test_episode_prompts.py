@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mnemo.calls.tasks import most_tokens, task_inputs
-from mnemo.episode.prompts import (
+from mnemo.episode import (
     REWARD_SCHEMA,
     SUBGOAL_SCHEMA,
     parse_reward,

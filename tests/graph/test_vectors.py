@@ -14,8 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mnemo.episode.annotation import starts_trajectory
-from mnemo.episode.model import StepRecord
+from mnemo.episode import StepRecord, starts_trajectory
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import DEAD, VectorIndex, cosine, of_codes, reaches, unit
 from tests.graph._support import rounded

@@ -16,7 +16,7 @@ from datetime import datetime
 
 from psycopg.types.json import Jsonb
 
-from mnemo.episode.model import StepRecord
+from mnemo.episode import StepRecord
 from mnemo.graph.ports import SideWrite
 from mnemo.session.ports import StaleSession
 from mnemo.storage.postgres.clock import ServerClock

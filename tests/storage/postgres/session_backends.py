@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mnemo.config import Config
-from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
+from mnemo.episode import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.graph.ports import SideWrite
 from mnemo.session.ports import LiveSession, RepoRow, SessionStore
 from mnemo.storage.postgres import sessions as pg_sessions

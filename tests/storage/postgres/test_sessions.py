@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mnemo.config import Config
-from mnemo.episode.model import NO_VECTOR, EpisodeRecord, StepRecord
+from mnemo.episode import NO_VECTOR, EpisodeRecord, StepRecord
 from mnemo.errors import StorageError
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType

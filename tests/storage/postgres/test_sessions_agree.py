@@ -24,7 +24,7 @@ from hypothesis.stateful import (
 )
 
 from mnemo.config import Config
-from mnemo.episode.model import NO_VECTOR, EpisodeRecord, StepRecord
+from mnemo.episode import NO_VECTOR, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset
 from mnemo.graph.ports import SideWrite, StepsCommitted

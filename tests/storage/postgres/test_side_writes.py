@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from mnemo.config import Config
-from mnemo.episode.model import EpisodeRecord
+from mnemo.episode import EpisodeRecord
 from mnemo.errors import StorageError
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset

@@ -1,0 +1,501 @@
+"""Episodes and their steps as mnemo stores them, and a step's annotation: its environment
+state, subgoal and subgoal embedding, the previous step's deferred reward, and whether it starts
+a new trajectory.
+
+Each annotation task's `*_request` builds one `LLMRequest` through `task_request`, so its
+`inputs` are exactly the keyword arguments; each schema sits beside the request that uses it.
+The parsers turn a reply into a typed value: `parse_state` and `parse_subgoal` raise
+`ValueError` saying what was wrong, while `parse_reward` never raises (an unreadable reward is
+the neutral 0.5).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Annotated
+
+import anyio
+import numpy as np
+
+from mnemo.calls.retry import fail_after
+from mnemo.calls.tasks import (
+    Meta,
+    Reply,
+    ask,
+    most_tokens,
+    preview,
+    read_reply,
+    reply_data,
+    reply_schema,
+    task_request,
+    text,
+)
+from mnemo.errors import EmbeddingError, LLMTimeout, MnemoError, first_error
+from mnemo.graph.model import Vector
+from mnemo.graph.vectors import cosine, reaches
+from mnemo.ports import LLM, Embedder, JSONObject, LLMRequest, LLMResponse
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """What `append` returns once the step is stored: its trajectory and whether it starts
+    one, once annotated; while the model has not answered, `annotated` is False and both are
+    None (the step is annotated later, by close at the latest)."""
+
+    index: int
+    trajectory_id: str | None
+    boundary_detected: bool | None
+    annotated: bool = True
+
+
+# The subgoal vector of a step not annotated yet.
+NO_VECTOR = np.zeros(0, np.float32)
+NO_VECTOR.flags.writeable = False
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One step of an episode, stored before it is annotated: until then its trajectory,
+    state summary and subgoal are empty and its vector is `NO_VECTOR` (`annotated`).
+    `reward` is scored by the next step's annotation (or the close)."""
+
+    id: str
+    index: int
+    trajectory_id: str
+    observation: str
+    action: str
+    state_summary: str
+    subgoal: str
+    subgoal_vec: Vector
+    reward: float | None = None
+    metadata: JSONObject | None = None
+    committed_in: str | None = None
+
+    @property
+    def annotated(self) -> bool:
+        return bool(self.trajectory_id)
+
+    @property
+    def line(self) -> str:
+        """The step as one line, "obs -> act"."""
+        return f"{self.observation} -> {self.action}"
+
+
+@dataclass(slots=True)
+class EpisodeRecord:
+    """The episode a session is collecting (or extracting): its goal and steps."""
+
+    id: str
+    goal: str
+    steps: list[StepRecord] = field(default_factory=list)
+
+    def trajectories(self, steps: list[StepRecord] | None = None) -> list[list[StepRecord]]:
+        """`steps` (default: all) grouped by trajectory, in order of first step."""
+        return by_trajectory(self.steps if steps is None else steps)
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeLog:
+    """An episode as the step log keeps it, after the fact: its session, goal, `status`
+    ("open", "committed" or "discarded"), when it started and closed, and every step (each
+    step's `committed_in` names the changeset that committed it, None while uncommitted)."""
+
+    id: str
+    session_id: str
+    goal: str
+    status: str
+    started_at: datetime
+    closed_at: datetime | None
+    steps: list[StepRecord]
+
+    def trajectories(self) -> list[list[StepRecord]]:
+        """The steps grouped by trajectory, in order of first step."""
+        return by_trajectory(self.steps)
+
+
+def by_trajectory(steps: list[StepRecord]) -> list[list[StepRecord]]:
+    """`steps` grouped by trajectory, in order of first step."""
+    groups: dict[str, list[StepRecord]] = {}
+    for step in steps:
+        groups.setdefault(step.trajectory_id, []).append(step)
+    return list(groups.values())
+
+
+NEUTRAL_REWARD = 0.5
+
+# ---- state --------------------------------------------------------------------------------
+
+class StateReply(Reply, frozen=True):
+    state: Annotated[str, text(
+        400, "The environment's state right after the step: one short paragraph of facts.")]
+
+
+STATE_SCHEMA = reply_schema(StateReply)
+STATE_SYSTEM = (
+    "You keep track of the state of the environment an agent is working in. "
+    "You write short, factual state summaries."
+)
+STATE_INSTRUCTIONS = """\
+Summarise the state of the environment right after the agent's latest step.
+- goal: what the agent is trying to achieve overall.
+- previous_state: your summary before this step (null for the first step); keep what still holds.
+- observation: what the agent saw at this step; action: what the agent did in response.
+Write one short paragraph (at most three sentences, under 60 words) stating the current
+situation and the action just taken. Facts only: no advice, no speculation, no lists or headings.
+Reply with JSON: {"state": "<the paragraph>"}."""
+
+
+def state_request(
+    *, goal: str, observation: str, action: str, previous_state: str | None
+) -> LLMRequest:
+    """The "state" task: the reply's `data` is {"state": str}, one paragraph (a reply of the
+    paragraph alone in `text` is read too). Its length is bound in the schema, which a local
+    server's grammar enforces: a small model that repeats itself ends its reply there, short
+    of `max_tokens`."""
+    return task_request(
+        "state",
+        system=STATE_SYSTEM,
+        instructions=STATE_INSTRUCTIONS,
+        inputs={
+            "goal": goal,
+            "observation": observation,
+            "action": action,
+            "previous_state": previous_state,
+        },
+        schema=STATE_SCHEMA,
+        max_tokens=most_tokens(STATE_SCHEMA),
+    )
+
+
+def parse_state(resp: LLMResponse) -> str:
+    """The state summary of a "state" reply, stripped: `data["state"]` (or the JSON of that
+    shape in `text`), a string in `data`, else, with no `data`, the paragraph in `text`.
+
+    Raises:
+        ValueError: when the reply holds no non-blank summary.
+    """
+    data = reply_data(resp)
+    if isinstance(data, dict):
+        data = data.get("state")
+    if isinstance(data, str) and data.strip():
+        return data.strip()
+    if resp.data is None and resp.text.strip():
+        return resp.text.strip()  # the paragraph alone (a JSON object in it is the step's)
+    raise ValueError(
+        "state reply holds no summary: expected a non-blank \"state\" in data (or the "
+        f"paragraph in text), got text={resp.text!r} and data={preview(resp.data)}"
+    )
+
+
+# ---- subgoal ------------------------------------------------------------------------------
+
+class SubgoalReply(Reply, frozen=True, kw_only=True):
+    reasoning: Annotated[str, text(
+        160, "One sentence: does this step continue the previous sub-task?")] = ""
+    subgoal: Annotated[str, text(
+        100, "The sub-task this step serves, as a short imperative phrase.")]
+
+
+SUBGOAL_SCHEMA = reply_schema(SubgoalReply)
+SUBGOAL_SYSTEM = (
+    "You segment an agent's work into sub-tasks. For each step you name the sub-task "
+    "(subgoal) that the step serves."
+)
+SUBGOAL_INSTRUCTIONS = """\
+Name the subgoal of the agent's latest step: the concrete sub-task, toward the goal, that the
+observation and action are about. Write it as a short imperative phrase of 3 to 8 words, for
+example "configure the nginx reverse proxy".
+- previous_subgoal is the subgoal of the step before (null for the first step). If this step
+  continues the same sub-task, return previous_subgoal exactly as written, character for
+  character: any change of wording starts a new segment.
+- Choose a new subgoal only when the step clearly turns to a different sub-task.
+- recent_steps are the steps just before this one, oldest first, as "observation -> action".
+Reply with JSON: "reasoning" (one sentence on whether and why the step continues the previous
+sub-task) and "subgoal"."""
+
+
+def subgoal_request(
+    *,
+    goal: str,
+    observation: str,
+    action: str,
+    previous_subgoal: str | None,
+    recent_steps: list[str],
+) -> LLMRequest:
+    """The "subgoal" task: the reply's `data` is {"reasoning": str, "subgoal": str}."""
+    return task_request(
+        "subgoal",
+        system=SUBGOAL_SYSTEM,
+        instructions=SUBGOAL_INSTRUCTIONS,
+        inputs={
+            "goal": goal,
+            "observation": observation,
+            "action": action,
+            "previous_subgoal": previous_subgoal,
+            "recent_steps": recent_steps,
+        },
+        schema=SUBGOAL_SCHEMA,
+        max_tokens=256,
+    )
+
+
+def parse_subgoal(resp: LLMResponse) -> str:
+    """The subgoal of a "subgoal" reply (`data["subgoal"]`), stripped.
+
+    Raises:
+        ValueError: when the reply is not an object or its "subgoal" is missing or blank.
+    """
+    subgoal = read_reply(resp, SubgoalReply, "subgoal").subgoal
+    if not subgoal.strip():
+        raise ValueError("subgoal is blank")
+    return subgoal.strip()
+
+
+# ---- reward -------------------------------------------------------------------------------
+
+class RewardReply(Reply, frozen=True):
+    # Clamped into [0, 1] when read (`parse_reward`, which reads a numeric string too).
+    reward: Annotated[float, Meta(
+        extra_json_schema={"minimum": 0, "maximum": 1},
+        description="How much the step advanced the goal: 0 (not at all) to 1 (fully).")]
+
+
+REWARD_SCHEMA = reply_schema(RewardReply)
+REWARD_SYSTEM = "You judge how much one step of an agent's work advanced its goal."
+REWARD_INSTRUCTIONS = """\
+Score one step of the agent's work: the observation it saw and the action it took.
+Judge the step by what happened next: next_observation is the environment's reaction to the
+action, or null when this was the last step (then judge from the step itself).
+- 1.0: the step achieved the subgoal or clearly moved the goal forward.
+- 0.5: neutral, or the effect is unclear.
+- 0.0: the step failed, caused an error, or moved away from the goal.
+Use values in between for partial progress.
+Reply with JSON: {"reward": <a number from 0 to 1>}."""
+
+
+def reward_request(
+    *,
+    goal: str,
+    subgoal: str,
+    observation: str,
+    action: str,
+    next_observation: str | None,
+) -> LLMRequest:
+    """The "reward" task: the reply's `data` is {"reward": number in [0, 1]}.
+
+    `next_observation` is None when the step was the last of its episode.
+    """
+    return task_request(
+        "reward",
+        system=REWARD_SYSTEM,
+        instructions=REWARD_INSTRUCTIONS,
+        inputs={
+            "goal": goal,
+            "subgoal": subgoal,
+            "observation": observation,
+            "action": action,
+            "next_observation": next_observation,
+        },
+        schema=REWARD_SCHEMA,
+        max_tokens=128,
+    )
+
+
+def parse_reward(resp: LLMResponse) -> float:
+    """The reward of a "reward" reply, clamped to [0, 1]; 0.5 when it cannot be read.
+
+    Accepts {"reward": number}, a bare number, or a number (or JSON object) in `text`.
+    Never raises.
+    """
+    data = reply_data(resp)
+    if isinstance(data, dict):
+        data = data.get("reward")
+    if isinstance(data, str):
+        try:
+            data = float(data.strip())
+        except ValueError:
+            return NEUTRAL_REWARD
+    if isinstance(data, bool) or not isinstance(data, int | float):
+        return NEUTRAL_REWARD
+    try:
+        value = float(data)
+    except OverflowError:
+        return 1.0 if data > 0 else 0.0
+    if math.isnan(value):
+        return NEUTRAL_REWARD
+    return min(1.0, max(0.0, value))
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    state_summary: str
+    subgoal: str
+    subgoal_vec: Vector
+    previous_reward: float | None
+
+
+async def annotate(
+    llm: LLM,
+    embedder: Embedder,
+    *,
+    goal: str,
+    observation: str,
+    action: str,
+    previous: StepRecord | None,
+    recent: Sequence[str],
+) -> Annotation:
+    """Asks the LLM for state, subgoal and the previous step's reward at once, then embeds the
+    subgoal.
+
+    Raises:
+        LLMError: the LLM failed or kept answering unusably.
+        EmbeddingError: the embedder failed or returned a vector of the wrong dimension.
+    """
+    results: dict[str, str | float] = {}
+
+    async def state() -> None:
+        request = state_request(
+            goal=goal,
+            observation=observation,
+            action=action,
+            previous_state=previous.state_summary if previous else None,
+        )
+        results["state"] = await ask(llm, request, parse_state)
+
+    async def subgoal() -> None:
+        request = subgoal_request(
+            goal=goal,
+            observation=observation,
+            action=action,
+            previous_subgoal=previous.subgoal if previous else None,
+            recent_steps=list(recent),
+        )
+        results["subgoal"] = await ask(llm, request, parse_subgoal)
+
+    # The three calls run at once; the state call runs in this task, which saves starting a
+    # third one (a task's start is on the append path).
+    with first_error():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(subgoal)
+            if previous is not None:
+                tg.start_soon(_reward_into, results, llm, goal, previous, observation)
+            await state()
+    subgoal_text = str(results["subgoal"])
+    vector = (await embed(embedder, [subgoal_text]))[0]
+    reward = results.get("reward")
+    return Annotation(
+        state_summary=str(results["state"]),
+        subgoal=subgoal_text,
+        subgoal_vec=vector,
+        previous_reward=float(reward) if isinstance(reward, float) else None,
+    )
+
+
+async def annotate_step(
+    llm: Callable[[], LLM],
+    embedder: Embedder,
+    *,
+    goal: str,
+    observation: str,
+    action: str,
+    steps: Sequence[StepRecord],
+    threshold: float,
+    time_limit: float,
+    name: str,
+) -> tuple[Annotation, bool]:
+    """Annotates a step appended after `steps` (its episode's so far, the model asked through
+    `llm()`) within `time_limit` seconds, and says whether it starts a new trajectory
+    (`starts_trajectory` with `threshold`).
+
+    Raises:
+        LLMTimeout: the annotation outlasted `time_limit` (`name` says whose step it was).
+        LLMError, EmbeddingError: as `annotate`.
+    """
+    previous = steps[-1] if steps else None
+    try:
+        with fail_after(time_limit, stretches=True):
+            note = await annotate(
+                llm(),
+                embedder,
+                goal=goal,
+                observation=observation,
+                action=action,
+                previous=previous,
+                recent=[step.line for step in steps[-3:]],
+            )
+    except TimeoutError as exc:
+        if isinstance(exc, MnemoError):
+            raise
+        raise LLMTimeout(f"{name}: the annotation timed out after {time_limit}s") from exc
+    return note, starts_trajectory(previous, note.subgoal_vec, threshold)
+
+
+async def _reward_into(
+    results: dict[str, str | float], llm: LLM, goal: str, step: StepRecord, next_observation: str
+) -> None:
+    results["reward"] = await score_reward(llm, goal, step, next_observation)
+
+
+async def score_reward(
+    llm: LLM, goal: str, step: StepRecord, next_observation: str | None
+) -> float:
+    """The step's reward in [0, 1] judged by what came next; 0.5 when the reply is unusable.
+
+    Raises:
+        LLMError: the LLM itself failed.
+    """
+    request = reward_request(
+        goal=goal,
+        subgoal=step.subgoal,
+        observation=step.observation,
+        action=step.action,
+        next_observation=next_observation,
+    )
+    return await ask(llm, request, parse_reward, unusable=NEUTRAL_REWARD)
+
+
+def starts_trajectory(previous: StepRecord | None, vector: Vector, threshold: float) -> bool:
+    """A new trajectory starts when consecutive subgoals are less similar than `threshold`,
+    or when their vectors are of two dimensions (the repo was re-embedded in between)."""
+    if previous is None:
+        return False
+    if len(previous.subgoal_vec) != len(vector):
+        return True
+    return not reaches(cosine(previous.subgoal_vec, vector), threshold)
+
+
+async def embed(embedder: Embedder, texts: Sequence[str]) -> Vector:
+    """The embedder's vectors as a float32 matrix, checked for shape.
+
+    Raises:
+        EmbeddingError: the embedder failed (its own EmbeddingError as it is, another
+            exception as the `__cause__`) or returned the wrong number of vectors or the
+            wrong dimension.
+    """
+    if not texts:
+        return np.zeros((0, embedder.dim), dtype=np.float32)
+    try:
+        raw = await embedder.embed(list(texts))
+    except EmbeddingError:
+        raise  # says what failed already
+    except Exception as exc:
+        raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
+    try:
+        matrix = np.asarray(raw, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise EmbeddingError(f"the embedder returned something that is not vectors: {exc}") from exc
+    if matrix.ndim != 2 or matrix.shape[0] != len(texts):
+        raise EmbeddingError(
+            f"the embedder returned {matrix.shape} for {len(texts)} texts"
+        )
+    if matrix.shape[1] != embedder.dim:
+        raise EmbeddingError(
+            f"the embedder returned vectors of dimension {matrix.shape[1]}, "
+            f"but it declares dimension {embedder.dim}"
+        )
+    if not np.all(np.isfinite(matrix)):
+        raise EmbeddingError("the embedder returned a vector with NaN or infinite values")
+    return matrix

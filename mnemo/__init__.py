@@ -54,7 +54,6 @@ if TYPE_CHECKING:
         SessionError,
         StorageError,
     )
-    from mnemo.events import Event
     from mnemo.graph.history import CommitDiff, CommitRecord
     from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
     from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeId, NodeType
@@ -62,7 +61,7 @@ if TYPE_CHECKING:
     from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
     from mnemo.memory import Memory
     from mnemo.memoryfiles import MemoryFile, MemoryFiles, MemoryUpdate
-    from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, Reranker, ToolCall, Usage
+    from mnemo.ports import LLM, Embedder, Event, LLMRequest, LLMResponse, Reranker, ToolCall, Usage
     from mnemo.recall.engine import Recalled, RecallResult
     from mnemo.recall.query import LLMReranker
     from mnemo.session.machine import OpResult, SessionContext, SessionInfo, State
@@ -87,7 +86,7 @@ _WHERE = {
     "LLMReranker": "mnemo.recall.query",
     "EmbeddingError": "mnemo.errors",
     "EpisodeLog": "mnemo.episode",
-    "Event": "mnemo.events",
+    "Event": "mnemo.ports",
     "EvictionResult": "mnemo.conversation.model",
     "HashEmbedder": "mnemo.adapters.hashing",
     "IngestProgress": "mnemo.ingest.model",

@@ -1,4 +1,5 @@
-"""The two ports mnemo talks through: an `LLM` and an `Embedder`, and their values.
+"""The ports mnemo talks through: an `LLM`, an `Embedder` and a `Reranker`, and their values;
+and the `on_event` callback it reports to (`Event`, `Events`).
 
 What mnemo does around a call (how a task becomes an `LLMRequest`, re-asks, limiters, usage
 metering) is `mnemo.calls`; this module holds only what an adapter or a fake needs to know.
@@ -6,11 +7,14 @@ metering) is `mnemo.calls`; this module holds only what an adapter or a fake nee
 
 from __future__ import annotations
 
+import inspect
+import logging
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
+import anyio
 import numpy as np
 import numpy.typing as npt
 
@@ -175,3 +179,51 @@ def model_name(model: object) -> str:
         return name
     kind = type(model)
     return f"{kind.__module__}.{kind.__qualname__}"
+
+
+log = logging.getLogger("mnemo")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing that happened: `kind` is e.g. "transition", "step_appended",
+    "trajectory_committed", "changeset_applied", "recall_executed", "session_expired"."""
+
+    kind: str
+    session_id: str | None
+    repo: str | None
+    data: JSONObject = field(default_factory=dict)
+
+
+EventCallback = Callable[[Event], Awaitable[None] | None]
+
+
+class Events:
+    """Delivers events to the user's callback, in order, in the task that caused them.
+
+    A callback that raises is logged, never propagated into the session; once called, it
+    runs to its end, whatever is cancelled meanwhile."""
+
+    def __init__(self, callback: EventCallback | None) -> None:
+        self._callback = callback
+
+    async def emit(self, kind: str, *, session_id: str | None = None, repo: str | None = None,
+                   **data: JSONValue) -> None:
+        if self._callback is None:
+            return
+        await deliver(self._callback, Event(kind, session_id, repo, data), f"on_event ({kind})")
+
+
+async def deliver(callback: Callable[[T], Awaitable[None] | None], value: T, what: str) -> None:
+    """Calls the user's sync or async `callback` with `value`, shielded (the task that
+    reports may be cancelled by the change it reports); an exception it raises is logged
+    (naming `what`), never propagated."""
+    with anyio.CancelScope(shield=True):
+        try:
+            result = callback(value)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("%s callback failed", what)

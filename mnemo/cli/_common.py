@@ -18,9 +18,8 @@ from mnemo.cli._database import CliError, check_database
 from mnemo.cli._logging import command_logging
 from mnemo.cli._settings import Settings, check_backend
 from mnemo.errors import MnemoError
-from mnemo.events import EventCallback
 from mnemo.memory import Memory
-from mnemo.ports import LLM, Embedder
+from mnemo.ports import LLM, Embedder, EventCallback
 from mnemo.version import installed_version
 
 _verbose = False

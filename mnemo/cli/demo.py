@@ -20,10 +20,10 @@ from rich.text import Text
 from mnemo.cli._database import CliError, check_database
 from mnemo.cli._output import progress, recall_table, table
 from mnemo.cli.ingest import Conversation, Session, messages, read_json
-from mnemo.events import Event
 from mnemo.graph.model import NodeType
 from mnemo.jsonable import label, recall_json
 from mnemo.memory import Memory
+from mnemo.ports import Event
 from mnemo.storage.files import StoreFile, store_file
 from mnemo.text import shorten
 

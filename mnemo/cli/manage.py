@@ -27,10 +27,9 @@ from mnemo.cli._settings import (
     resolve,
 )
 from mnemo.conversation.model import Snapshot
-from mnemo.events import Event
 from mnemo.jsonable import label, view_json
 from mnemo.memory import Memory
-from mnemo.ports import JSONObject
+from mnemo.ports import Event, JSONObject
 from mnemo.session.machine import State
 from mnemo.text import shorten
 

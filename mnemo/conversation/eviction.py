@@ -56,8 +56,7 @@ from mnemo.conversation.viewport import (
     snapshot_words,
 )
 from mnemo.errors import ConflictError
-from mnemo.events import Events
-from mnemo.ports import LLM, REQUIRED, JSONObject, LLMResponse, ToolCall, Usage
+from mnemo.ports import LLM, REQUIRED, Events, JSONObject, LLMResponse, ToolCall, Usage
 
 log = logging.getLogger("mnemo")
 

@@ -51,11 +51,10 @@ from mnemo.conversation.ports import Shown, ThreadStore
 from mnemo.conversation.render import reduced
 from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
-from mnemo.events import Events
 from mnemo.graph.model import now_utc
 from mnemo.graph.scope import Where
 from mnemo.inputs import check_count, check_id, check_models, check_seconds, check_text
-from mnemo.ports import LLM, Embedder, detect_dim
+from mnemo.ports import LLM, Embedder, Events, detect_dim
 from mnemo.text import query_words
 
 Clock = Callable[[], datetime]

@@ -19,7 +19,6 @@ from mnemo.calls.retry import fail_after
 from mnemo.config import Config
 from mnemo.episode import EpisodeRecord, StepRecord, annotate, starts_trajectory
 from mnemo.errors import ConflictError, InvalidInputError, PipelineError
-from mnemo.events import Events, deliver
 from mnemo.extraction.entities import with_entity_tags, wordings
 from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.graph.model import now_utc
@@ -28,7 +27,7 @@ from mnemo.graph.scope import Metadata, canonical
 from mnemo.ingest.dates import resolver
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
 from mnemo.inputs import check_id, check_json, check_name, check_text
-from mnemo.ports import LLM, Embedder, JSONObject
+from mnemo.ports import LLM, Embedder, Events, JSONObject, deliver
 
 Progress = Callable[[IngestProgress], Awaitable[None] | None]
 

@@ -13,10 +13,9 @@ from mnemo.adapters.minilm import default_embedder
 from mnemo.calls.retry import LimitedLLM
 from mnemo.config import Config
 from mnemo.conversation.service import ConversationService
-from mnemo.events import EventCallback, Events
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.memory.repos import Repos
-from mnemo.ports import LLM, Embedder, Reranker
+from mnemo.ports import LLM, Embedder, EventCallback, Events, Reranker
 from mnemo.recall.query import TagVectors
 from mnemo.session import extracting
 from mnemo.session.registry import Sessions

@@ -37,11 +37,10 @@ from mnemo.memory.graph import GraphMethods
 from mnemo.memory.sessions import SessionMethods
 
 if TYPE_CHECKING:
-    from mnemo.events import EventCallback
     from mnemo.graph.model import NodeType
     from mnemo.graph.scope import Where
     from mnemo.ingest.model import IngestProgress, IngestReceipt, Trajectory
-    from mnemo.ports import LLM, Embedder, Reranker, Usage
+    from mnemo.ports import LLM, Embedder, EventCallback, Reranker, Usage
     from mnemo.recall.engine import RecallResult
 
 T = TypeVar("T")

@@ -430,10 +430,10 @@ class GraphMethods(Parts):
         from mnemo.adapters.uri import model_uri
         from mnemo.calls.retry import fail_after
         from mnemo.episode import embed
-        from mnemo.events import deliver
         from mnemo.extraction.entities import vector_text
         from mnemo.graph import reembed as reembedding
         from mnemo.graph.reembed import ReembedProgress
+        from mnemo.ports import deliver
 
         self._works("reembed")
         check_count("batch_size", batch_size, minimum=1, maximum=MAX_REEMBED_BATCH)

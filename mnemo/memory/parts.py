@@ -14,11 +14,10 @@ from mnemo.errors import StorageError
 
 if TYPE_CHECKING:
     from mnemo.conversation.service import ConversationService
-    from mnemo.events import EventCallback, Events
     from mnemo.graph.ports import GraphStore
     from mnemo.ingest.service import IngestService
     from mnemo.memory.repos import Repos
-    from mnemo.ports import LLM, Embedder, Reranker
+    from mnemo.ports import LLM, Embedder, EventCallback, Events, Reranker
     from mnemo.recall.query import TagVectors
     from mnemo.session.ports import SessionStore
     from mnemo.session.registry import Sessions

@@ -23,8 +23,6 @@ extracting, an auto-commit extraction in flight, or an accepted operation still 
 
 from __future__ import annotations
 
-import inspect
-import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -49,8 +47,7 @@ from mnemo.extraction.memo import TaskMemo
 from mnemo.graph.model import Changeset, CommitReceipt
 from mnemo.inputs import check_json, check_text
 from mnemo.ports import LLM, Embedder
-
-log = logging.getLogger("mnemo")
+from mnemo.ports import deliver as call_back
 
 
 class State(StrEnum):
@@ -264,20 +261,11 @@ def project(start: State, kinds: Iterable[str], *, auto_commit: bool) -> State |
 
 
 async def deliver(callback: Callback | None, result: OpResult) -> None:
-    """Calls a sync or async callback; an exception it raises is logged, never propagated.
-
-    Shielded: a callback runs in one of the session's tasks, which `end_session` cancels (the
-    callback itself may end the session), and one cut off at its first await was as good as
-    never called. The cancellation reaches the task at its next await after the callback."""
-    if callback is None:
-        return
-    with anyio.CancelScope(shield=True):
-        try:
-            outcome = callback(result)
-            if inspect.isawaitable(outcome):
-                await outcome
-        except Exception:
-            log.exception("an operation callback failed")
+    """Calls an operation's callback, if any, as `ports.deliver` does (shielded: it runs in
+    one of the session's tasks, which `end_session` cancels, and the callback itself may end
+    the session; an exception it raises is logged, never propagated)."""
+    if callback is not None:
+        await call_back(callback, result, "an operation")
 
 
 class TicketQueue:

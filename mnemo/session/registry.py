@@ -27,10 +27,9 @@ from anyio.abc import TaskGroup
 from mnemo.config import Config
 from mnemo.episode import StepRecord
 from mnemo.errors import NotFoundError, StorageError
-from mnemo.events import Events
 from mnemo.graph.ports import GraphStore
 from mnemo.inputs import check_id
-from mnemo.ports import LLM
+from mnemo.ports import LLM, Events
 from mnemo.session.machine import Callback, Effect, Runtime, SessionRecord, State, new_machine
 from mnemo.session.ports import Coordination, HolderInfo, LiveSession, SessionStore
 

@@ -25,9 +25,6 @@ from typing import Any
 import anyio
 
 from mnemo.errors import (
-    EmbeddingError,
-    LLMError,
-    LLMTimeout,
     MnemoError,
     NotFoundError,
     SessionError,
@@ -343,7 +340,7 @@ async def deliver_results(live: Sessions, session: SessionRecord) -> None:
     # were, and the next look finds the same results (one callback each, never none).
     await live.coordination.drop_ops([op_id for op_id, _, _ in mine if op_id in results])
     for op_id, _, callback in claim_waiting(live, session.id, results):
-        await deliver(callback, _op_result(results[op_id], session))
+        await deliver(callback, results[op_id].result(session.state, session.id))
 
 
 def claim_waiting(
@@ -417,12 +414,7 @@ def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
     if not claimed:
 
         async def report(result: OpResult) -> None:
-            cause = None if result.error is None else result.error.__cause__
-            await _store_result(live, session, op_id, StoredResult(
-                result.ok, result.value, None if result.error is None else result.error.reason,
-                # An exception does not cross processes: its type's name and message do.
-                None if cause is None else (type(cause).__name__, str(cause)),
-            ))
+            await _store_result(live, session, op_id, StoredResult.of(result))
 
         return report
     [(_, _, mine)] = claimed
@@ -492,24 +484,3 @@ async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> No
         log.warning("%s: could not leave or drop its stored operations: %r", session.id, exc)
     for _, _, callback in entries:
         await deliver(callback, failure(session, reason))
-
-
-def _op_result(result: StoredResult, session: SessionRecord) -> OpResult:
-    """The result another Memory stored for an operation this one accepted; an error keeps
-    its cause (`operation_failed`'s LLM or embedder error) as far as the store could."""
-    error = None if result.error is None else SessionError(
-        result.error, state=session.state, session_id=session.id
-    )
-    if error is not None and result.cause is not None:
-        error.__cause__ = _remote_cause(*result.cause)
-    return OpResult(result.ok, result.value, error)
-
-
-def _remote_cause(kind: str, message: str) -> Exception:
-    """An error raised in another Memory, rebuilt from its type's name and message: an
-    `LLMError` or `EmbeddingError` (what a caller tells an `operation_failed` by) as itself,
-    anything else as a `MnemoError` naming its type."""
-    for error_type in (LLMTimeout, LLMError, EmbeddingError):
-        if kind == error_type.__name__:
-            return error_type(message)
-    return MnemoError(f"{kind} (raised by the Memory that ran the operation): {message}")

@@ -17,9 +17,10 @@ import msgspec
 
 from mnemo.config import Config
 from mnemo.episode import EpisodeLog, EpisodeRecord, StepRecord
+from mnemo.errors import EmbeddingError, LLMError, LLMTimeout, MnemoError, SessionError
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset
-from mnemo.session.machine import State
+from mnemo.session.machine import OpResult, State
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,12 +210,40 @@ class StoredResult(msgspec.Struct):
     cause: tuple[str, str] | None = None
 
     @classmethod
+    def of(cls, result: OpResult) -> StoredResult:
+        """`result` as stored: an error by its reason, its cause by its type's name and
+        message (an exception does not cross processes)."""
+        error = result.error
+        cause = None if error is None else error.__cause__
+        return cls(result.ok, result.value, None if error is None else error.reason,
+                   None if cause is None else (type(cause).__name__, str(cause)))
+
+    def result(self, state: State, session_id: str) -> OpResult:
+        """The result for the Memory that accepted the operation; an error keeps its cause
+        (`operation_failed`'s LLM or embedder error) as far as the store could."""
+        error = None if self.error is None else SessionError(
+            self.error, state=state, session_id=session_id)
+        if error is not None and self.cause is not None:
+            error.__cause__ = _remote_cause(*self.cause)
+        return OpResult(self.ok, self.value, error)
+
+    @classmethod
     def decode(cls, text: str | bytes) -> StoredResult:
         """A stored result's JSON text; one that does not read as a result is a failure."""
         try:
             return msgspec.json.decode(text, type=cls)
         except msgspec.DecodeError:
             return cls(False, error="operation_failed")
+
+
+def _remote_cause(kind: str, message: str) -> Exception:
+    """An error raised in another Memory, rebuilt from its type's name and message: an
+    `LLMError` or `EmbeddingError` (what a caller tells an `operation_failed` by) as itself,
+    anything else as a `MnemoError` naming its type."""
+    for error_type in (LLMTimeout, LLMError, EmbeddingError):
+        if kind == error_type.__name__:
+            return error_type(message)
+    return MnemoError(f"{kind} (raised by the Memory that ran the operation): {message}")
 
 
 class Coordination(Protocol):

@@ -21,18 +21,8 @@ import anyio
 import numpy as np
 
 from mnemo.calls.retry import fail_after
-from mnemo.calls.tasks import (
-    Meta,
-    Reply,
-    ask,
-    most_tokens,
-    preview,
-    read_reply,
-    reply_data,
-    reply_schema,
-    task_request,
-    text,
-)
+from mnemo.calls.schema import Meta, Reply, most_tokens, reply_schema, text
+from mnemo.calls.tasks import ask, preview, read_reply, reply_data, task_request
 from mnemo.errors import EmbeddingError, LLMTimeout, MnemoError, first_error
 from mnemo.graph.model import Vector
 from mnemo.graph.vectors import cosine, reaches
@@ -134,6 +124,7 @@ class StateReply(Reply, frozen=True):
 
 
 STATE_SCHEMA = reply_schema(StateReply)
+STATE_TOKENS = most_tokens(STATE_SCHEMA)
 STATE_SYSTEM = (
     "You keep track of the state of the environment an agent is working in. "
     "You write short, factual state summaries."
@@ -166,7 +157,7 @@ def state_request(
             "previous_state": previous_state,
         },
         schema=STATE_SCHEMA,
-        max_tokens=most_tokens(STATE_SCHEMA),
+        max_tokens=STATE_TOKENS,
     )
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mnemo.calls.tasks import UNSET, Reply, UnsetType, most_tokens, read_reply, reply_schema
+from mnemo.calls.schema import UNSET, Reply, UnsetType, most_tokens, reply_schema
+from mnemo.calls.tasks import read_reply
 from mnemo.extraction import prompts
 from mnemo.ports import LLMResponse
 from tests.fakes import js

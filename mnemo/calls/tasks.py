@@ -3,15 +3,12 @@
 A task's request (`task_request`) is a system prompt and one user message: the instructions,
 then the task's inputs as JSON after the line `INPUT:` (the offline LLM reads them back with
 `task_inputs`). The schema sent and the value read back both come from one msgspec struct per
-task (`Reply`), and this module is the only place a reply is checked: `reply_schema` inlines
-the struct's schema (no `$ref`), requires every field but one that defaults to `UNSET`, and
-never offers null (a field that takes None is still asked for, and read as None when missing).
-`text(n)` and `items(n)` bound a string or a list in the schema only, for a server that turns
-it into a grammar; `most_tokens` is the longest reply a bounded schema allows. `read_reply`
-reads a reply leniently (a numeric string reads as a number) and phrases a mismatch as a
-`ValueError` naming the field ("facts[2].proposition must be a string, got 3"). `ask` sends
-the request, asks again showing the model what was wrong with an unusable reply, keeps what a
-reply cut short (`Cut`) holds whole (`salvage`), and shortens a prompt the context refused.
+task (`Reply`, its schema in `mnemo.calls.schema`), and this module is the only place a reply
+is checked: `read_reply` reads a reply leniently (a numeric string reads as a number) and
+phrases a mismatch as a `ValueError` naming the field ("facts[2].proposition must be a
+string, got 3"). `ask` sends the request, asks again showing the model what was wrong with an
+unusable reply, keeps what a reply cut short (`Cut`) holds whole (`salvage`), and shortens a
+prompt the context refused.
 """
 
 from __future__ import annotations
@@ -21,94 +18,26 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
-from functools import cache
 from typing import Any, TypeVar
 
 import msgspec
-from msgspec import UNSET, Meta, Struct, UnsetType
 from msgspec import inspect as mi
 from partial_json_parser import Allow, fix_fast
 
 from mnemo import cpu
 from mnemo.calls.retry import RetryPolicy, policy_of, task_budget
+from mnemo.calls.schema import Reply
 from mnemo.errors import LLMContextError, LLMError, LLMReplyError
-from mnemo.ports import LLM, JSONObject, JSONValue, LLMRequest, LLMResponse
+from mnemo.ports import LLM, JSONObject, LLMRequest, LLMResponse
 
 __all__ = [
-    "UNSET", "Cut", "Meta", "Reply", "UnsetType", "ask", "bounded", "decode_json", "input_json",
-    "items", "most_tokens", "preview", "read_reply", "reply_data", "reply_schema", "salvage",
-    "shorter", "task_inputs", "task_request", "text",
+    "Cut", "ask", "decode_json", "input_json", "preview", "read_reply", "reply_data", "salvage",
+    "shorter", "task_inputs", "task_request",
 ]
 
 log = logging.getLogger("mnemo")
 
 T = TypeVar("T")
-
-# The most items a reply's list may hold, whatever its task's inputs.
-MOST_ITEMS = 16
-
-# Characters a token stands for, counted low (JSON escapes, digits, short words) so that
-# `most_tokens` errs long.
-_CHARS_PER_TOKEN = 3
-
-
-def text(at_most: int, description: str | None = None) -> Meta:
-    """A string field's bound: at most `at_most` characters in the schema (`maxLength`)."""
-    return Meta(description=description, extra_json_schema={"maxLength": at_most})
-
-
-def items(at_most: int) -> Meta:
-    """A list field's bound: at most `at_most` items in the schema (`maxItems`)."""
-    return Meta(extra_json_schema={"maxItems": at_most})
-
-
-def bounded(
-    schema: JSONObject, field: str, count: int, *, most: int | None = MOST_ITEMS,
-    floor: int = 64,
-) -> tuple[JSONObject, int]:
-    """A request's schema, its list `field` holding at most `count` items (at least one, at
-    most `most`: None for a list that answers its inputs one by one), and the max_tokens that
-    holds the longest reply it allows (at least `floor`, at most 4096)."""
-    count = max(1, count if most is None else min(count, most))
-    properties = schema.get("properties")
-    if not isinstance(properties, dict) or not isinstance(properties.get(field), dict):
-        raise KeyError(f"the schema has no list field {field!r}")
-    schema = {**schema, "properties": {**properties, field: {**properties[field],
-                                                             "maxItems": count}}}
-    return schema, max(floor, min(4096, most_tokens(schema) or 4096))
-
-
-def most_tokens(schema: Mapping[str, object]) -> int | None:
-    """The most tokens a reply matching `schema` can take, counting its keys, quotes and
-    punctuation; None when a string or a list in it is unbounded."""
-    kind, options = schema.get("type"), schema.get("anyOf")
-    if options is not None:
-        sizes = [most_tokens(o) if isinstance(o, Mapping) else None
-                 for o in (options if isinstance(options, list) else [None])]
-        return None if not sizes or None in sizes else max(n for n in sizes if n is not None)
-    at_most = schema.get("maxLength" if kind == "string" else "maxItems")
-    if kind == "string":
-        return at_most // _CHARS_PER_TOKEN + 2 if isinstance(at_most, int) else None
-    if kind == "array":
-        item = schema.get("items")
-        each = most_tokens(item) if isinstance(item, Mapping) else None
-        return None if not isinstance(at_most, int) or each is None else 2 + at_most * (each + 1)
-    if kind == "object":
-        properties = schema.get("properties")
-        fields = properties.items() if isinstance(properties, Mapping) else ()
-        each_field = [(name, most_tokens(sub) if isinstance(sub, Mapping) else None)
-                      for name, sub in fields]
-        if any(size is None for _, size in each_field):
-            return None
-        return 2 + sum(len(name) // _CHARS_PER_TOKEN + 4 + (size or 0)
-                       for name, size in each_field)
-    return 6 if kind == "number" else 4  # a confidence; an index, a score, a boolean
-
-
-class Reply(Struct, frozen=True, kw_only=True):
-    """A task's reply; subclasses declare its fields, in the order the model is shown them.
-    Unknown fields are ignored when read (the schema says there are none)."""
-
 
 R = TypeVar("R", bound=Reply)
 
@@ -121,17 +50,6 @@ _NAMES: dict[object, str] = {
 _EXPECTED = re.compile(r"^Expected `([^`]+)`(?:, got `([^`]+)`)?(?: - at `([^`]+)`)?$")
 _MISSING = re.compile(r"^Object missing required field `([^`]+)`(?: - at `([^`]+)`)?$")
 _STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
-
-
-@cache
-def reply_schema(kind: type[Reply]) -> JSONObject:
-    """The JSON schema of `kind`, with every struct inlined and its `required` as the module
-    docstring says. Cached: treat the result as read-only."""
-    (root,), defs = msgspec.json.schema_components([kind], ref_template="{name}")
-    schema = _inline(root, defs)
-    if not isinstance(schema, dict):
-        raise TypeError(f"{kind.__name__} has no object schema")
-    return schema
 
 
 def read_reply(response: LLMResponse, kind: type[R], task: str) -> R:
@@ -301,38 +219,6 @@ def _describe(info: mi.Type) -> str:
     if isinstance(info, mi.UnionType):
         return " or ".join(_describe(_bare(t)) for t in info.types)
     return _NAMES.get(type(info), "a value")
-
-
-def _inline(node: JSONValue, defs: JSONObject) -> JSONValue:
-    """`node` (a schema) with each `$ref` replaced by its definition, without msgspec's
-    `title` and `default` annotations; a struct requires every field that has no default or
-    has one other than `UNSET` (msgspec writes no `default` for it)."""
-    if isinstance(node, list):
-        return [_inline(item, defs) for item in node]
-    if not isinstance(node, dict):
-        return node
-    ref = node.get("$ref")
-    if isinstance(ref, str):
-        return _inline(defs[ref], defs)
-    choices = node.get("anyOf")
-    if isinstance(choices, list):
-        # null is what a reader tolerates, never what a model is asked for.
-        shown = [c for c in choices if c != {"type": "null"}]
-        if len(shown) == 1:
-            rest = {k: v for k, v in node.items() if k != "anyOf"}
-            return _inline({**rest, **shown[0]}, defs)
-        node = {**node, "anyOf": shown}
-    out: JSONObject = {k: {name: _inline(sub, defs) for name, sub in v.items()}
-                       if k == "properties" and isinstance(v, dict) else _inline(v, defs)
-                       for k, v in node.items() if k not in ("title", "default")}
-    properties = node.get("properties")
-    if isinstance(properties, dict):
-        required = node.get("required")
-        out["required"] = [name for name, sub in properties.items()
-                           if (isinstance(required, list) and name in required)
-                           or (isinstance(sub, dict) and "default" in sub)]
-        out["additionalProperties"] = False
-    return out
 
 
 # ---- the request, and asking until a reply is usable ------------------------------

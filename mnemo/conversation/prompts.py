@@ -23,7 +23,8 @@ from typing import Annotated, TypedDict
 
 from msgspec import Meta
 
-from mnemo.calls.tasks import Reply, most_tokens, read_reply, reply_data, reply_schema, task_request
+from mnemo.calls.schema import Reply, most_tokens, reply_schema
+from mnemo.calls.tasks import read_reply, reply_data, task_request
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse
 
 
@@ -251,7 +252,7 @@ def eviction_request(
         max_tokens=max_words * 2 + 256,
     )
     # The summary's length in the schema: a server's grammar ends a small model's summary
-    # there instead of at max_tokens (`mnemo.calls.tasks.text`; not checked when read).
+    # there instead of at max_tokens (`mnemo.calls.schema.text`; not checked when read).
     snapshot = snapshot_schema(max_words)
     max_tokens = max(request.max_tokens or 0, most_tokens(snapshot) or 0)
     if as_data:

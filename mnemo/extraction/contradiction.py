@@ -11,16 +11,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Protocol
 
 from mnemo.calls.retry import fail_after
-from mnemo.calls.tasks import (
-    MOST_ITEMS,
-    Reply,
-    ask,
-    bounded,
-    items,
-    read_reply,
-    reply_schema,
-    task_request,
-)
+from mnemo.calls.schema import MOST_ITEMS, Reply, bounded, items, reply_schema
+from mnemo.calls.tasks import ask, read_reply, task_request
 from mnemo.config import Config
 from mnemo.episode import embed
 from mnemo.errors import EmbeddingError, LLMError

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated
 
-from mnemo.calls.tasks import (
+from mnemo.calls.schema import (
     MOST_ITEMS,
     UNSET,
     Meta,
@@ -20,13 +20,10 @@ from mnemo.calls.tasks import (
     UnsetType,
     bounded,
     items,
-    preview,
-    read_reply,
-    reply_data,
     reply_schema,
-    task_request,
     text,
 )
+from mnemo.calls.tasks import preview, read_reply, reply_data, task_request
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.ports import LLMRequest, LLMResponse
 
@@ -38,7 +35,7 @@ Steps = Sequence[Mapping[str, object]]
 
 # ---- semantic -----------------------------------------------------------------------------
 
-# The bounds of a reply (`mnemo.calls.tasks.text`, `items`): what a grammar-bound model may
+# The bounds of a reply (`mnemo.calls.schema.text`, `items`): what a grammar-bound model may
 # write, so that its reply fits the task's max_tokens (`most_tokens`); DECISIONS.md, "Bounded
 # replies".
 class FactReply(Reply, frozen=True):

@@ -9,16 +9,8 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from mnemo import text as _text
-from mnemo.calls.tasks import (
-    Reply,
-    items,
-    most_tokens,
-    preview,
-    read_reply,
-    reply_schema,
-    task_request,
-    text,
-)
+from mnemo.calls.schema import Reply, items, most_tokens, reply_schema, text
+from mnemo.calls.tasks import preview, read_reply, task_request
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
 from mnemo.ports import LLMRequest, LLMResponse

@@ -29,7 +29,8 @@ import msgspec
 import numpy as np
 
 from mnemo import text as _text
-from mnemo.calls.tasks import Meta, Reply, ask, read_reply, reply_schema, task_request
+from mnemo.calls.schema import Meta, Reply, reply_schema
+from mnemo.calls.tasks import ask, read_reply, task_request
 from mnemo.episode import embed
 from mnemo.extraction.entities import speaker_of
 from mnemo.graph.model import Vector

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mnemo.adapters.offline import OfflineLLM
-from mnemo.calls.tasks import most_tokens
+from mnemo.calls.schema import most_tokens
 from mnemo.conversation.prompts import (
     CHARS_PER_WORD,
     eviction_request,

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mnemo.calls.tasks import most_tokens, task_inputs
+from mnemo.calls.schema import most_tokens
+from mnemo.calls.tasks import task_inputs
 from mnemo.episode import (
     REWARD_SCHEMA,
     SUBGOAL_SCHEMA,

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mnemo.calls.tasks import bounded, task_inputs
+from mnemo.calls.schema import bounded
+from mnemo.calls.tasks import task_inputs
 from mnemo.extraction.contradiction import contradiction_request, parse_contradiction
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (

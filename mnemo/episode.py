@@ -320,6 +320,8 @@ def parse_reward(resp: LLMResponse) -> float:
     return min(1.0, max(0.0, value))
 
 
+# ---- a step's annotation ------------------------------------------------------------------
+
 @dataclass(frozen=True, slots=True)
 class Annotation:
     state_summary: str

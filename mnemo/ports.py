@@ -20,6 +20,10 @@ import numpy.typing as npt
 
 from mnemo.errors import InvalidInputError
 
+log = logging.getLogger("mnemo")
+
+T = TypeVar("T")
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:
@@ -181,10 +185,7 @@ def model_name(model: object) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-log = logging.getLogger("mnemo")
-
-T = TypeVar("T")
-
+# ---- the on_event callback -----------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class Event:

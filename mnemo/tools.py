@@ -16,7 +16,7 @@ import msgspec
 
 from mnemo.conversation.eviction import EvictionTools
 from mnemo.conversation.model import Message
-from mnemo.conversation.prompts import EVICTION_TOOL_SPECS
+from mnemo.conversation.prompts import EVICTION_ARGUMENTS, EVICTION_TOOL_SPECS
 from mnemo.conversation.render import ZONE_MESSAGE_CHARS
 from mnemo.conversation.search import render_hits
 from mnemo.errors import InvalidInputError, NotFoundError
@@ -122,7 +122,7 @@ TOOLS: dict[str, ToolSpec] = {
         SEARCH_MESSAGES, VIEW_MESSAGES, RECALL, GET_NODE,
         *(ToolSpec(t["name"], t["description"], t["parameters"]) for t in EVICTION_TOOL_SPECS)]}
 MEMORY_TOOLS = ("search_messages", "view_messages", "recall", "get_node")
-EVICTION_TOOL_NAMES = ("save_snapshot", "attach_messages_to_goals", "everything_ok")
+EVICTION_TOOL_NAMES = tuple(EVICTION_ARGUMENTS)
 
 
 def _specs(names: Iterable[str]) -> list[ToolSpec]:

@@ -113,6 +113,9 @@ Where = Annotated[
     typer.Option("--where", help="Only the scope whose metadata has KEY=VALUE (a string; "
                                  "KEY:=JSON for a number or true/false); repeat it for more "
                                  "keys, or a key for any of its values.")]
+# The repo of an id a command looks up (None: every repo).
+SearchedRepo = Annotated[str | None, typer.Option(
+    "--repo", "-r", help="The repo to look in (default: every repo is searched).")]
 
 
 

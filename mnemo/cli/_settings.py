@@ -11,7 +11,7 @@ import inspect
 import math
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, cast
@@ -38,39 +38,41 @@ def _option(*flags: str, help: str, **more: Any) -> Any:
     return typer.Option(*flags, help=help, show_default=False, **more)
 
 
-StoreOpt = Annotated[str | None, _option("--store", "--db", help=(
-    "The store: a SQLite file or a postgresql:// URL (env MNEMO_STORE; default memory.db)."))]
-LlmOpt = Annotated[str | None, _option("--llm", help=(
-    "The LLM: offline, openai:MODEL, anthropic:MODEL, openai-compatible:MODEL@URL (env "
-    "MNEMO_LLM; default: each repo's own)."))]
-EmbedderOpt = Annotated[str | None, _option("--embedder", help=(
-    "The embedder: minilm, e5-small-q4, hash[:DIM], openai:MODEL[@URL] (env MNEMO_EMBEDDER; "
-    "default: each repo's own)."))]
-TemperatureOpt = Annotated[str | None, _option("--temperature", help=(
-    "The LLM's sampling temperature: a number >= 0, or server for the server's own (env "
-    "MNEMO_TEMPERATURE; default: the LLM URI's, else 0; small local models do better above "
-    "0)."))]
-LlmTimeoutOpt = Annotated[float | None, _option("--llm-timeout", help=(
-    "Seconds one LLM request may take (env MNEMO_LLM_TIMEOUT; default: the LLM URI's, else "
-    "60)."))]
-ExtractionTimeoutOpt = Annotated[float | None, _option("--extraction-timeout", help=(
-    "Seconds an extraction, and each conversation-memory model call, may take (env "
-    "MNEMO_EXTRACTION_TIMEOUT; default 60)."))]
-ConfigOpt = Annotated[Path | None, _option("--config", dir_okay=False, help=(
-    "A TOML file with store, llm and embedder (env MNEMO_CONFIG; default ./mnemo.toml or "
-    "~/.config/mnemo/config.toml)."))]
-
 # The options a command that opens models takes, in the order its help lists them.
 MODEL_OPTIONS = {
-    "store": StoreOpt, "llm": LlmOpt, "embedder": EmbedderOpt, "temperature": TemperatureOpt,
-    "llm_timeout": LlmTimeoutOpt, "extraction_timeout": ExtractionTimeoutOpt, "config": ConfigOpt}
+    "store": Annotated[str | None, _option("--store", "--db", help=(
+        "The store: a SQLite file or a postgresql:// URL (env MNEMO_STORE; default memory.db)."))],
+    "llm": Annotated[str | None, _option("--llm", help=(
+        "The LLM: offline, openai:MODEL, anthropic:MODEL, openai-compatible:MODEL@URL (env "
+        "MNEMO_LLM; default: each repo's own)."))],
+    "embedder": Annotated[str | None, _option("--embedder", help=(
+        "The embedder: minilm, e5-small-q4, hash[:DIM], openai:MODEL[@URL] (env MNEMO_EMBEDDER; "
+        "default: each repo's own)."))],
+    "temperature": Annotated[str | None, _option("--temperature", help=(
+        "The LLM's sampling temperature: a number >= 0, or server for the server's own (env "
+        "MNEMO_TEMPERATURE; default: the LLM URI's, else 0; small local models do better above "
+        "0)."))],
+    "llm_timeout": Annotated[float | None, _option("--llm-timeout", help=(
+        "Seconds one LLM request may take (env MNEMO_LLM_TIMEOUT; default: the LLM URI's, else "
+        "60)."))],
+    "extraction_timeout": Annotated[float | None, _option("--extraction-timeout", help=(
+        "Seconds an extraction, and each conversation-memory model call, may take (env "
+        "MNEMO_EXTRACTION_TIMEOUT; default 60)."))],
+    "config": Annotated[Path | None, _option("--config", dir_okay=False, help=(
+        "A TOML file with store, llm and embedder (env MNEMO_CONFIG; default ./mnemo.toml or "
+        "~/.config/mnemo/config.toml)."))],
+}
 Command = TypeVar("Command", bound=Callable[..., None])
 
 
-def model_options(*, extraction: bool = True) -> Callable[[Command], Command]:
-    """Gives a command `MODEL_OPTIONS` (without --extraction-timeout unless `extraction`) in
-    place of its keyword-only parameter `settings`, which receives them `resolve`d."""
-    names = [name for name in MODEL_OPTIONS if extraction or name != "extraction_timeout"]
+def model_options(
+    *, extraction: bool = True, only: Collection[str] = tuple(MODEL_OPTIONS)
+) -> Callable[[Command], Command]:
+    """Gives a command the `MODEL_OPTIONS` that `only` names (without --extraction-timeout
+    unless `extraction`) in place of its keyword-only parameter `settings`, which receives
+    them `resolve`d."""
+    names = [name for name in MODEL_OPTIONS
+             if name in only and (extraction or name != "extraction_timeout")]
     options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
                                  annotation=MODEL_OPTIONS[name]) for name in names]
 
@@ -88,6 +90,10 @@ def model_options(*, extraction: bool = True) -> Callable[[Command], Command]:
         return cast(Command, resolved)
 
     return wrap
+
+
+# The options of a command that opens no model: the store and the config file.
+store_options = model_options(only=("store", "config"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,14 +22,7 @@ from mnemo.cli._output import (
     stdout_console,
     table,
 )
-from mnemo.cli._settings import (
-    ConfigOpt,
-    EmbedderOpt,
-    Settings,
-    StoreOpt,
-    model_options,
-    resolve,
-)
+from mnemo.cli._settings import Settings, model_options, store_options
 from mnemo.graph.model import NodeType
 from mnemo.graph.scope import parse_where
 from mnemo.jsonable import hit_json, label, recall_json, session_json
@@ -168,19 +161,20 @@ def recall(
 
 
 @app.command()
+@store_options
 def sessions(
     every: Annotated[
         bool, typer.Option("--all", help="Also the idle sessions, between episodes (with the "
                                          "goal of their last one).")
     ] = False,
-    store: StoreOpt = None,
-    config: ConfigOpt = None,
+    *,
+    settings: Settings,
     as_json: Json = False,
 ) -> None:
     """List the sessions at work (collecting, extracting, ready or failed) of every process
     on the store: id, repo, state, goal, steps, and who holds its extraction until when."""
     async def work() -> None:
-        async with open_memory(resolve(store=store, config=config)) as mem:
+        async with open_memory(settings) as mem:
             found = await mem.list_sessions()
         live = [s for s in found if every or s.state is not State.IDLE]
         if as_json:
@@ -205,6 +199,7 @@ def sessions(
 
 
 @app.command()
+@store_options
 def graph(
     repo: Annotated[str, typer.Argument(help="The repo whose graph to show.")],
     export: Annotated[ExportFormat | None, typer.Option(
@@ -212,8 +207,8 @@ def graph(
     out: Annotated[Path | None, typer.Option(
         help="Write the export here (format from --export or the suffix).",
         dir_okay=False)] = None,
-    store: StoreOpt = None,
-    config: ConfigOpt = None,
+    *,
+    settings: Settings,
     as_json: Json = False,
 ) -> None:
     """Count a repo's nodes and links by type, or export the graph as JSON or GraphML."""
@@ -226,7 +221,7 @@ def graph(
     async def work() -> None:
         if out is not None and fmt is None:
             raise CliError(f"cannot tell the export format of {out}: pass --export json|graphml")
-        async with open_memory(resolve(store=store, config=config)) as mem:
+        async with open_memory(settings) as mem:
             await check_repo(mem, repo)
             dumped = await graph_export.dump_graph(mem, repo)
         counts = dumped.counts()
@@ -256,19 +251,20 @@ def graph(
 
 
 @app.command()
+@store_options
 def search(
     query: Annotated[str, typer.Argument(help="Words to find in stored messages.")],
     thread: Annotated[str | None, typer.Option("--thread", "-t", help="Only this thread.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=100, help="How many hits.")] = 5,
     where: Where = None,
-    store: StoreOpt = None,
-    config: ConfigOpt = None,
+    *,
+    settings: Settings,
     as_json: Json = False,
 ) -> None:
     """Search the conversation threads' messages (full text, best first)."""
     async def work() -> None:
         scope = parse_where(where or ())
-        async with open_memory(resolve(store=store, config=config)) as mem:
+        async with open_memory(settings) as mem:
             hits = await mem.search_messages(query, thread_id=thread, limit=limit, where=scope)
         if as_json:
             print_json([hit_json(h) for h in hits])
@@ -286,19 +282,19 @@ def search(
 
 
 @app.command()
+@store_options
 def purge(
     thread: Annotated[str, typer.Argument(help="The thread to erase.")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     repo: Annotated[str | None, typer.Option(
         help="Also forget the graph source of the same id in this repo "
              "(what `mnemo ingest` made from the session).")] = None,
-    store: StoreOpt = None,
-    config: ConfigOpt = None,
+    *,
+    settings: Settings,
     as_json: Json = False,
 ) -> None:
     """Erase a conversation thread for good: messages, summaries, snapshots, search entries."""
     async def work() -> None:
-        settings = resolve(store=store, config=config)
         async with open_memory(settings) as mem:
             conversation = mem.conversation()
             messages = len(await conversation.raw(thread))
@@ -325,6 +321,7 @@ def purge(
 
 
 @app.command()
+@model_options(only=("store", "embedder", "config"))
 def forget(
     repo: Annotated[str, typer.Argument(help="The repo to erase from.")],
     source: Annotated[
@@ -332,9 +329,8 @@ def forget(
     ] = None,
     where: Where = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
-    store: StoreOpt = None,
-    embedder: EmbedderOpt = None,
-    config: ConfigOpt = None,
+    *,
+    settings: Settings,
     as_json: Json = False,
 ) -> None:
     """Erase for good what a source committed (`forget`), or everything in a scope
@@ -343,7 +339,7 @@ def forget(
         scope = parse_where(where or ())
         if (source is None) == (scope is None):
             raise CliError("give a source id or --where, one of them")
-        async with open_memory(resolve(store=store, config=config, embedder=embedder)) as mem:
+        async with open_memory(settings) as mem:
             await check_repo(mem, repo)
             await mem.open_repo(repo)
             what = f"source {source!r}" if scope is None else f"the scope {scope}"

@@ -12,10 +12,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from mnemo.cli._common import Json, app, check_repo, confirm, open_memory, run
+from mnemo.cli._common import Json, SearchedRepo, app, check_repo, confirm, open_memory, run
 from mnemo.cli._ids import resolve_in_repos, short_ids
 from mnemo.cli._output import print_json, stdout_console, table
-from mnemo.cli._settings import ConfigOpt, StoreOpt, resolve
+from mnemo.cli._settings import Settings, store_options
 from mnemo.errors import InvalidInputError
 from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.history import goals as commit_goals
@@ -30,13 +30,14 @@ RESOLVED = 1_000
 
 
 @app.command()
+@store_options
 def history(repo: Repo,
             limit: Annotated[int, typer.Option(min=1, help="How many commits, newest first.")] = 20,
-            store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = False) -> None:
+            *, settings: Settings, as_json: Json = False) -> None:
     """List a repo's commits, newest first: id, time, session or source and the goal it
     served, what each added."""
     async def work() -> None:
-        async with open_memory(resolve(store=store, config=config)) as mem:
+        async with open_memory(settings) as mem:
             await check_repo(mem, repo)
             commits = await mem.history(repo, limit=limit)
             goals = await commit_goals(partial(mem.get_node, repo), commits)
@@ -87,22 +88,20 @@ async def _commit_id(mem: Memory, repo: str | None, given: str) -> tuple[str, st
 
 
 @app.command()
+@store_options
 def diff(
     commit: Annotated[
         str, typer.Argument(help="The commit's id, or a unique prefix of it (see `mnemo "
                                  "history`).")],
-    repo: Annotated[
-        str | None, typer.Option("--repo", "-r", help="The commit's repo (default: every "
-                                                      "repo is searched).")
-    ] = None,
-    store: StoreOpt = None,
-    config: ConfigOpt = None,
+    repo: SearchedRepo = None,
+    *,
+    settings: Settings,
     as_json: Json = False,
 ) -> None:
     """Show what one commit changed: the nodes it added (by type, short id and text), the
     facts it retired, the intents it reworded and the links it added."""
     async def work() -> None:
-        async with open_memory(resolve(store=store, config=config)) as mem:
+        async with open_memory(settings) as mem:
             if repo is not None:
                 await check_repo(mem, repo)
             name, commit_id = await _commit_id(mem, repo, commit)
@@ -164,20 +163,21 @@ def print_diff(repo: str, changed: CommitDiff, goal: str | None, reworded: list[
 
 
 @app.command()
+@store_options
 def revert(
     repo: Repo,
     commit: Annotated[
         str, typer.Argument(help="The commit's id, or a unique prefix of it (see `mnemo "
                                  "history`).")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
-    store: StoreOpt = None,
-    config: ConfigOpt = None,
+    *,
+    settings: Settings,
     as_json: Json = False,
 ) -> None:
     """Undo one commit: its nodes and links go, the facts it retired hold again. Refused when
     a later commit built on it."""
     async def work() -> None:
-        async with open_memory(resolve(store=store, config=config)) as mem:
+        async with open_memory(settings) as mem:
             await check_repo(mem, repo)
             _, commit_id = await _commit_id(mem, repo, commit)
             record = (await mem.commit_diff(repo, commit_id)).commit

@@ -18,14 +18,7 @@ from rich.text import Text
 from mnemo.cli._common import Json, app, check_repo, confirm, open_memory, run
 from mnemo.cli._ids import resolve_id, short_ids
 from mnemo.cli._output import print_json, progress, stderr_console, stdout_console, table
-from mnemo.cli._settings import (
-    ConfigOpt,
-    EmbedderOpt,
-    Settings,
-    StoreOpt,
-    model_options,
-    resolve,
-)
+from mnemo.cli._settings import Settings, model_options, store_options
 from mnemo.conversation.model import Snapshot
 from mnemo.jsonable import label, view_json
 from mnemo.memory import Memory
@@ -48,10 +41,11 @@ _SETTLED = {State.READY, State.FAILED, State.IDLE, State.COLLECTING}
 
 
 @app.command()
-def repos(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = False) -> None:
+@store_options
+def repos(*, settings: Settings, as_json: Json = False) -> None:
     """List the repos: name and live sessions."""
     async def work() -> None:
-        async with open_memory(resolve(store=store, config=config)) as mem:
+        async with open_memory(settings) as mem:
             names = await mem.list_repos()
             live = await mem.list_sessions()
         rows = [(name, sum(s.repo == name for s in live)) for name in names]
@@ -66,11 +60,11 @@ def repos(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = Fals
 
 
 @app.command()
+@model_options(only=("store", "embedder", "config"))
 def reembed(
     repo: Annotated[str, typer.Argument(help="The repo whose vectors to make again.")],
-    store: StoreOpt = None,
-    embedder: EmbedderOpt = None,
-    config: ConfigOpt = None,
+    *,
+    settings: Settings,
     batch_size: Annotated[
         int, typer.Option(min=1, max=10_000, help="Nodes embedded in one call.")
     ] = 256,
@@ -83,7 +77,6 @@ def reembed(
     and written as usual meanwhile; interrupted, it keeps its old vectors, and running the
     command again carries on."""
     async def work() -> None:
-        settings = resolve(store=store, embedder=embedder, config=config)
         done: JSONObject = {}
 
         def switched(event: Event) -> None:
@@ -115,19 +108,20 @@ def reembed(
 
 
 @app.command()
+@store_options
 def view(
     message_id: Annotated[
         str, typer.Argument(help="A message id from `mnemo search`, or a unique prefix of it.")],
     radius: Annotated[
         int, typer.Option(min=0, max=100, help="Messages to show on each side.")
     ] = 10,
-    store: StoreOpt = None,
-    config: ConfigOpt = None,
+    *,
+    settings: Settings,
     as_json: Json = False,
 ) -> None:
     """Show a stored message whole, with the messages and snapshots around it."""
     async def work() -> None:
-        async with open_memory(resolve(store=store, config=config)) as mem:
+        async with open_memory(settings) as mem:
             found = await mem.message_ids(message_id.strip() or "?", limit=2)
             if not found and "_" not in message_id:
                 found = await mem.message_ids(f"msg_{message_id.strip()}", limit=2)

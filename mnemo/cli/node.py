@@ -13,11 +13,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from mnemo.cli._common import Json, app, check_repo, open_memory, run
+from mnemo.cli._common import Json, SearchedRepo, app, check_repo, open_memory, run
 from mnemo.cli._database import CliError
 from mnemo.cli._ids import resolve_in_repos, short_ids
 from mnemo.cli._output import print_json, stdout_console, table
-from mnemo.cli._settings import ConfigOpt, StoreOpt, resolve
+from mnemo.cli._settings import Settings, store_options
 from mnemo.cli.history import RESOLVED, origin
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.history import goals as commit_goals
@@ -116,22 +116,20 @@ def _changes(commit: CommitRecord, node_id: str) -> list[str]:
 
 
 @app.command()
+@store_options
 def show(
     node_id: Annotated[
         str, typer.Argument(metavar="ID", help="The node's id, or a unique prefix of it or "
                             "of its digits (the short id `mnemo recall` shows).")],
-    repo: Annotated[
-        str | None, typer.Option("--repo", "-r", help="The node's repo (default: every repo "
-                                                      "is searched).")
-    ] = None,
-    store: StoreOpt = None,
-    config: ConfigOpt = None,
+    repo: SearchedRepo = None,
+    *,
+    settings: Settings,
     as_json: Json = False,
 ) -> None:
     """Show one node: its text, data and validity, where it came from (steps, episode,
     session or source), the nodes linked to it, and the commits that added or changed it."""
     async def work() -> None:
-        async with open_memory(resolve(store=store, config=config)) as mem:
+        async with open_memory(settings) as mem:
             if repo is not None:
                 await check_repo(mem, repo)
             name, found = await find_node(mem, repo, node_id)

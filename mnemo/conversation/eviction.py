@@ -274,24 +274,16 @@ async def run_loop(
     return f"the eviction model saved no snapshot in {MAX_ROUNDS} rounds{cause}", usage
 
 
+@dataclass(kw_only=True)
 class Evictor:
     """Runs evictions and folds for the `ConversationService` (which holds the per-thread
     eviction lock around each call)."""
 
-    def __init__(
-        self,
-        store: ThreadStore,
-        *,
-        events: Events,
-        clock: Callable[[], datetime],
-        timeout: float,
-        recall: Recall,
-    ) -> None:
-        self._store = store
-        self._recall = recall
-        self._events = events
-        self._clock = clock
-        self._timeout = timeout
+    store: ThreadStore
+    events: Events
+    clock: Callable[[], datetime]
+    timeout: float
+    recall: Recall
 
     async def evict(
         self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM
@@ -312,7 +304,7 @@ class Evictor:
         read: int | None = None
         attempts = 0
         while True:
-            inputs = await self._store.eviction_inputs(thread_id)
+            inputs = await self.store.eviction_inputs(thread_id)
             if read is not None and inputs.boundary_seq > read:
                 return EvictionResult(thread_id, read, inputs.boundary_seq, None, None, 0, 0)
             read = inputs.boundary_seq
@@ -344,7 +336,7 @@ class Evictor:
             goal_ids={g["id"] for g in goals},
             max_words=snapshot_words(token_budget, 1),
         )
-        recalled = await self._recall(thread_id, inputs.goals, ()) if inputs.goals else []
+        recalled = await self.recall(thread_id, inputs.goals, ()) if inputs.goals else []
         error, usage = await run_loop(
             llm,
             tools,
@@ -355,18 +347,18 @@ class Evictor:
             goals=goals,
             previous_snapshot=inputs.previous_snapshot,
             recalled=render_hits(recalled) if recalled else "",
-            time_limit=self._timeout,
+            time_limit=self.timeout,
         )
         text = tools.snapshot_text or fallback_note(*span, error or "no snapshot")
         after = zone[-1].seq + 1
-        now = self._clock()
-        snapshot = await self._store.commit_eviction(
+        now = self.clock()
+        snapshot = await self.store.commit_eviction(
             thread_id, boundary_before=boundary, boundary_after=after, zone=span,
             snapshot_text=text, pins=tools.pins, now=now,
         )
         folded = await self.fold(thread_id, token_budget, llm)
         pinned = list(dict.fromkeys(mid for mid, _ in tools.pins))
-        await self._events.emit(
+        await self.events.emit(
             "thread_evicted", thread_id=thread_id, start_seq=span[0], end_seq=span[1],
             boundary=after, pinned=pinned, error=error,
         )
@@ -389,21 +381,21 @@ class Evictor:
     async def fold(self, thread_id: str, token_budget: int, llm: LLM) -> Snapshot | None:
         """Folds the oldest 5 uncovered level-1 snapshots into a level-2 one, when due.
         A failed fold is logged and left for the next eviction."""
-        due = due_for_fold(await self._store.uncovered_snapshots(thread_id))
+        due = due_for_fold(await self.store.uncovered_snapshots(thread_id))
         if not due:
             return None
         request = fold_request(
             snapshots=fold_inputs(due), max_words=snapshot_words(token_budget, 2)
         )
         try:
-            with fail_after(self._timeout):
+            with fail_after(self.timeout):
                 text = await ask(llm, request, parse_summary)
         except Exception:
             # Folding is an optimisation of the viewport: the level-1 snapshots stay visible.
             log.warning("folding snapshots of thread %r failed", thread_id, exc_info=True)
             return None
-        now = self._clock()
-        return await self._store.commit_fold(thread_id, due, text, now)
+        now = self.clock()
+        return await self.store.commit_fold(thread_id, due, text, now)
 
 
 def fold_inputs(snapshots: Sequence[Snapshot]) -> list[JSONObject]:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
-from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
 from itertools import accumulate
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from mnemo import cpu
 from mnemo.calls.retry import fail_after
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from mnemo.conversation.service import ConversationService
 
 log = logging.getLogger("mnemo")
+_T = TypeVar("_T")
 
 # What one summary request may hold, in tokens of the messages it summarises (at least this,
 # or 4x the Summary's max_tokens): a first save of a long history is summarised in chunks.
@@ -66,6 +67,7 @@ SUMMARY_TOOL_CHARS = 300
 MAX_SAVE_ATTEMPTS = 5
 
 
+@dataclass(eq=False)
 class ConversationManager:
     """Saves and loads threads with one retrieval and compression policy.
 
@@ -74,26 +76,15 @@ class ConversationManager:
     manager's summaries and runs its automatic evictions.
     """
 
-    def __init__(
-        self,
-        service: ConversationService,
-        *,
-        retrieval: Retrieval,
-        compression: tuple[Compression, ...],
-        ttl: float | None,
-        auto_evict_budget: int | None,
-        eviction_fraction: float,
-        clock: Callable[[], datetime],
-        llm: LLM,
-    ) -> None:
-        self._service = service
-        self.llm = llm
-        self.retrieval = retrieval
-        self.compression = compression
-        self.ttl = ttl
-        self.auto_evict_budget = auto_evict_budget
-        self.eviction_fraction = eviction_fraction
-        self._clock = clock
+    _service: ConversationService = field(repr=False)
+    _: KW_ONLY
+    retrieval: Retrieval
+    compression: tuple[Compression, ...]
+    ttl: float | None
+    auto_evict_budget: int | None
+    eviction_fraction: float
+    clock: Callable[[], datetime] = field(repr=False)
+    llm: LLM
 
     def __await__(self) -> Generator[object, None, ConversationManager]:
         """`await mem.conversation(...)` gives the manager too: the factory is synchronous,
@@ -166,7 +157,7 @@ class ConversationManager:
         vectors = await self._embed(thread_id, drafted, {})
         async with self._service.thread_lock(thread_id):
             appended = await self._service.store.append(
-                thread_id, list(drafted.values()), recorded_at=self._clock(),
+                thread_id, list(drafted.values()), recorded_at=self.clock(),
                 vectors=None if vectors is None else list(vectors.values()),
             ) if drafted else []
             await self._compress(thread_id, appended)
@@ -247,7 +238,7 @@ class ConversationManager:
             embedded = await self._embed(thread_id, drafts, vectors)
             try:
                 return await store.append(
-                    thread_id, list(drafts.values()), recorded_at=self._clock(),
+                    thread_id, list(drafts.values()), recorded_at=self.clock(),
                     vectors=None if embedded is None else list(embedded.values()),
                     expected_len=stored, expected_hash=digest,
                 )
@@ -346,7 +337,7 @@ class ConversationManager:
         check_text(summary_text, "summary_text", limit=self._service.max_text_chars)
         async with self._service.thread_lock(thread_id):
             return await self._service.store.add_compaction(
-                thread_id, start_seq, end_seq, summary_text, self._clock()
+                thread_id, start_seq, end_seq, summary_text, self.clock()
             )
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
@@ -355,9 +346,7 @@ class ConversationManager:
         Raises:
             InvalidInputError: a blank thread id.
         """
-        check_thread_id(thread_id)
-        await self._expire(thread_id)
-        return await self._service.store.compactions(thread_id)
+        return await self._read(thread_id, self._service.store.compactions)
 
     async def raw(self, thread_id: str) -> list[Message]:
         """Every stored message of the thread, by seq (after the ttl's erasure, if any).
@@ -365,9 +354,7 @@ class ConversationManager:
         Raises:
             InvalidInputError: a blank thread id.
         """
-        check_thread_id(thread_id)
-        await self._expire(thread_id)
-        return await self._service.store.raw(thread_id)
+        return await self._read(thread_id, self._service.store.raw)
 
     async def pop(self, thread_id: str) -> Message | None:
         """Erases the thread's newest message and returns it (None when the thread holds
@@ -404,9 +391,15 @@ class ConversationManager:
         check_thread_id(thread_id)
         await self._service.purge(thread_id)
 
+    async def _read(self, thread_id: str, read: Callable[[str], Awaitable[_T]]) -> _T:
+        """`read` of the thread once the ttl's erasure is done (a blank thread id refused)."""
+        check_thread_id(thread_id)
+        await self._expire(thread_id)
+        return await read(thread_id)
+
     async def _expire(self, thread_id: str) -> None:
         if self.ttl is not None:
-            cutoff = self._clock() - timedelta(seconds=self.ttl)
+            cutoff = self.clock() - timedelta(seconds=self.ttl)
             await self._service.store.expire(thread_id, cutoff)
 
     async def _summarise(self, thread_id: str, policy: Summary) -> None:
@@ -456,7 +449,7 @@ class ConversationManager:
                     if start <= c.start_seq and c.end_seq <= chunk[-1].seq]
             try:
                 record = await service.store.add_compaction(
-                    thread_id, start, chunk[-1].seq, summary, self._clock(), replaces=seen
+                    thread_id, start, chunk[-1].seq, summary, self.clock(), replaces=seen
                 )
             except (ConflictError, InvalidInputError):
                 # Another writer (another Memory) compacted the thread meanwhile: this summary

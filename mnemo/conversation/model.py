@@ -25,11 +25,8 @@ def _positive(owner: str, name: str, value: object, *, minimum: int = 1) -> None
 
 
 @dataclass(frozen=True, slots=True)
-class Recent:
-    """Retrieval: the last `k` turns of the uncompacted messages (a turn starts at a user
-    message that is not a tool's output, `Message.starts_turn`; with fewer than `k` turns,
-    every uncompacted message). A tool result whose call is not in the selection (compacted
-    or expired) is left out.
+class _Retrieval:
+    """A retrieval policy of `k` (turns or messages).
 
     Raises:
         InvalidInputError: `k` is not an integer >= 1.
@@ -38,26 +35,28 @@ class Recent:
     k: int = 10
 
     def __post_init__(self) -> None:
-        _positive("Recent", "k", self.k)
+        _positive(type(self).__name__, "k", self.k)
 
 
 @dataclass(frozen=True, slots=True)
-class Semantic:
+class Recent(_Retrieval):
+    """Retrieval: the last `k` turns of the uncompacted messages (a turn starts at a user
+    message that is not a tool's output, `Message.starts_turn`; with fewer than `k` turns,
+    every uncompacted message). A tool result whose call is not in the selection (compacted
+    or expired) is left out. Raises InvalidInputError for a `k` that is not an integer >= 1.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Semantic(_Retrieval):
     """Retrieval: the `k` uncompacted messages most similar to the query, in log order, with
     the calls or results that complete their tool calls. Without a query, the last `k`. A
     tool result whose call is not among the uncompacted messages is left out.
 
     Each message is embedded once, by the Memory's default embedder, when first saved (or when
-    first needed, if that failed); the vectors are float32 blobs beside the messages.
-
-    Raises:
-        InvalidInputError: `k` is not an integer >= 1.
+    first needed, if that failed); the vectors are float32 blobs beside the messages. Raises
+    InvalidInputError for a `k` that is not an integer >= 1.
     """
-
-    k: int = 10
-
-    def __post_init__(self) -> None:
-        _positive("Semantic", "k", self.k)
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,7 +121,7 @@ class ConversationService:
         self.events = events
         self.clock = clock
         self.evictor = Evictor(
-            store, events=events, clock=clock, timeout=self.timeout, recall=self.recalled
+            store=store, events=events, clock=clock, timeout=self.timeout, recall=self.recalled
         )
         self._thread_locks = KeyedLocks()
         self._evict_locks = KeyedLocks()

@@ -11,6 +11,7 @@ import functools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path, PurePath
 from typing import Annotated, Any
 
@@ -66,25 +67,25 @@ def _dumps(value: object) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
+@dataclass(eq=False)
 class MemoryTools:
     """The server's tools over an open `Memory` `mem`; the session tools go to `worker()`,
-    the Memory that works (by default `mem`). `reinforce`: a recall counts accesses. `llm`
-    files `persist_memory`'s statements (None: the offline LLM)."""
+    the Memory that works (None: `mem`). `reinforce`: a recall counts accesses. `llm`, the
+    model the server was started with, files `persist_memory`'s statements (None: the
+    offline LLM)."""
 
-    def __init__(self, mem: Memory, memory_dir: Path, *, memory_updates: bool = True,
-                 worker: Callable[[], Awaitable[Memory]] | None = None, reinforce: bool = False,
-                 llm: LLM | None = None) -> None:
-        self._mem = mem
-        self._worker = worker
-        self.reinforce = reinforce
-        # The model the server was started with files memory statements (None: offline).
-        self._llm = llm
-        self._memory_dir = memory_dir
-        self._memory_updates = memory_updates
-        # One MemoryFiles per directory: it serialises its own writes, so two instances over
-        # one folder could interleave them.
-        self._files: dict[Path, MemoryFiles] = {}
-        self._checked: set[str] = set()  # repos whose embedder dimension was checked
+    mem: Memory
+    memory_dir: Path
+    _: KW_ONLY
+    memory_updates: bool = True
+    worker: Callable[[], Awaitable[Memory]] | None = None
+    reinforce: bool = False
+    llm: LLM | None = None
+    # One MemoryFiles per directory: it serialises its own writes, so two instances over
+    # one folder could interleave them.
+    _files: dict[Path, MemoryFiles] = field(default_factory=dict, init=False, repr=False)
+    # The repos whose embedder dimension was checked.
+    _checked: set[str] = field(default_factory=set, init=False, repr=False)
 
     async def recall(
         self,
@@ -98,7 +99,7 @@ class MemoryTools:
         type and a snippet of its text (`chars` is the whole length; `get_node` reads it
         all). Errors: an unknown repo, a blank query, a malformed where."""
         await self._check(repo)
-        found = await self._mem.recall(repo, query, k=k, reinforce=self.reinforce,
+        found = await self.mem.recall(repo, query, k=k, reinforce=self.reinforce,
                                        where=where)
         return _dumps(_output.recall_output(found))
 
@@ -114,7 +115,7 @@ class MemoryTools:
         `next_offset` it returns to read on; null on the last page), and its data. Errors: an
         unknown repo or node."""
         await self._check(repo)
-        node = await self._mem.get_node(repo, node_id)
+        node = await self.mem.get_node(repo, node_id)
         if node is None:
             raise NotFoundError("node", clip(node_id, 100))
         return _dumps(_output.node_output(node, offset))
@@ -139,11 +140,11 @@ class MemoryTools:
             raise InvalidInputError("forget takes node_ids or source_id or where, one of them")
         await self._check(repo)
         if where is not None:
-            count = await self._mem.forget_where(repo, where)
+            count = await self.mem.forget_where(repo, where)
         elif source_id is not None:
-            count = await self._mem.forget(repo, source_id)
+            count = await self.mem.forget(repo, source_id)
         else:
-            count = await self._mem.delete_nodes(repo, node_ids or [])
+            count = await self.mem.delete_nodes(repo, node_ids or [])
         return _dumps({"forgotten": count})
 
     async def correct(
@@ -158,16 +159,16 @@ class MemoryTools:
         commit's. Errors: an unknown repo or node, a node that is not a live fact (semantic
         or procedural, not retired)."""
         await self._check(repo)
-        receipt = await self._mem.correct(repo, node_id, text)
+        receipt = await self.mem.correct(repo, node_id, text)
         return _dumps({"node_id": receipt.node_ids[0], "commit_id": receipt.changeset_id})
 
     async def _working(self) -> Memory:
-        return self._mem if self._worker is None else await self._worker()
+        return self.mem if self.worker is None else await self.worker()
 
     async def _check(self, repo: str) -> None:
-        if repo not in self._checked and repo in await self._mem.list_repos():
+        if repo not in self._checked and repo in await self.mem.list_repos():
             # Checks that the embedder makes the repo's dimension (see `mnemo recall`).
-            await self._mem.open_repo(repo)
+            await self.mem.open_repo(repo)
             self._checked.add(repo)
 
     async def search_messages(
@@ -181,7 +182,7 @@ class MemoryTools:
     ) -> str:
         """Full-text search over stored conversation messages (every thread, or one), best
         first: each hit has its message_id (for `view_messages`), thread, seq and a snippet."""
-        hits = await self._mem.search_messages(query, thread_id=thread_id, limit=limit,
+        hits = await self.mem.search_messages(query, thread_id=thread_id, limit=limit,
                                                where=where)
         return _dumps(_output.hits_output(hits))
 
@@ -199,7 +200,7 @@ class MemoryTools:
         snapshots around it, and as many of its neighbours as fit, nearest first, each cut
         to a snippet (`messages_left_out` counts the others). Errors: an unknown message
         id."""
-        view = await self._mem.view_messages(message_id, radius=radius)
+        view = await self.mem.view_messages(message_id, radius=radius)
         return _dumps(_output.view_output(view, offset))
 
     async def save_messages(
@@ -215,7 +216,7 @@ class MemoryTools:
         appended. A history that does not begin with the stored messages (a window of the
         latest ones) is an error that stores nothing: `append_messages` takes new messages
         only. Returns how many were added and the thread's length."""
-        return await self._stored(thread_id, await self._mem.conversation().save(
+        return await self._stored(thread_id, await self.mem.conversation().save(
             thread_id, messages))
 
     async def append_messages(
@@ -228,17 +229,17 @@ class MemoryTools:
         """Adds messages after a conversation thread's stored ones, all of them (for a client
         that keeps a window of its history: pass only what is new). Returns how many were
         added and the thread's length."""
-        return await self._stored(thread_id, await self._mem.conversation().append(
+        return await self._stored(thread_id, await self.mem.conversation().append(
             thread_id, messages))
 
     async def _stored(self, thread_id: str, added: Sequence[object]) -> str:
-        total = len(await self._mem.conversation().raw(thread_id))
+        total = len(await self.mem.conversation().raw(thread_id))
         return _dumps({"thread_id": thread_id, "added": len(added), "messages": total})
 
     async def list_repos(self, offset: Offset = 0) -> str:
         """The repos (knowledge graphs) in this memory, oldest first, a page at a time
         (`next_offset` reads on; null on the last page)."""
-        names = await self._mem.list_repos()
+        names = await self.mem.list_repos()
         return _dumps(_page([clip(n, SNIPPET_CHARS) for n in names], offset, "repos"))
 
     async def list_sessions(
@@ -248,7 +249,7 @@ class MemoryTools:
     ) -> str:
         """The live sessions (not ended), oldest first, a page at a time: id, repo, state,
         the open episode's goal (a snippet) and its number of steps."""
-        live = [s for s in await self._mem.list_sessions() if repo is None or s.repo == repo]
+        live = [s for s in await self.mem.list_sessions() if repo is None or s.repo == repo]
         rows = [
             {**session_json(s), "goal": None if s.goal is None else clip(s.goal, SNIPPET_CHARS)}
             for s in live]
@@ -318,7 +319,7 @@ class MemoryTools:
         `condensed`, whether an entry was cut (`entry_truncated`); `skipped` is "disabled"
         when the server's memory updates are off."""
         files = self._files_in(directory)
-        return _dumps(_output.memory_file_output(await files.persist(what, llm=self._llm)))
+        return _dumps(_output.memory_file_output(await files.persist(what, llm=self.llm)))
 
     async def recall_memory(
         self,
@@ -335,7 +336,7 @@ class MemoryTools:
     def _files_in(self, directory: str | None) -> MemoryFiles:
         from mcp.server.mcpserver.exceptions import ToolError
 
-        path = self._memory_dir
+        path = self.memory_dir
         if directory:
             relative = PurePath(directory)
             if relative.is_absolute() or ".." in relative.parts:
@@ -346,7 +347,7 @@ class MemoryTools:
         files = self._files.pop(path, None)
         if files is None:
             # `root`: no folder from the memory directory down may be a link (MemoryFiles).
-            files = MemoryFiles(path, enabled=self._memory_updates, root=self._memory_dir)
+            files = MemoryFiles(path, enabled=self.memory_updates, root=self.memory_dir)
         self._files[path] = files  # the most recently used last
         while len(self._files) > MAX_FOLDERS:
             # Writes stay serialised without it: the folder's OS locks hold across objects.

@@ -65,6 +65,20 @@ def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> i
     return more
 
 
+def adapt(exc: AdapterError, budget: Budget, refuses: Callable[[HTTPFailure], bool] | None,
+          switch: Callable[[HTTPFailure], None]) -> None:
+    """After `exc`: when `refuses` recognises the provider's refusal behind it, `switch` adapts
+    the adapter and another try is charged to `budget` as a retry; otherwise (or with no call
+    left) `exc` is raised again."""
+    failure = exc.__cause__
+    if refuses is None or not isinstance(failure, HTTPFailure) or not refuses(failure):
+        raise exc
+    switch(failure)
+    if not budget.can_call():
+        raise exc
+    budget.next_call("retry")
+
+
 def warn_cut(name: str, task: str, cap: int | None) -> None:
     """Logs that a free-text reply stopped before its end: at `cap`, or (None) when the model's
     context filled."""

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
-from mnemo.adapters._model import HTTPModel
+from mnemo.adapters._model import HTTPModel, adapt
 from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
@@ -200,17 +200,14 @@ class OpenAIEmbedder(HTTPModel):
                 failure = exc.__cause__
                 if isinstance(failure, HTTPFailure) and failure.names_any(("pooling",)):
                     raise EmbeddingError(f"{exc}. {POOLING_FIX}") from failure
-                if refusal is None or not (isinstance(failure, HTTPFailure)
-                                           and _refuses_base64(failure)):
-                    raise
-                # Concurrent batches may see the same refusal: only the first one logs it.
-                if self._encoding == "base64":
-                    self._encoding = "float"
-                    logger.warning("%s refused base64 vectors (%s); asking for floats from "
-                                   "now on", self._http.name, failure)
-                if not budget.can_call():
-                    raise
-                budget.next_call("retry")
+                adapt(exc, budget, refusal, self._to_floats)
+
+    def _to_floats(self, failure: HTTPFailure) -> None:
+        # Concurrent batches may see the same refusal: only the first one logs it.
+        if self._encoding == "base64":
+            self._encoding = "float"
+            logger.warning("%s refused base64 vectors (%s); asking for floats from now on",
+                           self._http.name, failure)
 
     def _rows(self, reply: Embeddings, count: int) -> list[npt.NDArray[np.float32]]:
         """The reply's vectors ordered by `index`, checked to be one per text."""

@@ -33,6 +33,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from itertools import product
 
 from mnemo.calls.retry import fail_after
@@ -57,7 +58,7 @@ from mnemo.conversation.viewport import (
 )
 from mnemo.errors import ConflictError
 from mnemo.events import Events
-from mnemo.ports import LLM, REQUIRED, JSONObject, LLMResponse, ToolCall, Usage
+from mnemo.ports import LLM, REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
 log = logging.getLogger("mnemo")
 
@@ -197,17 +198,12 @@ def snapshot_calls(response: LLMResponse) -> list[ToolCall]:
 
 
 async def run_loop(
-    llm: LLM,
-    tools: EvictionTools,
-    *,
-    window: tuple[str, str, str],
-    zone: tuple[int, int],
-    goals: list[dict[str, str]],
-    previous_snapshot: str,
-    recalled: str,
+    llm: LLM, tools: EvictionTools, ask_round: Callable[..., LLMRequest], *, goals: bool,
     time_limit: float,
 ) -> tuple[str | None, Usage | None]:
-    """Runs the eviction rounds; returns (the failure, or None) and the usage summed.
+    """Runs the eviction rounds, each asking `ask_round` (`eviction_request` of the zone) with
+    what was done, the tool choice and whether the snapshot is asked as data; returns (the
+    failure, or None) and the usage summed.
 
     Each round forces a tool call (`tool_choice`). Until a snapshot is saved, a reply without
     tool calls is discarded and asked again (the model answers only through its tools), the
@@ -227,20 +223,8 @@ async def run_loop(
                 if tools.snapshot_parts and not goals:
                     break  # saved, and no goal to pin a message to: nothing is left to do
                 choice = tool_choice(tools, silent)
-                request = eviction_request(
-                    zone=window[0],
-                    middle=window[1],
-                    recent=window[2],
-                    zone_start=zone[0],
-                    zone_end=zone[1],
-                    goals=goals,
-                    previous_snapshot=previous_snapshot,
-                    recalled=recalled,
-                    max_words=tools.max_words,
-                    done=tools.done[-MAX_DONE:],
-                    tool_choice=choice,
-                    as_data=choice is None,
-                )
+                request = ask_round(done=tools.done[-MAX_DONE:], tool_choice=choice,
+                                    as_data=choice is None)
                 try:
                     response = await llm.generate(request)
                 except Exception as exc:
@@ -346,18 +330,14 @@ class Evictor:
             max_words=snapshot_words(token_budget, 1),
         )
         recalled = await self._recall(thread_id, inputs.goals, ()) if inputs.goals else []
-        error, usage = await run_loop(
-            llm,
-            tools,
-            window=render_window(
-                zone, *context_zones(past[len(zone):], token_budget, eviction_fraction)
-            ),
-            zone=span,
-            goals=goals,
-            previous_snapshot=inputs.previous_snapshot,
-            recalled=render_hits(recalled) if recalled else "",
-            time_limit=self._timeout,
-        )
+        zone_text, middle, recent = render_window(
+            zone, *context_zones(past[len(zone):], token_budget, eviction_fraction))
+        ask_round = partial(
+            eviction_request, zone=zone_text, middle=middle, recent=recent, zone_start=span[0],
+            zone_end=span[1], goals=goals, previous_snapshot=inputs.previous_snapshot,
+            recalled=render_hits(recalled) if recalled else "", max_words=tools.max_words)
+        error, usage = await run_loop(llm, tools, ask_round, goals=bool(goals),
+                                      time_limit=self._timeout)
         text = tools.snapshot_text or fallback_note(*span, error or "no snapshot")
         after = zone[-1].seq + 1
         now = self._clock()

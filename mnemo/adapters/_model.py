@@ -107,7 +107,8 @@ def example_of(schema: Mapping[str, object]) -> object:
         properties = properties if isinstance(properties, Mapping) else {}
         required = schema.get("required")
         wanted = required if isinstance(required, list) and required else list(properties)
-        return {key: example_of(_mapping(properties.get(key))) for key in wanted}
+        return {key: example_of(value if isinstance(value := properties.get(key), Mapping)
+                                else {}) for key in wanted}
     if kind == "array":
         items = schema.get("items")
         return [example_of(items)] if isinstance(items, Mapping) else []
@@ -123,10 +124,6 @@ def example_of(schema: Mapping[str, object]) -> object:
     if kind == "boolean":
         return False
     return None
-
-
-def _mapping(value: object) -> Mapping[str, object]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def tool_spec(tool: Mapping[str, object]) -> tuple[str, str, JSONObject]:

@@ -13,10 +13,9 @@ The model answers only through its tools: a reply without tool calls is discarde
 again, the next round forcing the call in another form (servers obey different ones), and
 the third asking for `save_snapshot`'s arguments as structured output (a server that ignores
 tools in every form, llama.cpp's with a model whose template has none, still constrains
-JSON to a schema). The
-rounds share one deadline, the conversation service's model timeout. Then, in one
-transaction, the level-1 snapshot and the pins are written and the boundary moves past the
-zone.
+JSON to a schema). The rounds share one deadline, the conversation service's model timeout.
+Then, in one transaction, the level-1 snapshot and the pins are written and the boundary
+moves past the zone.
 
 The boundary always advances and never passes a message that no snapshot covers: if the LLM
 fails (raises, runs past the deadline, or saves no snapshot in `MAX_ROUNDS` rounds: replies
@@ -201,20 +200,10 @@ async def run_loop(
     llm: LLM, tools: EvictionTools, ask_round: Callable[..., LLMRequest], *, goals: bool,
     time_limit: float,
 ) -> tuple[str | None, Usage | None]:
-    """Runs the eviction rounds, each asking `ask_round` (`eviction_request` of the zone) with
-    what was done, the tool choice and whether the snapshot is asked as data; returns (the
-    failure, or None) and the usage summed.
-
-    Each round forces a tool call (`tool_choice`). Until a snapshot is saved, a reply without
-    tool calls is discarded and asked again (the model answers only through its tools), the
-    third time for `save_snapshot`'s arguments as structured output; when the rounds run out
-    without a snapshot, that is the failure. Once one is saved, the rounds go on only while
-    there are open goals to pin messages to, and end at `everything_ok` or at a reply without
-    tool calls. An LLM that raises ends the loop with the failure. All rounds together get
-    `time_limit` seconds (`mnemo.calls.retry`: a wait for a slot inside mnemo does not count):
-    past it the round in flight is abandoned and that is the failure (a snapshot saved before
-    it is kept). Cancellation is not caught.
-    """
+    """Runs the eviction rounds (see the module doc), each asking `ask_round` (`eviction_request`
+    of the zone) with what was done, the tool choice and whether the snapshot is asked as data;
+    returns (the failure, or None) and the usage summed. A snapshot saved before the
+    `time_limit` passes is kept; cancellation is not caught."""
     usage: Usage | None = None
     silent = 0
     try:

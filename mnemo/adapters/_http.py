@@ -40,6 +40,7 @@ from mnemo.calls.retry import (
 )
 from mnemo.errors import AdapterError, InvalidInputError
 from mnemo.inputs import check_count
+from mnemo.text import shorten
 
 logger = logging.getLogger("mnemo.adapters")
 
@@ -412,7 +413,7 @@ class Transport(Closing):
                 # A 2xx without the reply is one cut short (a proxy, a dropped stream) or a
                 # provider's garbage, which another attempt may not repeat (there is no
                 # message to show in a re-ask).
-                failure = HTTPFailure(status, f"{exc}: {_clip(response.text)}")
+                failure = HTTPFailure(status, f"{exc}: {shorten(response.text, 300)}")
                 raise _Retryable(str(failure), failure) from None
             used = read.tokens()
             if used != (None, None):
@@ -480,11 +481,6 @@ def _error_message(response: httpx.Response) -> str:
     try:
         body = msgspec.json.decode(response.content, type=_ErrorBody)
     except (msgspec.DecodeError, UnicodeDecodeError):
-        return _clip(response.text) or "(empty body)"
+        return shorten(response.text, 300) or "(empty body)"
     error = body.error.message if isinstance(body.error, _Detail) else body.error
-    return _clip(error or body.message or body.detail or response.text)
-
-
-def _clip(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return shorten(error or body.message or body.detail or response.text, 300)

@@ -1,10 +1,8 @@
-"""`Transport`: the one place where mnemo's HTTP adapters become robust.
-
-Each adapter's `Transport` owns one `httpx.AsyncClient` over aiohttp's pool (`Pool`; msgspec
-writes each body and reads each reply) and applies to each attempt, in this order: a concurrency
-limit adapted to the server (`Limit`), client-side rate limits (`RateGate`, paused for every
-caller after a 429), and a timeout on the whole attempt. Waiting for the first two counts
-against no timeout nor retry budget (`mnemo.calls.retry.waiting`). A failed attempt is retried
+"""`Transport`: JSON over HTTP POST for every HTTP adapter, through one `httpx.AsyncClient`
+over aiohttp's pool (`Pool`). Each attempt waits for a slot of the concurrency limit adapted to
+the server (`Limit`) and for the client-side rate limits (`RateGate`, paused for every caller
+after a 429), waits that count against no timeout nor retry budget, then runs under a timeout
+of the whole attempt. A failed attempt is retried
 with backoff and full jitter when it may succeed later (408, 409, 429, 5xx, connection errors,
 timeouts, a 2xx body that is not the reply the caller reads); `Retry-After` (or OpenAI's
 `retry-after-ms`) is waited in full, or failed at once past `Backoff.max_retry_after`. Any other
@@ -42,6 +40,7 @@ from mnemo.calls.retry import (
 )
 from mnemo.errors import AdapterError, InvalidInputError
 from mnemo.inputs import check_count
+from mnemo.text import shorten
 
 logger = logging.getLogger("mnemo.adapters")
 
@@ -158,14 +157,12 @@ class _Retryable(Exception):
 
 
 class HTTPOptions(TypedDict, total=False):
-    """What every HTTP adapter passes to its `Transport`: `timeout` (seconds one request may
-    take; None: 60 s, longer when the work it serves has longer left or the server's measured
-    speed says its `max_tokens` need more: `Transport.attempt_timeout`), `requests_per_minute`
-    and `tokens_per_minute` (client-side rate limits), `max_concurrency` (the most requests in
-    flight, 8 unless said; below it their number adapts to the server unless `concurrency`
-    pins it), the retry policy `retry` (the budget of calls and seconds each task may spend,
-    `mnemo.calls.retry`) with its shorthands `max_retries` (calls after the first), `backoff`
-    and `clock`, and `transport`, which replaces httpx's network transport (tests)."""
+    """What every HTTP adapter passes to its `Transport`: `timeout` (seconds one attempt may
+    take; None: `Transport.attempt_timeout`), `requests_per_minute` and `tokens_per_minute`,
+    `max_concurrency` (the most requests in flight, 8 unless said; below it the number adapts
+    to the server unless `concurrency` pins it), the retry policy `retry`
+    (`mnemo.calls.retry`) or its shorthands `max_retries`, `backoff` and `clock`, and
+    `transport`, which replaces httpx's network transport (tests)."""
 
     timeout: float | None
     max_retries: int | None
@@ -180,11 +177,10 @@ class HTTPOptions(TypedDict, total=False):
 
 
 class Transport(Closing):
-    """JSON over HTTP POST to one provider, with timeouts, retries, rate limits and a cap
-    (`HTTPOptions`). `name` says who the provider is in error messages; `error` is the class
-    raised on failure (and `timeout_error` when the last attempt timed out). The tokens a reply
-    says it used (`WireReply.tokens`) correct the tokens/min estimate (4 characters a token of
-    the request body) and size the reply for the concurrency limit.
+    """JSON over HTTP POST to one provider (see the module doc). `name` says who the provider
+    is in error messages; `error` is the class raised on failure (`timeout_error` when the last
+    attempt timed out). The tokens a reply says it used (`WireReply.tokens`) correct the
+    tokens/min estimate (4 characters a token of the request body) and feed the `Limit`.
 
     Raises:
         InvalidInputError: a bad limit or retry policy.
@@ -271,18 +267,16 @@ class Transport(Closing):
         refusal: Callable[[HTTPFailure], bool] | None = None,
         kind: str = "",
     ) -> R:
-        """POSTs `payload` as JSON to `path` (relative to the base URL); returns the reply read
-        as `reply` (msgspec, numbers in strings taken). `kind` names what is asked (a task), so
-        the concurrency limit compares like with like. Every attempt is charged to `budget`
-        (the task's; a new one of `retry_policy` when None); retries as the module doc says.
+        """POSTs `payload` to `path` (relative to the base URL); returns the reply read as
+        `reply`. `kind` names what is asked (a task), so the concurrency limit compares like
+        with like. Every attempt is charged to `budget` (a new one of `retry_policy` when None).
         An error reply for which `refusal` returns True is final whatever its status.
 
         Raises:
             AdapterError: (the `error` class) the provider refused the request, every attempt
-                failed, or the budget was spent before the first; the message names the HTTP
-                status and the provider's message, or the connection problem, and the budget
-                when it was what stopped the retries. (`timeout_error`) The last attempt timed
-                out.
+                failed, or the budget was spent before the first (the message names the HTTP
+                status and the provider's message, or the connection problem); `timeout_error`
+                when the last attempt timed out.
         """
         budget = budget if budget is not None else Budget(self.retry_policy)
         if not budget.can_call():
@@ -368,10 +362,9 @@ class Transport(Closing):
     async def _send(
         self, path: str, body: bytes, headers: Mapping[str, str] | None
     ) -> httpx.Response:
-        """POSTs `body` as JSON to `path` and reads the whole reply: `AsyncClient.post` without
-        the steps that do nothing here (auth, redirects, event hooks) or cost without use (the
-        URL merged and headers built again per request). A reply's cookies are kept, and the
-        requests after it built by the client, which sends them; httpx's log line is kept."""
+        """`AsyncClient.post` of `body`, reply read whole, without the steps that do nothing
+        here (auth, redirects, event hooks) or cost without use (the URL and headers built per
+        request); cookies and httpx's log line are kept."""
         client = self._client
         if client.is_closed:
             raise RuntimeError("Cannot send a request, as the client has been closed.")
@@ -420,7 +413,7 @@ class Transport(Closing):
                 # A 2xx without the reply is one cut short (a proxy, a dropped stream) or a
                 # provider's garbage, which another attempt may not repeat (there is no
                 # message to show in a re-ask).
-                failure = HTTPFailure(status, f"{exc}: {_clip(response.text)}")
+                failure = HTTPFailure(status, f"{exc}: {shorten(response.text, 300)}")
                 raise _Retryable(str(failure), failure) from None
             used = read.tokens()
             if used != (None, None):
@@ -488,11 +481,6 @@ def _error_message(response: httpx.Response) -> str:
     try:
         body = msgspec.json.decode(response.content, type=_ErrorBody)
     except (msgspec.DecodeError, UnicodeDecodeError):
-        return _clip(response.text) or "(empty body)"
+        return shorten(response.text, 300) or "(empty body)"
     error = body.error.message if isinstance(body.error, _Detail) else body.error
-    return _clip(error or body.message or body.detail or response.text)
-
-
-def _clip(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return shorten(error or body.message or body.detail or response.text, 300)

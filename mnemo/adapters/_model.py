@@ -65,6 +65,20 @@ def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> i
     return more
 
 
+def adapt(exc: AdapterError, budget: Budget, refuses: Callable[[HTTPFailure], bool] | None,
+          switch: Callable[[HTTPFailure], None]) -> None:
+    """After `exc`: when `refuses` recognises the provider's refusal behind it, `switch` adapts
+    the adapter and another try is charged to `budget` as a retry; otherwise (or with no call
+    left) `exc` is raised again."""
+    failure = exc.__cause__
+    if refuses is None or not isinstance(failure, HTTPFailure) or not refuses(failure):
+        raise exc
+    switch(failure)
+    if not budget.can_call():
+        raise exc
+    budget.next_call("retry")
+
+
 def warn_cut(name: str, task: str, cap: int | None) -> None:
     """Logs that a free-text reply stopped before its end: at `cap`, or (None) when the model's
     context filled."""
@@ -93,7 +107,8 @@ def example_of(schema: Mapping[str, object]) -> object:
         properties = properties if isinstance(properties, Mapping) else {}
         required = schema.get("required")
         wanted = required if isinstance(required, list) and required else list(properties)
-        return {key: example_of(_mapping(properties.get(key))) for key in wanted}
+        return {key: example_of(value if isinstance(value := properties.get(key), Mapping)
+                                else {}) for key in wanted}
     if kind == "array":
         items = schema.get("items")
         return [example_of(items)] if isinstance(items, Mapping) else []
@@ -109,10 +124,6 @@ def example_of(schema: Mapping[str, object]) -> object:
     if kind == "boolean":
         return False
     return None
-
-
-def _mapping(value: object) -> Mapping[str, object]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def tool_spec(tool: Mapping[str, object]) -> tuple[str, str, JSONObject]:

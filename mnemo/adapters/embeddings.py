@@ -1,20 +1,12 @@
 """`OpenAIEmbedder`: an `Embedder` over OpenAI's `POST {base_url}/embeddings` (also served by
 Ollama, vLLM, llama.cpp server and most hosted embedding services).
 
-The vector dimension is the model's: give it as `dim`, or let the first reply tell it. A repo
-records its dimension when it is opened, so `Memory` awaits `detect_dim()` (one short request)
-before reading `dim`; reading `dim` while it is still unknown is an error rather than a guess
-(stores that assumed 1536 dimensions broke on every other model).
-
-Vectors are asked for as base64 (`encoding_format`, what OpenAI's own SDK asks for): little-endian
-float32 bytes, a third of the JSON floats' size and decoded without parsing a float at a
-time. A server that ignores the
-parameter answers floats, read as well; one that refuses it (an error reply naming it) is asked
-for floats from then on. A server that answers a list of vectors per text, one per token (a
-llama-cpp-python server whose model does not pool), or refuses to answer without pooling
-(llama.cpp's llama-server: "Pooling type 'none' is not OAI compatible"), gets an
-`EmbeddingError` saying so and how to start it with pooling.
-"""
+The vector dimension is given as `dim` or told by the first reply; `Memory` awaits
+`detect_dim()` before reading `dim`, and reading it while unknown is an error, not a guess.
+Vectors are asked for as base64 (little-endian float32, as OpenAI's SDK asks); a server that
+answers floats is read as well, and one that refuses base64 is asked for floats from then on.
+A server that answers a vector per token, or refuses to answer without pooling, gets an
+`EmbeddingError` saying how to start it with pooling."""
 
 from __future__ import annotations
 
@@ -30,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
-from mnemo.adapters._model import HTTPModel
+from mnemo.adapters._model import HTTPModel, adapt
 from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
@@ -56,17 +48,13 @@ class DimensionUnknown(EmbeddingError, AttributeError):
 class OpenAIEmbedder(HTTPModel):
     """An `Embedder` calling `POST {base_url}/embeddings` with `{"model", "input": [...]}`.
 
-    Texts are sent `batch_size` at a time (batches run concurrently, within the transport's
-    `max_concurrency`, 4 by default); `embed` returns a float32 array of shape
-    (len(texts), dim), row i being text i (replies are ordered by their `index`). Vectors
-    travel as base64 unless `encoding_format="float"` (see the module's doc). `api_key`
-    defaults to `OPENAI_API_KEY`, read when the embedder is created; with no key no
-    `Authorization` header is sent. The other keywords are every HTTP adapter's
-    (`mnemo.adapters._http.HTTPOptions`); each batch is one task of the retry policy.
+    Texts go `batch_size` at a time, batches concurrently (`max_concurrency`, 4 by default), each
+    batch one task of the retry policy; `embed` returns float32 rows in the texts' order (replies
+    are ordered by their `index`). `api_key` defaults to `OPENAI_API_KEY`; the other keywords are
+    `mnemo.adapters._http.HTTPOptions`.
 
     Raises:
-        InvalidInputError: a bad `dim`, `batch_size` or limit, or no key for OpenAI's own API.
-    """
+        InvalidInputError: a bad `dim`, `batch_size` or limit, or no key for OpenAI's own API."""
 
     def __init__(
         self,
@@ -200,17 +188,14 @@ class OpenAIEmbedder(HTTPModel):
                 failure = exc.__cause__
                 if isinstance(failure, HTTPFailure) and failure.names_any(("pooling",)):
                     raise EmbeddingError(f"{exc}. {POOLING_FIX}") from failure
-                if refusal is None or not (isinstance(failure, HTTPFailure)
-                                           and _refuses_base64(failure)):
-                    raise
-                # Concurrent batches may see the same refusal: only the first one logs it.
-                if self._encoding == "base64":
-                    self._encoding = "float"
-                    logger.warning("%s refused base64 vectors (%s); asking for floats from "
-                                   "now on", self._http.name, failure)
-                if not budget.can_call():
-                    raise
-                budget.next_call("retry")
+                adapt(exc, budget, refusal, self._to_floats)
+
+    def _to_floats(self, failure: HTTPFailure) -> None:
+        # Concurrent batches may see the same refusal: only the first one logs it.
+        if self._encoding == "base64":
+            self._encoding = "float"
+            logger.warning("%s refused base64 vectors (%s); asking for floats from now on",
+                           self._http.name, failure)
 
     def _rows(self, reply: Embeddings, count: int) -> list[npt.NDArray[np.float32]]:
         """The reply's vectors ordered by `index`, checked to be one per text."""

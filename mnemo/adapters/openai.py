@@ -1,19 +1,14 @@
 """`OpenAICompatible`: an `LLM` over the chat-completions protocol (OpenAI, Ollama, vLLM,
-llama.cpp server, and the many hosted services that speak it).
+llama.cpp server, and the hosted services that speak it).
 
-Structured output takes one of three forms (`structured=`): "json_schema" (`response_format` of
-that type), "tool" (a function tool whose parameters are the schema, forced with `tool_choice`),
-or "json" (`response_format: {"type": "json_object"}`, the schema and an example written into
-the system prompt). "auto" (the default) starts with "json_schema" and, when the server refuses
-a mode (an error reply naming it, whatever its status), moves on to the next, logs the switch
-and keeps the mode that worked (`structured_mode`). A request's own `tools` go out with its
-`tool_choice`: "required" as is, a tool's name as `{"type": "function", "function": {...}}`.
-
-Every request carries `max_tokens`: the task's own, at most the adapter's. The reply's JSON
-value is passed up as `data` unchecked (the task reads it, `mnemo.calls.tasks`). A reply cut at
-its max_tokens is asked again with twice the room, up to the adapter's `max_tokens`; one cut
-with no more room, or with room left (the context filled), raises `mnemo.calls.tasks.Cut`.
-"""
+Structured output (`structured=`): "json_schema" (`response_format` of that type), "tool" (a
+function tool whose parameters are the schema, forced with `tool_choice`) or "json"
+(`response_format` "json_object", the schema and an example in the system prompt). "auto"
+starts with "json_schema" and, when the server refuses a mode (an error reply naming it),
+moves on to the next for good (`structured_mode`). The reply's JSON value is passed up as
+`data` unchecked (`mnemo.calls.tasks` reads it). A reply cut at its max_tokens is asked again
+with twice the room, up to the adapter's `max_tokens`; one cut with no more room, or with room
+left (the context filled), raises `mnemo.calls.tasks.Cut`."""
 
 from __future__ import annotations
 
@@ -31,6 +26,7 @@ from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
 from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
     HTTPModel,
+    adapt,
     add_usage,
     cut_note,
     example_of,
@@ -68,19 +64,16 @@ _COMPLAINT_WORDS: dict[Mode, tuple[str, ...]] = {
 class OpenAICompatible(HTTPModel):
     """An `LLM` speaking OpenAI's `POST {base_url}/chat/completions`.
 
-    `api_key` defaults to the environment's `OPENAI_API_KEY`, read here; with no key at all no
-    `Authorization` header is sent (fine for local servers). `prices` maps model names to
-    (input, output) dollars per million tokens, on top of `DEFAULT_PRICES`. `temperature`
-    "default" is `LOCAL_TEMPERATURE` for a server on this machine (a loopback `base_url`) and
-    0 elsewhere; None leaves it to the server. `max_tokens` is the most tokens any reply may
-    use: the cap on each request's own `max_tokens`, and the value sent when a request has
-    none. The other keywords (`timeout`, `max_concurrency`, the retry policy `retry`, ...) are
-    every HTTP adapter's (`mnemo.adapters._http.HTTPOptions`); `retry_policy` holds the policy.
+    `api_key` defaults to the environment's `OPENAI_API_KEY`; with no key no `Authorization`
+    header is sent (local servers). `prices` maps model names to (input, output) dollars per
+    million tokens, over `DEFAULT_PRICES`. `temperature` "default" is `LOCAL_TEMPERATURE` for a
+    loopback `base_url`, else 0; None leaves it to the server. `max_tokens` caps each request's
+    own `max_tokens` and is sent when a request has none. The other keywords are
+    `mnemo.adapters._http.HTTPOptions`.
 
     Raises:
         InvalidInputError: an unknown `structured` mode, a bad limit or `max_tokens`, or no API
-            key for the OpenAI API itself (unless a `transport` replaces the network).
-    """
+            key for the OpenAI API itself (unless a `transport` replaces the network)."""
 
     def __init__(
         self,
@@ -201,25 +194,13 @@ class OpenAICompatible(HTTPModel):
                 with waiting():
                     await self._probing.acquire()
             mode = self._mode
-            can_fall_back = self._auto and mode in _NEXT_MODE
+            refusal = partial(_refuses, mode) if self._auto and mode in _NEXT_MODE else None
             try:
                 reply = await self._complete(
-                    self._payload(request, messages, mode, schema, cap), budget,
-                    partial(_refuses, mode) if can_fall_back else None,
+                    self._payload(request, messages, mode, schema, cap), budget, refusal,
                     kind=request.task)
             except LLMError as exc:
-                failure = exc.__cause__
-                if not (can_fall_back and isinstance(failure, HTTPFailure)
-                        and _refuses(mode, failure)):
-                    raise
-                # Concurrent calls may see the same refusal: only the first one moves on.
-                if self._mode == mode:
-                    self._mode = _NEXT_MODE[mode]
-                    logger.warning("%s refused structured output %r (%s); using %r from now on",
-                                   self._http.name, mode, failure, self._mode)
-                if not budget.can_call():
-                    raise
-                budget.next_call("retry")
+                adapt(exc, budget, refusal, partial(self._next_mode, mode))
                 continue
             finally:
                 if probing:
@@ -227,6 +208,13 @@ class OpenAICompatible(HTTPModel):
             if self._mode == mode:
                 self._confirmed = True
             return reply, mode
+
+    def _next_mode(self, mode: Mode, failure: HTTPFailure) -> None:
+        # Concurrent calls may see the same refusal: only the first one moves on.
+        if self._mode == mode:
+            self._mode = _NEXT_MODE[mode]
+            logger.warning("%s refused structured output %r (%s); using %r from now on",
+                           self._http.name, mode, failure, self._mode)
 
     async def _complete(
         self,
@@ -245,15 +233,9 @@ class OpenAICompatible(HTTPModel):
                 return await self._post("/chat/completions", payload, Completion,
                                         budget=budget, refusal=refusal, kind=kind)
             except LLMError as exc:
-                failure = exc.__cause__
-                if isinstance(exc, LLMContextError) or not (
-                    self._tokens_field == "max_tokens" and "max_tokens" in payload
-                    and isinstance(failure, HTTPFailure) and failure.status == 400
-                    and "max_completion_tokens" in failure.message
-                ) or not budget.can_call():
-                    raise
-                self._tokens_field = "max_completion_tokens"
-                budget.next_call("retry")
+                fixable = not isinstance(exc, LLMContextError) and "max_tokens" in payload
+                adapt(exc, budget, _wants_completion_tokens if fixable else None,
+                      lambda _: setattr(self, "_tokens_field", "max_completion_tokens"))
 
     # ---- free text and tool calls ------------------------------------------------------------
 
@@ -418,6 +400,11 @@ def _refuses(mode: Mode, failure: HTTPFailure) -> bool:
     rate-limit and timeout ones, which say nothing about the request.
     """
     return mode in _COMPLAINT_WORDS and failure.names_any(_COMPLAINT_WORDS[mode])
+
+
+def _wants_completion_tokens(failure: HTTPFailure) -> bool:
+    """Whether `failure` is a reasoning model refusing `max_tokens` for `max_completion_tokens`."""
+    return failure.status == 400 and "max_completion_tokens" in failure.message
 
 
 def _was_cut(reply: Completion, finish: str | None, cap: int) -> bool:

@@ -1,24 +1,14 @@
 """The models a repo runs with when its `Memory` was given none: the ones the repo recorded.
 
-`open_repo` records the URIs of the repo's LLM and embedder (`mnemo.adapters.uri`). A later
-`Memory` opened without explicit models (the CLI, the MCP server, another worker) builds them
-again, keys from the environment, so that a repo built with `OpenAIEmbedder` is queried with
-it. A `Memory` given a model uses that one for every repo instead.
-
-What cannot be rebuilt:
-- a record no URI parser knows (an object without a URI name, or no record) runs the
-  Memory's default, as before models were recorded;
-- a known URI that cannot be built here (its key is not in the environment) becomes a
-  stand-in of the recorded name and dimension that raises `LLMError` / `EmbeddingError`
-  saying what to set when something calls it: reading nodes needs no model, recall needs the
-  embedder, an append both;
-- a record of the hashed embedder's earlier features (`hash`, `hash:DIM`, `hash-ngram-v1`:
-  words split and stemmed as mnemo no longer does) becomes such a stand-in too, whatever
-  embedder the Memory was given: today's hashed vectors of a query would be compared with the
-  repo's older ones and find little, without an error. `Repos.open` refuses to record
-  another embedder over it (`RepoModels.refusal`); `Memory.reembed` makes its vectors again,
-  by default with its successor (`RepoModels.successor`: `hash2` of the same dimension).
-"""
+`open_repo` records the URIs of the repo's LLM and embedder (`mnemo.adapters.uri`); a later
+`Memory` opened without models builds them again, keys from the environment. A `Memory` given
+a model uses it for every repo. A record no URI parser knows runs the Memory's default. A
+known URI that cannot be built here (no key) becomes a stand-in of the recorded name and
+dimension that raises, when called, saying what to set. A record of the hashed embedder's
+retired features (`hash`, `hash:DIM`, `hash-ngram-v1`) becomes such a stand-in whatever the
+Memory was given (its vectors would not compare with today's): `Repos.open` refuses to record
+another embedder over it (`RepoModels.refusal`), and `Memory.reembed` makes its vectors again,
+by default with `hash2` of the same dimension (`RepoModels.successor`)."""
 
 from __future__ import annotations
 

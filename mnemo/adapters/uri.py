@@ -1,29 +1,18 @@
 """Models named by URIs: what `--llm`, `--embedder`, `MNEMO_LLM`, `MNEMO_EMBEDDER` and a repo's
-record of its models hold.
+record of its models hold (`LLM_FORMS`, `EMBEDDER_FORMS`). Each adapter's `.name` is its URI,
+so a later `Memory` builds a repo's recorded models again. `hash` builds today's hashed
+embedder, named `hash2[:DIM]`; a record of `hash` names retired features
+(`adapters/recorded.py`).
 
-LLMs: `offline` (the default), `openai:MODEL`, `anthropic:MODEL[@BASE_URL]`,
-`openai-compatible:MODEL@BASE_URL` (Ollama, vLLM, llama.cpp, ...). Embedders: `minilm`,
-`e5-small-q4` (the `e5` extra), `hash[:DIM]`, `openai:MODEL[@BASE_URL]`. Each adapter's
-`.name` is its URI, so a repo records the URI of the models it was opened with and a later
-`Memory` builds them again. `hash` builds the hashed embedder of today's features, whose name
-is `hash2[:DIM]` (`hash2` is accepted too); a record of `hash` names the features it had
-before, which no longer exist (`adapters/recorded.py`).
+A URI may end in settings for its adapter, as a query (`?temperature=0.7&timeout=300`): an LLM
+but `offline` takes `temperature` (a number >= 0, or `server` to leave it to the server),
+`timeout`, `max_concurrency`, `concurrency` (pinned: no adapting) and `max_tokens`; `openai`
+and `openai-compatible` also `structured`; an `openai` embedder `timeout`, `max_concurrency`
+and `concurrency`. The adapter's `.name` leaves them out.
 
-A URI may end in settings for its adapter, as a query: `?temperature=0.7&timeout=300`.
-An LLM (but `offline`) takes `temperature` (a number >= 0, or `server` to leave it to the
-server: small local models loop at 0), `timeout` (seconds a request may take),
-`max_concurrency` (the most requests in flight), `concurrency` (pins how many: no adapting to
-the server) and `max_tokens` (the most tokens a reply may use); `openai` and
-`openai-compatible` also take `structured` (`auto`, `json_schema`, `tool` or `json`: see
-`OpenAICompatible`); an `openai` embedder takes `timeout`, `max_concurrency` and
-`concurrency`. They tune how the model is asked, not which model it is: the adapter's
-`.name`, which a repo records, leaves them out.
-
-A URI never holds a key: keys come from the providers' usual variables, `OPENAI_API_KEY` and
-`ANTHROPIC_API_KEY` (read when the model is built, from `env`, by default the process's
-environment). An `openai-compatible` server gets `OPENAI_API_KEY` when it is set, as
-`OpenAICompatible` does, and none otherwise (a local server needs none).
-"""
+A URI never holds a key: keys come from `OPENAI_API_KEY` and `ANTHROPIC_API_KEY` in `env` (the
+process's environment by default), read when the model is built; an `openai-compatible`
+server gets `OPENAI_API_KEY` when it is set."""
 
 from __future__ import annotations
 
@@ -205,17 +194,13 @@ def llm_from_uri(
     env: Mapping[str, str] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> LLM:
-    """The LLM a URI names: `offline`, `openai:MODEL`, `anthropic:MODEL[@BASE_URL]` or
-    `openai-compatible:MODEL@BASE_URL`, each but `offline` with optional settings
-    (`?temperature=0.7&timeout=300&max_concurrency=1&max_tokens=1024`, see the module doc).
-    Keys come from `env` (default: `os.environ`), never from the URI. `transport` replaces
-    httpx's network transport (tests).
+    """The LLM a URI names (`LLM_FORMS`), with optional settings (see the module doc). Keys come
+    from `env` (default: `os.environ`), never from the URI. `transport` replaces httpx's network
+    transport (tests).
 
     Raises:
-        ModelURIError: a malformed URI, an unknown provider, an unknown setting or a bad
-            value, or no key in `env` for a provider's own API (the message names the
-            variable).
-    """
+        ModelURIError: a malformed URI, an unknown provider, setting or value, or no key in `env`
+            for a provider's own API (the message names the variable)."""
     env = os.environ if env is None else env
     scheme, model, base_url, query = _split(uri, "LLM", LLM_FORMS)
     text = uri.strip()
@@ -232,9 +217,7 @@ def llm_from_uri(
     from mnemo.adapters.anthropic import ANTHROPIC_BASE_URL, Anthropic
     from mnemo.adapters.openai import OPENAI_BASE_URL, OpenAICompatible
 
-    known = OPENAI_SETTINGS if scheme in ("openai", "openai-compatible") else (
-        LLM_SETTINGS if scheme == "anthropic" else ())
-    settings = _settings(text, query, known) if known else {}
+    settings = _settings(text, query, LLM_SETTINGS if scheme == "anthropic" else OPENAI_SETTINGS)
     if scheme == "openai":
         if base_url is not None:
             raise ModelURIError(
@@ -255,11 +238,9 @@ def llm_from_uri(
         return OpenAICompatible(
             model, base_url=base_url, api_key=key, transport=transport, **settings
         )
-    if scheme == "anthropic":
-        url = base_url or ANTHROPIC_BASE_URL
-        key = _key("anthropic", text, env, required=url == ANTHROPIC_BASE_URL)
-        return Anthropic(model, base_url=url, api_key=key, transport=transport, **settings)
-    raise _unknown("LLM", scheme, text, LLM_FORMS)
+    url = base_url or ANTHROPIC_BASE_URL
+    key = _key("anthropic", text, env, required=url == ANTHROPIC_BASE_URL)
+    return Anthropic(model, base_url=url, api_key=key, transport=transport, **settings)
 
 
 def embedder_from_uri(
@@ -269,17 +250,13 @@ def embedder_from_uri(
     dim: int | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Embedder:
-    """The embedder a URI names: `minilm`, `e5-small-q4`, `hash[:DIM]` (512 by default; also
-    written `hash2[:DIM]`, its name) or
-    `openai:MODEL[@BASE_URL]` (which takes `?timeout=...&max_concurrency=...`). `dim` is the
-    dimension already known (a repo's), which spares an
-    OpenAI embedder the request that detects it. Keys come from `env` (default: `os.environ`).
+    """The embedder a URI names (`EMBEDDER_FORMS`; `hash` is 512 wide by default, also written
+    `hash2`). `dim` is the dimension already known (a repo's), which spares an OpenAI embedder
+    the request that detects it. Keys come from `env` (default: `os.environ`).
 
     Raises:
-        ModelURIError: a malformed URI, an unknown provider, a bad dimension, an unknown
-            setting or a bad value, or no key in `env` for OpenAI's own API (the message
-            names the variable).
-    """
+        ModelURIError: a malformed URI, an unknown provider, a bad dimension, an unknown setting
+            or value, or no key in `env` for OpenAI's own API (the message names the variable)."""
     env = os.environ if env is None else env
     scheme, model, base_url, query = _split(uri, "embedder", EMBEDDER_FORMS)
     text = uri.strip()
@@ -310,14 +287,10 @@ def embedder_from_uri(
                 f"{scheme}:DIM needs a positive whole dimension, got {text!r}", uri=text
             )
         return HashEmbedder(int(model))
-    if scheme == "openai":
-        from mnemo.adapters.embeddings import OpenAIEmbedder
-        from mnemo.adapters.openai import OPENAI_BASE_URL
+    from mnemo.adapters.embeddings import OPENAI_BASE_URL, OpenAIEmbedder
 
-        _need_model("embedder", scheme, model, text)
-        url = base_url or OPENAI_BASE_URL
-        key = _key("openai", text, env, required=url == OPENAI_BASE_URL)
-        return OpenAIEmbedder(
-            model, base_url=url, api_key=key, dim=dim, transport=transport, **settings
-        )
-    raise _unknown("embedder", scheme, text, EMBEDDER_FORMS)
+    _need_model("embedder", scheme, model, text)
+    url = base_url or OPENAI_BASE_URL
+    key = _key("openai", text, env, required=url == OPENAI_BASE_URL)
+    return OpenAIEmbedder(model, base_url=url, api_key=key, dim=dim, transport=transport,
+                          **settings)

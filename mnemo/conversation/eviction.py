@@ -13,10 +13,9 @@ The model answers only through its tools: a reply without tool calls is discarde
 again, the next round forcing the call in another form (servers obey different ones), and
 the third asking for `save_snapshot`'s arguments as structured output (a server that ignores
 tools in every form, llama.cpp's with a model whose template has none, still constrains
-JSON to a schema). The
-rounds share one deadline, the conversation service's model timeout. Then, in one
-transaction, the level-1 snapshot and the pins are written and the boundary moves past the
-zone.
+JSON to a schema). The rounds share one deadline, the conversation service's model timeout.
+Then, in one transaction, the level-1 snapshot and the pins are written and the boundary
+moves past the zone.
 
 The boundary always advances and never passes a message that no snapshot covers: if the LLM
 fails (raises, runs past the deadline, or saves no snapshot in `MAX_ROUNDS` rounds: replies
@@ -33,6 +32,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from itertools import product
 
 from mnemo.calls.retry import fail_after
@@ -56,7 +56,7 @@ from mnemo.conversation.viewport import (
     snapshot_words,
 )
 from mnemo.errors import ConflictError
-from mnemo.ports import LLM, REQUIRED, Events, JSONObject, LLMResponse, ToolCall, Usage
+from mnemo.ports import LLM, REQUIRED, Events, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
 log = logging.getLogger("mnemo")
 
@@ -196,28 +196,13 @@ def snapshot_calls(response: LLMResponse) -> list[ToolCall]:
 
 
 async def run_loop(
-    llm: LLM,
-    tools: EvictionTools,
-    *,
-    window: tuple[str, str, str],
-    zone: tuple[int, int],
-    goals: list[dict[str, str]],
-    previous_snapshot: str,
-    recalled: str,
+    llm: LLM, tools: EvictionTools, ask_round: Callable[..., LLMRequest], *, goals: bool,
     time_limit: float,
 ) -> tuple[str | None, Usage | None]:
-    """Runs the eviction rounds; returns (the failure, or None) and the usage summed.
-
-    Each round forces a tool call (`tool_choice`). Until a snapshot is saved, a reply without
-    tool calls is discarded and asked again (the model answers only through its tools), the
-    third time for `save_snapshot`'s arguments as structured output; when the rounds run out
-    without a snapshot, that is the failure. Once one is saved, the rounds go on only while
-    there are open goals to pin messages to, and end at `everything_ok` or at a reply without
-    tool calls. An LLM that raises ends the loop with the failure. All rounds together get
-    `time_limit` seconds (`mnemo.calls.retry`: a wait for a slot inside mnemo does not count):
-    past it the round in flight is abandoned and that is the failure (a snapshot saved before
-    it is kept). Cancellation is not caught.
-    """
+    """Runs the eviction rounds (see the module doc), each asking `ask_round` (`eviction_request`
+    of the zone) with what was done, the tool choice and whether the snapshot is asked as data;
+    returns (the failure, or None) and the usage summed. A snapshot saved before the
+    `time_limit` passes is kept; cancellation is not caught."""
     usage: Usage | None = None
     silent = 0
     try:
@@ -226,20 +211,8 @@ async def run_loop(
                 if tools.snapshot_parts and not goals:
                     break  # saved, and no goal to pin a message to: nothing is left to do
                 choice = tool_choice(tools, silent)
-                request = eviction_request(
-                    zone=window[0],
-                    middle=window[1],
-                    recent=window[2],
-                    zone_start=zone[0],
-                    zone_end=zone[1],
-                    goals=goals,
-                    previous_snapshot=previous_snapshot,
-                    recalled=recalled,
-                    max_words=tools.max_words,
-                    done=tools.done[-MAX_DONE:],
-                    tool_choice=choice,
-                    as_data=choice is None,
-                )
+                request = ask_round(done=tools.done[-MAX_DONE:], tool_choice=choice,
+                                    as_data=choice is None)
                 try:
                     response = await llm.generate(request)
                 except Exception as exc:
@@ -337,18 +310,14 @@ class Evictor:
             max_words=snapshot_words(token_budget, 1),
         )
         recalled = await self.recall(thread_id, inputs.goals, ()) if inputs.goals else []
-        error, usage = await run_loop(
-            llm,
-            tools,
-            window=render_window(
-                zone, *context_zones(past[len(zone):], token_budget, eviction_fraction)
-            ),
-            zone=span,
-            goals=goals,
-            previous_snapshot=inputs.previous_snapshot,
-            recalled=render_hits(recalled) if recalled else "",
-            time_limit=self.timeout,
-        )
+        zone_text, middle, recent = render_window(
+            zone, *context_zones(past[len(zone):], token_budget, eviction_fraction))
+        ask_round = partial(
+            eviction_request, zone=zone_text, middle=middle, recent=recent, zone_start=span[0],
+            zone_end=span[1], goals=goals, previous_snapshot=inputs.previous_snapshot,
+            recalled=render_hits(recalled) if recalled else "", max_words=tools.max_words)
+        error, usage = await run_loop(llm, tools, ask_round, goals=bool(goals),
+                                      time_limit=self.timeout)
         text = tools.snapshot_text or fallback_note(*span, error or "no snapshot")
         after = zone[-1].seq + 1
         now = self.clock()

@@ -47,16 +47,9 @@ def untrusted(text: str, *, title: str) -> str:
 
 def compaction_message(compaction: Compaction) -> JSONObject:
     """The system message that stands for a compacted range in `load`."""
-    return {
-        "role": "system",
-        "content": untrusted(
-            compaction.summary_text,
-            title=(
-                f"Summary of earlier messages {compaction.start_seq}-{compaction.end_seq} "
-                "of this conversation."
-            ),
-        ),
-    }
+    title = (f"Summary of earlier messages {compaction.start_seq}-{compaction.end_seq} of this "
+             "conversation.")
+    return {"role": "system", "content": untrusted(compaction.summary_text, title=title)}
 
 
 def memory_block(
@@ -88,13 +81,9 @@ def recalled_line(hit: SearchHit) -> str:
 
 def recalled_message(hits: Sequence[SearchHit]) -> JSONObject:
     """The system message holding recalled messages in `load`."""
-    return {
-        "role": "system",
-        "content": untrusted(
-            "\n\n".join(recalled_line(hit) for hit in hits),
-            title="Past messages recalled for the open goals of this conversation.",
-        ),
-    }
+    title = "Past messages recalled for the open goals of this conversation."
+    return {"role": "system",
+            "content": untrusted("\n\n".join(map(recalled_line, hits)), title=title)}
 
 
 def flat(text: str, limit: int = ZONE_MESSAGE_CHARS) -> str:

@@ -10,7 +10,7 @@ Ranking: the backend's relevance score (bm25 on SQLite) picks a pool of the best
 (`POOL_FACTOR` times the limit, at least `MIN_POOL`), then each score is weighted by recency,
 `0.5 + 0.5 * 2^(-age / 30 days)` (`rank_by_recency`): a month-old message keeps 75% of its
 score and none drops below half, so relevance leads and recency breaks near-ties. Snippets
-(about 300 characters, `clip`) are made only for the hits returned.
+(about 300 characters, `render.flat`) are made only for the hits returned.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ MIN_POOL = 40
 HALF_LIFE_DAYS = 30.0
 SNIPPET_CHARS = 300
 # A snippet made here starts this many words before the word it shows, and holds at most
-# this many words in all (then `clip`).
+# this many words in all (then cut to `SNIPPET_CHARS`).
 SNIPPET_LEAD = 8
 SNIPPET_WORDS = 48
 VIEW_SNAPSHOTS = 3
@@ -64,12 +64,6 @@ def rank_by_recency(
     )[:limit]
 
 
-def clip(snippet: str) -> str:
-    """A snippet on one line, at most `SNIPPET_CHARS` characters."""
-    one = " ".join(snippet.split())
-    return one if len(one) <= SNIPPET_CHARS else one[: SNIPPET_CHARS - 3].rstrip() + "..."
-
-
 def hit_snippet(snippet: str, text: str, words: Sequence[str]) -> str:
     """The engine's snippet of a hit, clipped, when it shows a word of the query; else the
     text from a little before the first word of the query it holds.
@@ -80,7 +74,7 @@ def hit_snippet(snippet: str, text: str, words: Sequence[str]) -> str:
     not stopwords are looked for folded (case, accents) and lightly stemmed, at the start of
     a word, inside a longer token too ("toolbox" in "/opt/toolbox/bin", not "cat" in
     "education"); none found leaves the engine's snippet as it was."""
-    clipped = clip(snippet)
+    clipped = flat(snippet, SNIPPET_CHARS)
     keys = {key for word in words for key in _keys(word)}
     if not keys:
         return clipped
@@ -91,7 +85,8 @@ def hit_snippet(snippet: str, text: str, words: Sequence[str]) -> str:
     for i, token in enumerate(tokens):
         if starts.search(_fold(token)):
             begin = max(0, i - SNIPPET_LEAD)
-            return clip(("..." if begin else "") + " ".join(tokens[begin:i + SNIPPET_WORDS]))
+            shown = ("..." if begin else "") + " ".join(tokens[begin:i + SNIPPET_WORDS])
+            return flat(shown, SNIPPET_CHARS)
     return clipped
 
 

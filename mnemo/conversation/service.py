@@ -429,22 +429,15 @@ def check_fraction(value: object) -> float:
 def _compressions(
     compression: Compression | Sequence[Compression] | None,
 ) -> tuple[Compression, ...]:
-    items: tuple[object, ...]
-    if compression is None:
-        items = ()
-    elif isinstance(compression, Summary | ToolOutputPruner):
-        items = (compression,)
-    elif isinstance(compression, list | tuple):
-        items = tuple(compression)
-    else:
-        items = (compression,)
+    items = () if compression is None else tuple(
+        compression if isinstance(compression, list | tuple) else [compression])
     for item in items:
         if not isinstance(item, Summary | ToolOutputPruner):
             raise InvalidInputError(
                 f"compression must be mnemo.Summary or mnemo.ToolOutputPruner (or a list of "
                 f"them), got {item!r}"
             )
-    return tuple(i for i in items if isinstance(i, Summary | ToolOutputPruner))
+    return items
 
 
 def _ttl(ttl: float | timedelta | None) -> float | None:

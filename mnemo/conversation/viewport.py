@@ -65,30 +65,21 @@ def snapshot_tokens(snapshot: Snapshot) -> int:
     return count_tokens(snapshot.text) + MESSAGE_OVERHEAD
 
 
-def _fit_newest(items: Iterable[tuple[int, T]], allowance: float) -> tuple[list[T], int]:
-    """The newest items (given newest first with their cost) that fit, oldest first."""
-    kept: list[T] = []
-    used = 0
-    for cost, item in items:
-        if used + cost > allowance:
-            break
-        kept.append(item)
-        used += cost
-    kept.reverse()
-    return kept, used
-
-
-def _fit_each(items: Iterable[tuple[int, T]], allowance: float) -> tuple[list[T], int]:
-    """The items (with their cost, in the order given) that fit in `allowance`, skipping any
-    that does not (pins and recalled messages are no contiguous stretch: a long one left out
-    hides no shorter one), with their cost."""
+def _fit(items: Iterable[tuple[int, T]], allowance: float, *,
+         newest: bool = False) -> tuple[list[T], int]:
+    """The items (given with their cost) that fit in `allowance`, with their cost: with
+    `newest`, the items given newest first up to the first that does not fit, oldest first (a
+    recent stretch); else, in the order given, skipping any that does not fit (pins and
+    recalled messages: a long one left out hides no shorter one)."""
     kept: list[T] = []
     used = 0
     for cost, item in items:
         if used + cost <= allowance:
             kept.append(item)
             used += cost
-    return kept, used
+        elif newest:
+            break
+    return kept[::-1] if newest else kept, used
 
 
 def layout(
@@ -103,17 +94,13 @@ def layout(
     """
     boundary = inputs.boundary_seq
     # Fitted newest first, kept oldest first: the order they are given up in below.
-    pinned, pins_used = _fit_each(((m.tokens, m) for m in inputs.pinned), token_budget * PIN_SHARE)
+    pinned, pins_used = _fit(((m.tokens, m) for m in inputs.pinned), token_budget * PIN_SHARE)
     pinned.reverse()
     memory = token_budget * MEMORY_SHARE
-    l1, l1_used = _fit_newest(
-        ((snapshot_tokens(s), s) for s in inputs.level1),
-        min(token_budget * L1_SHARE, memory - pins_used),
-    )
-    l2, l2_used = _fit_newest(
-        ((snapshot_tokens(s), s) for s in inputs.level2),
-        min(token_budget * L2_SHARE, memory - pins_used - l1_used),
-    )
+    l1, l1_used = _fit(((snapshot_tokens(s), s) for s in inputs.level1),
+                       min(token_budget * L1_SHARE, memory - pins_used), newest=True)
+    l2, l2_used = _fit(((snapshot_tokens(s), s) for s in inputs.level2),
+                       min(token_budget * L2_SHARE, memory - pins_used - l1_used), newest=True)
     past = inputs.tokens_past_boundary
     shown: list[tuple[int, list[Snapshot] | list[Message]]] = [(snapshot_tokens(s), l2) for s in l2]
     shown += [(snapshot_tokens(s), l1) for s in l1]
@@ -127,25 +114,17 @@ def layout(
             break
         owner.pop(0)
         memory_used -= cost
-    window: list[Message] = []
-    used = 0
-    cut = False
     # `newest` ends with the first message past the store's limit (which is no less than
-    # this one), so the loop meets every cut a walk over the whole thread would.
-    for message in inputs.newest:
-        if used + message.tokens > token_budget - memory_used:
-            cut = True
-            break
-        window.append(message)
-        used += message.tokens
-    window.reverse()
-    if cut:
+    # this one), so the fit meets every cut a walk over the whole thread would.
+    window, used = _fit(((m.tokens, m) for m in inputs.newest), token_budget - memory_used,
+                        newest=True)
+    if len(window) < len(inputs.newest):
         # A tool result whose call was cut off would be refused by chat APIs: drop it too.
         while window and window[0].is_tool_result:
             used -= window.pop(0).tokens
     # The room left goes to the pins not shown yet (those past their share, or given up).
     shown_ids = {m.id for m in pinned}
-    more, more_used = _fit_each(
+    more, more_used = _fit(
         ((m.tokens, m) for m in inputs.pinned if m.id not in shown_ids),
         token_budget - memory_used - used,
     )
@@ -170,7 +149,7 @@ def with_recalled(view: Viewport, hits: Sequence[SearchHit]) -> Viewport:
     """`view` with the recalled `hits` (best first) that fit in the room it leaves, up to
     `RECALL_SHARE` of its budget, skipping any that does not fit."""
     room = min(view.token_budget * RECALL_SHARE, view.token_budget - view.tokens)
-    kept, used = _fit_each(
+    kept, used = _fit(
         ((count_tokens(recalled_line(hit)) + MESSAGE_OVERHEAD, hit) for hit in hits), room
     )
     return replace(view, recalled=kept, tokens=view.tokens + used)
@@ -186,15 +165,8 @@ def eviction_zone(
     evictable = len(past_boundary) - keep
     if evictable <= 0:
         return []
-    total = sum(m.tokens for m in past_boundary)
-    target = fraction * min(token_budget, total)
-    zone: list[Message] = []
-    used = 0
-    for message in past_boundary[:evictable]:
-        if zone and used + message.tokens > target:
-            break
-        zone.append(message)
-        used += message.tokens
+    target = fraction * min(token_budget, sum(m.tokens for m in past_boundary))
+    zone = list(past_boundary[:_leading(past_boundary[:evictable], target)])
     while len(zone) < evictable and past_boundary[len(zone)].is_tool_result:
         zone.append(past_boundary[len(zone)])
     return zone
@@ -207,15 +179,18 @@ def context_zones(
     is the newest messages up to `fraction` of the budget (or of what is there), at least
     one; the middle one the messages between."""
     target = fraction * min(token_budget, sum(m.tokens for m in rest))
-    count = 0
-    used = 0
-    for message in reversed(rest):
+    split = len(rest) - _leading(reversed(rest), target)
+    return list(rest[:split]), list(rest[split:])
+
+
+def _leading(messages: Iterable[Message], target: float) -> int:
+    """How many of `messages`, from the first, fit in `target` tokens; at least one."""
+    count = used = 0
+    for message in messages:
         if count and used + message.tokens > target:
             break
-        count += 1
-        used += message.tokens
-    split = len(rest) - count
-    return list(rest[:split]), list(rest[split:])
+        count, used = count + 1, used + message.tokens
+    return count
 
 
 def snapshot_words(token_budget: int, level: int) -> int:

@@ -87,20 +87,15 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
         ValueError: naming the first field that does not match the schema.
     """
     reply = read_reply(resp, SemanticReply, "semantic")
-    facts: list[Fact] = []
-    seen: set[str] = set()
+    facts: dict[str, Fact] = {}
     for i, item in enumerate(reply.facts):
-        where = f"facts[{i}]"
-        proposition = _required_text(item.proposition, f"{where}.proposition")
-        if not is_words(proposition):
-            continue  # punctuation, or a copied placeholder ("..."): nothing to remember
-        if proposition.casefold() in seen:
-            continue  # a small model's repeat of a fact it already gave
-        seen.add(proposition.casefold())
-        facts.append(
-            Fact(proposition=proposition, concepts=_concepts(item.concepts),
-                 confidence=_confidence(item.confidence), steps=_steps(item.steps)))
-    return facts
+        proposition = _required_text(item.proposition, f"facts[{i}].proposition")
+        # Punctuation or a copied placeholder ("...") says nothing; a repeat, nothing new.
+        if is_words(proposition) and proposition.casefold() not in facts:
+            facts[proposition.casefold()] = Fact(
+                proposition=proposition, concepts=_concepts(item.concepts),
+                confidence=_confidence(item.confidence), steps=_steps(item.steps))
+    return list(facts.values())
 
 
 # ---- procedural ---------------------------------------------------------------------------
@@ -191,22 +186,16 @@ def parse_instructions(resp: LLMResponse) -> list[Instruction]:
         ValueError: naming the first field that does not match the schema.
     """
     reply = read_reply(resp, ProceduralReply, "procedural")
-    out: list[Instruction] = []
-    seen: set[str] = set()
+    out: dict[str, Instruction] = {}
     for i, item in enumerate(reply.instructions):
-        where = f"instructions[{i}]"
-        intent = _required_text(item.intent, f"{where}.intent")
-        instruction = _required_text(item.instruction, f"{where}.instruction")
-        if not (is_words(intent) and is_words(instruction)):
-            continue  # punctuation, or a copied placeholder: no procedure
-        if instruction.casefold() in seen:
-            continue  # a small model's repeat of what it already said to do
-        seen.add(instruction.casefold())
-        out.append(
-            Instruction(
+        intent = _required_text(item.intent, f"instructions[{i}].intent")
+        instruction = _required_text(item.instruction, f"instructions[{i}].instruction")
+        # Punctuation or a copied placeholder is no procedure; a repeat, nothing new.
+        if is_words(intent) and is_words(instruction) and instruction.casefold() not in out:
+            out[instruction.casefold()] = Instruction(
                 intent=intent, condition=(item.condition or "").strip(), instruction=instruction,
-                expected_outcome=(item.expected_outcome or "").strip(), steps=_steps(item.steps)))
-    return out
+                expected_outcome=(item.expected_outcome or "").strip(), steps=_steps(item.steps))
+    return list(out.values())
 
 
 # ---- return -------------------------------------------------------------------------------
@@ -359,15 +348,12 @@ def _required_text(value: str, where: str) -> str:
 
 
 def _concepts(value: list[str] | None) -> tuple[str, ...]:
-    out: list[str] = []
-    seen: set[str] = set()
-    for concept in value or ():
-        label = concept.strip()
-        # Tags are deduplicated by lower-cased label downstream; the first spelling wins here.
-        if is_label(label) and label.lower() not in seen:
-            seen.add(label.lower())
-            out.append(label)
-    return tuple(out)
+    # Tags are deduplicated by lower-cased label downstream; the first spelling wins here.
+    labels: dict[str, str] = {}
+    for label in (concept.strip() for concept in value or ()):
+        if is_label(label):
+            labels.setdefault(label.lower(), label)
+    return tuple(labels.values())
 
 
 # A tag is a few words: no JSON or markup characters (a small model's `');{` became a tag).

@@ -15,7 +15,7 @@ used: 2025-01-02T08:00:00+00:00
 
 Strings are written JSON-quoted (a JSON string is a valid YAML double-quoted scalar), times as
 UTC ISO-8601; `used` appears once the file has been recalled. The body holds one entry per
-line, oldest (least important) first: that order is what `fit` drops from.
+line, oldest (least important) first: that order is what `bound` drops from.
 """
 
 from __future__ import annotations
@@ -159,11 +159,6 @@ class Fitted:
     lines: list[str]
     dropped: tuple[str, ...]
     truncated: bool
-
-
-def fit(lines: list[str], max_chars: int) -> list[str]:
-    """`lines` cut down so that `body(lines)` has at most `max_chars` characters (see `bound`)."""
-    return bound(lines, max_chars).lines
 
 
 def bound(lines: list[str], max_chars: int) -> Fitted:

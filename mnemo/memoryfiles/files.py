@@ -66,6 +66,12 @@ class _Planned:
     allow_removal: bool
     condensed: tuple[str, ...] | None = None
 
+    def merged(self, current: builtins.list[str]) -> builtins.list[str]:
+        """The entries of a file of `current` entries with this change merged in, each once."""
+        return _format.dedupe(_format.merge(
+            current, _format.entries(self.change.content), self.base,
+            allow_removal=self.allow_removal, removed=self.change.remove))
+
 
 class MemoryFiles:
     """Long-term memory as one Markdown file per topic in `directory` (created when first
@@ -97,7 +103,7 @@ class MemoryFiles:
         self.max_chars = max_chars
         self.min_iterations = min_iterations
         self.enabled = bool(enabled)
-        self._clock = clock or _utc_now
+        self._clock = clock or functools.partial(datetime.now, UTC)
         self._lock = DirectoryLock(self._folder)
         self._writer = DirectoryLock(self._folder, WRITER_LOCK_FILE, wait_s=WRITER_WAIT_S)
 
@@ -230,9 +236,7 @@ class MemoryFiles:
         key = _format.topic_key(planned.change.topic)
         existing = next((s for s in stored if _format.topic_key(s.topic) == key), None)
         current = _format.entries(existing.body) if existing else []
-        lines = _format.dedupe(_format.merge(
-            current, _format.entries(planned.change.content), planned.base,
-            allow_removal=planned.allow_removal, removed=planned.change.remove))
+        lines = planned.merged(current)
         if len(_format.body(lines)) <= self.max_chars:
             return planned
         description = planned.change.description or (existing.description if existing else "")
@@ -286,9 +290,7 @@ class MemoryFiles:
         and the file as it now is (None: an empty file is never created)."""
         current = self._read(path)
         current_lines = _format.entries(current.body) if current else []
-        lines = _format.merge(current_lines, _format.entries(planned.change.content), planned.base,
-                              allow_removal=planned.allow_removal, removed=planned.change.remove)
-        fitted = _format.bound(_format.dedupe(lines), self.max_chars)
+        fitted = _format.bound(planned.merged(current_lines), self.max_chars)
         if not fitted.lines:
             return False, current.file() if current else None
         description = planned.change.description or (current.description if current else "")
@@ -353,7 +355,3 @@ class MemoryFiles:
     def _now(self) -> datetime:
         when = self._clock()
         return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)

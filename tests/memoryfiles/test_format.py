@@ -148,9 +148,9 @@ def test_dedupe_ignores_case_spacing_and_punctuation() -> None:
 @example(lines=["#0000000000", "000000"], max_chars=20)  # the newest line was dropped
 @given(lines=LINES, max_chars=st.integers(min_value=20, max_value=500))
 def test_fit_bounds_the_body(lines: list[str], max_chars: int) -> None:
-    """fit keeps the body within max_chars, keeps the newest line, and keeps order."""
+    """bound keeps the body within max_chars, keeps the newest line, and keeps order."""
     entries = _format.dedupe(_format.entries("\n".join(lines)))
-    kept = _format.fit(entries, max_chars)
+    kept = _format.bound(entries, max_chars).lines
     assert len(_format.body(kept)) <= max_chars
     if entries:
         assert kept
@@ -163,12 +163,12 @@ def test_fit_bounds_the_body(lines: list[str], max_chars: int) -> None:
 def test_fit_drops_entries_before_headings() -> None:
     """The oldest entries go first; a heading goes only when no entry is left to drop."""
     lines = ["# Database", "- one one one", "- two two two", "- three three"]
-    assert _format.fit(lines, 40) == ["# Database", "- two two two", "- three three"]
+    assert _format.bound(lines, 40).lines == ["# Database", "- two two two", "- three three"]
 
 
 def test_fit_truncates_a_long_line() -> None:
     """A line longer than the bound is cut at a word boundary and marked."""
-    (line,) = _format.fit(["- " + "word " * 30], 40)
+    (line,) = _format.bound(["- " + "word " * 30], 40).lines
     assert line == "- " + "word " * 6 + "word\u2026"
     assert len(line) <= 39
 

@@ -58,7 +58,7 @@ B = 0.75
 # vector without unnesting it.
 TS_RANK_ONE = 0.1 * 6 / math.pi**2
 
-# About SQLite's 48-token snippet; `clip` then bounds it to SNIPPET_CHARS.
+# About SQLite's 48-token snippet; `hit_snippet` then bounds it to SNIPPET_CHARS.
 HEADLINE_OPTIONS = 'StartSel="", StopSel="", MaxWords=48, MinWords=24, ShortWord=0'
 
 

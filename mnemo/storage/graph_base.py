@@ -25,6 +25,7 @@ from mnemo.graph.model import (
     CommitReceipt,
     LinkType,
     Node,
+    NodeId,
     NodeType,
     Vector,
 )
@@ -44,6 +45,7 @@ from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Row
+from mnemo.storage.sql import marks
 
 if TYPE_CHECKING:
     from mnemo.graph.commit import CommitTarget
@@ -51,6 +53,9 @@ if TYPE_CHECKING:
 
 Hits = list[tuple[str, float]]
 
+NODE_COLUMNS = (
+    "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
+)
 COMMIT_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
                   " reworded, joined, reverted_by, reverts")
 
@@ -186,6 +191,62 @@ class GraphBase:
     def _commit(self, row: Row) -> CommitRecord:
         raise NotImplementedError
 
+    def _node(self, row: Row) -> Node:
+        """The node of a row that starts with `NODE_COLUMNS`."""
+        raise NotImplementedError
+
+    def _receipt(self, value: Any) -> CommitReceipt:
+        """A stored receipt."""
+        raise NotImplementedError
+
+    async def _among(self, statement: str, ids: Sequence[str], *before: object) -> list[Any]:
+        """The rows of `statement`, its `{}` a list of `?` for `ids` (after the parameters
+        `before`), read 500 ids at a time."""
+        rows: list[Any] = []
+        for at in range(0, len(ids), 500):
+            chunk = ids[at:at + 500]
+            rows += await self._rows(statement.format(marks(len(chunk))), [*before, *chunk])
+        return rows
+
+    async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]:
+        """The nodes with these ids, in the order asked (unknown ids are left out)."""
+        ids = list(dict.fromkeys(node_ids))
+        found: dict[str, Node] = {node.id: node for node in map(self._node, await self._among(
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND id IN ({{}})", ids, repo))}
+        return [found[i] for i in ids if i in found]
+
+    async def texts(self, node_ids: list[str]) -> dict[str, str]:
+        rows = await self._among("SELECT id, text FROM nodes WHERE id IN ({})", node_ids)
+        return {str(i): str(t) for i, t in rows}
+
+    async def present(self, repo: str, node_ids: list[str]) -> set[str]:
+        """Which of these ids are already nodes (a SOURCE shared by two commits, say)."""
+        rows = await self._among("SELECT id FROM nodes WHERE id IN ({})", node_ids)
+        return {str(i) for (i,) in rows}
+
+    async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]:
+        rows = await self._among("SELECT key, id FROM nodes WHERE repo = ? AND type = 'tag'"
+                                 " AND key IN ({})", list(dict.fromkeys(keys)), repo)
+        return {str(k): str(i) for k, i in rows}
+
+    async def receipt(self, changeset_id: str) -> CommitReceipt | None:
+        """The receipt of an applied changeset, None if it was never applied."""
+        rows = await self._rows("SELECT receipt FROM applied_changesets WHERE id = ?",
+                                [changeset_id])
+        return self._receipt(rows[0][0]) if rows else None
+
+    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
+        rows = await self._rows(
+            "SELECT i.payload_hash, a.receipt FROM ingests i JOIN applied_changesets a"
+            " ON a.id = i.changeset_id WHERE i.repo = ? AND i.source_id = ?", [repo, source_id])
+        return (str(rows[0][0]), self._receipt(rows[0][1]).node_ids) if rows else None
+
+    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
+        order = " ORDER BY rowid" if newest is None else " ORDER BY rowid DESC LIMIT ?"
+        return [self._node(row) for row in await self._rows(
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks(len(kinds))})"
+            f"{order}", [repo, *kinds, *([] if newest is None else [newest])])]
+
     async def commit_log(
         self, repo: str, *, limit: int | None = None, after_seq: int | None = None
     ) -> list[CommitRecord]:
@@ -238,9 +299,6 @@ class GraphBase:
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
         scope: Scope | None = None,
     ) -> PendingRead[Hits]:
-        raise NotImplementedError
-
-    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
         raise NotImplementedError
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:

@@ -28,8 +28,7 @@ from psycopg.types.json import Jsonb
 from mnemo.graph import erasure, facts
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited
-from mnemo.graph.history import CommitRecord
-from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, NodeType, Vector
+from mnemo.graph.model import CommitReceipt, Link, LinkType, NodeType, Vector
 from mnemo.graph.ports import (
     More,
     Neighbor,
@@ -47,9 +46,8 @@ from mnemo.storage.maintenance import MaintainedGraph
 from mnemo.storage.postgres import deletes, history, recall_reads
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.maintenance import PgMaintenance
-from mnemo.storage.postgres.migrations import WORD_QUERY
+from mnemo.storage.postgres.text_search import WORD_QUERY
 from mnemo.storage.postgres.reembedding import PgReembedding
-from mnemo.storage.postgres.rows import NODE_COLUMNS
 from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
@@ -161,62 +159,17 @@ class PgGraph(PgReembedding, MaintainedGraph):
         async with self._pg.transaction() as conn:
             await side_writes(conn, also)
 
+    _commit = staticmethod(history.record_of)
+    _node = staticmethod(node_of)
+
     @staticmethod
-    def _commit(row: Row) -> CommitRecord:
-        return history.record_of(row)
-
-    async def receipt(self, changeset_id: str) -> CommitReceipt | None:
-        row = await self._one("SELECT receipt FROM applied_changesets WHERE id = %s",
-                              (changeset_id,))
-        return None if row is None else _receipt(row[0])
-
-    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
-        row = await self._one(
-            "SELECT i.payload_hash, a.receipt FROM ingests i"
-            " JOIN applied_changesets a ON a.id = i.changeset_id"
-            " WHERE i.repo = %s AND i.source_id = %s",
-            (repo, source_id),
-        )
-        return None if row is None else (str(row[0]), _receipt(row[1]).node_ids)
-
-    async def texts(self, node_ids: list[str]) -> dict[str, str]:
-        rows = await self._all("SELECT id, text FROM nodes WHERE id = ANY(%s)", (node_ids,))
-        return {str(i): str(t) for i, t in rows}
-
-    async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]:
-        if not keys:
-            return {}
-        rows = await self._all(
-            "SELECT key, id FROM nodes WHERE repo = %s AND type = 'tag' AND key = ANY(%s)",
-            (repo, list(dict.fromkeys(keys))),
-        )
-        return {str(k): str(i) for k, i in rows}
-
-    async def present(self, repo: str, node_ids: list[str]) -> set[str]:
-        if not node_ids:
-            return set()
-        rows = await self._all("SELECT id FROM nodes WHERE id = ANY(%s)", (node_ids,))
-        return {str(i) for (i,) in rows}
+    def _receipt(value: Any) -> CommitReceipt:
+        # jsonb comes back parsed; a receipt written as a JSON string is a jsonb string.
+        if isinstance(value, str):
+            return CommitReceipt.from_json(value)
+        return CommitReceipt(value["changeset_id"], value["repo"], list(value["node_ids"]))
 
     # ---- reads ----------------------------------------------------------------------------
-
-    async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]:
-        """The nodes with these ids, in the order asked (unknown ids are left out)."""
-        ids = list(dict.fromkeys(node_ids))
-        if not ids:
-            return []
-        rows = await self._all(
-            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND id = ANY(%s)", (repo, ids)
-        )
-        found: dict[str, Node] = {node.id: node for node in map(node_of, rows)}
-        return [found[i] for i in ids if i in found]
-
-    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
-        order = " ORDER BY rowid" if newest is None else " ORDER BY rowid DESC LIMIT %s"
-        rows = await self._all(
-            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND type = ANY(%s){order}",
-            (repo, kinds, *([] if newest is None else [newest])))
-        return [node_of(row) for row in rows]
 
     async def neighbors(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
@@ -259,14 +212,6 @@ class PgGraph(PgReembedding, MaintainedGraph):
             "SELECT src, dst, type FROM links WHERE repo = %s ORDER BY type, src, dst", (repo,)
         )
         return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]
-
-    async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
-        rows = await self._all(
-            "SELECT id FROM nodes WHERE repo = %s AND id LIKE %s ESCAPE '\\'"
-            " AND id NOT LIKE %s ESCAPE '\\' ORDER BY id LIMIT %s",
-            (repo, like, unlike, limit),
-        )
-        return [str(row[0]) for row in rows]
 
     async def access_stats(
         self, repo: str, node_ids: Sequence[str]
@@ -369,14 +314,3 @@ class PgGraph(PgReembedding, MaintainedGraph):
 
     async def _all(self, statement: Any, params: Any = None) -> list[Row]:
         return await self._pg.fetch_all(statement, params)
-
-    async def _one(self, statement: Any, params: Any = None) -> Row | None:
-        rows = await self._pg.fetch_all(statement, params)
-        return rows[0] if rows else None
-
-
-def _receipt(value: Any) -> CommitReceipt:
-    # jsonb comes back parsed; a receipt written as a JSON string is a jsonb string.
-    if isinstance(value, str):
-        return CommitReceipt.from_json(value)
-    return CommitReceipt(value["changeset_id"], value["repo"], list(value["node_ids"]))

@@ -5,11 +5,9 @@ bi-temporal ones)."""
 from __future__ import annotations
 
 from mnemo.graph.model import NODE_TYPES, Node, NodeId
+from mnemo.storage.graph_base import NODE_COLUMNS
 from mnemo.storage.row import Row
 
-NODE_COLUMNS = (
-    "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
-)
 NODE_WIDTH = len(NODE_COLUMNS.split(","))
 
 

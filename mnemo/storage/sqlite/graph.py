@@ -16,32 +16,30 @@ import hashlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
 import filelock
-from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import ConflictError, StorageError
 from mnemo.graph import ann, ann_files, erasure
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited
-from mnemo.graph.history import CommitRecord
-from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, now_utc
+from mnemo.graph.model import CommitReceipt, Link, LinkType, now_utc
 from mnemo.graph.ports import Reverting, SideWrite
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.reembeds import ReembeddedGraph
-from mnemo.storage.row import Row
 from mnemo.storage.sqlite import commits, deletes, history
-from mnemo.storage.sqlite.database import Database, chunks, truncate_wal
+from mnemo.storage.sqlite.database import Database, truncate_wal
 from mnemo.storage.sqlite.maintenance import SqliteMaintenance
 from mnemo.storage.sqlite.recall_cache import RecallCache
 from mnemo.storage.sqlite.recall_graph import SqliteRecallReads
 from mnemo.storage.sqlite.reembeds import SqliteReembeds
-from mnemo.storage.sqlite.rows import NODE_COLUMNS
 from mnemo.storage.sqlite.rows import node as node_of
+from mnemo.storage.sqlite.rows import unpack_text
 from mnemo.storage.sqlite.sessions import side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
 
@@ -111,13 +109,6 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
         # Not thread-local: taken in a worker thread, released on the event loop's.
         return filelock.FileLock(f"{path}-{kind}-{digest}.lock", thread_local=False)
 
-    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
-        found = await self._database.run(lambda db: commits.ingested(db, repo, source_id))
-        if found is None:
-            return None
-        digest, receipt = found
-        return digest, CommitReceipt.from_json(receipt).node_ids
-
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         repo = plan.repo
         await self._database.run(lambda db: commits.write_commit(db, plan, also))
@@ -129,61 +120,19 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         await self._database.run(lambda db: side_writes_alone(db, also))
 
+    _commit = staticmethod(history.record_of)
+    _node = staticmethod(node_of)
+
     @staticmethod
-    def _commit(row: Row) -> CommitRecord:
-        return history.record_of(row)
-
-    async def receipt(self, changeset_id: str) -> CommitReceipt | None:
-        """The receipt of an applied changeset, None if it was never applied."""
-        found = await self._database.run(lambda db: commits.receipt(db, changeset_id))
-        return None if found is None else CommitReceipt.from_json(found)
-
-    async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]:
-        """The nodes with these ids, in the order asked (unknown ids are left out)."""
-        if not node_ids:
-            return []
-        ids = list(dict.fromkeys(node_ids))
-
-        def read(db: SqliteUtilsDatabase) -> list[Node]:
-            found: dict[str, Node] = {}
-            for chunk in chunks(ids, 500):
-                marks = ",".join("?" * len(chunk))
-                for row in db.conn.execute(
-                    f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND id IN ({marks})",
-                    [repo, *chunk],
-                ):
-                    node = node_of(row)
-                    found[node.id] = node
-            return [found[i] for i in ids if i in found]
-
-        return await self._database.run(read)
-
-    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
-        marks = ",".join("?" * len(kinds))
-        order = " ORDER BY rowid" if newest is None else " ORDER BY rowid DESC LIMIT ?"
-        return await self._database.run(lambda db: [node_of(row) for row in db.conn.execute(
-            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks}){order}",
-            [repo, *kinds, *([] if newest is None else [newest])])])
+    def _receipt(value: Any) -> CommitReceipt:
+        return CommitReceipt.from_json(unpack_text(value))
 
     async def links(self, repo: str) -> list[Link]:
-        rows = await self._database.run(
-            lambda db: db.conn.execute(
-                "SELECT a.id, b.id, l.type FROM nodes a JOIN links l ON l.src = a.rowid"
-                " JOIN nodes b ON b.rowid = l.dst WHERE a.repo = ? ORDER BY l.type, a.id, b.id",
-                (repo,),
-            ).fetchall()
-        )
+        rows = await self._rows(
+            "SELECT a.id, b.id, l.type FROM nodes a JOIN links l ON l.src = a.rowid"
+            " JOIN nodes b ON b.rowid = l.dst WHERE a.repo = ? ORDER BY l.type, a.id, b.id",
+            [repo])
         return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]
-
-    async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
-        rows = await self._database.run(
-            lambda db: db.conn.execute(
-                "SELECT id FROM nodes WHERE repo = ? AND id LIKE ? ESCAPE '\\'"
-                " AND id NOT LIKE ? ESCAPE '\\' ORDER BY id LIMIT ?",
-                (repo, like, unlike, limit),
-            ).fetchall()
-        )
-        return [str(row[0]) for row in rows]
 
     async def _delete_rows(self, repo: str, ids: list[str]) -> list[str]:
         return await self._database.run(lambda db: deletes.delete_nodes(db, repo, ids))
@@ -232,18 +181,3 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
         folder = self._vectors.graph_folder(repo)
         if folder is not None:
             await anyio.to_thread.run_sync(ann_files.discard, folder)
-
-    async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]:
-        if not keys:
-            return {}
-        unique = list(dict.fromkeys(keys))
-        return await self._database.run(lambda db: commits.tag_owners(db, repo, unique))
-
-    async def present(self, repo: str, node_ids: list[str]) -> set[str]:
-        """Which of these ids are already nodes (a SOURCE shared by two commits, say)."""
-        if not node_ids:
-            return set()
-        return await self._database.run(lambda db: commits.present(db, node_ids))
-
-    async def texts(self, node_ids: list[str]) -> dict[str, str]:
-        return await self._database.run(lambda db: commits.texts(db, node_ids))

@@ -43,7 +43,7 @@ from psycopg.types.json import Jsonb
 
 from mnemo.conversation.drafts import MessageDraft
 from mnemo.graph.model import Vector
-from mnemo.storage.postgres.migrations import TEXT_SEARCH_CONFIG, WORD_QUERY
+from mnemo.storage.postgres.text_search import TEXT_SEARCH_CONFIG, WORD_QUERY
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
 from mnemo.storage.thread_rows import SearchQuery

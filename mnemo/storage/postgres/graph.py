@@ -46,10 +46,10 @@ from mnemo.storage.maintenance import MaintainedGraph
 from mnemo.storage.postgres import deletes, history, recall_reads
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.maintenance import PgMaintenance
-from mnemo.storage.postgres.text_search import WORD_QUERY
 from mnemo.storage.postgres.reembedding import PgReembedding
 from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
+from mnemo.storage.postgres.text_search import WORD_QUERY
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Column, Row

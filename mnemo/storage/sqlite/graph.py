@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -74,32 +74,34 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
 
     @asynccontextmanager
     async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
-        async with self._locks.setdefault(repo, anyio.Lock()):
-            held = self._repo_file_lock(repo)
-            if held is None:
-                yield
-                return
-            timeout = self._database.busy_timeout
-            try:
-                # Shielded: a lock taken in the thread must be released, not abandoned.
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(functools.partial(held.acquire,
-                                                                     timeout=timeout))
-            except filelock.Timeout as exc:
-                raise StorageError(
-                    "busy", f"another process held repo {repo!r}'s lock for {timeout}s"
-                ) from exc
-            except OSError as exc:  # its folder gone, read-only, full: no driver error out
-                raise StorageError(
-                    "unavailable", f"cannot take repo {repo!r}'s lock file: {exc}"
-                ) from exc
-            try:
-                yield
-            finally:
-                held.release()
+        timeout = self._database.busy_timeout
+        busy = StorageError("busy", f"another process held repo {repo!r}'s lock for {timeout}s")
+        async with self._locks.setdefault(repo, anyio.Lock()), self._holding(
+                repo, "repo", timeout, busy):
+            yield
 
-    def _repo_file_lock(self, repo: str) -> filelock.FileLock | None:
-        return self._file_lock(repo, "repo")
+    @asynccontextmanager
+    async def _holding(self, repo: str, kind: str, wait: float,
+                       busy: Exception) -> AsyncIterator[None]:
+        """The repo's lock file of `kind` (none for a database in memory), taken within
+        `wait` seconds (`busy` raised past them)."""
+        held = self._file_lock(repo, kind)
+        if held is None:
+            yield
+            return
+        try:
+            # Shielded: a lock taken in the thread must be released, not abandoned.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(functools.partial(held.acquire, timeout=wait))
+        except filelock.Timeout:
+            raise busy from None
+        except OSError as exc:  # its folder gone, read-only, full: no driver error out
+            raise StorageError(
+                "unavailable", f"cannot take repo {repo!r}'s {kind} lock file: {exc}") from exc
+        try:
+            yield
+        finally:
+            held.release()
 
     def _file_lock(self, repo: str, kind: str) -> filelock.FileLock | None:
         path = self._database.path
@@ -154,26 +156,11 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
 
     # ---- re-embedding (`mnemo.graph.reembed`; the SQL in `storage/reembeds.py`) ----------
 
-    @asynccontextmanager
-    async def _reembed_lock(self, repo: str, busy: ConflictError) -> AsyncIterator[None]:
+    def _reembed_lock(self, repo: str, busy: ConflictError
+                      ) -> AbstractAsyncContextManager[None]:
         """For a file, a lock file beside it taken without waiting (the system lets it go
         when its process dies)."""
-        held = self._file_lock(repo, "reembed")
-        if held is None:
-            yield
-            return
-        try:
-            await anyio.to_thread.run_sync(functools.partial(held.acquire, timeout=0))
-        except filelock.Timeout:
-            raise busy from None
-        except OSError as exc:
-            raise StorageError(
-                "unavailable", f"cannot take repo {repo!r}'s re-embedding lock: {exc}"
-            ) from exc
-        try:
-            yield
-        finally:
-            held.release()
+        return self._holding(repo, "reembed", 0, busy)
 
     async def vectors_switched(self, repo: str, dim: int) -> None:
         """The repo's saved HNSW graphs go (every vector is new); the index in memory loads

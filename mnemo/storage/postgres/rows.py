@@ -1,6 +1,4 @@
-"""A node's columns and their decoding, for every PostgreSQL read of whole nodes (one place,
-so that a column added to nodes reaches every reader: recall's batched reads once missed the
-bi-temporal ones)."""
+"""A node's decoding, for every PostgreSQL read of whole nodes (`graph_base.NODE_COLUMNS`)."""
 
 from __future__ import annotations
 

@@ -96,10 +96,9 @@ class PgSessions(SqlSessions):
             ", claimed AS (INSERT INTO step_claims(step_id, session_id, holder)"
             " SELECT ?, ?, ? FROM moved)" if holder is not None else ""
         )
-        # One statement in autocommit, so one round trip (a transaction of two cost the
-        # append 40 % more, BENCHMARKS.md): the session's version moves on, checked to be
-        # still collecting this episode at the version the caller read, and only then the
-        # new step goes in (claimed for its annotation by `holder`).
+        # One statement in autocommit, one round trip: the session's version moves on,
+        # checked to be still collecting this episode at the version the caller read, and
+        # only then the new step goes in (claimed for its annotation by `holder`).
         statement = (
             "WITH moved AS (UPDATE sessions SET version = version + 1, updated_at = ?,"
             " active_at = ?"

@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from mnemo.errors import ConflictError
 from mnemo.graph import commit, erasure
 from mnemo.graph.erasure import Embed, Inherited
+from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import (
     LINK_TYPES,
     NODE_TYPES,
     Changeset,
     CommitReceipt,
+    Link,
     LinkType,
     Node,
     NodeId,
@@ -45,11 +47,10 @@ from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Row
-from mnemo.storage.sql import marks
+from mnemo.storage.sql import marks, moment
 
 if TYPE_CHECKING:
     from mnemo.graph.commit import CommitTarget
-    from mnemo.graph.history import CommitRecord
 
 Hits = list[tuple[str, float]]
 
@@ -188,8 +189,21 @@ class GraphBase:
     async def _rows(self, statement: str, params: list[object]) -> list[Any]:
         raise NotImplementedError
 
-    def _commit(self, row: Row) -> CommitRecord:
+    def _ids(self, value: Any) -> list[Any]:
+        """A list of a commit's record as stored."""
         raise NotImplementedError
+
+    def _commit(self, row: Row) -> CommitRecord:
+        """A commit's record from its row (`COMMIT_COLUMNS`)."""
+        (commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded,
+         joined, reverted_by, reverts) = row
+        ids = self._ids
+        return CommitRecord(
+            id=str(commit_id), repo=str(repo), seq=int(seq), committed_at=moment(at),
+            session_id=session_id, source_id=source_id, node_ids=tuple(map(str, ids(nodes))),
+            links=tuple(Link(str(s), str(d), LinkType(t)) for s, d, t in ids(links)),
+            retired=tuple(map(str, ids(retired))), reworded=tuple(map(str, ids(reworded))),
+            joined=tuple(map(str, ids(joined))), reverted_by=reverted_by, reverts=reverts)
 
     def _node(self, row: Row) -> Node:
         """The node of a row that starts with `NODE_COLUMNS`."""

@@ -159,7 +159,9 @@ class PgGraph(PgReembedding, MaintainedGraph):
         async with self._pg.transaction() as conn:
             await side_writes(conn, also)
 
-    _commit = staticmethod(history.record_of)
+    @staticmethod
+    def _ids(value: Any) -> list[Any]:
+        return list(value)
     _node = staticmethod(node_of)
 
     @staticmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -32,7 +33,7 @@ from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.reembeds import ReembeddedGraph
-from mnemo.storage.sqlite import commits, deletes, history
+from mnemo.storage.sqlite import commits, deletes
 from mnemo.storage.sqlite.database import Database, truncate_wal
 from mnemo.storage.sqlite.maintenance import SqliteMaintenance
 from mnemo.storage.sqlite.recall_cache import RecallCache
@@ -122,7 +123,9 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         await self._database.run(lambda db: side_writes_alone(db, also))
 
-    _commit = staticmethod(history.record_of)
+    @staticmethod
+    def _ids(value: Any) -> list[Any]:
+        return list(json.loads(unpack_text(value)))
     _node = staticmethod(node_of)
 
     @staticmethod

@@ -7,17 +7,14 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Sequence
-from datetime import datetime
 
 from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.history import CommitRecord
-from mnemo.graph.model import Link, LinkType
+from mnemo.graph.model import Link
 from mnemo.storage.graph_base import COMMIT_COLUMNS
 from mnemo.storage.json_text import loads_object
-from mnemo.storage.row import Row
 from mnemo.storage.sqlite.database import chunks
-from mnemo.storage.sqlite.rows import pack_text, unpack_text
+from mnemo.storage.sqlite.rows import pack_text
 
 # A link names its ends by their rowids. An end that is no node makes a NULL, which fails
 # (NOT NULL constraint) as the foreign key did. `refs` counts the commits that made it.
@@ -103,24 +100,3 @@ def forget_commits(conn: sqlite3.Connection, repo: str, commit_ids: Sequence[str
         marks = ",".join("?" * len(chunk))
         conn.execute(f"DELETE FROM commits WHERE repo = ? AND (id IN ({marks})"
                      f" OR reverts IN ({marks}))", [repo, *chunk, *chunk])
-
-
-def record_of(row: Row) -> CommitRecord:
-    """A commit's record from its row (`graph_base.COMMIT_COLUMNS`)."""
-    (commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded, joined,
-     reverted_by, reverts) = row
-    return CommitRecord(
-        id=commit_id,
-        repo=repo,
-        seq=int(seq),
-        committed_at=datetime.fromisoformat(at),
-        session_id=session_id,
-        source_id=source_id,
-        node_ids=tuple(json.loads(unpack_text(nodes))),
-        links=tuple(Link(s, d, LinkType(t)) for s, d, t in json.loads(unpack_text(links))),
-        retired=tuple(json.loads(retired)),
-        reworded=tuple(json.loads(reworded)),
-        joined=tuple(json.loads(joined)),
-        reverted_by=reverted_by,
-        reverts=reverts,
-    )

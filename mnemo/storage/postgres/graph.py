@@ -52,7 +52,7 @@ from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.text_search import WORD_QUERY
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
 from mnemo.storage.reembed_claims import Claims
-from mnemo.storage.row import Column, Row
+from mnemo.storage.row import Column
 from mnemo.storage.worker import DeferredRead, FallbackRead
 from mnemo.text import query_words
 
@@ -181,7 +181,7 @@ class PgGraph(PgReembedding, MaintainedGraph):
         if not ids:
             return []
         kind = "" if link_type is None else " AND type = %(kind)s"
-        rows = await self._all(
+        rows = await self._pg.fetch_all(
             f"SELECT src, dst, type FROM links WHERE repo = %(repo)s AND src = ANY(%(ids)s){kind}"
             f" UNION ALL SELECT src, dst, type FROM links WHERE repo = %(repo)s"
             f" AND dst = ANY(%(ids)s){kind}",
@@ -201,7 +201,7 @@ class PgGraph(PgReembedding, MaintainedGraph):
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return []
-        rows = await self._all(
+        rows = await self._pg.fetch_all(
             "SELECT l.src, a.type, l.dst, b.type, l.type FROM links l"
             " JOIN nodes a ON a.id = l.src JOIN nodes b ON b.id = l.dst"
             " WHERE l.repo = %(repo)s AND (l.src = ANY(%(ids)s) OR l.dst = ANY(%(ids)s))",
@@ -210,7 +210,7 @@ class PgGraph(PgReembedding, MaintainedGraph):
         return seen_from_asked(rows, set(ids))
 
     async def links(self, repo: str) -> list[Link]:
-        rows = await self._all(
+        rows = await self._pg.fetch_all(
             "SELECT src, dst, type FROM links WHERE repo = %s ORDER BY type, src, dst", (repo,)
         )
         return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]
@@ -221,7 +221,7 @@ class PgGraph(PgReembedding, MaintainedGraph):
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return {}
-        rows = await self._all(
+        rows = await self._pg.fetch_all(
             "SELECT id, access_count, last_access FROM nodes WHERE repo = %s AND id = ANY(%s)",
             (repo, ids),
         )
@@ -280,23 +280,18 @@ class PgGraph(PgReembedding, MaintainedGraph):
                 repo, query, limit, kinds, scope,
                 lambda n: self.start_search_text(repo, query, n, types).result()))
         if self._lexical is None:
-            return DeferredRead(lambda: self._full_text(repo, query, limit, kinds))
+            return DeferredRead(lambda: self._store_text(repo, query, limit, kinds))
         return FallbackRead(self._lexical.start_search(repo, query, limit, kinds),
-                      lambda: self._full_text(repo, query, limit, kinds))
+                      lambda: self._store_text(repo, query, limit, kinds))
 
     async def _rows(self, statement: str, params: list[object]) -> list[Any]:
-        return await self._all(statement.replace("?", "%s"), params)
+        return await self._pg.fetch_all(statement.replace("?", "%s"), params)
 
     async def _store_text(
-        self, repo: str, query: str, limit: int, kinds: list[str] | None, where: Where
-    ) -> list[tuple[str, float]]:
-        return await self._full_text(repo, query, limit, kinds, where)
-
-    async def _full_text(
         self, repo: str, query: str, limit: int, kinds: list[str] | None,
         where: Where | None = None,
     ) -> list[tuple[str, float]]:
-        """PostgreSQL's full-text search (see `search_text`)."""
+        """PostgreSQL's full-text search (see `search_text`), inside `where` when given."""
         # Every word of a long query is read in a worker thread, not on the event loop.
         words = (query_words(query) if len(query) <= _INLINE_CHARS
                  else await anyio.to_thread.run_sync(query_words, query))
@@ -311,8 +306,5 @@ class PgGraph(PgReembedding, MaintainedGraph):
                  sql.SQL(scoped.replace("?", "%s")))
         params: list[Column] = [*words, repo, *([] if kinds is None else [kinds]),
                                 *inside, limit]
-        rows = await self._all(statement, params)
+        rows = await self._pg.fetch_all(statement, params)
         return [(str(i), float(score)) for i, score in rows]
-
-    async def _all(self, statement: Any, params: Any = None) -> list[Row]:
-        return await self._pg.fetch_all(statement, params)

@@ -19,8 +19,7 @@ from psycopg.types.json import Jsonb
 from mnemo.episode.model import StepRecord
 from mnemo.graph.ports import SideWrite
 from mnemo.session.ports import StaleSession
-from mnemo.storage.postgres.clock import ServerClock
-from mnemo.storage.postgres.connection import Connection, PgStatements, Postgres
+from mnemo.storage.postgres.connection import Connection, PgStatements
 from mnemo.storage.postgres.coordination import claims_lock_key
 from mnemo.storage.sessions import ANNOTATE, STEP_COLUMNS, SqlSessions
 from mnemo.storage.sql import Statements
@@ -42,9 +41,6 @@ class PgSessions(SqlSessions):
     NOW = "clock_timestamp()"
     CREATED = "?::timestamptz"
     ANY = " = ANY(?)"
-
-    def __init__(self, pg: Postgres, clock: ServerClock) -> None:
-        super().__init__(pg, clock)
 
     def _stamp(self, at: datetime) -> object:
         return at

@@ -13,7 +13,7 @@ from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.model import Link
 from mnemo.ports import JSONObject
-from mnemo.storage.graph_base import COMMIT_COLUMNS
+from mnemo.storage.graph_rows import COMMIT_COLUMNS
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.row import Row
 

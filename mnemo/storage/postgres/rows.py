@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mnemo.graph.model import NODE_TYPES, Node, NodeId
-from mnemo.storage.graph_base import NODE_COLUMNS
+from mnemo.storage.graph_rows import NODE_COLUMNS
 from mnemo.storage.row import Row
 
 NODE_WIDTH = len(NODE_COLUMNS.split(","))

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.model import Link
-from mnemo.storage.graph_base import COMMIT_COLUMNS
+from mnemo.storage.graph_rows import COMMIT_COLUMNS
 from mnemo.storage.json_text import loads_object
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import pack_text

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -33,7 +32,7 @@ from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.reembeds import ReembeddedGraph
-from mnemo.storage.sqlite import commits, deletes
+from mnemo.storage.sqlite import commits, deletes, history
 from mnemo.storage.sqlite.database import Database, truncate_wal
 from mnemo.storage.sqlite.maintenance import SqliteMaintenance
 from mnemo.storage.sqlite.recall_cache import RecallCache
@@ -123,9 +122,7 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         await self._database.run(lambda db: side_writes_alone(db, also))
 
-    @staticmethod
-    def _ids(value: Any) -> list[Any]:
-        return list(json.loads(unpack_text(value)))
+    _ids = staticmethod(history.stored_ids)
     _node = staticmethod(node_of)
 
     @staticmethod

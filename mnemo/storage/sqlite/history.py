@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
@@ -14,7 +15,7 @@ from mnemo.graph.model import Link
 from mnemo.storage.graph_rows import COMMIT_COLUMNS
 from mnemo.storage.json_text import loads_object
 from mnemo.storage.sqlite.database import chunks
-from mnemo.storage.sqlite.rows import pack_text
+from mnemo.storage.sqlite.rows import pack_text, unpack_text
 
 # A link names its ends by their rowids. An end that is no node makes a NULL, which fails
 # (NOT NULL constraint) as the foreign key did. `refs` counts the commits that made it.
@@ -100,3 +101,8 @@ def forget_commits(conn: sqlite3.Connection, repo: str, commit_ids: Sequence[str
         marks = ",".join("?" * len(chunk))
         conn.execute(f"DELETE FROM commits WHERE repo = ? AND (id IN ({marks})"
                      f" OR reverts IN ({marks}))", [repo, *chunk, *chunk])
+
+
+def stored_ids(value: str | bytes) -> list[Any]:
+    """A list of a commit's record as stored (JSON, packed or plain)."""
+    return list(json.loads(unpack_text(value)))

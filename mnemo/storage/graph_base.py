@@ -24,7 +24,6 @@ from mnemo.graph.model import (
     Changeset,
     CommitReceipt,
     LinkType,
-    Node,
     NodeType,
     Vector,
 )
@@ -41,19 +40,15 @@ from mnemo.graph.ports import (
 )
 from mnemo.graph.scope import SCOPE_LIMIT, WIDEN, Scope, Where
 from mnemo.graph.vectors import VectorIndex
+from mnemo.storage.graph_rows import RowReads
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Row
 
 if TYPE_CHECKING:
     from mnemo.graph.commit import CommitTarget
-    from mnemo.graph.history import CommitRecord
 
 Hits = list[tuple[str, float]]
-
-COMMIT_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
-                  " reworded, joined, reverted_by, reverts")
-
 
 def exists(repo: str, where: Where, node: str, skip: int) -> tuple[str, list[object]]:
     """EXISTS clauses for `where`'s keys after the first `skip`, about the node whose rowid
@@ -152,11 +147,10 @@ class Vectors(Protocol):
     async def aclose(self) -> None: ...
 
 
-class GraphBase:
-    """The `GraphStore` methods both backends share, over their hooks: `_repo_lock`,
-    `_reembed_lock`, `_delete_rows`, `_inherited`, `_withdraw_rows`, `_rows` (runs a
-    statement with `?` placeholders, which PostgreSQL's store swaps) and `_store_text` (the
-    store's own full-text search)."""
+class GraphBase(RowReads):
+    """The `GraphStore` methods both backends share (the plain reads in `RowReads`), over
+    their hooks: `_repo_lock`, `_reembed_lock`, `_delete_rows`, `_inherited`,
+    `_withdraw_rows`, `_rows` and `_store_text` (the store's own full-text search)."""
 
     _lexical: LexicalIndex | None
     _vectors: Vectors
@@ -179,35 +173,6 @@ class GraphBase:
     async def _withdraw_rows(self, repo: str, key: str, also: Sequence[SideWrite],
                              plan: erasure.Plan, reverting: Reverting | None) -> list[str]:
         raise NotImplementedError
-
-    async def _rows(self, statement: str, params: list[object]) -> list[Any]:
-        raise NotImplementedError
-
-    def _commit(self, row: Row) -> CommitRecord:
-        raise NotImplementedError
-
-    async def commit_log(
-        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
-    ) -> list[CommitRecord]:
-        """The repo's commits, newest first: the `limit` newest (all if None), or every one
-        after `after_seq`."""
-        after, params = ("", []) if after_seq is None else (" AND seq > ?", [after_seq])
-        cut = "" if after_seq is not None or limit is None else f" LIMIT {int(limit)}"
-        return [self._commit(row) for row in await self._rows(
-            f"SELECT {COMMIT_COLUMNS} FROM commits WHERE repo = ?{after} ORDER BY seq DESC{cut}",
-            [repo, *params])]
-
-    async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
-        rows = await self._rows(f"SELECT {COMMIT_COLUMNS} FROM commits WHERE repo = ? AND id = ?",
-                                [repo, commit_id])
-        return self._commit(rows[0]) if rows else None
-
-    async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
-        """See `GraphStore.node_ids`."""
-        rows = await self._rows(
-            "SELECT id FROM nodes WHERE repo = ? AND id LIKE ? ESCAPE '\\'"
-            " AND id NOT LIKE ? ESCAPE '\\' ORDER BY id LIMIT ?", [repo, like, unlike, limit])
-        return [str(row[0]) for row in rows]
 
     async def _context(self, repo: str, node_ids: Sequence[str], linked: list[NodeType],
                        link_type: LinkType, then: More | None) -> NodeContext:
@@ -239,19 +204,6 @@ class GraphBase:
         scope: Scope | None = None,
     ) -> PendingRead[Hits]:
         raise NotImplementedError
-
-    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
-        raise NotImplementedError
-
-    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
-        """Every node of these types, oldest first."""
-        kinds = [NodeType(t).value for t in types]
-        return await self._of_types(repo, kinds, None) if kinds else []
-
-    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
-        """The newest `top_k` nodes of these types, newest first."""
-        kinds = [NodeType(t).value for t in types]
-        return await self._of_types(repo, kinds, top_k) if kinds and top_k > 0 else []
 
     def dim(self, repo: str) -> int:
         """The dimension of the repo's vectors."""

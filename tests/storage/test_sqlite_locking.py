@@ -155,15 +155,15 @@ async def test_a_repo_lock_file_that_cannot_be_made_is_a_storage_error(
     async with open_stores(str(tmp_path / "m.db"), DIM) as backend:
         graph = backend.graph
         assert isinstance(graph, SqliteGraph)
-        lock_of = graph._repo_file_lock
+        lock_of = graph._file_lock
 
-        def unmakeable(repo: str) -> object:
-            held = lock_of(repo)
+        def unmakeable(repo: str, kind: str) -> object:
+            held = lock_of(repo, kind)
             assert held is not None
             # Under a file, not a folder: no lock file can be made there.
             return type(held)(str(tmp_path / "m.db" / "repo.lock"), thread_local=False)
 
-        monkeypatch.setattr(graph, "_repo_file_lock", unmakeable)
+        monkeypatch.setattr(graph, "_file_lock", unmakeable)
         changeset = Changeset("c1", REPO, [draft("f1", NodeType.SEMANTIC, "the sky is blue")], [])
         with pytest.raises(mnemo.StorageError) as raised:
             await graph.apply(changeset, intents=policy())

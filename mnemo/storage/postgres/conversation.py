@@ -8,26 +8,15 @@ in as aware datetimes and come back in UTC; ids are ordered byte by byte (`COLLA
 SQLite compares text.
 
 Search runs on the messages' generated `search` column (`SEARCH_VECTOR`, GIN-indexed):
-Snowball's English stemmer, case folded, no stop word dropped. Each word of the query becomes
-`WORD_QUERY`, `phraseto_tsquery('mnemo_english', word)` of the word split as a text is (a
-parameter, so nothing in it is query syntax; a word split into parts, such as `foo_bar`, stays
-one phrase, as a quoted FTS5 string does) and a message matches when it holds any of them. Its
-relevance is bm25, as FTS5's: per word, its idf `ln(1 + (N - df + 0.5) / (df + 0.5))` times the
-saturating term frequency `tf (k1 + 1) / (tf + k1 (1 - b + b len / avglen))`, summed. `tf` is
-read through `ts_rank` without normalisation (`TS_RANK_ONE`: 1 for one occurrence, saturating
-below 1.64; counting positions by unnesting each vector cost five times the search), `len` is
-the message's distinct lexemes (`length(tsvector)`) and `avglen` their mean over up to
-`COUNT_CAP` messages. Without the idf a word in every message repeated three times outranked a
-rare one; with `ts_rank`'s division by the length's log instead of bm25's
-saturation, a one-word message holding one query word outranked a sentence holding all of them.
-`df` is counted through the GIN index up to `COUNT_CAP` messages, N is the
-table's row estimate or its count up to the cap, whichever is larger (a capped count keeps a
-large table's search bounded; its idf is near its floor there anyway). The best candidates are
-reordered by `rank_by_recency` (see `mnemo.conversation.search`); `ts_headline` is asked only
-for the hits returned (docs/DECISIONS.md).
-
-Accents are folded as well (`unaccent` ahead of the stemmer, migration m012), in the query and
-the text alike, as FTS5's `unicode61` folds them; `ts_headline` shows the text as written.
+Snowball's English stemmer, case and accents folded, no stop word dropped. Each word of the
+query is `WORD_QUERY` (a parameter, so nothing in it is query syntax; its parts one phrase, as a
+quoted FTS5 string), and a message matches when it holds any of them. Its relevance is FTS5's
+bm25: per word, the idf `ln(1 + (N - df + 0.5) / (df + 0.5))` times the saturating term
+frequency `tf (k1 + 1) / (tf + k1 (1 - b + b len / avglen))`, summed; `tf` read through
+`ts_rank` (`TS_RANK_ONE`), `len` the message's distinct lexemes, `df`, `N` and `avglen` counted
+up to `COUNT_CAP` messages (N at least the table's row estimate). The best candidates are
+reordered by `rank_by_recency` (`mnemo.conversation.search`); `ts_headline`, which shows the
+text as written, is asked only for the hits returned.
 """
 
 from __future__ import annotations
@@ -43,7 +32,7 @@ from psycopg.types.json import Jsonb
 
 from mnemo.conversation.drafts import MessageDraft
 from mnemo.graph.model import Vector
-from mnemo.storage.postgres.migrations import TEXT_SEARCH_CONFIG, WORD_QUERY
+from mnemo.storage.postgres.text_search import TEXT_SEARCH_CONFIG, WORD_QUERY
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
 from mnemo.storage.thread_rows import SearchQuery
@@ -78,9 +67,8 @@ def tsquery(words: Sequence[str]) -> tuple[str, list[str]]:
 
 def _per_word(words: Sequence[str]) -> tuple[str, list[object]]:
     """A `w` table of one tsquery per word with its document frequency `df`, the
-    collection's size `n` and mean length `avglen` (see the module doc), and its parameters.
-    Materialised: inlined, each word's `df` was counted again for every message it matched
-    (a search's time grew with the matches times the cap)."""
+    collection's size `n` and mean length `avglen` (see the module doc), and its parameters;
+    materialised, so that each word's `df` is counted once."""
     rows = ", ".join(f"({WORD_QUERY})" for _ in words)
     sql = (
         f"words (query) AS (VALUES {rows}),"

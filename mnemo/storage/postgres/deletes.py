@@ -13,44 +13,17 @@ from mnemo.graph.erasure import Inherited, Plan, Scope, Shared
 from mnemo.graph.ports import SideWrite
 from mnemo.graph.shares import Contribution, Owners
 from mnemo.ports import JSONObject
+from mnemo.storage.graph_rows import KNOWLEDGE, ROUTES, scope_of, scope_query
 from mnemo.storage.postgres import history
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import as_array
 
-# What a source committed (`mnemo.graph.erasure.Scope`): the commits of an ingested
-# source, of a session, or of an episode (those its steps were committed in); or one
-# commit, to revert.
-_SCOPE = (
-    "SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM commits"
-    " WHERE repo = %(repo)s AND reverts IS NULL AND (source_id = %(id)s OR session_id = %(id)s"
-    " OR id IN (SELECT committed_in FROM steps WHERE episode_id = %(id)s"
-    " AND committed_in IS NOT NULL))"
-)
-_ONE = (
-    "SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM commits"
-    " WHERE repo = %(repo)s AND id = %(id)s AND reverted_by IS NULL"
-)
-# As `mnemo.storage.sqlite.deletes`: the nodes kept while something links to them.
-_ROUTES = ["tag", "intent", "source", "subgoal"]
-_KNOWLEDGE = ["semantic", "procedural"]
-
 
 async def _scope(conn: Connection, repo: str, key: str, *, one: bool) -> Scope:
-    scope = Scope([], [], set(), set())
-    cur = await conn.execute(_ONE if one else _SCOPE, {"repo": repo, "id": key})
-    for commit_id, nodes, words, joined, links, retired, reverted_by in await cur.fetchall():
-        scope.records.append(str(commit_id))
-        if reverted_by is not None:  # its work went with its revert
-            continue
-        scope.commits.append(str(commit_id))
-        scope.added.update(str(i) for i in cast(list[object], nodes))
-        scope.reworded.update(str(i) for i in cast(list[object], words))
-        scope.joined.update(str(i) for i in cast(list[object], joined))
-        scope.links.extend((str(s), str(d), str(t))
-                           for s, d, t in cast(list[list[object]], links))
-        scope.retired.extend(str(i) for i in cast(list[object], retired))
-    return scope
+    statement, params = scope_query(repo, key, one=one)
+    cur = await conn.execute(statement.replace("?", "%s"), params)
+    return scope_of(await cur.fetchall(), list)
 
 
 async def inherited(
@@ -75,7 +48,7 @@ async def inherited(
     cur = await conn.execute(
         "SELECT id, text, data, source_id, owners FROM nodes WHERE repo = %s"
         " AND type = ANY(%s) AND (source_id = %s OR id = ANY(%s)) ORDER BY id",
-        (repo, _KNOWLEDGE, key, sorted(scope.added | scope.joined)),
+        (repo, KNOWLEDGE, key, sorted(scope.added | scope.joined)),
     )
     shared: list[Shared] = [
         (str(i), Contribution(str(text), cast(JSONObject, data),
@@ -95,9 +68,9 @@ async def _withdraw(
         (repo, key, sorted(scope.added)),
     )
     mine = {str(i): str(kind) for i, kind in await cur.fetchall()}
-    own = sorted(i for i, kind in mine.items() if kind not in (*_ROUTES, *_KNOWLEDGE))
+    own = sorted(i for i, kind in mine.items() if kind not in (*ROUTES, *KNOWLEDGE))
     own += sorted(i for i, (left, _) in plan.shared.items() if left is None) + plan.dropped
-    routes = {i for i, kind in mine.items() if kind in _ROUTES} | set(plan.intents)
+    routes = {i for i, kind in mine.items() if kind in ROUTES} | set(plan.intents)
     if scope.links:
         ends = [list(column) for column in zip(*scope.links, strict=True)]
         await conn.execute(
@@ -108,12 +81,12 @@ async def _withdraw(
             "DELETE FROM links WHERE refs <= 0 AND (src = ANY(%s) OR dst = ANY(%s))",
             (ends[0], ends[1]))
         cur = await conn.execute("SELECT id FROM nodes WHERE id = ANY(%s) AND type = ANY(%s)",
-                                 (ends[0] + ends[1], _ROUTES))
+                                 (ends[0] + ends[1], ROUTES))
         routes.update(str(i) for (i,) in await cur.fetchall())
     cur = await conn.execute(
         "SELECT DISTINCT n.id FROM links l JOIN nodes n ON n.id IN (l.src, l.dst)"
         " WHERE (l.dst = ANY(%s) OR l.src = ANY(%s)) AND n.type = ANY(%s)",
-        (own, own, _ROUTES),
+        (own, own, ROUTES),
     )
     routes.update(str(i) for (i,) in await cur.fetchall())
     await conn.execute("DELETE FROM nodes WHERE id = ANY(%s)", (own,))

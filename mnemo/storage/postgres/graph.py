@@ -28,8 +28,7 @@ from psycopg.types.json import Jsonb
 from mnemo.graph import erasure, facts
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited
-from mnemo.graph.history import CommitRecord
-from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, NodeType, Vector
+from mnemo.graph.model import CommitReceipt, Link, LinkType, NodeType, Vector
 from mnemo.graph.ports import (
     More,
     Neighbor,
@@ -47,14 +46,13 @@ from mnemo.storage.maintenance import MaintainedGraph
 from mnemo.storage.postgres import deletes, history, recall_reads
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.maintenance import PgMaintenance
-from mnemo.storage.postgres.migrations import WORD_QUERY
 from mnemo.storage.postgres.reembedding import PgReembedding
-from mnemo.storage.postgres.rows import NODE_COLUMNS
 from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
+from mnemo.storage.postgres.text_search import WORD_QUERY
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
 from mnemo.storage.reembed_claims import Claims
-from mnemo.storage.row import Column, Row
+from mnemo.storage.row import Column
 from mnemo.storage.worker import DeferredRead, FallbackRead
 from mnemo.text import query_words
 
@@ -162,61 +160,18 @@ class PgGraph(PgReembedding, MaintainedGraph):
             await side_writes(conn, also)
 
     @staticmethod
-    def _commit(row: Row) -> CommitRecord:
-        return history.record_of(row)
+    def _ids(value: Any) -> list[Any]:
+        return list(value)
+    _node = staticmethod(node_of)
 
-    async def receipt(self, changeset_id: str) -> CommitReceipt | None:
-        row = await self._one("SELECT receipt FROM applied_changesets WHERE id = %s",
-                              (changeset_id,))
-        return None if row is None else _receipt(row[0])
-
-    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
-        row = await self._one(
-            "SELECT i.payload_hash, a.receipt FROM ingests i"
-            " JOIN applied_changesets a ON a.id = i.changeset_id"
-            " WHERE i.repo = %s AND i.source_id = %s",
-            (repo, source_id),
-        )
-        return None if row is None else (str(row[0]), _receipt(row[1]).node_ids)
-
-    async def texts(self, node_ids: list[str]) -> dict[str, str]:
-        rows = await self._all("SELECT id, text FROM nodes WHERE id = ANY(%s)", (node_ids,))
-        return {str(i): str(t) for i, t in rows}
-
-    async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]:
-        if not keys:
-            return {}
-        rows = await self._all(
-            "SELECT key, id FROM nodes WHERE repo = %s AND type = 'tag' AND key = ANY(%s)",
-            (repo, list(dict.fromkeys(keys))),
-        )
-        return {str(k): str(i) for k, i in rows}
-
-    async def present(self, repo: str, node_ids: list[str]) -> set[str]:
-        if not node_ids:
-            return set()
-        rows = await self._all("SELECT id FROM nodes WHERE id = ANY(%s)", (node_ids,))
-        return {str(i) for (i,) in rows}
+    @staticmethod
+    def _receipt(value: Any) -> CommitReceipt:
+        # jsonb comes back parsed; a receipt written as a JSON string is a jsonb string.
+        if isinstance(value, str):
+            return CommitReceipt.from_json(value)
+        return CommitReceipt(value["changeset_id"], value["repo"], list(value["node_ids"]))
 
     # ---- reads ----------------------------------------------------------------------------
-
-    async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]:
-        """The nodes with these ids, in the order asked (unknown ids are left out)."""
-        ids = list(dict.fromkeys(node_ids))
-        if not ids:
-            return []
-        rows = await self._all(
-            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND id = ANY(%s)", (repo, ids)
-        )
-        found: dict[str, Node] = {node.id: node for node in map(node_of, rows)}
-        return [found[i] for i in ids if i in found]
-
-    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
-        order = " ORDER BY rowid" if newest is None else " ORDER BY rowid DESC LIMIT %s"
-        rows = await self._all(
-            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND type = ANY(%s){order}",
-            (repo, kinds, *([] if newest is None else [newest])))
-        return [node_of(row) for row in rows]
 
     async def neighbors(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
@@ -226,7 +181,7 @@ class PgGraph(PgReembedding, MaintainedGraph):
         if not ids:
             return []
         kind = "" if link_type is None else " AND type = %(kind)s"
-        rows = await self._all(
+        rows = await self._pg.fetch_all(
             f"SELECT src, dst, type FROM links WHERE repo = %(repo)s AND src = ANY(%(ids)s){kind}"
             f" UNION ALL SELECT src, dst, type FROM links WHERE repo = %(repo)s"
             f" AND dst = ANY(%(ids)s){kind}",
@@ -246,7 +201,7 @@ class PgGraph(PgReembedding, MaintainedGraph):
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return []
-        rows = await self._all(
+        rows = await self._pg.fetch_all(
             "SELECT l.src, a.type, l.dst, b.type, l.type FROM links l"
             " JOIN nodes a ON a.id = l.src JOIN nodes b ON b.id = l.dst"
             " WHERE l.repo = %(repo)s AND (l.src = ANY(%(ids)s) OR l.dst = ANY(%(ids)s))",
@@ -255,18 +210,10 @@ class PgGraph(PgReembedding, MaintainedGraph):
         return seen_from_asked(rows, set(ids))
 
     async def links(self, repo: str) -> list[Link]:
-        rows = await self._all(
+        rows = await self._pg.fetch_all(
             "SELECT src, dst, type FROM links WHERE repo = %s ORDER BY type, src, dst", (repo,)
         )
         return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]
-
-    async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
-        rows = await self._all(
-            "SELECT id FROM nodes WHERE repo = %s AND id LIKE %s ESCAPE '\\'"
-            " AND id NOT LIKE %s ESCAPE '\\' ORDER BY id LIMIT %s",
-            (repo, like, unlike, limit),
-        )
-        return [str(row[0]) for row in rows]
 
     async def access_stats(
         self, repo: str, node_ids: Sequence[str]
@@ -274,7 +221,7 @@ class PgGraph(PgReembedding, MaintainedGraph):
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return {}
-        rows = await self._all(
+        rows = await self._pg.fetch_all(
             "SELECT id, access_count, last_access FROM nodes WHERE repo = %s AND id = ANY(%s)",
             (repo, ids),
         )
@@ -333,23 +280,18 @@ class PgGraph(PgReembedding, MaintainedGraph):
                 repo, query, limit, kinds, scope,
                 lambda n: self.start_search_text(repo, query, n, types).result()))
         if self._lexical is None:
-            return DeferredRead(lambda: self._full_text(repo, query, limit, kinds))
+            return DeferredRead(lambda: self._store_text(repo, query, limit, kinds))
         return FallbackRead(self._lexical.start_search(repo, query, limit, kinds),
-                      lambda: self._full_text(repo, query, limit, kinds))
+                      lambda: self._store_text(repo, query, limit, kinds))
 
     async def _rows(self, statement: str, params: list[object]) -> list[Any]:
-        return await self._all(statement.replace("?", "%s"), params)
+        return await self._pg.fetch_all(statement.replace("?", "%s"), params)
 
     async def _store_text(
-        self, repo: str, query: str, limit: int, kinds: list[str] | None, where: Where
-    ) -> list[tuple[str, float]]:
-        return await self._full_text(repo, query, limit, kinds, where)
-
-    async def _full_text(
         self, repo: str, query: str, limit: int, kinds: list[str] | None,
         where: Where | None = None,
     ) -> list[tuple[str, float]]:
-        """PostgreSQL's full-text search (see `search_text`)."""
+        """PostgreSQL's full-text search (see `search_text`), inside `where` when given."""
         # Every word of a long query is read in a worker thread, not on the event loop.
         words = (query_words(query) if len(query) <= _INLINE_CHARS
                  else await anyio.to_thread.run_sync(query_words, query))
@@ -364,19 +306,5 @@ class PgGraph(PgReembedding, MaintainedGraph):
                  sql.SQL(scoped.replace("?", "%s")))
         params: list[Column] = [*words, repo, *([] if kinds is None else [kinds]),
                                 *inside, limit]
-        rows = await self._all(statement, params)
-        return [(str(i), float(score)) for i, score in rows]
-
-    async def _all(self, statement: Any, params: Any = None) -> list[Row]:
-        return await self._pg.fetch_all(statement, params)
-
-    async def _one(self, statement: Any, params: Any = None) -> Row | None:
         rows = await self._pg.fetch_all(statement, params)
-        return rows[0] if rows else None
-
-
-def _receipt(value: Any) -> CommitReceipt:
-    # jsonb comes back parsed; a receipt written as a JSON string is a jsonb string.
-    if isinstance(value, str):
-        return CommitReceipt.from_json(value)
-    return CommitReceipt(value["changeset_id"], value["repo"], list(value["node_ids"]))
+        return [(str(i), float(score)) for i, score in rows]

@@ -11,10 +11,9 @@ from psycopg.types.json import Jsonb
 
 from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.history import CommitRecord
-from mnemo.graph.model import Link, LinkType
+from mnemo.graph.model import Link
 from mnemo.ports import JSONObject
-from mnemo.storage.graph_base import COMMIT_COLUMNS
+from mnemo.storage.graph_rows import COMMIT_COLUMNS
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.row import Row
 
@@ -94,25 +93,4 @@ async def forget_commits(conn: Connection, repo: str, commit_ids: Sequence[str])
     await conn.execute(
         "DELETE FROM commits WHERE repo = %s AND (id = ANY(%s) OR reverts = ANY(%s))",
         (repo, list(commit_ids), list(commit_ids)),
-    )
-
-
-def record_of(row: Row) -> CommitRecord:
-    """A commit's record from its row (`graph_base.COMMIT_COLUMNS`)."""
-    (commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded, joined,
-     reverted_by, reverts) = row
-    return CommitRecord(
-        id=str(commit_id),
-        repo=str(repo),
-        seq=int(seq),
-        committed_at=at,
-        session_id=session_id,
-        source_id=source_id,
-        node_ids=tuple(str(i) for i in nodes),
-        links=tuple(Link(str(s), str(d), LinkType(t)) for s, d, t in links),
-        retired=tuple(str(i) for i in retired),
-        reworded=tuple(str(i) for i in reworded),
-        joined=tuple(str(i) for i in joined),
-        reverted_by=reverted_by,
-        reverts=reverts,
     )

@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 
 from mnemo.ports import JSONObject
 from mnemo.storage.maintenance import SqlMaintenance
-from mnemo.storage.postgres.migrations import SEARCH_VECTOR
+from mnemo.storage.postgres.text_search import SEARCH_VECTOR
 from mnemo.storage.sql import Statements
 
 

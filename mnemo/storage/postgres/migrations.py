@@ -9,53 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mnemo.storage.lexical import LOG_KEEP
-
-# FTS5's `porter unicode61` stems every word and drops none; PostgreSQL's `english` stems with
-# Snowball's English (Porter's successor) but drops stop words, so a search for "it" or "the"
-# would find nothing. `mnemo_english` is `english` with a stemmer that keeps every word, and
-# (m012) folds accents first, as `unicode61` does.
-TEXT_SEARCH_CONFIG = "mnemo_english"
-# FTS5's `unicode61` and the lexical index's tokenizer split a text at every character that is
-# neither a letter nor a digit. PostgreSQL's parser keeps an email, a URL, a host, a file path
-# or a version whole ("alice@example.com", "/etc/nginx/nginx.conf", "1.2.3"), so a search for
-# "nginx" or "example" found the message on SQLite only; and it reads Unicode's invisible
-# format characters (Cf: a soft hyphen, the zero-width non-joiner inside Persian's "می‌خواهم",
-# a byte order mark) as letters, so "zero\u200bwidth" was one word. The stored search vectors
-# (m012 on) parse the text with its ASCII punctuation and its format characters made spaces;
-# the parser already splits at other punctuation. Each query word is parsed the same way
-# (`WORD_QUERY`), so its parts are one phrase, as in FTS5.
-# The format characters as of Unicode 14 (Python 3.11's `unicodedata`), first to last of each
-# range; m012's columns are computed with them, so a change needs a migration of its own.
-_FORMAT_CHARACTERS = (
-    (0x00AD, 0x00AD), (0x0600, 0x0605), (0x061C, 0x061C), (0x06DD, 0x06DD), (0x070F, 0x070F),
-    (0x0890, 0x0891), (0x08E2, 0x08E2), (0x180E, 0x180E), (0x200B, 0x200F), (0x202A, 0x202E),
-    (0x2060, 0x2064), (0x2066, 0x206F), (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB), (0x110BD, 0x110BD),
-    (0x110CD, 0x110CD), (0x13430, 0x13438), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
-    (0xE0001, 0xE0001), (0xE0020, 0xE007F),
-)
-
-
-def _escape(code: int) -> str:
-    """A regular expression's escape for a character, its backslash doubled as an E'' literal
-    needs (an E'' literal reads the same whatever `standard_conforming_strings` says)."""
-    return f"\\\\u{code:04x}" if code <= 0xFFFF else f"\\\\U{code:08x}"
-
-
-# What a text is split at before PostgreSQL's parser reads it (see above).
-_SPLIT_AT = "[!-/:-@[-`{-~" + "".join(
-    _escape(first) + ("" if last == first else "-" + _escape(last))
-    for first, last in _FORMAT_CHARACTERS
-) + "]+"
-
-
-def _spaced(text: str) -> str:
-    """SQL of the text `text` (an expression) with each run of `_SPLIT_AT` made a space."""
-    return f"regexp_replace({text}, E'{_SPLIT_AT}', ' ', 'g')"
-
-
-SEARCH_VECTOR = f"to_tsvector('{TEXT_SEARCH_CONFIG}', {_spaced('text')})"
-# The tsquery of one query word (a parameter): the phrase of its parts, split as a text is.
-WORD_QUERY = f"phraseto_tsquery('{TEXT_SEARCH_CONFIG}', {_spaced('%s')})"
+from mnemo.storage.postgres.text_search import SEARCH_VECTOR, TEXT_SEARCH_CONFIG
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,14 +278,10 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX ops_by_session ON ops (session_id, created_at)",
         ),
     ),
-    # Recall's lexical index is a cache outside the database (mnemo/storage/lexical.py):
-    # every change of a node's text is logged under a per-repo sequence in the writer's own
-    # transaction. Taking the next number locks the repo's `lexical_repos` row until commit,
-    # so a repo's sequence numbers commit in order (a bigserial's would not). Inserts and
-    # deletes log once per statement (transition tables); a text change, rare, per row.
-    # Repos that already have nodes start at horizon 1: an index rebuilds them. The log keeps
-    # a repo's last LOG_KEEP entries (each write drops older ones, raising `horizon`): an
-    # index further behind rebuilds from the nodes anyway.
+    # Every change of a node's text logged under a per-repo sequence in the writer's own
+    # transaction, for the lexical index (`mnemo.storage.lexical`): the repo's
+    # `lexical_repos` row, locked until commit, makes its numbers commit in order. The log
+    # keeps a repo's last LOG_KEEP entries (`horizon`); an index further behind rebuilds.
     Migration(
         "m009_lexical_log",
         (
@@ -395,8 +345,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        # Commits one can list, diff and revert (ids and counts, never text), and
-        # bi-temporal facts. SQLite's m013_commit_history.
+        # Commits one can list, diff and revert (ids, never text); bi-temporal facts.
         "m010_commit_history",
         (
             """CREATE TABLE commits (
@@ -420,8 +369,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        # When a session was last used, through any Memory: the auto-commit timers measure
-        # inactivity from it. SQLite's m015_session_activity.
+        # When a session was last used, through any Memory (the auto-commit timers).
         "m011_session_activity",
         (
             "ALTER TABLE sessions ADD COLUMN active_at timestamptz",
@@ -429,16 +377,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        # A word is found as FTS5 finds it (SQLite needs no migration). Accents fold as
-        # `unicode61` folds them ("cafe", "café" and "CAFÉ" are one word): `unaccent` (the
-        # extension `schema.apply` creates, named in its own schema wherever that is) goes
-        # ahead of the stemmer for the token types that can hold a letter other than ASCII
-        # (an `ascii*` token has nothing to fold), and ahead of `simple` for those of letters
-        # and digits ("café2": FTS5 and the lexical index fold it too, and stem it no more).
-        # And the text is split at its punctuation and format characters (`SEARCH_VECTOR`).
-        # A stored generated column keeps what its former expression computed, so both
-        # tables' columns are made again: every row is rewritten once, without firing the
-        # lexical log's triggers.
+        # A word found as FTS5 finds it: accents folded (`unaccent`, in its own schema, ahead
+        # of the stemmer, or of `simple` for words with digits) and the text split at its
+        # punctuation and format characters (`SEARCH_VECTOR`); both tables' generated
+        # columns made again (every row rewritten once, no lexical log trigger fired).
         "m012_search_words",
         (
             f"""DO $$ DECLARE place name := (SELECT n.nspname FROM pg_extension e
@@ -464,8 +406,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        # Which holder is extracting which uncommitted steps of an auto-commit session: another
-        # Memory leaves them to it. SQLite's m016_step_claims.
+        # Which holder is extracting which uncommitted steps of an auto-commit session.
         "m013_step_claims",
         (
             """CREATE TABLE step_claims (
@@ -478,8 +419,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        # What a repo's models learned of their servers: the next Memory starts from it.
-        # SQLite's m021_server_profiles.
+        # What a repo's models learned of their servers.
         "m014_server_profiles",
         (
             """CREATE TABLE server_profiles (
@@ -492,9 +432,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        # The nodes of a type in rowid order, the order every read by type asks for: no query
-        # reads created_at through this index. SQLite's m022_links_by_rowid (whose index,
-        # on (repo, type), ends with the rowid).
+        # The nodes of a type in rowid order, the order every read by type asks for.
         "m015_nodes_by_type_rowid",
         (
             "DROP INDEX nodes_by_type",
@@ -502,8 +440,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        # Re-embedding a repo: the new vectors staged beside the old ones, the re-embedding
-        # under way, and the count of switches. SQLite's m023_reembedding.
+        # Re-embedding: the new vectors staged beside the old, the re-embedding under way,
+        # and the count of switches.
         "m016_reembedding",
         (
             "ALTER TABLE repos ADD COLUMN vectors_generation integer NOT NULL DEFAULT 0",
@@ -523,8 +461,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        # The hash of the history a thread's messages were saved from; NULL (unknown) for a
-        # thread saved before. SQLite's m024_thread_history_hash.
+        # The hash of the history a thread's messages were saved from (NULL: unknown).
         "m017_thread_history_hash",
         (
             "ALTER TABLE threads ADD COLUMN history_hash text",
@@ -532,8 +469,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        # Facts and instructions several commits are evidence for, links counted by the
-        # commits that made them, and reverts recorded. SQLite's m026_shared_knowledge.
+        # Knowledge several commits are evidence for, links counted by the commits that
+        # made them, and reverts recorded.
         "m018_shared_knowledge",
         (
             "ALTER TABLE nodes ADD COLUMN owners jsonb",
@@ -544,15 +481,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        # A step is stored before it is annotated (its trajectory_id empty until then): the
-        # steps waiting for their annotation, found without reading every step. SQLite's
-        # m027_unannotated_steps.
+        # The steps waiting for their annotation (trajectory_id empty until then).
         "m019_unannotated_steps",
         ("CREATE INDEX steps_unannotated ON steps (session_id) WHERE trajectory_id = ''",),
     ),
     Migration(
-        # Who a memory belongs to: a node's, a session's and a message's metadata, and each
-        # node's (key, value) pairs in an index that a `where` reads. SQLite's m028_scopes.
+        # Who a memory belongs to: metadata, and each node's (key, value) pairs indexed.
         "m020_scopes",
         (
             "ALTER TABLE nodes ADD COLUMN metadata jsonb",

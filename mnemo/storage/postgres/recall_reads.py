@@ -11,8 +11,9 @@ from datetime import datetime
 from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeType, Vector
 from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
 from mnemo.storage.graph_base import joined
+from mnemo.storage.graph_rows import NODE_COLUMNS
 from mnemo.storage.postgres.connection import Connection, Postgres
-from mnemo.storage.postgres.rows import NODE_COLUMNS, NODE_WIDTH, node
+from mnemo.storage.postgres.rows import NODE_WIDTH, node
 from mnemo.storage.postgres.vectors import OF_NODES, as_array, unit_rows
 from mnemo.storage.row import Row
 

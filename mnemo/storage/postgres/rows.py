@@ -1,15 +1,11 @@
-"""A node's columns and their decoding, for every PostgreSQL read of whole nodes (one place,
-so that a column added to nodes reaches every reader: recall's batched reads once missed the
-bi-temporal ones)."""
+"""A node's decoding, for every PostgreSQL read of whole nodes (`graph_base.NODE_COLUMNS`)."""
 
 from __future__ import annotations
 
 from mnemo.graph.model import NODE_TYPES, Node, NodeId
+from mnemo.storage.graph_rows import NODE_COLUMNS
 from mnemo.storage.row import Row
 
-NODE_COLUMNS = (
-    "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
-)
 NODE_WIDTH = len(NODE_COLUMNS.split(","))
 
 

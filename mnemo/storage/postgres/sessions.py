@@ -19,8 +19,7 @@ from psycopg.types.json import Jsonb
 from mnemo.episode import StepRecord
 from mnemo.graph.ports import SideWrite
 from mnemo.session.ports import StaleSession
-from mnemo.storage.postgres.clock import ServerClock
-from mnemo.storage.postgres.connection import Connection, PgStatements, Postgres
+from mnemo.storage.postgres.connection import Connection, PgStatements
 from mnemo.storage.postgres.coordination import claims_lock_key
 from mnemo.storage.sessions import ANNOTATE, STEP_COLUMNS, SqlSessions
 from mnemo.storage.sql import Statements
@@ -42,9 +41,6 @@ class PgSessions(SqlSessions):
     NOW = "clock_timestamp()"
     CREATED = "?::timestamptz"
     ANY = " = ANY(?)"
-
-    def __init__(self, pg: Postgres, clock: ServerClock) -> None:
-        super().__init__(pg, clock)
 
     def _stamp(self, at: datetime) -> object:
         return at
@@ -96,10 +92,9 @@ class PgSessions(SqlSessions):
             ", claimed AS (INSERT INTO step_claims(step_id, session_id, holder)"
             " SELECT ?, ?, ? FROM moved)" if holder is not None else ""
         )
-        # One statement in autocommit, so one round trip (a transaction of two cost the
-        # append 40 % more, BENCHMARKS.md): the session's version moves on, checked to be
-        # still collecting this episode at the version the caller read, and only then the
-        # new step goes in (claimed for its annotation by `holder`).
+        # One statement in autocommit, one round trip: the session's version moves on,
+        # checked to be still collecting this episode at the version the caller read, and
+        # only then the new step goes in (claimed for its annotation by `holder`).
         statement = (
             "WITH moved AS (UPDATE sessions SET version = version + 1, updated_at = ?,"
             " active_at = ?"

@@ -71,8 +71,7 @@ class PgVectors:
     async def index_if_large(self, repo: str, dim: int | None = None) -> None:
         """Creates the repo's HNSW index once it holds more vectors than are searched exactly
         (after a commit). A smaller repo has none: searched exactly, it would never use one,
-        and each inserted vector would pay for a search of its graph (a commit goes 7-13x
-        faster without it, BENCHMARKS.md)."""
+        and each inserted vector would pay for a search of its graph."""
         if repo not in self._indexed and await self._size(repo) > self._exact_below:
             async with self._pg.connection() as conn:
                 await schema.ensure_vector_index(conn, repo, dim or self._dims(repo))
@@ -250,7 +249,7 @@ class PgVectors:
                 (system, oid), = await self._pg.fetch_all(lexical.PLACE)
             except StorageError as exc:
                 # pg_control_system() may be revoked (or absent on a compatible server): the
-                # graphs are then built at each open, as before, and recall goes on.
+                # graphs are then built at each open.
                 log.warning("mnemo: the routes' HNSW graphs will not be saved (%s)", exc)
                 self._ann_dir = None
                 return None
@@ -289,8 +288,7 @@ OF_NODES = "SELECT node_id, vec FROM vectors WHERE repo = %(repo)s AND node_id =
 
 
 def unit_rows(rows: Sequence[Row]) -> dict[str, Vector]:
-    """(node id, vector) rows as unit vectors by id, scaled in one numpy call (row by row,
-    scaling was a tenth of a 1M-node recall's time on the event loop)."""
+    """(node id, vector) rows as unit vectors by id, scaled in one numpy call."""
     if not rows:
         return {}
     matrix = unit(np.stack([vector for _, vector in rows]))

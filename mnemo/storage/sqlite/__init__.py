@@ -47,7 +47,7 @@ class SqliteBackend:
 
     async def close(self) -> None:
         try:
-            # Stops an HNSW build that is still running; bounded, as it was in Memory.aclose.
+            # Stops an HNSW build that is still running, within two seconds.
             with anyio.move_on_after(2, shield=True):
                 await self.graph.aclose()
         finally:

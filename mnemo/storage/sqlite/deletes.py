@@ -16,10 +16,11 @@ from mnemo.graph.erasure import Inherited, Plan, Scope, Shared
 from mnemo.graph.model import Vector
 from mnemo.graph.ports import SideWrite
 from mnemo.graph.shares import Contribution
+from mnemo.storage.graph_rows import KNOWLEDGE, ROUTES, scope_of, scope_query
 from mnemo.storage.json_text import loads_object
 from mnemo.storage.sqlite import history
 from mnemo.storage.sqlite.database import chunks
-from mnemo.storage.sqlite.rows import half_blob, unpack_text
+from mnemo.storage.sqlite.rows import half_blob
 from mnemo.storage.sqlite.sessions import side_writes
 
 
@@ -36,38 +37,8 @@ def delete_nodes(db: SqliteUtilsDatabase, repo: str, ids: list[str]) -> list[str
     return gone
 
 
-# What a source committed: the commits of an ingested source, of a session, or of an
-# episode (those its steps were committed in); or one commit, to revert.
-_SCOPE = (
-    "SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM commits"
-    " WHERE repo = ?1 AND reverts IS NULL AND (source_id = ?2 OR session_id = ?2"
-    " OR id IN (SELECT committed_in FROM steps WHERE episode_id = ?2"
-    " AND committed_in IS NOT NULL))"
-)
-_ONE = (
-    "SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM commits"
-    " WHERE repo = ?1 AND id = ?2 AND reverted_by IS NULL"
-)
-# The nodes kept while something links to them (a tag or an intent another commit uses, an
-# episode's source and a trajectory's subgoal its later commits link to).
-_ROUTES = ("tag", "intent", "source", "subgoal")
-_KNOWLEDGE = ("semantic", "procedural")
-
-
 def _scope(conn: sqlite3.Connection, repo: str, key: str, *, one: bool) -> Scope:
-    scope = Scope([], [], set(), set())
-    for commit_id, nodes, words, joined, links, retired, reverted_by in conn.execute(
-            _ONE if one else _SCOPE, (repo, key)):
-        scope.records.append(commit_id)
-        if reverted_by is not None:  # its work went with its revert
-            continue
-        scope.commits.append(commit_id)
-        scope.added.update(json.loads(unpack_text(nodes)))
-        scope.reworded.update(json.loads(words))
-        scope.joined.update(json.loads(joined))
-        scope.links.extend(tuple(k) for k in json.loads(unpack_text(links)))
-        scope.retired.extend(json.loads(retired))
-    return scope
+    return scope_of(conn.execute(*scope_query(repo, key, one=one)), history.stored_ids)
 
 
 def _types(conn: sqlite3.Connection, repo: str, ids: Iterable[str]) -> dict[str, str]:
@@ -126,22 +97,22 @@ def _withdraw(
 ) -> list[str]:
     """Takes the work of `scope`'s commits off the graph (`Inherited`'s `key`, `plan`):
     their links one commit fewer each (those no commit makes any more go), their steps, the
-    facts and instructions no other commit is evidence for, and the routes (`_ROUTES`) this
+    facts and instructions no other commit is evidence for, and the routes (`ROUTES`) this
     left without links; the others re-worded as `plan` says; the facts they retired hold
     again. Returns the ids of the nodes that went."""
     mine = dict(conn.execute(
         "SELECT id, type FROM nodes WHERE repo = ? AND source_id = ?", (repo, key)))
     mine.update(_types(conn, repo, scope.added))
-    own = [i for i, kind in sorted(mine.items()) if kind not in (*_ROUTES, *_KNOWLEDGE)]
+    own = [i for i, kind in sorted(mine.items()) if kind not in (*ROUTES, *KNOWLEDGE)]
     own += [i for i, (left, _) in sorted(plan.shared.items()) if left is None] + plan.dropped
-    routes = {i for i, kind in mine.items() if kind in _ROUTES} | set(plan.intents)
+    routes = {i for i, kind in mine.items() if kind in ROUTES} | set(plan.intents)
     ends = {end for src, dst, _ in scope.links for end in (src, dst)}
-    routes.update(i for i, kind in _types(conn, repo, ends).items() if kind in _ROUTES)
+    routes.update(i for i, kind in _types(conn, repo, ends).items() if kind in ROUTES)
     ends_of = "src = (SELECT rowid FROM nodes WHERE id = ?) AND dst = (SELECT rowid FROM nodes" \
         " WHERE id = ?) AND type = ?"
     conn.executemany(f"UPDATE links SET refs = refs - 1 WHERE {ends_of}", scope.links)
     conn.executemany(f"DELETE FROM links WHERE {ends_of} AND refs <= 0", scope.links)
-    kinds = ",".join(f"'{kind}'" for kind in _ROUTES)
+    kinds = ",".join(f"'{kind}'" for kind in ROUTES)
     for chunk in chunks(own, 400):
         marks = ",".join("?" * len(chunk))
         routes.update(row[0] for row in conn.execute(

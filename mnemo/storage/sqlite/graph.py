@@ -14,34 +14,32 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
 import filelock
-from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import ConflictError, StorageError
 from mnemo.graph import ann, ann_files, erasure
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited
-from mnemo.graph.history import CommitRecord
-from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, now_utc
+from mnemo.graph.model import CommitReceipt, Link, LinkType, now_utc
 from mnemo.graph.ports import Reverting, SideWrite
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.reembeds import ReembeddedGraph
-from mnemo.storage.row import Row
 from mnemo.storage.sqlite import commits, deletes, history
-from mnemo.storage.sqlite.database import Database, chunks, truncate_wal
+from mnemo.storage.sqlite.database import Database, truncate_wal
 from mnemo.storage.sqlite.maintenance import SqliteMaintenance
 from mnemo.storage.sqlite.recall_cache import RecallCache
 from mnemo.storage.sqlite.recall_graph import SqliteRecallReads
 from mnemo.storage.sqlite.reembeds import SqliteReembeds
-from mnemo.storage.sqlite.rows import NODE_COLUMNS
 from mnemo.storage.sqlite.rows import node as node_of
+from mnemo.storage.sqlite.rows import unpack_text
 from mnemo.storage.sqlite.sessions import side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
 
@@ -76,32 +74,34 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
 
     @asynccontextmanager
     async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
-        async with self._locks.setdefault(repo, anyio.Lock()):
-            held = self._repo_file_lock(repo)
-            if held is None:
-                yield
-                return
-            timeout = self._database.busy_timeout
-            try:
-                # Shielded: a lock taken in the thread must be released, not abandoned.
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(functools.partial(held.acquire,
-                                                                     timeout=timeout))
-            except filelock.Timeout as exc:
-                raise StorageError(
-                    "busy", f"another process held repo {repo!r}'s lock for {timeout}s"
-                ) from exc
-            except OSError as exc:  # its folder gone, read-only, full: no driver error out
-                raise StorageError(
-                    "unavailable", f"cannot take repo {repo!r}'s lock file: {exc}"
-                ) from exc
-            try:
-                yield
-            finally:
-                held.release()
+        timeout = self._database.busy_timeout
+        busy = StorageError("busy", f"another process held repo {repo!r}'s lock for {timeout}s")
+        async with self._locks.setdefault(repo, anyio.Lock()), self._holding(
+                repo, "repo", timeout, busy):
+            yield
 
-    def _repo_file_lock(self, repo: str) -> filelock.FileLock | None:
-        return self._file_lock(repo, "repo")
+    @asynccontextmanager
+    async def _holding(self, repo: str, kind: str, wait: float,
+                       busy: Exception) -> AsyncIterator[None]:
+        """The repo's lock file of `kind` (none for a database in memory), taken within
+        `wait` seconds (`busy` raised past them)."""
+        held = self._file_lock(repo, kind)
+        if held is None:
+            yield
+            return
+        try:
+            # Shielded: a lock taken in the thread must be released, not abandoned.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(functools.partial(held.acquire, timeout=wait))
+        except filelock.Timeout:
+            raise busy from None
+        except OSError as exc:  # its folder gone, read-only, full: no driver error out
+            raise StorageError(
+                "unavailable", f"cannot take repo {repo!r}'s {kind} lock file: {exc}") from exc
+        try:
+            yield
+        finally:
+            held.release()
 
     def _file_lock(self, repo: str, kind: str) -> filelock.FileLock | None:
         path = self._database.path
@@ -110,13 +110,6 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
         digest = hashlib.sha256(repo.encode()).hexdigest()[:24]
         # Not thread-local: taken in a worker thread, released on the event loop's.
         return filelock.FileLock(f"{path}-{kind}-{digest}.lock", thread_local=False)
-
-    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
-        found = await self._database.run(lambda db: commits.ingested(db, repo, source_id))
-        if found is None:
-            return None
-        digest, receipt = found
-        return digest, CommitReceipt.from_json(receipt).node_ids
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         repo = plan.repo
@@ -129,61 +122,19 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         await self._database.run(lambda db: side_writes_alone(db, also))
 
+    _ids = staticmethod(history.stored_ids)
+    _node = staticmethod(node_of)
+
     @staticmethod
-    def _commit(row: Row) -> CommitRecord:
-        return history.record_of(row)
-
-    async def receipt(self, changeset_id: str) -> CommitReceipt | None:
-        """The receipt of an applied changeset, None if it was never applied."""
-        found = await self._database.run(lambda db: commits.receipt(db, changeset_id))
-        return None if found is None else CommitReceipt.from_json(found)
-
-    async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]:
-        """The nodes with these ids, in the order asked (unknown ids are left out)."""
-        if not node_ids:
-            return []
-        ids = list(dict.fromkeys(node_ids))
-
-        def read(db: SqliteUtilsDatabase) -> list[Node]:
-            found: dict[str, Node] = {}
-            for chunk in chunks(ids, 500):
-                marks = ",".join("?" * len(chunk))
-                for row in db.conn.execute(
-                    f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND id IN ({marks})",
-                    [repo, *chunk],
-                ):
-                    node = node_of(row)
-                    found[node.id] = node
-            return [found[i] for i in ids if i in found]
-
-        return await self._database.run(read)
-
-    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
-        marks = ",".join("?" * len(kinds))
-        order = " ORDER BY rowid" if newest is None else " ORDER BY rowid DESC LIMIT ?"
-        return await self._database.run(lambda db: [node_of(row) for row in db.conn.execute(
-            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks}){order}",
-            [repo, *kinds, *([] if newest is None else [newest])])])
+    def _receipt(value: Any) -> CommitReceipt:
+        return CommitReceipt.from_json(unpack_text(value))
 
     async def links(self, repo: str) -> list[Link]:
-        rows = await self._database.run(
-            lambda db: db.conn.execute(
-                "SELECT a.id, b.id, l.type FROM nodes a JOIN links l ON l.src = a.rowid"
-                " JOIN nodes b ON b.rowid = l.dst WHERE a.repo = ? ORDER BY l.type, a.id, b.id",
-                (repo,),
-            ).fetchall()
-        )
+        rows = await self._rows(
+            "SELECT a.id, b.id, l.type FROM nodes a JOIN links l ON l.src = a.rowid"
+            " JOIN nodes b ON b.rowid = l.dst WHERE a.repo = ? ORDER BY l.type, a.id, b.id",
+            [repo])
         return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]
-
-    async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
-        rows = await self._database.run(
-            lambda db: db.conn.execute(
-                "SELECT id FROM nodes WHERE repo = ? AND id LIKE ? ESCAPE '\\'"
-                " AND id NOT LIKE ? ESCAPE '\\' ORDER BY id LIMIT ?",
-                (repo, like, unlike, limit),
-            ).fetchall()
-        )
-        return [str(row[0]) for row in rows]
 
     async def _delete_rows(self, repo: str, ids: list[str]) -> list[str]:
         return await self._database.run(lambda db: deletes.delete_nodes(db, repo, ids))
@@ -205,26 +156,11 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
 
     # ---- re-embedding (`mnemo.graph.reembed`; the SQL in `storage/reembeds.py`) ----------
 
-    @asynccontextmanager
-    async def _reembed_lock(self, repo: str, busy: ConflictError) -> AsyncIterator[None]:
+    def _reembed_lock(self, repo: str, busy: ConflictError
+                      ) -> AbstractAsyncContextManager[None]:
         """For a file, a lock file beside it taken without waiting (the system lets it go
         when its process dies)."""
-        held = self._file_lock(repo, "reembed")
-        if held is None:
-            yield
-            return
-        try:
-            await anyio.to_thread.run_sync(functools.partial(held.acquire, timeout=0))
-        except filelock.Timeout:
-            raise busy from None
-        except OSError as exc:
-            raise StorageError(
-                "unavailable", f"cannot take repo {repo!r}'s re-embedding lock: {exc}"
-            ) from exc
-        try:
-            yield
-        finally:
-            held.release()
+        return self._holding(repo, "reembed", 0, busy)
 
     async def vectors_switched(self, repo: str, dim: int) -> None:
         """The repo's saved HNSW graphs go (every vector is new); the index in memory loads
@@ -232,18 +168,3 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
         folder = self._vectors.graph_folder(repo)
         if folder is not None:
             await anyio.to_thread.run_sync(ann_files.discard, folder)
-
-    async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]:
-        if not keys:
-            return {}
-        unique = list(dict.fromkeys(keys))
-        return await self._database.run(lambda db: commits.tag_owners(db, repo, unique))
-
-    async def present(self, repo: str, node_ids: list[str]) -> set[str]:
-        """Which of these ids are already nodes (a SOURCE shared by two commits, say)."""
-        if not node_ids:
-            return set()
-        return await self._database.run(lambda db: commits.present(db, node_ids))
-
-    async def texts(self, node_ids: list[str]) -> dict[str, str]:
-        return await self._database.run(lambda db: commits.texts(db, node_ids))

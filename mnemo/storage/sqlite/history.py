@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from typing import Any
 
 from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.history import CommitRecord
-from mnemo.graph.model import Link, LinkType
-from mnemo.storage.graph_base import COMMIT_COLUMNS
+from mnemo.graph.model import Link
+from mnemo.storage.graph_rows import COMMIT_COLUMNS
 from mnemo.storage.json_text import loads_object
-from mnemo.storage.row import Row
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import pack_text, unpack_text
 
@@ -105,22 +103,6 @@ def forget_commits(conn: sqlite3.Connection, repo: str, commit_ids: Sequence[str
                      f" OR reverts IN ({marks}))", [repo, *chunk, *chunk])
 
 
-def record_of(row: Row) -> CommitRecord:
-    """A commit's record from its row (`graph_base.COMMIT_COLUMNS`)."""
-    (commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded, joined,
-     reverted_by, reverts) = row
-    return CommitRecord(
-        id=commit_id,
-        repo=repo,
-        seq=int(seq),
-        committed_at=datetime.fromisoformat(at),
-        session_id=session_id,
-        source_id=source_id,
-        node_ids=tuple(json.loads(unpack_text(nodes))),
-        links=tuple(Link(s, d, LinkType(t)) for s, d, t in json.loads(unpack_text(links))),
-        retired=tuple(json.loads(retired)),
-        reworded=tuple(json.loads(reworded)),
-        joined=tuple(json.loads(joined)),
-        reverted_by=reverted_by,
-        reverts=reverts,
-    )
+def stored_ids(value: str | bytes) -> list[Any]:
+    """A list of a commit's record as stored (JSON, packed or plain)."""
+    return list(json.loads(unpack_text(value)))

@@ -16,9 +16,8 @@ __all__ = ["MIGRATIONS"]
 
 @MIGRATIONS()
 def m016_step_claims(db: Database) -> None:
-    # Which holder is extracting which uncommitted steps of an auto-commit session (a
-    # boundary's background commit, a flush, a close): another Memory leaves them to it
-    # instead of asking the model about them again. A claim lasts while its holder lives.
+    # Which holder is extracting which uncommitted steps of an auto-commit session (another
+    # Memory leaves them to it); a claim lasts while its holder lives.
     execute_all(
         db,
         """
@@ -35,9 +34,8 @@ def m016_step_claims(db: Database) -> None:
 
 @MIGRATIONS()
 def m017_links_key_first(db: Database) -> None:
-    # SQLite 3.40's `PRAGMA integrity_check` reads a WITHOUT ROWID table's NOT NULL column
-    # that is declared before a key column at the wrong place, and reported "NULL value in
-    # links.repo" for every link (no row is NULL). The key's columns come first now.
+    # A WITHOUT ROWID table's key columns first (SQLite 3.40's `integrity_check` misreads a
+    # NOT NULL column declared before them).
     execute_all(
         db,
         """
@@ -62,13 +60,8 @@ def m017_links_key_first(db: Database) -> None:
 
 @MIGRATIONS()
 def m018_commits_packed(db: Database) -> None:
-    # A commit's record (its node ids and links as JSON, about 1 KB for an ingest) was longer
-    # than a WITHOUT ROWID row keeps in its page (about 1,000 bytes of a 4 KB page), so each
-    # spilled into an overflow page of its own, mostly empty: 4.7 KB a record at 10,000
-    # ingests. An ordinary table keeps rows of up to 4 KB in their page, and its rows, in
-    # rowid order, fill their pages (keyed by the random changeset id, WITHOUT ROWID pages
-    # were a fifth empty and the index by seq held the id: 0.1 KB an ingest more). Its lists
-    # are packed now (`rows.pack_text`: about 200 bytes).
+    # Commit records in an ordinary table (a record fits its page; rows fill their pages in
+    # rowid order), their node and link lists packed (`rows.pack_text`).
     db.conn.create_function("mnemo_pack", 1, _packed, deterministic=True)
     execute_all(
         db,
@@ -98,11 +91,8 @@ def m018_commits_packed(db: Database) -> None:
 
 @MIGRATIONS()
 def m019_half_vectors(db: Database) -> None:
-    # A node's vector as float16 (`rows.half_blob`), keyed by its node's rowid: 768 bytes for
-    # 384 dimensions instead of 1,536 and five rows to a 4 KB page instead of two, with no
-    # index beside the table (the node's id and repo are the node's; measured: 10.6 KB of
-    # vectors and their indexes per ingested message at 10,000, five vectors each). In
-    # memory the vectors are float32 as before (`rows.vector_of_half`).
+    # A node's vector as float16 (`rows.half_blob`), keyed by its node's rowid, with no index
+    # beside the table; float32 in memory (`rows.vector_of_half`).
     db.conn.create_function("mnemo_half", 1, half_of_blob, deterministic=True)
     execute_all(
         db,
@@ -121,8 +111,7 @@ def m019_half_vectors(db: Database) -> None:
 
 @MIGRATIONS()
 def m020_receipts_packed(db: Database) -> None:
-    # A changeset's receipt (its node ids as JSON), packed as new ones are (`rows.pack_text`:
-    # 300 -> 150 bytes an ingest's).
+    # A changeset's receipt packed (`rows.pack_text`).
     db.conn.create_function("mnemo_pack", 1, _packed, deterministic=True)
     db.execute("UPDATE applied_changesets SET receipt = mnemo_pack(receipt)"
                " WHERE typeof(receipt) = 'text'")
@@ -141,9 +130,8 @@ def _guessed_statistics(db: Database, rows: list[tuple[str, str, str]]) -> None:
 
 @MIGRATIONS()
 def m021_server_profiles(db: Database) -> None:
-    # What a repo's models learned of their servers (a structured mode refused, how many
-    # requests one serves at once): the next Memory starts from it. IF NOT EXISTS: a store
-    # written by a development build holds the table under an earlier migration's name.
+    # What a repo's models learned of their servers (the next Memory starts from it). IF NOT
+    # EXISTS: a development build's store may hold the table already.
     execute_all(
         db,
         """
@@ -160,13 +148,9 @@ def m021_server_profiles(db: Database) -> None:
 
 @MIGRATIONS()
 def m022_links_by_rowid(db: Database) -> None:
-    # A link names its ends by their nodes' rowids, not their ids (about 40 characters each,
-    # held twice: in the table and in links_by_dst), and no longer holds a repo (its ends'):
-    # an ingest's seven links took 1.56 KB, now 0.33 (2,000 ingests). Recall's hop reads the
-    # other end's id and type from the node's row, found by rowid, so the (id, type) index goes;
-    # nodes_by_type drops created_at, which no query reads through it (its entries end with
-    # the rowid, the order every read by type asks for). A link whose end is no node (written
-    # with foreign keys off) is not carried over.
+    # A link names its ends by their nodes' rowids and holds no repo (its ends'); the (id,
+    # type) index goes and nodes_by_type ends with the rowid, the order every read by type
+    # asks for. A link whose end is no node (written with foreign keys off) is dropped.
     execute_all(
         db,
         """
@@ -197,12 +181,9 @@ def m022_links_by_rowid(db: Database) -> None:
 
 @MIGRATIONS()
 def m023_reembedding(db: Database) -> None:
-    # A repo's vectors can be made again with another embedder (`Memory.reembed`): each node's
-    # new vector is staged beside its old one, then one transaction puts the staged vectors in
-    # place and records the embedder. `vectors_generation` counts those switches, so that
-    # whatever holds the repo's vectors in memory (any process's) knows they were replaced;
-    # `reembeds` holds the re-embedding under way (its embedder, its dimension, and the node
-    # log's sequence it has seen every change up to).
+    # Re-embedding (`Memory.reembed`): the new vectors staged beside the old, the count of
+    # switches (`vectors_generation`, which tells the vectors in memory they were replaced),
+    # and the re-embedding under way (embedder, dimension, the node log's sequence seen).
     execute_all(
         db,
         """
@@ -225,9 +206,7 @@ def m023_reembedding(db: Database) -> None:
 @MIGRATIONS()
 def m024_thread_history_hash(db: Database) -> None:
     # The hash of the history a thread's messages were saved from
-    # (`conversation.drafts.history_hash`): a save checks that its history extends the stored
-    # one without reading the stored messages. Unknown (NULL) for a thread saved before: its
-    # next save compares the stored messages one by one, then records the hash.
+    # (`conversation.drafts.history_hash`; NULL: unknown, the next save compares messages).
     execute_all(
         db,
         """
@@ -240,9 +219,7 @@ def m024_thread_history_hash(db: Database) -> None:
 @MIGRATIONS()
 def m025_store_clock(db: Database) -> None:
     # The store's time (`sqlite.database.HostClock`): the wall time and the boot time clock's
-    # reading at one moment of the host's current boot, read by every process that opens the
-    # file, so that leases and heartbeats are stamped and judged on a clock no wall clock
-    # step moves.
+    # reading at one moment of the host's boot, shared by every process that opens the file.
     execute_all(
         db,
         """
@@ -257,11 +234,8 @@ def m025_store_clock(db: Database) -> None:
 
 @MIGRATIONS()
 def m026_shared_knowledge(db: Database) -> None:
-    # A fact or instruction committed again joins the node that holds it (mnemo.graph.shares):
-    # `owners` lists the contributions of a node that several commits are evidence for; a link
-    # counts the commits that made it, so that withdrawing one leaves what another made; a
-    # commit names the nodes it joined, and a revert is a record of its own (`reverts`) that
-    # the reverted one names (`reverted_by`).
+    # Knowledge several commits are evidence for (`owners`, mnemo.graph.shares), links counted
+    # by the commits that made them, the nodes a commit joined, and reverts recorded.
     execute_all(
         db,
         """
@@ -276,9 +250,8 @@ def m026_shared_knowledge(db: Database) -> None:
 
 @MIGRATIONS()
 def m027_unannotated_steps(db: Database) -> None:
-    # A step is stored before it is annotated (its trajectory_id empty until then): the steps
-    # still waiting for their annotation, which another Memory takes over when their holder
-    # is gone (`Coordination.unannotated`), are found without reading every step.
+    # The steps waiting for their annotation (trajectory_id empty until then), found without
+    # reading every step (`Coordination.unannotated`).
     execute_all(
         db,
         "CREATE INDEX steps_unannotated ON steps(session_id) WHERE trajectory_id = '';",
@@ -287,9 +260,8 @@ def m027_unannotated_steps(db: Database) -> None:
 
 @MIGRATIONS()
 def m028_scopes(db: Database) -> None:
-    # Who a memory belongs to (`mnemo.graph.scope`): a node's, a session's and a message's
-    # metadata as sorted JSON (NULL: none), and each node's (key, value) pairs in an index that
-    # a `where` reads, so that a filtered recall or search reads its scope, never the repo.
+    # Who a memory belongs to (`mnemo.graph.scope`): metadata as sorted JSON (NULL: none),
+    # and each node's (key, value) pairs in an index that a `where` reads.
     execute_all(
         db,
         """

@@ -263,10 +263,8 @@ def m004_ingests(db: Database) -> None:
 
 @MIGRATIONS()
 def m005_consolidation_marks(db: Database) -> None:
-    # `consolidate` compares only the SEMANTIC nodes not yet compared with the rest (a pair of
-    # nodes already compared never needs comparing again), so a run costs new x all rather
-    # than all x all. A mark, not a rowid watermark: SQLite reuses the largest rowid after a
-    # delete, so a new node could hide below a watermark.
+    # `consolidate` compares only the SEMANTIC nodes not yet compared with the rest (a mark,
+    # not a rowid watermark: SQLite reuses the largest rowid after a delete).
     execute_all(
         db,
         """
@@ -279,13 +277,10 @@ def m005_consolidation_marks(db: Database) -> None:
 
 @MIGRATIONS()
 def m006_planner_statistics(db: Database) -> None:
-    # Without statistics SQLite guesses that `repo = ?` selects about ten rows, so it answers
-    # `WHERE repo = ? AND id IN (...)` (every read of nodes by id) by scanning the whole repo
-    # through nodes_by_type, slow at 100k nodes (scripts/bench_recall.py). These
-    # rows describe the graph tables' usual shape (one repo holding most rows, a type holding a
-    # seventh, ids unique, a few links per node), which is all the planner needs; the SQLite
-    # docs allow writing sqlite_stat1 by hand, and a later ANALYZE replaces them with measured
-    # ones. `ANALYZE sqlite_schema` creates the table, and again loads the rows.
+    # The planner's statistics of the graph tables' usual shape (one repo holding most rows, a
+    # type a seventh, ids unique, a few links per node), so that a read of nodes by id seeks
+    # them rather than scan the repo; a later ANALYZE replaces them. `ANALYZE sqlite_schema`
+    # creates the table, and again loads the rows.
     db.execute("ANALYZE sqlite_schema")
     db.conn.executemany(
         "INSERT INTO sqlite_stat1(tbl, idx, stat) VALUES (?, ?, ?)",
@@ -312,9 +307,8 @@ def m007_session_model(db: Database) -> None:
 
 @MIGRATIONS()
 def m008_repo_models(db: Database) -> None:
-    # A repo records the URI of its LLM (`embedder` already held the embedder's name), so that a
-    # Memory opened without models (the CLI, the MCP server, another worker) runs the repo's
-    # models. NULL for repos recorded before: they run the opening Memory's defaults.
+    # A repo records the URI of its LLM, so that a Memory opened without models runs the
+    # repo's (NULL: the opening Memory's defaults).
     db.execute("ALTER TABLE repos ADD COLUMN llm TEXT")
 
 
@@ -389,13 +383,9 @@ def m011_stored_operations(db: Database) -> None:
 
 @MIGRATIONS()
 def m012_lexical_log(db: Database) -> None:
-    # Recall's lexical index is a cache outside the file (mnemo/storage/lexical.py): every
-    # change of a node's text is logged under a per-repo sequence in the writer's own
-    # transaction, so an index can tell what it missed. SQLite has one writer at a time, so
-    # the sequences are in commit order. The log holds rowids, never text. Repos that
-    # already have nodes start with horizon 1: an index (which has applied 0) rebuilds them.
-    # The log keeps a repo's last LOG_KEEP entries (each write drops the one that many back,
-    # raising `horizon`): an index further behind rebuilds from the nodes anyway.
+    # Every change of a node's text logged (rowids, never text) under a per-repo sequence in
+    # the writer's own transaction, for the lexical index (`mnemo.storage.lexical`). The log
+    # keeps a repo's last LOG_KEEP entries (`horizon`); an index further behind rebuilds.
     execute_all(
         db,
         """
@@ -473,17 +463,13 @@ def m013_commit_history(db: Database) -> None:
 
 @MIGRATIONS()
 def m014_node_types(db: Database) -> None:
-    # Recall's hop reads each link with the types of both its ends. Through the id's own
-    # index every end costs a read of the node's row (text, data); through (id, type) it
-    # costs none (BENCHMARKS.md).
+    # Recall's hop reads each link with the types of both its ends, from this index.
     execute_all(db, "CREATE INDEX nodes_id_type ON nodes(id, type);")
 
 
 @MIGRATIONS()
 def m015_session_activity(db: Database) -> None:
-    # When a session was last used (an append, an episode started), through any Memory: the
-    # auto-commit timers measure inactivity from it, not from what one Memory saw. Sessions
-    # recorded before start from their last change.
+    # When a session was last used, through any Memory (the auto-commit timers).
     execute_all(
         db,
         """

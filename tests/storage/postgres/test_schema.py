@@ -15,7 +15,7 @@ from sqlite_utils import Database
 
 from mnemo import StorageError
 from mnemo.storage.lexical.schema import analyzer
-from mnemo.storage.postgres import migrations, schema
+from mnemo.storage.postgres import migrations, schema, text_search
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.sqlite.migrations import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.pg import PgServer
@@ -149,7 +149,7 @@ async def test_search_stems_like_porter_and_keeps_every_word(pg_url: str) -> Non
         for word, hit in (("running", True), ("kitchen", True), ("the", True), ("cat", False)):
             cur = await conn.execute(
                 "SELECT count(*) FROM nodes WHERE search @@ to_tsquery(%s, %s)",
-                (migrations.TEXT_SEARCH_CONFIG, word),
+                (text_search.TEXT_SEARCH_CONFIG, word),
             )
             assert await cur.fetchone() == (int(hit),), word
 
@@ -172,12 +172,12 @@ async def test_a_text_is_split_at_every_format_character_as_fts5_and_the_index_s
         assert terms == "abc xyz"
     async with await _connect(pg_url) as conn:
         cur = await conn.execute(
-            f"SELECT text, {migrations.SEARCH_VECTOR}::text FROM unnest(%s::text[]) AS t(text)",
+            f"SELECT text, {text_search.SEARCH_VECTOR}::text FROM unnest(%s::text[]) AS t(text)",
             (texts,))
         assert {text: vector for text, vector in await cur.fetchall()} == {
             text: "'abc':1 'xyz':2" for text in texts}
         for text in texts:
-            cur = await conn.execute(f"SELECT ({migrations.WORD_QUERY})::text", (text,))
+            cur = await conn.execute(f"SELECT ({text_search.WORD_QUERY})::text", (text,))
             assert await cur.fetchone() == ("'abc' <-> 'xyz'",), ascii(text)
 
 
@@ -217,7 +217,7 @@ async def test_search_finds_words_in_rows_written_before_the_migration(
     "width" finds "zero\u200bwidth" (split at a format character) and "cafe2" finds "café2"
     (a word of letters and digits) after it. The lexical log is untouched, and `ts_headline`
     still shows the text as written."""
-    config = migrations.TEXT_SEARCH_CONFIG
+    config = text_search.TEXT_SEARCH_CONFIG
     before = tuple(m for m in migrations.MIGRATIONS if m.name != "m012_search_words")
     async with await _connect(pg_empty_url) as conn:
         monkeypatch.setattr(schema, "MIGRATIONS", before)

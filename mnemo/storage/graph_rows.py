@@ -1,0 +1,166 @@
+"""`RowReads`: the graph store's reads of plain rows (nodes by id and by type, commit records,
+what a commit plans with), written once for both backends over `_rows`, a statement with `?`
+placeholders; a backend gives how its rows decode (`_node`, `_receipt`, `_ids`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from mnemo.graph.erasure import Scope
+from mnemo.graph.history import CommitRecord
+from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, NodeType
+from mnemo.storage.row import Row
+from mnemo.storage.sql import marks, moment
+
+NODE_COLUMNS = (
+    "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
+)
+# The nodes a forget keeps while something links to them (a tag or an intent another commit
+# uses, an episode's source and a trajectory's subgoal its later commits link to).
+ROUTES = ["tag", "intent", "source", "subgoal"]
+KNOWLEDGE = ["semantic", "procedural"]
+COMMIT_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
+                  " reworded, joined, reverted_by, reverts")
+
+_WORK = ("SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM commits"
+         " WHERE repo = ?")
+
+
+def scope_query(repo: str, key: str, *, one: bool) -> tuple[str, tuple[str, ...]]:
+    """The statement (`?` placeholders) and parameters of the commit rows that `scope_of`
+    reads: what the source `key` committed (an ingested source's, a session's, an episode's:
+    those its steps were committed in), or with `one` the commit `key`, to revert."""
+    if one:
+        return f"{_WORK} AND id = ? AND reverted_by IS NULL", (repo, key)
+    return (f"{_WORK} AND reverts IS NULL AND (source_id = ? OR session_id = ? OR id IN"
+            " (SELECT committed_in FROM steps WHERE episode_id = ? AND committed_in IS NOT NULL))",
+            (repo, key, key, key))
+
+
+def scope_of(rows: Iterable[Row], ids: Callable[[Any], list[Any]]) -> Scope:
+    """The `Scope` of `scope_query`'s rows, their lists read by `ids`."""
+    scope = Scope([], [], set(), set())
+    for commit_id, nodes, words, joined, links, retired, reverted_by in rows:
+        scope.records.append(str(commit_id))
+        if reverted_by is not None:  # its work went with its revert
+            continue
+        scope.commits.append(str(commit_id))
+        scope.added.update(map(str, ids(nodes)))
+        scope.reworded.update(map(str, ids(words)))
+        scope.joined.update(map(str, ids(joined)))
+        scope.links.extend((str(s), str(d), str(t)) for s, d, t in ids(links))
+        scope.retired.extend(map(str, ids(retired)))
+    return scope
+
+
+class RowReads:
+    """The reads of plain rows; a backend's store gives the hooks."""
+
+    async def _rows(self, statement: str, params: list[object]) -> list[Any]:
+        raise NotImplementedError
+
+    def _ids(self, value: Any) -> list[Any]:
+        """A list of a commit's record as stored."""
+        raise NotImplementedError
+
+    def _commit(self, row: Row) -> CommitRecord:
+        """A commit's record from its row (`COMMIT_COLUMNS`)."""
+        (commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded,
+         joined, reverted_by, reverts) = row
+        ids = self._ids
+        return CommitRecord(
+            id=str(commit_id), repo=str(repo), seq=int(seq), committed_at=moment(at),
+            session_id=session_id, source_id=source_id, node_ids=tuple(map(str, ids(nodes))),
+            links=tuple(Link(str(s), str(d), LinkType(t)) for s, d, t in ids(links)),
+            retired=tuple(map(str, ids(retired))), reworded=tuple(map(str, ids(reworded))),
+            joined=tuple(map(str, ids(joined))), reverted_by=reverted_by, reverts=reverts)
+
+    def _node(self, row: Row) -> Node:
+        """The node of a row that starts with `NODE_COLUMNS`."""
+        raise NotImplementedError
+
+    def _receipt(self, value: Any) -> CommitReceipt:
+        """A stored receipt."""
+        raise NotImplementedError
+
+    async def _among(self, statement: str, ids: Sequence[str], *before: object) -> list[Any]:
+        """The rows of `statement`, its `{}` a list of `?` for `ids` (after the parameters
+        `before`), read 500 ids at a time."""
+        rows: list[Any] = []
+        for at in range(0, len(ids), 500):
+            chunk = ids[at:at + 500]
+            rows += await self._rows(statement.format(marks(len(chunk))), [*before, *chunk])
+        return rows
+
+    async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]:
+        """The nodes with these ids, in the order asked (unknown ids are left out)."""
+        ids = list(dict.fromkeys(node_ids))
+        found: dict[str, Node] = {node.id: node for node in map(self._node, await self._among(
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND id IN ({{}})", ids, repo))}
+        return [found[i] for i in ids if i in found]
+
+    async def texts(self, node_ids: list[str]) -> dict[str, str]:
+        rows = await self._among("SELECT id, text FROM nodes WHERE id IN ({})", node_ids)
+        return {str(i): str(t) for i, t in rows}
+
+    async def present(self, repo: str, node_ids: list[str]) -> set[str]:
+        """Which of these ids are already nodes (a SOURCE shared by two commits, say)."""
+        rows = await self._among("SELECT id FROM nodes WHERE id IN ({})", node_ids)
+        return {str(i) for (i,) in rows}
+
+    async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]:
+        rows = await self._among("SELECT key, id FROM nodes WHERE repo = ? AND type = 'tag'"
+                                 " AND key IN ({})", list(dict.fromkeys(keys)), repo)
+        return {str(k): str(i) for k, i in rows}
+
+    async def receipt(self, changeset_id: str) -> CommitReceipt | None:
+        """The receipt of an applied changeset, None if it was never applied."""
+        rows = await self._rows("SELECT receipt FROM applied_changesets WHERE id = ?",
+                                [changeset_id])
+        return self._receipt(rows[0][0]) if rows else None
+
+    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
+        rows = await self._rows(
+            "SELECT i.payload_hash, a.receipt FROM ingests i JOIN applied_changesets a"
+            " ON a.id = i.changeset_id WHERE i.repo = ? AND i.source_id = ?", [repo, source_id])
+        return (str(rows[0][0]), self._receipt(rows[0][1]).node_ids) if rows else None
+
+    async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
+        order = " ORDER BY rowid" if newest is None else " ORDER BY rowid DESC LIMIT ?"
+        return [self._node(row) for row in await self._rows(
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks(len(kinds))})"
+            f"{order}", [repo, *kinds, *([] if newest is None else [newest])])]
+
+    async def commit_log(
+        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
+    ) -> list[CommitRecord]:
+        """The repo's commits, newest first: the `limit` newest (all if None), or every one
+        after `after_seq`."""
+        after, params = ("", []) if after_seq is None else (" AND seq > ?", [after_seq])
+        cut = "" if after_seq is not None or limit is None else f" LIMIT {int(limit)}"
+        return [self._commit(row) for row in await self._rows(
+            f"SELECT {COMMIT_COLUMNS} FROM commits WHERE repo = ?{after} ORDER BY seq DESC{cut}",
+            [repo, *params])]
+
+    async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
+        rows = await self._rows(f"SELECT {COMMIT_COLUMNS} FROM commits WHERE repo = ? AND id = ?",
+                                [repo, commit_id])
+        return self._commit(rows[0]) if rows else None
+
+    async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
+        """See `GraphStore.node_ids`."""
+        rows = await self._rows(
+            "SELECT id FROM nodes WHERE repo = ? AND id LIKE ? ESCAPE '\\'"
+            " AND id NOT LIKE ? ESCAPE '\\' ORDER BY id LIMIT ?", [repo, like, unlike, limit])
+        return [str(row[0]) for row in rows]
+
+    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
+        """Every node of these types, oldest first."""
+        kinds = [NodeType(t).value for t in types]
+        return await self._of_types(repo, kinds, None) if kinds else []
+
+    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
+        """The newest `top_k` nodes of these types, newest first."""
+        kinds = [NodeType(t).value for t in types]
+        return await self._of_types(repo, kinds, top_k) if kinds and top_k > 0 else []

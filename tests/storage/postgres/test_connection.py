@@ -6,6 +6,7 @@ import tempfile
 
 import psycopg
 import pytest
+from anyio.lowlevel import checkpoint
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -218,8 +219,6 @@ async def test_a_fetch_lets_the_loop_run_between_its_slices(
     `SLICE_SECONDS`: with no time allowed, after every slice; the rows are all there, in
     order."""
     yields = 0
-    checkpoint = connection.checkpoint
-
     async def counted() -> None:
         nonlocal yields
         yields += 1

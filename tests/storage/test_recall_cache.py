@@ -175,6 +175,19 @@ async def test_each_recall_returns_nodes_of_its_own(mem: mnemo.Memory) -> None:
     assert all("changed" not in m.node.data for m in again.memories)
 
 
+def queued_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The calls queued to a connection's thread from now on (appended as they come)."""
+    queued: list[Any] = []
+    queue = Database._queue
+
+    def counted(self: Database, fn: Any) -> Any:
+        queued.append(fn)
+        return queue(self, fn)
+
+    monkeypatch.setattr(Database, "_queue", counted)
+    return queued
+
+
 async def test_a_warm_recall_of_a_small_sqlite_repo_reads_nothing_but_the_log(
     mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -186,14 +199,7 @@ async def test_a_warm_recall_of_a_small_sqlite_repo_reads_nothing_but_the_log(
     await mem.recall(REPO, QUERY)
     await mem.recall(REPO, QUERY)
     database = cast(SqliteBackend, mem._backend).database
-    queued: list[Any] = []
-    queue = Database._queue
-
-    def counted(self: Database, fn: Any) -> Any:
-        queued.append(fn)
-        return queue(self, fn)
-
-    monkeypatch.setattr(Database, "_queue", counted)
+    queued = queued_calls(monkeypatch)
     result = await mem.recall(REPO, QUERY)
     assert result.memories
     assert len(queued) == 1
@@ -210,14 +216,7 @@ async def test_a_warm_recall_of_many_nodes_builds_them_on_the_connections_thread
         pytest.skip("the recall cache is SQLite's")
     await mem.recall(REPO, QUERY, reinforce=False)
     on_loop = await mem.recall(REPO, QUERY, reinforce=False)
-    queued: list[Any] = []
-    queue = Database._queue
-
-    def counted(self: Database, fn: Any) -> Any:
-        queued.append(fn)
-        return queue(self, fn)
-
-    monkeypatch.setattr(Database, "_queue", counted)
+    queued = queued_calls(monkeypatch)
     again = await mem.recall(REPO, QUERY, reinforce=False)
     looks = len(queued)
     monkeypatch.setattr(recall_graph, "ON_LOOP_NODES", 1)

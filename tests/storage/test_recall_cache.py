@@ -15,7 +15,7 @@ import pytest
 
 import mnemo
 from mnemo.graph.model import LinkType, NodeType
-from mnemo.storage.sqlite import SqliteBackend, recall_reads
+from mnemo.storage.sqlite import SqliteBackend, recall_graph, recall_reads
 from mnemo.storage.sqlite import recall_cache as cache_module
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.recall_cache import RecallCache
@@ -175,6 +175,19 @@ async def test_each_recall_returns_nodes_of_its_own(mem: mnemo.Memory) -> None:
     assert all("changed" not in m.node.data for m in again.memories)
 
 
+def queued_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The calls queued to a connection's thread from now on (appended as they come)."""
+    queued: list[Any] = []
+    queue = Database._queue
+
+    def counted(self: Database, fn: Any) -> Any:
+        queued.append(fn)
+        return queue(self, fn)
+
+    monkeypatch.setattr(Database, "_queue", counted)
+    return queued
+
+
 async def test_a_warm_recall_of_a_small_sqlite_repo_reads_nothing_but_the_log(
     mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -186,15 +199,28 @@ async def test_a_warm_recall_of_a_small_sqlite_repo_reads_nothing_but_the_log(
     await mem.recall(REPO, QUERY)
     await mem.recall(REPO, QUERY)
     database = cast(SqliteBackend, mem._backend).database
-    queued: list[Any] = []
-    queue = Database._queue
-
-    def counted(self: Database, fn: Any) -> Any:
-        queued.append(fn)
-        return queue(self, fn)
-
-    monkeypatch.setattr(Database, "_queue", counted)
+    queued = queued_calls(monkeypatch)
     result = await mem.recall(REPO, QUERY)
     assert result.memories
     assert len(queued) == 1
     assert database is not None
+
+
+async def test_a_warm_recall_of_many_nodes_builds_them_on_the_connections_thread(
+    mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm recall whose best candidates are more than `ON_LOOP_NODES` builds their nodes on
+    the connection's thread although the cache holds them (a thousand nodes of long steps
+    would hold the event loop tens of milliseconds), and answers the same."""
+    if not is_sqlite(mem):
+        pytest.skip("the recall cache is SQLite's")
+    await mem.recall(REPO, QUERY, reinforce=False)
+    on_loop = await mem.recall(REPO, QUERY, reinforce=False)
+    queued = queued_calls(monkeypatch)
+    again = await mem.recall(REPO, QUERY, reinforce=False)
+    looks = len(queued)
+    monkeypatch.setattr(recall_graph, "ON_LOOP_NODES", 1)
+    off_loop = await mem.recall(REPO, QUERY, reinforce=False)
+    assert len(queued) == 2 * looks + 1
+    assert [(m.node, m.score) for m in off_loop.memories] == [
+        (m.node, m.score) for m in on_loop.memories] == [(m.node, m.score) for m in again.memories]

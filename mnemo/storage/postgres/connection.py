@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import select
 import struct
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar, cast
@@ -29,6 +30,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 import psycopg
+from anyio.lowlevel import checkpoint
 from psycopg.adapt import Dumper, Loader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types import TypeInfo
@@ -389,7 +391,26 @@ class Postgres:
         """
         async with self.connection() as conn, conn.cursor(binary=binary) as cur:
             await cur.execute(statement, params)
-            return await cur.fetchall()
+            return await rows_of(cur)
+
+
+# The driver converts the rows it fetches on the event loop: they are fetched `SLICE_ROWS` at a
+# time, and the loop runs other work whenever a fetch has held it `SLICE_SECONDS` (a thousand
+# rows of long texts take tens of milliseconds to decode).
+SLICE_ROWS = 64
+SLICE_SECONDS = 0.005
+
+
+async def rows_of(cur: psycopg.AsyncCursor[Any]) -> list[Row]:
+    """Every row of `cur`'s result, as `fetchall`, converted a slice at a time."""
+    rows: list[Row] = []
+    started = time.perf_counter()
+    while part := await cur.fetchmany(SLICE_ROWS):
+        rows += part
+        if time.perf_counter() - started > SLICE_SECONDS:
+            await checkpoint()
+            started = time.perf_counter()
+    return rows
 
 
 @functools.lru_cache(maxsize=512)
@@ -406,7 +427,7 @@ class PgStatements:
 
     async def rows(self, query: str, params: Sequence[Any] = ()) -> list[Row]:
         cur = await self.conn.execute(placeholders(query), params)
-        return cast(list[Row], await cur.fetchall())
+        return await rows_of(cur)
 
     async def row(self, query: str, params: Sequence[Any] = ()) -> Row | None:
         cur = await self.conn.execute(placeholders(query), params)

@@ -12,10 +12,9 @@ from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeType, 
 from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
 from mnemo.storage.graph_base import joined
 from mnemo.storage.graph_rows import NODE_COLUMNS
-from mnemo.storage.postgres.connection import Connection, Postgres
+from mnemo.storage.postgres.connection import Connection, Postgres, rows_of
 from mnemo.storage.postgres.rows import NODE_WIDTH, node
 from mnemo.storage.postgres.vectors import OF_NODES, as_array, unit_rows
-from mnemo.storage.row import Row
 
 _NODES = (
     f"SELECT {NODE_COLUMNS}, access_count, last_access FROM nodes"
@@ -60,9 +59,9 @@ async def _node_context(
         links = await conn.execute(_LINKS, params)
         # The nodes' vectors, in the same round trip (as `PgVectors.of_nodes` reads them).
         vectors = await conn.execute(OF_NODES, params, binary=True)
-        node_rows: list[Row] = await nodes.fetchall()
-        link_rows: list[Row] = await links.fetchall()
-        vector_rows: list[Row] = await vectors.fetchall()
+        node_rows = await rows_of(nodes)
+        link_rows = await rows_of(links)
+        vector_rows = await rows_of(vectors)
     found: dict[str, Node] = {}
     stats: dict[str, tuple[int, datetime | None]] = {}
     for row in node_rows:

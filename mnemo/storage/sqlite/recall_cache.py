@@ -42,6 +42,9 @@ from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
 # The statements' chunks (`recall_reads._CHUNK`): an answer is built chunk by chunk as theirs.
 CHUNK = 400
 LIMIT = 20_000
+# A read of more nodes than this builds them on the connection's thread even when the cache
+# holds them all: a node of a long step costs tens of microseconds to build (its JSON).
+ON_LOOP_NODES = 200
 
 ALL = "*"  # `Entry.links` when every link of the node was read
 
@@ -211,6 +214,15 @@ class View:
             filled = self._cache._fill(db, repo, missing, kinds, link)
             self.filled.append(filled)
             self.entries.update(filled.entries)
+
+    def read(
+        self, db: SqliteUtilsDatabase, repo: str, node_ids: Sequence[str],
+        linked: Iterable[NodeType], link_type: LinkType,
+    ) -> NodeContext:
+        """`fill`, then `node_context` (on the connection's thread)."""
+        kinds = list(linked)
+        self.fill(db, repo, node_ids, kinds, link_type)
+        return self.node_context(repo, node_ids, kinds, link_type)
 
     def node_context(
         self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType], link_type: LinkType

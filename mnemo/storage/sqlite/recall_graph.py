@@ -24,7 +24,7 @@ from mnemo.storage.graph_base import GraphBase, joined
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write
-from mnemo.storage.sqlite.recall_cache import RecallCache
+from mnemo.storage.sqlite.recall_cache import ON_LOOP_NODES, RecallCache
 from mnemo.storage.sqlite.vectors import SqliteVectors
 from mnemo.storage.worker import DeferredRead, FallbackRead
 from mnemo.text import query_words
@@ -89,33 +89,34 @@ class SqliteRecallReads(GraphBase):
         link_type: LinkType, then: More | None, vectors: dict[str, Vector],
     ) -> NodeContext:
         """`node_context` through the recall cache: on the event loop when it holds
-        `node_ids` (`then` runs there, and what it names is read from the cache, or filled);
+        `node_ids` and they are at most `ON_LOOP_NODES` (`then` runs there, and what it names
+        is read from the cache, or filled, or built on the connection's thread when more);
         else in one call on the connection's thread that reads what the cache misses."""
         view = cache.view()
         first: NodeContext
         second: tuple[Sequence[str], NodeContext] | None = None
-        if not view.take(repo, dict.fromkeys(node_ids), kinds, link_type):
+        if len(node_ids) <= ON_LOOP_NODES and not view.take(
+                repo, dict.fromkeys(node_ids), kinds, link_type):
             first = view.node_context(repo, node_ids, kinds, link_type)
             first.vectors.update(vectors)
             more, more_linked = ((), ()) if then is None else then(first)
             if more:
                 more_kinds = list(more_linked)
-                if view.take(repo, dict.fromkeys(more), more_kinds, link_type):
-                    await self._database.run(
-                        lambda db: view.fill(db, repo, more, more_kinds, link_type))
-                second = more, view.node_context(repo, more, more_kinds, link_type)
+                if len(more) > ON_LOOP_NODES or view.take(repo, dict.fromkeys(more), more_kinds,
+                                                          link_type):
+                    second = more, await self._database.run(
+                        lambda db: view.read(db, repo, more, more_kinds, link_type))
+                else:
+                    second = more, view.node_context(repo, more, more_kinds, link_type)
         else:
             def read(db: SqliteUtilsDatabase) -> tuple[
                     NodeContext, tuple[Sequence[str], NodeContext] | None]:
-                view.fill(db, repo, node_ids, kinds, link_type)
-                first = view.node_context(repo, node_ids, kinds, link_type)
+                first = view.read(db, repo, node_ids, kinds, link_type)
                 first.vectors.update(vectors)
                 more, more_linked = ((), ()) if then is None else then(first)
                 if not more:
                     return first, None
-                more_kinds = list(more_linked)
-                view.fill(db, repo, more, more_kinds, link_type)
-                return first, (more, view.node_context(repo, more, more_kinds, link_type))
+                return first, (more, view.read(db, repo, more, list(more_linked), link_type))
 
             first, second = await self._database.run(read)
         for filled in view.filled:

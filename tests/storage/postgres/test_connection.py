@@ -6,11 +6,13 @@ import tempfile
 
 import psycopg
 import pytest
+from anyio.lowlevel import checkpoint
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import mnemo
 from mnemo import StorageError
+from mnemo.storage.postgres import connection
 from mnemo.storage.postgres.connection import HNSW_EF_SEARCH, Postgres, storage_error
 
 
@@ -207,3 +209,24 @@ async def test_connections_the_server_ended_are_replaced_before_use(pg_url: str)
                          source_id="s2")
         assert await _end_every_session(pg_url) >= 1
         assert await mem.forget("r", "s2") > 0
+
+
+async def test_a_fetch_lets_the_loop_run_between_its_slices(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fetch_all` converts its rows `SLICE_ROWS` at a time (the driver decodes them on the
+    event loop) and lets the loop run after a slice once the fetch has held it
+    `SLICE_SECONDS`: with no time allowed, after every slice; the rows are all there, in
+    order."""
+    yields = 0
+    async def counted() -> None:
+        nonlocal yields
+        yields += 1
+        await checkpoint()
+
+    monkeypatch.setattr(connection, "SLICE_SECONDS", -1.0)
+    monkeypatch.setattr(connection, "checkpoint", counted)
+    async with Postgres(pg_url) as pg:
+        rows = await pg.fetch_all("SELECT g, repeat('x', 100) FROM generate_series(1, 200) g")
+    assert [row[0] for row in rows] == list(range(1, 201))
+    assert yields == -(-200 // connection.SLICE_ROWS)

@@ -22,7 +22,6 @@ from mnemo.calls.tasks import (
     task_request,
 )
 from mnemo.config import Config
-from mnemo.episode.annotation import embed
 from mnemo.errors import EmbeddingError, LLMError
 from mnemo.extraction.entities import embedded_again
 from mnemo.extraction.prompts import (
@@ -34,6 +33,7 @@ from mnemo.extraction.prompts import (
 from mnemo.graph.contradiction import Question
 from mnemo.graph.model import Changeset, Vector
 from mnemo.graph.ports import IntentPolicy, Restamp
+from mnemo.graph.vectors import embed
 from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
 
 log = logging.getLogger("mnemo")

@@ -14,8 +14,7 @@ from mnemo.graph.commit import CommitPlan
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import Link, LinkType
 from mnemo.storage.graph_base import COMMIT_COLUMNS
-from mnemo.storage.json_text import loads_object
-from mnemo.storage.row import Row
+from mnemo.storage.row import Row, loads_object
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import pack_text, unpack_text
 

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from mnemo.memoryfiles import MemoryFile, MemoryFiles, MemoryUpdate
     from mnemo.ports import LLM, Embedder, Event, LLMRequest, LLMResponse, Reranker, ToolCall, Usage
     from mnemo.recall.engine import Recalled, RecallResult
-    from mnemo.recall.query import LLMReranker
+    from mnemo.recall.tasks import LLMReranker
     from mnemo.session.machine import OpResult, SessionContext, SessionInfo, State
 
 # Where each public name lives.
@@ -83,7 +83,7 @@ _WHERE = {
     "E5SmallEmbedder": "mnemo.adapters.e5",
     "Embedder": "mnemo.ports",
     "Reranker": "mnemo.ports",
-    "LLMReranker": "mnemo.recall.query",
+    "LLMReranker": "mnemo.recall.tasks",
     "EmbeddingError": "mnemo.errors",
     "EpisodeLog": "mnemo.episode",
     "Event": "mnemo.ports",

@@ -23,9 +23,9 @@ import numpy as np
 from mnemo.calls.retry import fail_after
 from mnemo.calls.schema import Meta, Reply, most_tokens, reply_schema, text
 from mnemo.calls.tasks import ask, preview, read_reply, reply_data, task_request
-from mnemo.errors import EmbeddingError, LLMTimeout, MnemoError, first_error
+from mnemo.errors import LLMTimeout, MnemoError, first_error
 from mnemo.graph.model import Vector
-from mnemo.graph.vectors import cosine, reaches
+from mnemo.graph.vectors import cosine, embed, reaches
 from mnemo.ports import LLM, Embedder, JSONObject, LLMRequest, LLMResponse
 
 
@@ -458,37 +458,3 @@ def starts_trajectory(previous: StepRecord | None, vector: Vector, threshold: fl
     if len(previous.subgoal_vec) != len(vector):
         return True
     return not reaches(cosine(previous.subgoal_vec, vector), threshold)
-
-
-async def embed(embedder: Embedder, texts: Sequence[str]) -> Vector:
-    """The embedder's vectors as a float32 matrix, checked for shape.
-
-    Raises:
-        EmbeddingError: the embedder failed (its own EmbeddingError as it is, another
-            exception as the `__cause__`) or returned the wrong number of vectors or the
-            wrong dimension.
-    """
-    if not texts:
-        return np.zeros((0, embedder.dim), dtype=np.float32)
-    try:
-        raw = await embedder.embed(list(texts))
-    except EmbeddingError:
-        raise  # says what failed already
-    except Exception as exc:
-        raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
-    try:
-        matrix = np.asarray(raw, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise EmbeddingError(f"the embedder returned something that is not vectors: {exc}") from exc
-    if matrix.ndim != 2 or matrix.shape[0] != len(texts):
-        raise EmbeddingError(
-            f"the embedder returned {matrix.shape} for {len(texts)} texts"
-        )
-    if matrix.shape[1] != embedder.dim:
-        raise EmbeddingError(
-            f"the embedder returned vectors of dimension {matrix.shape[1]}, "
-            f"but it declares dimension {embedder.dim}"
-        )
-    if not np.all(np.isfinite(matrix)):
-        raise EmbeddingError("the embedder returned a vector with NaN or infinite values")
-    return matrix

@@ -43,6 +43,7 @@ def bad_calls(mem: mnemo.Memory, session: str) -> dict[str, Callable[[], Awaitab
         "recall k": lambda: mem.recall(REPO, "hello", k=0),
         "recall types": lambda: mem.recall(REPO, "hello", types=["nope"]),  # type: ignore[list-item]
         "recall_in_context": lambda: mem.recall_in_context(REPO, session, ""),
+        "recall_in_context k": lambda: mem.recall_in_context(REPO, session, "hello", k=0),
         "ingest": lambda: mem.ingest(REPO, "not one", source_id="s"),  # type: ignore[arg-type]
         "ingest metadata": lambda: mem.ingest(
             REPO, mnemo.Trajectory("g", [mnemo.Step("o", "a")], metadata=big), source_id="s"),

@@ -77,6 +77,7 @@ from mnemo.adapters._offline_conversation import _eviction, _snapshot_fold, _sum
 from mnemo.adapters._offline_memory import _memory_condense, _memory_persist, _memory_update
 from mnemo.errors import LLMError
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse
+from mnemo.recall.query import offline_plan
 
 _LEADING_PRONOUN = re.compile(
     r"^(it|they|this|that|these|those)(?:['\u2019](s|re|ve|ll|d))?(?![\w'\u2019])\s*",
@@ -362,38 +363,10 @@ def _contradiction_task(inputs: Inputs) -> LLMResponse:
 
 # ---- recall -----------------------------------------------------------------------------
 
-_PROCEDURAL_QUERY = re.compile(
-    r"\bhow (?:do|to|can|should|would)\b|\bsteps?\b|\bprocedure\b|\binstructions?\b"
-    r"|\bwhat should (?:i|we)\b|\bhow did (?:i|we|you) (?:fix|solve|set|install|configure)",
-    re.IGNORECASE,
-)
-_EPISODIC_QUERY = re.compile(
-    r"\bwhen\b|\bwhat happened\b|\blast time\b|\byesterday\b|\bago\b"
-    r"|\bdid (?:i|we|you|he|she|they)\b|\bhas \w+ ever\b",
-    re.IGNORECASE,
-)
-_SEMANTIC_QUERY = re.compile(
-    r"\bwhat (?:is|are|was|were|does|do|kind)\b|\bwho\b|\bwhich\b|\bwhere\b"
-    r"|\bprefer|\bfavou?rite\b|\blikes?\b",
-    re.IGNORECASE,
-)
-
-
 def _recall_plan(inputs: Inputs) -> LLMResponse:
-    """Mode from the query's question form (how-to: procedural; when/did: episodic; what/who/
-    which: semantic; else mixed); tags are its concept labels."""
-    query = inputs.query.strip()
-    if _PROCEDURAL_QUERY.search(query):
-        mode = "procedural"
-    elif _EPISODIC_QUERY.search(query):
-        mode = "episodic"
-    elif _SEMANTIC_QUERY.search(query):
-        mode = "semantic"
-    else:
-        mode = "mixed"
-    return LLMResponse(
-        data={"mode": mode, "tags": _text.concepts(query, limit=6)}, usage=_NO_USAGE
-    )
+    """The offline heuristics' plan (`mnemo.recall.query.offline_plan`)."""
+    plan = offline_plan(inputs.query)
+    return LLMResponse(data={"mode": plan.mode, "tags": list(plan.tags)}, usage=_NO_USAGE)
 
 
 def _recall_synthesis(inputs: Inputs) -> LLMResponse:

@@ -14,7 +14,6 @@ from mnemo.calls.retry import fail_after
 from mnemo.calls.schema import MOST_ITEMS, Reply, bounded, items, reply_schema
 from mnemo.calls.tasks import ask, read_reply, task_request
 from mnemo.config import Config
-from mnemo.episode import embed
 from mnemo.errors import EmbeddingError, LLMError
 from mnemo.extraction.entities import embedded_again
 from mnemo.extraction.prompts import (
@@ -26,6 +25,7 @@ from mnemo.extraction.prompts import (
 from mnemo.graph.contradiction import Question
 from mnemo.graph.model import Changeset, Vector
 from mnemo.graph.ports import IntentPolicy, Restamp
+from mnemo.graph.vectors import embed
 from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
 
 log = logging.getLogger("mnemo")

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from mnemo import cpu
-from mnemo.episode import EpisodeRecord, StepRecord, embed
+from mnemo.episode import EpisodeRecord, StepRecord
 from mnemo.extraction import dates
 from mnemo.extraction.entities import vector_text
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType, normalise_label
+from mnemo.graph.vectors import embed
 from mnemo.ports import Embedder, JSONObject
 
 

@@ -12,7 +12,6 @@ from dataclasses import replace
 
 from mnemo import text as _text
 from mnemo.calls.retry import fail_after
-from mnemo.episode import embed
 from mnemo.errors import EmbeddingError
 from mnemo.graph.erasure import Embed
 from mnemo.graph.model import (
@@ -24,6 +23,7 @@ from mnemo.graph.model import (
     Vector,
     normalise_label,
 )
+from mnemo.graph.vectors import embed
 from mnemo.ports import Embedder
 
 # A speaker's name, and the time that may follow it: "Caroline (1:56 pm on 8 May, 2023)".
@@ -76,7 +76,7 @@ async def embedded_again(changeset: Changeset, embedder: Embedder, generation: i
     vectors of `generation` (it was made for an earlier one). One embedding call.
 
     Raises:
-        EmbeddingError: as `mnemo.episode.embed`.
+        EmbeddingError: as `mnemo.graph.vectors.embed`.
     """
     vectors = await embed(embedder, [vector_text(n.type, n.text) for n in changeset.nodes])
     nodes = [replace(n, vector=v) for n, v in zip(changeset.nodes, vectors, strict=True)]

@@ -23,8 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from mnemo.graph.dedup import says_no_more
-from mnemo.graph.facts import TEMPORAL
-from mnemo.graph.model import Changeset, LinkType, Node, NodeDraft, NodeType, Vector
+from mnemo.graph.model import TEMPORAL, Changeset, LinkType, Node, NodeDraft, NodeType, Vector
 from mnemo.graph.scope import Scope, Where, check_where, same
 from mnemo.graph.vectors import COSINE_TOLERANCE, TYPE_CODES, cosine, reaches, unit
 

@@ -26,7 +26,9 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from mnemo.errors import EmbeddingError
 from mnemo.graph.model import NodeType, Vector
+from mnemo.ports import Embedder
 
 TYPE_CODES: dict[NodeType, int] = {t: i for i, t in enumerate(NodeType)}
 DEAD = -1  # the type code of a removed row, until the next compaction
@@ -72,6 +74,49 @@ def cosine(a: Vector, b: Vector) -> float:
     if aa == 0.0 or bb == 0.0:
         return 0.0
     return float(np.dot(a, b)) / math.sqrt(aa * bb)
+
+
+async def embed(embedder: Embedder, texts: Sequence[str]) -> Vector:
+    """The embedder's vectors as a float32 matrix, checked for shape.
+
+    Raises:
+        EmbeddingError: the embedder failed (its own EmbeddingError as it is, another
+            exception as the `__cause__`) or returned the wrong number of vectors or the
+            wrong dimension.
+    """
+    if not texts:
+        return np.zeros((0, embedder.dim), dtype=np.float32)
+    try:
+        raw = await embedder.embed(list(texts))
+    except EmbeddingError:
+        raise  # says what failed already
+    except Exception as exc:
+        raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
+    try:
+        matrix = np.asarray(raw, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise EmbeddingError(f"the embedder returned something that is not vectors: {exc}") from exc
+    if matrix.ndim != 2 or matrix.shape[0] != len(texts):
+        raise EmbeddingError(f"the embedder returned {matrix.shape} for {len(texts)} texts")
+    if matrix.shape[1] != embedder.dim:
+        raise EmbeddingError(
+            f"the embedder returned vectors of dimension {matrix.shape[1]}, "
+            f"but it declares dimension {embedder.dim}"
+        )
+    if not np.all(np.isfinite(matrix)):
+        raise EmbeddingError("the embedder returned a vector with NaN or infinite values")
+    return matrix
+
+
+def check_dim(repo: str, embedder: Embedder, dim: int) -> None:
+    """Raises EmbeddingError when the embedder's vectors would not fit the repo's (of `dim`,
+    0 while it has none)."""
+    if dim and embedder.dim != dim:
+        raise EmbeddingError(
+            f"repo {repo!r} holds vectors of dimension {dim}, but the embedder "
+            f"{getattr(embedder, 'name', type(embedder).__name__)} makes "
+            f"dimension {embedder.dim}; open the repo with an embedder of its dimension"
+        )
 
 
 class Snapshot(NamedTuple):

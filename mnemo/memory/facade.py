@@ -31,7 +31,7 @@ import anyio
 from mnemo.config import Config
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.scope import check_metadata, check_where
-from mnemo.inputs import POSTGRES_SCHEMES, check_id, check_models, check_store, check_text
+from mnemo.inputs import POSTGRES_SCHEMES, check_id, check_models, check_store
 from mnemo.memory.conversation import ConversationMethods
 from mnemo.memory.graph import GraphMethods
 from mnemo.memory.sessions import SessionMethods
@@ -260,13 +260,11 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         from mnemo.recall.ranking import check_recall
 
         scope = check_where(where)
-        await self._repos.checked(
+        kinds, moment, valid = await self._repos.checked(
             repo, lambda c: check_recall(c, query, k, types, as_of, valid_at))
-        if reinforce is None:
-            reinforce = not self._inspect
-        chosen = reinforce
+        chosen = not self._inspect if reinforce is None else reinforce
         return await self._following_switches(repo, lambda: self._recall(
-            repo, query, k=k, types=types, reinforce=chosen, as_of=as_of, valid_at=valid_at,
+            repo, query, k=k, types=kinds, reinforce=chosen, as_of=moment, valid_at=valid,
             where=scope))
 
     async def _following_switches(
@@ -392,18 +390,15 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         within the repo's `Config.max_text_chars`.
 
         Raises:
-            InvalidInputError: a blank query, one longer than `Config.max_text_chars`, a
-                session id that is not a string, or a malformed `where`.
+            InvalidInputError: as `recall`'s, or a session id that is not a string.
             ConflictError: as `recall`'s.
         """
+        from mnemo.recall.ranking import check_recall
+
         check_id(session_id, "session_id")
         scope = check_where(where)
-
-        def check(config: Config) -> int:
-            check_text(query, "query", limit=config.max_text_chars, stored=False)
-            return config.max_text_chars
-
-        limit = await self._repos.checked(repo, check)
+        await self._repos.checked(repo, lambda c: check_recall(c, query, k, None, None))
+        limit = self._repos.max_chars(repo)
         try:
             context = await self._service.context(session_id, steps=3)
         except NotFoundError:
@@ -417,30 +412,29 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         ))
 
     async def _recall(
-        self, repo: str, query: str, *, k: int, types: Iterable[NodeType] | None, reinforce: bool,
+        self, repo: str, query: str, *, k: int, types: list[NodeType] | None, reinforce: bool,
         as_of: datetime | None = None, valid_at: datetime | None = None,
         session_id: str | None = None, where: Where | None = None,
     ) -> RecallResult:
-        """The recall with the repo's runtime: the LLM that plans the query (the repo's, or
-        the offline one, as `Config.recall_planner` says), the one that synthesises, and the
-        Memory's reranker, else the LLM's when `Config.recall_rerank` asks for one; reported
-        as "recall_executed" (with `session_id` for `recall_in_context`)."""
+        """The recall of checked input with the repo's runtime: its LLM (`Repos.llm_for`), only
+        when the repo's config asks a model to plan, re-rank or synthesise, and the Memory's
+        reranker, else the LLM's when `Config.recall_rerank` asks for one; reported as
+        "recall_executed" (with `session_id` for `recall_in_context`)."""
         from mnemo.recall.engine import Recaller
-        from mnemo.recall.query import LLMReranker
-        from mnemo.recall.ranking import check_recall
+        from mnemo.recall.tasks import LLMReranker
 
         runtime = self._repos.embedding(repo)
         config = runtime.config
-        kinds, as_of, valid_at = check_recall(config, query, k, types, as_of, valid_at)
-        llm = self._repos.llm_for(runtime, repo)
+        asks = config.recall_planner == "llm" or config.recall_rerank or config.recall_synthesis
+        llm = self._repos.llm_for(runtime, repo) if asks else None
         recaller = Recaller(
             self._graph, runtime.embedder, config, tag_vectors=self._tag_vectors, llm=llm,
-            planner=runtime.llm if config.recall_planner == "llm" else self._repos.offline,
+            planner=llm if config.recall_planner == "llm" else None,
             generation=runtime.generation,
-            reranker=self._parts[5] or (LLMReranker(llm) if config.recall_rerank else None),
+            reranker=self._parts[5] or (LLMReranker(llm) if llm and config.recall_rerank else None),
         )
         result = await recaller.recall(
-            repo, query, k=k, types=kinds, reinforce=reinforce, as_of=as_of, valid_at=valid_at,
+            repo, query, k=k, types=types, reinforce=reinforce, as_of=as_of, valid_at=valid_at,
             where=where,
         )
         await self._events.emit(

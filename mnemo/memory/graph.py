@@ -167,8 +167,7 @@ class GraphMethods(Parts):
             EmbeddingError: the text could not be embedded within the repo's
                 `Config.extraction_timeout`; nothing was stored.
         """
-        from mnemo.graph.facts import TEMPORAL, correction
-        from mnemo.graph.model import NodeId
+        from mnemo.graph.model import TEMPORAL, NodeId, correction
 
         await self._repos.checked(repo, lambda config: check_text(
             text, "text", limit=config.max_text_chars))
@@ -238,8 +237,8 @@ class GraphMethods(Parts):
         `extraction_timeout`), its generation, and the commit policy of a fact stated as it
         is (no contradiction asked)."""
         from mnemo.calls.retry import fail_after
-        from mnemo.episode import embed
         from mnemo.extraction.entities import vector_text
+        from mnemo.graph.vectors import embed
 
         await self._repos.refresh(repo)
         runtime = self._repos.embedding(repo)
@@ -429,10 +428,10 @@ class GraphMethods(Parts):
         """
         from mnemo.adapters.uri import model_uri
         from mnemo.calls.retry import fail_after
-        from mnemo.episode import embed
         from mnemo.extraction.entities import vector_text
         from mnemo.graph import reembed as reembedding
         from mnemo.graph.reembed import ReembedProgress
+        from mnemo.graph.vectors import embed
         from mnemo.ports import deliver
 
         self._works("reembed")

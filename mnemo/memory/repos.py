@@ -25,6 +25,7 @@ from mnemo.adapters.uri import model_uri
 from mnemo.calls.retry import LimitedLLM
 from mnemo.config import Config, ceilings, with_longer_timeouts
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
+from mnemo.graph.vectors import check_dim
 from mnemo.inputs import check_id, check_models, check_name
 from mnemo.ports import LLM, Embedder, Usage, detect_dim, model_name
 from mnemo.session.machine import Runtime
@@ -48,8 +49,7 @@ class Repos:
         check_models(llm, embedder)
         self.config = config
         self._stored = stored  # the store's repos: the one truth, other Memory objects' too
-        self.offline = OfflineLLM()
-        self.llm: LLM = llm if llm is not None else self.offline
+        self.llm: LLM = llm if llm is not None else OfflineLLM()
         chosen: Embedder = default_embedder() if embedder is None else embedder
         self.embedder = chosen
         # Without models given, each repo runs the ones it recorded.
@@ -321,7 +321,7 @@ class Repos:
                 (e.g. a repo written with the hashed embedder, reopened with the default).
         """
         runtime = self.get(name)
-        runtime.check_dim(name)
+        check_dim(name, runtime.embedder, runtime.dim)
         return runtime
 
     def dim(self, name: str) -> int:
@@ -338,7 +338,7 @@ class Repos:
         """
         base = self.get(repo)
         if embedder is None:
-            base.check_dim(repo)
+            check_dim(repo, base.embedder, base.dim)
         if embedder is not None:
             await detect_dim(embedder)
         if embedder is not None and embedder.dim != self._dims[repo]:

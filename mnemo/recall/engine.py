@@ -30,7 +30,6 @@ from datetime import datetime
 import anyio
 
 from mnemo import cpu
-from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, node_value, now_utc
@@ -56,14 +55,12 @@ from mnemo.recall.query import (
     QueryParts,
     TagVectors,
     feedback_terms,
-    parse_plan,
-    plan_request,
-    reranked,
+    offline_plan,
     restatement,
     speaker_boosts,
     split,
-    synthesis,
 )
+from mnemo.recall.tasks import planned, reranked, synthesis
 
 # The result types live in recall.model and are re-exported, where callers import them from.
 __all__ = ["RecallResult", "Recalled", "Recaller", "Touched"]
@@ -84,14 +81,15 @@ Scored = ranking.Scored[Candidate]
 
 @dataclass(frozen=True, slots=True)
 class Recaller:
-    """What a recall needs: the graph, the repo's embedder and config, and LLMs for planning
-    (the offline heuristics unless `recall_planner="llm"`) and synthesis."""
+    """What a recall needs: the graph, the repo's embedder and config, and the models it asks:
+    `planner` plans (None: the offline heuristics), `llm` synthesises when
+    `Config.recall_synthesis` asks for it (None: no synthesis)."""
 
     graph: RecallReads
     embedder: Embedder
     config: Config
-    planner: LLM
-    llm: LLM
+    planner: LLM | None = None
+    llm: LLM | None = None
     # The search tags' vectors of earlier recalls (a Memory shares one).
     tag_vectors: TagVectors = field(default_factory=TagVectors)
     # The generation of the repo's vectors `embedder` makes (None: not checked).
@@ -138,7 +136,7 @@ class Recaller:
         config = self.config
         wanted = None if types is None else {NodeType(t) for t in types}
         degraded: list[str] = []
-        plan = await self._plan(query, degraded)
+        plan = await planned(self.planner, query, degraded) if self.planner else offline_plan(query)
         trace.mark("plan")
         parts = await split(query, dense_without_names=config.recall_dense_without_names)
         searched = None if wanted is None else list(wanted | set(ROUTING))
@@ -230,8 +228,8 @@ class Recaller:
         if ranked and reinforce:
             await self._reinforce(repo, ranked, degraded)
         trace.mark("reinforce")
-        reasoned = (await synthesis(self.llm, query, ranked, degraded) if config.recall_synthesis
-                    else None)
+        reasoned = (await synthesis(self.llm, query, ranked, degraded)
+                    if config.recall_synthesis and self.llm is not None else None)
         trace.mark("synthesis")
         touched = await hops.pure(lambda: sorted(
             (Touched(NodeId(i), c.phase, c.hop, c.score) for i, c in found.items()),
@@ -254,14 +252,6 @@ class Recaller:
             log.warning("recall in %s: the access counts of %d memories were not written: %r",
                         repo, len(ranked), exc)
             degraded.append(f"access counts: {exc!r}")
-
-    async def _plan(self, query: str, degraded: list[str]) -> Plan:
-        try:
-            return await ask(self.planner, plan_request(query=query), parse_plan)
-        except Exception as exc:  # a plan only steers the search: go on without one
-            log.warning("recall planning failed, searching in mixed mode: %r", exc)
-            degraded.append(f"plan: {exc!r}")
-            return Plan("mixed", ())
 
     async def _hop_zero(
         self, repo: str, terms: str, words: PendingRead[list[tuple[str, float]]], vector: Vector,

@@ -30,8 +30,7 @@ import numpy.typing as npt
 
 from mnemo.config import Config
 from mnemo.errors import InvalidInputError
-from mnemo.graph.facts import TEMPORAL
-from mnemo.graph.model import LinkType, Node, NodeId, NodeType
+from mnemo.graph.model import TEMPORAL, LinkType, Node, NodeId, NodeType
 from mnemo.graph.ports import NodeReads
 from mnemo.graph.reads import node_types
 from mnemo.inputs import check_count, check_text

@@ -25,6 +25,7 @@ from mnemo.errors import LLMTimeout, StorageError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.pipeline import Source, extract
 from mnemo.graph.model import Changeset, CommitReceipt
+from mnemo.graph.vectors import check_dim
 from mnemo.session import operations, registry, transitions
 from mnemo.session.machine import (
     CommitSteps,
@@ -121,7 +122,7 @@ class Extraction:
     async def _extract_steps(self, episode: EpisodeRecord, steps: list[StepRecord]) -> Changeset:
         live, session = self.live, self.session
         runtime = session.runtime
-        runtime.check_dim(session.repo)
+        check_dim(session.repo, runtime.embedder, runtime.dim)
         if session.memo is None or session.memo.episode_id != episode.id:
             # What an earlier extraction of this episode kept (here, or in a Memory before a
             # restart) is asked no more.

@@ -45,6 +45,7 @@ from mnemo.errors import (
 )
 from mnemo.extraction.memo import TaskMemo
 from mnemo.graph.model import Changeset, CommitReceipt
+from mnemo.graph.vectors import check_dim
 from mnemo.inputs import check_json, check_text
 from mnemo.ports import LLM, Embedder
 from mnemo.ports import deliver as call_back
@@ -175,16 +176,6 @@ class Runtime:
     dim: int = 0
     generation: int = 0
 
-    def check_dim(self, repo: str) -> None:
-        """Raises EmbeddingError when the embedder's vectors would not fit the repo's."""
-        if self.dim and self.embedder.dim != self.dim:
-            raise EmbeddingError(
-                f"repo {repo!r} holds vectors of dimension {self.dim}, but the embedder "
-                f"{getattr(self.embedder, 'name', type(self.embedder).__name__)} makes "
-                f"dimension {self.embedder.dim}; open the repo with an embedder of its "
-                "dimension"
-            )
-
     def check_usable(self, repo: str) -> None:
         """`check_dim`, and the error of a recorded model that cannot be built here: an
         append refuses it before it stores a step no model here could annotate.
@@ -192,7 +183,7 @@ class Runtime:
         Raises:
             LLMError, EmbeddingError: the LLM or the embedder cannot work here.
         """
-        self.check_dim(repo)
+        check_dim(repo, self.embedder, self.dim)
         if isinstance(self.llm, UnavailableLLM):
             raise LLMError(self.llm.problem)
         if isinstance(self.embedder, UnavailableEmbedder):

@@ -1,10 +1,44 @@
 """A row as a database driver returns it (sqlite3, psycopg): what type each column has is
-known only from the statement that read it, so the reader beside each statement narrows it."""
+known only from the statement that read it, so the reader beside each statement narrows it.
+
+A JSON column (node data, on both backends) is read with msgspec (`loads`), faster than the
+standard library (BENCHMARKS.md, "Figures behind the code"), which recall pays for every node
+it reads. msgspec reads integers of any size as `json` does; what it refuses (NaN and
+infinities, which `json.dumps` writes, and escaped lone surrogates) goes to the standard
+library, so that whatever `json.dumps` wrote reads back the same."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import msgspec
+
+from mnemo.errors import StorageError
+from mnemo.ports import JSONObject
 
 # A column's value, as the driver decoded it.
 Column = Any
 Row = tuple[Column, ...]
+
+_DECODER = msgspec.json.Decoder()
+
+
+def loads(text: str | bytes | bytearray | memoryview) -> object:
+    """The value of a JSON document, as `json.loads` reads it."""
+    try:
+        return _DECODER.decode(text)
+    except msgspec.DecodeError:
+        return json.loads(bytes(text) if isinstance(text, memoryview) else text)
+
+
+def loads_object(text: str | bytes | bytearray | memoryview) -> JSONObject:
+    """The JSON object `text` holds (a node's data).
+
+    Raises:
+        StorageError: "corrupt", it holds another JSON value.
+    """
+    value = loads(text)
+    if not isinstance(value, dict):
+        raise StorageError("corrupt", f"a stored JSON object is a {type(value).__name__}")
+    return value

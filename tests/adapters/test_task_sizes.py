@@ -18,7 +18,7 @@ from mnemo.memoryfiles.prompts import (
     memory_update_request,
 )
 from mnemo.ports import LLMRequest
-from mnemo.recall.query import plan_request, synthesis_request
+from mnemo.recall.tasks import plan_request, synthesis_request
 
 STEP = {"index": 0, "observation": "nginx listens on 8080", "action": "curl localhost:8080"}
 INSTRUCTION = {"index": 0, "intent": "i", "condition": "c", "instruction": "x",

@@ -14,7 +14,7 @@ from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType
 from mnemo.graph.ports import GraphStore
 from mnemo.ports import LLMRequest, LLMResponse
 from mnemo.recall.engine import Recaller, RecallResult
-from mnemo.recall.query import LLMReranker
+from mnemo.recall.tasks import LLMReranker
 from tests.backends import open_stores
 from tests.graph._support import policy
 
@@ -223,7 +223,8 @@ class PlanningLLM:
         if self.fail:
             raise RuntimeError("planner down")
         if request.task == "recall_plan":
-            return LLMResponse(data={"mode": "semantic", "tags": ["database"]})
+            return LLMResponse(data={"mode": "semantic", "tags": ["database"]},
+                               usage=mnemo.Usage(3, 2))
         return LLMResponse(data={"answer": "postgres keeps its data under /var/lib"})
 
 
@@ -238,6 +239,21 @@ async def test_an_llm_planner_and_synthesis(graph: GraphStore) -> None:
     assert result.reasoned == "postgres keeps its data under /var/lib"
     assert llm.tasks == ["recall_plan", "recall_synthesis"]
     assert result.degraded == []
+
+
+async def test_the_repos_model_plans_when_asked_and_is_metered(store: str) -> None:
+    """With `recall_planner="llm"` the repo's model plans, its usage booked to the repo (the
+    model's plan went around the repo's meter before); with the default config a recall asks
+    the model nothing."""
+    llm = PlanningLLM()
+    async with mnemo.Memory(store, llm=llm, embedder=EMBEDDER) as mem:
+        await mem.open_repo(REPO)
+        await mem.open_repo("planned", config=mnemo.Config(recall_planner="llm"))
+        assert (await mem.recall(REPO, "postgres data")).mode == "mixed"
+        assert llm.tasks == []
+        assert (await mem.recall("planned", "postgres data")).mode == "semantic"
+        assert llm.tasks == ["recall_plan"]
+        assert mem.usage(repo="planned") == mnemo.Usage(3, 2)
 
 
 async def test_a_failing_planner_or_synthesis_does_not_fail_the_recall(

@@ -17,8 +17,9 @@ from mnemo.graph.ports import GraphStore
 from mnemo.ports import LLMRequest, LLMResponse
 from mnemo.recall.engine import Recaller
 from mnemo.recall.model import adjacent_steps
-from mnemo.recall.query import LLMReranker, feedback_terms, full_order, parse_rerank, query_side
+from mnemo.recall.query import feedback_terms, query_side
 from mnemo.recall.ranking import maximal_marginal_relevance
+from mnemo.recall.tasks import LLMReranker, full_order, parse_rerank
 from tests.backends import open_stores
 from tests.fakes import js
 from tests.graph._support import policy

@@ -1,5 +1,5 @@
-"""`json_text.loads`, the stores' JSON reader: whatever `json.dumps` wrote, it reads back as
-`json.loads` does (msgspec for speed, the standard library for what msgspec refuses)."""
+"""`mnemo.storage.row.loads`, the stores' JSON reader: whatever `json.dumps` wrote, it reads
+back as `json.loads` does (msgspec for speed, the standard library for what msgspec refuses)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mnemo.graph.model import Node, NodeType
-from mnemo.storage.json_text import loads
+from mnemo.storage.row import loads
 from mnemo.storage.sqlite.rows import node
 from tests.fakes import js
 

@@ -38,8 +38,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from mnemo.errors import StorageError
-from mnemo.storage.json_text import loads
-from mnemo.storage.row import Row
+from mnemo.storage.row import Row, loads
 from mnemo.storage.sql import Work
 
 Connection = psycopg.AsyncConnection[tuple[object, ...]]
@@ -140,7 +139,7 @@ def vector_from_bytes(data: bytes | bytearray | memoryview) -> npt.NDArray[np.fl
 async def register_vector(conn: Connection) -> None:
     """Teaches `conn` pgvector's `vector` in binary: numpy arrays are sent as vectors (a
     parameter that is an `np.ndarray` must be one) and vectors come back as float32 arrays;
-    and `jsonb` is read by `json_text.loads` (node data, faster than the
+    and `jsonb` is read by `mnemo.storage.row.loads` (node data, faster than the
     standard library's `json.loads`, psycopg's default). The vector is left out in a
     database without the extension (before the schema is applied)."""
     set_json_loads(loads, conn)

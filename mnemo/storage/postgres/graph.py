@@ -25,7 +25,7 @@ import anyio.to_thread
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from mnemo.graph import erasure, facts
+from mnemo.graph import erasure, model
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited
 from mnemo.graph.model import CommitReceipt, Link, LinkType, NodeType, Vector
@@ -121,7 +121,7 @@ class PgGraph(PgReembedding, MaintainedGraph):
                 " recorded_at, valid_from, metadata) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
                 " %s::timestamptz, %s::timestamptz, %s) ON CONFLICT DO NOTHING",
                 [(n.id, repo, n.type.value, text, Jsonb(n.data), n.key, n.source_id, created,
-                  *facts.times(n, plan.created_at), scoped)
+                  *model.times(n, plan.created_at), scoped)
                  for n, text, _ in plan.nodes],
             )
             if plan.metadata and plan.nodes:

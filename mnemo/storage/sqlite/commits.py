@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
-from mnemo.graph import facts
 from mnemo.graph.commit import CommitPlan
+from mnemo.graph.model import times
 from mnemo.graph.ports import SideWrite
 from mnemo.graph.scope import canonical, pairs
 from mnemo.storage.sqlite import history
@@ -29,7 +29,7 @@ def write_commit(db: SqliteUtilsDatabase, plan: CommitPlan, also: Sequence[SideW
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (n.id, repo, n.type.value, text, json.dumps(n.data, sort_keys=True),
-                 n.key, n.source_id, created, *facts.times(n, created),
+                 n.key, n.source_id, created, *times(n, created),
                  canonical(plan.metadata))
                 for n, text, _ in plan.nodes
             ],

@@ -17,7 +17,7 @@ from mnemo.graph.model import Vector
 from mnemo.graph.ports import SideWrite
 from mnemo.graph.shares import Contribution
 from mnemo.storage.graph_rows import KNOWLEDGE, ROUTES, scope_of, scope_query
-from mnemo.storage.json_text import loads_object
+from mnemo.storage.row import loads_object
 from mnemo.storage.sqlite import history
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import half_blob

@@ -13,7 +13,7 @@ from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.model import Link
 from mnemo.storage.graph_rows import COMMIT_COLUMNS
-from mnemo.storage.json_text import loads_object
+from mnemo.storage.row import loads_object
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import pack_text, unpack_text
 

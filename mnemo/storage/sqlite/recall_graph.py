@@ -27,17 +27,8 @@ from mnemo.storage.sqlite.database import Database, chunks, side_write
 from mnemo.storage.sqlite.recall_cache import ON_LOOP_NODES, RecallCache
 from mnemo.storage.sqlite.vectors import SqliteVectors
 from mnemo.storage.worker import DeferredRead, FallbackRead
-from mnemo.text import query_words
 
 log = logging.getLogger("mnemo")
-
-
-def fts_query(text: str) -> str:
-    """A safe FTS5 query for any user text: each distinct word (`query_words`) quoted,
-    OR-combined, at most `MAX_QUERY_TERMS` of them ('' if none): a query's cost must not grow
-    with its length."""
-    words = query_words(text)
-    return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
 
 
 class SqliteRecallReads(GraphBase):
@@ -145,10 +136,8 @@ class SqliteRecallReads(GraphBase):
     async def _store_text(
         self, repo: str, query: str, limit: int, kinds: list[str] | None, where: Where
     ) -> list[tuple[str, float]]:
-        match = fts_query(query)
         return await self._database.run(
-            lambda db: recall_reads.fts_search(db, repo, match, kinds, limit, where)
-        ) if match else []
+            lambda db: recall_reads.fts_search(db, repo, query, kinds, limit, where))
 
     def start_search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
@@ -164,10 +153,7 @@ class SqliteRecallReads(GraphBase):
                 lambda n: self.start_search_text(repo, query, n, types).result()))
 
         def fts(db: SqliteUtilsDatabase) -> list[tuple[str, float]]:
-            match = fts_query(query)
-            if not match or limit <= 0:
-                return []
-            return recall_reads.fts_search(db, repo, match, kinds, limit)
+            return recall_reads.fts_search(db, repo, query, kinds, limit)
 
         if self._lexical is None:
             return self._database.start(fts)

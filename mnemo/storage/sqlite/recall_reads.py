@@ -17,6 +17,7 @@ from mnemo.storage import graph_base as scopes
 from mnemo.storage.graph_base import joined, neighbors_seen_from_asked, seen_from_asked
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
+from mnemo.text import query_words
 
 _CHUNK = 400
 
@@ -120,11 +121,15 @@ def neighbors(
 
 
 def fts_search(
-    db: SqliteUtilsDatabase, repo: str, match: str, kinds: list[str] | None, limit: int,
+    db: SqliteUtilsDatabase, repo: str, query: str, kinds: list[str] | None, limit: int,
     where: Where | None = None,
 ) -> list[tuple[str, float]]:
     """The store's own BM25 search (FTS5), for when the lexical index cannot answer: node ids
-    matching `match` (inside `where`), best first, with scores where higher is better."""
+    matching a word of `query` (`fts_query`; inside `where`), best first, with scores where
+    higher is better."""
+    match = fts_query(query)
+    if not match or limit <= 0:
+        return []
     type_filter = "" if kinds is None else f" AND n.type IN ({','.join('?' * len(kinds))})"
     scoped, params = ("", []) if where is None else scopes.exists(repo, where, "n.rowid", 0)
     rows = db.conn.execute(
@@ -135,3 +140,11 @@ def fts_search(
         [match, repo, *(kinds or []), *params, limit],
     ).fetchall()
     return [(node_id, -float(score)) for node_id, score in rows]
+
+
+def fts_query(text: str) -> str:
+    """A safe FTS5 query for any user text: each distinct word (`query_words`) quoted,
+    OR-combined, at most `MAX_QUERY_TERMS` of them ('' if none): a query's cost must not grow
+    with its length."""
+    words = query_words(text)
+    return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)

@@ -11,8 +11,7 @@ from datetime import datetime
 import numpy as np
 
 from mnemo.graph.model import NODE_TYPES, Node, NodeId, Vector
-from mnemo.storage.json_text import loads_object
-from mnemo.storage.row import Row
+from mnemo.storage.row import Row, loads_object
 
 NODE_COLUMNS = (
     "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"

@@ -11,20 +11,12 @@ periodic work (`timers.holder`) does not run, as it is not the recall's.
 
 from __future__ import annotations
 
-import sys
-import threading
-import types
 from pathlib import Path
-from typing import Any
 
-import anyio
 import pytest
-from anyio.abc import TaskStatus
 
 import mnemo
-from mnemo.session import timers
-
-PACKAGE = Path(mnemo.__file__).parent
+from tests.paths import files_run, quiet_holder
 
 # The most files a recall may run through (what counts: the module's docstring).
 MOST_FILES = 25
@@ -36,19 +28,7 @@ async def test_a_recall_runs_through_few_files(
     """One recall runs through at most `MOST_FILES` files of mnemo, and through none of the
     model calls, sessions or step annotation: with the default config no model is asked
     (the offline heuristics plan), and no session is touched."""
-
-    async def quiet(live: Any, *, task_status: TaskStatus[None]) -> None:
-        task_status.started()
-        await anyio.sleep_forever()
-
-    monkeypatch.setattr(timers, "holder", quiet)
-    seen: set[str] = set()
-
-    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
-        path = frame.f_code.co_filename
-        if event == "call" and path.startswith(str(PACKAGE)):
-            seen.add(str(Path(path).relative_to(PACKAGE)))
-
+    quiet_holder(monkeypatch)
     async with mnemo.Memory(
         str(tmp_path / "memory.db"), llm=mnemo.OfflineLLM(), embedder=mnemo.HashEmbedder()
     ) as mem:
@@ -58,15 +38,10 @@ async def test_a_recall_runs_through_few_files(
         await mem.append(sid, "the box holds old tools", "sort the tools")
         await mem.close_and_commit(sid)
         await mem.recall("r", "tools in the shed")
-        threading.setprofile(profile)
-        sys.setprofile(profile)
-        try:
+        with files_run() as seen:
             result = await mem.recall("r", "old tools in boxes")
-        finally:
-            sys.setprofile(None)
-            threading.setprofile(None)
     assert result.memories
-    files = sorted(name for name in seen if not name.startswith("adapters/"))
+    files = sorted(seen)
     assert "recall/engine.py" in files
     assert not [f for f in files if f.startswith(("calls/", "session/", "episode/"))], files
     assert len(files) <= MOST_FILES, files

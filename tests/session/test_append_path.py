@@ -14,20 +14,13 @@ would make the count depend on when it comes.
 from __future__ import annotations
 
 import ast
-import sys
-import threading
-import types
 from pathlib import Path
-from typing import Any
 
-import anyio
 import pytest
-from anyio.abc import TaskStatus
 
 import mnemo
-from mnemo.session import timers
+from tests.paths import PACKAGE, files_run, quiet_holder
 
-PACKAGE = Path(mnemo.__file__).parent
 SESSION = PACKAGE / "session"
 
 # The most files an append may run through (what counts: the module's docstring).
@@ -37,34 +30,15 @@ MOST_FILES = 19
 async def files_of_one_append(store: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The files of mnemo (relative to the package, `adapters/` left out) one append runs
     through, sorted."""
-
-    async def quiet(live: Any, *, task_status: TaskStatus[None]) -> None:
-        task_status.started()
-        await anyio.sleep_forever()
-
-    monkeypatch.setattr(timers, "holder", quiet)
-    seen: set[str] = set()
-
-    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
-        path = frame.f_code.co_filename
-        if event == "call" and path.startswith(str(PACKAGE)):
-            name = str(Path(path).relative_to(PACKAGE))
-            if not name.startswith("adapters/"):
-                seen.add(name)
-
+    quiet_holder(monkeypatch)
     async with mnemo.Memory(
         store, llm=mnemo.OfflineLLM(), embedder=mnemo.HashEmbedder()
     ) as mem:
         await mem.open_repo("r")
         sid = await mem.start_session("tidy the shed", repo="r")
         await mem.append(sid, "the shed is full of boxes", "open the first box")
-        threading.setprofile(profile)
-        sys.setprofile(profile)
-        try:
+        with files_run() as seen:
             info = await mem.append(sid, "the box holds old tools", "sort the tools")
-        finally:
-            sys.setprofile(None)
-            threading.setprofile(None)
         assert info.annotated
         assert len((await mem.episodes(sid))[0].steps) == 2
     return sorted(seen)

@@ -1,12 +1,6 @@
-"""How conversation memory is shown to a model: memory blocks, the compressed zones of the
-eviction prompt, message views, and tool outputs cut or reduced to ok/error.
-
-Anything mnemo recalls into a context window (summaries, snapshots, pinned messages) is
-wrapped in a `<memory trust="untrusted">` block that says it is a record, not instructions:
-it holds words users and tools wrote, and a prompt injection stored there must not gain the
-authority of a system message. A closing tag inside the text is defused so the text cannot
-end the block early.
-"""
+"""How conversation memory is shown to a model: memory blocks, the eviction prompt's zones,
+message views, and tool outputs cut or reduced to ok/error. Recalled text is wrapped in a
+`<memory trust="untrusted">` block whose closing tag the text cannot forge."""
 
 from __future__ import annotations
 
@@ -125,11 +119,8 @@ def render_zone(messages: Sequence[Message], limit: int = ZONE_MESSAGE_CHARS) ->
 def render_window(
     zone: Sequence[Message], middle: Sequence[Message], recent: Sequence[Message]
 ) -> tuple[str, str, str]:
-    """The three zones of the context window for the eviction model (Anima's Mneme), each
-    compressed under a delimiter line and within its share of a bounded prompt: the eviction
-    zone (leaving now), the middle zone and the recent zone (staying), so the model can tell
-    what still matters. A zone too long keeps its ends (the recent zone its newest lines),
-    with a line saying how many were left out."""
+    """The eviction, middle and recent zones of the window, each compressed under a delimiter line
+    within its share of a bounded prompt."""
     return (
         _zone_block("eviction zone", "leaving the context window now", zone,
                     ZONE_MESSAGE_CHARS, ZONE_PROMPT_CHARS, newest_only=False),

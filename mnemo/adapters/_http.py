@@ -1,16 +1,11 @@
-"""`Transport`: JSON over HTTP POST for every HTTP adapter, through one `httpx.AsyncClient`
-over aiohttp's pool (`Pool`). Each attempt waits for a slot of the concurrency limit adapted to
-the server (`Limit`) and for the client-side rate limits (`RateGate`, paused for every caller
-after a 429), waits that count against no timeout nor retry budget, then runs under a timeout
-of the whole attempt. A failed attempt is retried
-with backoff and full jitter when it may succeed later (408, 409, 429, 5xx, connection errors,
-timeouts, a 2xx body that is not the reply the caller reads); `Retry-After` (or OpenAI's
-`retry-after-ms`) is waited in full, or failed at once past `Backoff.max_retry_after`. Any other
-status, or an error reply the caller's `refusal` recognises, is final. Every attempt is charged
-to the task's `Budget`, and its timeout cut to the budget's seconds left. Giving up raises the
-adapter's error class naming the HTTP status and the provider's message; its `__cause__` is an
-`HTTPFailure` or the connection error.
-"""
+"""`Transport`: JSON over HTTP POST for every HTTP adapter, through one `httpx.AsyncClient` over
+aiohttp's pool (`Pool`).
+
+Each attempt waits for a slot of the adaptive concurrency limit (`Limit`) and the rate limits
+(`RateGate`), waits that count against no budget, then runs under a timeout. Attempts that may
+succeed later (408, 409, 429, 5xx, connection errors, timeouts, an unreadable 2xx body) are
+retried with backoff and jitter, honouring `Retry-After`; giving up raises the adapter's error
+class naming the status and the provider's message."""
 
 from __future__ import annotations
 
@@ -108,11 +103,8 @@ class HTTPFailure(Exception):
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:
-    """Seconds to wait according to `retry-after-ms` or `Retry-After` (seconds or HTTP date).
-
-    `now` is the current wall-clock time (Unix seconds), for the date form. None when absent or
-    unreadable; never negative.
-    """
+    """Seconds to wait according to `retry-after-ms` or `Retry-After` (seconds or an HTTP date, read
+    against `now`); None when absent or unreadable, never negative."""
     millis = headers.get("retry-after-ms")
     if millis is not None:
         try:
@@ -157,12 +149,9 @@ class _Retryable(Exception):
 
 
 class HTTPOptions(TypedDict, total=False):
-    """What every HTTP adapter passes to its `Transport`: `timeout` (seconds one attempt may
-    take; None: `Transport.attempt_timeout`), `requests_per_minute` and `tokens_per_minute`,
-    `max_concurrency` (the most requests in flight, 8 unless said; below it the number adapts
-    to the server unless `concurrency` pins it), the retry policy `retry`
-    (`mnemo.calls.retry`) or its shorthands `max_retries`, `backoff` and `clock`, and
-    `transport`, which replaces httpx's network transport (tests)."""
+    """What every HTTP adapter passes to its `Transport`: the attempt `timeout`, rate limits,
+    `max_concurrency` (8 unless said) or a pinned `concurrency`, the retry policy (`retry`, or
+    `max_retries`, `backoff` and `clock`), and `transport`, which replaces httpx's network."""
 
     timeout: float | None
     max_retries: int | None
@@ -177,15 +166,12 @@ class HTTPOptions(TypedDict, total=False):
 
 
 class Transport(Closing):
-    """JSON over HTTP POST to one provider (see the module doc). `name` says who the provider
-    is in error messages; `error` is the class raised on failure (`timeout_error` when the last
-    attempt timed out). The tokens a reply says it used (`WireReply.tokens`) correct the
-    tokens/min estimate (4 characters a token of the request body) and feed the `Limit`.
+    """JSON over HTTP POST to one provider (see the module doc), raising `error` (`timeout_error`
+    when the last attempt timed out) on failure.
 
     Raises:
         InvalidInputError: a bad limit or retry policy.
-        TypeError: a keyword `HTTPOptions` does not name.
-    """
+        TypeError: a keyword `HTTPOptions` does not name."""
 
     def __init__(
         self,
@@ -267,17 +253,10 @@ class Transport(Closing):
         refusal: Callable[[HTTPFailure], bool] | None = None,
         kind: str = "",
     ) -> R:
-        """POSTs `payload` to `path` (relative to the base URL); returns the reply read as
-        `reply`. `kind` names what is asked (a task), so the concurrency limit compares like
-        with like. Every attempt is charged to `budget` (a new one of `retry_policy` when None).
-        An error reply for which `refusal` returns True is final whatever its status.
-
-        Raises:
-            AdapterError: (the `error` class) the provider refused the request, every attempt
-                failed, or the budget was spent before the first (the message names the HTTP
-                status and the provider's message, or the connection problem); `timeout_error`
-                when the last attempt timed out.
-        """
+        """POSTs `payload` to `path` and returns the reply read as `reply`; `kind` names the task
+        for the concurrency limit, every attempt is charged to `budget`, and an error reply
+        `refusal` recognises is final. Raises the `error` class (`timeout_error` after a
+        timeout)."""
         budget = budget if budget is not None else Budget(self.retry_policy)
         if not budget.can_call():
             raise self._error(f"{self.name}: no call left in {budget.describe()}")
@@ -445,13 +424,8 @@ _ENCODER = msgspec.json.Encoder()
 
 
 def _decode(content: bytes, reply: type[R]) -> R:
-    """A reply body read as `reply`; through `json` with `strict=False` when msgspec refuses
-    its JSON (a raw control character inside a string is a sloppy server's JSON, still a
-    complete reply, not a cut one worth another attempt; so is UTF-16).
-
-    Raises:
-        ValueError: the body is not JSON, or not a `reply` (what is wrong, and where).
-    """
+    """A reply body read as `reply`, through `json` with `strict=False` when msgspec refuses its
+    JSON (raw control characters, UTF-16); raises ValueError saying what is wrong and where."""
     try:
         try:
             return msgspec.json.decode(content, type=reply, strict=False)

@@ -88,11 +88,7 @@ def warn_cut(name: str, task: str, cap: int | None) -> None:
 
 
 def example_of(schema: Mapping[str, object]) -> object:
-    """A value shaped as `schema` says, to show a model what an answer looks like (a small
-    model shown only the schema answered with the schema itself): an object with its
-    required properties (all of them when it lists none), a list of one item, "..." for a
-    string, the minimum (or 0.5 between 0 and 1) for a number, the first alternative but
-    null of an `anyOf`."""
+    """A value shaped as `schema` says, to show a model what an answer looks like."""
     choices = schema.get("anyOf")
     if isinstance(choices, list):
         # The first alternative that is not null: a model shown null copies it.
@@ -127,14 +123,8 @@ def example_of(schema: Mapping[str, object]) -> object:
 
 
 def tool_spec(tool: Mapping[str, object]) -> tuple[str, str, JSONObject]:
-    """(name, description, parameters schema) of a tool given in any usual shape.
-
-    Accepts mnemo's neutral {"name", "description", "parameters"}, OpenAI's
-    {"type": "function", "function": {...}} and Anthropic's {"name", "input_schema"}.
-
-    Raises:
-        ValueError: the tool has no name.
-    """
+    """(name, description, parameters schema) of a tool in mnemo's neutral, OpenAI's or Anthropic's
+    shape; raises ValueError for a tool without a name."""
     inner = tool.get("function") if tool.get("type") == "function" else tool
     if not isinstance(inner, Mapping) or not isinstance(inner.get("name"), str):
         raise ValueError(f"a tool needs a name, got {tool!r}")
@@ -161,16 +151,9 @@ def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
 
 
 class HTTPModel(Closing):
-    """What the HTTP adapters share: the key (`api_key`, else the environment's `key_variable`,
-    read when the adapter is made; with none, no key is sent), one `Transport` to `base_url`,
-    the prices of `model` (`prices` on top of `DEFAULT_PRICES`: a reply's `Usage.cost` is None
-    for an unpriced model), the usage of its replies (`total_usage`), what it learned of its
-    server (`server_profile`) and closing.
-
-    Raises:
-        InvalidInputError: a bad limit, or no key for the provider's own API (`provider_url`)
-            that the requests would reach over the network (no `transport`, or httpx's own).
-    """
+    """What the HTTP adapters share: the key (`api_key`, else the environment's `key_variable`), one
+    `Transport` to `base_url`, the model's prices, `total_usage`, `server_profile` and closing.
+    Raises InvalidInputError for a bad limit, or no key for the provider's own API."""
 
     def __init__(
         self,

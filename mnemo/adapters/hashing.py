@@ -1,14 +1,8 @@
 """`HashEmbedder`: a dependency-free embedder built from hashed word and character n-grams.
 
-A text's features are its content words (`mnemo.text.tokens`, stopwords removed, stemmed), the
-bigrams of consecutive content words, and the character trigrams of each content word with
-boundary markers ("<ng", "ngi", ..., "nx>"). Each feature is hashed with BLAKE2b (stable across
-processes, unlike the salted built-in `hash`) into one of `dim` buckets with a sign, weighted by
-type (unigram 1.0, bigram 0.6, trigram 0.3) and by sublinear term frequency (1 + log tf), and
-the vector is L2-normalised. Texts that share words or word stems score well above unrelated
-ones; it knows nothing of synonyms. A text of only stopwords falls back to its stopwords; a
-text with no word at all embeds to the zero vector.
-"""
+Content words, their bigrams and character trigrams are hashed (BLAKE2b, stable across
+processes) into `dim` signed buckets, weighted by kind and by 1 + log tf, and L2-normalised. A
+text of only stopwords falls back to them; one without words embeds to zeros."""
 
 from __future__ import annotations
 
@@ -46,11 +40,8 @@ def _hash(feature: str) -> int:
 
 
 def _mix(first: npt.NDArray[np.int64], second: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Stable 32-bit hashes of ordered pairs of 32-bit hashes (bigrams, with no string to hash).
-
-    Each pair is combined, then avalanched with MurmurHash3's finaliser so that a bigram's
-    bucket and sign bits do not follow those of its words.
-    """
+    """Stable 32-bit hashes of ordered pairs of 32-bit hashes (bigrams), avalanched with
+    MurmurHash3's finaliser."""
     # In uint64 a product of two 32-bit values never overflows; its low 32 bits are kept.
     h = (first.astype(np.uint64) * _GOLDEN + second.astype(np.uint64)) & _MASK64
     h ^= h >> _S16
@@ -61,14 +52,8 @@ def _mix(first: npt.NDArray[np.int64], second: npt.NDArray[np.int64]) -> npt.NDA
 
 
 class HashEmbedder:
-    """An `Embedder` of hashed n-gram features: deterministic, offline, fast (BENCHMARKS.md).
-
-    `embed` returns a float32 array of shape (len(texts), dim) whose rows have unit L2 norm
-    (zero rows for texts without words).
-
-    Raises:
-        ValueError: if `dim` is not a positive integer.
-    """
+    """An `Embedder` of hashed n-gram features: deterministic, offline, fast. Rows have unit norm
+    (zero for texts without words); raises ValueError for a `dim` that is not positive."""
 
     def __init__(self, dim: int = 512) -> None:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:

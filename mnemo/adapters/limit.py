@@ -1,24 +1,10 @@
 """`Limit`: how many requests one model server gets at once, adapted to the server;
 `RateGate`: the client-side rate limits (requests and tokens per minute).
 
-A server answers some requests at once and queues the rest, whose wait counts against their
-timeout, so mnemo sends no more than it serves (a Vegas-style limit, after TCP Vegas and
-Netflix's concurrency-limits):
-
-- A reply's time per unit of work (tokens read and written, when reported) is compared with
-  the fastest recent reply of its kind (task), and never with more than `SLACK` times the
-  fastest of any kind: n in flight and r times the fastest means about `n * (1 - 1/r)` queued.
-  Only a request alone with the server may make the baseline slower.
-- No queue with at least half the limit in use: the limit grows, by one a reply in slow start,
-  then by one a round trip.
-- A queue of two or more (6 log10 n with n in flight), or a reply that used half its timeout:
-  the limit drops by one; the first drop ends slow start and halves it. A timeout, a 429 or
-  503, or a refused connection halves it. At most one decrease per round trip.
-
-The limit stays within 1..`ceiling`; a `pinned` one never moves; `state` / `restore` carry it
-to the next adapter. It also learns the seconds a reply token takes (`request_time`: what a
-request's `max_tokens` needs, `MARGIN` times over). Waiting for a slot counts against no
-timeout or retry budget (`mnemo.calls.retry.waiting`)."""
+The limit follows TCP Vegas: a reply slower per unit of work than the fastest recent one of
+its kind means a queue, and the limit drops by one; no queue grows it (slow start first). A
+timeout, a 429 or 503 halves it. It stays within 1..`ceiling`, a `pinned` one never moves, and
+`request_time` learns the seconds a reply token takes."""
 
 from __future__ import annotations
 
@@ -321,12 +307,8 @@ class Limit:
 
 
 class _Bucket:
-    """A token bucket: `per_minute` units refill continuously up to `capacity`.
-
-    The level may go negative: a request larger than the bucket is let through when the bucket
-    is full, and a reply that used more tokens than estimated is charged afterwards; the debt
-    then delays later requests, so the average rate still holds.
-    """
+    """A token bucket: `per_minute` units refill up to `capacity`; the level may go negative (debt
+    delays later requests), so the average rate holds."""
 
     def __init__(self, per_minute: float, capacity: float, now: float) -> None:
         self.rate = per_minute / 60.0
@@ -344,13 +326,8 @@ class _Bucket:
 
 
 class RateGate:
-    """Client-side rate limits: requests/min and tokens/min, and a shared pause after a 429.
-
-    Each bucket holds `burst_seconds` worth of its rate (at least one request), not a whole
-    minute: providers enforce per-minute limits over shorter windows, so a minute's burst at
-    once would be refused. Callers pass the gate one at a time, in arrival order (a fair lock),
-    so a large request is not starved by small ones.
-    """
+    """Client-side rate limits (requests/min, tokens/min) with a shared pause after a 429; buckets
+    hold `burst_seconds` of their rate, and callers pass in arrival order."""
 
     def __init__(
         self,

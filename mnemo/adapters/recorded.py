@@ -1,14 +1,9 @@
 """The models a repo runs with when its `Memory` was given none: the ones the repo recorded.
 
-`open_repo` records the URIs of the repo's LLM and embedder (`mnemo.adapters.uri`); a later
-`Memory` opened without models builds them again, keys from the environment. A `Memory` given
-a model uses it for every repo. A record no URI parser knows runs the Memory's default. A
-known URI that cannot be built here (no key) becomes a stand-in of the recorded name and
-dimension that raises, when called, saying what to set. A record of the hashed embedder's
-retired features (`hash`, `hash:DIM`, `hash-ngram-v1`) becomes such a stand-in whatever the
-Memory was given (its vectors would not compare with today's): `Repos.open` refuses to record
-another embedder over it (`RepoModels.refusal`), and `Memory.reembed` makes its vectors again,
-by default with `hash2` of the same dimension (`RepoModels.successor`)."""
+A record no parser knows runs the Memory's default; one that cannot be built here (no key)
+becomes a stand-in that raises when called, saying what to set. A record of the retired hashed
+embedder (`hash`, `hash:DIM`, `hash-ngram-v1`) is always such a stand-in, re-embedded by
+`Memory.reembed` with `hash2` of the same dimension."""
 
 from __future__ import annotations
 

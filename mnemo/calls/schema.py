@@ -1,11 +1,6 @@
-"""A task's reply struct (`Reply`) and the JSON schema sent for it.
-
-`reply_schema` inlines the struct's schema (no `$ref`), requires every field but one that
-defaults to `UNSET`, and never offers null (a field that takes None is still asked for, and
-read as None when missing). `text(n)` and `items(n)` bound a string or a list in the schema
-only, for a server that turns it into a grammar; `most_tokens` is the longest reply a bounded
-schema allows. `mnemo.calls.tasks` reads a reply back into the same struct.
-"""
+"""A task's reply struct (`Reply`) and the JSON schema sent for it: inlined, every field
+required but `UNSET` ones, never null. `text(n)` and `items(n)` bound a string or a list in
+the schema only; `most_tokens` is the longest reply a bounded schema allows."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """The "contradiction" task: which new facts end existing ones about the same subject ("Dana
-lives in Lisbon" / "Dana moved to Porto")? A commit asks it once, for every new fact and the
-few close existing facts recall finds for it, as numbered pairs; a fact contradicted is
-retired, not deleted (`mnemo.graph.contradiction`). `intent_policy` is what a commit asks the
-model: this task, and the merges of intents that say the same."""
+lives in Lisbon" / "Dana moved to Porto"), asked once a commit as numbered pairs, and
+`intent_policy`, what a commit asks the model."""
 
 from __future__ import annotations
 
@@ -67,12 +65,8 @@ def contradiction_request(
 
 def parse_contradiction(resp: LLMResponse, pairs: Sequence[tuple[int, int]],
                         questions: int) -> list[set[int]]:
-    """For each question, the positions of the existing facts its new fact ends, from a
-    "contradiction" reply (indices outside the pairs are ignored).
-
-    Raises:
-        ValueError: when the reply is not {"contradicted": [int, ...]}.
-    """
+    """For each question, the positions of the existing facts its new fact ends; raises ValueError
+    when the reply is not {"contradicted": [int, ...]}."""
     listed = read_reply(resp, ContradictionReply, "contradiction").contradicted
     ended: list[set[int]] = [set() for _ in range(questions)]
     for k in listed:

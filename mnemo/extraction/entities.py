@@ -56,11 +56,8 @@ def vector_text(kind: NodeType, text: str) -> str:
 
 
 def wordings(embedder: Embedder, timeout: float) -> Embed:
-    """How a forget or a revert embeds the wordings nodes take (`mnemo.graph.erasure`):
-    `embedding_text` of each, within `timeout` seconds.
-
-    Raises (the returned callable):
-        EmbeddingError: the embedder failed or took longer."""
+    """How a forget or a revert embeds the wordings nodes take: `embedding_text` of each, within
+    `timeout` seconds (EmbeddingError)."""
     async def embed_wordings(texts: Sequence[str]) -> Vector:
         try:
             with fail_after(timeout):
@@ -72,12 +69,8 @@ def wordings(embedder: Embedder, timeout: float) -> Embed:
 
 
 async def embedded_again(changeset: Changeset, embedder: Embedder, generation: int) -> Changeset:
-    """`changeset` with every node's vector made by `embedder` (`vector_text`), for the repo's
-    vectors of `generation` (it was made for an earlier one). One embedding call.
-
-    Raises:
-        EmbeddingError: as `mnemo.graph.vectors.embed`.
-    """
+    """`changeset` with every node's vector made again by `embedder` for the vectors of
+    `generation`, in one embedding call (EmbeddingError)."""
     vectors = await embed(embedder, [vector_text(n.type, n.text) for n in changeset.nodes])
     nodes = [replace(n, vector=v) for n, v in zip(changeset.nodes, vectors, strict=True)]
     return replace(changeset, nodes=nodes, generation=generation)

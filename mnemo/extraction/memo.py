@@ -1,8 +1,5 @@
-"""`TaskMemo`: the validated result of each extraction task, kept with its episode, so a
-retry re-asks only what failed. A result is found again only for the same trajectory, task and
-request (`request_digest`); its cost is booked again as saved each time a retry uses it
-(`Usage.saved_calls`, ...). A failed extraction's results are stored with the episode as the
-replies that passed validation (`unsaved`), parsed again when a Memory resumes the work."""
+"""`TaskMemo`: the validated result of each extraction task, kept with its episode, so a retry
+re-asks only what failed; a result is reused only for the same trajectory, task and request."""
 
 from __future__ import annotations
 
@@ -121,12 +118,7 @@ class TaskMemo:
     async def ask(self, llm: LLM, trajectory_id: str, request: LLMRequest,
                   parse: Callable[[LLMResponse], T], *, unusable: T | None = None) -> T:
         """The parsed reply to `request` for `trajectory_id`: the kept one (its cost booked as
-        saved), else asked through `calls.tasks.ask` and kept (not when it stands for
-        `unusable`: a retry asks again).
-
-        Raises:
-            LLMError: as `calls.tasks.ask`; nothing is kept then.
-        """
+        saved), else asked through `calls.tasks.ask` and kept (LLMError as `ask`)."""
         kept = self._find(trajectory_id, request)
         if kept is not None:
             try:

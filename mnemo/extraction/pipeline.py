@@ -1,15 +1,9 @@
 """Extraction: from an episode's trajectories to one changeset, in at most two LLM rounds.
 
-Round 1 asks every trajectory's semantic and procedural tasks at once; the last trajectory's
-procedural task also scores the last step's deferred reward (a reply without it has the
-"reward" task asked after). Each instruction's return comes from the trajectory's cumulative
-reward; round 2 asks the optional "return" task only for a trajectory with several
-instructions, as soon as its procedural reply is in. Once every first round is in, the
-changeset is drawn up and embedded while the returns are still out, their scores written into
-it at the end: the close's own work overlaps the model's second round.
-
-A failed task does not cancel its siblings: each validated result is kept in the episode's
-`TaskMemo`, so the retry re-asks only what failed."""
+Round 1 asks every trajectory's semantic and procedural tasks at once; round 2 the "return"
+task for trajectories with several instructions, while the changeset is drawn up and
+embedded. A failed task does not cancel its siblings, and every validated result is kept in
+the episode's `TaskMemo`."""
 
 from __future__ import annotations
 
@@ -83,18 +77,13 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
                   llm: LLM, embedder: Embedder, time_limit: float, score_last_step: bool,
                   memo: TaskMemo | None = None, partial: bool = False,
                   generation: int = 0) -> Changeset:
-    """Extracts `steps` (grouped by trajectory) into one changeset, its vectors made by
-    `embedder` for the repo's vectors of `generation`. With `score_last_step`, the last step's
-    deferred reward is scored too (written onto its record on success). Results in `memo` are
-    not asked again, and every result validated is kept there. With `partial`, a task that
-    failed for good is left out (the changeset's `missing` names it) instead of failing it all.
+    """Extracts `steps` (grouped by trajectory) into one changeset embedded for `generation`, with
+    the last step's deferred reward when `score_last_step`. With `partial`, a task that failed for
+    good is left out (named in `missing`).
 
     Raises:
-        LLMError, EmbeddingError: a task failed for good (the first failure, naming its task
-            and trajectory; the other tasks ran to their end all the same), without `partial`.
-        TimeoutError: a trajectory's calls took longer than `time_limit` seconds of work
-            (waits for a slot not counted); the message names the tasks left unanswered.
-    """
+        LLMError, EmbeddingError: a task failed for good, without `partial`.
+        TimeoutError: the calls took longer than `time_limit` seconds of work."""
     memo = memo if memo is not None else TaskMemo(episode.id)
     groups = episode.trajectories(list(steps))
     parts = [Extracted(group) for group in groups]

@@ -1,9 +1,6 @@
 """The extraction tasks: facts, procedures, their returns and intent merges, with parsers.
-
-Each `*_request` builds one `LLMRequest` through `task_request` (its `inputs` are the keyword
-arguments), its schema generated from the `Reply` struct beside it. The parsers are strict (a
-`ValueError` names the first offending field) and leave out what says nothing (a proposition
-of punctuation); an empty list is a valid answer."""
+Each `*_request` builds one `LLMRequest` through `task_request`; the parsers raise ValueError
+naming the first offending field."""
 
 from __future__ import annotations
 
@@ -80,12 +77,8 @@ def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
 
 
 def parse_facts(resp: LLMResponse) -> list[Fact]:
-    """The facts of a "semantic" reply, in order, each proposition once: confidence clamped to
-    [0, 1] (0.5 when missing), concepts stripped and without blanks or repeats, steps a tuple.
-
-    Raises:
-        ValueError: naming the first field that does not match the schema.
-    """
+    """The facts of a "semantic" reply, in order, each proposition once, confidence clamped to
+    [0, 1]; raises ValueError naming the first field that does not match."""
     reply = read_reply(resp, SemanticReply, "semantic")
     facts: dict[str, Fact] = {}
     for i, item in enumerate(reply.facts):
@@ -179,12 +172,8 @@ def parse_procedural(resp: LLMResponse) -> tuple[list[Instruction], float | None
 
 
 def parse_instructions(resp: LLMResponse) -> list[Instruction]:
-    """The instructions of a "procedural" reply, in order, each once: `intent` and
-    `instruction` non-blank, `condition` and `expected_outcome` "" when missing, all stripped.
-
-    Raises:
-        ValueError: naming the first field that does not match the schema.
-    """
+    """The instructions of a "procedural" reply, in order, each once and stripped; raises
+    ValueError naming the first field that does not match."""
     reply = read_reply(resp, ProceduralReply, "procedural")
     out: dict[str, Instruction] = {}
     for i, item in enumerate(reply.instructions):
@@ -239,12 +228,8 @@ def return_request(*, goal: str, subgoal: str, instructions: Steps, steps: Steps
 
 
 def parse_returns(resp: LLMResponse, count: int) -> dict[int, int]:
-    """Instruction index -> return score (rounded, clamped to 1..10) of a "return" reply; an
-    index outside 0..count-1 is ignored, a repeated one's first score counts.
-
-    Raises:
-        ValueError: when the reply is not {"scores": [{"index": int, "return_score": number}]}.
-    """
+    """Instruction index -> return score (clamped to 1..10) of a "return" reply; raises ValueError
+    for a reply of another shape."""
     reply = read_reply(resp, ReturnReply, "return")
     scores: dict[int, int] = {}
     for i, item in enumerate(reply.scores):
@@ -279,11 +264,7 @@ def merge_intent_request(*, existing: str, new: str) -> LLMRequest:
 
 
 def parse_merged_intent(resp: LLMResponse) -> str:
-    """The merged intent of a "merge_intent" reply, stripped.
-
-    Raises:
-        ValueError: when the reply is not an object with a non-blank "intent" string.
-    """
+    """The merged intent of a "merge_intent" reply, stripped (ValueError when there is none)."""
     reply = read_reply(resp, MergedReply, "merge_intent")
     return _required_text(reply.intent, "merge_intent reply.intent")
 
@@ -323,12 +304,8 @@ def merge_intents_request(pairs: list[tuple[str, str]]) -> LLMRequest:
 
 
 def parse_merged_intents(resp: LLMResponse, count: int) -> dict[int, str]:
-    """Pair index -> merged intent of a "merge_intents" reply (pairs it does not answer, or
-    answers blank, are absent: they keep the existing wording).
-
-    Raises:
-        ValueError: when the reply is not {"intents": [{"index": int, "intent": str}, ...]}.
-    """
+    """Pair index -> merged intent of a "merge_intents" reply (unanswered pairs absent); raises
+    ValueError for a reply of another shape."""
     reply = read_reply(resp, MergedPairsReply, "merge_intents")
     merged: dict[int, str] = {}
     for item in reply.intents:

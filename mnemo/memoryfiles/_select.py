@@ -56,14 +56,8 @@ def newest_first(stored: builtins.list[Stored]) -> builtins.list[Stored]:
 
 
 def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
-    """The user and assistant messages of `history` that carry text, newest within budget,
-    read from the newest back (system messages hold the memory files themselves, tool output
-    is none of the signals).
-
-    Raises:
-        InvalidInputError: `history` is not a list of messages, or a message read has more
-            parts than `limit` or a text longer than it.
-    """
+    """The user and assistant messages of `history` that carry text, newest within budget
+    (InvalidInputError for a history that is not messages, or past `limit`)."""
     if isinstance(history, str | bytes) or not isinstance(history, Sequence):
         raise InvalidInputError("history must be a list of message dicts")
     kept: builtins.list[dict[str, str]] = []

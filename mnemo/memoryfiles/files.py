@@ -1,11 +1,8 @@
 """`MemoryFiles`: a directory of topic files that an agent reads at the start of work.
 
-A write holds the directory's writer lock (`_lock.DirectoryLock`, honoured by every object and
-process) from its scan of the topics through its model calls to its last file written, so
-concurrent writes give what some serial order of them gives and a topic never splits across
-files. Files are read, merged and written under the shorter file lock, which `recall` takes
-alone to record a use: a reader never waits for a model. A write is atomic (a fsynced
-temporary file replaces the old one), and nothing is followed through a link (`_folder`)."""
+A write holds the directory's writer lock from its scan through its model calls to its last
+file, so concurrent writes serialise; files are merged and written atomically under the
+shorter file lock, which `recall` takes alone."""
 
 from __future__ import annotations
 
@@ -74,19 +71,13 @@ class _Planned:
 
 
 class MemoryFiles:
-    """Long-term memory as one Markdown file per topic in `directory` (created when first
-    written): a front matter (`topic`, `description`, `updated`, and `used`, the last time
-    `recall` returned it) and a body of one entry per line, oldest first, at most `max_chars`
-    characters. A write that would pass `max_chars` asks the `memory_condense` task first;
-    only when that fails are the oldest entries dropped. `enabled=False` turns writing off;
-    `clock` stamps `updated` and `used`; `max_text_chars` bounds every text given. A topic
-    file that is not a regular file is neither listed nor read; with `root`, no folder from
-    `root` down to `directory` may be a link.
+    """Long-term memory as one Markdown file per topic in `directory`, each at most `max_chars`
+    (condensed by the LLM first, else its oldest entries dropped). `enabled=False` turns writing
+    off; with `root`, no folder from `root` down to `directory` may be a link.
 
     Raises:
-        InvalidInputError: a bound out of its range, or a `directory` the system cannot name
-            or not inside `root`.
-    """
+        InvalidInputError: a bound out of its range, or a `directory` the system cannot name or
+            not inside `root`."""
 
     def __init__(
         self, directory: str | os.PathLike[str], *, max_chars: int = 4000, min_iterations: int = 10,
@@ -116,15 +107,12 @@ class MemoryFiles:
         return [stored.file() for stored in _select.newest_first(self._scan())]
 
     async def recall(self, query: str, *, limit: int = 5) -> builtins.list[MemoryFile]:
-        """The files that match the words of `query`, most relevant first, at most `limit`,
-        without an LLM: each content word of the query (stemmed) scores 3 in a file's topic,
-        2 in its description, 1 in its content; ties go to the most recently used file. The
-        files returned get `used` set to now.
+        """The files that match the words of `query`, most relevant first, at most `limit`, without
+        an LLM (topic words weigh 3, description 2, content 1); they get `used` set to now.
 
         Raises:
-            InvalidInputError: a blank or too long `query`, or a `limit` below 1.
-            TimeoutError: another writer held the directory's lock for 60 s.
-        """
+            InvalidInputError: a blank or too long `query`, or a `limit` below 1. TimeoutError:
+            another writer held the directory's lock too long."""
         check_text(query, "query", limit=self.max_text_chars, stored=False)
         check_count("limit", limit, minimum=1)
         wanted = _select.stems(query)
@@ -146,18 +134,9 @@ class MemoryFiles:
 
     async def update(self, history: Sequence[Mapping[str, object]], *, llm: LLM | None,
                      iterations: int, is_subagent: bool = False) -> MemoryUpdate:
-        """Files what the conversation in `history` decided, established, corrected or
-        preferred; nothing when disabled, for a sub-agent, below `min_iterations`, or without
-        user or assistant text.
-
-        The `memory_update` task (of `llm`, else the offline LLM) is shown every file's topic
-        and description and the content of the most related, and answers each topic's new
-        entries and those a correction removes (at most `prompts.MAX_UPDATE_FILES`). A prompt
-        the model's context refuses is asked again with about half of it, up to five times.
-        A topic's file is found by `_format.topic_key`; `files` reports what bounding cost.
-
-        Never raises (cancellation aside): a failure is logged and returned in `error`, with
-        the topics written before it and the usage of every call made."""
+        """Files what the conversation in `history` decided, established, corrected or preferred,
+        through the `memory_update` task; nothing when disabled, for a sub-agent, or below
+        `min_iterations`. Never raises (cancellation aside): a failure is returned in `error`."""
         metered: CountingLLM | None = None
         written: builtins.list[str] = []
         results: builtins.list[tuple[bool, MemoryFile]] = []
@@ -188,20 +167,13 @@ class MemoryFiles:
         return MemoryUpdate(written, metered.usage, None, [f for changed, f in results if changed])
 
     async def persist(self, what: str, *, llm: LLM | None) -> MemoryFile:
-        """Files the statement `what` on request ("remember this") and returns its file.
-
-        The `memory_persist` task (of `llm`, else the offline LLM) picks the topic and may
-        reword the statement as one entry; an entry that loses the statement's content
-        (`prompts.statement_entry`) is replaced by the statement. The entry is appended unless
-        there, and the file bounded like any write. Disabled: `skipped="disabled"`.
+        """Files the statement `what` on request ("remember this") through the `memory_persist` task
+        and returns its file (`skipped="disabled"` when disabled).
 
         Raises:
             InvalidInputError: `what` has no words or is too long; `llm` is not an LLM.
-            LLMError: the LLM failed or kept answering something unusable (`LLMTimeout`:
-                not within `LLM_TIMEOUT_S`).
-            OSError: the file could not be written (the old one is left intact), or
-                (`TimeoutError`) a lock was held too long.
-        """
+            LLMError: the LLM failed or kept answering something unusable.
+            OSError: the file could not be written, or (`TimeoutError`) a lock was held too long."""
         if not isinstance(what, str) or not _format.entry_key(what):
             # Only bullets and punctuation (".") leave nothing to file.
             raise InvalidInputError(f"what must be a statement with words, got {what!r}")

@@ -11,11 +11,8 @@ from mnemo.ports import Usage
 
 @dataclass(frozen=True, slots=True)
 class MemoryFile:
-    """One topic file: `content` is the Markdown body (one entry per line), `updated` when its
-    content or description last changed (UTC). A file a write returns also says what keeping it
-    within `max_chars` cost: `condensed` when the LLM rewrote it, `dropped` the entries no
-    longer in it word for word, `truncated` when an entry was cut. `skipped` says why a write
-    did nothing (`"disabled"`); such a file has no topic."""
+    """One topic file: its Markdown body, `updated` (UTC), and what keeping it within `max_chars`
+    cost (`condensed`, `dropped`, `truncated`); `skipped` says why a write did nothing."""
 
     topic: str
     description: str

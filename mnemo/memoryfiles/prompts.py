@@ -116,11 +116,8 @@ Reply with JSON: {{"files": [{{"topic", "description", "signals", "content", "re
 
 def memory_update_request(*, conversation: list[dict[str, str]],
                           files: list[dict[str, str]]) -> LLMRequest:
-    """The "memory_update" task.
-
-    `conversation` holds {"role", "content"} messages; `files` holds {"topic", "description"}
-    for existing files, plus "content" (all or part of it) for those most related. Read the
-    reply with `parse_update`."""
+    """The "memory_update" task over the `conversation` and the existing `files`; read the reply
+    with `parse_update`."""
     return task_request(
         "memory_update", system=MEMORY_UPDATE_SYSTEM, instructions=MEMORY_UPDATE_INSTRUCTIONS,
         inputs={"files": files, "conversation": conversation}, schema=MEMORY_UPDATE_SCHEMA,
@@ -128,12 +125,8 @@ def memory_update_request(*, conversation: list[dict[str, str]],
 
 
 def parse_update(resp: LLMResponse) -> list[TopicChange]:
-    """The file changes of a "memory_update" reply, in order: a missing `description` is "",
-    missing `signals` or `remove` none, repeated signals dropped.
-
-    Raises:
-        ValueError: naming the first field that does not match the schema.
-    """
+    """The file changes of a "memory_update" reply, in order; raises ValueError naming the first
+    field that does not match."""
     reply = read_reply(resp, UpdateReply, "memory_update")
     changes: list[TopicChange] = []
     for i, item in enumerate(reply.files):
@@ -183,11 +176,8 @@ def memory_persist_request(*, statement: str, files: list[dict[str, str]]) -> LL
 
 
 def parse_persist(resp: LLMResponse) -> Filed:
-    """Where a "memory_persist" reply files the statement; the entry becomes one line.
-
-    Raises:
-        ValueError: naming the first field that does not match the schema.
-    """
+    """Where a "memory_persist" reply files the statement; raises ValueError naming the first field
+    that does not match."""
     reply = read_reply(resp, PersistReply, "memory_persist")
     # An entry of only bullets and punctuation would be dropped as empty when written.
     if not _format.entry_key(reply.entry):
@@ -285,12 +275,8 @@ def memory_condense_request(*, topic: str, description: str, entries: list[str],
 
 
 def parse_condense(resp: LLMResponse, *, max_chars: int) -> Condensed:
-    """The condensed file of a "memory_condense" reply, as entry lines.
-
-    Raises:
-        ValueError: a field does not match the schema, the content holds no entry, or it is
-            still longer than `max_chars`.
-    """
+    """The condensed file of a "memory_condense" reply as entry lines; raises ValueError for a
+    mismatch, no entry, or one still longer than `max_chars`."""
     reply = read_reply(resp, CondenseReply, "memory_condense")
     content = reply.content
     lines = _format.dedupe(_format.entries(content))

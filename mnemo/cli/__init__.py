@@ -1,7 +1,5 @@
-"""The `mnemo` command line (typer + rich). `main` is the console script; `app` the typer
-application, built when first asked for. `main` imports only the module of the command asked
-for (`COMMANDS`), so `mnemo repos` never loads what `mnemo doctor` probes with; without a
-command, or with an unknown one, every module is, so the help lists every command."""
+"""The `mnemo` command line (typer + rich). `main`, the console script, imports only the module
+of the command asked for (`COMMANDS`); `app` is built when first asked for."""
 
 from __future__ import annotations
 

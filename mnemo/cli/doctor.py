@@ -1,7 +1,5 @@
-"""`mnemo doctor`: checks the installed distribution, the store, the LLM (the `"state"` task:
-its latency) and the embedder the settings choose, with small real calls, and unless `--quick`
-measures an HTTP model's server (`_probe`); exit 1 when a check fails. A missing store is
-reported, not created."""
+"""`mnemo doctor`: checks the distribution, the store, the LLM and the embedder with small real
+calls, and unless `--quick` measures an HTTP model's server (`_probe`); exit 1 on a failure."""
 
 from __future__ import annotations
 

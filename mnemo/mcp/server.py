@@ -1,9 +1,6 @@
 """The tools of `mnemo mcp` (`MemoryTools`) over a store, and the Memories they run on
-(`open_tools`). Reads and edits by name go through a `Memory` opened for inspection, the
-session tools through one that works, opened at the first of them; both live as long as the
-server. Every tool returns bounded JSON text (`_output`); a `MnemoError` becomes a tool error
-with its one-line message. Memory files live under one root (`<db>.memory/` by default), and a
-tool's `directory` may only name a folder inside it: a prompt must not steer writes elsewhere."""
+(`open_tools`). Every tool returns bounded JSON text; a `MnemoError` becomes a tool error.
+Memory files live under one root, and a tool's `directory` must lie inside it."""
 
 from __future__ import annotations
 
@@ -69,10 +66,8 @@ def _dumps(value: object) -> str:
 
 @dataclass(eq=False)
 class MemoryTools:
-    """The server's tools over an open `Memory` `mem`; the session tools go to `worker()`,
-    the Memory that works (None: `mem`). `reinforce`: a recall counts accesses. `llm`, the
-    model the server was started with, files `persist_memory`'s statements (None: the
-    offline LLM)."""
+    """The server's tools over `mem`; the session tools go to `worker()` (None: `mem`). `reinforce`:
+    a recall counts accesses; `llm` files `persist_memory`'s statements."""
 
     mem: Memory
     memory_dir: Path

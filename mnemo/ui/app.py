@@ -1,8 +1,6 @@
-"""`mnemo ui`: a small local web app over a memory (Starlette, Jinja2, vendored htmx). Every
-page is a GET that reads through a `MemorySource`, rendered on the server; with `allow_writes`
-two POSTs write (a recall that counts accesses, a revert). A `Gate` (`mnemo.ui.guard`) stands
-in front of every route. Ids travel as query parameters: thread ids such as "week/1" hold
-slashes."""
+"""`mnemo ui`: a small local web app over a memory (Starlette, Jinja2, vendored htmx), pages
+rendered on the server from a `MemorySource`, behind a `Gate` (`mnemo.ui.guard`); with
+`allow_writes`, two POSTs write."""
 
 from __future__ import annotations
 
@@ -56,13 +54,8 @@ ViewFactory = Callable[[], AbstractAsyncContextManager[MemorySource]]
 
 def create_app(view: MemorySource | None = None, *, open_view: ViewFactory | None = None,
                allow_writes: bool = False, access: Access | None = None) -> Starlette:
-    """The web app over `view`, or over the view `open_view` opens for the app's life: exactly
-    one of the two. `allow_writes` adds the two POSTs that write; `access` says which Host
-    names are answered and which token is required (default: the loopback names, no token).
-
-    Raises:
-        InvalidInputError: neither or both of `view` and `open_view`.
-    """
+    """The web app over `view`, or over the view `open_view` opens for the app's life (exactly one,
+    else InvalidInputError); `allow_writes` adds the POSTs, `access` the hosts and token."""
     if (view is None) == (open_view is None):
         raise InvalidInputError("create_app takes exactly one of view and open_view")
 

@@ -1,8 +1,5 @@
-"""Pictures of the graph laid out for SVG drawn on the server (pure: coordinates, which the
-templates draw). `neighbourhood` (the node page): the nodes one link away in a column grouped
-by link type, the node's box beside it (`WIDE`) or above it (`NARROW`). `picture` (the graph
-page): a few hundred nodes and their links placed by a seeded force-directed layout. A node's
-type is its marker's shape and colour; a retired fact's marker is dashed."""
+"""Pictures of the graph laid out for SVG (pure coordinates the templates draw): a node's
+`neighbourhood`, and the graph `picture` by a seeded force-directed layout."""
 
 from __future__ import annotations
 

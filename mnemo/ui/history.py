@@ -80,13 +80,11 @@ async def _texts(view: MemorySource, repo: str, diff: CommitDiff,
 
 
 async def revert(request: Request) -> Response:
-    """Undoes the commit a form names (fields `repo`, `id`, `confirm`), then shows the
-    history; a 403 page when the app was started without `--allow-writes`.
+    """Undoes the commit a form names, then shows the history (403 without `--allow-writes`).
 
     Raises:
         InvalidInputError: the box was not ticked, or a malformed form.
-        ConflictError: later work built on the commit (409).
-    """
+        ConflictError: later work built on the commit (409)."""
     if not request.app.state.allow_writes:
         refused = "this web app is read-only: start it with --allow-writes to revert a commit"
         return page(request, "error.html", {"error": refused, "status": 403}, 403)

@@ -15,9 +15,7 @@ import re
 from mnemo import text as _text
 
 _LINKING = frozenset("in at to on as for from with of the a an".split())
-# A run of words one fact says where the other says another is a value when it is at most
-# this long: longer, it is a clause, and the facts say different things (measured on LoCoMo
-# dev and the demo: runs of 3-5 words were tool output and chat, never a value).
+# The longest run of words that counts as a value; a longer one is a clause.
 MAX_VALUE_WORDS = 2
 
 # The words of one relation, read as one ("=family"); "be" is the copula, which a fact may

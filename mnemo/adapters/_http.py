@@ -389,9 +389,7 @@ class Transport(Closing):
             try:
                 read = _decode(response.content, reply)
             except ValueError as exc:
-                # A 2xx without the reply is one cut short (a proxy, a dropped stream) or a
-                # provider's garbage, which another attempt may not repeat (there is no
-                # message to show in a re-ask).
+                # A 2xx without the reply is cut short or garbage: another attempt may do.
                 failure = HTTPFailure(status, f"{exc}: {shorten(response.text, 300)}")
                 raise _Retryable(str(failure), failure) from None
             used = read.tokens()

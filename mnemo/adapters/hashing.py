@@ -29,9 +29,7 @@ _S13, _S16 = np.uint64(13), np.uint64(16)
 # A text's features cost time in proportion to its characters, and a text costs at least
 # what this many characters do.
 _TEXT_CHARS = 16
-# Texts are embedded in slices of about this many characters: numpy holds the GIL through
-# each array operation, and one over a whole batch of long texts kept every other thread,
-# the event loop's included, waiting (BENCHMARKS.md, "Figures behind the code").
+# Texts are embedded in slices of about this many characters, so no numpy call holds the GIL long.
 _SLICE_CHARS = 64_000
 
 
@@ -59,10 +57,7 @@ class HashEmbedder:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
         self.dim = dim
-        # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
-        # "hash2": the features of `mnemo.text`'s tokenizer and Snowball stems. A repo recorded
-        # as "hash" holds vectors of other features, never compared with these
-        # (`adapters/recorded.py`).
+        # The URI `mnemo.embedder_from_uri` builds this from again; "hash" names retired features.
         self.name = "hash2" if dim == 512 else f"hash2:{dim}"
         # token -> (is_stopword, unigram hash, trigram hashes); bounded by clearing when full.
         self._tokens: dict[str, tuple[bool, int, tuple[int, ...]]] = {}

@@ -26,10 +26,7 @@ INITIAL = 2
 # Replies of one kind whose fastest is the baseline: recent ones, so a server that became
 # faster or slower is re-learned.
 WINDOW = 32
-# A kind's baseline is at most this many times the fastest reply of any kind, per unit of work:
-# a kind first seen under load (every request of a close's burst) would otherwise take a queued
-# reply as the server's speed, while kinds truly differ by less (a hosted API's fixed overhead
-# makes short replies dearer per token, about 1.35 times).
+# A kind's baseline is at most this many times the fastest reply of any kind, per unit of work.
 SLACK = 1.5
 # A prompt token costs this fraction of a reply token (prefill is batched, decoding is not).
 PROMPT_WEIGHT = 0.1
@@ -264,9 +261,7 @@ class Limit:
             overall = min((min(self._fastest[kind], default=math.inf) for kind in self._sized),
                           default=math.inf)
             fastest = min(fastest, SLACK * overall)
-        # A request alone with the server from start to end had no queue: its time is the
-        # server's own and may raise the baseline (a server that got slower); one among others
-        # may only lower it, since a queue it stood in would hide one ahead of the next.
+        # Only a request alone with the server may raise the baseline; others may lower it.
         if ticket.in_flight == 1 or cost < fastest:
             recent.append(cost)
         if cost <= 0 or not math.isfinite(fastest):

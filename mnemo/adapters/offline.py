@@ -167,9 +167,7 @@ def _semantic(inputs: Inputs) -> LLMResponse:
                     }
                 )
     if len(facts) > MAX_FACTS:
-        # A trajectory's facts are linked pairwise (SIBLING): 489 facts from one 32,000-
-        # character observation made 119,000 links and blocked the commit. Keep the most
-        # informative, in their order.
+        # A trajectory's facts are linked pairwise: keep the most informative, in their order.
         ranked = sorted(
             range(len(facts)), key=lambda i: (-_sentence_score(str(facts[i]["proposition"])), i)
         )

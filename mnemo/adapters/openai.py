@@ -43,9 +43,7 @@ Mode = Literal["json_schema", "tool", "json"]
 logger = logging.getLogger("mnemo.adapters")
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
-# The sampling temperature a server on this machine gets by default: the small models local
-# servers run repeat themselves at 0 until their token cap (SmolLM2's model card samples at
-# 0.2); a hosted API gets 0.
+# The default sampling temperature of a server on this machine (small local models loop at 0).
 LOCAL_TEMPERATURE = 0.2
 # The mode to try next when a server refuses one, and the words its error message must contain
 # for the refusal to be about that mode (rather than, say, an unknown model).

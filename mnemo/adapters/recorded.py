@@ -24,9 +24,7 @@ from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
 _LEGACY_EMBEDDERS = {"all-MiniLM-L6-v2-int8": "minilm", "hash-ngram-v1": "hash:{dim}"}
 # The hashed embedder of features that no longer exist (see the module doc).
 _RETIRED_SCHEMES = {"hash"}
-# Every scheme a URI builds is rebuilt from a record, but those whose records name retired
-# features: a list of its own fell behind the URIs once (e5-small-q4 was missing from it, and
-# such a repo ran the default MiniLM, of the same dimension, without a word).
+# Every scheme a URI builds is rebuilt from a record, but those whose records name retired features.
 _LLM_SCHEMES = frozenset(LLM_SCHEMES)
 _EMBEDDER_SCHEMES = frozenset(EMBEDDER_SCHEMES) - _RETIRED_SCHEMES
 

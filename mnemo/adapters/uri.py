@@ -29,9 +29,7 @@ LLM_FORMS = (
     "openai-compatible:MODEL@BASE_URL",
 )
 EMBEDDER_FORMS = ("minilm", "e5-small-q4", "hash[:DIM]", "openai:MODEL[@BASE_URL]")
-# The scheme of every URI `llm_from_uri` and `embedder_from_uri` build (they refuse any other):
-# a repo's record of any of them builds its model again (`adapters/recorded.py`, whose tests
-# go through each).
+# The scheme of every URI `llm_from_uri` and `embedder_from_uri` build (they refuse any other).
 LLM_SCHEMES = ("offline", "openai", "anthropic", "openai-compatible")
 EMBEDDER_SCHEMES = ("minilm", "e5-small-q4", "hash", "hash2", "openai")
 

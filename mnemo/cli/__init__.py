@@ -16,9 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = ["app", "main"]
 
-# The module of mnemo.cli that registers each command, in the order `mnemo --help` lists them
-# (the modules' import order). tests/cli/test_cli_startup.py checks it against the commands
-# the modules register.
+# The module of mnemo.cli that registers each command, in the order `mnemo --help` lists them.
 COMMANDS: dict[str, str] = {
     **dict.fromkeys(("demo", "ingest", "recall", "sessions", "graph", "search", "purge",
                      "forget"), "commands"),

@@ -145,11 +145,8 @@ def fallback_note(start_seq: int, end_seq: int, error: str) -> str:
     )
 
 
-# The forms of `tool_choice` a round takes while no snapshot is saved, one after the other
-# when the model answers in prose: servers obey different ones (llama-cpp-python's server
-# only a named tool, llama.cpp's own server only "required", and only for a model whose chat
-# template knows tools; hosted APIs both). After both, the snapshot is asked as structured
-# output (`as_data`), which a server ignoring tools in every form still constrains.
+# The forms of `tool_choice` tried in turn while no snapshot is saved (servers obey different
+# ones); after them, the snapshot is asked as structured output (`as_data`).
 SNAPSHOT_CHOICES = ("save_snapshot", REQUIRED)
 
 

@@ -73,9 +73,7 @@ Compression = Summary | ToolOutputPruner
 
 # ---- stored values ------------------------------------------------------------------------
 
-# `data["content"]` of a message saved without a content key. No content is a JSON object, so
-# the marker cannot be mistaken for one; a message stored before it has None there instead
-# and loads with `"content": None`, which chat APIs take as no content.
+# `data["content"]` of a message saved without a content key.
 NO_CONTENT: JSONObject = {"mnemo": "no content key"}
 
 

@@ -109,9 +109,7 @@ class ConversationService:
         )
         self._thread_locks = KeyedLocks()
         self._evict_locks = KeyedLocks()
-        # What the last viewport laid out here showed of each thread (least recently laid
-        # out first out), so that a search excluding it leaves out only that (see
-        # `search_messages`).
+        # What the last viewport laid out here showed of each thread, for `search_messages`.
         self._shown: OrderedDict[str, Shown] = OrderedDict()
 
     def manager(

@@ -23,9 +23,7 @@ L1_SHARE = 0.15
 L2_SHARE = 0.05
 # The snapshots' and the pins' share (the pins first), the seed's 25%.
 MEMORY_SHARE = 0.25
-# The most of the budget pins keep for themselves (eviction keeps it free for them): half,
-# so the conversation from the boundary on keeps at least the other half beside them, and
-# an eviction of `eviction_fraction` (0.33 by default) of the budget frees room for turns.
+# The most of the budget pins keep for themselves (eviction keeps it free for them).
 PIN_SHARE = 0.5
 # Level-1 snapshots fold into a level-2 one once this many are uncovered.
 FOLD_AFTER = 5

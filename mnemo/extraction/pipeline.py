@@ -188,10 +188,7 @@ async def _extract_trajectory(work: _Round, trajectory: _Trajectory, part: Extra
             trajectory.pending.discard(task)
 
     async def semantic() -> None:
-        # The procedural requests go out first: round 2 waits for their replies, the semantic
-        # ones only for the changeset (drawn up while the returns are out). A transport that
-        # writes a request in a task of its own (aiohttp on Python 3.11) would otherwise write
-        # this trajectory's procedural request after this task has built and sent its own.
+        # The procedural requests go out first: round 2 waits for their replies.
         await anyio.lowlevel.checkpoint()
         request = await cpu.run(lambda: semantic_request(
             goal=work.goal, subgoal=subgoal,

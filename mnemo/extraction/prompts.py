@@ -129,12 +129,8 @@ Reply with JSON: {"instructions": [{"intent", "condition", "instruction",
 # The procedural task of the trajectory that ends an episode also scores its last step, whose
 # reward no next observation gave (`close` scores it).
 class ScoringReply(ProceduralReply, frozen=True):
-    # A number from 0 to 1 (clamped when read); a string that reads as one is taken too.
-    # Asked for, never required: a reply without it, or with one that reads as no number, is
-    # the API contract's procedural reply, and the "reward" task scores the step instead
-    # (`parse_procedural` reads it from the reply as it came, never a reason to refuse the
-    # procedures). Required in the schema, so a grammar-bound model writes it (left optional,
-    # SmolLM2 left it out 18 times in 20).
+    # A number from 0 to 1, required in the schema but optional when read: without it the
+    # "reward" task scores the step.
     last_reward: float | Annotated[str, text(16)] | None = None
 
 

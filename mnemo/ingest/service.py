@@ -211,9 +211,8 @@ class IngestService:
                 return IngestReceipt(source_id, commit.node_ids, created=True,
                                      missing=commit.missing)
             except SourceTaken:
-                # Another Memory (or process) ingested the source while this one extracted:
-                # its commit is the source's, and this extraction is dropped unwritten (or,
-                # if the source was forgotten again since, the id is free: try again).
+                # Another Memory ingested the source meanwhile: its commit is the source's
+                # (or, forgotten since, the id is free: try again).
                 known = await self._known(repo, source_id, digest)
                 if known is not None:
                     return known

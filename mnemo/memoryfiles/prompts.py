@@ -49,11 +49,8 @@ class Filed:
 
 
 # ---- memory_update ------------------------------------------------------------------------
-# The reply holds edits, not whole files: the new entries of each topic touched, and the
-# entries a correction makes wrong. Its length is then bounded by the schema whatever the
-# files' size, so it fits a small model's context beside the prompt, and the prompt may show
-# only part of a file (it is cut to fit, see `_select.views`) without the merge losing what
-# the model was not shown.
+# The reply holds edits (each topic's new entries and those a correction makes wrong), so its
+# length is bounded whatever the files' size.
 
 # The most files one reply changes, the new text of one file, and the entries it removes.
 MAX_UPDATE_FILES = 4
@@ -229,10 +226,7 @@ def _same_word(said: str, wrote: str) -> bool:
 
 
 # ---- memory_condense ----------------------------------------------------------------------
-# Asked when a write would take a file past `max_chars`: the model knows which entries
-# matter, so it merges and shortens them; dropping the oldest in code is only the fallback.
-# Inputs: {"topic": str, "description": str, "entries": [str] (oldest first, the new ones
-# last), "max_chars": int}. Reply: {"description": str, "content": str} (the whole new body).
+# Asked when a write would take a file past `max_chars`; dropping the oldest is the fallback.
 
 class CondenseReply(Reply, frozen=True, kw_only=True):
     description: str | None = None

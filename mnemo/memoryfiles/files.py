@@ -111,8 +111,8 @@ class MemoryFiles:
         an LLM (topic words weigh 3, description 2, content 1); they get `used` set to now.
 
         Raises:
-            InvalidInputError: a blank or too long `query`, or a `limit` below 1. TimeoutError:
-            another writer held the directory's lock too long."""
+            InvalidInputError: a blank or too long `query`, or a `limit` below 1.
+            TimeoutError: another writer held the directory's lock too long."""
         check_text(query, "query", limit=self.max_text_chars, stored=False)
         check_count("limit", limit, minimum=1)
         wanted = _select.stems(query)

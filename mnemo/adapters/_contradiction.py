@@ -110,8 +110,7 @@ def _items(fact: str) -> tuple[list[_Item], bool]:
     return items, changed
 
 
-# A run of words one fact says beyond the shared ones: the shared word before it and after
-# it, and whether it can be a value (`_values`).
+# A run of words beyond the shared ones, the shared words around it, and whether it can be a value.
 _Run = tuple[str | None, str | None, bool]
 
 

@@ -72,8 +72,7 @@ class Counts(msgspec.Struct):
     total_tokens: int | None = None
 
 
-# What servers say when a prompt does not fit the model's context (llama.cpp, vLLM, OpenAI,
-# Anthropic, Ollama).
+# What servers say when a prompt does not fit the model's context.
 _CONTEXT_WORDS = ("context size", "context length", "context window", "exceed_context",
                   "maximum context", "too many tokens", "prompt is too long", "n_ctx")
 
@@ -211,8 +210,7 @@ class Transport(Closing):
         self._gate = RateGate(requests_per_minute=options.get("requests_per_minute"),
                               tokens_per_minute=options.get("tokens_per_minute"),
                               clock=self._clock)
-        # The network is aiohttp's pool (`Pool`: a call costs a seventh of httpx's own pool's
-        # CPU with dozens in flight), as many connections kept alive as requests in flight.
+        # The network is aiohttp's pool, as many connections kept alive as requests in flight.
         self._network = options.get("transport") or Pool(max_connections=most)
         # httpx's own timeout bounds each network phase; `fail_after` bounds the attempt.
         self._client = httpx.AsyncClient(base_url=base_url, headers=dict(headers or {}),
@@ -281,8 +279,7 @@ class Transport(Closing):
                 if failed.rate_limited:
                     # Other callers hold back too, but never longer than a wait we would accept.
                     self._gate.pause(min(delay, self._backoff.max_retry_after))
-                # The delay is the server's whole Retry-After: a retry sent sooner would be
-                # refused again, so one we will not wait (past the cap or the budget) fails now.
+                # The server's whole Retry-After: one we will not wait fails now.
                 if not self._backoff.accepts(failed.retry_after):
                     raise self._give_up(
                         failed, failures, budget,
@@ -318,8 +315,7 @@ class Transport(Closing):
                     await self._gate.acquire(estimate)
             needed = self.needed_time(max_tokens, estimate)
             if needed is not None:
-                # The work this request serves (an annotation, an extraction) gives it the
-                # time the server's speed says it needs: its deadline was only a first guess.
+                # The work this request serves gives it the time the server's speed says it needs.
                 allow(needed)
             # Cut to the budget's seconds only now: the waits above did not spend them.
             seconds = ticket.timeout = min(allowed, budget.seconds_left())

@@ -37,8 +37,7 @@ DEFAULT_PRICES: dict[str, tuple[float, float]] = {
     "claude-opus-4": (15.00, 75.00),
 }
 
-# The adapters' default `max_tokens`: the most tokens any reply may use, and what a request
-# that sets none gets. mnemo's own tasks ask for less, sized to their schemas.
+# The adapters' default `max_tokens`: the most any reply may use.
 DEFAULT_MAX_TOKENS = 4096
 
 

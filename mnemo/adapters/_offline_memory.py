@@ -228,8 +228,7 @@ def _memory_update(inputs: Inputs) -> LLMResponse:
             topic=item.topic.strip(),
             description=item.description.strip(),
             stems=_topic_stems(item.topic),
-            # A file's shown entries, to leave out what it already says and find what a
-            # correction replaces; the reply holds only the changes.
+            # A file's shown entries: what it already says, what a correction replaces.
             lines=[line.strip() for line in item.content.splitlines() if line.strip()],
         )
         for item in inputs.files

@@ -26,8 +26,7 @@ logger = logging.getLogger("mnemo.adapters")
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 _PROBE_TEXT = "dimension probe"
 Encoding = Literal["base64", "float"]
-# An error reply is a refusal of base64 when its message names the parameter or the format
-# (rather than, say, an unknown model); rate limits and timeouts say nothing about it.
+# An error reply refuses base64 when its message names the parameter or the format.
 _COMPLAINT_WORDS = ("encoding_format", "encoding format", "base64")
 
 

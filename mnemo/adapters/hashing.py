@@ -17,8 +17,7 @@ from mnemo import text as _text
 
 _UNIGRAM, _BIGRAM, _TRIGRAM = 0, 1, 2
 _TYPE_WEIGHTS = np.array([1.0, 0.6, 0.3], dtype=np.float64)
-# A feature key packs the 32-bit hash with the feature type above it, so one integer both
-# identifies the feature (for counting) and carries its weight class.
+# A feature key packs the 32-bit hash with the feature type above it.
 _TYPE_SHIFT = 32
 _HASH_MASK = (1 << 32) - 1
 _ROW_SHIFT = 34
@@ -26,8 +25,7 @@ _CACHE_LIMIT = 200_000
 _MASK64 = np.uint64(_HASH_MASK)
 _GOLDEN, _M1, _M2 = np.uint64(0x9E3779B1), np.uint64(0x85EBCA6B), np.uint64(0xC2B2AE35)
 _S13, _S16 = np.uint64(13), np.uint64(16)
-# A text's features cost time in proportion to its characters, and a text costs at least
-# what this many characters do.
+# A text costs at least what this many characters do.
 _TEXT_CHARS = 16
 # Texts are embedded in slices of about this many characters, so no numpy call holds the GIL long.
 _SLICE_CHARS = 64_000

@@ -23,8 +23,7 @@ from mnemo.calls.retry import Clock, waiting
 
 # A server mnemo has not met gets this many requests at once (the adapter's ceiling if lower).
 INITIAL = 2
-# Replies of one kind whose fastest is the baseline: recent ones, so a server that became
-# faster or slower is re-learned.
+# Recent replies of one kind, whose fastest is the baseline.
 WINDOW = 32
 # A kind's baseline is at most this many times the fastest reply of any kind, per unit of work.
 SLACK = 1.5
@@ -271,16 +270,14 @@ class Limit:
             queued = 0.0
         slow = (ticket.timeout is not None and ticket.in_flight > 1
                 and took >= TIMEOUT_SHARE * ticket.timeout)
-        # As TCP Vegas, the queue tolerated grows with the log of the requests in flight: the
-        # jitter of a server answering many at once reads as a queue of a few.
+        # As TCP Vegas, the queue tolerated grows with the log of the requests in flight.
         scale = math.log10(ticket.in_flight) if ticket.in_flight > 1 else 0.0
         if queued >= max(QUEUE, 6 * scale) or slow:
             self._decrease(ticket, halve=self._slow_start)
         elif queued <= max(NO_QUEUE, scale) and (
             ticket.in_flight * 2 >= self.current or self._waiters
         ):
-            # At least half the limit in use and no queue: room is worth finding before a
-            # burst larger than the last needs it.
+            # At least half the limit in use and no queue: the limit grows.
             self._limit += 1.0 if self._slow_start else 1.0 / self._limit
             self._limit = min(self._limit, float(self.ceiling))
 

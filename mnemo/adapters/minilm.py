@@ -41,16 +41,14 @@ TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f41157
 
 DIM = 384
 VOCAB_SIZE = 30522
-# all-MiniLM-L6-v2's max_seq_length in sentence-transformers; the vendored tokenizer.json says
-# 128, a leftover of the base model's export, and is overridden at load.
+# all-MiniLM-L6-v2's max_seq_length (the vendored tokenizer.json's 128 is overridden at load).
 MAX_TOKENS = 256
 # Measured on 2 cores: batches of 4-16 short texts give the best throughput.
 BATCH_SIZE = 16
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _OUTPUT = "last_hidden_state"
 
-# (path, size, mtime_ns) -> sha256 of the files already hashed, so that `default_embedder` and
-# each embedder's load hash the 23 MB model once per process.
+# (path, size, mtime_ns) -> sha256 of the files already hashed in this process.
 _digests: dict[tuple[str, int, int], str] = {}
 _warned = False
 # Loaded models, shared by every MiniLMEmbedder of the process (see `load_sync`).
@@ -279,8 +277,7 @@ def _installed(name: str) -> bool:
 def _import_runtime() -> tuple[ModuleType, ModuleType]:
     """onnxruntime and tokenizers, imported on first use (never at mnemo's import)."""
     try:
-        # import_module rather than `import`: onnxruntime ships no type information, and this
-        # keeps mypy --strict clean without a per-module override.
+        # import_module: onnxruntime ships no type information.
         onnxruntime = importlib.import_module("onnxruntime")
         tokenizers = importlib.import_module("tokenizers")
     except ImportError as exc:

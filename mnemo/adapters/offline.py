@@ -175,8 +175,7 @@ def _semantic(inputs: Inputs) -> LLMResponse:
     return LLMResponse(data={"facts": facts}, usage=_NO_USAGE)
 
 
-# The most facts one "semantic" answer holds; a model asked for the facts worth remembering
-# gives a handful per trajectory, not one per sentence of a long tool output.
+# The most facts one "semantic" answer holds.
 MAX_FACTS = 64
 
 
@@ -282,8 +281,7 @@ def _matched_reward(instruction: str, steps: list[Step]) -> float | None:
 
 
 def _merge_intent(inputs: Inputs) -> LLMResponse:
-    # The surviving INTENT node keeps its text: rewording it on every merge would drift the
-    # node's embedding and make the identity/merge thresholds unstable.
+    # The surviving INTENT node keeps its text, so its embedding never drifts.
     intent = inputs.existing.strip() or inputs.new.strip()
     return LLMResponse(data={"intent": intent}, usage=_NO_USAGE)
 

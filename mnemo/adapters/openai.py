@@ -88,8 +88,7 @@ class OpenAICompatible(HTTPModel):
                      else f"openai-compatible:{model}@{self.base_url}")
         self._auto = structured == "auto"
         self._mode: Mode = "json_schema" if structured == "auto" else structured
-        # Until a structured reply came in the mode "auto" chose, one request at a time tries
-        # it: a server that refuses it then refuses one request, not every one in flight.
+        # Until a structured reply came in the mode "auto" chose, one request at a time tries it.
         self._confirmed = not self._auto
         self._probing = anyio.Lock()
         self._temperature = (
@@ -146,8 +145,7 @@ class OpenAICompatible(HTTPModel):
             except ValueError as exc:
                 problem = str(exc)
             at_cap = _was_cut(reply, choice.finish_reason, cap)
-            # Stopped unfinished with room left under the cap: the context filled (llama.cpp
-            # says "length" there, llama-cpp-python ends the tool call).
+            # Stopped unfinished with room left under the cap: the context filled.
             if not at_cap and not (choice.finish_reason in ("length", "tool_calls")
                                    and _is_cut(raw)):
                 return LLMResponse(text=raw, usage=usage)  # no JSON: the task says so

@@ -95,8 +95,7 @@ class RepoModels:
         self._llm_given, self._embedder_given = llm_given, embedder_given
         self._repos: dict[str, tuple[LLM, Embedder]] = {}
         self._records: dict[str, tuple[str | None, str]] = {}
-        # One adapter per URI, shared by the repos that record it (one HTTP client, one
-        # concurrency limiter per provider).
+        # One adapter per URI, shared by the repos that record it.
         self._llms: dict[str, LLM] = {}
         self._embedders: dict[tuple[str, int], Embedder] = {}
 

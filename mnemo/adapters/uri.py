@@ -19,8 +19,7 @@ from mnemo.ports import LLM, Embedder, model_name
 if TYPE_CHECKING:
     import httpx
 
-# The adapters are imported by the URI that names them: a memory run offline never imports
-# httpx.
+# The adapters are imported by the URI that names them.
 
 LLM_FORMS = (
     "offline",

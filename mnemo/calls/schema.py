@@ -20,8 +20,7 @@ __all__ = [
 # The most items a reply's list may hold, whatever its task's inputs.
 MOST_ITEMS = 16
 
-# Characters a token stands for, counted low (JSON escapes, digits, short words) so that
-# `most_tokens` errs long.
+# Characters a token stands for, counted low so that `most_tokens` errs long.
 _CHARS_PER_TOKEN = 3
 
 

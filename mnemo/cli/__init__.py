@@ -33,8 +33,7 @@ def main() -> None:
 
         print(f"mnemo {installed_version()}")
         return
-    # What start-up allocates (modules, classes, typer's commands) lives as long as the
-    # command: collecting it finds nothing, and a full collection walks all of it.
+    # What start-up allocates lives as long as the command: no need to collect it.
     gc.disable()
     try:
         app = application(command_of(args))

@@ -124,8 +124,7 @@ def run(work: Callable[[], Awaitable[None]]) -> None:
         with command_logging(verbose=_verbose):
             anyio.run(work)
     except KeyboardInterrupt:
-        # Nothing is half-written: every store is transactional and an ingest is idempotent,
-        # so running the command again carries on.
+        # Stores are transactional and ingests idempotent: running it again carries on.
         typer.echo("interrupted", err=True)
         raise typer.Exit(130) from None
 

@@ -204,14 +204,12 @@ async def _modes(uri: str, llm: LLM) -> list[Finding]:
 async def _at_once(uri: str, report: ServerReport) -> None:
     """Sends 1, 2 and 4 copies of one short request together; records each batch's wall time
     and the estimate of how many the server serves at once."""
-    # An adapter of its own, pinned so that every copy goes out at once (an adapting limit
-    # would start at 2 and measure itself).
+    # An adapter of its own, pinned so that every copy goes out at once.
     model = llm_from_uri(with_settings(uri, max_concurrency=max(AT_ONCE), concurrency=max(AT_ONCE)))
     base = state_probe()
     request = LLMRequest(base.task, base.system, base.messages, max_tokens=_PARALLEL_TOKENS)
     try:
-        # An unmeasured batch first opens every connection (a TLS handshake to a hosted API
-        # costs about a reply's time) and warms the server's prompt cache.
+        # An unmeasured batch first opens every connection and warms the server's prompt cache.
         for n in (max(AT_ONCE), *AT_ONCE):
             start = time.monotonic()
             with anyio.fail_after(CALL_SECONDS), first_error():

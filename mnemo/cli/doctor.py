@@ -69,8 +69,7 @@ async def diagnose(settings: Settings, *,
     findings = [await timed("package", package), await timed("store", store)]
     report: ServerReport | None = None
     try:
-        # The LLM finding's time is the latency of its one call; the server's measurements
-        # come after it.
+        # The LLM finding's time is the latency of its one call.
         findings.append(await timed("llm", llm))
         uri = settings.llm_uri if findings[-1].ok else None
         if measure and uri is not None and not isinstance(built[0], OfflineLLM):

@@ -231,8 +231,7 @@ async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bo
                 progress.remove_task(steps)
                 saved = 0
                 if threads:
-                    # `save` takes the whole history and stores only what is past the stored
-                    # length, so a second ingest of the file appends nothing here either.
+                    # `save` stores only what is new: a second ingest appends nothing.
                     saved = len(await conversation.save(source.source_id, source.messages))
                 report.sources.append(
                     {

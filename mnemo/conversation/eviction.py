@@ -44,12 +44,10 @@ log = logging.getLogger("mnemo")
 MAX_ROUNDS = 3
 # Evictions of one call whose commit found the boundary moved back (a clear) before it gives up.
 MAX_ATTEMPTS = 3
-# The newest lines of `done` the model is shown: a model making many calls must not grow the
-# prompt without bound.
+# The newest lines of `done` the model is shown.
 MAX_DONE = 20
 
-# Passive recall (`ConversationService.recalled`): a thread's past messages relevant to its
-# open goals, leaving out the ids given.
+# Passive recall (`ConversationService.recalled`), leaving out the ids given.
 Recall = Callable[[str, Sequence[Goal], Collection[str]], Awaitable[list[SearchHit]]]
 
 
@@ -213,8 +211,7 @@ async def run_loop(
         return f"the eviction model timed out after {time_limit:g} s{kept}", usage
     if tools.snapshot_parts:
         return None, usage
-    # What was wrong with the last reply not used: no tool call, arguments that failed the
-    # tool's schema, a structured reply without the summary.
+    # What was wrong with the last reply not used.
     last = next((line for line in reversed(tools.done) if "error:" in line), "")
     if silent == MAX_ROUNDS and last == NO_TOOL_CALL:
         return f"the eviction model replied {MAX_ROUNDS} times without calling a tool", usage

@@ -55,8 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mnemo")
 _T = TypeVar("_T")
 
-# What one summary request may hold, in tokens of the messages it summarises (at least this,
-# or 4x the Summary's max_tokens): a first save of a long history is summarised in chunks.
+# What one summary request may hold, in tokens (at least this, or 4x the Summary's max_tokens).
 SUMMARY_CHUNK_TOKENS = 8000
 SUMMARY_MESSAGE_CHARS = 2000
 SUMMARY_TOOL_CHARS = 300
@@ -328,8 +327,7 @@ class ConversationManager:
         if sum(m.tokens for m in tail) <= policy.max_tokens or len(tail) <= policy.keep:
             return
         split = len(tail) - policy.keep
-        # The kept tail never starts with a tool result (eviction's rule): one whose call is
-        # compacted is refused by chat APIs, so the call stays too, with more than `keep`.
+        # The kept tail never starts with a tool result: its call stays too.
         while 0 < split < len(tail) and (tail[split].is_tool_result or result_ids(tail[split])):
             split -= 1
         if split == 0:
@@ -343,8 +341,7 @@ class ConversationManager:
             chunk, pending = pending[:fits], pending[fits:]
             earlier = [c for c in compactions if c.end_seq < chunk[0].seq]
             previous = max(earlier, key=lambda c: c.end_seq) if earlier else None
-            # The new record replaces every compaction inside its range (a save_compaction
-            # between these messages): their summaries go in, in place, or they would be lost.
+            # The new record replaces the compactions inside its range: their summaries go in.
             inner = [c for c in compactions if chunk[0].seq < c.start_seq < chunk[-1].seq]
             request = summary_request(
                 previous_summary=previous.summary_text if previous else "",
@@ -366,8 +363,7 @@ class ConversationManager:
                     thread_id, start, chunk[-1].seq, summary, self.clock(), replaces=seen
                 )
             except (ConflictError, InvalidInputError):
-                # Another writer (another Memory) compacted the thread meanwhile: this summary
-                # was made without its record, which stands; the messages lose nothing.
+                # Another Memory compacted the thread meanwhile: its record stands.
                 log.warning("thread %r was compacted by another writer while summarising; "
                             "this summary is dropped", thread_id, exc_info=True)
                 return

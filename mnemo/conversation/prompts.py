@@ -144,8 +144,7 @@ def _tool(name: str, kind: type[Reply]) -> ToolDict:
 
 
 EVICTION_TOOL_SPECS = [_tool(name, kind) for name, kind in EVICTION_ARGUMENTS.items()]
-# Characters a summary of `max_words` words may take: words of up to about six letters and
-# their spaces, with room to spare.
+# Characters a summary of `max_words` words may take.
 CHARS_PER_WORD = 8
 
 
@@ -227,8 +226,7 @@ def eviction_request(
         },
         max_tokens=max_words * 2 + 256,
     )
-    # The summary's length in the schema: a server's grammar ends a small model's summary
-    # there instead of at max_tokens (`mnemo.calls.schema.text`; not checked when read).
+    # The summary's length in the schema, for a server's grammar (not checked when read).
     snapshot = snapshot_schema(max_words)
     max_tokens = max(request.max_tokens or 0, most_tokens(snapshot) or 0)
     if as_data:

@@ -14,8 +14,7 @@ if TYPE_CHECKING:
     from mnemo.ports import JSONObject, JSONValue
 
 ZONE_MESSAGE_CHARS = 1200
-# The eviction prompt stays bounded whatever the backlog: the zone to summarise gets the most
-# room; the middle and recent zones are context, shorter per message.
+# The eviction prompt's shares: the zone to summarise gets the most room.
 ZONE_PROMPT_CHARS = 24_000
 CONTEXT_MESSAGE_CHARS = 300
 CONTEXT_PROMPT_CHARS = 6_000
@@ -98,8 +97,7 @@ def render_zone(messages: Sequence[Message], limit: int = ZONE_MESSAGE_CHARS) ->
             return
         calls = sum(m.tool_call_count for m in run)
         span = f"{run[0].seq}" if len(run) == 1 else f"{run[0].seq}-{run[-1].seq}"
-        # Results whose calls were on the line before (an assistant message with text) are
-        # counted as results, so no call is counted twice.
+        # Results whose calls were on the line before are counted as results, not twice.
         what = f"{calls} tools called" if calls else f"{len(run)} tool results"
         lines.append(f"message {span}: [{what}]")
         run.clear()

@@ -20,8 +20,7 @@ POOL_FACTOR = 8
 MIN_POOL = 40
 HALF_LIFE_DAYS = 30.0
 SNIPPET_CHARS = 300
-# A snippet made here starts this many words before the word it shows, and holds at most
-# this many words in all (then cut to `SNIPPET_CHARS`).
+# A snippet made here starts this many words before the word it shows, and holds this many.
 SNIPPET_LEAD = 8
 SNIPPET_WORDS = 48
 VIEW_SNAPSHOTS = 3

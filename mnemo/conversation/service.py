@@ -201,8 +201,7 @@ class ConversationService:
         stored = await self.store.vectors(messages[0].thread_id)
         missing = [m for m in messages if m.id not in stored or stored[m.id].shape != (dim,)]
         texts = [search_text(m.content, m.data.get("tool_calls")) for m in missing]
-        # Stored batch by batch: a load that fails or times out part way keeps what it made,
-        # and the next embeds only the rest.
+        # Stored batch by batch: a load that fails part way keeps what it made.
         for part in batches(texts):
             fresh = await self._embed_batch(texts[part])
             rows = [(m.id, fresh[i]) for i, m in enumerate(missing[part])]
@@ -392,8 +391,7 @@ def _ttl(ttl: float | timedelta | None) -> float | None:
 
 
 
-# One embedder call takes at most this many messages, and this many characters (past one
-# message): 1,000 messages of 32,000 characters in one call outlasted the 60 s timeout.
+# One embedder call takes at most this many messages, and this many characters.
 BATCH_TEXTS = 64
 BATCH_CHARS = 256_000
 

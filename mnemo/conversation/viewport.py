@@ -76,8 +76,7 @@ def layout(
     shown += [(m.tokens, pinned) for m in pinned]
     memory_used = l2_used + l1_used + pins_used
     crowded = past > token_budget - memory_used
-    # Messages past the boundary are in no snapshot: they outrank the memory, which the
-    # snapshots' ranges and search keep findable. Oldest snapshots go first, pins last.
+    # Messages past the boundary outrank the memory: oldest snapshots go first, pins last.
     for cost, owner in shown:
         if past <= token_budget - memory_used:
             break
@@ -128,8 +127,7 @@ def eviction_zone(
     past_boundary: Sequence[Message], token_budget: int, fraction: float
 ) -> list[Message]:
     """The oldest messages to evict (see the module doc); [] when there is nothing to take."""
-    # The newest message stays (the conversation goes on from it) unless it alone exceeds
-    # the budget: no viewport can show it then, and only a snapshot keeps it in view.
+    # The newest message stays unless it alone exceeds the budget.
     keep = 1 if past_boundary and past_boundary[-1].tokens <= token_budget else 0
     evictable = len(past_boundary) - keep
     if evictable <= 0:

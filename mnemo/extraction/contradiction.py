@@ -83,8 +83,7 @@ class Embedding(Protocol):
     generation: int
 
 
-# The repo's embedding, brought up to its record when the generation of its vectors is not
-# the one given (`Repos.refresh`).
+# The repo's embedding, brought up to its record when its generation is not the one given.
 Refresh = Callable[[str, int], Awaitable[Embedding]]
 
 

@@ -75,8 +75,7 @@ class Draft:
 
 # (node id, type, text, data, dedup key) of a node not embedded yet.
 _Pending = tuple[str, NodeType, str, JSONObject, str | None]
-# A draft of more steps, facts and instructions than this is drawn up in a worker thread
-# (1,000 one-step trajectories took a quarter of a second of the loop).
+# A draft of more steps, facts and instructions than this is drawn up in a worker thread.
 _ON_LOOP_ITEMS = 200
 
 
@@ -156,8 +155,7 @@ def _draw(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Ext
             chosen = [part.steps[i] for i in step_indices or () if 0 <= i < len(part.steps)]
             step = (chosen or part.steps)[0]
             if step.id not in step_dates:
-                # A step's stamp opens it ("Dana (8 May, 2023): ..."); reading only the
-                # start keeps a maximal observation from costing seconds per fact.
+                # A step's stamp opens it ("Dana (8 May, 2023): ..."): only the start is read.
                 step_dates[step.id] = (dates.metadata_date(step.metadata)
                                        or dates.named_date(step.observation[:STAMP_CHARS])
                                        or session_date)

@@ -138,8 +138,7 @@ class TaskMemo:
             passed.append(response)
             return parsed
 
-        # Opened here so that `ask` and the adapter join this budget: its count of calls
-        # (retries and re-asks included) is what the task cost.
+        # Opened here so that `ask` and the adapter join this budget.
         with task_budget(policy_of(llm)) as budget:
             before = budget.calls
             value = await ask(tokens, request, keep, policy=budget.policy, unusable=unusable)

@@ -38,8 +38,7 @@ log = logging.getLogger("mnemo")
 
 T = TypeVar("T")
 
-# The score of an instruction whose steps have no known reward: the "return" prompt's
-# "not enough evidence".
+# The score of an instruction whose steps have no known reward.
 NEUTRAL_RETURN = 5
 
 
@@ -65,8 +64,7 @@ class _Round:
     def __init__(self, llm: LLM, memo: TaskMemo, goal: str) -> None:
         self.llm, self.memo, self.goal = llm, memo, goal
         self.failures: list[tuple[str, AdapterError]] = []
-        # The deferred reward scored at close, by step id; written onto the step record only
-        # once the whole extraction succeeded, so that a retry builds the same requests.
+        # The deferred reward scored at close, by step id; written once the extraction succeeded.
         self.rewards: dict[str, float] = {}
 
     def reward(self, step: StepRecord) -> float | None:
@@ -109,8 +107,7 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
 
     async def draft() -> None:
         await first_round.done.wait()
-        # The last trajectory's "return" request, started as its first round came in, goes
-        # out before this work takes the loop.
+        # The last trajectory's "return" request goes out before this work takes the loop.
         await anyio.lowlevel.checkpoint()
         if work.failures and not partial:
             return  # the extraction fails: nothing to embed
@@ -118,8 +115,7 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
             drafted.append(await draw_up(repo, episode, source, parts, embedder, work.rewards,
                                         generation))
         except Exception as exc:
-            # Raised once the returns are in, as when the changeset followed them: a failed
-            # embedding does not cancel tasks whose results the memo keeps for the retry.
+            # Raised once the returns are in, whose results the memo keeps for the retry.
             draft_failed.append(exc)
 
     with first_error():
@@ -201,8 +197,7 @@ async def _extract_trajectory(work: _Round, trajectory: _Trajectory, part: Extra
         one_in()
 
     async def procedural() -> None:
-        # Only the records' rewards go in, never one scored meanwhile: a retry must build the
-        # same request.
+        # Only the records' rewards go in, so a retry builds the same request.
         request = await cpu.run(lambda: procedural_request(
             goal=work.goal, subgoal=subgoal, steps=_step_dicts(steps),
             score_last=scores_last is not None,

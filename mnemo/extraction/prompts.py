@@ -32,9 +32,7 @@ Steps = Sequence[Mapping[str, object]]
 
 # ---- semantic -----------------------------------------------------------------------------
 
-# The bounds of a reply (`mnemo.calls.schema.text`, `items`): what a grammar-bound model may
-# write, so that its reply fits the task's max_tokens (`most_tokens`); DECISIONS.md, "Bounded
-# replies".
+# The bounds of a reply (`mnemo.calls.schema.text`, `items`), so it fits the task's max_tokens.
 class FactReply(Reply, frozen=True):
     proposition: Annotated[str, text(200)]
     concepts: Annotated[list[Annotated[str, text(24)]], items(5)] | None = None
@@ -126,8 +124,7 @@ Reply with JSON: {"instructions": [{"intent", "condition", "instruction",
 "expected_outcome", "steps"}, ...]}."""
 
 
-# The procedural task of the trajectory that ends an episode also scores its last step, whose
-# reward no next observation gave (`close` scores it).
+# The procedural task of an episode's last trajectory also scores its last step.
 class ScoringReply(ProceduralReply, frozen=True):
     # A number from 0 to 1, required in the schema but optional when read: without it the
     # "reward" task scores the step.

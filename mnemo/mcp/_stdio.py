@@ -21,8 +21,7 @@ from pydantic import ValidationError
 
 from mnemo.tools import ERROR_CHARS, clip
 
-# The most one request may take, over stdio as over HTTP (the SDK's default body bound):
-# 4 MiB, a hundred times the largest text mnemo stores.
+# The most one request may take, over stdio as over HTTP (the SDK's default body bound).
 MAX_REQUEST_BYTES = DEFAULT_MAX_REQUEST_BODY_SIZE
 # JSON's tokens: a string (escapes included), a structural character, or a bare word.
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')

@@ -76,8 +76,7 @@ class MemoryTools:
     worker: Callable[[], Awaitable[Memory]] | None = None
     reinforce: bool = False
     llm: LLM | None = None
-    # One MemoryFiles per directory: it serialises its own writes, so two instances over
-    # one folder could interleave them.
+    # One MemoryFiles per directory: it serialises its own writes.
     _files: dict[Path, MemoryFiles] = field(default_factory=dict, init=False, repr=False)
     # The repos whose embedder dimension was checked.
     _checked: set[str] = field(default_factory=set, init=False, repr=False)
@@ -295,8 +294,7 @@ class MemoryTools:
         repo's graph (then `recall` finds them) and returns the committed node ids."""
         mem = await self._working()
         receipt = await mem.close_and_commit(session_id)
-        # No tool can start a new episode in an idle session, so it is ended rather than
-        # left live forever (`mnemo sessions` lists live ones).
+        # No tool can start a new episode in an idle session, so it is ended.
         await mem.end_session(session_id)
         return _dumps(
             {

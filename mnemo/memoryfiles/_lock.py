@@ -28,8 +28,7 @@ except ImportError:  # Windows
 # Hidden and not `.md`, so never listed as a topic.
 LOCK_FILE = ".memoryfiles.lock"
 WRITER_LOCK_FILE = ".memoryfiles.writer.lock"
-# The file lock is held for a read-merge-write of a few small files: a wait this long means a
-# writer is stuck. (The writer lock's wait is the caller's: it covers model calls.)
+# The file lock's longest wait: it is held for a read-merge-write of a few small files.
 LOCK_WAIT_S = 60.0
 _TRY_S = 0.1
 

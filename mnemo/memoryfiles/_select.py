@@ -15,14 +15,12 @@ from mnemo.memoryfiles import _format
 from mnemo.memoryfiles.model import MemoryFile
 from mnemo.memoryfiles.prompts import TopicChange
 
-# Only the newest part of a long history is sent: a memory update runs every few iterations,
-# so older messages were already seen by an earlier update.
+# Only the newest part of a long history is sent: earlier updates saw the rest.
 _MAX_MESSAGE_CHARS = 4_000
 _MAX_CONVERSATION_CHARS = 60_000
 # At most this many files show their content to the LLM (all of them when there are no more).
 _MAX_SHOWN_FILES = 8
-# How many ever smaller inputs a memory update tries when the model's context refuses them:
-# the last holds about 1/32 of the first (60,000 characters of conversation become 1,875).
+# How many ever smaller inputs a memory update tries when the model's context refuses them.
 _VIEWS = 6
 _ROLES = frozenset({"user", "assistant"})
 # Recall weights a query word by where it matches (the best place counts).

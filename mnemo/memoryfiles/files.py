@@ -46,8 +46,7 @@ from mnemo.ports import LLM
 
 log = logging.getLogger("mnemo")
 
-# A writer waits for the writers before it, each holding the writer lock through a few model
-# calls of at most `LLM_TIMEOUT_S`: a wait this long means a queue of stuck or slow writers.
+# A writer's longest wait for the writers before it.
 WRITER_WAIT_S = 5 * LLM_TIMEOUT_S
 MIN_MAX_CHARS = 20
 

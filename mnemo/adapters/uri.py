@@ -47,9 +47,7 @@ class ModelURIError(InvalidInputError):
 
 
 def model_uri(model: object) -> str:
-    """The URI a model object is recorded under (`ports.model_name`: its `name`, else its
-    class's qualified name, which no URI parser knows: such a model cannot be rebuilt from the
-    record)."""
+    """The URI a model object is recorded under (`ports.model_name`)."""
     return model_name(model)
 
 
@@ -69,9 +67,7 @@ _NUMBERS: dict[str, tuple[str, bool, float]] = {
 
 
 def with_settings(uri: str, **settings: object) -> str:
-    """`uri` with these settings in its query, replacing those it had (None leaves one as it
-    is); numbers are written shortest (`300`, `0.7`). Nothing is checked here: building the
-    model does that."""
+    """`uri` with these settings in its query, replacing those it had (None leaves one as it is)."""
     given = {name: value for name, value in settings.items() if value is not None}
     if not given:
         return uri

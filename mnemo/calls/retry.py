@@ -83,9 +83,8 @@ def remaining() -> float | None:
 
 
 def allow(seconds: float) -> None:
-    """Leaves every deadline open in this context that `stretches` at least `seconds`: a
-    request the server's measured speed says needs that long (`Transport.needed_time`) is not
-    cut by the work it serves. A deadline that does not stretch is the caller's fixed time."""
+    """Leaves every deadline open in this context that `stretches` at least `seconds`, for a
+    request the server's speed says needs that long."""
     for clock in _OPEN.get():
         if isinstance(clock, Deadline) and clock.stretches:
             clock.allow(seconds)
@@ -326,10 +325,8 @@ def task_budget(policy: RetryPolicy) -> Iterator[Budget]:
 
 
 class LimitedLLM:
-    """An LLM whose calls each wait for a slot of its provider's limiter
-    (`Config.llm_concurrency`), whose usage (the calls, retries and re-asks each `generate`
-    charged to its task's budget, and the replies' tokens) goes to `meter`, and whose
-    `generate` runs inside `calling()`, when given."""
+    """An LLM whose calls each wait for a slot of its provider's limiter, whose usage goes to
+    `meter`, and whose `generate` runs inside `calling()`, when given."""
 
     def __init__(
         self,

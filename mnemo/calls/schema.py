@@ -39,9 +39,8 @@ def bounded(
     schema: JSONObject, field: str, count: int, *, most: int | None = MOST_ITEMS,
     floor: int = 64,
 ) -> tuple[JSONObject, int]:
-    """A request's schema, its list `field` holding at most `count` items (at least one, at
-    most `most`: None for a list that answers its inputs one by one), and the max_tokens that
-    holds the longest reply it allows (at least `floor`, at most 4096)."""
+    """A request's schema, its list `field` holding at most `count` items, and the max_tokens its
+    longest reply needs (`floor` to 4096)."""
     count = max(1, count if most is None else min(count, most))
     properties = schema.get("properties")
     if not isinstance(properties, dict) or not isinstance(properties.get(field), dict):
@@ -98,9 +97,8 @@ def reply_schema(kind: type[Reply]) -> JSONObject:
 
 
 def _inline(node: JSONValue, defs: JSONObject) -> JSONValue:
-    """`node` (a schema) with each `$ref` replaced by its definition, without msgspec's
-    `title` and `default` annotations; a struct requires every field that has no default or
-    has one other than `UNSET` (msgspec writes no `default` for it)."""
+    """`node` (a schema) with each `$ref` inlined, without msgspec's `title` and `default`, a struct
+    requiring every field whose default is not `UNSET`."""
     if isinstance(node, list):
         return [_inline(item, defs) for item in node]
     if not isinstance(node, dict):

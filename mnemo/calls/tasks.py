@@ -116,10 +116,8 @@ class Cut(LLMReplyError, LLMContextError):
 
 
 def salvage(cut: Cut) -> JSONObject | None:
-    """What a cut reply holds whole: its JSON object without a string or a number cut midway
-    (`partial-json-parser`), and without the last item of its last list when the cut fell
-    inside that item (a provider's own reading, `data`, is taken to be cut inside it); None
-    when no list item is left."""
+    """What a cut reply holds whole: its JSON object without a value cut midway, and without the
+    last item of its last list when the cut fell inside it; None when no item is left."""
     stripped = cut.text.strip().removesuffix("```")
     start = stripped.find("{")
     value: object = cut.data
@@ -348,10 +346,8 @@ SHORT_TEXT = 160
 
 
 def shorter(request: LLMRequest) -> LLMRequest | None:
-    """`request` with its inputs' text about halved, for a model whose context it did not
-    fit: the oldest half of "recent" context dropped, then the longest texts cut in the
-    middle ("start … end") until half of the text is left; None when nothing can be cut.
-    The instructions and the task's own fields stay."""
+    """`request` with its inputs' text about halved (the oldest "recent" context dropped, then the
+    longest texts cut in the middle); None when nothing can be cut."""
     inputs = task_inputs(request)
     if not inputs:
         return None

@@ -13,9 +13,8 @@ MIN_DIGITS = 8
 
 def short_ids(shown: Iterable[str], known: Iterable[str] = (), *,
               kind: bool = True) -> dict[str, str]:
-    """Each shown id as its kind (unless `kind` is False: a column's title names it), the
-    shortest prefix of its digits (at least `MIN_DIGITS`) that names no other id of `shown`
-    or `known`, and its step index; the whole id where even all its digits name another."""
+    """Each shown id as its kind (unless `kind` is False), the shortest unique prefix of its digits
+    (at least `MIN_DIGITS`) and its step index."""
     shown = list(shown)
     others = {*shown, *known}
     out: dict[str, str] = {}

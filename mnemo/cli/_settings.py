@@ -66,9 +66,8 @@ Command = TypeVar("Command", bound=Callable[..., None])
 def model_options(
     *, extraction: bool = True, only: Collection[str] = tuple(MODEL_OPTIONS)
 ) -> Callable[[Command], Command]:
-    """Gives a command the `MODEL_OPTIONS` that `only` names (without --extraction-timeout
-    unless `extraction`) in place of its keyword-only parameter `settings`, which receives
-    them `resolve`d."""
+    """Gives a command the `MODEL_OPTIONS` that `only` names in place of its keyword-only parameter
+    `settings`, which receives them `resolve`d."""
     names = [name for name in MODEL_OPTIONS
              if name in only and (extraction or name != "extraction_timeout")]
     options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,

@@ -73,9 +73,7 @@ def reset_database(db: Path) -> None:
 
 async def run_session(mem: Memory, repo: str, script: Session, number: int,
                       bars: Progress) -> SessionOutcome:
-    """Runs one session through its whole life: start, append every step, close and commit;
-    then saves it as a conversation thread too (what `mnemo ingest` does), for `mnemo search`
-    and the web app's threads."""
+    """Runs one session through start, appends, close and commit, then saves it as a thread too."""
     started = time.perf_counter()
     title = f"session {number}: {escape(shorten(script.goal, 40))}"
     task = bars.add_task(title, total=len(script.steps))

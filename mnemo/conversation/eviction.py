@@ -172,10 +172,8 @@ async def run_loop(
     llm: LLM, tools: EvictionTools, ask_round: Callable[..., LLMRequest], *, goals: bool,
     time_limit: float,
 ) -> tuple[str | None, Usage | None]:
-    """Runs the eviction rounds (see the module doc), each asking `ask_round` (`eviction_request`
-    of the zone) with what was done, the tool choice and whether the snapshot is asked as data;
-    returns (the failure, or None) and the usage summed. A snapshot saved before the
-    `time_limit` passes is kept; cancellation is not caught."""
+    """Runs the eviction rounds through `ask_round`; returns the failure (or None) and the usage
+    summed. A snapshot saved before `time_limit` is kept."""
     usage: Usage | None = None
     silent = 0
     try:

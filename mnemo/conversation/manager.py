@@ -156,9 +156,8 @@ class ConversationManager:
     async def _embed(
         self, thread_id: str, drafts: Mapping[int, MessageDraft], done: dict[int, Vector]
     ) -> dict[int, Vector] | None:
-        """With `Semantic` retrieval, the vectors of `drafts` (by index), embedding those not
-        in `done` (which keeps them); None without it, or when the embedder failed (logged:
-        the log must not lose messages to an embedder outage; load embeds them later)."""
+        """With `Semantic` retrieval, the vectors of `drafts` (by index) not in `done`; None without
+        it, or when the embedder failed (logged: load embeds them later)."""
         if not isinstance(self.retrieval, Semantic):
             return None
         missing = [i for i in drafts if i not in done]

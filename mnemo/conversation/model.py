@@ -255,8 +255,7 @@ class Viewport:
     recalled: list[SearchHit] = field(default_factory=list)
 
     def to_messages(self) -> list[JSONObject]:
-        """The viewport as chat messages: one system message holding the snapshots, pinned
-        and recalled messages (marked as untrusted memory), when there are any, then the
+        """The viewport as chat messages: one system message of memory (untrusted), then the
         messages."""
         out: list[JSONObject] = []
         block = memory_block(self.snapshots, self.pinned, self.recalled)
@@ -302,10 +301,8 @@ class SearchHit:
 
 @dataclass(frozen=True, slots=True)
 class MessageView:
-    """A message in context: `messages` holds up to `radius` messages on each side of the
-    `target` (and it), oldest first, with tool outputs reduced to "ok" or "error";
-    `snapshots_before` / `snapshots_after` the 3 nearest level-1 snapshots starting at or
-    before the target and after it."""
+    """A message in context: up to `radius` messages on each side of the `target`, oldest first
+    (tool outputs as "ok" or "error"), and the nearest level-1 snapshots before and after it."""
 
     target: Message
     messages: list[Message]

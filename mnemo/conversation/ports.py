@@ -29,9 +29,8 @@ __all__ = ["EvictionInputs", "ThreadState", "ThreadStore", "ViewportInputs"]
 
 @dataclass(frozen=True, slots=True)
 class ThreadState:
-    """A thread's counters: the next seq to give, how many messages of the caller's history
-    are stored, where the viewport starts, and the hash of that history
-    (`drafts.history_hash`; None for a thread stored before hashes were kept)."""
+    """A thread's counters: the next seq, how many messages of the history are stored, where the
+    viewport starts, and the history's hash (None when unknown)."""
 
     next_seq: int
     history_len: int
@@ -69,9 +68,7 @@ def differs(message: Message, from_seq: int, keys: Sequence[bytes]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Shown:
-    """The ids of the messages (pinned ones included) that the last viewport of a thread laid
-    out showed. Ids, not seqs: a message saved since, or a thread purged and begun again,
-    was not shown."""
+    """The ids of the messages (pins included) that the last viewport of a thread showed."""
 
     ids: frozenset[str]
 
@@ -91,9 +88,8 @@ class ViewportInputs:
 
 @dataclass(frozen=True, slots=True)
 class EvictionInputs:
-    """What an eviction starts from: the boundary, the messages from it on (oldest first),
-    the thread's open goals (oldest first) and the newest uncovered level-1 snapshot's text
-    ("" when there is none)."""
+    """What an eviction starts from: the boundary, the messages from it on, the open goals and
+    the newest uncovered level-1 snapshot's text."""
 
     boundary_seq: int
     past_boundary: list[Message]
@@ -133,22 +129,18 @@ class ThreadStore(Protocol):
     async def first_difference(
         self, thread_id: str, from_seq: int, keys: Sequence[bytes]
     ) -> int | None:
-        """The seq of the first stored message from `from_seq` on whose key
-        (`drafts.message_key`) is not `keys[seq - from_seq]`, reading no message past the
-        keys; None when every stored one matches (erased ones are not compared)."""
+        """The seq of the first stored message from `from_seq` on whose key is not
+        `keys[seq - from_seq]`; None when every stored one matches."""
         ...
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
-        """Erases the thread's messages recorded before `cutoff` (with their search entries,
-        vectors and pins), and the compactions and snapshots that only covered erased
-        messages; the seq counter is untouched. Returns how many messages went."""
+        """Erases the thread's messages recorded before `cutoff` and what only covered them; returns
+        how many messages went."""
         ...
 
     async def pop(self, thread_id: str) -> Message | None:
-        """Erases the thread's newest message (with its search entries, vectors and pins) and
-        the compactions whose range holds it; returns it, None when the thread holds none.
-        The seq counter and the history's length are untouched: the message counts as
-        erased, as the ttl's do."""
+        """Erases the thread's newest message and the compactions holding it; returns it (None when
+        there is none). The seq counter and the history's length are untouched."""
         ...
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
@@ -188,9 +180,8 @@ class ThreadStore(Protocol):
         ...
 
     async def save_vectors(self, thread_id: str, rows: Sequence[tuple[str, Vector]]) -> None:
-        """Stores (or replaces) vectors of existing messages; ids no longer stored are skipped.
-        A read's side write: on SQLite it waits for another writer a tenth of a second, not
-        `busy_timeout`, before it raises StorageError("busy")."""
+        """Stores (or replaces) vectors of existing messages; on SQLite it waits for another writer
+        a tenth of a second before it raises StorageError("busy")."""
         ...
 
     async def clear(self, thread_id: str) -> None:

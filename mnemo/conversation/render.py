@@ -86,9 +86,8 @@ def flat(text: str, limit: int = ZONE_MESSAGE_CHARS) -> str:
 
 
 def render_zone(messages: Sequence[Message], limit: int = ZONE_MESSAGE_CHARS) -> str:
-    """Messages compressed: one line per message as "message N: role: text" (cut to `limit`
-    characters), and each run of tool calls and their results collapsed to
-    "message N-M: [K tools called]"."""
+    """Messages compressed, one line each ("message N: role: text"), runs of tool calls and results
+    collapsed ("message N-M: [K tools called]")."""
     lines: list[str] = []
     run: list[Message] = []
 

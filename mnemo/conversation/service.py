@@ -282,9 +282,7 @@ class ConversationService:
         return done
 
     async def add_goal(self, thread_id: str, description: str) -> str:
-        """See `Memory.add_goal`. The count of open goals is checked under the thread lock:
-        through one Memory it holds; two Memory objects adding at once may each pass it
-        once."""
+        """See `Memory.add_goal`; the count of open goals is checked under the thread lock."""
         check_thread_name(thread_id)
         check_text(description, "description", limit=self.max_text_chars)
         most = self.config.max_open_goals

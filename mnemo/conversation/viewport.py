@@ -40,10 +40,8 @@ def snapshot_tokens(snapshot: Snapshot) -> int:
 
 def _fit(items: Iterable[tuple[int, T]], allowance: float, *,
          newest: bool = False) -> tuple[list[T], int]:
-    """The items (given with their cost) that fit in `allowance`, with their cost: with
-    `newest`, the items given newest first up to the first that does not fit, oldest first (a
-    recent stretch); else, in the order given, skipping any that does not fit (pins and
-    recalled messages: a long one left out hides no shorter one)."""
+    """The items (with their cost) that fit in `allowance`: with `newest`, a recent stretch up to
+    the first that does not fit, oldest first; else, in order, skipping any that does not fit."""
     kept: list[T] = []
     used = 0
     for cost, item in items:
@@ -142,9 +140,8 @@ def eviction_zone(
 def context_zones(
     rest: Sequence[Message], token_budget: int, fraction: float
 ) -> tuple[list[Message], list[Message]]:
-    """What stays past the eviction zone, as the middle and the recent zone: the recent one
-    is the newest messages up to `fraction` of the budget (or of what is there), at least
-    one; the middle one the messages between."""
+    """What stays past the eviction zone: the recent zone (the newest messages up to `fraction`
+    of the budget, at least one) and the middle one between."""
     target = fraction * min(token_budget, sum(m.tokens for m in rest))
     split = len(rest) - _leading(reversed(rest), target)
     return list(rest[:split]), list(rest[split:])

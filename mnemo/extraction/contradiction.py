@@ -91,10 +91,8 @@ def intent_policy(
     config: Config, embedder: Embedder, llm: LLM, repo: str | None = None,
     refresh: Refresh | None = None,
 ) -> IntentPolicy:
-    """How commits made with `config` and `embedder` deduplicate intents (merging through
-    `llm`, all of a commit's merges in one call) and retire contradicted facts (one call a
-    commit); with `refresh`, how a changeset made before `repo` was re-embedded is embedded
-    again (with the repo's embedder now, which then embeds the merges too)."""
+    """How commits made with `config` and `embedder` merge intents and retire contradicted facts
+    through `llm`; with `refresh`, how an older changeset is embedded again."""
     limit = config.extraction_timeout
 
     async def merge(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, Vector] | None]:

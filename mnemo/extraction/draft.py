@@ -52,9 +52,7 @@ def episodic_id(step: StepRecord) -> str:
 
 @dataclass(slots=True)
 class Draft:
-    """A changeset drawn up before the "return" scores are in: its nodes (embedded) and
-    links, and where each instruction's score goes (its node's data, by trajectory and
-    instruction)."""
+    """A changeset drawn up before the "return" scores are in, and where each score goes."""
 
     repo: str
     nodes: list[NodeDraft] = field(default_factory=list)
@@ -81,9 +79,8 @@ _ON_LOOP_ITEMS = 200
 
 async def draw_up(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Extracted],
                   embedder: Embedder, rewards: dict[str, float], generation: int) -> Draft:
-    """Turns worker output into nodes and links; embeds every node's text in one call.
-    `rewards` are the deferred rewards scored at close (not yet on their step records); the
-    return scores are the draft's `changeset`'s to write."""
+    """Turns worker output into nodes and links, with the deferred `rewards` scored at close;
+    embeds every node's text in one call."""
     if not extracted:
         return Draft(repo, generation=generation)
 

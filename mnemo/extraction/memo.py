@@ -75,9 +75,7 @@ class _Fresh:
 
 
 class TaskMemo:
-    """Validated task results of one episode, by (trajectory id, task, request digest). A
-    request is hashed only when a result of its task is kept already or its own is stored:
-    an extraction that succeeds hashes nothing."""
+    """Validated task results of one episode, by (trajectory id, task, request digest)."""
 
     def __init__(self, episode_id: str, kept: Iterable[KeptResult] = ()) -> None:
         self.episode_id = episode_id

@@ -165,10 +165,9 @@ class _Trajectory:
 async def _extract_trajectory(work: _Round, trajectory: _Trajectory, part: Extracted,
                               first_round_in: Callable[[], None], *,
                               scores_last: StepRecord | None) -> None:
-    """One trajectory's facts, instructions and returns, into `part` (a task that failed for
-    good leaves its part empty, its failure in `work.failures`); the procedural task also
-    scores `scores_last`, else the "reward" task does. The "return" task is asked once the
-    procedural reply is in; `first_round_in` is called once both first replies are in."""
+    """One trajectory's facts, instructions and returns into `part` (a failed task leaves its part
+    empty, its failure in `work.failures`); `first_round_in` is called once both first replies are
+    in."""
     steps = trajectory.steps
     key, subgoal, chars = steps[0].trajectory_id, steps[0].subgoal, _chars(steps)
     one_in = _Countdown(2, first_round_in).one_in
@@ -255,9 +254,8 @@ async def _scored_returns(work: _Round, steps: list[StepRecord],
 
 def cumulative_returns(instructions: Sequence[Instruction],
                        rewards: Sequence[float | None]) -> dict[int, int]:
-    """Each instruction's return score (1..10): the mean known reward from the first step it
-    came from to the trajectory's end, mapped from 0..1 onto 1..10 (`NEUTRAL_RETURN` when no
-    step there has one)."""
+    """Each instruction's return score (1..10): the mean known reward from its first step to the
+    trajectory's end, mapped onto 1..10 (`NEUTRAL_RETURN` when none is known)."""
     scores: dict[int, int] = {}
     for i, ins in enumerate(instructions):
         valid = [k for k in ins.steps or () if 0 <= k < len(rewards)]

@@ -141,9 +141,8 @@ Reply with JSON: {"instructions": [...], "last_reward": <number 0-1>}."""
 
 def procedural_request(*, goal: str, subgoal: str, steps: Steps,
                        score_last: bool = False) -> LLMRequest:
-    """The "procedural" task over one trajectory's steps ({"index", "observation", "action",
-    "reward"}); with `score_last`, the reply also scores the last step (`last_reward`). Read
-    the reply with `parse_procedural`."""
+    """The "procedural" task over one trajectory's steps; with `score_last`, the reply also scores
+    the last step (read with `parse_procedural`)."""
     instructions = PROCEDURAL_INSTRUCTIONS
     inputs: dict[str, str | bool | Steps] = {"goal": goal, "subgoal": subgoal, "steps": steps}
     if score_last:
@@ -209,10 +208,7 @@ Reply with JSON: {"scores": [{"index": <int>, "return_score": <int 1-10>}, ...]}
 
 
 def return_request(*, goal: str, subgoal: str, instructions: Steps, steps: Steps) -> LLMRequest:
-    """The "return" task: scores each extracted instruction 1..10.
-
-    `instructions` are {"index", "intent", "condition", "instruction", "expected_outcome"}
-    and `steps` as for `procedural_request`. Read the reply with `parse_returns`."""
+    """The "return" task: scores each extracted instruction 1..10 (read with `parse_returns`)."""
     schema, max_tokens = bounded(RETURN_SCHEMA, "scores", len(instructions), most=None)
     return task_request(
         "return", system=RETURN_SYSTEM, instructions=RETURN_INSTRUCTIONS,

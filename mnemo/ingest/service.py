@@ -48,9 +48,7 @@ class _InFlight:
 
 
 def payload_of(trajectory: Trajectory) -> str:
-    """The canonical JSON of what identifies an ingest's payload (a trajectory
-    `check_trajectory` passed). Built by short C calls (`cpu.dumps`): a payload at the
-    ceilings is 32 MB."""
+    """The canonical JSON of what identifies an ingest's payload, built by short C calls."""
     steps = [{"observation": step.observation, "action": step.action,
               "metadata": step.metadata} for step in trajectory.steps]
     return cpu.dumps({"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata},
@@ -156,9 +154,8 @@ class IngestService:
             mine.done.set()
 
     async def _join(self, running: _InFlight, digest: str, source_id: str) -> IngestReceipt | None:
-        """The outcome of an identical call already running: its receipt (created=False) or
-        its error, the same one (a `ConflictError` stays one, as a future's awaiters all get
-        its exception); None if it was cancelled."""
+        """The outcome of an identical call already running: its receipt (created=False) or its
+        error; None if it was cancelled."""
         if running.payload_hash != digest:
             raise ConflictError(f"source {source_id!r} is being ingested with a different payload")
         await running.done.wait()

@@ -383,9 +383,8 @@ async def open_tools(store: str | Path, *, llm: LLM | None = None, embedder: Emb
                      memory_dir: Path | None = None, memory_updates: bool = True,
                      reinforce: bool = False,
                      config: Config | None = None) -> AsyncIterator[MemoryTools]:
-    """The server's tools over the store, open while the block runs: the reads through a
-    Memory opened for inspection (`Memory(inspect=True)`), the session tools through a Memory
-    that works, opened at the first of them."""
+    """The server's tools over the store while the block runs: reads through a Memory opened for
+    inspection, session tools through one that works, opened at the first of them."""
     async with AsyncExitStack() as stack:
         reader = await stack.enter_async_context(
             Memory(store, llm=llm, embedder=embedder, config=config, inspect=True))

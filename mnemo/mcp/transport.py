@@ -175,9 +175,8 @@ async def serve(store: str | Path, *, llm: LLM | None = None, embedder: Embedder
 
 
 class _Listener(uvicorn.Server):
-    """uvicorn's server, stopped by `_serve_http` on SIGINT or SIGTERM: uvicorn's own signal
-    handling raises the signal again once it has stopped, which would end the process before
-    the store is closed."""
+    """uvicorn's server, stopped by `_serve_http` on SIGINT or SIGTERM so the store is closed
+    before the process ends."""
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -186,9 +186,8 @@ class Folder:
             return True
 
     def write(self, name: str, text: str) -> None:
-        """Replaces the file `name` with `text`, all or nothing (`disk.atomic_write`'s rules):
-        a temporary file, fsynced, renamed over it, the folder fsynced. A link at `name` is
-        replaced, never written through; a replaced regular file keeps its permission bits."""
+        """Replaces the file `name` with `text`, all or nothing (`disk.atomic_write`'s rules), never
+        writing through a link."""
         with self.opened(create=True) as fd:
             if fd is None:
                 if os.path.islink(self.path / name):

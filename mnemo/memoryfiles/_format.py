@@ -46,9 +46,8 @@ def one_line(text: str, max_chars: int) -> str:
 
 
 def topic_key(topic: str) -> str:
-    """The identity of a topic: its content words' stems, sorted and deduplicated ("Database
-    backups" and "Backups of the database" are one topic); all its words, else its case-folded
-    text, for a topic of only function words or symbols."""
+    """The identity of a topic: its content words' stems, sorted and deduplicated (else all its
+    words, else its case-folded text)."""
     toks = _text.tokens(topic)
     content = [t for t in toks if not _text.is_stopword(t)] or toks
     if not content:
@@ -57,9 +56,8 @@ def topic_key(topic: str) -> str:
 
 
 def slug(topic: str) -> str:
-    """A safe file stem for `topic`: lower-case ASCII letters, digits and single dashes, at
-    most 60 characters, never empty, never a name Windows reserves ("topic-" and a hash of its
-    key for a topic without ASCII letters or digits)."""
+    """A safe file stem for `topic`: lower-case ASCII letters, digits and single dashes, at most 60
+    characters, never empty, never a name Windows reserves."""
     ascii_text = unicodedata.normalize("NFKD", topic).encode("ascii", "ignore").decode("ascii")
     stem = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")[:_MAX_SLUG].rstrip("-")
     if not stem:
@@ -148,9 +146,8 @@ class Fitted:
 
 
 def bound(lines: list[str], max_chars: int) -> Fitted:
-    """`lines` cut down so that `body(lines)` has at most `max_chars` characters, saying what
-    was dropped and whether a line was truncated: a line too long alone is truncated, then
-    the oldest entries go, headings last, and the newest line always stays."""
+    """`lines` cut down so that `body(lines)` fits in `max_chars`, with what was dropped and whether
+    a line was truncated; the newest line always stays."""
     limit = max_chars - 1  # each line carries its newline
     cut = [_truncate(line, limit) for line in lines]
     total = sum(len(line) + 1 for line in cut)

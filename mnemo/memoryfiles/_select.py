@@ -83,10 +83,8 @@ def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
 
 def listing(stored: builtins.list[Stored],
             conversation: builtins.list[dict[str, str]]) -> builtins.list[dict[str, str]]:
-    """Every file as the `memory_update` task is shown it, the most related to the
-    conversation first (sharing the most words with it, then the most recently updated):
-    {"topic", "description"}, plus "content" for the files whose content the LLM sees, all of
-    them when few, else the first `_MAX_SHOWN_FILES` that share a word with it."""
+    """Every file as the `memory_update` task is shown it, the most related first, with "content"
+    for the files whose content the LLM sees."""
     said = _said(conversation)
     overlap = {s.path: _overlap(s, said) for s in stored}
     related = sorted(stored, key=lambda s: s.topic)
@@ -102,9 +100,7 @@ def listing(stored: builtins.list[Stored],
 def views(
     conversation: builtins.list[dict[str, str]], files: builtins.list[dict[str, str]]
 ) -> Iterator[tuple[builtins.list[dict[str, str]], builtins.list[dict[str, str]]]]:
-    """The inputs of a `memory_update`, whole, then each time about half as long (`_VIEWS`
-    in all): the newest messages within the share (always the newest one) and the most
-    related files' names, then as much of their newest entries as fits."""
+    """The inputs of a `memory_update`, whole, then each about half as long (`_VIEWS` in all)."""
     said = sum(len(m["content"]) for m in conversation)
     filed = sum(_size(f) for f in files)
     for level in range(_VIEWS):
@@ -129,9 +125,8 @@ def _newest(conversation: builtins.list[dict[str, str]],
 
 
 def _first(files: builtins.list[dict[str, str]], budget: int) -> builtins.list[dict[str, str]]:
-    """The first `files` whose names fit in `budget` characters, then as much of their
-    content, newest entries first, as the rest holds: names come first, since a model that
-    does not see a topic's name files its entries under a new one."""
+    """The first `files` whose names fit in `budget` characters, then as much of their newest
+    entries as the rest holds."""
     names: builtins.list[dict[str, str]] = []
     for item in files:
         name = {"topic": item["topic"], "description": item["description"]}

@@ -53,9 +53,8 @@ MIN_MAX_CHARS = 20
 
 @dataclass(frozen=True, slots=True)
 class _Planned:
-    """A change ready to merge into its file: `base` is what the LLM was shown of it (None:
-    the change only adds, and removes what its `remove` names); `allow_removal` lets entries
-    go (a correction); `condensed` holds what the `memory_condense` task gave up."""
+    """A change ready to merge into its file: `base` is what the LLM was shown (None: it only
+    adds), `allow_removal` lets entries go, `condensed` what condensing gave up."""
 
     change: TopicChange
     base: builtins.list[str] | None
@@ -100,9 +99,7 @@ class MemoryFiles:
     # ---- reading --------------------------------------------------------------------------
 
     def list(self) -> builtins.list[MemoryFile]:
-        """Every topic file, most recently updated first; a `.md` file without front matter
-        has its file name as topic and its modification time as `updated`. Hidden files are
-        skipped."""
+        """Every topic file, most recently updated first (hidden files skipped)."""
         return [stored.file() for stored in _select.newest_first(self._scan())]
 
     async def recall(self, query: str, *, limit: int = 5) -> builtins.list[MemoryFile]:
@@ -200,9 +197,7 @@ class MemoryFiles:
 
     async def _condense(self, llm: LLM, planned: _Planned) -> _Planned:
         """`planned`, rewritten by the `memory_condense` task when it would take its file past
-        `max_chars`; as it is when it fits or the task fails (the write then drops the oldest
-        entries). The reply is merged three ways like any change: a person may edit a file by
-        hand."""
+        `max_chars` (merged three ways like any change); as it is when it fits or the task fails."""
         stored = await anyio.to_thread.run_sync(self._scan)
         key = _format.topic_key(planned.change.topic)
         existing = next((s for s in stored if _format.topic_key(s.topic) == key), None)
@@ -228,9 +223,8 @@ class MemoryFiles:
 
     async def _commit(self, planned: builtins.list[_Planned], llm: LLM, written: builtins.list[str],
                       results: builtins.list[tuple[bool, MemoryFile]]) -> None:
-        """Writes each change into its topic's file, condensed first when it would not fit;
-        `written` and `results` (each file, and whether it changed) fill as files change, so a
-        failure part-way still reports them. The caller holds the writer lock."""
+        """Writes each change into its topic's file, condensed first when it would not fit, filling
+        `written` and `results` as it goes; the caller holds the writer lock."""
         if not planned:
             return
         planned = [await self._condense(llm, p) for p in planned]

@@ -27,10 +27,8 @@ class MemoryFile:
 
 @dataclass(frozen=True, slots=True)
 class MemoryUpdate:
-    """What one `MemoryFiles.update` did: `written`, the topics whose files changed, in order
-    (also when a later step failed); `usage`, what every LLM call reported (None: none did);
-    `error`, why it stopped early; `files`, each changed file as written; `skipped`,
-    `"disabled"` when writing is off (a skipped sub-agent's update is a plain `MemoryUpdate()`)."""
+    """What one `MemoryFiles.update` did: the topics `written`, the `usage`, the `error` that
+    stopped it early, the changed `files`, and `skipped` ("disabled")."""
 
     written: list[str] = field(default_factory=list)
     usage: Usage | None = None

@@ -162,10 +162,8 @@ Reply with JSON: {"topic", "description", "entry"}."""
 
 
 def memory_persist_request(*, statement: str, files: list[dict[str, str]]) -> LLMRequest:
-    """The "memory_persist" task: which topic `statement` belongs to, and its entry.
-
-    `files` holds {"topic", "description"} for every existing file. Read the reply with
-    `parse_persist`."""
+    """The "memory_persist" task: which topic `statement` belongs to, and its entry (read with
+    `parse_persist`)."""
     return task_request(
         "memory_persist", system=MEMORY_PERSIST_SYSTEM, instructions=MEMORY_PERSIST_INSTRUCTIONS,
         inputs={"statement": statement, "files": files}, schema=MEMORY_PERSIST_SCHEMA,
@@ -185,10 +183,8 @@ def parse_persist(resp: LLMResponse) -> Filed:
 
 
 def statement_entry(entry: str, statement: str) -> str:
-    """The entry to file for `statement`: the model's `entry` when it rewords rather than
-    replaces it (it keeps every number, all content words but one in five, at least one, and
-    adds at most one plus one for every three; a word is kept as itself stemmed, a longer
-    form, or for up to four letters a word it abbreviates), else the statement itself."""
+    """The entry to file for `statement`: the model's `entry` when it rewords the statement
+    without losing its numbers or most of its content words, else the statement itself."""
     if not set(_NUMBER.findall(statement)) <= set(_NUMBER.findall(entry)):
         return statement
     said, wrote = _words(statement), _words(entry)
@@ -255,9 +251,7 @@ Reply with JSON: {"description", "content"}."""
 
 def memory_condense_request(*, topic: str, description: str, entries: list[str],
                             max_chars: int) -> LLMRequest:
-    """The "memory_condense" task: `entries` rewritten to fit in `max_chars` characters.
-
-    Read the reply with `parse_condense`."""
+    """The "memory_condense" task: `entries` rewritten to fit in `max_chars` (`parse_condense`)."""
     return task_request(
         "memory_condense",
         system=MEMORY_CONDENSE_SYSTEM,

@@ -105,9 +105,8 @@ async def index(request: Request) -> Response:
 
 
 async def graph(request: Request) -> Response:
-    """A repo's graph: a picture of its newest facts and procedures and what they link to (or
-    of the part around `focus`, a node), a search box, the newest nodes of one type, its tags
-    and intents."""
+    """A repo's graph: a picture of its newest facts and procedures (or around `focus`), a search
+    box, the newest nodes of one type, its tags and intents."""
     view = view_of(request)
     params = request.query_params
     repo = await known_repo(view, params)
@@ -156,9 +155,8 @@ async def subgraph(view: MemorySource, repo: str, seeds: list[Node], *, hops: in
 
 
 async def node_page(request: Request) -> Response:
-    """One node: its text and data, a drawing of its neighbourhood, its links by type, and
-    for a memory its provenance: the steps it came from, each with the stored episode (and
-    session) it belongs to."""
+    """One node: its text and data, a drawing of its neighbourhood, its links by type, and its
+    provenance."""
     view = view_of(request)
     repo = await known_repo(view, request.query_params)
     node_id = required(request.query_params, "id")
@@ -207,9 +205,7 @@ def _members(node: Node, links: dict[LinkType, list[LinkedNode]]) -> list[Node]:
 
 
 async def recall(request: Request) -> Response:
-    """The recall playground: a query, k and node types in; each result's rank, score, phase
-    and hop out. A GET never counts its results as accesses; a POST (the playground's second
-    button, with `allow_writes` only) does, as an agent's recall does."""
+    """The recall playground; a POST (with `allow_writes` only) counts its results as accesses."""
     view = view_of(request)
     writing = request.method == "POST"
     if writing and not request.app.state.allow_writes:

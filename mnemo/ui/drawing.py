@@ -32,9 +32,8 @@ SHAPES: dict[NodeType, tuple[float, int]] = {
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """The geometry of a drawing: its width, the box (its width and what text fits in it),
-    the x of the column of markers, the characters a label keeps (at 14 px, under 8 px a
-    character), and whether the box stands beside the column or above it."""
+    """The geometry of a drawing: its width, the box, the column of markers, the characters a
+    label keeps, and whether the box stands beside the column or above it."""
 
     width: int
     box_width: float
@@ -251,9 +250,8 @@ class Picture:
 
 def force_layout(count: int, pairs: Sequence[tuple[int, int]], *, iterations: int = 300,
                  seed: int = 7) -> npt.NDArray[np.float64]:
-    """Positions in the unit square for `count` nodes joined by `pairs` (indexes): linked
-    nodes pull together, every two push apart, a weak pull to the middle keeps unlinked
-    parts near (Fruchterman-Reingold, with a temperature that cools linearly)."""
+    """Positions in the unit square for `count` nodes joined by `pairs` (Fruchterman-Reingold with
+    linear cooling and a weak pull to the middle)."""
     rng = np.random.default_rng(seed)
     # A position is a complex number: one array op moves both coordinates.
     place = rng.random(count) + 1j * rng.random(count)

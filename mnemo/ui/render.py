@@ -34,9 +34,7 @@ def href(path: str, **params: object) -> str:
 
 
 def short_id(value: str, keep: int = 8, prefix: bool = True) -> str:
-    """An id cut after `keep` characters of its hex part (`changeset_c244a5fd…`, or
-    `c244a5fd…` without its `prefix`), as a listing shows it; the page of the thing shows
-    it whole."""
+    """An id cut after `keep` characters of its hex part (`changeset_c244a5fd…`)."""
     head, sep, rest = value.rpartition("_")
     if not prefix:
         head = sep = ""

@@ -183,7 +183,7 @@ def _locomo_batch(sample: _Sample, index: int) -> Batch:
         for t, turn in enumerate(turns):
             dia_id = _normalise_dia_id(turn.dia_id or f"D{number}:{t + 1}")
             shown = f" [shares a photo of {turn.blip_caption}]" if turn.blip_caption else ""
-            # The exact text and metadata of scripts/eval_locomo.py (see the module docstring).
+            # The exact text and metadata of scripts/eval_locomo.py.
             steps.append(Step(f"{turn.speaker} ({date}): {turn.text}{shown}", "",
                               {"dia_id": dia_id}))
             messages.append({"role": "user", "name": turn.speaker,

@@ -151,7 +151,7 @@ def view(
 
 
 class _Transitions:
-    """Wakes a waiter at each of one session's state changes (see the module doc)."""
+    """Wakes a waiter at each of one session's state changes."""
 
     def __init__(self) -> None:
         self.session_id: str | None = None

@@ -1,11 +1,5 @@
-"""mnemo: memory for LLM agents.
-
-Sessions collect an agent's steps, extraction turns them into a per-repo knowledge graph, and
-recall finds what was committed. Import everything from here: other module paths may move.
-
-A name is imported when it is first used (PEP 562), not when `mnemo` is: `mnemo --version`
-and a command that needs a few parts do not pay for all of them.
-"""
+"""mnemo: memory for LLM agents. Import everything from here: other module paths may move.
+Names are imported when first used (PEP 562), so a command pays only for what it needs."""
 
 from __future__ import annotations
 

@@ -25,12 +25,8 @@ _HOST_PATTERN = re.compile(r"(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?")
 
 
 def host_pattern(value: str) -> str:
-    """`value` as an allowed-host pattern: a host name, an IP address, `*.domain` (the
-    domain's subdomains) or `*` (any host), lowercased; an IPv6 address loses its brackets.
-
-    Raises:
-        InvalidInputError: anything else (a port, a path, a scheme, a wildcard elsewhere).
-    """
+    """`value` as an allowed-host pattern (a host, an IP address, `*.domain` or `*`), lowercased;
+    InvalidInputError for anything else."""
     if not isinstance(value, str):
         raise InvalidInputError(f"an allowed host must be a string, got {type(value).__name__}")
     pattern = value.strip().lower()
@@ -49,13 +45,8 @@ def host_pattern(value: str) -> str:
 
 
 def check_token(token: str) -> str:
-    """`token`, checked to be a usable access token.
-
-    Raises:
-        InvalidInputError: shorter than MIN_TOKEN_CHARS, longer than MAX_TOKEN_CHARS, or
-            holding anything but printable ASCII without spaces (it travels in a header, a
-            cookie and an address).
-    """
+    """`token`, checked to be printable ASCII without spaces within `MIN_TOKEN_CHARS` and
+    `MAX_TOKEN_CHARS` (InvalidInputError)."""
     if not isinstance(token, str):
         raise InvalidInputError(f"the access token must be a string, got {type(token).__name__}")
     if not MIN_TOKEN_CHARS <= len(token) <= MAX_TOKEN_CHARS:
@@ -69,12 +60,8 @@ def check_token(token: str) -> str:
 
 
 def hosts_of(bind: str, allow: Iterable[str]) -> tuple[str, ...]:
-    """The host patterns a server listening on `bind` answers: the loopback names, the bound
-    address itself (unless it binds every interface) and `allow`, each once.
-
-    Raises:
-        InvalidInputError: a malformed pattern (`host_pattern`).
-    """
+    """The host patterns a server on `bind` answers: the loopback names, the bound address and
+    `allow`, each once."""
     own = () if bind.strip() in WILDCARD_BINDS else (bind.strip(),)
     return tuple(dict.fromkeys(host_pattern(h) for h in (*LOOPBACK, *own, *allow)))
 

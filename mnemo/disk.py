@@ -11,9 +11,8 @@ from pathlib import Path
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Replaces the file at `path` with `text`, all or nothing: a fsynced temporary file in
-    the same directory is renamed over it. A replaced file keeps its permission bits; a new
-    one gets mkstemp's 0600."""
+    """Replaces the file at `path` with `text`, all or nothing (a fsynced temporary file renamed
+    over it); a replaced file keeps its permission bits."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -50,10 +50,8 @@ class ConflictError(MnemoError):
 
 
 class SessionError(MnemoError):
-    """A session call that its state refuses, or an async operation that did not run.
-
-    `state` is the session's `mnemo.State` (typed as its base, `StrEnum`: the exception tree
-    imports no part of mnemo)."""
+    """A session call that its state refuses, or an async operation that did not run; `state` is
+    the session's `mnemo.State`."""
 
     def __init__(self, reason: str, *, state: StrEnum | None,
                  session_id: str | None = None) -> None:
@@ -73,11 +71,8 @@ class PipelineError(MnemoError):
 
 
 class StorageError(MnemoError):
-    """The store failed: `reason` is "busy" (another writer held the lock past
-    `Config.busy_timeout`), "unavailable", "corrupt", "extension_missing", "closed" (the
-    Memory was closed) or "read_only" (a call that starts work, on a Memory opened with
-    `inspect=True`). Nothing of the failed write was stored; the driver's exception is the
-    `__cause__`."""
+    """The store failed: `reason` is "busy", "unavailable", "corrupt", "extension_missing",
+    "closed" or "read_only"; nothing of the failed write was stored."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
@@ -113,11 +108,7 @@ class EmbeddingError(AdapterError):
 
 @contextmanager
 def first_error() -> Iterator[None]:
-    """Re-raises the first error of a task group's `ExceptionGroup` as itself.
-
-    mnemo's task groups run sibling calls of one operation (state ∥ subgoal ∥ reward, or
-    semantic ∥ procedural); when one fails the others are cancelled, and the caller wants the
-    failure, not a group of one."""
+    """Re-raises the first error of a task group's `ExceptionGroup` as itself."""
     try:
         yield
     except BaseExceptionGroup as group:

@@ -1,8 +1,5 @@
-"""mnemo's values as JSON values: the shapes `mnemo ... --json` prints, and the MCP server's
-tools answer with bounded versions of (`mnemo.mcp._output`); neither imports the other.
-
-Each shape names its fields, so that the machine output is a stable shape and not whatever
-fields a value grows: `fields` reads them, an enum as its value, a time as ISO-8601 text."""
+"""mnemo's values as JSON values: the shapes `mnemo ... --json` prints and the MCP tools answer
+with bounded versions of; `fields` reads a value's named fields."""
 
 from __future__ import annotations
 

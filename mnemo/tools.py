@@ -1,9 +1,6 @@
 """Agent tools over a `Memory`: JSON-schema specs for OpenAI and Anthropic (`openai_tools`,
-`anthropic_tools`), and one executor (`execute_tool`). The memory tools: `search_messages`,
-`view_messages`, `recall`, `get_node`; the eviction tools (what `Memory.evict` gives its LLM):
-`save_snapshot`, `attach_messages_to_goals`, `everything_ok`. `execute_tool` always answers
-with a string for the model, a bad argument or an unknown id or tool as "error: ..." text, and
-every answer is bounded (the constants below): what is cut says how to get the rest."""
+`anthropic_tools`) and one executor (`execute_tool`), for the memory tools and the eviction
+tools. Every answer is a bounded string, errors as "error: ..." text."""
 
 from __future__ import annotations
 
@@ -134,29 +131,20 @@ def _specs(names: Iterable[str]) -> list[ToolSpec]:
 
 
 def openai_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[JSONObject]:
-    """The named tools (default: the memory tools) in OpenAI's format.
-
-    Raises:
-        InvalidInputError: an unknown tool name.
-    """
+    """The named tools (default: the memory tools) in OpenAI's format (InvalidInputError for an
+    unknown name)."""
     return [spec.openai() for spec in _specs(names)]
 
 
 def anthropic_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[JSONObject]:
-    """The named tools (default: the memory tools) in Anthropic's format.
-
-    Raises:
-        InvalidInputError: an unknown tool name.
-    """
+    """The named tools (default: the memory tools) in Anthropic's format (InvalidInputError for an
+    unknown name)."""
     return [spec.anthropic() for spec in _specs(names)]
 
 
 async def execute_tool(mem: Memory, call: ToolCall, **context: object) -> str:
-    """Runs one tool call against `mem`; returns the text to give back to the model (at most
-    `MAX_OUTPUT_CHARS`; what the model can fix as "error: ..."). Context, each optional:
-    `thread_id` (the agent's thread: `search_messages` leaves out what its viewport shows),
-    `repo` (what `recall` and `get_node` read), `eviction` (the `EvictionTools` of an eviction
-    in progress, which the eviction tools act on)."""
+    """Runs one tool call against `mem` and returns the text for the model (bounded, errors as
+    "error: ..."); `thread_id`, `repo` and `eviction` give the tools their context."""
     return clip(await _execute(mem, call, context), MAX_OUTPUT_CHARS)
 
 

@@ -1,7 +1,4 @@
-"""The distribution mnemo is installed as, and its version.
-
-The import name is `mnemo`; the distribution is `pymnemo`: `pip install "pymnemo[postgres]"`.
-"""
+"""The distribution mnemo is installed as (`pymnemo`), and its version."""
 
 from __future__ import annotations
 

@@ -1,30 +1,12 @@
 """The offline LLM's "contradiction" heuristic: two facts contradict when they say the same
 thing of the same subject with another value.
 
-Each fact is read as its content words in order: the words of one relation made one ("lives",
-"resides", "moved"; "listens", "binds", "runs"; ...), the words that only say something
-changed ("now", "new", "raised") left out, a word after a negation ("not", "never", "instead
-of", "from") marked denied where it can be a value (a relation, something specific, the word
-after a relation), and a parenthesised aside (a speaker's date stamp, a handle) dropped. Two
-facts that share a subject word and a relation (or whose new one states a change), and name no
-relation the other lacks (the copula aside), contradict when
-
-- one denies a word the other states: "the cache is enabled" / "the cache is not enabled",
-  "gunicorn listens on 127.0.0.1:8001, not 8000" / "Bind gunicorn to 127.0.0.1:8000"; or
-- every run of words one of them says beyond the shared words is a value that stands where the
-  other has another (after or before the same shared word): a run of at most
-  `MAX_VALUE_WORDS` words naming something specific (a number, a name, an identifier), or one
-  word right after a relation other than the copula. "Dana lives in Lisbon" / "Dana moved to
-  Porto", "the cache TTL is five minutes" / "the cache TTL is now ten minutes", "Melanie works
-  as a nurse" / "Melanie quit her job and now works as a teacher", "... leaving 271 EUR for
-  food" / "the new trip budget leaves 362 EUR for food".
-
-Relations that admit many values ("likes", "went to") never contradict, nor facts about other
-subjects ("Dana lives in Lisbon" / "Sam lives in Porto"), other relations ("Dana lives in
-Lisbon" / "Dana works in Berlin"), a fact that only adds to another ("Dana lives in Lisbon
-with her cat"), nor remarks ("that bowl is gorgeous" / "that bowl is amazing"): a model is
-needed to tell more.
-"""
+A fact is read as its content words, relations made one word, change words left out and
+negated words marked. Two facts sharing a subject word and a relation contradict when one
+denies a word the other states ("the cache is enabled" / "the cache is not enabled"), or when
+every run of words one says beyond the shared ones is a specific value standing where the
+other has another ("Dana lives in Lisbon" / "Dana moved to Porto"). Relations of many values
+("likes"), other subjects or relations, and additions never contradict."""
 
 from __future__ import annotations
 
@@ -33,9 +15,7 @@ import re
 from mnemo import text as _text
 
 _LINKING = frozenset("in at to on as for from with of the a an".split())
-# A run of words one fact says where the other says another is a value when it is at most
-# this long: longer, it is a clause, and the facts say different things (measured on LoCoMo
-# dev and the demo: runs of 3-5 words were tool output and chat, never a value).
+# The longest run of words that counts as a value; a longer one is a clause.
 MAX_VALUE_WORDS = 2
 
 # The words of one relation, read as one ("=family"); "be" is the copula, which a fact may
@@ -130,8 +110,7 @@ def _items(fact: str) -> tuple[list[_Item], bool]:
     return items, changed
 
 
-# A run of words one fact says beyond the shared ones: the shared word before it and after
-# it, and whether it can be a value (`_values`).
+# A run of words beyond the shared ones, the shared words around it, and whether it can be a value.
 _Run = tuple[str | None, str | None, bool]
 
 

@@ -1,16 +1,11 @@
-"""`Transport`: JSON over HTTP POST for every HTTP adapter, through one `httpx.AsyncClient`
-over aiohttp's pool (`Pool`). Each attempt waits for a slot of the concurrency limit adapted to
-the server (`Limit`) and for the client-side rate limits (`RateGate`, paused for every caller
-after a 429), waits that count against no timeout nor retry budget, then runs under a timeout
-of the whole attempt. A failed attempt is retried
-with backoff and full jitter when it may succeed later (408, 409, 429, 5xx, connection errors,
-timeouts, a 2xx body that is not the reply the caller reads); `Retry-After` (or OpenAI's
-`retry-after-ms`) is waited in full, or failed at once past `Backoff.max_retry_after`. Any other
-status, or an error reply the caller's `refusal` recognises, is final. Every attempt is charged
-to the task's `Budget`, and its timeout cut to the budget's seconds left. Giving up raises the
-adapter's error class naming the HTTP status and the provider's message; its `__cause__` is an
-`HTTPFailure` or the connection error.
-"""
+"""`Transport`: JSON over HTTP POST for every HTTP adapter, through one `httpx.AsyncClient` over
+aiohttp's pool (`Pool`).
+
+Each attempt waits for a slot of the adaptive concurrency limit (`Limit`) and the rate limits
+(`RateGate`), waits that count against no budget, then runs under a timeout. Attempts that may
+succeed later (408, 409, 429, 5xx, connection errors, timeouts, an unreadable 2xx body) are
+retried with backoff and jitter, honouring `Retry-After`; giving up raises the adapter's error
+class naming the status and the provider's message."""
 
 from __future__ import annotations
 
@@ -77,8 +72,7 @@ class Counts(msgspec.Struct):
     total_tokens: int | None = None
 
 
-# What servers say when a prompt does not fit the model's context (llama.cpp, vLLM, OpenAI,
-# Anthropic, Ollama).
+# What servers say when a prompt does not fit the model's context.
 _CONTEXT_WORDS = ("context size", "context length", "context window", "exceed_context",
                   "maximum context", "too many tokens", "prompt is too long", "n_ctx")
 
@@ -98,9 +92,8 @@ class HTTPFailure(Exception):
         return self.status in (400, 413, 422, 500) and self.names_any(_CONTEXT_WORDS)
 
     def names_any(self, words: tuple[str, ...]) -> bool:
-        """Whether this reply refuses something its message names by one of `words`
-        (case-insensitive). Any status counts (local servers refuse a parameter with a 500
-        too) but the rate-limit and timeout ones, which say nothing about the request."""
+        """Whether this reply refuses something its message names by one of `words`: any status but
+        the rate-limit and timeout ones."""
         if self.status in (408, 429):
             return False
         message = self.message.lower()
@@ -108,11 +101,8 @@ class HTTPFailure(Exception):
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:
-    """Seconds to wait according to `retry-after-ms` or `Retry-After` (seconds or HTTP date).
-
-    `now` is the current wall-clock time (Unix seconds), for the date form. None when absent or
-    unreadable; never negative.
-    """
+    """Seconds to wait according to `retry-after-ms` or `Retry-After` (seconds or an HTTP date, read
+    against `now`); None when absent or unreadable, never negative."""
     millis = headers.get("retry-after-ms")
     if millis is not None:
         try:
@@ -157,12 +147,9 @@ class _Retryable(Exception):
 
 
 class HTTPOptions(TypedDict, total=False):
-    """What every HTTP adapter passes to its `Transport`: `timeout` (seconds one attempt may
-    take; None: `Transport.attempt_timeout`), `requests_per_minute` and `tokens_per_minute`,
-    `max_concurrency` (the most requests in flight, 8 unless said; below it the number adapts
-    to the server unless `concurrency` pins it), the retry policy `retry`
-    (`mnemo.calls.retry`) or its shorthands `max_retries`, `backoff` and `clock`, and
-    `transport`, which replaces httpx's network transport (tests)."""
+    """What every HTTP adapter passes to its `Transport`: the attempt `timeout`, rate limits,
+    `max_concurrency` (8 unless said) or a pinned `concurrency`, the retry policy (`retry`, or
+    `max_retries`, `backoff` and `clock`), and `transport`, which replaces httpx's network."""
 
     timeout: float | None
     max_retries: int | None
@@ -177,15 +164,12 @@ class HTTPOptions(TypedDict, total=False):
 
 
 class Transport(Closing):
-    """JSON over HTTP POST to one provider (see the module doc). `name` says who the provider
-    is in error messages; `error` is the class raised on failure (`timeout_error` when the last
-    attempt timed out). The tokens a reply says it used (`WireReply.tokens`) correct the
-    tokens/min estimate (4 characters a token of the request body) and feed the `Limit`.
+    """JSON over HTTP POST to one provider (see the module doc), raising `error` (`timeout_error`
+    when the last attempt timed out) on failure.
 
     Raises:
         InvalidInputError: a bad limit or retry policy.
-        TypeError: a keyword `HTTPOptions` does not name.
-    """
+        TypeError: a keyword `HTTPOptions` does not name."""
 
     def __init__(
         self,
@@ -225,8 +209,7 @@ class Transport(Closing):
         self._gate = RateGate(requests_per_minute=options.get("requests_per_minute"),
                               tokens_per_minute=options.get("tokens_per_minute"),
                               clock=self._clock)
-        # The network is aiohttp's pool (`Pool`: a call costs a seventh of httpx's own pool's
-        # CPU with dozens in flight), as many connections kept alive as requests in flight.
+        # The network is aiohttp's pool, as many connections kept alive as requests in flight.
         self._network = options.get("transport") or Pool(max_connections=most)
         # httpx's own timeout bounds each network phase; `fail_after` bounds the attempt.
         self._client = httpx.AsyncClient(base_url=base_url, headers=dict(headers or {}),
@@ -237,9 +220,8 @@ class Transport(Closing):
 
     def attempt_timeout(self, max_tokens: int | None = None, prompt_tokens: int = 0) -> float:
         """The seconds one attempt of a request for `max_tokens` reply tokens may take: the
-        adapter's `timeout`; or, when it set none, `DEFAULT_TIMEOUT`, longer when the work it
-        serves has longer left, and longer again when the server's measured speed says its
-        `max_tokens` need more (`needed_time`)."""
+        adapter's `timeout`, else `DEFAULT_TIMEOUT` stretched by the work served and the server's
+        speed."""
         if self._timeout is not None:
             return self._timeout
         work = remaining()
@@ -248,9 +230,8 @@ class Transport(Closing):
         return guess if needed is None else max(guess, needed)
 
     def needed_time(self, max_tokens: int | None, prompt_tokens: int = 0) -> float | None:
-        """The seconds the server's measured speed says a request for `max_tokens` reply
-        tokens needs (`Limit.request_time`, at most `MOST_TIMEOUT`); None with a `timeout` of
-        the adapter's own, no `max_tokens`, or no speed measured yet."""
+        """The seconds the server's measured speed says a request for `max_tokens` needs (at most
+        `MOST_TIMEOUT`); None with the adapter's own `timeout` or nothing measured."""
         if self._timeout is not None or max_tokens is None:
             return None
         needed = self.limit.request_time(max_tokens, prompt_tokens)
@@ -267,17 +248,8 @@ class Transport(Closing):
         refusal: Callable[[HTTPFailure], bool] | None = None,
         kind: str = "",
     ) -> R:
-        """POSTs `payload` to `path` (relative to the base URL); returns the reply read as
-        `reply`. `kind` names what is asked (a task), so the concurrency limit compares like
-        with like. Every attempt is charged to `budget` (a new one of `retry_policy` when None).
-        An error reply for which `refusal` returns True is final whatever its status.
-
-        Raises:
-            AdapterError: (the `error` class) the provider refused the request, every attempt
-                failed, or the budget was spent before the first (the message names the HTTP
-                status and the provider's message, or the connection problem); `timeout_error`
-                when the last attempt timed out.
-        """
+        """POSTs `payload` to `path` and returns the reply read as `reply`, each attempt charged to
+        `budget`; an error reply `refusal` recognises is final. Raises the `error` class."""
         budget = budget if budget is not None else Budget(self.retry_policy)
         if not budget.can_call():
             raise self._error(f"{self.name}: no call left in {budget.describe()}")
@@ -302,8 +274,7 @@ class Transport(Closing):
                 if failed.rate_limited:
                     # Other callers hold back too, but never longer than a wait we would accept.
                     self._gate.pause(min(delay, self._backoff.max_retry_after))
-                # The delay is the server's whole Retry-After: a retry sent sooner would be
-                # refused again, so one we will not wait (past the cap or the budget) fails now.
+                # The server's whole Retry-After: one we will not wait fails now.
                 if not self._backoff.accepts(failed.retry_after):
                     raise self._give_up(
                         failed, failures, budget,
@@ -339,8 +310,7 @@ class Transport(Closing):
                     await self._gate.acquire(estimate)
             needed = self.needed_time(max_tokens, estimate)
             if needed is not None:
-                # The work this request serves (an annotation, an extraction) gives it the
-                # time the server's speed says it needs: its deadline was only a first guess.
+                # The work this request serves gives it the time the server's speed says it needs.
                 allow(needed)
             # Cut to the budget's seconds only now: the waits above did not spend them.
             seconds = ticket.timeout = min(allowed, budget.seconds_left())
@@ -362,9 +332,8 @@ class Transport(Closing):
     async def _send(
         self, path: str, body: bytes, headers: Mapping[str, str] | None
     ) -> httpx.Response:
-        """`AsyncClient.post` of `body`, reply read whole, without the steps that do nothing
-        here (auth, redirects, event hooks) or cost without use (the URL and headers built per
-        request); cookies and httpx's log line are kept."""
+        """`AsyncClient.post` of `body`, the reply read whole, without the per-request steps that do
+        nothing here."""
         client = self._client
         if client.is_closed:
             raise RuntimeError("Cannot send a request, as the client has been closed.")
@@ -410,9 +379,7 @@ class Transport(Closing):
             try:
                 read = _decode(response.content, reply)
             except ValueError as exc:
-                # A 2xx without the reply is one cut short (a proxy, a dropped stream) or a
-                # provider's garbage, which another attempt may not repeat (there is no
-                # message to show in a re-ask).
+                # A 2xx without the reply is cut short or garbage: another attempt may do.
                 failure = HTTPFailure(status, f"{exc}: {shorten(response.text, 300)}")
                 raise _Retryable(str(failure), failure) from None
             used = read.tokens()
@@ -445,13 +412,8 @@ _ENCODER = msgspec.json.Encoder()
 
 
 def _decode(content: bytes, reply: type[R]) -> R:
-    """A reply body read as `reply`; through `json` with `strict=False` when msgspec refuses
-    its JSON (a raw control character inside a string is a sloppy server's JSON, still a
-    complete reply, not a cut one worth another attempt; so is UTF-16).
-
-    Raises:
-        ValueError: the body is not JSON, or not a `reply` (what is wrong, and where).
-    """
+    """A reply body read as `reply`, through `json` with `strict=False` when msgspec refuses its
+    JSON (raw control characters, UTF-16); raises ValueError saying what is wrong and where."""
     try:
         try:
             return msgspec.json.decode(content, type=reply, strict=False)

@@ -1,7 +1,5 @@
-"""What the HTTP adapters share: their constructor (`HTTPModel`, `HTTPOptions`), prices and
-usage; and what the chat adapters share: max_tokens, tools, and an example answer drawn from a
-schema. A structured reply is not checked here: the adapters pass its JSON value up, and
-`mnemo.calls.tasks` reads it into its task's struct."""
+"""What the HTTP adapters share (`HTTPModel`, `HTTPOptions`, prices, usage) and what the chat
+adapters share (max_tokens, tools, an example answer drawn from a schema)."""
 
 from __future__ import annotations
 
@@ -37,8 +35,7 @@ DEFAULT_PRICES: dict[str, tuple[float, float]] = {
     "claude-opus-4": (15.00, 75.00),
 }
 
-# The adapters' default `max_tokens`: the most tokens any reply may use, and what a request
-# that sets none gets. mnemo's own tasks ask for less, sized to their schemas.
+# The adapters' default `max_tokens`: the most any reply may use.
 DEFAULT_MAX_TOKENS = 4096
 
 
@@ -53,9 +50,8 @@ def cut_note(problem: str, max_tokens: int) -> str:
 
 
 def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> int | None:
-    """The max_tokens (twice `cap`, at most `ceiling`) to ask a reply cut at `cap` again with,
-    as it was (a re-ask would add the cut reply to the prompt), the call marked a retry; None
-    when the adapter allows no more or the budget has no call left."""
+    """The max_tokens (twice `cap`, at most `ceiling`) to ask a reply cut at `cap` again with, the
+    call marked a retry; None when the adapter or the budget allows no more."""
     if cap >= ceiling or not budget.can_call():
         return None
     more = min(ceiling, cap * 2)
@@ -67,9 +63,8 @@ def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> i
 
 def adapt(exc: AdapterError, budget: Budget, refuses: Callable[[HTTPFailure], bool] | None,
           switch: Callable[[HTTPFailure], None]) -> None:
-    """After `exc`: when `refuses` recognises the provider's refusal behind it, `switch` adapts
-    the adapter and another try is charged to `budget` as a retry; otherwise (or with no call
-    left) `exc` is raised again."""
+    """After `exc`: when `refuses` recognises the refusal behind it, `switch` adapts the adapter
+    and a retry is charged to `budget`; otherwise `exc` is raised again."""
     failure = exc.__cause__
     if refuses is None or not isinstance(failure, HTTPFailure) or not refuses(failure):
         raise exc
@@ -88,11 +83,7 @@ def warn_cut(name: str, task: str, cap: int | None) -> None:
 
 
 def example_of(schema: Mapping[str, object]) -> object:
-    """A value shaped as `schema` says, to show a model what an answer looks like (a small
-    model shown only the schema answered with the schema itself): an object with its
-    required properties (all of them when it lists none), a list of one item, "..." for a
-    string, the minimum (or 0.5 between 0 and 1) for a number, the first alternative but
-    null of an `anyOf`."""
+    """A value shaped as `schema` says, to show a model what an answer looks like."""
     choices = schema.get("anyOf")
     if isinstance(choices, list):
         # The first alternative that is not null: a model shown null copies it.
@@ -127,14 +118,8 @@ def example_of(schema: Mapping[str, object]) -> object:
 
 
 def tool_spec(tool: Mapping[str, object]) -> tuple[str, str, JSONObject]:
-    """(name, description, parameters schema) of a tool given in any usual shape.
-
-    Accepts mnemo's neutral {"name", "description", "parameters"}, OpenAI's
-    {"type": "function", "function": {...}} and Anthropic's {"name", "input_schema"}.
-
-    Raises:
-        ValueError: the tool has no name.
-    """
+    """(name, description, parameters schema) of a tool in mnemo's neutral, OpenAI's or Anthropic's
+    shape; raises ValueError for a tool without a name."""
     inner = tool.get("function") if tool.get("type") == "function" else tool
     if not isinstance(inner, Mapping) or not isinstance(inner.get("name"), str):
         raise ValueError(f"a tool needs a name, got {tool!r}")
@@ -161,16 +146,9 @@ def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
 
 
 class HTTPModel(Closing):
-    """What the HTTP adapters share: the key (`api_key`, else the environment's `key_variable`,
-    read when the adapter is made; with none, no key is sent), one `Transport` to `base_url`,
-    the prices of `model` (`prices` on top of `DEFAULT_PRICES`: a reply's `Usage.cost` is None
-    for an unpriced model), the usage of its replies (`total_usage`), what it learned of its
-    server (`server_profile`) and closing.
-
-    Raises:
-        InvalidInputError: a bad limit, or no key for the provider's own API (`provider_url`)
-            that the requests would reach over the network (no `transport`, or httpx's own).
-    """
+    """What the HTTP adapters share: the key (`api_key`, else the environment's `key_variable`), one
+    `Transport` to `base_url`, the model's prices, `total_usage`, `server_profile` and closing.
+    Raises InvalidInputError for a bad limit, or no key for the provider's own API."""
 
     def __init__(
         self,

@@ -18,8 +18,7 @@ _TOPIC_SHIFT = re.compile(
     re.IGNORECASE,
 )
 
-# Phrases are matched before single words so that "not working" counts as failure and
-# "no errors" as success; a matched phrase is blanked out before the word count.
+# Phrases are matched, then blanked out, before single words ("not working", "no errors").
 _FAILURE_PHRASES = re.compile(
     r"\b(?:not (?:work\w*|fixed|resolved|solved|help\w*|right|correct)|"
     r"(?:doesn't|does not|didn't|did not|won't|will not|isn't|is not|can't|cannot) "

@@ -61,15 +61,8 @@ def _states_instruction(text: str) -> bool:
 
 
 def _extractive_summary(items: list[tuple[str, str]], max_words: int, previous: str = "") -> str:
-    """The most informative sentences of `items` ((speaker, text) pairs, speaker "" for none,
-    "Summary" for an earlier summary) and of a previous summary, in their order, within
-    `max_words` words.
-
-    A sentence scores its informative words; instructions and corrections count double, tool
-    output half. The earlier summaries' best sentences fill up to half of `max_words` first,
-    then the rest compete with the new ones: a rolling summary keeps what matters most from
-    both, and a summary it replaces is not crowded out by chatter.
-    """
+    """The most informative sentences of `items` ((speaker, text) pairs) and of a previous summary,
+    in order, within `max_words` words; earlier summaries fill up to half of it first."""
     earlier: list[tuple[float, int, str]] = []
     candidates: list[tuple[float, int, str]] = []
     order = 0

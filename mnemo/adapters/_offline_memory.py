@@ -112,10 +112,8 @@ def _has_subject(text: str) -> bool:
 
 
 def _memory_signal(sentence: str) -> tuple[str | None, str, str]:
-    """The kind of signal `sentence` carries, the statement to keep, and the words that name
-    its topic (the sentence without its marker; "user" for what the user says about
-    themselves). ("pending", "", "") for a bare correction marker ("That's wrong."), whose
-    content is the next sentence."""
+    """The kind of signal `sentence` carries, the statement to keep, and the words naming its
+    topic; ("pending", "", "") for a bare correction marker ("That's wrong.")."""
     if sentence.endswith("?") or _QUESTION_OPENERS.match(sentence):
         return None, "", ""
     corrected = False
@@ -228,8 +226,7 @@ def _memory_update(inputs: Inputs) -> LLMResponse:
             topic=item.topic.strip(),
             description=item.description.strip(),
             stems=_topic_stems(item.topic),
-            # A file's shown entries, to leave out what it already says and find what a
-            # correction replaces; the reply holds only the changes.
+            # A file's shown entries: what it already says, what a correction replaces.
             lines=[line.strip() for line in item.content.splitlines() if line.strip()],
         )
         for item in inputs.files

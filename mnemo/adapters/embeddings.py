@@ -1,12 +1,6 @@
-"""`OpenAIEmbedder`: an `Embedder` over OpenAI's `POST {base_url}/embeddings` (also served by
-Ollama, vLLM, llama.cpp server and most hosted embedding services).
-
-The vector dimension is given as `dim` or told by the first reply; `Memory` awaits
-`detect_dim()` before reading `dim`, and reading it while unknown is an error, not a guess.
-Vectors are asked for as base64 (little-endian float32, as OpenAI's SDK asks); a server that
-answers floats is read as well, and one that refuses base64 is asked for floats from then on.
-A server that answers a vector per token, or refuses to answer without pooling, gets an
-`EmbeddingError` saying how to start it with pooling."""
+"""`OpenAIEmbedder`: an `Embedder` over OpenAI's `POST {base_url}/embeddings` (also Ollama, vLLM,
+llama.cpp server). The dimension is given as `dim` or told by the first reply; vectors are
+asked for as base64, falling back to floats for a server that refuses it."""
 
 from __future__ import annotations
 
@@ -32,29 +26,19 @@ logger = logging.getLogger("mnemo.adapters")
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 _PROBE_TEXT = "dimension probe"
 Encoding = Literal["base64", "float"]
-# An error reply is a refusal of base64 when its message names the parameter or the format
-# (rather than, say, an unknown model); rate limits and timeouts say nothing about it.
+# An error reply refuses base64 when its message names the parameter or the format.
 _COMPLAINT_WORDS = ("encoding_format", "encoding format", "base64")
 
 
 class DimensionUnknown(EmbeddingError, AttributeError):
-    """`dim` was read before it was given or detected.
-
-    Also an `AttributeError`, so `isinstance(embedder, Embedder)` (which looks the attribute up)
-    answers False instead of raising until the dimension is known.
-    """
+    """`dim` was read before it was known; an `AttributeError` too, so `isinstance(embedder,
+    Embedder)` answers False meanwhile."""
 
 
 class OpenAIEmbedder(HTTPModel):
-    """An `Embedder` calling `POST {base_url}/embeddings` with `{"model", "input": [...]}`.
-
-    Texts go `batch_size` at a time, batches concurrently (`max_concurrency`, 4 by default), each
-    batch one task of the retry policy; `embed` returns float32 rows in the texts' order (replies
-    are ordered by their `index`). `api_key` defaults to `OPENAI_API_KEY`; the other keywords are
-    `mnemo.adapters._http.HTTPOptions`.
-
-    Raises:
-        InvalidInputError: a bad `dim`, `batch_size` or limit, or no key for OpenAI's own API."""
+    """An `Embedder` calling `POST {base_url}/embeddings`, `batch_size` texts a request, batches
+    concurrently. `api_key` defaults to `OPENAI_API_KEY`; the other keywords are `HTTPOptions`.
+    Raises InvalidInputError for a bad `dim`, `batch_size` or limit, or no key for OpenAI's API."""
 
     def __init__(
         self,
@@ -88,12 +72,7 @@ class OpenAIEmbedder(HTTPModel):
 
     @property
     def dim(self) -> int:
-        """The vector dimension, given or detected.
-
-        Raises:
-            DimensionUnknown: (an `EmbeddingError`) neither given nor detected yet; await
-                `detect_dim()` first.
-        """
+        """The vector dimension, given or detected; `DimensionUnknown` before `detect_dim()`."""
         if self._dim is None:
             raise DimensionUnknown(
                 f"{self.name}: the embedding dimension is not known yet; pass dim= or await "
@@ -119,22 +98,14 @@ class OpenAIEmbedder(HTTPModel):
         super().adopt_server_profile(stored)
 
     async def detect_dim(self) -> int:
-        """The vector dimension, asking the server with one short text if it is not known.
-
-        Raises:
-            EmbeddingError: the request failed, or the reply is malformed.
-        """
+        """The vector dimension, asking the server with one short text if it is not known."""
         if self._dim is None:
             await self.embed([_PROBE_TEXT])
         return self.dim
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """The embeddings of `texts`, one float32 row each, in order.
-
-        Raises:
-            EmbeddingError: the server failed (the message names the HTTP status), or a reply
-                has the wrong number of vectors or a dimension other than `dim` (both named).
-        """
+        """The embeddings of `texts`, one float32 row each, in order; raises EmbeddingError for a
+        failed request or a reply of the wrong count or dimension."""
         if not texts:
             return np.zeros((0, self._dim or 0), dtype=np.float32)
         starts = range(0, len(texts), self._batch_size)

@@ -1,14 +1,8 @@
 """`HashEmbedder`: a dependency-free embedder built from hashed word and character n-grams.
 
-A text's features are its content words (`mnemo.text.tokens`, stopwords removed, stemmed), the
-bigrams of consecutive content words, and the character trigrams of each content word with
-boundary markers ("<ng", "ngi", ..., "nx>"). Each feature is hashed with BLAKE2b (stable across
-processes, unlike the salted built-in `hash`) into one of `dim` buckets with a sign, weighted by
-type (unigram 1.0, bigram 0.6, trigram 0.3) and by sublinear term frequency (1 + log tf), and
-the vector is L2-normalised. Texts that share words or word stems score well above unrelated
-ones; it knows nothing of synonyms. A text of only stopwords falls back to its stopwords; a
-text with no word at all embeds to the zero vector.
-"""
+Content words, their bigrams and character trigrams are hashed (BLAKE2b, stable across
+processes) into `dim` signed buckets, weighted by kind and by 1 + log tf, and L2-normalised. A
+text of only stopwords falls back to them; one without words embeds to zeros."""
 
 from __future__ import annotations
 
@@ -23,8 +17,7 @@ from mnemo import text as _text
 
 _UNIGRAM, _BIGRAM, _TRIGRAM = 0, 1, 2
 _TYPE_WEIGHTS = np.array([1.0, 0.6, 0.3], dtype=np.float64)
-# A feature key packs the 32-bit hash with the feature type above it, so one integer both
-# identifies the feature (for counting) and carries its weight class.
+# A feature key packs the 32-bit hash with the feature type above it.
 _TYPE_SHIFT = 32
 _HASH_MASK = (1 << 32) - 1
 _ROW_SHIFT = 34
@@ -32,12 +25,9 @@ _CACHE_LIMIT = 200_000
 _MASK64 = np.uint64(_HASH_MASK)
 _GOLDEN, _M1, _M2 = np.uint64(0x9E3779B1), np.uint64(0x85EBCA6B), np.uint64(0xC2B2AE35)
 _S13, _S16 = np.uint64(13), np.uint64(16)
-# A text's features cost time in proportion to its characters, and a text costs at least
-# what this many characters do.
+# A text costs at least what this many characters do.
 _TEXT_CHARS = 16
-# Texts are embedded in slices of about this many characters: numpy holds the GIL through
-# each array operation, and one over a whole batch of long texts kept every other thread,
-# the event loop's included, waiting (BENCHMARKS.md, "Figures behind the code").
+# Texts are embedded in slices of about this many characters, so no numpy call holds the GIL long.
 _SLICE_CHARS = 64_000
 
 
@@ -46,11 +36,8 @@ def _hash(feature: str) -> int:
 
 
 def _mix(first: npt.NDArray[np.int64], second: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Stable 32-bit hashes of ordered pairs of 32-bit hashes (bigrams, with no string to hash).
-
-    Each pair is combined, then avalanched with MurmurHash3's finaliser so that a bigram's
-    bucket and sign bits do not follow those of its words.
-    """
+    """Stable 32-bit hashes of ordered pairs of 32-bit hashes (bigrams), avalanched with
+    MurmurHash3's finaliser."""
     # In uint64 a product of two 32-bit values never overflows; its low 32 bits are kept.
     h = (first.astype(np.uint64) * _GOLDEN + second.astype(np.uint64)) & _MASK64
     h ^= h >> _S16
@@ -61,23 +48,14 @@ def _mix(first: npt.NDArray[np.int64], second: npt.NDArray[np.int64]) -> npt.NDA
 
 
 class HashEmbedder:
-    """An `Embedder` of hashed n-gram features: deterministic, offline, fast (BENCHMARKS.md).
-
-    `embed` returns a float32 array of shape (len(texts), dim) whose rows have unit L2 norm
-    (zero rows for texts without words).
-
-    Raises:
-        ValueError: if `dim` is not a positive integer.
-    """
+    """An `Embedder` of hashed n-gram features: deterministic, offline, fast. Rows have unit norm
+    (zero for texts without words); raises ValueError for a `dim` that is not positive."""
 
     def __init__(self, dim: int = 512) -> None:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
         self.dim = dim
-        # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
-        # "hash2": the features of `mnemo.text`'s tokenizer and Snowball stems. A repo recorded
-        # as "hash" holds vectors of other features, never compared with these
-        # (`adapters/recorded.py`).
+        # The URI `mnemo.embedder_from_uri` builds this from again; "hash" names retired features.
         self.name = "hash2" if dim == 512 else f"hash2:{dim}"
         # token -> (is_stopword, unigram hash, trigram hashes); bounded by clearing when full.
         self._tokens: dict[str, tuple[bool, int, tuple[int, ...]]] = {}

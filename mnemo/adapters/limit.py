@@ -1,24 +1,10 @@
 """`Limit`: how many requests one model server gets at once, adapted to the server;
 `RateGate`: the client-side rate limits (requests and tokens per minute).
 
-A server answers some requests at once and queues the rest, whose wait counts against their
-timeout, so mnemo sends no more than it serves (a Vegas-style limit, after TCP Vegas and
-Netflix's concurrency-limits):
-
-- A reply's time per unit of work (tokens read and written, when reported) is compared with
-  the fastest recent reply of its kind (task), and never with more than `SLACK` times the
-  fastest of any kind: n in flight and r times the fastest means about `n * (1 - 1/r)` queued.
-  Only a request alone with the server may make the baseline slower.
-- No queue with at least half the limit in use: the limit grows, by one a reply in slow start,
-  then by one a round trip.
-- A queue of two or more (6 log10 n with n in flight), or a reply that used half its timeout:
-  the limit drops by one; the first drop ends slow start and halves it. A timeout, a 429 or
-  503, or a refused connection halves it. At most one decrease per round trip.
-
-The limit stays within 1..`ceiling`; a `pinned` one never moves; `state` / `restore` carry it
-to the next adapter. It also learns the seconds a reply token takes (`request_time`: what a
-request's `max_tokens` needs, `MARGIN` times over). Waiting for a slot counts against no
-timeout or retry budget (`mnemo.calls.retry.waiting`)."""
+The limit follows TCP Vegas: a reply slower per unit of work than the fastest recent one of
+its kind means a queue, and the limit drops by one; no queue grows it (slow start first). A
+timeout, a 429 or 503 halves it. It stays within 1..`ceiling`, a `pinned` one never moves, and
+`request_time` learns the seconds a reply token takes."""
 
 from __future__ import annotations
 
@@ -37,13 +23,9 @@ from mnemo.calls.retry import Clock, waiting
 
 # A server mnemo has not met gets this many requests at once (the adapter's ceiling if lower).
 INITIAL = 2
-# Replies of one kind whose fastest is the baseline: recent ones, so a server that became
-# faster or slower is re-learned.
+# Recent replies of one kind, whose fastest is the baseline.
 WINDOW = 32
-# A kind's baseline is at most this many times the fastest reply of any kind, per unit of work:
-# a kind first seen under load (every request of a close's burst) would otherwise take a queued
-# reply as the server's speed, while kinds truly differ by less (a hosted API's fixed overhead
-# makes short replies dearer per token, about 1.35 times).
+# A kind's baseline is at most this many times the fastest reply of any kind, per unit of work.
 SLACK = 1.5
 # A prompt token costs this fraction of a reply token (prefill is batched, decoding is not).
 PROMPT_WEIGHT = 0.1
@@ -278,9 +260,7 @@ class Limit:
             overall = min((min(self._fastest[kind], default=math.inf) for kind in self._sized),
                           default=math.inf)
             fastest = min(fastest, SLACK * overall)
-        # A request alone with the server from start to end had no queue: its time is the
-        # server's own and may raise the baseline (a server that got slower); one among others
-        # may only lower it, since a queue it stood in would hide one ahead of the next.
+        # Only a request alone with the server may raise the baseline; others may lower it.
         if ticket.in_flight == 1 or cost < fastest:
             recent.append(cost)
         if cost <= 0 or not math.isfinite(fastest):
@@ -290,16 +270,14 @@ class Limit:
             queued = 0.0
         slow = (ticket.timeout is not None and ticket.in_flight > 1
                 and took >= TIMEOUT_SHARE * ticket.timeout)
-        # As TCP Vegas, the queue tolerated grows with the log of the requests in flight: the
-        # jitter of a server answering many at once reads as a queue of a few.
+        # As TCP Vegas, the queue tolerated grows with the log of the requests in flight.
         scale = math.log10(ticket.in_flight) if ticket.in_flight > 1 else 0.0
         if queued >= max(QUEUE, 6 * scale) or slow:
             self._decrease(ticket, halve=self._slow_start)
         elif queued <= max(NO_QUEUE, scale) and (
             ticket.in_flight * 2 >= self.current or self._waiters
         ):
-            # At least half the limit in use and no queue: room is worth finding before a
-            # burst larger than the last needs it.
+            # At least half the limit in use and no queue: the limit grows.
             self._limit += 1.0 if self._slow_start else 1.0 / self._limit
             self._limit = min(self._limit, float(self.ceiling))
 
@@ -321,12 +299,8 @@ class Limit:
 
 
 class _Bucket:
-    """A token bucket: `per_minute` units refill continuously up to `capacity`.
-
-    The level may go negative: a request larger than the bucket is let through when the bucket
-    is full, and a reply that used more tokens than estimated is charged afterwards; the debt
-    then delays later requests, so the average rate still holds.
-    """
+    """A token bucket: `per_minute` units refill up to `capacity`; the level may go negative (debt
+    delays later requests), so the average rate holds."""
 
     def __init__(self, per_minute: float, capacity: float, now: float) -> None:
         self.rate = per_minute / 60.0
@@ -344,13 +318,8 @@ class _Bucket:
 
 
 class RateGate:
-    """Client-side rate limits: requests/min and tokens/min, and a shared pause after a 429.
-
-    Each bucket holds `burst_seconds` worth of its rate (at least one request), not a whole
-    minute: providers enforce per-minute limits over shorter windows, so a minute's burst at
-    once would be refused. Callers pass the gate one at a time, in arrival order (a fair lock),
-    so a large request is not starved by small ones.
-    """
+    """Client-side rate limits (requests/min, tokens/min) with a shared pause after a 429; buckets
+    hold `burst_seconds` of their rate, and callers pass in arrival order."""
 
     def __init__(
         self,

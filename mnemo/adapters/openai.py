@@ -1,14 +1,9 @@
 """`OpenAICompatible`: an `LLM` over the chat-completions protocol (OpenAI, Ollama, vLLM,
 llama.cpp server, and the hosted services that speak it).
 
-Structured output (`structured=`): "json_schema" (`response_format` of that type), "tool" (a
-function tool whose parameters are the schema, forced with `tool_choice`) or "json"
-(`response_format` "json_object", the schema and an example in the system prompt). "auto"
-starts with "json_schema" and, when the server refuses a mode (an error reply naming it),
-moves on to the next for good (`structured_mode`). The reply's JSON value is passed up as
-`data` unchecked (`mnemo.calls.tasks` reads it). A reply cut at its max_tokens is asked again
-with twice the room, up to the adapter's `max_tokens`; one cut with no more room, or with room
-left (the context filled), raises `mnemo.calls.tasks.Cut`."""
+Structured output is "json_schema", "tool" or "json"; "auto" moves from one to the next for
+good when the server refuses a mode (`structured_mode`). A reply cut at its max_tokens is asked
+again with twice the room, up to the adapter's `max_tokens`, then raises `Cut`."""
 
 from __future__ import annotations
 
@@ -48,9 +43,7 @@ Mode = Literal["json_schema", "tool", "json"]
 logger = logging.getLogger("mnemo.adapters")
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
-# The sampling temperature a server on this machine gets by default: the small models local
-# servers run repeat themselves at 0 until their token cap (SmolLM2's model card samples at
-# 0.2); a hosted API gets 0.
+# The default sampling temperature of a server on this machine (small local models loop at 0).
 LOCAL_TEMPERATURE = 0.2
 # The mode to try next when a server refuses one, and the words its error message must contain
 # for the refusal to be about that mode (rather than, say, an unknown model).
@@ -62,18 +55,13 @@ _COMPLAINT_WORDS: dict[Mode, tuple[str, ...]] = {
 
 
 class OpenAICompatible(HTTPModel):
-    """An `LLM` speaking OpenAI's `POST {base_url}/chat/completions`.
-
-    `api_key` defaults to the environment's `OPENAI_API_KEY`; with no key no `Authorization`
-    header is sent (local servers). `prices` maps model names to (input, output) dollars per
-    million tokens, over `DEFAULT_PRICES`. `temperature` "default" is `LOCAL_TEMPERATURE` for a
-    loopback `base_url`, else 0; None leaves it to the server. `max_tokens` caps each request's
-    own `max_tokens` and is sent when a request has none. The other keywords are
-    `mnemo.adapters._http.HTTPOptions`.
+    """An `LLM` speaking OpenAI's `POST {base_url}/chat/completions`. `api_key` defaults to
+    `OPENAI_API_KEY` (none sent without one); `temperature` "default" is `LOCAL_TEMPERATURE` for a
+    loopback server, else 0; the other keywords are `HTTPOptions`.
 
     Raises:
         InvalidInputError: an unknown `structured` mode, a bad limit or `max_tokens`, or no API
-            key for the OpenAI API itself (unless a `transport` replaces the network)."""
+            key for the OpenAI API itself."""
 
     def __init__(
         self,
@@ -100,8 +88,7 @@ class OpenAICompatible(HTTPModel):
                      else f"openai-compatible:{model}@{self.base_url}")
         self._auto = structured == "auto"
         self._mode: Mode = "json_schema" if structured == "auto" else structured
-        # Until a structured reply came in the mode "auto" chose, one request at a time tries
-        # it: a server that refuses it then refuses one request, not every one in flight.
+        # Until a structured reply came in the mode "auto" chose, one request at a time tries it.
         self._confirmed = not self._auto
         self._probing = anyio.Lock()
         self._temperature = (
@@ -129,16 +116,12 @@ class OpenAICompatible(HTTPModel):
         super().adopt_server_profile(stored)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
-        """Sends `request`; with a schema the reply's `data` is the JSON value it holds (None
-        when it holds none), for the task to read.
+        """Sends `request`; with a schema the reply's `data` is the JSON value it holds, for the
+        task to read.
 
         Raises:
-            LLMTimeout: the server did not answer in time, on every attempt.
-            LLMContextError: the server refused the prompt as longer than the model's context.
-            Cut: a structured reply stopped before its end (see the module doc).
-            LLMError: the server refused the request or kept failing (the message names the
-                HTTP status and the server's message).
-        """
+            LLMTimeout, LLMContextError, Cut (see the module doc), or LLMError naming the HTTP
+            status."""
         with task_budget(self.retry_policy) as budget:
             if request.schema is None:
                 return await self._free(request, budget)
@@ -162,8 +145,7 @@ class OpenAICompatible(HTTPModel):
             except ValueError as exc:
                 problem = str(exc)
             at_cap = _was_cut(reply, choice.finish_reason, cap)
-            # Stopped unfinished with room left under the cap: the context filled (llama.cpp
-            # says "length" there, llama-cpp-python ends the tool call).
+            # Stopped unfinished with room left under the cap: the context filled.
             if not at_cap and not (choice.finish_reason in ("length", "tool_calls")
                                    and _is_cut(raw)):
                 return LLMResponse(text=raw, usage=usage)  # no JSON: the task says so
@@ -185,9 +167,8 @@ class OpenAICompatible(HTTPModel):
         budget: Budget,
         cap: int,
     ) -> tuple[Completion, Mode]:
-        """One structured completion, in the current mode; when the server refuses the mode
-        "auto" chose, the next mode is tried (within the budget). Until a mode is confirmed,
-        one request at a time tries it."""
+        """One structured completion in the current mode, trying the next mode when the server
+        refuses the one "auto" chose."""
         while True:
             probing = not self._confirmed
             if probing:
@@ -356,9 +337,7 @@ _TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
 
 
 def json_instructions(task: str, schema: Mapping[str, object]) -> str:
-    """The system-prompt addition of "json" mode: an answer shaped as the schema wants, and
-    JSON only (the schema follows for a model that reads one; the example comes first, since
-    a small model shown only the schema answered with the schema)."""
+    """The system-prompt addition of "json" mode: an example answer, JSON only, then the schema."""
     example = json.dumps(example_of(schema), ensure_ascii=False)
     return (
         f"Reply with one JSON object only, no other text, shaped like this example (with "
@@ -393,12 +372,8 @@ def _structured_text(message: _Message, mode: Mode, task: str) -> str:
 
 
 def _refuses(mode: Mode, failure: HTTPFailure) -> bool:
-    """Whether `failure` is the server saying it does not support structured-output `mode`.
-
-    Any error status counts (llama-cpp-python's server refuses json_schema with a 500, older
-    llama.cpp servers refuse it and tools with a 500, vLLM and OpenAI with a 400) except the
-    rate-limit and timeout ones, which say nothing about the request.
-    """
+    """Whether `failure` is the server refusing structured-output `mode`: any error status but the
+    rate-limit and timeout ones."""
     return mode in _COMPLAINT_WORDS and failure.names_any(_COMPLAINT_WORDS[mode])
 
 
@@ -408,9 +383,8 @@ def _wants_completion_tokens(failure: HTTPFailure) -> bool:
 
 
 def _was_cut(reply: Completion, finish: str | None, cap: int) -> bool:
-    """Whether the reply stopped at the token cap: it used every token it was allowed (some
-    servers report "stop" there), or, when the server gives no count, its finish reason says
-    "length" (with a count below the cap, "length" means the context filled instead)."""
+    """Whether the reply stopped at the token cap: it used every token allowed, or, with no count,
+    its finish reason is "length"."""
     completion = reply.tokens()[1]
     if completion is not None:
         return completion >= cap

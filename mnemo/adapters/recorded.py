@@ -1,14 +1,9 @@
 """The models a repo runs with when its `Memory` was given none: the ones the repo recorded.
 
-`open_repo` records the URIs of the repo's LLM and embedder (`mnemo.adapters.uri`); a later
-`Memory` opened without models builds them again, keys from the environment. A `Memory` given
-a model uses it for every repo. A record no URI parser knows runs the Memory's default. A
-known URI that cannot be built here (no key) becomes a stand-in of the recorded name and
-dimension that raises, when called, saying what to set. A record of the hashed embedder's
-retired features (`hash`, `hash:DIM`, `hash-ngram-v1`) becomes such a stand-in whatever the
-Memory was given (its vectors would not compare with today's): `Repos.open` refuses to record
-another embedder over it (`RepoModels.refusal`), and `Memory.reembed` makes its vectors again,
-by default with `hash2` of the same dimension (`RepoModels.successor`)."""
+A record no parser knows runs the Memory's default; one that cannot be built here (no key)
+becomes a stand-in that raises when called, saying what to set. A record of the retired hashed
+embedder (`hash`, `hash:DIM`, `hash-ngram-v1`) is always such a stand-in, re-embedded by
+`Memory.reembed` with `hash2` of the same dimension."""
 
 from __future__ import annotations
 
@@ -29,9 +24,7 @@ from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
 _LEGACY_EMBEDDERS = {"all-MiniLM-L6-v2-int8": "minilm", "hash-ngram-v1": "hash:{dim}"}
 # The hashed embedder of features that no longer exist (see the module doc).
 _RETIRED_SCHEMES = {"hash"}
-# Every scheme a URI builds is rebuilt from a record, but those whose records name retired
-# features: a list of its own fell behind the URIs once (e5-small-q4 was missing from it, and
-# such a repo ran the default MiniLM, of the same dimension, without a word).
+# Every scheme a URI builds is rebuilt from a record, but those whose records name retired features.
 _LLM_SCHEMES = frozenset(LLM_SCHEMES)
 _EMBEDDER_SCHEMES = frozenset(EMBEDDER_SCHEMES) - _RETIRED_SCHEMES
 
@@ -102,8 +95,7 @@ class RepoModels:
         self._llm_given, self._embedder_given = llm_given, embedder_given
         self._repos: dict[str, tuple[LLM, Embedder]] = {}
         self._records: dict[str, tuple[str | None, str]] = {}
-        # One adapter per URI, shared by the repos that record it (one HTTP client, one
-        # concurrency limiter per provider).
+        # One adapter per URI, shared by the repos that record it.
         self._llms: dict[str, LLM] = {}
         self._embedders: dict[tuple[str, int], Embedder] = {}
 
@@ -120,10 +112,8 @@ class RepoModels:
         return models
 
     def reload(self, repo: str, embedder: str, dim: int, llm: LLM) -> Embedder:
-        """The embedder `repo` runs with now that its record names `embedder` of `dim` (its
-        vectors were made again), beside `llm`; remembered as `load` does. A Memory given an
-        embedder of another URI gets a stand-in saying so: it would not make the repo's
-        vectors."""
+        """The embedder `repo` runs with now that its record names `embedder` of `dim`, beside
+        `llm`; a Memory given an embedder of another URI gets a stand-in saying so."""
         legacy = _LEGACY_EMBEDDERS.get(embedder, embedder).format(dim=dim)
         built = self._recorded_embedder(repo, embedder, dim)
         if self._embedder_given and built is self._embedder and (

@@ -1,18 +1,9 @@
-"""Models named by URIs: what `--llm`, `--embedder`, `MNEMO_LLM`, `MNEMO_EMBEDDER` and a repo's
-record of its models hold (`LLM_FORMS`, `EMBEDDER_FORMS`). Each adapter's `.name` is its URI,
-so a later `Memory` builds a repo's recorded models again. `hash` builds today's hashed
-embedder, named `hash2[:DIM]`; a record of `hash` names retired features
-(`adapters/recorded.py`).
+"""Models named by URIs (`LLM_FORMS`, `EMBEDDER_FORMS`): what `--llm`, `--embedder`, `MNEMO_LLM`,
+`MNEMO_EMBEDDER` and a repo's record hold; each adapter's `.name` is its URI.
 
-A URI may end in settings for its adapter, as a query (`?temperature=0.7&timeout=300`): an LLM
-but `offline` takes `temperature` (a number >= 0, or `server` to leave it to the server),
-`timeout`, `max_concurrency`, `concurrency` (pinned: no adapting) and `max_tokens`; `openai`
-and `openai-compatible` also `structured`; an `openai` embedder `timeout`, `max_concurrency`
-and `concurrency`. The adapter's `.name` leaves them out.
-
-A URI never holds a key: keys come from `OPENAI_API_KEY` and `ANTHROPIC_API_KEY` in `env` (the
-process's environment by default), read when the model is built; an `openai-compatible`
-server gets `OPENAI_API_KEY` when it is set."""
+A URI may end in a query of settings (`?temperature=0.7&timeout=300`, see `LLM_SETTINGS`,
+`EMBEDDER_SETTINGS`). It never holds a key: keys come from `OPENAI_API_KEY` and
+`ANTHROPIC_API_KEY` in `env`."""
 
 from __future__ import annotations
 
@@ -28,8 +19,7 @@ from mnemo.ports import LLM, Embedder, model_name
 if TYPE_CHECKING:
     import httpx
 
-# The adapters are imported by the URI that names them: a memory run offline never imports
-# httpx.
+# The adapters are imported by the URI that names them.
 
 LLM_FORMS = (
     "offline",
@@ -38,9 +28,7 @@ LLM_FORMS = (
     "openai-compatible:MODEL@BASE_URL",
 )
 EMBEDDER_FORMS = ("minilm", "e5-small-q4", "hash[:DIM]", "openai:MODEL[@BASE_URL]")
-# The scheme of every URI `llm_from_uri` and `embedder_from_uri` build (they refuse any other):
-# a repo's record of any of them builds its model again (`adapters/recorded.py`, whose tests
-# go through each).
+# The scheme of every URI `llm_from_uri` and `embedder_from_uri` build (they refuse any other).
 LLM_SCHEMES = ("offline", "openai", "anthropic", "openai-compatible")
 EMBEDDER_SCHEMES = ("minilm", "e5-small-q4", "hash", "hash2", "openai")
 
@@ -59,9 +47,7 @@ class ModelURIError(InvalidInputError):
 
 
 def model_uri(model: object) -> str:
-    """The URI a model object is recorded under (`ports.model_name`: its `name`, else its
-    class's qualified name, which no URI parser knows: such a model cannot be rebuilt from the
-    record)."""
+    """The URI a model object is recorded under (`ports.model_name`)."""
     return model_name(model)
 
 
@@ -81,9 +67,7 @@ _NUMBERS: dict[str, tuple[str, bool, float]] = {
 
 
 def with_settings(uri: str, **settings: object) -> str:
-    """`uri` with these settings in its query, replacing those it had (None leaves one as it
-    is); numbers are written shortest (`300`, `0.7`). Nothing is checked here: building the
-    model does that."""
+    """`uri` with these settings in its query, replacing those it had (None leaves one as it is)."""
     given = {name: value for name, value in settings.items() if value is not None}
     if not given:
         return uri
@@ -94,11 +78,8 @@ def with_settings(uri: str, **settings: object) -> str:
 
 
 def _settings(uri: str, query: str, known: tuple[str, ...]) -> dict[str, Any]:
-    """The adapter's keyword arguments a URI's query sets (see the module doc).
-
-    Raises:
-        ModelURIError: a malformed query, an unknown or repeated setting, or a bad value.
-    """
+    """The adapter's keyword arguments a URI's query sets; raises ModelURIError for a malformed
+    query, an unknown or repeated setting, or a bad value."""
     if not query:
         return {}
     try:
@@ -194,13 +175,9 @@ def llm_from_uri(
     env: Mapping[str, str] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> LLM:
-    """The LLM a URI names (`LLM_FORMS`), with optional settings (see the module doc). Keys come
-    from `env` (default: `os.environ`), never from the URI. `transport` replaces httpx's network
-    transport (tests).
-
-    Raises:
-        ModelURIError: a malformed URI, an unknown provider, setting or value, or no key in `env`
-            for a provider's own API (the message names the variable)."""
+    """The LLM a URI names (`LLM_FORMS`), with its settings; keys come from `env` (default
+    `os.environ`). Raises ModelURIError for a bad URI, provider, setting or value, or a missing
+    key."""
     env = os.environ if env is None else env
     scheme, model, base_url, query = _split(uri, "LLM", LLM_FORMS)
     text = uri.strip()
@@ -250,13 +227,8 @@ def embedder_from_uri(
     dim: int | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Embedder:
-    """The embedder a URI names (`EMBEDDER_FORMS`; `hash` is 512 wide by default, also written
-    `hash2`). `dim` is the dimension already known (a repo's), which spares an OpenAI embedder
-    the request that detects it. Keys come from `env` (default: `os.environ`).
-
-    Raises:
-        ModelURIError: a malformed URI, an unknown provider, a bad dimension, an unknown setting
-            or value, or no key in `env` for OpenAI's own API (the message names the variable)."""
+    """The embedder a URI names (`EMBEDDER_FORMS`); `dim` is the dimension already known. Raises
+    ModelURIError for a bad URI, provider, dimension, setting or value, or a missing key."""
     env = os.environ if env is None else env
     scheme, model, base_url, query = _split(uri, "embedder", EMBEDDER_FORMS)
     text = uri.strip()

@@ -1,40 +1,11 @@
 """What a model call may spend: its task's retry budget, the deadlines of the work it serves,
 and a slot of its provider's limiter.
 
-A *task* is one thing mnemo asks of a model: one `calls.tasks.ask`, or one `generate` on its
-own. Every model call made for a task is charged to one `Budget`, whichever layer makes it, and
-shows in `Usage` (so in `Memory.usage()`):
-
-| call | made by | counted in |
-| --- | --- | --- |
-| the first | transport (or the LLM, without one) | `calls` |
-| a retry: 408/409/429/5xx, connection error, timeout, cut body | transport | `calls`, `retries` |
-| a retry: a reply cut at max_tokens, asked with more room | the adapter | `calls`, `retries` |
-| a retry: a prompt too long for the model's context, shortened | `ask` | `calls`, `retries` |
-| a re-ask: the task could not read the reply | `ask` | `calls`, `re_asks` |
-
-`RetryPolicy` sets the budget of one task:
-
-| limit | default | once reached |
-| --- | --- | --- |
-| `max_calls` | 3 | the last failure is raised: HTTP status, or what was wrong with the reply |
-| `max_re_asks` | 1 | an unusable reply after that many re-asks is raised ("re-ask once") |
-| `max_seconds` | 120 (or longer: *) | no call starts and no wait begins that would end past it |
-
-(*) Unset, a task may take as long as the work it serves has left (`fail_after`), if longer.
-
-A `Retry-After` is waited in full, so one past the seconds left, or past
-`Backoff.max_retry_after`, fails at once; each HTTP attempt's timeout is cut to the seconds
-left. Layers share the budget through a context variable (`task_budget`): `ask` opens it, and
-the adapter's `generate` (and `LimitedLLM`) join it, so no layer multiplies another. The policy
-comes from the LLM (`retry_policy`, which every adapter has), else `RetryPolicy()`.
-
-A call may wait inside mnemo before it is sent: for a slot of the adapter's concurrency limit,
-of the repo's `Config.llm_concurrency`, or of a client-side rate limit. That wait is mnemo's
-own queue, not the model's time: `waiting()` stops every deadline (`fail_after`) and budget open
-in its context meanwhile. Tasks started inside a deadline share it (a context variable carries
-it), so an extraction's time limit stops while any of its calls waits.
-"""
+A task (one `calls.tasks.ask`, or one `generate`) charges every call it makes, whichever layer
+makes it (transport retries, adapter retries for a cut reply, `ask`'s re-asks and shortened
+prompts), to one `Budget` of its `RetryPolicy`, shared through a context variable
+(`task_budget`). `waiting()` stops every deadline (`fail_after`) and budget open in its
+context while a call waits for a slot inside mnemo."""
 
 from __future__ import annotations
 
@@ -112,9 +83,8 @@ def remaining() -> float | None:
 
 
 def allow(seconds: float) -> None:
-    """Leaves every deadline open in this context that `stretches` at least `seconds`: a
-    request the server's measured speed says needs that long (`Transport.needed_time`) is not
-    cut by the work it serves. A deadline that does not stretch is the caller's fixed time."""
+    """Leaves every deadline open in this context that `stretches` at least `seconds`, for a
+    request the server's speed says needs that long."""
     for clock in _OPEN.get():
         if isinstance(clock, Deadline) and clock.stretches:
             clock.allow(seconds)
@@ -132,12 +102,8 @@ def registered(clock: Pausable) -> Iterator[None]:
 
 @contextmanager
 def fail_after(seconds: float, *, stretches: bool = False) -> Iterator[anyio.CancelScope]:
-    """`anyio.fail_after(seconds)`, not counting the time calls inside it spend `waiting()`;
-    with `stretches`, `seconds` is a first guess a slow server's requests lengthen (`allow`).
-
-    Raises:
-        TimeoutError: the work inside took longer than `seconds`, waits excluded.
-    """
+    """`anyio.fail_after(seconds)`, not counting the time calls inside it spend `waiting()`; with
+    `stretches`, a slow server's requests lengthen `seconds` (`allow`)."""
     deadline = Deadline(seconds, stretches=stretches)
     with registered(deadline), deadline.scope:
         yield deadline.scope
@@ -182,12 +148,8 @@ class SystemClock:
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """How long to wait before retry number n (0-based): `jitter() * min(cap, base * 2**n)`.
-
-    "Full jitter" spreads the retries of many callers over the whole window. A `Retry-After`
-    header replaces the computed delay and is waited in full; `max_retry_after` is the longest
-    such wait accepted: past it (or past the task's seconds) the transport gives up at once.
-    """
+    """How long to wait before retry number n (0-based): `jitter() * min(cap, base * 2**n)` (full
+    jitter). A `Retry-After` is waited in full, up to `max_retry_after`."""
 
     base: float = 0.5
     cap: float = 20.0
@@ -208,15 +170,13 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """The budget of one task (`max_calls` model calls and `max_seconds` in all, of which at
-    most `max_re_asks` re-ask an unusable reply; see the module's table), the backoff between
-    retries, and the clock that times both. `max_seconds` None: `DEFAULT_SECONDS`, or longer
-    when the work the task serves has longer left.
+    """The budget of one task (`max_calls` calls and `max_seconds` in all, at most `max_re_asks`
+    re-asks), the backoff between retries and the clock; `max_seconds` None is
+    `DEFAULT_SECONDS`, or longer when the work served has longer left.
 
     Raises:
         InvalidInputError: `max_calls` below 1, `max_re_asks` below 0 or `max_seconds` not
-            positive.
-    """
+            positive."""
 
     max_calls: int = 3
     max_seconds: float | None = None
@@ -242,12 +202,8 @@ def policy_from(
     backoff: Backoff | None = None,
     clock: Clock | None = None,
 ) -> RetryPolicy:
-    """`retry` (default `RetryPolicy()`) with the adapters' shorthands applied: `max_retries`
-    (calls after the first, so `max_calls = max_retries + 1`), `backoff` and `clock`.
-
-    Raises:
-        InvalidInputError: a negative `max_retries`, or a bad policy.
-    """
+    """`retry` (default `RetryPolicy()`) with the adapters' shorthands `max_retries` (calls after
+    the first), `backoff` and `clock` applied; raises InvalidInputError for bad values."""
     policy = retry if retry is not None else RetryPolicy()
     if max_retries is not None:
         if max_retries < 0:
@@ -268,13 +224,8 @@ Kind = Literal["retry", "re_ask"]
 
 
 class Budget:
-    """What one task has spent of its `RetryPolicy`, and may still spend.
-
-    `calls` counts every model call (first ones, retries and re-asks); `retries` and `re_asks`
-    count those two kinds. A layer about to make a retry or a re-ask says so (`next_call`),
-    and the layer that really sends the call `charge`s it. Its seconds stop while a call
-    waits for its turn inside mnemo (`waiting`).
-    """
+    """What one task has spent of its `RetryPolicy` (`calls`, `retries`, `re_asks`), and may still
+    spend; its seconds stop while a call is `waiting`."""
 
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
@@ -374,10 +325,8 @@ def task_budget(policy: RetryPolicy) -> Iterator[Budget]:
 
 
 class LimitedLLM:
-    """An LLM whose calls each wait for a slot of its provider's limiter
-    (`Config.llm_concurrency`), whose usage (the calls, retries and re-asks each `generate`
-    charged to its task's budget, and the replies' tokens) goes to `meter`, and whose
-    `generate` runs inside `calling()`, when given."""
+    """An LLM whose calls each wait for a slot of its provider's limiter, whose usage goes to
+    `meter`, and whose `generate` runs inside `calling()`, when given."""
 
     def __init__(
         self,

@@ -1,11 +1,6 @@
-"""A task's reply struct (`Reply`) and the JSON schema sent for it.
-
-`reply_schema` inlines the struct's schema (no `$ref`), requires every field but one that
-defaults to `UNSET`, and never offers null (a field that takes None is still asked for, and
-read as None when missing). `text(n)` and `items(n)` bound a string or a list in the schema
-only, for a server that turns it into a grammar; `most_tokens` is the longest reply a bounded
-schema allows. `mnemo.calls.tasks` reads a reply back into the same struct.
-"""
+"""A task's reply struct (`Reply`) and the JSON schema sent for it: inlined, every field
+required but `UNSET` ones, never null. `text(n)` and `items(n)` bound a string or a list in
+the schema only; `most_tokens` is the longest reply a bounded schema allows."""
 
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ __all__ = [
 # The most items a reply's list may hold, whatever its task's inputs.
 MOST_ITEMS = 16
 
-# Characters a token stands for, counted low (JSON escapes, digits, short words) so that
-# `most_tokens` errs long.
+# Characters a token stands for, counted low so that `most_tokens` errs long.
 _CHARS_PER_TOKEN = 3
 
 
@@ -45,9 +39,8 @@ def bounded(
     schema: JSONObject, field: str, count: int, *, most: int | None = MOST_ITEMS,
     floor: int = 64,
 ) -> tuple[JSONObject, int]:
-    """A request's schema, its list `field` holding at most `count` items (at least one, at
-    most `most`: None for a list that answers its inputs one by one), and the max_tokens that
-    holds the longest reply it allows (at least `floor`, at most 4096)."""
+    """A request's schema, its list `field` holding at most `count` items, and the max_tokens its
+    longest reply needs (`floor` to 4096)."""
     count = max(1, count if most is None else min(count, most))
     properties = schema.get("properties")
     if not isinstance(properties, dict) or not isinstance(properties.get(field), dict):
@@ -104,9 +97,8 @@ def reply_schema(kind: type[Reply]) -> JSONObject:
 
 
 def _inline(node: JSONValue, defs: JSONObject) -> JSONValue:
-    """`node` (a schema) with each `$ref` replaced by its definition, without msgspec's
-    `title` and `default` annotations; a struct requires every field that has no default or
-    has one other than `UNSET` (msgspec writes no `default` for it)."""
+    """`node` (a schema) with each `$ref` inlined, without msgspec's `title` and `default`, a struct
+    requiring every field whose default is not `UNSET`."""
     if isinstance(node, list):
         return [_inline(item, defs) for item in node]
     if not isinstance(node, dict):

@@ -1,15 +1,9 @@
 """A task asked of an LLM, from its request to the typed value read from its reply.
 
-A task's request (`task_request`) is a system prompt and one user message: the instructions,
-then the task's inputs as JSON after the line `INPUT:` (the offline LLM reads them back with
-`task_inputs`). The schema sent and the value read back both come from one msgspec struct per
-task (`Reply`, its schema in `mnemo.calls.schema`), and this module is the only place a reply
-is checked: `read_reply` reads a reply leniently (a numeric string reads as a number) and
-phrases a mismatch as a `ValueError` naming the field ("facts[2].proposition must be a
-string, got 3"). `ask` sends the request, asks again showing the model what was wrong with an
-unusable reply, keeps what a reply cut short (`Cut`) holds whole (`salvage`), and shortens a
-prompt the context refused.
-"""
+A request is a system prompt and one user message whose inputs follow the line `INPUT:` as
+JSON. The schema sent and the value read back come from one msgspec struct per task, and
+`read_reply` is the only place a reply is checked. `ask` re-asks an unusable reply, salvages
+a cut one and shortens a prompt the context refused."""
 
 from __future__ import annotations
 
@@ -53,12 +47,8 @@ _STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 
 
 def read_reply(response: LLMResponse, kind: type[R], task: str) -> R:
-    """`response` (its `reply_data`) as a `kind`.
-
-    Raises:
-        ValueError: the reply holds no JSON object, or a field that does not match (named by
-            its path from the reply's root, what it must be, and what it is).
-    """
+    """`response` (its `reply_data`) as a `kind`; raises ValueError naming the path of a field that
+    does not match, what it must be and what it is."""
     data = reply_data(response, strict=True)
     if not isinstance(data, dict):
         raise ValueError(f"{task} reply must be a JSON object, got {preview(data)}")
@@ -69,12 +59,8 @@ def read_reply(response: LLMResponse, kind: type[R], task: str) -> R:
 
 
 def reply_data(response: LLMResponse, *, strict: bool = False) -> object:
-    """A structured reply's JSON value: its `data`, else its `text` read by `decode_json`;
-    None when neither holds one.
-
-    Raises:
-        ValueError: (`strict` only) saying why the text holds no JSON value.
-    """
+    """A structured reply's JSON value: its `data`, else its `text` read by `decode_json`; None
+    when neither holds one (ValueError saying why, when `strict`)."""
     if response.data is not None or not response.text.strip():
         return response.data
     try:
@@ -97,13 +83,8 @@ _DECODER = msgspec.json.Decoder()
 
 
 def decode_json(text: str) -> object:
-    """The JSON value in a model's reply text: bare, in a Markdown code fence, or one object
-    with prose around it; raw control characters inside strings (small models write them) are
-    taken.
-
-    Raises:
-        ValueError: saying why no JSON value could be read.
-    """
+    """The JSON value in a model's reply text: bare, in a Markdown code fence, or one object with
+    prose around it; raises ValueError saying why there is none."""
     fenced = _FENCE.match(text.strip())
     stripped = fenced.group(1).strip() if fenced else text.strip()
     if not stripped:
@@ -125,11 +106,9 @@ def decode_json(text: str) -> object:
 
 
 class Cut(LLMReplyError, LLMContextError):
-    """A structured reply that stopped before its end: at its max_tokens, the adapter allowing
-    no more (`at_cap`), or with room left under it, when the model's context filled. `text` is
-    what came (the start of a JSON value), `data` what the provider read of it (a tool call's
-    input), if anything. Unusable as it is (`LLMReplyError`), and a shorter prompt may go
-    through (`LLMContextError`)."""
+    """A structured reply that stopped before its end: at its max_tokens (`at_cap`), or with room
+    left when the model's context filled. `text` is what came, `data` what the provider read of
+    it."""
 
     def __init__(self, message: str, *, text: str, data: object = None, at_cap: bool) -> None:
         super().__init__(message)
@@ -137,10 +116,8 @@ class Cut(LLMReplyError, LLMContextError):
 
 
 def salvage(cut: Cut) -> JSONObject | None:
-    """What a cut reply holds whole: its JSON object without a string or a number cut midway
-    (`partial-json-parser`), and without the last item of its last list when the cut fell
-    inside that item (a provider's own reading, `data`, is taken to be cut inside it); None
-    when no list item is left."""
+    """What a cut reply holds whole: its JSON object without a value cut midway, and without the
+    last item of its last list when the cut fell inside it; None when no item is left."""
     stripped = cut.text.strip().removesuffix("```")
     start = stripped.find("{")
     value: object = cut.data
@@ -276,21 +253,14 @@ async def ask(
     unusable: T | None = None,
     shorten: Callable[[LLMRequest], LLMRequest | None] | None = None,
 ) -> T:
-    """Sends `request` and parses the reply, asking again when the reply is unusable.
-
-    `parse` (`read_reply` into the task's struct) raises `ValueError` for a reply it cannot
-    use: the model is shown its reply and the problem, and asked again, within the task's one
-    budget (`policy`, else the LLM's; `mnemo.calls.retry`). A reply cut short (`Cut`) is read
-    for what it holds whole (`salvage`); else one cut at its max_tokens is unusable like any
-    other, and one cut with room left is sent again shortened, as a prompt the model's context
-    refused (`LLMContextError`) is: by `shorten` (default `shorter`; a task that shortens its
-    own inputs passes one that returns None), at most `MAX_SHRINKS` times. `unusable`, when
-    given, is returned (with a warning) for a reply still unusable once the re-asks are spent.
+    """Sends `request` and parses the reply with `parse`, asking again (showing the problem) while
+    it raises ValueError, within the task's budget. A `Cut` reply is `salvage`d, and a prompt
+    the context refused is `shorten`ed, at most `MAX_SHRINKS` times. `unusable` is returned for a
+    reply still unusable once the re-asks are spent.
 
     Raises:
-        LLMError: the LLM raised (its exception is the `__cause__`), or the budget ran out on
-            unusable replies (`LLMReplyError`) and no `unusable` was given.
-    """
+        LLMError: the LLM raised, or the budget ran out on unusable replies (`LLMReplyError`)
+            and no `unusable` was given."""
     with task_budget(policy or policy_of(llm)) as budget:
         shrinks = 0
         asked = request
@@ -376,10 +346,8 @@ SHORT_TEXT = 160
 
 
 def shorter(request: LLMRequest) -> LLMRequest | None:
-    """`request` with its inputs' text about halved, for a model whose context it did not
-    fit: the oldest half of "recent" context dropped, then the longest texts cut in the
-    middle ("start … end") until half of the text is left; None when nothing can be cut.
-    The instructions and the task's own fields stay."""
+    """`request` with its inputs' text about halved (the oldest "recent" context dropped, then the
+    longest texts cut in the middle); None when nothing can be cut."""
     inputs = task_inputs(request)
     if not inputs:
         return None

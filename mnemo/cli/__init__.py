@@ -1,7 +1,5 @@
-"""The `mnemo` command line (typer + rich). `main` is the console script; `app` the typer
-application, built when first asked for. `main` imports only the module of the command asked
-for (`COMMANDS`), so `mnemo repos` never loads what `mnemo doctor` probes with; without a
-command, or with an unknown one, every module is, so the help lists every command."""
+"""The `mnemo` command line (typer + rich). `main`, the console script, imports only the module
+of the command asked for (`COMMANDS`); `app` is built when first asked for."""
 
 from __future__ import annotations
 
@@ -18,9 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = ["app", "main"]
 
-# The module of mnemo.cli that registers each command, in the order `mnemo --help` lists them
-# (the modules' import order). tests/cli/test_cli_startup.py checks it against the commands
-# the modules register.
+# The module of mnemo.cli that registers each command, in the order `mnemo --help` lists them.
 COMMANDS: dict[str, str] = {
     **dict.fromkeys(("demo", "ingest", "recall", "sessions", "graph", "search", "purge",
                      "forget"), "commands"),
@@ -37,8 +33,7 @@ def main() -> None:
 
         print(f"mnemo {installed_version()}")
         return
-    # What start-up allocates (modules, classes, typer's commands) lives as long as the
-    # command: collecting it finds nothing, and a full collection walks all of it.
+    # What start-up allocates lives as long as the command: no need to collect it.
     gc.disable()
     try:
         app = application(command_of(args))

@@ -55,10 +55,8 @@ _CLICK_ERROR, _USAGE_ERROR = _click_error("ClickException"), _click_error("Usage
 
 @contextmanager
 def one_line() -> Iterator[None]:
-    """Turns what the block raises into one `error:` line and an exit status: 2 for a
-    parameter click refuses (a number out of range, a missing file), a problem the user can
-    fix (`CliError`, `MnemoError`) or one the system reports (`OSError`: no such folder, no
-    permission); 1 for any other exception, a bug, whose traceback `--verbose` prints."""
+    """Turns what the block raises into one `error:` line and an exit status: 2 for what the user
+    can fix (a refused parameter, `CliError`, `MnemoError`, `OSError`), 1 for a bug."""
     try:
         yield
     except (typer.Exit, typer.Abort):
@@ -126,8 +124,7 @@ def run(work: Callable[[], Awaitable[None]]) -> None:
         with command_logging(verbose=_verbose):
             anyio.run(work)
     except KeyboardInterrupt:
-        # Nothing is half-written: every store is transactional and an ingest is idempotent,
-        # so running the command again carries on.
+        # Stores are transactional and ingests idempotent: running it again carries on.
         typer.echo("interrupted", err=True)
         raise typer.Exit(130) from None
 
@@ -142,13 +139,8 @@ async def close(model: object) -> None:
 
 @asynccontextmanager
 async def models(settings: Settings) -> AsyncIterator[tuple[LLM | None, Embedder | None]]:
-    """The LLM (tuned by the settings) and embedder the settings name (None: each repo's own),
-    closed when the block ends (a `Memory` leaves the models it is given open).
-
-    Raises:
-        ModelURIError: an unknown provider or a missing key, in one line.
-        CliError: a temperature or timeout flag without an LLM chosen.
-    """
+    """The LLM and embedder the settings name (None: each repo's own), closed when the block ends.
+    Raises ModelURIError, or CliError for a temperature or timeout flag without an LLM."""
     built: list[object] = []
     try:
         uri = settings.llm_uri
@@ -172,10 +164,8 @@ def check_store(settings: Settings, *, writes: bool) -> None:
 @asynccontextmanager
 async def open_memory(settings: Settings, *, writes: bool = False, works: bool = False,
                       on_event: EventCallback | None = None) -> AsyncIterator[Memory]:
-    """The Memory the settings choose, after checking the store. `writes`: the store may be
-    created. `works`: the Memory does work (sessions, ingest); otherwise it is opened for
-    inspection (`Memory(inspect=True)`), so a command that looks never resumes or takes over
-    an extraction, and a `--llm` given to it applies to its own calls only."""
+    """The Memory the settings choose, after checking the store; `writes` lets it be created,
+    `works` opens it to do work, else for inspection."""
     # The models first: a mistyped --llm is reported before anything about the store.
     async with models(settings) as (llm, embedder):
         check_store(settings, writes=writes)
@@ -185,12 +175,8 @@ async def open_memory(settings: Settings, *, writes: bool = False, works: bool =
 
 
 async def confirm(question: str, *, given: bool, flag: str = "--yes", as_json: bool) -> None:
-    """Asks `question` before a command destroys data, unless `flag` was `given`; a no (or no
-    answer) aborts the command, exit status 1.
-
-    Raises:
-        CliError: `--json`, which cannot ask, without `flag`.
-    """
+    """Asks `question` before a command destroys data, unless `flag` was `given`; a no aborts with
+    status 1 (CliError under `--json`, which cannot ask)."""
     if given:
         return
     if as_json:

@@ -15,12 +15,8 @@ class CliError(Exception):
 
 
 def check_database(path: Path, *, must_exist: bool) -> None:
-    """Checks that `path` is a mnemo database, or (unless `must_exist`) where one may be made.
-
-    Raises:
-        CliError: a missing file (when `must_exist`), a directory, a file that is not a mnemo
-            database, or one that cannot be opened.
-    """
+    """Checks that `path` is a mnemo database, or (unless `must_exist`) where one may be made
+    (CliError)."""
     try:
         found = store_file(path)
     except StorageError as exc:

@@ -1,7 +1,5 @@
-"""Ids as a person reads and types them: a table shows each id as the shortest prefix of its
-digits, 8 at least, that no other id it knows shares (and a step's `:index`), as git shows
-commit hashes; a command takes the whole id, or any prefix of it or of its digits that names
-one id (`mnemo.inputs.names_id`)."""
+"""Ids as a person reads and types them: a table shows the shortest unique prefix of an id's
+digits (8 at least), and a command takes the whole id or any prefix that names one id."""
 
 from __future__ import annotations
 
@@ -15,9 +13,8 @@ MIN_DIGITS = 8
 
 def short_ids(shown: Iterable[str], known: Iterable[str] = (), *,
               kind: bool = True) -> dict[str, str]:
-    """Each shown id as its kind (unless `kind` is False: a column's title names it), the
-    shortest prefix of its digits (at least `MIN_DIGITS`) that names no other id of `shown`
-    or `known`, and its step index; the whole id where even all its digits name another."""
+    """Each shown id as its kind (unless `kind` is False), the shortest unique prefix of its digits
+    (at least `MIN_DIGITS`) and its step index."""
     shown = list(shown)
     others = {*shown, *known}
     out: dict[str, str] = {}
@@ -35,22 +32,14 @@ def short_ids(shown: Iterable[str], known: Iterable[str] = (), *,
 
 
 def resolve_id(given: str, candidates: Sequence[str], what: str) -> str:
-    """The one candidate that `given` names (`names_id`); the whole id wins over prefixes.
-
-    Raises:
-        CliError: no candidate, or several (naming a few), or a blank `given`.
-    """
+    """The one candidate that `given` names, the whole id winning over prefixes; CliError for none,
+    several or a blank `given`."""
     return resolve_in_repos(given, {"": candidates}, what)[1]
 
 
 def resolve_in_repos(given: str, candidates: Mapping[str, Sequence[str]],
                      what: str) -> tuple[str, str]:
-    """The one (repo, id) among each repo's candidates that `given` names; the whole id wins
-    over prefixes. Messages name the repos when there are several (a repo named "" is none).
-
-    Raises:
-        CliError: no candidate, or several (naming a few), or a blank `given`.
-    """
+    """The one (repo, id) among each repo's candidates that `given` names, as `resolve_id`."""
     given = given.strip()
     if not given:
         raise CliError(f"no {what} id given")

@@ -1,8 +1,5 @@
-"""Where log records go while a command runs: every logger's warnings on stderr, one line each
-(`warning: NAME: message`), the PostgreSQL driver's and its pool's only from ERROR up (a
-command that closes its Memory cancels waiting queries, and they warned each time; a real
-failure reaches the command as a `StorageError`); with `--verbose`, mnemo's INFO records and
-the driver's warnings too."""
+"""Where log records go while a command runs: warnings on stderr, one line each, the
+PostgreSQL driver's only from ERROR up; with `--verbose`, mnemo's INFO records too."""
 
 from __future__ import annotations
 

@@ -43,9 +43,8 @@ def print_json(value: object) -> None:
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[RenderableType]] = (), *,
           empty: tuple[int, str] | None = None, **options: object) -> Table:
-    """A table titled `title` (markup: escape what a user wrote) with `rows`. A column's name
-    may end in marks: `>` right-justified, `~` folded, `!` never wrapped; `empty` puts its
-    text, dimmed, in that column of the one row of a table without rows."""
+    """A table titled `title` with `rows`; a column's name may end in `>` (right-justified), `~`
+    (folded) or `!` (never wrapped), and `empty` fills the one row of an empty table."""
     shown = Table(title=title, **{"title_justify": "left", **options})  # type: ignore[arg-type]
     for column in columns:
         name = column.rstrip(">~!")

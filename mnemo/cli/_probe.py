@@ -1,9 +1,6 @@
-"""What `mnemo doctor` measures of an LLM's server, with a few small real calls, each under
-`CALL_SECONDS`: the structured-output modes the adapter knows (each through an adapter of its
-own), how many requests it serves at once (1, 2 and 4 copies sent together after a warm-up
-batch: the best `k * one / wall(k)`), whether each annotation and extraction task's reply fits
-its `max_tokens`, and its speed (`mnemo.adapters.limit.Limit`) with the seconds a request of
-each task then gets (`Transport.attempt_timeout`)."""
+"""What `mnemo doctor` measures of an LLM's server with a few small real calls: the
+structured-output modes, how many requests it serves at once, whether each task's reply fits
+its `max_tokens`, and its speed with the seconds each task's request then gets."""
 
 from __future__ import annotations
 
@@ -160,12 +157,8 @@ def _prompt_tokens(request: LLMRequest) -> int:
 
 
 def planned_concurrency(llm: LLM, served_at_once: int | None) -> int:
-    """THE CONCURRENCY MNEMO WILL USE with `llm`: how many requests it keeps in flight.
-
-    The one place `mnemo doctor` asks it: the adapter's pinned `concurrency` when it has one;
-    otherwise the parallel probe's estimate of what the server serves at once (1 when there
-    is none), which the adapter's adaptive limit (`mnemo.adapters.limit.Limit`) converges to,
-    at most its `max_concurrency` ceiling."""
+    """How many requests mnemo keeps in flight with `llm`: its pinned `concurrency`, else the
+    parallel probe's estimate (1 without one), at most its `max_concurrency`."""
     limit = getattr(llm, "concurrency", None)
     if isinstance(limit, Limit) and limit.pinned is not None:
         return limit.pinned
@@ -211,14 +204,12 @@ async def _modes(uri: str, llm: LLM) -> list[Finding]:
 async def _at_once(uri: str, report: ServerReport) -> None:
     """Sends 1, 2 and 4 copies of one short request together; records each batch's wall time
     and the estimate of how many the server serves at once."""
-    # An adapter of its own, pinned so that every copy goes out at once (an adapting limit
-    # would start at 2 and measure itself).
+    # An adapter of its own, pinned so that every copy goes out at once.
     model = llm_from_uri(with_settings(uri, max_concurrency=max(AT_ONCE), concurrency=max(AT_ONCE)))
     base = state_probe()
     request = LLMRequest(base.task, base.system, base.messages, max_tokens=_PARALLEL_TOKENS)
     try:
-        # An unmeasured batch first opens every connection (a TLS handshake to a hosted API
-        # costs about a reply's time) and warms the server's prompt cache.
+        # An unmeasured batch first opens every connection and warms the server's prompt cache.
         for n in (max(AT_ONCE), *AT_ONCE):
             start = time.monotonic()
             with anyio.fail_after(CALL_SECONDS), first_error():

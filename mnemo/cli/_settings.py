@@ -1,8 +1,6 @@
 """Which store and which models a command uses: flags, then environment (`MNEMO_STORE`, ...),
-then a TOML config file (`--config`, `$MNEMO_CONFIG`, `./mnemo.toml`, then
-`$XDG_CONFIG_HOME/mnemo/config.toml`; a relative `store` is relative to it), then the
-defaults. README's "Command line" lists them. The temperature and LLM timeout join the chosen
-LLM's URI (`mnemo.adapters.uri`); the extraction timeout is the command's `Config`."""
+then a TOML config file (`--config`, `$MNEMO_CONFIG`, `./mnemo.toml`,
+`$XDG_CONFIG_HOME/mnemo/config.toml`), then the defaults (README's "Command line")."""
 
 from __future__ import annotations
 
@@ -68,9 +66,8 @@ Command = TypeVar("Command", bound=Callable[..., None])
 def model_options(
     *, extraction: bool = True, only: Collection[str] = tuple(MODEL_OPTIONS)
 ) -> Callable[[Command], Command]:
-    """Gives a command the `MODEL_OPTIONS` that `only` names (without --extraction-timeout
-    unless `extraction`) in place of its keyword-only parameter `settings`, which receives
-    them `resolve`d."""
+    """Gives a command the `MODEL_OPTIONS` that `only` names in place of its keyword-only parameter
+    `settings`, which receives them `resolve`d."""
     names = [name for name in MODEL_OPTIONS
              if name in only and (extraction or name != "extraction_timeout")]
     options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
@@ -111,12 +108,8 @@ class Settings:
 
     @property
     def llm_uri(self) -> str | None:
-        """The chosen LLM's URI with the temperature and the request timeout among its
-        settings (None: no LLM chosen).
-
-        Raises:
-            CliError: a flag set the temperature or the timeout, but no LLM is chosen.
-        """
+        """The chosen LLM's URI with the temperature and the timeout among its settings (None: no
+        LLM); CliError when a flag set them without an LLM."""
         tuned = {"temperature": self.temperature, "timeout": self.llm_timeout}
         given = {name: value for name, value in tuned.items() if value is not None}
         if self.llm is None:
@@ -164,11 +157,7 @@ def config_file(given: Path | None, env: Mapping[str, str], cwd: Path) -> tuple[
 
 
 def read_config(path: Path) -> dict[str, str]:
-    """The settings in a config file.
-
-    Raises:
-        CliError: an unreadable file, invalid TOML, an unknown key or a value not a string.
-    """
+    """The settings in a config file (CliError for an unreadable or invalid file or key)."""
     try:
         with path.open("rb") as file:
             data = tomllib.load(file)
@@ -201,12 +190,8 @@ def resolve(*, store: str | None = None, llm: str | None = None, embedder: str |
             config: Path | None = None, env: Mapping[str, str] | None = None,
             cwd: Path | None = None, temperature: str | None = None,
             llm_timeout: float | None = None, extraction_timeout: float | None = None) -> Settings:
-    """The settings from flags (the arguments), `env`, the config file and the defaults.
-
-    Raises:
-        CliError: a config file that was named but is missing, or is malformed; a model
-            setting that is not a number in its range (naming where it came from).
-    """
+    """The settings from flags, `env`, the config file and the defaults; CliError for a missing
+    or malformed config file or a bad model setting, naming where it came from."""
     env = os.environ if env is None else env
     path, asked = config_file(config, env, cwd or Path.cwd())
     from_file = read_config(path) if path is not None and (asked or path.is_file()) else {}
@@ -256,11 +241,8 @@ def _number(value: str, least: float, rule: str) -> float:
 
 
 def check_backend(settings: Settings) -> None:
-    """Checks that this installation can open the store's backend.
-
-    Raises:
-        CliError: a PostgreSQL URL where mnemo's PostgreSQL backend is not installed.
-    """
+    """Checks that this installation can open the store's backend (CliError for PostgreSQL without
+    it)."""
     if settings.is_url and not has_postgres_driver():
         raise CliError(
             "this mnemo has no PostgreSQL driver, so it cannot open a postgresql:// store: "

@@ -1,7 +1,5 @@
-"""`mnemo demo`: an assistant's working week (`data/demo_conversation.json`), remembered and
-recalled through the public API, offline: sessions start, append and commit (trajectory
-boundaries shown as they are found), then what was committed, a few recalls and the events,
-each session also saved as conversation thread `demo/N`. `scripts/demo` runs it too."""
+"""`mnemo demo`: an assistant's working week (`data/demo_conversation.json`) remembered and
+recalled through the public API, offline, each session also saved as thread `demo/N`."""
 
 from __future__ import annotations
 
@@ -53,11 +51,7 @@ class SessionOutcome:
 
 
 def load_conversation(path: Path) -> Conversation:
-    """Reads a demo conversation file (a conversation file of `mnemo ingest`, with `queries`).
-
-    Raises:
-        CliError: the file is unreadable or not in the demo's shape.
-    """
+    """Reads a demo conversation file (CliError when unreadable or of another shape)."""
     try:
         return msgspec.convert(read_json(path), Conversation)
     except msgspec.ValidationError as exc:
@@ -65,21 +59,13 @@ def load_conversation(path: Path) -> Conversation:
 
 
 def holds_memory(db: Path) -> bool:
-    """Whether `db` is a mnemo database with tables (something `run_demo` would delete).
-
-    Raises:
-        CliError: `db` exists and is not a mnemo database.
-    """
+    """Whether `db` is a mnemo database with tables (CliError when it is not mnemo's)."""
     check_database(db, must_exist=False)
     return store_file(db) is StoreFile.MNEMO
 
 
 def reset_database(db: Path) -> None:
-    """Deletes the database and its WAL side files; refuses a file that is not mnemo's.
-
-    Raises:
-        CliError: `db` exists and is not a mnemo database.
-    """
+    """Deletes the database and its WAL side files (CliError for a file that is not mnemo's)."""
     check_database(db, must_exist=False)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
@@ -87,9 +73,7 @@ def reset_database(db: Path) -> None:
 
 async def run_session(mem: Memory, repo: str, script: Session, number: int,
                       bars: Progress) -> SessionOutcome:
-    """Runs one session through its whole life: start, append every step, close and commit;
-    then saves it as a conversation thread too (what `mnemo ingest` does), for `mnemo search`
-    and the web app's threads."""
+    """Runs one session through start, appends, close and commit, then saves it as a thread too."""
     started = time.perf_counter()
     title = f"session {number}: {escape(shorten(script.goal, 40))}"
     task = bars.add_task(title, total=len(script.steps))
@@ -115,12 +99,8 @@ async def run_session(mem: Memory, repo: str, script: Session, number: int,
 
 async def run_demo(db: Path, data: Path | None = None, *,
                    console: Console | None = None) -> dict[str, object]:
-    """Replays the conversation into a fresh `db`, prints what was committed and recalled,
-    and returns the same as JSON-ready values (sessions, committed counts, recalls, events).
-
-    Raises:
-        CliError: the data file is unreadable, or `db` holds something other than mnemo's.
-    """
+    """Replays the conversation into a fresh `db`, prints what was committed and recalled, and
+    returns it as JSON-ready values (CliError as `load_conversation` and `reset_database`)."""
     console = console or Console()
     started = time.perf_counter()
     conversation = load_conversation(data or default_data())

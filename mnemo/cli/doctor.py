@@ -1,7 +1,5 @@
-"""`mnemo doctor`: checks the installed distribution, the store, the LLM (the `"state"` task:
-its latency) and the embedder the settings choose, with small real calls, and unless `--quick`
-measures an HTTP model's server (`_probe`); exit 1 when a check fails. A missing store is
-reported, not created."""
+"""`mnemo doctor`: checks the distribution, the store, the LLM and the embedder with small real
+calls, and unless `--quick` measures an HTTP model's server (`_probe`); exit 1 on a failure."""
 
 from __future__ import annotations
 
@@ -71,8 +69,7 @@ async def diagnose(settings: Settings, *,
     findings = [await timed("package", package), await timed("store", store)]
     report: ServerReport | None = None
     try:
-        # The LLM finding's time is the latency of its one call; the server's measurements
-        # come after it.
+        # The LLM finding's time is the latency of its one call.
         findings.append(await timed("llm", llm))
         uri = settings.llm_uri if findings[-1].ok else None
         if measure and uri is not None and not isinstance(built[0], OfflineLLM):

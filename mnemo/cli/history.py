@@ -1,6 +1,5 @@
-"""`mnemo history REPO`, `mnemo diff COMMIT` and `mnemo revert REPO COMMIT`: a repo's commits,
-newest first, each with the goal it served; what one changed; undoing one. They act through
-the `Memory` facade, so they read any store."""
+"""`mnemo history REPO`, `mnemo diff COMMIT` and `mnemo revert REPO COMMIT`, through the
+`Memory` facade."""
 
 from __future__ import annotations
 
@@ -70,9 +69,8 @@ def origin(commit: CommitRecord, sessions: dict[str, str], goal: str | None) -> 
 
 
 async def _commit_id(mem: Memory, repo: str | None, given: str) -> tuple[str, str]:
-    """The repo and commit `given` names: a whole id, or a unique prefix of one of the
-    `RESOLVED` newest commits of `repo` (of each repo when None); an older commit is named
-    by its whole id."""
+    """The repo and commit `given` names: a whole id, or a unique prefix of one of the `RESOLVED`
+    newest commits of `repo` (of each repo when None)."""
     repos = [repo] if repo is not None else await mem.list_repos()
     whole = given.startswith("changeset_") and len(given) == len("changeset_") + 32
     found: dict[str, list[str]] = {}

@@ -1,14 +1,6 @@
-"""`mnemo ingest FILE`: the two file shapes it reads, and the ingest itself.
-
-- A conversation (`mnemo/cli/data/demo_conversation.json`): `sessions` of `goal` and `steps`
-  (`observation`, `action`), optionally `repo` and `queries`; or one session. Session N is
-  source `<prefix>/<N>` (the prefix: the file's stem unless given).
-- LoCoMo-style: conversations with `sample_id` and `session_N` turn lists; session N is source
-  `<sample_id>/<N>`, with the payload `scripts/eval_locomo.py` builds (either can reuse a
-  database the other filled).
-
-Each source is one idempotent `Memory.ingest` and, unless disabled, a conversation thread of
-the same id (`mnemo search` finds it, `mnemo purge` erases it)."""
+"""`mnemo ingest FILE`: a conversation file (`sessions` of `goal` and `steps`, source
+`<prefix>/<N>`) or a LoCoMo-style one (source `<sample_id>/<N>`). Each source is one
+idempotent `Memory.ingest` and, unless disabled, a conversation thread of the same id."""
 
 from __future__ import annotations
 
@@ -118,11 +110,7 @@ class _Sample(msgspec.Struct):
 
 
 def read_json(path: Path) -> object:
-    """The JSON value in the file at `path`.
-
-    Raises:
-        CliError: the file cannot be read, or is not JSON.
-    """
+    """The JSON value in the file at `path` (CliError when unreadable or not JSON)."""
     try:
         return msgspec.json.decode(path.read_bytes())
     except OSError as exc:
@@ -134,12 +122,8 @@ def read_json(path: Path) -> object:
 
 
 def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
-    """Reads and checks a conversation or LoCoMo-style file.
-
-    Raises:
-        CliError: the file cannot be read, is not JSON, or has neither shape (naming the first
-            offending entry).
-    """
+    """Reads and checks a conversation or LoCoMo-style file (CliError naming the first offending
+    entry)."""
     raw = read_json(path)
     if isinstance(raw, dict) and "conversation" in raw:
         raw = [raw]
@@ -199,7 +183,7 @@ def _locomo_batch(sample: _Sample, index: int) -> Batch:
         for t, turn in enumerate(turns):
             dia_id = _normalise_dia_id(turn.dia_id or f"D{number}:{t + 1}")
             shown = f" [shares a photo of {turn.blip_caption}]" if turn.blip_caption else ""
-            # The exact text and metadata of scripts/eval_locomo.py (see the module docstring).
+            # The exact text and metadata of scripts/eval_locomo.py.
             steps.append(Step(f"{turn.speaker} ({date}): {turn.text}{shown}", "",
                               {"dia_id": dia_id}))
             messages.append({"role": "user", "name": turn.speaker,
@@ -218,14 +202,9 @@ def _normalise_dia_id(raw: str) -> str:
 
 async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bool,
                       console: Console, show_progress: bool) -> IngestReport:
-    """Ingests every source of the file into `repo` (created if needed), with progress bars;
-    with `threads`, also saves each session as a conversation thread. Every source is checked
-    (`check_ingest`) before the first is ingested: a file that cannot go in whole stores
-    nothing.
-
-    Raises:
-        CliError: a source that does not pass the checks, naming it.
-    """
+    """Ingests every source of the file into `repo`, with progress bars, and with `threads` saves
+    each session as a thread. Every source is checked first (CliError naming it), so a file that
+    cannot go in whole stores nothing."""
     await mem.open_repo(repo)
     config = await mem.repo_config(repo)
     for batch in parsed.batches:
@@ -252,8 +231,7 @@ async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bo
                 progress.remove_task(steps)
                 saved = 0
                 if threads:
-                    # `save` takes the whole history and stores only what is past the stored
-                    # length, so a second ingest of the file appends nothing here either.
+                    # `save` stores only what is new: a second ingest appends nothing.
                     saved = len(await conversation.save(source.source_id, source.messages))
                 report.sources.append(
                     {

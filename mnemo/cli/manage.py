@@ -1,7 +1,5 @@
 """`mnemo repos`, `mnemo reembed REPO`, `mnemo view MESSAGE_ID` and
-`mnemo session close|commit|discard|end ID`. A session command waits for what it started (an
-extraction's end, at most `--wait` seconds, else the next `Memory` on the repo resumes it);
-`end` of a session at work and `discard` ask first (`--yes` skips the question)."""
+`mnemo session close|commit|discard|end ID`."""
 
 from __future__ import annotations
 
@@ -153,7 +151,7 @@ def view(
 
 
 class _Transitions:
-    """Wakes a waiter at each of one session's state changes (see the module doc)."""
+    """Wakes a waiter at each of one session's state changes."""
 
     def __init__(self) -> None:
         self.session_id: str | None = None

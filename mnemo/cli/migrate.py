@@ -1,7 +1,5 @@
-"""`mnemo migrate --from SRC --to DST`: copy a memory to another store (SQLite file or
-`postgresql://` URL), skipping the rows the target holds already, and verify the copy by
-counts and a checksum. Exit status 0 when verified; 2 when refused before copying; 1 when the
-copy does not verify."""
+"""`mnemo migrate --from SRC --to DST`: copy a memory to another store, skipping rows the target
+holds, and verify the copy; exit 0 when verified, 2 when refused, 1 when it does not verify."""
 
 from __future__ import annotations
 
@@ -35,12 +33,7 @@ def display(store: str) -> str:
 
 
 def check_stores(source: str, target: str) -> None:
-    """Refuses what `migrate` must not start on (see the module docstring).
-
-    Raises:
-        CliError: a missing source, the same store twice, a file that is not a mnemo
-            database, or a PostgreSQL URL where psycopg is not installed.
-    """
+    """Refuses what `migrate` must not start on (CliError)."""
     for store in (source, target):
         if is_postgres(store) and not has_postgres_driver():
             raise CliError("PostgreSQL needs the driver: pip install \"pymnemo[postgres]\"")

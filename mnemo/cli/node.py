@@ -34,9 +34,8 @@ RECENT = 50
 
 @dataclass(frozen=True, slots=True)
 class NodeReport:
-    """What `mnemo show` prints: the node, its provenance, its links and its history (the
-    commits that touched it, oldest first, each with what it did; `complete` is False when
-    the node is older than the newest `RESOLVED` commits read)."""
+    """What `mnemo show` prints: the node, its provenance, its links and the commits that touched
+    it (`complete` is False when older commits were not read)."""
 
     repo: str
     node: Node

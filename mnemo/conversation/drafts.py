@@ -1,12 +1,7 @@
 """Incoming chat messages, checked and turned into what the log stores.
 
-A message is a mapping with a non-blank string `role` and a `content` that is a string, None
-or a list of parts (strings or dicts, as OpenAI and Anthropic send them) or is left out, plus
-optional `name` (str), `tool_call_id` (str), `tool_calls` (list of dicts) and any other JSON
-keys.
-Everything must be JSON-serialisable: the log stores the message so that `load` gives back
-exactly what was saved.
-"""
+A message is a JSON-serialisable mapping with a non-blank string `role`, a `content` (string,
+None, a list of parts, or absent) and any other keys; `load` gives back exactly what was saved."""
 
 from __future__ import annotations
 
@@ -42,30 +37,18 @@ class MessageDraft:
 
 
 def check_thread_id(thread_id: object) -> str:
-    """The thread id of a lookup, checked (`inputs.check_id`).
-
-    Raises:
-        InvalidInputError: not a non-blank string, or holding NUL or a lone surrogate.
-    """
+    """The thread id of a lookup, checked (`inputs.check_id`); raises InvalidInputError."""
     return check_id(thread_id, "thread_id")
 
 
 def check_thread_name(thread_id: object) -> str:
     """The thread id of a write that may create the thread, checked as a name
-    (`inputs.check_name`: no control, format, bidi or invisible character, ...).
-
-    Raises:
-        InvalidInputError: it is not one.
-    """
+    (`inputs.check_name`); raises InvalidInputError."""
     return check_name(thread_id, "thread_id")
 
 
 def check_history(messages: object) -> Sequence[Mapping[str, object]]:
-    """The history as a sequence of mappings (the cheap check run on the whole history).
-
-    Raises:
-        InvalidInputError: not a list or tuple of mappings.
-    """
+    """The history as a sequence of mappings; raises InvalidInputError for anything else."""
     if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
         raise InvalidInputError(
             f"messages must be a list of message dicts, got {type(messages).__name__}"
@@ -79,17 +62,9 @@ def check_history(messages: object) -> Sequence[Mapping[str, object]]:
 
 
 def draft(message: Mapping[str, object], index: int, config: Config | None = None) -> MessageDraft:
-    """Checks one message against `config`'s bounds (the defaults when None) and prepares its
-    row.
+    """Checks one message against `config`'s bounds (the defaults when None) and prepares its row.
 
-    Its text (the content with its tool calls, what search and the embedder see) and its
-    other keys as JSON must each fit in `max_text_chars` characters, it may hold at most
-    `max_tool_calls_per_message` tool calls, and nest at most `inputs.MAX_JSON_DEPTH` deep;
-    its role is a name (`inputs.check_name`).
-
-    Raises:
-        InvalidInputError: naming the message and the offending key.
-    """
+    Raises InvalidInputError naming the message and the offending key."""
     config = config or Config()
     limit = config.max_text_chars
     where = f"messages[{index}]"
@@ -148,12 +123,8 @@ COMPARED = ("role", "content", "name", "tool_calls", "tool_call_id")
 
 
 def message_key(message: Mapping[str, object], index: int) -> bytes:
-    """The digest of what `save` compares of a message: its role, content, name, tool_calls
-    and tool_call_id (a key left out differs from one set to None).
-
-    Raises:
-        InvalidInputError: they are not JSON-serialisable (naming `messages[index]`).
-    """
+    """The digest of what `save` compares of a message: role, content, name, tool_calls and
+    tool_call_id; raises InvalidInputError when they are not JSON-serialisable."""
     role, content = message.get("role"), message.get("content")
     if isinstance(role, str) and isinstance(content, str) and not any(
         key in message for key in COMPARED[2:]

@@ -1,30 +1,11 @@
 """Eviction: the oldest part of the viewport leaves it, and the LLM decides what stays.
 
-One eviction (Anima's Mneme loop): the context window is rendered compressed in three zones,
-the eviction zone (see `viewport.eviction_zone`), the middle and the recent one (see
-`render.render_window`, bounded whatever the backlog), and given to the LLM (task
-"eviction"; the Memory's, or a model of the eviction's own) with the messages passive recall
-finds for the open goals, and with three tools: `save_snapshot(text)`,
-`attach_messages_to_goals(message_ids, goal_ids)` and `everything_ok()`. The loop runs up to
-`MAX_ROUNDS` rounds, each telling the model what it already did and forcing a tool call
-(`tool_choice`: `save_snapshot` until a snapshot is saved, then any tool), until it calls
-`everything_ok` after saving a snapshot, or right after the snapshot when no goal is open.
-The model answers only through its tools: a reply without tool calls is discarded and asked
-again, the next round forcing the call in another form (servers obey different ones), and
-the third asking for `save_snapshot`'s arguments as structured output (a server that ignores
-tools in every form, llama.cpp's with a model whose template has none, still constrains
-JSON to a schema). The rounds share one deadline, the conversation service's model timeout.
-Then, in one transaction, the level-1 snapshot and the pins are written and the boundary
-moves past the zone.
-
-The boundary always advances and never passes a message that no snapshot covers: if the LLM
-fails (raises, runs past the deadline, or saves no snapshot in `MAX_ROUNDS` rounds: replies
-without tool calls, arguments the tool refuses, a structured reply without the summary), the
-snapshot is a note saying the messages left without a summary and that `search_messages`
-still finds them, and `EvictionResult.error` says why (the last refusal, when there was
-one). Once 5 level-1 snapshots are uncovered, they fold into one level-2 snapshot (task
-"snapshot_fold"); a failed fold is retried after the next eviction.
-"""
+The zones of the window go to the LLM (task "eviction") with three tools, `save_snapshot`,
+`attach_messages_to_goals` and `everything_ok`, for up to `MAX_ROUNDS` forced tool-call rounds
+under one deadline. The level-1 snapshot and the pins are then written and the boundary moves
+in one transaction. The boundary always advances: when the LLM fails, the snapshot is a note
+pointing to `search_messages` and `EvictionResult.error` says why. Five uncovered level-1
+snapshots fold into one level-2 snapshot (task "snapshot_fold")."""
 
 from __future__ import annotations
 
@@ -63,22 +44,17 @@ log = logging.getLogger("mnemo")
 MAX_ROUNDS = 3
 # Evictions of one call whose commit found the boundary moved back (a clear) before it gives up.
 MAX_ATTEMPTS = 3
-# The newest lines of `done` the model is shown: a model making many calls must not grow the
-# prompt without bound.
+# The newest lines of `done` the model is shown.
 MAX_DONE = 20
 
-# Passive recall (`ConversationService.recalled`): a thread's past messages relevant to its
-# open goals, leaving out the ids given.
+# Passive recall (`ConversationService.recalled`), leaving out the ids given.
 Recall = Callable[[str, Sequence[Goal], Collection[str]], Awaitable[list[SearchHit]]]
 
 
 @dataclass(slots=True)
 class EvictionTools:
-    """The tools of one eviction and what the model did with them.
-
-    Each call returns a short text for the model; bad arguments are answered with an error
-    text (the model can correct itself), never raised.
-    """
+    """The tools of one eviction and what the model did with them; bad arguments are answered
+    with an error text, never raised."""
 
     zone: Sequence[Message]
     goal_ids: set[str]
@@ -167,11 +143,8 @@ def fallback_note(start_seq: int, end_seq: int, error: str) -> str:
     )
 
 
-# The forms of `tool_choice` a round takes while no snapshot is saved, one after the other
-# when the model answers in prose: servers obey different ones (llama-cpp-python's server
-# only a named tool, llama.cpp's own server only "required", and only for a model whose chat
-# template knows tools; hosted APIs both). After both, the snapshot is asked as structured
-# output (`as_data`), which a server ignoring tools in every form still constrains.
+# The forms of `tool_choice` tried in turn while no snapshot is saved (servers obey different
+# ones); after them, the snapshot is asked as structured output (`as_data`).
 SNAPSHOT_CHOICES = ("save_snapshot", REQUIRED)
 
 
@@ -199,10 +172,8 @@ async def run_loop(
     llm: LLM, tools: EvictionTools, ask_round: Callable[..., LLMRequest], *, goals: bool,
     time_limit: float,
 ) -> tuple[str | None, Usage | None]:
-    """Runs the eviction rounds (see the module doc), each asking `ask_round` (`eviction_request`
-    of the zone) with what was done, the tool choice and whether the snapshot is asked as data;
-    returns (the failure, or None) and the usage summed. A snapshot saved before the
-    `time_limit` passes is kept; cancellation is not caught."""
+    """Runs the eviction rounds through `ask_round`; returns the failure (or None) and the usage
+    summed. A snapshot saved before `time_limit` is kept."""
     usage: Usage | None = None
     silent = 0
     try:
@@ -238,8 +209,7 @@ async def run_loop(
         return f"the eviction model timed out after {time_limit:g} s{kept}", usage
     if tools.snapshot_parts:
         return None, usage
-    # What was wrong with the last reply not used: no tool call, arguments that failed the
-    # tool's schema, a structured reply without the summary.
+    # What was wrong with the last reply not used.
     last = next((line for line in reversed(tools.done) if "error:" in line), "")
     if silent == MAX_ROUNDS and last == NO_TOOL_CALL:
         return f"the eviction model replied {MAX_ROUNDS} times without calling a tool", usage
@@ -263,17 +233,12 @@ class Evictor:
     ) -> EvictionResult:
         """One eviction (see the module doc), its model calls made to `llm`.
 
-        Another writer on the store (another `Memory`) may move the boundary while the model
-        works: the commit then finds it moved and this re-reads the thread. A boundary that
-        advanced meanwhile is that writer's eviction, and it counts (the API contract: evict "always
-        advances the boundary"): the result goes from the boundary read to the new one and
-        wrote nothing. A boundary that went back (the thread was cleared) is evicted again
-        from, up to `MAX_ATTEMPTS` times in all.
+        A boundary another writer advanced meanwhile counts as this eviction; one that went back (a
+        cleared thread) is evicted again, up to `MAX_ATTEMPTS` times.
 
         Raises:
             NotFoundError: the thread was never saved (or was purged meanwhile).
-            ConflictError: the boundary went back `MAX_ATTEMPTS` times in a row.
-        """
+            ConflictError: the boundary went back `MAX_ATTEMPTS` times in a row."""
         read: int | None = None
         attempts = 0
         while True:

@@ -1,8 +1,5 @@
-"""`ConversationManager`: Phronomy's three axes over one Memory's thread log.
-
-Storage is the Memory's database; retrieval is `Recent(k)` or `Semantic(k)`; compression is
-`Summary(...)`, `ToolOutputPruner(...)`, both, or none; `ttl` erases old raw messages.
-"""
+"""`ConversationManager`: save and load over one Memory's thread log, with a retrieval
+(`Recent`, `Semantic`), a compression (`Summary`, `ToolOutputPruner`) and a ttl."""
 
 from __future__ import annotations
 
@@ -58,8 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mnemo")
 _T = TypeVar("_T")
 
-# What one summary request may hold, in tokens of the messages it summarises (at least this,
-# or 4x the Summary's max_tokens): a first save of a long history is summarised in chunks.
+# What one summary request may hold, in tokens (at least this, or 4x the Summary's max_tokens).
 SUMMARY_CHUNK_TOKENS = 8000
 SUMMARY_MESSAGE_CHARS = 2000
 SUMMARY_TOOL_CHARS = 300
@@ -71,10 +67,7 @@ MAX_SAVE_ATTEMPTS = 5
 class ConversationManager:
     """Saves and loads threads with one retrieval and compression policy.
 
-    Get one from `Memory.conversation(...)`. Managers of one Memory share its per-thread
-    locks, so they may be used concurrently, even on the same thread. `llm` writes this
-    manager's summaries and runs its automatic evictions.
-    """
+    Get one from `Memory.conversation(...)`; managers of one Memory share its per-thread locks."""
 
     _service: ConversationService = field(repr=False)
     _: KW_ONLY
@@ -96,35 +89,19 @@ class ConversationManager:
         self, thread_id: str, messages: Sequence[Mapping[str, object]],
         metadata: Mapping[str, object] | None = None,
     ) -> list[Message]:
-        """Stores the messages of `messages` (the full history so far) past the stored length,
-        each with the next seq; returns them ([] when nothing was new).
+        """Stores the messages of `messages` (the full history so far) past the stored length, each
+        with the next seq and `metadata`; returns them ([] when nothing was new).
 
-        The history must extend the stored one: its first messages are the stored messages,
-        compared by role, content, name, tool_calls and tool_call_id through the hash of the
-        stored history (no stored message is read; see `drafts.history_hash`). The stored
-        length counts every message ever saved to the thread since it was created or
-        cleared, expired ones included, so a repeat save (or one of a shorter history that
-        the stored one extends) appends nothing. With `Semantic` retrieval the new messages
-        are embedded now (an embedder failure is logged; they are embedded when next loaded).
-        With `Summary`, the uncompacted messages may then be summarised; a failed summary is
-        logged and never raised. With `auto_evict_budget`, evictions run until the viewport
-        of that budget shows every message from the boundary on (the seed's rule: evict when
-        the boundary message would leave the viewport). Each new message carries `metadata`
-        (`Message.metadata`, what `search_messages(where=)` selects).
+        The history must extend the stored one (compared through the stored history's hash). New
+        messages are then embedded (`Semantic`), summarised (`Summary`) and evicted
+        (`auto_evict_budget`); a failure there is logged, never raised.
 
         Raises:
-            InvalidInputError: a history that does not extend the stored one (a sliding
-                window, an edited message: naming the first seq that differs; `append` takes
-                new messages only), a thread id that is no name (`inputs.check_name`), more
-                new messages than the Memory's `Config.max_messages_per_save` (save a longer
-                history in slices of it), a malformed message (naming it), one whose text or
-                other keys (as JSON) are longer than `Config.max_text_chars`, with more tool
-                calls than `Config.max_tool_calls_per_message` or nested deeper than
-                `inputs.MAX_JSON_DEPTH`; raised before anything is stored.
-            ConflictError: other writers changed the thread under each of
-                `MAX_SAVE_ATTEMPTS` attempts in a row (a save racing another Memory's save
-                of the same history reads the new length and appends nothing).
-        """
+            InvalidInputError: a history that does not extend the stored one (naming the first seq
+                that differs), a bad thread id, or a message past the Config's bounds; raised
+                before anything is stored.
+            ConflictError: other writers changed the thread under each of `MAX_SAVE_ATTEMPTS`
+                attempts."""
         check_thread_name(thread_id)
         history = check_history(messages)
         scoped = check_metadata(metadata)
@@ -138,16 +115,8 @@ class ConversationManager:
         self, thread_id: str, messages: Sequence[Mapping[str, object]],
         metadata: Mapping[str, object] | None = None,
     ) -> list[Message]:
-        """Stores `messages`, new messages only, after the thread's stored ones, each with the
-        next seq; returns them. For an app that keeps a window of its history: nothing is
-        compared with the stored messages. Embedding, compression and auto-eviction follow,
-        as after `save`.
-
-        Raises:
-            InvalidInputError: as `save` does for its new messages (a thread id that is no
-                name, more than `Config.max_messages_per_save` messages, a malformed or too
-                long message); raised before anything is stored.
-        """
+        """Stores `messages`, new messages only, after the thread's stored ones and returns them;
+        then as after `save`. Raises InvalidInputError as `save` does for its new messages."""
         check_thread_name(thread_id)
         history = check_history(messages)
         scoped = check_metadata(metadata)
@@ -187,9 +156,8 @@ class ConversationManager:
     async def _embed(
         self, thread_id: str, drafts: Mapping[int, MessageDraft], done: dict[int, Vector]
     ) -> dict[int, Vector] | None:
-        """With `Semantic` retrieval, the vectors of `drafts` (by index), embedding those not
-        in `done` (which keeps them); None without it, or when the embedder failed (logged:
-        the log must not lose messages to an embedder outage; load embeds them later)."""
+        """With `Semantic` retrieval, the vectors of `drafts` (by index) not in `done`; None without
+        it, or when the embedder failed (logged: load embeds them later)."""
         if not isinstance(self.retrieval, Semantic):
             return None
         missing = [i for i in drafts if i not in done]
@@ -204,20 +172,9 @@ class ConversationManager:
     async def _append_new(
         self, thread_id: str, history: Sequence[Mapping[str, object]], metadata: Metadata
     ) -> list[Message]:
-        """Appends the messages of `history` past the stored length once it is checked to
-        extend the stored history; returns them.
-
-        The thread lock serialises this Memory's saves; another Memory on the store may
-        append (or clear) between the read of the stored history and the write, which the
-        store's compare-and-set (of the length and hash) refuses. Then the stored history is
-        read and checked again and only what is still new is appended (the API contract:
-        "only messages past the stored length are appended"), up to `MAX_SAVE_ATTEMPTS`
-        times. Each message is embedded once across attempts.
-
-        Raises:
-            InvalidInputError: `history` does not extend the stored history.
-            ConflictError: the thread changed under every one of `MAX_SAVE_ATTEMPTS` attempts.
-        """
+        """Appends the messages of `history` past the stored length once it extends the stored
+        history; returns them. A write refused by the store's compare-and-set reads the stored
+        history again, up to `MAX_SAVE_ATTEMPTS` times; each message is embedded once."""
         store = self._service.store
         vectors: dict[int, Vector] = {}  # by index in `history`
         keys: list[bytes] = []  # of the history's first messages, as far as a check needed
@@ -248,14 +205,8 @@ class ConversationManager:
                     raise
 
     async def _extends(self, thread_id: str, keys: Sequence[bytes], state: ThreadState) -> str:
-        """The hash of the history's first `state.history_len` messages (of keys `keys`, fewer
-        for a shorter history), once they are checked to be the stored ones: by the stored
-        hash, else (a shorter history, one that differs, a thread stored before hashes were
-        kept) message by message, to name the first that differs.
-
-        Raises:
-            InvalidInputError: the history does not extend the stored one.
-        """
+        """The hash of the history's first `state.history_len` messages once they are checked to be
+        the stored ones (by hash, else message by message to name the first that differs)."""
         stored = state.history_len
         digest = history_hash(keys)
         if len(keys) == stored and digest == state.history_hash:
@@ -275,23 +226,14 @@ class ConversationManager:
         )
 
     async def load(self, thread_id: str, query: str | None = None) -> list[JSONObject]:
-        """The thread for a model: each compaction as one system message holding its summary
-        (marked as untrusted memory); while the thread has open goals, one system message
-        (marked so too) holding up to 5 past messages of any thread that a search for the
-        goals' words finds, none of those selected next (passive recall); then the
-        retrieval's selection of the uncompacted messages, by seq, less any tool result
-        whose call it does not hold (chat APIs refuse those); tool outputs cut by a
-        `ToolOutputPruner`. With a ttl, messages older than it are erased first. An unknown
-        thread loads as [].
-
-        Without a `query`, `Semantic` returns the last k messages.
+        """The thread for a model: compactions as system messages, passive recall for open goals,
+        then the retrieval's selection of the uncompacted messages (tool results without their call
+        left out, tool outputs pruned). A ttl erases older messages first; an unknown thread is [].
 
         Raises:
-            InvalidInputError: a blank thread id, or a query that is not a string, is blank
-                (the API contract: "a query of only whitespace") or is longer than
+            InvalidInputError: a blank thread id, or a query that is not a non-blank string within
                 `Config.max_text_chars`.
-            EmbeddingError: `Semantic` with a query, and embedding failed.
-        """
+            EmbeddingError: `Semantic` with a query, and embedding failed."""
         check_thread_id(thread_id)
         if query is not None:
             check_text(query, "query", limit=self._service.max_text_chars, stored=False)
@@ -322,15 +264,13 @@ class ConversationManager:
     async def save_compaction(
         self, thread_id: str, start_seq: int, end_seq: int, summary_text: str
     ) -> Compaction:
-        """Records that `summary_text` stands for messages `start_seq`..`end_seq` (both
-        inclusive) in `load`. Existing compactions inside the range are replaced by it.
+        """Records that `summary_text` stands for messages `start_seq`..`end_seq` (inclusive) in
+        `load`, replacing the compactions inside the range.
 
         Raises:
-            InvalidInputError: a blank id or summary, seqs that are not integers with
-                0 <= start_seq <= end_seq < the next seq, or a range that partly overlaps an
+            InvalidInputError: a blank id or summary, a bad range, or one that partly overlaps an
                 existing compaction.
-            NotFoundError: the thread was never saved.
-        """
+            NotFoundError: the thread was never saved."""
         check_thread_id(thread_id)
         check_count("start_seq", start_seq)
         check_count("end_seq", end_seq, minimum=start_seq)
@@ -341,53 +281,28 @@ class ConversationManager:
             )
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
-        """The thread's compaction records, by start_seq.
-
-        Raises:
-            InvalidInputError: a blank thread id.
-        """
+        """The thread's compaction records, by start_seq; raises InvalidInputError for a blank
+        id."""
         return await self._read(thread_id, self._service.store.compactions)
 
     async def raw(self, thread_id: str) -> list[Message]:
-        """Every stored message of the thread, by seq (after the ttl's erasure, if any).
-
-        Raises:
-            InvalidInputError: a blank thread id.
-        """
+        """Every stored message of the thread, by seq (after the ttl's erasure, if any)."""
         return await self._read(thread_id, self._service.store.raw)
 
     async def pop(self, thread_id: str) -> Message | None:
-        """Erases the thread's newest message and returns it (None when the thread holds
-        none): no load, viewport, search or recall shows it after, and a compaction holding
-        it goes (its messages load uncompacted); a snapshot that an eviction already wrote of
-        it keeps its words. Its seq is not reused, and it still counts in the history `save`
-        compares, as a message the ttl erased does.
-
-        Raises:
-            InvalidInputError: a blank thread id.
-        """
+        """Erases the thread's newest message and returns it (None when there is none). Its seq is
+        not reused and still counts in the history `save` compares."""
         check_thread_id(thread_id)
         return await self._service.pop(thread_id)
 
     async def clear(self, thread_id: str) -> None:
-        """Deletes the thread's messages, compactions, vectors, snapshots, goals and pins and
-        starts a new history (the next save stores from its first message on). Seqs go on
-        from the counter: none is reused. `purge` is the erasure without a trace.
-
-        Raises:
-            InvalidInputError: a blank thread id.
-        """
+        """Deletes the thread's messages, compactions, vectors, snapshots, goals and pins and starts
+        a new history; seqs are not reused."""
         check_thread_id(thread_id)
         await self._service.clear(thread_id)
 
     async def purge(self, thread_id: str) -> None:
-        """Erases the thread: raw messages, compactions, snapshots, goals, pins, search index
-        entries, vectors and its seq counter (a new thread of that id starts at 0). Nothing
-        of it stays in the database file (see `ThreadStore.purge`).
-
-        Raises:
-            InvalidInputError: a blank thread id.
-        """
+        """Erases the thread and its seq counter, leaving nothing of it in the database file."""
         check_thread_id(thread_id)
         await self._service.purge(thread_id)
 
@@ -403,19 +318,15 @@ class ConversationManager:
             await self._service.store.expire(thread_id, cutoff)
 
     async def _summarise(self, thread_id: str, policy: Summary) -> None:
-        """Compacts all but the last `keep` uncompacted messages (keeping more when the
-        first kept one is a tool result: its call stays) when they exceed `max_tokens`,
-        rolling the previous summary in; in chunks when there is a lot. A compaction inside a
-        chunk's range (from `save_compaction`) goes into the request in its place, since the
-        new record replaces it. Called under the thread lock. Failures are logged, never
-        raised."""
+        """Compacts all but the last `keep` uncompacted messages into a rolling summary when they
+        exceed `max_tokens`, in chunks when there is a lot. Called under the thread lock; failures
+        are logged, never raised."""
         service = self._service
         compactions, tail = await service.store.uncompacted(thread_id)
         if sum(m.tokens for m in tail) <= policy.max_tokens or len(tail) <= policy.keep:
             return
         split = len(tail) - policy.keep
-        # The kept tail never starts with a tool result (eviction's rule): one whose call is
-        # compacted is refused by chat APIs, so the call stays too, with more than `keep`.
+        # The kept tail never starts with a tool result: its call stays too.
         while 0 < split < len(tail) and (tail[split].is_tool_result or result_ids(tail[split])):
             split -= 1
         if split == 0:
@@ -429,8 +340,7 @@ class ConversationManager:
             chunk, pending = pending[:fits], pending[fits:]
             earlier = [c for c in compactions if c.end_seq < chunk[0].seq]
             previous = max(earlier, key=lambda c: c.end_seq) if earlier else None
-            # The new record replaces every compaction inside its range (a save_compaction
-            # between these messages): their summaries go in, in place, or they would be lost.
+            # The new record replaces the compactions inside its range: their summaries go in.
             inner = [c for c in compactions if chunk[0].seq < c.start_seq < chunk[-1].seq]
             request = summary_request(
                 previous_summary=previous.summary_text if previous else "",
@@ -452,8 +362,7 @@ class ConversationManager:
                     thread_id, start, chunk[-1].seq, summary, self.clock(), replaces=seen
                 )
             except (ConflictError, InvalidInputError):
-                # Another writer (another Memory) compacted the thread meanwhile: this summary
-                # was made without its record, which stands; the messages lose nothing.
+                # Another Memory compacted the thread meanwhile: its record stands.
                 log.warning("thread %r was compacted by another writer while summarising; "
                             "this summary is dropped", thread_id, exc_info=True)
                 return

@@ -1,9 +1,5 @@
-"""The values of conversation memory: stored messages, compactions, snapshots, the viewport,
-eviction results, search hits and message views, and the retrieval and compression policies.
-
-Every value is frozen. Policies validate their arguments when built, so a bad `Recent(k=0)`
-fails where it is written, before any thread is touched.
-"""
+"""The values of conversation memory and its retrieval and compression policies; policies
+check their arguments when built."""
 
 from __future__ import annotations
 
@@ -26,11 +22,7 @@ def _positive(owner: str, name: str, value: object, *, minimum: int = 1) -> None
 
 @dataclass(frozen=True, slots=True)
 class _Retrieval:
-    """A retrieval policy of `k` (turns or messages).
-
-    Raises:
-        InvalidInputError: `k` is not an integer >= 1.
-    """
+    """A retrieval policy of `k` (an integer >= 1, else InvalidInputError)."""
 
     k: int = 10
 
@@ -40,39 +32,21 @@ class _Retrieval:
 
 @dataclass(frozen=True, slots=True)
 class Recent(_Retrieval):
-    """Retrieval: the last `k` turns of the uncompacted messages (a turn starts at a user
-    message that is not a tool's output, `Message.starts_turn`; with fewer than `k` turns,
-    every uncompacted message). A tool result whose call is not in the selection (compacted
-    or expired) is left out. Raises InvalidInputError for a `k` that is not an integer >= 1.
-    """
+    """Retrieval: the last `k` turns of the uncompacted messages (a turn starts at a user message
+    that is not a tool's output)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Semantic(_Retrieval):
-    """Retrieval: the `k` uncompacted messages most similar to the query, in log order, with
-    the calls or results that complete their tool calls. Without a query, the last `k`. A
-    tool result whose call is not among the uncompacted messages is left out.
-
-    Each message is embedded once, by the Memory's default embedder, when first saved (or when
-    first needed, if that failed); the vectors are float32 blobs beside the messages. Raises
-    InvalidInputError for a `k` that is not an integer >= 1.
-    """
+    """Retrieval: the `k` uncompacted messages most similar to the query, in log order, with the
+    calls or results that complete their tool calls; without a query, the last `k`."""
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
     """Compression: when the uncompacted messages exceed `max_tokens`, all but the last `keep`
-    of them are summarised by the LLM (task "summary") into one compaction record that also
-    absorbs the previous automatic summary, so a thread carries one rolling summary. When
-    the kept messages would start with a tool result, they start at its call instead: a
-    result never loses its call to a summary.
-
-    A failed summary (the LLM raised, timed out or kept answering garbage) is logged and leaves
-    the messages uncompacted; `save` never raises because of it.
-
-    Raises:
-        InvalidInputError: `max_tokens` < 1 or `keep` < 0.
-    """
+    (never a tool result without its call) are rolled into one summary by the LLM (task
+    "summary"). Raises InvalidInputError for `max_tokens` < 1 or `keep` < 0."""
 
     max_tokens: int = 4000
     keep: int = 5
@@ -84,13 +58,8 @@ class Summary:
 
 @dataclass(frozen=True, slots=True)
 class ToolOutputPruner:
-    """Compression: tool outputs longer than `max_chars` are cut (with a note saying how much
-    was cut) in what `load` returns; an output that is a list of parts is cut in its text
-    parts, which share the `max_chars`. The stored log keeps them whole.
-
-    Raises:
-        InvalidInputError: `max_chars` is not an integer >= 1.
-    """
+    """Compression: tool outputs longer than `max_chars` are cut, with a note, in what `load`
+    returns; the stored log keeps them whole."""
 
     max_chars: int = 4000
 
@@ -104,22 +73,14 @@ Compression = Summary | ToolOutputPruner
 
 # ---- stored values ------------------------------------------------------------------------
 
-# `data["content"]` of a message saved without a content key. No content is a JSON object, so
-# the marker cannot be mistaken for one; a message stored before it has None there instead
-# and loads with `"content": None`, which chat APIs take as no content.
+# `data["content"]` of a message saved without a content key.
 NO_CONTENT: JSONObject = {"mnemo": "no content key"}
 
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One stored message of a thread.
-
-    `seq` is 0-based per thread and never reused. `content` is the message's text (for a
-    message whose content was a list of parts or None, their text; the original is then in
-    `data["content"]`, and `NO_CONTENT` there when the message had no content key); `data`
-    holds every other key of the message dict as saved (`name`, `tool_calls`,
-    `tool_call_id`, ...). `tokens` is what the message costs in a context window.
-    """
+    """One stored message of a thread: `seq` (0-based, never reused), `content` (its text), `data`
+    (every other key as saved) and `tokens` (its cost in a context window)."""
 
     id: str
     thread_id: str
@@ -184,14 +145,12 @@ def replaced_compactions(
     overlapping: Sequence[tuple[int, int]],
     expected: Collection[int] | None,
 ) -> list[int]:
-    """The start seqs of the compactions (of `overlapping`, the stored ones meeting the
-    range) that a new one over `start_seq`..`end_seq` replaces: those it contains.
+    """The start seqs of the `overlapping` compactions that a new one over `start_seq`..`end_seq`
+    contains.
 
     Raises:
         InvalidInputError: one only partly overlaps the range (or holds it).
-        ConflictError: `expected` (the start seqs the writer saw inside, when it says) is not
-            what the store holds: another writer compacted meanwhile.
-    """
+        ConflictError: they are not `expected` (another writer compacted meanwhile)."""
     for s, e in overlapping:
         if not (start_seq <= s and e <= end_seq):
             raise InvalidInputError(
@@ -251,11 +210,8 @@ class ThreadInfo:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What eviction kept of messages `start_seq`..`end_seq` that left the viewport.
-
-    `level` 1 is written by one eviction; 5 uncovered level-1 snapshots fold into one level-2
-    snapshot, which then `covered_by` names on each of them.
-    """
+    """What eviction kept of messages `start_seq`..`end_seq`; 5 uncovered level-1 snapshots fold
+    into one level-2 snapshot, which `covered_by` then names."""
 
     id: str
     thread_id: str
@@ -283,26 +239,9 @@ class Goal:
 
 @dataclass(frozen=True, slots=True)
 class Viewport:
-    """What an agent sees of a thread within `token_budget` tokens.
-
-    - `messages`: from the eviction boundary on, oldest first: all of them when eviction
-      keeps up, else the newest ones that fit.
-    - `snapshots`: level-2 (up to 5% of the budget) then uncovered level-1 (up to 15%),
-      oldest first.
-    - `pinned`: messages before the boundary pinned to an open goal, oldest first, each
-      whole: they come first, up to half the budget, and take any room the rest leaves.
-    - `pins_left_out`: the ids of pinned messages that did not fit (oldest first): only
-      when pins alone pass what the budget can hold beside the messages. Each stays inside a
-      snapshot's range and is found by a search that excludes this viewport.
-    - `recalled`: while the thread has open goals, past messages (of this thread, before the
-      boundary, and of other threads) that a search for the goals' words finds, best first,
-      none of them shown or pinned here: up to 5, in the room the rest leaves, up to 10% of
-      the budget (passive recall).
-
-    Unused memory goes to the messages, and the messages from the boundary on take memory
-    (oldest snapshots first, pins last) rather than leave the view. `tokens` is what all of it
-    costs; `tokens_past_boundary` counts every message from the boundary on, fitted or not.
-    """
+    """What an agent sees of a thread within `token_budget` tokens: `messages` from the eviction
+    boundary on, `snapshots`, `pinned` messages of open goals, `pins_left_out` (pins that did
+    not fit) and `recalled` messages found for the open goals (see `viewport`)."""
 
     thread_id: str
     token_budget: int
@@ -316,8 +255,7 @@ class Viewport:
     recalled: list[SearchHit] = field(default_factory=list)
 
     def to_messages(self) -> list[JSONObject]:
-        """The viewport as chat messages: one system message holding the snapshots, pinned
-        and recalled messages (marked as untrusted memory), when there are any, then the
+        """The viewport as chat messages: one system message of memory (untrusted), then the
         messages."""
         out: list[JSONObject] = []
         block = memory_block(self.snapshots, self.pinned, self.recalled)
@@ -329,17 +267,9 @@ class Viewport:
 
 @dataclass(frozen=True, slots=True)
 class EvictionResult:
-    """What one eviction did.
-
-    The zone was messages `start_seq`..`end_seq` (None when there was nothing to evict); the
-    boundary moved from `boundary_before` to `boundary_after`. `snapshot` is the level-1
-    snapshot written (None only when there was nothing to evict, or when another `Memory` on
-    the store moved the boundary meanwhile: that eviction counts, `evicted` is 0 and the zone
-    None, since this call wrote nothing), `folded` the level-2
-    snapshot made when 5 level-1 snapshots were uncovered, `pinned` the ids of the messages
-    pinned. When the LLM failed (raised, timed out, or saved no snapshot, e.g. it answered in
-    prose), `error` says how and `snapshot` is a note pointing the agent to search.
-    """
+    """What one eviction did: the zone `start_seq`..`end_seq`, the boundary's move, the level-1
+    `snapshot` written, the level-2 one `folded`, the messages `pinned`, and `error` when the
+    LLM failed (the snapshot is then a note pointing to search)."""
 
     thread_id: str
     boundary_before: int
@@ -371,10 +301,8 @@ class SearchHit:
 
 @dataclass(frozen=True, slots=True)
 class MessageView:
-    """A message in context: `messages` holds up to `radius` messages on each side of the
-    `target` (and it), oldest first, with tool outputs reduced to "ok" or "error";
-    `snapshots_before` / `snapshots_after` the 3 nearest level-1 snapshots starting at or
-    before the target and after it."""
+    """A message in context: up to `radius` messages on each side of the `target`, oldest first
+    (tool outputs as "ok" or "error"), and the nearest level-1 snapshots before and after it."""
 
     target: Message
     messages: list[Message]

@@ -1,13 +1,7 @@
-"""The conversation store's port: `ThreadStore`, what conversation memory needs from a backend,
-and the values it reads back.
+"""`ThreadStore`, what conversation memory needs from a backend, and the values it reads back.
 
-The service, the manager and the evictor type against it; implementations live in
-`mnemo.storage.<backend>.conversation`. Every method is one coarse step (one transaction for a
-write) taking and giving typed values: no SQL, handle or query syntax crosses it. Search gets
-the query's words (`mnemo.text.query_words`), and each backend builds its own full-text query
-from them (FTS5 MATCH, a tsquery). The layout of the viewport, the eviction zones, the ranking
-by recency and the snippets' length are pure code in `mnemo.conversation` that backends reuse.
-"""
+Implementations live in `mnemo.storage.<backend>.conversation`; each method is one coarse
+step (one transaction for a write) on typed values."""
 
 from __future__ import annotations
 
@@ -35,9 +29,8 @@ __all__ = ["EvictionInputs", "ThreadState", "ThreadStore", "ViewportInputs"]
 
 @dataclass(frozen=True, slots=True)
 class ThreadState:
-    """A thread's counters: the next seq to give, how many messages of the caller's history
-    are stored, where the viewport starts, and the hash of that history
-    (`drafts.history_hash`; None for a thread stored before hashes were kept)."""
+    """A thread's counters: the next seq, how many messages of the history are stored, where the
+    viewport starts, and the history's hash (None when unknown)."""
 
     next_seq: int
     history_len: int
@@ -48,12 +41,8 @@ class ThreadState:
 def check_expected(
     thread_id: str, state: ThreadState, length: int | None, digest: str | None
 ) -> None:
-    """Refuses an append (`ThreadStore.append`) whose caller checked its history against
-    another stored history than `state`'s.
-
-    Raises:
-        ConflictError: the length is not `length`, or the hash neither `digest` nor unknown.
-    """
+    """Refuses an append whose caller checked its history against another stored history than
+    `state`'s (ConflictError)."""
     if (length is not None and state.history_len != length) or (
         digest is not None and state.history_hash not in (digest, None)
     ):
@@ -79,25 +68,15 @@ def differs(message: Message, from_seq: int, keys: Sequence[bytes]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Shown:
-    """The ids of the messages (pinned ones included) that the last viewport of a thread laid
-    out showed. Ids, not seqs: a message saved since, or a thread purged and begun again,
-    was not shown."""
+    """The ids of the messages (pins included) that the last viewport of a thread showed."""
 
     ids: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)
 class ViewportInputs:
-    """What the viewport's layout (`viewport.layout`) reads of a thread, bounded so that a
-    long thread is never read whole.
-
-    `pinned`: the messages before the boundary pinned to an open goal, newest first.
-    `level1`: the uncovered level-1 snapshots, newest first; `level2`: the level-2 ones,
-    newest first. `tokens_past_boundary`: the tokens of every message from the boundary on.
-    `newest`: the messages from the boundary on, newest first, up to the first one whose
-    running token sum passes the limit asked for (that one included, when there is one), so
-    the layout can tell that the older ones did not fit.
-    """
+    """What the viewport's layout reads of a thread, bounded so that a long thread is never read
+    whole; lists are newest first, and `newest` stops past the token limit asked for."""
 
     boundary_seq: int
     pinned: list[Message]
@@ -109,9 +88,8 @@ class ViewportInputs:
 
 @dataclass(frozen=True, slots=True)
 class EvictionInputs:
-    """What an eviction starts from: the boundary, the messages from it on (oldest first),
-    the thread's open goals (oldest first) and the newest uncovered level-1 snapshot's text
-    ("" when there is none)."""
+    """What an eviction starts from: the boundary, the messages from it on, the open goals and
+    the newest uncovered level-1 snapshot's text."""
 
     boundary_seq: int
     past_boundary: list[Message]
@@ -120,11 +98,8 @@ class EvictionInputs:
 
 
 class ThreadStore(Protocol):
-    """Every thread's log, compactions, vectors, goals and pins, snapshots and search index.
-
-    Writes are each one transaction; a write computed from a stale read (a history length,
-    a boundary, snapshots to fold) changes nothing, as each method says.
-    """
+    """Every thread's log, compactions, vectors, goals and pins, snapshots and search index; a
+    write computed from a stale read changes nothing."""
 
     # ---- the log --------------------------------------------------------------------------
 
@@ -146,38 +121,26 @@ class ThreadStore(Protocol):
         expected_len: int | None = None,
         expected_hash: str | None = None,
     ) -> list[Message]:
-        """Appends `drafts` after the stored history, each with the next seq (creating the
-        thread), with one vector per draft when given, and chains their keys onto the
-        history's hash: onto `expected_hash` when given (the hash of the caller's history
-        through `expected_len` messages, checked against the stored one), else onto the
-        stored hash (an unknown one stays unknown).
-
-        Raises:
-            ConflictError: the stored history's length is not `expected_len` (when given), or
-                its hash is neither `expected_hash` (when given) nor unknown; nothing was
-                written.
-        """
+        """Appends `drafts` (with their vectors, when given) after the stored history, chaining
+        their keys onto the history's hash; raises ConflictError, writing nothing, when the stored
+        length is not `expected_len` or its hash neither `expected_hash` nor unknown."""
         ...
 
     async def first_difference(
         self, thread_id: str, from_seq: int, keys: Sequence[bytes]
     ) -> int | None:
-        """The seq of the first stored message from `from_seq` on whose key
-        (`drafts.message_key`) is not `keys[seq - from_seq]`, reading no message past the
-        keys; None when every stored one matches (erased ones are not compared)."""
+        """The seq of the first stored message from `from_seq` on whose key is not
+        `keys[seq - from_seq]`; None when every stored one matches."""
         ...
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
-        """Erases the thread's messages recorded before `cutoff` (with their search entries,
-        vectors and pins), and the compactions and snapshots that only covered erased
-        messages; the seq counter is untouched. Returns how many messages went."""
+        """Erases the thread's messages recorded before `cutoff` and what only covered them; returns
+        how many messages went."""
         ...
 
     async def pop(self, thread_id: str) -> Message | None:
-        """Erases the thread's newest message (with its search entries, vectors and pins) and
-        the compactions whose range holds it; returns it, None when the thread holds none.
-        The seq counter and the history's length are untouched: the message counts as
-        erased, as the ttl's do."""
+        """Erases the thread's newest message and the compactions holding it; returns it (None when
+        there is none). The seq counter and the history's length are untouched."""
         ...
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
@@ -203,16 +166,13 @@ class ThreadStore(Protocol):
         self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime,
         *, replaces: Collection[int] | None = None,
     ) -> Compaction:
-        """Records that `summary_text` stands for messages `start_seq`..`end_seq`; records
-        the new range contains are replaced by it. `replaces`: the start seqs of the records
-        the writer saw inside the range (a summary made from them); None: whatever is there.
+        """Records that `summary_text` stands for messages `start_seq`..`end_seq`, replacing the
+        records inside (`replaces`, when given, names those the writer saw).
 
         Raises:
             NotFoundError: the thread was never saved.
-            InvalidInputError: `end_seq` is past the last seq given, or the range partly
-                overlaps (or lies inside) an existing compaction; nothing was written.
-            ConflictError: the records inside are not `replaces`; nothing was written.
-        """
+            InvalidInputError: a range past the last seq or partly overlapping a compaction.
+            ConflictError: the records inside are not `replaces`."""
         ...
 
     async def vectors(self, thread_id: str) -> dict[str, Vector]:
@@ -220,9 +180,8 @@ class ThreadStore(Protocol):
         ...
 
     async def save_vectors(self, thread_id: str, rows: Sequence[tuple[str, Vector]]) -> None:
-        """Stores (or replaces) vectors of existing messages; ids no longer stored are skipped.
-        A read's side write: on SQLite it waits for another writer a tenth of a second, not
-        `busy_timeout`, before it raises StorageError("busy")."""
+        """Stores (or replaces) vectors of existing messages; on SQLite it waits for another writer
+        a tenth of a second before it raises StorageError("busy")."""
         ...
 
     async def clear(self, thread_id: str) -> None:
@@ -242,12 +201,8 @@ class ThreadStore(Protocol):
         ...
 
     async def complete_goal(self, goal_id: str, now: datetime) -> int:
-        """Marks the goal completed and releases its pins; returns how many pins went.
-        Completing a completed goal does nothing.
-
-        Raises:
-            NotFoundError: no such goal.
-        """
+        """Marks the goal completed and releases its pins; returns how many went (NotFoundError for
+        no such goal)."""
         ...
 
     async def open_goals(self, thread_id: str) -> list[Goal]:
@@ -262,11 +217,7 @@ class ThreadStore(Protocol):
         ...
 
     async def eviction_inputs(self, thread_id: str) -> EvictionInputs:
-        """What an eviction of the thread starts from, read together.
-
-        Raises:
-            NotFoundError: the thread was never saved.
-        """
+        """What an eviction of the thread starts from (NotFoundError when never saved)."""
         ...
 
     async def commit_eviction(
@@ -280,14 +231,8 @@ class ThreadStore(Protocol):
         pins: Sequence[tuple[str, str]],
         now: datetime,
     ) -> Snapshot | None:
-        """Writes the level-1 snapshot of `zone` (none for a blank text) and the (message id,
-        goal id) pins whose message and open goal belong to the thread, and moves the
-        boundary, in one transaction; returns the snapshot.
-
-        Raises:
-            ConflictError: the boundary moved meanwhile (or the thread is gone); nothing
-                was written.
-        """
+        """Writes the level-1 snapshot of `zone` and the pins and moves the boundary, in one
+        transaction; raises ConflictError, writing nothing, when the boundary moved meanwhile."""
         ...
 
     async def uncovered_snapshots(self, thread_id: str) -> list[Snapshot]:
@@ -318,13 +263,9 @@ class ThreadStore(Protocol):
         shown: Shown | None = None,
         where: Where | None = None,
     ) -> list[SearchHit]:
-        """The best `limit` messages matching any of `words` (stemmed full-text search),
-        ranked as `search.rank_by_recency` does with the backend's relevance score, within
-        `thread_id` when given, leaving out what the viewport of `exclude_viewport_of` shows:
-        the messages `shown` names that it still shows (from the boundary on, or pinned: an
-        eviction since moved the others into a snapshot only), else (no viewport of it
-        known) its messages from the boundary on; each hit with a snippet of at most
-        `search.SNIPPET_CHARS` characters; with `where`, only messages of that scope."""
+        """The best `limit` messages matching any of `words`, ranked as `search.rank_by_recency`,
+        within `thread_id` and `where` when given, leaving out what the viewport of
+        `exclude_viewport_of` shows; each with a snippet."""
         ...
 
     async def message_ids(self, prefix: str, limit: int) -> list[str]:
@@ -332,10 +273,6 @@ class ThreadStore(Protocol):
         ...
 
     async def view(self, message_id: str, radius: int) -> MessageView:
-        """The message, `radius` messages on each side of it (as stored), and the
-        `search.VIEW_SNAPSHOTS` nearest level-1 snapshots starting at or before it and after it.
-
-        Raises:
-            NotFoundError: no such message.
-        """
+        """The message, `radius` messages on each side, and the nearest level-1 snapshots around it
+        (NotFoundError for no such message)."""
         ...

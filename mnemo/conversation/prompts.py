@@ -1,21 +1,6 @@
-"""The conversation tasks: "summary" (compaction), "eviction" (the tool loop) and
-"snapshot_fold" (5 level-1 snapshots into one level-2), with their schemas and parsers.
-
-- `"summary"`: inputs `previous_summary`, `messages` [{seq, role, text}], `max_words`;
-  reply `{"summary": str}`. A message of role `"summary"` is an earlier summary (one saved
-  with `save_compaction`) standing for the messages from its seq to the next one.
-- `"eviction"`: inputs `zone`, `middle`, `recent` (the three zones of the window, each a
-  compressed text under a delimiter line), `zone_start`, `zone_end`, `goals`
-  [{id, description}], `previous_snapshot`, `recalled` (past messages found for the goals,
-  one line each, or ""), `max_words`, `done` [str]; reply: tool calls of `EVICTION_TOOL_SPECS`,
-  their arguments read into `EVICTION_ARGUMENTS`' structs.
-- `"snapshot_fold"`: inputs `snapshots` [{start_seq, end_seq, text}], `max_words`; reply
-  `{"summary": str}`.
-
-A summary reply may also come as plain `text` from a model without structured output.
-Tool specs in `LLMRequest.tools` are neutral: `{"name", "description", "parameters"}` with a
-JSON schema; adapters turn them into their provider's format.
-"""
+"""The conversation tasks, "summary", "eviction" (the tool loop) and "snapshot_fold", with their
+schemas and parsers. Tool specs are neutral `{"name", "description", "parameters"}`; adapters
+turn them into their provider's format."""
 
 from __future__ import annotations
 
@@ -72,12 +57,8 @@ def summary_request(
 
 
 def parse_summary(resp: LLMResponse) -> str:
-    """The summary of a "summary" or "snapshot_fold" reply: `data["summary"]`, or the reply's
-    text when there is no data.
-
-    Raises:
-        ValueError: no non-blank summary in the reply.
-    """
+    """The summary of a "summary" or "snapshot_fold" reply (its data, else its text); raises
+    ValueError when there is none."""
     if resp.data is None and not isinstance(reply_data(resp), dict) and resp.text.strip():
         return resp.text.strip()
     summary = read_reply(resp, SummaryReply, "summary").summary.strip()
@@ -163,8 +144,7 @@ def _tool(name: str, kind: type[Reply]) -> ToolDict:
 
 
 EVICTION_TOOL_SPECS = [_tool(name, kind) for name, kind in EVICTION_ARGUMENTS.items()]
-# Characters a summary of `max_words` words may take: words of up to about six letters and
-# their spaces, with room to spare.
+# Characters a summary of `max_words` words may take.
 CHARS_PER_WORD = 8
 
 
@@ -225,13 +205,8 @@ def eviction_request(
     tool_choice: str | None = None,
     as_data: bool = False,
 ) -> LLMRequest:
-    """One round of the "eviction" task; the reply's `tool_calls` name `EVICTION_TOOL_SPECS`, and
-    `tool_choice` (see `LLMRequest`) says which the reply must call.
-
-    `as_data` asks for `save_snapshot`'s arguments as structured output instead (the request's
-    `schema` is theirs, and it has no tools), for a server that answers tools in prose: the
-    reply's `data` is {"text": str}.
-    """
+    """One round of the "eviction" task, whose `tool_choice` says which tool the reply must call;
+    `as_data` asks for `save_snapshot`'s arguments as structured output instead."""
     instructions = EVICTION_INSTRUCTIONS + (EVICTION_AS_DATA if as_data else "")
     request = task_request(
         "eviction",
@@ -251,8 +226,7 @@ def eviction_request(
         },
         max_tokens=max_words * 2 + 256,
     )
-    # The summary's length in the schema: a server's grammar ends a small model's summary
-    # there instead of at max_tokens (`mnemo.calls.schema.text`; not checked when read).
+    # The summary's length in the schema, for a server's grammar (not checked when read).
     snapshot = snapshot_schema(max_words)
     max_tokens = max(request.max_tokens or 0, most_tokens(snapshot) or 0)
     if as_data:

@@ -1,12 +1,6 @@
-"""How conversation memory is shown to a model: memory blocks, the compressed zones of the
-eviction prompt, message views, and tool outputs cut or reduced to ok/error.
-
-Anything mnemo recalls into a context window (summaries, snapshots, pinned messages) is
-wrapped in a `<memory trust="untrusted">` block that says it is a record, not instructions:
-it holds words users and tools wrote, and a prompt injection stored there must not gain the
-authority of a system message. A closing tag inside the text is defused so the text cannot
-end the block early.
-"""
+"""How conversation memory is shown to a model: memory blocks, the eviction prompt's zones,
+message views, and tool outputs cut or reduced to ok/error. Recalled text is wrapped in a
+`<memory trust="untrusted">` block whose closing tag the text cannot forge."""
 
 from __future__ import annotations
 
@@ -20,8 +14,7 @@ if TYPE_CHECKING:
     from mnemo.ports import JSONObject, JSONValue
 
 ZONE_MESSAGE_CHARS = 1200
-# The eviction prompt stays bounded whatever the backlog: the zone to summarise gets the most
-# room; the middle and recent zones are context, shorter per message.
+# The eviction prompt's shares: the zone to summarise gets the most room.
 ZONE_PROMPT_CHARS = 24_000
 CONTEXT_MESSAGE_CHARS = 300
 CONTEXT_PROMPT_CHARS = 6_000
@@ -93,9 +86,8 @@ def flat(text: str, limit: int = ZONE_MESSAGE_CHARS) -> str:
 
 
 def render_zone(messages: Sequence[Message], limit: int = ZONE_MESSAGE_CHARS) -> str:
-    """Messages compressed: one line per message as "message N: role: text" (cut to `limit`
-    characters), and each run of tool calls and their results collapsed to
-    "message N-M: [K tools called]"."""
+    """Messages compressed, one line each ("message N: role: text"), runs of tool calls and results
+    collapsed ("message N-M: [K tools called]")."""
     lines: list[str] = []
     run: list[Message] = []
 
@@ -104,8 +96,7 @@ def render_zone(messages: Sequence[Message], limit: int = ZONE_MESSAGE_CHARS) ->
             return
         calls = sum(m.tool_call_count for m in run)
         span = f"{run[0].seq}" if len(run) == 1 else f"{run[0].seq}-{run[-1].seq}"
-        # Results whose calls were on the line before (an assistant message with text) are
-        # counted as results, so no call is counted twice.
+        # Results whose calls were on the line before are counted as results, not twice.
         what = f"{calls} tools called" if calls else f"{len(run)} tool results"
         lines.append(f"message {span}: [{what}]")
         run.clear()
@@ -125,11 +116,8 @@ def render_zone(messages: Sequence[Message], limit: int = ZONE_MESSAGE_CHARS) ->
 def render_window(
     zone: Sequence[Message], middle: Sequence[Message], recent: Sequence[Message]
 ) -> tuple[str, str, str]:
-    """The three zones of the context window for the eviction model (Anima's Mneme), each
-    compressed under a delimiter line and within its share of a bounded prompt: the eviction
-    zone (leaving now), the middle zone and the recent zone (staying), so the model can tell
-    what still matters. A zone too long keeps its ends (the recent zone its newest lines),
-    with a line saying how many were left out."""
+    """The eviction, middle and recent zones of the window, each compressed under a delimiter line
+    within its share of a bounded prompt."""
     return (
         _zone_block("eviction zone", "leaving the context window now", zone,
                     ZONE_MESSAGE_CHARS, ZONE_PROMPT_CHARS, newest_only=False),

@@ -1,17 +1,8 @@
 """Keyword search over every thread's messages: the backend-neutral part.
 
-Any user text is a safe query: it is split into words (`mnemo.text.query_words`, distinct,
-at most `MAX_QUERY_TERMS`), and a backend (`ThreadStore.search`) searches for them with
-stemming, quoting each word so nothing in it is query syntax and OR-combining them. AND, OR
-and NOT are words like any other (the API contract): an agent writing "keep NOT delete" means the
-words, and an operator would silently drop matches.
-
-Ranking: the backend's relevance score (bm25 on SQLite) picks a pool of the best candidates
-(`POOL_FACTOR` times the limit, at least `MIN_POOL`), then each score is weighted by recency,
-`0.5 + 0.5 * 2^(-age / 30 days)` (`rank_by_recency`): a month-old message keeps 75% of its
-score and none drops below half, so relevance leads and recency breaks near-ties. Snippets
-(about 300 characters, `render.flat`) are made only for the hits returned.
-"""
+A query is split into quoted words (so no text is query syntax) that backends OR-combine. The
+backend's relevance picks a pool, then `rank_by_recency` weights each score by
+`0.5 + 0.5 * 2^(-age / 30 days)`."""
 
 from __future__ import annotations
 
@@ -29,8 +20,7 @@ POOL_FACTOR = 8
 MIN_POOL = 40
 HALF_LIFE_DAYS = 30.0
 SNIPPET_CHARS = 300
-# A snippet made here starts this many words before the word it shows, and holds at most
-# this many words in all (then cut to `SNIPPET_CHARS`).
+# A snippet made here starts this many words before the word it shows, and holds this many.
 SNIPPET_LEAD = 8
 SNIPPET_WORDS = 48
 VIEW_SNAPSHOTS = 3
@@ -65,15 +55,8 @@ def rank_by_recency(
 
 
 def hit_snippet(snippet: str, text: str, words: Sequence[str]) -> str:
-    """The engine's snippet of a hit, clipped, when it shows a word of the query; else the
-    text from a little before the first word of the query it holds.
-
-    An engine's snippet can miss the word it matched: PostgreSQL's `ts_headline` reads a path
-    or an address as one token, finds no query word in it and shows the opening words; FTS5's
-    48 tokens can end at the word, past the 300 characters kept. The query's words that are
-    not stopwords are looked for folded (case, accents) and lightly stemmed, at the start of
-    a word, inside a longer token too ("toolbox" in "/opt/toolbox/bin", not "cat" in
-    "education"); none found leaves the engine's snippet as it was."""
+    """The engine's snippet of a hit when it shows a word of the query, else the text from a
+    little before the first query word (folded and lightly stemmed) that the hit holds."""
     clipped = flat(snippet, SNIPPET_CHARS)
     keys = {key for word in words for key in _keys(word)}
     if not keys:

@@ -1,12 +1,5 @@
-"""Choosing messages for `load`: semantic ranking, and keeping tool calls with their results.
-
-Chat APIs refuse a tool result whose call is missing (and OpenAI a call whose results are),
-so a selection that is not a contiguous stretch (Semantic) is closed over tool-call ids: a
-picked call brings its results, a picked result brings its call. A result whose call is not
-there to bring (compacted, or erased by a ttl) is left out of every selection, `Recent`'s
-too. Ids are read from OpenAI's `tool_calls[].id` / `tool_call_id` and Anthropic's
-`tool_use.id` / `tool_result.tool_use_id`.
-"""
+"""Choosing messages for `load`: semantic ranking, and keeping tool calls with their results
+(OpenAI's and Anthropic's ids), since chat APIs refuse a result without its call."""
 
 from __future__ import annotations
 

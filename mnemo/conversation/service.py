@@ -1,18 +1,8 @@
 """`ConversationService`: conversation memory behind `Memory`'s thread calls.
 
-It owns the per-thread locks, so every `ConversationManager` of one `Memory` shares them:
-
-- the *thread lock* serialises what reads then writes the log (`save`, `clear`, `purge`), so
-  concurrent saves of one thread never duplicate or collide;
-- the *eviction lock* lets one eviction run per thread at a time; a second `evict` waits and
-  then works from the boundary the first one left, so no zone is evicted twice. An automatic
-  eviction waits too, then evicts only if the viewport still needs it.
-
-Locks exist only while held or awaited, so a million threads cost nothing when idle. They
-cover one Memory: against another Memory on the store, the store's compare-and-set refuses a
-write made from a stale read, and the writer reads again and goes on from the store's state
-(a save appends only what is still new; another Memory's eviction counts as this one's).
-"""
+It owns the per-thread locks that every `ConversationManager` of one Memory shares: the
+thread lock serialises read-then-write of the log, the eviction lock runs one eviction per
+thread at a time. Against another Memory, the store's compare-and-set refuses stale writes."""
 
 from __future__ import annotations
 
@@ -91,13 +81,7 @@ class KeyedLocks:
 
 
 class ConversationService:
-    """Threads, viewports, eviction, goals, search and erasure over one `ThreadStore`.
-
-    `llm` writes summaries, eviction snapshots and folds unless a manager or an eviction is
-    given a model of its own, which `limit` wraps as it wrapped `llm` (in the provider's
-    concurrency limit); `embedder` embeds messages for `Semantic` retrieval;
-    `config.extraction_timeout` bounds each model call.
-    """
+    """Threads, viewports, eviction, goals, search and erasure over one `ThreadStore`."""
 
     def __init__(
         self,
@@ -125,9 +109,7 @@ class ConversationService:
         )
         self._thread_locks = KeyedLocks()
         self._evict_locks = KeyedLocks()
-        # What the last viewport laid out here showed of each thread (least recently laid
-        # out first out), so that a search excluding it leaves out only that (see
-        # `search_messages`).
+        # What the last viewport laid out here showed of each thread, for `search_messages`.
         self._shown: OrderedDict[str, Shown] = OrderedDict()
 
     def manager(
@@ -141,13 +123,8 @@ class ConversationService:
         clock: Clock | None = None,
         llm: LLM | None = None,
     ) -> ConversationManager:
-        """A `ConversationManager` with these policies (see its docstring).
-
-        Raises:
-            InvalidInputError: a policy of the wrong type, a ttl that is not a positive
-                number of seconds, a bad auto-eviction budget or fraction, or an `llm` that
-                is not one.
-        """
+        """A `ConversationManager` with these policies; raises InvalidInputError for a bad policy,
+        ttl, budget, fraction or llm."""
         if not isinstance(retrieval, Recent | Semantic):
             raise InvalidInputError(
                 f"retrieval must be mnemo.Recent or mnemo.Semantic, got {retrieval!r}"
@@ -168,11 +145,7 @@ class ConversationService:
 
     def model(self, llm: LLM | None) -> LLM:
         """The model of a manager or an eviction: `llm` inside its provider's limit, else the
-        Memory's.
-
-        Raises:
-            InvalidInputError: `llm` is not an `LLM`.
-        """
+        Memory's."""
         check_models(llm, None)
         return self.llm if llm is None else self._limit(llm)
 
@@ -185,22 +158,13 @@ class ConversationService:
     # ---- embeddings ---------------------------------------------------------------------
 
     async def dimension(self) -> int:
-        """The embedder's dimension; an embedder that learns it from its first reply (the API
-        contract: `OpenAIEmbedder`'s `dim` "is detected from the first reply when not given")
-        asks now if nothing was embedded yet. Threads belong to no repo, so no `open_repo` did it.
-
-        Raises:
-            EmbeddingError: the embedder failed or timed out.
-        """
+        """The embedder's dimension, asking it now when it learns it from its first reply
+        (EmbeddingError when that fails)."""
         return await self._call_embedder(detect_dim(self.embedder))
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """The embeddings of `texts`, shape (len(texts), dim), float32: one embedder call
-        per batch (`batches`), each within the timeout.
-
-        Raises:
-            EmbeddingError: the embedder failed, timed out or gave the wrong shape.
-        """
+        """The float32 embeddings of `texts`, one embedder call per batch within the timeout;
+        raises EmbeddingError."""
         parts = [await self._embed_batch(texts[part]) for part in batches(texts)]
         return np.concatenate(parts) if parts else np.zeros((0, await self.dimension()),
                                                              dtype=np.float32)
@@ -229,20 +193,15 @@ class ConversationService:
             raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
 
     async def message_vectors(self, messages: Sequence[Message]) -> npt.NDArray[np.float32]:
-        """The stored vectors of `messages` (one thread's), embedding and storing the ones
-        missing or of another dimension first: each message is embedded once.
-
-        Raises:
-            EmbeddingError: embedding the missing ones (or learning the dimension) failed.
-        """
+        """The stored vectors of one thread's `messages`, embedding and storing the missing ones
+        first; raises EmbeddingError."""
         dim = await self.dimension()
         if not messages:
             return np.zeros((0, dim), dtype=np.float32)
         stored = await self.store.vectors(messages[0].thread_id)
         missing = [m for m in messages if m.id not in stored or stored[m.id].shape != (dim,)]
         texts = [search_text(m.content, m.data.get("tool_calls")) for m in missing]
-        # Stored batch by batch: a load that fails or times out part way keeps what it made,
-        # and the next embeds only the rest.
+        # Stored batch by batch: a load that fails part way keeps what it made.
         for part in batches(texts):
             fresh = await self._embed_batch(texts[part])
             rows = [(m.id, fresh[i]) for i, m in enumerate(missing[part])]
@@ -281,11 +240,8 @@ class ConversationService:
         self, thread_id: str, goals: Sequence[Goal], shown: Collection[str], *,
         whole_thread: bool = False,
     ) -> list[SearchHit]:
-        """Passive recall: up to `RECALL_HITS` past messages (of this thread and others, best
-        first) that a search for the words of the thread's open `goals` finds, none of
-        `shown` and none of the thread's from its boundary on (the viewport's), unless
-        `whole_thread`. The search asks for as many more as `shown` names (at most
-        `MAX_SEARCH_LIMIT` in all), so a bounded number of hits is read."""
+        """Passive recall: up to `RECALL_HITS` past messages that a search for the words of the open
+        `goals` finds, none of `shown` nor, unless `whole_thread`, of the thread's viewport."""
         words = query_words(" ".join(goal.description for goal in goals))
         if not words:
             return []
@@ -310,14 +266,8 @@ class ConversationService:
     async def auto_evict(
         self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM
     ) -> list[EvictionResult]:
-        """Evicts until the viewport of `token_budget` shows every message from the boundary
-        on beside its pins and snapshots (or nothing more can leave); returns the evictions.
-
-        It waits for an eviction under way instead of skipping: that one may have run for
-        another budget, or before the newest messages came, and a skip left them hidden. A
-        thread purged meanwhile (by another Memory) has nothing left to evict: the save that
-        asked returns rather than raise the eviction's NotFoundError.
-        """
+        """Evicts until the viewport of `token_budget` shows every message from the boundary on;
+        returns the evictions. A thread purged meanwhile has nothing left to evict."""
         done: list[EvictionResult] = []
         async with self._evict_locks.hold(thread_id):
             while (await self._layout(thread_id, token_budget))[1]:
@@ -332,9 +282,7 @@ class ConversationService:
         return done
 
     async def add_goal(self, thread_id: str, description: str) -> str:
-        """See `Memory.add_goal`. The count of open goals is checked under the thread lock:
-        through one Memory it holds; two Memory objects adding at once may each pass it
-        once."""
+        """See `Memory.add_goal`; the count of open goals is checked under the thread lock."""
         check_thread_name(thread_id)
         check_text(description, "description", limit=self.max_text_chars)
         most = self.config.max_open_goals
@@ -362,11 +310,8 @@ class ConversationService:
         exclude_viewport_of: str | None,
         where: Where | None = None,
     ) -> list[SearchHit]:
-        """See `Memory.search_messages`. `exclude_viewport_of` leaves out what that thread's
-        viewport shows: when a viewport of it was laid out through this Memory, exactly the
-        messages and pins it showed (the newest that fit, when eviction is behind; a message
-        saved since was not shown); without one (another Memory laid it out), its messages
-        from the boundary on: what a viewport shows when eviction keeps up."""
+        """See `Memory.search_messages`; `exclude_viewport_of` leaves out what that thread's
+        viewport showed through this Memory, else its messages from the boundary on."""
         check_text(query, "query", limit=self.max_text_chars, stored=False)
         check_count("limit", limit, minimum=1, maximum=MAX_SEARCH_LIMIT)
         if thread_id is not None:
@@ -416,11 +361,7 @@ class ConversationService:
 
 
 def check_fraction(value: object) -> float:
-    """An eviction fraction in (0, 1].
-
-    Raises:
-        InvalidInputError: anything else.
-    """
+    """An eviction fraction in (0, 1]; raises InvalidInputError for anything else."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
         raise InvalidInputError(f"eviction_fraction must be in (0, 1], got {value!r}")
     return float(value)
@@ -448,8 +389,7 @@ def _ttl(ttl: float | timedelta | None) -> float | None:
 
 
 
-# One embedder call takes at most this many messages, and this many characters (past one
-# message): 1,000 messages of 32,000 characters in one call outlasted the 60 s timeout.
+# One embedder call takes at most this many messages, and this many characters.
 BATCH_TEXTS = 64
 BATCH_CHARS = 256_000
 

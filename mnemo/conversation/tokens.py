@@ -1,16 +1,6 @@
-"""Token counts for budgets: a real tokenizer when one is installed, else an estimate.
-
-With `tiktoken` importable and its `cl100k_base` encoding loadable, counts are exact for
-OpenAI's GPT-4-era models and close for others. Otherwise the estimate is one token per 4
-ASCII characters (rounded up) plus one per non-ASCII character: English prose and code run
-at 3.5 to 4.5 characters a token in BPE vocabularies, and accented, CJK or emoji characters
-often take a token (or more) each, so the estimate errs on the high side, which keeps a
-budget a budget. Each message also costs `MESSAGE_OVERHEAD` tokens for its role and framing,
-as chat formats do.
-
-The tokenizer is looked up on first use, not at import (tiktoken may read its cache or fetch
-the encoding then); a failure to load it falls back to the estimate for the whole process.
-"""
+"""Token counts for budgets: tiktoken's `cl100k_base` when it loads (looked up on first use),
+else an estimate that errs high (a token per 4 ASCII characters plus one per other
+character), plus `MESSAGE_OVERHEAD` a message."""
 
 from __future__ import annotations
 

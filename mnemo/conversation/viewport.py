@@ -1,36 +1,11 @@
 """The viewport: what an agent sees of a thread within a token budget, and the eviction zone.
 
-Nothing hides from the agent (the API contract): every message is in the viewport's messages (all of
-them from the boundary on, when eviction keeps up), or before the boundary inside a
-snapshot's range, or pinned and shown; what cannot be shown stays findable by search.
-
-Shares of the budget. Pins survive intact (the seed), so they come first: the messages
-pinned to open goals (from before the boundary) take up to half the budget (`PIN_SHARE`),
-newest first, skipping any that does not fit; eviction keeps room for them. Then the
-snapshots (Anima's Mneme): uncovered level-1 ones up to 15% and level-2 ones up to 5%, within
-the memory's 25% (`MEMORY_SHARE`) less what the pins took. Within each snapshot share the
-newest that fit are kept, stopping at the first that does not, so the snapshots shown are a
-contiguous recent stretch. The messages from the boundary on get the rest. When they do not
-all fit there, eviction is behind (`layout` says so, which auto-eviction checks after each
-save): the viewport then gives up memory for them, oldest snapshots first and pins last, and
-only when even the whole budget cannot hold them does it keep the newest that fit.
-
-Whatever room is left after that goes to the pins not shown yet, newest first, skipping any
-that does not fit: a pin is never hidden while the budget has room for it. Pins that
-together exceed even that are left out whole, never cut: `Viewport.pins_left_out` names
-them, and they stay where nothing hides them (before the boundary, inside a snapshot's range,
-and found by a search that excludes the viewport).
-
-Passive recall comes last (`with_recalled`): past messages found for the open goals take
-what room is still left, up to `RECALL_SHARE` of the budget and `RECALL_HITS` messages;
-eviction keeps no room for them, so they never push a message, a pin or a snapshot out.
-
-The eviction zone is the oldest part of what lies past the boundary: messages from the
-boundary until they reach `eviction_fraction` of the budget (or of what is there, when that
-is less), never the newest message unless it alone exceeds the budget, at least one message,
-and extended over the tool results that follow its last message, so a tool call never leaves
-the window without its results.
-"""
+Nothing hides: every message is shown, pinned, or inside a snapshot's range and found by
+search. Pins take up to `PIN_SHARE` of the budget, snapshots the rest of `MEMORY_SHARE`, the
+messages from the boundary on the remainder; when those do not fit, eviction is behind and
+the viewport gives up snapshots, then pins, for them. Passive recall takes what is left, up to
+`RECALL_SHARE`. The eviction zone is the oldest messages past the boundary up to
+`eviction_fraction` of the budget, extended over the tool results of its last message."""
 
 from __future__ import annotations
 
@@ -48,9 +23,7 @@ L1_SHARE = 0.15
 L2_SHARE = 0.05
 # The snapshots' and the pins' share (the pins first), the seed's 25%.
 MEMORY_SHARE = 0.25
-# The most of the budget pins keep for themselves (eviction keeps it free for them): half,
-# so the conversation from the boundary on keeps at least the other half beside them, and
-# an eviction of `eviction_fraction` (0.33 by default) of the budget frees room for turns.
+# The most of the budget pins keep for themselves (eviction keeps it free for them).
 PIN_SHARE = 0.5
 # Level-1 snapshots fold into a level-2 one once this many are uncovered.
 FOLD_AFTER = 5
@@ -67,10 +40,8 @@ def snapshot_tokens(snapshot: Snapshot) -> int:
 
 def _fit(items: Iterable[tuple[int, T]], allowance: float, *,
          newest: bool = False) -> tuple[list[T], int]:
-    """The items (given with their cost) that fit in `allowance`, with their cost: with
-    `newest`, the items given newest first up to the first that does not fit, oldest first (a
-    recent stretch); else, in the order given, skipping any that does not fit (pins and
-    recalled messages: a long one left out hides no shorter one)."""
+    """The items (with their cost) that fit in `allowance`: with `newest`, a recent stretch up to
+    the first that does not fit, oldest first; else, in order, skipping any that does not fit."""
     kept: list[T] = []
     used = 0
     for cost, item in items:
@@ -85,13 +56,9 @@ def _fit(items: Iterable[tuple[int, T]], allowance: float, *,
 def layout(
     thread_id: str, token_budget: int, inputs: ViewportInputs
 ) -> tuple[Viewport, bool]:
-    """The viewport, and whether it had to give up memory (or messages) for the messages
-    from the boundary on: then eviction is behind (the seed's rule for when to evict: the
-    messages from the boundary on do not all fit beside the pins and snapshots).
-
-    `inputs` come from `ThreadStore.viewport_inputs` with a token limit of at least
-    `token_budget`.
-    """
+    """The viewport, and whether it had to give up memory (or messages) for the messages from the
+    boundary on (eviction is behind). `inputs` are read with a token limit of at least
+    `token_budget`."""
     boundary = inputs.boundary_seq
     # Fitted newest first, kept oldest first: the order they are given up in below.
     pinned, pins_used = _fit(((m.tokens, m) for m in inputs.pinned), token_budget * PIN_SHARE)
@@ -107,8 +74,7 @@ def layout(
     shown += [(m.tokens, pinned) for m in pinned]
     memory_used = l2_used + l1_used + pins_used
     crowded = past > token_budget - memory_used
-    # Messages past the boundary are in no snapshot: they outrank the memory, which the
-    # snapshots' ranges and search keep findable. Oldest snapshots go first, pins last.
+    # Messages past the boundary outrank the memory: oldest snapshots go first, pins last.
     for cost, owner in shown:
         if past <= token_budget - memory_used:
             break
@@ -159,8 +125,7 @@ def eviction_zone(
     past_boundary: Sequence[Message], token_budget: int, fraction: float
 ) -> list[Message]:
     """The oldest messages to evict (see the module doc); [] when there is nothing to take."""
-    # The newest message stays (the conversation goes on from it) unless it alone exceeds
-    # the budget: no viewport can show it then, and only a snapshot keeps it in view.
+    # The newest message stays unless it alone exceeds the budget.
     keep = 1 if past_boundary and past_boundary[-1].tokens <= token_budget else 0
     evictable = len(past_boundary) - keep
     if evictable <= 0:
@@ -175,9 +140,8 @@ def eviction_zone(
 def context_zones(
     rest: Sequence[Message], token_budget: int, fraction: float
 ) -> tuple[list[Message], list[Message]]:
-    """What stays past the eviction zone, as the middle and the recent zone: the recent one
-    is the newest messages up to `fraction` of the budget (or of what is there), at least
-    one; the middle one the messages between."""
+    """What stays past the eviction zone: the recent zone (the newest messages up to `fraction`
+    of the budget, at least one) and the middle one between."""
     target = fraction * min(token_budget, sum(m.tokens for m in rest))
     split = len(rest) - _leading(reversed(rest), target)
     return list(rest[:split]), list(rest[split:])

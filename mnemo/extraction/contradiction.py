@@ -1,8 +1,6 @@
 """The "contradiction" task: which new facts end existing ones about the same subject ("Dana
-lives in Lisbon" / "Dana moved to Porto")? A commit asks it once, for every new fact and the
-few close existing facts recall finds for it, as numbered pairs; a fact contradicted is
-retired, not deleted (`mnemo.graph.contradiction`). `intent_policy` is what a commit asks the
-model: this task, and the merges of intents that say the same."""
+lives in Lisbon" / "Dana moved to Porto"), asked once a commit as numbered pairs, and
+`intent_policy`, what a commit asks the model."""
 
 from __future__ import annotations
 
@@ -67,12 +65,8 @@ def contradiction_request(
 
 def parse_contradiction(resp: LLMResponse, pairs: Sequence[tuple[int, int]],
                         questions: int) -> list[set[int]]:
-    """For each question, the positions of the existing facts its new fact ends, from a
-    "contradiction" reply (indices outside the pairs are ignored).
-
-    Raises:
-        ValueError: when the reply is not {"contradicted": [int, ...]}.
-    """
+    """For each question, the positions of the existing facts its new fact ends; raises ValueError
+    when the reply is not {"contradicted": [int, ...]}."""
     listed = read_reply(resp, ContradictionReply, "contradiction").contradicted
     ended: list[set[int]] = [set() for _ in range(questions)]
     for k in listed:
@@ -89,8 +83,7 @@ class Embedding(Protocol):
     generation: int
 
 
-# The repo's embedding, brought up to its record when the generation of its vectors is not
-# the one given (`Repos.refresh`).
+# The repo's embedding, brought up to its record when its generation is not the one given.
 Refresh = Callable[[str, int], Awaitable[Embedding]]
 
 
@@ -98,10 +91,8 @@ def intent_policy(
     config: Config, embedder: Embedder, llm: LLM, repo: str | None = None,
     refresh: Refresh | None = None,
 ) -> IntentPolicy:
-    """How commits made with `config` and `embedder` deduplicate intents (merging through
-    `llm`, all of a commit's merges in one call) and retire contradicted facts (one call a
-    commit); with `refresh`, how a changeset made before `repo` was re-embedded is embedded
-    again (with the repo's embedder now, which then embeds the merges too)."""
+    """How commits made with `config` and `embedder` merge intents and retire contradicted facts
+    through `llm`; with `refresh`, how an older changeset is embedded again."""
     limit = config.extraction_timeout
 
     async def merge(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, Vector] | None]:

@@ -94,9 +94,7 @@ def _relative(text: str, anchor: datetime) -> datetime | None:
 
 
 def named_date(text: str, anchor: datetime | None = None) -> datetime | None:
-    """The date `text` names (UTC): an absolute one, else one relative to `anchor`. A text
-    stamped with its anchor's own day ("Dana (8 May, 2023): I moved yesterday") names the
-    relative one."""
+    """The date `text` names (UTC): an absolute one, else one relative to `anchor`."""
     absolute = _absolute(text)
     if anchor is None or (absolute is not None and absolute.date() != anchor.date()):
         return absolute

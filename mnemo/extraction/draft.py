@@ -52,9 +52,7 @@ def episodic_id(step: StepRecord) -> str:
 
 @dataclass(slots=True)
 class Draft:
-    """A changeset drawn up before the "return" scores are in: its nodes (embedded) and
-    links, and where each instruction's score goes (its node's data, by trajectory and
-    instruction)."""
+    """A changeset drawn up before the "return" scores are in, and where each score goes."""
 
     repo: str
     nodes: list[NodeDraft] = field(default_factory=list)
@@ -75,16 +73,14 @@ class Draft:
 
 # (node id, type, text, data, dedup key) of a node not embedded yet.
 _Pending = tuple[str, NodeType, str, JSONObject, str | None]
-# A draft of more steps, facts and instructions than this is drawn up in a worker thread
-# (1,000 one-step trajectories took a quarter of a second of the loop).
+# A draft of more steps, facts and instructions than this is drawn up in a worker thread.
 _ON_LOOP_ITEMS = 200
 
 
 async def draw_up(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Extracted],
                   embedder: Embedder, rewards: dict[str, float], generation: int) -> Draft:
-    """Turns worker output into nodes and links; embeds every node's text in one call.
-    `rewards` are the deferred rewards scored at close (not yet on their step records); the
-    return scores are the draft's `changeset`'s to write."""
+    """Turns worker output into nodes and links, with the deferred `rewards` scored at close;
+    embeds every node's text in one call."""
     if not extracted:
         return Draft(repo, generation=generation)
 
@@ -93,9 +89,7 @@ async def draw_up(repo: str, episode: EpisodeRecord, source: Source, extracted: 
 
     items = sum(len(p.steps) + len(p.facts) + len(p.instructions) for p in extracted)
     draft, pending, valid = draw() if items <= _ON_LOOP_ITEMS else await cpu.off_loop(draw)
-    # Every node is embedded here, in one call, subgoals too: their steps' vectors may have
-    # been made before the repo was re-embedded (a session open across it), and a changeset's
-    # vectors are all of one embedder, the one `generation` names.
+    # Every node is embedded here, in one call, by the embedder `generation` names.
     vectors = await embed(embedder, [vector_text(kind, text) for _, kind, text, _, _ in pending])
     draft.nodes = [
         NodeDraft(id=node_id, type=kind, text=text, data=data, vector=vector, key=key,
@@ -158,8 +152,7 @@ def _draw(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Ext
             chosen = [part.steps[i] for i in step_indices or () if 0 <= i < len(part.steps)]
             step = (chosen or part.steps)[0]
             if step.id not in step_dates:
-                # A step's stamp opens it ("Dana (8 May, 2023): ..."); reading only the
-                # start keeps a maximal observation from costing seconds per fact.
+                # A step's stamp opens it ("Dana (8 May, 2023): ..."): only the start is read.
                 step_dates[step.id] = (dates.metadata_date(step.metadata)
                                        or dates.named_date(step.observation[:STAMP_CHARS])
                                        or session_date)

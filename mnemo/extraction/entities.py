@@ -43,24 +43,19 @@ MAX_NAMES = 6
 
 def embedding_text(text: str) -> str:
     """What a node's vector is made of: its text, a transcript line without the time of its
-    opening ("Caroline (8 May 2023): I paint" -> "Caroline: I paint"): one date opening every
-    line of a session made them alike in the vector (the words channel still finds it)."""
+    opening ("Caroline (8 May 2023): I paint" -> "Caroline: I paint")."""
     return _TIMED_SPEAKER.sub(r"\1: ", text, count=1)
 
 
 def vector_text(kind: NodeType, text: str) -> str:
-    """What the vector of a node of type `kind` and text `text` is made of, as a commit
-    makes it: a subgoal's text whole (as its step's subgoal was embedded), every other
-    node's `embedding_text` (a tag's label and an intent are their own)."""
+    """What the vector of a node of type `kind` and text `text` is made of: a subgoal's text
+    whole, else `embedding_text`."""
     return text if kind is NodeType.SUBGOAL else embedding_text(text)
 
 
 def wordings(embedder: Embedder, timeout: float) -> Embed:
-    """How a forget or a revert embeds the wordings nodes take (`mnemo.graph.erasure`):
-    `embedding_text` of each, within `timeout` seconds.
-
-    Raises (the returned callable):
-        EmbeddingError: the embedder failed or took longer."""
+    """How a forget or a revert embeds the wordings nodes take: `embedding_text` of each, within
+    `timeout` seconds (EmbeddingError)."""
     async def embed_wordings(texts: Sequence[str]) -> Vector:
         try:
             with fail_after(timeout):
@@ -72,12 +67,8 @@ def wordings(embedder: Embedder, timeout: float) -> Embed:
 
 
 async def embedded_again(changeset: Changeset, embedder: Embedder, generation: int) -> Changeset:
-    """`changeset` with every node's vector made by `embedder` (`vector_text`), for the repo's
-    vectors of `generation` (it was made for an earlier one). One embedding call.
-
-    Raises:
-        EmbeddingError: as `mnemo.graph.vectors.embed`.
-    """
+    """`changeset` with every node's vector made again by `embedder` for the vectors of
+    `generation`, in one embedding call (EmbeddingError)."""
     vectors = await embed(embedder, [vector_text(n.type, n.text) for n in changeset.nodes])
     nodes = [replace(n, vector=v) for n, v in zip(changeset.nodes, vectors, strict=True)]
     return replace(changeset, nodes=nodes, generation=generation)
@@ -124,9 +115,8 @@ def _is_name(word: str) -> bool:
 
 
 async def with_entity_tags(changeset: Changeset, embedder: Embedder) -> Changeset:
-    """`changeset` with a TAG per name of each EPISODIC node's text and a MEMBERSHIP link
-    from the tag to the node; a tag shares its key (the label, normalised) with the concept
-    tags, so a name that is also a fact's concept is one node. One embedding call."""
+    """`changeset` with a TAG per name in each EPISODIC node's text (sharing its key with concept
+    tags) and a MEMBERSHIP link to the node; one embedding call."""
     labels: dict[str, str] = {}
     links: list[Link] = []
     for node in changeset.nodes:

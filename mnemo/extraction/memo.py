@@ -1,8 +1,5 @@
-"""`TaskMemo`: the validated result of each extraction task, kept with its episode, so a
-retry re-asks only what failed. A result is found again only for the same trajectory, task and
-request (`request_digest`); its cost is booked again as saved each time a retry uses it
-(`Usage.saved_calls`, ...). A failed extraction's results are stored with the episode as the
-replies that passed validation (`unsaved`), parsed again when a Memory resumes the work."""
+"""`TaskMemo`: the validated result of each extraction task, kept with its episode, so a retry
+re-asks only what failed; a result is reused only for the same trajectory, task and request."""
 
 from __future__ import annotations
 
@@ -78,9 +75,7 @@ class _Fresh:
 
 
 class TaskMemo:
-    """Validated task results of one episode, by (trajectory id, task, request digest). A
-    request is hashed only when a result of its task is kept already or its own is stored:
-    an extraction that succeeds hashes nothing."""
+    """Validated task results of one episode, by (trajectory id, task, request digest)."""
 
     def __init__(self, episode_id: str, kept: Iterable[KeptResult] = ()) -> None:
         self.episode_id = episode_id
@@ -121,12 +116,7 @@ class TaskMemo:
     async def ask(self, llm: LLM, trajectory_id: str, request: LLMRequest,
                   parse: Callable[[LLMResponse], T], *, unusable: T | None = None) -> T:
         """The parsed reply to `request` for `trajectory_id`: the kept one (its cost booked as
-        saved), else asked through `calls.tasks.ask` and kept (not when it stands for
-        `unusable`: a retry asks again).
-
-        Raises:
-            LLMError: as `calls.tasks.ask`; nothing is kept then.
-        """
+        saved), else asked through `calls.tasks.ask` and kept (LLMError as `ask`)."""
         kept = self._find(trajectory_id, request)
         if kept is not None:
             try:
@@ -146,8 +136,7 @@ class TaskMemo:
             passed.append(response)
             return parsed
 
-        # Opened here so that `ask` and the adapter join this budget: its count of calls
-        # (retries and re-asks included) is what the task cost.
+        # Opened here so that `ask` and the adapter join this budget.
         with task_budget(policy_of(llm)) as budget:
             before = budget.calls
             value = await ask(tokens, request, keep, policy=budget.policy, unusable=unusable)

@@ -1,15 +1,9 @@
 """Extraction: from an episode's trajectories to one changeset, in at most two LLM rounds.
 
-Round 1 asks every trajectory's semantic and procedural tasks at once; the last trajectory's
-procedural task also scores the last step's deferred reward (a reply without it has the
-"reward" task asked after). Each instruction's return comes from the trajectory's cumulative
-reward; round 2 asks the optional "return" task only for a trajectory with several
-instructions, as soon as its procedural reply is in. Once every first round is in, the
-changeset is drawn up and embedded while the returns are still out, their scores written into
-it at the end: the close's own work overlaps the model's second round.
-
-A failed task does not cancel its siblings: each validated result is kept in the episode's
-`TaskMemo`, so the retry re-asks only what failed."""
+Round 1 asks every trajectory's semantic and procedural tasks at once; round 2 the "return"
+task for trajectories with several instructions, while the changeset is drawn up and
+embedded. A failed task does not cancel its siblings, and every validated result is kept in
+the episode's `TaskMemo`."""
 
 from __future__ import annotations
 
@@ -44,8 +38,7 @@ log = logging.getLogger("mnemo")
 
 T = TypeVar("T")
 
-# The score of an instruction whose steps have no known reward: the "return" prompt's
-# "not enough evidence".
+# The score of an instruction whose steps have no known reward.
 NEUTRAL_RETURN = 5
 
 
@@ -71,8 +64,7 @@ class _Round:
     def __init__(self, llm: LLM, memo: TaskMemo, goal: str) -> None:
         self.llm, self.memo, self.goal = llm, memo, goal
         self.failures: list[tuple[str, AdapterError]] = []
-        # The deferred reward scored at close, by step id; written onto the step record only
-        # once the whole extraction succeeded, so that a retry builds the same requests.
+        # The deferred reward scored at close, by step id; written once the extraction succeeded.
         self.rewards: dict[str, float] = {}
 
     def reward(self, step: StepRecord) -> float | None:
@@ -83,18 +75,13 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
                   llm: LLM, embedder: Embedder, time_limit: float, score_last_step: bool,
                   memo: TaskMemo | None = None, partial: bool = False,
                   generation: int = 0) -> Changeset:
-    """Extracts `steps` (grouped by trajectory) into one changeset, its vectors made by
-    `embedder` for the repo's vectors of `generation`. With `score_last_step`, the last step's
-    deferred reward is scored too (written onto its record on success). Results in `memo` are
-    not asked again, and every result validated is kept there. With `partial`, a task that
-    failed for good is left out (the changeset's `missing` names it) instead of failing it all.
+    """Extracts `steps` (grouped by trajectory) into one changeset embedded for `generation`, with
+    the last step's deferred reward when `score_last_step`. With `partial`, a task that failed for
+    good is left out (named in `missing`).
 
     Raises:
-        LLMError, EmbeddingError: a task failed for good (the first failure, naming its task
-            and trajectory; the other tasks ran to their end all the same), without `partial`.
-        TimeoutError: a trajectory's calls took longer than `time_limit` seconds of work
-            (waits for a slot not counted); the message names the tasks left unanswered.
-    """
+        LLMError, EmbeddingError: a task failed for good, without `partial`.
+        TimeoutError: the calls took longer than `time_limit` seconds of work."""
     memo = memo if memo is not None else TaskMemo(episode.id)
     groups = episode.trajectories(list(steps))
     parts = [Extracted(group) for group in groups]
@@ -120,8 +107,7 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
 
     async def draft() -> None:
         await first_round.done.wait()
-        # The last trajectory's "return" request, started as its first round came in, goes
-        # out before this work takes the loop.
+        # The last trajectory's "return" request goes out before this work takes the loop.
         await anyio.lowlevel.checkpoint()
         if work.failures and not partial:
             return  # the extraction fails: nothing to embed
@@ -129,8 +115,7 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
             drafted.append(await draw_up(repo, episode, source, parts, embedder, work.rewards,
                                         generation))
         except Exception as exc:
-            # Raised once the returns are in, as when the changeset followed them: a failed
-            # embedding does not cancel tasks whose results the memo keeps for the retry.
+            # Raised once the returns are in, whose results the memo keeps for the retry.
             draft_failed.append(exc)
 
     with first_error():
@@ -180,10 +165,9 @@ class _Trajectory:
 async def _extract_trajectory(work: _Round, trajectory: _Trajectory, part: Extracted,
                               first_round_in: Callable[[], None], *,
                               scores_last: StepRecord | None) -> None:
-    """One trajectory's facts, instructions and returns, into `part` (a task that failed for
-    good leaves its part empty, its failure in `work.failures`); the procedural task also
-    scores `scores_last`, else the "reward" task does. The "return" task is asked once the
-    procedural reply is in; `first_round_in` is called once both first replies are in."""
+    """One trajectory's facts, instructions and returns into `part` (a failed task leaves its part
+    empty, its failure in `work.failures`); `first_round_in` is called once both first replies are
+    in."""
     steps = trajectory.steps
     key, subgoal, chars = steps[0].trajectory_id, steps[0].subgoal, _chars(steps)
     one_in = _Countdown(2, first_round_in).one_in
@@ -199,10 +183,7 @@ async def _extract_trajectory(work: _Round, trajectory: _Trajectory, part: Extra
             trajectory.pending.discard(task)
 
     async def semantic() -> None:
-        # The procedural requests go out first: round 2 waits for their replies, the semantic
-        # ones only for the changeset (drawn up while the returns are out). A transport that
-        # writes a request in a task of its own (aiohttp on Python 3.11) would otherwise write
-        # this trajectory's procedural request after this task has built and sent its own.
+        # The procedural requests go out first: round 2 waits for their replies.
         await anyio.lowlevel.checkpoint()
         request = await cpu.run(lambda: semantic_request(
             goal=work.goal, subgoal=subgoal,
@@ -215,8 +196,7 @@ async def _extract_trajectory(work: _Round, trajectory: _Trajectory, part: Extra
         one_in()
 
     async def procedural() -> None:
-        # Only the records' rewards go in, never one scored meanwhile: a retry must build the
-        # same request.
+        # Only the records' rewards go in, so a retry builds the same request.
         request = await cpu.run(lambda: procedural_request(
             goal=work.goal, subgoal=subgoal, steps=_step_dicts(steps),
             score_last=scores_last is not None,
@@ -274,9 +254,8 @@ async def _scored_returns(work: _Round, steps: list[StepRecord],
 
 def cumulative_returns(instructions: Sequence[Instruction],
                        rewards: Sequence[float | None]) -> dict[int, int]:
-    """Each instruction's return score (1..10): the mean known reward from the first step it
-    came from to the trajectory's end, mapped from 0..1 onto 1..10 (`NEUTRAL_RETURN` when no
-    step there has one)."""
+    """Each instruction's return score (1..10): the mean known reward from its first step to the
+    trajectory's end, mapped onto 1..10 (`NEUTRAL_RETURN` when none is known)."""
     scores: dict[int, int] = {}
     for i, ins in enumerate(instructions):
         valid = [k for k in ins.steps or () if 0 <= k < len(rewards)]

@@ -1,9 +1,6 @@
 """The extraction tasks: facts, procedures, their returns and intent merges, with parsers.
-
-Each `*_request` builds one `LLMRequest` through `task_request` (its `inputs` are the keyword
-arguments), its schema generated from the `Reply` struct beside it. The parsers are strict (a
-`ValueError` names the first offending field) and leave out what says nothing (a proposition
-of punctuation); an empty list is a valid answer."""
+Each `*_request` builds one `LLMRequest` through `task_request`; the parsers raise ValueError
+naming the first offending field."""
 
 from __future__ import annotations
 
@@ -35,9 +32,7 @@ Steps = Sequence[Mapping[str, object]]
 
 # ---- semantic -----------------------------------------------------------------------------
 
-# The bounds of a reply (`mnemo.calls.schema.text`, `items`): what a grammar-bound model may
-# write, so that its reply fits the task's max_tokens (`most_tokens`); DECISIONS.md, "Bounded
-# replies".
+# The bounds of a reply (`mnemo.calls.schema.text`, `items`), so it fits the task's max_tokens.
 class FactReply(Reply, frozen=True):
     proposition: Annotated[str, text(200)]
     concepts: Annotated[list[Annotated[str, text(24)]], items(5)] | None = None
@@ -80,12 +75,8 @@ def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
 
 
 def parse_facts(resp: LLMResponse) -> list[Fact]:
-    """The facts of a "semantic" reply, in order, each proposition once: confidence clamped to
-    [0, 1] (0.5 when missing), concepts stripped and without blanks or repeats, steps a tuple.
-
-    Raises:
-        ValueError: naming the first field that does not match the schema.
-    """
+    """The facts of a "semantic" reply, in order, each proposition once, confidence clamped to
+    [0, 1]; raises ValueError naming the first field that does not match."""
     reply = read_reply(resp, SemanticReply, "semantic")
     facts: dict[str, Fact] = {}
     for i, item in enumerate(reply.facts):
@@ -133,15 +124,10 @@ Reply with JSON: {"instructions": [{"intent", "condition", "instruction",
 "expected_outcome", "steps"}, ...]}."""
 
 
-# The procedural task of the trajectory that ends an episode also scores its last step, whose
-# reward no next observation gave (`close` scores it).
+# The procedural task of an episode's last trajectory also scores its last step.
 class ScoringReply(ProceduralReply, frozen=True):
-    # A number from 0 to 1 (clamped when read); a string that reads as one is taken too.
-    # Asked for, never required: a reply without it, or with one that reads as no number, is
-    # the API contract's procedural reply, and the "reward" task scores the step instead
-    # (`parse_procedural` reads it from the reply as it came, never a reason to refuse the
-    # procedures). Required in the schema, so a grammar-bound model writes it (left optional,
-    # SmolLM2 left it out 18 times in 20).
+    # A number from 0 to 1, required in the schema but optional when read: without it the
+    # "reward" task scores the step.
     last_reward: float | Annotated[str, text(16)] | None = None
 
 
@@ -155,9 +141,8 @@ Reply with JSON: {"instructions": [...], "last_reward": <number 0-1>}."""
 
 def procedural_request(*, goal: str, subgoal: str, steps: Steps,
                        score_last: bool = False) -> LLMRequest:
-    """The "procedural" task over one trajectory's steps ({"index", "observation", "action",
-    "reward"}); with `score_last`, the reply also scores the last step (`last_reward`). Read
-    the reply with `parse_procedural`."""
+    """The "procedural" task over one trajectory's steps; with `score_last`, the reply also scores
+    the last step (read with `parse_procedural`)."""
     instructions = PROCEDURAL_INSTRUCTIONS
     inputs: dict[str, str | bool | Steps] = {"goal": goal, "subgoal": subgoal, "steps": steps}
     if score_last:
@@ -179,12 +164,8 @@ def parse_procedural(resp: LLMResponse) -> tuple[list[Instruction], float | None
 
 
 def parse_instructions(resp: LLMResponse) -> list[Instruction]:
-    """The instructions of a "procedural" reply, in order, each once: `intent` and
-    `instruction` non-blank, `condition` and `expected_outcome` "" when missing, all stripped.
-
-    Raises:
-        ValueError: naming the first field that does not match the schema.
-    """
+    """The instructions of a "procedural" reply, in order, each once and stripped; raises
+    ValueError naming the first field that does not match."""
     reply = read_reply(resp, ProceduralReply, "procedural")
     out: dict[str, Instruction] = {}
     for i, item in enumerate(reply.instructions):
@@ -227,10 +208,7 @@ Reply with JSON: {"scores": [{"index": <int>, "return_score": <int 1-10>}, ...]}
 
 
 def return_request(*, goal: str, subgoal: str, instructions: Steps, steps: Steps) -> LLMRequest:
-    """The "return" task: scores each extracted instruction 1..10.
-
-    `instructions` are {"index", "intent", "condition", "instruction", "expected_outcome"}
-    and `steps` as for `procedural_request`. Read the reply with `parse_returns`."""
+    """The "return" task: scores each extracted instruction 1..10 (read with `parse_returns`)."""
     schema, max_tokens = bounded(RETURN_SCHEMA, "scores", len(instructions), most=None)
     return task_request(
         "return", system=RETURN_SYSTEM, instructions=RETURN_INSTRUCTIONS,
@@ -239,12 +217,8 @@ def return_request(*, goal: str, subgoal: str, instructions: Steps, steps: Steps
 
 
 def parse_returns(resp: LLMResponse, count: int) -> dict[int, int]:
-    """Instruction index -> return score (rounded, clamped to 1..10) of a "return" reply; an
-    index outside 0..count-1 is ignored, a repeated one's first score counts.
-
-    Raises:
-        ValueError: when the reply is not {"scores": [{"index": int, "return_score": number}]}.
-    """
+    """Instruction index -> return score (clamped to 1..10) of a "return" reply; raises ValueError
+    for a reply of another shape."""
     reply = read_reply(resp, ReturnReply, "return")
     scores: dict[int, int] = {}
     for i, item in enumerate(reply.scores):
@@ -279,11 +253,7 @@ def merge_intent_request(*, existing: str, new: str) -> LLMRequest:
 
 
 def parse_merged_intent(resp: LLMResponse) -> str:
-    """The merged intent of a "merge_intent" reply, stripped.
-
-    Raises:
-        ValueError: when the reply is not an object with a non-blank "intent" string.
-    """
+    """The merged intent of a "merge_intent" reply, stripped (ValueError when there is none)."""
     reply = read_reply(resp, MergedReply, "merge_intent")
     return _required_text(reply.intent, "merge_intent reply.intent")
 
@@ -323,12 +293,8 @@ def merge_intents_request(pairs: list[tuple[str, str]]) -> LLMRequest:
 
 
 def parse_merged_intents(resp: LLMResponse, count: int) -> dict[int, str]:
-    """Pair index -> merged intent of a "merge_intents" reply (pairs it does not answer, or
-    answers blank, are absent: they keep the existing wording).
-
-    Raises:
-        ValueError: when the reply is not {"intents": [{"index": int, "intent": str}, ...]}.
-    """
+    """Pair index -> merged intent of a "merge_intents" reply (unanswered pairs absent); raises
+    ValueError for a reply of another shape."""
     reply = read_reply(resp, MergedPairsReply, "merge_intents")
     merged: dict[int, str] = {}
     for item in reply.intents:

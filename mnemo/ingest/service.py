@@ -1,9 +1,6 @@
-"""`IngestService`: complete trajectories stored in one call, idempotent by source id.
-
-An ingest runs the session pipeline in memory (annotation, segmentation, extraction) and
-commits the changeset with its `ingests` row in one transaction, so a source is either fully
-stored with its receipt or not at all. Concurrent identical ingests of one source share the
-work: the first does it, the others wait for its receipt."""
+"""`IngestService`: complete trajectories stored in one call, idempotent by source id; the
+changeset and the `ingests` row commit in one transaction, and concurrent identical ingests
+share the work."""
 
 from __future__ import annotations
 
@@ -51,9 +48,7 @@ class _InFlight:
 
 
 def payload_of(trajectory: Trajectory) -> str:
-    """The canonical JSON of what identifies an ingest's payload (a trajectory
-    `check_trajectory` passed). Built by short C calls (`cpu.dumps`): a payload at the
-    ceilings is 32 MB."""
+    """The canonical JSON of what identifies an ingest's payload, built by short C calls."""
     steps = [{"observation": step.observation, "action": step.action,
               "metadata": step.metadata} for step in trajectory.steps]
     return cpu.dumps({"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata},
@@ -61,13 +56,8 @@ def payload_of(trajectory: Trajectory) -> str:
 
 
 def check_trajectory(trajectory: Trajectory, config: Config) -> None:
-    """Checks the trajectory against `config`: at most `max_steps_per_ingest` steps, each
-    text and metadata's JSON at most `max_text_chars`.
-
-    Raises:
-        InvalidInputError: a field of the wrong type, a blank goal or observation, a text or a
-            metadata too long or too deep, or too many steps.
-    """
+    """Checks the trajectory against `config`'s bounds on steps, texts and metadata
+    (InvalidInputError)."""
     limit = config.max_text_chars
     if not isinstance(trajectory, Trajectory):
         raise InvalidInputError(
@@ -97,13 +87,8 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> None:
 
 def check_ingest(trajectory: Trajectory, source_id: str, progress: Progress | None,
                  config: Config) -> None:
-    """An ingest's input checked against the repo's `config`: `Memory.ingest` checks it once,
-    before the store is read; `IngestService.ingest` takes it checked.
-
-    Raises:
-        InvalidInputError: a source id that is no name (`inputs.check_name`), a `progress`
-            that is not callable, or what `check_trajectory` refuses.
-    """
+    """An ingest's input checked against the repo's `config` (InvalidInputError), once, before the
+    store is read."""
     check_name(source_id, "source_id")
     if progress is not None and not callable(progress):
         raise InvalidInputError(f"progress must be a callable, got {progress!r}")
@@ -130,13 +115,11 @@ class IngestService:
     async def ingest(self, repo: str, trajectory: Trajectory, source_id: str,
                      progress: Progress | None = None,
                      metadata: Metadata | None = None) -> IngestReceipt:
-        """Stores the trajectory (`check_ingest`ed by the caller) durably, once per (repo,
-        source_id), reporting progress to `progress` and as `"ingest_progress"` events.
+        """Stores the checked trajectory durably, once per (repo, source_id), reporting progress.
 
         Raises:
             ConflictError: the source id is taken by a different payload.
-            PipelineError: "extraction_failed" or "extraction_timeout" (nothing stored).
-        """
+            PipelineError: "extraction_failed" or "extraction_timeout" (nothing stored)."""
         runtime = self._runtime(repo)
         chars = sum(len(step.observation) + len(step.action) for step in trajectory.steps)
         digest = await cpu.run(lambda: _digest(trajectory, metadata), chars)
@@ -171,9 +154,8 @@ class IngestService:
             mine.done.set()
 
     async def _join(self, running: _InFlight, digest: str, source_id: str) -> IngestReceipt | None:
-        """The outcome of an identical call already running: its receipt (created=False) or
-        its error, the same one (a `ConflictError` stays one, as a future's awaiters all get
-        its exception); None if it was cancelled."""
+        """The outcome of an identical call already running: its receipt (created=False) or its
+        error; None if it was cancelled."""
         if running.payload_hash != digest:
             raise ConflictError(f"source {source_id!r} is being ingested with a different payload")
         await running.done.wait()
@@ -226,9 +208,8 @@ class IngestService:
                 return IngestReceipt(source_id, commit.node_ids, created=True,
                                      missing=commit.missing)
             except SourceTaken:
-                # Another Memory (or process) ingested the source while this one extracted:
-                # its commit is the source's, and this extraction is dropped unwritten (or,
-                # if the source was forgotten again since, the id is free: try again).
+                # Another Memory ingested the source meanwhile: its commit is the source's
+                # (or, forgotten since, the id is free: try again).
                 known = await self._known(repo, source_id, digest)
                 if known is not None:
                     return known
@@ -269,12 +250,8 @@ class IngestService:
             await report("annotating", index + 1)
 
     async def _known(self, repo: str, source_id: str, digest: str) -> IngestReceipt | None:
-        """The receipt (`created=False`) of the source if it was ingested with this payload,
-        None if it was not ingested.
-
-        Raises:
-            ConflictError: it was ingested with a different payload.
-        """
+        """The receipt of the source if it was ingested with this payload, None if it was not
+        (ConflictError for a different payload)."""
         found = await self._graph.ingested(repo, source_id)
         if found is None:
             return None
@@ -286,12 +263,8 @@ class IngestService:
         return IngestReceipt(source_id, node_ids, created=False)
 
     async def forget(self, repo: str, source_id: str) -> int:
-        """Removes every node the source produced (what another source still uses takes its
-        wording: `mnemo.graph.erasure`); returns how many went (0 for an unknown source).
-
-        Raises:
-            EmbeddingError: such a wording could not be embedded; nothing was forgotten.
-        """
+        """Removes every node the source produced; returns how many went (EmbeddingError, forgetting
+        nothing, when a wording could not be embedded)."""
         check_id(source_id, "source_id")
         runtime = self._runtime(repo)
         return await self._graph.withdraw(

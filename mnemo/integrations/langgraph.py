@@ -5,14 +5,9 @@ store = MnemoStore(mem, "agent", keys=("user_id",))
 graph = builder.compile(store=store)
 ```
 
-An item is one SEMANTIC fact (`Memory.remember`): its text the value's fields ("food: pizza;
-..."), its data the value, its scope (`Node.metadata`) its namespace (label i under `keys[i]`,
-`langgraph.<i>` past them, the whole under `langgraph.namespace`, the key under
-`langgraph.key`): `mem.recall(repo, q, where={"user_id": "alice"})` finds what a graph stored
-under `("alice", ...)`. A put replaces the item (None deletes it); `search(query=...)` is
-mnemo's recall inside the namespace prefix, without a query a listing, oldest first; `filter`
-keeps items whose value has those fields equal. No TTLs.
-"""
+An item is one SEMANTIC fact whose scope is its namespace (label i under `keys[i]`), so
+`mem.recall(repo, q, where={"user_id": "alice"})` finds what a graph stored under
+`("alice", ...)`. `search(query=...)` is mnemo's recall inside the namespace prefix. No TTLs."""
 
 from __future__ import annotations
 
@@ -54,14 +49,9 @@ MOST = Config().max_results
 
 
 class MnemoStore(BaseStore):
-    """LangGraph's `BaseStore` over the repo `repo` of `mem`: `builder.compile(store=
-    MnemoStore(mem, "agent"))`. `keys` names the metadata key of each namespace label, in
-    order (`("user_id",)`: a namespace `("alice", "memories")` is `{"user_id": "alice",
-    "langgraph.1": "memories", ...}`).
-
-    The async calls (`aput`, `asearch`, ..., `abatch`) run on the Memory's event loop; the
-    sync ones (`put`, ..., `batch`, what a graph's `invoke` calls) from any other thread,
-    handing the work to that loop: make the store inside the running loop of the Memory."""
+    """LangGraph's `BaseStore` over the repo `repo` of `mem`; `keys` names the metadata key of each
+    namespace label. Async calls run on the Memory's loop, sync ones from any other thread: make
+    the store inside the Memory's running loop."""
 
     supports_ttl = False
 
@@ -73,12 +63,8 @@ class MnemoStore(BaseStore):
             self._loop = None
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
-        """`abatch`, run on the Memory's event loop and waited for from this thread.
-
-        Raises:
-            RuntimeError: the store was made outside a running loop, or this is that loop's
-                thread (waiting there would block it: use `abatch`, or `ainvoke`).
-        """
+        """`abatch`, run on the Memory's event loop and waited for from this thread (RuntimeError on
+        that loop's own thread)."""
         loop = self._loop
         if loop is None:
             raise RuntimeError("MnemoStore's sync calls need it made inside the Memory's loop")

@@ -5,10 +5,8 @@ session = MnemoSession(mem, "user-42")
 result = await Runner.run(agent, "Hello", session=session)
 ```
 
-The session id is the thread id; each item the SDK adds is one message: an item with a `role`
-as it is, any other stored whole under `openai_item` of a "tool" (`*_output`) or "assistant"
-message whose content is the item's text. `get_items` gives back exactly the items added.
-"""
+Each item is one message (items without a `role` stored whole under `openai_item`), and
+`get_items` gives back exactly the items added."""
 
 from __future__ import annotations
 
@@ -39,17 +37,11 @@ ITEM_KEY = "openai_item"
 
 
 class MnemoSession:
-    """The OpenAI Agents SDK's `Session` (`agents.memory.Session`) over the mnemo thread
-    `session_id` of `mem`: `Runner.run(agent, input, session=MnemoSession(mem, "user-42"))`.
-
-    `conversation` stores the items (default: `mem.conversation(auto_evict_budget=
-    token_budget)`). With `token_budget`, `get_items()` without a limit gives mnemo's viewport
-    of that budget (one system item of snapshots, pinned and recalled messages, then the
-    newest items that fit); a limit always gives the newest items of the log.
+    """The OpenAI Agents SDK's `Session` over the mnemo thread `session_id` of `mem`. With
+    `token_budget`, `get_items()` without a limit gives mnemo's viewport of that budget.
 
     Raises:
-        InvalidInputError: a `session_id` that is no thread name, or a `token_budget` below 1.
-    """
+        InvalidInputError: a `session_id` that is no thread name, or a `token_budget` below 1."""
 
     session_settings: SessionSettings | None
 
@@ -65,13 +57,8 @@ class MnemoSession:
         self._conversation = conversation or mem.conversation(auto_evict_budget=token_budget)
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        """The session's items, oldest first; with `limit`, the newest `limit` of them (0:
-        none). Without one, `session_settings.limit` applies, and else the viewport when the
-        session has a `token_budget`.
-
-        Raises:
-            InvalidInputError: a limit that is not an integer >= 0.
-        """
+        """The session's items, oldest first; with `limit` (or `session_settings.limit`), the newest
+        `limit`, else the viewport when the session has a `token_budget`."""
         if limit is None and self.session_settings is not None:
             limit = self.session_settings.limit
         if limit is None and self._token_budget is not None:
@@ -86,13 +73,8 @@ class MnemoSession:
         return [_item(m) for m in messages[start:]]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
-        """Appends `items` after the session's items, in one write: items added by
-        concurrent calls (of any Memory on the store) are all kept, each call's together.
-
-        Raises:
-            InvalidInputError: an item that is not a JSON dict, or past the Memory's bounds;
-                nothing of the call is stored then.
-        """
+        """Appends `items` after the session's items in one write; an item that is not a JSON dict
+        or past the bounds raises InvalidInputError, storing nothing."""
         messages = [_message(item) for item in items]
         await self._conversation.append(self.session_id, messages)
 

@@ -22,8 +22,7 @@ from mnemo.tools import (
     page,
 )
 
-# What one list item costs besides its text (keys, ids, numbers), so that the texts' shares
-# leave room for it.
+# What one list item costs besides its text.
 _ITEM_OVERHEAD = 250
 # A node's data (JSON) is shown whole up to this size, else as a clipped preview.
 DATA_CHARS = 2_000

@@ -1,10 +1,6 @@
-"""The MCP server's stdio transport: one JSON-RPC message a line on stdin and stdout, and an
-answer to every line.
-
-A line the SDK's own transport would drop unanswered (unreadable, too deep, not JSON-RPC) is
-answered at once with a parse error or an invalid request carrying the line's top-level id; a
-line past `MAX_REQUEST_BYTES` so without being parsed or held whole. While it runs, file
-descriptor 1 points at stderr: a stray print never lands in the protocol's stream."""
+"""The MCP server's stdio transport: one JSON-RPC message a line, and an answer to every line
+(an unreadable or oversized one gets an error at once). While it runs, file descriptor 1
+points at stderr, so a stray print never lands in the protocol's stream."""
 
 from __future__ import annotations
 
@@ -25,8 +21,7 @@ from pydantic import ValidationError
 
 from mnemo.tools import ERROR_CHARS, clip
 
-# The most one request may take, over stdio as over HTTP (the SDK's default body bound):
-# 4 MiB, a hundred times the largest text mnemo stores.
+# The most one request may take, over stdio as over HTTP (the SDK's default body bound).
 MAX_REQUEST_BYTES = DEFAULT_MAX_REQUEST_BODY_SIZE
 # JSON's tokens: a string (escapes included), a structural character, or a bare word.
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')

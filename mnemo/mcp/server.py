@@ -1,9 +1,6 @@
 """The tools of `mnemo mcp` (`MemoryTools`) over a store, and the Memories they run on
-(`open_tools`). Reads and edits by name go through a `Memory` opened for inspection, the
-session tools through one that works, opened at the first of them; both live as long as the
-server. Every tool returns bounded JSON text (`_output`); a `MnemoError` becomes a tool error
-with its one-line message. Memory files live under one root (`<db>.memory/` by default), and a
-tool's `directory` may only name a folder inside it: a prompt must not steer writes elsewhere."""
+(`open_tools`). Every tool returns bounded JSON text; a `MnemoError` becomes a tool error.
+Memory files live under one root, and a tool's `directory` must lie inside it."""
 
 from __future__ import annotations
 
@@ -69,10 +66,8 @@ def _dumps(value: object) -> str:
 
 @dataclass(eq=False)
 class MemoryTools:
-    """The server's tools over an open `Memory` `mem`; the session tools go to `worker()`,
-    the Memory that works (None: `mem`). `reinforce`: a recall counts accesses. `llm`, the
-    model the server was started with, files `persist_memory`'s statements (None: the
-    offline LLM)."""
+    """The server's tools over `mem`; the session tools go to `worker()` (None: `mem`). `reinforce`:
+    a recall counts accesses; `llm` files `persist_memory`'s statements."""
 
     mem: Memory
     memory_dir: Path
@@ -81,8 +76,7 @@ class MemoryTools:
     worker: Callable[[], Awaitable[Memory]] | None = None
     reinforce: bool = False
     llm: LLM | None = None
-    # One MemoryFiles per directory: it serialises its own writes, so two instances over
-    # one folder could interleave them.
+    # One MemoryFiles per directory: it serialises its own writes.
     _files: dict[Path, MemoryFiles] = field(default_factory=dict, init=False, repr=False)
     # The repos whose embedder dimension was checked.
     _checked: set[str] = field(default_factory=set, init=False, repr=False)
@@ -300,8 +294,7 @@ class MemoryTools:
         repo's graph (then `recall` finds them) and returns the committed node ids."""
         mem = await self._working()
         receipt = await mem.close_and_commit(session_id)
-        # No tool can start a new episode in an idle session, so it is ended rather than
-        # left live forever (`mnemo sessions` lists live ones).
+        # No tool can start a new episode in an idle session, so it is ended.
         await mem.end_session(session_id)
         return _dumps(
             {
@@ -390,9 +383,8 @@ async def open_tools(store: str | Path, *, llm: LLM | None = None, embedder: Emb
                      memory_dir: Path | None = None, memory_updates: bool = True,
                      reinforce: bool = False,
                      config: Config | None = None) -> AsyncIterator[MemoryTools]:
-    """The server's tools over the store, open while the block runs: the reads through a
-    Memory opened for inspection (`Memory(inspect=True)`), the session tools through a Memory
-    that works, opened at the first of them."""
+    """The server's tools over the store while the block runs: reads through a Memory opened for
+    inspection, session tools through one that works, opened at the first of them."""
     async with AsyncExitStack() as stack:
         reader = await stack.enter_async_context(
             Memory(store, llm=llm, embedder=embedder, config=config, inspect=True))

@@ -1,11 +1,6 @@
-"""`mnemo mcp`: an MCP server (the `mcp` SDK's `MCPServer`) over a store, on stdio or on
-streamable HTTP. Each tool carries MCP's hints (read-only, destructive, idempotent), and its
-arguments are checked strictly before it runs (an unknown argument or a value of another type
-is a JSON-RPC "invalid params" error; the SDK would drop or coerce it). A `MnemoError` is a
-tool error with its one-line message; every request is answered (`_stdio`). Over HTTP
-(`Http`) the server answers only its allowed Host names (against DNS rebinding) and, with a
-token, only requests that show it (`Authorization: Bearer`): a bind beyond the loopback needs
-one."""
+"""`mnemo mcp`: an MCP server (the `mcp` SDK's `MCPServer`) over a store, on stdio or
+streamable HTTP; each tool carries MCP's hints and its arguments are checked strictly. Over
+HTTP (`Http`) it answers only allowed Host names and, with a token, only requests showing it."""
 
 from __future__ import annotations
 
@@ -66,13 +61,8 @@ INVALID_PARAMS = -32602
 
 
 def check_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
-    """Refuses an argument the tool does not take, and a value of another type than its
-    parameter's (pydantic's strict mode: neither `"5"` nor `true` is an integer), as the
-    JSON-RPC error "invalid params" (-32602), before the tool runs.
-
-    Raises:
-        MCPError: naming the arguments, never their values.
-    """
+    """Refuses an unknown argument or a value of another type than its parameter's (strict), as
+    JSON-RPC "invalid params" (MCPError naming the arguments), before the tool runs."""
     taken = tool.parameters.get("properties", {})
     unknown = [repr(clip(name, 64)) for name in arguments if name not in taken]
     if unknown:
@@ -98,10 +88,8 @@ class _Bearer:
 
 
 def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "") -> MCPServer:
-    """An `MCPServer` named "mnemo" (with mnemo's version) exposing `tools`' methods
-    (`TOOL_NAMES`), each described by its docstring without the source's indentation, with
-    its hints, and its arguments checked (`check_arguments`). With `token`, every HTTP
-    request must show it (`url`, where the server answers, names it to the SDK)."""
+    """An `MCPServer` named "mnemo" exposing `tools`' methods (`TOOL_NAMES`), described by their
+    docstrings, with hints and checked arguments; with `token`, every HTTP request must show it."""
     read_only = READ_ONLY - ({"recall"} if tools.reinforce else set())
     checked = {
         name: Tool.from_function(
@@ -137,14 +125,12 @@ def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "")
 
 @dataclass(frozen=True, slots=True)
 class Http:
-    """Where `serve` answers over streamable HTTP, at `http://HOST:PORT/mcp` (port 0: any free
-    one), the `token` every request must show, and `allow_hosts`, the Host names answered
-    besides the loopback names and the bound address (once made, it holds them all).
+    """Where `serve` answers over streamable HTTP (`http://HOST:PORT/mcp`), the `token` every
+    request must show, and the Host names answered (`allow_hosts`).
 
     Raises:
-        InvalidInputError: a bind beyond the loopback without a token, a malformed token, or
-            an allowed host that is not a name or an address.
-    """
+        InvalidInputError: a bind beyond the loopback without a token, a malformed token, or an
+            allowed host that is not a name or an address."""
 
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
@@ -177,11 +163,8 @@ async def serve(store: str | Path, *, llm: LLM | None = None, embedder: Embedder
                 memory_dir: Path | None = None, memory_updates: bool = True,
                 reinforce: bool = False, config: Config | None = None,
                 http: Http | None = None) -> None:
-    """Opens the store (`open_tools`) and serves MCP over stdin/stdout until the client
-    closes it, or with `http` over streamable HTTP until interrupted (its address printed on
-    stderr first). `llm`/`embedder` None: each repo runs the models it recorded; `llm` also
-    files `persist_memory`'s statements. `memory_updates=False` turns memory-file writes off;
-    `reinforce`: recalls count as accesses."""
+    """Serves MCP over the store, on stdin/stdout until the client closes it, or with `http`
+    until interrupted; `llm`/`embedder` None: each repo runs its recorded models."""
     async with open_tools(store, llm=llm, embedder=embedder, memory_dir=memory_dir,
                           memory_updates=memory_updates, reinforce=reinforce,
                           config=config) as tools:
@@ -192,9 +175,8 @@ async def serve(store: str | Path, *, llm: LLM | None = None, embedder: Embedder
 
 
 class _Listener(uvicorn.Server):
-    """uvicorn's server, stopped by `_serve_http` on SIGINT or SIGTERM: uvicorn's own signal
-    handling raises the signal again once it has stopped, which would end the process before
-    the store is closed."""
+    """uvicorn's server, stopped by `_serve_http` on SIGINT or SIGTERM so the store is closed
+    before the process ends."""
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:

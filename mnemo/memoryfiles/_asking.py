@@ -35,12 +35,7 @@ class CountingLLM:
 
 async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T], *,
               shorten: Callable[[LLMRequest], LLMRequest | None] | None = None) -> T:
-    """`calls.tasks.ask` (with `shorten`) within `LLM_TIMEOUT_S`.
-
-    Raises:
-        LLMError: as `calls.tasks.ask`.
-        LLMTimeout: no usable answer within `LLM_TIMEOUT_S` seconds.
-    """
+    """`calls.tasks.ask` (with `shorten`) within `LLM_TIMEOUT_S` (LLMError, LLMTimeout)."""
     try:
         with fail_after(LLM_TIMEOUT_S):
             return await tasks.ask(llm, request, parse, shorten=shorten)
@@ -51,13 +46,8 @@ async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T], 
 
 async def ask_fitting(llm: LLM, requests: Sequence[LLMRequest],
                       parse: Callable[[LLMResponse], T]) -> T:
-    """`ask` the first of `requests` (one task's inputs, each smaller than the one before),
-    and the next while the model's context refuses them (`LLMContextError`). The requests
-    are not shortened otherwise: the task knows what may go.
-
-    Raises:
-        LLMError: as `ask`; `LLMContextError` when the last request did not fit either.
-    """
+    """`ask` the first of `requests` (each smaller than the one before), and the next while the
+    model's context refuses them (`LLMContextError` when the last did not fit either)."""
     *larger, smallest = requests
     for request in larger:
         try:

@@ -1,9 +1,7 @@
 """`Folder`: a memory-files directory, read and written without following a link inside it.
 
-Every file is opened relative to the directory's descriptor with `O_NOFOLLOW`, and only a
-regular file is read: a planted link sends no read or write outside, a FIFO hangs no reader.
-With a `root`, each folder from it down is opened the same way (no check-then-use race).
-Without descriptor-relative calls (Windows) the rules are checked on paths (`os.lstat`)."""
+Files are opened relative to the directory's descriptor with `O_NOFOLLOW`, regular files
+only; without descriptor-relative calls (Windows) the rules are checked on paths."""
 
 from __future__ import annotations
 
@@ -29,12 +27,8 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def check_directory(directory: str | os.PathLike[str], what: str = "directory") -> Path:
-    """`directory` as a `Path`, checked to be one the system can name: no NUL, no name longer
-    than `NAME_MAX` bytes, at most `PATH_MAX` bytes in all.
-
-    Raises:
-        InvalidInputError: it is not.
-    """
+    """`directory` as a `Path` the system can name (no NUL, within `NAME_MAX` and `PATH_MAX`
+    bytes), else InvalidInputError."""
     try:
         path = Path(directory)
         raw = os.fsencode(path)
@@ -74,13 +68,9 @@ class Folder:
 
     @contextlib.contextmanager
     def opened(self, *, create: bool) -> Iterator[int | None]:
-        """The folder's descriptor for the block (created first when `create`), or None when
-        it does not exist (and `create` is false) or this system has no relative calls.
-
-        Raises:
-            InvalidInputError: a folder below the root is a link or no folder.
-            OSError: it cannot be opened or created.
-        """
+        """The folder's descriptor for the block (created first when `create`), or None when it does
+        not exist or this system has no relative calls (InvalidInputError for a link below the
+        root)."""
         if not RELATIVE:
             self._check_path(create=create)
             yield None
@@ -196,9 +186,8 @@ class Folder:
             return True
 
     def write(self, name: str, text: str) -> None:
-        """Replaces the file `name` with `text`, all or nothing (`disk.atomic_write`'s rules):
-        a temporary file, fsynced, renamed over it, the folder fsynced. A link at `name` is
-        replaced, never written through; a replaced regular file keeps its permission bits."""
+        """Replaces the file `name` with `text`, all or nothing (`disk.atomic_write`'s rules), never
+        writing through a link."""
         with self.opened(create=True) as fd:
             if fd is None:
                 if os.path.islink(self.path / name):
@@ -226,11 +215,8 @@ class Folder:
                 os.fsync(fd)
 
     def open_lock(self, name: str) -> int:
-        """A descriptor of the lock file `name` (created if missing), never through a link.
-
-        Raises:
-            OSError: the folder or the file cannot be opened (`ELOOP` for a link).
-        """
+        """A descriptor of the lock file `name` (created if missing), never through a link
+        (OSError)."""
         with self.opened(create=True) as fd:
             flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
             if fd is None:

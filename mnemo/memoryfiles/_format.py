@@ -1,22 +1,8 @@
 """The on-disk shape of a topic file, and the pure rules for its lines.
 
-A file is a front matter block, then the body:
-
-```
----
-topic: "Database"
-description: "Which database we run and how it is backed up"
-updated: 2025-01-01T09:30:00+00:00
-used: 2025-01-02T08:00:00+00:00
----
-- We decided to use PostgreSQL 16.
-- Backups run nightly at 02:00 UTC.
-```
-
-Strings are written JSON-quoted (a JSON string is a valid YAML double-quoted scalar), times as
-UTC ISO-8601; `used` appears once the file has been recalled. The body holds one entry per
-line, oldest (least important) first: that order is what `bound` drops from.
-"""
+A file is a front matter of JSON-quoted `topic` and `description` and UTC `updated` and
+`used` times between `---` lines, then one entry per line, oldest first (what `bound` drops
+first)."""
 
 from __future__ import annotations
 
@@ -60,9 +46,8 @@ def one_line(text: str, max_chars: int) -> str:
 
 
 def topic_key(topic: str) -> str:
-    """The identity of a topic: its content words' stems, sorted and deduplicated ("Database
-    backups" and "Backups of the database" are one topic); all its words, else its case-folded
-    text, for a topic of only function words or symbols."""
+    """The identity of a topic: its content words' stems, sorted and deduplicated (else all its
+    words, else its case-folded text)."""
     toks = _text.tokens(topic)
     content = [t for t in toks if not _text.is_stopword(t)] or toks
     if not content:
@@ -71,9 +56,8 @@ def topic_key(topic: str) -> str:
 
 
 def slug(topic: str) -> str:
-    """A safe file stem for `topic`: lower-case ASCII letters, digits and single dashes, at
-    most 60 characters, never empty, never a name Windows reserves ("topic-" and a hash of its
-    key for a topic without ASCII letters or digits)."""
+    """A safe file stem for `topic`: lower-case ASCII letters, digits and single dashes, at most 60
+    characters, never empty, never a name Windows reserves."""
     ascii_text = unicodedata.normalize("NFKD", topic).encode("ascii", "ignore").decode("ascii")
     stem = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")[:_MAX_SLUG].rstrip("-")
     if not stem:
@@ -162,9 +146,8 @@ class Fitted:
 
 
 def bound(lines: list[str], max_chars: int) -> Fitted:
-    """`lines` cut down so that `body(lines)` has at most `max_chars` characters, saying what
-    was dropped and whether a line was truncated: a line too long alone is truncated, then
-    the oldest entries go, headings last, and the newest line always stays."""
+    """`lines` cut down so that `body(lines)` fits in `max_chars`, with what was dropped and whether
+    a line was truncated; the newest line always stays."""
     limit = max_chars - 1  # each line carries its newline
     cut = [_truncate(line, limit) for line in lines]
     total = sum(len(line) + 1 for line in cut)
@@ -194,11 +177,9 @@ def follow(description: str, lines: list[str]) -> str:
 
 def merge(current: list[str], proposed: list[str], base: list[str] | None, *, allow_removal: bool,
           removed: Sequence[str] = ()) -> list[str]:
-    """The entries of a file after a change, merged three ways: `current` (the file now),
-    `proposed` (what the LLM wrote) and `base` (what it was shown; None: `proposed` only
-    adds). Unchanged since the LLM saw it, the file takes the LLM's order, what it left out
-    staying in front; changed meanwhile, it keeps the other writer's entries and appends the
-    LLM's additions. Entries left out or named in `removed` go only when `allow_removal`."""
+    """The entries of a file after a change, merged three ways from `current`, `proposed` (the
+    LLM's) and `base` (what it was shown): unchanged since, the file takes the LLM's order, else
+    it appends the LLM's additions. Entries go only when `allow_removal`."""
     if allow_removal and removed:
         gone = {entry_key(line) for line in removed}
         current = [line for line in current if entry_key(line) not in gone]

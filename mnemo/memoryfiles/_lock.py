@@ -1,11 +1,8 @@
 """`DirectoryLock`: a lock of a memory-files directory, honoured across processes.
 
-This instance's `anyio.Lock`, then an OS lock (`flock`, released when a process dies) on a
-hidden file opened through the folder's descriptor without following a link (filelock, which
-takes a path, only where there is no `fcntl`), tried in short tries in a worker thread so a
-wait never blocks the loop. A directory has two: the writer lock, held by a write through its
-model calls, and the file lock, held only for a read-merge-write or `recall`'s use stamps.
-Order: writer lock, then file lock."""
+An `anyio.Lock`, then `flock` on a hidden file opened without following a link, tried in a
+worker thread. A directory has a writer lock (held through a write's model calls) and a file
+lock (held for a read-merge-write); the writer lock is taken first."""
 
 from __future__ import annotations
 
@@ -31,8 +28,7 @@ except ImportError:  # Windows
 # Hidden and not `.md`, so never listed as a topic.
 LOCK_FILE = ".memoryfiles.lock"
 WRITER_LOCK_FILE = ".memoryfiles.writer.lock"
-# The file lock is held for a read-merge-write of a few small files: a wait this long means a
-# writer is stuck. (The writer lock's wait is the caller's: it covers model calls.)
+# The file lock's longest wait: it is held for a read-merge-write of a few small files.
 LOCK_WAIT_S = 60.0
 _TRY_S = 0.1
 
@@ -60,9 +56,7 @@ class DirectoryLock:
         Raises:
             TimeoutError: another writer held the lock file for `wait_s` seconds.
             InvalidInputError: a folder below the directory's root is a link.
-            OSError: the directory or the lock file could not be created or opened (`ELOOP`:
-                the lock file is a link).
-        """
+            OSError: the directory or the lock file could not be opened."""
         async with self._local:
             deadline = anyio.current_time() + self.wait_s
             while True:

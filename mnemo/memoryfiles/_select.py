@@ -15,14 +15,12 @@ from mnemo.memoryfiles import _format
 from mnemo.memoryfiles.model import MemoryFile
 from mnemo.memoryfiles.prompts import TopicChange
 
-# Only the newest part of a long history is sent: a memory update runs every few iterations,
-# so older messages were already seen by an earlier update.
+# Only the newest part of a long history is sent: earlier updates saw the rest.
 _MAX_MESSAGE_CHARS = 4_000
 _MAX_CONVERSATION_CHARS = 60_000
 # At most this many files show their content to the LLM (all of them when there are no more).
 _MAX_SHOWN_FILES = 8
-# How many ever smaller inputs a memory update tries when the model's context refuses them:
-# the last holds about 1/32 of the first (60,000 characters of conversation become 1,875).
+# How many ever smaller inputs a memory update tries when the model's context refuses them.
 _VIEWS = 6
 _ROLES = frozenset({"user", "assistant"})
 # Recall weights a query word by where it matches (the best place counts).
@@ -56,14 +54,8 @@ def newest_first(stored: builtins.list[Stored]) -> builtins.list[Stored]:
 
 
 def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
-    """The user and assistant messages of `history` that carry text, newest within budget,
-    read from the newest back (system messages hold the memory files themselves, tool output
-    is none of the signals).
-
-    Raises:
-        InvalidInputError: `history` is not a list of messages, or a message read has more
-            parts than `limit` or a text longer than it.
-    """
+    """The user and assistant messages of `history` that carry text, newest within budget
+    (InvalidInputError for a history that is not messages, or past `limit`)."""
     if isinstance(history, str | bytes) or not isinstance(history, Sequence):
         raise InvalidInputError("history must be a list of message dicts")
     kept: builtins.list[dict[str, str]] = []
@@ -91,10 +83,8 @@ def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
 
 def listing(stored: builtins.list[Stored],
             conversation: builtins.list[dict[str, str]]) -> builtins.list[dict[str, str]]:
-    """Every file as the `memory_update` task is shown it, the most related to the
-    conversation first (sharing the most words with it, then the most recently updated):
-    {"topic", "description"}, plus "content" for the files whose content the LLM sees, all of
-    them when few, else the first `_MAX_SHOWN_FILES` that share a word with it."""
+    """Every file as the `memory_update` task is shown it, the most related first, with "content"
+    for the files whose content the LLM sees."""
     said = _said(conversation)
     overlap = {s.path: _overlap(s, said) for s in stored}
     related = sorted(stored, key=lambda s: s.topic)
@@ -110,9 +100,7 @@ def listing(stored: builtins.list[Stored],
 def views(
     conversation: builtins.list[dict[str, str]], files: builtins.list[dict[str, str]]
 ) -> Iterator[tuple[builtins.list[dict[str, str]], builtins.list[dict[str, str]]]]:
-    """The inputs of a `memory_update`, whole, then each time about half as long (`_VIEWS`
-    in all): the newest messages within the share (always the newest one) and the most
-    related files' names, then as much of their newest entries as fits."""
+    """The inputs of a `memory_update`, whole, then each about half as long (`_VIEWS` in all)."""
     said = sum(len(m["content"]) for m in conversation)
     filed = sum(_size(f) for f in files)
     for level in range(_VIEWS):
@@ -137,9 +125,8 @@ def _newest(conversation: builtins.list[dict[str, str]],
 
 
 def _first(files: builtins.list[dict[str, str]], budget: int) -> builtins.list[dict[str, str]]:
-    """The first `files` whose names fit in `budget` characters, then as much of their
-    content, newest entries first, as the rest holds: names come first, since a model that
-    does not see a topic's name files its entries under a new one."""
+    """The first `files` whose names fit in `budget` characters, then as much of their newest
+    entries as the rest holds."""
     names: builtins.list[dict[str, str]] = []
     for item in files:
         name = {"topic": item["topic"], "description": item["description"]}

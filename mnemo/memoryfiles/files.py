@@ -1,11 +1,8 @@
 """`MemoryFiles`: a directory of topic files that an agent reads at the start of work.
 
-A write holds the directory's writer lock (`_lock.DirectoryLock`, honoured by every object and
-process) from its scan of the topics through its model calls to its last file written, so
-concurrent writes give what some serial order of them gives and a topic never splits across
-files. Files are read, merged and written under the shorter file lock, which `recall` takes
-alone to record a use: a reader never waits for a model. A write is atomic (a fsynced
-temporary file replaces the old one), and nothing is followed through a link (`_folder`)."""
+A write holds the directory's writer lock from its scan through its model calls to its last
+file, so concurrent writes serialise; files are merged and written atomically under the
+shorter file lock, which `recall` takes alone."""
 
 from __future__ import annotations
 
@@ -49,17 +46,15 @@ from mnemo.ports import LLM
 
 log = logging.getLogger("mnemo")
 
-# A writer waits for the writers before it, each holding the writer lock through a few model
-# calls of at most `LLM_TIMEOUT_S`: a wait this long means a queue of stuck or slow writers.
+# A writer's longest wait for the writers before it.
 WRITER_WAIT_S = 5 * LLM_TIMEOUT_S
 MIN_MAX_CHARS = 20
 
 
 @dataclass(frozen=True, slots=True)
 class _Planned:
-    """A change ready to merge into its file: `base` is what the LLM was shown of it (None:
-    the change only adds, and removes what its `remove` names); `allow_removal` lets entries
-    go (a correction); `condensed` holds what the `memory_condense` task gave up."""
+    """A change ready to merge into its file: `base` is what the LLM was shown (None: it only
+    adds), `allow_removal` lets entries go, `condensed` what condensing gave up."""
 
     change: TopicChange
     base: builtins.list[str] | None
@@ -74,19 +69,13 @@ class _Planned:
 
 
 class MemoryFiles:
-    """Long-term memory as one Markdown file per topic in `directory` (created when first
-    written): a front matter (`topic`, `description`, `updated`, and `used`, the last time
-    `recall` returned it) and a body of one entry per line, oldest first, at most `max_chars`
-    characters. A write that would pass `max_chars` asks the `memory_condense` task first;
-    only when that fails are the oldest entries dropped. `enabled=False` turns writing off;
-    `clock` stamps `updated` and `used`; `max_text_chars` bounds every text given. A topic
-    file that is not a regular file is neither listed nor read; with `root`, no folder from
-    `root` down to `directory` may be a link.
+    """Long-term memory as one Markdown file per topic in `directory`, each at most `max_chars`
+    (condensed by the LLM first, else its oldest entries dropped). `enabled=False` turns writing
+    off; with `root`, no folder from `root` down to `directory` may be a link.
 
     Raises:
-        InvalidInputError: a bound out of its range, or a `directory` the system cannot name
-            or not inside `root`.
-    """
+        InvalidInputError: a bound out of its range, or a `directory` the system cannot name or
+            not inside `root`."""
 
     def __init__(
         self, directory: str | os.PathLike[str], *, max_chars: int = 4000, min_iterations: int = 10,
@@ -110,21 +99,16 @@ class MemoryFiles:
     # ---- reading --------------------------------------------------------------------------
 
     def list(self) -> builtins.list[MemoryFile]:
-        """Every topic file, most recently updated first; a `.md` file without front matter
-        has its file name as topic and its modification time as `updated`. Hidden files are
-        skipped."""
+        """Every topic file, most recently updated first (hidden files skipped)."""
         return [stored.file() for stored in _select.newest_first(self._scan())]
 
     async def recall(self, query: str, *, limit: int = 5) -> builtins.list[MemoryFile]:
-        """The files that match the words of `query`, most relevant first, at most `limit`,
-        without an LLM: each content word of the query (stemmed) scores 3 in a file's topic,
-        2 in its description, 1 in its content; ties go to the most recently used file. The
-        files returned get `used` set to now.
+        """The files that match the words of `query`, most relevant first, at most `limit`, without
+        an LLM (topic words weigh 3, description 2, content 1); they get `used` set to now.
 
         Raises:
             InvalidInputError: a blank or too long `query`, or a `limit` below 1.
-            TimeoutError: another writer held the directory's lock for 60 s.
-        """
+            TimeoutError: another writer held the directory's lock too long."""
         check_text(query, "query", limit=self.max_text_chars, stored=False)
         check_count("limit", limit, minimum=1)
         wanted = _select.stems(query)
@@ -146,18 +130,9 @@ class MemoryFiles:
 
     async def update(self, history: Sequence[Mapping[str, object]], *, llm: LLM | None,
                      iterations: int, is_subagent: bool = False) -> MemoryUpdate:
-        """Files what the conversation in `history` decided, established, corrected or
-        preferred; nothing when disabled, for a sub-agent, below `min_iterations`, or without
-        user or assistant text.
-
-        The `memory_update` task (of `llm`, else the offline LLM) is shown every file's topic
-        and description and the content of the most related, and answers each topic's new
-        entries and those a correction removes (at most `prompts.MAX_UPDATE_FILES`). A prompt
-        the model's context refuses is asked again with about half of it, up to five times.
-        A topic's file is found by `_format.topic_key`; `files` reports what bounding cost.
-
-        Never raises (cancellation aside): a failure is logged and returned in `error`, with
-        the topics written before it and the usage of every call made."""
+        """Files what the conversation in `history` decided, established, corrected or preferred,
+        through the `memory_update` task; nothing when disabled, for a sub-agent, or below
+        `min_iterations`. Never raises (cancellation aside): a failure is returned in `error`."""
         metered: CountingLLM | None = None
         written: builtins.list[str] = []
         results: builtins.list[tuple[bool, MemoryFile]] = []
@@ -188,20 +163,13 @@ class MemoryFiles:
         return MemoryUpdate(written, metered.usage, None, [f for changed, f in results if changed])
 
     async def persist(self, what: str, *, llm: LLM | None) -> MemoryFile:
-        """Files the statement `what` on request ("remember this") and returns its file.
-
-        The `memory_persist` task (of `llm`, else the offline LLM) picks the topic and may
-        reword the statement as one entry; an entry that loses the statement's content
-        (`prompts.statement_entry`) is replaced by the statement. The entry is appended unless
-        there, and the file bounded like any write. Disabled: `skipped="disabled"`.
+        """Files the statement `what` on request ("remember this") through the `memory_persist` task
+        and returns its file (`skipped="disabled"` when disabled).
 
         Raises:
             InvalidInputError: `what` has no words or is too long; `llm` is not an LLM.
-            LLMError: the LLM failed or kept answering something unusable (`LLMTimeout`:
-                not within `LLM_TIMEOUT_S`).
-            OSError: the file could not be written (the old one is left intact), or
-                (`TimeoutError`) a lock was held too long.
-        """
+            LLMError: the LLM failed or kept answering something unusable.
+            OSError: the file could not be written, or (`TimeoutError`) a lock was held too long."""
         if not isinstance(what, str) or not _format.entry_key(what):
             # Only bullets and punctuation (".") leave nothing to file.
             raise InvalidInputError(f"what must be a statement with words, got {what!r}")
@@ -229,9 +197,7 @@ class MemoryFiles:
 
     async def _condense(self, llm: LLM, planned: _Planned) -> _Planned:
         """`planned`, rewritten by the `memory_condense` task when it would take its file past
-        `max_chars`; as it is when it fits or the task fails (the write then drops the oldest
-        entries). The reply is merged three ways like any change: a person may edit a file by
-        hand."""
+        `max_chars` (merged three ways like any change); as it is when it fits or the task fails."""
         stored = await anyio.to_thread.run_sync(self._scan)
         key = _format.topic_key(planned.change.topic)
         existing = next((s for s in stored if _format.topic_key(s.topic) == key), None)
@@ -257,9 +223,8 @@ class MemoryFiles:
 
     async def _commit(self, planned: builtins.list[_Planned], llm: LLM, written: builtins.list[str],
                       results: builtins.list[tuple[bool, MemoryFile]]) -> None:
-        """Writes each change into its topic's file, condensed first when it would not fit;
-        `written` and `results` (each file, and whether it changed) fill as files change, so a
-        failure part-way still reports them. The caller holds the writer lock."""
+        """Writes each change into its topic's file, condensed first when it would not fit, filling
+        `written` and `results` as it goes; the caller holds the writer lock."""
         if not planned:
             return
         planned = [await self._condense(llm, p) for p in planned]

@@ -11,11 +11,8 @@ from mnemo.ports import Usage
 
 @dataclass(frozen=True, slots=True)
 class MemoryFile:
-    """One topic file: `content` is the Markdown body (one entry per line), `updated` when its
-    content or description last changed (UTC). A file a write returns also says what keeping it
-    within `max_chars` cost: `condensed` when the LLM rewrote it, `dropped` the entries no
-    longer in it word for word, `truncated` when an entry was cut. `skipped` says why a write
-    did nothing (`"disabled"`); such a file has no topic."""
+    """One topic file: its Markdown body, `updated` (UTC), and what keeping it within `max_chars`
+    cost (`condensed`, `dropped`, `truncated`); `skipped` says why a write did nothing."""
 
     topic: str
     description: str
@@ -30,10 +27,8 @@ class MemoryFile:
 
 @dataclass(frozen=True, slots=True)
 class MemoryUpdate:
-    """What one `MemoryFiles.update` did: `written`, the topics whose files changed, in order
-    (also when a later step failed); `usage`, what every LLM call reported (None: none did);
-    `error`, why it stopped early; `files`, each changed file as written; `skipped`,
-    `"disabled"` when writing is off (a skipped sub-agent's update is a plain `MemoryUpdate()`)."""
+    """What one `MemoryFiles.update` did: the topics `written`, the `usage`, the `error` that
+    stopped it early, the changed `files`, and `skipped` ("disabled")."""
 
     written: list[str] = field(default_factory=list)
     usage: Usage | None = None

@@ -49,11 +49,8 @@ class Filed:
 
 
 # ---- memory_update ------------------------------------------------------------------------
-# The reply holds edits, not whole files: the new entries of each topic touched, and the
-# entries a correction makes wrong. Its length is then bounded by the schema whatever the
-# files' size, so it fits a small model's context beside the prompt, and the prompt may show
-# only part of a file (it is cut to fit, see `_select.views`) without the merge losing what
-# the model was not shown.
+# The reply holds edits (each topic's new entries and those a correction makes wrong), so its
+# length is bounded whatever the files' size.
 
 # The most files one reply changes, the new text of one file, and the entries it removes.
 MAX_UPDATE_FILES = 4
@@ -116,11 +113,8 @@ Reply with JSON: {{"files": [{{"topic", "description", "signals", "content", "re
 
 def memory_update_request(*, conversation: list[dict[str, str]],
                           files: list[dict[str, str]]) -> LLMRequest:
-    """The "memory_update" task.
-
-    `conversation` holds {"role", "content"} messages; `files` holds {"topic", "description"}
-    for existing files, plus "content" (all or part of it) for those most related. Read the
-    reply with `parse_update`."""
+    """The "memory_update" task over the `conversation` and the existing `files`; read the reply
+    with `parse_update`."""
     return task_request(
         "memory_update", system=MEMORY_UPDATE_SYSTEM, instructions=MEMORY_UPDATE_INSTRUCTIONS,
         inputs={"files": files, "conversation": conversation}, schema=MEMORY_UPDATE_SCHEMA,
@@ -128,12 +122,8 @@ def memory_update_request(*, conversation: list[dict[str, str]],
 
 
 def parse_update(resp: LLMResponse) -> list[TopicChange]:
-    """The file changes of a "memory_update" reply, in order: a missing `description` is "",
-    missing `signals` or `remove` none, repeated signals dropped.
-
-    Raises:
-        ValueError: naming the first field that does not match the schema.
-    """
+    """The file changes of a "memory_update" reply, in order; raises ValueError naming the first
+    field that does not match."""
     reply = read_reply(resp, UpdateReply, "memory_update")
     changes: list[TopicChange] = []
     for i, item in enumerate(reply.files):
@@ -172,10 +162,8 @@ Reply with JSON: {"topic", "description", "entry"}."""
 
 
 def memory_persist_request(*, statement: str, files: list[dict[str, str]]) -> LLMRequest:
-    """The "memory_persist" task: which topic `statement` belongs to, and its entry.
-
-    `files` holds {"topic", "description"} for every existing file. Read the reply with
-    `parse_persist`."""
+    """The "memory_persist" task: which topic `statement` belongs to, and its entry (read with
+    `parse_persist`)."""
     return task_request(
         "memory_persist", system=MEMORY_PERSIST_SYSTEM, instructions=MEMORY_PERSIST_INSTRUCTIONS,
         inputs={"statement": statement, "files": files}, schema=MEMORY_PERSIST_SCHEMA,
@@ -183,11 +171,8 @@ def memory_persist_request(*, statement: str, files: list[dict[str, str]]) -> LL
 
 
 def parse_persist(resp: LLMResponse) -> Filed:
-    """Where a "memory_persist" reply files the statement; the entry becomes one line.
-
-    Raises:
-        ValueError: naming the first field that does not match the schema.
-    """
+    """Where a "memory_persist" reply files the statement; raises ValueError naming the first field
+    that does not match."""
     reply = read_reply(resp, PersistReply, "memory_persist")
     # An entry of only bullets and punctuation would be dropped as empty when written.
     if not _format.entry_key(reply.entry):
@@ -198,10 +183,8 @@ def parse_persist(resp: LLMResponse) -> Filed:
 
 
 def statement_entry(entry: str, statement: str) -> str:
-    """The entry to file for `statement`: the model's `entry` when it rewords rather than
-    replaces it (it keeps every number, all content words but one in five, at least one, and
-    adds at most one plus one for every three; a word is kept as itself stemmed, a longer
-    form, or for up to four letters a word it abbreviates), else the statement itself."""
+    """The entry to file for `statement`: the model's `entry` when it rewords the statement
+    without losing its numbers or most of its content words, else the statement itself."""
     if not set(_NUMBER.findall(statement)) <= set(_NUMBER.findall(entry)):
         return statement
     said, wrote = _words(statement), _words(entry)
@@ -239,10 +222,7 @@ def _same_word(said: str, wrote: str) -> bool:
 
 
 # ---- memory_condense ----------------------------------------------------------------------
-# Asked when a write would take a file past `max_chars`: the model knows which entries
-# matter, so it merges and shortens them; dropping the oldest in code is only the fallback.
-# Inputs: {"topic": str, "description": str, "entries": [str] (oldest first, the new ones
-# last), "max_chars": int}. Reply: {"description": str, "content": str} (the whole new body).
+# Asked when a write would take a file past `max_chars`; dropping the oldest is the fallback.
 
 class CondenseReply(Reply, frozen=True, kw_only=True):
     description: str | None = None
@@ -271,9 +251,7 @@ Reply with JSON: {"description", "content"}."""
 
 def memory_condense_request(*, topic: str, description: str, entries: list[str],
                             max_chars: int) -> LLMRequest:
-    """The "memory_condense" task: `entries` rewritten to fit in `max_chars` characters.
-
-    Read the reply with `parse_condense`."""
+    """The "memory_condense" task: `entries` rewritten to fit in `max_chars` (`parse_condense`)."""
     return task_request(
         "memory_condense",
         system=MEMORY_CONDENSE_SYSTEM,
@@ -285,12 +263,8 @@ def memory_condense_request(*, topic: str, description: str, entries: list[str],
 
 
 def parse_condense(resp: LLMResponse, *, max_chars: int) -> Condensed:
-    """The condensed file of a "memory_condense" reply, as entry lines.
-
-    Raises:
-        ValueError: a field does not match the schema, the content holds no entry, or it is
-            still longer than `max_chars`.
-    """
+    """The condensed file of a "memory_condense" reply as entry lines; raises ValueError for a
+    mismatch, no entry, or one still longer than `max_chars`."""
     reply = read_reply(resp, CondenseReply, "memory_condense")
     content = reply.content
     lines = _format.dedupe(_format.entries(content))

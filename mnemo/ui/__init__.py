@@ -24,10 +24,8 @@ DEFAULT_PORT = 8765
 @asynccontextmanager
 async def open_view(db: Path | str, *, allow_writes: bool = False, llm: LLM | None = None,
                     embedder: Embedder | None = None) -> AsyncIterator[MemorySource]:
-    """A `MemorySource` over the memory at `db`, open while the block runs. Without models, each
-    repo's recorded ones are used (as by every other entry point). The Memory is opened for
-    inspection, `--allow-writes` or not: it never resumes or takes over work, and records no
-    repo's settings."""
+    """A `MemorySource` over the memory at `db`, opened for inspection while the block runs
+    (without models, each repo's recorded ones)."""
     async with Memory(db, llm=llm, embedder=embedder, inspect=True) as memory:
         yield MemorySource(memory, writes=allow_writes)
 
@@ -36,14 +34,9 @@ async def serve(db: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT
                 allow_writes: bool = False, llm: LLM | None = None,
                 embedder: Embedder | None = None, token: str | None = None,
                 allow_hosts: Sequence[str] = ()) -> None:
-    """Serves the web app over the memory at `db` until interrupted, answering only the bound
-    address, the loopback names and `allow_hosts`, and only with `token` when one is given
-    (`mnemo.ui.guard`). A bind beyond the loopback is warned about; `token=` values never
-    reach the access log.
-
-    Raises:
-        InvalidInputError: a malformed allowed host or token (before anything is opened).
-    """
+    """Serves the web app over the memory at `db` until interrupted, answering only allowed hosts
+    and, with `token`, only requests showing it (`mnemo.ui.guard`); raises InvalidInputError for a
+    malformed host or token before anything is opened."""
     access = Access.bound(host, allow_hosts, token)
     app = create_app(
         open_view=lambda: open_view(db, allow_writes=allow_writes, llm=llm, embedder=embedder),

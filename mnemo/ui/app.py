@@ -1,8 +1,6 @@
-"""`mnemo ui`: a small local web app over a memory (Starlette, Jinja2, vendored htmx). Every
-page is a GET that reads through a `MemorySource`, rendered on the server; with `allow_writes`
-two POSTs write (a recall that counts accesses, a revert). A `Gate` (`mnemo.ui.guard`) stands
-in front of every route. Ids travel as query parameters: thread ids such as "week/1" hold
-slashes."""
+"""`mnemo ui`: a small local web app over a memory (Starlette, Jinja2, vendored htmx), pages
+rendered on the server from a `MemorySource`, behind a `Gate` (`mnemo.ui.guard`); with
+`allow_writes`, two POSTs write."""
 
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ from mnemo.ui.source import LinkedNode, MemorySource
 
 # The graph page lists this many of the newest nodes of a type; search and recall cap too.
 LIST_LIMIT = 100
-# The graph page's picture: the newest facts and procedures (or the node asked for) and the
-# nodes up to two links away, at most PICTURE_NODES (the force layout costs their square).
+# The graph page's picture: the newest facts and procedures and the nodes two links away.
 PICTURE_SEEDS = 24
 PICTURE_NODES = 160
 PICTURE_HOPS = 2
@@ -56,13 +53,8 @@ ViewFactory = Callable[[], AbstractAsyncContextManager[MemorySource]]
 
 def create_app(view: MemorySource | None = None, *, open_view: ViewFactory | None = None,
                allow_writes: bool = False, access: Access | None = None) -> Starlette:
-    """The web app over `view`, or over the view `open_view` opens for the app's life: exactly
-    one of the two. `allow_writes` adds the two POSTs that write; `access` says which Host
-    names are answered and which token is required (default: the loopback names, no token).
-
-    Raises:
-        InvalidInputError: neither or both of `view` and `open_view`.
-    """
+    """The web app over `view`, or over the view `open_view` opens for the app's life (exactly one,
+    else InvalidInputError); `allow_writes` adds the POSTs, `access` the hosts and token."""
     if (view is None) == (open_view is None):
         raise InvalidInputError("create_app takes exactly one of view and open_view")
 
@@ -113,9 +105,8 @@ async def index(request: Request) -> Response:
 
 
 async def graph(request: Request) -> Response:
-    """A repo's graph: a picture of its newest facts and procedures and what they link to (or
-    of the part around `focus`, a node), a search box, the newest nodes of one type, its tags
-    and intents."""
+    """A repo's graph: a picture of its newest facts and procedures (or around `focus`), a search
+    box, the newest nodes of one type, its tags and intents."""
     view = view_of(request)
     params = request.query_params
     repo = await known_repo(view, params)
@@ -164,9 +155,8 @@ async def subgraph(view: MemorySource, repo: str, seeds: list[Node], *, hops: in
 
 
 async def node_page(request: Request) -> Response:
-    """One node: its text and data, a drawing of its neighbourhood, its links by type, and
-    for a memory its provenance: the steps it came from, each with the stored episode (and
-    session) it belongs to."""
+    """One node: its text and data, a drawing of its neighbourhood, its links by type, and its
+    provenance."""
     view = view_of(request)
     repo = await known_repo(view, request.query_params)
     node_id = required(request.query_params, "id")
@@ -215,9 +205,7 @@ def _members(node: Node, links: dict[LinkType, list[LinkedNode]]) -> list[Node]:
 
 
 async def recall(request: Request) -> Response:
-    """The recall playground: a query, k and node types in; each result's rank, score, phase
-    and hop out. A GET never counts its results as accesses; a POST (the playground's second
-    button, with `allow_writes` only) does, as an agent's recall does."""
+    """The recall playground; a POST (with `allow_writes` only) counts its results as accesses."""
     view = view_of(request)
     writing = request.method == "POST"
     if writing and not request.app.state.allow_writes:

@@ -1,8 +1,5 @@
-"""Pictures of the graph laid out for SVG drawn on the server (pure: coordinates, which the
-templates draw). `neighbourhood` (the node page): the nodes one link away in a column grouped
-by link type, the node's box beside it (`WIDE`) or above it (`NARROW`). `picture` (the graph
-page): a few hundred nodes and their links placed by a seeded force-directed layout. A node's
-type is its marker's shape and colour; a retired fact's marker is dashed."""
+"""Pictures of the graph laid out for SVG (pure coordinates the templates draw): a node's
+`neighbourhood`, and the graph `picture` by a seeded force-directed layout."""
 
 from __future__ import annotations
 
@@ -35,9 +32,8 @@ SHAPES: dict[NodeType, tuple[float, int]] = {
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """The geometry of a drawing: its width, the box (its width and what text fits in it),
-    the x of the column of markers, the characters a label keeps (at 14 px, under 8 px a
-    character), and whether the box stands beside the column or above it."""
+    """The geometry of a drawing: its width, the box, the column of markers, the characters a
+    label keeps, and whether the box stands beside the column or above it."""
 
     width: int
     box_width: float
@@ -227,8 +223,7 @@ def _curve(layout: Layout, box_y: float, box_height: float, mark_y: float) -> st
             f"Q{TRUNK_X:.1f},{mark_y:.1f} {TRUNK_X + turn:.1f},{mark_y:.1f}H{end_x:.1f}")
 
 
-# The graph page's picture: its size, the radius of each type's marker, and the label a
-# routing or source node carries (facts and steps are long: their text is the title).
+# The graph page's picture: its size, each type's marker radius, and the labelled node types.
 PICTURE_WIDTH = 960
 PICTURE_HEIGHT = 640
 PICTURE_MARGIN = 24
@@ -255,9 +250,8 @@ class Picture:
 
 def force_layout(count: int, pairs: Sequence[tuple[int, int]], *, iterations: int = 300,
                  seed: int = 7) -> npt.NDArray[np.float64]:
-    """Positions in the unit square for `count` nodes joined by `pairs` (indexes): linked
-    nodes pull together, every two push apart, a weak pull to the middle keeps unlinked
-    parts near (Fruchterman-Reingold, with a temperature that cools linearly)."""
+    """Positions in the unit square for `count` nodes joined by `pairs` (Fruchterman-Reingold with
+    linear cooling and a weak pull to the middle)."""
     rng = np.random.default_rng(seed)
     # A position is a complex number: one array op moves both coordinates.
     place = rng.random(count) + 1j * rng.random(count)

@@ -1,15 +1,7 @@
-"""The web app's gate: the Host names it answers, an optional access token, and no write from
-another site. One ASGI middleware, `Gate`, in front of every route, static files included.
-
-- Host: a request whose Host names none of the allowed hosts is refused (400), against DNS
-  rebinding (a page pointing a name of its own at 127.0.0.1 would read the whole memory).
-- Token: when set, every request shows it as `Authorization: Bearer`, the cookie the server
-  sets (an HMAC of it, HttpOnly, SameSite=Lax), or once `?token=` in a GET's address, which
-  sets the cookie and redirects without it. Compared in constant time.
-- Writes: a request other than GET/HEAD is refused (403) unless its Origin names this very
-  server (no CSRF).
-- Every answer keeps the pages out of frames, caches and other sites' Referers, and its
-  Content-Security-Policy lets a page load only this server's files."""
+"""The web app's gate (`Gate`, one ASGI middleware before every route): the Host names it
+answers (400 otherwise, against DNS rebinding), an optional access token (a bearer header, a
+cookie, or `?token=` once), no write from another origin (403), and headers that keep pages
+out of frames, caches and other sites."""
 
 from __future__ import annotations
 
@@ -87,13 +79,8 @@ def parse_host(header: str | None) -> Host | None:
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """Who the app answers: requests whose Host matches one of `hosts` (patterns, see
-    `host_pattern`), and, when `token` is set, only those that show it.
-
-    Raises:
-        InvalidInputError: a malformed host pattern or token, or `*` (no Host check) without a
-            token.
-    """
+    """Who the app answers: requests whose Host matches one of `hosts` and, with `token`, show it;
+    InvalidInputError for a malformed pattern or token, or `*` without a token."""
 
     hosts: tuple[str, ...] = LOOPBACK
     token: str | None = None

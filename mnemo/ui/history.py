@@ -1,6 +1,5 @@
-"""The history pages: a repo's commits newest first, what one commit changed, and (with
-`--allow-writes` only) undoing one. The revert is a POST from the commit's page, which the
-app's gate accepts only from the app's own pages (`mnemo.ui.guard`)."""
+"""The history pages: a repo's commits, what one changed, and (with `--allow-writes`) undoing
+one by a POST from the commit's page."""
 
 from __future__ import annotations
 
@@ -42,9 +41,8 @@ async def history(request: Request) -> Response:
 
 
 async def commit(request: Request) -> Response:
-    """One commit: the nodes it added (by type), the links it added with their ends' texts,
-    the facts it retired and the intents it reworded; the revert form when writes are
-    allowed."""
+    """One commit: the nodes and links it added, the facts it retired, the intents it reworded,
+    and the revert form when writes are allowed."""
     view = view_of(request)
     params = request.query_params
     repo = await known_repo(view, params)
@@ -80,13 +78,11 @@ async def _texts(view: MemorySource, repo: str, diff: CommitDiff,
 
 
 async def revert(request: Request) -> Response:
-    """Undoes the commit a form names (fields `repo`, `id`, `confirm`), then shows the
-    history; a 403 page when the app was started without `--allow-writes`.
+    """Undoes the commit a form names, then shows the history (403 without `--allow-writes`).
 
     Raises:
         InvalidInputError: the box was not ticked, or a malformed form.
-        ConflictError: later work built on the commit (409).
-    """
+        ConflictError: later work built on the commit (409)."""
     if not request.app.state.allow_writes:
         refused = "this web app is read-only: start it with --allow-writes to revert a commit"
         return page(request, "error.html", {"error": refused, "status": 403}, 403)

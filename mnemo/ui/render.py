@@ -34,9 +34,7 @@ def href(path: str, **params: object) -> str:
 
 
 def short_id(value: str, keep: int = 8, prefix: bool = True) -> str:
-    """An id cut after `keep` characters of its hex part (`changeset_c244a5fd…`, or
-    `c244a5fd…` without its `prefix`), as a listing shows it; the page of the thing shows
-    it whole."""
+    """An id cut after `keep` characters of its hex part (`changeset_c244a5fd…`)."""
     head, sep, rest = value.rpartition("_")
     if not prefix:
         head = sep = ""
@@ -74,12 +72,8 @@ def page(request: Request, name: str, context: Mapping[str, object],
 
 
 async def form(request: Request) -> Params:
-    """The fields of a POSTed form (URL-encoded), read up to MAX_FORM_BYTES.
-
-    Raises:
-        InvalidInputError: another content type, a larger body, or more than
-            MAX_FORM_FIELDS fields.
-    """
+    """The fields of a POSTed URL-encoded form, within `MAX_FORM_BYTES` and `MAX_FORM_FIELDS`
+    (InvalidInputError)."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != FORM_TYPE:
         raise InvalidInputError(f"a form must be sent as {FORM_TYPE}")
@@ -97,11 +91,7 @@ async def form(request: Request) -> Params:
 
 
 def required(params: Params, name: str) -> str:
-    """The parameter `name`, which must not be blank.
-
-    Raises:
-        InvalidInputError: missing or blank.
-    """
+    """The parameter `name`, which must not be blank (InvalidInputError)."""
     value = params.get(name, "")
     if not value.strip():
         raise InvalidInputError(f"the parameter {name!r} is required")
@@ -109,11 +99,7 @@ def required(params: Params, name: str) -> str:
 
 
 def whole(params: Params, name: str, default: int, *, low: int, high: int) -> int:
-    """The parameter `name` as a whole number in [low, high], `default` when absent.
-
-    Raises:
-        InvalidInputError: not a whole number, or out of range.
-    """
+    """The parameter `name` as a whole number in [low, high], `default` when absent."""
     raw = params.get(name, "").strip()
     if not raw:
         return default
@@ -127,12 +113,7 @@ def whole(params: Params, name: str, default: int, *, low: int, high: int) -> in
 
 
 async def known_repo(view: MemorySource, params: Params) -> str:
-    """The `repo` parameter, a repo of the memory.
-
-    Raises:
-        InvalidInputError: missing.
-        NotFoundError: no such repo.
-    """
+    """The `repo` parameter, a repo of the memory (InvalidInputError, NotFoundError)."""
     repo = required(params, "repo")
     if repo not in await view.repos():
         raise NotFoundError("repo", repo)
@@ -140,11 +121,7 @@ async def known_repo(view: MemorySource, params: Params) -> str:
 
 
 def node_types(values: Iterable[str]) -> list[NodeType]:
-    """Node types by their values.
-
-    Raises:
-        InvalidInputError: an unknown one.
-    """
+    """Node types by their values (InvalidInputError for an unknown one)."""
     chosen: list[NodeType] = []
     for value in values:
         try:

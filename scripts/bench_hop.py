@@ -3,7 +3,7 @@
 The same INSERT (WAL, `synchronous=NORMAL`, autocommit) is timed four ways from an asyncio task:
 inline on the loop thread (what appends once did, and what blocked the loop while
 another writer held the lock), through mnemo's own connection thread
-(`storage.sqlite.database._Worker`, what every statement uses now), through
+(`storage.worker.Worker`), through
 `anyio.to_thread.run_sync` with a limiter of one, and through a one-thread
 `ThreadPoolExecutor`. Each is the median of `--rounds` rounds of `--count`
 inserts; the hop is the difference from inline.
@@ -27,7 +27,7 @@ import anyio
 import anyio.to_thread
 from _bench import markdown_table
 
-from mnemo.storage.sqlite.database import _Worker
+from mnemo.storage.worker import Worker
 
 
 def connect(directory: Path) -> sqlite3.Connection:
@@ -56,7 +56,7 @@ async def main(count: int, rounds: int) -> list[list[str]]:
         async def inline(fn: Callable[[], None]) -> None:
             fn()
 
-        worker = _Worker("bench")
+        worker = Worker("bench")
 
         async def own_thread(fn: Callable[[], None]) -> None:
             await worker.call(fn)

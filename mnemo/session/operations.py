@@ -8,7 +8,7 @@ no extraction, no background commit). Each accepted operation gets exactly one c
 result, or a `SessionError` when it, or one before it, failed, or the session ended.
 
 While another Memory extracts a session, an operation accepted here is stored in the store's
-`ops` table (`SessionService`), and this Memory waits for it (`watch`). Whoever ends that work
+`ops` table (`_store_for`), and this Memory waits for it (`watch`). Whoever ends that work
 takes the stored operations (`run_stored`), runs them in order, and records each result for
 the Memory that accepted it, whose callback then runs (`deliver_results`; a taker that left
 without a result: `timers.answer_abandoned`). Every path that calls back a waiting operation
@@ -18,18 +18,14 @@ takes it out of `Sessions.remote` first, at once: one callback each, never none,
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import anyio
 
-from mnemo.errors import (
-    MnemoError,
-    NotFoundError,
-    SessionError,
-    StorageError,
-)
+from mnemo.errors import InvalidInputError, MnemoError, NotFoundError, SessionError, StorageError
 from mnemo.inputs import check_text
 from mnemo.session import transitions
 from mnemo.session.machine import (
@@ -44,7 +40,7 @@ from mnemo.session.machine import (
     project,
     refusal,
 )
-from mnemo.session.ports import StoredResult
+from mnemo.session.ports import StoredOp, StoredResult
 from mnemo.session.registry import POLL_INTERVAL, Sessions
 
 S = State
@@ -52,19 +48,40 @@ S = State
 log = logging.getLogger("mnemo")
 
 
-def submit(
-    live: Sessions,
-    session: SessionRecord,
-    kind: str,
-    args: tuple[Any, ...],
-    callback: Callback | None,
+async def submit(
+    live: Sessions, session_id: str, kind: str, args: tuple[Any, ...], callback: Callback | None
 ) -> None:
-    """Accepts an async operation: runs it now when the session is free, else queues it.
+    """Accepts an async operation: runs it now when the session is free, else queues it;
+    while another Memory extracts the session, stores it with the session (`_store_for`).
 
     Raises:
+        InvalidInputError: a callback that is neither None nor callable.
         SessionError: "session_failed", "pending_queue_full", "invalid_operation" or
             "invalid_queued_operation" (the API contract's queue rules).
     """
+    if callback is not None and not callable(callback):
+        raise InvalidInputError(f"callback must be callable or None, got {callback!r}")
+    session = await live.fetch(session_id, fresh=True)
+    try:
+        await _accept(live, session, kind, args, callback)
+    except SessionError as refused:
+        if refused.reason not in (
+            "invalid_operation", "invalid_queued_operation", "session_failed"
+        ):
+            raise
+        # Checked against the store before it is raised, as a sync call's refusal is
+        # (`transitions.refuse_checked`): nothing was accepted, so trying again accepts it
+        # at most once.
+        async with session.lock:
+            await live.reload(session)
+        await _accept(live, session, kind, args, callback)
+
+
+async def _accept(live: Sessions, session: SessionRecord, kind: str, args: tuple[Any, ...],
+                  callback: Callback | None) -> None:
+    if session.state is S.EXTRACTING and not session.scopes:
+        await _store_for(live, session, kind, args, callback)  # another Memory extracts it
+        return
     session_id = session.id
     check_args(session, kind, args)
     if session.state is S.FAILED:
@@ -484,3 +501,54 @@ async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> No
         log.warning("%s: could not leave or drop its stored operations: %r", session.id, exc)
     for _, _, callback in entries:
         await deliver(callback, failure(session, reason))
+
+
+async def _store_for(live: Sessions, session: SessionRecord, kind: str,
+                     args: tuple[Any, ...], callback: Callback | None) -> None:
+    """Accepts an operation for a session whose extraction another Memory holds: it is stored
+    with the session, whoever ends that work runs it, and its callback runs here.
+
+    Raises:
+        SessionError: as `submit`.
+        NotFoundError: the session ended while the call waited for another one's row.
+        RuntimeError: the Memory has closed (as a call that would start a task does).
+    """
+    check_args(session, kind, args)
+    if live.closing:  # a callback of the close itself, say, which holds `storing`
+        raise RuntimeError("the Memory has closed")
+    # From the check to the append, one call at a time: the store's insert is awaited, and a
+    # second call checked meanwhile would pass the bound and the rules without the first.
+    async with session.storing:
+        if session.ended:
+            raise NotFoundError("session", session.id)
+        if live.closing:
+            raise RuntimeError("the Memory has closed")
+        waiting = live.remote.get(session.id, [])
+        if len(waiting) >= session.config.max_pending_ops:
+            raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
+        auto = session.config.auto_commit
+        queued = [k for _, k, _ in waiting]
+        if project(S.IDLE if auto else S.READY, [*queued, kind], auto_commit=auto) is None:
+            raise SessionError(
+                "invalid_queued_operation", state=session.state, session_id=session.id
+            )
+        op_id = f"op_{uuid.uuid4().hex}"
+        await live.coordination.queue_op(StoredOp(
+            op_id, session.id, kind, list(args), live.holder_id, live.coordination.now()
+        ))
+        live.remote.setdefault(session.id, []).append((op_id, kind, callback))
+        if session.ended:
+            # Ended while its row was written: the end answered what it found, not this, and
+            # cancelled the watcher. Accepted all the same: answered here.
+            with anyio.CancelScope(shield=True):
+                await fail_remote(live, session, "session_ended")
+            return
+    watch(live, session)
+
+
+async def answer_ended(live: Sessions, session: SessionRecord) -> None:
+    """Answers what an ended session owed, `session_ended`: its queued operations, and those
+    it stored for another Memory's extraction (their watcher was cancelled with the rest, and
+    nothing else would call them back)."""
+    await fail_pending(session, "session_ended")
+    await fail_remote(live, session, "session_ended")

@@ -25,9 +25,9 @@ leases end at once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -57,14 +57,89 @@ S = State
 # for a Memory that has closed since is forgotten (`Coordination.forget_orphans`).
 ORPHAN_GRACE = timedelta(hours=1)
 
-# Ends the session if it is still at the given version (else `StaleSession`).
-End = Callable[[str, int], Awaitable[None]]
-
 # Seconds before a deadline is looked at again when the store could not be read.
 STORE_RETRY = 1.0
 # The most idle sessions one sweep ends (one statement): a store that gathered many is swept
 # in rounds, the first while the Memory opens.
 SWEEP_LIMIT = 100
+
+
+class BackgroundWork:
+    """The task group that hosts one Memory's background work: the loops below and every
+    session's own tasks (`Sessions.spawn`). It runs inside a dedicated asyncio task, not the
+    caller's: a task group must be left by the task that entered it, and pytest-asyncio (or
+    any framework that opens a resource in one task and closes it in another) closes a
+    Memory from another task."""
+
+    def __init__(self, live: Sessions) -> None:
+        self.live = live
+        self._host: asyncio.Task[None] | None = None
+        self._stop = anyio.Event()
+
+    async def start(self) -> None:
+        """Starts the work; returns once it runs.
+
+        Raises:
+            Exception: whatever the work raised before it started.
+        """
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._stop = anyio.Event()
+
+        async def host() -> None:
+            try:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(self._run)
+                    started.set_result(None)
+                    await self._stop.wait()
+                    tg.cancel_scope.cancel()
+            except BaseException as exc:
+                if not started.done():
+                    started.set_exception(exc)
+                    return
+                raise
+
+        self._host = asyncio.get_running_loop().create_task(host(), name="mnemo-host")
+        await started
+
+    async def stop(self) -> bool:
+        """Cancels the work and waits until it is gone; False when it was not running."""
+        task, self._host = self._host, None
+        if task is None:
+            return False
+        self._stop.set()
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+        return True
+
+    async def _run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        live = self.live
+        try:
+            async with anyio.create_task_group() as tg:
+                live.tg = tg
+                tg.start_soon(run, live)
+                tg.start_soon(sweep, live)
+                await tg.start(holder, live)
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            # Every accepted operation gets its callback, even when the Memory closes first;
+            # one being stored for another Memory is waited for (`SessionRecord.storing`),
+            # and answered with the rest.
+            live.closing = True
+            with anyio.CancelScope(shield=True):
+                for session in list(live.by_id.values()):
+                    await operations.fail_pending(session, "memory_closed")
+                    async with session.storing:
+                        await operations.fail_remote(live, session, "memory_closed")
+
+    async def end_idle(self) -> None:
+        """`end_idle`, a store fault logged (the sweep tries again once the work runs)."""
+        try:
+            await end_idle(self.live)
+        except StorageError as exc:
+            log.warning("idle sessions could not be ended: %r", exc)
 
 
 async def end_idle(live: Sessions) -> float:
@@ -80,7 +155,7 @@ async def end_idle(live: Sessions) -> float:
     for session_id, repo in swept.ended:
         session = live.by_id.get(session_id)
         if session is not None:
-            await live.ended_elsewhere(session)
+            await live.forget(session)
         await live.events.emit(
             "session_expired", session_id=session_id, repo=repo, state=S.IDLE, committed=False
         )
@@ -102,9 +177,9 @@ async def sweep(live: Sessions) -> None:
             await live.idle_wake.wait()
 
 
-async def run(live: Sessions, end: End) -> None:
-    """Flushes idle trajectories and expires idle sessions of auto-commit repos (ending them
-    through `end`); runs until cancelled."""
+async def run(live: Sessions) -> None:
+    """Flushes idle trajectories and expires idle sessions of auto-commit repos; runs until
+    cancelled."""
     while True:
         now = anyio.current_time()
         next_due = math.inf
@@ -113,14 +188,14 @@ async def run(live: Sessions, end: End) -> None:
             if session is None:
                 live.timed.discard(session_id)
                 continue
-            due = _check_deadlines(live, end, session, now)
+            due = _check_deadlines(live, session, now)
             next_due = min(next_due, due)
         live.timer_wake = anyio.Event()
         with anyio.move_on_after(max(next_due - anyio.current_time(), 0.0)):
             await live.timer_wake.wait()
 
 
-def _check_deadlines(live: Sessions, end: End, session: SessionRecord, now: float) -> float:
+def _check_deadlines(live: Sessions, session: SessionRecord, now: float) -> float:
     """Starts a look at the store (`_due`) when a deadline of `session` is due; returns when
     it next needs a look."""
     config = session.config
@@ -132,7 +207,7 @@ def _check_deadlines(live: Sessions, end: End, session: SessionRecord, now: floa
     expiry, flush_at = _deadlines(session)
     if now >= min(expiry, flush_at):
         session.checking = True
-        live.spawn(session, _due, live, end, session)
+        live.spawn(session, _due, live, session)
         return math.inf
     return min(expiry, flush_at)
 
@@ -153,7 +228,7 @@ def _deadlines(session: SessionRecord) -> tuple[float, float]:
     return expiry, flush_at
 
 
-async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
+async def _due(live: Sessions, session: SessionRecord) -> None:
     """Acts on a due deadline once the store agrees: the session is read again (used
     through another Memory, its deadlines run from that use; held by another, its timers are
     that one's), and a flush claims the session by a compare-and-set on its version, so that
@@ -166,7 +241,7 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
         expiry, flush_at = _deadlines(session)
         if now >= expiry:
             session.last_activity = math.inf  # once
-            live.spawn(session, _expire, live, end, session)
+            live.spawn(session, _expire, live, session)
             return
         if now < flush_at:
             return  # used meanwhile: the loop waits for the new deadline
@@ -211,7 +286,7 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
         live.timer_wake.set()
 
 
-async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
+async def _expire(live: Sessions, session: SessionRecord) -> None:
     """Commits what is left of an expired session, then ends it. Work under way (an
     operation running or queued, an append, a background commit, an extraction) finishes
     first, and again after the expiry's own close: if any of it was activity (an append, an
@@ -265,7 +340,7 @@ async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
     # event was lost at the first await of an async `on_event`.
     with anyio.CancelScope(shield=True):
         try:
-            await end(session.id, session.version)
+            await live.end(session, version=session.version)
         except StaleSession:
             moved = True  # used through another Memory since the close (a new episode)
         else:

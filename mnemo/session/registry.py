@@ -246,17 +246,6 @@ class Sessions:
         if row.state is not before:
             session.notify()
 
-    async def still_live(self, session: SessionRecord) -> bool:
-        """Whether the store still holds the session. One ended through another Memory is
-        dropped here and what it owed is answered `session_ended`, as `reload` does when it
-        finds the row gone."""
-        if session.ended:
-            return False
-        if await self.store.version(session.id) is not None:
-            return True
-        await self.forget(session)
-        return False
-
     async def end(self, session: SessionRecord, *, version: int | None = None) -> None:
         """Ends the session in the store (given `version`, only while it is still at it,
         else `StaleSession`: nothing changes), then here (`forget`)."""

@@ -17,10 +17,10 @@ third of `Config.lease_timeout`; its takeover task looks, when the Memory opens,
 is opened and twice a lease, for extractions nobody holds any more (a lease that ended, a
 holder not seen for a lease, one that closed, or, on this host, one whose process is gone)
 and takes one over by a compare-and-set, if its model for the repo is the one the work
-started with; so is the annotation of stored steps whose claim such a holder left, and the
-timers of auto-commit sessions. It also calls back, as failed, the operations this Memory
-stored that such a holder took and left without a result. A Memory closing retires, and its
-leases end at once.
+started with (`extracting.take_work`); so is the annotation of stored steps whose claim such
+a holder left, and the timers of auto-commit sessions. It also calls back, as failed, the
+operations this Memory stored that such a holder took and left without a result. A Memory
+closing retires, and its leases end at once.
 """
 
 from __future__ import annotations
@@ -34,11 +34,9 @@ from typing import Any
 import anyio
 
 from mnemo.errors import MnemoError, NotFoundError, SessionError, StorageError
-from mnemo.ports import model_name
-from mnemo.session import operations, registry, transitions
+from mnemo.session import extracting, operations, registry, transitions
 from mnemo.session.machine import (
     CommitSteps,
-    Extract,
     OpResult,
     SessionRecord,
     State,
@@ -291,11 +289,8 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
     operation running or queued, an append, a background commit, an extraction) finishes
     first, and again after the expiry's own close: if any of it was activity (an append, an
     episode started, here or through another Memory), the session has not been idle that long
-    after all. (The close was skipped while work was under way and the session ended anyway,
-    cancelling a background commit: its steps and the rest were never committed; and a sync
-    append in progress was not counted, so its session was closed and ended under it.)
-    The close and the end are compare-and-sets on the session's version: an append through
-    another Memory in between moves it, and the session lives on."""
+    after all. The close and the end are compare-and-sets on the session's version: an append
+    through another Memory in between moves it, and the session lives on."""
     seen = session.active_at
 
     def used() -> bool:
@@ -416,6 +411,8 @@ async def _takeover_loop(live: Sessions) -> None:
 
 
 async def take_over(live: Sessions) -> None:
+    """One look of the takeover task: the work nobody holds any more is taken over
+    (`extracting.take_work`), and the operations a gone holder took and left are answered."""
     co = live.coordination
     try:
         await co.sync_clock()
@@ -425,35 +422,7 @@ async def take_over(live: Sessions) -> None:
     now = co.now()
     # Reads only: a holder whose process is gone is treated as gone, not retired here.
     gone = await live.gone()
-    for lease in await co.takeable(now, now - live.lease, gone):
-        if lease.holder == live.holder_id:
-            continue  # this Memory's own work, starting or running
-        try:
-            session = await live.fetch(lease.id, fresh=True)
-        except (NotFoundError, MnemoError):
-            continue
-        if session.state in (State.COLLECTING, State.IDLE) and lease.state is not (
-            State.EXTRACTING
-        ):
-            await _take_timers(live, session)
-            continue
-        if session.state is not State.EXTRACTING or session.scopes:
-            continue  # moved on, or its work already runs here
-        if not _same_model(session):
-            continue
-        if await live.claim(session):
-            log.info("%s: taking over its extraction", session.id)
-            live.start(session, Extract())
-    for session_id in await co.unannotated(now - live.lease, gone):
-        try:
-            session = await live.fetch(session_id, fresh=True)
-        except MnemoError:
-            continue
-        if session.state is State.COLLECTING and not session.annotating and (
-            _same_model(session)
-        ):
-            log.info("%s: taking over the annotation of its stored steps", session.id)
-            transitions.annotate(live, session)
+    await extracting.take_work(live, now, gone)
     try:
         await answer_abandoned(live, now - live.lease, gone)
     except MnemoError as exc:
@@ -474,39 +443,6 @@ async def take_over(live: Sessions) -> None:
                      "that has closed", live.holder_id, forgotten)
 
 
-async def _take_timers(live: Sessions, session: SessionRecord) -> None:
-    """Drives the auto-commit timers of a session whose holder went away, if this
-    Memory's model for its repo may do its work."""
-    config = session.config
-    if session.driven or not config.auto_commit:
-        return
-    if config.flush_timeout is None and config.session_timeout is None and not (
-        session.finished_steps()
-    ):
-        return  # no timers and nothing started: nothing to drive, so nothing written
-    if not _same_model(session):
-        return
-    if await live.claim(session):
-        log.info("%s: taking over its auto-commit timers", session.id)
-        # A boundary handed the finished trajectories to a background commit, which
-        # went with its holder: it runs again here now, not at the next flush.
-        finished = session.finished_steps()
-        if finished:
-            live.start(session, CommitSteps(finished))
-
-
-def _same_model(session: SessionRecord) -> bool:
-    """Whether this Memory's model for the session's repo is the one its work started with
-    (the API contract: work is taken over only by a matching model)."""
-    try:
-        here = model_name(session.repo_runtime.llm)
-    except NotFoundError:
-        return False  # a repo this Memory has not opened
-    if session.extraction_model is not None and session.extraction_model != here:
-        log.info("%s: its work started with %s, not %s: left to a Memory with that model",
-                 session.id, session.extraction_model, here)
-        return False
-    return True
 
 
 async def answer_abandoned(

@@ -22,7 +22,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.session import operations
+from mnemo.session import machine, operations
 from mnemo.session.machine import Op, SessionRecord
 from mnemo.session.ports import StaleSession, StoredOp
 from mnemo.session.registry import Sessions
@@ -1019,7 +1019,7 @@ async def test_concurrent_calls_stored_for_another_memory_keep_the_queues_bound(
         held = await extracting(b, sid)
         second_arrived = anyio.Event()
         arrivals: list[str] = []
-        check_args = operations.check_args
+        check_args = machine.check_args
 
         def counting(session: SessionRecord, kind: str, args: tuple[Any, ...]) -> None:
             arrivals.append(kind)

@@ -389,14 +389,16 @@ async def holder(live: Sessions, *, task_status: Any = anyio.TASK_STATUS_IGNORED
 
 
 async def _beat(live: Sessions) -> None:
+    """Renews this holder's leases every third of a lease, from a third of a lease after it
+    registered (its registration, and each claim, wrote a whole lease)."""
     await live.registered.wait()
     while True:
+        await anyio.sleep(live.lease.total_seconds() / 3)
         try:
             await live.coordination.beat(live.holder_id, live.coordination.now(),
                                          live.lease_until())
         except MnemoError as exc:
             log.warning("%s: heartbeat failed: %r", live.holder_id, exc)
-        await anyio.sleep(live.lease.total_seconds() / 3)
 
 
 async def _takeover_loop(live: Sessions) -> None:

@@ -46,7 +46,7 @@ S = State
 
 
 def start(live: Sessions, session: SessionRecord, effect: Effect) -> None:
-    """Starts `effect` for `session` in the service's group (cancelled with the session)."""
+    """Starts `effect` for `session` in the background work's group (cancelled with it)."""
     if isinstance(effect, Extract):
         live.spawn(session, _extraction, live, session)
         return

@@ -103,7 +103,7 @@ class Sessions:
         self.look = anyio.Event()  # set: the takeover task looks for work now
 
     def start(self, session: SessionRecord, effect: Effect) -> None:
-        """Starts `effect` for `session` in the service's group (cancelled with it)."""
+        """Starts `effect` for `session` in the background work's group (cancelled with it)."""
         self._effects(self, session, effect)
 
     def lease_until(self) -> datetime:
@@ -330,8 +330,8 @@ class Sessions:
         self, session: SessionRecord, fn: Callable[..., Awaitable[None]], *args: Any,
         waiting: bool = False,
     ) -> None:
-        """Starts `fn(*args)` in the service's group, cancellable by `end_session`: work on
-        the session (`session.scopes`), or, `waiting`, a task that only waits on the store
+        """Starts `fn(*args)` in the background work's group, cancellable by `end_session`:
+        work on the session (`session.scopes`), or, `waiting`, a task that only waits on the store
         (`session.waits`).
 
         Raises:

@@ -13,13 +13,14 @@ from mnemo.adapters.minilm import default_embedder
 from mnemo.calls.retry import LimitedLLM
 from mnemo.config import Config
 from mnemo.conversation.service import ConversationService
+from mnemo.extraction.contradiction import intent_policy
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.memory.repos import Repos
 from mnemo.ports import LLM, Embedder, EventCallback, Events, Reranker
 from mnemo.recall.query import TagVectors
-from mnemo.session import extracting
+from mnemo.session import extracting, operations
 from mnemo.session.registry import Sessions
-from mnemo.session.service import SessionService, answer_ended
+from mnemo.session.timers import BackgroundWork
 from mnemo.storage.ports import has_postgres_driver, is_postgres, open_backend
 
 if TYPE_CHECKING:
@@ -64,7 +65,8 @@ def build(
         chosen = repos.llm_for(runtime, repo)
         return IngestRuntime(
             chosen, runtime.embedder, runtime.config,
-            service.intent_policy(runtime, chosen, repo), runtime.generation,
+            intent_policy(runtime.config, runtime.embedder, chosen, repo, repos.refresh),
+            runtime.generation,
         )
 
     live = Sessions(
@@ -77,16 +79,13 @@ def build(
         learn_repo=repos.learn,
         refresh_repo=repos.refresh,
         lease_timeout=config.lease_timeout,
+        idle_timeout=config.idle_session_timeout,
         effects=extracting.start,
-        answer_ended=answer_ended,
-    )
-    service = SessionService(
-        live, idle_session_timeout=config.idle_session_timeout,
-        last_answer=repos.usage.last_answer,
+        answer_ended=operations.answer_ended,
     )
     memory._backend, memory._sessions_store, memory._repos = backend, sessions, repos
-    memory._events, memory._graph, memory._service = events, backend.graph, service
-    memory._live = live
+    memory._events, memory._graph, memory._live = events, backend.graph, live
+    memory._background = BackgroundWork(live)
     memory._tag_vectors = TagVectors()
     memory._ingests = IngestService(backend.graph, ingest_runtime, events)
     def limited(llm: LLM) -> LLM:

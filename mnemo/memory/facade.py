@@ -4,7 +4,8 @@
   store, seen only through its ports (graph, sessions, threads);
 - `memory.repos.Repos` knows each repo's llm, embedder and config, the LLM limiters and the
   usage;
-- `session.SessionService` runs every session's state machine, queue and background work;
+- `session.registry.Sessions` holds every live session (state machine, queue), and
+  `session.timers.BackgroundWork` hosts their background work;
 - `memory.graph.GraphMethods` looks nodes up (`graph.reads` checks the input);
   `graph.maintenance` consolidates and decays;
 - `recall.engine.Recaller` searches a repo; `ingest.IngestService` stores trajectories;
@@ -128,14 +129,14 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             if self._inspect:
                 return self  # sessions are read from the store when asked, never restored
             # Idle sessions left behind end before the live ones are restored.
-            await self._service.end_idle()
+            await self._background.end_idle()
             live = await self._sessions_store.load_live()
-            await self._service.start()
+            await self._background.start()
         except BaseException:
             await self._backend.close()
             raise
         known = set(self._repos.names())
-        self._service.restore([s for s in live if s.repo in known])
+        self._live.restore([s for s in live if s.repo in known])
         return self
 
     async def __aexit__(
@@ -152,7 +153,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         if "_backend" not in vars(self):
             return  # never built: nothing was opened
         try:
-            if await self._service.stop():
+            if await self._background.stop():
                 with anyio.move_on_after(2, shield=True):
                     await self._save_profiles()
         finally:
@@ -198,7 +199,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         )
         await self._repos.adopt_profiles(self._sessions_store)
         if not self._inspect:
-            self._service.resume_repo(name)
+            self._live.look.set()  # the takeover task looks for work the repo's model may do
 
     async def list_repos(self) -> list[str]:
         """The names of every repo in the store (opened through any Memory), oldest first."""
@@ -400,7 +401,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         await self._repos.checked(repo, lambda c: check_recall(c, query, k, None, None))
         limit = self._repos.max_chars(repo)
         try:
-            context = await self._service.context(session_id, steps=3)
+            context = await self._session_context(session_id, 3)
         except NotFoundError:
             context = None
         if context is not None:

@@ -237,6 +237,7 @@ class GraphMethods(Parts):
         `extraction_timeout`), its generation, and the commit policy of a fact stated as it
         is (no contradiction asked)."""
         from mnemo.calls.retry import fail_after
+        from mnemo.extraction.contradiction import intent_policy
         from mnemo.extraction.entities import vector_text
         from mnemo.graph.vectors import embed
 
@@ -249,7 +250,8 @@ class GraphMethods(Parts):
         except TimeoutError as exc:
             raise EmbeddingError(f"the embedder took more than {limit} s") from exc
         llm = self._repos.llm_for(runtime, repo)
-        policy = replace(self._service.intent_policy(runtime, llm, repo), contradicts=None)
+        policy = replace(intent_policy(runtime.config, runtime.embedder, llm, repo,
+                                       self._repos.refresh), contradicts=None)
         return vector[0], runtime.generation, policy
 
     async def nodes_where(

@@ -21,12 +21,12 @@ if TYPE_CHECKING:
     from mnemo.recall.query import TagVectors
     from mnemo.session.ports import SessionStore
     from mnemo.session.registry import Sessions
-    from mnemo.session.service import SessionService
+    from mnemo.session.timers import BackgroundWork
     from mnemo.storage.ports import Backend
 
 # What `memory.assembly.build` sets.
 BUILT = frozenset({
-    "_backend", "_sessions_store", "_repos", "_events", "_graph", "_service", "_live",
+    "_backend", "_sessions_store", "_repos", "_events", "_graph", "_background", "_live",
     "_tag_vectors", "_ingests", "_conversations",
 })
 
@@ -40,7 +40,7 @@ class Parts:
     _repos: Repos
     _events: Events
     _graph: GraphStore
-    _service: SessionService
+    _background: BackgroundWork
     _live: Sessions
     _tag_vectors: TagVectors
     _ingests: IngestService

@@ -1,12 +1,21 @@
 """`Memory`'s methods over sessions: starting one, appending steps, closing, committing or
-discarding its episodes (each also queued, with a callback), and reading what it stored."""
+discarding its episodes (each also queued, with a callback), and reading what it stored.
+
+Each finds the session's record (`Sessions.fetch`) and hands it to `mnemo.session`: a move to
+`transitions`, an async call to `operations`. The session modules are imported inside the
+methods: they are imported with the parts, off the event loop (`memory.assembly`).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import anyio
 
 from mnemo.config import DURATION_CEILINGS, Config
-from mnemo.errors import InvalidInputError
+from mnemo.errors import InvalidInputError, NotFoundError, PipelineError, SessionError
 from mnemo.graph.scope import check_metadata
 from mnemo.inputs import check_count, check_id, check_models, check_seconds, check_text
 from mnemo.memory.parts import Parts
@@ -54,9 +63,29 @@ class SessionMethods(Parts):
             goal, "goal", limit=(config or repo_config).max_text_chars))
         await self._repos.refresh(repo)  # another Memory may have re-embedded it
         override, chosen = await self._repos.session_runtime(repo, llm, embedder, config)
-        return await self._service.start_session(
-            goal, repo=repo, override=override, config=chosen, metadata=scoped
-        )
+        from mnemo.episode import EpisodeRecord
+        from mnemo.session.machine import State
+
+        session_id = f"session_{uuid.uuid4().hex}"
+        episode = EpisodeRecord(f"episode_{uuid.uuid4().hex}", goal)
+        live = self._live
+        holder = until = None
+        if chosen.auto_commit:
+            # Its timers are this Memory's: the store says so, so that no other Memory that
+            # reads or restores it flushes or expires it, and another takes them over when
+            # this one goes (`timers.take_over`).
+            await live.register()
+            holder, until = live.holder_id, live.lease_until()
+        await live.store.create_session(session_id, repo, chosen, episode, holder=holder,
+                                        lease_until=until, metadata=scoped)
+        session = live.add(session_id, repo, State.COLLECTING, chosen, override)
+        session.metadata = dict(scoped or {})
+        session.episode = episode
+        session.driven = holder is not None
+        live.touch(session)
+        await live.events.emit("transition", session_id=session_id, repo=repo,
+                               **{"from": None, "to": State.COLLECTING})
+        return session_id
 
     async def append(
         self,
@@ -80,30 +109,42 @@ class SessionMethods(Parts):
             StorageError: the step could not be stored.
         """
         self._works("append")
-        from mnemo.session.transitions import append  # imported with the parts, off the loop
+        from mnemo.session.transitions import append
 
         return await append(self._live, session_id, observation, action, metadata)
 
     async def close(self, session_id: str) -> None:
         """Ends the episode and starts extraction in the background (state `extracting`)."""
         self._works("close")
-        await self._service.close(session_id)
+        await self._move(session_id, "close")
 
     async def commit(self, session_id: str) -> CommitReceipt | None:
         """`ready`: applies the changeset durably and returns its receipt (state `idle`).
         `failed`: retries the extraction (state `extracting`) and returns None."""
         self._works("commit")
-        return await self._service.commit(session_id)
+        return await self._move(session_id, "commit")
 
     async def discard(self, session_id: str) -> None:
         """Drops a ready changeset or a failed extraction (state `idle`)."""
         self._works("discard")
-        await self._service.discard(session_id)
+        await self._move(session_id, "discard")
 
     async def start_episode(self, session_id: str, goal: str) -> None:
         """Starts a new episode in an idle session (state `collecting`)."""
         self._works("start_episode")
-        await self._service.start_episode(session_id, goal)
+        from mnemo.session import transitions
+
+        session = await self._live.fetch(session_id)
+        check_text(goal, "goal", limit=session.config.max_text_chars)
+        await transitions.refuse_checked(self._live, session, "start_episode")
+        await transitions.start_episode(self._live, session, goal)
+
+    async def _move(self, session_id: str, kind: str) -> CommitReceipt | None:
+        """`close`, `commit` or `discard` on the session as the store holds it now."""
+        from mnemo.session import transitions
+
+        return await transitions.call(self._live, await self._live.fetch(session_id, fresh=True),
+                                      kind)
 
     async def close_and_commit(
         self,
@@ -132,24 +173,83 @@ class SessionMethods(Parts):
             check_count("max_polls", max_polls, minimum=1)
         check_seconds("poll_interval", poll_interval, DURATION_CEILINGS["wait"])
         try:
-            return await self._service.close_and_commit(
-                session_id, max_retries=max_retries, max_polls=max_polls,
-                poll_interval=poll_interval,
-            )
+            return await self._close_and_commit(session_id, max_retries, max_polls,
+                                                poll_interval)
         finally:
             await self._save_profiles()
 
+    async def _close_and_commit(
+        self, session_id: str, max_retries: int, max_polls: int | None, poll_interval: float
+    ) -> CommitReceipt:
+        """Each wait lasts as long as the `extraction_timeout` the session's extraction runs
+        with allows (plus a grace, so that the extraction's own timeout reports first; twice
+        that in auto-commit, whose close may first wait for another Memory's commit), and
+        again while its model calls keep being answered (calls queued for a slow server do
+        not count against the extraction's time); it is woken by the state change, it does
+        not poll."""
+        from mnemo.extraction.pipeline import failure_reason
+        from mnemo.session import transitions
+        from mnemo.session.machine import State as S
+        from mnemo.session.machine import refuse_close
+
+        live = self._live
+        session = await live.fetch(session_id, fresh=True)
+        runs = 0  # extractions this call started
+        if session.state in (S.COLLECTING, S.IDLE):
+            refuse_close(session)
+            await transitions.close(live, session)
+            runs = 1
+        elif session.state is S.EXTRACTING:
+            runs = 1
+        retries = 0
+        if max_polls is None:
+            phases = 2 if session.config.auto_commit else 1
+            wait = session.runtime.config.extraction_timeout * 1.1 * phases + 1.0
+        else:
+            wait = max(max_polls, 1) * max(poll_interval, 0.0)
+        while True:
+            with anyio.move_on_after(wait if wait > 0 else math.inf) as scope:
+                while session.state is S.EXTRACTING and not session.ended:
+                    await live.wait_moved(session)
+            if scope.cancelled_caught:
+                last = self._repos.usage.last_answer(session_id)
+                if max_polls is None and last is not None and anyio.current_time() - last < wait:
+                    continue  # still being answered: its calls queued, they did not hang
+                raise PipelineError("extraction_timeout", f"{session_id} still extracting")
+            if session.ended:
+                raise NotFoundError("session", session_id)
+            state = session.state
+            if state is S.READY:
+                receipt = await self._move(session_id, "commit")
+                assert receipt is not None
+                return receipt
+            if state is S.IDLE and session.config.auto_commit and session.last_receipt:
+                return session.last_receipt
+            if state is S.FAILED and retries < max_retries:
+                retries += 1
+                runs += 1
+                await self._move(session_id, "commit")
+                continue
+            if state is S.FAILED:
+                times = "once" if runs == 1 else f"{runs} times"
+                raise PipelineError(
+                    failure_reason(session.failure or Exception()),
+                    f"{session_id}: the extraction failed {times} in this call, last: "
+                    f"{session.failure}",
+                ) from session.failure
+            raise SessionError("not_ready", state=state, session_id=session_id)
+
     async def commit_async(self, session_id: str, callback: Callback | None = None) -> None:
         self._works("commit_async")
-        await self._service.submit(session_id, "commit", (), callback)
+        await self._submit(session_id, "commit", (), callback)
 
     async def discard_async(self, session_id: str, callback: Callback | None = None) -> None:
         self._works("discard_async")
-        await self._service.submit(session_id, "discard", (), callback)
+        await self._submit(session_id, "discard", (), callback)
 
     async def close_async(self, session_id: str, callback: Callback | None = None) -> None:
         self._works("close_async")
-        await self._service.submit(session_id, "close", (), callback)
+        await self._submit(session_id, "close", (), callback)
 
     async def start_episode_async(
         self, session_id: str, goal: str, callback: Callback | None = None
@@ -157,7 +257,7 @@ class SessionMethods(Parts):
         self._works("start_episode_async")
         if not isinstance(goal, str) or not goal.strip():
             raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
-        await self._service.submit(session_id, "start_episode", (goal,), callback)
+        await self._submit(session_id, "start_episode", (goal,), callback)
 
     async def append_async(
         self, session_id: str, observation: str, action: str, callback: Callback | None = None
@@ -166,19 +266,37 @@ class SessionMethods(Parts):
         for what, value in (("observation", observation), ("action", action)):
             if not isinstance(value, str):
                 raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
-        await self._service.submit(session_id, "append", (observation, action), callback)
+        await self._submit(session_id, "append", (observation, action), callback)
+
+    async def _submit(self, session_id: str, kind: str, args: tuple[Any, ...],
+                      callback: Callback | None) -> None:
+        from mnemo.session import operations
+
+        await operations.submit(self._live, session_id, kind, args, callback)
 
     async def session_state(self, session_id: str) -> State:
-        return await self._service.state_of(session_id)
+        """The session's state as the store holds it now. Reads only."""
+        return (await self._live.fetch(session_id, fresh=True)).state
 
     async def session_context(self, session_id: str) -> SessionContext | None:
         """The goal and last 5 steps ("obs -> act") of a live episode; None when idle."""
-        return await self._service.context(session_id)
+        return await self._session_context(session_id, 5)
+
+    async def _session_context(self, session_id: str, steps: int) -> SessionContext | None:
+        from mnemo.session.machine import SessionContext, State
+
+        session = await self._live.fetch(session_id, fresh=True)
+        if session.state is State.IDLE or session.episode is None:
+            return None
+        recent = [step.line for step in session.episode.steps[-steps:]] if steps else []
+        return SessionContext(session.episode.goal, recent)
 
     async def end_session(self, session_id: str) -> None:
-        """Stops the session; its id is then unknown."""
+        """Stops the session: its background work is cancelled, queued operations get
+        "session_ended", and its id becomes unknown. Uncommitted steps stay in the log."""
         self._works("end_session")
-        await self._service.end_session(session_id)
+        # Stored first: if the store refuses, nothing has changed and the session goes on.
+        await self._live.end(await self._live.fetch(session_id))
 
     async def episodes(self, session_id: str) -> list[EpisodeLog]:
         """Every episode the session stored (ended sessions too), oldest first, each with its
@@ -193,5 +311,18 @@ class SessionMethods(Parts):
 
     async def list_sessions(self) -> list[SessionInfo]:
         """Every live session (not ended, restored ones included), oldest first: id, repo,
-        state, the open episode's goal and its number of steps."""
-        return await self._service.list_sessions()
+        state, the open episode's goal and its number of steps (0 when idle; an idle one's
+        goal is its last episode's), and the holder of an extraction. Reads only: it never
+        resumes a restored session's extraction, nor ends an idle one."""
+        from mnemo.session.machine import SessionInfo, State
+
+        return [
+            SessionInfo(
+                s.id, s.repo, s.state, s.goal,
+                len(s.episode.steps) if s.episode is not None and s.state is not State.IDLE
+                else 0,
+                s.holder if s.state is State.EXTRACTING else None,
+                s.lease_until if s.state is State.EXTRACTING else None,
+            )
+            for s in await self._live.store.load_live()
+        ]

@@ -8,7 +8,8 @@ An `Extraction` is the extraction work of one session: `run` is the close's extr
 session is `extracting`, held here), which ends `ready`, or, in auto-commit, committed and
 `idle`, or `failed`, never extracting with nobody working on it; `commit_in_background`
 extracts and commits finished trajectories of an auto-commit session while it keeps
-collecting (its steps `claimed` meanwhile, here and in the store).
+collecting (its steps `claimed` meanwhile, here and in the store). `take_work` takes over
+the work a gone holder left: its extraction, its steps' annotation, its auto-commit timers.
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, replace
+from datetime import datetime
 from enum import Enum
 
 import anyio
 
 from mnemo.episode import EpisodeRecord, StepRecord
-from mnemo.errors import LLMTimeout, StorageError
+from mnemo.errors import LLMTimeout, MnemoError, NotFoundError, StorageError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.pipeline import Source, extract
 from mnemo.graph.model import Changeset, CommitReceipt
 from mnemo.graph.vectors import check_dim
+from mnemo.ports import model_name
 from mnemo.session import operations, registry, transitions
 from mnemo.session.machine import (
     CommitSteps,
@@ -43,7 +46,7 @@ S = State
 
 
 def start(live: Sessions, session: SessionRecord, effect: Effect) -> None:
-    """Starts `effect` for `session` in the service's group (cancelled with the session)."""
+    """Starts `effect` for `session` in the background work's group (cancelled with it)."""
     if isinstance(effect, Extract):
         live.spawn(session, _extraction, live, session)
         return
@@ -380,3 +383,74 @@ def _background_done(session: SessionRecord, steps: list[StepRecord]) -> None:
     session.claimed.difference_update(s.id for s in steps)
     session.background -= 1
     session.notify()
+
+
+async def take_work(live: Sessions, now: datetime, gone: list[str]) -> None:
+    """Takes over the work nobody holds any more (as of `now`, `gone` the holders whose
+    process left this host), if this Memory's model for the repo is the one it started with:
+    an extraction, the annotation of stored steps, an auto-commit session's timers."""
+    co = live.coordination
+    for lease in await co.takeable(now, now - live.lease, gone):
+        if lease.holder == live.holder_id:
+            continue  # this Memory's own work, starting or running
+        try:
+            session = await live.fetch(lease.id, fresh=True)
+        except MnemoError:
+            continue
+        if session.state in (State.COLLECTING, State.IDLE) and lease.state is not (
+            State.EXTRACTING
+        ):
+            await _take_timers(live, session)
+            continue
+        if session.state is not State.EXTRACTING or session.scopes:
+            continue  # moved on, or its work already runs here
+        if not _same_model(session):
+            continue
+        if await live.claim(session):
+            log.info("%s: taking over its extraction", session.id)
+            live.start(session, Extract())
+    for session_id in await co.unannotated(now - live.lease, gone):
+        try:
+            session = await live.fetch(session_id, fresh=True)
+        except MnemoError:
+            continue
+        if session.state is State.COLLECTING and not session.annotating and (
+            _same_model(session)
+        ):
+            log.info("%s: taking over the annotation of its stored steps", session.id)
+            transitions.annotate(live, session)
+
+
+async def _take_timers(live: Sessions, session: SessionRecord) -> None:
+    """Drives the auto-commit timers of a session whose holder went away, if this
+    Memory's model for its repo may do its work."""
+    config = session.config
+    if session.driven or not config.auto_commit:
+        return
+    if config.flush_timeout is None and config.session_timeout is None and not (
+        session.finished_steps()
+    ):
+        return  # no timers and nothing started: nothing to drive, so nothing written
+    if not _same_model(session):
+        return
+    if await live.claim(session):
+        log.info("%s: taking over its auto-commit timers", session.id)
+        # A boundary handed the finished trajectories to a background commit, which
+        # went with its holder: it runs again here now, not at the next flush.
+        finished = session.finished_steps()
+        if finished:
+            live.start(session, CommitSteps(finished))
+
+
+def _same_model(session: SessionRecord) -> bool:
+    """Whether this Memory's model for the session's repo is the one its work started with
+    (the API contract: work is taken over only by a matching model)."""
+    try:
+        here = model_name(session.repo_runtime.llm)
+    except NotFoundError:
+        return False  # a repo this Memory has not opened
+    if session.extraction_model is not None and session.extraction_model != here:
+        log.info("%s: its work started with %s, not %s: left to a Memory with that model",
+                 session.id, session.extraction_model, here)
+        return False
+    return True

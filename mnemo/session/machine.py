@@ -437,3 +437,39 @@ def current_state(session: SessionRecord) -> State:
     """The session's state now: a call that awaits may have moved it, which mypy's narrowing
     of `session.state` cannot know."""
     return session.state
+
+
+def check_args(session: SessionRecord, kind: str, args: tuple[Any, ...]) -> None:
+    """Raises InvalidInputError for an operation's text past the session's bounds."""
+    if kind == "append":
+        check_step(session.config, args[0], args[1], None)
+    elif kind == "start_episode":
+        check_text(args[0], "goal", limit=session.config.max_text_chars)
+
+
+def projection(session: SessionRecord, queued: list[str]) -> State | None:
+    """The state after the running operation (if not applied yet) and `queued`."""
+    auto = session.config.auto_commit
+    if session.state is S.EXTRACTING:
+        start = S.IDLE if auto else S.READY
+        kinds: list[str] = []
+    else:
+        start = session.state
+        running = session.running
+        kinds = [running.kind] if running and not running.applied else []
+    return project(start, [*kinds, *queued], auto_commit=auto)
+
+
+def failure(session: SessionRecord, reason: str) -> OpResult:
+    return OpResult(False, None, SessionError(reason, state=session.state, session_id=session.id))
+
+
+def as_session_error(exc: Exception, session: SessionRecord) -> SessionError:
+    """The `SessionError` an async operation's callback receives for `exc`."""
+    if isinstance(exc, SessionError):
+        return exc
+    # The API contract: whatever it was (an LLMError, an EmbeddingError, a foreign error), the
+    # caller tells it by the cause, not by a reason of its own.
+    error = SessionError("operation_failed", state=session.state, session_id=session.id)
+    error.__cause__ = exc
+    return error

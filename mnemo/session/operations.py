@@ -8,7 +8,7 @@ no extraction, no background commit). Each accepted operation gets exactly one c
 result, or a `SessionError` when it, or one before it, failed, or the session ended.
 
 While another Memory extracts a session, an operation accepted here is stored in the store's
-`ops` table (`SessionService`), and this Memory waits for it (`watch`). Whoever ends that work
+`ops` table (`_store_for`), and this Memory waits for it (`watch`). Whoever ends that work
 takes the stored operations (`run_stored`), runs them in order, and records each result for
 the Memory that accepted it, whose callback then runs (`deliver_results`; a taker that left
 without a result: `timers.answer_abandoned`). Every path that calls back a waiting operation
@@ -18,19 +18,14 @@ takes it out of `Sessions.remote` first, at once: one callback each, never none,
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import anyio
 
-from mnemo.errors import (
-    MnemoError,
-    NotFoundError,
-    SessionError,
-    StorageError,
-)
-from mnemo.inputs import check_text
+from mnemo.errors import InvalidInputError, MnemoError, NotFoundError, SessionError, StorageError
 from mnemo.session import transitions
 from mnemo.session.machine import (
     VALUES,
@@ -39,12 +34,15 @@ from mnemo.session.machine import (
     OpResult,
     SessionRecord,
     State,
-    check_step,
+    as_session_error,
+    check_args,
     deliver,
+    failure,
     project,
+    projection,
     refusal,
 )
-from mnemo.session.ports import StoredResult
+from mnemo.session.ports import StoredOp, StoredResult
 from mnemo.session.registry import POLL_INTERVAL, Sessions
 
 S = State
@@ -52,50 +50,68 @@ S = State
 log = logging.getLogger("mnemo")
 
 
-def submit(
-    live: Sessions,
-    session: SessionRecord,
-    kind: str,
-    args: tuple[Any, ...],
-    callback: Callback | None,
+async def submit(
+    live: Sessions, session_id: str, kind: str, args: tuple[Any, ...], callback: Callback | None
 ) -> None:
-    """Accepts an async operation: runs it now when the session is free, else queues it.
+    """Accepts an async operation: runs it now when the session is free, else queues it;
+    while another Memory extracts the session, stores it with the session (`_store_for`).
 
     Raises:
+        InvalidInputError: a callback that is neither None nor callable.
         SessionError: "session_failed", "pending_queue_full", "invalid_operation" or
             "invalid_queued_operation" (the API contract's queue rules).
     """
-    session_id = session.id
+    if callback is not None and not callable(callback):
+        raise InvalidInputError(f"callback must be callable or None, got {callback!r}")
+    session = await live.fetch(session_id, fresh=True)
+    try:
+        await _accept(live, session, kind, args, callback)
+    except SessionError as refused:
+        if refused.reason not in (
+            "invalid_operation", "invalid_queued_operation", "session_failed"
+        ):
+            raise
+        # Checked against the store before it is raised, as a sync call's refusal is
+        # (`transitions.refuse_checked`): nothing was accepted, so trying again accepts it
+        # at most once.
+        async with session.lock:
+            await live.reload(session)
+        await _accept(live, session, kind, args, callback)
+
+
+async def _accept(live: Sessions, session: SessionRecord, kind: str, args: tuple[Any, ...],
+                  callback: Callback | None) -> None:
     check_args(session, kind, args)
+    if session.state is S.EXTRACTING and not session.scopes:
+        await _store_for(live, session, kind, args, callback)  # another Memory extracts it
+        return
     if session.state is S.FAILED:
-        raise SessionError("session_failed", state=session.state, session_id=session_id)
+        raise SessionError("session_failed", state=session.state, session_id=session.id)
     op = Op(kind, args, callback)
     if session.busy or awaits_handover(live, session):
-        stored = _stored_here(live, session)
-        if len(stored) + len(session.pending) >= session.config.max_pending_ops:
-            raise SessionError(
-                "pending_queue_full", state=session.state, session_id=session_id
-            )
-        if _projection(session, [*stored, *(o.kind for o in session.pending), kind]) is None:
-            raise SessionError(
-                "invalid_queued_operation", state=session.state, session_id=session_id
-            )
+        # What this Memory stored while another held the extraction, not yet taken, was
+        # accepted first: it comes first in the queue (`run_stored`).
+        kinds = [k for _, k, _ in live.remote.get(session.id, [])]
+        kinds += [o.kind for o in session.pending]
+        _check_queue(session, len(kinds), projection(session, [*kinds, kind]))
         accept(session, op)
         session.pending.append(op)
         return
     if refusal(session, kind, appends=session.appends_in_flight) is not None:
-        raise SessionError("invalid_operation", state=session.state, session_id=session_id)
+        raise SessionError("invalid_operation", state=session.state, session_id=session.id)
     accept(session, op)
     session.running = op
     live.spawn(session, _run_op, live, session, op)
 
 
-def check_args(session: SessionRecord, kind: str, args: tuple[Any, ...]) -> None:
-    """Raises InvalidInputError for an operation's text past the session's bounds."""
-    if kind == "append":
-        check_step(session.config, args[0], args[1], None)
-    elif kind == "start_episode":
-        check_text(args[0], "goal", limit=session.config.max_text_chars)
+def _check_queue(session: SessionRecord, queued: int, projected: State | None) -> None:
+    """Raises the queue rules' SessionError: `queued` operations fill it, or no state is
+    `projected` after them."""
+    if queued >= session.config.max_pending_ops:
+        raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
+    if projected is None:
+        raise SessionError("invalid_queued_operation", state=session.state,
+                           session_id=session.id)
 
 
 def accept(session: SessionRecord, op: Op) -> None:
@@ -123,47 +139,24 @@ def handing_over(live: Sessions, session: SessionRecord) -> Iterator[None]:
         start_next(live, session)
 
 
-def _stored_here(live: Sessions, session: SessionRecord) -> list[str]:
-    """The kinds of the operations this Memory stored for the session while another Memory
-    held its extraction, not yet taken: accepted before any it queued since it took the work
-    over, so they come first in its queue (taken to its front: `run_stored`)."""
-    return [kind for _, kind, _ in live.remote.get(session.id, [])]
-
-
-def _projection(session: SessionRecord, queued: list[str]) -> State | None:
-    """The state after the running operation (if not applied yet) and `queued`."""
-    auto = session.config.auto_commit
-    if session.state is S.EXTRACTING:
-        start = S.IDLE if auto else S.READY
-        kinds: list[str] = []
-    else:
-        start = session.state
-        running = session.running
-        kinds = [running.kind] if running and not running.applied else []
-    return project(start, [*kinds, *queued], auto_commit=auto)
-
-
 async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     """Runs an accepted operation and reports it: exactly one callback, whatever happens."""
     try:
         await _still_taken(live, op)
         await _execute(live, session, op)
     except Exception as exc:
-        # Shielded: finding the session ended drops it, which cancels this task, and the
-        # callbacks are owed all the same.
+        # Shielded: finding the session ended cancels this task; the callbacks are owed.
         with anyio.CancelScope(shield=True):
             ended = not await _still_live(live, session)
             # The later ones are taken out at once: while the callbacks run, nothing else (a
             # background commit ending) may start one of them.
             later = _take_pending(session)
-            if ended:
-                # Ended through another Memory (the store no longer knows it, and the record
-                # went): what `end_session` answers for the operations it stops.
+            if ended:  # through another Memory: as `end_session` answers
                 await _finish_op(session, op, failure(session, "session_ended"))
                 await _fail(session, later, "session_ended")
             else:
                 await _finish_op(
-                    session, op, OpResult(False, None, _as_session_error(exc, session))
+                    session, op, OpResult(False, None, as_session_error(exc, session))
                 )
                 await _fail(session, later, "preceding_op_failed")
     except BaseException:
@@ -178,14 +171,20 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
 
 
 async def _still_live(live: Sessions, session: SessionRecord) -> bool:
-    """Whether the session of a failed operation still exists (ended through another Memory,
-    which may be why it failed, the operations behind it are answered `session_ended`, not
-    `preceding_op_failed`). A store that cannot say counts as live."""
+    """Whether the store still holds the session of a failed operation: one ended through
+    another Memory (which may be why it failed) is dropped here (`Sessions.forget`), and the
+    operations behind it are answered `session_ended`, not `preceding_op_failed`. A store
+    that cannot say counts as live."""
+    if session.ended:
+        return False
     try:
-        return await live.still_live(session)
+        if await live.store.version(session.id) is not None:
+            return True
     except MnemoError as exc:
         log.warning("%s: could not tell whether it still exists: %r", session.id, exc)
-        return not session.ended
+        return True
+    await live.forget(session)
+    return False
 
 
 async def _still_taken(live: Sessions, op: Op) -> None:
@@ -260,21 +259,6 @@ async def _fail(session: SessionRecord, ops: list[Op], reason: str) -> None:
         await deliver(op.callback, failure(session, reason))
 
 
-def failure(session: SessionRecord, reason: str) -> OpResult:
-    return OpResult(False, None, SessionError(reason, state=session.state, session_id=session.id))
-
-
-def _as_session_error(exc: Exception, session: SessionRecord) -> SessionError:
-    """The `SessionError` an async operation's callback receives for `exc`."""
-    if isinstance(exc, SessionError):
-        return exc
-    # The API contract: whatever it was (an LLMError, an EmbeddingError, a foreign error), the
-    # caller tells it by the cause, not by a reason of its own.
-    error = SessionError("operation_failed", state=session.state, session_id=session.id)
-    error.__cause__ = exc
-    return error
-
-
 # How often a Memory whose stored operations wait for work another Memory holds looks at the
 # store's change token (a cheap read; results and the session are read only when it moved).
 WATCH_INTERVAL = POLL_INTERVAL
@@ -311,8 +295,8 @@ def watch(live: Sessions, session: SessionRecord) -> None:
                     if session.state is not S.EXTRACTING:
                         await run_stored(live, session)
                 except StorageError as exc:
-                    # The results are in the store, the one truth: a fault ends nothing (a
-                    # failure here could contradict a result written meanwhile).
+                    # The results are in the store: a fault ends nothing (it could
+                    # contradict a result written meanwhile).
                     faults += 1
                     log.warning("%s: waiting for operations held elsewhere: %s (attempt %d)",
                                 session.id, exc, faults)
@@ -324,9 +308,7 @@ def watch(live: Sessions, session: SessionRecord) -> None:
 
     try:
         live.spawn(session, wait_for_the_store, waiting=True)
-    except RuntimeError:
-        # The Memory closed after the entry was kept: its close answers it (`memory_closed`,
-        # waiting for `storing`), and leaves the row to whoever runs the work.
+    except RuntimeError:  # the Memory closed after the entry was kept: its close answers it
         session.watching = False
 
 
@@ -358,12 +340,9 @@ def claim_waiting(
 async def run_stored(live: Sessions, session: SessionRecord) -> None:
     """Takes the session's stored operations nobody took yet and queues them here, in the
     order they were accepted (after a failed extraction they fail "extraction_failed"); each
-    result goes to the Memory that accepted it. Then starts the session's queue.
-
-    One taker at a time (the extraction's end and the watcher both get here: the one that
-    took nothing started the queue while the other's were on their way into it); a call made
-    meanwhile queues behind them (`awaits_handover`). Once taken, they are queued whatever
-    happens (shielded: a cancel in between lost them).
+    result goes to the Memory that accepted it. Then starts the session's queue. One taker
+    at a time (the extraction's end and the watcher both get here); a call made meanwhile
+    queues behind them (`awaits_handover`); once taken, they are queued (shielded).
 
     Raises:
         StorageError: the stored operations could not be taken (they stay stored); the
@@ -376,20 +355,16 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
 
 
 async def _take_stored(live: Sessions, session: SessionRecord) -> None:
-    # A holder that takes operations beats: to the Memories that accepted them, one that
-    # stops beating has left them (`answer_abandoned`).
-    await live.register()
+    await live.register()  # it beats: one that stops has left them (`answer_abandoned`)
     taken = await live.coordination.take_ops(session.id, live.holder_id)
-    # An operation whose Memory closed before it ran has nobody to call back: its row goes
-    # (on a fault it stays, taken; the operations still run).
+    # An operation whose Memory closed before it ran has nobody to call back: its row goes.
     orphans = [op.id for op in taken if not op.accepted_by]
     try:
         await live.coordination.drop_ops(orphans)
     except StorageError as exc:
         log.warning("%s: %d finished operation rows left in the store: %s",
                     session.id, len(orphans), exc)
-    # This Memory's own stored operations were accepted before any it queued here (it
-    # stored them while another Memory held the work): they go first.
+    # This Memory's own stored operations were accepted before any it queued here: first.
     first: list[Op] = []
     for stored in taken:
         callback = _result_to(live, session, stored.id) if stored.accepted_by else None
@@ -408,8 +383,7 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
 
 def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
     """Where a stored operation's result goes: its callback, when this Memory accepted it
-    (it leaves `live.remote` now: queued here, it is waited for there no more); else the
-    store, for the Memory that did."""
+    (it leaves `live.remote` now), else the store, for the Memory that did."""
     claimed = claim_waiting(live, session.id, {op_id})
     if not claimed:
 
@@ -440,9 +414,8 @@ async def _store_result(
     live: Sessions, session: SessionRecord, op_id: str, result: StoredResult
 ) -> None:
     """Stores the result of an operation another Memory accepted, trying again after a fault
-    for `FINISH_BUDGET` seconds here, then in the background until it is stored or this
-    Memory closes; closed first, this Memory retires, and the one that accepted it calls it
-    back as left without a result (`answer_abandoned`): one callback, never none."""
+    for `FINISH_BUDGET` seconds here, then in the background until this Memory closes (then
+    the one that accepted it answers it as left without a result: `answer_abandoned`)."""
     with anyio.move_on_after(FINISH_BUDGET):
         await _keep_storing(live, op_id, result)
         return
@@ -484,3 +457,44 @@ async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> No
         log.warning("%s: could not leave or drop its stored operations: %r", session.id, exc)
     for _, _, callback in entries:
         await deliver(callback, failure(session, reason))
+
+
+async def _store_for(live: Sessions, session: SessionRecord, kind: str,
+                     args: tuple[Any, ...], callback: Callback | None) -> None:
+    """Accepts an operation for a session whose extraction another Memory holds: it is stored
+    with the session, whoever ends that work runs it, and its callback runs here.
+
+    Raises:
+        SessionError: as `submit`; NotFoundError: the session ended meanwhile.
+        RuntimeError: the Memory has closed (as a call that would start a task does).
+    """
+    if live.closing:  # a callback of the close itself, say, which holds `storing`
+        raise RuntimeError("the Memory has closed")
+    # From the check to the append, one call at a time: the store's insert is awaited, and a
+    # second call checked meanwhile would pass the bound and the rules without the first.
+    async with session.storing:
+        if session.ended:
+            raise NotFoundError("session", session.id)
+        if live.closing:
+            raise RuntimeError("the Memory has closed")
+        queued = [k for _, k, _ in live.remote.get(session.id, [])]
+        auto = session.config.auto_commit
+        _check_queue(session, len(queued),
+                     project(S.IDLE if auto else S.READY, [*queued, kind], auto_commit=auto))
+        op_id = f"op_{uuid.uuid4().hex}"
+        await live.coordination.queue_op(StoredOp(
+            op_id, session.id, kind, list(args), live.holder_id, live.coordination.now()
+        ))
+        live.remote.setdefault(session.id, []).append((op_id, kind, callback))
+        if session.ended:  # while its row was written: the end did not answer it
+            with anyio.CancelScope(shield=True):
+                await fail_remote(live, session, "session_ended")
+            return
+    watch(live, session)
+
+
+async def answer_ended(live: Sessions, session: SessionRecord) -> None:
+    """Answers what an ended session owed, `session_ended`: its queued operations, and those
+    it stored for another Memory's extraction (their watcher was cancelled with it)."""
+    await fail_pending(session, "session_ended")
+    await fail_remote(live, session, "session_ended")

@@ -1,4 +1,4 @@
-"""The sessions' port: `SessionStore`, what the session service needs from a backend, and the
+"""The sessions' port: `SessionStore`, what the sessions need from a backend, and the
 rows it reads back.
 
 Every accepted step, episode and state change is written through it before the call that made

@@ -60,6 +60,7 @@ class Sessions:
         learn_repo: Callable[[str], Awaitable[None]],
         refresh_repo: Callable[[str, int], Awaitable[Runtime]],
         lease_timeout: float,
+        idle_timeout: float,
         effects: Callable[[Sessions, SessionRecord, Effect], None],
         answer_ended: Callable[[Sessions, SessionRecord], Awaitable[None]],
     ) -> None:
@@ -95,14 +96,14 @@ class Sessions:
         self.closing = False
         self.timer_wake = anyio.Event()
         self.timed: set[str] = set()  # ids of auto-commit sessions, the only ones with timers
-        # The shortest `Config.idle_session_timeout` of the sessions this Memory knows: the
-        # most the idle sweep waits before it looks at the store again.
-        self.shortest_idle = math.inf
+        # The shortest `Config.idle_session_timeout` of this Memory and the sessions it knows:
+        # the most the idle sweep waits before it looks at the store again.
+        self.shortest_idle = idle_timeout
         self.idle_wake = anyio.Event()
         self.look = anyio.Event()  # set: the takeover task looks for work now
 
     def start(self, session: SessionRecord, effect: Effect) -> None:
-        """Starts `effect` for `session` in the service's group (cancelled with it)."""
+        """Starts `effect` for `session` in the background work's group (cancelled with it)."""
         self._effects(self, session, effect)
 
     def lease_until(self) -> datetime:
@@ -174,6 +175,16 @@ class Sessions:
                 await self.reload(session)
         return session
 
+    def restore(self, rows: list[LiveSession]) -> None:
+        """Knows the sessions a store holds that had not ended. An extraction among them goes
+        on when it is nobody's any more and this Memory's model for its repo is the one it
+        started with (`timers.take_over`: the API contract, work is resumed only by a
+        matching model)."""
+        for row in rows:
+            if row.id not in self.by_id:  # the takeover task may have taken it already
+                self.adopt(row)
+        self.look.set()
+
     def adopt(self, row: LiveSession) -> SessionRecord:
         """A record for a session the store holds (restored, or started elsewhere)."""
         session = self.add(row.id, row.repo, row.state, row.config, None)
@@ -224,7 +235,7 @@ class Sessions:
         """
         row = await self.store.load_one(session.id)
         if row is None:
-            await self.ended_elsewhere(session)
+            await self.forget(session)
             raise NotFoundError("session", session.id)
         if row.version == session.version or (row.version < session.version and not conflict):
             return
@@ -235,27 +246,28 @@ class Sessions:
         if row.state is not before:
             session.notify()
 
-    async def still_live(self, session: SessionRecord) -> bool:
-        """Whether the store still holds the session. One ended through another Memory is
-        dropped here and what it owed is answered `session_ended`, as `reload` does when it
-        finds the row gone."""
-        if session.ended:
-            return False
-        if await self.store.version(session.id) is not None:
-            return True
-        await self.ended_elsewhere(session)
-        return False
+    async def end(self, session: SessionRecord, *, version: int | None = None) -> None:
+        """Ends the session in the store (given `version`, only while it is still at it,
+        else `StaleSession`: nothing changes), then here (`forget`)."""
+        await self.store.end(session.id, version=version)
+        await self.forget(session)
 
-    async def ended_elsewhere(self, session: SessionRecord) -> None:
-        """Drops a session the store no longer holds (ended by another call, another Memory,
-        or the idle sweep) and answers what it owed."""
-        ended = not session.ended
-        self.drop(session)
-        if ended:
-            # Shielded: the drop has just cancelled the session's tasks, the caller's too
-            # maybe, and the callbacks are owed all the same.
-            with anyio.CancelScope(shield=True):
-                await self._answer_ended(self, session)
+    async def forget(self, session: SessionRecord) -> None:
+        """Drops a session the store no longer holds (ended by a call, another Memory, or the
+        idle sweep): its background work is cancelled, its id is unknown here, and what it
+        owed is answered `session_ended`."""
+        if session.ended:
+            return
+        session.ended = True
+        self.by_id.pop(session.id, None)
+        self.machine.remove_model(session)
+        for scope in [*session.scopes, *session.waits]:
+            scope.cancel()
+        session.notify()
+        # Shielded: the caller may be one of the session's own tasks (its expiry, an
+        # operation whose callback ends it), just cancelled, and the callbacks are owed.
+        with anyio.CancelScope(shield=True):
+            await self._answer_ended(self, session)
 
     async def wait_moved(self, session: SessionRecord) -> None:
         """Waits until the session may have moved: its event here, or, while another Memory
@@ -282,17 +294,6 @@ class Sessions:
             if current != token:
                 await self.fetch(session.id, fresh=True)
                 return
-
-    def drop(self, session: SessionRecord) -> None:
-        """Forgets an ended session (its background work is cancelled)."""
-        if session.ended:
-            return
-        session.ended = True
-        self.by_id.pop(session.id, None)
-        self.machine.remove_model(session)
-        for scope in [*session.scopes, *session.waits]:
-            scope.cancel()
-        session.notify()
 
     def touch(self, session: SessionRecord) -> None:
         """Records activity; an auto-commit session this Memory drives may now have an earlier
@@ -329,8 +330,8 @@ class Sessions:
         self, session: SessionRecord, fn: Callable[..., Awaitable[None]], *args: Any,
         waiting: bool = False,
     ) -> None:
-        """Starts `fn(*args)` in the service's group, cancellable by `end_session`: work on
-        the session (`session.scopes`), or, `waiting`, a task that only waits on the store
+        """Starts `fn(*args)` in the background work's group, cancellable by `end_session`:
+        work on the session (`session.scopes`), or, `waiting`, a task that only waits on the store
         (`session.waits`).
 
         Raises:

@@ -17,28 +17,26 @@ third of `Config.lease_timeout`; its takeover task looks, when the Memory opens,
 is opened and twice a lease, for extractions nobody holds any more (a lease that ended, a
 holder not seen for a lease, one that closed, or, on this host, one whose process is gone)
 and takes one over by a compare-and-set, if its model for the repo is the one the work
-started with; so is the annotation of stored steps whose claim such a holder left, and the
-timers of auto-commit sessions. It also calls back, as failed, the operations this Memory
-stored that such a holder took and left without a result. A Memory closing retires, and its
-leases end at once.
+started with (`extracting.take_work`); so is the annotation of stored steps whose claim such
+a holder left, and the timers of auto-commit sessions. It also calls back, as failed, the
+operations this Memory stored that such a holder took and left without a result. A Memory
+closing retires, and its leases end at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
 
 from mnemo.errors import MnemoError, NotFoundError, SessionError, StorageError
-from mnemo.ports import model_name
-from mnemo.session import operations, registry, transitions
+from mnemo.session import extracting, operations, registry, transitions
 from mnemo.session.machine import (
     CommitSteps,
-    Extract,
     OpResult,
     SessionRecord,
     State,
@@ -57,14 +55,89 @@ S = State
 # for a Memory that has closed since is forgotten (`Coordination.forget_orphans`).
 ORPHAN_GRACE = timedelta(hours=1)
 
-# Ends the session if it is still at the given version (else `StaleSession`).
-End = Callable[[str, int], Awaitable[None]]
-
 # Seconds before a deadline is looked at again when the store could not be read.
 STORE_RETRY = 1.0
 # The most idle sessions one sweep ends (one statement): a store that gathered many is swept
 # in rounds, the first while the Memory opens.
 SWEEP_LIMIT = 100
+
+
+class BackgroundWork:
+    """The task group that hosts one Memory's background work: the loops below and every
+    session's own tasks (`Sessions.spawn`). It runs inside a dedicated asyncio task, not the
+    caller's: a task group must be left by the task that entered it, and pytest-asyncio (or
+    any framework that opens a resource in one task and closes it in another) closes a
+    Memory from another task."""
+
+    def __init__(self, live: Sessions) -> None:
+        self.live = live
+        self._host: asyncio.Task[None] | None = None
+        self._stop = anyio.Event()
+
+    async def start(self) -> None:
+        """Starts the work; returns once it runs.
+
+        Raises:
+            Exception: whatever the work raised before it started.
+        """
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._stop = anyio.Event()
+
+        async def host() -> None:
+            try:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(self._run)
+                    started.set_result(None)
+                    await self._stop.wait()
+                    tg.cancel_scope.cancel()
+            except BaseException as exc:
+                if not started.done():
+                    started.set_exception(exc)
+                    return
+                raise
+
+        self._host = asyncio.get_running_loop().create_task(host(), name="mnemo-host")
+        await started
+
+    async def stop(self) -> bool:
+        """Cancels the work and waits until it is gone; False when it was not running."""
+        task, self._host = self._host, None
+        if task is None:
+            return False
+        self._stop.set()
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+        return True
+
+    async def _run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        live = self.live
+        try:
+            async with anyio.create_task_group() as tg:
+                live.tg = tg
+                tg.start_soon(run, live)
+                tg.start_soon(sweep, live)
+                await tg.start(holder, live)
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            # Every accepted operation gets its callback, even when the Memory closes first;
+            # one being stored for another Memory is waited for (`SessionRecord.storing`),
+            # and answered with the rest.
+            live.closing = True
+            with anyio.CancelScope(shield=True):
+                for session in list(live.by_id.values()):
+                    await operations.fail_pending(session, "memory_closed")
+                    async with session.storing:
+                        await operations.fail_remote(live, session, "memory_closed")
+
+    async def end_idle(self) -> None:
+        """`end_idle`, a store fault logged (the sweep tries again once the work runs)."""
+        try:
+            await end_idle(self.live)
+        except StorageError as exc:
+            log.warning("idle sessions could not be ended: %r", exc)
 
 
 async def end_idle(live: Sessions) -> float:
@@ -80,7 +153,7 @@ async def end_idle(live: Sessions) -> float:
     for session_id, repo in swept.ended:
         session = live.by_id.get(session_id)
         if session is not None:
-            await live.ended_elsewhere(session)
+            await live.forget(session)
         await live.events.emit(
             "session_expired", session_id=session_id, repo=repo, state=S.IDLE, committed=False
         )
@@ -102,9 +175,9 @@ async def sweep(live: Sessions) -> None:
             await live.idle_wake.wait()
 
 
-async def run(live: Sessions, end: End) -> None:
-    """Flushes idle trajectories and expires idle sessions of auto-commit repos (ending them
-    through `end`); runs until cancelled."""
+async def run(live: Sessions) -> None:
+    """Flushes idle trajectories and expires idle sessions of auto-commit repos; runs until
+    cancelled."""
     while True:
         now = anyio.current_time()
         next_due = math.inf
@@ -113,14 +186,14 @@ async def run(live: Sessions, end: End) -> None:
             if session is None:
                 live.timed.discard(session_id)
                 continue
-            due = _check_deadlines(live, end, session, now)
+            due = _check_deadlines(live, session, now)
             next_due = min(next_due, due)
         live.timer_wake = anyio.Event()
         with anyio.move_on_after(max(next_due - anyio.current_time(), 0.0)):
             await live.timer_wake.wait()
 
 
-def _check_deadlines(live: Sessions, end: End, session: SessionRecord, now: float) -> float:
+def _check_deadlines(live: Sessions, session: SessionRecord, now: float) -> float:
     """Starts a look at the store (`_due`) when a deadline of `session` is due; returns when
     it next needs a look."""
     config = session.config
@@ -132,7 +205,7 @@ def _check_deadlines(live: Sessions, end: End, session: SessionRecord, now: floa
     expiry, flush_at = _deadlines(session)
     if now >= min(expiry, flush_at):
         session.checking = True
-        live.spawn(session, _due, live, end, session)
+        live.spawn(session, _due, live, session)
         return math.inf
     return min(expiry, flush_at)
 
@@ -153,7 +226,7 @@ def _deadlines(session: SessionRecord) -> tuple[float, float]:
     return expiry, flush_at
 
 
-async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
+async def _due(live: Sessions, session: SessionRecord) -> None:
     """Acts on a due deadline once the store agrees: the session is read again (used
     through another Memory, its deadlines run from that use; held by another, its timers are
     that one's), and a flush claims the session by a compare-and-set on its version, so that
@@ -166,7 +239,7 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
         expiry, flush_at = _deadlines(session)
         if now >= expiry:
             session.last_activity = math.inf  # once
-            live.spawn(session, _expire, live, end, session)
+            live.spawn(session, _expire, live, session)
             return
         if now < flush_at:
             return  # used meanwhile: the loop waits for the new deadline
@@ -211,16 +284,13 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
         live.timer_wake.set()
 
 
-async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
+async def _expire(live: Sessions, session: SessionRecord) -> None:
     """Commits what is left of an expired session, then ends it. Work under way (an
     operation running or queued, an append, a background commit, an extraction) finishes
     first, and again after the expiry's own close: if any of it was activity (an append, an
     episode started, here or through another Memory), the session has not been idle that long
-    after all. (The close was skipped while work was under way and the session ended anyway,
-    cancelling a background commit: its steps and the rest were never committed; and a sync
-    append in progress was not counted, so its session was closed and ended under it.)
-    The close and the end are compare-and-sets on the session's version: an append through
-    another Memory in between moves it, and the session lives on."""
+    after all. The close and the end are compare-and-sets on the session's version: an append
+    through another Memory in between moves it, and the session lives on."""
     seen = session.active_at
 
     def used() -> bool:
@@ -265,7 +335,7 @@ async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
     # event was lost at the first await of an async `on_event`.
     with anyio.CancelScope(shield=True):
         try:
-            await end(session.id, session.version)
+            await live.end(session, version=session.version)
         except StaleSession:
             moved = True  # used through another Memory since the close (a new episode)
         else:
@@ -319,14 +389,16 @@ async def holder(live: Sessions, *, task_status: Any = anyio.TASK_STATUS_IGNORED
 
 
 async def _beat(live: Sessions) -> None:
+    """Renews this holder's leases every third of a lease, from a third of a lease after it
+    registered (its registration, and each claim, wrote a whole lease)."""
     await live.registered.wait()
     while True:
+        await anyio.sleep(live.lease.total_seconds() / 3)
         try:
             await live.coordination.beat(live.holder_id, live.coordination.now(),
                                          live.lease_until())
         except MnemoError as exc:
             log.warning("%s: heartbeat failed: %r", live.holder_id, exc)
-        await anyio.sleep(live.lease.total_seconds() / 3)
 
 
 async def _takeover_loop(live: Sessions) -> None:
@@ -341,6 +413,8 @@ async def _takeover_loop(live: Sessions) -> None:
 
 
 async def take_over(live: Sessions) -> None:
+    """One look of the takeover task: the work nobody holds any more is taken over
+    (`extracting.take_work`), and the operations a gone holder took and left are answered."""
     co = live.coordination
     try:
         await co.sync_clock()
@@ -350,35 +424,7 @@ async def take_over(live: Sessions) -> None:
     now = co.now()
     # Reads only: a holder whose process is gone is treated as gone, not retired here.
     gone = await live.gone()
-    for lease in await co.takeable(now, now - live.lease, gone):
-        if lease.holder == live.holder_id:
-            continue  # this Memory's own work, starting or running
-        try:
-            session = await live.fetch(lease.id, fresh=True)
-        except (NotFoundError, MnemoError):
-            continue
-        if session.state in (State.COLLECTING, State.IDLE) and lease.state is not (
-            State.EXTRACTING
-        ):
-            await _take_timers(live, session)
-            continue
-        if session.state is not State.EXTRACTING or session.scopes:
-            continue  # moved on, or its work already runs here
-        if not _same_model(session):
-            continue
-        if await live.claim(session):
-            log.info("%s: taking over its extraction", session.id)
-            live.start(session, Extract())
-    for session_id in await co.unannotated(now - live.lease, gone):
-        try:
-            session = await live.fetch(session_id, fresh=True)
-        except MnemoError:
-            continue
-        if session.state is State.COLLECTING and not session.annotating and (
-            _same_model(session)
-        ):
-            log.info("%s: taking over the annotation of its stored steps", session.id)
-            transitions.annotate(live, session)
+    await extracting.take_work(live, now, gone)
     try:
         await answer_abandoned(live, now - live.lease, gone)
     except MnemoError as exc:
@@ -399,39 +445,6 @@ async def take_over(live: Sessions) -> None:
                      "that has closed", live.holder_id, forgotten)
 
 
-async def _take_timers(live: Sessions, session: SessionRecord) -> None:
-    """Drives the auto-commit timers of a session whose holder went away, if this
-    Memory's model for its repo may do its work."""
-    config = session.config
-    if session.driven or not config.auto_commit:
-        return
-    if config.flush_timeout is None and config.session_timeout is None and not (
-        session.finished_steps()
-    ):
-        return  # no timers and nothing started: nothing to drive, so nothing written
-    if not _same_model(session):
-        return
-    if await live.claim(session):
-        log.info("%s: taking over its auto-commit timers", session.id)
-        # A boundary handed the finished trajectories to a background commit, which
-        # went with its holder: it runs again here now, not at the next flush.
-        finished = session.finished_steps()
-        if finished:
-            live.start(session, CommitSteps(finished))
-
-
-def _same_model(session: SessionRecord) -> bool:
-    """Whether this Memory's model for the session's repo is the one its work started with
-    (the API contract: work is taken over only by a matching model)."""
-    try:
-        here = model_name(session.repo_runtime.llm)
-    except NotFoundError:
-        return False  # a repo this Memory has not opened
-    if session.extraction_model is not None and session.extraction_model != here:
-        log.info("%s: its work started with %s, not %s: left to a Memory with that model",
-                 session.id, session.extraction_model, here)
-        return False
-    return True
 
 
 async def answer_abandoned(

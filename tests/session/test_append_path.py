@@ -108,15 +108,23 @@ def test_no_session_module_imports_one_that_imports_it() -> None:
     """The modules of mnemo/session import each other without a circle (the machine's moves
     do not import what runs their effects)."""
     graph = session_imports()
-    assert {"machine", "transitions", "extracting", "operations", "service"} <= set(graph)
+    assert {"machine", "transitions", "extracting", "operations", "timers"} <= set(graph)
     assert circle(graph) is None
+
+
+def test_the_session_core_is_a_few_modules() -> None:
+    """mnemo/session holds at most 8 modules (`__init__.py` counted), none past 500 lines."""
+    modules = sorted(SESSION.glob("*.py"))
+    assert len(modules) <= 8, [m.name for m in modules]
+    sizes = {m.name: len(m.read_text(encoding="utf-8").splitlines()) for m in modules}
+    assert max(sizes.values()) <= 500, sizes
 
 
 async def test_the_session_store_says_the_version_an_append_checks(mem: mnemo.Memory) -> None:
     """`SessionStore.version`, the read an append makes when its turn comes, is the version
     the session's last write left (each append moves it on), and None once it ended."""
     sid = await mem.start_session("tidy the shed", repo="r")
-    live = mem._service._live
+    live = mem._live
     first = await live.store.version(sid)
     await mem.append(sid, "the shed is full of boxes", "open the first box")
     second = await live.store.version(sid)

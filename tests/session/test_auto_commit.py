@@ -171,7 +171,7 @@ async def held_background_commit(mem: mnemo.Memory, llm: FakeLLM) -> tuple[str, 
 
 async def until_expiry_started(mem: mnemo.Memory, sid: str) -> None:
     """Until the session's expiry is due and its task started (it marks the session)."""
-    record = mem._service._live.by_id[sid]
+    record = mem._live.by_id[sid]
     with anyio.fail_after(5):
         while record.last_activity != math.inf:
             await anyio.wait_all_tasks_blocked()
@@ -283,7 +283,7 @@ async def test_a_session_whose_close_outlasts_its_timeout_expires_once_committed
         await mem.close(sid)
         with anyio.fail_after(5):
             await held.started.wait()
-        record = mem._service._live.by_id[sid]
+        record = mem._live.by_id[sid]
         with anyio.fail_after(5):
             while anyio.current_time() < record.last_activity + EXPIRING_AFTER:
                 await anyio.wait_all_tasks_blocked()
@@ -304,7 +304,7 @@ async def test_an_append_is_activity_until_it_returns_from_its_annotation(
     async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
         await mem.open_repo(REPO, config=config)
         sid = await mem.start_session("explore", repo=REPO)
-        record = mem._service._live.by_id[sid]
+        record = mem._live.by_id[sid]
         held = llm.hold("state")
         async with anyio.create_task_group() as tg:
             tg.start_soon(mem.append, sid, "walk north", "go north")
@@ -330,7 +330,7 @@ async def test_a_read_during_the_closes_commit_loses_no_transition(
     there deterministically, right after the write."""
     sid = await auto_mem.start_session("explore", repo=REPO)
     await auto_mem.append(sid, "walk north", "go north")
-    live = auto_mem._service._live
+    live = auto_mem._live
     graph = live.graph
     apply = graph.apply
 
@@ -375,7 +375,7 @@ async def test_a_store_fault_at_a_deadline_is_a_warning_and_looked_at_again(
     while PostgreSQL was down)."""
     config = mnemo.Config(auto_commit=True, flush_timeout=0.2, session_timeout=None)
     sid = await auto_mem.start_session("explore", repo=REPO, config=config)
-    live = auto_mem._service._live
+    live = auto_mem._live
     fetch = live.fetch
     faults = [mnemo.StorageError("unavailable", "the server went away")]
 

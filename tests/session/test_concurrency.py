@@ -155,7 +155,7 @@ async def test_a_close_waiting_for_the_lock_is_refused_by_an_append_begun_meanwh
     append_in_progress and the append lands (the close went through, and the append was
     refused)."""
     sid = await mem.start_session("explore", repo=REPO)
-    record = mem._service._live.by_id[sid]
+    record = mem._live.by_id[sid]
     held = llm.hold("subgoal")
     outcomes: dict[str, object] = {}
 

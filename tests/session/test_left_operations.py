@@ -78,7 +78,7 @@ async def test_operations_taken_by_a_memory_that_left_are_called_back_as_failed(
         if taker == "unseen":
             await coordination.register(holder("holder_left", timedelta(days=1)))
         assert len(await coordination.take_ops(sid, "holder_left")) == 2
-        await timers.take_over(a.mem._service._live)
+        await timers.take_over(a.mem._live)
         with anyio.fail_after(5):
             await commit.done.wait()
             await start.done.wait()
@@ -129,7 +129,7 @@ async def test_a_late_taker_runs_none_of_what_was_answered_for_it(
         it.held.release()
         with anyio.fail_after(5):
             await storing.wait()  # the commit ran; its result is on its way
-        a_live = a.mem._service._live
+        a_live = a.mem._live
         # B's heartbeat is a day late as A sees it.
         await timers.answer_abandoned(a_live, datetime.now(UTC) + timedelta(days=1), [])
         with anyio.fail_after(5):
@@ -157,7 +157,7 @@ async def test_operations_a_live_memory_took_are_left_to_it(store: str) -> None:
         runner = it.b.mem._backend.coordination
         await runner.register(holder("holder_alive", timedelta(0)))
         [taken] = await runner.take_ops(sid, "holder_alive")
-        await timers.take_over(a.mem._service._live)
+        await timers.take_over(a.mem._live)
         assert commit.results == []
         assert [row[0] for row in await sql(a.mem, "SELECT id FROM ops")] == [taken.id]
         await runner.finish_op(taken.id, COMMITTED)
@@ -177,7 +177,7 @@ async def test_a_result_recorded_before_its_taker_left_is_delivered_as_it_is(
         [taken] = await runner.take_ops(it.sid, "holder_left")
         await runner.finish_op(taken.id, COMMITTED)
         await runner.retire("holder_left", datetime.now(UTC))
-        await timers.take_over(it.a.mem._service._live)
+        await timers.take_over(it.a.mem._live)
         with anyio.fail_after(5):
             await it.commit.done.wait()
         assert it.commit.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
@@ -198,10 +198,10 @@ async def test_an_operation_of_a_closed_memory_left_by_its_taker_is_forgotten(
         assert accepted_by == ""  # left to whoever runs the work
         await co.register(holder("taker", seen_ago=timedelta(minutes=10)))
         assert [op.kind for op in await co.take_ops(it.sid, "taker")] == ["commit"]
-        await timers.take_over(it.b.mem._service._live)  # the takeover task's look, at once
+        await timers.take_over(it.b.mem._live)  # the takeover task's look, at once
         assert len(await sql(it.b.mem, "SELECT id FROM ops")) == 1  # late, not gone
         await co.register(holder("taker", seen_ago=timers.ORPHAN_GRACE * 2))
-        await timers.take_over(it.b.mem._service._live)
+        await timers.take_over(it.b.mem._live)
         assert await sql(it.b.mem, "SELECT id FROM ops") == []
         it.held.release()  # B's extraction ends with nothing stored left to run
         assert await it.b.events.wait_state(it.b.mem, it.sid, State.READY) is State.READY

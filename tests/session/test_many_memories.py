@@ -22,7 +22,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.session import operations
+from mnemo.session import machine, operations
 from mnemo.session.machine import Op, SessionRecord
 from mnemo.session.ports import StaleSession, StoredOp
 from mnemo.session.registry import Sessions
@@ -440,7 +440,7 @@ async def test_the_times_a_memory_compares_with_others_are_the_stores(
         [(accepted,)] = await sql(b.mem, "SELECT created_at FROM ops")
         assert abs(datetime.fromisoformat(accepted) - (datetime.now(UTC) - behind)) < timedelta(
             minutes=1)
-        live = a.mem._service._live
+        live = a.mem._live
         five_ago = live.clock_of(datetime.now(UTC) - behind - timedelta(seconds=5))
         assert abs(five_ago - (anyio.current_time() - 5)) < 1
         held.release()
@@ -670,7 +670,7 @@ async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(stor
     async with workers(store, 2) as (a, b):
         sid = await fill(a.mem)
         held = await extracting(b, sid)
-        live = a.mem._service._live
+        live = a.mem._live
         wait_moved = live.wait_moved
         waiting = anyio.Event()
 
@@ -714,7 +714,7 @@ async def with_a_stored_commit(
     another Memory holds the work), calling back to `callbacks("commit")`."""
     sid = await fill(worker.mem)
     await ready(worker, sid)
-    live = worker.mem._service._live
+    live = worker.mem._live
     live.remote[sid] = [("op_stored", "commit", callbacks("commit"))]
     return sid, live, live.by_id[sid]
 
@@ -922,7 +922,7 @@ async def test_a_refusal_is_checked_against_the_store_after_this_memorys_own_wri
     async with workers(store, 2) as (a, b):
         sid = await fill(a.mem)
         await ready(a, sid)
-        live = a.mem._service._live
+        live = a.mem._live
         spied = SpiedLock(live.by_id[sid].lock)
         live.by_id[sid].lock = spied  # type: ignore[assignment]
         apply, applying, go = live.graph.apply, anyio.Event(), anyio.Event()
@@ -1019,7 +1019,7 @@ async def test_concurrent_calls_stored_for_another_memory_keep_the_queues_bound(
         held = await extracting(b, sid)
         second_arrived = anyio.Event()
         arrivals: list[str] = []
-        check_args = operations.check_args
+        check_args = machine.check_args
 
         def counting(session: SessionRecord, kind: str, args: tuple[Any, ...]) -> None:
             arrivals.append(kind)
@@ -1073,7 +1073,7 @@ async def test_a_failed_refusal_is_checked_against_the_store(store: str) -> None
         assert await a.events.wait_state(a.mem, sid, State.READY, State.FAILED) is State.FAILED
         assert await b.mem.commit(sid) is None  # extracts again, in B
         assert await b.events.wait_state(b.mem, sid, State.READY, State.FAILED) is State.READY
-        live = a.mem._service._live
+        live = a.mem._live
         spied = SpiedLock(live.by_id[sid].lock)
         live.by_id[sid].lock = spied  # type: ignore[assignment]
         callbacks = Callbacks()
@@ -1202,8 +1202,8 @@ async def test_a_call_stored_while_its_memory_closes_is_answered_and_runs_once(
         b = await open_worker(stack, store)
         held = await extracting(b, sid)
         written, go = held_after_its_row(monkeypatch, a.mem)
-        spied = SpiedLock(a.mem._service._live.by_id[sid].storing)
-        a.mem._service._live.by_id[sid].storing = spied  # type: ignore[assignment]
+        spied = SpiedLock(a.mem._live.by_id[sid].storing)
+        a.mem._live.by_id[sid].storing = spied  # type: ignore[assignment]
         callbacks = Callbacks()
         outcome: list[BaseException | None] = []
         closed = anyio.Event()
@@ -1270,7 +1270,7 @@ async def test_an_end_refused_as_stale_leaves_the_stored_operations(store: str) 
         callbacks = Callbacks()
         await a.mem.commit_async(sid, callbacks("commit"))
         with pytest.raises(StaleSession):
-            await a.mem._service._live.store.end(sid, version=-1)
+            await a.mem._live.store.end(sid, version=-1)
         assert len(await sql(a.mem, "SELECT id FROM ops")) == 1
         held.release()
         await callbacks.wait(1)

@@ -165,7 +165,7 @@ async def test_a_fault_taking_stored_ops_after_an_extraction_still_runs_the_queu
         await m.close(sid)
         with anyio.fail_after(5):
             await held.started.wait()
-        coordination = m._service._live.coordination
+        coordination = m._live.coordination
         take_ops = coordination.take_ops
         faults = [mnemo.StorageError("unavailable", "injected: connection lost")]
 

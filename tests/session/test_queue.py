@@ -226,7 +226,7 @@ async def test_a_read_older_than_the_close_does_not_take_the_session_back(
     close."""
     sid = await enter(State.COLLECTING)
     await mem.append(sid, "walk north", "go north")
-    live = mem._service._live
+    live = mem._live
     before_row = await live.store.load_one(sid)
     before_lease = await live.coordination.lease(sid)
     before_version = await live.store.version(sid)
@@ -273,7 +273,7 @@ async def test_a_record_ahead_of_its_store_takes_the_store_in_after_a_refused_wr
     the store's version is older: every write was refused and every read left out, so an
     append tried again for good."""
     sid = await mem.start_session("explore the house", repo=REPO)
-    live = mem._service._live
+    live = mem._live
     live.by_id[sid].version += 1
     with anyio.fail_after(10):
         info = await mem.append(sid, "walk north", "go north")
@@ -292,7 +292,7 @@ async def test_a_read_during_a_commits_write_loses_no_transition(
     commit raised the state machine's MachineError from idle although it was stored. The read
     is placed deterministically, right after the write."""
     sid = await enter(State.READY)
-    live = mem._service._live
+    live = mem._live
     graph = live.graph
     apply = graph.apply
 

@@ -76,7 +76,7 @@ async def test_reads_through_another_model_never_resume_an_extraction(tmp_path: 
         await mem.open_repo(REPO)
         # One look of the takeover task run to its end here (the one the open asked for may still
         # be on its thread when the tasks look blocked).
-        await timers.take_over(mem._service._live)
+        await timers.take_over(mem._live)
         await anyio.wait_all_tasks_blocked()
         assert await mem.session_state(sid) is State.EXTRACTING
     assert other.calls == []

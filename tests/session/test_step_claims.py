@@ -238,7 +238,7 @@ async def test_a_close_waiting_for_claims_stops_when_the_session_ends_elsewhere(
         await b.close(sid)
         with anyio.fail_after(10):
             await waiting.wait()
-        record = b._service._live.by_id[sid]
+        record = b._live.by_id[sid]
         await c.end_session(sid)
         with anyio.fail_after(10):
             while not record.ended:  # the close's end: its record dropped

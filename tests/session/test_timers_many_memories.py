@@ -204,7 +204,7 @@ async def test_a_session_without_a_stored_use_is_idle_from_when_it_is_read(store
         before = anyio.current_time()
         b, _, _ = await opened(stack, store)  # restores the session
         assert await b.session_state(sid) is mnemo.State.COLLECTING
-        record = b._service._live.by_id[sid]
+        record = b._live.by_id[sid]
         assert record.last_activity >= before
 
 
@@ -220,9 +220,9 @@ async def test_a_reader_takes_over_no_session_without_timers(store: str) -> None
         await a.append(sid, "walk north", "go north")
     async with AsyncExitStack() as stack:
         b, _, _ = await opened(stack, store)
-        coordination = b._service._live.coordination
+        coordination = b._live.coordination
         before = await coordination.lease(sid)
-        await timers.take_over(b._service._live)  # the takeover task's look, at once
+        await timers.take_over(b._live)  # the takeover task's look, at once
         after = await coordination.lease(sid)
         assert before is not None
         assert after is not None

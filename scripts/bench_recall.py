@@ -39,7 +39,9 @@ With `--where`, every node carries the metadata `{"user_id": "user<n>"}` of its 
 user (`--users`, 1,000 by default: trajectory t is user t mod users; a shared tag or intent is
 its first trajectory's user's), written with the scope index as mnemo writes it, and each
 size also times `mem.recall(repo, query, k=10, where={"user_id": ...})` over the same queries,
-each for one user in turn. Goal: a filtered recall's p50 within 1.5x of the unfiltered one's.
+each for one user in turn, right after the same query unfiltered (so that a change of the
+machine's load weighs on both alike). Goal: a filtered recall's p50 within 1.5x of the
+unfiltered one's.
 
 With `--store URL|embedded` (scripts/_stores.py), each size is also measured on PostgreSQL
 in the same run: the same graph and vectors are copied into a fresh database
@@ -484,9 +486,10 @@ async def measure(
         for text in texts[:5]:
             await mem.recall(REPO, text, k=10)
         recall_ms: list[float] = []
+        where_ms: list[float] = []
         stages: dict[str, list[float]] = {}
-        returned = 0
-        for text in texts:
+        returned = scoped = 0
+        for i, text in enumerate(texts):
             started = time.perf_counter()
             result = await mem.recall(REPO, text, k=10)
             recall_ms.append((time.perf_counter() - started) * 1000)
@@ -495,15 +498,13 @@ async def measure(
             if isinstance(trace, dict):
                 for stage, seconds in trace.items():
                     stages.setdefault(stage, []).append(float(seconds) * 1000)
-        where_ms: list[float] = []
-        scoped = 0
-        for i, text in enumerate(texts if users else ()):
-            # Each query for another user, spread over them (7919 is prime).
-            where = {"user_id": user_name(i * 7919 % (users or 1))}
-            started = time.perf_counter()
-            result = await mem.recall(REPO, text, k=10, where=where)
-            where_ms.append((time.perf_counter() - started) * 1000)
-            scoped += len(result.memories)
+            if users:
+                # Each query for another user, spread over them (7919 is prime).
+                where = {"user_id": user_name(i * 7919 % users)}
+                started = time.perf_counter()
+                result = await mem.recall(REPO, text, k=10, where=where)
+                where_ms.append((time.perf_counter() - started) * 1000)
+                scoped += len(result.memories)
         vectors = await embedder.embed(texts)
         if pg is None:
             snap = index.snapshot()

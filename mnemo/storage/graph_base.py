@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from mnemo.errors import ConflictError
 from mnemo.graph import commit, erasure
@@ -135,7 +135,7 @@ class Vectors(Protocol):
     ) -> list[Hits]: ...
 
     async def similarities(
-        self, repo: str, node_ids: Sequence[str], vector: Vector
+        self, repo: str, node_ids: Sequence[str], vector: Vector, limit: int | None = None
     ) -> dict[str, float]: ...
 
     async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]: ...
@@ -312,9 +312,17 @@ class GraphBase(RowReads):
         if scope is None:
             return await self._vectors.search(repo, vector, limit, types)
         kinds = None if types is None else [NodeType(t).value for t in types]
-        return await self.scoped_vectors(
-            repo, scope, vector, limit, kinds,
-            self.similarities, lambda n: self._vectors.search(repo, vector, n, types))
+
+        async def within(ids: list[str]) -> Hits:
+            # Exact cosine over the members' vectors: at least the `limit` best (all tied at
+            # the cut), ordered here, ties by the order the nodes were added.
+            assert scope.members is not None
+            rows = scope.members
+            similar = await self._vectors.similarities(repo, ids, vector, limit)
+            return sorted(similar.items(), key=lambda hit: (-hit[1], rows[hit[0]][0]))[:limit]
+
+        return await self.scoped(repo, scope, limit, kinds, within,
+                                 lambda n: self._vectors.search(repo, vector, n, types))
 
     async def nearest_of_type(
         self, repo: str, probes: Vector, kind: NodeType, k: int
@@ -391,21 +399,6 @@ class GraphBase(RowReads):
             return [(i, score) for i, score in hits if i in keep][:limit]
         ids = scope.ids(kinds)
         return await within(ids) if ids and limit > 0 else []
-
-    async def scoped_vectors(
-        self, repo: str, scope: Scope, vector: Any, limit: int, kinds: Collection[str] | None,
-        similarities: Callable[[str, Sequence[str], Any], Awaitable[dict[str, float]]],
-        wide: Callable[[int], Awaitable[Hits]],
-    ) -> Hits:
-        """The dense channel inside the scope: exact cosine over its members' vectors."""
-
-        async def within(ids: list[str]) -> Hits:
-            assert scope.members is not None
-            rows = scope.members
-            similar = await similarities(repo, ids, vector)
-            return sorted(similar.items(), key=lambda hit: (-hit[1], rows[hit[0]][0]))[:limit]
-
-        return await self.scoped(repo, scope, limit, kinds, within, wide)
 
     async def scoped_text(
         self, repo: str, query: str, limit: int, kinds: list[str] | None, scope: Scope,

@@ -3,12 +3,16 @@ selecting by it in recall, search and forget (mnemo/graph/scope.py, mnemo/storag
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import mnemo
 from mnemo.graph import scope as scopes
+from mnemo.graph.model import Changeset, NodeDraft
+from tests.backends import open_stores
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM
+from tests.graph._support import DIM, policy
 
 N = mnemo.NodeType
 
@@ -188,3 +192,33 @@ async def test_a_session_committed_through_another_memory_keeps_its_metadata(
         for node in await second.get_nodes_by_type(REPO, list(N)):
             assert node.metadata == {"user_id": "erin"}
         assert (await second.recall(REPO, "oven", where={"user_id": "erin"})).memories
+
+
+@pytest.mark.parametrize("types", [None, [N.SEMANTIC]])
+async def test_the_scoped_dense_channel_ranks_as_the_exact_scan(
+    store: str, types: list[mnemo.NodeType] | None
+) -> None:
+    """Inside a scope, `search_vectors` gives the scope's nodes (of `types`) nearest by
+    cosine, best first, as an exact scan ranks them: equal vectors tie, and a tie, at the
+    cut too, goes to the node added first."""
+    pool = np.random.default_rng(5).normal(size=(4, DIM)).astype(np.float32)
+    query = pool[2] + 0.3 * pool[1]
+    cosines = pool @ query / np.linalg.norm(pool, axis=1) / np.linalg.norm(query)
+    kinds = [N.SEMANTIC, N.EPISODIC]
+    # alice's nodes, the order they are added: (id, type, which of `pool` is its vector)
+    alice = [(f"alice{i}", kinds[i % 2], i * 3 % 4) for i in range(24)]
+    bob = [(f"bob{i}", kinds[i % 2], i % 4) for i in range(24)]
+    async with open_stores(store, DIM) as backend:
+        graph = backend.graph
+        for n, (user, nodes) in enumerate([("alice", alice[:12]), ("bob", bob),
+                                           ("alice", alice[12:])]):
+            drafts = [NodeDraft(i, kind, f"{i} fact", {}, pool[v]) for i, kind, v in nodes]
+            await graph.apply(Changeset(f"cs{n}", REPO, drafts, metadata={"user_id": user}),
+                              intents=policy())
+        scope = await graph.scope(REPO, scopes.check_where({"user_id": "alice"}) or {})
+        wanted = [(i, v) for i, kind, v in alice if types is None or kind in types]
+        # Stable: a tie keeps the order the nodes were added.
+        exact = [i for i, v in sorted(wanted, key=lambda node: -cosines[node[1]])]
+        for k in (1, 5, 9, 40):
+            hits = await graph.search_vectors(REPO, query, k, types, scope)
+            assert [i for i, _ in hits] == exact[:k]

@@ -137,8 +137,16 @@ class PgVectors:
         return await self._nearest(repo, list(probes), [kind.value], k)
 
     async def similarities(
-        self, repo: str, node_ids: Sequence[str], vector: Vector
+        self, repo: str, node_ids: Sequence[str], vector: Vector, limit: int | None = None
     ) -> dict[str, float]:
+        """Cosine of each of these nodes that has a vector to `vector`; with `limit`, of the
+        `limit` most similar only (and all tied with the last), scored by the server, so that
+        the rows read are bounded by `limit`, not by `node_ids`."""
+        if limit is not None:
+            rows = await self._pg.fetch_all(NEAREST_OF_NODES, {
+                "repo": repo, "ids": list(node_ids), "q": as_array(vector), "k": limit})
+            # A zero vector has no direction: its distance is NaN, and it is never near.
+            return {str(i): 1.0 - d for i, d in rows if isinstance(d, float) and math.isfinite(d)}
         found = await self.of_nodes(repo, node_ids)
         if not found:
             return {}
@@ -285,6 +293,10 @@ class PgVectors:
 
 # The vectors of some nodes (read in binary: `unit_rows` takes the rows).
 OF_NODES = "SELECT node_id, vec FROM vectors WHERE repo = %(repo)s AND node_id = ANY(%(ids)s)"
+# The `k` of some nodes nearest to `q` by cosine distance, all tied with the last kept.
+NEAREST_OF_NODES = (
+    "SELECT node_id, vec <=> %(q)s AS d FROM vectors WHERE repo = %(repo)s"
+    " AND node_id = ANY(%(ids)s) ORDER BY d FETCH FIRST %(k)s ROWS WITH TIES")
 
 
 def unit_rows(rows: Sequence[Row]) -> dict[str, Vector]:

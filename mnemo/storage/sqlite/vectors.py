@@ -83,9 +83,10 @@ class SqliteVectors:
         return await ann.nearest_of_type(await self.index(repo), probes, kind, k)
 
     async def similarities(
-        self, repo: str, node_ids: Sequence[str], vector: Vector
+        self, repo: str, node_ids: Sequence[str], vector: Vector, limit: int | None = None
     ) -> dict[str, float]:
-        """Raw cosine of each node (that has a vector) to `vector`, in one matrix product."""
+        """Raw cosine of each node (that has a vector) to `vector`, in one matrix product
+        (every node's, whatever `limit`: they are in memory)."""
         return (await self.index(repo)).similarities(node_ids, vector)
 
     async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:

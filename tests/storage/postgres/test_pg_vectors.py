@@ -73,6 +73,41 @@ async def test_exact_search_breaks_ties_by_insertion_wherever_the_rows_lie(
         assert [i for i, _ in episodic] == ["n1", "n3"]
 
 
+async def test_a_scoped_dense_search_reads_k_rows_not_the_scope(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside a scope, the server ranks the members' vectors and returns the best `k` rows
+    (a zero vector, never near, left out): what a scoped search reads is bounded by k, not
+    by the scope's size, and it finds what the exact ranking finds."""
+    vectors = np.random.default_rng(9).normal(size=(60, DIM)).astype(np.float32)
+    vectors[7] = 0.0
+    query = vectors[3] + 0.1 * vectors[4]
+    async with Postgres(pg_url) as pg:
+        graph = PgGraph(pg, lambda repo: DIM)
+        nodes = [NodeDraft(f"n{i}", NodeType.SEMANTIC, f"fact {i}", {}, vectors[i])
+                 for i in range(60)]
+        await graph.apply(Changeset("cs", "r", nodes, metadata={"user_id": "alice"}),
+                          intents=policy())
+        scope = await graph.scope("r", {"user_id": ('"alice"',)})
+        assert scope.members is not None
+        assert len(scope.members) == 60
+        read: list[int] = []
+        real = pg.fetch_all
+
+        async def counted(statement: Any, params: Any = None, **kwargs: Any) -> Any:
+            rows = await real(statement, params, **kwargs)
+            read.append(len(rows))
+            return rows
+
+        monkeypatch.setattr(pg, "fetch_all", counted)
+        hits = await graph.search_vectors("r", query, 5, scope=scope)
+        scores = unit(vectors) @ unit(query)[0]
+        assert [i for i, _ in hits] == [f"n{i}" for i in np.argsort(-scores)[:5]]
+        assert np.allclose([s for _, s in hits], np.sort(scores)[::-1][:5], atol=1e-5)
+        assert sum(read) <= 5
+        assert await graph.search_vectors("r", np.zeros(DIM, np.float32), 5, scope=scope) == []
+
+
 def many_routes(
     monkeypatch: pytest.MonkeyPatch, seed: int
 ) -> tuple[npt.NDArray[np.float32], list[NodeDraft]]:

@@ -58,16 +58,13 @@ Member = TypeVar("Member", NodeType, LinkType)
 
 
 class _StoredNames(dict[str, Member]):
-    """Stored type names to their members. A name no member has (a row another program or a
-    later version wrote) is a `StorageError("corrupt")`, as any unreadable row is, not a
-    KeyError from deep inside a read."""
+    """Stored type names to their members; an unknown name is `StorageError("corrupt")`."""
 
     def __missing__(self, name: str) -> NoReturn:
         raise StorageError("corrupt", f"a stored row names an unknown type {name!r}")
 
 
-# A stored type name's member by a dict lookup: `NodeType(name)` goes through the enum's
-# machinery at each call, and a recall hop decodes hundreds of rows.
+# A dict lookup, cheaper than `NodeType(name)` (a recall hop decodes hundreds of rows).
 NODE_TYPES: dict[str, NodeType] = _StoredNames((kind.value, kind) for kind in NodeType)
 LINK_TYPES: dict[str, LinkType] = _StoredNames((kind.value, kind) for kind in LinkType)
 
@@ -150,8 +147,7 @@ class Changeset:
             raw["generation"] = self.generation
         if self.metadata:
             raw["metadata"] = self.metadata
-        # msgspec, keys sorted as json's sort_keys: a tenth of json.dumps's time for a close's
-        # changeset (hundreds of KB), on the way from the last reply to ready.
+        # msgspec, keys sorted as json's sort_keys.
         return _SORTED_JSON.encode(raw).decode()
 
     @classmethod
@@ -223,10 +219,8 @@ def correction(repo: str, old: Node, text: str, vector: Vector, generation: int)
 
 
 def step_window(node_id: str, width: int) -> list[str]:
-    """The ids of the EPISODIC nodes up to `width` steps before and after the step whose node
-    is `node_id` in its episode, nearest first (those that exist or not); none for an id of
-    another shape. A step's id is "<episode id>:<index>" and its node's "episodic_<step id>"
-    (extraction.pipeline)."""
+    """The ids of the EPISODIC nodes up to `width` steps before and after `node_id`'s step in
+    its episode, nearest first, existing or not; none for an id not "episodic_<episode>:<i>"."""
     head, colon, index = node_id.rpartition(":")
     if not (colon and head.startswith("episodic_") and index.isascii() and index.isdigit()):
         return []
@@ -348,8 +342,7 @@ def node_value(
     `config.frequency_floor`. Naive datetimes are taken as UTC. Recall multiplies it by the
     relevance; `decay` deletes what falls below `config.decay_threshold`.
     """
-    # `recency`, `frequency` and `reward` written out, the same operations in the same order
-    # (recall values 50-100 nodes a query: the calls took half of its time).
+    # `recency`, `frequency` and `reward` inlined, same operations in the same order (hot path).
     seen = created_at if created_at.tzinfo is not None else _utc(created_at)
     if last_access is not None:
         last = last_access if last_access.tzinfo is not None else _utc(last_access)

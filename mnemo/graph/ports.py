@@ -1,14 +1,6 @@
-"""The graph's port: what sessions, ingest, recall and maintenance need from a graph store, and
-the side writes a commit carries into its transaction.
-
-The port is cut by role: `NodeReads` (what every role reads), `RecallReads`, `GraphWrites`,
-`GraphHistory`, `GraphMaintenance` and `Reembedding`; a caller asks for the role it uses, and a
-backend (`mnemo.storage.sqlite`, `mnemo.storage.postgres`) implements `GraphStore`, all of them,
-on the shared `mnemo.storage.graph_base.GraphBase`. Nothing outside `mnemo/storage/` knows how.
-
-A commit is one unit of work across stores: the graph's rows and, in the same transaction, the
-session side (steps marked committed, the state change) or the ingest side (the source
-recorded), passed as plain values (`SideWrite`) that each backend knows how to write.
+"""The graph's port, cut by role (`NodeReads`, `RecallReads`, `GraphWrites`, `GraphHistory`,
+`GraphMaintenance`, `Reembedding`; a backend implements all of them as `GraphStore`), and the
+side writes (`SideWrite`: session or ingest rows) a commit writes in its own transaction.
 """
 
 from __future__ import annotations
@@ -95,8 +87,7 @@ class PendingRead(Protocol[T_co]):
 class NodeContext:
     """What recall reads about its best candidates in one round trip (`node_context`): the
     nodes (in the order asked, unknown ids left out), their access stats (count, last
-    access), the links of one type touching those of them whose type was asked for, and
-    their unit vectors (those that have one: MMR's, without a read of their own)."""
+    access), the links of one type of those whose type was asked for, and their unit vectors."""
 
     nodes: list[Node]
     stats: dict[str, tuple[int, datetime | None]]
@@ -253,10 +244,9 @@ class RecallReads(NodeReads, Protocol):
         (recall: bounded by k).
 
         `then`, when given, is called once with that context and names more nodes and the
-        types whose links to read of them: they are read in the same call (no second hop to
-        the store's thread, no second connection) and the context returned holds both, the
-        first read's nodes and links before the second's. `then` runs where the store reads
-        (on SQLite its worker thread): plain computation, no I/O, nothing of the event loop."""
+        types whose links to read: they are read in the same call, the first read's before
+        the second's. `then` runs where the store reads (SQLite: its worker thread): plain
+        computation, no I/O, nothing of the event loop."""
         ...
 
     async def scope(self, repo: str, where: Where) -> Scope:
@@ -297,11 +287,9 @@ class RecallReads(NodeReads, Protocol):
 
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
         """Counts one access of each node at `when`; every later call of this store sees the
-        counts. A side write of a read, which holds nothing up for long: PostgreSQL writes it
-        before it returns, skipping the nodes another transaction holds; SQLite queues it on
-        its connection's thread, after the calls given before and before those given after,
-        and returns at once (a write refused after a tenth of a second's wait for another
-        writer, not `busy_timeout`, is logged: it costs these counts, never the caller)."""
+        counts. PostgreSQL writes it before returning, skipping nodes another transaction
+        holds; SQLite queues it in order on its connection's thread and returns at once (a
+        write refused after a 0.1 s wait for another writer is logged, never raised)."""
         ...
 
     async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:

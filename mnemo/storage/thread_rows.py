@@ -88,10 +88,9 @@ async def lock_row(
 ) -> tuple[ThreadState, bool]:
     """Locks the thread's row until the transaction ends (`lock`: the backend's
     `SqlThreads.LOCK`), creating it first at `stamp` when there is none (True then): the
-    first save and a purge or clear of a new thread take turns on its key. Locking nothing
-    when the row is not there yet, a save that commits between a purge's statements would
-    leave messages without a thread, or a clear would keep them while resetting the count.
-    A purge that deletes the row while this waits for its lock is met by creating it again.
+    first save and a purge or clear of a new thread take turns on its key (else a save between
+    a purge's statements would leave messages without a thread). A purge that deletes the row
+    while this waits for its lock is met by creating it again.
 
     Raises:
         ConflictError: purges deleted the row under each of `_LOCK_ATTEMPTS` waits.

@@ -78,9 +78,8 @@ class PgReembedding(ReembeddedGraph):
                     await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
     async def _before_switch(self, repo: str) -> None:
-        # Its cast to the old dimension would refuse the new vectors, and keeping it would
-        # insert each of them into its graph, one at a time, inside the switch (it is built
-        # again after); its lock on `vectors` is held only for the drop.
+        # Its cast to the old dimension would refuse the new vectors (rebuilt after the
+        # switch); its lock on `vectors` is held only for the drop.
         await self._pg.write(
             lambda sql: sql.run(f'DROP INDEX IF EXISTS "{vector_index_name(repo)}"')
         )

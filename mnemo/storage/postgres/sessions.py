@@ -47,8 +47,7 @@ class PgSessions(SqlSessions):
 
     @staticmethod
     def _json(text: str) -> object:
-        # The text is already JSON (written with sort_keys, as SQLite keeps it): sent as it
-        # is, not parsed and dumped again.
+        # The text is already JSON (sort_keys): sent as it is.
         return Jsonb(text, dumps=str)
 
     @staticmethod

@@ -1,12 +1,10 @@
-"""`SqlSessions`: the `SessionStore` port (`mnemo.session.ports`), written once for both
-backends over `storage.sql.Statements`, and `SqlSessions.side_writes`, the session and ingest
-side of a graph commit. A backend (`storage.sqlite.sessions`, `storage.postgres.sessions`)
-gives its driver, its clock, how it stores times and JSON, and its dialect's few words.
+"""`SqlSessions`: the `SessionStore` port and `side_writes` (a graph commit's session and ingest
+side), written once over `storage.sql.Statements`; a backend gives its driver, clock, storage of
+times and JSON, and dialect words.
 
-The rows mean the same on both: the same upserts, the same orders (insertion order through
-`rowid`, byte order of text), and `LiveSession.created_at` is the ISO text of a UTC time. A
-write of several statements is one transaction (`Driver.write`); a read of several statements
-reads one snapshot (`Driver.together`). A session's version moves on with every write of it
+Orders are insertion (`rowid`) and byte order of text; `LiveSession.created_at` is ISO text of
+a UTC time. A write of several statements is one transaction (`Driver.write`), a read of
+several one snapshot (`Driver.together`). A session's version moves on with every write of it
 (`bump`), checked against the version its writer read.
 """
 

@@ -1,11 +1,9 @@
 """`PgThreads`: the conversation store (`storage.threads.SqlThreads`) on mnemo's PostgreSQL
 database: its driver, how it stores data and vectors, and its search.
 
-A write is one transaction; a write that depends on a thread's counters locks the thread's row
-(`SELECT ... FOR UPDATE`), so writers of one thread take turns as they do behind SQLite's
-single writer. A read of several statements runs in one REPEATABLE READ transaction. Times go
-in as aware datetimes and come back in UTC; ids are ordered byte by byte (`COLLATE "C"`), as
-SQLite compares text.
+A write that depends on a thread's counters locks the thread's row (`FOR UPDATE`), so writers
+of one thread take turns; a read of several statements is one REPEATABLE READ transaction. Ids
+are ordered byte by byte (`COLLATE "C"`), as on SQLite.
 
 Search runs on the messages' generated `search` column (`SEARCH_VECTOR`, GIN-indexed):
 Snowball's English stemmer, case and accents folded, no stop word dropped. Each word of the

@@ -210,8 +210,7 @@ class HnswAccelerator(HnswBuilder):
     ) -> list[list[tuple[str, float]] | None] | None:
         """For each unit row of `queries`, the `k` best rows among these type codes, re-ranked
         exactly, or None for a row the exact scan must answer (see the module docstring);
-        None for all when the graphs cannot answer now. The rows walk each graph in one call,
-        quicker than one walk a row."""
+        None for all when the graphs cannot answer now. All rows walk each graph in one call."""
         if not self.ready or k <= 0:
             return None
         snap = self._index.snapshot()
@@ -285,11 +284,9 @@ T = TypeVar("T")
 async def nearest_of_type(
     index: VectorIndex, probes: Vector, kind: NodeType, k: int
 ) -> list[list[tuple[str, float]]]:
-    """For each probe row, the `k` rows of one type nearest by cosine (recall probes the tags
-    with the query and each search tag at once): one walk of the type's HNSW graph for all
-    probes when the index has one ready (gathering every row of a big type costs far more),
-    else, and for a type of fewer than `WALK_FROM` rows, one
-    matrix product for all probes. In a worker thread unless the rows are few."""
+    """For each probe row, the `k` rows of one type nearest by cosine: one walk of the type's
+    HNSW graph for all probes when one is ready and the type has `WALK_FROM` rows, else one
+    matrix product. In a worker thread unless the rows are few."""
     if k <= 0:
         return [[] for _ in range(len(probes))]
     accelerator = index.accelerator

@@ -127,10 +127,9 @@ class CommitTarget(contradiction.FactSearch, Protocol):
 
 @dataclass(frozen=True, slots=True)
 class _Before:
-    """What a commit reads before the repo's lock (a search must not hold up the repo's other
-    commits): the facts its facts retire, the graph's facts and instructions nearest to each
-    of its own (by draft id), and the repo's newest commit then (those after it are looked
-    at under the lock)."""
+    """What a commit reads before the repo's lock: the facts its facts retire, the graph's
+    facts and instructions nearest to each of its own (by draft id), and the repo's newest
+    commit then (later ones are looked at under the lock)."""
 
     retiring: list[contradiction.Retirement]
     nearest: dict[str, list[str]]

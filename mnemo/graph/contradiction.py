@@ -79,13 +79,11 @@ async def retirements(
     nearest: Mapping[str, list[tuple[str, float]]] | None = None,
     joined: float | None = None,
 ) -> list[Retirement]:
-    """The facts the changeset's facts contradict, asked before the commit's lock in one
-    call for the whole changeset (none when no fact is `close` to a new one). Each new fact is
-    compared with `candidates` live facts of its type per channel (vector, words) at a cosine
-    of at least `close` (the vector's are `nearest`'s, by node id, best first, when given), and
-    with the `candidates` closest facts of its type the changeset told before it (a later step
-    corrects an earlier one). A new fact at a cosine of at least `joined` (the commit's merge
-    threshold) to an old one, whose words are all the old one's, is not asked about."""
+    """The facts the changeset's facts contradict, asked in one call (none when no fact is
+    `close` to a new one). Each new fact is compared with `candidates` live facts of its type
+    per channel (vector, words; the vector's from `nearest` when given) at a cosine of at least
+    `close`, and with the `candidates` closest facts of its type told before it in the
+    changeset. One at least `joined` close to an old one, with all its words, is not asked."""
     own = {n.id for n in changeset.nodes}
     told = _told(changeset)
     # A fact ends only facts of its own scope: searched inside it, then checked exactly.

@@ -172,9 +172,9 @@ class Reverting:
 
 
 class VectorsMoved(Exception):
-    """Raised by a recall whose embedder makes vectors for another generation of the repo's
-    vectors than the store holds (another Memory re-embedded the repo): nothing was searched
-    with it; the caller brings the repo's embedder up to the store's and recalls again."""
+    """Raised by a recall whose embedder is of another generation than the repo's vectors
+    (another Memory re-embedded it): nothing was searched; the caller brings its embedder up to
+    the store's and recalls again."""
 
     def __init__(self, generation: int) -> None:
         super().__init__(f"the repo's vectors are of generation {generation}")
@@ -182,9 +182,8 @@ class VectorsMoved(Exception):
 
 
 class SourceTaken(Exception):
-    """Raised by `apply` when, under the repo's write lock, a `SourceRecorded`'s source turns
-    out to be recorded already: another writer (a second Memory, another process) ingested it
-    while the caller extracted. Nothing was written; the caller reads the source's receipt."""
+    """Raised by `apply` when, under the repo's write lock, a `SourceRecorded`'s source is
+    found recorded by another writer. Nothing was written; the caller reads its receipt."""
 
     def __init__(self, source_id: str) -> None:
         super().__init__(f"source {source_id!r} was recorded by another writer")
@@ -222,10 +221,8 @@ class RecallReads(NodeReads, Protocol):
         ...
 
     def vectors_on_loop(self, repo: str) -> bool:
-        """Whether `search_vectors` and `nearest_of_type` of the repo now answer on the event
-        loop, quickly and waiting on nothing (a small index kept in memory, brought up by
-        `reading`): a caller has nothing worth running beside them. Only a hint: they answer
-        the same either way."""
+        """Whether `search_vectors` and `nearest_of_type` of the repo now answer quickly on the
+        event loop (nothing worth running beside them). Only a hint: the answers are the same."""
         ...
 
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]: ...

@@ -92,8 +92,7 @@ class RepoVectors:
 
     def behind(self, seq: int, horizon: int, generation: int | None = None) -> bool:
         """Whether the log moved since; raises `Reload` when it no longer reaches back here,
-        or when the repo's vectors are of another `generation` than the index's (they were
-        all made again, which the node log does not say: it logs the nodes' text)."""
+        or when the repo's vectors are of another `generation` than the index's."""
         if generation is not None and generation != self.index.generation:
             raise Reload
         return moved(self.seq, seq, horizon)

@@ -228,8 +228,8 @@ def step_window(node_id: str, width: int) -> list[str]:
     return [f"{head}:{i}" for d in range(1, width + 1) for i in (at - d, at + d) if i >= 0]
 
 
-# A tag's identity keeps this many characters of its label: a concept is a short label, and a
-# key must fit PostgreSQL's index entries (2,704 bytes, beside the repo's name).
+# A tag's identity keeps this many characters of its label: a key must fit PostgreSQL's index
+# entries (2,704 bytes, beside the repo's name).
 MAX_LABEL_CHARS = 200
 
 

@@ -30,8 +30,8 @@ def host_now() -> datetime:
 _BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 
 
-# Seconds on a clock that only moves forward (and never steps with the wall clock), the same
-# for every process on the host. A C function, not a Python one: a step's write reads it.
+# Seconds on a clock that only moves forward, the same for every process on the host (a C
+# function: the append path reads it).
 elapsed: Callable[[], float] = (
     time.monotonic if _BOOTTIME is None else functools.partial(time.clock_gettime, _BOOTTIME)
 )

@@ -141,10 +141,8 @@ def moved(since: int, seq: int, horizon: int) -> bool:
 # the log did not move; raises `Reload` when it no longer reaches back), and a repo's first load.
 Changes = Callable[[str, RepoVectors], Awaitable[tuple[int, list[Change]] | None]]
 Load = Callable[[str], Awaitable[RepoVectors]]
-# Optionally, the same read started at once and awaited later (`PendingRead`), for the changes
-# since a given sequence of vectors of a given generation (`Reload` when they are of another):
-# a `reading` block then starts its look and waits for it only at its first use of the
-# vectors (SQLite: a job queued on the connection's thread).
+# Optionally, the same read started at once and awaited later (`PendingRead`; `Reload` for
+# another generation): a `reading` block starts its look and waits at its first use.
 Look = PendingRead[tuple[int, list[Change]] | None]
 Start = Callable[[str, int, int], Look]
 

@@ -1,14 +1,12 @@
-"""The knowledge graph's values: node and link types, nodes, changesets and receipts; and the
-value function, how much a node is worth beyond its relevance to a query (`node_value`):
-recency decay x frequency floor x reward. A recall ranks by relevance x value ^
-`Config.value_weight`, and `decay` deletes what is worth less than `Config.decay_threshold`.
+"""The knowledge graph's values (node and link types, nodes, changesets, receipts) and
+`node_value`, a node's worth beyond its relevance: recency x frequency x reward. Recall ranks
+by relevance x value ^ `Config.value_weight`; `decay` deletes what is below
+`Config.decay_threshold`.
 
-- recency: 2^(-age / half-life), age counted from the last access (or creation) in whole
-  hours, so that the same memories rank alike whether a run took seconds or minutes;
+- recency: 2^(-age / half-life), age from the last access (or creation) in whole hours;
 - frequency: log(1 + accesses) / log(1 + 10), never below `frequency_floor`;
-- reward: what the pipeline learned of the node (an EPISODIC step's reward, a PROCEDURAL
-  instruction's return score / 10, a SEMANTIC fact's confidence), softened to 0.5 + r / 2 so a
-  failed step is still found, just after a successful one; 1 for nodes without one.
+- reward: a step's reward, an instruction's return score / 10 or a fact's confidence,
+  softened to 0.5 + r / 2; 1 for other nodes.
 """
 
 from __future__ import annotations

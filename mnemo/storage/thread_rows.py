@@ -1,12 +1,9 @@
-"""Rows of conversation memory, on both backends, and the reads of `storage.threads.SqlThreads`
-(each over one connection, its statements seeing one snapshot where the driver runs it
-`together`).
+"""Rows of conversation memory on both backends, and the reads of `storage.threads.SqlThreads`
+(each over one connection, on one snapshot where the driver runs it `together`).
 
-Tables (SQLite's migration `m003_conversation`, PostgreSQL's `m004_conversation`): `threads`
-(the seq counter, the caller's history length, the eviction boundary and the history's hash),
-`messages` (with the backend's search index), `message_vectors`, `compactions`, `snapshots`,
-`goals` and `pins`. Message rows are inserted and deleted, never updated. Times read back in
-UTC (`moment`): SQLite keeps them as ISO-8601 text, PostgreSQL as `timestamptz`.
+Tables: `threads` (seq counter, history length, eviction boundary, history hash), `messages`
+(with the backend's search index; inserted and deleted, never updated), `message_vectors`,
+`compactions`, `snapshots`, `goals` and `pins`. Times read back in UTC (`moment`).
 """
 
 from __future__ import annotations

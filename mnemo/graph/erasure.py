@@ -59,12 +59,10 @@ def heirs(
 
 @dataclass(frozen=True, slots=True)
 class Scope:
-    """What is withdrawn: the commits (`records`: all of them, to erase; `commits`: those
-    not reverted yet, whose work goes), the nodes they added, the intents they re-worded,
-    the facts and instructions they joined, the links they made, the facts they retired.
-    For a forget, the commits of an ingested source (its commits name it), of a session (its
-    commits name it) or of an episode (the commits its steps were committed in); for a
-    revert, the one commit."""
+    """What is withdrawn: the commits (`records`: all, to erase; `commits`: those not reverted
+    yet, whose work goes) and the nodes, rewordings, joins, links and retirements they made.
+    For a forget, the commits of an ingested source, a session or an episode; for a revert,
+    the one commit."""
 
     records: list[str]
     commits: list[str]

@@ -33,10 +33,9 @@ _HELD = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
 
 @dataclass(frozen=True, slots=True)
 class CommitRecord:
-    """One applied changeset of a repo, or the revert of one: its id (the changeset's), its
-    place in the repo's order (`seq`), when it was applied, the session or ingested source it
-    came from, and the ids of what it added, linked, retired, reworded and joined (facts and
-    instructions of the graph it is evidence for too). A reverted commit names its revert
+    """One applied changeset of a repo, or the revert of one: its id, its place in the repo's
+    order (`seq`), when it was applied, its session or ingested source, and the ids of what it
+    added, linked, retired, reworded and joined. A reverted commit names its revert
     (`reverted_by`); a revert names the commit it undid (`reverts`) and adds nothing."""
 
     id: str

@@ -314,13 +314,11 @@ class GraphWrites(NodeReads, Protocol):
         self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
         generation: int | None = None, reverting: Reverting | None = None,
     ) -> int:
-        """Forgets the source `key`: deletes every node it produced, then the tags, intents,
-        sources and subgoals this left without links (one another source still uses stays,
-        without the source's id), and its commits' records; a node another source shares
-        (an intent, a fact, an instruction: `mnemo.graph.erasure`) that has words of the source
-        takes the other's, embedded by `embed` before the repo's lock is taken. With
-        `reverting`, withdraws the work of the commit `key` alike, records its revert, and
-        erases nothing else. `generation`: the generation of the repo's vectors `embed` makes,
+        """Forgets the source `key`: deletes every node it produced, the tags, intents,
+        sources and subgoals this left without links, and its commits' records; a node another
+        source shares that has words of this one takes the other's wording (`mnemo.graph.
+        erasure`), embedded by `embed` before the lock. With `reverting`, withdraws the commit
+        `key` alike and records its revert. `generation`: that of the vectors `embed` makes,
         checked under the lock. Returns how many nodes went.
 
         Raises:

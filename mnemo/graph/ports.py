@@ -315,7 +315,8 @@ class GraphWrites(NodeReads, Protocol):
         generation: int | None = None, reverting: Reverting | None = None,
     ) -> int:
         """Forgets the source `key`: deletes every node it produced, the tags, intents,
-        sources and subgoals this left without links, and its commits' records; a node another
+        sources and subgoals this left without links (one still used stays, without the
+        source's id), and its commits' records; a node another
         source shares that has words of this one takes the other's wording (`mnemo.graph.
         erasure`), embedded by `embed` before the lock. With `reverting`, withdraws the commit
         `key` alike and records its revert. `generation`: that of the vectors `embed` makes,

@@ -4,8 +4,9 @@ Before the commit's lock, each new SEMANTIC or PROCEDURAL fact is compared with 
 live facts of its type (by vector and by words) and the changeset's earlier facts; the LLM
 ("contradiction" task) is asked once per commit, not at all when none is close. A repeat (its
 words all the other's) is not asked about: deduplication joins it. A contradicted fact stays,
-with `valid_to` and `retired_at`, linked from its successor by SUPERSEDES; a new fact naming an
-earlier time than the one it contradicts is the one retired.
+with `valid_to` (when its successor began to hold) and `retired_at` (the commit's time), linked
+from its successor by SUPERSEDES; a new fact naming an earlier time than the one it
+contradicts is the one retired.
 """
 
 from __future__ import annotations

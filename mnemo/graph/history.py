@@ -3,10 +3,12 @@
 Every commit leaves a `CommitRecord` in its own transaction: the ids (never the text) of what
 it added, joined, linked, retired and reworded, so erasing a node erases it from history too.
 
-`revert` withdraws one commit's work as a forget does (`mnemo.graph.erasure`) and records a
-revert (`reverts`; the reverted record gets `reverted_by`). It refuses (`ConflictError`,
-naming the commit to revert first) when a later commit retired a fact it holds or linked to a
-node only it held; sharing a node (a later link or join) is not building on.
+`revert` withdraws one commit's work as a forget does (`mnemo.graph.erasure`: nodes only it
+made go, shared ones keep the others' wording, its links lose its count, the facts it retired
+hold again) and records a revert (`reverts`; the reverted record gets `reverted_by`). It
+refuses (`ConflictError`, naming the commit to revert first) when a later commit retired a fact
+it holds or linked to a node only it held; sharing a node (a later link or join) is not
+building on.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Moving a memory from one store to another (`mnemo migrate`): backend-neutral.
 
 `TABLES` names the tables both backends hold, in dependency order, each column with its
-`Kind`. A backend's `Dump` reads rows as neutral Python values and writes them, skipping rows
+`Kind`. A backend's `Dump` reads rows as neutral Python values (str, int, float, bool, bytes,
+aware UTC datetimes, parsed JSON, float32 numpy vectors) and writes them, skipping rows
 whose key the target holds (a second run copies nothing; an interrupted one carries on). The
 rowids that order episodes, nodes, messages and snapshots are carried over.
 

@@ -138,8 +138,7 @@ class HnswBuilder:
         """Makes new graphs the searched ones: rows removed since the snapshot they were made
         from die in them, rows added since (and the `missing` ones) wait for insertion.
         `read`: they were read from the saved files, not built."""
-        # The missing rows' sequence numbers are taken first, their entries made outside the
-        # locks (a load may miss a quarter of a million rows): under them, one dict merge.
+        # The missing rows' entries are made outside the locks: under them, one dict merge.
         with self._lock:
             first = self._seq + 1
             self._seq += len(missing)
@@ -182,8 +181,7 @@ class HnswBuilder:
         snap = self._index.snapshot()
         adopted = ann_files.adopt(saved, snap, ALL)
         labels_total = sum(len(g.labels) for key, g in saved.items() if key != ALL)
-        # Dead labels past half the rebuild fraction would soon set a rebuild off; missing
-        # rows are inserted, a millisecond each at 1M rows, far less than a rebuild.
+        # Dead labels past half the rebuild fraction would soon set a rebuild off.
         fraction = self.params.rebuild_fraction
         if (adopted.dead_total > fraction / 2 * max(labels_total, 1)
                 or len(adopted.missing) > fraction * max(labels_total, 1)):
@@ -217,8 +215,7 @@ class HnswBuilder:
         try:
             self.files.save(graphs, self._faiss)
         except (OSError, RuntimeError, filelock.Timeout) as exc:
-            # A cache: the graphs in memory are unaffected. The next try comes after as many
-            # inserts again (a full disk is not retried at every commit).
+            # A cache: the next try comes after as many inserts again (not at every commit).
             log.warning("mnemo: saving the HNSW graphs in %s failed: %s", self.files.folder, exc)
         with self._lock:
             self._unsaved = 0

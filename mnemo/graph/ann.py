@@ -1,49 +1,27 @@
 """An optional approximate index (faiss HNSW) riding on a repo's `VectorIndex`, for big repos.
 
-Why: the exact numpy scan, on the one BLAS thread a Memory leaves numpy (`mnemo.graph.blas`),
-grows with the rows, while faiss `IndexHNSWFlat` with M = 32, efConstruction = 200 and
-efSearch = 256 answers in a time nearly flat in the rows with recall@10 0.95 at 1M
-(BENCHMARKS.md; mnemo walks at efSearch 64-128, see `HnswParams`). faiss-cpu is an optional
-extra (`pymnemo[faiss]`): without it `attach` returns None and every search stays exact.
+faiss-cpu is an optional extra (`pymnemo[faiss]`): without it `attach` returns None and every
+search stays exact.
 
-How it stays correct:
+- One HNSW graph per node type, and one of every row for searches over every type or over
+  types holding at least half of the rows (its other types' candidates drop at the re-rank).
+- A walk fetches `oversample` x k candidates, efSearch between `ef_min` and `ef_search`; they
+  are re-ranked exactly with the index's float32 rows, rows gone are dropped, and when fewer
+  than k survive although more rows of the types exist the search answers None (exact scan).
+- Graphs are built in a worker thread once the repo passes `threshold` vectors (searches are
+  exact until then). Rows added later wait in `pending`, scanned exactly, until inserted in
+  batches; a removed row marks its label dead; a quarter dead labels trigger a rebuild.
+- With a folder, graphs are saved after each build and once a tenth of labels are new, and
+  read back on a repo's first build, checked row by row (`ann_files`): a cache, never a truth.
 
-- One HNSW graph per node type, so a search restricted to a few types (recall's routes ask
-  for tags or intents) never has to filter the candidates of a much larger type away; and one
-  graph of every row, which answers a search over every type, or over types holding at least
-  half of the rows (recall's hop 0), in one walk instead of one per type: at 100k rows, seven
-  walks cost 7x one. Its candidates of
-  other types are dropped at the re-rank, and it fetches more of them to make up for it. The
-  cost: the rows are in two graphs, so the build takes about twice as long and the graphs
-  twice the memory.
-- Each walk returns `oversample` x k candidates (at most efSearch, the walk's breadth, unless
-  k is more), and is only as broad as they need: efSearch is `oversample` x k, at least
-  `ef_min` and at most `ef_search` (hop 0's 50 candidates walk at 128, a route's 3 at 64);
-  they are re-ranked exactly with the `VectorIndex`'s float32 rows (the rows
-  SQLite holds), and any candidate that is no longer a row is dropped there. When fewer than
-  k survive although the index holds more rows of the wanted types, the search answers None
-  and the exact scan answers instead.
-- The graphs are built in a worker thread from a snapshot of the index, first when the repo
-  holds more than `threshold` vectors (until then, and until the build is done, searches are
-  exact). Rows added afterwards wait in `pending`, scanned exactly by every search, until the
-  worker inserts them in small batches; a removed row only marks its label dead, and the graphs
-  are rebuilt once a quarter of the labels are dead.
-- With a folder (a SQLite store's "<file>.hnsw"), the graphs are saved after each build and
-  once a tenth of their labels are new, and a repo's first build reads them back instead,
-  checked row by row against the index (`ann_files`): they are a cache, never a truth.
+Threads: `added`/`removed` run on the event loop, `search` on any thread, the builder
+(`_ann_builder`, also saves) in its own thread: only it changes a graph. `_faiss_lock` covers
+every call into a published graph (a search, or a batch of inserts); `_lock` only the
+bookkeeping dicts, so the loop never waits on faiss. Builds run outside both, on unpublished
+graphs. Lock order: `_faiss_lock`, then `_lock`.
 
-Threads: `added` and `removed` run on the event loop thread (where the `VectorIndex` changes),
-`search` in whichever thread searches, and the builder (`_ann_builder`) in its own thread, which
-exits when it has nothing left to do (a save runs there too: only that thread changes a graph).
-Two locks: `_faiss_lock` covers every call into a published graph (a faiss graph may not be
-searched while it is added to), for a search or a batch of `insert_batch` inserts; `_lock`
-covers the bookkeeping (pending rows, labels, counts) and is only ever held for dictionary
-updates, so the event loop never waits on faiss. Builds run outside both, on graphs nobody
-searches yet. Lock order: `_faiss_lock`, then `_lock`.
-
-Below the index: what the stores call on a repo's vector index beside its own search (probes of
-one type for recall's routes, on the event loop or in a thread by size), and waiting for or
-stopping the HNSW builder.
+Below the index: probes of one type for recall's routes, and waiting for or stopping the
+builder.
 """
 
 from __future__ import annotations
@@ -65,47 +43,35 @@ from mnemo.graph.ann_search import Graph, rerank, walks
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import TYPE_CODES, VectorIndex, top_per_row, unit
 
-# Above this many vectors a repo's searches go through the HNSW graphs: the exact scan of
-# 20k rows on one BLAS thread takes about what a walk and its re-rank take, and grows
-# linearly (BENCHMARKS.md, "Figures behind the code").
+# Above this many vectors a repo's searches go through the HNSW graphs (BENCHMARKS.md).
 DEFAULT_THRESHOLD = 20_000
-# Searches of fewer rows than this run on the calling thread, the event loop's (a worker
-# thread's round trip would cost more than the product); bigger ones in a worker thread.
+# Searches of fewer rows run on the calling thread (a thread hop costs more), bigger in one.
 IN_THREAD_FROM = 20_000
-# A probe of a type with fewer rows than this is a product with its rows, not a walk of its
-# graph. A product reads every row of the type, a walk at efSearch 64 (a route's k of 3) a few
-# thousand: past this many rows the walk is the shorter (BENCHMARKS.md, "Figures behind the
-# code").
+# A probe of a type with fewer rows is a product with its rows, not a walk of its graph.
 WALK_FROM = 5_000
 
 
 @dataclass(frozen=True, slots=True)
 class HnswParams:
-    """The HNSW settings (M 32, efConstruction 200, as measured at 1M), and the upkeep policy."""
+    """The HNSW settings and the upkeep policy."""
 
     m: int = 32
     ef_construction: int = 200
-    # The broadest walk, hop 0's (50 candidates): at 1M nodes its recall@50 against the exact
-    # scan was 0.992 at 128 and 0.998 at 256, in less time.
+    # The broadest walk (hop 0's 50 candidates).
     ef_search: int = 128
-    # The narrowest walk: a route probe asks for 3 rows, and at efSearch 64 its recall@3
-    # against the exact scan was 1.000 (tags) and 0.997 (intents) at 1M nodes, in less time
-    # than efSearch 256.
+    # The narrowest walk (a route probe's 3 rows).
     ef_min: int = 64
-    # Candidates fetched per result wanted, then re-ranked exactly (4-10x is the usual range),
-    # at most `ef_search` (or k) of them per walk.
+    # Candidates fetched per result wanted, re-ranked exactly; at most `ef_search` (or k).
     oversample: int = 8
     # Dead labels (removed or replaced rows) past this fraction of all labels: rebuild.
     rebuild_fraction: float = 0.25
-    # More rows than this waiting for insertion: searches are exact until the worker catches
-    # up (scanning a long pending list for every search would cost more than the exact scan).
+    # More rows than this waiting for insertion: searches are exact until the worker catches up.
     max_pending: int = 4096
     # Inserts per lock hold: an insert into a big graph is slow, and searches wait for it.
     insert_batch: int = 32
     # Rows added to a graph being built between two checks of the stop flag.
     build_chunk: int = 20_000
-    # With a folder to save the graphs in: saved again once this fraction of the labels was
-    # inserted since the last save (and after every build).
+    # Graphs saved again once this fraction of labels is new since the last save.
     save_fraction: float = 0.1
 
     def saved_settings(self) -> dict[str, int]:
@@ -135,10 +101,8 @@ def attach(
     if faiss is None:
         return None
     params = params or HnswParams()
-    # The generation of the vectors too (from the first re-embedding on; graphs saved before
-    # generations were counted are of generation 0): graphs built on a repo's vectors before
-    # it was re-embedded (at the same dimension, over the same rows) would pass the check of
-    # the rows, and walk the new vectors along the old ones' neighbours.
+    # The generation too (0 is left out): graphs of vectors before a re-embedding pass the
+    # row check and would walk the new vectors along the old neighbours.
     generation = {"generation": index.generation} if index.generation else {}
     files = None if folder is None else GraphFolder(
         folder, {**params.saved_settings(), "dim": index.dim, **generation})
@@ -163,8 +127,7 @@ class HnswAccelerator(HnswBuilder):
     ) -> None:
         self.threshold = threshold
         self.files = files
-        # Whether the saved graphs were tried (once, instead of the first build), and how
-        # many labels were inserted since the graphs were last saved.
+        # Whether the saved graphs were tried (once), and labels inserted since the last save.
         self._tried_files = files is None
         self._unsaved = 0
         self._read = False  # whether the graphs searched were read from the files
@@ -174,8 +137,7 @@ class HnswAccelerator(HnswBuilder):
         self._lock = threading.Lock()
         self._faiss_lock = threading.Lock()
         self._graphs: dict[int, Graph] = {}
-        # node id -> (type code, label in its type's graph, label in the `ALL` graph), for
-        # live labels only.
+        # node id -> (type code, label in its type's graph, label in `ALL`), live labels only.
         self._labels: dict[str, tuple[int, int, int]] = {}
         self._dead = 0
         self._ready = False
@@ -248,8 +210,7 @@ class HnswAccelerator(HnswBuilder):
     ) -> list[list[tuple[str, float]] | None] | None:
         """For each unit row of `queries`, the `k` best rows among these type codes, re-ranked
         exactly, or None for a row the exact scan must answer (see the module docstring);
-        None for all when the graphs cannot answer now. The rows walk each graph in one call,
-        quicker than one walk a row."""
+        None for all when the graphs cannot answer now. All rows walk each graph in one call."""
         if not self.ready or k <= 0:
             return None
         snap = self._index.snapshot()
@@ -323,11 +284,9 @@ T = TypeVar("T")
 async def nearest_of_type(
     index: VectorIndex, probes: Vector, kind: NodeType, k: int
 ) -> list[list[tuple[str, float]]]:
-    """For each probe row, the `k` rows of one type nearest by cosine (recall probes the tags
-    with the query and each search tag at once): one walk of the type's HNSW graph for all
-    probes when the index has one ready (gathering every row of a big type costs far more),
-    else, and for a type of fewer than `WALK_FROM` rows, one
-    matrix product for all probes. In a worker thread unless the rows are few."""
+    """For each probe row, the `k` rows of one type nearest by cosine: one walk of the type's
+    HNSW graph for all probes when one is ready and the type has `WALK_FROM` rows, else one
+    matrix product. In a worker thread unless the rows are few."""
     if k <= 0:
         return [[] for _ in range(len(probes))]
     accelerator = index.accelerator
@@ -344,18 +303,15 @@ async def nearest_of_type(
 
 
 async def of_type(index: VectorIndex, kind: NodeType) -> tuple[list[str], Vector]:
-    """`index.of_type(kind)`, in a worker thread when it must gather the rows of a big index:
-    the first gather after a change copies every row of the type (113 MB for 74,000 intents
-    at 1M nodes, a wait the event loop must not take)."""
+    """`index.of_type(kind)`, in a worker thread when it must gather (copy) the rows of a big
+    index."""
     if index.has_of_type(kind):
         return index.of_type(kind)
     return await by_size(len(index), lambda: index.of_type(kind))
 
 
-# Below this many rows a repo's vector searches are numpy on the event loop taking less than
-# an anyio task group costs: a recall runs them in turn, with nothing beside them. From
-# 10,000 rows a scan takes long enough to hide the words' search in its thread
-# (BENCHMARKS.md, "Figures behind the code").
+# Below this many rows a recall runs its vector searches in turn on the event loop (cheaper
+# than a task group).
 IN_TURN_BELOW = 5_000
 
 
@@ -366,9 +322,8 @@ def on_loop(index: VectorIndex) -> bool:
 
 
 async def by_size(rows: int, work: Callable[[], T]) -> T:
-    """`work()` over `rows` rows: on the event loop below `IN_THREAD_FROM` of them (a
-    thread hop costs more than the work), else in a worker thread (a product or a copy of
-    tens of thousands of rows takes milliseconds the loop would wait)."""
+    """`work()` over `rows` rows: on the event loop below `IN_THREAD_FROM`, else in a worker
+    thread."""
     if rows < IN_THREAD_FROM:
         return work()
     return await anyio.to_thread.run_sync(work)

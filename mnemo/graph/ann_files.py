@@ -1,30 +1,16 @@
 """HNSW graphs saved beside the store, so that opening a big repo does not rebuild them.
 
-Why: building the graphs of a 1M-node repo takes long (BENCHMARKS.md), and until then every
-search is the exact scan. Every process that opened the store paid it again. Reading the
-saved graphs back is far quicker.
+The store stays the one truth; the files are a cache, checked row by row when read:
 
-The store stays the one truth; the files are a cache of it, checked row by row when read:
-
-- A saved graph holds its links (faiss's HNSW structure without its vectors, compressed:
-  about 41 bytes a row where the vectors took 1,536 and the raw links 272), and per label
-  the node id (a type graph's as its place in the every-row graph's list) and a digest of
-  the vector it was built from. At load, a label counts only if
-  its node is in the index loaded from the store, with that type and a vector of that
-  digest (bit for bit the same, short of a 64-bit collision), and takes that vector from
-  the index; every other label is dead from the start (a node removed, replaced or
-  reworded since the save, by this process or another) and gets a zero vector, never
-  answered (the re-rank drops dead labels). Rows of the store that no live label holds are
-  inserted as new ones. A repo changed too much since the save (dead or missing rows past
-  the rebuild fraction) is rebuilt instead, and so is one whose files are unreadable, from
-  another format, or for other HNSW settings.
-- A save writes a new folder (`v-<random>`) and then points `current` at it with an atomic
-  rename; older folders are deleted afterwards. A process killed mid-save leaves the
-  previous save current (or none); its half-written folder is deleted by the next save.
-- Several processes may share the folder: saves and loads take its lock file, so a load
-  never reads a folder another process is deleting.
-- What a removed node leaves: its id and its vector's digest, never its vector nor anything
-  of its text, until the next save; it is never searchable again: the check above drops it.
+- A saved graph holds its links (without vectors, compressed) and per label the node id and a
+  digest of its vector. At load a label is live only if its node is in the index with that type
+  and a vector of that digest, and takes the index's vector; other labels are dead (zero vector,
+  never answered). Rows no live label holds are inserted as new. Too many dead or missing rows,
+  unreadable files, another format or other HNSW settings: rebuilt instead.
+- A save writes a new folder (`v-<random>`), points `current` at it with an atomic rename, then
+  deletes older ones; a save killed midway leaves the previous one current.
+- Saves and loads take the folder's lock file, so a load never reads a folder being deleted.
+- A removed node leaves its id and vector digest until the next save, never its vector or text.
 """
 
 from __future__ import annotations
@@ -54,10 +40,9 @@ log = logging.getLogger("mnemo")
 # 2: links without vectors, compressed (xz); ids compressed, a type graph's as positions in
 # the every-row graph's; a digest per label.
 FORMAT = 2
-# Labels compared per chunk at load (a chunk's vectors are copied once: 50k x 384 x 4 bytes).
+# Labels compared per chunk at load (a chunk's vectors are copied once).
 _CHUNK = 50_000
-# xz's preset for the links and ids: 1 took the links of 20k rows from 272 to 41 bytes a row,
-# smaller than zlib's level 6 (60) and faster than xz's preset 6 (37; BENCHMARKS.md).
+# xz's preset for the links and ids (BENCHMARKS.md).
 _PRESET = 1
 
 
@@ -96,10 +81,8 @@ class Adopted:
 
 
 def discard(folder: Path) -> None:
-    """Deletes every saved version of a repo's graphs, under the folder's lock (a load in
-    another process reads the whole version or none): after the repo's vectors were all made
-    again (`Memory.reembed`), no label of them would pass the check, and they would only take
-    room until the next save."""
+    """Deletes every saved version of a repo's graphs, under the folder's lock (after a
+    re-embedding no label would pass the check)."""
     if not folder.is_dir():
         return
     with filelock.FileLock(str(folder / "lock"), timeout=_LOCK_WAIT):

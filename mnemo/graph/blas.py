@@ -1,17 +1,11 @@
 """How many threads numpy's BLAS may use in this process (`Config.blas_threads`).
 
-mnemo's vector products are small (a hop's cosines, MMR's 40 x 40, an exact scan below the
-HNSW threshold), and a multi-threaded OpenBLAS gains little on them, but after each product
-its threads busy-wait for more work for a while, holding a core. On a 2-core machine that
-halved everything running beside them: a recall's query embedding right after a recall took
-twice what it took after a moment of quiet, and one BLAS thread halved recall p50 on a LoCoMo
-conversation's store (BENCHMARKS.md, "Figures behind the code").
-
-The limit is set through threadpoolctl, on the BLAS libraries whose threads are their own
-(threading layer "pthreads": the OpenBLAS of numpy's wheels), not on OpenMP-based ones, whose
-threads faiss shares. It is the process's setting, not the Memory's: an application that sets
-`OPENBLAS_NUM_THREADS`, `OMP_NUM_THREADS`, `MKL_NUM_THREADS` or `BLIS_NUM_THREADS` has chosen,
-and mnemo leaves it alone, as it does with `Config.blas_threads=None`.
+mnemo's products are small, and an idle multi-threaded OpenBLAS busy-waits holding cores
+(BENCHMARKS.md). The limit is set through threadpoolctl on the BLAS libraries with their own
+threads (threading layer "pthreads"), not on OpenMP ones, whose threads faiss shares. It is the
+process's setting: an application that sets `OPENBLAS_NUM_THREADS`, `OMP_NUM_THREADS`,
+`MKL_NUM_THREADS` or `BLIS_NUM_THREADS` has chosen, and mnemo leaves it alone, as with
+`Config.blas_threads=None`.
 """
 
 from __future__ import annotations

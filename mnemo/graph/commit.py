@@ -1,19 +1,13 @@
 """How a changeset becomes part of a repo's graph, whatever the backend.
 
-`apply` is the one commit procedure: the backend (`CommitTarget`) gives it reads and one
-write, and it decides what the changeset adds. Tags are deduplicated by key against the batch
-and the graph, intents, facts and instructions by raw cosine (`graph.dedup`; facts and
-instructions against the live ones of their type, never against one a fact of the changeset
-contradicts); nodes already there are skipped; links are re-pointed to survivors. A fact or
-instruction that joins one of the graph's is recorded among its contributions
-(`graph.shares`). The write is one transaction, recorded with the receipt, so
-applying the same changeset twice returns the first receipt and adds nothing.
+`apply` decides what a changeset adds from the backend's reads (`CommitTarget`) and writes it
+in one transaction with its receipt, so applying it twice returns the first receipt. Tags are
+deduplicated by key, intents, facts and instructions by raw cosine (`graph.dedup`; never against
+a fact the changeset contradicts); links are re-pointed to survivors; a fact or instruction
+joining one of the graph's is recorded among its contributions (`graph.shares`).
 
-Merges ask the LLM, all of a commit's at once: they are decided before the repo's lock
-is taken, and under it only looked up (the facts' and instructions' after a first look under
-the lock found one needed). A merge the graph made necessary
-meanwhile (another commit added a close intent) is decided after letting the lock go, and the
-commit tries again (one slow provider stalled every commit to the repo).
+LLM merges are decided before the repo's lock and only looked up under it; a merge another
+commit made necessary meanwhile is decided with the lock let go, and the commit tries again.
 """
 
 from __future__ import annotations
@@ -133,10 +127,9 @@ class CommitTarget(contradiction.FactSearch, Protocol):
 
 @dataclass(frozen=True, slots=True)
 class _Before:
-    """What a commit reads before the repo's lock (a search must not hold up the repo's other
-    commits): the facts its facts retire, the graph's facts and instructions nearest to each
-    of its own (by draft id), and the repo's newest commit then (those after it are looked
-    at under the lock)."""
+    """What a commit reads before the repo's lock: the facts its facts retire, the graph's
+    facts and instructions nearest to each of its own (by draft id), and the repo's newest
+    commit then (later ones are looked at under the lock)."""
 
     retiring: list[contradiction.Retirement]
     nearest: dict[str, list[str]]
@@ -153,9 +146,8 @@ async def _before(target: CommitTarget, changeset: Changeset, intents: IntentPol
                 changeset.repo, np.stack([d.vector for d in drafts]), kind,
                 max(NEAREST, intents.contradiction_candidates))
             nearest.update(zip([d.id for d in drafts], found, strict=True))
-    # The facts the changeset says its own facts supersede (a correction) are retired as
-    # contradicted ones are, unasked; the others are asked before the lock, as merges are:
-    # one slow provider must not stall the repo's commits.
+    # Facts the changeset supersedes (a correction) are retired unasked; the others are asked
+    # before the lock, as merges are.
     retiring = [
         contradiction.Retirement(link.dst, link.src, None)
         for link in changeset.links if link.type is LinkType.SUPERSEDES
@@ -272,11 +264,9 @@ async def _decide_merges(
     knowledge: bool,
 ) -> tuple[Snapshot, Resolution]:
     """Runs the intent resolution (and the facts' and instructions', when `knowledge`)
-    against the graph as it is now, without the lock, and records what the merges it needs
-    answered: all of one pass asked of the LLM at once (a merge's new wording may call for
-    another, asked in a second pass). Returns the intents' resolution with the vectors it was
-    made against: if they are the same ones under the lock (no commit came between), it
-    stands and is not computed again."""
+    without the lock, asking the LLM each pass's merges at once. Returns the intents'
+    resolution with the vectors it was made against: if they are unchanged under the lock, it
+    stands."""
     index = await target.vector_index(changeset.repo)
     seen = index.snapshot()
     asked: list[tuple[str, str]] = []

@@ -1,16 +1,12 @@
 """Contradicted facts are retired, not deleted.
 
-Before a commit takes the repo's lock, each new SEMANTIC or PROCEDURAL fact is compared with
-the few live facts of its type that recall's two channels find closest to it (its vector, its
-words), and with the few facts of its type the same changeset told before it (a later step
-that corrects an earlier one), that are close enough to be about the same thing; the decision
-is the repo's LLM's (`IntentPolicy.contradicts`, the "contradiction" task), asked once for the
-whole commit, and not at all when no fact is close to a new one. A new fact that says nothing
-an existing one does not (close, its words all the other's: a repeat, a part of it) ends
-nothing and is not asked about; deduplication joins the two. A contradicted fact stays, with
-`valid_to` (when its successor began to hold) and `retired_at` (the commit's time), linked
-from its successor by SUPERSEDES. A new fact that
-names an earlier time than the one it contradicts is the one retired: it held before.
+Before the commit's lock, each new SEMANTIC or PROCEDURAL fact is compared with the closest
+live facts of its type (by vector and by words) and the changeset's earlier facts; the LLM
+("contradiction" task) is asked once per commit, not at all when none is close. A repeat (its
+words all the other's) is not asked about: deduplication joins it. A contradicted fact stays,
+with `valid_to` (when its successor began to hold) and `retired_at` (the commit's time), linked
+from its successor by SUPERSEDES; a new fact naming an earlier time than the one it
+contradicts is the one retired.
 """
 
 from __future__ import annotations
@@ -44,9 +40,7 @@ Contradicts = Callable[[Sequence[Question]], Awaitable[list[set[int]]]]
 # `Config.contradiction_candidates`.
 CANDIDATES = 3
 # How close (cosine) an existing fact must be to a new one to be asked about: the default of
-# `Config.contradiction_similarity`. With the default embedder, pairs that contradict measured
-# 0.68-0.97 ("Dana lives in Lisbon" / "Dana moved to Porto": 0.79), unrelated facts of one
-# person or topic 0.16-0.48.
+# `Config.contradiction_similarity`.
 CLOSE = 0.6
 
 
@@ -86,13 +80,11 @@ async def retirements(
     nearest: Mapping[str, list[tuple[str, float]]] | None = None,
     joined: float | None = None,
 ) -> list[Retirement]:
-    """The facts the changeset's facts contradict, asked before the commit's lock in one
-    call for the whole changeset (none when no fact is `close` to a new one). Each new fact is
-    compared with `candidates` live facts of its type per channel (vector, words) at a cosine
-    of at least `close` (the vector's are `nearest`'s, by node id, best first, when given), and
-    with the `candidates` closest facts of its type the changeset told before it (a later step
-    corrects an earlier one). A new fact at a cosine of at least `joined` (the commit's merge
-    threshold) to an old one, whose words are all the old one's, is not asked about."""
+    """The facts the changeset's facts contradict, asked in one call (none when no fact is
+    `close` to a new one). Each new fact is compared with `candidates` live facts of its type
+    per channel (vector, words; the vector's from `nearest` when given) at a cosine of at least
+    `close`, and with the `candidates` closest facts of its type told before it in the
+    changeset. One at least `joined` close to an old one, with all its words, is not asked."""
     own = {n.id for n in changeset.nodes}
     told = _told(changeset)
     # A fact ends only facts of its own scope: searched inside it, then checked exactly.
@@ -171,8 +163,7 @@ def _earlier(
     similar = unit([n.vector for n in facts])
     similar = similar @ similar.T
     types = np.array([TYPE_CODES[n.type] for n in facts])
-    # Pairs (i, j) with j told before i, of i's type, close enough: one array operation,
-    # where a pair at a time held the loop for a second at 1,000 facts.
+    # Pairs (i, j) with j told before i, of i's type, close enough: one array operation.
     pairs = (np.tri(len(facts), k=-1, dtype=bool) & (types[:, None] == types[None, :])
              & (similar.astype(np.float64) >= close - COSINE_TOLERANCE))
     for i, node in enumerate(facts):

@@ -1,19 +1,14 @@
 """How a changeset's TAG, INTENT, SEMANTIC and PROCEDURAL nodes meet the ones already there.
 
 Tags are the same when their normalised labels are equal. Intents, facts and instructions are
-compared by raw cosine with nodes of their own type: at or above the identity threshold the
-new one is dropped, at or above the merge threshold the two are merged into one wording by the
-LLM (the existing wording stays when that fails), below it the new one is kept. A new one whose
-words (stemmed, bar articles and joiners) are all the existing one's is dropped from the merge
-threshold up: no merge could add to the wording, so the model is not asked. Either way
-whatever linked to a dropped or merged node is linked to the survivor. Both checks run against
-the batch itself and against the graph.
+compared by raw cosine with nodes of their type, in the batch and in the graph: at the identity
+threshold the new one is dropped, at the merge threshold the LLM merges the two wordings (the
+existing one stays on failure; a new one whose words are all the existing one's is dropped
+unasked), below it it is kept. Links to a dropped or merged node go to the survivor.
 
-A fact or an instruction is one with another only when neither says what the other does not
-(`alike`): by cosine alone, "Gunicorn listens on port 8000" and "... port 8001" are one
-(0.96 with the default embedder), and "Dana likes tea" would swallow "Dana likes coffee". Their
-merge keeps every word of the fuller wording (`merged_knowledge`). Nor are two of different
-scopes one (`scope`: the metadata of the session or ingest that said them).
+Facts and instructions are one only when `alike` (cosine alone joins "port 8000" and "port
+8001") and of one scope; their merge keeps every word of the fuller wording
+(`merged_knowledge`).
 """
 
 from __future__ import annotations
@@ -136,8 +131,7 @@ async def resolve(
     (whose texts `known` or `texts_of` gives) and the earlier drafts kept, by the thresholds;
     facts and instructions (`knowledge`) only with one `alike` (drafts of their `scope`: the
     caller leaves other scopes' graph nodes out of `nearest`), merged by `merged_knowledge`.
-    The drafts are compared with each other in one matrix product, not a cosine per pair (a
-    big changeset's dedup was quadratic in Python: BENCHMARKS.md)."""
+    The drafts are compared with each other in one matrix product."""
     vectors = unit(np.stack([d.vector for d in drafts]))
     to_batch = vectors @ vectors.T
     kept: dict[str, str] = {}  # id -> text of the drafts kept

@@ -2,21 +2,12 @@
 intent that outlives the source it has words of, and a fact or instruction that other commits
 are evidence for too (`mnemo.graph.shares`).
 
-An INTENT is shared: a new one at or above `intent_identity_threshold` of an existing one is
-dropped for it, and one at or above `intent_merge_threshold` is merged into it through the LLM
-(the API contract), so its text may be a source's own wording, or hold words of several. Forgetting
-a source deletes the intents only it linked; one that another source's procedures still use
-stays, and would keep the forgotten source's words (the API contract: "nothing of the source can be
-recalled"). It takes instead the wording of the oldest procedure still linked to it (each
-PROCEDURAL node keeps its own intent's wording in `data["intent"]`), with that wording's
-vector and that procedure's source; an intent left with no procedure that has a wording is
-deleted (a routing node: the procedures stay recallable by themselves), and so is one left
-with no link at all. A wording that cannot be embedded fails the forget, with nothing
-deleted: deleting the intent instead would take a node of another source, which the API contract
-keeps ("tags and intents left with no links").
-
-The storage backends read the rows and write the result in the forget's own transaction; the
-rule is here, once.
+An INTENT may hold words of several sources (dedup and LLM merges). Forgetting a source deletes
+the intents only it linked; one another source's procedures still use takes the wording of the
+oldest such procedure (`data["intent"]`), with its vector and source, so nothing of the
+forgotten source stays; one left with no worded procedure, or no link, is deleted. A wording
+that cannot be embedded fails the forget with nothing deleted. The backends read the rows and
+write the result in the forget's own transaction.
 """
 
 from __future__ import annotations
@@ -68,12 +59,10 @@ def heirs(
 
 @dataclass(frozen=True, slots=True)
 class Scope:
-    """What is withdrawn: the commits (`records`: all of them, to erase; `commits`: those
-    not reverted yet, whose work goes), the nodes they added, the intents they re-worded,
-    the facts and instructions they joined, the links they made, the facts they retired.
-    For a forget, the commits of an ingested source (its commits name it), of a session (its
-    commits name it) or of an episode (the commits its steps were committed in); for a
-    revert, the one commit."""
+    """What is withdrawn: the commits (`records`: all, to erase; `commits`: those not reverted
+    yet, whose work goes) and the nodes, rewordings, joins, links and retirements they made.
+    For a forget, the commits of an ingested source, a session or an episode; for a revert,
+    the one commit."""
 
     records: list[str]
     commits: list[str]
@@ -135,16 +124,11 @@ async def forget(
     delete: Delete,
     check: Callable[[], Awaitable[None]] | None = None,
 ) -> list[str]:
-    """A source's forget: the heirs' wordings are embedded before the repo's `lock` is taken
-    (a slow embedder must not hold every other writer of the repo, in every process: commits
-    decide their model calls before the lock too), then, under it, the rows are read again
-    and the delete runs if nothing changed. A change (a commit, another forget) sends it
-    round again; the last of `ATTEMPTS` rounds embeds under the lock, so a repo that keeps
-    changing cannot starve it. Returns the ids of the nodes that went.
-
-    `check` runs under the lock before a delete that writes heirs' vectors, and raises to
-    stop it (the repo's vectors were re-embedded since `embed` was chosen: its wordings'
-    vectors would not fit them).
+    """A source's forget: the heirs' wordings are embedded before the repo's `lock`, then under
+    it the rows are read again and the delete runs if nothing changed, else it goes round again;
+    the last of `ATTEMPTS` rounds embeds under the lock (no starvation). Returns the ids of the
+    nodes that went. `check` runs under the lock before a delete that writes heirs' vectors and
+    raises to stop it (the repo was re-embedded since).
 
     Raises:
         EmbeddingError: a wording could not be embedded (in time); nothing was deleted.

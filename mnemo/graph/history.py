@@ -1,19 +1,14 @@
 """A repo's commits as a history: list them, see what one changed, undo one.
 
-Every changeset applied through `mnemo.graph.commit` leaves a `CommitRecord`, written in the
-same transaction as its nodes: the ids of the nodes it added, of the facts and instructions
-it joined (`mnemo.graph.shares`), of the links it made, of the facts it retired and of the
-intents it reworded, never their text. Erasing a node (`forget`, `delete_nodes`) so erases it
-from the history as well: a record only names it.
+Every commit leaves a `CommitRecord` in its own transaction: the ids (never the text) of what
+it added, joined, linked, retired and reworded, so erasing a node erases it from history too.
 
-`revert` undoes one commit: its work is withdrawn as a forget withdraws a source's
-(`mnemo.graph.erasure`): the nodes only it made go, those other commits share stay (their
-wording the others' own), the links it made lose its count, the facts it retired hold again.
-The revert is a record of its own (`reverts`), and the reverted record stays, named by it
-(`reverted_by`). It refuses (`ConflictError`, naming the commit to revert first) when later
-work built on the commit: a later commit retired a fact it holds, or linked to a node that only
-it held then. A tag, an intent, a source or a subgoal a later commit also links to stays, and
-so does a fact or an instruction a later commit joined: sharing is not building on.
+`revert` withdraws one commit's work as a forget does (`mnemo.graph.erasure`: nodes only it
+made go, shared ones keep the others' wording, its links lose its count, the facts it retired
+hold again) and records a revert (`reverts`; the reverted record gets `reverted_by`). It
+refuses (`ConflictError`, naming the commit to revert first) when a later commit retired a fact
+it holds or linked to a node only it held; sharing a node (a later link or join) is not
+building on.
 """
 
 from __future__ import annotations
@@ -40,10 +35,9 @@ _HELD = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
 
 @dataclass(frozen=True, slots=True)
 class CommitRecord:
-    """One applied changeset of a repo, or the revert of one: its id (the changeset's), its
-    place in the repo's order (`seq`), when it was applied, the session or ingested source it
-    came from, and the ids of what it added, linked, retired, reworded and joined (facts and
-    instructions of the graph it is evidence for too). A reverted commit names its revert
+    """One applied changeset of a repo, or the revert of one: its id, its place in the repo's
+    order (`seq`), when it was applied, its session or ingested source, and the ids of what it
+    added, linked, retired, reworded and joined. A reverted commit names its revert
     (`reverted_by`); a revert names the commit it undid (`reverts`) and adds nothing."""
 
     id: str

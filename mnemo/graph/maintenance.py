@@ -1,13 +1,10 @@
 """Graph maintenance: merge semantic duplicates, let worthless memories decay, and check (and
 repair) episodic integrity.
 
-Each operation holds the repo's write lock (`GraphStore.lock`) from its first read to its last
-write, and writes in one transaction. A commit therefore runs wholly before or after it: a
-commit resolves its tags and intents against the graph before writing, so a tag deleted in
-between would leave it linking to a node that is gone. Only what is read inside the transaction
-(access counts, which recall updates without the lock) is taken as current there.
-
-The value function, `node_value`, is in `graph/model.py`, for `decay` and recall alike.
+Each operation holds the repo's write lock from its first read to its last write and writes in
+one transaction, so a commit (which resolves tags and intents before writing) runs wholly before
+or after it. Only access counts, which recall updates without the lock, are read inside the
+transaction. `node_value` is in `graph/model.py`.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ from mnemo.graph.scope import same
 from mnemo.graph.vectors import COSINE_TOLERANCE
 from mnemo.ports import JSONObject
 
-# Nodes that route a search to memories; never valued, deleted only once nothing links them.
-# SOURCE nodes exist only as provenance for episodic steps, so they go the same way.
+# Routing nodes (and SOURCE, provenance only): never valued, deleted once nothing links them.
 ROUTES = (NodeType.TAG, NodeType.INTENT, NodeType.SUBGOAL, NodeType.SOURCE)
 VALUED = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
 
@@ -122,14 +118,11 @@ async def consolidate(
 ) -> ConsolidationReport:
     """Merges the repo's SEMANTIC near-duplicates (raw cosine >= `config.consolidate_threshold`).
 
-    Each node not compared before (every node with `full=True`, e.g. after lowering the
-    threshold) is compared with every other SEMANTIC node by blockwise matrix products. Each
-    group is a survivor, the node of highest confidence (the oldest among equals), and the
-    nodes similar to it: the survivor takes their links (no duplicates, none to itself), the
-    union of their concepts, the highest confidence, the sum of access counts, the latest
-    access, and their ids in `data["merged_from"]`; they are deleted with their vectors and
-    search entries. Tags left with no links are deleted too. Nodes of two ingest sources
-    (`merge_groups`) or of two scopes (`Node.metadata`) are never merged.
+    Each node not compared before (every one with `full=True`) is compared with every other
+    SEMANTIC node. A group's survivor (highest confidence, then oldest) takes the others' links,
+    concepts, highest confidence, summed access counts, latest access and ids (in
+    `data["merged_from"]`); they are deleted, and so are tags left unlinked. Nodes of two ingest
+    sources or two scopes are never merged.
 
     Raises:
         StorageError: the transaction failed; nothing was changed.
@@ -215,9 +208,8 @@ def merge_groups(
     """Survivor -> the nodes merged into it. A node joins the best-ranked similar node still
     free, never a chain: everything merged into a survivor is itself similar to it.
 
-    Only nodes of one source (`sources`, a node's ingest source; None for a session's commit)
-    merge: a survivor belongs to its own source, so `forget` of that source would take the
-    fact the other had stated with it."""
+    Only nodes of one source (`sources`; None for a session's commit) merge, so a `forget` of
+    one source never takes a fact another stated."""
     neighbours: dict[str, list[str]] = {}
     for a, b in pairs:
         if a in rows and b in rows and sources.get(a) == sources.get(b):
@@ -302,12 +294,11 @@ async def decay(
 async def validate_episodic(graph: GraphMaintenance, repo: str) -> ValidationReport:
     """Checks the repo's episodic integrity and repairs what can be repaired.
 
-    An EPISODIC node without a SUBGOAL (or SOURCE) link is linked again to the subgoal (source)
-    of another step of its trajectory (episode), or to the node `subgoal_<trajectory_id>`
-    (`source_<episode_id>`) if it exists. Links to missing nodes are deleted (foreign keys
-    should make them impossible). Nodes without a vector and vectors of the wrong size are
-    counted. The full-text index is checked against the nodes (FTS5 'integrity-check', which
-    covers every repo of the file) and rebuilt when it disagrees.
+    An EPISODIC node without a SUBGOAL (SOURCE) link is linked again to its trajectory's
+    (episode's) other steps' one, or to `subgoal_<trajectory_id>` (`source_<episode_id>`) if
+    it exists. Dangling links are deleted; missing or wrong-size vectors are counted. The
+    full-text index (FTS5 'integrity-check', every repo of the file) is rebuilt when it
+    disagrees with the nodes.
 
     Raises:
         StorageError: the transaction failed; nothing was changed.

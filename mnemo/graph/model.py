@@ -1,14 +1,12 @@
-"""The knowledge graph's values: node and link types, nodes, changesets and receipts; and the
-value function, how much a node is worth beyond its relevance to a query (`node_value`):
-recency decay x frequency floor x reward. A recall ranks by relevance x value ^
-`Config.value_weight`, and `decay` deletes what is worth less than `Config.decay_threshold`.
+"""The knowledge graph's values (node and link types, nodes, changesets, receipts) and
+`node_value`, a node's worth beyond its relevance: recency x frequency x reward. Recall ranks
+by relevance x value ^ `Config.value_weight`; `decay` deletes what is below
+`Config.decay_threshold`.
 
-- recency: 2^(-age / half-life), age counted from the last access (or creation) in whole
-  hours, so that the same memories rank alike whether a run took seconds or minutes;
+- recency: 2^(-age / half-life), age from the last access (or creation) in whole hours;
 - frequency: log(1 + accesses) / log(1 + 10), never below `frequency_floor`;
-- reward: what the pipeline learned of the node (an EPISODIC step's reward, a PROCEDURAL
-  instruction's return score / 10, a SEMANTIC fact's confidence), softened to 0.5 + r / 2 so a
-  failed step is still found, just after a successful one; 1 for nodes without one.
+- reward: a step's reward, an instruction's return score / 10 or a fact's confidence,
+  softened to 0.5 + r / 2; 1 for other nodes.
 """
 
 from __future__ import annotations
@@ -58,16 +56,13 @@ Member = TypeVar("Member", NodeType, LinkType)
 
 
 class _StoredNames(dict[str, Member]):
-    """Stored type names to their members. A name no member has (a row another program or a
-    later version wrote) is a `StorageError("corrupt")`, as any unreadable row is, not a
-    KeyError from deep inside a read."""
+    """Stored type names to their members; an unknown name is `StorageError("corrupt")`."""
 
     def __missing__(self, name: str) -> NoReturn:
         raise StorageError("corrupt", f"a stored row names an unknown type {name!r}")
 
 
-# A stored type name's member by a dict lookup: `NodeType(name)` goes through the enum's
-# machinery at each call, and a recall hop decodes hundreds of rows.
+# A dict lookup, cheaper than `NodeType(name)` (a recall hop decodes hundreds of rows).
 NODE_TYPES: dict[str, NodeType] = _StoredNames((kind.value, kind) for kind in NodeType)
 LINK_TYPES: dict[str, LinkType] = _StoredNames((kind.value, kind) for kind in LinkType)
 
@@ -150,8 +145,7 @@ class Changeset:
             raw["generation"] = self.generation
         if self.metadata:
             raw["metadata"] = self.metadata
-        # msgspec, keys sorted as json's sort_keys: a tenth of json.dumps's time for a close's
-        # changeset (hundreds of KB), on the way from the last reply to ready.
+        # msgspec, keys sorted as json's sort_keys.
         return _SORTED_JSON.encode(raw).decode()
 
     @classmethod
@@ -223,10 +217,8 @@ def correction(repo: str, old: Node, text: str, vector: Vector, generation: int)
 
 
 def step_window(node_id: str, width: int) -> list[str]:
-    """The ids of the EPISODIC nodes up to `width` steps before and after the step whose node
-    is `node_id` in its episode, nearest first (those that exist or not); none for an id of
-    another shape. A step's id is "<episode id>:<index>" and its node's "episodic_<step id>"
-    (extraction.pipeline)."""
+    """The ids of the EPISODIC nodes up to `width` steps before and after `node_id`'s step in
+    its episode, nearest first, existing or not; none for an id not "episodic_<episode>:<i>"."""
     head, colon, index = node_id.rpartition(":")
     if not (colon and head.startswith("episodic_") and index.isascii() and index.isdigit()):
         return []
@@ -234,8 +226,8 @@ def step_window(node_id: str, width: int) -> list[str]:
     return [f"{head}:{i}" for d in range(1, width + 1) for i in (at - d, at + d) if i >= 0]
 
 
-# A tag's identity keeps this many characters of its label: a concept is a short label, and a
-# key must fit PostgreSQL's index entries (2,704 bytes, beside the repo's name).
+# A tag's identity keeps this many characters of its label: a key must fit PostgreSQL's index
+# entries (2,704 bytes, beside the repo's name).
 MAX_LABEL_CHARS = 200
 
 
@@ -348,8 +340,7 @@ def node_value(
     `config.frequency_floor`. Naive datetimes are taken as UTC. Recall multiplies it by the
     relevance; `decay` deletes what falls below `config.decay_threshold`.
     """
-    # `recency`, `frequency` and `reward` written out, the same operations in the same order
-    # (recall values 50-100 nodes a query: the calls took half of its time).
+    # `recency`, `frequency` and `reward` inlined, same operations in the same order (hot path).
     seen = created_at if created_at.tzinfo is not None else _utc(created_at)
     if last_access is not None:
         last = last_access if last_access.tzinfo is not None else _utc(last_access)

@@ -1,14 +1,6 @@
-"""The graph's port: what sessions, ingest, recall and maintenance need from a graph store, and
-the side writes a commit carries into its transaction.
-
-The port is cut by role: `NodeReads` (what every role reads), `RecallReads`, `GraphWrites`,
-`GraphHistory`, `GraphMaintenance` and `Reembedding`; a caller asks for the role it uses, and a
-backend (`mnemo.storage.sqlite`, `mnemo.storage.postgres`) implements `GraphStore`, all of them,
-on the shared `mnemo.storage.graph_base.GraphBase`. Nothing outside `mnemo/storage/` knows how.
-
-A commit is one unit of work across stores: the graph's rows and, in the same transaction, the
-session side (steps marked committed, the state change) or the ingest side (the source
-recorded), passed as plain values (`SideWrite`) that each backend knows how to write.
+"""The graph's port, cut by role (`NodeReads`, `RecallReads`, `GraphWrites`, `GraphHistory`,
+`GraphMaintenance`, `Reembedding`; a backend implements all of them as `GraphStore`), and the
+side writes (`SideWrite`: session or ingest rows) a commit writes in its own transaction.
 """
 
 from __future__ import annotations
@@ -95,8 +87,7 @@ class PendingRead(Protocol[T_co]):
 class NodeContext:
     """What recall reads about its best candidates in one round trip (`node_context`): the
     nodes (in the order asked, unknown ids left out), their access stats (count, last
-    access), the links of one type touching those of them whose type was asked for, and
-    their unit vectors (those that have one: MMR's, without a read of their own)."""
+    access), the links of one type of those whose type was asked for, and their unit vectors."""
 
     nodes: list[Node]
     stats: dict[str, tuple[int, datetime | None]]
@@ -181,9 +172,9 @@ class Reverting:
 
 
 class VectorsMoved(Exception):
-    """Raised by a recall whose embedder makes vectors for another generation of the repo's
-    vectors than the store holds (another Memory re-embedded the repo): nothing was searched
-    with it; the caller brings the repo's embedder up to the store's and recalls again."""
+    """Raised by a recall whose embedder is of another generation than the repo's vectors
+    (another Memory re-embedded it): nothing was searched; the caller brings its embedder up to
+    the store's and recalls again."""
 
     def __init__(self, generation: int) -> None:
         super().__init__(f"the repo's vectors are of generation {generation}")
@@ -191,9 +182,8 @@ class VectorsMoved(Exception):
 
 
 class SourceTaken(Exception):
-    """Raised by `apply` when, under the repo's write lock, a `SourceRecorded`'s source turns
-    out to be recorded already: another writer (a second Memory, another process) ingested it
-    while the caller extracted. Nothing was written; the caller reads the source's receipt."""
+    """Raised by `apply` when, under the repo's write lock, a `SourceRecorded`'s source is
+    found recorded by another writer. Nothing was written; the caller reads its receipt."""
 
     def __init__(self, source_id: str) -> None:
         super().__init__(f"source {source_id!r} was recorded by another writer")
@@ -231,10 +221,8 @@ class RecallReads(NodeReads, Protocol):
         ...
 
     def vectors_on_loop(self, repo: str) -> bool:
-        """Whether `search_vectors` and `nearest_of_type` of the repo now answer on the event
-        loop, quickly and waiting on nothing (a small index kept in memory, brought up by
-        `reading`): a caller has nothing worth running beside them. Only a hint: they answer
-        the same either way."""
+        """Whether `search_vectors` and `nearest_of_type` of the repo now answer quickly on the
+        event loop (nothing worth running beside them). Only a hint: the answers are the same."""
         ...
 
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]: ...
@@ -253,10 +241,9 @@ class RecallReads(NodeReads, Protocol):
         (recall: bounded by k).
 
         `then`, when given, is called once with that context and names more nodes and the
-        types whose links to read of them: they are read in the same call (no second hop to
-        the store's thread, no second connection) and the context returned holds both, the
-        first read's nodes and links before the second's. `then` runs where the store reads
-        (on SQLite its worker thread): plain computation, no I/O, nothing of the event loop."""
+        types whose links to read: they are read in the same call, the first read's before
+        the second's. `then` runs where the store reads (SQLite: its worker thread): plain
+        computation, no I/O, nothing of the event loop."""
         ...
 
     async def scope(self, repo: str, where: Where) -> Scope:
@@ -297,11 +284,9 @@ class RecallReads(NodeReads, Protocol):
 
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
         """Counts one access of each node at `when`; every later call of this store sees the
-        counts. A side write of a read, which holds nothing up for long: PostgreSQL writes it
-        before it returns, skipping the nodes another transaction holds; SQLite queues it on
-        its connection's thread, after the calls given before and before those given after,
-        and returns at once (a write refused after a tenth of a second's wait for another
-        writer, not `busy_timeout`, is logged: it costs these counts, never the caller)."""
+        counts. PostgreSQL writes it before returning, skipping nodes another transaction
+        holds; SQLite queues it in order on its connection's thread and returns at once (a
+        write refused after a 0.1 s wait for another writer is logged, never raised)."""
         ...
 
     async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
@@ -329,13 +314,12 @@ class GraphWrites(NodeReads, Protocol):
         self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
         generation: int | None = None, reverting: Reverting | None = None,
     ) -> int:
-        """Forgets the source `key`: deletes every node it produced, then the tags, intents,
-        sources and subgoals this left without links (one another source still uses stays,
-        without the source's id), and its commits' records; a node another source shares
-        (an intent, a fact, an instruction: `mnemo.graph.erasure`) that has words of the source
-        takes the other's, embedded by `embed` before the repo's lock is taken. With
-        `reverting`, withdraws the work of the commit `key` alike, records its revert, and
-        erases nothing else. `generation`: the generation of the repo's vectors `embed` makes,
+        """Forgets the source `key`: deletes every node it produced, the tags, intents,
+        sources and subgoals this left without links (one still used stays, without the
+        source's id), and its commits' records; a node another
+        source shares that has words of this one takes the other's wording (`mnemo.graph.
+        erasure`), embedded by `embed` before the lock. With `reverting`, withdraws the commit
+        `key` alike and records its revert. `generation`: that of the vectors `embed` makes,
         checked under the lock. Returns how many nodes went.
 
         Raises:

@@ -1,24 +1,16 @@
 """Re-embedding a repo: every node's vector made again with another embedder (`Memory.reembed`),
 while the repo stays readable and writable, and never searched with a mix of the two.
 
-How, whatever the backend (`Reembedding`'s re-embedding methods):
-
-- One re-embedding per repo at a time, across processes (`GraphStore.reembedding`, taken
-  without waiting: a second one is a `ConflictError`).
-- The new vectors are staged beside the old ones, a batch of nodes at a time, each batch
-  staged in one transaction. Recall and commits meanwhile see only the old vectors and the
-  old record: nothing of the new vectors is searched until the switch.
-- Nodes committed meanwhile have no staged vector yet, and nodes whose text changed meanwhile
-  (an intent reworded by a merge) lose theirs (`unstage_changed` reads the node log since
-  the re-embedding last looked): a catch-up stages them. The last catch-up runs under the
-  repo's lock, which every commit takes, so none can slip in before the switch.
-- The switch is one transaction under that lock: the staged vectors take the old ones'
-  place, the repo's record names the new embedder and dimension, and the generation of the
-  repo's vectors moves, so that every process drops what it holds of the old ones
-  (`mnemo.storage.vector_log`).
-- A re-embedding cut short (a killed process, a failing embedder) leaves the repo as it was,
-  old vectors under the old record, with its staged vectors: the next re-embedding with the
-  same embedder carries on from them, one with another embedder drops them.
+- One re-embedding per repo at a time, across processes (a second is a `ConflictError`).
+- New vectors are staged beside the old ones, one transaction a batch; nothing searches them
+  until the switch.
+- Nodes committed meanwhile, and nodes whose text changed (`unstage_changed`), are staged by a
+  catch-up; the last runs under the repo's lock, so no commit slips in before the switch.
+- The switch is one transaction under that lock: staged vectors replace the old, the repo's
+  record names the new embedder and dimension, and the generation moves, so every process
+  drops what it holds of the old ones (`mnemo.storage.vector_log`).
+- A re-embedding cut short leaves the repo as it was, with its staged vectors: the next one
+  with the same embedder carries on from them, another embedder drops them.
 """
 
 from __future__ import annotations
@@ -59,8 +51,7 @@ class Unstaged(NamedTuple):
 # Embeds nodes (their type and text), one vector row each (the caller runs the embedder).
 EmbedNodes = Callable[[Sequence[Unstaged]], Awaitable[Vector]]
 
-# Catch-ups before the repo's lock is taken: each stages what the one before it let arrive,
-# so the last, under the lock, has little left to embed while commits wait for it.
+# Catch-ups before the repo's lock, so the last, under it, has little left to embed.
 CATCH_UPS = 3
 
 
@@ -69,11 +60,8 @@ CATCH_UPS = 3
 class ReembedProgress:
     """How far a re-embedding has got, as `Memory.reembed`'s `progress` callback hears it:
     `done` of the repo's `total` nodes have their new vector (`total` grows when nodes are
-    committed meanwhile); `stage` is `"embedding"`, then `"switching"` (the last nodes
-    embedded under the repo's lock, the vectors put in place; reported before the lock is
-    taken, as nothing is reported under it), `"indexing"` (switched: what
-    the backend keeps beside the vectors is built again, PostgreSQL's HNSW index of a big
-    repo), then `"done"`."""
+    committed meanwhile); `stage` is `"embedding"`, `"switching"` (reported before the lock),
+    `"indexing"` (the backend's indexes rebuilt), then `"done"`."""
 
     repo: str
     stage: str
@@ -118,9 +106,8 @@ async def reembed(
 
         async def stage_all(stage: str, *, locked: bool = False) -> int:
             """Stages every node without a staged vector, of those the repo held when it
-            began (all of them under the repo's lock, where none can arrive); how many it
-            staged. Nodes committed meanwhile are left to the next pass: a repo written to
-            faster than its nodes are embedded would keep an unbounded pass going."""
+            began (all of them under the repo's lock); how many it staged. Nodes committed
+            meanwhile are left to the next pass, so a pass is bounded."""
             nonlocal done, total
             staged, after = 0, 0
             upto = None if locked else await graph.last_rowid(repo)

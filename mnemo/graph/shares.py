@@ -1,17 +1,12 @@
 """A fact or an instruction that several commits are evidence for.
 
-A commit whose fact (instruction) is deduplicated into one of the graph's (`mnemo.graph.dedup`)
-joins it: the node stays one, its provenance grows (links to the commit's steps), and the node
-lists the contribution (the commit's own wording, data and source) among its owners. A node
-no commit joined lists none: its creator, the commit whose record names it among its nodes,
-is its one owner.
+A commit whose fact (instruction) is deduplicated into one of the graph's joins it: its
+provenance links are added and its contribution (wording, data, source) is listed among the
+node's owners; a node no commit joined lists none (its creator is its one owner).
 
-Withdrawing commits (a revert, a forget: `withdraw`) takes their contributions off each node
-they created or joined. A node left with none goes; else it stays and keeps its wording if a
-remaining contribution has that wording, or takes the oldest remaining one's wording, data and
-source: no word or datum of a forgotten source stays, and a revert leaves the wording the
-remaining commits brought (a merged wording, which no single commit brought, is not asked of
-the model again).
+Withdrawing commits (`withdraw`) takes their contributions off: a node left with none goes;
+else it keeps its wording if a remaining contribution has it, or takes the oldest remaining
+one's wording, data and source (a merged wording is not asked of the model again).
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """`VectorIndex`: exact cosine search over one repo's node vectors, in memory.
 
-The rows in SQLite are the truth; this index is built from them when a repo is first searched
-and kept in step by the graph store after each commit or delete. Rows are stored unit-length,
-so a dot product is the raw cosine. An exact numpy search grows with the rows, on the one
-BLAS thread a Memory leaves numpy (BENCHMARKS.md), so past 20k rows of a SQLite repo HNSW graphs
-answer when faiss is installed (`mnemo.graph.ann`; PostgreSQL's routing vectors get theirs
-from 5k).
+The stored rows are the truth; the index is built from them on a repo's first search and kept
+in step by the graph store after each commit or delete. Rows are unit-length, so a dot product
+is the raw cosine.
 
 Searches may run in a worker thread while the event loop appends: an append writes only past
-the row count a search has already read, and a delete marks its rows dead (type code -1) in
-place, so a search sees each row either live or gone. Dead rows are dropped by one compaction
-once they are a quarter of the rows: copying the arrays on every delete took seconds at 1M.
+the row count a search has read, and a delete marks its rows dead (type code -1) in place, so a
+search sees each row live or gone. Dead rows are compacted away once they are a quarter.
 
-An `Accelerator` (the optional faiss HNSW of `mnemo.graph.ann`) may ride on the index: it hears
-of every add and remove, and answers a search when it can; when it cannot (not built yet, too
-far behind, too few results of the wanted types) the exact scan answers.
+An `Accelerator` (`mnemo.graph.ann`'s HNSW) hears of every add and remove and answers a search
+when it can; otherwise the exact scan answers.
 """
 
 from __future__ import annotations
@@ -46,18 +41,16 @@ def unit(vectors: npt.ArrayLike) -> npt.NDArray[np.float32]:
 
 
 def of_codes(codes: npt.NDArray[np.int8], wanted: Iterable[int]) -> npt.NDArray[np.bool_]:
-    """Which of `codes` are among the `wanted` type codes (`DEAD` never is): one lookup in a
-    256-entry table per code, reading each code once (so a remove marking one dead meanwhile
-    cannot be seen half-way), where `np.isin` sorts both sides."""
+    """Which of `codes` are among the `wanted` type codes (`DEAD` never is), reading each code
+    once (a remove marking one dead meanwhile is never seen half-way)."""
     table = np.zeros(256, dtype=np.bool_)
     table[[code for code in wanted if code != DEAD]] = True
     mask: npt.NDArray[np.bool_] = table[codes.view(np.uint8)]
     return mask
 
 
-# Vectors are float32, so a cosine comes out up to a few units in its seventh digit off the
-# exact one: a pair whose exact cosine is a configured threshold may land just below it.
-# Every comparison with a threshold ("at or above", the API contract) allows that much.
+# A float32 cosine may land a few units in its seventh digit below an exact threshold: every
+# "at or above" comparison allows that much.
 COSINE_TOLERANCE = 1e-5
 
 
@@ -68,8 +61,7 @@ def reaches(similarity: float, threshold: float) -> bool:
 
 def cosine(a: Vector, b: Vector) -> float:
     """Raw cosine similarity of two vectors (0 when either is zero)."""
-    # Three dot products: np.linalg.norm costs several times more on small vectors, and this
-    # runs on every append (the trajectory boundary test).
+    # Three dot products, cheaper than np.linalg.norm on small vectors (runs on every append).
     aa, bb = float(np.dot(a, a)), float(np.dot(b, b))
     if aa == 0.0 or bb == 0.0:
         return 0.0
@@ -166,9 +158,7 @@ class VectorIndex:
         # What a search reads, published as one tuple: reading the attributes one by one from
         # a worker thread could pair a remove's new matrix with the old ids or type codes.
         self._view = Snapshot(0, self._matrix, self._types, self._ids, self._rows)
-        # `of_type`'s rows, until the next change: recall probes the tags and intents of a
-        # repo at every call, and gathering them copied every row of the type each time
-        # (113 MB for 74,000 intents at 1M nodes: most of a recall's time on PostgreSQL).
+        # `of_type`'s rows, kept until the next change (every recall probes tags and intents).
         self._version = 0
         self._by_type: dict[NodeType, tuple[int, list[str], Vector]] = {}
 
@@ -185,9 +175,8 @@ class VectorIndex:
         rows = unit(vectors)
         if rows.shape != (len(ids), self.dim):
             raise ValueError(f"expected {len(ids)} vectors of dim {self.dim}, got {rows.shape}")
-        # `_version` moves only once the change is published: a worker thread's `of_type`
-        # reads it before the view, so a gather in the middle of a change is never kept as
-        # the new version's.
+        # `_version` moves only once the change is published (`of_type` reads it before the
+        # view), so a gather in the middle of a change is never kept as the new version's.
         fresh: list[int] = []
         for i, node_id in enumerate(ids):
             row = self._rows.get(node_id)
@@ -295,8 +284,7 @@ class VectorIndex:
     def search_rows(
         self, queries: npt.ArrayLike, k: int, types: Iterable[NodeType] | None = None
     ) -> list[list[tuple[str, float]]]:
-        """`search` for each row of `queries` at once: one walk of the HNSW graphs for all
-        of them (recall probes the tags with the query and each of its search tags)."""
+        """`search` for each row of `queries` at once (one walk of the HNSW graphs for all)."""
         probes = unit(queries)
         count, matrix, codes, ids, _, dead = self._view
         if count == 0 or k <= 0:
@@ -346,8 +334,7 @@ def _pairs(
     *, finite: bool = False,
 ) -> list[tuple[str, float]]:
     """(id, score) of each of `rows`, its score the same place of `scores`, as Python floats;
-    with `finite`, those whose score is not finite left out. Converted in one call each, not a
-    numpy scalar a row."""
+    with `finite`, those whose score is not finite left out."""
     values = scores.tolist()
     if not finite:
         return [(ids[i], value) for i, value in zip(rows.tolist(), values, strict=True)]

@@ -1,11 +1,9 @@
 """The two clocks of a host that the stores' clocks are made of: the wall clock, read once
 to place the store's time, and a clock that only moves forward, which counts from there.
 
-A step of the wall clock (NTP, a date set by hand, a VM resumed) moves every time read from
-it; the boot time clock never steps. Leases, heartbeats and a session's last use are judged
-by the store's time: on PostgreSQL the server's read plus the time elapsed since
-(`postgres.clock.ServerClock`), on SQLite an anchor kept in the file plus the time elapsed
-since (`sqlite.database.HostClock`).
+The boot time clock never steps. The store's time is the server's read plus the time elapsed
+since on PostgreSQL (`ServerClock`), a file's anchor plus the time elapsed on SQLite
+(`HostClock`).
 """
 
 from __future__ import annotations
@@ -32,8 +30,8 @@ def host_now() -> datetime:
 _BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 
 
-# Seconds on a clock that only moves forward (and never steps with the wall clock), the same
-# for every process on the host. A C function, not a Python one: a step's write reads it.
+# Seconds on a clock that only moves forward, the same for every process on the host (a C
+# function: the append path reads it).
 elapsed: Callable[[], float] = (
     time.monotonic if _BOOTTIME is None else functools.partial(time.clock_gettime, _BOOTTIME)
 )

@@ -307,8 +307,7 @@ class SqlCoordination(SqlStore):
     ) -> int:
         where = f"FROM ops WHERE accepted_by = '' AND {self._left(gone)}"
         params = (me, self._stamp(unseen_since), *gone)
-        # Looked for first: the takeover task asks twice a lease, and a write would wait for
-        # another writer's lock every time, to find nothing.
+        # Looked for first, without a write lock: usually there is nothing.
         found = await self._driver.read(lambda sql: sql.row(f"SELECT 1 {where} LIMIT 1", params))
         if found is None:
             return 0

@@ -1,11 +1,8 @@
 """What a store's file holds, found without writing to it.
 
-`Memory(path)` creates a missing file and migrates any SQLite file it is given, which is right
-for a library and wrong for a command line: a read on a mistyped path must not leave an empty
-database behind, and a write into someone else's database must not add mnemo's tables to it.
-So the command line asks `store_file` first. A mnemo store is a SQLite file whose
-`_sqlite_migrations` table has rows of the migration set "mnemo"
-(`storage/sqlite/schema.py`).
+The command line asks `store_file` before `Memory(path)`, which would create or migrate the
+file. A mnemo store is a SQLite file whose `_sqlite_migrations` table has rows of the migration
+set "mnemo".
 """
 
 from __future__ import annotations

@@ -160,9 +160,8 @@ class SqlMaintenance:
         examined, doomed = await self._below_threshold(
             sql, f"repo = ? AND type{self.ANY}", (repo, self._list(kinds)), config, now
         )
-        # The scan took no locks (locking every memory of the repo would write every row): the
-        # candidates are locked and valued again with what is now current, and a recall that
-        # comes later waits for this transaction.
+        # The scan took no locks: the candidates are locked and valued again with what is
+        # current, and a later recall waits for this transaction.
         if doomed and self.LOCK:
             _, doomed = await self._below_threshold(
                 sql, f"id{self.ANY}", (self._list(doomed),), config, now, lock=True

@@ -1,11 +1,8 @@
 """The backend port: one object that opens a store and hands out its stores.
 
-A `Memory` asks `open_backend(path)` for the backend its path names (a SQLite file or
-`":memory:"`; a PostgreSQL URL) and then sees only the ports: `GraphStore`
-(`mnemo.graph.ports`), `SessionStore` (`mnemo.session.ports`) and the conversation store. A
-unit of work that spans them, a commit's graph rows with its session's state change, is a
-`GraphStore.apply` carrying `SideWrite` values, which each backend writes in one transaction.
-A third backend is one more folder under `mnemo/storage/`.
+A `Memory` asks `open_backend(path)` for the backend its path names (a SQLite file,
+`":memory:"` or a PostgreSQL URL) and then sees only the ports: `GraphStore`, `SessionStore`
+and the conversation store.
 """
 
 from __future__ import annotations

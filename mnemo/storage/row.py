@@ -1,11 +1,9 @@
 """A row as a database driver returns it (sqlite3, psycopg): what type each column has is
 known only from the statement that read it, so the reader beside each statement narrows it.
 
-A JSON column (node data, on both backends) is read with msgspec (`loads`), faster than the
-standard library (BENCHMARKS.md, "Figures behind the code"), which recall pays for every node
-it reads. msgspec reads integers of any size as `json` does; what it refuses (NaN and
-infinities, which `json.dumps` writes, and escaped lone surrogates) goes to the standard
-library, so that whatever `json.dumps` wrote reads back the same."""
+A JSON column is read with msgspec (`loads`); what it refuses (NaN, infinities, escaped lone
+surrogates, all of which `json.dumps` writes) goes to the standard library, so whatever
+`json.dumps` wrote reads back the same."""
 
 from __future__ import annotations
 

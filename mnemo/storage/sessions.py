@@ -1,12 +1,10 @@
-"""`SqlSessions`: the `SessionStore` port (`mnemo.session.ports`), written once for both
-backends over `storage.sql.Statements`, and `SqlSessions.side_writes`, the session and ingest
-side of a graph commit. A backend (`storage.sqlite.sessions`, `storage.postgres.sessions`)
-gives its driver, its clock, how it stores times and JSON, and its dialect's few words.
+"""`SqlSessions`: the `SessionStore` port and `side_writes` (a graph commit's session and ingest
+side), written once over `storage.sql.Statements`; a backend gives its driver, clock, storage of
+times and JSON, and dialect words.
 
-The rows mean the same on both: the same upserts, the same orders (insertion order through
-`rowid`, byte order of text), and `LiveSession.created_at` is the ISO text of a UTC time. A
-write of several statements is one transaction (`Driver.write`); a read of several statements
-reads one snapshot (`Driver.together`). A session's version moves on with every write of it
+Orders are insertion (`rowid`) and byte order of text; `LiveSession.created_at` is ISO text of
+a UTC time. A write of several statements is one transaction (`Driver.write`), a read of
+several one snapshot (`Driver.together`). A session's version moves on with every write of it
 (`bump`), checked against the version its writer read.
 """
 
@@ -170,10 +168,8 @@ class SqlSessions(SqlStore):
         await self._driver.one(lambda sql: sql.run(
             "INSERT INTO repos(name, config, dim, embedder, llm, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?)"
-            # The dimension changes only with the vectors (`Memory.reembed`); the models may
-            # change (an embedder of the same dimension, another LLM) and the record follows,
-            # but an embedder chosen before the vectors were made again is not recorded over
-            # the one that made them.
+            # The dimension changes only with the vectors (`Memory.reembed`); the models follow,
+            # but an embedder chosen before a re-embedding never overwrites the one after it.
             " ON CONFLICT (name) DO UPDATE SET config = excluded.config,"
             " embedder = CASE WHEN repos.vectors_generation = ? THEN excluded.embedder"
             " ELSE repos.embedder END, llm = excluded.llm",
@@ -465,8 +461,7 @@ class SqlSessions(SqlStore):
                 # Of a step listed twice, the last reward.
                 rewards = {step_id: reward(value) for step_id, value in write.steps}
                 if not await cls._save_rewards(sql, rewards, write.changeset_id):
-                    # Committed in another changeset (another Memory's auto-commit of the
-                    # same steps) or gone: the commit's transaction writes nothing.
+                    # Committed in another changeset or gone: the transaction writes nothing.
                     raise StepsCommittedElsewhere(write.session_id)
                 # Committed: nobody extracts them again, so nobody needs to claim them.
                 await cls._lock_claims(sql, write.session_id)
@@ -486,8 +481,7 @@ class SqlSessions(SqlStore):
                         await sql.run("DELETE FROM task_results WHERE episode_id = ?",
                                       (write.episode_id,))
             elif isinstance(write, SourceRecorded):
-                # The receipt itself is the commit's, in applied_changesets: one source of
-                # truth.
+                # The receipt itself is the commit's, in applied_changesets.
                 await sql.run(
                     "INSERT INTO ingests(repo, source_id, payload_hash, changeset_id,"
                     f" created_at) VALUES (?, ?, ?, ?, {cls.CREATED})",

@@ -1,12 +1,9 @@
-"""Rows of conversation memory, on both backends, and the reads of `storage.threads.SqlThreads`
-(each over one connection, its statements seeing one snapshot where the driver runs it
-`together`).
+"""Rows of conversation memory on both backends, and the reads of `storage.threads.SqlThreads`
+(each over one connection, on one snapshot where the driver runs it `together`).
 
-Tables (SQLite's migration `m003_conversation`, PostgreSQL's `m004_conversation`): `threads`
-(the seq counter, the caller's history length, the eviction boundary and the history's hash),
-`messages` (with the backend's search index), `message_vectors`, `compactions`, `snapshots`,
-`goals` and `pins`. Message rows are inserted and deleted, never updated. Times read back in
-UTC (`moment`): SQLite keeps them as ISO-8601 text, PostgreSQL as `timestamptz`.
+Tables: `threads` (seq counter, history length, eviction boundary, history hash), `messages`
+(with the backend's search index; inserted and deleted, never updated), `message_vectors`,
+`compactions`, `snapshots`, `goals` and `pins`. Times read back in UTC (`moment`).
 """
 
 from __future__ import annotations
@@ -88,10 +85,9 @@ async def lock_row(
 ) -> tuple[ThreadState, bool]:
     """Locks the thread's row until the transaction ends (`lock`: the backend's
     `SqlThreads.LOCK`), creating it first at `stamp` when there is none (True then): the
-    first save and a purge or clear of a new thread take turns on its key. Locking nothing
-    when the row is not there yet, a save that commits between a purge's statements would
-    leave messages without a thread, or a clear would keep them while resetting the count.
-    A purge that deletes the row while this waits for its lock is met by creating it again.
+    first save and a purge or clear of a new thread take turns on its key (else a save between
+    a purge's statements would leave messages without a thread). A purge that deletes the row
+    while this waits for its lock is met by creating it again.
 
     Raises:
         ConflictError: purges deleted the row under each of `_LOCK_ATTEMPTS` waits.

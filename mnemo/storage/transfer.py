@@ -1,25 +1,18 @@
 """Moving a memory from one store to another (`mnemo migrate`): backend-neutral.
 
-Both backends hold the same tables with the same columns (`sqlite/schema.py`,
-`postgres/migrations.py`); `TABLES` names them in dependency order, each column with its `Kind`.
-A backend's `Dump` (`sqlite/dump.py`, `postgres/dump.py`) reads a table's rows as neutral
-Python values (str, int, float, bool, bytes, aware UTC datetimes, parsed JSON, float32 numpy
-vectors) and writes them, skipping every row whose key the target already holds: so a second
-run copies nothing, and an interrupted one carries on. `transfer` drives two of them.
+`TABLES` names the tables both backends hold, in dependency order, each column with its
+`Kind`. A backend's `Dump` reads rows as neutral Python values (str, int, float, bool, bytes,
+aware UTC datetimes, parsed JSON, float32 numpy vectors) and writes them, skipping rows
+whose key the target holds (a second run copies nothing; an interrupted one carries on). The
+rowids that order episodes, nodes, messages and snapshots are carried over.
 
-What is not copied: the bookkeeping of each backend (migration ledgers, SQLite's planner
-statistics), which processes hold which work (`holders`, `step_claims`, a session's `holder`
-and `lease_until`: the copy's sessions are free for the first Memory opened on it; `ops`, the
-operations stored for their callbacks in a running Memory), a re-embedding under way
-(`reembeds`, `staged_vectors`: the copy holds the repo's vectors as they are in use, and a
-re-embedding starts over on it), and the search indexes, which
-each target builds from the copied rows itself
-(SQLite's FTS5 tables through their triggers, PostgreSQL's generated `tsvector` columns; the
-lexical index's log likewise, by the target's triggers).
-The rowids that order episodes, nodes, messages and snapshots are carried over.
+Not copied: migration ledgers and planner statistics, who holds which work (`holders`,
+`step_claims`, sessions' `holder` and `lease_until`, `ops`), a re-embedding under way
+(`reembeds`, `staged_vectors`), and the search indexes, which the target's triggers and
+generated columns build.
 
-Verification: after copying, every table holds as many rows on both sides and the nodes' ids
-and texts hash alike (`NodeChecksum`), else `StorageError("mismatch")` names the table.
+Afterwards every table's counts and the nodes' checksum (`NodeChecksum`) must agree, else
+`StorageError("mismatch")` names the table.
 """
 
 from __future__ import annotations

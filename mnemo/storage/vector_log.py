@@ -1,27 +1,15 @@
 """In-memory vectors that follow the store, whichever process or `Memory` wrote to it.
 
-`SqliteVectors` keeps every repo's vectors in memory, `PgVectors` its tags' and intents'. Kept in
-step by their own `Memory`'s writes only, what another one committed or forgot would never
-reach them: a commit would link a new intent to one forgotten elsewhere (a foreign-key error,
-at every retry), an intent committed elsewhere would not be deduplicated against, and recall
-would miss what another process had stored.
+`SqliteVectors` keeps every repo's vectors in memory, `PgVectors` its tags' and intents'.
+They follow the node log (`lexical_log`), a per-repo sequence that triggers move in the
+writer's transaction on every insert, text change and delete of a node. A `RepoVectors`
+records the sequence it reflects and each node's rowid; before each use its owner reads the
+repo's sequence and generation (`VECTOR_STATE`, one row) and, when it moved, applies the changed
+nodes. Applying is idempotent, so a read racing a write is caught up by the next. A cache
+behind the log's horizon, or of an earlier generation (`Memory.reembed`), is loaded again.
 
-The store already says what changed: its node log (`lexical_log`, mnemo/storage/lexical), a
-per-repo sequence that triggers move in the writer's own transaction on every insert, text
-change and delete of a node. A `RepoVectors` repo records the sequence its vectors reflect and
-the rowid of each node it holds; before each use (`VectorCache.index`) its owner reads the repo's
-sequence (one row, with the generation of the repo's vectors: `VECTOR_STATE`) and, when it
-moved, the changed nodes with their vectors, and applies them. Applying is idempotent (a
-node's vector is replaced or removed), so a read racing a write is caught up by the next one;
-the owner's own commits reach it the same way, with their rowids (its deletes are also removed
-at once, by id). A cache behind the log's horizon (more than `LOG_KEEP` changes since it
-looked) is loaded again, and so is one of an earlier generation: the vectors were all made
-again (`Memory.reembed`), which the log of the nodes' texts does not say.
-
-A read of one keyed row is a trip to the database's thread (SQLite) or server (PostgreSQL), and
-a recall uses the vectors five to seven times: one look per recall is enough for what it
-promises (it sees every write that returned before it started). `reading_block` brings a repo up
-once, at the start of a block, and the uses inside it (in its child tasks too) skip the read.
+`reading_block` looks once at a block's start; the uses inside it (child tasks too) skip the
+read: a recall sees every write that returned before it started.
 """
 
 from __future__ import annotations
@@ -104,8 +92,7 @@ class RepoVectors:
 
     def behind(self, seq: int, horizon: int, generation: int | None = None) -> bool:
         """Whether the log moved since; raises `Reload` when it no longer reaches back here,
-        or when the repo's vectors are of another `generation` than the index's (they were
-        all made again, which the node log does not say: it logs the nodes' text)."""
+        or when the repo's vectors are of another `generation` than the index's."""
         if generation is not None and generation != self.index.generation:
             raise Reload
         return moved(self.seq, seq, horizon)
@@ -154,10 +141,8 @@ def moved(since: int, seq: int, horizon: int) -> bool:
 # the log did not move; raises `Reload` when it no longer reaches back), and a repo's first load.
 Changes = Callable[[str, RepoVectors], Awaitable[tuple[int, list[Change]] | None]]
 Load = Callable[[str], Awaitable[RepoVectors]]
-# Optionally, the same read started at once and awaited later (`PendingRead`), for the changes
-# since a given sequence of vectors of a given generation (`Reload` when they are of another):
-# a `reading` block then starts its look and waits for it only at its first use of the
-# vectors (SQLite: a job queued on the connection's thread).
+# Optionally, the same read started at once and awaited later (`PendingRead`; `Reload` for
+# another generation): a `reading` block starts its look and waits at its first use.
 Look = PendingRead[tuple[int, list[Change]] | None]
 Start = Callable[[str, int, int], Look]
 

@@ -1,14 +1,9 @@
 """`Worker`: one thread that runs the jobs given to it, one at a time, in arrival order, for
 callers on the event loop.
 
-A hop to it (a `queue.SimpleQueue` put, the result back with one `call_soon_threadsafe`)
-costs about half what `anyio.to_thread.run_sync` does (its pool's Python `Condition`
-handshake and cancel scopes; BENCHMARKS.md, "Figures behind the code"): SQLite's connection
-(`Database`) and the lexical index's searches each have one.
-
-Below it, reads begun now and finished later (`mnemo.graph.ports.PendingRead`): a job queued on
-a worker thread runs while its caller goes on (recall embeds its query meanwhile), and the
-caller awaits its answer only where it needs it.
+A hop is a `queue.SimpleQueue` put and one `call_soon_threadsafe` back (cheaper than
+`anyio.to_thread.run_sync`). Below it, reads begun now and awaited later
+(`mnemo.graph.ports.PendingRead`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """`ServerClock`: the store's time as one `Memory` on PostgreSQL knows it.
 
-Leases, heartbeats, a session's last use and a message's age are compared across every
-Memory on the database, on any number of hosts. Stamped and judged with each host's own
-clock, a host whose clock ran ahead by more than a lease took over the others' live work
-(their leases looked ended), and one behind had its own taken (its heartbeats looked old).
-So every such time is the server's: each Memory reads the server's `clock_timestamp()` when
-it opens and at each takeover task look (twice a lease), and between two reads counts the time
-elapsed on this host's monotonic clock, which a step of the wall clock (NTP, a date set by
-hand) does not move. A read is the best of `SAMPLES` round trips, known within half of the
-shortest (a stalled event loop lengthens one, not all).
+Leases, heartbeats, last uses and message ages are compared across hosts, so every such time
+is the server's: each Memory reads `clock_timestamp()` when it opens and at each takeover task
+look, and between reads adds this host's monotonic time (no wall clock step moves it). A read
+is the best of `SAMPLES` round trips, known within half of the shortest.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """`PgThreads`: the conversation store (`storage.threads.SqlThreads`) on mnemo's PostgreSQL
 database: its driver, how it stores data and vectors, and its search.
 
-A write is one transaction; a write that depends on a thread's counters locks the thread's row
-(`SELECT ... FOR UPDATE`), so writers of one thread take turns as they do behind SQLite's
-single writer. A read of several statements runs in one REPEATABLE READ transaction. Times go
-in as aware datetimes and come back in UTC; ids are ordered byte by byte (`COLLATE "C"`), as
-SQLite compares text.
+A write that depends on a thread's counters locks the thread's row (`FOR UPDATE`), so writers
+of one thread take turns; a read of several statements is one REPEATABLE READ transaction. Ids
+are ordered byte by byte (`COLLATE "C"`), as on SQLite.
 
 Search runs on the messages' generated `search` column (`SEARCH_VECTOR`, GIN-indexed):
 Snowball's English stemmer, case and accents folded, no stop word dropped. Each word of the
@@ -41,10 +39,8 @@ from mnemo.storage.threads import SqlThreads
 # bm25's parameters, FTS5's: term-frequency saturation and length normalisation.
 K1 = 1.2
 B = 0.75
-# `ts_rank` (no normalisation) of a word found once (its weight D, 0.1, times 6 / pi^2). A
-# word found n times ranks 1 + 1/4 + ... + 1/n^2 times that, so the ratio is a term frequency
-# that saturates by itself (1, 1.25, 1.36, ... below pi^2 / 6 = 1.64), read in C from the
-# vector without unnesting it.
+# `ts_rank` (no normalisation) of a word found once (weight D, 0.1, times 6 / pi^2); n times
+# ranks 1 + 1/4 + ... + 1/n^2 times that: the ratio is a saturating term frequency.
 TS_RANK_ONE = 0.1 * 6 / math.pi**2
 
 # About SQLite's 48-token snippet; `hit_snippet` then bounds it to SNIPPET_CHARS.
@@ -199,10 +195,8 @@ class PgThreads(SqlThreads):
         return "starts_with(id, ?)", (prefix,)
 
     async def _erased(self, sql: Statements, messages: int) -> None:
-        """Nothing more: a message's search vector is a column of its row, so no index entry
-        names the thread's words once the deletion commits. The deleted row versions stay
-        in the table's pages until VACUUM reclaims them (and in the WAL until it is
-        recycled): what an operator does about those is in the README."""
+        """Nothing more: a message's search vector is a column of its row (dead row versions
+        stay until VACUUM; see the README)."""
 
     async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:
         scoring, params = scoring_query(query)

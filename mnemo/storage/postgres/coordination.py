@@ -1,13 +1,9 @@
 """`PgCoordination`: the `Coordination` port (`mnemo.session.ports`) over PostgreSQL, for
 `Memory` objects on any number of hosts sharing one database.
 
-A compare-and-set is one `UPDATE ... WHERE version = %s`: the row lock it takes serialises
-racers, and under READ COMMITTED the second one re-reads the committed row, finds the version
-moved and changes nothing. `takeable` reads without locking: taking the work is a `claim`,
-which only one `Memory` wins. The change token is the next transaction id of the server
-(`pg_snapshot_xmax(pg_current_snapshot())`): it moves whenever any transaction that wrote
-commits (on this server, so a wake-up may be spurious, never missed), and costs one cheap
-statement.
+A compare-and-set is one `UPDATE ... WHERE version = %s` (`storage.coordination`). The change
+token is the server's next transaction id (`pg_snapshot_xmax(pg_current_snapshot())`): it
+moves whenever any writing transaction commits, so a wake-up may be spurious, never missed.
 """
 
 from __future__ import annotations

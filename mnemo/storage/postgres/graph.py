@@ -1,14 +1,9 @@
 """`PgGraph`: the `GraphStore` port (`mnemo.graph.ports`) over PostgreSQL and pgvector.
 
-Commits to one repo are serialised by the repo's lock: an in-process lock, then a session
-advisory lock on a connection held for the block, so that commits of several processes on one
-database take turns too. Each commit is one transaction recorded in `applied_changesets`, with
-its side writes (a session's state change, an ingested source) in the same transaction.
-
-Vectors live in pgvector and are searched by `PgVectors` (mnemo/storage/postgres/vectors.py:
-exact scans for a small repo, the repo's HNSW index above). Words are searched in the rows'
-generated `tsvector` (GIN), with every word of the query a word of an OR query, as SQLite's
-FTS5 query is.
+Commits to one repo are serialised by an in-process lock, then a session advisory lock on a
+connection held for the block (across processes). Each commit is one transaction recorded in
+`applied_changesets`, with its side writes. Vectors are searched by `PgVectors`; words in the
+rows' generated `tsvector` (GIN), the query's words OR-combined.
 """
 
 from __future__ import annotations
@@ -86,9 +81,8 @@ class PgGraph(PgReembedding, MaintainedGraph):
         self._lexical = lexical
         self._locks: dict[str, anyio.Lock] = {}
         self._reembeds = Claims()
-        # A repo's lock holds a pooled connection for its whole block, and the block needs
-        # others for its work: at most half the pool holds locks, so commits to many repos
-        # at once never take every connection and wait for one that no lock will give back.
+        # At most half the pool holds repo locks, so a locked block can always get a
+        # connection for its work.
         self._lock_slots = anyio.CapacityLimiter(max(1, pg.max_size // 2))
         self._vectors = PgVectors(pg, dims, exact_below=exact_below, ann_dir=ann_dir)
 
@@ -231,11 +225,9 @@ class PgGraph(PgReembedding, MaintainedGraph):
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return
-        # A side write of a read: a node another transaction writes (a commit, maintenance)
-        # is skipped, its access not counted, rather than waited for (the recall waited out
-        # `busy_timeout`, then failed). NO KEY UPDATE, the plain UPDATE's own lock: FOR
-        # UPDATE also skipped every node a commit in flight links to (its foreign keys'
-        # KEY SHARE locks), which never made the UPDATE wait.
+        # A side write of a read: a node another transaction writes is skipped, not waited
+        # for. NO KEY UPDATE (the UPDATE's own lock), not FOR UPDATE, which would also skip
+        # nodes a commit in flight links to (KEY SHARE locks).
         async with self._pg.connection() as conn:
             await conn.execute(
                 "UPDATE nodes SET access_count = access_count + 1, last_access = %s"

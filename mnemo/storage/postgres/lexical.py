@@ -50,9 +50,8 @@ class PgLexicalSource(LogSource):
         self._conn: psycopg.Connection[Any] | None = None
 
     def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
-        """The statement's rows. Every statement here only reads: one that failed because
-        the connection was gone (the server restarted or ended the session, which the
-        driver learns only at the next use) runs once more on a new connection."""
+        """The statement's rows (all only read): one that failed because the connection was
+        gone runs once more on a new connection."""
         for attempt in range(2):
             fresh = self._conn is None or self._conn.closed
             try:

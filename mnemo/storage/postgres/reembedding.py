@@ -62,9 +62,8 @@ class PgReembedding(ReembeddedGraph):
 
     @asynccontextmanager
     async def _reembed_lock(self, repo: str, busy: ConflictError) -> AsyncIterator[None]:
-        """The database's advisory lock of the repo's re-embedding, taken without waiting on
-        a connection held for the block (the server lets it go when the connection ends,
-        with its process)."""
+        """The repo's re-embedding advisory lock, taken without waiting on a connection held
+        for the block (freed when the connection ends)."""
         async with self._pg.connection() as conn:
             key = reembed_lock_key(repo)
             cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))
@@ -78,15 +77,13 @@ class PgReembedding(ReembeddedGraph):
                     await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
     async def _before_switch(self, repo: str) -> None:
-        # Its cast to the old dimension would refuse the new vectors, and keeping it would
-        # insert each of them into its graph, one at a time, inside the switch (it is built
-        # again after); its lock on `vectors` is held only for the drop.
+        # Its cast to the old dimension would refuse the new vectors (rebuilt after the
+        # switch); its lock on `vectors` is held only for the drop.
         await self._pg.write(
             lambda sql: sql.run(f'DROP INDEX IF EXISTS "{vector_index_name(repo)}"')
         )
 
     async def vectors_switched(self, repo: str, dim: int) -> None:
-        """The repo's HNSW index is built again for the new vectors when the repo is past
-        exact scans, and its routes' saved graphs go (the routes in memory load the new
-        vectors at their next use: their generation moved)."""
+        """The repo's HNSW index is built again when the repo is past exact scans, and its
+        routes' saved graphs go (the routes in memory reload at their next use)."""
         await self._vectors.switched(repo, dim)

@@ -1,21 +1,14 @@
 """The schema of mnemo's PostgreSQL database, as ordered migrations.
 
-The tables and columns are SQLite's (`mnemo/storage/sqlite/schema.py`, as of its `m009`) with
-PostgreSQL's types: JSON in `jsonb`, times in `timestamptz`, flags in `boolean`, node and
-message vectors in pgvector's `vector`. A step's subgoal vector stays a float32 `bytea`: it is
-only ever read back whole, never searched. Words are searched through a generated `tsvector`
-column with a GIN index instead of FTS5's virtual tables and triggers; the row holds its own
-search vector, so deleting the row erases it.
+The tables are SQLite's with PostgreSQL's types (`jsonb`, `timestamptz`, `boolean`, pgvector's
+`vector`; a step's subgoal vector stays `bytea`, never searched). Words are searched through a
+generated `tsvector` column with a GIN index, so deleting a row erases its search entry.
+`apply` runs the pending migrations (`migrations.py`) in one transaction under an advisory
+lock, recording each in `mnemo_migrations`.
 
-`apply` runs every pending migration in one transaction under a transaction-level advisory
-lock: any number of processes opening a new database at once wait for the first, then find
-nothing left to do. Each applied migration is a row of `mnemo_migrations`. The migrations
-themselves are listed in `migrations.py`.
-
-Vectors of one repo share a dimension, repos differ: `vectors.vec` is an untyped `vector`,
-and `ensure_vector_index` builds one partial HNSW index per repo, on `vec::vector(dim)`, once
-the repo's dimension is known. A search names its repo as a literal so that the planner can
-match the index's predicate (docs/DECISIONS.md).
+`vectors.vec` is an untyped `vector` (repos differ in dimension); `ensure_vector_index` builds
+one partial HNSW index per repo on `vec::vector(dim)`, and a search names its repo as a
+literal so the planner matches the index's predicate.
 """
 
 from __future__ import annotations
@@ -30,13 +23,11 @@ from mnemo.errors import StorageError
 from mnemo.storage.postgres.connection import Connection, storage_error
 from mnemo.storage.postgres.migrations import MIGRATIONS
 
-# Any fixed 64-bit number works; every mnemo process must use the same one. This one is the
-# first 8 bytes of sha256("mnemo.schema"), so it is unlikely to meet an application's own.
+# Every mnemo process must use the same one: the first 8 bytes of sha256("mnemo.schema").
 SCHEMA_LOCK = int.from_bytes(hashlib.sha256(b"mnemo.schema").digest()[:8], "big", signed=True)
 
-# HNSW build parameters (docs/DECISIONS.md): pgvector's defaults, which reach recall@10 above
-# 0.95 on 384-dimensional sentence embeddings at a build cost that grows with both. The search
-# side, ef_search, is a session setting: connection.HNSW_EF_SEARCH.
+# HNSW build parameters, pgvector's defaults (docs/DECISIONS.md); ef_search is a session
+# setting (connection.HNSW_EF_SEARCH).
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
 
@@ -169,11 +160,9 @@ async def ensure_vector_index(
 
 async def build_vector_index(conn: Connection, repo: str, dim: int) -> None:
     """`ensure_vector_index` without holding up writes, for a repo whose vectors were all made
-    again (`Memory.reembed`): `CREATE INDEX CONCURRENTLY`. A plain build takes a lock on
-    `vectors` that stops every commit to every repo until it ends, and the graph of 100,000
-    vectors took minutes. It waits for locks as long as it takes (it holds nothing up, and
-    nothing waits for it). An index left invalid by a build cut short is dropped first.
-    `conn` must not be inside a transaction.
+    again (`Memory.reembed`): `CREATE INDEX CONCURRENTLY` (a plain build's lock would stop
+    every commit until it ends). It waits for locks without limit; an invalid index left by a
+    build cut short is dropped first. `conn` must not be inside a transaction.
 
     Raises:
         StorageError: as `ensure_vector_index`.

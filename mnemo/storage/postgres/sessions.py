@@ -1,12 +1,11 @@
 """`PgSessions`: the `SessionStore` port (`storage.sessions.SqlSessions`) over PostgreSQL, and
 `side_writes`, the session and ingest side of a graph commit.
 
-Times are aware datetimes (a commit's side writes take the server's `clock_timestamp()`), JSON
-is jsonb, ids compare byte by byte (`COLLATE "C"`, as SQLite compares text), and insertion order
-is the `rowid` identity. A write of one statement runs alone in autocommit; every other write
-runs in `Postgres.transaction()`, and a read of several statements in one REPEATABLE READ
-transaction. The session's step claims are serialised by an advisory lock
-(`coordination.lock_claims`).
+Times are aware datetimes (side writes take the server's `clock_timestamp()`), JSON is jsonb,
+ids compare byte by byte (`COLLATE "C"`), insertion order is the `rowid` identity. A
+one-statement write runs in autocommit, others in `Postgres.transaction()`, a read of several
+statements in one REPEATABLE READ transaction. A session's step claims are serialised by an
+advisory lock (`coordination.lock_claims`).
 """
 
 from __future__ import annotations
@@ -47,8 +46,7 @@ class PgSessions(SqlSessions):
 
     @staticmethod
     def _json(text: str) -> object:
-        # The text is already JSON (written with sort_keys, as SQLite keeps it): sent as it
-        # is, not parsed and dumped again.
+        # The text is already JSON (sort_keys): sent as it is.
         return Jsonb(text, dumps=str)
 
     @staticmethod

@@ -15,8 +15,7 @@ from mnemo.storage.postgres.lexical import PgLexicalSource, default_folder
 from mnemo.storage.postgres.sessions import PgSessions
 
 # Connections one Memory may hold: a commit holds one for its repo's advisory lock and uses
-# another, a recall runs its channels on two or three at once; ten leaves room for several of
-# each (BENCHMARKS.md: the count under 100 concurrent sessions).
+# another, a recall runs its channels on two or three at once.
 MAX_CONNECTIONS = 10
 
 

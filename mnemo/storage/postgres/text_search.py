@@ -4,16 +4,12 @@ and the generated columns; the stores search with them)."""
 
 from __future__ import annotations
 
-# FTS5's `porter unicode61` stems every word and drops none; PostgreSQL's `english` stems with
-# Snowball's English (Porter's successor) but drops stop words, so a search for "it" or "the"
-# would find nothing. `mnemo_english` is `english` with a stemmer that keeps every word, and
-# (m012) folds accents first, as `unicode61` does.
+# `english` with a stemmer that drops no stop word and (m012) folds accents first, as FTS5's
+# `porter unicode61` does.
 TEXT_SEARCH_CONFIG = "mnemo_english"
-# FTS5's `unicode61` and the lexical index's tokenizer split a text at every character that is
-# neither a letter nor a digit; PostgreSQL's parser keeps an email, a URL, a path or a version
-# whole and reads Unicode's format characters (Cf) as letters. The stored search vectors (m012
-# on) parse the text with its ASCII punctuation and its format characters made spaces, and each
-# query word is parsed the same way (`WORD_QUERY`), so its parts are one phrase, as in FTS5.
+# PostgreSQL's parser keeps emails, URLs, paths and versions whole and reads format characters
+# (Cf) as letters; FTS5 splits at every non-letter, non-digit. So texts (m012 on) and query
+# words (`WORD_QUERY`) are parsed with ASCII punctuation and format characters made spaces.
 # The format characters as of Unicode 14 (Python 3.11's `unicodedata`), first to last of each
 # range; m012's columns are computed with them, so a change needs a migration of its own.
 _FORMAT_CHARACTERS = (

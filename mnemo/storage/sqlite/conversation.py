@@ -1,15 +1,11 @@
 """`SqliteThreads`: the conversation store (`storage.threads.SqlThreads`) on mnemo's SQLite
 file: its driver, how it stores times, data and vectors, and its search.
 
-Every statement runs in the database's own thread (`Database.read`/`write`); a write is one
-`db.atomic()` transaction, which holds the file's write lock from its start. Times are UTC
-ISO-8601 text with microseconds (`timestamp`), so that text order is time order.
-
-Search runs on FTS5 (`messages_fts`, kept by triggers; `porter unicode61`: stems, case and
-diacritics folded). Each word of the query is quoted (so nothing in it is FTS syntax) and the
-words are OR-combined (`match_expression`). bm25 picks the pool of candidates that
-`rank_by_recency` reorders (see `mnemo.conversation.search`); FTS5's `snippet()` is asked only
-for the hits returned.
+A write is one `db.atomic()` transaction, holding the write lock from its start. Times are UTC
+ISO-8601 text with microseconds, so text order is time order. Search runs on FTS5
+(`messages_fts`, kept by triggers; `porter unicode61`) with each query word quoted and the words
+OR-combined; bm25 picks the pool `rank_by_recency` reorders, and `snippet()` is asked only for
+the hits returned.
 """
 
 from __future__ import annotations
@@ -83,12 +79,10 @@ class SqliteThreads(SqlThreads):
     async def purge(self, thread_id: str) -> int:
         """Erases the thread without a trace; returns how many messages went.
 
-        Everything of the thread is deleted in one transaction (the connection's
-        `secure_delete` zeroes the freed pages), then the search index is merged
-        (`optimize`): FTS5 marks deleted entries in new segments but keeps the words in the
-        old ones until a merge. Finally the WAL is checkpointed and truncated, so no old page
-        image survives in it. The merge costs time proportional to the whole index; it is
-        skipped when the thread had no message.
+        Everything of the thread is deleted in one transaction (`secure_delete` zeroes the freed
+        pages), then the FTS5 index is merged (`optimize`: it keeps deleted words in old
+        segments until a merge; skipped when the thread had no message), then the WAL is
+        checkpointed and truncated.
         """
         gone = await super().purge(thread_id)
         await self._database.run(truncate_wal)
@@ -106,8 +100,7 @@ class SqliteThreads(SqlThreads):
             conditions.append("m.thread_id = ?")
             params.append(query.thread_id)
             # A thread's messages lie within the rowids of its first and last: FTS5 seeks to
-            # that range instead of ranking every match of every thread (threads written at
-            # the same time interleave, which widens the range, never beyond the table).
+            # that range instead of ranking every thread's matches.
             span = await sql.row(
                 "SELECT min(rowid), max(rowid) FROM messages WHERE thread_id = ?",
                 (query.thread_id,),

@@ -1,10 +1,8 @@
 """`SqliteCoordination`: the `Coordination` port (`storage.coordination.SqlCoordination`) over
 mnemo's SQLite file, for several `Memory` objects (processes on one host) sharing it.
 
-Every write is one `BEGIN IMMEDIATE` transaction, so two processes racing for a session are
-serialised by SQLite's write lock. Times are stored as SQLite stores every time, ISO 8601 text
-written with microseconds so that text order is time order. The change token is `PRAGMA
-data_version`: it moves when another connection commits, and reading it costs no I/O.
+Every write is one `BEGIN IMMEDIATE` transaction, serialised by SQLite's write lock. The change
+token is `PRAGMA data_version`: it moves when another connection commits, and costs no I/O.
 """
 
 from __future__ import annotations
@@ -35,8 +33,7 @@ class SqliteCoordination(SqlCoordination):
         self._database = database
 
     def now(self) -> datetime:
-        # The host's boot time clock, anchored in the file (`HostClock`): one clock for every
-        # process on the host, which no step of a wall clock moves.
+        # The host's boot time clock, anchored in the file (`HostClock`).
         return self._database.clock.now()
 
     def _stamp(self, at: datetime) -> object:

@@ -1,24 +1,17 @@
 """`Database`: the one owner of mnemo's SQLite connection.
 
-Every statement runs through `run`, in one dedicated worker thread that owns the connection:
-the event loop never waits on SQLite, not for the disk and not for another writer's
-lock. The thread is a `mnemo.storage.worker.Worker`: a hop to it costs half to a third of
-one through `anyio.to_thread.run_sync`.
+Every statement runs in one worker thread that owns the connection (`mnemo.storage.worker`):
+the event loop never waits on SQLite.
 
-Locks and errors: a transaction takes the write lock when it begins (`BEGIN IMMEDIATE`, see
-`_Connection.atomic`), so a writer that must wait for another process waits in SQLite's busy
-handler, in the worker thread, for at most `busy_timeout` seconds, and never fails half-way
-through because another writer slipped in after its first read. Whatever SQLite raises becomes a
-`StorageError` here, where it enters mnemo (`"busy"` when the lock could not be had, else
-`"unavailable"` or `"corrupt"`), with nothing of the failed transaction written.
+A transaction takes the write lock when it begins (`BEGIN IMMEDIATE`), so a writer waits in
+SQLite's busy handler, in the worker thread, for at most `busy_timeout` seconds, and never
+fails half-way because another writer slipped in after its first read. Whatever SQLite raises
+becomes a `StorageError` here (`"busy"`, `"unavailable"` or `"corrupt"`), with nothing of the
+failed transaction written.
 
-Durability: WAL with `synchronous=NORMAL` makes a commit durable against a killed process,
-which is mnemo's promise; `synchronous="FULL"` also survives power loss, at an fsync a commit.
-
-The WAL: SQLite's automatic checkpoint (every 1000 pages) runs inside the write that crosses
-it, in the worker thread, and `journal_size_limit` truncates the WAL file back to 16 MB after
-each one, so sustained writes keep it small (the side checkpointer this replaces let a
-WAL reach 2.6 GB).
+WAL with `synchronous=NORMAL` is durable against a killed process; `"FULL"` also against power
+loss. The automatic checkpoint runs inside the write that crosses it, and `journal_size_limit`
+truncates the WAL after each one.
 """
 
 from __future__ import annotations
@@ -67,9 +60,8 @@ class _Connection(SqliteUtilsDatabase):
             with super().atomic() as db:  # a savepoint inside the running transaction
                 yield db
             return
-        # A deferred BEGIN would take the lock at the first write; in WAL mode a transaction
-        # that has read by then fails at once with SQLITE_BUSY_SNAPSHOT when another writer
-        # committed meanwhile, without waiting. IMMEDIATE waits in the busy handler instead.
+        # A deferred BEGIN fails at once with SQLITE_BUSY_SNAPSHOT when another writer
+        # committed after its first read; IMMEDIATE waits in the busy handler instead.
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self
@@ -152,7 +144,7 @@ class Database:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
             # Before anything else: switching to WAL and migrating wait for other processes
-            # opening the same new file (two of them failed with "database is locked").
+            # opening the same new file.
             conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
             db = _Connection(conn, execute_plugins=False)
             deadline = time.monotonic() + self._busy_ms / 1000
@@ -161,9 +153,8 @@ class Database:
                     self._set_up(db)
                     break
                 except sqlite3.OperationalError as exc:
-                    # Switching a new file to WAL, or reading a schema another process is
-                    # writing, can be refused at once without the busy handler's wait: try
-                    # again, in this thread, until the busy timeout is spent.
+                    # Switching to WAL, or reading a schema being written, can be refused
+                    # without the busy handler's wait: retry until the busy timeout is spent.
                     if storage_error(exc).reason != "busy" or time.monotonic() >= deadline:
                         raise
                     time.sleep(_JITTER.uniform(0.005, 0.03))
@@ -179,9 +170,8 @@ class Database:
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
-        # Erasure: whatever a delete or an update frees, cell or page, is zeroed, so that a
-        # forgotten word leaves no copy in a page's free space or on the freelist (a copy
-        # freed by an earlier update or merge would outlive the forget that deletes the row).
+        # Erasure: whatever a delete or update frees is zeroed, so a forgotten word leaves no
+        # copy in free space or on the freelist.
         conn.execute("PRAGMA secure_delete=ON")
         # Schema set-up is one IMMEDIATE transaction: a second process waits for the first
         # to finish, then finds nothing pending. Each migration is a savepoint inside it.
@@ -276,7 +266,7 @@ class Database:
         worker = self._worker
         if worker is None:
             raise StorageError("closed", "the database is not open")
-        # `Worker.call`'s hop, written out: a step's write passes through no other module.
+        # `Worker.call`'s hop, inlined (the append path).
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         worker.jobs.put((fn, future, loop))
@@ -348,18 +338,12 @@ class HostClock:
     """The store's time on SQLite: the same in every process of the host, and never stepped
     by a wall clock.
 
-    The processes sharing a SQLite file share one host, and one boot time clock
-    (`storage.clock.elapsed`). The file keeps an anchor (`store_clock`): the wall clock's time
-    and the boot time clock's reading at one moment of this boot, written by the first Memory
-    that opens the file after the host booted. The store's time is the anchor's wall time plus
-    the boot time elapsed since: every process computes the same, and no step of a wall clock
-    (NTP, a date set by hand, a process whose clock is faked) moves a lease, a heartbeat or a
-    session's last use, the times Memories judge each other by; judged by a wall clock, a
-    step ahead would make every live holder's lease look ended.
-
-    A new boot (the kernel's boot id changed, or, where there is none, the boot time clock
-    reads less than at the anchor) anchors again; every holder recorded before it is gone
-    then (its process ended with the boot), and so are its leases.
+    The file keeps an anchor (`store_clock`): a wall time and the boot time clock's
+    (`storage.clock.elapsed`) reading at one moment, written by the first Memory to open the
+    file after boot. The store's time is the anchor's wall time plus the boot time elapsed
+    since: the same in every process, and no wall clock step moves a lease or a heartbeat.
+    A new boot (another boot id, or the boot clock below the anchor's) anchors again and
+    forgets the holders recorded before it.
     """
 
     def __init__(self, wall: Callable[[], datetime] = host_now) -> None:
@@ -403,19 +387,15 @@ def _translated(exc: BaseException) -> BaseException:
     return storage_error(exc) if isinstance(exc, sqlite3.Error) else exc
 
 
-# How long a read's side write (a recall's access counts, a conversation's message vectors)
-# waits for another process's write lock: the wait holds up every call of this Memory on its
-# one connection (a recall under a lock held for seconds stalled its reads too); past it the
-# read goes on without its write.
+# How long a read's side write (access counts, message vectors) waits for another process's
+# write lock: the wait holds up every call on the one connection; past it the write is dropped.
 SIDE_WRITE_WAIT = 0.1
 
 
 @contextlib.contextmanager
 def side_write(db: SqliteUtilsDatabase) -> Iterator[None]:
     """A read's side write: one transaction (`atomic`) that waits at most `SIDE_WRITE_WAIT`
-    (never longer than the connection's own busy timeout) for another process's write lock;
-    then the busy timeout is as before. The connection is this store's only one, and its
-    wait holds up every other call of the Memory, reads included. Runs in the connection's
+    (never past the busy timeout) for another process's write lock. Runs in the connection's
     thread.
 
     Raises:

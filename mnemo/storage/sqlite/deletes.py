@@ -168,10 +168,8 @@ def withdraw(
 ) -> list[str]:
     """See `GraphStore.withdraw`: returns the ids of the nodes that went (`_withdraw`). With
     `revert` (the id and time of its record), the commit `key` is reverted. Else the source
-    `key` is forgotten: an ingested source, a session or an episode (`Scope`), whose stored
-    steps go too (`_erase_steps`), and its commits' records; the search index is merged
-    (FTS5 keeps a deleted entry's words in its old segments until then) and the lexical
-    index's stores are told to start again (`lexical_epoch`): erasure."""
+    `key` is forgotten: an ingested source, a session or an episode (`Scope`), with its
+    stored steps (`_erase_steps`) and its commits' records, then `scrub`."""
     conn = db.conn
     with db.atomic():
         scope = _scope(conn, repo, key, one=revert is not None)
@@ -215,11 +213,10 @@ def _erase_steps(conn: sqlite3.Connection, source_id: str, commits: Sequence[str
 
 
 def scrub(conn: sqlite3.Connection) -> None:
-    """What an erasure does after its deletes, in its transaction: merges the nodes' search
-    index into one segment (FTS5 marks a deleted entry in a new segment and keeps its words
-    in the old ones until a merge; the connection's `secure_delete` zeroes the pages that
-    held them), and gives the lexical index's stores a new epoch, so that each wipes its
-    documents before it answers again (`mnemo.storage.lexical`). The merge costs time in
-    proportion to the whole index."""
+    """What an erasure does after its deletes, in its transaction: merges the nodes' FTS5
+    index into one segment (it keeps deleted words in old segments until a merge;
+    `secure_delete` zeroes the freed pages; costs time in proportion to the whole index), and
+    gives the lexical index's stores a new epoch, so each wipes its documents before it
+    answers again (`mnemo.storage.lexical`)."""
     conn.execute("INSERT INTO nodes_fts(nodes_fts) VALUES ('optimize')")
     conn.execute("UPDATE lexical_epoch SET epoch = lower(hex(randomblob(16)))")

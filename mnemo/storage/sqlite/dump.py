@@ -1,12 +1,10 @@
 """The SQLite side of `mnemo migrate` (`mnemo.storage.transfer`): tables read and written in
 neutral values.
 
-SQLite keeps JSON as text (written with sorted keys, as every store here writes it), times as
-ISO-8601 text of UTC datetimes, flags as 0/1 and vectors as float32 blobs (float16 in the
-`vectors` table, `rows.half_blob`). A table is read in
-rowid order, so the target receives rows in the order they were inserted; a table WITHOUT
-ROWID in key order. Copied nodes and messages reach FTS5 through the tables' insert triggers,
-and a row skipped as already there fires none.
+SQLite keeps JSON as sorted-key text, times as UTC ISO-8601 text, flags as 0/1 and vectors as
+float32 blobs (float16 in `vectors`, `rows.half_blob`). Tables are read in rowid order (WITHOUT
+ROWID ones in key order). Copied rows reach FTS5 through the insert triggers; a skipped row
+fires none.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """`SqliteGraph`: the `GraphStore` port (`mnemo.graph.ports`) over mnemo's SQLite file.
 
-Commits to one repo are serialised by a per-repo lock (across the processes of the host too);
-each is one transaction, recorded in `applied_changesets`, so applying the same changeset twice
-returns the first receipt and adds nothing. A commit may carry side writes (a session's state
-change and steps marked committed, or an ingested source recorded; `sessions.side_writes`) that
-land in the same transaction: the graph and the session never disagree about what was
-committed. Vectors are held and searched by `SqliteVectors` (`vectors.py`); the SQL of a
-commit and of the deletes is in `commits.py` and `deletes.py`.
+Commits to one repo are serialised by a per-repo lock (across the host's processes too); each
+is one transaction recorded in `applied_changesets` with its side writes
+(`sessions.side_writes`), so the graph and the session never disagree. Vectors are in
+`SqliteVectors`; the SQL of commits and deletes in `commits.py` and `deletes.py`.
 """
 
 from __future__ import annotations
@@ -114,8 +111,8 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         repo = plan.repo
         await self._database.run(lambda db: commits.write_commit(db, plan, also))
-        # The new vectors reach the repo's index from the node log, with their rowids, at its
-        # next use (`vector_log`); brought up now if it is loaded, as writes always did.
+        # The new vectors reach the repo's index from the node log (`vector_log`); brought up
+        # now if it is loaded.
         if self._vectors.loaded(repo) is not None:
             await self._vectors.index(repo)
 

@@ -17,8 +17,8 @@ from mnemo.storage.row import loads_object
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import pack_text, unpack_text
 
-# A link names its ends by their rowids. An end that is no node makes a NULL, which fails
-# (NOT NULL constraint) as the foreign key did. `refs` counts the commits that made it.
+# A link names its ends by their rowids; an end that is no node makes a NULL, which fails
+# (NOT NULL). `refs` counts the commits that made it.
 _LINK = (
     "INSERT INTO links(src, dst, type, refs) VALUES ((SELECT rowid FROM nodes WHERE id = ?),"
     " (SELECT rowid FROM nodes WHERE id = ?), ?, ?) ON CONFLICT DO "

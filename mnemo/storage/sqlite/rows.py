@@ -1,6 +1,5 @@
 """A node's columns and their decoding, for every SQLite read of whole nodes (one place, so
-that a column added to nodes reaches every reader: recall's batched reads once missed the
-bi-temporal ones)."""
+that a column added to nodes reaches every reader)."""
 
 from __future__ import annotations
 
@@ -71,8 +70,7 @@ _WORDS = (
 
 
 def pack_text(text: str) -> bytes:
-    """A JSON text as a commit record or receipt keeps it: a 900-byte ingest's record takes
-    about 200 (`unpack_text`)."""
+    """A JSON text as a commit record or receipt keeps it (`unpack_text`)."""
     packer = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, _WORDS)
     return _PACKED + packer.compress(text.encode()) + packer.flush()
 

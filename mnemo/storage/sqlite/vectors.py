@@ -1,12 +1,8 @@
 """`SqliteVectors`: the in-memory vectors of a SQLite graph's repos, for `SqliteGraph`.
 
-Each repo's vectors are loaded from SQLite into a `VectorIndex` on first use and brought up to
-the store's node log before each use, so that what any process (or `Memory`) wrote is there
-(`mnemo.storage.vector_log`).
-Search is exact (numpy) until a repo holds more than `ann_threshold` vectors; past it, and
-when faiss-cpu is installed, an HNSW index answers (`mnemo.graph.ann`), read back from the
-graphs saved beside the file when they still match the rows (`mnemo.graph.ann_files`), else
-built from them.
+Each repo's `VectorIndex` is loaded on first use and brought up to the node log before each
+use (`mnemo.storage.vector_log`). Past `ann_threshold` vectors, with faiss-cpu, HNSW graphs
+answer (`mnemo.graph.ann`), read back from the saved files when they still match.
 """
 
 from __future__ import annotations

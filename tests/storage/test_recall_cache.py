@@ -6,6 +6,7 @@ write that returned before it began, whatever the store keeps)."""
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 import mnemo
 from mnemo.graph.model import LinkType, NodeType
+from mnemo.storage.postgres import recall_reads as pg_reads
 from mnemo.storage.sqlite import SqliteBackend, recall_graph, recall_reads
 from mnemo.storage.sqlite import recall_cache as cache_module
 from mnemo.storage.sqlite.database import Database
@@ -224,3 +226,28 @@ async def test_a_warm_recall_of_many_nodes_builds_them_on_the_connections_thread
     assert len(queued) == 2 * looks + 1
     assert [(m.node, m.score) for m in off_loop.memories] == [
         (m.node, m.score) for m in on_loop.memories] == [(m.node, m.score) for m in again.memories]
+
+
+async def test_a_recall_of_many_nodes_on_postgresql_builds_them_off_the_loop(
+    mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL's twin of the test above: a recall whose best candidates are more than
+    `ON_LOOP_NODES` builds their nodes (their JSON) in a worker thread, not on the event loop
+    that decoded their rows, and answers the same."""
+    if is_sqlite(mem):
+        pytest.skip("SQLite's: the test above")
+    on_loop = await mem.recall(REPO, QUERY, reinforce=False)
+    threads: list[bool] = []
+    build_node = pg_reads.node
+
+    def recorded(row: Any) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return build_node(row)
+
+    monkeypatch.setattr(pg_reads, "node", recorded)
+    monkeypatch.setattr(pg_reads, "ON_LOOP_NODES", 1)
+    off_loop = await mem.recall(REPO, QUERY, reinforce=False)
+    assert threads
+    assert not any(threads)
+    assert [(m.node, m.score) for m in off_loop.memories] == [
+        (m.node, m.score) for m in on_loop.memories]

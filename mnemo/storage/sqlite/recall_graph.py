@@ -22,9 +22,10 @@ from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead, TypedLin
 from mnemo.graph.scope import Scope, Where
 from mnemo.storage.graph_base import GraphBase, joined
 from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.row import ON_LOOP_NODES
 from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write
-from mnemo.storage.sqlite.recall_cache import ON_LOOP_NODES, RecallCache
+from mnemo.storage.sqlite.recall_cache import RecallCache
 from mnemo.storage.sqlite.vectors import SqliteVectors
 from mnemo.storage.worker import DeferredRead, FallbackRead
 

@@ -17,6 +17,7 @@ import pytest
 import mnemo
 from mnemo.graph.model import LinkType, NodeType
 from mnemo.storage.postgres import recall_reads as pg_reads
+from mnemo.storage.postgres.rows import node
 from mnemo.storage.sqlite import SqliteBackend, recall_graph, recall_reads
 from mnemo.storage.sqlite import recall_cache as cache_module
 from mnemo.storage.sqlite.database import Database
@@ -238,11 +239,10 @@ async def test_a_recall_of_many_nodes_on_postgresql_builds_them_off_the_loop(
         pytest.skip("SQLite's: the test above")
     on_loop = await mem.recall(REPO, QUERY, reinforce=False)
     threads: list[bool] = []
-    build_node = pg_reads.node
 
     def recorded(row: Any) -> Any:
         threads.append(threading.current_thread() is threading.main_thread())
-        return build_node(row)
+        return node(row)
 
     monkeypatch.setattr(pg_reads, "node", recorded)
     monkeypatch.setattr(pg_reads, "ON_LOOP_NODES", 1)

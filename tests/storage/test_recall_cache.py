@@ -224,7 +224,7 @@ async def test_a_warm_recall_of_many_nodes_builds_them_on_the_connections_thread
     looks = len(queued)
     monkeypatch.setattr(recall_graph, "ON_LOOP_NODES", 1)
     off_loop = await mem.recall(REPO, QUERY, reinforce=False)
-    assert len(queued) == 2 * looks + 1
+    assert len(queued) == 2 * looks + 2  # the nodes' build, and the one hop's links
     assert [(m.node, m.score) for m in off_loop.memories] == [
         (m.node, m.score) for m in on_loop.memories] == [(m.node, m.score) for m in again.memories]
 
@@ -246,6 +246,32 @@ async def test_a_recall_of_many_nodes_on_postgresql_builds_them_off_the_loop(
 
     monkeypatch.setattr(pg_reads, "node", recorded)
     monkeypatch.setattr(pg_reads, "ON_LOOP_NODES", 1)
+    off_loop = await mem.recall(REPO, QUERY, reinforce=False)
+    assert threads
+    assert not any(threads)
+    assert [(m.node, m.score) for m in off_loop.memories] == [
+        (m.node, m.score) for m in on_loop.memories]
+
+
+async def test_a_warm_hop_from_many_nodes_sees_their_links_on_the_connections_thread(
+    mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hop from more than `ON_LOOP_NODES` nodes sees their links on the connection's thread
+    although the cache holds them (thousands of links would hold the event loop), and the
+    recall answers the same."""
+    if not is_sqlite(mem):
+        pytest.skip("the recall cache is SQLite's")
+    await mem.recall(REPO, QUERY, reinforce=False)
+    on_loop = await mem.recall(REPO, QUERY, reinforce=False)
+    threads: list[bool] = []
+    seen = cache_module.seen_from_asked
+
+    def recorded(rows: Any, asked: Any) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return seen(rows, asked)
+
+    monkeypatch.setattr(cache_module, "seen_from_asked", recorded)
+    monkeypatch.setattr(recall_graph, "ON_LOOP_NODES", 1)
     off_loop = await mem.recall(REPO, QUERY, reinforce=False)
     assert threads
     assert not any(threads)

@@ -234,11 +234,20 @@ class SqliteRecallReads(GraphBase):
         if cache is None:
             return await self._database.run(lambda db: recall_reads.typed_links(db, repo, ids))
         view = cache.view()
-        if view.take(repo, ids):
-            await self._database.run(lambda db: view.fill(db, repo, ids))
-            for filled in view.filled:
-                cache.keep(filled)
-        return view.typed_links(repo, ids)
+        missing = view.take(repo, ids)
+        if not missing and len(ids) <= ON_LOOP_NODES:
+            return view.typed_links(repo, ids)
+
+        def read(db: SqliteUtilsDatabase) -> list[TypedLink]:
+            if missing:
+                view.fill(db, repo, ids)
+            return view.typed_links(repo, ids)
+
+        # Past `ON_LOOP_NODES` nodes, their links are seen on the connection's thread too.
+        links = await self._database.run(read)
+        for filled in view.filled:
+            cache.keep(filled)
+        return links
 
     async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
                           ) -> tuple[list[TypedLink], dict[str, float]]:

@@ -16,7 +16,7 @@ from mnemo.storage.graph_rows import NODE_COLUMNS
 from mnemo.storage.postgres.connection import Connection, Postgres, rows_of
 from mnemo.storage.postgres.rows import NODE_WIDTH, node
 from mnemo.storage.postgres.vectors import OF_NODES, as_array, unit_rows
-from mnemo.storage.row import ON_LOOP_NODES
+from mnemo.storage.row import ON_LOOP_NODES, Row
 
 _NODES = (
     f"SELECT {NODE_COLUMNS}, access_count, last_access FROM nodes"
@@ -105,6 +105,12 @@ async def typed_links_near(
     """See `GraphStore.typed_links_near`."""
     ids = list(dict.fromkeys(node_ids))
     rows = await pg.fetch_all(_HOP, {"repo": repo, "ids": ids, "q": as_array(vector)})
+    # Past `ON_LOOP_NODES` nodes, their links are seen in `mnemo.cpu`'s slot.
+    return await cpu.run(lambda: hop_links(rows), len(ids), on_loop_below=ON_LOOP_NODES + 1)
+
+
+def hop_links(rows: list[Row]) -> tuple[list[TypedLink], dict[str, float]]:
+    """A hop's rows (`_HOP`) as links seen from the end asked for, and the cosines."""
     links: list[TypedLink] = []
     similarity: dict[str, float] = {}
     for side, src, src_type, dst, dst_type, kind, cosine in rows:

@@ -231,17 +231,27 @@ class Statistics:
         return {s: known[s] for s in stems}
 
     @classmethod
-    def read(cls, searcher: Any, fields: Any, repo: str) -> Statistics:
-        """The repo's documents and tokens in a slot's committed documents: a sum over the
-        `length` fast field, which counts live documents only."""
+    def read(cls, searcher: Any, fields: Any, repo: str, fresh: Fresh) -> Statistics:
+        """The repo's documents and tokens: a sum over the `length` fast field of the slot's
+        committed documents (live ones only) but those changed since (`fresh`), and the
+        changes' documents."""
         import tantivy as tv
 
         mine = tv.Query.term_query(fields, "repo", repo)
+        entries = fresh.entries(repo)
+        if stale := list(entries):
+            mine = tv.Query.boolean_query([(tv.Occur.Must, mine), (
+                tv.Occur.MustNot, tv.Query.term_set_query(fields, "key", stale))])
         counted = searcher.aggregate(mine, {
             "documents": {"value_count": {"field": "length"}},
             "tokens": {"sum": {"field": "length"}},
         })
-        return cls(int(counted["documents"]["value"] or 0), int(counted["tokens"]["value"] or 0))
+        stats = cls(int(counted["documents"]["value"] or 0),
+                    int(counted["tokens"]["value"] or 0))
+        for _, doc in entries.values():
+            if doc is not None:
+                stats.add(doc)
+        return stats
 
 
 # The most stems a repo's `Statistics` keeps counted; past them, it counts afresh.

@@ -217,10 +217,7 @@ class Statistics:
         if len(known) > STEMS_KEPT:
             known.clear()
         missing = [stem for stem in stems if stem not in known]
-        stale = list(fresh.entries(repo)) if missing else []
-        filters = [(tv.Occur.Must, tv.Query.term_query(fields, "repo", repo))]
-        if stale:
-            filters.append((tv.Occur.MustNot, tv.Query.term_set_query(fields, "key", stale)))
+        filters = unchanged(fields, repo, fresh) if missing else []
         for stem in missing:
             committed = 0
             if searcher.doc_freq("text", stem):  # in some document, maybe deleted
@@ -237,21 +234,26 @@ class Statistics:
         changes' documents."""
         import tantivy as tv
 
-        mine = tv.Query.term_query(fields, "repo", repo)
-        entries = fresh.entries(repo)
-        if stale := list(entries):
-            mine = tv.Query.boolean_query([(tv.Occur.Must, mine), (
-                tv.Occur.MustNot, tv.Query.term_set_query(fields, "key", stale))])
-        counted = searcher.aggregate(mine, {
+        counted = searcher.aggregate(tv.Query.boolean_query(unchanged(fields, repo, fresh)), {
             "documents": {"value_count": {"field": "length"}},
             "tokens": {"sum": {"field": "length"}},
         })
         stats = cls(int(counted["documents"]["value"] or 0),
                     int(counted["tokens"]["value"] or 0))
-        for _, doc in entries.values():
+        for _, doc in fresh.entries(repo).values():
             if doc is not None:
                 stats.add(doc)
         return stats
+
+
+def unchanged(fields: Any, repo: str, fresh: Fresh) -> list[tuple[Any, Any]]:
+    """A query's clauses for the repo's committed documents not changed since (`fresh`)."""
+    import tantivy as tv
+
+    clauses = [(tv.Occur.Must, tv.Query.term_query(fields, "repo", repo))]
+    if stale := list(fresh.entries(repo)):
+        clauses.append((tv.Occur.MustNot, tv.Query.term_set_query(fields, "key", stale)))
+    return clauses
 
 
 # The most stems a repo's `Statistics` keeps counted; past them, it counts afresh.

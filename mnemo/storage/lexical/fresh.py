@@ -188,7 +188,7 @@ def unstale_hits(
 class Statistics:
     """A repo's live documents as BM25 counts them: how many, their tokens, and how many hold
     each stem, for the stems searches asked for (`frequencies_of`): a repo's vocabulary runs
-    to millions of stems, and reading it whole held the GIL for seconds."""
+    to millions of stems, and one tantivy call reading it whole holds the GIL for seconds."""
 
     documents: int = 0
     tokens: int = 0

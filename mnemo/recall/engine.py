@@ -55,7 +55,6 @@ from mnemo.recall.query import (
     QueryParts,
     TagVectors,
     feedback_terms,
-    offline_plan,
     restatement,
     speaker_boosts,
     split,
@@ -136,9 +135,10 @@ class Recaller:
         config = self.config
         wanted = None if types is None else {NodeType(t) for t in types}
         degraded: list[str] = []
-        plan = await planned(self.planner, query, degraded) if self.planner else offline_plan(query)
+        plan = await planned(self.planner, query, degraded) if self.planner else None
+        plan, parts = await split(query, dense_without_names=config.recall_dense_without_names,
+                                  plan=plan)
         trace.mark("plan")
-        parts = await split(query, dense_without_names=config.recall_dense_without_names)
         searched = None if wanted is None else list(wanted | set(ROUTING))
         # When the vectors answer on the event loop (a small store), hop 0 has nothing to run
         # beside the words search: it is begun now and runs on its thread while the query is

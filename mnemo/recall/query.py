@@ -22,9 +22,9 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-import anyio.to_thread
 import numpy as np
 
+from mnemo import cpu
 from mnemo import text as _text
 from mnemo.extraction.entities import speaker_of
 from mnemo.graph.model import Vector
@@ -58,13 +58,15 @@ def query_parts(query: str, *, dense_without_names: bool) -> QueryParts:
                       query_names(query))
 
 
-async def split(query: str, *, dense_without_names: bool) -> QueryParts:
-    """`query_parts`, in a worker thread for a query longer than `INLINE_CHARS`: each part
-    reads the whole query, so its cost grows with the query's length."""
-    if len(query) <= INLINE_CHARS:
-        return query_parts(query, dense_without_names=dense_without_names)
-    return await anyio.to_thread.run_sync(
-        lambda: query_parts(query, dense_without_names=dense_without_names)
+async def split(
+    query: str, *, dense_without_names: bool, plan: Plan | None = None
+) -> tuple[Plan, QueryParts]:
+    """`plan`, else `offline_plan`, and `query_parts`, off the loop for a query longer than
+    `INLINE_CHARS`: each reads the whole query, so its cost grows with the query's length."""
+    return await cpu.run(
+        lambda: (plan or offline_plan(query),
+                 query_parts(query, dense_without_names=dense_without_names)),
+        len(query), on_loop_below=INLINE_CHARS + 1,
     )
 
 

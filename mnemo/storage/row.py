@@ -21,6 +21,11 @@ Row = tuple[Column, ...]
 
 _DECODER = msgspec.json.Decoder()
 
+# A read of more nodes than this builds them off the event loop (SQLite: on the connection's
+# thread, even when its recall cache holds them all): a node of a long step costs tens of
+# microseconds to build (its JSON).
+ON_LOOP_NODES = 200
+
 
 def loads(text: str | bytes | bytearray | memoryview) -> object:
     """The value of a JSON document, as `json.loads` reads it."""

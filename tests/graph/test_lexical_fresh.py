@@ -382,3 +382,21 @@ def test_a_stored_document_scores_as_its_stems_do(stems: list[str], query: list[
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(lexical_fresh, "COUNTED_BYTES", counted)
             assert stored_score(stem_text(stems), needles(weights), 4.0) == expected
+
+
+async def test_a_search_counts_the_documents_of_its_own_stems_only(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a repo's first search read how many documents hold each stem of its
+    whole vocabulary, in one tantivy call that held the GIL (3.3 s for 1.2M stems, the event
+    loop stopped meanwhile). A search counts its own stems, and keeps `STEMS_KEPT` counted."""
+    await add(backend, "c0", {f"n{i}": f"zebra word{i} other{i} more{i}" for i in range(40)})
+    await backend.graph.settle(REPO)
+    index = lexical(backend)
+    assert await found(backend, "zebra") == {f"n{i}" for i in range(40)}
+    assert set(index._stats[REPO].frequencies) == {"zebra"}
+    monkeypatch.setattr(lexical_fresh, "STEMS_KEPT", 1)
+    await add(backend, "c1", {"late": "zebra word3"})
+    assert await found(backend, "word3") == {"n3", "late"}
+    assert await found(backend, "zebra") == {*(f"n{i}" for i in range(40)), "late"}
+    assert set(index._stats[REPO].frequencies) == {"zebra"}

@@ -6,6 +6,7 @@ write that returned before it began, whatever the store keeps)."""
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,6 +16,9 @@ import pytest
 
 import mnemo
 from mnemo.graph.model import LinkType, NodeType
+from mnemo.storage.graph_base import seen_from_asked
+from mnemo.storage.postgres import recall_reads as pg_reads
+from mnemo.storage.postgres.rows import node
 from mnemo.storage.sqlite import SqliteBackend, recall_graph, recall_reads
 from mnemo.storage.sqlite import recall_cache as cache_module
 from mnemo.storage.sqlite.database import Database
@@ -221,6 +225,62 @@ async def test_a_warm_recall_of_many_nodes_builds_them_on_the_connections_thread
     looks = len(queued)
     monkeypatch.setattr(recall_graph, "ON_LOOP_NODES", 1)
     off_loop = await mem.recall(REPO, QUERY, reinforce=False)
-    assert len(queued) == 2 * looks + 1
+    assert len(queued) == 2 * looks + 2  # the nodes' build, and the one hop's links
     assert [(m.node, m.score) for m in off_loop.memories] == [
         (m.node, m.score) for m in on_loop.memories] == [(m.node, m.score) for m in again.memories]
+
+
+async def test_a_recall_of_many_nodes_on_postgresql_builds_them_off_the_loop(
+    mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL's twin of the tests around: a recall that reads more than `ON_LOOP_NODES`
+    nodes builds them (their JSON), and a hop from as many sees their links, in a worker
+    thread, not on the event loop that decoded their rows, and answers the same."""
+    if is_sqlite(mem):
+        pytest.skip("SQLite's: the tests around")
+    on_loop = await mem.recall(REPO, QUERY, reinforce=False)
+    threads: dict[str, list[bool]] = {"nodes": [], "links": []}
+    links = pg_reads.hop_links
+
+    def recorded_node(row: Any) -> Any:
+        threads["nodes"].append(threading.current_thread() is threading.main_thread())
+        return node(row)
+
+    def recorded_links(rows: Any) -> Any:
+        threads["links"].append(threading.current_thread() is threading.main_thread())
+        return links(rows)
+
+    monkeypatch.setattr(pg_reads, "node", recorded_node)
+    monkeypatch.setattr(pg_reads, "hop_links", recorded_links)
+    monkeypatch.setattr(pg_reads, "ON_LOOP_NODES", 1)
+    off_loop = await mem.recall(REPO, QUERY, reinforce=False)
+    assert threads["nodes"]
+    assert threads["links"]
+    assert not any(threads["nodes"] + threads["links"])
+    assert [(m.node, m.score) for m in off_loop.memories] == [
+        (m.node, m.score) for m in on_loop.memories]
+
+
+async def test_a_warm_hop_from_many_nodes_sees_their_links_on_the_connections_thread(
+    mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hop from more than `ON_LOOP_NODES` nodes sees their links on the connection's thread
+    although the cache holds them (thousands of links would hold the event loop), and the
+    recall answers the same."""
+    if not is_sqlite(mem):
+        pytest.skip("the recall cache is SQLite's")
+    await mem.recall(REPO, QUERY, reinforce=False)
+    on_loop = await mem.recall(REPO, QUERY, reinforce=False)
+    threads: list[bool] = []
+
+    def recorded(rows: Any, asked: Any) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return seen_from_asked(rows, asked)
+
+    monkeypatch.setattr(cache_module, "seen_from_asked", recorded)
+    monkeypatch.setattr(recall_graph, "ON_LOOP_NODES", 1)
+    off_loop = await mem.recall(REPO, QUERY, reinforce=False)
+    assert threads
+    assert not any(threads)
+    assert [(m.node, m.score) for m in off_loop.memories] == [
+        (m.node, m.score) for m in on_loop.memories]

@@ -137,6 +137,10 @@ class Fresh:
         holders = self._holders.get(repo, {})
         return set(self._repos.get(repo, {})), set().union(*(holders.get(k, ()) for k in keys))
 
+    def holders(self, repo: str, stem: str) -> int:
+        """How many live documents of the repo applied since the last commit hold `stem`."""
+        return len(self._postings.get(repo, {}).get(stem, ()))
+
     def entries(self, repo: str) -> Mapping[str, tuple[int, FreshDoc | None]]:
         """The repo's entries by key: (version, the document or None for a deletion)."""
         return self._repos.get(repo, {})
@@ -183,38 +187,77 @@ def unstale_hits(
 @dataclass(slots=True)
 class Statistics:
     """A repo's live documents as BM25 counts them: how many, their tokens, and how many hold
-    each stem."""
+    each stem, for the stems searches asked for (`frequencies_of`): a repo's vocabulary runs
+    to millions of stems, and one tantivy call reading it whole holds the GIL for seconds."""
 
     documents: int = 0
     tokens: int = 0
-    frequencies: Counter[str] = field(default_factory=Counter)
+    frequencies: dict[str, int] = field(default_factory=dict)
 
     def add(self, doc: FreshDoc, sign: int = 1) -> None:
-        """Counts `doc` in (`sign` 1) or out (-1); a stem no document holds may stay at 0."""
+        """Counts `doc` in (`sign` 1) or out (-1), in the stems already counted."""
         self.documents += sign
         self.tokens += sign * doc.length
-        if sign > 0:
-            self.frequencies.update(doc.terms.keys())
-        else:
-            self.frequencies.subtract(doc.terms.keys())
+        known = self.frequencies
+        for stem in doc.terms.keys() & known.keys():
+            known[stem] += sign
 
     @property
     def average(self) -> float:
         return self.tokens / self.documents if self.documents else 1.0
 
-    @classmethod
-    def read(cls, searcher: Any, fields: Any, repo: str) -> Statistics:
-        """The repo's statistics in a slot's committed documents: tantivy's filtered term walk
-        and sum over the `length` fast field count live documents only."""
+    def frequencies_of(self, stems: Iterable[str], searcher: Any, fields: Any, repo: str,
+                       fresh: Fresh) -> dict[str, int]:
+        """How many live documents of the repo hold each of `stems`: counted once in the
+        slot's last commit (copies changed since left out) and the changes applied since,
+        then kept as changes are applied (`add`), for `STEMS_KEPT` stems at most."""
         import tantivy as tv
 
-        mine = tv.Query.term_query(fields, "repo", repo)
-        counted = searcher.aggregate(mine, {
+        known = self.frequencies
+        if len(known) > STEMS_KEPT:
+            known.clear()
+        missing = [stem for stem in stems if stem not in known]
+        filters = unchanged(fields, repo, fresh) if missing else []
+        for stem in missing:
+            committed = 0
+            if searcher.doc_freq("text", stem):  # in some document, maybe deleted
+                committed = searcher.search(tv.Query.boolean_query(
+                    [(tv.Occur.Must, tv.Query.term_query(fields, "text", stem)), *filters]),
+                    1, count=True).count
+            known[stem] = committed + fresh.holders(repo, stem)
+        return {s: known[s] for s in stems}
+
+    @classmethod
+    def read(cls, searcher: Any, fields: Any, repo: str, fresh: Fresh) -> Statistics:
+        """The repo's documents and tokens: a sum over the `length` fast field of the slot's
+        committed documents (live ones only) but those changed since (`fresh`), and the
+        changes' documents."""
+        import tantivy as tv
+
+        counted = searcher.aggregate(tv.Query.boolean_query(unchanged(fields, repo, fresh)), {
             "documents": {"value_count": {"field": "length"}},
             "tokens": {"sum": {"field": "length"}},
         })
-        return cls(int(counted["documents"]["value"] or 0), int(counted["tokens"]["value"] or 0),
-                   Counter(dict(searcher.terms_with_prefix("text", "", filter_query=mine))))
+        stats = cls(int(counted["documents"]["value"] or 0),
+                    int(counted["tokens"]["value"] or 0))
+        for _, doc in fresh.entries(repo).values():
+            if doc is not None:
+                stats.add(doc)
+        return stats
+
+
+def unchanged(fields: Any, repo: str, fresh: Fresh) -> list[tuple[Any, Any]]:
+    """A query's clauses for the repo's committed documents not changed since (`fresh`)."""
+    import tantivy as tv
+
+    clauses = [(tv.Occur.Must, tv.Query.term_query(fields, "repo", repo))]
+    if stale := list(fresh.entries(repo)):
+        clauses.append((tv.Occur.MustNot, tv.Query.term_set_query(fields, "key", stale)))
+    return clauses
+
+
+# The most stems a repo's `Statistics` keeps counted; past them, it counts afresh.
+STEMS_KEPT = 200_000
 
 
 def committed_docs(searcher: Any, fields: Any, keys: list[str]) -> list[FreshDoc]:

@@ -159,7 +159,8 @@ class LexicalIndex(Slot):
             stems = list(dict.fromkeys(t for w in words for t in self._analyzer.analyze(w)))
             stale, fresh = self._fresh.of(repo, stems)
             documents, average, read = stats.documents, stats.average, self._read
-            present = sorted((df, s) for s in stems if (df := stats.frequencies.get(s, 0)))
+            counted = stats.frequencies_of(stems, searcher, self._schema, repo, self._fresh)
+            present = sorted((df, s) for s, df in counted.items() if df)
         finally:
             self._lock.release()
         import tantivy as tv

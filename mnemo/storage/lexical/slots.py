@@ -85,14 +85,8 @@ class Slot:
         applied since the first time. Holds the lock."""
         stats = self._stats.get(repo)
         if stats is None:
-            searcher = self._index.searcher()
-            stats = self._stats[repo] = Statistics.read(searcher, self._schema, repo)
-            entries = self._fresh.entries(repo)
-            for before in committed_docs(searcher, self._schema, list(entries)):
-                stats.add(before, -1)
-            for _, doc in entries.values():
-                if doc is not None:
-                    stats.add(doc)
+            stats = self._stats[repo] = Statistics.read(
+                self._index.searcher(), self._schema, repo, self._fresh)
         return stats
 
     def _holds_any(self, repo: str) -> bool:

@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from mnemo import cpu
 from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeType, Vector
 from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
 from mnemo.storage.graph_base import joined
@@ -15,6 +16,7 @@ from mnemo.storage.graph_rows import NODE_COLUMNS
 from mnemo.storage.postgres.connection import Connection, Postgres, rows_of
 from mnemo.storage.postgres.rows import NODE_WIDTH, node
 from mnemo.storage.postgres.vectors import OF_NODES, as_array, unit_rows
+from mnemo.storage.row import ON_LOOP_NODES, Row
 
 _NODES = (
     f"SELECT {NODE_COLUMNS}, access_count, last_access FROM nodes"
@@ -62,19 +64,25 @@ async def _node_context(
         node_rows = await rows_of(nodes)
         link_rows = await rows_of(links)
         vector_rows = await rows_of(vectors)
-    found: dict[str, Node] = {}
-    stats: dict[str, tuple[int, datetime | None]] = {}
-    for row in node_rows:
-        found[str(row[0])] = node(row)
-        count, last = row[NODE_WIDTH:]
-        stats[str(row[0])] = (int(count), last)
-    seen = [
-        Neighbor(str(src), str(dst), link_type) if side == 0
-        else Neighbor(str(dst), str(src), link_type)
-        for side, src, dst in link_rows
-    ]
-    return NodeContext([found[i] for i in ids if i in found], stats, list(dict.fromkeys(seen)),
-                       unit_rows(vector_rows))
+
+    def built() -> NodeContext:
+        found: dict[str, Node] = {}
+        stats: dict[str, tuple[int, datetime | None]] = {}
+        for row in node_rows:
+            found[str(row[0])] = node(row)
+            count, last = row[NODE_WIDTH:]
+            stats[str(row[0])] = (int(count), last)
+        seen = [
+            Neighbor(str(src), str(dst), link_type) if side == 0
+            else Neighbor(str(dst), str(src), link_type)
+            for side, src, dst in link_rows
+        ]
+        return NodeContext([found[i] for i in ids if i in found], stats,
+                           list(dict.fromkeys(seen)), unit_rows(vector_rows))
+
+    # Past `ON_LOOP_NODES`, built in `mnemo.cpu`'s slot: a thousand nodes of long steps would
+    # hold the event loop tens of milliseconds.
+    return await cpu.run(built, len(node_rows), on_loop_below=ON_LOOP_NODES + 1)
 
 
 # Each link seen from the end that was asked for (side 0 from `src`, side 1 from `dst`), with
@@ -97,6 +105,12 @@ async def typed_links_near(
     """See `GraphStore.typed_links_near`."""
     ids = list(dict.fromkeys(node_ids))
     rows = await pg.fetch_all(_HOP, {"repo": repo, "ids": ids, "q": as_array(vector)})
+    # Past `ON_LOOP_NODES` nodes, their links are seen in `mnemo.cpu`'s slot.
+    return await cpu.run(lambda: hop_links(rows), len(ids), on_loop_below=ON_LOOP_NODES + 1)
+
+
+def hop_links(rows: list[Row]) -> tuple[list[TypedLink], dict[str, float]]:
+    """A hop's rows (`_HOP`) as links seen from the end asked for, and the cosines."""
     links: list[TypedLink] = []
     similarity: dict[str, float] = {}
     for side, src, src_type, dst, dst_type, kind, cosine in rows:

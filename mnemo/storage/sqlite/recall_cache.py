@@ -42,9 +42,6 @@ from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
 # The statements' chunks (`recall_reads._CHUNK`): an answer is built chunk by chunk as theirs.
 CHUNK = 400
 LIMIT = 20_000
-# A read of more nodes than this builds them on the connection's thread even when the cache
-# holds them all: a node of a long step costs tens of microseconds to build (its JSON).
-ON_LOOP_NODES = 200
 
 ALL = "*"  # `Entry.links` when every link of the node was read
 

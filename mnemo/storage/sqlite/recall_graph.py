@@ -22,9 +22,10 @@ from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead, TypedLin
 from mnemo.graph.scope import Scope, Where
 from mnemo.storage.graph_base import GraphBase, joined
 from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.row import ON_LOOP_NODES
 from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write
-from mnemo.storage.sqlite.recall_cache import ON_LOOP_NODES, RecallCache
+from mnemo.storage.sqlite.recall_cache import RecallCache
 from mnemo.storage.sqlite.vectors import SqliteVectors
 from mnemo.storage.worker import DeferredRead, FallbackRead
 
@@ -233,11 +234,20 @@ class SqliteRecallReads(GraphBase):
         if cache is None:
             return await self._database.run(lambda db: recall_reads.typed_links(db, repo, ids))
         view = cache.view()
-        if view.take(repo, ids):
-            await self._database.run(lambda db: view.fill(db, repo, ids))
-            for filled in view.filled:
-                cache.keep(filled)
-        return view.typed_links(repo, ids)
+        missing = view.take(repo, ids)
+        if not missing and len(ids) <= ON_LOOP_NODES:
+            return view.typed_links(repo, ids)
+
+        def read(db: SqliteUtilsDatabase) -> list[TypedLink]:
+            if missing:
+                view.fill(db, repo, ids)
+            return view.typed_links(repo, ids)
+
+        # Past `ON_LOOP_NODES` nodes, their links are seen on the connection's thread too.
+        links = await self._database.run(read)
+        for filled in view.filled:
+            cache.keep(filled)
+        return links
 
     async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
                           ) -> tuple[list[TypedLink], dict[str, float]]:

@@ -113,27 +113,35 @@ def test_a_killed_sessions_server_is_stopped_and_deleted_and_a_live_ones_kept(
     a live session's folder and one still starting (no owner yet) stay."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    orphan, live, starting = (tmp_path / f"mnemo-pg-{n}" for n in ("orphan", "live", "new"))
+    orphan, other, live, starting = (tmp_path / f"mnemo-pg-{name}"
+                                     for name in ("orphan", "other", "live", "new"))
+    # A postmaster runs in its data folder; a process elsewhere with its pid is not it. The
+    # stand-ins take SIGQUIT's default action, as a postmaster handles it, even when this run
+    # ignores the signal (a shell's background job does, and children inherit that).
+    standin = ("import signal, sys; signal.signal(signal.SIGQUIT, signal.SIG_DFL); "
+               "print('ready', flush=True); sys.stdin.read()")
     (orphan / "data").mkdir(parents=True)
-    # A postmaster runs in its data folder; a process elsewhere with the pid is not it.
-    postmaster, stranger = (
-        subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                         stdin=subprocess.PIPE, cwd=cwd) for cwd in (orphan / "data", tmp_path))
-    other = tmp_path / "mnemo-pg-other"
-    (other / "data").mkdir(parents=True)
-    (other / OWNER).write_text(str(gone.pid))
-    (other / "data" / "postmaster.pid").write_text(f"{stranger.pid}\n/data\n")
-    (orphan / OWNER).write_text(str(gone.pid))
-    (orphan / "data" / "postmaster.pid").write_text(f"{postmaster.pid}\n/data\n")
-    live.mkdir()
-    (live / OWNER).write_text(str(os.getpid()))
-    starting.mkdir()
+    with (subprocess.Popen([sys.executable, "-c", standin], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, cwd=orphan / "data") as postmaster,
+          subprocess.Popen([sys.executable, "-c", standin], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, cwd=tmp_path) as stranger):
+        try:
+            for process, parent in ((postmaster, orphan), (stranger, other)):
+                assert process.stdout is not None
+                assert process.stdout.readline() == b"ready\n"
+                (parent / "data").mkdir(parents=True, exist_ok=True)
+                (parent / OWNER).write_text(str(gone.pid))
+                (parent / "data" / "postmaster.pid").write_text(f"{process.pid}\n/data\n")
+            live.mkdir()
+            (live / OWNER).write_text(str(os.getpid()))
+            starting.mkdir()
 
-    assert sorted(reap_orphans(tmp_path)) == [orphan, other]
-    assert postmaster.wait(timeout=30) == -signal.SIGQUIT
-    postmaster.communicate()
-    assert not orphan.exists()
-    assert stranger.poll() is None
-    stranger.communicate(b"")
-    assert live.exists()
-    assert starting.exists()
+            assert sorted(reap_orphans(tmp_path)) == [orphan, other]
+            assert postmaster.wait(timeout=30) == -signal.SIGQUIT
+            assert stranger.poll() is None
+            assert not orphan.exists()
+            assert live.exists()
+            assert starting.exists()
+        finally:
+            for process in (postmaster, stranger):
+                process.kill()

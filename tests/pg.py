@@ -32,6 +32,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from mnemo.session.registry import _alive
 from mnemo.storage.postgres import schema
 
 if TYPE_CHECKING:
@@ -153,16 +154,6 @@ def reap_orphans(folder: Path) -> list[Path]:
         shutil.rmtree(parent, ignore_errors=True)
         reaped.append(parent)
     return reaped
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @pytest.fixture(scope="session")

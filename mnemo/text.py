@@ -15,7 +15,6 @@ import re
 import threading
 import unicodedata
 from collections.abc import Iterable
-from functools import lru_cache
 from itertools import islice
 
 import Stemmer
@@ -177,13 +176,26 @@ def _is_format(character: str) -> bool:
 # A Snowball stemmer keeps state while it stems: one per thread (`stem` runs on worker
 # threads too). Its own cache is off: `stem`'s is faster.
 _STEMMERS = threading.local()
+# word -> stem, cleared when full: a dict of strings only, which the garbage collector never
+# walks (an `lru_cache`'s links are objects it walks at every full collection).
+_STEMS: dict[str, str] = {}
+_STEMS_KEPT = 65_536
 
 
-@lru_cache(maxsize=65536)
 def stem(word: str) -> str:
     """The Snowball English stem of a lower-cased word, as tantivy and PostgreSQL stem it
     ("configuring" -> "configur"); a word of other characters than letters and apostrophes
     ("3.11", "nginx.conf") is its own stem."""
+    stemmed = _STEMS.get(word)
+    if stemmed is None:
+        stemmed = _stem(word)
+        if len(_STEMS) >= _STEMS_KEPT:
+            _STEMS.clear()
+        _STEMS[word] = stemmed
+    return stemmed
+
+
+def _stem(word: str) -> str:
     if not word.replace("'", "").isalpha():
         return word
     stemmer = getattr(_STEMMERS, "english", None)

@@ -1,10 +1,12 @@
 """A first `Memory` in a process does not hold the event loop while mnemo imports: its
 parts' modules (numpy, SQLite's and the models' libraries with them) are imported in a worker
 thread when it is entered, off the loop. Measured in a fresh process, with `tests.loop`'s
-ticker: the loop's longest stall while `import mnemo` and a cold `Memory` open."""
+ticker: the loop's longest stall while `import mnemo` and a cold `Memory` open. A first
+recall's modules are imported in a worker thread too."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +57,32 @@ async def test_a_cold_memory_does_not_hold_the_event_loop_while_it_imports() -> 
         if stalls[-1] < BOUND:
             break
     assert min(stalls) < BOUND, stalls
+
+
+FIRST_RECALL = """
+import json, sys, threading
+import anyio, mnemo
+
+async def main() -> None:
+    async with mnemo.Memory(sys.argv[1], embedder=mnemo.HashEmbedder()) as mem:
+        await mem.open_repo("r")
+        threads = []
+        sys.addaudithook(lambda event, args: event == "import"
+                         and args[0].startswith("mnemo.recall.")
+                         and threads.append(threading.current_thread().name))
+        await mem.recall("r", "deploy failed on staging", k=5)
+    print(json.dumps({"importers": threads, "loop": threading.current_thread().name}))
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.slow
+async def test_a_first_recall_imports_its_modules_off_the_event_loop(store: str) -> None:
+    """In a fresh process, the recall's modules, imported at its first recall, are imported
+    by a worker thread, not by the event loop's."""
+    done = await anyio.run_process(
+        [sys.executable, "-c", FIRST_RECALL, store], cwd=ROOT, check=True)
+    seen = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert seen["importers"], seen
+    assert seen["loop"] not in seen["importers"], seen

@@ -57,8 +57,10 @@ class HashEmbedder:
         self.dim = dim
         # The URI `mnemo.embedder_from_uri` builds this from again; "hash" names retired features.
         self.name = "hash2" if dim == 512 else f"hash2:{dim}"
-        # token -> (is_stopword, unigram hash, trigram hashes); bounded by clearing when full.
-        self._tokens: dict[str, tuple[bool, int, tuple[int, ...]]] = {}
+        # token -> its features as uint32s: is_stopword, unigram hash, trigram hashes; bounded
+        # by clearing when full. Bytes, not tuples: the garbage collector never walks the
+        # cache, and clearing it frees two objects a token.
+        self._tokens: dict[str, bytes] = {}
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """The embeddings of `texts`, one unit-norm (or zero) float32 row each; a long batch
@@ -78,8 +80,7 @@ class HashEmbedder:
         return np.concatenate(slices) if slices else np.zeros((0, self.dim), np.float32)
 
     def _embed_slice(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        unigrams: list[int] = []
-        trigrams: list[int] = []
+        unigrams, trigrams = bytearray(), bytearray()
         unigram_counts: list[int] = []
         trigram_counts: list[int] = []
         cache = self._tokens
@@ -88,15 +89,15 @@ class HashEmbedder:
             content = [entry for entry in entries if not entry[0]] or entries
             before = len(trigrams)
             for entry in content:
-                unigrams.append(entry[1])
-                trigrams.extend(entry[2])
+                unigrams += entry[4:8]
+                trigrams += entry[8:]
             unigram_counts.append(len(content))
-            trigram_counts.append(len(trigrams) - before)
+            trigram_counts.append((len(trigrams) - before) // 4)
         out = np.zeros((len(texts), self.dim), dtype=np.float64)
         if not unigrams:
             return out.astype(np.float32)
         rows = np.arange(len(texts), dtype=np.int64)
-        uni = np.array(unigrams, dtype=np.int64)
+        uni = np.frombuffer(unigrams, dtype="<u4").astype(np.int64)
         uni_rows = np.repeat(rows, unigram_counts)
         # Bigrams pair each unigram with the next one of the same text.
         same_text = uni_rows[1:] == uni_rows[:-1]
@@ -107,7 +108,7 @@ class HashEmbedder:
                 (uni_rows[1:][same_text] << _ROW_SHIFT) | (_BIGRAM << _TYPE_SHIFT) | bigrams,
                 (np.repeat(rows, trigram_counts) << _ROW_SHIFT)
                 | (_TRIGRAM << _TYPE_SHIFT)
-                | np.array(trigrams, dtype=np.int64),
+                | np.frombuffer(trigrams, dtype="<u4").astype(np.int64),
             ]
         )
         unique, counts = np.unique(keys, return_counts=True)
@@ -120,13 +121,15 @@ class HashEmbedder:
         np.divide(out, norms, out=out, where=norms > 0)
         return out.astype(np.float32)
 
-    def _token(self, token: str) -> tuple[bool, int, tuple[int, ...]]:
+    def _token(self, token: str) -> bytes:
         entry = self._tokens.get(token)
         if entry is None:
             if len(self._tokens) >= _CACHE_LIMIT:
                 self._tokens.clear()
             marked = f"<{token}>"
-            trigrams = tuple(_hash("c:" + marked[i : i + 3]) for i in range(len(marked) - 2))
-            entry = (_text.is_stopword(token), _hash("w:" + _text.stem(token)), trigrams)
+            entry = np.array(
+                [_text.is_stopword(token), _hash("w:" + _text.stem(token)),
+                 *(_hash("c:" + marked[i : i + 3]) for i in range(len(marked) - 2))],
+                dtype="<u4").tobytes()
             self._tokens[token] = entry
         return entry

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import gc
+import random
+import string
 import subprocess
 import sys
 import threading
@@ -78,6 +81,20 @@ def test_empty_text_is_zero_vector() -> None:
     assert not empty.any()
     assert not punctuation.any()
     assert np.linalg.norm(stop) == pytest.approx(1.0, rel=1e-5)
+
+
+def test_a_large_vocabulary_leaves_nothing_for_the_garbage_collector_to_walk() -> None:
+    """The features of 30,000 distinct words, kept for the next texts, are in no container
+    the garbage collector tracks: a full collection (on whatever thread allocates, holding
+    the GIL) does not walk them, and the event loop does not wait for it to."""
+    draw = random.Random(7)
+    words = [
+        "".join(draw.choices(string.ascii_lowercase, k=9)) for _ in range(30_000)]
+    embedder = HashEmbedder()
+    embedder.embed_sync([" ".join(words)])
+    walked = [o for o in gc.get_objects()
+              if o is not words and isinstance(o, dict | list | set) and len(o) >= len(words)]
+    assert walked == []
 
 
 def test_deterministic_across_instances() -> None:

@@ -1,8 +1,8 @@
 """A first `Memory` in a process does not hold the event loop while mnemo imports: its
 parts' modules (numpy, SQLite's and the models' libraries with them) are imported in a worker
 thread when it is entered, off the loop. Measured in a fresh process, with `tests.loop`'s
-ticker: the loop's longest stall while `import mnemo` and a cold `Memory` open. A first
-recall's modules are imported in a worker thread too."""
+ticker: the loop's longest stall while `import mnemo` and a cold `Memory` open. The recall's
+modules are among the parts': a first recall imports none on the loop."""
 
 from __future__ import annotations
 
@@ -64,12 +64,12 @@ import json, sys, threading
 import anyio, mnemo
 
 async def main() -> None:
+    threads = []
+    sys.addaudithook(lambda event, args: event == "import"
+                     and args[0].startswith("mnemo.recall.")
+                     and threads.append(threading.current_thread().name))
     async with mnemo.Memory(sys.argv[1], embedder=mnemo.HashEmbedder()) as mem:
         await mem.open_repo("r")
-        threads = []
-        sys.addaudithook(lambda event, args: event == "import"
-                         and args[0].startswith("mnemo.recall.")
-                         and threads.append(threading.current_thread().name))
         await mem.recall("r", "deploy failed on staging", k=5)
     print(json.dumps({"importers": threads, "loop": threading.current_thread().name}))
 
@@ -79,8 +79,8 @@ anyio.run(main)
 
 @pytest.mark.slow
 async def test_a_first_recall_imports_its_modules_off_the_event_loop(store: str) -> None:
-    """In a fresh process, the recall's modules, imported at its first recall, are imported
-    by a worker thread, not by the event loop's."""
+    """In a fresh process, the recall's modules are imported by a worker thread, with the
+    parts' when the Memory opens, never by the event loop's (at open or at the first recall)."""
     done = await anyio.run_process(
         [sys.executable, "-c", FIRST_RECALL, store], cwd=ROOT, check=True)
     seen = json.loads(done.stdout.decode().strip().splitlines()[-1])

@@ -17,6 +17,7 @@ from mnemo.extraction.contradiction import intent_policy
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.memory.repos import Repos
 from mnemo.ports import LLM, Embedder, EventCallback, Events, Reranker
+from mnemo.recall.engine import Recaller  # noqa: F401 - imported here, off the loop, for recall
 from mnemo.recall.query import TagVectors
 from mnemo.session import extracting, operations
 from mnemo.session.registry import Sessions

@@ -23,7 +23,6 @@ import os
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
-from importlib import import_module
 from importlib.util import find_spec
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
@@ -259,7 +258,6 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             ConflictError: another Memory re-embedded the repo, then again before the recall
                 ran once more with the repo's new embedder (`Memory.reembed`).
         """
-        await _recall_modules()
         from mnemo.recall.ranking import check_recall
 
         scope = check_where(where)
@@ -396,7 +394,6 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             InvalidInputError: as `recall`'s, or a session id that is not a string.
             ConflictError: as `recall`'s.
         """
-        await _recall_modules()
         from mnemo.recall.ranking import check_recall
 
         check_id(session_id, "session_id")
@@ -462,12 +459,6 @@ def _without_driver(path: str) -> bool:
         return find_spec("psycopg") is None
     except ValueError:  # a module set to None in sys.modules: as if not installed
         return True
-
-
-async def _recall_modules() -> None:
-    """Imports the recall's modules off the event loop, at a process's first recall."""
-    if "mnemo.recall.engine" not in sys.modules:
-        await anyio.to_thread.run_sync(import_module, "mnemo.recall.engine")
 
 
 def _load(path: str) -> None:

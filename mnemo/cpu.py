@@ -6,8 +6,12 @@ the one slot of `off_loop`, and keeps each C call short (the loop waits for all 
 
 from __future__ import annotations
 
+import gc
+import importlib
 import json
+import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import TypeVar
 
 import anyio
@@ -91,3 +95,14 @@ def _longer(value: object, chars: int) -> bool:
         elif depth < _DEPTH and isinstance(item, list | tuple):
             stack.extend((v, depth + 1) for v in item)
     return False
+
+
+def import_kept(name: str) -> ModuleType:
+    """Imports `name`, a module that lives as long as the process, then freezes the
+    collector's objects (`gc.freeze`) if the import was the first: a full collection would
+    otherwise walk everything the import made, holding the GIL."""
+    first = name not in sys.modules
+    module = importlib.import_module(name)
+    if first:
+        gc.freeze()
+    return module

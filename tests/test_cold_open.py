@@ -86,3 +86,31 @@ async def test_a_first_recall_imports_its_modules_off_the_event_loop(store: str)
     seen = json.loads(done.stdout.decode().strip().splitlines()[-1])
     assert seen["importers"], seen
     assert seen["loop"] not in seen["importers"], seen
+
+
+WALKED = """
+import gc, json, sys
+import anyio, mnemo
+
+async def main() -> None:
+    async with mnemo.Memory(sys.argv[1]) as mem:
+        await mem.open_repo("r")
+        await mem.ingest("r", mnemo.Trajectory("deploy", [mnemo.Step("deploy failed", "retry")]),
+                         source_id="s")
+        await mem.recall("r", "deploy failed on staging", k=5)
+        gc.collect()
+        print(json.dumps({"tracked": len(gc.get_objects()), "frozen": gc.get_freeze_count()}))
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.slow
+async def test_a_full_collection_does_not_walk_what_the_imports_made(store: str) -> None:
+    """The modules the parts, the default embedder's runtime and faiss import live as long as
+    the process: the collector freezes them, so a full collection (which holds the GIL, and
+    so the loop) walks only the objects made since (tens of thousands before)."""
+    done = await anyio.run_process(
+        [sys.executable, "-c", WALKED, store], cwd=ROOT, check=True)
+    seen = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert seen["tracked"] < 10_000 < seen["frozen"], seen

@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.adapters.hashing import HashEmbedder
+from mnemo.cpu import import_kept
 from mnemo.errors import EmbeddingError
 
 if TYPE_CHECKING:
@@ -274,8 +275,8 @@ def _import_runtime() -> tuple[ModuleType, ModuleType]:
     """onnxruntime and tokenizers, imported on first use (never at mnemo's import)."""
     try:
         # import_module: onnxruntime ships no type information.
-        onnxruntime = importlib.import_module("onnxruntime")
         tokenizers = importlib.import_module("tokenizers")
+        onnxruntime = import_kept("onnxruntime")
     except ImportError as exc:
         raise EmbeddingError(
             f"MiniLMEmbedder needs onnxruntime and tokenizers ({exc}): "

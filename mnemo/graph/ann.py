@@ -26,7 +26,6 @@ builder.
 
 from __future__ import annotations
 
-import importlib
 import math
 import threading
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -37,6 +36,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 import numpy as np
 
+from mnemo.cpu import import_kept
 from mnemo.graph._ann_builder import HnswBuilder
 from mnemo.graph.ann_files import GraphFolder
 from mnemo.graph.ann_search import Graph, rerank, walks
@@ -82,7 +82,7 @@ class HnswParams:
 def load_faiss() -> Any | None:
     """The faiss module, or None when faiss-cpu is not installed."""
     try:
-        return importlib.import_module("faiss")
+        return import_kept("faiss")
     except ImportError:
         return None
 

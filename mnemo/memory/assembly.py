@@ -6,13 +6,13 @@ in a worker thread (`load`), off the event loop, before it builds its parts.
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
 
 from mnemo.adapters.minilm import default_embedder
 from mnemo.calls.retry import LimitedLLM
 from mnemo.config import Config
 from mnemo.conversation.service import ConversationService
+from mnemo.cpu import import_kept
 from mnemo.extraction.contradiction import intent_policy
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.memory.repos import Repos
@@ -32,9 +32,9 @@ def load(path: str) -> None:
     """Imports the backend's module for `path`, as this module imported every part's, and
     checks the default embedder's files (their digests are kept: `build` then reads them
     at no cost). Runs in a worker thread: neither runs event loop code, and the loop goes on
-    meanwhile."""
+    meanwhile (the collector then skips what the import made: `cpu.import_kept`)."""
     if not is_postgres(path) or has_postgres_driver():  # else `build` says what to install
-        import_module(backend_module(path))
+        import_kept(backend_module(path))
     default_embedder()
 
 

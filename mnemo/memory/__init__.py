@@ -1,6 +1,4 @@
-"""The facade an app opens, `Memory` (`mnemo.memory.facade`), with the groups of methods it
-inherits (`sessions`, `graph`, `conversation`), the parts they share (`parts`, built by
-`assembly`), and the repos it knows (`repos`, with the usage book in `usage`)."""
+"""The facade an app opens, `Memory`, with the groups of methods it inherits and its parts."""
 
 from __future__ import annotations
 

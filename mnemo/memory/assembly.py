@@ -1,8 +1,6 @@
-"""The parts of a `Memory`, built (`build`): the storage backend, the repos, and the services
-over them. Importing this module imports every part's module, and numpy, SQLite's and the
-models' libraries with them: seconds on a loaded machine, which a `Memory` opened cold spends
-in a worker thread (`load`), off the event loop, before it builds its parts.
-"""
+"""The parts of a `Memory`, built (`build`). Importing this module imports every part's module
+and their libraries (seconds on a loaded machine), which a cold `Memory` does in a worker
+thread (`load`)."""
 
 from __future__ import annotations
 
@@ -29,10 +27,8 @@ if TYPE_CHECKING:
 
 
 def load(path: str) -> None:
-    """Imports the backend's module for `path`, as this module imported every part's, and
-    checks the default embedder's files (their digests are kept: `build` then reads them
-    at no cost). Runs in a worker thread: neither runs event loop code, and the loop goes on
-    meanwhile (the collector then skips what the import made: `cpu.import_kept`)."""
+    """Imports the backend's module for `path` and checks the default embedder's files
+    (their digests are kept for `build`). Runs in a worker thread."""
     if not is_postgres(path) or has_postgres_driver():  # else `build` says what to install
         import_kept(backend_module(path))
     default_embedder()

@@ -1,6 +1,4 @@
-"""`Memory`'s methods over conversation threads: managers over the store's threads, the
-viewport, eviction, goals and message search (`Memory` inherits them; see
-`mnemo.memory.facade`)."""
+"""`Memory`'s methods over conversation threads: managers, viewport, eviction, goals, search."""
 
 from __future__ import annotations
 
@@ -45,10 +43,9 @@ class ConversationMethods(Parts):
         or `Semantic(k)` (None: `Recent(k=10)`), `compression` a `Summary`, a
         `ToolOutputPruner`, a list of both or None, `ttl` seconds after which raw messages
         are erased (at load). With `auto_evict_budget`, each save evicts when the tokens past
-        the boundary exceed it.
-        `clock` (a callable returning an aware datetime) stamps messages and judges the ttl.
-        `llm` (a fast model, say) writes the manager's summaries and runs its evictions,
-        instead of the Memory's model.
+        the boundary exceed it. `clock` (returning an aware datetime) stamps messages and
+        judges the ttl; `llm` writes the manager's summaries and evictions instead of the
+        Memory's model.
 
         Raises:
             InvalidInputError: a policy of the wrong type, a ttl that is not a positive
@@ -68,15 +65,15 @@ class ConversationMethods(Parts):
         )
 
     async def list_threads(self) -> list[ThreadInfo]:
-        """Every stored conversation thread (not purged), oldest first: its number of raw
-        messages, next seq and viewport boundary."""
+        """Every stored thread (not purged), oldest first: raw message count, next seq and
+        viewport boundary."""
         return await self._conversations.store.threads()
 
     async def viewport(self, thread_id: str, *, token_budget: int) -> Viewport:
         """What the agent sees of the thread within `token_budget` tokens: the messages from
-        the eviction boundary on (the newest that fit), level-1 and level-2 snapshots,
-        messages pinned to open goals and past messages recalled for them (see
-        `mnemo.Viewport`). An unknown thread is empty.
+        the eviction boundary on (the newest that fit), snapshots, messages pinned to open
+        goals and past messages recalled for them (`mnemo.Viewport`). An unknown thread is
+        empty.
 
         Raises:
             InvalidInputError: a blank thread id or a budget below 1.
@@ -89,9 +86,8 @@ class ConversationMethods(Parts):
     ) -> EvictionResult:
         """Moves the oldest `eviction_fraction` of the viewport (never its newest message)
         out of it: the LLM (`llm`, else the Memory's) saves a snapshot and pins what must
-        stay word for word, and the boundary always advances, even when the LLM fails
-        (`EvictionResult.error` then says why). One eviction runs per thread at a time; a
-        second one waits and starts from the new boundary.
+        stay word for word; the boundary advances even when the LLM fails
+        (`EvictionResult.error` says why). One eviction per thread at a time.
 
         Raises:
             InvalidInputError: a blank thread id, a budget below 1, a fraction outside
@@ -104,15 +100,14 @@ class ConversationMethods(Parts):
         """Adds an open goal to the thread; eviction may pin messages to it. Returns its id.
 
         Raises:
-            InvalidInputError: a thread id that is no name (`inputs.check_name`), a blank
-                description or one longer than `Config.max_text_chars`, or a thread that
-                already has `Config.max_open_goals` open goals.
+            InvalidInputError: a thread id that is no name, a blank description or one longer
+                than `Config.max_text_chars`, or a thread with `Config.max_open_goals` open
+                goals already.
         """
         return await self._conversations.add_goal(thread_id, description)
 
     async def complete_goal(self, goal_id: str) -> None:
-        """Completes the goal; messages pinned to it are released when it was their last open
-        goal. Completing it again does nothing.
+        """Completes the goal (again: nothing); messages pinned only to it are released.
 
         Raises:
             NotFoundError: an unknown goal.
@@ -129,12 +124,10 @@ class ConversationMethods(Parts):
         where: Mapping[str, object] | None = None,
     ) -> list[SearchHit]:
         """Messages of every thread (or of `thread_id`) matching the query's words, best
-        first: FTS5 with porter stemming, each word quoted and OR-combined (AND, OR and NOT
-        are words like any other), bm25 weighted by recency, ~300-character snippets. Any
-        text is a safe query; one without a word finds nothing. `exclude_viewport_of` leaves out
-        only what that thread's viewport shows: its messages from the boundary on (all shown
-        while eviction keeps up); pinned messages stay findable. With `where`, only the
-        messages saved with that scope's metadata (`Message.metadata`).
+        first: FTS5 with porter stemming, each word quoted and OR-combined, bm25 weighted by
+        recency, ~300-character snippets. Any text is a safe query. `exclude_viewport_of`
+        leaves out what that thread's viewport shows (pinned messages stay findable); `where`
+        keeps the messages saved with that scope's metadata.
 
         Raises:
             InvalidInputError: a blank query, one longer than `Config.max_text_chars`, a
@@ -147,7 +140,7 @@ class ConversationMethods(Parts):
 
     async def message_ids(self, prefix: str, *, limit: int = 2) -> list[str]:
         """The ids of stored messages (of every thread) that start with `prefix`, sorted, at
-        most `limit` (1..100): a short id shown by a tool is looked up with it.
+        most `limit` (1..100).
 
         Raises:
             InvalidInputError: a blank prefix, or a limit outside 1..100.

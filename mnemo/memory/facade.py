@@ -1,20 +1,8 @@
-"""`Memory`: the one object an app opens. A thin facade over the parts:
-
-- a storage backend (`storage.ports.open_backend`: SQLite, or PostgreSQL by URL) holds every
-  store, seen only through its ports (graph, sessions, threads);
-- `memory.repos.Repos` knows each repo's llm, embedder and config, the LLM limiters and the
-  usage;
-- `session.registry.Sessions` holds every live session (state machine, queue), and
-  `session.timers.BackgroundWork` hosts their background work;
-- `memory.graph.GraphMethods` looks nodes up (`graph.reads` checks the input);
-  `graph.maintenance` consolidates and decays;
-- `recall.engine.Recaller` searches a repo; `ingest.IngestService` stores trajectories;
-- `conversation.ConversationService` keeps chat threads: log, viewport, eviction, search.
-
-This module builds the parts, opens and closes them, and holds the methods over repos, recall
-and ingest. The methods over sessions, the graph and conversation threads are in
-`memory.sessions.SessionMethods`, `memory.graph.GraphMethods` and
-`memory.conversation.ConversationMethods`, which `Memory` inherits.
+"""`Memory`: the one object an app opens, a thin facade over the parts (a storage backend,
+`Repos`, the live `Sessions`, `Recaller`, `IngestService`, `ConversationService`). This module
+builds, opens and closes them and holds the methods over repos, recall and ingest; `Memory`
+inherits those over sessions, the graph and threads (`memory.sessions`, `memory.graph`,
+`memory.conversation`).
 """
 
 from __future__ import annotations
@@ -54,25 +42,19 @@ SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
 class Memory(SessionMethods, GraphMethods, ConversationMethods):
     """An agent's memory in one SQLite file (or `":memory:"`), or a PostgreSQL database.
 
-    `path` is a SQLite file's path (a `str` or an `os.PathLike`), `":memory:"`, or a
-    PostgreSQL URL; anything else (a number, bytes, a blank or NUL-holding path, a URL of
-    another scheme), like an `on_event` that is not callable, is `InvalidInputError` before
-    anything is created. `llm=None` is the offline LLM (deterministic heuristics, no
-    network); `embedder=None` the embedded default embedder. Use it as an async context
-    manager, or call `aclose()`. It closes only what it made: the models passed to it, to
-    `open_repo` or `start_session` stay open for their owner, who may share them with other
-    Memory objects. Opening one that works ends the store's idle sessions past their
-    `Config.idle_session_timeout`, whichever process left them (`session.timers`).
+    `path` is a SQLite file's path (`str` or `os.PathLike`), `":memory:"`, or a PostgreSQL
+    URL; anything else, like an `on_event` that is not callable, is `InvalidInputError` before
+    anything is created. `llm=None` is the offline LLM (deterministic heuristics, no network);
+    `embedder=None` the embedded default embedder. Use it as an async context manager, or call
+    `aclose()`; it closes only the models it made, never those passed to it. Opening one ends
+    the store's idle sessions past their `Config.idle_session_timeout`.
 
     `inspect=True` opens the store to look inside it (the command line's reads, the web app,
-    an MCP server's read tools): the Memory does no work of its own. It starts no background
-    task, so it never resumes or takes over an extraction or a timer, and calls no model but
-    to answer its own calls; it records no repo's settings or models (the models and configs
-    given to it or to `open_repo` apply to its own calls only); its `recall` counts no access
-    unless asked (`reinforce=True`); and it refuses what would start work, with
-    `StorageError("read_only")`: `open_repo` of a repo the store does not hold, every call
-    that starts or drives a session, and `ingest`. Edits a caller makes on purpose
-    (`forget`, `revert`, a thread's `purge`) are its own and go through.
+    MCP read tools): the Memory starts no background task, records no repo's settings or
+    models, calls no model but for its own calls, counts no access in `recall` unless
+    `reinforce=True`, and refuses what would start work (`open_repo` of an unknown repo, a
+    session's calls, `ingest`) with `StorageError("read_only")`. Deliberate edits (`forget`,
+    `revert`, a thread's `purge`) go through.
     """
 
     def __init__(
@@ -115,8 +97,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
     async def __aenter__(self) -> Memory:
         if "_backend" not in vars(self):
-            # A cold start: the parts' modules are imported off the event loop (their import
-            # takes seconds on a loaded machine).
+            # A cold start: the parts' modules are imported off the event loop.
             await anyio.to_thread.run_sync(_load, self._parts[0])
             self._build()
         from mnemo.graph.blas import limit_blas_threads
@@ -172,10 +153,9 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         config: Config | None = None,
     ) -> None:
         """Creates the repo if needed and sets the llm, embedder and config its sessions
-        inherit. Idempotent. Restored sessions of the repo resume their extraction now.
-
-        On an inspecting Memory (`inspect=True`) it records nothing and resumes nothing: the
-        models and config apply to this Memory's own calls on the repo.
+        inherit. Idempotent; restored sessions of the repo resume their extraction now. On an
+        inspecting Memory it records and resumes nothing: the models and config apply to its
+        own calls.
 
         Raises:
             InvalidInputError: a blank name or a config that is not a `Config`.
@@ -207,8 +187,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         return self._repos.names()
 
     async def repo_config(self, repo: str) -> Config:
-        """The config the repo's sessions and ingests run with (its bounds among them), as
-        `open_repo` recorded it.
+        """The config the repo's sessions and ingests run with, as `open_repo` recorded it.
 
         Raises:
             InvalidInputError: a repo name that is not a string (or is blank, ...).
@@ -241,22 +220,18 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
     ) -> RecallResult:
         """The repo's memories most relevant to `query`, best first; with `where` (metadata
         key -> a value or a list of values), only the nodes of that scope (`Node.metadata`).
-        Each memory returned counts as one access (its value grows), unless
-        `reinforce=False`: a look that must not
-        change later rankings (an evaluation); on an inspecting Memory, only with
-        `reinforce=True`. What holds now comes first: a
-        fact a later one contradicted ranks below it and says so (`Recalled.retired`); with
-        `as_of`, the answer is the memory as it stood then (nodes recorded later left out);
-        with `valid_at`, the facts that held at that moment (their `valid_from` up to their
-        `valid_to`), alone or with `as_of`.
+        Each memory returned counts as one access (its value grows) unless `reinforce=False`
+        (on an inspecting Memory, only with `reinforce=True`). A fact a later one contradicted
+        ranks below it (`Recalled.retired`); `as_of` answers as the memory stood then,
+        `valid_at` with the facts that held at that moment (either or both).
 
         Raises:
             InvalidInputError: a blank query, one longer than the repo's
                 `Config.max_text_chars`, a k below 1, an `as_of` or `valid_at` not a
-                datetime, or a malformed `where` (`mnemo.graph.scope.check_where`).
+                datetime, or a malformed `where`.
             NotFoundError: an unknown repo.
-            ConflictError: another Memory re-embedded the repo, then again before the recall
-                ran once more with the repo's new embedder (`Memory.reembed`).
+            ConflictError: the repo was re-embedded twice by another Memory before the recall
+                could run with its new embedder.
         """
         from mnemo.recall.ranking import check_recall
 
@@ -271,12 +246,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
     async def _following_switches(
         self, repo: str, call: Callable[[], Awaitable[T]], doing: str = "recalled"
     ) -> T:
-        """`call()`, run again once with the repo's embedder now when another Memory
-        re-embedded the repo (seen before anything was searched or written).
-
-        Raises:
-            ConflictError: the repo was re-embedded again before the second run.
-        """
+        """`call()`, run once more with the repo's current embedder when another Memory
+        re-embedded the repo; ConflictError if it was re-embedded again before that run."""
         from mnemo.graph.ports import VectorsMoved
 
         for attempt in range(2):
@@ -302,26 +273,20 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         metadata: dict[str, str | int | float | bool] | None = None,
     ) -> IngestReceipt:
         """Stores a complete trajectory in one call (annotation, segmentation, extraction,
-        commit with the repo's llm and embedder); returns when its nodes are durable.
+        commit); returns when its nodes are durable. Idempotent by `source_id` within the repo:
+        the same payload again returns the first receipt with `created=False`; concurrent
+        identical calls do the work once. `progress` (sync or async) gets an `IngestProgress`
+        at each stage, also emitted to `on_event` as `"ingest_progress"`; what it raises is
+        logged, never propagated. Every node committed carries `metadata` (what `where=`
+        selects); the same source under another metadata is another payload.
 
-        Idempotent by `source_id` within the repo, across reopening: the same payload again
-        returns the first receipt with `created=False`; concurrent identical calls do the work
-        once. `progress` (sync or async) gets an `IngestProgress` before the first step, after
-        each step, at extraction, at the commit and when done; each also goes to `on_event`
-        as an `"ingest_progress"` event. An exception it raises is logged, never propagated.
-        Every node it commits carries `metadata` (`Node.metadata`, what `where=` selects); the
-        same source under another metadata is another payload.
-
-        Raises:
-            InvalidInputError: a malformed trajectory or source id (see `check_name`), a blank
-                goal or observation, more steps than the repo's
-                `Config.max_steps_per_ingest`, a goal, observation, action or metadata (as
-                JSON) longer than its `Config.max_text_chars`, or metadata nested deeper than
-                `inputs.MAX_JSON_DEPTH`, or a `metadata` outside `mnemo.graph.scope`'s
-                bounds; nothing was stored.
+        Raises (nothing is stored):
+            InvalidInputError: a malformed trajectory or source id, a blank goal or
+                observation, more steps than `Config.max_steps_per_ingest`, a text or metadata
+                past `Config.max_text_chars` or `inputs.MAX_JSON_DEPTH`, or a bad `metadata`.
             NotFoundError: an unknown repo.
             ConflictError: the source id was used with a different payload.
-            PipelineError: "extraction_failed" (nothing was stored).
+            PipelineError: "extraction_failed".
         """
         from mnemo.ingest.service import check_ingest
 
@@ -337,15 +302,13 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
     async def forget(self, repo: str, source_id: str) -> int:
         """Removes every node the source produced, with its links, vectors and search
-        entries, and the tags and intents it left unlinked; an intent another source still
-        uses takes that source's own wording. Returns how many nodes went (0 for an unknown
-        source). The source id can then be ingested again.
+        entries, and the tags and intents it left unlinked (an intent another source uses
+        takes that source's wording). Returns how many nodes went (0 for an unknown source);
+        the source id can then be ingested again.
 
         Raises:
-            EmbeddingError: such an intent's new wording could not be embedded; nothing was
-                forgotten.
-            ConflictError: another Memory re-embedded the repo twice while it was forgotten
-                (once, the forget runs again with the repo's new embedder).
+            EmbeddingError: such an intent's new wording could not be embedded; nothing went.
+            ConflictError: another Memory re-embedded the repo twice meanwhile.
         """
         check_id(source_id, "source_id")
         await self._repos.known(repo)
@@ -355,9 +318,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
     async def forget_where(self, repo: str, where: Mapping[str, object]) -> int:
         """Erases everything in the scope `where` selects, as `forget` erases a source: each
-        ingest and session whose nodes are in it is forgotten (no byte of it left), then any
-        node of the scope still there (a correction's) is deleted. Returns how many nodes
-        went.
+        ingest and session with nodes in it, then any node of the scope still there. Returns
+        how many nodes went.
 
         Raises:
             InvalidInputError: a malformed or empty `where`.
@@ -386,9 +348,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         self, repo: str, session_id: str, query: str, *, k: int = 10,
         where: Mapping[str, object] | None = None,
     ) -> RecallResult:
-        """`recall` with the session's goal and last 3 steps added to the query; an unknown or
-        idle session falls back to the plain query. The context is cut to keep the whole
-        within the repo's `Config.max_text_chars`.
+        """`recall` with the session's goal and last 3 steps added to the query (cut to fit
+        `Config.max_text_chars`); an unknown or idle session falls back to the plain query.
 
         Raises:
             InvalidInputError: as `recall`'s, or a session id that is not a string.
@@ -417,10 +378,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         as_of: datetime | None = None, valid_at: datetime | None = None,
         session_id: str | None = None, where: Where | None = None,
     ) -> RecallResult:
-        """The recall of checked input with the repo's runtime: its LLM (`Repos.llm_for`), only
-        when the repo's config asks a model to plan, re-rank or synthesise, and the Memory's
-        reranker, else the LLM's when `Config.recall_rerank` asks for one; reported as
-        "recall_executed" (with `session_id` for `recall_in_context`)."""
+        """The recall of checked input with the repo's runtime (its LLM only when the config
+        asks a model to plan, re-rank or synthesise), reported as "recall_executed"."""
         from mnemo.recall.engine import Recaller
         from mnemo.recall.tasks import LLMReranker
 

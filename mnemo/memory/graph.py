@@ -1,5 +1,4 @@
-"""`Memory`'s methods over the graph: nodes and links looked up, the commit history, and
-maintenance, re-embedding included (`Memory` inherits them; see `mnemo.memory.facade`)."""
+"""`Memory`'s methods over the graph: lookups, the commit history, maintenance, re-embedding."""
 
 from __future__ import annotations
 
@@ -52,10 +51,9 @@ class GraphMethods(Parts):
         return await self._graph.get_nodes_by_type(repo, kinds)
 
     async def node_ids(self, repo: str, prefix: str, *, limit: int = 2) -> list[str]:
-        """The ids of the repo's nodes that `prefix` names, sorted, at most `limit` (1..100):
-        those that start with it, or whose digits do (`5d3a43c3` names
-        `semantic_5d3a43c3...`), a step's with its index (`085d80d9:3` names
-        `episodic_episode_085d80d9...:3`). A short id shown by a tool is looked up with it.
+        """The ids of the repo's nodes that `prefix` (a short id shown by a tool) names, sorted,
+        at most `limit` (1..100): those that start with it or whose digits do (`5d3a43c3`
+        names `semantic_5d3a43c3...`; `085d80d9:3` a step's id with its index).
 
         Raises:
             InvalidInputError: a blank prefix, or a limit outside 1..100.
@@ -86,8 +84,7 @@ class GraphMethods(Parts):
         return await self._graph.get_nodes(repo, linked)
 
     async def links(self, repo: str) -> list[Link]:
-        """Every link of the repo (`src`, `dst`, `type`), by type, then source, then
-        destination.
+        """Every link of the repo (`src`, `dst`, `type`), by type, source, destination.
 
         Raises:
             NotFoundError: an unknown repo.
@@ -125,8 +122,7 @@ class GraphMethods(Parts):
         where: Mapping[str, object] | None = None,
     ) -> list[Node]:
         """Nodes whose text holds any word of `query` (full text, BM25), best first: a plain
-        lookup, without recall's embedding, hops, value or reinforcement; with `where`, of
-        that scope only (as `recall`'s).
+        lookup without recall's embedding, hops, value or reinforcement; `where` as `recall`'s.
 
         Raises:
             InvalidInputError: a blank query, one longer than the repo's
@@ -152,11 +148,10 @@ class GraphMethods(Parts):
 
     async def correct(self, repo: str, node_id: str, text: str) -> CommitReceipt:
         """Corrects a fact: commits `text` as a new fact of the old one's type and data, and
-        retires the old one as a contradicting fact does (it stays, with `valid_to`, and
-        the new one SUPERSEDES it; recall ranks it below its successor). The correction is a
-        commit of the history like any other (`revert` undoes it). Calls no model but the
-        repo's embedder. Returns the commit's receipt: its id and the new fact's, or, when a
-        live fact of the repo says `text` already, that fact's (the correction joins it, and
+        retires the old one as a contradicting fact does (the new one SUPERSEDES it). The
+        correction is a commit like any other (`revert` undoes it) and calls no model but the
+        repo's embedder. Returns the commit's receipt: the new fact's id, or, when a live fact
+        already says `text`, that fact's (it then supersedes the old one).
         it supersedes the old one).
 
         Raises:
@@ -192,10 +187,9 @@ class GraphMethods(Parts):
         self, repo: str, text: str, *, source_id: str, data: Mapping[str, JSONValue] | None = None,
         metadata: dict[str, str | int | float | bool] | None = None,
     ) -> CommitReceipt:
-        """Stores `text` as it is, one SEMANTIC fact (no model but the repo's embedder; no
-        fact is retired by it), with `data` as its data and `metadata` as its scope, recorded
-        as the source `source_id` as an ingest is: `forget(source_id)` erases it and frees
-        the id. Returns the commit's receipt (the fact's id).
+        """Stores `text` as it is, one SEMANTIC fact (no model but the embedder; it retires no
+        fact), with `data` as its data and `metadata` as its scope, recorded as the source
+        `source_id` (`forget(source_id)` erases it). Returns the commit's receipt.
 
         Raises:
             InvalidInputError: a blank text or one past `Config.max_text_chars`, a source id
@@ -233,9 +227,8 @@ class GraphMethods(Parts):
     async def _fact_vector(
         self, repo: str, kind: NodeType, text: str
     ) -> tuple[Vector, int, IntentPolicy]:
-        """The vector of a fact's text by the repo's embedder (within its
-        `extraction_timeout`), its generation, and the commit policy of a fact stated as it
-        is (no contradiction asked)."""
+        """The vector of a fact's text by the repo's embedder (within `extraction_timeout`),
+        its generation, and the commit policy of a fact stated as it is (no contradiction)."""
         from mnemo.calls.retry import fail_after
         from mnemo.extraction.contradiction import intent_policy
         from mnemo.extraction.entities import vector_text
@@ -257,8 +250,8 @@ class GraphMethods(Parts):
     async def nodes_where(
         self, repo: str, where: Mapping[str, object], *, limit: int = 100
     ) -> list[Node]:
-        """The first `limit` nodes of the scope `where` (as `recall`'s), in the order they
-        were added: read through the scope index, never a scan of the repo.
+        """The first `limit` nodes of the scope `where` (as `recall`'s), in the order added,
+        read through the scope index.
 
         Raises:
             InvalidInputError: a malformed or empty `where`, or a limit below 1 or above the
@@ -277,9 +270,8 @@ class GraphMethods(Parts):
     # ---- history --------------------------------------------------------------------------
 
     async def history(self, repo: str, *, limit: int = 20) -> list[CommitRecord]:
-        """The repo's `limit` newest commits (every applied changeset: a session's commit, an
-        ingest), newest first: id, time, session or source, and the ids of what each added,
-        retired and reworded (no text).
+        """The repo's `limit` newest commits (sessions' and ingests'), newest first: id, time,
+        session or source, and the ids of what each added, retired and reworded.
 
         Raises:
             InvalidInputError: a limit below 1 or above the repo's `Config.max_results`.
@@ -292,8 +284,8 @@ class GraphMethods(Parts):
         return await commit_history.history(self._graph, repo, limit)
 
     async def commit_diff(self, repo: str, commit_id: str) -> CommitDiff:
-        """What one commit changed: the nodes it added and the facts it retired (those still
-        in the graph), and the links it added.
+        """What one commit changed: the nodes it added, the facts it retired (those still in
+        the graph), and the links it added.
 
         Raises:
             InvalidInputError: no such commit in the repo.
@@ -305,12 +297,10 @@ class GraphMethods(Parts):
         return await commit_history.diff(self._graph, repo, commit_id)
 
     async def revert(self, repo: str, commit_id: str) -> CommitDiff:
-        """Undoes one commit in one transaction: the nodes and links only it made go, those
-        other commits share stay (a fact or instruction another commit joined takes that
-        commit's wording), the facts it retired hold again, and an ingested source's id is
-        free again. The revert is recorded in the history, which keeps the reverted commit,
-        marked `reverted_by` it. Returns what was undone.
-
+        """Undoes one commit in one transaction: what only it made goes, what other commits
+        share stays (with their wording), the facts it retired hold again, and an ingested
+        source's id is free again. The history records the revert and keeps the commit,
+        marked `reverted_by`. Returns what was undone.
         Raises:
             InvalidInputError: no such commit in the repo.
             ConflictError: the commit is a revert or was reverted, or a later commit built on
@@ -334,9 +324,8 @@ class GraphMethods(Parts):
 
     async def consolidate(self, repo: str, *, full: bool = False) -> ConsolidationReport:
         """Merges SEMANTIC near-duplicates (raw cosine >= `Config.consolidate_threshold`) into
-        the most confident (then oldest) of them, keeping every link and the merged metadata,
-        then deletes tags left with no links. Only nodes not compared before are compared,
-        unless `full`. Safe while sessions commit: it holds the repo's write lock.
+        the most confident (then oldest), keeping links and merged metadata, then deletes tags
+        left unlinked. Only nodes not compared before, unless `full`. Safe while sessions commit.
 
         Raises:
             NotFoundError: an unknown repo.
@@ -347,9 +336,9 @@ class GraphMethods(Parts):
         return await maintenance.consolidate(self._graph, repo, runtime.config, full=full)
 
     async def decay(self, repo: str, *, now: datetime | None = None) -> DecayReport:
-        """Deletes the memories whose value (recency decay x frequency floor x reward) at `now`
-        is below `Config.decay_threshold`, then the routing and source nodes left with no
-        links. Safe while sessions commit: it holds the repo's write lock.
+        """Deletes the memories whose value (recency x frequency x reward) at `now` is below
+        `Config.decay_threshold`, then the routing and source nodes left unlinked. Safe while
+        sessions commit.
 
         Raises:
             InvalidInputError: a `now` that is not a datetime.
@@ -363,9 +352,8 @@ class GraphMethods(Parts):
         return await maintenance.decay(self._graph, repo, runtime.config, now=now)
 
     async def validate_episodic(self, repo: str) -> ValidationReport:
-        """Checks episodic integrity (every step linked to its subgoal and source, no dangling
-        links, a vector of the right size per node, the full-text index in step) and repairs
-        what it can: missing step links, dangling links, the full-text index.
+        """Checks episodic integrity (step links, dangling links, vector sizes, the full-text
+        index) and repairs what it can: missing step links, dangling links, the full-text index.
 
         Raises:
             NotFoundError: an unknown repo.
@@ -384,37 +372,23 @@ class GraphMethods(Parts):
         progress: Callable[[ReembedProgress], Awaitable[None] | None] | None = None,
         batch_size: int = REEMBED_BATCH,
     ) -> int:
-        """Makes every node's vector of the repo again with `embedder`, puts the new vectors
-        in place of the old ones at once, and records `embedder` as the repo's: a Memory
-        opened later without an embedder runs it on the repo. Returns how many nodes got a
-        new vector.
+        """Makes every node's vector of the repo again with `embedder`, switches to the new
+        vectors at once, and records `embedder` as the repo's (a Memory opened later without
+        an embedder runs it). Returns how many nodes got a new vector. `embedder=None` uses
+        the Memory's embedder, else the repo's own (a retired hashed embedder's repo gets
+        `hash2` of its dimension). The dimension may change.
 
-        `embedder=None` re-embeds with the Memory's embedder if it was given one, else with
-        the repo's own as this mnemo builds it: a repo of the hashed embedder's retired
-        features (`hash`, `hash:DIM`) gets today's (`hash2`) of its dimension. Another
-        dimension than the repo's is allowed: the repo takes the new one.
+        Nodes are embedded `batch_size` at a time (each batch within
+        `Config.extraction_timeout`) and staged beside the old vectors, while the repo is read
+        and written as before; one transaction then switches (PostgreSQL then rebuilds its
+        HNSW index without holding up commits; searches are exact meanwhile). Open sessions go
+        on; what they embedded before the switch is embedded again when they commit. Cut short
+        before the switch, the repo keeps its old vectors and the staged ones: run it again
+        with the same embedder to carry on. Other Memories use the new embedder from their
+        next call on the repo.
 
-        The nodes are embedded `batch_size` at a time (each batch within the repo's
-        `Config.extraction_timeout`), their vectors staged beside the old ones. Meanwhile the
-        repo is read and written as before, with its old vectors; what is committed
-        meanwhile is embedded too, the last of it under the repo's commit lock, and one
-        transaction then switches every vector and the record; on PostgreSQL the repo's HNSW
-        index is then built again (without holding up commits; searches are exact until it
-        is ready). Sessions open on the repo go on: what they embedded before the switch is
-        embedded again when they commit. Cut
-        short (a killed process, a failing embedder, a cancellation) before the switch, it
-        leaves the repo with its old vectors and record, and its staged vectors: run it again
-        with the same embedder to carry on. A cancellation that lands while the switch is
-        being written may find it done: the repo is then wholly the new embedder's, and this
-        Memory runs that embedder from its next call on the repo, as another Memory would.
-        Another Memory, in any process, runs the new embedder on the repo from its next
-        recall, commit, ingest or session start there.
-
-        `progress` (sync or async) gets a `ReembedProgress` at the start, after each batch,
-        at the switch, after it and when done; each also goes to `on_event` as a
-        `"reembed_progress"`
-        event, and the end as `"repo_reembedded"`. An exception it raises is logged, never
-        propagated.
+        `progress` (sync or async) gets a `ReembedProgress` at each stage (also emitted as
+        `"reembed_progress"`, the end as `"repo_reembedded"`); what it raises is logged.
 
         Raises:
             StorageError: "read_only" on an inspecting Memory (it records no model); any

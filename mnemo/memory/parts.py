@@ -1,10 +1,6 @@
-"""`Parts`: the parts of a `Memory` (`memory.assembly` builds them), as every group of its
-methods sees them, and the check that refuses work on an inspecting Memory.
-
-`Memory` (`mnemo.memory.facade`) inherits its methods from one class per capability,
-`SessionMethods`, `GraphMethods` and `ConversationMethods`; each is a `Parts`, so each reaches
-the same typed parts without importing the facade.
-"""
+"""`Parts`: the parts of a `Memory` as each group of its methods (`SessionMethods`,
+`GraphMethods`, `ConversationMethods`) sees them, and the check that refuses work on an
+inspecting Memory."""
 
 from __future__ import annotations
 
@@ -45,25 +41,20 @@ class Parts:
     _tag_vectors: TagVectors
     _ingests: IngestService
     _conversations: ConversationService
-    # What `build` builds the parts from: the path, llm, embedder, on_event, synchronous,
-    # reranker.
+    # What `build` builds the parts from.
     _parts: tuple[str, LLM | None, Embedder | None, EventCallback | None, str, Reranker | None]
 
     if not TYPE_CHECKING:
 
         def __getattr__(self, name: str) -> object:
-            # Only for a part not built yet: a Memory opened cold builds its parts when it
-            # is entered (after their modules were imported off the event loop).
+            # Only for a part not built yet: a Memory opened cold builds them when entered.
             if name in BUILT:
                 raise StorageError("closed", "the Memory is not open: enter it first")
             raise AttributeError(name)
 
     def _works(self, call: str) -> None:
-        """Refuses a call that would start work on an inspecting Memory.
-
-        Raises:
-            StorageError: "read_only".
-        """
+        """Refuses a call that would start work on an inspecting Memory
+        (`StorageError("read_only")`)."""
         if self._inspect:
             raise StorageError(
                 "read_only", f"{call} needs a Memory that works; this one was opened with "
@@ -71,7 +62,6 @@ class Parts:
             )
 
     async def _save_profiles(self) -> None:
-        """Records what the repos' models learned of their servers (an inspecting Memory
-        records nothing)."""
+        """Records what the repos' models learned of their servers (not when inspecting)."""
         if not self._inspect:
             await self._repos.save_profiles(self._sessions_store)

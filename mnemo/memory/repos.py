@@ -1,12 +1,6 @@
-"""`Repos`: the repos a `Memory` knows and what each runs with.
-
-It holds each repo's `Runtime` (llm, embedder, config, vector dimension), the models recorded
-for repos opened without them, one LLM limiter per provider, the usage book, and every adapter
-the Memory made itself (from a repo's recorded URIs, or by default), closed with the Memory;
-and `UsageBook`, the tokens and cost this process spent, by repo and by session.
-Adapters a caller passes in (to `Memory`, `open_repo`, `start_session`, `reembed`) stay open:
-their owner closes them, and may share them with other Memory objects.
-"""
+"""`Repos`: the repos a `Memory` knows and what each runs with (llm, embedder, config,
+dimension), the LLM limiters, and the adapters the Memory made itself (closed with it; those a
+caller passes in stay open); `UsageBook`, the tokens and cost this process spent."""
 
 from __future__ import annotations
 
@@ -61,8 +55,7 @@ class Repos:
         self._dims: dict[str, int] = {}
         self._limiters: dict[tuple[int, int], tuple[LLM, anyio.CapacityLimiter]] = {}
         self.usage = UsageBook()
-        # The models that learn their servers (`server_profile`), by repo and model object,
-        # with the profile last read or written for them.
+        # The models that learn their servers, by repo and model object, with their profile.
         self._profiled: dict[tuple[str, int], tuple[object, ServerProfile | None]] = {}
         # Every adapter this Memory made, closed with it (one may own an HTTP client).
         self._adapters: dict[int, object] = {}
@@ -76,8 +69,7 @@ class Repos:
                 self._adapters.setdefault(id(adapter), adapter)
 
     async def close_adapters(self) -> None:
-        """Closes every adapter this Memory made; a failure is logged, the others still
-        close."""
+        """Closes every adapter this Memory made; a failure is logged, the others still close."""
         for adapter in list(self._adapters.values()):
             close = getattr(adapter, "aclose", None)
             if close is not None:
@@ -87,14 +79,13 @@ class Repos:
                     log.exception("closing %r failed", adapter)
 
     def load(self, rows: list[RepoRow]) -> None:
-        """Knows the stored repos, each with the models it recorded (or the Memory's); a repo
-        already known keeps its runtime (`open_repo` may have given it models)."""
+        """Knows the stored repos, each with its recorded models (or the Memory's); a known
+        repo keeps its runtime."""
         for row in rows:
             if row.name in self._runtimes:
                 continue
             llm, embedder = self._models.load(row.name, row.llm, row.embedder, row.dim)
-            # The Memory's longer timeouts hold for its work on a repo recorded with less (the
-            # record keeps its own).
+            # The Memory's longer timeouts hold for its work (the record keeps its own).
             self._recorded[row.name] = row.config
             config = with_longer_timeouts(row.config, self.config)
             self._runtimes[row.name] = Runtime(llm, embedder, config, row.dim, row.generation)
@@ -111,9 +102,8 @@ class Repos:
         save: Callable[[RepoRow], Awaitable[None]] | None,
     ) -> None:
         """`Memory.open_repo` without the resuming: checks, records and `save`s the repo
-        (`save` None: nothing is stored, and the models and config hold for this Memory).
-        A repo new to the store takes a name (`inputs.check_name`); one stored before that
-        rule opens by its stored name."""
+        (`save` None: nothing stored; the models and config hold for this Memory). A new repo
+        takes a name (`check_name`); one stored before that rule opens by its stored name."""
         check_id(name, "repo name")
         if name not in self._runtimes:
             try:
@@ -169,11 +159,9 @@ class Repos:
     # ---- re-embedding ---------------------------------------------------------------------
 
     async def refresh(self, name: str, generation: int | None = None) -> Runtime:
-        """The repo's runtime, brought up to its record in the store when the generation of
-        its vectors moved since this Memory read it (another Memory re-embedded the repo):
-        the recorded embedder and dimension replace the ones it ran (in place: sessions hold
-        the runtime). `generation`: the one a look at the vectors just saw (None: the record
-        is read to know).
+        """The repo's runtime, updated in place from the store's record when its vectors'
+        generation moved (another Memory re-embedded it). `generation`: the one just seen
+        (None: the record is read).
 
         Raises:
             NotFoundError: an unknown repo.
@@ -190,10 +178,9 @@ class Repos:
         return runtime
 
     async def reembed_target(self, name: str, embedder: Embedder | None) -> Embedder:
-        """The embedder `Memory.reembed` makes the repo's vectors with: `embedder` if given,
-        else the Memory's if it was given one, else the repo's own as this mnemo builds it (a
-        record of the hashed embedder's retired features gets today's, `hash2`), with its
-        dimension known.
+        """The embedder `Memory.reembed` uses: `embedder`, else the Memory's, else the repo's
+        own as this mnemo builds it (a retired hashed embedder's record gets `hash2`), with
+        its dimension known.
 
         Raises:
             InvalidInputError: `embedder` is not an Embedder.
@@ -215,8 +202,7 @@ class Repos:
         return embedder
 
     def reembedded(self, name: str, embedder: Embedder, generation: int) -> None:
-        """The repo's vectors are now `embedder`'s, of `generation` (this Memory switched
-        them); its runtime runs `embedder` from now on."""
+        """The repo's vectors are now `embedder`'s, of `generation`; its runtime runs it."""
         runtime = self.get(name)
         self._models.record(name, self._models.recorded_llm(name), model_uri(embedder))
         self._models.remember(name, runtime.llm, embedder)
@@ -229,8 +215,8 @@ class Repos:
         self._dims[name] = dim
 
     async def adopt_profiles(self, store: SessionStore) -> None:
-        """Each repo's models that learn their servers start from what the repo recorded of
-        them (once per model object); a store fault leaves them starting afresh."""
+        """Each repo's models that learn their servers start from the repo's record of them
+        (once per model object); a store fault leaves them starting afresh."""
         for repo, runtime in list(self._runtimes.items()):
             for model in (runtime.llm, runtime.embedder):
                 adopt = getattr(model, "adopt_server_profile", None)
@@ -247,8 +233,8 @@ class Repos:
                 self._profiled[(repo, id(model))] = (model, stored)
 
     async def save_profiles(self, store: SessionStore) -> None:
-        """Records what each repo's models learned of their servers since, when it changed;
-        best effort (a store fault is logged)."""
+        """Records what each repo's models learned of their servers, when it changed (a store
+        fault is logged)."""
         for key, (model, saved) in list(self._profiled.items()):
             profile = getattr(model, "server_profile", lambda: None)()
             if not isinstance(profile, ServerProfile) or profile == saved:
@@ -261,14 +247,12 @@ class Repos:
             self._profiled[key] = (model, profile)
 
     async def learn(self, wanted: str | None = None) -> None:
-        """Knows the repos other Memory objects opened since (all, or when `wanted` is not
-        known yet)."""
+        """Knows the repos other Memory objects opened since (all, or if `wanted` is unknown)."""
         if wanted is None or wanted not in self._runtimes:
             self.load(await self._stored())
 
     async def known(self, name: str) -> Runtime:
-        """The repo's runtime, the store asked first when this Memory does not know it (it
-        may have been opened through another Memory since).
+        """The repo's runtime, the store asked first when this Memory does not know it.
 
         Raises:
             InvalidInputError: a name that is no repo name (not a string, blank, NUL, ...).
@@ -278,11 +262,9 @@ class Repos:
         return self.get(name)
 
     async def checked(self, name: str, check: Callable[[Config], T]) -> T:
-        """`check(config)` before the store is read: with the repo's config as this Memory
-        knows it, or, for a repo it does not know yet, with every bound at its ceiling
-        (`config.ceilings`) and then again with the repo's, once the store has told it.
-        Bad input is refused without a read of the store (a store that is down answers no
-        bad call with `StorageError`).
+        """`check(config)` before the store is read: with the repo's config as known, or, for
+        an unknown repo, with every bound at its ceiling and again with the repo's once read.
+        Bad input is refused without reading the store.
 
         Raises:
             InvalidInputError: a name that is no repo name, or what `check` raises.
@@ -330,8 +312,8 @@ class Repos:
     async def session_runtime(
         self, repo: str, llm: LLM | None, embedder: Embedder | None, config: Config | None
     ) -> tuple[Runtime | None, Config]:
-        """The overrides of a session started with these arguments (None when it runs its
-        repo's models, checked by `Memory.start_session`) and its config.
+        """The overrides of a session started with these arguments (None: its repo's models)
+        and its config.
 
         Raises:
             NotFoundError, EmbeddingError: as `Memory.start_session`.
@@ -354,12 +336,10 @@ class Repos:
         return override, config or base.config
 
     def slots(self, llm: LLM, config: Config) -> anyio.CapacityLimiter:
-        """The limiter of the calls made to this LLM provider object under configs with this
-        `llm_concurrency`: each setting caps the calls made under it (the Memory's, a repo's,
-        a session's), and configs with the same setting share their cap. One limiter per
-        provider, as wide as the widest setting, lost a repo's or session's lower one under
-        the Memory's default of 16; as narrow as the narrowest, one session's setting would
-        have capped every other user of the provider for good."""
+        """The limiter of calls to this LLM provider under configs with this
+        `llm_concurrency`: each setting caps the calls made under it, and configs with the same
+        setting share their cap (one limiter per provider would ignore a lower setting, or let
+        one session's low setting cap every other user)."""
         key = (id(llm), config.llm_concurrency)
         entry = self._limiters.get(key)
         if entry is None or entry[0] is not llm:
@@ -379,10 +359,7 @@ class Repos:
 
 
 class UsageBook:
-    """Sums the `Usage` of every LLM reply mnemo asked for, by repo and by session.
-
-    Kept in memory for the life of the `Memory` (it counts what this process spent).
-    """
+    """Sums the `Usage` of every LLM reply, by repo and by session, for the Memory's life."""
 
     def __init__(self) -> None:
         self._repos: dict[str, Usage] = {}
@@ -412,7 +389,7 @@ class UsageBook:
 
     def last_answer(self, session_id: str) -> float | None:
         """When (`anyio.current_time`) a model call of the session last ended here, now while
-        one is under way (a slow server's long reply); None when none did."""
+        one is under way; None when none did."""
         if session_id in self._calls:
             return anyio.current_time()
         return self._active.get(session_id)

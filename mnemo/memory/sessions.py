@@ -1,10 +1,6 @@
-"""`Memory`'s methods over sessions: starting one, appending steps, closing, committing or
-discarding its episodes (each also queued, with a callback), and reading what it stored.
-
-Each finds the session's record (`Sessions.fetch`) and hands it to `mnemo.session`: a move to
-`transitions`, an async call to `operations`. The session modules are imported inside the
-methods: they are imported with the parts, off the event loop (`memory.assembly`).
-"""
+"""`Memory`'s methods over sessions: start, append, close, commit or discard (each also queued,
+with a callback), and reads of what a session stored. The session modules are imported inside
+the methods (with the parts, off the event loop)."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ if TYPE_CHECKING:
     from mnemo.ports import LLM, Embedder
     from mnemo.session.machine import Callback, SessionContext, SessionInfo, State
 
-# The most extraction retries one `close_and_commit` may ask for: each runs its model calls
-# again.
+# The most extraction retries one `close_and_commit` may ask for.
 MAX_RETRIES = 100
 
 
@@ -45,12 +40,12 @@ class SessionMethods(Parts):
         metadata: dict[str, str | int | float | bool] | None = None,
     ) -> str:
         """Opens a session collecting its first episode towards `goal`; returns its id. Every
-        node it commits carries `metadata` (`Node.metadata`, what `where=` selects).
+        node it commits carries `metadata` (`Node.metadata`).
 
         Raises:
             InvalidInputError: a blank goal, one longer than `Config.max_text_chars`, a
-                config that is not a `Config`, or a metadata that is not a flat dict of
-                str -> str | int | float | bool within `mnemo.graph.scope`'s bounds.
+                config that is not a `Config`, or a metadata that is not a flat dict of scalars
+                within `mnemo.graph.scope`'s bounds.
             NotFoundError: an unknown repo.
             EmbeddingError: the embedder override's dimension differs from the repo's.
         """
@@ -71,9 +66,8 @@ class SessionMethods(Parts):
         live = self._live
         holder = until = None
         if chosen.auto_commit:
-            # Its timers are this Memory's: the store says so, so that no other Memory that
-            # reads or restores it flushes or expires it, and another takes them over when
-            # this one goes (`timers.take_over`).
+            # Its timers are this Memory's, recorded in the store: no other Memory flushes or
+            # expires it, and another takes them over when this one goes.
             await live.register()
             holder, until = live.holder_id, live.lease_until()
         await live.store.create_session(session_id, repo, chosen, episode, holder=holder,
@@ -96,9 +90,8 @@ class SessionMethods(Parts):
         metadata: dict[str, object] | None = None,
     ) -> StepInfo:
         """Stores one step (durable before the model is asked), then waits for its annotation
-        at most `Config.append_timeout`: `StepInfo.annotated` is False when the model has not
-        answered by then, or failed (the step is kept and annotated later, by close at the
-        latest).
+        at most `Config.append_timeout`: `StepInfo.annotated` is False if the model has not
+        answered by then or failed (the step is annotated later, by close at the latest).
 
         Raises:
             InvalidInputError: observation or action is not a string or is longer than the
@@ -156,15 +149,13 @@ class SessionMethods(Parts):
     ) -> CommitReceipt:
         """Closes, waits for extraction, and commits; retries a failed extraction up to
         `max_retries` times. Each wait lasts as long as the session's `extraction_timeout`
-        allows (twice, in auto-commit: the close may first wait for commits of its steps
-        under way), or `max_polls * poll_interval` seconds when `max_polls` is given. In
-        auto-commit the receipt holds what the close committed.
+        allows (twice in auto-commit), or `max_polls * poll_interval` seconds when `max_polls`
+        is given. In auto-commit the receipt holds what the close committed.
 
         Raises:
-            InvalidInputError: `max_retries` not an integer from 0 to `MAX_RETRIES` (each
-                retry runs the extraction's model calls again), `max_polls` not None or a
-                positive integer, `poll_interval` not a positive number of seconds (at most
-                a day).
+            InvalidInputError: `max_retries` not an integer from 0 to `MAX_RETRIES`,
+                `max_polls` not None or a positive integer, `poll_interval` not a positive
+                number of seconds (at most a day).
             PipelineError: "extraction_failed" or "extraction_timeout".
         """
         self._works("close_and_commit")
@@ -181,12 +172,10 @@ class SessionMethods(Parts):
     async def _close_and_commit(
         self, session_id: str, max_retries: int, max_polls: int | None, poll_interval: float
     ) -> CommitReceipt:
-        """Each wait lasts as long as the `extraction_timeout` the session's extraction runs
-        with allows (plus a grace, so that the extraction's own timeout reports first; twice
-        that in auto-commit, whose close may first wait for another Memory's commit), and
-        again while its model calls keep being answered (calls queued for a slow server do
-        not count against the extraction's time); it is woken by the state change, it does
-        not poll."""
+        """Each wait lasts the session's `extraction_timeout` plus a grace (so that the
+        extraction's own timeout reports first; twice in auto-commit, whose close may wait for
+        another Memory's commit), extended while its model calls keep being answered; it is
+        woken by the state change, it does not poll."""
         from mnemo.extraction.pipeline import failure_reason
         from mnemo.session import transitions
         from mnemo.session.machine import State as S
@@ -299,9 +288,8 @@ class SessionMethods(Parts):
         await self._live.end(await self._live.fetch(session_id))
 
     async def episodes(self, session_id: str) -> list[EpisodeLog]:
-        """Every episode the session stored (ended sessions too), oldest first, each with its
-        steps and their trajectories; [] for an id no session had. Reads only: a restored
-        session is not resumed by it."""
+        """Every episode the session stored (ended sessions too), oldest first, with steps
+        and trajectories; [] for an unknown id. Reads only."""
         return await self._sessions_store.episodes(check_id(session_id, "session_id"))
 
     async def episode(self, episode_id: str) -> EpisodeLog | None:
@@ -310,10 +298,9 @@ class SessionMethods(Parts):
         return await self._sessions_store.episode(check_id(episode_id, "episode_id"))
 
     async def list_sessions(self) -> list[SessionInfo]:
-        """Every live session (not ended, restored ones included), oldest first: id, repo,
-        state, the open episode's goal and its number of steps (0 when idle; an idle one's
-        goal is its last episode's), and the holder of an extraction. Reads only: it never
-        resumes a restored session's extraction, nor ends an idle one."""
+        """Every live session (restored ones included), oldest first: id, repo, state, the
+        open (or last) episode's goal and step count (0 when idle), and an extraction's holder.
+        Reads only: it never resumes or ends a session."""
         from mnemo.session.machine import SessionInfo, State
 
         return [

@@ -1,7 +1,5 @@
-"""The builder side of `HnswAccelerator` (`mnemo.graph.ann`, whose docstring gives the design
-and the threads): the worker thread that builds, reads back, inserts into and saves the graphs,
-and the labels' bookkeeping it shares with the event loop's side. `HnswAccelerator` inherits
-it and sets the state declared here."""
+"""The builder side of `HnswAccelerator` (`mnemo.graph.ann`): the worker thread that builds,
+reads back, inserts into and saves the graphs, and the label bookkeeping it shares."""
 
 from __future__ import annotations
 
@@ -105,7 +103,7 @@ class HnswBuilder:
             self._removed_in_build = set()
         snap = self._index.snapshot()
         # A copy: a remove marks the snapshot's codes dead in place, and every graph must be
-        # built from the same rows (those removed meanwhile are killed below, in each graph).
+        # built from the same rows.
         codes = snap.codes[: snap.size].copy()
         graphs: dict[int, Graph] = {}
         for code in [*(c for c in np.unique(codes).tolist() if c != DEAD), ALL]:
@@ -135,9 +133,8 @@ class HnswBuilder:
         *,
         read: bool,
     ) -> None:
-        """Makes new graphs the searched ones: rows removed since the snapshot they were made
-        from die in them, rows added since (and the `missing` ones) wait for insertion.
-        `read`: they were read from the saved files, not built."""
+        """Makes new graphs the searched ones: rows removed since their snapshot die in them,
+        rows added since (and `missing`) wait for insertion; `read`: from the saved files."""
         # The missing rows' entries are made outside the locks: under them, one dict merge.
         with self._lock:
             first = self._seq + 1
@@ -169,8 +166,8 @@ class HnswBuilder:
             return False
 
     def _load(self) -> bool:
-        """Publishes the saved graphs, checked against the index's rows; False (build them)
-        when there are none or too much changed since they were saved."""
+        """Publishes the saved graphs, checked against the index's rows; False (build them) if
+        none or too much changed."""
         assert self.files is not None
         saved = self.files.load(self._faiss)
         if saved is None or ALL not in saved:

@@ -1,27 +1,12 @@
-"""An optional approximate index (faiss HNSW) riding on a repo's `VectorIndex`, for big repos.
-
-faiss-cpu is an optional extra (`pymnemo[faiss]`): without it `attach` returns None and every
-search stays exact.
-
-- One HNSW graph per node type, and one of every row for searches over every type or over
-  types holding at least half of the rows (its other types' candidates drop at the re-rank).
-- A walk fetches `oversample` x k candidates, efSearch between `ef_min` and `ef_search`; they
-  are re-ranked exactly with the index's float32 rows, rows gone are dropped, and when fewer
-  than k survive although more rows of the types exist the search answers None (exact scan).
-- Graphs are built in a worker thread once the repo passes `threshold` vectors (searches are
-  exact until then). Rows added later wait in `pending`, scanned exactly, until inserted in
-  batches; a removed row marks its label dead; a quarter dead labels trigger a rebuild.
-- With a folder, graphs are saved after each build and once a tenth of labels are new, and
-  read back on a repo's first build, checked row by row (`ann_files`): a cache, never a truth.
+"""An optional approximate index (faiss HNSW, extra `pymnemo[faiss]`) riding on a repo's
+`VectorIndex` past `threshold` rows: one graph per node type and one of every row; a walk's
+`oversample` x k candidates are re-ranked exactly, and too few survivors send the search to the
+exact scan (None). Rows added later wait in `pending`, scanned exactly; a quarter dead labels
+trigger a rebuild; graphs saved in a folder are a cache (`ann_files`), never a truth.
 
 Threads: `added`/`removed` run on the event loop, `search` on any thread, the builder
-(`_ann_builder`, also saves) in its own thread: only it changes a graph. `_faiss_lock` covers
-every call into a published graph (a search, or a batch of inserts); `_lock` only the
-bookkeeping dicts, so the loop never waits on faiss. Builds run outside both, on unpublished
-graphs. Lock order: `_faiss_lock`, then `_lock`.
-
-Below the index: probes of one type for recall's routes, and waiting for or stopping the
-builder.
+(`_ann_builder`) in its own: only it changes a graph. `_faiss_lock` covers every call into a
+published graph, `_lock` only the bookkeeping dicts (order: `_faiss_lock`, then `_lock`).
 """
 
 from __future__ import annotations
@@ -57,9 +42,9 @@ class HnswParams:
 
     m: int = 32
     ef_construction: int = 200
-    # The broadest walk (hop 0's 50 candidates).
+    # The broadest walk (hop 0's candidates).
     ef_search: int = 128
-    # The narrowest walk (a route probe's 3 rows).
+    # The narrowest walk (a route probe's).
     ef_min: int = 64
     # Candidates fetched per result wanted, re-ranked exactly; at most `ef_search` (or k).
     oversample: int = 8
@@ -67,7 +52,7 @@ class HnswParams:
     rebuild_fraction: float = 0.25
     # More rows than this waiting for insertion: searches are exact until the worker catches up.
     max_pending: int = 4096
-    # Inserts per lock hold: an insert into a big graph is slow, and searches wait for it.
+    # Inserts per lock hold (searches wait for it).
     insert_batch: int = 32
     # Rows added to a graph being built between two checks of the stop flag.
     build_chunk: int = 20_000
@@ -94,15 +79,14 @@ def attach(
     params: HnswParams | None = None,
     folder: str | Path | None = None,
 ) -> HnswAccelerator | None:
-    """Puts an `HnswAccelerator` on `index` (starting its build at once when the index is
-    already past `threshold`); returns it, or None when faiss is not installed. With a
-    `folder`, the graphs are saved there and read back instead of built (`ann_files`)."""
+    """Puts an `HnswAccelerator` on `index` (building at once when past `threshold`);
+    returns it, or None without faiss. With a `folder`, graphs are saved there and read
+    back instead of built."""
     faiss = load_faiss()
     if faiss is None:
         return None
     params = params or HnswParams()
-    # The generation too (0 is left out): graphs of vectors before a re-embedding pass the
-    # row check and would walk the new vectors along the old neighbours.
+    # The generation too (0 left out): old graphs would pass the row check on new vectors.
     generation = {"generation": index.generation} if index.generation else {}
     files = None if folder is None else GraphFolder(
         folder, {**params.saved_settings(), "dim": index.dim, **generation})
@@ -113,8 +97,7 @@ def attach(
 
 
 class HnswAccelerator(HnswBuilder):
-    """Per-type faiss HNSW graphs over a `VectorIndex`, kept in step with it (an
-    `Accelerator`). Use `attach` to create one."""
+    """Per-type faiss HNSW graphs kept in step with a `VectorIndex`; made by `attach`."""
 
     def __init__(
         self,
@@ -209,8 +192,8 @@ class HnswAccelerator(HnswBuilder):
         self, queries: Vector, k: int, codes: Collection[int] | None
     ) -> list[list[tuple[str, float]] | None] | None:
         """For each unit row of `queries`, the `k` best rows among these type codes, re-ranked
-        exactly, or None for a row the exact scan must answer (see the module docstring);
-        None for all when the graphs cannot answer now. All rows walk each graph in one call."""
+        exactly, or None for a row the exact scan must answer; None for all when the graphs
+        cannot answer now."""
         if not self.ready or k <= 0:
             return None
         snap = self._index.snapshot()
@@ -225,8 +208,7 @@ class HnswAccelerator(HnswBuilder):
         with self._faiss_lock:
             graphs = self._graphs
             wanted, share = walks(graphs, codes)
-            # The walk's breadth is efSearch: more candidates than that cost a wider walk for
-            # nothing the re-rank needs.
+            # More candidates than efSearch cost a wider walk for nothing the re-rank needs.
             params = self.params
             wanted_rows = min(params.oversample * k, max(params.ef_search, k))
             want = math.ceil(wanted_rows / share)
@@ -266,8 +248,8 @@ class HnswAccelerator(HnswBuilder):
         return 0 if graph is None else graph.live
 
     def stats(self) -> dict[str, int]:
-        """Labels in the graphs, dead labels, rows waiting for insertion, whether the graphs
-        are ready, and whether they were read from saved files (1) or built (0)."""
+        """Labels, dead labels, pending rows, readiness, and whether the graphs were read from
+        saved files (1) or built (0)."""
         with self._lock:
             return {
                 "labels": self._label_count(),
@@ -284,9 +266,8 @@ T = TypeVar("T")
 async def nearest_of_type(
     index: VectorIndex, probes: Vector, kind: NodeType, k: int
 ) -> list[list[tuple[str, float]]]:
-    """For each probe row, the `k` rows of one type nearest by cosine: one walk of the type's
-    HNSW graph for all probes when one is ready and the type has `WALK_FROM` rows, else one
-    matrix product. In a worker thread unless the rows are few."""
+    """For each probe row, the `k` rows of one type nearest by cosine: one walk of the
+    type's graph when ready and the type has `WALK_FROM` rows, else a matrix product."""
     if k <= 0:
         return [[] for _ in range(len(probes))]
     accelerator = index.accelerator
@@ -303,35 +284,31 @@ async def nearest_of_type(
 
 
 async def of_type(index: VectorIndex, kind: NodeType) -> tuple[list[str], Vector]:
-    """`index.of_type(kind)`, in a worker thread when it must gather (copy) the rows of a big
-    index."""
+    """`index.of_type(kind)`, in a worker thread when it must copy a big index's rows."""
     if index.has_of_type(kind):
         return index.of_type(kind)
     return await by_size(len(index), lambda: index.of_type(kind))
 
 
-# Below this many rows a recall runs its vector searches in turn on the event loop (cheaper
-# than a task group).
+# Below this many rows a recall runs its vector searches in turn on the event loop.
 IN_TURN_BELOW = 5_000
 
 
 def on_loop(index: VectorIndex) -> bool:
-    """Whether `by_size` and `nearest_of_type` do quick work for `index` on the event loop:
-    fewer rows than `IN_TURN_BELOW` (no thread, no HNSW walk of a type)."""
+    """Whether `by_size` and `nearest_of_type` do quick work on the event loop for `index`."""
     return len(index) < IN_TURN_BELOW
 
 
 async def by_size(rows: int, work: Callable[[], T]) -> T:
-    """`work()` over `rows` rows: on the event loop below `IN_THREAD_FROM`, else in a worker
-    thread."""
+    """`work()` over `rows` rows: on the event loop below `IN_THREAD_FROM`, else in a thread."""
     if rows < IN_THREAD_FROM:
         return work()
     return await anyio.to_thread.run_sync(work)
 
 
 async def settle(index: VectorIndex | None) -> None:
-    """Waits until the index's HNSW graphs (if any) have caught up with its rows (built, no
-    insert pending); bound it with `anyio.fail_after`. For tests and benchmarks."""
+    """Waits until the index's HNSW graphs (if any) have caught up with its rows; bound it
+    with `anyio.fail_after`."""
     accelerator = None if index is None else index.accelerator
     if isinstance(accelerator, HnswAccelerator):
         # Short waits in a thread, so a cancelled wait leaves no thread behind for long.

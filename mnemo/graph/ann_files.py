@@ -1,16 +1,8 @@
-"""HNSW graphs saved beside the store, so that opening a big repo does not rebuild them.
-
-The store stays the one truth; the files are a cache, checked row by row when read:
-
-- A saved graph holds its links (without vectors, compressed) and per label the node id and a
-  digest of its vector. At load a label is live only if its node is in the index with that type
-  and a vector of that digest, and takes the index's vector; other labels are dead (zero vector,
-  never answered). Rows no live label holds are inserted as new. Too many dead or missing rows,
-  unreadable files, another format or other HNSW settings: rebuilt instead.
-- A save writes a new folder (`v-<random>`), points `current` at it with an atomic rename, then
-  deletes older ones; a save killed midway leaves the previous one current.
-- Saves and loads take the folder's lock file, so a load never reads a folder being deleted.
-- A removed node leaves its id and vector digest until the next save, never its vector or text.
+"""HNSW graphs saved beside the store, so that opening a big repo does not rebuild them; the
+store stays the one truth. A saved graph holds its links (no vectors, compressed) and per label
+a node id and vector digest: at load a label is live only if the index holds that node with that
+type and digest, else dead; too much dead or another format or setting: rebuilt instead. A save
+writes a new version folder and moves `current` to it atomically, under the folder's lock.
 """
 
 from __future__ import annotations
@@ -37,8 +29,7 @@ from mnemo.graph.vectors import DEAD, Snapshot
 
 log = logging.getLogger("mnemo")
 
-# 2: links without vectors, compressed (xz); ids compressed, a type graph's as positions in
-# the every-row graph's; a digest per label.
+# 2: links without vectors, ids compressed (xz), a type graph's as positions in `ALL`'s.
 FORMAT = 2
 # Labels compared per chunk at load (a chunk's vectors are copied once).
 _CHUNK = 50_000
@@ -58,8 +49,8 @@ _LOCK_WAIT = 600.0
 
 @dataclass(frozen=True, slots=True)
 class Saved:
-    """One graph: the faiss index and the node id of each label; as read back, the index has
-    no vectors yet (`adopt` gives it the store's) and `digests` holds each label's."""
+    """One graph: the faiss index and each label's node id; as read back, without vectors
+    (`adopt` gives it the store's) and with each label's `digests`."""
 
     index: Any
     labels: list[str]
@@ -68,10 +59,9 @@ class Saved:
 
 @dataclass(frozen=True, slots=True)
 class Adopted:
-    """What a load keeps of the saved graphs: per graph key, how many of its labels are dead;
-    per live node id, its (type code, label, label in the every-row graph); the snapshot's
-    ids no live label holds; how many labels of the type graphs are dead; and per graph key,
-    the snapshot's row of each label (-1: dead), whose vectors `restore` gives the graph."""
+    """What a load keeps of the saved graphs: per graph, its dead labels and each label's row
+    of the snapshot (-1: dead); per live node id, (type code, label, label in `ALL`); the
+    snapshot's ids no live label holds; and the type graphs' dead labels."""
 
     dead: dict[int, int]
     labels: dict[str, tuple[int, int, int]]
@@ -81,8 +71,7 @@ class Adopted:
 
 
 def discard(folder: Path) -> None:
-    """Deletes every saved version of a repo's graphs, under the folder's lock (after a
-    re-embedding no label would pass the check)."""
+    """Deletes every saved version of a repo's graphs, under the folder's lock."""
     if not folder.is_dir():
         return
     with filelock.FileLock(str(folder / "lock"), timeout=_LOCK_WAIT):
@@ -94,8 +83,7 @@ def discard(folder: Path) -> None:
 
 
 def repo_folder(root: Path, repo: str) -> Path:
-    """A repo's own folder under a store's graph folder, named by the repo's digest (a repo
-    name may hold any character)."""
+    """A repo's folder under a store's graph folder, named by the repo name's digest."""
     return root / hashlib.sha256(repo.encode()).hexdigest()[:24]
 
 
@@ -108,8 +96,7 @@ class GraphFolder:
         self._settings = dict(settings)
 
     def save(self, graphs: Mapping[int, Saved], faiss: Any) -> None:
-        """Writes the graphs as a new version and makes it current (in the caller's thread:
-        the builder's)."""
+        """Writes the graphs as a new version and makes it current (in the builder's thread)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         with self._lock():
             name = f"v-{uuid.uuid4().hex}"
@@ -117,13 +104,11 @@ class GraphFolder:
             try:
                 self._write(version, graphs, faiss)
             except BaseException:
-                # A failed save leaves nothing behind (a full disk stays no fuller), unless
-                # it failed after `current` moved to it.
+                # A failed save leaves nothing behind unless `current` already moved to it.
                 if self._current() != name:
                     shutil.rmtree(version, ignore_errors=True)
                 raise
-            # Older versions, and what a save killed midway left: its version folder and
-            # the pointer's temporary file (`disk.atomic_write`'s ".current.*.tmp").
+            # Older versions, and what a killed save left (its folder, the pointer's tmp file).
             for old in self.folder.iterdir():
                 if old.name != name and old.name.startswith(("v-", ".current.")):
                     if old.is_dir():
@@ -147,9 +132,8 @@ class GraphFolder:
             links = faiss.vector_to_array(writer.data).tobytes()
             (version / f"g{key}.faiss").write_bytes(_pack(links))
             if key != ALL and all(node_id in position for node_id in labels):
-                # Each label's id and digest are those of the every-row graph's last label of
-                # that id: the newest vector the node was inserted with, in both graphs at
-                # once. An older label of the id takes them too, and `adopt` keeps the last.
+                # Each label's id and digest are those of `ALL`'s last label of that id (the
+                # node's newest vector); `adopt` keeps the last of several labels of one id.
                 places = np.fromiter((position[i] for i in labels), dtype="<i4", count=len(labels))
                 (version / f"g{key}.pos").write_bytes(_pack(places.tobytes()))
             else:
@@ -169,8 +153,8 @@ class GraphFolder:
             return None
 
     def load(self, faiss: Any) -> dict[int, Saved] | None:
-        """The current version's graphs, or None when there is none or it cannot be used
-        (a reason is logged)."""
+        """The current version's graphs, or None when there is none or it cannot be used (the
+        reason is logged)."""
         if self._current() is None:
             return None
         try:
@@ -220,8 +204,8 @@ class GraphFolder:
 
 
 def adopt(graphs: Mapping[int, Saved], snap: Snapshot, every: int) -> Adopted:
-    """Checks saved graphs against the index's rows (`snap`): see the module docstring.
-    `every` is the key of the graph of every row; the others are keyed by type code."""
+    """Checks saved graphs against the index's rows (`snap`); `every` is the key of the
+    every-row graph, the others are keyed by type code."""
     live: dict[int, dict[str, int]] = {}
     dead: dict[int, int] = {}
     rows_of: dict[int, npt.NDArray[np.int64]] = {}
@@ -239,8 +223,7 @@ def adopt(graphs: Mapping[int, Saved], snap: Snapshot, every: int) -> Adopted:
             label_in_every = in_every.get(node_id)
             if label_in_every is not None:
                 labels[node_id] = (key, label, label_in_every)
-    # A node live in its type's graph but not in the every-row graph (or the reverse) is
-    # inserted again, into both; its surviving label dies.
+    # A node live in only one of its type's graph and `ALL` is inserted again into both.
     for key, kept in live.items():
         for node_id in kept:
             if node_id not in labels:
@@ -253,8 +236,7 @@ def adopt(graphs: Mapping[int, Saved], snap: Snapshot, every: int) -> Adopted:
 
 
 def restore(saved: Saved, rows: npt.NDArray[np.int64], snap: Snapshot, faiss: Any) -> None:
-    """Gives a graph read back its vectors: each label's row of `snap` (`Adopted.rows`), a
-    zero vector for a dead label (never answered)."""
+    """Gives a graph read back its vectors: each label's row of `snap`, zero for a dead label."""
     dim = int(saved.index.d)
     vectors = np.zeros((len(rows), dim), dtype=np.float32)
     live = rows >= 0
@@ -283,9 +265,9 @@ def digests(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.uint64]:
 def _matching(
     saved: Saved, snap: Snapshot, code: int | None
 ) -> tuple[dict[str, int], npt.NDArray[np.int64]]:
-    """(node id -> label, for the labels whose node is a row of `snap` (of type `code`, or
-    of any type) with the very vector the label was built from, the last label of an id
-    winning when several match; and each label's row of `snap`, -1 for the others)."""
+    """(node id -> label, for labels whose node is a row of `snap` (of type `code`, or any) with
+    the vector the label was built from, the last label of an id winning; and each label's
+    row of `snap`, -1 for the others)."""
     labels = saved.labels
     n = len(labels)
     if n == 0:

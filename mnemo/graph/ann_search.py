@@ -33,9 +33,7 @@ class Graph:
 
 def walks(graphs: dict[int, Graph], codes: Collection[int] | None) -> tuple[list[int], float]:
     """Which graphs a search of these type codes walks, and the share of their rows it wants:
-    the `ALL` graph for every type or for types holding at least half of the live rows (its
-    other rows are dropped at the re-rank, so it fetches 1 / share as many), else one graph
-    per wanted type."""
+    `ALL` for every type or types holding half the live rows, else one graph per type."""
     if ALL not in graphs:
         return list(graphs) if codes is None else list(codes), 1.0
     if codes is None:

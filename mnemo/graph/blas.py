@@ -1,12 +1,6 @@
-"""How many threads numpy's BLAS may use in this process (`Config.blas_threads`).
-
-mnemo's products are small, and an idle multi-threaded OpenBLAS busy-waits holding cores
-(BENCHMARKS.md). The limit is set through threadpoolctl on the BLAS libraries with their own
-threads (threading layer "pthreads"), not on OpenMP ones, whose threads faiss shares. It is the
-process's setting: an application that sets `OPENBLAS_NUM_THREADS`, `OMP_NUM_THREADS`,
-`MKL_NUM_THREADS` or `BLIS_NUM_THREADS` has chosen, and mnemo leaves it alone, as with
-`Config.blas_threads=None`.
-"""
+"""How many threads numpy's BLAS may use in this process (`Config.blas_threads`), set through
+threadpoolctl on the "pthreads" BLAS libraries (not OpenMP ones, which faiss shares). A process
+that set one of `CHOSEN_BY` has chosen, and mnemo leaves it alone."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""How a changeset becomes part of a repo's graph, whatever the backend.
-
-`apply` decides what a changeset adds from the backend's reads (`CommitTarget`) and writes it
-in one transaction with its receipt, so applying it twice returns the first receipt. Tags are
-deduplicated by key, intents, facts and instructions by raw cosine (`graph.dedup`; never against
-a fact the changeset contradicts); links are re-pointed to survivors; a fact or instruction
-joining one of the graph's is recorded among its contributions (`graph.shares`).
-
-LLM merges are decided before the repo's lock and only looked up under it; a merge another
-commit made necessary meanwhile is decided with the lock let go, and the commit tries again.
+"""How a changeset becomes part of a repo's graph, whatever the backend: `apply` decides what
+it adds from the backend's reads (`CommitTarget`) and writes it with its receipt in one
+transaction (applying it twice returns the first receipt). Tags dedup by key; intents, facts and
+instructions by raw cosine (`graph.dedup`). LLM merges are decided before the repo's lock and
+only looked up under it; one needed newly is decided with the lock let go, then it tries again.
 """
 
 from __future__ import annotations
@@ -54,16 +49,14 @@ if TYPE_CHECKING:
 # How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
 MERGE_ROUNDS = 2
 KNOWLEDGE = (NodeType.SEMANTIC, NodeType.PROCEDURAL)
-# The graph's nodes of its type a new fact or instruction is compared with: the nearest
-# before the lock and those committed since, of which the retired ones and those it
-# contradicts are left out.
+# The graph's nodes of its type a new fact or instruction is compared with (the nearest before
+# the lock, plus those committed since).
 NEAREST = 4
 
 
 @dataclass(frozen=True, slots=True)
 class CommitPlan:
-    """What one commit writes, in one transaction: new nodes (draft, final text, final vector),
-    existing intents reworded by a merge, links, and the receipt."""
+    """What one commit writes in one transaction: new nodes, reworded intents, links, receipt."""
 
     repo: str
     changeset_id: str
@@ -75,8 +68,7 @@ class CommitPlan:
     # Where the changeset came from, for its commit record.
     session_id: str | None = None
     source_id: str | None = None
-    # Facts the changeset's facts contradict: (id, valid_to as ISO text, None for
-    # the commit's time); each gets valid_to and retired_at.
+    # Facts the changeset's facts contradict: (id, valid_to as ISO text or None: now).
     retired: tuple[tuple[str, str | None], ...] = ()
     # The graph's facts and instructions the changeset's joined, with what each brought.
     joined: dict[str, Contribution] = field(default_factory=dict)
@@ -116,8 +108,8 @@ class CommitTarget(contradiction.FactSearch, Protocol):
     async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None: ...
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
-        """Writes the plan and the side writes in one transaction (and updates whatever the
-        backend keeps beside its rows, e.g. an in-memory vector index, once it is durable)."""
+        """Writes the plan and the side writes in one transaction (then updates what the
+        backend keeps beside its rows)."""
         ...
 
     async def write_side(self, also: Sequence[SideWrite]) -> None:
@@ -128,8 +120,7 @@ class CommitTarget(contradiction.FactSearch, Protocol):
 @dataclass(frozen=True, slots=True)
 class _Before:
     """What a commit reads before the repo's lock: the facts its facts retire, the graph's
-    facts and instructions nearest to each of its own (by draft id), and the repo's newest
-    commit then (later ones are looked at under the lock)."""
+    nearest facts and instructions to each of its own, and the repo's newest commit then."""
 
     retiring: list[contradiction.Retirement]
     nearest: dict[str, list[str]]
@@ -146,8 +137,7 @@ async def _before(target: CommitTarget, changeset: Changeset, intents: IntentPol
                 changeset.repo, np.stack([d.vector for d in drafts]), kind,
                 max(NEAREST, intents.contradiction_candidates))
             nearest.update(zip([d.id for d in drafts], found, strict=True))
-    # Facts the changeset supersedes (a correction) are retired unasked; the others are asked
-    # before the lock, as merges are.
+    # Facts a correction supersedes are retired unasked; the others are asked before the lock.
     retiring = [
         contradiction.Retirement(link.dst, link.src, None)
         for link in changeset.links if link.type is LinkType.SUPERSEDES
@@ -167,8 +157,7 @@ class _Undecided(Exception):
 
 
 class _Restamped(Exception):
-    """The repo's vectors are of another generation than the changeset's (it was re-embedded
-    since the changeset was made), as seen under the lock."""
+    """The repo's vectors are of another generation than the changeset's (seen under the lock)."""
 
     def __init__(self, generation: int) -> None:
         super().__init__(f"the repo's vectors are of generation {generation}")
@@ -186,18 +175,15 @@ async def apply(
     intents: IntentPolicy,
     also: Sequence[SideWrite] = (),
 ) -> CommitReceipt:
-    """Adds the changeset's nodes and links (deduplicated), durably, once. A changeset made
-    for another generation of the repo's vectors than the store's (`Changeset.generation`:
-    the repo was re-embedded since) is embedded again first (`IntentPolicy.restamp`): its
-    vectors never meet the repo's of another embedder.
+    """Adds the changeset's nodes and links (deduplicated), durably, once. A changeset of
+    an older generation of the repo's vectors is embedded again first
+    (`IntentPolicy.restamp`). On any error nothing was written.
 
     Raises:
-        StorageError: the transaction failed; nothing of it was written.
-        ValueError: a vector is not of the repo's dimension; nothing was written.
-        SourceTaken: a `SourceRecorded` in `also` names a source another writer recorded
-            since the caller looked; nothing was written.
-        EmbeddingError: the changeset is of another generation and could not be embedded
-            again (no `restamp`, or it failed); nothing was written.
+        StorageError: the transaction failed.
+        ValueError: a vector is not of the repo's dimension.
+        SourceTaken: a `SourceRecorded` in `also` names a source another writer recorded.
+        EmbeddingError: the changeset could not be embedded again for the new generation.
     """
     for _ in range(RESTAMPS):
         if changeset.nodes:
@@ -263,10 +249,9 @@ async def _decide_merges(
     *,
     knowledge: bool,
 ) -> tuple[Snapshot, Resolution]:
-    """Runs the intent resolution (and the facts' and instructions', when `knowledge`)
-    without the lock, asking the LLM each pass's merges at once. Returns the intents'
-    resolution with the vectors it was made against: if they are unchanged under the lock, it
-    stands."""
+    """Runs the intent resolution (and the facts', when `knowledge`) without the lock,
+    asking the LLM each pass's merges at once. Returns it with the vectors it was made
+    against: if they are unchanged under the lock, it stands."""
     index = await target.vector_index(changeset.repo)
     seen = index.snapshot()
     asked: list[tuple[str, str]] = []
@@ -292,9 +277,8 @@ async def _decide_merges(
 def _decided_merge(
     decided: dict[tuple[str, str], tuple[str, Vector] | None], *, final: bool
 ) -> IntentMerger:
-    """A merger that only looks up merges decided before the lock. An undecided one makes the
-    commit try again, or in the `final` round keeps the existing wording, as when a merge
-    fails."""
+    """A merger that only looks up merges decided before the lock; an undecided one makes
+    the commit try again (in the `final` round it keeps the existing wording)."""
 
     async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
         if (existing, new) not in decided and not final:
@@ -329,8 +313,8 @@ async def _resolve_intents(
 
 
 def _check_dim(dim: int, vectors: list[tuple[str, Vector]]) -> None:
-    """Checked before comparing and writing: a committed row of the wrong size would make
-    every later load of this repo's vectors fail."""
+    """A committed row of the wrong size would make every later load of the repo's vectors
+    fail."""
     for node_id, vector in vectors:
         if np.shape(vector) != (dim,):
             raise ValueError(
@@ -346,10 +330,9 @@ async def _resolve_knowledge(
     before: _Before,
     out: Resolution,
 ) -> dict[str, Node]:
-    """Resolves the changeset's facts and instructions against the graph's live ones of
-    their type that were nearest before the lock or came since (none that a retirement
-    pairs with the draft, none of another scope), and against each other. Returns the graph
-    nodes compared with."""
+    """Resolves the changeset's facts and instructions against the graph's live nearest
+    ones of their type (not paired by a retirement, not of another scope) and each other.
+    Returns the graph nodes compared with."""
     if not before.nearest:
         return {}
     later = await target.commit_log(changeset.repo, after_seq=before.seq)
@@ -397,8 +380,7 @@ async def _apply_locked(
             await target.write_side(also)
         return done
     for write in also:
-        # Read under the lock that every commit of the repo takes, in every process: two
-        # ingests of one source cannot both pass it.
+        # Under the lock every commit of the repo takes: two ingests of one source cannot pass.
         if isinstance(write, SourceRecorded) and await target.ingested(repo, write.source_id):
             raise SourceTaken(write.source_id)
     index = await target.vector_index(repo)
@@ -460,8 +442,8 @@ async def _apply_locked(
 
 
 def _scoped_tags(changeset: Changeset) -> list[NodeDraft]:
-    """The changeset's drafts, a tag's key made its scope's: a tag is shared only by the
-    nodes of one scope, so that a scope's routes and erasure never reach another's."""
+    """The changeset's drafts, a tag's key made its scope's (a tag is shared only within
+    one scope)."""
     fingerprint = canonical(changeset.metadata)
     if fingerprint is None:
         return changeset.nodes

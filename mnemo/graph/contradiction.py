@@ -1,12 +1,7 @@
-"""Contradicted facts are retired, not deleted.
-
-Before the commit's lock, each new SEMANTIC or PROCEDURAL fact is compared with the closest
-live facts of its type (by vector and by words) and the changeset's earlier facts; the LLM
-("contradiction" task) is asked once per commit, not at all when none is close. A repeat (its
-words all the other's) is not asked about: deduplication joins it. A contradicted fact stays,
-with `valid_to` (when its successor began to hold) and `retired_at` (the commit's time), linked
-from its successor by SUPERSEDES; a new fact naming an earlier time than the one it
-contradicts is the one retired.
+"""Contradicted facts are retired, not deleted: before the commit's lock each new fact is
+compared with the closest live facts of its type and the changeset's earlier ones, and the LLM
+is asked once per commit (not when none is close; a repeat is left to deduplication). A retired
+fact keeps `valid_to` and `retired_at`, linked from its successor by SUPERSEDES.
 """
 
 from __future__ import annotations
@@ -32,15 +27,12 @@ class Question:
     existing: tuple[str, ...]
 
 
-# Answers every question of one commit at once: for each, the positions in `existing` that
-# the new fact ends.
+# Answers every question of one commit at once: the positions in `existing` each new fact ends.
 Contradicts = Callable[[Sequence[Question]], Awaitable[list[set[int]]]]
 
-# Live facts compared with each new one, per channel (vector, words): the default of
-# `Config.contradiction_candidates`.
+# Live facts compared with each new one, per channel (vector, words).
 CANDIDATES = 3
-# How close (cosine) an existing fact must be to a new one to be asked about: the default of
-# `Config.contradiction_similarity`.
+# How close (cosine) an existing fact must be to a new one to be asked about.
 CLOSE = 0.6
 
 
@@ -80,11 +72,10 @@ async def retirements(
     nearest: Mapping[str, list[tuple[str, float]]] | None = None,
     joined: float | None = None,
 ) -> list[Retirement]:
-    """The facts the changeset's facts contradict, asked in one call (none when no fact is
-    `close` to a new one). Each new fact is compared with `candidates` live facts of its type
-    per channel (vector, words; the vector's from `nearest` when given) at a cosine of at least
-    `close`, and with the `candidates` closest facts of its type told before it in the
-    changeset. One at least `joined` close to an old one, with all its words, is not asked."""
+    """The facts the changeset's facts contradict, asked in one call: each new fact against
+    `candidates` live facts of its type per channel (vector, words) at cosine >= `close`, and
+    the `candidates` closest told before it in the changeset. A repeat at least `joined` close
+    is not asked."""
     own = {n.id for n in changeset.nodes}
     told = _told(changeset)
     # A fact ends only facts of its own scope: searched inside it, then checked exactly.
@@ -135,14 +126,13 @@ async def retirements(
 
 
 def _one_fact(new: str, old: str, similarity: float, joined: float | None) -> bool:
-    """Whether `new` is `old` again: at least `joined` close (None: never) and saying nothing
-    more."""
+    """Whether `new` is `old` again: at least `joined` close (None: never), saying no more."""
     return joined is not None and reaches(similarity, joined) and says_no_more(new, old)
 
 
 def _told(changeset: Changeset) -> dict[str, tuple[int, int]]:
-    """When the changeset told each of its nodes: the index of the last step it came from
-    (its PROVENANCE; -1 when none), then its place in the changeset."""
+    """When the changeset told each of its nodes: (index of its last PROVENANCE step or -1,
+    its place)."""
     index = {n.id: n.data.get("index") for n in changeset.nodes if n.type is NodeType.EPISODIC}
     step: dict[str, int] = {}
     for link in changeset.links:
@@ -177,9 +167,7 @@ def _earlier(
 async def still_live(
     graph: FactSearch, repo: str, planned: list[Retirement], added: set[str]
 ) -> list[Retirement]:
-    """The retirements that still apply under the lock: the new fact is being added, and
-    the existing one is still there and live (another commit may have retired or removed it
-    since they were decided)."""
+    """The retirements that still apply under the lock (the old fact still there and live)."""
     pairs = [r for r in planned if r.retired in added or r.successor in added]
     existing = [i for r in pairs for i in (r.retired, r.successor) if i not in added]
     live = {n.id for n in await graph.get_nodes(repo, existing) if not n.retired}

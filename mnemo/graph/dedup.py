@@ -1,14 +1,8 @@
 """How a changeset's TAG, INTENT, SEMANTIC and PROCEDURAL nodes meet the ones already there.
-
-Tags are the same when their normalised labels are equal. Intents, facts and instructions are
-compared by raw cosine with nodes of their type, in the batch and in the graph: at the identity
-threshold the new one is dropped, at the merge threshold the LLM merges the two wordings (the
-existing one stays on failure; a new one whose words are all the existing one's is dropped
-unasked), below it it is kept. Links to a dropped or merged node go to the survivor.
-
-Facts and instructions are one only when `alike` (cosine alone joins "port 8000" and "port
-8001") and of one scope; their merge keeps every word of the fuller wording
-(`merged_knowledge`).
+Tags are one when their normalised labels are; the others by raw cosine with nodes of their
+type: at the identity threshold the new one is dropped, at the merge threshold the LLM merges
+the wordings (the existing one stays on failure), below it is kept. Facts and instructions are
+one only when `alike` (cosine alone joins "port 8000" and "port 8001") and of one scope.
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ from mnemo.graph.vectors import COSINE_TOLERANCE, VectorIndex, cosine, reaches, 
 
 # Merges two intent wordings into one, with its vector; None keeps the existing wording.
 IntentMerger = Callable[[str, str], Awaitable[tuple[str, Vector] | None]]
-# Merges many (existing, new) pairs at once, an answer per pair (one model call for a commit).
+# Merges (existing, new) pairs at once, an answer per pair.
 IntentMerges = Callable[[Sequence[tuple[str, str]]], Awaitable[list[tuple[str, Vector] | None]]]
 # Looks up (id, text) of existing intents by id.
 TextLookup = Callable[[list[str]], Awaitable[dict[str, str]]]
@@ -39,8 +33,7 @@ _NEGATIONS = frozenset(
     _text.stem(w) for w in "not no never none nothing nobody neither nor without cannot".split())
 
 
-# Past this length a text is one word of its own (what it says is compared whole): its
-# words would be stemmed on the event loop, and a statement that long is no one fact.
+# Past this length a text is one word of its own, compared whole (no stemming on the loop).
 _SAID_CHARS = 2_000
 
 
@@ -53,16 +46,14 @@ def _said(text: str) -> set[str]:
 
 def alike(a: str, b: str, said: Callable[[str], set[str]] = _said) -> bool:
     """Whether two facts (or instructions) may be one node: the words of one (stemmed, bar
-    articles and joiners) are all words of the other, and what the other adds is no
-    negation. `said` reads a text's words (a caller comparing many pairs caches it)."""
+    articles and joiners) are all the other's, and what the other adds is no negation."""
     small, big = sorted((said(a), said(b)), key=len)
     return small <= big and not (big - small) & _NEGATIONS
 
 
 def says_no_more(new: str, old: str, said: Callable[[str], set[str]] = _said) -> bool:
     """Whether `new` says nothing `old` does not: its words (stemmed, bar articles and
-    joiners) are all `old`'s, and what `old` adds is no negation (a repeat, a rewording or a
-    part of it, which deduplication drops into `old` when close)."""
+    joiners) are all `old`'s, and what `old` adds is no negation."""
     small, big = said(new), said(old)
     return small <= big and not (big - small) & _NEGATIONS
 
@@ -99,8 +90,7 @@ async def resolve_intents(
     merge_threshold: float,
     out: Resolution,
 ) -> None:
-    """Drops, merges or keeps each INTENT draft against the graph's intents (all of them, one
-    matrix product) and earlier drafts (`resolve`)."""
+    """Drops, merges or keeps each INTENT draft against the graph's intents and earlier drafts."""
     intents = [d for d in drafts if d.type is NodeType.INTENT]
     if not intents:
         return
@@ -128,10 +118,8 @@ async def resolve(
     knowledge: bool = False,
 ) -> None:
     """Drops, merges or keeps each of `drafts` (of one type) against its `nearest` graph nodes
-    (whose texts `known` or `texts_of` gives) and the earlier drafts kept, by the thresholds;
-    facts and instructions (`knowledge`) only with one `alike` (drafts of their `scope`: the
-    caller leaves other scopes' graph nodes out of `nearest`), merged by `merged_knowledge`.
-    The drafts are compared with each other in one matrix product."""
+    and the earlier drafts kept, by the thresholds; facts and instructions (`knowledge`) only
+    with one `alike`, merged by `merged_knowledge`."""
     vectors = unit(np.stack([d.vector for d in drafts]))
     to_batch = vectors @ vectors.T
     kept: dict[str, str] = {}  # id -> text of the drafts kept
@@ -172,8 +160,7 @@ async def resolve(
         best_id, best_sim = chosen
         out.remap[draft.id] = best_id
         existing = await text(best_id)
-        # A draft that says nothing more is dropped (no merge could add to the wording); an
-        # intent identical to the other too; a fact that says more is merged.
+        # A draft that says nothing more is dropped, as is an intent identical to the other.
         if says_no_more(draft.text, existing, said) or (
                 not knowledge and reaches(best_sim, identity_threshold)):
             continue
@@ -188,9 +175,8 @@ async def resolve(
 async def merged_knowledge(
     merge: IntentMerger, existing: str, draft: NodeDraft
 ) -> tuple[str, Vector] | None:
-    """The wording of a fact (an instruction) merged with one `alike`: the LLM is asked with
-    the fuller of the two as the existing wording, and an answer that drops a word of it is
-    not taken: the fuller wording is (None: the existing one)."""
+    """The merged wording of a fact with one `alike`: the LLM's answer is taken only if it
+    keeps every word of the fuller wording, else the fuller one is (None: the existing)."""
     new_fuller = len(_said(draft.text)) > len(_said(existing))
     fuller, other = (draft.text, existing) if new_fuller else (existing, draft.text)
     merged = await merge(fuller, other)

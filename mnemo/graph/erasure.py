@@ -1,13 +1,7 @@
 """What withdrawing commits (`forget` of a source, `revert` of a commit) must re-word: an
-intent that outlives the source it has words of, and a fact or instruction that other commits
-are evidence for too (`mnemo.graph.shares`).
-
-An INTENT may hold words of several sources (dedup and LLM merges). Forgetting a source deletes
-the intents only it linked; one another source's procedures still use takes the wording of the
-oldest such procedure (`data["intent"]`), with its vector and source, so nothing of the
-forgotten source stays; one left with no worded procedure, or no link, is deleted. A wording
-that cannot be embedded fails the forget with nothing deleted. The backends read the rows and
-write the result in the forget's own transaction.
+intent that outlives the source it has words of (it takes the wording of the oldest other
+source's procedure, or goes), and a fact or instruction other commits share
+(`mnemo.graph.shares`). A wording that cannot be embedded fails the forget with nothing deleted.
 """
 
 from __future__ import annotations
@@ -34,10 +28,9 @@ class IntentWording:
 def heirs(
     intents: Iterable[str], procedures: Iterable[tuple[str, object, str | None]]
 ) -> tuple[dict[str, IntentWording], list[str]]:
-    """(intent -> its heir, intents to delete) for `intents` (the ones the forgotten source
-    created or re-worded), from `procedures`: (intent id, data, source id) of each procedure
-    of another source linked to one of them, oldest first. An intent with no such procedure
-    is not named: it is left without links, and goes with the other orphans."""
+    """(intent -> its heir, intents to delete) for `intents` (those the forgotten source
+    created or re-worded), from `procedures` of other sources linked to them, oldest first. An
+    intent with no such procedure is left unlinked and goes with the other orphans."""
     linked: dict[str, list[tuple[object, str | None]]] = {}
     for intent_id, data, source_id in procedures:
         linked.setdefault(intent_id, []).append((data, source_id))
@@ -60,9 +53,7 @@ def heirs(
 @dataclass(frozen=True, slots=True)
 class Scope:
     """What is withdrawn: the commits (`records`: all, to erase; `commits`: those not reverted
-    yet, whose work goes) and the nodes, rewordings, joins, links and retirements they made.
-    For a forget, the commits of an ingested source, a session or an episode; for a revert,
-    the one commit."""
+    yet) and the nodes, rewordings, joins, links and retirements they made."""
 
     records: list[str]
     commits: list[str]
@@ -80,10 +71,9 @@ Shared = tuple[str, Contribution, Owners | None, bool]
 
 @dataclass(frozen=True, slots=True)
 class Inherited:
-    """What `heirs` and `shares.withdraw` read: the intents the withdrawn commits created or
-    re-worded, (intent, procedure, its data, its source) of the procedures linked to them
-    (oldest first), the facts and instructions the commits created or joined, and the
-    commits. A procedure among those takes part as it reads once they are withdrawn."""
+    """What `heirs` and `shares.withdraw` read: the intents the commits created or re-worded,
+    the procedures linked to them (oldest first), the facts and instructions the commits
+    created or joined, and the commits."""
 
     intents: list[str]
     procedures: list[tuple[str, str, object, str | None]]
@@ -93,10 +83,9 @@ class Inherited:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What a withdrawal does beside deleting the commits' own nodes: `intents` (those they
-    created or re-worded) are deleted when left without links, `heirs` re-worded (with their
-    wording's vector), `dropped` deleted though linked; each of `shared` goes (None) or
-    stays as `Left` says, with the vector of its new wording if it changed."""
+    """What a withdrawal does beside deleting the commits' own nodes: `intents` go when left
+    unlinked, `heirs` are re-worded, `dropped` deleted though linked; each of `shared` goes
+    (None) or stays as `Left` says, with its new wording's vector."""
 
     intents: list[str]
     heirs: dict[str, tuple[IntentWording, Vector]]
@@ -112,8 +101,7 @@ class Plan:
 # The delete itself, in one transaction: the ids of the nodes that went.
 Delete = Callable[[Plan], Awaitable[list[str]]]
 
-# Rounds a forget embeds outside the repo's lock before, having found the graph changed
-# under it each time, it holds the lock for its embedding too.
+# Rounds a forget embeds outside the lock before it embeds under the lock (no starvation).
 ATTEMPTS = 3
 
 
@@ -124,11 +112,10 @@ async def forget(
     delete: Delete,
     check: Callable[[], Awaitable[None]] | None = None,
 ) -> list[str]:
-    """A source's forget: the heirs' wordings are embedded before the repo's `lock`, then under
-    it the rows are read again and the delete runs if nothing changed, else it goes round again;
-    the last of `ATTEMPTS` rounds embeds under the lock (no starvation). Returns the ids of the
-    nodes that went. `check` runs under the lock before a delete that writes heirs' vectors and
-    raises to stop it (the repo was re-embedded since).
+    """A source's forget: the heirs' wordings are embedded before the repo's `lock`, then
+    under it the rows are read again and the delete runs if nothing changed, else it goes
+    round again (the last round embeds under the lock). `check` runs under the lock before a
+    delete that writes vectors, and raises to stop it. Returns the ids of the nodes that went.
 
     Raises:
         EmbeddingError: a wording could not be embedded (in time); nothing was deleted.
@@ -150,8 +137,7 @@ async def forget(
 
 
 async def inheritance(inherited: Inherited, embed: Embed) -> Plan:
-    """The plan of `heirs` and of `shares.withdraw`, each new wording with its vector (one
-    call of `embed` for all).
+    """The plan of `heirs` and `shares.withdraw`, new wordings embedded in one call.
 
     Raises:
         EmbeddingError: as `embed`.

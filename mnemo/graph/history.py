@@ -1,14 +1,8 @@
-"""A repo's commits as a history: list them, see what one changed, undo one.
-
-Every commit leaves a `CommitRecord` in its own transaction: the ids (never the text) of what
-it added, joined, linked, retired and reworded, so erasing a node erases it from history too.
-
-`revert` withdraws one commit's work as a forget does (`mnemo.graph.erasure`: nodes only it
-made go, shared ones keep the others' wording, its links lose its count, the facts it retired
-hold again) and records a revert (`reverts`; the reverted record gets `reverted_by`). It
-refuses (`ConflictError`, naming the commit to revert first) when a later commit retired a fact
-it holds or linked to a node only it held; sharing a node (a later link or join) is not
-building on.
+"""A repo's commits as a history: list them, see what one changed, undo one. Each commit's
+`CommitRecord` holds ids only (never text), so erasing a node erases it from history too.
+`revert` withdraws one commit's work as a forget does (`mnemo.graph.erasure`) and records the
+revert; it refuses (`ConflictError`, naming the commit to revert first) when a later commit
+retired one of its facts or linked to a node only it held.
 """
 
 from __future__ import annotations
@@ -28,17 +22,16 @@ from mnemo.inputs import check_count, check_id
 if TYPE_CHECKING:
     from mnemo.graph.ports import GraphHistory
 
-# The nodes a revert deletes when only its commit holds them: a later commit's link to one of
-# them is work built on it. The others stay while something links to them.
+# The nodes a revert deletes when only its commit holds them (a later link to one is work
+# built on it); the others stay while something links to them.
 _HELD = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
 
 
 @dataclass(frozen=True, slots=True)
 class CommitRecord:
-    """One applied changeset of a repo, or the revert of one: its id, its place in the repo's
-    order (`seq`), when it was applied, its session or ingested source, and the ids of what it
-    added, linked, retired, reworded and joined. A reverted commit names its revert
-    (`reverted_by`); a revert names the commit it undid (`reverts`) and adds nothing."""
+    """One applied changeset of a repo, or the revert of one: its id, its place (`seq`), when,
+    its session or source, and the ids of what it added, linked, retired, reworded and joined;
+    `reverted_by` / `reverts` link a commit and its revert."""
 
     id: str
     repo: str
@@ -69,8 +62,8 @@ class CommitRecord:
 
 @dataclass(frozen=True, slots=True)
 class CommitDiff:
-    """What one commit changed: the nodes it added and the facts it retired that are still in
-    the graph (erased or reverted ones are left out), and the links it made."""
+    """What one commit changed: the nodes it added and the facts it retired still in the
+    graph, and the links it made."""
 
     commit: CommitRecord
     nodes: list[Node] = field(default_factory=list)
@@ -114,10 +107,9 @@ async def diff(graph: GraphHistory, repo: str, commit_id: str) -> CommitDiff:
 async def revert(
     graph: GraphHistory, repo: str, commit_id: str, *, embed: Embed, generation: int | None = None
 ) -> CommitDiff:
-    """Undoes the commit in one transaction (see the module's docstring) and records the
-    revert; an ingested source's id is free again. `embed` makes the vectors of the wordings
-    shared nodes take (`generation`: of the repo's vectors it makes). Returns what was undone,
-    its record naming the revert.
+    """Undoes the commit in one transaction and records the revert; an ingested source's id
+    is free again. `embed` makes the vectors of shared nodes' new wordings (of `generation`).
+    Returns what was undone, its record naming the revert.
 
     Raises:
         InvalidInputError: a blank id, or no such commit in the repo.
@@ -144,10 +136,9 @@ async def revert(
 
 
 async def _built_on(graph: GraphHistory, record: CommitRecord) -> str | None:
-    """Why later work depends on the commit, naming the later commit: None if it can be
-    reverted. A later commit that retired one of its facts, or linked to a node only it
-    holds (made, or joined when no earlier commit still holds it), built on it; not when a
-    commit in between (or that one) joined the node: the node stays, theirs."""
+    """The later commit that built on this one, with why, or None if it can be reverted: one
+    that retired one of its facts, or linked to a node only it holds (unless a commit in
+    between joined that node)."""
     later = [c for c in await graph.commit_log(record.repo, after_seq=record.seq)
              if not (c.reverted_by or c.reverts)]
     # The nodes it joined that no earlier commit still holds (their maker was reverted).
@@ -167,13 +158,11 @@ async def _built_on(graph: GraphHistory, record: CommitRecord) -> str | None:
                          if not shared(i, other))
         if retired:
             return f"commit {other.id!r} retired its fact {retired[0]!r}; revert it first"
-    # A link to one of its nodes that it did not make is built on it; one no commit made,
-    # `consolidate` moved there.
+    # A link to one of its nodes that it did not make is built on it (none made: consolidate).
     made = {(k.src, k.dst, k.type) for k in record.links}
     links_of = {c.id: {(k.src, k.dst, k.type) for k in c.links} for c in later}
     for n in await graph.neighbors(record.repo, sorted(held)):
-        # A neighbour stands for the links of either direction between the two: those of a
-        # direction the commit did not make are someone else's.
+        # A neighbour stands for both directions; those the commit did not make are another's.
         ends = {(n.origin, n.node_id, n.link_type), (n.node_id, n.origin, n.link_type)}
         makers = [c for c in reversed(later) if (ends - made) & links_of[c.id]]
         by = next((c.id for c in makers if not shared(n.origin, c)), None)
@@ -188,9 +177,8 @@ async def _built_on(graph: GraphHistory, record: CommitRecord) -> str | None:
 async def goals(
     read: Callable[[str], Awaitable[Node | None]], records: Iterable[CommitRecord]
 ) -> dict[str, str]:
-    """Each commit's goal, by commit id: the text of the SOURCE node it added (the goal of
-    the session's episode it committed, or of an ingested trajectory), read with `read`.
-    None for a commit that added no source (a correction) or whose source is erased."""
+    """Each commit's goal, by commit id: the text of the SOURCE node it added, read with
+    `read`; None for a commit without one (a correction) or whose source is erased."""
     found: dict[str, str] = {}
     for record in records:
         # A node's id starts with its type (`source_episode_...`, `source_ingest_...`).

@@ -1,10 +1,6 @@
 """Graph maintenance: merge semantic duplicates, let worthless memories decay, and check (and
-repair) episodic integrity.
-
-Each operation holds the repo's write lock from its first read to its last write and writes in
-one transaction, so a commit (which resolves tags and intents before writing) runs wholly before
-or after it. Only access counts, which recall updates without the lock, are read inside the
-transaction. `node_value` is in `graph/model.py`.
+repair) episodic integrity. Each operation holds the repo's write lock from its first read to its
+last write and writes in one transaction, so a commit runs wholly before or after it.
 """
 
 from __future__ import annotations
@@ -45,8 +41,7 @@ class MergeResult:
 
 @dataclass(frozen=True, slots=True)
 class SweepResult:
-    """What one decay transaction did: nodes examined, deleted for low value, and routing or
-    source nodes pruned because nothing linked to them any more."""
+    """What one decay transaction did: nodes examined, deleted, and routing nodes pruned."""
 
     examined: int
     doomed: list[str]
@@ -59,9 +54,8 @@ class SweepResult:
 
 @dataclass(frozen=True, slots=True)
 class ConsolidationReport:
-    """What `consolidate` did: `examined` semantic nodes were compared with the rest, `merged`
-    of them were folded into a survivor and deleted, `links_moved` links were re-pointed to a
-    survivor, and `tags_pruned` tags left with no links were deleted."""
+    """What `consolidate` did: semantic nodes `examined`, `merged` into a survivor, links
+    re-pointed (`links_moved`) and unlinked tags deleted (`tags_pruned`)."""
 
     examined: int
     merged: int
@@ -71,9 +65,8 @@ class ConsolidationReport:
 
 @dataclass(frozen=True, slots=True)
 class DecayReport:
-    """What `decay` did: `examined` memories (episodic, semantic, procedural) were valued,
-    `deleted` of them fell below the threshold, and `pruned` routing and source nodes were left
-    with no links and deleted."""
+    """What `decay` did: memories `examined`, `deleted` below the threshold, and routing and
+    source nodes left unlinked and `pruned`."""
 
     examined: int
     deleted: int
@@ -82,15 +75,10 @@ class DecayReport:
 
 @dataclass(frozen=True, slots=True)
 class ValidationReport:
-    """What `validate_episodic` found and repaired.
-
-    `missing_subgoal` / `missing_source`: EPISODIC nodes without a link to a SUBGOAL / SOURCE;
-    `links_restored`: those links re-created (from the step's trajectory or episode siblings);
-    `dangling_links`: links to a node that does not exist, all deleted; `missing_vectors` /
-    `bad_vectors`: nodes without a vector / vectors of the wrong size (reported only: mnemo
-    cannot re-embed here); `fts_rebuilt`: the full-text index disagreed with the nodes and was
-    rebuilt.
-    """
+    """What `validate_episodic` found and repaired: EPISODIC nodes without a SUBGOAL / SOURCE
+    link (`missing_subgoal` / `missing_source`), those re-created (`links_restored`), dangling
+    links deleted, nodes without a vector or with one of the wrong size (reported only), and
+    whether the full-text index was rebuilt (`fts_rebuilt`)."""
 
     episodic: int
     missing_subgoal: int
@@ -118,11 +106,10 @@ async def consolidate(
 ) -> ConsolidationReport:
     """Merges the repo's SEMANTIC near-duplicates (raw cosine >= `config.consolidate_threshold`).
 
-    Each node not compared before (every one with `full=True`) is compared with every other
-    SEMANTIC node. A group's survivor (highest confidence, then oldest) takes the others' links,
-    concepts, highest confidence, summed access counts, latest access and ids (in
-    `data["merged_from"]`); they are deleted, and so are tags left unlinked. Nodes of two ingest
-    sources or two scopes are never merged.
+    Each node not compared before (all with `full=True`) is compared with every other SEMANTIC
+    node. A group's survivor (highest confidence, then oldest) takes the others' links,
+    concepts, highest confidence, access counts and ids (`data["merged_from"]`); they and the
+    tags left unlinked are deleted. Nodes of two sources or two scopes never merge.
 
     Raises:
         StorageError: the transaction failed; nothing was changed.
@@ -154,10 +141,8 @@ async def consolidate(
 def _similar_pairs(
     matrix: Vector, new_rows: npt.NDArray[np.int64], threshold: float
 ) -> list[tuple[int, int]]:
-    """Pairs (i, j) of rows with a dot product >= threshold where i is new, each pair once.
-
-    Blocks of new rows against all rows bound the score matrix to `_BLOCK_CELLS` cells.
-    """
+    """Pairs (i, j) of rows with a dot product >= threshold where i is new, each pair once,
+    in blocks of at most `_BLOCK_CELLS` scores."""
     n = len(matrix)
     if n < 2 or len(new_rows) == 0:
         return []
@@ -181,10 +166,9 @@ def relinks(
     steps: list[tuple[str, str | None]], owners: Mapping[str, str], existing: set[str],
     prefix: str, *, to_step: bool,
 ) -> list[tuple[str, str]]:
-    """The (src, dst) links `validate` restores: each unlinked step to the subgoal (`to_step`:
-    subgoal -> step) or source (step -> source) of its trajectory or episode, the one another
-    of its steps is linked to (`owners`), else the node named `prefix` + its group when it is
-    among `existing`."""
+    """The (src, dst) links `validate` restores: each unlinked step to the subgoal
+    (`to_step`) or source of its group, the one another of its steps links (`owners`), else
+    the node named `prefix` + its group if among `existing`."""
     found: list[tuple[str, str]] = []
     for step, group in steps:
         owner = None if group is None else owners.get(group) or (
@@ -206,10 +190,7 @@ def merge_groups(
     sources: Mapping[str, str | None],
 ) -> dict[str, list[str]]:
     """Survivor -> the nodes merged into it. A node joins the best-ranked similar node still
-    free, never a chain: everything merged into a survivor is itself similar to it.
-
-    Only nodes of one source (`sources`; None for a session's commit) merge, so a `forget` of
-    one source never takes a fact another stated."""
+    free, never a chain; only nodes of one source (`sources`) merge."""
     neighbours: dict[str, list[str]] = {}
     for a, b in pairs:
         if a in rows and b in rows and sources.get(a) == sources.get(b):
@@ -272,10 +253,9 @@ def _strings(value: object) -> list[str]:
 async def decay(
     graph: GraphMaintenance, repo: str, config: Config, *, now: datetime | None = None
 ) -> DecayReport:
-    """Deletes the repo's memories (EPISODIC, SEMANTIC, PROCEDURAL) whose `node_value` at `now`
-    (default: the current time) is below `config.decay_threshold`, with their links, vectors
-    and search entries; then the TAG, INTENT, SUBGOAL and SOURCE nodes left with no links.
-    Routing nodes are never valued or deleted for themselves.
+    """Deletes the repo's memories whose `node_value` at `now` (default: now) is below
+    `config.decay_threshold`, with their links, vectors and search entries; then the routing
+    nodes (never valued themselves) left with no links.
 
     Raises:
         StorageError: the transaction failed; nothing was changed.
@@ -292,13 +272,10 @@ async def decay(
 
 
 async def validate_episodic(graph: GraphMaintenance, repo: str) -> ValidationReport:
-    """Checks the repo's episodic integrity and repairs what can be repaired.
-
-    An EPISODIC node without a SUBGOAL (SOURCE) link is linked again to its trajectory's
-    (episode's) other steps' one, or to `subgoal_<trajectory_id>` (`source_<episode_id>`) if
-    it exists. Dangling links are deleted; missing or wrong-size vectors are counted. The
-    full-text index (FTS5 'integrity-check', every repo of the file) is rebuilt when it
-    disagrees with the nodes.
+    """Checks the repo's episodic integrity and repairs what can be repaired: an EPISODIC
+    node without a SUBGOAL (SOURCE) link is linked to its group's as `relinks` finds it;
+    dangling links are deleted; bad vectors are counted; the full-text index is rebuilt when
+    it disagrees with the nodes.
 
     Raises:
         StorageError: the transaction failed; nothing was changed.

@@ -1,12 +1,5 @@
 """The knowledge graph's values (node and link types, nodes, changesets, receipts) and
-`node_value`, a node's worth beyond its relevance: recency x frequency x reward. Recall ranks
-by relevance x value ^ `Config.value_weight`; `decay` deletes what is below
-`Config.decay_threshold`.
-
-- recency: 2^(-age / half-life), age from the last access (or creation) in whole hours;
-- frequency: log(1 + accesses) / log(1 + 10), never below `frequency_floor`;
-- reward: a step's reward, an instruction's return score / 10 or a fact's confidence,
-  softened to 0.5 + r / 2; 1 for other nodes.
+`node_value`, a node's worth beyond its relevance: recency x frequency x reward.
 """
 
 from __future__ import annotations
@@ -62,7 +55,7 @@ class _StoredNames(dict[str, Member]):
         raise StorageError("corrupt", f"a stored row names an unknown type {name!r}")
 
 
-# A dict lookup, cheaper than `NodeType(name)` (a recall hop decodes hundreds of rows).
+# A dict lookup, cheaper than `NodeType(name)`.
 NODE_TYPES: dict[str, NodeType] = _StoredNames((kind.value, kind) for kind in NodeType)
 LINK_TYPES: dict[str, LinkType] = _StoredNames((kind.value, kind) for kind in LinkType)
 
@@ -76,14 +69,13 @@ class Node:
     text: str
     data: JSONObject
     created_at: datetime
-    # Bi-temporal facts (SEMANTIC and PROCEDURAL nodes): when the fact held in the
-    # world, and when mnemo recorded and retired it. None where unknown or still open.
+    # Bi-temporal facts (SEMANTIC and PROCEDURAL): when the fact held in the world, and when
+    # mnemo recorded and retired it; None where unknown or still open.
     valid_from: datetime | None = None
     valid_to: datetime | None = None
     recorded_at: datetime | None = None
     retired_at: datetime | None = None
-    # Who the node belongs to: the metadata of the session, ingest or correction that made it
-    # (`mnemo.graph.scope`); `{}` for none.
+    # Who the node belongs to (`mnemo.graph.scope`); `{}` for none.
     metadata: dict[str, str | int | float | bool] = field(default_factory=dict)
 
     @property
@@ -125,8 +117,7 @@ class Changeset:
     step_ids: list[str] = field(default_factory=list)
     # The extraction tasks left out, each with why (`Config.partial_commits`).
     missing: list[str] = field(default_factory=list)
-    # The generation of the repo's vectors its nodes' vectors were made for (`RepoRow.
-    # generation`): a commit to a repo re-embedded since embeds them again first.
+    # The generation of the repo's vectors its vectors were made for (re-embedded if stale).
     generation: int = 0
     # The scope every node it adds carries (`Node.metadata`).
     metadata: dict[str, str | int | float | bool] = field(default_factory=dict)
@@ -145,7 +136,7 @@ class Changeset:
             raw["generation"] = self.generation
         if self.metadata:
             raw["metadata"] = self.metadata
-        # msgspec, keys sorted as json's sort_keys.
+        # msgspec, keys sorted.
         return _SORTED_JSON.encode(raw).decode()
 
     @classmethod
@@ -165,8 +156,8 @@ class Changeset:
 
 @dataclass(frozen=True, slots=True)
 class CommitReceipt:
-    """What a commit added: the ids of the nodes it created, durable when returned, and the
-    extraction tasks whose part it lacks, each with why (`Config.partial_commits`)."""
+    """What a commit added: the ids of the nodes it created (durable when returned), and the
+    extraction tasks whose part it lacks, each with why."""
 
     changeset_id: str
     repo: str
@@ -193,18 +184,16 @@ TEMPORAL = frozenset({NodeType.SEMANTIC, NodeType.PROCEDURAL})
 
 
 def times(node: NodeDraft, recorded: str) -> tuple[str | None, str | None]:
-    """(recorded_at, valid_from) of a new node as ISO text: a fact is recorded when its commit
-    is, and holds from the time its draft names, else from then; other nodes have neither."""
+    """(recorded_at, valid_from) of a new node as ISO text: a fact's are its commit's time (or
+    the draft's `valid_from`); other nodes have neither."""
     if node.type not in TEMPORAL:
         return None, None
     return recorded, recorded if node.valid_from is None else node.valid_from.isoformat()
 
 
 def correction(repo: str, old: Node, text: str, vector: Vector, generation: int) -> Changeset:
-    """A changeset of one fact, `text` (of `old`'s type, data and scope), that supersedes
-    `old`: committed, it retires `old` as a contradicting fact does
-    (`mnemo.graph.contradiction`: kept, with `valid_to`, linked from its successor by
-    SUPERSEDES)."""
+    """A changeset of one fact, `text` (of `old`'s type, data and scope), that supersedes and
+    retires `old` when committed."""
     new_id = f"{old.type.value}_{uuid.uuid4().hex}"
     return Changeset(
         id=f"changeset_{uuid.uuid4().hex}",
@@ -217,8 +206,8 @@ def correction(repo: str, old: Node, text: str, vector: Vector, generation: int)
 
 
 def step_window(node_id: str, width: int) -> list[str]:
-    """The ids of the EPISODIC nodes up to `width` steps before and after `node_id`'s step in
-    its episode, nearest first, existing or not; none for an id not "episodic_<episode>:<i>"."""
+    """The ids of the EPISODIC nodes up to `width` steps around `node_id`'s in its episode,
+    nearest first, existing or not; none for an id not "episodic_<episode>:<i>"."""
     head, colon, index = node_id.rpartition(":")
     if not (colon and head.startswith("episodic_") and index.isascii() and index.isdigit()):
         return []
@@ -226,14 +215,12 @@ def step_window(node_id: str, width: int) -> list[str]:
     return [f"{head}:{i}" for d in range(1, width + 1) for i in (at - d, at + d) if i >= 0]
 
 
-# A tag's identity keeps this many characters of its label: a key must fit PostgreSQL's index
-# entries (2,704 bytes, beside the repo's name).
+# A tag's identity keeps this many characters of its label (it must fit an index entry).
 MAX_LABEL_CHARS = 200
 
 
 def normalise_label(label: str) -> str:
-    """A tag's identity: trimmed, lower-case, inner whitespace collapsed, at most
-    `MAX_LABEL_CHARS` characters (two labels that agree that far are one tag)."""
+    """A tag's identity: trimmed, lower-case, whitespace collapsed, at most `MAX_LABEL_CHARS`."""
     return " ".join(label.split()).lower()[:MAX_LABEL_CHARS].rstrip()
 
 
@@ -297,17 +284,15 @@ def recency(age_days: float, half_life_days: float) -> float:
 
 
 def frequency(access_count: int, floor: float) -> float:
-    """log(1 + accesses) / log(1 + 10), capped at 1 and never below `floor`, so a node nobody
-    has recalled yet is not buried and ten recalls make it count double."""
+    """log(1 + accesses) / log(1 + 10), capped at 1 and never below `floor`."""
     raw = math.log1p(max(access_count, 0)) / math.log1p(_FULL_FREQUENCY)
     return max(floor, min(1.0, raw))
 
 
 def reward(kind: NodeType, data: Mapping[str, object]) -> float:
     """What the pipeline learned of the node, in [0.5, 1]: an EPISODIC step's `reward`, a
-    PROCEDURAL instruction's `return_score` / 10, a SEMANTIC fact's `confidence` (0.5 when
-    missing), softened to 0.5 + r / 2 so a failed step still counts, just less; 1 for the other
-    types."""
+    PROCEDURAL `return_score` / 10, a SEMANTIC `confidence` (0.5 when missing), softened to
+    0.5 + r / 2; 1 for the other types."""
     raw: object
     if kind is NodeType.EPISODIC:
         raw = data.get("reward")
@@ -333,14 +318,11 @@ def node_value(
     now: datetime,
     config: Config,
 ) -> float:
-    """A node's worth apart from any query, in (0, 1]: recency decay x frequency floor x reward.
-
-    Recency counts whole hours from the last access, or from creation for a node never
-    recalled, with `config.recency_half_life_days`; the frequency factor never drops below
-    `config.frequency_floor`. Naive datetimes are taken as UTC. Recall multiplies it by the
-    relevance; `decay` deletes what falls below `config.decay_threshold`.
+    """A node's worth apart from any query, in (0, 1]: recency x frequency x reward. Recency
+    counts whole hours from the last access (or creation) with `config.recency_half_life_days`;
+    frequency never drops below `config.frequency_floor`. Naive datetimes are UTC.
     """
-    # `recency`, `frequency` and `reward` inlined, same operations in the same order (hot path).
+    # `recency`, `frequency` and `reward` inlined (hot path).
     seen = created_at if created_at.tzinfo is not None else _utc(created_at)
     if last_access is not None:
         last = last_access if last_access.tzinfo is not None else _utc(last_access)

@@ -1,7 +1,5 @@
-"""The graph's port, cut by role (`NodeReads`, `RecallReads`, `GraphWrites`, `GraphHistory`,
-`GraphMaintenance`, `Reembedding`; a backend implements all of them as `GraphStore`), and the
-side writes (`SideWrite`: session or ingest rows) a commit writes in its own transaction.
-"""
+"""The graph's port, cut by role (a backend implements all of them as `GraphStore`), and the
+side writes (`SideWrite`) a commit writes in its own transaction."""
 
 from __future__ import annotations
 
@@ -85,9 +83,8 @@ class PendingRead(Protocol[T_co]):
 
 @dataclass(frozen=True, slots=True)
 class NodeContext:
-    """What recall reads about its best candidates in one round trip (`node_context`): the
-    nodes (in the order asked, unknown ids left out), their access stats (count, last
-    access), the links of one type of those whose type was asked for, and their unit vectors."""
+    """What recall reads about its best candidates in one round trip: the nodes (in the order
+    asked, unknown ids left out), their access stats, some of their links, their unit vectors."""
 
     nodes: list[Node]
     stats: dict[str, tuple[int, datetime | None]]
@@ -95,42 +92,35 @@ class NodeContext:
     vectors: dict[str, Vector] = field(default_factory=dict)
 
 
-# What a `node_context` reads next, from what it read first: more node ids, and the types of
-# those whose links to read.
+# What a `node_context` reads next from what it read first: more node ids, and link types.
 More = Callable[[NodeContext], tuple[Sequence[str], Iterable[NodeType]]]
 
 
-# A changeset made for an earlier generation of the repo's vectors, embedded again for
-# the generation given (`mnemo.graph.commit.apply`).
+# A changeset embedded again for the given generation of the repo's vectors.
 Restamp = Callable[[Changeset, int], Awaitable[Changeset]]
 
 
 @dataclass(frozen=True, slots=True)
 class IntentPolicy:
-    """How a commit deduplicates intents (the raw-cosine thresholds and the LLM merge),
-    retires the facts its facts contradict, and embeds again a changeset made before the repo
-    was re-embedded."""
+    """How a commit deduplicates intents, retires the facts its facts contradict, and embeds
+    again a changeset made before the repo was re-embedded."""
 
     identity_threshold: float
     merge_threshold: float
     merge: IntentMerges
-    # Which existing facts new ones end (`mnemo.graph.contradiction`); None: facts are never
-    # retired.
+    # Which existing facts new ones end; None: facts are never retired.
     contradicts: Contradicts | None = None
     contradiction_candidates: int = CANDIDATES
     contradiction_similarity: float = CLOSE
-    # The changeset's vectors made again with the embedder of the repo's vectors now; None:
-    # such a changeset is refused (EmbeddingError).
+    # Re-embeds a changeset of an older generation; None: it is refused (EmbeddingError).
     restamp: Restamp | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class StepsCommitted:
-    """The session side of a commit: its steps are committed in `changeset_id` (with their
-    final rewards), and unless `state` is None the episode is over and the session moves to
-    `state` (a `mnemo.State` value). With `version`, the session must still be at that
-    version (another `Memory` may have moved it): else the whole commit writes nothing and
-    raises `mnemo.session.ports.StaleSession`."""
+    """The session side of a commit: its steps (with final rewards) are committed in
+    `changeset_id`, and unless `state` is None the session moves to `state`. With `version`,
+    the session must still be at that version, else nothing is written (`StaleSession`)."""
 
     session_id: str
     episode_id: str | None
@@ -172,9 +162,8 @@ class Reverting:
 
 
 class VectorsMoved(Exception):
-    """Raised by a recall whose embedder is of another generation than the repo's vectors
-    (another Memory re-embedded it): nothing was searched; the caller brings its embedder up to
-    the store's and recalls again."""
+    """Raised by a recall whose embedder is of another generation than the repo's vectors:
+    nothing was searched; the caller updates its embedder and recalls again."""
 
     def __init__(self, generation: int) -> None:
         super().__init__(f"the repo's vectors are of generation {generation}")
@@ -182,8 +171,8 @@ class VectorsMoved(Exception):
 
 
 class SourceTaken(Exception):
-    """Raised by `apply` when, under the repo's write lock, a `SourceRecorded`'s source is
-    found recorded by another writer. Nothing was written; the caller reads its receipt."""
+    """Raised by `apply` when a `SourceRecorded`'s source is already recorded by another
+    writer; nothing was written."""
 
     def __init__(self, source_id: str) -> None:
         super().__init__(f"source {source_id!r} was recorded by another writer")
@@ -191,8 +180,7 @@ class SourceTaken(Exception):
 
 
 class NodeReads(Protocol):
-    """What every role reads and holds: nodes, their links, the repo's write lock and its
-    vectors' dimension and generation."""
+    """What every role reads: nodes, links, the write lock, vector dimension and generation."""
 
     def lock(self, repo: str) -> AbstractAsyncContextManager[None]:
         """The repo's write lock: commits and maintenance hold it."""
@@ -201,9 +189,8 @@ class NodeReads(Protocol):
     def dim(self, repo: str) -> int: ...
 
     async def generation(self, repo: str) -> int:
-        """The generation of the repo's vectors (`RepoRow.generation`): as of the look of the
-        `reading` block this task is in (it ends the look if it is still under way, as the
-        block's first use of the vectors would), else as the store holds them now."""
+        """The generation of the repo's vectors, as of the enclosing `reading` block's look,
+        else as the store holds them now."""
         ...
 
     async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]: ...
@@ -216,13 +203,11 @@ class RecallReads(NodeReads, Protocol):
     """The reads of a recall (`mnemo.recall`)."""
 
     def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
-        """A block of reads (a recall) that sees the repo at least as of its start: what the
-        store keeps in memory is brought up to it once, not at each read inside."""
+        """A block of reads that sees the repo at least as of its start (caches refreshed once)."""
         ...
 
     def vectors_on_loop(self, repo: str) -> bool:
-        """Whether `search_vectors` and `nearest_of_type` of the repo now answer quickly on the
-        event loop (nothing worth running beside them). Only a hint: the answers are the same."""
+        """Whether vector searches of the repo now answer quickly on the event loop (a hint)."""
         ...
 
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]: ...
@@ -230,25 +215,19 @@ class RecallReads(NodeReads, Protocol):
     async def typed_links_near(
         self, repo: str, node_ids: Sequence[str], vector: Vector
     ) -> tuple[list[TypedLink], dict[str, float]]:
-        """`typed_links(node_ids)`, and `similarities` to `vector` of the nodes at their
-        other ends, in one read (a recall hop)."""
+        """`typed_links`, and the similarity to `vector` of the nodes at their other ends."""
         ...
 
     async def node_context(self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
                            link_type: LinkType, then: More | None = None) -> NodeContext:
-        """`get_nodes`, `access_stats` and `vectors` of `node_ids`, and
-        `neighbors(..., link_type)` of those of them whose type is in `linked`, in one read
-        (recall: bounded by k).
-
-        `then`, when given, is called once with that context and names more nodes and the
-        types whose links to read: they are read in the same call, the first read's before
-        the second's. `then` runs where the store reads (SQLite: its worker thread): plain
-        computation, no I/O, nothing of the event loop."""
+        """`get_nodes`, `access_stats` and `vectors` of `node_ids`, and their `neighbors` of
+        `link_type` for those whose type is in `linked`, in one read. `then`, if given, is
+        called once with that context and names more nodes and types to read in the same call;
+        it runs where the store reads (SQLite: its worker thread), so it does no I/O."""
         ...
 
     async def scope(self, repo: str, where: Where) -> Scope:
-        """`where` resolved for the reads of one recall or search: its nodes, read from the
-        scope index, when they are few enough to search over (`Scope`)."""
+        """`where` resolved for one recall or search, from the scope index (`Scope`)."""
         ...
 
     async def inside(self, repo: str, scope: Scope, node_ids: Sequence[str]) -> set[str]:
@@ -264,9 +243,8 @@ class RecallReads(NodeReads, Protocol):
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
         scope: Scope | None = None,
     ) -> PendingRead[list[tuple[str, float]]]:
-        """`search_text`, begun now where the store can (its lexical index's search, queued
-        on that index's thread) and finished by `result`; what cannot begin now (the store's
-        own full-text search) runs then. Every word of `query` is read off the event loop."""
+        """`search_text`, begun now where the store can (its lexical index's thread) and
+        finished by `result`; every word of `query` is read off the event loop."""
         ...
 
     async def search_vectors(
@@ -283,10 +261,9 @@ class RecallReads(NodeReads, Protocol):
     ) -> dict[str, float]: ...
 
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
-        """Counts one access of each node at `when`; every later call of this store sees the
-        counts. PostgreSQL writes it before returning, skipping nodes another transaction
-        holds; SQLite queues it in order on its connection's thread and returns at once (a
-        write refused after a 0.1 s wait for another writer is logged, never raised)."""
+        """Counts one access of each node at `when`, seen by every later call of this store.
+        PostgreSQL writes it before returning, skipping locked nodes; SQLite queues it on its
+        connection's thread (a write refused after a 0.1 s wait is logged, never raised)."""
         ...
 
     async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
@@ -314,19 +291,16 @@ class GraphWrites(NodeReads, Protocol):
         self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
         generation: int | None = None, reverting: Reverting | None = None,
     ) -> int:
-        """Forgets the source `key`: deletes every node it produced, the tags, intents,
-        sources and subgoals this left without links (one still used stays, without the
-        source's id), and its commits' records; a node another
-        source shares that has words of this one takes the other's wording (`mnemo.graph.
-        erasure`), embedded by `embed` before the lock. With `reverting`, withdraws the commit
-        `key` alike and records its revert. `generation`: that of the vectors `embed` makes,
-        checked under the lock. Returns how many nodes went.
+        """Forgets the source `key`: deletes every node it produced, the routing nodes this
+        leaves without links, and its commits' records; a node another source shares takes
+        that source's wording (embedded by `embed` before the lock). With `reverting`, withdraws
+        the commit `key` and records its revert. `generation` (of `embed`'s vectors) is checked
+        under the lock. Returns how many nodes went; on any error nothing was deleted.
 
         Raises:
-            EmbeddingError: `embed` failed; nothing was deleted.
-            VectorsMoved: the repo's vectors are of another generation than `generation`;
-                nothing was deleted.
-            Whatever `reverting.refused` raises; nothing was deleted.
+            EmbeddingError: `embed` failed.
+            VectorsMoved: the repo's vectors are of another generation than `generation`.
+            Whatever `reverting.refused` raises.
         """
         ...
 
@@ -338,15 +312,14 @@ class GraphHistory(GraphWrites, Protocol):
     async def commit_log(
         self, repo: str, *, limit: int | None = None, after_seq: int | None = None
     ) -> list[CommitRecord]:
-        """The repo's commits, newest first: the `limit` newest (all if None), or every one
-        after `after_seq`."""
+        """The repo's commits, newest first: the `limit` newest (None: all), or those after
+        `after_seq`."""
         ...
 
     async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None: ...
 
 class GraphMaintenance(NodeReads, Protocol):
-    """Consolidation, decay and validation (`mnemo.graph.maintenance`): each runs under
-    `lock(repo)`, held by the caller."""
+    """Consolidation, decay and validation: each runs under `lock(repo)`, held by the caller."""
 
     async def unconsolidated(self, repo: str) -> set[str]:
         """The SEMANTIC nodes not yet compared by `consolidate`."""
@@ -355,13 +328,12 @@ class GraphMaintenance(NodeReads, Protocol):
     async def merge_duplicates(
         self, repo: str, pairs: list[tuple[str, str]], examined: list[str]
     ) -> MergeResult:
-        """Merges each pair's second node into its group's survivor and marks `examined`
-        consolidated, in one transaction."""
+        """Merges each pair's second node into its survivor and marks `examined`, at once."""
         ...
 
     async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
-        """Deletes the memories whose value at `now` is below `config.decay_threshold`, then
-        the routing and source nodes left with no links, in one transaction."""
+        """Deletes the memories valued below `config.decay_threshold` at `now`, then the routing
+        and source nodes left with no links, in one transaction."""
         ...
 
     async def validate(self, repo: str, dim: int) -> ValidationReport:
@@ -373,12 +345,11 @@ class GraphMaintenance(NodeReads, Protocol):
         ...
 
 class Reembedding(NodeReads, Protocol):
-    """A repo's re-embedding (`mnemo.graph.reembed`): new vectors staged beside the old ones,
-    then put in place in one transaction."""
+    """A repo's re-embedding: new vectors staged beside the old ones, then switched at once."""
 
     def reembedding(self, repo: str) -> AbstractAsyncContextManager[None]:
-        """The repo's re-embedding, one at a time across every process on the store: the
-        block is entered at once or not at all; a process that dies lets it go.
+        """The repo's re-embedding, one at a time across processes: entered at once or not at
+        all; a process that dies lets it go.
 
         Raises:
             ConflictError: another re-embedding of the repo holds it.
@@ -386,16 +357,14 @@ class Reembedding(NodeReads, Protocol):
         ...
 
     async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
-        """Starts the repo's re-embedding with the embedder of URI `embedder`, whose vectors
-        have `dim` dimensions, or carries on with the one under way if it is of the same
-        embedder and dimension (another's staged vectors are dropped)."""
+        """Starts the repo's re-embedding with embedder URI `embedder` of `dim` dimensions, or
+        carries on with the one under way if it matches (else its staged vectors are dropped)."""
         ...
 
     async def unstaged(
         self, repo: str, after: int, limit: int, upto: int | None = None
     ) -> list[Unstaged]:
-        """Up to `limit` of the repo's nodes past rowid `after` (and at most rowid `upto`)
-        with no staged vector, in rowid order."""
+        """Up to `limit` nodes past rowid `after` (to `upto`) with no staged vector, by rowid."""
         ...
 
     async def last_rowid(self, repo: str) -> int:
@@ -403,42 +372,37 @@ class Reembedding(NodeReads, Protocol):
         ...
 
     async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
-        """Stages a vector (a row of `vectors`) for each node still in the repo, in one
-        transaction."""
+        """Stages a vector (a row of `vectors`) for each node still in the repo, at once."""
         ...
 
     async def unstage_changed(self, repo: str) -> None:
-        """Drops the staged vectors of nodes whose text changed since the re-embedding last
-        looked at the node log (all of the repo's when the log no longer reaches back)."""
+        """Drops the staged vectors of nodes whose text changed since the re-embedding last read
+        the node log (all of them when the log no longer reaches back)."""
         ...
 
     async def switch_vectors(self, repo: str) -> tuple[int, int]:
-        """Puts the staged vectors in place of the repo's vectors, records the embedder and
-        dimension they were made with and the next generation of the repo's vectors, and
-        ends the re-embedding, in one transaction; the caller holds `lock(repo)`. Returns
-        (the new generation, how many vectors were put in place).
+        """Puts the staged vectors in place, records their embedder, dimension and the next
+        generation, and ends the re-embedding, in one transaction (the caller holds
+        `lock(repo)`). Returns (the new generation, how many vectors were switched).
 
         Raises:
-            StorageError: no re-embedding is under way, or a node has no staged vector;
-                nothing was written.
+            StorageError: no re-embedding under way, or a node has no staged vector.
         """
         ...
 
     async def vectors_switched(self, repo: str, dim: int) -> None:
-        """Brings what the backend keeps beside the repo's vectors (indexes, saved graphs)
-        in step with the vectors just switched, of `dim` dimensions (after the repo's lock
-        is let go: it may take long)."""
+        """Brings the backend's indexes beside the repo's vectors in step with the switched
+        `dim`-dimension vectors (after the lock is let go: it may take long)."""
         ...
 
 class GraphStore(RecallReads, GraphHistory, GraphMaintenance, Reembedding, Protocol):
-    """A repo's knowledge graph, every role at once: what a backend implements (the lookups of
-    `mnemo.graph.reads` and the facade are its own)."""
+    """A repo's knowledge graph, every role at once: what a backend implements."""
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]: ...
 
     async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
-        """The ids of the repo's nodes that match the LIKE pattern `like` and not `unlike`
-        (`\\` escapes), sorted, at most `limit`."""
+        """The ids of nodes matching LIKE `like`, not `unlike` (`\\` escapes), sorted, at most
+        `limit`."""
         ...
 
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]: ...
@@ -450,8 +414,8 @@ class GraphStore(RecallReads, GraphHistory, GraphMaintenance, Reembedding, Proto
     async def scope_sources(
         self, repo: str, where: Where, limit: int | None = None
     ) -> list[tuple[str | None, str, str]]:
-        """(source id or None, node id, type) of the nodes inside `where` (the first `limit`
-        in the order they were added; all for None)."""
+        """(source id or None, node id, type) of the nodes inside `where`, in the order added
+        (the first `limit`; None: all)."""
         ...
 
     async def settle(self, repo: str) -> None:

@@ -1,5 +1,4 @@
-"""The checks of what `Memory` reads of a repo's graph by id, type or link
-(`mnemo.memory.graph`): node id lists, node and link types, id prefixes."""
+"""The checks of what `Memory` reads of a repo's graph by id, type or link."""
 
 from __future__ import annotations
 
@@ -18,8 +17,8 @@ MAX_TYPES = 100
 MAX_IDS = 100
 
 def node_id_list(node_ids: object, config: Config) -> list[str]:
-    """`node_ids` as a list of at most `config.max_results` ids, each checked
-    (`inputs.check_id`); no more of an iterable is read than one past the bound.
+    """`node_ids` as a list of at most `config.max_results` checked ids (no more of an
+    iterable is read than one past the bound).
 
     Raises:
         InvalidInputError: a string (it is not a list of one-letter ids), not an iterable,

@@ -1,16 +1,8 @@
-"""Re-embedding a repo: every node's vector made again with another embedder (`Memory.reembed`),
-while the repo stays readable and writable, and never searched with a mix of the two.
-
-- One re-embedding per repo at a time, across processes (a second is a `ConflictError`).
-- New vectors are staged beside the old ones, one transaction a batch; nothing searches them
-  until the switch.
-- Nodes committed meanwhile, and nodes whose text changed (`unstage_changed`), are staged by a
-  catch-up; the last runs under the repo's lock, so no commit slips in before the switch.
-- The switch is one transaction under that lock: staged vectors replace the old, the repo's
-  record names the new embedder and dimension, and the generation moves, so every process
-  drops what it holds of the old ones (`mnemo.storage.vector_log`).
-- A re-embedding cut short leaves the repo as it was, with its staged vectors: the next one
-  with the same embedder carries on from them, another embedder drops them.
+"""Re-embedding a repo (`Memory.reembed`): new vectors staged beside the old ones, a batch per
+transaction, while the repo stays readable and writable; nodes committed or changed meanwhile
+are caught up (the last catch-up under the repo's lock), then one transaction switches the
+vectors, the record and the generation. Cut short, the repo is as it was, with its staged
+vectors for the next run with the same embedder.
 """
 
 from __future__ import annotations
@@ -25,10 +17,8 @@ from mnemo.graph.ports import Reembedding
 
 @dataclass(frozen=True, slots=True)
 class Staging:
-    """A repo's re-embedding as the store holds it (`mnemo.graph.reembed`): the URI and the
-    dimension of the embedder its staged vectors are made with, how many of the repo's nodes
-    have one, of how many, and whether it carries on with what one before it staged (a
-    re-embedding with the same embedder that was cut short)."""
+    """A repo's re-embedding as the store holds it: its embedder's URI and dimension, how
+    many of the repo's nodes have a staged vector, of how many, and whether it resumes one."""
 
     embedder: str
     dim: int
@@ -58,10 +48,9 @@ CATCH_UPS = 3
 
 @dataclass(frozen=True, slots=True)
 class ReembedProgress:
-    """How far a re-embedding has got, as `Memory.reembed`'s `progress` callback hears it:
-    `done` of the repo's `total` nodes have their new vector (`total` grows when nodes are
-    committed meanwhile); `stage` is `"embedding"`, `"switching"` (reported before the lock),
-    `"indexing"` (the backend's indexes rebuilt), then `"done"`."""
+    """How far a re-embedding has got (`Memory.reembed`'s `progress`): `done` of `total` nodes
+    (which grows with commits meanwhile); `stage` is `"embedding"`, `"switching"`,
+    `"indexing"`, then `"done"`."""
 
     repo: str
     stage: str
@@ -74,8 +63,8 @@ Report = Callable[[ReembedProgress], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class Reembedded:
-    """What a re-embedding did: the new generation of the repo's vectors, how many vectors
-    took the old ones' place, and whether it carried on with vectors staged before."""
+    """What a re-embedding did: the new generation, how many vectors were switched, whether
+    it resumed."""
 
     generation: int
     vectors: int
@@ -93,7 +82,7 @@ async def reembed(
     report: Report,
 ) -> Reembedded:
     """Makes every node's vector of `repo` again with `embed` (the embedder of URI `embedder`,
-    `dim` dimensions) and switches the repo to them (see the module doc).
+    `dim` dimensions) and switches the repo to them.
 
     Raises:
         ConflictError: another re-embedding of the repo is under way.
@@ -105,9 +94,8 @@ async def reembed(
         done, total = staging.staged, staging.total
 
         async def stage_all(stage: str, *, locked: bool = False) -> int:
-            """Stages every node without a staged vector, of those the repo held when it
-            began (all of them under the repo's lock); how many it staged. Nodes committed
-            meanwhile are left to the next pass, so a pass is bounded."""
+            """Stages the nodes without a staged vector of those the repo held when it began
+            (all, under the lock); returns how many. Later nodes are left to the next pass."""
             nonlocal done, total
             staged, after = 0, 0
             upto = None if locked else await graph.last_rowid(repo)

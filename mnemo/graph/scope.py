@@ -1,12 +1,7 @@
-"""Scopes: the flat metadata a session, an ingest or a thread's messages carry (who a memory
-belongs to), and the `where` filter that selects by it.
-
-A metadata is a dict of str -> str | int | float | bool, bounded in keys and sizes. It is
-stored as its canonical JSON (`canonical`): two nodes are of one scope exactly when those texts
-are equal, which is what any deduplication compares (`same`). Each pair is also indexed as
-(key, `encoded` value), which a `where` (`check_where`: key -> the encoded values any of which
-matches) reads: a value keeps its JSON type ("1", "true" and '"1"' are three values; an
-integral float is its integer).
+"""Scopes: the flat metadata a session, an ingest or a message carries (who a memory belongs
+to), and the `where` filter that selects by it. A metadata is stored as its canonical JSON (two
+nodes share a scope when those are equal: `same`), and each pair indexed as (key, `encoded`
+value), which a `where` reads: a value keeps its JSON type ("1", "true" and '"1"' differ).
 """
 
 from __future__ import annotations
@@ -33,8 +28,7 @@ MAX_WHERE_VALUES = 1_000
 
 
 def check_metadata(metadata: object, what: str = "metadata") -> Metadata:
-    """`metadata` checked (None is `{}`), as a new dict (an integral float as its integer,
-    which is what it matches).
+    """`metadata` checked (None is `{}`), as a new dict (an integral float as its integer).
 
     Raises:
         InvalidInputError: not a dict, more than `MAX_KEYS` keys, a key that is not a
@@ -78,9 +72,8 @@ def check_where(where: object) -> Where | None:
 
 
 def parse_where(pairs: Iterable[str]) -> JSONObject | None:
-    """"KEY=VALUE" texts (a string value; "KEY:=JSON" for a number or true/false) as a
-    `where`, a key given twice meaning any of its values; None when there are none (what the
-    command line's and the web app's `--where`/`where` give).
+    """"KEY=VALUE" texts (a string; "KEY:=JSON" for a number or true/false) as a `where`, a
+    key given twice meaning any of its values; None when there are none.
 
     Raises:
         InvalidInputError: a text without "=", or a KEY:=VALUE that is not JSON.
@@ -148,17 +141,16 @@ def _value(value: object, what: str) -> Scalar:
         f"{what} must be a str, int, float or bool, got {type(value).__name__}")
 
 
-# A scope of at most this many nodes is searched over its own nodes (exact cosine over their
-# vectors, BM25 over their documents); a larger one by a search of the repo `WIDEN` times as
-# wide whose hits outside it are dropped.
+# A scope of at most this many nodes is searched over its own nodes; a larger one by a search
+# of the repo `WIDEN` times as wide, its hits outside the scope dropped.
 SCOPE_LIMIT = 10_000
 WIDEN = 10
 
 
 @dataclass(frozen=True, slots=True)
 class Scope:
-    """A `where` as a store resolved it for one read (`GraphStore.scope`): its nodes, id ->
-    (rowid, type), when they are at most `SCOPE_LIMIT`, else None."""
+    """A `where` as a store resolved it for one read: its nodes, id -> (rowid, type), when at
+    most `SCOPE_LIMIT`, else None."""
 
     where: Where
     members: dict[str, tuple[int, str]] | None

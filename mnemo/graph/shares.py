@@ -1,12 +1,7 @@
-"""A fact or an instruction that several commits are evidence for.
-
-A commit whose fact (instruction) is deduplicated into one of the graph's joins it: its
-provenance links are added and its contribution (wording, data, source) is listed among the
-node's owners; a node no commit joined lists none (its creator is its one owner).
-
-Withdrawing commits (`withdraw`) takes their contributions off: a node left with none goes;
-else it keeps its wording if a remaining contribution has it, or takes the oldest remaining
-one's wording, data and source (a merged wording is not asked of the model again).
+"""A fact or an instruction several commits are evidence for: a commit whose node joins one of
+the graph's adds its contribution (wording, data, source) to the node's owners. Withdrawing
+commits takes theirs off: a node left with none goes; else it keeps its wording if a remaining
+contribution has it, or takes the oldest remaining one's.
 """
 
 from __future__ import annotations
@@ -39,8 +34,8 @@ def joined(stored: Owners | None, node: Contribution, commit_id: str,
 
 @dataclass(frozen=True, slots=True)
 class Left:
-    """A node that stays after a withdrawal: what it reads now (`heir`), its owners (None:
-    its creator alone), and whether its text changed (its vector must be made again)."""
+    """A node that stays after a withdrawal: what it reads now (`heir`), its owners (None: its
+    creator alone), and whether its text changed."""
 
     heir: Contribution
     owners: Owners | None

@@ -1,15 +1,8 @@
-"""`VectorIndex`: exact cosine search over one repo's node vectors, in memory.
-
-The stored rows are the truth; the index is built from them on a repo's first search and kept
-in step by the graph store after each commit or delete. Rows are unit-length, so a dot product
-is the raw cosine.
-
-Searches may run in a worker thread while the event loop appends: an append writes only past
-the row count a search has read, and a delete marks its rows dead (type code -1) in place, so a
-search sees each row live or gone. Dead rows are compacted away once they are a quarter.
-
-An `Accelerator` (`mnemo.graph.ann`'s HNSW) hears of every add and remove and answers a search
-when it can; otherwise the exact scan answers.
+"""`VectorIndex`: exact cosine search over one repo's unit node vectors, in memory, built from
+the stored rows on a repo's first search and kept in step after each commit or delete. Searches
+may run in a worker thread while the event loop appends: an append writes only past the row
+count a search read, and a delete marks rows dead in place (compacted once they are a quarter).
+An `Accelerator` (`mnemo.graph.ann`) answers a search when it can.
 """
 
 from __future__ import annotations
@@ -41,16 +34,15 @@ def unit(vectors: npt.ArrayLike) -> npt.NDArray[np.float32]:
 
 
 def of_codes(codes: npt.NDArray[np.int8], wanted: Iterable[int]) -> npt.NDArray[np.bool_]:
-    """Which of `codes` are among the `wanted` type codes (`DEAD` never is), reading each code
-    once (a remove marking one dead meanwhile is never seen half-way)."""
+    """Which of `codes` are among the `wanted` type codes (`DEAD` never is), reading each
+    code once."""
     table = np.zeros(256, dtype=np.bool_)
     table[[code for code in wanted if code != DEAD]] = True
     mask: npt.NDArray[np.bool_] = table[codes.view(np.uint8)]
     return mask
 
 
-# A float32 cosine may land a few units in its seventh digit below an exact threshold: every
-# "at or above" comparison allows that much.
+# A float32 cosine may land a few units in its seventh digit below an exact threshold.
 COSINE_TOLERANCE = 1e-5
 
 
@@ -61,7 +53,7 @@ def reaches(similarity: float, threshold: float) -> bool:
 
 def cosine(a: Vector, b: Vector) -> float:
     """Raw cosine similarity of two vectors (0 when either is zero)."""
-    # Three dot products, cheaper than np.linalg.norm on small vectors (runs on every append).
+    # Three dot products: cheaper than np.linalg.norm on small vectors.
     aa, bb = float(np.dot(a, a)), float(np.dot(b, b))
     if aa == 0.0 or bb == 0.0:
         return 0.0
@@ -72,9 +64,8 @@ async def embed(embedder: Embedder, texts: Sequence[str]) -> Vector:
     """The embedder's vectors as a float32 matrix, checked for shape.
 
     Raises:
-        EmbeddingError: the embedder failed (its own EmbeddingError as it is, another
-            exception as the `__cause__`) or returned the wrong number of vectors or the
-            wrong dimension.
+        EmbeddingError: the embedder failed (another exception is the `__cause__`) or
+            returned the wrong number of vectors or the wrong dimension.
     """
     if not texts:
         return np.zeros((0, embedder.dim), dtype=np.float32)
@@ -101,8 +92,8 @@ async def embed(embedder: Embedder, texts: Sequence[str]) -> Vector:
 
 
 def check_dim(repo: str, embedder: Embedder, dim: int) -> None:
-    """Raises EmbeddingError when the embedder's vectors would not fit the repo's (of `dim`,
-    0 while it has none)."""
+    """Raises EmbeddingError when the embedder's vectors would not fit the repo's `dim` (0:
+    none yet)."""
     if dim and embedder.dim != dim:
         raise EmbeddingError(
             f"repo {repo!r} holds vectors of dimension {dim}, but the embedder "
@@ -112,9 +103,8 @@ def check_dim(repo: str, embedder: Embedder, dim: int) -> None:
 
 
 class Snapshot(NamedTuple):
-    """What a search reads: rows below `size` of `matrix` and `codes` are valid, live or dead
-    (code `DEAD`); `rows` maps each live id to its row (it may also hold ids added later, at
-    rows >= `size`, and it loses an id when that row is removed)."""
+    """What a search reads: rows below `size` of `matrix` and `codes`, live or `DEAD`; `rows`
+    maps each live id to its row (it may also hold ids added later, at rows >= `size`)."""
 
     size: int
     matrix: Vector
@@ -145,8 +135,7 @@ class VectorIndex:
 
     def __init__(self, dim: int, *, generation: int = 0) -> None:
         self.dim = dim
-        # Which of the repo's successive sets of vectors these are (`Memory.reembed` makes a
-        # new one): a vector made for another generation is not compared with them.
+        # Which set of the repo's vectors these are (`Memory.reembed` makes a new one).
         self.generation = generation
         self.accelerator: Accelerator | None = None
         self._matrix = np.zeros((0, dim), dtype=np.float32)
@@ -155,10 +144,10 @@ class VectorIndex:
         self._rows: dict[str, int] = {}
         self._count = 0
         self._dead = 0
-        # What a search reads, published as one tuple: reading the attributes one by one from
-        # a worker thread could pair a remove's new matrix with the old ids or type codes.
+        # What a search reads, published as one tuple (attributes read one by one from a
+        # worker thread could pair a new matrix with old ids).
         self._view = Snapshot(0, self._matrix, self._types, self._ids, self._rows)
-        # `of_type`'s rows, kept until the next change (every recall probes tags and intents).
+        # `of_type`'s rows, kept until the next change.
         self._version = 0
         self._by_type: dict[NodeType, tuple[int, list[str], Vector]] = {}
 
@@ -175,8 +164,7 @@ class VectorIndex:
         rows = unit(vectors)
         if rows.shape != (len(ids), self.dim):
             raise ValueError(f"expected {len(ids)} vectors of dim {self.dim}, got {rows.shape}")
-        # `_version` moves only once the change is published (`of_type` reads it before the
-        # view), so a gather in the middle of a change is never kept as the new version's.
+        # `_version` moves only once the change is published (`of_type` reads it first).
         fresh: list[int] = []
         for i, node_id in enumerate(ids):
             row = self._rows.get(node_id)
@@ -186,8 +174,7 @@ class VectorIndex:
                 self._matrix[row] = rows[i]
                 self._types[row] = TYPE_CODES[types[i]]
         if not fresh:
-            # Rows replaced in place are a change too: a new view, so that whoever kept the
-            # old one (a commit's intents resolved before its lock) sees the vectors moved.
+            # Rows replaced in place are a change too: whoever kept the old view sees it.
             self._view = self._view._replace()
             self._version += 1
             if self.accelerator is not None:
@@ -216,8 +203,8 @@ class VectorIndex:
             self.accelerator.added(ids)
 
     def remove(self, ids: Iterable[str]) -> None:
-        """Drops rows: marks them dead, and compacts the arrays (new ones, so running searches
-        keep theirs) once a quarter of the rows are dead."""
+        """Drops rows: marks them dead, and compacts the arrays (into new ones, so running
+        searches keep theirs) once a quarter are dead."""
         gone = {i for i in ids if i in self._rows}
         if not gone:
             return
@@ -238,13 +225,12 @@ class VectorIndex:
             self.accelerator.removed(gone)
 
     def snapshot(self) -> Snapshot:
-        """The rows as they are now; later adds do not change what it shows (a later remove
-        marks rows dead in it)."""
+        """The rows as they are now (later adds do not show; a later remove marks rows dead)."""
         return self._view
 
     def of_type(self, kind: NodeType) -> tuple[list[str], Vector]:
-        """The ids and unit vectors of every row of one type (a snapshot; the same one until
-        the next add or remove: do not change it)."""
+        """The ids and unit vectors of every row of one type (a shared snapshot until the next
+        change: do not change it)."""
         version = self._version
         cached = self._by_type.get(kind)
         if cached is not None and cached[0] == version:
@@ -265,8 +251,7 @@ class VectorIndex:
         return None if row is None else self._matrix[row]
 
     def similarities(self, node_ids: Iterable[str], vector: npt.ArrayLike) -> dict[str, float]:
-        """The cosine to `vector` of each of these ids that has a row, in one product over
-        their rows (gathered by one index, not stacked one by one)."""
+        """The cosine to `vector` of each of these ids that has a row, in one product."""
         size, matrix, _, _, rows, _ = self._view
         found = [i for i in dict.fromkeys(node_ids) if rows.get(i, size) < size]
         if not found:
@@ -333,8 +318,7 @@ def _pairs(
     ids: Sequence[str], rows: npt.NDArray[np.intp], scores: npt.NDArray[np.float32],
     *, finite: bool = False,
 ) -> list[tuple[str, float]]:
-    """(id, score) of each of `rows`, its score the same place of `scores`, as Python floats;
-    with `finite`, those whose score is not finite left out."""
+    """(id, score) of each of `rows` as Python floats; with `finite`, non-finite ones left out."""
     values = scores.tolist()
     if not finite:
         return [(ids[i], value) for i, value in zip(rows.tolist(), values, strict=True)]

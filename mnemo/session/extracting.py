@@ -1,15 +1,8 @@
-"""What the session machine's moves start, and the extraction runner.
-
-A move names its effect as a value (`Extract`, `CommitSteps`); `start` (given to
-`Sessions` as its starter) runs it as a task of the session's own, and then what waited for
-it: the operations queued behind it (`operations`).
-
-An `Extraction` is the extraction work of one session: `run` is the close's extraction (the
-session is `extracting`, held here), which ends `ready`, or, in auto-commit, committed and
-`idle`, or `failed`, never extracting with nobody working on it; `commit_in_background`
-extracts and commits finished trajectories of an auto-commit session while it keeps
-collecting (its steps `claimed` meanwhile, here and in the store). `take_work` takes over
-the work a gone holder left: its extraction, its steps' annotation, its auto-commit timers.
+"""What the session machine's moves start (`start` runs an effect as a task of the session's,
+then the operations queued behind it), and the extraction runner: `Extraction.run` is a close's
+extraction, which ends `ready` (auto-commit: committed and `idle`) or `failed`, never extracting
+with nobody working on it; `commit_in_background` commits finished trajectories of an
+auto-commit session while it collects; `take_work` takes over the work a gone holder left.
 """
 
 from __future__ import annotations
@@ -57,11 +50,9 @@ def start(live: Sessions, session: SessionRecord, effect: Effect) -> None:
 
 
 async def _extraction(live: Sessions, session: SessionRecord) -> None:
-    """The close's extraction, then what was queued behind it (`_run_queue`), which fails
-    with "extraction_failed" when it did. From its move until then the session stays busy
-    (`operations.handing_over`): a call made in between queues behind what the store hands
-    over, not ahead of it. A fault in the queue is no failed extraction (the failure's move
-    from `ready` was stale, so nothing ran or failed the queue, and it stuck)."""
+    """The close's extraction, then what was queued behind it (which fails with
+    "extraction_failed" when it did). Until then the session stays busy
+    (`operations.handing_over`): a call made in between queues behind the stored operations."""
     with operations.handing_over(live, session):
         ended = await Extraction(live, session).run()
         if ended is Ended.FAILED:
@@ -73,8 +64,7 @@ async def _extraction(live: Sessions, session: SessionRecord) -> None:
 async def _background_commit(
     live: Sessions, session: SessionRecord, steps: list[StepRecord]
 ) -> None:
-    """A background commit, then the queue: what waited behind it runs, or, when it failed,
-    fails with "extraction_failed"."""
+    """A background commit, then the queue (failed with "extraction_failed" if it failed)."""
     if await Extraction(live, session).commit_in_background(steps):
         operations.start_next(live, session)
     else:
@@ -82,10 +72,9 @@ async def _background_commit(
 
 
 async def _run_queue(live: Sessions, session: SessionRecord) -> None:
-    """Runs what waited for the extraction that just ended: the operations stored for it
-    (`stored.run_stored`) and the session's own queue. If the store cannot hand over the
-    stored ones, they stay stored, untaken, and the watchers of the Memories that accepted
-    them run them; the queue here runs all the same."""
+    """Runs what waited for the extraction that just ended: the operations stored for it and
+    the session's own queue (which runs even if the stored ones cannot be handed over: their
+    accepting Memories' watchers run them)."""
     try:
         await operations.run_stored(live, session)
     except StorageError as exc:
@@ -101,23 +90,21 @@ def _source(session: SessionRecord, episode: EpisodeRecord) -> Source:
 
 
 class Ended(Enum):
-    """How a close's extraction ended: the session moved on (`MOVED`: ready, or committed and
-    idle), moved to `failed` (`FAILED`), or its result was stale (`STALE`: it had moved on
-    meanwhile, through another call or Memory)."""
+    """How a close's extraction ended: the session moved on (`MOVED`), to `failed`
+    (`FAILED`), or its result was stale (`STALE`)."""
 
     MOVED = "moved"
     FAILED = "failed"
     STALE = "stale"
 
 
-# Extractions of an auto-commit close that another Memory's commits overtook before it gives up.
+# Extractions of an auto-commit close that another Memory's commits overtook before giving up.
 _ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
 class Extraction:
-    """The extraction work of one session of this Memory: `run` is the close's extraction,
-    `commit_in_background` a boundary's (or a flush's) commit of finished steps."""
+    """The extraction work of one session of this Memory."""
 
     live: Sessions
     session: SessionRecord
@@ -127,8 +114,8 @@ class Extraction:
         runtime = session.runtime
         check_dim(session.repo, runtime.embedder, runtime.dim)
         if session.memo is None or session.memo.episode_id != episode.id:
-            # What an earlier extraction of this episode kept (here, or in a Memory before a
-            # restart) is asked no more.
+            # What an earlier extraction of this episode kept (here or before a restart) is
+            # asked no more.
             session.memo = TaskMemo(episode.id, await live.store.kept_results(episode.id))
         changeset = await extract(
             episode,
@@ -146,10 +133,8 @@ class Extraction:
         return replace(changeset, metadata=session.metadata) if session.metadata else changeset
 
     async def run(self) -> Ended:
-        """The close's extraction: ready (or, in auto-commit, committed and idle) or failed.
-
-        Whatever fails on the way, storing the result included, ends in `failed`: the session
-        never stays extracting with nobody working on it."""
+        """The close's extraction: ready (auto-commit: committed and idle) or failed; whatever
+        fails on the way, storing the result included, ends in `failed`."""
         live, session = self.live, self.session
         started = anyio.current_time()
         try:
@@ -180,9 +165,8 @@ class Extraction:
         return Ended.MOVED if moved else Ended.STALE
 
     async def _annotated(self) -> None:
-        """Waits until every stored step of the episode is annotated (starting their
-        annotation here when it does not run), at most `extraction_timeout` seconds for each:
-        the wait goes on while steps keep being annotated.
+        """Waits until every stored step of the episode is annotated (starting the annotation
+        if it does not run), at most `extraction_timeout` seconds without progress.
 
         Raises:
             LLMTimeout: no step annotated for that long.
@@ -218,11 +202,9 @@ class Extraction:
         return await self._extract_steps(episode, steps)
 
     async def _auto_commit_rest(self, started: float) -> bool:
-        """An auto-commit close: extracts and commits the steps no background commit has, here or
-        through another Memory (what the store says; `_close_changeset` waits for the ones another
-        Memory has claimed, until an extraction's time limit from `started`), then `idle`. When
-        another Memory's commits land in between, what is left is extracted again, up to
-        `_ATTEMPTS` times."""
+        """An auto-commit close: extracts and commits the steps no background commit has (here
+        or elsewhere), then `idle`; when another Memory's commits land in between, what is left
+        is extracted again, up to `_ATTEMPTS` times."""
         live, session = self.live, self.session
         for attempt in range(_ATTEMPTS):
             await registry.take_commits(live, session)
@@ -240,11 +222,9 @@ class Extraction:
         self, started: float
     ) -> tuple[Changeset, list[StepRecord]]:
         """The auto-commit close's changeset and the steps it commits: those no commit has.
-        When another Memory's commit has claimed some, the close first waits for it
-        (`registry.settle`), until an extraction's time limit from `started` (the close's wait for
-        its own background commits counts), then extracts what is left, once: an extraction of
-        its share while it waited would be asked again with the rest (a step's reward scored in
-        between changes the request)."""
+        It first waits for steps another Memory's commit claimed (`registry.settle`), up to an
+        extraction's time limit from `started`, then extracts what is left, once (an extraction
+        while it waited would be asked again with the rest)."""
         live, session = self.live, self.session
         steps = session.uncommitted()
         mine = {s.id for s in await registry.claim_or_all(live, session, steps)}
@@ -256,9 +236,8 @@ class Extraction:
         return await self._changeset(steps), steps
 
     async def _store_kept(self) -> None:
-        """Stores what a failed extraction kept, so that a retry after a restart (or by the
-        Memory taking the work over) asks only what failed. Best effort: if the store refuses,
-        the results stay kept here."""
+        """Stores what a failed extraction kept, so a retry after a restart or a takeover asks
+        only what failed (best effort)."""
         live, session = self.live, self.session
         memo = session.memo
         if memo is None:
@@ -279,9 +258,8 @@ class Extraction:
                 lambda: live.store.set_state(session.id, S.FAILED, version=session.version),
             )
         except StorageError as exc:
-            # The store refuses even the failure: the session fails here all the same, so no
-            # caller waits on it; the store still says extracting, so a reopened store (or a
-            # `commit` here, which retries) extracts again.
+            # The store refuses even the failure: the session fails here all the same; the
+            # store still says extracting, so a reopened store (or a retry) extracts again.
             log.warning("%s: could not store the failed state: %r", session.id, exc)
             moved = await transitions.move(live, session, "extraction_failed")
         return Ended.FAILED if moved else Ended.STALE
@@ -289,8 +267,7 @@ class Extraction:
     async def _auto_commit_close(
         self, changeset: Changeset, steps: list[StepRecord]
     ) -> bool:
-        """Commits the close's changeset and moves the session to `idle`; False for a stale
-        result."""
+        """Commits the close's changeset and moves the session to `idle`; False if stale."""
         live, session = self.live, self.session
         receipts: list[CommitReceipt] = []
 
@@ -313,18 +290,16 @@ class Extraction:
     async def commit_in_background(
         self, steps: list[StepRecord]
     ) -> bool:
-        """Auto-commit of finished steps while the session keeps collecting (`steps` are
-        `claimed` here, and counted in `background`, by whoever started it); False when it
-        failed (what queued behind it then fails too: the caller's)."""
+        """Auto-commit of finished steps while the session keeps collecting (`steps` claimed
+        and counted in `background` by the caller); False when it failed."""
         live, session = self.live, self.session
         episode = session.episode
         try:
             assert episode is not None
             mine = {s.id for s in await registry.claim_or_all(live, session, steps)}
             if len(mine) < len(steps):
-                # Committed, or claimed by another Memory's commit: left to it. What the store
-                # says of them is taken in (a commit elsewhere moves no version), and a flush
-                # looks again a full timeout from now, not at once.
+                # Committed or claimed by another Memory's commit: left to it (what the store
+                # says of them is taken in), and a flush looks again a full timeout from now.
                 session.claimed.difference_update(s.id for s in steps if s.id not in mine)
                 session.flush_after = anyio.current_time()
                 await self._read_commits()
@@ -335,9 +310,8 @@ class Extraction:
             changeset = await self._extract_steps(episode, steps)
             receipt = await transitions.commit_steps(live, session, changeset, steps, None)
         except StepsCommittedElsewhere:
-            # Another Memory committed these steps first (its boundary's auto-commit against
-            # this one's flush): the store refused them a second time, so they are in the graph
-            # once. What it says of them is taken in; nothing failed.
+            # Another Memory committed these steps first: the store refused them a second
+            # time. What it says of them is taken in; nothing failed.
             log.info("%s: %d steps were committed by another Memory", session.id, len(steps))
             await self._read_commits()
             await registry.release(live, session, steps)
@@ -369,8 +343,7 @@ class Extraction:
         return True
 
     async def _read_commits(self) -> None:
-        """`registry.take_commits`, best effort: what the store could not say is read at the next
-        close, or the next refusal."""
+        """`registry.take_commits`, best effort (read again at the next close or refusal)."""
         live, session = self.live, self.session
         try:
             await registry.take_commits(live, session)
@@ -386,9 +359,8 @@ def _background_done(session: SessionRecord, steps: list[StepRecord]) -> None:
 
 
 async def take_work(live: Sessions, now: datetime, gone: list[str]) -> None:
-    """Takes over the work nobody holds any more (as of `now`, `gone` the holders whose
-    process left this host), if this Memory's model for the repo is the one it started with:
-    an extraction, the annotation of stored steps, an auto-commit session's timers."""
+    """Takes over the work nobody holds any more (as of `now`; `gone`: holders whose process
+    left this host) when this Memory's model for the repo is the one it started with."""
     co = live.coordination
     for lease in await co.takeable(now, now - live.lease, gone):
         if lease.holder == live.holder_id:
@@ -422,8 +394,8 @@ async def take_work(live: Sessions, now: datetime, gone: list[str]) -> None:
 
 
 async def _take_timers(live: Sessions, session: SessionRecord) -> None:
-    """Drives the auto-commit timers of a session whose holder went away, if this
-    Memory's model for its repo may do its work."""
+    """Drives the auto-commit timers of a session whose holder went away, given a matching
+    model."""
     config = session.config
     if session.driven or not config.auto_commit:
         return
@@ -435,16 +407,14 @@ async def _take_timers(live: Sessions, session: SessionRecord) -> None:
         return
     if await live.claim(session):
         log.info("%s: taking over its auto-commit timers", session.id)
-        # A boundary handed the finished trajectories to a background commit, which
-        # went with its holder: it runs again here now, not at the next flush.
+        # A background commit that went with its holder runs again here now.
         finished = session.finished_steps()
         if finished:
             live.start(session, CommitSteps(finished))
 
 
 def _same_model(session: SessionRecord) -> bool:
-    """Whether this Memory's model for the session's repo is the one its work started with
-    (the API contract: work is taken over only by a matching model)."""
+    """Whether this Memory's model for the session's repo is the one its work started with."""
     try:
         here = model_name(session.repo_runtime.llm)
     except NotFoundError:

@@ -1,11 +1,7 @@
-"""The session state machine and the record it moves.
-
-`EDGES` is the one table: every move, with its condition; the `transitions` machine fires
-them, and a trigger it does not fire is answered by `refusal`: a caller's call with the API
-contract's reason (`REFUSALS`), a background result with "stale" (its wait is over). The
-machine's callbacks never await I/O: effects run outside it (named by the moves as values,
-`Extract`, `CommitSteps`), and their results come back as triggers.
-
+"""The session state machine and the record it moves. `EDGES` is the one table: the
+`transitions` machine fires them, and a trigger it does not fire is answered by `refusal` (a
+call's reason from `REFUSALS`, a background result "stale"). Callbacks never await I/O: effects
+run outside the machine (`Extract`, `CommitSteps`), and their results come back as triggers.
 ```
             start_episode            close                 extraction_succeeded
    IDLE ─────────────────▶ COLLECTING ─────▶ EXTRACTING ─────────────────────────▶ READY
@@ -16,9 +12,8 @@ machine's callbacks never await I/O: effects run outside it (named by the moves 
     └──── discard ──────────── FAILED ◀───────┘          IDLE ◀── commit/discard ───┘ │
 ```
 
-A `SessionRecord` is the model the machine moves: one live session of this Memory, what the
-store holds of it plus its lock, queue and background work. Busy, for the async queue, means
-extracting, an auto-commit extraction in flight, or an accepted operation still running.
+A `SessionRecord` is one live session: what the store holds of it, plus its lock, queue and
+background work.
 """
 
 from __future__ import annotations
@@ -68,8 +63,8 @@ STALE: Final = "stale"
 
 
 def _appending(*, appends: int = 0, **_: object) -> bool:
-    """An append runs, or was accepted before the close (`appends`, counted by the caller
-    once, so that the check and the move agree: an append begun between is refused)."""
+    """An append runs, or was accepted before the close (`appends`, counted once by the
+    caller)."""
     return appends > 0
 
 
@@ -87,8 +82,7 @@ EDGES: Final[list[dict[str, Any]]] = [
     {"trigger": "discard", "source": [S.READY, S.FAILED], "dest": S.IDLE},
 ]
 
-# Why each call is refused where the table has no edge for it (the API contract's state
-# table), and where its edge's condition does not hold.
+# Why each call is refused where the table has no edge for it, or its condition does not hold.
 REFUSALS: Final[dict[State, dict[str, str]]] = {
     S.IDLE: {"append": "not_collecting", "close": "not_collecting", "commit": "not_ready",
              "discard": "not_discardable"},
@@ -101,9 +95,8 @@ REFUSALS: Final[dict[State, dict[str, str]]] = {
 }
 
 def new_machine() -> Machine:
-    """The machine of one Memory's sessions, each record a model (an idle session stays
-    small: BENCHMARKS.md). Not queued: no callback fires a trigger, and the queue would be
-    one for every thread that moves a session."""
+    """The machine of one Memory's sessions, each record a model. Not queued: no callback
+    fires a trigger."""
     return Machine(model=None, states=list(State), transitions=EDGES, initial=S.IDLE,
                    auto_transitions=False, queued=False, send_event=False)
 
@@ -128,9 +121,8 @@ def refuse_unless(session: SessionRecord, event: str, **facts: object) -> None:
 
 
 def appends_before(session: SessionRecord, *, queued: bool = False) -> int:
-    """The appends a close waits for (the table's condition on `close`): those running or
-    accepted before it. A `queued` close (running from the queue) is not held by the appends
-    still queued after it: they run once it is done."""
+    """The appends a close waits for: those running or accepted before it (a `queued` close
+    is not held by appends queued after it)."""
     later = sum(op.kind == "append" for op in session.pending) if queued else 0
     return max(session.appends_in_flight - later, 0)
 
@@ -150,10 +142,9 @@ class SessionContext:
 
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
-    """A live session as `Memory.list_sessions` reports it: `goal` is its last episode's (the
-    open one's, or for an idle session the one it last committed or discarded) and `steps`
-    counts the open episode's steps (0 when idle). `holder` is the `Memory` that holds its
-    background work (an extraction), until `lease_until` unless its heartbeat renews it."""
+    """A live session as `Memory.list_sessions` reports it: `goal` is its last episode's,
+    `steps` the open episode's count (0 when idle), `holder` the `Memory` holding its
+    background work until `lease_until`."""
 
     id: str
     repo: str
@@ -166,9 +157,8 @@ class SessionInfo:
 
 @dataclass(slots=True)
 class Runtime:
-    """The llm, embedder and config a repo (or one session) works with, the dimension of the
-    repo's vectors (0 while the repo has none recorded), and their generation as this Memory
-    knows it (`RepoRow.generation`: what the embedder's vectors are made for)."""
+    """The llm, embedder and config a repo (or one session) works with, the repo's vector
+    dimension (0: none recorded) and generation as this Memory knows it."""
 
     llm: LLM
     embedder: Embedder
@@ -177,8 +167,8 @@ class Runtime:
     generation: int = 0
 
     def check_usable(self, repo: str) -> None:
-        """`check_dim`, and the error of a recorded model that cannot be built here: an
-        append refuses it before it stores a step no model here could annotate.
+        """`check_dim`, and the error of a recorded model that cannot be built here (before
+        an append stores a step no model here could annotate).
 
         Raises:
             LLMError, EmbeddingError: the LLM or the embedder cannot work here.
@@ -197,8 +187,8 @@ class Extract:
 
 @dataclass(frozen=True, slots=True)
 class CommitSteps:
-    """The effect of a trajectory boundary in auto-commit (or a flush, or a take-over):
-    extract and commit `steps` in the background while the session keeps collecting."""
+    """The effect of a trajectory boundary in auto-commit (or a flush, or a takeover): extract
+    and commit `steps` in the background."""
 
     steps: list[StepRecord]
 
@@ -224,8 +214,8 @@ VALUES = {"commit": "committed", "discard": "discarded", "start_episode": "start
 
 @dataclass(slots=True)
 class Op:
-    """One accepted async operation. `applied` is set once its state change has happened;
-    `stored` names the row of an operation taken from the store whose Memory waits for it."""
+    """One accepted async operation: `applied` once its state change happened; `stored` the
+    row of an operation taken from the store."""
 
     kind: str
     args: tuple[Any, ...]
@@ -252,17 +242,15 @@ def project(start: State, kinds: Iterable[str], *, auto_commit: bool) -> State |
 
 
 async def deliver(callback: Callback | None, result: OpResult) -> None:
-    """Calls an operation's callback, if any, as `ports.deliver` does (shielded: it runs in
-    one of the session's tasks, which `end_session` cancels, and the callback itself may end
-    the session; an exception it raises is logged, never propagated)."""
+    """Calls an operation's callback, if any, shielded (`end_session` may cancel the task);
+    an exception it raises is logged, never propagated."""
     if callback is not None:
         await call_back(callback, result, "an operation")
 
 
 class TicketQueue:
-    """Lets holders of numbered tickets through one at a time, in ticket order. A ticket
-    taken and then abandoned (its operation failed or was cancelled before its turn) is
-    skipped, so no later holder waits forever."""
+    """Lets holders of numbered tickets through one at a time, in order; an abandoned ticket
+    is skipped."""
 
     def __init__(self) -> None:
         self._next = 0
@@ -306,8 +294,8 @@ class TicketQueue:
 
 @dataclass(eq=False)
 class SessionRecord:
-    """One live session of this Memory, and the model its Memory's machine moves (`state`, and the
-    trigger methods it adds). Not slotted: the machine sets its methods on the record."""
+    """One live session of this Memory, the model its machine moves. Not slotted: the machine
+    sets its methods on the record."""
 
     id: str
     repo: str
@@ -330,17 +318,13 @@ class SessionRecord:
     claimed: set[str] = field(default_factory=set)
     changed: anyio.Event = field(default_factory=anyio.Event)
     scopes: set[anyio.CancelScope] = field(default_factory=set)
-    # Tasks that only wait on the store for it (`operations.watch`): cancelled with it, but
-    # no work on it (counted as work, this Memory queued operations locally for an
-    # extraction it did not hold, and never took that work over).
+    # Tasks that only wait on the store for it: cancelled with it, but no work on it.
     waits: set[anyio.CancelScope] = field(default_factory=set)
-    # Read from the store (restored, or started through another Memory) rather than started
-    # here: its repo's longer timeouts hold for it (`runtime`).
+    # Read from the store rather than started here: its repo's longer timeouts hold for it.
     recorded: bool = False
     # The model the session's extraction started with (`ports.model_name`); None: unknown.
     extraction_model: str | None = None
-    # When it was last used, on the event loop's clock, and as the store last said
-    # (`active_at`: the store's time of the last use through any Memory).
+    # When it was last used, on the event loop's clock (from the store's `active_at` too).
     last_activity: float = 0.0
     active_at: datetime | None = None
     flush_after: float = 0.0
@@ -348,22 +332,18 @@ class SessionRecord:
     driven: bool = False
     checking: bool = False  # a due deadline is being checked against the store
     ended: bool = False
-    # The session row's version this record reflects: every write carries it, and one that
-    # finds another (a Memory elsewhere moved the session) writes nothing.
+    # The session row's version this record reflects: a write carrying another writes nothing.
     version: int = 0
     watching: bool = False  # queued operations wait for work another Memory holds
-    # Held while an operation is checked against those this Memory stored for the session
-    # and stored beside them, and by the Memory's close while it answers them.
+    # Held while an operation is checked against and stored beside this Memory's stored ones.
     storing: anyio.Lock = field(default_factory=anyio.Lock)
     # Held while the session's stored operations are taken and queued, one taker at a time.
     taking: anyio.Lock = field(default_factory=anyio.Lock)
-    # Work that ends by handing stored operations over is under way: a call made meanwhile
-    # queues behind them (`operations.awaits_handover`).
+    # Work that ends by handing stored operations over is under way.
     handing_over: int = 0
     # The open episode's validated extraction results, so a retry re-asks only what failed.
     memo: TaskMemo | None = None
-    # The stored steps' annotation runs here; the steps whose annotation this Memory claimed
-    # in the store; what stopped the last one.
+    # The annotation runs here; the steps whose annotation it claimed; what stopped the last.
     annotating: bool = False
     held: set[str] = field(default_factory=set)
     annotation_failure: BaseException | None = None
@@ -374,9 +354,8 @@ class SessionRecord:
 
     @property
     def runtime(self) -> Runtime:
-        """The session's llm and embedder: its own overrides, else its repo's (read late, so
-        a restored session picks up what `open_repo` gives its repo). A session read from
-        the store runs with its repo's timeouts where they are longer."""
+        """The session's llm and embedder: its overrides, else its repo's (read late); a
+        session read from the store runs with its repo's timeouts where longer."""
         base = self.repo_runtime
         config = with_longer_timeouts(self.config, base.config) if self.recorded else self.config
         chosen = base if self.override is None else self.override
@@ -393,8 +372,8 @@ class SessionRecord:
         self.changed = anyio.Event()
 
     def step_at(self, episode_id: str, index: int) -> StepRecord | None:
-        """The step `index` of episode `episode_id` as the record holds it now (a read of the
-        store replaces the records), None once the episode is not the session's."""
+        """The step `index` of episode `episode_id` as the record holds it now, None once the
+        episode is not the session's."""
         episode = self.episode
         if episode is None or episode.id != episode_id or index >= len(episode.steps):
             return None
@@ -404,8 +383,8 @@ class SessionRecord:
         return [s for s in self.episode.steps if not s.annotated] if self.episode else []
 
     def uncommitted(self) -> list[StepRecord]:
-        """The open episode's annotated steps that no commit has and no background commit here
-        is extracting: what a flush or a close extracts."""
+        """The open episode's annotated steps not committed nor extracted by a background
+        commit here: what a flush or a close extracts."""
         return [s for s in self.episode.steps if self._extractable(s)] if self.episode else []
 
     def finished_steps(self) -> list[StepRecord]:
@@ -422,9 +401,8 @@ class SessionRecord:
 
 
 def check_step(config: Config, observation: object, action: object, metadata: object) -> None:
-    """Raises InvalidInputError for a blank observation (a step is what was observed), a
-    metadata that is not a dict, or a step past `config.max_text_chars` (metadata: as JSON,
-    and `inputs.MAX_JSON_DEPTH` deep)."""
+    """Raises InvalidInputError for a blank observation, a metadata that is not a dict, or a
+    step past `config.max_text_chars` or `inputs.MAX_JSON_DEPTH`."""
     if metadata is not None and not isinstance(metadata, dict):
         raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
     check_text(observation, "observation", limit=config.max_text_chars)
@@ -434,8 +412,7 @@ def check_step(config: Config, observation: object, action: object, metadata: ob
 
 
 def current_state(session: SessionRecord) -> State:
-    """The session's state now: a call that awaits may have moved it, which mypy's narrowing
-    of `session.state` cannot know."""
+    """The session's state now (a call that awaited may have moved it; mypy cannot know)."""
     return session.state
 
 
@@ -468,8 +445,7 @@ def as_session_error(exc: Exception, session: SessionRecord) -> SessionError:
     """The `SessionError` an async operation's callback receives for `exc`."""
     if isinstance(exc, SessionError):
         return exc
-    # The API contract: whatever it was (an LLMError, an EmbeddingError, a foreign error), the
-    # caller tells it by the cause, not by a reason of its own.
+    # The API contract: the caller tells the failure by its cause, not by a reason of its own.
     error = SessionError("operation_failed", state=session.state, session_id=session.id)
     error.__cause__ = exc
     return error

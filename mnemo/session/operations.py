@@ -1,18 +1,10 @@
-"""The async operation queue of each session (the API contract, "The async operation queue"),
-and the operations stored with their session for work another `Memory` holds.
-
-`submit` accepts an operation: it runs now when the session is free, else it waits in the
-session's `pending` queue, accepted only if the projected state (`machine.project`) allows
-it. `start_next` starts the next one once nothing holds the session (no running operation,
-no extraction, no background commit). Each accepted operation gets exactly one callback: its
-result, or a `SessionError` when it, or one before it, failed, or the session ended.
-
-While another Memory extracts a session, an operation accepted here is stored in the store's
-`ops` table (`_store_for`), and this Memory waits for it (`watch`). Whoever ends that work
-takes the stored operations (`run_stored`), runs them in order, and records each result for
-the Memory that accepted it, whose callback then runs (`deliver_results`; a taker that left
-without a result: `timers.answer_abandoned`). Every path that calls back a waiting operation
-takes it out of `Sessions.remote` first, at once: one callback each, never none, never two.
+"""The async operation queue of each session, and the operations stored with their session for
+work another `Memory` holds. `submit` runs an operation now when the session is free, else
+queues it if the projected state (`machine.project`) allows it; each accepted operation gets
+exactly one callback. While another Memory extracts the session, an operation accepted here is
+stored (`_store_for`); whoever ends that work runs it and records its result, and this Memory
+calls back (`deliver_results`). Every path that calls back a waiting operation takes it out of
+`Sessions.remote` first, at once: one callback each, never none, never two.
 """
 
 from __future__ import annotations
@@ -59,7 +51,7 @@ async def submit(
     Raises:
         InvalidInputError: a callback that is neither None nor callable.
         SessionError: "session_failed", "pending_queue_full", "invalid_operation" or
-            "invalid_queued_operation" (the API contract's queue rules).
+            "invalid_queued_operation".
     """
     if callback is not None and not callable(callback):
         raise InvalidInputError(f"callback must be callable or None, got {callback!r}")
@@ -71,9 +63,8 @@ async def submit(
             "invalid_operation", "invalid_queued_operation", "session_failed"
         ):
             raise
-        # Checked against the store before it is raised, as a sync call's refusal is
-        # (`transitions.refuse_checked`): nothing was accepted, so trying again accepts it
-        # at most once.
+        # Checked against the store before it is raised, as a sync call's refusal is:
+        # nothing was accepted.
         async with session.lock:
             await live.reload(session)
         await _accept(live, session, kind, args, callback)
@@ -89,8 +80,7 @@ async def _accept(live: Sessions, session: SessionRecord, kind: str, args: tuple
         raise SessionError("session_failed", state=session.state, session_id=session.id)
     op = Op(kind, args, callback)
     if session.busy or awaits_handover(live, session):
-        # What this Memory stored while another held the extraction, not yet taken, was
-        # accepted first: it comes first in the queue (`run_stored`).
+        # What this Memory stored while another held the extraction comes first in the queue.
         kinds = [k for _, k, _ in live.remote.get(session.id, [])]
         kinds += [o.kind for o in session.pending]
         _check_queue(session, len(kinds), projection(session, [*kinds, kind]))
@@ -105,8 +95,7 @@ async def _accept(live: Sessions, session: SessionRecord, kind: str, args: tuple
 
 
 def _check_queue(session: SessionRecord, queued: int, projected: State | None) -> None:
-    """Raises the queue rules' SessionError: `queued` operations fill it, or no state is
-    `projected` after them."""
+    """Raises the queue rules' SessionError: the queue is full, or no state is `projected`."""
     if queued >= session.config.max_pending_ops:
         raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
     if projected is None:
@@ -121,15 +110,14 @@ def accept(session: SessionRecord, op: Op) -> None:
 
 
 def awaits_handover(live: Sessions, session: SessionRecord) -> bool:
-    """Operations this Memory stored are being handed over to the session's queue (by its
-    extraction's end, or a take): accepted first, a call made now queues behind them."""
+    """Operations this Memory stored are being handed over to the session's queue: a call made
+    now queues behind them."""
     return session.handing_over > 0 and bool(live.remote.get(session.id))
 
 
 @contextmanager
 def handing_over(live: Sessions, session: SessionRecord) -> Iterator[None]:
-    """Marks work that ends by handing stored operations over (`awaits_handover`); once it
-    ends, however, the session's queue starts."""
+    """Marks work that ends by handing stored operations over; once it ends, the queue starts."""
     session.handing_over += 1
     try:
         yield
@@ -148,8 +136,7 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
         # Shielded: finding the session ended cancels this task; the callbacks are owed.
         with anyio.CancelScope(shield=True):
             ended = not await _still_live(live, session)
-            # The later ones are taken out at once: while the callbacks run, nothing else (a
-            # background commit ending) may start one of them.
+            # The later ones are taken out at once: nothing may start one while callbacks run.
             later = _take_pending(session)
             if ended:  # through another Memory: as `end_session` answers
                 await _finish_op(session, op, failure(session, "session_ended"))
@@ -171,10 +158,9 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
 
 
 async def _still_live(live: Sessions, session: SessionRecord) -> bool:
-    """Whether the store still holds the session of a failed operation: one ended through
-    another Memory (which may be why it failed) is dropped here (`Sessions.forget`), and the
-    operations behind it are answered `session_ended`, not `preceding_op_failed`. A store
-    that cannot say counts as live."""
+    """Whether the store still holds the session of a failed operation: one ended elsewhere
+    is dropped here, and the operations behind it get `session_ended`, not
+    `preceding_op_failed`. A store that cannot say counts as live."""
     if session.ended:
         return False
     try:
@@ -188,9 +174,9 @@ async def _still_live(live: Sessions, session: SessionRecord) -> bool:
 
 
 async def _still_taken(live: Sessions, op: Op) -> None:
-    """Raises MnemoError when `op` came from the store and the Memory that accepted it has
-    answered it meanwhile, having taken this one for gone (a heartbeat late for a lease): run
-    now, it would be done after its caller heard it failed."""
+    """Raises MnemoError when `op` came from the store and its accepting Memory has answered
+    it meanwhile (taking this one for gone): run now, it would be done after its caller heard
+    it failed."""
     if op.stored is None:
         return
     if not await live.coordination.still_taken(op.stored, live.holder_id):
@@ -201,8 +187,7 @@ async def _still_taken(live: Sessions, op: Op) -> None:
 
 
 async def _finish_op(session: SessionRecord, op: Op, result: OpResult) -> None:
-    """Ends the operation, then calls it back: what the callback does next (a close after
-    an append's "appended") finds it over, not in progress."""
+    """Ends the operation, then calls it back (a close in the callback finds it over)."""
     op.done = True
     if op.kind == "append":
         session.appends_in_flight -= 1
@@ -235,8 +220,8 @@ def start_next(live: Sessions, session: SessionRecord) -> None:
 
 
 async def fail_pending(session: SessionRecord, reason: str) -> None:
-    """Answers every queued operation with a `SessionError(reason)` and empties the queue:
-    all are taken out before the first callback runs, so none of them starts meanwhile."""
+    """Answers every queued operation with `SessionError(reason)`, all taken out of the queue
+    before the first callback runs."""
     await _fail(session, _take_pending(session), reason)
 
 
@@ -259,17 +244,15 @@ async def _fail(session: SessionRecord, ops: list[Op], reason: str) -> None:
         await deliver(op.callback, failure(session, reason))
 
 
-# How often a Memory whose stored operations wait for work another Memory holds looks at the
-# store's change token (a cheap read; results and the session are read only when it moved).
+# How often a Memory waiting on stored operations looks at the store's change token.
 WATCH_INTERVAL = POLL_INTERVAL
-# After storage faults in a row, the watcher pauses up to this many intervals (3.2 s).
+# After storage faults in a row, the watcher pauses up to this many intervals.
 WATCH_BACKOFF = 64
 
 
 def watch(live: Sessions, session: SessionRecord) -> None:
-    """Waits, while operations this Memory stored for the session wait for work held
-    elsewhere, for their results (and calls back), or for the work to end with nobody to run
-    them (then runs them here)."""
+    """Waits, while operations this Memory stored wait for work held elsewhere, for their
+    results (then calls back), or for the work to end with nobody to run them (runs them)."""
     if session.watching:
         return
     session.watching = True
@@ -295,8 +278,7 @@ def watch(live: Sessions, session: SessionRecord) -> None:
                     if session.state is not S.EXTRACTING:
                         await run_stored(live, session)
                 except StorageError as exc:
-                    # The results are in the store: a fault ends nothing (it could
-                    # contradict a result written meanwhile).
+                    # The results are in the store: a fault ends nothing.
                     faults += 1
                     log.warning("%s: waiting for operations held elsewhere: %s (attempt %d)",
                                 session.id, exc, faults)
@@ -318,8 +300,7 @@ async def deliver_results(live: Sessions, session: SessionRecord) -> None:
     results = await live.coordination.op_results([op_id for op_id, _, _ in mine])
     if not results:
         return
-    # Dropped from the store before they are forgotten here: a fault then leaves both as they
-    # were, and the next look finds the same results (one callback each, never none).
+    # Dropped from the store before forgotten here: after a fault the next look finds the same.
     await live.coordination.drop_ops([op_id for op_id, _, _ in mine if op_id in results])
     for op_id, _, callback in claim_waiting(live, session.id, results):
         await deliver(callback, results[op_id].result(session.state, session.id))
@@ -328,9 +309,8 @@ async def deliver_results(live: Sessions, session: SessionRecord) -> None:
 def claim_waiting(
     live: Sessions, session_id: str, op_ids: Collection[str]
 ) -> list[tuple[str, str, Callback | None]]:
-    """Takes the entries of `op_ids` out of what this Memory waits for, in the order they
-    were accepted, at once (no await in between): two paths that both found one answered
-    call back once."""
+    """Takes the entries of `op_ids` out of what this Memory waits for, in order, at once (no
+    await in between): two paths that both found one answered call back once."""
     entries = live.remote.get(session_id, [])
     claimed = [entry for entry in entries if entry[0] in op_ids]
     entries[:] = [entry for entry in entries if entry[0] not in op_ids]
@@ -338,11 +318,10 @@ def claim_waiting(
 
 
 async def run_stored(live: Sessions, session: SessionRecord) -> None:
-    """Takes the session's stored operations nobody took yet and queues them here, in the
-    order they were accepted (after a failed extraction they fail "extraction_failed"); each
-    result goes to the Memory that accepted it. Then starts the session's queue. One taker
-    at a time (the extraction's end and the watcher both get here); a call made meanwhile
-    queues behind them (`awaits_handover`); once taken, they are queued (shielded).
+    """Takes the session's stored operations nobody took yet and queues them here in order
+    (after a failed extraction they fail "extraction_failed"), each result going to the Memory
+    that accepted it; then starts the queue. One taker at a time; a call made meanwhile
+    queues behind them.
 
     Raises:
         StorageError: the stored operations could not be taken (they stay stored); the
@@ -382,8 +361,8 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
 
 
 def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
-    """Where a stored operation's result goes: its callback, when this Memory accepted it
-    (it leaves `live.remote` now), else the store, for the Memory that did."""
+    """Where a stored operation's result goes: its callback, when this Memory accepted it,
+    else the store, for the Memory that did."""
     claimed = claim_waiting(live, session.id, {op_id})
     if not claimed:
 
@@ -404,9 +383,8 @@ def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
     return call_back
 
 
-# A result for another Memory is stored again after a fault, with a pause doubling from
-# WATCH_INTERVAL, for this many seconds in the callback (which runs shielded: a Memory closing
-# waits for it), then in the background for as long as this Memory is open.
+# A result for another Memory is stored again after a fault, pausing from WATCH_INTERVAL up, for
+# this many seconds in the callback, then in the background while this Memory is open.
 FINISH_BUDGET = 10.0
 
 
@@ -414,8 +392,7 @@ async def _store_result(
     live: Sessions, session: SessionRecord, op_id: str, result: StoredResult
 ) -> None:
     """Stores the result of an operation another Memory accepted, trying again after a fault
-    for `FINISH_BUDGET` seconds here, then in the background until this Memory closes (then
-    the one that accepted it answers it as left without a result: `answer_abandoned`)."""
+    (see `FINISH_BUDGET`)."""
     with anyio.move_on_after(FINISH_BUDGET):
         await _keep_storing(live, op_id, result)
         return
@@ -443,8 +420,8 @@ async def _keep_storing(live: Sessions, op_id: str, result: StoredResult) -> Non
 
 
 async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> None:
-    """Answers every operation this Memory stored for the session with `reason`. On a close
-    they stay stored (another Memory may still run them); an ended session's are dropped."""
+    """Answers every operation this Memory stored for the session with `reason`; on a close
+    they stay stored, an ended session's are dropped."""
     entries = live.remote.pop(session.id, [])
     ids = [op_id for op_id, _, _ in entries]
     try:
@@ -461,8 +438,8 @@ async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> No
 
 async def _store_for(live: Sessions, session: SessionRecord, kind: str,
                      args: tuple[Any, ...], callback: Callback | None) -> None:
-    """Accepts an operation for a session whose extraction another Memory holds: it is stored
-    with the session, whoever ends that work runs it, and its callback runs here.
+    """Accepts an operation for a session whose extraction another Memory holds: stored with
+    the session, run by whoever ends that work, called back here.
 
     Raises:
         SessionError: as `submit`; NotFoundError: the session ended meanwhile.
@@ -470,8 +447,7 @@ async def _store_for(live: Sessions, session: SessionRecord, kind: str,
     """
     if live.closing:  # a callback of the close itself, say, which holds `storing`
         raise RuntimeError("the Memory has closed")
-    # From the check to the append, one call at a time: the store's insert is awaited, and a
-    # second call checked meanwhile would pass the bound and the rules without the first.
+    # From the check to the append, one call at a time (the insert is awaited).
     async with session.storing:
         if session.ended:
             raise NotFoundError("session", session.id)
@@ -494,7 +470,6 @@ async def _store_for(live: Sessions, session: SessionRecord, kind: str,
 
 
 async def answer_ended(live: Sessions, session: SessionRecord) -> None:
-    """Answers what an ended session owed, `session_ended`: its queued operations, and those
-    it stored for another Memory's extraction (their watcher was cancelled with it)."""
+    """Answers `session_ended` to what an ended session owed: queued and stored operations."""
     await fail_pending(session, "session_ended")
     await fail_remote(live, session, "session_ended")

@@ -1,10 +1,5 @@
-"""The sessions' port: `SessionStore`, what the sessions need from a backend, and the
-rows it reads back.
-
-Every accepted step, episode and state change is written through it before the call that made
-it returns; `load_live` brings back every session that had not ended. Implementations live in
-`mnemo.storage.<backend>.sessions`.
-"""
+"""The sessions' port: `SessionStore`, what the sessions need from a backend, and the rows it
+reads back; every accepted step, episode and state change is written before its call returns."""
 
 from __future__ import annotations
 
@@ -25,10 +20,9 @@ from mnemo.session.machine import OpResult, State
 
 @dataclass(frozen=True, slots=True)
 class RepoRow:
-    """A repo's record: its config, its vectors' dimension, and the URIs of the embedder and
-    LLM it runs with (`mnemo.adapters.uri`; never a key; `llm` is None for a repo recorded
-    before models were). `generation` counts the times its vectors were made again with
-    another embedder (`Memory.reembed`): a record read before the last one is out of date."""
+    """A repo's record: its config, vectors' dimension, and the URIs (never a key) of the
+    embedder and LLM it runs with (`llm` None: recorded before models were). `generation`
+    counts its re-embeddings: a record read before the last one is out of date."""
 
     name: str
     config: Config
@@ -54,7 +48,7 @@ class LiveSession:
     version: int = 0
     holder: str | None = None
     lease_until: datetime | None = None
-    # When the session was last used (an append, an episode started) through any Memory.
+    # When the session was last used through any Memory.
     active_at: datetime | None = None
     # The goal of its last episode, open or not (an idle session's is its last one's).
     goal: str | None = None
@@ -63,8 +57,8 @@ class LiveSession:
 
 @dataclass(frozen=True, slots=True)
 class IdleSweep:
-    """What `Coordination.end_idle` did: the sessions it ended, as (id, repo), and the seconds
-    until the next idle session comes due (0: more were due than it ended; None: none idle)."""
+    """What `Coordination.end_idle` did: the sessions ended, as (id, repo), and the seconds
+    until the next comes due (0: more were due; None: none idle)."""
 
     ended: list[tuple[str, str]]
     next_due: float | None
@@ -72,8 +66,8 @@ class IdleSweep:
 
 class SessionStore(Protocol):
     """Every session's rows. A write that changes a session moves its `version` on and
-    returns the new one; given the `version` the caller read, it writes nothing and raises
-    `StaleSession` when another `Memory` moved the session first."""
+    returns it; given the caller's `version`, it writes nothing and raises `StaleSession` when
+    another `Memory` moved the session first."""
 
     async def load_repos(self) -> list[RepoRow]: ...
     async def save_repo(self, row: RepoRow) -> None: ...
@@ -86,8 +80,8 @@ class SessionStore(Protocol):
         holder: str | None = None, lease_until: datetime | None = None,
         metadata: Mapping[str, str | int | float | bool] | None = None,
     ) -> None:
-        """Stores a new session, collecting `episode`, used now, and held by `holder` (its
-        auto-commit timers) until `lease_until`, its nodes to carry `metadata`."""
+        """Stores a new session collecting `episode`, held by `holder` until `lease_until`,
+        its nodes to carry `metadata`."""
         ...
     async def start_episode(
         self, session_id: str, episode: EpisodeRecord, *, version: int | None = None
@@ -101,8 +95,8 @@ class SessionStore(Protocol):
         version: int | None = None,
         holder: str | None = None,
     ) -> int:
-        """Stores the step (before its annotation) while the session is still collecting
-        this episode; `holder` claims its annotation (`Coordination.claim_steps`)."""
+        """Stores the step (before its annotation) while the session still collects this
+        episode; `holder` claims its annotation."""
         ...
     async def annotate_step(
         self,
@@ -114,9 +108,8 @@ class SessionStore(Protocol):
         holder: str | None = None,
     ) -> int | None:
         """Writes a stored step's annotation and the previous step's reward, once, while the
-        episode is the session's (its state may have moved on: a close waits for it), and
-        drops `holder`'s claim on it; returns the session's new version, None when the step
-        was annotated already or its episode is gone."""
+        episode is the session's, and drops `holder`'s claim; returns the session's new
+        version, None when the step was annotated already or its episode is gone."""
         ...
     async def set_state(
         self,
@@ -138,20 +131,17 @@ class SessionStore(Protocol):
         self, session_id: str, episode_id: str | None, *, version: int | None = None
     ) -> int: ...
     async def end(self, session_id: str, *, version: int | None = None) -> None:
-        """Ends the session (given `version`: only while it is still at it, else
-        `StaleSession`)."""
+        """Ends the session (given `version`: only while still at it, else `StaleSession`)."""
         ...
     async def load_live(self) -> list[LiveSession]: ...
     async def version(self, session_id: str) -> int | None:
-        """The session's version as stored now (None: unknown or ended): whether another
-        Memory moved it since a record was read. Reads only."""
+        """The session's version as stored now (None: unknown or ended). Reads only."""
         ...
     async def load_one(self, session_id: str) -> LiveSession | None:
         """One live session as `load_live` brings it back (None: unknown or ended)."""
         ...
     async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
-        """Stores a task's validated reply with its open episode (kept until it is committed
-        or discarded)."""
+        """Stores a task's validated reply with its open episode (until commit or discard)."""
         ...
     async def kept_results(self, episode_id: str) -> list[KeptResult]: ...
     async def episodes(self, session_id: str) -> list[EpisodeLog]: ...
@@ -163,8 +153,7 @@ class SessionStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class HolderInfo:
-    """An open `Memory` on the store: the holder of the background work it runs, and when it
-    last said it was alive (`seen_at`, renewed by its heartbeat)."""
+    """An open `Memory` on the store: its holder id, and when it last said it was alive."""
 
     id: str
     host: str
@@ -175,8 +164,8 @@ class HolderInfo:
 
 @dataclass(frozen=True, slots=True)
 class SessionLease:
-    """What the multi-process rules read of a session's row: its state and `version` (every
-    transition compares and sets it), and who holds its background work until when."""
+    """A session's row as the multi-process rules read it: state, `version`, and who holds
+    its background work until when."""
 
     id: str
     repo: str
@@ -211,8 +200,7 @@ class StoredResult(msgspec.Struct):
 
     @classmethod
     def of(cls, result: OpResult) -> StoredResult:
-        """`result` as stored: an error by its reason, its cause by its type's name and
-        message (an exception does not cross processes)."""
+        """`result` as stored: an error by its reason, its cause by type name and message."""
         error = result.error
         cause = None if error is None else error.__cause__
         return cls(result.ok, result.value, None if error is None else error.reason,
@@ -220,7 +208,7 @@ class StoredResult(msgspec.Struct):
 
     def result(self, state: State, session_id: str) -> OpResult:
         """The result for the Memory that accepted the operation; an error keeps its cause
-        (`operation_failed`'s LLM or embedder error) as far as the store could."""
+        as far as the store could."""
         error = None if self.error is None else SessionError(
             self.error, state=state, session_id=session_id)
         if error is not None and self.cause is not None:
@@ -238,8 +226,7 @@ class StoredResult(msgspec.Struct):
 
 def _remote_cause(kind: str, message: str) -> Exception:
     """An error raised in another Memory, rebuilt from its type's name and message: an
-    `LLMError` or `EmbeddingError` (what a caller tells an `operation_failed` by) as itself,
-    anything else as a `MnemoError` naming its type."""
+    `LLMError` or `EmbeddingError` as itself, anything else as a `MnemoError` naming it."""
     for error_type in (LLMTimeout, LLMError, EmbeddingError):
         if kind == error_type.__name__:
             return error_type(message)
@@ -248,18 +235,16 @@ def _remote_cause(kind: str, message: str) -> Exception:
 
 class Coordination(Protocol):
     """How the `Memory` objects on one store agree on who does what: holders with a heartbeat,
-    and sessions moved by compare-and-set on their version, with times on the store's clock
-    (`now`). Each method that reads or writes the store is one transaction."""
+    sessions moved by compare-and-set on their version, times on the store's clock. Each
+    method that reads or writes the store is one transaction."""
 
     def now(self) -> datetime:
-        """The store's time, as this `Memory` knows it: every time compared across Memories
-        (a lease, a heartbeat, a session's last use, an operation's acceptance) is stamped
-        and judged with it, never with a host's own clock. No round trip."""
+        """The store's time, as this `Memory` knows it (no round trip): every time compared
+        across Memories is stamped and judged with it, never a host's own clock."""
         ...
 
     async def sync_clock(self) -> None:
-        """Measures this host's clock against the store's again (`now` follows it). SQLite
-        is on one host, whose clock is the store's: nothing to do.
+        """Measures this host's clock against the store's again (SQLite: nothing to do).
 
         Raises:
             StorageError: the store could not be asked (`now` keeps the last measure).
@@ -276,9 +261,8 @@ class Coordination(Protocol):
         ...
 
     async def retire(self, holder_id: str, now: datetime) -> None:
-        """The holder closes: its record goes and its leases end at `now` (its step claims
-        with it: a claim lasts while its holder is recorded), so that another `Memory` may
-        take its work over at once."""
+        """The holder closes: its record, leases and step claims end at `now`, so another
+        `Memory` may take its work over at once."""
         ...
 
     async def holders(self) -> list[HolderInfo]:
@@ -300,43 +284,38 @@ class Coordination(Protocol):
         model: str | None = None,
     ) -> int | None:
         """Compare-and-set: when the session's version is still `version`, it becomes
-        `version + 1`, held by `holder_id` until `lease_until` (None, None: held by nobody),
-        in `state` and recording `model` when given. Returns the new version, or None when
-        another `Memory` moved the session first (nothing written)."""
+        `version + 1`, held by `holder_id` until `lease_until` (None, None: nobody), in `state`
+        and recording `model` when given. Returns the new version, or None (nothing written)."""
         ...
 
     async def takeable(
         self, now: datetime, unseen_since: datetime, gone: Sequence[str] = ()
     ) -> list[SessionLease]:
-        """The live sessions whose background work nobody holds any more: extracting (or
-        collecting or idle in auto-commit: their timers), with a lease that ended before
-        `now`, or a holder that is gone, in `gone`, or was last seen
-        before `unseen_since`. Oldest first. Reads only."""
+        """The live sessions whose background work nobody holds any more (extracting, or in
+        auto-commit with timers): a lease ended before `now`, or a holder gone (in `gone`, or
+        unseen since `unseen_since`). Oldest first. Reads only."""
         ...
 
     async def claim_steps(
         self, session_id: str, step_ids: Sequence[str], holder_id: str, *,
         unseen_since: datetime, gone: Sequence[str] = (),
     ) -> set[str]:
-        """Claims for `holder_id` the uncommitted steps of the session among `step_ids` that
-        no other holder claims, or whose claimer left (retired, not seen since
-        `unseen_since`, or in `gone`); returns those among `step_ids` it holds now (also the
-        ones it held before). A commit of a step, and the session's end, drop its claim."""
+        """Claims for `holder_id` the uncommitted steps among `step_ids` that no other live
+        holder claims; returns those it holds now (also those held before). A step's commit
+        and the session's end drop its claim."""
         ...
 
     async def release_steps(
         self, session_id: str, holder_id: str, step_ids: Sequence[str]
     ) -> None:
-        """Drops `holder_id`'s claims on the session's `step_ids`: it will not commit them
-        after all."""
+        """Drops `holder_id`'s claims on the session's `step_ids`."""
         ...
 
     async def unannotated(
         self, unseen_since: datetime, gone: Sequence[str] = ()
     ) -> list[str]:
-        """The collecting sessions with a step of their open episode not annotated yet and
-        not claimed by a live holder (one not retired, seen since `unseen_since`, not in
-        `gone`): work to take over. Reads only."""
+        """The collecting sessions with a step of their open episode unannotated and not
+        claimed by a live holder: work to take over. Reads only."""
         ...
 
     async def queue_op(self, op: StoredOp) -> None:
@@ -344,18 +323,17 @@ class Coordination(Protocol):
         ...
 
     async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
-        """Takes the session's stored operations nobody took yet (each is taken once), in
-        the order they were accepted."""
+        """Takes the session's stored operations nobody took yet, once each, in order."""
         ...
 
     async def finish_op(self, op_id: str, result: StoredResult) -> None:
-        """Records a taken operation's result for the Memory that accepted it (forgets the
-        operation when that Memory closed: nobody is left to call back)."""
+        """Records a taken operation's result for the Memory that accepted it (forgotten if
+        that Memory closed)."""
         ...
 
     async def orphan_ops(self, op_ids: Sequence[str]) -> None:
-        """The Memory that accepted these operations closes: those done are forgotten, the
-        others are forgotten once done."""
+        """The accepting Memory closes: these operations are forgotten (those under way once
+        done)."""
         ...
 
     async def op_results(self, op_ids: Sequence[str]) -> dict[str, StoredResult]:
@@ -366,23 +344,20 @@ class Coordination(Protocol):
         self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = (), *,
         me: str | None = None,
     ) -> list[str]:
-        """Forgets those of these operations that a holder other than `me` took and left
-        without recording a result (it retired, is in `gone`, or was last seen before
-        `unseen_since`), so that a result it still records goes nowhere; returns their ids."""
+        """Forgets those of these operations another holder than `me` took and left without
+        a result (it is gone, as `takeable` judges), so a late result goes nowhere; returns ids."""
         ...
 
     async def forget_orphans(
         self, unseen_since: datetime, gone: Sequence[str] = (), *, me: str | None = None
     ) -> int:
-        """Forgets the operations nobody waits for (the Memory that accepted them closed)
-        that a holder other than `me` took and left without a result (as `abandon_ops`
-        judges it): nobody else would take them, and nobody reads them; returns how many."""
+        """Forgets the operations nobody waits for that a gone holder took and left without a
+        result (as `abandon_ops` judges); returns how many."""
         ...
 
     async def still_taken(self, op_id: str, holder_id: str) -> bool:
-        """Whether the operation is still taken by `holder_id`: False once the Memory that
-        accepted it answered it (`abandon_ops`, having taken that holder for gone). Reads
-        only."""
+        """Whether the operation is still taken by `holder_id` (False once `abandon_ops`
+        answered it). Reads only."""
         ...
 
     async def drop_ops(self, op_ids: Sequence[str]) -> None:
@@ -390,21 +365,17 @@ class Coordination(Protocol):
         ...
 
     async def end_idle(self, limit: int) -> IdleSweep:
-        """Ends at most `limit` idle sessions untouched (no change of state) for longer than
-        their config's `idle_session_timeout`, the most overdue first, as
-        `SessionStore.end` ends one; a session that moved meanwhile is left alone. Reads only
-        when none is due."""
+        """Ends at most `limit` sessions idle past their `idle_session_timeout`, most overdue
+        first, as `SessionStore.end` does; one that moved meanwhile is left alone."""
         ...
 
     async def change_token(self) -> int:
-        """A number that changes when another connection changed the store (a cheap read:
-        what a waiting `Memory` polls)."""
+        """A number that changes when another connection changed the store (a cheap poll)."""
         ...
 
 
 class StepsCommittedElsewhere(Exception):
-    """A commit of steps another changeset already committed (another `Memory`'s auto-commit
-    of the same steps): nothing was written, and the session itself may not have moved."""
+    """A commit of steps another changeset already committed: nothing was written."""
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"{session_id}: steps committed by another Memory")
@@ -412,8 +383,7 @@ class StepsCommittedElsewhere(Exception):
 
 
 class StaleSession(Exception):
-    """A write that carried the session's version found another one: another `Memory` moved
-    the session first, and nothing was written (the caller reads the session again)."""
+    """A write carrying the session's version found another: nothing was written."""
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"{session_id}: moved by another Memory")

@@ -1,13 +1,7 @@
-"""`Sessions`: what the session modules share: the live sessions of one Memory, the ports they
-work through, this Memory as a holder of background work, and the task group their work runs
-in; and the step claims that say which Memory extracts which steps.
-
-Step claims (`Coordination.claim_steps`): a boundary's background commit, a flush and a close
-each claim the uncommitted steps they are about to extract; what another live holder claimed
-is left to it, so that no model is asked about a step twice. A claim lasts until the step is
-committed, the claimer gives it up, or the claimer leaves. A close first waits for the claims
-of others (`settle`), at most an extraction's time limit, then extracts what is still open
-itself (the graph still takes each step once: `StepsCommitted`).
+"""`Sessions`: what the session modules share (the live sessions of one Memory, their ports,
+this Memory as a holder of background work, the task group), and the step claims that say which
+Memory extracts which steps: what another live holder claimed is left to it, and a close first
+waits for others' claims (`settle`) before extracting what is still open itself.
 """
 
 from __future__ import annotations
@@ -38,9 +32,8 @@ log = logging.getLogger("mnemo")
 HOST = socket.gethostname()
 # How often a wait for work another Memory holds looks at the store's change token.
 POLL_INTERVAL = 0.05
-# A wait for another Memory's claims looks at the store's change token this often, and
-# again at least every `RECHECK` seconds though it has not moved: a claimer that died writes
-# nothing, its claims lapse.
+# A wait for another Memory's claims looks at the store's change token this often, and at
+# least every `RECHECK` seconds regardless (a claimer that died writes nothing).
 SETTLE_INTERVAL = 0.2
 RECHECK = 1.0
 
@@ -71,33 +64,28 @@ class Sessions:
         self.repo_runtime = repo_runtime
         self.llm_for = llm_for
         self.learn_repo = learn_repo
-        # Brings a repo's runtime up to its record when another Memory re-embedded it
-        # (`Repos.refresh`): a commit of work embedded before then embeds it again.
+        # Brings a repo's runtime up to its record after another Memory re-embedded it.
         self.refresh_repo = refresh_repo
-        # Starts what a move asks for (an `Effect`) in the session's own tasks, and answers
-        # what a session ended elsewhere still owes: given at construction, so that the
-        # machine's moves name their effects without importing what runs them.
+        # Starts what a move asks for (an `Effect`) in the session's tasks, and answers what a
+        # session ended elsewhere owes (given here, so the machine does not import its runner).
         self._effects = effects
         self._answer_ended = answer_ended
-        # This Memory as a holder of background work (`Coordination.register`): recorded at
-        # its first claim, alive while its heartbeat renews its leases (`timers.beat`).
+        # This Memory as a holder of background work, recorded at its first claim, alive while
+        # its heartbeat renews its leases.
         self.holder_id = f"holder_{uuid.uuid4().hex}"
         self.lease = timedelta(seconds=lease_timeout)
         self.registered = anyio.Event()
         self._registering = anyio.Lock()
-        # Operations this Memory accepted and stored for work another Memory holds, by
-        # session: (op id, kind, callback), in the order accepted.
+        # Operations accepted here for work another Memory holds, by session, in order.
         self.remote: dict[str, list[tuple[str, str, Callback | None]]] = {}
         self.machine = new_machine()
         self.by_id: dict[str, SessionRecord] = {}
         self.tg: TaskGroup | None = None
-        # The Memory is closing: its tasks have ended, and what it owed is being answered;
-        # nothing more is stored for another Memory.
+        # The Memory is closing: nothing more is stored for another Memory.
         self.closing = False
         self.timer_wake = anyio.Event()
         self.timed: set[str] = set()  # ids of auto-commit sessions, the only ones with timers
-        # The shortest `Config.idle_session_timeout` of this Memory and the sessions it knows:
-        # the most the idle sweep waits before it looks at the store again.
+        # The shortest `idle_session_timeout` known: the most the idle sweep waits.
         self.shortest_idle = idle_timeout
         self.idle_wake = anyio.Event()
         self.look = anyio.Event()  # set: the takeover task looks for work now
@@ -110,8 +98,7 @@ class Sessions:
         return self.coordination.now() + self.lease
 
     async def register(self) -> None:
-        """Records this Memory as a holder, once (before its first claim): a Memory that
-        only reads writes nothing."""
+        """Records this Memory as a holder, once, before its first claim."""
         if self.registered.is_set():
             return
         async with self._registering:
@@ -137,20 +124,18 @@ class Sessions:
 
     def idle_within(self, seconds: float) -> None:
         """An idle session may come due `seconds` after its last change: the idle sweep looks
-        at the store at least that often."""
+        at least that often."""
         if seconds < self.shortest_idle:
             self.shortest_idle = seconds
             self.idle_wake.set()
 
     async def fetch(self, session_id: str, *, fresh: bool = False) -> SessionRecord:
-        """The session's record, read from the store when this Memory does not know it yet
-        (another Memory started it), and, when `fresh`, read again if the store's version is
-        newer (another Memory moved it). Reads only: loading starts no work.
+        """The session's record, read from the store when unknown here, and, when `fresh`,
+        read again if the store's version is newer. Reads only: loading starts no work.
 
         Raises:
             NotFoundError: no live session has this id.
-            InvalidInputError: an id that is no session id: not a string, or one no store
-                can hold (blank, NUL, a lone surrogate).
+            InvalidInputError: an id that no store can hold (not a string, blank, NUL, ...).
         """
         session = self.by_id.get(check_id(session_id, "session_id"))
         if session is None:
@@ -167,19 +152,16 @@ class Sessions:
             # Versions only grow: an older one is a read that began before a write here and
             # answered after it, not a move.
             moved = version is None or version > session.version
-            # Not while this Memory holds the session's lock: it is writing the session, and
-            # what the store holds may be that very write, which the move ends with (taken
-            # in half-way, the session looked extracted by another Memory, or its move lost
-            # its event). Looked at after the read: the write may have begun during it.
+            # Not while this Memory holds the session's lock: what the store holds may be its
+            # own write under way, which the move ends with. Looked at after the read: the
+            # write may have begun during it.
             if moved and not session.lock.locked():
                 await self.reload(session)
         return session
 
     def restore(self, rows: list[LiveSession]) -> None:
         """Knows the sessions a store holds that had not ended. An extraction among them goes
-        on when it is nobody's any more and this Memory's model for its repo is the one it
-        started with (`timers.take_over`: the API contract, work is resumed only by a
-        matching model)."""
+        on when it is nobody's and this Memory's model for its repo is the one it started with."""
         for row in rows:
             if row.id not in self.by_id:  # the takeover task may have taken it already
                 self.adopt(row)
@@ -197,9 +179,8 @@ class Sessions:
 
     def _take_row(self, session: SessionRecord, row: LiveSession) -> None:
         """The row's episode, changeset, model and version in the record; the session is this
-        Memory's to drive only when the store names it the holder; and the store's time of
-        its last use, when it moved, starts its idle time (an expiry under way keeps its
-        `math.inf` mark, and sees the move through `active_at`)."""
+        Memory's to drive only when the store names it the holder; a moved row's `active_at`
+        starts its idle time (an expiry under way keeps its `math.inf` mark)."""
         session.episode = row.episode
         session.changeset = row.changeset
         session.extraction_model = row.model
@@ -213,25 +194,21 @@ class Sessions:
         session.last_activity = max(session.last_activity, self.clock_of(row.active_at))
 
     def clock_of(self, moment: datetime | None) -> float:
-        """A time from the store on the event loop's clock, by the store's clock
-        (`Coordination.now`); None: now."""
+        """A time from the store on the event loop's clock (`Coordination.now`); None: now."""
         now = anyio.current_time()
         if moment is None:
             return now
         return now - max((self.coordination.now() - moment).total_seconds(), 0.0)
 
     async def reload(self, session: SessionRecord, *, conflict: bool = False) -> None:
-        """Reads the session again from the store, which another Memory changed.
-
-        A row no newer than the record is left out: a read that began before this Memory's
-        own write and answered after it (PostgreSQL's connections answer in any order), taken
-        in, put the session back where it was. `conflict`: read under the session's lock after
-        the store refused a write of the record's version, so no write of this Memory is under
-        way: any other version is the store's truth, an older one too.
+        """Reads the session again from the store, which another Memory changed. A row no
+        newer than the record is left out (a read older than this Memory's own write), unless
+        `conflict`: read under the lock after the store refused this version, any other
+        version is the store's truth.
 
         Raises:
-            NotFoundError: it ended meanwhile (its record goes too, and what it owed is
-                answered `session_ended`).
+            NotFoundError: it ended meanwhile (its record goes; what it owed gets
+                `session_ended`).
         """
         row = await self.store.load_one(session.id)
         if row is None:
@@ -253,9 +230,8 @@ class Sessions:
         await self.forget(session)
 
     async def forget(self, session: SessionRecord) -> None:
-        """Drops a session the store no longer holds (ended by a call, another Memory, or the
-        idle sweep): its background work is cancelled, its id is unknown here, and what it
-        owed is answered `session_ended`."""
+        """Drops a session the store no longer holds: its background work is cancelled, its
+        id is unknown here, and what it owed is answered `session_ended`."""
         if session.ended:
             return
         session.ended = True
@@ -264,23 +240,20 @@ class Sessions:
         for scope in [*session.scopes, *session.waits]:
             scope.cancel()
         session.notify()
-        # Shielded: the caller may be one of the session's own tasks (its expiry, an
-        # operation whose callback ends it), just cancelled, and the callbacks are owed.
+        # Shielded: the caller may be one of the session's own tasks, just cancelled.
         with anyio.CancelScope(shield=True):
             await self._answer_ended(self, session)
 
     async def wait_moved(self, session: SessionRecord) -> None:
         """Waits until the session may have moved: its event here, or, while another Memory
-        extracts it, a change in the store (the change token, looked at every
-        `POLL_INTERVAL` seconds; the session is then read again)."""
+        extracts it, a change of the store's change token (polled every `POLL_INTERVAL`)."""
         event = session.changed  # taken before any await: a notify from now on wakes us
         if session.scopes or session.state is not State.EXTRACTING:
             await event.wait()
             return
         token = await self.coordination.change_token()
-        # The session is read again after the token is taken: a change between the caller's
-        # read and the token (the other Memory's extraction ending) is seen here, and any
-        # later one moves the token, so it is not left for the next write by anyone.
+        # Read again after the token is taken: a change in between is seen here, and a later
+        # one moves the token.
         await self.fetch(session.id, fresh=True)
         if event.is_set() or session.state is not State.EXTRACTING:
             return
@@ -297,10 +270,7 @@ class Sessions:
 
     def touch(self, session: SessionRecord) -> None:
         """Records activity; an auto-commit session this Memory drives may now have an earlier
-        deadline (a first uncommitted step starts its flush clock), so the timers look again.
-        Other sessions have no timers here: waking for them cost every append a scan of every
-        session, and one another Memory drives is timed there (from the store's `active_at`,
-        which this activity moved)."""
+        deadline, so its timers look again (other sessions have no timers here)."""
         session.last_activity = anyio.current_time()
         if session.driven:
             self.drive(session)
@@ -313,8 +283,8 @@ class Sessions:
             self.timer_wake.set()
 
     async def claim(self, session: SessionRecord) -> bool:
-        """Holds the session's background work and drives its timers: a compare-and-set on
-        the version the record holds; False when another Memory moved the session first."""
+        """Holds the session's background work and drives its timers (compare-and-set on the
+        record's version); False when another Memory moved the session first."""
         await self.register()
         version = await self.coordination.claim(
             session.id, version=session.version, holder_id=self.holder_id,
@@ -330,19 +300,16 @@ class Sessions:
         self, session: SessionRecord, fn: Callable[..., Awaitable[None]], *args: Any,
         waiting: bool = False,
     ) -> None:
-        """Starts `fn(*args)` in the background work's group, cancellable by `end_session`:
-        work on the session (`session.scopes`), or, `waiting`, a task that only waits on the store
-        (`session.waits`).
+        """Starts `fn(*args)` in the background group, cancellable by `end_session`: work on
+        the session (`session.scopes`), or, `waiting`, a wait on the store (`session.waits`).
 
         Raises:
             RuntimeError: the Memory has closed (its group starts no new task).
         """
         assert self.tg is not None, "the Memory is not open"
         scopes = session.waits if waiting else session.scopes
-        # Counted from now, not from when the task first runs: in between, a session
-        # extracting here looked extracted by another Memory, and an operation submitted
-        # right behind a `close_async` went to the store's queue, ahead of the local one.
-        # A cancel before the task runs cancels it as soon as it enters the scope.
+        # Counted from now, not from when the task first runs (in between, the session would
+        # look extracted by another Memory); a cancel before it runs cancels it on entry.
         scope = anyio.CancelScope()
         scopes.add(scope)
 
@@ -351,8 +318,8 @@ class Sessions:
                 try:
                     await fn(*args)
                 except Exception:
-                    # A bug in one session's work must not take every session down with the
-                    # task group: it is logged, and the session stays in its persisted state.
+                    # A bug in one session's work is logged; it must not take every session
+                    # down with the group.
                     log.exception("%s: background work crashed", session.id)
                 finally:
                     scopes.discard(scope)
@@ -367,9 +334,8 @@ class Sessions:
 async def claim(
     live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]
 ) -> list[StepRecord]:
-    """The steps among `steps` this Memory holds for its extraction now
-    (`Coordination.claim_steps`): those another live holder claims are left to it; one that
-    left (closed, unseen for a lease, or its process gone from this host) has left its claims.
+    """The steps among `steps` this Memory holds for its extraction now: those another live
+    holder claims are left to it (one that left has left its claims).
 
     Raises:
         StorageError: the store could not be written.
@@ -381,8 +347,7 @@ async def claim(
     cut = co.now() - live.lease
     granted = await co.claim_steps(session.id, ids, live.holder_id, unseen_since=cut)
     if len(granted) < len(ids):
-        # Only then is the read of the holders worth it: one whose process is gone from
-        # this host has left its claims already, not a lease from now.
+        # Only then is the read of the holders worth it (a gone process's claims lapse).
         gone = await live.gone()
         if gone:
             granted = await co.claim_steps(session.id, ids, live.holder_id, unseen_since=cut,
@@ -393,10 +358,8 @@ async def claim(
 async def claim_or_all(
     live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]
 ) -> list[StepRecord]:
-    """`claim`, but a store that refuses the claim (busy, away) yields all of `steps`: the
-    extraction goes on as it did before claims, at worst doing another Memory's work again,
-    rather than failing for a write that only saves work (the commit's own write reports a
-    store that stays away)."""
+    """`claim`, but a store that refuses the claim yields all of `steps`: at worst another
+    Memory's work is done again, rather than failing for a write that only saves work."""
     try:
         return await claim(live, session, steps)
     except StorageError as exc:
@@ -406,8 +369,7 @@ async def claim_or_all(
 
 
 async def release(live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]) -> None:
-    """Gives up this Memory's claims on `steps` (best effort: a claim the store keeps lapses
-    when this Memory closes, and this Memory may claim it again meanwhile)."""
+    """Gives up this Memory's claims on `steps` (best effort: a kept claim lapses at close)."""
     if not steps:
         return
     try:
@@ -421,9 +383,8 @@ async def release(live: Sessions, session: SessionRecord, steps: Sequence[StepRe
 async def settle(
     live: Sessions, session: SessionRecord, steps: Sequence[StepRecord], *, within: float
 ) -> None:
-    """Waits until each of `steps` (claimed by other holders) is committed, or claimed by
-    this Memory (its claimer gave it up or left), at most `within` seconds. The steps'
-    `committed_in` is read from the store. A storage fault is logged, and looked past.
+    """Waits until each of `steps` (claimed by others) is committed or claimed by this Memory,
+    at most `within` seconds. A storage fault is logged and looked past.
 
     Raises:
         NotFoundError: the session ended meanwhile (through another Memory).
@@ -432,8 +393,7 @@ async def settle(
     co = live.coordination
     with anyio.move_on_after(within):
         while True:
-            # Taken before the look: a commit or a release landing during it moves the token,
-            # and is looked at again at once.
+            # Taken before the look: a change during it moves the token.
             try:
                 token = await co.change_token()
                 lease = await co.lease(session.id)
@@ -456,8 +416,8 @@ async def settle(
 
 
 async def store_moved(live: Sessions, token: int) -> None:
-    """Returns once the store's change token is no longer `token` (looked at every
-    `SETTLE_INTERVAL` seconds), or after `RECHECK` seconds: a claimer that died writes nothing.
+    """Returns once the store's change token is no longer `token` (polled every
+    `SETTLE_INTERVAL`), or after `RECHECK` seconds.
 
     Raises:
         StorageError: the store could not be read.
@@ -471,8 +431,8 @@ async def store_moved(live: Sessions, token: int) -> None:
 
 
 async def take_commits(live: Sessions, session: SessionRecord) -> None:
-    """Marks the episode's steps with the changesets the store says committed them: another
-    Memory's background commit moves no version, so a reload does not see it.
+    """Marks the episode's steps with the changesets the store says committed them (another
+    Memory's background commit moves no version, so a reload does not see it).
 
     Raises:
         StorageError: the store could not be read.

@@ -1,26 +1,9 @@
-"""The background loops of one Memory's sessions.
-
-Auto-commit's timers (`run`): an idle trajectory is flushed (extracted and committed in the
-background) after `Config.flush_timeout`, and an idle session expires after
-`Config.session_timeout`: what is left is committed, then the session ends. Only the
-auto-commit sessions this Memory drives have timers here (`Sessions.timed`: the store names
-one holder per session), and idle time runs from the session's last use as the store knows it
-(`active_at`). A deadline that comes due is checked against the store first (`_due`); a flush
-claims the session by a compare-and-set on its version, and an expiry's close and end are
-compare-and-sets too, so an append elsewhere in between keeps the session alive.
-
-Every mode's: a session idle between episodes (`idle`) and unchanged for
-`Config.idle_session_timeout` ends (`sweep`), whichever working Memory sees it due.
-
-The holder's (`holder`): each open Memory that holds work beats (`Coordination.beat`) every
-third of `Config.lease_timeout`; its takeover task looks, when the Memory opens, when a repo
-is opened and twice a lease, for extractions nobody holds any more (a lease that ended, a
-holder not seen for a lease, one that closed, or, on this host, one whose process is gone)
-and takes one over by a compare-and-set, if its model for the repo is the one the work
-started with (`extracting.take_work`); so is the annotation of stored steps whose claim such
-a holder left, and the timers of auto-commit sessions. It also calls back, as failed, the
-operations this Memory stored that such a holder took and left without a result. A Memory
-closing retires, and its leases end at once.
+"""The background loops of one Memory's sessions: auto-commit's timers (`run`: an idle
+trajectory is flushed after `Config.flush_timeout`, an idle session expires after
+`Config.session_timeout`), only for the sessions this Memory holds and from their last use as
+the store knows it; the sweep that ends sessions idle past `Config.idle_session_timeout`; and
+the holder's heartbeat and takeover of work nobody holds any more (`holder`). Every due
+deadline is checked against the store, and every move is a compare-and-set on the version.
 """
 
 from __future__ import annotations
@@ -52,22 +35,19 @@ log = logging.getLogger("mnemo")
 S = State
 
 # A holder not seen for this long (and for a lease at least) is gone for good: what it took
-# for a Memory that has closed since is forgotten (`Coordination.forget_orphans`).
+# for a closed Memory is forgotten.
 ORPHAN_GRACE = timedelta(hours=1)
 
 # Seconds before a deadline is looked at again when the store could not be read.
 STORE_RETRY = 1.0
-# The most idle sessions one sweep ends (one statement): a store that gathered many is swept
-# in rounds, the first while the Memory opens.
+# The most idle sessions one sweep ends; more are swept in rounds.
 SWEEP_LIMIT = 100
 
 
 class BackgroundWork:
     """The task group that hosts one Memory's background work: the loops below and every
-    session's own tasks (`Sessions.spawn`). It runs inside a dedicated asyncio task, not the
-    caller's: a task group must be left by the task that entered it, and pytest-asyncio (or
-    any framework that opens a resource in one task and closes it in another) closes a
-    Memory from another task."""
+    session's own tasks. It runs in a dedicated asyncio task, since a task group must be left
+    by the task that entered it, and a framework may close a Memory from another task."""
 
     def __init__(self, live: Sessions) -> None:
         self.live = live
@@ -122,9 +102,8 @@ class BackgroundWork:
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
-            # Every accepted operation gets its callback, even when the Memory closes first;
-            # one being stored for another Memory is waited for (`SessionRecord.storing`),
-            # and answered with the rest.
+            # Every accepted operation gets its callback, even when the Memory closes first
+            # (one being stored for another Memory is waited for).
             live.closing = True
             with anyio.CancelScope(shield=True):
                 for session in list(live.by_id.values()):
@@ -141,10 +120,9 @@ class BackgroundWork:
 
 
 async def end_idle(live: Sessions) -> float:
-    """Ends the idle sessions of the store that came due (`Coordination.end_idle`, at most
-    `SWEEP_LIMIT`): their records here are dropped, what they owed is answered, and each is
-    reported as "session_expired". Returns the seconds until the next comes due (0: more are
-    due now; inf: none is idle).
+    """Ends the idle sessions of the store that came due (at most `SWEEP_LIMIT`), drops their
+    records here, answers what they owed, and reports each as "session_expired". Returns the
+    seconds until the next comes due (0: more are due now; inf: none is idle).
 
     Raises:
         StorageError: the store could not be read or written; nothing was ended.
@@ -161,9 +139,8 @@ async def end_idle(live: Sessions) -> float:
 
 
 async def sweep(live: Sessions) -> None:
-    """Ends idle sessions as they come due (`end_idle`), looking at the store again when the
-    next is due, and at least every `Sessions.shortest_idle` seconds (a session this Memory,
-    or another, leaves idle later comes due no sooner); runs until cancelled."""
+    """Ends idle sessions as they come due, looking at the store when the next is due and at
+    least every `Sessions.shortest_idle` seconds; runs until cancelled."""
     while True:
         live.idle_wake = anyio.Event()
         try:
@@ -211,26 +188,21 @@ def _check_deadlines(live: Sessions, session: SessionRecord, now: float) -> floa
 
 
 def _deadlines(session: SessionRecord) -> tuple[float, float]:
-    """When the session expires, and when its uncommitted steps are flushed (inf: never).
-    A flush is looked at with no step waiting here too: steps appended through another
-    Memory are known only once the store is read (`_due`, which then waits a full timeout
-    before it looks again)."""
+    """When the session expires, and when its uncommitted steps are flushed (inf: never); a
+    flush is looked at with no step here too (steps appended elsewhere are seen in the store)."""
     config = session.config
     expiry = flush_at = math.inf
     if config.session_timeout is not None:
         expiry = session.last_activity + config.session_timeout
     if config.flush_timeout is not None:
-        # Idle here too: an episode started and steps appended through another Memory are
-        # seen only by reading the store.
+        # Idle here too: work through another Memory is seen only by reading the store.
         flush_at = max(session.last_activity, session.flush_after) + config.flush_timeout
     return expiry, flush_at
 
 
 async def _due(live: Sessions, session: SessionRecord) -> None:
-    """Acts on a due deadline once the store agrees: the session is read again (used
-    through another Memory, its deadlines run from that use; held by another, its timers are
-    that one's), and a flush claims the session by a compare-and-set on its version, so that
-    no other Memory extracts the same steps."""
+    """Acts on a due deadline once the store agrees (the session read again); a flush claims
+    the session by a compare-and-set on its version, so no other Memory extracts its steps."""
     try:
         await live.fetch(session.id, fresh=True)  # read again only when its version moved
         if not session.driven or session.state not in (S.COLLECTING, S.IDLE):
@@ -247,9 +219,8 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
         if not waiting:
             session.flush_after = now  # nothing to flush: look again a timeout from now
             return
-        # The steps first (`claims`): those committed elsewhere, or claimed by another
-        # Memory's commit under way, are nothing to flush here, and the session is not
-        # claimed (its version moved) for nothing.
+        # The steps first: those committed or claimed elsewhere are nothing to flush, and
+        # the session is not claimed for nothing.
         mine = await registry.claim(live, session, waiting)
         if not mine:
             session.flush_after = now
@@ -261,13 +232,11 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
                 # Moved meanwhile: the loop looks again.
                 await live.reload(session, conflict=True)
         if not claimed:
-            # Given back, but for those a boundary's commit here took meanwhile (the store's
-            # claims are this Memory's, not one task's).
+            # Given back, but for those a boundary's commit here took meanwhile.
             await registry.release(live, session,
                                  [s for s in mine if s.id not in session.claimed])
             return
-        # By id: a reload meanwhile made new records (equal ones, whose vectors do not
-        # compare as a truth value).
+        # By id: a reload meanwhile made new, equal records.
         ids = {s.id for s in mine}
         waiting = [s for s in session.uncommitted() if s.id in ids]
         if waiting:
@@ -275,8 +244,7 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
     except NotFoundError:
         return  # ended through another Memory
     except StorageError as exc:
-        # The store is away: the deadline is looked at again once it may be back (it was
-        # logged as a crash, with its traceback, at every look).
+        # The store is away: the deadline is looked at again once it may be back.
         log.warning("%s: timers could not read the store: %r", session.id, exc)
         await anyio.sleep(STORE_RETRY)
     finally:
@@ -285,12 +253,10 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
 
 
 async def _expire(live: Sessions, session: SessionRecord) -> None:
-    """Commits what is left of an expired session, then ends it. Work under way (an
-    operation running or queued, an append, a background commit, an extraction) finishes
-    first, and again after the expiry's own close: if any of it was activity (an append, an
-    episode started, here or through another Memory), the session has not been idle that long
-    after all. The close and the end are compare-and-sets on the session's version: an append
-    through another Memory in between moves it, and the session lives on."""
+    """Commits what is left of an expired session, then ends it. Work under way finishes
+    first, and again after the expiry's own close: if any of it was activity, the session was
+    not idle after all. The close and the end are compare-and-sets on the version, so an
+    append through another Memory in between keeps the session alive."""
     seen = session.active_at
 
     def used() -> bool:
@@ -322,8 +288,8 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
         if current_state(session) is not S.COLLECTING:
             break
         try:
-            # Refused, as any close, while an append runs (`refuse_close`), and
-            # when the store says it was used meanwhile (read again after a conflict).
+            # Refused, as any close, while an append runs, and when the store says it was
+            # used meanwhile.
             await transitions.start_extraction(live, session, "close", None, refuse=refuse)
         except SessionError:
             _restart(live, session)  # a call got in first (an append): not idle after all
@@ -331,8 +297,7 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
     state, committed = session.state, bool(session.last_receipt)
     moved = False
     # Ended before it is reported: whoever hears "session_expired" finds the id unknown.
-    # Shielded: this task is one of the session's, so ending the session cancels it, and the
-    # event was lost at the first await of an async `on_event`.
+    # Shielded: ending the session cancels this task, and the event must still go out.
     with anyio.CancelScope(shield=True):
         try:
             await live.end(session, version=session.version)
@@ -353,8 +318,8 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
 
 
 def _restart(live: Sessions, session: SessionRecord) -> None:
-    """The session was used after all: its idle time runs from its last use (here, or as
-    the store holds it), and the loop looks at it again."""
+    """The session was used after all: its idle time runs from its last use, and the loop
+    looks again."""
     if session.last_activity == math.inf:
         session.last_activity = live.clock_of(session.active_at)
     live.timer_wake.set()
@@ -372,8 +337,8 @@ def _working(session: SessionRecord) -> bool:
 
 
 async def holder(live: Sessions, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-    """Looks for work to take over until cancelled and, once this Memory holds work, beats;
-    retires when cancelled (its leases end, so another Memory may go on at once)."""
+    """Looks for work to take over and, once this Memory holds work, beats; retires when
+    cancelled (its leases end at once)."""
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_beat, live)
@@ -390,7 +355,7 @@ async def holder(live: Sessions, *, task_status: Any = anyio.TASK_STATUS_IGNORED
 
 async def _beat(live: Sessions) -> None:
     """Renews this holder's leases every third of a lease, from a third of a lease after it
-    registered (its registration, and each claim, wrote a whole lease)."""
+    registered."""
     await live.registered.wait()
     while True:
         await anyio.sleep(live.lease.total_seconds() / 3)
@@ -413,8 +378,8 @@ async def _takeover_loop(live: Sessions) -> None:
 
 
 async def take_over(live: Sessions) -> None:
-    """One look of the takeover task: the work nobody holds any more is taken over
-    (`extracting.take_work`), and the operations a gone holder took and left are answered."""
+    """One look of the takeover task: work nobody holds is taken over, and the operations a
+    gone holder took and left are answered."""
     co = live.coordination
     try:
         await co.sync_clock()
@@ -431,9 +396,8 @@ async def take_over(live: Sessions) -> None:
         log.warning("%s: looking for operations left by a gone holder failed: %r",
                     live.holder_id, exc)
     try:
-        # What a holder took for a Memory that has closed since, and left: nobody would
-        # run it again or read it. Judged over a longer time than a lease (a live but
-        # late holder still runs what it took, nobody waiting for it).
+        # What a holder took for a closed Memory and left: nobody would run or read it.
+        # Judged over longer than a lease (a late holder still runs what it took).
         forgotten = await co.forget_orphans(now - max(live.lease, ORPHAN_GRACE), gone,
                                             me=live.holder_id)
     except MnemoError as exc:
@@ -450,12 +414,10 @@ async def take_over(live: Sessions) -> None:
 async def answer_abandoned(
     live: Sessions, unseen_since: datetime, gone: list[str]
 ) -> None:
-    """Calls back for the operations this Memory stored that a holder took and then left
-    without recording a result: nobody else will. They are forgotten in the store first, so
-    a result that holder still records goes nowhere, and a late holder runs none it had not
-    started (`_still_taken`). Each gets `operation_failed`, its cause saying whether it took
-    effect is unknown; none is run again, which could do it twice. The takeover task asks
-    (`timers.take_over`); the callbacks run in the sessions' own tasks."""
+    """Calls back `operation_failed` for the operations this Memory stored that a holder took
+    and left without a result (whether it took effect is unknown; none is run again). They
+    are forgotten in the store first, so a late result goes nowhere; the callbacks run in
+    the sessions' own tasks."""
     waiting = {op_id: session_id for session_id, entries in live.remote.items()
                for op_id, _, _ in entries}
     if not waiting:

@@ -1,15 +1,9 @@
-"""The session machine's moves, and what the calls that move it write.
-
-A state change happens in `move`: under the session's lock it asks the table (`refusal`),
-persists, fires the trigger, starts what the move asks for (`then`, an `Effect`, through
-`Sessions.start`), then reports a "transition" event. `commit` fires under the lock it applies
-the changeset in. A close moves the session to `extracting` and asks for its extraction
-(`Extract`); an append stores its step, then `annotate`s the stored steps in order (a step's
-boundary needs the previous subgoal's vector, and its annotation scores the previous step's
-reward), each claimed in the store so that two Memories never ask the model about one step.
-A step whose annotation fails stays stored, unannotated, its claim given up: the next append,
-the close or another Memory's takeover task starts it again. Nothing here runs an extraction
-or an operation queue: those modules sit above this one.
+"""The session machine's moves, and what the calls that move it write. A state change happens
+in `move`: under the session's lock it asks the table, persists, fires the trigger, starts what
+the move asks for (an `Effect`), then reports a "transition" event. An append stores its step,
+then `annotate`s the stored steps in order, each claimed in the store so that two Memories never
+ask the model about one step; a failed annotation is retried by the next append, the close or a
+takeover. Extraction and the operation queue sit above this module.
 """
 
 from __future__ import annotations
@@ -64,14 +58,10 @@ async def move(
     facts: Callable[[], dict[str, object]] | None = None,
 ) -> bool:
     """Persists and fires `event` if the table still allows it; False for a stale result.
-    `then`, when given, is started (`Sessions.start`) right after the event fires, before
-    anything else may run: no call sees the new state without what it started.
-
-    `persist` writes with the version the record holds and returns the new one; when another
-    Memory moved the session first (`StaleSession`), the record is read again and the table
-    asked again about the session as it now is. `refuse`, when given, raises what else
-    refuses the move, checked under the lock with the table; `facts`, the arguments of the
-    table's condition, are taken once, so that the check and the move agree.
+    `then` is started right after the event fires, before anything else may run. `persist`
+    writes with the record's version and returns the new one; on `StaleSession` the record
+    is read again and the table asked again. `refuse` raises what else refuses the move,
+    checked under the lock; `facts` (the condition's arguments) are taken once.
 
     Raises:
         SessionError: the table refuses `event` in the current state.
@@ -106,10 +96,8 @@ async def move(
                 session.version = written
             break
         if session.state is not before:
-            # A read took in this very write while it was being made (`Sessions.reload`
-            # forced the record to the stored state): the move is still this one's to fire,
-            # with its event and what waits behind it (a lost transition left a queued
-            # operation without its callback).
+            # A read took in this very write (`Sessions.reload` forced the record to the
+            # stored state): the move is still this one's to fire, with its event.
             live.machine.set_state(before, model=session)
         session.trigger(event, **given)
         after = session.state
@@ -119,8 +107,7 @@ async def move(
             op.applied = True
     session.notify()
     if session.config.auto_commit:
-        # The timers skip a session while it extracts: once it moves, a deadline that passed
-        # meanwhile is due (an expired session sat idle until its next call).
+        # The timers skip a session while it extracts: once it moves, a passed deadline is due.
         live.timer_wake.set()
     if before is not after:
         await live.events.emit(
@@ -130,8 +117,7 @@ async def move(
     return True
 
 
-# A write that finds the session moved reads it again and asks the table again; a session
-# another Memory keeps moving under this one is a conflict after this many tries.
+# A write that finds the session moved reads it and asks the table again, this many times.
 _ATTEMPTS = 3
 
 
@@ -151,11 +137,9 @@ async def start_episode(
 
 
 async def refuse_checked(live: Sessions, session: SessionRecord, event: str) -> None:
-    """`refuse_unless` for the calls that start from the record this Memory holds (append and
-    start_episode: a round trip saved on each): what the record allows is tried (a write the
-    store refuses reads the session again), but a refusal is final, so it is checked against
-    the store first: read under the session's lock (no write of this Memory's own under way),
-    taken in only when newer than the record, as any read.
+    """`refuse_unless` for append and start_episode, which start from the record this Memory
+    holds: a refusal is final, so it is checked against the store first (read under the
+    session's lock, taken in only when newer).
 
     Raises:
         SessionError, NotFoundError: as `refuse_unless`, on the store's state.
@@ -189,10 +173,9 @@ async def run_append(
     live: Sessions, session: SessionRecord, ticket: int, observation: str, action: str,
     metadata: dict[str, Any] | None,
 ) -> StepInfo:
-    """Stores the step when the ticket queue reaches
-    `ticket`, so steps keep their call order, and starts the annotation of what is stored
-    (`annotate`); returns once the step is annotated, or `append_timeout` after it was
-    stored, unannotated (annotated later)."""
+    """Stores the step when the ticket queue reaches `ticket` (steps keep their call order)
+    and starts the annotation; returns once the step is annotated, or `append_timeout` after
+    it was stored (annotated later)."""
     await session.ticket_queue.wait(ticket)
     try:
         try:
@@ -226,8 +209,8 @@ async def _store(
     live: Sessions, session: SessionRecord, observation: str, action: str,
     metadata: dict[str, Any] | None,
 ) -> tuple[StepRecord, str]:
-    # The store's state once this append's turn came: a move another Memory made before is
-    # answered by the table; only a move during the append is `not_collecting`.
+    # The store's state once this append's turn came: only a move during the append is
+    # `not_collecting`.
     await live.fetch(session.id, fresh=True)
     moved = False
     while True:
@@ -238,8 +221,7 @@ async def _store(
         stored = await _try(live, session, observation, action, metadata)
         if stored is not None:
             return stored
-        # Another Memory moved the session: read it again, and store against the episode as
-        # it now is, or be refused.
+        # Another Memory moved the session: store against the episode as it now is, or refuse.
         async with session.lock:
             await live.reload(session, conflict=True)
         moved = True
@@ -249,8 +231,8 @@ async def _try(
     live: Sessions, session: SessionRecord, observation: str, action: str,
     metadata: dict[str, Any] | None,
 ) -> tuple[StepRecord, str] | None:
-    """Stores the step (claimed for its annotation by this Memory) and starts the
-    annotation; None when the session moved in the store meanwhile (nothing written)."""
+    """Stores the step (claimed for its annotation) and starts the annotation; None when the
+    session moved in the store meanwhile (nothing written)."""
     session.runtime.check_usable(session.repo)
     await live.register()  # a claim lasts while its holder is recorded
     async with session.lock:
@@ -372,14 +354,12 @@ async def start_extraction(
     facts: Callable[[], dict[str, object]] | None = None,
 ) -> None:
     """Moves the session to `extracting` (recording its repo's model: who may take the work
-    over) and asks for its extraction (`Extract`); `refuse` as `move`'s."""
-    # The repo's model, not a per-session override's: overrides are not persisted, and only a
-    # Memory with the recorded model may resume the work.
+    over) and asks for its extraction; `refuse` as `move`'s."""
+    # The repo's model, not an override's: overrides are not persisted.
     model = model_name(session.repo_runtime.llm)
 
     async def persist() -> int:
-        # Extracting and held by this Memory in one compare-and-set: no moment in which the
-        # row is extracting and nobody's (a takeover task would take it over).
+        # Extracting and held by this Memory in one compare-and-set (never nobody's).
         await live.register()
         version = await live.coordination.claim(
             session.id, version=session.version, holder_id=live.holder_id,
@@ -391,15 +371,15 @@ async def start_extraction(
         session.extraction_model = model
         return version
 
-    # Started with the move: a call in between took it for another Memory's extraction.
+    # Started with the move: else a call in between takes it for another Memory's extraction.
     if not await move(live, session, event, persist, op=op, refuse=refuse, then=Extract(),
                       facts=facts):
         live.start(session, Extract())
 
 
 async def close(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:
-    """Starts the episode's extraction, refused as `refuse_close` (an `op` is a queued close)
-    under the lock the move takes: an append begun while the close waited refuses it."""
+    """Starts the episode's extraction, refused as `refuse_close` under the move's lock (an
+    `op` is a queued close)."""
     await start_extraction(live, session, "close", op, facts=lambda: {
         "appends": appends_before(session, queued=op is not None)})
 
@@ -451,8 +431,8 @@ async def call(
     live: Sessions, session: SessionRecord, kind: str, args: tuple[Any, ...] = (),
     op: Op | None = None,
 ) -> CommitReceipt | None:
-    """A caller's `close`, `commit`, `discard` or `start_episode` on the session, refused as
-    the table says (`op`: run from the session's queue)."""
+    """A caller's `close`, `commit`, `discard` or `start_episode`, refused as the table says
+    (`op`: run from the session's queue)."""
     if kind == "close":
         refuse_close(session, queued=op is not None)
         await close(live, session, op)
@@ -474,8 +454,8 @@ async def commit_steps(
     steps: list[StepRecord],
     state: State | None,
 ) -> CommitReceipt:
-    """Applies `changeset` with the session's side (steps committed, and `state` unless
-    None) in the same transaction, then marks the steps committed in memory."""
+    """Applies `changeset` with the session's side (steps committed, and `state` unless None)
+    in one transaction, then marks the steps committed in memory."""
     episode_id = session.episode.id if session.episode else None
     side = StepsCommitted(
         session.id,
@@ -492,8 +472,7 @@ async def commit_steps(
                            live.refresh_repo)
     receipt = await live.graph.apply(changeset, intents=policy, also=[side])
     if side.version is not None:
-        # The version the write made, not one more than the record's now: a read that took
-        # the write in meanwhile (`Sessions.reload`) already holds it.
+        # The version the write made: a read that took the write in already holds it.
         session.version = side.version + 1
     for step in steps:
         step.committed_in = changeset.id

@@ -1,6 +1,5 @@
-"""Who a server on this machine answers (`mnemo ui`, `mnemo mcp --http`): the loopback
-names, the addresses that bind every interface, the names a server may be told to answer, and
-the rule for an access token."""
+"""Who a server on this machine answers (`mnemo ui`, `mnemo mcp --http`): loopback names,
+wildcard binds, allowed hosts, and the access token rule."""
 
 from __future__ import annotations
 
@@ -12,13 +11,11 @@ from collections.abc import Iterable
 
 from mnemo.errors import InvalidInputError
 
-# The names a loopback client uses; no web page can make a browser send one of them as Host
-# for a name the page controls.
+# The names a loopback client uses (no web page can make a browser send one for its own name).
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Addresses that bind every interface: the bound address names no host to answer.
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
-# A token shorter than this is guessable in an afternoon over the loopback (16 characters of
-# `secrets.token_urlsafe` carry 96 bits).
+# A shorter token is guessable over the loopback.
 MIN_TOKEN_CHARS = 16
 MAX_TOKEN_CHARS = 512
 _HOST_PATTERN = re.compile(r"(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?")
@@ -67,8 +64,7 @@ def hosts_of(bind: str, allow: Iterable[str]) -> tuple[str, ...]:
 
 
 def same_token(given: str, expected: str) -> bool:
-    """Whether two texts are equal, in a time that tells nothing of either: their SHA-256
-    digests (of one length whatever the texts' lengths) are compared in constant time."""
+    """Whether two texts are equal, in constant time (their SHA-256 digests compared)."""
     return hmac.compare_digest(hashlib.sha256(given.encode(errors="replace")).digest(),
                                hashlib.sha256(expected.encode(errors="replace")).digest())
 

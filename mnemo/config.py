@@ -1,7 +1,5 @@
-"""`Config`: every tunable of a repo or session, frozen, with defaults.
-
-Each field's range sits beside it, as a `msgspec.Meta` in its annotation (`Share`,
-`Cosine`, ...); `Config.__post_init__` checks every field against its own."""
+"""`Config`: every tunable of a repo or session, frozen, with defaults; each field's range is a
+`msgspec.Meta` in its annotation, checked by `Config.__post_init__`."""
 
 from __future__ import annotations
 
@@ -20,15 +18,13 @@ from msgspec import Meta
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT
 
-# The highest value of each per-call bound (`Config.max_steps_per_ingest`, ...): a caller may
-# raise a bound, never past what one call can carry (docs/DECISIONS.md, "Per-call bounds").
+# The highest value of each per-call bound (docs/DECISIONS.md, "Per-call bounds").
 COUNT_CEILINGS = {
     "max_steps_per_ingest": 1_000, "max_messages_per_save": 100_000,
     "max_tool_calls_per_message": 1_024, "max_open_goals": 10_000, "max_results": 10_000}
 
 DAY = 86_400.0
-# The longest duration of each kind, in seconds (docs/DECISIONS.md, "Durations"): a wait (for
-# work or a lock), a time of inactivity, an age (a `ttl`, the recency half-life).
+# The longest duration of each kind, in seconds (docs/DECISIONS.md, "Durations").
 DURATION_CEILINGS = {"wait": DAY, "inactivity": 365 * DAY, "age": 100 * 365 * DAY}
 # The longest and the default `Config.idle_session_timeout`.
 IDLE_SESSION_CEILING = 7 * DAY
@@ -63,8 +59,7 @@ class Config:
     auto_commit: bool = False
     flush_timeout: Inactivity | None = 120.0
     session_timeout: Inactivity | None = 600.0
-    # Seconds an idle session (between episodes) lives untouched before whichever working
-    # Memory sees it due ends it, so that sessions a process left behind do not pile up.
+    # Seconds an idle session (between episodes) lives untouched before it is ended.
     idle_session_timeout: IdleSeconds = DEFAULT_IDLE_SESSION_TIMEOUT
     trajectory_threshold: Cosine = 0.75
     max_pending_ops: Count = 5
@@ -73,8 +68,7 @@ class Config:
     intent_merge_threshold: Cosine = 0.8
     intent_identity_threshold: Cosine = 0.95
     llm_concurrency: Count = 16
-    # Seconds a write waits for another writer (another process, the CLI) before
-    # `StorageError("busy")`; the wait happens off the event loop.
+    # Seconds a write waits for another writer before `StorageError("busy")` (off the loop).
     busy_timeout: Wait = 5.0
     # Seconds after which background work held by a vanished `Memory` is taken over.
     lease_timeout: Seconds = 30.0
@@ -126,8 +120,7 @@ class Config:
     consolidate_threshold: Cosine = 0.85
     # The longest text (and metadata as JSON) accepted; at most `MAX_TEXT_CHARS_LIMIT`.
     max_text_chars: TextChars = DEFAULT_MAX_TEXT_CHARS
-    # Per-call bounds, each at most its `COUNT_CEILINGS` entry (DECISIONS.md, "Per-call
-    # bounds"): steps in one `ingest`,
+    # Per-call bounds, each at most its `COUNT_CEILINGS` entry: steps in one `ingest`,
     max_steps_per_ingest: Steps = 100
     # new messages one `save` or `append` stores,
     max_messages_per_save: Messages = 1_000
@@ -138,7 +131,7 @@ class Config:
     # and what one read may ask for (recall's `k`, a `limit`, the ids of one call).
     max_results: Results = 1_000
     # Where recall's lexical index (a cache) lives: None is beside a SQLite file, else
-    # `$MNEMO_LEXICAL_DIR` or the user's cache folder; "" turns it off. The Memory's only.
+    # `$MNEMO_LEXICAL_DIR` or the user's cache folder; "" turns it off.
     lexical_dir: str | None = None
     # Where the HNSW graphs are saved (a cache, checked when read: mnemo.graph.ann_files):
     # None is beside a SQLite file, else the lexical index's folder; "" turns saving off.
@@ -179,8 +172,8 @@ class Config:
 
     @property
     def annotation_timeout(self) -> float:
-        """Seconds one step's annotation may take (its model calls' time, waits for a turn
-        excluded): what its append waits for it, then what a close waits for it."""
+        """Seconds one step's annotation may take (waits for a turn excluded): what its
+        append, then a close, waits for it."""
         return self.append_timeout + self.extraction_timeout
 
     def to_json(self) -> str:
@@ -268,21 +261,18 @@ def _checks() -> dict[str, _Range]:
 
 @cache
 def ceilings() -> Config:
-    """A Config with every bound at its ceiling: what input to a repo this Memory does not
-    know yet is checked against before the store is asked for the repo's own config."""
+    """A Config with every bound at its ceiling: what input for a repo not known yet is
+    checked against."""
     fields: dict[str, Any] = {"max_text_chars": MAX_TEXT_CHARS_LIMIT, **COUNT_CEILINGS}
     return Config(**fields)
 
 
-# The timeouts of work (an append's annotation, an extraction): raised, never lowered, by a
-# later Memory or `open_repo` that gives longer ones (`with_longer_timeouts`).
+# The timeouts of work: raised, never lowered, by a later Memory or `open_repo`.
 TIMEOUTS = ("append_timeout", "extraction_timeout")
 
 
 def with_longer_timeouts(config: Config, *others: Config) -> Config:
-    """`config` with each of its `TIMEOUTS` the longest of its own and `others`': a slow
-    server's work given more time on reopening (a Memory's config, a repo's) gets it, also
-    for a session or a repo recorded with less."""
+    """`config` with each of its `TIMEOUTS` the longest of its own and `others`'."""
     longer = {name: max(getattr(c, name) for c in (config, *others)) for name in TIMEOUTS}
     if all(longer[name] == getattr(config, name) for name in TIMEOUTS):
         return config

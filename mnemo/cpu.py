@@ -1,8 +1,5 @@
-"""Python work that runs off the event loop, one piece at a time per event loop.
-
-Pure-Python work gains nothing from a second thread, and every thread that wants the GIL
-lengthens the loop's wait for it (BENCHMARKS.md, "Figures behind the code"): such work takes
-the one slot of `off_loop`, and keeps each C call short (the loop waits for all of one)."""
+"""Python work that runs off the event loop, one piece at a time per loop (`off_loop`'s one
+slot), in short C calls (the loop waits for a whole one): BENCHMARKS.md has the figures."""
 
 from __future__ import annotations
 
@@ -33,8 +30,7 @@ def slot() -> anyio.CapacityLimiter:
         return limiter
 
 
-# Work on fewer characters than this stays on the loop: below it, the work costs less than a
-# thread hop and a wait for the slot (BENCHMARKS.md, "Figures behind the code").
+# Work on fewer characters than this stays on the loop (cheaper than a thread hop).
 ON_LOOP_CHARS = 4_000
 
 
@@ -53,15 +49,14 @@ async def run(func: Callable[[], T], size: int, *, on_loop_below: int = ON_LOOP_
     return await off_loop(func, abandon_on_cancel=abandon_on_cancel)
 
 
-# The characters one C call of `dumps` encodes at most (strings counted down to `_DEPTH`
-# levels: deeper ones are those of a step's metadata, bounded by `max_text_chars`).
+# The characters one C call of `dumps` encodes at most.
 _SLICE = 1 << 18
 _DEPTH = 3
 
 
 def dumps(value: object, *, sort_keys: bool = False) -> str:
-    """`json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)`, the same text, built by
-    short C calls: each item of a long value by a call of its own, a long string by slices.
+    """`json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)`, built by short C calls
+    (an item of a long value each, a long string by slices).
 
     Raises:
         TypeError, ValueError: as `json.dumps`.
@@ -98,9 +93,8 @@ def _longer(value: object, chars: int) -> bool:
 
 
 def import_kept(name: str) -> ModuleType:
-    """Imports `name`, a module that lives as long as the process, then freezes the
-    collector's objects (`gc.freeze`) if the import was the first: a full collection would
-    otherwise walk everything the import made, holding the GIL."""
+    """Imports `name` (a module kept for the process's life), then, if the import was the
+    first, freezes the collector's objects so that a full collection skips them."""
     first = name not in sys.modules
     module = importlib.import_module(name)
     if first:

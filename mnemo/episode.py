@@ -1,12 +1,6 @@
-"""Episodes and their steps as mnemo stores them, and a step's annotation: its environment
-state, subgoal and subgoal embedding, the previous step's deferred reward, and whether it starts
-a new trajectory.
-
-Each annotation task's `*_request` builds one `LLMRequest` through `task_request`, so its
-`inputs` are exactly the keyword arguments; each schema sits beside the request that uses it.
-The parsers turn a reply into a typed value: `parse_state` and `parse_subgoal` raise
-`ValueError` saying what was wrong, while `parse_reward` never raises (an unreadable reward is
-the neutral 0.5).
+"""Episodes and their steps as mnemo stores them, and a step's annotation (environment state,
+subgoal and its embedding, the previous step's deferred reward, whether it starts a trajectory):
+each task's `*_request` builds one `LLMRequest`, and its parser turns a reply into a typed value.
 """
 
 from __future__ import annotations
@@ -32,8 +26,7 @@ from mnemo.ports import LLM, Embedder, JSONObject, LLMRequest, LLMResponse
 @dataclass(frozen=True, slots=True)
 class StepInfo:
     """What `append` returns once the step is stored: its trajectory and whether it starts
-    one, once annotated; while the model has not answered, `annotated` is False and both are
-    None (the step is annotated later, by close at the latest)."""
+    one; both None and `annotated` False while the model has not answered."""
 
     index: int
     trajectory_id: str | None
@@ -48,9 +41,9 @@ NO_VECTOR.flags.writeable = False
 
 @dataclass(slots=True)
 class StepRecord:
-    """One step of an episode, stored before it is annotated: until then its trajectory,
-    state summary and subgoal are empty and its vector is `NO_VECTOR` (`annotated`).
-    `reward` is scored by the next step's annotation (or the close)."""
+    """One step of an episode, stored before it is annotated (until then its trajectory,
+    state and subgoal are empty, its vector `NO_VECTOR`); `reward` is scored by the next
+    step's annotation (or the close)."""
 
     id: str
     index: int
@@ -89,9 +82,8 @@ class EpisodeRecord:
 
 @dataclass(frozen=True, slots=True)
 class EpisodeLog:
-    """An episode as the step log keeps it, after the fact: its session, goal, `status`
-    ("open", "committed" or "discarded"), when it started and closed, and every step (each
-    step's `committed_in` names the changeset that committed it, None while uncommitted)."""
+    """An episode as the step log keeps it: its session, goal, `status` ("open", "committed"
+    or "discarded"), start and close times, and every step (`committed_in`: its changeset)."""
 
     id: str
     session_id: str
@@ -142,10 +134,8 @@ Reply with JSON: {"state": "<the paragraph>"}."""
 def state_request(
     *, goal: str, observation: str, action: str, previous_state: str | None
 ) -> LLMRequest:
-    """The "state" task: the reply's `data` is {"state": str}, one paragraph (a reply of the
-    paragraph alone in `text` is read too). Its length is bound in the schema, which a local
-    server's grammar enforces: a small model that repeats itself ends its reply there, short
-    of `max_tokens`."""
+    """The "state" task: the reply's `data` is {"state": str}, one paragraph (a paragraph
+    alone in `text` is read too), its length bound in the schema."""
     return task_request(
         "state",
         system=STATE_SYSTEM,
@@ -162,8 +152,8 @@ def state_request(
 
 
 def parse_state(resp: LLMResponse) -> str:
-    """The state summary of a "state" reply, stripped: `data["state"]` (or the JSON of that
-    shape in `text`), a string in `data`, else, with no `data`, the paragraph in `text`.
+    """The state summary of a "state" reply, stripped: `data["state"]`, a string in `data`,
+    or else the paragraph in `text`.
 
     Raises:
         ValueError: when the reply holds no non-blank summary.
@@ -275,10 +265,8 @@ def reward_request(
     action: str,
     next_observation: str | None,
 ) -> LLMRequest:
-    """The "reward" task: the reply's `data` is {"reward": number in [0, 1]}.
-
-    `next_observation` is None when the step was the last of its episode.
-    """
+    """The "reward" task: the reply's `data` is {"reward": number in [0, 1]};
+    `next_observation` is None for the episode's last step."""
     return task_request(
         "reward",
         system=REWARD_SYSTEM,
@@ -296,11 +284,8 @@ def reward_request(
 
 
 def parse_reward(resp: LLMResponse) -> float:
-    """The reward of a "reward" reply, clamped to [0, 1]; 0.5 when it cannot be read.
-
-    Accepts {"reward": number}, a bare number, or a number (or JSON object) in `text`.
-    Never raises.
-    """
+    """The reward of a "reward" reply ({"reward": number}, a bare number, or one in `text`),
+    clamped to [0, 1]; 0.5 when it cannot be read. Never raises."""
     data = reply_data(resp)
     if isinstance(data, dict):
         data = data.get("reward")
@@ -340,8 +325,8 @@ async def annotate(
     previous: StepRecord | None,
     recent: Sequence[str],
 ) -> Annotation:
-    """Asks the LLM for state, subgoal and the previous step's reward at once, then embeds the
-    subgoal.
+    """Asks the LLM for state, subgoal and the previous step's reward at once, then embeds
+    the subgoal.
 
     Raises:
         LLMError: the LLM failed or kept answering unusably.
@@ -368,8 +353,7 @@ async def annotate(
         )
         results["subgoal"] = await ask(llm, request, parse_subgoal)
 
-    # The three calls run at once; the state call runs in this task, which saves starting a
-    # third one (a task's start is on the append path).
+    # The three calls run at once, the state call in this task (one task start saved).
     with first_error():
         async with anyio.create_task_group() as tg:
             tg.start_soon(subgoal)
@@ -399,9 +383,8 @@ async def annotate_step(
     time_limit: float,
     name: str,
 ) -> tuple[Annotation, bool]:
-    """Annotates a step appended after `steps` (its episode's so far, the model asked through
-    `llm()`) within `time_limit` seconds, and says whether it starts a new trajectory
-    (`starts_trajectory` with `threshold`).
+    """Annotates a step appended after `steps` within `time_limit` seconds, and says whether
+    it starts a new trajectory.
 
     Raises:
         LLMTimeout: the annotation outlasted `time_limit` (`name` says whose step it was).
@@ -452,7 +435,7 @@ async def score_reward(
 
 def starts_trajectory(previous: StepRecord | None, vector: Vector, threshold: float) -> bool:
     """A new trajectory starts when consecutive subgoals are less similar than `threshold`,
-    or when their vectors are of two dimensions (the repo was re-embedded in between)."""
+    or of two dimensions (the repo was re-embedded in between)."""
     if previous is None:
         return False
     if len(previous.subgoal_vec) != len(vector):

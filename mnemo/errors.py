@@ -16,9 +16,7 @@ MnemoError
     └── EmbeddingError
 ```
 
-Foreign errors are translated where they enter mnemo: an adapter's exception becomes the
-`__cause__` of an `LLMError` or `EmbeddingError`, a database driver's the `__cause__` of a
-`StorageError`.
+Foreign errors become the `__cause__` of an `LLMError`, `EmbeddingError` or `StorageError`.
 """
 
 from __future__ import annotations
@@ -88,14 +86,12 @@ class LLMError(AdapterError):
 
 
 class LLMReplyError(LLMError):
-    """The LLM answered, but not usably: after the task's re-asks its task still could not
-    read its reply (the message says what was wrong with it)."""
+    """The LLM answered, but after the task's re-asks its reply still could not be read."""
 
 
 class LLMContextError(LLMError):
-    """The request is longer than the model's context: the server refused it, or the reply
-    was cut short with room left under its max_tokens (the context filled). A shorter prompt
-    may go through (`mnemo.calls.tasks.ask` shortens it)."""
+    """The request is longer than the model's context (refused, or cut short with room left
+    under its max_tokens); a shorter prompt may go through."""
 
 
 class LLMTimeout(LLMError, TimeoutError):

@@ -1,8 +1,6 @@
-"""What callers hand mnemo, checked in one place before anything is stored: texts (bounded,
-no NUL, valid Unicode), identifiers (`check_id` for any lookup, the stricter `check_name` for
-what a caller creates and a listing shows), JSON (serialisable, `MAX_JSON_DEPTH` deep at most,
-bounded) and counts (`check_count`; the per-call bounds live in `Config`). Every check raises
-`InvalidInputError` naming the argument; docs/DECISIONS.md has the reasons for each bound."""
+"""What callers hand mnemo, checked in one place before anything is stored: texts, identifiers
+(`check_id` for lookups, the stricter `check_name` for what a caller creates), JSON and counts.
+Every check raises `InvalidInputError` naming the argument."""
 
 from __future__ import annotations
 
@@ -16,32 +14,23 @@ from typing import Any
 
 from mnemo.errors import InvalidInputError
 
-# About 8,000 tokens: a long tool output or several pages of text, while the worst input the
-# offline heuristics see still costs them tens of milliseconds (docs/DECISIONS.md).
+# About 8,000 tokens.
 DEFAULT_MAX_TEXT_CHARS = 32_000
-# The highest `Config.max_text_chars`: PostgreSQL's full-text search refuses a text whose
-# lexemes and positions pass 1 MB, a step's node holds its observation and its action, and the
-# densest text costs 4 bytes a character (two texts of 120,000 make 0.96 MB). One bound keeps
-# the backends alike. About 30,000 tokens.
+# The highest `Config.max_text_chars` (about 30,000 tokens): two texts of it, at 4 bytes a
+# character, stay under the 1 MB PostgreSQL's full-text search takes.
 MAX_TEXT_CHARS_LIMIT = 120_000
-# The longest identifier (a repo name, source_id, thread_id, ...), in UTF-8 bytes: PostgreSQL's
-# btree index entries hold at most 2,704 bytes, and a repo name with a source id is one entry.
+# The longest identifier, in UTF-8 bytes (PostgreSQL's btree entries hold 2,704 bytes).
 MAX_ID_BYTES = 1_000
-# The deepest JSON value accepted (metadata, a message with its tool calls), in containers: a
-# dict or list inside a dict counts 2. Python's encoder, the stores' JSON parsers and every
-# recursive reader of it stop near 1,000 (`RecursionError`); real payloads nest a few levels.
+# The deepest JSON value accepted, in containers (a dict in a dict counts 2); recursive readers
+# stop near 1,000.
 MAX_JSON_DEPTH = 64
 
 
 def check_text(value: object, what: str, *, limit: int, blank_ok: bool = False,
                stored: bool = True) -> str:
     """`value`, checked to be a string of at most `limit` characters, not blank unless
-    `blank_ok`, and without NUL when `stored` (PostgreSQL's text cannot store it; a query's
-    words never hold it).
-
-    Raises:
-        InvalidInputError: it is not.
-    """
+    `blank_ok`, and without NUL when `stored` (PostgreSQL's text cannot hold it); else
+    InvalidInputError."""
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
     if len(value) > limit:  # first: what follows reads every character
@@ -58,12 +47,8 @@ def check_text(value: object, what: str, *, limit: int, blank_ok: bool = False,
 
 
 def check_id(value: object, what: str) -> str:
-    """`value`, checked to be an identifier every backend can store and look up: a non-blank
-    string that `check_storable` passes. An id of another type is bad input, not unknown.
-
-    Raises:
-        InvalidInputError: it is not.
-    """
+    """`value`, checked to be an identifier every backend can store and look up (a non-blank
+    string `check_storable` passes); else InvalidInputError."""
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
     if not value.strip():
@@ -80,20 +65,17 @@ def split_id(ident: str) -> tuple[str, str, str]:
 
 
 def names_id(given: str, ident: str) -> bool:
-    """Whether `given` names `ident`, as a short id shown by a tool does: a prefix of the id
-    or of its digits, followed by the same step index (`085d80d9:3`; none for an id that has
-    none)."""
+    """Whether `given` names `ident` as a tool's short id does: a prefix of the id or of its
+    digits, with the same step index (`085d80d9:3`)."""
     kind, digits, index = split_id(ident)
     head, colon, number = given.partition(":")
     return colon + number == index and ((kind + digits).startswith(head) or digits.startswith(head))
 
 
 def check_name(value: object, what: str) -> str:
-    """`value`, checked to be a name a caller may create (a repo, a thread, a source, a
-    role): an identifier already in the canonical form of RFC 8266's nickname profile (PRECIS,
-    case preserved). So no control, format, bidirectional, invisible, unassigned or
-    compatibility character, and no space but single inner U+0020: two names that print alike
-    are one name. Lookups (`check_id`) stay lenient, so an older name can still be erased.
+    """`value`, checked to be a name a caller may create (a repo, a thread, a source, a role):
+    already in the canonical form of RFC 8266's nickname profile (case preserved), so two
+    names that print alike are one. Lookups (`check_id`) stay lenient.
 
     Raises:
         InvalidInputError: naming the first offending character, or the canonical form.
@@ -126,13 +108,9 @@ def _nickname() -> Any:
 
 
 def check_storable(value: str, what: str) -> str:
-    """`value`, checked to hold no NUL (PostgreSQL refuses it) and no lone surrogate (SQLite's
-    driver) and to be at most `MAX_ID_BYTES` long (PostgreSQL's index entries).
-
-    Raises:
-        InvalidInputError: it is not.
-    """
-    # A character is 1 to 4 bytes of UTF-8: the length alone refuses a long key unread.
+    """`value`, checked to hold no NUL or lone surrogate and to be at most `MAX_ID_BYTES`
+    long; else InvalidInputError."""
+    # A character is 1 to 4 bytes of UTF-8: the length alone refuses a long key unencoded.
     if len(value) > MAX_ID_BYTES or len(value.encode("utf-8", "replace")) > MAX_ID_BYTES:
         raise InvalidInputError(
             f"{what} is longer than the {MAX_ID_BYTES:,} bytes of UTF-8 allowed")
@@ -151,8 +129,8 @@ def check_store(path: object) -> str:
     path (`str` or `os.PathLike`) or a PostgreSQL URL.
 
     Raises:
-        InvalidInputError: another type, a blank path, a NUL character (no file system
-            takes it), or a URL of another scheme.
+        InvalidInputError: another type, a blank path, a NUL character, or a URL of another
+            scheme.
     """
     name = os.fspath(path) if isinstance(path, os.PathLike) else path
     if not isinstance(name, str):
@@ -172,8 +150,7 @@ def check_store(path: object) -> str:
 
 def check_models(llm: object, embedder: object, reranker: object = None) -> None:
     """Refuses, before anything is stored, an `llm`, `embedder` or `reranker` that is neither
-    None nor an object of its port (a model's name as a string, say). An embedder's `dim` is
-    not read: an `OpenAIEmbedder` learns it from its first reply.
+    None nor an object of its port (`dim` is not read: an `OpenAIEmbedder` learns it).
 
     Raises:
         InvalidInputError: what was given instead, and what to give.
@@ -194,8 +171,8 @@ def check_models(llm: object, embedder: object, reranker: object = None) -> None
 
 def check_count(name: str, value: object, *, minimum: int = 0, maximum: float = math.inf,
                 setting: str = "") -> int:
-    """An integer argument within [minimum, maximum]; `setting` names where the maximum comes
-    from (e.g. "Config.max_results"), for the message.
+    """An integer argument within [minimum, maximum]; `setting` names the maximum's source
+    for the message.
 
     Raises:
         InvalidInputError: not an integer (bools refused) or out of range.
@@ -221,12 +198,10 @@ def check_seconds(name: str, value: object, most: float) -> float:
 
 
 def check_json(value: object, what: str, *, limit: int) -> str:
-    """The JSON text of `value` (keys sorted), checked (`check_tree` first, before it is
-    encoded) to be at most `limit` characters and `MAX_JSON_DEPTH` containers deep.
+    """The JSON text of `value` (keys sorted), checked by `check_tree` before encoding.
 
     Raises:
-        InvalidInputError: what `check_tree` refuses, or not JSON-serialisable (NaN and
-            infinities are not: PostgreSQL's jsonb refuses them).
+        InvalidInputError: what `check_tree` refuses, or not JSON (NaN and infinities are not).
     """
     check_tree(value, what, limit=limit)
     try:
@@ -242,10 +217,9 @@ def check_json(value: object, what: str, *, limit: int) -> str:
 
 
 def check_tree(value: object, what: str, *, limit: int) -> None:
-    """Checks a JSON-like value without recursion: at most `MAX_JSON_DEPTH` containers deep,
-    at most `limit` characters as JSON, and no string (keys included) with a NUL or a lone
-    surrogate. The walk counts the least its JSON takes and stops as that passes `limit`, so
-    its cost is bounded by `limit`, whatever the value holds.
+    """Checks a JSON-like value without recursion: at most `MAX_JSON_DEPTH` deep, `limit`
+    characters as JSON (counted as walked, so the cost is bounded by `limit`), and no string
+    with a NUL or a lone surrogate.
 
     Raises:
         InvalidInputError: it nests deeper, is longer, or holds such a string.

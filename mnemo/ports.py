@@ -1,9 +1,5 @@
-"""The ports mnemo talks through: an `LLM`, an `Embedder` and a `Reranker`, and their values;
-and the `on_event` callback it reports to (`Event`, `Events`).
-
-What mnemo does around a call (how a task becomes an `LLMRequest`, re-asks, limiters, usage
-metering) is `mnemo.calls`; this module holds only what an adapter or a fake needs to know.
-"""
+"""The ports mnemo talks through: an `LLM`, an `Embedder` and a `Reranker` and their values, and
+the `on_event` callback it reports to (`Event`, `Events`): what an adapter or a fake needs."""
 
 from __future__ import annotations
 
@@ -27,14 +23,10 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Tokens spent by one call (or summed over many), and its cost when priced.
-
-    `calls` counts the model calls made, of which `retries` were transport retries and
-    `re_asks` were asked again after an unusable reply (`mnemo.calls.retry` says what a task may
-    spend). `saved_calls`, `saved_input_tokens` and `saved_output_tokens` are what a retried
-    extraction did not spend again because a task's earlier result was kept
-    (`mnemo.extraction.memo`). Equality compares what was spent (tokens and cost), not how many
-    calls it took nor what was saved.
+    """Tokens spent by one call (or summed over many), and its cost when priced. `calls`
+    counts the model calls, of which `retries` were transport retries and `re_asks` re-asked
+    after an unusable reply; `saved_*` is what a retried extraction did not spend again
+    (`mnemo.extraction.memo`). Equality compares tokens and cost only.
     """
 
     input_tokens: int = 0
@@ -64,9 +56,7 @@ class Usage:
         )
 
 
-# A JSON value (what `json` and msgspec read and write), and a JSON object: a JSON schema, a
-# tool call's arguments, a task's inputs. For annotations only: a msgspec struct's field cannot
-# take this recursive alias (msgspec reads `object` for any JSON value).
+# A JSON value and a JSON object, for annotations only (msgspec reads `object` for these).
 JSONValue: TypeAlias = (
     "str | int | float | bool | Sequence[JSONValue] | Mapping[str, JSONValue] | None")
 JSONObject: TypeAlias = "dict[str, JSONValue]"
@@ -88,13 +78,9 @@ REQUIRED = "required"
 @dataclass(frozen=True, slots=True)
 class LLMRequest:
     """One task for the LLM. When `schema` is set, the reply's `data` is the JSON value the
-    model answered, asked to match it; the task reads what it needs of it, so a reply may
-    leave out what the task can do without (`mnemo.calls.tasks`).
-
-    `tool_choice` says which of `tools` the reply must call: None leaves it to the model,
-    `REQUIRED` ("required") asks for a call of any of them, and a tool's name for a call of
-    that one. Each adapter sends it in its provider's form; a server that ignores it may
-    still answer in prose.
+    model answered, asked to match it (the task reads what it needs). `tool_choice`: None
+    leaves it to the model, `REQUIRED` asks for a call of any of `tools`, a tool's name for
+    that one; each adapter sends it in its provider's form.
     """
 
     task: str
@@ -140,15 +126,13 @@ class Embedder(Protocol):
     async def embed(self, texts: Sequence[str]) -> Vectors: ...
 
 
-# The most dimensions an embedder's vectors may have: pgvector's `vector` type holds 16,000
-# (the largest embedding models in use make 3,072-4,096).
+# The most dimensions an embedder's vectors may have (pgvector's `vector` holds 16,000).
 MAX_DIM = 16_000
 
 
 async def detect_dim(embedder: Embedder) -> int:
-    """The embedder's dimension, letting one that learns it from its first reply (an
-    `OpenAIEmbedder` without `dim`) ask first: every path that needs the dimension awaits
-    this rather than reading `dim`, which raises while it is unknown.
+    """The embedder's dimension, letting one that learns it from its first reply ask first
+    (reading `dim` raises while it is unknown).
 
     Raises:
         EmbeddingError: the embedder's request failed.
@@ -175,9 +159,9 @@ async def detect_dim(embedder: Embedder) -> int:
 
 
 def model_name(model: object) -> str:
-    """What identifies a model (an LLM or an embedder): its `name` when it has one (the URI it
-    is built from, e.g. "openai:gpt-4o-mini"), else its class's qualified name. A repo records
-    its models under it, and work is resumed only by a Memory whose model has the same."""
+    """What identifies a model: its `name` when it has one (its URI, e.g.
+    "openai:gpt-4o-mini"), else its class's qualified name. Work is resumed only by a
+    Memory whose model has the same."""
     name = getattr(model, "name", None)
     if isinstance(name, str) and name:
         return name
@@ -202,10 +186,8 @@ EventCallback = Callable[[Event], Awaitable[None] | None]
 
 
 class Events:
-    """Delivers events to the user's callback, in order, in the task that caused them.
-
-    A callback that raises is logged, never propagated into the session; once called, it
-    runs to its end, whatever is cancelled meanwhile."""
+    """Delivers events to the user's callback, in order, in the task that caused them; one
+    that raises is logged, never propagated, and once called it runs to its end."""
 
     def __init__(self, callback: EventCallback | None) -> None:
         self._callback = callback
@@ -218,9 +200,8 @@ class Events:
 
 
 async def deliver(callback: Callable[[T], Awaitable[None] | None], value: T, what: str) -> None:
-    """Calls the user's sync or async `callback` with `value`, shielded (the task that
-    reports may be cancelled by the change it reports); an exception it raises is logged
-    (naming `what`), never propagated."""
+    """Calls the user's sync or async `callback` with `value`, shielded; an exception it
+    raises is logged (naming `what`), never propagated."""
     with anyio.CancelScope(shield=True):
         try:
             result = callback(value)

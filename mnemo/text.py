@@ -1,13 +1,7 @@
 """Words: mnemo's one home for splitting, stemming and weighing text (docs/DECISIONS.md, "One
-text module"). Deterministic, English-centric and cheap: no models.
-
-- `words` / `tokens`: runs of word characters (with their combining marks and inner format
-  characters), two runs joined by one apostrophe, dot or hyphen being one word ("don't",
-  "nginx.conf", "3.11"): what mnemo's own heuristics read.
-- `text_words` / `query_words`: the same words cut at their joiners (`parts`), as every search
-  (FTS5, tantivy, PostgreSQL) splits; a query keeps at most `MAX_QUERY_TERMS` distinct words.
-- `stem` (Snowball English through PyStemmer, as tantivy and PostgreSQL stem), stopwords, a
-  sentence splitter, and how informative a word is, for key phrases and concept labels."""
+text module"), deterministic and cheap: `words`/`tokens` for mnemo's heuristics ("don't",
+"nginx.conf" one word), `text_words`/`query_words` cut at joiners as every search splits, `stem`
+(Snowball English), stopwords, sentences, and how informative a word is."""
 
 from __future__ import annotations
 
@@ -21,24 +15,21 @@ import Stemmer
 
 # What joins two runs of word characters into one word when it stands alone between them.
 JOINERS = "'.-"
-# `words` of a text that is all ASCII, where no mark nor format character can occur: the same
-# split in one regular expression, the common case on the ingest path.
+# `words` of an all-ASCII text in one expression (the common case on the ingest path).
 _ASCII_WORD = re.compile(r"\w+(?:['.\-]\w+)*")
 _ASCII_PART = re.compile(r"\w+")
 _JOINER = re.compile(r"['.\-]")
-# The clitic a word may end in: a possessive or a short verb ("Melanie's", "life's" for "life
-# is", "they're", "it'll", "we've", "I'd", "I'm").
+# The clitic a word may end in ("Melanie's", "they're", "it'll", "we've", "I'd", "I'm").
 _CLITIC = re.compile(r"'(?:s|re|ll|ve|d|m)$", re.IGNORECASE)
 # Distinct terms a lexical query keeps: a query's cost grows with them (BENCHMARKS.md).
 MAX_QUERY_TERMS = 32
 # A run of what is neither a word character nor a space: where a word may hold a joiner, a
-# combining mark or a format character, which no expression of `re` names (`_within_words`).
+# combining mark or a format character (`_within_words`).
 _BETWEEN_WORDS = re.compile(r"[^\w\s]+")
 _WORD_CHARACTER = re.compile(r"\w")
 _NON_SPACE = re.compile(r"\S+")
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'"})
-# A sentence ends at . ! or ? followed by space and something that starts a sentence; the
-# capital/digit lookahead keeps "e.g. the" and "v1.2 is" whole.
+# A sentence ends at . ! or ? followed by space and what starts a sentence ("e.g. the" stays).
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
 _BULLET = re.compile(r"^\s*(?:[-*\u2022>]+|\d+[.)])\s+")
 
@@ -68,8 +59,7 @@ STOPWORDS: frozenset[str] = frozenset(
     sounds hmm hm uh um ah wow lol
     """.split())
 
-# A contraction written with the modifier letter apostrophe (U+02BC, a letter to `\w`, so one
-# word to every search) is a stopword too.
+# A contraction written with U+02BC (a letter to `\w`) is a stopword too.
 STOPWORDS |= {word.replace("'", "\u02bc") for word in STOPWORDS if "'" in word}
 
 # Words that open a sentence without carrying content ("Okay, so the build fails").
@@ -89,10 +79,10 @@ def normalise(text: str) -> str:
 
 
 def words(text: str) -> list[str]:
-    """The words of `text` in order, case preserved, read from the text composed (NFC) with
-    its typographic apostrophes made ASCII: runs of `\\w` with the combining marks (M*) among
-    them and the format characters (Cf) between them (`\\w` alone cuts "हिन्दी" into pieces
-    PostgreSQL finds in no text), two runs joined by one of `JOINERS` being one word."""
+    """The words of `text` in order, case preserved, read NFC-composed with typographic
+    apostrophes made ASCII: runs of `\\w` with combining marks among them and format
+    characters between them (`\\w` alone cuts "हिन्दी" apart), two runs joined by one of
+    `JOINERS` being one word."""
     text = normalise(text)
     if text.isascii():
         return _ASCII_WORD.findall(text)
@@ -124,26 +114,24 @@ def first_tokens(text: str, n: int) -> list[str]:
 
 
 def without_clitic(word: str) -> str:
-    """A word of `words` without the clitic it ends in ("Melanie's" -> "Melanie", "life's"
-    -> "life"), or as it is: what a label or a name is made of."""
+    """A word without the clitic it ends in ("Melanie's" -> "Melanie"), or as it is."""
     return _CLITIC.sub("", word)
 
 
 def parts(word: str) -> list[str]:
-    """The words a search reads in one word of `words`: it cut at its joiners ("nginx.conf"
-    is "nginx" and "conf", "don't" is "don" and "t")."""
+    """The words a search reads in one word of `words`: it cut at its joiners ("nginx.conf":
+    "nginx", "conf")."""
     return [part for part in _JOINER.split(word) if _WORD_CHARACTER.search(part)]
 
 
 def _spaced(text: str) -> str:
-    """`text` (apostrophes already ASCII) composed, every character that is no part of a word
-    made a space (the same length: a word's place is its place in the text composed)."""
+    """`text` composed, every character no part of a word made a space (same length)."""
     return _BETWEEN_WORDS.sub(_within_words, unicodedata.normalize("NFC", text))
 
 
 def _within_words(between: re.Match[str]) -> str:
-    """A run of characters neither word characters nor spaces: what belongs to the words
-    around it kept (see `words`), the rest made spaces, one for one."""
+    """A run of non-word, non-space characters: what belongs to the words around it kept,
+    the rest made spaces, one for one."""
     run = between.group()
     text, start, end = between.string, between.start(), between.end()
     # The run is as long as it can be: a neighbour that is no space is a word character.
@@ -173,19 +161,16 @@ def _is_format(character: str) -> bool:
 
 # ---- the stemmer ------------------------------------------------------------------------
 
-# A Snowball stemmer keeps state while it stems: one per thread (`stem` runs on worker
-# threads too). Its own cache is off: `stem`'s is faster.
+# A Snowball stemmer keeps state while it stems: one per thread (its own cache off).
 _STEMMERS = threading.local()
-# word -> stem, cleared when full: a dict of strings only, which the garbage collector never
-# walks (an `lru_cache`'s links are objects it walks at every full collection).
+# word -> stem, cleared when full: a dict of strings, which the collector never walks.
 _STEMS: dict[str, str] = {}
 _STEMS_KEPT = 65_536
 
 
 def stem(word: str) -> str:
-    """The Snowball English stem of a lower-cased word, as tantivy and PostgreSQL stem it
-    ("configuring" -> "configur"); a word of other characters than letters and apostrophes
-    ("3.11", "nginx.conf") is its own stem."""
+    """The Snowball English stem of a lower-cased word ("configuring" -> "configur"); a word
+    of other characters than letters and apostrophes is its own stem."""
     stemmed = _STEMS.get(word)
     if stemmed is None:
         stemmed = _stem(word)
@@ -227,8 +212,8 @@ def is_acronym(word: str) -> bool:
 
 
 def is_identifier(word: str) -> bool:
-    """A word written as code, a path or a name, which is never re-cased: with one of `_./-:`,
-    a digit or a capital after its first character ("test_upload", "S3", "GitHub")."""
+    """A word written as code, a path or a name, never re-cased: with one of `_./-:`, a digit
+    or a capital after its first character ("test_upload", "S3", "GitHub")."""
     return any(c in "_./-:" or c.isdigit() for c in word) or any(c.isupper() for c in word[1:])
 
 
@@ -251,7 +236,7 @@ def content_stems(text: str) -> set[str]:
 
 def sentences(text: str) -> list[str]:
     """The sentences of `text`, split at line breaks and sentence-ending punctuation, without
-    a line's bullet or number and without blank pieces."""
+    bullets, numbers or blank pieces."""
     out: list[str] = []
     for line in normalise(text).splitlines():
         line = _BULLET.sub("", line).strip()
@@ -273,8 +258,7 @@ def first_sentence(text: str, *, max_words: int = 40) -> str:
 
 
 def shorten(text: str, limit: int) -> str:
-    """`text` on one line (whitespace collapsed), cut to `limit` characters with an
-    ellipsis."""
+    """`text` on one line, cut to `limit` characters with an ellipsis."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
@@ -300,9 +284,8 @@ def _word_score(word: str, *, sentence_initial: bool) -> float:
 
 
 def key_phrase(text: str, *, max_words: int = 4) -> str:
-    """A key phrase of `text`: its most informative words (those of the first sentence, where
-    the topic is usually named, first), each stem once, in order of appearance, lower-case but
-    for identifiers; non-stopwords of 3+ letters when fewer than two words are informative."""
+    """A key phrase of `text`: its most informative words (the first sentence's first), each
+    stem once, in order, lower-case but for identifiers."""
     picked: dict[str, tuple[float, int, str]] = {}
     fallback: dict[str, tuple[float, int, str]] = {}
     position = 0
@@ -326,8 +309,7 @@ def key_phrase(text: str, *, max_words: int = 4) -> str:
 
 def concepts(text: str, *, limit: int = 4) -> list[str]:
     """Up to `limit` concept labels of `text`, most informative first, lower-case but for
-    identifiers, each stem once: a run of capitalised words after the first ("Visual Studio
-    Code", three at most) is one label, else single informative words without their clitic."""
+    identifiers, each stem once (a run of capitalised words, "Visual Studio Code", is one)."""
     ws = [without_clitic(word) for word in words(text)]
     scored: list[tuple[float, int, str]] = []
     seen: set[str] = set()
@@ -364,9 +346,8 @@ def is_name(word: str, *, sentence_initial: bool) -> bool:
 
 
 def query_terms(words: Iterable[str], *, cap: int = MAX_QUERY_TERMS) -> list[str]:
-    """The distinct words of a query (case-insensitively; the first spelling kept), at most
-    `cap`, in query order; past the cap the longest are kept (ties: the earlier), a word's
-    length being the cheapest sign of how specific it is."""
+    """The distinct words of a query (case-insensitively, first spelling kept), in order, at
+    most `cap`: past it the longest are kept (ties: the earlier)."""
     first: dict[str, tuple[int, str]] = {}
     for position, word in enumerate(words):
         first.setdefault(word.casefold(), (position, word))
@@ -378,16 +359,13 @@ def query_terms(words: Iterable[str], *, cap: int = MAX_QUERY_TERMS) -> list[str
 
 
 def query_words(query: str) -> list[str]:
-    """The words a query searches for, distinct and capped (`query_terms`), in query order:
-    the `parts` of its `words` (read composed, NFC, as the lexical index composes its texts).
-    Every search splits its query here; a backend searches a word as the phrase of the parts
-    its own parser makes of it (`'nginx "proxy" AND' -> ['nginx', 'proxy', 'AND']`)."""
+    """The words a query searches for, distinct and capped (`query_terms`), in order: the
+    `parts` of its `words`, read NFC-composed. Every search splits its query here."""
     return query_terms(text_words(query))
 
 
 def text_words(text: str) -> list[str]:
-    """Every word of `text` as a search splits it (`query_words`), repeats and all, in order:
-    the `parts` of its `words`."""
+    """Every word of `text` as a search splits it, repeats and all, in order."""
     if text.isascii():
         return _ASCII_PART.findall(text)
     return [part for word in words(text) for part in parts(word)]

@@ -1,6 +1,5 @@
-"""Agent tools over a `Memory`: JSON-schema specs for OpenAI and Anthropic (`openai_tools`,
-`anthropic_tools`) and one executor (`execute_tool`), for the memory tools and the eviction
-tools. Every answer is a bounded string, errors as "error: ..." text."""
+"""Agent tools over a `Memory`: JSON-schema specs for OpenAI and Anthropic and one executor
+(`execute_tool`). Every answer is a bounded string, errors as "error: ..." text."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ if TYPE_CHECKING:
     from mnemo.recall.engine import Recalled
 
 
-# A tool's answer goes straight into the agent's context, so each is bounded (one
-# recall returned 2 MB of JSON). The MCP server uses the same bounds.
+# A tool's answer goes straight into the agent's context, so each is bounded (as over MCP).
 MAX_OUTPUT_CHARS = 20_000  # the most any one tool answer holds (about 5k tokens)
 SNIPPET_CHARS = 300  # each memory's text in a recall answer; get_node has the rest
 PAGE_CHARS = 8_000  # one page of get_node (or of a viewed message over MCP)
@@ -43,7 +41,7 @@ def clip(text: str, limit: int) -> str:
 @dataclass(frozen=True, slots=True)
 class Page:
     """One page of a long text: `text` starts at `offset` of `total` characters; `next_offset`
-    is where the next page starts (None on the last)."""
+    is the next page's (None on the last)."""
 
     text: str
     offset: int
@@ -197,8 +195,7 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
 
 def nearest(messages: Sequence[Message], seq: int, budget: int,
             size: Callable[[Message], int]) -> list[Message]:
-    """The messages nearest to `seq` (the target first) whose sizes fit in `budget`, in
-    their order: a bounded view drops the far ends, never the target."""
+    """The messages nearest to `seq` (the target first) that fit in `budget`, in order."""
     kept: set[int] = set()
     used = 0
     for i in sorted(range(len(messages)), key=lambda i: abs(messages[i].seq - seq)):
@@ -256,8 +253,7 @@ def _context_thread(context: dict[str, object]) -> str | None:
     return thread if isinstance(thread, str) else None
 
 
-# Each tool's arguments. Models often send numbers as strings ("5") or floats (5.0): read
-# leniently (`strict=False`).
+# Each tool's arguments, read leniently (`strict=False`: "5" and 5.0 are 5).
 _NonBlank = Annotated[str, msgspec.Meta(pattern=r"\S")]
 
 

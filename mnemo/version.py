@@ -8,8 +8,7 @@ DISTRIBUTION = "pymnemo"
 
 
 def installed_version() -> str:
-    """The installed distribution's version ("unknown" when running from a bare source
-    tree)."""
+    """The installed distribution's version ("unknown" from a bare source tree)."""
     try:
         return version(DISTRIBUTION)
     except PackageNotFoundError:

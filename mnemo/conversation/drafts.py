@@ -1,7 +1,5 @@
-"""Incoming chat messages, checked and turned into what the log stores.
-
-A message is a JSON-serialisable mapping with a non-blank string `role`, a `content` (string,
-None, a list of parts, or absent) and any other keys; `load` gives back exactly what was saved."""
+"""Incoming chat messages, checked and turned into what the log stores: a JSON mapping with a
+non-blank string `role`, a `content` and any other keys; `load` returns exactly what was saved."""
 
 from __future__ import annotations
 
@@ -68,8 +66,7 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
     config = config or Config()
     limit = config.max_text_chars
     where = f"messages[{index}]"
-    # Before anything below walks or serialises it: its text and its other keys fit in
-    # `limit` each, so its whole JSON, with the wrapping of its parts, fits in three.
+    # Before anything walks or serialises it: its text and other keys fit in `limit` each.
     check_tree(message, where, limit=MESSAGE_LIMITS * limit)
     role = check_name(message.get("role"), f"{where}.role")
     raw_content = message.get("content")
@@ -123,8 +120,8 @@ COMPARED = ("role", "content", "name", "tool_calls", "tool_call_id")
 
 
 def message_key(message: Mapping[str, object], index: int) -> bytes:
-    """The digest of what `save` compares of a message: role, content, name, tool_calls and
-    tool_call_id; raises InvalidInputError when they are not JSON-serialisable."""
+    """The digest of what `save` compares of a message (`COMPARED`); InvalidInputError when
+    they are not JSON-serialisable."""
     role, content = message.get("role"), message.get("content")
     if isinstance(role, str) and isinstance(content, str) and not any(
         key in message for key in COMPARED[2:]

@@ -1,11 +1,8 @@
-"""Eviction: the oldest part of the viewport leaves it, and the LLM decides what stays.
-
-The zones of the window go to the LLM (task "eviction") with three tools, `save_snapshot`,
-`attach_messages_to_goals` and `everything_ok`, for up to `MAX_ROUNDS` forced tool-call rounds
-under one deadline. The level-1 snapshot and the pins are then written and the boundary moves
-in one transaction. The boundary always advances: when the LLM fails, the snapshot is a note
-pointing to `search_messages` and `EvictionResult.error` says why. Five uncovered level-1
-snapshots fold into one level-2 snapshot (task "snapshot_fold")."""
+"""Eviction: the oldest part of the viewport leaves it, and the LLM (task "eviction", three
+tools, up to `MAX_ROUNDS` rounds under one deadline) decides what stays; the snapshot, the pins
+and the boundary's move are written in one transaction. The boundary always advances: when the
+LLM fails the snapshot is a note pointing to `search_messages`. Five uncovered level-1 snapshots
+fold into one level-2 snapshot (task "snapshot_fold")."""
 
 from __future__ import annotations
 
@@ -42,7 +39,7 @@ from mnemo.ports import LLM, REQUIRED, Events, JSONObject, LLMRequest, LLMRespon
 log = logging.getLogger("mnemo")
 
 MAX_ROUNDS = 3
-# Evictions of one call whose commit found the boundary moved back (a clear) before it gives up.
+# Evictions of one call whose commit found the boundary moved back (a clear) before giving up.
 MAX_ATTEMPTS = 3
 # The newest lines of `done` the model is shown.
 MAX_DONE = 20
@@ -53,8 +50,8 @@ Recall = Callable[[str, Sequence[Goal], Collection[str]], Awaitable[list[SearchH
 
 @dataclass(slots=True)
 class EvictionTools:
-    """The tools of one eviction and what the model did with them; bad arguments are answered
-    with an error text, never raised."""
+    """The tools of one eviction and what the model did with them (bad arguments get an
+    error text)."""
 
     zone: Sequence[Message]
     goal_ids: set[str]
@@ -143,22 +140,22 @@ def fallback_note(start_seq: int, end_seq: int, error: str) -> str:
     )
 
 
-# The forms of `tool_choice` tried in turn while no snapshot is saved (servers obey different
-# ones); after them, the snapshot is asked as structured output (`as_data`).
+# The forms of `tool_choice` tried in turn while no snapshot is saved, before asking for it as
+# structured output (`as_data`).
 SNAPSHOT_CHOICES = ("save_snapshot", REQUIRED)
 
 
 def tool_choice(tools: EvictionTools, silent: int) -> str | None:
     """What the next round's reply must call: `save_snapshot`, then any tool, until a snapshot
-    is saved (None: ask for its arguments as data), any tool after."""
+    is saved (None: ask for it as data); any tool after."""
     if tools.snapshot_parts:
         return REQUIRED
     return SNAPSHOT_CHOICES[silent] if silent < len(SNAPSHOT_CHOICES) else None
 
 
 def snapshot_calls(response: LLMResponse) -> list[ToolCall]:
-    """The tool calls of a reply to a round asked `as_data`: its own when it made some (a
-    model may call the tools all the same), else `save_snapshot` with the reply's data."""
+    """The tool calls of a reply asked `as_data`: its own if any, else `save_snapshot` with the
+    reply's data."""
     if response.tool_calls:
         return list(response.tool_calls)
     try:
@@ -172,8 +169,8 @@ async def run_loop(
     llm: LLM, tools: EvictionTools, ask_round: Callable[..., LLMRequest], *, goals: bool,
     time_limit: float,
 ) -> tuple[str | None, Usage | None]:
-    """Runs the eviction rounds through `ask_round`; returns the failure (or None) and the usage
-    summed. A snapshot saved before `time_limit` is kept."""
+    """Runs the eviction rounds through `ask_round`; returns the failure (or None) and the
+    usage. A snapshot saved before `time_limit` is kept."""
     usage: Usage | None = None
     silent = 0
     try:
@@ -219,8 +216,7 @@ async def run_loop(
 
 @dataclass(kw_only=True)
 class Evictor:
-    """Runs evictions and folds for the `ConversationService` (which holds the per-thread
-    eviction lock around each call)."""
+    """Runs evictions and folds for the `ConversationService` (which holds the eviction lock)."""
 
     store: ThreadStore
     events: Events
@@ -231,10 +227,8 @@ class Evictor:
     async def evict(
         self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM
     ) -> EvictionResult:
-        """One eviction (see the module doc), its model calls made to `llm`.
-
-        A boundary another writer advanced meanwhile counts as this eviction; one that went back (a
-        cleared thread) is evicted again, up to `MAX_ATTEMPTS` times.
+        """One eviction, its model calls made to `llm`. A boundary another writer advanced
+        meanwhile counts as this eviction; one that went back (a clear) is evicted again.
 
         Raises:
             NotFoundError: the thread was never saved (or was purged meanwhile).
@@ -313,8 +307,8 @@ class Evictor:
         )
 
     async def fold(self, thread_id: str, token_budget: int, llm: LLM) -> Snapshot | None:
-        """Folds the oldest 5 uncovered level-1 snapshots into a level-2 one, when due.
-        A failed fold is logged and left for the next eviction."""
+        """Folds the oldest 5 uncovered level-1 snapshots into a level-2 one, when due; a
+        failure is logged and left for the next eviction."""
         due = due_for_fold(await self.store.uncovered_snapshots(thread_id))
         if not due:
             return None

@@ -65,9 +65,8 @@ MAX_SAVE_ATTEMPTS = 5
 
 @dataclass(eq=False)
 class ConversationManager:
-    """Saves and loads threads with one retrieval and compression policy.
-
-    Get one from `Memory.conversation(...)`; managers of one Memory share its per-thread locks."""
+    """Saves and loads threads with one retrieval and compression policy; get one from
+    `Memory.conversation(...)` (managers of one Memory share its per-thread locks)."""
 
     _service: ConversationService = field(repr=False)
     _: KW_ONLY
@@ -80,8 +79,7 @@ class ConversationManager:
     llm: LLM
 
     def __await__(self) -> Generator[object, None, ConversationManager]:
-        """`await mem.conversation(...)` gives the manager too: the factory is synchronous,
-        but a caller that awaits mnemo's async calls may await it."""
+        """`await mem.conversation(...)` gives the manager too (the factory is synchronous)."""
         yield from ()
         return self
 
@@ -89,17 +87,16 @@ class ConversationManager:
         self, thread_id: str, messages: Sequence[Mapping[str, object]],
         metadata: Mapping[str, object] | None = None,
     ) -> list[Message]:
-        """Stores the messages of `messages` (the full history so far) past the stored length, each
-        with the next seq and `metadata`; returns them ([] when nothing was new).
-
-        The history must extend the stored one (compared through the stored history's hash). New
-        messages are then embedded (`Semantic`), summarised (`Summary`) and evicted
-        (`auto_evict_budget`); a failure there is logged, never raised.
+        """Stores the messages of `messages` (the full history so far) past the stored length,
+        each with the next seq and `metadata`; returns them ([] when nothing was new). The
+        history must extend the stored one (compared by hash). New messages are then embedded
+        (`Semantic`), summarised (`Summary`) and evicted (`auto_evict_budget`); a failure there
+        is logged, never raised.
 
         Raises:
-            InvalidInputError: a history that does not extend the stored one (naming the first seq
-                that differs), a bad thread id, or a message past the Config's bounds; raised
-                before anything is stored.
+            InvalidInputError: a history that does not extend the stored one (naming the first
+                seq that differs), a bad thread id, or a message past the Config's bounds;
+                nothing is stored.
             ConflictError: other writers changed the thread under each of `MAX_SAVE_ATTEMPTS`
                 attempts."""
         check_thread_name(thread_id)
@@ -156,8 +153,8 @@ class ConversationManager:
     async def _embed(
         self, thread_id: str, drafts: Mapping[int, MessageDraft], done: dict[int, Vector]
     ) -> dict[int, Vector] | None:
-        """With `Semantic` retrieval, the vectors of `drafts` (by index) not in `done`; None without
-        it, or when the embedder failed (logged: load embeds them later)."""
+        """With `Semantic` retrieval, the vectors of `drafts` (by index) not in `done`; None
+        without it, or when the embedder failed (logged: load embeds them later)."""
         if not isinstance(self.retrieval, Semantic):
             return None
         missing = [i for i in drafts if i not in done]
@@ -173,8 +170,8 @@ class ConversationManager:
         self, thread_id: str, history: Sequence[Mapping[str, object]], metadata: Metadata
     ) -> list[Message]:
         """Appends the messages of `history` past the stored length once it extends the stored
-        history; returns them. A write refused by the store's compare-and-set reads the stored
-        history again, up to `MAX_SAVE_ATTEMPTS` times; each message is embedded once."""
+        history; returns them. A write the store's compare-and-set refuses is tried again, up
+        to `MAX_SAVE_ATTEMPTS` times (each message embedded once)."""
         store = self._service.store
         vectors: dict[int, Vector] = {}  # by index in `history`
         keys: list[bytes] = []  # of the history's first messages, as far as a check needed
@@ -205,8 +202,8 @@ class ConversationManager:
                     raise
 
     async def _extends(self, thread_id: str, keys: Sequence[bytes], state: ThreadState) -> str:
-        """The hash of the history's first `state.history_len` messages once they are checked to be
-        the stored ones (by hash, else message by message to name the first that differs)."""
+        """The hash of the history's first `state.history_len` messages, checked to be the
+        stored ones (by hash, else one by one to name the first that differs)."""
         stored = state.history_len
         digest = history_hash(keys)
         if len(keys) == stored and digest == state.history_hash:
@@ -226,13 +223,12 @@ class ConversationManager:
         )
 
     async def load(self, thread_id: str, query: str | None = None) -> list[JSONObject]:
-        """The thread for a model: compactions as system messages, passive recall for open goals,
-        then the retrieval's selection of the uncompacted messages (tool results without their call
-        left out, tool outputs pruned). A ttl erases older messages first; an unknown thread is [].
+        """The thread for a model: compactions as system messages, passive recall for open
+        goals, then the retrieval's selection of the uncompacted messages (tool outputs pruned).
+        A ttl erases older messages first; an unknown thread is [].
 
         Raises:
-            InvalidInputError: a blank thread id, or a query that is not a non-blank string within
-                `Config.max_text_chars`.
+            InvalidInputError: a blank thread id, or a bad query.
             EmbeddingError: `Semantic` with a query, and embedding failed."""
         check_thread_id(thread_id)
         if query is not None:
@@ -281,8 +277,7 @@ class ConversationManager:
             )
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
-        """The thread's compaction records, by start_seq; raises InvalidInputError for a blank
-        id."""
+        """The thread's compaction records, by start_seq."""
         return await self._read(thread_id, self._service.store.compactions)
 
     async def raw(self, thread_id: str) -> list[Message]:
@@ -290,8 +285,8 @@ class ConversationManager:
         return await self._read(thread_id, self._service.store.raw)
 
     async def pop(self, thread_id: str) -> Message | None:
-        """Erases the thread's newest message and returns it (None when there is none). Its seq is
-        not reused and still counts in the history `save` compares."""
+        """Erases the thread's newest message and returns it (None if none); its seq is not
+        reused."""
         check_thread_id(thread_id)
         return await self._service.pop(thread_id)
 
@@ -318,9 +313,8 @@ class ConversationManager:
             await self._service.store.expire(thread_id, cutoff)
 
     async def _summarise(self, thread_id: str, policy: Summary) -> None:
-        """Compacts all but the last `keep` uncompacted messages into a rolling summary when they
-        exceed `max_tokens`, in chunks when there is a lot. Called under the thread lock; failures
-        are logged, never raised."""
+        """Compacts all but the last `keep` uncompacted messages into a rolling summary when
+        they exceed `max_tokens`, in chunks. Under the thread lock; failures are logged."""
         service = self._service
         compactions, tail = await service.store.uncompacted(thread_id)
         if sum(m.tokens for m in tail) <= policy.max_tokens or len(tail) <= policy.keep:
@@ -377,7 +371,7 @@ def _summary_inputs(
     chunk: Sequence[Message], inner: Sequence[Compaction]
 ) -> list[JSONObject]:
     """The "summary" task's messages: the chunk's, each cut short, and each inner compaction
-    whole as a message of role "summary" at its start seq, in seq order."""
+    as a "summary" message at its start seq, in seq order."""
     items = [(m.seq, m.role, flat(m.content, SUMMARY_TOOL_CHARS if m.is_tool_result
                                    else SUMMARY_MESSAGE_CHARS)) for m in chunk]
     items += [(c.start_seq, "summary", c.summary_text) for c in inner]

@@ -1,7 +1,5 @@
-"""`ThreadStore`, what conversation memory needs from a backend, and the values it reads back.
-
-Implementations live in `mnemo.storage.<backend>.conversation`; each method is one coarse
-step (one transaction for a write) on typed values."""
+"""`ThreadStore`, what conversation memory needs from a backend (each method one coarse step,
+one transaction for a write), and the values it reads back."""
 
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ __all__ = ["EvictionInputs", "ThreadState", "ThreadStore", "ViewportInputs"]
 
 @dataclass(frozen=True, slots=True)
 class ThreadState:
-    """A thread's counters: the next seq, how many messages of the history are stored, where the
-    viewport starts, and the history's hash (None when unknown)."""
+    """A thread's counters: next seq, stored history length, viewport start, history hash."""
 
     next_seq: int
     history_len: int
@@ -41,8 +38,7 @@ class ThreadState:
 def check_expected(
     thread_id: str, state: ThreadState, length: int | None, digest: str | None
 ) -> None:
-    """Refuses an append whose caller checked its history against another stored history than
-    `state`'s (ConflictError)."""
+    """Refuses (ConflictError) an append checked against another stored history than `state`'s."""
     if (length is not None and state.history_len != length) or (
         digest is not None and state.history_hash not in (digest, None)
     ):
@@ -55,8 +51,8 @@ def check_expected(
 def next_hash(state: ThreadState, drafts: Sequence[MessageDraft], digest: str | None) -> (
     str | None
 ):
-    """The history's hash once `drafts` are appended: chained onto `digest`, the caller's
-    checked hash, else onto the stored one (an unknown one stays unknown)."""
+    """The history's hash once `drafts` are appended, chained onto `digest` (else the stored
+    hash; an unknown one stays unknown)."""
     start = state.history_hash if digest is None else digest
     return None if start is None else history_hash((d.key for d in drafts), start)
 
@@ -75,8 +71,8 @@ class Shown:
 
 @dataclass(frozen=True, slots=True)
 class ViewportInputs:
-    """What the viewport's layout reads of a thread, bounded so that a long thread is never read
-    whole; lists are newest first, and `newest` stops past the token limit asked for."""
+    """What the viewport's layout reads of a thread, bounded (lists newest first; `newest`
+    stops past the token limit)."""
 
     boundary_seq: int
     pinned: list[Message]
@@ -88,8 +84,8 @@ class ViewportInputs:
 
 @dataclass(frozen=True, slots=True)
 class EvictionInputs:
-    """What an eviction starts from: the boundary, the messages from it on, the open goals and
-    the newest uncovered level-1 snapshot's text."""
+    """What an eviction starts from: boundary, messages from it, open goals, and the newest
+    uncovered level-1 snapshot's text."""
 
     boundary_seq: int
     past_boundary: list[Message]
@@ -98,7 +94,7 @@ class EvictionInputs:
 
 
 class ThreadStore(Protocol):
-    """Every thread's log, compactions, vectors, goals and pins, snapshots and search index; a
+    """Every thread's log, compactions, vectors, goals, pins, snapshots and search index; a
     write computed from a stale read changes nothing."""
 
     # ---- the log --------------------------------------------------------------------------
@@ -121,26 +117,26 @@ class ThreadStore(Protocol):
         expected_len: int | None = None,
         expected_hash: str | None = None,
     ) -> list[Message]:
-        """Appends `drafts` (with their vectors, when given) after the stored history, chaining
-        their keys onto the history's hash; raises ConflictError, writing nothing, when the stored
-        length is not `expected_len` or its hash neither `expected_hash` nor unknown."""
+        """Appends `drafts` (with their vectors) after the stored history, chaining their keys
+        onto its hash; ConflictError, writing nothing, when the stored length is not
+        `expected_len` or its hash neither `expected_hash` nor unknown."""
         ...
 
     async def first_difference(
         self, thread_id: str, from_seq: int, keys: Sequence[bytes]
     ) -> int | None:
-        """The seq of the first stored message from `from_seq` on whose key is not
-        `keys[seq - from_seq]`; None when every stored one matches."""
+        """The seq of the first stored message from `from_seq` on whose key differs from
+        `keys`; None when all match."""
         ...
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
-        """Erases the thread's messages recorded before `cutoff` and what only covered them; returns
+        """Erases the messages recorded before `cutoff` and what only covered them; returns
         how many messages went."""
         ...
 
     async def pop(self, thread_id: str) -> Message | None:
-        """Erases the thread's newest message and the compactions holding it; returns it (None when
-        there is none). The seq counter and the history's length are untouched."""
+        """Erases the newest message and the compactions holding it; returns it (None if none).
+        The seq counter and history length are untouched."""
         ...
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
@@ -158,8 +154,8 @@ class ThreadStore(Protocol):
     async def recent_turns(
         self, thread_id: str, k: int
     ) -> tuple[list[Compaction], list[Message]]:
-        """The compactions and the uncompacted messages of the last `k` turns (a turn starts
-        at a user message), by seq, read backwards no further than the k-th turn."""
+        """The compactions and uncompacted messages of the last `k` turns, by seq, read
+        backwards no further."""
         ...
 
     async def add_compaction(
@@ -180,8 +176,8 @@ class ThreadStore(Protocol):
         ...
 
     async def save_vectors(self, thread_id: str, rows: Sequence[tuple[str, Vector]]) -> None:
-        """Stores (or replaces) vectors of existing messages; on SQLite it waits for another writer
-        a tenth of a second before it raises StorageError("busy")."""
+        """Stores (or replaces) vectors of existing messages (SQLite: StorageError("busy")
+        after a tenth of a second's wait)."""
         ...
 
     async def clear(self, thread_id: str) -> None:
@@ -190,8 +186,7 @@ class ThreadStore(Protocol):
         ...
 
     async def purge(self, thread_id: str) -> int:
-        """Erases the thread without a trace (its counter too, and whatever the backend keeps
-        of deleted rows); returns how many messages went."""
+        """Erases the thread without a trace (its counter too); returns how many messages went."""
         ...
 
     # ---- goals and pins -------------------------------------------------------------------
@@ -212,8 +207,8 @@ class ThreadStore(Protocol):
     # ---- viewport, eviction and snapshots -------------------------------------------------
 
     async def viewport_inputs(self, thread_id: str, token_limit: int) -> ViewportInputs:
-        """What the viewport of a thread is laid out from, `newest` bounded by `token_limit`
-        (see `ViewportInputs`); an unknown thread gives empty inputs at boundary 0."""
+        """What the viewport is laid out from, `newest` bounded by `token_limit`; an unknown
+        thread gives empty inputs."""
         ...
 
     async def eviction_inputs(self, thread_id: str) -> EvictionInputs:
@@ -242,8 +237,8 @@ class ThreadStore(Protocol):
     async def commit_fold(
         self, thread_id: str, covered: Sequence[Snapshot], text: str, now: datetime
     ) -> Snapshot | None:
-        """Writes the level-2 snapshot over `covered` and marks them covered by it, unless
-        one of them was covered (or deleted) meanwhile: then writes nothing and returns None."""
+        """Writes the level-2 snapshot over `covered` and marks them, unless one was covered or
+        deleted meanwhile (then nothing, None)."""
         ...
 
     async def snapshots(self, thread_id: str) -> list[Snapshot]:
@@ -263,9 +258,9 @@ class ThreadStore(Protocol):
         shown: Shown | None = None,
         where: Where | None = None,
     ) -> list[SearchHit]:
-        """The best `limit` messages matching any of `words`, ranked as `search.rank_by_recency`,
-        within `thread_id` and `where` when given, leaving out what the viewport of
-        `exclude_viewport_of` shows; each with a snippet."""
+        """The best `limit` messages matching any of `words` (`search.rank_by_recency`), within
+        `thread_id` and `where`, without what `exclude_viewport_of`'s viewport shows; each with
+        a snippet."""
         ...
 
     async def message_ids(self, prefix: str, limit: int) -> list[str]:
@@ -273,6 +268,6 @@ class ThreadStore(Protocol):
         ...
 
     async def view(self, message_id: str, radius: int) -> MessageView:
-        """The message, `radius` messages on each side, and the nearest level-1 snapshots around it
+        """The message, `radius` messages on each side, and the nearest level-1 snapshots
         (NotFoundError for no such message)."""
         ...

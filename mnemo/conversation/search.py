@@ -1,8 +1,5 @@
-"""Keyword search over every thread's messages: the backend-neutral part.
-
-A query is split into quoted words (so no text is query syntax) that backends OR-combine. The
-backend's relevance picks a pool, then `rank_by_recency` weights each score by
-`0.5 + 0.5 * 2^(-age / 30 days)`."""
+"""Keyword search over every thread's messages, the backend-neutral part: a query is quoted
+words the backends OR-combine; relevance picks a pool, which `rank_by_recency` reorders."""
 
 from __future__ import annotations
 
@@ -44,7 +41,7 @@ def rank_by_recency(
     candidates: Iterable[tuple[K, float, datetime]], *, now: datetime, limit: int
 ) -> list[tuple[float, K]]:
     """The best `limit` of (key, relevance, recorded_at) candidates as (rank, key), best
-    first: relevance (higher is better) times `recency_weight`; ties go to the larger key."""
+    first by relevance times `recency_weight` (ties: the larger key)."""
     return sorted(
         (
             (relevance * recency_weight((now - at).total_seconds()), key)
@@ -55,8 +52,8 @@ def rank_by_recency(
 
 
 def hit_snippet(snippet: str, text: str, words: Sequence[str]) -> str:
-    """The engine's snippet of a hit when it shows a word of the query, else the text from a
-    little before the first query word (folded and lightly stemmed) that the hit holds."""
+    """The engine's snippet when it shows a query word, else the text from a little before
+    the first query word the hit holds (folded, lightly stemmed)."""
     clipped = flat(snippet, SNIPPET_CHARS)
     keys = {key for word in words for key in _keys(word)}
     if not keys:

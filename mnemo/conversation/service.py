@@ -1,8 +1,6 @@
-"""`ConversationService`: conversation memory behind `Memory`'s thread calls.
-
-It owns the per-thread locks that every `ConversationManager` of one Memory shares: the
-thread lock serialises read-then-write of the log, the eviction lock runs one eviction per
-thread at a time. Against another Memory, the store's compare-and-set refuses stale writes."""
+"""`ConversationService`: conversation memory behind `Memory`'s thread calls, owning the
+per-thread locks every `ConversationManager` of one Memory shares (the thread lock for
+read-then-write of the log, the eviction lock for one eviction at a time)."""
 
 from __future__ import annotations
 
@@ -123,8 +121,8 @@ class ConversationService:
         clock: Clock | None = None,
         llm: LLM | None = None,
     ) -> ConversationManager:
-        """A `ConversationManager` with these policies; raises InvalidInputError for a bad policy,
-        ttl, budget, fraction or llm."""
+        """A `ConversationManager` with these policies (InvalidInputError for a bad policy,
+        ttl, budget, fraction or llm)."""
         if not isinstance(retrieval, Recent | Semantic):
             raise InvalidInputError(
                 f"retrieval must be mnemo.Recent or mnemo.Semantic, got {retrieval!r}"
@@ -158,13 +156,11 @@ class ConversationService:
     # ---- embeddings ---------------------------------------------------------------------
 
     async def dimension(self) -> int:
-        """The embedder's dimension, asking it now when it learns it from its first reply
-        (EmbeddingError when that fails)."""
+        """The embedder's dimension, asking it now if it learns it from its first reply."""
         return await self._call_embedder(detect_dim(self.embedder))
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """The float32 embeddings of `texts`, one embedder call per batch within the timeout;
-        raises EmbeddingError."""
+        """The float32 embeddings of `texts`, one call per batch within the timeout."""
         parts = [await self._embed_batch(texts[part]) for part in batches(texts)]
         return np.concatenate(parts) if parts else np.zeros((0, await self.dimension()),
                                                              dtype=np.float32)
@@ -193,8 +189,8 @@ class ConversationService:
             raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
 
     async def message_vectors(self, messages: Sequence[Message]) -> npt.NDArray[np.float32]:
-        """The stored vectors of one thread's `messages`, embedding and storing the missing ones
-        first; raises EmbeddingError."""
+        """The stored vectors of one thread's `messages`, the missing ones embedded and stored
+        first."""
         dim = await self.dimension()
         if not messages:
             return np.zeros((0, dim), dtype=np.float32)
@@ -240,8 +236,8 @@ class ConversationService:
         self, thread_id: str, goals: Sequence[Goal], shown: Collection[str], *,
         whole_thread: bool = False,
     ) -> list[SearchHit]:
-        """Passive recall: up to `RECALL_HITS` past messages that a search for the words of the open
-        `goals` finds, none of `shown` nor, unless `whole_thread`, of the thread's viewport."""
+        """Passive recall: up to `RECALL_HITS` past messages a search for the open `goals`'
+        words finds, none of `shown` nor (unless `whole_thread`) of the thread's viewport."""
         words = query_words(" ".join(goal.description for goal in goals))
         if not words:
             return []
@@ -266,8 +262,8 @@ class ConversationService:
     async def auto_evict(
         self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM
     ) -> list[EvictionResult]:
-        """Evicts until the viewport of `token_budget` shows every message from the boundary on;
-        returns the evictions. A thread purged meanwhile has nothing left to evict."""
+        """Evicts until the viewport of `token_budget` shows every message from the boundary
+        on; returns the evictions (none for a thread purged meanwhile)."""
         done: list[EvictionResult] = []
         async with self._evict_locks.hold(thread_id):
             while (await self._layout(thread_id, token_budget))[1]:
@@ -311,7 +307,7 @@ class ConversationService:
         where: Where | None = None,
     ) -> list[SearchHit]:
         """See `Memory.search_messages`; `exclude_viewport_of` leaves out what that thread's
-        viewport showed through this Memory, else its messages from the boundary on."""
+        viewport showed here, else its messages from the boundary on."""
         check_text(query, "query", limit=self.max_text_chars, stored=False)
         check_count("limit", limit, minimum=1, maximum=MAX_SEARCH_LIMIT)
         if thread_id is not None:
@@ -395,8 +391,8 @@ BATCH_CHARS = 256_000
 
 
 def batches(texts: Sequence[str]) -> list[slice]:
-    """`texts` cut into consecutive batches of at most `BATCH_TEXTS` texts and
-    `BATCH_CHARS` characters (a longer text is a batch of its own)."""
+    """`texts` cut into consecutive batches of at most `BATCH_TEXTS` texts and `BATCH_CHARS`
+    characters (a longer text alone)."""
     out: list[slice] = []
     start = chars = 0
     for end, text in enumerate(texts):

@@ -1,11 +1,8 @@
 """The viewport: what an agent sees of a thread within a token budget, and the eviction zone.
-
-Nothing hides: every message is shown, pinned, or inside a snapshot's range and found by
-search. Pins take up to `PIN_SHARE` of the budget, snapshots the rest of `MEMORY_SHARE`, the
-messages from the boundary on the remainder; when those do not fit, eviction is behind and
-the viewport gives up snapshots, then pins, for them. Passive recall takes what is left, up to
-`RECALL_SHARE`. The eviction zone is the oldest messages past the boundary up to
-`eviction_fraction` of the budget, extended over the tool results of its last message."""
+Nothing hides: a message is shown, pinned, or in a snapshot's range and found by search. Pins
+take up to `PIN_SHARE`, snapshots the rest of `MEMORY_SHARE`, messages from the boundary the
+remainder (when eviction is behind they take snapshots' then pins' room); passive recall takes
+what is left, up to `RECALL_SHARE`."""
 
 from __future__ import annotations
 
@@ -40,8 +37,8 @@ def snapshot_tokens(snapshot: Snapshot) -> int:
 
 def _fit(items: Iterable[tuple[int, T]], allowance: float, *,
          newest: bool = False) -> tuple[list[T], int]:
-    """The items (with their cost) that fit in `allowance`: with `newest`, a recent stretch up to
-    the first that does not fit, oldest first; else, in order, skipping any that does not fit."""
+    """The items (with their cost) that fit in `allowance`: with `newest`, a recent stretch up
+    to the first that does not fit, oldest first; else in order, skipping those that do not."""
     kept: list[T] = []
     used = 0
     for cost, item in items:
@@ -56,9 +53,8 @@ def _fit(items: Iterable[tuple[int, T]], allowance: float, *,
 def layout(
     thread_id: str, token_budget: int, inputs: ViewportInputs
 ) -> tuple[Viewport, bool]:
-    """The viewport, and whether it had to give up memory (or messages) for the messages from the
-    boundary on (eviction is behind). `inputs` are read with a token limit of at least
-    `token_budget`."""
+    """The viewport, and whether it gave up memory for the messages from the boundary on
+    (eviction is behind). `inputs` are read with a token limit of at least `token_budget`."""
     boundary = inputs.boundary_seq
     # Fitted newest first, kept oldest first: the order they are given up in below.
     pinned, pins_used = _fit(((m.tokens, m) for m in inputs.pinned), token_budget * PIN_SHARE)
@@ -80,8 +76,8 @@ def layout(
             break
         owner.pop(0)
         memory_used -= cost
-    # `newest` ends with the first message past the store's limit (which is no less than
-    # this one), so the fit meets every cut a walk over the whole thread would.
+    # `newest` ends with the first message past the store's limit, so this fit cuts where a
+    # walk of the whole thread would.
     window, used = _fit(((m.tokens, m) for m in inputs.newest), token_budget - memory_used,
                         newest=True)
     if len(window) < len(inputs.newest):
@@ -113,7 +109,7 @@ def layout(
 
 def with_recalled(view: Viewport, hits: Sequence[SearchHit]) -> Viewport:
     """`view` with the recalled `hits` (best first) that fit in the room it leaves, up to
-    `RECALL_SHARE` of its budget, skipping any that does not fit."""
+    `RECALL_SHARE` of its budget."""
     room = min(view.token_budget * RECALL_SHARE, view.token_budget - view.tokens)
     kept, used = _fit(
         ((count_tokens(recalled_line(hit)) + MESSAGE_OVERHEAD, hit) for hit in hits), room
@@ -124,7 +120,8 @@ def with_recalled(view: Viewport, hits: Sequence[SearchHit]) -> Viewport:
 def eviction_zone(
     past_boundary: Sequence[Message], token_budget: int, fraction: float
 ) -> list[Message]:
-    """The oldest messages to evict (see the module doc); [] when there is nothing to take."""
+    """The oldest messages past the boundary up to `eviction_fraction` of the budget, over the
+    tool results of the last; [] when there is nothing to take."""
     # The newest message stays unless it alone exceeds the budget.
     keep = 1 if past_boundary and past_boundary[-1].tokens <= token_budget else 0
     evictable = len(past_boundary) - keep
@@ -140,8 +137,8 @@ def eviction_zone(
 def context_zones(
     rest: Sequence[Message], token_budget: int, fraction: float
 ) -> tuple[list[Message], list[Message]]:
-    """What stays past the eviction zone: the recent zone (the newest messages up to `fraction`
-    of the budget, at least one) and the middle one between."""
+    """What stays past the eviction zone: the recent zone (newest up to `fraction` of the
+    budget, one at least) and the middle one."""
     target = fraction * min(token_budget, sum(m.tokens for m in rest))
     split = len(rest) - _leading(reversed(rest), target)
     return list(rest[:split]), list(rest[split:])
@@ -158,7 +155,7 @@ def _leading(messages: Iterable[Message], target: float) -> int:
 
 
 def snapshot_words(token_budget: int, level: int) -> int:
-    """The word budget of one snapshot: a fifth of the level-1 share, or half the level-2
-    share at about 1.6 tokens a word (so five do fit), between 16 and 600 words."""
+    """The word budget of one snapshot (a fifth of the level-1 share, or half the level-2
+    share, at about 1.6 tokens a word), between 16 and 600 words."""
     share = token_budget * L1_SHARE / FOLD_AFTER if level == 1 else token_budget * L2_SHARE / 2
     return max(16, min(600, math.floor(share * 0.6)))

@@ -1,23 +1,9 @@
-"""Recall: from a query to the repo's most valuable relevant memories.
-
-The pipeline (Mnemosyne's design, see docs/DECISIONS.md for where mnemo departs from it):
-
-1. **plan**: the query's mode (episodic / semantic / procedural / mixed) and search tags, from
-   the offline heuristics or the LLM (`Config.recall_planner`);
-2. **hop 0**: candidates from BM25 over node text (tantivy, or the store's own full-text
-   search) and from cosine over node vectors, fused by reciprocal rank;
-3. **hops** (up to `recall_max_hops`) through routing nodes: tags lead to facts, intents to
-   procedures, facts to the steps they came from; a route is followed only when its raw cosine
-   to the query (or a search tag) reaches the type's threshold; when the best results stop
-   changing, one refinement round follows *bridge tags* shared by several of them;
-4. **provenance**: an episodic hit brings its SOURCE at half its score;
-5. **value**: relevance x recency decay x frequency floor x reward x the mode's weight for the
-   type, then per-type thresholds and top-k, one result per step, and the global k;
-6. **reinforcement**: every returned node's access count and last access are updated (a
-   store that refuses that write costs the counts, not the recall);
-7. optional **synthesis** of an answer by the LLM (`RecallResult.reasoned`).
-
-Every node scored on the way is in `RecallResult.touched`, and `trace` holds seconds per stage.
+"""Recall: from a query to the repo's most valuable relevant memories (Mnemosyne's pipeline;
+docs/DECISIONS.md says where mnemo departs from it): plan the query's mode and search tags; hop
+0, BM25 and cosine fused by reciprocal rank; hops through routing nodes whose raw cosine to the
+query reaches the type's threshold; provenance; value; reinforcement of what is returned; and
+an optional synthesis. Every node scored is in `RecallResult.touched`, seconds per stage in
+`trace`.
 """
 
 from __future__ import annotations
@@ -61,7 +47,7 @@ from mnemo.recall.query import (
 )
 from mnemo.recall.tasks import planned, reranked, synthesis
 
-# The result types live in recall.model and are re-exported, where callers import them from.
+# The result types live in recall.model and are re-exported here.
 __all__ = ["RecallResult", "Recalled", "Recaller", "Touched"]
 
 log = logging.getLogger("mnemo")
@@ -70,8 +56,8 @@ N = NodeType
 # Nodes that route a search to memories rather than being memories themselves.
 ROUTING = (N.TAG, N.INTENT, N.SUBGOAL)
 MEMORIES = (N.SEMANTIC, N.EPISODIC, N.PROCEDURAL)
-# MMR orders the best 4 x k, at most this many (its cost and memory grow with the square:
-# 40,000 at k = 10,000 took 13 GB); a head longer than `MMR_ON_LOOP` is ordered off the loop.
+# MMR orders the best 4 x k, at most this many (its cost grows with the square); a head longer
+# than `MMR_ON_LOOP` is ordered off the loop.
 MMR_HEAD = 2_000
 MMR_ON_LOOP = 64
 
@@ -80,9 +66,8 @@ Scored = ranking.Scored[Candidate]
 
 @dataclass(frozen=True, slots=True)
 class Recaller:
-    """What a recall needs: the graph, the repo's embedder and config, and the models it asks:
-    `planner` plans (None: the offline heuristics), `llm` synthesises when
-    `Config.recall_synthesis` asks for it (None: no synthesis)."""
+    """What a recall needs: the graph, the repo's embedder and config, and its models
+    (`planner` None: the offline heuristics; `llm` None: no synthesis)."""
 
     graph: RecallReads
     embedder: Embedder
@@ -108,9 +93,8 @@ class Recaller:
         valid_at: datetime | None = None,
         where: Where | None = None,
     ) -> RecallResult:
-        """With `where`, every candidate comes from inside that scope (`GraphStore.scope`):
-        the channels search its nodes only, and what routes, hops and provenance bring in
-        from outside it is dropped before anything is ranked, returned or touched."""
+        """With `where`, every candidate comes from inside that scope: the channels search its
+        nodes only, and what hops bring from outside is dropped before anything is ranked."""
         trace = Trace()
         # What the store keeps in memory is brought up to it once, here, not at each read.
         async with self.graph.reading(repo):
@@ -140,10 +124,9 @@ class Recaller:
                                   plan=plan)
         trace.mark("plan")
         searched = None if wanted is None else list(wanted | set(ROUTING))
-        # When the vectors answer on the event loop (a small store), hop 0 has nothing to run
-        # beside the words search: it is begun now and runs on its thread while the query is
-        # embedded. On a larger store it runs beside the dense channel's thread in hop 0 (begun
-        # here, it took turns at the GIL with an in-process embedder and slowed hop 0).
+        # With the vectors on the event loop (a small store), the words search is begun now
+        # and runs on its thread while the query is embedded; else it runs beside the dense
+        # channel's thread in hop 0.
         on_loop = self.graph.vectors_on_loop(repo)
         words = (self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
                                               searched, scope) if on_loop else None)
@@ -156,18 +139,15 @@ class Recaller:
         query_vector, tag_vectors = vectors[0], vectors[1:]
         trace.mark("embed")
 
-        # Hop 0 and the routes' probes at once: the probes need only the query's vectors, and
-        # each side waits on a worker thread (HNSW walks, the database). When the vectors
-        # answer on the event loop (a small store), one after the other: nothing would run
-        # beside them, and a task group costs more than such a probe.
+        # Hop 0 and the routes' probes at once (each waits on a worker thread), or one after
+        # the other when the vectors answer on the event loop.
         found: dict[str, Candidate] = {}
         routes: list[tuple[str, Candidate]] = []
         if words is None:
             words = self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
                                                  searched, scope)
         if self.generation is not None:
-            # Before any vector is compared: the look begun at the block's start ends here at
-            # the latest, and says whether another Memory re-embedded the repo since.
+            # Before any vector is compared: whether another Memory re-embedded the repo.
             try:
                 moved = await self.graph.generation(repo)
                 if moved != self.generation:
@@ -198,7 +178,7 @@ class Recaller:
         reranking = self.reranker is not None
         width = max(k, config.recall_rerank_candidates) if reranking else k
         # What ranking can pick from: the best `depth` candidates are read, the others only
-        # touched; the hops bring in nothing that could not be among them.
+        # touched.
         depth = max(4 * width, config.recall_candidates)
         followed = await hops.follow(self.graph, config, repo, found, routes, query_vector, k,
                                      depth)
@@ -237,13 +217,10 @@ class Recaller:
         return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
 
     async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:
-        """Counts an access of each returned memory (and of the one step a returned fact was
-        made from): `GraphStore.reinforce`, which SQLite writes after the recall returns. A
-        store that refuses the write costs this recall's counts, logged (and, when it refuses
-        before returning, named in `degraded`), never the recall: a read does not fail for
-        its side write."""
-        # A fact made from one step was recalled with that step as its evidence: the step
-        # counts an access too, as when it was returned itself.
+        """Counts an access of each returned memory (and of a returned fact's one step). A
+        store that refuses the write costs the counts (logged, and named in `degraded` when
+        refused before returning), never the recall."""
+        # A fact made from one step was recalled with that step as its evidence: it counts too.
         ids = [*dict.fromkeys([*(r.node.id for r in ranked),
                                *(r.evidence[0] for r in ranked if len(r.evidence) == 1)])]
         try:
@@ -257,13 +234,12 @@ class Recaller:
         self, repo: str, terms: str, words: PendingRead[list[tuple[str, float]]], vector: Vector,
         searched: list[NodeType] | None, k: int, on_loop: bool, scope: Scope | None,
     ) -> dict[str, Candidate]:
-        """Hop 0's candidates: the words search begun before (`words`, of `terms`) and the
-        dense channel, fused by reciprocal rank (with pseudo-relevance feedback when on)."""
+        """Hop 0's candidates: the words search begun before and the dense channel, fused by
+        reciprocal rank (with pseudo-relevance feedback when on)."""
         config = self.config
         width = _hop_zero_width(config, k)
-        # The two channels at once: each waits on something else (a worker thread, the
-        # database), and hop 0 is the stage a large store pays most for. With the vectors on
-        # the event loop (`on_loop`), the dense channel first, then the words.
+        # The two channels at once (each waits on something else); with the vectors on the
+        # event loop, the dense channel first, then the words.
         lexical: list[tuple[str, float]] = []
         dense: list[tuple[str, float]] = []
 
@@ -319,11 +295,8 @@ class Recaller:
         self, repo: str, found: dict[str, Candidate], ranked: list[tuple[str, Candidate]],
         k: int, depth: int, trace: Trace,
     ) -> ReadContext:
-        """The nodes, access stats and steps of the best candidates (`ranked`: `found` best
-        first), with provenance and neighbours offered, in one read bounded by k: the best
-        `depth` candidates (what ranking can pick from: the others are touched, never read),
-        then, in the same call, what provenance and neighbours brought in
-        (`GraphStore.node_context`'s `then`)."""
+        """The nodes, access stats and steps of the best `depth` candidates (`ranked`, best
+        first), then, in the same read, what provenance and neighbours bring in."""
         best = [i for i, _ in ranked[:depth]]
         # An episodic hit among the best 2k brings its SOURCE (and the facts made from it)
         # at half its score.
@@ -331,8 +304,7 @@ class Recaller:
         offers: dict[str, Candidate] = {}
 
         def more(first: NodeContext) -> tuple[list[str], tuple[NodeType, ...]]:
-            """What provenance and neighbours bring in, from the best candidates' read: run
-            by the store where it reads, while this recall waits for it."""
+            """What provenance and neighbours bring in (run by the store where it reads)."""
             nodes: dict[str, Node] = {n.id: n for n in first.nodes}
             arrived: list[str] = []
             for link in first.links:
@@ -379,8 +351,7 @@ class Recaller:
     ) -> list[Recalled]:
         config = self.config
         nodes, stats = context.nodes, context.stats
-        # Nodes of another time (`as_of`, `valid_at`) are no candidates at all: the k
-        # results are of that time.
+        # Nodes of another time (`as_of`, `valid_at`) are no candidates at all.
         out = ranking.left_out(nodes.values(), context.sources, when) if (
             when.as_of or when.valid_at) else set()
         weights = ranking.MODE_WEIGHTS.get(plan.mode, {})
@@ -423,8 +394,7 @@ class Recaller:
                 scored.sort(key=best_first)
             if wanted is not None:
                 return scored, []
-            # Routes and sources lead to memories: after every memory, whatever their scores,
-            # and out of the memories' diversity.
+            # Routes and sources lead to memories: after every memory, out of the diversity.
             return ([item for item in scored if item[1].type in MEMORIES],
                     [item for item in scored if item[1].type not in MEMORIES])
 
@@ -455,8 +425,8 @@ class Recaller:
         n: int,
         known: Mapping[str, Vector],
     ) -> list[tuple[float, Node, Candidate]]:
-        """The best `n` of `scored` in MMR order, then the rest; the cost is bounded by `n`.
-        Their vectors came with the nodes (`known`); a store that left some out is asked."""
+        """The best `n` of `scored` in MMR order, then the rest; vectors come with the nodes
+        (`known`), the missing asked of the store."""
         head = scored[:n]
         vectors: dict[str, Vector] = {
             node.id: known[node.id] for _, node, _ in head if node.id in known
@@ -483,8 +453,7 @@ def _hop_zero_width(config: Config, k: int) -> int:
 
 
 async def _side_by_side(*calls: Callable[[], Coroutine[object, object, None]]) -> None:
-    """Runs the calls at once; the first failure is raised as itself (a StorageError stays
-    one), not as a task group's ExceptionGroup, and cancels the others."""
+    """Runs the calls at once; the first failure is raised as itself, and cancels the others."""
     with first_error():
         async with anyio.create_task_group() as group:
             for call in calls:
@@ -492,7 +461,6 @@ async def _side_by_side(*calls: Callable[[], Coroutine[object, object, None]]) -
 
 
 async def _in_turn(*calls: Callable[[], Coroutine[object, object, None]]) -> None:
-    """Runs the calls one after the other (what `_side_by_side` does when there is nothing to
-    wait on side by side)."""
+    """Runs the calls one after the other."""
     for call in calls:
         await call()

@@ -18,8 +18,7 @@ from mnemo.recall.model import Candidate, adjacent_steps
 
 N = NodeType
 T = TypeVar("T")
-# Pure Python over more candidates or links than this runs off the loop, in `mnemo.cpu`'s
-# slot (BENCHMARKS.md, "Figures behind the code").
+# Pure Python over more candidates or links than this runs off the loop, in `mnemo.cpu`'s slot.
 ON_LOOP_ITEMS = 1_000
 # The characters of candidates' text that weigh as one more item.
 CHARS_PER_ITEM = 1_000
@@ -29,7 +28,7 @@ async def routes(
     graph: RecallReads, config: Config, repo: str, query_vector: Vector, tag_vectors: Vector
 ) -> list[tuple[str, Candidate]]:
     """Routes into the graph: tags near a search tag or the query, intents near the query
-    (they need only the query's vectors: recall asks for them beside hop 0)."""
+    (only the query's vectors needed: asked for beside hop 0)."""
     probes = np.vstack([query_vector[None, :], tag_vectors])
     found = [
         (tag_id, Candidate(sim, "route", 0))
@@ -56,15 +55,10 @@ async def follow(
     k: int,
     depth: int,
 ) -> list[tuple[str, Candidate]]:
-    """Offers the routes, then follows links from the candidates, hop by hop, into
-    `found`; returns `found`'s candidates best first (`by_score`).
-
-    Ranking reads only the best `depth` candidates (the rest are touched, never read), so a
-    node is followed, and bridges are looked for, only while what they would bring in could
-    still score among those `depth`: a hop scores at most `hop_decay` times its parent, and
-    the `depth`-th best score only rises as candidates arrive. What this skips could never
-    have been read, so the recall's result is the same; its cost is bounded by k (a 1M-node
-    store's second hop rarely has a parent that qualifies)."""
+    """Offers the routes, then follows links from the candidates, hop by hop, into `found`;
+    returns `found`'s candidates best first. A node is followed (and bridges looked for) only
+    while what it brings could still score among the best `depth`, the only ones ranking
+    reads: the result is the same as unbounded hops, the cost bounded by k."""
     for node_id, candidate in offered:
         offer(found, node_id, candidate)
     width = 2 * k
@@ -72,8 +66,7 @@ async def follow(
     ranking = await _sorted(found)
     frontier = _ids(ranking, width)
     refinements = config.recall_refine_budget
-    # The MEMBERSHIP neighbours of every node a hop has read the links of: a refinement's
-    # bridges are found among them without reading those links again.
+    # The MEMBERSHIP neighbours of every node a hop read the links of (a refinement's bridges).
     members: dict[str, list[str]] = {}
     hop = 0
     while hop < config.recall_max_hops and frontier:
@@ -86,13 +79,11 @@ async def follow(
         if reached:  # else `found` is as it was
             ranking = await _sorted(found)
         top_after = _ids(ranking, k)
-        # Only the best of what a hop reached leads on: a subgoal or a broad tag may link
-        # hundreds of nodes, and each hop would multiply them.
+        # Only the best of what a hop reached leads on (a subgoal may link hundreds of nodes).
         frontier = {i for i in _ids(ranking, 4 * width) if i in reached}
         if top_after == top_before and refinements > 0:
-            # A plateau: the hop changed nothing at the top. Tags shared by several of
-            # the best results bridge to memories the query's own words did not reach.
-            # A bridge scores at most `hop_decay` times the best of them.
+            # A plateau: tags shared by several of the best results bridge to memories the
+            # query's own words did not reach, at most `hop_decay` times the best of them.
             refinements -= 1
             if max((found[i].score for i in top_after), default=0.0) >= floor:
                 bridges = await _bridge_tags(graph, config, repo, list(top_after), found,
@@ -114,8 +105,8 @@ def _ids(ranking: list[tuple[str, Candidate]], n: int) -> set[str]:
 
 
 def _floor(ranking: list[tuple[str, Candidate]], depth: int, decay: float) -> float:
-    """The lowest score a parent needs for a child (at most `decay` times its score) to reach
-    the best `depth` candidates of `ranking` (best first): 0 while there are fewer."""
+    """The lowest score a parent needs for a child (at most `decay` times it) to reach the
+    best `depth` candidates of `ranking`: 0 while there are fewer."""
     if len(ranking) < depth or decay <= 0:
         return 0.0
     return ranking[depth - 1][1].score / decay
@@ -132,10 +123,8 @@ async def _expand(
     members: dict[str, list[str]],
 ) -> set[str]:
     """One hop from `frontier` along the links a route allows; returns what it reached, and
-    records the MEMBERSHIP neighbours of each node of `frontier` in `members`.
-
-    A routing node leads on to at most `2 * recall_candidates / 10` of its members, the
-    ones nearest the query: a speaker's name or a long trajectory links hundreds.
+    records each frontier node's MEMBERSHIP neighbours in `members`. A routing node leads on
+    to at most `2 * recall_candidates / 10` of its members, those nearest the query.
     """
     typed, similarity = await graph.typed_links_near(repo, sorted(frontier), query_vector)
 
@@ -166,8 +155,7 @@ async def _expand(
 
 async def pure(func: Callable[[], T], items: int) -> T:
     """`func()`, pure Python over `items` candidates or links: on the loop up to
-    `ON_LOOP_ITEMS`, else in `mnemo.cpu`'s slot (the recall waits for it meanwhile; nothing
-    else touches what it reads)."""
+    `ON_LOOP_ITEMS`, else in `mnemo.cpu`'s slot."""
     return await cpu.run(func, items, on_loop_below=ON_LOOP_ITEMS + 1)
 
 
@@ -179,8 +167,8 @@ async def _bridge_tags(
     found: dict[str, Candidate],
     members: dict[str, list[str]],
 ) -> set[str]:
-    """Tags linked to at least two of `top`, scored by the mean of their scores. The links
-    of `top` come from `members` where a hop read them, from the store for the others."""
+    """Tags linked to at least two of `top`, scored by the mean of their scores (links from
+    `members`, else the store)."""
     unread = [i for i in top if i not in members]
     if unread:
         links = await graph.neighbors(repo, unread, LinkType.MEMBERSHIP)
@@ -204,7 +192,7 @@ def _record_members(
     links: Iterable[tuple[str, str, LinkType]],
 ) -> None:
     """Records, for each node of `asked`, the other ends of its MEMBERSHIP links among
-    `links` (origin, other end, type), each once: `GraphStore.neighbors(asked, MEMBERSHIP)`."""
+    `links`, each once."""
     seen: dict[str, dict[str, None]] = {i: {} for i in asked}
     for origin, other, link in links:
         if link is LinkType.MEMBERSHIP and origin in seen:
@@ -219,8 +207,7 @@ def best(found: dict[str, Candidate], n: int) -> set[str]:
 
 def by_score(item: tuple[str, Candidate]) -> tuple[float, str]:
     """Best score first, then the smaller id: an exact tie at a cut is decided by the nodes,
-    not by the order a store returned them in (SQLite and PostgreSQL kept different ones of
-    two tied nodes)."""
+    not by a store's order."""
     return -item[1].score, item[0]
 
 
@@ -235,7 +222,7 @@ def offer(found: dict[str, Candidate], node_id: str, candidate: Candidate) -> bo
 
 def follows(origin: NodeType, target: NodeType, link: LinkType) -> bool:
     """Which links a hop follows: tag <-> fact, intent <-> procedure, fact or procedure ->
-    the steps they came from, step -> its subgoal's other steps (through the subgoal)."""
+    its steps, step -> its subgoal's other steps."""
     if link is LinkType.MEMBERSHIP:
         return True
     if link is LinkType.HIERARCHICAL:

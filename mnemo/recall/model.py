@@ -1,8 +1,6 @@
-"""What a recall keeps and returns: its candidates (score, phase, hop) and what it read about
-the best of them, a step's neighbours in its episode (the answer to a question often sits in
-the turn after the one that names its subject), the results it picks (`ResultSelection`: at
-most k, each type within its bounds, one result per step, with the facts that stand in for
-their steps) and the values it returns."""
+"""What a recall keeps and returns: its candidates, what it read about the best of them, a
+step's neighbours in its episode, the results it picks (`ResultSelection`), and the values it
+returns."""
 
 from __future__ import annotations
 
@@ -19,15 +17,13 @@ from mnemo.graph.ports import Neighbor
 @dataclass(frozen=True, slots=True)
 class Recalled:
     """One recalled node: its score, the phase that found it, and at which hop. `evidence`:
-    for a fact or procedure, the ids of the EPISODIC steps it was extracted from (its
-    PROVENANCE), which recall does not return beside it as separate results."""
+    for a fact or procedure, the EPISODIC steps it was extracted from (not returned beside it)."""
 
     node: Node
     score: float
     phase: str
     hop: int
-    # A fact a later one contradicted (at the recall's time) ranks below it and
-    # says so: `retired`, and the id of the fact that succeeded it.
+    # A fact a later one contradicted ranks below it and says so, with its successor's id.
     retired: bool = False
     superseded_by: NodeId | None = None
     evidence: tuple[NodeId, ...] = ()
@@ -57,9 +53,8 @@ class Touched:
 class RecallResult:
     """What `recall` found, best first. `reasoned` is an optional LLM synthesis; `touched`
     lists every node scored on the way; `trace` holds seconds per stage. `degraded` names
-    each stage the recall did without because it failed (the LLM's plan, re-ranking or
-    synthesis, the access counts' write), with its error: the memories are still the
-    retrieval's, but not all that was configured ran. Empty when everything did."""
+    each configured stage that failed (the LLM's plan, re-ranking or synthesis, the access
+    counts' write), with its error; empty when everything ran."""
 
     memories: list[Recalled]
     reasoned: str | None = None
@@ -84,8 +79,8 @@ class Candidate:
 
 @dataclass(slots=True)
 class ReadContext:
-    """What recall read about its best candidates: nodes, access stats, the sources of
-    each fact or procedure (its PROVENANCE links), and their vectors."""
+    """What recall read about its best candidates: nodes, access stats, each fact's or
+    procedure's PROVENANCE steps, and their vectors."""
 
     nodes: dict[str, Node]
     stats: dict[str, tuple[int, datetime | None]]
@@ -99,8 +94,8 @@ class ReadContext:
                 self.sources.setdefault(link.origin, []).append(link.node_id)
 
     def steps_of(self, nodes: Sequence[Node]) -> dict[str, str]:
-        """The one step each memory stands for: an EPISODIC node itself, a fact or procedure
-        made from exactly one step that step."""
+        """The one step each memory stands for: an EPISODIC node itself, a fact or procedure made
+        from exactly one step that step."""
         steps: dict[str, str] = {n.id: n.id for n in nodes if n.type is N.EPISODIC}
         for node in nodes:
             sources = self.sources.get(node.id, [])
@@ -112,11 +107,9 @@ class ReadContext:
 def restatements_first(
     scored: list[tuple[float, Node, Candidate]], restated: dict[str, int]
 ) -> list[tuple[float, Node, Candidate]]:
-    """`scored` best first, with the memories that restate the query ahead of all others at
-    the best score, exact restatements before near-exact ones (tier 0, then 1): asked for in
-    so many words, a memory is the answer whatever its value or the other channels say
-    (an exact restatement came first 12 times in 20). Within a tier, and among
-    the rest, the usual order."""
+    """`scored` best first, the memories that restate the query ahead of all others at the
+    best score (exact before near-exact): asked for in so many words, a memory is the answer.
+    Otherwise the usual order."""
     best = max(score for score, _, _ in scored)
     others = 2
     scored.sort(key=lambda item: (restated.get(item[1].id, others), *best_first(item)))
@@ -133,16 +126,14 @@ _TIES = {N.SEMANTIC: 0, N.PROCEDURAL: 0, N.EPISODIC: 1}
 
 def best_first(item: tuple[float, Node, Candidate]) -> tuple[float, int, float, str, str]:
     """The sort key of a scored memory, best first. An exact tie goes to knowledge before a
-    step, then the newer, then by text: the same memories rank alike in any store that holds
-    them, whatever their random ids (the id decides only between two of one text)."""
+    step, then the newer, then by text, so any store ranks the same memories alike."""
     score, node, _ = item
     return (-score, _TIES.get(node.type, 2), -node.created_at.timestamp(), node.text, node.id)
 
 
 def adjacent_steps(node: Node, width: int = 1) -> list[str]:
     """The ids of the EPISODIC nodes up to `width` steps before and after `node` in its
-    episode, nearest first; none for another type or a node without its place. A step's id
-    is "<episode id>:<index>" and its node's "episodic_<step id>" (extraction.pipeline)."""
+    episode, nearest first; none for another type or a node without its place."""
     if node.type is not NodeType.EPISODIC:
         return []
     episode, index = node.data.get("episode_id"), node.data.get("index")
@@ -154,13 +145,9 @@ def adjacent_steps(node: Node, width: int = 1) -> list[str]:
 
 class ResultSelection:
     """The results, best first, chosen from scored candidates: at most `k`, each type within
-    its minimum score and its top-k, one result per step (`steps`: ReadContext.steps_of), one
-    per wording of the other nodes. The place of a step, or of the first of a step and
-    its facts, goes to the first fact not taken yet of those that may stand in for it
-    (`stand_ins`, by step id), at the better of the two scores; a step returned stands for the
-    facts made from it alone; a fact returned stands for its step, and further facts of that
-    step are `deferred` (taken after every other step's result) unless `strong`
-    (`ranking.strong`)."""
+    its minimum score and top-k, one result per step and per wording. A step's place goes to
+    the first fact not taken yet that may stand in for it (`stand_ins`), at the better score;
+    further facts of a returned fact's step are `deferred` unless `strong`."""
 
     def __init__(
         self, config: Config, k: int, steps: Mapping[str, str], sources: Mapping[str, list[str]],
@@ -202,9 +189,7 @@ class ResultSelection:
                 continue
             if self._per_type.get(node.type, 0) >= self._top_k.get(node.type, 1_000_000):
                 continue
-            # Nodes of one wording are one answer, the better placed: a fact and an instruction
-            # the offline model made of one action, the goal of two sessions, a subgoal and
-            # its intent. Steps are events, each its own.
+            # Nodes of one wording are one answer, the better placed; steps are each their own.
             said = " ".join(node.text.casefold().split()) if node.type is not N.EPISODIC else None
             if said is not None and said in self._said:
                 continue

@@ -1,17 +1,7 @@
-"""What a recall's query becomes: its words for BM25, the names it mentions, its vectors, the
-words its best hits share, and the offline heuristics' plan (`offline_plan`).
-
-- **Speaker match** (`Config.recall_speaker_boost`): a transcript line says who speaks
-  ("Melanie (8 May 2023): ..."), which its words rarely do; a candidate whose speaker the query
-  names scores `1 + boost` times more than the others (they are divided by it, so that scores
-  stay within [0, 1]); a fact counts as said by the speaker of the one step it came from. The
-  dense channel may embed the query without the names (`without_names`).
-- **Tag vectors** (`TagVectors`): a recall embeds its query and its plan's search tags in one
-  call; the tags come back query after query, so each embedder's tag vectors are kept (least
-  recently used out first) and only the query and the new tags are embedded. An embedder
-  gives a text the same vector whenever it is asked, so nothing returned depends on it.
-- **Pseudo-relevance feedback** (`feedback_terms`): a word several of the best BM25 hits use,
-  and the query does not, goes into a second lexical query. Pure: the caller searches.
+"""What a recall's query becomes: its words for BM25, the names it mentions (a candidate whose
+speaker the query names scores `1 + Config.recall_speaker_boost` times more), its vectors (the
+search tags' kept across recalls in `TagVectors`), the words its best hits share (lexical
+pseudo-relevance feedback), and the offline heuristics' plan (`offline_plan`).
 """
 
 from __future__ import annotations
@@ -34,16 +24,14 @@ from mnemo.ports import Embedder
 from mnemo.recall.model import ReadContext
 from mnemo.text import MAX_QUERY_TERMS, query_words
 
-# A query up to this long is split on the event loop; a longer one in a worker thread (one at
-# the size limit would hold the loop on a busy machine).
+# A query up to this long is split on the event loop; a longer one in a worker thread.
 INLINE_CHARS = 2_000
 
 
 @dataclass(frozen=True, slots=True)
 class QueryParts:
-    """What recall makes of a query: `terms` for BM25 (`keywords`), `words` for restatements
-    (`words`), `dense` for the dense channel (the query, or `without_names` of it), and the
-    `names` it mentions for the speaker match (`speakers.query_names`)."""
+    """What recall makes of a query: `terms` for BM25, `words` for restatements, `dense` for
+    the dense channel, and the `names` it mentions for the speaker match."""
 
     terms: str
     words: list[str]
@@ -62,7 +50,7 @@ async def split(
     query: str, *, dense_without_names: bool, plan: Plan | None = None
 ) -> tuple[Plan, QueryParts]:
     """`plan`, else `offline_plan`, and `query_parts`, off the loop for a query longer than
-    `INLINE_CHARS`: each reads the whole query, so its cost grows with the query's length."""
+    `INLINE_CHARS`."""
     return await cpu.run(
         lambda: (plan or offline_plan(query),
                  query_parts(query, dense_without_names=dense_without_names)),
@@ -84,28 +72,21 @@ class _Queries:
 
 
 def query_side(embedder: Embedder) -> Embedder:
-    """The embedder to embed a query with. Models trained with prefixes (e5: "query: "
-    against "passage: ") embed what searches differently from what is stored, through an
-    `embed_queries` method; the others embed both alike."""
+    """The embedder to embed a query with: its `embed_queries` when it has one (models
+    trained with prefixes, e5's "query: "), else `embed`."""
     queries = getattr(embedder, "embed_queries", None)
     return embedder if queries is None else _Queries(embedder.dim, queries)
 
 
 def keywords(query: str) -> str:
-    """The query without stopwords, for BM25: "when did", "the" and "to" only add noise to an
-    OR query (measured on LoCoMo: R@10 0.40 -> 0.52 lexical-only). All of it if nothing is
-    left.
-
-    The rest stays as written, for the search to split (`mnemo.text.query_words`), composed
-    (NFC), so that an accent is no mark beside a stopword's letters ("a" in "á").
-    """
+    """The query without stopwords, for BM25 ("when did", "the" and "to" only add noise to an
+    OR query), NFC-composed; all of it if nothing is left."""
     kept = _text.without_stopwords(query)
     return kept if query_words(kept) else query
 
 
-# The longest query whose restatements are looked for, in words: twice the words a search
-# keeps (`mnemo.text.MAX_QUERY_TERMS`). A longer query is searched, not restated; the check
-# reads at most this many words (and two more) of each candidate, whatever its length.
+# The longest query whose restatements are looked for, in words; the check reads at most this
+# many words (and two more) of each candidate.
 RESTATED_WORDS = 2 * MAX_QUERY_TERMS
 
 
@@ -115,17 +96,15 @@ def words(query: str) -> list[str]:
     return _text.first_tokens(query, RESTATED_WORDS + 1)
 
 
-# A near-exact restatement may differ by one word only when it is at least this long: in a
-# shorter text one word is too much of its meaning.
+# A near-exact restatement may differ by one word only when it is at least this long.
 _NEAR_EXACT_WORDS = 5
 
 
 def restatement(query: Sequence[str], text: str) -> int | None:
-    """How closely `text` restates the query whose lower-cased words (`words`) are `query`:
-    0 for the same words in the same order (case, punctuation and spacing aside), 1 for a
-    near-exact restatement (five words or more, one word added, dropped or changed), None
-    otherwise, and for a query of more than `RESTATED_WORDS` words. The work is bounded by
-    the query's words: at most `len(query) + 2` words of `text` are read."""
+    """How closely `text` restates the query whose lower-cased words are `query`: 0 for the
+    same words in order, 1 for a near-exact restatement (five words or more, one word added,
+    dropped or changed), else None (also for a query past `RESTATED_WORDS`). At most
+    `len(query) + 2` words of `text` are read."""
     if not query or len(query) > RESTATED_WORDS:
         return None
     if len(text) <= _TURN_AWAY_CHARS and text.isascii() and _two_missing(query, text.lower()):
@@ -138,16 +117,15 @@ def restatement(query: Sequence[str], text: str) -> int | None:
     return 1 if _one_edit(list(query), other) else None
 
 
-# An ASCII text up to this long is turned away before it is split when two of the query's
-# words are not in it (each of its words is a substring of its lower-cased text, `mnemo.text`
-# splits ASCII so): most candidates restate nothing, and splitting each would cost. Another
-# text is split as far as the query's length only.
+# An ASCII text up to this long is turned away unsplit when two of the query's words are not
+# substrings of it (most candidates restate nothing); another is split as far as the query's
+# length only.
 _TURN_AWAY_CHARS = 1_000
 
 
 def _two_missing(query: Sequence[str], lowered: str) -> bool:
-    """Whether two distinct words of `query` are not substrings of `lowered`: then at most
-    `len(query) - 2` of the text's words can be the query's, too few for either tier."""
+    """Whether two distinct words of `query` are not substrings of `lowered` (then neither
+    tier can match)."""
     missing = 0
     for word in set(query):
         if word not in lowered:
@@ -186,11 +164,9 @@ def query_names(query: str) -> frozenset[str]:
 
 def without_names(query: str) -> str:
     """The query as the dense channel embeds it: without the names it mentions ("What did
-    Melanie paint?" -> "What did paint?"), or as it is when it is nothing but names. A name
-    in a question is matched by the words channel and the speaker match; in its vector it
-    pulls towards every line near the name rather than towards the answer (measured on
-    LoCoMo dev). The first word counts only with a
-    possessive ("Melanie's pets?"): capitalised there, "Restart the webserver" is no name."""
+    Melanie paint?" -> "What did paint?"), or as it is when it is nothing but names (the
+    words channel and the speaker match use the names). The first word counts only with a
+    possessive ("Melanie's pets?")."""
     head, _, rest = query.strip().partition(" ")
     names = query_names(rest)
     if _POSSESSIVE.search(head.strip(_PUNCTUATION)):
@@ -205,12 +181,9 @@ def without_names(query: str) -> str:
 async def speaker_boosts(
     graph: NodeReads, repo: str, names: frozenset[str], context: ReadContext, boost: float
 ) -> dict[str, float]:
-    """The factor of each node recall read (`context.nodes`) whose speaker (its own, else
-    that of the one step it came from) the query does not name (`names`: `query_names` of
-    it), when some candidate's
-    speaker it names: 1 / (1 + boost); nodes not listed keep their score. The steps come from
-    the provenance links recall read with the nodes; at most one node read, of the steps not
-    read yet, bounded by `len(context.nodes)` (the candidates, bounded by k)."""
+    """The factor of each node recall read whose speaker (its own, else its one step's) the
+    query does not name, when some candidate's speaker it names: 1 / (1 + boost); nodes not
+    listed keep their score. At most one read, bounded by the candidates."""
     if not names or boost <= 0:
         return {}
     nodes = context.nodes
@@ -233,7 +206,7 @@ async def speaker_boosts(
     return {i: 1.0 / (1.0 + boost) for i in nodes if i not in said}
 
 
-# Tags kept across every repo's embedder: 4,096 x 384 floats is 6 MB.
+# Tags kept across every repo's embedder.
 KEPT = 4096
 
 
@@ -244,8 +217,8 @@ class TagVectors:
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
         self._size = size
-        # (id(embedder), tag) -> (the embedder, its vector): the embedder is held so that its
-        # id is not reused by another while the entry lives.
+        # (id(embedder), tag) -> (the embedder, its vector): the embedder is held so that
+        # its id is not reused while the entry lives.
         self._kept: OrderedDict[tuple[int, str], tuple[Embedder, Vector]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -292,11 +265,9 @@ MIN_SHARED = 2
 def feedback_terms(
     query: str, documents: Sequence[str], n: int, *, min_shared: int = MIN_SHARED
 ) -> list[str]:
-    """At most `n` words of `documents` to add to `query`: content words (no stopwords, no
-    digits, three characters or more, an underscored identifier whole; see `_content`)
-    absent from the query, found in at least `min_shared` documents; the most shared first,
-    then the most frequent, then the first seen. Words are split as a search splits them
-    (`text.parts`), from the words that are no stopwords whole: "didn't" gives no "didn"."""
+    """At most `n` words of `documents` to add to `query`: content words (`_content`) absent
+    from the query, found in at least `min_shared` documents; the most shared first, then the
+    most frequent, then the first seen. Words are split as a search splits them."""
     asked = {_text.stem(w.lower()) for w in _text.text_words(query)}
     shared: dict[str, int] = {}
     counts: dict[str, int] = {}
@@ -325,9 +296,8 @@ def _search_words(document: str) -> list[str]:
 
 
 def _content(word: str) -> bool:
-    """Three characters or more, a letter among them, and no digit: letters with the marks,
-    joiners and underscores a word keeps ("हिन्दी", whose vowel signs `str.isalpha` refuses;
-    "max_connections", searched as the phrase of its parts)."""
+    """Three characters or more, a letter among them, and no digit (marks, joiners and
+    underscores a word keeps allowed)."""
     return len(word) >= 3 and any(c.isalpha() for c in word) and all(
         unicodedata.category(c)[0] in "LM" or unicodedata.category(c) in ("Cf", "Pc")
         for c in word
@@ -361,7 +331,7 @@ class Plan:
 
 def offline_plan(query: str) -> Plan:
     """The offline heuristics' plan: the mode from the query's question form (how-to:
-    procedural; when/did: episodic; what/who/which: semantic; else mixed), the tags its
+    procedural; when/did: episodic; what/who/which: semantic; else mixed), tags from its
     concept labels."""
     mode = next((mode for mode, form in _QUESTION_FORMS.items() if form.search(query)), "mixed")
     return Plan(mode, tuple(tag.lower() for tag in _text.concepts(query, limit=6)))

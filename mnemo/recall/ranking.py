@@ -1,21 +1,7 @@
-"""How recall ranks: reciprocal rank fusion, maximal marginal relevance, knowledge first, and
-time.
-
-**Knowledge first** (docs/DECISIONS.md, "Knowledge first"): where a step ranks, the fact or
-procedure extracted from it that the query's own channels matched at least `EVIDENCE_SHARE` as
-well as the step takes its place (the step is its `Recalled.evidence`); a fact that answers is
-never below its steps (`above_their_steps`, the last word on the order); levers never lift an
-unrelated step above a matching fact (`matching_first`, `MATCHING_SHARE`). Routes and SOURCE
-nodes are not answers: with `types=None` they come after every memory (`engine`).
-
-**Time**: by default a recall prefers what holds now: a retired fact (one a later fact
-contradicted) scores `RETIRED_WEIGHT` of its relevance and ranks right below its successor,
-brought in when the ranking did not reach it (`Recalled.retired`, `superseded_by`). With
-`as_of`, nodes recorded later are left out and a fact is retired only if it was by then
-(transaction time); with `valid_at`, the facts that held at that moment answer (valid time),
-none weighed down for being retired since. Both read only the nodes a recall has read.
-
-Pure but for `in_time`'s read of successors: the engine passes what it scored.
+"""How recall ranks: reciprocal rank fusion, maximal marginal relevance, knowledge first
+(docs/DECISIONS.md), and time: a retired fact scores `RETIRED_WEIGHT` of its relevance and ranks
+right below its successor; `as_of` leaves out later nodes (transaction time), `valid_at` keeps
+the facts that held then (valid time). Pure but for `in_time`'s read of successors.
 """
 
 from __future__ import annotations
@@ -40,8 +26,8 @@ from mnemo.recall.model import Recalled
 def reciprocal_rank_fusion(
     rankings: Sequence[Sequence[str]], k: int, weights: Sequence[float] | None = None
 ) -> dict[str, float]:
-    """Fuses rankings (best first) into scores normalised so that first place in every ranking
-    scores 1.0: score(d) = sum over rankings of w / (k + rank(d)), divided by its maximum."""
+    """Fuses rankings (best first) into scores, first place in every ranking scoring 1.0:
+    score(d) = sum over rankings of w / (k + rank(d)), divided by its maximum."""
     if not rankings:
         return {}
     weights = [1.0] * len(rankings) if weights is None else list(weights)
@@ -62,9 +48,9 @@ def maximal_marginal_relevance(
     lam: float,
 ) -> list[str]:
     """`order` re-ranked greedily: each next item maximises lam x relevance / best relevance -
-    (1 - lam) x its highest cosine to the items already chosen (Carbonell and Goldstein, 1998).
-    `vectors` are unit rows; an item without one is never penalised. lam = 1 keeps `order`.
-    Quadratic in len(order), as one matrix product: callers pass a bounded head."""
+    (1 - lam) x its highest cosine to the items chosen (Carbonell and Goldstein, 1998). An
+    item without a vector is never penalised; lam = 1 keeps `order`. Quadratic in
+    len(order): callers pass a bounded head."""
     if lam >= 1.0 or len(order) < 3:
         return list(order)
     top = max((relevance[i] for i in order), default=0.0)
@@ -75,13 +61,9 @@ def maximal_marginal_relevance(
         vector = vectors.get(item)
         if vector is not None:
             rows[row] = vector
-    # Every pairwise cosine; an item without a vector is a zero row, so it neither penalises
-    # nor is penalised. A row that is not finite counts as no vector (its NaN would win every
-    # argmax below).
+    # Every pairwise cosine; an item without a (finite) vector is a zero row.
     cosines = np.nan_to_num(_cosines(rows), nan=0.0, posinf=0.0, neginf=0.0)
-    # Each item's score to pick it: lam x relevance - (1 - lam) x its highest cosine to the
-    # items chosen so far (never below 0). A chosen item's gain becomes -inf, so its score
-    # stays -inf: four numpy calls a pick, on arrays this small each costs its call alone.
+    # Each item's score to pick it; a chosen item's gain becomes -inf.
     gain = lam * np.array([relevance[i] for i in order], dtype=np.float64) / scale
     penalties = (1.0 - lam) * cosines.astype(np.float64)
     nearest = np.zeros(len(order), dtype=np.float64)
@@ -97,14 +79,12 @@ def maximal_marginal_relevance(
     return chosen
 
 
-# Rows of cosines one product computes: a whole head of thousands in one call held the GIL
-# (and so the event loop) for seconds.
+# Rows of cosines one product computes (a whole head at once held the GIL for long).
 _BLOCK = 256
 
 
 def _cosines(rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """`rows @ rows.T`. A small product by einsum (in OpenBLAS's threads it was slower, by
-    milliseconds when the cores are busy), a large one by `_BLOCK` rows a call."""
+    """`rows @ rows.T`: a small product by einsum, a large one by `_BLOCK` rows a call."""
     out: npt.NDArray[np.float32]
     if len(rows) <= _BLOCK:
         out = np.einsum("id,jd->ij", rows, rows)
@@ -119,11 +99,10 @@ N = NodeType
 KNOWLEDGE = (N.SEMANTIC, N.PROCEDURAL)
 # How well a fact must match (its hop-0 relevance against its step's) to stand for its step.
 EVIDENCE_SHARE = 0.5
-# How well a fact must match (against the best hop-0 relevance of a memory) to be placed
-# above the steps that matched less well.
+# How well a fact must match (against the best memory's) to go above steps that matched less.
 MATCHING_SHARE = 0.5
-# How well a further fact of a step must match (against the best hop-0 relevance of a
-# memory) to be returned beside the first rather than after every other step's result.
+# How well a further fact of a step must match (against the best memory's) to be returned
+# beside the first.
 SIBLING_SHARE = 0.95
 
 C = TypeVar("C")
@@ -134,14 +113,11 @@ def stand_ins(
     scored: list[Scored[C]], direct: Mapping[str, float], sources: Mapping[str, Sequence[str]],
     restated: Mapping[str, int], *, procedural: bool = False,
 ) -> dict[str, list[Scored[C]]]:
-    """For each step that facts or procedures of `scored` were made from (`sources`: their
-    PROVENANCE steps, `ReadContext.sources`), those that may take its place, best first: the
-    ones the query's own channels (`direct`, hop-0 relevance) matched at least
-    `EVIDENCE_SHARE` as well as the step, the best matched first; by the step's id. A step
-    that restates the query stands for itself, unless a fact of it restates it as closely. A
-    query that asks what to do (`procedural`, the plan's mode) is answered by the step's
-    procedure first, however little of the query its instruction's words hold (the query
-    names the situation, the instruction what to do)."""
+    """For each step that facts or procedures of `scored` were made from (`sources`), those
+    that may take its place, best first: the ones the query's own channels matched at least
+    `EVIDENCE_SHARE` as well as the step. A step that restates the query stands for itself,
+    unless a fact of it restates it as closely; a `procedural` query takes the step's
+    procedure first, whatever its words."""
     found: dict[str, list[tuple[tuple[bool, float, float], Scored[C]]]] = {}
     for item in scored:
         score, node, _ = item
@@ -161,15 +137,13 @@ def stand_ins(
 
 
 def answers(fact: float, step: float) -> bool:
-    """Whether a fact the query's own channels matched `fact` well answers the query in
-    place of a step they matched `step` well: at least `EVIDENCE_SHARE` as well."""
+    """Whether a fact matched `fact` well answers in place of a step matched `step` well."""
     return fact > 0.0 and fact >= EVIDENCE_SHARE * step
 
 
 def above_their_steps(ranked: list[Recalled], direct: Mapping[str, float]) -> list[Recalled]:
-    """`ranked` with each live fact or procedure placed above the steps it came from
-    (`Recalled.evidence`) that rank before it and that it `answers` for: at the place of the
-    first of them, at the better of the two scores. The rest keep their order."""
+    """`ranked` with each live fact or procedure placed above the steps it came from that
+    rank before it and that it `answers` for, at the first one's place and the better score."""
     out = list(ranked)
     for r in ranked:
         if r.node.type not in KNOWLEDGE or r.retired or not r.evidence:
@@ -196,10 +170,8 @@ def matching_first(
     ranked: list[Scored[C]], direct: Mapping[str, float], restated: Mapping[str, int], k: int
 ) -> list[Scored[C]]:
     """`ranked` with the unrelated steps among its first `k` moved below the last matching
-    fact or procedure among them, each at most at the score of the one before it; the rest
-    in its order. Restatements keep their places. What the first `k` hold is unchanged: a
-    fact below them is not lifted in (measured: that cost LoCoMo evidence recall 0.4 points,
-    docs/DECISIONS.md)."""
+    fact or procedure among them, each at most at the score of the one before it;
+    restatements keep their places, and nothing below `k` is lifted in."""
     best = max((direct.get(node.id, 0.0) for _, node, _ in ranked
                 if node.type in (*KNOWLEDGE, N.EPISODIC)), default=0.0)
     floor = MATCHING_SHARE * best
@@ -231,8 +203,7 @@ CHAIN = 4
 
 @dataclass(frozen=True, slots=True)
 class When:
-    """The times a recall answers for: `as_of`, what the memory knew then (None: now), and
-    `valid_at`, the moment its facts must hold at (None: any)."""
+    """The times a recall answers for: `as_of` (None: now), and `valid_at` (None: any)."""
 
     as_of: datetime | None = None
     valid_at: datetime | None = None
@@ -264,14 +235,13 @@ def retired_by(node: Node, as_of: datetime | None) -> bool:
 
 def weight(node: Node, when: When) -> float:
     """A node's share of its score for being retired at `when.as_of`: `RETIRED_WEIGHT` or 1
-    (1 when asked for a moment: every fact left then held at it). Applied before diversity,
-    so that a retired fact never takes its successor's place among near duplicates."""
+    (1 when asked for a moment). Applied before diversity."""
     return RETIRED_WEIGHT if when.valid_at is None and retired_by(node, when.as_of) else 1.0
 
 
 def holds(node: Node, when: When) -> bool:
-    """Whether a recall at `when` keeps `node`: recorded by `as_of`, and for a fact, valid at
-    `valid_at` (from `valid_from` up to the `valid_to` its retirement by `as_of` gave it)."""
+    """Whether a recall at `when` keeps `node`: recorded by `as_of`, and a fact valid at
+    `valid_at`."""
     recorded = _recorded(node)
     if when.as_of is not None and recorded > when.as_of:
         return False
@@ -282,10 +252,9 @@ def holds(node: Node, when: When) -> bool:
 
 
 def left_out(nodes: Iterable[Node], sources: Mapping[str, Sequence[str]], when: When) -> set[str]:
-    """The ids a recall at `when` leaves out, of `nodes` and the steps the facts among them
-    were made from (`sources`): those it does not keep (`holds`), and, for a moment
-    (`valid_at`), the steps a fact of another time was made from (what a step says is of its
-    time whole, though an instruction it repeats held earlier)."""
+    """The ids a recall at `when` leaves out, of `nodes` and the steps their facts were made
+    from: those it does not keep (`holds`), and for `valid_at` the steps of a fact of another
+    time."""
     nodes = list(nodes)
     out: set[str] = {n.id for n in nodes if not holds(n, when)}
     if when.valid_at is not None:
@@ -296,11 +265,9 @@ def left_out(nodes: Iterable[Node], sources: Mapping[str, Sequence[str]], when: 
 async def in_time(
     graph: NodeReads, repo: str, ranked: list[Recalled], when: When
 ) -> list[Recalled]:
-    """`ranked` as of `when.as_of` (None: now): later nodes left out, retired facts marked
-    (their scores already hold `weight`) and each placed right after the fact that succeeded
-    it (`successors_first`): read, when the ranking did not reach it, following a chain of
-    retirements up to `CHAIN` links. Asked for a moment (`valid_at`), the facts that held then
-    are only marked: a successor of a later time neither joins nor goes first."""
+    """`ranked` as of `when.as_of` (None: now): later nodes left out, retired facts marked and
+    each placed right after its successor (read when the ranking did not reach it, up to
+    `CHAIN` links). For `valid_at`, facts that held then are only marked."""
     as_of = when.as_of
     if as_of is not None:
         ranked = [r for r in ranked if _recorded(r.node) <= as_of]
@@ -327,9 +294,8 @@ async def in_time(
 
 
 def successors_first(ranked: list[Recalled], pool: Iterable[Recalled]) -> list[Recalled]:
-    """`ranked` with every retired fact right after the fact that succeeded it (from `pool`
-    when `ranked` lacks it), which takes its place, at the better of their scores, when it
-    ranked lower: a rule, whatever the scores; the rest in order."""
+    """`ranked` with every retired fact right after its successor (from `pool` when `ranked`
+    lacks it), which takes its place at the better score if it ranked lower."""
     by_id: dict[str, Recalled] = {r.node.id: r for r in pool}
     out: dict[str, Recalled] = {}
     for r in ranked:
@@ -346,8 +312,8 @@ def successors_first(ranked: list[Recalled], pool: Iterable[Recalled]) -> list[R
 async def _successors(
     graph: NodeReads, repo: str, retired: list[NodeId], as_of: datetime | None
 ) -> dict[str, NodeId]:
-    """The fact that succeeded each retired one: of the facts SUPERSEDES links it to (and
-    recorded by `as_of`), the live one that began to hold last."""
+    """The successor of each retired fact: of the facts SUPERSEDES links it to (recorded by
+    `as_of`), the live one that began to hold last."""
     links = await graph.neighbors(repo, retired, LinkType.SUPERSEDES)
     found_nodes = await graph.get_nodes(repo, [n.node_id for n in links])
     nodes: dict[str, Node] = {n.id: n for n in found_nodes}
@@ -377,8 +343,7 @@ MODE_WEIGHTS: dict[str, dict[NodeType, float]] = {
 
 
 def descending(ranked: list[Recalled]) -> list[Recalled]:
-    """Scores capped by the one before: a result moved up by diversity or a re-ranking keeps
-    its own relevance only as far as its new place allows, so scores still read best first."""
+    """Scores capped by the one before, so they read best first after a reorder."""
     out: list[Recalled] = []
     for r in ranked:
         if out and r.score > out[-1].score:
@@ -391,13 +356,13 @@ def check_recall(
     config: Config, query: object, k: object, types: Iterable[NodeType] | None,
     as_of: object, valid_at: object = None,
 ) -> tuple[list[NodeType] | None, datetime | None, datetime | None]:
-    """A recall's input checked against the repo's `config`: the types asked for and the
-    moments (`as_of` and `valid_at`, made aware).
+    """A recall's input checked against the repo's `config`: the types and the moments (made
+    aware).
 
     Raises:
         InvalidInputError: a blank query or one past `Config.max_text_chars`, a `k` below 1
-            or past `Config.max_results`, types that are not node types, an `as_of` that is
-            not a datetime, or a `valid_at` that is not one.
+            or past `Config.max_results`, bad types, or an `as_of` or `valid_at` that is not
+            a datetime.
     """
     check_text(query, "query", limit=config.max_text_chars, stored=False)
     check_count("k", k, minimum=1, maximum=config.max_results, setting="Config.max_results")

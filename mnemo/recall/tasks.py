@@ -106,17 +106,15 @@ def rerank_request(*, query: str, memories: list[str]) -> LLMRequest:
 
 
 def parse_rerank(response: LLMResponse) -> list[int]:
-    """The reply's order as 0-based indexes (its numbers are 1-based; what is not an integer
-    is dropped).
-
-    Raises ValueError when the reply holds no order."""
+    """The reply's order as 0-based indexes (its numbers are 1-based; non-integers dropped);
+    ValueError when the reply holds no order."""
     order = read_reply(response, RerankReply, "recall_rerank").order
     return [n - 1 for n in order if isinstance(n, int) and not isinstance(n, bool)]
 
 
 def full_order(order: Sequence[object], count: int) -> list[int]:
-    """Every index below `count` once: those of `order` first (strangers and repeats
-    dropped), then the ones it left out, in their old order."""
+    """Every index below `count` once: those of `order` first (strangers and repeats dropped),
+    then the rest in their old order."""
     chosen = dict.fromkeys(
         i for i in order if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < count)
     return [*chosen, *(i for i in range(count) if i not in chosen)]

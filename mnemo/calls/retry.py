@@ -1,11 +1,7 @@
-"""What a model call may spend: its task's retry budget, the deadlines of the work it serves,
-and a slot of its provider's limiter.
-
-A task (one `calls.tasks.ask`, or one `generate`) charges every call it makes, whichever layer
-makes it (transport retries, adapter retries for a cut reply, `ask`'s re-asks and shortened
-prompts), to one `Budget` of its `RetryPolicy`, shared through a context variable
-(`task_budget`). `waiting()` stops every deadline (`fail_after`) and budget open in its
-context while a call waits for a slot inside mnemo."""
+"""What a model call may spend: its task's retry budget (one `Budget` per task, charged by every
+layer's calls through a context variable), the deadlines of the work it serves, and a slot of
+its provider's limiter. `waiting()` stops every deadline and budget open in its context while a
+call waits for a slot inside mnemo."""
 
 from __future__ import annotations
 
@@ -43,8 +39,8 @@ _OPEN: ContextVar[tuple[Pausable, ...]] = ContextVar("mnemo_deadlines", default=
 
 
 class Deadline:
-    """One deadline's cancel scope, pushed back by the time calls inside it wait (and, when
-    it `stretches`, by what a request inside it needs: `allow`)."""
+    """One deadline's cancel scope, pushed back by the time calls inside it wait (and, if it
+    `stretches`, by what a request needs: `allow`)."""
 
     def __init__(self, seconds: float, *, stretches: bool = False) -> None:
         self.scope = anyio.CancelScope(deadline=anyio.current_time() + seconds)
@@ -76,15 +72,13 @@ class Deadline:
 
 
 def remaining() -> float | None:
-    """Seconds left before the nearest deadline open in this context, waits excluded; None
-    outside any."""
+    """Seconds left before the nearest deadline open here, waits excluded; None outside any."""
     left = [clock.left() for clock in _OPEN.get() if isinstance(clock, Deadline)]
     return min(left) if left else None
 
 
 def allow(seconds: float) -> None:
-    """Leaves every deadline open in this context that `stretches` at least `seconds`, for a
-    request the server's speed says needs that long."""
+    """Leaves every stretching deadline open here at least `seconds` (a slow server's request)."""
     for clock in _OPEN.get():
         if isinstance(clock, Deadline) and clock.stretches:
             clock.allow(seconds)
@@ -102,8 +96,8 @@ def registered(clock: Pausable) -> Iterator[None]:
 
 @contextmanager
 def fail_after(seconds: float, *, stretches: bool = False) -> Iterator[anyio.CancelScope]:
-    """`anyio.fail_after(seconds)`, not counting the time calls inside it spend `waiting()`; with
-    `stretches`, a slow server's requests lengthen `seconds` (`allow`)."""
+    """`anyio.fail_after(seconds)`, not counting time spent `waiting()`; with `stretches`, a
+    slow server's requests lengthen it (`allow`)."""
     deadline = Deadline(seconds, stretches=stretches)
     with registered(deadline), deadline.scope:
         yield deadline.scope
@@ -113,8 +107,7 @@ def fail_after(seconds: float, *, stretches: bool = False) -> Iterator[anyio.Can
 
 @contextmanager
 def waiting() -> Iterator[None]:
-    """Marks a wait for a turn inside mnemo: every deadline and budget open in this context
-    stands still meanwhile."""
+    """Marks a wait for a turn inside mnemo: every deadline and budget open here stands still."""
     clocks = _OPEN.get()
     for clock in clocks:
         clock.pause()
@@ -148,8 +141,8 @@ class SystemClock:
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """How long to wait before retry number n (0-based): `jitter() * min(cap, base * 2**n)` (full
-    jitter). A `Retry-After` is waited in full, up to `max_retry_after`."""
+    """How long to wait before retry n (0-based): `jitter() * min(cap, base * 2**n)`; a
+    `Retry-After` is waited in full, up to `max_retry_after`."""
 
     base: float = 0.5
     cap: float = 20.0
@@ -157,8 +150,8 @@ class Backoff:
     jitter: Callable[[], float] = field(default=random.Random().random)
 
     def delay(self, failures: int, retry_after: float | None) -> float:
-        """The wait after `failures` failed attempts (>= 1): the server's Retry-After in full
-        when it gave one (`accepts` says whether to wait it), else the computed backoff."""
+        """The wait after `failures` failed attempts (>= 1): the server's Retry-After if given,
+        else the backoff."""
         if retry_after is not None:
             return max(retry_after, 0.0)
         return self.jitter() * min(self.cap, self.base * 2.0 ** (failures - 1))
@@ -171,8 +164,8 @@ class Backoff:
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """The budget of one task (`max_calls` calls and `max_seconds` in all, at most `max_re_asks`
-    re-asks), the backoff between retries and the clock; `max_seconds` None is
-    `DEFAULT_SECONDS`, or longer when the work served has longer left.
+    re-asks), the backoff and the clock; `max_seconds` None is `DEFAULT_SECONDS`, or what the
+    work served has left if longer.
 
     Raises:
         InvalidInputError: `max_calls` below 1, `max_re_asks` below 0 or `max_seconds` not
@@ -202,8 +195,8 @@ def policy_from(
     backoff: Backoff | None = None,
     clock: Clock | None = None,
 ) -> RetryPolicy:
-    """`retry` (default `RetryPolicy()`) with the adapters' shorthands `max_retries` (calls after
-    the first), `backoff` and `clock` applied; raises InvalidInputError for bad values."""
+    """`retry` (default `RetryPolicy()`) with the adapters' shorthands `max_retries`, `backoff`
+    and `clock` applied; InvalidInputError for bad values."""
     policy = retry if retry is not None else RetryPolicy()
     if max_retries is not None:
         if max_retries < 0:
@@ -224,8 +217,8 @@ Kind = Literal["retry", "re_ask"]
 
 
 class Budget:
-    """What one task has spent of its `RetryPolicy` (`calls`, `retries`, `re_asks`), and may still
-    spend; its seconds stop while a call is `waiting`."""
+    """What one task has spent of its `RetryPolicy` and may still spend; its seconds stop while
+    a call is `waiting`."""
 
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
@@ -247,7 +240,7 @@ class Budget:
 
     def _total(self) -> float:
         """The task's seconds: its policy's, else the longer of the default and what the work
-        it serves has left."""
+        has left."""
         if self.policy.max_seconds is not None:
             return self.policy.max_seconds
         work = remaining()
@@ -286,8 +279,7 @@ class Budget:
         return self.calls, self.retries, self.re_asks
 
     def charge_bare(self, before: tuple[int, int, int]) -> None:
-        """Charges one call if none was charged since `before`: an LLM without a transport
-        (the offline one, a test fake) made exactly one call per `generate`."""
+        """Charges one call if none was charged since `before` (an LLM without a transport)."""
         if self.calls == before[0]:
             self.charge()
 
@@ -306,8 +298,8 @@ _current: ContextVar[Budget | None] = ContextVar("mnemo_task_budget", default=No
 
 @contextmanager
 def task_budget(policy: RetryPolicy) -> Iterator[Budget]:
-    """The budget of the task running in this context: the one an outer layer opened (its
-    policy wins), else a new one for `policy`, current until the block ends."""
+    """The budget of the task running in this context: an outer layer's (its policy wins),
+    else a new one for `policy`."""
     outer = _current.get()
     if outer is not None:
         yield outer
@@ -325,8 +317,8 @@ def task_budget(policy: RetryPolicy) -> Iterator[Budget]:
 
 
 class LimitedLLM:
-    """An LLM whose calls each wait for a slot of its provider's limiter, whose usage goes to
-    `meter`, and whose `generate` runs inside `calling()`, when given."""
+    """An LLM whose calls each wait for a slot of its provider's limiter, booked to `meter`,
+    and run inside `calling()` when given."""
 
     def __init__(
         self,
@@ -350,7 +342,7 @@ class LimitedLLM:
                 async with slot(self._slots):
                     response = await self._llm.generate(request)
             finally:
-                # Booked even when the call failed: a 429 storm's calls were spent all the same.
+                # Booked even when the call failed: its calls were spent all the same.
                 budget.charge_bare(before)
                 calls, retries, re_asks = budget.counts()
                 self.book(Usage(calls=calls - before[0], retries=retries - before[1],
@@ -366,16 +358,15 @@ class LimitedLLM:
 
 
 def book(llm: LLM, usage: Usage) -> None:
-    """Books `usage` that no reply carried (what a retry saved) on `llm`'s meter, when `llm` is
-    a `LimitedLLM`; otherwise there is nowhere to book it."""
+    """Books `usage` no reply carried (what a retry saved) on `llm`'s meter, if it has one."""
     if isinstance(llm, LimitedLLM):
         llm.book(usage)
 
 
 @asynccontextmanager
 async def slot(limiter: anyio.CapacityLimiter) -> AsyncIterator[None]:
-    """Holds one token of `limiter`, taking a free one without a trip through the event loop
-    (anyio's `acquire` always yields once). Waiting for one counts against no deadline."""
+    """Holds one token of `limiter`, taken without a trip through the event loop when free;
+    waiting for it counts against no deadline."""
     try:
         limiter.acquire_nowait()
     except anyio.WouldBlock:

@@ -39,8 +39,8 @@ def bounded(
     schema: JSONObject, field: str, count: int, *, most: int | None = MOST_ITEMS,
     floor: int = 64,
 ) -> tuple[JSONObject, int]:
-    """A request's schema, its list `field` holding at most `count` items, and the max_tokens its
-    longest reply needs (`floor` to 4096)."""
+    """A request's schema with its list `field` holding at most `count` items, and the
+    max_tokens its longest reply needs (between `floor` and 4096)."""
     count = max(1, count if most is None else min(count, most))
     properties = schema.get("properties")
     if not isinstance(properties, dict) or not isinstance(properties.get(field), dict):
@@ -86,8 +86,7 @@ class Reply(Struct, frozen=True, kw_only=True):
 
 @cache
 def reply_schema(kind: type[Reply]) -> JSONObject:
-    """The JSON schema of `kind`, with every struct inlined and its `required` as the module
-    docstring says. Cached: treat the result as read-only."""
+    """The JSON schema of `kind`, structs inlined (cached: read-only)."""
     (root,), defs = msgspec.json.schema_components([kind], ref_template="{name}")
     schema = _inline(root, defs)
     if not isinstance(schema, dict):
@@ -97,7 +96,7 @@ def reply_schema(kind: type[Reply]) -> JSONObject:
 
 
 def _inline(node: JSONValue, defs: JSONObject) -> JSONValue:
-    """`node` (a schema) with each `$ref` inlined, without msgspec's `title` and `default`, a struct
+    """`node` (a schema) with each `$ref` inlined, without `title` and `default`, a struct
     requiring every field whose default is not `UNSET`."""
     if isinstance(node, list):
         return [_inline(item, defs) for item in node]

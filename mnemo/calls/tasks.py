@@ -1,9 +1,7 @@
-"""A task asked of an LLM, from its request to the typed value read from its reply.
-
-A request is a system prompt and one user message whose inputs follow the line `INPUT:` as
-JSON. The schema sent and the value read back come from one msgspec struct per task, and
-`read_reply` is the only place a reply is checked. `ask` re-asks an unusable reply, salvages
-a cut one and shortens a prompt the context refused."""
+"""A task asked of an LLM, from its request (a system prompt, then the inputs as JSON after
+`INPUT:`) to the typed value read from its reply (one msgspec struct per task; `read_reply` is
+the only place a reply is checked). `ask` re-asks an unusable reply, salvages a cut one and
+shortens a prompt the context refused."""
 
 from __future__ import annotations
 
@@ -47,7 +45,7 @@ _STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 
 
 def read_reply(response: LLMResponse, kind: type[R], task: str) -> R:
-    """`response` (its `reply_data`) as a `kind`; raises ValueError naming the path of a field that
+    """`response` (its `reply_data`) as a `kind`; ValueError naming the path of a field that
     does not match, what it must be and what it is."""
     data = reply_data(response, strict=True)
     if not isinstance(data, dict):
@@ -106,9 +104,8 @@ def decode_json(text: str) -> object:
 
 
 class Cut(LLMReplyError, LLMContextError):
-    """A structured reply that stopped before its end: at its max_tokens (`at_cap`), or with room
-    left when the model's context filled. `text` is what came, `data` what the provider read of
-    it."""
+    """A structured reply that stopped before its end, at its max_tokens (`at_cap`) or when
+    the context filled; `text` is what came, `data` what the provider read of it."""
 
     def __init__(self, message: str, *, text: str, data: object = None, at_cap: bool) -> None:
         super().__init__(message)
@@ -116,8 +113,8 @@ class Cut(LLMReplyError, LLMContextError):
 
 
 def salvage(cut: Cut) -> JSONObject | None:
-    """What a cut reply holds whole: its JSON object without a value cut midway, and without the
-    last item of its last list when the cut fell inside it; None when no item is left."""
+    """What a cut reply holds whole: its JSON object without a value cut midway or the last,
+    cut item of its last list; None when no item is left."""
     stripped = cut.text.strip().removesuffix("```")
     start = stripped.find("{")
     value: object = cut.data
@@ -213,8 +210,7 @@ def task_request(
     schema: JSONObject | None = None,
     max_tokens: int | None = None,
 ) -> LLMRequest:
-    """Builds the request for one task: instructions, then the inputs as compact JSON
-    (`cpu.dumps` keeps each C call short for a long trajectory's steps)."""
+    """Builds the request for one task: instructions, then the inputs as compact JSON."""
     content = instructions.strip() + INPUT_MARKER + cpu.dumps(inputs)
     return LLMRequest(
         task=task,
@@ -226,8 +222,7 @@ def task_request(
 
 
 def input_json(request: LLMRequest) -> str:
-    """The JSON text of the inputs `task_request` put into the request's last user message
-    ("{}" when absent)."""
+    """The JSON text of the inputs in the request's last user message ("{}" when absent)."""
     for message in reversed(request.messages):
         content = message.get("content")
         if message.get("role") == "user" and isinstance(content, str) and INPUT_MARKER in content:
@@ -236,7 +231,7 @@ def input_json(request: LLMRequest) -> str:
 
 
 def task_inputs(request: LLMRequest) -> JSONObject:
-    """The inputs `task_request` put into the request's last user message ({} when absent)."""
+    """The inputs in the request's last user message ({} when absent)."""
     try:
         value = json.loads(input_json(request))
     except json.JSONDecodeError:
@@ -253,14 +248,13 @@ async def ask(
     unusable: T | None = None,
     shorten: Callable[[LLMRequest], LLMRequest | None] | None = None,
 ) -> T:
-    """Sends `request` and parses the reply with `parse`, asking again (showing the problem) while
-    it raises ValueError, within the task's budget. A `Cut` reply is `salvage`d, and a prompt
-    the context refused is `shorten`ed, at most `MAX_SHRINKS` times. `unusable` is returned for a
-    reply still unusable once the re-asks are spent.
+    """Sends `request` and parses the reply with `parse`, asking again (showing the problem)
+    while it raises ValueError, within the task's budget; a `Cut` reply is `salvage`d, a
+    prompt the context refused `shorten`ed (at most `MAX_SHRINKS` times). Returns `unusable`
+    for a reply still unusable once the re-asks are spent.
 
     Raises:
-        LLMError: the LLM raised, or the budget ran out on unusable replies (`LLMReplyError`)
-            and no `unusable` was given."""
+        LLMError: the LLM raised, or the re-asks ran out without an `unusable`."""
     with task_budget(policy or policy_of(llm)) as budget:
         shrinks = 0
         asked = request
@@ -312,8 +306,8 @@ async def ask(
 
 
 def re_asked(request: LLMRequest, response: LLMResponse, problem: str) -> LLMRequest:
-    """`request` again, followed by the model's unusable reply and what was wrong with it; as
-    it was when the reply was empty (a provider refuses an empty turn)."""
+    """`request` again, followed by the model's unusable reply (unless empty) and what was
+    wrong with it."""
     reply = response.text if response.text.strip() or response.data is None else json.dumps(
         response.data, ensure_ascii=False)
     if not reply.strip():
@@ -337,8 +331,7 @@ def _kept(cut: Cut, parse: Callable[[LLMResponse], T]) -> T | None:
         return None
 
 
-# How many times `ask` shortens a prompt the model's context refused, and how much of the
-# inputs' text each time keeps.
+# How many times `ask` shortens a prompt the model's context refused.
 MAX_SHRINKS = 2
 SHRINK_TO = 0.5
 # Texts shorter than this are never cut; a cut text keeps its start and its end.
@@ -346,8 +339,8 @@ SHORT_TEXT = 160
 
 
 def shorter(request: LLMRequest) -> LLMRequest | None:
-    """`request` with its inputs' text about halved (the oldest "recent" context dropped, then the
-    longest texts cut in the middle); None when nothing can be cut."""
+    """`request` with its inputs' text about halved (the oldest "recent" context dropped, then
+    the longest texts cut in the middle); None when nothing can be cut."""
     inputs = task_inputs(request)
     if not inputs:
         return None

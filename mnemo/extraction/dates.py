@@ -1,7 +1,5 @@
-"""The date a text names, for bi-temporal facts: "2023-05-08", "8 May, 2023",
-"May 8 2023", "May 2023", and, against an anchor (the session's date), "yesterday", "last
-week", "three days ago", "next month". No model: a fact holds from the date it names, else
-from its session's date, else from when it was recorded."""
+"""The date a text names, for bi-temporal facts: absolute ("8 May, 2023", "May 2023") or, against
+an anchor, relative ("yesterday", "three days ago"). No model."""
 
 from __future__ import annotations
 

@@ -101,13 +101,11 @@ async def draw_up(repo: str, episode: EpisodeRecord, source: Source, extracted: 
 def _draw(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Extracted],
           rewards: dict[str, float],
           generation: int) -> tuple[Draft, list[_Pending], dict[str, datetime]]:
-    """The draft's links, step ids and scores; its nodes to embed; when each fact began to
-    hold."""
+    """The draft's links, step ids and scores; its nodes to embed; when each fact held from."""
     scores: list[tuple[JSONObject, int, int]] = []
     pending: list[_Pending] = []
     links: list[Link] = []
-    # When each fact began to hold: a date it names, resolved against its steps'
-    # date (their metadata's, else one their text names), else the session's (the goal's).
+    # When each fact began to hold: a date it names, against its steps' date, else the session's.
     valid: dict[str, datetime] = {}
     step_dates: dict[str, datetime | None] = {}
     session_date = dates.metadata_date(

@@ -1,7 +1,6 @@
-"""Speakers and named entities of a step, as TAG nodes the step belongs to: with entity tags,
-each EPISODIC node gets a MEMBERSHIP link to a tag per name it mentions (capitalised words,
-not the first of a sentence, a run of them one name) and one for its speaker ("Caroline (8
-May 2023): ..."), so recall leads from a name in the query straight to its steps."""
+"""Speakers and named entities of a step, as TAG nodes it belongs to: with entity tags, each
+EPISODIC node is linked to a tag per name it mentions and one for its speaker, so recall leads
+from a name in the query straight to its steps."""
 
 from __future__ import annotations
 
@@ -54,8 +53,8 @@ def vector_text(kind: NodeType, text: str) -> str:
 
 
 def wordings(embedder: Embedder, timeout: float) -> Embed:
-    """How a forget or a revert embeds the wordings nodes take: `embedding_text` of each, within
-    `timeout` seconds (EmbeddingError)."""
+    """How a forget or a revert embeds the wordings nodes take: `embedding_text` of each,
+    within `timeout` seconds."""
     async def embed_wordings(texts: Sequence[str]) -> Vector:
         try:
             with fail_after(timeout):
@@ -115,8 +114,8 @@ def _is_name(word: str) -> bool:
 
 
 async def with_entity_tags(changeset: Changeset, embedder: Embedder) -> Changeset:
-    """`changeset` with a TAG per name in each EPISODIC node's text (sharing its key with concept
-    tags) and a MEMBERSHIP link to the node; one embedding call."""
+    """`changeset` with a TAG per name in each EPISODIC node's text and a MEMBERSHIP link to
+    the node; one embedding call."""
     labels: dict[str, str] = {}
     links: list[Link] = []
     for node in changeset.nodes:

@@ -1,9 +1,6 @@
-"""Extraction: from an episode's trajectories to one changeset, in at most two LLM rounds.
-
-Round 1 asks every trajectory's semantic and procedural tasks at once; round 2 the "return"
-task for trajectories with several instructions, while the changeset is drawn up and
-embedded. A failed task does not cancel its siblings, and every validated result is kept in
-the episode's `TaskMemo`."""
+"""Extraction: from an episode's trajectories to one changeset, in at most two LLM rounds (the
+semantic and procedural tasks, then "return" while the changeset is drawn up); a failed task
+does not cancel its siblings, and every validated result is kept in the episode's `TaskMemo`."""
 
 from __future__ import annotations
 
@@ -75,9 +72,9 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
                   llm: LLM, embedder: Embedder, time_limit: float, score_last_step: bool,
                   memo: TaskMemo | None = None, partial: bool = False,
                   generation: int = 0) -> Changeset:
-    """Extracts `steps` (grouped by trajectory) into one changeset embedded for `generation`, with
-    the last step's deferred reward when `score_last_step`. With `partial`, a task that failed for
-    good is left out (named in `missing`).
+    """Extracts `steps` (grouped by trajectory) into one changeset embedded for `generation`,
+    with the last step's deferred reward when `score_last_step`; with `partial`, a task that
+    failed for good is left out (named in `missing`).
 
     Raises:
         LLMError, EmbeddingError: a task failed for good, without `partial`.
@@ -165,9 +162,9 @@ class _Trajectory:
 async def _extract_trajectory(work: _Round, trajectory: _Trajectory, part: Extracted,
                               first_round_in: Callable[[], None], *,
                               scores_last: StepRecord | None) -> None:
-    """One trajectory's facts, instructions and returns into `part` (a failed task leaves its part
-    empty, its failure in `work.failures`); `first_round_in` is called once both first replies are
-    in."""
+    """One trajectory's facts, instructions and returns into `part` (a failed task leaves its
+    part empty, its failure in `work.failures`); `first_round_in` is called once both first
+    replies are in."""
     steps = trajectory.steps
     key, subgoal, chars = steps[0].trajectory_id, steps[0].subgoal, _chars(steps)
     one_in = _Countdown(2, first_round_in).one_in
@@ -236,8 +233,7 @@ async def _score_alone(work: _Round, step: StepRecord) -> float:
 
 async def _scored_returns(work: _Round, steps: list[StepRecord],
                           instructions: list[Instruction]) -> dict[int, int]:
-    """The "return" task's scores; {} when it fails (the cumulative scores stand: the task is
-    optional, and failing the episode for it would throw the rest away)."""
+    """The "return" task's scores; {} when it fails (the cumulative scores stand)."""
     request = await cpu.run(lambda: return_request(
         goal=work.goal, subgoal=steps[0].subgoal,
         instructions=[{"index": i, **procedure(ins)} for i, ins in enumerate(instructions)],
@@ -254,7 +250,7 @@ async def _scored_returns(work: _Round, steps: list[StepRecord],
 
 def cumulative_returns(instructions: Sequence[Instruction],
                        rewards: Sequence[float | None]) -> dict[int, int]:
-    """Each instruction's return score (1..10): the mean known reward from its first step to the
+    """Each instruction's return score: the mean known reward from its first step to the
     trajectory's end, mapped onto 1..10 (`NEUTRAL_RETURN` when none is known)."""
     scores: dict[int, int] = {}
     for i, ins in enumerate(instructions):
@@ -270,14 +266,13 @@ def cumulative_returns(instructions: Sequence[Instruction],
 
 
 def _chars(steps: Sequence[StepRecord]) -> int:
-    """The characters of the steps' texts: what a request of them costs to build
-    (`cpu.run`)."""
+    """The characters of the steps' texts (`cpu.run`'s size)."""
     return sum(len(s.observation) + len(s.action) for s in steps)
 
 
 def _step_dicts(steps: list[StepRecord], work: _Round | None = None) -> list[JSONObject]:
-    """The steps as the procedural and return tasks see them: with `work`, the deferred
-    reward scored at close too; without, only the rewards on the step records."""
+    """The steps as the procedural and return tasks see them (with `work`, the deferred
+    reward scored at close too)."""
     return [
         {"index": i, "observation": s.observation, "action": s.action,
          "reward": work.reward(s) if work is not None else s.reward}

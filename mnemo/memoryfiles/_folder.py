@@ -1,7 +1,5 @@
-"""`Folder`: a memory-files directory, read and written without following a link inside it.
-
-Files are opened relative to the directory's descriptor with `O_NOFOLLOW`, regular files
-only; without descriptor-relative calls (Windows) the rules are checked on paths."""
+"""`Folder`: a memory-files directory, read and written without following a link inside it
+(regular files opened with `O_NOFOLLOW` relative to its descriptor; on Windows, checked paths)."""
 
 from __future__ import annotations
 
@@ -68,9 +66,8 @@ class Folder:
 
     @contextlib.contextmanager
     def opened(self, *, create: bool) -> Iterator[int | None]:
-        """The folder's descriptor for the block (created first when `create`), or None when it does
-        not exist or this system has no relative calls (InvalidInputError for a link below the
-        root)."""
+        """The folder's descriptor for the block (created first when `create`), or None when it
+        does not exist or the system has no relative calls (InvalidInputError: a link)."""
         if not RELATIVE:
             self._check_path(create=create)
             yield None

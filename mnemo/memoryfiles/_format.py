@@ -1,8 +1,6 @@
-"""The on-disk shape of a topic file, and the pure rules for its lines.
-
-A file is a front matter of JSON-quoted `topic` and `description` and UTC `updated` and
-`used` times between `---` lines, then one entry per line, oldest first (what `bound` drops
-first)."""
+"""The on-disk shape of a topic file (a front matter of `topic`, `description`, `updated` and
+`used` between `---` lines, then one entry per line, oldest first), and the pure rules for its
+lines."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""`DirectoryLock`: a lock of a memory-files directory, honoured across processes.
-
-An `anyio.Lock`, then `flock` on a hidden file opened without following a link, tried in a
-worker thread. A directory has a writer lock (held through a write's model calls) and a file
-lock (held for a read-merge-write); the writer lock is taken first."""
+"""`DirectoryLock`: a lock of a memory-files directory across processes (an `anyio.Lock`, then
+`flock` on a hidden file). A directory has a writer lock (held through a write's model calls)
+and a file lock (a read-merge-write); the writer lock is taken first."""
 
 from __future__ import annotations
 
@@ -60,8 +58,8 @@ class DirectoryLock:
         async with self._local:
             deadline = anyio.current_time() + self.wait_s
             while True:
-                # Shielded: a lock the thread took must be released below, not abandoned by a
-                # cancellation; the checkpoint between tries lets a cancellation in.
+                # Shielded: a lock the thread took must be released below; the checkpoint
+                # between tries lets a cancellation in.
                 with anyio.CancelScope(shield=True):
                     taken = await anyio.to_thread.run_sync(self._try)
                 if taken:

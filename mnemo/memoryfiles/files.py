@@ -1,8 +1,6 @@
-"""`MemoryFiles`: a directory of topic files that an agent reads at the start of work.
-
-A write holds the directory's writer lock from its scan through its model calls to its last
-file, so concurrent writes serialise; files are merged and written atomically under the
-shorter file lock, which `recall` takes alone."""
+"""`MemoryFiles`: a directory of topic files an agent reads at the start of work. A write holds
+the writer lock from its scan to its last file; files are merged and written under the shorter
+file lock, which `recall` takes alone."""
 
 from __future__ import annotations
 

@@ -166,12 +166,8 @@ class Extraction:
 
     async def _annotated(self) -> None:
         """Waits until every stored step of the episode is annotated (starting the annotation
-        if it does not run), at most `extraction_timeout` seconds without progress.
-
-        Raises:
-            LLMTimeout: no step annotated for that long.
-            Exception: what stopped their annotation (the model's error).
-        """
+        if it does not run), at most `extraction_timeout` seconds without progress (then
+        LLMTimeout); raises what stopped their annotation."""
         live, session = self.live, self.session
         if not session.unannotated():
             return

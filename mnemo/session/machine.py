@@ -167,12 +167,8 @@ class Runtime:
     generation: int = 0
 
     def check_usable(self, repo: str) -> None:
-        """`check_dim`, and the error of a recorded model that cannot be built here (before
-        an append stores a step no model here could annotate).
-
-        Raises:
-            LLMError, EmbeddingError: the LLM or the embedder cannot work here.
-        """
+        """`check_dim`, and the LLMError or EmbeddingError of a recorded model that cannot be
+        built here (before an append stores a step no model here could annotate)."""
         check_dim(repo, self.embedder, self.dim)
         if isinstance(self.llm, UnavailableLLM):
             raise LLMError(self.llm.problem)

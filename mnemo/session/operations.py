@@ -321,12 +321,8 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
     """Takes the session's stored operations nobody took yet and queues them here in order
     (after a failed extraction they fail "extraction_failed"), each result going to the Memory
     that accepted it; then starts the queue. One taker at a time; a call made meanwhile
-    queues behind them.
-
-    Raises:
-        StorageError: the stored operations could not be taken (they stay stored); the
-            session's own queue is started all the same.
-    """
+    queues behind them. StorageError: the stored operations could not be taken (they stay
+    stored; the queue starts all the same)."""
     with handing_over(live, session):
         async with session.taking:
             with anyio.CancelScope(shield=True):
@@ -439,12 +435,8 @@ async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> No
 async def _store_for(live: Sessions, session: SessionRecord, kind: str,
                      args: tuple[Any, ...], callback: Callback | None) -> None:
     """Accepts an operation for a session whose extraction another Memory holds: stored with
-    the session, run by whoever ends that work, called back here.
-
-    Raises:
-        SessionError: as `submit`; NotFoundError: the session ended meanwhile.
-        RuntimeError: the Memory has closed (as a call that would start a task does).
-    """
+    the session, run by whoever ends that work, called back here. Raises SessionError as
+    `submit`, NotFoundError if the session ended, RuntimeError once the Memory has closed."""
     if live.closing:  # a callback of the close itself, say, which holds `storing`
         raise RuntimeError("the Memory has closed")
     # From the check to the append, one call at a time (the insert is awaited).

@@ -244,11 +244,8 @@ class Coordination(Protocol):
         ...
 
     async def sync_clock(self) -> None:
-        """Measures this host's clock against the store's again (SQLite: nothing to do).
-
-        Raises:
-            StorageError: the store could not be asked (`now` keeps the last measure).
-        """
+        """Measures this host's clock against the store's again (SQLite: nothing to do);
+        StorageError leaves `now` on the last measure."""
         ...
 
     async def register(self, holder: HolderInfo) -> None:

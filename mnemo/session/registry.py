@@ -131,12 +131,8 @@ class Sessions:
 
     async def fetch(self, session_id: str, *, fresh: bool = False) -> SessionRecord:
         """The session's record, read from the store when unknown here, and, when `fresh`,
-        read again if the store's version is newer. Reads only: loading starts no work.
-
-        Raises:
-            NotFoundError: no live session has this id.
-            InvalidInputError: an id that no store can hold (not a string, blank, NUL, ...).
-        """
+        read again if the store's version is newer; reads only. NotFoundError: no live session
+        has this id; InvalidInputError: an id no store can hold."""
         session = self.by_id.get(check_id(session_id, "session_id"))
         if session is None:
             row = await self.store.load_one(session_id)
@@ -203,13 +199,8 @@ class Sessions:
     async def reload(self, session: SessionRecord, *, conflict: bool = False) -> None:
         """Reads the session again from the store, which another Memory changed. A row no
         newer than the record is left out (a read older than this Memory's own write), unless
-        `conflict`: read under the lock after the store refused this version, any other
-        version is the store's truth.
-
-        Raises:
-            NotFoundError: it ended meanwhile (its record goes; what it owed gets
-                `session_ended`).
-        """
+        `conflict` (read under the lock after the store refused this version). NotFoundError:
+        it ended meanwhile (its record goes; what it owed gets `session_ended`)."""
         row = await self.store.load_one(session.id)
         if row is None:
             await self.forget(session)
@@ -302,10 +293,7 @@ class Sessions:
     ) -> None:
         """Starts `fn(*args)` in the background group, cancellable by `end_session`: work on
         the session (`session.scopes`), or, `waiting`, a wait on the store (`session.waits`).
-
-        Raises:
-            RuntimeError: the Memory has closed (its group starts no new task).
-        """
+        RuntimeError once the Memory has closed."""
         assert self.tg is not None, "the Memory is not open"
         scopes = session.waits if waiting else session.scopes
         # Counted from now, not from when the task first runs (in between, the session would
@@ -335,11 +323,8 @@ async def claim(
     live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]
 ) -> list[StepRecord]:
     """The steps among `steps` this Memory holds for its extraction now: those another live
-    holder claims are left to it (one that left has left its claims).
-
-    Raises:
-        StorageError: the store could not be written.
-    """
+    holder claims are left to it (one that left has left its claims). StorageError: the store
+    could not be written."""
     if not steps:
         return []
     await live.register()
@@ -384,11 +369,8 @@ async def settle(
     live: Sessions, session: SessionRecord, steps: Sequence[StepRecord], *, within: float
 ) -> None:
     """Waits until each of `steps` (claimed by others) is committed or claimed by this Memory,
-    at most `within` seconds. A storage fault is logged and looked past.
-
-    Raises:
-        NotFoundError: the session ended meanwhile (through another Memory).
-    """
+    at most `within` seconds; a storage fault is logged and looked past. NotFoundError: the
+    session ended meanwhile."""
     open_steps = list(steps)
     co = live.coordination
     with anyio.move_on_after(within):
@@ -417,11 +399,7 @@ async def settle(
 
 async def store_moved(live: Sessions, token: int) -> None:
     """Returns once the store's change token is no longer `token` (polled every
-    `SETTLE_INTERVAL`), or after `RECHECK` seconds.
-
-    Raises:
-        StorageError: the store could not be read.
-    """
+    `SETTLE_INTERVAL`), or after `RECHECK` seconds; StorageError if it cannot be read."""
     waited = 0.0
     while waited < RECHECK:
         await anyio.sleep(SETTLE_INTERVAL)
@@ -432,11 +410,7 @@ async def store_moved(live: Sessions, token: int) -> None:
 
 async def take_commits(live: Sessions, session: SessionRecord) -> None:
     """Marks the episode's steps with the changesets the store says committed them (another
-    Memory's background commit moves no version, so a reload does not see it).
-
-    Raises:
-        StorageError: the store could not be read.
-    """
+    Memory's background commit moves no version); StorageError if it cannot be read."""
     episode = session.episode
     stored = None if episode is None else await live.store.episode(episode.id)
     if episode is None or stored is None:

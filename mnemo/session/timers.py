@@ -55,11 +55,7 @@ class BackgroundWork:
         self._stop = anyio.Event()
 
     async def start(self) -> None:
-        """Starts the work; returns once it runs.
-
-        Raises:
-            Exception: whatever the work raised before it started.
-        """
+        """Starts the work; returns once it runs (raising what the work raised before)."""
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = anyio.Event()
 
@@ -122,11 +118,8 @@ class BackgroundWork:
 async def end_idle(live: Sessions) -> float:
     """Ends the idle sessions of the store that came due (at most `SWEEP_LIMIT`), drops their
     records here, answers what they owed, and reports each as "session_expired". Returns the
-    seconds until the next comes due (0: more are due now; inf: none is idle).
-
-    Raises:
-        StorageError: the store could not be read or written; nothing was ended.
-    """
+    seconds until the next comes due (0: more are due now; inf: none is idle). StorageError:
+    the store failed, nothing was ended."""
     swept = await live.coordination.end_idle(SWEEP_LIMIT)
     for session_id, repo in swept.ended:
         session = live.by_id.get(session_id)

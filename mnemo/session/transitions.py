@@ -61,11 +61,8 @@ async def move(
     `then` is started right after the event fires, before anything else may run. `persist`
     writes with the record's version and returns the new one; on `StaleSession` the record
     is read again and the table asked again. `refuse` raises what else refuses the move,
-    checked under the lock; `facts` (the condition's arguments) are taken once.
-
-    Raises:
-        SessionError: the table refuses `event` in the current state.
-        NotFoundError: the session ended (here or through another Memory).
+    checked under the lock; `facts` (the condition's arguments) are taken once. SessionError
+    where the table refuses `event`; NotFoundError when the session ended.
     """
     async with session.lock:
         for attempt in range(_ATTEMPTS):
@@ -139,11 +136,7 @@ async def start_episode(
 async def refuse_checked(live: Sessions, session: SessionRecord, event: str) -> None:
     """`refuse_unless` for append and start_episode, which start from the record this Memory
     holds: a refusal is final, so it is checked against the store first (read under the
-    session's lock, taken in only when newer).
-
-    Raises:
-        SessionError, NotFoundError: as `refuse_unless`, on the store's state.
-    """
+    session's lock, taken in only when newer)."""
     try:
         refuse_unless(session, event)
     except SessionError:

@@ -175,16 +175,11 @@ async def apply(
     intents: IntentPolicy,
     also: Sequence[SideWrite] = (),
 ) -> CommitReceipt:
-    """Adds the changeset's nodes and links (deduplicated), durably, once. A changeset of
-    an older generation of the repo's vectors is embedded again first
-    (`IntentPolicy.restamp`). On any error nothing was written.
-
-    Raises:
-        StorageError: the transaction failed.
-        ValueError: a vector is not of the repo's dimension.
-        SourceTaken: a `SourceRecorded` in `also` names a source another writer recorded.
-        EmbeddingError: the changeset could not be embedded again for the new generation.
-    """
+    """Adds the changeset's nodes and links (deduplicated), durably, once; a changeset of an
+    older generation of the repo's vectors is embedded again first (`IntentPolicy.restamp`).
+    On any error nothing was written: StorageError, ValueError (a vector of another
+    dimension), SourceTaken (the source was recorded by another writer), EmbeddingError (no
+    new embedding for the new generation)."""
     for _ in range(RESTAMPS):
         if changeset.nodes:
             seen = (await target.vector_index(changeset.repo)).generation

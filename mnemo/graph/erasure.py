@@ -116,11 +116,7 @@ async def forget(
     under it the rows are read again and the delete runs if nothing changed, else it goes
     round again (the last round embeds under the lock). `check` runs under the lock before a
     delete that writes vectors, and raises to stop it. Returns the ids of the nodes that went.
-
-    Raises:
-        EmbeddingError: a wording could not be embedded (in time); nothing was deleted.
-        Whatever `check` raises; nothing was deleted.
-    """
+    On any error (EmbeddingError, what `check` raises) nothing was deleted."""
     async def checked(plan: Plan) -> list[str]:
         if check is not None and plan.embedded:
             await check()
@@ -137,11 +133,7 @@ async def forget(
 
 
 async def inheritance(inherited: Inherited, embed: Embed) -> Plan:
-    """The plan of `heirs` and `shares.withdraw`, new wordings embedded in one call.
-
-    Raises:
-        EmbeddingError: as `embed`.
-    """
+    """The plan of `heirs` and `shares.withdraw`, new wordings embedded in one call."""
     commits = set(inherited.commits)
     left = {node_id: withdraw(owners, now, created=created, commits=commits)
             for node_id, now, owners, created in inherited.shared}

@@ -72,11 +72,7 @@ class CommitDiff:
 
 
 async def history(graph: GraphHistory, repo: str, limit: int) -> list[CommitRecord]:
-    """The repo's `limit` newest commits, newest first.
-
-    Raises:
-        InvalidInputError: a limit below 1.
-    """
+    """The repo's `limit` newest commits, newest first (InvalidInputError: a limit below 1)."""
     check_count("limit", limit, minimum=1)
     return await graph.commit_log(repo, limit=limit)
 
@@ -90,11 +86,7 @@ async def _record(graph: GraphHistory, repo: str, commit_id: str) -> CommitRecor
 
 
 async def diff(graph: GraphHistory, repo: str, commit_id: str) -> CommitDiff:
-    """What the commit added and retired.
-
-    Raises:
-        InvalidInputError: a blank id, or no such commit in the repo.
-    """
+    """What the commit added and retired (InvalidInputError: a blank id or no such commit)."""
     record = await _record(graph, repo, commit_id)
     return CommitDiff(
         record,
@@ -113,8 +105,7 @@ async def revert(
 
     Raises:
         InvalidInputError: a blank id, or no such commit in the repo.
-        ConflictError: the commit is a revert or was reverted, or later work built on it
-            (the message names the commit to revert first).
+        ConflictError: the commit is a revert or was reverted, or later work built on it.
         EmbeddingError: a wording could not be embedded; nothing was reverted.
     """
     undone = await diff(graph, repo, commit_id)

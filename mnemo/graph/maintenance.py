@@ -104,15 +104,12 @@ class ValidationReport:
 async def consolidate(
     graph: GraphMaintenance, repo: str, config: Config, *, full: bool = False
 ) -> ConsolidationReport:
-    """Merges the repo's SEMANTIC near-duplicates (raw cosine >= `config.consolidate_threshold`).
-
-    Each node not compared before (all with `full=True`) is compared with every other SEMANTIC
-    node. A group's survivor (highest confidence, then oldest) takes the others' links,
-    concepts, highest confidence, access counts and ids (`data["merged_from"]`); they and the
-    tags left unlinked are deleted. Nodes of two sources or two scopes never merge.
-
-    Raises:
-        StorageError: the transaction failed; nothing was changed.
+    """Merges the repo's SEMANTIC near-duplicates (raw cosine >= `config.consolidate_threshold`)
+    in one transaction (StorageError: nothing changed). Each node not compared before (all with
+    `full=True`) is compared with every other SEMANTIC node. A group's survivor (highest
+    confidence, then oldest) takes the others' links, concepts, highest confidence, access
+    counts and ids (`data["merged_from"]`); they and the tags left unlinked are deleted. Nodes
+    of two sources or two scopes never merge.
     """
     threshold = config.consolidate_threshold
     async with graph.lock(repo):
@@ -255,11 +252,7 @@ async def decay(
 ) -> DecayReport:
     """Deletes the repo's memories whose `node_value` at `now` (default: now) is below
     `config.decay_threshold`, with their links, vectors and search entries; then the routing
-    nodes (never valued themselves) left with no links.
-
-    Raises:
-        StorageError: the transaction failed; nothing was changed.
-    """
+    nodes left with no links. One transaction (StorageError: nothing changed)."""
     moment = now or now_utc()
     async with graph.lock(repo):
         swept = await graph.decay_sweep(repo, config, now=moment)
@@ -272,14 +265,10 @@ async def decay(
 
 
 async def validate_episodic(graph: GraphMaintenance, repo: str) -> ValidationReport:
-    """Checks the repo's episodic integrity and repairs what can be repaired: an EPISODIC
-    node without a SUBGOAL (SOURCE) link is linked to its group's as `relinks` finds it;
-    dangling links are deleted; bad vectors are counted; the full-text index is rebuilt when
-    it disagrees with the nodes.
-
-    Raises:
-        StorageError: the transaction failed; nothing was changed.
-    """
+    """Checks the repo's episodic integrity and repairs what can be repaired, in one
+    transaction (StorageError: nothing changed): an EPISODIC node without a SUBGOAL (SOURCE)
+    link is linked as `relinks` finds it; dangling links are deleted; bad vectors are counted;
+    the full-text index is rebuilt when it disagrees with the nodes."""
     dim = graph.dim(repo)
     async with graph.lock(repo):
         return await graph.validate(repo, dim)

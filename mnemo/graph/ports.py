@@ -294,14 +294,9 @@ class GraphWrites(NodeReads, Protocol):
         """Forgets the source `key`: deletes every node it produced, the routing nodes this
         leaves without links, and its commits' records; a node another source shares takes
         that source's wording (embedded by `embed` before the lock). With `reverting`, withdraws
-        the commit `key` and records its revert. `generation` (of `embed`'s vectors) is checked
-        under the lock. Returns how many nodes went; on any error nothing was deleted.
-
-        Raises:
-            EmbeddingError: `embed` failed.
-            VectorsMoved: the repo's vectors are of another generation than `generation`.
-            Whatever `reverting.refused` raises.
-        """
+        the commit `key` and records its revert. Returns how many nodes went. On any error
+        (EmbeddingError from `embed`; VectorsMoved when the repo's vectors are not of
+        `generation`; what `reverting.refused` raises) nothing was deleted."""
         ...
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int: ...
@@ -349,11 +344,7 @@ class Reembedding(NodeReads, Protocol):
 
     def reembedding(self, repo: str) -> AbstractAsyncContextManager[None]:
         """The repo's re-embedding, one at a time across processes: entered at once or not at
-        all; a process that dies lets it go.
-
-        Raises:
-            ConflictError: another re-embedding of the repo holds it.
-        """
+        all (ConflictError); a process that dies lets it go."""
         ...
 
     async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
@@ -384,10 +375,7 @@ class Reembedding(NodeReads, Protocol):
         """Puts the staged vectors in place, records their embedder, dimension and the next
         generation, and ends the re-embedding, in one transaction (the caller holds
         `lock(repo)`). Returns (the new generation, how many vectors were switched).
-
-        Raises:
-            StorageError: no re-embedding under way, or a node has no staged vector.
-        """
+        StorageError: no re-embedding under way, or a node without a staged vector."""
         ...
 
     async def vectors_switched(self, repo: str, dim: int) -> None:

@@ -17,13 +17,9 @@ MAX_TYPES = 100
 MAX_IDS = 100
 
 def node_id_list(node_ids: object, config: Config) -> list[str]:
-    """`node_ids` as a list of at most `config.max_results` checked ids (no more of an
-    iterable is read than one past the bound).
-
-    Raises:
-        InvalidInputError: a string (it is not a list of one-letter ids), not an iterable,
-            too many ids, or a bad id.
-    """
+    """`node_ids` as a list of at most `config.max_results` checked ids (an iterable read no
+    further than one past the bound); InvalidInputError for a string, a non-iterable, too
+    many ids or a bad id."""
     if isinstance(node_ids, str | bytes) or not isinstance(node_ids, Iterable):
         raise InvalidInputError(
             f"node_ids must be a list of node ids, got {type(node_ids).__name__}"
@@ -39,12 +35,8 @@ def node_id_list(node_ids: object, config: Config) -> list[str]:
 
 
 def node_types(types: Iterable[NodeType | str]) -> list[NodeType]:
-    """`types` as a list of `NodeType`; a lone string is one type, not its letters.
-
-    Raises:
-        InvalidInputError: not an iterable of node types (or of their values), or one of
-            more than `MAX_TYPES`.
-    """
+    """`types` as a list of `NodeType` (a lone string is one type); InvalidInputError for
+    anything else or more than `MAX_TYPES`."""
     try:
         if isinstance(types, str):
             return [NodeType(types)]
@@ -59,11 +51,7 @@ def node_types(types: Iterable[NodeType | str]) -> list[NodeType]:
 
 
 def link_type_of(link_type: LinkType | str | None) -> LinkType | None:
-    """`link_type` as a `LinkType` (or None for every type).
-
-    Raises:
-        InvalidInputError: not a link type (nor one's value).
-    """
+    """`link_type` as a `LinkType` (None: every type); InvalidInputError for anything else."""
     try:
         return None if link_type is None else LinkType(link_type)
     except (TypeError, ValueError) as exc:

@@ -82,12 +82,8 @@ async def reembed(
     report: Report,
 ) -> Reembedded:
     """Makes every node's vector of `repo` again with `embed` (the embedder of URI `embedder`,
-    `dim` dimensions) and switches the repo to them.
-
-    Raises:
-        ConflictError: another re-embedding of the repo is under way.
-        EmbeddingError: `embed` failed; the repo is as it was, its staged vectors kept.
-        StorageError: the store failed; likewise.
+    `dim` dimensions) and switches the repo to them. ConflictError: another re-embedding is
+    under way; on EmbeddingError or StorageError the repo is as it was, its staged vectors kept.
     """
     async with graph.reembedding(repo):
         staging = await graph.begin_reembed(repo, embedder, dim)

@@ -28,13 +28,10 @@ MAX_WHERE_VALUES = 1_000
 
 
 def check_metadata(metadata: object, what: str = "metadata") -> Metadata:
-    """`metadata` checked (None is `{}`), as a new dict (an integral float as its integer).
-
-    Raises:
-        InvalidInputError: not a dict, more than `MAX_KEYS` keys, a key that is not a
-            non-blank string of at most `MAX_KEY_CHARS`, or a value that is not a str (at most
-            `MAX_VALUE_CHARS`), an int, a finite float or a bool.
-    """
+    """`metadata` checked (None is `{}`), as a new dict (an integral float as its integer):
+    InvalidInputError for a non-dict, more than `MAX_KEYS` keys, a key not a non-blank string
+    of at most `MAX_KEY_CHARS`, or a value not a str (at most `MAX_VALUE_CHARS`), an int, a
+    finite float or a bool."""
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):
@@ -48,12 +45,9 @@ def check_metadata(metadata: object, what: str = "metadata") -> Metadata:
 
 
 def check_where(where: object) -> Where | None:
-    """`where` as key -> encoded values; None for None or `{}` (no filter).
-
-    Raises:
-        InvalidInputError: not a dict, a bad key or value (as `check_metadata`), or a list of
-            values that is empty or longer than `MAX_WHERE_VALUES`.
-    """
+    """`where` as key -> encoded values; None for None or `{}` (no filter). InvalidInputError
+    for a non-dict, a bad key or value, or an empty list of values or one past
+    `MAX_WHERE_VALUES`."""
     if where is None:
         return None
     if not isinstance(where, Mapping):
@@ -73,11 +67,8 @@ def check_where(where: object) -> Where | None:
 
 def parse_where(pairs: Iterable[str]) -> JSONObject | None:
     """"KEY=VALUE" texts (a string; "KEY:=JSON" for a number or true/false) as a `where`, a
-    key given twice meaning any of its values; None when there are none.
-
-    Raises:
-        InvalidInputError: a text without "=", or a KEY:=VALUE that is not JSON.
-    """
+    key given twice meaning any of its values; None when there are none. InvalidInputError
+    for a text without "=" or a KEY:=VALUE that is not JSON."""
     where: dict[str, list[JSONValue]] = {}
     for pair in pairs:
         key, sign, value = pair.strip().partition("=")

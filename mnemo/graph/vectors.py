@@ -61,12 +61,8 @@ def cosine(a: Vector, b: Vector) -> float:
 
 
 async def embed(embedder: Embedder, texts: Sequence[str]) -> Vector:
-    """The embedder's vectors as a float32 matrix, checked for shape.
-
-    Raises:
-        EmbeddingError: the embedder failed (another exception is the `__cause__`) or
-            returned the wrong number of vectors or the wrong dimension.
-    """
+    """The embedder's vectors as a float32 matrix, checked for shape: EmbeddingError when it
+    failed (another exception as the `__cause__`) or returned the wrong count or dimension."""
     if not texts:
         return np.zeros((0, embedder.dim), dtype=np.float32)
     try:

@@ -225,11 +225,7 @@ class TagVectors:
         return len(self._kept)
 
     async def embed(self, embedder: Embedder, query: str, tags: Sequence[str]) -> Vector:
-        """The vectors of `query` then of each of `tags`, as rows of one matrix.
-
-        Raises:
-            EmbeddingError: as `mnemo.graph.vectors.embed`.
-        """
+        """The vectors of `query` then of each of `tags`, as rows of one matrix."""
         unique = dict.fromkeys(tags)
         known = {tag: vector for tag in unique if (vector := self._get(embedder, tag)) is not None}
         missing = [tag for tag in unique if tag not in known]

@@ -210,11 +210,7 @@ class When:
 
 
 def check_moment(moment: object, name: str) -> datetime | None:
-    """`moment` as an aware datetime (a naive one is UTC).
-
-    Raises:
-        InvalidInputError: not a datetime.
-    """
+    """`moment` as an aware datetime (a naive one is UTC); InvalidInputError if not one."""
     if moment is None:
         return None
     if not isinstance(moment, datetime):
@@ -356,14 +352,8 @@ def check_recall(
     config: Config, query: object, k: object, types: Iterable[NodeType] | None,
     as_of: object, valid_at: object = None,
 ) -> tuple[list[NodeType] | None, datetime | None, datetime | None]:
-    """A recall's input checked against the repo's `config`: the types and the moments (made
-    aware).
-
-    Raises:
-        InvalidInputError: a blank query or one past `Config.max_text_chars`, a `k` below 1
-            or past `Config.max_results`, bad types, or an `as_of` or `valid_at` that is not
-            a datetime.
-    """
+    """A recall's input checked against the repo's `config` (InvalidInputError): the query,
+    `k`, the types, and the moments (made aware)."""
     check_text(query, "query", limit=config.max_text_chars, stored=False)
     check_count("k", k, minimum=1, maximum=config.max_results, setting="Config.max_results")
     return (None if types is None else node_types(types), check_moment(as_of, "as_of"),

@@ -228,11 +228,8 @@ class Evictor:
         self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM
     ) -> EvictionResult:
         """One eviction, its model calls made to `llm`. A boundary another writer advanced
-        meanwhile counts as this eviction; one that went back (a clear) is evicted again.
-
-        Raises:
-            NotFoundError: the thread was never saved (or was purged meanwhile).
-            ConflictError: the boundary went back `MAX_ATTEMPTS` times in a row."""
+        meanwhile counts as this eviction; one that went back (a clear) is evicted again, up to
+        `MAX_ATTEMPTS` times (then ConflictError). NotFoundError: a thread never saved."""
         read: int | None = None
         attempts = 0
         while True:

@@ -145,12 +145,9 @@ def replaced_compactions(
     overlapping: Sequence[tuple[int, int]],
     expected: Collection[int] | None,
 ) -> list[int]:
-    """The start seqs of the `overlapping` compactions that a new one over `start_seq`..`end_seq`
-    contains.
-
-    Raises:
-        InvalidInputError: one only partly overlaps the range (or holds it).
-        ConflictError: they are not `expected` (another writer compacted meanwhile)."""
+    """The start seqs of the `overlapping` compactions that a new one over `start_seq`..
+    `end_seq` contains. InvalidInputError: one only partly overlaps the range (or holds it);
+    ConflictError: they are not `expected` (another writer compacted meanwhile)."""
     for s, e in overlapping:
         if not (start_seq <= s and e <= end_seq):
             raise InvalidInputError(

@@ -162,13 +162,10 @@ class ThreadStore(Protocol):
         self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime,
         *, replaces: Collection[int] | None = None,
     ) -> Compaction:
-        """Records that `summary_text` stands for messages `start_seq`..`end_seq`, replacing the
-        records inside (`replaces`, when given, names those the writer saw).
-
-        Raises:
-            NotFoundError: the thread was never saved.
-            InvalidInputError: a range past the last seq or partly overlapping a compaction.
-            ConflictError: the records inside are not `replaces`."""
+        """Records that `summary_text` stands for messages `start_seq`..`end_seq`, replacing
+        the records inside (`replaces`, when given, names those the writer saw). NotFoundError:
+        a thread never saved; InvalidInputError: a range past the last seq or partly
+        overlapping a compaction; ConflictError: the records inside are not `replaces`."""
         ...
 
     async def vectors(self, thread_id: str) -> dict[str, Vector]:

@@ -251,10 +251,8 @@ async def ask(
     """Sends `request` and parses the reply with `parse`, asking again (showing the problem)
     while it raises ValueError, within the task's budget; a `Cut` reply is `salvage`d, a
     prompt the context refused `shorten`ed (at most `MAX_SHRINKS` times). Returns `unusable`
-    for a reply still unusable once the re-asks are spent.
-
-    Raises:
-        LLMError: the LLM raised, or the re-asks ran out without an `unusable`."""
+    for a reply still unusable once the re-asks are spent, else raises LLMError (as for an
+    LLM that raised)."""
     with task_budget(policy or policy_of(llm)) as budget:
         shrinks = 0
         asked = request

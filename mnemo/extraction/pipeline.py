@@ -74,11 +74,8 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
                   generation: int = 0) -> Changeset:
     """Extracts `steps` (grouped by trajectory) into one changeset embedded for `generation`,
     with the last step's deferred reward when `score_last_step`; with `partial`, a task that
-    failed for good is left out (named in `missing`).
-
-    Raises:
-        LLMError, EmbeddingError: a task failed for good, without `partial`.
-        TimeoutError: the calls took longer than `time_limit` seconds of work."""
+    failed for good is left out (named in `missing`), else its LLMError or EmbeddingError is
+    raised. TimeoutError past `time_limit` seconds of work."""
     memo = memo if memo is not None else TaskMemo(episode.id)
     groups = episode.trajectories(list(steps))
     parts = [Extracted(group) for group in groups]

@@ -49,12 +49,9 @@ class DirectoryLock:
 
     @asynccontextmanager
     async def held(self) -> AsyncIterator[None]:
-        """Holds the lock for the block.
-
-        Raises:
-            TimeoutError: another writer held the lock file for `wait_s` seconds.
-            InvalidInputError: a folder below the directory's root is a link.
-            OSError: the directory or the lock file could not be opened."""
+        """Holds the lock for the block. TimeoutError: another writer held it for `wait_s`
+        seconds; InvalidInputError: a folder below the root is a link; OSError: the directory
+        or the lock file could not be opened."""
         async with self._local:
             deadline = anyio.current_time() + self.wait_s
             while True:

@@ -56,11 +56,7 @@ _DEPTH = 3
 
 def dumps(value: object, *, sort_keys: bool = False) -> str:
     """`json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)`, built by short C calls
-    (an item of a long value each, a long string by slices).
-
-    Raises:
-        TypeError, ValueError: as `json.dumps`.
-    """
+    (an item of a long value each, a long string by slices); raises as `json.dumps`."""
     if not _longer(value, _SLICE):
         return json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)
     if isinstance(value, str):

@@ -153,11 +153,7 @@ def state_request(
 
 def parse_state(resp: LLMResponse) -> str:
     """The state summary of a "state" reply, stripped: `data["state"]`, a string in `data`,
-    or else the paragraph in `text`.
-
-    Raises:
-        ValueError: when the reply holds no non-blank summary.
-    """
+    or else the paragraph in `text`; ValueError when there is none."""
     data = reply_data(resp)
     if isinstance(data, dict):
         data = data.get("state")
@@ -224,11 +220,8 @@ def subgoal_request(
 
 
 def parse_subgoal(resp: LLMResponse) -> str:
-    """The subgoal of a "subgoal" reply (`data["subgoal"]`), stripped.
-
-    Raises:
-        ValueError: when the reply is not an object or its "subgoal" is missing or blank.
-    """
+    """The subgoal of a "subgoal" reply (`data["subgoal"]`), stripped; ValueError when it is
+    missing or blank."""
     subgoal = read_reply(resp, SubgoalReply, "subgoal").subgoal
     if not subgoal.strip():
         raise ValueError("subgoal is blank")
@@ -326,12 +319,7 @@ async def annotate(
     recent: Sequence[str],
 ) -> Annotation:
     """Asks the LLM for state, subgoal and the previous step's reward at once, then embeds
-    the subgoal.
-
-    Raises:
-        LLMError: the LLM failed or kept answering unusably.
-        EmbeddingError: the embedder failed or returned a vector of the wrong dimension.
-    """
+    the subgoal; LLMError or EmbeddingError when the model or the embedder fails."""
     results: dict[str, str | float] = {}
 
     async def state() -> None:
@@ -383,13 +371,8 @@ async def annotate_step(
     time_limit: float,
     name: str,
 ) -> tuple[Annotation, bool]:
-    """Annotates a step appended after `steps` within `time_limit` seconds, and says whether
-    it starts a new trajectory.
-
-    Raises:
-        LLMTimeout: the annotation outlasted `time_limit` (`name` says whose step it was).
-        LLMError, EmbeddingError: as `annotate`.
-    """
+    """Annotates a step appended after `steps` within `time_limit` seconds (else LLMTimeout),
+    and says whether it starts a new trajectory; LLMError, EmbeddingError as `annotate`."""
     previous = steps[-1] if steps else None
     try:
         with fail_after(time_limit, stretches=True):
@@ -418,11 +401,8 @@ async def _reward_into(
 async def score_reward(
     llm: LLM, goal: str, step: StepRecord, next_observation: str | None
 ) -> float:
-    """The step's reward in [0, 1] judged by what came next; 0.5 when the reply is unusable.
-
-    Raises:
-        LLMError: the LLM itself failed.
-    """
+    """The step's reward in [0, 1] judged by what came next; 0.5 when the reply is unusable,
+    LLMError when the LLM itself failed."""
     request = reward_request(
         goal=goal,
         subgoal=step.subgoal,

@@ -75,11 +75,8 @@ def names_id(given: str, ident: str) -> bool:
 def check_name(value: object, what: str) -> str:
     """`value`, checked to be a name a caller may create (a repo, a thread, a source, a role):
     already in the canonical form of RFC 8266's nickname profile (case preserved), so two
-    names that print alike are one. Lookups (`check_id`) stay lenient.
-
-    Raises:
-        InvalidInputError: naming the first offending character, or the canonical form.
-    """
+    names that print alike are one; InvalidInputError names the first offending character.
+    Lookups (`check_id`) stay lenient."""
     name = check_id(value, what)
     if name.isascii():
         if name.isprintable() and name == name.strip(" ") and "  " not in name:
@@ -126,12 +123,7 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 def check_store(path: object) -> str:
     """`Memory`'s `path` as a string, checked to name a store: `":memory:"`, a SQLite file's
-    path (`str` or `os.PathLike`) or a PostgreSQL URL.
-
-    Raises:
-        InvalidInputError: another type, a blank path, a NUL character, or a URL of another
-            scheme.
-    """
+    path (`str` or `os.PathLike`) or a PostgreSQL URL; else InvalidInputError."""
     name = os.fspath(path) if isinstance(path, os.PathLike) else path
     if not isinstance(name, str):
         raise InvalidInputError(
@@ -149,12 +141,8 @@ def check_store(path: object) -> str:
 
 
 def check_models(llm: object, embedder: object, reranker: object = None) -> None:
-    """Refuses, before anything is stored, an `llm`, `embedder` or `reranker` that is neither
-    None nor an object of its port (`dim` is not read: an `OpenAIEmbedder` learns it).
-
-    Raises:
-        InvalidInputError: what was given instead, and what to give.
-    """
+    """Refuses (InvalidInputError) an `llm`, `embedder` or `reranker` that is neither None nor
+    an object of its port (`dim` is not read: an `OpenAIEmbedder` learns it)."""
     if llm is not None and not callable(getattr(llm, "generate", None)):
         raise InvalidInputError(
             f"llm must be an object with an async generate(request) (mnemo.LLM), got "
@@ -171,12 +159,8 @@ def check_models(llm: object, embedder: object, reranker: object = None) -> None
 
 def check_count(name: str, value: object, *, minimum: int = 0, maximum: float = math.inf,
                 setting: str = "") -> int:
-    """An integer argument within [minimum, maximum]; `setting` names the maximum's source
-    for the message.
-
-    Raises:
-        InvalidInputError: not an integer (bools refused) or out of range.
-    """
+    """An integer argument (bools refused) within [minimum, maximum], else InvalidInputError;
+    `setting` names the maximum's source for the message."""
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         bound = (f"between {minimum:,} and {int(maximum):,}" if math.isfinite(maximum)
                  else f">= {minimum:,}")
@@ -186,11 +170,7 @@ def check_count(name: str, value: object, *, minimum: int = 0, maximum: float = 
 
 
 def check_seconds(name: str, value: object, most: float) -> float:
-    """A positive number of seconds, at most `most`.
-
-    Raises:
-        InvalidInputError: not a number (bools refused), not positive, or past `most`.
-    """
+    """A positive number of seconds (bools refused), at most `most`; else InvalidInputError."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= most:
         raise InvalidInputError(
             f"{name} must be a positive number of seconds, at most {most:,.0f}, got {value!r}")
@@ -198,11 +178,8 @@ def check_seconds(name: str, value: object, most: float) -> float:
 
 
 def check_json(value: object, what: str, *, limit: int) -> str:
-    """The JSON text of `value` (keys sorted), checked by `check_tree` before encoding.
-
-    Raises:
-        InvalidInputError: what `check_tree` refuses, or not JSON (NaN and infinities are not).
-    """
+    """The JSON text of `value` (keys sorted), checked by `check_tree` before encoding;
+    InvalidInputError for what it refuses and for what is not JSON (NaN, infinities)."""
     check_tree(value, what, limit=limit)
     try:
         # NaN and Infinity are not JSON: PostgreSQL's jsonb refuses them, SQLite kept them.
@@ -219,11 +196,7 @@ def check_json(value: object, what: str, *, limit: int) -> str:
 def check_tree(value: object, what: str, *, limit: int) -> None:
     """Checks a JSON-like value without recursion: at most `MAX_JSON_DEPTH` deep, `limit`
     characters as JSON (counted as walked, so the cost is bounded by `limit`), and no string
-    with a NUL or a lone surrogate.
-
-    Raises:
-        InvalidInputError: it nests deeper, is longer, or holds such a string.
-    """
+    with a NUL or a lone surrogate; else InvalidInputError."""
     stack: list[tuple[object, int]] = [(value, 0)]
     size = 0
     while stack:

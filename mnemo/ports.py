@@ -132,13 +132,8 @@ MAX_DIM = 16_000
 
 async def detect_dim(embedder: Embedder) -> int:
     """The embedder's dimension, letting one that learns it from its first reply ask first
-    (reading `dim` raises while it is unknown).
-
-    Raises:
-        EmbeddingError: the embedder's request failed.
-        InvalidInputError: the embedder has no `dim`, or one that is not a whole number from
-            1 to `MAX_DIM`.
-    """
+    (reading `dim` raises while it is unknown). EmbeddingError: the request failed;
+    InvalidInputError: no `dim`, or not a whole number from 1 to `MAX_DIM`."""
     detect = getattr(embedder, "detect_dim", None)
     if detect is not None:
         await detect()

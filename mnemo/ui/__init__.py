@@ -1,6 +1,4 @@
-"""`mnemo ui`: a small local web app to look inside a memory (see `mnemo.ui.app`).
-
-Needs the `ui` extra (Starlette, Jinja2, uvicorn): `pip install "pymnemo[ui]"`."""
+"""`mnemo ui`: a small local web app to look inside a memory (the `ui` extra)."""
 
 from __future__ import annotations
 
@@ -34,9 +32,9 @@ async def serve(db: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT
                 allow_writes: bool = False, llm: LLM | None = None,
                 embedder: Embedder | None = None, token: str | None = None,
                 allow_hosts: Sequence[str] = ()) -> None:
-    """Serves the web app over the memory at `db` until interrupted, answering only allowed hosts
-    and, with `token`, only requests showing it (`mnemo.ui.guard`); raises InvalidInputError for a
-    malformed host or token before anything is opened."""
+    """Serves the web app over the memory at `db` until interrupted, answering only allowed
+    hosts and, with `token`, only requests showing it; InvalidInputError for a malformed host
+    or token before anything is opened."""
     access = Access.bound(host, allow_hosts, token)
     app = create_app(
         open_view=lambda: open_view(db, allow_writes=allow_writes, llm=llm, embedder=embedder),

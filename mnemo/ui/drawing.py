@@ -58,9 +58,9 @@ TRUNK_X = 22.0
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """A node drawn: its marker (`path`) centred on (x, y), its label ("" for none) from
-    (label_x, label_y), anchored at its `anchor` end; in a neighbourhood, the types of the
-    links that join it to the middle node; in a picture, whether it is the `focus`."""
+    """A node drawn: its marker (`path`) centred on (x, y), its label from (label_x, label_y)
+    anchored at `anchor`; the link types joining it to the middle node, or whether it is the
+    picture's `focus`."""
 
     node: Node
     x: float
@@ -95,8 +95,8 @@ class Heading:
 
 @dataclass(frozen=True, slots=True)
 class Drawing:
-    """What `node.html` draws: the box of the middle node (its text in lines), the curves,
-    the headings and the marks, and how many neighbours were left out."""
+    """What `node.html` draws: the middle node's box, the curves, headings and marks, and how
+    many neighbours were left out."""
 
     width: int
     height: int

@@ -51,8 +51,8 @@ SECURITY_HEADERS = (
 
 
 class Host(NamedTuple):
-    """A parsed Host header: the lowercased name (an IPv6 address without brackets, in its
-    compressed form) and the port, None when the header names none."""
+    """A parsed Host header: the lowercased name (an IPv6 address compressed, unbracketed) and
+    the port (None when absent)."""
 
     name: str
     port: int | None
@@ -112,8 +112,7 @@ class Access:
         return False
 
     def cookie_value(self) -> str:
-        """What the access cookie holds: an HMAC of the token (the token itself stays out of
-        the browser's cookie store)."""
+        """What the access cookie holds: an HMAC of the token (never the token itself)."""
         assert self.token is not None
         return hmac.new(self.token.encode(), _COOKIE_KEY, hashlib.sha256).hexdigest()
 
@@ -145,8 +144,7 @@ def redact(text: str) -> str:
 
 
 class Redaction(logging.Filter):
-    """A logging filter that hides `token=` values in a record's message and arguments (an
-    access log line holds the requested address)."""
+    """A logging filter that hides `token=` values in a record's message and arguments."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str):

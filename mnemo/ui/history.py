@@ -17,8 +17,7 @@ from mnemo.ui.source import MemorySource
 
 DEFAULT_COMMITS = 50
 MAX_COMMITS = 1000
-# A commit's page lists its links with their ends' texts, each end read once: an ingest of a
-# long document adds thousands, and the page stays a page.
+# A commit's page lists at most this many links (an ingest of a long document adds thousands).
 MAX_LINKS_SHOWN = 300
 
 
@@ -78,11 +77,9 @@ async def _texts(view: MemorySource, repo: str, diff: CommitDiff,
 
 
 async def revert(request: Request) -> Response:
-    """Undoes the commit a form names, then shows the history (403 without `--allow-writes`).
-
-    Raises:
-        InvalidInputError: the box was not ticked, or a malformed form.
-        ConflictError: later work built on the commit (409)."""
+    """Undoes the commit a form names, then shows the history (403 without `--allow-writes`;
+    InvalidInputError for a malformed form or an unticked box; ConflictError, 409, when later
+    work built on the commit)."""
     if not request.app.state.allow_writes:
         refused = "this web app is read-only: start it with --allow-writes to revert a commit"
         return page(request, "error.html", {"error": refused, "status": 403}, 403)

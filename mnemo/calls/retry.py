@@ -239,8 +239,7 @@ class Budget:
             self.started += self.policy.clock.now() - self._paused_at
 
     def _total(self) -> float:
-        """The task's seconds: its policy's, else the longer of the default and what the work
-        has left."""
+        """The task's seconds: its policy's, else the default or what the work has left."""
         if self.policy.max_seconds is not None:
             return self.policy.max_seconds
         work = remaining()

@@ -304,8 +304,7 @@ async def ask(
 
 
 def re_asked(request: LLMRequest, response: LLMResponse, problem: str) -> LLMRequest:
-    """`request` again, followed by the model's unusable reply (unless empty) and what was
-    wrong with it."""
+    """`request` again, with the model's unusable reply (unless empty) and its problem."""
     reply = response.text if response.text.strip() or response.data is None else json.dumps(
         response.data, ensure_ascii=False)
     if not reply.strip():

@@ -166,8 +166,7 @@ def parts_text(parts: list[object]) -> str:
 
 
 def search_text(content: str, calls: object) -> str:
-    """What search indexes and the embedder sees: the content, then each tool call as
-    `name(arguments)`."""
+    """What search and the embedder read: the content, then each call `name(arguments)`."""
     lines = [content] if content else []
     for call in calls if isinstance(calls, list) else []:
         if not isinstance(call, Mapping):

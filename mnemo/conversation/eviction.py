@@ -50,8 +50,7 @@ Recall = Callable[[str, Sequence[Goal], Collection[str]], Awaitable[list[SearchH
 
 @dataclass(slots=True)
 class EvictionTools:
-    """The tools of one eviction and what the model did with them (bad arguments get an
-    error text)."""
+    """The tools of one eviction and what the model did with them."""
 
     zone: Sequence[Message]
     goal_ids: set[str]
@@ -154,8 +153,7 @@ def tool_choice(tools: EvictionTools, silent: int) -> str | None:
 
 
 def snapshot_calls(response: LLMResponse) -> list[ToolCall]:
-    """The tool calls of a reply asked `as_data`: its own if any, else `save_snapshot` with the
-    reply's data."""
+    """A reply's tool calls asked `as_data`: its own, else `save_snapshot` with its data."""
     if response.tool_calls:
         return list(response.tool_calls)
     try:

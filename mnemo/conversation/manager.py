@@ -285,8 +285,7 @@ class ConversationManager:
         return await self._read(thread_id, self._service.store.raw)
 
     async def pop(self, thread_id: str) -> Message | None:
-        """Erases the thread's newest message and returns it (None if none); its seq is not
-        reused."""
+        """Erases the thread's newest message and returns it (None if none; no seq reused)."""
         check_thread_id(thread_id)
         return await self._service.pop(thread_id)
 

@@ -94,8 +94,7 @@ class Message:
     metadata: Metadata = field(default_factory=dict)
 
     def to_dict(self) -> JSONObject:
-        """The message as it was saved: `role`, `content` (unless it had none) and the other
-        keys."""
+        """The message as saved: `role`, `content` (unless it had none), the other keys."""
         out = {"role": self.role, "content": self.content, **self.data}
         if out["content"] == NO_CONTENT:
             del out["content"]
@@ -128,8 +127,7 @@ class Message:
 
     @property
     def tool_call_count(self) -> int:
-        """How many tool calls this message makes (OpenAI `tool_calls` or Anthropic
-        tool_use parts)."""
+        """How many tool calls this message makes (OpenAI's or Anthropic's shape)."""
         calls = self.data.get("tool_calls")
         count = len(calls) if isinstance(calls, list) else 0
         parts = self.data.get("content")
@@ -252,8 +250,7 @@ class Viewport:
     recalled: list[SearchHit] = field(default_factory=list)
 
     def to_messages(self) -> list[JSONObject]:
-        """The viewport as chat messages: one system message of memory (untrusted), then the
-        messages."""
+        """As chat messages: a system message of (untrusted) memory, then the messages."""
         out: list[JSONObject] = []
         block = memory_block(self.snapshots, self.pinned, self.recalled)
         if block:

@@ -154,8 +154,7 @@ class ThreadStore(Protocol):
     async def recent_turns(
         self, thread_id: str, k: int
     ) -> tuple[list[Compaction], list[Message]]:
-        """The compactions and uncompacted messages of the last `k` turns, by seq, read
-        backwards no further."""
+        """The compactions and uncompacted messages of the last `k` turns, by seq."""
         ...
 
     async def add_compaction(

@@ -48,8 +48,7 @@ def compaction_message(compaction: Compaction) -> JSONObject:
 def memory_block(
     snapshots: Sequence[Snapshot], pinned: Sequence[Message], recalled: Sequence[SearchHit] = ()
 ) -> str:
-    """The viewport's memory: snapshots (level 2, then level 1), pinned messages and
-    recalled ones, or ""."""
+    """The viewport's memory: snapshots (level 2, then 1), pins and recalled messages, or ""."""
     lines: list[str] = []
     for snap in snapshots:
         kind = "Long-range summary" if snap.level >= 2 else "Summary"

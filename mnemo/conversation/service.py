@@ -142,8 +142,7 @@ class ConversationService:
         )
 
     def model(self, llm: LLM | None) -> LLM:
-        """The model of a manager or an eviction: `llm` inside its provider's limit, else the
-        Memory's."""
+        """A manager's or eviction's model: `llm` within its provider's limit, else the Memory's."""
         check_models(llm, None)
         return self.llm if llm is None else self._limit(llm)
 
@@ -189,8 +188,7 @@ class ConversationService:
             raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
 
     async def message_vectors(self, messages: Sequence[Message]) -> npt.NDArray[np.float32]:
-        """The stored vectors of one thread's `messages`, the missing ones embedded and stored
-        first."""
+        """The vectors of one thread's `messages`, the missing ones embedded and stored first."""
         dim = await self.dimension()
         if not messages:
             return np.zeros((0, dim), dtype=np.float32)

@@ -218,8 +218,7 @@ async def _extract_trajectory(work: _Round, trajectory: _Trajectory, part: Extra
 
 
 async def _score_alone(work: _Round, step: StepRecord) -> float:
-    """The last step's reward through the "reward" task (a model whose procedural reply
-    left it out)."""
+    """The last step's reward through the "reward" task (when the procedural reply lacks it)."""
     request = await cpu.run(lambda: reward_request(
         goal=work.goal, subgoal=step.subgoal, observation=step.observation,
         action=step.action, next_observation=None,

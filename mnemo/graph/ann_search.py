@@ -18,8 +18,7 @@ ALL = -1
 
 @dataclass(slots=True)
 class Graph:
-    """One node type's HNSW graph (or every row's, under `ALL`): faiss label i is the node
-    `labels[i]`."""
+    """One node type's HNSW graph (or `ALL`'s): faiss label i is the node `labels[i]`."""
 
     index: Any
     labels: list[str] = field(default_factory=list)

@@ -308,8 +308,7 @@ async def _resolve_intents(
 
 
 def _check_dim(dim: int, vectors: list[tuple[str, Vector]]) -> None:
-    """A committed row of the wrong size would make every later load of the repo's vectors
-    fail."""
+    """A committed row of the wrong size would break every later load of the repo's vectors."""
     for node_id, vector in vectors:
         if np.shape(vector) != (dim,):
             raise ValueError(
@@ -437,8 +436,7 @@ async def _apply_locked(
 
 
 def _scoped_tags(changeset: Changeset) -> list[NodeDraft]:
-    """The changeset's drafts, a tag's key made its scope's (a tag is shared only within
-    one scope)."""
+    """The changeset's drafts, a tag's key made its scope's (tags are shared within a scope)."""
     fingerprint = canonical(changeset.metadata)
     if fingerprint is None:
         return changeset.nodes

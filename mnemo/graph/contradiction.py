@@ -58,8 +58,7 @@ class FactSearch(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Retirement:
-    """`retired` stops holding at `valid_to` (None: when the commit is made), succeeded by
-    `successor`."""
+    """`retired` stops holding at `valid_to` (None: at the commit), succeeded by `successor`."""
 
     retired: str
     successor: str
@@ -131,8 +130,7 @@ def _one_fact(new: str, old: str, similarity: float, joined: float | None) -> bo
 
 
 def _told(changeset: Changeset) -> dict[str, tuple[int, int]]:
-    """When the changeset told each of its nodes: (index of its last PROVENANCE step or -1,
-    its place)."""
+    """When the changeset told each node: (its last PROVENANCE step or -1, its place)."""
     index = {n.id: n.data.get("index") for n in changeset.nodes if n.type is NodeType.EPISODIC}
     step: dict[str, int] = {}
     for link in changeset.links:

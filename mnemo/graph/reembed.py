@@ -63,8 +63,7 @@ Report = Callable[[ReembedProgress], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class Reembedded:
-    """What a re-embedding did: the new generation, how many vectors were switched, whether
-    it resumed."""
+    """What a re-embedding did: the new generation, vectors switched, whether it resumed."""
 
     generation: int
     vectors: int

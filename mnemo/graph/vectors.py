@@ -34,8 +34,7 @@ def unit(vectors: npt.ArrayLike) -> npt.NDArray[np.float32]:
 
 
 def of_codes(codes: npt.NDArray[np.int8], wanted: Iterable[int]) -> npt.NDArray[np.bool_]:
-    """Which of `codes` are among the `wanted` type codes (`DEAD` never is), reading each
-    code once."""
+    """Which of `codes` are among `wanted` (`DEAD` never is), each code read once."""
     table = np.zeros(256, dtype=np.bool_)
     table[[code for code in wanted if code != DEAD]] = True
     mask: npt.NDArray[np.bool_] = table[codes.view(np.uint8)]
@@ -88,8 +87,7 @@ async def embed(embedder: Embedder, texts: Sequence[str]) -> Vector:
 
 
 def check_dim(repo: str, embedder: Embedder, dim: int) -> None:
-    """Raises EmbeddingError when the embedder's vectors would not fit the repo's `dim` (0:
-    none yet)."""
+    """Raises EmbeddingError when the embedder's vectors would not fit the repo's `dim`."""
     if dim and embedder.dim != dim:
         raise EmbeddingError(
             f"repo {repo!r} holds vectors of dimension {dim}, but the embedder "

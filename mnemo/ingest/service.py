@@ -56,8 +56,7 @@ def payload_of(trajectory: Trajectory) -> str:
 
 
 def check_trajectory(trajectory: Trajectory, config: Config) -> None:
-    """Checks the trajectory against `config`'s bounds on steps, texts and metadata
-    (InvalidInputError)."""
+    """Checks the trajectory's steps, texts and metadata against `config` (InvalidInputError)."""
     limit = config.max_text_chars
     if not isinstance(trajectory, Trajectory):
         raise InvalidInputError(

@@ -212,8 +212,7 @@ class Folder:
                 os.fsync(fd)
 
     def open_lock(self, name: str) -> int:
-        """A descriptor of the lock file `name` (created if missing), never through a link
-        (OSError)."""
+        """A descriptor of the lock file `name` (created if missing), never through a link."""
         with self.opened(create=True) as fd:
             flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
             if fd is None:

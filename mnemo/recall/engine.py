@@ -406,8 +406,7 @@ class Recaller:
                                            context.vectors)
 
         def pick() -> list[Recalled]:
-            """The k results: further facts of a step after one result of every other step,
-            routes last."""
+            """The k results: a step's further facts after every other step's, routes last."""
             ordered = ranking.matching_first(scored, direct, restated, k)
             picks = ResultSelection(config, k, steps, context.sources, stand_ins,
                                     ranking.strong(direct, context.nodes))

@@ -191,8 +191,7 @@ def _record_members(
     members: dict[str, list[str]], asked: Iterable[str],
     links: Iterable[tuple[str, str, LinkType]],
 ) -> None:
-    """Records, for each node of `asked`, the other ends of its MEMBERSHIP links among
-    `links`, each once."""
+    """Records each `asked` node's MEMBERSHIP neighbours among `links`, each once."""
     seen: dict[str, dict[str, None]] = {i: {} for i in asked}
     for origin, other, link in links:
         if link is LinkType.MEMBERSHIP and origin in seen:

@@ -49,8 +49,7 @@ def query_parts(query: str, *, dense_without_names: bool) -> QueryParts:
 async def split(
     query: str, *, dense_without_names: bool, plan: Plan | None = None
 ) -> tuple[Plan, QueryParts]:
-    """`plan`, else `offline_plan`, and `query_parts`, off the loop for a query longer than
-    `INLINE_CHARS`."""
+    """`plan` (else `offline_plan`) and `query_parts`, off the loop past `INLINE_CHARS`."""
     return await cpu.run(
         lambda: (plan or offline_plan(query),
                  query_parts(query, dense_without_names=dense_without_names)),
@@ -124,8 +123,7 @@ _TURN_AWAY_CHARS = 1_000
 
 
 def _two_missing(query: Sequence[str], lowered: str) -> bool:
-    """Whether two distinct words of `query` are not substrings of `lowered` (then neither
-    tier can match)."""
+    """Whether two distinct words of `query` are not substrings of `lowered`."""
     missing = 0
     for word in set(query):
         if word not in lowered:

@@ -236,8 +236,7 @@ def weight(node: Node, when: When) -> float:
 
 
 def holds(node: Node, when: When) -> bool:
-    """Whether a recall at `when` keeps `node`: recorded by `as_of`, and a fact valid at
-    `valid_at`."""
+    """Whether a recall at `when` keeps `node` (recorded by `as_of`, valid at `valid_at`)."""
     recorded = _recorded(node)
     if when.as_of is not None and recorded > when.as_of:
         return False

@@ -390,8 +390,7 @@ async def take_work(live: Sessions, now: datetime, gone: list[str]) -> None:
 
 
 async def _take_timers(live: Sessions, session: SessionRecord) -> None:
-    """Drives the auto-commit timers of a session whose holder went away, given a matching
-    model."""
+    """Drives the timers of a session whose holder went away, given a matching model."""
     config = session.config
     if session.driven or not config.auto_commit:
         return

@@ -95,8 +95,7 @@ REFUSALS: Final[dict[State, dict[str, str]]] = {
 }
 
 def new_machine() -> Machine:
-    """The machine of one Memory's sessions, each record a model. Not queued: no callback
-    fires a trigger."""
+    """The machine of one Memory's sessions; not queued: no callback fires a trigger."""
     return Machine(model=None, states=list(State), transitions=EDGES, initial=S.IDLE,
                    auto_transitions=False, queued=False, send_event=False)
 
@@ -245,8 +244,7 @@ async def deliver(callback: Callback | None, result: OpResult) -> None:
 
 
 class TicketQueue:
-    """Lets holders of numbered tickets through one at a time, in order; an abandoned ticket
-    is skipped."""
+    """Lets numbered tickets through one at a time, in order; an abandoned one is skipped."""
 
     def __init__(self) -> None:
         self._next = 0

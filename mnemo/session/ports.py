@@ -329,8 +329,7 @@ class Coordination(Protocol):
         ...
 
     async def orphan_ops(self, op_ids: Sequence[str]) -> None:
-        """The accepting Memory closes: these operations are forgotten (those under way once
-        done)."""
+        """The accepting Memory closes: these operations are forgotten (once done)."""
         ...
 
     async def op_results(self, op_ids: Sequence[str]) -> dict[str, StoredResult]:

@@ -146,8 +146,7 @@ async def sweep(live: Sessions) -> None:
 
 
 async def run(live: Sessions) -> None:
-    """Flushes idle trajectories and expires idle sessions of auto-commit repos; runs until
-    cancelled."""
+    """Flushes idle trajectories and expires idle auto-commit sessions until cancelled."""
     while True:
         now = anyio.current_time()
         next_due = math.inf
@@ -311,16 +310,14 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
 
 
 def _restart(live: Sessions, session: SessionRecord) -> None:
-    """The session was used after all: its idle time runs from its last use, and the loop
-    looks again."""
+    """The session was used after all: its idle time restarts, and the loop looks again."""
     if session.last_activity == math.inf:
         session.last_activity = live.clock_of(session.active_at)
     live.timer_wake.set()
 
 
 def _working(session: SessionRecord) -> bool:
-    """An operation runs or waits, an append runs (a sync one too), or steps commit in the
-    background."""
+    """An operation or an append runs or waits, or steps commit in the background."""
     return (
         session.running is not None
         or bool(session.pending)
@@ -347,8 +344,7 @@ async def holder(live: Sessions, *, task_status: Any = anyio.TASK_STATUS_IGNORED
 
 
 async def _beat(live: Sessions) -> None:
-    """Renews this holder's leases every third of a lease, from a third of a lease after it
-    registered."""
+    """Renews this holder's leases every third of a lease, starting a third after registering."""
     await live.registered.wait()
     while True:
         await anyio.sleep(live.lease.total_seconds() / 3)

@@ -155,8 +155,7 @@ async def subgraph(view: MemorySource, repo: str, seeds: list[Node], *, hops: in
 
 
 async def node_page(request: Request) -> Response:
-    """One node: its text and data, a drawing of its neighbourhood, its links by type, and its
-    provenance."""
+    """One node: its text, data, neighbourhood drawing, links by type and provenance."""
     view = view_of(request)
     repo = await known_repo(view, request.query_params)
     node_id = required(request.query_params, "id")

@@ -261,8 +261,7 @@ def _checks() -> dict[str, _Range]:
 
 @cache
 def ceilings() -> Config:
-    """A Config with every bound at its ceiling: what input for a repo not known yet is
-    checked against."""
+    """A Config with every bound at its ceiling, for input to a repo not known yet."""
     fields: dict[str, Any] = {"max_text_chars": MAX_TEXT_CHARS_LIMIT, **COUNT_CEILINGS}
     return Config(**fields)
 

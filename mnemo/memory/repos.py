@@ -277,8 +277,7 @@ class Repos:
         return check((await self.known(name)).config)
 
     def get(self, name: str) -> Runtime:
-        """Raises InvalidInputError for a name that is no repo name, NotFoundError for an
-        unknown repo."""
+        """Raises InvalidInputError for a bad repo name, NotFoundError for an unknown repo."""
         runtime = self._runtimes.get(check_id(name, "repo"))
         if runtime is None:
             raise NotFoundError("repo", name)
@@ -348,8 +347,7 @@ class Repos:
         return entry[1]
 
     def llm_for(self, runtime: Runtime, repo: str, session_id: str | None = None) -> LLM:
-        """The runtime's LLM, bounded by its provider's limiter, its usage booked to the repo
-        (and session)."""
+        """The runtime's LLM within its provider's limiter, booked to the repo (and session)."""
 
         def meter(usage: Usage) -> None:
             self.usage.add(repo, session_id, usage)

@@ -101,20 +101,17 @@ class Config:
     recall_mmr_lambda: Share = 0.7
     # Pseudo-relevance feedback: words of the best lexical hits for a second query (0: off).
     recall_prf_terms: Whole = 0
-    # The steps around each of the best episodic hits join the candidates at this share of
-    # its score (evidence is often the adjacent turn; 0: off; 0.9 measured best on LoCoMo).
+    # Steps next to each top episodic hit join the candidates at this share of its score (0: off).
     recall_neighbour_weight: Share = 0.9
     # How many steps on each side of a hit are its neighbours (2 measured best on LoCoMo).
     recall_neighbour_width: Count = 2
-    # Re-rank the best `recall_rerank_candidates` by the repo's LLM (task "recall_rerank",
-    # one call per recall); meant for a real LLM: the offline one keeps the order.
+    # Re-rank the best `recall_rerank_candidates` with the repo's LLM (one call per recall).
     recall_rerank: bool = False
     recall_rerank_candidates: Count = 20
     # The value function: relevance x recency decay x frequency floor x reward.
     recency_half_life_days: Days = 30.0
     frequency_floor: Cosine = 0.5
-    # score = relevance x value ^ value_weight (0: relevance alone; 1 let popular nodes crowd
-    # out relevant ones).
+    # score = relevance x value ^ value_weight (0: relevance alone).
     value_weight: Share = 0.25
     decay_threshold: Cosine = 0.1
     consolidate_threshold: Cosine = 0.85
@@ -136,25 +133,20 @@ class Config:
     # Where the HNSW graphs are saved (a cache, checked when read: mnemo.graph.ann_files):
     # None is beside a SQLite file, else the lexical index's folder; "" turns saving off.
     ann_dir: str | None = None
-    # The threads numpy's BLAS may use, set when a Memory opens (mnemo/graph/blas.py); None,
-    # or a BLAS thread variable in the environment, leaves them alone.
+    # numpy's BLAS threads, set when a Memory opens; None (or a BLAS env variable): untouched.
     blas_threads: Count | None = 1
-    # Live facts each new fact is compared with per recall channel by the "contradiction"
-    # task (one call a commit); 0: facts are never retired.
+    # Live facts per recall channel each new fact is checked against for contradiction (0: none).
     contradiction_candidates: Whole = 3
-    # The cosine a live fact must reach to be compared (contradicting pairs measured 0.68-0.97,
-    # unrelated facts 0.16-0.48).
+    # The cosine a live fact must reach to be checked for contradiction.
     contradiction_similarity: Cosine = 0.6
     # An extraction task that fails for good: False fails the extraction; True commits the
     # rest, the receipt's `missing` naming each task left out and why.
     partial_commits: bool = False
-    # Ingest: a relative date in a step ("yesterday") is followed by the date it means,
-    # reckoned from the trajectory's day, so a search naming the day finds the step.
+    # Ingest: a relative date in a step ("yesterday") is followed by the date it means.
     ingest_resolve_dates: bool = False
     # Ingest: each step joins a TAG per speaker and name it mentions (extraction.entities).
     ingest_entity_tags: bool = False
-    # Recall: a candidate whose speaker the query names scores 1 + this times more
-    # (recall.speakers; 0: off; 0.5 measured best on LoCoMo).
+    # Recall: a candidate whose speaker the query names scores 1 + this times more (0: off).
     recall_speaker_boost: Share = 0.5
     # Recall: the dense channel embeds the query without the names it mentions.
     recall_dense_without_names: bool = True

@@ -143,8 +143,8 @@ def replaced_compactions(
     overlapping: Sequence[tuple[int, int]],
     expected: Collection[int] | None,
 ) -> list[int]:
-    """The start seqs of the `overlapping` compactions that a new one over `start_seq`..
-    `end_seq` contains. InvalidInputError: one only partly overlaps the range (or holds it);
+    """The start seqs of the `overlapping` compactions inside a new one's range `start_seq`
+    to `end_seq`. InvalidInputError: one only partly overlaps the range (or holds it);
     ConflictError: they are not `expected` (another writer compacted meanwhile)."""
     for s, e in overlapping:
         if not (start_seq <= s and e <= end_seq):
@@ -250,7 +250,7 @@ class Viewport:
     recalled: list[SearchHit] = field(default_factory=list)
 
     def to_messages(self) -> list[JSONObject]:
-        """As chat messages: a system message of (untrusted) memory, then the messages."""
+        """The viewport as chat messages: a memory system message (untrusted), then the rest."""
         out: list[JSONObject] = []
         block = memory_block(self.snapshots, self.pinned, self.recalled)
         if block:

@@ -323,7 +323,7 @@ class GraphMaintenance(NodeReads, Protocol):
     async def merge_duplicates(
         self, repo: str, pairs: list[tuple[str, str]], examined: list[str]
     ) -> MergeResult:
-        """Merges each pair's second node into its survivor and marks `examined`, at once."""
+        """Merges each pair's second node into its survivor, marks `examined`: one transaction."""
         ...
 
     async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
@@ -363,7 +363,7 @@ class Reembedding(NodeReads, Protocol):
         ...
 
     async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
-        """Stages a vector (a row of `vectors`) for each node still in the repo, at once."""
+        """Stages a vector (a row of `vectors`) per node still in the repo: one transaction."""
         ...
 
     async def unstage_changed(self, repo: str) -> None:

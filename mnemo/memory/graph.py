@@ -152,7 +152,6 @@ class GraphMethods(Parts):
         correction is a commit like any other (`revert` undoes it) and calls no model but the
         repo's embedder. Returns the commit's receipt: the new fact's id, or, when a live fact
         already says `text`, that fact's (it then supersedes the old one).
-        it supersedes the old one).
 
         Raises:
             InvalidInputError: a blank text or one longer than the repo's
@@ -301,6 +300,7 @@ class GraphMethods(Parts):
         share stays (with their wording), the facts it retired hold again, and an ingested
         source's id is free again. The history records the revert and keeps the commit,
         marked `reverted_by`. Returns what was undone.
+
         Raises:
             InvalidInputError: no such commit in the repo.
             ConflictError: the commit is a revert or was reverted, or a later commit built on

@@ -350,8 +350,7 @@ class MemoryTools:
 
 
 def _tool(method: Callable[..., Awaitable[str]]) -> Callable[..., Awaitable[str]]:
-    """`method`, turning mnemo's deliberate errors into tool errors whose message the agent
-    sees."""
+    """`method`, mnemo's deliberate errors made tool errors whose message the agent sees."""
 
     @functools.wraps(method)
     async def tool(*args: Any, **kwargs: Any) -> str:
@@ -360,7 +359,7 @@ def _tool(method: Callable[..., Awaitable[str]]) -> Callable[..., Awaitable[str]
         try:
             return await method(*args, **kwargs)
         except MnemoError as exc:
-            # The message may quote the input (a 1 MB query): the agent gets its start.
+            # The message may quote the input: the agent gets its start.
             raise ToolError(clip(str(exc), ERROR_CHARS)) from exc
 
     return tool

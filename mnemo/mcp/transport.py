@@ -34,10 +34,8 @@ from mnemo.ports import LLM, Embedder
 from mnemo.tools import ERROR_CHARS, clip
 from mnemo.version import installed_version
 
-# MCP's tool hints. Read-only: changes nothing (recall, unless it counts accesses).
-# Destructive: may erase or overwrite what is stored (a correction retires a fact; a memory
-# file drops or condenses entries to stay within its size). Idempotent: a second identical
-# call changes nothing more.
+# MCP's tool hints: read-only (changes nothing), destructive (may erase or overwrite what is
+# stored: a correction retires a fact, a memory file drops entries), idempotent.
 READ_ONLY = frozenset({"recall", "get_node", "search_messages", "view_messages", "list_repos",
                        "list_sessions", "recall_memory"})
 DESTRUCTIVE = frozenset({"discard_session", "end_session", "forget", "correct",
@@ -126,11 +124,8 @@ def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "")
 @dataclass(frozen=True, slots=True)
 class Http:
     """Where `serve` answers over streamable HTTP (`http://HOST:PORT/mcp`), the `token` every
-    request must show, and the Host names answered (`allow_hosts`).
-
-    Raises:
-        InvalidInputError: a bind beyond the loopback without a token, a malformed token, or an
-            allowed host that is not a name or an address."""
+    request must show, and the Host names answered (`allow_hosts`). InvalidInputError: a bind
+    beyond the loopback without a token, a malformed token or a bad allowed host."""
 
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT

@@ -48,9 +48,8 @@ class ConversationMethods(Parts):
         Memory's model.
 
         Raises:
-            InvalidInputError: a policy of the wrong type, a ttl that is not a positive
-                number of seconds of at most 100 years, a bad auto-eviction budget or
-                fraction, or an `llm` that is not one.
+            InvalidInputError: a policy of the wrong type, a ttl that is not a positive number
+                of seconds up to 100 years, a bad auto-eviction budget or fraction, or a bad `llm`.
         """
         from mnemo.conversation.service import DEFAULT_RETRIEVAL
 
@@ -100,9 +99,8 @@ class ConversationMethods(Parts):
         """Adds an open goal to the thread; eviction may pin messages to it. Returns its id.
 
         Raises:
-            InvalidInputError: a thread id that is no name, a blank description or one longer
-                than `Config.max_text_chars`, or a thread with `Config.max_open_goals` open
-                goals already.
+            InvalidInputError: a thread id that is no name, a blank description or one past
+                `Config.max_text_chars`, or a thread with `Config.max_open_goals` open goals.
         """
         return await self._conversations.add_goal(thread_id, description)
 

@@ -159,8 +159,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
         Raises:
             InvalidInputError: a blank name or a config that is not a `Config`.
-            EmbeddingError: the embedder's dimension differs from the repo's vectors', or an
-                embedder is given for a repo of the hashed embedder's retired features.
+            EmbeddingError: the embedder's dimension differs from the repo's vectors', or it is
+                given for a repo of the hashed embedder's retired features.
             StorageError: "read_only", a repo the store does not hold on an inspecting Memory.
         """
         check_id(name, "repo name")
@@ -226,12 +226,10 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         `valid_at` with the facts that held at that moment (either or both).
 
         Raises:
-            InvalidInputError: a blank query, one longer than the repo's
-                `Config.max_text_chars`, a k below 1, an `as_of` or `valid_at` not a
-                datetime, or a malformed `where`.
+            InvalidInputError: a blank query or one past `Config.max_text_chars`, a k below 1,
+                an `as_of` or `valid_at` not a datetime, or a malformed `where`.
             NotFoundError: an unknown repo.
-            ConflictError: the repo was re-embedded twice by another Memory before the recall
-                could run with its new embedder.
+            ConflictError: the repo was re-embedded twice by another Memory meanwhile.
         """
         from mnemo.recall.ranking import check_recall
 

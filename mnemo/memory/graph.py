@@ -102,8 +102,7 @@ class GraphMethods(Parts):
         """The newest nodes of these types, newest first.
 
         Raises:
-            InvalidInputError: a `top_k` below 1 or above the repo's `Config.max_results`, or
-                an unknown node type.
+            InvalidInputError: a `top_k` below 1 or past `Config.max_results`, or a bad type.
             NotFoundError: an unknown repo.
         """
         def check(config: Config) -> list[NodeType]:
@@ -125,9 +124,8 @@ class GraphMethods(Parts):
         lookup without recall's embedding, hops, value or reinforcement; `where` as `recall`'s.
 
         Raises:
-            InvalidInputError: a blank query, one longer than the repo's
-                `Config.max_text_chars`, a limit below 1 or above its `Config.max_results`,
-                or a malformed `where`.
+            InvalidInputError: a blank query or one past `Config.max_text_chars`, a limit below
+                1 or past `Config.max_results`, or a malformed `where`.
             NotFoundError: an unknown repo.
         """
         def check(config: Config) -> list[NodeType] | None:
@@ -154,12 +152,11 @@ class GraphMethods(Parts):
         already says `text`, that fact's (it then supersedes the old one).
 
         Raises:
-            InvalidInputError: a blank text or one longer than the repo's
-                `Config.max_text_chars`, or a node that is not a live fact (a SEMANTIC or
-                PROCEDURAL node not retired).
+            InvalidInputError: a blank text or one past `Config.max_text_chars`, or a node that
+                is not a live fact (a SEMANTIC or PROCEDURAL node not retired).
             NotFoundError: an unknown repo or node.
-            EmbeddingError: the text could not be embedded within the repo's
-                `Config.extraction_timeout`; nothing was stored.
+            EmbeddingError: the text could not be embedded within `Config.extraction_timeout`;
+                nothing was stored.
         """
         from mnemo.graph.model import TEMPORAL, NodeId, correction
 
@@ -253,8 +250,8 @@ class GraphMethods(Parts):
         read through the scope index.
 
         Raises:
-            InvalidInputError: a malformed or empty `where`, or a limit below 1 or above the
-                repo's `Config.max_results`.
+            InvalidInputError: a malformed or empty `where`, or a limit below 1 or past
+                `Config.max_results`.
             NotFoundError: an unknown repo.
         """
         scope = check_where(where)
@@ -273,7 +270,7 @@ class GraphMethods(Parts):
         session or source, and the ids of what each added, retired and reworded.
 
         Raises:
-            InvalidInputError: a limit below 1 or above the repo's `Config.max_results`.
+            InvalidInputError: a limit below 1 or past `Config.max_results`.
             NotFoundError: an unknown repo.
         """
         from mnemo.graph import history as commit_history
@@ -304,10 +301,9 @@ class GraphMethods(Parts):
         Raises:
             InvalidInputError: no such commit in the repo.
             ConflictError: the commit is a revert or was reverted, or a later commit built on
-                it (retired one of its facts, or linked to a node only it holds): the message
+                it (retired one of its facts, or linked to a node only it holds); the message
                 names the commit to revert first.
-            EmbeddingError: a shared node's new wording could not be embedded; nothing was
-                reverted.
+            EmbeddingError: a shared node's new wording could not be embedded; nothing went.
             NotFoundError: an unknown repo.
         """
         from mnemo.extraction.entities import wordings
@@ -391,15 +387,14 @@ class GraphMethods(Parts):
         `"reembed_progress"`, the end as `"repo_reembedded"`); what it raises is logged.
 
         Raises:
-            StorageError: "read_only" on an inspecting Memory (it records no model); any
-                other reason when the store fails (the repo is then as it was).
+            StorageError: "read_only" on an inspecting Memory; any other reason when the store
+                fails (the repo is then as it was).
             NotFoundError: an unknown repo.
-            InvalidInputError: an embedder that is not an `Embedder`, a `batch_size` below 1
-                or above 10,000, or a `progress` that is not callable.
+            InvalidInputError: an embedder that is not an `Embedder`, a `batch_size` outside
+                1..10,000, or a `progress` that is not callable.
             EmbeddingError: the embedder failed, returned vectors of another size than it
-                declares, took longer than `Config.extraction_timeout` for a batch, or
-                cannot be built here (the repo's recorded embedder without its key); the
-                repo is then as it was.
+                declares, took longer than `Config.extraction_timeout` for a batch, or cannot
+                be built here (a recorded embedder without its key); the repo is as it was.
             ConflictError: the repo is being re-embedded by another Memory.
         """
         from mnemo.adapters.uri import model_uri

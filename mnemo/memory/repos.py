@@ -160,12 +160,8 @@ class Repos:
 
     async def refresh(self, name: str, generation: int | None = None) -> Runtime:
         """The repo's runtime, updated in place from the store's record when its vectors'
-        generation moved (another Memory re-embedded it). `generation`: the one just seen
-        (None: the record is read).
-
-        Raises:
-            NotFoundError: an unknown repo.
-        """
+        generation moved (another Memory re-embedded it); NotFoundError for an unknown repo.
+        `generation`: the one just seen (None: the record is read)."""
         runtime = self.get(name)
         if generation is not None and generation == runtime.generation:
             return runtime
@@ -179,14 +175,9 @@ class Repos:
 
     async def reembed_target(self, name: str, embedder: Embedder | None) -> Embedder:
         """The embedder `Memory.reembed` uses: `embedder`, else the Memory's, else the repo's
-        own as this mnemo builds it (a retired hashed embedder's record gets `hash2`), with
-        its dimension known.
-
-        Raises:
-            InvalidInputError: `embedder` is not an Embedder.
-            EmbeddingError: the repo's own embedder cannot be built here (the stand-in's
-                reason), or its dimension cannot be learned.
-        """
+        own as this mnemo builds it (a retired hashed embedder's record gets `hash2`), with its
+        dimension known. InvalidInputError: not an Embedder; EmbeddingError: the repo's own
+        cannot be built here, or its dimension cannot be learned."""
         check_models(None, embedder)
         runtime = self.get(name)
         if embedder is None and self._models.embedder_given:
@@ -252,24 +243,16 @@ class Repos:
             self.load(await self._stored())
 
     async def known(self, name: str) -> Runtime:
-        """The repo's runtime, the store asked first when this Memory does not know it.
-
-        Raises:
-            InvalidInputError: a name that is no repo name (not a string, blank, NUL, ...).
-            NotFoundError: no such repo in the store.
-        """
+        """The repo's runtime, the store asked first when this Memory does not know it
+        (InvalidInputError for a bad name, NotFoundError for no such repo)."""
         await self.learn(check_id(name, "repo"))
         return self.get(name)
 
     async def checked(self, name: str, check: Callable[[Config], T]) -> T:
         """`check(config)` before the store is read: with the repo's config as known, or, for
         an unknown repo, with every bound at its ceiling and again with the repo's once read.
-        Bad input is refused without reading the store.
-
-        Raises:
-            InvalidInputError: a name that is no repo name, or what `check` raises.
-            NotFoundError: no such repo in the store.
-        """
+        Raises what `check` raises, InvalidInputError for a bad name, NotFoundError for no
+        such repo."""
         runtime = self._runtimes.get(check_id(name, "repo"))
         if runtime is not None:
             return check(runtime.config)
@@ -294,13 +277,8 @@ class Repos:
         return (runtime.config if runtime is not None else self.config).max_results
 
     def embedding(self, name: str) -> Runtime:
-        """The repo's runtime, checked to embed in the repo's dimension.
-
-        Raises:
-            NotFoundError: an unknown repo.
-            EmbeddingError: the embedder makes vectors of another dimension than the repo's
-                (e.g. a repo written with the hashed embedder, reopened with the default).
-        """
+        """The repo's runtime, checked to embed in the repo's dimension (else EmbeddingError,
+        e.g. a hashed embedder's repo reopened with the default); NotFoundError."""
         runtime = self.get(name)
         check_dim(name, runtime.embedder, runtime.dim)
         return runtime
@@ -312,11 +290,7 @@ class Repos:
         self, repo: str, llm: LLM | None, embedder: Embedder | None, config: Config | None
     ) -> tuple[Runtime | None, Config]:
         """The overrides of a session started with these arguments (None: its repo's models)
-        and its config.
-
-        Raises:
-            NotFoundError, EmbeddingError: as `Memory.start_session`.
-        """
+        and its config; NotFoundError, EmbeddingError as `Memory.start_session`."""
         base = self.get(repo)
         if embedder is None:
             check_dim(repo, base.embedder, base.dim)

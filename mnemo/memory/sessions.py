@@ -43,9 +43,8 @@ class SessionMethods(Parts):
         node it commits carries `metadata` (`Node.metadata`).
 
         Raises:
-            InvalidInputError: a blank goal, one longer than `Config.max_text_chars`, a
-                config that is not a `Config`, or a metadata that is not a flat dict of scalars
-                within `mnemo.graph.scope`'s bounds.
+            InvalidInputError: a blank goal or one past `Config.max_text_chars`, a config that
+                is not a `Config`, or a metadata outside `mnemo.graph.scope`'s bounds.
             NotFoundError: an unknown repo.
             EmbeddingError: the embedder override's dimension differs from the repo's.
         """
@@ -153,9 +152,8 @@ class SessionMethods(Parts):
         is given. In auto-commit the receipt holds what the close committed.
 
         Raises:
-            InvalidInputError: `max_retries` not an integer from 0 to `MAX_RETRIES`,
-                `max_polls` not None or a positive integer, `poll_interval` not a positive
-                number of seconds (at most a day).
+            InvalidInputError: `max_retries` not an integer in 0..`MAX_RETRIES`, `max_polls`
+                not None or a positive integer, `poll_interval` not in (0, a day] seconds.
             PipelineError: "extraction_failed" or "extraction_timeout".
         """
         self._works("close_and_commit")

@@ -47,12 +47,8 @@ async def submit(
 ) -> None:
     """Accepts an async operation: runs it now when the session is free, else queues it;
     while another Memory extracts the session, stores it with the session (`_store_for`).
-
-    Raises:
-        InvalidInputError: a callback that is neither None nor callable.
-        SessionError: "session_failed", "pending_queue_full", "invalid_operation" or
-            "invalid_queued_operation".
-    """
+    InvalidInputError: a bad callback; SessionError: "session_failed", "pending_queue_full",
+    "invalid_operation" or "invalid_queued_operation"."""
     if callback is not None and not callable(callback):
         raise InvalidInputError(f"callback must be callable or None, got {callback!r}")
     session = await live.fetch(session_id, fresh=True)

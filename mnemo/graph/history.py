@@ -101,13 +101,8 @@ async def revert(
 ) -> CommitDiff:
     """Undoes the commit in one transaction and records the revert; an ingested source's id
     is free again. `embed` makes the vectors of shared nodes' new wordings (of `generation`).
-    Returns what was undone, its record naming the revert.
-
-    Raises:
-        InvalidInputError: a blank id, or no such commit in the repo.
-        ConflictError: the commit is a revert or was reverted, or later work built on it.
-        EmbeddingError: a wording could not be embedded; nothing was reverted.
-    """
+    Returns what was undone, its record naming the revert. InvalidInputError: a blank id or no
+    such commit; ConflictError: a revert, reverted, or built on; EmbeddingError: nothing went."""
     undone = await diff(graph, repo, commit_id)
 
     async def refused() -> None:

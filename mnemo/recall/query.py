@@ -162,9 +162,9 @@ def query_names(query: str) -> frozenset[str]:
 
 def without_names(query: str) -> str:
     """The query as the dense channel embeds it: without the names it mentions ("What did
-    Melanie paint?" -> "What did paint?"), or as it is when it is nothing but names (the
-    words channel and the speaker match use the names). The first word counts only with a
-    possessive ("Melanie's pets?")."""
+    Melanie paint?" -> "What did paint?"; a name pulls the vector towards every line near it,
+    and the words channel and the speaker match use names), or as it is when it is nothing
+    but names. The first word counts only with a possessive ("Melanie's pets?")."""
     head, _, rest = query.strip().partition(" ")
     names = query_names(rest)
     if _POSSESSIVE.search(head.strip(_PUNCTUATION)):

@@ -84,7 +84,7 @@ _BLOCK = 256
 
 
 def _cosines(rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """`rows @ rows.T`: a small product by einsum, a large one by `_BLOCK` rows a call."""
+    """`rows @ rows.T`: small by einsum (BLAS threads lose there), large by `_BLOCK` rows a call."""
     out: npt.NDArray[np.float32]
     if len(rows) <= _BLOCK:
         out = np.einsum("id,jd->ij", rows, rows)

@@ -1,6 +1,7 @@
 """Graph maintenance: merge semantic duplicates, let worthless memories decay, and check (and
 repair) episodic integrity. Each operation holds the repo's write lock from its first read to its
-last write and writes in one transaction, so a commit runs wholly before or after it.
+last write and writes in one transaction, so a commit runs wholly before or after it; only access
+counts, which recall writes without the lock, are read inside the transaction.
 """
 
 from __future__ import annotations

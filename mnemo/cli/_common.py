@@ -32,8 +32,7 @@ def _show_version(value: bool) -> None:
 
 
 class _Commands(TyperGroup):
-    """mnemo's commands, each of whose failures ends in one line on stderr, `error: ...`
-    (`one_line`), where click printed a usage box and Python a traceback."""
+    """mnemo's commands, each of whose failures ends in one line on stderr, `error: ...`."""
 
     def make_context(self, info_name: Any, args: Any, parent: Any = None,
                      **extra: Any) -> Any:
@@ -118,8 +117,7 @@ SearchedRepo = Annotated[str | None, typer.Option(
 
 
 def run(work: Callable[[], Awaitable[None]]) -> None:
-    """Runs a command's coroutine with the command's logging; what it raises ends in one
-    line (`one_line`)."""
+    """Runs a command's coroutine with the command's logging; what it raises ends in one line."""
     try:
         with command_logging(verbose=_verbose):
             anyio.run(work)
@@ -139,8 +137,8 @@ async def close(model: object) -> None:
 
 @asynccontextmanager
 async def models(settings: Settings) -> AsyncIterator[tuple[LLM | None, Embedder | None]]:
-    """The LLM and embedder the settings name (None: each repo's own), closed when the block ends.
-    Raises ModelURIError, or CliError for a temperature or timeout flag without an LLM."""
+    """The LLM and embedder the settings name (None: each repo's own), closed after the block;
+    ModelURIError, or CliError for a temperature or timeout flag without an LLM."""
     built: list[object] = []
     try:
         uri = settings.llm_uri
@@ -175,8 +173,8 @@ async def open_memory(settings: Settings, *, writes: bool = False, works: bool =
 
 
 async def confirm(question: str, *, given: bool, flag: str = "--yes", as_json: bool) -> None:
-    """Asks `question` before a command destroys data, unless `flag` was `given`; a no aborts with
-    status 1 (CliError under `--json`, which cannot ask)."""
+    """Asks `question` before a command destroys data, unless `flag` was `given`; a no aborts
+    with status 1 (CliError under `--json`, which cannot ask)."""
     if given:
         return
     if as_json:

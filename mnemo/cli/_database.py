@@ -1,6 +1,6 @@
-"""Which file a command works on, checked before `Memory` touches it: a read command needs an
-existing mnemo database; a write command may create a missing or empty file, or use a database
-with no tables, but never a file that holds something else."""
+"""Which file a command works on, checked before `Memory` touches it: a read needs an existing
+mnemo database; a write may create a missing or empty file or fill a table-less database, never
+another kind of file."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ class CliError(Exception):
 
 
 def check_database(path: Path, *, must_exist: bool) -> None:
-    """Checks that `path` is a mnemo database, or (unless `must_exist`) where one may be made
-    (CliError)."""
+    """Checks that `path` is a mnemo database, or (unless `must_exist`) where one may be made."""
     try:
         found = store_file(path)
     except StorageError as exc:

@@ -32,7 +32,7 @@ def short_ids(shown: Iterable[str], known: Iterable[str] = (), *,
 
 
 def resolve_id(given: str, candidates: Sequence[str], what: str) -> str:
-    """The one candidate that `given` names, the whole id winning over prefixes; CliError for none,
+    """The one candidate `given` names, the whole id winning over prefixes; CliError for none,
     several or a blank `given`."""
     return resolve_in_repos(given, {"": candidates}, what)[1]
 

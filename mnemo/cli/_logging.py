@@ -23,8 +23,7 @@ class _Stderr(logging.Handler):
 
 @contextmanager
 def command_logging(*, verbose: bool = False) -> Iterator[None]:
-    """Routes log records as the module doc says while the block runs, then puts the
-    loggers back as they were."""
+    """Routes log records as the module doc says while the block runs, then restores them."""
     root = logging.getLogger()
     handler = _Stderr(logging.INFO if verbose else logging.WARNING)
     drivers = [logging.getLogger(name) for name in DRIVER_LOGGERS]

@@ -66,8 +66,8 @@ Command = TypeVar("Command", bound=Callable[..., None])
 def model_options(
     *, extraction: bool = True, only: Collection[str] = tuple(MODEL_OPTIONS)
 ) -> Callable[[Command], Command]:
-    """Gives a command the `MODEL_OPTIONS` that `only` names in place of its keyword-only parameter
-    `settings`, which receives them `resolve`d."""
+    """Gives a command the `MODEL_OPTIONS` that `only` names in place of its keyword-only
+    parameter `settings`, which receives them `resolve`d."""
     names = [name for name in MODEL_OPTIONS
              if name in only and (extraction or name != "extraction_timeout")]
     options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
@@ -108,7 +108,7 @@ class Settings:
 
     @property
     def llm_uri(self) -> str | None:
-        """The chosen LLM's URI with the temperature and the timeout among its settings (None: no
+        """The chosen LLM's URI with the temperature and timeout among its settings (None: no
         LLM); CliError when a flag set them without an LLM."""
         tuned = {"temperature": self.temperature, "timeout": self.llm_timeout}
         given = {name: value for name, value in tuned.items() if value is not None}
@@ -241,8 +241,7 @@ def _number(value: str, least: float, rule: str) -> float:
 
 
 def check_backend(settings: Settings) -> None:
-    """Checks that this installation can open the store's backend (CliError for PostgreSQL without
-    it)."""
+    """Checks that this installation can open the store's backend (CliError if not)."""
     if settings.is_url and not has_postgres_driver():
         raise CliError(
             "this mnemo has no PostgreSQL driver, so it cannot open a postgresql:// store: "

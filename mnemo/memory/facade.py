@@ -46,8 +46,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
     URL; anything else, like an `on_event` that is not callable, is `InvalidInputError` before
     anything is created. `llm=None` is the offline LLM (deterministic heuristics, no network);
     `embedder=None` the embedded default embedder. Use it as an async context manager, or call
-    `aclose()`; it closes only the models it made, never those passed to it. Opening one ends
-    the store's idle sessions past their `Config.idle_session_timeout`.
+    `aclose()`; it closes only the models it made, never those passed to it. Opening one that
+    works ends the store's idle sessions past their `Config.idle_session_timeout`.
 
     `inspect=True` opens the store to look inside it (the command line's reads, the web app,
     MCP read tools): the Memory starts no background task, records no repo's settings or

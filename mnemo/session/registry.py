@@ -199,8 +199,8 @@ class Sessions:
     async def reload(self, session: SessionRecord, *, conflict: bool = False) -> None:
         """Reads the session again from the store, which another Memory changed. A row no
         newer than the record is left out (a read older than this Memory's own write), unless
-        `conflict` (read under the lock after the store refused this version). NotFoundError:
-        it ended meanwhile (its record goes; what it owed gets `session_ended`)."""
+        `conflict`: read under the lock after the store refused this version, so any version
+        is the store's truth. NotFoundError: it ended meanwhile (what it owed: `session_ended`)."""
         row = await self.store.load_one(session.id)
         if row is None:
             await self.forget(session)
@@ -261,7 +261,8 @@ class Sessions:
 
     def touch(self, session: SessionRecord) -> None:
         """Records activity; an auto-commit session this Memory drives may now have an earlier
-        deadline, so its timers look again (other sessions have no timers here)."""
+        deadline, so its timers look again (other sessions have no timers here: waking for
+        them would scan every session at each append)."""
         session.last_activity = anyio.current_time()
         if session.driven:
             self.drive(session)

@@ -435,7 +435,8 @@ async def _store_for(live: Sessions, session: SessionRecord, kind: str,
     `submit`, NotFoundError if the session ended, RuntimeError once the Memory has closed."""
     if live.closing:  # a callback of the close itself, say, which holds `storing`
         raise RuntimeError("the Memory has closed")
-    # From the check to the append, one call at a time (the insert is awaited).
+    # From the check to the append, one call at a time: the insert is awaited, and a second
+    # call checked meanwhile would pass the bound without the first.
     async with session.storing:
         if session.ended:
             raise NotFoundError("session", session.id)

@@ -228,7 +228,7 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
             await registry.release(live, session,
                                  [s for s in mine if s.id not in session.claimed])
             return
-        # By id: a reload meanwhile made new, equal records.
+        # By id: a reload made new, equal records (whose vectors have no truth value).
         ids = {s.id for s in mine}
         waiting = [s for s in session.uncommitted() if s.id in ids]
         if waiting:

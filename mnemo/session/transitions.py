@@ -348,7 +348,7 @@ async def start_extraction(
 ) -> None:
     """Moves the session to `extracting` (recording its repo's model: who may take the work
     over) and asks for its extraction; `refuse` as `move`'s."""
-    # The repo's model, not an override's: overrides are not persisted.
+    # The repo's model (only a Memory with it may resume the work); overrides are not persisted.
     model = model_name(session.repo_runtime.llm)
 
     async def persist() -> int:

@@ -136,7 +136,7 @@ class Changeset:
             raw["generation"] = self.generation
         if self.metadata:
             raw["metadata"] = self.metadata
-        # msgspec, keys sorted.
+        # msgspec, keys sorted as json's sort_keys.
         return _SORTED_JSON.encode(raw).decode()
 
     @classmethod
@@ -322,7 +322,7 @@ def node_value(
     counts whole hours from the last access (or creation) with `config.recency_half_life_days`;
     frequency never drops below `config.frequency_floor`. Naive datetimes are UTC.
     """
-    # `recency`, `frequency` and `reward` inlined (hot path).
+    # `recency`, `frequency` and `reward` inlined, same operations in the same order (hot path).
     seen = created_at if created_at.tzinfo is not None else _utc(created_at)
     if last_access is not None:
         last = last_access if last_access.tzinfo is not None else _utc(last_access)

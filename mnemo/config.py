@@ -105,7 +105,8 @@ class Config:
     recall_neighbour_weight: Share = 0.9
     # How many steps on each side of a hit are its neighbours (2 measured best on LoCoMo).
     recall_neighbour_width: Count = 2
-    # Re-rank the best `recall_rerank_candidates` with the repo's LLM (one call per recall).
+    # Re-rank the best `recall_rerank_candidates` with the repo's LLM (one call per recall;
+    # the offline LLM keeps the order).
     recall_rerank: bool = False
     recall_rerank_candidates: Count = 20
     # The value function: relevance x recency decay x frequency floor x reward.
@@ -128,7 +129,7 @@ class Config:
     # and what one read may ask for (recall's `k`, a `limit`, the ids of one call).
     max_results: Results = 1_000
     # Where recall's lexical index (a cache) lives: None is beside a SQLite file, else
-    # `$MNEMO_LEXICAL_DIR` or the user's cache folder; "" turns it off.
+    # `$MNEMO_LEXICAL_DIR` or the user's cache folder; "" turns it off. The Memory's only.
     lexical_dir: str | None = None
     # Where the HNSW graphs are saved (a cache, checked when read: mnemo.graph.ann_files):
     # None is beside a SQLite file, else the lexical index's folder; "" turns saving off.

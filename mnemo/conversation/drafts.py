@@ -66,7 +66,8 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
     config = config or Config()
     limit = config.max_text_chars
     where = f"messages[{index}]"
-    # Before anything walks or serialises it: its text and other keys fit in `limit` each.
+    # Before anything walks or serialises it: its text and other keys fit in `limit` each, so
+    # its whole JSON fits in three.
     check_tree(message, where, limit=MESSAGE_LIMITS * limit)
     role = check_name(message.get("role"), f"{where}.role")
     raw_content = message.get("content")

@@ -86,7 +86,8 @@ class ConversationMethods(Parts):
         """Moves the oldest `eviction_fraction` of the viewport (never its newest message)
         out of it: the LLM (`llm`, else the Memory's) saves a snapshot and pins what must
         stay word for word; the boundary advances even when the LLM fails
-        (`EvictionResult.error` says why). One eviction per thread at a time.
+        (`EvictionResult.error` says why). One eviction per thread at a time: a second one
+        waits and starts from the new boundary.
 
         Raises:
             InvalidInputError: a blank thread id, a budget below 1, a fraction outside
@@ -105,7 +106,7 @@ class ConversationMethods(Parts):
         return await self._conversations.add_goal(thread_id, description)
 
     async def complete_goal(self, goal_id: str) -> None:
-        """Completes the goal (again: nothing); messages pinned only to it are released.
+        """Completes the goal (again: nothing); messages it was the last open goal of are freed.
 
         Raises:
             NotFoundError: an unknown goal.
@@ -122,9 +123,10 @@ class ConversationMethods(Parts):
         where: Mapping[str, object] | None = None,
     ) -> list[SearchHit]:
         """Messages of every thread (or of `thread_id`) matching the query's words, best
-        first: FTS5 with porter stemming, each word quoted and OR-combined, bm25 weighted by
-        recency, ~300-character snippets. Any text is a safe query. `exclude_viewport_of`
-        leaves out what that thread's viewport shows (pinned messages stay findable); `where`
+        first: FTS5 with porter stemming, each word quoted and OR-combined (AND, OR and NOT are
+        one without a word finds nothing. `exclude_viewport_of` leaves out what that thread's
+        viewport shows (pinned messages stay findable); `where` keeps the messages saved with
+        that scope's metadata.
         keeps the messages saved with that scope's metadata.
 
         Raises:

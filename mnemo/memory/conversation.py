@@ -124,10 +124,10 @@ class ConversationMethods(Parts):
     ) -> list[SearchHit]:
         """Messages of every thread (or of `thread_id`) matching the query's words, best
         first: FTS5 with porter stemming, each word quoted and OR-combined (AND, OR and NOT are
+        words), bm25 weighted by recency, ~300-character snippets. Any text is a safe query;
         one without a word finds nothing. `exclude_viewport_of` leaves out what that thread's
         viewport shows (pinned messages stay findable); `where` keeps the messages saved with
         that scope's metadata.
-        keeps the messages saved with that scope's metadata.
 
         Raises:
             InvalidInputError: a blank query, one longer than `Config.max_text_chars`, a

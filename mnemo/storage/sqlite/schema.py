@@ -55,7 +55,8 @@ def execute_all(db: Database, script: str) -> None:
 
 @MIGRATIONS(name=BASELINE)
 def baseline(db: Database) -> None:
-    execute_all(db, _SESSIONS + _GRAPH + _CONVERSATION + _WORK + _LEXICAL + _HISTORY)
+    execute_all(db, _SESSIONS + _GRAPH + _searched("nodes") + _CONVERSATION
+                + _searched("messages") + _WORK + _LEXICAL + _HISTORY)
     # The planner's statistics of the graph tables' usual shape (one repo holding most rows, a
     # type a seventh, ids unique, a few links per node), so that a read of nodes by id seeks
     # them rather than scan the repo; a later ANALYZE replaces them. `ANALYZE sqlite_schema`
@@ -225,20 +226,22 @@ CREATE TABLE staged_vectors (
     node INTEGER PRIMARY KEY REFERENCES nodes(rowid) ON DELETE CASCADE,
     vec BLOB NOT NULL
 );
-CREATE VIRTUAL TABLE nodes_fts USING fts5(
-    text, content='nodes', content_rowid='rowid', tokenize='porter unicode61'
-);
-CREATE TRIGGER nodes_fts_insert AFTER INSERT ON nodes BEGIN
-    INSERT INTO nodes_fts(rowid, text) VALUES (new.rowid, new.text);
-END;
-CREATE TRIGGER nodes_fts_delete AFTER DELETE ON nodes BEGIN
-    INSERT INTO nodes_fts(nodes_fts, rowid, text) VALUES ('delete', old.rowid, old.text);
-END;
-CREATE TRIGGER nodes_fts_update AFTER UPDATE OF text ON nodes BEGIN
-    INSERT INTO nodes_fts(nodes_fts, rowid, text) VALUES ('delete', old.rowid, old.text);
-    INSERT INTO nodes_fts(rowid, text) VALUES (new.rowid, new.text);
-END;
 """
+
+def _searched(table: str) -> str:
+    """`table`'s FTS5 index of its `text` (external content: the rows' own), kept by triggers."""
+    index = f"{table}_fts"
+    delete = f"INSERT INTO {index}({index}, rowid, text) VALUES ('delete', old.rowid, old.text);"
+    insert = f"INSERT INTO {index}(rowid, text) VALUES (new.rowid, new.text);"
+    return f"""
+CREATE VIRTUAL TABLE {index} USING fts5(
+    text, content='{table}', content_rowid='rowid', tokenize='porter unicode61'
+);
+CREATE TRIGGER {index}_insert AFTER INSERT ON {table} BEGIN {insert} END;
+CREATE TRIGGER {index}_delete AFTER DELETE ON {table} BEGIN {delete} END;
+CREATE TRIGGER {index}_update AFTER UPDATE OF text ON {table} BEGIN {delete} {insert} END;
+"""
+
 
 # Conversation memory. `threads.next_seq` is the per-thread counter that makes a seq never
 # reused, even after TTL expiry or `clear`; `history_len` is how much of the caller's history
@@ -314,19 +317,6 @@ CREATE TABLE pins (
 ) WITHOUT ROWID;
 CREATE INDEX pins_by_thread ON pins(thread_id);
 CREATE INDEX pins_by_goal ON pins(goal_id);
-CREATE VIRTUAL TABLE messages_fts USING fts5(
-    text, content='messages', content_rowid='rowid', tokenize='porter unicode61'
-);
-CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
-    INSERT INTO messages_fts(rowid, text) VALUES (new.rowid, new.text);
-END;
-CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.rowid, old.text);
-END;
-CREATE TRIGGER messages_fts_update AFTER UPDATE OF text ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.rowid, old.text);
-    INSERT INTO messages_fts(rowid, text) VALUES (new.rowid, new.text);
-END;
 """
 
 # Several Memory objects (processes) on one store. Each open Memory is a holder with a

@@ -1,10 +1,11 @@
-"""The schema of mnemo's PostgreSQL database, as ordered migrations.
+"""The schema of mnemo's PostgreSQL database, as ordered migrations from a baseline.
 
 The tables are SQLite's with PostgreSQL's types (`jsonb`, `timestamptz`, `boolean`, pgvector's
 `vector`; a step's subgoal vector stays `bytea`, never searched). Words are searched through a
 generated `tsvector` column with a GIN index, so deleting a row erases its search entry.
 `apply` runs the pending migrations (`migrations.py`) in one transaction under an advisory
-lock, recording each in `mnemo_migrations`.
+lock, recording each in `mnemo_migrations`, and refuses a database whose schema is older than
+the baseline.
 
 `vectors.vec` is an untyped `vector` (repos differ in dimension); `ensure_vector_index` builds
 one partial HNSW index per repo on `vec::vector(dim)`, and a search names its repo as a
@@ -21,7 +22,7 @@ from psycopg import sql
 
 from mnemo.errors import StorageError
 from mnemo.storage.postgres.connection import Connection, storage_error
-from mnemo.storage.postgres.migrations import MIGRATIONS
+from mnemo.storage.postgres.migrations import BASELINE, MIGRATIONS
 
 # Every mnemo process must use the same one: the first 8 bytes of sha256("mnemo.schema").
 SCHEMA_LOCK = int.from_bytes(hashlib.sha256(b"mnemo.schema").digest()[:8], "big", signed=True)
@@ -33,6 +34,10 @@ HNSW_EF_CONSTRUCTION = 64
 
 # pgvector 0.5 brought HNSW.
 MIN_VECTOR_VERSION = (0, 5)
+
+# Why a database whose schema is older than the baseline is refused, as SQLite says it.
+PRE_RELEASE = ("the store was made by a development build of mnemo older than 0.1.0, whose"
+               " schema this version does not upgrade: start a new store")
 
 _LEDGER = """CREATE TABLE IF NOT EXISTS mnemo_migrations (
     name text PRIMARY KEY,
@@ -57,7 +62,9 @@ async def apply(conn: Connection) -> list[str]:
             `CREATE EXTENSION vector` in the database once), and likewise for `unaccent`
             (PostgreSQL's contrib module, trusted: a role with CREATE on the database may
             create it); `"busy"` when the lock was not had within the connection's
-            `lock_timeout`; `"unavailable"` for other failures.
+            `lock_timeout`; `"unavailable"` for a database whose schema is older than the
+            baseline (made by a build before 0.1.0), with nothing changed, and for other
+            failures.
     """
     try:
         async with conn.transaction():
@@ -67,6 +74,8 @@ async def apply(conn: Connection) -> list[str]:
             await conn.execute(_LEDGER)
             cur = await conn.execute("SELECT name FROM mnemo_migrations")
             done = {str(name) for (name,) in await cur.fetchall()}
+            if done and BASELINE.name not in done:
+                raise StorageError("unavailable", PRE_RELEASE)
             applied = []
             for migration in MIGRATIONS:
                 if migration.name in done:

@@ -4,14 +4,14 @@ and the generated columns; the stores search with them)."""
 
 from __future__ import annotations
 
-# `english` with a stemmer that drops no stop word and (m012) folds accents first, as FTS5's
+# `english` with a stemmer that drops no stop word and folds accents first, as FTS5's
 # `porter unicode61` does.
 TEXT_SEARCH_CONFIG = "mnemo_english"
 # PostgreSQL's parser keeps emails, URLs, paths and versions whole and reads format characters
-# (Cf) as letters; FTS5 splits at every non-letter, non-digit. So texts (m012 on) and query
+# (Cf) as letters; FTS5 splits at every non-letter, non-digit. So texts and query
 # words (`WORD_QUERY`) are parsed with ASCII punctuation and format characters made spaces.
 # The format characters as of Unicode 14 (Python 3.11's `unicodedata`), first to last of each
-# range; m012's columns are computed with them, so a change needs a migration of its own.
+# range; the stored search columns are computed with them, so a change needs a migration.
 _FORMAT_CHARACTERS = (
     (0x00AD, 0x00AD), (0x0600, 0x0605), (0x061C, 0x061C), (0x06DD, 0x06DD), (0x070F, 0x070F),
     (0x0890, 0x0891), (0x08E2, 0x08E2), (0x180E, 0x180E), (0x200B, 0x200F), (0x202A, 0x202E),

@@ -34,7 +34,7 @@ from mnemo.storage.clock import elapsed, host_now
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Work as StatementsWork
 from mnemo.storage.sql import drive
-from mnemo.storage.sqlite.migrations import MIGRATIONS
+from mnemo.storage.sqlite.schema import MIGRATIONS, migrate
 from mnemo.storage.worker import Queued, Worker
 
 T = TypeVar("T")
@@ -173,12 +173,7 @@ class Database:
         # Erasure: whatever a delete or update frees is zeroed, so a forgotten word leaves no
         # copy in free space or on the freelist.
         conn.execute("PRAGMA secure_delete=ON")
-        # Schema set-up is one IMMEDIATE transaction: a second process waits for the first
-        # to finish, then finds nothing pending. Each migration is a savepoint inside it.
-        if MIGRATIONS.pending(db):
-            with db.atomic():
-                if MIGRATIONS.pending(db):
-                    MIGRATIONS.apply(db)
+        migrate(db)
         self.clock.anchor(db)
 
     async def close(self) -> None:

@@ -53,11 +53,6 @@ def vectors_of_halves(blobs: list[bytes], dim: int) -> Vector:
         len(blobs), dim)
 
 
-def half_of_blob(blob: bytes) -> bytes:
-    """A float32 vector's blob as float16 (the migration to `half_blob`'s rows)."""
-    return half_blob(np.frombuffer(blob, dtype=np.float32))
-
-
 # A packed text: this version byte, then the text's UTF-8 as raw deflate with `_WORDS` as its
 # preset dictionary (what commit records and receipts repeat: node id prefixes, link types).
 # Never change `_WORDS` under this version: packed rows would no longer unpack.

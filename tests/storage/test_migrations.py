@@ -1,0 +1,146 @@
+"""The schema's migrations on both backends: a new store records the baseline alone, a
+migration added after it is applied once however many open the store at once, and a store whose
+schema is older than the baseline (made by a development build before 0.1.0) is refused with
+one line, nothing of it changed."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import anyio
+import psycopg
+import pytest
+from sqlite_utils import Database
+from sqlite_utils.migrations import Migrations
+
+import mnemo
+from mnemo.storage.postgres import migrations as pg_migrations
+from mnemo.storage.postgres import schema as pg_schema
+from mnemo.storage.sqlite import schema as sqlite_schema
+from tests.backends import BACKENDS, open_stores
+from tests.fakes import FakeEmbedder
+
+# What each backend's schema is read as: its tables and columns, indexes and triggers.
+_SQLITE_SHAPE = "SELECT type, name, sql FROM sqlite_master ORDER BY type, name"
+_PG_SHAPE = (
+    "SELECT table_name, column_name, data_type FROM information_schema.columns"
+    " WHERE table_schema = 'public' UNION ALL"
+    " SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'"
+    " UNION ALL SELECT tgname, tgrelid::regclass::text, '' FROM pg_trigger"
+    " WHERE NOT tgisinternal ORDER BY 1, 2, 3"
+)
+
+
+@pytest.fixture(params=BACKENDS)
+def made(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store with today's schema, the test's own (a PostgreSQL database, not emptied)."""
+    if request.param == "sqlite":
+        path = tmp_path / "memory.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        return str(path)
+    return str(request.getfixturevalue("pg_own_url"))
+
+
+def run(store: str, *statements: str) -> list[tuple[object, ...]]:
+    """Runs the statements on the store (committed) and returns the last one's rows."""
+    rows: list[tuple[object, ...]] = []
+    if store.startswith("postgresql"):
+        with psycopg.connect(store, autocommit=True) as pg:
+            for statement in statements:
+                cur = pg.execute(statement)
+                rows = cur.fetchall() if cur.description else []
+        return rows
+    conn = sqlite3.connect(store, isolation_level=None)
+    try:
+        for statement in statements:
+            rows = conn.execute(statement).fetchall()
+    finally:
+        conn.close()
+    return rows
+
+
+def ledger(store: str) -> list[object]:
+    """The names of the migrations the store records, in the order they were applied."""
+    if store.startswith("postgresql"):
+        return [n for (n,) in run(store, "SELECT name FROM mnemo_migrations ORDER BY applied_at")]
+    return [n for (n,) in run(store, "SELECT name FROM _sqlite_migrations ORDER BY id")]
+
+
+def shape(store: str) -> list[tuple[object, ...]]:
+    return run(store, _PG_SHAPE if store.startswith("postgresql") else _SQLITE_SHAPE)
+
+
+def baseline(store: str) -> str:
+    return pg_migrations.BASELINE.name if store.startswith("postgresql") else (
+        sqlite_schema.BASELINE)
+
+
+def test_a_new_store_records_the_baseline_alone(made: str) -> None:
+    """A store made by this version holds the baseline's tables and records it, and nothing
+    else, as its one migration."""
+    assert ledger(made) == [baseline(made)]
+    tables = run(made, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+                 if made.startswith("postgresql") else
+                 "SELECT name FROM sqlite_master WHERE type = 'table'")
+    assert {"nodes", "commits", "node_scopes", "lexical_epoch"} <= {t for (t,) in tables}
+    assert run(made, "SELECT count(*) FROM lexical_epoch") == [(1,)]
+
+
+def add_later_migration(store: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Registers, after the baseline, a migration that makes a table `later` and puts one
+    row in it; returns its name."""
+    if store.startswith("postgresql"):
+        later = pg_migrations.Migration(
+            "m021_later", ("CREATE TABLE later (n integer)", "INSERT INTO later VALUES (1)"))
+        monkeypatch.setattr(pg_schema, "MIGRATIONS", (*pg_migrations.MIGRATIONS, later))
+        return later.name
+    migrations = Migrations("mnemo")
+    migrations(name=sqlite_schema.BASELINE)(sqlite_schema.baseline)
+
+    @migrations(name="m029_later")
+    def m029_later(db: Database) -> None:
+        sqlite_schema.execute_all(db, "CREATE TABLE later (n INTEGER);\n"
+                                      "INSERT INTO later VALUES (1);")
+
+    monkeypatch.setattr(sqlite_schema, "MIGRATIONS", migrations)
+    return "m029_later"
+
+
+async def test_a_migration_after_the_baseline_is_applied_once_by_concurrent_openers(
+    made: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six stores opening a store of the baseline at once, with a migration added after it:
+    all open, the migration ran once (one row), and it is recorded once, after the baseline;
+    the next open applies nothing."""
+    name = add_later_migration(made, monkeypatch)
+
+    async def opener() -> None:
+        async with open_stores(made, 8, lexical_dir=""):
+            pass
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(6):
+            tg.start_soon(opener)
+    async with open_stores(made, 8, lexical_dir=""):
+        pass
+    assert run(made, "SELECT n FROM later") == [(1,)]
+    assert ledger(made) == [baseline(made), name]
+
+
+async def test_a_store_older_than_the_baseline_is_refused_and_left_as_it_was(made: str) -> None:
+    """A store whose recorded migrations do not reach the baseline (a development build's,
+    before 0.1.0) is refused when a Memory opens it: `StorageError("unavailable")` in one line
+    saying so, not a driver's error, and neither its schema nor its ledger changes."""
+    table = "mnemo_migrations" if made.startswith("postgresql") else "_sqlite_migrations"
+    run(made, f"UPDATE {table} SET name = 'm019_unannotated_steps'", "DROP TABLE node_scopes")
+    before = (shape(made), ledger(made))
+    with pytest.raises(mnemo.StorageError) as refused:
+        async with mnemo.Memory(made, embedder=FakeEmbedder()):
+            pass
+    assert refused.value.reason == "unavailable"
+    assert "older than 0.1.0" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert refused.value.__cause__ is None
+    assert (shape(made), ledger(made)) == before

@@ -1,13 +1,6 @@
-"""`SqlCoordination`: the `Coordination` port (`mnemo.session.ports`), written once for both
-backends over `storage.sql.Statements`, for the `Memory` objects sharing one store. A backend
-(`storage.sqlite.coordination`, `storage.postgres.coordination`) gives its driver, its clock,
-its dialect's few words and its change token.
-
-A compare-and-set is one `UPDATE ... WHERE version = ?`: two racers are serialised by the
-write lock (SQLite's, taken when the transaction begins; PostgreSQL's row lock, after which
-READ COMMITTED re-reads the committed row) and the second finds the version moved. `takeable`
-reads without locking: taking the work is a `claim`, which only one `Memory` wins.
-"""
+"""`SqlCoordination`: the `Coordination` port for the Memory objects sharing a store, once for
+both backends. A compare-and-set is one `UPDATE ... WHERE version = ?` (the second of two racers
+finds the version moved); `takeable` reads without locking, and only one `claim` wins."""
 
 from __future__ import annotations
 
@@ -27,9 +20,7 @@ _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
 
 
 async def drop_ended_work(sql: Statements, session_ids: Sequence[str]) -> None:
-    """What nobody will do for these sessions, which have just ended: the stored operations
-    nobody took (their Memories answer them session_ended when they see the end; one taken,
-    or with its result, stays for its Memory to read and drop), and their step claims."""
+    """Drops the just-ended sessions' untaken stored operations and their step claims."""
     if not session_ids:
         return
     await sql.run(
@@ -60,8 +51,7 @@ class SqlCoordination(SqlStore):
     # A stored operation's result as a parameter, and as JSON text read back.
     RESULT_PARAM = "?"
     RESULT_TEXT = "result"
-    # Seconds until an idle session comes due (its config's timeout after its last change;
-    # a config stored before the setting existed has its default), from `_idle_params`.
+    # Seconds until an idle session comes due, from `_idle_params`.
     IDLE_LEFT = ""
     # The change token's statement.
     CHANGE_TOKEN = ""
@@ -173,8 +163,6 @@ class SqlCoordination(SqlStore):
             return set()
 
         async def write(sql: Statements) -> set[str]:
-            # Each statement after the lock reads what the session's last claim-row writer
-            # committed: a commit of a step in flight is waited for, then seen.
             await self._lock_claims(sql, session_id)
             await sql.run(
                 f"DELETE FROM step_claims WHERE step_id IN ({marks(len(ids))}) AND holder <> ?"
@@ -281,8 +269,7 @@ class SqlCoordination(SqlStore):
         return {str(i): StoredResult.decode(str(r)) for i, r in rows}
 
     def _left(self, gone: Sequence[str]) -> str:
-        """The condition on an `ops` row that a holder other than the first parameter (`me`)
-        took and left without a result (`_departed`, with the parameters after)."""
+        """The condition that another holder took an `ops` row and left without a result."""
         return (
             f"result IS NULL AND taken_by IS NOT NULL AND taken_by{self.DISTINCT}?"
             f" AND {_departed('ops.taken_by', gone)}"
@@ -307,7 +294,7 @@ class SqlCoordination(SqlStore):
     ) -> int:
         where = f"FROM ops WHERE accepted_by = '' AND {self._left(gone)}"
         params = (me, self._stamp(unseen_since), *gone)
-        # Looked for first, without a write lock: usually there is nothing.
+        # Looked for first, without a lock.
         found = await self._driver.read(lambda sql: sql.row(f"SELECT 1 {where} LIMIT 1", params))
         if found is None:
             return 0
@@ -327,7 +314,7 @@ class SqlCoordination(SqlStore):
 
     async def end_idle(self, limit: int) -> IdleSweep:
         now = self.now()
-        # Looked for first, without a lock: most times none is due.
+        # Looked for first, without a lock.
         rows = await self._driver.read(lambda sql: sql.rows(
             f"SELECT id, {self.IDLE_LEFT} AS due FROM sessions WHERE ended = false"
             " AND state = 'idle' ORDER BY due LIMIT ?", (*self._idle_params(now), limit + 1),

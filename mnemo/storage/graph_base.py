@@ -1,13 +1,6 @@
-"""`GraphBase`: what both backends' graph stores (`SqliteGraph`, `PgGraph`) share, over their
-hooks: the repo's lock and re-embedding claim, the vector side's delegations, the deletes'
-and the forget's steps, the scoped searches; and the SQL text both run.
-
-The scope index's SQL is one text for both backends (`?` placeholders; PostgreSQL's store
-swaps them): a `where`'s nodes read from `node_scopes`, driven by its first key's rows (one
-range of the index) and each other key checked by a seek per node, so that what a filtered
-read costs is bounded by its scope, never by the repo. The rows of links both backends'
-`typed_links` and `neighbors` read are made into values here too.
-"""
+"""`GraphBase`: what `SqliteGraph` and `PgGraph` share over their hooks (locks, vector side,
+deletes, scoped searches), and the SQL both run: a `where` is read from `node_scopes` by its
+first key's range, each other key a seek per node, so its cost is bounded by the scope."""
 
 from __future__ import annotations
 
@@ -51,8 +44,7 @@ if TYPE_CHECKING:
 Hits = list[tuple[str, float]]
 
 def exists(repo: str, where: Where, node: str, skip: int) -> tuple[str, list[object]]:
-    """EXISTS clauses for `where`'s keys after the first `skip`, about the node whose rowid
-    is the SQL `node`."""
+    """EXISTS clauses for `where`'s keys after the first `skip`, about rowid `node`."""
     clauses: list[str] = []
     params: list[object] = []
     for key, values in list(where.items())[skip:]:
@@ -88,8 +80,7 @@ def inside(repo: str, where: Where, node_ids: Sequence[str]) -> tuple[str, list[
 
 
 def seen_from_asked(rows: Iterable[Row], asked: Collection[str]) -> list[TypedLink]:
-    """Rows of (src, its type, dst, its type, link type) as typed links seen from each end
-    that was asked for: a link between two asked nodes is seen from both."""
+    """Rows of (src, type, dst, type, link type) as typed links seen from each asked end."""
     found: list[TypedLink] = []
     for src, src_type, dst, dst_type, kind in rows:
         link = LINK_TYPES[kind]
@@ -148,9 +139,8 @@ class Vectors(Protocol):
 
 
 class GraphBase(RowReads):
-    """The `GraphStore` methods both backends share (the plain reads in `RowReads`), over
-    their hooks: `_repo_lock`, `_reembed_lock`, `_delete_rows`, `_inherited`,
-    `_withdraw_rows`, `_rows` and `_store_text` (the store's own full-text search)."""
+    """The `GraphStore` methods both backends share, over their hooks (`_repo_lock`,
+    `_reembed_lock`, `_delete_rows`, `_inherited`, `_withdraw_rows`, `_rows`, `_store_text`)."""
 
     _lexical: LexicalIndex | None
     _vectors: Vectors
@@ -222,13 +212,8 @@ class GraphBase(RowReads):
 
     @asynccontextmanager
     async def reembedding(self, repo: str) -> AsyncIterator[None]:
-        """The repo's re-embedding: this store's claim, then the backend's lock of it taken
-        without waiting (`_reembed_lock`, let go when its process dies).
-
-        Raises:
-            ConflictError: another re-embedding of the repo (here or in another process)
-                holds it.
-        """
+        """The repo's re-embedding claim and lock (freed when its process dies); raises
+        `ConflictError` when another re-embedding holds it."""
         with self._reembeds.claim(repo) as busy:
             async with self._reembed_lock(repo, busy):
                 yield
@@ -236,13 +221,8 @@ class GraphBase(RowReads):
     async def apply(
         self, changeset: Changeset, *, intents: IntentPolicy, also: Sequence[SideWrite] = ()
     ) -> CommitReceipt:
-        """Adds the changeset's nodes and links (deduplicated), durably, once
-        (`mnemo.graph.commit.apply`).
-
-        Raises:
-            StorageError: the transaction failed; nothing of it was written.
-            ValueError: a vector is not of the repo's dimension; nothing was written.
-        """
+        """Adds the changeset's nodes and links durably, once (`graph.commit.apply`); on
+        `StorageError` or `ValueError` (wrong dimension) nothing was written."""
         return await commit.apply(cast("CommitTarget", self), changeset, intents=intents,
                                   also=also)
 
@@ -290,8 +270,7 @@ class GraphBase(RowReads):
             raise VectorsMoved(now)
 
     async def _erased(self) -> None:
-        """After an erasure's transaction: the lexical index's slots wiped
-        (`LexicalIndex.erase`)."""
+        """After an erasure's transaction: wipes the lexical index's slots."""
         if self._lexical is not None:
             await self._lexical.erase()
 
@@ -299,9 +278,8 @@ class GraphBase(RowReads):
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
         scope: Scope | None = None,
     ) -> Hits:
-        """Nodes matching words of `query` by BM25, best first (higher is better): from the
-        lexical index, or from the store's own full-text search when there is none or it
-        cannot answer now."""
+        """Nodes matching `query` by BM25, best first, from the lexical index or else the
+        store's own full-text search."""
         return await self.start_search_text(repo, query, limit, types, scope).result()
 
     async def search_vectors(
@@ -314,8 +292,7 @@ class GraphBase(RowReads):
         kinds = None if types is None else [NodeType(t).value for t in types]
 
         async def within(ids: list[str]) -> Hits:
-            # Exact cosine over the members' vectors: at least the `limit` best (all tied at
-            # the cut), ordered here, ties by the order the nodes were added.
+            # Exact cosine over the members; ties kept at the cut, ordered by rowid.
             assert scope.members is not None
             rows = scope.members
             similar = await self._vectors.similarities(repo, ids, vector, limit)
@@ -347,8 +324,7 @@ class GraphBase(RowReads):
         return await self._vectors.of_type(repo, kind)
 
     async def settle(self, repo: str) -> None:
-        """Waits until the repo's indexes built in the background (HNSW graphs, lexical
-        index) have caught up with its rows."""
+        """Waits until the repo's background indexes have caught up with its rows."""
         await self._vectors.settle(repo)
         if self._lexical is not None:
             await self._lexical.settle(repo)
@@ -381,8 +357,7 @@ class GraphBase(RowReads):
     async def scope_sources(
         self, repo: str, where: Where, limit: int | None = None
     ) -> list[tuple[str | None, str, str]]:
-        """(source id or None, node id, type) of the nodes inside `where` (the first `limit`
-        in the order they were added; all for None)."""
+        """(source id or None, node id, type) of the first `limit` nodes inside `where`."""
         return [(None if s is None else str(s), str(i), str(t)) for s, i, t in
                 await self._rows(*members(repo, where, 2**62 if limit is None else limit,
                                                 "n.source_id, n.id, n.type"))]
@@ -391,8 +366,8 @@ class GraphBase(RowReads):
         self, repo: str, scope: Scope, limit: int, kinds: Collection[str] | None,
         within: Callable[[list[str]], Awaitable[Hits]], wide: Callable[[int], Awaitable[Hits]],
     ) -> Hits:
-        """A search inside the scope: `within` its members (of `kinds`), or, for a scope too
-        large to list, `wide`, the repo's search, `WIDEN` times as wide, cut to the scope."""
+        """A search `within` the scope's members, or for a scope too large to list, `wide`
+        (`WIDEN` times as wide) cut to the scope."""
         if scope.members is None:
             hits = await wide(limit * WIDEN)
             keep = await self.inside(repo, scope, [i for i, _ in hits])
@@ -404,8 +379,7 @@ class GraphBase(RowReads):
         self, repo: str, query: str, limit: int, kinds: list[str] | None, scope: Scope,
         wide: Callable[[int], Awaitable[Hits]],
     ) -> Hits:
-        """The words channel inside the scope: the lexical index over its members' documents
-        (their keys' postings), or the store's own search with the scope's condition."""
+        """The words channel inside the scope (lexical index, or the store's search)."""
         lexical = self._lexical
 
         async def within(ids: list[str]) -> Hits:

@@ -1,12 +1,6 @@
-"""`SqlMaintenance`: the SQL of graph maintenance (`mnemo.graph.maintenance` decides, this
-writes), written once for both backends over `storage.sql.Statements`. Each method runs inside
-the caller's transaction, under the repo's lock. A backend (`storage.sqlite.maintenance`,
-`storage.postgres.maintenance`) gives its dialect's words and its own checks of the vectors and
-of the search index.
-
-Deleting a node deletes its links and vector by ON DELETE CASCADE, and its search entry with
-it. Lists of ids come back in insertion (rowid) order.
-"""
+"""`SqlMaintenance`: the SQL of graph maintenance (`graph.maintenance` decides), once for both
+backends; each method runs inside the caller's transaction under the repo's lock. A node's
+links, vector and search entry go with it (ON DELETE CASCADE); ids come back in rowid order."""
 
 from __future__ import annotations
 
@@ -30,9 +24,7 @@ _SOURCE = ("source", "provenance", "episode_id", "source_")
 
 
 def _group(value: object) -> str | None:
-    """A trajectory or episode id read from a node's data, as SQLite's json_extract names it:
-    a string as it is, a number as `str` of it, JSON true/false as 1/0, JSON null or a missing
-    field as None."""
+    """A trajectory or episode id from a node's data, as SQLite's json_extract gives it."""
     if value is None:
         return None
     return str(int(value)) if isinstance(value, bool) else str(value)
@@ -81,8 +73,7 @@ class SqlMaintenance:
         raise NotImplementedError
 
     async def _search_rebuilt(self, sql: Statements, repo: str) -> bool:
-        """Checks the repo's search entries against its nodes, rebuilds them when they
-        disagree, and says whether it did."""
+        """Rebuilds the repo's search entries if they disagree with its nodes; whether it did."""
         raise NotImplementedError
 
     async def unconsolidated(self, sql: Statements, repo: str) -> set[str]:
@@ -94,17 +85,14 @@ class SqlMaintenance:
 
     async def merge_duplicates(self, sql: Statements, repo: str, pairs: list[tuple[str, str]],
                                examined: list[str]) -> MergeResult:
-        """Folds each group of `merge_groups(pairs)` into its survivor (links, data, access
-        counts, latest access), deletes the members and the tags left with no link, and marks
-        `examined` as consolidated."""
+        """Folds each group of `merge_groups(pairs)` into its survivor, deletes the members and
+        the tags left unlinked, and marks `examined` as consolidated."""
         involved = sorted({node_id for pair in pairs for node_id in pair})
         rows: dict[str, tuple[int, JSONObject, int, str | None]] = {}
-        # The latest access as it is stored, compared as a time.
         keys: dict[str, Any] = {}
         lasts: dict[str, Any] = {}
         sources: dict[str, str | None] = {}
-        # Locked: a recall that counts an access of a member between this read and its
-        # deletion waits for this transaction (SQLite's holds the write lock from its start).
+        # Locked: a recall counting a member's access waits for this transaction.
         for node_id, rowid, key, data, count, last, source in await sql.rows(
             f"SELECT id, rowid, {self.KEY}, data{self.TEXT}, access_count, last_access,"
             f" source_id FROM nodes WHERE repo = ? AND id{self.ANY} ORDER BY rowid{self.LOCK}",
@@ -137,9 +125,8 @@ class SqlMaintenance:
         return MergeResult(merged + tags, len(merged), moved, len(tags))
 
     async def _move_links(self, sql: Statements, member: object, survivor: object) -> int:
-        """Re-points the member's links to the survivor; returns how many links were added. A
-        link the survivor already has (in either direction) or one between the two is
-        dropped, with the member's own links when it is deleted."""
+        """Re-points the member's links to the survivor (duplicates and links between the two
+        dropped); returns how many were added."""
         moved = 0
         for end, other in (("src", "dst"), ("dst", "src")):
             ends = "?, l.dst" if end == "src" else "l.src, ?"
@@ -160,8 +147,7 @@ class SqlMaintenance:
         examined, doomed = await self._below_threshold(
             sql, f"repo = ? AND type{self.ANY}", (repo, self._list(kinds)), config, now
         )
-        # The scan took no locks: the candidates are locked and valued again with what is
-        # current, and a later recall waits for this transaction.
+        # The scan took no locks: the candidates are locked and valued again.
         if doomed and self.LOCK:
             _, doomed = await self._below_threshold(
                 sql, f"id{self.ANY}", (self._list(doomed),), config, now, lock=True
@@ -212,7 +198,6 @@ class SqlMaintenance:
             unlinked.append(steps)
             if steps:
                 restored += await self._relink(sql, repo, steps, kind, link, field, prefix)
-        # Foreign keys make these impossible unless a trigger or a restore bypassed them.
         dangling = await _count(sql, f"SELECT count(*) FROM links WHERE {self.DANGLING}", repo)
         if dangling:
             await sql.run(f"DELETE FROM links WHERE {self.DANGLING}", (repo,))
@@ -228,8 +213,7 @@ class SqlMaintenance:
                                 dangling, missing_vectors, bad_vectors, rebuilt)
 
     def _linked_to(self, kind: str, link: str) -> str:
-        # Either direction: the pipeline links subgoal -> step and step -> source, but a link
-        # is a link whichever way it was written.
+        # Either direction counts.
         key = self.KEY
         return (
             f"(EXISTS (SELECT 1 FROM links l JOIN nodes o ON o.{key} = l.src"
@@ -240,8 +224,8 @@ class SqlMaintenance:
 
     async def _relink(self, sql: Statements, repo: str, steps: list[tuple[str, str | None]],
                       kind: str, link: str, field: str, prefix: str) -> int:
-        """Links each step to the subgoal (source) of its trajectory (episode): the one another
-        of its steps is linked to, else the node named `prefix` + the group."""
+        """Links each step to its trajectory's subgoal (episode's source): the one a sibling
+        is linked to, else the node named `prefix` + the group."""
         key = self.KEY
         owners: dict[str, str] = {}
         for group, owner in await sql.rows(
@@ -292,8 +276,7 @@ async def _count(sql: Statements, query: str, *params: object) -> int:
 
 
 class MaintainedGraph(GraphBase):
-    """The maintenance role (`graph.ports.GraphMaintenance`) of a graph store: its backend's
-    `MAINTENANCE` run by its driver, the caller holding the repo's lock."""
+    """`graph.ports.GraphMaintenance`: the backend's `MAINTENANCE` run by its driver."""
 
     MAINTENANCE: SqlMaintenance
     _driver: Driver

@@ -1,9 +1,6 @@
-"""The SQL of a repo's re-embedding (`mnemo.graph.reembed`), written once for both backends over
-`storage.sql.Statements`: new vectors staged beside the old ones in `staged_vectors`, keyed as
-`vectors` is (SQLite: the node's rowid; PostgreSQL: its id), then put in place in one
-transaction. `ReembeddedGraph` is the graph stores' re-embedding role over it; a backend gives
-its dialect's words and its lock (`_reembed_lock`).
-"""
+"""The SQL of a repo's re-embedding (`graph.reembed`), once for both backends: new vectors
+staged in `staged_vectors`, then put in place in one transaction; `ReembeddedGraph` is the
+graph stores' role over it."""
 
 from __future__ import annotations
 
@@ -64,9 +61,7 @@ class SqlReembeds:
         return 0 if row is None else int(row[0])
 
     async def begin(self, sql: Statements, repo: str, embedder: str, dim: int) -> Staging:
-        """Starts the repo's re-embedding with `embedder` of `dim`, or carries on with the one
-        under way when it is of the same embedder and dimension (another's staged vectors
-        go)."""
+        """Starts the repo's re-embedding, or carries on one of the same embedder and `dim`."""
         found = await sql.row(f"SELECT embedder, dim FROM reembeds WHERE repo = ?{self.LOCK}",
                               (repo,))
         resumed = found is not None and tuple(found) == (embedder, dim)
@@ -106,15 +101,13 @@ class SqlReembeds:
         )
 
     async def stage(self, sql: Statements, nodes: Sequence[Unstaged], vectors: Vector) -> None:
-        """Stages each node's vector, if the node is still there (one deleted meanwhile has
-        none, and its rowid may be another node's by now)."""
+        """Stages each node's vector if the node is still there."""
         await sql.run_many(self.STAGE, [(self._vector(vector), node.rowid, node.id)
                                         for node, vector in zip(nodes, vectors, strict=True)])
 
     async def unstage_changed(self, sql: Statements, repo: str) -> None:
-        """Drops the staged vectors of the nodes whose text changed since the re-embedding last
-        looked at the node log (they are embedded again), or every staged vector of the repo
-        when the log no longer reaches back that far; the re-embedding then looks from here."""
+        """Drops the staged vectors of nodes changed since the last look at the node log (all of
+        them if the log no longer reaches back)."""
         found = await sql.row(f"SELECT seq FROM reembeds WHERE repo = ?{self.LOCK}", (repo,))
         if found is None:
             raise _not_under_way(repo)
@@ -130,14 +123,9 @@ class SqlReembeds:
         await sql.run("UPDATE reembeds SET seq = ? WHERE repo = ?", (seq, repo))
 
     async def switch(self, sql: Statements, repo: str) -> tuple[int, int]:
-        """Puts the staged vectors in place of the repo's, records the re-embedding's embedder
-        and dimension with the next generation, and ends the re-embedding. Returns
-        (generation, vectors put in place).
-
-        Raises:
-            StorageError: "unavailable" when no re-embedding is under way, or a node of the
-                repo has no staged vector (nothing is written).
-        """
+        """Puts the staged vectors in place, records embedder and dimension with the next
+        generation, ends the re-embedding; returns (generation, vectors). Raises
+        `StorageError("unavailable")`, nothing written, if none is under way or one is missing."""
         found = await sql.row(f"SELECT embedder, dim FROM reembeds WHERE repo = ?{self.LOCK}",
                               (repo,))
         if found is None:
@@ -172,8 +160,7 @@ class SqlReembeds:
 
 
 class ReembeddedGraph(GraphBase):
-    """The re-embedding role (`graph.ports.Reembedding`) of a graph store: its backend's
-    `REEMBEDS` run by its driver."""
+    """`graph.ports.Reembedding`: the backend's `REEMBEDS` run by its driver."""
 
     REEMBEDS: SqlReembeds
     _driver: Driver

@@ -1,12 +1,6 @@
-"""`SqlSessions`: the `SessionStore` port and `side_writes` (a graph commit's session and ingest
-side), written once over `storage.sql.Statements`; a backend gives its driver, clock, storage of
-times and JSON, and dialect words.
-
-Orders are insertion (`rowid`) and byte order of text; `LiveSession.created_at` is ISO text of
-a UTC time. A write of several statements is one transaction (`Driver.write`), a read of
-several one snapshot (`Driver.together`). A session's version moves on with every write of it
-(`bump`), checked against the version its writer read.
-"""
+"""`SqlSessions`: the `SessionStore` port and a commit's `side_writes`, once for both backends.
+A write is one transaction, a read of several statements one snapshot; a session's version
+moves on with every write of it (`bump`), checked against the version its writer read."""
 
 from __future__ import annotations
 
@@ -41,7 +35,7 @@ ANNOTATE = (
 
 
 def blob(vector: Vector) -> bytes:
-    """`graph.model.vector_to_blob`, here so that storing a step reads no other module."""
+    """`graph.model.vector_to_blob`, without importing it."""
     return np.asarray(vector, dtype=np.float32).tobytes()
 
 
@@ -124,14 +118,9 @@ class SqlSessions(SqlStore):
                    now: object = None, state: State | str | None = None,
                    model: str | None = None, expect: State | None = None,
                    episode_id: str | None = None, active: bool = False) -> int:
-        """Moves the session's version on at `now` (`NOW` when None; its state to `state`,
-        its model to `model` when given, its last activity to `now` when `active`), when it
-        is still at `version` and not ended (any, when None), in state `expect` and on
-        episode `episode_id` when given. Returns the new version.
-
-        Raises:
-            StaleSession: the session moved (or ended, or is unknown); nothing was written.
-        """
+        """Moves the session's version on (and its state, model, activity as given) if it is
+        still at `version` (any: None), not ended, in `expect` and on `episode_id`; returns the
+        new version. Raises `StaleSession`, nothing written, otherwise."""
         at = cls.NOW if now is None else "?"
         query = (f"UPDATE sessions SET version = version + 1, updated_at = {at},"
                  f"{' active_at = ?,' if active else ''} state = coalesce(?, state),"
@@ -141,7 +130,6 @@ class SqlSessions(SqlStore):
             None if state is None else State(state).value, model, session_id,
         ]
         if version is not None:
-            # A write that read the session refuses an ended one.
             query += " AND ended = false"
         for column, value in (("version", version),
                               ("state", None if expect is None else expect.value),
@@ -168,8 +156,7 @@ class SqlSessions(SqlStore):
         await self._driver.one(lambda sql: sql.run(
             "INSERT INTO repos(name, config, dim, embedder, llm, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?)"
-            # The dimension changes only with the vectors (`Memory.reembed`); the models follow,
-            # but an embedder chosen before a re-embedding never overwrites the one after it.
+            # An embedder chosen before a re-embedding never overwrites the one after it.
             " ON CONFLICT (name) DO UPDATE SET config = excluded.config,"
             " embedder = CASE WHEN repos.vectors_generation = ? THEN excluded.embedder"
             " ELSE repos.embedder END, llm = excluded.llm",
@@ -233,8 +220,6 @@ class SqlSessions(SqlStore):
         row = self._step_row(session_id, episode_id, step, now)
 
         async def write(sql: Statements) -> int:
-            # Checked first: the session is still collecting this episode at the version the
-            # caller read.
             moved = await self.bump(sql, session_id, version, now=now, expect=State.COLLECTING,
                                     episode_id=episode_id, active=True)
             await sql.run(f"INSERT INTO steps({STEP_COLUMNS}) VALUES ({marks(13)})", row)
@@ -267,8 +252,8 @@ class SqlSessions(SqlStore):
 
     async def _annotate(self, sql: Statements, session_id: str,
                         params: tuple[object, ...]) -> int | None:
-        """Writes a step's annotation (`ANNOTATE`'s parameters) and moves the session's version
-        on; None, writing nothing, when the step was annotated or its session moved on."""
+        """Writes a step's annotation and moves the session's version on; None, writing
+        nothing, when already annotated or the session moved on."""
         if not await sql.run(ANNOTATE, params):
             return None
         return await self.bump(sql, session_id, None, now=self._now())
@@ -324,8 +309,7 @@ class SqlSessions(SqlStore):
             params += (version,)
 
         async def write(sql: Statements) -> None:
-            # The claims lock before the session's row, as a commit takes them (its steps, the
-            # claims, then the row): the other order deadlocks against a close's commit.
+            # Claims before the session's row, as a commit takes them (else a deadlock).
             await self._lock_claims(sql, session_id)
             ended = await sql.run(
                 "UPDATE sessions SET ended = true, version = version + 1, holder = NULL,"
@@ -454,16 +438,13 @@ class SqlSessions(SqlStore):
 
     @classmethod
     async def side_writes(cls, sql: Statements, writes: Sequence[SideWrite]) -> None:
-        """Writes a commit's (or a forget's) side effects on other stores, inside its
-        transaction (`sql` is the graph's)."""
+        """Writes a commit's (or forget's) side effects inside its transaction."""
         for write in writes:
             if isinstance(write, StepsCommitted):
                 # Of a step listed twice, the last reward.
                 rewards = {step_id: reward(value) for step_id, value in write.steps}
                 if not await cls._save_rewards(sql, rewards, write.changeset_id):
-                    # Committed in another changeset or gone: the transaction writes nothing.
                     raise StepsCommittedElsewhere(write.session_id)
-                # Committed: nobody extracts them again, so nobody needs to claim them.
                 await cls._lock_claims(sql, write.session_id)
                 await sql.run(f"DELETE FROM step_claims WHERE step_id{cls.ANY}",
                               (cls._list(list(rewards)),))
@@ -477,11 +458,9 @@ class SqlSessions(SqlStore):
                             " WHERE id = ?",
                             (write.episode_id,),
                         )
-                        # What the extraction kept for a retry is no longer needed.
                         await sql.run("DELETE FROM task_results WHERE episode_id = ?",
                                       (write.episode_id,))
             elif isinstance(write, SourceRecorded):
-                # The receipt itself is the commit's, in applied_changesets.
                 await sql.run(
                     "INSERT INTO ingests(repo, source_id, payload_hash, changeset_id,"
                     f" created_at) VALUES (?, ?, ?, ?, {cls.CREATED})",

@@ -1,11 +1,6 @@
-"""`Statements`: one connection's statements, called the same way on both backends, so that a
-store's logic is written once (`storage.threads`) and a backend gives only its driver and SQL.
-
-Statements are written with `?` placeholders; PostgreSQL's (`storage.postgres.connection`)
-turns them into psycopg's `%s`. The calls are coroutines on both backends: on SQLite they never
-wait (each runs its statement at once, in the database's thread), and `drive` runs a piece of
-work made of them to its end inside that thread, in one `Database.run`.
-"""
+"""`Statements`: one connection's statements (`?` placeholders), the same coroutines on both
+backends so a store is written once. On SQLite they never wait, and `drive` runs a piece of
+work to its end in the database's thread."""
 
 from __future__ import annotations
 
@@ -31,8 +26,7 @@ class Statements(Protocol):
         ...
 
     async def run(self, query: str, params: Sequence[Any] = ()) -> int:
-        """Runs one statement; returns how many rows it changed (0 when the driver tells
-        none)."""
+        """Runs one statement; returns how many rows it changed (0 if unknown)."""
         ...
 
     async def run_many(self, query: str, params: Sequence[Sequence[Any]]) -> None:
@@ -40,9 +34,8 @@ class Statements(Protocol):
         ...
 
     def stream(self, query: str, params: Sequence[Any] = ()) -> AsyncGenerator[Row, None]:
-        """The rows of one statement, read lazily (a page at a time on PostgreSQL, inside a
-        transaction): a bounded read of a long table stops early. Close it
-        (`contextlib.aclosing`) when the loop may end before the rows do."""
+        """The rows of one statement, read lazily; close it (`contextlib.aclosing`) when the
+        loop may end early."""
         ...
 
 
@@ -51,8 +44,7 @@ Work = Callable[[Statements], Coroutine[Any, Any, T]]
 
 
 class Driver(Protocol):
-    """How a backend runs a store's work (`storage.sqlite.database.Database`,
-    `storage.postgres.connection.Postgres`)."""
+    """How a backend runs a store's work (`Database`, `Postgres`)."""
 
     async def read(self, work: Work[T]) -> T:
         """Runs `work`, a read."""
@@ -71,8 +63,7 @@ class Driver(Protocol):
         ...
 
     async def side_write(self, work: Work[T]) -> T:
-        """Runs a read's side write in one transaction (on SQLite it waits for another
-        writer a tenth of a second, not the busy timeout)."""
+        """Runs a read's side write in one transaction (short lock wait on SQLite)."""
         ...
 
 
@@ -103,12 +94,7 @@ def moment(value: str | datetime) -> datetime:
 
 
 def drive(work: Coroutine[Any, Any, T]) -> T:
-    """Runs a coroutine that never waits (every statement it awaits runs at once in this
-    thread) to its end, and returns its result.
-
-    Raises:
-        RuntimeError: it waited for something else (it is closed first).
-    """
+    """Runs a coroutine that never waits to its end; its result. `RuntimeError` if it waited."""
     try:
         work.send(None)
     except StopIteration as stop:

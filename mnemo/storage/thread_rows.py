@@ -1,10 +1,5 @@
-"""Rows of conversation memory on both backends, and the reads of `storage.threads.SqlThreads`
-(each over one connection, on one snapshot where the driver runs it `together`).
-
-Tables: `threads` (seq counter, history length, eviction boundary, history hash), `messages`
-(with the backend's search index; inserted and deleted, never updated), `message_vectors`,
-`compactions`, `snapshots`, `goals` and `pins`. Times read back in UTC (`moment`).
-"""
+"""Rows of conversation memory on both backends (`threads`, `messages` (never updated),
+`message_vectors`, `compactions`, `snapshots`, `goals`, `pins`) and `SqlThreads`' reads."""
 
 from __future__ import annotations
 
@@ -36,9 +31,8 @@ SNAPSHOT_COLUMNS = "id, thread_id, level, start_seq, end_seq, text, created_at, 
 
 
 def message_from_row(row: Sequence[Any]) -> Message:
-    """A `Message` from a row of `MESSAGE_COLUMNS`. The data is JSON text on SQLite, a jsonb
-    object on PostgreSQL, or there a string: the JSON text of the data, or of
-    `[data, content, role]` when they hold NUL (`storage.postgres.conversation.message_row`)."""
+    """A `Message` from a row of `MESSAGE_COLUMNS` (data as JSON text, jsonb, or PostgreSQL's
+    NUL-escaped string: `postgres.conversation.message_row`)."""
     message_id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata = row
     content = text if content is None else content
     if isinstance(data, str):
@@ -65,8 +59,7 @@ def snapshot_from_row(row: Sequence[Any]) -> Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class SearchQuery:
-    """What a search asks a backend's full-text index for (see `ThreadStore.search`): the
-    best `pool` candidates for the words."""
+    """What a search asks a backend's full-text index for: the best `pool` candidates."""
 
     words: Sequence[str]
     pool: int
@@ -83,15 +76,9 @@ _LOCK_ATTEMPTS = 3
 async def lock_row(
     sql: Statements, thread_id: str, stamp: object, lock: str
 ) -> tuple[ThreadState, bool]:
-    """Locks the thread's row until the transaction ends (`lock`: the backend's
-    `SqlThreads.LOCK`), creating it first at `stamp` when there is none (True then): the
-    first save and a purge or clear of a new thread take turns on its key (else a save between
-    a purge's statements would leave messages without a thread). A purge that deletes the row
-    while this waits for its lock is met by creating it again.
-
-    Raises:
-        ConflictError: purges deleted the row under each of `_LOCK_ATTEMPTS` waits.
-    """
+    """Locks the thread's row until the transaction ends, creating it at `stamp` first when
+    absent (True then), so saves and purges of a thread take turns. Raises `ConflictError`
+    when purges deleted the row under each of `_LOCK_ATTEMPTS` waits."""
     for _ in range(_LOCK_ATTEMPTS):
         state = await read_state(sql, thread_id, lock)
         if state is not None:
@@ -109,8 +96,7 @@ async def lock_row(
 
 
 async def read_state(sql: Statements, thread_id: str, lock: str = "") -> ThreadState | None:
-    """The thread's counters; with `lock` (the backend's `SqlThreads.LOCK`), the thread's row
-    stays locked until the transaction ends, so writers of one thread take turns."""
+    """The thread's counters; with `lock`, its row stays locked until the transaction ends."""
     row = await sql.row(
         "SELECT next_seq, history_len, boundary_seq, history_hash FROM threads WHERE id = ?"
         + lock,
@@ -136,8 +122,7 @@ async def read_messages(
 def stream_messages(
     sql: Statements, thread_id: str, *, from_seq: int, newest_first: bool
 ) -> AsyncGenerator[Row, None]:
-    """The thread's messages' rows from `from_seq` on, oldest or newest first, read lazily
-    (`Statements.stream`)."""
+    """The thread's message rows from `from_seq` on, oldest or newest first, read lazily."""
     return sql.stream(
         f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE thread_id = ? AND seq >= ?"
         f" ORDER BY seq {'DESC' if newest_first else 'ASC'}",
@@ -177,9 +162,8 @@ async def read_open_goals(sql: Statements, thread_id: str, byte_order: str) -> l
 
 
 async def delete_thread_rows(sql: Statements, thread_id: str) -> int:
-    """Deletes everything a thread holds except its counter row; returns messages deleted.
-    The search entries go with the messages (SQLite's by trigger, PostgreSQL's are a column
-    of the row)."""
+    """Deletes everything a thread holds but its counter row (search entries too); returns
+    messages deleted."""
     for table in ("pins", "goals", "snapshots", "compactions", "message_vectors"):
         await sql.run(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
     return await sql.run("DELETE FROM messages WHERE thread_id = ?", (thread_id,))
@@ -265,8 +249,7 @@ async def viewport_inputs(sql: Statements, thread_id: str, token_limit: int) -> 
     past = int(row[0]) if row else 0
     newest: list[Message] = []
     used = 0
-    # Newest first, up to and including the first message past the limit: the rows
-    # are read lazily, so a long backlog past the boundary is never read whole.
+    # Newest first, lazily, up to the first message past the limit.
     rows = stream_messages(sql, thread_id, from_seq=boundary, newest_first=True)
     async with aclosing(rows):
         async for message_row in rows:
@@ -281,11 +264,8 @@ async def viewport_inputs(sql: Statements, thread_id: str, token_limit: int) -> 
 async def eviction_inputs(sql: Statements, thread_id: str, byte_order: str) -> (
     EvictionInputs
 ):
-    """What an eviction of the thread starts from (`ThreadStore.eviction_inputs`).
-
-    Raises:
-        NotFoundError: the thread was never saved.
-    """
+    """What an eviction starts from (`ThreadStore.eviction_inputs`); `NotFoundError` if never
+    saved."""
     state = await read_state(sql, thread_id)
     if state is None:
         raise NotFoundError("thread", thread_id)
@@ -297,12 +277,8 @@ async def eviction_inputs(sql: Statements, thread_id: str, byte_order: str) -> (
 
 
 async def view(sql: Statements, message_id: str, radius: int) -> MessageView:
-    """`radius` messages on each side of the message, as stored, and the `VIEW_SNAPSHOTS`
-    nearest level-1 snapshots on each side.
-
-    Raises:
-        NotFoundError: no such message.
-    """
+    """`radius` messages and `VIEW_SNAPSHOTS` level-1 snapshots on each side of the message;
+    `NotFoundError` if none."""
     row = await sql.row(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?",
                         (message_id,))
     if row is None:

@@ -1,18 +1,8 @@
-"""`SqlThreads`: the conversation store (`mnemo.conversation.ports.ThreadStore`), written once
-for both backends over `storage.sql.Statements`. A backend
-(`storage.sqlite.conversation.SqliteThreads`, `storage.postgres.conversation.PgThreads`) gives
-its driver (`storage.sql.Driver`), its dialect's few words (`LOCK`, `BYTE_ORDER`,
-`VECTOR_UPSERT`), how its values are stored, and its full-text search (`_candidates`,
-`_snippets`).
-
-Every write is one transaction. A write that depends on a thread's counters (append, expire,
-pop, compaction, eviction, clear, purge) first locks the thread's row (`LOCK`, `SELECT ...
-FOR UPDATE` on PostgreSQL; SQLite's transaction holds the file's write lock from its start),
-so writers of one thread take turns: of two appends racing with the same expected length, the
-second reads the first's count and raises `ConflictError`. A read of several statements reads
-them together (`Driver.together`: one REPEATABLE READ transaction on PostgreSQL, one call on
-SQLite's one connection). The tables, and the reads, are in `storage.thread_rows`.
-"""
+"""`SqlThreads`: the conversation store (`ThreadStore`), once for both backends; a backend gives
+its driver, dialect words, value storage and full-text search. Every write is one transaction;
+one that depends on a thread's counters locks its row first (`LOCK`), so writers of a thread
+take turns (of two racing appends, the second raises `ConflictError`); a read of several
+statements is one snapshot."""
 
 from __future__ import annotations
 
@@ -58,8 +48,7 @@ class SqlThreads(SqlStore):
 
     # Appended to a SELECT whose rows stay locked until the transaction ends.
     LOCK = ""
-    # Stores (message_id, thread_id, vec) of a message that exists (the 4th parameter is its
-    # id again), replacing its vector.
+    # Upserts (message_id, thread_id, vec) of an existing message (4th parameter: its id).
     VECTOR_UPSERT = ""
 
     # ---- what a backend gives -------------------------------------------------------------
@@ -83,8 +72,7 @@ class SqlThreads(SqlStore):
 
     @abstractmethod
     async def _candidates(self, sql: Statements, query: reads.SearchQuery) -> list[Row]:
-        """The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words,
-        higher relevance for a better match."""
+        """The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words."""
 
     @abstractmethod
     async def _snippets(
@@ -165,8 +153,7 @@ class SqlThreads(SqlStore):
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
         at = self._stamp(utc(cutoff))
-        # Nothing due, no lock on the thread: a ttl manager's reads (each expires first)
-        # would otherwise wait behind, and fail for, another writer of the thread.
+        # Nothing due: no lock taken, so reads that expire first never wait for a writer.
         due = await self._driver.read(lambda sql: sql.row(
             "SELECT 1 FROM messages WHERE thread_id = ? AND recorded_at < ? LIMIT 1",
             (thread_id, at),
@@ -291,9 +278,7 @@ class SqlThreads(SqlStore):
         await self._driver.write(write)
 
     async def purge(self, thread_id: str) -> int:
-        """Erases the thread without a trace; returns how many messages went. Every row of
-        the thread is deleted in one transaction, its counter row too, with what the backend
-        does more (`_erased`)."""
+        """Erases every row of the thread in one transaction; returns how many messages went."""
 
         async def write(sql: Statements) -> int:
             await reads.lock_row(sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
@@ -403,8 +388,7 @@ class SqlThreads(SqlStore):
         ids = [s.id for s in covered]
 
         async def write(sql: Statements) -> Snapshot | None:
-            # Locking the rows makes a racing fold wait, then re-check `covered_by` on the
-            # version this one committed, and find them covered.
+            # Locked: a racing fold waits, then finds them covered.
             still = await sql.rows(
                 f"SELECT id FROM snapshots WHERE id IN ({marks(len(ids))})"
                 f" AND covered_by IS NULL{self.LOCK}",
@@ -441,7 +425,6 @@ class SqlThreads(SqlStore):
         query = reads.SearchQuery(
             words, pool_size(limit), thread_id, exclude_viewport_of, shown, where)
 
-        # One read: the hits' snippets come from the rows that were ranked.
         async def read(sql: Statements) -> list[SearchHit]:
             scored = rank_by_recency(
                 ((int(rowid), float(score), moment(at))

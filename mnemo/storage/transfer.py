@@ -1,19 +1,7 @@
-"""Moving a memory from one store to another (`mnemo migrate`): backend-neutral.
-
-`TABLES` names the tables both backends hold, in dependency order, each column with its
-`Kind`. A backend's `Dump` reads rows as neutral Python values (str, int, float, bool, bytes,
-aware UTC datetimes, parsed JSON, float32 numpy vectors) and writes them, skipping rows
-whose key the target holds (a second run copies nothing; an interrupted one carries on). The
-rowids that order episodes, nodes, messages and snapshots are carried over.
-
-Not copied: migration ledgers and planner statistics, who holds which work (`holders`,
-`step_claims`, sessions' `holder` and `lease_until`, `ops`), a re-embedding under way
-(`reembeds`, `staged_vectors`), and the search indexes, which the target's triggers and
-generated columns build.
-
-Afterwards every table's counts and the nodes' checksum (`NodeChecksum`) must agree, else
-`StorageError("mismatch")` names the table.
-"""
+"""Moving a memory from one store to another (`mnemo migrate`), backend-neutral: each
+backend's `Dump` reads and writes `TABLES` as neutral values, skipping rows the target holds
+(rerunnable), rowids kept. Work holders, leases, a re-embedding under way and search indexes
+are not copied. Counts and `NodeChecksum` are verified after (`StorageError("mismatch")`)."""
 
 from __future__ import annotations
 
@@ -49,11 +37,8 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Table:
-    """One table to copy: its columns (with kinds) and its primary key.
-
-    `rowid` tables carry the integer that orders their rows (SQLite's rowid, PostgreSQL's
-    identity column of that name) as their first column.
-    """
+    """One table to copy: its columns (with kinds) and its primary key; a `rowid` table has
+    its ordering integer as first column."""
 
     name: str
     columns: tuple[tuple[str, Kind], ...]
@@ -140,13 +125,11 @@ class Dump(Protocol):
         ...
 
     def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
-        """Every row of `table` in batches of at most `batch`, in the table's natural order
-        (its rowid where it has one, else its key)."""
+        """Every row of `table` in batches of at most `batch`, by rowid or else key."""
         ...
 
     async def write(self, table: Table, rows: Sequence[Row]) -> int:
-        """Inserts `rows` in one transaction, skipping each whose key (or rowid) is already
-        there; returns how many were inserted."""
+        """Inserts `rows` in one transaction, skipping keys present; how many were inserted."""
         ...
 
     async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
@@ -163,8 +146,7 @@ class Dump(Protocol):
 
 
 class NodeChecksum:
-    """sha256 over each node's id and text, each length-prefixed so that no two sequences of
-    pairs hash alike by shifting characters between them."""
+    """sha256 over each node's id and text, each length-prefixed."""
 
     def __init__(self) -> None:
         self._hash = hashlib.sha256()
@@ -181,8 +163,7 @@ class NodeChecksum:
 
 @dataclass(frozen=True, slots=True)
 class TableCount:
-    """One table after a transfer: rows in the source, rows this run copied, rows in the
-    target."""
+    """One table after a transfer: rows in the source, copied by this run, in the target."""
 
     table: str
     source: int
@@ -192,8 +173,7 @@ class TableCount:
 
 @dataclass(frozen=True, slots=True)
 class TransferReport:
-    """What `transfer` did, verified: the counts per table and the nodes' checksum (equal on
-    both sides)."""
+    """What `transfer` did, verified: counts per table and the nodes' checksum."""
 
     tables: tuple[TableCount, ...]
     checksum: str
@@ -203,9 +183,7 @@ class TransferReport:
         return sum(t.copied for t in self.tables)
 
 
-# (table, rows done, rows in the source) after each batch; (table, 0, total) before the first.
-# Besides the tables: CHECK, the source's nodes compared with the target's before copying;
-# FINISH, the target's indexes built after; VERIFY, the counts and checksums compared.
+# (table or CHECK/FINISH/VERIFY, rows done, rows in the source), before and after each batch.
 Progress = Callable[[str, int, int], None]
 CHECK = "check node ids"
 FINISH = "build indexes"
@@ -215,16 +193,9 @@ VERIFY = "verify"
 async def transfer(
     source: Dump, target: Dump, *, batch: int = BATCH, progress: Progress | None = None
 ) -> TransferReport:
-    """Copies every table of `source` into `target`, then verifies the copy.
-
-    Rows whose key the target holds already are skipped (a second run copies nothing).
-
-    Raises:
-        ConflictError: a node id of the source holds another text in the target; checked
-            before anything is written, so nothing was copied.
-        StorageError: `"mismatch"` when, after copying, a table's row counts or the node
-            checksums differ (the message names the table); as either store otherwise.
-    """
+    """Copies every table of `source` into `target` (keys present skipped), then verifies.
+    Raises `ConflictError` before writing when a node id holds another text in the target;
+    `StorageError("mismatch")` naming the table whose counts or checksum differ after."""
     conflicts, example, checked = 0, "", 0
     nodes = await source.count(NODES)
     if progress is not None:
@@ -271,12 +242,7 @@ async def verify(
     *,
     progress: Progress | None = None,
 ) -> TransferReport:
-    """The counts of every table and the node checksums of both stores, which must agree.
-
-    Raises:
-        StorageError: `"mismatch"`, naming the first table whose counts differ, or the nodes
-            when their checksums do.
-    """
+    """Both stores' counts and node checksums; `StorageError("mismatch")` names what differs."""
     counts = []
     steps = len(TABLES) + 1  # each table's counts, then the checksums
     for done, table in enumerate(TABLES):
@@ -313,13 +279,8 @@ def same_store(a: str, b: str) -> bool:
 
 @asynccontextmanager
 async def open_dump(store: str, *, must_exist: bool) -> AsyncIterator[Dump]:
-    """The `Dump` of the store `store` names (a SQLite file or a `postgresql://` URL), opened
-    and migrated to this mnemo's schema.
-
-    Raises:
-        StorageError: `"unavailable"` when `must_exist` and there is no mnemo store there;
-            as the backend when it cannot be opened.
-    """
+    """The `Dump` of a SQLite file or `postgresql://` URL, opened and migrated; raises
+    `StorageError("unavailable")` when `must_exist` and there is no mnemo store."""
     if is_postgres(store):
         from mnemo.storage.postgres.dump import open_postgres_dump
 

@@ -1,16 +1,7 @@
-"""In-memory vectors that follow the store, whichever process or `Memory` wrote to it.
-
-`SqliteVectors` keeps every repo's vectors in memory, `PgVectors` its tags' and intents'.
-They follow the node log (`lexical_log`), a per-repo sequence that triggers move in the
-writer's transaction on every insert, text change and delete of a node. A `RepoVectors`
-records the sequence it reflects and each node's rowid; before each use its owner reads the
-repo's sequence and generation (`VECTOR_STATE`, one row) and, when it moved, applies the changed
-nodes. Applying is idempotent, so a read racing a write is caught up by the next. A cache
-behind the log's horizon, or of an earlier generation (`Memory.reembed`), is loaded again.
-
-`reading_block` looks once at a block's start; the uses inside it (child tasks too) skip the
-read: a recall sees every write that returned before it started.
-"""
+"""In-memory vectors that follow the store's node log (`lexical_log`), whichever process
+wrote: before each use the owner reads the repo's sequence and generation (`VECTOR_STATE`) and
+applies the changed nodes (idempotent); a cache past the log's horizon or of another generation
+is reloaded. In a `reading_block` one look at its start serves every use inside it."""
 
 from __future__ import annotations
 
@@ -28,7 +19,6 @@ from mnemo.graph.ports import PendingRead
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical.source import LOGGED
 
-# "?" placeholders; PostgreSQL's owner swaps them for "%s".
 CHANGED = (
     f"SELECT l.node, n.id, n.type, v.vec FROM {LOGGED}"
     " LEFT JOIN nodes n ON n.rowid = l.node AND n.repo = ?"
@@ -43,8 +33,7 @@ CHANGED_OF_KINDS = CHANGED.replace(
 # A changed node as read: (rowid, id, type, vector), the last three None when it is gone.
 Change = tuple[int, str | None, str | None, Vector | None]
 
-# The repo's node log (sequence, horizon) and its vectors' generation and dimension as its
-# record holds them (`Memory.reembed` moves both), in one read of one row; "?" placeholders.
+# The repo's log sequence and horizon, its vectors' generation and dimension, in one row.
 VECTOR_STATE = (
     "SELECT l.seq, l.horizon, r.vectors_generation, r.dim FROM (SELECT CAST(? AS TEXT) AS name) q"
     " LEFT JOIN lexical_repos l ON l.repo = q.name LEFT JOIN repos r ON r.name = q.name"
@@ -53,9 +42,7 @@ VECTOR_STATE = (
 
 @dataclass(frozen=True, slots=True)
 class VectorState:
-    """`VECTOR_STATE` as read: the node log's sequence and horizon (0 for a repo never
-    written), the vectors' generation (0 without a record) and dimension (None without one:
-    the owner's own `dims` then)."""
+    """`VECTOR_STATE` as read (0s, and dimension None, for a repo without rows)."""
 
     seq: int
     horizon: int
@@ -75,9 +62,8 @@ def _whole(value: object) -> int:
 
 @dataclass(slots=True)
 class RepoVectors:
-    """A repo's vectors in memory: the log sequence they reflect, and each node's rowid.
-    `kinds`: the node types kept (None: all). The index's `generation` is the vectors' (see
-    `behind`)."""
+    """A repo's vectors in memory (of `kinds`, None: all): the log sequence they reflect and
+    each node's rowid."""
 
     index: VectorIndex
     seq: int
@@ -91,8 +77,7 @@ class RepoVectors:
         self.rowids.update(zip(rowids, ids, strict=True))
 
     def behind(self, seq: int, horizon: int, generation: int | None = None) -> bool:
-        """Whether the log moved since; raises `Reload` when it no longer reaches back here,
-        or when the repo's vectors are of another `generation` than the index's."""
+        """Whether the log moved since; raises `Reload` past its horizon or generation."""
         if generation is not None and generation != self.index.generation:
             raise Reload
         return moved(self.seq, seq, horizon)
@@ -128,8 +113,7 @@ class Reload(Exception):
 
 
 def moved(since: int, seq: int, horizon: int) -> bool:
-    """Whether a log at `seq` (keeping every change past `horizon`) moved past `since`;
-    raises `Reload` when it no longer reaches back to `since`."""
+    """Whether a log at `seq` moved past `since`; `Reload` when `horizon` is past it."""
     if seq == since:
         return False
     if since < horizon or since > seq:
@@ -137,20 +121,17 @@ def moved(since: int, seq: int, horizon: int) -> bool:
     return True
 
 
-# What a backend gives a `VectorCache`: a repo's changes since a `RepoVectors`'s sequence (None when
-# the log did not move; raises `Reload` when it no longer reaches back), and a repo's first load.
+# A backend's read of a repo's changes since a `RepoVectors`'s sequence (None: unmoved).
 Changes = Callable[[str, RepoVectors], Awaitable[tuple[int, list[Change]] | None]]
 Load = Callable[[str], Awaitable[RepoVectors]]
-# Optionally, the same read started at once and awaited later (`PendingRead`; `Reload` for
-# another generation): a `reading` block starts its look and waits at its first use.
+# The same read started at a `reading` block's start, awaited at its first use.
 Look = PendingRead[tuple[int, list[Change]] | None]
 Start = Callable[[str, int, int], Look]
 
 
 class VectorCache:
-    """One owner's `RepoVectors` repos: loaded on first use, brought up to the log at every use
-    after, unless a `reading` block of the repo did at its start (with `start`: began to, at
-    its start, and finished at its first use)."""
+    """One owner's `RepoVectors`: loaded on first use, brought up to the log at each use or
+    once per `reading` block."""
 
     def __init__(self, changes: Changes, load: Load, start: Start | None = None) -> None:
         self._changes = changes
@@ -168,32 +149,28 @@ class VectorCache:
         return [held.index for held in self._held.values()]
 
     def remove(self, repo: str, node_ids: Sequence[str]) -> None:
-        """The owner deleted these nodes: out of the index at once (the log says so later)."""
+        """The owner deleted these nodes: out of the index at once."""
         if repo in self._held:
             self._held[repo].index.remove(node_ids)
 
     def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
-        """A block whose uses of the repo's vectors share one look at the log, taken at its
-        start: they see every write that returned before it began."""
+        """A block whose uses of the repo's vectors share one look at the log, at its start."""
         return reading_block(self, repo, lambda: self.index(repo), lambda: self._started(repo))
 
     def _started(self, repo: str) -> Look | None:
-        """The look at the log since the repo's sequence, under way (None: no `start`, or the
-        repo not loaded yet, which `index` loads)."""
+        """The look at the log under way (None: no `start`, or the repo not loaded)."""
         held = self._held.get(repo)
         if self._start is None or held is None:
             return None
         return self._start(repo, held.seq, held.index.generation)
 
     def settled(self, repo: str) -> bool:
-        """Whether this task is in a `reading` block of the repo whose look at the log is
-        done (begun and finished, or taken at its start)."""
+        """Whether this task is in a `reading` block of the repo whose look is done."""
         look = _look(self, repo)
         return look is not None and look.pending is None
 
     async def index(self, repo: str) -> VectorIndex:
-        """The repo's vectors as the store holds them now (one keyed read when nothing
-        changed), or as of the start of the `reading` block this task is in."""
+        """The repo's vectors as the store holds them now, or at its `reading` block's start."""
         held = self._held.get(repo)
         look = _look(self, repo)
         if held is not None and look is not None and look.pending is None:
@@ -202,14 +179,11 @@ class VectorCache:
             held = self._held.get(repo)
             try:
                 if held is not None and look is not None and look.pending is not None:
-                    # Finished once, by the first use (the others of the block wait for the
-                    # lock, then find it done), whatever its outcome.
+                    # Finished once, by the first use, whatever its outcome.
                     try:
                         changed = await look.pending.result()
                     finally:
                         look.pending = None
-                    # Read since an earlier sequence, the changes hold each node as the store
-                    # had it when read: newer than `held` wherever `held` is older.
                     if changed is not None and changed[0] > held.seq:
                         held.apply(*changed)
                     return held.index
@@ -229,12 +203,10 @@ class VectorCache:
 @dataclass(slots=True)
 class _Look:
     open: bool = True
-    # The look, when it was started and is not finished yet.
     pending: Look | None = None
 
 
-# The (owner, repo) pairs brought up at the start of a block this task is in. A `_Look` is
-# closed when its block ends, so that a task started inside and outliving it looks again.
+# (owner, repo) pairs brought up at the start of a block this task is in (closed at its end).
 _LOOKS: ContextVar[dict[tuple[int, str], _Look]] = ContextVar("mnemo_vector_looks")
 
 
@@ -244,8 +216,7 @@ def _look(owner: object, repo: str) -> _Look | None:
 
 
 def looked(owner: object, repo: str) -> bool:
-    """Whether `owner`'s vectors of `repo` were brought up (or began to be) at the start of an
-    open block (`reading_block`) this task is in."""
+    """Whether `owner`'s vectors of `repo` were brought up at an open block's start."""
     return _look(owner, repo) is not None
 
 
@@ -254,9 +225,8 @@ async def reading_block(
     owner: object, repo: str, catch_up: Callable[[], Awaitable[object]],
     start: Callable[[], Look | None] = lambda: None,
 ) -> AsyncIterator[None]:
-    """Brings `owner`'s vectors of `repo` up now (`catch_up`), or starts to (`start`, when it
-    returns the look under way: the owner's first use inside the block finishes it); inside
-    the block, `looked` is True and the uses skip the log."""
+    """Brings `owner`'s vectors of `repo` up now (`catch_up`) or starts to (`start`); inside
+    the block the uses skip the log."""
     if looked(owner, repo):
         yield
         return

@@ -1,10 +1,5 @@
-"""`Worker`: one thread that runs the jobs given to it, one at a time, in arrival order, for
-callers on the event loop.
-
-A hop is a `queue.SimpleQueue` put and one `call_soon_threadsafe` back (cheaper than
-`anyio.to_thread.run_sync`). Below it, reads begun now and awaited later
-(`mnemo.graph.ports.PendingRead`).
-"""
+"""`Worker`: one thread running jobs in arrival order for callers on the event loop (a hop
+cheaper than `anyio.to_thread.run_sync`), and reads begun now, awaited later (`PendingRead`)."""
 
 from __future__ import annotations
 
@@ -23,12 +18,10 @@ log = logging.getLogger("mnemo")
 
 
 class Worker:
-    """A thread of its own (a daemon, named `name`) that runs one job at a time, in arrival
-    order, until `stop`."""
+    """A daemon thread that runs one job at a time, in arrival order, until `stop`."""
 
     def __init__(self, name: str) -> None:
-        # A job is `(fn, future, loop)`: the thread runs `fn()` and settles `future` on `loop`;
-        # a posted job (`post`) is `(fn, None, None)`: nothing is settled.
+        # `(fn, future, loop)`; a posted job is `(fn, None, None)`.
         self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
@@ -50,9 +43,7 @@ class Worker:
                 _reply(loop, future, result, None)
 
     async def call(self, fn: Callable[[], T]) -> T:
-        """Runs `fn()` in the thread. A caller cancelled meanwhile still waits for the job to
-        end (shielded): a write is either wholly done or not, and the caller's cleanup may rely
-        on which."""
+        """Runs `fn()` in the thread; a cancelled caller still waits for the job to end."""
         future = self.start(fn)
         with anyio.CancelScope(shield=True):
             result = await future
@@ -66,9 +57,8 @@ class Worker:
         return future
 
     def post(self, fn: Callable[[], object]) -> None:
-        """Queues `fn()` and returns at once: it runs after the jobs given before and before
-        those given after, and nothing waits for it (`fn` reports its own failures; one that
-        escapes it is logged)."""
+        """Queues `fn()` in order and returns at once (`fn` reports its own failures; one that
+        escapes is logged)."""
         self.jobs.put((fn, None, None))
 
     def stop(self) -> None:
@@ -76,8 +66,7 @@ class Worker:
         self.jobs.put(None)
 
     async def stopped(self) -> None:
-        """`stop`, and waits (in a worker thread, at most 10 s) until the thread has ended: a
-        job begun and never awaited is done by then."""
+        """`stop`, and waits (at most 10 s) until the thread has ended."""
         self.stop()
         await anyio.to_thread.run_sync(self._thread.join, 10.0)
 
@@ -93,8 +82,7 @@ def _reply(
     loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any,
     exc: BaseException | None,
 ) -> None:
-    """Settles `future` on its loop; nothing when that loop has closed meanwhile (a job begun
-    and never awaited can end after it: no one is left to read its answer)."""
+    """Settles `future` on its loop, unless that loop has closed."""
     try:
         loop.call_soon_threadsafe(_settle, future, result, exc)
     except RuntimeError:
@@ -114,8 +102,7 @@ def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None)
 
 
 class Queued(Generic[T]):
-    """A job queued on a worker thread (its future, settled by the thread); `error` turns
-    what the job raised into what `result` raises (by default, itself)."""
+    """A job queued on a worker thread; `error` maps what it raised to what `result` raises."""
 
     def __init__(
         self, future: asyncio.Future[T],
@@ -125,8 +112,7 @@ class Queued(Generic[T]):
         self._error = error
 
     async def result(self) -> T:
-        """What the job returned (a caller cancelled meanwhile leaves the job to run on, its
-        answer dropped)."""
+        """What the job returned (a cancelled caller leaves it running, its answer dropped)."""
         try:
             return await self._future
         except asyncio.CancelledError:

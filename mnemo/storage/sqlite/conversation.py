@@ -1,12 +1,5 @@
-"""`SqliteThreads`: the conversation store (`storage.threads.SqlThreads`) on mnemo's SQLite
-file: its driver, how it stores times, data and vectors, and its search.
-
-A write is one `db.atomic()` transaction, holding the write lock from its start. Times are UTC
-ISO-8601 text with microseconds, so text order is time order. Search runs on FTS5
-(`messages_fts`, kept by triggers; `porter unicode61`) with each query word quoted and the words
-OR-combined; bm25 picks the pool `rank_by_recency` reorders, and `snippet()` is asked only for
-the hits returned.
-"""
+"""`SqliteThreads`: the conversation store on SQLite. Times are UTC ISO-8601 text (text order
+is time order); search runs on FTS5 (`messages_fts`), query words quoted and OR-combined."""
 
 from __future__ import annotations
 
@@ -38,8 +31,7 @@ def match_expression(words: Sequence[str]) -> str:
     >>> match_expression(["nginx", "proxy", "AND", "NOT", "port"])
     '"nginx" OR "proxy" OR "AND" OR "NOT" OR "port"'
     """
-    # A word (`mnemo.text.query_words`) is word characters, marks and format characters: it
-    # holds no double quote to escape. FTS5 splits it as it splits a text, into a phrase.
+    # A query word holds no double quote to escape.
     return " OR ".join(f'"{word}"' for word in words)
 
 
@@ -72,18 +64,11 @@ class SqliteThreads(SqlThreads):
         return vector_from_blob(value)
 
     def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
-        # A range of the primary key: the strings that start with `prefix` sort, byte for
-        # byte, from it to it followed by the last code point.
         return "id >= ? AND id < ?", (prefix, prefix + "\U0010ffff")
 
     async def purge(self, thread_id: str) -> int:
-        """Erases the thread without a trace; returns how many messages went.
-
-        Everything of the thread is deleted in one transaction (`secure_delete` zeroes the freed
-        pages), then the FTS5 index is merged (`optimize`: it keeps deleted words in old
-        segments until a merge; skipped when the thread had no message), then the WAL is
-        checkpointed and truncated.
-        """
+        """Erases the thread in one transaction, then merges the FTS5 index (deleted words stay
+        in old segments until then) and truncates the WAL; returns how many messages went."""
         gone = await super().purge(thread_id)
         await self._database.run(truncate_wal)
         return gone
@@ -99,8 +84,7 @@ class SqliteThreads(SqlThreads):
         if query.thread_id is not None:
             conditions.append("m.thread_id = ?")
             params.append(query.thread_id)
-            # A thread's messages lie within the rowids of its first and last: FTS5 seeks to
-            # that range instead of ranking every thread's matches.
+            # FTS5 seeks to the thread's rowid range rather than rank every thread's matches.
             span = await sql.row(
                 "SELECT min(rowid), max(rowid) FROM messages WHERE thread_id = ?",
                 (query.thread_id,),
@@ -120,8 +104,7 @@ class SqliteThreads(SqlThreads):
             state = await read_state(sql, query.exclude_viewport_of)
             boundary = state.boundary_seq if state else 0
             if query.shown is not None:
-                # What the viewport showed and still would: an eviction since moved some of
-                # it behind the boundary, into a snapshot only; a pin still shows it.
+                # What the viewport showed and still would (a pin still shows it).
                 conditions.append(
                     "NOT (m.thread_id = ? AND m.id IN (SELECT value FROM json_each(?)) AND"
                     " (m.seq >= ? OR EXISTS (SELECT 1 FROM pins p WHERE p.message_id = m.id)))"
@@ -147,7 +130,6 @@ class SqliteThreads(SqlThreads):
                 "  ORDER BY rank LIMIT ?) AS f JOIN messages m ON m.rowid = f.rowid",
                 (match, query.pool),
             )
-        # bm25 is lower for better matches: its negation is the relevance.
         return [(rowid, -score, at) for rowid, score, at in rows]
 
     async def _snippets(

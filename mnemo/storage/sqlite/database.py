@@ -1,18 +1,8 @@
-"""`Database`: the one owner of mnemo's SQLite connection.
-
-Every statement runs in one worker thread that owns the connection (`mnemo.storage.worker`):
-the event loop never waits on SQLite.
-
-A transaction takes the write lock when it begins (`BEGIN IMMEDIATE`), so a writer waits in
-SQLite's busy handler, in the worker thread, for at most `busy_timeout` seconds, and never
-fails half-way because another writer slipped in after its first read. Whatever SQLite raises
-becomes a `StorageError` here (`"busy"`, `"unavailable"` or `"corrupt"`), with nothing of the
-failed transaction written.
-
-WAL with `synchronous=NORMAL` is durable against a killed process; `"FULL"` also against power
-loss. The automatic checkpoint runs inside the write that crosses it, and `journal_size_limit`
-truncates the WAL after each one.
-"""
+"""`Database`: the one owner of mnemo's SQLite connection, used only from its worker thread.
+A transaction takes the write lock when it begins (`BEGIN IMMEDIATE`), waiting at most
+`busy_timeout`; SQLite's errors become `StorageError` ("busy", "unavailable", "corrupt") with
+nothing of the failed transaction written. WAL with `synchronous=NORMAL` is durable against a
+killed process, "FULL" also against power loss."""
 
 from __future__ import annotations
 
@@ -41,13 +31,11 @@ T = TypeVar("T")
 
 Work = Callable[[SqliteUtilsDatabase], T]
 
-# The WAL is truncated to this size after a checkpoint (it may grow past it between two).
 WAL_SIZE_LIMIT = 16 * 1024 * 1024
 
 _BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _CORRUPT_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
 
-# mnemo's own random numbers: the global generator is the application's.
 _JITTER = random.Random()
 
 
@@ -60,8 +48,7 @@ class _Connection(SqliteUtilsDatabase):
             with super().atomic() as db:  # a savepoint inside the running transaction
                 yield db
             return
-        # A deferred BEGIN fails at once with SQLITE_BUSY_SNAPSHOT when another writer
-        # committed after its first read; IMMEDIATE waits in the busy handler instead.
+        # A deferred BEGIN could fail with SQLITE_BUSY_SNAPSHOT; IMMEDIATE waits instead.
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self
@@ -78,8 +65,7 @@ class _Connection(SqliteUtilsDatabase):
 
 
 def storage_error(exc: sqlite3.Error) -> StorageError:
-    """The `StorageError` for a driver error (it becomes the `__cause__`): "busy", "corrupt",
-    else "unavailable", whose message says when the file or its folder is read-only."""
+    """The `StorageError` ("busy", "corrupt", else "unavailable") for a driver error, its cause."""
     code = getattr(exc, "sqlite_errorcode", None)
     primary = code & 0xFF if isinstance(code, int) else None
     note = ""
@@ -124,12 +110,7 @@ class Database:
         return self._db
 
     async def open(self) -> None:
-        """Connects, enables WAL and applies pending migrations.
-
-        Raises:
-            StorageError: the file cannot be opened or set up (`"busy"` when another process
-                held its write lock for longer than the busy timeout).
-        """
+        """Connects, enables WAL and applies pending migrations; raises `StorageError`."""
         self._worker = Worker(f"mnemo-db:{Path(self.path).name}")
         try:
             await self._call(self._open_sync)
@@ -139,12 +120,9 @@ class Database:
             raise
 
     def _open_sync(self) -> None:
-        # Autocommit mode: a statement outside `atomic()` is its own transaction, and
-        # `atomic()` opens every other one explicitly (no implicit BEGIN left open).
+        # Autocommit: every transaction is opened by `atomic()`.
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
-            # Before anything else: switching to WAL and migrating wait for other processes
-            # opening the same new file.
             conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
             db = _Connection(conn, execute_plugins=False)
             deadline = time.monotonic() + self._busy_ms / 1000
@@ -153,8 +131,7 @@ class Database:
                     self._set_up(db)
                     break
                 except sqlite3.OperationalError as exc:
-                    # Switching to WAL, or reading a schema being written, can be refused
-                    # without the busy handler's wait: retry until the busy timeout is spent.
+                    # Switching to WAL can be refused without the busy handler's wait.
                     if storage_error(exc).reason != "busy" or time.monotonic() >= deadline:
                         raise
                     time.sleep(_JITTER.uniform(0.005, 0.03))
@@ -170,8 +147,7 @@ class Database:
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
-        # Erasure: whatever a delete or update frees is zeroed, so a forgotten word leaves no
-        # copy in free space or on the freelist.
+        # Erasure: freed pages are zeroed.
         conn.execute("PRAGMA secure_delete=ON")
         migrate(db)
         self.clock.anchor(db)
@@ -191,38 +167,30 @@ class Database:
             worker.stop()
 
     async def run(self, work: Work[T]) -> T:
-        """Runs `work(db)` in the connection's thread, alone on the connection.
-
-        Raises:
-            StorageError: SQLite failed (the transaction `work` opened is rolled back).
-        """
+        """Runs `work(db)` alone on the connection; raises `StorageError` (its transaction
+        rolled back)."""
         return await self._call(_alone(self.db, work))
 
     async def read(self, work: StatementsWork[T]) -> T:
-        """Runs `work` (`storage.sql`) in the connection's thread, outside a transaction."""
+        """Runs `work` (`storage.sql`) outside a transaction."""
         return await self.run(lambda db: drive(work(SqliteStatements(db.conn))))
 
     together = read
 
     async def write(self, work: StatementsWork[T]) -> T:
-        """Runs `work` (`storage.sql`) in the connection's thread, in one `atomic()`."""
+        """Runs `work` (`storage.sql`) in one `atomic()`."""
         return await self.run(lambda db: _within(db.atomic(), db, work))
 
     one = write
 
     async def side_write(self, work: StatementsWork[T]) -> T:
-        """Runs `work` (`storage.sql`) in the connection's thread, in one `side_write`."""
+        """Runs `work` (`storage.sql`) in one `side_write`."""
         return await self.run(lambda db: _within(side_write(db), db, work))
 
     def post(self, work: Work[object], failed: Callable[[StorageError], object]) -> None:
-        """Queues `work(db)` on the connection's thread and returns at once, without waiting
-        for it: it runs after every call given before and before every call given after, so
-        a later read through this `Database` sees what it wrote. A failure (its transaction
-        rolled back) goes to `failed`, in that thread.
-
-        Raises:
-            StorageError: "closed", the database is not open.
-        """
+        """Queues `work(db)` and returns at once; it runs in call order (a later read sees
+        its writes). A failure (rolled back) goes to `failed`, in the thread. Raises
+        `StorageError("closed")`."""
         db = self.db
         worker = self._worker
         if worker is None:
@@ -240,12 +208,8 @@ class Database:
         worker.post(job)
 
     def start(self, work: Work[T]) -> Queued[T]:
-        """Queues `work(db)` as `run` does and returns at once: it runs whether or not its
-        result is awaited (`Queued.result`).
-
-        Raises:
-            StorageError: "closed", the database is not open.
-        """
+        """Queues `work(db)` as `run` does and returns at once (it runs even if never
+        awaited). Raises `StorageError("closed")`."""
         return Queued(self._queue(_alone(self.db, work)), _translated)
 
     async def _call(self, fn: Callable[[], T]) -> T:
@@ -261,7 +225,6 @@ class Database:
         worker = self._worker
         if worker is None:
             raise StorageError("closed", "the database is not open")
-        # `Worker.call`'s hop, inlined (the append path).
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         worker.jobs.put((fn, future, loop))
@@ -269,8 +232,7 @@ class Database:
 
 
 def _alone(db: SqliteUtilsDatabase, work: Work[T]) -> Callable[[], T]:
-    """`work(db)` as a job of the connection's thread: a transaction it leaves open (it
-    failed inside one of its own) is rolled back."""
+    """`work(db)` as a job; a transaction it leaves open is rolled back."""
 
     def job() -> T:
         try:
@@ -330,19 +292,12 @@ def boot_id() -> str:
 
 
 class HostClock:
-    """The store's time on SQLite: the same in every process of the host, and never stepped
-    by a wall clock.
-
-    The file keeps an anchor (`store_clock`): a wall time and the boot time clock's
-    (`storage.clock.elapsed`) reading at one moment, written by the first Memory to open the
-    file after boot. The store's time is the anchor's wall time plus the boot time elapsed
-    since: the same in every process, and no wall clock step moves a lease or a heartbeat.
-    A new boot (another boot id, or the boot clock below the anchor's) anchors again and
-    forgets the holders recorded before it.
-    """
+    """The store's time on SQLite: the anchor's wall time (`store_clock`, written by the first
+    opener after boot) plus the boot clock elapsed since, the same in every process and never
+    stepped by the wall clock. A new boot anchors again and forgets the old holders."""
 
     def __init__(self, wall: Callable[[], datetime] = host_now) -> None:
-        self.wall = wall  # read to anchor a new boot, and before the file is open
+        self.wall = wall
         self._anchor: tuple[datetime, float] | None = None
 
     def now(self) -> datetime:
@@ -352,8 +307,7 @@ class HostClock:
         return wall + timedelta(seconds=elapsed() - at)
 
     def anchor(self, db: SqliteUtilsDatabase) -> None:
-        """Reads the file's anchor, or writes one when it is of another boot (and forgets the
-        holders of that boot). Runs in the connection's thread, when the file opens."""
+        """Reads the file's anchor, or writes one (forgetting holders) if of another boot."""
         boot = boot_id()
         row = _anchor_of(db)
         if not _this_boot(row, boot):
@@ -382,21 +336,15 @@ def _translated(exc: BaseException) -> BaseException:
     return storage_error(exc) if isinstance(exc, sqlite3.Error) else exc
 
 
-# How long a read's side write (access counts, message vectors) waits for another process's
-# write lock: the wait holds up every call on the one connection; past it the write is dropped.
+# A read's side write waits this long for the write lock (holding up the connection), else
+# is dropped.
 SIDE_WRITE_WAIT = 0.1
 
 
 @contextlib.contextmanager
 def side_write(db: SqliteUtilsDatabase) -> Iterator[None]:
-    """A read's side write: one transaction (`atomic`) that waits at most `SIDE_WRITE_WAIT`
-    (never past the busy timeout) for another process's write lock. Runs in the connection's
-    thread.
-
-    Raises:
-        sqlite3.OperationalError: the lock could not be had meanwhile ("busy" once `run`
-            makes it a StorageError).
-    """
+    """One `atomic` transaction waiting at most `SIDE_WRITE_WAIT` for the write lock (else
+    sqlite3.OperationalError, "busy" once `run` translates it)."""
     conn = db.conn
     (before,) = conn.execute("PRAGMA busy_timeout").fetchone()
     conn.execute(f"PRAGMA busy_timeout={min(int(SIDE_WRITE_WAIT * 1000), int(before))}")
@@ -408,10 +356,8 @@ def side_write(db: SqliteUtilsDatabase) -> Iterator[None]:
 
 
 def truncate_wal(db: SqliteUtilsDatabase) -> None:
-    """Checkpoints the WAL and truncates it to nothing, so that no page image written before
-    (an erased row's among them) survives in it: the end of an erasure. Another process
-    reading meanwhile can keep frames from being dropped; they go at a later checkpoint.
-    Runs in the connection's thread."""
+    """Checkpoints and empties the WAL, so no erased row's page image survives in it (frames a
+    reader holds go at a later checkpoint)."""
     if not db.memory:
         db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
@@ -425,19 +371,12 @@ def _close_sync(db: SqliteUtilsDatabase) -> None:
     db.conn.close()
 
 
-# The first 16 bytes of every SQLite database file.
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def inspect_file(path: Path) -> tuple[bool, bool]:
-    """(the file has tables, it has mnemo's migrations), read through a read-only connection so
-    that looking never changes the file (the CLI checks a path before `Memory` migrates it).
-
-    Raises:
-        StorageError: "corrupt", the file cannot be read as SQLite; "unavailable", it cannot
-            be opened (a read-only folder: see `storage_error`). The driver's error is the
-            cause.
-    """
+    """(the file has tables, it has mnemo's migrations), read without changing the file.
+    Raises `StorageError` ("corrupt", "unavailable")."""
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         try:
@@ -459,7 +398,6 @@ def inspect_file(path: Path) -> tuple[bool, bool]:
 
 
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
-    """`items` in slices of at most `size`: a statement's `IN (...)` list stays far below
-    SQLite's limit on host parameters (32,766)."""
+    """`items` in slices of at most `size` (for `IN (...)` lists)."""
     for start in range(0, len(items), size):
         yield items[start : start + size]

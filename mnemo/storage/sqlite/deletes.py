@@ -1,7 +1,5 @@
-"""The SQL of the graph's deletes on SQLite: nodes by id, everything a source (an ingested
-source, a session, an episode) committed, and the work of one commit (a revert). Each
-function is one transaction, run by `SqliteGraph` under the repo's lock (which also forgets
-the vectors of what went); the first two are erasures, and end with `scrub`."""
+"""The SQL of the graph's deletes on SQLite: nodes by id, what a source committed, one commit's
+work (a revert). Each is one transaction under the repo's lock; erasures end with `scrub`."""
 
 from __future__ import annotations
 
@@ -55,9 +53,8 @@ def inherited(
     db: SqliteUtilsDatabase, repo: str, key: str, *, one: bool = False
 ) -> Inherited:
     """What withdrawing the commits of the source `key` (with `one`, the commit `key`)
-    re-words (`mnemo.graph.erasure.Inherited`): the intents they created or re-worded with the
-    procedures linked to them (oldest first), and the facts and instructions they created or
-    joined. A revert's `key` is its commit's id, which no node names as its source."""
+    re-words (`graph.erasure.Inherited`): their intents with linked procedures, oldest first,
+    and the facts and instructions they created or joined."""
     conn = db.conn
     scope = _scope(conn, repo, key, one=one)
     intents = {row[0] for row in conn.execute(
@@ -95,11 +92,9 @@ def inherited(
 def _withdraw(
     conn: sqlite3.Connection, repo: str, key: str, scope: Scope, plan: Plan
 ) -> list[str]:
-    """Takes the work of `scope`'s commits off the graph (`Inherited`'s `key`, `plan`):
-    their links one commit fewer each (those no commit makes any more go), their steps, the
-    facts and instructions no other commit is evidence for, and the routes (`ROUTES`) this
-    left without links; the others re-worded as `plan` says; the facts they retired hold
-    again. Returns the ids of the nodes that went."""
+    """Takes the work of `scope`'s commits off the graph: links counted down, steps, facts no
+    other commit supports and routes left unlinked deleted, the rest re-worded per `plan`,
+    retired facts restored. Returns the ids of the nodes that went."""
     mine = dict(conn.execute(
         "SELECT id, type FROM nodes WHERE repo = ? AND source_id = ?", (repo, key)))
     mine.update(_types(conn, repo, scope.added))
@@ -136,8 +131,7 @@ def _withdraw(
                  left.heir.source_id, shares.dumps(left.owners), node_id))
             if made is not None:
                 _revector(conn, node_id, made)
-    # Of the routes still there (not deleted above, not already gone: an intent a
-    # record names may be), those without links; counted once.
+    # The routes still there without links, counted once.
     orphans = [
         node_id for node_id in sorted(routes - set(own))
         if conn.execute(
@@ -166,10 +160,8 @@ def withdraw(
     plan: Plan,
     revert: tuple[str, str] | None,
 ) -> list[str]:
-    """See `GraphStore.withdraw`: returns the ids of the nodes that went (`_withdraw`). With
-    `revert` (the id and time of its record), the commit `key` is reverted. Else the source
-    `key` is forgotten: an ingested source, a session or an episode (`Scope`), with its
-    stored steps (`_erase_steps`) and its commits' records, then `scrub`."""
+    """See `GraphStore.withdraw`: the ids of the nodes that went. With `revert`, reverts the
+    commit `key`; else forgets the source `key` with its stored steps and records, then `scrub`."""
     conn = db.conn
     with db.atomic():
         scope = _scope(conn, repo, key, one=revert is not None)
@@ -177,8 +169,7 @@ def withdraw(
         if revert is not None:
             history.reverted(conn, repo, key, *revert)
             return gone
-        # A node the source created that another still uses stays, but no longer names the
-        # source (its id is the user's text: erasure).
+        # A node still used elsewhere stays, but no longer names the source.
         conn.execute(
             "UPDATE nodes SET source_id = NULL WHERE repo = ? AND source_id = ?", (repo, key))
         history.forget_commits(conn, repo, scope.records)
@@ -190,9 +181,8 @@ def withdraw(
 
 
 def _erase_steps(conn: sqlite3.Connection, source_id: str, commits: Sequence[str]) -> None:
-    """A forgotten session's or episode's stored steps: an episode that is over (committed
-    or discarded) goes with its steps; of one still open, the steps it committed keep their
-    place (their indexes) but none of their words, metadata or subgoal vector."""
+    """Erases a forgotten source's stored steps: a finished episode goes whole; an open one's
+    committed steps keep their index but lose words, metadata and vector."""
     episodes = conn.execute(
         "SELECT id, status FROM episodes WHERE session_id = ?1 OR id = ?1", (source_id,)
     ).fetchall()
@@ -213,10 +203,8 @@ def _erase_steps(conn: sqlite3.Connection, source_id: str, commits: Sequence[str
 
 
 def scrub(conn: sqlite3.Connection) -> None:
-    """What an erasure does after its deletes, in its transaction: merges the nodes' FTS5
-    index into one segment (it keeps deleted words in old segments until a merge;
-    `secure_delete` zeroes the freed pages; costs time in proportion to the whole index), and
-    gives the lexical index's stores a new epoch, so each wipes its documents before it
-    answers again (`mnemo.storage.lexical`)."""
+    """An erasure's end, in its transaction: merges the nodes' FTS5 index (deleted words stay
+    in old segments until then; costs the whole index) and gives the lexical index a new epoch
+    (each slot wipes itself before answering again)."""
     conn.execute("INSERT INTO nodes_fts(nodes_fts) VALUES ('optimize')")
     conn.execute("UPDATE lexical_epoch SET epoch = lower(hex(randomblob(16)))")

@@ -1,10 +1,6 @@
-"""The schema of mnemo's SQLite file: a baseline (every table as 0.1.0 has it), then the
-migrations added after it, applied by sqlite-utils' `Migrations` (`migrate`).
-
-A migration that has been applied is never edited: a change of the schema is the next
-`m0NN_<what>` below the last one. The baseline is named `m028_scopes`, the name every store of
-this schema records.
-"""
+"""The schema of mnemo's SQLite file: a baseline (`m028_scopes`, every table as 0.1.0 has it),
+then later migrations, applied by sqlite-utils' `Migrations`. An applied migration is never
+edited: a change is the next `m0NN_<what>`."""
 
 from __future__ import annotations
 
@@ -24,13 +20,8 @@ PRE_RELEASE = ("the store was made by a development build of mnemo older than 0.
 
 
 def migrate(db: Database) -> None:
-    """Applies the pending migrations in one IMMEDIATE transaction: a second process waits
-    for the first to finish, then finds nothing pending. Each migration is a savepoint inside.
-
-    Raises:
-        StorageError: "unavailable", with nothing changed, for a store whose schema is older
-            than the baseline (made by a build before 0.1.0).
-    """
+    """Applies the pending migrations in one IMMEDIATE transaction (a second process waits,
+    then finds nothing pending). Raises `StorageError("unavailable")` for a pre-baseline store."""
     if not MIGRATIONS.pending(db):
         return
     with db.atomic():
@@ -41,8 +32,7 @@ def migrate(db: Database) -> None:
 
 
 def execute_all(db: Database, script: str) -> None:
-    # executescript() would COMMIT the migration's transaction, so run statement by statement;
-    # complete_statement() keeps a trigger's body, semicolons and all, in one statement.
+    # Statement by statement: executescript() would COMMIT.
     pending = ""
     for line in script.splitlines(keepends=True):
         pending += line
@@ -57,10 +47,8 @@ def execute_all(db: Database, script: str) -> None:
 def baseline(db: Database) -> None:
     execute_all(db, _SESSIONS + _GRAPH + _searched("nodes") + _CONVERSATION
                 + _searched("messages") + _WORK + _LEXICAL + _HISTORY)
-    # The planner's statistics of the graph tables' usual shape (one repo holding most rows, a
-    # type a seventh, ids unique, a few links per node), so that a read of nodes by id seeks
-    # them rather than scan the repo; a later ANALYZE replaces them. `ANALYZE sqlite_schema`
-    # creates the table, and again loads the rows.
+    # Planner statistics of the graph tables' usual shape, so reads by id seek rather than
+    # scan until a real ANALYZE; `ANALYZE sqlite_schema` creates and reloads the table.
     db.execute("ANALYZE sqlite_schema")
     db.conn.executemany(
         "INSERT INTO sqlite_stat1(tbl, idx, stat) VALUES (?, ?, ?)",
@@ -76,12 +64,9 @@ def baseline(db: Database) -> None:
     db.execute("ANALYZE sqlite_schema")
 
 
-# Repos, sessions and their work. `model`: the model an extraction started with (work is
-# resumed only by a Memory whose model for the repo is that one); `version`, compared and set
-# by every transition, and the holder (and lease) of the background work a session is in;
-# `active_at`, when it was last used through any Memory (the auto-commit timers). A repo
-# records the URI of its LLM (NULL: the opening Memory's defaults) and counts the switches of
-# its vectors by a re-embedding (which tell the vectors in memory they were replaced).
+# Repos, sessions and their work. `model`: the model an extraction started with (only a
+# Memory with that model resumes it); `version`, compared and set by every transition;
+# `active_at` drives the auto-commit timers. A repo counts its re-embeddings (`generation`).
 _SESSIONS = """
 CREATE TABLE repos (
     name TEXT PRIMARY KEY,
@@ -156,14 +141,10 @@ CREATE TABLE ingests (
 ) WITHOUT ROWID;
 """
 
-# The knowledge graph. `consolidated` marks the SEMANTIC nodes `consolidate` compared already
-# (a mark, not a rowid watermark: SQLite reuses the largest rowid after a delete); the four
-# times make SEMANTIC and PROCEDURAL facts bi-temporal (when the fact held in the world, when
-# mnemo learned and retired it); `owners`, the commits a shared node is evidence for;
-# `metadata`, who it belongs to (sorted JSON, NULL: none), its (key, value) pairs indexed in
-# `node_scopes`. A link names its ends by their nodes' rowids (the repo is theirs), key
-# columns first, and counts the commits that made it. A vector is float16 (`rows.half_blob`),
-# keyed by its node's rowid; a re-embedding stages the new ones beside (`reembeds`).
+# The knowledge graph. `consolidated` is a mark, not a rowid watermark (SQLite reuses the
+# largest rowid); the four times make facts bi-temporal; `owners`, the commits a shared node is
+# evidence for; `metadata` is indexed in `node_scopes`. Links name their ends by rowid and count
+# the commits that made them; vectors are float16 by node rowid.
 _GRAPH = """
 CREATE TABLE nodes (
     rowid INTEGER PRIMARY KEY,
@@ -243,12 +224,9 @@ CREATE TRIGGER {index}_update AFTER UPDATE OF text ON {table} BEGIN {delete} {in
 """
 
 
-# Conversation memory. `threads.next_seq` is the per-thread counter that makes a seq never
-# reused, even after TTL expiry or `clear`; `history_len` is how much of the caller's history
-# is stored (`clear` resets it, the counter goes on); `history_hash`, the hash of the history
-# the messages were saved from (`conversation.drafts.history_hash`; NULL: unknown). Message
-# rows are never updated; `text` is what search indexes (content plus tool calls) and
-# `content` is NULL when it equals `text`, so the common case stores the words once.
+# Conversation memory. `threads.next_seq` never reuses a seq (even after expiry or `clear`);
+# `history_len` is how much of the caller's history is stored. Messages are never updated;
+# `text` is what search indexes, `content` NULL when equal to it.
 _CONVERSATION = """
 CREATE TABLE threads (
     id TEXT PRIMARY KEY,
@@ -319,14 +297,9 @@ CREATE INDEX pins_by_thread ON pins(thread_id);
 CREATE INDEX pins_by_goal ON pins(goal_id);
 """
 
-# Several Memory objects (processes) on one store. Each open Memory is a holder with a
-# heartbeat. An extraction task's validated reply is kept with its open episode, so that a
-# retry, a reopened store or a takeover asks only what failed. An async operation accepted
-# while another Memory holds the session's work is stored (`ops`): whoever ends that work runs
-# it, and the result waits for the Memory that accepted it. A holder claims the uncommitted
-# steps of an auto-commit session it extracts (`step_claims`). `server_profiles`: what a repo's
-# models learned of their servers. `store_clock` (`sqlite.database.HostClock`): the wall time
-# and the boot time clock's reading at one moment of the host's boot, shared by every process.
+# Several Memory objects on one store: holders with heartbeats; extraction replies kept for a
+# retry (`task_results`); operations accepted while another Memory holds the work (`ops`);
+# step claims of auto-commit sessions; `store_clock` (`database.HostClock`).
 _WORK = """
 CREATE TABLE task_results (
     episode_id TEXT NOT NULL,
@@ -390,9 +363,8 @@ def _logged(row: str) -> str:
         AND seq = (SELECT seq - {LOG_KEEP} FROM lexical_repos WHERE repo = {row}.repo);"""
 
 
-# Every change of a node's text logged (rowids, never text) under a per-repo sequence in the
-# writer's own transaction, for the lexical index (`mnemo.storage.lexical`). The log keeps a
-# repo's last LOG_KEEP entries (`horizon`); an index further behind rebuilds.
+# Every change of a node's text logged (rowids, never text) under a per-repo sequence, in the
+# writer's transaction; the last LOG_KEEP entries per repo are kept (`horizon`).
 _LEXICAL = f"""
 CREATE TABLE lexical_repos (
     repo TEXT PRIMARY KEY,
@@ -419,11 +391,8 @@ CREATE TRIGGER nodes_lexical_update AFTER UPDATE OF text, type, id, repo ON node
 END;
 """
 
-# Every applied changeset is a commit one can list, diff and revert. A record holds ids and
-# counts, never text, so that erasing a node erases it from history too; its node and link
-# lists are packed (`rows.pack_text`), as a changeset's receipt is. `seq` orders a repo's
-# commits (they take the repo's lock, so max + 1 is unique); `joined`, the nodes a commit
-# joined as another piece of evidence; reverts are recorded both ways.
+# Every applied changeset is a commit to list, diff and revert. A record holds ids and counts,
+# never text (erasure reaches history); `seq` is max + 1 under the repo's lock.
 _HISTORY = """
 CREATE TABLE commits (
     id TEXT PRIMARY KEY,

@@ -1,20 +1,9 @@
-"""`Postgres`: the owner of mnemo's connections to one PostgreSQL database (psycopg 3's pool).
-
-Connections run in autocommit: a statement outside `transaction()` is its own transaction, and
-every other one is opened explicitly, so none is ever left open by accident.
-
-Waiting for another writer: `busy_timeout` becomes the server's `lock_timeout`, the bound on
-how long a statement waits for a row or table lock (SQLite's busy timeout, same meaning), and
-the bound on waiting for a free pooled connection. A statement may also be given a
-`statement_timeout`; none by default, since a large commit or an index build legitimately runs
-for longer than any lock wait should. The driver waits in the event loop's I/O selector, never
-blocking the loop.
-
-Errors: whatever the driver or the pool raises becomes a `StorageError` where it enters mnemo,
-in `storage_error`: `"busy"` for a lock or statement timeout, a serialization failure or a
-deadlock (retrying may succeed), `"extension_missing"` when pgvector is absent, else
-`"unavailable"`. The driver's exception is the `__cause__`.
-"""
+"""`Postgres`: mnemo's pool of autocommit connections to one PostgreSQL database (a
+transaction is only ever opened explicitly). `busy_timeout` bounds a lock wait (the server's
+`lock_timeout`) and the wait for a pooled connection; `statement_timeout` is off by default.
+Driver and pool errors become `StorageError` (`storage_error`): "busy" for a lock or statement
+timeout, serialization failure or deadlock, "extension_missing" without pgvector, else
+"unavailable"; the driver's exception is the `__cause__`."""
 
 from __future__ import annotations
 
@@ -45,17 +34,14 @@ Connection = psycopg.AsyncConnection[tuple[object, ...]]
 
 T = TypeVar("T")
 
-# A lazy read (`Statements.stream`) fetches this many rows at a time from a server-side
-# cursor, so a bounded read of a long table is never read whole.
+# Rows a lazy read (`Statements.stream`) fetches at a time from a server-side cursor.
 PAGE = 64
 
-# SQLSTATEs that mean "another transaction was in the way; try again later": lock_not_available
-# (lock_timeout), query_canceled (statement_timeout), serialization_failure, deadlock_detected.
+# lock_not_available, query_canceled (statement_timeout), serialization_failure, deadlock.
 _BUSY_STATES = {"55P03", "57014", "40001", "40P01"}
 
-# Every session searches HNSW indexes with this ef_search: at least the candidates a query
-# asks for (Config.recall_candidates, 50; an HNSW scan returns at most ef_search rows), and
-# twice that for recall at scale (docs/DECISIONS.md).
+# At least Config.recall_candidates (an HNSW scan returns at most ef_search rows), twice it
+# for recall at scale (docs/DECISIONS.md).
 HNSW_EF_SEARCH = 100
 
 
@@ -78,8 +64,7 @@ def _reason_of(state: str | None, message: str) -> str:
 
 
 def _names_missing_vector(state: str | None, message: str) -> bool:
-    # 42704 undefined_object: `type "vector" does not exist` (the extension is not created);
-    # 58P01 undefined_file: the server has no pgvector to create it from.
+    # 42704: the extension is not created; 58P01: the server has no pgvector.
     if state == "58P01":
         return "vector" in message
     return state == "42704" and '"vector"' in message
@@ -87,13 +72,8 @@ def _names_missing_vector(state: str | None, message: str) -> bool:
 
 def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
              ef_search: int) -> str:
-    """`url` (a libpq URL or key=value string, e.g. `postgresql://me@/mnemo?host=/run/pg`) with
-    mnemo's session settings appended to its own `options`, which it keeps.
-
-    Raises:
-        StorageError: "unavailable": libpq cannot read the URL (as for a server it cannot
-            reach: no store can be opened there).
-    """
+    """`url` (libpq URL or key=value string) with mnemo's session settings appended to its
+    `options`. Raises `StorageError("unavailable")` when libpq cannot read it."""
     try:
         params = conninfo_to_dict(url)
     except psycopg.Error as exc:
@@ -101,15 +81,12 @@ def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
     settings = [
         f"-c lock_timeout={_ms(busy_timeout)}",
         f"-c statement_timeout={_ms(statement_timeout) if statement_timeout else 0}",
-        # Placeholders until pgvector loads in the session, which then adopts them. A filtered
-        # HNSW scan (a recall of some node types) goes on past ef_search until it has its
-        # rows, in roughly distance order (the caller sorts what it gets).
+        # Adopted when pgvector loads; a filtered HNSW scan goes on past ef_search (the
+        # caller sorts what it gets).
         f"-c hnsw.ef_search={ef_search}",
         "-c hnsw.iterative_scan=relaxed_order",
-        # timestamptz values come back in UTC, as every time mnemo hands out is.
         "-c timezone=UTC",
-        # mnemo's reads are small (a recall hop joins a hundred links): starting parallel
-        # workers costs more than the read (a 1M-node hop took four times as long with two).
+        # Parallel workers cost more than mnemo's small reads (BENCHMARKS.md).
         "-c max_parallel_workers_per_gather=0",
     ]
     options = str(params.get("options") or "").strip()
@@ -119,13 +96,12 @@ def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
 
 
 def _ms(seconds: float) -> int:
-    # 0 would mean "no timeout" to PostgreSQL; a positive wait under a millisecond counts one.
+    # 0 would mean "no timeout".
     return max(int(seconds * 1000), 1)
 
 
 def vector_bytes(vector: npt.ArrayLike) -> bytes:
-    """pgvector's binary wire format of one vector: its dimension and an unused word (big-endian
-    int16 each), then big-endian float32s."""
+    """pgvector's binary format: dimension and an unused int16, then float32s, big-endian."""
     values = np.asarray(vector, dtype=np.float32).reshape(-1)
     return struct.pack(">HH", values.shape[0], 0) + values.astype(">f4").tobytes()
 
@@ -137,11 +113,9 @@ def vector_from_bytes(data: bytes | bytearray | memoryview) -> npt.NDArray[np.fl
 
 
 async def register_vector(conn: Connection) -> None:
-    """Teaches `conn` pgvector's `vector` in binary: numpy arrays are sent as vectors (a
-    parameter that is an `np.ndarray` must be one) and vectors come back as float32 arrays;
-    and `jsonb` is read by `mnemo.storage.row.loads` (node data, faster than the
-    standard library's `json.loads`, psycopg's default). The vector is left out in a
-    database without the extension (before the schema is applied)."""
+    """Teaches `conn` pgvector's `vector` in binary (an `np.ndarray` parameter is sent as one,
+    vectors come back as float32 arrays; skipped without the extension) and reads `jsonb`
+    with `row.loads`."""
     set_json_loads(loads, conn)
     info = await TypeInfo.fetch(conn, "vector")
     if info is None:
@@ -173,8 +147,7 @@ async def register_vector(conn: Connection) -> None:
 
 
 def _has_input(conn: Connection) -> bool:
-    """Whether an idle connection has something to read (mnemo listens for nothing: the
-    server's goodbye, or the end of a closed stream), without waiting."""
+    """Whether an idle connection has something to read (the server's goodbye), without waiting."""
     if conn.closed or conn.broken:
         return True
     try:
@@ -185,11 +158,8 @@ def _has_input(conn: Connection) -> bool:
 
 
 class Postgres:
-    """A pool of connections to one database, opened by `open()` (or `async with`).
-
-    Raises (from every method that touches the database):
-        StorageError: see the module docstring for the reasons.
-    """
+    """A pool of connections to one database, opened by `open()` (or `async with`); every
+    method that touches the database raises `StorageError` (module docstring)."""
 
     def __init__(
         self,
@@ -224,14 +194,9 @@ class Postgres:
         self._lent = 0  # connections in the callers' hands
 
     async def open(self, *, migrate: bool = False) -> None:
-        """Opens the pool and waits for its first connections. With `migrate`, first applies
-        the schema's pending migrations on a connection of its own, so that every pooled
-        connection finds pgvector's type.
-
-        Raises:
-            StorageError: `"unavailable"` when no connection could be made within
-                `connect_timeout` seconds; as `schema.apply` for the migrations.
-        """
+        """Opens the pool and waits for its first connections, after applying pending
+        migrations on a connection of its own with `migrate`. Raises `StorageError`
+        ("unavailable" past `connect_timeout`; as `schema.apply`)."""
         if migrate:
             from mnemo.storage.postgres import schema
 
@@ -263,17 +228,9 @@ class Postgres:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
-        """A pooled connection (autocommit) for the block; driver errors raised in the block
-        become `StorageError`. When the pool has none to give within `busy_timeout` while
-        some of its connections are free (it is still remaking those a restarted server
-        ended: psycopg_pool waits up to seconds between tries), a connection of the block's
-        own is made.
-
-        Raises:
-            StorageError: `"busy"` when every connection stayed taken (the pool's, by this
-                Memory's work, or the server's, by other clients) for `busy_timeout`
-                seconds; `"unavailable"` when none could be made; `"closed"` after `close`.
-        """
+        """A pooled autocommit connection for the block (one of its own when the pool is
+        still remaking connections a restarted server ended). Raises `StorageError`: "busy"
+        when all stayed taken for `busy_timeout`, "unavailable", "closed" after `close`."""
         try:
             try:
                 conn, pooled = await self._live_connection(), True
@@ -292,14 +249,8 @@ class Postgres:
             raise storage_error(exc) from exc
 
     async def _own_connection(self, waited: PoolTimeout) -> Connection:
-        """A connection of its own for a caller the pool made wait `waited`, made as the
-        pool's are.
-
-        Raises:
-            StorageError: "busy" when every pooled connection is lent out, or the server has
-                no connection left ("too many clients"); "unavailable" when none can be
-                made.
-        """
+        """A connection made as the pool's are, for a caller the pool made wait. Raises
+        `StorageError`: "busy" when all are lent out or the server is full, else "unavailable"."""
         if self._lent >= self.max_size:
             raise storage_error(waited, "busy")
         try:
@@ -307,20 +258,15 @@ class Postgres:
                 self._conninfo, autocommit=True, connect_timeout=max(1, int(self.connect_timeout))
             )
         except psycopg.Error as exc:
-            # libpq's connection errors carry no SQLSTATE: the message says it.
             full = "too many clients" in str(exc) or exc.sqlstate == "53300"
             raise storage_error(exc, "busy" if full else "unavailable") from exc
         await register_vector(conn)
         return conn
 
     async def _live_connection(self) -> Connection:
-        """A pooled connection whose server is still there. A server that restarted (or
-        ended the session) leaves its pooled connections closed at the other end, which the
-        driver learns only at their next use: that use failed. An idle connection has
-        nothing to read, so one that has (the server's goodbye, then the end of the stream)
-        is tried with an empty statement and, failing it, dropped for another, as many times
-        as the pool has connections, within the pool's wait. The pool's own `check` would
-        cost a round trip at every use, and waits a second after a failed one."""
+        """A pooled connection whose server is still there: one with input waiting (ended by
+        the server) is tried with an empty statement and, failing, replaced, within the pool's
+        wait (cheaper than the pool's `check`, a round trip per use)."""
         deadline = anyio.current_time() + self._pool.timeout
         for _ in range(self.max_size + 1):
             left = max(deadline - anyio.current_time(), 0.001)
@@ -330,7 +276,6 @@ class Postgres:
             try:
                 await conn.execute("")
             except psycopg.Error:
-                # Closed, the pool forgets it and opens another in its place.
                 await conn.close()
                 await self._pool.putconn(conn)
                 continue
@@ -339,12 +284,8 @@ class Postgres:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
-        """A pooled connection inside one transaction: committed when the block ends, rolled
-        back (nothing written) when it raises or is cancelled.
-
-        Raises:
-            StorageError: as `connection`, and for any driver error of the block or the commit.
-        """
+        """A connection in one transaction: committed when the block ends, rolled back when
+        it raises or is cancelled. Raises `StorageError` as `connection`."""
         async with self.connection() as conn:
             try:
                 async with conn.transaction():
@@ -354,8 +295,7 @@ class Postgres:
 
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[Connection]:
-        """A connection inside one read-only REPEATABLE READ transaction: every statement of
-        the block sees the same snapshot, as a read "together" promises."""
+        """A connection in one read-only REPEATABLE READ transaction (one snapshot)."""
         async with self.transaction() as conn:
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             yield conn
@@ -382,20 +322,14 @@ class Postgres:
     async def fetch_all(
         self, statement: Any, params: Any = None, *, binary: bool = False
     ) -> list[Row]:
-        """The rows of one statement (vectors as float32 arrays with `binary`), run on a
-        pooled connection in autocommit.
-
-        Raises:
-            StorageError: as `connection`.
-        """
+        """The rows of one autocommit statement (vectors as float32 arrays with `binary`)."""
         async with self.connection() as conn, conn.cursor(binary=binary) as cur:
             await cur.execute(statement, params)
             return await rows_of(cur)
 
 
-# The driver converts the rows it fetches on the event loop: they are fetched `SLICE_ROWS` at a
-# time, and the loop runs other work whenever a fetch has held it `SLICE_SECONDS` (a thousand
-# rows of long texts take tens of milliseconds to decode).
+# Rows are decoded on the event loop: fetched `SLICE_ROWS` at a time, yielding the loop each
+# `SLICE_SECONDS`.
 SLICE_ROWS = 64
 SLICE_SECONDS = 0.005
 

@@ -1,21 +1,7 @@
-"""`PgThreads`: the conversation store (`storage.threads.SqlThreads`) on mnemo's PostgreSQL
-database: its driver, how it stores data and vectors, and its search.
-
-A write that depends on a thread's counters locks the thread's row (`FOR UPDATE`), so writers
-of one thread take turns; a read of several statements is one REPEATABLE READ transaction. Ids
-are ordered byte by byte (`COLLATE "C"`), as on SQLite.
-
-Search runs on the messages' generated `search` column (`SEARCH_VECTOR`, GIN-indexed):
-Snowball's English stemmer, case and accents folded, no stop word dropped. Each word of the
-query is `WORD_QUERY` (a parameter, so nothing in it is query syntax; its parts one phrase, as a
-quoted FTS5 string), and a message matches when it holds any of them. Its relevance is FTS5's
-bm25: per word, the idf `ln(1 + (N - df + 0.5) / (df + 0.5))` times the saturating term
-frequency `tf (k1 + 1) / (tf + k1 (1 - b + b len / avglen))`, summed; `tf` read through
-`ts_rank` (`TS_RANK_ONE`), `len` the message's distinct lexemes, `df`, `N` and `avglen` counted
-up to `COUNT_CAP` messages (N at least the table's row estimate). The best candidates are
-reordered by `rank_by_recency` (`mnemo.conversation.search`); `ts_headline`, which shows the
-text as written, is asked only for the hits returned.
-"""
+"""`PgThreads`: the conversation store on PostgreSQL. Search runs on the messages' generated
+`search` column (English stems, accents folded, no stop words); a message matches any query
+word (`WORD_QUERY`, a parameter: never query syntax) and is ranked by FTS5's bm25, `tf` read
+through `ts_rank`, `df`, `N` and `avglen` counted up to `COUNT_CAP` messages."""
 
 from __future__ import annotations
 
@@ -39,8 +25,7 @@ from mnemo.storage.threads import SqlThreads
 # bm25's parameters, FTS5's: term-frequency saturation and length normalisation.
 K1 = 1.2
 B = 0.75
-# `ts_rank` (no normalisation) of a word found once (weight D, 0.1, times 6 / pi^2); n times
-# ranks 1 + 1/4 + ... + 1/n^2 times that: the ratio is a saturating term frequency.
+# `ts_rank` of a word found once (weight D, 0.1, times 6 / pi^2): the ratio is a saturating tf.
 TS_RANK_ONE = 0.1 * 6 / math.pi**2
 
 # About SQLite's 48-token snippet; `hit_snippet` then bounds it to SNIPPET_CHARS.
@@ -62,9 +47,8 @@ def tsquery(words: Sequence[str]) -> tuple[str, list[str]]:
 
 
 def _per_word(words: Sequence[str]) -> tuple[str, list[object]]:
-    """A `w` table of one tsquery per word with its document frequency `df`, the
-    collection's size `n` and mean length `avglen` (see the module doc), and its parameters;
-    materialised, so that each word's `df` is counted once."""
+    """A materialised `w` table of one tsquery per word with `df`, `n` and `avglen`, and its
+    parameters."""
     rows = ", ".join(f"({WORD_QUERY})" for _ in words)
     sql = (
         f"words (query) AS (VALUES {rows}),"
@@ -80,8 +64,7 @@ def _per_word(words: Sequence[str]) -> tuple[str, list[object]]:
     return sql, [*words, COUNT_CAP, COUNT_CAP, COUNT_CAP]
 
 
-# One word's bm25 in message `m` (see the module doc), from `w` of `_per_word` and the word's
-# term frequency `tf.f` (`_TF`, computed once a row).
+# One word's bm25 in message `m`, from `w` of `_per_word` and `tf.f` (`_TF`, once a row).
 _TF = f"LATERAL (SELECT ts_rank(m.search, w.query, 0) / {TS_RANK_ONE} AS f) tf"
 _BM25 = (
     "ln(1 + (w.n - w.df + 0.5) / (w.df + 0.5))"
@@ -105,8 +88,7 @@ def scoring_query(query: SearchQuery) -> tuple[str, list[object]]:
     if exclude_viewport_of is not None:
         boundary = "coalesce((SELECT boundary_seq FROM threads WHERE id = %s), 0)"
         if shown is not None:
-            # What the viewport showed and still would: an eviction since moved some of it
-            # behind the boundary, into a snapshot only (as SQLite's search).
+            # What the viewport showed and still would (as SQLite's search).
             conditions.append(
                 f"NOT (m.thread_id = %s AND m.id = ANY(%s) AND (m.seq >= {boundary}"
                 " OR EXISTS (SELECT 1 FROM pins p WHERE p.message_id = m.id)))"
@@ -126,9 +108,8 @@ def scoring_query(query: SearchQuery) -> tuple[str, list[object]]:
 
 
 def _jsonb_keeps(value: object) -> bool:
-    """Whether jsonb gives `value` back equal and of the same types: it refuses NUL in
-    strings, stores numbers as `numeric` (1e16 comes back as the integer 10000000000000000,
-    -0.0 as 0.0) and has no NaN or infinity."""
+    """Whether jsonb gives `value` back equal and of the same types (no NUL, NaN, infinity,
+    -0.0 or exponent floats)."""
     if isinstance(value, str):
         return "\x00" not in value
     if isinstance(value, float):
@@ -145,13 +126,9 @@ def message_row(
     data: dict[str, Any], recorded_at: datetime, tokens: int,
     metadata: Mapping[str, object] | None = None,
 ) -> tuple[Any, ...]:
-    """The parameters of a row of `MESSAGE_COLUMNS` for a message (see `message_from_row`).
-
-    A message's `data` is stored as a jsonb object, except when jsonb would not give it back
-    exactly, or the role or content holds NUL (which no PostgreSQL text may): then the jsonb
-    is a string, the JSON text of `data`, or of `[data, content, role]` (SQLite's text, which
-    keeps everything). The search text has NUL as U+FFFD: it is only searched and quoted.
-    """
+    """The parameters of a row of `MESSAGE_COLUMNS` for a message: `data` as jsonb, or, when
+    jsonb would not keep it or role or content holds NUL, as a jsonb string of its JSON text
+    (or of `[data, content, role]`). The searched text has NUL as U+FFFD."""
     nul = "\x00" in content or "\x00" in role
     stored: object = data
     if nul or not _jsonb_keeps(data):
@@ -184,7 +161,6 @@ class PgThreads(SqlThreads):
                            draft.data, at, draft.tokens, draft.metadata)
 
     def _vector(self, vector: Vector) -> object:
-        # `register_vector` sends exactly the numpy arrays as pgvector's `vector`.
         return np.asarray(vector, dtype=np.float32).reshape(-1)
 
     def _vector_of(self, value: Any) -> Vector:
@@ -195,8 +171,7 @@ class PgThreads(SqlThreads):
         return "starts_with(id, ?)", (prefix,)
 
     async def _erased(self, sql: Statements, messages: int) -> None:
-        """Nothing more: a message's search vector is a column of its row (dead row versions
-        stay until VACUUM; see the README)."""
+        """Nothing more: the search vector is a column of the row."""
 
     async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:
         scoring, params = scoring_query(query)

@@ -1,10 +1,6 @@
-"""`PgGraph`: the `GraphStore` port (`mnemo.graph.ports`) over PostgreSQL and pgvector.
-
-Commits to one repo are serialised by an in-process lock, then a session advisory lock on a
-connection held for the block (across processes). Each commit is one transaction recorded in
-`applied_changesets`, with its side writes. Vectors are searched by `PgVectors`; words in the
-rows' generated `tsvector` (GIN), the query's words OR-combined.
-"""
+"""`PgGraph`: the `GraphStore` port over PostgreSQL and pgvector. Commits to a repo are
+serialised by an in-process lock, then a session advisory lock (across processes); each is one
+transaction recorded in `applied_changesets` with its side writes."""
 
 from __future__ import annotations
 
@@ -51,8 +47,7 @@ from mnemo.storage.row import Column
 from mnemo.storage.worker import DeferredRead, FallbackRead
 from mnemo.text import query_words
 
-# A query up to this long has its words read on the event loop; every word of a longer one
-# is read in a worker thread (one at the size limit would hold the loop).
+# Longer queries have their words read in a worker thread.
 _INLINE_CHARS = 2_000
 
 
@@ -81,15 +76,14 @@ class PgGraph(PgReembedding, MaintainedGraph):
         self._lexical = lexical
         self._locks: dict[str, anyio.Lock] = {}
         self._reembeds = Claims()
-        # At most half the pool holds repo locks, so a locked block can always get a
-        # connection for its work.
+        # At most half the pool holds repo locks, leaving connections for the work.
         self._lock_slots = anyio.CapacityLimiter(max(1, pg.max_size // 2))
         self._vectors = PgVectors(pg, dims, exact_below=exact_below, ann_dir=ann_dir)
 
     @asynccontextmanager
     async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
-        """This process's lock, then the database's advisory lock (the wait for another
-        process is bounded by the busy timeout: StorageError "busy")."""
+        """This process's lock, then the advisory lock (`StorageError("busy")` past the busy
+        timeout)."""
         async with (
             self._locks.setdefault(repo, anyio.Lock()),
             self._lock_slots,
@@ -225,9 +219,8 @@ class PgGraph(PgReembedding, MaintainedGraph):
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return
-        # A side write of a read: a node another transaction writes is skipped, not waited
-        # for. NO KEY UPDATE (the UPDATE's own lock), not FOR UPDATE, which would also skip
-        # nodes a commit in flight links to (KEY SHARE locks).
+        # A read's side write skips locked nodes; NO KEY UPDATE, as FOR UPDATE would also
+        # skip nodes a commit in flight links to.
         async with self._pg.connection() as conn:
             await conn.execute(
                 "UPDATE nodes SET access_count = access_count + 1, last_access = %s"
@@ -263,9 +256,8 @@ class PgGraph(PgReembedding, MaintainedGraph):
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
         scope: Scope | None = None,
     ) -> PendingRead[list[tuple[str, float]]]:
-        """`search_text` begun now on the lexical index's thread; PostgreSQL's own search,
-        when there is no index or it cannot answer, runs when the answer is awaited. Inside
-        a `scope`, read when the answer is awaited (`ScopeReads.scoped_text`)."""
+        """`search_text` begun now on the lexical index's thread; PostgreSQL's own search (and
+        a scoped one) runs when the answer is awaited."""
         kinds = None if types is None else kind_values(types)
         if scope is not None:
             return DeferredRead(lambda: self.scoped_text(
@@ -284,7 +276,6 @@ class PgGraph(PgReembedding, MaintainedGraph):
         where: Where | None = None,
     ) -> list[tuple[str, float]]:
         """PostgreSQL's full-text search (see `search_text`), inside `where` when given."""
-        # Every word of a long query is read in a worker thread, not on the event loop.
         words = (query_words(query) if len(query) <= _INLINE_CHARS
                  else await anyio.to_thread.run_sync(query_words, query))
         if not words or limit <= 0:

@@ -1,16 +1,7 @@
-"""The schema of mnemo's PostgreSQL database, as ordered migrations from a baseline.
-
-The tables are SQLite's with PostgreSQL's types (`jsonb`, `timestamptz`, `boolean`, pgvector's
-`vector`; a step's subgoal vector stays `bytea`, never searched). Words are searched through a
-generated `tsvector` column with a GIN index, so deleting a row erases its search entry.
-`apply` runs the pending migrations (`migrations.py`) in one transaction under an advisory
-lock, recording each in `mnemo_migrations`, and refuses a database whose schema is older than
-the baseline.
-
-`vectors.vec` is an untyped `vector` (repos differ in dimension); `ensure_vector_index` builds
-one partial HNSW index per repo on `vec::vector(dim)`, and a search names its repo as a
-literal so the planner matches the index's predicate.
-"""
+"""mnemo's PostgreSQL schema: SQLite's tables with PostgreSQL's types, words searched by a
+generated `tsvector` column; `apply` runs `migrations.py` under an advisory lock. `vectors.vec`
+is an untyped `vector` (repos differ in dimension), with one partial HNSW index per repo on
+`vec::vector(dim)`, matched when a search names its repo as a literal."""
 
 from __future__ import annotations
 
@@ -24,7 +15,6 @@ from mnemo.errors import StorageError
 from mnemo.storage.postgres.connection import Connection, storage_error
 from mnemo.storage.postgres.migrations import BASELINE, MIGRATIONS
 
-# Every mnemo process must use the same one: the first 8 bytes of sha256("mnemo.schema").
 SCHEMA_LOCK = int.from_bytes(hashlib.sha256(b"mnemo.schema").digest()[:8], "big", signed=True)
 
 # HNSW build parameters, pgvector's defaults (docs/DECISIONS.md); ef_search is a session
@@ -32,7 +22,6 @@ SCHEMA_LOCK = int.from_bytes(hashlib.sha256(b"mnemo.schema").digest()[:8], "big"
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
 
-# pgvector 0.5 brought HNSW.
 MIN_VECTOR_VERSION = (0, 5)
 
 # Why a database whose schema is older than the baseline is refused, as SQLite says it.
@@ -47,25 +36,10 @@ _LEDGER = """CREATE TABLE IF NOT EXISTS mnemo_migrations (
 
 async def apply(conn: Connection) -> list[str]:
     """Creates the `vector` and `unaccent` extensions if needed and applies every pending
-    migration.
-
-    Runs in one transaction under `pg_advisory_xact_lock(SCHEMA_LOCK)`, so concurrent callers
-    on one database are serialised and all succeed; a second call applies nothing. `conn` must
-    not be inside a transaction.
-
-    Returns:
-        The names of the migrations this call applied, in order.
-
-    Raises:
-        StorageError: `"extension_missing"` when pgvector is not installed on the server, is
-            older than 0.5, or may not be created by this role (a superuser must run
-            `CREATE EXTENSION vector` in the database once), and likewise for `unaccent`
-            (PostgreSQL's contrib module, trusted: a role with CREATE on the database may
-            create it); `"busy"` when the lock was not had within the connection's
-            `lock_timeout`; `"unavailable"` for a database whose schema is older than the
-            baseline (made by a build before 0.1.0), with nothing changed, and for other
-            failures.
-    """
+    migration in one transaction under the schema's advisory lock (concurrent callers all
+    succeed); returns the names applied. `conn` must not be in a transaction. Raises
+    `StorageError`: "extension_missing" (absent, pgvector older than 0.5, or not creatable by
+    this role), "busy" past `lock_timeout`, "unavailable" for a pre-baseline schema."""
     try:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
@@ -105,8 +79,7 @@ async def _ensure_vector(conn: Connection) -> None:
 
 
 async def _ensure_extension(conn: Connection, name: str, package: str) -> None:
-    """Creates the extension `name` unless the database has it; `package` names what the
-    server lacks when it cannot be created at all."""
+    """Creates the extension `name` unless present (`package`: what a server lacks)."""
     cur = await conn.execute("SELECT 1 FROM pg_extension WHERE extname = %s", (name,))
     if await cur.fetchone() is not None:
         return
@@ -136,24 +109,15 @@ async def _vector_version(conn: Connection) -> tuple[int, ...] | None:
 
 
 def vector_index_name(repo: str) -> str:
-    """The name of `repo`'s HNSW index: a digest, since a repo name may be any text and an
-    identifier is at most 63 bytes."""
+    """The name of `repo`'s HNSW index: a digest (identifiers are at most 63 bytes)."""
     return "vectors_hnsw_" + hashlib.sha256(repo.encode()).hexdigest()[:24]
 
 
 async def ensure_vector_index(
     conn: Connection, repo: str, dim: int
 ) -> None:
-    """Creates `repo`'s HNSW index (cosine distance, on `vec::vector(dim)`) unless it exists.
-
-    A search uses it when it orders by `vec::vector(dim) <=> query` under `WHERE repo =
-    '<repo>'` written as a literal. Taken under the schema lock, so concurrent callers all
-    succeed. `conn` must not be inside a transaction.
-
-    Raises:
-        StorageError: as `apply` (a stored vector of another dimension fails the cast:
-            `"unavailable"`).
-    """
+    """Creates `repo`'s cosine HNSW index on `vec::vector(dim)` unless it exists, under the
+    schema lock. `conn` must not be in a transaction. Raises `StorageError` as `apply`."""
     statement = _vector_index(repo, dim, concurrently=False)
     try:
         async with conn.transaction():
@@ -168,14 +132,8 @@ async def ensure_vector_index(
 
 
 async def build_vector_index(conn: Connection, repo: str, dim: int) -> None:
-    """`ensure_vector_index` without holding up writes, for a repo whose vectors were all made
-    again (`Memory.reembed`): `CREATE INDEX CONCURRENTLY` (a plain build's lock would stop
-    every commit until it ends). It waits for locks without limit; an invalid index left by a
-    build cut short is dropped first. `conn` must not be inside a transaction.
-
-    Raises:
-        StorageError: as `ensure_vector_index`.
-    """
+    """`ensure_vector_index` by `CREATE INDEX CONCURRENTLY` (commits go on), after dropping an
+    invalid leftover; waits for locks without limit. Raises `StorageError`."""
     name = sql.Identifier(vector_index_name(repo))
     try:
         valid = await _index_valid(conn, repo)
@@ -187,7 +145,6 @@ async def build_vector_index(conn: Connection, repo: str, dim: int) -> None:
                 await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(name))
             await conn.execute(_vector_index(repo, dim, concurrently=True))
         finally:
-            # The connection goes back to the pool: with the session's own wait again.
             with anyio.CancelScope(shield=True):
                 await conn.execute("RESET lock_timeout")
     except psycopg.Error as exc:

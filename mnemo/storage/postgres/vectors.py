@@ -1,14 +1,6 @@
-"""`PgVectors`: a PostgreSQL graph's vector searches, over pgvector, for `PgGraph`.
-
-A repo of at most `exact_below` vectors is searched exactly (a scan ordered by cosine
-distance, ties by insertion); past it, through the repo's partial HNSW index
-(`schema.ensure_vector_index`), whose `WHERE repo = <literal>` the query repeats so that the
-planner can use it. The routing nodes' vectors (TAG and INTENT) are also kept in memory: a
-recall probes them with every query and each commit compares its intents with them, and they
-are a small part of a repo. They are brought up to the store's node log before each use, so
-that what any process wrote is there (`mnemo.storage.vector_log`). Other vectors are read when
-needed, never held.
-"""
+"""`PgVectors`: `PgGraph`'s vector searches over pgvector: exact below `exact_below` vectors,
+else through the repo's partial HNSW index. TAG and INTENT vectors (probed by every recall and
+commit) are also kept in memory, following the node log (`vector_log`)."""
 
 from __future__ import annotations
 
@@ -37,8 +29,7 @@ log = logging.getLogger("mnemo")
 
 ROUTES = (NodeType.TAG, NodeType.INTENT)
 
-# Below this many vectors a repo is searched exactly: a scan of 10k 384-d rows takes a few
-# milliseconds, and an exact answer keeps small repos' order independent of the HNSW graph.
+# Smaller repos are searched exactly (BENCHMARKS.md), their order independent of HNSW.
 EXACT_BELOW = 10_000
 
 Scored = list[tuple[str, float]]
@@ -55,8 +46,7 @@ class PgVectors:
         exact_below: int = EXACT_BELOW,
         ann_dir: Path | None = None,
     ) -> None:
-        """`ann_dir`: where the routes' HNSW graphs are saved, a folder per database inside
-        (None: not saved)."""
+        """`ann_dir`: where the routes' HNSW graphs are saved (None: not saved)."""
         self._pg = pg
         self._dims = dims
         self._exact_below = exact_below
@@ -69,9 +59,8 @@ class PgVectors:
     # ---- following writes -----------------------------------------------------------------
 
     async def index_if_large(self, repo: str, dim: int | None = None) -> None:
-        """Creates the repo's HNSW index once it holds more vectors than are searched exactly
-        (after a commit). A smaller repo has none: searched exactly, it would never use one,
-        and each inserted vector would pay for a search of its graph."""
+        """Creates the repo's HNSW index once it is past `exact_below` (a smaller repo would
+        only pay for it on insert)."""
         if repo not in self._indexed and await self._size(repo) > self._exact_below:
             async with self._pg.connection() as conn:
                 await schema.ensure_vector_index(conn, repo, dim or self._dims(repo))
@@ -82,11 +71,9 @@ class PgVectors:
         return self._routes.loaded(repo)
 
     async def switched(self, repo: str, dim: int) -> None:
-        """The repo's vectors were all made again (`PgGraph.vectors_switched`): its HNSW index
-        (dropped with the old vectors) is built again if it is large, of `dim` dimensions,
-        without holding up commits (`schema.build_vector_index`: a failed build is logged,
-        and the next commit here builds it; searches are exact until then), and its routes'
-        saved graphs go."""
+        """The repo's vectors were all made again: rebuilds its HNSW index if large, without
+        holding up commits (a failure is logged; searches are exact until a later commit
+        builds it), and drops its routes' saved graphs."""
         self._indexed.discard(repo)
         self._sizes.pop(repo, None)
         if await self._size(repo) > self._exact_below:
@@ -102,8 +89,7 @@ class PgVectors:
             await anyio.to_thread.run_sync(ann_files.discard, folder)
 
     def added(self, repo: str, new: int) -> None:
-        """A commit wrote `new` vectors (its routes reach the index from the node log, with
-        their rowids, at its next use)."""
+        """A commit wrote `new` vectors (its routes arrive from the node log at next use)."""
         if repo in self._sizes:
             self._sizes[repo] += new
 
@@ -139,9 +125,8 @@ class PgVectors:
     async def similarities(
         self, repo: str, node_ids: Sequence[str], vector: Vector, limit: int | None = None
     ) -> dict[str, float]:
-        """Cosine of each of these nodes that has a vector to `vector`; with `limit`, of the
-        `limit` most similar only (and all tied with the last), scored by the server, so that
-        the rows read are bounded by `limit`, not by `node_ids`."""
+        """Cosine of each of these nodes to `vector`; with `limit`, only the `limit` most similar
+        (ties kept), scored by the server."""
         if limit is not None:
             rows = await self._pg.fetch_all(NEAREST_OF_NODES, {
                 "repo": repo, "ids": list(node_ids), "q": as_array(vector), "k": limit})
@@ -174,20 +159,14 @@ class PgVectors:
         return self._routes.reading(repo)
 
     async def index(self, repo: str) -> VectorIndex:
-        """The repo's TAG and INTENT vectors as the store holds them now
-        (`vector_log.VectorCache`)."""
+        """The repo's TAG and INTENT vectors as the store holds them now."""
         return await self._routes.index(repo)
 
     async def _load_routes(self, repo: str) -> RepoVectors:
-        # Past `ann.WALK_FROM` routes, HNSW graphs are built, and a type of that many rows is
-        # walked instead of multiplied (faiss, if installed; the first load imports it, in a
-        # thread): the threshold a probe walks from, so that no type that should
-        # be walked waits for a larger one.
+        # faiss, if installed, is imported off the loop; graphs are built from `ann.WALK_FROM`.
         faiss = await anyio.to_thread.run_sync(ann.load_faiss)
         folder = None if faiss is None else await self._graph_folder(repo)
-        # The log's state first: what changes after it is applied again later. Read again
-        # after the vectors: when a switch committed between the two reads (the generation
-        # moved), the vectors may be the new ones, and are read again under the new state.
+        # State before and after the vectors: a switch between them means reading again.
         state = await self._state(repo)
         while True:
             rowids, ids, types, matrix = await self._load(
@@ -199,7 +178,6 @@ class PgVectors:
         followed = RepoVectors(VectorIndex(matrix.shape[1], generation=state.generation),
                             state.seq, ROUTES)
         followed.load(rowids, ids, types, matrix)
-        # `attach` builds past its threshold; a type is walked from WALK_FROM rows.
         ann.attach(followed.index, threshold=ann.WALK_FROM - 1, folder=folder)
         return followed
 
@@ -248,16 +226,14 @@ class PgVectors:
         return results
 
     async def _graph_folder(self, repo: str) -> Path | None:
-        """Where the repo's routing graphs are saved: per database (the cluster's identifier
-        and the database's oid, as the lexical index names its folder), then per repo."""
+        """Where the repo's routing graphs are saved: per database (cluster id and oid), per repo."""
         if self._ann_dir is None:
             return None
         if self._place is None:
             try:
                 (system, oid), = await self._pg.fetch_all(lexical.PLACE)
             except StorageError as exc:
-                # pg_control_system() may be revoked (or absent on a compatible server): the
-                # graphs are then built at each open.
+                # pg_control_system() may be revoked: graphs are then built at each open.
                 log.warning("mnemo: the routes' HNSW graphs will not be saved (%s)", exc)
                 self._ann_dir = None
                 return None
@@ -275,9 +251,7 @@ class PgVectors:
     async def _load(
         self, repo: str, kinds: list[str], dim: int | None = None
     ) -> tuple[list[int], list[str], list[NodeType], Vector]:
-        """The rowids, ids, types and vectors of the repo's nodes of `kinds`, oldest first
-        (of the vectors' own dimension; without any, of `dim`, else the repo's as this Memory
-        knows it)."""
+        """The rowids, ids, types and vectors of the repo's nodes of `kinds`, oldest first."""
         rows = await self._pg.fetch_all(
             "SELECT n.rowid, v.node_id, n.type, v.vec FROM vectors v JOIN nodes n"
             " ON n.id = v.node_id WHERE v.repo = %s AND n.type = ANY(%s) ORDER BY n.rowid",
@@ -317,14 +291,9 @@ def as_array(vector: Vector) -> np.ndarray[Any, np.dtype[np.float32]]:
 
 
 def _exact_scan(repo: str, kinds: list[str] | None) -> sql.Composed:
-    """Every vector of the repo (of `kinds`) by cosine distance, ties by insertion.
-
-    Without a type filter the distances are ranked on `vectors` alone, ties at the cut kept
-    (`WITH TIES`), and only those rows are joined to `nodes` for the insertion order: joined
-    first, the planner hashed every vector of the repo when its statistics of `vectors` lagged
-    behind those of `nodes` (during an ingest, before autovacuum's next ANALYZE), and took
-    more than twice as long. A type filter needs the join; with current statistics it is
-    the faster form there (than a semi-join ranked first)."""
+    """Every vector of the repo (of `kinds`) by cosine distance, ties by insertion. Without a
+    type filter, ranked on `vectors` alone (`WITH TIES`) before joining `nodes`: joined first,
+    lagging statistics made the planner hash every vector."""
     if kinds is not None:
         return sql.SQL(
             "SELECT v.node_id, v.vec <=> %(q)s AS d FROM vectors v JOIN nodes n ON n.id ="
@@ -339,8 +308,7 @@ def _exact_scan(repo: str, kinds: list[str] | None) -> sql.Composed:
 
 
 def _hnsw_scan(repo: str, dim: int, kinds: list[str] | None) -> sql.Composed:
-    """The repo's HNSW index walked from the query: it matches `vec::vector(dim)` under
-    `repo = <literal>`; without the cast the planner cannot use it and the scan is exact."""
+    """The repo's HNSW index walked from the query (needs the cast and the literal repo)."""
     distance = sql.SQL("v.vec::vector({}) <=> %(q)s::vector({})").format(
         sql.Literal(dim), sql.Literal(dim))
     return sql.SQL(

@@ -1,19 +1,7 @@
-"""The index's changes that are applied but not yet committed, and the BM25 every search
-scores with.
-
-A tantivy commit is an fsync and a new segment: tens of milliseconds on a quiet disk, hundreds
-on a busy one (BENCHMARKS.md). A search right after a commit must see its nodes, so rather than
-commit before each search the index keeps what it applied since its last commit here, and a
-search scores these documents beside the committed ones (whose stale copies it drops). The
-background thread commits them within a second, or sooner when they are many.
-
-Every hit, committed or not, is scored here with one BM25 (k1 1.2, b 0.75) over the repo's live
-documents (`Statistics`, kept exact as changes are applied): tantivy's own statistics count the
-copies a change deleted until a merge drops them, and every repo of a slot, so its scores moved
-with when the background thread had committed and merged. A committed document's stems are
-stored beside it (`stems`, as `stem_text` writes them), so a hit is scored from the document a
-search reads anyway, and scores the same committed or not.
-"""
+"""The index's applied but uncommitted changes (a search scores them beside the committed
+documents, dropping stale copies, instead of paying a commit; BENCHMARKS.md), and the one BM25
+(k1 1.2, b 0.75) every hit is scored with over the repo's live documents (`Statistics`, exact,
+unlike tantivy's), from the stems stored with each document."""
 
 from __future__ import annotations
 
@@ -29,8 +17,7 @@ K1, B = 1.2, 0.75
 
 @dataclass(frozen=True, slots=True)
 class FreshDoc:
-    """A document as a search scores it: its stems' counts and its length in tokens; and the
-    keys of the other nodes whose text it holds (a step's window, `windows.py`)."""
+    """A document as scored: stem counts, length in tokens, keys of other nodes' texts held."""
 
     id: str
     type: str
@@ -46,8 +33,7 @@ class FreshDoc:
 
 class Fresh:
     """Per repo, the documents (or deletions: None) applied since the last commit, by key,
-    with the keys of the documents holding each stem (a search reads only those) and of
-    those holding each other node's text."""
+    indexed by stem and by held node."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._repos: dict[str, dict[str, tuple[int, FreshDoc | None]]] = {}
@@ -56,7 +42,6 @@ class Fresh:
         self._version = 0
         self._count = 0
         self._clock = clock
-        # When the oldest entry was put (`clock()`), None while there is none.
         self.since: float | None = None
 
     def __len__(self) -> int:
@@ -67,8 +52,7 @@ class Fresh:
         return self._version
 
     def commit_wait(self, quiet: float, within: float) -> float:
-        """Seconds the background thread may still wait for more changes before it commits:
-        `quiet`, cut so that the oldest entry waits no longer than `within`; 0 when due."""
+        """Seconds left before a commit is due (`quiet`, capped by the oldest's `within`)."""
         since = self.since  # read once: the worker reads it without the index's lock
         if since is None:
             return quiet
@@ -118,13 +102,10 @@ class Fresh:
                 del self._repos[repo]
                 del self._postings[repo]
                 del self._holders[repo]
-        # Entries put after `upto` (none in the index, where puts and commits hold one
-        # lock) wait from now: their own times are not kept.
         self.since = self._clock() if self._count else None
 
     def of(self, repo: str, stems: Iterable[str]) -> tuple[set[str], dict[str, FreshDoc]]:
-        """The keys of every entry of the repo (their committed copies are stale), and the
-        live documents holding one of `stems` (taken under the index's lock)."""
+        """The repo's entry keys (committed copies stale) and live documents holding `stems`."""
         entries = self._repos.get(repo, {})
         postings = self._postings.get(repo, {})
         holding = set().union(*(postings.get(stem, ()) for stem in stems))
@@ -132,8 +113,7 @@ class Fresh:
         return set(entries), live
 
     def holding(self, repo: str, keys: Iterable[str]) -> tuple[set[str], set[str]]:
-        """The keys of every entry of the repo (their committed copies are stale), and of
-        the live documents holding the text of one of the nodes `keys`."""
+        """The repo's entry keys, and those of live documents holding one of `keys`' texts."""
         holders = self._holders.get(repo, {})
         return set(self._repos.get(repo, {})), set().union(*(holders.get(k, ()) for k in keys))
 
@@ -156,12 +136,9 @@ def unstale_hits(
     searcher: Any, query: Any, limit: int, stale: Collection[str],
     read: dict[tuple[int, int], Stored],
 ) -> list[tuple[float, Stored]]:
-    """The best `limit` hits of `query` (score, stored document) whose key is not in `stale`
-    (committed copies of what changed since). Asks tantivy for `limit` more than the stale
-    hits seen so far, round after round, rather than for `limit + len(stale)` at once: the
-    stale entries are mostly documents never committed before (a new node), and each hit
-    asked for is a document read. `read` keeps the documents read, by (segment, document),
-    for the searches of the same commit (at most `READ_KEEP`)."""
+    """The best `limit` hits of `query` whose key is not in `stale`, asking tantivy for more
+    round by round as stale ones turn up (each hit is a document read). `read` caches read
+    documents for the same commit."""
     want = limit
     while True:
         hits = searcher.search(query, want, count=False).hits
@@ -176,8 +153,7 @@ def unstale_hits(
                 doc = read[at] = (got["key"][0], got["id"][0].decode(), got["stems"][0])
             if doc[0] not in stale:
                 kept.append((score, doc))
-        # Some hits were stale: as many again may be further down, never more than all (a
-        # key's one committed copy each: should a key have two, the asking stops there).
+        # As many again may be further down, never more than all.
         more = limit + min(2 * (len(hits) - len(kept)), len(stale))
         if len(kept) >= limit or len(hits) < want or more <= want:
             return kept[:limit]
@@ -187,8 +163,7 @@ def unstale_hits(
 @dataclass(slots=True)
 class Statistics:
     """A repo's live documents as BM25 counts them: how many, their tokens, and how many hold
-    each stem, for the stems searches asked for (`frequencies_of`): a repo's vocabulary runs
-    to millions of stems, and one tantivy call reading it whole holds the GIL for seconds."""
+    each stem searches asked for (reading the whole vocabulary holds the GIL for seconds)."""
 
     documents: int = 0
     tokens: int = 0
@@ -208,9 +183,7 @@ class Statistics:
 
     def frequencies_of(self, stems: Iterable[str], searcher: Any, fields: Any, repo: str,
                        fresh: Fresh) -> dict[str, int]:
-        """How many live documents of the repo hold each of `stems`: counted once in the
-        slot's last commit (copies changed since left out) and the changes applied since,
-        then kept as changes are applied (`add`), for `STEMS_KEPT` stems at most."""
+        """How many live documents hold each of `stems`: counted once, then kept by `add`."""
         import tantivy as tv
 
         known = self.frequencies
@@ -229,9 +202,7 @@ class Statistics:
 
     @classmethod
     def read(cls, searcher: Any, fields: Any, repo: str, fresh: Fresh) -> Statistics:
-        """The repo's documents and tokens: a sum over the `length` fast field of the slot's
-        committed documents (live ones only) but those changed since (`fresh`), and the
-        changes' documents."""
+        """The repo's live documents and tokens, committed and fresh."""
         import tantivy as tv
 
         counted = searcher.aggregate(tv.Query.boolean_query(unchanged(fields, repo, fresh)), {
@@ -261,8 +232,7 @@ STEMS_KEPT = 200_000
 
 
 def committed_docs(searcher: Any, fields: Any, keys: list[str]) -> list[FreshDoc]:
-    """The committed documents of these keys, as their stored stems describe them (each key
-    has at most one: a write deletes by key first)."""
+    """The committed documents of these keys (one per key at most)."""
     import tantivy as tv
 
     if not keys:
@@ -273,9 +243,8 @@ def committed_docs(searcher: Any, fields: Any, keys: list[str]) -> list[FreshDoc
 
 
 def stem_text(stems: list[str]) -> bytes:
-    """A document's stems as its stored `stems` field holds them: each between two spaces of
-    its own, so that a stem's count is the count of " stem " (two of one stem side by side
-    share no space: `bytes.count` counts matches that do not overlap)."""
+    """A document's stored `stems`: each between two spaces of its own, so a stem's count is
+    `bytes.count(b" stem ")`."""
     return "".join(f" {stem} " for stem in stems).encode()
 
 
@@ -285,8 +254,7 @@ def stored_doc(node_id: str, kind: str, stored: bytes) -> FreshDoc:
 
 
 def bm25(counts: Iterable[tuple[float, int]], length: int, average: float) -> float:
-    """BM25 of a document `length` tokens long from (idf, term frequency) of each query stem,
-    in the query's order: every hit is scored by this one sum, committed or not."""
+    """BM25 of a document from (idf, term frequency) of each query stem, in query order."""
     norm = K1 * (1 - B + B * length / average)
     score = 0.0
     for weight, tf in counts:
@@ -297,9 +265,7 @@ def bm25(counts: Iterable[tuple[float, int]], length: int, average: float) -> fl
 
 def stored_score(stored: bytes, needles: Sequence[tuple[str, bytes, float]],
                  average: float) -> float:
-    """`bm25` of a committed document from its stored stems (`stem_text`), with `needles`,
-    each query stem's (stem, " stem " as bytes, idf) (`needles`): each stem counted in it,
-    or, when that would read more than `COUNTED_BYTES`, its stems counted once."""
+    """`bm25` of a committed document from its stored stems and the query's `needles`."""
     length = stored.count(b" ") // 2
     if len(stored) * len(needles) <= COUNTED_BYTES:
         return bm25([(w, stored.count(needle)) for _, needle, w in needles], length, average)

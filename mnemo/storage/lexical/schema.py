@@ -1,6 +1,4 @@
-"""The lexical index's tantivy schema, and the analyzer that turns a text into the stems its
-`text` field holds: one definition, registered on the index for its documents and applied by
-the index itself to a query's words, so both sides agree."""
+"""The lexical index's tantivy schema, and the analyzer used for both documents and queries."""
 
 from __future__ import annotations
 
@@ -8,15 +6,10 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-# The `text` field's analyzer, by the name the folder's schema records. tantivy keeps the name
-# only: every opening of the index registers it (a writer made without it fails).
+# The analyzer's name; every opening of the index must register it.
 TOKENIZER = "mnemo_en"
-# The longest word the index keeps, in UTF-8 bytes. `en_stem`'s 40 lost a git commit's hash
-# (40 hex digits), a SHA-256, a long identifier or German compound, and any run of 14 CJK
-# characters, all of which the store's own search finds. 255 keeps a SHA-512 in hex (128), 85
-# CJK characters, 127 Cyrillic letters. Longer, a token is mostly a blob (a key, base64, a hex
-# dump) that no query types, each a term of its own in the index: PostgreSQL keeps words up to
-# 2,047 bytes and FTS5 any word, so those are found by the store's search only.
+# The longest word kept, in UTF-8 bytes: a SHA-512 in hex, 85 CJK characters (`en_stem`'s 40
+# lost hashes and CJK runs); longer tokens are blobs left to the store's search.
 LONGEST_WORD = 255
 
 
@@ -25,19 +18,15 @@ def schema() -> Any:
     import tantivy
 
     builder = tantivy.SchemaBuilder()
-    # `key` is "<repo>/<rowid>" (a rowid can be reused after a delete, in another repo too);
-    # `id` is what recall gets back (UTF-8, stored only: no search asks for it, and as a term
-    # it took 1.4 of a 50k-node index's 3.9 MB); `text` keeps frequencies, no positions (no
-    # phrase queries); `holds`, the keys of the other nodes whose text is in `text` (a step's
-    # window).
+    # `key` is "<repo>/<rowid>"; `id` stored only (indexed, it took 1.4 of 3.9 MB at 50k
+    # nodes); `text` without positions; `holds`, the keys of other nodes whose text it holds.
     builder.add_text_field("key", tokenizer_name="raw", stored=True, index_option="basic")
     builder.add_bytes_field("id", stored=True, indexed=False)
     builder.add_text_field("repo", tokenizer_name="raw", index_option="basic")
     builder.add_text_field("type", tokenizer_name="raw", index_option="basic")
     builder.add_text_field("text", tokenizer_name=TOKENIZER, index_option="freq")
     builder.add_text_field("holds", tokenizer_name="raw", index_option="basic")
-    # `stems`, the document's stems as `fresh.stem_text` writes them (stored only: a hit is
-    # scored from them); `length`, how many (summed for BM25's average length).
+    # `stems` (`fresh.stem_text`), stored for scoring; `length`, their count.
     builder.add_bytes_field("stems", stored=True, indexed=False)
     builder.add_integer_field("length", fast=True)
     builder.add_integer_field("seq", stored=True)
@@ -45,15 +34,9 @@ def schema() -> Any:
 
 
 def analyzer() -> Any:
-    """tantivy's `en_stem` with accents folded and longer words kept: split, drop tokens
-    longer than `LONGEST_WORD`, fold to ASCII, lowercase, stem. It is given texts composed
-    (`composed`): it splits at a combining mark, so a decomposed "éclair" was "e" and "clair".
-
-    Folded as the store's own search folds them ("café", "cafe" and "CAFÉ" are one word):
-    FTS5's `unicode61` drops diacritics, PostgreSQL's `mnemo_english` runs `unaccent`.
-    Folded before lowercasing: lowercased first, "İ" became "i" and a combining dot, which
-    no folding removes, and small capitals ("ᴀ") folded to capitals.
-    """
+    """tantivy's `en_stem` with accents folded as the store's search folds them and words up
+    to `LONGEST_WORD` kept: split, drop long tokens, fold to ASCII (before lowercasing, which
+    would leave "İ" a dotted "i"), lowercase, stem. Takes `composed` texts."""
     import tantivy as tv
 
     return (
@@ -67,18 +50,13 @@ def analyzer() -> Any:
 
 
 def composed(text: str) -> str:
-    """`text` as the index takes it: composed (NFC), as query words are
-    (`mnemo.text.query_words`), so a decomposed accent and a precomposed one are one word.
-    The index and its scoring of uncommitted documents analyze this text alike."""
+    """`text` composed (NFC), as query words are, so both forms of an accent are one word."""
     return unicodedata.normalize("NFC", text)
 
 
 def open_index(folder: Path, fields: Any) -> Any:
-    """The index in `folder` (made there if there is none) with `fields`' analyzer registered.
-
-    Raises:
-        ValueError: tantivy's, for a folder it cannot read.
-    """
+    """The index in `folder` (made if none) with the analyzer registered; `ValueError` for a
+    folder tantivy cannot read."""
     import tantivy as tv
 
     index = tv.Index(fields, path=str(folder))

@@ -1,6 +1,5 @@
-"""The lexical index's slots (`mnemo.storage.lexical.index`): `Slot`, the one a process holds
-(its tantivy writer, what it has applied of the store's log, and the writes under its lock),
-and what a process does to the slots it does not hold (`wipe_free`, `drop_older`)."""
+"""The lexical index's slots: `Slot`, the one a process holds (its tantivy writer and what it
+applied of the store's log), and `wipe_free`, `drop_older` for the slots it does not hold."""
 
 from __future__ import annotations
 
@@ -35,7 +34,6 @@ from mnemo.storage.lexical.windows import (
 
 log = logging.getLogger("mnemo.lexical")
 
-# The writer's memory budget (tantivy splits it between its threads).
 HEAP = 32_000_000
 # tantivy's writer lock in a slot's folder: an OS lock (flock) its holder keeps while it lives.
 WRITER_LOCK = ".tantivy-writer.lock"
@@ -60,29 +58,24 @@ class Slot:
         self._applied: dict[str, int] = {}
         self._rebuilds: dict[str, tuple[int, int]] = {}  # repo -> (its seq, last rowid done)
         self._fresh = Fresh()  # applied, not yet committed
-        # Per repo, its live documents' BM25 statistics: read from the slot at the repo's
-        # first search, then kept as changes are applied.
         self._stats: dict[str, Statistics] = {}
-        # The committed documents searches read since the last commit (`unstale_hits`; or
-        # held by a search that took it with its searcher).
+        # Committed documents searches read since the last commit.
         self._read: dict[tuple[int, int], Stored] = {}
-        # The repos with committed documents (at most two named), read once per commit:
-        # None until read.
+        # Up to two repos with committed documents, read once per commit.
         self._repos: list[str] | None = None
         self._epoch: str | None = None  # the store's epoch the slot's documents are of
         self.slot: Path | None = None
 
     def _log_state(self, repo: str) -> tuple[int, int, int]:
-        """The repo's (sequence, horizon) in the store's log and the sequence the slot has
-        applied, the slot started over first when the store's epoch moved."""
+        """The repo's log (sequence, horizon) and the slot's applied sequence (the slot started
+        over first if the store's epoch moved)."""
         seq, horizon, epoch = self._source.state(repo)
         if epoch != self._epoch:
             self._restart(epoch)
         return seq, horizon, self._applied.get(repo, 0)
 
     def _statistics(self, repo: str) -> Statistics:
-        """The repo's BM25 statistics, read from the slot's committed documents and what was
-        applied since the first time. Holds the lock."""
+        """The repo's BM25 statistics, read the first time. Holds the lock."""
         stats = self._stats.get(repo)
         if stats is None:
             stats = self._stats[repo] = Statistics.read(
@@ -90,24 +83,19 @@ class Slot:
         return stats
 
     def _holds_any(self, repo: str) -> bool:
-        """Whether the slot's last commit has documents of `repo`. Without the repo's mark
-        they are a rebuild's, cut short (its process killed): the log from its start need
-        not name them (a store restored from a backup), so the repo is rebuilt rather than
-        brought up from the log. Holds the lock."""
+        """Whether the slot's last commit has documents of `repo` (without its mark: a rebuild
+        cut short, so it is rebuilt). Holds the lock."""
         return bool(self._index.searcher().doc_freq("repo", repo))
 
     def _apply(self, repo: str, after: int, upto: int) -> None:
-        """Applies the log's entries in (after, upto]: the changed nodes' documents, and
-        those of the steps whose windows hold (or should now hold) a changed node's text;
-        the repo's statistics follow (they are read again if this fails halfway)."""
+        """Applies the log's entries in (after, upto]: the changed nodes' documents and those
+        of the windows holding their text; the statistics follow."""
         try:
             present, gone = self._source.changes(repo, after, upto)
             changed = [key(repo, r) for r in gone] + [key(repo, row.rowid) for row in present]
             rows = {row.rowid: row for row in present}
             held = self._holders(repo, changed) - rows.keys()
             rows.update((row.rowid, row) for row in self._source.at(repo, sorted(held)))
-            # The changed steps' neighbours not read yet: mostly the documents that held them
-            # already are; those that did not (a step just written) are read here.
             read = {row.id for row in rows.values()}
             around = [i for i in to_rewrite(present) if i not in read]
             rows.update((row.rowid, row) for row in self._source.rows(repo, around))
@@ -128,8 +116,7 @@ class Slot:
         self._mark(repo, upto)
 
     def _live(self, repo: str, keys: list[str]) -> list[FreshDoc]:
-        """The documents these keys name now: applied since the last commit, else
-        committed."""
+        """The documents these keys name now, fresh or committed."""
         keys = list(dict.fromkeys(keys))
         entries = self._fresh.entries(repo)
         out = [doc for k in keys if k in entries and (doc := entries[k][1]) is not None]
@@ -137,8 +124,7 @@ class Slot:
                                     [k for k in keys if k not in entries])
 
     def _holders(self, repo: str, keys: list[str]) -> set[int]:
-        """The rowids of the documents, committed or applied since, that hold the text of one
-        of the nodes `keys`."""
+        """The rowids of the documents holding the text of one of the nodes `keys`."""
         import tantivy as tv
 
         if not keys:
@@ -152,8 +138,7 @@ class Slot:
         return {rowid_of(k) for k in held}
 
     def _put(self, repo: str, doc: Document, *, fresh: bool = False) -> None:
-        """Adds (or replaces) a node's document; `fresh`: searches see it before the next
-        commit (a rebuild's documents wait for theirs: the store's search answers)."""
+        """Adds (or replaces) a node's document; `fresh`: searches see it before the commit."""
         import tantivy as tv
 
         row, at = doc.row, key(repo, doc.row.rowid)
@@ -217,10 +202,8 @@ class Slot:
         return True
 
     def _restart(self, epoch: str) -> None:
-        """Wipes the slot (another store's, or this store's of before an erasure: a document
-        may hold erased words, and tantivy keeps a deleted document's words in its segment
-        until a merge) and marks it as of `epoch`; every repo is then brought up again from
-        the store. The old segments' files are deleted. Holds the lock."""
+        """Wipes the slot, old segment files included (erased words stay in a segment until a
+        merge), and marks it as of `epoch`. Holds the lock."""
         import tantivy as tv
 
         self._writer.rollback()  # what was applied and not committed is of the old epoch
@@ -238,9 +221,8 @@ class Slot:
 
 
 def wipe_free(place: Path, layout: str, *, keep: Path | None) -> None:
-    """Deletes the documents of every slot under `place` (a store's folder) that no process
-    holds, but `keep`, and the free slots of the index's older layouts than `layout` (its
-    `FORMAT`, "v5"; a PostgreSQL store's folder also holds its saved graphs, "hnsw")."""
+    """Deletes the documents of every free slot under `place` but `keep`, and the free slots
+    of layouts older than `layout`."""
     if not place.is_dir():
         return
     drop_older(place, layout)
@@ -268,8 +250,7 @@ def wipe_free(place: Path, layout: str, *, keep: Path | None) -> None:
 
 
 def drop_older(place: Path, layout: str) -> None:
-    """Deletes the slots of the index's older layouts ("v4" beside "v5") that no process
-    holds (one of an older mnemo may), and each such layout's folder once it is empty."""
+    """Deletes the free slots of layouts older than `layout`, and their emptied folders."""
     for older in place.iterdir():
         name = older.name
         if not (name[:1] == "v" and name[1:].isdigit() and name != layout and older.is_dir()):

@@ -1,10 +1,5 @@
-"""The two clocks of a host that the stores' clocks are made of: the wall clock, read once
-to place the store's time, and a clock that only moves forward, which counts from there.
-
-The boot time clock never steps. The store's time is the server's read plus the time elapsed
-since on PostgreSQL (`ServerClock`), a file's anchor plus the time elapsed on SQLite
-(`HostClock`).
-"""
+"""The host clocks the stores' clocks (`ServerClock`, `HostClock`) are made of: the wall
+clock, read once, and the boot time clock, which never steps, counting from there."""
 
 from __future__ import annotations
 
@@ -30,8 +25,7 @@ def host_now() -> datetime:
 _BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 
 
-# Seconds on a clock that only moves forward, the same for every process on the host (a C
-# function: the append path reads it).
+# Seconds on a forward-only clock, the same for every process on the host.
 elapsed: Callable[[], float] = (
     time.monotonic if _BOOTTIME is None else functools.partial(time.clock_gettime, _BOOTTIME)
 )

@@ -1,9 +1,5 @@
-"""What a store's file holds, found without writing to it.
-
-The command line asks `store_file` before `Memory(path)`, which would create or migrate the
-file. A mnemo store is a SQLite file whose `_sqlite_migrations` table has rows of the migration
-set "mnemo".
-"""
+"""What a store's file holds, found without writing to it (the CLI asks before `Memory(path)`
+would create or migrate it)."""
 
 from __future__ import annotations
 
@@ -27,13 +23,8 @@ class StoreFile(StrEnum):
 
 
 def store_file(path: Path) -> StoreFile:
-    """What the file at `path` holds, read through a read-only connection when it is a
-    database, so that looking never changes it.
-
-    Raises:
-        StorageError: "unavailable", the file cannot be read; "corrupt", it starts as a SQLite
-            database but cannot be read as one.
-    """
+    """What the file at `path` holds, read without changing it; raises `StorageError`
+    ("unavailable", or "corrupt" for a SQLite header it cannot read)."""
     if not path.exists():
         return StoreFile.MISSING
     if path.is_dir():

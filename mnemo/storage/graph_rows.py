@@ -1,6 +1,5 @@
-"""`RowReads`: the graph store's reads of plain rows (nodes by id and by type, commit records,
-what a commit plans with), written once for both backends over `_rows`, a statement with `?`
-placeholders; a backend gives how its rows decode (`_node`, `_receipt`, `_ids`)."""
+"""`RowReads`: the graph store's reads of plain rows (nodes, commit records), once for both
+backends over `_rows`; a backend decodes them (`_node`, `_receipt`, `_ids`)."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from mnemo.storage.sql import marks, moment
 NODE_COLUMNS = (
     "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
 )
-# The nodes a forget keeps while something links to them (a tag or an intent another commit
-# uses, an episode's source and a trajectory's subgoal its later commits link to).
+# The nodes a forget keeps while something links to them.
 ROUTES = ["tag", "intent", "source", "subgoal"]
 KNOWLEDGE = ["semantic", "procedural"]
 COMMIT_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
@@ -28,9 +26,8 @@ _WORK = ("SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM c
 
 
 def scope_query(repo: str, key: str, *, one: bool) -> tuple[str, tuple[str, ...]]:
-    """The statement (`?` placeholders) and parameters of the commit rows that `scope_of`
-    reads: what the source `key` committed (an ingested source's, a session's, an episode's:
-    those its steps were committed in), or with `one` the commit `key`, to revert."""
+    """The statement and parameters of the commit rows of the source `key` (with `one`: of
+    the commit `key`, to revert), for `scope_of`."""
     if one:
         return f"{_WORK} AND id = ? AND reverted_by IS NULL", (repo, key)
     return (f"{_WORK} AND reverts IS NULL AND (source_id = ? OR session_id = ? OR id IN"
@@ -85,8 +82,7 @@ class RowReads:
         raise NotImplementedError
 
     async def _among(self, statement: str, ids: Sequence[str], *before: object) -> list[Any]:
-        """The rows of `statement`, its `{}` a list of `?` for `ids` (after the parameters
-        `before`), read 500 ids at a time."""
+        """The rows of `statement` with `{}` a list for `ids`, 500 ids at a time."""
         rows: list[Any] = []
         for at in range(0, len(ids), 500):
             chunk = ids[at:at + 500]
@@ -135,8 +131,7 @@ class RowReads:
     async def commit_log(
         self, repo: str, *, limit: int | None = None, after_seq: int | None = None
     ) -> list[CommitRecord]:
-        """The repo's commits, newest first: the `limit` newest (all if None), or every one
-        after `after_seq`."""
+        """The repo's commits, newest first: the `limit` newest, or all after `after_seq`."""
         after, params = ("", []) if after_seq is None else (" AND seq > ?", [after_seq])
         cut = "" if after_seq is not None or limit is None else f" LIMIT {int(limit)}"
         return [self._commit(row) for row in await self._rows(

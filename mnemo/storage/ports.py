@@ -1,9 +1,5 @@
-"""The backend port: one object that opens a store and hands out its stores.
-
-A `Memory` asks `open_backend(path)` for the backend its path names (a SQLite file,
-`":memory:"` or a PostgreSQL URL) and then sees only the ports: `GraphStore`, `SessionStore`
-and the conversation store.
-"""
+"""The backend port: `open_backend(path)` gives the backend a path names (a SQLite file,
+`":memory:"` or a PostgreSQL URL), which opens a store and hands out its stores."""
 
 from __future__ import annotations
 
@@ -62,14 +58,9 @@ def open_backend(
     lexical_dir: str | Path | None = None,
     ann_dir: str | Path | None = None,
 ) -> Backend:
-    """The backend `path` names; call `open()` on it before use. `lexical_dir`: where recall's
-    lexical index lives (None: the backend's default; "": no index); `ann_dir`: where the HNSW
-    graphs are saved (None: the backend's default; "": not saved).
-
-    Raises:
-        StorageError: "unavailable" for a PostgreSQL URL when mnemo's `postgres` extra
-            (psycopg) is not installed.
-    """
+    """The backend `path` names, to `open()` before use. `lexical_dir`, `ann_dir`: where the
+    lexical index and HNSW graphs live (None: default; "": none). Raises
+    `StorageError("unavailable")` for a PostgreSQL URL without the `postgres` extra."""
     if is_postgres(path):
         if not has_postgres_driver():
             raise StorageError(

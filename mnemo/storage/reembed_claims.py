@@ -1,7 +1,5 @@
-"""A store's own claim on the repos it is re-embedding (`GraphStore.reembedding`), taken by
-both backends before the lock every process honours (SQLite's lock file, PostgreSQL's advisory
-lock): a second re-embedding of a repo through the same store is refused without a trip to the
-file or the server."""
+"""A store's own claim on the repos it is re-embedding, taken before the cross-process lock,
+so a second re-embedding through the same store is refused at once."""
 
 from __future__ import annotations
 
@@ -19,12 +17,8 @@ class Claims:
 
     @contextmanager
     def claim(self, repo: str) -> Iterator[ConflictError]:
-        """The repo claimed for the block, which gets the error to raise when another
-        process's re-embedding holds the repo.
-
-        Raises:
-            ConflictError: this store is re-embedding the repo already.
-        """
+        """The repo claimed for the block, which gets the error to raise if another process
+        holds it. Raises `ConflictError` if this store is re-embedding it already."""
         busy = ConflictError(f"repo {repo!r} is being re-embedded by another Memory")
         if repo in self._repos:
             raise busy

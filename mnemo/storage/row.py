@@ -1,9 +1,5 @@
-"""A row as a database driver returns it (sqlite3, psycopg): what type each column has is
-known only from the statement that read it, so the reader beside each statement narrows it.
-
-A JSON column is read with msgspec (`loads`); what it refuses (NaN, infinities, escaped lone
-surrogates, all of which `json.dumps` writes) goes to the standard library, so whatever
-`json.dumps` wrote reads back the same."""
+"""A row as a driver returns it (the reader beside each statement narrows its types), and JSON
+read with msgspec, falling back to `json.loads` for what it refuses (NaN, lone surrogates)."""
 
 from __future__ import annotations
 
@@ -21,9 +17,7 @@ Row = tuple[Column, ...]
 
 _DECODER = msgspec.json.Decoder()
 
-# A read of more nodes than this builds them off the event loop (SQLite: on the connection's
-# thread, even when its recall cache holds them all): a node of a long step costs tens of
-# microseconds to build (its JSON).
+# A read of more nodes than this builds them off the event loop (BENCHMARKS.md).
 ON_LOOP_NODES = 200
 
 
@@ -36,11 +30,7 @@ def loads(text: str | bytes | bytearray | memoryview) -> object:
 
 
 def loads_object(text: str | bytes | bytearray | memoryview) -> JSONObject:
-    """The JSON object `text` holds (a node's data).
-
-    Raises:
-        StorageError: "corrupt", it holds another JSON value.
-    """
+    """The JSON object `text` holds; `StorageError("corrupt")` for another JSON value."""
     value = loads(text)
     if not isinstance(value, dict):
         raise StorageError("corrupt", f"a stored JSON object is a {type(value).__name__}")

@@ -30,9 +30,8 @@ class SqliteBackend:
         lexical_dir: str | Path | None = None,
         ann_dir: str | Path | None = None,
     ) -> None:
-        """`lexical_dir`: the folder of recall's lexical index (None: beside the file; "" or a
-        `:memory:` store: none, FTS5 answers); `ann_dir`: the folder the HNSW graphs are saved
-        in (None: beside the file; "" or a `:memory:` store: not saved)."""
+        """`lexical_dir`, `ann_dir`: the lexical index's and HNSW graphs' folder (None: beside
+        the file; "" or `:memory:`: none)."""
         self.database = Database(path, synchronous=synchronous, busy_timeout=busy_timeout)
         self.graph = SqliteGraph(
             self.database, dims, lexical=_lexical_index(path, lexical_dir, busy_timeout),
@@ -62,8 +61,7 @@ def _lexical_index(
 
 
 def _beside(path: str | Path, folder: str | Path | None, suffix: str) -> Path | None:
-    """The folder of a cache of the file's: "<file>.<suffix>" when `folder` is None, one of
-    its own inside `folder` otherwise, none for "" or a `:memory:` store."""
+    """A cache folder of the file's: "<file>.<suffix>", or its own inside `folder`."""
     if str(path) == ":memory:" or folder == "":
         return None
     if folder is None:

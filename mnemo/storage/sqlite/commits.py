@@ -1,6 +1,5 @@
-"""The write of a commit's plan on SQLite (`mnemo.graph.commit`'s `CommitTarget`): one
-transaction with its side writes and its history record, run by `SqliteGraph` on the
-database's thread under the repo's lock."""
+"""The write of a commit's plan on SQLite: one transaction with its side writes and history
+record, under the repo's lock."""
 
 from __future__ import annotations
 

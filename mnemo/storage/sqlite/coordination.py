@@ -1,9 +1,5 @@
-"""`SqliteCoordination`: the `Coordination` port (`storage.coordination.SqlCoordination`) over
-mnemo's SQLite file, for several `Memory` objects (processes on one host) sharing it.
-
-Every write is one `BEGIN IMMEDIATE` transaction, serialised by SQLite's write lock. The change
-token is `PRAGMA data_version`: it moves when another connection commits, and costs no I/O.
-"""
+"""`SqliteCoordination`: the `Coordination` port over SQLite, for Memory objects sharing a
+file. The change token is `PRAGMA data_version` (moves on another connection's commit, no I/O)."""
 
 from __future__ import annotations
 
@@ -33,7 +29,6 @@ class SqliteCoordination(SqlCoordination):
         self._database = database
 
     def now(self) -> datetime:
-        # The host's boot time clock, anchored in the file (`HostClock`).
         return self._database.clock.now()
 
     def _stamp(self, at: datetime) -> object:

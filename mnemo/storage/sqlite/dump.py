@@ -1,11 +1,5 @@
-"""The SQLite side of `mnemo migrate` (`mnemo.storage.transfer`): tables read and written in
-neutral values.
-
-SQLite keeps JSON as sorted-key text, times as UTC ISO-8601 text, flags as 0/1 and vectors as
-float32 blobs (float16 in `vectors`, `rows.half_blob`). Tables are read in rowid order (WITHOUT
-ROWID ones in key order). Copied rows reach FTS5 through the insert triggers; a skipped row
-fires none.
-"""
+"""The SQLite side of `mnemo migrate` (`storage.transfer`): tables read in rowid (or key)
+order and written in neutral values; copied rows reach FTS5 through the insert triggers."""
 
 from __future__ import annotations
 
@@ -33,14 +27,12 @@ _WITHOUT_ROWID = {"compactions", "pins", "ingests", "task_results", "node_scopes
 _HALF = {"vectors"}
 # JSON columns kept packed (`rows.pack_text`).
 _PACKED = {("commits", "nodes"), ("commits", "links"), ("applied_changesets", "receipt")}
-# The vectors are keyed by their node's rowid: read as the neutral (node_id, repo, vec),
-# ordered by that rowid, and written to the node of that id.
+# Vectors, keyed by node rowid, read as the neutral (node_id, repo, vec).
 _VECTORS_READ = (
     "SELECT v.node, n.id, n.repo, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
 )
 _VECTORS_WRITE = "INSERT OR IGNORE INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?"
-# Links name their ends by rowid: read as the neutral (repo, src, dst, type, refs) of their
-# ends' ids, in key order, and written to the nodes of those ids (`history.INSERT_LINK`).
+# Links, whose ends are rowids, read as the neutral (repo, src, dst, type, refs) of ids.
 _LINKS_READ = (
     "SELECT l.src, l.dst, l.type, a.repo, a.id, b.id, l.type, l.refs FROM links l"
     " JOIN nodes a ON a.rowid = l.src JOIN nodes b ON b.rowid = l.dst"
@@ -107,8 +99,7 @@ class SqliteDump:
         return int(count)
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
-        # Each row read starts with the `order` columns (where the next page starts), then
-        # the table's.
+        # Each row starts with the `order` columns (the next page's start).
         columns = ", ".join(f'"{name}"' for name in table.names)
         if table.name in _WITHOUT_ROWID:
             order: tuple[str, ...] = table.key
@@ -215,12 +206,8 @@ def _is_mnemo(path: Path) -> bool:
 
 @asynccontextmanager
 async def open_sqlite_dump(path: Path, *, must_exist: bool) -> AsyncIterator[SqliteDump]:
-    """The dump of the mnemo database at `path`, opened (and migrated) for the block.
-
-    Raises:
-        StorageError: `"unavailable"` when `must_exist` and `path` holds no mnemo database;
-            as `Database.open` otherwise.
-    """
+    """The dump of the mnemo database at `path`, opened and migrated for the block; raises
+    `StorageError("unavailable")` when `must_exist` and there is none."""
     if must_exist and not await anyio.to_thread.run_sync(_is_mnemo, path):
         raise StorageError("unavailable", f"no mnemo database at {path}")
     database = Database(path)

@@ -1,10 +1,6 @@
-"""`SqliteGraph`: the `GraphStore` port (`mnemo.graph.ports`) over mnemo's SQLite file.
-
-Commits to one repo are serialised by a per-repo lock (across the host's processes too); each
-is one transaction recorded in `applied_changesets` with its side writes
-(`sessions.side_writes`), so the graph and the session never disagree. Vectors are in
-`SqliteVectors`; the SQL of commits and deletes in `commits.py` and `deletes.py`.
-"""
+"""`SqliteGraph`: the `GraphStore` port over SQLite. Commits to a repo are serialised by a
+per-repo lock (across processes too); each is one transaction recorded in `applied_changesets`
+with its side writes."""
 
 from __future__ import annotations
 
@@ -51,9 +47,8 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
                  ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
                  ann_params: ann.HnswParams | None = None, lexical: LexicalIndex | None = None,
                  ann_dir: Path | None = None) -> None:
-        """`ann_threshold`: vectors a repo must exceed before its searches use the HNSW index
-        (None: always exact); `lexical`: the index that answers `search_text` (None: FTS5);
-        `ann_dir`: where the HNSW graphs are saved (None: not saved)."""
+        """`ann_threshold`: size past which searches use HNSW (None: always exact); `lexical`:
+        the index for `search_text` (None: FTS5); `ann_dir`: where HNSW graphs are saved."""
         self._database = self._driver = database
         self._lexical = lexical
         self._dims = dims
@@ -111,8 +106,6 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         repo = plan.repo
         await self._database.run(lambda db: commits.write_commit(db, plan, also))
-        # The new vectors reach the repo's index from the node log (`vector_log`); brought up
-        # now if it is loaded.
         if self._vectors.loaded(repo) is not None:
             await self._vectors.index(repo)
 
@@ -146,8 +139,7 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
             lambda db: deletes.withdraw(db, repo, key, also, plan, revert))
 
     async def _erased(self) -> None:
-        """After an erasure's transaction (`deletes.scrub`): the WAL truncated, then the
-        lexical index's slots wiped."""
+        """After an erasure's transaction: truncates the WAL, wipes the lexical slots."""
         await self._database.run(truncate_wal)
         await super()._erased()
 
@@ -155,13 +147,11 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
 
     def _reembed_lock(self, repo: str, busy: ConflictError
                       ) -> AbstractAsyncContextManager[None]:
-        """For a file, a lock file beside it taken without waiting (the system lets it go
-        when its process dies)."""
+        """A lock file beside the file, taken without waiting (freed when its process dies)."""
         return self._holding(repo, "reembed", 0, busy)
 
     async def vectors_switched(self, repo: str, dim: int) -> None:
-        """The repo's saved HNSW graphs go (every vector is new); the index in memory loads
-        the new vectors at its next use (their generation moved)."""
+        """Drops the repo's saved HNSW graphs; the index in memory reloads at its next use."""
         folder = self._vectors.graph_folder(repo)
         if folder is not None:
             await anyio.to_thread.run_sync(ann_files.discard, folder)

@@ -1,6 +1,5 @@
-"""The commit history's rows in SQLite (`mnemo.graph.history`): written in a commit's own
-transaction, read back, and marked reverted. A record holds ids only (JSON lists,
-`sort_keys`; its nodes and links packed, `rows.pack_text`)."""
+"""The commit history's rows in SQLite (`graph.history`), written in a commit's transaction;
+a record holds ids only (its nodes and links packed, `rows.pack_text`)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from mnemo.storage.row import loads_object
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import pack_text, unpack_text
 
-# A link names its ends by their rowids; an end that is no node makes a NULL, which fails
-# (NOT NULL). `refs` counts the commits that made it.
+# An end that is no node makes a NULL, which fails (NOT NULL).
 _LINK = (
     "INSERT INTO links(src, dst, type, refs) VALUES ((SELECT rowid FROM nodes WHERE id = ?),"
     " (SELECT rowid FROM nodes WHERE id = ?), ?, ?) ON CONFLICT DO "
@@ -28,17 +26,14 @@ _ADD_LINK = _LINK + "UPDATE SET refs = refs + 1"
 
 
 def add_links(conn: sqlite3.Connection, links: Iterable[Link]) -> None:
-    """Inserts the commit's links; one already there counts one more commit.
-
-    Raises:
-        sqlite3.IntegrityError: an end is no node.
-    """
+    """Inserts the commit's links (one present counts one more commit); `IntegrityError`
+    when an end is no node."""
     conn.executemany(_ADD_LINK, [(k.src, k.dst, k.type.value, 1) for k in links])
 
 
 def joined(conn: sqlite3.Connection, plan: CommitPlan) -> None:
-    """Adds the commit's contribution to each node it joined (`mnemo.graph.shares`); before
-    the commit's rewordings: a node's creator brought the text it has until then."""
+    """Adds the commit's contribution to each node it joined (`graph.shares`); runs before
+    the rewordings."""
     for node_id, brought in plan.joined.items():
         text, data, source, owners = conn.execute(
             "SELECT text, data, source_id, owners FROM nodes WHERE id = ?", (node_id,)
@@ -76,8 +71,7 @@ def _next_seq(conn: sqlite3.Connection, repo: str) -> int:
 
 
 def reverted(conn: sqlite3.Connection, repo: str, commit_id: str, revert_id: str, at: str) -> None:
-    """Records the revert of a commit whose work was withdrawn: a record of its own, named by
-    the reverted one's; an ingested source's id is free again."""
+    """Records the revert of a withdrawn commit (an ingested source's id is free again)."""
     conn.execute(
         f"INSERT INTO commits({COMMIT_COLUMNS}) VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, '[]', '[]',"
         " '[]', NULL, ?)",
@@ -95,8 +89,7 @@ def unretire(conn: sqlite3.Connection, repo: str, node_ids: Sequence[str]) -> No
 
 
 def forget_commits(conn: sqlite3.Connection, repo: str, commit_ids: Sequence[str]) -> None:
-    """Removes the records of a forgotten source's commits and of their reverts (a source id
-    is the user's text, a record names the nodes that held the source's words)."""
+    """Removes the records of a forgotten source's commits and of their reverts."""
     for chunk in chunks(commit_ids, 400):
         marks = ",".join("?" * len(chunk))
         conn.execute(f"DELETE FROM commits WHERE repo = ? AND (id IN ({marks})"

@@ -1,6 +1,5 @@
-"""The SQLite side of the lexical index (`mnemo.storage.lexical.LexicalSource`): reads the
-log and the nodes on a read-only connection of its own, so that bringing an index up in a
-background thread never waits for (nor holds up) the store's one writing connection."""
+"""The SQLite `LexicalSource`: reads the log and nodes on a read-only connection of its own,
+never waiting for nor holding up the writing connection."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""`SqliteMaintenance`: graph maintenance (`storage.maintenance.SqlMaintenance`) on mnemo's
-SQLite file: links name their ends by the nodes' rowids, and the search index is FTS5's."""
+"""`SqliteMaintenance`: graph maintenance on SQLite (links by rowid, FTS5 search index)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A node's columns and their decoding, for every SQLite read of whole nodes (one place, so
-that a column added to nodes reaches every reader)."""
+"""A node's columns and their decoding, for every SQLite read of whole nodes."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ def _moment(text: str | None) -> datetime | None:
 
 
 def half_blob(vector: Vector) -> bytes:
-    """A node's vector as the `vectors` table keeps it: float16, half the bytes of float32
-    (a cosine moves by about 1e-4)."""
+    """A vector as `vectors` keeps it: float16 (a cosine moves by about 1e-4)."""
     return np.asarray(vector, dtype=np.float32).astype(np.float16).tobytes()
 
 
@@ -53,9 +51,8 @@ def vectors_of_halves(blobs: list[bytes], dim: int) -> Vector:
         len(blobs), dim)
 
 
-# A packed text: this version byte, then the text's UTF-8 as raw deflate with `_WORDS` as its
-# preset dictionary (what commit records and receipts repeat: node id prefixes, link types).
-# Never change `_WORDS` under this version: packed rows would no longer unpack.
+# A packed text: this version byte, then raw deflate with `_WORDS` as preset dictionary.
+# Never change `_WORDS` under this version.
 _PACKED = b"\x01"
 _WORDS = (
     b'"episodic_", "semantic_", "procedural_", "subgoal_", "source_", "tag_", "intent_",'
@@ -71,8 +68,7 @@ def pack_text(text: str) -> bytes:
 
 
 def unpack_text(stored: str | bytes) -> str:
-    """The text of a `pack_text` value, or a text stored plain (rows written before, or
-    copied in by `mnemo migrate`)."""
+    """The text of a `pack_text` value, or of a text stored plain."""
     if isinstance(stored, str):
         return stored
     if not stored.startswith(_PACKED):

@@ -1,9 +1,5 @@
-"""`SqliteSessions`: the `SessionStore` port (`storage.sessions.SqlSessions`) over mnemo's
-SQLite file: times are UTC ISO-8601 text with microseconds (so that text order is time order),
-JSON is text, and a list parameter is a JSON array read by `json_each`.
-
-Every statement runs in the database's own thread (see `mnemo.storage.sqlite.database`).
-"""
+"""`SqliteSessions`: the `SessionStore` port over SQLite (times as UTC ISO-8601 text, JSON as
+text, a list parameter a JSON array read by `json_each`)."""
 
 from __future__ import annotations
 
@@ -25,7 +21,6 @@ class SqliteSessions(SqlSessions):
     ANY = " IN (SELECT value FROM json_each(?))"
 
     def __init__(self, database: Database) -> None:
-        # The store's time (`HostClock`): a session's last use is judged by other Memories.
         super().__init__(database, database.clock)
 
 

@@ -1,10 +1,6 @@
-"""`ServerClock`: the store's time as one `Memory` on PostgreSQL knows it.
-
-Leases, heartbeats, last uses and message ages are compared across hosts, so every such time
-is the server's: each Memory reads `clock_timestamp()` when it opens and at each takeover task
-look, and between reads adds this host's monotonic time (no wall clock step moves it). A read
-is the best of `SAMPLES` round trips, known within half of the shortest.
-"""
+"""`ServerClock`: the store's time on PostgreSQL, compared across hosts: the server's
+`clock_timestamp()` read at open and at each takeover look (best of `SAMPLES` round trips), plus
+this host's monotonic time since."""
 
 from __future__ import annotations
 
@@ -15,7 +11,6 @@ from mnemo.errors import StorageError
 from mnemo.storage import clock as host_clock
 from mnemo.storage.postgres.connection import Postgres
 
-# Round trips per read of the server's time; the shortest is kept.
 SAMPLES = 3
 
 
@@ -35,11 +30,7 @@ class ServerClock:
         return server + timedelta(seconds=host_clock.elapsed() - at)
 
     async def sync(self) -> None:
-        """Reads the server's time again.
-
-        Raises:
-            StorageError: the server could not be asked (the last read stays).
-        """
+        """Reads the server's time again; on `StorageError` the last read stays."""
         best: tuple[float, datetime, float] | None = None
         async with self._pg.connection() as conn:
             for _ in range(SAMPLES):

@@ -1,10 +1,5 @@
-"""`PgCoordination`: the `Coordination` port (`mnemo.session.ports`) over PostgreSQL, for
-`Memory` objects on any number of hosts sharing one database.
-
-A compare-and-set is one `UPDATE ... WHERE version = %s` (`storage.coordination`). The change
-token is the server's next transaction id (`pg_snapshot_xmax(pg_current_snapshot())`): it
-moves whenever any writing transaction commits, so a wake-up may be spurious, never missed.
-"""
+"""`PgCoordination`: the `Coordination` port over PostgreSQL, for Memory objects on any hosts.
+The change token is the server's next transaction id: a wake-up may be spurious, never missed."""
 
 from __future__ import annotations
 

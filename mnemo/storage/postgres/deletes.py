@@ -1,6 +1,5 @@
-"""The SQL of forgetting a source and of reverting a commit on PostgreSQL (as
-`mnemo/storage/sqlite/deletes.py`): run by `PgGraph` under the repo's lock, the read before the
-embedding of the nodes' new wordings, the delete in one transaction after it."""
+"""The SQL of forgetting a source and reverting a commit on PostgreSQL (as `sqlite/deletes.py`),
+under the repo's lock: the read before embedding the new wordings, the delete after."""
 
 from __future__ import annotations
 
@@ -127,15 +126,13 @@ async def withdraw(
     plan: Plan,
     revert_id: str | None,
 ) -> list[str]:
-    """As `mnemo.storage.sqlite.deletes.withdraw` (the lexical index's stores told to start
-    again by `lexical_epoch`). The caller holds the transaction."""
+    """As `sqlite.deletes.withdraw`, in the caller's transaction."""
     scope = await _scope(conn, repo, key, one=revert_id is not None)
     gone = await _withdraw(conn, repo, key, scope, plan)
     if revert_id is not None:
         await history.reverted(conn, repo, key, revert_id)
         return gone
-    # A node the source created that another still uses stays, but no longer names the
-    # source (its id is the user's text: erasure).
+    # A node still used elsewhere stays, but no longer names the source.
     await conn.execute(
         "UPDATE nodes SET source_id = NULL WHERE repo = %s AND source_id = %s", (repo, key))
     await history.forget_commits(conn, repo, scope.records)
@@ -147,9 +144,7 @@ async def withdraw(
 
 
 async def _erase_steps(conn: Connection, source_id: str, commits: Sequence[str]) -> None:
-    """As `mnemo.storage.sqlite.deletes._erase_steps`: an episode of the forgotten session
-    (or the forgotten episode) that is over goes with its steps; of one still open, the
-    steps it committed keep their place but none of their words."""
+    """As `sqlite.deletes._erase_steps`."""
     cur = await conn.execute(
         "SELECT id, status FROM episodes WHERE session_id = %(id)s OR id = %(id)s",
         {"id": source_id},
@@ -171,7 +166,6 @@ async def _erase_steps(conn: Connection, source_id: str, commits: Sequence[str])
 
 
 async def new_epoch(conn: Connection) -> None:
-    """Gives the lexical index's stores a new epoch: each wipes its documents (which may
-    hold erased words) before it answers again (`mnemo.storage.lexical`)."""
+    """Gives the store a new lexical epoch: each index slot wipes itself before answering."""
     await conn.execute(
         "UPDATE lexical_epoch SET epoch = md5(random()::text || clock_timestamp()::text)")

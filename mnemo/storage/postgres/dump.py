@@ -1,13 +1,6 @@
-"""The PostgreSQL side of `mnemo migrate` (`mnemo.storage.transfer`): tables read and written
-in neutral values.
-
-A batch is written in one transaction: `COPY` in binary into a temporary table shaped like the
-target's columns, then `INSERT ... SELECT ... ON CONFLICT DO NOTHING`, so a row whose key (or
-rowid) is there already is skipped and the rest go in at COPY's speed. The `tsvector` columns
-are generated, never written. Rowids are copied as they are (the identity columns are BY
-DEFAULT), so `finish` moves each identity sequence past the largest, and builds each repo's
-HNSW index (`schema.ensure_vector_index`) once its vectors are in.
-"""
+"""The PostgreSQL side of `mnemo migrate`: a batch is one transaction, binary `COPY` into a
+temporary table then `INSERT ... ON CONFLICT DO NOTHING`; rowids are copied as they are, so
+`finish` moves identity sequences past them and builds each repo's HNSW index."""
 
 from __future__ import annotations
 
@@ -83,7 +76,7 @@ class PostgresDump:
         positions = [table.names.index(name) for name in order]
         last: tuple[object, ...] | None = None
         while True:
-            # Binary results: a vector's text form costs more to parse than the rest of its row.
+            # Binary: a vector's text form costs more to parse than the rest of its row.
             async with self._pg.connection() as conn, conn.cursor(binary=True) as cur:
                 if last is None:
                     await cur.execute(first, (batch,))
@@ -152,7 +145,6 @@ class PostgresDump:
         async with self._pg.transaction() as conn:
             for table in TABLES:
                 if table.has_rowid:
-                    # setval(NULL) on an empty table changes nothing.
                     await conn.execute(
                         sql.SQL(
                             "SELECT setval(pg_get_serial_sequence({}, 'rowid'), max(rowid))"
@@ -169,12 +161,8 @@ class PostgresDump:
 
 @asynccontextmanager
 async def open_postgres_dump(url: str, *, must_exist: bool) -> AsyncIterator[PostgresDump]:
-    """The dump of the PostgreSQL database `url` names, opened (and migrated) for the block.
-
-    Raises:
-        StorageError: `"unavailable"` when `must_exist` and the database holds no mnemo schema,
-            or it cannot be reached; as `schema.apply` otherwise.
-    """
+    """The dump of the database at `url`, opened and migrated for the block; raises
+    `StorageError("unavailable")` when unreachable or, with `must_exist`, not mnemo's."""
     pg = Postgres(url)
     await pg.open(migrate=not must_exist)
     try:

@@ -1,5 +1,5 @@
-"""The commit history's rows in PostgreSQL (`mnemo.graph.history`): written in a commit's own
-transaction, read back, and marked reverted. A record holds ids only (jsonb lists)."""
+"""The commit history's rows in PostgreSQL (`graph.history`), written in a commit's
+transaction; a record holds ids only."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ async def add_links(conn: Connection, repo: str, links: Sequence[Link]) -> None:
 
 
 async def joined(conn: Connection, plan: CommitPlan) -> None:
-    """Adds the commit's contribution to each node it joined (`mnemo.graph.shares`); before
-    the commit's rewordings: a node's creator brought the text it has until then."""
+    """Adds the commit's contribution to each node it joined (`graph.shares`); runs before
+    the rewordings."""
     for node_id, brought in plan.joined.items():
         cur = await conn.execute(
             "SELECT text, data, source_id, owners FROM nodes WHERE id = %s", (node_id,))
@@ -67,8 +67,7 @@ async def record(conn: Connection, plan: CommitPlan) -> None:
 
 
 async def reverted(conn: Connection, repo: str, commit_id: str, revert_id: str) -> None:
-    """Records the revert of a commit whose work was withdrawn: a record of its own, named by
-    the reverted one's; an ingested source's id is free again."""
+    """Records the revert of a withdrawn commit (an ingested source's id is free again)."""
     empty = Jsonb([])
     await conn.execute(_INSERT, (revert_id, repo, datetime.now(UTC), None, None, empty, empty,
                                  empty, empty, empty, commit_id, repo))
@@ -88,8 +87,7 @@ async def unretire(conn: Connection, repo: str, node_ids: Sequence[str]) -> None
 
 
 async def forget_commits(conn: Connection, repo: str, commit_ids: Sequence[str]) -> None:
-    """Removes the records of a forgotten source's commits and of their reverts (a source id
-    is the user's text, a record names the nodes that held the source's words)."""
+    """Removes the records of a forgotten source's commits and of their reverts."""
     await conn.execute(
         "DELETE FROM commits WHERE repo = %s AND (id = ANY(%s) OR reverts = ANY(%s))",
         (repo, list(commit_ids), list(commit_ids)),

@@ -1,6 +1,5 @@
-"""The PostgreSQL side of the lexical index (`mnemo.storage.lexical.LexicalSource`): reads the
-log and the nodes on a connection of its own (synchronous: it is used from the index's worker
-threads), outside the `Memory`'s pool."""
+"""The PostgreSQL `LexicalSource`: reads the log and nodes on a synchronous connection of its
+own (used from the index's threads), outside the Memory's pool."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from mnemo.storage.row import Column
 
 
 def default_folder() -> Path:
-    """Where PostgreSQL stores' indexes live on this host: `$MNEMO_LEXICAL_DIR`, else the
-    user's cache folder. Each database gets a folder of its own inside (`place`)."""
+    """`$MNEMO_LEXICAL_DIR`, else the user's cache folder (a folder per database inside)."""
     chosen = os.environ.get("MNEMO_LEXICAL_DIR")
     if chosen:
         return Path(chosen)
@@ -25,8 +23,7 @@ def default_folder() -> Path:
     return Path(cache) / "mnemo" / "lexical"
 
 
-# The cluster's identifier and the database's oid: a database dropped and made again under
-# the same name (or a copy elsewhere) gets folders of its own (`place`).
+# The cluster's identifier and the database's oid: a recreated database gets its own folder.
 PLACE = (
     "SELECT (SELECT system_identifier FROM pg_control_system()),"
     " (SELECT oid FROM pg_database WHERE datname = current_database())"
@@ -50,8 +47,7 @@ class PgLexicalSource(LogSource):
         self._conn: psycopg.Connection[Any] | None = None
 
     def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
-        """The statement's rows (all only read): one that failed because the connection was
-        gone runs once more on a new connection."""
+        """The statement's rows, run once more on a new connection if the old one was gone."""
         for attempt in range(2):
             fresh = self._conn is None or self._conn.closed
             try:

@@ -1,8 +1,5 @@
-"""`PgMaintenance`: graph maintenance (`storage.maintenance.SqlMaintenance`) on PostgreSQL:
-links name their ends by id and keep their repo, a node's data is jsonb, the rows a merge or a
-sweep will change are locked first (`FOR UPDATE`), and a node's search entry is a generated
-column of its row.
-"""
+"""`PgMaintenance`: graph maintenance on PostgreSQL (links by id, rows a merge or sweep
+changes locked first)."""
 
 from __future__ import annotations
 
@@ -54,9 +51,7 @@ class PgMaintenance(SqlMaintenance):
         return int(row[0]) if row else 0
 
     async def _search_rebuilt(self, sql: Statements, repo: str) -> bool:
-        # A generated column is computed when its row is written, so it can only disagree
-        # with its text after the text search configuration changed; an UPDATE of the row
-        # computes it again (docs/DECISIONS.md).
+        # A generated column disagrees only after a configuration change; an UPDATE recomputes.
         return bool(await sql.run(
             "UPDATE nodes SET text = text WHERE repo = ?"
             f" AND search IS DISTINCT FROM {SEARCH_VECTOR}", (repo,),

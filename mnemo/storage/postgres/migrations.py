@@ -1,10 +1,6 @@
-"""mnemo's PostgreSQL migrations, in order (applied by `schema.apply`): a baseline (every table
-as 0.1.0 has it), then the migrations added after it.
-
-A migration that has been applied is never edited: a change of the schema is the next one at
-the end, here and in SQLite's list (`mnemo/storage/sqlite/schema.py`) alike. The baseline is
-named `m020_scopes`, the name every database of this schema records.
-"""
+"""mnemo's PostgreSQL migrations in order: a baseline (`m020_scopes`, every table as 0.1.0 has
+it), then later ones. An applied migration is never edited: a change is the next one at the end,
+here and in `sqlite/schema.py` alike."""
 
 from __future__ import annotations
 
@@ -41,9 +37,8 @@ _TEXT_SEARCH = (
     END $$""",
 )
 
-# Repos, sessions and their work, as SQLite's. `rowid`: SQLite orders episodes, nodes,
-# messages and snapshots by insertion through its rowid; BY DEFAULT so that `mnemo migrate`
-# can carry those over.
+# Repos, sessions and their work, as SQLite's; `rowid` identities BY DEFAULT so `mnemo
+# migrate` can carry SQLite's rowids over.
 _SESSIONS = (
     """CREATE TABLE repos (
         name text PRIMARY KEY,
@@ -325,10 +320,8 @@ _CONVERSATION = (
     "CREATE INDEX pins_by_goal ON pins (goal_id)",
 )
 
-# Every change of a node's text logged under a per-repo sequence in the writer's own
-# transaction, for the lexical index (`mnemo.storage.lexical`): the repo's `lexical_repos` row,
-# locked until commit, makes its numbers commit in order. The log keeps a repo's last LOG_KEEP
-# entries (`horizon`); an index further behind rebuilds.
+# Every change of a node's text logged under a per-repo sequence in the writer's transaction
+# (the locked `lexical_repos` row makes numbers commit in order); LOG_KEEP entries are kept.
 _LEXICAL = (
     """CREATE TABLE lexical_repos (
         repo text PRIMARY KEY,
@@ -343,8 +336,7 @@ _LEXICAL = (
     )""",
     "CREATE TABLE lexical_epoch (epoch text NOT NULL)",
     "INSERT INTO lexical_epoch VALUES (md5(random()::text || clock_timestamp()::text))",
-    # A function's source is stored as written, indentation and all: keep it as every
-    # database holds it.
+    # Stored as written: keep it as every database holds it.
     f"""CREATE FUNCTION mnemo_lexical_log(changed_repo text, changed bigint[])
             RETURNS void LANGUAGE plpgsql AS $$
             DECLARE

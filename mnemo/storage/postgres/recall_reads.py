@@ -1,6 +1,5 @@
-"""The batched reads of recall on PostgreSQL, one round trip each: a candidate set's nodes,
-access stats and links (two statements in one pipeline on one connection), and a hop's typed
-links with the cosine of their far ends to the query."""
+"""Recall's batched reads on PostgreSQL, one round trip each: a candidate set's nodes, stats
+and links, and a hop's typed links with their far ends' cosine to the query."""
 
 from __future__ import annotations
 
@@ -59,7 +58,7 @@ async def _node_context(
     async with conn.pipeline():
         nodes = await conn.execute(_NODES, params)
         links = await conn.execute(_LINKS, params)
-        # The nodes' vectors, in the same round trip (as `PgVectors.of_nodes` reads them).
+        # The nodes' vectors, in the same round trip.
         vectors = await conn.execute(OF_NODES, params, binary=True)
         node_rows = await rows_of(nodes)
         link_rows = await rows_of(links)
@@ -80,13 +79,10 @@ async def _node_context(
         return NodeContext([found[i] for i in ids if i in found], stats,
                            list(dict.fromkeys(seen)), unit_rows(vector_rows))
 
-    # Past `ON_LOOP_NODES`, built in `mnemo.cpu`'s slot: a thousand nodes of long steps would
-    # hold the event loop tens of milliseconds.
     return await cpu.run(built, len(node_rows), on_loop_below=ON_LOOP_NODES + 1)
 
 
-# Each link seen from the end that was asked for (side 0 from `src`, side 1 from `dst`), with
-# the cosine of the other end to the query (NULL without a vector; NaN for a zero vector).
+# `_LINKS` with the other end's cosine to the query (NULL without a vector).
 _HOP = (
     "SELECT 0, l.src, a.type, l.dst, b.type, l.type, 1 - (v.vec <=> %(q)s) FROM links l"
     " JOIN nodes a ON a.id = l.src JOIN nodes b ON b.id = l.dst"
@@ -105,7 +101,6 @@ async def typed_links_near(
     """See `GraphStore.typed_links_near`."""
     ids = list(dict.fromkeys(node_ids))
     rows = await pg.fetch_all(_HOP, {"repo": repo, "ids": ids, "q": as_array(vector)})
-    # Past `ON_LOOP_NODES` nodes, their links are seen in `mnemo.cpu`'s slot.
     return await cpu.run(lambda: hop_links(rows), len(ids), on_loop_below=ON_LOOP_NODES + 1)
 
 

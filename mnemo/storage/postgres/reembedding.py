@@ -26,8 +26,7 @@ def reembed_lock_key(repo: str) -> int:
 
 
 class PgReembeds(SqlReembeds):
-    """The re-embedding's statements on PostgreSQL: staged vectors are pgvector's, keyed by
-    node id, and the rows a step reads are locked."""
+    """The re-embedding's statements on PostgreSQL (staged vectors keyed by node id)."""
 
     OF_REPO = "repo = ?"
     STAGED = "s.node_id = n.id"
@@ -62,8 +61,7 @@ class PgReembedding(ReembeddedGraph):
 
     @asynccontextmanager
     async def _reembed_lock(self, repo: str, busy: ConflictError) -> AsyncIterator[None]:
-        """The repo's re-embedding advisory lock, taken without waiting on a connection held
-        for the block (freed when the connection ends)."""
+        """The repo's re-embedding advisory lock, taken without waiting, held for the block."""
         async with self._pg.connection() as conn:
             key = reembed_lock_key(repo)
             cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))
@@ -77,13 +75,11 @@ class PgReembedding(ReembeddedGraph):
                     await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
     async def _before_switch(self, repo: str) -> None:
-        # Its cast to the old dimension would refuse the new vectors (rebuilt after the
-        # switch); its lock on `vectors` is held only for the drop.
+        # Its cast to the old dimension would refuse the new vectors (rebuilt after).
         await self._pg.write(
             lambda sql: sql.run(f'DROP INDEX IF EXISTS "{vector_index_name(repo)}"')
         )
 
     async def vectors_switched(self, repo: str, dim: int) -> None:
-        """The repo's HNSW index is built again when the repo is past exact scans, and its
-        routes' saved graphs go (the routes in memory reload at their next use)."""
+        """Rebuilds the repo's HNSW index if it is large; drops its routes' saved graphs."""
         await self._vectors.switched(repo, dim)

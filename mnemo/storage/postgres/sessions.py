@@ -1,12 +1,5 @@
-"""`PgSessions`: the `SessionStore` port (`storage.sessions.SqlSessions`) over PostgreSQL, and
-`side_writes`, the session and ingest side of a graph commit.
-
-Times are aware datetimes (side writes take the server's `clock_timestamp()`), JSON is jsonb,
-ids compare byte by byte (`COLLATE "C"`), insertion order is the `rowid` identity. A
-one-statement write runs in autocommit, others in `Postgres.transaction()`, a read of several
-statements in one REPEATABLE READ transaction. A session's step claims are serialised by an
-advisory lock (`coordination.lock_claims`).
-"""
+"""`PgSessions`: the `SessionStore` port over PostgreSQL, and a graph commit's `side_writes`.
+A session's step claims are serialised by an advisory lock (`coordination.lock_claims`)."""
 
 from __future__ import annotations
 
@@ -90,9 +83,8 @@ class PgSessions(SqlSessions):
             ", claimed AS (INSERT INTO step_claims(step_id, session_id, holder)"
             " SELECT ?, ?, ? FROM moved)" if holder is not None else ""
         )
-        # One statement in autocommit, one round trip: the session's version moves on,
-        # checked to be still collecting this episode at the version the caller read, and
-        # only then the new step goes in (claimed for its annotation by `holder`).
+        # One autocommit statement: the version moves on if still collecting this episode at
+        # the caller's version, and only then the step goes in (claimed by `holder`).
         statement = (
             "WITH moved AS (UPDATE sessions SET version = version + 1, updated_at = ?,"
             " active_at = ?"
@@ -115,6 +107,5 @@ class PgSessions(SqlSessions):
 
 
 async def side_writes(conn: Connection, writes: Sequence[SideWrite]) -> None:
-    """`SqlSessions.side_writes` on `conn`, the connection of the graph's open transaction
-    (`Postgres.transaction()`)."""
+    """`SqlSessions.side_writes` on the graph's open transaction's `conn`."""
     await PgSessions.side_writes(PgStatements(conn), writes)

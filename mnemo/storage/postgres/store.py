@@ -32,10 +32,8 @@ class PostgresBackend:
         lexical_dir: str | Path | None = None,
         ann_dir: str | Path | None = None,
     ) -> None:
-        """`lexical_dir`: the folder of recall's lexical index (None: `$MNEMO_LEXICAL_DIR` or
-        the user's cache folder; "": none, PostgreSQL's full-text search answers); `ann_dir`:
-        where the routing vectors' HNSW graphs are saved (None: the lexical index's default
-        folder; "": not saved)."""
+        """`lexical_dir`, `ann_dir`: the lexical index's and the HNSW graphs' folder (None:
+        `lexical.default_folder()`; "": none)."""
         self.postgres = Postgres(url, busy_timeout=busy_timeout, max_size=max_connections)
         lexical = None
         if lexical_dir != "":
@@ -45,21 +43,14 @@ class PostgresBackend:
             )
         graphs = None if ann_dir == "" else Path(ann_dir) if ann_dir else default_folder()
         self.graph = PgGraph(self.postgres, dims, lexical=lexical, ann_dir=graphs)
-        # Every time compared across Memories is the server's (`ServerClock`).
         self.clock = ServerClock(self.postgres)
         self.sessions = PgSessions(self.postgres, self.clock)
         self.threads = PgThreads(self.postgres)
         self.coordination = PgCoordination(self.postgres, self.clock)
 
     async def open(self) -> None:
-        """Applies pending migrations, then opens the pool and reads the server's time
-        (`ServerClock`); the pool is closed again when that read fails.
-
-        Raises:
-            StorageError: the server could not be reached ("unavailable"), pgvector is
-                missing ("extension_missing"), or another process held the schema lock for
-                longer than the busy timeout ("busy").
-        """
+        """Applies pending migrations, opens the pool and reads the server's time (closing the
+        pool if that fails). Raises `StorageError` ("unavailable", "extension_missing", "busy")."""
         await self.postgres.open(migrate=True)
         try:
             await self.clock.sync()

@@ -1,17 +1,13 @@
-"""PostgreSQL's full-text search as FTS5 searches: the text search configuration, the search
-vector of a text and the tsquery of one query word (the migrations create the configuration
-and the generated columns; the stores search with them)."""
+"""PostgreSQL's full-text search made to split and fold as FTS5 does: the configuration, a
+text's search vector and one query word's tsquery."""
 
 from __future__ import annotations
 
 # `english` with a stemmer that drops no stop word and folds accents first, as FTS5's
 # `porter unicode61` does.
 TEXT_SEARCH_CONFIG = "mnemo_english"
-# PostgreSQL's parser keeps emails, URLs, paths and versions whole and reads format characters
-# (Cf) as letters; FTS5 splits at every non-letter, non-digit. So texts and query
-# words (`WORD_QUERY`) are parsed with ASCII punctuation and format characters made spaces.
-# The format characters as of Unicode 14 (Python 3.11's `unicodedata`), first to last of each
-# range; the stored search columns are computed with them, so a change needs a migration.
+# As FTS5 splits at every non-letter, non-digit, ASCII punctuation and format characters (Cf,
+# Unicode 14 ranges) are made spaces before PostgreSQL's parser; a change needs a migration.
 _FORMAT_CHARACTERS = (
     (0x00AD, 0x00AD), (0x0600, 0x0605), (0x061C, 0x061C), (0x06DD, 0x06DD), (0x070F, 0x070F),
     (0x0890, 0x0891), (0x08E2, 0x08E2), (0x180E, 0x180E), (0x200B, 0x200F), (0x202A, 0x202E),
@@ -22,8 +18,7 @@ _FORMAT_CHARACTERS = (
 
 
 def _escape(code: int) -> str:
-    """A regular expression's escape for a character, its backslash doubled as an E'' literal
-    needs (an E'' literal reads the same whatever `standard_conforming_strings` says)."""
+    """A regular expression's escape for a character, as an E'' literal needs it."""
     return f"\\\\u{code:04x}" if code <= 0xFFFF else f"\\\\U{code:08x}"
 
 

@@ -226,7 +226,7 @@ class PgVectors:
         return results
 
     async def _graph_folder(self, repo: str) -> Path | None:
-        """Where the repo's routing graphs are saved: per database (cluster id and oid), per repo."""
+        """Where the repo's routing graphs are saved: per database (cluster id, oid), per repo."""
         if self._ann_dir is None:
             return None
         if self._place is None:

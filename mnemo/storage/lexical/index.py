@@ -152,7 +152,7 @@ class LexicalIndex(Slot):
         return [(node_id, score) for _, node_id, score in found[:limit]]
 
     def _current(self, repo: str) -> bool:
-        """Applies the repo's short backlog inline; whether the index answers now. Holds the lock."""
+        """Applies a short backlog inline; whether the index answers now. Holds the lock."""
         if repo in self._behind or repo in self._rebuilds:
             return False
         seq, horizon, applied = self._log_state(repo)

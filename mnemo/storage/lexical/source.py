@@ -1,7 +1,5 @@
-"""What the lexical index reads of a store (`LexicalSource`, rows as `Row`), and what both
-backends' sources share (`LogSource`): the same tables and the same SQL, written once with `?`
-placeholders; a backend brings its connection (`_rows`), its placeholder and its folder
-(`place`)."""
+"""What the lexical index reads of a store (`LexicalSource`), and the SQL both backends'
+sources share (`LogSource`; a backend brings `_rows`, its placeholder and `place`)."""
 
 from __future__ import annotations
 
@@ -23,28 +21,25 @@ class Row:
 
 
 class LexicalSource(Protocol):
-    """The store's side, read from worker threads (one call at a time, under the index's
-    lock) on a connection of its own."""
+    """The store's side, read from worker threads, one call at a time, on its own connection."""
 
     def place(self) -> str:
         """The store's own folder inside the index's base folder ("" for none)."""
         ...
 
     def epoch(self) -> str:
-        """A value that differs between two stores (random, written when the store was made)
-        and changes when something is erased from the store: an index whose documents are of
-        another epoch wipes them before it answers (`LexicalIndex`)."""
+        """A random value of the store, renewed by each erasure (an index of another epoch
+        wipes itself before answering)."""
         ...
 
     def state(self, repo: str) -> tuple[int, int, str]:
-        """(seq, horizon, epoch) of a repo's log: the last sequence number written and the one
-        below which the log no longer holds every change ((0, 0) for a repo never written),
-        and the store's epoch (`epoch`: an erasure gives the store a new one)."""
+        """(seq, horizon, epoch): the repo's last log sequence, the one below which the log is
+        incomplete ((0, 0) if never written), and the store's epoch."""
         ...
 
     def changes(self, repo: str, after: int, upto: int) -> tuple[list[Row], list[int]]:
-        """The nodes touched by the log's entries in (after, upto]: those that exist now, and
-        the rowids of those that do not."""
+        """The nodes touched by the log's entries in (after, upto]: those that exist, and the
+        rowids of those gone."""
         ...
 
     def nodes(self, repo: str, after_rowid: int, limit: int) -> list[Row]:
@@ -62,8 +57,7 @@ class LexicalSource(Protocol):
     def close(self) -> None: ...
 
 
-# A repo's (seq, horizon), and the rowids its log's entries in (after, upto] touched, as `l`
-# (with "?" placeholders: `LogSource` swaps them; so does the vectors' follower, vector_log).
+# A repo's (seq, horizon), and the rowids its log's entries in (after, upto] touched, as `l`.
 STATE = "SELECT seq, horizon FROM lexical_repos WHERE repo = ?"
 # `STATE` with the store's epoch, in one read.
 _STATE_AND_EPOCH = (
@@ -88,8 +82,7 @@ def state_of(rows: Sequence[Sequence[Column]]) -> tuple[int, int]:
 
 
 def changed_rows(rows: Iterable[tuple[Any, Any, Any, Any]]) -> tuple[list[Row], list[int]]:
-    """Rows of (logged rowid, id, type, text), the last three NULL for a node that is gone, as
-    (the nodes that exist, the rowids of those that do not)."""
+    """Rows of (logged rowid, id, type, text) as (existing nodes, rowids of those gone)."""
     present: list[Row] = []
     gone: list[int] = []
     for rowid, node_id, kind, text in rows:

@@ -36,6 +36,7 @@ WAL_SIZE_LIMIT = 16 * 1024 * 1024
 _BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _CORRUPT_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
 
+# Not the global generator, which is the application's.
 _JITTER = random.Random()
 
 

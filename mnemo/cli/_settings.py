@@ -4,15 +4,13 @@ then a TOML config file (`--config`, `$MNEMO_CONFIG`, `./mnemo.toml`,
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import os
 import tomllib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, TypeVar, cast
+from typing import Annotated, Any
 
 import typer
 
@@ -60,37 +58,6 @@ MODEL_OPTIONS = {
         "A TOML file with store, llm and embedder (env MNEMO_CONFIG; default ./mnemo.toml or "
         "~/.config/mnemo/config.toml)."))],
 }
-Command = TypeVar("Command", bound=Callable[..., None])
-
-
-def model_options(
-    *, extraction: bool = True, only: Collection[str] = tuple(MODEL_OPTIONS)
-) -> Callable[[Command], Command]:
-    """Gives a command the `MODEL_OPTIONS` that `only` names in place of its keyword-only
-    parameter `settings`, which receives them `resolve`d."""
-    names = [name for name in MODEL_OPTIONS
-             if name in only and (extraction or name != "extraction_timeout")]
-    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                 annotation=MODEL_OPTIONS[name]) for name in names]
-
-    def wrap(command: Command) -> Command:
-        given = inspect.signature(command, eval_str=True).parameters.values()
-        params = [o for p in given for o in (options if p.name == "settings" else [p])]
-
-        @functools.wraps(command)
-        def resolved(*args: Any, **kwargs: Any) -> None:
-            command(*args, settings=resolve(**{name: kwargs.pop(name) for name in names}),
-                    **kwargs)
-
-        resolved.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-        resolved.__annotations__ = {p.name: p.annotation for p in params}
-        return cast(Command, resolved)
-
-    return wrap
-
-
-# The options of a command that opens no model: the store and the config file.
-store_options = model_options(only=("store", "config"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,13 +22,6 @@ from mnemo.storage.ports import has_postgres_driver, is_postgres
 DEFAULT_STORE = "memory.db"
 MODEL_KEYS = ("temperature", "llm_timeout", "extraction_timeout")
 FILE_KEYS = ("store", "llm", "embedder", *MODEL_KEYS)
-_ENV = {
-    "store": ("MNEMO_STORE", "MNEMO_DB"), "llm": ("MNEMO_LLM",), "embedder": ("MNEMO_EMBEDDER",),
-    "temperature": ("MNEMO_TEMPERATURE",), "llm_timeout": ("MNEMO_LLM_TIMEOUT",),
-    "extraction_timeout": ("MNEMO_EXTRACTION_TIMEOUT",)}
-_FLAGS = {
-    "temperature": "--temperature", "llm_timeout": "--llm-timeout",
-    "extraction_timeout": "--extraction-timeout"}
 
 def _option(*flags: str, help: str, **more: Any) -> Any:
     return typer.Option(*flags, help=help, show_default=False, **more)
@@ -81,8 +74,8 @@ class Settings:
         given = {name: value for name, value in tuned.items() if value is not None}
         if self.llm is None:
             flagged = [
-                _FLAGS[key] for key in ("temperature", "llm_timeout")
-                if self.sources.get(key) == _FLAGS[key]]
+                flag for flag in ("--temperature", "--llm-timeout")
+                if flag in self.sources.values()]
             if flagged:
                 raise CliError(
                     f"{' and '.join(flagged)} tune the LLM chosen with --llm (or MNEMO_LLM, or "
@@ -169,8 +162,8 @@ def resolve(*, store: str | None = None, llm: str | None = None, embedder: str |
         "llm_timeout": None if llm_timeout is None else repr(llm_timeout),
         "extraction_timeout": None if extraction_timeout is None else repr(extraction_timeout)}
     for key, flag in flags.items():
-        value, source = flag, _FLAGS.get(key, f"--{key}")
-        for name in _ENV[key]:
+        value, source = flag, "--" + key.replace("_", "-")
+        for name in (f"MNEMO_{key.upper()}", *(("MNEMO_DB",) if key == "store" else ())):
             if value is None and env.get(name):
                 value, source = env[name], name
         if value is None and key in from_file:

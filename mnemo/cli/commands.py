@@ -119,7 +119,9 @@ async def ingest(
     async with open_memory(settings, writes=True, works=True) as mem:
         report = await ingest_file(mem, target, parsed, threads=threads,
                                    console=stderr_console(), show_progress=not as_json)
-    summary = report.as_json()
+    summary = {"repo": target, "format": parsed.shape, "sources": report,
+               "created": sum(s["created"] for s in report),
+               "nodes": sum(s["nodes"] for s in report)}
     if as_json:
         print_json(summary)
         return
@@ -128,9 +130,9 @@ async def ingest(
         f"Ingested into {escape(target)} ({parsed.shape})",
         ("source~", "new>~", "nodes>~", "steps>~", "messages saved>~"),
         [(Text(s["source_id"]), "yes" if s["created"] else "no", str(s["nodes"]),
-          str(s["steps"]), str(s["messages_saved"])) for s in report.sources]))
+          str(s["steps"]), str(s["messages_saved"])) for s in report]))
     console.print(
-        f"{len(report.sources)} sources, {summary['created']} new, {summary['nodes']} nodes")
+        f"{len(report)} sources, {summary['created']} new, {summary['nodes']} nodes")
 
 
 @app.command()

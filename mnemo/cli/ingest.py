@@ -5,7 +5,7 @@ idempotent `Memory.ingest` and, unless disabled, a conversation thread of the sa
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, TypedDict
 
@@ -59,21 +59,6 @@ class SourceReport(TypedDict):
     steps: int
     thread_id: str | None
     messages_saved: int
-
-
-@dataclass(slots=True)
-class IngestReport:
-    """What an ingest did, per source."""
-
-    repo: str
-    shape: str
-    sources: list[SourceReport] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "repo": self.repo, "format": self.shape, "sources": self.sources,
-            "created": sum(1 for s in self.sources if s["created"]),
-            "nodes": sum(s["nodes"] for s in self.sources)}
 
 
 # What a file holds, read by msgspec: a shape's every field is checked as it is read.
@@ -201,7 +186,7 @@ def _normalise_dia_id(raw: str) -> str:
 
 
 async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bool,
-                      console: Console, show_progress: bool) -> IngestReport:
+                      console: Console, show_progress: bool) -> list[SourceReport]:
     """Ingests every source of the file into `repo`, with progress bars, and with `threads` saves
     each session as a thread. Every source is checked first (CliError naming it), so a file that
     cannot go in whole stores nothing."""
@@ -214,7 +199,7 @@ async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bo
             except InvalidInputError as exc:
                 raise CliError(f"source {source.source_id!r}: {exc}") from exc
     conversation = mem.conversation()
-    report = IngestReport(repo, parsed.shape)
+    report: list[SourceReport] = []
     with bars(console, disable=not show_progress) as progress:
         for batch in parsed.batches:
             task = progress.add_task(f"ingest {batch.name}", total=len(batch.sources))
@@ -233,7 +218,7 @@ async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bo
                 if threads:
                     # `save` stores only what is new: a second ingest appends nothing.
                     saved = len(await conversation.save(source.source_id, source.messages))
-                report.sources.append(
+                report.append(
                     {
                         "source_id": source.source_id, "created": receipt.created,
                         "nodes": len(receipt.node_ids), "steps": len(source.trajectory.steps),

@@ -105,12 +105,8 @@ class Access:
 
     def answers(self, name: str) -> bool:
         """Whether a request with this Host name (as `parse_host` gives it) is served."""
-        for pattern in self.hosts:
-            if pattern == "*" or pattern == name:
-                return True
-            if pattern.startswith("*.") and name.endswith(pattern[1:]):
-                return True
-        return False
+        return any(p in ("*", name) or (p.startswith("*.") and name.endswith(p[1:]))
+                   for p in self.hosts)
 
     def cookie_value(self) -> str:
         """What the access cookie holds: an HMAC of the token (never the token itself)."""
@@ -170,13 +166,9 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = Headers(scope=scope)
-        refusal = self._refusal(scope, headers)
-        if refusal is not None:
-            await _secured(refusal)(scope, receive, send)
-            return
-        cached = scope["path"].startswith(STATIC_PREFIX)
-        await self.app(scope, receive, _with_security_headers(send, cached=cached))
+        refusal = self._refusal(scope, Headers(scope=scope))
+        cached = refusal is None and scope["path"].startswith(STATIC_PREFIX)
+        await (refusal or self.app)(scope, receive, _with_security_headers(send, cached=cached))
 
     def _refusal(self, scope: Scope, headers: Headers) -> Response | None:
         host = parse_host(headers.get("host"))
@@ -245,13 +237,6 @@ def _ask_for_token(path: str, *, wrong: bool) -> Response:
         '<input type="password" name="token" autocomplete="off" required></label> '
         '<button type="submit">Open</button></form></body></html>')
     return HTMLResponse(page, status_code=401, headers={"www-authenticate": "Bearer"})
-
-
-def _secured(response: Response) -> Response:
-    for name, value in SECURITY_HEADERS:
-        response.headers[name] = value
-    response.headers["cache-control"] = "no-store"
-    return response
 
 
 def _with_security_headers(send: Send, *, cached: bool) -> Send:

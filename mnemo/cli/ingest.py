@@ -120,21 +120,17 @@ def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
         if isinstance(raw, dict) and ("sessions" in raw or "steps" in raw):
             conversation = msgspec.convert(raw if "sessions" in raw else {"sessions": [raw]},
                                            Conversation)
-            return _conversation_file(conversation, prefix or path.stem, path.stem)
+            sources = [
+                Source(f"{prefix or path.stem}/{number}", Trajectory(
+                    session.goal, [Step(s.observation, s.action) for s in session.steps]),
+                    messages(session))
+                for number, session in enumerate(conversation.sessions, start=1)]
+            return IngestFile("conversation", conversation.repo, [Batch(path.stem, sources)])
     except msgspec.ValidationError as exc:
         raise CliError(f"{path}: {exc}") from exc
     raise CliError(
         f"{path} is neither a conversation (an object with 'sessions') nor a LoCoMo-style file "
         "(a list of objects with 'conversation')")
-
-
-def _conversation_file(conversation: Conversation, prefix: str, name: str) -> IngestFile:
-    sources = []
-    for number, session in enumerate(conversation.sessions, start=1):
-        steps = [Step(step.observation, step.action) for step in session.steps]
-        sources.append(Source(f"{prefix}/{number}", Trajectory(session.goal, steps),
-                              messages(session)))
-    return IngestFile("conversation", conversation.repo, [Batch(name, sources)])
 
 
 def messages(session: Session) -> list[JSONObject]:

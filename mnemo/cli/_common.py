@@ -8,6 +8,7 @@ import inspect
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import anyio
@@ -189,7 +190,7 @@ def check_store(settings: Settings, *, writes: bool) -> None:
     """Checks the store before `Memory` touches it (a read command needs it to exist)."""
     check_backend(settings)
     if not settings.is_url:
-        check_database(settings.path, must_exist=not writes)
+        check_database(Path(settings.store), must_exist=not writes)
 
 
 @asynccontextmanager

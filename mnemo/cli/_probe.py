@@ -164,19 +164,13 @@ def planned_concurrency(llm: LLM, served_at_once: int | None) -> int:
 # ---- the measurements ----------------------------------------------------------------------
 
 
-def _mode_names(llm: LLM) -> tuple[str, ...]:
-    if isinstance(llm, OpenAICompatible):
-        return ("json_schema", "tool", "json")
-    if isinstance(llm, Anthropic):
-        return ("tool",)
-    return ()
-
-
 async def _modes(uri: str, llm: LLM) -> list[Finding]:
     findings = []
     request = reward_request(goal=GOAL, subgoal="check the configuration", observation=PROBE,
                              action="nginx -t", next_observation=None)
-    for mode in _mode_names(llm):
+    modes = (("json_schema", "tool", "json") if isinstance(llm, OpenAICompatible)
+             else ("tool",) if isinstance(llm, Anthropic) else ())
+    for mode in modes:
         model = llm if isinstance(llm, Anthropic) else llm_from_uri(
             with_settings(uri, structured=mode))
 

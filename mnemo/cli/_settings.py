@@ -96,11 +96,6 @@ class Settings:
         """Whether the store is a PostgreSQL URL rather than a SQLite file."""
         return is_postgres(self.store)
 
-    @property
-    def path(self) -> Path:
-        """The SQLite file of the store."""
-        return Path(self.store)
-
 
 def config_file(given: Path | None, env: Mapping[str, str], cwd: Path) -> tuple[Path | None, bool]:
     """The config file to read, and whether it was asked for (then it must exist)."""

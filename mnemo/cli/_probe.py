@@ -221,11 +221,7 @@ def served_at_once(walls: dict[int, float]) -> int | None:
     one = walls.get(1)
     if not one:
         return None
-    best = 1
-    for n, wall in walls.items():
-        if wall > 0:
-            best = max(best, min(n, round(n * one / wall)))
-    return best
+    return max([1, *(min(n, round(n * one / wall)) for n, wall in walls.items() if wall > 0)])
 
 
 def _task_requests() -> list[LLMRequest]:

@@ -3,9 +3,12 @@ one-line error rule, and opening the `Memory` its settings choose."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import anyio
@@ -16,7 +19,7 @@ from typer.core import TyperGroup
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri
 from mnemo.cli._database import CliError, check_database
 from mnemo.cli._logging import command_logging
-from mnemo.cli._settings import Settings, check_backend
+from mnemo.cli._settings import MODEL_OPTIONS, Settings, check_backend, resolve
 from mnemo.errors import MnemoError
 from mnemo.memory import Memory
 from mnemo.ports import LLM, Embedder, EventCallback
@@ -110,21 +113,52 @@ Where = Annotated[
     typer.Option("--where", help="Only the scope whose metadata has KEY=VALUE (a string; "
                                  "KEY:=JSON for a number or true/false); repeat it for more "
                                  "keys, or a key for any of its values.")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 # The repo of an id a command looks up (None: every repo).
 SearchedRepo = Annotated[str | None, typer.Option(
     "--repo", "-r", help="The repo to look in (default: every repo is searched).")]
 
 
+Command = Callable[..., Awaitable[None]]
 
-def run(work: Callable[[], Awaitable[None]]) -> None:
-    """Runs a command's coroutine with the command's logging; what it raises ends in one line."""
-    try:
-        with command_logging(verbose=_verbose):
-            anyio.run(work)
-    except KeyboardInterrupt:
-        # Stores are transactional and ingests idempotent: running it again carries on.
-        typer.echo("interrupted", err=True)
-        raise typer.Exit(130) from None
+
+def model_options(*, extraction: bool = True, only: Collection[str] = tuple(MODEL_OPTIONS)
+                  ) -> Callable[[Command], Callable[..., None]]:
+    """Makes an async command one typer runs, with the command's logging and exit status 130 on
+    ^C, and with the `MODEL_OPTIONS` that `only` names in place of its keyword-only parameter
+    `settings`, which receives them `resolve`d."""
+    names = [name for name in MODEL_OPTIONS
+             if name in only and (extraction or name != "extraction_timeout")]
+    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                 annotation=MODEL_OPTIONS[name]) for name in names]
+
+    def wrap(command: Command) -> Callable[..., None]:
+        given = inspect.signature(command, eval_str=True).parameters.values()
+        params = [o for p in given for o in (options if p.name == "settings" else [p])]
+
+        @functools.wraps(command)
+        def resolved(*args: Any, **kwargs: Any) -> None:
+            if names:
+                kwargs["settings"] = resolve(**{name: kwargs.pop(name) for name in names})
+            try:
+                with command_logging(verbose=_verbose):
+                    anyio.run(lambda: command(*args, **kwargs))
+            except KeyboardInterrupt:
+                # Stores are transactional and ingests idempotent: running it again carries on.
+                typer.echo("interrupted", err=True)
+                raise typer.Exit(130) from None
+
+        resolved.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        resolved.__annotations__ = {p.name: p.annotation for p in params}
+        return resolved
+
+    return wrap
+
+
+# The options of a command that opens no model: the store and the config file.
+store_options = model_options(only=("store", "config"))
+# A command that takes its stores by options of its own.
+runs = model_options(only=())
 
 
 async def close(model: object) -> None:
@@ -156,7 +190,7 @@ def check_store(settings: Settings, *, writes: bool) -> None:
     """Checks the store before `Memory` touches it (a read command needs it to exist)."""
     check_backend(settings)
     if not settings.is_url:
-        check_database(settings.path, must_exist=not writes)
+        check_database(Path(settings.store), must_exist=not writes)
 
 
 @asynccontextmanager
@@ -180,6 +214,14 @@ async def confirm(question: str, *, given: bool, flag: str = "--yes", as_json: b
     if as_json:
         raise CliError(f"--json cannot ask for confirmation: pass {flag}")
     await anyio.to_thread.run_sync(lambda: typer.confirm(question, abort=True))
+
+
+async def searched_repos(mem: Memory, repo: str | None) -> list[str]:
+    """The repos an id is looked for in: `repo` (once checked), or every repo when None."""
+    if repo is None:
+        return await mem.list_repos()
+    await check_repo(mem, repo)
+    return [repo]
 
 
 async def check_repo(mem: Memory, repo: str) -> None:

@@ -27,7 +27,7 @@ def command_logging(*, verbose: bool = False) -> Iterator[None]:
     root = logging.getLogger()
     handler = _Stderr(logging.INFO if verbose else logging.WARNING)
     drivers = [logging.getLogger(name) for name in DRIVER_LOGGERS]
-    saved = (root.level, [d.level for d in drivers])
+    saved = {logger: logger.level for logger in (root, *drivers)}
     root.addHandler(handler)
     if verbose:
         root.setLevel(min(root.level, logging.INFO))
@@ -37,6 +37,5 @@ def command_logging(*, verbose: bool = False) -> Iterator[None]:
         yield
     finally:
         root.removeHandler(handler)
-        root.setLevel(saved[0])
-        for driver, level in zip(drivers, saved[1], strict=True):
-            driver.setLevel(level)
+        for logger, level in saved.items():
+            logger.setLevel(level)

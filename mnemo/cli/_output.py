@@ -41,6 +41,14 @@ def print_json(value: object) -> None:
     sys.stdout.write(json_text(value))
 
 
+def emit(as_json: bool, value: object, text: RenderableType) -> None:
+    """A command's answer: `value` as JSON with `--json`, else `text` for a person."""
+    if as_json:
+        print_json(value)
+    else:
+        stdout_console().print(text)
+
+
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[RenderableType]] = (), *,
           empty: tuple[int, str] | None = None, **options: object) -> Table:
     """A table titled `title` with `rows`; a column's name may end in `>` (right-justified), `~`

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import anyio
 
@@ -44,8 +44,7 @@ class Finding:
     seconds: float
 
     def as_json(self) -> dict[str, object]:
-        return {"check": self.check, "ok": self.ok, "detail": self.detail,
-                "seconds": round(self.seconds, 3)}
+        return {**asdict(self), "seconds": round(self.seconds, 3)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,13 +109,12 @@ async def timed(check: str, work: Callable[[], Awaitable[str]]) -> Finding:
     start = time.monotonic()
     try:
         with anyio.fail_after(CALL_SECONDS):
-            detail = await work()
+            ok, detail = True, await work()
     except TimeoutError:
-        return Finding(check, False, f"no answer within {CALL_SECONDS:.0f} s",
-                       time.monotonic() - start)
+        ok, detail = False, f"no answer within {CALL_SECONDS:.0f} s"
     except (MnemoError, CliError, OSError) as exc:
-        return Finding(check, False, one_line(exc), time.monotonic() - start)
-    return Finding(check, True, detail, time.monotonic() - start)
+        ok, detail = False, one_line(exc)
+    return Finding(check, ok, detail, time.monotonic() - start)
 
 
 def one_line(exc: BaseException) -> str:
@@ -141,16 +139,13 @@ async def probe_server(uri: str, llm: LLM) -> ServerReport:
         report.tokens_per_second = 1 / transport.limit.unit_seconds
         cap = getattr(llm, "max_tokens", 0)
         report.tasks = [
+            # The prompt in tokens, counted as the transport estimates it (its JSON).
             replace(fit, timeout=transport.attempt_timeout(
-                reply_cap(request.max_tokens, cap), _prompt_tokens(request)))
+                reply_cap(request.max_tokens, cap),
+                len(json.dumps([request.system, request.messages, request.schema]))
+                // CHARS_PER_TOKEN))
             for fit, request in zip(report.tasks, requests, strict=True)]
     return report
-
-
-def _prompt_tokens(request: LLMRequest) -> int:
-    """A request's prompt in tokens, counted as the transport estimates it (its JSON)."""
-    shown = json.dumps([request.system, request.messages, request.schema])
-    return len(shown) // CHARS_PER_TOKEN
 
 
 # ---- the concurrency mnemo will use ---------------------------------------------------------
@@ -169,19 +164,13 @@ def planned_concurrency(llm: LLM, served_at_once: int | None) -> int:
 # ---- the measurements ----------------------------------------------------------------------
 
 
-def _mode_names(llm: LLM) -> tuple[str, ...]:
-    if isinstance(llm, OpenAICompatible):
-        return ("json_schema", "tool", "json")
-    if isinstance(llm, Anthropic):
-        return ("tool",)
-    return ()
-
-
 async def _modes(uri: str, llm: LLM) -> list[Finding]:
     findings = []
     request = reward_request(goal=GOAL, subgoal="check the configuration", observation=PROBE,
                              action="nginx -t", next_observation=None)
-    for mode in _mode_names(llm):
+    modes = (("json_schema", "tool", "json") if isinstance(llm, OpenAICompatible)
+             else ("tool",) if isinstance(llm, Anthropic) else ())
+    for mode in modes:
         model = llm if isinstance(llm, Anthropic) else llm_from_uri(
             with_settings(uri, structured=mode))
 
@@ -232,11 +221,7 @@ def served_at_once(walls: dict[int, float]) -> int | None:
     one = walls.get(1)
     if not one:
         return None
-    best = 1
-    for n, wall in walls.items():
-        if wall > 0:
-            best = max(best, min(n, round(n * one / wall)))
-    return best
+    return max([1, *(min(n, round(n * one / wall)) for n, wall in walls.items() if wall > 0)])
 
 
 def _task_requests() -> list[LLMRequest]:

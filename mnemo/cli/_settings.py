@@ -4,15 +4,13 @@ then a TOML config file (`--config`, `$MNEMO_CONFIG`, `./mnemo.toml`,
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import os
 import tomllib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, TypeVar, cast
+from typing import Annotated, Any
 
 import typer
 
@@ -24,13 +22,6 @@ from mnemo.storage.ports import has_postgres_driver, is_postgres
 DEFAULT_STORE = "memory.db"
 MODEL_KEYS = ("temperature", "llm_timeout", "extraction_timeout")
 FILE_KEYS = ("store", "llm", "embedder", *MODEL_KEYS)
-_ENV = {
-    "store": ("MNEMO_STORE", "MNEMO_DB"), "llm": ("MNEMO_LLM",), "embedder": ("MNEMO_EMBEDDER",),
-    "temperature": ("MNEMO_TEMPERATURE",), "llm_timeout": ("MNEMO_LLM_TIMEOUT",),
-    "extraction_timeout": ("MNEMO_EXTRACTION_TIMEOUT",)}
-_FLAGS = {
-    "temperature": "--temperature", "llm_timeout": "--llm-timeout",
-    "extraction_timeout": "--extraction-timeout"}
 
 def _option(*flags: str, help: str, **more: Any) -> Any:
     return typer.Option(*flags, help=help, show_default=False, **more)
@@ -60,37 +51,6 @@ MODEL_OPTIONS = {
         "A TOML file with store, llm and embedder (env MNEMO_CONFIG; default ./mnemo.toml or "
         "~/.config/mnemo/config.toml)."))],
 }
-Command = TypeVar("Command", bound=Callable[..., None])
-
-
-def model_options(
-    *, extraction: bool = True, only: Collection[str] = tuple(MODEL_OPTIONS)
-) -> Callable[[Command], Command]:
-    """Gives a command the `MODEL_OPTIONS` that `only` names in place of its keyword-only
-    parameter `settings`, which receives them `resolve`d."""
-    names = [name for name in MODEL_OPTIONS
-             if name in only and (extraction or name != "extraction_timeout")]
-    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                 annotation=MODEL_OPTIONS[name]) for name in names]
-
-    def wrap(command: Command) -> Command:
-        given = inspect.signature(command, eval_str=True).parameters.values()
-        params = [o for p in given for o in (options if p.name == "settings" else [p])]
-
-        @functools.wraps(command)
-        def resolved(*args: Any, **kwargs: Any) -> None:
-            command(*args, settings=resolve(**{name: kwargs.pop(name) for name in names}),
-                    **kwargs)
-
-        resolved.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-        resolved.__annotations__ = {p.name: p.annotation for p in params}
-        return cast(Command, resolved)
-
-    return wrap
-
-
-# The options of a command that opens no model: the store and the config file.
-store_options = model_options(only=("store", "config"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +74,8 @@ class Settings:
         given = {name: value for name, value in tuned.items() if value is not None}
         if self.llm is None:
             flagged = [
-                _FLAGS[key] for key in ("temperature", "llm_timeout")
-                if self.sources.get(key) == _FLAGS[key]]
+                flag for flag in ("--temperature", "--llm-timeout")
+                if flag in self.sources.values()]
             if flagged:
                 raise CliError(
                     f"{' and '.join(flagged)} tune the LLM chosen with --llm (or MNEMO_LLM, or "
@@ -135,11 +95,6 @@ class Settings:
     def is_url(self) -> bool:
         """Whether the store is a PostgreSQL URL rather than a SQLite file."""
         return is_postgres(self.store)
-
-    @property
-    def path(self) -> Path:
-        """The SQLite file of the store."""
-        return Path(self.store)
 
 
 def config_file(given: Path | None, env: Mapping[str, str], cwd: Path) -> tuple[Path | None, bool]:
@@ -202,8 +157,8 @@ def resolve(*, store: str | None = None, llm: str | None = None, embedder: str |
         "llm_timeout": None if llm_timeout is None else repr(llm_timeout),
         "extraction_timeout": None if extraction_timeout is None else repr(extraction_timeout)}
     for key, flag in flags.items():
-        value, source = flag, _FLAGS.get(key, f"--{key}")
-        for name in _ENV[key]:
+        value, source = flag, "--" + key.replace("_", "-")
+        for name in (f"MNEMO_{key.upper()}", *(("MNEMO_DB",) if key == "store" else ())):
             if value is None and env.get(name):
                 value, source = env[name], name
         if value is None and key in from_file:

@@ -11,10 +11,22 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from mnemo.cli._common import Json, Where, app, check_repo, confirm, open_memory, run
+from mnemo.cli._common import (
+    Json,
+    Where,
+    Yes,
+    app,
+    check_repo,
+    confirm,
+    model_options,
+    open_memory,
+    runs,
+    store_options,
+)
 from mnemo.cli._database import CliError
 from mnemo.cli._ids import short_ids
 from mnemo.cli._output import (
+    emit,
     json_text,
     print_json,
     recall_table,
@@ -22,7 +34,7 @@ from mnemo.cli._output import (
     stdout_console,
     table,
 )
-from mnemo.cli._settings import Settings, model_options, store_options
+from mnemo.cli._settings import Settings
 from mnemo.graph.model import NodeType
 from mnemo.graph.scope import parse_where
 from mnemo.jsonable import hit_json, label, recall_json, session_json
@@ -51,7 +63,8 @@ def _node_types(spec: str | None) -> list[NodeType] | None:
 
 
 @app.command()
-def demo(
+@runs
+async def demo(
     db: Annotated[
         Path,
         # Not MNEMO_STORE: the demo deletes its database first, and must not take the user's.
@@ -70,22 +83,19 @@ def demo(
     session is also saved as conversation thread `demo/N` (for `mnemo search`)."""
     from mnemo.cli.demo import holds_memory, run_demo
 
-    async def work() -> None:
-        if holds_memory(db):
-            await confirm(f"{db} holds a memory: delete it for good and replay the demo there?",
-                          given=force, flag="--force", as_json=as_json)
-        # With --json the show goes quiet and only the summary is printed.
-        console = Console(quiet=True) if as_json else stdout_console()
-        summary = await run_demo(db, data, console=console)
-        if as_json:
-            print_json(summary)
-
-    run(work)
+    if holds_memory(db):
+        await confirm(f"{db} holds a memory: delete it for good and replay the demo there?",
+                      given=force, flag="--force", as_json=as_json)
+    # With --json the show goes quiet and only the summary is printed.
+    console = Console(quiet=True) if as_json else stdout_console()
+    summary = await run_demo(db, data, console=console)
+    if as_json:
+        print_json(summary)
 
 
 @app.command()
 @model_options()
-def ingest(
+async def ingest(
     file: Annotated[Path, typer.Argument(help="A conversation JSON or a LoCoMo-style file.")],
     repo: Annotated[str | None, typer.Option(
         "--repo", "-r", help="The repo to fill (default: the file's 'repo').")] = None,
@@ -100,35 +110,34 @@ def ingest(
     """Ingest a file: each session becomes one source (idempotent: again adds nothing)."""
     from mnemo.cli.ingest import ingest_file, load_file
 
-    async def work() -> None:
-        if not file.is_file():
-            raise CliError(f"no file at {file}")
-        parsed = load_file(file, prefix=prefix)
-        target = repo or parsed.repo
-        if not target:
-            raise CliError(f"{file} names no repo: pass --repo")
-        async with open_memory(settings, writes=True, works=True) as mem:
-            report = await ingest_file(mem, target, parsed, threads=threads,
-                                       console=stderr_console(), show_progress=not as_json)
-        if as_json:
-            print_json(report.as_json())
-            return
-        summary = report.as_json()
-        console = stdout_console()
-        console.print(table(
-            f"Ingested into {escape(target)} ({parsed.shape})",
-            ("source~", "new>~", "nodes>~", "steps>~", "messages saved>~"),
-            [(Text(s["source_id"]), "yes" if s["created"] else "no", str(s["nodes"]),
-              str(s["steps"]), str(s["messages_saved"])) for s in report.sources]))
-        console.print(
-            f"{len(report.sources)} sources, {summary['created']} new, {summary['nodes']} nodes")
-
-    run(work)
+    if not file.is_file():
+        raise CliError(f"no file at {file}")
+    parsed = load_file(file, prefix=prefix)
+    target = repo or parsed.repo
+    if not target:
+        raise CliError(f"{file} names no repo: pass --repo")
+    async with open_memory(settings, writes=True, works=True) as mem:
+        report = await ingest_file(mem, target, parsed, threads=threads,
+                                   console=stderr_console(), show_progress=not as_json)
+    summary = {"repo": target, "format": parsed.shape, "sources": report,
+               "created": sum(s["created"] for s in report),
+               "nodes": sum(s["nodes"] for s in report)}
+    if as_json:
+        print_json(summary)
+        return
+    console = stdout_console()
+    console.print(table(
+        f"Ingested into {escape(target)} ({parsed.shape})",
+        ("source~", "new>~", "nodes>~", "steps>~", "messages saved>~"),
+        [(Text(s["source_id"]), "yes" if s["created"] else "no", str(s["nodes"]),
+          str(s["steps"]), str(s["messages_saved"])) for s in report]))
+    console.print(
+        f"{len(report)} sources, {summary['created']} new, {summary['nodes']} nodes")
 
 
 @app.command()
 @model_options(extraction=False)
-def recall(
+async def recall(
     repo: Annotated[str, typer.Argument(help="The repo to search.")],
     query: Annotated[str, typer.Argument(help="What to recall.")],
     k: Annotated[int, typer.Option("-k", "--k", min=1, help="How many memories.")] = 10,
@@ -144,25 +153,19 @@ def recall(
 ) -> None:
     """Recall a repo's memories for a query: score, short id (for `mnemo show`), type, phase,
     hop and text."""
-    async def work() -> None:
-        wanted = _node_types(types)
-        scope = parse_where(where or ())
-        async with open_memory(settings) as mem:
-            await check_repo(mem, repo)
-            await mem.open_repo(repo)  # checks the embedder makes the repo's dimension
-            result = await mem.recall(repo, query, k=k, types=wanted, reinforce=reinforce,
-                                      where=scope)
-        if as_json:
-            print_json(recall_json(result))
-            return
-        stdout_console().print(recall_table(result, query))
-
-    run(work)
+    wanted = _node_types(types)
+    scope = parse_where(where or ())
+    async with open_memory(settings) as mem:
+        await check_repo(mem, repo)
+        await mem.open_repo(repo)  # checks the embedder makes the repo's dimension
+        result = await mem.recall(repo, query, k=k, types=wanted, reinforce=reinforce,
+                                  where=scope)
+    emit(as_json, recall_json(result), recall_table(result, query))
 
 
 @app.command()
 @store_options
-def sessions(
+async def sessions(
     every: Annotated[
         bool, typer.Option("--all", help="Also the idle sessions, between episodes (with the "
                                          "goal of their last one).")
@@ -173,34 +176,28 @@ def sessions(
 ) -> None:
     """List the sessions at work (collecting, extracting, ready or failed) of every process
     on the store: id, repo, state, goal, steps, and who holds its extraction until when."""
-    async def work() -> None:
-        async with open_memory(settings) as mem:
-            found = await mem.list_sessions()
-        live = [s for s in found if every or s.state is not State.IDLE]
-        if as_json:
-            print_json([session_json(s) for s in live])
-            return
-        title = "Live sessions" if every else "Sessions at work"
-        idle = len(found) - len(live)
-        hidden = f", {idle} idle not shown: --all" if idle else ""
-        # An id is shown short, never cut: `mnemo session ...` takes any unique prefix.
-        ids = short_ids([s.id for s in live], kind=False)
-        holders = short_ids({s.holder for s in live if s.holder}, kind=False)
-        stdout_console().print(table(
-            f"{title} ({len(live)}{hidden})",
-            ("session!", "repo~", "state!", "goal", "steps>!", "holder!", "lease until!"),
-            [(ids[s.id], Text(s.repo), label(s.state), Text(shorten(s.goal or "-", 60)),
-              str(s.steps), Text(holders[s.holder] if s.holder else "-"),
-              "-" if s.lease_until is None else s.lease_until.strftime("%H:%M:%S"))
-             for s in live],
-            empty=(3, "(no live sessions)" if every else "(no session at work)")))
-
-    run(work)
+    async with open_memory(settings) as mem:
+        found = await mem.list_sessions()
+    live = [s for s in found if every or s.state is not State.IDLE]
+    title = "Live sessions" if every else "Sessions at work"
+    idle = len(found) - len(live)
+    hidden = f", {idle} idle not shown: --all" if idle else ""
+    # An id is shown short, never cut: `mnemo session ...` takes any unique prefix.
+    ids = short_ids([s.id for s in live], kind=False)
+    holders = short_ids({s.holder for s in live if s.holder}, kind=False)
+    emit(as_json, [session_json(s) for s in live], table(
+        f"{title} ({len(live)}{hidden})",
+        ("session!", "repo~", "state!", "goal", "steps>!", "holder!", "lease until!"),
+        [(ids[s.id], Text(s.repo), label(s.state), Text(shorten(s.goal or "-", 60)),
+          str(s.steps), Text(holders[s.holder] if s.holder else "-"),
+          "-" if s.lease_until is None else s.lease_until.strftime("%H:%M:%S"))
+         for s in live],
+        empty=(3, "(no live sessions)" if every else "(no session at work)")))
 
 
 @app.command()
 @store_options
-def graph(
+async def graph(
     repo: Annotated[str, typer.Argument(help="The repo whose graph to show.")],
     export: Annotated[ExportFormat | None, typer.Option(
         help="Export every node and link (to stdout, or to --out).")] = None,
@@ -218,41 +215,35 @@ def graph(
 
     from mnemo.cli import graph as graph_export
 
-    async def work() -> None:
-        if out is not None and fmt is None:
-            raise CliError(f"cannot tell the export format of {out}: pass --export json|graphml")
-        async with open_memory(settings) as mem:
-            await check_repo(mem, repo)
-            dumped = await graph_export.dump_graph(mem, repo)
-        counts = dumped.counts()
-        if fmt is not None:
-            text = (
-                graph_export.to_graphml(dumped) if fmt is ExportFormat.GRAPHML
-                else json_text(graph_export.to_json(dumped)))
-            if out is None:
-                typer.echo(text, nl=False)
-                return
-            out.write_text(text, encoding="utf-8")
-            stderr_console().print(
-                f"wrote {len(dumped.nodes)} nodes and {len(dumped.links)} links to "
-                f"{escape(str(out))}")
-        if as_json:
-            print_json({"repo": repo, **counts, **({"out": str(out)} if out else {})})
+    if out is not None and fmt is None:
+        raise CliError(f"cannot tell the export format of {out}: pass --export json|graphml")
+    async with open_memory(settings) as mem:
+        await check_repo(mem, repo)
+        dumped = await graph_export.dump_graph(mem, repo)
+    counts = dumped.counts()
+    if fmt is not None:
+        text = (
+            graph_export.to_graphml(dumped) if fmt is ExportFormat.GRAPHML
+            else json_text(graph_export.to_json(dumped)))
+        if out is None:
+            typer.echo(text, nl=False)
             return
-        shown = table(f"Graph of {escape(repo)}", ("kind", "type", "count>"))
-        for kind in ("nodes", "links"):
-            for name, n in counts[kind].items():
-                shown.add_row(kind[:-1], name, str(n))
-            shown.add_row(f"[bold]{kind}", "[bold]total", f"[bold]{sum(counts[kind].values())}")
-            shown.add_section()
-        stdout_console().print(shown)
-
-    run(work)
+        out.write_text(text, encoding="utf-8")
+        stderr_console().print(
+            f"wrote {len(dumped.nodes)} nodes and {len(dumped.links)} links to "
+            f"{escape(str(out))}")
+    shown = table(f"Graph of {escape(repo)}", ("kind", "type", "count>"))
+    for kind in ("nodes", "links"):
+        for name, n in counts[kind].items():
+            shown.add_row(kind[:-1], name, str(n))
+        shown.add_row(f"[bold]{kind}", "[bold]total", f"[bold]{sum(counts[kind].values())}")
+        shown.add_section()
+    emit(as_json, {"repo": repo, **counts, **({"out": str(out)} if out else {})}, shown)
 
 
 @app.command()
 @store_options
-def search(
+async def search(
     query: Annotated[str, typer.Argument(help="Words to find in stored messages.")],
     thread: Annotated[str | None, typer.Option("--thread", "-t", help="Only this thread.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=100, help="How many hits.")] = 5,
@@ -262,30 +253,24 @@ def search(
     as_json: Json = False,
 ) -> None:
     """Search the conversation threads' messages (full text, best first)."""
-    async def work() -> None:
-        scope = parse_where(where or ())
-        async with open_memory(settings) as mem:
-            hits = await mem.search_messages(query, thread_id=thread, limit=limit, where=scope)
-        if as_json:
-            print_json([hit_json(h) for h in hits])
-            return
-        # The message id shown short, whole: `mnemo view` takes any unique prefix.
-        ids = short_ids([h.message_id for h in hits], kind=False)
-        stdout_console().print(table(
-            f"Messages matching: {escape(query)}",
-            ("rank~", "thread~", "seq~", "role~", "snippet~", "message~!"),
-            [(f"{h.rank:.3f}", Text(h.thread_id), str(h.seq), Text(h.role),
-              Text(shorten(h.snippet, 200)), ids[h.message_id]) for h in hits],
-            empty=(4, "(no message matches)")))
-
-    run(work)
+    scope = parse_where(where or ())
+    async with open_memory(settings) as mem:
+        hits = await mem.search_messages(query, thread_id=thread, limit=limit, where=scope)
+    # The message id shown short, whole: `mnemo view` takes any unique prefix.
+    ids = short_ids([h.message_id for h in hits], kind=False)
+    emit(as_json, [hit_json(h) for h in hits], table(
+        f"Messages matching: {escape(query)}",
+        ("rank~", "thread~", "seq~", "role~", "snippet~", "message~!"),
+        [(f"{h.rank:.3f}", Text(h.thread_id), str(h.seq), Text(h.role),
+          Text(shorten(h.snippet, 200)), ids[h.message_id]) for h in hits],
+        empty=(4, "(no message matches)")))
 
 
 @app.command()
 @store_options
-def purge(
+async def purge(
     thread: Annotated[str, typer.Argument(help="The thread to erase.")],
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    yes: Yes = False,
     repo: Annotated[str | None, typer.Option(
         help="Also forget the graph source of the same id in this repo "
              "(what `mnemo ingest` made from the session).")] = None,
@@ -294,62 +279,49 @@ def purge(
     as_json: Json = False,
 ) -> None:
     """Erase a conversation thread for good: messages, summaries, snapshots, search entries."""
-    async def work() -> None:
-        async with open_memory(settings) as mem:
-            conversation = mem.conversation()
-            messages = len(await conversation.raw(thread))
-            if repo is not None:
-                await check_repo(mem, repo)
-            elif not messages:
-                raise CliError(f"no thread {thread!r} in {settings.store}")
-            also = f" and its source in repo {repo!r}" if repo else ""
-            await confirm(f"Erase thread {thread!r} ({messages} messages){also} for good?",
-                          given=yes, as_json=as_json)
-            await conversation.purge(thread)
-            forgotten = await mem.forget(repo, thread) if repo is not None else 0
-        if repo is not None and not messages and not forgotten:
-            raise CliError(f"no thread {thread!r} and no source {thread!r} in repo {repo!r}")
-        if as_json:
-            print_json({"thread_id": thread, "messages": messages, "nodes_forgotten": forgotten})
-            return
-        done = f"purged thread {thread!r}: {messages} messages"
+    async with open_memory(settings) as mem:
+        conversation = mem.conversation()
+        messages = len(await conversation.raw(thread))
         if repo is not None:
-            done += f", {forgotten} nodes forgotten in {repo!r}"
-        stdout_console().print(Text(done))
-
-    run(work)
+            await check_repo(mem, repo)
+        elif not messages:
+            raise CliError(f"no thread {thread!r} in {settings.store}")
+        also = f" and its source in repo {repo!r}" if repo else ""
+        await confirm(f"Erase thread {thread!r} ({messages} messages){also} for good?",
+                      given=yes, as_json=as_json)
+        await conversation.purge(thread)
+        forgotten = await mem.forget(repo, thread) if repo is not None else 0
+    if repo is not None and not messages and not forgotten:
+        raise CliError(f"no thread {thread!r} and no source {thread!r} in repo {repo!r}")
+    also = f", {forgotten} nodes forgotten in {repo!r}" if repo is not None else ""
+    emit(as_json, {"thread_id": thread, "messages": messages, "nodes_forgotten": forgotten},
+         Text(f"purged thread {thread!r}: {messages} messages{also}"))
 
 
 @app.command()
 @model_options(only=("store", "embedder", "config"))
-def forget(
+async def forget(
     repo: Annotated[str, typer.Argument(help="The repo to erase from.")],
     source: Annotated[
         str | None, typer.Argument(help="An ingest's source id, or a session's id.")
     ] = None,
     where: Where = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    yes: Yes = False,
     *,
     settings: Settings,
     as_json: Json = False,
 ) -> None:
     """Erase for good what a source committed (`forget`), or everything in a scope
     (`--where user_id=alice`: `forget_where`)."""
-    async def work() -> None:
-        scope = parse_where(where or ())
-        if (source is None) == (scope is None):
-            raise CliError("give a source id or --where, one of them")
-        async with open_memory(settings) as mem:
-            await check_repo(mem, repo)
-            await mem.open_repo(repo)
-            what = f"source {source!r}" if scope is None else f"the scope {scope}"
-            await confirm(f"Erase {what} from repo {repo!r} for good?", given=yes,
-                          as_json=as_json)
-            gone = (await mem.forget(repo, source) if source is not None
-                    else await mem.forget_where(repo, scope or {}))
-        if as_json:
-            print_json({"repo": repo, "source": source, "where": scope, "nodes": gone})
-            return
-        stdout_console().print(Text(f"erased {what} from {repo!r}: {gone} nodes"))
-
-    run(work)
+    scope = parse_where(where or ())
+    if (source is None) == (scope is None):
+        raise CliError("give a source id or --where, one of them")
+    async with open_memory(settings) as mem:
+        await check_repo(mem, repo)
+        await mem.open_repo(repo)
+        what = f"source {source!r}" if scope is None else f"the scope {scope}"
+        await confirm(f"Erase {what} from repo {repo!r} for good?", given=yes, as_json=as_json)
+        gone = (await mem.forget(repo, source) if source is not None
+                else await mem.forget_where(repo, scope or {}))
+    emit(as_json, {"repo": repo, "source": source, "where": scope, "nodes": gone},
+         Text(f"erased {what} from {repo!r}: {gone} nodes"))

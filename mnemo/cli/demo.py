@@ -28,11 +28,6 @@ from mnemo.text import shorten
 DEFAULT_REPO = "assistant"
 
 
-def thread_id(number: int) -> str:
-    """The conversation thread the demo saves session `number` (from 1) as."""
-    return f"demo/{number}"
-
-
 def default_data() -> Path:
     """The demo conversation shipped in the package."""
     return Path(str(resources.files("mnemo.cli").joinpath("data", "demo_conversation.json")))
@@ -91,7 +86,7 @@ async def run_session(mem: Memory, repo: str, script: Session, number: int,
     bars.update(task, description=f"{title} [yellow](extracting…)")
     receipt = await mem.close_and_commit(session_id)
     await mem.end_session(session_id)
-    await mem.conversation().save(thread_id(number), messages(script))
+    await mem.conversation().save(f"demo/{number}", messages(script))
     bars.update(task, description=f"{title} [green](committed)")
     return SessionOutcome(script.goal, len(script.steps), len(trajectories), boundaries,
                           len(receipt.node_ids), time.perf_counter() - started)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import anyio
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -14,11 +13,11 @@ from mnemo.adapters.hashing import HashEmbedder
 from mnemo.adapters.minilm import default_embedder
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri, model_uri
-from mnemo.cli._common import Json, app, check_store, close
+from mnemo.cli._common import Json, app, check_store, close, model_options
 from mnemo.cli._database import CliError
 from mnemo.cli._output import print_json, stdout_console, table
 from mnemo.cli._probe import AT_ONCE, PROBE, Finding, ServerReport, probe_server, state_probe, timed
-from mnemo.cli._settings import Settings, model_options
+from mnemo.cli._settings import Settings
 from mnemo.memory import Memory
 from mnemo.ports import LLM, Embedder
 from mnemo.text import shorten
@@ -83,7 +82,7 @@ async def diagnose(settings: Settings, *,
 
 @app.command()
 @model_options(extraction=False)
-def doctor(
+async def doctor(
     *,
     settings: Settings,
     quick: Annotated[bool, typer.Option(
@@ -92,7 +91,7 @@ def doctor(
 ) -> None:
     """Check the store, the LLM and the embedder, and measure the LLM's server: latency,
     structured modes, requests served at once, and whether each task's reply fits."""
-    findings, report = anyio.run(lambda: diagnose(settings, measure=not quick))
+    findings, report = await diagnose(settings, measure=not quick)
     ok = all(f.ok for f in findings) and (report is None or report.ok)
     if as_json:
         print_json({

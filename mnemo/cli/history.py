@@ -11,10 +11,20 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from mnemo.cli._common import Json, SearchedRepo, app, check_repo, confirm, open_memory, run
+from mnemo.cli._common import (
+    Json,
+    SearchedRepo,
+    Yes,
+    app,
+    check_repo,
+    confirm,
+    open_memory,
+    searched_repos,
+    store_options,
+)
 from mnemo.cli._ids import resolve_in_repos, short_ids
-from mnemo.cli._output import print_json, stdout_console, table
-from mnemo.cli._settings import Settings, store_options
+from mnemo.cli._output import emit, print_json, stdout_console, table
+from mnemo.cli._settings import Settings
 from mnemo.errors import InvalidInputError
 from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.history import goals as commit_goals
@@ -24,37 +34,34 @@ from mnemo.memory import Memory
 from mnemo.text import shorten
 
 Repo = Annotated[str, typer.Argument(help="The repo.")]
+Commit = Annotated[str, typer.Argument(
+    help="The commit's id, or a unique prefix of it (see `mnemo history`).")]
 # How many of a repo's newest commits a prefix given to `revert` is looked for among.
 RESOLVED = 1_000
 
 
 @app.command()
 @store_options
-def history(repo: Repo,
-            limit: Annotated[int, typer.Option(min=1, help="How many commits, newest first.")] = 20,
-            *, settings: Settings, as_json: Json = False) -> None:
+async def history(
+        repo: Repo,
+        limit: Annotated[int, typer.Option(min=1, help="How many commits, newest first.")] = 20,
+        *, settings: Settings, as_json: Json = False) -> None:
     """List a repo's commits, newest first: id, time, session or source and the goal it
     served, what each added."""
-    async def work() -> None:
-        async with open_memory(settings) as mem:
-            await check_repo(mem, repo)
-            commits = await mem.history(repo, limit=limit)
-            goals = await commit_goals(partial(mem.get_node, repo), commits)
-        if as_json:
-            print_json([commit_json(c, goals.get(c.id)) for c in commits])
-            return
-        # Ids shown short and whole (`mnemo diff` and `revert` take any unique prefix).
-        short = short_ids([c.id for c in commits], kind=False)
-        sessions = short_ids({c.session_id for c in commits if c.session_id}, kind=False)
-        stdout_console().print(table(
-            f"Commits of {escape(repo)} ({len(commits)})",
-            ("seq>", "commit!", "time!", "from~", "nodes>", "links>", "retired>"),
-            [(str(c.seq), short[c.id], c.committed_at.strftime("%m-%d %H:%M"),
-              Text(shorten(origin(c, sessions, goals.get(c.id)), 120)), str(c.node_count),
-              str(c.link_count), str(c.retired_count)) for c in commits],
-            empty=(1, "(no commits)")))
-
-    run(work)
+    async with open_memory(settings) as mem:
+        await check_repo(mem, repo)
+        commits = await mem.history(repo, limit=limit)
+        goals = await commit_goals(partial(mem.get_node, repo), commits)
+    # Ids shown short and whole (`mnemo diff` and `revert` take any unique prefix).
+    short = short_ids([c.id for c in commits], kind=False)
+    sessions = short_ids({c.session_id for c in commits if c.session_id}, kind=False)
+    emit(as_json, [commit_json(c, goals.get(c.id)) for c in commits], table(
+        f"Commits of {escape(repo)} ({len(commits)})",
+        ("seq>", "commit!", "time!", "from~", "nodes>", "links>", "retired>"),
+        [(str(c.seq), short[c.id], c.committed_at.strftime("%m-%d %H:%M"),
+          Text(shorten(origin(c, sessions, goals.get(c.id)), 120)), str(c.node_count),
+          str(c.link_count), str(c.retired_count)) for c in commits],
+        empty=(1, "(no commits)")))
 
 
 def origin(commit: CommitRecord, sessions: dict[str, str], goal: str | None) -> str:
@@ -71,10 +78,9 @@ def origin(commit: CommitRecord, sessions: dict[str, str], goal: str | None) -> 
 async def _commit_id(mem: Memory, repo: str | None, given: str) -> tuple[str, str]:
     """The repo and commit `given` names: a whole id, or a unique prefix of one of the `RESOLVED`
     newest commits of `repo` (of each repo when None)."""
-    repos = [repo] if repo is not None else await mem.list_repos()
     whole = given.startswith("changeset_") and len(given) == len("changeset_") + 32
     found: dict[str, list[str]] = {}
-    for name in repos:
+    for name in await searched_repos(mem, repo):
         if whole:
             try:
                 found[name] = [(await mem.commit_diff(name, given)).commit.id]
@@ -87,10 +93,8 @@ async def _commit_id(mem: Memory, repo: str | None, given: str) -> tuple[str, st
 
 @app.command()
 @store_options
-def diff(
-    commit: Annotated[
-        str, typer.Argument(help="The commit's id, or a unique prefix of it (see `mnemo "
-                                 "history`).")],
+async def diff(
+    commit: Commit,
     repo: SearchedRepo = None,
     *,
     settings: Settings,
@@ -98,27 +102,22 @@ def diff(
 ) -> None:
     """Show what one commit changed: the nodes it added (by type, short id and text), the
     facts it retired, the intents it reworded and the links it added."""
-    async def work() -> None:
-        async with open_memory(settings) as mem:
-            if repo is not None:
-                await check_repo(mem, repo)
-            name, commit_id = await _commit_id(mem, repo, commit)
-            changed = await mem.commit_diff(name, commit_id)
-            goal = (await commit_goals(partial(mem.get_node, name), [changed.commit])).get(
-                commit_id)
-            reworded = [n for i in changed.commit.reworded
-                        if (n := await mem.get_node(name, i)) is not None]
-        if as_json:
-            print_json({
-                "repo": name, "commit": commit_json(changed.commit, goal),
-                "added": [node_json(n) for n in changed.nodes],
-                "retired": [node_json(n) for n in changed.retired],
-                "reworded": [node_json(n) for n in reworded],
-                "links": [link_json(link) for link in changed.links]})
-            return
-        print_diff(name, changed, goal, reworded)
-
-    run(work)
+    async with open_memory(settings) as mem:
+        name, commit_id = await _commit_id(mem, repo, commit)
+        changed = await mem.commit_diff(name, commit_id)
+        goal = (await commit_goals(partial(mem.get_node, name), [changed.commit])).get(
+            commit_id)
+        reworded = [n for i in changed.commit.reworded
+                    if (n := await mem.get_node(name, i)) is not None]
+    if as_json:
+        print_json({
+            "repo": name, "commit": commit_json(changed.commit, goal),
+            "added": [node_json(n) for n in changed.nodes],
+            "retired": [node_json(n) for n in changed.retired],
+            "reworded": [node_json(n) for n in reworded],
+            "links": [link_json(link) for link in changed.links]})
+        return
+    print_diff(name, changed, goal, reworded)
 
 
 def print_diff(repo: str, changed: CommitDiff, goal: str | None, reworded: list[Node]) -> None:
@@ -162,36 +161,27 @@ def print_diff(repo: str, changed: CommitDiff, goal: str | None, reworded: list[
 
 @app.command()
 @store_options
-def revert(
+async def revert(
     repo: Repo,
-    commit: Annotated[
-        str, typer.Argument(help="The commit's id, or a unique prefix of it (see `mnemo "
-                                 "history`).")],
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    commit: Commit,
+    yes: Yes = False,
     *,
     settings: Settings,
     as_json: Json = False,
 ) -> None:
     """Undo one commit: its nodes and links go, the facts it retired hold again. Refused when
     a later commit built on it."""
-    async def work() -> None:
-        async with open_memory(settings) as mem:
-            await check_repo(mem, repo)
-            _, commit_id = await _commit_id(mem, repo, commit)
-            record = (await mem.commit_diff(repo, commit_id)).commit
-            if not (record.reverts or record.reverted_by):  # else refused unasked
-                await confirm(
-                    f"Revert commit {commit_id} of {repo!r}: remove its {record.node_count} "
-                    f"nodes and {record.link_count} links for good (those another commit "
-                    "shares stay)?", given=yes, as_json=as_json)
-            undone = await mem.revert(repo, commit_id)
-            kept = [n.id for n in undone.nodes if await mem.get_node(repo, n.id) is not None]
-        if as_json:
-            print_json(diff_json(undone))
-            return
-        stdout_console().print(Text(
-            f"reverted {undone.commit.id} (revert {undone.commit.reverted_by}): "
-            f"{len(undone.nodes) - len(kept)} nodes removed, {len(kept)} shared with other "
-            f"commits kept, {undone.commit.retired_count} facts restored"))
-
-    run(work)
+    async with open_memory(settings) as mem:
+        _, commit_id = await _commit_id(mem, repo, commit)
+        record = (await mem.commit_diff(repo, commit_id)).commit
+        if not (record.reverts or record.reverted_by):  # else refused unasked
+            await confirm(
+                f"Revert commit {commit_id} of {repo!r}: remove its {record.node_count} "
+                f"nodes and {record.link_count} links for good (those another commit "
+                "shares stay)?", given=yes, as_json=as_json)
+        undone = await mem.revert(repo, commit_id)
+        kept = [n.id for n in undone.nodes if await mem.get_node(repo, n.id) is not None]
+    emit(as_json, diff_json(undone), Text(
+        f"reverted {undone.commit.id} (revert {undone.commit.reverted_by}): "
+        f"{len(undone.nodes) - len(kept)} nodes removed, {len(kept)} shared with other "
+        f"commits kept, {undone.commit.retired_count} facts restored"))

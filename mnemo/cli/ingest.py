@@ -5,7 +5,7 @@ idempotent `Memory.ingest` and, unless disabled, a conversation thread of the sa
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, TypedDict
 
@@ -59,21 +59,6 @@ class SourceReport(TypedDict):
     steps: int
     thread_id: str | None
     messages_saved: int
-
-
-@dataclass(slots=True)
-class IngestReport:
-    """What an ingest did, per source."""
-
-    repo: str
-    shape: str
-    sources: list[SourceReport] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "repo": self.repo, "format": self.shape, "sources": self.sources,
-            "created": sum(1 for s in self.sources if s["created"]),
-            "nodes": sum(s["nodes"] for s in self.sources)}
 
 
 # What a file holds, read by msgspec: a shape's every field is checked as it is read.
@@ -135,21 +120,17 @@ def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
         if isinstance(raw, dict) and ("sessions" in raw or "steps" in raw):
             conversation = msgspec.convert(raw if "sessions" in raw else {"sessions": [raw]},
                                            Conversation)
-            return _conversation_file(conversation, prefix or path.stem, path.stem)
+            sources = [
+                Source(f"{prefix or path.stem}/{number}", Trajectory(
+                    session.goal, [Step(s.observation, s.action) for s in session.steps]),
+                    messages(session))
+                for number, session in enumerate(conversation.sessions, start=1)]
+            return IngestFile("conversation", conversation.repo, [Batch(path.stem, sources)])
     except msgspec.ValidationError as exc:
         raise CliError(f"{path}: {exc}") from exc
     raise CliError(
         f"{path} is neither a conversation (an object with 'sessions') nor a LoCoMo-style file "
         "(a list of objects with 'conversation')")
-
-
-def _conversation_file(conversation: Conversation, prefix: str, name: str) -> IngestFile:
-    sources = []
-    for number, session in enumerate(conversation.sessions, start=1):
-        steps = [Step(step.observation, step.action) for step in session.steps]
-        sources.append(Source(f"{prefix}/{number}", Trajectory(session.goal, steps),
-                              messages(session)))
-    return IngestFile("conversation", conversation.repo, [Batch(name, sources)])
 
 
 def messages(session: Session) -> list[JSONObject]:
@@ -201,7 +182,7 @@ def _normalise_dia_id(raw: str) -> str:
 
 
 async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bool,
-                      console: Console, show_progress: bool) -> IngestReport:
+                      console: Console, show_progress: bool) -> list[SourceReport]:
     """Ingests every source of the file into `repo`, with progress bars, and with `threads` saves
     each session as a thread. Every source is checked first (CliError naming it), so a file that
     cannot go in whole stores nothing."""
@@ -214,7 +195,7 @@ async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bo
             except InvalidInputError as exc:
                 raise CliError(f"source {source.source_id!r}: {exc}") from exc
     conversation = mem.conversation()
-    report = IngestReport(repo, parsed.shape)
+    report: list[SourceReport] = []
     with bars(console, disable=not show_progress) as progress:
         for batch in parsed.batches:
             task = progress.add_task(f"ingest {batch.name}", total=len(batch.sources))
@@ -233,7 +214,7 @@ async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bo
                 if threads:
                     # `save` stores only what is new: a second ingest appends nothing.
                     saved = len(await conversation.save(source.source_id, source.messages))
-                report.sources.append(
+                report.append(
                     {
                         "source_id": source.source_id, "created": receipt.created,
                         "nodes": len(receipt.node_ids), "steps": len(source.trajectory.steps),

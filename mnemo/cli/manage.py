@@ -13,10 +13,18 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
-from mnemo.cli._common import Json, app, check_repo, confirm, open_memory, run
+from mnemo.cli._common import (
+    Json,
+    app,
+    check_repo,
+    confirm,
+    model_options,
+    open_memory,
+    store_options,
+)
 from mnemo.cli._ids import resolve_id, short_ids
-from mnemo.cli._output import print_json, progress, stderr_console, stdout_console, table
-from mnemo.cli._settings import Settings, model_options, store_options
+from mnemo.cli._output import emit, print_json, progress, stderr_console, stdout_console, table
+from mnemo.cli._settings import Settings
 from mnemo.conversation.model import Snapshot
 from mnemo.jsonable import label, view_json
 from mnemo.memory import Memory
@@ -40,26 +48,20 @@ _SETTLED = {State.READY, State.FAILED, State.IDLE, State.COLLECTING}
 
 @app.command()
 @store_options
-def repos(*, settings: Settings, as_json: Json = False) -> None:
+async def repos(*, settings: Settings, as_json: Json = False) -> None:
     """List the repos: name and live sessions."""
-    async def work() -> None:
-        async with open_memory(settings) as mem:
-            names = await mem.list_repos()
-            live = await mem.list_sessions()
-        rows = [(name, sum(s.repo == name for s in live)) for name in names]
-        if as_json:
-            print_json([{"repo": name, "live_sessions": n} for name, n in rows])
-            return
-        stdout_console().print(table(f"Repos ({len(rows)})", ("repo~", "live sessions>"),
-                                     [(Text(name), str(n)) for name, n in rows],
-                                     empty=(0, "(no repos)")))
-
-    run(work)
+    async with open_memory(settings) as mem:
+        names = await mem.list_repos()
+        live = await mem.list_sessions()
+    rows = [(name, sum(s.repo == name for s in live)) for name in names]
+    emit(as_json, [{"repo": name, "live_sessions": n} for name, n in rows],
+         table(f"Repos ({len(rows)})", ("repo~", "live sessions>"),
+               [(Text(name), str(n)) for name, n in rows], empty=(0, "(no repos)")))
 
 
 @app.command()
 @model_options(only=("store", "embedder", "config"))
-def reembed(
+async def reembed(
     repo: Annotated[str, typer.Argument(help="The repo whose vectors to make again.")],
     *,
     settings: Settings,
@@ -74,40 +76,34 @@ def reembed(
     a repo of the hashed embedder's retired features gets today's (hash2). The repo is read
     and written as usual meanwhile; interrupted, it keeps its old vectors, and running the
     command again carries on."""
-    async def work() -> None:
-        done: JSONObject = {}
+    done: JSONObject = {}
 
-        def switched(event: Event) -> None:
-            if event.kind == "repo_reembedded" and event.repo == repo:
-                done.update(event.data)
+    def switched(event: Event) -> None:
+        if event.kind == "repo_reembedded" and event.repo == repo:
+            done.update(event.data)
 
-        # A writing command: a working Memory (an inspecting one records no model).
-        async with open_memory(settings, works=True, on_event=switched) as mem:
-            await check_repo(mem, repo)
-            with progress(stderr_console(), disable=as_json) as bar:
-                task = bar.add_task(f"reembed {repo}", total=None)
+    # A writing command: a working Memory (an inspecting one records no model).
+    async with open_memory(settings, works=True, on_event=switched) as mem:
+        await check_repo(mem, repo)
+        with progress(stderr_console(), disable=as_json) as bar:
+            task = bar.add_task(f"reembed {repo}", total=None)
 
-                def advance(update: ReembedProgress) -> None:
-                    bar.update(task, completed=update.done, total=update.total,
-                               description=f"reembed {repo} ({update.stage})")
+            def advance(update: ReembedProgress) -> None:
+                bar.update(task, completed=update.done, total=update.total,
+                           description=f"reembed {repo} ({update.stage})")
 
-                nodes = await mem.reembed(repo, batch_size=batch_size, progress=advance)
-        out = {"repo": repo, "nodes": nodes, "embedder": done.get("embedder"),
-               "dim": done.get("dim"), "resumed": done.get("resumed")}
-        if as_json:
-            print_json(out)
-            return
-        carried = " (carried on from an earlier run)" if out["resumed"] else ""
-        stdout_console().print(Text(
-            f"re-embedded {nodes} nodes of {repo} with {out['embedder']} "
-            f"({out['dim']} dimensions){carried}"))
-
-    run(work)
+            nodes = await mem.reembed(repo, batch_size=batch_size, progress=advance)
+    out = {"repo": repo, "nodes": nodes, "embedder": done.get("embedder"),
+           "dim": done.get("dim"), "resumed": done.get("resumed")}
+    carried = " (carried on from an earlier run)" if out["resumed"] else ""
+    emit(as_json, out, Text(
+        f"re-embedded {nodes} nodes of {repo} with {out['embedder']} "
+        f"({out['dim']} dimensions){carried}"))
 
 
 @app.command()
 @store_options
-def view(
+async def view(
     message_id: Annotated[
         str, typer.Argument(help="A message id from `mnemo search`, or a unique prefix of it.")],
     radius: Annotated[
@@ -118,36 +114,33 @@ def view(
     as_json: Json = False,
 ) -> None:
     """Show a stored message whole, with the messages and snapshots around it."""
-    async def work() -> None:
-        async with open_memory(settings) as mem:
-            found = await mem.message_ids(message_id.strip() or "?", limit=2)
-            if not found and "_" not in message_id:
-                found = await mem.message_ids(f"msg_{message_id.strip()}", limit=2)
-            shown = await mem.view_messages(resolve_id(message_id, found, "message"), radius=radius)
-        if as_json:
-            print_json(view_json(shown))
-            return
-        console = stdout_console()
+    async with open_memory(settings) as mem:
+        found = await mem.message_ids(message_id.strip() or "?", limit=2)
+        if not found and "_" not in message_id:
+            found = await mem.message_ids(f"msg_{message_id.strip()}", limit=2)
+        shown = await mem.view_messages(resolve_id(message_id, found, "message"), radius=radius)
+    if as_json:
+        print_json(view_json(shown))
+        return
+    console = stdout_console()
 
-        def snapshots(found: Sequence[Snapshot]) -> None:
-            for snapshot in found:
-                console.print(Text(f"[snapshot {snapshot.start_seq}..{snapshot.end_seq}] "
-                                   f"{shorten(snapshot.text, 300)}", style="dim"))
+    def snapshots(found: Sequence[Snapshot]) -> None:
+        for snapshot in found:
+            console.print(Text(f"[snapshot {snapshot.start_seq}..{snapshot.end_seq}] "
+                               f"{shorten(snapshot.text, 300)}", style="dim"))
 
-        snapshots(shown.snapshots_before)
-        short = short_ids([m.id for m in shown.messages], kind=False)
-        console.print(table(
-            f"Thread {escape(shown.target.thread_id)}", ("seq>", "role", "content~", "message!"),
-            [(str(m.seq), Text(m.role), Text(shorten(m.content, 200),
-                                             style="bold" if m.id == shown.target.id else ""),
-              short[m.id]) for m in shown.messages]))
-        # The target whole, below the table: its content is what the command is for.
-        whole = shown.target
-        console.print(Text(f"message {whole.id} (seq {whole.seq}, {whole.role}):", style="bold"))
-        console.print(Text(whole.content), soft_wrap=True)
-        snapshots(shown.snapshots_after)
-
-    run(work)
+    snapshots(shown.snapshots_before)
+    short = short_ids([m.id for m in shown.messages], kind=False)
+    console.print(table(
+        f"Thread {escape(shown.target.thread_id)}", ("seq>", "role", "content~", "message!"),
+        [(str(m.seq), Text(m.role), Text(shorten(m.content, 200),
+                                         style="bold" if m.id == shown.target.id else ""),
+          short[m.id]) for m in shown.messages]))
+    # The target whole, below the table: its content is what the command is for.
+    whole = shown.target
+    console.print(Text(f"message {whole.id} (seq {whole.seq}, {whole.role}):", style="bold"))
+    console.print(Text(whole.content), soft_wrap=True)
+    snapshots(shown.snapshots_after)
 
 
 class _Transitions:
@@ -226,7 +219,7 @@ async def _act(mem: Memory, transitions: _Transitions, action: Action, sid: str,
 
 def _session_command(action: Action) -> None:
     @model_options()
-    def command(
+    async def command(
         session_id: SessionId,
         *,
         settings: Settings,
@@ -239,23 +232,15 @@ def _session_command(action: Action) -> None:
         ] = False,
         as_json: Json = False,
     ) -> None:
-        async def work() -> None:
-            transitions = _Transitions()
-            async with open_memory(settings, works=True, on_event=transitions) as mem:
-                out = await _act(mem, transitions, action, session_id, wait,
-                                 functools.partial(confirm, given=yes, as_json=as_json))
-            if as_json:
-                print_json(out)
-                return
-            line = f"{action.value}: session {out['session_id']} is now {out['state']}"
-            node_ids = out.get("node_ids")
-            if isinstance(node_ids, list):
-                line += f", {len(node_ids)} nodes committed"
-            if "note" in out:
-                line += f" ({out['note']})"
-            stdout_console().print(Text(line))
-
-        run(work)
+        transitions = _Transitions()
+        async with open_memory(settings, works=True, on_event=transitions) as mem:
+            out = await _act(mem, transitions, action, session_id, wait,
+                             functools.partial(confirm, given=yes, as_json=as_json))
+        node_ids, note = out.get("node_ids"), out.get("note")
+        emit(as_json, out, Text(
+            f"{action.value}: session {out['session_id']} is now {out['state']}"
+            + (f", {len(node_ids)} nodes committed" if isinstance(node_ids, list) else "")
+            + (f" ({note})" if note else "")))
 
     command.__doc__ = {
         Action.CLOSE: "End the session's episode and extract it (waits until it is ready).",

@@ -4,18 +4,19 @@ holds, and verify the copy; exit 0 when verified, 2 when refused, 1 when it does
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.progress import Progress, TaskID, TextColumn
 
-from mnemo.cli._common import Json, app, run
+from mnemo.cli._common import Json, app, runs
 from mnemo.cli._database import CliError, check_database
 from mnemo.cli._output import print_json, progress, stderr_console, stdout_console, table
 from mnemo.errors import StorageError
 from mnemo.storage.ports import has_postgres_driver, is_postgres
-from mnemo.storage.transfer import TransferReport, open_dump, same_store, transfer
+from mnemo.storage.transfer import open_dump, same_store, transfer
 
 SourceOpt = Annotated[
     str,
@@ -61,47 +62,33 @@ class _Bars:
         self._progress.update(task, completed=done, total=total)
 
 
-def report_json(source: str, target: str, report: TransferReport) -> dict[str, object]:
-    return {
-        "from": display(source),
-        "to": display(target),
-        "copied": report.copied,
-        "checksum": report.checksum,
-        "tables": [
-            {"table": t.table, "source": t.source, "copied": t.copied, "target": t.target}
-            for t in report.tables]}
-
-
 @app.command()
-def migrate(source: SourceOpt, target: TargetOpt, as_json: Json = False) -> None:
+@runs
+async def migrate(source: SourceOpt, target: TargetOpt, as_json: Json = False) -> None:
     """Copy a memory to another store (SQLite <-> PostgreSQL), verified by counts and a
     checksum; running it again copies nothing."""
-    async def work() -> None:
-        check_stores(source, target)
-        bars = progress(stderr_console())
-        bars.columns = (TextColumn("{task.description:<20}"), *bars.columns[1:])
-        try:
-            async with open_dump(source, must_exist=True) as src, \
-                    open_dump(target, must_exist=False) as dst:
-                with bars:
-                    report = await transfer(src, dst, progress=_Bars(bars))
-        except StorageError as exc:
-            if exc.reason != "mismatch":
-                raise
-            typer.echo(f"error: the copy does not verify: {exc}", err=True)
-            raise typer.Exit(1) from None
-        if as_json:
-            print_json(report_json(source, target, report))
-            return
-        console = stdout_console()
-        console.print(table(f"{display(source)} -> {display(target)}",
-                            ("table", "source>", "copied>", "target>"),
-                            [(t.table, str(t.source), str(t.copied), str(t.target))
-                             for t in report.tables]))
-        console.print(f"node checksum (sha256 of ids and texts), equal on both: {report.checksum}")
-        if report.copied:
-            console.print(f"Copied {report.copied} rows; verified.")
-        else:
-            console.print("Nothing to copy: the target already holds every row; verified.")
-
-    run(work)
+    check_stores(source, target)
+    bars = progress(stderr_console())
+    bars.columns = (TextColumn("{task.description:<20}"), *bars.columns[1:])
+    try:
+        async with open_dump(source, must_exist=True) as src, \
+                open_dump(target, must_exist=False) as dst:
+            with bars:
+                report = await transfer(src, dst, progress=_Bars(bars))
+    except StorageError as exc:
+        if exc.reason != "mismatch":
+            raise
+        typer.echo(f"error: the copy does not verify: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        print_json({"from": display(source), "to": display(target), "copied": report.copied,
+                    "checksum": report.checksum, "tables": [asdict(t) for t in report.tables]})
+        return
+    console = stdout_console()
+    console.print(table(f"{display(source)} -> {display(target)}",
+                        ("table", "source>", "copied>", "target>"),
+                        [(t.table, str(t.source), str(t.copied), str(t.target))
+                         for t in report.tables]))
+    console.print(f"node checksum (sha256 of ids and texts), equal on both: {report.checksum}")
+    console.print(f"Copied {report.copied} rows; verified." if report.copied
+                  else "Nothing to copy: the target already holds every row; verified.")

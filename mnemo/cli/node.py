@@ -13,11 +13,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from mnemo.cli._common import Json, SearchedRepo, app, check_repo, open_memory, run
+from mnemo.cli._common import Json, SearchedRepo, app, open_memory, searched_repos, store_options
 from mnemo.cli._database import CliError
 from mnemo.cli._ids import resolve_in_repos, short_ids
-from mnemo.cli._output import print_json, stdout_console, table
-from mnemo.cli._settings import Settings, store_options
+from mnemo.cli._output import emit, table
+from mnemo.cli._settings import Settings
 from mnemo.cli.history import RESOLVED, origin
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.history import goals as commit_goals
@@ -61,7 +61,7 @@ class NodeReport:
 async def find_node(mem: Memory, repo: str | None, given: str) -> tuple[str, str]:
     """The repo and node `given` names (a whole id or a unique prefix, `Memory.node_ids`),
     in `repo` or, when None, in every repo."""
-    repos = [repo] if repo is not None else await mem.list_repos()
+    repos = await searched_repos(mem, repo)
     found = {name: await mem.node_ids(name, given.strip(), limit=100)
              for name in repos} if given.strip() else {}
     return resolve_in_repos(given, found, "node")
@@ -116,7 +116,7 @@ def _changes(commit: CommitRecord, node_id: str) -> list[str]:
 
 @app.command()
 @store_options
-def show(
+async def show(
     node_id: Annotated[
         str, typer.Argument(metavar="ID", help="The node's id, or a unique prefix of it or "
                             "of its digits (the short id `mnemo recall` shows).")],
@@ -127,25 +127,13 @@ def show(
 ) -> None:
     """Show one node: its text, data and validity, where it came from (steps, episode,
     session or source), the nodes linked to it, and the commits that added or changed it."""
-    async def work() -> None:
-        async with open_memory(settings) as mem:
-            if repo is not None:
-                await check_repo(mem, repo)
-            name, found = await find_node(mem, repo, node_id)
-            node = await mem.get_node(name, found)
-            if node is None:  # erased since its id was read
-                raise CliError(f"no node {node_id!r}")
-            report = await node_report(mem, name, node)
-        if as_json:
-            print_json(report_json(report))
-        else:
-            stdout_console().print(report_text(report))
-
-    run(work)
-
-
-def _brief(node: Node) -> dict[str, object]:
-    return {"id": node.id, "type": node.type.value, "text": node.text}
+    async with open_memory(settings) as mem:
+        name, found = await find_node(mem, repo, node_id)
+        node = await mem.get_node(name, found)
+        if node is None:  # erased since its id was read
+            raise CliError(f"no node {node_id!r}")
+        report = await node_report(mem, name, node)
+    emit(as_json, report_json(report), report_text(report))
 
 
 def report_json(report: NodeReport) -> dict[str, object]:
@@ -161,7 +149,7 @@ def report_json(report: NodeReport) -> dict[str, object]:
             "supersedes": [n.id for n in report.supersedes]},
         "provenance": {"steps": [node_json(s) for s in report.steps],
                        "sources": [node_json(s) for s in report.sources]},
-        "links": {kind.value: [_brief(n) for n in nodes]
+        "links": {kind.value: [{"id": n.id, "type": n.type.value, "text": n.text} for n in nodes]
                   for kind, nodes in report.linked.items() if nodes},
         "history": [{**commit_json(c, report.goals.get(c.id)), "changes": changes}
                     for c, changes in report.history],

@@ -8,14 +8,14 @@ from typing import Annotated
 
 import typer
 
-from mnemo.cli._common import app, check_store, models, run
+from mnemo.cli._common import app, check_store, model_options, models
 from mnemo.cli._database import CliError
-from mnemo.cli._settings import Settings, model_options
+from mnemo.cli._settings import Settings
 
 
 @app.command()
 @model_options()
-def mcp(
+async def mcp(
     *,
     settings: Settings,
     memory_dir: Annotated[Path | None, typer.Option(
@@ -47,31 +47,28 @@ def mcp(
 ) -> None:
     """Serve the memory to MCP clients over stdin/stdout, or over streamable HTTP with --http
     (created if the file is missing)."""
-    async def work() -> None:
-        if not http and (host, port, allow_host) != (None, None, None):
-            raise CliError("--host, --port and --allow-host go with --http")
-        try:
-            from mnemo.mcp.transport import DEFAULT_HOST, DEFAULT_PORT, Http, serve
-        except ImportError as exc:
-            raise CliError(
-                f"the MCP server needs the `mcp` package ({exc}); install it with "
-                "pip install --force-reinstall pymnemo") from exc
-        served = Http(host or DEFAULT_HOST, DEFAULT_PORT if port is None else port, token,
-                      tuple(allow_host or ())) if http else None
-        check_store(settings, writes=True)
-        if settings.is_url and memory_dir is None:
-            raise CliError("with a store URL, pass --memory-dir for the memory files")
-        async with models(settings) as (chosen_llm, chosen_embedder):
-            await serve(settings.store, llm=chosen_llm, embedder=chosen_embedder,
-                        memory_dir=memory_dir, memory_updates=memory_updates, reinforce=reinforce,
-                        config=settings.config, http=served)
-
-    run(work)
+    if not http and (host, port, allow_host) != (None, None, None):
+        raise CliError("--host, --port and --allow-host go with --http")
+    try:
+        from mnemo.mcp.transport import DEFAULT_HOST, DEFAULT_PORT, Http, serve
+    except ImportError as exc:
+        raise CliError(
+            f"the MCP server needs the `mcp` package ({exc}); install it with "
+            "pip install --force-reinstall pymnemo") from exc
+    served = Http(host or DEFAULT_HOST, DEFAULT_PORT if port is None else port, token,
+                  tuple(allow_host or ())) if http else None
+    check_store(settings, writes=True)
+    if settings.is_url and memory_dir is None:
+        raise CliError("with a store URL, pass --memory-dir for the memory files")
+    async with models(settings) as (chosen_llm, chosen_embedder):
+        await serve(settings.store, llm=chosen_llm, embedder=chosen_embedder,
+                    memory_dir=memory_dir, memory_updates=memory_updates, reinforce=reinforce,
+                    config=settings.config, http=served)
 
 
 @app.command()
 @model_options(extraction=False)
-def ui(
+async def ui(
     *,
     settings: Settings,
     host: Annotated[
@@ -93,17 +90,14 @@ def ui(
 ) -> None:
     """Serve a local web app to browse a memory: repos, graph, history, sessions, threads,
     recall."""
-    async def work() -> None:
-        check_store(settings, writes=False)
-        try:
-            from mnemo.ui import serve
-        except ImportError as exc:
-            raise CliError(
-                f"the web app needs the `ui` extra ({exc}); install it with "
-                "pip install 'pymnemo[ui]'") from exc
-        async with models(settings) as (chosen_llm, chosen_embedder):
-            await serve(
-                settings.store, host=host, port=port, allow_writes=allow_writes,
-                llm=chosen_llm, embedder=chosen_embedder, token=token, allow_hosts=allow_host or ())
-
-    run(work)
+    check_store(settings, writes=False)
+    try:
+        from mnemo.ui import serve
+    except ImportError as exc:
+        raise CliError(
+            f"the web app needs the `ui` extra ({exc}); install it with "
+            "pip install 'pymnemo[ui]'") from exc
+    async with models(settings) as (chosen_llm, chosen_embedder):
+        await serve(
+            settings.store, host=host, port=port, allow_writes=allow_writes,
+            llm=chosen_llm, embedder=chosen_embedder, token=token, allow_hosts=allow_host or ())

@@ -8,7 +8,7 @@ import inspect
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,8 +190,14 @@ async def _serve_http(tools: MemoryTools, http: Http) -> None:
     except OSError as exc:
         raise InvalidInputError(
             f"cannot listen on {http.host} port {http.port}: {exc.strerror or exc}") from exc
-    for line in _exposure(http, f"http://{shown}:{sock.getsockname()[1]}{PATH}"):
-        print(line, file=sys.stderr, flush=True)
+    # Where, and who else can reach it.
+    lines = [f"serving MCP over streamable HTTP at http://{shown}:{sock.getsockname()[1]}{PATH}"]
+    if not is_loopback(http.host):
+        lines.append(
+            "reachable beyond this machine; every request must show the bearer token. Host "
+            f"names answered: {', '.join(http.allow_hosts)} (--allow-host adds one).")
+    for line in lines:
+        print(f"mnemo mcp: {line}", file=sys.stderr, flush=True)
     listener = _Listener(uvicorn.Config(app, host=http.host, port=http.port, log_level="warning"))
 
     async def stop_on_signal() -> None:
@@ -203,13 +209,3 @@ async def _serve_http(tools: MemoryTools, http: Http) -> None:
         tg.start_soon(stop_on_signal)
         await listener.serve(sockets=[sock])
         tg.cancel_scope.cancel()
-
-
-def _exposure(http: Http, url: str) -> Sequence[str]:
-    """What the operator is told on start: where, and who else can reach it."""
-    lines = [f"mnemo mcp: serving MCP over streamable HTTP at {url}"]
-    if not is_loopback(http.host):
-        lines.append(
-            "mnemo mcp: reachable beyond this machine; every request must show the bearer "
-            f"token. Host names answered: {', '.join(http.allow_hosts)} (--allow-host adds one).")
-    return lines

@@ -166,12 +166,9 @@ async def node_page(request: Request) -> Response:
     by_type: dict[LinkType, list[LinkedNode]] = {}
     for linked in links:
         by_type.setdefault(linked.link_type, []).append(linked)
-    steps = [
-        linked.node
-        for linked in links
+    steps = [node] if node.type is NodeType.EPISODIC else [
+        linked.node for linked in links
         if linked.link_type is LinkType.PROVENANCE and linked.node.type is NodeType.EPISODIC]
-    if node.type is NodeType.EPISODIC:
-        steps = [node]
     steps.sort(key=lambda n: (str(n.data.get("episode_id", "")), n.data.get("index", 0)))
     return page(request, "node.html", {
         "repo": repo, "node": node, "links": by_type, "steps": steps,
@@ -183,13 +180,9 @@ async def node_page(request: Request) -> Response:
 async def _sessions_of(view: MemorySource, steps: list[Node]) -> dict[str, str]:
     """Episode id -> the session that stored it, for the episodes of these steps (an
     ingest's episodes have none)."""
-    owners: dict[str, str] = {}
-    for episode_id in dict.fromkeys(str(s.data.get("episode_id", "")) for s in steps):
-        if episode_id:
-            episode = await view.episode(episode_id)
-            if episode is not None:
-                owners[episode_id] = episode.session_id
-    return owners
+    ids = {str(s.data.get("episode_id", "")) for s in steps} - {""}
+    found = {episode_id: await view.episode(episode_id) for episode_id in ids}
+    return {episode_id: e.session_id for episode_id, e in found.items() if e is not None}
 
 
 def _members(node: Node, links: dict[LinkType, list[LinkedNode]]) -> list[Node]:

@@ -120,30 +120,22 @@ def shape(node_type: NodeType, x: float, y: float, radius: float = RADIUS) -> st
     if corners == 0:
         return (f"M{x - radius:.1f},{y:.1f}a{radius:.1f},{radius:.1f} 0 1,0 {2 * radius:.1f},0"
                 f"a{radius:.1f},{radius:.1f} 0 1,0 {-2 * radius:.1f},0Z")
-    points = []
-    for i in range(corners):
-        angle = math.radians(start + 360 * i / corners)
-        points.append(f"{x + radius * math.cos(angle):.1f},{y + radius * math.sin(angle):.1f}")
-    return "M" + "L".join(points) + "Z"
+    angles = [math.radians(start + 360 * i / corners) for i in range(corners)]
+    return "M" + "L".join(f"{x + radius * math.cos(a):.1f},{y + radius * math.sin(a):.1f}"
+                          for a in angles) + "Z"
 
 
 def _grouped(linked: Sequence[LinkedNode]) -> list[tuple[LinkType, list[Node]]]:
     """Neighbours by the first link type that reaches them (in `LinkType` order), each node
     once, each group's nodes by type, then text."""
-    first: dict[str, LinkType] = {}
-    nodes: dict[str, Node] = {}
-    order = list(LinkType)
+    order, kinds = list(LinkType), list(NodeType)
+    first: dict[str, LinkedNode] = {}
     for item in sorted(linked, key=lambda i: order.index(i.link_type)):
-        first.setdefault(item.node.id, item.link_type)
-        nodes.setdefault(item.node.id, item.node)
-    groups: dict[LinkType, list[Node]] = {}
-    for node_id, link_type in first.items():
-        groups.setdefault(link_type, []).append(nodes[node_id])
-    kinds = list(NodeType)
-    return [
-        (link_type, sorted(groups[link_type], key=lambda n: (kinds.index(n.type), n.text, n.id)))
-        for link_type in order
-        if link_type in groups]
+        first.setdefault(item.node.id, item)
+    groups = [(link_type, sorted((i.node for i in first.values() if i.link_type is link_type),
+                                 key=lambda n: (kinds.index(n.type), n.text, n.id)))
+              for link_type in order]
+    return [(link_type, nodes) for link_type, nodes in groups if nodes]
 
 
 def _chosen(groups: list[tuple[LinkType, list[Node]]], limit: int) -> list[set[str]]:

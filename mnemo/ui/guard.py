@@ -14,9 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
 from typing import NamedTuple
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.requests import cookie_parser
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -104,12 +105,8 @@ class Access:
 
     def answers(self, name: str) -> bool:
         """Whether a request with this Host name (as `parse_host` gives it) is served."""
-        for pattern in self.hosts:
-            if pattern == "*" or pattern == name:
-                return True
-            if pattern.startswith("*.") and name.endswith(pattern[1:]):
-                return True
-        return False
+        return any(p in ("*", name) or (p.startswith("*.") and name.endswith(p[1:]))
+                   for p in self.hosts)
 
     def cookie_value(self) -> str:
         """What the access cookie holds: an HMAC of the token (never the token itself)."""
@@ -169,13 +166,9 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = Headers(scope=scope)
-        refusal = self._refusal(scope, headers)
-        if refusal is not None:
-            await _secured(refusal)(scope, receive, send)
-            return
-        cached = scope["path"].startswith(STATIC_PREFIX)
-        await self.app(scope, receive, _with_security_headers(send, cached=cached))
+        refusal = self._refusal(scope, Headers(scope=scope))
+        cached = refusal is None and scope["path"].startswith(STATIC_PREFIX)
+        await (refusal or self.app)(scope, receive, _with_security_headers(send, cached=cached))
 
     def _refusal(self, scope: Scope, headers: Headers) -> Response | None:
         host = parse_host(headers.get("host"))
@@ -217,38 +210,19 @@ class Gate:
         scheme, _, credentials = headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and same_token(credentials.strip(), self.access.token):
             return None
-        held = _cookies(headers).get(cookie)
+        held = cookie_parser("; ".join(headers.getlist("cookie"))).get(cookie)
         if held is not None and same_token(held, self.access.cookie_value()):
             return None
         return _ask_for_token(scope["path"], wrong=False)
 
 
-def _cookies(headers: Headers) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for header in headers.getlist("cookie"):
-        for part in header.split(";"):
-            name, sep, value = part.strip().partition("=")
-            if sep:
-                found.setdefault(name, value)
-    return found
-
-
 def _same_origin(origin: str | None, scheme: str, host: Host) -> bool:
     """Whether the Origin header names this server, as the Host header does."""
-    if not origin or origin == "null":
-        return False
-    try:
-        parts = urlsplit(origin)
-        port = parts.port
-    except ValueError:
-        return False
-    if parts.scheme != scheme or parts.hostname is None or parts.path not in ("", "/"):
-        return False
-    named = parse_host(parts.netloc)
-    if named is None:
-        return False
+    given, sep, rest = (origin or "").partition("://")
+    named = parse_host(rest.removesuffix("/")) if sep and given == scheme else None
     default = _DEFAULT_PORTS.get(scheme)
-    return named.name == host.name and (port or default) == (host.port or default)
+    return (named is not None and named.name == host.name
+            and (named.port or default) == (host.port or default))
 
 
 def _ask_for_token(path: str, *, wrong: bool) -> Response:
@@ -263,13 +237,6 @@ def _ask_for_token(path: str, *, wrong: bool) -> Response:
         '<input type="password" name="token" autocomplete="off" required></label> '
         '<button type="submit">Open</button></form></body></html>')
     return HTMLResponse(page, status_code=401, headers={"www-authenticate": "Bearer"})
-
-
-def _secured(response: Response) -> Response:
-    for name, value in SECURITY_HEADERS:
-        response.headers[name] = value
-    response.headers["cache-control"] = "no-store"
-    return response
 
 
 def _with_security_headers(send: Send, *, cached: bool) -> Send:

@@ -48,9 +48,6 @@ async def commit(request: Request) -> Response:
     diff = await view.commit_diff(repo, required(params, "id"))
     shown = diff.links[:MAX_LINKS_SHOWN]
     texts = await _texts(view, repo, diff, shown)
-    by_type: dict[NodeType, list[Node]] = {}
-    for node in diff.nodes:
-        by_type.setdefault(node.type, []).append(node)
     reworded = [n for n in [await view.node(repo, i) for i in diff.commit.reworded] if n]
     goal = (await commit_goals(partial(view.node, repo), [diff.commit])).get(diff.commit.id)
     return page(
@@ -58,21 +55,20 @@ async def commit(request: Request) -> Response:
         "commit.html",
         {
             "repo": repo, "diff": diff, "record": diff.commit, "goal": goal,
-            "nodes_by_type": [(t, by_type[t]) for t in NodeType if t in by_type],
+            "nodes_by_type": [(t, nodes) for t in NodeType
+                              if (nodes := [n for n in diff.nodes if n.type is t])],
             "links": [(link, texts.get(link.src), texts.get(link.dst)) for link in shown],
             "links_hidden": len(diff.links) - len(shown),
             "gone": diff.commit.node_count - len(diff.nodes), "reworded": reworded})
 
 
 async def _texts(view: MemorySource, repo: str, diff: CommitDiff,
-                 links: list[Link]) -> dict[str, Node]:
+                 links: list[Link]) -> dict[str, Node | None]:
     """The nodes at the ends of `links`: those of the diff, the others read one by one."""
-    known: dict[str, Node] = {n.id: n for n in (*diff.nodes, *diff.retired)}
-    for end in dict.fromkeys(end for link in links for end in (link.src, link.dst)):
+    known: dict[str, Node | None] = {n.id: n for n in (*diff.nodes, *diff.retired)}
+    for end in (end for link in links for end in (link.src, link.dst)):
         if end not in known:
-            node = await view.node(repo, end)
-            if node is not None:
-                known[end] = node
+            known[end] = await view.node(repo, end)
     return known
 
 

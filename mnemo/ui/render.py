@@ -43,18 +43,12 @@ def short_id(value: str, keep: int = 8, prefix: bool = True) -> str:
     return f"{head}{sep}{rest[:keep]}…"
 
 
-def _templates() -> Jinja2Templates:
-    env = Environment(loader=FileSystemLoader(HERE / "templates"),
-                      autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
-    env.globals["href"] = href
-    env.globals["shape"] = shape
-    env.filters["label"] = lambda value: getattr(value, "value", value)
-    env.filters["short"] = lambda text, n=160: text if len(text) <= n else text[: n - 1] + "…"
-    env.filters["short_id"] = short_id
-    return Jinja2Templates(env=env)
-
-
-TEMPLATES = _templates()
+_env = Environment(loader=FileSystemLoader(HERE / "templates"),
+                   autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
+_env.globals.update(href=href, shape=shape)
+_env.filters.update(label=lambda value: getattr(value, "value", value), short_id=short_id,
+                    short=lambda text, n=160: text if len(text) <= n else text[: n - 1] + "…")
+TEMPLATES = Jinja2Templates(env=_env)
 
 
 def view_of(request: Request) -> MemorySource:

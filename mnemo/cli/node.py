@@ -21,7 +21,7 @@ from mnemo.cli._settings import Settings
 from mnemo.cli.history import RESOLVED, origin
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.history import goals as commit_goals
-from mnemo.graph.model import LinkType, Node, NodeType
+from mnemo.graph.model import LinkType, Node, NodeType, step_order
 from mnemo.jsonable import commit_json, node_json
 from mnemo.memory import Memory
 from mnemo.text import shorten
@@ -76,7 +76,7 @@ async def node_report(mem: Memory, repo: str, node: Node) -> NodeReport:
         steps = [n for n in linked[LinkType.PROVENANCE] if n.type is NodeType.EPISODIC]
     else:
         steps = []
-    steps.sort(key=lambda n: (str(n.data.get("episode_id", "")), str(n.data.get("index", 0))))
+    steps.sort(key=step_order)
     if node.type is NodeType.SOURCE:
         sources = [node]
     else:

@@ -215,6 +215,12 @@ def step_window(node_id: str, width: int) -> list[str]:
     return [f"{head}:{i}" for d in range(1, width + 1) for i in (at - d, at + d) if i >= 0]
 
 
+def step_order(node: Node) -> tuple[str, int]:
+    """Where a step stands: its episode, then its index as a number (step 2 before step 10)."""
+    index = node.data.get("index")
+    return str(node.data.get("episode_id", "")), index if isinstance(index, int) else 0
+
+
 # A tag's identity keeps this many characters of its label (it must fit an index entry).
 MAX_LABEL_CHARS = 200
 

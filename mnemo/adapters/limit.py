@@ -13,8 +13,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from enum import Enum
-from typing import Annotated
+from typing import Annotated, Literal
 
 import anyio
 import msgspec
@@ -45,12 +44,6 @@ MARGIN = 3.0
 FOLLOW = 0.25
 
 
-class Outcome(Enum):
-    ANSWERED = "answered"  # a reply (any status that says nothing of load)
-    OVERLOADED = "overloaded"  # a timeout, 429, 503 or refused connection
-    FAILED = "failed"  # anything else: no signal
-
-
 @dataclass(slots=True, eq=False)
 class Ticket:
     """One request's slot: when it was sent, the most requests in flight while it was out."""
@@ -59,7 +52,9 @@ class Ticket:
     sent: float
     in_flight: int
     epoch: int
-    outcome: Outcome = Outcome.FAILED
+    # "answered": a reply (any status that says nothing of load); "overloaded": a timeout, 429,
+    # 503 or refused connection; "failed": anything else, no signal.
+    outcome: Literal["answered", "overloaded", "failed"] = "failed"
     input_tokens: int | None = None
     output_tokens: int | None = None
     timeout: float | None = None
@@ -68,11 +63,11 @@ class Ticket:
     timed_out: bool = False
 
     def answered(self, input_tokens: int | None = None, output_tokens: int | None = None) -> None:
-        self.outcome = Outcome.ANSWERED
+        self.outcome = "answered"
         self.input_tokens, self.output_tokens = input_tokens, output_tokens
 
     def overloaded(self, *, timed_out: bool = False) -> None:
-        self.outcome = Outcome.OVERLOADED
+        self.outcome = "overloaded"
         self.timed_out = timed_out
 
 
@@ -218,7 +213,7 @@ class Limit:
             needed = ticket.timeout / (BASE_TOKENS + ticket.max_tokens
                                        + PROMPT_WEIGHT * ticket.prompt_tokens)
             self.unit_seconds = max(needed, 2 * (self.unit_seconds or 0.0))
-        elif ticket.outcome is Outcome.ANSWERED and ticket.output_tokens is not None:
+        elif ticket.outcome == "answered" and ticket.output_tokens is not None:
             cost = took / self._work(ticket)
             known = self.unit_seconds
             self.unit_seconds = cost if known is None or cost > known else (
@@ -226,9 +221,9 @@ class Limit:
 
     def _learn(self, ticket: Ticket, now: float) -> None:
         self._learn_speed(ticket, now - ticket.sent)
-        if self.pinned is not None or ticket.outcome is Outcome.FAILED:
+        if self.pinned is not None or ticket.outcome == "failed":
             return
-        if ticket.outcome is Outcome.OVERLOADED:
+        if ticket.outcome == "overloaded":
             self._decrease(ticket, halve=True)
             return
         took = now - ticket.sent

@@ -1,12 +1,9 @@
-"""`OfflineLLM`: the default LLM, answering mnemo's tasks with rule-based heuristics.
-
-No network call and no model: every answer is a deterministic function of the request's
-inputs, good enough for segmentation, extraction, recall, memory files and conversation to work
-offline. States and subgoals are key phrases (a subgoal repeats while the topic holds),
-rewards read success or failure words, facts are the informative declarative sentences
+"""`OfflineLLM`: the default LLM, answering mnemo's tasks with deterministic heuristics, no
+model and no network. States and subgoals are key phrases (a subgoal repeats while the topic
+holds), rewards read success or failure words, facts are the informative declarative sentences
 (pronouns replaced by the topic), instructions come from the steps' actions, summaries are
-extractive, and memory updates keep the sentences that state a decision, a preference, a
-correction or lasting context."""
+extractive, and memory updates keep statements of a decision, a preference, a correction or
+lasting context."""
 
 from __future__ import annotations
 

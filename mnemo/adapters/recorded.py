@@ -22,8 +22,6 @@ from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
 # Names the embedders had before they were URIs, for repos recorded then.
 _LEGACY_EMBEDDERS = {"all-MiniLM-L6-v2-int8": "minilm", "hash-ngram-v1": "hash:{dim}"}
 _RETIRED_SCHEMES = {"hash"}
-_LLM_SCHEMES = frozenset(LLM_SCHEMES)
-_EMBEDDER_SCHEMES = frozenset(EMBEDDER_SCHEMES) - _RETIRED_SCHEMES
 
 
 class UnavailableLLM:
@@ -173,7 +171,7 @@ class RepoModels:
         return [*self._llms.values(), *self._embedders.values()]
 
     def _recorded_llm(self, repo: str, uri: str | None) -> LLM:
-        if (self._llm_given or uri is None or _scheme(uri) not in _LLM_SCHEMES
+        if (self._llm_given or uri is None or _scheme(uri) not in LLM_SCHEMES
                 or uri == model_uri(self._llm)):
             return self._llm
         built = self._llms.get(uri)
@@ -192,7 +190,7 @@ class RepoModels:
             return UnavailableEmbedder(uri, dim, _retired(repo, uri))
         if uri == "hash2:512":
             uri = "hash2"
-        if (self._embedder_given or _scheme(uri) not in _EMBEDDER_SCHEMES
+        if (self._embedder_given or _scheme(uri) not in EMBEDDER_SCHEMES
                 or uri == model_uri(self._embedder)):
             return self._embedder
         built = self._embedders.get((uri, dim))

@@ -36,6 +36,8 @@ DEFAULT_PRICES: dict[str, tuple[float, float]] = {
 
 # The adapters' default `max_tokens`: the most any reply may use.
 DEFAULT_MAX_TOKENS = 4096
+# The forced tool's description, for structured output through a tool call.
+TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
 
 
 def reply_cap(requested: int | None, ceiling: int) -> int:

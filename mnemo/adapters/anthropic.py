@@ -15,6 +15,7 @@ import msgspec
 from mnemo.adapters._http import Counts, HTTPOptions, Tokens
 from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
+    TOOL_DESCRIPTION,
     HTTPModel,
     add_usage,
     cut_note,
@@ -31,12 +32,12 @@ from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall,
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
-_TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
 
 
 class Anthropic(HTTPModel):
     """An `LLM` speaking Anthropic's `POST {base_url}/v1/messages`; `api_key` defaults to
-    `ANTHROPIC_API_KEY`, the other keywords are as for `OpenAICompatible`."""
+    `ANTHROPIC_API_KEY`, the other keywords are as for `OpenAICompatible`. Raises
+    InvalidInputError for a bad limit or `max_tokens`, or no key for Anthropic's own API."""
 
     def __init__(
         self,
@@ -89,7 +90,7 @@ class Anthropic(HTTPModel):
         budget: Budget,
     ) -> LLMResponse:
         tool: JSONObject = {
-            "name": request.task, "description": _TOOL_DESCRIPTION, "input_schema": schema,
+            "name": request.task, "description": TOOL_DESCRIPTION, "input_schema": schema,
         }
         cap = reply_cap(request.max_tokens, self.max_tokens)
         usage: Usage | None = None

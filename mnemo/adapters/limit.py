@@ -35,7 +35,7 @@ BASE_TOKENS = 8.0
 NO_QUEUE = 0.5
 QUEUE = 2.0
 TIMEOUT_SHARE = 0.5
-# Seconds slower than the fastest that show no queue, whatever the ratio (a fast server's jitter).
+# A reply less than this many seconds slower than the fastest shows no queue (a server's jitter).
 NOISE = 0.05
 # A request gets this many times what its max_tokens needs at the measured speed (more than
 # twice: a reply that used half its time counts as slow).

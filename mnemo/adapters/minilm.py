@@ -257,7 +257,6 @@ def _spec(name: str) -> ModuleSpec | None:
 
 
 def _import_runtime() -> tuple[ModuleType, ModuleType]:
-    """onnxruntime and tokenizers, imported on first use."""
     try:
         # import_module: onnxruntime ships no type information.
         tokenizers = importlib.import_module("tokenizers")

@@ -287,7 +287,6 @@ def _contradiction_task(inputs: Inputs) -> Answer:
 
 
 def _recall_plan(inputs: Inputs) -> Answer:
-    """The offline heuristics' plan (`mnemo.recall.query.offline_plan`)."""
     plan = offline_plan(inputs.query)
     return {"mode": plan.mode, "tags": list(plan.tags)}
 

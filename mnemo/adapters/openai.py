@@ -20,6 +20,7 @@ import msgspec
 from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
 from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
+    TOOL_DESCRIPTION,
     HTTPModel,
     adapt,
     add_usage,
@@ -257,7 +258,7 @@ class OpenAICompatible(HTTPModel):
                 "json_schema": {"name": request.task, "schema": schema, "strict": False},
             }
         elif schema is not None and mode == "tool":
-            payload["tools"] = [_function(request.task, _TOOL_DESCRIPTION, schema)]
+            payload["tools"] = [_function(request.task, TOOL_DESCRIPTION, schema)]
             payload["tool_choice"] = {"type": "function", "function": {"name": request.task}}
         elif schema is not None:
             payload["response_format"] = {"type": "json_object"}
@@ -307,7 +308,6 @@ class Completion(msgspec.Struct):
         return counts.prompt_tokens, counts.completion_tokens
 
 
-_TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
 
 
 def json_instructions(task: str, schema: Mapping[str, object]) -> str:

@@ -68,7 +68,6 @@ def with_settings(uri: str, **settings: object) -> str:
 
 
 def _settings(uri: str, query: str, known: tuple[str, ...]) -> dict[str, Any]:
-    """The adapter's keyword arguments a URI's query sets."""
     if not query:
         return {}
     try:

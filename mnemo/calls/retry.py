@@ -142,11 +142,13 @@ class Backoff:
     jitter: Callable[[], float] = field(default=random.Random().random)
 
     def delay(self, failures: int, retry_after: float | None) -> float:
+        """The wait after `failures` (>= 1) failed attempts: the Retry-After, else the backoff."""
         if retry_after is not None:
             return max(retry_after, 0.0)
         return self.jitter() * min(self.cap, self.base * 2.0 ** (failures - 1))
 
     def accepts(self, retry_after: float | None) -> bool:
+        """Whether a retry may wait out the server's Retry-After."""
         return retry_after is None or retry_after <= self.max_retry_after
 
 

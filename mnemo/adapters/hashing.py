@@ -117,14 +117,12 @@ class HashEmbedder:
         return out.astype(np.float32)
 
     def _token(self, token: str) -> bytes:
-        entry = self._tokens.get(token)
-        if entry is None:
-            if len(self._tokens) >= _CACHE_LIMIT:
-                self._tokens.clear()
-            marked = f"<{token}>"
-            entry = np.array(
-                [_text.is_stopword(token), _hash("w:" + _text.stem(token)),
-                 *(_hash("c:" + marked[i : i + 3]) for i in range(len(marked) - 2))],
-                dtype="<u4").tobytes()
-            self._tokens[token] = entry
+        """The features of a token not in the cache, cached."""
+        if len(self._tokens) >= _CACHE_LIMIT:
+            self._tokens.clear()
+        marked = f"<{token}>"
+        entry = self._tokens[token] = np.array(
+            [_text.is_stopword(token), _hash("w:" + _text.stem(token)),
+             *(_hash("c:" + marked[i : i + 3]) for i in range(len(marked) - 2))],
+            dtype="<u4").tobytes()
         return entry

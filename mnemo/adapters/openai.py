@@ -272,7 +272,7 @@ class OpenAICompatible(HTTPModel):
                     "type": "function", "function": {"name": request.tool_choice}
                 }
         head = [{"role": "system", "content": system}] if system else []
-        payload["messages"] = [*head, *request.messages]
+        payload["messages"] = [*head, *map(dict, request.messages)]
         return payload
 
 

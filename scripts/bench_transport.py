@@ -102,8 +102,7 @@ async def _measure(calls: int, warmup: int, bursts: int, latency: float
             OpenAICompatible("m", base_url=server.openai_url, max_concurrency=64,
                              concurrency=64) as llm,
         ):
-            payload = llm._payload(request, list(request.messages), "json_schema",
-                                   request.schema)
+            payload = llm._payload(request, "json_schema", request.schema)
 
             async def httpx_post() -> None:
                 response = await bare.post("/chat/completions", json=payload)

@@ -135,8 +135,7 @@ def _values(items: list[_Item], shared: set[str]) -> list[_Run]:
 
 
 def _replaced(run: _Run, others: list[_Run]) -> bool:
-    """Whether `run` is a value where `others` holds another: after or before the same
-    shared word."""
+    """Whether `run` is a value where `others` holds another, beside the same shared word."""
     before, after, value = run
     return value and any(
         other and ((before and other_before == before) or (after and other_after == after))

@@ -1,11 +1,10 @@
 """`Transport`: JSON over HTTP POST for every HTTP adapter, through one `httpx.AsyncClient` over
 aiohttp's pool (`Pool`).
 
-Each attempt waits for a slot of the adaptive concurrency limit (`Limit`) and the rate limits
-(`RateGate`), waits that count against no budget, then runs under a timeout. Attempts that may
-succeed later (408, 409, 429, 5xx, connection errors, timeouts, an unreadable 2xx body) are
-retried with backoff and jitter, honouring `Retry-After`; giving up raises the adapter's error
-class naming the status and the provider's message."""
+Each attempt waits (against no budget) for a slot of the concurrency limit (`Limit`) and the rate
+limits (`RateGate`), then runs under a timeout. 408, 409, 429, 5xx, connection errors, timeouts
+and an unreadable 2xx body are retried with backoff, honouring `Retry-After`; giving up raises
+the adapter's error class naming the status and the provider's message."""
 
 from __future__ import annotations
 
@@ -41,8 +40,8 @@ logger = logging.getLogger("mnemo.adapters")
 
 # Statuses worth another attempt (and 5xx); any other 4xx says the request itself is wrong.
 RETRY_STATUSES = frozenset({408, 409, 429})
-# One attempt's seconds when the adapter sets none and the work it serves has no longer
-# deadline: the first guess, until the server's speed is measured; the most the measure gives.
+# One attempt's seconds when the adapter sets none and the work served has no longer deadline;
+# the most the server's measured speed gives.
 DEFAULT_TIMEOUT = 60.0
 MOST_TIMEOUT = 600.0
 # A reply's (input, output) tokens, each None when the server did not say.
@@ -53,8 +52,7 @@ CHARS_PER_TOKEN = 4
 
 
 class WireReply(Protocol):
-    """A provider's reply as an adapter reads it: a msgspec struct of the fields it uses, and
-    the (input, output) tokens it says it used."""
+    """A provider's reply: a msgspec struct of the fields read, and the tokens it used."""
 
     def tokens(self) -> Tokens: ...
 
@@ -62,9 +60,7 @@ class WireReply(Protocol):
 R = TypeVar("R", bound=WireReply)
 
 
-class Counts(msgspec.Struct):
-    """A reply's token counts, under each provider's names."""
-
+class Counts(msgspec.Struct):  # a reply's token counts, under each provider's names
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     input_tokens: int | None = None
@@ -78,8 +74,7 @@ _CONTEXT_WORDS = ("context size", "context length", "context window", "exceed_co
 
 
 class HTTPFailure(Exception):
-    """A provider's HTTP error reply: `status` and the error `message` from its body; the
-    `__cause__` of the `AdapterError` a `Transport` raises, for an adapter to react to."""
+    """A provider's error reply: the `__cause__` of the `AdapterError` a `Transport` raises."""
 
     def __init__(self, status: int, message: str) -> None:
         reason = httpx.codes.get_reason_phrase(status) or "error"
@@ -88,12 +83,10 @@ class HTTPFailure(Exception):
 
     @property
     def context_overflow(self) -> bool:
-        """Whether the server refused the request as longer than the model's context."""
         return self.status in (400, 413, 422, 500) and self.names_any(_CONTEXT_WORDS)
 
     def names_any(self, words: tuple[str, ...]) -> bool:
-        """Whether this reply refuses something its message names by one of `words`: any status but
-        the rate-limit and timeout ones."""
+        """Whether the message names one of `words` (never for a 408 or 429)."""
         if self.status in (408, 429):
             return False
         message = self.message.lower()
@@ -101,8 +94,7 @@ class HTTPFailure(Exception):
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:
-    """Seconds to wait according to `retry-after-ms` or `Retry-After` (seconds or an HTTP date, read
-    against `now`); None when absent or unreadable, never negative."""
+    """Seconds to wait by `retry-after-ms` or `Retry-After` (seconds or a date); None if unread."""
     millis = headers.get("retry-after-ms")
     if millis is not None:
         try:
@@ -124,7 +116,7 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None
 
 
 class Closing:
-    """An async context manager that closes itself (`aclose`) on the way out."""
+    """An async context manager that calls `aclose` on the way out."""
 
     async def aclose(self) -> None:
         raise NotImplementedError
@@ -136,9 +128,7 @@ class Closing:
         await self.aclose()
 
 
-class _Retryable(Exception):
-    """One attempt failed in a way another attempt may fix."""
-
+class _Retryable(Exception):  # one attempt failed in a way another attempt may fix
     def __init__(self, problem: str, cause: BaseException, *, retry_after: float | None = None,
                  timed_out: bool = False, rate_limited: bool = False) -> None:
         super().__init__(problem)
@@ -148,8 +138,8 @@ class _Retryable(Exception):
 
 class HTTPOptions(TypedDict, total=False):
     """What every HTTP adapter passes to its `Transport`: the attempt `timeout`, rate limits,
-    `max_concurrency` (8 unless said) or a pinned `concurrency`, the retry policy (`retry`, or
-    `max_retries`, `backoff` and `clock`), and `transport`, which replaces httpx's network."""
+    `max_concurrency` (8) or a pinned `concurrency`, the retry policy (`retry`, or `max_retries`,
+    `backoff` and `clock`), and `transport`, which replaces the network."""
 
     timeout: float | None
     max_retries: int | None
@@ -165,11 +155,7 @@ class HTTPOptions(TypedDict, total=False):
 
 class Transport(Closing):
     """JSON over HTTP POST to one provider (see the module doc), raising `error` (`timeout_error`
-    when the last attempt timed out) on failure.
-
-    Raises:
-        InvalidInputError: a bad limit or retry policy.
-        TypeError: a keyword `HTTPOptions` does not name."""
+    when the last attempt timed out) on failure; InvalidInputError for a bad limit or policy."""
 
     def __init__(
         self,
@@ -219,9 +205,8 @@ class Transport(Closing):
             str, tuple[httpx.URL, list[tuple[bytes, bytes]], dict[str, object]]] = {}
 
     def attempt_timeout(self, max_tokens: int | None = None, prompt_tokens: int = 0) -> float:
-        """The seconds one attempt of a request for `max_tokens` reply tokens may take: the
-        adapter's `timeout`, else `DEFAULT_TIMEOUT` stretched by the work served and the server's
-        speed."""
+        """One attempt's seconds: the adapter's `timeout`, else `DEFAULT_TIMEOUT` stretched by the
+        work served and the server's measured speed."""
         if self._timeout is not None:
             return self._timeout
         work = remaining()
@@ -230,8 +215,7 @@ class Transport(Closing):
         return guess if needed is None else max(guess, needed)
 
     def needed_time(self, max_tokens: int | None, prompt_tokens: int = 0) -> float | None:
-        """The seconds the server's measured speed says a request for `max_tokens` needs (at most
-        `MOST_TIMEOUT`); None with the adapter's own `timeout` or nothing measured."""
+        """The seconds the measured speed says a request needs (None with a set `timeout`)."""
         if self._timeout is not None or max_tokens is None:
             return None
         needed = self.limit.request_time(max_tokens, prompt_tokens)
@@ -248,8 +232,8 @@ class Transport(Closing):
         refusal: Callable[[HTTPFailure], bool] | None = None,
         kind: str = "",
     ) -> R:
-        """POSTs `payload` to `path` and returns the reply read as `reply`, each attempt charged to
-        `budget`; an error reply `refusal` recognises is final. Raises the `error` class."""
+        """The reply to `payload` POSTed to `path`, each attempt charged to `budget`; an error
+        reply `refusal` recognises is final."""
         budget = budget if budget is not None else Budget(self.retry_policy)
         if not budget.can_call():
             raise self._error(f"{self.name}: no call left in {budget.describe()}")
@@ -294,7 +278,6 @@ class Transport(Closing):
                 await self._clock.sleep(delay)
 
     async def aclose(self) -> None:
-        """Closes the HTTP client and its connections."""
         await self._client.aclose()
 
     async def _attempt(self, path: str, body: bytes, reply: type[R],
@@ -332,8 +315,7 @@ class Transport(Closing):
     async def _send(
         self, path: str, body: bytes, headers: Mapping[str, str] | None
     ) -> httpx.Response:
-        """`AsyncClient.post` of `body`, the reply read whole, without the per-request steps that do
-        nothing here."""
+        """`AsyncClient.post` of `body`, read whole, without the steps that do nothing here."""
         client = self._client
         if client.is_closed:
             raise RuntimeError("Cannot send a request, as the client has been closed.")
@@ -412,8 +394,8 @@ _ENCODER = msgspec.json.Encoder()
 
 
 def _decode(content: bytes, reply: type[R]) -> R:
-    """A reply body read as `reply`, through `json` with `strict=False` when msgspec refuses its
-    JSON (raw control characters, UTF-16); raises ValueError saying what is wrong and where."""
+    """A body read as `reply` (through `json` when msgspec refuses the JSON: raw control characters,
+    UTF-16); ValueError says what is wrong."""
     try:
         try:
             return msgspec.json.decode(content, type=reply, strict=False)
@@ -438,8 +420,7 @@ class _ErrorBody(msgspec.Struct):
 
 
 def _error_message(response: httpx.Response) -> str:
-    """The provider's own error message: OpenAI and Anthropic put it at `error.message`,
-    Ollama and some proxies at `error` or `message`; else the start of the body."""
+    """The provider's message: at `error.message`, `error`, `message` or `detail`, else the body."""
     try:
         body = msgspec.json.decode(response.content, type=_ErrorBody)
     except (msgspec.DecodeError, UnicodeDecodeError):

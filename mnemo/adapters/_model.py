@@ -1,5 +1,5 @@
-"""What the HTTP adapters share (`HTTPModel`, `HTTPOptions`, prices, usage) and what the chat
-adapters share (max_tokens, tools, an example answer drawn from a schema)."""
+"""What the HTTP adapters share (`HTTPModel`, prices, usage) and what the chat adapters share
+(max_tokens, tools, an example answer drawn from a schema)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ from mnemo.ports import JSONObject, Usage
 
 logger = logging.getLogger("mnemo.adapters")
 
-# Prices in US dollars per million tokens (input, output), as published by the providers in
-# 2025. A model matches its own name or the longest entry it starts with followed by "-"
-# ("gpt-4o-mini-2024-07-18" is priced as "gpt-4o-mini"). Pass `prices=` to correct or extend.
+# US dollars per million tokens (input, output), as published in 2025; a model matches its name
+# or its longest "-" prefix (`price_of`). `prices=` corrects or extends them.
 DEFAULT_PRICES: dict[str, tuple[float, float]] = {
     "gpt-4o": (2.50, 10.00),
     "gpt-4o-mini": (0.15, 0.60),
@@ -37,6 +36,8 @@ DEFAULT_PRICES: dict[str, tuple[float, float]] = {
 
 # The adapters' default `max_tokens`: the most any reply may use.
 DEFAULT_MAX_TOKENS = 4096
+# The forced tool's description, for structured output through a tool call.
+TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
 
 
 def reply_cap(requested: int | None, ceiling: int) -> int:
@@ -50,8 +51,8 @@ def cut_note(problem: str, max_tokens: int) -> str:
 
 
 def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> int | None:
-    """The max_tokens (twice `cap`, at most `ceiling`) to ask a reply cut at `cap` again with, the
-    call marked a retry; None when the adapter or the budget allows no more."""
+    """Twice `cap` (at most `ceiling`), to ask a reply cut at `cap` again with (a retry); None when
+    the adapter or the budget allows no more."""
     if cap >= ceiling or not budget.can_call():
         return None
     more = min(ceiling, cap * 2)
@@ -63,8 +64,8 @@ def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> i
 
 def adapt(exc: AdapterError, budget: Budget, refuses: Callable[[HTTPFailure], bool] | None,
           switch: Callable[[HTTPFailure], None]) -> None:
-    """After `exc`: when `refuses` recognises the refusal behind it, `switch` adapts the adapter
-    and a retry is charged to `budget`; otherwise `exc` is raised again."""
+    """When `refuses` recognises the refusal behind `exc`, `switch` adapts the adapter and a retry
+    is charged to `budget`; otherwise `exc` is raised again."""
     failure = exc.__cause__
     if refuses is None or not isinstance(failure, HTTPFailure) or not refuses(failure):
         raise exc
@@ -75,8 +76,7 @@ def adapt(exc: AdapterError, budget: Budget, refuses: Callable[[HTTPFailure], bo
 
 
 def warn_cut(name: str, task: str, cap: int | None) -> None:
-    """Logs that a free-text reply stopped before its end: at `cap`, or (None) when the model's
-    context filled."""
+    """Logs that a free-text reply stopped at `cap`, or (None) when the model's context filled."""
     why = "the model's context filled" if cap is None else f"at max_tokens={cap}"
     logger.warning("%s: the reply to task %r was cut short %s, so it is incomplete", name, task,
                    why)
@@ -118,8 +118,7 @@ def example_of(schema: Mapping[str, object]) -> object:
 
 
 def tool_spec(tool: Mapping[str, object]) -> tuple[str, str, JSONObject]:
-    """(name, description, parameters schema) of a tool in mnemo's neutral, OpenAI's or Anthropic's
-    shape; raises ValueError for a tool without a name."""
+    """(name, description, parameters) of a tool in mnemo's, OpenAI's or Anthropic's shape."""
     inner = tool.get("function") if tool.get("type") == "function" else tool
     if not isinstance(inner, Mapping) or not isinstance(inner.get("name"), str):
         raise ValueError(f"a tool needs a name, got {tool!r}")
@@ -139,16 +138,16 @@ def price_of(model: str, prices: Mapping[str, tuple[float, float]]) -> tuple[flo
 
 
 def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
-    """`total + more`, where None means "not reported"."""
+    """`total + more`, None meaning "not reported"."""
     if total is None:
         return more
     return total if more is None else total + more
 
 
 class HTTPModel(Closing):
-    """What the HTTP adapters share: the key (`api_key`, else the environment's `key_variable`), one
-    `Transport` to `base_url`, the model's prices, `total_usage`, `server_profile` and closing.
-    Raises InvalidInputError for a bad limit, or no key for the provider's own API."""
+    """What the HTTP adapters share: the key (`api_key`, else `key_variable`'s), one `Transport` to
+    `base_url`, prices, `total_usage`, `server_profile`. Raises InvalidInputError for a bad limit,
+    or no key for the provider's own API."""
 
     def __init__(
         self,
@@ -175,38 +174,27 @@ class HTTPModel(Closing):
                 f"the {provider} API needs a key: pass api_key= or set {key_variable}")
         self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
         self.total_usage = Usage()
-        self._http = Transport(base_url, name=f"{base_url} ({kind} {model})", error=error,
-                               timeout_error=timeout_error, headers=self._headers(key or None),
-                               **options)
+        # The transport (timeouts, retries) and how many requests the server gets at once.
+        self.transport = self._http = Transport(
+            base_url, name=f"{base_url} ({kind} {model})", error=error,
+            timeout_error=timeout_error, headers=self._headers(key or None), **options)
+        self.concurrency: Limit = self._http.limit
         self.retry_policy = self._http.retry_policy
 
     def _headers(self, key: str | None) -> dict[str, str]:
-        """The headers every request carries: the key as a bearer token."""
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    @property
-    def transport(self) -> Transport:
-        """The HTTP transport: its timeouts (`Transport.attempt_timeout`), retries, limits."""
-        return self._http
-
-    @property
-    def concurrency(self) -> Limit:
-        """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
-        return self._http.limit
-
     def server_profile(self) -> ServerProfile:
-        """What this adapter learned of its server, for the next one: the concurrency limit."""
+        """What this adapter learned of its server, for the next one (`adopt_server_profile`)."""
         return ServerProfile(self._http.limit.state())
 
     def adopt_server_profile(self, stored: ServerProfile) -> None:
-        """Starts from what an earlier adapter learned of this server (`server_profile`); a
-        concurrency given explicitly stays."""
+        """Starts from an earlier adapter's `server_profile`; a pinned concurrency stays."""
         if stored.concurrency is not None:
             self._http.limit.restore(stored.concurrency)
 
     def _usage(self, input_tokens: int | None, output_tokens: int | None) -> Usage | None:
-        """A reply's usage, priced if known, and added to `total_usage`; None when it reported
-        none."""
+        """A reply's usage, priced, added to `total_usage`; None when it reported none."""
         if input_tokens is None and output_tokens is None:
             return None
         inp, out, price = input_tokens or 0, output_tokens or 0, self._price
@@ -217,8 +205,7 @@ class HTTPModel(Closing):
     async def _post(self, path: str, payload: Mapping[str, object], reply: type[R], *,
                     budget: Budget, refusal: Callable[[HTTPFailure], bool] | None = None,
                     kind: str) -> R:
-        """`Transport.post_json`; a prompt longer than the model's context raises
-        `LLMContextError`."""
+        """`Transport.post_json`; LLMContextError for a prompt longer than the model's context."""
         try:
             return await self._http.post_json(path, payload, reply, budget=budget,
                                               refusal=refusal, kind=kind)
@@ -228,5 +215,4 @@ class HTTPModel(Closing):
             raise
 
     async def aclose(self) -> None:
-        """Closes the HTTP client and its connections."""
         await self._http.aclose()

@@ -6,8 +6,7 @@ from __future__ import annotations
 import re
 
 from mnemo import text as _text
-from mnemo.adapters._offline_common import _NO_USAGE, Inputs
-from mnemo.ports import LLMResponse
+from mnemo.adapters._offline_common import Answer, Inputs
 
 _TOPIC_SHIFT = re.compile(
     r"\b(?:now,? let'?s|now let us|next,|moving on|move on to|switching to|switch to|"
@@ -50,27 +49,19 @@ _MAX_ACTION_WORDS_IN_STATE = 40
 _SUBGOAL_WORDS = 5
 
 
-# ---- state --------------------------------------------------------------------------------
-
-
-def _state(inputs: Inputs) -> LLMResponse:
+def _state(inputs: Inputs) -> Answer:
     observed = _text.first_sentence(inputs.observation.strip())
     if not observed:
         observed = (inputs.previous_state or "").strip() or "Nothing new was observed."
     if observed[-1] not in ".!?":
         observed += "."
     action = _text.clip_words(inputs.action.strip(), _MAX_ACTION_WORDS_IN_STATE)
-    text = f"{observed} Last action: {action}" if action else observed
-    return LLMResponse(text=text, usage=_NO_USAGE)
+    return f"{observed} Last action: {action}" if action else observed
 
 
-# ---- subgoal ------------------------------------------------------------------------------
-
-
-def _subgoal(inputs: Inputs) -> LLMResponse:
+def _subgoal(inputs: Inputs) -> Answer:
     observation = inputs.observation.strip()
     previous = (inputs.previous_subgoal or "").strip()
-    recent = inputs.recent_steps
     fresh = (
         _text.key_phrase(observation, max_words=_SUBGOAL_WORDS)
         or _text.key_phrase(inputs.action.strip(), max_words=_SUBGOAL_WORDS)
@@ -79,8 +70,7 @@ def _subgoal(inputs: Inputs) -> LLMResponse:
     )
     if not previous:
         return _subgoal_reply("first subgoal: the key phrase of the observation", fresh)
-    shift = _TOPIC_SHIFT.search(observation)
-    if shift:
+    if shift := _TOPIC_SHIFT.search(observation):
         # The new topic is named after the marker ("... Now let's set up backups").
         after = _text.key_phrase(observation[shift.end() :], max_words=_SUBGOAL_WORDS)
         return _subgoal_reply(
@@ -92,11 +82,8 @@ def _subgoal(inputs: Inputs) -> LLMResponse:
         return _subgoal_reply(
             "continuity: the observation names no new topic, so the subgoal stays", previous
         )
-    context = _text.content_stems(previous)
-    if recent:
-        context |= _text.content_stems(recent[-1])
-    shared = sorted(stems & context)
-    if shared:
+    context = _text.content_stems("\n".join([previous, *inputs.recent_steps[-1:]]))
+    if shared := sorted(stems & context):
         return _subgoal_reply(
             f"continuity: the observation shares {', '.join(shared[:3])} with the previous "
             "subgoal or the last step",
@@ -108,11 +95,8 @@ def _subgoal(inputs: Inputs) -> LLMResponse:
     )
 
 
-def _subgoal_reply(reasoning: str, subgoal: str) -> LLMResponse:
-    return LLMResponse(data={"reasoning": reasoning, "subgoal": subgoal}, usage=_NO_USAGE)
-
-
-# ---- reward -------------------------------------------------------------------------------
+def _subgoal_reply(reasoning: str, subgoal: str) -> Answer:
+    return {"reasoning": reasoning, "subgoal": subgoal}
 
 
 def outcome_reward(text: str) -> float:
@@ -133,6 +117,6 @@ def outcome_reward(text: str) -> float:
     return 0.6
 
 
-def _reward_task(inputs: Inputs) -> LLMResponse:
+def _reward_task(inputs: Inputs) -> Answer:
     judged = (inputs.next_observation or "").strip() or inputs.observation.strip()
-    return LLMResponse(data={"reward": outcome_reward(judged)}, usage=_NO_USAGE)
+    return {"reward": outcome_reward(judged)}

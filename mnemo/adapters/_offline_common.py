@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TypeAlias
 
 import msgspec
 
 from mnemo import text as _text
 from mnemo.calls.tasks import input_json
-from mnemo.ports import LLMRequest, Usage
+from mnemo.ports import JSONObject, LLMRequest, ToolCall
 
 
 class Step(msgspec.Struct):
@@ -41,8 +42,7 @@ class Entry(msgspec.Struct):
 
 
 class Inputs(msgspec.Struct):
-    """A task's inputs (`mnemo.calls.tasks.task_request`), each field as the tasks that have it
-    write it, and empty where a task has none."""
+    """A task's inputs (`mnemo.calls.tasks.task_request`), empty where a task has none."""
 
     goal: str = ""
     subgoal: str = ""
@@ -88,8 +88,8 @@ def _reward(step: Step) -> float | None:
     return None if value is None or not math.isfinite(value) else min(1.0, max(0.0, value))
 
 
-_NO_USAGE = Usage(0, 0, 0.0)
-
+# A heuristic's answer: the reply's text, its tool calls, or its data.
+Answer: TypeAlias = "str | list[ToolCall] | JSONObject"
 
 _QUESTION_OPENERS = re.compile(
     r"^(?:what|why|how|when|where|who|whom|whose|which|can you|could you|would you|will you|"
@@ -97,17 +97,14 @@ _QUESTION_OPENERS = re.compile(
     re.IGNORECASE,
 )
 
-
 _GREETING = re.compile(
     r"^(?:thanks|thank you|thx|cheers|hi|hello|hey|good (?:morning|afternoon|evening|night)|"
     r"bye|goodbye|welcome|you're welcome|no problem|sounds good|got it|of course)\b",
     re.IGNORECASE,
 )
 
-
 # An opening word followed by a comma, "!" or ":" (group 2), or by plain space.
 _OPENER = re.compile(r"([A-Za-z]+)\s*([,!:])?\s+")
-
 
 # Interjections that open a sentence without content even with no comma after them.
 _ALWAYS_FILLER = frozenset(
@@ -117,15 +114,13 @@ _ALWAYS_FILLER = frozenset(
 
 
 def _capitalised(text: str) -> str:
-    """`text` with its first letter upper-case, unless its first word is an identifier
-    ("test_upload fails" stays as written)."""
+    """`text` with its first letter upper-case, unless its first word is an identifier."""
     first = text.split(maxsplit=1)[0].rstrip(",;:!?") if text.strip() else ""
     return text if _text.is_identifier(first) else text[:1].upper() + text[1:]
 
 
 def _strip_filler(sentence: str, *, capitalise: bool = True) -> str:
-    """The sentence without leading interjections like "Okay, so" (capitalised again, but
-    for an identifier)."""
+    """The sentence without leading interjections like "Okay, so" (`_capitalised` again)."""
     rest = sentence
     while match := _OPENER.match(rest):
         word = match.group(1).lower()

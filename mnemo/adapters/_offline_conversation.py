@@ -8,13 +8,13 @@ import re
 from mnemo import text as _text
 from mnemo.adapters._offline_common import (
     _GREETING,
-    _NO_USAGE,
+    Answer,
     Entry,
     Inputs,
     _sentence_score,
     _strip_filler,
 )
-from mnemo.ports import LLMResponse, ToolCall
+from mnemo.ports import JSONObject, ToolCall
 
 # A user (or system) sentence that gives an instruction or corrects the assistant: eviction
 # pins such messages word for word, since a summary would blur them.
@@ -26,7 +26,6 @@ _CONVERSATION_INSTRUCTION = re.compile(
     re.IGNORECASE,
 )
 
-
 _CONVERSATION_CORRECTION = re.compile(
     r"^(?:no|nope|wrong|actually|correction|not quite|wait,? no)\b|"
     r"\b(?:that'?s (?:wrong|incorrect|not (?:right|correct|what i))|"
@@ -34,12 +33,9 @@ _CONVERSATION_CORRECTION = re.compile(
     re.IGNORECASE,
 )
 
-
 _ZONE_LINE = re.compile(r"^message (\d+)(?:-(\d+))?: (.*)$")
 
-
 _ZONE_ROLE = re.compile(r"^([\w-]+): (.*)$")
-
 
 _SPEAKERS = {
     "user": "User",
@@ -48,7 +44,6 @@ _SPEAKERS = {
     "developer": "System",
     "summary": "Summary",
 }
-
 
 _SUMMARY_SENTENCE_WORDS = 40
 
@@ -99,33 +94,26 @@ def _speaker(role: str) -> str:
     return _SPEAKERS.get(role, "Tool")
 
 
-def _summary_task(inputs: Inputs) -> LLMResponse:
-    messages = inputs.messages
-    items = [(_speaker(m.role.strip()), m.text.strip()) for m in messages]
+def _summary_task(inputs: Inputs) -> Answer:
+    items = [(_speaker(m.role.strip()), m.text.strip()) for m in inputs.messages]
     max_words = max(16, inputs.max_words or 200)
-    summary = _extractive_summary(items, max_words, inputs.previous_summary.strip())
-    if not summary:
-        # Nothing informative was said: say so rather than invent content.
-        summary = f"{len(messages)} earlier messages held no informative statement."
-    return LLMResponse(data={"summary": summary}, usage=_NO_USAGE)
+    # With nothing informative said, the summary says so rather than invent content.
+    return {"summary": _extractive_summary(items, max_words, inputs.previous_summary.strip())
+            or f"{len(items)} earlier messages held no informative statement."}
 
 
-def _snapshot_fold(inputs: Inputs) -> LLMResponse:
-    snapshots = inputs.snapshots
-    items = [("", s.text.strip()) for s in snapshots]
+def _snapshot_fold(inputs: Inputs) -> Answer:
+    texts = [s.text.strip() for s in inputs.snapshots]
     max_words = max(16, inputs.max_words or 200)
-    summary = _extractive_summary(items, max_words) or _text.clip_words(
-        " ".join(text for _, text in items), max_words
-    )
-    if not summary:
-        summary = f"{len(snapshots)} earlier snapshots held no informative statement."
-    return LLMResponse(data={"summary": summary}, usage=_NO_USAGE)
+    return {"summary": _extractive_summary([("", text) for text in texts], max_words)
+            or _text.clip_words(" ".join(texts), max_words)
+            or f"{len(texts)} earlier snapshots held no informative statement."}
 
 
-def _eviction(inputs: Inputs) -> LLMResponse:
+def _eviction(inputs: Inputs) -> Answer:
     if inputs.done:
         # The tools already ran in an earlier round: finish.
-        return LLMResponse(tool_calls=[ToolCall("everything_ok", {}, "call_0")], usage=_NO_USAGE)
+        return [ToolCall("everything_ok", {}, "call_0")]
     messages: list[tuple[int, str, str]] = []
     for line in inputs.zone.splitlines():
         found = _ZONE_LINE.match(line.strip())
@@ -135,25 +123,15 @@ def _eviction(inputs: Inputs) -> LLMResponse:
         if said:
             messages.append((int(found.group(1)), said.group(1), said.group(2)))
     max_words = max(16, 100 if inputs.max_words is None else inputs.max_words)
-    calls: list[ToolCall] = []
-    snapshot = _extractive_summary([(_speaker(r), t) for _, r, t in messages], max_words)
-    if snapshot:
-        calls.append(ToolCall("save_snapshot", {"text": snapshot}, f"call_{len(calls)}"))
-    goals = inputs.goals
+    calls: list[tuple[str, JSONObject]] = []
+    if snapshot := _extractive_summary([(_speaker(r), t) for _, r, t in messages], max_words):
+        calls.append(("save_snapshot", {"text": snapshot}))
     for seq, role, text in messages:
-        if role not in {"user", "system", "developer"} or not _states_instruction(text):
-            continue
-        goal_ids = _goals_for(text, goals)
-        if goal_ids:
-            calls.append(
-                ToolCall(
-                    "attach_messages_to_goals",
-                    {"message_ids": [seq], "goal_ids": goal_ids},
-                    f"call_{len(calls)}",
-                )
-            )
-    calls.append(ToolCall("everything_ok", {}, f"call_{len(calls)}"))
-    return LLMResponse(tool_calls=calls, usage=_NO_USAGE)
+        if role in {"user", "system", "developer"} and _states_instruction(text) and (
+                goal_ids := _goals_for(text, inputs.goals)):
+            calls.append(("attach_messages_to_goals", {"message_ids": [seq], "goal_ids": goal_ids}))
+    calls.append(("everything_ok", {}))
+    return [ToolCall(name, arguments, f"call_{n}") for n, (name, arguments) in enumerate(calls)]
 
 
 def _goals_for(text: str, goals: list[Entry]) -> list[str]:

@@ -8,15 +8,14 @@ from dataclasses import dataclass, field
 
 from mnemo import text as _text
 from mnemo.adapters._offline_common import (
-    _NO_USAGE,
     _QUESTION_OPENERS,
+    Answer,
     Entry,
     Inputs,
     _capitalised,
     _is_fact,
     _strip_filler,
 )
-from mnemo.ports import LLMResponse
 
 # The four kinds of signal a memory file keeps (see the module doc). A pattern's match is the
 # marker; for a decision or a preference, what is left without it names the topic.
@@ -29,7 +28,6 @@ _MEMORY_DECISION = re.compile(
     re.IGNORECASE,
 )
 
-
 _MEMORY_PREFERENCE = re.compile(
     r"^(?:always|never)\b|"
     r"\b(?:i (?:really |strongly |much )?(?:prefer|(?:would|'d) (?:rather|prefer|like you to))|"
@@ -38,7 +36,6 @@ _MEMORY_PREFERENCE = re.compile(
     r"my preference is)\b",
     re.IGNORECASE,
 )
-
 
 _MEMORY_CONTEXT = re.compile(
     r"\b(?:my name(?:'s| is)|call me|i work (?:at|on|for|as|with)|i'?m (?:based|located) in|"
@@ -51,14 +48,12 @@ _MEMORY_CONTEXT = re.compile(
     re.IGNORECASE,
 )
 
-
 _MEMORY_CORRECTION = re.compile(
     r"^(?:actually|no|nope|correction|wait,? (?:no|actually)|i meant|to clarify|not quite)\b"
     r"|\b(?:that'?s|that is|this is|it'?s|it is) (?:wrong|not right|incorrect|not correct|"
     r"not true|outdated)\b",
     re.IGNORECASE,
 )
-
 
 # An assistant message counts only when it opens by confirming what the user said.
 _MEMORY_CONFIRMATION = re.compile(
@@ -68,29 +63,16 @@ _MEMORY_CONFIRMATION = re.compile(
     re.IGNORECASE,
 )
 
-
 _MEMORY_ABOUT_USER = re.compile(r"(?:my|i|i'm|call me)\b", re.IGNORECASE)
-
 
 # An entry's bullet and kind label, ignored when entries are compared.
 _MEMORY_ENTRY_PREFIX = re.compile(
     r"^\s*(?:[-*+]\s+)?(?:(?:decision|context|correction|preference):\s*)?", re.IGNORECASE
 )
 
-
 _MEMORY_BULLET = re.compile(r"^\s*[-*+]\s+")
 
-
-_MEMORY_LABELS = {
-    "decision": "Decision",
-    "context": "Context",
-    "correction": "Correction",
-    "preference": "Preference",
-}
-
-
 _MEMORY_TOPIC_WORDS = 3
-
 
 _MEMORY_DESCRIPTION_WORDS = 12
 
@@ -180,8 +162,7 @@ def _memory_signals(conversation: list[Entry]) -> list[tuple[str, str, str]]:
 
 
 def _topic_stems(text: str) -> set[str]:
-    """The stems of the words that can name a topic, case-insensitively: topics are stored
-    lower-case, where "vpn" is no longer an acronym to `_text.is_informative`."""
+    """The stems of the words that can name a topic, read case-insensitively (as topics are)."""
     return {
         _text.stem(t)
         for t in _text.tokens(text)
@@ -195,15 +176,13 @@ def _entry_stems(line: str) -> set[str]:
 
 def _near_duplicate(stems: set[str], line: str) -> bool:
     """Whether a statement with these content stems says nothing `line` does not."""
-    other = _entry_stems(line)
-    return bool(stems) and stems <= other
+    return bool(stems) and stems <= _entry_stems(line)
 
 
 def _corrected(stems: set[str], line: str) -> bool:
     """Whether a correction with these content stems replaces `line`: same subject, most
     words shared ("The API runs on port 8080" by "... port 8443")."""
-    other = _entry_stems(line)
-    shared = stems & other
+    shared = stems & (other := _entry_stems(line))
     return len(shared) >= 2 and len(shared) >= 0.5 * len(stems | other)
 
 
@@ -220,7 +199,7 @@ class _MemoryTopic:
     removed: list[str] = field(default_factory=list)
 
 
-def _memory_update(inputs: Inputs) -> LLMResponse:
+def _memory_update(inputs: Inputs) -> Answer:
     topics = [
         _MemoryTopic(
             topic=item.topic.strip(),
@@ -252,26 +231,18 @@ def _memory_update(inputs: Inputs) -> LLMResponse:
             target.lines = [line for line in target.lines if line not in wrong]
             target.removed += [line for line in wrong if line not in target.added]
             target.added = [line for line in target.added if line not in wrong]
-        entry = f"- {_MEMORY_LABELS[kind]}: {statement}"
+        entry = f"- {kind.capitalize()}: {statement}"
         target.lines.append(entry)
         target.added.append(entry)
         if kind not in target.signals:
             target.signals.append(kind)
-    files = [
-        {
-            "topic": t.topic,
-            "description": t.description,
-            "signals": t.signals,
-            "content": "\n".join(t.added),
-            "remove": t.removed,
-        }
-        for t in topics
-        if t.added
-    ]
-    return LLMResponse(data={"files": files}, usage=_NO_USAGE)
+    return {"files": [
+        {"topic": t.topic, "description": t.description, "signals": t.signals,
+         "content": "\n".join(t.added), "remove": t.removed}
+        for t in topics if t.added]}
 
 
-def _memory_persist(inputs: Inputs) -> LLMResponse:
+def _memory_persist(inputs: Inputs) -> Answer:
     statement = " ".join(inputs.statement.split())
     stems = _topic_stems(statement)
     best: tuple[int, Entry] | None = None
@@ -284,12 +255,10 @@ def _memory_persist(inputs: Inputs) -> LLMResponse:
     else:
         topic = _text.key_phrase(statement, max_words=_MEMORY_TOPIC_WORDS) or "notes"
         description = _text.clip_words(statement, _MEMORY_DESCRIPTION_WORDS)
-    data = {"topic": topic, "description": description, "entry": statement}
-    return LLMResponse(data=data, usage=_NO_USAGE)
+    return {"topic": topic, "description": description, "entry": statement}
 
 
-def _memory_condense(inputs: Inputs) -> LLMResponse:
-    limit = inputs.max_chars
+def _memory_condense(inputs: Inputs) -> Answer:
     texts = [_MEMORY_BULLET.sub("", e).strip() for e in inputs.entries]
     texts = [t for t in texts if t]
     stems = [_entry_stems(t) for t in texts]
@@ -300,7 +269,7 @@ def _memory_condense(inputs: Inputs) -> LLMResponse:
         if not (stems[i] and any(stems[i] <= stems[j] for j in range(i + 1, len(texts))))
     ]
     kept: list[str] = []
-    room = limit
+    room = inputs.max_chars
     for text in reversed(merged):
         if len(text) + 3 > room:
             # Only the newest entry is shortened (to its leading sentences); older ones go.
@@ -313,8 +282,7 @@ def _memory_condense(inputs: Inputs) -> LLMResponse:
     said = set().union(*(_entry_stems(line) for line in kept))
     if kept and not _text.content_stems(description) & said:
         description = _text.clip_words(kept[0][2:], _MEMORY_DESCRIPTION_WORDS)
-    data = {"description": description, "content": "\n".join(kept)}
-    return LLMResponse(data=data, usage=_NO_USAGE)
+    return {"description": description, "content": "\n".join(kept)}
 
 
 def _shortened(text: str, room: int) -> str:

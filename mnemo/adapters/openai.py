@@ -20,6 +20,7 @@ import msgspec
 from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
 from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
+    TOOL_DESCRIPTION,
     HTTPModel,
     adapt,
     add_usage,
@@ -43,10 +44,9 @@ Mode = Literal["json_schema", "tool", "json"]
 logger = logging.getLogger("mnemo.adapters")
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
-# The default sampling temperature of a server on this machine (small local models loop at 0).
+# The default temperature of a server on this machine (small local models loop at 0).
 LOCAL_TEMPERATURE = 0.2
-# The mode to try next when a server refuses one, and the words its error message must contain
-# for the refusal to be about that mode (rather than, say, an unknown model).
+# The mode to try when a server refuses one, and the words that say its error is about the mode.
 _NEXT_MODE: dict[Mode, Mode] = {"json_schema": "tool", "tool": "json"}
 _COMPLAINT_WORDS: dict[Mode, tuple[str, ...]] = {
     "json_schema": ("response_format", "response format", "json_schema", "schema"),
@@ -56,12 +56,9 @@ _COMPLAINT_WORDS: dict[Mode, tuple[str, ...]] = {
 
 class OpenAICompatible(HTTPModel):
     """An `LLM` speaking OpenAI's `POST {base_url}/chat/completions`. `api_key` defaults to
-    `OPENAI_API_KEY` (none sent without one); `temperature` "default" is `LOCAL_TEMPERATURE` for a
-    loopback server, else 0; the other keywords are `HTTPOptions`.
-
-    Raises:
-        InvalidInputError: an unknown `structured` mode, a bad limit or `max_tokens`, or no API
-            key for the OpenAI API itself."""
+    `OPENAI_API_KEY`; `temperature` "default" is `LOCAL_TEMPERATURE` for a loopback server, else
+    0; the other keywords are `HTTPOptions`. Raises InvalidInputError for an unknown `structured`
+    mode, a bad limit or `max_tokens`, or no key for OpenAI's own API."""
 
     def __init__(
         self,
@@ -83,7 +80,7 @@ class OpenAICompatible(HTTPModel):
         super().__init__(model, base_url, api_key, prices, options, provider="OpenAI",
                          provider_url=OPENAI_BASE_URL, key_variable="OPENAI_API_KEY",
                          error=LLMError, timeout_error=LLMTimeout)
-        # The URI that `mnemo.llm_from_uri` builds this from again (a repo records it).
+        # The URI `mnemo.llm_from_uri` builds this from again (a repo records it).
         self.name = (f"openai:{model}" if self.base_url == OPENAI_BASE_URL
                      else f"openai-compatible:{model}@{self.base_url}")
         self._auto = structured == "auto"
@@ -99,44 +96,35 @@ class OpenAICompatible(HTTPModel):
 
     @property
     def structured_mode(self) -> Mode:
-        """The structured-output form in use (after any "auto" fallback)."""
+        """The structured-output form in use."""
         return self._mode
 
     def server_profile(self) -> ServerProfile:
-        """What this adapter learned of its server, for the next one (`adopt_server_profile`):
-        the structured mode "auto" settled on, and the concurrency limit."""
+        """The concurrency limit and the structured mode "auto" settled on."""
         return ServerProfile(self._http.limit.state(), structured=(
             self._mode if self._auto and self._confirmed else None))
 
     def adopt_server_profile(self, stored: ServerProfile) -> None:
-        """Starts from what an earlier adapter learned of this server (`server_profile`); a
-        mode or concurrency given explicitly stays. An unreadable profile is ignored."""
+        """Starts from an earlier adapter's `server_profile`; a mode given explicitly stays."""
         if self._auto and not self._confirmed and stored.structured in get_args(Mode):
             self._mode, self._confirmed = cast(Mode, stored.structured), True
         super().adopt_server_profile(stored)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
-        """Sends `request`; with a schema the reply's `data` is the JSON value it holds, for the
-        task to read.
-
-        Raises:
-            LLMTimeout, LLMContextError, Cut (see the module doc), or LLMError naming the HTTP
-            status."""
+        """The reply to `request` (with a schema, `data` is the JSON value it holds); raises
+        LLMTimeout, LLMContextError, Cut, or LLMError naming the HTTP status."""
         with task_budget(self.retry_policy) as budget:
             if request.schema is None:
                 return await self._free(request, budget)
             return await self._structured(request, request.schema, budget)
 
-    # ---- structured replies ----------------------------------------------------------------
-
     async def _structured(
         self, request: LLMRequest, schema: JSONObject, budget: Budget
     ) -> LLMResponse:
-        messages = [dict(message) for message in request.messages]
         cap = reply_cap(request.max_tokens, self.max_tokens)
         usage: Usage | None = None
         while True:
-            reply, mode = await self._send_structured(request, schema, messages, budget, cap)
+            reply, mode = await self._send_structured(request, schema, budget, cap)
             usage = add_usage(usage, self._usage(*reply.tokens()))
             choice = reply.choices[0]
             raw = _structured_text(choice.message, mode, request.task)
@@ -145,7 +133,7 @@ class OpenAICompatible(HTTPModel):
             except ValueError as exc:
                 problem = str(exc)
             at_cap = _was_cut(reply, choice.finish_reason, cap)
-            # Stopped unfinished with room left under the cap: the context filled.
+            # Stopped unfinished with room left: the context filled.
             if not at_cap and not (choice.finish_reason in ("length", "tool_calls")
                                    and _is_cut(raw)):
                 return LLMResponse(text=raw, usage=usage)  # no JSON: the task says so
@@ -163,22 +151,21 @@ class OpenAICompatible(HTTPModel):
         self,
         request: LLMRequest,
         schema: JSONObject,
-        messages: list[dict[str, object]],
         budget: Budget,
         cap: int,
     ) -> tuple[Completion, Mode]:
-        """One structured completion in the current mode, trying the next mode when the server
-        refuses the one "auto" chose."""
+        """One completion in the current mode, moving to the next when the server refuses it."""
         while True:
             probing = not self._confirmed
             if probing:
                 with waiting():
                     await self._probing.acquire()
             mode = self._mode
-            refusal = partial(_refuses, mode) if self._auto and mode in _NEXT_MODE else None
+            words = _COMPLAINT_WORDS.get(mode) if self._auto else None
+            refusal = None if words is None else partial(HTTPFailure.names_any, words=words)
             try:
                 reply = await self._complete(
-                    self._payload(request, messages, mode, schema, cap), budget, refusal,
+                    self._payload(request, mode, schema, cap), budget, refusal,
                     kind=request.task)
             except LLMError as exc:
                 adapt(exc, budget, refusal, partial(self._next_mode, mode))
@@ -205,8 +192,8 @@ class OpenAICompatible(HTTPModel):
         *,
         kind: str,
     ) -> Completion:
-        """POSTs a chat completion. OpenAI's reasoning models refuse `max_tokens` (HTTP 400
-        naming `max_completion_tokens`): the cap is then sent under that name, from now on."""
+        """POSTs a chat completion; the cap goes as `max_completion_tokens` from the first refusal
+        of `max_tokens` on (OpenAI's reasoning models)."""
         while True:
             if self._tokens_field != "max_tokens" and "max_tokens" in payload:
                 payload[self._tokens_field] = payload.pop("max_tokens")
@@ -218,13 +205,8 @@ class OpenAICompatible(HTTPModel):
                 adapt(exc, budget, _wants_completion_tokens if fixable else None,
                       lambda _: setattr(self, "_tokens_field", "max_completion_tokens"))
 
-    # ---- free text and tool calls ------------------------------------------------------------
-
     async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
-        reply = await self._complete(
-            self._payload(request, [dict(m) for m in request.messages], None, None), budget,
-            kind=request.task,
-        )
+        reply = await self._complete(self._payload(request, None, None), budget, kind=request.task)
         choice = reply.choices[0]
         cap = reply_cap(request.max_tokens, self.max_tokens)
         at_cap = _was_cut(reply, choice.finish_reason, cap)
@@ -258,12 +240,9 @@ class OpenAICompatible(HTTPModel):
             calls.append(ToolCall(name, parsed, call.id))
         return calls
 
-    # ---- wire format -------------------------------------------------------------------------
-
     def _payload(
         self,
         request: LLMRequest,
-        messages: list[dict[str, object]],
         mode: Mode | None,
         schema: JSONObject | None,
         cap: int | None = None,
@@ -279,7 +258,7 @@ class OpenAICompatible(HTTPModel):
                 "json_schema": {"name": request.task, "schema": schema, "strict": False},
             }
         elif schema is not None and mode == "tool":
-            payload["tools"] = [_function(request.task, _TOOL_DESCRIPTION, schema)]
+            payload["tools"] = [_function(request.task, TOOL_DESCRIPTION, schema)]
             payload["tool_choice"] = {"type": "function", "function": {"name": request.task}}
         elif schema is not None:
             payload["response_format"] = {"type": "json_object"}
@@ -293,11 +272,8 @@ class OpenAICompatible(HTTPModel):
                     "type": "function", "function": {"name": request.tool_choice}
                 }
         head = [{"role": "system", "content": system}] if system else []
-        payload["messages"] = head + messages
+        payload["messages"] = [*head, *map(dict, request.messages)]
         return payload
-
-
-# ---- the reply, as mnemo reads it --------------------------------------------------------------
 
 
 class _Function(msgspec.Struct):
@@ -322,8 +298,7 @@ class _Choice(msgspec.Struct):
 
 
 class Completion(msgspec.Struct):
-    """A chat completion: its first choice's message (a reply without one is garbage, which
-    the transport retries) and the tokens it used."""
+    """A chat completion: its choices (none: garbage, retried) and the tokens it used."""
 
     choices: Annotated[list[_Choice], msgspec.Meta(min_length=1)]
     usage: Counts | None = None
@@ -333,11 +308,10 @@ class Completion(msgspec.Struct):
         return counts.prompt_tokens, counts.completion_tokens
 
 
-_TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
 
 
 def json_instructions(task: str, schema: Mapping[str, object]) -> str:
-    """The system-prompt addition of "json" mode: an example answer, JSON only, then the schema."""
+    """The system prompt's addition in "json" mode: an example answer, then the schema."""
     example = json.dumps(example_of(schema), ensure_ascii=False)
     return (
         f"Reply with one JSON object only, no other text, shaped like this example (with "
@@ -348,7 +322,6 @@ def json_instructions(task: str, schema: Mapping[str, object]) -> str:
 
 
 def _loopback(base_url: str) -> bool:
-    """Whether `base_url` is a server on this machine."""
     host = httpx.URL(base_url).host
     return host == "localhost" or host == "::1" or host.startswith("127.")
 
@@ -361,8 +334,7 @@ def _function(name: str, description: str, parameters: JSONObject) -> JSONObject
 
 
 def _structured_text(message: _Message, mode: Mode, task: str) -> str:
-    """The text holding the reply's JSON: the forced tool call's arguments in "tool" mode
-    (falling back to the content when the server answered in prose), else the content."""
+    """The text holding the reply's JSON: the tool call's arguments in "tool" mode, else content."""
     if mode == "tool":
         for call in message.tool_calls or ():
             if call.function.name in (task, None) and call.function.arguments is not None:
@@ -371,20 +343,12 @@ def _structured_text(message: _Message, mode: Mode, task: str) -> str:
     return message.content or ""
 
 
-def _refuses(mode: Mode, failure: HTTPFailure) -> bool:
-    """Whether `failure` is the server refusing structured-output `mode`: any error status but the
-    rate-limit and timeout ones."""
-    return mode in _COMPLAINT_WORDS and failure.names_any(_COMPLAINT_WORDS[mode])
-
-
 def _wants_completion_tokens(failure: HTTPFailure) -> bool:
-    """Whether `failure` is a reasoning model refusing `max_tokens` for `max_completion_tokens`."""
     return failure.status == 400 and "max_completion_tokens" in failure.message
 
 
 def _was_cut(reply: Completion, finish: str | None, cap: int) -> bool:
-    """Whether the reply stopped at the token cap: it used every token allowed, or, with no count,
-    its finish reason is "length"."""
+    """Whether the reply used every token allowed (with no count: its finish reason is "length")."""
     completion = reply.tokens()[1]
     if completion is not None:
         return completion >= cap
@@ -392,8 +356,7 @@ def _was_cut(reply: Completion, finish: str | None, cap: int) -> bool:
 
 
 def _is_cut(text: str) -> bool:
-    """Whether `text` holds the start of a JSON object that stopped before its end (a reply
-    cut short), rather than JSON with a mistake in it."""
+    """Whether `text` holds a JSON object that stopped before its end, not one with a mistake."""
     stripped = text.strip()
     start = stripped.find("{")
     if start < 0:

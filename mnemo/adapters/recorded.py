@@ -1,9 +1,8 @@
 """The models a repo runs with when its `Memory` was given none: the ones the repo recorded.
 
-A record no parser knows runs the Memory's default; one that cannot be built here (no key)
-becomes a stand-in that raises when called, saying what to set. A record of the retired hashed
-embedder (`hash`, `hash:DIM`, `hash-ngram-v1`) is always such a stand-in, re-embedded by
-`Memory.reembed` with `hash2` of the same dimension."""
+An unknown record runs the Memory's default; one that cannot be built here (no key) becomes a
+stand-in that raises when called, saying what to set, as does a record of the retired hashed
+embedder (`hash`, `hash:DIM`, `hash-ngram-v1`), which `Memory.reembed` replaces by `hash2`."""
 
 from __future__ import annotations
 
@@ -22,11 +21,7 @@ from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
 
 # Names the embedders had before they were URIs, for repos recorded then.
 _LEGACY_EMBEDDERS = {"all-MiniLM-L6-v2-int8": "minilm", "hash-ngram-v1": "hash:{dim}"}
-# The hashed embedder of features that no longer exist (see the module doc).
 _RETIRED_SCHEMES = {"hash"}
-# Every scheme a URI builds is rebuilt from a record, but those whose records name retired features.
-_LLM_SCHEMES = frozenset(LLM_SCHEMES)
-_EMBEDDER_SCHEMES = frozenset(EMBEDDER_SCHEMES) - _RETIRED_SCHEMES
 
 
 class UnavailableLLM:
@@ -41,8 +36,7 @@ class UnavailableLLM:
 
 
 class UnavailableEmbedder:
-    """Stands in for a repo's recorded embedder that cannot be built here (keeping the repo's
-    dimension, so reads that need no vectors work); every call says why."""
+    """Stands in for a repo's recorded embedder that cannot be built here; every call says why."""
 
     def __init__(self, name: str, dim: int, problem: str) -> None:
         self.name = name
@@ -68,8 +62,7 @@ def _retired(repo: str, uri: str) -> str:
 
 
 def _successor(uri: str) -> str | None:
-    """The URI of the embedder that replaces a retired one, of the same dimension (`hash`,
-    `hash:DIM` -> `hash2`, `hash2:DIM`), or None when `uri` is not retired."""
+    """`hash2[:DIM]` for a retired `hash[:DIM]`, else None."""
     scheme, colon, rest = uri.partition(":")
     if scheme.strip().lower() not in _RETIRED_SCHEMES:
         return None
@@ -101,19 +94,19 @@ class RepoModels:
 
     @property
     def embedder_given(self) -> bool:
-        """Whether the Memory was given its embedder (it then runs it for every repo)."""
+        """Whether the Memory was given its embedder (then run for every repo)."""
         return self._embedder_given
 
     def load(self, repo: str, llm: str | None, embedder: str, dim: int) -> tuple[LLM, Embedder]:
-        """The models `repo` runs with, given its record; remembered for `llm`/`embedder`."""
+        """The models `repo` runs with, given its record."""
         models = (self._recorded_llm(repo, llm), self._recorded_embedder(repo, embedder, dim))
         self._repos[repo] = models
         self._records[repo] = (llm, embedder)
         return models
 
     def reload(self, repo: str, embedder: str, dim: int, llm: LLM) -> Embedder:
-        """The embedder `repo` runs with now that its record names `embedder` of `dim`, beside
-        `llm`; a Memory given an embedder of another URI gets a stand-in saying so."""
+        """The embedder `repo` runs with now that its record names `embedder` of `dim` (a stand-in
+        when the Memory was given an embedder of another URI)."""
         legacy = _LEGACY_EMBEDDERS.get(embedder, embedder).format(dim=dim)
         built = self._recorded_embedder(repo, embedder, dim)
         if self._embedder_given and built is self._embedder and (
@@ -130,8 +123,7 @@ class RepoModels:
         return built
 
     def successor(self, repo: str, dim: int) -> Embedder | None:
-        """The embedder that makes the vectors of `repo` again when its record names the
-        hashed embedder's retired features (today's, of the same dimension), else None."""
+        """The embedder that replaces `repo`'s retired hashed one, else None."""
         record = self._records.get(repo)
         if record is None:
             return None
@@ -149,7 +141,7 @@ class RepoModels:
         return changed
 
     def recorded_llm(self, repo: str) -> str | None:
-        """The LLM's URI as `repo`'s record holds it (None when not known)."""
+        """The LLM's URI in `repo`'s record (None when not known)."""
         record = self._records.get(repo)
         return None if record is None else record[0]
 
@@ -158,8 +150,7 @@ class RepoModels:
         self._repos[repo] = (llm, embedder)
 
     def refusal(self, repo: str) -> str | None:
-        """Why no embedder may be recorded for `repo` in place of the recorded one (its
-        vectors are of retired features), or None."""
+        """Why no other embedder may be recorded for `repo` (its vectors are retired), or None."""
         record = self._records.get(repo)
         if record is None or _scheme(_LEGACY_EMBEDDERS.get(record[1], record[1])) not in (
             _RETIRED_SCHEMES
@@ -176,13 +167,12 @@ class RepoModels:
         return self._repos[repo][1] if repo in self._repos else self._embedder
 
     def built(self) -> list[object]:
-        """The adapters built from records (to close with the Memory)."""
+        """The adapters built from records, to close with the Memory."""
         return [*self._llms.values(), *self._embedders.values()]
 
     def _recorded_llm(self, repo: str, uri: str | None) -> LLM:
-        if self._llm_given or uri is None or _scheme(uri) not in _LLM_SCHEMES:
-            return self._llm
-        if uri == model_uri(self._llm):
+        if (self._llm_given or uri is None or _scheme(uri) not in LLM_SCHEMES
+                or uri == model_uri(self._llm)):
             return self._llm
         built = self._llms.get(uri)
         if built is None:
@@ -200,9 +190,8 @@ class RepoModels:
             return UnavailableEmbedder(uri, dim, _retired(repo, uri))
         if uri == "hash2:512":
             uri = "hash2"
-        if self._embedder_given or _scheme(uri) not in _EMBEDDER_SCHEMES:
-            return self._embedder
-        if uri == model_uri(self._embedder):
+        if (self._embedder_given or _scheme(uri) not in EMBEDDER_SCHEMES
+                or uri == model_uri(self._embedder)):
             return self._embedder
         built = self._embedders.get((uri, dim))
         if built is None:

@@ -1,9 +1,6 @@
 """Models named by URIs (`LLM_FORMS`, `EMBEDDER_FORMS`): what `--llm`, `--embedder`, `MNEMO_LLM`,
-`MNEMO_EMBEDDER` and a repo's record hold; each adapter's `.name` is its URI.
-
-A URI may end in a query of settings (`?temperature=0.7&timeout=300`, see `LLM_SETTINGS`,
-`EMBEDDER_SETTINGS`). It never holds a key: keys come from `OPENAI_API_KEY` and
-`ANTHROPIC_API_KEY` in `env`."""
+`MNEMO_EMBEDDER` and a repo's record hold; each adapter's `.name` is its URI. A URI may end in a
+query of settings (`?temperature=0.7&timeout=300`); keys come from the environment only."""
 
 from __future__ import annotations
 
@@ -19,8 +16,6 @@ from mnemo.ports import LLM, Embedder, model_name
 if TYPE_CHECKING:
     import httpx
 
-# The adapters are imported by the URI that names them.
-
 LLM_FORMS = (
     "offline",
     "openai:MODEL",
@@ -32,13 +27,11 @@ EMBEDDER_FORMS = ("minilm", "e5-small-q4", "hash[:DIM]", "openai:MODEL[@BASE_URL
 LLM_SCHEMES = ("offline", "openai", "anthropic", "openai-compatible")
 EMBEDDER_SCHEMES = ("minilm", "e5-small-q4", "hash", "hash2", "openai")
 
-# Which variable holds each provider's key, and whether the provider's own API needs it.
 KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
 
 class ModelURIError(InvalidInputError):
-    """A model URI that cannot be built: malformed, an unknown provider, or a missing key
-    (`variable` then names the environment variable to set). The message is one line."""
+    """A model URI that cannot be built; `variable` names the key's variable when one is missing."""
 
     def __init__(self, message: str, *, uri: str, variable: str | None = None) -> None:
         super().__init__(message)
@@ -46,13 +39,10 @@ class ModelURIError(InvalidInputError):
         self.variable = variable
 
 
-def model_uri(model: object) -> str:
-    """The URI a model object is recorded under (`ports.model_name`)."""
-    return model_name(model)
+model_uri = model_name  # the URI a model object is recorded under
 
 
 LLM_SETTINGS = ("temperature", "timeout", "max_concurrency", "concurrency", "max_tokens")
-# The OpenAI-compatible adapter's structured-output form (`OpenAICompatible(structured=...)`).
 OPENAI_SETTINGS = (*LLM_SETTINGS, "structured")
 EMBEDDER_SETTINGS = ("timeout", "max_concurrency", "concurrency")
 STRUCTURED = ("auto", "json_schema", "tool", "json")
@@ -78,8 +68,6 @@ def with_settings(uri: str, **settings: object) -> str:
 
 
 def _settings(uri: str, query: str, known: tuple[str, ...]) -> dict[str, Any]:
-    """The adapter's keyword arguments a URI's query sets; raises ModelURIError for a malformed
-    query, an unknown or repeated setting, or a bad value."""
     if not query:
         return {}
     try:
@@ -153,7 +141,6 @@ def _unknown(kind: str, scheme: str, uri: str, forms: tuple[str, ...]) -> ModelU
 
 
 def _key(provider: str, uri: str, env: Mapping[str, str], *, required: bool) -> str:
-    """The provider's key from `env`; "" when there is none and none is required."""
     variable = KEY_VARIABLES[provider]
     key = env.get(variable, "")
     if not key and required:
@@ -175,9 +162,8 @@ def llm_from_uri(
     env: Mapping[str, str] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> LLM:
-    """The LLM a URI names (`LLM_FORMS`), with its settings; keys come from `env` (default
-    `os.environ`). Raises ModelURIError for a bad URI, provider, setting or value, or a missing
-    key."""
+    """The LLM a URI names (`LLM_FORMS`), its keys from `env` (default `os.environ`); raises
+    ModelURIError for a bad URI or a missing key."""
     env = os.environ if env is None else env
     scheme, model, base_url, query = _split(uri, "LLM", LLM_FORMS)
     text = uri.strip()
@@ -227,8 +213,8 @@ def embedder_from_uri(
     dim: int | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Embedder:
-    """The embedder a URI names (`EMBEDDER_FORMS`); `dim` is the dimension already known. Raises
-    ModelURIError for a bad URI, provider, dimension, setting or value, or a missing key."""
+    """The embedder a URI names (`EMBEDDER_FORMS`) of `dim`, if known; raises ModelURIError for a
+    bad URI or a missing key."""
     env = os.environ if env is None else env
     scheme, model, base_url, query = _split(uri, "embedder", EMBEDDER_FORMS)
     text = uri.strip()
@@ -237,18 +223,13 @@ def embedder_from_uri(
     settings = _settings(text, query, EMBEDDER_SETTINGS if scheme == "openai" else ())
     if scheme in ("minilm", "e5-small-q4", "hash", "hash2") and base_url is not None:
         raise ModelURIError(f"the {scheme} embedder runs here, it takes no URL: {text!r}", uri=text)
-    if scheme == "minilm":
+    if scheme in ("minilm", "e5-small-q4"):
         if model:
-            raise ModelURIError(f"the minilm embedder takes no model, got {text!r}", uri=text)
+            raise ModelURIError(f"the {scheme} embedder takes no model, got {text!r}", uri=text)
+        from mnemo.adapters.e5 import E5SmallEmbedder
         from mnemo.adapters.minilm import MiniLMEmbedder
 
-        return MiniLMEmbedder()
-    if scheme == "e5-small-q4":
-        if model:
-            raise ModelURIError(f"the e5-small-q4 embedder takes no model, got {text!r}", uri=text)
-        from mnemo.adapters.e5 import E5SmallEmbedder
-
-        return E5SmallEmbedder()
+        return MiniLMEmbedder() if scheme == "minilm" else E5SmallEmbedder()
     from mnemo.adapters.hashing import HashEmbedder
 
     if scheme in ("hash", "hash2"):

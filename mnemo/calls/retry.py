@@ -1,15 +1,17 @@
-"""What a model call may spend: its task's retry budget (one `Budget` per task, charged by every
-layer's calls through a context variable), the deadlines of the work it serves, and a slot of
-its provider's limiter. `waiting()` stops every deadline and budget open in its context while a
-call waits for a slot inside mnemo."""
+"""What a model call may spend: its task's retry budget, the deadlines of the work it serves,
+and a slot of its provider's limiter.
+
+Every call a task makes (transport retries, adapter retries, `ask`'s re-asks and shortened
+prompts) is charged to one `Budget`, shared through a context variable (`task_budget`).
+`waiting()` stops every deadline and budget open in its context while a call waits for a slot."""
 
 from __future__ import annotations
 
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
@@ -23,10 +25,6 @@ from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 # A task's seconds when its policy sets none and the work it serves has no longer deadline.
 DEFAULT_SECONDS = 120.0
 
-
-# ---- deadlines that stop while a call waits for its turn ------------------------------------
-
-
 class Pausable(Protocol):
     """A clock that `waiting()` stops: a deadline or a retry budget."""
 
@@ -39,8 +37,8 @@ _OPEN: ContextVar[tuple[Pausable, ...]] = ContextVar("mnemo_deadlines", default=
 
 
 class Deadline:
-    """One deadline's cancel scope, pushed back by the time calls inside it wait (and, if it
-    `stretches`, by what a request needs: `allow`)."""
+    """One deadline's cancel scope, pushed back by the time calls inside it wait (and, when it
+    `stretches`, by what a request inside it needs: `allow`)."""
 
     def __init__(self, seconds: float, *, stretches: bool = False) -> None:
         self.scope = anyio.CancelScope(deadline=anyio.current_time() + seconds)
@@ -67,18 +65,17 @@ class Deadline:
             self.scope.deadline = max(self.scope.deadline, anyio.current_time() + seconds)
 
     def left(self) -> float:
-        """Seconds left, not counting waits."""
         return self._left if self._paused else self.scope.deadline - anyio.current_time()
 
 
 def remaining() -> float | None:
-    """Seconds left before the nearest deadline open here, waits excluded; None outside any."""
+    """Seconds left before the nearest deadline open in this context, waits excluded."""
     left = [clock.left() for clock in _OPEN.get() if isinstance(clock, Deadline)]
     return min(left) if left else None
 
 
 def allow(seconds: float) -> None:
-    """Leaves every stretching deadline open here at least `seconds` (a slow server's request)."""
+    """Leaves every stretching deadline open in this context at least `seconds`."""
     for clock in _OPEN.get():
         if isinstance(clock, Deadline) and clock.stretches:
             clock.allow(seconds)
@@ -96,8 +93,8 @@ def registered(clock: Pausable) -> Iterator[None]:
 
 @contextmanager
 def fail_after(seconds: float, *, stretches: bool = False) -> Iterator[anyio.CancelScope]:
-    """`anyio.fail_after(seconds)`, not counting time spent `waiting()`; with `stretches`, a
-    slow server's requests lengthen it (`allow`)."""
+    """`anyio.fail_after(seconds)`, not counting the time calls inside it spend `waiting()`; with
+    `stretches`, a slow server's requests lengthen `seconds` (`allow`)."""
     deadline = Deadline(seconds, stretches=stretches)
     with registered(deadline), deadline.scope:
         yield deadline.scope
@@ -107,7 +104,7 @@ def fail_after(seconds: float, *, stretches: bool = False) -> Iterator[anyio.Can
 
 @contextmanager
 def waiting() -> Iterator[None]:
-    """Marks a wait for a turn inside mnemo: every deadline and budget open here stands still."""
+    """A wait for a turn inside mnemo: every deadline and budget open here stands still."""
     clocks = _OPEN.get()
     for clock in clocks:
         clock.pause()
@@ -116,9 +113,6 @@ def waiting() -> Iterator[None]:
     finally:
         for clock in clocks:
             clock.resume()
-
-
-# ---- the retry policy and a task's budget -----------------------------------------------------
 
 
 class Clock(Protocol):
@@ -130,8 +124,6 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """`time.monotonic` and `anyio.sleep`."""
-
     def now(self) -> float:
         return time.monotonic()
 
@@ -141,8 +133,8 @@ class SystemClock:
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """How long to wait before retry n (0-based): `jitter() * min(cap, base * 2**n)`; a
-    `Retry-After` is waited in full, up to `max_retry_after`."""
+    """The wait before retry n (0-based): `jitter() * min(cap, base * 2**n)`; a `Retry-After` is
+    waited in full, up to `max_retry_after`."""
 
     base: float = 0.5
     cap: float = 20.0
@@ -150,8 +142,7 @@ class Backoff:
     jitter: Callable[[], float] = field(default=random.Random().random)
 
     def delay(self, failures: int, retry_after: float | None) -> float:
-        """The wait after `failures` failed attempts (>= 1): the server's Retry-After if given,
-        else the backoff."""
+        """The wait after `failures` (>= 1) failed attempts: the Retry-After, else the backoff."""
         if retry_after is not None:
             return max(retry_after, 0.0)
         return self.jitter() * min(self.cap, self.base * 2.0 ** (failures - 1))
@@ -163,13 +154,9 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """The budget of one task (`max_calls` calls and `max_seconds` in all, at most `max_re_asks`
-    re-asks), the backoff and the clock; `max_seconds` None is `DEFAULT_SECONDS`, or what the
-    work served has left if longer.
-
-    Raises:
-        InvalidInputError: `max_calls` below 1, `max_re_asks` below 0 or `max_seconds` not
-            positive."""
+    """One task's budget (`max_calls` calls and `max_seconds` in all, at most `max_re_asks`
+    re-asks), the backoff and the clock; `max_seconds` None is `DEFAULT_SECONDS`, or longer when
+    the work served has longer left. Raises InvalidInputError for a bad value."""
 
     max_calls: int = 3
     max_seconds: float | None = None
@@ -195,8 +182,7 @@ def policy_from(
     backoff: Backoff | None = None,
     clock: Clock | None = None,
 ) -> RetryPolicy:
-    """`retry` (default `RetryPolicy()`) with the adapters' shorthands `max_retries`, `backoff`
-    and `clock` applied; InvalidInputError for bad values."""
+    """`retry` (default `RetryPolicy()`) with the adapters' shorthands applied."""
     policy = retry if retry is not None else RetryPolicy()
     if max_retries is not None:
         if max_retries < 0:
@@ -208,7 +194,6 @@ def policy_from(
 
 
 def policy_of(llm: object) -> RetryPolicy:
-    """The LLM's own `retry_policy` (every adapter has one), else the default."""
     policy = getattr(llm, "retry_policy", None)
     return policy if isinstance(policy, RetryPolicy) else RetryPolicy()
 
@@ -217,8 +202,7 @@ Kind = Literal["retry", "re_ask"]
 
 
 class Budget:
-    """What one task has spent of its `RetryPolicy` and may still spend; its seconds stop while
-    a call is `waiting`."""
+    """What one task spent of its `RetryPolicy`; its seconds stop while a call is `waiting`."""
 
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
@@ -239,7 +223,6 @@ class Budget:
             self.started += self.policy.clock.now() - self._paused_at
 
     def _total(self) -> float:
-        """The task's seconds: its policy's, else the default or what the work has left."""
         if self.policy.max_seconds is not None:
             return self.policy.max_seconds
         work = remaining()
@@ -250,11 +233,9 @@ class Budget:
         return self._total() - (self.policy.clock.now() - self.started)
 
     def can_call(self) -> bool:
-        """Whether one more call is within the budget (calls and seconds)."""
         return self.calls < self.policy.max_calls and self.seconds_left() > 0
 
     def can_re_ask(self) -> bool:
-        """Whether an unusable reply may be asked again (a re-ask and a call left)."""
         return self.re_asks < self.policy.max_re_asks and self.can_call()
 
     def can_wait(self, seconds: float) -> bool:
@@ -262,11 +243,10 @@ class Budget:
         return self.calls < self.policy.max_calls and seconds < self.seconds_left()
 
     def next_call(self, kind: Kind) -> None:
-        """Marks the next charged call as a retry or a re-ask."""
         self._next = kind
 
     def charge(self, *, retry: bool = False) -> None:
-        """Counts one call being sent (a retry when `retry`, else of the marked kind)."""
+        """Counts one call being sent (a retry when `retry`, else of the kind `next_call` set)."""
         kind = "retry" if retry else self._next
         self._next = None
         self.calls += 1
@@ -274,7 +254,6 @@ class Budget:
         self.re_asks += kind == "re_ask"
 
     def counts(self) -> tuple[int, int, int]:
-        """(calls, retries, re_asks) so far."""
         return self.calls, self.retries, self.re_asks
 
     def charge_bare(self, before: tuple[int, int, int]) -> None:
@@ -283,7 +262,6 @@ class Budget:
             self.charge()
 
     def describe(self) -> str:
-        """The budget in words, for error messages."""
         used = self.policy.clock.now() - self.started
         return (
             f"{self.calls} of {self.policy.max_calls} calls ({self.re_asks} of "
@@ -297,8 +275,7 @@ _current: ContextVar[Budget | None] = ContextVar("mnemo_task_budget", default=No
 
 @contextmanager
 def task_budget(policy: RetryPolicy) -> Iterator[Budget]:
-    """The budget of the task running in this context: an outer layer's (its policy wins),
-    else a new one for `policy`."""
+    """The budget an outer layer opened in this context (its policy wins), else a new one."""
     outer = _current.get()
     if outer is not None:
         yield outer
@@ -312,12 +289,9 @@ def task_budget(policy: RetryPolicy) -> Iterator[Budget]:
         _current.reset(token)
 
 
-# ---- the provider's limiter and the usage meter -----------------------------------------------
-
-
 class LimitedLLM:
-    """An LLM whose calls each wait for a slot of its provider's limiter, booked to `meter`,
-    and run inside `calling()` when given."""
+    """An LLM whose calls each wait for a slot of `slots` (a wait no deadline counts), whose usage
+    goes to `meter`, and whose `generate` runs inside `calling()`, when given."""
 
     def __init__(
         self,
@@ -331,17 +305,23 @@ class LimitedLLM:
 
     @property
     def retry_policy(self) -> RetryPolicy:
-        """The wrapped LLM's policy (`policy_of`)."""
         return policy_of(self._llm)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         with task_budget(self.retry_policy) as budget, self._calling():
             before = budget.counts()
             try:
-                async with slot(self._slots):
+                try:  # anyio's `acquire` always yields once, even with a token free
+                    self._slots.acquire_nowait()
+                except anyio.WouldBlock:
+                    with waiting():
+                        await self._slots.acquire()
+                try:
                     response = await self._llm.generate(request)
+                finally:
+                    self._slots.release()
             finally:
-                # Booked even when the call failed: its calls were spent all the same.
+                # Booked even when the call failed: a 429 storm's calls were spent all the same.
                 budget.charge_bare(before)
                 calls, retries, re_asks = budget.counts()
                 self.book(Usage(calls=calls - before[0], retries=retries - before[1],
@@ -351,7 +331,6 @@ class LimitedLLM:
         return response
 
     def book(self, usage: Usage) -> None:
-        """Books `usage` on the meter, if any (what a reply or a saved retry used)."""
         if self._meter is not None:
             self._meter(usage)
 
@@ -360,18 +339,3 @@ def book(llm: LLM, usage: Usage) -> None:
     """Books `usage` no reply carried (what a retry saved) on `llm`'s meter, if it has one."""
     if isinstance(llm, LimitedLLM):
         llm.book(usage)
-
-
-@asynccontextmanager
-async def slot(limiter: anyio.CapacityLimiter) -> AsyncIterator[None]:
-    """Holds one token of `limiter`, taken without a trip through the event loop when free;
-    waiting for it counts against no deadline."""
-    try:
-        limiter.acquire_nowait()
-    except anyio.WouldBlock:
-        with waiting():
-            await limiter.acquire()
-    try:
-        yield
-    finally:
-        limiter.release()

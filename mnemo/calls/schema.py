@@ -19,19 +19,17 @@ __all__ = [
 
 # The most items a reply's list may hold, whatever its task's inputs.
 MOST_ITEMS = 16
-
 # Characters a token stands for, counted low so that `most_tokens` errs long.
 _CHARS_PER_TOKEN = 3
 
 
-
 def text(at_most: int, description: str | None = None) -> Meta:
-    """A string field's bound: at most `at_most` characters in the schema (`maxLength`)."""
+    """A string field's `maxLength` (in the schema only)."""
     return Meta(description=description, extra_json_schema={"maxLength": at_most})
 
 
 def items(at_most: int) -> Meta:
-    """A list field's bound: at most `at_most` items in the schema (`maxItems`)."""
+    """A list field's `maxItems` (in the schema only)."""
     return Meta(extra_json_schema={"maxItems": at_most})
 
 
@@ -39,8 +37,8 @@ def bounded(
     schema: JSONObject, field: str, count: int, *, most: int | None = MOST_ITEMS,
     floor: int = 64,
 ) -> tuple[JSONObject, int]:
-    """A request's schema with its list `field` holding at most `count` items, and the
-    max_tokens its longest reply needs (between `floor` and 4096)."""
+    """A request's schema, its list `field` holding at most `count` items, and the max_tokens its
+    longest reply needs (`floor` to 4096)."""
     count = max(1, count if most is None else min(count, most))
     properties = schema.get("properties")
     if not isinstance(properties, dict) or not isinstance(properties.get(field), dict):
@@ -51,8 +49,8 @@ def bounded(
 
 
 def most_tokens(schema: Mapping[str, object]) -> int | None:
-    """The most tokens a reply matching `schema` can take, counting its keys, quotes and
-    punctuation; None when a string or a list in it is unbounded."""
+    """The most tokens a reply matching `schema` can take, keys and punctuation included; None when
+    a string or a list in it is unbounded."""
     kind, options = schema.get("type"), schema.get("anyOf")
     if options is not None:
         sizes = [most_tokens(o) if isinstance(o, Mapping) else None
@@ -77,16 +75,12 @@ def most_tokens(schema: Mapping[str, object]) -> int | None:
     return 6 if kind == "number" else 4  # a confidence; an index, a score, a boolean
 
 
-
 class Reply(Struct, frozen=True, kw_only=True):
-    """A task's reply; subclasses declare its fields, in the order the model is shown them.
-    Unknown fields are ignored when read (the schema says there are none)."""
-
-
+    """A task's reply; subclasses declare its fields, in the order the model is shown them."""
 
 @cache
 def reply_schema(kind: type[Reply]) -> JSONObject:
-    """The JSON schema of `kind`, structs inlined (cached: read-only)."""
+    """The JSON schema of `kind` (see the module doc); cached, so read-only."""
     (root,), defs = msgspec.json.schema_components([kind], ref_template="{name}")
     schema = _inline(root, defs)
     if not isinstance(schema, dict):
@@ -94,10 +88,8 @@ def reply_schema(kind: type[Reply]) -> JSONObject:
     return schema
 
 
-
 def _inline(node: JSONValue, defs: JSONObject) -> JSONValue:
-    """`node` (a schema) with each `$ref` inlined, without `title` and `default`, a struct
-    requiring every field whose default is not `UNSET`."""
+    """`node` with `$ref`s inlined, no `title`, `default`, all but `UNSET` fields required."""
     if isinstance(node, list):
         return [_inline(item, defs) for item in node]
     if not isinstance(node, dict):

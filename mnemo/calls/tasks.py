@@ -1,7 +1,6 @@
-"""A task asked of an LLM, from its request (a system prompt, then the inputs as JSON after
-`INPUT:`) to the typed value read from its reply (one msgspec struct per task; `read_reply` is
-the only place a reply is checked). `ask` re-asks an unusable reply, salvages a cut one and
-shortens a prompt the context refused."""
+"""A task asked of an LLM: its request (a system prompt and one user message whose inputs follow
+`INPUT:` as JSON), and the typed value `read_reply` reads from its reply. `ask` re-asks an
+unusable reply, salvages a cut one and shortens a prompt the context refused."""
 
 from __future__ import annotations
 
@@ -22,15 +21,8 @@ from mnemo.calls.schema import Reply
 from mnemo.errors import LLMContextError, LLMError, LLMReplyError
 from mnemo.ports import LLM, JSONObject, LLMRequest, LLMResponse
 
-__all__ = [
-    "Cut", "ask", "decode_json", "input_json", "preview", "read_reply", "reply_data", "salvage",
-    "shorter", "task_inputs", "task_request",
-]
-
 log = logging.getLogger("mnemo")
-
 T = TypeVar("T")
-
 R = TypeVar("R", bound=Reply)
 
 # A type in words, by its name in msgspec's messages or its `msgspec.inspect` class.
@@ -45,8 +37,7 @@ _STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 
 
 def read_reply(response: LLMResponse, kind: type[R], task: str) -> R:
-    """`response` (its `reply_data`) as a `kind`; ValueError naming the path of a field that
-    does not match, what it must be and what it is."""
+    """`response` (its `reply_data`) as a `kind`; ValueError names the field that does not match."""
     data = reply_data(response, strict=True)
     if not isinstance(data, dict):
         raise ValueError(f"{task} reply must be a JSON object, got {preview(data)}")
@@ -57,8 +48,7 @@ def read_reply(response: LLMResponse, kind: type[R], task: str) -> R:
 
 
 def reply_data(response: LLMResponse, *, strict: bool = False) -> object:
-    """A structured reply's JSON value: its `data`, else its `text` read by `decode_json`; None
-    when neither holds one (ValueError saying why, when `strict`)."""
+    """A reply's `data`, else its `text`'s JSON; None (ValueError when `strict`) without one."""
     if response.data is not None or not response.text.strip():
         return response.data
     try:
@@ -70,7 +60,7 @@ def reply_data(response: LLMResponse, *, strict: bool = False) -> object:
 
 
 def preview(value: object) -> str:
-    """`repr(value)` cut to 120 characters, for a parser's error message."""
+    """`repr(value)` cut to 120 characters."""
     shown = repr(value)
     return shown if len(shown) <= 120 else shown[:117] + "..."
 
@@ -81,8 +71,7 @@ _DECODER = msgspec.json.Decoder()
 
 
 def decode_json(text: str) -> object:
-    """The JSON value in a model's reply text: bare, in a Markdown code fence, or one object with
-    prose around it; raises ValueError saying why there is none."""
+    """The JSON value in a reply's text: bare, in a Markdown fence, or one object amid prose."""
     fenced = _FENCE.match(text.strip())
     stripped = fenced.group(1).strip() if fenced else text.strip()
     if not stripped:
@@ -104,8 +93,8 @@ def decode_json(text: str) -> object:
 
 
 class Cut(LLMReplyError, LLMContextError):
-    """A structured reply that stopped before its end, at its max_tokens (`at_cap`) or when
-    the context filled; `text` is what came, `data` what the provider read of it."""
+    """A structured reply that stopped before its end: at its max_tokens (`at_cap`), or when the
+    model's context filled. `text` is what came, `data` what the provider read of it."""
 
     def __init__(self, message: str, *, text: str, data: object = None, at_cap: bool) -> None:
         super().__init__(message)
@@ -113,8 +102,8 @@ class Cut(LLMReplyError, LLMContextError):
 
 
 def salvage(cut: Cut) -> JSONObject | None:
-    """What a cut reply holds whole: its JSON object without a value cut midway or the last,
-    cut item of its last list; None when no item is left."""
+    """A cut reply's JSON object without the value cut midway (nor the last item of its last list
+    when the cut fell inside it); None when no item is left."""
     stripped = cut.text.strip().removesuffix("```")
     start = stripped.find("{")
     value: object = cut.data
@@ -174,7 +163,6 @@ def _value_at(data: object, path: str) -> object:
 
 
 def _field_type(kind: type[Reply], path: str) -> str:
-    """What the field at `path` of `kind` must be, in words."""
     info = mi.type_info(kind)
     for key, _ in _STEP.findall(path):
         info = _bare(info)
@@ -195,9 +183,6 @@ def _describe(info: mi.Type) -> str:
     return _NAMES.get(type(info), "a value")
 
 
-# ---- the request, and asking until a reply is usable ------------------------------
-
-
 INPUT_MARKER = "\nINPUT:\n"
 
 
@@ -210,7 +195,7 @@ def task_request(
     schema: JSONObject | None = None,
     max_tokens: int | None = None,
 ) -> LLMRequest:
-    """Builds the request for one task: instructions, then the inputs as compact JSON."""
+    """One task's request: instructions, then the inputs as compact JSON (`cpu.dumps`)."""
     content = instructions.strip() + INPUT_MARKER + cpu.dumps(inputs)
     return LLMRequest(
         task=task,
@@ -222,7 +207,7 @@ def task_request(
 
 
 def input_json(request: LLMRequest) -> str:
-    """The JSON text of the inputs in the request's last user message ("{}" when absent)."""
+    """The JSON text of the inputs `task_request` put in the request ("{}" when absent)."""
     for message in reversed(request.messages):
         content = message.get("content")
         if message.get("role") == "user" and isinstance(content, str) and INPUT_MARKER in content:
@@ -231,7 +216,7 @@ def input_json(request: LLMRequest) -> str:
 
 
 def task_inputs(request: LLMRequest) -> JSONObject:
-    """The inputs in the request's last user message ({} when absent)."""
+    """The inputs `task_request` put in the request ({} when absent)."""
     try:
         value = json.loads(input_json(request))
     except json.JSONDecodeError:
@@ -248,11 +233,10 @@ async def ask(
     unusable: T | None = None,
     shorten: Callable[[LLMRequest], LLMRequest | None] | None = None,
 ) -> T:
-    """Sends `request` and parses the reply with `parse`, asking again (showing the problem)
-    while it raises ValueError, within the task's budget; a `Cut` reply is `salvage`d, a
-    prompt the context refused `shorten`ed (at most `MAX_SHRINKS` times). Returns `unusable`
-    for a reply still unusable once the re-asks are spent, else raises LLMError (as for an
-    LLM that raised)."""
+    """`parse` of the reply to `request`, asking again (showing the problem) while it raises
+    ValueError, within the task's budget. A `Cut` reply is `salvage`d; a prompt the context refused
+    is `shorten`ed, at most `MAX_SHRINKS` times. A reply still unusable when the re-asks are spent
+    gives `unusable`, else LLMReplyError; an LLM's error is raised as an LLMError."""
     with task_budget(policy or policy_of(llm)) as budget:
         shrinks = 0
         asked = request
@@ -262,8 +246,12 @@ async def ask(
                 response = await llm.generate(asked)
             except Exception as exc:
                 budget.charge_bare(before)
-                if isinstance(exc, Cut):
-                    kept = _kept(exc, parse)
+                whole = salvage(exc) if isinstance(exc, Cut) else None
+                if whole is not None:
+                    try:
+                        kept: T | None = parse(LLMResponse(data=whole))
+                    except ValueError:
+                        kept = None
                     if kept is not None:
                         log.warning("task %s: the reply was cut short; keeping the items it "
                                     "held whole", request.task)
@@ -304,7 +292,7 @@ async def ask(
 
 
 def re_asked(request: LLMRequest, response: LLMResponse, problem: str) -> LLMRequest:
-    """`request` again, with the model's unusable reply (unless empty) and its problem."""
+    """`request`, then the unusable reply (if not empty) and what was wrong with it."""
     reply = response.text if response.text.strip() or response.data is None else json.dumps(
         response.data, ensure_ascii=False)
     if not reply.strip():
@@ -317,18 +305,8 @@ def re_asked(request: LLMRequest, response: LLMResponse, problem: str) -> LLMReq
     ])
 
 
-def _kept(cut: Cut, parse: Callable[[LLMResponse], T]) -> T | None:
-    """`parse` of what `cut` holds whole, or None when nothing whole is usable."""
-    whole = salvage(cut)
-    if whole is None:
-        return None
-    try:
-        return parse(LLMResponse(data=whole))
-    except ValueError:
-        return None
-
-
-# How many times `ask` shortens a prompt the model's context refused.
+# How many times `ask` shortens a prompt the model's context refused, and how much of the
+# inputs' text each time keeps.
 MAX_SHRINKS = 2
 SHRINK_TO = 0.5
 # Texts shorter than this are never cut; a cut text keeps its start and its end.
@@ -336,8 +314,8 @@ SHORT_TEXT = 160
 
 
 def shorter(request: LLMRequest) -> LLMRequest | None:
-    """`request` with its inputs' text about halved (the oldest "recent" context dropped, then
-    the longest texts cut in the middle); None when nothing can be cut."""
+    """`request` with its inputs' text about halved (the older half of "recent" dropped, then the
+    longest texts cut in the middle); None when nothing can be cut."""
     inputs = task_inputs(request)
     if not inputs:
         return None
@@ -363,7 +341,7 @@ def shorter(request: LLMRequest) -> LLMRequest | None:
 
 
 def _texts(value: Any) -> Iterator[tuple[Any, Any, str]]:
-    """Every string inside `value` (a JSON value), with its container and key or index."""
+    """Every string inside a JSON value, with its container and key or index."""
     items = value.items() if isinstance(value, dict) else enumerate(value) \
         if isinstance(value, list) else ()
     for key, item in items:

@@ -3,7 +3,9 @@ a task's reply read with one re-ask (`calls.tasks.ask`), tool calls, usage and c
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
+from types import MappingProxyType
 from typing import Any
 
 import httpx
@@ -408,6 +410,21 @@ async def test_a_replacement_transport_needs_no_key(monkeypatch: pytest.MonkeyPa
     assert [r.url.host for r in seen] == ["api.openai.com", "api.anthropic.com",
                                           "api.openai.com"]
     assert not any("authorization" in r.headers or "x-api-key" in r.headers for r in seen)
+
+
+async def test_messages_given_as_read_only_mappings_are_sent() -> None:
+    """A request's messages may be any mappings (the port's type): each is sent as an object."""
+    sent: list[Any] = []
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content)["messages"])
+        return httpx.Response(200, json={"choices": [{"message": {"content": "hi"}}]})
+
+    message = MappingProxyType({"role": "user", "content": "hello"})
+    async with OpenAICompatible("m", base_url="http://x/v1",
+                                transport=httpx.MockTransport(reply)) as llm:
+        answer = await llm.generate(LLMRequest(task="t", system="", messages=[message]))
+    assert (answer.text, sent) == ("hi", [[{"role": "user", "content": "hello"}]])
 
 
 # ---- local servers -------------------------------------------------------------------------------

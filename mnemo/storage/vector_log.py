@@ -185,12 +185,6 @@ class VectorCache:
             return None
         return self._start(repo, held.seq, held.index.generation)
 
-    def settled(self, repo: str) -> bool:
-        """Whether this task is in a `reading` block of the repo whose look at the log is
-        done (begun and finished, or taken at its start)."""
-        look = _look(self, repo)
-        return look is not None and look.pending is None
-
     async def index(self, repo: str) -> VectorIndex:
         """The repo's vectors as the store holds them now (one keyed read when nothing
         changed), or as of the start of the `reading` block this task is in."""

@@ -21,9 +21,9 @@ Row = tuple[Column, ...]
 
 _DECODER = msgspec.json.Decoder()
 
-# A PostgreSQL read of more nodes than this builds them off the event loop (SQLite builds every
-# read on the connection's thread): a node of a long step costs tens of microseconds to build
-# (its JSON).
+# A read of more nodes than this builds them off the event loop (SQLite: on the connection's
+# thread, even when its recall cache holds them all): a node of a long step costs tens of
+# microseconds to build (its JSON).
 ON_LOOP_NODES = 200
 
 

@@ -164,11 +164,6 @@ class VectorCache:
             return None
         return self._start(repo, held.seq, held.index.generation)
 
-    def settled(self, repo: str) -> bool:
-        """Whether this task is in a `reading` block of the repo whose look is done."""
-        look = _look(self, repo)
-        return look is not None and look.pending is None
-
     async def index(self, repo: str) -> VectorIndex:
         """The repo's vectors as the store holds them now, or at its `reading` block's start."""
         held = self._held.get(repo)

@@ -28,7 +28,6 @@ from mnemo.storage.reembeds import ReembeddedGraph
 from mnemo.storage.sqlite import commits, deletes, history
 from mnemo.storage.sqlite.database import Database, truncate_wal
 from mnemo.storage.sqlite.maintenance import SqliteMaintenance
-from mnemo.storage.sqlite.recall_cache import RecallCache
 from mnemo.storage.sqlite.recall_graph import SqliteRecallReads
 from mnemo.storage.sqlite.reembeds import SqliteReembeds
 from mnemo.storage.sqlite.rows import node as node_of
@@ -54,11 +53,8 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
         self._dims = dims
         self._locks: dict[str, anyio.Lock] = {}
         self._reembeds = Claims()
-        self._cache = RecallCache()
         self._vectors = SqliteVectors(
-            database, dims, ann_threshold=ann_threshold, ann_params=ann_params, ann_dir=ann_dir,
-            on_look=self._cache.look,
-        )
+            database, dims, ann_threshold=ann_threshold, ann_params=ann_params, ann_dir=ann_dir)
 
     @property
     def database(self) -> Database:

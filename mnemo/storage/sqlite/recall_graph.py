@@ -1,10 +1,7 @@
 """`SqliteRecallReads`: the reads of a recall on SQLite (`SqliteGraph` inherits them): the words
-search, the hops' links, the best candidates' nodes and links (from the `RecallCache` when it
-may answer), access stats and the access counts' write.
-
-Each read is one call on the connection's thread, or none: a recall of a small repo (its
-vectors searched on the event loop, `ann.on_loop`) answers its hops and its best
-candidates' read from the cache once it holds their rows.
+search, the hops' links, the best candidates' nodes and links, access stats and the access
+counts' write, each one call on the connection's thread (where the nodes and links are built,
+off the event loop).
 """
 
 from __future__ import annotations
@@ -20,12 +17,10 @@ from mnemo.errors import StorageError
 from mnemo.graph.model import LinkType, NodeType, Vector
 from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead, TypedLink
 from mnemo.graph.scope import Scope, Where
-from mnemo.storage.graph_base import GraphBase, joined
+from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.row import ON_LOOP_NODES
 from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write
-from mnemo.storage.sqlite.recall_cache import RecallCache
 from mnemo.storage.sqlite.vectors import SqliteVectors
 from mnemo.storage.worker import DeferredRead, FallbackRead
 
@@ -33,12 +28,11 @@ log = logging.getLogger("mnemo")
 
 
 class SqliteRecallReads(GraphBase):
-    """Recall's reads of a `SqliteGraph` (its database, vectors, lexical index and cache)."""
+    """Recall's reads of a `SqliteGraph` (its database, vectors and lexical index)."""
 
     _database: Database
     _vectors: SqliteVectors
     _lexical: LexicalIndex | None
-    _cache: RecallCache
 
     async def neighbors(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
@@ -56,10 +50,6 @@ class SqliteRecallReads(GraphBase):
                        link_type: LinkType, then: More | None) -> NodeContext:
         # The vectors are in memory: no read, and `then` sees the first read's with its nodes.
         vectors = await self._vectors.of_nodes(repo, node_ids)
-        cache = self._cache_for(repo)
-        if cache is not None:
-            return await self._context_cached(cache, repo, node_ids, kinds, link_type, then,
-                                              vectors)
         asked: list[Sequence[str]] = []
 
         def more(first: NodeContext) -> tuple[Sequence[str], Iterable[NodeType]]:
@@ -75,61 +65,6 @@ class SqliteRecallReads(GraphBase):
         if asked and asked[0]:
             context.vectors.update(await self._vectors.of_nodes(repo, asked[0]))
         return context
-
-    async def _context_cached(
-        self, cache: RecallCache, repo: str, node_ids: Sequence[str], kinds: list[NodeType],
-        link_type: LinkType, then: More | None, vectors: dict[str, Vector],
-    ) -> NodeContext:
-        """`node_context` through the recall cache: on the event loop when it holds
-        `node_ids` and they are at most `ON_LOOP_NODES` (`then` runs there, and what it names
-        is read from the cache, or filled, or built on the connection's thread when more);
-        else in one call on the connection's thread that reads what the cache misses."""
-        view = cache.view()
-        first: NodeContext
-        second: tuple[Sequence[str], NodeContext] | None = None
-        if len(node_ids) <= ON_LOOP_NODES and not view.take(
-                repo, dict.fromkeys(node_ids), kinds, link_type):
-            first = view.node_context(repo, node_ids, kinds, link_type)
-            first.vectors.update(vectors)
-            more, more_linked = ((), ()) if then is None else then(first)
-            if more:
-                more_kinds = list(more_linked)
-                if len(more) > ON_LOOP_NODES or view.take(repo, dict.fromkeys(more), more_kinds,
-                                                          link_type):
-                    second = more, await self._database.run(
-                        lambda db: view.read(db, repo, more, more_kinds, link_type))
-                else:
-                    second = more, view.node_context(repo, more, more_kinds, link_type)
-        else:
-            def read(db: SqliteUtilsDatabase) -> tuple[
-                    NodeContext, tuple[Sequence[str], NodeContext] | None]:
-                first = view.read(db, repo, node_ids, kinds, link_type)
-                first.vectors.update(vectors)
-                more, more_linked = ((), ()) if then is None else then(first)
-                if not more:
-                    return first, None
-                return first, (more, view.read(db, repo, more, list(more_linked), link_type))
-
-            first, second = await self._database.run(read)
-        for filled in view.filled:
-            cache.keep(filled)
-        if second is None:
-            return first
-        more, context = second
-        context.vectors.update(await self._vectors.of_nodes(repo, more))
-        return joined(first, context)
-
-    def _cache_for(self, repo: str) -> RecallCache | None:
-        """The recall cache, when it may answer for `repo` now: a small repo (its vectors
-        searched on the event loop: fewer than `ann.IN_TURN_BELOW`), read inside a
-        `reading` block whose look at the log is done (the look read the file's stamp:
-        `RecallCache.valid`). A larger repo's recalls rarely read a node twice: filling the
-        cache cost them more than it saved (measured at 10,000 nodes)."""
-        if not self._vectors.on_loop(repo) or not self._vectors.settled(repo):
-            return None
-        cache = self._cache
-        cache.valid()
-        return cache
 
     async def _rows(self, statement: str, params: list[object]) -> list[Any]:
         return await self._database.run(lambda db: db.conn.execute(statement, params).fetchall())
@@ -195,32 +130,23 @@ class SqliteRecallReads(GraphBase):
             return
         stamp = when.isoformat()
 
-        cache = self._cache
-
         def write(db: SqliteUtilsDatabase) -> None:
-            before = db.conn.total_changes
-            try:
-                with side_write(db):
-                    # One statement a chunk, not one a node: each statement gives the GIL up
-                    # and takes it back, and this runs while a recall's Python holds it
-                    # (15 statements cost three times what one does beside a recall).
-                    for chunk in chunks(ids, 400):
-                        db.conn.execute(
-                            "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
-                            f" WHERE repo = ? AND id IN ({','.join('?' * len(chunk))})",
-                            [stamp, repo, *chunk],
-                        )
-            except BaseException:
-                cache.refused()
-                raise
-            cache.written(db.conn.total_changes - before)
+            with side_write(db):
+                # One statement a chunk, not one a node: each statement gives the GIL up and
+                # takes it back, and this runs while a recall's Python holds it (15
+                # statements cost three times what one does beside a recall).
+                for chunk in chunks(ids, 400):
+                    db.conn.execute(
+                        "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
+                        f" WHERE repo = ? AND id IN ({','.join('?' * len(chunk))})",
+                        [stamp, repo, *chunk],
+                    )
 
         def refused(exc: StorageError) -> None:
             log.warning("the access counts of %d nodes in %s were not written: %r",
                         len(ids), repo, exc)
 
         self._database.post(write, refused)
-        cache.posted(repo, ids, stamp)
 
     async def typed_links(
         self, repo: str, node_ids: Sequence[str]
@@ -230,24 +156,7 @@ class SqliteRecallReads(GraphBase):
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return []
-        cache = self._cache_for(repo)
-        if cache is None:
-            return await self._database.run(lambda db: recall_reads.typed_links(db, repo, ids))
-        view = cache.view()
-        missing = view.take(repo, ids)
-        if not missing and len(ids) <= ON_LOOP_NODES:
-            return view.typed_links(repo, ids)
-
-        def read(db: SqliteUtilsDatabase) -> list[TypedLink]:
-            if missing:
-                view.fill(db, repo, ids)
-            return view.typed_links(repo, ids)
-
-        # Past `ON_LOOP_NODES` nodes, their links are seen on the connection's thread too.
-        links = await self._database.run(read)
-        for filled in view.filled:
-            cache.keep(filled)
-        return links
+        return await self._database.run(lambda db: recall_reads.typed_links(db, repo, ids))
 
     async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
                           ) -> tuple[list[TypedLink], dict[str, float]]:

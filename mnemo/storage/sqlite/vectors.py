@@ -30,12 +30,8 @@ class SqliteVectors:
 
     def __init__(self, database: Database, dims: Callable[[str], int], *,
                  ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
-                 ann_params: ann.HnswParams | None = None, ann_dir: Path | None = None,
-                 on_look: Callable[[SqliteUtilsDatabase], object] = lambda db: None) -> None:
-        """`on_look`: called on the connection's thread by each look at the node log (and
-        each load), before it reads."""
+                 ann_params: ann.HnswParams | None = None, ann_dir: Path | None = None) -> None:
         self._database = database
-        self._on_look = on_look
         self._dims = dims
         self._ann_threshold = ann_threshold
         self._ann_params = ann_params
@@ -101,11 +97,6 @@ class SqliteVectors:
         """Stops the HNSW builders (a build in progress stops at its next chunk)."""
         await ann.close(self._follower.indexes())
 
-    def settled(self, repo: str) -> bool:
-        """Whether this task is in a `reading` block of the repo whose look at the log is
-        done (`VectorCache.settled`)."""
-        return self._follower.settled(repo)
-
     async def _changes(self, repo: str, followed: RepoVectors) -> tuple[int, list[Change]] | None:
         since, generation = followed.seq, followed.index.generation
         return await self._database.run(lambda db: self._look(db, repo, since, generation))
@@ -118,7 +109,6 @@ class SqliteVectors:
     def _look(
         self, db: SqliteUtilsDatabase, repo: str, since: int, generation: int
     ) -> tuple[int, list[Change]] | None:
-        self._on_look(db)
         _snapshot(db)
         return _changes(db, repo, since, generation)
 
@@ -127,7 +117,6 @@ class SqliteVectors:
 
         def load(db: SqliteUtilsDatabase) -> tuple[VectorState, list[int], list[str],
                                                    list[NodeType], Vector]:
-            self._on_look(db)
             _snapshot(db)
             return _load_vectors(db, repo, known)
 

@@ -7,7 +7,7 @@ import gc
 import importlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TypeVar
 
@@ -56,19 +56,34 @@ _DEPTH = 3
 
 def dumps(value: object, *, sort_keys: bool = False) -> str:
     """`json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)`, built by short C calls
-    (an item of a long value each, a long string by slices); raises as `json.dumps`."""
+    (`pieces`) and one join; raises as `json.dumps`."""
+    return "".join(pieces(value, sort_keys=sort_keys))
+
+
+def pieces(value: object, *, sort_keys: bool = False) -> Iterator[str]:
+    """The text of `dumps(value)` in pieces, each made by a short C call (an item of a long
+    value, a long string by slices): a digest reads them without one long string."""
     if not _longer(value, _SLICE):
-        return json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)
-    if isinstance(value, str):
-        return '"' + "".join(json.dumps(value[i:i + _SLICE], ensure_ascii=False)[1:-1]
-                             for i in range(0, len(value), _SLICE)) + '"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(dumps(v, sort_keys=sort_keys) for v in value) + "]"
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        keys = sorted(value) if sort_keys else value
-        return "{" + ", ".join(json.dumps(k, ensure_ascii=False) + ": "
-                               + dumps(value[k], sort_keys=sort_keys) for k in keys) + "}"
-    return json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)
+        yield json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)
+    elif isinstance(value, str):
+        yield '"'
+        for i in range(0, len(value), _SLICE):
+            yield json.dumps(value[i:i + _SLICE], ensure_ascii=False)[1:-1]
+        yield '"'
+    elif isinstance(value, list | tuple):
+        yield "["
+        for n, item in enumerate(value):
+            yield ", " if n else ""
+            yield from pieces(item, sort_keys=sort_keys)
+        yield "]"
+    elif isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        yield "{"
+        for n, key in enumerate(sorted(value) if sort_keys else value):
+            yield (", " if n else "") + json.dumps(key, ensure_ascii=False) + ": "
+            yield from pieces(value[key], sort_keys=sort_keys)
+        yield "}"
+    else:
+        yield json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)
 
 
 def _longer(value: object, chars: int) -> bool:

@@ -47,12 +47,11 @@ class _InFlight:
     error: BaseException | None = None
 
 
-def payload_of(trajectory: Trajectory) -> str:
-    """The canonical JSON of what identifies an ingest's payload, built by short C calls."""
+def payload_of(trajectory: Trajectory) -> dict[str, object]:
+    """What identifies an ingest's payload; its canonical JSON is `cpu.dumps(sort_keys=True)`."""
     steps = [{"observation": step.observation, "action": step.action,
               "metadata": step.metadata} for step in trajectory.steps]
-    return cpu.dumps({"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata},
-                     sort_keys=True)
+    return {"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata}
 
 
 def check_trajectory(trajectory: Trajectory, config: Config) -> None:
@@ -97,8 +96,11 @@ def check_ingest(trajectory: Trajectory, source_id: str, progress: Progress | No
 def _digest(trajectory: Trajectory, metadata: Metadata | None) -> str:
     """The digest that identifies a source: its payload and its scope (the same steps under
     another scope conflict)."""
-    payload = payload_of(trajectory) + (canonical(metadata or {}) or "")
-    return hashlib.sha256(payload.encode()).hexdigest()
+    digest = hashlib.sha256()
+    for piece in cpu.pieces(payload_of(trajectory), sort_keys=True):
+        digest.update(piece.encode())
+    digest.update((canonical(metadata or {}) or "").encode())
+    return digest.hexdigest()
 
 
 class IngestService:

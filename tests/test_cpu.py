@@ -13,7 +13,7 @@ import mnemo
 from mnemo import cpu
 from mnemo.ingest.service import _digest
 
-texts = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
+texts = st.text(st.characters(codec="utf-8"), max_size=40)
 values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | texts,
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(texts, inner, max_size=5),

@@ -164,6 +164,6 @@ def test_type_tables_name_every_member_as_the_enums_do() -> None:
 def test_steps_are_ordered_by_their_index_as_a_number() -> None:
     """Step 10 of an episode comes after step 2 (`mnemo show` and the web app list steps so)."""
     at = datetime(2026, 1, 1, tzinfo=UTC)
-    steps = [Node(f"episodic_e:{i}", NodeType.EPISODIC, f"step {i}",
+    steps = [Node(NodeId(f"episodic_e:{i}"), NodeType.EPISODIC, f"step {i}",
                   {"episode_id": "e", "index": i}, at) for i in (10, 2, 1, 11)]
     assert [n.data["index"] for n in sorted(steps, key=step_order)] == [1, 2, 10, 11]

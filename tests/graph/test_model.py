@@ -19,6 +19,7 @@ from mnemo.graph.model import (
     LinkType,
     Node,
     NodeDraft,
+    NodeId,
     NodeType,
     normalise_label,
     step_order,

@@ -89,11 +89,16 @@ async def test_a_first_recall_imports_its_modules_off_the_event_loop(store: str)
 
 
 WALKED = """
-import gc, json, sys
+import gc, importlib, json, sys
 import anyio, mnemo
+if sys.argv[2]:  # the backend's module imported first, no faiss, a model of the caller's
+    importlib.import_module("mnemo.storage.postgres.store" if sys.argv[1].startswith("postgres")
+                            else "mnemo.storage.sqlite")
+    sys.modules["faiss"] = None
+embedder = mnemo.HashEmbedder() if sys.argv[2] else None
 
 async def main() -> None:
-    async with mnemo.Memory(sys.argv[1]) as mem:
+    async with mnemo.Memory(sys.argv[1], embedder=embedder) as mem:
         await mem.open_repo("r")
         await mem.ingest("r", mnemo.Trajectory("deploy", [mnemo.Step("deploy failed", "retry")]),
                          source_id="s")
@@ -106,11 +111,14 @@ anyio.run(main)
 
 
 @pytest.mark.slow
-async def test_a_full_collection_does_not_walk_what_the_imports_made(store: str) -> None:
+@pytest.mark.parametrize("first", ["", "backend first"])
+async def test_a_full_collection_does_not_walk_what_the_imports_made(
+        store: str, first: str) -> None:
     """The modules the parts, the default embedder's runtime and faiss import live as long as
-    the process: the collector freezes them, so a full collection (which holds the GIL, and
-    so the loop) walks only the objects made since (tens of thousands before)."""
+    the process: the collector freezes them (also when a backend's module was imported
+    first), so a full collection (which holds the GIL, and so the loop) walks only the
+    objects made since (tens of thousands before)."""
     done = await anyio.run_process(
-        [sys.executable, "-c", WALKED, store], cwd=ROOT, check=True)
+        [sys.executable, "-c", WALKED, store, first], cwd=ROOT, check=True)
     seen = json.loads(done.stdout.decode().strip().splitlines()[-1])
     assert seen["tracked"] < 10_000 < seen["frozen"], seen

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 import anyio
 
 from mnemo.config import Config
+from mnemo.cpu import import_kept
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.scope import check_metadata, check_where
 from mnemo.inputs import POSTGRES_SCHEMES, check_id, check_models, check_store
@@ -419,6 +420,7 @@ def _without_driver(path: str) -> bool:
 
 
 def _load(path: str) -> None:
+    import_kept("mnemo.memory.assembly")  # the parts' modules, whatever was imported before
     from mnemo.memory import assembly
 
     assembly.load(path)

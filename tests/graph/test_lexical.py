@@ -632,3 +632,30 @@ async def test_closing_commits_at_once_instead_of_waiting_for_more_writes(
         await index.aclose()
     assert len(index._fresh) == 0
 
+
+
+async def test_a_search_returns_the_exact_bm25_top_whatever_tantivy_ranks_first(
+    backend: Backend,
+) -> None:
+    """tantivy only finds the hits: its own scores count another repo's documents, so here
+    it ranks the repo's 60 "beta" documents above its 3 "alpha" ones (rare in the repo, common
+    in the other). The search still answers the repo's exact BM25 top, ties by rowid, so
+    recall ranks alike whatever tantivy's segments, deletions and other repos."""
+    ours = {
+        **{f"a{i}": f"alpha note {i}" for i in range(3)},
+        **{f"b{i:02d}": f"beta note {i}" for i in range(60)},
+        **{f"g{i:03d}": f"gamma note {i}" for i in range(300)},
+    }
+    await add(backend, "c0", {f"o{i}": f"alpha other {i}" for i in range(400)}, repo="other")
+    await add(backend, "c1", ours)
+    index = lexical(backend)
+    await index.settle("other")
+    await index.settle(REPO)
+    stems = {i: [s for w in text.split() for s in analyzer().analyze(w)]
+             for i, text in ours.items()}
+    average = sum(map(len, stems.values())) / len(stems)
+    weights = {w: idf(len(stems), sum(w in s for s in stems.values())) for w in ("alpha", "beta")}
+    exact = sorted(ours, key=lambda i: (-bm25(
+        [(weights[w], stems[i].count(w)) for w in weights], len(stems[i]), average), i))
+    result = await index.search(REPO, "alpha beta", 10, None)
+    assert [node_id for node_id, _ in result or []] == exact[:10]

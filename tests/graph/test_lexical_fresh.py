@@ -400,3 +400,52 @@ async def test_a_search_counts_the_documents_of_its_own_stems_only(
     assert await found(backend, "word3") == {"n3", "late"}
     assert await found(backend, "zebra") == {*(f"n{i}" for i in range(40)), "late"}
     assert set(index._stats[REPO].frequencies) == {"zebra"}
+
+
+# ---- tantivy's scores against the exact ones ---------------------------------------------
+
+_docs = st.lists(st.tuples(st.sampled_from(["r", "s"]), st.lists(
+    st.sampled_from(["ash", "elm", "oak", "yew", "fir", "box"]), min_size=1, max_size=60),
+    st.booleans()), min_size=1, max_size=40)
+
+
+@given(_docs, st.lists(st.sampled_from(["ash", "elm", "oak"]), min_size=1, max_size=3, unique=True))
+def test_no_document_scores_higher_exactly_than_tantivy_scaled_says(
+    docs: list[tuple[str, list[str], bool]], words: list[str]
+) -> None:
+    """`tantivy_scale` bounds every hit's exact BM25 (over repo "r"'s live documents) by its
+    tantivy score, though tantivy counts "s"'s documents, deleted ones and rounded lengths:
+    the search reads on until no unread document can enter the exact top."""
+    from mnemo.storage.lexical.schema import TOKENIZER, analyzer, schema
+
+    fields = schema()
+    index = tv.Index(fields)
+    index.register_tokenizer(TOKENIZER, analyzer())
+    writer = index.writer()
+    for n, (repo, stems, _) in enumerate(docs):
+        writer.add_document(tv.Document(key=f"{repo}/{n}", repo=repo, text=" ".join(stems),
+                                        stems=stem_text(stems), length=len(stems)))
+    writer.commit()
+    for n, (repo, _, dead) in enumerate(docs):
+        if dead:
+            writer.delete_documents_by_term("key", f"{repo}/{n}")
+    writer.commit()
+    index.reload()
+    live = [stems for repo, stems, dead in docs if repo == "r" and not dead]
+    if not live:
+        return
+    weights = {w: idf(len(live), sum(w in s for s in live)) for w in words}
+    average = sum(map(len, live)) / len(live)
+    searcher = index.searcher()
+    query = tv.Query.boolean_query(
+        [(tv.Occur.Must, tv.Query.boolean_query(
+            [(tv.Occur.Should, tv.Query.term_query(fields, "text", w)) for w in words])),
+         (tv.Occur.Must, tv.Query.const_score_query(tv.Query.term_query(fields, "repo", "r"),
+                                                    0.0))])
+    hits = searcher.search(query, 100).hits
+    if not hits:
+        return
+    scale = lexical_fresh.tantivy_scale(searcher, query, weights, average)
+    for score, address in hits:
+        stored = searcher.doc(address)["stems"][0]
+        assert stored_score(stored, needles(weights), average) <= scale * score

@@ -5,6 +5,7 @@ unlike tantivy's), from the stems stored with each document."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections import Counter
@@ -298,6 +299,29 @@ def scores(
         if score > 0:
             found.append((key, doc.id, score))
     return found
+
+
+def tantivy_scale(searcher: Any, query: Any, weights: Mapping[str, float],
+                  average: float) -> float:
+    """At least the most any committed document's exact BM25 (idf `weights` by stem, average
+    length `average`) exceeds tantivy's score of it for `query`: tantivy counts deleted and
+    other repos' documents in its idf and average, and rounds lengths down."""
+    totals = _totals(json.loads(query.explain(searcher, searcher.search(
+        query, 1, count=False).hits[0][1]).to_json()))
+    documents, length = totals["N, total number of docs"], totals["avgdl, average length of field"]
+    ratio = max(w / idf(int(documents), searcher.doc_freq("text", s)) for s, w in weights.items())
+    return ratio * max(1.0, average / max(length, 1e-9)) * (1 + 1e-4)  # and float32 rounding
+
+
+def _totals(explained: Mapping[str, Any]) -> dict[str, float]:
+    """The values of an explanation's details by description, first found first."""
+    out: dict[str, float] = {}
+    todo = [explained]
+    while todo:
+        node = todo.pop()
+        out.setdefault(node.get("description", ""), node.get("value", 0.0))
+        todo.extend(reversed(node.get("details", [])))
+    return out
 
 
 def idf(documents: int, frequency: int) -> float:

@@ -20,6 +20,7 @@ from mnemo.storage.lexical.fresh import (
     needles,
     scores,
     stored_score,
+    tantivy_scale,
     unstale_hits,
 )
 from mnemo.storage.lexical.schema import analyzer, schema
@@ -53,8 +54,10 @@ FORMAT = "v6"
 COMMIT_AFTER = 0.5
 COMMIT_WITHIN = 1.0
 COMMIT_ABOVE = 2_000
-# Extra hits read from tantivy (whose ranking is approximate) before exact rescoring.
+# Extra hits read from tantivy (whose ranking is approximate) before exact rescoring; more
+# are read, up to `READ_MOST` times as many, until the exact top is certain.
 MORE = 10
+READ_MOST = 16
 
 
 class LexicalIndex(Slot):
@@ -142,14 +145,25 @@ class LexicalIndex(Slot):
         query = match if len(clauses) == 1 else tv.Query.boolean_query(clauses)
         weights = {s: idf(documents, df) for df, s in kept}
         wanted = needles(weights)
-        found = [(at, node_id, stored_score(stems, wanted, average))
-                 for _, (at, node_id, stems)
-                 in unstale_hits(searcher, query, limit + MORE, stale, read)]
-        if fresh:
-            found += scores(fresh, weights, kinds, average)
-        # Ties by rowid, as the store's search and the dense channel break them.
-        found.sort(key=lambda hit: (-hit[2], rowid_of(hit[0])))
-        return [(node_id, score) for _, node_id, score in found[:limit]]
+        # By key, (-BM25, rowid, id): ties by rowid, as the store's search and the dense
+        # channel break them.
+        ranked = {at: (-score, rowid_of(at), node_id)
+                  for at, node_id, score in scores(fresh, weights, kinds, average)}
+        want, most, scale = limit + MORE, READ_MOST * (limit + MORE), 0.0
+        while True:
+            hits = unstale_hits(searcher, query, want, stale, read)
+            for _, (at, node_id, stored) in hits:
+                if at not in ranked:
+                    ranked[at] = (-stored_score(stored, wanted, average), rowid_of(at), node_id)
+            found = sorted(ranked.values())[:limit]
+            if len(hits) < want or want >= most:
+                break
+            # Done when no document tantivy ranks below the last read can reach the top.
+            scale = scale or tantivy_scale(searcher, query, weights, average)
+            if len(found) == limit and -found[-1][0] > scale * hits[-1][0]:
+                break
+            want = min(2 * want, most)
+        return [(node_id, -score) for score, _, node_id in found]
 
     def _current(self, repo: str) -> bool:
         """Applies a short backlog inline; whether the index answers now. Holds the lock."""

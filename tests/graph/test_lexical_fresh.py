@@ -445,7 +445,10 @@ def test_no_document_scores_higher_exactly_than_tantivy_scaled_says(
     hits = searcher.search(query, 100).hits
     if not hits:
         return
-    scale = lexical_fresh.tantivy_scale(searcher, query, weights, average)
+    totals = lexical_fresh.tantivy_totals(searcher, fields, words)
+    assert totals is not None
+    scale = lexical_fresh.tantivy_scale(totals, weights, average,
+                                        lambda s: searcher.doc_freq("text", s))
     for score, address in hits:
         stored = searcher.doc(address)["stems"][0]
         assert stored_score(stored, needles(weights), average) <= scale * score

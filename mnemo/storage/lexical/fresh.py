@@ -301,27 +301,40 @@ def scores(
     return found
 
 
-def tantivy_scale(searcher: Any, query: Any, weights: Mapping[str, float],
-                  average: float) -> float:
+# What tantivy's BM25 counts: all its documents (deleted ones and other repos' too) and
+# their average length.
+Totals = tuple[int, float]
+
+
+def tantivy_totals(searcher: Any, fields: Any, stems: Iterable[str]) -> Totals | None:
+    """`Totals` as tantivy's explanation of a hit of one of `stems` gives them (None: no
+    committed document holds one)."""
+    import tantivy as tv
+
+    for stem in stems:
+        query = tv.Query.term_query(fields, "text", stem)
+        hits = searcher.search(query, 1, count=False).hits
+        if hits:
+            found: dict[str, float] = {}
+            todo = [json.loads(query.explain(searcher, hits[0][1]).to_json())]
+            while todo:
+                node = todo.pop()
+                found.setdefault(node.get("description", ""), node.get("value", 0.0))
+                todo.extend(node.get("details", []))
+            return (int(found["N, total number of docs"]),
+                    found["avgdl, average length of field"])
+    return None
+
+
+def tantivy_scale(totals: Totals, weights: Mapping[str, float], average: float,
+                  frequency: Callable[[str], int]) -> float:
     """At least the most any committed document's exact BM25 (idf `weights` by stem, average
-    length `average`) exceeds tantivy's score of it for `query`: tantivy counts deleted and
-    other repos' documents in its idf and average, and rounds lengths down."""
-    totals = _totals(json.loads(query.explain(searcher, searcher.search(
-        query, 1, count=False).hits[0][1]).to_json()))
-    documents, length = totals["N, total number of docs"], totals["avgdl, average length of field"]
-    ratio = max(w / idf(int(documents), searcher.doc_freq("text", s)) for s, w in weights.items())
+    length `average`) exceeds tantivy's score of it, from tantivy's `totals` and document
+    `frequency` of a stem: tantivy also counts deleted and other repos' documents, and rounds
+    lengths down."""
+    documents, length = totals
+    ratio = max(w / idf(documents, frequency(s)) for s, w in weights.items())
     return ratio * max(1.0, average / max(length, 1e-9)) * (1 + 1e-4)  # and float32 rounding
-
-
-def _totals(explained: Mapping[str, Any]) -> dict[str, float]:
-    """The values of an explanation's details by description, first found first."""
-    out: dict[str, float] = {}
-    todo = [explained]
-    while todo:
-        node = todo.pop()
-        out.setdefault(node.get("description", ""), node.get("value", 0.0))
-        todo.extend(reversed(node.get("details", [])))
-    return out
 
 
 def idf(documents: int, frequency: int) -> float:

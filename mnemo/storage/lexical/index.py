@@ -11,16 +11,19 @@ import logging
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import anyio.to_thread
 
 from mnemo.storage.lexical.fresh import (
     Statistics,
+    Totals,
     idf,
     needles,
     scores,
     stored_score,
     tantivy_scale,
+    tantivy_totals,
     unstale_hits,
 )
 from mnemo.storage.lexical.schema import analyzer, schema
@@ -118,6 +121,7 @@ class LexicalIndex(Slot):
             stems = list(dict.fromkeys(t for w in words for t in self._analyzer.analyze(w)))
             stale, fresh = self._fresh.of(repo, stems)
             documents, average, read = stats.documents, stats.average, self._read
+            generation = self._generation
             counted = stats.frequencies_of(stems, searcher, self._schema, repo, self._fresh)
             present = sorted((df, s) for s, df in counted.items() if df)
         finally:
@@ -159,11 +163,27 @@ class LexicalIndex(Slot):
             if len(hits) < want or want >= most:
                 break
             # Done when no document tantivy ranks below the last read can reach the top.
-            scale = scale or tantivy_scale(searcher, query, weights, average)
+            if not scale:
+                totals = self._tantivy_totals(generation, searcher, [s for _, s in kept])
+                if totals is None:  # no hit holds a word: not reached while there are hits
+                    break
+                scale = tantivy_scale(totals, weights, average,
+                                      lambda s: searcher.doc_freq("text", s))
             if len(found) == limit and -found[-1][0] > scale * hits[-1][0]:
                 break
             want = min(2 * want, most)
         return [(node_id, -score) for score, _, node_id in found]
+
+    def _tantivy_totals(self, generation: int, searcher: Any, stems: list[str]) -> Totals | None:
+        """`tantivy_totals` of the searcher of this `generation` of commits, kept until the
+        next."""
+        kept = self._totals
+        if kept is not None and kept[0] == generation:
+            return kept[1]
+        totals = tantivy_totals(searcher, self._schema, stems)
+        if totals is not None:
+            self._totals = (generation, totals)
+        return totals
 
     def _current(self, repo: str) -> bool:
         """Applies a short backlog inline; whether the index answers now. Holds the lock."""

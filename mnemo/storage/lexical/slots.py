@@ -17,6 +17,7 @@ from mnemo.storage.lexical.fresh import (
     FreshDoc,
     Statistics,
     Stored,
+    Totals,
     committed_docs,
     stem_text,
     unstale_hits,
@@ -61,6 +62,9 @@ class Slot:
         self._stats: dict[str, Statistics] = {}
         # Committed documents searches read since the last commit.
         self._read: dict[tuple[int, int], Stored] = {}
+        # How many times the searcher changed; tantivy's `Totals` of the current one.
+        self._generation = 0
+        self._totals: tuple[int, Totals] | None = None
         # Up to two repos with committed documents, read once per commit.
         self._repos: list[str] | None = None
         self._epoch: str | None = None  # the store's epoch the slot's documents are of
@@ -168,6 +172,7 @@ class Slot:
         self._writer.commit()
         self._index.reload()
         self._read = {}
+        self._generation += 1
         self._repos = None
         self._fresh.committed(upto)
 
@@ -189,6 +194,7 @@ class Slot:
             writer = index.writer(heap_size=HEAP, num_threads=1)
         index.config_reader(reload_policy="manual")
         self._index, self._writer, self._repos, self._read = index, writer, None, {}
+        self._generation += 1
         searcher = index.searcher()
         marks = searcher.search(tv.Query.term_query(self._schema, "key", EPOCH), 1).hits
         if not marks or searcher.doc(marks[0][1])["id"][0] != epoch.encode():

@@ -342,7 +342,7 @@ async def annotate(
         )
         results["subgoal"] = await ask(llm, request, parse_subgoal)
 
-    async def reward(step: StepRecord) -> None:
+    async def score(step: StepRecord) -> None:
         # 0.5 when the reply is unusable; LLMError when the LLM itself failed.
         request = reward_request(
             goal=goal,
@@ -358,7 +358,7 @@ async def annotate(
         async with anyio.create_task_group() as tg:
             tg.start_soon(subgoal)
             if previous is not None:
-                tg.start_soon(reward, previous)
+                tg.start_soon(score, previous)
             await state()
     subgoal_text = str(results["subgoal"])
     vector = (await embed(embedder, [subgoal_text]))[0]

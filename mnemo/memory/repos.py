@@ -356,7 +356,4 @@ class UsageBook:
         return self._sessions.get(session_id, Usage())
 
     def total(self) -> Usage:
-        result = Usage()
-        for usage in self._repos.values():
-            result = result + usage
-        return result
+        return sum(self._repos.values(), Usage())

@@ -163,12 +163,6 @@ class Config:
             raise InvalidInputError(
                 f'Config.recall_planner must be "offline" or "llm", got {self.recall_planner!r}')
 
-    @property
-    def annotation_timeout(self) -> float:
-        """Seconds one step's annotation may take (waits for a turn excluded): what its
-        append, then a close, waits for it."""
-        return self.append_timeout + self.extraction_timeout
-
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 

@@ -17,6 +17,7 @@ import numpy as np
 from mnemo.calls.retry import fail_after
 from mnemo.calls.schema import Meta, Reply, most_tokens, reply_schema, text
 from mnemo.calls.tasks import ask, preview, read_reply, reply_data, task_request
+from mnemo.config import Config
 from mnemo.errors import LLMTimeout, MnemoError, first_error
 from mnemo.graph.model import Vector
 from mnemo.graph.vectors import cosine, embed, reaches
@@ -341,12 +342,23 @@ async def annotate(
         )
         results["subgoal"] = await ask(llm, request, parse_subgoal)
 
+    async def score(step: StepRecord) -> None:
+        # 0.5 when the reply is unusable; LLMError when the LLM itself failed.
+        request = reward_request(
+            goal=goal,
+            subgoal=step.subgoal,
+            observation=step.observation,
+            action=step.action,
+            next_observation=observation,
+        )
+        results["reward"] = await ask(llm, request, parse_reward, unusable=NEUTRAL_REWARD)
+
     # The three calls run at once, the state call in this task (one task start saved).
     with first_error():
         async with anyio.create_task_group() as tg:
             tg.start_soon(subgoal)
             if previous is not None:
-                tg.start_soon(_reward_into, results, llm, goal, previous, observation)
+                tg.start_soon(score, previous)
             await state()
     subgoal_text = str(results["subgoal"])
     vector = (await embed(embedder, [subgoal_text]))[0]
@@ -359,21 +371,28 @@ async def annotate(
     )
 
 
+def annotation_timeout(config: Config) -> float:
+    """Seconds one step's annotation may take (waits for a turn excluded): what its append,
+    then a close, waits for it."""
+    return config.append_timeout + config.extraction_timeout
+
+
 async def annotate_step(
     llm: Callable[[], LLM],
     embedder: Embedder,
+    config: Config,
     *,
     goal: str,
     observation: str,
     action: str,
     steps: Sequence[StepRecord],
-    threshold: float,
-    time_limit: float,
     name: str,
 ) -> tuple[Annotation, bool]:
-    """Annotates a step appended after `steps` within `time_limit` seconds (else LLMTimeout),
-    and says whether it starts a new trajectory; LLMError, EmbeddingError as `annotate`."""
+    """Annotates a step appended after `steps` within `annotation_timeout(config)` seconds
+    (else LLMTimeout), and says whether it starts a new trajectory (`config`'s
+    `trajectory_threshold`); LLMError, EmbeddingError as `annotate`."""
     previous = steps[-1] if steps else None
+    time_limit = annotation_timeout(config)
     try:
         with fail_after(time_limit, stretches=True):
             note = await annotate(
@@ -389,28 +408,8 @@ async def annotate_step(
         if isinstance(exc, MnemoError):
             raise
         raise LLMTimeout(f"{name}: the annotation timed out after {time_limit}s") from exc
-    return note, starts_trajectory(previous, note.subgoal_vec, threshold)
+    return note, starts_trajectory(previous, note.subgoal_vec, config.trajectory_threshold)
 
-
-async def _reward_into(
-    results: dict[str, str | float], llm: LLM, goal: str, step: StepRecord, next_observation: str
-) -> None:
-    results["reward"] = await score_reward(llm, goal, step, next_observation)
-
-
-async def score_reward(
-    llm: LLM, goal: str, step: StepRecord, next_observation: str | None
-) -> float:
-    """The step's reward in [0, 1] judged by what came next; 0.5 when the reply is unusable,
-    LLMError when the LLM itself failed."""
-    request = reward_request(
-        goal=goal,
-        subgoal=step.subgoal,
-        observation=step.observation,
-        action=step.action,
-        next_observation=next_observation,
-    )
-    return await ask(llm, request, parse_reward, unusable=NEUTRAL_REWARD)
 
 
 def starts_trajectory(previous: StepRecord | None, vector: Vector, threshold: float) -> bool:

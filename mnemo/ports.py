@@ -7,7 +7,7 @@ import inspect
 import logging
 import operator
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import anyio
@@ -40,20 +40,12 @@ class Usage:
     saved_output_tokens: int = field(default=0, compare=False)
 
     def __add__(self, other: Usage) -> Usage:
+        counts = {f.name: getattr(self, f.name) + getattr(other, f.name)
+                  for f in fields(self) if f.name != "cost"}
         cost = None if self.cost is None and other.cost is None else (self.cost or 0.0) + (
             other.cost or 0.0
         )
-        return Usage(
-            self.input_tokens + other.input_tokens,
-            self.output_tokens + other.output_tokens,
-            cost,
-            calls=self.calls + other.calls,
-            retries=self.retries + other.retries,
-            re_asks=self.re_asks + other.re_asks,
-            saved_calls=self.saved_calls + other.saved_calls,
-            saved_input_tokens=self.saved_input_tokens + other.saved_input_tokens,
-            saved_output_tokens=self.saved_output_tokens + other.saved_output_tokens,
-        )
+        return Usage(cost=cost, **counts)
 
 
 # A JSON value and a JSON object, for annotations only (msgspec reads `object` for these).

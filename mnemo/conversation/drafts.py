@@ -12,7 +12,7 @@ from mnemo.config import Config
 from mnemo.conversation.model import NO_CONTENT
 from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
 from mnemo.errors import InvalidInputError
-from mnemo.inputs import check_id, check_json, check_name, check_text, check_tree
+from mnemo.inputs import check_json, check_name, check_text, check_tree
 from mnemo.ports import JSONObject
 
 # A message's JSON, at most this many times `Config.max_text_chars`.
@@ -32,17 +32,6 @@ class MessageDraft:
     key: bytes
     # Who it belongs to (`mnemo.graph.scope`), set by the save that stores it.
     metadata: dict[str, str | int | float | bool] = field(default_factory=dict)
-
-
-def check_thread_id(thread_id: object) -> str:
-    """The thread id of a lookup, checked (`inputs.check_id`); raises InvalidInputError."""
-    return check_id(thread_id, "thread_id")
-
-
-def check_thread_name(thread_id: object) -> str:
-    """The thread id of a write that may create the thread, checked as a name
-    (`inputs.check_name`); raises InvalidInputError."""
-    return check_name(thread_id, "thread_id")
 
 
 def check_history(messages: object) -> Sequence[Mapping[str, object]]:

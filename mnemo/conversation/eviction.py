@@ -34,7 +34,7 @@ from mnemo.conversation.viewport import (
     snapshot_words,
 )
 from mnemo.errors import ConflictError
-from mnemo.ports import LLM, REQUIRED, Events, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
+from mnemo.ports import LLM, REQUIRED, Events, LLMRequest, LLMResponse, ToolCall, Usage
 
 log = logging.getLogger("mnemo")
 
@@ -274,10 +274,9 @@ class Evictor:
                                       time_limit=self.timeout)
         text = tools.snapshot_text or fallback_note(*span, error or "no snapshot")
         after = zone[-1].seq + 1
-        now = self.clock()
         snapshot = await self.store.commit_eviction(
             thread_id, boundary_before=boundary, boundary_after=after, zone=span,
-            snapshot_text=text, pins=tools.pins, now=now,
+            snapshot_text=text, pins=tools.pins, now=self.clock(),
         )
         folded = await self.fold(thread_id, token_budget, llm)
         pinned = list(dict.fromkeys(mid for mid, _ in tools.pins))
@@ -304,11 +303,13 @@ class Evictor:
     async def fold(self, thread_id: str, token_budget: int, llm: LLM) -> Snapshot | None:
         """Folds the oldest 5 uncovered level-1 snapshots into a level-2 one, when due; a
         failure is logged and left for the next eviction."""
-        due = due_for_fold(await self.store.uncovered_snapshots(thread_id))
-        if not due:
+        due = list((await self.store.uncovered_snapshots(thread_id))[:FOLD_AFTER])
+        if len(due) < FOLD_AFTER:
             return None
         request = fold_request(
-            snapshots=fold_inputs(due), max_words=snapshot_words(token_budget, 2)
+            snapshots=[{"start_seq": s.start_seq, "end_seq": s.end_seq, "text": s.text}
+                       for s in due],
+            max_words=snapshot_words(token_budget, 2),
         )
         try:
             with fail_after(self.timeout):
@@ -317,14 +318,4 @@ class Evictor:
             # Folding is an optimisation of the viewport: the level-1 snapshots stay visible.
             log.warning("folding snapshots of thread %r failed", thread_id, exc_info=True)
             return None
-        now = self.clock()
-        return await self.store.commit_fold(thread_id, due, text, now)
-
-
-def fold_inputs(snapshots: Sequence[Snapshot]) -> list[JSONObject]:
-    return [{"start_seq": s.start_seq, "end_seq": s.end_seq, "text": s.text} for s in snapshots]
-
-
-def due_for_fold(snapshots: Sequence[Snapshot]) -> list[Snapshot]:
-    """The oldest `FOLD_AFTER` uncovered level-1 snapshots, once there are that many."""
-    return list(snapshots[:FOLD_AFTER]) if len(snapshots) >= FOLD_AFTER else []
+        return await self.store.commit_fold(thread_id, due, text, self.clock())

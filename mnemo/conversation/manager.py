@@ -19,8 +19,6 @@ from mnemo.config import Config
 from mnemo.conversation.drafts import (
     MessageDraft,
     check_history,
-    check_thread_id,
-    check_thread_name,
     draft,
     history_hash,
     message_key,
@@ -46,7 +44,7 @@ from mnemo.conversation.selection import (
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
 from mnemo.graph.scope import Metadata, check_metadata
-from mnemo.inputs import check_count, check_text
+from mnemo.inputs import check_count, check_id, check_name, check_text
 from mnemo.ports import LLM, JSONObject
 
 if TYPE_CHECKING:
@@ -99,10 +97,10 @@ class ConversationManager:
                 nothing is stored.
             ConflictError: other writers changed the thread under each of `MAX_SAVE_ATTEMPTS`
                 attempts."""
-        check_thread_name(thread_id)
+        check_name(thread_id, "thread_id")
         history = check_history(messages)
         scoped = check_metadata(metadata)
-        async with self._service.thread_lock(thread_id):
+        async with self._service.thread_locks.hold(thread_id):
             appended = await self._append_new(thread_id, history, scoped)
             await self._compress(thread_id, appended)
         await self._evict(thread_id, appended)
@@ -114,14 +112,14 @@ class ConversationManager:
     ) -> list[Message]:
         """Stores `messages`, new messages only, after the thread's stored ones and returns them;
         then as after `save`. Raises InvalidInputError as `save` does for its new messages."""
-        check_thread_name(thread_id)
+        check_name(thread_id, "thread_id")
         history = check_history(messages)
         scoped = check_metadata(metadata)
         self._check_count(len(history))
         drafted = await cpu.run(partial(_drafts, history, 0, self._service.config, scoped),
                                 _chars(history))
         vectors = await self._embed(thread_id, drafted, {})
-        async with self._service.thread_lock(thread_id):
+        async with self._service.thread_locks.hold(thread_id):
             appended = await self._service.store.append(
                 thread_id, list(drafted.values()), recorded_at=self.clock(),
                 vectors=None if vectors is None else list(vectors.values()),
@@ -230,7 +228,7 @@ class ConversationManager:
         Raises:
             InvalidInputError: a blank thread id, or a bad query.
             EmbeddingError: `Semantic` with a query, and embedding failed."""
-        check_thread_id(thread_id)
+        check_id(thread_id, "thread_id")
         if query is not None:
             check_text(query, "query", limit=self._service.max_text_chars, stored=False)
         await self._expire(thread_id)
@@ -267,11 +265,11 @@ class ConversationManager:
             InvalidInputError: a blank id or summary, a bad range, or one that partly overlaps an
                 existing compaction.
             NotFoundError: the thread was never saved."""
-        check_thread_id(thread_id)
+        check_id(thread_id, "thread_id")
         check_count("start_seq", start_seq)
         check_count("end_seq", end_seq, minimum=start_seq)
         check_text(summary_text, "summary_text", limit=self._service.max_text_chars)
-        async with self._service.thread_lock(thread_id):
+        async with self._service.thread_locks.hold(thread_id):
             return await self._service.store.add_compaction(
                 thread_id, start_seq, end_seq, summary_text, self.clock()
             )
@@ -286,23 +284,23 @@ class ConversationManager:
 
     async def pop(self, thread_id: str) -> Message | None:
         """Erases the thread's newest message and returns it (None if none; no seq reused)."""
-        check_thread_id(thread_id)
+        check_id(thread_id, "thread_id")
         return await self._service.pop(thread_id)
 
     async def clear(self, thread_id: str) -> None:
         """Deletes the thread's messages, compactions, vectors, snapshots, goals and pins and starts
         a new history; seqs are not reused."""
-        check_thread_id(thread_id)
+        check_id(thread_id, "thread_id")
         await self._service.clear(thread_id)
 
     async def purge(self, thread_id: str) -> None:
         """Erases the thread and its seq counter, leaving nothing of it in the database file."""
-        check_thread_id(thread_id)
+        check_id(thread_id, "thread_id")
         await self._service.purge(thread_id)
 
     async def _read(self, thread_id: str, read: Callable[[str], Awaitable[_T]]) -> _T:
         """`read` of the thread once the ttl's erasure is done (a blank thread id refused)."""
-        check_thread_id(thread_id)
+        check_id(thread_id, "thread_id")
         await self._expire(thread_id)
         return await read(thread_id)
 

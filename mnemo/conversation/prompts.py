@@ -4,6 +4,7 @@ turn them into their provider's format."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, TypedDict
 
 from msgspec import Meta
@@ -230,19 +231,7 @@ def eviction_request(
     snapshot = snapshot_schema(max_words)
     max_tokens = max(request.max_tokens or 0, most_tokens(snapshot) or 0)
     if as_data:
-        return LLMRequest(
-            task=request.task,
-            system=request.system,
-            messages=request.messages,
-            schema=snapshot,
-            max_tokens=max_tokens,
-        )
-    return LLMRequest(
-        task=request.task,
-        system=request.system,
-        messages=request.messages,
-        schema=None,
-        tools=[{**EVICTION_TOOL_SPECS[0], "parameters": snapshot}, *EVICTION_TOOL_SPECS[1:]],
-        max_tokens=max_tokens,
-        tool_choice=tool_choice,
-    )
+        return replace(request, schema=snapshot, max_tokens=max_tokens)
+    return replace(
+        request, max_tokens=max_tokens, tool_choice=tool_choice,
+        tools=[{**EVICTION_TOOL_SPECS[0], "parameters": snapshot}, *EVICTION_TOOL_SPECS[1:]])

@@ -18,19 +18,15 @@ import numpy.typing as npt
 
 from mnemo.calls.retry import fail_after
 from mnemo.config import DURATION_CEILINGS, Config
-from mnemo.conversation.drafts import check_thread_id, check_thread_name, search_text
+from mnemo.conversation.drafts import search_text
 from mnemo.conversation.eviction import Evictor
-from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import (
     Compression,
     EvictionResult,
     Goal,
     Message,
     MessageView,
-    Recent,
-    Retrieval,
     SearchHit,
-    Semantic,
     Summary,
     ToolOutputPruner,
     Viewport,
@@ -41,7 +37,7 @@ from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.graph.model import now_utc
 from mnemo.graph.scope import Where
-from mnemo.inputs import check_count, check_id, check_models, check_seconds, check_text
+from mnemo.inputs import check_count, check_id, check_models, check_name, check_seconds, check_text
 from mnemo.ports import LLM, Embedder, Events, detect_dim
 from mnemo.text import query_words
 
@@ -50,7 +46,6 @@ log = logging.getLogger("mnemo")
 
 T = TypeVar("T")
 
-DEFAULT_RETRIEVAL = Recent(k=10)
 MAX_SEARCH_LIMIT = 100
 MAX_RADIUS = 100
 # Threads whose last viewport a Memory remembers for `search_messages(exclude_viewport_of=)`.
@@ -105,52 +100,16 @@ class ConversationService:
         self.evictor = Evictor(
             store=store, events=events, clock=clock, timeout=self.timeout, recall=self.recalled
         )
-        self._thread_locks = KeyedLocks()
+        # Held while a call reads then writes a thread's log; while one evicts it.
+        self.thread_locks = KeyedLocks()
         self._evict_locks = KeyedLocks()
         # What the last viewport laid out here showed of each thread, for `search_messages`.
         self._shown: OrderedDict[str, Shown] = OrderedDict()
-
-    def manager(
-        self,
-        *,
-        retrieval: Retrieval = DEFAULT_RETRIEVAL,
-        compression: Compression | Sequence[Compression] | None = None,
-        ttl: float | timedelta | None = None,
-        auto_evict_budget: int | None = None,
-        eviction_fraction: float = 0.33,
-        clock: Clock | None = None,
-        llm: LLM | None = None,
-    ) -> ConversationManager:
-        """A `ConversationManager` with these policies (InvalidInputError for a bad policy,
-        ttl, budget, fraction or llm)."""
-        if not isinstance(retrieval, Recent | Semantic):
-            raise InvalidInputError(
-                f"retrieval must be mnemo.Recent or mnemo.Semantic, got {retrieval!r}"
-            )
-        if auto_evict_budget is not None:
-            check_count("auto_evict_budget", auto_evict_budget, minimum=1)
-        check_fraction(eviction_fraction)
-        return ConversationManager(
-            self,
-            retrieval=retrieval,
-            compression=_compressions(compression),
-            ttl=_ttl(ttl),
-            auto_evict_budget=auto_evict_budget,
-            eviction_fraction=eviction_fraction,
-            clock=clock or self.clock,
-            llm=self.model(llm),
-        )
 
     def model(self, llm: LLM | None) -> LLM:
         """A manager's or eviction's model: `llm` within its provider's limit, else the Memory's."""
         check_models(llm, None)
         return self.llm if llm is None else self._limit(llm)
-
-    @asynccontextmanager
-    async def thread_lock(self, thread_id: str) -> AsyncIterator[None]:
-        """Held while a call reads then writes the thread's log."""
-        async with self._thread_locks.hold(thread_id):
-            yield
 
     # ---- embeddings ---------------------------------------------------------------------
 
@@ -212,7 +171,7 @@ class ConversationService:
 
     async def viewport(self, thread_id: str, token_budget: int) -> Viewport:
         """See `Memory.viewport`."""
-        check_thread_id(thread_id)
+        check_id(thread_id, "thread_id")
         check_count("token_budget", token_budget, minimum=1)
         view = (await self._layout(thread_id, token_budget))[0]
         goals = await self.store.open_goals(thread_id)
@@ -250,7 +209,7 @@ class ConversationService:
         llm: LLM | None = None,
     ) -> EvictionResult:
         """See `Memory.evict`."""
-        check_thread_id(thread_id)
+        check_id(thread_id, "thread_id")
         check_count("token_budget", token_budget, minimum=1)
         check_fraction(eviction_fraction)
         model = self.model(llm)
@@ -277,10 +236,10 @@ class ConversationService:
 
     async def add_goal(self, thread_id: str, description: str) -> str:
         """See `Memory.add_goal`; the count of open goals is checked under the thread lock."""
-        check_thread_name(thread_id)
+        check_name(thread_id, "thread_id")
         check_text(description, "description", limit=self.max_text_chars)
         most = self.config.max_open_goals
-        async with self._thread_locks.hold(thread_id):
+        async with self.thread_locks.hold(thread_id):
             if len(await self.store.open_goals(thread_id)) >= most:
                 raise InvalidInputError(
                     f"thread {thread_id!r} has {most:,} open goals, the most it may have "
@@ -309,9 +268,9 @@ class ConversationService:
         check_text(query, "query", limit=self.max_text_chars, stored=False)
         check_count("limit", limit, minimum=1, maximum=MAX_SEARCH_LIMIT)
         if thread_id is not None:
-            check_thread_id(thread_id)
+            check_id(thread_id, "thread_id")
         if exclude_viewport_of is not None:
-            check_thread_id(exclude_viewport_of)
+            check_id(exclude_viewport_of, "thread_id")
         words = query_words(query)
         if not words:
             return []
@@ -339,15 +298,15 @@ class ConversationService:
     # ---- erasure ------------------------------------------------------------------------
 
     async def clear(self, thread_id: str) -> None:
-        async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
+        async with self.thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
             await self.store.clear(thread_id)
 
     async def pop(self, thread_id: str) -> Message | None:
-        async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
+        async with self.thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
             return await self.store.pop(thread_id)
 
     async def purge(self, thread_id: str) -> int:
-        async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
+        async with self.thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
             gone = await self.store.purge(thread_id)
             self._shown.pop(thread_id, None)  # a new thread of that id shows nothing yet
         await self.events.emit("thread_purged", thread_id=thread_id, messages=gone)
@@ -361,7 +320,7 @@ def check_fraction(value: object) -> float:
     return float(value)
 
 
-def _compressions(
+def compressions(
     compression: Compression | Sequence[Compression] | None,
 ) -> tuple[Compression, ...]:
     items = () if compression is None else tuple(
@@ -375,7 +334,7 @@ def _compressions(
     return items
 
 
-def _ttl(ttl: float | timedelta | None) -> float | None:
+def ttl_seconds(ttl: float | timedelta | None) -> float | None:
     if ttl is None:
         return None
     return check_seconds("ttl", ttl.total_seconds() if isinstance(ttl, timedelta) else ttl,

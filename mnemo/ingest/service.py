@@ -14,7 +14,7 @@ import anyio
 from mnemo import cpu
 from mnemo.calls.retry import fail_after
 from mnemo.config import Config
-from mnemo.episode import EpisodeRecord, StepRecord, annotate, starts_trajectory
+from mnemo.episode import EpisodeRecord, StepRecord, annotate, annotation_timeout, starts_trajectory
 from mnemo.errors import ConflictError, InvalidInputError, PipelineError
 from mnemo.extraction.entities import with_entity_tags, wordings
 from mnemo.extraction.pipeline import Source, extract, failure_reason
@@ -223,7 +223,7 @@ class IngestService:
             if resolve is not None:
                 step = Step(resolve(step.observation), resolve(step.action), step.metadata)
             previous = episode.steps[-1] if episode.steps else None
-            with fail_after(runtime.config.annotation_timeout, stretches=True):
+            with fail_after(annotation_timeout(runtime.config), stretches=True):
                 note = await annotate(
                     llm, runtime.embedder, goal=episode.goal, observation=step.observation,
                     action=step.action, previous=previous,

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, cast
 
-from mnemo.conversation.drafts import check_thread_name, parts_text
+from mnemo.conversation.drafts import parts_text
 from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import Message
-from mnemo.inputs import check_count
+from mnemo.inputs import check_count, check_name
 
 try:
     from agents.memory import SessionSettings
@@ -48,7 +48,7 @@ class MnemoSession:
     def __init__(self, mem: Memory, session_id: str, *,
                  conversation: ConversationManager | None = None, token_budget: int | None = None,
                  session_settings: SessionSettings | None = None) -> None:
-        self.session_id = check_thread_name(session_id)
+        self.session_id = check_name(session_id, "thread_id")
         if token_budget is not None:
             check_count("token_budget", token_budget, minimum=1)
         self.session_settings = session_settings

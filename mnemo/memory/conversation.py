@@ -6,7 +6,9 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from mnemo.errors import InvalidInputError
 from mnemo.graph.scope import check_where
+from mnemo.inputs import check_count
 from mnemo.memory.parts import Parts
 from mnemo.ports import LLM
 
@@ -51,17 +53,23 @@ class ConversationMethods(Parts):
             InvalidInputError: a policy of the wrong type, a ttl that is not a positive number
                 of seconds up to 100 years, a bad auto-eviction budget or fraction, or a bad `llm`.
         """
-        from mnemo.conversation.service import DEFAULT_RETRIEVAL
+        from mnemo.conversation.manager import ConversationManager
+        from mnemo.conversation.model import Recent, Semantic
+        from mnemo.conversation.service import check_fraction, compressions, ttl_seconds
 
-        return self._conversations.manager(
-            retrieval=DEFAULT_RETRIEVAL if retrieval is None else retrieval,
-            compression=compression,
-            ttl=ttl,
-            auto_evict_budget=auto_evict_budget,
-            eviction_fraction=eviction_fraction,
-            clock=clock,
-            llm=llm,
-        )
+        retrieval = Recent(k=10) if retrieval is None else retrieval
+        if not isinstance(retrieval, Recent | Semantic):
+            raise InvalidInputError(
+                f"retrieval must be mnemo.Recent or mnemo.Semantic, got {retrieval!r}")
+        if auto_evict_budget is not None:
+            check_count("auto_evict_budget", auto_evict_budget, minimum=1)
+        check_fraction(eviction_fraction)
+        service = self._conversations
+        return ConversationManager(
+            service, retrieval=retrieval, compression=compressions(compression),
+            ttl=ttl_seconds(ttl), auto_evict_budget=auto_evict_budget,
+            eviction_fraction=eviction_fraction, clock=clock or service.clock,
+            llm=service.model(llm))
 
     async def list_threads(self) -> list[ThreadInfo]:
         """Every stored thread (not purged), oldest first: raw message count, next seq and

@@ -110,8 +110,10 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             await self._repos.adopt_profiles(self._sessions_store)
             if self._inspect:
                 return self  # sessions are read from the store when asked, never restored
+            from mnemo.session.timers import end_idle
+
             # Idle sessions left behind end before the live ones are restored.
-            await self._background.end_idle()
+            await end_idle(self._live)
             live = await self._sessions_store.load_live()
             await self._background.start()
         except BaseException:

@@ -225,19 +225,13 @@ class GraphMethods(Parts):
     ) -> tuple[Vector, int, IntentPolicy]:
         """The vector of a fact's text by the repo's embedder (within `extraction_timeout`),
         its generation, and the commit policy of a fact stated as it is (no contradiction)."""
-        from mnemo.calls.retry import fail_after
         from mnemo.extraction.contradiction import intent_policy
         from mnemo.extraction.entities import vector_text
-        from mnemo.graph.vectors import embed
 
         await self._repos.refresh(repo)
         runtime = self._repos.embedding(repo)
-        limit = runtime.config.extraction_timeout
-        try:
-            with fail_after(limit):
-                vector = await embed(runtime.embedder, [vector_text(kind, text)])
-        except TimeoutError as exc:
-            raise EmbeddingError(f"the embedder took more than {limit} s") from exc
+        vector = await _embed_within(runtime.embedder, [vector_text(kind, text)],
+                                     runtime.config.extraction_timeout)
         llm = self._repos.llm_for(runtime, repo)
         policy = replace(intent_policy(runtime.config, runtime.embedder, llm, repo,
                                        self._repos.refresh), contradicts=None)
@@ -398,11 +392,9 @@ class GraphMethods(Parts):
             ConflictError: the repo is being re-embedded by another Memory.
         """
         from mnemo.adapters.uri import model_uri
-        from mnemo.calls.retry import fail_after
         from mnemo.extraction.entities import vector_text
         from mnemo.graph import reembed as reembedding
         from mnemo.graph.reembed import ReembedProgress
-        from mnemo.graph.vectors import embed
         from mnemo.ports import deliver
 
         self._works("reembed")
@@ -415,13 +407,8 @@ class GraphMethods(Parts):
         limit = runtime.config.extraction_timeout
 
         async def embed_nodes(nodes: Sequence[Unstaged]) -> Vector:
-            try:
-                with fail_after(limit):
-                    return await embed(target, [vector_text(n.type, n.text) for n in nodes])
-            except TimeoutError as exc:
-                raise EmbeddingError(
-                    f"the embedder took more than {limit} s for {len(nodes)} nodes"
-                ) from exc
+            return await _embed_within(target, [vector_text(n.type, n.text) for n in nodes],
+                                       limit)
 
         async def report(update: ReembedProgress) -> None:
             if progress is not None:
@@ -441,3 +428,16 @@ class GraphMethods(Parts):
         await self._events.emit("repo_reembedded", repo=repo, embedder=uri, dim=target.dim,
                                 nodes=done.vectors, resumed=done.resumed)
         return done.vectors
+
+
+async def _embed_within(embedder: Embedder, texts: list[str], limit: float) -> Vector:
+    """`graph.vectors.embed` within `limit` seconds, else EmbeddingError."""
+    from mnemo.calls.retry import fail_after
+    from mnemo.graph.vectors import embed
+
+    try:
+        with fail_after(limit):
+            return await embed(embedder, texts)
+    except TimeoutError as exc:
+        raise EmbeddingError(f"the embedder took more than {limit} s for {len(texts)} texts"
+                             ) from exc

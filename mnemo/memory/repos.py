@@ -52,7 +52,6 @@ class Repos:
         )
         self._runtimes: dict[str, Runtime] = {}
         self._recorded: dict[str, Config] = {}  # each repo's config as the store holds it
-        self._dims: dict[str, int] = {}
         self._limiters: dict[tuple[int, int], tuple[LLM, anyio.CapacityLimiter]] = {}
         self.usage = UsageBook()
         # The models that learn their servers, by repo and model object, with their profile.
@@ -89,7 +88,6 @@ class Repos:
             self._recorded[row.name] = row.config
             config = with_longer_timeouts(row.config, self.config)
             self._runtimes[row.name] = Runtime(llm, embedder, config, row.dim, row.generation)
-            self._dims[row.name] = row.dim
         self.adopt(*self._models.built())
 
     async def open(
@@ -101,10 +99,10 @@ class Repos:
         config: Config | None,
         save: Callable[[RepoRow], Awaitable[None]] | None,
     ) -> None:
-        """`Memory.open_repo` without the resuming: checks, records and `save`s the repo
-        (`save` None: nothing stored; the models and config hold for this Memory). A new repo
-        takes a name (`check_name`); one stored before that rule opens by its stored name."""
-        check_id(name, "repo name")
+        """`Memory.open_repo` without the resuming and the checks of its arguments: records and
+        `save`s the repo (`save` None: nothing stored; the models and config hold for this
+        Memory). A new repo takes a name (`check_name`); one stored before that rule opens by
+        its stored name."""
         if name not in self._runtimes:
             try:
                 check_name(name, "repo name")
@@ -112,9 +110,6 @@ class Repos:
                 await self.learn(name)  # stored before the rule (through any Memory)?
                 if name not in self._runtimes:
                     raise
-        check_models(llm, embedder)
-        if config is not None and not isinstance(config, Config):
-            raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         chosen_embedder: Embedder = embedder or self._models.embedder(name)
         chosen_llm: LLM = llm or self._models.llm(name)
         await detect_dim(chosen_embedder)
@@ -122,9 +117,9 @@ class Repos:
         refusal = self._models.refusal(name) if known is not None else None
         if refusal is not None and embedder is not None:
             raise EmbeddingError(refusal)
-        if known is not None and self._dims[name] != chosen_embedder.dim:
+        if known is not None and known.dim != chosen_embedder.dim:
             raise EmbeddingError(
-                f"repo {name!r} holds vectors of dimension {self._dims[name]}, but the "
+                f"repo {name!r} holds vectors of dimension {known.dim}, but the "
                 f"embedder {model_uri(chosen_embedder)} makes dimension "
                 f"{chosen_embedder.dim}"
             )
@@ -147,7 +142,6 @@ class Repos:
             self._runtimes[name] = Runtime(
                 chosen_llm, chosen_embedder, chosen_config, chosen_embedder.dim
             )
-            self._dims[name] = chosen_embedder.dim
         else:
             # Sessions hold this Runtime: updating it in place is what they see next.
             known.llm = chosen_llm
@@ -170,7 +164,7 @@ class Repos:
             return runtime
         embedder = self._models.reload(name, row.embedder, row.dim, runtime.llm)
         self.adopt(*self._models.built())
-        self._switch(name, runtime, embedder, row.dim, row.generation)
+        runtime.embedder, runtime.dim, runtime.generation = embedder, row.dim, row.generation
         return runtime
 
     async def reembed_target(self, name: str, embedder: Embedder | None) -> Embedder:
@@ -197,13 +191,7 @@ class Repos:
         runtime = self.get(name)
         self._models.record(name, self._models.recorded_llm(name), model_uri(embedder))
         self._models.remember(name, runtime.llm, embedder)
-        self._switch(name, runtime, embedder, embedder.dim, generation)
-
-    def _switch(
-        self, name: str, runtime: Runtime, embedder: Embedder, dim: int, generation: int
-    ) -> None:
-        runtime.embedder, runtime.dim, runtime.generation = embedder, dim, generation
-        self._dims[name] = dim
+        runtime.embedder, runtime.dim, runtime.generation = embedder, embedder.dim, generation
 
     async def adopt_profiles(self, store: SessionStore) -> None:
         """Each repo's models that learn their servers start from the repo's record of them
@@ -271,11 +259,6 @@ class Repos:
         runtime = self._runtimes.get(repo) if isinstance(repo, str) else None
         return (runtime.config if runtime is not None else self.config).max_text_chars
 
-    def max_results(self, repo: str) -> int:
-        """The read bound of the repo's config, or of this Memory's for an unknown repo."""
-        runtime = self._runtimes.get(repo) if isinstance(repo, str) else None
-        return (runtime.config if runtime is not None else self.config).max_results
-
     def embedding(self, name: str) -> Runtime:
         """The repo's runtime, checked to embed in the repo's dimension (else EmbeddingError,
         e.g. a hashed embedder's repo reopened with the default); NotFoundError."""
@@ -284,7 +267,7 @@ class Repos:
         return runtime
 
     def dim(self, name: str) -> int:
-        return self._dims[name]
+        return self._runtimes[name].dim
 
     async def session_runtime(
         self, repo: str, llm: LLM | None, embedder: Embedder | None, config: Config | None
@@ -296,9 +279,9 @@ class Repos:
             check_dim(repo, base.embedder, base.dim)
         if embedder is not None:
             await detect_dim(embedder)
-        if embedder is not None and embedder.dim != self._dims[repo]:
+        if embedder is not None and embedder.dim != base.dim:
             raise EmbeddingError(
-                f"repo {repo!r} holds vectors of dimension {self._dims[repo]}, but the "
+                f"repo {repo!r} holds vectors of dimension {base.dim}, but the "
                 f"embedder override {model_uri(embedder)} makes dimension {embedder.dim}"
             )
         override = None
@@ -373,7 +356,4 @@ class UsageBook:
         return self._sessions.get(session_id, Usage())
 
     def total(self) -> Usage:
-        result = Usage()
-        for usage in self._repos.values():
-            result = result + usage
-        return result
+        return sum(self._repos.values(), Usage())

@@ -58,7 +58,12 @@ async def _extraction(live: Sessions, session: SessionRecord) -> None:
         if ended is Ended.FAILED:
             await operations.fail_pending(session, "extraction_failed")
         if ended is not Ended.STALE:
-            await _run_queue(live, session)
+            # The operations stored for it, then the session's own queue (which runs even if
+            # the stored ones cannot be handed over: their accepting Memories' watchers run them).
+            try:
+                await operations.run_stored(live, session)
+            except StorageError as exc:
+                log.warning("%s: stored operations not taken: %r", session.id, exc)
 
 
 async def _background_commit(
@@ -69,24 +74,6 @@ async def _background_commit(
         operations.start_next(live, session)
     else:
         await operations.fail_pending(session, "extraction_failed")
-
-
-async def _run_queue(live: Sessions, session: SessionRecord) -> None:
-    """Runs what waited for the extraction that just ended: the operations stored for it and
-    the session's own queue (which runs even if the stored ones cannot be handed over: their
-    accepting Memories' watchers run them)."""
-    try:
-        await operations.run_stored(live, session)
-    except StorageError as exc:
-        log.warning("%s: stored operations not taken: %r", session.id, exc)
-
-
-def _source(session: SessionRecord, episode: EpisodeRecord) -> Source:
-    return Source(
-        node_id=f"source_{episode.id}",
-        text=episode.goal,
-        data={"session_id": session.id, "episode_id": episode.id, "goal": episode.goal},
-    )
 
 
 class Ended(Enum):
@@ -121,7 +108,8 @@ class Extraction:
             episode,
             steps,
             repo=session.repo,
-            source=_source(session, episode),
+            source=Source(f"source_{episode.id}", episode.goal, {
+                "session_id": session.id, "episode_id": episode.id, "goal": episode.goal}),
             llm=live.llm_for(runtime, session.repo, session.id),
             embedder=runtime.embedder,
             generation=runtime.generation,
@@ -317,15 +305,11 @@ class Extraction:
             log.warning("%s: auto-commit of %d steps failed: %r", session.id, len(steps), exc)
             await self._store_kept()
             await registry.release(live, session, steps)
-            session.claimed.difference_update(s.id for s in steps)
-            session.background -= 1
             session.flush_after = anyio.current_time()  # the next flush waits a full timeout
             live.timer_wake.set()
-            session.notify()
+            _background_done(session, steps)
             return False
-        session.claimed.difference_update(s.id for s in steps)
-        session.background -= 1
-        session.notify()
+        _background_done(session, steps)
         trajectories = sorted({s.trajectory_id for s in steps})
         await live.events.emit(
             "changeset_applied", session_id=session.id, repo=session.repo,
@@ -348,7 +332,7 @@ class Extraction:
 
 
 def _background_done(session: SessionRecord, steps: list[StepRecord]) -> None:
-    """A background commit that committed nothing ends."""
+    """A background commit of `steps` ends."""
     session.claimed.difference_update(s.id for s in steps)
     session.background -= 1
     session.notify()

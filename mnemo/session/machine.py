@@ -217,7 +217,6 @@ class Op:
     callback: Callback | None
     ticket: int | None = None
     applied: bool = False
-    done: bool = False
     stored: str | None = None
 
 

@@ -184,7 +184,6 @@ async def _still_taken(live: Sessions, op: Op) -> None:
 
 async def _finish_op(session: SessionRecord, op: Op, result: OpResult) -> None:
     """Ends the operation, then calls it back (a close in the callback finds it over)."""
-    op.done = True
     if op.kind == "append":
         session.appends_in_flight -= 1
     if session.running is op:

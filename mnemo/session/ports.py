@@ -43,7 +43,6 @@ class LiveSession:
     episode: EpisodeRecord | None
     changeset: Changeset | None = None
     created_at: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
     model: str | None = None
     version: int = 0
     holder: str | None = None

@@ -13,6 +13,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import anyio
@@ -66,9 +67,10 @@ class Sessions:
         self.learn_repo = learn_repo
         # Brings a repo's runtime up to its record after another Memory re-embedded it.
         self.refresh_repo = refresh_repo
-        # Starts what a move asks for (an `Effect`) in the session's tasks, and answers what a
-        # session ended elsewhere owes (given here, so the machine does not import its runner).
-        self._effects = effects
+        # `start(session, effect)` starts what a move asks for (an `Effect`) in the session's
+        # tasks, in the background work's group; `_answer_ended` answers what a session ended
+        # elsewhere owes (given here, so the machine does not import its runner).
+        self.start: Callable[[SessionRecord, Effect], None] = partial(effects, self)
         self._answer_ended = answer_ended
         # This Memory as a holder of background work, recorded at its first claim, alive while
         # its heartbeat renews its leases.
@@ -89,10 +91,6 @@ class Sessions:
         self.shortest_idle = idle_timeout
         self.idle_wake = anyio.Event()
         self.look = anyio.Event()  # set: the takeover task looks for work now
-
-    def start(self, session: SessionRecord, effect: Effect) -> None:
-        """Starts `effect` for `session` in the background work's group (cancelled with it)."""
-        self._effects(self, session, effect)
 
     def lease_until(self) -> datetime:
         return self.coordination.now() + self.lease

@@ -107,20 +107,17 @@ class BackgroundWork:
                     async with session.storing:
                         await operations.fail_remote(live, session, "memory_closed")
 
-    async def end_idle(self) -> None:
-        """`end_idle`, a store fault logged (the sweep tries again once the work runs)."""
-        try:
-            await end_idle(self.live)
-        except StorageError as exc:
-            log.warning("idle sessions could not be ended: %r", exc)
-
 
 async def end_idle(live: Sessions) -> float:
     """Ends the idle sessions of the store that came due (at most `SWEEP_LIMIT`), drops their
     records here, answers what they owed, and reports each as "session_expired". Returns the
-    seconds until the next comes due (0: more are due now; inf: none is idle). StorageError:
-    the store failed, nothing was ended."""
-    swept = await live.coordination.end_idle(SWEEP_LIMIT)
+    seconds until the next comes due (0: more are due now; inf: none is idle); when the store
+    failed, nothing was ended (logged), and it is looked at again in `STORE_RETRY` seconds."""
+    try:
+        swept = await live.coordination.end_idle(SWEEP_LIMIT)
+    except StorageError as exc:
+        log.warning("idle sessions could not be ended: %r", exc)
+        return STORE_RETRY
     for session_id, repo in swept.ended:
         session = live.by_id.get(session_id)
         if session is not None:
@@ -136,11 +133,7 @@ async def sweep(live: Sessions) -> None:
     least every `Sessions.shortest_idle` seconds; runs until cancelled."""
     while True:
         live.idle_wake = anyio.Event()
-        try:
-            due = await end_idle(live)
-        except StorageError as exc:
-            log.warning("idle sessions could not be ended: %r", exc)
-            due = STORE_RETRY
+        due = await end_idle(live)
         with anyio.move_on_after(min(due, live.shortest_idle)):
             await live.idle_wake.wait()
 

@@ -296,19 +296,17 @@ async def annotation(live: Sessions, session: SessionRecord) -> None:
 async def _annotate(
     live: Sessions, session: SessionRecord, episode: EpisodeRecord, step: StepRecord
 ) -> None:
-    """Annotates one stored step (within `Config.annotation_timeout`) and writes it with the
+    """Annotates one stored step (within `episode.annotation_timeout`) and writes it with the
     previous step's reward."""
     runtime = session.runtime
-    config = runtime.config
     note, boundary = await annotate_step(
         lambda: live.llm_for(runtime, session.repo, session.id),
         runtime.embedder,
+        runtime.config,
         goal=episode.goal,
         observation=step.observation,
         action=step.action,
         steps=episode.steps[:step.index],
-        threshold=config.trajectory_threshold,
-        time_limit=config.annotation_timeout,
         name=f"{session.id} step {step.index}",
     )
     previous = episode.steps[step.index - 1] if step.index else None

@@ -119,8 +119,7 @@ def episode_view(e: EpisodeRecord | None) -> tuple[object, ...] | None:
 def live_view(live: LiveSession) -> tuple[object, ...]:
     """A live session's every field but its creation time."""
     return (live.id, live.repo, live.state, live.config, episode_view(live.episode),
-            None if live.changeset is None else live.changeset.to_json(), live.extra,
-            live.model)
+            None if live.changeset is None else live.changeset.to_json(), live.model)
 
 
 def log_view(log: EpisodeLog) -> tuple[object, ...]:

@@ -73,7 +73,7 @@ async def test_create_session_is_live_collecting_its_empty_episode(backend: Back
     [live] = await backend.sessions.load_live()
     assert live_view(live) == (
         "s1", REPO, State.COLLECTING, Config(recall_candidates=9), ("e1", "find the door", []),
-        None, {}, None,
+        None, None,
     )
     created = datetime.fromisoformat(live.created_at)
     assert created.utcoffset() is not None

@@ -1,8 +1,9 @@
 """HNSW graphs saved beside the store, so that opening a big repo does not rebuild them; the
-store stays the one truth. A saved graph holds its links (no vectors, compressed) and per label
-a node id and vector digest: at load a label is live only if the index holds that node with that
-type and digest, else dead; too much dead or another format or setting: rebuilt instead. A save
-writes a new version folder and moves `current` to it atomically, under the folder's lock.
+store stays the one truth. A saved graph holds its links (no vectors, compressed); the graph of
+every row (`ALL`) holds each label's node id and vector digest, a type graph each label's place
+in `ALL`'s. At load a label is live only if the index holds that node with that type and
+digest; too much dead or another format or setting: rebuilt instead. A save writes a new
+version folder and moves `current` to it atomically, under the folder's lock.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,49 +25,49 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo import disk
-from mnemo.graph.ann_search import ALL
 from mnemo.graph.vectors import DEAD, Snapshot
 
 log = logging.getLogger("mnemo")
 
+# The key of the graph holding every row (type codes are >= 0).
+ALL = -1
 # 2: links without vectors, ids compressed (xz), a type graph's as positions in `ALL`'s.
 FORMAT = 2
 # Labels compared per chunk at load (a chunk's vectors are copied once).
 _CHUNK = 50_000
 # xz's preset for the links and ids (BENCHMARKS.md).
 _PRESET = 1
-
-
-def _pack(data: bytes) -> bytes:
-    return lzma.compress(data, preset=_PRESET)
-
-
-def _unpack(data: bytes) -> bytes:
-    return lzma.decompress(data)
 # How long a load or save waits for another process's save before giving up on the files.
 _LOCK_WAIT = 600.0
 
 
+@dataclass(slots=True)
+class Graph:
+    """One HNSW graph: faiss label i is the node `labels[i]`. A type graph's `live` maps each
+    node whose row it holds as the index has it now to that label (`ALL`'s stays empty)."""
+
+    index: Any
+    labels: list[str] = field(default_factory=list)
+    live: dict[str, int] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, slots=True)
 class Saved:
-    """One graph: the faiss index and each label's node id; as read back, without vectors
-    (`adopt` gives it the store's) and with each label's `digests`."""
+    """One graph read back: the faiss index without vectors (`restore` gives it the store's),
+    each label's node id and the digest of the vector it was built from."""
 
     index: Any
     labels: list[str]
-    digests: npt.NDArray[np.uint64] | None = None
+    digests: npt.NDArray[np.uint64]
 
 
 @dataclass(frozen=True, slots=True)
 class Adopted:
-    """What a load keeps of the saved graphs: per graph, its dead labels and each label's row
-    of the snapshot (-1: dead); per live node id, (type code, label, label in `ALL`); the
-    snapshot's ids no live label holds; and the type graphs' dead labels."""
+    """What a load keeps of the saved graphs: each type graph's live labels, the snapshot's ids
+    no live label holds, and per graph each label's row of the snapshot (-1: dead)."""
 
-    dead: dict[int, int]
-    labels: dict[str, tuple[int, int, int]]
+    live: dict[int, dict[str, int]]
     missing: list[str]
-    dead_total: int
     rows: dict[int, npt.NDArray[np.int64]]
 
 
@@ -75,11 +76,19 @@ def discard(folder: Path) -> None:
     if not folder.is_dir():
         return
     with filelock.FileLock(str(folder / "lock"), timeout=_LOCK_WAIT):
-        for old in folder.iterdir():
-            if old.name.startswith(("v-", ".current.")) and old.is_dir():
+        _remove_versions(folder, keep=None)
+
+
+def _remove_versions(folder: Path, keep: str | None) -> None:
+    """Deletes the versions but `keep`, what a killed save left, and (no `keep`) `current`."""
+    for old in folder.iterdir():
+        if old.name != keep and old.name.startswith(("v-", ".current.")):
+            if old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
-            elif old.name == "current" or old.name.startswith(".current."):
+            else:
                 old.unlink(missing_ok=True)
+        elif keep is None and old.name == "current":
+            old.unlink(missing_ok=True)
 
 
 def repo_folder(root: Path, repo: str) -> Path:
@@ -95,7 +104,7 @@ class GraphFolder:
         # What the graphs were built with; a save under other settings is not loaded.
         self._settings = dict(settings)
 
-    def save(self, graphs: Mapping[int, Saved], faiss: Any) -> None:
+    def save(self, graphs: Mapping[int, Graph], faiss: Any) -> None:
         """Writes the graphs as a new version and makes it current (in the builder's thread)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         with self._lock():
@@ -108,41 +117,31 @@ class GraphFolder:
                 if self._current() != name:
                     shutil.rmtree(version, ignore_errors=True)
                 raise
-            # Older versions, and what a killed save left (its folder, the pointer's tmp file).
-            for old in self.folder.iterdir():
-                if old.name != name and old.name.startswith(("v-", ".current.")):
-                    if old.is_dir():
-                        shutil.rmtree(old, ignore_errors=True)
-                    else:
-                        old.unlink(missing_ok=True)
+            _remove_versions(self.folder, keep=name)
 
-    def _write(
-        self, version: Path, graphs: Mapping[int, Saved], faiss: Any
-    ) -> None:
+    def _write(self, version: Path, graphs: Mapping[int, Graph], faiss: Any) -> None:
         """Writes one version's files, then points `current` at it."""
         version.mkdir()
-        keys = sorted(graphs)
-        # A type graph's ids as positions in the every-row graph's, which holds them all.
-        every = graphs[ALL].labels if ALL in graphs else []
-        position = {node_id: n for n, node_id in enumerate(every)}
-        for key in keys:
-            index, labels = graphs[key].index, graphs[key].labels
+        every = graphs[ALL]
+        (version / f"g{ALL}.ids").write_bytes(_pack(json.dumps(every.labels).encode()))
+        (version / f"g{ALL}.sums").write_bytes(digests(_vectors(every.index, faiss)).tobytes())
+        # A type graph's label takes the id and digest of `ALL`'s last label of its id (the
+        # node's newest vector); `adopt` keeps the last of several labels of one id.
+        position = {node_id: n for n, node_id in enumerate(every.labels)}
+        for key, graph in graphs.items():
             writer = faiss.VectorIOWriter()
-            faiss.write_index(index, writer, faiss.IO_FLAG_SKIP_STORAGE)
-            links = faiss.vector_to_array(writer.data).tobytes()
-            (version / f"g{key}.faiss").write_bytes(_pack(links))
-            if key != ALL and all(node_id in position for node_id in labels):
-                # Each label's id and digest are those of `ALL`'s last label of that id (the
-                # node's newest vector); `adopt` keeps the last of several labels of one id.
-                places = np.fromiter((position[i] for i in labels), dtype="<i4", count=len(labels))
+            faiss.write_index(graph.index, writer, faiss.IO_FLAG_SKIP_STORAGE)
+            (version / f"g{key}.faiss").write_bytes(
+                _pack(faiss.vector_to_array(writer.data).tobytes()))
+            if key != ALL:
+                places = np.fromiter((position[i] for i in graph.labels), dtype="<i4",
+                                     count=len(graph.labels))
                 (version / f"g{key}.pos").write_bytes(_pack(places.tobytes()))
-            else:
-                (version / f"g{key}.ids").write_bytes(_pack(json.dumps(labels).encode()))
-                (version / f"g{key}.sums").write_bytes(digests(_vectors(index, faiss)).tobytes())
-        manifest = {"format": FORMAT, "settings": self._settings, "graphs": keys}
+        manifest = {"format": FORMAT, "settings": self._settings, "graphs": sorted(graphs)}
         (version / "manifest.json").write_text(json.dumps(manifest))
         for child in version.iterdir():
-            _sync_file(child)
+            with open(child, "rb+") as handle:
+                os.fsync(handle.fileno())
         disk.fsync_directory(version)
         disk.atomic_write(self.folder / "current", version.name)
 
@@ -167,30 +166,21 @@ class GraphFolder:
                 if manifest.get("format") != FORMAT or manifest.get("settings") != self._settings:
                     log.info("mnemo: saved HNSW graphs in %s are for other settings", version)
                     return None
+                ids = [str(i) for i in json.loads(_unpack(version / f"g{ALL}.ids"))]
+                sums = np.frombuffer((version / f"g{ALL}.sums").read_bytes(), dtype=np.uint64)
                 graphs = {}
-                every: list[str] = []
-                every_sums = np.zeros(0, dtype=np.uint64)
-                # The every-row graph first: the others' ids may be positions in its.
-                for key in sorted(manifest["graphs"], key=lambda k: k != ALL):
+                for key in manifest["graphs"]:
                     reader = faiss.VectorIOReader()
-                    links = _unpack((version / f"g{key}.faiss").read_bytes())
-                    faiss.copy_array_to_vector(np.frombuffer(links, dtype=np.uint8), reader.data)
+                    links = np.frombuffer(_unpack(version / f"g{key}.faiss"), dtype=np.uint8)
+                    faiss.copy_array_to_vector(links, reader.data)
                     index = faiss.read_index(reader, faiss.IO_FLAG_SKIP_STORAGE)
-                    if (version / f"g{key}.pos").exists():
-                        places = np.frombuffer(_unpack((version / f"g{key}.pos").read_bytes()),
-                                               dtype="<i4")
-                        labels = [every[n] for n in places.tolist()]
-                        sums = every_sums[places]
-                    else:
-                        labels = json.loads(_unpack((version / f"g{key}.ids").read_bytes()))
-                        sums = np.frombuffer((version / f"g{key}.sums").read_bytes(),
-                                             dtype=np.uint64)
-                        if key == ALL:
-                            every, every_sums = [str(i) for i in labels], sums
-                    if not index.ntotal == len(labels) == len(sums):
-                        raise ValueError(f"graph {key}: {index.ntotal} rows, {len(labels)} ids,"
+                    places = (np.arange(len(ids)) if key == ALL else
+                              np.frombuffer(_unpack(version / f"g{key}.pos"), dtype="<i4"))
+                    if not index.ntotal == len(places) or len(ids) != len(sums):
+                        raise ValueError(f"graph {key}: {index.ntotal} rows, {len(places)} ids,"
                                          f" {len(sums)} digests")
-                    graphs[int(key)] = Saved(index, [str(i) for i in labels], sums)
+                    graphs[int(key)] = Saved(index, [ids[n] for n in places.tolist()],
+                                             sums[places])
                 return graphs
         except (OSError, ValueError, RuntimeError, KeyError, TypeError, IndexError,
                 filelock.Timeout, lzma.LZMAError) as exc:
@@ -203,46 +193,35 @@ class GraphFolder:
         return filelock.FileLock(str(self.folder / "lock"), timeout=_LOCK_WAIT)
 
 
-def adopt(graphs: Mapping[int, Saved], snap: Snapshot, every: int) -> Adopted:
-    """Checks saved graphs against the index's rows (`snap`); `every` is the key of the
-    every-row graph, the others are keyed by type code."""
-    live: dict[int, dict[str, int]] = {}
-    dead: dict[int, int] = {}
-    rows_of: dict[int, npt.NDArray[np.int64]] = {}
-    for key, saved in graphs.items():
-        kept, rows = _matching(saved, snap, None if key == every else key)
-        live[key] = kept
-        rows_of[key] = rows
-        dead[key] = len(saved.labels) - len(kept)
-    in_every = live.get(every, {})
-    labels: dict[str, tuple[int, int, int]] = {}
-    for key, kept in live.items():
-        if key == every:
-            continue
-        for node_id, label in kept.items():
-            label_in_every = in_every.get(node_id)
-            if label_in_every is not None:
-                labels[node_id] = (key, label, label_in_every)
-    # A node live in only one of its type's graph and `ALL` is inserted again into both.
-    for key, kept in live.items():
-        for node_id in kept:
-            if node_id not in labels:
-                dead[key] += 1
-    count, _, codes, ids, _, _ = snap
-    present = np.flatnonzero(codes[:count] != DEAD)
-    missing = [ids[row] for row in present.tolist() if ids[row] not in labels]
-    dead_total = sum(n for key, n in dead.items() if key != every)
-    return Adopted(dead, labels, missing, dead_total, rows_of)
+def _pack(data: bytes) -> bytes:
+    return lzma.compress(data, preset=_PRESET)
+
+
+def _unpack(path: Path) -> bytes:
+    return lzma.decompress(path.read_bytes())
+
+
+def adopt(graphs: Mapping[int, Saved], snap: Snapshot) -> Adopted:
+    """Checks saved graphs (`ALL` among them) against the index's rows (`snap`): a type
+    graph's label is live if its node is a row of `snap` of that type with the vector the label
+    was built from, and so is its node's label in `ALL` (else the node is inserted again)."""
+    matched = {key: _matching(saved, snap, None if key == ALL else key)
+               for key, saved in graphs.items()}
+    in_all = matched[ALL][0]
+    live = {key: {i: label for i, label in kept.items() if i in in_all}
+            for key, (kept, _) in matched.items() if key != ALL}
+    held = {node_id for kept in live.values() for node_id in kept}
+    present = np.flatnonzero(snap.codes[: snap.size] != DEAD)
+    missing = [snap.ids[row] for row in present.tolist() if snap.ids[row] not in held]
+    return Adopted(live, missing, {key: rows for key, (_, rows) in matched.items()})
 
 
 def restore(saved: Saved, rows: npt.NDArray[np.int64], snap: Snapshot, faiss: Any) -> None:
     """Gives a graph read back its vectors: each label's row of `snap`, zero for a dead label."""
     dim = int(saved.index.d)
     vectors = np.zeros((len(rows), dim), dtype=np.float32)
-    live = rows >= 0
     for start in range(0, len(rows), _CHUNK):
-        chunk = slice(start, min(start + _CHUNK, len(rows)))
-        idx = np.flatnonzero(live[chunk]) + start
+        idx = np.flatnonzero(rows[start : start + _CHUNK] >= 0) + start
         vectors[idx] = snap.matrix[rows[idx]]
     storage = faiss.IndexFlatIP(dim)
     if len(vectors):
@@ -255,11 +234,9 @@ def restore(saved: Saved, rows: npt.NDArray[np.int64], snap: Snapshot, faiss: An
 def digests(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.uint64]:
     """A 64-bit digest of each row (BLAKE2b of its float32 bytes)."""
     rows = np.ascontiguousarray(vectors, dtype=np.float32)
-    found = np.empty(len(rows), dtype=np.uint64)
-    for i, row in enumerate(rows):
-        found[i] = int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(),
-                                  "little")
-    return found
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little")
+         for row in rows), dtype=np.uint64, count=len(rows))
 
 
 def _matching(
@@ -270,22 +247,15 @@ def _matching(
     row of `snap`, -1 for the others)."""
     labels = saved.labels
     n = len(labels)
-    if n == 0:
-        return {}, np.zeros(0, dtype=np.int64)
-    assert saved.digests is not None, "a graph read back has its digests"
-    count, matrix, codes, _, rows_of, _ = snap
-    rows = np.fromiter((rows_of.get(node_id, -1) for node_id in labels), dtype=np.int64,
+    rows = np.fromiter((snap.rows.get(node_id, -1) for node_id in labels), dtype=np.int64,
                        count=n)
-    ok = (rows >= 0) & (rows < count)
+    ok = (rows >= 0) & (rows < snap.size)
     types = np.full(n, DEAD, dtype=np.int8)
-    types[ok] = codes[rows[ok]]
+    types[ok] = snap.codes[rows[ok]]
     ok &= types != DEAD if code is None else types == code
     for start in range(0, n, _CHUNK):
-        chunk = slice(start, min(start + _CHUNK, n))
-        idx = np.flatnonzero(ok[chunk]) + start
-        if len(idx):
-            same = digests(matrix[rows[idx]]) == saved.digests[idx]
-            ok[idx[~same]] = False
+        idx = np.flatnonzero(ok[start : start + _CHUNK]) + start
+        ok[idx[digests(snap.matrix[rows[idx]]) != saved.digests[idx]]] = False
     kept = {labels[label]: label for label in np.flatnonzero(ok).tolist()}
     # Of an id with several matching labels only the last is live: the others are dead.
     live = np.full(n, -1, dtype=np.int64)
@@ -296,14 +266,9 @@ def _matching(
 
 def _vectors(index: Any, faiss: Any) -> npt.NDArray[np.float32]:
     """The vectors an `IndexHNSWFlat` holds, one row per label (a view, not a copy)."""
-    storage = faiss.downcast_index(index.storage)
     total = int(index.ntotal) * int(index.d)
     if total == 0:
         return np.zeros((0, int(index.d)), dtype=np.float32)
+    storage = faiss.downcast_index(index.storage)
     flat: npt.NDArray[np.float32] = faiss.rev_swig_ptr(storage.get_xb(), total)
     return flat.reshape(int(index.ntotal), int(index.d))
-
-
-def _sync_file(path: Path) -> None:
-    with open(path, "rb+") as handle:
-        os.fsync(handle.fileno())

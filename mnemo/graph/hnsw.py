@@ -292,11 +292,9 @@ class HnswAccelerator:
     ) -> None:
         """Makes new graphs the searched ones: rows removed since their snapshot die in them,
         rows added since (and `missing`) wait for insertion; `read`: from the saved files."""
-        # The missing rows' entries are made outside the locks: under them, one dict merge.
-        with self._lock:
-            first = self._seq + 1
-            self._seq += len(missing)
-        fresh = dict(zip(missing, range(first, first + len(missing)), strict=True))
+        # The missing rows' entries are made outside the locks: under them, one dict merge. A
+        # later add of one gives it a higher number.
+        fresh = dict.fromkeys(missing, seq)
         with self._faiss_lock, self._lock:
             removed, self._removed_in_build = self._removed_in_build or set(), None
             since = {node_id: s for node_id, s in self._pending.items() if s > seq}

@@ -165,18 +165,11 @@ class CommitReceipt:
     missing: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        raw: JSONObject = {
-            "changeset_id": self.changeset_id, "repo": self.repo, "node_ids": self.node_ids,
-        }
-        if self.missing:
-            raw["missing"] = self.missing
-        return json.dumps(raw, sort_keys=True)
+        return msgspec.json.encode(self).decode()
 
     @classmethod
     def from_json(cls, text: str) -> CommitReceipt:
-        raw = json.loads(text)
-        return cls(raw["changeset_id"], raw["repo"], list(raw["node_ids"]),
-                   [str(m) for m in raw.get("missing", [])])
+        return msgspec.json.decode(text, type=cls)
 
 
 # Bi-temporal facts: the node types stored with the times a fact held and was recorded.
@@ -284,17 +277,6 @@ _FULL_FREQUENCY = 10  # accesses at which frequency reaches 1
 _LOG_FULL_FREQUENCY = math.log1p(_FULL_FREQUENCY)
 _NUMBER = (int, float)  # `int | float` is a new union object at each use
 
-def recency(age_days: float, half_life_days: float) -> float:
-    """2^(-age / half-life): 1 when new, 1/2 after one half-life."""
-    return float(2.0 ** (-max(age_days, 0.0) / half_life_days))
-
-
-def frequency(access_count: int, floor: float) -> float:
-    """log(1 + accesses) / log(1 + 10), capped at 1 and never below `floor`."""
-    raw = math.log1p(max(access_count, 0)) / math.log1p(_FULL_FREQUENCY)
-    return max(floor, min(1.0, raw))
-
-
 def reward(kind: NodeType, data: Mapping[str, object]) -> float:
     """What the pipeline learned of the node, in [0.5, 1]: an EPISODIC step's `reward`, a
     PROCEDURAL `return_score` / 10, a SEMANTIC `confidence` (0.5 when missing), softened to
@@ -328,7 +310,7 @@ def node_value(
     counts whole hours from the last access (or creation) with `config.recency_half_life_days`;
     frequency never drops below `config.frequency_floor`. Naive datetimes are UTC.
     """
-    # `recency`, `frequency` and `reward` inlined, same operations in the same order (hot path).
+    # `reward` times recency and frequency inlined (a hot path).
     seen = created_at if created_at.tzinfo is not None else _utc(created_at)
     if last_access is not None:
         last = last_access if last_access.tzinfo is not None else _utc(last_access)

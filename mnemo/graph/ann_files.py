@@ -54,10 +54,12 @@ class Graph:
 @dataclass(frozen=True, slots=True)
 class Saved:
     """One graph read back: the faiss index without vectors (`restore` gives it the store's),
-    each label's node id and the digest of the vector it was built from."""
+    each label's node id and label in `ALL` (`places`), and the digest of the vector each of
+    `ALL`'s labels was built from."""
 
     index: Any
     labels: list[str]
+    places: npt.NDArray[np.int64]
     digests: npt.NDArray[np.uint64]
 
 
@@ -180,7 +182,7 @@ class GraphFolder:
                         raise ValueError(f"graph {key}: {index.ntotal} rows, {len(places)} ids,"
                                          f" {len(sums)} digests")
                     graphs[int(key)] = Saved(index, [ids[n] for n in places.tolist()],
-                                             sums[places])
+                                             places.astype(np.int64), sums)
                 return graphs
         except (OSError, ValueError, RuntimeError, KeyError, TypeError, IndexError,
                 filelock.Timeout, lzma.LZMAError) as exc:
@@ -202,18 +204,44 @@ def _unpack(path: Path) -> bytes:
 
 
 def adopt(graphs: Mapping[int, Saved], snap: Snapshot) -> Adopted:
-    """Checks saved graphs (`ALL` among them) against the index's rows (`snap`): a type
-    graph's label is live if its node is a row of `snap` of that type with the vector the label
-    was built from, and so is its node's label in `ALL` (else the node is inserted again)."""
-    matched = {key: _matching(saved, snap, None if key == ALL else key)
-               for key, saved in graphs.items()}
-    in_all = matched[ALL][0]
-    live = {key: {i: label for i, label in kept.items() if i in in_all}
-            for key, (kept, _) in matched.items() if key != ALL}
+    """Checks saved graphs (`ALL` among them) against the index's rows (`snap`): a label of
+    `ALL` matches if its node is a row of `snap` with the vector the label was built from; a
+    type graph's label is live if its place in `ALL` matches for a row of its type. Of an id's
+    labels in a graph only the last that does counts."""
+    every = graphs[ALL]
+    rows = np.fromiter((snap.rows.get(node_id, -1) for node_id in every.labels),
+                       dtype=np.int64, count=len(every.labels))
+    rows[rows >= snap.size] = -1
+    found = rows >= 0
+    found[found] = snap.codes[rows[found]] != DEAD
+    for start in range(0, len(rows), _CHUNK):
+        idx = np.flatnonzero(found[start : start + _CHUNK]) + start
+        found[idx[digests(snap.matrix[rows[idx]]) != every.digests[idx]]] = False
+    rows[~found] = -1
+    live: dict[int, dict[str, int]] = {}
+    _, in_all = _last(every.labels, rows)
+    adopted = {ALL: in_all}
+    for key, saved in graphs.items():
+        if key != ALL:
+            at = in_all[saved.places]
+            at[at >= 0] = np.where(snap.codes[at[at >= 0]] == key, at[at >= 0], -1)
+            live[key], adopted[key] = _last(saved.labels, at)
     held = {node_id for kept in live.values() for node_id in kept}
     present = np.flatnonzero(snap.codes[: snap.size] != DEAD)
     missing = [snap.ids[row] for row in present.tolist() if snap.ids[row] not in held]
-    return Adopted(live, missing, {key: rows for key, (_, rows) in matched.items()})
+    return Adopted(live, missing, adopted)
+
+
+def _last(
+    labels: list[str], rows: npt.NDArray[np.int64]
+) -> tuple[dict[str, int], npt.NDArray[np.int64]]:
+    """(node id -> its last label with a row (>= 0) in `rows`; each label's row, -1 for the
+    others)."""
+    kept = {labels[label]: label for label in np.flatnonzero(rows >= 0).tolist()}
+    out = np.full(len(labels), -1, dtype=np.int64)
+    chosen = np.fromiter(kept.values(), dtype=np.int64, count=len(kept))
+    out[chosen] = rows[chosen]
+    return kept, out
 
 
 def restore(saved: Saved, rows: npt.NDArray[np.int64], snap: Snapshot, faiss: Any) -> None:
@@ -237,31 +265,6 @@ def digests(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.uint64]:
     return np.fromiter(
         (int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little")
          for row in rows), dtype=np.uint64, count=len(rows))
-
-
-def _matching(
-    saved: Saved, snap: Snapshot, code: int | None
-) -> tuple[dict[str, int], npt.NDArray[np.int64]]:
-    """(node id -> label, for labels whose node is a row of `snap` (of type `code`, or any) with
-    the vector the label was built from, the last label of an id winning; and each label's
-    row of `snap`, -1 for the others)."""
-    labels = saved.labels
-    n = len(labels)
-    rows = np.fromiter((snap.rows.get(node_id, -1) for node_id in labels), dtype=np.int64,
-                       count=n)
-    ok = (rows >= 0) & (rows < snap.size)
-    types = np.full(n, DEAD, dtype=np.int8)
-    types[ok] = snap.codes[rows[ok]]
-    ok &= types != DEAD if code is None else types == code
-    for start in range(0, n, _CHUNK):
-        idx = np.flatnonzero(ok[start : start + _CHUNK]) + start
-        ok[idx[digests(snap.matrix[rows[idx]]) != saved.digests[idx]]] = False
-    kept = {labels[label]: label for label in np.flatnonzero(ok).tolist()}
-    # Of an id with several matching labels only the last is live: the others are dead.
-    live = np.full(n, -1, dtype=np.int64)
-    chosen = np.fromiter(kept.values(), dtype=np.int64, count=len(kept))
-    live[chosen] = rows[chosen]
-    return kept, live
 
 
 def _vectors(index: Any, faiss: Any) -> npt.NDArray[np.float32]:

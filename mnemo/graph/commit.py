@@ -43,6 +43,7 @@ from mnemo.graph.ports import (
     SourceRecorded,
     SourceTaken,
     StepsCommitted,
+    VectorsMoved,
 )
 from mnemo.graph.scope import Metadata, canonical, same
 from mnemo.graph.shares import Contribution
@@ -143,14 +144,6 @@ class _Undecided(Exception):
     """A merge that was not decided before the lock was taken."""
 
 
-class _Restamped(Exception):
-    """The repo's vectors are of another generation than the changeset's (seen under the lock)."""
-
-    def __init__(self, generation: int) -> None:
-        super().__init__(f"the repo's vectors are of generation {generation}")
-        self.generation = generation
-
-
 # How often one commit embeds its changeset again for a repo re-embedded meanwhile.
 RESTAMPS = 3
 
@@ -179,7 +172,7 @@ async def apply(
                         raise
         try:
             return await _apply(target, changeset, intents=intents, also=also)
-        except _Restamped as moved:
+        except VectorsMoved as moved:  # seen under the lock
             changeset = await _restamp(changeset, intents, moved.generation)
     raise EmbeddingError(
         f"repo {changeset.repo!r} was re-embedded {RESTAMPS} times while one commit waited"
@@ -362,7 +355,7 @@ async def _apply_locked(
             raise SourceTaken(write.source_id)
     index = await target.vector_index(repo)
     if changeset.nodes and index.generation != changeset.generation:
-        raise _Restamped(index.generation)
+        raise VectorsMoved(index.generation)
     if prepared is not None and index.snapshot() is prepared[0]:
         # The intents were resolved against exactly these vectors, before the lock.
         resolution = Resolution(dict(prepared[1].remap), dict(prepared[1].rewordings))

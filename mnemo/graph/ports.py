@@ -162,8 +162,8 @@ class Reverting:
 
 
 class VectorsMoved(Exception):
-    """Raised by a recall whose embedder is of another generation than the repo's vectors:
-    nothing was searched; the caller updates its embedder and recalls again."""
+    """Raised by a recall (or a commit) made for another generation than the repo's vectors
+    are of: nothing was searched (or written); the caller embeds again and tries again."""
 
     def __init__(self, generation: int) -> None:
         super().__init__(f"the repo's vectors are of generation {generation}")

@@ -1,9 +1,9 @@
 """HNSW graphs saved beside the store, so that opening a big repo does not rebuild them; the
-store stays the one truth. A saved graph holds its links (no vectors, compressed); the graph of
-every row (`ALL`) holds each label's node id and vector digest, a type graph each label's place
-in `ALL`'s. At load a label is live only if the index holds that node with that type and
-digest; too much dead or another format or setting: rebuilt instead. A save writes a new
-version folder and moves `current` to it atomically, under the folder's lock.
+store stays the one truth. One file (xz) holds the graphs' links (no vectors); the ids and
+vector digests of the graph of every row (`ALL`)'s labels; a type graph's labels as places in
+`ALL`'s. At load a label is live only if the index holds that node with that type and digest;
+too much dead or another format or setting: rebuilt instead. A save writes a temporary file
+and renames it over the saved one, under the folder's lock.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import filelock
 import numpy as np
@@ -31,13 +31,13 @@ log = logging.getLogger("mnemo")
 
 # The key of the graph holding every row (type codes are >= 0).
 ALL = -1
-# 2: links without vectors, ids compressed (xz), a type graph's as positions in `ALL`'s.
-FORMAT = 2
+# 3: one file of records; links without vectors, a type graph's ids as places in `ALL`'s.
+FORMAT = 3
 # Labels compared per chunk at load (a chunk's vectors are copied once).
 _CHUNK = 50_000
-# xz's preset for the links and ids (BENCHMARKS.md).
+# xz's preset for the file (BENCHMARKS.md).
 _PRESET = 1
-# How long a load or save waits for another process's save before giving up on the files.
+# How long a save waits for another process's save before giving up on its own.
 _LOCK_WAIT = 600.0
 
 
@@ -74,23 +74,25 @@ class Adopted:
 
 
 def discard(folder: Path) -> None:
-    """Deletes every saved version of a repo's graphs, under the folder's lock."""
-    if not folder.is_dir():
-        return
-    with filelock.FileLock(str(folder / "lock"), timeout=_LOCK_WAIT):
-        _remove_versions(folder, keep=None)
+    """Deletes a repo's saved graphs, under the folder's lock."""
+    if folder.is_dir():
+        with _lock(folder):
+            _clear(folder, keep=())
 
 
-def _remove_versions(folder: Path, keep: str | None) -> None:
-    """Deletes the versions but `keep`, what a killed save left, and (no `keep`) `current`."""
+def _clear(folder: Path, keep: tuple[str, ...]) -> None:
+    """Deletes what the folder holds but its lock and `keep`: a killed save's temporary file,
+    another format's files."""
     for old in folder.iterdir():
-        if old.name != keep and old.name.startswith(("v-", ".current.")):
+        if old.name not in ("lock", *keep):
             if old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 old.unlink(missing_ok=True)
-        elif keep is None and old.name == "current":
-            old.unlink(missing_ok=True)
+
+
+def _lock(folder: Path) -> filelock.FileLock:
+    return filelock.FileLock(str(folder / "lock"), timeout=_LOCK_WAIT)
 
 
 def repo_folder(root: Path, repo: str) -> Path:
@@ -103,105 +105,89 @@ class GraphFolder:
 
     def __init__(self, folder: str | Path, settings: Mapping[str, int]) -> None:
         self.folder = Path(folder)
+        self.path = self.folder / "graphs"
         # What the graphs were built with; a save under other settings is not loaded.
         self._settings = dict(settings)
 
     def save(self, graphs: Mapping[int, Graph], faiss: Any) -> None:
-        """Writes the graphs as a new version and makes it current (in the builder's thread)."""
+        """Writes the graphs in place of the saved ones (in the builder's thread); a save that
+        fails leaves the saved ones as they were."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        with self._lock():
-            name = f"v-{uuid.uuid4().hex}"
-            version = self.folder / name
+        with _lock(self.folder):
+            _clear(self.folder, keep=(self.path.name,))
+            tmp = self.folder / f".{uuid.uuid4().hex}.tmp"
             try:
-                self._write(version, graphs, faiss)
-            except BaseException:
-                # A failed save leaves nothing behind unless `current` already moved to it.
-                if self._current() != name:
-                    shutil.rmtree(version, ignore_errors=True)
-                raise
-            _remove_versions(self.folder, keep=name)
+                with lzma.open(tmp, "wb", preset=_PRESET) as out:
+                    self._write(out, graphs, faiss)
+                with open(tmp, "rb+") as handle:
+                    os.fsync(handle.fileno())
+                os.replace(tmp, self.path)
+            finally:
+                tmp.unlink(missing_ok=True)
+            disk.fsync_directory(self.folder)
 
-    def _write(self, version: Path, graphs: Mapping[int, Graph], faiss: Any) -> None:
-        """Writes one version's files, then points `current` at it."""
-        version.mkdir()
+    def _write(self, out: IO[bytes], graphs: Mapping[int, Graph], faiss: Any) -> None:
+        """The records of a save, each its length (8 bytes) then its bytes."""
+
+        def record(data: bytes) -> None:
+            out.write(len(data).to_bytes(8, "little") + data)
+
         every = graphs[ALL]
-        (version / f"g{ALL}.ids").write_bytes(_pack(json.dumps(every.labels).encode()))
-        (version / f"g{ALL}.sums").write_bytes(digests(_vectors(every.index, faiss)).tobytes())
+        record(json.dumps({"format": FORMAT, "settings": self._settings,
+                           "graphs": sorted(graphs)}).encode())
+        record(json.dumps(every.labels).encode())
+        record(digests(_vectors(every.index, faiss)).tobytes())
         # A type graph's label takes the id and digest of `ALL`'s last label of its id (the
         # node's newest vector); `adopt` keeps the last of several labels of one id.
         position = {node_id: n for n, node_id in enumerate(every.labels)}
-        for key, graph in graphs.items():
+        for key in sorted(graphs):
             writer = faiss.VectorIOWriter()
-            faiss.write_index(graph.index, writer, faiss.IO_FLAG_SKIP_STORAGE)
-            (version / f"g{key}.faiss").write_bytes(
-                _pack(faiss.vector_to_array(writer.data).tobytes()))
+            faiss.write_index(graphs[key].index, writer, faiss.IO_FLAG_SKIP_STORAGE)
+            record(faiss.vector_to_array(writer.data).tobytes())
             if key != ALL:
-                places = np.fromiter((position[i] for i in graph.labels), dtype="<i4",
-                                     count=len(graph.labels))
-                (version / f"g{key}.pos").write_bytes(_pack(places.tobytes()))
-        manifest = {"format": FORMAT, "settings": self._settings, "graphs": sorted(graphs)}
-        (version / "manifest.json").write_text(json.dumps(manifest))
-        for child in version.iterdir():
-            with open(child, "rb+") as handle:
-                os.fsync(handle.fileno())
-        disk.fsync_directory(version)
-        disk.atomic_write(self.folder / "current", version.name)
-
-    def _current(self) -> str | None:
-        try:
-            return (self.folder / "current").read_text().strip()
-        except OSError:
-            return None
+                labels = graphs[key].labels
+                record(np.fromiter((position[i] for i in labels), "<i4", len(labels)).tobytes())
 
     def load(self, faiss: Any) -> dict[int, Saved] | None:
-        """The current version's graphs, or None when there is none or it cannot be used (the
-        reason is logged)."""
-        if self._current() is None:
-            return None
+        """The saved graphs, or None when there are none or they cannot be used (the reason
+        is logged)."""
         try:
-            with self._lock():
-                name = self._current()
-                if name is None:
-                    return None
-                version = self.folder / name
-                manifest = json.loads((version / "manifest.json").read_text())
+            with lzma.open(self.path) as source:
+
+                def record() -> bytes:
+                    size = int.from_bytes(source.read(8), "little")
+                    data = source.read(size)
+                    if len(data) != size:
+                        raise ValueError("the file is cut short")
+                    return data
+
+                manifest = json.loads(record())
                 if manifest.get("format") != FORMAT or manifest.get("settings") != self._settings:
-                    log.info("mnemo: saved HNSW graphs in %s are for other settings", version)
+                    log.info("mnemo: saved HNSW graphs in %s are for other settings", self.path)
                     return None
-                ids = [str(i) for i in json.loads(_unpack(version / f"g{ALL}.ids"))]
-                sums = np.frombuffer((version / f"g{ALL}.sums").read_bytes(), dtype=np.uint64)
+                ids = [str(i) for i in json.loads(record())]
+                sums = np.frombuffer(record(), dtype=np.uint64)
                 graphs = {}
                 for key in manifest["graphs"]:
                     reader = faiss.VectorIOReader()
-                    links = np.frombuffer(_unpack(version / f"g{key}.faiss"), dtype=np.uint8)
-                    faiss.copy_array_to_vector(links, reader.data)
+                    faiss.copy_array_to_vector(np.frombuffer(record(), np.uint8), reader.data)
                     index = faiss.read_index(reader, faiss.IO_FLAG_SKIP_STORAGE)
-                    places = (np.arange(len(ids)) if key == ALL else
-                              np.frombuffer(_unpack(version / f"g{key}.pos"), dtype="<i4"))
+                    places = (np.arange(len(ids)) if key == ALL
+                              else np.frombuffer(record(), dtype="<i4"))
                     if not index.ntotal == len(places) or len(ids) != len(sums):
                         raise ValueError(f"graph {key}: {index.ntotal} rows, {len(places)} ids,"
                                          f" {len(sums)} digests")
                     graphs[int(key)] = Saved(index, [ids[n] for n in places.tolist()],
                                              places.astype(np.int64), sums)
                 return graphs
-        except (OSError, ValueError, RuntimeError, KeyError, TypeError, IndexError,
-                filelock.Timeout, lzma.LZMAError) as exc:
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError, IndexError, EOFError,
+                lzma.LZMAError) as exc:
             # RuntimeError: faiss's for a truncated or foreign file.
             log.warning("mnemo: saved HNSW graphs in %s not used (%s); rebuilding", self.folder,
                         exc)
             return None
-
-    def _lock(self) -> filelock.FileLock:
-        return filelock.FileLock(str(self.folder / "lock"), timeout=_LOCK_WAIT)
-
-
-def _pack(data: bytes) -> bytes:
-    return lzma.compress(data, preset=_PRESET)
-
-
-def _unpack(path: Path) -> bytes:
-    return lzma.decompress(path.read_bytes())
-
 
 def adopt(graphs: Mapping[int, Saved], snap: Snapshot) -> Adopted:
     """Checks saved graphs (`ALL` among them) against the index's rows (`snap`): a label of

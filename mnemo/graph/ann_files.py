@@ -189,6 +189,7 @@ class GraphFolder:
                         exc)
             return None
 
+
 def adopt(graphs: Mapping[int, Saved], snap: Snapshot) -> Adopted:
     """Checks saved graphs (`ALL` among them) against the index's rows (`snap`): a label of
     `ALL` matches if its node is a row of `snap` with the vector the label was built from; a

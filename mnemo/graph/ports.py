@@ -30,28 +30,6 @@ if TYPE_CHECKING:
     from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
     from mnemo.graph.reembed import Staging, Unstaged
 
-__all__ = [
-    "GraphHistory",
-    "GraphMaintenance",
-    "GraphStore",
-    "GraphWrites",
-    "IntentPolicy",
-    "Neighbor",
-    "NodeContext",
-    "NodeReads",
-    "PendingRead",
-    "RecallReads",
-    "Reembedding",
-    "Restamp",
-    "Reverting",
-    "SideWrite",
-    "SourceForgotten",
-    "SourceRecorded",
-    "StepsCommitted",
-    "TypedLink",
-    "VectorsMoved",
-]
-
 
 @dataclass(frozen=True, slots=True)
 class Neighbor:

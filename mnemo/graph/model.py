@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Mapping
@@ -180,7 +181,8 @@ class CommitReceipt:
     missing: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return msgspec.json.encode(self).decode()
+        """Sorted keys, as the stores keep every JSON text."""
+        return json.dumps(msgspec.to_builtins(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> CommitReceipt:

@@ -1,5 +1,5 @@
 """Durable writes of small files: all or nothing, and folders whose new entries survive a
-crash (memory files' topics, the saved HNSW graphs' pointer)."""
+crash (memory files' topics, the saved HNSW graphs)."""
 
 from __future__ import annotations
 

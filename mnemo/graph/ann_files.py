@@ -1,8 +1,9 @@
 """HNSW graphs saved beside the store, so that opening a big repo does not rebuild them; the
-store stays the one truth. A saved graph holds its links (no vectors, compressed) and per label
-a node id and vector digest: at load a label is live only if the index holds that node with that
-type and digest, else dead; too much dead or another format or setting: rebuilt instead. A save
-writes a new version folder and moves `current` to it atomically, under the folder's lock.
+store stays the one truth. One file (xz) holds the graphs' links (no vectors); the ids and
+vector digests of the graph of every row (`ALL`)'s labels; a type graph's labels as places in
+`ALL`'s. At load a label is live only if the index holds that node with that type and digest;
+too much dead or another format or setting: rebuilt instead. A save writes a temporary file
+and renames it over the saved one, under the folder's lock.
 """
 
 from __future__ import annotations
@@ -15,71 +16,83 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import filelock
 import numpy as np
 import numpy.typing as npt
 
 from mnemo import disk
-from mnemo.graph.ann_search import ALL
 from mnemo.graph.vectors import DEAD, Snapshot
 
 log = logging.getLogger("mnemo")
 
-# 2: links without vectors, ids compressed (xz), a type graph's as positions in `ALL`'s.
-FORMAT = 2
+# The key of the graph holding every row (type codes are >= 0).
+ALL = -1
+# 3: one file of records; links without vectors, a type graph's ids as places in `ALL`'s.
+FORMAT = 3
 # Labels compared per chunk at load (a chunk's vectors are copied once).
 _CHUNK = 50_000
-# xz's preset for the links and ids (BENCHMARKS.md).
+# xz's preset for the file (BENCHMARKS.md).
 _PRESET = 1
-
-
-def _pack(data: bytes) -> bytes:
-    return lzma.compress(data, preset=_PRESET)
-
-
-def _unpack(data: bytes) -> bytes:
-    return lzma.decompress(data)
-# How long a load or save waits for another process's save before giving up on the files.
+# How long a save waits for another process's save before giving up on its own.
 _LOCK_WAIT = 600.0
+
+
+@dataclass(slots=True)
+class Graph:
+    """One HNSW graph: faiss label i is the node `labels[i]`. A type graph's `live` maps each
+    node whose row it holds as the index has it now to that label (`ALL`'s stays empty)."""
+
+    index: Any
+    labels: list[str] = field(default_factory=list)
+    live: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class Saved:
-    """One graph: the faiss index and each label's node id; as read back, without vectors
-    (`adopt` gives it the store's) and with each label's `digests`."""
+    """One graph read back: the faiss index without vectors (`restore` gives it the store's),
+    each label's node id and label in `ALL` (`places`), and the digest of the vector each of
+    `ALL`'s labels was built from."""
 
     index: Any
     labels: list[str]
-    digests: npt.NDArray[np.uint64] | None = None
+    places: npt.NDArray[np.int64]
+    digests: npt.NDArray[np.uint64]
 
 
 @dataclass(frozen=True, slots=True)
 class Adopted:
-    """What a load keeps of the saved graphs: per graph, its dead labels and each label's row
-    of the snapshot (-1: dead); per live node id, (type code, label, label in `ALL`); the
-    snapshot's ids no live label holds; and the type graphs' dead labels."""
+    """What a load keeps of the saved graphs: each type graph's live labels, the snapshot's ids
+    no live label holds, and per graph each label's row of the snapshot (-1: dead)."""
 
-    dead: dict[int, int]
-    labels: dict[str, tuple[int, int, int]]
+    live: dict[int, dict[str, int]]
     missing: list[str]
-    dead_total: int
     rows: dict[int, npt.NDArray[np.int64]]
 
 
 def discard(folder: Path) -> None:
-    """Deletes every saved version of a repo's graphs, under the folder's lock."""
-    if not folder.is_dir():
-        return
-    with filelock.FileLock(str(folder / "lock"), timeout=_LOCK_WAIT):
-        for old in folder.iterdir():
-            if old.name.startswith(("v-", ".current.")) and old.is_dir():
+    """Deletes a repo's saved graphs, under the folder's lock."""
+    if folder.is_dir():
+        with _lock(folder):
+            _clear(folder, keep=())
+
+
+def _clear(folder: Path, keep: tuple[str, ...]) -> None:
+    """Deletes what the folder holds but its lock and `keep`: a killed save's temporary file,
+    another format's files."""
+    for old in folder.iterdir():
+        if old.name not in ("lock", *keep):
+            if old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
-            elif old.name == "current" or old.name.startswith(".current."):
+            else:
                 old.unlink(missing_ok=True)
+
+
+def _lock(folder: Path) -> filelock.FileLock:
+    return filelock.FileLock(str(folder / "lock"), timeout=_LOCK_WAIT)
 
 
 def repo_folder(root: Path, repo: str) -> Path:
@@ -92,157 +105,138 @@ class GraphFolder:
 
     def __init__(self, folder: str | Path, settings: Mapping[str, int]) -> None:
         self.folder = Path(folder)
+        self.path = self.folder / "graphs"
         # What the graphs were built with; a save under other settings is not loaded.
         self._settings = dict(settings)
 
-    def save(self, graphs: Mapping[int, Saved], faiss: Any) -> None:
-        """Writes the graphs as a new version and makes it current (in the builder's thread)."""
+    def save(self, graphs: Mapping[int, Graph], faiss: Any) -> None:
+        """Writes the graphs in place of the saved ones (in the builder's thread); a save that
+        fails leaves the saved ones as they were."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        with self._lock():
-            name = f"v-{uuid.uuid4().hex}"
-            version = self.folder / name
+        with _lock(self.folder):
+            _clear(self.folder, keep=(self.path.name,))
+            tmp = self.folder / f".{uuid.uuid4().hex}.tmp"
             try:
-                self._write(version, graphs, faiss)
-            except BaseException:
-                # A failed save leaves nothing behind unless `current` already moved to it.
-                if self._current() != name:
-                    shutil.rmtree(version, ignore_errors=True)
-                raise
-            # Older versions, and what a killed save left (its folder, the pointer's tmp file).
-            for old in self.folder.iterdir():
-                if old.name != name and old.name.startswith(("v-", ".current.")):
-                    if old.is_dir():
-                        shutil.rmtree(old, ignore_errors=True)
-                    else:
-                        old.unlink(missing_ok=True)
+                with lzma.open(tmp, "wb", preset=_PRESET) as out:
+                    self._write(out, graphs, faiss)
+                with open(tmp, "rb+") as handle:
+                    os.fsync(handle.fileno())
+                os.replace(tmp, self.path)
+            finally:
+                tmp.unlink(missing_ok=True)
+            disk.fsync_directory(self.folder)
 
-    def _write(
-        self, version: Path, graphs: Mapping[int, Saved], faiss: Any
-    ) -> None:
-        """Writes one version's files, then points `current` at it."""
-        version.mkdir()
-        keys = sorted(graphs)
-        # A type graph's ids as positions in the every-row graph's, which holds them all.
-        every = graphs[ALL].labels if ALL in graphs else []
-        position = {node_id: n for n, node_id in enumerate(every)}
-        for key in keys:
-            index, labels = graphs[key].index, graphs[key].labels
+    def _write(self, out: IO[bytes], graphs: Mapping[int, Graph], faiss: Any) -> None:
+        """The records of a save, each its length (8 bytes) then its bytes."""
+
+        def record(data: bytes) -> None:
+            out.write(len(data).to_bytes(8, "little") + data)
+
+        every = graphs[ALL]
+        record(json.dumps({"format": FORMAT, "settings": self._settings,
+                           "graphs": sorted(graphs)}).encode())
+        record(json.dumps(every.labels).encode())
+        record(digests(_vectors(every.index, faiss)).tobytes())
+        # A type graph's label takes the id and digest of `ALL`'s last label of its id (the
+        # node's newest vector); `adopt` keeps the last of several labels of one id.
+        position = {node_id: n for n, node_id in enumerate(every.labels)}
+        for key in sorted(graphs):
             writer = faiss.VectorIOWriter()
-            faiss.write_index(index, writer, faiss.IO_FLAG_SKIP_STORAGE)
-            links = faiss.vector_to_array(writer.data).tobytes()
-            (version / f"g{key}.faiss").write_bytes(_pack(links))
-            if key != ALL and all(node_id in position for node_id in labels):
-                # Each label's id and digest are those of `ALL`'s last label of that id (the
-                # node's newest vector); `adopt` keeps the last of several labels of one id.
-                places = np.fromiter((position[i] for i in labels), dtype="<i4", count=len(labels))
-                (version / f"g{key}.pos").write_bytes(_pack(places.tobytes()))
-            else:
-                (version / f"g{key}.ids").write_bytes(_pack(json.dumps(labels).encode()))
-                (version / f"g{key}.sums").write_bytes(digests(_vectors(index, faiss)).tobytes())
-        manifest = {"format": FORMAT, "settings": self._settings, "graphs": keys}
-        (version / "manifest.json").write_text(json.dumps(manifest))
-        for child in version.iterdir():
-            _sync_file(child)
-        disk.fsync_directory(version)
-        disk.atomic_write(self.folder / "current", version.name)
-
-    def _current(self) -> str | None:
-        try:
-            return (self.folder / "current").read_text().strip()
-        except OSError:
-            return None
+            faiss.write_index(graphs[key].index, writer, faiss.IO_FLAG_SKIP_STORAGE)
+            record(faiss.vector_to_array(writer.data).tobytes())
+            if key != ALL:
+                labels = graphs[key].labels
+                record(np.fromiter((position[i] for i in labels), "<i4", len(labels)).tobytes())
 
     def load(self, faiss: Any) -> dict[int, Saved] | None:
-        """The current version's graphs, or None when there is none or it cannot be used (the
-        reason is logged)."""
-        if self._current() is None:
-            return None
+        """The saved graphs, or None when there are none or they cannot be used (the reason
+        is logged)."""
         try:
-            with self._lock():
-                name = self._current()
-                if name is None:
-                    return None
-                version = self.folder / name
-                manifest = json.loads((version / "manifest.json").read_text())
+            with lzma.open(self.path) as source:
+
+                def record() -> bytes:
+                    size = int.from_bytes(source.read(8), "little")
+                    data = source.read(size)
+                    if len(data) != size:
+                        raise ValueError("the file is cut short")
+                    return data
+
+                manifest = json.loads(record())
                 if manifest.get("format") != FORMAT or manifest.get("settings") != self._settings:
-                    log.info("mnemo: saved HNSW graphs in %s are for other settings", version)
+                    log.info("mnemo: saved HNSW graphs in %s are for other settings", self.path)
                     return None
+                ids = [str(i) for i in json.loads(record())]
+                sums = np.frombuffer(record(), dtype=np.uint64)
                 graphs = {}
-                every: list[str] = []
-                every_sums = np.zeros(0, dtype=np.uint64)
-                # The every-row graph first: the others' ids may be positions in its.
-                for key in sorted(manifest["graphs"], key=lambda k: k != ALL):
+                for key in manifest["graphs"]:
                     reader = faiss.VectorIOReader()
-                    links = _unpack((version / f"g{key}.faiss").read_bytes())
-                    faiss.copy_array_to_vector(np.frombuffer(links, dtype=np.uint8), reader.data)
+                    faiss.copy_array_to_vector(np.frombuffer(record(), np.uint8), reader.data)
                     index = faiss.read_index(reader, faiss.IO_FLAG_SKIP_STORAGE)
-                    if (version / f"g{key}.pos").exists():
-                        places = np.frombuffer(_unpack((version / f"g{key}.pos").read_bytes()),
-                                               dtype="<i4")
-                        labels = [every[n] for n in places.tolist()]
-                        sums = every_sums[places]
-                    else:
-                        labels = json.loads(_unpack((version / f"g{key}.ids").read_bytes()))
-                        sums = np.frombuffer((version / f"g{key}.sums").read_bytes(),
-                                             dtype=np.uint64)
-                        if key == ALL:
-                            every, every_sums = [str(i) for i in labels], sums
-                    if not index.ntotal == len(labels) == len(sums):
-                        raise ValueError(f"graph {key}: {index.ntotal} rows, {len(labels)} ids,"
+                    places = (np.arange(len(ids)) if key == ALL
+                              else np.frombuffer(record(), dtype="<i4"))
+                    if not index.ntotal == len(places) or len(ids) != len(sums):
+                        raise ValueError(f"graph {key}: {index.ntotal} rows, {len(places)} ids,"
                                          f" {len(sums)} digests")
-                    graphs[int(key)] = Saved(index, [str(i) for i in labels], sums)
+                    graphs[int(key)] = Saved(index, [ids[n] for n in places.tolist()],
+                                             places.astype(np.int64), sums)
                 return graphs
-        except (OSError, ValueError, RuntimeError, KeyError, TypeError, IndexError,
-                filelock.Timeout, lzma.LZMAError) as exc:
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError, IndexError, EOFError,
+                lzma.LZMAError) as exc:
             # RuntimeError: faiss's for a truncated or foreign file.
             log.warning("mnemo: saved HNSW graphs in %s not used (%s); rebuilding", self.folder,
                         exc)
             return None
 
-    def _lock(self) -> filelock.FileLock:
-        return filelock.FileLock(str(self.folder / "lock"), timeout=_LOCK_WAIT)
 
-
-def adopt(graphs: Mapping[int, Saved], snap: Snapshot, every: int) -> Adopted:
-    """Checks saved graphs against the index's rows (`snap`); `every` is the key of the
-    every-row graph, the others are keyed by type code."""
+def adopt(graphs: Mapping[int, Saved], snap: Snapshot) -> Adopted:
+    """Checks saved graphs (`ALL` among them) against the index's rows (`snap`): a label of
+    `ALL` matches if its node is a row of `snap` with the vector the label was built from; a
+    type graph's label is live if its place in `ALL` matches for a row of its type. Of an id's
+    labels in a graph only the last that does counts."""
+    every = graphs[ALL]
+    rows = np.fromiter((snap.rows.get(node_id, -1) for node_id in every.labels),
+                       dtype=np.int64, count=len(every.labels))
+    rows[rows >= snap.size] = -1
+    found = rows >= 0
+    found[found] = snap.codes[rows[found]] != DEAD
+    for start in range(0, len(rows), _CHUNK):
+        idx = np.flatnonzero(found[start : start + _CHUNK]) + start
+        found[idx[digests(snap.matrix[rows[idx]]) != every.digests[idx]]] = False
+    rows[~found] = -1
     live: dict[int, dict[str, int]] = {}
-    dead: dict[int, int] = {}
-    rows_of: dict[int, npt.NDArray[np.int64]] = {}
+    _, in_all = _last(every.labels, rows)
+    adopted = {ALL: in_all}
     for key, saved in graphs.items():
-        kept, rows = _matching(saved, snap, None if key == every else key)
-        live[key] = kept
-        rows_of[key] = rows
-        dead[key] = len(saved.labels) - len(kept)
-    in_every = live.get(every, {})
-    labels: dict[str, tuple[int, int, int]] = {}
-    for key, kept in live.items():
-        if key == every:
-            continue
-        for node_id, label in kept.items():
-            label_in_every = in_every.get(node_id)
-            if label_in_every is not None:
-                labels[node_id] = (key, label, label_in_every)
-    # A node live in only one of its type's graph and `ALL` is inserted again into both.
-    for key, kept in live.items():
-        for node_id in kept:
-            if node_id not in labels:
-                dead[key] += 1
-    count, _, codes, ids, _, _ = snap
-    present = np.flatnonzero(codes[:count] != DEAD)
-    missing = [ids[row] for row in present.tolist() if ids[row] not in labels]
-    dead_total = sum(n for key, n in dead.items() if key != every)
-    return Adopted(dead, labels, missing, dead_total, rows_of)
+        if key != ALL:
+            at = in_all[saved.places]
+            at[at >= 0] = np.where(snap.codes[at[at >= 0]] == key, at[at >= 0], -1)
+            live[key], adopted[key] = _last(saved.labels, at)
+    held = {node_id for kept in live.values() for node_id in kept}
+    present = np.flatnonzero(snap.codes[: snap.size] != DEAD)
+    missing = [snap.ids[row] for row in present.tolist() if snap.ids[row] not in held]
+    return Adopted(live, missing, adopted)
+
+
+def _last(
+    labels: list[str], rows: npt.NDArray[np.int64]
+) -> tuple[dict[str, int], npt.NDArray[np.int64]]:
+    """(node id -> its last label with a row (>= 0) in `rows`; each label's row, -1 for the
+    others)."""
+    kept = {labels[label]: label for label in np.flatnonzero(rows >= 0).tolist()}
+    out = np.full(len(labels), -1, dtype=np.int64)
+    chosen = np.fromiter(kept.values(), dtype=np.int64, count=len(kept))
+    out[chosen] = rows[chosen]
+    return kept, out
 
 
 def restore(saved: Saved, rows: npt.NDArray[np.int64], snap: Snapshot, faiss: Any) -> None:
     """Gives a graph read back its vectors: each label's row of `snap`, zero for a dead label."""
     dim = int(saved.index.d)
     vectors = np.zeros((len(rows), dim), dtype=np.float32)
-    live = rows >= 0
     for start in range(0, len(rows), _CHUNK):
-        chunk = slice(start, min(start + _CHUNK, len(rows)))
-        idx = np.flatnonzero(live[chunk]) + start
+        idx = np.flatnonzero(rows[start : start + _CHUNK] >= 0) + start
         vectors[idx] = snap.matrix[rows[idx]]
     storage = faiss.IndexFlatIP(dim)
     if len(vectors):
@@ -255,55 +249,16 @@ def restore(saved: Saved, rows: npt.NDArray[np.int64], snap: Snapshot, faiss: An
 def digests(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.uint64]:
     """A 64-bit digest of each row (BLAKE2b of its float32 bytes)."""
     rows = np.ascontiguousarray(vectors, dtype=np.float32)
-    found = np.empty(len(rows), dtype=np.uint64)
-    for i, row in enumerate(rows):
-        found[i] = int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(),
-                                  "little")
-    return found
-
-
-def _matching(
-    saved: Saved, snap: Snapshot, code: int | None
-) -> tuple[dict[str, int], npt.NDArray[np.int64]]:
-    """(node id -> label, for labels whose node is a row of `snap` (of type `code`, or any) with
-    the vector the label was built from, the last label of an id winning; and each label's
-    row of `snap`, -1 for the others)."""
-    labels = saved.labels
-    n = len(labels)
-    if n == 0:
-        return {}, np.zeros(0, dtype=np.int64)
-    assert saved.digests is not None, "a graph read back has its digests"
-    count, matrix, codes, _, rows_of, _ = snap
-    rows = np.fromiter((rows_of.get(node_id, -1) for node_id in labels), dtype=np.int64,
-                       count=n)
-    ok = (rows >= 0) & (rows < count)
-    types = np.full(n, DEAD, dtype=np.int8)
-    types[ok] = codes[rows[ok]]
-    ok &= types != DEAD if code is None else types == code
-    for start in range(0, n, _CHUNK):
-        chunk = slice(start, min(start + _CHUNK, n))
-        idx = np.flatnonzero(ok[chunk]) + start
-        if len(idx):
-            same = digests(matrix[rows[idx]]) == saved.digests[idx]
-            ok[idx[~same]] = False
-    kept = {labels[label]: label for label in np.flatnonzero(ok).tolist()}
-    # Of an id with several matching labels only the last is live: the others are dead.
-    live = np.full(n, -1, dtype=np.int64)
-    chosen = np.fromiter(kept.values(), dtype=np.int64, count=len(kept))
-    live[chosen] = rows[chosen]
-    return kept, live
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little")
+         for row in rows), dtype=np.uint64, count=len(rows))
 
 
 def _vectors(index: Any, faiss: Any) -> npt.NDArray[np.float32]:
     """The vectors an `IndexHNSWFlat` holds, one row per label (a view, not a copy)."""
-    storage = faiss.downcast_index(index.storage)
     total = int(index.ntotal) * int(index.d)
     if total == 0:
         return np.zeros((0, int(index.d)), dtype=np.float32)
+    storage = faiss.downcast_index(index.storage)
     flat: npt.NDArray[np.float32] = faiss.rev_swig_ptr(storage.get_xb(), total)
     return flat.reshape(int(index.ntotal), int(index.d))
-
-
-def _sync_file(path: Path) -> None:
-    with open(path, "rb+") as handle:
-        os.fsync(handle.fileno())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -20,7 +19,6 @@ from mnemo.graph import contradiction
 from mnemo.graph.dedup import (
     IntentMerger,
     Resolution,
-    TextLookup,
     remap_links,
     resolve,
     resolve_intents,
@@ -38,13 +36,21 @@ from mnemo.graph.model import (
     Vector,
     now_utc,
 )
-from mnemo.graph.ports import IntentPolicy, SideWrite, SourceRecorded, SourceTaken, StepsCommitted
+from mnemo.graph.ports import (
+    GraphStore,
+    IntentPolicy,
+    SideWrite,
+    SourceRecorded,
+    SourceTaken,
+    StepsCommitted,
+    VectorsMoved,
+)
 from mnemo.graph.scope import Metadata, canonical, same
 from mnemo.graph.shares import Contribution
 from mnemo.graph.vectors import Snapshot, VectorIndex, unit
 
 if TYPE_CHECKING:
-    from mnemo.graph.history import CommitRecord
+    pass
 
 # How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
 MERGE_ROUNDS = 2
@@ -76,14 +82,8 @@ class CommitPlan:
     metadata: Metadata = field(default_factory=dict)
 
 
-class CommitTarget(contradiction.FactSearch, Protocol):
-    """What a backend gives the commit procedure."""
-
-    def lock(self, repo: str) -> AbstractAsyncContextManager[None]: ...
-
-    def dim(self, repo: str) -> int: ...
-
-    async def receipt(self, changeset_id: str) -> CommitReceipt | None: ...
+class CommitTarget(GraphStore, Protocol):
+    """What a backend gives the commit procedure beside its graph's roles."""
 
     async def vector_index(self, repo: str) -> VectorIndex:
         """Where the graph's intents are compared (`of_type(INTENT)`)."""
@@ -91,21 +91,9 @@ class CommitTarget(contradiction.FactSearch, Protocol):
 
     async def texts(self, node_ids: list[str]) -> dict[str, str]: ...
 
-    async def nearest_of_type(
-        self, repo: str, probes: Vector, kind: NodeType, k: int
-    ) -> list[list[tuple[str, float]]]: ...
-
-    async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]: ...
-
-    async def commit_log(
-        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
-    ) -> list[CommitRecord]: ...
-
     async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]: ...
 
     async def present(self, repo: str, node_ids: list[str]) -> set[str]: ...
-
-    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None: ...
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         """Writes the plan and the side writes in one transaction (then updates what the
@@ -156,14 +144,6 @@ class _Undecided(Exception):
     """A merge that was not decided before the lock was taken."""
 
 
-class _Restamped(Exception):
-    """The repo's vectors are of another generation than the changeset's (seen under the lock)."""
-
-    def __init__(self, generation: int) -> None:
-        super().__init__(f"the repo's vectors are of generation {generation}")
-        self.generation = generation
-
-
 # How often one commit embeds its changeset again for a repo re-embedded meanwhile.
 RESTAMPS = 3
 
@@ -192,7 +172,7 @@ async def apply(
                         raise
         try:
             return await _apply(target, changeset, intents=intents, also=also)
-        except _Restamped as moved:
+        except VectorsMoved as moved:  # seen under the lock
             changeset = await _restamp(changeset, intents, moved.generation)
     raise EmbeddingError(
         f"repo {changeset.repo!r} was re-embedded {RESTAMPS} times while one commit waited"
@@ -283,10 +263,6 @@ def _decided_merge(
     return merge
 
 
-def _texts(target: CommitTarget) -> TextLookup:
-    return target.texts
-
-
 async def _resolve_intents(
     target: CommitTarget,
     changeset: Changeset,
@@ -298,7 +274,7 @@ async def _resolve_intents(
     await resolve_intents(
         changeset.nodes,
         index,
-        _texts(target),
+        target.texts,
         merge,
         identity_threshold=intents.identity_threshold,
         merge_threshold=intents.merge_threshold,
@@ -351,7 +327,7 @@ async def _resolve_knowledge(
                    key=lambda o: -o[1])[:NEAREST]
             for d, row in zip(drafts, sims, strict=True)
         ]
-        await resolve(drafts, nearest, {i: n.text for i, n in seen.items()}, _texts(target),
+        await resolve(drafts, nearest, {i: n.text for i, n in seen.items()}, target.texts,
                       merge, identity_threshold=intents.identity_threshold,
                       merge_threshold=intents.merge_threshold, out=out, knowledge=True)
     return seen
@@ -379,7 +355,7 @@ async def _apply_locked(
             raise SourceTaken(write.source_id)
     index = await target.vector_index(repo)
     if changeset.nodes and index.generation != changeset.generation:
-        raise _Restamped(index.generation)
+        raise VectorsMoved(index.generation)
     if prepared is not None and index.snapshot() is prepared[0]:
         # The intents were resolved against exactly these vectors, before the lock.
         resolution = Resolution(dict(prepared[1].remap), dict(prepared[1].rewordings))

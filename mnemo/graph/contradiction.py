@@ -6,17 +6,20 @@ fact keeps `valid_to` and `retired_at`, linked from its successor by SUPERSEDES.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mnemo.graph.dedup import says_no_more
-from mnemo.graph.model import TEMPORAL, Changeset, LinkType, Node, NodeDraft, NodeType, Vector
-from mnemo.graph.scope import Scope, Where, check_where, same
+from mnemo.graph.model import TEMPORAL, Changeset, LinkType, Node, NodeDraft, NodeType
+from mnemo.graph.scope import check_where, same
 from mnemo.graph.vectors import COSINE_TOLERANCE, TYPE_CODES, cosine, reaches, unit
+
+if TYPE_CHECKING:
+    from mnemo.graph.ports import RecallReads
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,26 +39,6 @@ CANDIDATES = 3
 CLOSE = 0.6
 
 
-class FactSearch(Protocol):
-    async def scope(self, repo: str, where: Where) -> Scope: ...
-
-    async def search_vectors(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None,
-        scope: Scope | None = None,
-    ) -> list[tuple[str, float]]: ...
-
-    async def search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
-        scope: Scope | None = None,
-    ) -> list[tuple[str, float]]: ...
-
-    async def similarities(
-        self, repo: str, node_ids: Sequence[str], vector: Vector
-    ) -> dict[str, float]: ...
-
-    async def get_nodes(self, repo: str, node_ids: list[str]) -> list[Node]: ...
-
-
 @dataclass(frozen=True, slots=True)
 class Retirement:
     """`retired` stops holding at `valid_to` (None: at the commit), succeeded by `successor`."""
@@ -66,7 +49,7 @@ class Retirement:
 
 
 async def retirements(
-    graph: FactSearch, changeset: Changeset, contradicts: Contradicts,
+    graph: RecallReads, changeset: Changeset, contradicts: Contradicts,
     candidates: int = CANDIDATES, close: float = CLOSE,
     nearest: Mapping[str, list[tuple[str, float]]] | None = None,
     joined: float | None = None,
@@ -163,7 +146,7 @@ def _earlier(
 
 
 async def still_live(
-    graph: FactSearch, repo: str, planned: list[Retirement], added: set[str]
+    graph: RecallReads, repo: str, planned: list[Retirement], added: set[str]
 ) -> list[Retirement]:
     """The retirements that still apply under the lock (the old fact still there and live)."""
     pairs = [r for r in planned if r.retired in added or r.successor in added]

@@ -47,8 +47,7 @@ def _said(text: str) -> set[str]:
 def alike(a: str, b: str, said: Callable[[str], set[str]] = _said) -> bool:
     """Whether two facts (or instructions) may be one node: the words of one (stemmed, bar
     articles and joiners) are all the other's, and what the other adds is no negation."""
-    small, big = sorted((said(a), said(b)), key=len)
-    return small <= big and not (big - small) & _NEGATIONS
+    return says_no_more(a, b, said) or says_no_more(b, a, said)
 
 
 def says_no_more(new: str, old: str, said: Callable[[str], set[str]] = _said) -> bool:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import uuid
@@ -12,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import NewType, NoReturn, TypeVar
+from typing import Any, NewType, NoReturn, TypeVar
 
 import msgspec
 import numpy as np
@@ -123,35 +122,52 @@ class Changeset:
     metadata: dict[str, str | int | float | bool] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        raw: JSONObject = {
-            "id": self.id,
-            "repo": self.repo,
-            "nodes": [_draft_to_dict(n) for n in self.nodes],
-            "links": [[link.src, link.dst, link.type.value] for link in self.links],
-            "step_ids": self.step_ids,
-        }
-        if self.missing:
-            raw["missing"] = self.missing
-        if self.generation:
-            raw["generation"] = self.generation
-        if self.metadata:
-            raw["metadata"] = self.metadata
-        # msgspec, keys sorted as json's sort_keys.
-        return _SORTED_JSON.encode(raw).decode()
+        nodes = [_Draft(**_fields(n, _Draft, vector=vector_to_blob(n.vector))) for n in self.nodes]
+        links = [(link.src, link.dst, link.type) for link in self.links]
+        wire = _Changeset(**_fields(self, _Changeset, nodes=nodes, links=links))
+        return _SORTED_JSON.encode(wire).decode()
 
     @classmethod
     def from_json(cls, text: str) -> Changeset:
-        raw = json.loads(text)
-        return cls(
-            id=raw["id"],
-            repo=raw["repo"],
-            nodes=[_draft_from_dict(n) for n in raw["nodes"]],
-            links=[Link(src, dst, LinkType(kind)) for src, dst, kind in raw["links"]],
-            step_ids=list(raw["step_ids"]),
-            missing=[str(m) for m in raw.get("missing", [])],
-            generation=int(raw.get("generation", 0)),
-            metadata=dict(raw.get("metadata", {})),
-        )
+        """StorageError("corrupt") for a text that is not a changeset's JSON."""
+        try:
+            raw = msgspec.json.decode(text, type=_Changeset)
+        except msgspec.DecodeError as exc:
+            raise StorageError("corrupt", f"a stored changeset: {exc}") from exc
+        nodes = [NodeDraft(**_fields(d, _Draft, vector=vector_from_blob(d.vector)))
+                 for d in raw.nodes]
+        return cls(**_fields(raw, _Changeset, nodes=nodes, links=[Link(*k) for k in raw.links]))
+
+
+def _fields(value: object, kind: type[msgspec.Struct], **changed: object) -> dict[str, Any]:
+    """`value`'s attributes named as `kind`'s fields, but those in `changed`."""
+    return {name: getattr(value, name) for name in kind.__struct_fields__} | changed
+
+
+class _Draft(msgspec.Struct, frozen=True):
+    """A `NodeDraft` in a changeset's JSON: its vector as float32 bytes (base64)."""
+
+    id: str
+    type: NodeType
+    text: str
+    data: dict[str, Any]
+    vector: bytes
+    key: str | None
+    source_id: str | None
+    valid_from: datetime | None = None
+
+
+class _Changeset(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A `Changeset`'s JSON (keys sorted by `_SORTED_JSON`), a link as [src, dst, type]."""
+
+    id: str
+    repo: str
+    nodes: list[_Draft]
+    links: list[tuple[str, str, LinkType]]
+    step_ids: list[str]
+    missing: list[str] = []
+    generation: int = 0
+    metadata: dict[str, str | int | float | bool] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,18 +181,12 @@ class CommitReceipt:
     missing: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        raw: JSONObject = {
-            "changeset_id": self.changeset_id, "repo": self.repo, "node_ids": self.node_ids,
-        }
-        if self.missing:
-            raw["missing"] = self.missing
-        return json.dumps(raw, sort_keys=True)
+        """Sorted keys, as the stores keep every JSON text."""
+        return json.dumps(msgspec.to_builtins(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> CommitReceipt:
-        raw = json.loads(text)
-        return cls(raw["changeset_id"], raw["repo"], list(raw["node_ids"]),
-                   [str(m) for m in raw.get("missing", [])])
+        return msgspec.json.decode(text, type=cls)
 
 
 # Bi-temporal facts: the node types stored with the times a fact held and was recorded.
@@ -242,58 +252,9 @@ def vector_from_blob(blob: bytes) -> Vector:
     return np.frombuffer(blob, dtype=np.float32)
 
 
-def _draft_to_dict(node: NodeDraft) -> JSONObject:
-    return {
-        "id": node.id,
-        "type": node.type.value,
-        "text": node.text,
-        "data": node.data,
-        "vector": base64.b64encode(vector_to_blob(node.vector)).decode("ascii"),
-        "key": node.key,
-        "source_id": node.source_id,
-        "valid_from": None if node.valid_from is None else node.valid_from.isoformat(),
-    }
-
-
-def _draft_from_dict(raw: JSONObject) -> NodeDraft:
-    return NodeDraft(
-        id=str(raw["id"]),
-        type=NODE_TYPES[str(raw["type"])],
-        text=str(raw["text"]),
-        data=_object(raw["data"]),
-        vector=vector_from_blob(base64.b64decode(str(raw["vector"]))),
-        key=_optional_text(raw["key"]),
-        source_id=_optional_text(raw["source_id"]),
-        valid_from=(
-            datetime.fromisoformat(str(raw["valid_from"])) if raw.get("valid_from") else None
-        ),
-    )
-
-
-def _object(value: object) -> JSONObject:
-    if not isinstance(value, dict):
-        raise StorageError("corrupt", f"a stored node's data is a {type(value).__name__}")
-    return value
-
-
-def _optional_text(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
 _FULL_FREQUENCY = 10  # accesses at which frequency reaches 1
 _LOG_FULL_FREQUENCY = math.log1p(_FULL_FREQUENCY)
 _NUMBER = (int, float)  # `int | float` is a new union object at each use
-
-def recency(age_days: float, half_life_days: float) -> float:
-    """2^(-age / half-life): 1 when new, 1/2 after one half-life."""
-    return float(2.0 ** (-max(age_days, 0.0) / half_life_days))
-
-
-def frequency(access_count: int, floor: float) -> float:
-    """log(1 + accesses) / log(1 + 10), capped at 1 and never below `floor`."""
-    raw = math.log1p(max(access_count, 0)) / math.log1p(_FULL_FREQUENCY)
-    return max(floor, min(1.0, raw))
-
 
 def reward(kind: NodeType, data: Mapping[str, object]) -> float:
     """What the pipeline learned of the node, in [0.5, 1]: an EPISODIC step's `reward`, a
@@ -328,7 +289,7 @@ def node_value(
     counts whole hours from the last access (or creation) with `config.recency_half_life_days`;
     frequency never drops below `config.frequency_floor`. Naive datetimes are UTC.
     """
-    # `recency`, `frequency` and `reward` inlined, same operations in the same order (hot path).
+    # `reward` times recency and frequency inlined (a hot path).
     seen = created_at if created_at.tzinfo is not None else _utc(created_at)
     if last_access is not None:
         last = last_access if last_access.tzinfo is not None else _utc(last_access)

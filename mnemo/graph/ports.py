@@ -30,28 +30,6 @@ if TYPE_CHECKING:
     from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
     from mnemo.graph.reembed import Staging, Unstaged
 
-__all__ = [
-    "GraphHistory",
-    "GraphMaintenance",
-    "GraphStore",
-    "GraphWrites",
-    "IntentPolicy",
-    "Neighbor",
-    "NodeContext",
-    "NodeReads",
-    "PendingRead",
-    "RecallReads",
-    "Reembedding",
-    "Restamp",
-    "Reverting",
-    "SideWrite",
-    "SourceForgotten",
-    "SourceRecorded",
-    "StepsCommitted",
-    "TypedLink",
-    "VectorsMoved",
-]
-
 
 @dataclass(frozen=True, slots=True)
 class Neighbor:
@@ -162,8 +140,8 @@ class Reverting:
 
 
 class VectorsMoved(Exception):
-    """Raised by a recall whose embedder is of another generation than the repo's vectors:
-    nothing was searched; the caller updates its embedder and recalls again."""
+    """Raised by a recall (or a commit) made for another generation than the repo's vectors
+    are of: nothing was searched (or written); the caller embeds again and tries again."""
 
     def __init__(self, generation: int) -> None:
         super().__init__(f"the repo's vectors are of generation {generation}")

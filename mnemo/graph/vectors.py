@@ -279,7 +279,6 @@ class VectorIndex:
             allowed = of_codes(codes[:count], wanted)
         elif dead:
             allowed = codes[:count] != DEAD
-        k = min(k, count)
         result = []
         for probe, approximate in zip(probes, found, strict=True):
             if approximate is not None:
@@ -288,35 +287,22 @@ class VectorIndex:
             scores = matrix[:count] @ probe
             if allowed is not None:
                 scores = np.where(allowed, scores, -np.inf)
-            top = np.argpartition(-scores, k - 1)[:k] if k < count else np.arange(count)
-            top = top[np.argsort(-scores[top], kind="stable")]
-            result.append(_pairs(ids, top, scores[top], finite=True))
+            result.append(top_per_row(scores[None, :], ids, k)[0])
         return result
 
 
 def top_per_row(
     scores: npt.NDArray[np.float32], ids: Sequence[str], k: int
 ) -> list[list[tuple[str, float]]]:
-    """For each row of `scores` (one column per id), the `k` best ids with their scores,
-    best first (ties in id order)."""
-    k = min(k, len(ids))
+    """For each row of `scores` (column i: `ids[i]`), the `k` best ids with their scores,
+    best first (ties in id order), non-finite ones left out."""
+    n = scores.shape[1]
+    k = min(k, n)
     result = []
     for row in scores:
-        top = np.argpartition(-row, k - 1)[:k] if k < len(ids) else np.arange(len(ids))
+        top = np.argpartition(-row, k - 1)[:k] if k < n else np.arange(n)
         top = top[np.argsort(-row[top], kind="stable")]
-        result.append(_pairs(ids, top, row[top]))
+        kept = np.isfinite(row[top]).tolist()
+        result.append([(ids[i], score) for i, score, ok
+                       in zip(top.tolist(), row[top].tolist(), kept, strict=True) if ok])
     return result
-
-
-def _pairs(
-    ids: Sequence[str], rows: npt.NDArray[np.intp], scores: npt.NDArray[np.float32],
-    *, finite: bool = False,
-) -> list[tuple[str, float]]:
-    """(id, score) of each of `rows` as Python floats; with `finite`, non-finite ones left out."""
-    values = scores.tolist()
-    if not finite:
-        return [(ids[i], value) for i, value in zip(rows.tolist(), values, strict=True)]
-    kept = np.isfinite(scores).tolist()
-    return [(ids[i], value)
-            for i, value, ok in zip(rows.tolist(), values, kept, strict=True) if ok]
-

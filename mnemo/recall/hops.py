@@ -71,7 +71,10 @@ async def follow(
     hop = 0
     while hop < config.recall_max_hops and frontier:
         hop += 1
-        floor = _floor(ranking, depth, config.hop_decay)
+        # The lowest score a parent needs for a child (at most `hop_decay` times it) to reach
+        # the best `depth` candidates: 0 while there are fewer.
+        floor = (ranking[depth - 1][1].score / config.hop_decay
+                 if len(ranking) >= depth and config.hop_decay > 0 else 0.0)
         parents = {i for i in frontier if found[i].score >= floor}
         top_before = _ids(ranking, k)
         reached = (await _expand(graph, config, repo, parents, found, query_vector, hop,
@@ -102,14 +105,6 @@ async def _sorted(found: dict[str, Candidate]) -> list[tuple[str, Candidate]]:
 def _ids(ranking: list[tuple[str, Candidate]], n: int) -> set[str]:
     """The ids of the first `n` of a ranking (`best` of what it was sorted from)."""
     return {i for i, _ in ranking[:n]}
-
-
-def _floor(ranking: list[tuple[str, Candidate]], depth: int, decay: float) -> float:
-    """The lowest score a parent needs for a child (at most `decay` times it) to reach the
-    best `depth` candidates of `ranking`: 0 while there are fewer."""
-    if len(ranking) < depth or decay <= 0:
-        return 0.0
-    return ranking[depth - 1][1].score / decay
 
 
 async def _expand(

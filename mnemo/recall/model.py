@@ -155,8 +155,13 @@ class ResultSelection:
     ) -> None:
         self.config, self.k, self.steps, self.sources = config, k, steps, sources
         self.stand_ins, self.strong = stand_ins, strong
-        self._min_score = _min_scores(config)
-        self._top_k = _top_ks(config)
+        # Each memory type's lowest score and most results (other types: 0 and no bound).
+        self._min_score = {N.SEMANTIC: config.recall_min_score_semantic,
+                           N.EPISODIC: config.recall_min_score_episodic,
+                           N.PROCEDURAL: config.recall_min_score_procedural}
+        self._top_k = {N.SEMANTIC: config.recall_top_k_semantic,
+                       N.EPISODIC: config.recall_top_k_episodic,
+                       N.PROCEDURAL: config.recall_top_k_procedural}
         self.ranked: list[Recalled] = []
         self.deferred: list[tuple[float, Node, Candidate]] = []
         self._per_type: dict[NodeType, int] = {}
@@ -205,24 +210,6 @@ class ResultSelection:
                     self._returned.add(step)
             self.ranked.append(Recalled(node, score, candidate.phase, candidate.hop,
                                         evidence=tuple(map(NodeId, self.sources.get(node.id, ())))))
-
-
-def _min_scores(config: Config) -> dict[NodeType, float]:
-    """The lowest score of a result of each memory type (other types: 0)."""
-    return {
-        N.SEMANTIC: config.recall_min_score_semantic,
-        N.EPISODIC: config.recall_min_score_episodic,
-        N.PROCEDURAL: config.recall_min_score_procedural,
-    }
-
-
-def _top_ks(config: Config) -> dict[NodeType, int]:
-    """How many results of each memory type (other types: no bound)."""
-    return {
-        N.SEMANTIC: config.recall_top_k_semantic,
-        N.EPISODIC: config.recall_top_k_episodic,
-        N.PROCEDURAL: config.recall_top_k_procedural,
-    }
 
 
 class Trace:

@@ -16,7 +16,7 @@ import pytest
 
 from mnemo.graph import ann, dedup
 from mnemo.graph.ann import HnswAccelerator, HnswParams
-from mnemo.graph.ann_search import ALL
+from mnemo.graph.ann_files import ALL
 from mnemo.graph.model import Changeset, NodeDraft, NodeType, Vector
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.vectors import TYPE_CODES, VectorIndex

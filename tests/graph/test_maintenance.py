@@ -159,8 +159,9 @@ def test_value_is_recency_times_frequency_times_reward(
 
     seen = utc(created) if last is None else max(utc(created), utc(last))
     age = (utc(now) - seen).total_seconds() // 3600 / 24
-    expected = (model.recency(age, CONFIG.recency_half_life_days)
-                * model.frequency(count, CONFIG.frequency_floor) * model.reward(kind, data))
+    recency = 2.0 ** (-max(age, 0.0) / CONFIG.recency_half_life_days)
+    frequency = max(CONFIG.frequency_floor, min(1.0, math.log1p(max(count, 0)) / math.log1p(10)))
+    expected = recency * frequency * model.reward(kind, data)
     found = node_value(kind, data, created_at=created, last_access=last, access_count=count,
                        now=now, config=CONFIG)
     assert found == expected or (math.isnan(found) and math.isnan(expected))

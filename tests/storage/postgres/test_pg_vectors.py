@@ -170,7 +170,7 @@ async def test_routes_graphs_are_saved_and_read_back_by_the_next_process(
             assert routes.accelerator.stats()["read"] == 0
         finally:
             await graph.aclose()
-        saved = [p async for p in anyio.Path(tmp_path).glob("pg-*/hnsw/*/current")]
+        saved = [p async for p in anyio.Path(tmp_path).glob("pg-*/hnsw/*/graphs")]
         assert len(saved) == 1
 
         again = PgGraph(pg, lambda repo: DIM, ann_dir=tmp_path)

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 from mnemo.errors import ConflictError
 from mnemo.graph import commit, erasure
-from mnemo.graph.erasure import Embed, Inherited
+from mnemo.graph.commit import CommitPlan
+from mnemo.graph.erasure import Embed
 from mnemo.graph.model import (
     LINK_TYPES,
     NODE_TYPES,
@@ -34,9 +35,11 @@ from mnemo.graph.ports import (
 from mnemo.graph.scope import SCOPE_LIMIT, WIDEN, Scope, Where
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.graph_rows import RowReads
+from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Row
+from mnemo.storage.sql import Driver
 
 if TYPE_CHECKING:
     from mnemo.graph.commit import CommitTarget
@@ -139,9 +142,11 @@ class Vectors(Protocol):
 
 
 class GraphBase(RowReads):
-    """The `GraphStore` methods both backends share, over their hooks (`_repo_lock`,
-    `_reembed_lock`, `_delete_rows`, `_inherited`, `_withdraw_rows`, `_rows`, `_store_text`)."""
+    """The `GraphStore` methods both backends share, over their `WRITES` and hooks
+    (`_repo_lock`, `_reembed_lock`, `_committed`, `_rows`, `_store_text`)."""
 
+    WRITES: SqlGraphWrites
+    _driver: Driver
     _lexical: LexicalIndex | None
     _vectors: Vectors
     _dims: Callable[[str], int]
@@ -154,14 +159,8 @@ class GraphBase(RowReads):
                       ) -> AbstractAsyncContextManager[None]:
         raise NotImplementedError
 
-    async def _delete_rows(self, repo: str, ids: list[str]) -> list[str]:
-        raise NotImplementedError
-
-    async def _inherited(self, repo: str, key: str, one: bool) -> Inherited:
-        raise NotImplementedError
-
-    async def _withdraw_rows(self, repo: str, key: str, also: Sequence[SideWrite],
-                             plan: erasure.Plan, reverting: Reverting | None) -> list[str]:
+    async def _committed(self, plan: CommitPlan) -> None:
+        """After a commit's transaction: the vector side follows it."""
         raise NotImplementedError
 
     async def _context(self, repo: str, node_ids: Sequence[str], linked: list[NodeType],
@@ -226,6 +225,13 @@ class GraphBase(RowReads):
         return await commit.apply(cast("CommitTarget", self), changeset, intents=intents,
                                   also=also)
 
+    async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
+        await self._driver.write(lambda sql: self.WRITES.write_commit(sql, plan, also))
+        await self._committed(plan)
+
+    async def write_side(self, also: Sequence[SideWrite]) -> None:
+        await self._driver.write(lambda sql: self.WRITES.SESSIONS.side_writes(sql, also))
+
     async def generation(self, repo: str) -> int:
         return (await self._vectors.index(repo)).generation
 
@@ -239,7 +245,7 @@ class GraphBase(RowReads):
         if not ids:
             return 0
         async with self.lock(repo):
-            gone = await self._delete_rows(repo, ids)
+            gone = await self._driver.write(lambda sql: self.WRITES.delete_nodes(sql, repo, ids))
             self._vectors.forget(repo, gone)
             if gone:
                 await self._erased()
@@ -253,14 +259,17 @@ class GraphBase(RowReads):
         async def delete(plan: erasure.Plan) -> list[str]:
             if reverting is not None:
                 await reverting.refused()
-            gone = await self._withdraw_rows(repo, key, also, plan, reverting)
+            gone = await self._driver.write(lambda sql: self.WRITES.withdraw(
+                sql, repo, key, also, plan, None if reverting is None else reverting.revert_id))
             self._vectors.forget(repo, gone)
             if reverting is None:
                 await self._erased()
             return gone
 
         return len(await erasure.forget(
-            lambda: self.lock(repo), lambda: self._inherited(repo, key, reverting is not None),
+            lambda: self.lock(repo),
+            lambda: self._driver.read(
+                lambda sql: self.WRITES.inherited(sql, repo, key, reverting is not None)),
             embed, delete, lambda: self._same_generation(repo, generation)))
 
     async def _same_generation(self, repo: str, expected: int | None) -> None:

@@ -16,30 +16,27 @@ import anyio.to_thread
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from mnemo.graph import erasure, model
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.erasure import Inherited
 from mnemo.graph.model import CommitReceipt, Link, LinkType, NodeType, Vector
 from mnemo.graph.ports import (
     More,
     Neighbor,
     NodeContext,
     PendingRead,
-    Reverting,
-    SideWrite,
     TypedLink,
 )
-from mnemo.graph.scope import Scope, Where, pairs
+from mnemo.graph.scope import Scope, Where
 from mnemo.storage import graph_base as scopes
 from mnemo.storage.graph_base import neighbors_seen_from_asked, seen_from_asked
+from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph
-from mnemo.storage.postgres import deletes, history, recall_reads
+from mnemo.storage.postgres import recall_reads
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.maintenance import PgMaintenance
 from mnemo.storage.postgres.reembedding import PgReembedding
 from mnemo.storage.postgres.rows import node as node_of
-from mnemo.storage.postgres.sessions import side_writes
+from mnemo.storage.postgres.sessions import PgSessions
 from mnemo.storage.postgres.text_search import WORD_QUERY
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
 from mnemo.storage.reembed_claims import Claims
@@ -57,10 +54,50 @@ def repo_lock_key(repo: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+class PgGraphWrites(SqlGraphWrites):
+    """The graph's writes on PostgreSQL: links and vectors by node id, JSON as jsonb."""
+
+    KEY = "id"
+    ANY = " = ANY(?)"
+    LINK = "src = ? AND dst = ? AND type = ?"
+    ADD_LINK = (
+        "INSERT INTO links(src, dst, type, repo) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (src, dst, type) DO UPDATE SET refs = links.refs + 1"
+    )
+    LINK_PARAMS = 4
+    ADD_VECTOR = (
+        "INSERT INTO vectors(node_id, repo, vec) SELECT id, repo, ? FROM nodes WHERE id = ?"
+        " ON CONFLICT DO NOTHING"
+    )
+    VECTOR_OF = "node_id = ?"
+    SET_INTENT = "jsonb_set(data, '{intent}', to_jsonb(?::text))"
+    ZEROS = "decode(repeat('00', length(subgoal_vec)), 'hex')"
+    SCRUB = ("UPDATE lexical_epoch SET epoch = md5(random()::text || clock_timestamp()::text)",)
+    SESSIONS = PgSessions
+    _vector = staticmethod(as_array)
+
+    @staticmethod
+    def _list(values: Sequence[str]) -> object:
+        return list(values)
+
+    @staticmethod
+    def _json(value: object) -> object:
+        return None if value is None else Jsonb(value)
+
+    @staticmethod
+    def _record(values: list[Any], packed: bool) -> object:
+        return Jsonb(values)
+
+    @staticmethod
+    def _time(text: str | None) -> object:
+        return None if text is None else datetime.fromisoformat(text)
+
+
 class PgGraph(PgReembedding, MaintainedGraph):
     """`GraphStore` over a PostgreSQL database."""
 
     MAINTENANCE = PgMaintenance()
+    WRITES = PgGraphWrites()
 
     def __init__(
         self,
@@ -98,54 +135,9 @@ class PgGraph(PgReembedding, MaintainedGraph):
                 with anyio.CancelScope(shield=True):
                     await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
-    # ---- commits --------------------------------------------------------------------------
-
-    async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
-        repo, created = plan.repo, datetime.fromisoformat(plan.created_at)
-        scoped = Jsonb(plan.metadata) if plan.metadata else None
-        async with self._pg.transaction() as conn, conn.cursor() as cur:
-            await cur.executemany(
-                "INSERT INTO nodes (id, repo, type, text, data, key, source_id, created_at,"
-                " recorded_at, valid_from, metadata) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
-                " %s::timestamptz, %s::timestamptz, %s) ON CONFLICT DO NOTHING",
-                [(n.id, repo, n.type.value, text, Jsonb(n.data), n.key, n.source_id, created,
-                  *model.times(n, plan.created_at), scoped)
-                 for n, text, _ in plan.nodes],
-            )
-            if plan.metadata and plan.nodes:
-                await cur.execute(
-                    "INSERT INTO node_scopes (repo, key, value, node)"
-                    " SELECT %s, p.key, p.value, n.rowid FROM nodes n,"
-                    " unnest(%s::text[], %s::text[]) AS p(key, value)"
-                    " WHERE n.id = ANY(%s) ON CONFLICT DO NOTHING",
-                    (repo, *map(list, zip(*pairs(plan.metadata), strict=True)),
-                     [n.id for n, _, _ in plan.nodes]),
-                )
-            await cur.executemany(
-                "INSERT INTO vectors (node_id, repo, vec) VALUES (%s, %s, %s)"
-                " ON CONFLICT DO NOTHING",
-                [(n.id, repo, as_array(vector)) for n, _, vector in plan.nodes],
-            )
-            await history.joined(conn, plan)  # before the rewordings
-            for node_id, (text, vector) in plan.rewordings.items():
-                await cur.execute("UPDATE nodes SET text = %s WHERE id = %s", (text, node_id))
-                await cur.execute(
-                    "UPDATE vectors SET vec = %s WHERE node_id = %s", (as_array(vector), node_id)
-                )
-            await history.add_links(conn, repo, plan.links)
-            await cur.execute(
-                "INSERT INTO applied_changesets (id, repo, receipt, applied_at)"
-                " VALUES (%s, %s, %s, %s)",
-                (plan.changeset_id, repo, plan.receipt.to_json(), created),
-            )
-            await history.record(conn, plan)
-            await side_writes(conn, also)
-        self._vectors.added(repo, len(plan.nodes))
-        await self._vectors.index_if_large(repo)
-
-    async def write_side(self, also: Sequence[SideWrite]) -> None:
-        async with self._pg.transaction() as conn:
-            await side_writes(conn, also)
+    async def _committed(self, plan: CommitPlan) -> None:
+        self._vectors.added(plan.repo, len(plan.nodes))
+        await self._vectors.index_if_large(plan.repo)
 
     @staticmethod
     def _ids(value: Any) -> list[Any]:
@@ -228,27 +220,6 @@ class PgGraph(PgReembedding, MaintainedGraph):
                 " FOR NO KEY UPDATE SKIP LOCKED)",
                 (when, repo, ids),
             )
-
-    # ---- deletes --------------------------------------------------------------------------
-
-    async def _delete_rows(self, repo: str, ids: list[str]) -> list[str]:
-        async with self._pg.transaction() as conn:
-            cur = await conn.execute(
-                "DELETE FROM nodes WHERE repo = %s AND id = ANY(%s) RETURNING id", (repo, ids))
-            gone = [str(i) for (i,) in await cur.fetchall()]
-            if gone:
-                await deletes.new_epoch(conn)
-        return gone
-
-    async def _inherited(self, repo: str, key: str, one: bool) -> Inherited:
-        async with self._pg.connection() as conn:
-            return await deletes.inherited(conn, repo, key, one=one)
-
-    async def _withdraw_rows(self, repo: str, key: str, also: Sequence[SideWrite],
-                             plan: erasure.Plan, reverting: Reverting | None) -> list[str]:
-        async with self._pg.transaction() as conn:
-            return await deletes.withdraw(
-                conn, repo, key, also, plan, None if reverting is None else reverting.revert_id)
 
     # ---- search ---------------------------------------------------------------------------
 

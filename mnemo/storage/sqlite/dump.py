@@ -17,7 +17,6 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.errors import StorageError
 from mnemo.graph.model import vector_from_blob, vector_to_blob
 from mnemo.storage.sqlite.database import Database, chunks, inspect_file
-from mnemo.storage.sqlite.history import INSERT_LINK
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, Table
 
@@ -32,6 +31,11 @@ _VECTORS_READ = (
     "SELECT v.node, n.id, n.repo, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
 )
 _VECTORS_WRITE = "INSERT OR IGNORE INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?"
+# Links by their ends' ids (an end that is no node makes a NULL, which fails: NOT NULL).
+_LINKS_WRITE = (
+    "INSERT INTO links(src, dst, type, refs) VALUES ((SELECT rowid FROM nodes WHERE id = ?),"
+    " (SELECT rowid FROM nodes WHERE id = ?), ?, ?) ON CONFLICT DO NOTHING"
+)
 # Links, whose ends are rowids, read as the neutral (repo, src, dst, type, refs) of ids.
 _LINKS_READ = (
     "SELECT l.src, l.dst, l.type, a.repo, a.id, b.id, l.type, l.refs FROM links l"
@@ -154,7 +158,7 @@ class SqliteDump:
             node_id, vec = table.names.index("node_id"), table.names.index("vec")
             stored = [(row[vec], row[node_id]) for row in stored]
         if table.name == "links":
-            statement = INSERT_LINK
+            statement = _LINKS_WRITE
             ends = [table.names.index(name) for name in ("src", "dst", "type", "refs")]
             stored = [tuple(row[i] for i in ends) for row in stored]
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import AsyncIterator, Callable, Sequence
+import json
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -16,24 +17,44 @@ import anyio.to_thread
 import filelock
 
 from mnemo.errors import ConflictError, StorageError
-from mnemo.graph import ann, ann_files, erasure
+from mnemo.graph import ann, ann_files
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.erasure import Inherited
-from mnemo.graph.model import CommitReceipt, Link, LinkType, now_utc
-from mnemo.graph.ports import Reverting, SideWrite
+from mnemo.graph.model import CommitReceipt, Link, LinkType
+from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.reembeds import ReembeddedGraph
-from mnemo.storage.sqlite import commits, deletes, history
+from mnemo.storage.row import loads
 from mnemo.storage.sqlite.database import Database, truncate_wal
 from mnemo.storage.sqlite.maintenance import SqliteMaintenance
 from mnemo.storage.sqlite.recall_graph import SqliteRecallReads
 from mnemo.storage.sqlite.reembeds import SqliteReembeds
+from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text
 from mnemo.storage.sqlite.rows import node as node_of
-from mnemo.storage.sqlite.rows import unpack_text
-from mnemo.storage.sqlite.sessions import side_writes_alone
+from mnemo.storage.sqlite.sessions import SqliteSessions
 from mnemo.storage.sqlite.vectors import SqliteVectors
+
+
+class SqliteGraphWrites(SqlGraphWrites):
+    """The graph's writes on SQLite: links and vectors by node rowid, half-float vectors, a
+    commit record's lists that grow with it packed (`rows.pack_text`), erasures ending with a
+    merge of the FTS5 index (deleted words stay in old segments until then)."""
+
+    SCRUB = ("INSERT INTO nodes_fts(nodes_fts) VALUES ('optimize')",
+             "UPDATE lexical_epoch SET epoch = lower(hex(randomblob(16)))")
+    SESSIONS = SqliteSessions
+    _vector = staticmethod(half_blob)
+    _receipt = staticmethod(pack_text)
+
+    @staticmethod
+    def _record(values: list[Any], packed: bool) -> object:
+        text = json.dumps(values)
+        return pack_text(text) if packed else text
+
+    @staticmethod
+    def _loads(value: Any) -> Any:
+        return None if value is None else loads(unpack_text(value))
 
 
 class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
@@ -41,6 +62,7 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
 
     MAINTENANCE = SqliteMaintenance()
     REEMBEDS = SqliteReembeds()
+    WRITES = SqliteGraphWrites()
 
     def __init__(self, database: Database, dims: Callable[[str], int], *,
                  ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
@@ -99,16 +121,11 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
         # Not thread-local: taken in a worker thread, released on the event loop's.
         return filelock.FileLock(f"{path}-{kind}-{digest}.lock", thread_local=False)
 
-    async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
-        repo = plan.repo
-        await self._database.run(lambda db: commits.write_commit(db, plan, also))
-        if self._vectors.loaded(repo) is not None:
-            await self._vectors.index(repo)
+    async def _committed(self, plan: CommitPlan) -> None:
+        if self._vectors.loaded(plan.repo) is not None:
+            await self._vectors.index(plan.repo)
 
-    async def write_side(self, also: Sequence[SideWrite]) -> None:
-        await self._database.run(lambda db: side_writes_alone(db, also))
-
-    _ids = staticmethod(history.stored_ids)
+    _ids = staticmethod(SqliteGraphWrites._loads)
     _node = staticmethod(node_of)
 
     @staticmethod
@@ -121,18 +138,6 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
             " JOIN nodes b ON b.rowid = l.dst WHERE a.repo = ? ORDER BY l.type, a.id, b.id",
             [repo])
         return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]
-
-    async def _delete_rows(self, repo: str, ids: list[str]) -> list[str]:
-        return await self._database.run(lambda db: deletes.delete_nodes(db, repo, ids))
-
-    async def _inherited(self, repo: str, key: str, one: bool) -> Inherited:
-        return await self._database.run(lambda db: deletes.inherited(db, repo, key, one=one))
-
-    async def _withdraw_rows(self, repo: str, key: str, also: Sequence[SideWrite],
-                             plan: erasure.Plan, reverting: Reverting | None) -> list[str]:
-        revert = None if reverting is None else (reverting.revert_id, now_utc().isoformat())
-        return await self._database.run(
-            lambda db: deletes.withdraw(db, repo, key, also, plan, revert))
 
     async def _erased(self) -> None:
         """After an erasure's transaction: truncates the WAL, wipes the lexical slots."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,9 +16,9 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.graph.model import vector_from_blob, vector_to_blob
-from mnemo.storage.sqlite.database import Database, chunks, inspect_file
+from mnemo.storage.sqlite.database import Database, inspect_file
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
-from mnemo.storage.transfer import Kind, NodeChecksum, Row, Table
+from mnemo.storage.transfer import Kind, NodeChecksum, Row, SqlDump, Table
 
 # Declared WITHOUT ROWID in schema.py: read in key order.
 _WITHOUT_ROWID = {"compactions", "pins", "ingests", "task_results", "node_scopes"}
@@ -81,26 +81,12 @@ def _store(kind: Kind, value: object, half: bool = False) -> object:
     return value
 
 
-def _fetch(
-    statement: str, params: Sequence[object]
-) -> Callable[[SqliteUtilsDatabase], list[tuple[object, ...]]]:
-    def work(db: SqliteUtilsDatabase) -> list[tuple[object, ...]]:
-        return list(db.execute(statement, list(params)).fetchall())
-
-    return work
-
-
-class SqliteDump:
+class SqliteDump(SqlDump):
     """The `Dump` of one open SQLite `Database`."""
 
     def __init__(self, database: Database) -> None:
+        super().__init__(database)
         self._db = database
-
-    async def count(self, table: Table) -> int:
-        (count,) = await self._db.run(
-            lambda db: db.execute(f'SELECT count(*) FROM "{table.name}"').fetchone()
-        )
-        return int(count)
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
         # Each row starts with the `order` columns (the next page's start).
@@ -125,7 +111,7 @@ class SqliteDump:
         last: tuple[object, ...] | None = None
         while True:
             statement, params = (first, (batch,)) if last is None else (after, (*last, batch))
-            raw = await self._db.run(_fetch(statement, params))
+            raw = await self._rows(statement, params)
             if not raw:
                 return
             half = table.name in _HALF
@@ -169,28 +155,13 @@ class SqliteDump:
 
         return await self._db.run(work)
 
-    async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
-        found: dict[str, str] = {}
-        for chunk in map(list, chunks(ids, 500)):
-            marks = ", ".join("?" for _ in chunk)
-            rows = await self._db.run(
-                _fetch(f"SELECT id, text FROM nodes WHERE id IN ({marks})", chunk)
-            )
-            found.update((str(node_id), str(text)) for node_id, text in rows)
-        return found
-
     async def checksum(self) -> str:
         digest = NodeChecksum()
         last: str | None = None
         while True:
-            if last is None:
-                rows = await self._db.run(
-                    _fetch("SELECT id, text FROM nodes ORDER BY id LIMIT 1000", ())
-                )
-            else:
-                rows = await self._db.run(_fetch(
-                    "SELECT id, text FROM nodes WHERE id > ? ORDER BY id LIMIT 1000", (last,)
-                ))
+            after, params = ("", ()) if last is None else (" WHERE id > ?", (last,))
+            rows = await self._rows(f"SELECT id, text FROM nodes{after} ORDER BY id LIMIT 1000",
+                                    params)
             for node_id, text in rows:
                 digest.add(str(node_id), str(text))
             if len(rows) < 1000:

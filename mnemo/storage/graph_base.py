@@ -4,9 +4,10 @@ first key's range, each other key a seek per node, so its cost is bounded by the
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from mnemo.errors import ConflictError
 from mnemo.graph import commit, erasure
@@ -17,6 +18,7 @@ from mnemo.graph.model import (
     NODE_TYPES,
     Changeset,
     CommitReceipt,
+    Link,
     LinkType,
     NodeType,
     Vector,
@@ -39,7 +41,8 @@ from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Driver
+from mnemo.storage.vector_log import CachedVectors
+from mnemo.storage.worker import DeferredRead, FallbackRead
 
 if TYPE_CHECKING:
     from mnemo.graph.commit import CommitTarget
@@ -109,46 +112,13 @@ def joined(first: NodeContext, more: NodeContext) -> NodeContext:
                        [*first.links, *more.links], {**first.vectors, **more.vectors})
 
 
-class Vectors(Protocol):
-    """A backend's vector side: the repo's vectors searched, read and followed."""
-
-    def reading(self, repo: str) -> AbstractAsyncContextManager[None]: ...
-
-    def on_loop(self, repo: str) -> bool: ...
-
-    def forget(self, repo: str, node_ids: Sequence[str]) -> None: ...
-
-    async def index(self, repo: str) -> VectorIndex: ...
-
-    async def search(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
-    ) -> Hits: ...
-
-    async def nearest_of_type(
-        self, repo: str, probes: Vector, kind: NodeType, k: int
-    ) -> list[Hits]: ...
-
-    async def similarities(
-        self, repo: str, node_ids: Sequence[str], vector: Vector, limit: int | None = None
-    ) -> dict[str, float]: ...
-
-    async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]: ...
-
-    async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]: ...
-
-    async def settle(self, repo: str) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-
 class GraphBase(RowReads):
     """The `GraphStore` methods both backends share, over their `WRITES` and hooks
     (`_repo_lock`, `_reembed_lock`, `_committed`, `_rows`, `_store_text`)."""
 
     WRITES: SqlGraphWrites
-    _driver: Driver
     _lexical: LexicalIndex | None
-    _vectors: Vectors
+    _vectors: CachedVectors
     _dims: Callable[[str], int]
     _reembeds: Claims
 
@@ -157,6 +127,18 @@ class GraphBase(RowReads):
 
     def _reembed_lock(self, repo: str, busy: ConflictError
                       ) -> AbstractAsyncContextManager[None]:
+        raise NotImplementedError
+
+    def _ids(self, value: Any) -> list[Any]:
+        return list(self.WRITES._loads(value))
+
+    def _receipt(self, value: Any) -> CommitReceipt:
+        stored = self.WRITES._loads(value)  # a jsonb string on PostgreSQL if written as one
+        return CommitReceipt.from_json(stored if isinstance(stored, str) else json.dumps(stored))
+
+    def _start_store_text(self, repo: str, query: str, limit: int, kinds: list[str] | None
+                          ) -> PendingRead[Hits]:
+        """The store's own full-text search (`_store_text`), begun now or when awaited."""
         raise NotImplementedError
 
     async def _committed(self, plan: CommitPlan) -> None:
@@ -184,15 +166,28 @@ class GraphBase(RowReads):
         return await self._links_near(repo, node_ids, vector) if node_ids else ([], {})
 
     async def _store_text(
-        self, repo: str, query: str, limit: int, kinds: list[str] | None, where: Where
+        self, repo: str, query: str, limit: int, kinds: list[str] | None,
+        where: Where | None = None,
     ) -> Hits:
+        """The store's own full-text search (see `search_text`), inside `where` when given."""
         raise NotImplementedError
 
     def start_search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
         scope: Scope | None = None,
     ) -> PendingRead[Hits]:
-        raise NotImplementedError
+        """`search_text` begun now: on the lexical index's thread (the store's own search asked
+        when it cannot answer), else `_start_store_text`; inside a `scope`, read when the
+        answer is awaited (`scoped_text`)."""
+        kinds = None if types is None else [NodeType(t).value for t in types]
+        if scope is not None:
+            return DeferredRead(lambda: self.scoped_text(
+                repo, query, limit, kinds, scope,
+                lambda n: self.start_search_text(repo, query, n, types).result()))
+        if self._lexical is None:
+            return self._start_store_text(repo, query, limit, kinds)
+        return FallbackRead(self._lexical.start_search(repo, query, limit, kinds),
+                            lambda: self._store_text(repo, query, limit, kinds))
 
     def dim(self, repo: str) -> int:
         """The dimension of the repo's vectors."""
@@ -224,6 +219,14 @@ class GraphBase(RowReads):
         `StorageError` or `ValueError` (wrong dimension) nothing was written."""
         return await commit.apply(cast("CommitTarget", self), changeset, intents=intents,
                                   also=also)
+
+    async def links(self, repo: str) -> list[Link]:
+        key = self.WRITES.KEY
+        rows = await self._rows(
+            f"SELECT a.id, b.id, l.type FROM nodes a JOIN links l ON l.src = a.{key}"
+            f" JOIN nodes b ON b.{key} = l.dst WHERE a.repo = ? ORDER BY l.type, a.id, b.id",
+            [repo])
+        return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         await self._driver.write(lambda sql: self.WRITES.write_commit(sql, plan, also))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,13 @@ from mnemo.storage import vector_log
 from mnemo.storage.postgres import lexical, schema
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.row import Row
-from mnemo.storage.vector_log import Change, RepoVectors, VectorCache, VectorState
+from mnemo.storage.vector_log import (
+    CachedVectors,
+    Change,
+    RepoVectors,
+    VectorCache,
+    VectorState,
+)
 
 log = logging.getLogger("mnemo")
 
@@ -35,7 +40,7 @@ EXACT_BELOW = 10_000
 Scored = list[tuple[str, float]]
 
 
-class PgVectors:
+class PgVectors(CachedVectors):
     """The vector side of one database's graph; its caches follow this process's writes."""
 
     def __init__(
@@ -52,7 +57,7 @@ class PgVectors:
         self._exact_below = exact_below
         self._ann_dir = ann_dir
         self._place: str | None = None  # the database's folder name, read once
-        self._routes = VectorCache(self._changes, self._load_routes)
+        self._cache = VectorCache(self._changes, self._load_routes)
         self._sizes: dict[str, int] = {}
         self._indexed: set[str] = set()
 
@@ -65,10 +70,6 @@ class PgVectors:
             async with self._pg.connection() as conn:
                 await schema.ensure_vector_index(conn, repo, dim or self._dims(repo))
             self._indexed.add(repo)
-
-    def loaded(self, repo: str) -> VectorIndex | None:
-        """The repo's routes if they are loaded (as they were at their last use)."""
-        return self._routes.loaded(repo)
 
     async def switched(self, repo: str, dim: int) -> None:
         """The repo's vectors were all made again: rebuilds its HNSW index if large, without
@@ -99,7 +100,7 @@ class PgVectors:
     def forget(self, repo: str, node_ids: Sequence[str]) -> None:
         if repo in self._sizes:
             self._sizes[repo] = max(0, self._sizes[repo] - len(node_ids))
-        self._routes.remove(repo, node_ids)
+        super().forget(repo, node_ids)
 
     # ---- searches -------------------------------------------------------------------------
 
@@ -154,14 +155,6 @@ class PgVectors:
         _, ids, _, matrix = await self._load(repo, [kind.value])
         return ids, unit(matrix) if ids else matrix
 
-    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
-        """A block whose uses of the repo's routes share one look at the log, at its start."""
-        return self._routes.reading(repo)
-
-    async def index(self, repo: str) -> VectorIndex:
-        """The repo's TAG and INTENT vectors as the store holds them now."""
-        return await self._routes.index(repo)
-
     async def _load_routes(self, repo: str) -> RepoVectors:
         # faiss, if installed, is imported off the loop; graphs are built from `ann.WALK_FROM`.
         faiss = await anyio.to_thread.run_sync(ann.load_faiss)
@@ -198,14 +191,6 @@ class PgVectors:
             # A switch to another dimension committed after the state was read.
             raise vector_log.Reload
         return seq, [(int(r), i, t, v) for r, i, t, v in rows]
-
-    async def settle(self, repo: str) -> None:
-        """Waits until the repo's routes' HNSW graphs (if any) have caught up with them."""
-        await ann.settle(self._routes.loaded(repo))
-
-    async def aclose(self) -> None:
-        """Stops the routes' HNSW builders (a build in progress stops at its next chunk)."""
-        await ann.close(self._routes.indexes())
 
     async def _nearest(
         self, repo: str, probes: list[Vector], kinds: list[str] | None, k: int

@@ -25,6 +25,7 @@ from mnemo.storage.row import Row
 from mnemo.storage.vector_log import (
     CachedVectors,
     Change,
+    Hits,
     RepoVectors,
     VectorCache,
     VectorState,
@@ -36,9 +37,6 @@ ROUTES = (NodeType.TAG, NodeType.INTENT)
 
 # Smaller repos are searched exactly (BENCHMARKS.md), their order independent of HNSW.
 EXACT_BELOW = 10_000
-
-Scored = list[tuple[str, float]]
-
 
 class PgVectors(CachedVectors):
     """The vector side of one database's graph; its caches follow this process's writes."""
@@ -106,16 +104,16 @@ class PgVectors(CachedVectors):
 
     async def search(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
-    ) -> Scored:
+    ) -> Hits:
         """Nodes nearest to `vector` by cosine (similarity, best first)."""
         if limit <= 0:
             return []
-        kinds = None if types is None else kind_values(types)
+        kinds = None if types is None else [NodeType(t).value for t in types]
         return (await self._nearest(repo, [vector], kinds, limit))[0]
 
     async def nearest_of_type(
         self, repo: str, probes: Vector, kind: NodeType, k: int
-    ) -> list[Scored]:
+    ) -> list[Hits]:
         """For each probe row, the `k` nodes of one type nearest by cosine."""
         if k <= 0:
             return [[] for _ in range(len(probes))]
@@ -194,7 +192,7 @@ class PgVectors(CachedVectors):
 
     async def _nearest(
         self, repo: str, probes: list[Vector], kinds: list[str] | None, k: int
-    ) -> list[Scored]:
+    ) -> list[Hits]:
         dim = self._dims(repo)
         exact = await self._size(repo) <= self._exact_below
         statement = _exact_scan(repo, kinds) if exact else _hnsw_scan(repo, dim, kinds)
@@ -264,10 +262,6 @@ def unit_rows(rows: Sequence[Row]) -> dict[str, Vector]:
         return {}
     matrix = unit(np.stack([vector for _, vector in rows]))
     return {str(node_id): row for (node_id, _), row in zip(rows, matrix, strict=True)}
-
-
-def kind_values(types: Iterable[NodeType]) -> list[str]:
-    return [NodeType(t).value for t in types]
 
 
 def as_array(vector: Vector) -> np.ndarray[Any, np.dtype[np.float32]]:

@@ -22,8 +22,6 @@ from mnemo.storage.transfer import Kind, NodeChecksum, Row, SqlDump, Table
 
 # Declared WITHOUT ROWID in schema.py: read in key order.
 _WITHOUT_ROWID = {"compactions", "pins", "ingests", "task_results", "node_scopes"}
-# Tables whose vectors are float16.
-_HALF = {"vectors"}
 # JSON columns kept packed (`rows.pack_text`).
 _PACKED = {("commits", "nodes"), ("commits", "links"), ("applied_changesets", "receipt")}
 # Vectors, keyed by node rowid, read as the neutral (node_id, repo, vec).
@@ -114,7 +112,7 @@ class SqliteDump(SqlDump):
             raw = await self._rows(statement, params)
             if not raw:
                 return
-            half = table.name in _HALF
+            half = table.name == "vectors"
             last = tuple(raw[-1][: len(order)])
             values = [r[len(order):] for r in raw]
             yield [
@@ -129,7 +127,7 @@ class SqliteDump(SqlDump):
         columns = ", ".join(f'"{name}"' for name in table.names)
         marks = ", ".join("?" for _ in table.names)
         statement = f'INSERT OR IGNORE INTO "{table.name}" ({columns}) VALUES ({marks})'
-        half = table.name in _HALF
+        half = table.name == "vectors"
         stored = [
             tuple(_store(kind, value, half) for kind, value in zip(table.kinds, row,
                                                                    strict=True))

@@ -4,18 +4,21 @@ first key's range, each other key a seek per node, so its cost is bounded by the
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from mnemo.errors import ConflictError
 from mnemo.graph import commit, erasure
-from mnemo.graph.erasure import Embed, Inherited
+from mnemo.graph.commit import CommitPlan
+from mnemo.graph.erasure import Embed
 from mnemo.graph.model import (
     LINK_TYPES,
     NODE_TYPES,
     Changeset,
     CommitReceipt,
+    Link,
     LinkType,
     NodeType,
     Vector,
@@ -34,9 +37,12 @@ from mnemo.graph.ports import (
 from mnemo.graph.scope import SCOPE_LIMIT, WIDEN, Scope, Where
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.graph_rows import RowReads
+from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Row
+from mnemo.storage.vector_log import CachedVectors
+from mnemo.storage.worker import DeferredRead, FallbackRead
 
 if TYPE_CHECKING:
     from mnemo.graph.commit import CommitTarget
@@ -106,44 +112,13 @@ def joined(first: NodeContext, more: NodeContext) -> NodeContext:
                        [*first.links, *more.links], {**first.vectors, **more.vectors})
 
 
-class Vectors(Protocol):
-    """A backend's vector side: the repo's vectors searched, read and followed."""
-
-    def reading(self, repo: str) -> AbstractAsyncContextManager[None]: ...
-
-    def on_loop(self, repo: str) -> bool: ...
-
-    def forget(self, repo: str, node_ids: Sequence[str]) -> None: ...
-
-    async def index(self, repo: str) -> VectorIndex: ...
-
-    async def search(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
-    ) -> Hits: ...
-
-    async def nearest_of_type(
-        self, repo: str, probes: Vector, kind: NodeType, k: int
-    ) -> list[Hits]: ...
-
-    async def similarities(
-        self, repo: str, node_ids: Sequence[str], vector: Vector, limit: int | None = None
-    ) -> dict[str, float]: ...
-
-    async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]: ...
-
-    async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]: ...
-
-    async def settle(self, repo: str) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-
 class GraphBase(RowReads):
-    """The `GraphStore` methods both backends share, over their hooks (`_repo_lock`,
-    `_reembed_lock`, `_delete_rows`, `_inherited`, `_withdraw_rows`, `_rows`, `_store_text`)."""
+    """The `GraphStore` methods both backends share, over their `WRITES` and hooks
+    (`_repo_lock`, `_reembed_lock`, `_committed`, `_rows`, `_store_text`)."""
 
+    WRITES: SqlGraphWrites
     _lexical: LexicalIndex | None
-    _vectors: Vectors
+    _vectors: CachedVectors
     _dims: Callable[[str], int]
     _reembeds: Claims
 
@@ -154,14 +129,20 @@ class GraphBase(RowReads):
                       ) -> AbstractAsyncContextManager[None]:
         raise NotImplementedError
 
-    async def _delete_rows(self, repo: str, ids: list[str]) -> list[str]:
+    def _ids(self, value: Any) -> list[Any]:
+        return list(self.WRITES._loads(value))
+
+    def _receipt(self, value: Any) -> CommitReceipt:
+        stored = self.WRITES._loads(value)  # a jsonb string on PostgreSQL if written as one
+        return CommitReceipt.from_json(stored if isinstance(stored, str) else json.dumps(stored))
+
+    def _start_store_text(self, repo: str, query: str, limit: int, kinds: list[str] | None
+                          ) -> PendingRead[Hits]:
+        """The store's own full-text search (`_store_text`), begun now or when awaited."""
         raise NotImplementedError
 
-    async def _inherited(self, repo: str, key: str, one: bool) -> Inherited:
-        raise NotImplementedError
-
-    async def _withdraw_rows(self, repo: str, key: str, also: Sequence[SideWrite],
-                             plan: erasure.Plan, reverting: Reverting | None) -> list[str]:
+    async def _committed(self, plan: CommitPlan) -> None:
+        """After a commit's transaction: the vector side follows it."""
         raise NotImplementedError
 
     async def _context(self, repo: str, node_ids: Sequence[str], linked: list[NodeType],
@@ -185,15 +166,28 @@ class GraphBase(RowReads):
         return await self._links_near(repo, node_ids, vector) if node_ids else ([], {})
 
     async def _store_text(
-        self, repo: str, query: str, limit: int, kinds: list[str] | None, where: Where
+        self, repo: str, query: str, limit: int, kinds: list[str] | None,
+        where: Where | None = None,
     ) -> Hits:
+        """The store's own full-text search (see `search_text`), inside `where` when given."""
         raise NotImplementedError
 
     def start_search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
         scope: Scope | None = None,
     ) -> PendingRead[Hits]:
-        raise NotImplementedError
+        """`search_text` begun now: on the lexical index's thread (the store's own search asked
+        when it cannot answer), else `_start_store_text`; inside a `scope`, read when the
+        answer is awaited (`scoped_text`)."""
+        kinds = None if types is None else [NodeType(t).value for t in types]
+        if scope is not None:
+            return DeferredRead(lambda: self.scoped_text(
+                repo, query, limit, kinds, scope,
+                lambda n: self.start_search_text(repo, query, n, types).result()))
+        if self._lexical is None:
+            return self._start_store_text(repo, query, limit, kinds)
+        return FallbackRead(self._lexical.start_search(repo, query, limit, kinds),
+                            lambda: self._store_text(repo, query, limit, kinds))
 
     def dim(self, repo: str) -> int:
         """The dimension of the repo's vectors."""
@@ -226,6 +220,21 @@ class GraphBase(RowReads):
         return await commit.apply(cast("CommitTarget", self), changeset, intents=intents,
                                   also=also)
 
+    async def links(self, repo: str) -> list[Link]:
+        key = self.WRITES.KEY
+        rows = await self._rows(
+            f"SELECT a.id, b.id, l.type FROM nodes a JOIN links l ON l.src = a.{key}"
+            f" JOIN nodes b ON b.{key} = l.dst WHERE a.repo = ? ORDER BY l.type, a.id, b.id",
+            [repo])
+        return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]
+
+    async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
+        await self._driver.write(lambda sql: self.WRITES.write_commit(sql, plan, also))
+        await self._committed(plan)
+
+    async def write_side(self, also: Sequence[SideWrite]) -> None:
+        await self._driver.write(lambda sql: self.WRITES.SESSIONS.side_writes(sql, also))
+
     async def generation(self, repo: str) -> int:
         return (await self._vectors.index(repo)).generation
 
@@ -239,7 +248,7 @@ class GraphBase(RowReads):
         if not ids:
             return 0
         async with self.lock(repo):
-            gone = await self._delete_rows(repo, ids)
+            gone = await self._driver.write(lambda sql: self.WRITES.delete_nodes(sql, repo, ids))
             self._vectors.forget(repo, gone)
             if gone:
                 await self._erased()
@@ -253,14 +262,17 @@ class GraphBase(RowReads):
         async def delete(plan: erasure.Plan) -> list[str]:
             if reverting is not None:
                 await reverting.refused()
-            gone = await self._withdraw_rows(repo, key, also, plan, reverting)
+            gone = await self._driver.write(lambda sql: self.WRITES.withdraw(
+                sql, repo, key, also, plan, None if reverting is None else reverting.revert_id))
             self._vectors.forget(repo, gone)
             if reverting is None:
                 await self._erased()
             return gone
 
         return len(await erasure.forget(
-            lambda: self.lock(repo), lambda: self._inherited(repo, key, reverting is not None),
+            lambda: self.lock(repo),
+            lambda: self._driver.read(
+                lambda sql: self.WRITES.inherited(sql, repo, key, reverting is not None)),
             embed, delete, lambda: self._same_generation(repo, generation)))
 
     async def _same_generation(self, repo: str, expected: int | None) -> None:

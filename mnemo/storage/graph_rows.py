@@ -4,13 +4,14 @@ backends over `_rows`; a backend decodes them (`_node`, `_receipt`, `_ids`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 from mnemo.graph.erasure import Scope
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, NodeType
 from mnemo.storage.row import Row
-from mnemo.storage.sql import marks, moment
+from mnemo.storage.sql import Driver, marks, moment
 
 NODE_COLUMNS = (
     "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
@@ -54,8 +55,10 @@ def scope_of(rows: Iterable[Row], ids: Callable[[Any], list[Any]]) -> Scope:
 class RowReads:
     """The reads of plain rows; a backend's store gives the hooks."""
 
+    _driver: Driver
+
     async def _rows(self, statement: str, params: list[object]) -> list[Any]:
-        raise NotImplementedError
+        return await self._driver.read(lambda sql: sql.rows(statement, params))
 
     def _ids(self, value: Any) -> list[Any]:
         """A list of a commit's record as stored."""
@@ -109,6 +112,16 @@ class RowReads:
         rows = await self._among("SELECT key, id FROM nodes WHERE repo = ? AND type = 'tag'"
                                  " AND key IN ({})", list(dict.fromkeys(keys)), repo)
         return {str(k): str(i) for k, i in rows}
+
+    async def access_stats(
+        self, repo: str, node_ids: Sequence[str]
+    ) -> dict[str, tuple[int, datetime | None]]:
+        """How often and when last each node was recalled."""
+        rows = await self._among(
+            "SELECT id, access_count, last_access FROM nodes WHERE repo = ? AND id IN ({})",
+            list(dict.fromkeys(node_ids)), repo)
+        return {str(i): (int(count), None if last is None else moment(last))
+                for i, count, last in rows}
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         """The receipt of an applied changeset, None if it was never applied."""

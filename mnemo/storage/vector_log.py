@@ -195,6 +195,62 @@ class VectorCache:
             return followed.index
 
 
+Hits = list[tuple[str, float]]
+
+
+class CachedVectors:
+    """A backend's vector side: some of each repo's vectors kept in memory (`_cache`), and
+    the searches and reads a backend gives (`GraphStore`'s of the same names)."""
+
+    _cache: VectorCache
+
+    def loaded(self, repo: str) -> VectorIndex | None:
+        """The repo's kept vectors if they are loaded (as they were at their last use)."""
+        return self._cache.loaded(repo)
+
+    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
+        """A block whose uses of the repo's kept vectors share one look at the log."""
+        return self._cache.reading(repo)
+
+    async def index(self, repo: str) -> VectorIndex:
+        """The repo's kept vectors as the store holds them now."""
+        return await self._cache.index(repo)
+
+    def forget(self, repo: str, node_ids: Sequence[str]) -> None:
+        """The nodes were deleted."""
+        self._cache.remove(repo, node_ids)
+
+    async def settle(self, repo: str) -> None:
+        """Waits until the repo's HNSW graphs (if any) have caught up with its kept vectors
+        (built, no insert pending); bound it with `anyio.fail_after`."""
+        await ann.settle(self._cache.loaded(repo))
+
+    async def aclose(self) -> None:
+        """Stops the HNSW builders (a build in progress stops at its next chunk)."""
+        await ann.close(self._cache.indexes())
+
+    def on_loop(self, repo: str) -> bool:
+        raise NotImplementedError
+
+    async def search(self, repo: str, vector: Vector, limit: int,
+                     types: Iterable[NodeType] | None = None) -> Hits:
+        raise NotImplementedError
+
+    async def nearest_of_type(self, repo: str, probes: Vector, kind: NodeType, k: int
+                              ) -> list[Hits]:
+        raise NotImplementedError
+
+    async def similarities(self, repo: str, node_ids: Sequence[str], vector: Vector,
+                           limit: int | None = None) -> dict[str, float]:
+        raise NotImplementedError
+
+    async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
+        raise NotImplementedError
+
+    async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
+        raise NotImplementedError
+
+
 @dataclass(slots=True)
 class _Look:
     open: bool = True

@@ -204,7 +204,7 @@ def switch_at_next_state_read(
     from mnemo.storage.sql import drive
     from mnemo.storage.sqlite import vectors as sqlite_vectors
     from mnemo.storage.sqlite.database import SqliteStatements
-    from mnemo.storage.sqlite.reembeds import SqliteReembeds
+    from mnemo.storage.sqlite.graph import SqliteReembeds
 
     read_sqlite_state = sqlite_vectors._state
 

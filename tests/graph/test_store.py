@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 import anyio
@@ -104,6 +105,18 @@ async def test_apply_twice_returns_the_same_receipt_and_adds_nothing(
     assert await graph.receipt(changeset.id) == first
     assert await counts(backend) == after_first == {"nodes": 2, "links": 1, "vectors": 2, "fts": 2}
 
+
+
+async def test_a_stored_receipt_reads_back_with_the_steps_its_changeset_lacked(
+    graph: GraphStore,
+) -> None:
+    """A receipt read back from the store is the one applied, its `missing` step ids kept."""
+    changeset = replace(fact_with_tag("m", "redis listens on port 6379", "redis"),
+                        missing=["step-9"])
+    first = await graph.apply(changeset, intents=policy())
+    assert first.missing == ["step-9"]
+    assert await graph.receipt(changeset.id) == first
+    assert await graph.apply(changeset, intents=policy()) == first
 
 async def test_concurrent_applies_of_one_changeset_apply_it_once(
     graph: GraphStore, backend: Backend

@@ -8,6 +8,7 @@ timeout, serialization failure or deadlock, "extension_missing" without pgvector
 from __future__ import annotations
 
 import functools
+import hashlib
 import select
 import struct
 import time
@@ -45,29 +46,24 @@ _BUSY_STATES = {"55P03", "57014", "40001", "40P01"}
 HNSW_EF_SEARCH = 100
 
 
+def lock_key(name: str) -> int:
+    """The key of the advisory lock `name`: 64 bits of a digest of it."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
 def storage_error(exc: BaseException, reason: str | None = None) -> StorageError:
     """The `StorageError` for a driver or pool error (it becomes the `__cause__`); `reason`
     overrides the one read from the error."""
-    message = str(exc)
-    error = StorageError(reason or _reason_of(getattr(exc, "sqlstate", None), message),
-                         f"PostgreSQL: {message.strip()}")
+    message, state = str(exc), getattr(exc, "sqlstate", None)
+    if reason is None:
+        # 42704: the extension is not created; 58P01: the server has no pgvector.
+        missing = ((state == "58P01" and "vector" in message)
+                   or (state == "42704" and '"vector"' in message))
+        reason = "busy" if state in _BUSY_STATES else (
+            "extension_missing" if missing else "unavailable")
+    error = StorageError(reason, f"PostgreSQL: {message.strip()}")
     error.__cause__ = exc
     return error
-
-
-def _reason_of(state: str | None, message: str) -> str:
-    if state in _BUSY_STATES:
-        return "busy"
-    if _names_missing_vector(state, message):
-        return "extension_missing"
-    return "unavailable"
-
-
-def _names_missing_vector(state: str | None, message: str) -> bool:
-    # 42704: the extension is not created; 58P01: the server has no pgvector.
-    if state == "58P01":
-        return "vector" in message
-    return state == "42704" and '"vector"' in message
 
 
 def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
@@ -177,9 +173,10 @@ class Postgres:
         self.max_size = max_size
         self.busy_timeout = busy_timeout
         self.connect_timeout = connect_timeout
+        self._conninfo = conninfo(url, busy_timeout=busy_timeout,
+                                  statement_timeout=statement_timeout, ef_search=HNSW_EF_SEARCH)
         self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
-            conninfo(url, busy_timeout=busy_timeout, statement_timeout=statement_timeout,
-                     ef_search=HNSW_EF_SEARCH),
+            self._conninfo,
             connection_class=psycopg.AsyncConnection,
             kwargs={"autocommit": True},
             min_size=min_size,
@@ -189,8 +186,6 @@ class Postgres:
             name="mnemo",
             configure=register_vector,
         )
-        self._conninfo = conninfo(url, busy_timeout=busy_timeout,
-                                  statement_timeout=statement_timeout, ef_search=HNSW_EF_SEARCH)
         self._lent = 0  # connections in the callers' hands
 
     async def open(self, *, migrate: bool = False) -> None:

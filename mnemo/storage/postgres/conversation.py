@@ -11,12 +11,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-import numpy as np
 from psycopg.types.json import Jsonb
 
 from mnemo.conversation.drafts import MessageDraft
 from mnemo.graph.model import Vector
 from mnemo.storage.postgres.text_search import TEXT_SEARCH_CONFIG, WORD_QUERY
+from mnemo.storage.postgres.vectors import as_array
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
 from mnemo.storage.thread_rows import SearchQuery
@@ -161,7 +161,7 @@ class PgThreads(SqlThreads):
                            draft.data, at, draft.tokens, draft.metadata)
 
     def _vector(self, vector: Vector) -> object:
-        return np.asarray(vector, dtype=np.float32).reshape(-1)
+        return as_array(vector)
 
     def _vector_of(self, value: Any) -> Vector:
         vector: Vector = value

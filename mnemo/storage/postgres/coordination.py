@@ -3,7 +3,6 @@ The change token is the server's next transaction id: a wake-up may be spurious,
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime
 
 from psycopg.types.json import Jsonb
@@ -11,15 +10,19 @@ from psycopg.types.json import Jsonb
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
 from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.postgres.clock import ServerClock
-from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.connection import Postgres, lock_key
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
 
 
 def claims_lock_key(session_id: str) -> int:
-    """The advisory-lock key of a session's step claims: 64 bits of a digest of its id."""
-    digest = hashlib.sha256(b"mnemo.step_claims:" + session_id.encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+    """The advisory-lock key of a session's step claims."""
+    return lock_key("mnemo.step_claims:" + session_id)
+
+
+async def lock_claims(sql: Statements, session_id: str) -> None:
+    """Serialises the writes of the session's step claims until the transaction ends."""
+    await sql.run("SELECT pg_advisory_xact_lock(?)", (claims_lock_key(session_id),))
 
 
 class PgCoordination(SqlCoordination):
@@ -52,8 +55,7 @@ class PgCoordination(SqlCoordination):
     def _json(self, value: object) -> object:
         return Jsonb(value)
 
-    async def _lock_claims(self, sql: Statements, session_id: str) -> None:
-        await sql.run("SELECT pg_advisory_xact_lock(?)", (claims_lock_key(session_id),))
+    _lock_claims = staticmethod(lock_claims)
 
     async def _end_due(self, sql: Statements, due: list[str], now: datetime) -> list[Row]:
         # A row another writer holds is left for the next sweep: it may be moving on.

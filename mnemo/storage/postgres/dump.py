@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict
 from mnemo.errors import StorageError
 from mnemo.storage.postgres import schema
 from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.transfer import TABLES, Kind, NodeChecksum, Row, Table
+from mnemo.storage.transfer import TABLES, Kind, NodeChecksum, Row, SqlDump, Table
 
 _STAGE = sql.Identifier("mnemo_transfer")
 
@@ -46,22 +46,13 @@ def _order(table: Table) -> tuple[str, ...]:
     return ("rowid",) if table.has_rowid else table.key
 
 
-class PostgresDump:
+class PostgresDump(SqlDump):
     """The `Dump` of one open `Postgres`."""
 
     def __init__(self, pg: Postgres) -> None:
+        super().__init__(pg)
         self._pg = pg
         self._types: dict[str, list[int]] = {}
-
-    async def count(self, table: Table) -> int:
-        async with self._pg.connection() as conn:
-            cur = await conn.execute(
-                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table.name))
-            )
-            row = await cur.fetchone()
-        assert row is not None
-        assert isinstance(row[0], int)
-        return row[0]
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
         order = _order(table)
@@ -121,14 +112,6 @@ class PostgresDump:
                     ).format(target, columns, columns, _STAGE, _columns(_order(table)))
                 )
                 return max(cur.rowcount, 0)
-
-    async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
-        async with self._pg.connection() as conn:
-            cur = await conn.execute(
-                "SELECT id, text FROM nodes WHERE id = ANY(%s)", (list(ids),)
-            )
-            rows = await cur.fetchall()
-        return {str(node_id): str(text) for node_id, text in rows}
 
     async def checksum(self) -> str:
         digest = NodeChecksum()

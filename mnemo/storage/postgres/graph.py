@@ -4,9 +4,8 @@ transaction recorded in `applied_changesets` with its side writes."""
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -16,51 +15,111 @@ import anyio.to_thread
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from mnemo.graph import erasure, model
+from mnemo.errors import ConflictError
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.erasure import Inherited
-from mnemo.graph.model import CommitReceipt, Link, LinkType, NodeType, Vector
+from mnemo.graph.model import LinkType, NodeType, Vector
 from mnemo.graph.ports import (
     More,
     Neighbor,
     NodeContext,
     PendingRead,
-    Reverting,
-    SideWrite,
     TypedLink,
 )
-from mnemo.graph.scope import Scope, Where, pairs
+from mnemo.graph.scope import Where
 from mnemo.storage import graph_base as scopes
 from mnemo.storage.graph_base import neighbors_seen_from_asked, seen_from_asked
+from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph
-from mnemo.storage.postgres import deletes, history, recall_reads
-from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres import recall_reads
+from mnemo.storage.postgres.connection import Postgres, lock_key
 from mnemo.storage.postgres.maintenance import PgMaintenance
-from mnemo.storage.postgres.reembedding import PgReembedding
-from mnemo.storage.postgres.rows import node as node_of
-from mnemo.storage.postgres.sessions import side_writes
+from mnemo.storage.postgres.recall_reads import node as node_of
+from mnemo.storage.postgres.schema import vector_index_name
+from mnemo.storage.postgres.sessions import PgSessions
 from mnemo.storage.postgres.text_search import WORD_QUERY
-from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
+from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array
 from mnemo.storage.reembed_claims import Claims
+from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import Column
-from mnemo.storage.worker import DeferredRead, FallbackRead
+from mnemo.storage.worker import DeferredRead
 from mnemo.text import query_words
 
 # Longer queries have their words read in a worker thread.
 _INLINE_CHARS = 2_000
 
 
-def repo_lock_key(repo: str) -> int:
-    """The advisory-lock key of a repo's commits: 64 bits of a digest of its name."""
-    digest = hashlib.sha256(b"mnemo.repo:" + repo.encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+class PgReembeds(SqlReembeds):
+    """The re-embedding's statements on PostgreSQL (staged vectors keyed by node id)."""
+
+    OF_REPO = "repo = ?"
+    STAGED = "s.node_id = n.id"
+    LOCK = " FOR UPDATE"
+    STAGE = (
+        "INSERT INTO staged_vectors (node_id, repo, vec) SELECT id, repo, ? FROM nodes"
+        " WHERE rowid = ? AND id = ? ON CONFLICT (node_id) DO UPDATE SET vec = excluded.vec"
+    )
+    UNSTAGE_LOGGED = (
+        "DELETE FROM staged_vectors s USING nodes n WHERE s.node_id = n.id AND n.rowid IN"
+        " (SELECT node FROM lexical_log WHERE repo = ? AND seq > ? AND seq <= ?)"
+    )
+    VECTOR_COLUMNS = "node_id, repo, vec"
+
+    @staticmethod
+    def _vector(vector: Vector) -> object:
+        return as_array(vector)
+
+    @staticmethod
+    def _stamp(at: datetime) -> object:
+        return at
 
 
-class PgGraph(PgReembedding, MaintainedGraph):
+class PgGraphWrites(SqlGraphWrites):
+    """The graph's writes on PostgreSQL: links and vectors by node id, JSON as jsonb."""
+
+    KEY = "id"
+    ANY = " = ANY(?)"
+    LINK = "src = ? AND dst = ? AND type = ?"
+    ADD_LINK = (
+        "INSERT INTO links(src, dst, type, repo) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (src, dst, type) DO UPDATE SET refs = links.refs + 1"
+    )
+    LINK_PARAMS = 4
+    ADD_VECTOR = (
+        "INSERT INTO vectors(node_id, repo, vec) SELECT id, repo, ? FROM nodes WHERE id = ?"
+        " ON CONFLICT DO NOTHING"
+    )
+    VECTOR_OF = "node_id = ?"
+    SET_INTENT = "jsonb_set(data, '{intent}', to_jsonb(?::text))"
+    ZEROS = "decode(repeat('00', length(subgoal_vec)), 'hex')"
+    SCRUB = ("UPDATE lexical_epoch SET epoch = md5(random()::text || clock_timestamp()::text)",)
+    SESSIONS = PgSessions
+    _vector = staticmethod(as_array)
+
+    @staticmethod
+    def _list(values: Sequence[str]) -> object:
+        return list(values)
+
+    @staticmethod
+    def _json(value: object) -> object:
+        return None if value is None else Jsonb(value)
+
+    @staticmethod
+    def _record(values: list[Any], packed: bool) -> object:
+        return Jsonb(values)
+
+    @staticmethod
+    def _time(text: str | None) -> object:
+        return None if text is None else datetime.fromisoformat(text)
+
+
+class PgGraph(ReembeddedGraph, MaintainedGraph):
     """`GraphStore` over a PostgreSQL database."""
 
     MAINTENANCE = PgMaintenance()
+    REEMBEDS = PgReembeds()
+    WRITES = PgGraphWrites()
+    _vectors: PgVectors
 
     def __init__(
         self,
@@ -81,16 +140,19 @@ class PgGraph(PgReembedding, MaintainedGraph):
         self._vectors = PgVectors(pg, dims, exact_below=exact_below, ann_dir=ann_dir)
 
     @asynccontextmanager
-    async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
-        """This process's lock, then the advisory lock (`StorageError("busy")` past the busy
-        timeout)."""
-        async with (
-            self._locks.setdefault(repo, anyio.Lock()),
-            self._lock_slots,
-            self._pg.connection() as conn,
-        ):
-            key = repo_lock_key(repo)
-            await conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+    async def _advisory(self, name: str, busy: Exception | None) -> AsyncIterator[None]:
+        """The advisory lock `name` held on a connection of its own for the block: waited for
+        (`StorageError("busy")` past the busy timeout), or with `busy`, tried once (`busy`
+        raised when another holds it)."""
+        async with self._pg.connection() as conn:
+            key = lock_key(name)
+            if busy is None:
+                await conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+            else:
+                cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))
+                row = await cur.fetchone()
+                if row is None or row[0] is not True:
+                    raise busy
             try:
                 yield
             finally:
@@ -98,66 +160,33 @@ class PgGraph(PgReembedding, MaintainedGraph):
                 with anyio.CancelScope(shield=True):
                     await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
-    # ---- commits --------------------------------------------------------------------------
+    @asynccontextmanager
+    async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
+        """This process's lock, then every process's."""
+        async with (self._locks.setdefault(repo, anyio.Lock()), self._lock_slots,
+                    self._advisory("mnemo.repo:" + repo, None)):
+            yield
 
-    async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
-        repo, created = plan.repo, datetime.fromisoformat(plan.created_at)
-        scoped = Jsonb(plan.metadata) if plan.metadata else None
-        async with self._pg.transaction() as conn, conn.cursor() as cur:
-            await cur.executemany(
-                "INSERT INTO nodes (id, repo, type, text, data, key, source_id, created_at,"
-                " recorded_at, valid_from, metadata) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
-                " %s::timestamptz, %s::timestamptz, %s) ON CONFLICT DO NOTHING",
-                [(n.id, repo, n.type.value, text, Jsonb(n.data), n.key, n.source_id, created,
-                  *model.times(n, plan.created_at), scoped)
-                 for n, text, _ in plan.nodes],
-            )
-            if plan.metadata and plan.nodes:
-                await cur.execute(
-                    "INSERT INTO node_scopes (repo, key, value, node)"
-                    " SELECT %s, p.key, p.value, n.rowid FROM nodes n,"
-                    " unnest(%s::text[], %s::text[]) AS p(key, value)"
-                    " WHERE n.id = ANY(%s) ON CONFLICT DO NOTHING",
-                    (repo, *map(list, zip(*pairs(plan.metadata), strict=True)),
-                     [n.id for n, _, _ in plan.nodes]),
-                )
-            await cur.executemany(
-                "INSERT INTO vectors (node_id, repo, vec) VALUES (%s, %s, %s)"
-                " ON CONFLICT DO NOTHING",
-                [(n.id, repo, as_array(vector)) for n, _, vector in plan.nodes],
-            )
-            await history.joined(conn, plan)  # before the rewordings
-            for node_id, (text, vector) in plan.rewordings.items():
-                await cur.execute("UPDATE nodes SET text = %s WHERE id = %s", (text, node_id))
-                await cur.execute(
-                    "UPDATE vectors SET vec = %s WHERE node_id = %s", (as_array(vector), node_id)
-                )
-            await history.add_links(conn, repo, plan.links)
-            await cur.execute(
-                "INSERT INTO applied_changesets (id, repo, receipt, applied_at)"
-                " VALUES (%s, %s, %s, %s)",
-                (plan.changeset_id, repo, plan.receipt.to_json(), created),
-            )
-            await history.record(conn, plan)
-            await side_writes(conn, also)
-        self._vectors.added(repo, len(plan.nodes))
-        await self._vectors.index_if_large(repo)
+    def _reembed_lock(self, repo: str, busy: ConflictError
+                      ) -> AbstractAsyncContextManager[None]:
+        """The repo's re-embedding lock, taken without waiting, held for the block."""
+        return self._advisory("mnemo.reembed:" + repo, busy)
 
-    async def write_side(self, also: Sequence[SideWrite]) -> None:
-        async with self._pg.transaction() as conn:
-            await side_writes(conn, also)
+    async def _before_switch(self, repo: str) -> None:
+        # Its cast to the old dimension would refuse the new vectors (rebuilt after).
+        await self._pg.write(
+            lambda sql: sql.run(f'DROP INDEX IF EXISTS "{vector_index_name(repo)}"')
+        )
 
-    @staticmethod
-    def _ids(value: Any) -> list[Any]:
-        return list(value)
+    async def vectors_switched(self, repo: str, dim: int) -> None:
+        """Rebuilds the repo's HNSW index if it is large; drops its routes' saved graphs."""
+        await self._vectors.switched(repo, dim)
+
+    async def _committed(self, plan: CommitPlan) -> None:
+        self._vectors.added(plan.repo, len(plan.nodes))
+        await self._vectors.index_if_large(plan.repo)
+
     _node = staticmethod(node_of)
-
-    @staticmethod
-    def _receipt(value: Any) -> CommitReceipt:
-        # jsonb comes back parsed; a receipt written as a JSON string is a jsonb string.
-        if isinstance(value, str):
-            return CommitReceipt.from_json(value)
-        return CommitReceipt(value["changeset_id"], value["repo"], list(value["node_ids"]))
 
     # ---- reads ----------------------------------------------------------------------------
 
@@ -197,24 +226,6 @@ class PgGraph(PgReembedding, MaintainedGraph):
         )
         return seen_from_asked(rows, set(ids))
 
-    async def links(self, repo: str) -> list[Link]:
-        rows = await self._pg.fetch_all(
-            "SELECT src, dst, type FROM links WHERE repo = %s ORDER BY type, src, dst", (repo,)
-        )
-        return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]
-
-    async def access_stats(
-        self, repo: str, node_ids: Sequence[str]
-    ) -> dict[str, tuple[int, datetime | None]]:
-        ids = list(dict.fromkeys(node_ids))
-        if not ids:
-            return {}
-        rows = await self._pg.fetch_all(
-            "SELECT id, access_count, last_access FROM nodes WHERE repo = %s AND id = ANY(%s)",
-            (repo, ids),
-        )
-        return {str(i): (int(count), last) for i, count, last in rows}
-
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
         ids = list(dict.fromkeys(node_ids))
         if not ids:
@@ -229,47 +240,11 @@ class PgGraph(PgReembedding, MaintainedGraph):
                 (when, repo, ids),
             )
 
-    # ---- deletes --------------------------------------------------------------------------
-
-    async def _delete_rows(self, repo: str, ids: list[str]) -> list[str]:
-        async with self._pg.transaction() as conn:
-            cur = await conn.execute(
-                "DELETE FROM nodes WHERE repo = %s AND id = ANY(%s) RETURNING id", (repo, ids))
-            gone = [str(i) for (i,) in await cur.fetchall()]
-            if gone:
-                await deletes.new_epoch(conn)
-        return gone
-
-    async def _inherited(self, repo: str, key: str, one: bool) -> Inherited:
-        async with self._pg.connection() as conn:
-            return await deletes.inherited(conn, repo, key, one=one)
-
-    async def _withdraw_rows(self, repo: str, key: str, also: Sequence[SideWrite],
-                             plan: erasure.Plan, reverting: Reverting | None) -> list[str]:
-        async with self._pg.transaction() as conn:
-            return await deletes.withdraw(
-                conn, repo, key, also, plan, None if reverting is None else reverting.revert_id)
-
     # ---- search ---------------------------------------------------------------------------
 
-    def start_search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
-        scope: Scope | None = None,
-    ) -> PendingRead[list[tuple[str, float]]]:
-        """`search_text` begun now on the lexical index's thread; PostgreSQL's own search (and
-        a scoped one) runs when the answer is awaited."""
-        kinds = None if types is None else kind_values(types)
-        if scope is not None:
-            return DeferredRead(lambda: self.scoped_text(
-                repo, query, limit, kinds, scope,
-                lambda n: self.start_search_text(repo, query, n, types).result()))
-        if self._lexical is None:
-            return DeferredRead(lambda: self._store_text(repo, query, limit, kinds))
-        return FallbackRead(self._lexical.start_search(repo, query, limit, kinds),
-                      lambda: self._store_text(repo, query, limit, kinds))
-
-    async def _rows(self, statement: str, params: list[object]) -> list[Any]:
-        return await self._pg.fetch_all(statement.replace("?", "%s"), params)
+    def _start_store_text(self, repo: str, query: str, limit: int, kinds: list[str] | None
+                          ) -> PendingRead[list[tuple[str, float]]]:
+        return DeferredRead(lambda: self._store_text(repo, query, limit, kinds))
 
     async def _store_text(
         self, repo: str, query: str, limit: int, kinds: list[str] | None,

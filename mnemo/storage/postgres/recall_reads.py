@@ -8,14 +8,24 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from mnemo import cpu
-from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeType, Vector
+from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeId, NodeType, Vector
 from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
 from mnemo.storage.graph_base import joined
 from mnemo.storage.graph_rows import NODE_COLUMNS
 from mnemo.storage.postgres.connection import Connection, Postgres, rows_of
-from mnemo.storage.postgres.rows import NODE_WIDTH, node
 from mnemo.storage.postgres.vectors import OF_NODES, as_array, unit_rows
 from mnemo.storage.row import ON_LOOP_NODES, Row
+
+NODE_WIDTH = len(NODE_COLUMNS.split(","))
+
+
+def node(row: Row) -> Node:
+    """The node of a row that starts with NODE_COLUMNS."""
+    node_id, kind, text, data, created_at, start, end, recorded, retired, metadata = (
+        row[:NODE_WIDTH])
+    return Node(NodeId(str(node_id)), NODE_TYPES[kind], str(text), dict(data), created_at, start,
+                end, recorded, retired, dict(metadata or {}))
+
 
 _NODES = (
     f"SELECT {NODE_COLUMNS}, access_count, last_access FROM nodes"

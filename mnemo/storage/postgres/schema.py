@@ -12,10 +12,10 @@ import psycopg
 from psycopg import sql
 
 from mnemo.errors import StorageError
-from mnemo.storage.postgres.connection import Connection, storage_error
+from mnemo.storage.postgres.connection import Connection, lock_key, storage_error
 from mnemo.storage.postgres.migrations import BASELINE, MIGRATIONS
 
-SCHEMA_LOCK = int.from_bytes(hashlib.sha256(b"mnemo.schema").digest()[:8], "big", signed=True)
+SCHEMA_LOCK = lock_key("mnemo.schema")
 
 # HNSW build parameters, pgvector's defaults (docs/DECISIONS.md); ef_search is a session
 # setting (connection.HNSW_EF_SEARCH).

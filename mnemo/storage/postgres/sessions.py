@@ -12,7 +12,7 @@ from mnemo.episode import StepRecord
 from mnemo.graph.ports import SideWrite
 from mnemo.session.ports import StaleSession
 from mnemo.storage.postgres.connection import Connection, PgStatements
-from mnemo.storage.postgres.coordination import claims_lock_key
+from mnemo.storage.postgres.coordination import lock_claims
 from mnemo.storage.sessions import ANNOTATE, STEP_COLUMNS, SqlSessions
 from mnemo.storage.sql import Statements
 
@@ -46,9 +46,7 @@ class PgSessions(SqlSessions):
     def _list(values: list[str]) -> object:
         return values
 
-    @classmethod
-    async def _lock_claims(cls, sql: Statements, session_id: str) -> None:
-        await sql.run("SELECT pg_advisory_xact_lock(?)", (claims_lock_key(session_id),))
+    _lock_claims = staticmethod(lock_claims)
 
     @classmethod
     async def _save_rewards(cls, sql: Statements, rewards: dict[str, float | None],

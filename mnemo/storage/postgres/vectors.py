@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,14 @@ from mnemo.storage import vector_log
 from mnemo.storage.postgres import lexical, schema
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.row import Row
-from mnemo.storage.vector_log import Change, RepoVectors, VectorCache, VectorState
+from mnemo.storage.vector_log import (
+    CachedVectors,
+    Change,
+    Hits,
+    RepoVectors,
+    VectorCache,
+    VectorState,
+)
 
 log = logging.getLogger("mnemo")
 
@@ -32,10 +38,7 @@ ROUTES = (NodeType.TAG, NodeType.INTENT)
 # Smaller repos are searched exactly (BENCHMARKS.md), their order independent of HNSW.
 EXACT_BELOW = 10_000
 
-Scored = list[tuple[str, float]]
-
-
-class PgVectors:
+class PgVectors(CachedVectors):
     """The vector side of one database's graph; its caches follow this process's writes."""
 
     def __init__(
@@ -52,7 +55,7 @@ class PgVectors:
         self._exact_below = exact_below
         self._ann_dir = ann_dir
         self._place: str | None = None  # the database's folder name, read once
-        self._routes = VectorCache(self._changes, self._load_routes)
+        self._cache = VectorCache(self._changes, self._load_routes)
         self._sizes: dict[str, int] = {}
         self._indexed: set[str] = set()
 
@@ -65,10 +68,6 @@ class PgVectors:
             async with self._pg.connection() as conn:
                 await schema.ensure_vector_index(conn, repo, dim or self._dims(repo))
             self._indexed.add(repo)
-
-    def loaded(self, repo: str) -> VectorIndex | None:
-        """The repo's routes if they are loaded (as they were at their last use)."""
-        return self._routes.loaded(repo)
 
     async def switched(self, repo: str, dim: int) -> None:
         """The repo's vectors were all made again: rebuilds its HNSW index if large, without
@@ -99,22 +98,22 @@ class PgVectors:
     def forget(self, repo: str, node_ids: Sequence[str]) -> None:
         if repo in self._sizes:
             self._sizes[repo] = max(0, self._sizes[repo] - len(node_ids))
-        self._routes.remove(repo, node_ids)
+        super().forget(repo, node_ids)
 
     # ---- searches -------------------------------------------------------------------------
 
     async def search(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
-    ) -> Scored:
+    ) -> Hits:
         """Nodes nearest to `vector` by cosine (similarity, best first)."""
         if limit <= 0:
             return []
-        kinds = None if types is None else kind_values(types)
+        kinds = None if types is None else [NodeType(t).value for t in types]
         return (await self._nearest(repo, [vector], kinds, limit))[0]
 
     async def nearest_of_type(
         self, repo: str, probes: Vector, kind: NodeType, k: int
-    ) -> list[Scored]:
+    ) -> list[Hits]:
         """For each probe row, the `k` nodes of one type nearest by cosine."""
         if k <= 0:
             return [[] for _ in range(len(probes))]
@@ -154,14 +153,6 @@ class PgVectors:
         _, ids, _, matrix = await self._load(repo, [kind.value])
         return ids, unit(matrix) if ids else matrix
 
-    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
-        """A block whose uses of the repo's routes share one look at the log, at its start."""
-        return self._routes.reading(repo)
-
-    async def index(self, repo: str) -> VectorIndex:
-        """The repo's TAG and INTENT vectors as the store holds them now."""
-        return await self._routes.index(repo)
-
     async def _load_routes(self, repo: str) -> RepoVectors:
         # faiss, if installed, is imported off the loop; graphs are built from `ann.WALK_FROM`.
         faiss = await anyio.to_thread.run_sync(ann.load_faiss)
@@ -199,17 +190,9 @@ class PgVectors:
             raise vector_log.Reload
         return seq, [(int(r), i, t, v) for r, i, t, v in rows]
 
-    async def settle(self, repo: str) -> None:
-        """Waits until the repo's routes' HNSW graphs (if any) have caught up with them."""
-        await ann.settle(self._routes.loaded(repo))
-
-    async def aclose(self) -> None:
-        """Stops the routes' HNSW builders (a build in progress stops at its next chunk)."""
-        await ann.close(self._routes.indexes())
-
     async def _nearest(
         self, repo: str, probes: list[Vector], kinds: list[str] | None, k: int
-    ) -> list[Scored]:
+    ) -> list[Hits]:
         dim = self._dims(repo)
         exact = await self._size(repo) <= self._exact_below
         statement = _exact_scan(repo, kinds) if exact else _hnsw_scan(repo, dim, kinds)
@@ -279,10 +262,6 @@ def unit_rows(rows: Sequence[Row]) -> dict[str, Vector]:
         return {}
     matrix = unit(np.stack([vector for _, vector in rows]))
     return {str(node_id): row for (node_id, _), row in zip(rows, matrix, strict=True)}
-
-
-def kind_values(types: Iterable[NodeType]) -> list[str]:
-    return [NodeType(t).value for t in types]
 
 
 def as_array(vector: Vector) -> np.ndarray[Any, np.dtype[np.float32]]:

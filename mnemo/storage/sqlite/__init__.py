@@ -34,8 +34,9 @@ class SqliteBackend:
         the file; "" or `:memory:`: none)."""
         self.database = Database(path, synchronous=synchronous, busy_timeout=busy_timeout)
         self.graph = SqliteGraph(
-            self.database, dims, lexical=_lexical_index(path, lexical_dir, busy_timeout),
-            ann_dir=_beside(path, ann_dir, "hnsw"),
+            self.database, dims, ann_dir=_beside(path, ann_dir, "hnsw"),
+            lexical=None if (where := _beside(path, lexical_dir, "lexical")) is None
+            else LexicalIndex(where, SqliteLexicalSource(path, busy_timeout)),
         )
         self.sessions = SqliteSessions(self.database)
         self.threads = SqliteThreads(self.database)
@@ -51,13 +52,6 @@ class SqliteBackend:
                 await self.graph.aclose()
         finally:
             await self.database.close()
-
-
-def _lexical_index(
-    path: str | Path, folder: str | Path | None, busy_timeout: float
-) -> LexicalIndex | None:
-    where = _beside(path, folder, "lexical")
-    return None if where is None else LexicalIndex(where, SqliteLexicalSource(path, busy_timeout))
 
 
 def _beside(path: str | Path, folder: str | Path | None, suffix: str) -> Path | None:

@@ -20,11 +20,6 @@ from mnemo.storage.threads import SqlThreads
 SNIPPET_TOKENS = 48
 
 
-def timestamp(moment: datetime) -> str:
-    """UTC ISO-8601 text with microseconds (a naive datetime is taken as UTC)."""
-    return utc(moment).isoformat(timespec="microseconds")
-
-
 def match_expression(words: Sequence[str]) -> str:
     """The FTS5 MATCH expression for the words of a query ("" when there are none).
 
@@ -48,13 +43,14 @@ class SqliteThreads(SqlThreads):
         self._database = database
 
     def _stamp(self, at: datetime) -> object:
-        return timestamp(at)
+        """UTC ISO-8601 text with microseconds (a naive datetime is taken as UTC)."""
+        return utc(at).isoformat(timespec="microseconds")
 
     def _message_row(self, message_id: str, thread_id: str, seq: int, draft: MessageDraft,
                      at: datetime) -> Row:
         return (message_id, thread_id, seq, draft.role, draft.text,
                 None if draft.content == draft.text else draft.content,
-                json.dumps(draft.data, sort_keys=True), timestamp(at), draft.tokens,
+                json.dumps(draft.data, sort_keys=True), self._stamp(at), draft.tokens,
                 canonical(draft.metadata))
 
     def _vector(self, vector: Vector) -> object:

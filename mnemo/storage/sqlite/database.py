@@ -53,11 +53,6 @@ class _Connection(SqliteUtilsDatabase):
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self
-        except BaseException:
-            if self.conn.in_transaction:
-                self.conn.rollback()
-            raise
-        try:
             self.conn.execute("COMMIT")
         except BaseException:
             if self.conn.in_transaction:

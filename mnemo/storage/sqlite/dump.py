@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,15 +16,12 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.graph.model import vector_from_blob, vector_to_blob
-from mnemo.storage.sqlite.database import Database, chunks, inspect_file
-from mnemo.storage.sqlite.history import INSERT_LINK
+from mnemo.storage.sqlite.database import Database, inspect_file
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
-from mnemo.storage.transfer import Kind, NodeChecksum, Row, Table
+from mnemo.storage.transfer import Kind, NodeChecksum, Row, SqlDump, Table
 
 # Declared WITHOUT ROWID in schema.py: read in key order.
 _WITHOUT_ROWID = {"compactions", "pins", "ingests", "task_results", "node_scopes"}
-# Tables whose vectors are float16.
-_HALF = {"vectors"}
 # JSON columns kept packed (`rows.pack_text`).
 _PACKED = {("commits", "nodes"), ("commits", "links"), ("applied_changesets", "receipt")}
 # Vectors, keyed by node rowid, read as the neutral (node_id, repo, vec).
@@ -32,6 +29,11 @@ _VECTORS_READ = (
     "SELECT v.node, n.id, n.repo, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
 )
 _VECTORS_WRITE = "INSERT OR IGNORE INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?"
+# Links by their ends' ids (an end that is no node makes a NULL, which fails: NOT NULL).
+_LINKS_WRITE = (
+    "INSERT INTO links(src, dst, type, refs) VALUES ((SELECT rowid FROM nodes WHERE id = ?),"
+    " (SELECT rowid FROM nodes WHERE id = ?), ?, ?) ON CONFLICT DO NOTHING"
+)
 # Links, whose ends are rowids, read as the neutral (repo, src, dst, type, refs) of ids.
 _LINKS_READ = (
     "SELECT l.src, l.dst, l.type, a.repo, a.id, b.id, l.type, l.refs FROM links l"
@@ -77,26 +79,12 @@ def _store(kind: Kind, value: object, half: bool = False) -> object:
     return value
 
 
-def _fetch(
-    statement: str, params: Sequence[object]
-) -> Callable[[SqliteUtilsDatabase], list[tuple[object, ...]]]:
-    def work(db: SqliteUtilsDatabase) -> list[tuple[object, ...]]:
-        return list(db.execute(statement, list(params)).fetchall())
-
-    return work
-
-
-class SqliteDump:
+class SqliteDump(SqlDump):
     """The `Dump` of one open SQLite `Database`."""
 
     def __init__(self, database: Database) -> None:
+        super().__init__(database)
         self._db = database
-
-    async def count(self, table: Table) -> int:
-        (count,) = await self._db.run(
-            lambda db: db.execute(f'SELECT count(*) FROM "{table.name}"').fetchone()
-        )
-        return int(count)
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
         # Each row starts with the `order` columns (the next page's start).
@@ -121,10 +109,10 @@ class SqliteDump:
         last: tuple[object, ...] | None = None
         while True:
             statement, params = (first, (batch,)) if last is None else (after, (*last, batch))
-            raw = await self._db.run(_fetch(statement, params))
+            raw = await self._rows(statement, params)
             if not raw:
                 return
-            half = table.name in _HALF
+            half = table.name == "vectors"
             last = tuple(raw[-1][: len(order)])
             values = [r[len(order):] for r in raw]
             yield [
@@ -139,7 +127,7 @@ class SqliteDump:
         columns = ", ".join(f'"{name}"' for name in table.names)
         marks = ", ".join("?" for _ in table.names)
         statement = f'INSERT OR IGNORE INTO "{table.name}" ({columns}) VALUES ({marks})'
-        half = table.name in _HALF
+        half = table.name == "vectors"
         stored = [
             tuple(_store(kind, value, half) for kind, value in zip(table.kinds, row,
                                                                    strict=True))
@@ -154,7 +142,7 @@ class SqliteDump:
             node_id, vec = table.names.index("node_id"), table.names.index("vec")
             stored = [(row[vec], row[node_id]) for row in stored]
         if table.name == "links":
-            statement = INSERT_LINK
+            statement = _LINKS_WRITE
             ends = [table.names.index(name) for name in ("src", "dst", "type", "refs")]
             stored = [tuple(row[i] for i in ends) for row in stored]
 
@@ -165,28 +153,13 @@ class SqliteDump:
 
         return await self._db.run(work)
 
-    async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
-        found: dict[str, str] = {}
-        for chunk in map(list, chunks(ids, 500)):
-            marks = ", ".join("?" for _ in chunk)
-            rows = await self._db.run(
-                _fetch(f"SELECT id, text FROM nodes WHERE id IN ({marks})", chunk)
-            )
-            found.update((str(node_id), str(text)) for node_id, text in rows)
-        return found
-
     async def checksum(self) -> str:
         digest = NodeChecksum()
         last: str | None = None
         while True:
-            if last is None:
-                rows = await self._db.run(
-                    _fetch("SELECT id, text FROM nodes ORDER BY id LIMIT 1000", ())
-                )
-            else:
-                rows = await self._db.run(_fetch(
-                    "SELECT id, text FROM nodes WHERE id > ? ORDER BY id LIMIT 1000", (last,)
-                ))
+            after, params = ("", ()) if last is None else (" WHERE id > ?", (last,))
+            rows = await self._rows(f"SELECT id, text FROM nodes{after} ORDER BY id LIMIT 1000",
+                                    params)
             for node_id, text in rows:
                 digest.add(str(node_id), str(text))
             if len(rows) < 1000:

@@ -6,41 +6,106 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import AsyncIterator, Callable, Sequence
+import json
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
 import filelock
+from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import ConflictError, StorageError
-from mnemo.graph import ann, ann_files, erasure
+from mnemo.graph import ann, ann_files
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.erasure import Inherited
-from mnemo.graph.model import CommitReceipt, Link, LinkType, now_utc
-from mnemo.graph.ports import Reverting, SideWrite
+from mnemo.graph.model import LinkType, NodeType, Vector
+from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead, TypedLink
+from mnemo.graph.scope import Where
+from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.maintenance import MaintainedGraph
+from mnemo.storage.maintenance import MaintainedGraph, SqlMaintenance
 from mnemo.storage.reembed_claims import Claims
-from mnemo.storage.reembeds import ReembeddedGraph
-from mnemo.storage.sqlite import commits, deletes, history
-from mnemo.storage.sqlite.database import Database, truncate_wal
-from mnemo.storage.sqlite.maintenance import SqliteMaintenance
-from mnemo.storage.sqlite.recall_graph import SqliteRecallReads
-from mnemo.storage.sqlite.reembeds import SqliteReembeds
+from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
+from mnemo.storage.row import loads
+from mnemo.storage.sql import Statements
+from mnemo.storage.sqlite import recall_reads
+from mnemo.storage.sqlite.database import Database, chunks, side_write, truncate_wal
+from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text
 from mnemo.storage.sqlite.rows import node as node_of
-from mnemo.storage.sqlite.rows import unpack_text
-from mnemo.storage.sqlite.sessions import side_writes_alone
+from mnemo.storage.sqlite.sessions import SqliteSessions
 from mnemo.storage.sqlite.vectors import SqliteVectors
 
+log = logging.getLogger("mnemo")
 
-class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
+
+class SqliteMaintenance(SqlMaintenance):
+    """Graph maintenance on SQLite."""
+
+    # Neither end in another repo (links have no repo: it is their ends').
+    DANGLING = (
+        "(NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid = links.src)"
+        " OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid = links.dst))"
+        " AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid IN (links.src, links.dst)"
+        " AND n.repo != ?)"
+    )
+
+    async def _bad_vectors(self, sql: Statements, repo: str, dim: int) -> int:
+        # Half floats: two bytes a number.
+        row = await sql.row(
+            "SELECT count(*) FROM nodes n JOIN vectors v ON v.node = n.rowid"
+            " WHERE n.repo = ? AND length(v.vec) != ?", (repo, 2 * dim),
+        )
+        return int(row[0]) if row else 0
+
+    async def _search_rebuilt(self, sql: Statements, repo: str) -> bool:
+        try:
+            # rank = 1: also compare the index with its content table (the nodes).
+            await sql.run("INSERT INTO nodes_fts(nodes_fts, rank) VALUES ('integrity-check', 1)")
+            return False
+        except sqlite3.DatabaseError:
+            await sql.run("INSERT INTO nodes_fts(nodes_fts) VALUES ('rebuild')")
+            return True
+
+
+class SqliteReembeds(SqlReembeds):
+    """The re-embedding's statements on SQLite: staged half floats by node rowid."""
+
+    _vector = staticmethod(half_blob)
+
+
+class SqliteGraphWrites(SqlGraphWrites):
+    """The graph's writes on SQLite: links and vectors by node rowid, half-float vectors, a
+    commit record's lists that grow with it packed (`rows.pack_text`), erasures ending with a
+    merge of the FTS5 index (deleted words stay in old segments until then)."""
+
+    SCRUB = ("INSERT INTO nodes_fts(nodes_fts) VALUES ('optimize')",
+             "UPDATE lexical_epoch SET epoch = lower(hex(randomblob(16)))")
+    SESSIONS = SqliteSessions
+    _vector = staticmethod(half_blob)
+    _receipt = staticmethod(pack_text)
+
+    @staticmethod
+    def _record(values: list[Any], packed: bool) -> object:
+        text = json.dumps(values)
+        return pack_text(text) if packed else text
+
+    @staticmethod
+    def _loads(value: Any) -> Any:
+        return None if value is None else loads(unpack_text(value))
+
+
+class SqliteGraph(MaintainedGraph, ReembeddedGraph):
     """`GraphStore` over mnemo's SQLite file."""
 
     MAINTENANCE = SqliteMaintenance()
     REEMBEDS = SqliteReembeds()
+    WRITES = SqliteGraphWrites()
+    _vectors: SqliteVectors
 
     def __init__(self, database: Database, dims: Callable[[str], int], *,
                  ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
@@ -99,40 +164,11 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
         # Not thread-local: taken in a worker thread, released on the event loop's.
         return filelock.FileLock(f"{path}-{kind}-{digest}.lock", thread_local=False)
 
-    async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
-        repo = plan.repo
-        await self._database.run(lambda db: commits.write_commit(db, plan, also))
-        if self._vectors.loaded(repo) is not None:
-            await self._vectors.index(repo)
+    async def _committed(self, plan: CommitPlan) -> None:
+        if self._vectors.loaded(plan.repo) is not None:
+            await self._vectors.index(plan.repo)
 
-    async def write_side(self, also: Sequence[SideWrite]) -> None:
-        await self._database.run(lambda db: side_writes_alone(db, also))
-
-    _ids = staticmethod(history.stored_ids)
     _node = staticmethod(node_of)
-
-    @staticmethod
-    def _receipt(value: Any) -> CommitReceipt:
-        return CommitReceipt.from_json(unpack_text(value))
-
-    async def links(self, repo: str) -> list[Link]:
-        rows = await self._rows(
-            "SELECT a.id, b.id, l.type FROM nodes a JOIN links l ON l.src = a.rowid"
-            " JOIN nodes b ON b.rowid = l.dst WHERE a.repo = ? ORDER BY l.type, a.id, b.id",
-            [repo])
-        return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]
-
-    async def _delete_rows(self, repo: str, ids: list[str]) -> list[str]:
-        return await self._database.run(lambda db: deletes.delete_nodes(db, repo, ids))
-
-    async def _inherited(self, repo: str, key: str, one: bool) -> Inherited:
-        return await self._database.run(lambda db: deletes.inherited(db, repo, key, one=one))
-
-    async def _withdraw_rows(self, repo: str, key: str, also: Sequence[SideWrite],
-                             plan: erasure.Plan, reverting: Reverting | None) -> list[str]:
-        revert = None if reverting is None else (reverting.revert_id, now_utc().isoformat())
-        return await self._database.run(
-            lambda db: deletes.withdraw(db, repo, key, also, plan, revert))
 
     async def _erased(self) -> None:
         """After an erasure's transaction: truncates the WAL, wipes the lexical slots."""
@@ -151,3 +187,98 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
         folder = self._vectors.graph_folder(repo)
         if folder is not None:
             await anyio.to_thread.run_sync(ann_files.discard, folder)
+
+    # ---- recall's reads, each one call on the connection's thread ----------------------
+
+    async def neighbors(
+        self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
+    ) -> list[Neighbor]:
+        """Every link touching these nodes, seen from each of them, in either direction."""
+        if not node_ids:
+            return []
+        ids = list(dict.fromkeys(node_ids))
+
+        return await self._database.run(
+            lambda db: recall_reads.neighbors(db, repo, ids, link_type)
+        )
+
+    async def _context(self, repo: str, node_ids: Sequence[str], kinds: list[NodeType],
+                       link_type: LinkType, then: More | None) -> NodeContext:
+        # The vectors are in memory: no read, and `then` sees the first read's with its nodes.
+        vectors = await self._vectors.of_nodes(repo, node_ids)
+        asked: list[Sequence[str]] = []
+
+        def more(first: NodeContext) -> tuple[Sequence[str], Iterable[NodeType]]:
+            assert then is not None
+            first.vectors.update(vectors)
+            found, found_linked = then(first)
+            asked.append(found)
+            return found, found_linked
+
+        context = await self._database.run(lambda db: recall_reads.node_context(
+            db, repo, node_ids, kinds, link_type, None if then is None else more))
+        context.vectors.update(vectors)
+        if asked and asked[0]:
+            context.vectors.update(await self._vectors.of_nodes(repo, asked[0]))
+        return context
+
+    async def _store_text(
+        self, repo: str, query: str, limit: int, kinds: list[str] | None,
+        where: Where | None = None,
+    ) -> list[tuple[str, float]]:
+        return await self._database.run(
+            lambda db: recall_reads.fts_search(db, repo, query, kinds, limit, where))
+
+    def _start_store_text(self, repo: str, query: str, limit: int, kinds: list[str] | None
+                          ) -> PendingRead[list[tuple[str, float]]]:
+        return self._database.start(
+            lambda db: recall_reads.fts_search(db, repo, query, kinds, limit))
+
+    async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
+        """Counts one more access of each node, at `when`: queued on the connection's thread,
+        not waited for (`Database.post`). Every later call of this store runs after it and
+        sees the counts; a refusal (another writer's lock held past `SIDE_WRITE_WAIT`) is
+        logged and costs these counts.
+
+        Raises:
+            StorageError: "closed", the store is closed.
+        """
+        ids = list(dict.fromkeys(node_ids))
+        if not ids:
+            return
+        stamp = when.isoformat()
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with side_write(db):
+                # One statement a chunk, not one a node: each statement gives the GIL up and
+                # takes it back, and this runs while a recall's Python holds it (15
+                # statements cost three times what one does beside a recall).
+                for chunk in chunks(ids, 400):
+                    db.conn.execute(
+                        "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
+                        f" WHERE repo = ? AND id IN ({','.join('?' * len(chunk))})",
+                        [stamp, repo, *chunk],
+                    )
+
+        def refused(exc: StorageError) -> None:
+            log.warning("the access counts of %d nodes in %s were not written: %r",
+                        len(ids), repo, exc)
+
+        self._database.post(write, refused)
+
+    async def typed_links(
+        self, repo: str, node_ids: Sequence[str]
+    ) -> list[tuple[str, NodeType, str, NodeType, LinkType]]:
+        """Every link touching these nodes, seen from each: (origin, its type, the node at the
+        other end, its type, link type), in one query (what a recall hop needs)."""
+        ids = list(dict.fromkeys(node_ids))
+        if not ids:
+            return []
+        return await self._database.run(lambda db: recall_reads.typed_links(db, repo, ids))
+
+    async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
+                          ) -> tuple[list[TypedLink], dict[str, float]]:
+        links = await self.typed_links(repo, node_ids)
+        # The vectors are in memory: the cosines cost no second read.
+        targets = [target for _, _, target, _, _ in links]
+        return links, await self._vectors.similarities(repo, targets, vector)

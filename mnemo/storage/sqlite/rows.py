@@ -9,11 +9,9 @@ from datetime import datetime
 import numpy as np
 
 from mnemo.graph.model import NODE_TYPES, Node, NodeId, Vector
+from mnemo.storage.graph_rows import NODE_COLUMNS
 from mnemo.storage.row import Row, loads_object
 
-NODE_COLUMNS = (
-    "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
-)
 NODE_WIDTH = len(NODE_COLUMNS.split(","))
 
 

@@ -8,7 +8,6 @@ answer (`mnemo.graph.ann`), read back from the saved files when they still match
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import anyio
@@ -21,11 +20,17 @@ from mnemo.graph.vectors import VectorIndex
 from mnemo.storage import vector_log
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.rows import vector_of_half, vectors_of_halves
-from mnemo.storage.vector_log import Change, RepoVectors, VectorCache, VectorState
+from mnemo.storage.vector_log import (
+    CachedVectors,
+    Change,
+    RepoVectors,
+    VectorCache,
+    VectorState,
+)
 from mnemo.storage.worker import Queued
 
 
-class SqliteVectors:
+class SqliteVectors(CachedVectors):
     """Every repo's vectors in memory, loaded from one SQLite file."""
 
     def __init__(self, database: Database, dims: Callable[[str], int], *,
@@ -36,29 +41,13 @@ class SqliteVectors:
         self._ann_threshold = ann_threshold
         self._ann_params = ann_params
         self._ann_dir = ann_dir
-        self._follower = VectorCache(self._changes, self._load, self._start)
-
-    def loaded(self, repo: str) -> VectorIndex | None:
-        """The repo's index if it is loaded."""
-        return self._follower.loaded(repo)
+        self._cache = VectorCache(self._changes, self._load, self._start)
 
     def on_loop(self, repo: str) -> bool:
         """Whether the repo's searches run on the event loop now (`ann.on_loop`); False
         while it is not loaded (the first use reads it)."""
         index = self.loaded(repo)
         return index is not None and ann.on_loop(index)
-
-    def forget(self, repo: str, node_ids: Sequence[str]) -> None:
-        """The nodes were deleted."""
-        self._follower.remove(repo, node_ids)
-
-    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
-        """A block whose uses of the repo's vectors share one look at the log, at its start."""
-        return self._follower.reading(repo)
-
-    async def index(self, repo: str) -> VectorIndex:
-        """The repo's in-memory vectors as the store holds them now (`vector_log.VectorCache`)."""
-        return await self._follower.index(repo)
 
     async def search(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
@@ -87,15 +76,6 @@ class SqliteVectors:
 
     async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
         return await ann.of_type(await self.index(repo), kind)
-
-    async def settle(self, repo: str) -> None:
-        """Waits until the repo's HNSW index (if any) has caught up with its rows (built, no
-        insert pending); bound it with `anyio.fail_after`. For tests and benchmarks."""
-        await ann.settle(self.loaded(repo))
-
-    async def aclose(self) -> None:
-        """Stops the HNSW builders (a build in progress stops at its next chunk)."""
-        await ann.close(self._follower.indexes())
 
     async def _changes(self, repo: str, followed: RepoVectors) -> tuple[int, list[Change]] | None:
         since, generation = followed.seq, followed.index.generation

@@ -20,7 +20,6 @@ from mnemo.session.ports import LiveSession, RepoRow, SessionStore
 from mnemo.storage.postgres import sessions as pg_sessions
 from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.sqlite import sessions as sqlite_sessions
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.sessions import SqliteSessions
 
@@ -44,12 +43,7 @@ class Backend:
                 await pg_sessions.side_writes(conn, writes)
             return
         assert self.database is not None
-
-        def write(db: Any) -> None:
-            with db.atomic():
-                sqlite_sessions.side_writes(db, writes)
-
-        await self.database.run(write)
+        await self.database.write(lambda sql: SqliteSessions.side_writes(sql, writes))
 
     async def rows(self, query: str, *params: object) -> list[tuple[Any, ...]]:
         """The rows of a read-only `query` written with `?` placeholders."""

@@ -24,7 +24,7 @@ from mnemo.storage.postgres.connection import PgStatements, Postgres
 from mnemo.storage.postgres.maintenance import PgMaintenance
 from mnemo.storage.sql import Statements
 from mnemo.storage.sqlite.database import Database
-from mnemo.storage.sqlite.maintenance import SqliteMaintenance
+from mnemo.storage.sqlite.graph import SqliteMaintenance
 from tests.pg import until_a_lock_wait
 
 T = TypeVar("T")

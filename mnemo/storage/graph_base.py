@@ -35,7 +35,6 @@ from mnemo.graph.scope import SCOPE_LIMIT, WIDEN, Scope, Where
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.graph_rows import RowReads
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Row
 
 if TYPE_CHECKING:
@@ -145,7 +144,7 @@ class GraphBase(RowReads):
     _lexical: LexicalIndex | None
     _vectors: Vectors
     _dims: Callable[[str], int]
-    _reembeds: Claims
+    _reembeds: set[str]  # the repos this store is re-embedding
 
     def _repo_lock(self, repo: str) -> AbstractAsyncContextManager[None]:
         raise NotImplementedError
@@ -213,10 +212,16 @@ class GraphBase(RowReads):
     @asynccontextmanager
     async def reembedding(self, repo: str) -> AsyncIterator[None]:
         """The repo's re-embedding claim and lock (freed when its process dies); raises
-        `ConflictError` when another re-embedding holds it."""
-        with self._reembeds.claim(repo) as busy:
+        `ConflictError` when another re-embedding, of this store or another, holds it."""
+        busy = ConflictError(f"repo {repo!r} is being re-embedded by another Memory")
+        if repo in self._reembeds:
+            raise busy
+        self._reembeds.add(repo)
+        try:
             async with self._reembed_lock(repo, busy):
                 yield
+        finally:
+            self._reembeds.discard(repo)
 
     async def apply(
         self, changeset: Changeset, *, intents: IntentPolicy, also: Sequence[SideWrite] = ()

@@ -376,7 +376,8 @@ class SqlThreads(SqlStore):
         )
 
     async def uncovered_snapshots(self, thread_id: str) -> list[Snapshot]:
-        return await self._driver.read(lambda sql: reads.read_uncovered_l1(sql, thread_id))
+        return await self._driver.read(
+            lambda sql: reads.read_snapshots(sql, thread_id, reads.UNCOVERED, "start_seq"))
 
     async def commit_fold(
         self, thread_id: str, covered: Sequence[Snapshot], text: str, now: datetime

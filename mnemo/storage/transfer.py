@@ -191,63 +191,43 @@ VERIFY = "verify"
 
 
 async def transfer(
-    source: Dump, target: Dump, *, batch: int = BATCH, progress: Progress | None = None
+    source: Dump, target: Dump, *, batch: int = BATCH, progress: Progress = lambda *_: None
 ) -> TransferReport:
-    """Copies every table of `source` into `target` (keys present skipped), then verifies.
-    Raises `ConflictError` before writing when a node id holds another text in the target;
-    `StorageError("mismatch")` naming the table whose counts or checksum differ after."""
+    """Copies every table of `source` into `target` (keys present skipped), then verifies both
+    stores' counts and node checksums. Raises `ConflictError` before writing when a node id
+    holds another text in the target; `StorageError("mismatch")` naming what differs after."""
     conflicts, example, checked = 0, "", 0
     nodes = await source.count(NODES)
-    if progress is not None:
-        progress(CHECK, 0, nodes)
+    progress(CHECK, 0, nodes)
     async for rows in source.read(NODES, batch):
         pairs = {str(row[_NODE_ID]): str(row[_NODE_TEXT]) for row in rows}
-        held = await target.node_texts(list(pairs))
-        for node_id, text in held.items():
+        for node_id, text in (await target.node_texts(list(pairs))).items():
             if pairs[node_id] != text:
                 conflicts += 1
                 example = example or node_id
         checked += len(rows)
-        if progress is not None:
-            progress(CHECK, checked, max(nodes, checked))
+        progress(CHECK, checked, max(nodes, checked))
     if conflicts:
         raise ConflictError(
             f"{conflicts} node id(s) of the source hold another text in the target"
             f" (e.g. {example!r}); nothing was copied"
         )
-    copied: dict[str, tuple[int, int]] = {}
+    inserted: dict[str, int] = {}
     for table in TABLES:
         total = await source.count(table)
-        done = inserted = 0
-        if progress is not None:
-            progress(table.name, 0, total)
+        done = inserted[table.name] = 0
+        progress(table.name, 0, total)
         async for rows in source.read(table, batch):
-            inserted += await target.write(table, rows)
+            inserted[table.name] += await target.write(table, rows)
             done += len(rows)
-            if progress is not None:
-                progress(table.name, done, max(total, done))
-        copied[table.name] = (done, inserted)
-    if progress is not None:
-        progress(FINISH, 0, 1)
+            progress(table.name, done, max(total, done))
+    progress(FINISH, 0, 1)
     await target.finish()
-    if progress is not None:
-        progress(FINISH, 1, 1)
-    return await verify(source, target, copied, progress=progress)
-
-
-async def verify(
-    source: Dump,
-    target: Dump,
-    copied: dict[str, tuple[int, int]] | None = None,
-    *,
-    progress: Progress | None = None,
-) -> TransferReport:
-    """Both stores' counts and node checksums; `StorageError("mismatch")` names what differs."""
+    progress(FINISH, 1, 1)
     counts = []
     steps = len(TABLES) + 1  # each table's counts, then the checksums
     for done, table in enumerate(TABLES):
-        if progress is not None:
-            progress(VERIFY, done, steps)
+        progress(VERIFY, done, steps)
         have, held = await source.count(table), await target.count(table)
         if have != held:
             raise StorageError(
@@ -255,15 +235,13 @@ async def verify(
                 f"table {table.name}: the source holds {have} rows, the target {held}"
                 " (the target held other rows, or the source changed during the copy)",
             )
-        counts.append(TableCount(table.name, have, (copied or {}).get(table.name, (0, 0))[1],
-                                 held))
+        counts.append(TableCount(table.name, have, inserted[table.name], held))
     checksum = await source.checksum()
     if await target.checksum() != checksum:
         raise StorageError(
             "mismatch", "table nodes: the node texts differ (checksums of ids and texts)"
         )
-    if progress is not None:
-        progress(VERIFY, steps, steps)
+    progress(VERIFY, steps, steps)
     return TransferReport(tuple(counts), checksum)
 
 

@@ -15,7 +15,6 @@ from mnemo.graph.model import Vector
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.schema import vector_index_name
 from mnemo.storage.postgres.vectors import PgVectors, as_array
-from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 
 
@@ -57,7 +56,6 @@ class PgReembedding(ReembeddedGraph):
 
     _pg: Postgres
     _vectors: PgVectors
-    _reembeds: Claims
 
     @asynccontextmanager
     async def _reembed_lock(self, repo: str, busy: ConflictError) -> AsyncIterator[None]:

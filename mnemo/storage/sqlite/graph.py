@@ -23,7 +23,6 @@ from mnemo.graph.model import CommitReceipt, Link, LinkType, now_utc
 from mnemo.graph.ports import Reverting, SideWrite
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph
-from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.reembeds import ReembeddedGraph
 from mnemo.storage.sqlite import commits, deletes, history
 from mnemo.storage.sqlite.database import Database, truncate_wal
@@ -52,7 +51,7 @@ class SqliteGraph(SqliteRecallReads, MaintainedGraph, ReembeddedGraph):
         self._lexical = lexical
         self._dims = dims
         self._locks: dict[str, anyio.Lock] = {}
-        self._reembeds = Claims()
+        self._reembeds = set()
         self._vectors = SqliteVectors(
             database, dims, ann_threshold=ann_threshold, ann_params=ann_params, ann_dir=ann_dir)
 

@@ -5,8 +5,7 @@ finds the version moved); `takeable` reads without locking, and only one `claim`
 from __future__ import annotations
 
 import json
-from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
 import msgspec
@@ -56,24 +55,16 @@ class SqlCoordination(SqlStore):
     # The change token's statement.
     CHANGE_TOKEN = ""
 
-    @abstractmethod
-    def now(self) -> datetime: ...
-
-    @abstractmethod
-    def _json(self, value: object) -> object:
-        """A JSON value as a statement's parameter."""
+    now: Callable[[], datetime]
+    _json: Callable[[object], object]  # a JSON value as a statement's parameter
+    # Serialises the writes of the session's step claims until the transaction ends.
+    _lock_claims: Callable[[Statements, str], Awaitable[None]]
+    # Ends the idle sessions of `due` still due; returns their (id, repo).
+    _end_due: Callable[[Statements, list[str], datetime], Awaitable[list[Row]]]
 
     def _idle_params(self, now: datetime) -> tuple[object, ...]:
         """The parameters `IDLE_LEFT` takes."""
         return ()
-
-    @abstractmethod
-    async def _lock_claims(self, sql: Statements, session_id: str) -> None:
-        """Serialises the writes of the session's step claims until the transaction ends."""
-
-    @abstractmethod
-    async def _end_due(self, sql: Statements, due: list[str], now: datetime) -> list[Row]:
-        """Ends the idle sessions of `due` still due; returns their (id, repo)."""
 
     async def sync_clock(self) -> None:
         return None

@@ -146,30 +146,18 @@ class GraphBase(RowReads):
     _dims: Callable[[str], int]
     _reembeds: set[str]  # the repos this store is re-embedding
 
-    def _repo_lock(self, repo: str) -> AbstractAsyncContextManager[None]:
-        raise NotImplementedError
-
-    def _reembed_lock(self, repo: str, busy: ConflictError
-                      ) -> AbstractAsyncContextManager[None]:
-        raise NotImplementedError
-
-    async def _delete_rows(self, repo: str, ids: list[str]) -> list[str]:
-        raise NotImplementedError
-
-    async def _inherited(self, repo: str, key: str, one: bool) -> Inherited:
-        raise NotImplementedError
-
-    async def _withdraw_rows(self, repo: str, key: str, also: Sequence[SideWrite],
-                             plan: erasure.Plan, reverting: Reverting | None) -> list[str]:
-        raise NotImplementedError
-
-    async def _context(self, repo: str, node_ids: Sequence[str], linked: list[NodeType],
-                       link_type: LinkType, then: More | None) -> NodeContext:
-        raise NotImplementedError
-
-    async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
-                          ) -> tuple[list[TypedLink], dict[str, float]]:
-        raise NotImplementedError
+    # The hooks a backend's store gives.
+    _repo_lock: Callable[[str], AbstractAsyncContextManager[None]]
+    _reembed_lock: Callable[[str, ConflictError], AbstractAsyncContextManager[None]]
+    _delete_rows: Callable[[str, list[str]], Awaitable[list[str]]]
+    _inherited: Callable[[str, str, bool], Awaitable[Inherited]]
+    _withdraw_rows: Callable[
+        [str, str, Sequence[SideWrite], erasure.Plan, Reverting | None], Awaitable[list[str]]]
+    _context: Callable[
+        [str, Sequence[str], list[NodeType], LinkType, More | None], Awaitable[NodeContext]]
+    _links_near: Callable[
+        [str, Sequence[str], Vector], Awaitable[tuple[list[TypedLink], dict[str, float]]]]
+    _store_text: Callable[[str, str, int, list[str] | None, Where], Awaitable[Hits]]
 
     async def node_context(self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
                            link_type: LinkType, then: More | None = None) -> NodeContext:
@@ -182,11 +170,6 @@ class GraphBase(RowReads):
                                ) -> tuple[list[TypedLink], dict[str, float]]:
         """See `GraphStore.typed_links_near` (`_links_near` reads it)."""
         return await self._links_near(repo, node_ids, vector) if node_ids else ([], {})
-
-    async def _store_text(
-        self, repo: str, query: str, limit: int, kinds: list[str] | None, where: Where
-    ) -> Hits:
-        raise NotImplementedError
 
     def start_search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,

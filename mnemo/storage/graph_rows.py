@@ -3,7 +3,7 @@ backends over `_rows`; a backend decodes them (`_node`, `_receipt`, `_ids`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from mnemo.graph.erasure import Scope
@@ -54,12 +54,10 @@ def scope_of(rows: Iterable[Row], ids: Callable[[Any], list[Any]]) -> Scope:
 class RowReads:
     """The reads of plain rows; a backend's store gives the hooks."""
 
-    async def _rows(self, statement: str, params: list[object]) -> list[Any]:
-        raise NotImplementedError
-
-    def _ids(self, value: Any) -> list[Any]:
-        """A list of a commit's record as stored."""
-        raise NotImplementedError
+    _rows: Callable[[str, list[object]], Awaitable[list[Any]]]
+    _ids: Callable[[Any], list[Any]]  # a list of a commit's record as stored
+    _node: Callable[[Row], Node]  # the node of a row that starts with `NODE_COLUMNS`
+    _receipt: Callable[[Any], CommitReceipt]  # a stored receipt
 
     def _commit(self, row: Row) -> CommitRecord:
         """A commit's record from its row (`COMMIT_COLUMNS`)."""
@@ -72,14 +70,6 @@ class RowReads:
             links=tuple(Link(str(s), str(d), LinkType(t)) for s, d, t in ids(links)),
             retired=tuple(map(str, ids(retired))), reworded=tuple(map(str, ids(reworded))),
             joined=tuple(map(str, ids(joined))), reverted_by=reverted_by, reverts=reverts)
-
-    def _node(self, row: Row) -> Node:
-        """The node of a row that starts with `NODE_COLUMNS`."""
-        raise NotImplementedError
-
-    def _receipt(self, value: Any) -> CommitReceipt:
-        """A stored receipt."""
-        raise NotImplementedError
 
     async def _among(self, statement: str, ids: Sequence[str], *before: object) -> list[Any]:
         """The rows of `statement` with `{}` a list for `ids`, 500 ids at a time."""

@@ -5,7 +5,7 @@ links, vector and search entry go with it (ON DELETE CASCADE); ids come back in 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -68,13 +68,10 @@ class SqlMaintenance:
         """What a new link copied from the row `node` gives before its ends."""
         return ""
 
-    async def _bad_vectors(self, sql: Statements, repo: str, dim: int) -> int:
-        """How many of the repo's vectors are not of `dim` numbers."""
-        raise NotImplementedError
-
-    async def _search_rebuilt(self, sql: Statements, repo: str) -> bool:
-        """Rebuilds the repo's search entries if they disagree with its nodes; whether it did."""
-        raise NotImplementedError
+    # How many of the repo's vectors are not of `dim` numbers.
+    _bad_vectors: Callable[[Statements, str, int], Awaitable[int]]
+    # Rebuilds the repo's search entries if they disagree with its nodes; whether it did.
+    _search_rebuilt: Callable[[Statements, str], Awaitable[bool]]
 
     async def unconsolidated(self, sql: Statements, repo: str) -> set[str]:
         """The repo's SEMANTIC nodes never compared by a consolidation."""

@@ -4,7 +4,7 @@ graph stores' role over it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from mnemo.errors import StorageError
@@ -45,9 +45,7 @@ class SqlReembeds:
     # The columns a vector is put in place with.
     VECTOR_COLUMNS = "node, vec"
 
-    @staticmethod
-    def _vector(vector: Vector) -> object:
-        raise NotImplementedError
+    _vector: Callable[[Vector], object]  # a vector as a statement's parameter
 
     @staticmethod
     def _stamp(at: datetime) -> object:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from abc import abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,37 +51,19 @@ class SqlThreads(SqlStore):
     VECTOR_UPSERT = ""
 
     # ---- what a backend gives -------------------------------------------------------------
-
-    @abstractmethod
-    def _message_row(self, message_id: str, thread_id: str, seq: int, draft: MessageDraft,
-                     at: datetime) -> Row:
-        """The parameters of a row of `reads.MESSAGE_COLUMNS` for a draft."""
-
-    @abstractmethod
-    def _vector(self, vector: Vector) -> object:
-        """A vector as a statement's parameter."""
-
-    @abstractmethod
-    def _vector_of(self, value: Any) -> Vector:
-        """A stored vector as it is read back."""
-
-    @abstractmethod
-    def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
-        """The condition on `id` (and its parameters) of the ids starting with `prefix`."""
-
-    @abstractmethod
-    async def _candidates(self, sql: Statements, query: reads.SearchQuery) -> list[Row]:
-        """The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words."""
-
-    @abstractmethod
-    async def _snippets(
-        self, sql: Statements, words: Sequence[str], rowids: list[int]
-    ) -> dict[int, Row]:
-        """By rowid, (id, thread_id, seq, role, snippet, text) of the messages."""
-
-    @abstractmethod
-    async def _erased(self, sql: Statements, messages: int) -> None:
-        """What a purge of `messages` messages does more, inside its transaction."""
+    # The parameters of a row of `reads.MESSAGE_COLUMNS` for a draft.
+    _message_row: Callable[[str, str, int, MessageDraft, datetime], Row]
+    # A vector as a statement's parameter, and a stored one as read back.
+    _vector: Callable[[Vector], object]
+    _vector_of: Callable[[Any], Vector]
+    # The condition on `id` (and its parameters) of the ids starting with a prefix.
+    _prefix: Callable[[str], tuple[str, tuple[object, ...]]]
+    # The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words.
+    _candidates: Callable[[Statements, reads.SearchQuery], Awaitable[list[Row]]]
+    # By rowid, (id, thread_id, seq, role, snippet, text) of the messages of these words.
+    _snippets: Callable[[Statements, Sequence[str], list[int]], Awaitable[dict[int, Row]]]
+    # What a purge of this many messages does more, inside its transaction.
+    _erased: Callable[[Statements, int], Awaitable[None]]
 
     # ---- the log --------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@ backend brings `_rows`, its placeholder, `place` and `close`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,15 +61,10 @@ class LexicalSource:
 
     placeholder = "?"
 
-    def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
-        raise NotImplementedError
-
-    def place(self) -> str:
-        """The store's own folder inside the index's base folder ("" for none)."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
+    _rows: Callable[[str, tuple[object, ...]], list[Column]]
+    # The store's own folder inside the index's base folder ("" for none).
+    place: Callable[[], str]
+    close: Callable[[], None]
 
     def _read(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
         return self._rows(statement.replace("?", self.placeholder), params)

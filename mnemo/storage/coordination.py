@@ -13,7 +13,7 @@ import msgspec
 from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo, IdleSweep, SessionLease, StoredOp, StoredResult
 from mnemo.storage.row import Row
-from mnemo.storage.sql import SqlStore, Statements, marks, moment
+from mnemo.storage.sql import SqlStore, Statements, marks, moment, number
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
 
@@ -324,9 +324,7 @@ class SqlCoordination(SqlStore):
         return IdleSweep(await self._driver.write(write), next_due)
 
     async def change_token(self) -> int:
-        row = await self._driver.read(lambda sql: sql.row(self.CHANGE_TOKEN))
-        assert row is not None
-        return int(row[0])
+        return await self._driver.read(lambda sql: number(sql, self.CHANGE_TOKEN))
 
     def _lease(self, row: Row) -> SessionLease:
         session_id, repo, state, version, holder, until, model, ended = row

@@ -101,7 +101,6 @@ class RowReads:
         return {str(k): str(i) for k, i in rows}
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
-        """The receipt of an applied changeset, None if it was never applied."""
         rows = await self._rows("SELECT receipt FROM applied_changesets WHERE id = ?",
                                 [changeset_id])
         return self._receipt(rows[0][0]) if rows else None
@@ -121,7 +120,6 @@ class RowReads:
     async def commit_log(
         self, repo: str, *, limit: int | None = None, after_seq: int | None = None
     ) -> list[CommitRecord]:
-        """The repo's commits, newest first: the `limit` newest, or all after `after_seq`."""
         after, params = ("", []) if after_seq is None else (" AND seq > ?", [after_seq])
         cut = "" if after_seq is not None or limit is None else f" LIMIT {int(limit)}"
         return [self._commit(row) for row in await self._rows(
@@ -134,7 +132,6 @@ class RowReads:
         return self._commit(rows[0]) if rows else None
 
     async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
-        """See `GraphStore.node_ids`."""
         rows = await self._rows(
             "SELECT id FROM nodes WHERE repo = ? AND id LIKE ? ESCAPE '\\'"
             " AND id NOT LIKE ? ESCAPE '\\' ORDER BY id LIMIT ?", [repo, like, unlike, limit])

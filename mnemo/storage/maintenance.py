@@ -15,7 +15,7 @@ from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
 from mnemo.graph.model import NodeType, node_value
 from mnemo.ports import JSONObject
 from mnemo.storage.graph_base import GraphBase
-from mnemo.storage.sql import Driver, Statements, moment
+from mnemo.storage.sql import Driver, Statements, moment, number
 
 # The (kind, link, data field naming the group, prefix of the group's node) of the two links
 # `validate` restores: a step's subgoal (by trajectory), a step's source (by episode).
@@ -180,7 +180,7 @@ class SqlMaintenance:
 
     async def validate(self, sql: Statements, repo: str, dim: int) -> ValidationReport:
         """Counts and repairs what `mnemo.graph.maintenance.validate_episodic` describes."""
-        episodic = await _count(
+        episodic = await number(
             sql, "SELECT count(*) FROM nodes WHERE repo = ? AND type = 'episodic'", repo
         )
         unlinked: list[list[tuple[str, str | None]]] = []
@@ -195,10 +195,10 @@ class SqlMaintenance:
             unlinked.append(steps)
             if steps:
                 restored += await self._relink(sql, repo, steps, kind, link, field, prefix)
-        dangling = await _count(sql, f"SELECT count(*) FROM links WHERE {self.DANGLING}", repo)
+        dangling = await number(sql, f"SELECT count(*) FROM links WHERE {self.DANGLING}", repo)
         if dangling:
             await sql.run(f"DELETE FROM links WHERE {self.DANGLING}", (repo,))
-        missing_vectors = await _count(
+        missing_vectors = await number(
             sql,
             "SELECT count(*) FROM nodes n WHERE n.repo = ?"
             f" AND NOT EXISTS (SELECT 1 FROM vectors v WHERE {self.HAS_VECTOR})",
@@ -264,12 +264,6 @@ class SqlMaintenance:
     async def _delete(self, sql: Statements, node_ids: list[str]) -> None:
         if node_ids:
             await sql.run(f"DELETE FROM nodes WHERE id{self.ANY}", (self._list(node_ids),))
-
-
-async def _count(sql: Statements, query: str, *params: object) -> int:
-    row = await sql.row(query, params)
-    assert row is not None
-    return int(row[0])
 
 
 class MaintainedGraph(GraphBase):

@@ -13,7 +13,7 @@ from mnemo.graph.reembed import Staging, Unstaged
 from mnemo.storage import vector_log
 from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.lexical.source import STATE, state_of
-from mnemo.storage.sql import Driver, Statements
+from mnemo.storage.sql import Driver, Statements, number
 
 # The largest rowid on both: no bound.
 MAX_ROWID = 2**63 - 1
@@ -54,10 +54,6 @@ class SqlReembeds:
     async def _log_state(self, sql: Statements, repo: str) -> tuple[int, int]:
         return state_of(await sql.rows(STATE, (repo,)))
 
-    async def _count(self, sql: Statements, query: str, repo: str) -> int:
-        row = await sql.row(query, (repo,))
-        return 0 if row is None else int(row[0])
-
     async def begin(self, sql: Statements, repo: str, embedder: str, dim: int) -> Staging:
         """Starts the repo's re-embedding, or carries on one of the same embedder and `dim`."""
         found = await sql.row(f"SELECT embedder, dim FROM reembeds WHERE repo = ?{self.LOCK}",
@@ -73,8 +69,8 @@ class SqlReembeds:
                 (repo, embedder, dim, (await self._log_state(sql, repo))[0],
                  self._stamp(datetime.now(UTC))),
             )
-        total = await self._count(sql, "SELECT count(*) FROM nodes WHERE repo = ?", repo)
-        staged = await self._count(
+        total = await number(sql, "SELECT count(*) FROM nodes WHERE repo = ?", repo)
+        staged = await number(
             sql, f"SELECT count(*) FROM staged_vectors WHERE {self.OF_REPO}", repo
         )
         return Staging(embedder, dim, staged, total, resumed)
@@ -94,7 +90,7 @@ class SqlReembeds:
 
     async def last_rowid(self, sql: Statements, repo: str) -> int:
         """The highest rowid of the repo's nodes, 0 when it has none."""
-        return await self._count(
+        return await number(
             sql, "SELECT coalesce(max(rowid), 0) FROM nodes WHERE repo = ?", repo
         )
 
@@ -129,7 +125,7 @@ class SqlReembeds:
         if found is None:
             raise _not_under_way(repo)
         embedder, dim = found
-        missing = await self._count(
+        missing = await number(
             sql,
             "SELECT count(*) FROM nodes n WHERE n.repo = ?"
             f" AND NOT EXISTS (SELECT 1 FROM staged_vectors s WHERE {self.STAGED})",

@@ -107,3 +107,9 @@ def drive(work: Coroutine[Any, Any, T]) -> T:
 def marks(count: int) -> str:
     """`count` placeholders for an `IN (...)` list."""
     return ", ".join("?" * count)
+
+
+async def number(sql: Statements, query: str, *params: object) -> int:
+    """The first value of a statement's first row as an int (0 for no row or NULL)."""
+    row = await sql.row(query, params)
+    return int(row[0] or 0) if row else 0

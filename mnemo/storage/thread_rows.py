@@ -24,7 +24,7 @@ from mnemo.conversation.search import VIEW_SNAPSHOTS
 from mnemo.errors import ConflictError, NotFoundError
 from mnemo.graph.scope import Where
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, moment
+from mnemo.storage.sql import Statements, moment, number
 
 MESSAGE_COLUMNS = "id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata"
 SNAPSHOT_COLUMNS = "id, thread_id, level, start_seq, end_seq, text, created_at, covered_by"
@@ -232,12 +232,8 @@ async def viewport_inputs(sql: Statements, thread_id: str, token_limit: int) -> 
     )
     level1 = await read_snapshots(sql, thread_id, UNCOVERED, "start_seq DESC")
     level2 = await read_snapshots(sql, thread_id, "level = 2", "start_seq DESC")
-    row = await sql.row(
-        "SELECT coalesce(sum(tokens), 0) FROM messages WHERE thread_id = ?"
-        " AND seq >= ?",
-        (thread_id, boundary),
-    )
-    past = int(row[0]) if row else 0
+    past = await number(sql, "SELECT sum(tokens) FROM messages WHERE thread_id = ? AND seq >= ?",
+                        thread_id, boundary)
     newest: list[Message] = []
     used = 0
     # Newest first, lazily, up to the first message past the limit.

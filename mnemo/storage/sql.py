@@ -19,24 +19,19 @@ class Statements(Protocol):
 
     async def rows(self, query: str, params: Sequence[Any] = ()) -> list[Row]:
         """Every row of one statement."""
-        ...
 
     async def row(self, query: str, params: Sequence[Any] = ()) -> Row | None:
         """The first row of one statement (None when there is none)."""
-        ...
 
     async def run(self, query: str, params: Sequence[Any] = ()) -> int:
         """Runs one statement; returns how many rows it changed (0 if unknown)."""
-        ...
 
     async def run_many(self, query: str, params: Sequence[Sequence[Any]]) -> None:
         """Runs one statement for each parameter row (none for no row)."""
-        ...
 
     def stream(self, query: str, params: Sequence[Any] = ()) -> AsyncGenerator[Row, None]:
         """The rows of one statement, read lazily; close it (`contextlib.aclosing`) when the
         loop may end early."""
-        ...
 
 
 # A store's piece of work on one connection.
@@ -48,23 +43,18 @@ class Driver(Protocol):
 
     async def read(self, work: Work[T]) -> T:
         """Runs `work`, a read."""
-        ...
 
     async def together(self, work: Work[T]) -> T:
         """Runs `work`, a read of several statements, on one snapshot."""
-        ...
 
     async def write(self, work: Work[T]) -> T:
         """Runs `work` in one transaction."""
-        ...
 
     async def one(self, work: Work[T]) -> T:
         """Runs `work`, a write of one statement (its own transaction)."""
-        ...
 
     async def side_write(self, work: Work[T]) -> T:
         """Runs a read's side write in one transaction (short lock wait on SQLite)."""
-        ...
 
 
 class SqlStore(ABC):

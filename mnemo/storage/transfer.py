@@ -122,27 +122,21 @@ class Dump(Protocol):
 
     async def count(self, table: Table) -> int:
         """How many rows `table` holds."""
-        ...
 
     def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
         """Every row of `table` in batches of at most `batch`, by rowid or else key."""
-        ...
 
     async def write(self, table: Table, rows: Sequence[Row]) -> int:
         """Inserts `rows` in one transaction, skipping keys present; how many were inserted."""
-        ...
 
     async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
         """The text of each node among `ids` that this store holds."""
-        ...
 
     async def checksum(self) -> str:
         """`NodeChecksum` over every node, in the order of its id's UTF-8 bytes."""
-        ...
 
     async def finish(self) -> None:
         """Brings what the copied rows need up to date (identity sequences, vector indexes)."""
-        ...
 
 
 class NodeChecksum:

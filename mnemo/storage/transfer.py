@@ -37,33 +37,25 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Table:
-    """One table to copy: its columns (with kinds) and its primary key; a `rowid` table has
-    its ordering integer as first column."""
+    """One table to copy: its columns' names and kinds, and its primary key; a `rowid` table
+    has its ordering integer as first column."""
 
     name: str
-    columns: tuple[tuple[str, Kind], ...]
+    names: tuple[str, ...]
+    kinds: tuple[Kind, ...]
     key: tuple[str, ...]
 
     @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.columns)
-
-    @property
-    def kinds(self) -> tuple[Kind, ...]:
-        return tuple(kind for _, kind in self.columns)
-
-    @property
     def has_rowid(self) -> bool:
-        return self.columns[0][0] == "rowid"
+        return self.names[0] == "rowid"
 
 
 def _table(name: str, key: str | tuple[str, ...], *columns: str) -> Table:
     """A table from "column:kind" strings (a bare name is TEXT)."""
-    parsed = []
-    for column in columns:
-        column_name, _, kind = column.partition(":")
-        parsed.append((column_name, Kind(kind or "text")))
-    return Table(name, tuple(parsed), (key,) if isinstance(key, str) else key)
+    parsed = [column.partition(":") for column in columns]
+    return Table(name, tuple(c for c, _, _ in parsed),
+                 tuple(Kind(k or "text") for _, _, k in parsed),
+                 (key,) if isinstance(key, str) else key)
 
 
 # In dependency order: a row's parents are copied before it (both backends check foreign keys).

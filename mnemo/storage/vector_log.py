@@ -18,6 +18,7 @@ from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.ports import PendingRead
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical.source import LOGGED
+from mnemo.storage.row import Row
 
 CHANGED = (
     f"SELECT l.node, n.id, n.type, v.vec FROM {LOGGED}"
@@ -50,14 +51,10 @@ class VectorState:
     dim: int | None
 
     @classmethod
-    def of(cls, rows: Sequence[Sequence[object]]) -> VectorState:
-        seq, horizon, generation, dim = rows[0] if rows else (None, None, None, None)
-        return cls(_whole(seq), _whole(horizon), _whole(generation),
-                   None if dim is None else _whole(dim))
-
-
-def _whole(value: object) -> int:
-    return int(value) if isinstance(value, int) else 0
+    def of(cls, rows: Sequence[Row]) -> VectorState:
+        (seq, horizon, generation, dim), = rows
+        return cls(int(seq or 0), int(horizon or 0), int(generation or 0),
+                   None if dim is None else int(dim))
 
 
 @dataclass(slots=True)

@@ -85,29 +85,29 @@ class SqlMaintenance:
         """Folds each group of `merge_groups(pairs)` into its survivor, deletes the members and
         the tags left unlinked, and marks `examined` as consolidated."""
         involved = sorted({node_id for pair in pairs for node_id in pair})
+        # By id: (key, last access); (rowid, data, access count, source) as `merge_groups`
+        # reads them. Locked: a recall counting a member's access waits for this transaction.
+        keys: dict[str, tuple[Any, Any]] = {}
         rows: dict[str, tuple[int, JSONObject, int, str | None]] = {}
-        keys: dict[str, Any] = {}
-        lasts: dict[str, Any] = {}
-        sources: dict[str, str | None] = {}
-        # Locked: a recall counting a member's access waits for this transaction.
         for node_id, rowid, key, data, count, last, source in await sql.rows(
             f"SELECT id, rowid, {self.KEY}, data{self.TEXT}, access_count, last_access,"
             f" source_id FROM nodes WHERE repo = ? AND id{self.ANY} ORDER BY rowid{self.LOCK}",
             (repo, self._list(involved)),
         ):
-            rows[node_id] = (int(rowid), json.loads(data), int(count), None)
-            keys[node_id], lasts[node_id], sources[node_id] = key, last, source
+            keys[node_id] = (key, last)
+            rows[node_id] = (int(rowid), json.loads(data), int(count), source)
         moved = 0
         merged: list[str] = []
-        for survivor, members in maintenance.merge_groups(pairs, rows, sources).items():
+        groups = maintenance.merge_groups(pairs, rows, {i: row[3] for i, row in rows.items()})
+        for survivor, members in groups.items():
             _, data, count, _ = rows[survivor]
-            last = lasts[survivor]
+            last = keys[survivor][1]
             for member in members:
-                moved += await self._move_links(sql, keys[member], keys[survivor])
+                moved += await self._move_links(sql, keys[member][0], keys[survivor][0])
                 _, other, other_count, _ = rows[member]
                 data = maintenance.merged_data(data, other, member)
                 count += other_count
-                last = max(filter(None, (last, lasts[member])), key=moment, default=None)
+                last = max(filter(None, (last, keys[member][1])), key=moment, default=None)
                 merged.append(member)
             await sql.run(
                 "UPDATE nodes SET data = ?, access_count = ?, last_access = ? WHERE id = ?",

@@ -24,6 +24,8 @@ STEP_COLUMNS = (
     "id, session_id, episode_id, idx, trajectory_id, observation, action, state_summary,"
     " subgoal, subgoal_vec, reward, metadata, recorded_at"
 )
+EPISODE = ("INSERT INTO episodes(id, session_id, goal, started_at, status)"
+           " VALUES (?, ?, ?, ?, 'open')")
 # A step's annotation, while its session still collects or extracts its episode.
 ANNOTATE = (
     "UPDATE steps SET trajectory_id = ?, state_summary = ?, subgoal = ?, subgoal_vec = ?"
@@ -96,14 +98,6 @@ class SqlSessions(SqlStore):
             None if step.metadata is None
             else self._json(json.dumps(step.metadata, sort_keys=True)),
             now,
-        )
-
-    async def _insert_episode(self, sql: Statements, session_id: str, episode: EpisodeRecord,
-                              now: object) -> None:
-        await sql.run(
-            "INSERT INTO episodes(id, session_id, goal, status, started_at)"
-            " VALUES (?, ?, ?, 'open', ?)",
-            (episode.id, session_id, episode.goal, now),
         )
 
     @classmethod
@@ -189,7 +183,7 @@ class SqlSessions(SqlStore):
                  None if lease_until is None else self._stamp(lease_until),
                  self._json(json.dumps(dict(metadata), sort_keys=True)) if metadata else None),
             )
-            await self._insert_episode(sql, session_id, episode, now)
+            await sql.run(EPISODE, (episode.id, session_id, episode.goal, now))
 
         await self._driver.write(write)
 
@@ -202,7 +196,7 @@ class SqlSessions(SqlStore):
             moved = await self.bump(sql, session_id, version, now=now, state=State.COLLECTING)
             await sql.run("UPDATE sessions SET episode_id = ?, active_at = ? WHERE id = ?",
                           (episode.id, now, session_id))
-            await self._insert_episode(sql, session_id, episode, now)
+            await sql.run(EPISODE, (episode.id, session_id, episode.goal, now))
             return moved
 
         return await self._driver.write(write)
@@ -297,9 +291,7 @@ class SqlSessions(SqlStore):
 
     async def end(self, session_id: str, *, version: int | None = None) -> None:
         guard = "" if version is None else " AND ended = false AND version = ?"
-        params: tuple[object, ...] = (self._now(), session_id)
-        if version is not None:
-            params += (version,)
+        params = (self._now(), session_id, *(() if version is None else (version,)))
 
         async def write(sql: Statements) -> None:
             # Claims before the session's row, as a commit takes them (else a deadlock).

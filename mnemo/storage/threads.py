@@ -39,7 +39,7 @@ from mnemo.graph.model import Vector
 from mnemo.graph.scope import Where
 from mnemo.storage import thread_rows as reads
 from mnemo.storage.row import Row
-from mnemo.storage.sql import SqlStore, Statements, marks, moment, utc
+from mnemo.storage.sql import SqlStore, Statements, marks, moment, number, utc
 
 
 class SqlThreads(SqlStore):
@@ -151,9 +151,8 @@ class SqlThreads(SqlStore):
                 "DELETE FROM messages WHERE thread_id = ? AND recorded_at < ?", (thread_id, at)
             )
             if gone:
-                row = await sql.row("SELECT min(seq) FROM messages WHERE thread_id = ?",
-                                    (thread_id,))
-                first = state.next_seq if row is None or row[0] is None else int(row[0])
+                first = await number(sql, "SELECT coalesce(min(seq), ?) FROM messages"
+                                     " WHERE thread_id = ?", state.next_seq, thread_id)
                 for table in ("compactions", "snapshots"):
                     await sql.run(f"DELETE FROM {table} WHERE thread_id = ? AND end_seq < ?",
                                   (thread_id, first))

@@ -182,18 +182,16 @@ class VectorCache:
         async with self._locks.setdefault(repo, anyio.Lock()):
             held = self._held.get(repo)
             try:
-                if held is not None and look is not None and look.pending is not None:
-                    # Finished once, by the first use, whatever its outcome.
-                    try:
-                        changed = await look.pending.result()
-                    finally:
-                        look.pending = None
-                    if changed is not None and changed[0] > held.seq:
-                        held.apply(*changed)
-                    return held.index
                 if held is not None:
-                    changed = await self._changes(repo, held)
-                    if changed is not None:
+                    if look is not None and look.pending is not None:
+                        # Finished once, by the first use, whatever its outcome.
+                        try:
+                            changed = await look.pending.result()
+                        finally:
+                            look.pending = None
+                    else:
+                        changed = await self._changes(repo, held)
+                    if changed is not None and changed[0] > held.seq:
                         held.apply(*changed)
                     return held.index
             except Reload:

@@ -41,8 +41,6 @@ def _departed(column: str, gone: Sequence[str]) -> str:
 
 
 class SqlCoordination(SqlStore):
-    """`Coordination` over SQL tables; a backend's subclass gives what differs."""
-
     # `a{DISTINCT}b`: a and b differ, NULL being a value.
     DISTINCT = " IS DISTINCT FROM "
     # A session's config asks for auto-commit.

@@ -31,8 +31,6 @@ def _group(value: object) -> str | None:
 
 
 class SqlMaintenance:
-    """Graph maintenance over SQL tables; a backend's subclass gives what differs."""
-
     # The column of `nodes` a link's ends name.
     KEY = "rowid"
     # The columns of a new link: its repo (PostgreSQL's links keep it) and its ends.

@@ -19,13 +19,7 @@ from mnemo.storage.sql import Driver, Statements, number
 MAX_ROWID = 2**63 - 1
 
 
-def _not_under_way(repo: str) -> StorageError:
-    return StorageError("unavailable", f"repo {repo!r} is not being re-embedded")
-
-
 class SqlReembeds:
-    """The re-embedding's statements; a backend's subclass gives what differs."""
-
     # The rows of `staged_vectors` or `vectors` of the repo (one parameter: the repo).
     OF_REPO = "node IN (SELECT rowid FROM nodes WHERE repo = ?)"
     # A staged vector `s` of the node `n`.
@@ -104,7 +98,7 @@ class SqlReembeds:
         them if the log no longer reaches back)."""
         found = await sql.row(f"SELECT seq FROM reembeds WHERE repo = ?{self.LOCK}", (repo,))
         if found is None:
-            raise _not_under_way(repo)
+            raise StorageError("unavailable", f"repo {repo!r} is not being re-embedded")
         seen = int(found[0])
         seq, horizon = await self._log_state(sql, repo)
         try:
@@ -123,7 +117,7 @@ class SqlReembeds:
         found = await sql.row(f"SELECT embedder, dim FROM reembeds WHERE repo = ?{self.LOCK}",
                               (repo,))
         if found is None:
-            raise _not_under_way(repo)
+            raise StorageError("unavailable", f"repo {repo!r} is not being re-embedded")
         embedder, dim = found
         missing = await number(
             sql,

@@ -40,8 +40,6 @@ def reward(value: float | None) -> float | None:
 
 
 class SqlSessions(SqlStore):
-    """`SessionStore` over SQL tables; a backend's subclass gives what differs."""
-
     # Appended to a JSON column read as its text.
     TEXT = ""
     # The time in a statement of a commit's side writes (the server's on PostgreSQL).

@@ -71,23 +71,16 @@ def members(repo: str, where: Where, limit: int, columns: str = "n.id, n.rowid, 
 
 def seen_from_asked(rows: Iterable[Row], asked: Collection[str]) -> list[TypedLink]:
     """Rows of (src, type, dst, type, link type) as typed links seen from each asked end."""
-    found: list[TypedLink] = []
-    for src, src_type, dst, dst_type, kind in rows:
-        link = LINK_TYPES[kind]
-        if src in asked:
-            found.append((src, NODE_TYPES[src_type], dst, NODE_TYPES[dst_type], link))
-        if dst in asked:
-            found.append((dst, NODE_TYPES[dst_type], src, NODE_TYPES[src_type], link))
-    return found
+    return [(a, NODE_TYPES[a_type], b, NODE_TYPES[b_type], LINK_TYPES[kind])
+            for src, src_type, dst, dst_type, kind in rows
+            for a, a_type, b, b_type in ((src, src_type, dst, dst_type),
+                                         (dst, dst_type, src, src_type)) if a in asked]
 
 
 def neighbors_seen_from_asked(rows: Iterable[Row], asked: Collection[str]) -> list[Neighbor]:
     """Rows of (src, dst, link type) as neighbors seen from each end that was asked for."""
-    found: list[Neighbor] = []
-    for src, dst, kind in rows:
-        found += [Neighbor(a, b, LINK_TYPES[kind]) for a, b in ((src, dst), (dst, src))
-                  if a in asked]
-    return found
+    return [Neighbor(a, b, LINK_TYPES[kind]) for src, dst, kind in rows
+            for a, b in ((src, dst), (dst, src)) if a in asked]
 
 
 def joined(first: NodeContext, more: NodeContext) -> NodeContext:

@@ -45,9 +45,6 @@ class SqlReembeds:
     def _stamp(at: datetime) -> object:
         return at.isoformat()
 
-    async def _log_state(self, sql: Statements, repo: str) -> tuple[int, int]:
-        return state_of(await sql.rows(STATE, (repo,)))
-
     async def begin(self, sql: Statements, repo: str, embedder: str, dim: int) -> Staging:
         """Starts the repo's re-embedding, or carries on one of the same embedder and `dim`."""
         found = await sql.row(f"SELECT embedder, dim FROM reembeds WHERE repo = ?{self.LOCK}",
@@ -60,7 +57,7 @@ class SqlReembeds:
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (repo) DO UPDATE SET"
                 " embedder = excluded.embedder, dim = excluded.dim, seq = excluded.seq,"
                 " started_at = excluded.started_at",
-                (repo, embedder, dim, (await self._log_state(sql, repo))[0],
+                (repo, embedder, dim, state_of(await sql.rows(STATE, (repo,)))[0],
                  self._stamp(datetime.now(UTC))),
             )
         total = await number(sql, "SELECT count(*) FROM nodes WHERE repo = ?", repo)
@@ -100,7 +97,7 @@ class SqlReembeds:
         if found is None:
             raise StorageError("unavailable", f"repo {repo!r} is not being re-embedded")
         seen = int(found[0])
-        seq, horizon = await self._log_state(sql, repo)
+        seq, horizon = state_of(await sql.rows(STATE, (repo,)))
         try:
             changed = vector_log.moved(seen, seq, horizon)
         except vector_log.Reload:

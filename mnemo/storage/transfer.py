@@ -50,60 +50,52 @@ class Table:
         return self.names[0] == "rowid"
 
 
-def _table(name: str, key: str | tuple[str, ...], *columns: str) -> Table:
-    """A table from "column:kind" strings (a bare name is TEXT)."""
-    parsed = [column.partition(":") for column in columns]
-    return Table(name, tuple(c for c, _, _ in parsed),
-                 tuple(Kind(k or "text") for _, _, k in parsed),
-                 (key,) if isinstance(key, str) else key)
+def _tables(spec: str) -> tuple[Table, ...]:
+    """Tables from lines of "name key,columns | column:kind ..." (a bare column is TEXT; an
+    indented line goes on with the line before)."""
+    tables = []
+    for line in spec.replace("\n ", " ").strip().splitlines():
+        head, _, columns = line.partition("|")
+        name, key = head.split()
+        parsed = [column.partition(":") for column in columns.split()]
+        tables.append(Table(name, tuple(c for c, _, _ in parsed),
+                            tuple(Kind(k or "text") for _, _, k in parsed), tuple(key.split(","))))
+    return tuple(tables)
 
 
 # In dependency order: a row's parents are copied before it (both backends check foreign keys).
-TABLES: tuple[Table, ...] = (
-    _table("repos", "name", "name", "config:json", "dim:int", "embedder", "created_at:time",
-           "llm", "vectors_generation:int"),
-    _table("sessions", "id", "id", "repo", "state", "config:json", "episode_id",
-           "created_at:time", "updated_at:time", "ended:bool", "model", "version:int",
-           "active_at:time", "metadata:json"),
-    _table("episodes", "id", "rowid:int", "id", "session_id", "goal", "status",
-           "started_at:time", "closed_at:time"),
-    _table("steps", "id", "id", "session_id", "episode_id", "idx:int", "trajectory_id",
-           "observation", "action", "state_summary", "subgoal", "subgoal_vec:bytes",
-           "reward:float", "metadata:json", "committed_in", "recorded_at:time"),
-    _table("changesets", "id", "id", "repo", "session_id", "episode_id", "payload:json",
-           "created_at:time"),
-    _table("nodes", "id", "rowid:int", "id", "repo", "type", "text", "data:json", "key",
-           "source_id", "created_at:time", "access_count:int", "last_access:time",
-           "consolidated:bool", "valid_from:time", "valid_to:time", "recorded_at:time",
-           "retired_at:time", "owners:json", "metadata:json"),
-    _table("node_scopes", ("repo", "key", "value", "node"), "repo", "key", "value",
-           "node:int"),
-    _table("links", ("src", "dst", "type"), "repo", "src", "dst", "type", "refs:int"),
-    _table("vectors", "node_id", "node_id", "repo", "vec:vector"),
-    _table("applied_changesets", "id", "id", "repo", "receipt:json", "applied_at:time"),
-    _table("commits", "id", "id", "repo", "seq:int", "committed_at:time", "session_id",
-           "source_id", "nodes:json", "links:json", "retired:json", "reworded:json",
-           "joined:json", "reverted_by", "reverts"),
-    _table("threads", "id", "id", "next_seq:int", "history_len:int", "boundary_seq:int",
-           "created_at:time", "history_hash"),
-    _table("messages", "id", "rowid:int", "id", "thread_id", "seq:int", "role", "text",
-           "content", "data:json", "tokens:int", "recorded_at:time", "metadata:json"),
-    _table("message_vectors", "message_id", "message_id", "thread_id", "vec:vector"),
-    _table("compactions", ("thread_id", "start_seq"), "thread_id", "start_seq:int",
-           "end_seq:int", "summary_text", "created_at:time"),
-    _table("snapshots", "id", "rowid:int", "id", "thread_id", "level:int", "start_seq:int",
-           "end_seq:int", "text", "covered_by", "created_at:time"),
-    _table("goals", "id", "id", "thread_id", "description", "status", "created_at:time",
-           "completed_at:time"),
-    _table("pins", ("message_id", "goal_id"), "message_id", "goal_id", "thread_id",
-           "created_at:time"),
-    _table("ingests", ("repo", "source_id"), "repo", "source_id", "payload_hash",
-           "changeset_id", "created_at:time"),
-    _table("task_results", ("episode_id", "trajectory_id", "task", "digest"), "episode_id",
-           "trajectory_id", "task", "digest", "reply:json", "cost:json", "created_at:time"),
-    _table("server_profiles", ("repo", "model"), "repo", "model", "profile:json",
-           "updated_at:time"),
-)
+TABLES = _tables("""
+repos name | name config:json dim:int embedder created_at:time llm vectors_generation:int
+sessions id | id repo state config:json episode_id created_at:time updated_at:time ended:bool
+  model version:int active_at:time metadata:json
+episodes id | rowid:int id session_id goal status started_at:time closed_at:time
+steps id | id session_id episode_id idx:int trajectory_id observation action state_summary
+  subgoal subgoal_vec:bytes reward:float metadata:json committed_in recorded_at:time
+changesets id | id repo session_id episode_id payload:json created_at:time
+nodes id | rowid:int id repo type text data:json key source_id created_at:time access_count:int
+  last_access:time consolidated:bool valid_from:time valid_to:time recorded_at:time
+  retired_at:time owners:json metadata:json
+node_scopes repo,key,value,node | repo key value node:int
+links src,dst,type | repo src dst type refs:int
+vectors node_id | node_id repo vec:vector
+applied_changesets id | id repo receipt:json applied_at:time
+commits id | id repo seq:int committed_at:time session_id source_id nodes:json links:json
+  retired:json reworded:json joined:json reverted_by reverts
+threads id | id next_seq:int history_len:int boundary_seq:int created_at:time history_hash
+messages id | rowid:int id thread_id seq:int role text content data:json tokens:int
+  recorded_at:time metadata:json
+message_vectors message_id | message_id thread_id vec:vector
+compactions thread_id,start_seq | thread_id start_seq:int end_seq:int summary_text
+  created_at:time
+snapshots id | rowid:int id thread_id level:int start_seq:int end_seq:int text covered_by
+  created_at:time
+goals id | id thread_id description status created_at:time completed_at:time
+pins message_id,goal_id | message_id goal_id thread_id created_at:time
+ingests repo,source_id | repo source_id payload_hash changeset_id created_at:time
+task_results episode_id,trajectory_id,task,digest | episode_id trajectory_id task digest
+  reply:json cost:json created_at:time
+server_profiles repo,model | repo model profile:json updated_at:time
+""")
 
 NODES = next(t for t in TABLES if t.name == "nodes")
 _NODE_ID, _NODE_TEXT = NODES.names.index("id"), NODES.names.index("text")

@@ -73,9 +73,7 @@ class SqlStore(ABC):
 
 def utc(moment: datetime) -> datetime:
     """`moment` in UTC (a naive datetime is taken as UTC)."""
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def moment(value: str | datetime) -> datetime:

@@ -227,15 +227,13 @@ class GraphBase(RowReads):
                 await self._erased()
             return gone
 
+        async def same_generation() -> None:
+            if generation is not None and (now := await self.generation(repo)) != generation:
+                raise VectorsMoved(now)
+
         return len(await erasure.forget(
             lambda: self.lock(repo), lambda: self._inherited(repo, key, reverting is not None),
-            embed, delete, lambda: self._same_generation(repo, generation)))
-
-    async def _same_generation(self, repo: str, expected: int | None) -> None:
-        """Raises `VectorsMoved` when the repo's vectors are of another generation than
-        `expected` (None: not checked)."""
-        if expected is not None and (now := await self.generation(repo)) != expected:
-            raise VectorsMoved(now)
+            embed, delete, same_generation))
 
     async def _erased(self) -> None:
         """After an erasure's transaction: wipes the lexical index's slots."""

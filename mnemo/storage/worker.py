@@ -109,9 +109,7 @@ class Queued(Generic[T]):
         """What the job returned (a cancelled caller leaves it running, its answer dropped)."""
         try:
             return await self._future
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # a cancellation (BaseException) goes through
             translated = self._error(exc)
             if translated is exc:
                 raise

@@ -5,8 +5,7 @@ finds the version moved); `takeable` reads without locking, and only one `claim`
 from __future__ import annotations
 
 import json
-from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
 import msgspec
@@ -14,7 +13,7 @@ import msgspec
 from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo, IdleSweep, SessionLease, StoredOp, StoredResult
 from mnemo.storage.row import Row
-from mnemo.storage.sql import SqlStore, Statements, marks, moment
+from mnemo.storage.sql import SqlStore, Statements, marks, moment, number
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
 
@@ -42,8 +41,6 @@ def _departed(column: str, gone: Sequence[str]) -> str:
 
 
 class SqlCoordination(SqlStore):
-    """`Coordination` over SQL tables; a backend's subclass gives what differs."""
-
     # `a{DISTINCT}b`: a and b differ, NULL being a value.
     DISTINCT = " IS DISTINCT FROM "
     # A session's config asks for auto-commit.
@@ -56,24 +53,16 @@ class SqlCoordination(SqlStore):
     # The change token's statement.
     CHANGE_TOKEN = ""
 
-    @abstractmethod
-    def now(self) -> datetime: ...
-
-    @abstractmethod
-    def _json(self, value: object) -> object:
-        """A JSON value as a statement's parameter."""
+    now: Callable[[], datetime]
+    _json: Callable[[object], object]  # a JSON value as a statement's parameter
+    # Serialises the writes of the session's step claims until the transaction ends.
+    _lock_claims: Callable[[Statements, str], Awaitable[None]]
+    # Ends the idle sessions of `due` still due; returns their (id, repo).
+    _end_due: Callable[[Statements, list[str], datetime], Awaitable[list[Row]]]
 
     def _idle_params(self, now: datetime) -> tuple[object, ...]:
         """The parameters `IDLE_LEFT` takes."""
         return ()
-
-    @abstractmethod
-    async def _lock_claims(self, sql: Statements, session_id: str) -> None:
-        """Serialises the writes of the session's step claims until the transaction ends."""
-
-    @abstractmethod
-    async def _end_due(self, sql: Statements, due: list[str], now: datetime) -> list[Row]:
-        """Ends the idle sessions of `due` still due; returns their (id, repo)."""
 
     async def sync_clock(self) -> None:
         return None
@@ -333,9 +322,7 @@ class SqlCoordination(SqlStore):
         return IdleSweep(await self._driver.write(write), next_due)
 
     async def change_token(self) -> int:
-        row = await self._driver.read(lambda sql: sql.row(self.CHANGE_TOKEN))
-        assert row is not None
-        return int(row[0])
+        return await self._driver.read(lambda sql: number(sql, self.CHANGE_TOKEN))
 
     def _lease(self, row: Row) -> SessionLease:
         session_id, repo, state, version, holder, until, model, ended = row

@@ -39,8 +39,8 @@ from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.graph_rows import RowReads
 from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Row
+from mnemo.storage.sql import marks
 from mnemo.storage.vector_log import CachedVectors
 from mnemo.storage.worker import DeferredRead, FallbackRead
 
@@ -56,7 +56,7 @@ def exists(repo: str, where: Where, node: str, skip: int) -> tuple[str, list[obj
     for key, values in list(where.items())[skip:]:
         clauses.append(
             "EXISTS (SELECT 1 FROM node_scopes t WHERE t.repo = ? AND t.key = ?"
-            f" AND t.value IN ({', '.join('?' * len(values))}) AND t.node = {node})")
+            f" AND t.value IN ({marks(len(values))}) AND t.node = {node})")
         params += [repo, key, *values]
     return "".join(f" AND {c}" for c in clauses), params
 
@@ -69,41 +69,24 @@ def members(repo: str, where: Where, limit: int, columns: str = "n.id, n.rowid, 
     others, params = exists(repo, where, "s.node", 1)
     return (
         f"SELECT {columns} FROM node_scopes s JOIN nodes n ON n.rowid = s.node"
-        f" WHERE s.repo = ? AND s.key = ? AND s.value IN ({', '.join('?' * len(values))})"
+        f" WHERE s.repo = ? AND s.key = ? AND s.value IN ({marks(len(values))})"
         f"{others} ORDER BY s.node LIMIT ?",
         [repo, key, *values, *params, limit],
     )
 
 
-def inside(repo: str, where: Where, node_ids: Sequence[str]) -> tuple[str, list[object]]:
-    """(SQL, params) of those of `node_ids` that are inside `where`."""
-    others, params = exists(repo, where, "n.rowid", 0)
-    return (
-        f"SELECT n.id FROM nodes n WHERE n.repo = ? AND n.id IN ({', '.join('?' * len(node_ids))})"
-        f"{others}",
-        [repo, *node_ids, *params],
-    )
-
-
 def seen_from_asked(rows: Iterable[Row], asked: Collection[str]) -> list[TypedLink]:
     """Rows of (src, type, dst, type, link type) as typed links seen from each asked end."""
-    found: list[TypedLink] = []
-    for src, src_type, dst, dst_type, kind in rows:
-        link = LINK_TYPES[kind]
-        if src in asked:
-            found.append((src, NODE_TYPES[src_type], dst, NODE_TYPES[dst_type], link))
-        if dst in asked:
-            found.append((dst, NODE_TYPES[dst_type], src, NODE_TYPES[src_type], link))
-    return found
+    return [(a, NODE_TYPES[a_type], b, NODE_TYPES[b_type], LINK_TYPES[kind])
+            for src, src_type, dst, dst_type, kind in rows
+            for a, a_type, b, b_type in ((src, src_type, dst, dst_type),
+                                         (dst, dst_type, src, src_type)) if a in asked]
 
 
 def neighbors_seen_from_asked(rows: Iterable[Row], asked: Collection[str]) -> list[Neighbor]:
     """Rows of (src, dst, link type) as neighbors seen from each end that was asked for."""
-    found: list[Neighbor] = []
-    for src, dst, kind in rows:
-        found += [Neighbor(a, b, LINK_TYPES[kind]) for a, b in ((src, dst), (dst, src))
-                  if a in asked]
-    return found
+    return [Neighbor(a, b, LINK_TYPES[kind]) for src, dst, kind in rows
+            for a, b in ((src, dst), (dst, src)) if a in asked]
 
 
 def joined(first: NodeContext, more: NodeContext) -> NodeContext:
@@ -120,7 +103,7 @@ class GraphBase(RowReads):
     _lexical: LexicalIndex | None
     _vectors: CachedVectors
     _dims: Callable[[str], int]
-    _reembeds: Claims
+    _reembeds: set[str]  # the repos this store is re-embedding
 
     def _repo_lock(self, repo: str) -> AbstractAsyncContextManager[None]:
         raise NotImplementedError
@@ -155,14 +138,12 @@ class GraphBase(RowReads):
 
     async def node_context(self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
                            link_type: LinkType, then: More | None = None) -> NodeContext:
-        """See `GraphStore.node_context` (`_context` reads it)."""
         if not node_ids:
             return NodeContext([], {}, [])
         return await self._context(repo, node_ids, list(linked), link_type, then)
 
     async def typed_links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
                                ) -> tuple[list[TypedLink], dict[str, float]]:
-        """See `GraphStore.typed_links_near` (`_links_near` reads it)."""
         return await self._links_near(repo, node_ids, vector) if node_ids else ([], {})
 
     async def _store_text(
@@ -190,7 +171,6 @@ class GraphBase(RowReads):
                             lambda: self._store_text(repo, query, limit, kinds))
 
     def dim(self, repo: str) -> int:
-        """The dimension of the repo's vectors."""
         return self._dims(repo)
 
     @asynccontextmanager
@@ -207,10 +187,16 @@ class GraphBase(RowReads):
     @asynccontextmanager
     async def reembedding(self, repo: str) -> AsyncIterator[None]:
         """The repo's re-embedding claim and lock (freed when its process dies); raises
-        `ConflictError` when another re-embedding holds it."""
-        with self._reembeds.claim(repo) as busy:
+        `ConflictError` when another re-embedding, of this store or another, holds it."""
+        busy = ConflictError(f"repo {repo!r} is being re-embedded by another Memory")
+        if repo in self._reembeds:
+            raise busy
+        self._reembeds.add(repo)
+        try:
             async with self._reembed_lock(repo, busy):
                 yield
+        finally:
+            self._reembeds.discard(repo)
 
     async def apply(
         self, changeset: Changeset, *, intents: IntentPolicy, also: Sequence[SideWrite] = ()
@@ -258,7 +244,6 @@ class GraphBase(RowReads):
         self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
         generation: int | None = None, reverting: Reverting | None = None,
     ) -> int:
-        """See `GraphStore.withdraw`."""
         async def delete(plan: erasure.Plan) -> list[str]:
             if reverting is not None:
                 await reverting.refused()
@@ -268,6 +253,10 @@ class GraphBase(RowReads):
             if reverting is None:
                 await self._erased()
             return gone
+
+        async def same_generation() -> None:
+            if generation is not None and (now := await self.generation(repo)) != generation:
+                raise VectorsMoved(now)
 
         return len(await erasure.forget(
             lambda: self.lock(repo),
@@ -336,7 +325,6 @@ class GraphBase(RowReads):
         return await self._vectors.of_type(repo, kind)
 
     async def settle(self, repo: str) -> None:
-        """Waits until the repo's background indexes have caught up with its rows."""
         await self._vectors.settle(repo)
         if self._lexical is not None:
             await self._lexical.settle(repo)
@@ -356,20 +344,18 @@ class GraphBase(RowReads):
                      else {str(i): (int(r), str(t)) for i, r, t in rows})
 
     async def inside(self, repo: str, scope: Scope, node_ids: Sequence[str]) -> set[str]:
-        """Those of `node_ids` inside the scope."""
         ids = list(dict.fromkeys(node_ids))
         if scope.members is not None:
             return {i for i in ids if i in scope.members}
-        found: set[str] = set()
-        for at in range(0, len(ids), 500):
-            rows = await self._rows(*inside(repo, scope.where, ids[at:at + 500]))
-            found |= {str(row[0]) for row in rows}
-        return found
+        others, params = exists(repo, scope.where, "n.rowid", 0)
+        rows = await self._among(
+            f"SELECT n.id FROM nodes n WHERE n.repo = ?{others} AND n.id IN ({{}})",
+            ids, repo, *params)
+        return {str(row[0]) for row in rows}
 
     async def scope_sources(
         self, repo: str, where: Where, limit: int | None = None
     ) -> list[tuple[str | None, str, str]]:
-        """(source id or None, node id, type) of the first `limit` nodes inside `where`."""
         return [(None if s is None else str(s), str(i), str(t)) for s, i, t in
                 await self._rows(*members(repo, where, 2**62 if limit is None else limit,
                                                 "n.source_id, n.id, n.type"))]

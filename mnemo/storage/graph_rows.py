@@ -64,6 +64,9 @@ class RowReads:
         """A list of a commit's record as stored."""
         raise NotImplementedError
 
+    _node: Callable[[Row], Node]  # the node of a row that starts with `NODE_COLUMNS`
+    _receipt: Callable[[Any], CommitReceipt]  # a stored receipt
+
     def _commit(self, row: Row) -> CommitRecord:
         """A commit's record from its row (`COMMIT_COLUMNS`)."""
         (commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded,
@@ -75,14 +78,6 @@ class RowReads:
             links=tuple(Link(str(s), str(d), LinkType(t)) for s, d, t in ids(links)),
             retired=tuple(map(str, ids(retired))), reworded=tuple(map(str, ids(reworded))),
             joined=tuple(map(str, ids(joined))), reverted_by=reverted_by, reverts=reverts)
-
-    def _node(self, row: Row) -> Node:
-        """The node of a row that starts with `NODE_COLUMNS`."""
-        raise NotImplementedError
-
-    def _receipt(self, value: Any) -> CommitReceipt:
-        """A stored receipt."""
-        raise NotImplementedError
 
     async def _among(self, statement: str, ids: Sequence[str], *before: object) -> list[Any]:
         """The rows of `statement` with `{}` a list for `ids`, 500 ids at a time."""
@@ -124,7 +119,6 @@ class RowReads:
                 for i, count, last in rows}
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
-        """The receipt of an applied changeset, None if it was never applied."""
         rows = await self._rows("SELECT receipt FROM applied_changesets WHERE id = ?",
                                 [changeset_id])
         return self._receipt(rows[0][0]) if rows else None
@@ -144,7 +138,6 @@ class RowReads:
     async def commit_log(
         self, repo: str, *, limit: int | None = None, after_seq: int | None = None
     ) -> list[CommitRecord]:
-        """The repo's commits, newest first: the `limit` newest, or all after `after_seq`."""
         after, params = ("", []) if after_seq is None else (" AND seq > ?", [after_seq])
         cut = "" if after_seq is not None or limit is None else f" LIMIT {int(limit)}"
         return [self._commit(row) for row in await self._rows(
@@ -157,7 +150,6 @@ class RowReads:
         return self._commit(rows[0]) if rows else None
 
     async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
-        """See `GraphStore.node_ids`."""
         rows = await self._rows(
             "SELECT id FROM nodes WHERE repo = ? AND id LIKE ? ESCAPE '\\'"
             " AND id NOT LIKE ? ESCAPE '\\' ORDER BY id LIMIT ?", [repo, like, unlike, limit])

@@ -5,7 +5,7 @@ links, vector and search entry go with it (ON DELETE CASCADE); ids come back in 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -15,7 +15,7 @@ from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
 from mnemo.graph.model import NodeType, node_value
 from mnemo.ports import JSONObject
 from mnemo.storage.graph_base import GraphBase
-from mnemo.storage.sql import Driver, Statements, moment
+from mnemo.storage.sql import Driver, Statements, moment, number
 
 # The (kind, link, data field naming the group, prefix of the group's node) of the two links
 # `validate` restores: a step's subgoal (by trajectory), a step's source (by episode).
@@ -31,8 +31,6 @@ def _group(value: object) -> str | None:
 
 
 class SqlMaintenance:
-    """Graph maintenance over SQL tables; a backend's subclass gives what differs."""
-
     # The column of `nodes` a link's ends name.
     KEY = "rowid"
     # The columns of a new link: its repo (PostgreSQL's links keep it) and its ends.
@@ -68,13 +66,10 @@ class SqlMaintenance:
         """What a new link copied from the row `node` gives before its ends."""
         return ""
 
-    async def _bad_vectors(self, sql: Statements, repo: str, dim: int) -> int:
-        """How many of the repo's vectors are not of `dim` numbers."""
-        raise NotImplementedError
-
-    async def _search_rebuilt(self, sql: Statements, repo: str) -> bool:
-        """Rebuilds the repo's search entries if they disagree with its nodes; whether it did."""
-        raise NotImplementedError
+    # How many of the repo's vectors are not of `dim` numbers.
+    _bad_vectors: Callable[[Statements, str, int], Awaitable[int]]
+    # Rebuilds the repo's search entries if they disagree with its nodes; whether it did.
+    _search_rebuilt: Callable[[Statements, str], Awaitable[bool]]
 
     async def unconsolidated(self, sql: Statements, repo: str) -> set[str]:
         """The repo's SEMANTIC nodes never compared by a consolidation."""
@@ -88,29 +83,29 @@ class SqlMaintenance:
         """Folds each group of `merge_groups(pairs)` into its survivor, deletes the members and
         the tags left unlinked, and marks `examined` as consolidated."""
         involved = sorted({node_id for pair in pairs for node_id in pair})
+        # By id: (key, last access); (rowid, data, access count, source) as `merge_groups`
+        # reads them. Locked: a recall counting a member's access waits for this transaction.
+        keys: dict[str, tuple[Any, Any]] = {}
         rows: dict[str, tuple[int, JSONObject, int, str | None]] = {}
-        keys: dict[str, Any] = {}
-        lasts: dict[str, Any] = {}
-        sources: dict[str, str | None] = {}
-        # Locked: a recall counting a member's access waits for this transaction.
         for node_id, rowid, key, data, count, last, source in await sql.rows(
             f"SELECT id, rowid, {self.KEY}, data{self.TEXT}, access_count, last_access,"
             f" source_id FROM nodes WHERE repo = ? AND id{self.ANY} ORDER BY rowid{self.LOCK}",
             (repo, self._list(involved)),
         ):
-            rows[node_id] = (int(rowid), json.loads(data), int(count), None)
-            keys[node_id], lasts[node_id], sources[node_id] = key, last, source
+            keys[node_id] = (key, last)
+            rows[node_id] = (int(rowid), json.loads(data), int(count), source)
         moved = 0
         merged: list[str] = []
-        for survivor, members in maintenance.merge_groups(pairs, rows, sources).items():
+        groups = maintenance.merge_groups(pairs, rows, {i: row[3] for i, row in rows.items()})
+        for survivor, members in groups.items():
             _, data, count, _ = rows[survivor]
-            last = lasts[survivor]
+            last = keys[survivor][1]
             for member in members:
-                moved += await self._move_links(sql, keys[member], keys[survivor])
+                moved += await self._move_links(sql, keys[member][0], keys[survivor][0])
                 _, other, other_count, _ = rows[member]
                 data = maintenance.merged_data(data, other, member)
                 count += other_count
-                last = max(filter(None, (last, lasts[member])), key=moment, default=None)
+                last = max(filter(None, (last, keys[member][1])), key=moment, default=None)
                 merged.append(member)
             await sql.run(
                 "UPDATE nodes SET data = ?, access_count = ?, last_access = ? WHERE id = ?",
@@ -183,7 +178,7 @@ class SqlMaintenance:
 
     async def validate(self, sql: Statements, repo: str, dim: int) -> ValidationReport:
         """Counts and repairs what `mnemo.graph.maintenance.validate_episodic` describes."""
-        episodic = await _count(
+        episodic = await number(
             sql, "SELECT count(*) FROM nodes WHERE repo = ? AND type = 'episodic'", repo
         )
         unlinked: list[list[tuple[str, str | None]]] = []
@@ -198,10 +193,10 @@ class SqlMaintenance:
             unlinked.append(steps)
             if steps:
                 restored += await self._relink(sql, repo, steps, kind, link, field, prefix)
-        dangling = await _count(sql, f"SELECT count(*) FROM links WHERE {self.DANGLING}", repo)
+        dangling = await number(sql, f"SELECT count(*) FROM links WHERE {self.DANGLING}", repo)
         if dangling:
             await sql.run(f"DELETE FROM links WHERE {self.DANGLING}", (repo,))
-        missing_vectors = await _count(
+        missing_vectors = await number(
             sql,
             "SELECT count(*) FROM nodes n WHERE n.repo = ?"
             f" AND NOT EXISTS (SELECT 1 FROM vectors v WHERE {self.HAS_VECTOR})",
@@ -267,12 +262,6 @@ class SqlMaintenance:
     async def _delete(self, sql: Statements, node_ids: list[str]) -> None:
         if node_ids:
             await sql.run(f"DELETE FROM nodes WHERE id{self.ANY}", (self._list(node_ids),))
-
-
-async def _count(sql: Statements, query: str, *params: object) -> int:
-    row = await sql.row(query, params)
-    assert row is not None
-    return int(row[0])
 
 
 class MaintainedGraph(GraphBase):

@@ -4,7 +4,7 @@ graph stores' role over it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from mnemo.errors import StorageError
@@ -13,19 +13,13 @@ from mnemo.graph.reembed import Staging, Unstaged
 from mnemo.storage import vector_log
 from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.lexical.source import STATE, state_of
-from mnemo.storage.sql import Driver, Statements
+from mnemo.storage.sql import Driver, Statements, number
 
 # The largest rowid on both: no bound.
 MAX_ROWID = 2**63 - 1
 
 
-def _not_under_way(repo: str) -> StorageError:
-    return StorageError("unavailable", f"repo {repo!r} is not being re-embedded")
-
-
 class SqlReembeds:
-    """The re-embedding's statements; a backend's subclass gives what differs."""
-
     # The rows of `staged_vectors` or `vectors` of the repo (one parameter: the repo).
     OF_REPO = "node IN (SELECT rowid FROM nodes WHERE repo = ?)"
     # A staged vector `s` of the node `n`.
@@ -45,20 +39,11 @@ class SqlReembeds:
     # The columns a vector is put in place with.
     VECTOR_COLUMNS = "node, vec"
 
-    @staticmethod
-    def _vector(vector: Vector) -> object:
-        raise NotImplementedError
+    _vector: Callable[[Vector], object]  # a vector as a statement's parameter
 
     @staticmethod
     def _stamp(at: datetime) -> object:
         return at.isoformat()
-
-    async def _log_state(self, sql: Statements, repo: str) -> tuple[int, int]:
-        return state_of(await sql.rows(STATE, (repo,)))
-
-    async def _count(self, sql: Statements, query: str, repo: str) -> int:
-        row = await sql.row(query, (repo,))
-        return 0 if row is None else int(row[0])
 
     async def begin(self, sql: Statements, repo: str, embedder: str, dim: int) -> Staging:
         """Starts the repo's re-embedding, or carries on one of the same embedder and `dim`."""
@@ -72,11 +57,11 @@ class SqlReembeds:
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (repo) DO UPDATE SET"
                 " embedder = excluded.embedder, dim = excluded.dim, seq = excluded.seq,"
                 " started_at = excluded.started_at",
-                (repo, embedder, dim, (await self._log_state(sql, repo))[0],
+                (repo, embedder, dim, state_of(await sql.rows(STATE, (repo,)))[0],
                  self._stamp(datetime.now(UTC))),
             )
-        total = await self._count(sql, "SELECT count(*) FROM nodes WHERE repo = ?", repo)
-        staged = await self._count(
+        total = await number(sql, "SELECT count(*) FROM nodes WHERE repo = ?", repo)
+        staged = await number(
             sql, f"SELECT count(*) FROM staged_vectors WHERE {self.OF_REPO}", repo
         )
         return Staging(embedder, dim, staged, total, resumed)
@@ -96,7 +81,7 @@ class SqlReembeds:
 
     async def last_rowid(self, sql: Statements, repo: str) -> int:
         """The highest rowid of the repo's nodes, 0 when it has none."""
-        return await self._count(
+        return await number(
             sql, "SELECT coalesce(max(rowid), 0) FROM nodes WHERE repo = ?", repo
         )
 
@@ -110,9 +95,9 @@ class SqlReembeds:
         them if the log no longer reaches back)."""
         found = await sql.row(f"SELECT seq FROM reembeds WHERE repo = ?{self.LOCK}", (repo,))
         if found is None:
-            raise _not_under_way(repo)
+            raise StorageError("unavailable", f"repo {repo!r} is not being re-embedded")
         seen = int(found[0])
-        seq, horizon = await self._log_state(sql, repo)
+        seq, horizon = state_of(await sql.rows(STATE, (repo,)))
         try:
             changed = vector_log.moved(seen, seq, horizon)
         except vector_log.Reload:
@@ -129,9 +114,9 @@ class SqlReembeds:
         found = await sql.row(f"SELECT embedder, dim FROM reembeds WHERE repo = ?{self.LOCK}",
                               (repo,))
         if found is None:
-            raise _not_under_way(repo)
+            raise StorageError("unavailable", f"repo {repo!r} is not being re-embedded")
         embedder, dim = found
-        missing = await self._count(
+        missing = await number(
             sql,
             "SELECT count(*) FROM nodes n WHERE n.repo = ?"
             f" AND NOT EXISTS (SELECT 1 FROM staged_vectors s WHERE {self.STAGED})",

@@ -19,24 +19,19 @@ class Statements(Protocol):
 
     async def rows(self, query: str, params: Sequence[Any] = ()) -> list[Row]:
         """Every row of one statement."""
-        ...
 
     async def row(self, query: str, params: Sequence[Any] = ()) -> Row | None:
         """The first row of one statement (None when there is none)."""
-        ...
 
     async def run(self, query: str, params: Sequence[Any] = ()) -> int:
         """Runs one statement; returns how many rows it changed (0 if unknown)."""
-        ...
 
     async def run_many(self, query: str, params: Sequence[Sequence[Any]]) -> None:
         """Runs one statement for each parameter row (none for no row)."""
-        ...
 
     def stream(self, query: str, params: Sequence[Any] = ()) -> AsyncGenerator[Row, None]:
         """The rows of one statement, read lazily; close it (`contextlib.aclosing`) when the
         loop may end early."""
-        ...
 
 
 # A store's piece of work on one connection.
@@ -48,23 +43,18 @@ class Driver(Protocol):
 
     async def read(self, work: Work[T]) -> T:
         """Runs `work`, a read."""
-        ...
 
     async def together(self, work: Work[T]) -> T:
         """Runs `work`, a read of several statements, on one snapshot."""
-        ...
 
     async def write(self, work: Work[T]) -> T:
         """Runs `work` in one transaction."""
-        ...
 
     async def one(self, work: Work[T]) -> T:
         """Runs `work`, a write of one statement (its own transaction)."""
-        ...
 
     async def side_write(self, work: Work[T]) -> T:
         """Runs a read's side write in one transaction (short lock wait on SQLite)."""
-        ...
 
 
 class SqlStore(ABC):
@@ -83,9 +73,7 @@ class SqlStore(ABC):
 
 def utc(moment: datetime) -> datetime:
     """`moment` in UTC (a naive datetime is taken as UTC)."""
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def moment(value: str | datetime) -> datetime:
@@ -107,3 +95,9 @@ def drive(work: Coroutine[Any, Any, T]) -> T:
 def marks(count: int) -> str:
     """`count` placeholders for an `IN (...)` list."""
     return ", ".join("?" * count)
+
+
+async def number(sql: Statements, query: str, *params: object) -> int:
+    """The first value of a statement's first row as an int (0 for no row or NULL)."""
+    row = await sql.row(query, params)
+    return int(row[0] or 0) if row else 0

@@ -24,10 +24,12 @@ from mnemo.conversation.search import VIEW_SNAPSHOTS
 from mnemo.errors import ConflictError, NotFoundError
 from mnemo.graph.scope import Where
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, moment
+from mnemo.storage.sql import Statements, moment, number
 
 MESSAGE_COLUMNS = "id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata"
 SNAPSHOT_COLUMNS = "id, thread_id, level, start_seq, end_seq, text, created_at, covered_by"
+# The level-1 snapshots no level-2 one covers.
+UNCOVERED = "level = 1 AND covered_by IS NULL"
 
 
 def message_from_row(row: Sequence[Any]) -> Message:
@@ -50,11 +52,6 @@ def message_from_row(row: Sequence[Any]) -> Message:
         tokens=tokens,
         metadata=json.loads(metadata) if isinstance(metadata, str) else dict(metadata or {}),
     )
-
-
-def snapshot_from_row(row: Sequence[Any]) -> Snapshot:
-    sid, thread_id, level, start, end, text, created_at, covered_by = row
-    return Snapshot(sid, thread_id, level, start, end, text, moment(created_at), covered_by)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,12 +137,8 @@ async def read_snapshots(
         f" ORDER BY {order}",
         (thread_id, *params),
     )
-    return [snapshot_from_row(row) for row in rows]
-
-
-async def read_uncovered_l1(sql: Statements, thread_id: str) -> list[Snapshot]:
-    """The thread's level-1 snapshots no level-2 one covers, oldest first."""
-    return await read_snapshots(sql, thread_id, "level = 1 AND covered_by IS NULL", "start_seq")
+    return [Snapshot(i, t, level, s, e, text, moment(at), by)
+            for i, t, level, s, e, text, at, by in rows]
 
 
 async def read_open_goals(sql: Statements, thread_id: str, byte_order: str) -> list[Goal]:
@@ -237,16 +230,10 @@ async def viewport_inputs(sql: Statements, thread_id: str, token_limit: int) -> 
         sql, thread_id, where=" AND seq < ? AND id IN (SELECT message_id FROM pins"
         " WHERE thread_id = ?)", order="DESC", params=(boundary, thread_id),
     )
-    level1 = await read_snapshots(
-        sql, thread_id, "level = 1 AND covered_by IS NULL", "start_seq DESC"
-    )
+    level1 = await read_snapshots(sql, thread_id, UNCOVERED, "start_seq DESC")
     level2 = await read_snapshots(sql, thread_id, "level = 2", "start_seq DESC")
-    row = await sql.row(
-        "SELECT coalesce(sum(tokens), 0) FROM messages WHERE thread_id = ?"
-        " AND seq >= ?",
-        (thread_id, boundary),
-    )
-    past = int(row[0]) if row else 0
+    past = await number(sql, "SELECT sum(tokens) FROM messages WHERE thread_id = ? AND seq >= ?",
+                        thread_id, boundary)
     newest: list[Message] = []
     used = 0
     # Newest first, lazily, up to the first message past the limit.
@@ -270,7 +257,7 @@ async def eviction_inputs(sql: Statements, thread_id: str, byte_order: str) -> (
     if state is None:
         raise NotFoundError("thread", thread_id)
     past = await read_messages(sql, thread_id, from_seq=state.boundary_seq)
-    last = await read_uncovered_l1(sql, thread_id)
+    last = await read_snapshots(sql, thread_id, UNCOVERED, "start_seq")
     goals = await read_open_goals(sql, thread_id, byte_order)
     return EvictionInputs(state.boundary_seq, past, goals,
                           last[-1].text if last else "")

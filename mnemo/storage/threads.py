@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from abc import abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,49 +39,29 @@ from mnemo.graph.model import Vector
 from mnemo.graph.scope import Where
 from mnemo.storage import thread_rows as reads
 from mnemo.storage.row import Row
-from mnemo.storage.sql import SqlStore, Statements, marks, moment, utc
+from mnemo.storage.sql import SqlStore, Statements, marks, moment, number, utc
 
 
 class SqlThreads(SqlStore):
-    """`ThreadStore` over SQL tables; a backend's subclass gives what differs."""
-
     # Appended to a SELECT whose rows stay locked until the transaction ends.
     LOCK = ""
     # Upserts (message_id, thread_id, vec) of an existing message (4th parameter: its id).
     VECTOR_UPSERT = ""
 
     # ---- what a backend gives -------------------------------------------------------------
-
-    @abstractmethod
-    def _message_row(self, message_id: str, thread_id: str, seq: int, draft: MessageDraft,
-                     at: datetime) -> Row:
-        """The parameters of a row of `reads.MESSAGE_COLUMNS` for a draft."""
-
-    @abstractmethod
-    def _vector(self, vector: Vector) -> object:
-        """A vector as a statement's parameter."""
-
-    @abstractmethod
-    def _vector_of(self, value: Any) -> Vector:
-        """A stored vector as it is read back."""
-
-    @abstractmethod
-    def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
-        """The condition on `id` (and its parameters) of the ids starting with `prefix`."""
-
-    @abstractmethod
-    async def _candidates(self, sql: Statements, query: reads.SearchQuery) -> list[Row]:
-        """The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words."""
-
-    @abstractmethod
-    async def _snippets(
-        self, sql: Statements, words: Sequence[str], rowids: list[int]
-    ) -> dict[int, Row]:
-        """By rowid, (id, thread_id, seq, role, snippet, text) of the messages."""
-
-    @abstractmethod
-    async def _erased(self, sql: Statements, messages: int) -> None:
-        """What a purge of `messages` messages does more, inside its transaction."""
+    # The parameters of a row of `reads.MESSAGE_COLUMNS` for a draft.
+    _message_row: Callable[[str, str, int, MessageDraft, datetime], Row]
+    # A vector as a statement's parameter, and a stored one as read back.
+    _vector: Callable[[Vector], object]
+    _vector_of: Callable[[Any], Vector]
+    # The condition on `id` (and its parameters) of the ids starting with a prefix.
+    _prefix: Callable[[str], tuple[str, tuple[object, ...]]]
+    # The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words.
+    _candidates: Callable[[Statements, reads.SearchQuery], Awaitable[list[Row]]]
+    # By rowid, (id, thread_id, seq, role, snippet, text) of the messages of these words.
+    _snippets: Callable[[Statements, Sequence[str], list[int]], Awaitable[dict[int, Row]]]
+    # What a purge of this many messages does more, inside its transaction.
+    _erased: Callable[[Statements, int], Awaitable[None]]
 
     # ---- the log --------------------------------------------------------------------------
 
@@ -170,9 +149,8 @@ class SqlThreads(SqlStore):
                 "DELETE FROM messages WHERE thread_id = ? AND recorded_at < ?", (thread_id, at)
             )
             if gone:
-                row = await sql.row("SELECT min(seq) FROM messages WHERE thread_id = ?",
-                                    (thread_id,))
-                first = state.next_seq if row is None or row[0] is None else int(row[0])
+                first = await number(sql, "SELECT coalesce(min(seq), ?) FROM messages"
+                                     " WHERE thread_id = ?", state.next_seq, thread_id)
                 for table in ("compactions", "snapshots"):
                     await sql.run(f"DELETE FROM {table} WHERE thread_id = ? AND end_seq < ?",
                                   (thread_id, first))
@@ -376,7 +354,8 @@ class SqlThreads(SqlStore):
         )
 
     async def uncovered_snapshots(self, thread_id: str) -> list[Snapshot]:
-        return await self._driver.read(lambda sql: reads.read_uncovered_l1(sql, thread_id))
+        return await self._driver.read(
+            lambda sql: reads.read_snapshots(sql, thread_id, reads.UNCOVERED, "start_seq"))
 
     async def commit_fold(
         self, thread_id: str, covered: Sequence[Snapshot], text: str, now: datetime

@@ -38,81 +38,65 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Table:
-    """One table to copy: its columns (with kinds) and its primary key; a `rowid` table has
-    its ordering integer as first column."""
+    """One table to copy: its columns' names and kinds, and its primary key; a `rowid` table
+    has its ordering integer as first column."""
 
     name: str
-    columns: tuple[tuple[str, Kind], ...]
+    names: tuple[str, ...]
+    kinds: tuple[Kind, ...]
     key: tuple[str, ...]
 
     @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.columns)
-
-    @property
-    def kinds(self) -> tuple[Kind, ...]:
-        return tuple(kind for _, kind in self.columns)
-
-    @property
     def has_rowid(self) -> bool:
-        return self.columns[0][0] == "rowid"
+        return self.names[0] == "rowid"
 
 
-def _table(name: str, key: str | tuple[str, ...], *columns: str) -> Table:
-    """A table from "column:kind" strings (a bare name is TEXT)."""
-    parsed = []
-    for column in columns:
-        column_name, _, kind = column.partition(":")
-        parsed.append((column_name, Kind(kind or "text")))
-    return Table(name, tuple(parsed), (key,) if isinstance(key, str) else key)
+def _tables(spec: str) -> tuple[Table, ...]:
+    """Tables from lines of "name key,columns | column:kind ..." (a bare column is TEXT; an
+    indented line goes on with the line before)."""
+    tables = []
+    for line in spec.replace("\n ", " ").strip().splitlines():
+        head, _, columns = line.partition("|")
+        name, key = head.split()
+        parsed = [column.partition(":") for column in columns.split()]
+        tables.append(Table(name, tuple(c for c, _, _ in parsed),
+                            tuple(Kind(k or "text") for _, _, k in parsed), tuple(key.split(","))))
+    return tuple(tables)
 
 
 # In dependency order: a row's parents are copied before it (both backends check foreign keys).
-TABLES: tuple[Table, ...] = (
-    _table("repos", "name", "name", "config:json", "dim:int", "embedder", "created_at:time",
-           "llm", "vectors_generation:int"),
-    _table("sessions", "id", "id", "repo", "state", "config:json", "episode_id",
-           "created_at:time", "updated_at:time", "ended:bool", "model", "version:int",
-           "active_at:time", "metadata:json"),
-    _table("episodes", "id", "rowid:int", "id", "session_id", "goal", "status",
-           "started_at:time", "closed_at:time"),
-    _table("steps", "id", "id", "session_id", "episode_id", "idx:int", "trajectory_id",
-           "observation", "action", "state_summary", "subgoal", "subgoal_vec:bytes",
-           "reward:float", "metadata:json", "committed_in", "recorded_at:time"),
-    _table("changesets", "id", "id", "repo", "session_id", "episode_id", "payload:json",
-           "created_at:time"),
-    _table("nodes", "id", "rowid:int", "id", "repo", "type", "text", "data:json", "key",
-           "source_id", "created_at:time", "access_count:int", "last_access:time",
-           "consolidated:bool", "valid_from:time", "valid_to:time", "recorded_at:time",
-           "retired_at:time", "owners:json", "metadata:json"),
-    _table("node_scopes", ("repo", "key", "value", "node"), "repo", "key", "value",
-           "node:int"),
-    _table("links", ("src", "dst", "type"), "repo", "src", "dst", "type", "refs:int"),
-    _table("vectors", "node_id", "node_id", "repo", "vec:vector"),
-    _table("applied_changesets", "id", "id", "repo", "receipt:json", "applied_at:time"),
-    _table("commits", "id", "id", "repo", "seq:int", "committed_at:time", "session_id",
-           "source_id", "nodes:json", "links:json", "retired:json", "reworded:json",
-           "joined:json", "reverted_by", "reverts"),
-    _table("threads", "id", "id", "next_seq:int", "history_len:int", "boundary_seq:int",
-           "created_at:time", "history_hash"),
-    _table("messages", "id", "rowid:int", "id", "thread_id", "seq:int", "role", "text",
-           "content", "data:json", "tokens:int", "recorded_at:time", "metadata:json"),
-    _table("message_vectors", "message_id", "message_id", "thread_id", "vec:vector"),
-    _table("compactions", ("thread_id", "start_seq"), "thread_id", "start_seq:int",
-           "end_seq:int", "summary_text", "created_at:time"),
-    _table("snapshots", "id", "rowid:int", "id", "thread_id", "level:int", "start_seq:int",
-           "end_seq:int", "text", "covered_by", "created_at:time"),
-    _table("goals", "id", "id", "thread_id", "description", "status", "created_at:time",
-           "completed_at:time"),
-    _table("pins", ("message_id", "goal_id"), "message_id", "goal_id", "thread_id",
-           "created_at:time"),
-    _table("ingests", ("repo", "source_id"), "repo", "source_id", "payload_hash",
-           "changeset_id", "created_at:time"),
-    _table("task_results", ("episode_id", "trajectory_id", "task", "digest"), "episode_id",
-           "trajectory_id", "task", "digest", "reply:json", "cost:json", "created_at:time"),
-    _table("server_profiles", ("repo", "model"), "repo", "model", "profile:json",
-           "updated_at:time"),
-)
+TABLES = _tables("""
+repos name | name config:json dim:int embedder created_at:time llm vectors_generation:int
+sessions id | id repo state config:json episode_id created_at:time updated_at:time ended:bool
+  model version:int active_at:time metadata:json
+episodes id | rowid:int id session_id goal status started_at:time closed_at:time
+steps id | id session_id episode_id idx:int trajectory_id observation action state_summary
+  subgoal subgoal_vec:bytes reward:float metadata:json committed_in recorded_at:time
+changesets id | id repo session_id episode_id payload:json created_at:time
+nodes id | rowid:int id repo type text data:json key source_id created_at:time access_count:int
+  last_access:time consolidated:bool valid_from:time valid_to:time recorded_at:time
+  retired_at:time owners:json metadata:json
+node_scopes repo,key,value,node | repo key value node:int
+links src,dst,type | repo src dst type refs:int
+vectors node_id | node_id repo vec:vector
+applied_changesets id | id repo receipt:json applied_at:time
+commits id | id repo seq:int committed_at:time session_id source_id nodes:json links:json
+  retired:json reworded:json joined:json reverted_by reverts
+threads id | id next_seq:int history_len:int boundary_seq:int created_at:time history_hash
+messages id | rowid:int id thread_id seq:int role text content data:json tokens:int
+  recorded_at:time metadata:json
+message_vectors message_id | message_id thread_id vec:vector
+compactions thread_id,start_seq | thread_id start_seq:int end_seq:int summary_text
+  created_at:time
+snapshots id | rowid:int id thread_id level:int start_seq:int end_seq:int text covered_by
+  created_at:time
+goals id | id thread_id description status created_at:time completed_at:time
+pins message_id,goal_id | message_id goal_id thread_id created_at:time
+ingests repo,source_id | repo source_id payload_hash changeset_id created_at:time
+task_results episode_id,trajectory_id,task,digest | episode_id trajectory_id task digest
+  reply:json cost:json created_at:time
+server_profiles repo,model | repo model profile:json updated_at:time
+""")
 
 NODES = next(t for t in TABLES if t.name == "nodes")
 _NODE_ID, _NODE_TEXT = NODES.names.index("id"), NODES.names.index("text")
@@ -123,27 +107,21 @@ class Dump(Protocol):
 
     async def count(self, table: Table) -> int:
         """How many rows `table` holds."""
-        ...
 
     def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
         """Every row of `table` in batches of at most `batch`, by rowid or else key."""
-        ...
 
     async def write(self, table: Table, rows: Sequence[Row]) -> int:
         """Inserts `rows` in one transaction, skipping keys present; how many were inserted."""
-        ...
 
     async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
         """The text of each node among `ids` that this store holds."""
-        ...
 
     async def checksum(self) -> str:
         """`NodeChecksum` over every node, in the order of its id's UTF-8 bytes."""
-        ...
 
     async def finish(self) -> None:
         """Brings what the copied rows need up to date (identity sequences, vector indexes)."""
-        ...
 
 
 class SqlDump:
@@ -214,63 +192,43 @@ VERIFY = "verify"
 
 
 async def transfer(
-    source: Dump, target: Dump, *, batch: int = BATCH, progress: Progress | None = None
+    source: Dump, target: Dump, *, batch: int = BATCH, progress: Progress = lambda *_: None
 ) -> TransferReport:
-    """Copies every table of `source` into `target` (keys present skipped), then verifies.
-    Raises `ConflictError` before writing when a node id holds another text in the target;
-    `StorageError("mismatch")` naming the table whose counts or checksum differ after."""
+    """Copies every table of `source` into `target` (keys present skipped), then verifies both
+    stores' counts and node checksums. Raises `ConflictError` before writing when a node id
+    holds another text in the target; `StorageError("mismatch")` naming what differs after."""
     conflicts, example, checked = 0, "", 0
     nodes = await source.count(NODES)
-    if progress is not None:
-        progress(CHECK, 0, nodes)
+    progress(CHECK, 0, nodes)
     async for rows in source.read(NODES, batch):
         pairs = {str(row[_NODE_ID]): str(row[_NODE_TEXT]) for row in rows}
-        held = await target.node_texts(list(pairs))
-        for node_id, text in held.items():
+        for node_id, text in (await target.node_texts(list(pairs))).items():
             if pairs[node_id] != text:
                 conflicts += 1
                 example = example or node_id
         checked += len(rows)
-        if progress is not None:
-            progress(CHECK, checked, max(nodes, checked))
+        progress(CHECK, checked, max(nodes, checked))
     if conflicts:
         raise ConflictError(
             f"{conflicts} node id(s) of the source hold another text in the target"
             f" (e.g. {example!r}); nothing was copied"
         )
-    copied: dict[str, tuple[int, int]] = {}
+    inserted: dict[str, int] = {}
     for table in TABLES:
         total = await source.count(table)
-        done = inserted = 0
-        if progress is not None:
-            progress(table.name, 0, total)
+        done = inserted[table.name] = 0
+        progress(table.name, 0, total)
         async for rows in source.read(table, batch):
-            inserted += await target.write(table, rows)
+            inserted[table.name] += await target.write(table, rows)
             done += len(rows)
-            if progress is not None:
-                progress(table.name, done, max(total, done))
-        copied[table.name] = (done, inserted)
-    if progress is not None:
-        progress(FINISH, 0, 1)
+            progress(table.name, done, max(total, done))
+    progress(FINISH, 0, 1)
     await target.finish()
-    if progress is not None:
-        progress(FINISH, 1, 1)
-    return await verify(source, target, copied, progress=progress)
-
-
-async def verify(
-    source: Dump,
-    target: Dump,
-    copied: dict[str, tuple[int, int]] | None = None,
-    *,
-    progress: Progress | None = None,
-) -> TransferReport:
-    """Both stores' counts and node checksums; `StorageError("mismatch")` names what differs."""
+    progress(FINISH, 1, 1)
     counts = []
     steps = len(TABLES) + 1  # each table's counts, then the checksums
     for done, table in enumerate(TABLES):
-        if progress is not None:
-            progress(VERIFY, done, steps)
+        progress(VERIFY, done, steps)
         have, held = await source.count(table), await target.count(table)
         if have != held:
             raise StorageError(
@@ -278,15 +236,13 @@ async def verify(
                 f"table {table.name}: the source holds {have} rows, the target {held}"
                 " (the target held other rows, or the source changed during the copy)",
             )
-        counts.append(TableCount(table.name, have, (copied or {}).get(table.name, (0, 0))[1],
-                                 held))
+        counts.append(TableCount(table.name, have, inserted[table.name], held))
     checksum = await source.checksum()
     if await target.checksum() != checksum:
         raise StorageError(
             "mismatch", "table nodes: the node texts differ (checksums of ids and texts)"
         )
-    if progress is not None:
-        progress(VERIFY, steps, steps)
+    progress(VERIFY, steps, steps)
     return TransferReport(tuple(counts), checksum)
 
 

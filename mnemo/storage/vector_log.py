@@ -1,7 +1,7 @@
 """In-memory vectors that follow the store's node log (`lexical_log`), whichever process
 wrote: before each use the owner reads the repo's sequence and generation (`VECTOR_STATE`) and
 applies the changed nodes (idempotent); a cache past the log's horizon or of another generation
-is reloaded. In a `reading_block` one look at its start serves every use inside it."""
+is reloaded. In a `reading` block one look at its start serves every use inside it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.ports import PendingRead
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical.source import LOGGED
+from mnemo.storage.row import Row
 
 CHANGED = (
     f"SELECT l.node, n.id, n.type, v.vec FROM {LOGGED}"
@@ -50,14 +51,10 @@ class VectorState:
     dim: int | None
 
     @classmethod
-    def of(cls, rows: Sequence[Sequence[object]]) -> VectorState:
-        seq, horizon, generation, dim = rows[0] if rows else (None, None, None, None)
-        return cls(_whole(seq), _whole(horizon), _whole(generation),
-                   None if dim is None else _whole(dim))
-
-
-def _whole(value: object) -> int:
-    return int(value) if isinstance(value, int) else 0
+    def of(cls, rows: Sequence[Row]) -> VectorState:
+        (seq, horizon, generation, dim), = rows
+        return cls(int(seq or 0), int(horizon or 0), int(generation or 0),
+                   None if dim is None else int(dim))
 
 
 @dataclass(slots=True)
@@ -153,16 +150,28 @@ class VectorCache:
         if repo in self._held:
             self._held[repo].index.remove(node_ids)
 
-    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
-        """A block whose uses of the repo's vectors share one look at the log, at its start."""
-        return reading_block(self, repo, lambda: self.index(repo), lambda: self._started(repo))
-
-    def _started(self, repo: str) -> Look | None:
-        """The look at the log under way (None: no `start`, or the repo not loaded)."""
+    @asynccontextmanager
+    async def reading(self, repo: str) -> AsyncIterator[None]:
+        """A block whose uses of the repo's vectors share one look at the log, at its start:
+        begun there (`start`, for a loaded repo) and finished at the first use, or else taken
+        at once. A block inside another of the same repo and task takes none."""
+        if _look(self, repo) is not None:
+            yield
+            return
         held = self._held.get(repo)
-        if self._start is None or held is None:
-            return None
-        return self._start(repo, held.seq, held.index.generation)
+        pending = (None if self._start is None or held is None
+                   else self._start(repo, held.seq, held.index.generation))
+        if pending is None:
+            await self.index(repo)
+        look = _Look(pending=pending)
+        token = _LOOKS.set({**_LOOKS.get({}), (id(self), repo): look})
+        try:
+            yield
+        finally:
+            look.open = False
+            _LOOKS.reset(token)
+            if look.pending is not None:
+                look.pending.discard()
 
     async def index(self, repo: str) -> VectorIndex:
         """The repo's vectors as the store holds them now, or at its `reading` block's start."""
@@ -173,18 +182,16 @@ class VectorCache:
         async with self._locks.setdefault(repo, anyio.Lock()):
             held = self._held.get(repo)
             try:
-                if held is not None and look is not None and look.pending is not None:
-                    # Finished once, by the first use, whatever its outcome.
-                    try:
-                        changed = await look.pending.result()
-                    finally:
-                        look.pending = None
-                    if changed is not None and changed[0] > held.seq:
-                        held.apply(*changed)
-                    return held.index
                 if held is not None:
-                    changed = await self._changes(repo, held)
-                    if changed is not None:
+                    if look is not None and look.pending is not None:
+                        # Finished once, by the first use, whatever its outcome.
+                        try:
+                            changed = await look.pending.result()
+                        finally:
+                            look.pending = None
+                    else:
+                        changed = await self._changes(repo, held)
+                    if changed is not None and changed[0] > held.seq:
                         held.apply(*changed)
                     return held.index
             except Reload:
@@ -264,32 +271,3 @@ _LOOKS: ContextVar[dict[tuple[int, str], _Look]] = ContextVar("mnemo_vector_look
 def _look(owner: object, repo: str) -> _Look | None:
     look = _LOOKS.get({}).get((id(owner), repo))
     return look if look is not None and look.open else None
-
-
-def looked(owner: object, repo: str) -> bool:
-    """Whether `owner`'s vectors of `repo` were brought up at an open block's start."""
-    return _look(owner, repo) is not None
-
-
-@asynccontextmanager
-async def reading_block(
-    owner: object, repo: str, catch_up: Callable[[], Awaitable[object]],
-    start: Callable[[], Look | None] = lambda: None,
-) -> AsyncIterator[None]:
-    """Brings `owner`'s vectors of `repo` up now (`catch_up`) or starts to (`start`); inside
-    the block the uses skip the log."""
-    if looked(owner, repo):
-        yield
-        return
-    pending = start()
-    if pending is None:
-        await catch_up()
-    look = _Look(pending=pending)
-    token = _LOOKS.set({**_LOOKS.get({}), (id(owner), repo): look})
-    try:
-        yield
-    finally:
-        look.open = False
-        _LOOKS.reset(token)
-        if look.pending is not None:
-            look.pending.discard()

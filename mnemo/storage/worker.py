@@ -33,7 +33,10 @@ class Worker:
                 return
             fn, future, loop = job
             if future is None:
-                _run_posted(fn)
+                try:
+                    fn()
+                except Exception:
+                    log.exception("a posted job failed")
                 continue
             try:
                 result = fn()
@@ -71,13 +74,6 @@ class Worker:
         await anyio.to_thread.run_sync(self._thread.join, 10.0)
 
 
-def _run_posted(fn: Callable[[], object]) -> None:
-    try:
-        fn()
-    except Exception:
-        log.exception("a posted job failed")
-
-
 def _reply(
     loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any,
     exc: BaseException | None,
@@ -99,8 +95,6 @@ def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None)
         future.set_result(result)
 
 
-
-
 class Queued(Generic[T]):
     """A job queued on a worker thread; `error` maps what it raised to what `result` raises."""
 
@@ -115,9 +109,7 @@ class Queued(Generic[T]):
         """What the job returned (a cancelled caller leaves it running, its answer dropped)."""
         try:
             return await self._future
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # a cancellation (BaseException) goes through
             translated = self._error(exc)
             if translated is exc:
                 raise

@@ -21,7 +21,7 @@ import mnemo
 from mnemo.graph.model import NodeType
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage import vector_log
-from mnemo.storage.vector_log import Change, Reload, RepoVectors, looked, reading_block
+from mnemo.storage.vector_log import Change, Reload, RepoVectors, VectorCache
 from tests.backends import sql
 from tests.graph._support import pairwise
 
@@ -211,35 +211,43 @@ def test_a_log_that_no_longer_reaches_back_asks_for_a_reload() -> None:
 
 
 async def test_one_look_holds_inside_its_block_and_its_tasks_only() -> None:
-    """Inside `reading_block` (and in tasks started there) the repo counts as looked at; after the
-    block, even in a task started inside that outlives it, it does not; another owner or
-    repo never does."""
-    owner, other = object(), object()
-    caught_up: list[str] = []
-    seen: list[bool] = []
+    """A `reading` block looks at the log once, at its start: inside it (a nested block and
+    tasks started there too) the uses skip the log; after it, even in a task started inside
+    that outlives it, a use looks again; another cache or repo always does."""
+    looks: list[str] = []
     ended = anyio.Event()
 
-    async def catch_up() -> None:
-        caught_up.append(REPO)
+    async def changes(repo: str, followed: RepoVectors) -> tuple[int, list[Change]] | None:
+        looks.append(repo)
+        return None
+
+    async def load(repo: str) -> RepoVectors:
+        return RepoVectors(VectorIndex(4), 0)
+
+    owner, other = VectorCache(changes, load), VectorCache(changes, load)
+    for repo in (REPO, "another"):
+        await owner.index(repo)  # loaded: each later use looks at the log
+        await other.index(repo)
+    looks.clear()
 
     async def outliving() -> None:
-        seen.append(looked(owner, REPO))
+        await owner.index(REPO)
         await ended.wait()
-        seen.append(looked(owner, REPO))
+        await owner.index(REPO)
 
     async with anyio.create_task_group() as tg:
-        async with reading_block(owner, REPO, catch_up):
-            assert looked(owner, REPO)
-            assert not looked(other, REPO)
-            assert not looked(owner, "another")
-            async with reading_block(owner, REPO, catch_up):  # nested: no second look
-                pass
+        async with owner.reading(REPO):
+            assert looks == [REPO]
+            async with owner.reading(REPO):  # nested: no second look
+                await owner.index(REPO)
+            await other.index(REPO)
+            await owner.index("another")
+            assert looks == [REPO, REPO, "another"]
             tg.start_soon(outliving)
             await anyio.wait_all_tasks_blocked()
-        assert not looked(owner, REPO)
+        assert looks == [REPO, REPO, "another"]
         ended.set()
-    assert caught_up == [REPO]
-    assert seen == [True, False]
+    assert looks == [REPO, REPO, "another", REPO]
 
 
 def _unit(*pairs: tuple[int, float], dim: int = 64) -> np.ndarray:

@@ -3,6 +3,5 @@ log (`index`, read through `source`), with the changes not yet committed to it s
 it (`fresh`); a step's document holds the steps around it (`windows`)."""
 
 from mnemo.storage.lexical.index import LOG_KEEP, LexicalIndex
-from mnemo.storage.lexical.source import LexicalSource, Row
 
-__all__ = ["LOG_KEEP", "LexicalIndex", "LexicalSource", "Row"]
+__all__ = ["LOG_KEEP", "LexicalIndex"]

@@ -40,17 +40,12 @@ class Fresh:
         self._repos: dict[str, dict[str, tuple[int, FreshDoc | None]]] = {}
         self._postings: dict[str, dict[str, set[str]]] = {}
         self._holders: dict[str, dict[str, set[str]]] = {}
-        self._version = 0
-        self._count = 0
+        self.version = 0
         self._clock = clock
         self.since: float | None = None
 
     def __len__(self) -> int:
-        return self._count
-
-    @property
-    def version(self) -> int:
-        return self._version
+        return sum(map(len, self._repos.values()))
 
     def commit_wait(self, quiet: float, within: float) -> float:
         """Seconds left before a commit is due (`quiet`, capped by the oldest's `within`)."""
@@ -61,22 +56,20 @@ class Fresh:
 
     def postpone(self) -> None:
         """After a commit that failed: the next try waits as if the entries were new."""
-        if self._count:
+        if len(self):
             self.since = self._clock()
 
     def put(self, repo: str, key: str, doc: FreshDoc | None) -> None:
-        self._version += 1
+        self.version += 1
         if self.since is None:
             self.since = self._clock()
         entries = self._repos.setdefault(repo, {})
         postings = self._postings.setdefault(repo, {})
         holders = self._holders.setdefault(repo, {})
         old = entries.get(key)
-        if old is None:
-            self._count += 1
-        elif old[1] is not None:
+        if old is not None and old[1] is not None:
             self._unlist(repo, key, old[1])
-        entries[key] = (self._version, doc)
+        entries[key] = (self.version, doc)
         if doc is not None:
             for stem in doc.terms:
                 postings.setdefault(stem, set()).add(key)
@@ -98,12 +91,11 @@ class Fresh:
                 doc = entries.pop(key)[1]
                 if doc is not None:
                     self._unlist(repo, key, doc)
-            self._count -= len(gone)
             if not entries:
                 del self._repos[repo]
                 del self._postings[repo]
                 del self._holders[repo]
-        self.since = self._clock() if self._count else None
+        self.since = self._clock() if len(self) else None
 
     def of(self, repo: str, stems: Iterable[str]) -> tuple[set[str], dict[str, FreshDoc]]:
         """The repo's entry keys (committed copies stale) and live documents holding `stems`."""

@@ -113,8 +113,11 @@ class LexicalIndex(Slot):
         try:
             if not self._open() or not self._current(repo):
                 return None
-            stats = self._statistics(repo)
             searcher = self._index.searcher()
+            stats = self._stats.get(repo)
+            if stats is None:  # read the first time
+                stats = self._stats[repo] = Statistics.read(
+                    searcher, self._schema, repo, self._fresh)
             if self._repos is None:
                 self._repos = [t for t, _ in searcher.terms_with_prefix("repo", "", limit=2)]
             alone = self._repos in ([], [repo])
@@ -193,7 +196,8 @@ class LexicalIndex(Slot):
         if applied == seq:
             return True
         if (applied < horizon or applied > seq or seq - applied > INLINE_CHANGES
-                or (not applied and self._holds_any(repo))):
+                # Documents of the repo without its mark: a rebuild cut short, so rebuilt.
+                or (not applied and self._index.searcher().doc_freq("repo", repo))):
             self._enqueue(self._behind, repo)
             return False
         self._apply(repo, applied, seq)

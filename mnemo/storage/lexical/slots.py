@@ -78,19 +78,6 @@ class Slot:
             self._restart(epoch)
         return seq, horizon, self._applied.get(repo, 0)
 
-    def _statistics(self, repo: str) -> Statistics:
-        """The repo's BM25 statistics, read the first time. Holds the lock."""
-        stats = self._stats.get(repo)
-        if stats is None:
-            stats = self._stats[repo] = Statistics.read(
-                self._index.searcher(), self._schema, repo, self._fresh)
-        return stats
-
-    def _holds_any(self, repo: str) -> bool:
-        """Whether the slot's last commit has documents of `repo` (without its mark: a rebuild
-        cut short, so it is rebuilt). Holds the lock."""
-        return bool(self._index.searcher().doc_freq("repo", repo))
-
     def _apply(self, repo: str, after: int, upto: int) -> None:
         """Applies the log's entries in (after, upto]: the changed nodes' documents and those
         of the windows holding their text; the statistics follow."""

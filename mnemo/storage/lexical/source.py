@@ -1,11 +1,11 @@
-"""What the lexical index reads of a store (`LexicalSource`), and the SQL both backends'
-sources share (`LogSource`; a backend brings `_rows`, its placeholder and `place`)."""
+"""What the lexical index reads of a store (`LexicalSource`: the SQL both backends share; a
+backend brings `_rows`, its placeholder, `place` and `close`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from mnemo.storage.row import Column
 
@@ -18,43 +18,6 @@ class Row:
     id: str
     type: str
     text: str
-
-
-class LexicalSource(Protocol):
-    """The store's side, read from worker threads, one call at a time, on its own connection."""
-
-    def place(self) -> str:
-        """The store's own folder inside the index's base folder ("" for none)."""
-        ...
-
-    def epoch(self) -> str:
-        """A random value of the store, renewed by each erasure (an index of another epoch
-        wipes itself before answering)."""
-        ...
-
-    def state(self, repo: str) -> tuple[int, int, str]:
-        """(seq, horizon, epoch): the repo's last log sequence, the one below which the log is
-        incomplete ((0, 0) if never written), and the store's epoch."""
-        ...
-
-    def changes(self, repo: str, after: int, upto: int) -> tuple[list[Row], list[int]]:
-        """The nodes touched by the log's entries in (after, upto]: those that exist, and the
-        rowids of those gone."""
-        ...
-
-    def nodes(self, repo: str, after_rowid: int, limit: int) -> list[Row]:
-        """The repo's nodes by rowid, after `after_rowid`, at most `limit`."""
-        ...
-
-    def rows(self, repo: str, ids: Sequence[str]) -> list[Row]:
-        """Those of these nodes that exist, by id."""
-        ...
-
-    def at(self, repo: str, rowids: Sequence[int]) -> list[Row]:
-        """Those of these nodes that exist, by rowid."""
-        ...
-
-    def close(self) -> None: ...
 
 
 # A repo's (seq, horizon), and the rowids its log's entries in (after, upto] touched, as `l`.
@@ -93,34 +56,45 @@ def changed_rows(rows: Iterable[tuple[Any, Any, Any, Any]]) -> tuple[list[Row], 
     return present, gone
 
 
-class LogSource:
-    """`LexicalSource` but for the connection: subclasses give `_rows`, `place`, `close`."""
+class LexicalSource:
+    """The store's side, read from worker threads, one call at a time, on its own connection."""
 
     placeholder = "?"
 
-    def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
-        raise NotImplementedError
+    _rows: Callable[[str, tuple[object, ...]], list[Column]]
+    # The store's own folder inside the index's base folder ("" for none).
+    place: Callable[[], str]
+    close: Callable[[], None]
 
     def _read(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
         return self._rows(statement.replace("?", self.placeholder), params)
 
     def epoch(self) -> str:
+        """A random value of the store, renewed by each erasure (an index of another epoch
+        wipes itself before answering)."""
         return str(self._read("SELECT epoch FROM lexical_epoch")[0][0])
 
     def state(self, repo: str) -> tuple[int, int, str]:
+        """(seq, horizon, epoch): the repo's last log sequence, the one below which the log is
+        incomplete ((0, 0) if never written), and the store's epoch."""
         (seq, horizon, epoch), = self._read(_STATE_AND_EPOCH, (repo,))
         return int(seq or 0), int(horizon or 0), str(epoch)
 
     def changes(self, repo: str, after: int, upto: int) -> tuple[list[Row], list[int]]:
+        """The nodes touched by the log's entries in (after, upto]: those that exist, and the
+        rowids of those gone."""
         return changed_rows(self._read(_CHANGES, (repo, after, upto, repo)))
 
     def nodes(self, repo: str, after_rowid: int, limit: int) -> list[Row]:
+        """The repo's nodes by rowid, after `after_rowid`, at most `limit`."""
         return changed_rows(self._read(_NODES, (repo, after_rowid, limit)))[0]
 
     def rows(self, repo: str, ids: Sequence[str]) -> list[Row]:
+        """Those of these nodes that exist, by id."""
         return self._by("id", repo, list(dict.fromkeys(ids)))
 
     def at(self, repo: str, rowids: Sequence[int]) -> list[Row]:
+        """Those of these nodes that exist, by rowid."""
         return self._by("rowid", repo, list(dict.fromkeys(rowids)))
 
     def _by(self, column: str, repo: str, values: Sequence[object]) -> list[Row]:

@@ -39,7 +39,6 @@ from mnemo.storage.postgres.schema import vector_index_name
 from mnemo.storage.postgres.sessions import PgSessions
 from mnemo.storage.postgres.text_search import WORD_QUERY
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array
-from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import Column
 from mnemo.storage.worker import DeferredRead
@@ -134,7 +133,7 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
         self._dims = dims
         self._lexical = lexical
         self._locks: dict[str, anyio.Lock] = {}
-        self._reembeds = Claims()
+        self._reembeds = set()
         # At most half the pool holds repo locks, leaving connections for the work.
         self._lock_slots = anyio.CapacityLimiter(max(1, pg.max_size // 2))
         self._vectors = PgVectors(pg, dims, exact_below=exact_below, ann_dir=ann_dir)

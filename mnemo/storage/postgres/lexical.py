@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from mnemo.storage.lexical.source import LogSource
+from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.postgres.connection import HNSW_EF_SEARCH, conninfo, storage_error
 from mnemo.storage.row import Column
 
@@ -35,7 +35,7 @@ def place(system: object, oid: object) -> str:
     return f"pg-{system}-{oid}"
 
 
-class PgLexicalSource(LogSource):
+class PgLexicalSource(LexicalSource):
     """`LexicalSource` over a PostgreSQL database."""
 
     placeholder = "%s"

@@ -29,7 +29,6 @@ from mnemo.graph.scope import Where
 from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph, SqlMaintenance
-from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import loads
 from mnemo.storage.sql import Statements
@@ -117,7 +116,7 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
         self._lexical = lexical
         self._dims = dims
         self._locks: dict[str, anyio.Lock] = {}
-        self._reembeds = Claims()
+        self._reembeds = set()
         self._vectors = SqliteVectors(
             database, dims, ann_threshold=ann_threshold, ann_params=ann_params, ann_dir=ann_dir)
 

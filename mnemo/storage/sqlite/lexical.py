@@ -6,11 +6,11 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from mnemo.storage.lexical.source import LogSource
+from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.sqlite.database import storage_error
 
 
-class SqliteLexicalSource(LogSource):
+class SqliteLexicalSource(LexicalSource):
     """`LexicalSource` over a SQLite file (not `:memory:`, which has no second connection)."""
 
     def __init__(self, path: str | Path, busy_timeout: float) -> None:

@@ -262,13 +262,7 @@ class GraphBase(RowReads):
             lambda: self.lock(repo),
             lambda: self._driver.read(
                 lambda sql: self.WRITES.inherited(sql, repo, key, reverting is not None)),
-            embed, delete, lambda: self._same_generation(repo, generation)))
-
-    async def _same_generation(self, repo: str, expected: int | None) -> None:
-        """Raises `VectorsMoved` when the repo's vectors are of another generation than
-        `expected` (None: not checked)."""
-        if expected is not None and (now := await self.generation(repo)) != expected:
-            raise VectorsMoved(now)
+            embed, delete, same_generation))
 
     async def _erased(self) -> None:
         """After an erasure's transaction: wipes the lexical index's slots."""

@@ -60,10 +60,7 @@ class RowReads:
     async def _rows(self, statement: str, params: list[object]) -> list[Any]:
         return await self._driver.read(lambda sql: sql.rows(statement, params))
 
-    def _ids(self, value: Any) -> list[Any]:
-        """A list of a commit's record as stored."""
-        raise NotImplementedError
-
+    _ids: Callable[[Any], list[Any]]  # a list of a commit's record as stored
     _node: Callable[[Row], Node]  # the node of a row that starts with `NODE_COLUMNS`
     _receipt: Callable[[Any], CommitReceipt]  # a stored receipt
 

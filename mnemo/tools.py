@@ -165,16 +165,23 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
     args = _arguments(call.arguments)
     if args is None:
         return "error: the arguments must be a JSON object"
+    repo = context.get("repo")
     try:
-        if call.name == "search_messages":
-            search = _read(args, _Search)
-            hits = await mem.search_messages(
-                search.query, thread_id=search.thread_id, limit=search.limit,
-                exclude_viewport_of=_context_thread(context))
-            return render_hits(hits)
-        if call.name == "view_messages":
-            view = _read(args, _View)
-            found = await mem.view_messages(view.message_id, radius=view.radius)
+        if call.name in EVICTION_TOOL_NAMES:
+            eviction = context.get("eviction")
+            if not isinstance(eviction, EvictionTools):
+                return f"error: {call.name} only runs during an eviction"
+            return eviction.call(ToolCall(call.name, args, call.id))
+        if call.name in ("recall", "get_node") and not isinstance(repo, str):
+            return f"error: {call.name} is not available here (no repo)"
+        wanted = _read(args, _ARGUMENTS[call.name]) if call.name in _ARGUMENTS else None
+        if isinstance(wanted, _Search):
+            thread = context.get("thread_id")
+            return render_hits(await mem.search_messages(
+                wanted.query, thread_id=wanted.thread_id, limit=wanted.limit,
+                exclude_viewport_of=thread if isinstance(thread, str) else None))
+        if isinstance(wanted, _View):
+            found = await mem.view_messages(wanted.message_id, radius=wanted.radius)
             # Each message renders at most ZONE_MESSAGE_CHARS; the nearest fill the answer.
             kept = nearest(
                 found.messages,
@@ -182,27 +189,13 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
                 MAX_OUTPUT_CHARS - 4_000,  # room for the six snapshot lines
                 lambda m: min(len(m.content), ZONE_MESSAGE_CHARS) + 60)
             return replace(found, messages=kept).render()
-        if call.name == "recall":
-            repo = context.get("repo")
-            if not isinstance(repo, str):
-                return "error: recall is not available here (no repo)"
-            recall = _read(args, _Recall)
-            result = await mem.recall(repo, recall.query, k=recall.k)
-            return _render_recall(result.memories)
-        if call.name == "get_node":
-            repo = context.get("repo")
-            if not isinstance(repo, str):
-                return "error: get_node is not available here (no repo)"
-            wanted = _read(args, _Node)
+        if isinstance(wanted, _Recall) and isinstance(repo, str):
+            return _render_recall((await mem.recall(repo, wanted.query, k=wanted.k)).memories)
+        if isinstance(wanted, _Node) and isinstance(repo, str):
             node = await mem.get_node(repo, wanted.node_id)
             if node is None:
                 return f"error: no memory {clip(wanted.node_id, 100)!r} in this repo"
             return _render_node(node, wanted.offset)
-        if call.name in EVICTION_TOOL_NAMES:
-            eviction = context.get("eviction")
-            if not isinstance(eviction, EvictionTools):
-                return f"error: {call.name} only runs during an eviction"
-            return eviction.call(ToolCall(call.name, args, call.id))
     except (InvalidInputError, NotFoundError) as exc:
         return f"error: {clip(str(exc), ERROR_CHARS)}"
     return f"error: unknown tool {call.name!r}; known: {', '.join(sorted(TOOLS))}"
@@ -259,11 +252,6 @@ def _arguments(raw: object) -> JSONObject | None:
         except msgspec.DecodeError:
             return None
     return raw if isinstance(raw, dict) else None
-
-
-def _context_thread(context: dict[str, object]) -> str | None:
-    thread = context.get("thread_id")
-    return thread if isinstance(thread, str) else None
 
 
 _A = TypeVar("_A", bound=msgspec.Struct)

@@ -102,8 +102,7 @@ async def ingest(
     if not target:
         raise CliError(f"{file} names no repo: pass --repo")
     async with open_memory(settings, writes=True, works=True) as mem:
-        report = await ingest_file(mem, target, parsed, threads=threads,
-                                   console=stderr_console(), show_progress=not as_json)
+        report = await ingest_file(mem, target, parsed, threads=threads, quiet=as_json)
     summary = {"repo": target, "format": parsed.shape, "sources": report,
                "created": sum(s["created"] for s in report),
                "nodes": sum(s["nodes"] for s in report)}

@@ -155,10 +155,9 @@ def neighbourhood(node: Node, linked: Sequence[LinkedNode], limit: int = MAX_DRA
     """The layout of `node` and the nodes one link away (`linked`, a node once per link type
     that reaches it), at most `limit` of them drawn."""
     groups = _grouped(linked)
-    links_of: dict[str, list[LinkType]] = {}
+    links_of: dict[str, dict[LinkType, None]] = {}  # each neighbour's link types, in order
     for item in linked:
-        if item.link_type not in links_of.setdefault(item.node.id, []):
-            links_of[item.node.id].append(item.link_type)
+        links_of.setdefault(item.node.id, {})[item.link_type] = None
     box_lines = (node.type.value + (" (retired)" if node.retired else ""),
                  *textwrap.wrap(node.text, layout.box_chars, max_lines=layout.box_lines,
                                 placeholder=" …"))
@@ -176,7 +175,7 @@ def neighbourhood(node: Node, linked: Sequence[LinkedNode], limit: int = MAX_DRA
         for member in drawn:
             placed.append((member, link_type, y + ROW / 2))
             y += ROW
-    hidden = len({item.node.id for item in linked}) - len(placed)
+    hidden = len(links_of) - len(placed)
     column_bottom = y + (ROW if hidden else 0)
     if layout.beside:
         height = max(column_bottom, box_height + 2 * MARGIN) + MARGIN

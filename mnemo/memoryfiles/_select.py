@@ -103,10 +103,8 @@ def views(
     """The inputs of a `memory_update`, whole, then each about half as long (`_VIEWS` in all)."""
     said = sum(len(m["content"]) for m in conversation)
     filed = sum(_size(f) for f in files)
-    for level in range(_VIEWS):
-        if level == 0:
-            yield conversation, files
-            continue
+    yield conversation, files
+    for level in range(1, _VIEWS):
         share = 0.5**level
         yield _newest(conversation, int(said * share)), _first(files, int(filed * share))
 

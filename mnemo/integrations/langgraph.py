@@ -94,11 +94,9 @@ class MnemoStore(BaseStore):
         return results
 
     def _where(self, prefix: Sequence[str]) -> Metadata:
-        """The scope of a namespace prefix."""
-        return {MARK: True, **{self._label(i): label for i, label in enumerate(prefix)}}
-
-    def _label(self, i: int) -> str:
-        return self._keys[i] if i < len(self._keys) else f"langgraph.{i}"
+        """The scope of a namespace prefix: label i under `keys[i]`, else "langgraph.i"."""
+        keys = [*self._keys, *(f"langgraph.{i}" for i in range(len(self._keys), len(prefix)))]
+        return {MARK: True, **dict(zip(keys, prefix, strict=False))}
 
     async def _node(self, namespace: Sequence[str], key: str) -> Node | None:
         found = await self._mem.nodes_where(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import msgspec
+from msgspec import Meta
 
 from mnemo.conversation.eviction import EvictionTools
 from mnemo.conversation.model import Message
@@ -76,47 +77,61 @@ class ToolSpec:
         return {"name": self.name, "description": self.description, "input_schema": self.parameters}
 
 
-def _object(required: str, **properties: JSONObject) -> JSONObject:
-    """The JSON schema of an object of `properties`, of which `required` is required."""
-    return {"type": "object", "properties": dict(properties), "required": [required],
-            "additionalProperties": False}
+# Each tool's arguments, read leniently (`strict=False`: "5" and 5.0 are 5): a struct whose
+# docstring describes the tool and whose JSON schema is the tool's parameters.
+_NonBlank = Annotated[str, Meta(pattern=r"\S")]
 
 
-_INTEGER = {"type": "integer"}
-SEARCH_MESSAGES = ToolSpec(
-    "search_messages",
-    "Search earlier conversation messages (this thread and others) by keywords. Each word is "
-    "matched with stemming and any word may match (AND, OR and NOT are plain words). "
-    "Returns snippets with message ids for view_messages.",
-    _object("query", query={"type": "string", "description": "Keywords to look for."},
-            thread_id={"type": "string",
-                       "description": "Only this thread (omit to search every thread)."},
-            limit={**_INTEGER, "minimum": 1, "maximum": 20, "default": 5}))
-VIEW_MESSAGES = ToolSpec(
-    "view_messages",
-    "Show a message found by search_messages with the messages around it (tool outputs "
-    "reduced to ok/error) and the summaries written just before and after it.",
-    _object("message_id",
-            message_id={"type": "string", "description": "An id from search_messages."},
-            radius={**_INTEGER, "minimum": 0, "maximum": 30, "default": 10}))
-RECALL = ToolSpec(
-    "recall",
-    "Recall long-term knowledge (facts and procedures learned in earlier work) relevant to a "
-    "query. Each memory is shown as a snippet with its id; get_node shows one whole.",
-    _object("query", query={"type": "string", "description": "What to recall."},
-            k={**_INTEGER, "minimum": 1, "maximum": 30, "default": 10}))
-GET_NODE = ToolSpec(
-    "get_node",
-    f"Show one memory (an id from recall) whole: its text a page of {PAGE_CHARS} characters "
-    "at a time (pass the next_offset it gives to read on), and its data.",
-    _object("node_id", node_id={"type": "string", "description": "An id from recall."},
-            offset={**_INTEGER, "minimum": 0, "default": 0}))
+class _Search(msgspec.Struct):
+    """Search earlier conversation messages (this thread and others) by keywords. Each word is
+    matched with stemming and any word may match (AND, OR and NOT are plain words). Returns
+    snippets with message ids for view_messages."""
+
+    query: Annotated[_NonBlank, Meta(description="Keywords to look for.")]
+    thread_id: Annotated[
+        _NonBlank, Meta(description="Only this thread (omit to search every thread).")
+    ] | None = None
+    limit: Annotated[int, Meta(ge=1, le=20)] = 5
+
+
+class _View(msgspec.Struct):
+    """Show a message found by search_messages with the messages around it (tool outputs
+    reduced to ok/error) and the summaries written just before and after it."""
+
+    message_id: Annotated[_NonBlank, Meta(description="An id from search_messages.")]
+    radius: Annotated[int, Meta(ge=0, le=30)] = 10
+
+
+class _Recall(msgspec.Struct):
+    """Recall long-term knowledge (facts and procedures learned in earlier work) relevant to a
+    query. Each memory is shown as a snippet with its id; get_node shows one whole."""
+
+    query: Annotated[_NonBlank, Meta(description="What to recall.")]
+    k: Annotated[int, Meta(ge=1, le=30)] = 10
+
+
+class _Node(msgspec.Struct):
+    """Show one memory (an id from recall) whole: its text a page of 8000 characters at a time
+    (pass the next_offset it gives to read on), and its data."""
+
+    node_id: Annotated[_NonBlank, Meta(description="An id from recall.")]
+    offset: Annotated[int, Meta(ge=0)] = 0
+
+
+def _spec(name: str, kind: type[msgspec.Struct]) -> ToolSpec:
+    (_,), defs = msgspec.json.schema_components([kind])
+    schema = {k: v for k, v in defs[kind.__name__].items() if k not in ("title", "description")}
+    return ToolSpec(name, " ".join((kind.__doc__ or "").split()),
+                    {**schema, "additionalProperties": False})
+
+
+_ARGUMENTS: dict[str, type[msgspec.Struct]] = {
+    "search_messages": _Search, "view_messages": _View, "recall": _Recall, "get_node": _Node}
 TOOLS: dict[str, ToolSpec] = {
-    spec.name: spec
-    for spec in [
-        SEARCH_MESSAGES, VIEW_MESSAGES, RECALL, GET_NODE,
-        *(ToolSpec(t["name"], t["description"], t["parameters"]) for t in EVICTION_TOOL_SPECS)]}
-MEMORY_TOOLS = ("search_messages", "view_messages", "recall", "get_node")
+    **{name: _spec(name, kind) for name, kind in _ARGUMENTS.items()},
+    **{t["name"]: ToolSpec(t["name"], t["description"], t["parameters"])
+       for t in EVICTION_TOOL_SPECS}}
+MEMORY_TOOLS = tuple(_ARGUMENTS)
 EVICTION_TOOL_NAMES = tuple(EVICTION_ARGUMENTS)
 
 
@@ -150,16 +165,23 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
     args = _arguments(call.arguments)
     if args is None:
         return "error: the arguments must be a JSON object"
+    repo = context.get("repo")
     try:
-        if call.name == "search_messages":
-            search = _read(args, _Search)
-            hits = await mem.search_messages(
-                search.query, thread_id=search.thread_id, limit=search.limit,
-                exclude_viewport_of=_context_thread(context))
-            return render_hits(hits)
-        if call.name == "view_messages":
-            view = _read(args, _View)
-            found = await mem.view_messages(view.message_id, radius=view.radius)
+        if call.name in EVICTION_TOOL_NAMES:
+            eviction = context.get("eviction")
+            if not isinstance(eviction, EvictionTools):
+                return f"error: {call.name} only runs during an eviction"
+            return eviction.call(ToolCall(call.name, args, call.id))
+        if call.name in ("recall", "get_node") and not isinstance(repo, str):
+            return f"error: {call.name} is not available here (no repo)"
+        wanted = _read(args, _ARGUMENTS[call.name]) if call.name in _ARGUMENTS else None
+        if isinstance(wanted, _Search):
+            thread = context.get("thread_id")
+            return render_hits(await mem.search_messages(
+                wanted.query, thread_id=wanted.thread_id, limit=wanted.limit,
+                exclude_viewport_of=thread if isinstance(thread, str) else None))
+        if isinstance(wanted, _View):
+            found = await mem.view_messages(wanted.message_id, radius=wanted.radius)
             # Each message renders at most ZONE_MESSAGE_CHARS; the nearest fill the answer.
             kept = nearest(
                 found.messages,
@@ -167,27 +189,13 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
                 MAX_OUTPUT_CHARS - 4_000,  # room for the six snapshot lines
                 lambda m: min(len(m.content), ZONE_MESSAGE_CHARS) + 60)
             return replace(found, messages=kept).render()
-        if call.name == "recall":
-            repo = context.get("repo")
-            if not isinstance(repo, str):
-                return "error: recall is not available here (no repo)"
-            recall = _read(args, _Recall)
-            result = await mem.recall(repo, recall.query, k=recall.k)
-            return _render_recall(result.memories)
-        if call.name == "get_node":
-            repo = context.get("repo")
-            if not isinstance(repo, str):
-                return "error: get_node is not available here (no repo)"
-            wanted = _read(args, _Node)
+        if isinstance(wanted, _Recall) and isinstance(repo, str):
+            return _render_recall((await mem.recall(repo, wanted.query, k=wanted.k)).memories)
+        if isinstance(wanted, _Node) and isinstance(repo, str):
             node = await mem.get_node(repo, wanted.node_id)
             if node is None:
                 return f"error: no memory {clip(wanted.node_id, 100)!r} in this repo"
             return _render_node(node, wanted.offset)
-        if call.name in EVICTION_TOOL_NAMES:
-            eviction = context.get("eviction")
-            if not isinstance(eviction, EvictionTools):
-                return f"error: {call.name} only runs during an eviction"
-            return eviction.call(ToolCall(call.name, args, call.id))
     except (InvalidInputError, NotFoundError) as exc:
         return f"error: {clip(str(exc), ERROR_CHARS)}"
     return f"error: unknown tool {call.name!r}; known: {', '.join(sorted(TOOLS))}"
@@ -225,8 +233,6 @@ def _render_recall(memories: Sequence[Recalled]) -> str:
 
 
 def _render_node(node: Node, offset: int) -> str:
-    if offset < 0:
-        raise InvalidInputError(f"offset must be >= 0, got {offset}")
     part = page(node.text, offset)
     head = f"[{node.type.value}] {node.id}, created {node.created_at.isoformat()}"
     where = f"characters {part.offset}-{part.offset + len(part.text)} of {part.total}"
@@ -246,36 +252,6 @@ def _arguments(raw: object) -> JSONObject | None:
         except msgspec.DecodeError:
             return None
     return raw if isinstance(raw, dict) else None
-
-
-def _context_thread(context: dict[str, object]) -> str | None:
-    thread = context.get("thread_id")
-    return thread if isinstance(thread, str) else None
-
-
-# Each tool's arguments, read leniently (`strict=False`: "5" and 5.0 are 5).
-_NonBlank = Annotated[str, msgspec.Meta(pattern=r"\S")]
-
-
-class _Search(msgspec.Struct):
-    query: _NonBlank
-    thread_id: _NonBlank | None = None
-    limit: int = 5
-
-
-class _View(msgspec.Struct):
-    message_id: _NonBlank
-    radius: int = 10
-
-
-class _Recall(msgspec.Struct):
-    query: _NonBlank
-    k: int = 10
-
-
-class _Node(msgspec.Struct):
-    node_id: _NonBlank
-    offset: int = 0
 
 
 _A = TypeVar("_A", bound=msgspec.Struct)

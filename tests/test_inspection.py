@@ -184,7 +184,7 @@ async def test_the_web_apps_reads_record_no_model(store: str) -> None:
             store, llm=mnemo.llm_from_uri(DEAD), embedder=FakeEmbedder(),
             allow_writes=allow_writes,
         ) as view:
-            assert await view.repos() == [REPO]
+            assert await view.memory.list_repos() == [REPO]
             assert (await view.recall(REPO, "gunicorn", 5, None)).memories
     await _recorded_model_serves_the_next_ingest(store)
 

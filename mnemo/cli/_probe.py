@@ -67,10 +67,9 @@ class TaskFit:
         return self.output_tokens < self.max_tokens
 
     def as_json(self) -> dict[str, object]:
-        return {"task": self.task, "ok": self.ok, "max_tokens": self.max_tokens,
-                "output_tokens": self.output_tokens, "fits": self.fits, "detail": self.detail,
-                "seconds": round(self.seconds, 3),
-                "timeout_seconds": None if self.timeout is None else round(self.timeout, 1)}
+        out = {**asdict(self), "fits": self.fits, "seconds": round(self.seconds, 3)}
+        del out["timeout"]
+        return {**out, "timeout_seconds": None if self.timeout is None else round(self.timeout, 1)}
 
 
 @dataclass(slots=True)

@@ -35,7 +35,7 @@ from mnemo.cli._output import (
     table,
 )
 from mnemo.cli._settings import Settings
-from mnemo.graph.model import NodeType
+from mnemo.graph.reads import node_types
 from mnemo.graph.scope import parse_where
 from mnemo.jsonable import hit_json, label, recall_json, session_json
 from mnemo.session.machine import State
@@ -45,21 +45,6 @@ from mnemo.text import shorten
 class ExportFormat(StrEnum):
     JSON = "json"
     GRAPHML = "graphml"
-
-
-def _node_types(spec: str | None) -> list[NodeType] | None:
-    if spec is None:
-        return None
-    types: list[NodeType] = []
-    for part in filter(str.strip, spec.split(",")):
-        try:
-            types.append(NodeType(part.strip().lower()))
-        except ValueError:
-            choices = ", ".join(t.value for t in NodeType)
-            raise CliError(f"unknown node type {part.strip()!r} (choose from {choices})") from None
-    if not types:
-        raise CliError("--types names no node type")
-    return types
 
 
 @app.command()
@@ -117,8 +102,7 @@ async def ingest(
     if not target:
         raise CliError(f"{file} names no repo: pass --repo")
     async with open_memory(settings, writes=True, works=True) as mem:
-        report = await ingest_file(mem, target, parsed, threads=threads,
-                                   console=stderr_console(), show_progress=not as_json)
+        report = await ingest_file(mem, target, parsed, threads=threads, quiet=as_json)
     summary = {"repo": target, "format": parsed.shape, "sources": report,
                "created": sum(s["created"] for s in report),
                "nodes": sum(s["nodes"] for s in report)}
@@ -153,7 +137,10 @@ async def recall(
 ) -> None:
     """Recall a repo's memories for a query: score, short id (for `mnemo show`), type, phase,
     hop and text."""
-    wanted = _node_types(types)
+    wanted = None if types is None else node_types(
+        t.strip().lower() for t in types.split(",") if t.strip())
+    if wanted == []:
+        raise CliError("--types names no node type")
     scope = parse_where(where or ())
     async with open_memory(settings) as mem:
         await check_repo(mem, repo)

@@ -130,16 +130,14 @@ def _print_server(console: Console, report: ServerReport, latency: float) -> Non
     shown.add_row("concurrency", Text("->"),
                   f"mnemo will keep {report.concurrency} request(s) in flight (probe estimate)")
     for task in report.tasks:
+        verdict = _verdict(task.fits) if task.ok else _verdict(False, "FAIL")
         if not task.ok:
-            verdict, found = _verdict(False, "FAIL"), shorten(task.detail, 160)
+            found = shorten(task.detail, 160)
         elif task.output_tokens is None:
-            verdict = _verdict(None)
             found = f"no token count reported (max_tokens {task.max_tokens})"
         else:
-            verdict = _verdict(task.fits)
-            found = f"{task.output_tokens} of max_tokens {task.max_tokens} tokens"
-            if not task.fits:
-                found += ": the reply reached the cap and was cut"
+            found = f"{task.output_tokens} of max_tokens {task.max_tokens} tokens" + (
+                "" if task.fits else ": the reply reached the cap and was cut")
         if task.timeout is not None:
             found += f"; a request gets {task.timeout:.0f} s"
         shown.add_row(f"task: {task.task}", verdict, Text(f"{found} ({task.seconds:.2f} s)"))

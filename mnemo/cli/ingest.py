@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Annotated, TypedDict
 
 import msgspec
-from rich.console import Console
 from rich.progress import TaskID
 
 from mnemo.cli._database import CliError
 from mnemo.cli._output import progress as bars
+from mnemo.cli._output import stderr_console
 from mnemo.errors import InvalidInputError
 from mnemo.ingest.model import IngestProgress, Step, Trajectory
 from mnemo.ingest.service import check_ingest
@@ -182,10 +182,10 @@ def _normalise_dia_id(raw: str) -> str:
 
 
 async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bool,
-                      console: Console, show_progress: bool) -> list[SourceReport]:
-    """Ingests every source of the file into `repo`, with progress bars, and with `threads` saves
-    each session as a thread. Every source is checked first (CliError naming it), so a file that
-    cannot go in whole stores nothing."""
+                      quiet: bool) -> list[SourceReport]:
+    """Ingests every source of the file into `repo`, with progress bars on stderr (unless
+    `quiet`), and with `threads` saves each session as a thread. Every source is checked first
+    (CliError naming it), so a file that cannot go in whole stores nothing."""
     await mem.open_repo(repo)
     config = await mem.repo_config(repo)
     for batch in parsed.batches:
@@ -196,7 +196,7 @@ async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bo
                 raise CliError(f"source {source.source_id!r}: {exc}") from exc
     conversation = mem.conversation()
     report: list[SourceReport] = []
-    with bars(console, disable=not show_progress) as progress:
+    with bars(stderr_console(), disable=quiet) as progress:
         for batch in parsed.batches:
             task = progress.add_task(f"ingest {batch.name}", total=len(batch.sources))
             for source in batch.sources:

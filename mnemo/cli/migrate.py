@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import Progress, TaskID, TextColumn
+from rich.progress import TaskID, TextColumn
 
 from mnemo.cli._common import Json, app, runs
 from mnemo.cli._database import CliError, check_database
@@ -48,20 +48,6 @@ def check_stores(source: str, target: str) -> None:
         raise CliError(f"--from and --to name the same store ({display(source)})")
 
 
-class _Bars:
-    """One progress bar per table, made when the table's copy starts."""
-
-    def __init__(self, progress: Progress) -> None:
-        self._progress = progress
-        self._tasks: dict[str, TaskID] = {}
-
-    def __call__(self, table: str, done: int, total: int) -> None:
-        task = self._tasks.get(table)
-        if task is None:
-            task = self._tasks[table] = self._progress.add_task(table, total=total)
-        self._progress.update(task, completed=done, total=total)
-
-
 @app.command()
 @runs
 async def migrate(source: SourceOpt, target: TargetOpt, as_json: Json = False) -> None:
@@ -70,11 +56,19 @@ async def migrate(source: SourceOpt, target: TargetOpt, as_json: Json = False) -
     check_stores(source, target)
     bars = progress(stderr_console())
     bars.columns = (TextColumn("{task.description:<20}"), *bars.columns[1:])
+    tasks: dict[str, TaskID] = {}  # a bar per table, made when its copy starts
+
+    def advance(table: str, done: int, total: int) -> None:
+        task = tasks.get(table)
+        if task is None:
+            task = tasks[table] = bars.add_task(table, total=total)
+        bars.update(task, completed=done, total=total)
+
     try:
         async with open_dump(source, must_exist=True) as src, \
                 open_dump(target, must_exist=False) as dst:
             with bars:
-                report = await transfer(src, dst, progress=_Bars(bars))
+                report = await transfer(src, dst, progress=advance)
     except StorageError as exc:
         if exc.reason != "mismatch":
             raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,7 @@ class MnemoStore(BaseStore):
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
+        self._thread = threading.get_ident()  # the loop's, when there is one
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """`abatch`, run on the Memory's event loop and waited for from this thread (RuntimeError on
@@ -68,11 +70,7 @@ class MnemoStore(BaseStore):
         loop = self._loop
         if loop is None:
             raise RuntimeError("MnemoStore's sync calls need it made inside the Memory's loop")
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
+        if threading.get_ident() == self._thread:
             raise RuntimeError("a sync MnemoStore call on the Memory's own loop would block it:"
                                " use the async calls (abatch, ainvoke)")
         return asyncio.run_coroutine_threadsafe(self.abatch(list(ops)), loop).result()
@@ -96,11 +94,9 @@ class MnemoStore(BaseStore):
         return results
 
     def _where(self, prefix: Sequence[str]) -> Metadata:
-        """The scope of a namespace prefix."""
-        return {MARK: True, **{self._label(i): label for i, label in enumerate(prefix)}}
-
-    def _label(self, i: int) -> str:
-        return self._keys[i] if i < len(self._keys) else f"langgraph.{i}"
+        """The scope of a namespace prefix: label i under `keys[i]`, else "langgraph.i"."""
+        keys = [*self._keys, *(f"langgraph.{i}" for i in range(len(self._keys), len(prefix)))]
+        return {MARK: True, **dict(zip(keys, prefix, strict=False))}
 
     async def _node(self, namespace: Sequence[str], key: str) -> Node | None:
         found = await self._mem.nodes_where(

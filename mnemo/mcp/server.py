@@ -51,8 +51,6 @@ Directory = Annotated[
 Offset = Annotated[int, Field(description="Where to start (next_offset).", ge=0)]
 # At most this many repos or sessions a page (`offset` reads on).
 PAGE_ITEMS = 50
-# Memory-file folders whose `MemoryFiles` the server keeps (an agent names any number).
-MAX_FOLDERS = 64
 
 
 def default_memory_dir(db: Path) -> Path:
@@ -76,8 +74,6 @@ class MemoryTools:
     worker: Callable[[], Awaitable[Memory]] | None = None
     reinforce: bool = False
     llm: LLM | None = None
-    # One MemoryFiles per directory: it serialises its own writes.
-    _files: dict[Path, MemoryFiles] = field(default_factory=dict, init=False, repr=False)
     # The repos whose embedder dimension was checked.
     _checked: set[str] = field(default_factory=set, init=False, repr=False)
 
@@ -337,15 +333,9 @@ class MemoryTools:
                     f"directory must be a relative folder inside the memory directory, "
                     f"got {clip(directory, 100)!r}")
             path = path / relative
-        files = self._files.pop(path, None)
-        if files is None:
-            # `root`: no folder from the memory directory down may be a link (MemoryFiles).
-            files = MemoryFiles(path, enabled=self.memory_updates, root=self.memory_dir)
-        self._files[path] = files  # the most recently used last
-        while len(self._files) > MAX_FOLDERS:
-            # Writes stay serialised without it: the folder's OS locks hold across objects.
-            del self._files[next(iter(self._files))]
-        return files
+        # `root`: no folder from the memory directory down may be a link. Writes to one folder
+        # are serialised by its OS locks, whichever MemoryFiles takes them.
+        return MemoryFiles(path, enabled=self.memory_updates, root=self.memory_dir)
 
 
 

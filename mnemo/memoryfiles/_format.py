@@ -183,23 +183,17 @@ def merge(current: list[str], proposed: list[str], base: list[str] | None, *, al
         current = [line for line in current if entry_key(line) not in gone]
         base = None if base is None else [line for line in base if entry_key(line) not in gone]
     proposed_keys = {entry_key(line) for line in proposed}
+    current_keys = {entry_key(line) for line in current}
     if base is None:
-        current_keys = {entry_key(line) for line in current}
         return current + [line for line in proposed if entry_key(line) not in current_keys]
     base_keys = {entry_key(line) for line in base}
     left_out = base_keys - proposed_keys if allow_removal else set()
     if [entry_key(line) for line in current] == [entry_key(line) for line in base]:
-        kept = [
-            line
-            for line in current
-            if entry_key(line) not in proposed_keys and entry_key(line) not in left_out]
-        return kept + proposed
-    current_keys = {entry_key(line) for line in current}
+        replaced = proposed_keys | left_out
+        return [line for line in current if entry_key(line) not in replaced] + proposed
     # A proposed line that was in `base` but is gone now was removed by the other writer.
-    added = [
-        line
-        for line in proposed
-        if entry_key(line) not in current_keys and entry_key(line) not in base_keys]
+    known = current_keys | base_keys
+    added = [line for line in proposed if entry_key(line) not in known]
     return [line for line in current if entry_key(line) not in left_out] + added
 
 

@@ -85,8 +85,9 @@ def listing(stored: builtins.list[Stored],
             conversation: builtins.list[dict[str, str]]) -> builtins.list[dict[str, str]]:
     """Every file as the `memory_update` task is shown it, the most related first, with "content"
     for the files whose content the LLM sees."""
-    said = _said(conversation)
-    overlap = {s.path: _overlap(s, said) for s in stored}
+    said = {stem for m in conversation for stem in _text.content_stems(m["content"])}
+    overlap = {s.path: len(said & _text.content_stems(f"{s.topic} {s.description}"))
+               for s in stored}
     related = sorted(stored, key=lambda s: s.topic)
     related.sort(key=lambda s: (overlap[s.path], s.updated), reverse=True)
     visible = {s.path for s in related[:_MAX_SHOWN_FILES]
@@ -103,10 +104,8 @@ def views(
     """The inputs of a `memory_update`, whole, then each about half as long (`_VIEWS` in all)."""
     said = sum(len(m["content"]) for m in conversation)
     filed = sum(_size(f) for f in files)
-    for level in range(_VIEWS):
-        if level == 0:
-            yield conversation, files
-            continue
+    yield conversation, files
+    for level in range(1, _VIEWS):
         share = 0.5**level
         yield _newest(conversation, int(said * share)), _first(files, int(filed * share))
 
@@ -149,17 +148,6 @@ def _first(files: builtins.list[dict[str, str]], budget: int) -> builtins.list[d
 
 def _size(item: Mapping[str, str]) -> int:
     return sum(len(value) for value in item.values())
-
-
-def _said(conversation: builtins.list[dict[str, str]]) -> set[str]:
-    said: set[str] = set()
-    for message in conversation:
-        said |= _text.content_stems(message["content"])
-    return said
-
-
-def _overlap(stored: Stored, said: set[str]) -> int:
-    return len(said & _text.content_stems(f"{stored.topic} {stored.description}"))
 
 
 def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:

@@ -132,8 +132,8 @@ class MemoryFiles:
         through the `memory_update` task; nothing when disabled, for a sub-agent, or below
         `min_iterations`. Never raises (cancellation aside): a failure is returned in `error`."""
         metered: CountingLLM | None = None
-        written: builtins.list[str] = []
         results: builtins.list[tuple[bool, MemoryFile]] = []
+        error = None
         try:
             check_models(llm, None)
             if not self.enabled:
@@ -152,13 +152,13 @@ class MemoryFiles:
                     parse_update)
                 planned = [
                     _Planned(c, None, "correction" in c.signals) for c in _select.combine(changes)]
-                await self._commit(planned, metered, written, results)
+                await self._commit(planned, metered, results)
         except Exception as exc:
             log.warning("memory update in %s failed: %r", self.directory, exc)
-            usage = metered.usage if metered is not None else None
             error = f"{type(exc).__name__}: {exc}"
-            return MemoryUpdate(written, usage, error, [f for changed, f in results if changed])
-        return MemoryUpdate(written, metered.usage, None, [f for changed, f in results if changed])
+        files = [f for changed, f in results if changed]
+        usage = metered.usage if metered else None
+        return MemoryUpdate([f.topic for f in files], usage, error, files)
 
     async def persist(self, what: str, *, llm: LLM | None) -> MemoryFile:
         """Files the statement `what` on request ("remember this") through the `memory_persist` task
@@ -190,7 +190,7 @@ class MemoryFiles:
                     "memory_persist: the model's entry %r does not keep the statement; filing "
                     "the statement as given", filed.entry[:200])
             change = TopicChange(filed.topic, filed.description, ("context",), f"- {entry}")
-            await self._commit([_Planned(change, None, False)], model, [], results)
+            await self._commit([_Planned(change, None, False)], model, results)
         return results[0][1]
 
     async def _condense(self, llm: LLM, planned: _Planned) -> _Planned:
@@ -219,10 +219,11 @@ class MemoryFiles:
         gone = tuple(line for line in lines if _format.entry_key(line) not in kept)
         return _Planned(change, current, True, gone)
 
-    async def _commit(self, planned: builtins.list[_Planned], llm: LLM, written: builtins.list[str],
+    async def _commit(self, planned: builtins.list[_Planned], llm: LLM,
                       results: builtins.list[tuple[bool, MemoryFile]]) -> None:
-        """Writes each change into its topic's file, condensed first when it would not fit, filling
-        `written` and `results` as it goes; the caller holds the writer lock."""
+        """Writes each change into its topic's file, condensed first when it would not fit, adding
+        (whether it changed, the file) to `results` as it goes; the caller holds the writer
+        lock."""
         if not planned:
             return
         planned = [await self._condense(llm, p) for p in planned]
@@ -242,8 +243,6 @@ class MemoryFiles:
                     path, topic = self._new_path(p.change.topic, taken), p.change.topic
                     taken.add(path.name.casefold())
                 changed, file = await anyio.to_thread.run_sync(self._merge_write, path, topic, p)
-                if changed:
-                    written.append(topic)
                 if file is not None:
                     results.append((changed, file))
 
@@ -286,12 +285,8 @@ class MemoryFiles:
 
     def _scan(self) -> builtins.list[_select.Stored]:
         # Temporary files start with "." (see `_folder.Folder.write`), and so do hidden files.
-        found: builtins.list[_select.Stored] = []
-        for name in self._folder.names():
-            stored = self._read(self.directory / name)
-            if stored is not None:
-                found.append(stored)
-        return found
+        return [s for name in self._folder.names()
+                if (s := self._read(self.directory / name)) is not None]
 
     def _read(self, path: Path) -> _select.Stored | None:
         """The file at `path`, or None when it is gone or is not a regular file (a link)."""

@@ -125,15 +125,10 @@ def parse_update(resp: LLMResponse) -> list[TopicChange]:
     """The file changes of a "memory_update" reply, in order; raises ValueError naming the first
     field that does not match."""
     reply = read_reply(resp, UpdateReply, "memory_update")
-    changes: list[TopicChange] = []
-    for i, item in enumerate(reply.files):
-        where = f"files[{i}]"
-        changes.append(
-            TopicChange(topic=_topic(item.topic, where),
-                        description=one_line(item.description or "", MAX_DESCRIPTION_CHARS),
-                        signals=tuple(dict.fromkeys(item.signals or ())), content=item.content,
-                        remove=tuple(item.remove or ())))
-    return changes
+    return [TopicChange(_topic(item.topic, f"files[{i}]"),
+                        one_line(item.description or "", MAX_DESCRIPTION_CHARS),
+                        tuple(dict.fromkeys(item.signals or ())), item.content,
+                        tuple(item.remove or ())) for i, item in enumerate(reply.files)]
 
 
 # ---- memory_persist -----------------------------------------------------------------------

@@ -98,37 +98,37 @@ async def _mnemo_error(request: Request, exc: Exception) -> Response:
 
 
 async def index(request: Request) -> Response:
-    view = view_of(request)
-    return page(request, "index.html", {"repos": await view.repos(),
-                                        "sessions": await view.sessions(),
-                                        "threads": await view.threads()})
+    mem = view_of(request).memory
+    return page(request, "index.html", {"repos": await mem.list_repos(),
+                                        "sessions": await mem.list_sessions(),
+                                        "threads": await mem.list_threads()})
 
 
 async def graph(request: Request) -> Response:
     """A repo's graph: a picture of its newest facts and procedures (or around `focus`), a search
     box, the newest nodes of one type, its tags and intents."""
     view = view_of(request)
-    params = request.query_params
+    mem, params = view.memory, request.query_params
     repo = await known_repo(view, params)
     shown = node_types([params.get("type", NodeType.SEMANTIC.value)])[0]
     query, where = params.get("q", "").strip(), params.get("where", "")
-    found = (await view.search_nodes(repo, query, SEARCH_LIMIT, scope_of(where)) if query
-             else None)
+    found = (await mem.search_nodes(repo, query, limit=SEARCH_LIMIT, where=scope_of(where))
+             if query else None)
     focus = None
     if params.get("focus", "").strip():
-        focus = await view.node(repo, params["focus"])
+        focus = await mem.get_node(repo, params["focus"])
         if focus is None:
             raise NotFoundError("node", params["focus"])
-    seeds = [focus] if focus else await view.latest(
-        repo, [NodeType.SEMANTIC, NodeType.PROCEDURAL], PICTURE_SEEDS)
+    seeds = [focus] if focus else await mem.latest(
+        repo, types=[NodeType.SEMANTIC, NodeType.PROCEDURAL], top_k=PICTURE_SEEDS)
     nodes, links = await subgraph(view, repo, seeds, hops=PICTURE_HOPS, limit=PICTURE_NODES)
     return page(request, "graph.html", {
         "repo": repo, "query": query, "where": where, "found": found, "shown": shown,
         "types": list(NodeType), "focus": focus,
         "picture": picture(nodes, links, focus.id if focus else None),
-        "nodes": await view.latest(repo, [shown], LIST_LIMIT),
-        "tags": await view.nodes_of_type(repo, NodeType.TAG),
-        "intents": await view.nodes_of_type(repo, NodeType.INTENT)})
+        "nodes": await mem.latest(repo, types=[shown], top_k=LIST_LIMIT),
+        "tags": await mem.get_nodes_by_type(repo, [NodeType.TAG]),
+        "intents": await mem.get_nodes_by_type(repo, [NodeType.INTENT])})
 
 
 async def subgraph(view: MemorySource, repo: str, seeds: list[Node], *, hops: int,
@@ -159,7 +159,7 @@ async def node_page(request: Request) -> Response:
     view = view_of(request)
     repo = await known_repo(view, request.query_params)
     node_id = required(request.query_params, "id")
-    node = await view.node(repo, node_id)
+    node = await view.memory.get_node(repo, node_id)
     if node is None:
         raise NotFoundError("node", node_id)
     links = await view.links(repo, node_id)
@@ -181,7 +181,7 @@ async def _sessions_of(view: MemorySource, steps: list[Node]) -> dict[str, str]:
     """Episode id -> the session that stored it, for the episodes of these steps (an
     ingest's episodes have none)."""
     ids = {str(s.data.get("episode_id", "")) for s in steps} - {""}
-    found = {episode_id: await view.episode(episode_id) for episode_id in ids}
+    found = {episode_id: await view.memory.episode(episode_id) for episode_id in ids}
     return {episode_id: e.session_id for episode_id, e in found.items() if e is not None}
 
 
@@ -216,16 +216,17 @@ async def recall(request: Request) -> Response:
 
 
 async def sessions(request: Request) -> Response:
-    return page(request, "sessions.html", {"sessions": await view_of(request).sessions()})
+    return page(request, "sessions.html",
+                {"sessions": await view_of(request).memory.list_sessions()})
 
 
 async def session_page(request: Request) -> Response:
     """A session: its state (live or ended), and each stored episode's trajectories and
     steps."""
-    view = view_of(request)
+    mem = view_of(request).memory
     session_id = required(request.query_params, "id")
-    live = {s.id: s for s in await view.sessions()}
-    episodes = await view.episodes(session_id)
+    live = {s.id: s for s in await mem.list_sessions()}
+    episodes = await mem.episodes(session_id)
     if not episodes and session_id not in live:
         raise NotFoundError("session", session_id)
     return page(request, "session.html",
@@ -233,24 +234,24 @@ async def session_page(request: Request) -> Response:
 
 
 async def threads(request: Request) -> Response:
-    return page(request, "threads.html", {"threads": await view_of(request).threads()})
+    return page(request, "threads.html", {"threads": await view_of(request).memory.list_threads()})
 
 
 async def thread_page(request: Request) -> Response:
     """A thread: what the agent sees within a budget (boundary, snapshots, pins, messages),
     and every stored message marked by where it stands."""
-    view = view_of(request)
+    mem = view_of(request).memory
     thread_id = required(request.query_params, "id")
     budget = whole(request.query_params, "budget", DEFAULT_BUDGET, low=1, high=10_000_000)
-    known = {t.id: t for t in await view.threads()}
+    known = {t.id: t for t in await mem.list_threads()}
     if thread_id not in known:
         raise NotFoundError("thread", thread_id)
-    seen = await view.viewport(thread_id, budget)
-    everything = await view.viewport(thread_id, ALL_TOKENS)
+    seen = await mem.viewport(thread_id, token_budget=budget)
+    everything = await mem.viewport(thread_id, token_budget=ALL_TOKENS)
     return page(request, "thread.html", {
         "thread": known[thread_id], "budget": budget, "viewport": seen,
         "snapshots": everything.snapshots, "pinned": everything.pinned,
-        "messages": await view.messages(thread_id), "shown": {m.id for m in seen.messages},
+        "messages": await mem.conversation().raw(thread_id), "shown": {m.id for m in seen.messages},
         "pinned_ids": {m.id for m in everything.pinned}})
 
 

@@ -58,9 +58,9 @@ TRUNK_X = 22.0
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """A node drawn: its marker (`path`) centred on (x, y), its label from (label_x, label_y)
-    anchored at `anchor`; the link types joining it to the middle node, or whether it is the
-    picture's `focus`."""
+    """A node drawn: its marker (`path`) centred on (x, y), its label from `label_x` anchored
+    at `anchor`; the link types joining it to the middle node, or whether it is the picture's
+    `focus`."""
 
     node: Node
     x: float
@@ -68,7 +68,6 @@ class Mark:
     path: str
     label: str
     label_x: float
-    label_y: float
     links: tuple[LinkType, ...] = ()
     anchor: str = "start"
     focus: bool = False
@@ -156,10 +155,9 @@ def neighbourhood(node: Node, linked: Sequence[LinkedNode], limit: int = MAX_DRA
     """The layout of `node` and the nodes one link away (`linked`, a node once per link type
     that reaches it), at most `limit` of them drawn."""
     groups = _grouped(linked)
-    links_of: dict[str, list[LinkType]] = {}
+    links_of: dict[str, dict[LinkType, None]] = {}  # each neighbour's link types, in order
     for item in linked:
-        if item.link_type not in links_of.setdefault(item.node.id, []):
-            links_of[item.node.id].append(item.link_type)
+        links_of.setdefault(item.node.id, {})[item.link_type] = None
     box_lines = (node.type.value + (" (retired)" if node.retired else ""),
                  *textwrap.wrap(node.text, layout.box_chars, max_lines=layout.box_lines,
                                 placeholder=" …"))
@@ -177,7 +175,7 @@ def neighbourhood(node: Node, linked: Sequence[LinkedNode], limit: int = MAX_DRA
         for member in drawn:
             placed.append((member, link_type, y + ROW / 2))
             y += ROW
-    hidden = len({item.node.id for item in linked}) - len(placed)
+    hidden = len(links_of) - len(placed)
     column_bottom = y + (ROW if hidden else 0)
     if layout.beside:
         height = max(column_bottom, box_height + 2 * MARGIN) + MARGIN
@@ -192,7 +190,7 @@ def neighbourhood(node: Node, linked: Sequence[LinkedNode], limit: int = MAX_DRA
         retired = " (retired)" if member.retired else ""
         label = shorten(member.text, layout.label_chars - len(retired)) + retired
         marks.append(Mark(member, layout.mark_x, mark_y, shape(member.type, layout.mark_x, mark_y),
-                          label, layout.label_x, mark_y + 5, kinds))
+                          label, layout.label_x, kinds))
         curves.append(Line(_curve(layout, box_y, box_height, mark_y), link_type,
                            ", ".join(k.value for k in kinds) + f": {shorten(member.text, 80)}"))
     present = {node.type, *(m.node.type for m in marks)}
@@ -285,7 +283,7 @@ def picture(nodes: Sequence[Node], links: Sequence[tuple[str, str, LinkType]],
         left = x > 0.7 * width
         spots.append(Mark(node, float(x), float(y), shape(node.type, float(x), float(y), radius),
                           shorten(node.text, chars) if chars else "",
-                          float(x - radius - 3 if left else x + radius + 3), float(y) + 4, (),
+                          float(x - radius - 3 if left else x + radius + 3), (),
                           "end" if left else "start", node.id == focus))
     lines = []
     for src, dst, kind in drawn:

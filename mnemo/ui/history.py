@@ -28,9 +28,9 @@ async def history(request: Request) -> Response:
     params = request.query_params
     repo = await known_repo(view, params)
     limit = whole(params, "limit", DEFAULT_COMMITS, low=1, high=MAX_COMMITS)
-    commits = await view.history(repo, limit)
+    commits = await view.memory.history(repo, limit=limit)
     more = min(limit * 2, MAX_COMMITS) if len(commits) == limit < MAX_COMMITS else None
-    goals = await commit_goals(partial(view.node, repo), commits)
+    goals = await commit_goals(partial(view.memory.get_node, repo), commits)
     return page(
         request,
         "history.html",
@@ -48,8 +48,10 @@ async def commit(request: Request) -> Response:
     diff = await view.commit_diff(repo, required(params, "id"))
     shown = diff.links[:MAX_LINKS_SHOWN]
     texts = await _texts(view, repo, diff, shown)
-    reworded = [n for n in [await view.node(repo, i) for i in diff.commit.reworded] if n]
-    goal = (await commit_goals(partial(view.node, repo), [diff.commit])).get(diff.commit.id)
+    reworded = [n for n in [await view.memory.get_node(repo, i) for i in diff.commit.reworded]
+                if n]
+    goal = (await commit_goals(partial(view.memory.get_node, repo), [diff.commit])).get(
+        diff.commit.id)
     return page(
         request,
         "commit.html",
@@ -68,7 +70,7 @@ async def _texts(view: MemorySource, repo: str, diff: CommitDiff,
     known: dict[str, Node | None] = {n.id: n for n in (*diff.nodes, *diff.retired)}
     for end in (end for link in links for end in (link.src, link.dst)):
         if end not in known:
-            known[end] = await view.node(repo, end)
+            known[end] = await view.memory.get_node(repo, end)
     return known
 
 

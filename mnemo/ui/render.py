@@ -109,7 +109,7 @@ def whole(params: Params, name: str, default: int, *, low: int, high: int) -> in
 async def known_repo(view: MemorySource, params: Params) -> str:
     """The `repo` parameter, a repo of the memory (InvalidInputError, NotFoundError)."""
     repo = required(params, "repo")
-    if repo not in await view.repos():
+    if repo not in await view.memory.list_repos():
         raise NotFoundError("repo", repo)
     return repo
 

@@ -64,6 +64,7 @@ async def test_execute_recall(mem: mnemo.Memory) -> None:
     [
         mnemo.ToolCall("search_messages", {}),
         mnemo.ToolCall("search_messages", {"query": "x", "limit": "many"}),
+        mnemo.ToolCall("search_messages", {"query": "x", "limit": 21}),  # past its schema's 20
         mnemo.ToolCall("view_messages", {"message_id": "msg_missing"}),
         mnemo.ToolCall("teleport", {}),
         mnemo.ToolCall("save_snapshot", {"text": "no eviction running"}),

@@ -188,7 +188,7 @@ async def test_an_inspecting_memory_never_takes_a_killed_holders_extraction_over
             await mem.open_repo(REPO)
             assert await mem.session_state(sid) is State.EXTRACTING
             await mem.recall(REPO, "walk")
-            assert [s.id for s in await view.sessions()] == [sid]
+            assert [s.id for s in await view.memory.list_sessions()] == [sid]
             await view.recall(REPO, "walk", 5, None)
             await tools.recall(REPO, "walk")
             assert sid in await tools.list_sessions()

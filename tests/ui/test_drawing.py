@@ -227,7 +227,7 @@ async def test_a_bounded_part_keeps_the_links_among_its_nodes(memory: mnemo.Memo
     """With fewer nodes allowed than are near, the part holds that many, nearest first, and
     every link among them."""
     view = MemorySource(memory)
-    seeds = await view.latest(REPO, [NodeType.SEMANTIC], 2)
+    seeds = await memory.latest(REPO, types=[NodeType.SEMANTIC], top_k=2)
     nodes, links = await subgraph(view, REPO, seeds, hops=2, limit=7)
     ids = {n.id for n in nodes}
     assert len(nodes) == 7

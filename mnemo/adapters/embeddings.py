@@ -132,7 +132,7 @@ class OpenAIEmbedder(HTTPModel):
                     f"embedder's dimension is {self._dim}"
                 )
         if reply.usage is not None:
-            self._usage(reply.usage.prompt_tokens, 0)
+            self._usage(*reply.tokens())
         return np.stack(rows).astype(np.float32, copy=False)
 
     async def _send(self, texts: list[str]) -> Embeddings:

@@ -14,6 +14,7 @@ import msgspec
 
 from mnemo.adapters._http import Counts, HTTPOptions, Tokens
 from mnemo.adapters._model import (
+    ANTHROPIC_BASE_URL,
     DEFAULT_MAX_TOKENS,
     TOOL_DESCRIPTION,
     HTTPModel,
@@ -21,6 +22,7 @@ from mnemo.adapters._model import (
     cut_note,
     more_room,
     reply_cap,
+    tool_call,
     tool_spec,
     warn_cut,
 )
@@ -30,7 +32,6 @@ from mnemo.errors import LLMError, LLMTimeout
 from mnemo.inputs import check_count
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
-ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
 
 
@@ -51,12 +52,8 @@ class Anthropic(HTTPModel):
         **options: Unpack[HTTPOptions],
     ) -> None:
         self.max_tokens = check_count("max_tokens", max_tokens, minimum=1)
-        super().__init__(model, base_url, api_key, prices, options, provider="Anthropic",
-                         provider_url=ANTHROPIC_BASE_URL, key_variable="ANTHROPIC_API_KEY",
+        super().__init__(model, base_url, api_key, prices, options, provider="anthropic",
                          error=LLMError, timeout_error=LLMTimeout)
-        # The URI `mnemo.llm_from_uri` builds this from again (a repo records it).
-        self.name = f"anthropic:{model}" + (
-            "" if self.base_url == ANTHROPIC_BASE_URL else f"@{self.base_url}")
         self._temperature = temperature
 
     def _headers(self, key: str | None) -> dict[str, str]:
@@ -146,17 +143,8 @@ class Anthropic(HTTPModel):
                                 kind=request.task)
 
     def _tool_calls(self, blocks: list[_Block]) -> list[ToolCall]:
-        calls: list[ToolCall] = []
-        for block in blocks:
-            if block.type != "tool_use" or block.name is None:
-                continue
-            if not isinstance(block.input, dict):
-                raise LLMError(
-                    f"{self._http.name}: the input of tool call {block.name!r} is not a "
-                    f"JSON object: {block.input!r}"
-                )
-            calls.append(ToolCall(block.name, block.input, block.id))
-        return calls
+        return [tool_call(self._http.name, block.name, block.input, block.id) for block in blocks
+                if block.type == "tool_use" and block.name is not None]
 
 
 class _Block(msgspec.Struct):

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
-from mnemo.adapters._model import HTTPModel, adapt
+from mnemo.adapters._model import OPENAI_BASE_URL, HTTPModel, adapt
 from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
@@ -25,7 +25,6 @@ from mnemo.inputs import check_count
 
 logger = logging.getLogger("mnemo.adapters")
 
-OPENAI_BASE_URL = "https://api.openai.com/v1"
 _PROBE_TEXT = "dimension probe"
 Encoding = Literal["base64", "float"]
 # An error reply refuses base64 when its message names the parameter or the format.
@@ -59,12 +58,8 @@ class OpenAIEmbedder(HTTPModel):
         self._batch_size = check_count("batch_size", batch_size, minimum=1)
         self._dim = None if dim is None else check_count("dim", dim, minimum=1)
         options.setdefault("max_concurrency", 4)
-        super().__init__(model, base_url, api_key, prices, options, provider="OpenAI",
-                         provider_url=OPENAI_BASE_URL, key_variable="OPENAI_API_KEY",
+        super().__init__(model, base_url, api_key, prices, options, provider="openai",
                          error=EmbeddingError, kind="embedding model")
-        # The URI `mnemo.embedder_from_uri` builds this from again (a repo records it).
-        self.name = f"openai:{model}" + (
-            "" if self.base_url == OPENAI_BASE_URL else f"@{self.base_url}")
         self._encoding: Encoding = encoding_format
 
     @property

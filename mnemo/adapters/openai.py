@@ -20,6 +20,7 @@ import msgspec
 from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
 from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
+    OPENAI_BASE_URL,
     TOOL_DESCRIPTION,
     HTTPModel,
     adapt,
@@ -28,6 +29,7 @@ from mnemo.adapters._model import (
     example_of,
     more_room,
     reply_cap,
+    tool_call,
     tool_spec,
     warn_cut,
 )
@@ -43,7 +45,6 @@ Mode = Literal["json_schema", "tool", "json"]
 
 logger = logging.getLogger("mnemo.adapters")
 
-OPENAI_BASE_URL = "https://api.openai.com/v1"
 # The default temperature of a server on this machine (small local models loop at 0).
 LOCAL_TEMPERATURE = 0.2
 # The mode to try when a server refuses one, and the words that say its error is about the mode.
@@ -77,12 +78,8 @@ class OpenAICompatible(HTTPModel):
                 f"structured must be one of {get_args(Structured)}, got {structured!r}"
             )
         self.max_tokens = check_count("max_tokens", max_tokens, minimum=1)
-        super().__init__(model, base_url, api_key, prices, options, provider="OpenAI",
-                         provider_url=OPENAI_BASE_URL, key_variable="OPENAI_API_KEY",
-                         error=LLMError, timeout_error=LLMTimeout)
-        # The URI `mnemo.llm_from_uri` builds this from again (a repo records it).
-        self.name = (f"openai:{model}" if self.base_url == OPENAI_BASE_URL
-                     else f"openai-compatible:{model}@{self.base_url}")
+        super().__init__(model, base_url, api_key, prices, options, provider="openai",
+                         scheme="openai-compatible", error=LLMError, timeout_error=LLMTimeout)
         self._auto = structured == "auto"
         self._mode: Mode = "json_schema" if structured == "auto" else structured
         # Until a structured reply came in the mode "auto" chose, one request at a time tries it.
@@ -230,14 +227,7 @@ class OpenAICompatible(HTTPModel):
                 raise LLMError(
                     f"{self._http.name}: the arguments of tool call {name!r} are not JSON: {exc}"
                 ) from exc
-            if parsed is None:
-                parsed = {}
-            if not isinstance(parsed, dict):
-                raise LLMError(
-                    f"{self._http.name}: the arguments of tool call {name!r} are not a JSON "
-                    f"object: {parsed!r}"
-                )
-            calls.append(ToolCall(name, parsed, call.id))
+            calls.append(tool_call(self._http.name, name, parsed, call.id))
         return calls
 
     def _payload(

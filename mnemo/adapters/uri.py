@@ -177,8 +177,9 @@ def llm_from_uri(
         _settings(text, query, ())
         return OfflineLLM()
     _need_model("LLM", scheme, model, text)
-    from mnemo.adapters.anthropic import ANTHROPIC_BASE_URL, Anthropic
-    from mnemo.adapters.openai import OPENAI_BASE_URL, OpenAICompatible
+    from mnemo.adapters._model import ANTHROPIC_BASE_URL, OPENAI_BASE_URL
+    from mnemo.adapters.anthropic import Anthropic
+    from mnemo.adapters.openai import OpenAICompatible
 
     settings = _settings(text, query, LLM_SETTINGS if scheme == "anthropic" else OPENAI_SETTINGS)
     if scheme == "openai":
@@ -240,7 +241,8 @@ def embedder_from_uri(
                 f"{scheme}:DIM needs a positive whole dimension, got {text!r}", uri=text
             )
         return HashEmbedder(int(model))
-    from mnemo.adapters.embeddings import OPENAI_BASE_URL, OpenAIEmbedder
+    from mnemo.adapters._model import OPENAI_BASE_URL
+    from mnemo.adapters.embeddings import OpenAIEmbedder
 
     _need_model("embedder", scheme, model, text)
     url = base_url or OPENAI_BASE_URL

@@ -59,6 +59,18 @@ def reply_data(response: LLMResponse, *, strict: bool = False) -> object:
         return None
 
 
+def unit_score(value: object) -> float | None:
+    """A JSON number (or numeric string) clamped into [0, 1]; None for anything else or NaN."""
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None
+    return float(min(1.0, max(0.0, value)))
+
+
 def preview(value: object) -> str:
     """`repr(value)` cut to 120 characters."""
     shown = repr(value)

@@ -3,20 +3,17 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Mapping
 
 import httpx
 
-from mnemo.adapters._http import Closing, HTTPFailure, HTTPOptions, R, Transport
+from mnemo.adapters._http import Closing, HTTPFailure, HTTPOptions, R, Transport, logger
 from mnemo.adapters.limit import Limit, ServerProfile
 from mnemo.adapters.uri import KEY_VARIABLES
 from mnemo.calls.retry import Budget
 from mnemo.errors import AdapterError, InvalidInputError, LLMContextError, LLMError
 from mnemo.ports import JSONObject, ToolCall, Usage
-
-logger = logging.getLogger("mnemo.adapters")
 
 # US dollars per million tokens (input, output), as published in 2025; a model matches its name
 # or its longest "-" prefix (`price_of`). `prices=` corrects or extends them.

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import logging
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Literal, Unpack
@@ -16,14 +15,12 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
+from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens, logger
 from mnemo.adapters._model import OPENAI_BASE_URL, HTTPModel, adapt
 from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
 from mnemo.inputs import check_count
-
-logger = logging.getLogger("mnemo.adapters")
 
 _PROBE_TEXT = "dimension probe"
 Encoding = Literal["base64", "float"]

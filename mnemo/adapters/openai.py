@@ -8,7 +8,6 @@ again with twice the room, up to the adapter's `max_tokens`, then raises `Cut`."
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Annotated, Literal, Unpack, cast, get_args
@@ -17,7 +16,7 @@ import anyio
 import httpx
 import msgspec
 
-from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
+from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens, logger
 from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
     OPENAI_BASE_URL,
@@ -42,8 +41,6 @@ from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall,
 
 Structured = Literal["auto", "json_schema", "tool", "json"]
 Mode = Literal["json_schema", "tool", "json"]
-
-logger = logging.getLogger("mnemo.adapters")
 
 # The default temperature of a server on this machine (small local models loop at 0).
 LOCAL_TEMPERATURE = 0.2

@@ -128,10 +128,12 @@ class TaskMemo:
                     saved_calls=kept.cost.calls, saved_input_tokens=kept.cost.input_tokens,
                     saved_output_tokens=kept.cost.output_tokens))
                 return value
-        tokens = _Tokens(llm)
         passed: list[LLMResponse] = []
+        spent = Usage()  # the tokens of every reply read
 
         def keep(response: LLMResponse) -> T:
+            nonlocal spent
+            spent += response.usage or Usage()
             parsed = parse(response)
             passed.append(response)
             return parsed
@@ -139,32 +141,16 @@ class TaskMemo:
         # Opened here so that `ask` and the adapter join this budget.
         with task_budget(policy_of(llm)) as budget:
             before = budget.calls
-            value = await ask(tokens, request, keep, policy=budget.policy, unusable=unusable)
+            value = await ask(llm, request, keep, policy=budget.policy, unusable=unusable)
             calls = budget.calls - before
         if not passed:
             return value
         reply = passed[-1]
         fresh = _Fresh(trajectory_id, request, reply.text, reply.data,
-                       Usage(tokens.input_tokens, tokens.output_tokens, calls=calls))
+                       Usage(spent.input_tokens, spent.output_tokens, calls=calls))
         self._fresh.setdefault((trajectory_id, request.task), []).append(fresh)
         self._unsaved.append(fresh)
         return value
-
-
-class _Tokens:
-    """Passes calls through to `llm`, summing the tokens its replies report."""
-
-    def __init__(self, llm: LLM) -> None:
-        self._llm = llm
-        self.input_tokens = 0
-        self.output_tokens = 0
-
-    async def generate(self, request: LLMRequest) -> LLMResponse:
-        response = await self._llm.generate(request)
-        if response.usage is not None:
-            self.input_tokens += response.usage.input_tokens
-            self.output_tokens += response.usage.output_tokens
-        return response
 
 
 def request_digest(request: LLMRequest) -> str:

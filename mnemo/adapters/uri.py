@@ -182,29 +182,25 @@ def llm_from_uri(
     from mnemo.adapters.openai import OpenAICompatible
 
     settings = _settings(text, query, LLM_SETTINGS if scheme == "anthropic" else OPENAI_SETTINGS)
-    if scheme == "openai":
-        if base_url is not None:
-            raise ModelURIError(
-                f"{text!r}: for another server than OpenAI's write "
-                f"openai-compatible:{model}@{base_url}",
-                uri=text,
-            )
-        key = _key("openai", text, env, required=True)
-        return OpenAICompatible(model, api_key=key, transport=transport, **settings)
-    if scheme == "openai-compatible":
-        if base_url is None:
-            raise ModelURIError(
-                f"{text!r} names no server: write openai-compatible:{model}@BASE_URL "
-                "(e.g. @http://localhost:11434/v1)",
-                uri=text,
-            )
-        key = _key("openai", text, env, required=base_url == OPENAI_BASE_URL)
-        return OpenAICompatible(
-            model, base_url=base_url, api_key=key, transport=transport, **settings
+    if scheme == "anthropic":
+        url = base_url or ANTHROPIC_BASE_URL
+        key = _key("anthropic", text, env, required=url == ANTHROPIC_BASE_URL)
+        return Anthropic(model, base_url=url, api_key=key, transport=transport, **settings)
+    if scheme == "openai" and base_url is not None:
+        raise ModelURIError(
+            f"{text!r}: for another server than OpenAI's write "
+            f"openai-compatible:{model}@{base_url}",
+            uri=text,
         )
-    url = base_url or ANTHROPIC_BASE_URL
-    key = _key("anthropic", text, env, required=url == ANTHROPIC_BASE_URL)
-    return Anthropic(model, base_url=url, api_key=key, transport=transport, **settings)
+    if scheme == "openai-compatible" and base_url is None:
+        raise ModelURIError(
+            f"{text!r} names no server: write openai-compatible:{model}@BASE_URL "
+            "(e.g. @http://localhost:11434/v1)",
+            uri=text,
+        )
+    url = base_url or OPENAI_BASE_URL
+    key = _key("openai", text, env, required=url == OPENAI_BASE_URL)
+    return OpenAICompatible(model, base_url=url, api_key=key, transport=transport, **settings)
 
 
 def embedder_from_uri(

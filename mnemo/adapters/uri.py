@@ -111,8 +111,8 @@ def _setting(uri: str, name: str, value: str) -> float | int | str | None:
 
 def _split(
     uri: object, kind: str, forms: tuple[str, ...]
-) -> tuple[str, str, str | None, str]:
-    """(scheme, model, base URL or None, the settings' query or "") of `uri`."""
+) -> tuple[str, str, str | None, str, str]:
+    """(scheme, model, base URL or None, the settings' query or "", the URI stripped) of `uri`."""
     if not isinstance(uri, str) or not uri.strip():
         raise ModelURIError(
             f"the {kind} must be a non-blank URI ({', '.join(forms)}), got {uri!r}", uri=str(uri)
@@ -130,7 +130,7 @@ def _split(
         raise ModelURIError(
             f"{kind} URI {text!r}: the part after '@' must be an http(s):// base URL", uri=text
         )
-    return scheme, rest.strip(), base_url, query.strip()
+    return scheme, rest.strip(), base_url, query.strip(), uri.strip()
 
 
 def _unknown(kind: str, scheme: str, uri: str, forms: tuple[str, ...]) -> ModelURIError:
@@ -165,8 +165,7 @@ def llm_from_uri(
     """The LLM a URI names (`LLM_FORMS`), its keys from `env` (default `os.environ`); raises
     ModelURIError for a bad URI or a missing key."""
     env = os.environ if env is None else env
-    scheme, model, base_url, query = _split(uri, "LLM", LLM_FORMS)
-    text = uri.strip()
+    scheme, model, base_url, query, text = _split(uri, "LLM", LLM_FORMS)
     if scheme not in LLM_SCHEMES:
         raise _unknown("LLM", scheme, text, LLM_FORMS)
     if scheme == "offline":
@@ -213,8 +212,7 @@ def embedder_from_uri(
     """The embedder a URI names (`EMBEDDER_FORMS`) of `dim`, if known; raises ModelURIError for a
     bad URI or a missing key."""
     env = os.environ if env is None else env
-    scheme, model, base_url, query = _split(uri, "embedder", EMBEDDER_FORMS)
-    text = uri.strip()
+    scheme, model, base_url, query, text = _split(uri, "embedder", EMBEDDER_FORMS)
     if scheme not in EMBEDDER_SCHEMES:
         raise _unknown("embedder", scheme, text, EMBEDDER_FORMS)
     settings = _settings(text, query, EMBEDDER_SETTINGS if scheme == "openai" else ())

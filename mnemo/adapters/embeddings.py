@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from functools import partial
 from typing import Literal, Unpack
 
@@ -184,13 +185,10 @@ class OpenAIEmbedder(HTTPModel):
             return np.frombuffer(packed, dtype="<f4")
         if raw and all(isinstance(item, list) for item in raw):
             raise self._per_token(position, raw)
-        try:
-            row = np.asarray(raw, dtype=np.float32)
-        except (TypeError, ValueError) as exc:
-            raise EmbeddingError(f"{self._http.name} returned non-numeric vectors") from exc
-        if row.ndim != 1:
-            raise EmbeddingError(f"{self._http.name} returned non-numeric vectors")
-        return row
+        with suppress(TypeError, ValueError):
+            if (row := np.asarray(raw, dtype=np.float32)).ndim == 1:
+                return row
+        raise EmbeddingError(f"{self._http.name} returned non-numeric vectors")
 
     def _per_token(self, position: int, raw: list[object]) -> EmbeddingError:
         """The error for a text embedded as one vector per token (llama.cpp without pooling)."""

@@ -23,8 +23,7 @@ from mnemo.adapters._offline_common import (
     _sentence_score,
     _strip_filler,
 )
-from mnemo.adapters._offline_conversation import _eviction, _snapshot_fold, _summary_task
-from mnemo.adapters._offline_memory import _memory_condense, _memory_persist, _memory_update
+from mnemo.adapters._offline_memory import HANDLERS as MEMORY_HANDLERS
 from mnemo.errors import LLMError
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse, Usage
 from mnemo.recall.query import offline_plan
@@ -426,12 +425,7 @@ _HANDLERS: dict[str, Callable[[Inputs], Answer]] = {
     "merge_intent": _merge_intent,
     "merge_intents": _merge_intents,
     "contradiction": _contradiction_task,
-    "memory_update": _memory_update,
-    "memory_persist": _memory_persist,
-    "memory_condense": _memory_condense,
-    "summary": _summary_task,
-    "eviction": _eviction,
-    "snapshot_fold": _snapshot_fold,
+    **MEMORY_HANDLERS,
     "recall_plan": _recall_plan,
     "recall_synthesis": _recall_synthesis,
     "recall_rerank": _recall_rerank,

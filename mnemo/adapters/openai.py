@@ -16,6 +16,7 @@ import anyio
 import httpx
 import msgspec
 
+from mnemo.access import is_loopback
 from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens, logger
 from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
@@ -83,7 +84,7 @@ class OpenAICompatible(HTTPModel):
         self._confirmed = not self._auto
         self._probing = anyio.Lock()
         self._temperature = (
-            (LOCAL_TEMPERATURE if _loopback(self.base_url) else 0.0)
+            (LOCAL_TEMPERATURE if is_loopback(httpx.URL(self.base_url).host) else 0.0)
             if temperature == "default" else temperature
         )
         self._tokens_field = "max_tokens"
@@ -306,11 +307,6 @@ def json_instructions(task: str, schema: Mapping[str, object]) -> str:
         f'It must match this JSON schema (named "{task}"):\n'
         f"{json.dumps(schema, ensure_ascii=False)}"
     )
-
-
-def _loopback(base_url: str) -> bool:
-    host = httpx.URL(base_url).host
-    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 def _function(name: str, description: str, parameters: JSONObject) -> JSONObject:

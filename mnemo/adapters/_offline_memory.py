@@ -250,13 +250,10 @@ def _memory_update(inputs: Inputs) -> Answer:
 def _memory_persist(inputs: Inputs) -> Answer:
     statement = " ".join(inputs.statement.split())
     stems = _topic_stems(statement)
-    best: tuple[int, Entry] | None = None
-    for item in inputs.files:
-        overlap = len(stems & _topic_stems(item.topic))
-        if overlap and (best is None or overlap > best[0]):
-            best = (overlap, item)
-    if best is not None:
-        topic, description = best[1].topic.strip(), best[1].description.strip()
+    # The file whose topic shares the most words with the statement (the first of equals).
+    best = max(inputs.files, key=lambda f: len(stems & _topic_stems(f.topic)), default=None)
+    if best is not None and stems & _topic_stems(best.topic):
+        topic, description = best.topic.strip(), best.description.strip()
     else:
         topic = _text.key_phrase(statement, max_words=_MEMORY_TOPIC_WORDS) or "notes"
         description = _text.clip_words(statement, _MEMORY_DESCRIPTION_WORDS)

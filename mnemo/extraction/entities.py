@@ -104,14 +104,10 @@ def entity_names(text: str) -> list[str]:
                 i = j
             else:
                 i += 1
-    names: list[str] = []
-    seen: set[str] = set()
+    names: dict[str, str] = {}
     for name in found:
-        key = normalise_label(name)
-        if key not in seen:
-            seen.add(key)
-            names.append(name)
-    return names[:MAX_NAMES]
+        names.setdefault(normalise_label(name), name)
+    return list(names.values())[:MAX_NAMES]
 
 
 def _is_name(word: str) -> bool:

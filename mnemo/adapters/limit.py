@@ -320,10 +320,7 @@ class RateGate:
             # No trip through the event loop (anyio's Lock yields once even when free).
             return
         async with self._lock:
-            while True:
-                wait = self._wait(tokens)
-                if wait <= 0:
-                    break
+            while (wait := self._wait(tokens)) > 0:
                 await self._clock.sleep(wait)
             if self._requests is not None:
                 self._requests.level -= 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from typing import Unpack
 
 import msgspec
@@ -107,10 +108,8 @@ class Anthropic(HTTPModel):
                 raise Cut(f"{self._http.name}: the reply to task {request.task!r} was "
                           f"{cut_note('cut short', cap)}", text=text, data=data, at_cap=True)
             if data is None:
-                try:
+                with suppress(ValueError):  # no JSON: the task says so
                     data = decode_json(text)
-                except ValueError:
-                    pass  # no JSON: the task says so
             return LLMResponse(text=text, data=data, usage=usage)
 
     async def _send(

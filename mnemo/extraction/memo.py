@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -119,11 +120,8 @@ class TaskMemo:
         saved), else asked through `calls.tasks.ask` and kept (LLMError as `ask`)."""
         kept = self._find(trajectory_id, request)
         if kept is not None:
-            try:
+            with suppress(ValueError):  # kept under another parser's rules: ask again
                 value = parse(LLMResponse(text=kept.text, data=kept.data))
-            except ValueError:
-                pass  # kept under another parser's rules: ask again
-            else:
                 book(llm, Usage(
                     saved_calls=kept.cost.calls, saved_input_tokens=kept.cost.input_tokens,
                     saved_output_tokens=kept.cost.output_tokens))

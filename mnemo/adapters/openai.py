@@ -333,9 +333,7 @@ def _wants_completion_tokens(failure: HTTPFailure) -> bool:
 def _was_cut(reply: Completion, finish: str | None, cap: int) -> bool:
     """Whether the reply used every token allowed (with no count: its finish reason is "length")."""
     completion = reply.tokens()[1]
-    if completion is not None:
-        return completion >= cap
-    return finish == "length"
+    return finish == "length" if completion is None else completion >= cap
 
 
 def _is_cut(text: str) -> bool:

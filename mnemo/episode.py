@@ -5,7 +5,6 @@ each task's `*_request` builds one `LLMRequest`, and its parser turns a reply in
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -16,7 +15,7 @@ import numpy as np
 
 from mnemo.calls.retry import fail_after
 from mnemo.calls.schema import Meta, Reply, most_tokens, reply_schema, text
-from mnemo.calls.tasks import ask, preview, read_reply, reply_data, task_request
+from mnemo.calls.tasks import ask, preview, read_reply, reply_data, task_request, unit_score
 from mnemo.config import Config
 from mnemo.errors import LLMTimeout, MnemoError, first_error
 from mnemo.graph.model import Vector
@@ -281,22 +280,8 @@ def parse_reward(resp: LLMResponse) -> float:
     """The reward of a "reward" reply ({"reward": number}, a bare number, or one in `text`),
     clamped to [0, 1]; 0.5 when it cannot be read. Never raises."""
     data = reply_data(resp)
-    if isinstance(data, dict):
-        data = data.get("reward")
-    if isinstance(data, str):
-        try:
-            data = float(data.strip())
-        except ValueError:
-            return NEUTRAL_REWARD
-    if isinstance(data, bool) or not isinstance(data, int | float):
-        return NEUTRAL_REWARD
-    try:
-        value = float(data)
-    except OverflowError:
-        return 1.0 if data > 0 else 0.0
-    if math.isnan(value):
-        return NEUTRAL_REWARD
-    return min(1.0, max(0.0, value))
+    score = unit_score(data.get("reward") if isinstance(data, dict) else data)
+    return NEUTRAL_REWARD if score is None else score
 
 
 # ---- a step's annotation ------------------------------------------------------------------

@@ -13,6 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from email.utils import parsedate_to_datetime
 from typing import Protocol, Self, TypedDict, TypeVar, Unpack, cast
 
@@ -95,12 +96,9 @@ class HTTPFailure(Exception):
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:
     """Seconds to wait by `retry-after-ms` or `Retry-After` (seconds or a date); None if unread."""
-    millis = headers.get("retry-after-ms")
-    if millis is not None:
-        try:
+    if (millis := headers.get("retry-after-ms")) is not None:
+        with suppress(ValueError):
             return max(float(millis) / 1000.0, 0.0)
-        except ValueError:
-            pass
     value = headers.get("retry-after")
     if value is None:
         return None

@@ -3,19 +3,17 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Mapping
 
 import httpx
 
-from mnemo.adapters._http import Closing, HTTPFailure, HTTPOptions, R, Transport
+from mnemo.adapters._http import Closing, HTTPFailure, HTTPOptions, R, Transport, logger
 from mnemo.adapters.limit import Limit, ServerProfile
+from mnemo.adapters.uri import KEY_VARIABLES
 from mnemo.calls.retry import Budget
 from mnemo.errors import AdapterError, InvalidInputError, LLMContextError, LLMError
-from mnemo.ports import JSONObject, Usage
-
-logger = logging.getLogger("mnemo.adapters")
+from mnemo.ports import JSONObject, ToolCall, Usage
 
 # US dollars per million tokens (input, output), as published in 2025; a model matches its name
 # or its longest "-" prefix (`price_of`). `prices=` corrects or extends them.
@@ -33,6 +31,11 @@ DEFAULT_PRICES: dict[str, tuple[float, float]] = {
     "claude-sonnet-4": (3.00, 15.00),
     "claude-opus-4": (15.00, 75.00),
 }
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+# A provider's name in messages and its own API's URL, by its URI scheme.
+_PROVIDERS = {"openai": ("OpenAI", OPENAI_BASE_URL), "anthropic": ("Anthropic", ANTHROPIC_BASE_URL)}
 
 # The adapters' default `max_tokens`: the most any reply may use.
 DEFAULT_MAX_TOKENS = 4096
@@ -129,6 +132,14 @@ def tool_spec(tool: Mapping[str, object]) -> tuple[str, str, JSONObject]:
     return inner["name"], description if isinstance(description, str) else "", parameters
 
 
+def tool_call(adapter: str, name: str, arguments: object, call_id: str | None) -> ToolCall:
+    """A reply's call of tool `name` (no arguments: {}); LLMError when they are no JSON object."""
+    if not isinstance(arguments := {} if arguments is None else arguments, dict):
+        raise LLMError(f"{adapter}: the arguments of tool call {name!r} are not a JSON object: "
+                       f"{arguments!r}")
+    return ToolCall(name, arguments, call_id)
+
+
 def price_of(model: str, prices: Mapping[str, tuple[float, float]]) -> tuple[float, float] | None:
     """The (input, output) $/Mtok of `model`: its own entry or its longest "-" prefix."""
     if model in prices:
@@ -145,9 +156,10 @@ def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
 
 
 class HTTPModel(Closing):
-    """What the HTTP adapters share: the key (`api_key`, else `key_variable`'s), one `Transport` to
-    `base_url`, prices, `total_usage`, `server_profile`. Raises InvalidInputError for a bad limit,
-    or no key for the provider's own API."""
+    """What the HTTP adapters share: the key (`api_key`, else its variable's), one `Transport` to
+    `base_url`, prices, `total_usage`, `server_profile`, and `name`, the URI of `provider` (or, to
+    another server, of `scheme`). Raises InvalidInputError for a bad limit, or no key for the
+    provider's own API."""
 
     def __init__(
         self,
@@ -158,20 +170,23 @@ class HTTPModel(Closing):
         options: HTTPOptions,
         *,
         provider: str,
-        provider_url: str,
-        key_variable: str,
+        scheme: str | None = None,
         error: type[AdapterError],
         timeout_error: type[AdapterError] | None = None,
         kind: str = "model",
     ) -> None:
         self.model = model
         self.base_url = base_url = base_url.rstrip("/")
+        (label, provider_url), key_variable = _PROVIDERS[provider], KEY_VARIABLES[provider]
         key = api_key if api_key is not None else os.environ.get(key_variable)
         network = options.get("transport")
         if not key and base_url == provider_url and (
                 network is None or isinstance(network, httpx.AsyncHTTPTransport)):
             raise InvalidInputError(
-                f"the {provider} API needs a key: pass api_key= or set {key_variable}")
+                f"the {label} API needs a key: pass api_key= or set {key_variable}")
+        # The URI `mnemo.llm_from_uri` or `embedder_from_uri` builds this from again.
+        self.name = (f"{provider}:{model}" if base_url == provider_url
+                     else f"{scheme or provider}:{model}@{base_url}")
         self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
         self.total_usage = Usage()
         # The transport (timeouts, retries) and how many requests the server gets at once.

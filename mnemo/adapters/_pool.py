@@ -4,7 +4,6 @@ its session made, on the first request."""
 
 from __future__ import annotations
 
-import ssl
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,16 +22,9 @@ class Pool(httpx.AsyncBaseTransport):
     """An httpx transport over aiohttp: at most `max_connections` connections, https verified as
     httpx does."""
 
-    def __init__(
-        self,
-        *,
-        max_connections: int | None = None,
-        keepalive_expiry: float | None = KEEPALIVE_EXPIRY,
-        verify: ssl.SSLContext | bool = True,
-    ) -> None:
+    def __init__(self, *, max_connections: int | None = None) -> None:
         self._max_connections = max_connections
-        self._keepalive_expiry = keepalive_expiry
-        self._ssl = httpx.create_ssl_context(verify=verify)
+        self._ssl = httpx.create_ssl_context()
         self._session: aiohttp.ClientSession | None = None
         # HTTP(S)_PROXY and ALL_PROXY, read once as httpx reads them (it honours them only without
         # a transport of its own); NO_PROXY is checked per host; aiohttp speaks no socks://.
@@ -47,7 +39,7 @@ class Pool(httpx.AsyncBaseTransport):
             connector = aiohttp.TCPConnector(
                 limit=self._max_connections or 0,
                 limit_per_host=0,
-                keepalive_timeout=self._keepalive_expiry,
+                keepalive_timeout=KEEPALIVE_EXPIRY,
                 ssl=self._ssl,
             )
             # No cookie jar nor default headers: httpx keeps the cookies and sends the headers.

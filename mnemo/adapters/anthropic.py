@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from typing import Unpack
 
 import msgspec
 
 from mnemo.adapters._http import Counts, HTTPOptions, Tokens
 from mnemo.adapters._model import (
+    ANTHROPIC_BASE_URL,
     DEFAULT_MAX_TOKENS,
     TOOL_DESCRIPTION,
     HTTPModel,
@@ -21,6 +23,7 @@ from mnemo.adapters._model import (
     cut_note,
     more_room,
     reply_cap,
+    tool_call,
     tool_spec,
     warn_cut,
 )
@@ -30,7 +33,6 @@ from mnemo.errors import LLMError, LLMTimeout
 from mnemo.inputs import check_count
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
-ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
 
 
@@ -51,12 +53,8 @@ class Anthropic(HTTPModel):
         **options: Unpack[HTTPOptions],
     ) -> None:
         self.max_tokens = check_count("max_tokens", max_tokens, minimum=1)
-        super().__init__(model, base_url, api_key, prices, options, provider="Anthropic",
-                         provider_url=ANTHROPIC_BASE_URL, key_variable="ANTHROPIC_API_KEY",
+        super().__init__(model, base_url, api_key, prices, options, provider="anthropic",
                          error=LLMError, timeout_error=LLMTimeout)
-        # The URI `mnemo.llm_from_uri` builds this from again (a repo records it).
-        self.name = f"anthropic:{model}" + (
-            "" if self.base_url == ANTHROPIC_BASE_URL else f"@{self.base_url}")
         self._temperature = temperature
 
     def _headers(self, key: str | None) -> dict[str, str]:
@@ -110,10 +108,8 @@ class Anthropic(HTTPModel):
                 raise Cut(f"{self._http.name}: the reply to task {request.task!r} was "
                           f"{cut_note('cut short', cap)}", text=text, data=data, at_cap=True)
             if data is None:
-                try:
+                with suppress(ValueError):  # no JSON: the task says so
                     data = decode_json(text)
-                except ValueError:
-                    pass  # no JSON: the task says so
             return LLMResponse(text=text, data=data, usage=usage)
 
     async def _send(
@@ -146,17 +142,8 @@ class Anthropic(HTTPModel):
                                 kind=request.task)
 
     def _tool_calls(self, blocks: list[_Block]) -> list[ToolCall]:
-        calls: list[ToolCall] = []
-        for block in blocks:
-            if block.type != "tool_use" or block.name is None:
-                continue
-            if not isinstance(block.input, dict):
-                raise LLMError(
-                    f"{self._http.name}: the input of tool call {block.name!r} is not a "
-                    f"JSON object: {block.input!r}"
-                )
-            calls.append(ToolCall(block.name, block.input, block.id))
-        return calls
+        return [tool_call(self._http.name, block.name, block.input, block.id) for block in blocks
+                if block.type == "tool_use" and block.name is not None]
 
 
 class _Block(msgspec.Struct):

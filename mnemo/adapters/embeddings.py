@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import logging
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from functools import partial
 from typing import Literal, Unpack
 
@@ -16,16 +16,13 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
-from mnemo.adapters._model import HTTPModel, adapt
+from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens, logger
+from mnemo.adapters._model import OPENAI_BASE_URL, HTTPModel, adapt
 from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
 from mnemo.inputs import check_count
 
-logger = logging.getLogger("mnemo.adapters")
-
-OPENAI_BASE_URL = "https://api.openai.com/v1"
 _PROBE_TEXT = "dimension probe"
 Encoding = Literal["base64", "float"]
 # An error reply refuses base64 when its message names the parameter or the format.
@@ -59,12 +56,8 @@ class OpenAIEmbedder(HTTPModel):
         self._batch_size = check_count("batch_size", batch_size, minimum=1)
         self._dim = None if dim is None else check_count("dim", dim, minimum=1)
         options.setdefault("max_concurrency", 4)
-        super().__init__(model, base_url, api_key, prices, options, provider="OpenAI",
-                         provider_url=OPENAI_BASE_URL, key_variable="OPENAI_API_KEY",
+        super().__init__(model, base_url, api_key, prices, options, provider="openai",
                          error=EmbeddingError, kind="embedding model")
-        # The URI `mnemo.embedder_from_uri` builds this from again (a repo records it).
-        self.name = f"openai:{model}" + (
-            "" if self.base_url == OPENAI_BASE_URL else f"@{self.base_url}")
         self._encoding: Encoding = encoding_format
 
     @property
@@ -132,7 +125,7 @@ class OpenAIEmbedder(HTTPModel):
                     f"embedder's dimension is {self._dim}"
                 )
         if reply.usage is not None:
-            self._usage(reply.usage.prompt_tokens, 0)
+            self._usage(*reply.tokens())
         return np.stack(rows).astype(np.float32, copy=False)
 
     async def _send(self, texts: list[str]) -> Embeddings:
@@ -192,13 +185,10 @@ class OpenAIEmbedder(HTTPModel):
             return np.frombuffer(packed, dtype="<f4")
         if raw and all(isinstance(item, list) for item in raw):
             raise self._per_token(position, raw)
-        try:
-            row = np.asarray(raw, dtype=np.float32)
-        except (TypeError, ValueError) as exc:
-            raise EmbeddingError(f"{self._http.name} returned non-numeric vectors") from exc
-        if row.ndim != 1:
-            raise EmbeddingError(f"{self._http.name} returned non-numeric vectors")
-        return row
+        with suppress(TypeError, ValueError):
+            if (row := np.asarray(raw, dtype=np.float32)).ndim == 1:
+                return row
+        raise EmbeddingError(f"{self._http.name} returned non-numeric vectors")
 
     def _per_token(self, position: int, raw: list[object]) -> EmbeddingError:
         """The error for a text embedded as one vector per token (llama.cpp without pooling)."""

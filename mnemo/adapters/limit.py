@@ -145,10 +145,8 @@ class Limit:
 
     def request_time(self, max_tokens: int, prompt_tokens: int = 0) -> float | None:
         """The seconds a request gets at the measured speed; None while none is measured."""
-        if self.unit_seconds is None:
-            return None
-        return MARGIN * self.unit_seconds * (BASE_TOKENS + max_tokens
-                                             + PROMPT_WEIGHT * prompt_tokens)
+        return None if self.unit_seconds is None else (
+            MARGIN * self.unit_seconds * _size(max_tokens, prompt_tokens))
 
     @asynccontextmanager
     async def slot(self, kind: str, request_timeout: float | None = None, *,
@@ -181,7 +179,7 @@ class Limit:
         """Gives the slot back and learns from how the request ended."""
         self._in_flight -= 1
         self._out.discard(ticket)
-        self._learn(ticket, self._clock())
+        self._learn(ticket, self._clock() - ticket.sent)
 
     @property
     def free(self) -> bool:
@@ -207,27 +205,21 @@ class Limit:
         if self._waiters and self.free:
             self._waiters[0].set()
 
-    def _learn_speed(self, ticket: Ticket, took: float) -> None:
+    def _learn(self, ticket: Ticket, took: float) -> None:
+        cost = took / self._work(ticket)
         if ticket.timed_out and ticket.timeout is not None and ticket.max_tokens is not None:
             # Its reply needed longer than it had: at least that, and twice what was thought.
-            needed = ticket.timeout / (BASE_TOKENS + ticket.max_tokens
-                                       + PROMPT_WEIGHT * ticket.prompt_tokens)
+            needed = ticket.timeout / _size(ticket.max_tokens, ticket.prompt_tokens)
             self.unit_seconds = max(needed, 2 * (self.unit_seconds or 0.0))
         elif ticket.outcome == "answered" and ticket.output_tokens is not None:
-            cost = took / self._work(ticket)
             known = self.unit_seconds
             self.unit_seconds = cost if known is None or cost > known else (
                 known + FOLLOW * (cost - known))
-
-    def _learn(self, ticket: Ticket, now: float) -> None:
-        self._learn_speed(ticket, now - ticket.sent)
         if self.pinned is not None or ticket.outcome == "failed":
             return
         if ticket.outcome == "overloaded":
             self._decrease(ticket, halve=True)
             return
-        took = now - ticket.sent
-        cost = took / self._work(ticket)
         recent = self._fastest.setdefault(ticket.kind, deque(maxlen=WINDOW))
         fastest = min(recent, default=math.inf)
         if ticket.output_tokens is not None or ticket.input_tokens is not None:
@@ -270,8 +262,12 @@ class Limit:
         """The request's size in reply tokens (1 when unreported)."""
         if ticket.output_tokens is None and ticket.input_tokens is None:
             return 1.0
-        return (BASE_TOKENS + (ticket.output_tokens or 0)
-                + PROMPT_WEIGHT * (ticket.input_tokens or 0))
+        return _size(ticket.output_tokens or 0, ticket.input_tokens or 0)
+
+
+def _size(reply_tokens: int, prompt_tokens: int) -> float:
+    """A request's size in reply tokens, its own overhead included."""
+    return BASE_TOKENS + reply_tokens + PROMPT_WEIGHT * prompt_tokens
 
 
 class _Bucket:
@@ -324,10 +320,7 @@ class RateGate:
             # No trip through the event loop (anyio's Lock yields once even when free).
             return
         async with self._lock:
-            while True:
-                wait = self._wait(tokens)
-                if wait <= 0:
-                    break
+            while (wait := self._wait(tokens)) > 0:
                 await self._clock.sleep(wait)
             if self._requests is not None:
                 self._requests.level -= 1

@@ -8,7 +8,6 @@ again with twice the room, up to the adapter's `max_tokens`, then raises `Cut`."
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Annotated, Literal, Unpack, cast, get_args
@@ -17,9 +16,11 @@ import anyio
 import httpx
 import msgspec
 
-from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
+from mnemo.access import is_loopback
+from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens, logger
 from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
+    OPENAI_BASE_URL,
     TOOL_DESCRIPTION,
     HTTPModel,
     adapt,
@@ -28,6 +29,7 @@ from mnemo.adapters._model import (
     example_of,
     more_room,
     reply_cap,
+    tool_call,
     tool_spec,
     warn_cut,
 )
@@ -41,9 +43,6 @@ from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall,
 Structured = Literal["auto", "json_schema", "tool", "json"]
 Mode = Literal["json_schema", "tool", "json"]
 
-logger = logging.getLogger("mnemo.adapters")
-
-OPENAI_BASE_URL = "https://api.openai.com/v1"
 # The default temperature of a server on this machine (small local models loop at 0).
 LOCAL_TEMPERATURE = 0.2
 # The mode to try when a server refuses one, and the words that say its error is about the mode.
@@ -77,19 +76,15 @@ class OpenAICompatible(HTTPModel):
                 f"structured must be one of {get_args(Structured)}, got {structured!r}"
             )
         self.max_tokens = check_count("max_tokens", max_tokens, minimum=1)
-        super().__init__(model, base_url, api_key, prices, options, provider="OpenAI",
-                         provider_url=OPENAI_BASE_URL, key_variable="OPENAI_API_KEY",
-                         error=LLMError, timeout_error=LLMTimeout)
-        # The URI `mnemo.llm_from_uri` builds this from again (a repo records it).
-        self.name = (f"openai:{model}" if self.base_url == OPENAI_BASE_URL
-                     else f"openai-compatible:{model}@{self.base_url}")
+        super().__init__(model, base_url, api_key, prices, options, provider="openai",
+                         scheme="openai-compatible", error=LLMError, timeout_error=LLMTimeout)
         self._auto = structured == "auto"
         self._mode: Mode = "json_schema" if structured == "auto" else structured
         # Until a structured reply came in the mode "auto" chose, one request at a time tries it.
         self._confirmed = not self._auto
         self._probing = anyio.Lock()
         self._temperature = (
-            (LOCAL_TEMPERATURE if _loopback(self.base_url) else 0.0)
+            (LOCAL_TEMPERATURE if is_loopback(httpx.URL(self.base_url).host) else 0.0)
             if temperature == "default" else temperature
         )
         self._tokens_field = "max_tokens"
@@ -230,14 +225,7 @@ class OpenAICompatible(HTTPModel):
                 raise LLMError(
                     f"{self._http.name}: the arguments of tool call {name!r} are not JSON: {exc}"
                 ) from exc
-            if parsed is None:
-                parsed = {}
-            if not isinstance(parsed, dict):
-                raise LLMError(
-                    f"{self._http.name}: the arguments of tool call {name!r} are not a JSON "
-                    f"object: {parsed!r}"
-                )
-            calls.append(ToolCall(name, parsed, call.id))
+            calls.append(tool_call(self._http.name, name, parsed, call.id))
         return calls
 
     def _payload(
@@ -321,11 +309,6 @@ def json_instructions(task: str, schema: Mapping[str, object]) -> str:
     )
 
 
-def _loopback(base_url: str) -> bool:
-    host = httpx.URL(base_url).host
-    return host == "localhost" or host == "::1" or host.startswith("127.")
-
-
 def _function(name: str, description: str, parameters: JSONObject) -> JSONObject:
     function: JSONObject = {"name": name, "parameters": parameters}
     if description:
@@ -350,9 +333,7 @@ def _wants_completion_tokens(failure: HTTPFailure) -> bool:
 def _was_cut(reply: Completion, finish: str | None, cap: int) -> bool:
     """Whether the reply used every token allowed (with no count: its finish reason is "length")."""
     completion = reply.tokens()[1]
-    if completion is not None:
-        return completion >= cap
-    return finish == "length"
+    return finish == "length" if completion is None else completion >= cap
 
 
 def _is_cut(text: str) -> bool:

@@ -184,12 +184,10 @@ class RepoModels:
 
     def _recorded_embedder(self, repo: str, uri: str, dim: int) -> Embedder:
         uri = _LEGACY_EMBEDDERS.get(uri, uri).format(dim=dim)
-        if uri == "hash:512":
-            uri = "hash"
+        if uri in ("hash:512", "hash2:512"):
+            uri = uri.removesuffix(":512")
         if _scheme(uri) in _RETIRED_SCHEMES:
             return UnavailableEmbedder(uri, dim, _retired(repo, uri))
-        if uri == "hash2:512":
-            uri = "hash2"
         if (self._embedder_given or _scheme(uri) not in EMBEDDER_SCHEMES
                 or uri == model_uri(self._embedder)):
             return self._embedder

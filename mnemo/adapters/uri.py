@@ -111,8 +111,8 @@ def _setting(uri: str, name: str, value: str) -> float | int | str | None:
 
 def _split(
     uri: object, kind: str, forms: tuple[str, ...]
-) -> tuple[str, str, str | None, str]:
-    """(scheme, model, base URL or None, the settings' query or "") of `uri`."""
+) -> tuple[str, str, str | None, str, str]:
+    """(scheme, model, base URL or None, the settings' query or "", the URI stripped) of `uri`."""
     if not isinstance(uri, str) or not uri.strip():
         raise ModelURIError(
             f"the {kind} must be a non-blank URI ({', '.join(forms)}), got {uri!r}", uri=str(uri)
@@ -130,7 +130,7 @@ def _split(
         raise ModelURIError(
             f"{kind} URI {text!r}: the part after '@' must be an http(s):// base URL", uri=text
         )
-    return scheme, rest.strip(), base_url, query.strip()
+    return scheme, rest.strip(), base_url, query.strip(), uri.strip()
 
 
 def _unknown(kind: str, scheme: str, uri: str, forms: tuple[str, ...]) -> ModelURIError:
@@ -165,8 +165,7 @@ def llm_from_uri(
     """The LLM a URI names (`LLM_FORMS`), its keys from `env` (default `os.environ`); raises
     ModelURIError for a bad URI or a missing key."""
     env = os.environ if env is None else env
-    scheme, model, base_url, query = _split(uri, "LLM", LLM_FORMS)
-    text = uri.strip()
+    scheme, model, base_url, query, text = _split(uri, "LLM", LLM_FORMS)
     if scheme not in LLM_SCHEMES:
         raise _unknown("LLM", scheme, text, LLM_FORMS)
     if scheme == "offline":
@@ -177,33 +176,30 @@ def llm_from_uri(
         _settings(text, query, ())
         return OfflineLLM()
     _need_model("LLM", scheme, model, text)
-    from mnemo.adapters.anthropic import ANTHROPIC_BASE_URL, Anthropic
-    from mnemo.adapters.openai import OPENAI_BASE_URL, OpenAICompatible
+    from mnemo.adapters._model import ANTHROPIC_BASE_URL, OPENAI_BASE_URL
+    from mnemo.adapters.anthropic import Anthropic
+    from mnemo.adapters.openai import OpenAICompatible
 
     settings = _settings(text, query, LLM_SETTINGS if scheme == "anthropic" else OPENAI_SETTINGS)
-    if scheme == "openai":
-        if base_url is not None:
-            raise ModelURIError(
-                f"{text!r}: for another server than OpenAI's write "
-                f"openai-compatible:{model}@{base_url}",
-                uri=text,
-            )
-        key = _key("openai", text, env, required=True)
-        return OpenAICompatible(model, api_key=key, transport=transport, **settings)
-    if scheme == "openai-compatible":
-        if base_url is None:
-            raise ModelURIError(
-                f"{text!r} names no server: write openai-compatible:{model}@BASE_URL "
-                "(e.g. @http://localhost:11434/v1)",
-                uri=text,
-            )
-        key = _key("openai", text, env, required=base_url == OPENAI_BASE_URL)
-        return OpenAICompatible(
-            model, base_url=base_url, api_key=key, transport=transport, **settings
+    if scheme == "anthropic":
+        url = base_url or ANTHROPIC_BASE_URL
+        key = _key("anthropic", text, env, required=url == ANTHROPIC_BASE_URL)
+        return Anthropic(model, base_url=url, api_key=key, transport=transport, **settings)
+    if scheme == "openai" and base_url is not None:
+        raise ModelURIError(
+            f"{text!r}: for another server than OpenAI's write "
+            f"openai-compatible:{model}@{base_url}",
+            uri=text,
         )
-    url = base_url or ANTHROPIC_BASE_URL
-    key = _key("anthropic", text, env, required=url == ANTHROPIC_BASE_URL)
-    return Anthropic(model, base_url=url, api_key=key, transport=transport, **settings)
+    if scheme == "openai-compatible" and base_url is None:
+        raise ModelURIError(
+            f"{text!r} names no server: write openai-compatible:{model}@BASE_URL "
+            "(e.g. @http://localhost:11434/v1)",
+            uri=text,
+        )
+    url = base_url or OPENAI_BASE_URL
+    key = _key("openai", text, env, required=url == OPENAI_BASE_URL)
+    return OpenAICompatible(model, base_url=url, api_key=key, transport=transport, **settings)
 
 
 def embedder_from_uri(
@@ -216,8 +212,7 @@ def embedder_from_uri(
     """The embedder a URI names (`EMBEDDER_FORMS`) of `dim`, if known; raises ModelURIError for a
     bad URI or a missing key."""
     env = os.environ if env is None else env
-    scheme, model, base_url, query = _split(uri, "embedder", EMBEDDER_FORMS)
-    text = uri.strip()
+    scheme, model, base_url, query, text = _split(uri, "embedder", EMBEDDER_FORMS)
     if scheme not in EMBEDDER_SCHEMES:
         raise _unknown("embedder", scheme, text, EMBEDDER_FORMS)
     settings = _settings(text, query, EMBEDDER_SETTINGS if scheme == "openai" else ())
@@ -240,7 +235,8 @@ def embedder_from_uri(
                 f"{scheme}:DIM needs a positive whole dimension, got {text!r}", uri=text
             )
         return HashEmbedder(int(model))
-    from mnemo.adapters.embeddings import OPENAI_BASE_URL, OpenAIEmbedder
+    from mnemo.adapters._model import OPENAI_BASE_URL
+    from mnemo.adapters.embeddings import OpenAIEmbedder
 
     _need_model("embedder", scheme, model, text)
     url = base_url or OPENAI_BASE_URL

@@ -185,9 +185,7 @@ def policy_from(
     """`retry` (default `RetryPolicy()`) with the adapters' shorthands applied."""
     policy = retry if retry is not None else RetryPolicy()
     if max_retries is not None:
-        if max_retries < 0:
-            raise InvalidInputError(f"max_retries must be >= 0, got {max_retries!r}")
-        policy = replace(policy, max_calls=max_retries + 1)
+        policy = replace(policy, max_calls=check_count("max_retries", max_retries) + 1)
     if backoff is not None:
         policy = replace(policy, backoff=backoff)
     return policy if clock is None else replace(policy, clock=clock)

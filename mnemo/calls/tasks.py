@@ -8,6 +8,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import suppress
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -57,6 +58,18 @@ def reply_data(response: LLMResponse, *, strict: bool = False) -> object:
         if strict:
             raise
         return None
+
+
+def unit_score(value: object) -> float | None:
+    """A JSON number (or numeric string) clamped into [0, 1]; None for anything else or NaN."""
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None
+    return float(min(1.0, max(0.0, value)))
 
 
 def preview(value: object) -> str:
@@ -246,19 +259,15 @@ async def ask(
                 response = await llm.generate(asked)
             except Exception as exc:
                 budget.charge_bare(before)
+                capped = exc if isinstance(exc, Cut) and exc.at_cap else None
                 whole = salvage(exc) if isinstance(exc, Cut) else None
-                if whole is not None:
-                    try:
-                        kept: T | None = parse(LLMResponse(data=whole))
-                    except ValueError:
-                        kept = None
-                    if kept is not None:
+                with suppress(ValueError):
+                    if whole is not None and (kept := parse(LLMResponse(data=whole))) is not None:
                         log.warning("task %s: the reply was cut short; keeping the items it "
                                     "held whole", request.task)
                         return kept
                 shrunk = ((shorten or shorter)(request)
-                          if isinstance(exc, LLMContextError)
-                          and not (isinstance(exc, Cut) and exc.at_cap) else None)
+                          if isinstance(exc, LLMContextError) and capped is None else None)
                 if shrunk is not None and shrinks < MAX_SHRINKS and budget.can_call():
                     log.warning("task %s: the prompt was longer than the model's context; "
                                 "asking again with shorter inputs", request.task)
@@ -266,13 +275,13 @@ async def ask(
                     shrinks += 1
                     budget.next_call("retry")
                     continue
-                if not (isinstance(exc, Cut) and exc.at_cap):
+                if capped is None:
                     if isinstance(exc, LLMReplyError) and unusable is not None:
                         return _stands_for(request, unusable, exc)
                     kind = (LLMContextError if isinstance(exc, LLMContextError) else
                             LLMReplyError if isinstance(exc, LLMReplyError) else LLMError)
                     raise kind(f"the LLM failed on task {request.task!r}: {exc!r}") from exc
-                response, problem = LLMResponse(text=exc.text, data=exc.data), str(exc)
+                response, problem = LLMResponse(text=capped.text, data=capped.data), str(exc)
             else:
                 budget.charge_bare(before)
                 try:

@@ -132,11 +132,7 @@ def intent_policy(
                         repo: str = repo) -> Changeset:
             nonlocal embedder
             fresh = await refresh(repo, generation)
-            try:
-                with fail_after(limit):
-                    made = await embedded_again(changeset, fresh.embedder, fresh.generation)
-            except TimeoutError as exc:
-                raise EmbeddingError(f"the embedder took more than {limit} s") from exc
+            made = await embedded_again(changeset, fresh.embedder, fresh.generation, limit)
             embedder = fresh.embedder
             return made
 

@@ -43,12 +43,8 @@ TIME_KEYS = ("date", "datetime", "time", "timestamp", "date_time", "when")
 
 
 def _absolute(text: str) -> datetime | None:
-    for pattern in (_ISO, _DAY_MONTH_YEAR, _MONTH_DAY_YEAR, _MONTH_YEAR):
-        found = pattern.search(text)
-        moment = None if found is None else _moment(found)
-        if moment is not None:
-            return moment
-    return None
+    found = (p.search(text) for p in (_ISO, _DAY_MONTH_YEAR, _MONTH_DAY_YEAR, _MONTH_YEAR))
+    return next(filter(None, (_moment(match) for match in found if match is not None)), None)
 
 
 def whole_dates(text: str) -> Iterator[datetime]:

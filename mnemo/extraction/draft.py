@@ -139,33 +139,25 @@ def _draw(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Ext
             links.append(Link(subgoal_id, node_id, LinkType.HIERARCHICAL))
             links.append(Link(node_id, source.node_id, LinkType.PROVENANCE))
 
-        def origin(step_indices: tuple[int, ...] | None, steps: list[str] = episodic) -> list[str]:
-            if not step_indices:
-                return steps
-            chosen = [steps[i] for i in step_indices if 0 <= i < len(steps)]
-            return chosen or steps
-
-        def held_from(text: str, step_indices: tuple[int, ...] | None,
-                      part: Extracted = part) -> datetime | None:
-            chosen = [part.steps[i] for i in step_indices or () if 0 <= i < len(part.steps)]
-            step = (chosen or part.steps)[0]
+        def memory(kind: NodeType, text: str, data: JSONObject,
+                   step_indices: tuple[int, ...] | None, part: Extracted = part,
+                   episodic: list[str] = episodic) -> str:
+            """A fact's or a procedure's node, when it began to hold (a date it names, against
+            its first step's), its provenance (its steps, else the trajectory's)."""
+            node_id = add(kind, text, data)
+            chosen = [i for i in step_indices or () if 0 <= i < len(part.steps)]
+            chosen = chosen or list(range(len(part.steps)))
+            step = part.steps[chosen[0]]
             if step.id not in step_dates:
                 # A step's stamp opens it ("Dana (8 May, 2023): ..."): only the start is read.
                 step_dates[step.id] = (dates.metadata_date(step.metadata)
                                        or dates.named_date(step.observation[:STAMP_CHARS])
                                        or session_date)
             anchor = step_dates[step.id]
-            return dates.named_date(text[:MAX_DATED_CHARS], anchor) or anchor
-
-        def memory(kind: NodeType, text: str, data: JSONObject,
-                   step_indices: tuple[int, ...] | None) -> str:
-            """A fact's or a procedure's node, when it began to hold, its provenance."""
-            node_id = add(kind, text, data)
-            held = held_from(text, step_indices)
+            held = dates.named_date(text[:MAX_DATED_CHARS], anchor) or anchor
             if held is not None:
                 valid[node_id] = held
-            links.extend(Link(node_id, step_id, LinkType.PROVENANCE)
-                         for step_id in origin(step_indices))
+            links.extend(Link(node_id, episodic[i], LinkType.PROVENANCE) for i in chosen)
             return node_id
 
         facts: list[str] = []

@@ -52,23 +52,29 @@ def vector_text(kind: NodeType, text: str) -> str:
     return text if kind is NodeType.SUBGOAL else embedding_text(text)
 
 
+async def embed_within(embedder: Embedder, texts: Sequence[str], seconds: float) -> Vector:
+    """`graph.vectors.embed` within `seconds` (a wait for a turn not counted), else
+    EmbeddingError."""
+    try:
+        with fail_after(seconds):
+            return await embed(embedder, texts)
+    except TimeoutError as exc:
+        raise EmbeddingError(f"the embedder took more than {seconds} s for {len(texts)} texts"
+                             ) from exc
+
+
 def wordings(embedder: Embedder, timeout: float) -> Embed:
     """How a forget or a revert embeds the wordings nodes take: `embedding_text` of each,
     within `timeout` seconds."""
-    async def embed_wordings(texts: Sequence[str]) -> Vector:
-        try:
-            with fail_after(timeout):
-                return await embed(embedder, [embedding_text(t) for t in texts])
-        except TimeoutError as exc:
-            raise EmbeddingError(f"the embedder took more than {timeout} s") from exc
-
-    return embed_wordings
+    return lambda texts: embed_within(embedder, [embedding_text(t) for t in texts], timeout)
 
 
-async def embedded_again(changeset: Changeset, embedder: Embedder, generation: int) -> Changeset:
+async def embedded_again(changeset: Changeset, embedder: Embedder, generation: int,
+                         seconds: float) -> Changeset:
     """`changeset` with every node's vector made again by `embedder` for the vectors of
-    `generation`, in one embedding call (EmbeddingError)."""
-    vectors = await embed(embedder, [vector_text(n.type, n.text) for n in changeset.nodes])
+    `generation`, in one embedding call within `seconds` (EmbeddingError)."""
+    vectors = await embed_within(
+        embedder, [vector_text(n.type, n.text) for n in changeset.nodes], seconds)
     nodes = [replace(n, vector=v) for n, v in zip(changeset.nodes, vectors, strict=True)]
     return replace(changeset, nodes=nodes, generation=generation)
 
@@ -98,14 +104,10 @@ def entity_names(text: str) -> list[str]:
                 i = j
             else:
                 i += 1
-    names: list[str] = []
-    seen: set[str] = set()
+    names: dict[str, str] = {}
     for name in found:
-        key = normalise_label(name)
-        if key not in seen:
-            seen.add(key)
-            names.append(name)
-    return names[:MAX_NAMES]
+        names.setdefault(normalise_label(name), name)
+    return list(names.values())[:MAX_NAMES]
 
 
 def _is_name(word: str) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -119,19 +120,18 @@ class TaskMemo:
         saved), else asked through `calls.tasks.ask` and kept (LLMError as `ask`)."""
         kept = self._find(trajectory_id, request)
         if kept is not None:
-            try:
+            with suppress(ValueError):  # kept under another parser's rules: ask again
                 value = parse(LLMResponse(text=kept.text, data=kept.data))
-            except ValueError:
-                pass  # kept under another parser's rules: ask again
-            else:
                 book(llm, Usage(
                     saved_calls=kept.cost.calls, saved_input_tokens=kept.cost.input_tokens,
                     saved_output_tokens=kept.cost.output_tokens))
                 return value
-        tokens = _Tokens(llm)
         passed: list[LLMResponse] = []
+        spent = Usage()  # the tokens of every reply read
 
         def keep(response: LLMResponse) -> T:
+            nonlocal spent
+            spent += response.usage or Usage()
             parsed = parse(response)
             passed.append(response)
             return parsed
@@ -139,32 +139,16 @@ class TaskMemo:
         # Opened here so that `ask` and the adapter join this budget.
         with task_budget(policy_of(llm)) as budget:
             before = budget.calls
-            value = await ask(tokens, request, keep, policy=budget.policy, unusable=unusable)
+            value = await ask(llm, request, keep, policy=budget.policy, unusable=unusable)
             calls = budget.calls - before
         if not passed:
             return value
         reply = passed[-1]
         fresh = _Fresh(trajectory_id, request, reply.text, reply.data,
-                       Usage(tokens.input_tokens, tokens.output_tokens, calls=calls))
+                       Usage(spent.input_tokens, spent.output_tokens, calls=calls))
         self._fresh.setdefault((trajectory_id, request.task), []).append(fresh)
         self._unsaved.append(fresh)
         return value
-
-
-class _Tokens:
-    """Passes calls through to `llm`, summing the tokens its replies report."""
-
-    def __init__(self, llm: LLM) -> None:
-        self._llm = llm
-        self.input_tokens = 0
-        self.output_tokens = 0
-
-    async def generate(self, request: LLMRequest) -> LLMResponse:
-        response = await self._llm.generate(request)
-        if response.usage is not None:
-            self.input_tokens += response.usage.input_tokens
-            self.output_tokens += response.usage.output_tokens
-        return response
 
 
 def request_digest(request: LLMRequest) -> str:

@@ -42,16 +42,15 @@ NEUTRAL_RETURN = 5
 class _Countdown:
     """Set (`done`) once `one_in` was called `count` times: the tasks still out of a round."""
 
-    def __init__(self, count: int, then: Callable[[], None] | None = None) -> None:
+    def __init__(self, count: int) -> None:
         self.left, self.done = count, anyio.Event()
-        self._then = then or self.done.set
         if count == 0:
-            self._then()
+            self.done.set()
 
     def one_in(self) -> None:
         self.left -= 1
         if self.left == 0:
-            self._then()
+            self.done.set()
 
 
 class _Round:
@@ -82,7 +81,7 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
     work = _Round(llm, memo, episode.goal)
     last = steps[-1] if steps else None
     deferred = last if score_last_step and last is not None else None
-    first_round = _Countdown(len(groups))
+    first_round = _Countdown(2 * len(groups))  # each trajectory's two first tasks
     drafted: list[Draft] = []
     draft_failed: list[Exception] = []
 
@@ -160,11 +159,10 @@ async def _extract_trajectory(work: _Round, trajectory: _Trajectory, part: Extra
                               first_round_in: Callable[[], None], *,
                               scores_last: StepRecord | None) -> None:
     """One trajectory's facts, instructions and returns into `part` (a failed task leaves its
-    part empty, its failure in `work.failures`); `first_round_in` is called once both first
-    replies are in."""
+    part empty, its failure in `work.failures`); `first_round_in` is called as each of the two
+    first replies is in."""
     steps = trajectory.steps
     key, subgoal, chars = steps[0].trajectory_id, steps[0].subgoal, _chars(steps)
-    one_in = _Countdown(2, first_round_in).one_in
 
     async def asked(task: str, call: Awaitable[T]) -> T | None:
         trajectory.pending.add(task)
@@ -187,7 +185,7 @@ async def _extract_trajectory(work: _Round, trajectory: _Trajectory, part: Extra
         facts = await asked("semantic", work.memo.ask(work.llm, key, request, parse_facts))
         if facts is not None:
             part.facts.extend(facts)
-        one_in()
+        first_round_in()
 
     async def procedural() -> None:
         # Only the records' rewards go in, so a retry builds the same request.
@@ -207,7 +205,7 @@ async def _extract_trajectory(work: _Round, trajectory: _Trajectory, part: Extra
                     work.rewards[scores_last.id] = reward
         instructions = part.instructions
         part.returns.update(cumulative_returns(instructions, [work.reward(s) for s in steps]))
-        one_in()
+        first_round_in()
         if len(instructions) > 1:
             part.returns.update(await _scored_returns(work, steps, instructions))
 

@@ -20,7 +20,7 @@ from mnemo.calls.schema import (
     reply_schema,
     text,
 )
-from mnemo.calls.tasks import preview, read_reply, reply_data, task_request
+from mnemo.calls.tasks import preview, read_reply, reply_data, task_request, unit_score
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.ports import LLMRequest, LLMResponse
 
@@ -158,9 +158,8 @@ def parse_procedural(resp: LLMResponse) -> tuple[list[Instruction], float | None
     """The instructions of a "procedural" reply (`parse_instructions`) and its score of the
     last step (clamped to [0, 1]; None when the reply has none that reads as a number)."""
     data = reply_data(resp)
-    score = _number(data.get("last_reward")) if isinstance(data, dict) else None
-    reward = None if score is None or math.isnan(score) else min(1.0, max(0.0, score))
-    return parse_instructions(resp), reward
+    return parse_instructions(resp), (
+        unit_score(data.get("last_reward")) if isinstance(data, dict) else None)
 
 
 def parse_instructions(resp: LLMResponse) -> list[Instruction]:
@@ -339,29 +338,9 @@ def is_label(text: str) -> bool:
 
 
 def _confidence(value: float | None) -> float:
-    if value is None or math.isnan(value):
-        return DEFAULT_CONFIDENCE
-    return min(1.0, max(0.0, value))
+    score = unit_score(value)
+    return DEFAULT_CONFIDENCE if score is None else score
 
 
 def _steps(value: list[int] | UnsetType | None) -> tuple[int, ...] | None:
     return tuple(dict.fromkeys(value)) if isinstance(value, list) else None
-
-
-def _number(value: object) -> float | None:
-    """A JSON number (or numeric string) as a float; ±inf for ints too large; else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, int):
-        try:
-            return float(value)
-        except OverflowError:
-            return math.inf if value > 0 else -math.inf
-    if isinstance(value, float):
-        return value
-    return None

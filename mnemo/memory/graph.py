@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError, NotFoundError
+from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.reads import (
     MAX_IDS,
     RESULTS,
@@ -226,12 +226,12 @@ class GraphMethods(Parts):
         """The vector of a fact's text by the repo's embedder (within `extraction_timeout`),
         its generation, and the commit policy of a fact stated as it is (no contradiction)."""
         from mnemo.extraction.contradiction import intent_policy
-        from mnemo.extraction.entities import vector_text
+        from mnemo.extraction.entities import embed_within, vector_text
 
         await self._repos.refresh(repo)
         runtime = self._repos.embedding(repo)
-        vector = await _embed_within(runtime.embedder, [vector_text(kind, text)],
-                                     runtime.config.extraction_timeout)
+        vector = await embed_within(runtime.embedder, [vector_text(kind, text)],
+                                    runtime.config.extraction_timeout)
         llm = self._repos.llm_for(runtime, repo)
         policy = replace(intent_policy(runtime.config, runtime.embedder, llm, repo,
                                        self._repos.refresh), contradicts=None)
@@ -392,7 +392,7 @@ class GraphMethods(Parts):
             ConflictError: the repo is being re-embedded by another Memory.
         """
         from mnemo.adapters.uri import model_uri
-        from mnemo.extraction.entities import vector_text
+        from mnemo.extraction.entities import embed_within, vector_text
         from mnemo.graph import reembed as reembedding
         from mnemo.graph.reembed import ReembedProgress
         from mnemo.ports import deliver
@@ -407,8 +407,8 @@ class GraphMethods(Parts):
         limit = runtime.config.extraction_timeout
 
         async def embed_nodes(nodes: Sequence[Unstaged]) -> Vector:
-            return await _embed_within(target, [vector_text(n.type, n.text) for n in nodes],
-                                       limit)
+            return await embed_within(target, [vector_text(n.type, n.text) for n in nodes],
+                                      limit)
 
         async def report(update: ReembedProgress) -> None:
             if progress is not None:
@@ -428,16 +428,3 @@ class GraphMethods(Parts):
         await self._events.emit("repo_reembedded", repo=repo, embedder=uri, dim=target.dim,
                                 nodes=done.vectors, resumed=done.resumed)
         return done.vectors
-
-
-async def _embed_within(embedder: Embedder, texts: list[str], limit: float) -> Vector:
-    """`graph.vectors.embed` within `limit` seconds, else EmbeddingError."""
-    from mnemo.calls.retry import fail_after
-    from mnemo.graph.vectors import embed
-
-    try:
-        with fail_after(limit):
-            return await embed(embedder, texts)
-    except TimeoutError as exc:
-        raise EmbeddingError(f"the embedder took more than {limit} s for {len(texts)} texts"
-                             ) from exc

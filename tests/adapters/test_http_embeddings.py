@@ -248,3 +248,14 @@ async def test_a_refusal_without_pooling_says_how_to_start_the_server(
     async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8, max_retries=0) as embedder:
         with pytest.raises(EmbeddingError, match=r"not OAI compatible.*--pooling mean"):
             await embedder.embed(["a"])
+
+
+async def test_usage_counts_a_reply_that_reports_only_total_tokens(server: ProviderServer) -> None:
+    """A server that reports `total_tokens` alone (no `prompt_tokens`) still has its tokens
+    counted in `total_usage`, as the transport counts them."""
+    reply = {"data": [{"index": 0, "embedding": [0.5] * 8}], "usage": {"total_tokens": 7}}
+    server.script(Raw(json.dumps(reply).encode()))
+    async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8) as embedder:
+        await embedder.embed(["a"])
+        assert embedder.total_usage.input_tokens == 7
+        assert embedder.total_usage.output_tokens == 0

@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mnemo.adapters._offline_annotation import outcome_reward
-from mnemo.adapters.offline import OfflineLLM
+from mnemo.adapters.offline import OfflineLLM, outcome_reward
 from mnemo.episode import (
     parse_reward,
     parse_state,

@@ -101,7 +101,7 @@ class SessionMethods(Parts):
             StorageError: the step could not be stored.
         """
         self._works("append")
-        from mnemo.session.transitions import append
+        from mnemo.session.registry import append
 
         return await append(self._live, session_id, observation, action, metadata)
 
@@ -124,11 +124,11 @@ class SessionMethods(Parts):
     async def start_episode(self, session_id: str, goal: str) -> None:
         """Starts a new episode in an idle session (state `collecting`)."""
         self._works("start_episode")
-        from mnemo.session import transitions
+        from mnemo.session import registry, transitions
 
         session = await self._live.fetch(session_id)
         check_text(goal, "goal", limit=session.config.max_text_chars)
-        await transitions.refuse_checked(self._live, session, "start_episode")
+        await registry.refuse_checked(self._live, session, "start_episode")
         await transitions.start_episode(self._live, session, goal)
 
     async def _move(self, session_id: str, kind: str) -> CommitReceipt | None:
@@ -197,7 +197,7 @@ class SessionMethods(Parts):
         while True:
             with anyio.move_on_after(wait if wait > 0 else math.inf) as scope:
                 while session.state is S.EXTRACTING and not session.ended:
-                    await live.wait_moved(session)
+                    await transitions.wait_moved(live, session)
             if scope.cancelled_caught:
                 last = self._repos.usage.last_answer(session_id)
                 if max_polls is None and last is not None and anyio.current_time() - last < wait:
@@ -283,7 +283,9 @@ class SessionMethods(Parts):
         "session_ended", and its id becomes unknown. Uncommitted steps stay in the log."""
         self._works("end_session")
         # Stored first: if the store refuses, nothing has changed and the session goes on.
-        await self._live.end(await self._live.fetch(session_id))
+        session = await self._live.fetch(session_id)
+        await self._live.store.end(session.id)
+        await self._live.forget(session)
 
     async def episodes(self, session_id: str) -> list[EpisodeLog]:
         """Every episode the session stored (ended sessions too), oldest first, with steps

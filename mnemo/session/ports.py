@@ -43,7 +43,6 @@ class LiveSession:
     config: Config
     episode: EpisodeRecord | None
     changeset: Changeset | None = None
-    created_at: str = ""
     model: str | None = None
     version: int = 0
     holder: str | None = None

@@ -364,7 +364,7 @@ class SqlSessions(SqlStore):
     async def _load(self, sql: Statements, where: str,
                     params: tuple[object, ...]) -> list[LiveSession]:
         sessions = await sql.rows(
-            f"SELECT s.id, s.repo, s.state, s.config{self.TEXT}, s.created_at, e.id, e.goal,"
+            f"SELECT s.id, s.repo, s.state, s.config{self.TEXT}, e.id, e.goal,"
             " e.status, s.model, s.version, s.holder, s.lease_until, s.active_at,"
             f" s.metadata{self.TEXT}, (SELECT payload{self.TEXT} FROM changesets"
             " WHERE session_id = s.id LIMIT 1)"
@@ -372,7 +372,7 @@ class SqlSessions(SqlStore):
             params,
         )
         steps = await self._load_steps(
-            sql, [row[5] for row in sessions if row[5] is not None and row[7] == "open"]
+            sql, [row[4] for row in sessions if row[4] is not None and row[6] == "open"]
         )
         return [
             LiveSession(
@@ -380,12 +380,12 @@ class SqlSessions(SqlStore):
                 None if episode_id is None or status != "open"
                 else EpisodeRecord(episode_id, goal, steps.get(episode_id, [])),
                 None if payload is None else Changeset.from_json(payload),
-                moment(created).isoformat(), model=model, version=int(version),
+                model=model, version=int(version),
                 holder=holder, lease_until=None if until is None else moment(until),
                 active_at=None if active is None else moment(active), goal=goal,
                 metadata={} if metadata is None else json.loads(metadata),
             )
-            for (sid, repo, state, config, created, episode_id, goal, status, model, version,
+            for (sid, repo, state, config, episode_id, goal, status, model, version,
                  holder, until, active, metadata, payload) in sessions
         ]
 

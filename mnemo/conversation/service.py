@@ -37,6 +37,7 @@ from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.graph.model import now_utc
 from mnemo.graph.scope import Where
+from mnemo.graph.vectors import embed_within
 from mnemo.inputs import check_count, check_id, check_models, check_name, check_seconds, check_text
 from mnemo.ports import LLM, Embedder, Events, detect_dim
 from mnemo.text import query_words
@@ -124,16 +125,7 @@ class ConversationService:
                                                              dtype=np.float32)
 
     async def _embed_batch(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        raw = await self._call_embedder(self.embedder.embed(list(texts)))
-        vectors = np.asarray(raw, dtype=np.float32)
-        # After a reply, so an embedder detecting its dimension knows it without asking again.
-        dim = await self.dimension()
-        if vectors.shape != (len(texts), dim):
-            raise EmbeddingError(
-                f"the embedder returned shape {vectors.shape} for {len(texts)} texts of "
-                f"dimension {dim}"
-            )
-        return vectors
+        return await embed_within(self.embedder, texts, self.timeout)
 
     async def _call_embedder(self, call: Awaitable[T]) -> T:
         try:

@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError, NotFoundError
+from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.reads import (
     MAX_IDS,
     RESULTS,
@@ -227,10 +227,11 @@ class GraphMethods(Parts):
         its generation, and the commit policy of a fact stated as it is (no contradiction)."""
         from mnemo.extraction.contradiction import intent_policy
         from mnemo.extraction.entities import vector_text
+        from mnemo.graph.vectors import embed_within
 
         await self._repos.refresh(repo)
         runtime = self._repos.embedding(repo)
-        vector = await _embed_within(runtime.embedder, [vector_text(kind, text)],
+        vector = await embed_within(runtime.embedder, [vector_text(kind, text)],
                                      runtime.config.extraction_timeout)
         llm = self._repos.llm_for(runtime, repo)
         policy = replace(intent_policy(runtime.config, runtime.embedder, llm, repo,
@@ -395,6 +396,7 @@ class GraphMethods(Parts):
         from mnemo.extraction.entities import vector_text
         from mnemo.graph import reembed as reembedding
         from mnemo.graph.reembed import ReembedProgress
+        from mnemo.graph.vectors import embed_within
         from mnemo.ports import deliver
 
         self._works("reembed")
@@ -407,7 +409,7 @@ class GraphMethods(Parts):
         limit = runtime.config.extraction_timeout
 
         async def embed_nodes(nodes: Sequence[Unstaged]) -> Vector:
-            return await _embed_within(target, [vector_text(n.type, n.text) for n in nodes],
+            return await embed_within(target, [vector_text(n.type, n.text) for n in nodes],
                                        limit)
 
         async def report(update: ReembedProgress) -> None:
@@ -428,16 +430,3 @@ class GraphMethods(Parts):
         await self._events.emit("repo_reembedded", repo=repo, embedder=uri, dim=target.dim,
                                 nodes=done.vectors, resumed=done.resumed)
         return done.vectors
-
-
-async def _embed_within(embedder: Embedder, texts: list[str], limit: float) -> Vector:
-    """`graph.vectors.embed` within `limit` seconds, else EmbeddingError."""
-    from mnemo.calls.retry import fail_after
-    from mnemo.graph.vectors import embed
-
-    try:
-        with fail_after(limit):
-            return await embed(embedder, texts)
-    except TimeoutError as exc:
-        raise EmbeddingError(f"the embedder took more than {limit} s for {len(texts)} texts"
-                             ) from exc

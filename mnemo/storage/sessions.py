@@ -9,12 +9,10 @@ import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-import numpy as np
-
 from mnemo.config import Config
 from mnemo.episode import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
-from mnemo.graph.model import Changeset, Vector, vector_from_blob
+from mnemo.graph.model import Changeset, vector_from_blob, vector_to_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
@@ -34,11 +32,6 @@ ANNOTATE = (
     " WHERE id = ? AND trajectory_id = '' AND EXISTS (SELECT 1 FROM sessions WHERE id = ?"
     " AND episode_id = ? AND ended = false AND state IN ('collecting', 'extracting'))"
 )
-
-
-def blob(vector: Vector) -> bytes:
-    """`graph.model.vector_to_blob`, here so that an append runs through one file fewer."""
-    return np.asarray(vector, dtype=np.float32).tobytes()
 
 
 def reward(value: float | None) -> float | None:
@@ -98,7 +91,7 @@ class SqlSessions(SqlStore):
                   now: object) -> tuple[object, ...]:
         return (
             step.id, session_id, episode_id, step.index, step.trajectory_id, step.observation,
-            step.action, step.state_summary, step.subgoal, blob(step.subgoal_vec),
+            step.action, step.state_summary, step.subgoal, vector_to_blob(step.subgoal_vec),
             reward(step.reward),
             None if step.metadata is None
             else self._json(json.dumps(step.metadata, sort_keys=True)),
@@ -235,7 +228,7 @@ class SqlSessions(SqlStore):
                               (step.id, holder))
             moved = await self._annotate(sql, session_id, (
                 step.trajectory_id, step.state_summary, step.subgoal,
-                blob(step.subgoal_vec), step.id, session_id, episode_id))
+                vector_to_blob(step.subgoal_vec), step.id, session_id, episode_id))
             if moved is not None and previous is not None:
                 await self._save_rewards(sql, {previous.id: reward(previous.reward)})
             return moved

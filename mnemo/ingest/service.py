@@ -22,7 +22,7 @@ from mnemo.graph.ports import GraphStore, IntentPolicy, SourceForgotten, SourceR
 from mnemo.graph.scope import Metadata, canonical
 from mnemo.ingest.dates import resolver
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
-from mnemo.inputs import check_id, check_json, check_name, check_text
+from mnemo.inputs import check_id, check_json, check_name, check_step, check_text
 from mnemo.ports import LLM, Embedder, Events, JSONObject, deliver
 
 Progress = Callable[[IngestProgress], Awaitable[None] | None]
@@ -70,12 +70,8 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> None:
     if not all(isinstance(step, Step) for step in trajectory.steps):
         raise InvalidInputError("trajectory.steps must be a list of mnemo.Step")
     for i, step in enumerate(trajectory.steps):
-        check_text(step.observation, f"trajectory.steps[{i}].observation", limit=limit)
-        check_text(step.action, f"trajectory.steps[{i}].action", limit=limit, blank_ok=True)
-        if step.metadata is not None and not isinstance(step.metadata, dict):
-            raise InvalidInputError(f"trajectory.steps[{i}].metadata must be a dict or None")
-        if step.metadata is not None:
-            check_json(step.metadata, f"trajectory.steps[{i}].metadata", limit=limit)
+        check_step(step.observation, step.action, step.metadata, limit=limit,
+                   where=f"trajectory.steps[{i}].")
     if trajectory.metadata is not None and not isinstance(trajectory.metadata, dict):
         raise InvalidInputError("trajectory.metadata must be a dict or None")
     if trajectory.metadata is not None:

@@ -227,21 +227,17 @@ class SessionMethods(Parts):
             raise SessionError("not_ready", state=state, session_id=session_id)
 
     async def commit_async(self, session_id: str, callback: Callback | None = None) -> None:
-        self._works("commit_async")
         await self._submit(session_id, "commit", (), callback)
 
     async def discard_async(self, session_id: str, callback: Callback | None = None) -> None:
-        self._works("discard_async")
         await self._submit(session_id, "discard", (), callback)
 
     async def close_async(self, session_id: str, callback: Callback | None = None) -> None:
-        self._works("close_async")
         await self._submit(session_id, "close", (), callback)
 
     async def start_episode_async(
         self, session_id: str, goal: str, callback: Callback | None = None
     ) -> None:
-        self._works("start_episode_async")
         if not isinstance(goal, str) or not goal.strip():
             raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
         await self._submit(session_id, "start_episode", (goal,), callback)
@@ -249,7 +245,6 @@ class SessionMethods(Parts):
     async def append_async(
         self, session_id: str, observation: str, action: str, callback: Callback | None = None
     ) -> None:
-        self._works("append_async")
         for what, value in (("observation", observation), ("action", action)):
             if not isinstance(value, str):
                 raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
@@ -259,6 +254,7 @@ class SessionMethods(Parts):
                       callback: Callback | None) -> None:
         from mnemo.session import operations
 
+        self._works(f"{kind}_async")
         await operations.submit(self._live, session_id, kind, args, callback)
 
     async def session_state(self, session_id: str) -> State:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import types
 import typing
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Annotated, Any
 
+import msgspec
 from msgspec import Meta
 
 from mnemo.errors import InvalidInputError
@@ -185,46 +185,36 @@ class Config:
         return cls(**fields)
 
 
-class _Range:
-    """The check of one numeric field: its kind, its `Meta` bounds, whether None is allowed."""
+class _Range(typing.NamedTuple):
+    """The check of one numeric field: its annotation (checked by `msgspec.convert`), what it
+    takes in words, and its ceiling (None: unbounded)."""
 
-    def __init__(self, kind: type, meta: Meta, optional: bool) -> None:
-        self.kind, self.optional = kind, optional
-        self.low = meta.ge if meta.ge is not None else meta.gt
-        self.high = meta.le if meta.le is not None else meta.lt
-        self.low_open, self.high_open = meta.ge is None, meta.le is None
-        self.wanted = self._phrase()
+    hint: Any
+    wanted: str
+    high: float | None
 
     def __call__(self, name: str, value: object) -> None:
-        if value is None and self.optional:
-            return
-        if not self._holds(value):
-            raise InvalidInputError(f"Config.{name} must be {self.wanted}, got {value!r}")
+        try:
+            msgspec.convert(value, self.hint)
+        except msgspec.ValidationError:
+            raise InvalidInputError(f"Config.{name} must be {self.wanted}, got {value!r}") from None
 
-    def _holds(self, value: object) -> bool:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return False
-        if self.kind is int and not isinstance(value, int):
-            return False
-        if math.isnan(value):
-            return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
-    def _phrase(self) -> str:
-        noun = "an integer" if self.kind is int else "a number"
-        low, high = self.low, self.high
-        if low is not None and high is not None and self.kind is int:
-            text = f"{noun} from {low:,} to {high:,}"
-        elif low is not None and high is not None:
-            opened, closed = "(" if self.low_open else "[", ")" if self.high_open else "]"
-            text = f"{noun} within {opened}{_num(low)}, {_num(high)}{closed}"
-        elif low is not None:
-            text = f"{noun} {'>' if self.low_open else '>='} {_num(low)}"
-        else:
-            text = noun
-        return f"{text} or None" if self.optional else text
+def _phrase(kind: type, meta: Meta, optional: bool) -> str:
+    """What a field of `kind` within `meta`'s bounds takes, in words."""
+    noun = "an integer" if kind is int else "a number"
+    low = meta.ge if meta.ge is not None else meta.gt
+    high = meta.le if meta.le is not None else meta.lt
+    if low is not None and high is not None and kind is int:
+        text = f"{noun} from {low:,} to {high:,}"
+    elif low is not None and high is not None:
+        opened, closed = "(" if meta.ge is None else "[", ")" if meta.le is None else "]"
+        text = f"{noun} within {opened}{_num(low)}, {_num(high)}{closed}"
+    elif low is not None:
+        text = f"{noun} {'>' if meta.ge is None else '>='} {_num(low)}"
+    else:
+        text = noun
+    return f"{text} or None" if optional else text
 
 
 def _num(value: float) -> str:
@@ -242,7 +232,8 @@ def _checks() -> dict[str, _Range]:
         for part in parts:
             if typing.get_origin(part) is Annotated:
                 kind, meta = typing.get_args(part)[:2]
-                checks[name] = _Range(kind, meta, optional)
+                high = meta.le if meta.le is not None else meta.lt
+                checks[name] = _Range(hint, _phrase(kind, meta, optional), high)
     return checks
 
 

@@ -6,7 +6,7 @@ each task's `*_request` builds one `LLMRequest`, and its parser turns a reply in
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Annotated
 
@@ -366,16 +366,17 @@ async def annotate_step(
     llm: Callable[[], LLM],
     embedder: Embedder,
     config: Config,
-    *,
     goal: str,
-    observation: str,
-    action: str,
+    step: StepRecord,
     steps: Sequence[StepRecord],
+    *,
+    new_trajectory: str,
     name: str,
-) -> tuple[Annotation, bool]:
-    """Annotates a step appended after `steps` within `annotation_timeout(config)` seconds
-    (else LLMTimeout), and says whether it starts a new trajectory (`config`'s
-    `trajectory_threshold`); LLMError, EmbeddingError as `annotate`."""
+) -> tuple[StepRecord, float | None]:
+    """`step`, appended after `steps`, annotated within `annotation_timeout(config)` seconds
+    (else LLMTimeout), and the previous step's reward. It goes in the previous step's
+    trajectory, or in `new_trajectory` when it starts one (`config`'s `trajectory_threshold`);
+    LLMError, EmbeddingError as `annotate`."""
     previous = steps[-1] if steps else None
     time_limit = annotation_timeout(config)
     try:
@@ -384,17 +385,20 @@ async def annotate_step(
                 llm(),
                 embedder,
                 goal=goal,
-                observation=observation,
-                action=action,
+                observation=step.observation,
+                action=step.action,
                 previous=previous,
-                recent=[step.line for step in steps[-3:]],
+                recent=[s.line for s in steps[-3:]],
             )
     except TimeoutError as exc:
         if isinstance(exc, MnemoError):
             raise
         raise LLMTimeout(f"{name}: the annotation timed out after {time_limit}s") from exc
-    return note, starts_trajectory(previous, note.subgoal_vec, config.trajectory_threshold)
-
+    starts = starts_trajectory(previous, note.subgoal_vec, config.trajectory_threshold)
+    trajectory = previous.trajectory_id if previous is not None and not starts else new_trajectory
+    done = replace(step, trajectory_id=trajectory, state_summary=note.state_summary,
+                   subgoal=note.subgoal, subgoal_vec=note.subgoal_vec)
+    return done, note.previous_reward
 
 
 def starts_trajectory(previous: StepRecord | None, vector: Vector, threshold: float) -> bool:

@@ -46,6 +46,19 @@ def check_text(value: object, what: str, *, limit: int, blank_ok: bool = False,
     return value
 
 
+def check_step(observation: object, action: object, metadata: object, *, limit: int,
+               where: str = "") -> None:
+    """Raises InvalidInputError for a blank observation, a metadata that is not a dict or None,
+    or a step past `limit` characters or `MAX_JSON_DEPTH` (each named after `where`)."""
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidInputError(
+            f"{where}metadata must be a dict or None, got {type(metadata).__name__}")
+    check_text(observation, f"{where}observation", limit=limit)
+    check_text(action, f"{where}action", limit=limit, blank_ok=True)
+    if metadata is not None:
+        check_json(metadata, f"{where}metadata", limit=limit)
+
+
 def check_id(value: object, what: str) -> str:
     """`value`, checked to be an identifier every backend can store and look up (a non-blank
     string `check_storable` passes); else InvalidInputError."""

@@ -21,7 +21,7 @@ import pytest
 import mnemo
 from mnemo.adapters._contradiction import contradicts as offline_contradicts
 from mnemo.calls.tasks import task_inputs
-from mnemo.session import registry
+from mnemo.session import extracting
 from mnemo.storage.ports import Backend
 from mnemo.storage.sqlite import SqliteBackend
 from mnemo.storage.sqlite.database import Database
@@ -389,15 +389,15 @@ class Callbacks:
 
 def waiting_for_claims(monkeypatch: pytest.MonkeyPatch) -> anyio.Event:
     """Set when a close starts to wait for the step claims of another holder
-    (`mnemo.session.registry.settle`, wrapped for the test)."""
+    (`mnemo.session.extracting.settle`, wrapped for the test)."""
     waiting = anyio.Event()
-    settle = registry.settle
+    settle = extracting.settle
 
     async def noted(*args: Any, **kwargs: Any) -> None:
         waiting.set()
         await settle(*args, **kwargs)
 
-    monkeypatch.setattr(registry, "settle", noted)
+    monkeypatch.setattr(extracting, "settle", noted)
     return waiting
 
 

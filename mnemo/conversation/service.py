@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TypeVar
 
 import anyio
 import numpy as np
@@ -37,6 +36,7 @@ from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.graph.model import now_utc
 from mnemo.graph.scope import Where
+from mnemo.graph.vectors import embed_within
 from mnemo.inputs import check_count, check_id, check_models, check_name, check_seconds, check_text
 from mnemo.ports import LLM, Embedder, Events, detect_dim
 from mnemo.text import query_words
@@ -44,7 +44,6 @@ from mnemo.text import query_words
 Clock = Callable[[], datetime]
 log = logging.getLogger("mnemo")
 
-T = TypeVar("T")
 
 MAX_SEARCH_LIMIT = 100
 MAX_RADIUS = 100
@@ -115,36 +114,22 @@ class ConversationService:
 
     async def dimension(self) -> int:
         """The embedder's dimension, asking it now if it learns it from its first reply."""
-        return await self._call_embedder(detect_dim(self.embedder))
-
-    async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """The float32 embeddings of `texts`, one call per batch within the timeout."""
-        parts = [await self._embed_batch(texts[part]) for part in batches(texts)]
-        return np.concatenate(parts) if parts else np.zeros((0, await self.dimension()),
-                                                             dtype=np.float32)
-
-    async def _embed_batch(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        raw = await self._call_embedder(self.embedder.embed(list(texts)))
-        vectors = np.asarray(raw, dtype=np.float32)
-        # After a reply, so an embedder detecting its dimension knows it without asking again.
-        dim = await self.dimension()
-        if vectors.shape != (len(texts), dim):
-            raise EmbeddingError(
-                f"the embedder returned shape {vectors.shape} for {len(texts)} texts of "
-                f"dimension {dim}"
-            )
-        return vectors
-
-    async def _call_embedder(self, call: Awaitable[T]) -> T:
         try:
             with fail_after(self.timeout):
-                return await call
+                return await detect_dim(self.embedder)
         except TimeoutError as exc:
             raise EmbeddingError(f"the embedder timed out after {self.timeout:g} s") from exc
         except EmbeddingError:
             raise
         except Exception as exc:
             raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
+
+    async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """The float32 embeddings of `texts`, one call per batch within the timeout."""
+        parts = [await embed_within(self.embedder, texts[part], self.timeout)
+                 for part in batches(texts)]
+        return np.concatenate(parts) if parts else np.zeros((0, await self.dimension()),
+                                                             dtype=np.float32)
 
     async def message_vectors(self, messages: Sequence[Message]) -> npt.NDArray[np.float32]:
         """The vectors of one thread's `messages`, the missing ones embedded and stored first."""
@@ -156,7 +141,7 @@ class ConversationService:
         texts = [search_text(m.content, m.data.get("tool_calls")) for m in missing]
         # Stored batch by batch: a load that fails part way keeps what it made.
         for part in batches(texts):
-            fresh = await self._embed_batch(texts[part])
+            fresh = await embed_within(self.embedder, texts[part], self.timeout)
             rows = [(m.id, fresh[i]) for i, m in enumerate(missing[part])]
             try:
                 await self.store.save_vectors(messages[0].thread_id, rows)

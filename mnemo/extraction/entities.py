@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from mnemo import text as _text
-from mnemo.calls.retry import fail_after
-from mnemo.errors import EmbeddingError
 from mnemo.graph.erasure import Embed
 from mnemo.graph.model import (
     Changeset,
@@ -19,10 +17,9 @@ from mnemo.graph.model import (
     LinkType,
     NodeDraft,
     NodeType,
-    Vector,
     normalise_label,
 )
-from mnemo.graph.vectors import embed
+from mnemo.graph.vectors import embed, embed_within
 from mnemo.ports import Embedder
 
 # A speaker's name, and the time that may follow it: "Caroline (1:56 pm on 8 May, 2023)".
@@ -50,17 +47,6 @@ def vector_text(kind: NodeType, text: str) -> str:
     """What the vector of a node of type `kind` and text `text` is made of: a subgoal's text
     whole, else `embedding_text`."""
     return text if kind is NodeType.SUBGOAL else embedding_text(text)
-
-
-async def embed_within(embedder: Embedder, texts: Sequence[str], seconds: float) -> Vector:
-    """`graph.vectors.embed` within `seconds` (a wait for a turn not counted), else
-    EmbeddingError."""
-    try:
-        with fail_after(seconds):
-            return await embed(embedder, texts)
-    except TimeoutError as exc:
-        raise EmbeddingError(f"the embedder took more than {seconds} s for {len(texts)} texts"
-                             ) from exc
 
 
 def wordings(embedder: Embedder, timeout: float) -> Embed:

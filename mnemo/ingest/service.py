@@ -12,9 +12,8 @@ from typing import cast
 import anyio
 
 from mnemo import cpu
-from mnemo.calls.retry import fail_after
 from mnemo.config import Config
-from mnemo.episode import EpisodeRecord, StepRecord, annotate, annotation_timeout, starts_trajectory
+from mnemo.episode import NO_VECTOR, EpisodeRecord, StepRecord, annotate_step
 from mnemo.errors import ConflictError, InvalidInputError, PipelineError
 from mnemo.extraction.entities import with_entity_tags, wordings
 from mnemo.extraction.pipeline import Source, extract, failure_reason
@@ -23,7 +22,7 @@ from mnemo.graph.ports import GraphStore, IntentPolicy, SourceForgotten, SourceR
 from mnemo.graph.scope import Metadata, canonical
 from mnemo.ingest.dates import resolver
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
-from mnemo.inputs import check_id, check_json, check_name, check_text
+from mnemo.inputs import check_id, check_json, check_name, check_step, check_text
 from mnemo.ports import LLM, Embedder, Events, JSONObject, deliver
 
 Progress = Callable[[IngestProgress], Awaitable[None] | None]
@@ -71,12 +70,8 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> None:
     if not all(isinstance(step, Step) for step in trajectory.steps):
         raise InvalidInputError("trajectory.steps must be a list of mnemo.Step")
     for i, step in enumerate(trajectory.steps):
-        check_text(step.observation, f"trajectory.steps[{i}].observation", limit=limit)
-        check_text(step.action, f"trajectory.steps[{i}].action", limit=limit, blank_ok=True)
-        if step.metadata is not None and not isinstance(step.metadata, dict):
-            raise InvalidInputError(f"trajectory.steps[{i}].metadata must be a dict or None")
-        if step.metadata is not None:
-            check_json(step.metadata, f"trajectory.steps[{i}].metadata", limit=limit)
+        check_step(step.observation, step.action, step.metadata, limit=limit,
+                   where=f"trajectory.steps[{i}].")
     if trajectory.metadata is not None and not isinstance(trajectory.metadata, dict):
         raise InvalidInputError("trajectory.metadata must be a dict or None")
     if trajectory.metadata is not None:
@@ -222,30 +217,17 @@ class IngestService:
         for index, step in enumerate(trajectory.steps):
             if resolve is not None:
                 step = Step(resolve(step.observation), resolve(step.action), step.metadata)
-            previous = episode.steps[-1] if episode.steps else None
-            with fail_after(annotation_timeout(runtime.config), stretches=True):
-                note = await annotate(
-                    llm, runtime.embedder, goal=episode.goal, observation=step.observation,
-                    action=step.action, previous=previous,
-                    recent=[s.line for s in episode.steps[-3:]])
-            boundary = starts_trajectory(
-                previous, note.subgoal_vec, runtime.config.trajectory_threshold)
-            if previous is not None:
-                previous.reward = note.previous_reward
-            episode.steps.append(
-                StepRecord(
-                    id=f"{episode.id}:{index}",
-                    index=index,
-                    trajectory_id=(
-                        f"{episode.id}:t{index}" if previous is None or boundary
-                        else previous.trajectory_id),
-                    observation=step.observation,
-                    action=step.action,
-                    state_summary=note.state_summary,
-                    subgoal=note.subgoal,
-                    subgoal_vec=note.subgoal_vec,
-                    # Checked to be JSON (`check_ingest`).
-                    metadata=cast("JSONObject | None", step.metadata)))
+            # Checked to be JSON (`check_ingest`).
+            stored = StepRecord(f"{episode.id}:{index}", index, "", step.observation,
+                                step.action, "", "", NO_VECTOR,
+                                metadata=cast("JSONObject | None", step.metadata))
+            done, reward = await annotate_step(
+                lambda: llm, runtime.embedder, runtime.config, episode.goal, stored,
+                episode.steps, new_trajectory=f"{episode.id}:t{index}",
+                name=f"ingest step {index}")
+            if episode.steps:
+                episode.steps[-1].reward = reward
+            episode.steps.append(done)
             await report("annotating", index + 1)
 
     async def _known(self, repo: str, source_id: str, digest: str) -> IngestReceipt | None:

@@ -4,6 +4,7 @@ thread (`load`)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from mnemo.adapters.minilm import default_embedder
@@ -71,12 +72,9 @@ def build(
         coordination=backend.coordination,
         graph=backend.graph,
         events=events,
-        repo_runtime=repos.get,
-        llm_for=repos.llm_for,
-        learn_repo=repos.learn,
-        refresh_repo=repos.refresh,
-        lease_timeout=config.lease_timeout,
-        idle_timeout=config.idle_session_timeout,
+        repos=repos,
+        lease=timedelta(seconds=config.lease_timeout),
+        shortest_idle=config.idle_session_timeout,
         effects=extracting.start,
         answer_ended=operations.answer_ended,
     )

@@ -114,13 +114,12 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
             # Idle sessions left behind end before the live ones are restored.
             await end_idle(self._live)
+            known = set(self._repos.names())
             live = await self._sessions_store.load_live()
-            await self._background.start()
+            await self._background.start([s for s in live if s.repo in known])
         except BaseException:
             await self._backend.close()
             raise
-        known = set(self._repos.names())
-        self._live.restore([s for s in live if s.repo in known])
         return self
 
     async def __aexit__(

@@ -226,12 +226,13 @@ class GraphMethods(Parts):
         """The vector of a fact's text by the repo's embedder (within `extraction_timeout`),
         its generation, and the commit policy of a fact stated as it is (no contradiction)."""
         from mnemo.extraction.contradiction import intent_policy
-        from mnemo.extraction.entities import embed_within, vector_text
+        from mnemo.extraction.entities import vector_text
+        from mnemo.graph.vectors import embed_within
 
         await self._repos.refresh(repo)
         runtime = self._repos.embedding(repo)
         vector = await embed_within(runtime.embedder, [vector_text(kind, text)],
-                                    runtime.config.extraction_timeout)
+                                     runtime.config.extraction_timeout)
         llm = self._repos.llm_for(runtime, repo)
         policy = replace(intent_policy(runtime.config, runtime.embedder, llm, repo,
                                        self._repos.refresh), contradicts=None)
@@ -392,9 +393,10 @@ class GraphMethods(Parts):
             ConflictError: the repo is being re-embedded by another Memory.
         """
         from mnemo.adapters.uri import model_uri
-        from mnemo.extraction.entities import embed_within, vector_text
+        from mnemo.extraction.entities import vector_text
         from mnemo.graph import reembed as reembedding
         from mnemo.graph.reembed import ReembedProgress
+        from mnemo.graph.vectors import embed_within
         from mnemo.ports import deliver
 
         self._works("reembed")
@@ -408,7 +410,7 @@ class GraphMethods(Parts):
 
         async def embed_nodes(nodes: Sequence[Unstaged]) -> Vector:
             return await embed_within(target, [vector_text(n.type, n.text) for n in nodes],
-                                      limit)
+                                       limit)
 
         async def report(update: ReembedProgress) -> None:
             if progress is not None:

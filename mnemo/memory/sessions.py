@@ -101,7 +101,7 @@ class SessionMethods(Parts):
             StorageError: the step could not be stored.
         """
         self._works("append")
-        from mnemo.session.transitions import append
+        from mnemo.session.registry import append
 
         return await append(self._live, session_id, observation, action, metadata)
 
@@ -124,11 +124,11 @@ class SessionMethods(Parts):
     async def start_episode(self, session_id: str, goal: str) -> None:
         """Starts a new episode in an idle session (state `collecting`)."""
         self._works("start_episode")
-        from mnemo.session import transitions
+        from mnemo.session import registry, transitions
 
         session = await self._live.fetch(session_id)
         check_text(goal, "goal", limit=session.config.max_text_chars)
-        await transitions.refuse_checked(self._live, session, "start_episode")
+        await registry.refuse_checked(self._live, session, "start_episode")
         await transitions.start_episode(self._live, session, goal)
 
     async def _move(self, session_id: str, kind: str) -> CommitReceipt | None:
@@ -197,7 +197,7 @@ class SessionMethods(Parts):
         while True:
             with anyio.move_on_after(wait if wait > 0 else math.inf) as scope:
                 while session.state is S.EXTRACTING and not session.ended:
-                    await live.wait_moved(session)
+                    await transitions.wait_moved(live, session)
             if scope.cancelled_caught:
                 last = self._repos.usage.last_answer(session_id)
                 if max_polls is None and last is not None and anyio.current_time() - last < wait:
@@ -227,21 +227,17 @@ class SessionMethods(Parts):
             raise SessionError("not_ready", state=state, session_id=session_id)
 
     async def commit_async(self, session_id: str, callback: Callback | None = None) -> None:
-        self._works("commit_async")
         await self._submit(session_id, "commit", (), callback)
 
     async def discard_async(self, session_id: str, callback: Callback | None = None) -> None:
-        self._works("discard_async")
         await self._submit(session_id, "discard", (), callback)
 
     async def close_async(self, session_id: str, callback: Callback | None = None) -> None:
-        self._works("close_async")
         await self._submit(session_id, "close", (), callback)
 
     async def start_episode_async(
         self, session_id: str, goal: str, callback: Callback | None = None
     ) -> None:
-        self._works("start_episode_async")
         if not isinstance(goal, str) or not goal.strip():
             raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
         await self._submit(session_id, "start_episode", (goal,), callback)
@@ -249,7 +245,6 @@ class SessionMethods(Parts):
     async def append_async(
         self, session_id: str, observation: str, action: str, callback: Callback | None = None
     ) -> None:
-        self._works("append_async")
         for what, value in (("observation", observation), ("action", action)):
             if not isinstance(value, str):
                 raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
@@ -259,6 +254,7 @@ class SessionMethods(Parts):
                       callback: Callback | None) -> None:
         from mnemo.session import operations
 
+        self._works(f"{kind}_async")
         await operations.submit(self._live, session_id, kind, args, callback)
 
     async def session_state(self, session_id: str) -> State:
@@ -283,7 +279,9 @@ class SessionMethods(Parts):
         "session_ended", and its id becomes unknown. Uncommitted steps stay in the log."""
         self._works("end_session")
         # Stored first: if the store refuses, nothing has changed and the session goes on.
-        await self._live.end(await self._live.fetch(session_id))
+        session = await self._live.fetch(session_id)
+        await self._live.store.end(session.id)
+        await self._live.forget(session)
 
     async def episodes(self, session_id: str) -> list[EpisodeLog]:
         """Every episode the session stored (ended sessions too), oldest first, with steps

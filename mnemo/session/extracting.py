@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import Enum
@@ -110,7 +111,7 @@ class Extraction:
             repo=session.repo,
             source=Source(f"source_{episode.id}", episode.goal, {
                 "session_id": session.id, "episode_id": episode.id, "goal": episode.goal}),
-            llm=live.llm_for(runtime, session.repo, session.id),
+            llm=live.repos.llm_for(runtime, session.repo, session.id),
             embedder=runtime.embedder,
             generation=runtime.generation,
             time_limit=runtime.config.extraction_timeout,
@@ -159,7 +160,7 @@ class Extraction:
         live, session = self.live, self.session
         if not session.unannotated():
             return
-        transitions.annotate(live, session)
+        registry.annotate(live, session)
         limit = session.runtime.config.extraction_timeout
         left = -1
         while session.unannotated() and left != len(session.unannotated()) and (
@@ -191,7 +192,7 @@ class Extraction:
         is extracted again, up to `_ATTEMPTS` times."""
         live, session = self.live, self.session
         for attempt in range(_ATTEMPTS):
-            await registry.take_commits(live, session)
+            await take_commits(live, session)
             changeset, steps = await self._close_changeset(started)
             try:
                 return await self._auto_commit_close(changeset, steps)
@@ -206,15 +207,15 @@ class Extraction:
         self, started: float
     ) -> tuple[Changeset, list[StepRecord]]:
         """The auto-commit close's changeset and the steps it commits: those no commit has.
-        It first waits for steps another Memory's commit claimed (`registry.settle`), up to an
+        It first waits for steps another Memory's commit claimed (`settle`), up to an
         extraction's time limit from `started`, then extracts what is left, once (an extraction
         while it waited would be asked again with the rest)."""
         live, session = self.live, self.session
         steps = session.uncommitted()
-        mine = {s.id for s in await registry.claim_or_all(live, session, steps)}
+        mine = {s.id for s in await claim_or_all(live, session, steps)}
         if len(mine) < len(steps):
             limit = started + session.runtime.config.extraction_timeout
-            await registry.settle(live, session, [s for s in steps if s.id not in mine],
+            await settle(live, session, [s for s in steps if s.id not in mine],
                                 within=max(limit - anyio.current_time(), 0.0))
             steps = session.uncommitted()
         return await self._changeset(steps), steps
@@ -280,7 +281,7 @@ class Extraction:
         episode = session.episode
         try:
             assert episode is not None
-            mine = {s.id for s in await registry.claim_or_all(live, session, steps)}
+            mine = {s.id for s in await claim_or_all(live, session, steps)}
             if len(mine) < len(steps):
                 # Committed or claimed by another Memory's commit: left to it (what the store
                 # says of them is taken in), and a flush looks again a full timeout from now.
@@ -323,10 +324,10 @@ class Extraction:
         return True
 
     async def _read_commits(self) -> None:
-        """`registry.take_commits`, best effort (read again at the next close or refusal)."""
+        """`take_commits`, best effort (read again at the next close or refusal)."""
         live, session = self.live, self.session
         try:
-            await registry.take_commits(live, session)
+            await take_commits(live, session)
         except StorageError as exc:
             log.warning("%s: could not read its steps again: %r", session.id, exc)
 
@@ -358,7 +359,7 @@ async def take_work(live: Sessions, now: datetime, gone: list[str]) -> None:
             continue  # moved on, or its work already runs here
         if not _same_model(session):
             continue
-        if await live.claim(session):
+        if await transitions.hold(live, session):
             log.info("%s: taking over its extraction", session.id)
             live.start(session, Extract())
     for session_id in await co.unannotated(now - live.lease, gone):
@@ -370,7 +371,7 @@ async def take_work(live: Sessions, now: datetime, gone: list[str]) -> None:
             _same_model(session)
         ):
             log.info("%s: taking over the annotation of its stored steps", session.id)
-            transitions.annotate(live, session)
+            registry.annotate(live, session)
 
 
 async def _take_timers(live: Sessions, session: SessionRecord) -> None:
@@ -384,7 +385,7 @@ async def _take_timers(live: Sessions, session: SessionRecord) -> None:
         return  # no timers and nothing started: nothing to drive, so nothing written
     if not _same_model(session):
         return
-    if await live.claim(session):
+    if await transitions.hold(live, session):
         log.info("%s: taking over its auto-commit timers", session.id)
         # A background commit that went with its holder runs again here now.
         finished = session.finished_steps()
@@ -403,3 +404,60 @@ def _same_model(session: SessionRecord) -> bool:
                  session.id, session.extraction_model, here)
         return False
     return True
+
+
+async def claim_or_all(
+    live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]
+) -> list[StepRecord]:
+    """`claim`, but a store that refuses the claim yields all of `steps`: at worst another
+    Memory's work is done again, rather than failing for a write that only saves work."""
+    try:
+        return await registry.claim(live, session, steps)
+    except StorageError as exc:
+        log.warning("%s: could not claim %d steps, extracting them unclaimed: %r", session.id,
+                    len(steps), exc)
+        return list(steps)
+
+
+async def settle(
+    live: Sessions, session: SessionRecord, steps: Sequence[StepRecord], *, within: float
+) -> None:
+    """Waits until each of `steps` (claimed by others) is committed or claimed by this Memory,
+    at most `within` seconds; a storage fault is logged and looked past. NotFoundError: the
+    session ended meanwhile."""
+    open_steps = list(steps)
+    co = live.coordination
+    with anyio.move_on_after(within):
+        while True:
+            # Taken before the look: a change during it moves the token.
+            try:
+                token = await co.change_token()
+                lease = await co.lease(session.id)
+                if lease is None or lease.ended:
+                    # Ended through another Memory: nothing is left to wait for or extract.
+                    raise NotFoundError("session", session.id)
+                await take_commits(live, session)
+                open_steps = [s for s in open_steps if s.committed_in is None]
+                mine = {s.id for s in await registry.claim(live, session, open_steps)}
+                open_steps = [s for s in open_steps if s.id not in mine]
+                if not open_steps:
+                    return
+                await registry.store_moved(live, token)
+            except StorageError as exc:
+                # Busy, or away for a moment: the wait goes on, and looks again.
+                log.warning("%s: could not look at the claims of others: %r", session.id, exc)
+                await anyio.sleep(registry.RECHECK)
+    log.warning("%s: %d steps still claimed by another Memory after %.0f s: extracted here",
+                session.id, len(open_steps), within)
+
+
+async def take_commits(live: Sessions, session: SessionRecord) -> None:
+    """Marks the episode's steps with the changesets the store says committed them (another
+    Memory's background commit moves no version); StorageError if it cannot be read."""
+    episode = session.episode
+    stored = None if episode is None else await live.store.episode(episode.id)
+    if episode is None or stored is None:
+        return
+    committed = {s.id: s.committed_in for s in stored.steps}
+    for step in episode.steps:
+        step.committed_in = committed.get(step.id) or step.committed_in

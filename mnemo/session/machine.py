@@ -33,7 +33,6 @@ from mnemo.config import Config, with_longer_timeouts
 from mnemo.episode import EpisodeRecord, StepRecord
 from mnemo.errors import (
     EmbeddingError,
-    InvalidInputError,
     LLMError,
     NotFoundError,
     SessionError,
@@ -41,7 +40,7 @@ from mnemo.errors import (
 from mnemo.extraction.memo import TaskMemo
 from mnemo.graph.model import Changeset, CommitReceipt
 from mnemo.graph.vectors import check_dim
-from mnemo.inputs import check_json, check_text
+from mnemo.inputs import check_step, check_text
 from mnemo.ports import LLM, Embedder
 from mnemo.ports import deliver as call_back
 
@@ -393,17 +392,6 @@ class SessionRecord:
         return step.annotated and step.committed_in is None and step.id not in self.claimed
 
 
-def check_step(config: Config, observation: object, action: object, metadata: object) -> None:
-    """Raises InvalidInputError for a blank observation, a metadata that is not a dict, or a
-    step past `config.max_text_chars` or `inputs.MAX_JSON_DEPTH`."""
-    if metadata is not None and not isinstance(metadata, dict):
-        raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
-    check_text(observation, "observation", limit=config.max_text_chars)
-    check_text(action, "action", limit=config.max_text_chars, blank_ok=True)
-    if metadata is not None:
-        check_json(metadata, "metadata", limit=config.max_text_chars)
-
-
 def current_state(session: SessionRecord) -> State:
     """The session's state now (a call that awaited may have moved it; mypy cannot know)."""
     return session.state
@@ -412,7 +400,7 @@ def current_state(session: SessionRecord) -> State:
 def check_args(session: SessionRecord, kind: str, args: tuple[Any, ...]) -> None:
     """Raises InvalidInputError for an operation's text past the session's bounds."""
     if kind == "append":
-        check_step(session.config, args[0], args[1], None)
+        check_step(args[0], args[1], None, limit=session.config.max_text_chars)
     elif kind == "start_episode":
         check_text(args[0], "goal", limit=session.config.max_text_chars)
 

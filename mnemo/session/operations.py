@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from mnemo.errors import InvalidInputError, MnemoError, NotFoundError, SessionError, StorageError
-from mnemo.session import transitions
+from mnemo.session import registry, transitions
 from mnemo.session.machine import (
     VALUES,
     Callback,
@@ -35,7 +35,7 @@ from mnemo.session.machine import (
     refusal,
 )
 from mnemo.session.ports import StoredOp, StoredResult
-from mnemo.session.registry import POLL_INTERVAL, Sessions
+from mnemo.session.registry import Sessions
 
 S = State
 
@@ -196,7 +196,7 @@ async def _execute(live: Sessions, session: SessionRecord, op: Op) -> None:
     if op.kind == "append":
         assert op.ticket is not None
         observation, action = op.args
-        await transitions.run_append(live, session, op.ticket, observation, action, None)
+        await registry.run_append(live, session, op.ticket, observation, action, None)
     else:
         await transitions.call(live, session, op.kind, op.args, op)
 
@@ -240,7 +240,7 @@ async def _fail(session: SessionRecord, ops: list[Op], reason: str) -> None:
 
 
 # How often a Memory waiting on stored operations looks at the store's change token.
-WATCH_INTERVAL = POLL_INTERVAL
+WATCH_INTERVAL = transitions.POLL_INTERVAL
 # After storage faults in a row, the watcher pauses up to this many intervals.
 WATCH_BACKOFF = 64
 

@@ -15,7 +15,8 @@ from mnemo.episode import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.errors import EmbeddingError, LLMError, LLMTimeout, MnemoError, SessionError
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset
-from mnemo.session.machine import OpResult, State
+from mnemo.ports import LLM
+from mnemo.session.machine import OpResult, Runtime, State
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +43,6 @@ class LiveSession:
     config: Config
     episode: EpisodeRecord | None
     changeset: Changeset | None = None
-    created_at: str = ""
     model: str | None = None
     version: int = 0
     holder: str | None = None
@@ -61,6 +61,17 @@ class IdleSweep:
 
     ended: list[tuple[str, str]]
     next_due: float | None
+
+
+class Runtimes(Protocol):
+    """What each repo runs with (`memory.repos.Repos`): `get` its runtime, `llm_for` the
+    runtime's LLM within its provider's limiter and booked to the repo (and session), `learn`
+    the repos other Memory objects opened, `refresh` a runtime another Memory re-embedded."""
+
+    def get(self, name: str) -> Runtime: ...
+    def llm_for(self, runtime: Runtime, repo: str, session_id: str | None = None) -> LLM: ...
+    async def learn(self, wanted: str | None = None) -> None: ...
+    async def refresh(self, name: str, generation: int | None = None) -> Runtime: ...
 
 
 class SessionStore(Protocol):

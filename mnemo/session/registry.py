@@ -1,8 +1,8 @@
-"""`Sessions`: what the session modules share (the live sessions of one Memory, their ports,
-this Memory as a holder of background work, the task group), and the step claims that say which
-Memory extracts which steps: what another live holder claimed is left to it, and a close first
-waits for others' claims (`settle`) before extracting what is still open itself.
-"""
+"""`Sessions`, what the session modules share (the live sessions of one Memory, their ports,
+this Memory as a holder of background work, the task group); a step's path: `append` stores it
+in call order, then `annotation` annotates the stored steps in order; and the step claims that
+say which Memory annotates or extracts which steps (what another live holder claimed is left to
+it)."""
 
 from __future__ import annotations
 
@@ -12,85 +12,84 @@ import os
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from functools import partial
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
+from transitions import Machine
 
 from mnemo.config import Config
-from mnemo.episode import StepRecord
-from mnemo.errors import NotFoundError, StorageError
+from mnemo.episode import NO_VECTOR, EpisodeRecord, StepInfo, StepRecord, annotate_step
+from mnemo.errors import NotFoundError, SessionError, StorageError
 from mnemo.graph.ports import GraphStore
-from mnemo.inputs import check_id
-from mnemo.ports import LLM, Events
-from mnemo.session.machine import Callback, Effect, Runtime, SessionRecord, State, new_machine
-from mnemo.session.ports import Coordination, HolderInfo, LiveSession, SessionStore
+from mnemo.inputs import check_id, check_step
+from mnemo.ports import Events
+from mnemo.session.machine import (
+    Callback,
+    CommitSteps,
+    Effect,
+    Runtime,
+    SessionRecord,
+    State,
+    new_machine,
+    refuse_unless,
+)
+from mnemo.session.ports import (
+    Coordination,
+    HolderInfo,
+    LiveSession,
+    Runtimes,
+    SessionStore,
+    StaleSession,
+)
 
 log = logging.getLogger("mnemo")
 
 HOST = socket.gethostname()
-# How often a wait for work another Memory holds looks at the store's change token.
-POLL_INTERVAL = 0.05
 # A wait for another Memory's claims looks at the store's change token this often, and at
 # least every `RECHECK` seconds regardless (a claimer that died writes nothing).
 SETTLE_INTERVAL = 0.2
 RECHECK = 1.0
 
 
+@dataclass(eq=False)
 class Sessions:
-    """Every live session of one Memory, with the store, graph, events and LLMs they use."""
+    """Every live session of one Memory, with the store, graph, events and runtimes they use.
+    `effects(live, session, effect)` starts what a move asks for (an `Effect`) in the
+    session's tasks, in the background work's group, and `answer_ended` answers what a
+    session ended elsewhere owes (given, so that this module does not import their runners).
+    """
 
-    def __init__(
-        self,
-        *,
-        store: SessionStore,
-        coordination: Coordination,
-        graph: GraphStore,
-        events: Events,
-        repo_runtime: Callable[[str], Runtime],
-        llm_for: Callable[[Runtime, str, str | None], LLM],
-        learn_repo: Callable[[str], Awaitable[None]],
-        refresh_repo: Callable[[str, int], Awaitable[Runtime]],
-        lease_timeout: float,
-        idle_timeout: float,
-        effects: Callable[[Sessions, SessionRecord, Effect], None],
-        answer_ended: Callable[[Sessions, SessionRecord], Awaitable[None]],
-    ) -> None:
-        self.store = store
-        self.coordination = coordination
-        self.graph = graph
-        self.events = events
-        self.repo_runtime = repo_runtime
-        self.llm_for = llm_for
-        self.learn_repo = learn_repo
-        # Brings a repo's runtime up to its record after another Memory re-embedded it.
-        self.refresh_repo = refresh_repo
-        # `start(session, effect)` starts what a move asks for (an `Effect`) in the session's
-        # tasks, in the background work's group; `_answer_ended` answers what a session ended
-        # elsewhere owes (given here, so the machine does not import its runner).
-        self.start: Callable[[SessionRecord, Effect], None] = partial(effects, self)
-        self._answer_ended = answer_ended
-        # This Memory as a holder of background work, recorded at its first claim, alive while
-        # its heartbeat renews its leases.
-        self.holder_id = f"holder_{uuid.uuid4().hex}"
-        self.lease = timedelta(seconds=lease_timeout)
-        self.registered = anyio.Event()
-        self._registering = anyio.Lock()
-        # Operations accepted here for work another Memory holds, by session, in order.
-        self.remote: dict[str, list[tuple[str, str, Callback | None]]] = {}
-        self.machine = new_machine()
-        self.by_id: dict[str, SessionRecord] = {}
-        self.tg: TaskGroup | None = None
-        # The Memory is closing: nothing more is stored for another Memory.
-        self.closing = False
-        self.timer_wake = anyio.Event()
-        self.timed: set[str] = set()  # ids of auto-commit sessions, the only ones with timers
-        # The shortest `idle_session_timeout` known: the most the idle sweep waits.
-        self.shortest_idle = idle_timeout
-        self.idle_wake = anyio.Event()
-        self.look = anyio.Event()  # set: the takeover task looks for work now
+    store: SessionStore
+    coordination: Coordination
+    graph: GraphStore
+    events: Events
+    repos: Runtimes
+    lease: timedelta
+    # The shortest `idle_session_timeout` known: the most the idle sweep waits.
+    shortest_idle: float
+    effects: Callable[[Sessions, SessionRecord, Effect], None]
+    answer_ended: Callable[[Sessions, SessionRecord], Awaitable[None]]
+    # This Memory as a holder of background work, recorded at its first claim, alive while
+    # its heartbeat renews its leases.
+    holder_id: str = field(default_factory=lambda: f"holder_{uuid.uuid4().hex}")
+    registered: anyio.Event = field(default_factory=anyio.Event)
+    registering: anyio.Lock = field(default_factory=anyio.Lock)
+    # Operations accepted here for work another Memory holds, by session, in order.
+    remote: dict[str, list[tuple[str, str, Callback | None]]] = field(default_factory=dict)
+    machine: Machine = field(default_factory=new_machine)
+    by_id: dict[str, SessionRecord] = field(default_factory=dict)
+    tg: TaskGroup | None = None
+    closing: bool = False  # the Memory is closing: nothing more is stored for another Memory
+    timer_wake: anyio.Event = field(default_factory=anyio.Event)
+    timed: set[str] = field(default_factory=set)  # the auto-commit sessions (they have timers)
+    idle_wake: anyio.Event = field(default_factory=anyio.Event)
+    look: anyio.Event = field(default_factory=anyio.Event)  # set: the takeover task looks now
+
+    def start(self, session: SessionRecord, effect: Effect) -> None:
+        self.effects(self, session, effect)
 
     def lease_until(self) -> datetime:
         return self.coordination.now() + self.lease
@@ -99,7 +98,7 @@ class Sessions:
         """Records this Memory as a holder, once, before its first claim."""
         if self.registered.is_set():
             return
-        async with self._registering:
+        async with self.registering:
             if not self.registered.is_set():
                 now = self.coordination.now()
                 await self.coordination.register(
@@ -114,18 +113,14 @@ class Sessions:
     def add(
         self, session_id: str, repo: str, state: State, config: Config, override: Runtime | None
     ) -> SessionRecord:
-        session = SessionRecord(session_id, repo, self.repo_runtime(repo), override, config)
+        session = SessionRecord(session_id, repo, self.repos.get(repo), override, config)
         self.machine.add_model(session, initial=state)
         self.by_id[session_id] = session
-        self.idle_within(config.idle_session_timeout)
-        return session
-
-    def idle_within(self, seconds: float) -> None:
-        """An idle session may come due `seconds` after its last change: the idle sweep looks
-        at least that often."""
-        if seconds < self.shortest_idle:
-            self.shortest_idle = seconds
+        if config.idle_session_timeout < self.shortest_idle:
+            # It may come due that long after its last change: the idle sweep looks that often.
+            self.shortest_idle = config.idle_session_timeout
             self.idle_wake.set()
+        return session
 
     async def fetch(self, session_id: str, *, fresh: bool = False) -> SessionRecord:
         """The session's record, read from the store when unknown here, and, when `fresh`,
@@ -136,11 +131,9 @@ class Sessions:
             row = await self.store.load_one(session_id)
             if row is None:
                 raise NotFoundError("session", session_id)
-            await self.learn_repo(row.repo)  # opened through another Memory, maybe
-            session = self.by_id.get(session_id)  # loaded meanwhile by another call
-            if session is None:
-                session = self.adopt(row)
-            return session
+            await self.repos.learn(row.repo)  # opened through another Memory, maybe
+            # Another call may have loaded it meanwhile.
+            return self.by_id.get(session_id) or self.adopt(row)
         if fresh:
             version = await self.store.version(session_id)
             # Versions only grow: an older one is a read that began before a write here and
@@ -152,14 +145,6 @@ class Sessions:
             if moved and not session.lock.locked():
                 await self.reload(session)
         return session
-
-    def restore(self, rows: list[LiveSession]) -> None:
-        """Knows the sessions a store holds that had not ended. An extraction among them goes
-        on when it is nobody's and this Memory's model for its repo is the one it started with."""
-        for row in rows:
-            if row.id not in self.by_id:  # the takeover task may have taken it already
-                self.adopt(row)
-        self.look.set()
 
     def adopt(self, row: LiveSession) -> SessionRecord:
         """A record for a session the store holds (restored, or started elsewhere)."""
@@ -212,12 +197,6 @@ class Sessions:
         if row.state is not before:
             session.notify()
 
-    async def end(self, session: SessionRecord, *, version: int | None = None) -> None:
-        """Ends the session in the store (given `version`, only while it is still at it,
-        else `StaleSession`: nothing changes), then here (`forget`)."""
-        await self.store.end(session.id, version=version)
-        await self.forget(session)
-
     async def forget(self, session: SessionRecord) -> None:
         """Drops a session the store no longer holds: its background work is cancelled, its
         id is unknown here, and what it owed is answered `session_ended`."""
@@ -231,31 +210,7 @@ class Sessions:
         session.notify()
         # Shielded: the caller may be one of the session's own tasks, just cancelled.
         with anyio.CancelScope(shield=True):
-            await self._answer_ended(self, session)
-
-    async def wait_moved(self, session: SessionRecord) -> None:
-        """Waits until the session may have moved: its event here, or, while another Memory
-        extracts it, a change of the store's change token (polled every `POLL_INTERVAL`)."""
-        event = session.changed  # taken before any await: a notify from now on wakes us
-        if session.scopes or session.state is not State.EXTRACTING:
-            await event.wait()
-            return
-        token = await self.coordination.change_token()
-        # Read again after the token is taken: a change in between is seen here, and a later
-        # one moves the token.
-        await self.fetch(session.id, fresh=True)
-        if event.is_set() or session.state is not State.EXTRACTING:
-            return
-        while True:
-            with anyio.move_on_after(POLL_INTERVAL):
-                await event.wait()
-                return
-            if session.scopes or session.state is not State.EXTRACTING:
-                return  # its work runs here now, or it moved while we looked at the store
-            current = await self.coordination.change_token()
-            if current != token:
-                await self.fetch(session.id, fresh=True)
-                return
+            await self.answer_ended(self, session)
 
     def touch(self, session: SessionRecord) -> None:
         """Records activity; an auto-commit session this Memory drives may now have an earlier
@@ -271,20 +226,6 @@ class Sessions:
         if session.config.auto_commit:
             self.timed.add(session.id)
             self.timer_wake.set()
-
-    async def claim(self, session: SessionRecord) -> bool:
-        """Holds the session's background work and drives its timers (compare-and-set on the
-        record's version); False when another Memory moved the session first."""
-        await self.register()
-        version = await self.coordination.claim(
-            session.id, version=session.version, holder_id=self.holder_id,
-            lease_until=self.lease_until(),
-        )
-        if version is None:
-            return False
-        session.version = version
-        self.drive(session)
-        return True
 
     def spawn(
         self, session: SessionRecord, fn: Callable[..., Awaitable[None]], *args: Any,
@@ -318,6 +259,192 @@ class Sessions:
             raise
 
 
+async def refuse_checked(live: Sessions, session: SessionRecord, event: str) -> None:
+    """`refuse_unless` for append and start_episode, which start from the record this Memory
+    holds: a refusal is final, so it is checked against the store first (read under the
+    session's lock, taken in only when newer)."""
+    try:
+        refuse_unless(session, event)
+    except SessionError:
+        async with session.lock:
+            await live.reload(session)
+        refuse_unless(session, event)
+
+
+async def append(
+    live: Sessions, session_id: str, observation: str, action: str,
+    metadata: dict[str, Any] | None,
+) -> StepInfo:
+    """A caller's append: the step checked, then stored in call order (`run_append`)."""
+    session = await live.fetch(session_id)
+    check_step(observation, action, metadata, limit=session.config.max_text_chars)
+    await refuse_checked(live, session, "append")
+    session.appends_in_flight += 1
+    ticket = session.ticket_queue.take()
+    try:
+        return await run_append(live, session, ticket, observation, action, metadata)
+    finally:
+        session.appends_in_flight -= 1
+        session.notify()  # an expiry waits for appends to end (`timers._working`)
+
+
+async def run_append(
+    live: Sessions, session: SessionRecord, ticket: int, observation: str, action: str,
+    metadata: dict[str, Any] | None,
+) -> StepInfo:
+    """Stores the step when the ticket queue reaches `ticket` (steps keep their call order)
+    and starts the annotation; returns once the step is annotated, or `append_timeout` after
+    it was stored (annotated later)."""
+    await session.ticket_queue.wait(ticket)
+    try:
+        try:
+            stored, episode_id = await _store(live, session, observation, action, metadata)
+        finally:
+            session.ticket_queue.leave(ticket)
+        with anyio.move_on_after(session.runtime.config.append_timeout):
+            while True:
+                changed = session.changed
+                now = session.step_at(episode_id, stored.index)
+                if now is None or now.annotated or not session.annotating:
+                    break
+                await changed.wait()
+    finally:
+        live.touch(session)  # activity until it returns: an expiry finds it used
+    info = StepInfo(stored.index, None, None, annotated=False)
+    now = session.step_at(episode_id, stored.index)
+    if now is not None and now.annotated:
+        before = session.step_at(episode_id, stored.index - 1) if stored.index else None
+        boundary = before is not None and before.trajectory_id != now.trajectory_id
+        info = StepInfo(stored.index, now.trajectory_id, boundary)
+    await live.events.emit(
+        "step_appended", session_id=session.id, repo=session.repo, index=info.index,
+        trajectory_id=info.trajectory_id, boundary_detected=info.boundary_detected,
+        annotated=info.annotated,
+    )
+    return info
+
+
+async def _store(
+    live: Sessions, session: SessionRecord, observation: str, action: str,
+    metadata: dict[str, Any] | None,
+) -> tuple[StepRecord, str]:
+    """Stores the step (claimed for its annotation) and starts the annotation. When another
+    Memory moved the session meanwhile (nothing written), the step goes to the episode as the
+    store now holds it, or is refused."""
+    # The store's state once this append's turn came: only a move during the append is
+    # `not_collecting`.
+    await live.fetch(session.id, fresh=True)
+    moved = False
+    while True:
+        if moved and not session.ended and session.state is not State.COLLECTING:
+            # Closed through another Memory while this append was under way.
+            raise SessionError("not_collecting", state=session.state, session_id=session.id)
+        refuse_unless(session, "append")
+        session.runtime.check_usable(session.repo)
+        await live.register()  # a claim lasts while its holder is recorded
+        async with session.lock:
+            refuse_unless(session, "append")
+            episode = session.episode
+            assert episode is not None, "a collecting session has an episode"
+            index = len(episode.steps)
+            step = StepRecord(f"{episode.id}:{index}", index, "", observation, action, "", "",
+                              NO_VECTOR, metadata=metadata)
+            try:
+                session.version = await live.store.add_step(
+                    session.id, episode.id, step, version=session.version,
+                    holder=live.holder_id,
+                )
+            except StaleSession:
+                await live.reload(session, conflict=True)
+                moved = True
+                continue
+            session.held.add(step.id)
+            episode.steps.append(step)
+            # Started at once: a cancelled append leaves no stored step nobody annotates.
+            annotate(live, session)
+            return step, episode.id
+
+
+def annotate(live: Sessions, session: SessionRecord) -> None:
+    """Starts the annotation of the open episode's stored steps (one task a session)."""
+    if not session.annotating:
+        session.annotating = True
+        live.spawn(session, annotation, live, session)
+
+
+async def annotation(live: Sessions, session: SessionRecord) -> None:
+    """Annotates the stored steps in order until none is left: a step another live Memory
+    holds is waited for, one whose holder is gone is taken over."""
+    try:
+        while session.state in (State.COLLECTING, State.EXTRACTING) and not session.ended:
+            episode, pending = session.episode, session.unannotated()
+            if episode is None or not pending:
+                break
+            step = pending[0]
+            if step.id in session.held:
+                await _annotate(live, session, episode, step)
+                continue
+            token = await live.coordination.change_token()
+            mine = await claim(live, session, [step])
+            if not mine:
+                await store_moved(live, token)  # another Memory's annotation of it
+            async with session.lock:
+                await live.reload(session)  # annotated meanwhile, by the claim's last holder?
+            now = session.step_at(episode.id, step.index)
+            if mine and (now is None or now.annotated):
+                await release(live, session, mine)
+            elif mine:
+                session.held.add(step.id)
+        session.annotation_failure = None
+    except NotFoundError:
+        pass  # ended through another Memory: nothing is left to annotate
+    except Exception as exc:
+        log.warning("%s: a step's annotation failed; the step is kept and annotated later: "
+                    "%r", session.id, exc)
+        session.annotation_failure = exc
+        held = [s for s in session.unannotated() if s.id in session.held]
+        session.held.clear()
+        await release(live, session, held)
+    finally:
+        session.annotating = False
+        session.notify()
+
+
+async def _annotate(
+    live: Sessions, session: SessionRecord, episode: EpisodeRecord, step: StepRecord
+) -> None:
+    """Annotates one stored step (within `episode.annotation_timeout`) and writes it with the
+    previous step's reward."""
+    runtime = session.runtime
+    previous = episode.steps[step.index - 1] if step.index else None
+    done, reward = await annotate_step(
+        lambda: live.repos.llm_for(runtime, session.repo, session.id), runtime.embedder,
+        runtime.config, episode.goal, step, episode.steps[:step.index],
+        new_trajectory=f"trajectory_{uuid.uuid4().hex}", name=f"{session.id} step {step.index}",
+    )
+    boundary = previous is not None and done.trajectory_id != previous.trajectory_id
+    scored = None if previous is None else replace(previous, reward=reward)
+    async with session.lock:
+        version = await live.store.annotate_step(session.id, episode.id, done, scored,
+                                                 holder=live.holder_id)
+        session.held.discard(step.id)
+        here = session.step_at(episode.id, step.index)
+        if version is None or here is None:
+            # Annotated by another Memory, or the episode moved on: the store says how.
+            await live.reload(session, conflict=True)
+        else:
+            if version == session.version + 1:  # else another Memory wrote meanwhile
+                session.version = version
+            for name in ("trajectory_id", "state_summary", "subgoal", "subgoal_vec"):
+                setattr(here, name, getattr(done, name))
+            before = session.step_at(episode.id, step.index - 1) if step.index else None
+            if before is not None:
+                before.reward = reward
+    session.notify()
+    if boundary and session.config.auto_commit and (ready := session.finished_steps()):
+        live.start(session, CommitSteps(ready))
+
+
 async def claim(
     live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]
 ) -> list[StepRecord]:
@@ -339,19 +466,6 @@ async def claim(
     return [s for s in steps if s.id in granted]
 
 
-async def claim_or_all(
-    live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]
-) -> list[StepRecord]:
-    """`claim`, but a store that refuses the claim yields all of `steps`: at worst another
-    Memory's work is done again, rather than failing for a write that only saves work."""
-    try:
-        return await claim(live, session, steps)
-    except StorageError as exc:
-        log.warning("%s: could not claim %d steps, extracting them unclaimed: %r", session.id,
-                    len(steps), exc)
-        return list(steps)
-
-
 async def release(live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]) -> None:
     """Gives up this Memory's claims on `steps` (best effort: a kept claim lapses at close)."""
     if not steps:
@@ -364,38 +478,6 @@ async def release(live: Sessions, session: SessionRecord, steps: Sequence[StepRe
                     exc)
 
 
-async def settle(
-    live: Sessions, session: SessionRecord, steps: Sequence[StepRecord], *, within: float
-) -> None:
-    """Waits until each of `steps` (claimed by others) is committed or claimed by this Memory,
-    at most `within` seconds; a storage fault is logged and looked past. NotFoundError: the
-    session ended meanwhile."""
-    open_steps = list(steps)
-    co = live.coordination
-    with anyio.move_on_after(within):
-        while True:
-            # Taken before the look: a change during it moves the token.
-            try:
-                token = await co.change_token()
-                lease = await co.lease(session.id)
-                if lease is None or lease.ended:
-                    # Ended through another Memory: nothing is left to wait for or extract.
-                    raise NotFoundError("session", session.id)
-                await take_commits(live, session)
-                open_steps = [s for s in open_steps if s.committed_in is None]
-                mine = {s.id for s in await claim(live, session, open_steps)}
-                open_steps = [s for s in open_steps if s.id not in mine]
-                if not open_steps:
-                    return
-                await store_moved(live, token)
-            except StorageError as exc:
-                # Busy, or away for a moment: the wait goes on, and looks again.
-                log.warning("%s: could not look at the claims of others: %r", session.id, exc)
-                await anyio.sleep(RECHECK)
-    log.warning("%s: %d steps still claimed by another Memory after %.0f s: extracted here",
-                session.id, len(open_steps), within)
-
-
 async def store_moved(live: Sessions, token: int) -> None:
     """Returns once the store's change token is no longer `token` (polled every
     `SETTLE_INTERVAL`), or after `RECHECK` seconds; StorageError if it cannot be read."""
@@ -405,18 +487,6 @@ async def store_moved(live: Sessions, token: int) -> None:
         waited += SETTLE_INTERVAL
         if await live.coordination.change_token() != token:
             return
-
-
-async def take_commits(live: Sessions, session: SessionRecord) -> None:
-    """Marks the episode's steps with the changesets the store says committed them (another
-    Memory's background commit moves no version); StorageError if it cannot be read."""
-    episode = session.episode
-    stored = None if episode is None else await live.store.episode(episode.id)
-    if episode is None or stored is None:
-        return
-    committed = {s.id: s.committed_in for s in stored.steps}
-    for step in episode.steps:
-        step.committed_in = committed.get(step.id) or step.committed_in
 
 
 def _alive(pid: int) -> bool:

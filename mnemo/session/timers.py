@@ -27,7 +27,7 @@ from mnemo.session.machine import (
     deliver,
     refuse_close,
 )
-from mnemo.session.ports import StaleSession
+from mnemo.session.ports import LiveSession, StaleSession
 from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
@@ -54,8 +54,10 @@ class BackgroundWork:
         self._host: asyncio.Task[None] | None = None
         self._stop = anyio.Event()
 
-    async def start(self) -> None:
-        """Starts the work; returns once it runs (raising what the work raised before)."""
+    async def start(self, restored: list[LiveSession]) -> None:
+        """Starts the work with the sessions a store holds that had not ended; returns once
+        it runs (raising what the work raised before). An extraction among them goes on when
+        it is nobody's and this Memory's model for its repo is the one it started with."""
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = anyio.Event()
 
@@ -74,6 +76,10 @@ class BackgroundWork:
 
         self._host = asyncio.get_running_loop().create_task(host(), name="mnemo-host")
         await started
+        for row in restored:
+            if row.id not in self.live.by_id:  # the takeover task may have taken it already
+                self.live.adopt(row)
+        self.live.look.set()
 
     async def stop(self) -> bool:
         """Cancels the work and waits until it is gone; False when it was not running."""
@@ -209,10 +215,10 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
         mine = await registry.claim(live, session, waiting)
         if not mine:
             session.flush_after = now
-            await registry.take_commits(live, session)
+            await extracting.take_commits(live, session)
             return
         async with session.lock:
-            claimed = session.state is S.COLLECTING and await live.claim(session)
+            claimed = session.state is S.COLLECTING and await transitions.hold(live, session)
             if not claimed:
                 # Moved meanwhile: the loop looks again.
                 await live.reload(session, conflict=True)
@@ -260,7 +266,7 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
             if session.scopes or _working(session):
                 await session.changed.wait()
             else:
-                await live.wait_moved(session)  # extracted through another Memory
+                await transitions.wait_moved(live, session)  # extracted through another Memory
         if session.ended:
             return
         if used():
@@ -285,7 +291,8 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
     # Shielded: ending the session cancels this task, and the event must still go out.
     with anyio.CancelScope(shield=True):
         try:
-            await live.end(session, version=session.version)
+            await live.store.end(session.id, version=session.version)
+            await live.forget(session)
         except StaleSession:
             moved = True  # used through another Memory since the close (a new episode)
         else:

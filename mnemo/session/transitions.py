@@ -1,14 +1,12 @@
 """The session machine's moves, and what the calls that move it write. A state change happens
 in `move`: under the session's lock it asks the table, persists, fires the trigger, starts what
-the move asks for (an `Effect`), then reports a "transition" event. An append stores its step,
-then `annotate`s the stored steps in order, each claimed in the store so that two Memories never
-ask the model about one step; a failed annotation is retried by the next append, the close or a
-takeover. Extraction and the operation queue sit above this module.
+the move asks for (an `Effect`), then reports a "transition" event. `hold` takes the session's
+background work for this Memory, `wait_moved` waits for a move. A step's append and annotation
+sit below this module (`registry`), extraction and the operation queue above it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -16,23 +14,20 @@ from typing import Any
 
 import anyio
 
-from mnemo.episode import NO_VECTOR, EpisodeRecord, StepInfo, StepRecord, annotate_step
+from mnemo.episode import EpisodeRecord, StepRecord
 from mnemo.errors import NotFoundError, SessionError, StorageError
 from mnemo.extraction.contradiction import intent_policy
 from mnemo.graph.model import Changeset, CommitReceipt
 from mnemo.graph.ports import StepsCommitted
 from mnemo.ports import model_name
-from mnemo.session import registry
 from mnemo.session.machine import (
     STALE,
-    CommitSteps,
     Effect,
     Extract,
     Op,
     SessionRecord,
     State,
     appends_before,
-    check_step,
     refusal,
     refuse_close,
     refuse_unless,
@@ -114,6 +109,8 @@ async def move(
     return True
 
 
+# How often a wait for work another Memory holds looks at the store's change token.
+POLL_INTERVAL = 0.05
 # A write that finds the session moved reads it and asks the table again, this many times.
 _ATTEMPTS = 3
 
@@ -131,212 +128,6 @@ async def start_episode(
 
     await move(live, session, "start_episode", persist, op=op)
     live.touch(session)
-
-
-async def refuse_checked(live: Sessions, session: SessionRecord, event: str) -> None:
-    """`refuse_unless` for append and start_episode, which start from the record this Memory
-    holds: a refusal is final, so it is checked against the store first (read under the
-    session's lock, taken in only when newer)."""
-    try:
-        refuse_unless(session, event)
-    except SessionError:
-        async with session.lock:
-            await live.reload(session)
-        refuse_unless(session, event)
-
-
-async def append(
-    live: Sessions, session_id: str, observation: str, action: str,
-    metadata: dict[str, Any] | None,
-) -> StepInfo:
-    """A caller's append: the step checked, then stored in call order (`run_append`)."""
-    session = await live.fetch(session_id)
-    check_step(session.config, observation, action, metadata)
-    await refuse_checked(live, session, "append")
-    session.appends_in_flight += 1
-    ticket = session.ticket_queue.take()
-    try:
-        return await run_append(live, session, ticket, observation, action, metadata)
-    finally:
-        session.appends_in_flight -= 1
-        session.notify()  # an expiry waits for appends to end (`timers._working`)
-
-
-async def run_append(
-    live: Sessions, session: SessionRecord, ticket: int, observation: str, action: str,
-    metadata: dict[str, Any] | None,
-) -> StepInfo:
-    """Stores the step when the ticket queue reaches `ticket` (steps keep their call order)
-    and starts the annotation; returns once the step is annotated, or `append_timeout` after
-    it was stored (annotated later)."""
-    await session.ticket_queue.wait(ticket)
-    try:
-        try:
-            stored, episode_id = await _store(live, session, observation, action, metadata)
-        finally:
-            session.ticket_queue.leave(ticket)
-        with anyio.move_on_after(session.runtime.config.append_timeout):
-            while True:
-                changed = session.changed
-                now = session.step_at(episode_id, stored.index)
-                if now is None or now.annotated or not session.annotating:
-                    break
-                await changed.wait()
-    finally:
-        live.touch(session)  # activity until it returns: an expiry finds it used
-    info = StepInfo(stored.index, None, None, annotated=False)
-    now = session.step_at(episode_id, stored.index)
-    if now is not None and now.annotated:
-        before = session.step_at(episode_id, stored.index - 1) if stored.index else None
-        boundary = before is not None and before.trajectory_id != now.trajectory_id
-        info = StepInfo(stored.index, now.trajectory_id, boundary)
-    await live.events.emit(
-        "step_appended", session_id=session.id, repo=session.repo, index=info.index,
-        trajectory_id=info.trajectory_id, boundary_detected=info.boundary_detected,
-        annotated=info.annotated,
-    )
-    return info
-
-
-async def _store(
-    live: Sessions, session: SessionRecord, observation: str, action: str,
-    metadata: dict[str, Any] | None,
-) -> tuple[StepRecord, str]:
-    # The store's state once this append's turn came: only a move during the append is
-    # `not_collecting`.
-    await live.fetch(session.id, fresh=True)
-    moved = False
-    while True:
-        if moved and not session.ended and session.state is not S.COLLECTING:
-            # Closed through another Memory while this append was under way.
-            raise SessionError("not_collecting", state=session.state, session_id=session.id)
-        refuse_unless(session, "append")
-        stored = await _try(live, session, observation, action, metadata)
-        if stored is not None:
-            return stored
-        # Another Memory moved the session: store against the episode as it now is, or refuse.
-        async with session.lock:
-            await live.reload(session, conflict=True)
-        moved = True
-
-
-async def _try(
-    live: Sessions, session: SessionRecord, observation: str, action: str,
-    metadata: dict[str, Any] | None,
-) -> tuple[StepRecord, str] | None:
-    """Stores the step (claimed for its annotation) and starts the annotation; None when the
-    session moved in the store meanwhile (nothing written)."""
-    session.runtime.check_usable(session.repo)
-    await live.register()  # a claim lasts while its holder is recorded
-    async with session.lock:
-        refuse_unless(session, "append")
-        episode = session.episode
-        assert episode is not None, "a collecting session has an episode"
-        index = len(episode.steps)
-        step = StepRecord(f"{episode.id}:{index}", index, "", observation, action, "", "",
-                          NO_VECTOR, metadata=metadata)
-        try:
-            session.version = await live.store.add_step(
-                session.id, episode.id, step, version=session.version, holder=live.holder_id,
-            )
-        except StaleSession:
-            return None
-        session.held.add(step.id)
-        episode.steps.append(step)
-        # Started at once: a cancelled append leaves no stored step nobody annotates.
-        annotate(live, session)
-    return step, episode.id
-
-
-def annotate(live: Sessions, session: SessionRecord) -> None:
-    """Starts the annotation of the open episode's stored steps (one task a session)."""
-    if not session.annotating:
-        session.annotating = True
-        live.spawn(session, annotation, live, session)
-
-
-async def annotation(live: Sessions, session: SessionRecord) -> None:
-    """Annotates the stored steps in order until none is left: a step another live Memory
-    holds is waited for, one whose holder is gone is taken over."""
-    try:
-        while session.state in (State.COLLECTING, State.EXTRACTING) and not session.ended:
-            episode, pending = session.episode, session.unannotated()
-            if episode is None or not pending:
-                break
-            step = pending[0]
-            if step.id in session.held:
-                await _annotate(live, session, episode, step)
-                continue
-            token = await live.coordination.change_token()
-            mine = await registry.claim(live, session, [step])
-            if not mine:
-                await registry.store_moved(live, token)  # another Memory's annotation of it
-            async with session.lock:
-                await live.reload(session)  # annotated meanwhile, by the claim's last holder?
-            now = session.step_at(episode.id, step.index)
-            if mine and (now is None or now.annotated):
-                await registry.release(live, session, mine)
-            elif mine:
-                session.held.add(step.id)
-        session.annotation_failure = None
-    except NotFoundError:
-        pass  # ended through another Memory: nothing is left to annotate
-    except Exception as exc:
-        log.warning("%s: a step's annotation failed; the step is kept and annotated later: "
-                    "%r", session.id, exc)
-        session.annotation_failure = exc
-        held = [s for s in session.unannotated() if s.id in session.held]
-        session.held.clear()
-        await registry.release(live, session, held)
-    finally:
-        session.annotating = False
-        session.notify()
-
-
-async def _annotate(
-    live: Sessions, session: SessionRecord, episode: EpisodeRecord, step: StepRecord
-) -> None:
-    """Annotates one stored step (within `episode.annotation_timeout`) and writes it with the
-    previous step's reward."""
-    runtime = session.runtime
-    note, boundary = await annotate_step(
-        lambda: live.llm_for(runtime, session.repo, session.id),
-        runtime.embedder,
-        runtime.config,
-        goal=episode.goal,
-        observation=step.observation,
-        action=step.action,
-        steps=episode.steps[:step.index],
-        name=f"{session.id} step {step.index}",
-    )
-    previous = episode.steps[step.index - 1] if step.index else None
-    trajectory = (f"trajectory_{uuid.uuid4().hex}" if previous is None or boundary
-                  else previous.trajectory_id)
-    done = dataclasses.replace(step, trajectory_id=trajectory, state_summary=note.state_summary,
-                               subgoal=note.subgoal, subgoal_vec=note.subgoal_vec)
-    scored = None if previous is None else dataclasses.replace(
-        previous, reward=note.previous_reward)
-    async with session.lock:
-        version = await live.store.annotate_step(session.id, episode.id, done, scored,
-                                                 holder=live.holder_id)
-        session.held.discard(step.id)
-        here = session.step_at(episode.id, step.index)
-        if version is None or here is None:
-            # Annotated by another Memory, or the episode moved on: the store says how.
-            await live.reload(session, conflict=True)
-        else:
-            if version == session.version + 1:  # else another Memory wrote meanwhile
-                session.version = version
-            for name in ("trajectory_id", "state_summary", "subgoal", "subgoal_vec"):
-                setattr(here, name, getattr(done, name))
-            before = session.step_at(episode.id, step.index - 1) if step.index else None
-            if before is not None:
-                before.reward = note.previous_reward
-    session.notify()
-    if boundary and session.config.auto_commit:
-        ready = session.finished_steps()
-        if ready:
-            live.start(session, CommitSteps(ready))
 
 
 async def start_extraction(
@@ -459,8 +250,8 @@ async def commit_steps(
     )
     runtime = session.runtime
     policy = intent_policy(runtime.config, runtime.embedder,
-                           live.llm_for(runtime, session.repo, session.id), session.repo,
-                           live.refresh_repo)
+                           live.repos.llm_for(runtime, session.repo, session.id), session.repo,
+                           live.repos.refresh)
     receipt = await live.graph.apply(changeset, intents=policy, also=[side])
     if side.version is not None:
         # The version the write made: a read that took the write in already holds it.
@@ -468,3 +259,43 @@ async def commit_steps(
     for step in steps:
         step.committed_in = changeset.id
     return receipt
+
+
+async def hold(live: Sessions, session: SessionRecord) -> bool:
+    """Holds the session's background work and drives its timers (compare-and-set on the
+    record's version); False when another Memory moved the session first."""
+    await live.register()
+    version = await live.coordination.claim(
+        session.id, version=session.version, holder_id=live.holder_id,
+        lease_until=live.lease_until(),
+    )
+    if version is None:
+        return False
+    session.version = version
+    live.drive(session)
+    return True
+
+
+async def wait_moved(live: Sessions, session: SessionRecord) -> None:
+    """Waits until the session may have moved: its event here, or, while another Memory
+    extracts it, a change of the store's change token (polled every `POLL_INTERVAL`)."""
+    event = session.changed  # taken before any await: a notify from now on wakes us
+    if session.scopes or session.state is not State.EXTRACTING:
+        await event.wait()
+        return
+    token = await live.coordination.change_token()
+    # Read again after the token is taken: a change in between is seen here, and a later
+    # one moves the token.
+    await live.fetch(session.id, fresh=True)
+    if event.is_set() or session.state is not State.EXTRACTING:
+        return
+    while True:
+        with anyio.move_on_after(POLL_INTERVAL):
+            await event.wait()
+            return
+        if session.scopes or session.state is not State.EXTRACTING:
+            return  # its work runs here now, or it moved while we looked at the store
+        current = await live.coordination.change_token()
+        if current != token:
+            await live.fetch(session.id, fresh=True)
+            return

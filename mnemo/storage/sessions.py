@@ -9,12 +9,10 @@ import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-import numpy as np
-
 from mnemo.config import Config
 from mnemo.episode import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
-from mnemo.graph.model import Changeset, Vector, vector_from_blob
+from mnemo.graph.model import Changeset, vector_from_blob, vector_to_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
@@ -34,11 +32,6 @@ ANNOTATE = (
     " WHERE id = ? AND trajectory_id = '' AND EXISTS (SELECT 1 FROM sessions WHERE id = ?"
     " AND episode_id = ? AND ended = false AND state IN ('collecting', 'extracting'))"
 )
-
-
-def blob(vector: Vector) -> bytes:
-    """`graph.model.vector_to_blob`, here so that an append runs through one file fewer."""
-    return np.asarray(vector, dtype=np.float32).tobytes()
 
 
 def reward(value: float | None) -> float | None:
@@ -98,7 +91,7 @@ class SqlSessions(SqlStore):
                   now: object) -> tuple[object, ...]:
         return (
             step.id, session_id, episode_id, step.index, step.trajectory_id, step.observation,
-            step.action, step.state_summary, step.subgoal, blob(step.subgoal_vec),
+            step.action, step.state_summary, step.subgoal, vector_to_blob(step.subgoal_vec),
             reward(step.reward),
             None if step.metadata is None
             else self._json(json.dumps(step.metadata, sort_keys=True)),
@@ -235,7 +228,7 @@ class SqlSessions(SqlStore):
                               (step.id, holder))
             moved = await self._annotate(sql, session_id, (
                 step.trajectory_id, step.state_summary, step.subgoal,
-                blob(step.subgoal_vec), step.id, session_id, episode_id))
+                vector_to_blob(step.subgoal_vec), step.id, session_id, episode_id))
             if moved is not None and previous is not None:
                 await self._save_rewards(sql, {previous.id: reward(previous.reward)})
             return moved
@@ -364,7 +357,7 @@ class SqlSessions(SqlStore):
     async def _load(self, sql: Statements, where: str,
                     params: tuple[object, ...]) -> list[LiveSession]:
         sessions = await sql.rows(
-            f"SELECT s.id, s.repo, s.state, s.config{self.TEXT}, s.created_at, e.id, e.goal,"
+            f"SELECT s.id, s.repo, s.state, s.config{self.TEXT}, e.id, e.goal,"
             " e.status, s.model, s.version, s.holder, s.lease_until, s.active_at,"
             f" s.metadata{self.TEXT}, (SELECT payload{self.TEXT} FROM changesets"
             " WHERE session_id = s.id LIMIT 1)"
@@ -372,7 +365,7 @@ class SqlSessions(SqlStore):
             params,
         )
         steps = await self._load_steps(
-            sql, [row[5] for row in sessions if row[5] is not None and row[7] == "open"]
+            sql, [row[4] for row in sessions if row[4] is not None and row[6] == "open"]
         )
         return [
             LiveSession(
@@ -380,12 +373,12 @@ class SqlSessions(SqlStore):
                 None if episode_id is None or status != "open"
                 else EpisodeRecord(episode_id, goal, steps.get(episode_id, [])),
                 None if payload is None else Changeset.from_json(payload),
-                moment(created).isoformat(), model=model, version=int(version),
+                model=model, version=int(version),
                 holder=holder, lease_until=None if until is None else moment(until),
                 active_at=None if active is None else moment(active), goal=goal,
                 metadata={} if metadata is None else json.loads(metadata),
             )
-            for (sid, repo, state, config, created, episode_id, goal, status, model, version,
+            for (sid, repo, state, config, episode_id, goal, status, model, version,
                  holder, until, active, metadata, payload) in sessions
         ]
 

@@ -169,6 +169,24 @@ async def test_failed_extraction_stores_nothing(mem: mnemo.Memory, llm: FakeLLM)
     assert (await mem.ingest(REPO, trajectory("walk north"), source_id="s1")).created
 
 
+async def test_an_annotation_past_its_time_limit_fails_as_an_appends(
+    mem: mnemo.Memory, llm: FakeLLM
+) -> None:
+    """A step whose annotation outlasts `append_timeout + extraction_timeout` fails the ingest
+    as it fails a session's close: PipelineError("extraction_failed") caused by an
+    LLMTimeout; nothing is stored."""
+    await mem.open_repo("slow", config=mnemo.Config(append_timeout=0.1, extraction_timeout=0.1))
+    held = llm.hold("state")
+    try:
+        with pytest.raises(mnemo.PipelineError) as caught:
+            await mem.ingest("slow", trajectory("walk north"), source_id="s1")
+    finally:
+        held.release()
+    assert caught.value.reason == "extraction_failed"
+    assert isinstance(caught.value.__cause__, mnemo.LLMTimeout)
+    assert await mem.get_nodes_by_type("slow", list(N)) == []
+
+
 async def test_idempotence_survives_reopening(store: str) -> None:
     """The source id is remembered in the store: after reopening, the same payload is not
     ingested again."""

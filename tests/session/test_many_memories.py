@@ -22,7 +22,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.session import machine, operations
+from mnemo.session import machine, operations, transitions
 from mnemo.session.machine import Op, SessionRecord
 from mnemo.session.ports import StaleSession, StoredOp
 from mnemo.session.registry import Sessions
@@ -662,7 +662,9 @@ async def test_an_operation_stored_by_a_closed_memory_still_runs(
         assert len(await sql(b.mem, "SELECT id FROM ops")) == (1 if drop_fails else 0)
 
 
-async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(store: str) -> None:
+async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A's close_and_commit on a session B is extracting waits for B's extraction (seen in the
     store) and commits it once, with B's result. B's extraction is let go only once A waits
     (`wait_all_tasks_blocked` returned while A's read was still on its thread or socket, and
@@ -671,14 +673,15 @@ async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(stor
         sid = await fill(a.mem)
         held = await extracting(b, sid)
         live = a.mem._live
-        wait_moved = live.wait_moved
+        wait_moved = transitions.wait_moved
         waiting = anyio.Event()
 
-        async def spied(session: Any) -> None:
-            waiting.set()
-            await wait_moved(session)
+        async def spied(on: Sessions, session: Any) -> None:
+            if on is live:
+                waiting.set()
+            await wait_moved(on, session)
 
-        live.wait_moved = spied  # type: ignore[method-assign]
+        monkeypatch.setattr(transitions, "wait_moved", spied)
         async with anyio.create_task_group() as tg:
             receipts: list[mnemo.CommitReceipt] = []
 

@@ -64,9 +64,7 @@ class PgReembeds(SqlReembeds):
     )
     VECTOR_COLUMNS = "node_id, repo, vec"
 
-    @staticmethod
-    def _vector(vector: Vector) -> object:
-        return as_array(vector)
+    _vector = staticmethod(as_array)
 
     @staticmethod
     def _stamp(at: datetime) -> object:
@@ -243,7 +241,7 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
 
     def _start_store_text(self, repo: str, query: str, limit: int, kinds: list[str] | None
                           ) -> PendingRead[list[tuple[str, float]]]:
-        return DeferredRead(lambda: self._store_text(repo, query, limit, kinds))
+        return DeferredRead(lambda: self._store_text(repo, query, limit, kinds, None))
 
     async def _store_text(
         self, repo: str, query: str, limit: int, kinds: list[str] | None,

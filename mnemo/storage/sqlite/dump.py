@@ -20,7 +20,7 @@ from mnemo.storage.sqlite.database import Database, inspect_file
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, SqlDump, Table
 
-# Declared WITHOUT ROWID in schema.py: read in key order.
+# Declared WITHOUT ROWID in tables.py: read in key order.
 _WITHOUT_ROWID = {"compactions", "pins", "ingests", "task_results", "node_scopes"}
 # JSON columns kept packed (`rows.pack_text`).
 _PACKED = {("commits", "nodes"), ("commits", "links"), ("applied_changesets", "receipt")}

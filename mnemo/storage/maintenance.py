@@ -11,7 +11,7 @@ from typing import Any
 
 from mnemo.config import Config
 from mnemo.graph import maintenance
-from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
+from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
 from mnemo.graph.model import NodeType, node_value
 from mnemo.ports import JSONObject
 from mnemo.storage.graph_base import GraphBase
@@ -79,9 +79,9 @@ class SqlMaintenance:
         )}
 
     async def merge_duplicates(self, sql: Statements, repo: str, pairs: list[tuple[str, str]],
-                               examined: list[str]) -> MergeResult:
+                               examined: list[str]) -> tuple[list[str], ConsolidationReport]:
         """Folds each group of `merge_groups(pairs)` into its survivor, deletes the members and
-        the tags left unlinked, and marks `examined` as consolidated."""
+        the tags left unlinked, and marks `examined` as consolidated; the ids deleted."""
         involved = sorted({node_id for pair in pairs for node_id in pair})
         # By id: (key, last access); (rowid, data, access count, source) as `merge_groups`
         # reads them. Locked: a recall counting a member's access waits for this transaction.
@@ -117,7 +117,7 @@ class SqlMaintenance:
         if examined:
             await sql.run(f"UPDATE nodes SET consolidated = {self.TRUE}"
                           f" WHERE repo = ? AND id{self.ANY}", (repo, self._list(examined)))
-        return MergeResult(merged + tags, len(merged), moved, len(tags))
+        return merged + tags, ConsolidationReport(len(examined), len(merged), moved, len(tags))
 
     async def _move_links(self, sql: Statements, member: object, survivor: object) -> int:
         """Re-points the member's links to the survivor (duplicates and links between the two
@@ -135,9 +135,10 @@ class SqlMaintenance:
         return moved
 
     async def decay_sweep(self, sql: Statements, repo: str, config: Config,
-                          now: datetime) -> SweepResult:
+                          now: datetime) -> tuple[list[str], DecayReport]:
         """Deletes the repo's memories whose `node_value` at `now` is below
-        `config.decay_threshold`, then the routing and source nodes left with no link."""
+        `config.decay_threshold`, then the routing and source nodes left with no link; the ids
+        deleted, those memories first."""
         kinds = [kind.value for kind in maintenance.VALUED]
         examined, doomed = await self._below_threshold(
             sql, f"repo = ? AND type{self.ANY}", (repo, self._list(kinds)), config, now
@@ -150,7 +151,7 @@ class SqlMaintenance:
         await self._delete(sql, doomed)
         pruned = await self._orphans(sql, repo, maintenance.ROUTES)
         await self._delete(sql, pruned)
-        return SweepResult(examined, doomed, pruned)
+        return doomed + pruned, DecayReport(examined, len(doomed), len(pruned))
 
     async def _below_threshold(self, sql: Statements, where: str, params: tuple[object, ...],
                                config: Config, now: datetime, *,
@@ -275,19 +276,19 @@ class MaintainedGraph(GraphBase):
 
     async def merge_duplicates(
         self, repo: str, pairs: list[tuple[str, str]], examined: list[str]
-    ) -> MergeResult:
-        result = await self._driver.write(
+    ) -> ConsolidationReport:
+        deleted, report = await self._driver.write(
             lambda sql: self.MAINTENANCE.merge_duplicates(sql, repo, pairs, examined)
         )
-        self._vectors.forget(repo, result.deleted)
-        return result
+        self._vectors.forget(repo, deleted)
+        return report
 
-    async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
-        swept = await self._driver.write(
+    async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> DecayReport:
+        deleted, report = await self._driver.write(
             lambda sql: self.MAINTENANCE.decay_sweep(sql, repo, config, now)
         )
-        self._vectors.forget(repo, [*swept.doomed, *swept.pruned])
-        return swept
+        self._vectors.forget(repo, deleted)
+        return report
 
     async def validate(self, repo: str, dim: int) -> ValidationReport:
         return await self._driver.write(lambda sql: self.MAINTENANCE.validate(sql, repo, dim))

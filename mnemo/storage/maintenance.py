@@ -72,7 +72,6 @@ class SqlMaintenance:
     _search_rebuilt: Callable[[Statements, str], Awaitable[bool]]
 
     async def unconsolidated(self, sql: Statements, repo: str) -> set[str]:
-        """The repo's SEMANTIC nodes never compared by a consolidation."""
         return {row[0] for row in await sql.rows(
             "SELECT id FROM nodes WHERE repo = ? AND type = 'semantic'"
             f" AND consolidated = {self.FALSE}", (repo,),

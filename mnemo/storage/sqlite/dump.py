@@ -82,9 +82,7 @@ def _store(kind: Kind, value: object, half: bool = False) -> object:
 class SqliteDump(SqlDump):
     """The `Dump` of one open SQLite `Database`."""
 
-    def __init__(self, database: Database) -> None:
-        super().__init__(database)
-        self._db = database
+    _driver: Database
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
         # Each row starts with the `order` columns (the next page's start).
@@ -151,7 +149,7 @@ class SqliteDump(SqlDump):
                 # rowcount counts the rows inserted, not those ignored or the FTS triggers'.
                 return db.conn.executemany(statement, stored).rowcount
 
-        return await self._db.run(work)
+        return await self._driver.run(work)
 
     async def checksum(self) -> str:
         digest = NodeChecksum()

@@ -15,6 +15,7 @@ from mnemo.graph.maintenance import ConsolidationReport, DecayReport, Validation
 from mnemo.graph.model import NodeType, node_value
 from mnemo.ports import JSONObject
 from mnemo.storage.graph_base import GraphBase
+from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.sql import Driver, Statements, moment, number
 
 # The (kind, link, data field naming the group, prefix of the group's node) of the two links
@@ -30,9 +31,10 @@ def _group(value: object) -> str | None:
     return str(int(value)) if isinstance(value, bool) else str(value)
 
 
-class SqlMaintenance:
-    # The column of `nodes` a link's ends name.
-    KEY = "rowid"
+class SqlMaintenance(SqlGraphWrites):
+    """Graph maintenance's statements, in the dialect of the graph's writes (`KEY`, `ANY`,
+    `_list`, `_json`)."""
+
     # The columns of a new link: its repo (PostgreSQL's links keep it) and its ends.
     LINKS = "links(src, dst, type)"
     # Appended to a SELECT whose rows stay locked until the transaction ends.
@@ -41,20 +43,10 @@ class SqlMaintenance:
     FALSE, TRUE = "0", "1"
     # Appended to a JSON column read as its text.
     TEXT = ""
-    # `column{ANY}`: the column is one of a list given as one parameter (`_list`).
-    ANY = " IN (SELECT value FROM json_each(?))"
     # A node `n` that has a vector `v`.
     HAS_VECTOR = "v.node = n.rowid"
     # A link with an end gone (one parameter: the repo).
     DANGLING = ""
-
-    @staticmethod
-    def _list(values: Sequence[str]) -> object:
-        return json.dumps(list(values))
-
-    @staticmethod
-    def _json(data: JSONObject) -> object:
-        return json.dumps(data, sort_keys=True)
 
     @staticmethod
     def _field(name: str, node: str = "") -> str:

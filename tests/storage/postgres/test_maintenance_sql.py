@@ -1,5 +1,6 @@
-"""Graph maintenance's SQL on PostgreSQL (`mnemo.storage.postgres.maintenance`) against its
-SQLite twin: the same small graph on both, the same operation, equal results and equal rows."""
+"""Graph maintenance's SQL on PostgreSQL (`mnemo.storage.postgres.graph.PgMaintenance`)
+against its SQLite twin: the same small graph on both, the same operation, equal results and
+equal rows."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from mnemo.graph.maintenance import ConsolidationReport, DecayReport, Validation
 from mnemo.graph.model import NodeType
 from mnemo.storage.maintenance import SqlMaintenance
 from mnemo.storage.postgres.connection import PgStatements, Postgres
-from mnemo.storage.postgres.maintenance import PgMaintenance
+from mnemo.storage.postgres.graph import PgMaintenance
 from mnemo.storage.sql import Statements
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.graph import SqliteMaintenance

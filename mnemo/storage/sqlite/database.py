@@ -209,22 +209,15 @@ class Database:
         return Queued(self._queue(_alone(self.db, work)), _translated)
 
     async def _call(self, fn: Callable[[], T]) -> T:
-        future = self._queue(fn)
-        try:
-            with anyio.CancelScope(shield=True):
-                result = await future
-        except sqlite3.Error as exc:
-            raise storage_error(exc) from exc
+        queued = Queued(self._queue(fn), _translated)
+        with anyio.CancelScope(shield=True):
+            result = await queued.result()
         return result
 
     def _queue(self, fn: Callable[[], T]) -> asyncio.Future[T]:
-        worker = self._worker
-        if worker is None:
+        if self._worker is None:
             raise StorageError("closed", "the database is not open")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        worker.jobs.put((fn, future, loop))
-        return future
+        return self._worker.start(fn)
 
 
 def _alone(db: SqliteUtilsDatabase, work: Work[T]) -> Callable[[], T]:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import re
 
+# Why a store whose schema is older than both backends' baseline is refused.
+PRE_RELEASE = ("the store was made by a development build of mnemo older than 0.1.0, whose"
+               " schema this version does not upgrade: start a new store")
 # Each neutral word as SQLite and as PostgreSQL write it.
 _TYPES = {
     "JSON": ("TEXT", "jsonb"),

@@ -12,13 +12,10 @@ from sqlite_utils.migrations import Migrations
 
 from mnemo.errors import StorageError
 from mnemo.storage.lexical import LOG_KEEP
-from mnemo.storage.tables import ddl
+from mnemo.storage.tables import PRE_RELEASE, ddl
 
 MIGRATIONS = Migrations("mnemo")
 BASELINE = "m028_scopes"
-# Why a store whose schema is older than the baseline is refused (as PostgreSQL says it).
-PRE_RELEASE = ("the store was made by a development build of mnemo older than 0.1.0, whose"
-               " schema this version does not upgrade: start a new store")
 
 
 def migrate(db: Database) -> None:

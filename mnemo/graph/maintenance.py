@@ -7,7 +7,7 @@ counts, which recall writes without the lock, are read inside the transaction.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 import anyio.to_thread
@@ -27,27 +27,6 @@ VALUED = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
 
 # Similarity scores held at once while consolidating (block rows x all rows): 128 MB.
 _BLOCK_CELLS = 32_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class MergeResult:
-    """What one consolidation transaction did."""
-
-    deleted: list[str] = field(default_factory=list)
-    merged: int = 0
-    links_moved: int = 0
-    tags_pruned: int = 0
-
-
-
-@dataclass(frozen=True, slots=True)
-class SweepResult:
-    """What one decay transaction did: nodes examined, deleted, and routing nodes pruned."""
-
-    examined: int
-    doomed: list[str]
-    pruned: list[str]
-
 
 
 # ---- reports --------------------------------------------------------------------------------
@@ -127,13 +106,7 @@ async def consolidate(
                 repo, list({i for pair in named for i in pair}))}
             named = [(a, b) for a, b in named if a in scopes and b in scopes
                      and same(scopes[a], scopes[b])]
-        result = await graph.merge_duplicates(repo, named, [ids[i] for i in new_rows.tolist()])
-        return ConsolidationReport(
-            examined=len(new_rows),
-            merged=result.merged,
-            links_moved=result.links_moved,
-            tags_pruned=result.tags_pruned,
-        )
+        return await graph.merge_duplicates(repo, named, [ids[i] for i in new_rows.tolist()])
 
 
 def _similar_pairs(
@@ -254,12 +227,8 @@ async def decay(
     """Deletes the repo's memories whose `node_value` at `now` (default: now) is below
     `config.decay_threshold`, with their links, vectors and search entries; then the routing
     nodes left with no links. One transaction (StorageError: nothing changed)."""
-    moment = now or now_utc()
     async with graph.lock(repo):
-        swept = await graph.decay_sweep(repo, config, now=moment)
-        return DecayReport(
-            examined=swept.examined, deleted=len(swept.doomed), pruned=len(swept.pruned)
-        )
+        return await graph.decay_sweep(repo, config, now=now or now_utc())
 
 
 # ---- validate -------------------------------------------------------------------------------

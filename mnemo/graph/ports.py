@@ -27,7 +27,7 @@ from mnemo.graph.scope import Scope, Where
 
 if TYPE_CHECKING:
     from mnemo.graph.history import CommitRecord
-    from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
+    from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
     from mnemo.graph.reembed import Staging, Unstaged
 
 
@@ -300,11 +300,11 @@ class GraphMaintenance(NodeReads, Protocol):
 
     async def merge_duplicates(
         self, repo: str, pairs: list[tuple[str, str]], examined: list[str]
-    ) -> MergeResult:
+    ) -> ConsolidationReport:
         """Merges each pair's second node into its survivor, marks `examined`: one transaction."""
         ...
 
-    async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
+    async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> DecayReport:
         """Deletes the memories valued below `config.decay_threshold` at `now`, then the routing
         and source nodes left with no links, in one transaction."""
         ...

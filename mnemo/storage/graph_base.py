@@ -105,12 +105,17 @@ class GraphBase(RowReads):
     _dims: Callable[[str], int]
     _reembeds: set[str]  # the repos this store is re-embedding
 
-    def _repo_lock(self, repo: str) -> AbstractAsyncContextManager[None]:
-        raise NotImplementedError
-
-    def _reembed_lock(self, repo: str, busy: ConflictError
-                      ) -> AbstractAsyncContextManager[None]:
-        raise NotImplementedError
+    _repo_lock: Callable[[str], AbstractAsyncContextManager[None]]
+    _reembed_lock: Callable[[str, ConflictError], AbstractAsyncContextManager[None]]
+    # The store's own full-text search (`_store_text`), begun now or when awaited.
+    _start_store_text: Callable[[str, str, int, list[str] | None], PendingRead[Hits]]
+    # The store's own full-text search (see `search_text`), inside the `Where` when given.
+    _store_text: Callable[[str, str, int, list[str] | None, Where | None], Awaitable[Hits]]
+    _committed: Callable[[CommitPlan], Awaitable[None]]  # the vector side follows a commit
+    _context: Callable[[str, Sequence[str], list[NodeType], LinkType, More | None],
+                       Awaitable[NodeContext]]
+    _links_near: Callable[[str, Sequence[str], Vector],
+                          Awaitable[tuple[list[TypedLink], dict[str, float]]]]
 
     def _ids(self, value: Any) -> list[Any]:
         return list(self.WRITES._loads(value))
@@ -118,23 +123,6 @@ class GraphBase(RowReads):
     def _receipt(self, value: Any) -> CommitReceipt:
         stored = self.WRITES._loads(value)  # a jsonb string on PostgreSQL if written as one
         return CommitReceipt.from_json(stored if isinstance(stored, str) else json.dumps(stored))
-
-    def _start_store_text(self, repo: str, query: str, limit: int, kinds: list[str] | None
-                          ) -> PendingRead[Hits]:
-        """The store's own full-text search (`_store_text`), begun now or when awaited."""
-        raise NotImplementedError
-
-    async def _committed(self, plan: CommitPlan) -> None:
-        """After a commit's transaction: the vector side follows it."""
-        raise NotImplementedError
-
-    async def _context(self, repo: str, node_ids: Sequence[str], linked: list[NodeType],
-                       link_type: LinkType, then: More | None) -> NodeContext:
-        raise NotImplementedError
-
-    async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
-                          ) -> tuple[list[TypedLink], dict[str, float]]:
-        raise NotImplementedError
 
     async def node_context(self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
                            link_type: LinkType, then: More | None = None) -> NodeContext:
@@ -145,13 +133,6 @@ class GraphBase(RowReads):
     async def typed_links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
                                ) -> tuple[list[TypedLink], dict[str, float]]:
         return await self._links_near(repo, node_ids, vector) if node_ids else ([], {})
-
-    async def _store_text(
-        self, repo: str, query: str, limit: int, kinds: list[str] | None,
-        where: Where | None = None,
-    ) -> Hits:
-        """The store's own full-text search (see `search_text`), inside `where` when given."""
-        raise NotImplementedError
 
     def start_search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
@@ -168,7 +149,7 @@ class GraphBase(RowReads):
         if self._lexical is None:
             return self._start_store_text(repo, query, limit, kinds)
         return FallbackRead(self._lexical.start_search(repo, query, limit, kinds),
-                            lambda: self._store_text(repo, query, limit, kinds))
+                            lambda: self._store_text(repo, query, limit, kinds, None))
 
     def dim(self, repo: str) -> int:
         return self._dims(repo)
@@ -304,7 +285,7 @@ class GraphBase(RowReads):
     async def similarities(
         self, repo: str, node_ids: Sequence[str], vector: Vector
     ) -> dict[str, float]:
-        return await self._vectors.similarities(repo, node_ids, vector)
+        return await self._vectors.similarities(repo, node_ids, vector, None)
 
     def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
         return self._vectors.reading(repo)

@@ -6,7 +6,7 @@ backend's `SCRUB`."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from mnemo.errors import StorageError
@@ -70,6 +70,7 @@ class SqlGraphWrites:
     # The statements that end an erasure (the lexical index's slots wipe at a new epoch).
     SCRUB: tuple[str, ...] = ()
     SESSIONS: type[SqlSessions] = SqlSessions
+    _vector: Callable[[Vector], object]  # a vector as a parameter
 
     @staticmethod
     def _list(values: Sequence[str]) -> object:
@@ -98,10 +99,6 @@ class SqlGraphWrites:
     def _time(text: str | None) -> object:
         """An ISO time as a parameter."""
         return text
-
-    @staticmethod
-    def _vector(vector: Vector) -> object:
-        raise NotImplementedError
 
     async def write_commit(self, sql: Statements, plan: CommitPlan,
                            also: Sequence[SideWrite]) -> None:

@@ -11,10 +11,11 @@ from typing import Any
 
 from mnemo.config import Config
 from mnemo.graph import maintenance
-from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
+from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
 from mnemo.graph.model import NodeType, node_value
 from mnemo.ports import JSONObject
 from mnemo.storage.graph_base import GraphBase
+from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.sql import Driver, Statements, moment, number
 
 # The (kind, link, data field naming the group, prefix of the group's node) of the two links
@@ -30,9 +31,10 @@ def _group(value: object) -> str | None:
     return str(int(value)) if isinstance(value, bool) else str(value)
 
 
-class SqlMaintenance:
-    # The column of `nodes` a link's ends name.
-    KEY = "rowid"
+class SqlMaintenance(SqlGraphWrites):
+    """Graph maintenance's statements, in the dialect of the graph's writes (`KEY`, `ANY`,
+    `_list`, `_json`)."""
+
     # The columns of a new link: its repo (PostgreSQL's links keep it) and its ends.
     LINKS = "links(src, dst, type)"
     # Appended to a SELECT whose rows stay locked until the transaction ends.
@@ -41,20 +43,10 @@ class SqlMaintenance:
     FALSE, TRUE = "0", "1"
     # Appended to a JSON column read as its text.
     TEXT = ""
-    # `column{ANY}`: the column is one of a list given as one parameter (`_list`).
-    ANY = " IN (SELECT value FROM json_each(?))"
     # A node `n` that has a vector `v`.
     HAS_VECTOR = "v.node = n.rowid"
     # A link with an end gone (one parameter: the repo).
     DANGLING = ""
-
-    @staticmethod
-    def _list(values: Sequence[str]) -> object:
-        return json.dumps(list(values))
-
-    @staticmethod
-    def _json(data: JSONObject) -> object:
-        return json.dumps(data, sort_keys=True)
 
     @staticmethod
     def _field(name: str, node: str = "") -> str:
@@ -72,16 +64,15 @@ class SqlMaintenance:
     _search_rebuilt: Callable[[Statements, str], Awaitable[bool]]
 
     async def unconsolidated(self, sql: Statements, repo: str) -> set[str]:
-        """The repo's SEMANTIC nodes never compared by a consolidation."""
         return {row[0] for row in await sql.rows(
             "SELECT id FROM nodes WHERE repo = ? AND type = 'semantic'"
             f" AND consolidated = {self.FALSE}", (repo,),
         )}
 
     async def merge_duplicates(self, sql: Statements, repo: str, pairs: list[tuple[str, str]],
-                               examined: list[str]) -> MergeResult:
+                               examined: list[str]) -> tuple[list[str], ConsolidationReport]:
         """Folds each group of `merge_groups(pairs)` into its survivor, deletes the members and
-        the tags left unlinked, and marks `examined` as consolidated."""
+        the tags left unlinked, and marks `examined` as consolidated; the ids deleted."""
         involved = sorted({node_id for pair in pairs for node_id in pair})
         # By id: (key, last access); (rowid, data, access count, source) as `merge_groups`
         # reads them. Locked: a recall counting a member's access waits for this transaction.
@@ -117,7 +108,7 @@ class SqlMaintenance:
         if examined:
             await sql.run(f"UPDATE nodes SET consolidated = {self.TRUE}"
                           f" WHERE repo = ? AND id{self.ANY}", (repo, self._list(examined)))
-        return MergeResult(merged + tags, len(merged), moved, len(tags))
+        return merged + tags, ConsolidationReport(len(examined), len(merged), moved, len(tags))
 
     async def _move_links(self, sql: Statements, member: object, survivor: object) -> int:
         """Re-points the member's links to the survivor (duplicates and links between the two
@@ -135,9 +126,10 @@ class SqlMaintenance:
         return moved
 
     async def decay_sweep(self, sql: Statements, repo: str, config: Config,
-                          now: datetime) -> SweepResult:
+                          now: datetime) -> tuple[list[str], DecayReport]:
         """Deletes the repo's memories whose `node_value` at `now` is below
-        `config.decay_threshold`, then the routing and source nodes left with no link."""
+        `config.decay_threshold`, then the routing and source nodes left with no link; the ids
+        deleted, those memories first."""
         kinds = [kind.value for kind in maintenance.VALUED]
         examined, doomed = await self._below_threshold(
             sql, f"repo = ? AND type{self.ANY}", (repo, self._list(kinds)), config, now
@@ -150,7 +142,7 @@ class SqlMaintenance:
         await self._delete(sql, doomed)
         pruned = await self._orphans(sql, repo, maintenance.ROUTES)
         await self._delete(sql, pruned)
-        return SweepResult(examined, doomed, pruned)
+        return doomed + pruned, DecayReport(examined, len(doomed), len(pruned))
 
     async def _below_threshold(self, sql: Statements, where: str, params: tuple[object, ...],
                                config: Config, now: datetime, *,
@@ -275,19 +267,19 @@ class MaintainedGraph(GraphBase):
 
     async def merge_duplicates(
         self, repo: str, pairs: list[tuple[str, str]], examined: list[str]
-    ) -> MergeResult:
-        result = await self._driver.write(
+    ) -> ConsolidationReport:
+        deleted, report = await self._driver.write(
             lambda sql: self.MAINTENANCE.merge_duplicates(sql, repo, pairs, examined)
         )
-        self._vectors.forget(repo, result.deleted)
-        return result
+        self._vectors.forget(repo, deleted)
+        return report
 
-    async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
-        swept = await self._driver.write(
+    async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> DecayReport:
+        deleted, report = await self._driver.write(
             lambda sql: self.MAINTENANCE.decay_sweep(sql, repo, config, now)
         )
-        self._vectors.forget(repo, [*swept.doomed, *swept.pruned])
-        return swept
+        self._vectors.forget(repo, deleted)
+        return report
 
     async def validate(self, repo: str, dim: int) -> ValidationReport:
         return await self._driver.write(lambda sql: self.MAINTENANCE.validate(sql, repo, dim))

@@ -20,6 +20,8 @@ MAX_ROWID = 2**63 - 1
 
 
 class SqlReembeds:
+    """`graph.ports.Reembedding`'s statements (documented there) on one backend."""
+
     # The rows of `staged_vectors` or `vectors` of the repo (one parameter: the repo).
     OF_REPO = "node IN (SELECT rowid FROM nodes WHERE repo = ?)"
     # A staged vector `s` of the node `n`.
@@ -68,8 +70,6 @@ class SqlReembeds:
 
     async def unstaged(self, sql: Statements, repo: str, after: int, limit: int,
                        upto: int | None) -> list[Unstaged]:
-        """Up to `limit` of the repo's nodes past rowid `after` (at most `upto`) with no
-        staged vector."""
         rows = await sql.rows(
             "SELECT n.rowid, n.id, n.type, n.text FROM nodes n WHERE n.repo = ?"
             f" AND n.rowid > ? AND n.rowid <= ? AND NOT EXISTS (SELECT 1 FROM staged_vectors s"
@@ -80,7 +80,6 @@ class SqlReembeds:
                 for rowid, node_id, kind, text in rows]
 
     async def last_rowid(self, sql: Statements, repo: str) -> int:
-        """The highest rowid of the repo's nodes, 0 when it has none."""
         return await number(
             sql, "SELECT coalesce(max(rowid), 0) FROM nodes WHERE repo = ?", repo
         )
@@ -91,8 +90,6 @@ class SqlReembeds:
                                         for node, vector in zip(nodes, vectors, strict=True)])
 
     async def unstage_changed(self, sql: Statements, repo: str) -> None:
-        """Drops the staged vectors of nodes changed since the last look at the node log (all of
-        them if the log no longer reaches back)."""
         found = await sql.row(f"SELECT seq FROM reembeds WHERE repo = ?{self.LOCK}", (repo,))
         if found is None:
             raise StorageError("unavailable", f"repo {repo!r} is not being re-embedded")

@@ -4,7 +4,6 @@ work to its end in the database's thread."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
@@ -57,7 +56,7 @@ class Driver(Protocol):
         """Runs a read's side write in one transaction (short lock wait on SQLite)."""
 
 
-class SqlStore(ABC):
+class SqlStore:
     """A store written once over `Statements`; a backend's subclass gives what differs."""
 
     # Appended to an ORDER BY of ids: text compared byte by byte, as SQLite compares it.
@@ -66,9 +65,9 @@ class SqlStore(ABC):
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
 
-    @abstractmethod
     def _stamp(self, at: datetime) -> object:
-        """A time as a statement's parameter."""
+        """A time as a statement's parameter (PostgreSQL's: the datetime)."""
+        return at
 
 
 def utc(moment: datetime) -> datetime:

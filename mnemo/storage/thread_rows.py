@@ -128,14 +128,16 @@ def stream_messages(
 
 
 async def read_snapshots(
-    sql: Statements, thread_id: str, where: str, order: str, params: Sequence[Any] = ()
+    sql: Statements, thread_id: str, where: str, order: str = "ASC", params: Sequence[Any] = (),
+    limit: int | None = None,
 ) -> list[Snapshot]:
-    """The thread's snapshots matching `where` (SQL over the snapshot's columns), in `order`
-    (`params`: those of both)."""
+    """The thread's first `limit` snapshots matching `where` (SQL over the snapshot's columns,
+    `params` its parameters) by level, start and the order written, each in `order`."""
     rows = await sql.rows(
         f"SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE thread_id = ? AND {where}"
-        f" ORDER BY {order}",
-        (thread_id, *params),
+        f" ORDER BY level {order}, start_seq {order}, rowid {order}"
+        + (" LIMIT ?" if limit is not None else ""),
+        (thread_id, *params, *([] if limit is None else [limit])),
     )
     return [Snapshot(i, t, level, s, e, text, moment(at), by)
             for i, t, level, s, e, text, at, by in rows]
@@ -230,8 +232,8 @@ async def viewport_inputs(sql: Statements, thread_id: str, token_limit: int) -> 
         sql, thread_id, where=" AND seq < ? AND id IN (SELECT message_id FROM pins"
         " WHERE thread_id = ?)", order="DESC", params=(boundary, thread_id),
     )
-    level1 = await read_snapshots(sql, thread_id, UNCOVERED, "start_seq DESC")
-    level2 = await read_snapshots(sql, thread_id, "level = 2", "start_seq DESC")
+    level1 = await read_snapshots(sql, thread_id, UNCOVERED, "DESC")
+    level2 = await read_snapshots(sql, thread_id, "level = 2", "DESC")
     past = await number(sql, "SELECT sum(tokens) FROM messages WHERE thread_id = ? AND seq >= ?",
                         thread_id, boundary)
     newest: list[Message] = []
@@ -257,7 +259,7 @@ async def eviction_inputs(sql: Statements, thread_id: str, byte_order: str) -> (
     if state is None:
         raise NotFoundError("thread", thread_id)
     past = await read_messages(sql, thread_id, from_seq=state.boundary_seq)
-    last = await read_snapshots(sql, thread_id, UNCOVERED, "start_seq")
+    last = await read_snapshots(sql, thread_id, UNCOVERED)
     goals = await read_open_goals(sql, thread_id, byte_order)
     return EvictionInputs(state.boundary_seq, past, goals,
                           last[-1].text if last else "")
@@ -279,7 +281,7 @@ async def view(sql: Statements, message_id: str, radius: int) -> MessageView:
     ]
     snapshots = [
         await read_snapshots(sql, target.thread_id, f"level = 1 AND start_seq {op} ?",
-                             f"start_seq {order} LIMIT ?", (target.seq, VIEW_SNAPSHOTS))
+                             order, (target.seq,), VIEW_SNAPSHOTS)
         for op, order in (("<=", "DESC"), (">", "ASC"))
     ]
     return MessageView(

@@ -355,7 +355,7 @@ class SqlThreads(SqlStore):
 
     async def uncovered_snapshots(self, thread_id: str) -> list[Snapshot]:
         return await self._driver.read(
-            lambda sql: reads.read_snapshots(sql, thread_id, reads.UNCOVERED, "start_seq"))
+            lambda sql: reads.read_snapshots(sql, thread_id, reads.UNCOVERED))
 
     async def commit_fold(
         self, thread_id: str, covered: Sequence[Snapshot], text: str, now: datetime
@@ -384,7 +384,7 @@ class SqlThreads(SqlStore):
 
     async def snapshots(self, thread_id: str) -> list[Snapshot]:
         return await self._driver.read(
-            lambda sql: reads.read_snapshots(sql, thread_id, "1 = 1", "level, start_seq"))
+            lambda sql: reads.read_snapshots(sql, thread_id, "1 = 1"))
 
     # ---- search and drill-down ------------------------------------------------------------
 

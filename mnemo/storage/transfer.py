@@ -6,6 +6,7 @@ are not copied. Counts and `NodeChecksum` are verified after (`StorageError("mis
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 from mnemo.errors import ConflictError, StorageError
 from mnemo.storage.ports import is_postgres
 from mnemo.storage.sql import Driver, marks
+from mnemo.storage.tables import ddl
 
 # A neutral row: one value per column of its table, in the table's column order.
 Row = tuple[object, ...]
@@ -51,53 +53,36 @@ class Table:
         return self.names[0] == "rowid"
 
 
-def _tables(spec: str) -> tuple[Table, ...]:
-    """Tables from lines of "name key,columns | column:kind ..." (a bare column is TEXT; an
-    indented line goes on with the line before)."""
+# What a PostgreSQL column type holds; `tsvector` (search) is not copied.
+_KINDS = {"text": Kind.TEXT, "jsonb": Kind.JSON, "timestamptz": Kind.TIME, "integer": Kind.INT,
+          "bigint": Kind.INT, "boolean": Kind.BOOL, "vector": Kind.VECTOR, "double": Kind.FLOAT,
+          "bytea": Kind.BYTES}
+# Work holders, leases, operations and claims, a re-embedding under way and the lexical log.
+_NOT_COPIED = {"holders", "ops", "step_claims", "reembeds", "staged_vectors", "lexical_repos",
+               "lexical_log", "lexical_epoch", "holder", "lease_until"}
+
+
+def _tables() -> tuple[Table, ...]:
+    """`tables.TABLES` as PostgreSQL's columns name them, in creation order (a row's parents
+    are copied before it: both backends check foreign keys)."""
     tables = []
-    for line in spec.replace("\n ", " ").strip().splitlines():
-        head, _, columns = line.partition("|")
-        name, key = head.split()
-        parsed = [column.partition(":") for column in columns.split()]
-        tables.append(Table(name, tuple(c for c, _, _ in parsed),
-                            tuple(Kind(k or "text") for _, _, k in parsed), tuple(key.split(","))))
+    for name, body in re.findall(r"CREATE TABLE (\w+) \(\n(.*?)\n\)", ddl(postgres=True), re.S):
+        columns: list[tuple[str, Kind]] = []
+        key: tuple[str, ...] = ()
+        for column, kind, *rest in (line.rstrip(",").split() for line in body.splitlines()):
+            if column == "PRIMARY":  # PRIMARY KEY (a, b)
+                key = tuple(re.findall(r"\w+", " ".join(rest)))
+            elif kind.lower() in _KINDS and column not in _NOT_COPIED:
+                columns.append((column, _KINDS[kind.lower()]))
+                if "PRIMARY" in rest:
+                    key = (column,)
+        if name not in _NOT_COPIED:
+            names, kinds = zip(*columns, strict=True)
+            tables.append(Table(name, names, kinds, key))
     return tuple(tables)
 
 
-# In dependency order: a row's parents are copied before it (both backends check foreign keys).
-TABLES = _tables("""
-repos name | name config:json dim:int embedder created_at:time llm vectors_generation:int
-sessions id | id repo state config:json episode_id created_at:time updated_at:time ended:bool
-  model version:int active_at:time metadata:json
-episodes id | rowid:int id session_id goal status started_at:time closed_at:time
-steps id | id session_id episode_id idx:int trajectory_id observation action state_summary
-  subgoal subgoal_vec:bytes reward:float metadata:json committed_in recorded_at:time
-changesets id | id repo session_id episode_id payload:json created_at:time
-nodes id | rowid:int id repo type text data:json key source_id created_at:time access_count:int
-  last_access:time consolidated:bool valid_from:time valid_to:time recorded_at:time
-  retired_at:time owners:json metadata:json
-node_scopes repo,key,value,node | repo key value node:int
-links src,dst,type | repo src dst type refs:int
-vectors node_id | node_id repo vec:vector
-applied_changesets id | id repo receipt:json applied_at:time
-commits id | id repo seq:int committed_at:time session_id source_id nodes:json links:json
-  retired:json reworded:json joined:json reverted_by reverts
-threads id | id next_seq:int history_len:int boundary_seq:int created_at:time history_hash
-messages id | rowid:int id thread_id seq:int role text content data:json tokens:int
-  recorded_at:time metadata:json
-message_vectors message_id | message_id thread_id vec:vector
-compactions thread_id,start_seq | thread_id start_seq:int end_seq:int summary_text
-  created_at:time
-snapshots id | rowid:int id thread_id level:int start_seq:int end_seq:int text covered_by
-  created_at:time
-goals id | id thread_id description status created_at:time completed_at:time
-pins message_id,goal_id | message_id goal_id thread_id created_at:time
-ingests repo,source_id | repo source_id payload_hash changeset_id created_at:time
-task_results episode_id,trajectory_id,task,digest | episode_id trajectory_id task digest
-  reply:json cost:json created_at:time
-server_profiles repo,model | repo model profile:json updated_at:time
-""")
-
+TABLES = _tables()
 NODES = next(t for t in TABLES if t.name == "nodes")
 _NODE_ID, _NODE_TEXT = NODES.names.index("id"), NODES.names.index("text")
 

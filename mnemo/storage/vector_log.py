@@ -210,6 +210,12 @@ class CachedVectors:
     the searches and reads a backend gives (`GraphStore`'s of the same names)."""
 
     _cache: VectorCache
+    on_loop: Callable[[str], bool]
+    search: Callable[[str, Vector, int, Iterable[NodeType] | None], Awaitable[Hits]]
+    nearest_of_type: Callable[[str, Vector, NodeType, int], Awaitable[list[Hits]]]
+    similarities: Callable[[str, Sequence[str], Vector, int | None], Awaitable[dict[str, float]]]
+    of_nodes: Callable[[str, Sequence[str]], Awaitable[dict[str, Vector]]]
+    of_type: Callable[[str, NodeType], Awaitable[tuple[list[str], Vector]]]
 
     def loaded(self, repo: str) -> VectorIndex | None:
         """The repo's kept vectors if they are loaded (as they were at their last use)."""
@@ -235,27 +241,6 @@ class CachedVectors:
     async def aclose(self) -> None:
         """Stops the HNSW builders (a build in progress stops at its next chunk)."""
         await ann.close(self._cache.indexes())
-
-    def on_loop(self, repo: str) -> bool:
-        raise NotImplementedError
-
-    async def search(self, repo: str, vector: Vector, limit: int,
-                     types: Iterable[NodeType] | None = None) -> Hits:
-        raise NotImplementedError
-
-    async def nearest_of_type(self, repo: str, probes: Vector, kind: NodeType, k: int
-                              ) -> list[Hits]:
-        raise NotImplementedError
-
-    async def similarities(self, repo: str, node_ids: Sequence[str], vector: Vector,
-                           limit: int | None = None) -> dict[str, float]:
-        raise NotImplementedError
-
-    async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
-        raise NotImplementedError
-
-    async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
-        raise NotImplementedError
 
 
 @dataclass(slots=True)

@@ -152,16 +152,12 @@ class PgThreads(SqlThreads):
         " SET thread_id = excluded.thread_id, vec = excluded.vec"
     )
 
-    def _stamp(self, at: datetime) -> object:
-        return at
-
     def _message_row(self, message_id: str, thread_id: str, seq: int, draft: MessageDraft,
                      at: datetime) -> Row:
         return message_row(message_id, thread_id, seq, draft.role, draft.text, draft.content,
                            draft.data, at, draft.tokens, draft.metadata)
 
-    def _vector(self, vector: Vector) -> object:
-        return as_array(vector)
+    _vector = staticmethod(as_array)
 
     def _vector_of(self, value: Any) -> Vector:
         vector: Vector = value

@@ -49,9 +49,6 @@ class PgCoordination(SqlCoordination):
     async def sync_clock(self) -> None:
         await self._clock.sync()
 
-    def _stamp(self, at: datetime) -> object:
-        return at
-
     def _json(self, value: object) -> object:
         return Jsonb(value)
 

@@ -49,9 +49,10 @@ def _order(table: Table) -> tuple[str, ...]:
 class PostgresDump(SqlDump):
     """The `Dump` of one open `Postgres`."""
 
+    _driver: Postgres
+
     def __init__(self, pg: Postgres) -> None:
         super().__init__(pg)
-        self._pg = pg
         self._types: dict[str, list[int]] = {}
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
@@ -68,7 +69,7 @@ class PostgresDump(SqlDump):
         last: tuple[object, ...] | None = None
         while True:
             # Binary: a vector's text form costs more to parse than the rest of its row.
-            async with self._pg.connection() as conn, conn.cursor(binary=True) as cur:
+            async with self._driver.connection() as conn, conn.cursor(binary=True) as cur:
                 if last is None:
                     await cur.execute(first, (batch,))
                 else:
@@ -89,7 +90,7 @@ class PostgresDump(SqlDump):
             return 0
         target = sql.Identifier(table.name)
         columns = _columns(table.names)
-        async with self._pg.transaction() as conn:
+        async with self._driver.transaction() as conn:
             await conn.execute(
                 sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
                 .format(_STAGE, columns, target)
@@ -115,7 +116,7 @@ class PostgresDump(SqlDump):
 
     async def checksum(self) -> str:
         digest = NodeChecksum()
-        async with self._pg.connection() as conn, conn.transaction():
+        async with self._driver.connection() as conn, conn.transaction():
             # COLLATE "C": byte order of the UTF-8 ids, which is SQLite's BINARY order.
             async with conn.cursor(name="mnemo_checksum") as cur:
                 cur.itersize = 1000
@@ -125,7 +126,7 @@ class PostgresDump(SqlDump):
         return digest.hexdigest()
 
     async def finish(self) -> None:
-        async with self._pg.transaction() as conn:
+        async with self._driver.transaction() as conn:
             for table in TABLES:
                 if table.has_rowid:
                     await conn.execute(
@@ -136,7 +137,7 @@ class PostgresDump(SqlDump):
                     )
             cur = await conn.execute("SELECT name, dim FROM repos ORDER BY name")
             repos = [(str(name), int(dim)) for name, dim in await cur.fetchall()]  # type: ignore[call-overload]
-        async with self._pg.connection() as conn:
+        async with self._driver.connection() as conn:
             for name, dim in repos:
                 if dim > 0:
                     await schema.ensure_vector_index(conn, name, dim)

@@ -30,17 +30,17 @@ from mnemo.storage import graph_base as scopes
 from mnemo.storage.graph_base import neighbors_seen_from_asked, seen_from_asked
 from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.maintenance import MaintainedGraph
+from mnemo.storage.maintenance import MaintainedGraph, SqlMaintenance
 from mnemo.storage.postgres import recall_reads
 from mnemo.storage.postgres.connection import Postgres, lock_key
-from mnemo.storage.postgres.maintenance import PgMaintenance
 from mnemo.storage.postgres.recall_reads import node as node_of
 from mnemo.storage.postgres.schema import vector_index_name
 from mnemo.storage.postgres.sessions import PgSessions
-from mnemo.storage.postgres.text_search import WORD_QUERY
+from mnemo.storage.postgres.text_search import SEARCH_VECTOR, WORD_QUERY
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import Column
+from mnemo.storage.sql import Statements
 from mnemo.storage.worker import DeferredRead
 from mnemo.text import query_words
 
@@ -64,9 +64,7 @@ class PgReembeds(SqlReembeds):
     )
     VECTOR_COLUMNS = "node_id, repo, vec"
 
-    @staticmethod
-    def _vector(vector: Vector) -> object:
-        return as_array(vector)
+    _vector = staticmethod(as_array)
 
     @staticmethod
     def _stamp(at: datetime) -> object:
@@ -110,6 +108,42 @@ class PgGraphWrites(SqlGraphWrites):
     @staticmethod
     def _time(text: str | None) -> object:
         return None if text is None else datetime.fromisoformat(text)
+
+
+class PgMaintenance(SqlMaintenance, PgGraphWrites):
+    """Graph maintenance on PostgreSQL (links by id, rows a merge or sweep changes locked
+    first)."""
+
+    LINKS = "links(repo, src, dst, type)"
+    LOCK = " FOR UPDATE"
+    FALSE, TRUE = "false", "true"
+    TEXT = "::text"
+    HAS_VECTOR = "v.node_id = n.id"
+    DANGLING = (
+        "repo = ? AND (NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = links.src)"
+        " OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = links.dst))"
+    )
+
+    @staticmethod
+    def _field(name: str, node: str = "") -> str:
+        return f"{node}data -> '{name}'"
+
+    @staticmethod
+    def _repo(node: str) -> str:
+        return f"{node}.repo, "
+
+    async def _bad_vectors(self, sql: Statements, repo: str, dim: int) -> int:
+        row = await sql.row(
+            "SELECT count(*) FROM vectors WHERE repo = ? AND vector_dims(vec) <> ?", (repo, dim)
+        )
+        return int(row[0]) if row else 0
+
+    async def _search_rebuilt(self, sql: Statements, repo: str) -> bool:
+        # A generated column disagrees only after a configuration change; an UPDATE recomputes.
+        return bool(await sql.run(
+            "UPDATE nodes SET text = text WHERE repo = ?"
+            f" AND search IS DISTINCT FROM {SEARCH_VECTOR}", (repo,),
+        ))
 
 
 class PgGraph(ReembeddedGraph, MaintainedGraph):
@@ -243,7 +277,7 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
 
     def _start_store_text(self, repo: str, query: str, limit: int, kinds: list[str] | None
                           ) -> PendingRead[list[tuple[str, float]]]:
-        return DeferredRead(lambda: self._store_text(repo, query, limit, kinds))
+        return DeferredRead(lambda: self._store_text(repo, query, limit, kinds, None))
 
     async def _store_text(
         self, repo: str, query: str, limit: int, kinds: list[str] | None,

@@ -14,6 +14,7 @@ from psycopg import sql
 from mnemo.errors import StorageError
 from mnemo.storage.postgres.connection import Connection, lock_key, storage_error
 from mnemo.storage.postgres.migrations import BASELINE, MIGRATIONS
+from mnemo.storage.tables import PRE_RELEASE
 
 SCHEMA_LOCK = lock_key("mnemo.schema")
 
@@ -23,10 +24,6 @@ HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
 
 MIN_VECTOR_VERSION = (0, 5)
-
-# Why a database whose schema is older than the baseline is refused, as SQLite says it.
-PRE_RELEASE = ("the store was made by a development build of mnemo older than 0.1.0, whose"
-               " schema this version does not upgrade: start a new store")
 
 _LEDGER = """CREATE TABLE IF NOT EXISTS mnemo_migrations (
     name text PRIMARY KEY,

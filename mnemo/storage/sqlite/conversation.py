@@ -33,14 +33,11 @@ def match_expression(words: Sequence[str]) -> str:
 class SqliteThreads(SqlThreads):
     """`ThreadStore` over mnemo's SQLite file."""
 
+    _driver: Database
     VECTOR_UPSERT = (
         "INSERT OR REPLACE INTO message_vectors(message_id, thread_id, vec)"
         " SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?)"
     )
-
-    def __init__(self, database: Database) -> None:
-        super().__init__(database)
-        self._database = database
 
     def _stamp(self, at: datetime) -> object:
         """UTC ISO-8601 text with microseconds (a naive datetime is taken as UTC)."""
@@ -66,7 +63,7 @@ class SqliteThreads(SqlThreads):
         """Erases the thread in one transaction, then merges the FTS5 index (deleted words stay
         in old segments until then) and truncates the WAL; returns how many messages went."""
         gone = await super().purge(thread_id)
-        await self._database.run(truncate_wal)
+        await self._driver.run(truncate_wal)
         return gone
 
     async def _erased(self, sql: Statements, messages: int) -> None:

@@ -23,13 +23,10 @@ class SqliteCoordination(SqlCoordination):
         f"json_extract(config, '$.idle_session_timeout'), {DEFAULT_IDLE_SESSION_TIMEOUT})"
     )
     CHANGE_TOKEN = "PRAGMA data_version"
-
-    def __init__(self, database: Database) -> None:
-        super().__init__(database)
-        self._database = database
+    _driver: Database
 
     def now(self) -> datetime:
-        return self._database.clock.now()
+        return self._driver.clock.now()
 
     def _stamp(self, at: datetime) -> object:
         return at.isoformat(timespec="microseconds")

@@ -187,19 +187,15 @@ class Database:
         """Queues `work(db)` and returns at once; it runs in call order (a later read sees
         its writes). A failure (rolled back) goes to `failed`, in the thread. Raises
         `StorageError("closed")`."""
-        db = self.db
-        worker = self._worker
+        worker, alone = self._worker, _alone(self.db, work)
         if worker is None:
             raise StorageError("closed", "the database is not open")
 
         def job() -> None:
             try:
-                work(db)
+                alone()
             except sqlite3.Error as exc:
                 failed(storage_error(exc))
-            finally:
-                if db.conn.in_transaction:
-                    db.conn.rollback()
 
         worker.post(job)
 
@@ -209,22 +205,15 @@ class Database:
         return Queued(self._queue(_alone(self.db, work)), _translated)
 
     async def _call(self, fn: Callable[[], T]) -> T:
-        future = self._queue(fn)
-        try:
-            with anyio.CancelScope(shield=True):
-                result = await future
-        except sqlite3.Error as exc:
-            raise storage_error(exc) from exc
+        queued = Queued(self._queue(fn), _translated)
+        with anyio.CancelScope(shield=True):
+            result = await queued.result()
         return result
 
     def _queue(self, fn: Callable[[], T]) -> asyncio.Future[T]:
-        worker = self._worker
-        if worker is None:
+        if self._worker is None:
             raise StorageError("closed", "the database is not open")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        worker.jobs.put((fn, future, loop))
-        return future
+        return self._worker.start(fn)
 
 
 def _alone(db: SqliteUtilsDatabase, work: Work[T]) -> Callable[[], T]:
@@ -361,9 +350,8 @@ def truncate_wal(db: SqliteUtilsDatabase) -> None:
 def _close_sync(db: SqliteUtilsDatabase) -> None:
     if db.conn.in_transaction:
         db.conn.rollback()
-    if not db.memory:
-        with contextlib.suppress(sqlite3.Error):  # another process may hold the WAL
-            db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    with contextlib.suppress(sqlite3.Error):  # another process may hold the WAL
+        truncate_wal(db)
     db.conn.close()
 
 

@@ -20,7 +20,7 @@ from mnemo.storage.sqlite.database import Database, inspect_file
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, SqlDump, Table
 
-# Declared WITHOUT ROWID in schema.py: read in key order.
+# Declared WITHOUT ROWID in tables.py: read in key order.
 _WITHOUT_ROWID = {"compactions", "pins", "ingests", "task_results", "node_scopes"}
 # JSON columns kept packed (`rows.pack_text`).
 _PACKED = {("commits", "nodes"), ("commits", "links"), ("applied_changesets", "receipt")}
@@ -82,9 +82,7 @@ def _store(kind: Kind, value: object, half: bool = False) -> object:
 class SqliteDump(SqlDump):
     """The `Dump` of one open SQLite `Database`."""
 
-    def __init__(self, database: Database) -> None:
-        super().__init__(database)
-        self._db = database
+    _driver: Database
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
         # Each row starts with the `order` columns (the next page's start).
@@ -151,7 +149,7 @@ class SqliteDump(SqlDump):
                 # rowcount counts the rows inserted, not those ignored or the FTS triggers'.
                 return db.conn.executemany(statement, stored).rowcount
 
-        return await self._db.run(work)
+        return await self._driver.run(work)
 
     async def checksum(self) -> str:
         digest = NodeChecksum()

@@ -280,4 +280,4 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
         links = await self.typed_links(repo, node_ids)
         # The vectors are in memory: the cosines cost no second read.
         targets = [target for _, _, target, _, _ in links]
-        return links, await self._vectors.similarities(repo, targets, vector)
+        return links, await self._vectors.similarities(repo, targets, vector, None)

@@ -1,5 +1,6 @@
-"""Graph maintenance's SQL on PostgreSQL (`mnemo.storage.postgres.maintenance`) against its
-SQLite twin: the same small graph on both, the same operation, equal results and equal rows."""
+"""Graph maintenance's SQL on PostgreSQL (`mnemo.storage.postgres.graph.PgMaintenance`)
+against its SQLite twin: the same small graph on both, the same operation, equal results and
+equal rows."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ import pytest
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
-from mnemo.graph.maintenance import MergeResult, SweepResult, ValidationReport
+from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
 from mnemo.graph.model import NodeType
 from mnemo.storage.maintenance import SqlMaintenance
 from mnemo.storage.postgres.connection import PgStatements, Postgres
-from mnemo.storage.postgres.maintenance import PgMaintenance
+from mnemo.storage.postgres.graph import PgMaintenance
 from mnemo.storage.sql import Statements
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.graph import SqliteMaintenance
@@ -279,7 +280,7 @@ async def test_merge_duplicates_moves_links_and_merges_data_as_sqlite_does(twins
         lambda m, sql: m.merge_duplicates(sql, REPO, pairs, examined),
     )
     assert results[1] == results[0]
-    assert results[1] == MergeResult(["b", "d", "lonely", "alone"], 2, 3, 2)
+    assert results[1] == (["b", "d", "lonely", "alone"], ConsolidationReport(4, 2, 3, 2))
     rows = await twins.assert_same_rows()
     nodes = {node[0]: node for node in rows.nodes}
     assert nodes["a"][4] == {"confidence": 0.9, "concepts": ["kettle", "kitchen"],
@@ -303,7 +304,7 @@ async def test_merge_with_nothing_to_merge_only_marks_the_examined(twins: Twins)
     results = await twins.both(
         lambda m, sql: m.merge_duplicates(sql, REPO, [], ["a"]),
     )
-    assert results == (MergeResult([], 0, 0, 0),) * 2
+    assert results == (([], ConsolidationReport(1, 0, 0, 0)),) * 2
     rows = await twins.assert_same_rows()
     assert rows.nodes[0][8] is True
 
@@ -315,7 +316,7 @@ async def test_merge_counts_an_access_committed_while_it_waited(twins: Twins) ->
         Row("a", N.SEMANTIC, "fact a", {"confidence": 0.9}, axis(0), access_count=2),
         Row("b", N.SEMANTIC, "fact b", {"confidence": 0.5}, axis(0), access_count=5),
     ], [])
-    results: list[MergeResult] = []
+    results: list[tuple[list[str], ConsolidationReport]] = []
 
     async def merge() -> None:
         async with twins.pg.transaction() as conn:
@@ -325,7 +326,7 @@ async def test_merge_counts_an_access_committed_while_it_waited(twins: Twins) ->
 
     await _during_uncommitted(
         twins, "UPDATE nodes SET access_count = access_count + 1 WHERE id = 'b'", merge)
-    assert results == [MergeResult(["b"], 1, 0, 0)]
+    assert results == [(["b"], ConsolidationReport(2, 1, 0, 0))]
     async with twins.pg.connection() as conn:
         cur = await conn.execute("SELECT id, access_count FROM nodes")
         assert await cur.fetchall() == [("a", 8)]
@@ -334,8 +335,10 @@ async def test_merge_counts_an_access_committed_while_it_waited(twins: Twins) ->
 # ---- decay ----------------------------------------------------------------------------------
 
 
-def _sorted(result: SweepResult) -> SweepResult:
-    return SweepResult(result.examined, sorted(result.doomed), sorted(result.pruned))
+def _sorted(result: tuple[list[str], DecayReport]) -> tuple[object, ...]:
+    """The memories deleted and the routing nodes pruned, each sorted, and the report."""
+    deleted, report = result
+    return sorted(deleted[:report.deleted]), sorted(deleted[report.deleted:]), report
 
 
 async def test_decay_sweep_deletes_as_sqlite_does(twins: Twins) -> None:
@@ -370,7 +373,8 @@ async def test_decay_sweep_deletes_as_sqlite_does(twins: Twins) -> None:
         lambda m, sql: m.decay_sweep(sql, REPO, CONFIG, now),
     )
     assert _sorted(results[1]) == _sorted(results[0])
-    assert _sorted(results[1]) == SweepResult(6, ["step", "unsure"], ["colour", "sg", "src"])
+    assert _sorted(results[1]) == (["step", "unsure"], ["colour", "sg", "src"],
+                                  DecayReport(6, 2, 3))
     rows = await twins.assert_same_rows()
     assert [node[0] for node in rows.nodes] == [
         "known", "kitchen", "plain", "proc", "intent", "odd", "other"]
@@ -380,8 +384,8 @@ async def test_decay_sweep_deletes_as_sqlite_does(twins: Twins) -> None:
         lambda m, sql: m.decay_sweep(sql, REPO, CONFIG, later),
     )
     assert _sorted(results[1]) == _sorted(results[0])
-    assert _sorted(results[1]) == SweepResult(4, ["known", "odd", "plain", "proc"],
-                                              ["intent", "kitchen"])
+    assert _sorted(results[1]) == (["known", "odd", "plain", "proc"], ["intent", "kitchen"],
+                                  DecayReport(4, 4, 2))
     rows = await twins.assert_same_rows()
     assert [node[0] for node in rows.nodes] == ["other"]
 
@@ -394,7 +398,7 @@ async def test_decay_keeps_a_memory_recalled_while_it_waited(twins: Twins) -> No
         Row("step", N.EPISODIC, "looked around", {"reward": 0.0}, axis(3)),
         Row("gone", N.EPISODIC, "looked again", {"reward": 0.0}, axis(4)),
     ], [])
-    results: list[SweepResult] = []
+    results: list[tuple[list[str], DecayReport]] = []
 
     async def sweep() -> None:
         async with twins.pg.transaction() as conn:
@@ -406,7 +410,7 @@ async def test_decay_keeps_a_memory_recalled_while_it_waited(twins: Twins) -> No
         f" last_access = '{now.isoformat()}' WHERE id = 'step'",
         sweep,
     )
-    assert results == [SweepResult(2, ["gone"], [])]
+    assert results == [(["gone"], DecayReport(2, 1, 0))]
     async with twins.pg.connection() as conn:
         cur = await conn.execute("SELECT id FROM nodes")
         assert await cur.fetchall() == [("step",)]

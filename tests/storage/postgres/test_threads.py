@@ -352,6 +352,21 @@ async def test_fold_covers_once(threads: ThreadStore) -> None:
     assert [(s.level, s.covered_by) for s in every] == [(1, level2.id)] * 3 + [(2, None)]
 
 
+async def test_snapshots_of_one_start_keep_their_order(threads: ThreadStore) -> None:
+    """Snapshots of one level and start come back in the order they were written on both
+    backends, also after a fold rewrote the first one's row (long texts move it to another
+    PostgreSQL page)."""
+    await save(threads, "t", drafts("m0", "m1"))
+    texts = [f"{i} " + "x" * 1500 for i in range(10)]
+    for text in texts:
+        await threads.commit_eviction("t", boundary_before=0, boundary_after=0, zone=(0, -1),
+                                      snapshot_text=text, pins=[], now=EPOCH)
+    first = (await threads.uncovered_snapshots("t"))[0]
+    assert await threads.commit_fold("t", [first], "folded", EPOCH) is not None
+    every = await threads.snapshots("t")
+    assert [(s.level, s.text) for s in every] == [(1, text) for text in texts] + [(2, "folded")]
+
+
 # ---- search and view ----------------------------------------------------------------------
 
 

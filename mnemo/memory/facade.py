@@ -98,11 +98,13 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
     async def __aenter__(self) -> Memory:
         if "_backend" not in vars(self):
-            # A cold start: the parts' modules are imported off the event loop.
+            # A cold start: the parts' modules (threadpoolctl's among them) are imported off
+            # the event loop.
             await anyio.to_thread.run_sync(_load, self._parts[0])
             self._build()
         from mnemo.graph.blas import limit_blas_threads
 
+        # On the loop's thread: OpenBLAS counts a limit set from another thread for that one.
         limit_blas_threads(self._config.blas_threads)
         await self._backend.open()
         try:
@@ -422,6 +424,7 @@ def _without_driver(path: str) -> bool:
 
 def _load(path: str) -> None:
     import_kept("mnemo.memory.assembly")  # the parts' modules, whatever was imported before
+    import_kept("mnemo.graph.blas")
     from mnemo.memory import assembly
 
     assembly.load(path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -48,9 +48,6 @@ from mnemo.graph.ports import (
 from mnemo.graph.scope import Metadata, canonical, same
 from mnemo.graph.shares import Contribution
 from mnemo.graph.vectors import Snapshot, VectorIndex, unit
-
-if TYPE_CHECKING:
-    pass
 
 # How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
 MERGE_ROUNDS = 2

@@ -267,17 +267,9 @@ async def _resolve_intents(
     merge: IntentMerger,
     intents: IntentPolicy,
 ) -> Resolution:
-    resolution = Resolution()
-    await resolve_intents(
-        changeset.nodes,
-        index,
-        target.texts,
-        merge,
-        identity_threshold=intents.identity_threshold,
-        merge_threshold=intents.merge_threshold,
-        out=resolution,
-    )
-    return resolution
+    return await resolve_intents(changeset.nodes, index, target.texts, merge,
+                                 identity_threshold=intents.identity_threshold,
+                                 merge_threshold=intents.merge_threshold)
 
 
 def _check_dim(dim: int, vectors: list[tuple[str, Vector]]) -> None:

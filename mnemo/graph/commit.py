@@ -126,13 +126,7 @@ async def _before(target: CommitTarget, changeset: Changeset, intents: IntentPol
     retiring = [
         contradiction.Retirement(link.dst, link.src, None)
         for link in changeset.links if link.type is LinkType.SUPERSEDES
-    ] + (
-        await contradiction.retirements(
-            target, changeset, intents.contradicts, intents.contradiction_candidates,
-            intents.contradiction_similarity, nearest, intents.merge_threshold,
-        )
-        if intents.contradicts is not None and intents.contradiction_candidates > 0 else []
-    )
+    ] + await contradiction.retirements(target, changeset, intents, nearest)
     return _Before(retiring, {i: [j for j, _ in row] for i, row in nearest.items()},
                    log[0].seq if log else 0)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -48,9 +48,6 @@ from mnemo.graph.ports import (
 from mnemo.graph.scope import Metadata, canonical, same
 from mnemo.graph.shares import Contribution
 from mnemo.graph.vectors import Snapshot, VectorIndex, unit
-
-if TYPE_CHECKING:
-    pass
 
 # How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
 MERGE_ROUNDS = 2
@@ -106,16 +103,23 @@ class CommitTarget(GraphStore, Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class _Before:
-    """What a commit reads before the repo's lock: the facts its facts retire, the graph's
-    nearest facts and instructions to each of its own, and the repo's newest commit then."""
+class _Commit:
+    """One commit's target, changeset, policy and side writes, and what it reads before the
+    repo's lock: the facts its facts retire, the graph's nearest facts and instructions to each
+    of its own, and the repo's newest commit then."""
 
+    target: CommitTarget
+    changeset: Changeset
+    intents: IntentPolicy
+    also: Sequence[SideWrite]
     retiring: list[contradiction.Retirement]
     nearest: dict[str, list[str]]
     seq: int
 
 
-async def _before(target: CommitTarget, changeset: Changeset, intents: IntentPolicy) -> _Before:
+async def _before(
+    target: CommitTarget, changeset: Changeset, intents: IntentPolicy, also: Sequence[SideWrite]
+) -> _Commit:
     log = await target.commit_log(changeset.repo, limit=1)
     nearest: dict[str, list[tuple[str, float]]] = {}
     for kind in KNOWLEDGE:
@@ -129,15 +133,9 @@ async def _before(target: CommitTarget, changeset: Changeset, intents: IntentPol
     retiring = [
         contradiction.Retirement(link.dst, link.src, None)
         for link in changeset.links if link.type is LinkType.SUPERSEDES
-    ] + (
-        await contradiction.retirements(
-            target, changeset, intents.contradicts, intents.contradiction_candidates,
-            intents.contradiction_similarity, nearest, intents.merge_threshold,
-        )
-        if intents.contradicts is not None and intents.contradiction_candidates > 0 else []
-    )
-    return _Before(retiring, {i: [j for j, _ in row] for i, row in nearest.items()},
-                   log[0].seq if log else 0)
+    ] + await contradiction.retirements(target, changeset, intents, nearest)
+    return _Commit(target, changeset, intents, also, retiring,
+                   {i: [j for j, _ in row] for i, row in nearest.items()}, log[0].seq if log else 0)
 
 
 class _Undecided(Exception):
@@ -197,37 +195,27 @@ async def _apply(
 ) -> CommitReceipt:
     decided: dict[tuple[str, str], tuple[str, Vector] | None] = {}
     _check_dim(target.dim(changeset.repo), [(n.id, n.vector) for n in changeset.nodes])
-    before = await _before(target, changeset, intents)
+    commit = await _before(target, changeset, intents, also)
     for attempt in range(MERGE_ROUNDS + 1):
         last = attempt == MERGE_ROUNDS
         prepared = None
         if not last and (attempt or any(n.type is NodeType.INTENT for n in changeset.nodes)):
-            prepared = await _decide_merges(target, changeset, intents, decided, before,
-                                            knowledge=attempt > 0)
+            prepared = await _decide_merges(commit, decided, knowledge=attempt > 0)
         try:
             async with target.lock(changeset.repo):
-                return await _apply_locked(
-                    target, changeset, _decided_merge(decided, final=last), intents, also,
-                    before, prepared=prepared,
-                )
+                return await _apply_locked(commit, _decided_merge(decided, final=last), prepared)
         except _Undecided:
             continue
     raise AssertionError("the last round never raises _Undecided")
 
 
 async def _decide_merges(
-    target: CommitTarget,
-    changeset: Changeset,
-    intents: IntentPolicy,
-    decided: dict[tuple[str, str], tuple[str, Vector] | None],
-    before: _Before,
-    *,
-    knowledge: bool,
+    commit: _Commit, decided: dict[tuple[str, str], tuple[str, Vector] | None], *, knowledge: bool
 ) -> tuple[Snapshot, Resolution]:
     """Runs the intent resolution (and the facts', when `knowledge`) without the lock,
     asking the LLM each pass's merges at once. Returns it with the vectors it was made
     against: if they are unchanged under the lock, it stands."""
-    index = await target.vector_index(changeset.repo)
+    index = await commit.target.vector_index(commit.changeset.repo)
     seen = index.snapshot()
     asked: list[tuple[str, str]] = []
 
@@ -238,15 +226,14 @@ async def _decide_merges(
 
     for _ in range(MERGE_ROUNDS):
         asked.clear()
-        resolution = await _resolve_intents(target, changeset, index, note, intents)
+        resolution = await _resolve_intents(commit, index, note)
         if knowledge:
-            await _resolve_knowledge(target, changeset, note, intents, before, Resolution())
+            await _resolve_knowledge(commit, note, Resolution())
         if not asked:
             return seen, resolution
         pairs = list(dict.fromkeys(asked))
-        decided.update(zip(pairs, await intents.merge(pairs), strict=True))
-    lookup = _decided_merge(decided, final=True)
-    return seen, await _resolve_intents(target, changeset, index, lookup, intents)
+        decided.update(zip(pairs, await commit.intents.merge(pairs), strict=True))
+    return seen, await _resolve_intents(commit, index, _decided_merge(decided, final=True))
 
 
 def _decided_merge(
@@ -263,24 +250,11 @@ def _decided_merge(
     return merge
 
 
-async def _resolve_intents(
-    target: CommitTarget,
-    changeset: Changeset,
-    index: VectorIndex,
-    merge: IntentMerger,
-    intents: IntentPolicy,
-) -> Resolution:
-    resolution = Resolution()
-    await resolve_intents(
-        changeset.nodes,
-        index,
-        target.texts,
-        merge,
-        identity_threshold=intents.identity_threshold,
-        merge_threshold=intents.merge_threshold,
-        out=resolution,
-    )
-    return resolution
+async def _resolve_intents(commit: _Commit, index: VectorIndex, merge: IntentMerger) -> Resolution:
+    intents = commit.intents
+    return await resolve_intents(commit.changeset.nodes, index, commit.target.texts, merge,
+                                 identity_threshold=intents.identity_threshold,
+                                 merge_threshold=intents.merge_threshold)
 
 
 def _check_dim(dim: int, vectors: list[tuple[str, Vector]]) -> None:
@@ -292,26 +266,21 @@ def _check_dim(dim: int, vectors: list[tuple[str, Vector]]) -> None:
             )
 
 
-async def _resolve_knowledge(
-    target: CommitTarget,
-    changeset: Changeset,
-    merge: IntentMerger,
-    intents: IntentPolicy,
-    before: _Before,
-    out: Resolution,
-) -> dict[str, Node]:
+async def _resolve_knowledge(commit: _Commit, merge: IntentMerger, out: Resolution
+                             ) -> dict[str, Node]:
     """Resolves the changeset's facts and instructions against the graph's live nearest
     ones of their type (not paired by a retirement, not of another scope) and each other.
     Returns the graph nodes compared with."""
-    if not before.nearest:
+    if not commit.nearest:
         return {}
-    later = await target.commit_log(changeset.repo, after_seq=before.seq)
-    ids = {i for row in before.nearest.values() for i in row}
+    target, changeset, intents = commit.target, commit.changeset, commit.intents
+    later = await target.commit_log(changeset.repo, after_seq=commit.seq)
+    ids = {i for row in commit.nearest.values() for i in row}
     ids.update(i for record in later for i in record.node_ids)
     seen: dict[str, Node] = {n.id: n for n in await target.get_nodes(changeset.repo, sorted(ids))
                              if n.type in KNOWLEDGE and not n.retired}
     vectors = await target.vectors(changeset.repo, sorted(seen))
-    apart = {(r.retired, r.successor) for r in before.retiring}
+    apart = {(r.retired, r.successor) for r in commit.retiring}
     apart |= {(b, a) for a, b in apart}
     for kind in KNOWLEDGE:
         drafts = [n for n in changeset.nodes if n.type is kind]
@@ -334,15 +303,9 @@ async def _resolve_knowledge(
 
 
 async def _apply_locked(
-    target: CommitTarget,
-    changeset: Changeset,
-    merge: IntentMerger,
-    intents: IntentPolicy,
-    also: Sequence[SideWrite],
-    before: _Before,
-    *,
-    prepared: tuple[Snapshot, Resolution] | None = None,
+    commit: _Commit, merge: IntentMerger, prepared: tuple[Snapshot, Resolution] | None
 ) -> CommitReceipt:
+    target, changeset, also = commit.target, commit.changeset, commit.also
     repo = changeset.repo
     done = await target.receipt(changeset.id)
     if done is not None:
@@ -360,9 +323,8 @@ async def _apply_locked(
         # The intents were resolved against exactly these vectors, before the lock.
         resolution = Resolution(dict(prepared[1].remap), dict(prepared[1].rewordings))
     else:
-        resolution = await _resolve_intents(target, changeset, index, merge, intents)
-    graph_nodes = await _resolve_knowledge(target, changeset, merge, intents, before,
-                                           resolution)
+        resolution = await _resolve_intents(commit, index, merge)
+    graph_nodes = await _resolve_knowledge(commit, merge, resolution)
     drafts = _scoped_tags(changeset)
     tag_keys = [n.key for n in drafts if n.type is NodeType.TAG and n.key]
     resolve_tags(drafts, await target.tag_owners(repo, tag_keys), resolution)
@@ -383,7 +345,7 @@ async def _apply_locked(
                               Contribution(draft.text, draft.data, draft.source_id))
     # A new fact that joined one of the graph's retires through it what it contradicts.
     retired = await contradiction.still_live(target, repo, [
-        replace(r, successor=resolution.survivor(r.successor)) for r in before.retiring
+        replace(r, successor=resolution.survivor(r.successor)) for r in commit.retiring
     ], new_ids | set(joined))
     plan = CommitPlan(
         repo=repo,

@@ -19,7 +19,7 @@ from mnemo.graph.scope import check_where, same
 from mnemo.graph.vectors import COSINE_TOLERANCE, TYPE_CODES, cosine, reaches, unit
 
 if TYPE_CHECKING:
-    from mnemo.graph.ports import RecallReads
+    from mnemo.graph.ports import IntentPolicy, RecallReads
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +49,17 @@ class Retirement:
 
 
 async def retirements(
-    graph: RecallReads, changeset: Changeset, contradicts: Contradicts,
-    candidates: int = CANDIDATES, close: float = CLOSE,
-    nearest: Mapping[str, list[tuple[str, float]]] | None = None,
-    joined: float | None = None,
+    graph: RecallReads, changeset: Changeset, intents: IntentPolicy,
+    nearest: Mapping[str, list[tuple[str, float]]],
 ) -> list[Retirement]:
-    """The facts the changeset's facts contradict, asked in one call: each new fact against
-    `candidates` live facts of its type per channel (vector, words) at cosine >= `close`, and
-    the `candidates` closest told before it in the changeset. A repeat at least `joined` close
-    is not asked."""
+    """The facts the changeset's facts contradict, asked in one call of `intents.contradicts`
+    (none without it): each new fact against `contradiction_candidates` live facts of its type
+    per channel (vector, words) at cosine >= `contradiction_similarity`, and as many closest
+    told before it in the changeset. A repeat at least `merge_threshold` close is not asked."""
+    contradicts, candidates = intents.contradicts, intents.contradiction_candidates
+    close, joined = intents.contradiction_similarity, intents.merge_threshold
+    if contradicts is None or candidates <= 0:
+        return []
     own = {n.id for n in changeset.nodes}
     told = _told(changeset)
     # A fact ends only facts of its own scope: searched inside it, then checked exactly.
@@ -69,7 +71,7 @@ async def retirements(
     for node in facts:
         kinds = [node.type]
         # The repo-wide nearest (`nearest`) serve an unscoped changeset only.
-        by_vector = (nearest[node.id][:candidates] if nearest is not None and scope is None
+        by_vector = (nearest[node.id][:candidates] if scope is None
                      else await graph.search_vectors(changeset.repo, node.vector, candidates,
                                                      kinds, scope))
         similarity = {i: s for i, s in by_vector if reaches(s, close)}
@@ -107,9 +109,9 @@ async def retirements(
     return found
 
 
-def _one_fact(new: str, old: str, similarity: float, joined: float | None) -> bool:
-    """Whether `new` is `old` again: at least `joined` close (None: never), saying no more."""
-    return joined is not None and reaches(similarity, joined) and says_no_more(new, old)
+def _one_fact(new: str, old: str, similarity: float, joined: float) -> bool:
+    """Whether `new` is `old` again: at least `joined` close, saying no more."""
+    return reaches(similarity, joined) and says_no_more(new, old)
 
 
 def _told(changeset: Changeset) -> dict[str, tuple[int, int]]:

@@ -87,12 +87,12 @@ async def resolve_intents(
     *,
     identity_threshold: float,
     merge_threshold: float,
-    out: Resolution,
-) -> None:
+) -> Resolution:
     """Drops, merges or keeps each INTENT draft against the graph's intents and earlier drafts."""
+    out = Resolution()
     intents = [d for d in drafts if d.type is NodeType.INTENT]
     if not intents:
-        return
+        return out
     graph_ids, graph_matrix = await ann.of_type(index, NodeType.INTENT)
     nearest: Nearest = [[] for _ in intents]
     if graph_ids:
@@ -102,6 +102,7 @@ async def resolve_intents(
         nearest = [[(graph_ids[j], float(to_graph[i, j]))] for i, j in enumerate(best)]
     await resolve(intents, nearest, {}, texts_of, merge, identity_threshold=identity_threshold,
                   merge_threshold=merge_threshold, out=out)
+    return out
 
 
 async def resolve(

@@ -36,11 +36,8 @@ def heirs(
         linked.setdefault(intent_id, []).append((data, source_id))
     found: dict[str, IntentWording] = {}
     dropped: list[str] = []
-    for intent_id in dict.fromkeys(intents):
-        candidates = linked.get(intent_id)
-        if not candidates:
-            continue
-        for data, source_id in candidates:
+    for intent_id in dict.fromkeys(i for i in intents if i in linked):
+        for data, source_id in linked[intent_id]:
             wording = data.get("intent") if isinstance(data, dict) else None
             if isinstance(wording, str) and wording.strip():
                 found[intent_id] = IntentWording(wording, source_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -20,7 +20,7 @@ from mnemo.graph.ports import Reverting
 from mnemo.inputs import check_count, check_id
 
 if TYPE_CHECKING:
-    from mnemo.graph.ports import GraphHistory
+    from mnemo.graph.ports import GraphWrites
 
 # The nodes a revert deletes when only its commit holds them (a later link to one is work
 # built on it); the others stay while something links to them.
@@ -71,13 +71,13 @@ class CommitDiff:
     retired: list[Node] = field(default_factory=list)
 
 
-async def history(graph: GraphHistory, repo: str, limit: int) -> list[CommitRecord]:
+async def history(graph: GraphWrites, repo: str, limit: int) -> list[CommitRecord]:
     """The repo's `limit` newest commits, newest first (InvalidInputError: a limit below 1)."""
     check_count("limit", limit, minimum=1)
     return await graph.commit_log(repo, limit=limit)
 
 
-async def _record(graph: GraphHistory, repo: str, commit_id: str) -> CommitRecord:
+async def _record(graph: GraphWrites, repo: str, commit_id: str) -> CommitRecord:
     check_id(commit_id, "commit_id")
     record = await graph.commit_record(repo, commit_id)
     if record is None:
@@ -85,7 +85,7 @@ async def _record(graph: GraphHistory, repo: str, commit_id: str) -> CommitRecor
     return record
 
 
-async def diff(graph: GraphHistory, repo: str, commit_id: str) -> CommitDiff:
+async def diff(graph: GraphWrites, repo: str, commit_id: str) -> CommitDiff:
     """What the commit added and retired (InvalidInputError: a blank id or no such commit)."""
     record = await _record(graph, repo, commit_id)
     return CommitDiff(
@@ -97,7 +97,7 @@ async def diff(graph: GraphHistory, repo: str, commit_id: str) -> CommitDiff:
 
 
 async def revert(
-    graph: GraphHistory, repo: str, commit_id: str, *, embed: Embed, generation: int | None = None
+    graph: GraphWrites, repo: str, commit_id: str, *, embed: Embed, generation: int | None = None
 ) -> CommitDiff:
     """Undoes the commit in one transaction and records the revert; an ingested source's id
     is free again. `embed` makes the vectors of shared nodes' new wordings (of `generation`).
@@ -117,11 +117,10 @@ async def revert(
 
     await graph.withdraw(repo, commit_id, embed=embed, generation=generation,
                          reverting=Reverting(f"revert_{uuid.uuid4().hex}", refused))
-    return CommitDiff(await _record(graph, repo, commit_id), undone.nodes, undone.links,
-                      undone.retired)
+    return replace(undone, commit=await _record(graph, repo, commit_id))
 
 
-async def _built_on(graph: GraphHistory, record: CommitRecord) -> str | None:
+async def _built_on(graph: GraphWrites, record: CommitRecord) -> str | None:
     """The later commit that built on this one, with why, or None if it can be reverted: one
     that retired one of its facts, or linked to a node only it holds (unless a commit in
     between joined that node)."""

@@ -234,7 +234,7 @@ class HnswAccelerator:
                 if build:
                     if self._try_files:
                         self._try_files = False
-                        if self._load_or_log():
+                        if self._load():
                             continue
                     if self._build():
                         self._save()
@@ -305,44 +305,40 @@ class HnswAccelerator:
             self._graphs, self._pending = graphs, pending
             self._ready, self._read, self._unsaved = True, read, 0
 
-    def _load_or_log(self) -> bool:
-        """`_load`, with any failure logged and answered by a build (the files are a cache)."""
+    def _load(self) -> bool:
+        """Publishes the saved graphs, checked against the index's rows; False (build them) if
+        none, too much changed, or reading them failed (logged: the files are a cache)."""
         try:
-            return self._load()
+            assert self.files is not None
+            saved = self.files.load(self._faiss)
+            if saved is None or ALL not in saved:
+                return False
+            seq = self._begin()
+            snap = self._index.snapshot()
+            adopted = ann_files.adopt(saved, snap)
+            labels = max(sum(len(g.labels) for key, g in saved.items() if key != ALL), 1)
+            dead = labels - sum(len(live) for live in adopted.live.values())
+            # Dead labels past half the rebuild fraction would soon set a rebuild off.
+            fraction = self.params.rebuild_fraction
+            if dead > fraction / 2 * labels or len(adopted.missing) > fraction * labels:
+                log.info("mnemo: saved HNSW graphs too far behind the store (%d dead, %d missing, "
+                         "%d saved); rebuilding", dead, len(adopted.missing), labels)
+                return False
+            graphs = {}
+            for key, graph in saved.items():
+                ann_files.restore(graph, adopted.rows[key], snap, self._faiss)
+                graph.index.hnsw.efSearch = self.params.ef_search
+                graphs[key] = Graph(graph.index, graph.labels, adopted.live.get(key, {}))
+            self._publish(graphs, seq, adopted.missing, read=True)
+            log.info("mnemo: HNSW graphs read from %s (%d rows to insert)", self.files.folder,
+                     len(adopted.missing))
+            return True
         except Exception:
             log.exception("mnemo: reading the saved HNSW graphs failed; building them")
             return False
         finally:
             with self._lock:
                 self._removed_in_build = None
-
-    def _load(self) -> bool:
-        """Publishes the saved graphs, checked against the index's rows; False (build them) if
-        none or too much changed."""
-        assert self.files is not None
-        saved = self.files.load(self._faiss)
-        if saved is None or ALL not in saved:
-            return False
-        seq = self._begin()
-        snap = self._index.snapshot()
-        adopted = ann_files.adopt(saved, snap)
-        labels = max(sum(len(g.labels) for key, g in saved.items() if key != ALL), 1)
-        dead = labels - sum(len(live) for live in adopted.live.values())
-        # Dead labels past half the rebuild fraction would soon set a rebuild off.
-        fraction = self.params.rebuild_fraction
-        if dead > fraction / 2 * labels or len(adopted.missing) > fraction * labels:
-            log.info("mnemo: saved HNSW graphs too far behind the store (%d dead, %d missing, "
-                     "%d saved); rebuilding", dead, len(adopted.missing), labels)
-            return False
-        graphs = {}
-        for key, graph in saved.items():
-            ann_files.restore(graph, adopted.rows[key], snap, self._faiss)
-            graph.index.hnsw.efSearch = self.params.ef_search
-            graphs[key] = Graph(graph.index, graph.labels, adopted.live.get(key, {}))
-        self._publish(graphs, seq, adopted.missing, read=True)
-        log.info("mnemo: HNSW graphs read from %s (%d rows to insert)", self.files.folder,
-                 len(adopted.missing))
-        return True
 
     def _save(self) -> None:
         """Saves the graphs (in the builder's thread, the only one that changes them)."""

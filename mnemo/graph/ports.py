@@ -249,7 +249,8 @@ class RecallReads(NodeReads, Protocol):
         ...
 
 class GraphWrites(NodeReads, Protocol):
-    """Commits and erasures (`mnemo.graph.commit`, `mnemo.graph.erasure`, ingest)."""
+    """Commits and erasures (`mnemo.graph.commit`, `mnemo.graph.erasure`, ingest), and the
+    repo's commits as records (`mnemo.graph.history`); a revert withdraws one."""
 
     async def apply(
         self,
@@ -278,9 +279,6 @@ class GraphWrites(NodeReads, Protocol):
         ...
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int: ...
-
-class GraphHistory(GraphWrites, Protocol):
-    """A repo's commits as records (`mnemo.graph.history`); a revert withdraws one."""
 
     async def commit_log(
         self, repo: str, *, limit: int | None = None, after_seq: int | None = None
@@ -361,7 +359,7 @@ class Reembedding(NodeReads, Protocol):
         `dim`-dimension vectors (after the lock is let go: it may take long)."""
         ...
 
-class GraphStore(RecallReads, GraphHistory, GraphMaintenance, Reembedding, Protocol):
+class GraphStore(RecallReads, GraphWrites, GraphMaintenance, Reembedding, Protocol):
     """A repo's knowledge graph, every role at once: what a backend implements."""
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]: ...

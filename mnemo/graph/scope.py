@@ -38,10 +38,7 @@ def check_metadata(metadata: object, what: str = "metadata") -> Metadata:
         raise InvalidInputError(f"{what} must be a dict, got {type(metadata).__name__}")
     if len(metadata) > MAX_KEYS:
         raise InvalidInputError(f"{what} has {len(metadata)} keys, more than {MAX_KEYS}")
-    checked = {_key(key, what): _value(value, f"{what}[{key!r}]")
-               for key, value in metadata.items()}
-    return {key: int(value) if isinstance(value, float) and value.is_integer() else value
-            for key, value in checked.items()}
+    return {_key(key, what): _value(value, f"{what}[{key!r}]") for key, value in metadata.items()}
 
 
 def check_where(where: object) -> Where | None:
@@ -120,12 +117,13 @@ def _key(key: object, what: str) -> str:
 
 
 def _value(value: object, what: str) -> Scalar:
+    """`value` checked, an integral float as its integer."""
     if isinstance(value, bool | int):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidInputError(f"{what} must be a finite number, got {value!r}")
-        return value
+        return int(value) if value.is_integer() else value
     if isinstance(value, str):
         return check_text(value, what, limit=MAX_VALUE_CHARS, blank_ok=True)
     raise InvalidInputError(

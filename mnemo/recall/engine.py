@@ -100,121 +100,106 @@ class Recaller:
         async with self.graph.reading(repo):
             scope = None if where is None else await self.graph.scope(repo, where)
             trace.mark("look")
-            return await self._recall(repo, query, k=k, types=types, reinforce=reinforce,
-                                      when=ranking.When(as_of, valid_at), trace=trace,
-                                      scope=scope)
-
-    async def _recall(
-        self,
-        repo: str,
-        query: str,
-        *,
-        k: int,
-        types: Iterable[NodeType] | None,
-        reinforce: bool,
-        when: ranking.When,
-        trace: Trace,
-        scope: Scope | None,
-    ) -> RecallResult:
-        config = self.config
-        wanted = None if types is None else {NodeType(t) for t in types}
-        degraded: list[str] = []
-        plan = await planned(self.planner, query, degraded) if self.planner else None
-        plan, parts = await split(query, dense_without_names=config.recall_dense_without_names,
-                                  plan=plan)
-        trace.mark("plan")
-        searched = None if wanted is None else list(wanted | set(ROUTING))
-        # With the vectors on the event loop (a small store), the words search is begun now
-        # and runs on its thread while the query is embedded; else it runs beside the dense
-        # channel's thread in hop 0.
-        on_loop = self.graph.vectors_on_loop(repo)
-        words = (self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
-                                              searched, scope) if on_loop else None)
-        try:
-            vectors = await self.tag_vectors.embed(self.embedder, parts.dense, plan.tags)
-        except BaseException:
-            if words is not None:
-                words.discard()
-            raise
-        query_vector, tag_vectors = vectors[0], vectors[1:]
-        trace.mark("embed")
-
-        # Hop 0 and the routes' probes at once (each waits on a worker thread), or one after
-        # the other when the vectors answer on the event loop.
-        found: dict[str, Candidate] = {}
-        routes: list[tuple[str, Candidate]] = []
-        if words is None:
-            words = self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
-                                                 searched, scope)
-        if self.generation is not None:
-            # Before any vector is compared: whether another Memory re-embedded the repo.
+            when = ranking.When(as_of, valid_at)
+            config = self.config
+            wanted = None if types is None else {NodeType(t) for t in types}
+            degraded: list[str] = []
+            plan = await planned(self.planner, query, degraded) if self.planner else None
+            plan, parts = await split(query, dense_without_names=config.recall_dense_without_names,
+                                      plan=plan)
+            trace.mark("plan")
+            searched = None if wanted is None else list(wanted | set(ROUTING))
+            # With the vectors on the event loop (a small store), the words search is begun now
+            # and runs on its thread while the query is embedded; else it runs beside the dense
+            # channel's thread in hop 0.
+            on_loop = self.graph.vectors_on_loop(repo)
+            words = (self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
+                                                  searched, scope) if on_loop else None)
             try:
-                moved = await self.graph.generation(repo)
-                if moved != self.generation:
-                    raise VectorsMoved(moved)
+                vectors = await self.tag_vectors.embed(self.embedder, parts.dense, plan.tags)
             except BaseException:
-                words.discard()
+                if words is not None:
+                    words.discard()
                 raise
+            query_vector, tag_vectors = vectors[0], vectors[1:]
+            trace.mark("embed")
 
-        async def zero() -> None:
-            assert words is not None
-            found.update(await self._hop_zero(repo, parts.terms, words, query_vector, searched,
-                                              k, on_loop, scope))
+            # Hop 0 and the routes' probes at once (each waits on a worker thread), or one after
+            # the other when the vectors answer on the event loop.
+            found: dict[str, Candidate] = {}
+            routes: list[tuple[str, Candidate]] = []
+            if words is None:
+                words = self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
+                                                     searched, scope)
+            if self.generation is not None:
+                # Before any vector is compared: whether another Memory re-embedded the repo.
+                try:
+                    moved = await self.graph.generation(repo)
+                    if moved != self.generation:
+                        raise VectorsMoved(moved)
+                except BaseException:
+                    words.discard()
+                    raise
 
-        async def route() -> None:
-            probed = await hops.routes(self.graph, self.config, repo, query_vector, tag_vectors)
+            async def zero() -> None:
+                assert words is not None
+                found.update(await self._hop_zero(repo, parts.terms, words, query_vector, searched,
+                                                  k, on_loop, scope))
+
+            async def route() -> None:
+                probed = await hops.routes(self.graph, self.config, repo, query_vector, tag_vectors)
+                if scope is not None:
+                    keep = await self.graph.inside(repo, scope, [i for i, _ in probed])
+                    probed = [(i, c) for i, c in probed if i in keep]
+                routes.extend(probed)
+
+            try:
+                await _in_turn(route, zero) if on_loop else await _side_by_side(zero, route)
+            finally:
+                words.discard()
+            # What the query's own channels made of each candidate, before any hop or lever.
+            direct = {node_id: c.score for node_id, c in found.items()}
+            trace.mark("hop0")
+            reranking = self.reranker is not None
+            width = max(k, config.recall_rerank_candidates) if reranking else k
+            # What ranking can pick from: the best `depth` candidates are read, the others only
+            # touched.
+            depth = max(4 * width, config.recall_candidates)
+            followed = await hops.follow(self.graph, config, repo, found, routes, query_vector, k,
+                                         depth)
             if scope is not None:
-                keep = await self.graph.inside(repo, scope, [i for i, _ in probed])
-                probed = [(i, c) for i, c in probed if i in keep]
-            routes.extend(probed)
-
-        try:
-            await _in_turn(route, zero) if on_loop else await _side_by_side(zero, route)
-        finally:
-            words.discard()
-        # What the query's own channels made of each candidate, before any hop or lever.
-        direct = {node_id: c.score for node_id, c in found.items()}
-        trace.mark("hop0")
-        reranking = self.reranker is not None
-        width = max(k, config.recall_rerank_candidates) if reranking else k
-        # What ranking can pick from: the best `depth` candidates are read, the others only
-        # touched.
-        depth = max(4 * width, config.recall_candidates)
-        followed = await hops.follow(self.graph, config, repo, found, routes, query_vector, k,
-                                     depth)
-        if scope is not None:
-            await hops.keep_inside(self.graph, repo, scope, found)
-            followed = [(i, c) for i, c in followed if i in found]
-        trace.mark("hops")
-        context = await self._context(repo, found, followed, k, depth, trace)
-        if scope is not None:  # what provenance and neighbours brought in
-            await hops.keep_inside(self.graph, repo, scope, found)
-        boosts = await speaker_boosts(self.graph, repo, parts.names, context,
-                                      config.recall_speaker_boost)
-        if boosts:
-            trace.mark("speaker")
-        ranked = await self._rank(repo, found, context, parts, plan, wanted, width, boosts,
-                                  direct, when)
-        ranked = (await ranking.in_time(self.graph, repo, ranked, when))[:width]
-        trace.mark("rank")
-        if reranking:
-            reordered = await reranked(self.reranker, query, ranked, k, degraded)
-            ranked = (reordered if when.valid_at is not None
-                      else ranking.successors_first(reordered, ranked)[:k])
-            trace.mark("rerank")
-        ranked = ranking.above_their_steps(ranked, direct)
-        if reranking or config.recall_mmr_lambda < 1.0:
-            ranked = ranking.descending(ranked)
-        if ranked and reinforce:
-            await self._reinforce(repo, ranked, degraded)
-        trace.mark("reinforce")
-        reasoned = (await synthesis(self.llm, query, ranked, degraded)
-                    if config.recall_synthesis and self.llm is not None else None)
-        trace.mark("synthesis")
-        touched = await hops.pure(lambda: sorted(
-            (Touched(NodeId(i), c.phase, c.hop, c.score) for i, c in found.items()),
-            key=lambda t: -t.score), len(found))
-        return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
+                await hops.keep_inside(self.graph, repo, scope, found)
+                followed = [(i, c) for i, c in followed if i in found]
+            trace.mark("hops")
+            context = await self._context(repo, found, followed, k, depth, trace)
+            if scope is not None:  # what provenance and neighbours brought in
+                await hops.keep_inside(self.graph, repo, scope, found)
+            boosts = await speaker_boosts(self.graph, repo, parts.names, context,
+                                          config.recall_speaker_boost)
+            if boosts:
+                trace.mark("speaker")
+            ranked = await self._rank(repo, found, context, parts, plan, wanted, width, boosts,
+                                      direct, when)
+            ranked = (await ranking.in_time(self.graph, repo, ranked, when))[:width]
+            trace.mark("rank")
+            if reranking:
+                reordered = await reranked(self.reranker, query, ranked, k, degraded)
+                ranked = (reordered if when.valid_at is not None
+                          else ranking.successors_first(reordered, ranked)[:k])
+                trace.mark("rerank")
+            ranked = ranking.above_their_steps(ranked, direct)
+            if reranking or config.recall_mmr_lambda < 1.0:
+                ranked = ranking.descending(ranked)
+            if ranked and reinforce:
+                await self._reinforce(repo, ranked, degraded)
+            trace.mark("reinforce")
+            reasoned = (await synthesis(self.llm, query, ranked, degraded)
+                        if config.recall_synthesis and self.llm is not None else None)
+            trace.mark("synthesis")
+            touched = await hops.pure(lambda: sorted(
+                (Touched(NodeId(i), c.phase, c.hop, c.score) for i, c in found.items()),
+                key=lambda t: -t.score), len(found))
+            return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
 
     async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:
         """Counts an access of each returned memory (and of a returned fact's one step). A

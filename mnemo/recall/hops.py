@@ -30,18 +30,12 @@ async def routes(
     """Routes into the graph: tags near a search tag or the query, intents near the query
     (only the query's vectors needed: asked for beside hop 0)."""
     probes = np.vstack([query_vector[None, :], tag_vectors])
-    found = [
-        (tag_id, Candidate(sim, "route", 0))
-        for nearest in await graph.nearest_of_type(repo, probes, N.TAG, 3)
-        for tag_id, sim in nearest
-        if reaches(sim, config.recall_tag_threshold)
-    ]
-    found += [
-        (intent_id, Candidate(sim, "route", 0))
-        for nearest in await graph.nearest_of_type(repo, probes[:1], N.INTENT, 3)
-        for intent_id, sim in nearest
-        if reaches(sim, config.recall_intent_threshold)
-    ]
+    found: list[tuple[str, Candidate]] = []
+    for kind, asked, threshold in ((N.TAG, probes, config.recall_tag_threshold),
+                                   (N.INTENT, probes[:1], config.recall_intent_threshold)):
+        found += [(node_id, Candidate(sim, "route", 0))
+                  for nearest in await graph.nearest_of_type(repo, asked, kind, 3)
+                  for node_id, sim in nearest if reaches(sim, threshold)]
     return found
 
 

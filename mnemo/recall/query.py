@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +20,7 @@ from mnemo.extraction.entities import speaker_of
 from mnemo.graph.model import Vector
 from mnemo.graph.ports import NodeReads
 from mnemo.graph.vectors import embed
-from mnemo.ports import Embedder
+from mnemo.ports import Embedder, Vectors
 from mnemo.recall.model import ReadContext
 from mnemo.text import MAX_QUERY_TERMS, query_words
 
@@ -57,17 +57,12 @@ async def split(
     )
 
 
+@dataclass(slots=True)
 class _Queries:
     """An embedder's query side, as an `Embedder`."""
 
-    def __init__(
-        self, dim: int, embed: Callable[[Sequence[str]], Awaitable[Sequence[Sequence[float]]]]
-    ) -> None:
-        self.dim = dim
-        self._embed = embed
-
-    async def embed(self, texts: Sequence[str]) -> Sequence[Sequence[float]]:
-        return await self._embed(texts)
+    dim: int
+    embed: Callable[[Sequence[str]], Coroutine[object, object, Vectors]]
 
 
 def query_side(embedder: Embedder) -> Embedder:

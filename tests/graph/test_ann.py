@@ -574,13 +574,12 @@ async def test_a_big_gather_of_one_type_runs_off_the_event_loop(
 
     index.add(["i0"], [NodeType.INTENT], clustered(1, seed=9))  # a change: gathered again
     near = draft("new", NodeType.INTENT, "walk the dog", vector=index.get("i7"))
-    out = dedup.Resolution()
 
     async def texts_of(ids: list[str]) -> dict[str, str]:
         return {i: "walk the dog" for i in ids}
 
-    await dedup.resolve_intents([near], index, texts_of, Merger().one, identity_threshold=0.95,
-                                merge_threshold=0.8, out=out)
+    out = await dedup.resolve_intents([near], index, texts_of, Merger().one,
+                                      identity_threshold=0.95, merge_threshold=0.8)
     assert on_loop == [False, True, False]
     assert out.survivor("new") == "i7"  # the same vector: the graph's intent stands for it
 

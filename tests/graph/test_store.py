@@ -767,8 +767,8 @@ async def test_a_merge_the_graph_needs_after_the_lock_is_decided_outside_it(
             # Another commit lands meanwhile, holding the lock as every commit does.
             target = cast(commit.CommitTarget, graph)
             landed = procedure_with_intent("a", "restart the web server", axis(0))
-            await commit._apply_locked(target, landed, Merger().one, policy(), (),
-                                       await commit._before(target, landed, policy()))
+            await commit._apply_locked(await commit._before(target, landed, policy(), ()),
+                                       Merger().one, None)
     assert merger.calls == [("restart the web server", "reload nginx config")]
     texts = sorted(n.text for n in await graph.get_nodes_by_type(REPO, [NodeType.INTENT]))
     assert texts == ["reload or restart nginx"]

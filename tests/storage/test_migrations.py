@@ -144,3 +144,26 @@ async def test_a_store_older_than_the_baseline_is_refused_and_left_as_it_was(mad
     assert "\n" not in str(refused.value)
     assert refused.value.__cause__ is None
     assert (shape(made), ledger(made)) == before
+
+
+async def test_a_store_a_newer_mnemo_upgraded_is_refused_and_left_as_it_was(made: str) -> None:
+    """A store that records a migration this version does not know (a newer mnemo applied
+    it) is refused when a Memory opens it, `StorageError("unavailable")` naming the migration,
+    and neither its schema nor its ledger changes: an older process must not write to a schema
+    it does not know."""
+    if made.startswith("postgresql"):
+        run(made, "INSERT INTO mnemo_migrations (name) VALUES ('m999_future')",
+            "CREATE TABLE future (n integer)")
+    else:
+        run(made, "INSERT INTO _sqlite_migrations (migration_set, name, applied_at)"
+                  " VALUES ('mnemo', 'm999_future', '2030-01-01 00:00:00+00:00')",
+            "CREATE TABLE future (n INTEGER)")
+    before = (shape(made), ledger(made))
+    with pytest.raises(mnemo.StorageError) as refused:
+        async with mnemo.Memory(made, embedder=FakeEmbedder()):
+            pass
+    assert refused.value.reason == "unavailable"
+    assert "newer mnemo" in str(refused.value)
+    assert "m999_future" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert (shape(made), ledger(made)) == before

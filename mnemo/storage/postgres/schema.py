@@ -14,7 +14,7 @@ from psycopg import sql
 from mnemo.errors import StorageError
 from mnemo.storage.postgres.connection import Connection, lock_key, storage_error
 from mnemo.storage.postgres.migrations import BASELINE, MIGRATIONS
-from mnemo.storage.tables import PRE_RELEASE
+from mnemo.storage.tables import check_ledger
 
 SCHEMA_LOCK = lock_key("mnemo.schema")
 
@@ -36,7 +36,8 @@ async def apply(conn: Connection) -> list[str]:
     migration in one transaction under the schema's advisory lock (concurrent callers all
     succeed); returns the names applied. `conn` must not be in a transaction. Raises
     `StorageError`: "extension_missing" (absent, pgvector older than 0.5, or not creatable by
-    this role), "busy" past `lock_timeout`, "unavailable" for a pre-baseline schema."""
+    this role), "busy" past `lock_timeout`, "unavailable" for a pre-baseline schema or a newer
+    mnemo's."""
     try:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
@@ -45,8 +46,7 @@ async def apply(conn: Connection) -> list[str]:
             await conn.execute(_LEDGER)
             cur = await conn.execute("SELECT name FROM mnemo_migrations")
             done = {str(name) for (name,) in await cur.fetchall()}
-            if done and BASELINE.name not in done:
-                raise StorageError("unavailable", PRE_RELEASE)
+            check_ledger(done, {migration.name for migration in MIGRATIONS}, BASELINE.name)
             applied = []
             for migration in MIGRATIONS:
                 if migration.name in done:

@@ -10,9 +10,8 @@ import sqlite3
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
-from mnemo.errors import StorageError
 from mnemo.storage.lexical import LOG_KEEP
-from mnemo.storage.tables import PRE_RELEASE, ddl
+from mnemo.storage.tables import check_ledger, ddl
 
 MIGRATIONS = Migrations("mnemo")
 BASELINE = "m028_scopes"
@@ -20,14 +19,20 @@ BASELINE = "m028_scopes"
 
 def migrate(db: Database) -> None:
     """Applies the pending migrations in one IMMEDIATE transaction (a second process waits,
-    then finds nothing pending). Raises `StorageError("unavailable")` for a pre-baseline store."""
+    then finds nothing pending). Raises `StorageError("unavailable")` for a pre-baseline store
+    or a newer mnemo's (`tables.check_ledger`)."""
+    _check(db)
     if not MIGRATIONS.pending(db):
         return
     with db.atomic():
-        applied = {migration.name for migration in MIGRATIONS.applied(db)}
-        if applied and BASELINE not in applied:
-            raise StorageError("unavailable", PRE_RELEASE)
+        _check(db)
         MIGRATIONS.apply(db)
+
+
+def _check(db: Database) -> None:
+    # sqlite-utils keeps the registered migrations in `_migrations` only.
+    check_ledger({migration.name for migration in MIGRATIONS.applied(db)},
+                 {migration.name for migration in MIGRATIONS._migrations}, BASELINE)
 
 
 def execute_all(db: Database, script: str) -> None:

@@ -194,8 +194,8 @@ class _Range(typing.NamedTuple):
     high: float | None
 
     def __call__(self, name: str, value: object) -> None:
-        try:
-            msgspec.convert(value, self.hint)
+        try:  # a float's subclass (numpy's float64) is checked as the float it is
+            msgspec.convert(float(value) if isinstance(value, float) else value, self.hint)
         except msgspec.ValidationError:
             raise InvalidInputError(f"Config.{name} must be {self.wanted}, got {value!r}") from None
 

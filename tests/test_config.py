@@ -36,6 +36,15 @@ def test_a_value_out_of_range_names_its_field(name: str, bad: object) -> None:
         configured(name, bad)
 
 
+def test_a_numpy_float_in_range_is_taken() -> None:
+    """A number numpy computed (a float64, a float's subclass) sets a float field as the same
+    float would."""
+    numpy = pytest.importorskip("numpy")
+    assert mnemo.Config(hop_decay=numpy.float64(0.5)).hop_decay == 0.5
+    with pytest.raises(mnemo.InvalidInputError, match=r"Config\.hop_decay must be"):
+        mnemo.Config(hop_decay=numpy.float64(7.0))
+
+
 DURATIONS = {
     "append_timeout": "wait", "extraction_timeout": "wait", "busy_timeout": "wait",
     "lease_timeout": "wait", "flush_timeout": "inactivity", "session_timeout": "inactivity",

@@ -121,6 +121,12 @@ class _Node(msgspec.Struct):
 def _spec(name: str, kind: type[msgspec.Struct]) -> ToolSpec:
     (_,), defs = msgspec.json.schema_components([kind])
     schema = {k: v for k, v in defs[kind.__name__].items() if k not in ("title", "description")}
+    # An optional argument is stated as its plain type (some providers refuse `anyOf` with
+    # null in a tool's parameters); a null sent for it is still read as left out.
+    schema["properties"] = {
+        key: next(o for o in prop["anyOf"] if o != {"type": "null"})
+        if {"type": "null"} in prop.get("anyOf", ()) else prop
+        for key, prop in schema["properties"].items()}
     return ToolSpec(name, " ".join((kind.__doc__ or "").split()),
                     {**schema, "additionalProperties": False})
 

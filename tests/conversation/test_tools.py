@@ -57,11 +57,11 @@ async def test_execute_search_and_view(mem: mnemo.Memory) -> None:
 def test_optional_arguments_are_stated_as_their_plain_type() -> None:
     """An optional argument's schema is its type, with no `anyOf` or null (providers that
     check tool schemas refuse them)."""
-    for spec in tools.openai_tools([*tools.MEMORY_TOOLS, *tools.EVICTION_TOOL_NAMES]):
+    for spec in js(tools.openai_tools([*tools.MEMORY_TOOLS, *tools.EVICTION_TOOL_NAMES])):
         for prop in spec["function"]["parameters"]["properties"].values():
             assert "anyOf" not in prop
             assert prop.get("type") != "null"
-    thread = tools.TOOLS["search_messages"].parameters["properties"]["thread_id"]
+    thread = js(tools.TOOLS["search_messages"].parameters)["properties"]["thread_id"]
     assert thread["type"] == "string"
     assert "Only this thread" in thread["description"]
 

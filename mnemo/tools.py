@@ -111,7 +111,7 @@ class _Recall(msgspec.Struct):
 
 
 class _Node(msgspec.Struct):
-    """Show one memory (an id from recall) whole: its text a page of 8000 characters at a time
+    """Show one memory (an id from recall) whole: its text a page of PAGE_CHARS characters at a time
     (pass the next_offset it gives to read on), and its data."""
 
     node_id: Annotated[_NonBlank, Meta(description="An id from recall.")]
@@ -127,7 +127,8 @@ def _spec(name: str, kind: type[msgspec.Struct]) -> ToolSpec:
         key: next(o for o in prop["anyOf"] if o != {"type": "null"})
         if {"type": "null"} in prop.get("anyOf", ()) else prop
         for key, prop in schema["properties"].items()}
-    return ToolSpec(name, " ".join((kind.__doc__ or "").split()),
+    described = " ".join((kind.__doc__ or "").split()).replace("PAGE_CHARS", str(PAGE_CHARS))
+    return ToolSpec(name, described,
                     {**schema, "additionalProperties": False})
 
 

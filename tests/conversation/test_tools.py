@@ -113,3 +113,8 @@ async def test_execute_eviction_tools(mem: mnemo.Memory) -> None:
     assert eviction.finished
     assert eviction.snapshot_text == "The user wants tabs."
     assert eviction.pins == [(stored[0].id, goal)]
+
+
+def test_get_node_states_the_page_it_reads() -> None:
+    """get_node's description names the page size `tools.page` cuts at."""
+    assert f"a page of {tools.PAGE_CHARS} characters" in tools.TOOLS["get_node"].description

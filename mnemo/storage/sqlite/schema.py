@@ -21,18 +21,19 @@ def migrate(db: Database) -> None:
     """Applies the pending migrations in one IMMEDIATE transaction (a second process waits,
     then finds nothing pending). Raises `StorageError("unavailable")` for a pre-baseline store
     or a newer mnemo's (`tables.check_ledger`)."""
-    _check(db)
-    if not MIGRATIONS.pending(db):
-        return
-    with db.atomic():
-        _check(db)
-        MIGRATIONS.apply(db)
+    if _pending(db):
+        with db.atomic():
+            if _pending(db):
+                MIGRATIONS.apply(db)
 
 
-def _check(db: Database) -> None:
+def _pending(db: Database) -> bool:
+    """Whether a registered migration is not applied yet, the ledger read once and checked."""
+    applied = {migration.name for migration in MIGRATIONS.applied(db)}
     # sqlite-utils keeps the registered migrations in `_migrations` only.
-    check_ledger({migration.name for migration in MIGRATIONS.applied(db)},
-                 {migration.name for migration in MIGRATIONS._migrations}, BASELINE)
+    known = {migration.name for migration in MIGRATIONS._migrations}
+    check_ledger(applied, known, BASELINE)
+    return bool(known - applied)
 
 
 def execute_all(db: Database, script: str) -> None:

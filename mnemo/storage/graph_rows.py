@@ -11,7 +11,7 @@ from mnemo.graph.erasure import Scope
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, NodeType
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Driver, marks, moment
+from mnemo.storage.sql import SqlStore, marks, moment
 
 NODE_COLUMNS = (
     "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
@@ -52,13 +52,8 @@ def scope_of(rows: Iterable[Row], ids: Callable[[Any], list[Any]]) -> Scope:
     return scope
 
 
-class RowReads:
+class RowReads(SqlStore):
     """The reads of plain rows; a backend's store gives the hooks."""
-
-    _driver: Driver
-
-    async def _rows(self, statement: str, params: list[object]) -> list[Any]:
-        return await self._driver.read(lambda sql: sql.rows(statement, params))
 
     _ids: Callable[[Any], list[Any]]  # a list of a commit's record as stored
     _node: Callable[[Row], Node]  # the node of a row that starts with `NODE_COLUMNS`
@@ -75,14 +70,6 @@ class RowReads:
             links=tuple(Link(str(s), str(d), LinkType(t)) for s, d, t in ids(links)),
             retired=tuple(map(str, ids(retired))), reworded=tuple(map(str, ids(reworded))),
             joined=tuple(map(str, ids(joined))), reverted_by=reverted_by, reverts=reverts)
-
-    async def _among(self, statement: str, ids: Sequence[str], *before: object) -> list[Any]:
-        """The rows of `statement` with `{}` a list for `ids`, 500 ids at a time."""
-        rows: list[Any] = []
-        for at in range(0, len(ids), 500):
-            chunk = ids[at:at + 500]
-            rows += await self._rows(statement.format(marks(len(chunk))), [*before, *chunk])
-        return rows
 
     async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]:
         """The nodes with these ids, in the order asked (unknown ids are left out)."""

@@ -69,11 +69,10 @@ class SqlThreads(SqlStore):
         return await self._driver.read(lambda sql: reads.read_state(sql, thread_id))
 
     async def threads(self) -> list[ThreadInfo]:
-        rows = await self._driver.read(lambda sql: sql.rows(
+        rows = await self._rows(
             "SELECT t.id, (SELECT count(*) FROM messages m WHERE m.thread_id = t.id),"
             f" t.next_seq, t.boundary_seq, t.created_at FROM threads t"
-            f" ORDER BY t.created_at, t.id{self.BYTE_ORDER}"
-        ))
+            f" ORDER BY t.created_at, t.id{self.BYTE_ORDER}")
         return [
             ThreadInfo(thread_id, int(messages), next_seq, boundary, moment(created))
             for thread_id, messages, next_seq, boundary, created in rows
@@ -229,9 +228,8 @@ class SqlThreads(SqlStore):
         return Compaction(thread_id, start_seq, end_seq, summary_text, at)
 
     async def vectors(self, thread_id: str) -> dict[str, Vector]:
-        rows = await self._driver.read(lambda sql: sql.rows(
-            "SELECT message_id, vec FROM message_vectors WHERE thread_id = ?", (thread_id,)
-        ))
+        rows = await self._rows(
+            "SELECT message_id, vec FROM message_vectors WHERE thread_id = ?", (thread_id,))
         return {message_id: self._vector_of(vec) for message_id, vec in rows}
 
     async def save_vectors(self, thread_id: str, rows: Sequence[tuple[str, Vector]]) -> None:
@@ -425,10 +423,9 @@ class SqlThreads(SqlStore):
 
     async def message_ids(self, prefix: str, limit: int) -> list[str]:
         condition, params = self._prefix(prefix)
-        rows = await self._driver.read(lambda sql: sql.rows(
+        rows = await self._rows(
             f"SELECT id FROM messages WHERE {condition} ORDER BY id{self.BYTE_ORDER} LIMIT ?",
-            (*params, limit),
-        ))
+            (*params, limit))
         return [str(row[0]) for row in rows]
 
     async def view(self, message_id: str, radius: int) -> MessageView:

@@ -9,16 +9,14 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from mnemo.errors import StorageError
 from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited, Plan, Scope, Shared
 from mnemo.graph.model import Vector, now_utc, times
 from mnemo.graph.ports import SideWrite
 from mnemo.graph.scope import pairs
-from mnemo.ports import JSONObject
 from mnemo.storage.graph_rows import COMMIT_COLUMNS, KNOWLEDGE, ROUTES, scope_of, scope_query
-from mnemo.storage.row import Row
+from mnemo.storage.row import Row, json_object
 from mnemo.storage.sessions import SqlSessions
 from mnemo.storage.sql import Statements
 
@@ -28,13 +26,6 @@ _RECORD = (
     f"INSERT INTO commits({COMMIT_COLUMNS}) SELECT ?, ?, coalesce(max(seq), 0) + 1, ?, ?, ?, ?,"
     " ?, ?, ?, ?, NULL, ? FROM commits WHERE repo = ?"
 )
-
-
-def _object(value: Any) -> JSONObject:
-    """A node's stored data; `StorageError("corrupt")` when it is no JSON object."""
-    if not isinstance(value, dict):
-        raise StorageError("corrupt", f"a stored JSON object is a {type(value).__name__}")
-    return value
 
 
 class SqlGraphWrites:
@@ -151,7 +142,7 @@ class SqlGraphWrites:
         for node_id, brought in plan.joined.items():
             text, data, source, owners = cast(Row, await sql.row(
                 "SELECT text, data, source_id, owners FROM nodes WHERE id = ?", (node_id,)))
-            now = shares.Contribution(text, _object(self._loads(data)), source)
+            now = shares.Contribution(text, json_object(self._loads(data)), source)
             await sql.run("UPDATE nodes SET owners = ? WHERE id = ?", (self._json(shares.joined(
                 self._loads(owners), now, plan.changeset_id, brought)), node_id))
 
@@ -195,7 +186,7 @@ class SqlGraphWrites:
             f" ('semantic', 'procedural') AND (source_id = ? OR id{self.ANY}) ORDER BY id",
             (repo, key, self._list(sorted(scope.added | scope.joined))))
         shared: list[Shared] = [
-            (str(i), shares.Contribution(str(text), _object(self._loads(data)), source),
+            (str(i), shares.Contribution(str(text), json_object(self._loads(data)), source),
              self._loads(owners), str(i) in scope.added or source == key)
             for i, text, data, source, owners in rows]
         return Inherited(intents, procedures, shared, frozenset(scope.commits))

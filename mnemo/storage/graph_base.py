@@ -167,8 +167,6 @@ class GraphBase(RowReads):
 
     @asynccontextmanager
     async def reembedding(self, repo: str) -> AsyncIterator[None]:
-        """The repo's re-embedding claim and lock (freed when its process dies); raises
-        `ConflictError` when another re-embedding, of this store or another, holds it."""
         busy = ConflictError(f"repo {repo!r} is being re-embedded by another Memory")
         if repo in self._reembeds:
             raise busy
@@ -206,7 +204,6 @@ class GraphBase(RowReads):
         return (await self._vectors.index(repo)).generation
 
     async def vector_index(self, repo: str) -> VectorIndex:
-        """The repo's vectors kept in memory (`CommitTarget`)."""
         return await self._vectors.index(repo)
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:

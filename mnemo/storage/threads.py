@@ -292,8 +292,6 @@ class SqlThreads(SqlStore):
         await self._driver.write(write)
 
     async def purge(self, thread_id: str) -> int:
-        """Erases every row of the thread in one transaction; returns how many messages went."""
-
         async def write(sql: Statements) -> int:
             await reads.lock_row(sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
             gone = await reads.delete_thread_rows(sql, thread_id)

@@ -53,8 +53,6 @@ def scope_of(rows: Iterable[Row], ids: Callable[[Any], list[Any]]) -> Scope:
 
 
 class RowReads(SqlStore):
-    """The reads of plain rows; a backend's store gives the hooks."""
-
     _ids: Callable[[Any], list[Any]]  # a list of a commit's record as stored
     _node: Callable[[Row], Node]  # the node of a row that starts with `NODE_COLUMNS`
     _receipt: Callable[[Any], CommitReceipt]  # a stored receipt

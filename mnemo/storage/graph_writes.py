@@ -29,8 +29,6 @@ _RECORD = (
 
 
 class SqlGraphWrites:
-    """The graph's writes over SQL tables; a backend's subclass gives what differs."""
-
     # The column of `nodes` that a link's ends name.
     KEY = "rowid"
     # `column{ANY}`: the column is one of a list given as one parameter (`_list`).

@@ -13,7 +13,7 @@ from mnemo.graph.reembed import Staging, Unstaged
 from mnemo.storage import vector_log
 from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.lexical.source import STATE, state_of
-from mnemo.storage.sql import Driver, Statements, number
+from mnemo.storage.sql import Statements, number
 
 # The largest rowid on both: no bound.
 MAX_ROWID = 2**63 - 1
@@ -140,7 +140,6 @@ class ReembeddedGraph(GraphBase):
     """`graph.ports.Reembedding`: the backend's `REEMBEDS` run by its driver."""
 
     REEMBEDS: SqlReembeds
-    _driver: Driver
 
     async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
         return await self._driver.write(

@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from mnemo.graph.erasure import Scope
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, NodeType
 from mnemo.storage.row import Row
@@ -21,35 +20,6 @@ ROUTES = ["tag", "intent", "source", "subgoal"]
 KNOWLEDGE = ["semantic", "procedural"]
 COMMIT_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
                   " reworded, joined, reverted_by, reverts")
-
-_WORK = ("SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM commits"
-         " WHERE repo = ?")
-
-
-def scope_query(repo: str, key: str, *, one: bool) -> tuple[str, tuple[str, ...]]:
-    """The statement and parameters of the commit rows of the source `key` (with `one`: of
-    the commit `key`, to revert), for `scope_of`."""
-    if one:
-        return f"{_WORK} AND id = ? AND reverted_by IS NULL", (repo, key)
-    return (f"{_WORK} AND reverts IS NULL AND (source_id = ? OR session_id = ? OR id IN"
-            " (SELECT committed_in FROM steps WHERE episode_id = ? AND committed_in IS NOT NULL))",
-            (repo, key, key, key))
-
-
-def scope_of(rows: Iterable[Row], ids: Callable[[Any], list[Any]]) -> Scope:
-    """The `Scope` of `scope_query`'s rows, their lists read by `ids`."""
-    scope = Scope([], [], set(), set())
-    for commit_id, nodes, words, joined, links, retired, reverted_by in rows:
-        scope.records.append(str(commit_id))
-        if reverted_by is not None:  # its work went with its revert
-            continue
-        scope.commits.append(str(commit_id))
-        scope.added.update(map(str, ids(nodes)))
-        scope.reworded.update(map(str, ids(words)))
-        scope.joined.update(map(str, ids(joined)))
-        scope.links.extend((str(s), str(d), str(t)) for s, d, t in ids(links))
-        scope.retired.extend(map(str, ids(retired)))
-    return scope
 
 
 class RowReads(SqlStore):

@@ -15,7 +15,7 @@ from mnemo.graph.erasure import Inherited, Plan, Scope, Shared
 from mnemo.graph.model import Vector, now_utc, times
 from mnemo.graph.ports import SideWrite
 from mnemo.graph.scope import pairs
-from mnemo.storage.graph_rows import COMMIT_COLUMNS, KNOWLEDGE, ROUTES, scope_of, scope_query
+from mnemo.storage.graph_rows import COMMIT_COLUMNS, KNOWLEDGE, ROUTES
 from mnemo.storage.row import Row, json_object
 from mnemo.storage.sessions import SqlSessions
 from mnemo.storage.sql import Statements
@@ -162,7 +162,27 @@ class SqlGraphWrites:
         return gone
 
     async def _scope(self, sql: Statements, repo: str, key: str, one: bool) -> Scope:
-        return scope_of(await sql.rows(*scope_query(repo, key, one=one)), self._loads)
+        """The work of the commits of the source `key` (with `one`: of the commit `key`, to
+        revert)."""
+        params: tuple[str, ...] = (repo, key) if one else (repo, key, key, key)
+        where = " AND id = ? AND reverted_by IS NULL" if one else (
+            " AND reverts IS NULL AND (source_id = ? OR session_id = ? OR id IN (SELECT"
+            " committed_in FROM steps WHERE episode_id = ? AND committed_in IS NOT NULL))")
+        scope = Scope([], [], set(), set())
+        ids = self._loads
+        for commit_id, nodes, words, joined, links, retired, reverted_by in await sql.rows(
+                "SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM commits"
+                f" WHERE repo = ?{where}", params):
+            scope.records.append(str(commit_id))
+            if reverted_by is not None:  # its work went with its revert
+                continue
+            scope.commits.append(str(commit_id))
+            scope.added.update(map(str, ids(nodes)))
+            scope.reworded.update(map(str, ids(words)))
+            scope.joined.update(map(str, ids(joined)))
+            scope.links.extend((str(s), str(d), str(t)) for s, d, t in ids(links))
+            scope.retired.extend(map(str, ids(retired)))
+        return scope
 
     async def inherited(self, sql: Statements, repo: str, key: str, one: bool) -> Inherited:
         """What withdrawing the commits of the source `key` (with `one`, the commit `key`)

@@ -96,9 +96,8 @@ class SqlCoordination(SqlStore):
         await self._driver.write(write)
 
     async def holders(self) -> list[HolderInfo]:
-        rows = await self._driver.read(lambda sql: sql.rows(
-            "SELECT id, host, pid, started_at, seen_at FROM holders ORDER BY started_at, id"
-        ))
+        rows = await self._rows(
+            "SELECT id, host, pid, started_at, seen_at FROM holders ORDER BY started_at, id")
         return [
             HolderInfo(str(i), str(host), int(pid), moment(started), moment(seen))
             for i, host, pid, started, seen in rows
@@ -132,15 +131,14 @@ class SqlCoordination(SqlStore):
     async def takeable(
         self, now: datetime, unseen_since: datetime, gone: Sequence[str] = ()
     ) -> list[SessionLease]:
-        rows = await self._driver.read(lambda sql: sql.rows(
+        rows = await self._rows(
             f"SELECT {_LEASE_COLUMNS} FROM sessions s WHERE ended = false"
             f" AND (state = 'extracting' OR (state IN ('collecting', 'idle')"
             f" AND {self.AUTO_COMMIT}))"
             " AND (lease_until IS NULL OR lease_until < ? OR holder IS NULL"
             f" OR {_departed('s.holder', gone)})"
             f" ORDER BY created_at, id{self.BYTE_ORDER}",
-            (self._stamp(now), self._stamp(unseen_since), *gone),
-        ))
+            (self._stamp(now), self._stamp(unseen_since), *gone))
         return [self._lease(row) for row in rows]
 
     async def claim_steps(
@@ -196,15 +194,14 @@ class SqlCoordination(SqlStore):
     async def unannotated(
         self, unseen_since: datetime, gone: Sequence[str] = ()
     ) -> list[str]:
-        rows = await self._driver.read(lambda sql: sql.rows(
+        rows = await self._rows(
             # Through the partial index of unannotated steps.
             "SELECT DISTINCT st.session_id FROM steps st JOIN sessions s"
             " ON s.id = st.session_id AND s.episode_id = st.episode_id"
             " WHERE st.trajectory_id = '' AND s.ended = false AND s.state = 'collecting'"
             " AND NOT EXISTS (SELECT 1 FROM step_claims c WHERE c.step_id = st.id"
             f" AND NOT {_departed('c.holder', gone)})",
-            (self._stamp(unseen_since), *gone),
-        ))
+            (self._stamp(unseen_since), *gone))
         return [str(session_id) for session_id, in rows]
 
     async def queue_op(self, op: StoredOp) -> None:
@@ -251,10 +248,9 @@ class SqlCoordination(SqlStore):
         ids = list(op_ids)
         if not ids:
             return {}
-        rows = await self._driver.read(lambda sql: sql.rows(
+        rows = await self._rows(
             f"SELECT id, {self.RESULT_TEXT} FROM ops WHERE id IN ({marks(len(ids))})"
-            " AND result IS NOT NULL", ids,
-        ))
+            " AND result IS NOT NULL", ids)
         return {str(i): StoredResult.decode(str(r)) for i, r in rows}
 
     def _left(self, gone: Sequence[str]) -> str:
@@ -304,10 +300,9 @@ class SqlCoordination(SqlStore):
     async def end_idle(self, limit: int) -> IdleSweep:
         now = self.now()
         # Looked for first, without a lock.
-        rows = await self._driver.read(lambda sql: sql.rows(
+        rows = await self._rows(
             f"SELECT id, {self.IDLE_LEFT} AS due FROM sessions WHERE ended = false"
-            " AND state = 'idle' ORDER BY due LIMIT ?", (*self._idle_params(now), limit + 1),
-        ))
+            " AND state = 'idle' ORDER BY due LIMIT ?", (*self._idle_params(now), limit + 1))
         due = [str(sid) for sid, left in rows[:limit] if float(left) <= 0]
         next_due = max(float(rows[len(due)][1]), 0.0) if len(rows) > len(due) else None
         if not due:

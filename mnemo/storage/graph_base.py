@@ -41,13 +41,12 @@ from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.row import Row
 from mnemo.storage.sql import marks
-from mnemo.storage.vector_log import CachedVectors
+from mnemo.storage.vector_log import CachedVectors, Hits
 from mnemo.storage.worker import DeferredRead, FallbackRead
 
 if TYPE_CHECKING:
     from mnemo.graph.commit import CommitTarget
 
-Hits = list[tuple[str, float]]
 
 def exists(repo: str, where: Where, node: str, skip: int) -> tuple[str, list[object]]:
     """EXISTS clauses for `where`'s keys after the first `skip`, about rowid `node`."""
@@ -96,9 +95,6 @@ def joined(first: NodeContext, more: NodeContext) -> NodeContext:
 
 
 class GraphBase(RowReads):
-    """The `GraphStore` methods both backends share, over their `WRITES` and hooks
-    (`_repo_lock`, `_reembed_lock`, `_committed`, `_rows`, `_store_text`)."""
-
     WRITES: SqlGraphWrites
     _lexical: LexicalIndex | None
     _vectors: CachedVectors
@@ -138,9 +134,6 @@ class GraphBase(RowReads):
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
         scope: Scope | None = None,
     ) -> PendingRead[Hits]:
-        """`search_text` begun now: on the lexical index's thread (the store's own search asked
-        when it cannot answer), else `_start_store_text`; inside a `scope`, read when the
-        answer is awaited (`scoped_text`)."""
         kinds = None if types is None else [NodeType(t).value for t in types]
         if scope is not None:
             return DeferredRead(lambda: self.scoped_text(
@@ -156,8 +149,6 @@ class GraphBase(RowReads):
 
     @asynccontextmanager
     async def lock(self, repo: str) -> AsyncIterator[None]:
-        """The repo's write lock (`_repo_lock`: this process's, then every process's on the
-        store); the lexical index learns the repo changed when it is let go."""
         try:
             async with self._repo_lock(repo):
                 yield
@@ -167,8 +158,6 @@ class GraphBase(RowReads):
 
     @asynccontextmanager
     async def reembedding(self, repo: str) -> AsyncIterator[None]:
-        """The repo's re-embedding claim and lock (freed when its process dies); raises
-        `ConflictError` when another re-embedding, of this store or another, holds it."""
         busy = ConflictError(f"repo {repo!r} is being re-embedded by another Memory")
         if repo in self._reembeds:
             raise busy
@@ -206,7 +195,6 @@ class GraphBase(RowReads):
         return (await self._vectors.index(repo)).generation
 
     async def vector_index(self, repo: str) -> VectorIndex:
-        """The repo's vectors kept in memory (`CommitTarget`)."""
         return await self._vectors.index(repo)
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
@@ -313,7 +301,6 @@ class GraphBase(RowReads):
                 await self._lexical.aclose()
 
     async def scope(self, repo: str, where: Where) -> Scope:
-        """`where`'s nodes, read from the scope index when they are at most `SCOPE_LIMIT`."""
         rows = await self._rows(*members(repo, where, SCOPE_LIMIT + 1))
         return Scope(where, None if len(rows) > SCOPE_LIMIT
                      else {str(i): (int(r), str(t)) for i, r, t in rows})

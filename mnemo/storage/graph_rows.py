@@ -7,11 +7,10 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from mnemo.graph.erasure import Scope
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, NodeType
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Driver, marks, moment
+from mnemo.storage.sql import SqlStore, marks, moment
 
 NODE_COLUMNS = (
     "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
@@ -22,44 +21,8 @@ KNOWLEDGE = ["semantic", "procedural"]
 COMMIT_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
                   " reworded, joined, reverted_by, reverts")
 
-_WORK = ("SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM commits"
-         " WHERE repo = ?")
 
-
-def scope_query(repo: str, key: str, *, one: bool) -> tuple[str, tuple[str, ...]]:
-    """The statement and parameters of the commit rows of the source `key` (with `one`: of
-    the commit `key`, to revert), for `scope_of`."""
-    if one:
-        return f"{_WORK} AND id = ? AND reverted_by IS NULL", (repo, key)
-    return (f"{_WORK} AND reverts IS NULL AND (source_id = ? OR session_id = ? OR id IN"
-            " (SELECT committed_in FROM steps WHERE episode_id = ? AND committed_in IS NOT NULL))",
-            (repo, key, key, key))
-
-
-def scope_of(rows: Iterable[Row], ids: Callable[[Any], list[Any]]) -> Scope:
-    """The `Scope` of `scope_query`'s rows, their lists read by `ids`."""
-    scope = Scope([], [], set(), set())
-    for commit_id, nodes, words, joined, links, retired, reverted_by in rows:
-        scope.records.append(str(commit_id))
-        if reverted_by is not None:  # its work went with its revert
-            continue
-        scope.commits.append(str(commit_id))
-        scope.added.update(map(str, ids(nodes)))
-        scope.reworded.update(map(str, ids(words)))
-        scope.joined.update(map(str, ids(joined)))
-        scope.links.extend((str(s), str(d), str(t)) for s, d, t in ids(links))
-        scope.retired.extend(map(str, ids(retired)))
-    return scope
-
-
-class RowReads:
-    """The reads of plain rows; a backend's store gives the hooks."""
-
-    _driver: Driver
-
-    async def _rows(self, statement: str, params: list[object]) -> list[Any]:
-        return await self._driver.read(lambda sql: sql.rows(statement, params))
-
+class RowReads(SqlStore):
     _ids: Callable[[Any], list[Any]]  # a list of a commit's record as stored
     _node: Callable[[Row], Node]  # the node of a row that starts with `NODE_COLUMNS`
     _receipt: Callable[[Any], CommitReceipt]  # a stored receipt
@@ -75,14 +38,6 @@ class RowReads:
             links=tuple(Link(str(s), str(d), LinkType(t)) for s, d, t in ids(links)),
             retired=tuple(map(str, ids(retired))), reworded=tuple(map(str, ids(reworded))),
             joined=tuple(map(str, ids(joined))), reverted_by=reverted_by, reverts=reverts)
-
-    async def _among(self, statement: str, ids: Sequence[str], *before: object) -> list[Any]:
-        """The rows of `statement` with `{}` a list for `ids`, 500 ids at a time."""
-        rows: list[Any] = []
-        for at in range(0, len(ids), 500):
-            chunk = ids[at:at + 500]
-            rows += await self._rows(statement.format(marks(len(chunk))), [*before, *chunk])
-        return rows
 
     async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]:
         """The nodes with these ids, in the order asked (unknown ids are left out)."""

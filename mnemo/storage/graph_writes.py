@@ -9,16 +9,14 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from mnemo.errors import StorageError
 from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Inherited, Plan, Scope, Shared
 from mnemo.graph.model import Vector, now_utc, times
 from mnemo.graph.ports import SideWrite
 from mnemo.graph.scope import pairs
-from mnemo.ports import JSONObject
-from mnemo.storage.graph_rows import COMMIT_COLUMNS, KNOWLEDGE, ROUTES, scope_of, scope_query
-from mnemo.storage.row import Row
+from mnemo.storage.graph_rows import COMMIT_COLUMNS, KNOWLEDGE, ROUTES
+from mnemo.storage.row import Row, json_object
 from mnemo.storage.sessions import SqlSessions
 from mnemo.storage.sql import Statements
 
@@ -30,16 +28,7 @@ _RECORD = (
 )
 
 
-def _object(value: Any) -> JSONObject:
-    """A node's stored data; `StorageError("corrupt")` when it is no JSON object."""
-    if not isinstance(value, dict):
-        raise StorageError("corrupt", f"a stored JSON object is a {type(value).__name__}")
-    return value
-
-
 class SqlGraphWrites:
-    """The graph's writes over SQL tables; a backend's subclass gives what differs."""
-
     # The column of `nodes` that a link's ends name.
     KEY = "rowid"
     # `column{ANY}`: the column is one of a list given as one parameter (`_list`).
@@ -151,7 +140,7 @@ class SqlGraphWrites:
         for node_id, brought in plan.joined.items():
             text, data, source, owners = cast(Row, await sql.row(
                 "SELECT text, data, source_id, owners FROM nodes WHERE id = ?", (node_id,)))
-            now = shares.Contribution(text, _object(self._loads(data)), source)
+            now = shares.Contribution(text, json_object(self._loads(data)), source)
             await sql.run("UPDATE nodes SET owners = ? WHERE id = ?", (self._json(shares.joined(
                 self._loads(owners), now, plan.changeset_id, brought)), node_id))
 
@@ -173,7 +162,27 @@ class SqlGraphWrites:
         return gone
 
     async def _scope(self, sql: Statements, repo: str, key: str, one: bool) -> Scope:
-        return scope_of(await sql.rows(*scope_query(repo, key, one=one)), self._loads)
+        """The work of the commits of the source `key` (with `one`: of the commit `key`, to
+        revert)."""
+        params: tuple[str, ...] = (repo, key) if one else (repo, key, key, key)
+        where = " AND id = ? AND reverted_by IS NULL" if one else (
+            " AND reverts IS NULL AND (source_id = ? OR session_id = ? OR id IN (SELECT"
+            " committed_in FROM steps WHERE episode_id = ? AND committed_in IS NOT NULL))")
+        scope = Scope([], [], set(), set())
+        ids = self._loads
+        for commit_id, nodes, words, joined, links, retired, reverted_by in await sql.rows(
+                "SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM commits"
+                f" WHERE repo = ?{where}", params):
+            scope.records.append(str(commit_id))
+            if reverted_by is not None:  # its work went with its revert
+                continue
+            scope.commits.append(str(commit_id))
+            scope.added.update(map(str, ids(nodes)))
+            scope.reworded.update(map(str, ids(words)))
+            scope.joined.update(map(str, ids(joined)))
+            scope.links.extend((str(s), str(d), str(t)) for s, d, t in ids(links))
+            scope.retired.extend(map(str, ids(retired)))
+        return scope
 
     async def inherited(self, sql: Statements, repo: str, key: str, one: bool) -> Inherited:
         """What withdrawing the commits of the source `key` (with `one`, the commit `key`)
@@ -195,7 +204,7 @@ class SqlGraphWrites:
             f" ('semantic', 'procedural') AND (source_id = ? OR id{self.ANY}) ORDER BY id",
             (repo, key, self._list(sorted(scope.added | scope.joined))))
         shared: list[Shared] = [
-            (str(i), shares.Contribution(str(text), _object(self._loads(data)), source),
+            (str(i), shares.Contribution(str(text), json_object(self._loads(data)), source),
              self._loads(owners), str(i) in scope.added or source == key)
             for i, text, data, source, owners in rows]
         return Inherited(intents, procedures, shared, frozenset(scope.commits))

@@ -16,7 +16,7 @@ from mnemo.graph.model import NodeType, node_value
 from mnemo.ports import JSONObject
 from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.graph_writes import SqlGraphWrites
-from mnemo.storage.sql import Driver, Statements, moment, number
+from mnemo.storage.sql import Statements, moment, number
 
 # The (kind, link, data field naming the group, prefix of the group's node) of the two links
 # `validate` restores: a step's subgoal (by trajectory), a step's source (by episode).
@@ -260,7 +260,6 @@ class MaintainedGraph(GraphBase):
     """`graph.ports.GraphMaintenance`: the backend's `MAINTENANCE` run by its driver."""
 
     MAINTENANCE: SqlMaintenance
-    _driver: Driver
 
     async def unconsolidated(self, repo: str) -> set[str]:
         return await self._driver.read(lambda sql: self.MAINTENANCE.unconsolidated(sql, repo))

@@ -13,7 +13,7 @@ from mnemo.graph.reembed import Staging, Unstaged
 from mnemo.storage import vector_log
 from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.lexical.source import STATE, state_of
-from mnemo.storage.sql import Driver, Statements, number
+from mnemo.storage.sql import Statements, number
 
 # The largest rowid on both: no bound.
 MAX_ROWID = 2**63 - 1
@@ -48,7 +48,6 @@ class SqlReembeds:
         return at.isoformat()
 
     async def begin(self, sql: Statements, repo: str, embedder: str, dim: int) -> Staging:
-        """Starts the repo's re-embedding, or carries on one of the same embedder and `dim`."""
         found = await sql.row(f"SELECT embedder, dim FROM reembeds WHERE repo = ?{self.LOCK}",
                               (repo,))
         resumed = found is not None and tuple(found) == (embedder, dim)
@@ -85,7 +84,6 @@ class SqlReembeds:
         )
 
     async def stage(self, sql: Statements, nodes: Sequence[Unstaged], vectors: Vector) -> None:
-        """Stages each node's vector if the node is still there."""
         await sql.run_many(self.STAGE, [(self._vector(vector), node.rowid, node.id)
                                         for node, vector in zip(nodes, vectors, strict=True)])
 
@@ -105,9 +103,6 @@ class SqlReembeds:
         await sql.run("UPDATE reembeds SET seq = ? WHERE repo = ?", (seq, repo))
 
     async def switch(self, sql: Statements, repo: str) -> tuple[int, int]:
-        """Puts the staged vectors in place, records embedder and dimension with the next
-        generation, ends the re-embedding; returns (generation, vectors). Raises
-        `StorageError("unavailable")`, nothing written, if none is under way or one is missing."""
         found = await sql.row(f"SELECT embedder, dim FROM reembeds WHERE repo = ?{self.LOCK}",
                               (repo,))
         if found is None:
@@ -145,7 +140,6 @@ class ReembeddedGraph(GraphBase):
     """`graph.ports.Reembedding`: the backend's `REEMBEDS` run by its driver."""
 
     REEMBEDS: SqlReembeds
-    _driver: Driver
 
     async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
         return await self._driver.write(

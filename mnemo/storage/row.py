@@ -31,7 +31,11 @@ def loads(text: str | bytes | bytearray | memoryview) -> object:
 
 def loads_object(text: str | bytes | bytearray | memoryview) -> JSONObject:
     """The JSON object `text` holds; `StorageError("corrupt")` for another JSON value."""
-    value = loads(text)
+    return json_object(loads(text))
+
+
+def json_object(value: object) -> JSONObject:
+    """`value`, a JSON object as read; `StorageError("corrupt")` for another value."""
     if not isinstance(value, dict):
         raise StorageError("corrupt", f"a stored JSON object is a {type(value).__name__}")
     return value

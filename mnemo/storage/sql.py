@@ -69,6 +69,17 @@ class SqlStore:
         """A time as a statement's parameter (PostgreSQL's: the datetime)."""
         return at
 
+    async def _rows(self, statement: str, params: Sequence[Any] = ()) -> list[Row]:
+        return await self._driver.read(lambda sql: sql.rows(statement, params))
+
+    async def _among(self, statement: str, ids: Sequence[str], *before: object) -> list[Row]:
+        """The rows of `statement` with `{}` a list for `ids`, 500 ids at a time."""
+        rows: list[Row] = []
+        for at in range(0, len(ids), 500):
+            chunk = ids[at:at + 500]
+            rows += await self._rows(statement.format(marks(len(chunk))), [*before, *chunk])
+        return rows
+
 
 def utc(moment: datetime) -> datetime:
     """`moment` in UTC (a naive datetime is taken as UTC)."""

@@ -9,16 +9,14 @@ from collections.abc import Collection
 
 from mnemo.errors import StorageError
 
-# Why a store whose schema is older than both backends' baseline is refused.
-PRE_RELEASE = ("the store was made by a development build of mnemo older than 0.1.0, whose"
-               " schema this version does not upgrade: start a new store")
-
 
 def check_ledger(applied: Collection[str], known: Collection[str], baseline: str) -> None:
     """Refuses (`StorageError("unavailable")`) a store whose recorded migrations do not reach
     `baseline`, or that records one this version does not know (a newer mnemo's)."""
     if applied and baseline not in applied:
-        raise StorageError("unavailable", PRE_RELEASE)
+        raise StorageError(
+            "unavailable", "the store was made by a development build of mnemo older than 0.1.0,"
+            " whose schema this version does not upgrade: start a new store")
     newer = sorted(set(applied) - set(known))
     if newer:
         raise StorageError(

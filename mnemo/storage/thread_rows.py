@@ -5,26 +5,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from mnemo.conversation.model import (
-    GOAL_OPEN,
-    Compaction,
-    Goal,
-    Message,
-    MessageView,
-    Snapshot,
-    compacted_floor,
-    covered,
-)
-from mnemo.conversation.ports import EvictionInputs, Shown, ThreadState, ViewportInputs, differs
-from mnemo.conversation.search import VIEW_SNAPSHOTS
-from mnemo.errors import ConflictError, NotFoundError
+from mnemo.conversation.model import GOAL_OPEN, Compaction, Goal, Message, Snapshot
+from mnemo.conversation.ports import Shown, ThreadState
+from mnemo.errors import ConflictError
 from mnemo.graph.scope import Where
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, moment, number
+from mnemo.storage.sql import Statements, moment
 
 MESSAGE_COLUMNS = "id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata"
 SNAPSHOT_COLUMNS = "id, thread_id, level, start_seq, end_seq, text, created_at, covered_by"
@@ -172,121 +161,3 @@ async def read_compactions(sql: Statements, thread_id: str) -> list[Compaction]:
     )
     return [Compaction(thread_id, start, end, text, moment(created))
             for start, end, text, created in rows]
-
-
-async def first_difference(
-    sql: Statements, thread_id: str, from_seq: int, keys: Sequence[bytes]
-) -> int | None:
-    """The seq of the first stored message from `from_seq` on whose key is not
-    `keys[seq - from_seq]` (`ThreadStore.first_difference`)."""
-    rows = stream_messages(sql, thread_id, from_seq=from_seq, newest_first=False)
-    async with aclosing(rows):
-        async for row in rows:
-            message = message_from_row(row)
-            if message.seq - from_seq >= len(keys):
-                break
-            if differs(message, from_seq, keys):
-                return message.seq
-    return None
-
-
-async def uncompacted(sql: Statements, thread_id: str) -> (
-    tuple[list[Compaction], list[Message]]
-):
-    """The compactions and every message none of them covers, by seq."""
-    compactions = await read_compactions(sql, thread_id)
-    messages = await read_messages(sql, thread_id, from_seq=compacted_floor(compactions))
-    return compactions, [m for m in messages if not covered(m.seq, compactions)]
-
-
-async def recent_turns(
-    sql: Statements, thread_id: str, k: int
-) -> tuple[list[Compaction], list[Message]]:
-    """The compactions and the uncompacted messages of the last `k` turns, by seq."""
-    compactions = await read_compactions(sql, thread_id)
-    picked: list[Message] = []
-    turns = 0
-    rows = stream_messages(sql, thread_id, from_seq=compacted_floor(compactions),
-                           newest_first=True)
-    async with aclosing(rows):
-        async for row in rows:
-            message = message_from_row(row)
-            if covered(message.seq, compactions):
-                continue
-            picked.append(message)
-            if message.starts_turn:
-                turns += 1
-                if turns == k:
-                    break
-    picked.reverse()
-    return compactions, picked
-
-
-async def viewport_inputs(sql: Statements, thread_id: str, token_limit: int) -> (
-    ViewportInputs
-):
-    """What the viewport of a thread is laid out from (`ThreadStore.viewport_inputs`)."""
-    state = await read_state(sql, thread_id)
-    boundary = state.boundary_seq if state else 0
-    pinned = await read_messages(
-        sql, thread_id, where=" AND seq < ? AND id IN (SELECT message_id FROM pins"
-        " WHERE thread_id = ?)", order="DESC", params=(boundary, thread_id),
-    )
-    level1 = await read_snapshots(sql, thread_id, UNCOVERED, "DESC")
-    level2 = await read_snapshots(sql, thread_id, "level = 2", "DESC")
-    past = await number(sql, "SELECT sum(tokens) FROM messages WHERE thread_id = ? AND seq >= ?",
-                        thread_id, boundary)
-    newest: list[Message] = []
-    used = 0
-    # Newest first, lazily, up to the first message past the limit.
-    rows = stream_messages(sql, thread_id, from_seq=boundary, newest_first=True)
-    async with aclosing(rows):
-        async for message_row in rows:
-            message = message_from_row(message_row)
-            newest.append(message)
-            used += message.tokens
-            if used > token_limit:
-                break
-    return ViewportInputs(boundary, pinned, level1, level2, past, newest)
-
-
-async def eviction_inputs(sql: Statements, thread_id: str, byte_order: str) -> (
-    EvictionInputs
-):
-    """What an eviction starts from (`ThreadStore.eviction_inputs`); `NotFoundError` if never
-    saved."""
-    state = await read_state(sql, thread_id)
-    if state is None:
-        raise NotFoundError("thread", thread_id)
-    past = await read_messages(sql, thread_id, from_seq=state.boundary_seq)
-    last = await read_snapshots(sql, thread_id, UNCOVERED)
-    goals = await read_open_goals(sql, thread_id, byte_order)
-    return EvictionInputs(state.boundary_seq, past, goals,
-                          last[-1].text if last else "")
-
-
-async def view(sql: Statements, message_id: str, radius: int) -> MessageView:
-    """`radius` messages and `VIEW_SNAPSHOTS` level-1 snapshots on each side of the message;
-    `NotFoundError` if none."""
-    row = await sql.row(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?",
-                        (message_id,))
-    if row is None:
-        raise NotFoundError("message", message_id)
-    target = message_from_row(row)
-    near = [
-        await read_messages(sql, target.thread_id, where=f" AND seq {op} ?",
-                            order=order, params=(target.seq,), limit=radius)
-        if radius else []
-        for op, order in (("<", "DESC"), (">", "ASC"))
-    ]
-    snapshots = [
-        await read_snapshots(sql, target.thread_id, f"level = 1 AND start_seq {op} ?",
-                             order, (target.seq,), VIEW_SNAPSHOTS)
-        for op, order in (("<=", "DESC"), (">", "ASC"))
-    ]
-    return MessageView(
-        target=target,
-        messages=[*reversed(near[0]), target, *near[1]],
-        snapshots_before=list(reversed(snapshots[0])),
-        snapshots_after=snapshots[1],
-    )

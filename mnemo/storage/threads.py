@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +24,8 @@ from mnemo.conversation.model import (
     SearchHit,
     Snapshot,
     ThreadInfo,
+    compacted_floor,
+    covered,
     replaced_compactions,
 )
 from mnemo.conversation.ports import (
@@ -31,9 +34,10 @@ from mnemo.conversation.ports import (
     ThreadState,
     ViewportInputs,
     check_expected,
+    differs,
     next_hash,
 )
-from mnemo.conversation.search import hit_snippet, pool_size, rank_by_recency
+from mnemo.conversation.search import VIEW_SNAPSHOTS, hit_snippet, pool_size, rank_by_recency
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector
 from mnemo.graph.scope import Where
@@ -69,11 +73,10 @@ class SqlThreads(SqlStore):
         return await self._driver.read(lambda sql: reads.read_state(sql, thread_id))
 
     async def threads(self) -> list[ThreadInfo]:
-        rows = await self._driver.read(lambda sql: sql.rows(
+        rows = await self._rows(
             "SELECT t.id, (SELECT count(*) FROM messages m WHERE m.thread_id = t.id),"
             f" t.next_seq, t.boundary_seq, t.created_at FROM threads t"
-            f" ORDER BY t.created_at, t.id{self.BYTE_ORDER}"
-        ))
+            f" ORDER BY t.created_at, t.id{self.BYTE_ORDER}")
         return [
             ThreadInfo(thread_id, int(messages), next_seq, boundary, moment(created))
             for thread_id, messages, next_seq, boundary, created in rows
@@ -126,9 +129,18 @@ class SqlThreads(SqlStore):
     async def first_difference(
         self, thread_id: str, from_seq: int, keys: Sequence[bytes]
     ) -> int | None:
-        return await self._driver.together(
-            lambda sql: reads.first_difference(sql, thread_id, from_seq, keys)
-        )
+        async def read(sql: Statements) -> int | None:
+            rows = reads.stream_messages(sql, thread_id, from_seq=from_seq, newest_first=False)
+            async with aclosing(rows):
+                async for row in rows:
+                    message = reads.message_from_row(row)
+                    if message.seq - from_seq >= len(keys):
+                        break
+                    if differs(message, from_seq, keys):
+                        return message.seq
+            return None
+
+        return await self._driver.together(read)
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
         at = self._stamp(utc(cutoff))
@@ -186,12 +198,37 @@ class SqlThreads(SqlStore):
         return await self._driver.read(lambda sql: reads.read_messages(sql, thread_id))
 
     async def uncompacted(self, thread_id: str) -> tuple[list[Compaction], list[Message]]:
-        return await self._driver.together(lambda sql: reads.uncompacted(sql, thread_id))
+        async def read(sql: Statements) -> tuple[list[Compaction], list[Message]]:
+            compactions = await reads.read_compactions(sql, thread_id)
+            messages = await reads.read_messages(
+                sql, thread_id, from_seq=compacted_floor(compactions))
+            return compactions, [m for m in messages if not covered(m.seq, compactions)]
+
+        return await self._driver.together(read)
 
     async def recent_turns(
         self, thread_id: str, k: int
     ) -> tuple[list[Compaction], list[Message]]:
-        return await self._driver.together(lambda sql: reads.recent_turns(sql, thread_id, k))
+        async def read(sql: Statements) -> tuple[list[Compaction], list[Message]]:
+            compactions = await reads.read_compactions(sql, thread_id)
+            picked: list[Message] = []
+            turns = 0
+            rows = reads.stream_messages(sql, thread_id, from_seq=compacted_floor(compactions),
+                                         newest_first=True)
+            async with aclosing(rows):
+                async for row in rows:
+                    message = reads.message_from_row(row)
+                    if covered(message.seq, compactions):
+                        continue
+                    picked.append(message)
+                    if message.starts_turn:
+                        turns += 1
+                        if turns == k:
+                            break
+            picked.reverse()
+            return compactions, picked
+
+        return await self._driver.together(read)
 
     async def add_compaction(
         self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime,
@@ -229,9 +266,8 @@ class SqlThreads(SqlStore):
         return Compaction(thread_id, start_seq, end_seq, summary_text, at)
 
     async def vectors(self, thread_id: str) -> dict[str, Vector]:
-        rows = await self._driver.read(lambda sql: sql.rows(
-            "SELECT message_id, vec FROM message_vectors WHERE thread_id = ?", (thread_id,)
-        ))
+        rows = await self._rows(
+            "SELECT message_id, vec FROM message_vectors WHERE thread_id = ?", (thread_id,))
         return {message_id: self._vector_of(vec) for message_id, vec in rows}
 
     async def save_vectors(self, thread_id: str, rows: Sequence[tuple[str, Vector]]) -> None:
@@ -256,8 +292,6 @@ class SqlThreads(SqlStore):
         await self._driver.write(write)
 
     async def purge(self, thread_id: str) -> int:
-        """Erases every row of the thread in one transaction; returns how many messages went."""
-
         async def write(sql: Statements) -> int:
             await reads.lock_row(sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
             gone = await reads.delete_thread_rows(sql, thread_id)
@@ -298,14 +332,43 @@ class SqlThreads(SqlStore):
     # ---- viewport, eviction and snapshots -------------------------------------------------
 
     async def viewport_inputs(self, thread_id: str, token_limit: int) -> ViewportInputs:
-        return await self._driver.together(
-            lambda sql: reads.viewport_inputs(sql, thread_id, token_limit)
-        )
+        async def read(sql: Statements) -> ViewportInputs:
+            state = await reads.read_state(sql, thread_id)
+            boundary = state.boundary_seq if state else 0
+            pinned = await reads.read_messages(
+                sql, thread_id, where=" AND seq < ? AND id IN (SELECT message_id FROM pins"
+                " WHERE thread_id = ?)", order="DESC", params=(boundary, thread_id),
+            )
+            level1 = await reads.read_snapshots(sql, thread_id, reads.UNCOVERED, "DESC")
+            level2 = await reads.read_snapshots(sql, thread_id, "level = 2", "DESC")
+            past = await number(sql, "SELECT sum(tokens) FROM messages WHERE thread_id = ?"
+                                " AND seq >= ?", thread_id, boundary)
+            newest: list[Message] = []
+            used = 0
+            # Newest first, lazily, up to the first message past the limit.
+            rows = reads.stream_messages(sql, thread_id, from_seq=boundary, newest_first=True)
+            async with aclosing(rows):
+                async for row in rows:
+                    message = reads.message_from_row(row)
+                    newest.append(message)
+                    used += message.tokens
+                    if used > token_limit:
+                        break
+            return ViewportInputs(boundary, pinned, level1, level2, past, newest)
+
+        return await self._driver.together(read)
 
     async def eviction_inputs(self, thread_id: str) -> EvictionInputs:
-        return await self._driver.together(
-            lambda sql: reads.eviction_inputs(sql, thread_id, self.BYTE_ORDER)
-        )
+        async def read(sql: Statements) -> EvictionInputs:
+            state = await reads.read_state(sql, thread_id)
+            if state is None:
+                raise NotFoundError("thread", thread_id)
+            past = await reads.read_messages(sql, thread_id, from_seq=state.boundary_seq)
+            last = await reads.read_snapshots(sql, thread_id, reads.UNCOVERED)
+            goals = await reads.read_open_goals(sql, thread_id, self.BYTE_ORDER)
+            return EvictionInputs(state.boundary_seq, past, goals, last[-1].text if last else "")
+
+        return await self._driver.together(read)
 
     async def commit_eviction(
         self,
@@ -425,11 +488,34 @@ class SqlThreads(SqlStore):
 
     async def message_ids(self, prefix: str, limit: int) -> list[str]:
         condition, params = self._prefix(prefix)
-        rows = await self._driver.read(lambda sql: sql.rows(
+        rows = await self._rows(
             f"SELECT id FROM messages WHERE {condition} ORDER BY id{self.BYTE_ORDER} LIMIT ?",
-            (*params, limit),
-        ))
+            (*params, limit))
         return [str(row[0]) for row in rows]
 
     async def view(self, message_id: str, radius: int) -> MessageView:
-        return await self._driver.together(lambda sql: reads.view(sql, message_id, radius))
+        async def read(sql: Statements) -> MessageView:
+            row = await sql.row(f"SELECT {reads.MESSAGE_COLUMNS} FROM messages WHERE id = ?",
+                                (message_id,))
+            if row is None:
+                raise NotFoundError("message", message_id)
+            target = reads.message_from_row(row)
+            near = [
+                await reads.read_messages(sql, target.thread_id, where=f" AND seq {op} ?",
+                                          order=order, params=(target.seq,), limit=radius)
+                if radius else []
+                for op, order in (("<", "DESC"), (">", "ASC"))
+            ]
+            snapshots = [
+                await reads.read_snapshots(sql, target.thread_id, f"level = 1 AND start_seq {op} ?",
+                                           order, (target.seq,), VIEW_SNAPSHOTS)
+                for op, order in (("<=", "DESC"), (">", "ASC"))
+            ]
+            return MessageView(
+                target=target,
+                messages=[*reversed(near[0]), target, *near[1]],
+                snapshots_before=list(reversed(snapshots[0])),
+                snapshots_after=snapshots[1],
+            )
+
+        return await self._driver.together(read)

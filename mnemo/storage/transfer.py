@@ -12,11 +12,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from mnemo.errors import ConflictError, StorageError
 from mnemo.storage.ports import is_postgres
-from mnemo.storage.sql import Driver, marks
+from mnemo.storage.sql import SqlStore
 from mnemo.storage.tables import ddl
 
 # A neutral row: one value per column of its table, in the table's column order.
@@ -109,26 +109,16 @@ class Dump(Protocol):
         """Brings what the copied rows need up to date (identity sequences, vector indexes)."""
 
 
-class SqlDump:
+class SqlDump(SqlStore):
     """What both backends' dumps read alike, over their `Driver`."""
-
-    def __init__(self, driver: Driver) -> None:
-        self._driver = driver
-
-    async def _rows(self, statement: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
-        return await self._driver.read(lambda sql: sql.rows(statement, params))
 
     async def count(self, table: Table) -> int:
         [(count,)] = await self._rows(f'SELECT count(*) FROM "{table.name}"')
         return int(count)
 
     async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
-        found: dict[str, str] = {}
-        for at in range(0, len(ids), 500):
-            chunk = ids[at:at + 500]
-            found.update((str(node_id), str(text)) for node_id, text in await self._rows(
-                f"SELECT id, text FROM nodes WHERE id IN ({marks(len(chunk))})", chunk))
-        return found
+        rows = await self._among("SELECT id, text FROM nodes WHERE id IN ({})", ids)
+        return {str(node_id): str(text) for node_id, text in rows}
 
 
 class NodeChecksum:

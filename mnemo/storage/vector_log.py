@@ -6,7 +6,7 @@ is reloaded. In a `reading` block one look at its start serves every use inside 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -131,9 +131,9 @@ class VectorCache:
     once per `reading` block."""
 
     def __init__(self, changes: Changes, load: Load, start: Start | None = None) -> None:
-        self._changes = changes
-        self._load = load
-        self._start = start
+        self._read_changes = changes
+        self._read_all = load
+        self._start_changes = start
         self._held: dict[str, RepoVectors] = {}
         self._locks: dict[str, anyio.Lock] = {}
 
@@ -142,13 +142,19 @@ class VectorCache:
         held = self._held.get(repo)
         return None if held is None else held.index
 
-    def indexes(self) -> list[VectorIndex]:
-        return [held.index for held in self._held.values()]
-
-    def remove(self, repo: str, node_ids: Sequence[str]) -> None:
+    def forget(self, repo: str, node_ids: Sequence[str]) -> None:
         """The owner deleted these nodes: out of the index at once."""
         if repo in self._held:
             self._held[repo].index.remove(node_ids)
+
+    async def settle(self, repo: str) -> None:
+        """Waits until the repo's HNSW graphs (if any) have caught up with its kept vectors
+        (built, no insert pending); bound it with `anyio.fail_after`."""
+        await ann.settle(self.loaded(repo))
+
+    async def aclose(self) -> None:
+        """Stops the HNSW builders (a build in progress stops at its next chunk)."""
+        await ann.close([held.index for held in self._held.values()])
 
     @asynccontextmanager
     async def reading(self, repo: str) -> AsyncIterator[None]:
@@ -159,8 +165,8 @@ class VectorCache:
             yield
             return
         held = self._held.get(repo)
-        pending = (None if self._start is None or held is None
-                   else self._start(repo, held.seq, held.index.generation))
+        pending = (None if self._start_changes is None or held is None
+                   else self._start_changes(repo, held.seq, held.index.generation))
         if pending is None:
             await self.index(repo)
         look = _Look(pending=pending)
@@ -190,14 +196,14 @@ class VectorCache:
                         finally:
                             look.pending = None
                     else:
-                        changed = await self._changes(repo, held)
+                        changed = await self._read_changes(repo, held)
                     if changed is not None and changed[0] > held.seq:
                         held.apply(*changed)
                     return held.index
             except Reload:
                 assert held is not None
                 await ann.close([held.index])
-            followed = await self._load(repo)
+            followed = await self._read_all(repo)
             self._held[repo] = followed
             return followed.index
 
@@ -205,42 +211,16 @@ class VectorCache:
 Hits = list[tuple[str, float]]
 
 
-class CachedVectors:
-    """A backend's vector side: some of each repo's vectors kept in memory (`_cache`), and
-    the searches and reads a backend gives (`GraphStore`'s of the same names)."""
+class CachedVectors(VectorCache):
+    """A backend's vector side: some of each repo's vectors kept in memory, and the searches
+    and reads a backend gives (`GraphStore`'s of the same names)."""
 
-    _cache: VectorCache
     on_loop: Callable[[str], bool]
     search: Callable[[str, Vector, int, Iterable[NodeType] | None], Awaitable[Hits]]
     nearest_of_type: Callable[[str, Vector, NodeType, int], Awaitable[list[Hits]]]
     similarities: Callable[[str, Sequence[str], Vector, int | None], Awaitable[dict[str, float]]]
     of_nodes: Callable[[str, Sequence[str]], Awaitable[dict[str, Vector]]]
     of_type: Callable[[str, NodeType], Awaitable[tuple[list[str], Vector]]]
-
-    def loaded(self, repo: str) -> VectorIndex | None:
-        """The repo's kept vectors if they are loaded (as they were at their last use)."""
-        return self._cache.loaded(repo)
-
-    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
-        """A block whose uses of the repo's kept vectors share one look at the log."""
-        return self._cache.reading(repo)
-
-    async def index(self, repo: str) -> VectorIndex:
-        """The repo's kept vectors as the store holds them now."""
-        return await self._cache.index(repo)
-
-    def forget(self, repo: str, node_ids: Sequence[str]) -> None:
-        """The nodes were deleted."""
-        self._cache.remove(repo, node_ids)
-
-    async def settle(self, repo: str) -> None:
-        """Waits until the repo's HNSW graphs (if any) have caught up with its kept vectors
-        (built, no insert pending); bound it with `anyio.fail_after`."""
-        await ann.settle(self._cache.loaded(repo))
-
-    async def aclose(self) -> None:
-        """Stops the HNSW builders (a build in progress stops at its next chunk)."""
-        await ann.close(self._cache.indexes())
 
 
 @dataclass(slots=True)

@@ -27,7 +27,6 @@ from mnemo.storage.vector_log import (
     Change,
     Hits,
     RepoVectors,
-    VectorCache,
     VectorState,
 )
 
@@ -55,7 +54,7 @@ class PgVectors(CachedVectors):
         self._exact_below = exact_below
         self._ann_dir = ann_dir
         self._place: str | None = None  # the database's folder name, read once
-        self._cache = VectorCache(self._changes, self._load_routes)
+        super().__init__(self._changes, self._load_routes)
         self._sizes: dict[str, int] = {}
         self._indexed: set[str] = set()
 

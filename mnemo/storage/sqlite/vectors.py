@@ -24,7 +24,6 @@ from mnemo.storage.vector_log import (
     CachedVectors,
     Change,
     RepoVectors,
-    VectorCache,
     VectorState,
 )
 from mnemo.storage.worker import Queued
@@ -41,7 +40,7 @@ class SqliteVectors(CachedVectors):
         self._ann_threshold = ann_threshold
         self._ann_params = ann_params
         self._ann_dir = ann_dir
-        self._cache = VectorCache(self._changes, self._load, self._start)
+        super().__init__(self._changes, self._load, self._start)
 
     def on_loop(self, repo: str) -> bool:
         """Whether the repo's searches run on the event loop now (`ann.on_loop`); False

@@ -403,5 +403,3 @@ class LexicalIndex(Slot):
                     self._index = None
             finally:
                 self._source.close()
-
-

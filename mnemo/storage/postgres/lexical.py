@@ -65,8 +65,3 @@ class PgLexicalSource(LexicalSource):
     def place(self) -> str:
         (system, oid), = self._rows(PLACE)
         return place(system, oid)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None

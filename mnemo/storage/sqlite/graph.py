@@ -196,7 +196,6 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
         if not node_ids:
             return []
         ids = list(dict.fromkeys(node_ids))
-
         return await self._database.run(
             lambda db: recall_reads.neighbors(db, repo, ids, link_type)
         )
@@ -234,14 +233,8 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
             lambda db: recall_reads.fts_search(db, repo, query, kinds, limit))
 
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
-        """Counts one more access of each node, at `when`: queued on the connection's thread,
-        not waited for (`Database.post`). Every later call of this store runs after it and
-        sees the counts; a refusal (another writer's lock held past `SIDE_WRITE_WAIT`) is
-        logged and costs these counts.
-
-        Raises:
-            StorageError: "closed", the store is closed.
-        """
+        """`Database.post`s the counts (a refusal past `SIDE_WRITE_WAIT` is logged); raises
+        `StorageError("closed")`."""
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return

@@ -96,18 +96,6 @@ def _ms(seconds: float) -> int:
     return max(int(seconds * 1000), 1)
 
 
-def vector_bytes(vector: npt.ArrayLike) -> bytes:
-    """pgvector's binary format: dimension and an unused int16, then float32s, big-endian."""
-    values = np.asarray(vector, dtype=np.float32).reshape(-1)
-    return struct.pack(">HH", values.shape[0], 0) + values.astype(">f4").tobytes()
-
-
-def vector_from_bytes(data: bytes | bytearray | memoryview) -> npt.NDArray[np.float32]:
-    """A vector read in pgvector's binary format, as native float32."""
-    dim, _ = struct.unpack_from(">HH", data)
-    return np.frombuffer(data, dtype=">f4", count=dim, offset=4).astype(np.float32)
-
-
 async def register_vector(conn: Connection) -> None:
     """Teaches `conn` pgvector's `vector` in binary (an `np.ndarray` parameter is sent as one,
     vectors come back as float32 arrays; skipped without the extension) and reads `jsonb`
@@ -119,18 +107,21 @@ async def register_vector(conn: Connection) -> None:
     info.register(conn)
     vector_oid = info.oid
 
+    # pgvector's binary format: the dimension and an unused int16, then big-endian float32s.
     class VectorDumper(Dumper):
         format = psycopg.pq.Format.BINARY
         oid = vector_oid
 
         def dump(self, obj: Any) -> bytes:
-            return vector_bytes(obj)
+            values = np.asarray(obj, dtype=np.float32).reshape(-1)
+            return struct.pack(">HH", values.shape[0], 0) + values.astype(">f4").tobytes()
 
     class VectorLoader(Loader):
         format = psycopg.pq.Format.BINARY
 
         def load(self, data: Any) -> npt.NDArray[np.float32]:
-            return vector_from_bytes(data)
+            dim, _ = struct.unpack_from(">HH", data)
+            return np.frombuffer(data, dtype=">f4", count=dim, offset=4).astype(np.float32)
 
     class VectorTextLoader(Loader):
         def load(self, data: Any) -> npt.NDArray[np.float32]:

@@ -36,16 +36,6 @@ HEADLINE_OPTIONS = 'StartSel="", StopSel="", MaxWords=48, MinWords=24, ShortWord
 COUNT_CAP = 10_000
 
 
-def tsquery(words: Sequence[str]) -> tuple[str, list[str]]:
-    """The SQL of a tsquery ORing every word, and its parameters ("" when there are none).
-
-    >>> tsquery(["nginx", "NOT"])[0].count("phraseto_tsquery")
-    2
-    """
-    sql = " || ".join(WORD_QUERY for _ in words)
-    return sql, list(words)
-
-
 def _per_word(words: Sequence[str]) -> tuple[str, list[object]]:
     """A materialised `w` table of one tsquery per word with `df`, `n` and `avglen`, and its
     parameters."""
@@ -176,12 +166,12 @@ class PgThreads(SqlThreads):
     async def _snippets(
         self, sql: Statements, words: Sequence[str], rowids: list[int]
     ) -> dict[int, Row]:
-        query, params = tsquery(words)
+        query = " || ".join(WORD_QUERY for _ in words)  # any word
         rows = await sql.rows(
             f"WITH q AS (SELECT {query} AS query)"
             " SELECT m.rowid, m.id, m.thread_id, m.seq, m.role,"
             f" ts_headline('{TEXT_SEARCH_CONFIG}', m.text, q.query, %s), m.text"
             " FROM messages m, q WHERE m.rowid = ANY(%s)",
-            [*params, HEADLINE_OPTIONS, rowids],
+            [*words, HEADLINE_OPTIONS, rowids],
         )
         return {int(row[0]): row[1:] for row in rows}

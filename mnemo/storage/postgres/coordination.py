@@ -15,10 +15,14 @@ from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
 
 
+def claims_lock_key(session_id: str) -> int:
+    """The advisory-lock key of a session's step claims."""
+    return lock_key("mnemo.step_claims:" + session_id)
+
+
 async def lock_claims(sql: Statements, session_id: str) -> None:
     """Serialises the writes of the session's step claims until the transaction ends."""
-    key = lock_key("mnemo.step_claims:" + session_id)
-    await sql.run("SELECT pg_advisory_xact_lock(?)", (key,))
+    await sql.run("SELECT pg_advisory_xact_lock(?)", (claims_lock_key(session_id),))
 
 
 class PgCoordination(SqlCoordination):

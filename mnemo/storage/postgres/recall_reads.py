@@ -49,13 +49,10 @@ async def node_context(
     """See `GraphStore.node_context`: `then`'s nodes on the same connection."""
     async with pg.connection() as conn:
         first = await _node_context(conn, repo, node_ids, linked, link_type)
-        if then is None:
-            return first
-        more, more_linked = then(first)
+        more, more_linked = ((), ()) if then is None else then(first)
         if not more:
             return first
-        second = await _node_context(conn, repo, more, more_linked, link_type)
-    return joined(first, second)
+        return joined(first, await _node_context(conn, repo, more, more_linked, link_type))
 
 
 async def _node_context(

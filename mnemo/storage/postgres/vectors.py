@@ -61,12 +61,12 @@ class PgVectors(CachedVectors):
 
     # ---- following writes -----------------------------------------------------------------
 
-    async def index_if_large(self, repo: str, dim: int | None = None) -> None:
+    async def index_if_large(self, repo: str) -> None:
         """Creates the repo's HNSW index once it is past `exact_below` (a smaller repo would
         only pay for it on insert)."""
         if repo not in self._indexed and await self._size(repo) > self._exact_below:
             async with self._pg.connection() as conn:
-                await schema.ensure_vector_index(conn, repo, dim or self._dims(repo))
+                await schema.ensure_vector_index(conn, repo, self._dims(repo))
             self._indexed.add(repo)
 
     async def switched(self, repo: str, dim: int) -> None:
@@ -105,7 +105,6 @@ class PgVectors(CachedVectors):
     async def search(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
     ) -> Hits:
-        """Nodes nearest to `vector` by cosine (similarity, best first)."""
         if limit <= 0:
             return []
         kinds = None if types is None else [NodeType(t).value for t in types]
@@ -138,7 +137,6 @@ class PgVectors(CachedVectors):
         return {node_id: float(score) for node_id, score in zip(found, scores, strict=True)}
 
     async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
-        """The unit vector of each of these nodes that has one."""
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return {}

@@ -29,13 +29,10 @@ def node_context(
 ) -> NodeContext:
     """See `GraphStore.node_context` (the vectors are the caller's: they are in memory)."""
     first = _node_context(db, repo, node_ids, linked, link_type)
-    if then is None:
-        return first
-    more, more_linked = then(first)
+    more, more_linked = ((), ()) if then is None else then(first)
     if not more:
         return first
-    second = _node_context(db, repo, more, more_linked, link_type)
-    return joined(first, second)
+    return joined(first, _node_context(db, repo, more, more_linked, link_type))
 
 
 def _node_context(

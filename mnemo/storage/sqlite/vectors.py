@@ -52,7 +52,6 @@ class SqliteVectors(CachedVectors):
     async def search(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]:
-        """Nodes nearest to `vector` by cosine, best first."""
         index = await self.index(repo)
         kinds = None if types is None else list(types)
         return await ann.by_size(len(index), lambda: index.search(vector, limit, kinds))

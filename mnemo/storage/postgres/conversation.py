@@ -65,29 +65,27 @@ _BM25 = (
 def scoring_query(query: SearchQuery) -> tuple[str, list[object]]:
     """The statement ranking the best `query.pool` candidates (rowid, bm25, recorded_at) for
     the query's words, and its parameters."""
-    words, thread_id, where = query.words, query.thread_id, query.where
-    exclude_viewport_of, shown = query.exclude_viewport_of, query.shown
     conditions = ["m.search @@ w.query"]
     filters: list[object] = []
-    if thread_id is not None:
+    if query.thread_id is not None:
         conditions.append("m.thread_id = %s")
-        filters.append(thread_id)
-    for key, values in (where or {}).items():
+        filters.append(query.thread_id)
+    for key, values in (query.where or {}).items():
         conditions.append("m.metadata -> %s = ANY(%s::jsonb[])")
         filters += [key, list(values)]
-    if exclude_viewport_of is not None:
+    if (excluded := query.exclude_viewport_of) is not None:
         boundary = "coalesce((SELECT boundary_seq FROM threads WHERE id = %s), 0)"
-        if shown is not None:
+        if query.shown is not None:
             # What the viewport showed and still would (as SQLite's search).
             conditions.append(
                 f"NOT (m.thread_id = %s AND m.id = ANY(%s) AND (m.seq >= {boundary}"
                 " OR EXISTS (SELECT 1 FROM pins p WHERE p.message_id = m.id)))"
             )
-            filters += [exclude_viewport_of, sorted(shown.ids), exclude_viewport_of]
+            filters += [excluded, sorted(query.shown.ids), excluded]
         else:
             conditions.append(f"NOT (m.thread_id = %s AND m.seq >= {boundary})")
-            filters += [exclude_viewport_of, exclude_viewport_of]
-    per_word, word_params = _per_word(words)
+            filters += [excluded, excluded]
+    per_word, word_params = _per_word(query.words)
     return (
         f"WITH {per_word}"
         f" SELECT m.rowid, sum({_BM25}), m.recorded_at"

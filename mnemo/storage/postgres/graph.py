@@ -283,7 +283,6 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
         self, repo: str, query: str, limit: int, kinds: list[str] | None,
         where: Where | None = None,
     ) -> list[tuple[str, float]]:
-        """PostgreSQL's full-text search (see `search_text`), inside `where` when given."""
         words = (query_words(query) if len(query) <= _INLINE_CHARS
                  else await anyio.to_thread.run_sync(query_words, query))
         if not words or limit <= 0:

@@ -15,6 +15,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.graph.model import vector_from_blob, vector_to_blob
+from mnemo.storage.sql import marks
 from mnemo.storage.sqlite.database import Database, inspect_file
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, SqlDump, Table
@@ -98,9 +99,8 @@ class SqliteDump(SqlDump):
             order = ("rowid",)
             select = f'SELECT rowid, {columns} FROM "{table.name}"'
         keys = ", ".join(name if "." in name else f'"{name}"' for name in order)
-        marks = ", ".join("?" for _ in order)
         first = f"{select} ORDER BY {keys} LIMIT ?"
-        after = f"{select} WHERE ({keys}) > ({marks}) ORDER BY {keys} LIMIT ?"
+        after = f"{select} WHERE ({keys}) > ({marks(len(order))}) ORDER BY {keys} LIMIT ?"
         half, width = table.name == "vectors", len(order)
         last: tuple[object, ...] | None = None
         while True:
@@ -117,8 +117,8 @@ class SqliteDump(SqlDump):
 
     async def write(self, table: Table, rows: Sequence[Row]) -> int:
         columns = ", ".join(f'"{name}"' for name in table.names)
-        marks = ", ".join("?" for _ in table.names)
-        statement = f'INSERT OR IGNORE INTO "{table.name}" ({columns}) VALUES ({marks})'
+        statement = (f'INSERT OR IGNORE INTO "{table.name}" ({columns})'
+                     f" VALUES ({marks(len(table.names))})")
         half = table.name == "vectors"
         packed = [(table.name, name) in _PACKED for name in table.names]
         stored = [tuple(_store(kind, value, half, pack)

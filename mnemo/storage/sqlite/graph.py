@@ -31,7 +31,7 @@ from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph, SqlMaintenance
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import loads
-from mnemo.storage.sql import Statements
+from mnemo.storage.sql import Statements, marks
 from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write, truncate_wal
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text
@@ -119,10 +119,6 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
         self._reembeds = set()
         self._vectors = SqliteVectors(
             database, dims, ann_threshold=ann_threshold, ann_params=ann_params, ann_dir=ann_dir)
-
-    @property
-    def database(self) -> Database:
-        return self._database
 
     @asynccontextmanager
     async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
@@ -248,7 +244,7 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
                 for chunk in chunks(ids, 400):
                     db.conn.execute(
                         "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
-                        f" WHERE repo = ? AND id IN ({','.join('?' * len(chunk))})",
+                        f" WHERE repo = ? AND id IN ({marks(len(chunk))})",
                         [stamp, repo, *chunk],
                     )
 

@@ -15,8 +15,6 @@ SAMPLES = 3
 
 
 class ServerClock:
-    """The server's time: the last read of it, plus the time elapsed here since."""
-
     def __init__(self, pg: Postgres, host: Callable[[], datetime] = host_clock.host_now) -> None:
         self._pg = pg
         self.host = host  # before the first read only

@@ -129,8 +129,6 @@ def message_row(
 
 
 class PgThreads(SqlThreads):
-    """`ThreadStore` over mnemo's PostgreSQL database."""
-
     LOCK = " FOR UPDATE"
     BYTE_ORDER = ' COLLATE "C"'
     VECTOR_UPSERT = (

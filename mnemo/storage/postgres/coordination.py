@@ -26,8 +26,6 @@ async def lock_claims(sql: Statements, session_id: str) -> None:
 
 
 class PgCoordination(SqlCoordination):
-    """`Coordination` over a PostgreSQL database."""
-
     BYTE_ORDER = ' COLLATE "C"'
     AUTO_COMMIT = "(config->>'auto_commit')::boolean"
     RESULT_PARAM = "?::jsonb"

@@ -44,8 +44,6 @@ def _order(table: Table) -> tuple[str, ...]:
 
 
 class PostgresDump(SqlDump):
-    """The `Dump` of one open `Postgres`."""
-
     _driver: Postgres
 
     def __init__(self, pg: Postgres) -> None:

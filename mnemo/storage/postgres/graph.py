@@ -147,8 +147,6 @@ class PgMaintenance(SqlMaintenance, PgGraphWrites):
 
 
 class PgGraph(ReembeddedGraph, MaintainedGraph):
-    """`GraphStore` over a PostgreSQL database."""
-
     MAINTENANCE = PgMaintenance()
     REEMBEDS = PgReembeds()
     WRITES = PgGraphWrites()

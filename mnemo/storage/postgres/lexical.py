@@ -36,8 +36,6 @@ def place(system: object, oid: object) -> str:
 
 
 class PgLexicalSource(LexicalSource):
-    """`LexicalSource` over a PostgreSQL database."""
-
     placeholder = "%s"
 
     def __init__(self, url: str, busy_timeout: float) -> None:

@@ -21,8 +21,6 @@ _STEP_VALUES = (
 
 
 class PgSessions(SqlSessions):
-    """`SessionStore` over a PostgreSQL database (its schema applied)."""
-
     BYTE_ORDER = ' COLLATE "C"'
     TEXT = "::text"
     NOW = "clock_timestamp()"

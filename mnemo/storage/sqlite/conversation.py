@@ -30,8 +30,6 @@ def match_expression(words: Sequence[str]) -> str:
 
 
 class SqliteThreads(SqlThreads):
-    """`ThreadStore` over mnemo's SQLite file."""
-
     _driver: Database
     VECTOR_UPSERT = (
         "INSERT OR REPLACE INTO message_vectors(message_id, thread_id, vec)"

@@ -14,8 +14,6 @@ from mnemo.storage.sqlite.database import Database
 
 
 class SqliteCoordination(SqlCoordination):
-    """`Coordination` over a SQLite file."""
-
     DISTINCT = " IS NOT "
     AUTO_COMMIT = "json_extract(config, '$.auto_commit')"
     IDLE_LEFT = (

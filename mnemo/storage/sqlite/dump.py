@@ -78,8 +78,6 @@ def _store(kind: Kind, value: object, half: bool = False, packed: bool = False) 
 
 
 class SqliteDump(SqlDump):
-    """The `Dump` of one open SQLite `Database`."""
-
     _driver: Database
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:

@@ -99,8 +99,6 @@ class SqliteGraphWrites(SqlGraphWrites):
 
 
 class SqliteGraph(MaintainedGraph, ReembeddedGraph):
-    """`GraphStore` over mnemo's SQLite file."""
-
     MAINTENANCE = SqliteMaintenance()
     REEMBEDS = SqliteReembeds()
     WRITES = SqliteGraphWrites()

@@ -31,8 +31,6 @@ from mnemo.storage.worker import Queued
 
 
 class SqliteVectors(CachedVectors):
-    """Every repo's vectors in memory, loaded from one SQLite file."""
-
     def __init__(self, database: Database, dims: Callable[[str], int], *,
                  ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
                  ann_params: ann.HnswParams | None = None, ann_dir: Path | None = None) -> None:

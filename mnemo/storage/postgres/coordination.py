@@ -47,8 +47,7 @@ class PgCoordination(SqlCoordination):
     async def sync_clock(self) -> None:
         await self._clock.sync()
 
-    def _json(self, value: object) -> object:
-        return Jsonb(value)
+    _json = staticmethod(Jsonb)
 
     _lock_claims = staticmethod(lock_claims)
 

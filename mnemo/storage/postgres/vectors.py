@@ -238,10 +238,8 @@ class PgVectors(CachedVectors):
             " ON n.id = v.node_id WHERE v.repo = %s AND n.type = ANY(%s) ORDER BY n.rowid",
             (repo, kinds), binary=True,
         )
-        dim = len(rows[0][3]) if rows else dim or self._dims(repo)
-        matrix = np.zeros((len(rows), dim), dtype=np.float32)
-        for i, (_, _, _, vec) in enumerate(rows):
-            matrix[i] = vec
+        matrix = (np.stack([r[3] for r in rows]) if rows
+                  else np.zeros((0, dim or self._dims(repo)), dtype=np.float32))
         return ([int(r[0]) for r in rows], [str(r[1]) for r in rows],
                 [NodeType(r[2]) for r in rows], matrix)
 

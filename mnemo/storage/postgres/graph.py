@@ -193,14 +193,12 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
 
     @asynccontextmanager
     async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
-        """This process's lock, then every process's."""
         async with (self._locks.setdefault(repo, anyio.Lock()), self._lock_slots,
                     self._advisory("mnemo.repo:" + repo, None)):
             yield
 
     def _reembed_lock(self, repo: str, busy: ConflictError
                       ) -> AbstractAsyncContextManager[None]:
-        """The repo's re-embedding lock, taken without waiting, held for the block."""
         return self._advisory("mnemo.reembed:" + repo, busy)
 
     async def _before_switch(self, repo: str) -> None:

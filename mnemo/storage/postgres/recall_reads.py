@@ -105,7 +105,6 @@ _HOP = (
 async def typed_links_near(
     pg: Postgres, repo: str, node_ids: Sequence[str], vector: Vector
 ) -> tuple[list[TypedLink], dict[str, float]]:
-    """See `GraphStore.typed_links_near`."""
     ids = list(dict.fromkeys(node_ids))
     rows = await pg.fetch_all(_HOP, {"repo": repo, "ids": ids, "q": as_array(vector)})
     return await cpu.run(lambda: hop_links(rows), len(ids), on_loop_below=ON_LOOP_NODES + 1)

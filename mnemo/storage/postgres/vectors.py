@@ -145,7 +145,6 @@ class PgVectors(CachedVectors):
         return {i: found[i] for i in ids if i in found}
 
     async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
-        """The ids and unit vectors of every node of one type, oldest first."""
         if kind in ROUTES:
             return await ann.of_type(await self.index(repo), kind)
         _, ids, _, matrix = await self._load(repo, [kind.value])

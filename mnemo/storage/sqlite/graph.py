@@ -43,8 +43,6 @@ log = logging.getLogger("mnemo")
 
 
 class SqliteMaintenance(SqlMaintenance):
-    """Graph maintenance on SQLite."""
-
     # Neither end in another repo (links have no repo: it is their ends').
     DANGLING = (
         "(NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid = links.src)"

@@ -76,7 +76,6 @@ def _node_context(
 def typed_links(
     db: SqliteUtilsDatabase, repo: str, ids: list[str]
 ) -> list[TypedLink]:
-    """See `GraphStore.typed_links`."""
     found: list[TypedLink] = []
     for chunk in chunks(ids, _CHUNK):
         # Links name their ends by rowid: the asked nodes' rowids (and ids, types) read once
@@ -98,7 +97,6 @@ def typed_links(
 def neighbors(
     db: SqliteUtilsDatabase, repo: str, ids: list[str], link_type: LinkType | None
 ) -> list[Neighbor]:
-    """See `GraphStore.neighbors`."""
     found: list[Neighbor] = []
     kind = "" if link_type is None else " WHERE l.type = ?"
     extra = [] if link_type is None else [link_type.value]

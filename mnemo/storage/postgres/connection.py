@@ -299,7 +299,6 @@ class Postgres:
             return await work(PgStatements(conn))
 
     async def write(self, work: Work[T]) -> T:
-        """Runs `work` (`storage.sql`) in one transaction."""
         async with self.transaction() as conn:
             return await work(PgStatements(conn))
 

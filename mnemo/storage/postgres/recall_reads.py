@@ -115,13 +115,10 @@ def hop_links(rows: list[Row]) -> tuple[list[TypedLink], dict[str, float]]:
     links: list[TypedLink] = []
     similarity: dict[str, float] = {}
     for side, src, src_type, dst, dst_type, kind, cosine in rows:
-        link = LINK_TYPES[kind]
-        if side == 0:
-            links.append((str(src), NODE_TYPES[src_type], str(dst), NODE_TYPES[dst_type], link))
-            target = str(dst)
-        else:
-            links.append((str(dst), NODE_TYPES[dst_type], str(src), NODE_TYPES[src_type], link))
-            target = str(src)
+        if side:  # seen from `dst`
+            src, src_type, dst, dst_type = dst, dst_type, src, src_type
+        links.append(
+            (str(src), NODE_TYPES[src_type], str(dst), NODE_TYPES[dst_type], LINK_TYPES[kind]))
         if isinstance(cosine, float) and math.isfinite(cosine):
-            similarity[target] = cosine
+            similarity[str(dst)] = cosine
     return links, similarity

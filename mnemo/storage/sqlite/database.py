@@ -180,7 +180,6 @@ class Database:
     one = write
 
     async def side_write(self, work: StatementsWork[T]) -> T:
-        """Runs `work` (`storage.sql`) in one `side_write`."""
         return await self.run(lambda db: _within(side_write(db), db, work))
 
     def post(self, work: Work[object], failed: Callable[[StorageError], object]) -> None:

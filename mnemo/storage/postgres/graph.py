@@ -217,8 +217,6 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
 
     _node = staticmethod(node_of)
 
-    # ---- reads ----------------------------------------------------------------------------
-
     async def neighbors(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
     ) -> list[Neighbor]:
@@ -268,8 +266,6 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
                 " FOR NO KEY UPDATE SKIP LOCKED)",
                 (when, repo, ids),
             )
-
-    # ---- search ---------------------------------------------------------------------------
 
     def _start_store_text(self, repo: str, query: str, limit: int, kinds: list[str] | None
                           ) -> PendingRead[list[tuple[str, float]]]:

@@ -59,8 +59,6 @@ class PgVectors(CachedVectors):
         self._sizes: dict[str, int] = {}
         self._indexed: set[str] = set()
 
-    # ---- following writes -----------------------------------------------------------------
-
     async def index_if_large(self, repo: str) -> None:
         """Creates the repo's HNSW index once it is past `exact_below` (a smaller repo would
         only pay for it on insert)."""
@@ -99,8 +97,6 @@ class PgVectors(CachedVectors):
         if repo in self._sizes:
             self._sizes[repo] = max(0, self._sizes[repo] - len(node_ids))
         super().forget(repo, node_ids)
-
-    # ---- searches -------------------------------------------------------------------------
 
     async def search(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None

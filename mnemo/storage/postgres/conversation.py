@@ -37,8 +37,7 @@ COUNT_CAP = 10_000
 
 
 def _per_word(words: Sequence[str]) -> tuple[str, list[object]]:
-    """A materialised `w` table of one tsquery per word with `df`, `n` and `avglen`, and its
-    parameters."""
+    """SQL of `w`, one tsquery per word with `df`, `n` and `avglen`, and its parameters."""
     rows = ", ".join(f"({WORD_QUERY})" for _ in words)
     sql = (
         f"words (query) AS (VALUES {rows}),"

@@ -66,8 +66,7 @@ def storage_error(exc: BaseException, reason: str | None = None) -> StorageError
     return error
 
 
-def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
-             ef_search: int) -> str:
+def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None = None) -> str:
     """`url` (libpq URL or key=value string) with mnemo's session settings appended to its
     `options`. Raises `StorageError("unavailable")` when libpq cannot read it."""
     try:
@@ -79,7 +78,7 @@ def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
         f"-c statement_timeout={_ms(statement_timeout) if statement_timeout else 0}",
         # Adopted when pgvector loads; a filtered HNSW scan goes on past ef_search (the
         # caller sorts what it gets).
-        f"-c hnsw.ef_search={ef_search}",
+        f"-c hnsw.ef_search={HNSW_EF_SEARCH}",
         "-c hnsw.iterative_scan=relaxed_order",
         "-c timezone=UTC",
         # Parallel workers cost more than mnemo's small reads (BENCHMARKS.md).
@@ -164,8 +163,8 @@ class Postgres:
         self.max_size = max_size
         self.busy_timeout = busy_timeout
         self.connect_timeout = connect_timeout
-        self._conninfo = conninfo(url, busy_timeout=busy_timeout,
-                                  statement_timeout=statement_timeout, ef_search=HNSW_EF_SEARCH)
+        self._conninfo = conninfo(
+            url, busy_timeout=busy_timeout, statement_timeout=statement_timeout)
         self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
             self._conninfo,
             connection_class=psycopg.AsyncConnection,

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 from mnemo.storage.lexical.source import LexicalSource
-from mnemo.storage.postgres.connection import HNSW_EF_SEARCH, conninfo, storage_error
+from mnemo.storage.postgres.connection import conninfo, storage_error
 from mnemo.storage.row import Column
 
 
@@ -39,9 +39,7 @@ class PgLexicalSource(LexicalSource):
     placeholder = "%s"
 
     def __init__(self, url: str, busy_timeout: float) -> None:
-        self._conninfo = conninfo(
-            url, busy_timeout=busy_timeout, statement_timeout=None, ef_search=HNSW_EF_SEARCH
-        )
+        self._conninfo = conninfo(url, busy_timeout=busy_timeout)
         self._conn: psycopg.Connection[Any] | None = None
 
     def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:

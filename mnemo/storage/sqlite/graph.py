@@ -104,8 +104,7 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
 
     def __init__(self, database: Database, dims: Callable[[str], int], *,
                  ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
-                 ann_params: ann.HnswParams | None = None, lexical: LexicalIndex | None = None,
-                 ann_dir: Path | None = None) -> None:
+                 lexical: LexicalIndex | None = None, ann_dir: Path | None = None) -> None:
         """`ann_threshold`: size past which searches use HNSW (None: always exact); `lexical`:
         the index for `search_text` (None: FTS5); `ann_dir`: where HNSW graphs are saved."""
         self._database = self._driver = database
@@ -113,8 +112,7 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
         self._dims = dims
         self._locks: dict[str, anyio.Lock] = {}
         self._reembeds = set()
-        self._vectors = SqliteVectors(
-            database, dims, ann_threshold=ann_threshold, ann_params=ann_params, ann_dir=ann_dir)
+        self._vectors = SqliteVectors(database, dims, ann_threshold=ann_threshold, ann_dir=ann_dir)
 
     @asynccontextmanager
     async def _repo_lock(self, repo: str) -> AsyncIterator[None]:

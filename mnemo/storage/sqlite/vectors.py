@@ -32,12 +32,11 @@ from mnemo.storage.worker import Queued
 
 class SqliteVectors(CachedVectors):
     def __init__(self, database: Database, dims: Callable[[str], int], *,
-                 ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
-                 ann_params: ann.HnswParams | None = None, ann_dir: Path | None = None) -> None:
+                 ann_threshold: int | None = ann.DEFAULT_THRESHOLD, ann_dir: Path | None = None
+                 ) -> None:
         self._database = database
         self._dims = dims
         self._ann_threshold = ann_threshold
-        self._ann_params = ann_params
         self._ann_dir = ann_dir
         self._cache = VectorCache(self._changes, self._load, self._start)
 
@@ -95,7 +94,7 @@ class SqliteVectors(CachedVectors):
             # The first load imports faiss: in a thread, not on the loop.
             await anyio.to_thread.run_sync(ann.load_faiss)
             ann.attach(followed.index, threshold=self._ann_threshold,
-                       params=self._ann_params, folder=self.graph_folder(repo))
+                       folder=self.graph_folder(repo))
         return followed
 
     def graph_folder(self, repo: str) -> Path | None:

@@ -53,14 +53,13 @@ class SqliteThreads(SqlThreads):
         return "id >= ? AND id < ?", (prefix, prefix + "\U0010ffff")
 
     async def purge(self, thread_id: str) -> int:
-        """Erases the thread in one transaction, then merges the FTS5 index (deleted words stay
-        in old segments until then) and truncates the WAL; returns how many messages went."""
+        """`ThreadStore.purge`, then the WAL truncated (`_erased` merges the FTS5 index)."""
         gone = await super().purge(thread_id)
         await self._driver.run(truncate_wal)
         return gone
 
     async def _erased(self, sql: Statements, messages: int) -> None:
-        if messages:
+        if messages:  # deleted words stay in old segments until a merge
             await sql.run("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
 
     async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:

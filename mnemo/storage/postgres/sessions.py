@@ -3,15 +3,13 @@ serialised by an advisory lock (`coordination.lock_claims`)."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from psycopg.types.json import Jsonb
 
 from mnemo.episode import StepRecord
 from mnemo.session.ports import StaleSession
 from mnemo.storage.postgres.coordination import lock_claims
 from mnemo.storage.sessions import ANNOTATE, STEP_COLUMNS, SqlSessions
-from mnemo.storage.sql import Statements
+from mnemo.storage.sql import SqlStore, Statements
 
 # One row of a step, typed: a NULL reward or metadata must not make its VALUES column text.
 _STEP_VALUES = (
@@ -27,8 +25,7 @@ class PgSessions(SqlSessions):
     CREATED = "?::timestamptz"
     ANY = " = ANY(?)"
 
-    def _stamp(self, at: datetime) -> object:
-        return at
+    _stamp = SqlStore._stamp  # the datetime itself
 
     @staticmethod
     def _json(text: str) -> object:

@@ -77,8 +77,6 @@ class LexicalIndex(Slot):
         # Searches run here one at a time (cheaper hop than `anyio.to_thread`; BENCHMARKS.md).
         self._searcher: Worker | None = None
 
-    # ---- searching -------------------------------------------------------------------------
-
     async def search(
         self, repo: str, query: str, limit: int, types: Iterable[str] | None,
         within: Iterable[int] | None = None,
@@ -178,8 +176,7 @@ class LexicalIndex(Slot):
         return [(node_id, -score) for score, _, node_id in found]
 
     def _tantivy_totals(self, generation: int, searcher: Any, stems: list[str]) -> Totals | None:
-        """`tantivy_totals` of the searcher of this `generation` of commits, kept until the
-        next."""
+        """`tantivy_totals`, kept for this `generation` of commits."""
         kept = self._totals
         if kept is not None and kept[0] == generation:
             return kept[1]
@@ -206,8 +203,6 @@ class LexicalIndex(Slot):
         else:
             self._wake_worker()  # to commit them soon
         return True
-
-    # ---- keeping up with the store (under the lock) ----------------------------------------
 
     def _rebuild_step(self, repo: str) -> bool:
         """One batch of bringing `repo` up, from the log or else by a rebuild from its nodes;
@@ -334,8 +329,6 @@ class LexicalIndex(Slot):
             log.exception("lexical index: commit failed")
             self._fresh.postpone()
 
-    # ---- the slot --------------------------------------------------------------------------
-
     def _open(self) -> bool:
         """Takes a free slot; False if none can be used. Holds the lock."""
         if self._opened:
@@ -403,5 +396,3 @@ class LexicalIndex(Slot):
                     self._index = None
             finally:
                 self._source.close()
-
-

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ def schema() -> Any:
 def analyzer() -> Any:
     """tantivy's `en_stem` with accents folded as the store's search folds them and words up
     to `LONGEST_WORD` kept: split, drop long tokens, fold to ASCII (before lowercasing, which
-    would leave "İ" a dotted "i"), lowercase, stem. Takes `composed` texts."""
+    would leave "İ" a dotted "i"), lowercase, stem. Takes texts composed (NFC)."""
     import tantivy as tv
 
     return (
@@ -47,11 +46,6 @@ def analyzer() -> Any:
         .filter(tv.Filter.stemmer("english"))
         .build()
     )
-
-
-def composed(text: str) -> str:
-    """`text` composed (NFC), as query words are, so both forms of an accent are one word."""
-    return unicodedata.normalize("NFC", text)
 
 
 def open_index(folder: Path, fields: Any) -> Any:

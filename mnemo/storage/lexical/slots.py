@@ -211,8 +211,6 @@ class Slot:
         self._writer.garbage_collect_files()
 
 
-
-
 def wipe_free(place: Path, layout: str, *, keep: Path | None) -> None:
     """Deletes the documents of every free slot under `place` but `keep`, and the free slots
     of layouts older than `layout`."""

@@ -1,5 +1,5 @@
 """What the lexical index reads of a store (`LexicalSource`: the SQL both backends share; a
-backend brings `_rows`, its placeholder, `place` and `close`)."""
+backend brings `_rows` on its `_conn`, its placeholder and `place`)."""
 
 from __future__ import annotations
 
@@ -62,9 +62,14 @@ class LexicalSource:
     placeholder = "?"
 
     _rows: Callable[[str, tuple[object, ...]], list[Column]]
+    _conn: Any  # the backend's own connection, None until opened
     # The store's own folder inside the index's base folder ("" for none).
     place: Callable[[], str]
-    close: Callable[[], None]
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def _read(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
         return self._rows(statement.replace("?", self.placeholder), params)

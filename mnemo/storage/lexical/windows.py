@@ -5,11 +5,11 @@ rewrites every document that held its words."""
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mnemo.graph.model import NodeType, step_window
-from mnemo.storage.lexical.schema import composed
 from mnemo.storage.lexical.source import LexicalSource, Row
 
 # Steps each side of a step in its document (BENCHMARKS.md).
@@ -46,8 +46,9 @@ def documents(source: LexicalSource, repo: str, rows: Iterable[Row]) -> list[Doc
     out: list[Document] = []
     for row in rows:
         near = [n for i in around.get(row.id, ()) if (n := by_id.get(i)) and n.type == _STEP]
-        out.append(Document(row, composed(" ".join([row.text, *(n.text for n in near)])),
-                            tuple(key(repo, n.rowid) for n in near)))
+        # Composed as query words are, so both forms of an accent are one word.
+        text = unicodedata.normalize("NFC", " ".join([row.text, *(n.text for n in near)]))
+        out.append(Document(row, text, tuple(key(repo, n.rowid) for n in near)))
     return out
 
 

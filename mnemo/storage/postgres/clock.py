@@ -15,8 +15,6 @@ SAMPLES = 3
 
 
 class ServerClock:
-    """The server's time: the last read of it, plus the time elapsed here since."""
-
     def __init__(self, pg: Postgres, host: Callable[[], datetime] = host_clock.host_now) -> None:
         self._pg = pg
         self.host = host  # before the first read only
@@ -31,7 +29,7 @@ class ServerClock:
 
     async def sync(self) -> None:
         """Reads the server's time again; on `StorageError` the last read stays."""
-        best: tuple[float, datetime, float] | None = None
+        samples: list[tuple[float, datetime, float]] = []  # (round trip, time, when)
         async with self._pg.connection() as conn:
             for _ in range(SAMPLES):
                 before = host_clock.elapsed()
@@ -41,8 +39,6 @@ class ServerClock:
                 server = None if row is None else row[0]
                 if not isinstance(server, datetime):
                     raise StorageError("unavailable", f"the server's time read {server!r}")
-                if best is None or after - before < best[0]:
-                    best = (after - before, server, before + (after - before) / 2)
-        assert best is not None
-        _, server, at = best
+                samples.append((after - before, server, before + (after - before) / 2))
+        _, server, at = min(samples, key=lambda sample: sample[0])
         self._read = (server, at)

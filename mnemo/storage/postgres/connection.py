@@ -66,8 +66,7 @@ def storage_error(exc: BaseException, reason: str | None = None) -> StorageError
     return error
 
 
-def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
-             ef_search: int) -> str:
+def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None = None) -> str:
     """`url` (libpq URL or key=value string) with mnemo's session settings appended to its
     `options`. Raises `StorageError("unavailable")` when libpq cannot read it."""
     try:
@@ -79,7 +78,7 @@ def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
         f"-c statement_timeout={_ms(statement_timeout) if statement_timeout else 0}",
         # Adopted when pgvector loads; a filtered HNSW scan goes on past ef_search (the
         # caller sorts what it gets).
-        f"-c hnsw.ef_search={ef_search}",
+        f"-c hnsw.ef_search={HNSW_EF_SEARCH}",
         "-c hnsw.iterative_scan=relaxed_order",
         "-c timezone=UTC",
         # Parallel workers cost more than mnemo's small reads (BENCHMARKS.md).
@@ -96,18 +95,6 @@ def _ms(seconds: float) -> int:
     return max(int(seconds * 1000), 1)
 
 
-def vector_bytes(vector: npt.ArrayLike) -> bytes:
-    """pgvector's binary format: dimension and an unused int16, then float32s, big-endian."""
-    values = np.asarray(vector, dtype=np.float32).reshape(-1)
-    return struct.pack(">HH", values.shape[0], 0) + values.astype(">f4").tobytes()
-
-
-def vector_from_bytes(data: bytes | bytearray | memoryview) -> npt.NDArray[np.float32]:
-    """A vector read in pgvector's binary format, as native float32."""
-    dim, _ = struct.unpack_from(">HH", data)
-    return np.frombuffer(data, dtype=">f4", count=dim, offset=4).astype(np.float32)
-
-
 async def register_vector(conn: Connection) -> None:
     """Teaches `conn` pgvector's `vector` in binary (an `np.ndarray` parameter is sent as one,
     vectors come back as float32 arrays; skipped without the extension) and reads `jsonb`
@@ -119,18 +106,21 @@ async def register_vector(conn: Connection) -> None:
     info.register(conn)
     vector_oid = info.oid
 
+    # pgvector's binary format: the dimension and an unused int16, then big-endian float32s.
     class VectorDumper(Dumper):
         format = psycopg.pq.Format.BINARY
         oid = vector_oid
 
         def dump(self, obj: Any) -> bytes:
-            return vector_bytes(obj)
+            values = np.asarray(obj, dtype=np.float32).reshape(-1)
+            return struct.pack(">HH", values.shape[0], 0) + values.astype(">f4").tobytes()
 
     class VectorLoader(Loader):
         format = psycopg.pq.Format.BINARY
 
         def load(self, data: Any) -> npt.NDArray[np.float32]:
-            return vector_from_bytes(data)
+            dim, _ = struct.unpack_from(">HH", data)
+            return np.frombuffer(data, dtype=">f4", count=dim, offset=4).astype(np.float32)
 
     class VectorTextLoader(Loader):
         def load(self, data: Any) -> npt.NDArray[np.float32]:
@@ -173,8 +163,8 @@ class Postgres:
         self.max_size = max_size
         self.busy_timeout = busy_timeout
         self.connect_timeout = connect_timeout
-        self._conninfo = conninfo(url, busy_timeout=busy_timeout,
-                                  statement_timeout=statement_timeout, ef_search=HNSW_EF_SEARCH)
+        self._conninfo = conninfo(
+            url, busy_timeout=busy_timeout, statement_timeout=statement_timeout)
         self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
             self._conninfo,
             connection_class=psycopg.AsyncConnection,
@@ -308,7 +298,6 @@ class Postgres:
             return await work(PgStatements(conn))
 
     async def write(self, work: Work[T]) -> T:
-        """Runs `work` (`storage.sql`) in one transaction."""
         async with self.transaction() as conn:
             return await work(PgStatements(conn))
 

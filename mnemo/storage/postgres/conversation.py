@@ -36,19 +36,8 @@ HEADLINE_OPTIONS = 'StartSel="", StopSel="", MaxWords=48, MinWords=24, ShortWord
 COUNT_CAP = 10_000
 
 
-def tsquery(words: Sequence[str]) -> tuple[str, list[str]]:
-    """The SQL of a tsquery ORing every word, and its parameters ("" when there are none).
-
-    >>> tsquery(["nginx", "NOT"])[0].count("phraseto_tsquery")
-    2
-    """
-    sql = " || ".join(WORD_QUERY for _ in words)
-    return sql, list(words)
-
-
 def _per_word(words: Sequence[str]) -> tuple[str, list[object]]:
-    """A materialised `w` table of one tsquery per word with `df`, `n` and `avglen`, and its
-    parameters."""
+    """SQL of `w`, one tsquery per word with `df`, `n` and `avglen`, and its parameters."""
     rows = ", ".join(f"({WORD_QUERY})" for _ in words)
     sql = (
         f"words (query) AS (VALUES {rows}),"
@@ -75,29 +64,27 @@ _BM25 = (
 def scoring_query(query: SearchQuery) -> tuple[str, list[object]]:
     """The statement ranking the best `query.pool` candidates (rowid, bm25, recorded_at) for
     the query's words, and its parameters."""
-    words, thread_id, where = query.words, query.thread_id, query.where
-    exclude_viewport_of, shown = query.exclude_viewport_of, query.shown
     conditions = ["m.search @@ w.query"]
     filters: list[object] = []
-    if thread_id is not None:
+    if query.thread_id is not None:
         conditions.append("m.thread_id = %s")
-        filters.append(thread_id)
-    for key, values in (where or {}).items():
+        filters.append(query.thread_id)
+    for key, values in (query.where or {}).items():
         conditions.append("m.metadata -> %s = ANY(%s::jsonb[])")
         filters += [key, list(values)]
-    if exclude_viewport_of is not None:
+    if (excluded := query.exclude_viewport_of) is not None:
         boundary = "coalesce((SELECT boundary_seq FROM threads WHERE id = %s), 0)"
-        if shown is not None:
+        if query.shown is not None:
             # What the viewport showed and still would (as SQLite's search).
             conditions.append(
                 f"NOT (m.thread_id = %s AND m.id = ANY(%s) AND (m.seq >= {boundary}"
                 " OR EXISTS (SELECT 1 FROM pins p WHERE p.message_id = m.id)))"
             )
-            filters += [exclude_viewport_of, sorted(shown.ids), exclude_viewport_of]
+            filters += [excluded, sorted(query.shown.ids), excluded]
         else:
             conditions.append(f"NOT (m.thread_id = %s AND m.seq >= {boundary})")
-            filters += [exclude_viewport_of, exclude_viewport_of]
-    per_word, word_params = _per_word(words)
+            filters += [excluded, excluded]
+    per_word, word_params = _per_word(query.words)
     return (
         f"WITH {per_word}"
         f" SELECT m.rowid, sum({_BM25}), m.recorded_at"
@@ -141,8 +128,6 @@ def message_row(
 
 
 class PgThreads(SqlThreads):
-    """`ThreadStore` over mnemo's PostgreSQL database."""
-
     LOCK = " FOR UPDATE"
     BYTE_ORDER = ' COLLATE "C"'
     VECTOR_UPSERT = (
@@ -176,12 +161,12 @@ class PgThreads(SqlThreads):
     async def _snippets(
         self, sql: Statements, words: Sequence[str], rowids: list[int]
     ) -> dict[int, Row]:
-        query, params = tsquery(words)
+        query = " || ".join(WORD_QUERY for _ in words)  # any word
         rows = await sql.rows(
             f"WITH q AS (SELECT {query} AS query)"
             " SELECT m.rowid, m.id, m.thread_id, m.seq, m.role,"
             f" ts_headline('{TEXT_SEARCH_CONFIG}', m.text, q.query, %s), m.text"
             " FROM messages m, q WHERE m.rowid = ANY(%s)",
-            [*params, HEADLINE_OPTIONS, rowids],
+            [*words, HEADLINE_OPTIONS, rowids],
         )
         return {int(row[0]): row[1:] for row in rows}

@@ -26,8 +26,6 @@ async def lock_claims(sql: Statements, session_id: str) -> None:
 
 
 class PgCoordination(SqlCoordination):
-    """`Coordination` over a PostgreSQL database."""
-
     BYTE_ORDER = ' COLLATE "C"'
     AUTO_COMMIT = "(config->>'auto_commit')::boolean"
     RESULT_PARAM = "?::jsonb"
@@ -49,8 +47,7 @@ class PgCoordination(SqlCoordination):
     async def sync_clock(self) -> None:
         await self._clock.sync()
 
-    def _json(self, value: object) -> object:
-        return Jsonb(value)
+    _json = staticmethod(Jsonb)
 
     _lock_claims = staticmethod(lock_claims)
 

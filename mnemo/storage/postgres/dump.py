@@ -30,9 +30,6 @@ def _load(kind: Kind, value: object) -> object:
         return float(value)  # type: ignore[arg-type]
     if kind is Kind.BOOL:
         return bool(value)
-    if kind is Kind.BYTES:
-        assert isinstance(value, bytes)
-        return value
     if kind is Kind.VECTOR:
         return np.asarray(value, dtype=np.float32)
     return value
@@ -47,8 +44,6 @@ def _order(table: Table) -> tuple[str, ...]:
 
 
 class PostgresDump(SqlDump):
-    """The `Dump` of one open `Postgres`."""
-
     _driver: Postgres
 
     def __init__(self, pg: Postgres) -> None:
@@ -70,10 +65,8 @@ class PostgresDump(SqlDump):
         while True:
             # Binary: a vector's text form costs more to parse than the rest of its row.
             async with self._driver.connection() as conn, conn.cursor(binary=True) as cur:
-                if last is None:
-                    await cur.execute(first, (batch,))
-                else:
-                    await cur.execute(after, (*last, batch))
+                statement, params = (first, (batch,)) if last is None else (after, (*last, batch))
+                await cur.execute(statement, params)
                 raw = await cur.fetchall()
             if not raw:
                 return

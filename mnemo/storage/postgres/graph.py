@@ -147,8 +147,6 @@ class PgMaintenance(SqlMaintenance, PgGraphWrites):
 
 
 class PgGraph(ReembeddedGraph, MaintainedGraph):
-    """`GraphStore` over a PostgreSQL database."""
-
     MAINTENANCE = PgMaintenance()
     REEMBEDS = PgReembeds()
     WRITES = PgGraphWrites()
@@ -195,14 +193,12 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
 
     @asynccontextmanager
     async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
-        """This process's lock, then every process's."""
         async with (self._locks.setdefault(repo, anyio.Lock()), self._lock_slots,
                     self._advisory("mnemo.repo:" + repo, None)):
             yield
 
     def _reembed_lock(self, repo: str, busy: ConflictError
                       ) -> AbstractAsyncContextManager[None]:
-        """The repo's re-embedding lock, taken without waiting, held for the block."""
         return self._advisory("mnemo.reembed:" + repo, busy)
 
     async def _before_switch(self, repo: str) -> None:
@@ -220,8 +216,6 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
         await self._vectors.index_if_large(plan.repo)
 
     _node = staticmethod(node_of)
-
-    # ---- reads ----------------------------------------------------------------------------
 
     async def neighbors(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
@@ -273,8 +267,6 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
                 (when, repo, ids),
             )
 
-    # ---- search ---------------------------------------------------------------------------
-
     def _start_store_text(self, repo: str, query: str, limit: int, kinds: list[str] | None
                           ) -> PendingRead[list[tuple[str, float]]]:
         return DeferredRead(lambda: self._store_text(repo, query, limit, kinds, None))
@@ -283,7 +275,6 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
         self, repo: str, query: str, limit: int, kinds: list[str] | None,
         where: Where | None = None,
     ) -> list[tuple[str, float]]:
-        """PostgreSQL's full-text search (see `search_text`), inside `where` when given."""
         words = (query_words(query) if len(query) <= _INLINE_CHARS
                  else await anyio.to_thread.run_sync(query_words, query))
         if not words or limit <= 0:

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 from mnemo.storage.lexical.source import LexicalSource
-from mnemo.storage.postgres.connection import HNSW_EF_SEARCH, conninfo, storage_error
+from mnemo.storage.postgres.connection import conninfo, storage_error
 from mnemo.storage.row import Column
 
 
@@ -36,14 +36,10 @@ def place(system: object, oid: object) -> str:
 
 
 class PgLexicalSource(LexicalSource):
-    """`LexicalSource` over a PostgreSQL database."""
-
     placeholder = "%s"
 
     def __init__(self, url: str, busy_timeout: float) -> None:
-        self._conninfo = conninfo(
-            url, busy_timeout=busy_timeout, statement_timeout=None, ef_search=HNSW_EF_SEARCH
-        )
+        self._conninfo = conninfo(url, busy_timeout=busy_timeout)
         self._conn: psycopg.Connection[Any] | None = None
 
     def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
@@ -65,8 +61,3 @@ class PgLexicalSource(LexicalSource):
     def place(self) -> str:
         (system, oid), = self._rows(PLACE)
         return place(system, oid)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None

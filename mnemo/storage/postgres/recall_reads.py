@@ -49,13 +49,10 @@ async def node_context(
     """See `GraphStore.node_context`: `then`'s nodes on the same connection."""
     async with pg.connection() as conn:
         first = await _node_context(conn, repo, node_ids, linked, link_type)
-        if then is None:
-            return first
-        more, more_linked = then(first)
+        more, more_linked = ((), ()) if then is None else then(first)
         if not more:
             return first
-        second = await _node_context(conn, repo, more, more_linked, link_type)
-    return joined(first, second)
+        return joined(first, await _node_context(conn, repo, more, more_linked, link_type))
 
 
 async def _node_context(
@@ -108,7 +105,6 @@ _HOP = (
 async def typed_links_near(
     pg: Postgres, repo: str, node_ids: Sequence[str], vector: Vector
 ) -> tuple[list[TypedLink], dict[str, float]]:
-    """See `GraphStore.typed_links_near`."""
     ids = list(dict.fromkeys(node_ids))
     rows = await pg.fetch_all(_HOP, {"repo": repo, "ids": ids, "q": as_array(vector)})
     return await cpu.run(lambda: hop_links(rows), len(ids), on_loop_below=ON_LOOP_NODES + 1)
@@ -119,13 +115,10 @@ def hop_links(rows: list[Row]) -> tuple[list[TypedLink], dict[str, float]]:
     links: list[TypedLink] = []
     similarity: dict[str, float] = {}
     for side, src, src_type, dst, dst_type, kind, cosine in rows:
-        link = LINK_TYPES[kind]
-        if side == 0:
-            links.append((str(src), NODE_TYPES[src_type], str(dst), NODE_TYPES[dst_type], link))
-            target = str(dst)
-        else:
-            links.append((str(dst), NODE_TYPES[dst_type], str(src), NODE_TYPES[src_type], link))
-            target = str(src)
+        if side:  # seen from `dst`
+            src, src_type, dst, dst_type = dst, dst_type, src, src_type
+        links.append(
+            (str(src), NODE_TYPES[src_type], str(dst), NODE_TYPES[dst_type], LINK_TYPES[kind]))
         if isinstance(cosine, float) and math.isfinite(cosine):
-            similarity[target] = cosine
+            similarity[str(dst)] = cosine
     return links, similarity

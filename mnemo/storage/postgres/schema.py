@@ -63,15 +63,15 @@ async def apply(conn: Connection) -> list[str]:
 
 
 async def _ensure_vector(conn: Connection) -> None:
-    version = await _vector_version(conn)
-    if version is None:
-        await _ensure_extension(conn, "vector", "pgvector")
-        version = await _vector_version(conn)
-    if version is None or version < MIN_VECTOR_VERSION:
+    await _ensure_extension(conn, "vector", "pgvector")
+    cur = await conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+    row = await cur.fetchone()
+    version = tuple(int(part) for part in str(row[0] if row else "").split(".") if part.isdigit())
+    if version < MIN_VECTOR_VERSION:
         raise StorageError(
             "extension_missing",
             f"vector: pgvector {'.'.join(map(str, MIN_VECTOR_VERSION))} or newer is needed"
-            f" (found {'.'.join(map(str, version or ()))})",
+            f" (found {'.'.join(map(str, version))})",
         )
 
 
@@ -95,14 +95,6 @@ async def _ensure_extension(conn: Connection, name: str, package: str) -> None:
             f"{name}: this role may not create it; a superuser must run"
             f" `CREATE EXTENSION {name}` in this database once",
         ) from exc
-
-
-async def _vector_version(conn: Connection) -> tuple[int, ...] | None:
-    cur = await conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
-    row = await cur.fetchone()
-    if row is None:
-        return None
-    return tuple(int(part) for part in str(row[0]).split(".") if part.isdigit())
 
 
 def vector_index_name(repo: str) -> str:

@@ -1,22 +1,15 @@
-"""`PgSessions`: the `SessionStore` port over PostgreSQL, and a graph commit's `side_writes`.
-A session's step claims are serialised by an advisory lock (`coordination.lock_claims`)."""
+"""`PgSessions`: the `SessionStore` port over PostgreSQL. A session's step claims are
+serialised by an advisory lock (`coordination.lock_claims`)."""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-from datetime import datetime
 
 from psycopg.types.json import Jsonb
 
 from mnemo.episode import StepRecord
-from mnemo.graph.ports import SideWrite
 from mnemo.session.ports import StaleSession
-from mnemo.storage.postgres.connection import Connection, PgStatements
 from mnemo.storage.postgres.coordination import lock_claims
 from mnemo.storage.sessions import ANNOTATE, STEP_COLUMNS, SqlSessions
-from mnemo.storage.sql import Statements
-
-__all__ = ["PgSessions", "side_writes"]
+from mnemo.storage.sql import SqlStore, Statements
 
 # One row of a step, typed: a NULL reward or metadata must not make its VALUES column text.
 _STEP_VALUES = (
@@ -26,16 +19,13 @@ _STEP_VALUES = (
 
 
 class PgSessions(SqlSessions):
-    """`SessionStore` over a PostgreSQL database (its schema applied)."""
-
     BYTE_ORDER = ' COLLATE "C"'
     TEXT = "::text"
     NOW = "clock_timestamp()"
     CREATED = "?::timestamptz"
     ANY = " = ANY(?)"
 
-    def _stamp(self, at: datetime) -> object:
-        return at
+    _stamp = SqlStore._stamp  # the datetime itself
 
     @staticmethod
     def _json(text: str) -> object:
@@ -102,8 +92,3 @@ class PgSessions(SqlSessions):
         if row is None:
             raise StaleSession(session_id)
         return int(row[0])
-
-
-async def side_writes(conn: Connection, writes: Sequence[SideWrite]) -> None:
-    """`SqlSessions.side_writes` on the graph's open transaction's `conn`."""
-    await PgSessions.side_writes(PgStatements(conn), writes)

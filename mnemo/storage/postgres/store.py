@@ -35,14 +35,10 @@ class PostgresBackend:
         """`lexical_dir`, `ann_dir`: the lexical index's and the HNSW graphs' folder (None:
         `lexical.default_folder()`; "": none)."""
         self.postgres = Postgres(url, busy_timeout=busy_timeout, max_size=max_connections)
-        lexical = None
-        if lexical_dir != "":
-            lexical = LexicalIndex(
-                Path(lexical_dir) if lexical_dir is not None else default_folder(),
-                PgLexicalSource(url, busy_timeout),
-            )
-        graphs = None if ann_dir == "" else Path(ann_dir) if ann_dir else default_folder()
-        self.graph = PgGraph(self.postgres, dims, lexical=lexical, ann_dir=graphs)
+        lexical, graphs = (None if folder == "" else Path(folder) if folder else default_folder()
+                           for folder in (lexical_dir, ann_dir))
+        self.graph = PgGraph(self.postgres, dims, ann_dir=graphs, lexical=None if lexical is None
+                             else LexicalIndex(lexical, PgLexicalSource(url, busy_timeout)))
         self.clock = ServerClock(self.postgres)
         self.sessions = PgSessions(self.postgres, self.clock)
         self.threads = PgThreads(self.postgres)

@@ -58,14 +58,12 @@ class PgVectors(CachedVectors):
         self._sizes: dict[str, int] = {}
         self._indexed: set[str] = set()
 
-    # ---- following writes -----------------------------------------------------------------
-
-    async def index_if_large(self, repo: str, dim: int | None = None) -> None:
+    async def index_if_large(self, repo: str) -> None:
         """Creates the repo's HNSW index once it is past `exact_below` (a smaller repo would
         only pay for it on insert)."""
         if repo not in self._indexed and await self._size(repo) > self._exact_below:
             async with self._pg.connection() as conn:
-                await schema.ensure_vector_index(conn, repo, dim or self._dims(repo))
+                await schema.ensure_vector_index(conn, repo, self._dims(repo))
             self._indexed.add(repo)
 
     async def switched(self, repo: str, dim: int) -> None:
@@ -99,12 +97,9 @@ class PgVectors(CachedVectors):
             self._sizes[repo] = max(0, self._sizes[repo] - len(node_ids))
         super().forget(repo, node_ids)
 
-    # ---- searches -------------------------------------------------------------------------
-
     async def search(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
     ) -> Hits:
-        """Nodes nearest to `vector` by cosine (similarity, best first)."""
         if limit <= 0:
             return []
         kinds = None if types is None else [NodeType(t).value for t in types]
@@ -137,7 +132,6 @@ class PgVectors(CachedVectors):
         return {node_id: float(score) for node_id, score in zip(found, scores, strict=True)}
 
     async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
-        """The unit vector of each of these nodes that has one."""
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return {}
@@ -146,7 +140,6 @@ class PgVectors(CachedVectors):
         return {i: found[i] for i in ids if i in found}
 
     async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
-        """The ids and unit vectors of every node of one type, oldest first."""
         if kind in ROUTES:
             return await ann.of_type(await self.index(repo), kind)
         _, ids, _, matrix = await self._load(repo, [kind.value])
@@ -239,10 +232,8 @@ class PgVectors(CachedVectors):
             " ON n.id = v.node_id WHERE v.repo = %s AND n.type = ANY(%s) ORDER BY n.rowid",
             (repo, kinds), binary=True,
         )
-        dim = len(rows[0][3]) if rows else dim or self._dims(repo)
-        matrix = np.zeros((len(rows), dim), dtype=np.float32)
-        for i, (_, _, _, vec) in enumerate(rows):
-            matrix[i] = vec
+        matrix = (np.stack([r[3] for r in rows]) if rows
+                  else np.zeros((0, dim or self._dims(repo)), dtype=np.float32))
         return ([int(r[0]) for r in rows], [str(r[1]) for r in rows],
                 [NodeType(r[2]) for r in rows], matrix)
 

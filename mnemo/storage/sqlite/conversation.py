@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from mnemo.conversation.drafts import MessageDraft
-from mnemo.graph.model import Vector, vector_from_blob, vector_to_blob
+from mnemo.graph.model import vector_from_blob, vector_to_blob
 from mnemo.graph.scope import canonical
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements, utc
@@ -31,8 +30,6 @@ def match_expression(words: Sequence[str]) -> str:
 
 
 class SqliteThreads(SqlThreads):
-    """`ThreadStore` over mnemo's SQLite file."""
-
     _driver: Database
     VECTOR_UPSERT = (
         "INSERT OR REPLACE INTO message_vectors(message_id, thread_id, vec)"
@@ -40,7 +37,6 @@ class SqliteThreads(SqlThreads):
     )
 
     def _stamp(self, at: datetime) -> object:
-        """UTC ISO-8601 text with microseconds (a naive datetime is taken as UTC)."""
         return utc(at).isoformat(timespec="microseconds")
 
     def _message_row(self, message_id: str, thread_id: str, seq: int, draft: MessageDraft,
@@ -50,24 +46,20 @@ class SqliteThreads(SqlThreads):
                 json.dumps(draft.data, sort_keys=True), self._stamp(at), draft.tokens,
                 canonical(draft.metadata))
 
-    def _vector(self, vector: Vector) -> object:
-        return vector_to_blob(vector)
-
-    def _vector_of(self, value: Any) -> Vector:
-        return vector_from_blob(value)
+    _vector = staticmethod(vector_to_blob)
+    _vector_of = staticmethod(vector_from_blob)
 
     def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
         return "id >= ? AND id < ?", (prefix, prefix + "\U0010ffff")
 
     async def purge(self, thread_id: str) -> int:
-        """Erases the thread in one transaction, then merges the FTS5 index (deleted words stay
-        in old segments until then) and truncates the WAL; returns how many messages went."""
+        """`ThreadStore.purge`, then the WAL truncated (`_erased` merges the FTS5 index)."""
         gone = await super().purge(thread_id)
         await self._driver.run(truncate_wal)
         return gone
 
     async def _erased(self, sql: Statements, messages: int) -> None:
-        if messages:
+        if messages:  # deleted words stay in old segments until a merge
             await sql.run("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
 
     async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:

@@ -14,8 +14,6 @@ from mnemo.storage.sqlite.database import Database
 
 
 class SqliteCoordination(SqlCoordination):
-    """`Coordination` over a SQLite file."""
-
     DISTINCT = " IS NOT "
     AUTO_COMMIT = "json_extract(config, '$.auto_commit')"
     IDLE_LEFT = (
@@ -31,8 +29,7 @@ class SqliteCoordination(SqlCoordination):
     def _stamp(self, at: datetime) -> object:
         return at.isoformat(timespec="microseconds")
 
-    def _json(self, value: object) -> object:
-        return json.dumps(value)
+    _json = staticmethod(json.dumps)
 
     def _idle_params(self, now: datetime) -> tuple[object, ...]:
         return (self._stamp(now),)

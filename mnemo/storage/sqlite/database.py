@@ -180,7 +180,6 @@ class Database:
     one = write
 
     async def side_write(self, work: StatementsWork[T]) -> T:
-        """Runs `work` (`storage.sql`) in one `side_write`."""
         return await self.run(lambda db: _within(side_write(db), db, work))
 
     def post(self, work: Work[object], failed: Callable[[StorageError], object]) -> None:
@@ -362,8 +361,8 @@ def inspect_file(path: Path) -> tuple[bool, bool]:
     """(the file has tables, it has mnemo's migrations), read without changing the file.
     Raises `StorageError` ("corrupt", "unavailable")."""
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
+        with contextlib.closing(
+                sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
             tables = {
                 name
                 for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
@@ -375,8 +374,6 @@ def inspect_file(path: Path) -> tuple[bool, bool]:
                 (MIGRATIONS.name,),
             ).fetchone()
             return True, applied > 0
-        finally:
-            conn.close()
     except sqlite3.Error as exc:
         raise storage_error(exc) from exc
 

@@ -4,7 +4,6 @@ order and written in neutral values; copied rows reach FTS5 through the insert t
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -16,6 +15,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.graph.model import vector_from_blob, vector_to_blob
+from mnemo.storage.sql import marks
 from mnemo.storage.sqlite.database import Database, inspect_file
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, SqlDump, Table
@@ -57,20 +57,18 @@ def _load(kind: Kind, value: object, half: bool = False) -> object:
     if kind is Kind.VECTOR:
         assert isinstance(value, bytes)
         return vector_of_half(value) if half else vector_from_blob(value)
-    if kind is Kind.BYTES:
-        assert isinstance(value, bytes)
-        return value
     return value
 
 
-def _store(kind: Kind, value: object, half: bool = False) -> object:
+def _store(kind: Kind, value: object, half: bool = False, packed: bool = False) -> object:
     if value is None:
         return None
     if kind is Kind.TIME:
         assert isinstance(value, datetime)
         return value.astimezone(UTC).isoformat()
     if kind is Kind.JSON:
-        return json.dumps(value, sort_keys=True)
+        text = json.dumps(value, sort_keys=True)
+        return pack_text(text) if packed else text
     if kind is Kind.BOOL:
         return int(bool(value))
     if kind is Kind.VECTOR:
@@ -80,8 +78,6 @@ def _store(kind: Kind, value: object, half: bool = False) -> object:
 
 
 class SqliteDump(SqlDump):
-    """The `Dump` of one open SQLite `Database`."""
-
     _driver: Database
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
@@ -101,40 +97,31 @@ class SqliteDump(SqlDump):
             order = ("rowid",)
             select = f'SELECT rowid, {columns} FROM "{table.name}"'
         keys = ", ".join(name if "." in name else f'"{name}"' for name in order)
-        marks = ", ".join("?" for _ in order)
         first = f"{select} ORDER BY {keys} LIMIT ?"
-        after = f"{select} WHERE ({keys}) > ({marks}) ORDER BY {keys} LIMIT ?"
+        after = f"{select} WHERE ({keys}) > ({marks(len(order))}) ORDER BY {keys} LIMIT ?"
+        half, width = table.name == "vectors", len(order)
         last: tuple[object, ...] | None = None
         while True:
             statement, params = (first, (batch,)) if last is None else (after, (*last, batch))
             raw = await self._rows(statement, params)
             if not raw:
                 return
-            half = table.name == "vectors"
-            last = tuple(raw[-1][: len(order)])
-            values = [r[len(order):] for r in raw]
-            yield [
-                tuple(_load(kind, value, half) for kind, value in zip(table.kinds, row,
-                                                                    strict=True))
-                for row in values
-            ]
+            last = tuple(raw[-1][:width])
+            yield [tuple(_load(kind, value, half)
+                         for kind, value in zip(table.kinds, row[width:], strict=True))
+                   for row in raw]
             if len(raw) < batch:
                 return
 
     async def write(self, table: Table, rows: Sequence[Row]) -> int:
         columns = ", ".join(f'"{name}"' for name in table.names)
-        marks = ", ".join("?" for _ in table.names)
-        statement = f'INSERT OR IGNORE INTO "{table.name}" ({columns}) VALUES ({marks})'
+        statement = (f'INSERT OR IGNORE INTO "{table.name}" ({columns})'
+                     f" VALUES ({marks(len(table.names))})")
         half = table.name == "vectors"
-        stored = [
-            tuple(_store(kind, value, half) for kind, value in zip(table.kinds, row,
-                                                                   strict=True))
-            for row in rows
-        ]
-        packed = [i for i, name in enumerate(table.names) if (table.name, name) in _PACKED]
-        if packed:
-            stored = [tuple(pack_text(v) if i in packed and isinstance(v, str) else v
-                            for i, v in enumerate(row)) for row in stored]
+        packed = [(table.name, name) in _PACKED for name in table.names]
+        stored = [tuple(_store(kind, value, half, pack)
+                        for kind, value, pack in zip(table.kinds, row, packed, strict=True))
+                  for row in rows]
         if table.name == "vectors":
             statement = _VECTORS_WRITE
             node_id, vec = table.names.index("node_id"), table.names.index("vec")
@@ -169,10 +156,7 @@ class SqliteDump(SqlDump):
 
 
 def _is_mnemo(path: Path) -> bool:
-    try:
-        return path.is_file() and inspect_file(path)[1]
-    except sqlite3.Error:
-        return False
+    return path.is_file() and inspect_file(path)[1]
 
 
 @asynccontextmanager

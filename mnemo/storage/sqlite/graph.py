@@ -31,7 +31,7 @@ from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph, SqlMaintenance
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import loads
-from mnemo.storage.sql import Statements
+from mnemo.storage.sql import Statements, marks
 from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write, truncate_wal
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text
@@ -43,8 +43,6 @@ log = logging.getLogger("mnemo")
 
 
 class SqliteMaintenance(SqlMaintenance):
-    """Graph maintenance on SQLite."""
-
     # Neither end in another repo (links have no repo: it is their ends').
     DANGLING = (
         "(NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid = links.src)"
@@ -99,8 +97,6 @@ class SqliteGraphWrites(SqlGraphWrites):
 
 
 class SqliteGraph(MaintainedGraph, ReembeddedGraph):
-    """`GraphStore` over mnemo's SQLite file."""
-
     MAINTENANCE = SqliteMaintenance()
     REEMBEDS = SqliteReembeds()
     WRITES = SqliteGraphWrites()
@@ -108,8 +104,7 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
 
     def __init__(self, database: Database, dims: Callable[[str], int], *,
                  ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
-                 ann_params: ann.HnswParams | None = None, lexical: LexicalIndex | None = None,
-                 ann_dir: Path | None = None) -> None:
+                 lexical: LexicalIndex | None = None, ann_dir: Path | None = None) -> None:
         """`ann_threshold`: size past which searches use HNSW (None: always exact); `lexical`:
         the index for `search_text` (None: FTS5); `ann_dir`: where HNSW graphs are saved."""
         self._database = self._driver = database
@@ -117,12 +112,7 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
         self._dims = dims
         self._locks: dict[str, anyio.Lock] = {}
         self._reembeds = set()
-        self._vectors = SqliteVectors(
-            database, dims, ann_threshold=ann_threshold, ann_params=ann_params, ann_dir=ann_dir)
-
-    @property
-    def database(self) -> Database:
-        return self._database
+        self._vectors = SqliteVectors(database, dims, ann_threshold=ann_threshold, ann_dir=ann_dir)
 
     @asynccontextmanager
     async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
@@ -196,7 +186,6 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
         if not node_ids:
             return []
         ids = list(dict.fromkeys(node_ids))
-
         return await self._database.run(
             lambda db: recall_reads.neighbors(db, repo, ids, link_type)
         )
@@ -234,14 +223,8 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
             lambda db: recall_reads.fts_search(db, repo, query, kinds, limit))
 
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
-        """Counts one more access of each node, at `when`: queued on the connection's thread,
-        not waited for (`Database.post`). Every later call of this store runs after it and
-        sees the counts; a refusal (another writer's lock held past `SIDE_WRITE_WAIT`) is
-        logged and costs these counts.
-
-        Raises:
-            StorageError: "closed", the store is closed.
-        """
+        """`Database.post`s the counts (a refusal past `SIDE_WRITE_WAIT` is logged); raises
+        `StorageError("closed")`."""
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return
@@ -255,7 +238,7 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
                 for chunk in chunks(ids, 400):
                     db.conn.execute(
                         "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
-                        f" WHERE repo = ? AND id IN ({','.join('?' * len(chunk))})",
+                        f" WHERE repo = ? AND id IN ({marks(len(chunk))})",
                         [stamp, repo, *chunk],
                     )
 

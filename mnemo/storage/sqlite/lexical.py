@@ -34,8 +34,3 @@ class SqliteLexicalSource(LexicalSource):
 
     def place(self) -> str:
         return ""  # the folder is the file's own
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None

@@ -16,6 +16,7 @@ from mnemo.graph.scope import Where
 from mnemo.storage import graph_base as scopes
 from mnemo.storage.graph_base import joined, neighbors_seen_from_asked, seen_from_asked
 from mnemo.storage.graph_rows import NODE_COLUMNS
+from mnemo.storage.sql import marks
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import NODE_WIDTH, node
 from mnemo.text import query_words
@@ -29,13 +30,10 @@ def node_context(
 ) -> NodeContext:
     """See `GraphStore.node_context` (the vectors are the caller's: they are in memory)."""
     first = _node_context(db, repo, node_ids, linked, link_type)
-    if then is None:
-        return first
-    more, more_linked = then(first)
+    more, more_linked = ((), ()) if then is None else then(first)
     if not more:
         return first
-    second = _node_context(db, repo, more, more_linked, link_type)
-    return joined(first, second)
+    return joined(first, _node_context(db, repo, more, more_linked, link_type))
 
 
 def _node_context(
@@ -48,10 +46,9 @@ def _node_context(
     stats: dict[str, tuple[int, datetime | None]] = {}
     rowids: dict[int, str] = {}
     for chunk in chunks(ids, _CHUNK):
-        marks = ",".join("?" * len(chunk))
         for row in db.conn.execute(
             f"SELECT {NODE_COLUMNS}, access_count, last_access, rowid FROM nodes"
-            f" WHERE repo = ? AND id IN ({marks})",
+            f" WHERE repo = ? AND id IN ({marks(len(chunk))})",
             [repo, *chunk],
         ):
             found[row[0]] = node(row)
@@ -61,13 +58,13 @@ def _node_context(
     origins = [r for r, i in rowids.items() if found[i].type in kinds]
     links: list[Neighbor] = []
     for rows in chunks(origins, _CHUNK):
-        marks = ",".join("?" * len(rows))
+        held = marks(len(rows))
         # Each half reads a link from one asked end (by rowid) to the other's id.
         for origin, other in db.conn.execute(
             f"SELECT l.src, b.id FROM links l JOIN nodes b ON b.rowid = l.dst"
-            f" WHERE l.src IN ({marks}) AND l.type = ?"
+            f" WHERE l.src IN ({held}) AND l.type = ?"
             f" UNION ALL SELECT l.dst, a.id FROM links l JOIN nodes a ON a.rowid = l.src"
-            f" WHERE l.dst IN ({marks}) AND l.type = ?",
+            f" WHERE l.dst IN ({held}) AND l.type = ?",
             [*rows, link_type.value, *rows, link_type.value],
         ):
             links.append(Neighbor(rowids[origin], other, link_type))
@@ -79,16 +76,14 @@ def _node_context(
 def typed_links(
     db: SqliteUtilsDatabase, repo: str, ids: list[str]
 ) -> list[TypedLink]:
-    """See `GraphStore.typed_links`."""
     found: list[TypedLink] = []
     for chunk in chunks(ids, _CHUNK):
-        marks = ",".join("?" * len(chunk))
         # Links name their ends by rowid: the asked nodes' rowids (and ids, types) read once
         # through the id's index, then each link's other end from its row, by rowid; a link
         # between two asked nodes is read from its src only.
         found += seen_from_asked(db.conn.execute(
             f"WITH asked(node, id, type) AS MATERIALIZED (SELECT rowid, id, type FROM nodes"
-            f" WHERE repo = ? AND id IN ({marks}))"
+            f" WHERE repo = ? AND id IN ({marks(len(chunk))}))"
             " SELECT s.id, s.type, b.id, b.type, l.type FROM asked s"
             " JOIN links l ON l.src = s.node JOIN nodes b ON b.rowid = l.dst"
             " UNION ALL SELECT a.id, a.type, d.id, d.type, l.type FROM asked d"
@@ -102,16 +97,14 @@ def typed_links(
 def neighbors(
     db: SqliteUtilsDatabase, repo: str, ids: list[str], link_type: LinkType | None
 ) -> list[Neighbor]:
-    """See `GraphStore.neighbors`."""
     found: list[Neighbor] = []
     kind = "" if link_type is None else " WHERE l.type = ?"
     extra = [] if link_type is None else [link_type.value]
     for chunk in chunks(ids, _CHUNK):
-        marks = ",".join("?" * len(chunk))
         # As `typed_links`: the asked nodes read once, each link's other end by rowid.
         found += neighbors_seen_from_asked(db.conn.execute(
             f"WITH asked(node, id) AS MATERIALIZED (SELECT rowid, id FROM nodes"
-            f" WHERE repo = ? AND id IN ({marks}))"
+            f" WHERE repo = ? AND id IN ({marks(len(chunk))}))"
             " SELECT s.id, b.id, l.type FROM asked s JOIN links l ON l.src = s.node"
             f" JOIN nodes b ON b.rowid = l.dst{kind}"
             " UNION ALL SELECT a.id, d.id, l.type FROM asked d JOIN links l ON l.dst = d.node"
@@ -131,7 +124,7 @@ def fts_search(
     match = fts_query(query)
     if not match or limit <= 0:
         return []
-    type_filter = "" if kinds is None else f" AND n.type IN ({','.join('?' * len(kinds))})"
+    type_filter = "" if kinds is None else f" AND n.type IN ({marks(len(kinds))})"
     scoped, params = ("", []) if where is None else scopes.exists(repo, where, "n.rowid", 0)
     rows = db.conn.execute(
         "SELECT n.id, bm25(nodes_fts) AS score FROM nodes_fts"

@@ -8,8 +8,6 @@ from mnemo.storage.sqlite.database import Database
 
 
 class SqliteSessions(SqlSessions):
-    """`SessionStore` over mnemo's SQLite file."""
-
     # The host's wall clock, in milliseconds, written as `_stamp` writes a time.
     NOW = "strftime('%Y-%m-%dT%H:%M:%f000+00:00', 'now')"
     ANY = " IN (SELECT value FROM json_each(?))"

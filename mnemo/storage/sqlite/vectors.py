@@ -30,15 +30,12 @@ from mnemo.storage.worker import Queued
 
 
 class SqliteVectors(CachedVectors):
-    """Every repo's vectors in memory, loaded from one SQLite file."""
-
     def __init__(self, database: Database, dims: Callable[[str], int], *,
-                 ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
-                 ann_params: ann.HnswParams | None = None, ann_dir: Path | None = None) -> None:
+                 ann_threshold: int | None = ann.DEFAULT_THRESHOLD, ann_dir: Path | None = None
+                 ) -> None:
         self._database = database
         self._dims = dims
         self._ann_threshold = ann_threshold
-        self._ann_params = ann_params
         self._ann_dir = ann_dir
         super().__init__(self._changes, self._load, self._start)
 
@@ -51,7 +48,6 @@ class SqliteVectors(CachedVectors):
     async def search(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]:
-        """Nodes nearest to `vector` by cosine, best first."""
         index = await self.index(repo)
         kinds = None if types is None else list(types)
         return await ann.by_size(len(index), lambda: index.search(vector, limit, kinds))
@@ -78,28 +74,17 @@ class SqliteVectors(CachedVectors):
 
     async def _changes(self, repo: str, followed: RepoVectors) -> tuple[int, list[Change]] | None:
         since, generation = followed.seq, followed.index.generation
-        return await self._database.run(lambda db: self._look(db, repo, since, generation))
+        return await self._database.run(lambda db: _changes(db, repo, since, generation))
 
     def _start(
         self, repo: str, since: int, generation: int
     ) -> Queued[tuple[int, list[Change]] | None]:
-        return self._database.start(lambda db: self._look(db, repo, since, generation))
-
-    def _look(
-        self, db: SqliteUtilsDatabase, repo: str, since: int, generation: int
-    ) -> tuple[int, list[Change]] | None:
-        _snapshot(db)
-        return _changes(db, repo, since, generation)
+        return self._database.start(lambda db: _changes(db, repo, since, generation))
 
     async def _load(self, repo: str) -> RepoVectors:
         known = self._dims(repo)
-
-        def load(db: SqliteUtilsDatabase) -> tuple[VectorState, list[int], list[str],
-                                                   list[NodeType], Vector]:
-            _snapshot(db)
-            return _load_vectors(db, repo, known)
-
-        state, rowids, ids, types, vectors = await self._database.run(load)
+        state, rowids, ids, types, vectors = await self._database.run(
+            lambda db: _load_vectors(db, repo, known))
         # The dimension the store records: another Memory may have made the vectors again.
         dim = state.dim or known
         followed = RepoVectors(VectorIndex(dim, generation=state.generation), state.seq)
@@ -108,7 +93,7 @@ class SqliteVectors(CachedVectors):
             # The first load imports faiss: in a thread, not on the loop.
             await anyio.to_thread.run_sync(ann.load_faiss)
             ann.attach(followed.index, threshold=self._ann_threshold,
-                       params=self._ann_params, folder=self.graph_folder(repo))
+                       folder=self.graph_folder(repo))
         return followed
 
     def graph_folder(self, repo: str) -> Path | None:
@@ -120,15 +105,12 @@ class SqliteVectors(CachedVectors):
 _CHANGED = vector_log.CHANGED.replace("v.node_id = n.id", "v.node = n.rowid")
 
 
-def _snapshot(db: SqliteUtilsDatabase) -> None:
-    """Opens a read transaction, which the connection's job rolls back when it ends: the
-    repo's state and the vectors read after it are then of one moment, never the old
+def _state(db: SqliteUtilsDatabase, repo: str) -> VectorState:
+    """The repo's `VECTOR_STATE`, read in a transaction that the connection's job rolls back
+    when it ends: the vectors read after it are of the same moment, never the old
     generation's state with the vectors a switch put in place meanwhile."""
     if not db.conn.in_transaction:
         db.conn.execute("BEGIN")
-
-
-def _state(db: SqliteUtilsDatabase, repo: str) -> VectorState:
     return VectorState.of(db.conn.execute(vector_log.VECTOR_STATE, (repo,)).fetchall())
 
 
@@ -159,17 +141,8 @@ def _load_vectors(
     so its generation is the vectors' read next), then the repo's rowids, ids, types and
     vectors in rowid order (of the recorded dimension, else `known`)."""
     state = _state(db, repo)
-    rowids: list[int] = []
-    ids: list[str] = []
-    types: list[NodeType] = []
-    blobs: list[bytes] = []
-    for rowid, node_id, kind, blob in db.conn.execute(
+    rows = db.conn.execute(
         "SELECT n.rowid, n.id, n.type, v.vec FROM nodes n JOIN vectors v ON v.node = n.rowid"
-        " WHERE n.repo = ? ORDER BY n.rowid",
-        (repo,),
-    ):
-        rowids.append(rowid)
-        ids.append(node_id)
-        types.append(NodeType(kind))
-        blobs.append(blob)
-    return state, rowids, ids, types, vectors_of_halves(blobs, state.dim or known)
+        " WHERE n.repo = ? ORDER BY n.rowid", (repo,)).fetchall()
+    return (state, [r[0] for r in rows], [r[1] for r in rows], [NodeType(r[2]) for r in rows],
+            vectors_of_halves([r[3] for r in rows], state.dim or known))

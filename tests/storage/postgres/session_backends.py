@@ -19,7 +19,7 @@ from mnemo.graph.ports import SideWrite
 from mnemo.session.ports import LiveSession, RepoRow, SessionStore
 from mnemo.storage.postgres import sessions as pg_sessions
 from mnemo.storage.postgres.clock import ServerClock
-from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.connection import PgStatements, Postgres
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.sessions import SqliteSessions
 
@@ -40,7 +40,7 @@ class Backend:
         """Runs `writes` in one transaction, as a graph commit carries them."""
         if self.pg is not None:
             async with self.pg.transaction() as conn:
-                await pg_sessions.side_writes(conn, writes)
+                await pg_sessions.PgSessions.side_writes(PgStatements(conn), writes)
             return
         assert self.database is not None
         await self.database.write(lambda sql: SqliteSessions.side_writes(sql, writes))

@@ -17,8 +17,8 @@ from mnemo.ports import Usage
 from mnemo.session.machine import State
 from mnemo.session.ports import RepoRow, StepsCommittedElsewhere
 from mnemo.storage.postgres.clock import ServerClock
-from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.postgres.sessions import PgSessions, side_writes
+from mnemo.storage.postgres.connection import PgStatements, Postgres
+from mnemo.storage.postgres.sessions import PgSessions
 from tests.pg import pg_clones, pg_server, pg_template, pg_url
 from tests.storage.postgres.session_backends import (
     DIM,
@@ -150,7 +150,7 @@ async def test_a_source_recorded_twice_fails_the_commit(backend: Backend) -> Non
 async def _commit_that_fails(pg: Postgres) -> None:
     """Side writes, then a graph write that breaks a constraint, in one transaction."""
     async with pg.transaction() as conn:
-        await side_writes(conn, [
+        await PgSessions.side_writes(PgStatements(conn), [
             StepsCommitted("s1", "e1", "c1", (("st1", 0.5),), State.IDLE.value),
             SourceRecorded(REPO, "doc-1", "hash1", "c1", WHEN),
         ])

@@ -14,8 +14,8 @@ import mnemo
 from mnemo.graph.ports import StepsCommitted
 from mnemo.session.ports import HolderInfo
 from mnemo.storage.postgres import sessions as pg_sessions
+from mnemo.storage.postgres.connection import PgStatements
 from mnemo.storage.postgres.coordination import claims_lock_key
-from mnemo.storage.postgres.sessions import side_writes
 from tests.backends import open_stores, sql
 from tests.fakes import FakeEmbedder, FakeLLM
 from tests.pg import until_a_lock_wait
@@ -45,8 +45,8 @@ async def test_a_claim_that_waited_for_a_commit_of_the_step_is_not_granted_it(
         granted: list[set[str]] = []
         async with await psycopg.AsyncConnection.connect(pg_url) as commit:
             # y's commit of the step (the graph's transaction, its side writes made).
-            await side_writes(commit, [StepsCommitted(sid, str(episode), "changeset_y",
-                                                      ((step, None),), None)])
+            await pg_sessions.PgSessions.side_writes(PgStatements(commit), [
+                StepsCommitted(sid, str(episode), "changeset_y", ((step, None),), None)])
 
             async def claim() -> None:
                 granted.append(await co.claim_steps(sid, [step], "x", unseen_since=cut))
@@ -141,7 +141,7 @@ async def test_an_end_racing_a_closes_commit_waits_for_it(
                                 staticmethod(locked_then_end))
             with anyio.fail_after(20):
                 async with anyio.create_task_group() as tg:
-                    await side_writes(commit, [StepsCommitted(
+                    await pg_sessions.PgSessions.side_writes(PgStatements(commit), [StepsCommitted(
                         sid, str(episode), "changeset_c", ((step, None),), "idle", version)])
                     await commit.commit()
         assert errors == []

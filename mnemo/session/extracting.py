@@ -111,7 +111,7 @@ class Extraction:
             repo=session.repo,
             source=Source(f"source_{episode.id}", episode.goal, {
                 "session_id": session.id, "episode_id": episode.id, "goal": episode.goal}),
-            llm=live.repos.llm_for(runtime, session.repo, session.id),
+            llm=live.repos.limits.llm_for(runtime.llm, runtime.config, session.repo, session.id),
             embedder=runtime.embedder,
             generation=runtime.generation,
             time_limit=runtime.config.extraction_timeout,

@@ -16,9 +16,8 @@ from mnemo.adapters.uri import model_uri
 from mnemo.calls.retry import Limits
 from mnemo.config import Config, ceilings, with_longer_timeouts
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
-from mnemo.graph.vectors import check_dim
 from mnemo.inputs import check_id, check_models, check_name
-from mnemo.ports import LLM, Embedder, detect_dim, model_name
+from mnemo.ports import LLM, Embedder, check_dim, detect_dim, model_name
 from mnemo.session.machine import Runtime
 from mnemo.session.ports import RepoRow, SessionStore
 

@@ -21,8 +21,7 @@ from mnemo.errors import LLMTimeout, MnemoError, NotFoundError, StorageError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.pipeline import Source, extract
 from mnemo.graph.model import Changeset, CommitReceipt
-from mnemo.graph.vectors import check_dim
-from mnemo.ports import model_name
+from mnemo.ports import check_dim, model_name
 from mnemo.session import operations, registry, transitions
 from mnemo.session.machine import (
     CommitSteps,

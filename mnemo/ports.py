@@ -173,20 +173,6 @@ async def embed(embedder: Embedder, texts: Sequence[str]) -> npt.NDArray[np.floa
     return matrix
 
 
-async def embed_within(
-    embedder: Embedder, texts: Sequence[str], seconds: float
-) -> npt.NDArray[np.float32]:
-    """`embed` within `seconds` (a wait for a turn not counted), else EmbeddingError."""
-    from mnemo.calls.retry import fail_after
-
-    try:
-        with fail_after(seconds):
-            return await embed(embedder, texts)
-    except TimeoutError as exc:
-        raise EmbeddingError(
-            f"the embedder took more than {seconds:g} s for {len(texts)} texts") from exc
-
-
 def check_dim(repo: str, embedder: Embedder, dim: int) -> None:
     """Raises EmbeddingError when the embedder's vectors would not fit the repo's `dim`."""
     if dim and embedder.dim != dim:

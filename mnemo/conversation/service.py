@@ -36,8 +36,9 @@ from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.graph.model import now_utc
 from mnemo.graph.scope import Where
+from mnemo.graph.vectors import embed_within
 from mnemo.inputs import check_count, check_id, check_models, check_name, check_seconds, check_text
-from mnemo.ports import LLM, Embedder, Events, detect_dim, embed_within
+from mnemo.ports import LLM, Embedder, Events, detect_dim
 from mnemo.text import query_words
 
 Clock = Callable[[], datetime]

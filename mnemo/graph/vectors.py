@@ -13,7 +13,9 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from mnemo.errors import EmbeddingError
 from mnemo.graph.model import NodeType, Vector
+from mnemo.ports import Embedder, embed
 
 TYPE_CODES: dict[NodeType, int] = {t: i for i, t in enumerate(NodeType)}
 DEAD = -1  # the type code of a removed row, until the next compaction
@@ -36,6 +38,18 @@ def of_codes(codes: npt.NDArray[np.int8], wanted: Iterable[int]) -> npt.NDArray[
     table[[code for code in wanted if code != DEAD]] = True
     mask: npt.NDArray[np.bool_] = table[codes.view(np.uint8)]
     return mask
+
+
+async def embed_within(embedder: Embedder, texts: Sequence[str], seconds: float) -> Vector:
+    """`embed` within `seconds` (a wait for a turn not counted), else EmbeddingError."""
+    from mnemo.calls.retry import fail_after
+
+    try:
+        with fail_after(seconds):
+            return await embed(embedder, texts)
+    except TimeoutError as exc:
+        raise EmbeddingError(
+            f"the embedder took more than {seconds:g} s for {len(texts)} texts") from exc
 
 
 class Snapshot(NamedTuple):

@@ -227,7 +227,7 @@ class GraphMethods(Parts):
         its generation, and the commit policy of a fact stated as it is (no contradiction)."""
         from mnemo.extraction.contradiction import intent_policy
         from mnemo.extraction.entities import vector_text
-        from mnemo.ports import embed_within
+        from mnemo.graph.vectors import embed_within
 
         await self._repos.refresh(repo)
         runtime = self._repos.embedding(repo)
@@ -396,7 +396,8 @@ class GraphMethods(Parts):
         from mnemo.extraction.entities import vector_text
         from mnemo.graph import reembed as reembedding
         from mnemo.graph.reembed import ReembedProgress
-        from mnemo.ports import deliver, embed_within
+        from mnemo.graph.vectors import embed_within
+        from mnemo.ports import deliver
 
         self._works("reembed")
         check_count("batch_size", batch_size, minimum=1, maximum=MAX_REEMBED_BATCH)

@@ -1,5 +1,6 @@
-"""The ports mnemo talks through: an `LLM`, an `Embedder` and a `Reranker` and their values, and
-the `on_event` callback it reports to (`Event`, `Events`): what an adapter or a fake needs."""
+"""The ports mnemo talks through: an `LLM`, an `Embedder` (and its checked calls: `embed`,
+`check_dim`) and a `Reranker` and their values, and the `on_event` callback it reports to
+(`Event`, `Events`): what an adapter or a fake needs."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.errors import InvalidInputError
+from mnemo.errors import EmbeddingError, InvalidInputError
 
 log = logging.getLogger("mnemo")
 
@@ -143,6 +144,43 @@ async def detect_dim(embedder: Embedder) -> int:
             f"embedder {model_name(embedder)} has dim {dim!r}: a whole number from 1 to "
             f"{MAX_DIM:,} is needed")
     return whole
+
+
+async def embed(embedder: Embedder, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+    """The embedder's vectors as a float32 matrix, checked for shape: EmbeddingError when it
+    failed (another exception as the `__cause__`) or returned the wrong count or dimension."""
+    if not texts:
+        return np.zeros((0, embedder.dim), dtype=np.float32)
+    try:
+        raw = await embedder.embed(list(texts))
+    except EmbeddingError:
+        raise  # says what failed already
+    except Exception as exc:
+        raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
+    try:
+        matrix = np.asarray(raw, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise EmbeddingError(f"the embedder returned something that is not vectors: {exc}") from exc
+    if matrix.ndim != 2 or matrix.shape[0] != len(texts):
+        raise EmbeddingError(f"the embedder returned {matrix.shape} for {len(texts)} texts")
+    if matrix.shape[1] != embedder.dim:
+        raise EmbeddingError(
+            f"the embedder returned vectors of dimension {matrix.shape[1]}, "
+            f"but it declares dimension {embedder.dim}"
+        )
+    if not np.all(np.isfinite(matrix)):
+        raise EmbeddingError("the embedder returned a vector with NaN or infinite values")
+    return matrix
+
+
+def check_dim(repo: str, embedder: Embedder, dim: int) -> None:
+    """Raises EmbeddingError when the embedder's vectors would not fit the repo's `dim`."""
+    if dim and embedder.dim != dim:
+        raise EmbeddingError(
+            f"repo {repo!r} holds vectors of dimension {dim}, but the embedder "
+            f"{getattr(embedder, 'name', type(embedder).__name__)} makes "
+            f"dimension {embedder.dim}; open the repo with an embedder of its dimension"
+        )
 
 
 def model_name(model: object) -> str:

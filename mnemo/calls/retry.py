@@ -1,5 +1,5 @@
 """What a model call may spend: its task's retry budget, the deadlines of the work it serves,
-and a slot of its provider's limiter.
+and a slot of its provider's limiter (`Limits`, with the book of what the calls spent).
 
 Every call a task makes (transport retries, adapter retries, `ask`'s re-asks and shortened
 prompts) is charged to one `Budget`, shared through a context variable (`task_budget`).
@@ -14,13 +14,16 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import anyio
 
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import check_count
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
+
+if TYPE_CHECKING:
+    from mnemo.config import Config
 
 # A task's seconds when its policy sets none and the work it serves has no longer deadline.
 DEFAULT_SECONDS = 120.0
@@ -337,3 +340,78 @@ def book(llm: LLM, usage: Usage) -> None:
     """Books `usage` no reply carried (what a retry saved) on `llm`'s meter, if it has one."""
     if isinstance(llm, LimitedLLM):
         llm.book(usage)
+
+
+class Limits:
+    """One Memory's limiters of LLM calls and the book of what the calls spent (`usage`)."""
+
+    def __init__(self) -> None:
+        self._limiters: dict[tuple[int, int], tuple[LLM, anyio.CapacityLimiter]] = {}
+        self.usage = UsageBook()
+
+    def slots(self, llm: LLM, config: Config) -> anyio.CapacityLimiter:
+        """The limiter of calls to this LLM provider under configs with this
+        `llm_concurrency`: each setting caps the calls made under it, and configs with the same
+        setting share their cap (one limiter per provider would ignore a lower setting, or let
+        one session's low setting cap every other user)."""
+        key = (id(llm), config.llm_concurrency)
+        entry = self._limiters.get(key)
+        if entry is None or entry[0] is not llm:
+            entry = (llm, anyio.CapacityLimiter(config.llm_concurrency))
+            self._limiters[key] = entry
+        return entry[1]
+
+    def llm_for(self, llm: LLM, config: Config, repo: str, session_id: str | None = None) -> LLM:
+        """`llm` within its provider's limiter under `config`, booked to the repo (and session)."""
+
+        def meter(usage: Usage) -> None:
+            self.usage.add(repo, session_id, usage)
+
+        return LimitedLLM(llm, self.slots(llm, config), meter,
+                          lambda: self.usage.calling(session_id))
+
+
+class UsageBook:
+    """Sums the `Usage` of every LLM reply, by repo and by session, for the Memory's life."""
+
+    def __init__(self) -> None:
+        self._repos: dict[str, Usage] = {}
+        self._sessions: dict[str, Usage] = {}
+        self._active: dict[str, float] = {}
+        self._calls: dict[str, int] = {}  # each session's model calls under way
+
+    def add(self, repo: str, session_id: str | None, usage: Usage) -> None:
+        self._repos[repo] = self._repos.get(repo, Usage()) + usage
+        if session_id is not None:
+            self._sessions[session_id] = self._sessions.get(session_id, Usage()) + usage
+            self._active[session_id] = anyio.current_time()
+
+    @contextmanager
+    def calling(self, session_id: str | None) -> Iterator[None]:
+        """Marks a model call of the session under way (`last_answer`)."""
+        if session_id is None:
+            yield
+            return
+        self._calls[session_id] = self._calls.get(session_id, 0) + 1
+        try:
+            yield
+        finally:
+            self._calls[session_id] -= 1
+            if not self._calls[session_id]:
+                del self._calls[session_id]
+
+    def last_answer(self, session_id: str) -> float | None:
+        """When (`anyio.current_time`) a model call of the session last ended here, now while
+        one is under way; None when none did."""
+        if session_id in self._calls:
+            return anyio.current_time()
+        return self._active.get(session_id)
+
+    def of_repo(self, repo: str) -> Usage:
+        return self._repos.get(repo, Usage())
+
+    def of_session(self, session_id: str) -> Usage:
+        return self._sessions.get(session_id, Usage())
+
+    def total(self) -> Usage:
+        return sum(self._repos.values(), Usage())

@@ -23,8 +23,7 @@ from mnemo.extraction.prompts import (
 from mnemo.graph.contradiction import Question
 from mnemo.graph.model import Changeset, Vector
 from mnemo.graph.ports import IntentPolicy, Restamp
-from mnemo.graph.vectors import embed
-from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
+from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, embed
 
 log = logging.getLogger("mnemo")
 

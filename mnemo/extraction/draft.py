@@ -13,8 +13,7 @@ from mnemo.extraction import dates
 from mnemo.extraction.entities import vector_text
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType, normalise_label
-from mnemo.graph.vectors import embed
-from mnemo.ports import Embedder, JSONObject
+from mnemo.ports import Embedder, JSONObject, embed
 
 
 @dataclass(frozen=True, slots=True)

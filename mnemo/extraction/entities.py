@@ -19,8 +19,8 @@ from mnemo.graph.model import (
     NodeType,
     normalise_label,
 )
-from mnemo.graph.vectors import embed, embed_within
-from mnemo.ports import Embedder
+from mnemo.graph.vectors import embed_within
+from mnemo.ports import Embedder, embed
 
 # A speaker's name, and the time that may follow it: "Caroline (1:56 pm on 8 May, 2023)".
 _NAME = r"[A-Z][\w'\-]*(?: [A-Z][\w'\-]*)?"

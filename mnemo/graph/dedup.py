@@ -15,8 +15,17 @@ import numpy as np
 
 from mnemo import text as _text
 from mnemo.graph import ann
-from mnemo.graph.model import Link, LinkType, NodeDraft, NodeType, Vector
-from mnemo.graph.vectors import COSINE_TOLERANCE, VectorIndex, cosine, reaches, unit
+from mnemo.graph.model import (
+    COSINE_TOLERANCE,
+    Link,
+    LinkType,
+    NodeDraft,
+    NodeType,
+    Vector,
+    cosine,
+    reaches,
+)
+from mnemo.graph.vectors import VectorIndex, unit
 
 # Merges two intent wordings into one, with its vector; None keeps the existing wording.
 IntentMerger = Callable[[str, str], Awaitable[tuple[str, Vector] | None]]

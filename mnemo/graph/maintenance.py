@@ -15,10 +15,9 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.config import Config
-from mnemo.graph.model import NodeType, Vector, now_utc
+from mnemo.graph.model import COSINE_TOLERANCE, NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphMaintenance
 from mnemo.graph.scope import same
-from mnemo.graph.vectors import COSINE_TOLERANCE
 from mnemo.ports import JSONObject
 
 # Routing nodes (and SOURCE, provenance only): never valued, deleted once nothing links them.

@@ -1,5 +1,6 @@
-"""The knowledge graph's values (node and link types, nodes, changesets, receipts) and
-`node_value`, a node's worth beyond its relevance: recency x frequency x reward.
+"""The knowledge graph's values (node and link types, nodes, changesets, receipts, vectors with
+their bytes and cosine) and `node_value`, a node's worth beyond its relevance: recency x
+frequency x reward.
 """
 
 from __future__ import annotations
@@ -250,6 +251,24 @@ def vector_to_blob(vector: Vector) -> bytes:
 
 def vector_from_blob(blob: bytes) -> Vector:
     return np.frombuffer(blob, dtype=np.float32)
+
+
+# A float32 cosine may land a few units in its seventh digit below an exact threshold.
+COSINE_TOLERANCE = 1e-5
+
+
+def reaches(similarity: float, threshold: float) -> bool:
+    """Whether a cosine computed from float32 vectors is at or above `threshold`."""
+    return similarity >= threshold - COSINE_TOLERANCE
+
+
+def cosine(a: Vector, b: Vector) -> float:
+    """Raw cosine similarity of two vectors (0 when either is zero)."""
+    # Three dot products: cheaper than np.linalg.norm on small vectors.
+    aa, bb = float(np.dot(a, a)), float(np.dot(b, b))
+    if aa == 0.0 or bb == 0.0:
+        return 0.0
+    return float(np.dot(a, b)) / math.sqrt(aa * bb)
 
 
 _FULL_FREQUENCY = 10  # accesses at which frequency reaches 1

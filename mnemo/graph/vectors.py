@@ -7,7 +7,6 @@ An `Accelerator` (`mnemo.graph.ann`) answers a search when it can.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
@@ -16,7 +15,7 @@ import numpy.typing as npt
 
 from mnemo.errors import EmbeddingError
 from mnemo.graph.model import NodeType, Vector
-from mnemo.ports import Embedder
+from mnemo.ports import Embedder, embed
 
 TYPE_CODES: dict[NodeType, int] = {t: i for i, t in enumerate(NodeType)}
 DEAD = -1  # the type code of a removed row, until the next compaction
@@ -41,51 +40,6 @@ def of_codes(codes: npt.NDArray[np.int8], wanted: Iterable[int]) -> npt.NDArray[
     return mask
 
 
-# A float32 cosine may land a few units in its seventh digit below an exact threshold.
-COSINE_TOLERANCE = 1e-5
-
-
-def reaches(similarity: float, threshold: float) -> bool:
-    """Whether a cosine computed from float32 vectors is at or above `threshold`."""
-    return similarity >= threshold - COSINE_TOLERANCE
-
-
-def cosine(a: Vector, b: Vector) -> float:
-    """Raw cosine similarity of two vectors (0 when either is zero)."""
-    # Three dot products: cheaper than np.linalg.norm on small vectors.
-    aa, bb = float(np.dot(a, a)), float(np.dot(b, b))
-    if aa == 0.0 or bb == 0.0:
-        return 0.0
-    return float(np.dot(a, b)) / math.sqrt(aa * bb)
-
-
-async def embed(embedder: Embedder, texts: Sequence[str]) -> Vector:
-    """The embedder's vectors as a float32 matrix, checked for shape: EmbeddingError when it
-    failed (another exception as the `__cause__`) or returned the wrong count or dimension."""
-    if not texts:
-        return np.zeros((0, embedder.dim), dtype=np.float32)
-    try:
-        raw = await embedder.embed(list(texts))
-    except EmbeddingError:
-        raise  # says what failed already
-    except Exception as exc:
-        raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
-    try:
-        matrix = np.asarray(raw, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise EmbeddingError(f"the embedder returned something that is not vectors: {exc}") from exc
-    if matrix.ndim != 2 or matrix.shape[0] != len(texts):
-        raise EmbeddingError(f"the embedder returned {matrix.shape} for {len(texts)} texts")
-    if matrix.shape[1] != embedder.dim:
-        raise EmbeddingError(
-            f"the embedder returned vectors of dimension {matrix.shape[1]}, "
-            f"but it declares dimension {embedder.dim}"
-        )
-    if not np.all(np.isfinite(matrix)):
-        raise EmbeddingError("the embedder returned a vector with NaN or infinite values")
-    return matrix
-
-
 async def embed_within(embedder: Embedder, texts: Sequence[str], seconds: float) -> Vector:
     """`embed` within `seconds` (a wait for a turn not counted), else EmbeddingError."""
     from mnemo.calls.retry import fail_after
@@ -96,16 +50,6 @@ async def embed_within(embedder: Embedder, texts: Sequence[str], seconds: float)
     except TimeoutError as exc:
         raise EmbeddingError(
             f"the embedder took more than {seconds:g} s for {len(texts)} texts") from exc
-
-
-def check_dim(repo: str, embedder: Embedder, dim: int) -> None:
-    """Raises EmbeddingError when the embedder's vectors would not fit the repo's `dim`."""
-    if dim and embedder.dim != dim:
-        raise EmbeddingError(
-            f"repo {repo!r} holds vectors of dimension {dim}, but the embedder "
-            f"{getattr(embedder, 'name', type(embedder).__name__)} makes "
-            f"dimension {embedder.dim}; open the repo with an embedder of its dimension"
-        )
 
 
 class Snapshot(NamedTuple):

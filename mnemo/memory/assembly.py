@@ -60,7 +60,7 @@ def build(
 
     def ingest_runtime(repo: str) -> IngestRuntime:
         runtime = repos.embedding(repo)
-        chosen = repos.llm_for(runtime, repo)
+        chosen = repos.limits.llm_for(runtime.llm, runtime.config, repo)
         return IngestRuntime(
             chosen, runtime.embedder, runtime.config,
             intent_policy(runtime.config, runtime.embedder, chosen, repo, repos.refresh),
@@ -84,7 +84,7 @@ def build(
     memory._tag_vectors = TagVectors()
     memory._ingests = IngestService(backend.graph, ingest_runtime, events)
     def limited(llm: LLM) -> LLM:
-        return LimitedLLM(llm, repos.slots(llm, config))
+        return LimitedLLM(llm, repos.limits.slots(llm, config))
 
     memory._conversations = ConversationService(
         backend.threads,

@@ -203,10 +203,10 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         """Tokens and cost the LLM spent for a session, a repo, or (neither given) everything,
         since this Memory was opened."""
         if session_id is not None:
-            return self._repos.usage.of_session(check_id(session_id, "session_id"))
+            return self._repos.limits.usage.of_session(check_id(session_id, "session_id"))
         if repo is not None:
-            return self._repos.usage.of_repo(check_id(repo, "repo"))
-        return self._repos.usage.total()
+            return self._repos.limits.usage.of_repo(check_id(repo, "repo"))
+        return self._repos.limits.usage.total()
 
     # ---- recall ---------------------------------------------------------------------------
 
@@ -388,7 +388,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         runtime = self._repos.embedding(repo)
         config = runtime.config
         asks = config.recall_planner == "llm" or config.recall_rerank or config.recall_synthesis
-        llm = self._repos.llm_for(runtime, repo) if asks else None
+        llm = self._repos.limits.llm_for(runtime.llm, runtime.config, repo) if asks else None
         recaller = Recaller(
             self._graph, runtime.embedder, config, tag_vectors=self._tag_vectors, llm=llm,
             planner=llm if config.recall_planner == "llm" else None,

@@ -233,7 +233,7 @@ class GraphMethods(Parts):
         runtime = self._repos.embedding(repo)
         vector = await embed_within(runtime.embedder, [vector_text(kind, text)],
                                      runtime.config.extraction_timeout)
-        llm = self._repos.llm_for(runtime, repo)
+        llm = self._repos.limits.llm_for(runtime.llm, runtime.config, repo)
         policy = replace(intent_policy(runtime.config, runtime.embedder, llm, repo,
                                        self._repos.refresh), contradicts=None)
         return vector[0], runtime.generation, policy

@@ -1,27 +1,23 @@
 """`Repos`: the repos a `Memory` knows and what each runs with (llm, embedder, config,
-dimension), the LLM limiters, and the adapters the Memory made itself (closed with it; those a
-caller passes in stay open); `UsageBook`, the tokens and cost this process spent."""
+dimension), the limits of their LLM calls (`Limits`), and the adapters the Memory made itself
+(closed with it; those a caller passes in stay open)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
-
-import anyio
 
 from mnemo.adapters.limit import ServerProfile
 from mnemo.adapters.minilm import default_embedder
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.recorded import RepoModels, UnavailableEmbedder
 from mnemo.adapters.uri import model_uri
-from mnemo.calls.retry import LimitedLLM
+from mnemo.calls.retry import Limits
 from mnemo.config import Config, ceilings, with_longer_timeouts
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
-from mnemo.graph.vectors import check_dim
 from mnemo.inputs import check_id, check_models, check_name
-from mnemo.ports import LLM, Embedder, Usage, detect_dim, model_name
+from mnemo.ports import LLM, Embedder, check_dim, detect_dim, model_name
 from mnemo.session.machine import Runtime
 from mnemo.session.ports import RepoRow, SessionStore
 
@@ -52,8 +48,7 @@ class Repos:
         )
         self._runtimes: dict[str, Runtime] = {}
         self._recorded: dict[str, Config] = {}  # each repo's config as the store holds it
-        self._limiters: dict[tuple[int, int], tuple[LLM, anyio.CapacityLimiter]] = {}
-        self.usage = UsageBook()
+        self.limits = Limits()
         # The models that learn their servers, by repo and model object, with their profile.
         self._profiled: dict[tuple[str, int], tuple[object, ServerProfile | None]] = {}
         # Every adapter this Memory made, closed with it (one may own an HTTP client).
@@ -290,70 +285,3 @@ class Repos:
                 llm or base.llm, embedder or base.embedder, config or base.config, base.dim
             )
         return override, config or base.config
-
-    def slots(self, llm: LLM, config: Config) -> anyio.CapacityLimiter:
-        """The limiter of calls to this LLM provider under configs with this
-        `llm_concurrency`: each setting caps the calls made under it, and configs with the same
-        setting share their cap (one limiter per provider would ignore a lower setting, or let
-        one session's low setting cap every other user)."""
-        key = (id(llm), config.llm_concurrency)
-        entry = self._limiters.get(key)
-        if entry is None or entry[0] is not llm:
-            entry = (llm, anyio.CapacityLimiter(config.llm_concurrency))
-            self._limiters[key] = entry
-        return entry[1]
-
-    def llm_for(self, runtime: Runtime, repo: str, session_id: str | None = None) -> LLM:
-        """The runtime's LLM within its provider's limiter, booked to the repo (and session)."""
-
-        def meter(usage: Usage) -> None:
-            self.usage.add(repo, session_id, usage)
-
-        return LimitedLLM(runtime.llm, self.slots(runtime.llm, runtime.config), meter,
-                          lambda: self.usage.calling(session_id))
-
-
-class UsageBook:
-    """Sums the `Usage` of every LLM reply, by repo and by session, for the Memory's life."""
-
-    def __init__(self) -> None:
-        self._repos: dict[str, Usage] = {}
-        self._sessions: dict[str, Usage] = {}
-        self._active: dict[str, float] = {}
-        self._calls: dict[str, int] = {}  # each session's model calls under way
-
-    def add(self, repo: str, session_id: str | None, usage: Usage) -> None:
-        self._repos[repo] = self._repos.get(repo, Usage()) + usage
-        if session_id is not None:
-            self._sessions[session_id] = self._sessions.get(session_id, Usage()) + usage
-            self._active[session_id] = anyio.current_time()
-
-    @contextmanager
-    def calling(self, session_id: str | None) -> Iterator[None]:
-        """Marks a model call of the session under way (`last_answer`)."""
-        if session_id is None:
-            yield
-            return
-        self._calls[session_id] = self._calls.get(session_id, 0) + 1
-        try:
-            yield
-        finally:
-            self._calls[session_id] -= 1
-            if not self._calls[session_id]:
-                del self._calls[session_id]
-
-    def last_answer(self, session_id: str) -> float | None:
-        """When (`anyio.current_time`) a model call of the session last ended here, now while
-        one is under way; None when none did."""
-        if session_id in self._calls:
-            return anyio.current_time()
-        return self._active.get(session_id)
-
-    def of_repo(self, repo: str) -> Usage:
-        return self._repos.get(repo, Usage())
-
-    def of_session(self, session_id: str) -> Usage:
-        return self._sessions.get(session_id, Usage())
-
-    def total(self) -> Usage:
-        return sum(self._repos.values(), Usage())

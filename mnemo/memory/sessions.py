@@ -199,7 +199,7 @@ class SessionMethods(Parts):
                 while session.state is S.EXTRACTING and not session.ended:
                     await transitions.wait_moved(live, session)
             if scope.cancelled_caught:
-                last = self._repos.usage.last_answer(session_id)
+                last = self._repos.limits.usage.last_answer(session_id)
                 if max_polls is None and last is not None and anyio.current_time() - last < wait:
                     continue  # still being answered: its calls queued, they did not hang
                 raise PipelineError("extraction_timeout", f"{session_id} still extracting")

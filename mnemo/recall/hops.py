@@ -10,10 +10,9 @@ import numpy as np
 
 from mnemo import cpu
 from mnemo.config import Config
-from mnemo.graph.model import LinkType, Node, NodeType, Vector
+from mnemo.graph.model import LinkType, Node, NodeType, Vector, reaches
 from mnemo.graph.ports import RecallReads
 from mnemo.graph.scope import Scope
-from mnemo.graph.vectors import reaches
 from mnemo.recall.model import Candidate, adjacent_steps
 
 N = NodeType

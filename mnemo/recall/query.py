@@ -19,8 +19,7 @@ from mnemo import text as _text
 from mnemo.extraction.entities import speaker_of
 from mnemo.graph.model import Vector
 from mnemo.graph.ports import NodeReads
-from mnemo.graph.vectors import embed
-from mnemo.ports import Embedder, Vectors
+from mnemo.ports import Embedder, Vectors, embed
 from mnemo.recall.model import ReadContext
 from mnemo.text import MAX_QUERY_TERMS, query_words
 

@@ -21,8 +21,7 @@ from mnemo.errors import LLMTimeout, MnemoError, NotFoundError, StorageError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.pipeline import Source, extract
 from mnemo.graph.model import Changeset, CommitReceipt
-from mnemo.graph.vectors import check_dim
-from mnemo.ports import model_name
+from mnemo.ports import check_dim, model_name
 from mnemo.session import operations, registry, transitions
 from mnemo.session.machine import (
     CommitSteps,
@@ -111,7 +110,7 @@ class Extraction:
             repo=session.repo,
             source=Source(f"source_{episode.id}", episode.goal, {
                 "session_id": session.id, "episode_id": episode.id, "goal": episode.goal}),
-            llm=live.repos.llm_for(runtime, session.repo, session.id),
+            llm=live.repos.limits.llm_for(runtime.llm, runtime.config, session.repo, session.id),
             embedder=runtime.embedder,
             generation=runtime.generation,
             time_limit=runtime.config.extraction_timeout,

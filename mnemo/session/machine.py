@@ -39,9 +39,8 @@ from mnemo.errors import (
 )
 from mnemo.extraction.memo import TaskMemo
 from mnemo.graph.model import Changeset, CommitReceipt
-from mnemo.graph.vectors import check_dim
 from mnemo.inputs import check_step, check_text
-from mnemo.ports import LLM, Embedder
+from mnemo.ports import LLM, Embedder, check_dim
 from mnemo.ports import deliver as call_back
 
 

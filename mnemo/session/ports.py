@@ -10,12 +10,12 @@ from typing import Any, Protocol
 
 import msgspec
 
+from mnemo.calls.retry import Limits
 from mnemo.config import Config
 from mnemo.episode import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.errors import EmbeddingError, LLMError, LLMTimeout, MnemoError, SessionError
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset
-from mnemo.ports import LLM
 from mnemo.session.machine import OpResult, Runtime, State
 
 
@@ -64,12 +64,14 @@ class IdleSweep:
 
 
 class Runtimes(Protocol):
-    """What each repo runs with (`memory.repos.Repos`): `get` its runtime, `llm_for` the
-    runtime's LLM within its provider's limiter and booked to the repo (and session), `learn`
-    the repos other Memory objects opened, `refresh` a runtime another Memory re-embedded."""
+    """What each repo runs with (`memory.repos.Repos`): `get` its runtime, `limits` of its
+    LLM calls (`Limits.llm_for`: an LLM within its provider's limiter, booked to the repo and
+    session), `learn` the repos other Memory objects opened, `refresh` a runtime another Memory
+    re-embedded."""
+
+    limits: Limits
 
     def get(self, name: str) -> Runtime: ...
-    def llm_for(self, runtime: Runtime, repo: str, session_id: str | None = None) -> LLM: ...
     async def learn(self, wanted: str | None = None) -> None: ...
     async def refresh(self, name: str, generation: int | None = None) -> Runtime: ...
 

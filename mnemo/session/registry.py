@@ -418,7 +418,8 @@ async def _annotate(
     runtime = session.runtime
     previous = episode.steps[step.index - 1] if step.index else None
     done, reward = await annotate_step(
-        lambda: live.repos.llm_for(runtime, session.repo, session.id), runtime.embedder,
+        lambda: live.repos.limits.llm_for(runtime.llm, runtime.config, session.repo,
+                                          session.id), runtime.embedder,
         runtime.config, episode.goal, step, episode.steps[:step.index],
         new_trajectory=f"trajectory_{uuid.uuid4().hex}", name=f"{session.id} step {step.index}",
     )

@@ -249,9 +249,8 @@ async def commit_steps(
         None if state is None else session.version,
     )
     runtime = session.runtime
-    policy = intent_policy(runtime.config, runtime.embedder,
-                           live.repos.llm_for(runtime, session.repo, session.id), session.repo,
-                           live.repos.refresh)
+    llm = live.repos.limits.llm_for(runtime.llm, runtime.config, session.repo, session.id)
+    policy = intent_policy(runtime.config, runtime.embedder, llm, session.repo, live.repos.refresh)
     receipt = await live.graph.apply(changeset, intents=policy, also=[side])
     if side.version is not None:
         # The version the write made: a read that took the write in already holds it.

@@ -1,4 +1,4 @@
-"""`mnemo.graph.vectors.embed`: an embedder's failure reaches the caller as one
+"""`mnemo.ports.embed`: an embedder's failure reaches the caller as one
 `EmbeddingError` that says what failed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mnemo
-from mnemo.graph.vectors import embed
+from mnemo.ports import embed
 
 
 class Refusing:

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mnemo.episode import StepRecord, starts_trajectory
-from mnemo.graph.model import NodeType, Vector
-from mnemo.graph.vectors import DEAD, VectorIndex, cosine, of_codes, reaches, unit
+from mnemo.graph.model import NodeType, Vector, cosine, reaches
+from mnemo.graph.vectors import DEAD, VectorIndex, of_codes, unit
 from tests.graph._support import rounded
 from tests.strategies import matrices, node_types, vectors
 

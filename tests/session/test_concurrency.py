@@ -88,7 +88,7 @@ async def test_append_waiting_for_its_turn_when_the_session_ends(
 def limiter(mem: mnemo.Memory, llm: FakeLLM, width: int) -> anyio.CapacityLimiter | None:
     """The limiter of the calls to `llm` under configs of `llm_concurrency=width`, once a
     call made it."""
-    entry = mem._repos._limiters.get((id(llm), width))
+    entry = mem._repos.limits._limiters.get((id(llm), width))
     return None if entry is None else entry[1]
 
 

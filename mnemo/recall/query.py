@@ -251,11 +251,9 @@ FEEDBACK_DOCS = 5
 MIN_SHARED = 2
 
 
-def feedback_terms(
-    query: str, documents: Sequence[str], n: int, *, min_shared: int = MIN_SHARED
-) -> list[str]:
+def feedback_terms(query: str, documents: Sequence[str], n: int) -> list[str]:
     """At most `n` words of `documents` to add to `query`: content words (`_content`) absent
-    from the query, found in at least `min_shared` documents; the most shared first, then the
+    from the query, found in at least `MIN_SHARED` documents; the most shared first, then the
     most frequent, then the first seen. Words are split as a search splits them."""
     asked = {_text.stem(w.lower()) for w in _text.text_words(query)}
     shared: dict[str, int] = {}
@@ -272,7 +270,7 @@ def feedback_terms(
                 seen.add(lower)
                 shared[lower] = shared.get(lower, 0) + 1
     ranked = sorted(
-        (w for w, docs in shared.items() if docs >= min_shared),
+        (w for w, docs in shared.items() if docs >= MIN_SHARED),
         key=lambda w: (-shared[w], -counts[w], first[w]),
     )
     return ranked[:n]

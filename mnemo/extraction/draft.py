@@ -46,10 +46,6 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def episodic_id(step: StepRecord) -> str:
-    return f"episodic_{step.id}"
-
-
 @dataclass(slots=True)
 class Draft:
     """A changeset drawn up before the "return" scores are in, and where each score goes."""
@@ -134,7 +130,7 @@ def _draw(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Ext
                 "reward": rewards.get(step.id, step.reward), "index": step.index,
                 "trajectory_id": step.trajectory_id, "episode_id": episode.id,
                 "step_id": step.id, "metadata": step.metadata,
-            }, node_id=episodic_id(step))
+            }, node_id=f"episodic_{step.id}")
             episodic.append(node_id)
             links.append(Link(subgoal_id, node_id, LinkType.HIERARCHICAL))
             links.append(Link(node_id, source.node_id, LinkType.PROVENANCE))

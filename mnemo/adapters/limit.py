@@ -127,10 +127,6 @@ class Limit:
         """Requests that may be in flight now."""
         return max(1, min(self.ceiling, int(self._limit)))
 
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
     def state(self) -> LimitState:
         return LimitState(self.current, self._slow_start, self.unit_seconds)
 

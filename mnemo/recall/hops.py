@@ -235,8 +235,7 @@ config: Config, found: dict[str, Candidate], nodes: dict[str, Node], k: int
             continue
         parent = found[node_id]
         for neighbour in adjacent_steps(node, config.recall_neighbour_width):
-            candidate = Candidate(parent.score * weight, "hop", parent.hop + 1)
-            offer(offers, neighbour, candidate)
+            offer(offers, neighbour, Candidate(parent.score * weight, "hop", parent.hop + 1))
     return offers
 
 

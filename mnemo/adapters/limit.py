@@ -109,8 +109,7 @@ class Limit:
         self.ceiling = ceiling
         self.pinned = pinned
         self._clock = clock
-        start = pinned or initial or INITIAL
-        self._limit = float(max(1, min(start, ceiling)))
+        self._limit = float(max(1, min(pinned or initial or INITIAL, ceiling)))
         self._slow_start = True
         self._in_flight = 0
         self._epoch = 0
@@ -126,6 +125,10 @@ class Limit:
     def current(self) -> int:
         """Requests that may be in flight now."""
         return max(1, min(self.ceiling, int(self._limit)))
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
 
     def state(self) -> LimitState:
         return LimitState(self.current, self._slow_start, self.unit_seconds)
@@ -285,15 +288,21 @@ class _Bucket:
 
 
 class RateGate:
-    """Client-side rate limits with a shared pause after a 429; buckets hold a second of their
-    rate, and callers pass in arrival order."""
+    """Client-side rate limits with a shared pause after a 429; buckets hold `burst_seconds` of
+    their rate, and callers pass in arrival order."""
 
-    def __init__(self, *, requests_per_minute: float | None, tokens_per_minute: float | None,
-                 clock: Clock) -> None:
+    def __init__(
+        self,
+        *,
+        requests_per_minute: float | None,
+        tokens_per_minute: float | None,
+        clock: Clock,
+        burst_seconds: float = 1.0,
+    ) -> None:
         now = clock.now()
         self._clock = clock
         self._requests, self._tokens = (
-            _Bucket(rate, max(1.0, rate / 60.0), now) if rate else None
+            _Bucket(rate, max(1.0, rate / 60.0 * burst_seconds), now) if rate else None
             for rate in (requests_per_minute, tokens_per_minute))
         self._paused_until = -math.inf
         self._lock = anyio.Lock()

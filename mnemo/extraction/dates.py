@@ -78,8 +78,7 @@ def _relative(text: str, anchor: datetime) -> datetime | None:
         return anchor + timedelta(days=_SHIFT[word])
     which, unit = word.split()
     days = 2 if unit == "weekend" else _UNIT_DAYS[unit]
-    sign = {"last": -1, "next": 1, "this": 0}[which]
-    return anchor + timedelta(days=sign * days)
+    return anchor + timedelta(days={"last": -1, "next": 1, "this": 0}[which] * days)
 
 
 def named_date(text: str, anchor: datetime | None = None) -> datetime | None:

@@ -117,8 +117,7 @@ def _similar_pairs(
         rows = new_rows[start : start + block]
         scores = matrix[rows] @ matrix.T
         # A pair of two new rows is seen from both ends: keep it from its lower row only.
-        hide = (columns[None, :] <= rows[:, None]) & is_new[None, :]
-        scores[hide] = -np.inf
+        scores[(columns[None, :] <= rows[:, None]) & is_new[None, :]] = -np.inf
         r, c = np.nonzero(scores >= threshold - COSINE_TOLERANCE)
         found.extend(zip(rows[r].tolist(), c.tolist(), strict=True))
     return found

@@ -170,8 +170,7 @@ async def _bridge_tags(
     for tag_id, scores in shared.items():
         if len(scores) >= 2 and tag_id not in found:
             # Found one hop out from the results, a bridge is discounted like a hop.
-            score = config.hop_decay * sum(scores) / len(scores)
-            found[tag_id] = Candidate(score, "bridge", 0)
+            found[tag_id] = Candidate(config.hop_decay * sum(scores) / len(scores), "bridge", 0)
             bridges.add(tag_id)
     return bridges
 

@@ -64,9 +64,7 @@ def _retired(repo: str, uri: str) -> str:
 def _successor(uri: str) -> str | None:
     """`hash2[:DIM]` for a retired `hash[:DIM]`, else None."""
     scheme, colon, rest = uri.partition(":")
-    if scheme.strip().lower() not in _RETIRED_SCHEMES:
-        return None
-    return f"hash2{colon}{rest}"
+    return f"hash2{colon}{rest}" if scheme.strip().lower() in _RETIRED_SCHEMES else None
 
 
 def _problem(repo: str, kind: str, uri: str, exc: ModelURIError) -> str:

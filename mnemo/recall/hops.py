@@ -214,9 +214,7 @@ def follows(origin: NodeType, target: NodeType, link: LinkType) -> bool:
         return True
     if link is LinkType.HIERARCHICAL:
         return {origin, target} <= {N.INTENT, N.PROCEDURAL, N.SUBGOAL, N.EPISODIC}
-    if link is LinkType.PROVENANCE:
-        return target is N.EPISODIC
-    return False
+    return link is LinkType.PROVENANCE and target is N.EPISODIC
 
 
 def neighbour_offers(

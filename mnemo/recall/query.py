@@ -135,9 +135,7 @@ def _one_edit(a: list[str], b: list[str]) -> bool:
     i = 0
     while i < len(a) and a[i] == b[i]:
         i += 1
-    if len(a) == len(b):
-        return a[i + 1 :] == b[i + 1 :]
-    return a[i:] == b[i + 1 :]
+    return a[i + 1 :] == b[i + 1 :] if len(a) == len(b) else a[i:] == b[i + 1 :]
 
 
 _POSSESSIVE = re.compile(r"['\u2019]s$", re.IGNORECASE)
@@ -226,9 +224,7 @@ class TagVectors:
         for tag, vector in zip(missing, fresh[1:], strict=True):
             known[tag] = vector
             self._put(embedder, tag, vector)
-        if not tags:
-            return fresh
-        return np.vstack([fresh[0], *(known[tag] for tag in tags)])
+        return np.vstack([fresh[0], *(known[tag] for tag in tags)]) if tags else fresh
 
     def _get(self, embedder: Embedder, tag: str) -> Vector | None:
         entry = self._kept.get((id(embedder), tag))

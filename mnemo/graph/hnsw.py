@@ -3,10 +3,10 @@ graph per node type and one of every row (`ALL`); a walk's `oversample` x k cand
 re-ranked exactly, and too few survivors send the search to the exact scan (None). Rows added
 later wait in `pending`, scanned exactly; a quarter dead labels trigger a rebuild.
 
-Threads: `added`/`removed` run on the event loop, `search` on any thread, the worker in its
-own: only it changes a graph's faiss index. `_faiss_lock` covers every call into a published
-graph, `_lock` the bookkeeping (labels' liveness, pending rows; order: `_faiss_lock`, then
-`_lock`).
+Threads: what the `VectorIndex` tells it (`start_if_due`, `added`, `removed`) runs on the event
+loop, `search` on any thread, the worker in its own: only it changes a graph's faiss index.
+`_faiss_lock` covers every call into a published graph, `_lock` the bookkeeping (labels'
+liveness, pending rows; order: `_faiss_lock`, then `_lock`).
 """
 
 from __future__ import annotations

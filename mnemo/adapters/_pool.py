@@ -87,9 +87,7 @@ class Pool(httpx.AsyncBaseTransport):
 
     def _proxy_for(self, url: httpx.URL) -> str | None:
         proxy = self._proxies.get(url.scheme) or self._proxies.get("all")
-        if proxy is None or urllib.request.proxy_bypass(url.host):
-            return None
-        return proxy
+        return None if proxy is None or urllib.request.proxy_bypass(url.host) else proxy
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -72,13 +72,11 @@ class E5SmallEmbedder:
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         await self.load()
-        chunks = []
-        for start in range(0, len(texts), self.batch_size):
-            chunk = list(texts[start : start + self.batch_size])
-            chunks.append(
-                await anyio.to_thread.run_sync(self._infer, chunk, query, limiter=self._slot)
-            )
-        return np.concatenate(chunks)
+        size = self.batch_size
+        return np.concatenate([
+            await anyio.to_thread.run_sync(self._infer, list(texts[start : start + size]), query,
+                                           limiter=self._slot)
+            for start in range(0, len(texts), size)])
 
     def _infer(self, texts: list[str], query: bool) -> npt.NDArray[np.float32]:
         try:

@@ -221,5 +221,4 @@ class Embeddings(msgspec.Struct):
 
     def tokens(self) -> Tokens:
         counts = self.usage or Counts()
-        total = counts.prompt_tokens if counts.total_tokens is None else counts.total_tokens
-        return total, 0
+        return counts.prompt_tokens if counts.total_tokens is None else counts.total_tokens, 0

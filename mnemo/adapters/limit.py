@@ -109,8 +109,7 @@ class Limit:
         self.ceiling = ceiling
         self.pinned = pinned
         self._clock = clock
-        start = pinned or initial or INITIAL
-        self._limit = float(max(1, min(start, ceiling)))
+        self._limit = float(max(1, min(pinned or initial or INITIAL, ceiling)))
         self._slow_start = True
         self._in_flight = 0
         self._epoch = 0

@@ -164,8 +164,7 @@ class MiniLMEmbedder:
         weights = mask[:, :, None].astype(np.float32)
         # Every row has at least [CLS] and [SEP], so no count is zero.
         pooled: npt.NDArray[np.float32] = (states * weights).sum(axis=1) / weights.sum(axis=1)
-        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-        pooled /= np.maximum(norms, 1e-12)
+        pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
         return pooled
 
 
@@ -196,8 +195,7 @@ def default_embedder() -> Embedder:
     with one warning per process saying why."""
     global _warned
     try:
-        model = bundled_model_path()
-        verify_sha256(model, MODEL_SHA256)
+        verify_sha256(bundled_model_path(), MODEL_SHA256)
         verify_sha256(TOKENIZER_PATH, TOKENIZER_SHA256)
         _check_runtime()
     except EmbeddingError as exc:

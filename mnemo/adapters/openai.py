@@ -296,8 +296,6 @@ class Completion(msgspec.Struct):
         return counts.prompt_tokens, counts.completion_tokens
 
 
-
-
 def json_instructions(task: str, schema: Mapping[str, object]) -> str:
     """The system prompt's addition in "json" mode: an example answer, then the schema."""
     example = json.dumps(example_of(schema), ensure_ascii=False)

@@ -64,9 +64,7 @@ def _retired(repo: str, uri: str) -> str:
 def _successor(uri: str) -> str | None:
     """`hash2[:DIM]` for a retired `hash[:DIM]`, else None."""
     scheme, colon, rest = uri.partition(":")
-    if scheme.strip().lower() not in _RETIRED_SCHEMES:
-        return None
-    return f"hash2{colon}{rest}"
+    return f"hash2{colon}{rest}" if scheme.strip().lower() in _RETIRED_SCHEMES else None
 
 
 def _problem(repo: str, kind: str, uri: str, exc: ModelURIError) -> str:
@@ -85,17 +83,13 @@ class RepoModels:
         self, llm: LLM, embedder: Embedder, *, llm_given: bool, embedder_given: bool
     ) -> None:
         self._llm, self._embedder = llm, embedder
-        self._llm_given, self._embedder_given = llm_given, embedder_given
+        # Whether the Memory was given its models (then run for every repo).
+        self._llm_given, self.embedder_given = llm_given, embedder_given
         self._repos: dict[str, tuple[LLM, Embedder]] = {}
         self._records: dict[str, tuple[str | None, str]] = {}
         # One adapter per URI, shared by the repos that record it.
         self._llms: dict[str, LLM] = {}
         self._embedders: dict[tuple[str, int], Embedder] = {}
-
-    @property
-    def embedder_given(self) -> bool:
-        """Whether the Memory was given its embedder (then run for every repo)."""
-        return self._embedder_given
 
     def load(self, repo: str, llm: str | None, embedder: str, dim: int) -> tuple[LLM, Embedder]:
         """The models `repo` runs with, given its record."""
@@ -109,7 +103,7 @@ class RepoModels:
         when the Memory was given an embedder of another URI)."""
         legacy = _LEGACY_EMBEDDERS.get(embedder, embedder).format(dim=dim)
         built = self._recorded_embedder(repo, embedder, dim)
-        if self._embedder_given and built is self._embedder and (
+        if self.embedder_given and built is self._embedder and (
             model_uri(self._embedder) not in (embedder, legacy) or self._embedder.dim != dim
         ):
             built = UnavailableEmbedder(
@@ -188,7 +182,7 @@ class RepoModels:
             uri = uri.removesuffix(":512")
         if _scheme(uri) in _RETIRED_SCHEMES:
             return UnavailableEmbedder(uri, dim, _retired(repo, uri))
-        if (self._embedder_given or _scheme(uri) not in EMBEDDER_SCHEMES
+        if (self.embedder_given or _scheme(uri) not in EMBEDDER_SCHEMES
                 or uri == model_uri(self._embedder)):
             return self._embedder
         built = self._embedders.get((uri, dim))

@@ -110,9 +110,10 @@ def _setting(uri: str, name: str, value: str) -> float | int | str | None:
 
 
 def _split(
-    uri: object, kind: str, forms: tuple[str, ...]
+    uri: object, kind: str, forms: tuple[str, ...], schemes: tuple[str, ...]
 ) -> tuple[str, str, str | None, str, str]:
-    """(scheme, model, base URL or None, the settings' query or "", the URI stripped) of `uri`."""
+    """(scheme, model, base URL or None, the settings' query or "", the URI stripped) of `uri`,
+    whose scheme must be one of `schemes`."""
     if not isinstance(uri, str) or not uri.strip():
         raise ModelURIError(
             f"the {kind} must be a non-blank URI ({', '.join(forms)}), got {uri!r}", uri=str(uri)
@@ -130,14 +131,10 @@ def _split(
         raise ModelURIError(
             f"{kind} URI {text!r}: the part after '@' must be an http(s):// base URL", uri=text
         )
+    if scheme not in schemes:
+        raise ModelURIError(f"unknown {kind} provider {scheme!r} in {uri.strip()!r} (use one "
+                            f"of: {', '.join(forms)})", uri=uri.strip())
     return scheme, rest.strip(), base_url, query.strip(), uri.strip()
-
-
-def _unknown(kind: str, scheme: str, uri: str, forms: tuple[str, ...]) -> ModelURIError:
-    return ModelURIError(
-        f"unknown {kind} provider {scheme!r} in {uri!r} (use one of: {', '.join(forms)})",
-        uri=uri,
-    )
 
 
 def _key(provider: str, uri: str, env: Mapping[str, str], *, required: bool) -> str:
@@ -165,9 +162,7 @@ def llm_from_uri(
     """The LLM a URI names (`LLM_FORMS`), its keys from `env` (default `os.environ`); raises
     ModelURIError for a bad URI or a missing key."""
     env = os.environ if env is None else env
-    scheme, model, base_url, query, text = _split(uri, "LLM", LLM_FORMS)
-    if scheme not in LLM_SCHEMES:
-        raise _unknown("LLM", scheme, text, LLM_FORMS)
+    scheme, model, base_url, query, text = _split(uri, "LLM", LLM_FORMS, LLM_SCHEMES)
     if scheme == "offline":
         if model or base_url:
             raise ModelURIError(f"the offline LLM takes no model, got {text!r}", uri=text)
@@ -212,9 +207,8 @@ def embedder_from_uri(
     """The embedder a URI names (`EMBEDDER_FORMS`) of `dim`, if known; raises ModelURIError for a
     bad URI or a missing key."""
     env = os.environ if env is None else env
-    scheme, model, base_url, query, text = _split(uri, "embedder", EMBEDDER_FORMS)
-    if scheme not in EMBEDDER_SCHEMES:
-        raise _unknown("embedder", scheme, text, EMBEDDER_FORMS)
+    scheme, model, base_url, query, text = _split(uri, "embedder", EMBEDDER_FORMS,
+                                                  EMBEDDER_SCHEMES)
     settings = _settings(text, query, EMBEDDER_SETTINGS if scheme == "openai" else ())
     if scheme in ("minilm", "e5-small-q4", "hash", "hash2") and base_url is not None:
         raise ModelURIError(f"the {scheme} embedder runs here, it takes no URL: {text!r}", uri=text)

@@ -42,11 +42,6 @@ _SHIFT = {"yesterday": -1, "today": 0, "tonight": 0, "tomorrow": 1}
 TIME_KEYS = ("date", "datetime", "time", "timestamp", "date_time", "when")
 
 
-def _absolute(text: str) -> datetime | None:
-    found = (p.search(text) for p in (_ISO, _DAY_MONTH_YEAR, _MONTH_DAY_YEAR, _MONTH_YEAR))
-    return next(filter(None, (_moment(match) for match in found if match is not None)), None)
-
-
 def whole_dates(text: str) -> Iterator[datetime]:
     """The dates with a day `text` writes, in its order ("31 February 2023" is none)."""
     found = [m for p in (_ISO, _DAY_MONTH_YEAR, _MONTH_DAY_YEAR) for m in p.finditer(text)]
@@ -83,13 +78,13 @@ def _relative(text: str, anchor: datetime) -> datetime | None:
         return anchor + timedelta(days=_SHIFT[word])
     which, unit = word.split()
     days = 2 if unit == "weekend" else _UNIT_DAYS[unit]
-    sign = {"last": -1, "next": 1, "this": 0}[which]
-    return anchor + timedelta(days=sign * days)
+    return anchor + timedelta(days={"last": -1, "next": 1, "this": 0}[which] * days)
 
 
 def named_date(text: str, anchor: datetime | None = None) -> datetime | None:
     """The date `text` names (UTC): an absolute one, else one relative to `anchor`."""
-    absolute = _absolute(text)
+    found = (p.search(text) for p in (_ISO, _DAY_MONTH_YEAR, _MONTH_DAY_YEAR, _MONTH_YEAR))
+    absolute = next(filter(None, (_moment(match) for match in found if match is not None)), None)
     if anchor is None or (absolute is not None and absolute.date() != anchor.date()):
         return absolute
     return _relative(text, anchor) or absolute

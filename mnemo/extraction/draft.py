@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 
 from mnemo import cpu
 from mnemo.episode import EpisodeRecord, StepRecord
@@ -45,10 +46,6 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def episodic_id(step: StepRecord) -> str:
-    return f"episodic_{step.id}"
-
-
 @dataclass(slots=True)
 class Draft:
     """A changeset drawn up before the "return" scores are in, and where each score goes."""
@@ -83,9 +80,7 @@ async def draw_up(repo: str, episode: EpisodeRecord, source: Source, extracted: 
     if not extracted:
         return Draft(repo, generation=generation)
 
-    def draw() -> tuple[Draft, list[_Pending], dict[str, datetime]]:
-        return _draw(repo, episode, source, extracted, rewards, generation)
-
+    draw = partial(_draw, repo, episode, source, extracted, rewards, generation)
     items = sum(len(p.steps) + len(p.facts) + len(p.instructions) for p in extracted)
     draft, pending, valid = draw() if items <= _ON_LOOP_ITEMS else await cpu.off_loop(draw)
     # Every node is embedded here, in one call, by the embedder `generation` names.
@@ -133,7 +128,7 @@ def _draw(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Ext
                 "reward": rewards.get(step.id, step.reward), "index": step.index,
                 "trajectory_id": step.trajectory_id, "episode_id": episode.id,
                 "step_id": step.id, "metadata": step.metadata,
-            }, node_id=episodic_id(step))
+            }, node_id=f"episodic_{step.id}")
             episodic.append(node_id)
             links.append(Link(subgoal_id, node_id, LinkType.HIERARCHICAL))
             links.append(Link(node_id, source.node_id, LinkType.PROVENANCE))
@@ -170,9 +165,8 @@ def _draw(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Ext
                 label = " ".join(concept.split())
                 tag_id = add(NodeType.TAG, label, {"label": label}, key=normalise_label(label))
                 links.append(Link(tag_id, fact_id, LinkType.MEMBERSHIP))
-        for i, a in enumerate(facts):
-            for b in facts[i + 1 :]:
-                links.append(Link(a, b, LinkType.SIBLING))
+        links.extend(Link(a, b, LinkType.SIBLING)
+                     for i, a in enumerate(facts) for b in facts[i + 1 :])
         for i, ins in enumerate(part.instructions):
             data = {**procedure(ins), "return_score": None, "trajectory_id": first.trajectory_id}
             scores.append((data, number, i))

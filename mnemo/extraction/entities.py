@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
 from dataclasses import replace
 
 from mnemo import text as _text
@@ -109,7 +108,8 @@ async def with_entity_tags(changeset: Changeset, embedder: Embedder) -> Changese
     for node in changeset.nodes:
         if node.type is not NodeType.EPISODIC:
             continue
-        for name in entity_names(_observation(node)):
+        observation = node.data.get("observation")
+        for name in entity_names(observation if isinstance(observation, str) else node.text):
             key = normalise_label(name)
             labels.setdefault(key, " ".join(name.split()))
             links.append(Link(_tag_id(changeset, key), node.id, LinkType.MEMBERSHIP))
@@ -117,23 +117,14 @@ async def with_entity_tags(changeset: Changeset, embedder: Embedder) -> Changese
         return changeset
     keys = list(labels)
     vectors = await embed(embedder, [labels[key] for key in keys])
+    source = next((n.source_id for n in changeset.nodes if n.source_id is not None), None)
     tags = [
         NodeDraft(id=_tag_id(changeset, key), type=NodeType.TAG, text=labels[key],
-                  data={"label": labels[key]}, vector=vector, key=key,
-                  source_id=_source_of(changeset.nodes))
+                  data={"label": labels[key]}, vector=vector, key=key, source_id=source)
         for key, vector in zip(keys, vectors, strict=True)]
     return replace(changeset, nodes=[*changeset.nodes, *tags], links=[*changeset.links, *links])
-
-
-def _observation(node: NodeDraft) -> str:
-    observation = node.data.get("observation")
-    return observation if isinstance(observation, str) else node.text
 
 
 def _tag_id(changeset: Changeset, key: str) -> str:
     # Unique within the changeset; the commit maps a tag whose key exists onto that node.
     return f"tag_{changeset.id}_{hashlib.sha1(key.encode()).hexdigest()[:16]}"
-
-
-def _source_of(nodes: Sequence[NodeDraft]) -> str | None:
-    return next((n.source_id for n in nodes if n.source_id is not None), None)

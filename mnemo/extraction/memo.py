@@ -55,7 +55,6 @@ class KeptResult:
                   calls=int(spent["calls"])))
 
 
-
 @dataclass(slots=True)
 class _Fresh:
     """A result kept by this memo, its request hashed once it is needed."""

@@ -30,7 +30,6 @@ MIN_RETURN, MAX_RETURN = 1, 10
 StepIndices = Annotated[list[int], Meta(description="The indices of the steps this came from.")]
 Steps = Sequence[Mapping[str, object]]
 
-# ---- semantic -----------------------------------------------------------------------------
 
 # The bounds of a reply (`mnemo.calls.schema.text`, `items`), so it fits the task's max_tokens.
 class FactReply(Reply, frozen=True):
@@ -88,8 +87,6 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
                 confidence=_confidence(item.confidence), steps=_steps(item.steps))
     return list(facts.values())
 
-
-# ---- procedural ---------------------------------------------------------------------------
 
 class InstructionReply(Reply, frozen=True, kw_only=True):
     intent: Annotated[str, text(80)]
@@ -178,8 +175,6 @@ def parse_instructions(resp: LLMResponse) -> list[Instruction]:
     return list(out.values())
 
 
-# ---- return -------------------------------------------------------------------------------
-
 class ScoreReply(Reply, frozen=True):
     index: int
     # Read as a number, then rounded and clamped into 1..10.
@@ -229,8 +224,6 @@ def parse_returns(resp: LLMResponse, count: int) -> dict[int, int]:
     return scores
 
 
-# ---- merge_intent -------------------------------------------------------------------------
-
 class MergedReply(Reply, frozen=True):
     intent: Annotated[str, text(80)]
 
@@ -256,8 +249,6 @@ def parse_merged_intent(resp: LLMResponse) -> str:
     reply = read_reply(resp, MergedReply, "merge_intent")
     return _required_text(reply.intent, "merge_intent reply.intent")
 
-
-# ---- merge_intents ------------------------------------------------------------------------
 
 class PairReply(Reply, frozen=True):
     index: int
@@ -301,9 +292,6 @@ def parse_merged_intents(resp: LLMResponse, count: int) -> dict[int, str]:
         if 0 <= item.index < count and text and item.index not in merged:
             merged[item.index] = text
     return merged
-
-
-# ---- shared field readers -----------------------------------------------------------------
 
 
 def _required_text(value: str, where: str) -> str:

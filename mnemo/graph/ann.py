@@ -100,9 +100,7 @@ def on_loop(index: VectorIndex) -> bool:
 
 async def by_size(rows: int, work: Callable[[], T]) -> T:
     """`work()` over `rows` rows: on the event loop below `IN_THREAD_FROM`, else in a thread."""
-    if rows < IN_THREAD_FROM:
-        return work()
-    return await anyio.to_thread.run_sync(work)
+    return work() if rows < IN_THREAD_FROM else await anyio.to_thread.run_sync(work)
 
 
 async def settle(index: VectorIndex | None) -> None:

@@ -21,8 +21,7 @@ def limit_blas_threads(threads: int | None, environ: Mapping[str, str] = os.envi
     environment already chose; True when a limit was set."""
     if threads is None or any(environ.get(name) for name in CHOSEN_BY):
         return False
-    libraries = ThreadpoolController().select(user_api="blas")
-    own = [lib for lib in libraries.lib_controllers
+    own = [lib for lib in ThreadpoolController().select(user_api="blas").lib_controllers
            if lib.info().get("threading_layer") == "pthreads"]
     for lib in own:
         if lib.num_threads != threads:

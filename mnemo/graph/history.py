@@ -107,9 +107,8 @@ async def revert(
 
     async def refused() -> None:
         record = await _record(graph, repo, commit_id)
-        done = record.reverts or record.reverted_by
         reason = (f"it is a revert of {record.reverts!r}" if record.reverts else
-                  f"it was reverted by {record.reverted_by!r}" if done else
+                  f"it was reverted by {record.reverted_by!r}" if record.reverted_by else
                   await _built_on(graph, record))
         if reason:
             raise ConflictError(

@@ -3,10 +3,10 @@ graph per node type and one of every row (`ALL`); a walk's `oversample` x k cand
 re-ranked exactly, and too few survivors send the search to the exact scan (None). Rows added
 later wait in `pending`, scanned exactly; a quarter dead labels trigger a rebuild.
 
-Threads: `added`/`removed` run on the event loop, `search` on any thread, the worker in its
-own: only it changes a graph's faiss index. `_faiss_lock` covers every call into a published
-graph, `_lock` the bookkeeping (labels' liveness, pending rows; order: `_faiss_lock`, then
-`_lock`).
+Threads: what the `VectorIndex` tells it (`start_if_due`, `added`, `removed`) runs on the event
+loop, `search` on any thread, the worker in its own: only it changes a graph's faiss index.
+`_faiss_lock` covers every call into a published graph, `_lock` the bookkeeping (labels'
+liveness, pending rows; order: `_faiss_lock`, then `_lock`).
 """
 
 from __future__ import annotations
@@ -91,8 +91,6 @@ class HnswAccelerator:
         self._idle = threading.Event()
         self._idle.set()
 
-    # ---- what the VectorIndex tells it (event loop thread) ---------------------------------
-
     def start_if_due(self) -> None:
         """Starts the first build once the index holds more than `threshold` rows."""
         with self._lock:
@@ -130,8 +128,6 @@ class HnswAccelerator:
             elif labels - live > self.params.rebuild_fraction * max(labels, 1):
                 self._rebuild_due = True
                 self._kick()
-
-    # ---- searching (any thread) ------------------------------------------------------------
 
     @property
     def ready(self) -> bool:
@@ -199,8 +195,6 @@ class HnswAccelerator:
         """Labels and live labels in the type graphs (`ALL` holds the same rows again)."""
         graphs = [graph for code, graph in self._graphs.items() if code != ALL]
         return sum(len(g.labels) for g in graphs), sum(len(g.live) for g in graphs)
-
-    # ---- the worker ------------------------------------------------------------------------
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the worker has nothing left to do; False if `timeout` ran out first."""

@@ -28,9 +28,6 @@ VALUED = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
 _BLOCK_CELLS = 32_000_000
 
 
-# ---- reports --------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, slots=True)
 class ConsolidationReport:
     """What `consolidate` did: semantic nodes `examined`, `merged` into a survivor, links
@@ -77,9 +74,6 @@ class ValidationReport:
         )
 
 
-# ---- consolidate ----------------------------------------------------------------------------
-
-
 async def consolidate(
     graph: GraphMaintenance, repo: str, config: Config, *, full: bool = False
 ) -> ConsolidationReport:
@@ -93,10 +87,7 @@ async def consolidate(
     threshold = config.consolidate_threshold
     async with graph.lock(repo):
         ids, matrix = await graph.vectors_of_type(repo, NodeType.SEMANTIC)
-        if full:
-            fresh = set(ids)
-        else:
-            fresh = await graph.unconsolidated(repo)
+        fresh = set(ids) if full else await graph.unconsolidated(repo)
         new_rows = np.array([i for i, node_id in enumerate(ids) if node_id in fresh], np.int64)
         pairs = await anyio.to_thread.run_sync(_similar_pairs, matrix, new_rows, threshold)
         named = [(ids[i], ids[j]) for i, j in pairs]
@@ -125,8 +116,7 @@ def _similar_pairs(
         rows = new_rows[start : start + block]
         scores = matrix[rows] @ matrix.T
         # A pair of two new rows is seen from both ends: keep it from its lower row only.
-        hide = (columns[None, :] <= rows[:, None]) & is_new[None, :]
-        scores[hide] = -np.inf
+        scores[(columns[None, :] <= rows[:, None]) & is_new[None, :]] = -np.inf
         r, c = np.nonzero(scores >= threshold - COSINE_TOLERANCE)
         found.extend(zip(rows[r].tolist(), c.tolist(), strict=True))
     return found
@@ -217,9 +207,6 @@ def _strings(value: object) -> list[str]:
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
-# ---- decay ----------------------------------------------------------------------------------
-
-
 async def decay(
     graph: GraphMaintenance, repo: str, config: Config, *, now: datetime | None = None
 ) -> DecayReport:
@@ -228,9 +215,6 @@ async def decay(
     nodes left with no links. One transaction (StorageError: nothing changed)."""
     async with graph.lock(repo):
         return await graph.decay_sweep(repo, config, now=now or now_utc())
-
-
-# ---- validate -------------------------------------------------------------------------------
 
 
 async def validate_episodic(graph: GraphMaintenance, repo: str) -> ValidationReport:

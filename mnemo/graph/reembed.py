@@ -27,7 +27,6 @@ class Staging:
     resumed: bool
 
 
-
 class Unstaged(NamedTuple):
     """A node of a repo being re-embedded that has no staged vector yet."""
 
@@ -37,13 +36,11 @@ class Unstaged(NamedTuple):
     text: str
 
 
-
 # Embeds nodes (their type and text), one vector row each (the caller runs the embedder).
 EmbedNodes = Callable[[Sequence[Unstaged]], Awaitable[Vector]]
 
 # Catch-ups before the repo's lock, so the last, under it, has little left to embed.
 CATCH_UPS = 3
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,8 +53,7 @@ def resolve_dates(text: str, on: date) -> str:
         resolved = _resolve(match, on)
         if resolved is None or _RESOLVED.match(text, match.end()):
             continue
-        out.append(text[end : match.end()])
-        out.append(f" ({resolved})")
+        out += [text[end : match.end()], f" ({resolved})"]
         end = match.end()
     out.append(text[end:])
     return "".join(out)

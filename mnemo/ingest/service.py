@@ -46,13 +46,6 @@ class _InFlight:
     error: BaseException | None = None
 
 
-def payload_of(trajectory: Trajectory) -> dict[str, object]:
-    """What identifies an ingest's payload; its canonical JSON is `cpu.dumps(sort_keys=True)`."""
-    steps = [{"observation": step.observation, "action": step.action,
-              "metadata": step.metadata} for step in trajectory.steps]
-    return {"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata}
-
-
 def check_trajectory(trajectory: Trajectory, config: Config) -> None:
     """Checks the trajectory's steps, texts and metadata against `config` (InvalidInputError)."""
     limit = config.max_text_chars
@@ -89,10 +82,13 @@ def check_ingest(trajectory: Trajectory, source_id: str, progress: Progress | No
 
 
 def _digest(trajectory: Trajectory, metadata: Metadata | None) -> str:
-    """The digest that identifies a source: its payload and its scope (the same steps under
-    another scope conflict)."""
+    """The digest that identifies a source: its payload (goal, steps, metadata) and its scope
+    (the same steps under another scope conflict)."""
+    steps = [{"observation": step.observation, "action": step.action,
+              "metadata": step.metadata} for step in trajectory.steps]
+    payload = {"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata}
     digest = hashlib.sha256()
-    for piece in cpu.pieces(payload_of(trajectory), sort_keys=True):
+    for piece in cpu.pieces(payload, sort_keys=True):
         digest.update(piece.encode())
     digest.update((canonical(metadata or {}) or "").encode())
     return digest.hexdigest()

@@ -113,50 +113,43 @@ class Recaller:
             # and runs on its thread while the query is embedded; else it runs beside the dense
             # channel's thread in hop 0.
             on_loop = self.graph.vectors_on_loop(repo)
-            words = (self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
-                                                  searched, scope) if on_loop else None)
-            try:
-                vectors = await self.tag_vectors.embed(self.embedder, parts.dense, plan.tags)
-            except BaseException:
-                if words is not None:
-                    words.discard()
-                raise
-            query_vector, tag_vectors = vectors[0], vectors[1:]
-            trace.mark("embed")
-
-            # Hop 0 and the routes' probes at once (each waits on a worker thread), or one after
-            # the other when the vectors answer on the event loop.
+            per_channel = _hop_zero_width(config, k)
+            words = (self.graph.start_search_text(repo, parts.terms, per_channel, searched, scope)
+                     if on_loop else None)
             found: dict[str, Candidate] = {}
             routes: list[tuple[str, Candidate]] = []
-            if words is None:
-                words = self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
-                                                     searched, scope)
-            if self.generation is not None:
-                # Before any vector is compared: whether another Memory re-embedded the repo.
-                try:
+            try:
+                vectors = await self.tag_vectors.embed(self.embedder, parts.dense, plan.tags)
+                query_vector, tag_vectors = vectors[0], vectors[1:]
+                trace.mark("embed")
+                # Hop 0 and the routes' probes at once (each waits on a worker thread), or one
+                # after the other when the vectors answer on the event loop.
+                if words is None:
+                    words = self.graph.start_search_text(repo, parts.terms, per_channel, searched,
+                                                         scope)
+                lexical = words
+                if self.generation is not None:
+                    # Before any vector is compared: whether another Memory re-embedded the repo.
                     moved = await self.graph.generation(repo)
                     if moved != self.generation:
                         raise VectorsMoved(moved)
-                except BaseException:
-                    words.discard()
-                    raise
 
-            async def zero() -> None:
-                assert words is not None
-                found.update(await self._hop_zero(repo, parts.terms, words, query_vector, searched,
-                                                  k, on_loop, scope))
+                async def zero() -> None:
+                    found.update(await self._hop_zero(repo, parts.terms, lexical, query_vector,
+                                                      searched, k, on_loop, scope))
 
-            async def route() -> None:
-                probed = await hops.routes(self.graph, self.config, repo, query_vector, tag_vectors)
-                if scope is not None:
-                    keep = await self.graph.inside(repo, scope, [i for i, _ in probed])
-                    probed = [(i, c) for i, c in probed if i in keep]
-                routes.extend(probed)
+                async def route() -> None:
+                    probed = await hops.routes(self.graph, config, repo, query_vector,
+                                               tag_vectors)
+                    if scope is not None:
+                        keep = await self.graph.inside(repo, scope, [i for i, _ in probed])
+                        probed = [(i, c) for i, c in probed if i in keep]
+                    routes.extend(probed)
 
-            try:
                 await _in_turn(route, zero) if on_loop else await _side_by_side(zero, route)
             finally:
-                words.discard()
+                if words is not None:
+                    words.discard()
             # What the query's own channels made of each candidate, before any hop or lever.
             direct = {node_id: c.score for node_id, c in found.items()}
             trace.mark("hop0")

@@ -169,8 +169,7 @@ async def _bridge_tags(
     for tag_id, scores in shared.items():
         if len(scores) >= 2 and tag_id not in found:
             # Found one hop out from the results, a bridge is discounted like a hop.
-            score = config.hop_decay * sum(scores) / len(scores)
-            found[tag_id] = Candidate(score, "bridge", 0)
+            found[tag_id] = Candidate(config.hop_decay * sum(scores) / len(scores), "bridge", 0)
             bridges.add(tag_id)
     return bridges
 
@@ -214,9 +213,7 @@ def follows(origin: NodeType, target: NodeType, link: LinkType) -> bool:
         return True
     if link is LinkType.HIERARCHICAL:
         return {origin, target} <= {N.INTENT, N.PROCEDURAL, N.SUBGOAL, N.EPISODIC}
-    if link is LinkType.PROVENANCE:
-        return target is N.EPISODIC
-    return False
+    return link is LinkType.PROVENANCE and target is N.EPISODIC
 
 
 def neighbour_offers(
@@ -234,8 +231,7 @@ config: Config, found: dict[str, Candidate], nodes: dict[str, Node], k: int
             continue
         parent = found[node_id]
         for neighbour in adjacent_steps(node, config.recall_neighbour_width):
-            candidate = Candidate(parent.score * weight, "hop", parent.hop + 1)
-            offer(offers, neighbour, candidate)
+            offer(offers, neighbour, Candidate(parent.score * weight, "hop", parent.hop + 1))
     return offers
 
 

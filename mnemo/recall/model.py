@@ -142,7 +142,6 @@ def adjacent_steps(node: Node, width: int = 1) -> list[str]:
     return step_window(f"episodic_{episode}:{index}", width)
 
 
-
 class ResultSelection:
     """The results, best first, chosen from scored candidates: at most `k`, each type within
     its minimum score and top-k, one result per step and per wording. A step's place goes to

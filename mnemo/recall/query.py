@@ -134,9 +134,7 @@ def _one_edit(a: list[str], b: list[str]) -> bool:
     i = 0
     while i < len(a) and a[i] == b[i]:
         i += 1
-    if len(a) == len(b):
-        return a[i + 1 :] == b[i + 1 :]
-    return a[i:] == b[i + 1 :]
+    return a[i + 1 :] == b[i + 1 :] if len(a) == len(b) else a[i:] == b[i + 1 :]
 
 
 _POSSESSIVE = re.compile(r"['\u2019]s$", re.IGNORECASE)
@@ -225,9 +223,7 @@ class TagVectors:
         for tag, vector in zip(missing, fresh[1:], strict=True):
             known[tag] = vector
             self._put(embedder, tag, vector)
-        if not tags:
-            return fresh
-        return np.vstack([fresh[0], *(known[tag] for tag in tags)])
+        return np.vstack([fresh[0], *(known[tag] for tag in tags)]) if tags else fresh
 
     def _get(self, embedder: Embedder, tag: str) -> Vector | None:
         entry = self._kept.get((id(embedder), tag))
@@ -250,11 +246,9 @@ FEEDBACK_DOCS = 5
 MIN_SHARED = 2
 
 
-def feedback_terms(
-    query: str, documents: Sequence[str], n: int, *, min_shared: int = MIN_SHARED
-) -> list[str]:
+def feedback_terms(query: str, documents: Sequence[str], n: int) -> list[str]:
     """At most `n` words of `documents` to add to `query`: content words (`_content`) absent
-    from the query, found in at least `min_shared` documents; the most shared first, then the
+    from the query, found in at least `MIN_SHARED` documents; the most shared first, then the
     most frequent, then the first seen. Words are split as a search splits them."""
     asked = {_text.stem(w.lower()) for w in _text.text_words(query)}
     shared: dict[str, int] = {}
@@ -271,7 +265,7 @@ def feedback_terms(
                 seen.add(lower)
                 shared[lower] = shared.get(lower, 0) + 1
     ranked = sorted(
-        (w for w, docs in shared.items() if docs >= min_shared),
+        (w for w, docs in shared.items() if docs >= MIN_SHARED),
         key=lambda w: (-shared[w], -counts[w], first[w]),
     )
     return ranked[:n]

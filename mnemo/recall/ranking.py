@@ -187,9 +187,8 @@ def matching_first(
         return (node.type is N.EPISODIC and node.id not in restated
                 and direct.get(node.id, 0.0) < floor)
 
-    kept = [item for item in head[: last + 1] if not unrelated(item[1])]
+    out = [item for item in head[: last + 1] if not unrelated(item[1])]
     moved = [item for item in head[: last + 1] if unrelated(item[1])]
-    out = list(kept)
     for score, node, c in moved:
         out.append((min(score, out[-1][0]), node, c))
     return [*out, *head[last + 1 :], *ranked[k:]]
@@ -250,7 +249,6 @@ def left_out(nodes: Iterable[Node], sources: Mapping[str, Sequence[str]], when: 
     """The ids a recall at `when` leaves out, of `nodes` and the steps their facts were made
     from: those it does not keep (`holds`), and for `valid_at` the steps of a fact of another
     time."""
-    nodes = list(nodes)
     out: set[str] = {n.id for n in nodes if not holds(n, when)}
     if when.valid_at is not None:
         out |= {step for n in out for step in sources.get(n, ())}

@@ -55,7 +55,6 @@ class SearchQuery:
     where: Where | None
 
 
-# Times a write takes the thread's row again after a purge deleted it under the lock wait.
 _LOCK_ATTEMPTS = 3
 
 
@@ -108,7 +107,6 @@ async def read_messages(
 def stream_messages(
     sql: Statements, thread_id: str, *, from_seq: int, newest_first: bool
 ) -> AsyncGenerator[Row, None]:
-    """The thread's message rows from `from_seq` on, oldest or newest first, read lazily."""
     return sql.stream(
         f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE thread_id = ? AND seq >= ?"
         f" ORDER BY seq {'DESC' if newest_first else 'ASC'}",
@@ -146,8 +144,7 @@ async def read_open_goals(sql: Statements, thread_id: str, byte_order: str) -> l
 
 
 async def delete_thread_rows(sql: Statements, thread_id: str) -> int:
-    """Deletes everything a thread holds but its counter row (search entries too); returns
-    messages deleted."""
+    """Deletes a thread's rows but its counter row (search entries too); messages deleted."""
     for table in ("pins", "goals", "snapshots", "compactions", "message_vectors"):
         await sql.run(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
     return await sql.run("DELETE FROM messages WHERE thread_id = ?", (thread_id,))

@@ -148,8 +148,6 @@ class VectorCache:
             self._held[repo].index.remove(node_ids)
 
     async def settle(self, repo: str) -> None:
-        """Waits until the repo's HNSW graphs (if any) have caught up with its kept vectors
-        (built, no insert pending); bound it with `anyio.fail_after`."""
         await ann.settle(self.loaded(repo))
 
     async def aclose(self) -> None:

@@ -207,8 +207,7 @@ class SqlGraphWrites:
     async def _withdraw(
         self, sql: Statements, repo: str, key: str, scope: Scope, plan: Plan
     ) -> list[str]:
-        """Takes the work of `scope`'s commits off the graph as `plan` decides; the ids of the
-        nodes that went."""
+        """Takes `scope`'s commits' work off the graph per `plan`; the ids of the nodes gone."""
         mine = {str(i): str(kind) for i, kind in await sql.rows(
             f"SELECT id, type FROM nodes WHERE repo = ? AND (source_id = ? OR id{self.ANY})",
             (repo, key, self._list(sorted(scope.added))))}

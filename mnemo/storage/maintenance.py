@@ -194,7 +194,6 @@ class SqlMaintenance(SqlGraphWrites):
                                 dangling, missing_vectors, bad_vectors, rebuilt)
 
     def _linked_to(self, kind: str, link: str) -> str:
-        # Either direction counts.
         key = self.KEY
         return (
             f"(EXISTS (SELECT 1 FROM links l JOIN nodes o ON o.{key} = l.src"

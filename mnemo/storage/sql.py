@@ -32,7 +32,6 @@ class Statements(Protocol):
         loop may end early."""
 
 
-# A store's piece of work on one connection.
 Work = Callable[[Statements], Coroutine[Any, Any, T]]
 
 

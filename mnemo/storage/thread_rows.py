@@ -17,7 +17,6 @@ from mnemo.storage.sql import Statements, moment
 
 MESSAGE_COLUMNS = "id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata"
 SNAPSHOT_COLUMNS = "id, thread_id, level, start_seq, end_seq, text, created_at, covered_by"
-# The level-1 snapshots no level-2 one covers.
 UNCOVERED = "level = 1 AND covered_by IS NULL"
 
 

@@ -210,8 +210,7 @@ Hits = list[tuple[str, float]]
 
 
 class CachedVectors(VectorCache):
-    """A backend's vector side: some of each repo's vectors kept in memory, and the searches
-    and reads a backend gives (`GraphStore`'s of the same names)."""
+    """A backend's vector side: the cache, and the searches and reads of `GraphStore`'s names."""
 
     on_loop: Callable[[str], bool]
     search: Callable[[str, Vector, int, Iterable[NodeType] | None], Awaitable[Hits]]

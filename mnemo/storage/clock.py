@@ -11,8 +11,6 @@ from typing import Protocol
 
 
 class Clock(Protocol):
-    """A store's time (`ServerClock`, `HostClock`)."""
-
     def now(self) -> datetime: ...
 
 

@@ -50,7 +50,6 @@ class SqlCoordination(SqlStore):
     RESULT_TEXT = "result"
     # Seconds until an idle session comes due, from `_idle_params`.
     IDLE_LEFT = ""
-    # The change token's statement.
     CHANGE_TOKEN = ""
 
     now: Callable[[], datetime]
@@ -61,7 +60,6 @@ class SqlCoordination(SqlStore):
     _end_due: Callable[[Statements, list[str], datetime], Awaitable[list[Row]]]
 
     def _idle_params(self, now: datetime) -> tuple[object, ...]:
-        """The parameters `IDLE_LEFT` takes."""
         return ()
 
     async def sync_clock(self) -> None:

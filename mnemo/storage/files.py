@@ -11,8 +11,6 @@ from mnemo.storage.sqlite.database import SQLITE_HEADER, inspect_file
 
 
 class StoreFile(StrEnum):
-    """What `store_file` found at a path."""
-
     MISSING = "missing"  # nothing there
     DIRECTORY = "directory"
     EMPTY = "empty"  # a file of no bytes: SQLite takes it for an empty database

@@ -1,6 +1,5 @@
-"""`GraphBase`: what `SqliteGraph` and `PgGraph` share over their hooks (locks, vector side,
-deletes, scoped searches), and the SQL both run: a `where` is read from `node_scopes` by its
-first key's range, each other key a seek per node, so its cost is bounded by the scope."""
+"""`GraphBase`: what `SqliteGraph` and `PgGraph` share. A `where` is read from `node_scopes` by
+its first key's range, each other key a seek per node: its cost is bounded by the scope."""
 
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ def exists(repo: str, where: Where, node: str, skip: int) -> tuple[str, list[obj
 
 def members(repo: str, where: Where, limit: int, columns: str = "n.id, n.rowid, n.type"
             ) -> tuple[str, list[object]]:
-    """(SQL, params) of `columns` of the first `limit` nodes inside `where`, by rowid (the
-    order they were added)."""
+    """(SQL, params) of `columns` of the first `limit` nodes inside `where`, by rowid."""
     (key, values), *_ = where.items()
     others, params = exists(repo, where, "s.node", 1)
     return (
@@ -171,8 +169,6 @@ class GraphBase(RowReads):
     async def apply(
         self, changeset: Changeset, *, intents: IntentPolicy, also: Sequence[SideWrite] = ()
     ) -> CommitReceipt:
-        """Adds the changeset's nodes and links durably, once (`graph.commit.apply`); on
-        `StorageError` or `ValueError` (wrong dimension) nothing was written."""
         return await commit.apply(cast("CommitTarget", self), changeset, intents=intents,
                                   also=also)
 
@@ -242,8 +238,7 @@ class GraphBase(RowReads):
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
         scope: Scope | None = None,
     ) -> Hits:
-        """Nodes matching `query` by BM25, best first, from the lexical index or else the
-        store's own full-text search."""
+        """Nodes matching `query` by BM25, best first (the lexical index, else the store's)."""
         return await self.start_search_text(repo, query, limit, types, scope).result()
 
     async def search_vectors(
@@ -293,7 +288,6 @@ class GraphBase(RowReads):
             await self._lexical.settle(repo)
 
     async def aclose(self) -> None:
-        """Stops the vector side's and the lexical index's background work."""
         try:
             await self._vectors.aclose()
         finally:
@@ -339,7 +333,6 @@ class GraphBase(RowReads):
         self, repo: str, query: str, limit: int, kinds: list[str] | None, scope: Scope,
         wide: Callable[[int], Awaitable[Hits]],
     ) -> Hits:
-        """The words channel inside the scope (lexical index, or the store's search)."""
         lexical = self._lexical
 
         async def within(ids: list[str]) -> Hits:

@@ -28,7 +28,6 @@ class RowReads(SqlStore):
     _receipt: Callable[[Any], CommitReceipt]  # a stored receipt
 
     def _commit(self, row: Row) -> CommitRecord:
-        """A commit's record from its row (`COMMIT_COLUMNS`)."""
         (commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded,
          joined, reverted_by, reverts) = row
         ids = self._ids
@@ -51,7 +50,6 @@ class RowReads(SqlStore):
         return {str(i): str(t) for i, t in rows}
 
     async def present(self, repo: str, node_ids: list[str]) -> set[str]:
-        """Which of these ids are already nodes (a SOURCE shared by two commits, say)."""
         rows = await self._among("SELECT id FROM nodes WHERE id IN ({})", node_ids)
         return {str(i) for (i,) in rows}
 

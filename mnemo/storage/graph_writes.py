@@ -1,7 +1,5 @@
 """`SqlGraphWrites`: the SQL of the graph's writes, once for both backends, each inside the
-caller's transaction under the repo's lock: a commit's rows with its history record, deleting
-nodes, and withdrawing a source's or one commit's work (`graph.erasure`); erasures end with the
-backend's `SCRUB`."""
+caller's transaction under the repo's lock; erasures end with the backend's `SCRUB`."""
 
 from __future__ import annotations
 
@@ -162,8 +160,7 @@ class SqlGraphWrites:
         return gone
 
     async def _scope(self, sql: Statements, repo: str, key: str, one: bool) -> Scope:
-        """The work of the commits of the source `key` (with `one`: of the commit `key`, to
-        revert)."""
+        """The work of the source `key`'s commits (with `one`: of the commit `key`, to revert)."""
         params: tuple[str, ...] = (repo, key) if one else (repo, key, key, key)
         where = " AND id = ? AND reverted_by IS NULL" if one else (
             " AND reverts IS NULL AND (source_id = ? OR session_id = ? OR id IN (SELECT"
@@ -185,9 +182,7 @@ class SqlGraphWrites:
         return scope
 
     async def inherited(self, sql: Statements, repo: str, key: str, one: bool) -> Inherited:
-        """What withdrawing the commits of the source `key` (with `one`, the commit `key`)
-        re-words (`graph.erasure.Inherited`): their intents with linked procedures, oldest
-        first, and the facts and instructions they created or joined."""
+        """What withdrawing the source `key`'s commits (with `one`, the commit `key`) re-words."""
         scope = await self._scope(sql, repo, key, one)
         intents = sorted({str(i) for (i,) in await sql.rows(
             "SELECT id FROM nodes WHERE repo = ? AND type = 'intent'"
@@ -212,9 +207,7 @@ class SqlGraphWrites:
     async def _withdraw(
         self, sql: Statements, repo: str, key: str, scope: Scope, plan: Plan
     ) -> list[str]:
-        """Takes the work of `scope`'s commits off the graph: links counted down, steps, facts
-        no other commit supports and routes left unlinked deleted, the rest re-worded per
-        `plan`, retired facts restored. Returns the ids of the nodes that went."""
+        """Takes `scope`'s commits' work off the graph per `plan`; the ids of the nodes gone."""
         mine = {str(i): str(kind) for i, kind in await sql.rows(
             f"SELECT id, type FROM nodes WHERE repo = ? AND (source_id = ? OR id{self.ANY})",
             (repo, key, self._list(sorted(scope.added))))}
@@ -247,7 +240,6 @@ class SqlGraphWrites:
                      self._json(left.owners), node_id))
                 if made is not None:
                     await self._revector(sql, node_id, made)
-        # The routes still there without links.
         orphans = [str(i) for (i,) in await sql.rows(
             f"DELETE FROM nodes WHERE id{self.ANY} AND NOT EXISTS (SELECT 1 FROM links l"
             f" WHERE l.src = nodes.{self.KEY} OR l.dst = nodes.{self.KEY}) RETURNING id",
@@ -261,9 +253,8 @@ class SqlGraphWrites:
         self, sql: Statements, repo: str, key: str, also: Sequence[SideWrite], plan: Plan,
         revert_id: str | None,
     ) -> list[str]:
-        """See `GraphStore.withdraw`: the ids of the nodes that went. With `revert_id`,
-        reverts the commit `key`; else forgets the source `key` with its stored steps and
-        records, then scrubs."""
+        """See `GraphStore.withdraw` (`revert_id` for a revert): the ids of the nodes that went;
+        a forget erases the source's stored steps too."""
         scope = await self._scope(sql, repo, key, revert_id is not None)
         gone = await self._withdraw(sql, repo, key, scope, plan)
         if revert_id is not None:

@@ -32,14 +32,10 @@ def _group(value: object) -> str | None:
 
 
 class SqlMaintenance(SqlGraphWrites):
-    """Graph maintenance's statements, in the dialect of the graph's writes (`KEY`, `ANY`,
-    `_list`, `_json`)."""
-
     # The columns of a new link: its repo (PostgreSQL's links keep it) and its ends.
     LINKS = "links(src, dst, type)"
     # Appended to a SELECT whose rows stay locked until the transaction ends.
     LOCK = ""
-    # A boolean column's false and true.
     FALSE, TRUE = "0", "1"
     # Appended to a JSON column read as its text.
     TEXT = ""
@@ -127,9 +123,7 @@ class SqlMaintenance(SqlGraphWrites):
 
     async def decay_sweep(self, sql: Statements, repo: str, config: Config,
                           now: datetime) -> tuple[list[str], DecayReport]:
-        """Deletes the repo's memories whose `node_value` at `now` is below
-        `config.decay_threshold`, then the routing and source nodes left with no link; the ids
-        deleted, those memories first."""
+        """`GraphMaintenance.decay_sweep` by `node_value`; the ids deleted, memories first."""
         kinds = [kind.value for kind in maintenance.VALUED]
         examined, doomed = await self._below_threshold(
             sql, f"repo = ? AND type{self.ANY}", (repo, self._list(kinds)), config, now
@@ -200,7 +194,6 @@ class SqlMaintenance(SqlGraphWrites):
                                 dangling, missing_vectors, bad_vectors, rebuilt)
 
     def _linked_to(self, kind: str, link: str) -> str:
-        # Either direction counts.
         key = self.KEY
         return (
             f"(EXISTS (SELECT 1 FROM links l JOIN nodes o ON o.{key} = l.src"

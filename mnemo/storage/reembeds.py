@@ -1,6 +1,5 @@
 """The SQL of a repo's re-embedding (`graph.reembed`), once for both backends: new vectors
-staged in `staged_vectors`, then put in place in one transaction; `ReembeddedGraph` is the
-graph stores' role over it."""
+staged in `staged_vectors`, then put in place in one transaction."""
 
 from __future__ import annotations
 
@@ -38,7 +37,6 @@ class SqlReembeds:
         "DELETE FROM staged_vectors WHERE node IN (SELECT node FROM lexical_log"
         " WHERE repo = ? AND seq > ? AND seq <= ?)"
     )
-    # The columns a vector is put in place with.
     VECTOR_COLUMNS = "node, vec"
 
     _vector: Callable[[Vector], object]  # a vector as a statement's parameter

@@ -11,7 +11,6 @@ import msgspec
 from mnemo.errors import StorageError
 from mnemo.ports import JSONObject
 
-# A column's value, as the driver decoded it.
 Column = Any
 Row = tuple[Column, ...]
 
@@ -22,7 +21,6 @@ ON_LOOP_NODES = 200
 
 
 def loads(text: str | bytes | bytearray | memoryview) -> object:
-    """The value of a JSON document, as `json.loads` reads it."""
     try:
         return _DECODER.decode(text)
     except msgspec.DecodeError:

@@ -16,8 +16,7 @@ T = TypeVar("T")
 class Statements(Protocol):
     """One connection (inside a transaction, for a write)."""
 
-    async def rows(self, query: str, params: Sequence[Any] = ()) -> list[Row]:
-        """Every row of one statement."""
+    async def rows(self, query: str, params: Sequence[Any] = ()) -> list[Row]: ...
 
     async def row(self, query: str, params: Sequence[Any] = ()) -> Row | None:
         """The first row of one statement (None when there is none)."""
@@ -33,15 +32,13 @@ class Statements(Protocol):
         loop may end early."""
 
 
-# A store's piece of work on one connection.
 Work = Callable[[Statements], Coroutine[Any, Any, T]]
 
 
 class Driver(Protocol):
     """How a backend runs a store's work (`Database`, `Postgres`)."""
 
-    async def read(self, work: Work[T]) -> T:
-        """Runs `work`, a read."""
+    async def read(self, work: Work[T]) -> T: ...
 
     async def together(self, work: Work[T]) -> T:
         """Runs `work`, a read of several statements, on one snapshot."""

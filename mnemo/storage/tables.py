@@ -23,7 +23,6 @@ def check_ledger(applied: Collection[str], known: Collection[str], baseline: str
             "unavailable", f"the store was upgraded by a newer mnemo (its schema has {newer[-1]},"
             " which this version does not know): open it with that version or a later one")
 
-# Each neutral word as SQLite and as PostgreSQL write it.
 _TYPES = {
     "JSON": ("TEXT", "jsonb"),
     "TIME": ("TEXT", "timestamptz"),

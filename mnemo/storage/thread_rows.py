@@ -17,7 +17,6 @@ from mnemo.storage.sql import Statements, moment
 
 MESSAGE_COLUMNS = "id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata"
 SNAPSHOT_COLUMNS = "id, thread_id, level, start_seq, end_seq, text, created_at, covered_by"
-# The level-1 snapshots no level-2 one covers.
 UNCOVERED = "level = 1 AND covered_by IS NULL"
 
 
@@ -55,7 +54,6 @@ class SearchQuery:
     where: Where | None
 
 
-# Times a write takes the thread's row again after a purge deleted it under the lock wait.
 _LOCK_ATTEMPTS = 3
 
 
@@ -108,7 +106,6 @@ async def read_messages(
 def stream_messages(
     sql: Statements, thread_id: str, *, from_seq: int, newest_first: bool
 ) -> AsyncGenerator[Row, None]:
-    """The thread's message rows from `from_seq` on, oldest or newest first, read lazily."""
     return sql.stream(
         f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE thread_id = ? AND seq >= ?"
         f" ORDER BY seq {'DESC' if newest_first else 'ASC'}",
@@ -146,8 +143,7 @@ async def read_open_goals(sql: Statements, thread_id: str, byte_order: str) -> l
 
 
 async def delete_thread_rows(sql: Statements, thread_id: str) -> int:
-    """Deletes everything a thread holds but its counter row (search entries too); returns
-    messages deleted."""
+    """Deletes a thread's rows but its counter row (search entries too); messages deleted."""
     for table in ("pins", "goals", "snapshots", "compactions", "message_vectors"):
         await sql.run(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
     return await sql.run("DELETE FROM messages WHERE thread_id = ?", (thread_id,))

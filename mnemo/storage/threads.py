@@ -1,8 +1,6 @@
-"""`SqlThreads`: the conversation store (`ThreadStore`), once for both backends; a backend gives
-its driver, dialect words, value storage and full-text search. Every write is one transaction;
-one that depends on a thread's counters locks its row first (`LOCK`), so writers of a thread
-take turns (of two racing appends, the second raises `ConflictError`); a read of several
-statements is one snapshot."""
+"""`SqlThreads`: the conversation store (`ThreadStore`), once for both backends. Every write is
+one transaction; one that depends on a thread's counters locks its row first (`LOCK`), so
+writers of a thread take turns; a read of several statements is one snapshot."""
 
 from __future__ import annotations
 
@@ -52,7 +50,6 @@ class SqlThreads(SqlStore):
     # Upserts (message_id, thread_id, vec) of an existing message (4th parameter: its id).
     VECTOR_UPSERT = ""
 
-    # ---- what a backend gives -------------------------------------------------------------
     # The parameters of a row of `reads.MESSAGE_COLUMNS` for a draft.
     _message_row: Callable[[str, str, int, MessageDraft, datetime], Row]
     # A vector as a statement's parameter, and a stored one as read back.
@@ -66,8 +63,6 @@ class SqlThreads(SqlStore):
     _snippets: Callable[[Statements, Sequence[str], list[int]], Awaitable[dict[int, Row]]]
     # What a purge of this many messages does more, inside its transaction.
     _erased: Callable[[Statements, int], Awaitable[None]]
-
-    # ---- the log --------------------------------------------------------------------------
 
     async def state(self, thread_id: str) -> ThreadState | None:
         return await self._driver.read(lambda sql: reads.read_state(sql, thread_id))
@@ -301,8 +296,6 @@ class SqlThreads(SqlStore):
 
         return await self._driver.write(write)
 
-    # ---- goals and pins -------------------------------------------------------------------
-
     async def add_goal(self, thread_id: str, description: str, now: datetime) -> str:
         goal_id = f"goal_{uuid.uuid4().hex}"
         await self._driver.write(lambda sql: sql.run(
@@ -329,8 +322,6 @@ class SqlThreads(SqlStore):
         return await self._driver.read(
             lambda sql: reads.read_open_goals(sql, thread_id, self.BYTE_ORDER))
 
-    # ---- viewport, eviction and snapshots -------------------------------------------------
-
     async def viewport_inputs(self, thread_id: str, token_limit: int) -> ViewportInputs:
         async def read(sql: Statements) -> ViewportInputs:
             state = await reads.read_state(sql, thread_id)
@@ -345,7 +336,6 @@ class SqlThreads(SqlStore):
                                 " AND seq >= ?", thread_id, boundary)
             newest: list[Message] = []
             used = 0
-            # Newest first, lazily, up to the first message past the limit.
             rows = reads.stream_messages(sql, thread_id, from_seq=boundary, newest_first=True)
             async with aclosing(rows):
                 async for row in rows:
@@ -394,7 +384,6 @@ class SqlThreads(SqlStore):
                 raise ConflictError(f"thread {thread_id!r} changed during eviction")
             await sql.run("UPDATE threads SET boundary_seq = ? WHERE id = ?",
                           (boundary_after, thread_id))
-            # Pins whose message and open goal belong to the thread.
             await sql.run_many(
                 "INSERT INTO pins(message_id, goal_id, thread_id, created_at)"
                 " SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ? AND"
@@ -448,8 +437,6 @@ class SqlThreads(SqlStore):
     async def snapshots(self, thread_id: str) -> list[Snapshot]:
         return await self._driver.read(
             lambda sql: reads.read_snapshots(sql, thread_id, "1 = 1"))
-
-    # ---- search and drill-down ------------------------------------------------------------
 
     async def search(
         self,

@@ -1,7 +1,7 @@
 """Moving a memory from one store to another (`mnemo migrate`), backend-neutral: each
 backend's `Dump` reads and writes `TABLES` as neutral values, skipping rows the target holds
 (rerunnable), rowids kept. Work holders, leases, a re-embedding under way and search indexes
-are not copied. Counts and `NodeChecksum` are verified after (`StorageError("mismatch")`)."""
+are not copied."""
 
 from __future__ import annotations
 
@@ -57,7 +57,6 @@ class Table:
 _KINDS = {"text": Kind.TEXT, "jsonb": Kind.JSON, "timestamptz": Kind.TIME, "integer": Kind.INT,
           "bigint": Kind.INT, "boolean": Kind.BOOL, "vector": Kind.VECTOR, "double": Kind.FLOAT,
           "bytea": Kind.BYTES}
-# Work holders, leases, operations and claims, a re-embedding under way and the lexical log.
 _NOT_COPIED = {"holders", "ops", "step_claims", "reembeds", "staged_vectors", "lexical_repos",
                "lexical_log", "lexical_epoch", "holder", "lease_until"}
 
@@ -90,8 +89,7 @@ _NODE_ID, _NODE_TEXT = NODES.names.index("id"), NODES.names.index("text")
 class Dump(Protocol):
     """One open store, read and written table by table in neutral values."""
 
-    async def count(self, table: Table) -> int:
-        """How many rows `table` holds."""
+    async def count(self, table: Table) -> int: ...
 
     def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
         """Every row of `table` in batches of at most `batch`, by rowid or else key."""
@@ -110,8 +108,6 @@ class Dump(Protocol):
 
 
 class SqlDump(SqlStore):
-    """What both backends' dumps read alike, over their `Driver`."""
-
     async def count(self, table: Table) -> int:
         [(count,)] = await self._rows(f'SELECT count(*) FROM "{table.name}"')
         return int(count)

@@ -148,8 +148,6 @@ class VectorCache:
             self._held[repo].index.remove(node_ids)
 
     async def settle(self, repo: str) -> None:
-        """Waits until the repo's HNSW graphs (if any) have caught up with its kept vectors
-        (built, no insert pending); bound it with `anyio.fail_after`."""
         await ann.settle(self.loaded(repo))
 
     async def aclose(self) -> None:
@@ -212,8 +210,7 @@ Hits = list[tuple[str, float]]
 
 
 class CachedVectors(VectorCache):
-    """A backend's vector side: some of each repo's vectors kept in memory, and the searches
-    and reads a backend gives (`GraphStore`'s of the same names)."""
+    """A backend's vector side: the cache, and the searches and reads of `GraphStore`'s names."""
 
     on_loop: Callable[[str], bool]
     search: Callable[[str, Vector, int, Iterable[NodeType] | None], Awaitable[Hits]]

@@ -230,7 +230,7 @@ class ConversationManager:
             EmbeddingError: `Semantic` with a query, and embedding failed."""
         check_id(thread_id, "thread_id")
         if query is not None:
-            check_text(query, "query", limit=self._service.max_text_chars, stored=False)
+            check_text(query, "query", limit=self._service.config.max_text_chars, stored=False)
         await self._expire(thread_id)
         service = self._service
         if isinstance(self.retrieval, Semantic):
@@ -268,7 +268,7 @@ class ConversationManager:
         check_id(thread_id, "thread_id")
         check_count("start_seq", start_seq)
         check_count("end_seq", end_seq, minimum=start_seq)
-        check_text(summary_text, "summary_text", limit=self._service.max_text_chars)
+        check_text(summary_text, "summary_text", limit=self._service.config.max_text_chars)
         async with self._service.thread_locks.hold(thread_id):
             return await self._service.store.add_compaction(
                 thread_id, start_seq, end_seq, summary_text, self.clock()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from mnemo import text as _text
+from mnemo.storage.sql import utc
 
 MAX_TOPIC_CHARS = 80
 MAX_DESCRIPTION_CHARS = 200
@@ -237,7 +238,6 @@ def _time(value: str | None) -> datetime | None:
     if not value:
         return None
     try:
-        when = datetime.fromisoformat(value)
+        return utc(datetime.fromisoformat(value))
     except ValueError:
         return None
-    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)

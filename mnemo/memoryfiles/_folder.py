@@ -183,15 +183,17 @@ class Folder:
             return True
 
     def write(self, name: str, text: str) -> None:
-        """Replaces the file `name` with `text`, all or nothing (`disk.atomic_write`'s rules), never
-        writing through a link."""
+        """Replaces the file `name` with `text`, all or nothing (a fsynced temporary file renamed
+        over it, then the folder fsynced), never writing through a link; a replaced file keeps
+        its permission bits."""
         with self.opened(create=True) as fd:
+            folder = "" if fd is not None else self.path  # names are relative to `fd`
             if fd is None:
+                self.path.mkdir(parents=True, exist_ok=True)
                 if os.path.islink(self.path / name):
                     os.unlink(self.path / name)
-                disk.atomic_write(self.path / name, text)
-                return
-            temporary = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
+            target = os.path.join(folder, name)
+            temporary = os.path.join(folder, f".{name[:200]}.{secrets.token_hex(6)}.tmp")
             out = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600,
                           dir_fd=fd)
             try:
@@ -200,16 +202,19 @@ class Folder:
                     file.flush()
                     os.fsync(file.fileno())
                 with contextlib.suppress(FileNotFoundError):
-                    old = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    old = os.stat(target, dir_fd=fd, follow_symlinks=False)
                     if stat.S_ISREG(old.st_mode):
                         os.chmod(temporary, stat.S_IMODE(old.st_mode), dir_fd=fd)
-                os.replace(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
+                os.replace(temporary, target, src_dir_fd=fd, dst_dir_fd=fd)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(temporary, dir_fd=fd)
                 raise
-            with contextlib.suppress(OSError):
-                os.fsync(fd)
+            if fd is None:
+                disk.fsync_directory(self.path)
+            else:
+                with contextlib.suppress(OSError):
+                    os.fsync(fd)
 
     def open_lock(self, name: str) -> int:
         """A descriptor of the lock file `name` (created if missing), never through a link."""

@@ -333,7 +333,6 @@ class MemoryTools:
         return MemoryFiles(path, enabled=self.memory_updates, root=self.memory_dir)
 
 
-
 def _tool(method: Callable[..., Awaitable[str]]) -> Callable[..., Awaitable[str]]:
     """`method`, mnemo's deliberate errors made tool errors whose message the agent sees."""
 

@@ -124,15 +124,13 @@ def entry_key(line: str) -> str:
 
 
 def dedupe(lines: list[str]) -> list[str]:
-    """`lines` without repeats (by `entry_key`), each kept at its first position."""
-    seen: set[str] = set()
-    out: list[str] = []
+    """`lines` without repeats (by `entry_key`) or empty entries, each kept at its first
+    position."""
+    first: dict[str, str] = {}
     for line in lines:
-        key = entry_key(line)
-        if key and key not in seen:
-            seen.add(key)
-            out.append(line)
-    return out
+        first.setdefault(entry_key(line), line)
+    first.pop("", None)
+    return list(first.values())
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,12 +31,11 @@ SNIPPET_CHARS = 300  # each memory's text in a recall answer; get_node has the r
 PAGE_CHARS = 8_000  # one page of get_node (or of a viewed message over MCP)
 MESSAGE_CHARS = 1_000  # each message or snapshot shown around a viewed message (MCP)
 ERROR_CHARS = 500  # an error message (they may quote the input)
-_ELLIPSIS = "\u2026"
 
 
 def clip(text: str, limit: int) -> str:
     """`text` cut to at most `limit` characters, the cut marked with an ellipsis."""
-    return text if len(text) <= limit else text[: max(limit - 1, 0)] + _ELLIPSIS
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "\u2026"
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,9 +86,8 @@ def _fail(message: str, status: int) -> NoReturn:
     raise typer.Exit(status)
 
 
-app = typer.Typer(name="mnemo", cls=_Commands,
-                  help="mnemo: memory for LLM agents. Look inside a memory, fill it, serve it.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app = typer.Typer(name="mnemo", cls=_Commands, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
 
 
 @app.callback()

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from mnemo.recall.engine import RecallResult
 
 
-
 def stdout_console() -> Console:
     """A console on the current stdout (made per call: tests swap stdout)."""
     return Console(file=sys.stdout)

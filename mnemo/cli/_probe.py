@@ -131,8 +131,7 @@ async def probe_server(uri: str, llm: LLM) -> ServerReport:
     await _at_once(uri, report)
     report.concurrency = planned_concurrency(llm, report.served_at_once)
     requests = _task_requests()
-    for request in requests:
-        report.tasks.append(await _fit(llm, request))
+    report.tasks = [await _fit(llm, request) for request in requests]
     transport = getattr(llm, "transport", None)
     if isinstance(transport, Transport) and transport.limit.unit_seconds:
         report.tokens_per_second = 1 / transport.limit.unit_seconds
@@ -194,8 +193,7 @@ async def _at_once(uri: str, report: ServerReport) -> None:
     and the estimate of how many the server serves at once."""
     # An adapter of its own, pinned so that every copy goes out at once.
     model = llm_from_uri(with_settings(uri, max_concurrency=max(AT_ONCE), concurrency=max(AT_ONCE)))
-    base = state_probe()
-    request = LLMRequest(base.task, base.system, base.messages, max_tokens=_PARALLEL_TOKENS)
+    request = replace(state_probe(), schema=None, max_tokens=_PARALLEL_TOKENS)
     try:
         # An unmeasured batch first opens every connection and warms the server's prompt cache.
         for n in (max(AT_ONCE), *AT_ONCE):

@@ -204,7 +204,6 @@ async def run_loop(
         return f"the eviction model timed out after {time_limit:g} s{kept}", usage
     if tools.snapshot_parts:
         return None, usage
-    # What was wrong with the last reply not used.
     last = next((line for line in reversed(tools.done) if "error:" in line), "")
     if silent == MAX_ROUNDS and last == NO_TOOL_CALL:
         return f"the eviction model replied {MAX_ROUNDS} times without calling a tool", usage

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
 from itertools import accumulate
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from mnemo import cpu
 from mnemo.calls.retry import fail_after
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from mnemo.conversation.service import ConversationService
 
 log = logging.getLogger("mnemo")
-_T = TypeVar("_T")
 
 # What one summary request may hold, in tokens (at least this, or 4x the Summary's max_tokens).
 SUMMARY_CHUNK_TOKENS = 8000
@@ -230,7 +229,7 @@ class ConversationManager:
             EmbeddingError: `Semantic` with a query, and embedding failed."""
         check_id(thread_id, "thread_id")
         if query is not None:
-            check_text(query, "query", limit=self._service.max_text_chars, stored=False)
+            check_text(query, "query", limit=self._service.config.max_text_chars, stored=False)
         await self._expire(thread_id)
         service = self._service
         if isinstance(self.retrieval, Semantic):
@@ -268,7 +267,7 @@ class ConversationManager:
         check_id(thread_id, "thread_id")
         check_count("start_seq", start_seq)
         check_count("end_seq", end_seq, minimum=start_seq)
-        check_text(summary_text, "summary_text", limit=self._service.max_text_chars)
+        check_text(summary_text, "summary_text", limit=self._service.config.max_text_chars)
         async with self._service.thread_locks.hold(thread_id):
             return await self._service.store.add_compaction(
                 thread_id, start_seq, end_seq, summary_text, self.clock()
@@ -276,11 +275,13 @@ class ConversationManager:
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
         """The thread's compaction records, by start_seq."""
-        return await self._read(thread_id, self._service.store.compactions)
+        await self._expire(thread_id)
+        return await self._service.store.compactions(thread_id)
 
     async def raw(self, thread_id: str) -> list[Message]:
         """Every stored message of the thread, by seq (after the ttl's erasure, if any)."""
-        return await self._read(thread_id, self._service.store.raw)
+        await self._expire(thread_id)
+        return await self._service.store.raw(thread_id)
 
     async def pop(self, thread_id: str) -> Message | None:
         """Erases the thread's newest message and returns it (None if none; no seq reused)."""
@@ -298,13 +299,9 @@ class ConversationManager:
         check_id(thread_id, "thread_id")
         await self._service.purge(thread_id)
 
-    async def _read(self, thread_id: str, read: Callable[[str], Awaitable[_T]]) -> _T:
-        """`read` of the thread once the ttl's erasure is done (a blank thread id refused)."""
-        check_id(thread_id, "thread_id")
-        await self._expire(thread_id)
-        return await read(thread_id)
-
     async def _expire(self, thread_id: str) -> None:
+        """Erases what the ttl ended of the thread (a blank thread id refused)."""
+        check_id(thread_id, "thread_id")
         if self.ttl is not None:
             cutoff = self.clock() - timedelta(seconds=self.ttl)
             await self._service.store.expire(thread_id, cutoff)
@@ -329,8 +326,8 @@ class ConversationManager:
             # The longest run that fits in chunk_tokens, one message at least.
             fits = max(1, bisect_right(list(accumulate(m.tokens for m in pending)), chunk_tokens))
             chunk, pending = pending[:fits], pending[fits:]
-            earlier = [c for c in compactions if c.end_seq < chunk[0].seq]
-            previous = max(earlier, key=lambda c: c.end_seq) if earlier else None
+            previous = max((c for c in compactions if c.end_seq < chunk[0].seq),
+                           key=lambda c: c.end_seq, default=None)
             # The new record replaces the compactions inside its range: their summaries go in.
             inner = [c for c in compactions if chunk[0].seq < c.start_seq < chunk[-1].seq]
             request = summary_request(

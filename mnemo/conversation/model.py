@@ -100,40 +100,32 @@ class Message:
             del out["content"]
         return out
 
+    def parts(self, kind: str) -> list[JSONObject]:
+        """The content parts of type `kind` (Anthropic's shape: "tool_use", "tool_result")."""
+        parts = self.data.get("content")
+        if not isinstance(parts, list):
+            return []
+        return [p for p in parts if isinstance(p, dict) and p.get("type") == kind]
+
     @property
     def is_tool_result(self) -> bool:
         """A tool's output: role "tool" (or "function"), or a user message of tool_result
         parts (Anthropic's shape)."""
-        if self.role in {"tool", "function"}:
-            return True
         parts = self.data.get("content")
-        return (
-            isinstance(parts, list)
-            and bool(parts)
-            and all(isinstance(p, dict) and p.get("type") == "tool_result" for p in parts)
-        )
+        return self.role in {"tool", "function"} or (
+            isinstance(parts, list) and 0 < len(self.parts("tool_result")) == len(parts))
 
     @property
     def starts_turn(self) -> bool:
         """A user message that is not a tool's output: where `Recent` counts a turn. A user
         message holding tool_result parts (Anthropic's shape) goes on the assistant's turn."""
-        if self.role != "user":
-            return False
-        parts = self.data.get("content")
-        return not (
-            isinstance(parts, list)
-            and any(isinstance(p, dict) and p.get("type") == "tool_result" for p in parts)
-        )
+        return self.role == "user" and not self.parts("tool_result")
 
     @property
     def tool_call_count(self) -> int:
         """How many tool calls this message makes (OpenAI's or Anthropic's shape)."""
         calls = self.data.get("tool_calls")
-        count = len(calls) if isinstance(calls, list) else 0
-        parts = self.data.get("content")
-        if isinstance(parts, list):
-            count += sum(1 for p in parts if isinstance(p, dict) and p.get("type") == "tool_use")
-        return count
+        return (len(calls) if isinstance(calls, list) else 0) + len(self.parts("tool_use"))
 
 
 def replaced_compactions(

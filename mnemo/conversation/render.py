@@ -193,9 +193,7 @@ def prune_tool_outputs(
         content = message.get("content")
         if role in {"tool", "function"} and isinstance(content, str | list):
             message = {**message, "content": _cut_output(content, max_chars)}
-        elif isinstance(content, list) and any(
-            isinstance(p, dict) and p.get("type") == "tool_result" for p in content
-        ):
+        elif isinstance(content, list):  # a tool_result part's output is cut (`_cut_part`)
             message = {**message, "content": [_cut_part(p, max_chars) for p in content]}
         out.append(message)
     return out

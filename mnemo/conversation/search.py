@@ -3,6 +3,7 @@ words the backends OR-combine; relevance picks a pool, which `rank_by_recency` r
 
 from __future__ import annotations
 
+import heapq
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -42,13 +43,8 @@ def rank_by_recency(
 ) -> list[tuple[float, K]]:
     """The best `limit` of (key, relevance, recorded_at) candidates as (rank, key), best
     first by relevance times `recency_weight` (ties: the larger key)."""
-    return sorted(
-        (
-            (relevance * recency_weight((now - at).total_seconds()), key)
-            for key, relevance, at in candidates
-        ),
-        reverse=True,
-    )[:limit]
+    return heapq.nlargest(limit, ((relevance * recency_weight((now - at).total_seconds()), key)
+                                  for key, relevance, at in candidates))
 
 
 def hit_snippet(snippet: str, text: str, words: Sequence[str]) -> str:

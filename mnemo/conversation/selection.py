@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -14,25 +14,17 @@ from mnemo.conversation.model import Message
 def call_ids(message: Message) -> set[str]:
     """The ids of the tool calls a message makes."""
     calls = message.data.get("tool_calls")
-    return _ids(calls if isinstance(calls, list) else [], "id") | _part_ids(
-        message, "tool_use", "id")
+    return _ids([*(calls if isinstance(calls, list) else []), *message.parts("tool_use")], "id")
 
 
 def result_ids(message: Message) -> set[str]:
     """The ids of the tool calls a message answers."""
     answered = message.data.get("tool_call_id")
-    return ({answered} if isinstance(answered, str) else set()) | _part_ids(
-        message, "tool_result", "tool_use_id")
+    return ({answered} if isinstance(answered, str) else set()) | _ids(
+        message.parts("tool_result"), "tool_use_id")
 
 
-def _part_ids(message: Message, kind: str, field: str) -> set[str]:
-    """The `field` of each content part of type `kind`."""
-    parts = message.data.get("content")
-    return _ids([p for p in parts if isinstance(p, dict) and p.get("type") == kind]
-                if isinstance(parts, list) else [], field)
-
-
-def _ids(items: list[object], field: str) -> set[str]:
+def _ids(items: Iterable[object], field: str) -> set[str]:
     """The string `field` of each dict among `items`."""
     return {item[field] for item in items
             if isinstance(item, dict) and isinstance(item.get(field), str)}

@@ -93,7 +93,6 @@ class ConversationService:
         self.timeout = config.extraction_timeout
         # Threads belong to no repo: the Memory's config bounds their texts and counts.
         self.config = config
-        self.max_text_chars = config.max_text_chars
         self.events = events
         self.clock = clock
         self.evictor = Evictor(
@@ -158,7 +157,8 @@ class ConversationService:
         """See `Memory.viewport`."""
         check_id(thread_id, "thread_id")
         check_count("token_budget", token_budget, minimum=1)
-        view = (await self._layout(thread_id, token_budget))[0]
+        view = layout(thread_id, token_budget,
+                      await self.store.viewport_inputs(thread_id, token_budget))[0]
         goals = await self.store.open_goals(thread_id)
         if goals:
             pinned = {m.id for m in view.pinned}
@@ -168,11 +168,6 @@ class ConversationService:
         while len(self._shown) > SHOWN_KEPT:
             self._shown.popitem(last=False)
         return view
-
-    async def _layout(self, thread_id: str, token_budget: int) -> tuple[Viewport, bool]:
-        """The viewport, and whether eviction is behind (see `viewport.layout`)."""
-        inputs = await self.store.viewport_inputs(thread_id, token_budget)
-        return layout(thread_id, token_budget, inputs)
 
     async def recalled(
         self, thread_id: str, goals: Sequence[Goal], shown: Collection[str], *,
@@ -208,7 +203,8 @@ class ConversationService:
         on; returns the evictions (none for a thread purged meanwhile)."""
         done: list[EvictionResult] = []
         async with self._evict_locks.hold(thread_id):
-            while (await self._layout(thread_id, token_budget))[1]:
+            while layout(thread_id, token_budget,
+                         await self.store.viewport_inputs(thread_id, token_budget))[1]:
                 try:
                     result = await self.evictor.evict(thread_id, token_budget,
                                                       eviction_fraction, llm)
@@ -222,7 +218,7 @@ class ConversationService:
     async def add_goal(self, thread_id: str, description: str) -> str:
         """See `Memory.add_goal`; the count of open goals is checked under the thread lock."""
         check_name(thread_id, "thread_id")
-        check_text(description, "description", limit=self.max_text_chars)
+        check_text(description, "description", limit=self.config.max_text_chars)
         most = self.config.max_open_goals
         async with self.thread_locks.hold(thread_id):
             if len(await self.store.open_goals(thread_id)) >= most:
@@ -250,7 +246,7 @@ class ConversationService:
     ) -> list[SearchHit]:
         """See `Memory.search_messages`; `exclude_viewport_of` leaves out what that thread's
         viewport showed here, else its messages from the boundary on."""
-        check_text(query, "query", limit=self.max_text_chars, stored=False)
+        check_text(query, "query", limit=self.config.max_text_chars, stored=False)
         check_count("limit", limit, minimum=1, maximum=MAX_SEARCH_LIMIT)
         if thread_id is not None:
             check_id(thread_id, "thread_id")
@@ -324,7 +320,6 @@ def ttl_seconds(ttl: float | timedelta | None) -> float | None:
         return None
     return check_seconds("ttl", ttl.total_seconds() if isinstance(ttl, timedelta) else ttl,
                          DURATION_CEILINGS["age"])
-
 
 
 # One embedder call takes at most this many messages, and this many characters.

@@ -53,11 +53,6 @@ Offset = Annotated[int, Field(description="Where to start (next_offset).", ge=0)
 PAGE_ITEMS = 50
 
 
-def default_memory_dir(db: Path) -> Path:
-    """Where memory files go when not told: `<db>.memory/` beside the database."""
-    return db.with_name(f"{db.name}.memory")
-
-
 def _dumps(value: object) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
@@ -101,7 +96,7 @@ class MemoryTools:
             int, Field(description="Where to start reading its text (next_offset).", ge=0)
         ] = 0,
     ) -> str:
-        """One memory whole: its text a page of 8,000 characters at a time (pass the
+        """One memory whole: its text a page of PAGE_CHARS characters at a time (pass the
         `next_offset` it returns to read on; null on the last page), and its data. Errors: an
         unknown repo or node."""
         await self._check(repo)
@@ -338,7 +333,6 @@ class MemoryTools:
         return MemoryFiles(path, enabled=self.memory_updates, root=self.memory_dir)
 
 
-
 def _tool(method: Callable[..., Awaitable[str]]) -> Callable[..., Awaitable[str]]:
     """`method`, mnemo's deliberate errors made tool errors whose message the agent sees."""
 
@@ -388,5 +382,5 @@ async def open_tools(store: str | Path, *, llm: LLM | None = None, embedder: Emb
             return opened[0]
 
         yield MemoryTools(
-            reader, memory_dir or default_memory_dir(Path(store)),
+            reader, memory_dir or Path(f"{Path(store)}.memory"),  # beside the database
             memory_updates=memory_updates, worker=worker, reinforce=reinforce, llm=llm)

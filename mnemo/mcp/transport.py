@@ -22,7 +22,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from mcp_types import ToolAnnotations
+from mcp_types import INVALID_PARAMS, ToolAnnotations
 from pydantic import AnyHttpUrl, ValidationError
 
 from mnemo.access import check_token, hosts_of, is_loopback, same_token
@@ -31,7 +31,7 @@ from mnemo.errors import InvalidInputError
 from mnemo.mcp._stdio import MAX_REQUEST_BYTES, stdio_streams
 from mnemo.mcp.server import INSTRUCTIONS, TOOL_NAMES, MemoryTools, open_tools
 from mnemo.ports import LLM, Embedder
-from mnemo.tools import ERROR_CHARS, clip
+from mnemo.tools import ERROR_CHARS, PAGE_CHARS, clip
 from mnemo.version import installed_version
 
 # MCP's tool hints: read-only (changes nothing), destructive (may erase or overwrite what is
@@ -53,9 +53,6 @@ def validation_message(tool: str, exc: ValidationError) -> str:
         f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
         for error in exc.errors()]
     return clip(f"invalid arguments for {tool}: {'; '.join(problems)}", ERROR_CHARS)
-
-
-INVALID_PARAMS = -32602
 
 
 def check_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
@@ -92,7 +89,8 @@ def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "")
     checked = {
         name: Tool.from_function(
             getattr(tools, name), name=name,
-            description=inspect.cleandoc(getattr(tools, name).__doc__ or ""),
+            description=inspect.cleandoc(getattr(tools, name).__doc__ or "").replace(
+                "PAGE_CHARS", f"{PAGE_CHARS:,}"),
             annotations=ToolAnnotations(
                 read_only_hint=name in read_only, destructive_hint=name in DESTRUCTIVE,
                 idempotent_hint=name in IDEMPOTENT, open_world_hint=False),
@@ -190,7 +188,6 @@ async def _serve_http(tools: MemoryTools, http: Http) -> None:
     except OSError as exc:
         raise InvalidInputError(
             f"cannot listen on {http.host} port {http.port}: {exc.strerror or exc}") from exc
-    # Where, and who else can reach it.
     lines = [f"serving MCP over streamable HTTP at http://{shown}:{sock.getsockname()[1]}{PATH}"]
     if not is_loopback(http.host):
         lines.append(

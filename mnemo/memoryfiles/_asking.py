@@ -47,17 +47,13 @@ async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T], 
 async def ask_fitting(llm: LLM, requests: Sequence[LLMRequest],
                       parse: Callable[[LLMResponse], T]) -> T:
     """`ask` the first of `requests` (each smaller than the one before), and the next while the
-    model's context refuses them (`LLMContextError` when the last did not fit either)."""
+    model's context refuses them (`LLMContextError` when the last did not fit either); `ask`
+    shortens none of them itself."""
     *larger, smallest = requests
     for request in larger:
         try:
-            return await ask(llm, request, parse, shorten=_as_it_is)
+            return await ask(llm, request, parse, shorten=lambda _: None)
         except LLMContextError:
             log.warning("task %s: the prompt did not fit the model's context; asking with "
                         "smaller inputs", request.task)
-    return await ask(llm, smallest, parse, shorten=_as_it_is)
-
-
-def _as_it_is(_request: LLMRequest) -> None:
-    """No shorter request: `ask_fitting` moves on to its next one."""
-    return None
+    return await ask(llm, smallest, parse, shorten=lambda _: None)

@@ -152,14 +152,12 @@ class Folder:
         with self.opened(create=False) as fd:
             if fd is None and RELATIVE:
                 return None
+            at = self._at(fd, name)
             try:
-                if fd is None:
-                    if not stat.S_ISREG(os.lstat(self.path / name).st_mode):
-                        return None
-                    handle = os.open(self.path / name, os.O_RDONLY)
-                else:
-                    flags = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
-                    handle = os.open(name, flags, dir_fd=fd)
+                if fd is None and not stat.S_ISREG(os.lstat(at).st_mode):
+                    return None
+                handle = os.open(at, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0),
+                                 dir_fd=fd)
             except OSError:
                 return None
         with os.fdopen(handle, "rb") as file:
@@ -174,24 +172,22 @@ class Folder:
             if fd is None and RELATIVE:
                 return False
             try:
-                if fd is None:
-                    os.lstat(self.path / name)
-                else:
-                    os.stat(name, dir_fd=fd, follow_symlinks=False)
+                os.stat(self._at(fd, name), dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 return False
             return True
 
     def write(self, name: str, text: str) -> None:
-        """Replaces the file `name` with `text`, all or nothing (`disk.atomic_write`'s rules), never
-        writing through a link."""
+        """Replaces the file `name` with `text`, all or nothing (a fsynced temporary file renamed
+        over it, then the folder fsynced), never writing through a link; a replaced file keeps
+        its permission bits."""
         with self.opened(create=True) as fd:
             if fd is None:
+                self.path.mkdir(parents=True, exist_ok=True)
                 if os.path.islink(self.path / name):
                     os.unlink(self.path / name)
-                disk.atomic_write(self.path / name, text)
-                return
-            temporary = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
+            target = self._at(fd, name)
+            temporary = self._at(fd, f".{name[:200]}.{secrets.token_hex(6)}.tmp")
             out = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600,
                           dir_fd=fd)
             try:
@@ -200,21 +196,26 @@ class Folder:
                     file.flush()
                     os.fsync(file.fileno())
                 with contextlib.suppress(FileNotFoundError):
-                    old = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    old = os.stat(target, dir_fd=fd, follow_symlinks=False)
                     if stat.S_ISREG(old.st_mode):
                         os.chmod(temporary, stat.S_IMODE(old.st_mode), dir_fd=fd)
-                os.replace(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
+                os.replace(temporary, target, src_dir_fd=fd, dst_dir_fd=fd)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(temporary, dir_fd=fd)
                 raise
-            with contextlib.suppress(OSError):
-                os.fsync(fd)
+            if fd is None:
+                disk.fsync_directory(self.path)
+            else:
+                with contextlib.suppress(OSError):
+                    os.fsync(fd)
 
     def open_lock(self, name: str) -> int:
         """A descriptor of the lock file `name` (created if missing), never through a link."""
         with self.opened(create=True) as fd:
             flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-            if fd is None:
-                return os.open(self.path / name, flags, 0o600)
-            return os.open(name, flags, 0o600, dir_fd=fd)
+            return os.open(self._at(fd, name), flags, 0o600, dir_fd=fd)
+
+    def _at(self, fd: int | None, name: str) -> str:
+        """`name` as an os call takes it: relative to the folder's descriptor `fd`, else a path."""
+        return name if fd is not None else os.path.join(self.path, name)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from mnemo import text as _text
+from mnemo.storage.sql import utc
 
 MAX_TOPIC_CHARS = 80
 MAX_DESCRIPTION_CHARS = 200
@@ -123,15 +124,13 @@ def entry_key(line: str) -> str:
 
 
 def dedupe(lines: list[str]) -> list[str]:
-    """`lines` without repeats (by `entry_key`), each kept at its first position."""
-    seen: set[str] = set()
-    out: list[str] = []
+    """`lines` without repeats (by `entry_key`) or empty entries, each kept at its first
+    position."""
+    first: dict[str, str] = {}
     for line in lines:
-        key = entry_key(line)
-        if key and key not in seen:
-            seen.add(key)
-            out.append(line)
-    return out
+        first.setdefault(entry_key(line), line)
+    first.pop("", None)
+    return list(first.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +236,6 @@ def _time(value: str | None) -> datetime | None:
     if not value:
         return None
     try:
-        when = datetime.fromisoformat(value)
+        return utc(datetime.fromisoformat(value))
     except ValueError:
         return None
-    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)

@@ -41,6 +41,7 @@ from mnemo.memoryfiles.prompts import (
     statement_entry,
 )
 from mnemo.ports import LLM
+from mnemo.storage.sql import utc
 
 log = logging.getLogger("mnemo")
 
@@ -311,5 +312,4 @@ class MemoryFiles:
         return self.directory / name
 
     def _now(self) -> datetime:
-        when = self._clock()
-        return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+        return utc(self._clock())

@@ -150,10 +150,9 @@ def _chosen(groups: list[tuple[LinkType, list[Node]]], limit: int) -> list[set[s
     return chosen
 
 
-def neighbourhood(node: Node, linked: Sequence[LinkedNode], limit: int = MAX_DRAWN,
-                  layout: Layout = WIDE) -> Drawing:
+def neighbourhood(node: Node, linked: Sequence[LinkedNode], layout: Layout = WIDE) -> Drawing:
     """The layout of `node` and the nodes one link away (`linked`, a node once per link type
-    that reaches it), at most `limit` of them drawn."""
+    that reaches it), at most `MAX_DRAWN` of them drawn."""
     groups = _grouped(linked)
     links_of: dict[str, dict[LinkType, None]] = {}  # each neighbour's link types, in order
     for item in linked:
@@ -165,7 +164,7 @@ def neighbourhood(node: Node, linked: Sequence[LinkedNode], limit: int = MAX_DRA
     y = float(MARGIN) if layout.beside else MARGIN + box_height + 6
     headings: list[Heading] = []
     placed: list[tuple[Node, LinkType, float]] = []
-    for (link_type, members), keep in zip(groups, _chosen(groups, limit), strict=True):
+    for (link_type, members), keep in zip(groups, _chosen(groups, MAX_DRAWN), strict=True):
         drawn = [n for n in members if n.id in keep]
         if not drawn:
             continue
@@ -267,20 +266,19 @@ def force_layout(count: int, pairs: Sequence[tuple[int, int]], *, iterations: in
 
 
 def picture(nodes: Sequence[Node], links: Sequence[tuple[str, str, LinkType]],
-            focus: str | None = None, *, width: int = PICTURE_WIDTH,
-            height: int = PICTURE_HEIGHT) -> Picture:
+            focus: str | None = None) -> Picture:
     """`nodes` and the `links` among them (src, dst, type; a link to a node not in `nodes`
     is left out), placed by `force_layout`; `focus` is the id of a node to stand out."""
     index: dict[str, int] = {node.id: number for number, node in enumerate(nodes)}
     drawn = [(src, dst, kind) for src, dst, kind in links if src in index and dst in index]
     place = force_layout(len(nodes), [(index[src], index[dst]) for src, dst, _ in drawn])
-    inner = np.array([width - 2 * PICTURE_MARGIN, height - 2 * PICTURE_MARGIN])
+    inner = np.array([PICTURE_WIDTH - 2 * PICTURE_MARGIN, PICTURE_HEIGHT - 2 * PICTURE_MARGIN])
     at = PICTURE_MARGIN + place * inner
     spots = []
     for node, (x, y) in zip(nodes, at, strict=True):
         chars = LABELLED.get(node.type, 0) or (40 if node.id == focus else 0)
         radius = SIZES.get(node.type, RADIUS) * (1.6 if node.id == focus else 1.0)
-        left = x > 0.7 * width
+        left = x > 0.7 * PICTURE_WIDTH
         spots.append(Mark(node, float(x), float(y), shape(node.type, float(x), float(y), radius),
                           shorten(node.text, chars) if chars else "",
                           float(x - radius - 3 if left else x + radius + 3), (),
@@ -294,5 +292,5 @@ def picture(nodes: Sequence[Node], links: Sequence[tuple[str, str, LinkType]],
     present = {node.type for node in nodes}
     kinds = {kind for _, _, kind in drawn}
     return Picture(
-        width, height, tuple(spots), tuple(lines),
+        PICTURE_WIDTH, PICTURE_HEIGHT, tuple(spots), tuple(lines),
         tuple(t for t in NodeType if t in present), tuple(k for k in LinkType if k in kinds))

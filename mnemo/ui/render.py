@@ -15,6 +15,7 @@ from starlette.templating import Jinja2Templates
 
 from mnemo.errors import InvalidInputError, NotFoundError
 from mnemo.graph.model import NodeType
+from mnemo.tools import clip
 from mnemo.ui.drawing import shape
 from mnemo.ui.source import MemorySource
 
@@ -47,7 +48,7 @@ _env = Environment(loader=FileSystemLoader(HERE / "templates"),
                    autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
 _env.globals.update(href=href, shape=shape)
 _env.filters.update(label=lambda value: getattr(value, "value", value), short_id=short_id,
-                    short=lambda text, n=160: text if len(text) <= n else text[: n - 1] + "…")
+                    short=clip)
 TEMPLATES = Jinja2Templates(env=_env)
 
 

@@ -20,6 +20,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import TextContent
 
 from mnemo.storage.ports import is_postgres
+from mnemo.tools import PAGE_CHARS
 from mnemo.version import DISTRIBUTION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +88,8 @@ async def test_a_session_committed_over_mcp_is_recalled(tmp_path: Path, store: s
             for tool in listed.tools:
                 assert tool.description
                 assert "\n    " not in tool.description, tool.name
+            get_node = next(tool for tool in listed.tools if tool.name == "get_node")
+            assert f"a page of {PAGE_CHARS:,} characters" in (get_node.description or "")
 
             with pytest.raises(MCPError) as refused:
                 await session.call_tool("recall", {"repo": "assistant", "query": "x", "k": 0})

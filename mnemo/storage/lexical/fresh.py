@@ -129,9 +129,8 @@ def unstale_hits(
     searcher: Any, query: Any, limit: int, stale: Collection[str],
     read: dict[tuple[int, int], Stored],
 ) -> list[tuple[float, Stored]]:
-    """The best `limit` hits of `query` whose key is not in `stale`, asking tantivy for more
-    round by round as stale ones turn up (each hit is a document read). `read` caches read
-    documents for the same commit."""
+    """The best `limit` hits of `query` whose key is not in `stale`, asking tantivy for more as
+    stale ones turn up (each hit is a document read); `read` caches them for one commit."""
     want = limit
     while True:
         hits = searcher.search(query, want, count=False).hits

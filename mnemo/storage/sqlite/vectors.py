@@ -1,9 +1,7 @@
-"""`SqliteVectors`: the in-memory vectors of a SQLite graph's repos, for `SqliteGraph`.
-
-Each repo's `VectorIndex` is loaded on first use and brought up to the node log before each
-use (`mnemo.storage.vector_log`). Past `ann_threshold` vectors, with faiss-cpu, HNSW graphs
-answer (`mnemo.graph.ann`), read back from the saved files when they still match.
-"""
+"""`SqliteVectors`: the in-memory vectors of a SQLite graph's repos, each loaded on first use
+and brought up to the node log before each use (`mnemo.storage.vector_log`). Past
+`ann_threshold` vectors, with faiss-cpu, HNSW graphs answer (`mnemo.graph.ann`), read back
+from the saved files when they still match."""
 
 from __future__ import annotations
 
@@ -61,8 +59,7 @@ class SqliteVectors(CachedVectors):
     async def similarities(
         self, repo: str, node_ids: Sequence[str], vector: Vector, limit: int | None = None
     ) -> dict[str, float]:
-        """Raw cosine of each node (that has a vector) to `vector`, in one matrix product
-        (every node's, whatever `limit`: they are in memory)."""
+        """Raw cosine of each of these nodes with a vector, whatever `limit` (all in memory)."""
         return (await self.index(repo)).similarities(node_ids, vector)
 
     async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:

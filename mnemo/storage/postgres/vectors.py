@@ -190,7 +190,6 @@ class PgVectors(CachedVectors):
         async with self._pg.connection() as conn:
             for probe in probes:
                 cur = await conn.execute(statement, {"q": as_array(probe), "kinds": kinds, "k": k})
-                # A zero vector has no direction: its distance is NaN, and it is never near.
                 distances = [(str(i), float(d)) for i, d in await cur.fetchall()
                              if isinstance(d, float)]
                 rows = [(i, 1.0 - d) for i, d in distances if math.isfinite(d)]

@@ -95,9 +95,8 @@ def _ms(seconds: float) -> int:
 
 
 async def register_vector(conn: Connection) -> None:
-    """Teaches `conn` pgvector's `vector` in binary (an `np.ndarray` parameter is sent as one,
-    vectors come back as float32 arrays; skipped without the extension) and reads `jsonb`
-    with `row.loads`."""
+    """Teaches `conn` pgvector's `vector` in binary (an `np.ndarray` parameter sent as one,
+    float32 arrays back; skipped without the extension), and `jsonb` read with `row.loads`."""
     set_json_loads(loads, conn)
     info = await TypeInfo.fetch(conn, "vector")
     if info is None:

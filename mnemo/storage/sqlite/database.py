@@ -179,9 +179,8 @@ class Database:
         return await self.run(lambda db: _within(side_write(db), db, work))
 
     def post(self, work: Work[object], failed: Callable[[StorageError], object]) -> None:
-        """Queues `work(db)` and returns at once; it runs in call order (a later read sees
-        its writes). A failure (rolled back) goes to `failed`, in the thread. Raises
-        `StorageError("closed")`."""
+        """Queues `work(db)`, run in call order (a later read sees its writes); a failure,
+        rolled back, goes to `failed` in the thread. Raises `StorageError("closed")`."""
         worker, alone = self._worker, _alone(self.db, work)
         if worker is None:
             raise StorageError("closed", "the database is not open")

@@ -134,8 +134,7 @@ def fts_search(
 
 
 def fts_query(text: str) -> str:
-    """A safe FTS5 query for any user text: each distinct word (`query_words`) quoted,
-    OR-combined, at most `MAX_QUERY_TERMS` of them ('' if none): a query's cost must not grow
-    with its length."""
+    """Any user text as a safe FTS5 query: its distinct words (`query_words`, at most
+    `MAX_QUERY_TERMS`: the cost must not grow with the text) quoted, OR-combined ('' if none)."""
     words = query_words(text)
     return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)

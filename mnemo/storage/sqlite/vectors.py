@@ -114,9 +114,8 @@ def _state(db: SqliteUtilsDatabase, repo: str) -> VectorState:
 def _changes(
     db: SqliteUtilsDatabase, repo: str, since: int, generation: int
 ) -> tuple[int, list[Change]] | None:
-    """The log's sequence and the nodes changed since `since`, None if none; raises `Reload`
-    when the log no longer reaches back that far, or the vectors are of another generation
-    than `generation` (they were all made again)."""
+    """The log's sequence and the nodes changed since `since` (None: none); raises `Reload`
+    past the log's horizon, or for vectors of another `generation` (all made again)."""
     state = _state(db, repo)
     seq = state.seq
     if state.generation != generation:

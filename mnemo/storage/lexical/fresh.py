@@ -129,9 +129,8 @@ def unstale_hits(
     searcher: Any, query: Any, limit: int, stale: Collection[str],
     read: dict[tuple[int, int], Stored],
 ) -> list[tuple[float, Stored]]:
-    """The best `limit` hits of `query` whose key is not in `stale`, asking tantivy for more
-    round by round as stale ones turn up (each hit is a document read). `read` caches read
-    documents for the same commit."""
+    """The best `limit` hits of `query` whose key is not in `stale`, asking tantivy for more as
+    stale ones turn up (each hit is a document read); `read` caches them for one commit."""
     want = limit
     while True:
         hits = searcher.search(query, want, count=False).hits
@@ -320,10 +319,9 @@ def tantivy_totals(searcher: Any, fields: Any, stems: Iterable[str]) -> Totals |
 
 def tantivy_scale(totals: Totals, weights: Mapping[str, float], average: float,
                   frequency: Callable[[str], int]) -> float:
-    """At least the most any committed document's exact BM25 (idf `weights` by stem, average
-    length `average`) exceeds tantivy's score of it, from tantivy's `totals` and document
-    `frequency` of a stem: tantivy also counts deleted and other repos' documents, and rounds
-    lengths down."""
+    """At least the most any committed document's exact BM25 (idf `weights` by stem, mean length
+    `average`) exceeds tantivy's score of it, from tantivy's `totals` and `frequency` of a stem:
+    tantivy also counts deleted and other repos' documents, and rounds lengths down."""
     documents, length = totals
     ratio = max(w / idf(documents, frequency(s)) for s, w in weights.items())
     return ratio * max(1.0, average / max(length, 1e-9)) * (1 + 1e-4)  # and float32 rounding

@@ -64,8 +64,6 @@ READ_MOST = 16
 
 
 class LexicalIndex(Slot):
-    """One process's slot of the index for one store, kept up in a background thread."""
-
     def __init__(self, folder: Path, source: LexicalSource) -> None:
         super().__init__(folder, source)
         self._queue = threading.Lock()  # `_behind`, `_dirty`, `_worker`: held for moments

@@ -19,8 +19,6 @@ _STEP = NodeType.EPISODIC.value
 
 @dataclass(frozen=True, slots=True)
 class Document:
-    """A node's document: the row, its indexed text, the keys of other nodes' text it holds."""
-
     row: Row
     text: str
     holds: tuple[str, ...]
@@ -31,7 +29,6 @@ def key(repo: str, rowid: int) -> str:
 
 
 def rowid_of(key: str) -> int:
-    """The rowid a document's key names."""
     return int(key.rpartition("/")[2])
 
 

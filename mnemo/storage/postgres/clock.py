@@ -21,7 +21,6 @@ class ServerClock:
         self._read: tuple[datetime, float] | None = None  # the server's time, and when
 
     def now(self) -> datetime:
-        """The server's time, by the last read and this host's monotonic clock since."""
         if self._read is None:
             return self.host()
         server, at = self._read

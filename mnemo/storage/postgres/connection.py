@@ -52,8 +52,7 @@ def lock_key(name: str) -> int:
 
 
 def storage_error(exc: BaseException, reason: str | None = None) -> StorageError:
-    """The `StorageError` for a driver or pool error (it becomes the `__cause__`); `reason`
-    overrides the one read from the error."""
+    """The `StorageError` for a driver or pool error (module docstring); `reason` overrides."""
     message, state = str(exc), getattr(exc, "sqlstate", None)
     if reason is None:
         # 42704: the extension is not created; 58P01: the server has no pgvector.
@@ -96,9 +95,8 @@ def _ms(seconds: float) -> int:
 
 
 async def register_vector(conn: Connection) -> None:
-    """Teaches `conn` pgvector's `vector` in binary (an `np.ndarray` parameter is sent as one,
-    vectors come back as float32 arrays; skipped without the extension) and reads `jsonb`
-    with `row.loads`."""
+    """Teaches `conn` pgvector's `vector` in binary (an `np.ndarray` parameter sent as one,
+    float32 arrays back; skipped without the extension), and `jsonb` read with `row.loads`."""
     set_json_loads(loads, conn)
     info = await TypeInfo.fetch(conn, "vector")
     if info is None:
@@ -144,9 +142,6 @@ def _has_input(conn: Connection) -> bool:
 
 
 class Postgres:
-    """A pool of connections to one database, opened by `open()` (or `async with`); every
-    method that touches the database raises `StorageError` (module docstring)."""
-
     def __init__(
         self,
         url: str,
@@ -286,14 +281,12 @@ class Postgres:
             yield conn
 
     async def read(self, work: Work[T]) -> T:
-        """Runs `work` (`storage.sql`) on a pooled connection, in autocommit."""
         async with self.connection() as conn:
             return await work(PgStatements(conn))
 
     one = read  # in autocommit, a statement is its own transaction
 
     async def together(self, work: Work[T]) -> T:
-        """Runs `work` (`storage.sql`) inside `reading`."""
         async with self.reading() as conn:
             return await work(PgStatements(conn))
 
@@ -319,7 +312,6 @@ SLICE_SECONDS = 0.005
 
 
 async def rows_of(cur: psycopg.AsyncCursor[Any]) -> list[Row]:
-    """Every row of `cur`'s result, as `fetchall`, converted a slice at a time."""
     rows: list[Row] = []
     started = time.perf_counter()
     while part := await cur.fetchmany(SLICE_ROWS):
@@ -337,8 +329,6 @@ def placeholders(query: str) -> str:
 
 
 class PgStatements:
-    """`storage.sql.Statements` on one connection."""
-
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
 

@@ -32,7 +32,6 @@ TS_RANK_ONE = 0.1 * 6 / math.pi**2
 HEADLINE_OPTIONS = 'StartSel="", StopSel="", MaxWords=48, MinWords=24, ShortWord=0'
 
 
-# Messages counted at most, for a word's document frequency and the table's size.
 COUNT_CAP = 10_000
 
 

@@ -16,7 +16,6 @@ from mnemo.storage.sql import Statements
 
 
 def claims_lock_key(session_id: str) -> int:
-    """The advisory-lock key of a session's step claims."""
     return lock_key("mnemo.step_claims:" + session_id)
 
 

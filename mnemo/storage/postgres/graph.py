@@ -49,8 +49,6 @@ _INLINE_CHARS = 2_000
 
 
 class PgReembeds(SqlReembeds):
-    """The re-embedding's statements on PostgreSQL (staged vectors keyed by node id)."""
-
     OF_REPO = "repo = ?"
     STAGED = "s.node_id = n.id"
     LOCK = " FOR UPDATE"
@@ -72,8 +70,6 @@ class PgReembeds(SqlReembeds):
 
 
 class PgGraphWrites(SqlGraphWrites):
-    """The graph's writes on PostgreSQL: links and vectors by node id, JSON as jsonb."""
-
     KEY = "id"
     ANY = " = ANY(?)"
     LINK = "src = ? AND dst = ? AND type = ?"
@@ -111,9 +107,6 @@ class PgGraphWrites(SqlGraphWrites):
 
 
 class PgMaintenance(SqlMaintenance, PgGraphWrites):
-    """Graph maintenance on PostgreSQL (links by id, rows a merge or sweep changes locked
-    first)."""
-
     LINKS = "links(repo, src, dst, type)"
     LOCK = " FOR UPDATE"
     FALSE, TRUE = "false", "true"
@@ -208,7 +201,6 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
         )
 
     async def vectors_switched(self, repo: str, dim: int) -> None:
-        """Rebuilds the repo's HNSW index if it is large; drops its routes' saved graphs."""
         await self._vectors.switched(repo, dim)
 
     async def _committed(self, plan: CommitPlan) -> None:
@@ -220,7 +212,6 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
     async def neighbors(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
     ) -> list[Neighbor]:
-        """Every link touching these nodes, seen from each of them, in either direction."""
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return []

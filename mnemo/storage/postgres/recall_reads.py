@@ -20,7 +20,6 @@ NODE_WIDTH = len(NODE_COLUMNS.split(","))
 
 
 def node(row: Row) -> Node:
-    """The node of a row that starts with NODE_COLUMNS."""
     node_id, kind, text, data, created_at, start, end, recorded, retired, metadata = (
         row[:NODE_WIDTH])
     return Node(NodeId(str(node_id)), NODE_TYPES[kind], str(text), dict(data), created_at, start,
@@ -65,7 +64,6 @@ async def _node_context(
     async with conn.pipeline():
         nodes = await conn.execute(_NODES, params)
         links = await conn.execute(_LINKS, params)
-        # The nodes' vectors, in the same round trip.
         vectors = await conn.execute(OF_NODES, params, binary=True)
         node_rows = await rows_of(nodes)
         link_rows = await rows_of(links)

@@ -43,7 +43,6 @@ class PgSessions(SqlSessions):
                             committed_in: str | None = None) -> bool:
         if not rewards:
             return True
-        # One statement for every step.
         written = await sql.run(
             "UPDATE steps SET reward = v.reward, committed_in = coalesce(?::text, committed_in)"
             " FROM unnest(?::text[], ?::float8[]) AS v(id, reward) WHERE steps.id = v.id"

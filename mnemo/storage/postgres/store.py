@@ -20,8 +20,6 @@ MAX_CONNECTIONS = 10
 
 
 class PostgresBackend:
-    """Every store of one PostgreSQL database (`mnemo.storage.ports.Backend`)."""
-
     def __init__(
         self,
         url: str,

@@ -22,7 +22,6 @@ def _escape(code: int) -> str:
     return f"\\\\u{code:04x}" if code <= 0xFFFF else f"\\\\U{code:08x}"
 
 
-# What a text is split at before PostgreSQL's parser reads it (see above).
 _SPLIT_AT = "[!-/:-@[-`{-~" + "".join(
     _escape(first) + ("" if last == first else "-" + _escape(last))
     for first, last in _FORMAT_CHARACTERS

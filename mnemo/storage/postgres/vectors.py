@@ -108,7 +108,6 @@ class PgVectors(CachedVectors):
     async def nearest_of_type(
         self, repo: str, probes: Vector, kind: NodeType, k: int
     ) -> list[Hits]:
-        """For each probe row, the `k` nodes of one type nearest by cosine."""
         if k <= 0:
             return [[] for _ in range(len(probes))]
         if kind in ROUTES:
@@ -169,7 +168,6 @@ class PgVectors(CachedVectors):
             await self._pg.fetch_all(vector_log.VECTOR_STATE.replace("?", "%s"), (repo,)))
 
     async def _changes(self, repo: str, followed: RepoVectors) -> tuple[int, list[Change]] | None:
-        """What the node log holds past `followed`'s sequence (see `vector_log.Changes`)."""
         state = await self._state(repo)
         seq = state.seq
         if not followed.behind(seq, state.horizon, state.generation):
@@ -192,7 +190,6 @@ class PgVectors(CachedVectors):
         async with self._pg.connection() as conn:
             for probe in probes:
                 cur = await conn.execute(statement, {"q": as_array(probe), "kinds": kinds, "k": k})
-                # A zero vector has no direction: its distance is NaN, and it is never near.
                 distances = [(str(i), float(d)) for i, d in await cur.fetchall()
                              if isinstance(d, float)]
                 rows = [(i, 1.0 - d) for i, d in distances if math.isfinite(d)]

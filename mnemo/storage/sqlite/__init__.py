@@ -18,8 +18,6 @@ from mnemo.storage.sqlite.sessions import SqliteSessions
 
 
 class SqliteBackend:
-    """Every store of one SQLite file (`mnemo.storage.ports.Backend`)."""
-
     def __init__(
         self,
         path: str | Path,
@@ -47,7 +45,6 @@ class SqliteBackend:
 
     async def close(self) -> None:
         try:
-            # Stops an HNSW build that is still running, within two seconds.
             with anyio.move_on_after(2, shield=True):
                 await self.graph.aclose()
         finally:

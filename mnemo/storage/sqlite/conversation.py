@@ -20,11 +20,7 @@ SNIPPET_TOKENS = 48
 
 
 def match_expression(words: Sequence[str]) -> str:
-    """The FTS5 MATCH expression for the words of a query ("" when there are none).
-
-    >>> match_expression(["nginx", "proxy", "AND", "NOT", "port"])
-    '"nginx" OR "proxy" OR "AND" OR "NOT" OR "port"'
-    """
+    """The FTS5 MATCH expression of a query's words, each quoted: never FTS5 syntax ("" if none)."""
     # A query word holds no double quote to escape.
     return " OR ".join(f'"{word}"' for word in words)
 
@@ -53,7 +49,6 @@ class SqliteThreads(SqlThreads):
         return "id >= ? AND id < ?", (prefix, prefix + "\U0010ffff")
 
     async def purge(self, thread_id: str) -> int:
-        """`ThreadStore.purge`, then the WAL truncated (`_erased` merges the FTS5 index)."""
         gone = await super().purge(thread_id)
         await self._driver.run(truncate_wal)
         return gone

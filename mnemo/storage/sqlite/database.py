@@ -80,8 +80,6 @@ def storage_error(exc: sqlite3.Error) -> StorageError:
 
 
 class Database:
-    """The SQLite file (or `:memory:`) behind every store, with its one connection."""
-
     def __init__(
         self,
         path: str | Path = ":memory:",
@@ -106,7 +104,6 @@ class Database:
         return self._db
 
     async def open(self) -> None:
-        """Connects, enables WAL and applies pending migrations; raises `StorageError`."""
         self._worker = Worker(f"mnemo-db:{Path(self.path).name}")
         try:
             await self._call(self._open_sync)
@@ -174,7 +171,6 @@ class Database:
     together = read
 
     async def write(self, work: StatementsWork[T]) -> T:
-        """Runs `work` (`storage.sql`) in one `atomic()`."""
         return await self.run(lambda db: _within(db.atomic(), db, work))
 
     one = write
@@ -183,9 +179,8 @@ class Database:
         return await self.run(lambda db: _within(side_write(db), db, work))
 
     def post(self, work: Work[object], failed: Callable[[StorageError], object]) -> None:
-        """Queues `work(db)` and returns at once; it runs in call order (a later read sees
-        its writes). A failure (rolled back) goes to `failed`, in the thread. Raises
-        `StorageError("closed")`."""
+        """Queues `work(db)`, run in call order (a later read sees its writes); a failure,
+        rolled back, goes to `failed` in the thread. Raises `StorageError("closed")`."""
         worker, alone = self._worker, _alone(self.db, work)
         if worker is None:
             raise StorageError("closed", "the database is not open")
@@ -320,8 +315,7 @@ def _translated(exc: BaseException) -> BaseException:
     return storage_error(exc) if isinstance(exc, sqlite3.Error) else exc
 
 
-# A read's side write waits this long for the write lock (holding up the connection), else
-# is dropped.
+# A read's side write holds up the connection while it waits for the write lock.
 SIDE_WRITE_WAIT = 0.1
 
 
@@ -379,6 +373,5 @@ def inspect_file(path: Path) -> tuple[bool, bool]:
 
 
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
-    """`items` in slices of at most `size` (for `IN (...)` lists)."""
     for start in range(0, len(items), size):
         yield items[start : start + size]

@@ -70,16 +70,11 @@ class SqliteMaintenance(SqlMaintenance):
 
 
 class SqliteReembeds(SqlReembeds):
-    """The re-embedding's statements on SQLite: staged half floats by node rowid."""
-
     _vector = staticmethod(half_blob)
 
 
 class SqliteGraphWrites(SqlGraphWrites):
-    """The graph's writes on SQLite: links and vectors by node rowid, half-float vectors, a
-    commit record's lists that grow with it packed (`rows.pack_text`), erasures ending with a
-    merge of the FTS5 index (deleted words stay in old segments until then)."""
-
+    # An erasure merges the FTS5 index: deleted words stay in old segments until a merge.
     SCRUB = ("INSERT INTO nodes_fts(nodes_fts) VALUES ('optimize')",
              "UPDATE lexical_epoch SET epoch = lower(hex(randomblob(16)))")
     SESSIONS = SqliteSessions
@@ -160,11 +155,8 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
     _node = staticmethod(node_of)
 
     async def _erased(self) -> None:
-        """After an erasure's transaction: truncates the WAL, wipes the lexical slots."""
         await self._database.run(truncate_wal)
         await super()._erased()
-
-    # ---- re-embedding (`mnemo.graph.reembed`; the SQL in `storage/reembeds.py`) ----------
 
     def _reembed_lock(self, repo: str, busy: ConflictError
                       ) -> AbstractAsyncContextManager[None]:
@@ -176,8 +168,6 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
         folder = self._vectors.graph_folder(repo)
         if folder is not None:
             await anyio.to_thread.run_sync(ann_files.discard, folder)
-
-    # ---- recall's reads, each one call on the connection's thread ----------------------
 
     async def neighbors(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
@@ -223,8 +213,6 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
             lambda db: recall_reads.fts_search(db, repo, query, kinds, limit))
 
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
-        """`Database.post`s the counts (a refusal past `SIDE_WRITE_WAIT` is logged); raises
-        `StorageError("closed")`."""
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return
@@ -233,8 +221,7 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
         def write(db: SqliteUtilsDatabase) -> None:
             with side_write(db):
                 # One statement a chunk, not one a node: each statement gives the GIL up and
-                # takes it back, and this runs while a recall's Python holds it (15
-                # statements cost three times what one does beside a recall).
+                # takes it back, and this runs while a recall's Python holds it.
                 for chunk in chunks(ids, 400):
                     db.conn.execute(
                         "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
@@ -251,8 +238,7 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
     async def typed_links(
         self, repo: str, node_ids: Sequence[str]
     ) -> list[tuple[str, NodeType, str, NodeType, LinkType]]:
-        """Every link touching these nodes, seen from each: (origin, its type, the node at the
-        other end, its type, link type), in one query (what a recall hop needs)."""
+        """Every link touching these nodes, seen from each (`TypedLink`), in one query."""
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return []

@@ -1,7 +1,5 @@
-"""The batched reads of recall on SQLite, each one call on the database's worker thread (each
-call is a thread hop, which a recall of a small store pays more for than for its queries): a
-candidate set's nodes, access stats and links; the links a hop follows, with the types of
-their ends; every link of some nodes; and the store's own full-text search."""
+"""Recall's batched reads on SQLite, each one call on the database's worker thread (each call
+is a thread hop, which a recall of a small store pays more for than for its queries)."""
 
 from __future__ import annotations
 
@@ -118,9 +116,8 @@ def fts_search(
     db: SqliteUtilsDatabase, repo: str, query: str, kinds: list[str] | None, limit: int,
     where: Where | None = None,
 ) -> list[tuple[str, float]]:
-    """The store's own BM25 search (FTS5), for when the lexical index cannot answer: node ids
-    matching a word of `query` (`fts_query`; inside `where`), best first, with scores where
-    higher is better."""
+    """The store's own BM25 search (FTS5), for when the lexical index cannot answer: node ids,
+    best first, with scores where higher is better."""
     match = fts_query(query)
     if not match or limit <= 0:
         return []
@@ -137,8 +134,7 @@ def fts_search(
 
 
 def fts_query(text: str) -> str:
-    """A safe FTS5 query for any user text: each distinct word (`query_words`) quoted,
-    OR-combined, at most `MAX_QUERY_TERMS` of them ('' if none): a query's cost must not grow
-    with its length."""
+    """Any user text as a safe FTS5 query: its distinct words (`query_words`, at most
+    `MAX_QUERY_TERMS`: the cost must not grow with the text) quoted, OR-combined ('' if none)."""
     words = query_words(text)
     return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)

@@ -42,7 +42,6 @@ def vector_of_half(blob: bytes) -> Vector:
 
 
 def vectors_of_halves(blobs: list[bytes], dim: int) -> Vector:
-    """`vectors` rows' vectors as one float32 matrix, a row each."""
     if not blobs:
         return np.zeros((0, dim), dtype=np.float32)
     return np.frombuffer(b"".join(blobs), dtype=np.float16).astype(np.float32).reshape(

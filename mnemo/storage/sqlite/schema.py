@@ -95,7 +95,6 @@ def _logged(row: str) -> str:
         AND seq = (SELECT seq - {LOG_KEEP} FROM lexical_repos WHERE repo = {row}.repo);"""
 
 
-# Each change of a node's text logged by triggers into `tables.py`'s lexical tables.
 _LEXICAL = f"""
 CREATE TRIGGER nodes_lexical_insert AFTER INSERT ON nodes BEGIN
 {_logged("new")}

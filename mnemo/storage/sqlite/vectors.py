@@ -1,9 +1,7 @@
-"""`SqliteVectors`: the in-memory vectors of a SQLite graph's repos, for `SqliteGraph`.
-
-Each repo's `VectorIndex` is loaded on first use and brought up to the node log before each
-use (`mnemo.storage.vector_log`). Past `ann_threshold` vectors, with faiss-cpu, HNSW graphs
-answer (`mnemo.graph.ann`), read back from the saved files when they still match.
-"""
+"""`SqliteVectors`: the in-memory vectors of a SQLite graph's repos, each loaded on first use
+and brought up to the node log before each use (`mnemo.storage.vector_log`). Past
+`ann_threshold` vectors, with faiss-cpu, HNSW graphs answer (`mnemo.graph.ann`), read back
+from the saved files when they still match."""
 
 from __future__ import annotations
 
@@ -61,8 +59,7 @@ class SqliteVectors(CachedVectors):
     async def similarities(
         self, repo: str, node_ids: Sequence[str], vector: Vector, limit: int | None = None
     ) -> dict[str, float]:
-        """Raw cosine of each node (that has a vector) to `vector`, in one matrix product
-        (every node's, whatever `limit`: they are in memory)."""
+        """Raw cosine of each of these nodes with a vector, whatever `limit` (all in memory)."""
         return (await self.index(repo)).similarities(node_ids, vector)
 
     async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
@@ -117,9 +114,8 @@ def _state(db: SqliteUtilsDatabase, repo: str) -> VectorState:
 def _changes(
     db: SqliteUtilsDatabase, repo: str, since: int, generation: int
 ) -> tuple[int, list[Change]] | None:
-    """The log's sequence and the nodes changed since `since`, None if none; raises `Reload`
-    when the log no longer reaches back that far, or the vectors are of another generation
-    than `generation` (they were all made again)."""
+    """The log's sequence and the nodes changed since `since` (None: none); raises `Reload`
+    past the log's horizon, or for vectors of another `generation` (all made again)."""
     state = _state(db, repo)
     seq = state.seq
     if state.generation != generation:

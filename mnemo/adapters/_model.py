@@ -49,7 +49,6 @@ def reply_cap(requested: int | None, ceiling: int) -> int:
 
 
 def cut_note(problem: str, max_tokens: int) -> str:
-    """`problem`, saying the reply stopped at the token cap (so it is incomplete)."""
     return f"{problem} (the reply was cut short at max_tokens={max_tokens}, so it is incomplete)"
 
 
@@ -189,7 +188,6 @@ class HTTPModel(Closing):
                      else f"{scheme or provider}:{model}@{base_url}")
         self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
         self.total_usage = Usage()
-        # The transport (timeouts, retries) and how many requests the server gets at once.
         self.transport = self._http = Transport(
             base_url, name=f"{base_url} ({kind} {model})", error=error,
             timeout_error=timeout_error, headers=self._headers(key or None), **options)

@@ -44,7 +44,6 @@ class E5SmallEmbedder:
             await anyio.to_thread.run_sync(self.load_sync, limiter=self._slot)
 
     def load_sync(self) -> None:
-        """`load` without the event loop."""
         with _SHARED_LOCK:
             if not _SHARED:
                 try:

@@ -131,7 +131,6 @@ class MiniLMEmbedder:
         return tokenizer, session
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """One unit-norm float32 row per text."""
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         await self.load()
@@ -143,7 +142,6 @@ class MiniLMEmbedder:
         return _in_order(order, done)
 
     def embed_sync(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """`embed` without the event loop."""
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         self.load_sync()

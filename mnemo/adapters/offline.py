@@ -299,8 +299,6 @@ def _recall_rerank(inputs: Inputs) -> Answer:
     return {"order": list(range(1, len(inputs.memories) + 1))}
 
 
-# ---- annotating a step: `state`, `subgoal` and `reward` ----------------------------------
-
 _TOPIC_SHIFT = re.compile(
     r"\b(?:now,? let'?s|now let us|next,|moving on|move on to|switching to|switch to|"
     r"let'?s switch|another thing|another question|one more thing|different topic|"

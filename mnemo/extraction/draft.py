@@ -83,7 +83,6 @@ async def draw_up(repo: str, episode: EpisodeRecord, source: Source, extracted: 
     draw = partial(_draw, repo, episode, source, extracted, rewards, generation)
     items = sum(len(p.steps) + len(p.facts) + len(p.instructions) for p in extracted)
     draft, pending, valid = draw() if items <= _ON_LOOP_ITEMS else await cpu.off_loop(draw)
-    # Every node is embedded here, in one call, by the embedder `generation` names.
     vectors = await embed(embedder, [vector_text(kind, text) for _, kind, text, _, _ in pending])
     draft.nodes = [
         NodeDraft(id=node_id, type=kind, text=text, data=data, vector=vector, key=key,

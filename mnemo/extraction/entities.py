@@ -43,8 +43,7 @@ def embedding_text(text: str) -> str:
 
 
 def vector_text(kind: NodeType, text: str) -> str:
-    """What the vector of a node of type `kind` and text `text` is made of: a subgoal's text
-    whole, else `embedding_text`."""
+    """What a node's vector is made of: a subgoal's text whole, else `embedding_text`."""
     return text if kind is NodeType.SUBGOAL else embedding_text(text)
 
 

@@ -180,7 +180,6 @@ class Transport(Closing):
         self.name = name
         self._error = error
         self._timeout_error = timeout_error or error
-        # None: `DEFAULT_TIMEOUT`, or what the work's deadline has left when longer.
         self._timeout = timeout
         self.retry_policy = policy_from(
             options.get("retry"), max_retries=options.get("max_retries"),

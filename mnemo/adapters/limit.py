@@ -323,7 +323,6 @@ class RateGate:
                 self._tokens.level -= tokens
 
     def settle(self, estimated: int, actual: int) -> None:
-        """Corrects the tokens charged for a request by its real usage."""
         if self._tokens is not None:
             self._tokens.refill(self._clock.now())
             self._tokens.level = min(self._tokens.capacity, self._tokens.level + estimated - actual)

@@ -98,7 +98,6 @@ def _draw(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Ext
     scores: list[tuple[JSONObject, int, int]] = []
     pending: list[_Pending] = []
     links: list[Link] = []
-    # When each fact began to hold: a date it names, against its steps' date, else the session's.
     valid: dict[str, datetime] = {}
     step_dates: dict[str, datetime | None] = {}
     session_date = dates.metadata_date(

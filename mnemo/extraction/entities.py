@@ -48,8 +48,7 @@ def vector_text(kind: NodeType, text: str) -> str:
 
 
 def wordings(embedder: Embedder, timeout: float) -> Embed:
-    """How a forget or a revert embeds the wordings nodes take: `embedding_text` of each,
-    within `timeout` seconds."""
+    """A forget's or a revert's `Embed`: `embedding_text` of each text, within `timeout` seconds."""
     return lambda texts: embed_within(embedder, [embedding_text(t) for t in texts], timeout)
 
 

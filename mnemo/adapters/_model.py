@@ -183,7 +183,6 @@ class HTTPModel(Closing):
                 network is None or isinstance(network, httpx.AsyncHTTPTransport)):
             raise InvalidInputError(
                 f"the {label} API needs a key: pass api_key= or set {key_variable}")
-        # The URI `mnemo.llm_from_uri` or `embedder_from_uri` builds this from again.
         self.name = (f"{provider}:{model}" if base_url == provider_url
                      else f"{scheme or provider}:{model}@{base_url}")
         self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})

@@ -64,7 +64,6 @@ class MiniLMEmbedder:
     float32 rows, 384 wide, `batch_size` texts at a time in worker threads. `load` and `embed`
     raise EmbeddingError for a missing package, a sha256 mismatch or an onnxruntime failure."""
 
-    # The URI `mnemo.embedder_from_uri` builds this from again (a repo records it).
     name = "minilm"
 
     def __init__(

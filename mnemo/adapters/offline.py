@@ -87,7 +87,6 @@ _NO_USAGE = Usage(0, 0, 0.0)
 class OfflineLLM:
     """An `LLM` that answers mnemo's tasks with deterministic heuristics."""
 
-    # The URI that `mnemo.llm_from_uri` builds this from again (a repo records it).
     name = "offline"
 
     async def generate(self, request: LLMRequest) -> LLMResponse:

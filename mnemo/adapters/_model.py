@@ -156,9 +156,8 @@ def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
 
 class HTTPModel(Closing):
     """What the HTTP adapters share: the key (`api_key`, else its variable's), one `Transport` to
-    `base_url`, prices, `total_usage`, `server_profile`, and `name`, the URI of `provider` (or, to
-    another server, of `scheme`). Raises InvalidInputError for a bad limit, or no key for the
-    provider's own API."""
+    `base_url`, and `name`, the URI of `provider` (or, to another server, of `scheme`). Raises
+    InvalidInputError for a bad limit, or no key for the provider's own API."""
 
     def __init__(
         self,

@@ -114,8 +114,6 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None
 
 
 class Closing:
-    """An async context manager that calls `aclose` on the way out."""
-
     async def aclose(self) -> None:
         raise NotImplementedError
 
@@ -182,7 +180,6 @@ class Transport(Closing):
         self.name = name
         self._error = error
         self._timeout_error = timeout_error or error
-        # None: `DEFAULT_TIMEOUT`, or what the work's deadline has left when longer.
         self._timeout = timeout
         self.retry_policy = policy_from(
             options.get("retry"), max_retries=options.get("max_retries"),
@@ -193,7 +190,6 @@ class Transport(Closing):
         self._gate = RateGate(requests_per_minute=options.get("requests_per_minute"),
                               tokens_per_minute=options.get("tokens_per_minute"),
                               clock=self._clock)
-        # The network is aiohttp's pool, as many connections kept alive as requests in flight.
         self._network = options.get("transport") or Pool(max_connections=most)
         # httpx's own timeout bounds each network phase; `fail_after` bounds the attempt.
         self._client = httpx.AsyncClient(base_url=base_url, headers=dict(headers or {}),
@@ -263,7 +259,6 @@ class Transport(Closing):
                         beyond=f"max_retry_after {self._backoff.max_retry_after:g} s",
                     ) from failed.cause
                 if not budget.can_wait(delay):
-                    # No call left, or (calls left) the wait would end past the task's seconds.
                     beyond = (
                         f"the {max(budget.seconds_left(), 0.0):.1f} s left"
                         if budget.calls < budget.policy.max_calls else None

@@ -49,7 +49,6 @@ def reply_cap(requested: int | None, ceiling: int) -> int:
 
 
 def cut_note(problem: str, max_tokens: int) -> str:
-    """`problem`, saying the reply stopped at the token cap (so it is incomplete)."""
     return f"{problem} (the reply was cut short at max_tokens={max_tokens}, so it is incomplete)"
 
 
@@ -157,9 +156,8 @@ def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
 
 class HTTPModel(Closing):
     """What the HTTP adapters share: the key (`api_key`, else its variable's), one `Transport` to
-    `base_url`, prices, `total_usage`, `server_profile`, and `name`, the URI of `provider` (or, to
-    another server, of `scheme`). Raises InvalidInputError for a bad limit, or no key for the
-    provider's own API."""
+    `base_url`, and `name`, the URI of `provider` (or, to another server, of `scheme`). Raises
+    InvalidInputError for a bad limit, or no key for the provider's own API."""
 
     def __init__(
         self,
@@ -184,12 +182,10 @@ class HTTPModel(Closing):
                 network is None or isinstance(network, httpx.AsyncHTTPTransport)):
             raise InvalidInputError(
                 f"the {label} API needs a key: pass api_key= or set {key_variable}")
-        # The URI `mnemo.llm_from_uri` or `embedder_from_uri` builds this from again.
         self.name = (f"{provider}:{model}" if base_url == provider_url
                      else f"{scheme or provider}:{model}@{base_url}")
         self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
         self.total_usage = Usage()
-        # The transport (timeouts, retries) and how many requests the server gets at once.
         self.transport = self._http = Transport(
             base_url, name=f"{base_url} ({kind} {model})", error=error,
             timeout_error=timeout_error, headers=self._headers(key or None), **options)

@@ -193,8 +193,6 @@ def _corrected(stems: set[str], line: str) -> bool:
 
 @dataclass(slots=True)
 class _MemoryTopic:
-    """A topic file as the `memory_update` heuristic builds it up."""
-
     topic: str
     description: str
     stems: set[str]
@@ -304,8 +302,6 @@ def _shortened(text: str, room: int) -> str:
         words.append(word)
     return " ".join(words) + "\u2026" if words else ""
 
-
-# ---- conversation memory: `summary`, `eviction` and `snapshot_fold` ----------------------
 
 # A user (or system) sentence that gives an instruction or corrects the assistant: eviction
 # pins such messages word for word, since a summary would blur them.

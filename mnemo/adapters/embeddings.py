@@ -75,7 +75,6 @@ class OpenAIEmbedder(HTTPModel):
         self._dim = check_count("dim", value, minimum=1)
 
     def server_profile(self) -> ServerProfile:
-        """The concurrency limit and the vectors' encoding the server accepts."""
         return ServerProfile(self._http.limit.state(), encoding=self._encoding)
 
     def adopt_server_profile(self, stored: ServerProfile) -> None:
@@ -110,7 +109,6 @@ class OpenAIEmbedder(HTTPModel):
 
     @property
     def encoding_format(self) -> Encoding:
-        """The vectors' wire format in use."""
         return self._encoding
 
     async def _batch(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:

@@ -64,7 +64,6 @@ class HashEmbedder:
         return await cpu.run(lambda: self.embed_sync(texts), chars)
 
     def embed_sync(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """`embed` without the event loop."""
         slices: list[npt.NDArray[np.float32]] = []
         start = chars = 0
         for end, text in enumerate(texts, 1):
@@ -117,7 +116,6 @@ class HashEmbedder:
         return out.astype(np.float32)
 
     def _token(self, token: str) -> bytes:
-        """The features of a token not in the cache, cached."""
         if len(self._tokens) >= _CACHE_LIMIT:
             self._tokens.clear()
         marked = f"<{token}>"

@@ -88,7 +88,6 @@ class ServerProfile(msgspec.Struct, frozen=True, omit_defaults=True):
     encoding: str | None = None
 
     def encode(self) -> str:
-        """The profile as JSON text (`decode` reads it)."""
         return msgspec.json.encode(self).decode()
 
     @classmethod
@@ -182,7 +181,6 @@ class Limit:
 
     @property
     def free(self) -> bool:
-        """Whether a request may be sent now."""
         return self._in_flight < self.current
 
     async def _wait_turn(self) -> None:
@@ -200,7 +198,6 @@ class Limit:
             self._wake()
 
     def _wake(self) -> None:
-        """Lets the first in line look again, when a slot is free."""
         if self._waiters and self.free:
             self._waiters[0].set()
 
@@ -244,7 +241,6 @@ class Limit:
         elif queued <= max(NO_QUEUE, scale) and (
             ticket.in_flight * 2 >= self.current or self._waiters
         ):
-            # At least half the limit in use and no queue: the limit grows.
             self._limit += 1.0 if self._slow_start else 1.0 / self._limit
             self._limit = min(self._limit, float(self.ceiling))
 
@@ -327,7 +323,6 @@ class RateGate:
                 self._tokens.level -= tokens
 
     def settle(self, estimated: int, actual: int) -> None:
-        """Corrects the tokens charged for a request by its real usage."""
         if self._tokens is not None:
             self._tokens.refill(self._clock.now())
             self._tokens.level = min(self._tokens.capacity, self._tokens.level + estimated - actual)

@@ -64,7 +64,6 @@ class MiniLMEmbedder:
     float32 rows, 384 wide, `batch_size` texts at a time in worker threads. `load` and `embed`
     raise EmbeddingError for a missing package, a sha256 mismatch or an onnxruntime failure."""
 
-    # The URI `mnemo.embedder_from_uri` builds this from again (a repo records it).
     name = "minilm"
 
     def __init__(
@@ -131,7 +130,6 @@ class MiniLMEmbedder:
         return tokenizer, session
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """One unit-norm float32 row per text."""
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         await self.load()
@@ -143,7 +141,6 @@ class MiniLMEmbedder:
         return _in_order(order, done)
 
     def embed_sync(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """`embed` without the event loop."""
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         self.load_sync()

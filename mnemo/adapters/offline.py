@@ -87,7 +87,6 @@ _NO_USAGE = Usage(0, 0, 0.0)
 class OfflineLLM:
     """An `LLM` that answers mnemo's tasks with deterministic heuristics."""
 
-    # The URI that `mnemo.llm_from_uri` builds this from again (a repo records it).
     name = "offline"
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
@@ -298,8 +297,6 @@ def _recall_rerank(inputs: Inputs) -> Answer:
     """The retrieval's order: no model is there to judge relevance better than it."""
     return {"order": list(range(1, len(inputs.memories) + 1))}
 
-
-# ---- annotating a step: `state`, `subgoal` and `reward` ----------------------------------
 
 _TOPIC_SHIFT = re.compile(
     r"\b(?:now,? let'?s|now let us|next,|moving on|move on to|switching to|switch to|"

@@ -91,11 +91,9 @@ class OpenAICompatible(HTTPModel):
 
     @property
     def structured_mode(self) -> Mode:
-        """The structured-output form in use."""
         return self._mode
 
     def server_profile(self) -> ServerProfile:
-        """The concurrency limit and the structured mode "auto" settled on."""
         return ServerProfile(self._http.limit.state(), structured=(
             self._mode if self._auto and self._confirmed else None))
 

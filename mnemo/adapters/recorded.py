@@ -92,7 +92,6 @@ class RepoModels:
         self._embedders: dict[tuple[str, int], Embedder] = {}
 
     def load(self, repo: str, llm: str | None, embedder: str, dim: int) -> tuple[LLM, Embedder]:
-        """The models `repo` runs with, given its record."""
         models = (self._recorded_llm(repo, llm), self._recorded_embedder(repo, embedder, dim))
         self._repos[repo] = models
         self._records[repo] = (llm, embedder)

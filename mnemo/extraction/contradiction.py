@@ -76,8 +76,6 @@ def parse_contradiction(resp: LLMResponse, pairs: Sequence[tuple[int, int]],
 
 
 class Embedding(Protocol):
-    """A repo's embedder and the generation of its vectors."""
-
     embedder: Embedder
     generation: int
 

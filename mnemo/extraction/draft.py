@@ -83,7 +83,6 @@ async def draw_up(repo: str, episode: EpisodeRecord, source: Source, extracted: 
     draw = partial(_draw, repo, episode, source, extracted, rewards, generation)
     items = sum(len(p.steps) + len(p.facts) + len(p.instructions) for p in extracted)
     draft, pending, valid = draw() if items <= _ON_LOOP_ITEMS else await cpu.off_loop(draw)
-    # Every node is embedded here, in one call, by the embedder `generation` names.
     vectors = await embed(embedder, [vector_text(kind, text) for _, kind, text, _, _ in pending])
     draft.nodes = [
         NodeDraft(id=node_id, type=kind, text=text, data=data, vector=vector, key=key,
@@ -99,7 +98,6 @@ def _draw(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Ext
     scores: list[tuple[JSONObject, int, int]] = []
     pending: list[_Pending] = []
     links: list[Link] = []
-    # When each fact began to hold: a date it names, against its steps' date, else the session's.
     valid: dict[str, datetime] = {}
     step_dates: dict[str, datetime | None] = {}
     session_date = dates.metadata_date(

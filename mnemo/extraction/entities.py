@@ -43,14 +43,12 @@ def embedding_text(text: str) -> str:
 
 
 def vector_text(kind: NodeType, text: str) -> str:
-    """What the vector of a node of type `kind` and text `text` is made of: a subgoal's text
-    whole, else `embedding_text`."""
+    """What a node's vector is made of: a subgoal's text whole, else `embedding_text`."""
     return text if kind is NodeType.SUBGOAL else embedding_text(text)
 
 
 def wordings(embedder: Embedder, timeout: float) -> Embed:
-    """How a forget or a revert embeds the wordings nodes take: `embedding_text` of each,
-    within `timeout` seconds."""
+    """A forget's or a revert's `Embed`: `embedding_text` of each text, within `timeout` seconds."""
     return lambda texts: embed_within(embedder, [embedding_text(t) for t in texts], timeout)
 
 

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Fact:
-    """A semantic memory: one self-contained proposition.
-
-    `steps` are the trajectory-local indices of the steps it came from (None: all of them)."""
+    """A semantic memory: one self-contained proposition; `steps` are the trajectory-local
+    indices of the steps it came from (None: all of them)."""
 
     proposition: str
     concepts: tuple[str, ...]

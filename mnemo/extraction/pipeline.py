@@ -54,8 +54,7 @@ class _Countdown:
 
 
 class _Round:
-    """What the tasks of one extraction share: the LLM, the memo, and the failures so far
-    (each with the task and trajectory it befell)."""
+    """What the tasks of one extraction share; each failure names its task and trajectory."""
 
     def __init__(self, llm: LLM, memo: TaskMemo, goal: str) -> None:
         self.llm, self.memo, self.goal = llm, memo, goal

@@ -65,8 +65,7 @@ Reply with JSON: {"facts": [{"proposition", "concepts", "confidence", "steps"}, 
 
 
 def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
-    """The "semantic" task over one trajectory's steps ({"index", "observation", "action"});
-    read the reply with `parse_facts`."""
+    """The "semantic" task over one trajectory's steps ({"index", "observation", "action"})."""
     schema, max_tokens = bounded(SEMANTIC_SCHEMA, "facts", 3 + 2 * len(steps))
     return task_request("semantic", system=SEMANTIC_SYSTEM, instructions=SEMANTIC_INSTRUCTIONS,
                         inputs={"goal": goal, "subgoal": subgoal, "steps": steps}, schema=schema,
@@ -74,8 +73,7 @@ def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
 
 
 def parse_facts(resp: LLMResponse) -> list[Fact]:
-    """The facts of a "semantic" reply, in order, each proposition once, confidence clamped to
-    [0, 1]; raises ValueError naming the first field that does not match."""
+    """The facts of a "semantic" reply, in order, each proposition once, confidence in [0, 1]."""
     reply = read_reply(resp, SemanticReply, "semantic")
     facts: dict[str, Fact] = {}
     for i, item in enumerate(reply.facts):
@@ -138,8 +136,7 @@ Reply with JSON: {"instructions": [...], "last_reward": <number 0-1>}."""
 
 def procedural_request(*, goal: str, subgoal: str, steps: Steps,
                        score_last: bool = False) -> LLMRequest:
-    """The "procedural" task over one trajectory's steps; with `score_last`, the reply also scores
-    the last step (read with `parse_procedural`)."""
+    """The "procedural" task over one trajectory's steps (`score_last`: the last one scored too)."""
     instructions = PROCEDURAL_INSTRUCTIONS
     inputs: dict[str, str | bool | Steps] = {"goal": goal, "subgoal": subgoal, "steps": steps}
     if score_last:
@@ -160,8 +157,7 @@ def parse_procedural(resp: LLMResponse) -> tuple[list[Instruction], float | None
 
 
 def parse_instructions(resp: LLMResponse) -> list[Instruction]:
-    """The instructions of a "procedural" reply, in order, each once and stripped; raises
-    ValueError naming the first field that does not match."""
+    """The instructions of a "procedural" reply, in order, each once and stripped."""
     reply = read_reply(resp, ProceduralReply, "procedural")
     out: dict[str, Instruction] = {}
     for i, item in enumerate(reply.instructions):
@@ -211,8 +207,7 @@ def return_request(*, goal: str, subgoal: str, instructions: Steps, steps: Steps
 
 
 def parse_returns(resp: LLMResponse, count: int) -> dict[int, int]:
-    """Instruction index -> return score (clamped to 1..10) of a "return" reply; raises ValueError
-    for a reply of another shape."""
+    """Instruction index -> return score (clamped to 1..10) of a "return" reply."""
     reply = read_reply(resp, ReturnReply, "return")
     scores: dict[int, int] = {}
     for i, item in enumerate(reply.scores):
@@ -269,8 +264,7 @@ Reply with JSON: {"intents": [{"index": <the pair's index>, "intent": <the merge
 
 
 def merge_intents_request(pairs: list[tuple[str, str]]) -> LLMRequest:
-    """The "merge_intents" task: "merge_intent" for several (existing, new) pairs at once;
-    read the reply with `parse_merged_intents`."""
+    """The "merge_intents" task: "merge_intent" for several (existing, new) pairs at once."""
     schema, max_tokens = bounded(MERGE_INTENTS_SCHEMA, "intents", len(pairs), most=None)
     return task_request(
         "merge_intents",
@@ -283,8 +277,7 @@ def merge_intents_request(pairs: list[tuple[str, str]]) -> LLMRequest:
 
 
 def parse_merged_intents(resp: LLMResponse, count: int) -> dict[int, str]:
-    """Pair index -> merged intent of a "merge_intents" reply (unanswered pairs absent); raises
-    ValueError for a reply of another shape."""
+    """Pair index -> merged intent of a "merge_intents" reply (unanswered pairs absent)."""
     reply = read_reply(resp, MergedPairsReply, "merge_intents")
     merged: dict[int, str] = {}
     for item in reply.intents:

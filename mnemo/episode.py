@@ -93,7 +93,6 @@ class EpisodeLog:
     steps: list[StepRecord]
 
     def trajectories(self) -> list[list[StepRecord]]:
-        """The steps grouped by trajectory, in order of first step."""
         return by_trajectory(self.steps)
 
 

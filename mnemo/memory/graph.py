@@ -35,7 +35,6 @@ MAX_REEMBED_BATCH = 10_000
 
 
 class GraphMethods(Parts):
-    """`Memory`'s methods over a repo's graph, its history and its upkeep."""
 
     # ---- the graph ------------------------------------------------------------------------
 

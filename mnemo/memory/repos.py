@@ -27,7 +27,6 @@ T = TypeVar("T")
 
 
 class Repos:
-    """The repos of one Memory, their runtimes, and the adapters and limiters they share."""
 
     def __init__(
         self,

@@ -1,11 +1,9 @@
 """The async operation queue of each session, and the operations stored with their session for
-work another `Memory` holds. `submit` runs an operation now when the session is free, else
-queues it if the projected state (`machine.project`) allows it; each accepted operation gets
-exactly one callback. While another Memory extracts the session, an operation accepted here is
-stored (`_store_for`); whoever ends that work runs it and records its result, and this Memory
-calls back (`deliver_results`). Every path that calls back a waiting operation takes it out of
-`Sessions.remote` first, at once: one callback each, never none, never two.
-"""
+work another `Memory` holds: each accepted operation gets exactly one callback. While another
+Memory extracts the session, an operation accepted here is stored (`_store_for`); whoever ends
+that work runs it and records its result, and this Memory calls back (`deliver_results`). Every
+path that calls back a waiting operation takes it out of `Sessions.remote` first, at once: one
+callback each, never none, never two."""
 
 from __future__ import annotations
 
@@ -290,7 +288,6 @@ def watch(live: Sessions, session: SessionRecord) -> None:
 
 
 async def deliver_results(live: Sessions, session: SessionRecord) -> None:
-    """Calls back for the operations this Memory stored whose results another wrote."""
     mine = live.remote.get(session.id, [])
     results = await live.coordination.op_results([op_id for op_id, _, _ in mine])
     if not results:

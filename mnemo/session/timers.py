@@ -1,10 +1,8 @@
-"""The background loops of one Memory's sessions: auto-commit's timers (`run`: an idle
-trajectory is flushed after `Config.flush_timeout`, an idle session expires after
-`Config.session_timeout`), only for the sessions this Memory holds and from their last use as
-the store knows it; the sweep that ends sessions idle past `Config.idle_session_timeout`; and
-the holder's heartbeat and takeover of work nobody holds any more (`holder`). Every due
-deadline is checked against the store, and every move is a compare-and-set on the version.
-"""
+"""The background loops of one Memory's sessions: auto-commit's timers (`run`: flushes after
+`Config.flush_timeout`, expiry after `Config.session_timeout`), only for the sessions this Memory
+holds, from their last use as the store knows it; the sweep of sessions idle past
+`Config.idle_session_timeout`; the holder's heartbeat and takeover (`holder`). Every due
+deadline is checked against the store, and every move is a compare-and-set on the version."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The session machine's moves, and what the calls that move it write. A state change happens
 in `move`: under the session's lock it asks the table, persists, fires the trigger, starts what
-the move asks for (an `Effect`), then reports a "transition" event. `hold` takes the session's
-background work for this Memory, `wait_moved` waits for a move. A step's append and annotation
-sit below this module (`registry`), extraction and the operation queue above it.
-"""
+the move asks for (an `Effect`), then reports a "transition" event. A step's append and
+annotation sit below this module (`registry`), extraction and the operation queue above it."""
 
 from __future__ import annotations
 

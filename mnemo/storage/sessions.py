@@ -58,7 +58,6 @@ class SqlSessions(SqlStore):
 
     @staticmethod
     def _json(text: str) -> object:
-        """JSON text as a statement's parameter."""
         return text
 
     @staticmethod

@@ -106,7 +106,6 @@ def by_trajectory(steps: list[StepRecord]) -> list[list[StepRecord]]:
 
 NEUTRAL_REWARD = 0.5
 
-# ---- state --------------------------------------------------------------------------------
 
 class StateReply(Reply, frozen=True):
     state: Annotated[str, text(
@@ -165,8 +164,6 @@ def parse_state(resp: LLMResponse) -> str:
     )
 
 
-# ---- subgoal ------------------------------------------------------------------------------
-
 class SubgoalReply(Reply, frozen=True, kw_only=True):
     reasoning: Annotated[str, text(
         160, "One sentence: does this step continue the previous sub-task?")] = ""
@@ -218,15 +215,12 @@ def subgoal_request(
 
 
 def parse_subgoal(resp: LLMResponse) -> str:
-    """The subgoal of a "subgoal" reply (`data["subgoal"]`), stripped; ValueError when it is
-    missing or blank."""
+    """A "subgoal" reply's `data["subgoal"]`, stripped; ValueError when it is missing or blank."""
     subgoal = read_reply(resp, SubgoalReply, "subgoal").subgoal
     if not subgoal.strip():
         raise ValueError("subgoal is blank")
     return subgoal.strip()
 
-
-# ---- reward -------------------------------------------------------------------------------
 
 class RewardReply(Reply, frozen=True):
     # Clamped into [0, 1] when read (`parse_reward`, which reads a numeric string too).
@@ -281,8 +275,6 @@ def parse_reward(resp: LLMResponse) -> float:
     score = unit_score(data.get("reward") if isinstance(data, dict) else data)
     return NEUTRAL_REWARD if score is None else score
 
-
-# ---- a step's annotation ------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class Annotation:

@@ -193,8 +193,6 @@ def model_name(model: object) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-# ---- the on_event callback -----------------------------------------------------------------
-
 @dataclass(frozen=True, slots=True)
 class Event:
     """One thing that happened: `kind` is e.g. "transition", "step_appended",

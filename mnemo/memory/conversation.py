@@ -27,8 +27,6 @@ if TYPE_CHECKING:
 
 class ConversationMethods(Parts):
 
-    # ---- conversation memory --------------------------------------------------------------
-
     def conversation(
         self,
         *,

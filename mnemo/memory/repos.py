@@ -144,8 +144,6 @@ class Repos:
     def names(self) -> list[str]:
         return list(self._runtimes)
 
-    # ---- re-embedding ---------------------------------------------------------------------
-
     async def refresh(self, name: str, generation: int | None = None) -> Runtime:
         """The repo's runtime, updated in place from the store's record when its vectors'
         generation moved (another Memory re-embedded it); NotFoundError for an unknown repo.

@@ -89,7 +89,6 @@ _ATTEMPTS = 3
 
 @dataclass(frozen=True, slots=True)
 class Extraction:
-
     live: Sessions
     session: SessionRecord
 

@@ -104,8 +104,7 @@ def accept(session: SessionRecord, op: Op) -> None:
 
 
 def awaits_handover(live: Sessions, session: SessionRecord) -> bool:
-    """Operations this Memory stored are being handed over to the session's queue: a call made
-    now queues behind them."""
+    """Stored operations are being handed over to the queue: a call made now queues behind them."""
     return session.handing_over > 0 and bool(live.remote.get(session.id))
 
 
@@ -379,8 +378,7 @@ FINISH_BUDGET = 10.0
 async def _store_result(
     live: Sessions, session: SessionRecord, op_id: str, result: StoredResult
 ) -> None:
-    """Stores the result of an operation another Memory accepted, trying again after a fault
-    (see `FINISH_BUDGET`)."""
+    """Stores another Memory's operation's result, trying again after a fault (`FINISH_BUDGET`)."""
     with anyio.move_on_after(FINISH_BUDGET):
         await _keep_storing(live, op_id, result)
         return

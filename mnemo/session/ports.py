@@ -160,9 +160,6 @@ class SessionStore(Protocol):
     async def episode(self, episode_id: str) -> EpisodeLog | None: ...
 
 
-# ---- many Memory objects on one store ------------------------------------------------------------
-
-
 @dataclass(frozen=True, slots=True)
 class HolderInfo:
     """An open `Memory` on the store: its holder id, and when it last said it was alive."""

@@ -160,8 +160,7 @@ async def run(live: Sessions) -> None:
 
 
 def _check_deadlines(live: Sessions, session: SessionRecord, now: float) -> float:
-    """Starts a look at the store (`_due`) when a deadline of `session` is due; returns when
-    it next needs a look."""
+    """Starts `_due` when a deadline of `session` is due; returns when it next needs a look."""
     config = session.config
     if not config.auto_commit or session.ended or not session.driven:
         live.timed.discard(session.id)  # another Memory drives it; `drive` adds it again

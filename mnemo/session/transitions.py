@@ -158,8 +158,7 @@ async def start_extraction(
 
 
 async def close(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:
-    """Starts the episode's extraction, refused as `refuse_close` under the move's lock (an
-    `op` is a queued close)."""
+    """Starts the episode's extraction, refused as `refuse_close` under the move's lock."""
     await start_extraction(live, session, "close", op, facts=lambda: {
         "appends": appends_before(session, queued=op is not None)})
 
@@ -167,7 +166,6 @@ async def close(live: Sessions, session: SessionRecord, op: Op | None = None) ->
 async def commit(
     live: Sessions, session: SessionRecord, op: Op | None = None
 ) -> CommitReceipt | None:
-    """`ready`: applies the changeset (state `idle`); `failed`: extracts again, returns None."""
     if session.state is S.FAILED:
         session.failure = None
         await start_extraction(live, session, "commit", op)

@@ -1,6 +1,5 @@
 """Episodes and their steps as mnemo stores them, and a step's annotation (environment state,
-subgoal and its embedding, the previous step's deferred reward, whether it starts a trajectory):
-each task's `*_request` builds one `LLMRequest`, and its parser turns a reply into a typed value.
+subgoal and its embedding, the previous step's deferred reward, whether it starts a trajectory).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """`Memory`: the one object an app opens, a thin facade over the parts (a storage backend,
 `Repos`, the live `Sessions`, `Recaller`, `IngestService`, `ConversationService`). This module
 builds, opens and closes them and holds the methods over repos, recall and ingest; `Memory`
-inherits those over sessions, the graph and threads (`memory.sessions`, `memory.graph`,
-`memory.conversation`).
-"""
+inherits the others (`memory.sessions`, `memory.graph`, `memory.conversation`)."""
 
 from __future__ import annotations
 

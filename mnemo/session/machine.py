@@ -11,9 +11,6 @@ run outside the machine (`Extract`, `CommitSteps`), and their results come back 
     │                            │            ▼                                     │ │
     └──── discard ──────────── FAILED ◀───────┘          IDLE ◀── commit/discard ───┘ │
 ```
-
-A `SessionRecord` is one live session: what the store holds of it, plus its lock, queue and
-background work.
 """
 
 from __future__ import annotations

@@ -81,7 +81,6 @@ class Accelerator(Protocol):
 
 
 class VectorIndex:
-
     def __init__(self, dim: int, *, generation: int = 0) -> None:
         self.dim = dim
         # Which set of the repo's vectors these are (`Memory.reembed` makes a new one).

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 
 class ConversationMethods(Parts):
-
     def conversation(
         self,
         *,

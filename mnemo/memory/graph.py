@@ -35,7 +35,6 @@ MAX_REEMBED_BATCH = 10_000
 
 
 class GraphMethods(Parts):
-
     async def get_node(self, repo: str, node_id: str) -> Node | None:
         """The node, or None if the repo has no such node."""
         await self._repos.checked(repo, lambda _: check_id(node_id, "node_id"))

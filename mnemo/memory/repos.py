@@ -27,7 +27,6 @@ T = TypeVar("T")
 
 
 class Repos:
-
     def __init__(
         self,
         config: Config,

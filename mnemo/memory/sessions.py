@@ -27,7 +27,6 @@ MAX_RETRIES = 100
 
 
 class SessionMethods(Parts):
-
     async def start_session(
         self,
         goal: str,

@@ -62,7 +62,6 @@ class SqlSessions(SqlStore):
 
     @staticmethod
     def _list(values: list[str]) -> object:
-        """A list as the parameter of `ANY`."""
         return json.dumps(values)
 
     @classmethod

@@ -1,6 +1,5 @@
 """Episodes and their steps as mnemo stores them, and a step's annotation (environment state,
-subgoal and its embedding, the previous step's deferred reward, whether it starts a trajectory):
-each task's `*_request` builds one `LLMRequest`, and its parser turns a reply into a typed value.
+subgoal and its embedding, the previous step's deferred reward, whether it starts a trajectory).
 """
 
 from __future__ import annotations
@@ -93,7 +92,6 @@ class EpisodeLog:
     steps: list[StepRecord]
 
     def trajectories(self) -> list[list[StepRecord]]:
-        """The steps grouped by trajectory, in order of first step."""
         return by_trajectory(self.steps)
 
 
@@ -107,7 +105,6 @@ def by_trajectory(steps: list[StepRecord]) -> list[list[StepRecord]]:
 
 NEUTRAL_REWARD = 0.5
 
-# ---- state --------------------------------------------------------------------------------
 
 class StateReply(Reply, frozen=True):
     state: Annotated[str, text(
@@ -166,8 +163,6 @@ def parse_state(resp: LLMResponse) -> str:
     )
 
 
-# ---- subgoal ------------------------------------------------------------------------------
-
 class SubgoalReply(Reply, frozen=True, kw_only=True):
     reasoning: Annotated[str, text(
         160, "One sentence: does this step continue the previous sub-task?")] = ""
@@ -219,15 +214,12 @@ def subgoal_request(
 
 
 def parse_subgoal(resp: LLMResponse) -> str:
-    """The subgoal of a "subgoal" reply (`data["subgoal"]`), stripped; ValueError when it is
-    missing or blank."""
+    """A "subgoal" reply's `data["subgoal"]`, stripped; ValueError when it is missing or blank."""
     subgoal = read_reply(resp, SubgoalReply, "subgoal").subgoal
     if not subgoal.strip():
         raise ValueError("subgoal is blank")
     return subgoal.strip()
 
-
-# ---- reward -------------------------------------------------------------------------------
 
 class RewardReply(Reply, frozen=True):
     # Clamped into [0, 1] when read (`parse_reward`, which reads a numeric string too).
@@ -282,8 +274,6 @@ def parse_reward(resp: LLMResponse) -> float:
     score = unit_score(data.get("reward") if isinstance(data, dict) else data)
     return NEUTRAL_REWARD if score is None else score
 
-
-# ---- a step's annotation ------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class Annotation:

@@ -1,6 +1,5 @@
-"""What callers hand mnemo, checked in one place before anything is stored: texts, identifiers
-(`check_id` for lookups, the stricter `check_name` for what a caller creates), JSON and counts.
-Every check raises `InvalidInputError` naming the argument."""
+"""What callers hand mnemo, checked in one place before anything is stored: texts, identifiers,
+JSON and counts. Every check raises `InvalidInputError` naming the argument."""
 
 from __future__ import annotations
 

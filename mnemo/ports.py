@@ -1,6 +1,5 @@
-"""The ports mnemo talks through: an `LLM`, an `Embedder` (and its checked calls: `embed`,
-`check_dim`) and a `Reranker` and their values, and the `on_event` callback it reports to
-(`Event`, `Events`): what an adapter or a fake needs."""
+"""The ports mnemo talks through (`LLM`, `Embedder` with its checked calls, `Reranker`), their
+values, and the `on_event` callback (`Event`, `Events`): what an adapter or a fake needs."""
 
 from __future__ import annotations
 
@@ -193,8 +192,6 @@ def model_name(model: object) -> str:
     kind = type(model)
     return f"{kind.__module__}.{kind.__qualname__}"
 
-
-# ---- the on_event callback -----------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class Event:

@@ -75,9 +75,6 @@ def normalise(text: str) -> str:
     return text.translate(_APOSTROPHES)
 
 
-# ---- the tokenizer ----------------------------------------------------------------------
-
-
 def words(text: str) -> list[str]:
     """The words of `text` in order, case preserved, read NFC-composed with typographic
     apostrophes made ASCII: runs of `\\w` with combining marks among them and format
@@ -158,8 +155,6 @@ def _in_word(character: str) -> bool:
 def _is_format(character: str) -> bool:
     return unicodedata.category(character) == "Cf"
 
-
-# ---- the stemmer ------------------------------------------------------------------------
 
 # A Snowball stemmer keeps state while it stems: one per thread (its own cache off).
 _STEMMERS = threading.local()
@@ -340,9 +335,6 @@ def concepts(text: str, *, limit: int = 4) -> list[str]:
 def is_name(word: str, *, sentence_initial: bool) -> bool:
     """A capitalised non-stopword that is not the first word of its sentence ("Bob", "Rust")."""
     return not sentence_initial and word[:1].isupper() and not is_stopword(word)
-
-
-# ---- the query splitter: how every search splits a query and a text into words --------
 
 
 def query_terms(words: Iterable[str], *, cap: int = MAX_QUERY_TERMS) -> list[str]:

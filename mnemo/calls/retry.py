@@ -2,8 +2,7 @@
 and a slot of its provider's limiter (`Limits`, with the book of what the calls spent).
 
 Every call a task makes (transport retries, adapter retries, `ask`'s re-asks and shortened
-prompts) is charged to one `Budget`, shared through a context variable (`task_budget`).
-`waiting()` stops every deadline and budget open in its context while a call waits for a slot."""
+prompts) is charged to one `Budget`, shared through a context variable (`task_budget`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """A task asked of an LLM: its request (a system prompt and one user message whose inputs follow
-`INPUT:` as JSON), and the typed value `read_reply` reads from its reply. `ask` re-asks an
-unusable reply, salvages a cut one and shortens a prompt the context refused."""
+`INPUT:` as JSON), and the typed value `read_reply` reads from its reply, re-asked by `ask`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The knowledge graph's values (node and link types, nodes, changesets, receipts, vectors with
-their bytes and cosine) and `node_value`, a node's worth beyond its relevance: recency x
-frequency x reward.
-"""
+"""The knowledge graph's values, and `node_value`, a node's worth beyond its relevance:
+recency x frequency x reward."""
 
 from __future__ import annotations
 

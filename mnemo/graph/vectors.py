@@ -81,8 +81,6 @@ class Accelerator(Protocol):
 
 
 class VectorIndex:
-    """Unit vectors of one repo's nodes, with their ids and types."""
-
     def __init__(self, dim: int, *, generation: int = 0) -> None:
         self.dim = dim
         # Which set of the repo's vectors these are (`Memory.reembed` makes a new one).

@@ -44,7 +44,6 @@ def build(
     memory: Parts, path: str, *, llm: LLM | None, embedder: Embedder | None, config: Config,
     on_event: EventCallback | None, synchronous: str, reranker: Reranker | None = None,
 ) -> None:
-    """Sets every part of `memory` (`Parts`)."""
     repos: Repos
 
     def dim(repo: str) -> int:

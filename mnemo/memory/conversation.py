@@ -26,10 +26,6 @@ if TYPE_CHECKING:
 
 
 class ConversationMethods(Parts):
-    """`Memory`'s methods over conversation threads."""
-
-    # ---- conversation memory --------------------------------------------------------------
-
     def conversation(
         self,
         *,

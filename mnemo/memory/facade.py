@@ -1,9 +1,7 @@
 """`Memory`: the one object an app opens, a thin facade over the parts (a storage backend,
 `Repos`, the live `Sessions`, `Recaller`, `IngestService`, `ConversationService`). This module
 builds, opens and closes them and holds the methods over repos, recall and ingest; `Memory`
-inherits those over sessions, the graph and threads (`memory.sessions`, `memory.graph`,
-`memory.conversation`).
-"""
+inherits the others (`memory.sessions`, `memory.graph`, `memory.conversation`)."""
 
 from __future__ import annotations
 
@@ -94,8 +92,6 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         assembly.build(self, path, llm=llm, embedder=embedder, config=self._config,
                        on_event=on_event, synchronous=synchronous, reranker=reranker)
 
-    # ---- opening and closing --------------------------------------------------------------
-
     async def __aenter__(self) -> Memory:
         if "_backend" not in vars(self):
             # A cold start: the parts' modules (threadpoolctl's among them) are imported off
@@ -145,8 +141,6 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             with anyio.move_on_after(2, shield=True):
                 await self._repos.close_adapters()
             await self._backend.close()
-
-    # ---- repos ----------------------------------------------------------------------------
 
     async def open_repo(
         self,
@@ -208,8 +202,6 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             return self._repos.limits.usage.of_repo(check_id(repo, "repo"))
         return self._repos.limits.usage.total()
 
-    # ---- recall ---------------------------------------------------------------------------
-
     async def recall(
         self,
         repo: str,
@@ -262,8 +254,6 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
                     ) from moved
                 await self._repos.refresh(repo, moved.generation)
         raise AssertionError("the second run returns or raises")
-
-    # ---- ingest and forget ---------------------------------------------------------------
 
     async def ingest(
         self,

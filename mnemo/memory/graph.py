@@ -35,10 +35,6 @@ MAX_REEMBED_BATCH = 10_000
 
 
 class GraphMethods(Parts):
-    """`Memory`'s methods over a repo's graph, its history and its upkeep."""
-
-    # ---- the graph ------------------------------------------------------------------------
-
     async def get_node(self, repo: str, node_id: str) -> Node | None:
         """The node, or None if the repo has no such node."""
         await self._repos.checked(repo, lambda _: check_id(node_id, "node_id"))
@@ -258,8 +254,6 @@ class GraphMethods(Parts):
         found = await self._graph.scope_sources(repo, scope, limit)
         return await self._graph.get_nodes(repo, [i for _, i, _ in found])
 
-    # ---- history --------------------------------------------------------------------------
-
     async def history(self, repo: str, *, limit: int = 20) -> list[CommitRecord]:
         """The repo's `limit` newest commits (sessions' and ingests'), newest first: id, time,
         session or source, and the ids of what each added, retired and reworded.
@@ -310,8 +304,6 @@ class GraphMethods(Parts):
         return await commit_history.revert(
             self._graph, repo, commit_id, generation=runtime.generation,
             embed=wordings(runtime.embedder, runtime.config.extraction_timeout))
-
-    # ---- maintenance ----------------------------------------------------------------------
 
     async def consolidate(self, repo: str, *, full: bool = False) -> ConsolidationReport:
         """Merges SEMANTIC near-duplicates (raw cosine >= `Config.consolidate_threshold`) into

@@ -53,8 +53,7 @@ class Parts:
             raise AttributeError(name)
 
     def _works(self, call: str) -> None:
-        """Refuses a call that would start work on an inspecting Memory
-        (`StorageError("read_only")`)."""
+        """Refuses work on an inspecting Memory: `StorageError("read_only")`."""
         if self._inspect:
             raise StorageError(
                 "read_only", f"{call} needs a Memory that works; this one was opened with "

@@ -27,8 +27,6 @@ T = TypeVar("T")
 
 
 class Repos:
-    """The repos of one Memory, their runtimes, and the adapters and limiters they share."""
-
     def __init__(
         self,
         config: Config,
@@ -144,8 +142,6 @@ class Repos:
 
     def names(self) -> list[str]:
         return list(self._runtimes)
-
-    # ---- re-embedding ---------------------------------------------------------------------
 
     async def refresh(self, name: str, generation: int | None = None) -> Runtime:
         """The repo's runtime, updated in place from the store's record when its vectors'

@@ -27,8 +27,6 @@ MAX_RETRIES = 100
 
 
 class SessionMethods(Parts):
-    """`Memory`'s methods over sessions and the episodes they stored."""
-
     async def start_session(
         self,
         goal: str,

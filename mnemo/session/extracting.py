@@ -1,9 +1,7 @@
-"""What the session machine's moves start (`start` runs an effect as a task of the session's,
-then the operations queued behind it), and the extraction runner: `Extraction.run` is a close's
-extraction, which ends `ready` (auto-commit: committed and `idle`) or `failed`, never extracting
-with nobody working on it; `commit_in_background` commits finished trajectories of an
-auto-commit session while it collects; `take_work` takes over the work a gone holder left.
-"""
+"""What the session machine's moves start (`start`), and the extraction runner: a close's
+extraction (`Extraction.run`) never stays extracting with nobody working on it;
+`commit_in_background` commits an auto-commit session's finished trajectories while it collects;
+`take_work` takes over the work a gone holder left."""
 
 from __future__ import annotations
 
@@ -91,8 +89,6 @@ _ATTEMPTS = 3
 
 @dataclass(frozen=True, slots=True)
 class Extraction:
-    """The extraction work of one session of this Memory."""
-
     live: Sessions
     session: SessionRecord
 
@@ -234,7 +230,6 @@ class Extraction:
                 return
 
     async def _extraction_failed(self) -> Ended:
-        """Moves an extracting session to `failed`."""
         live, session = self.live, self.session
         try:
             moved = await transitions.move(
@@ -332,7 +327,6 @@ class Extraction:
 
 
 def _background_done(session: SessionRecord, steps: list[StepRecord]) -> None:
-    """A background commit of `steps` ends."""
     session.claimed.difference_update(s.id for s in steps)
     session.background -= 1
     session.notify()

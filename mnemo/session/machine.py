@@ -11,9 +11,6 @@ run outside the machine (`Extract`, `CommitSteps`), and their results come back 
     │                            │            ▼                                     │ │
     └──── discard ──────────── FAILED ◀───────┘          IDLE ◀── commit/discard ───┘ │
 ```
-
-A `SessionRecord` is one live session: what the store holds of it, plus its lock, queue and
-background work.
 """
 
 from __future__ import annotations
@@ -61,8 +58,7 @@ STALE: Final = "stale"
 
 
 def _appending(*, appends: int = 0, **_: object) -> bool:
-    """An append runs, or was accepted before the close (`appends`, counted once by the
-    caller)."""
+    """An append runs, or was accepted before the close (`appends`, counted by the caller)."""
     return appends > 0
 
 
@@ -358,7 +354,6 @@ class SessionRecord:
                 or bool(self.pending))
 
     def notify(self) -> None:
-        """Wakes whoever waits for this session to change."""
         self.changed.set()
         self.changed = anyio.Event()
 
@@ -422,7 +417,6 @@ def failure(session: SessionRecord, reason: str) -> OpResult:
 
 
 def as_session_error(exc: Exception, session: SessionRecord) -> SessionError:
-    """The `SessionError` an async operation's callback receives for `exc`."""
     if isinstance(exc, SessionError):
         return exc
     # The API contract: the caller tells the failure by its cause, not by a reason of its own.

@@ -1,11 +1,9 @@
 """The async operation queue of each session, and the operations stored with their session for
-work another `Memory` holds. `submit` runs an operation now when the session is free, else
-queues it if the projected state (`machine.project`) allows it; each accepted operation gets
-exactly one callback. While another Memory extracts the session, an operation accepted here is
-stored (`_store_for`); whoever ends that work runs it and records its result, and this Memory
-calls back (`deliver_results`). Every path that calls back a waiting operation takes it out of
-`Sessions.remote` first, at once: one callback each, never none, never two.
-"""
+work another `Memory` holds: each accepted operation gets exactly one callback. While another
+Memory extracts the session, an operation accepted here is stored (`_store_for`); whoever ends
+that work runs it and records its result, and this Memory calls back (`deliver_results`). Every
+path that calls back a waiting operation takes it out of `Sessions.remote` first, at once: one
+callback each, never none, never two."""
 
 from __future__ import annotations
 
@@ -106,8 +104,7 @@ def accept(session: SessionRecord, op: Op) -> None:
 
 
 def awaits_handover(live: Sessions, session: SessionRecord) -> bool:
-    """Operations this Memory stored are being handed over to the session's queue: a call made
-    now queues behind them."""
+    """Stored operations are being handed over to the queue: a call made now queues behind them."""
     return session.handing_over > 0 and bool(live.remote.get(session.id))
 
 
@@ -290,7 +287,6 @@ def watch(live: Sessions, session: SessionRecord) -> None:
 
 
 async def deliver_results(live: Sessions, session: SessionRecord) -> None:
-    """Calls back for the operations this Memory stored whose results another wrote."""
     mine = live.remote.get(session.id, [])
     results = await live.coordination.op_results([op_id for op_id, _, _ in mine])
     if not results:
@@ -382,8 +378,7 @@ FINISH_BUDGET = 10.0
 async def _store_result(
     live: Sessions, session: SessionRecord, op_id: str, result: StoredResult
 ) -> None:
-    """Stores the result of an operation another Memory accepted, trying again after a fault
-    (see `FINISH_BUDGET`)."""
+    """Stores another Memory's operation's result, trying again after a fault (`FINISH_BUDGET`)."""
     with anyio.move_on_after(FINISH_BUDGET):
         await _keep_storing(live, op_id, result)
         return

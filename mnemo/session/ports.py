@@ -64,10 +64,8 @@ class IdleSweep:
 
 
 class Runtimes(Protocol):
-    """What each repo runs with (`memory.repos.Repos`): `get` its runtime, `limits` of its
-    LLM calls (`Limits.llm_for`: an LLM within its provider's limiter, booked to the repo and
-    session), `learn` the repos other Memory objects opened, `refresh` a runtime another Memory
-    re-embedded."""
+    """What each repo runs with (`memory.repos.Repos`): `get` its runtime, `limits` of its LLM
+    calls, `learn` the repos other Memories opened, `refresh` one another Memory re-embedded."""
 
     limits: Limits
 
@@ -158,9 +156,6 @@ class SessionStore(Protocol):
     async def kept_results(self, episode_id: str) -> list[KeptResult]: ...
     async def episodes(self, session_id: str) -> list[EpisodeLog]: ...
     async def episode(self, episode_id: str) -> EpisodeLog | None: ...
-
-
-# ---- many Memory objects on one store ------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

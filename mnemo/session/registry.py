@@ -1,8 +1,6 @@
-"""`Sessions`, what the session modules share (the live sessions of one Memory, their ports,
-this Memory as a holder of background work, the task group); a step's path: `append` stores it
-in call order, then `annotation` annotates the stored steps in order; and the step claims that
-say which Memory annotates or extracts which steps (what another live holder claimed is left to
-it)."""
+"""`Sessions`, what the session modules share; a step's path: `append` stores it in call order,
+then `annotation` annotates the stored steps in order; and the step claims that say which Memory
+annotates or extracts which steps (what another live holder claimed is left to it)."""
 
 from __future__ import annotations
 
@@ -56,11 +54,9 @@ RECHECK = 1.0
 
 @dataclass(eq=False)
 class Sessions:
-    """Every live session of one Memory, with the store, graph, events and runtimes they use.
-    `effects(live, session, effect)` starts what a move asks for (an `Effect`) in the
-    session's tasks, in the background work's group, and `answer_ended` answers what a
-    session ended elsewhere owes (given, so that this module does not import their runners).
-    """
+    """Every live session of one Memory, with the ports they use. `effects` starts what a move
+    asks for (an `Effect`) in the session's tasks, and `answer_ended` answers what a session
+    ended elsewhere owes: given, so that this module does not import their runners."""
 
     store: SessionStore
     coordination: Coordination
@@ -157,9 +153,8 @@ class Sessions:
         return session
 
     def _take_row(self, session: SessionRecord, row: LiveSession) -> None:
-        """The row's episode, changeset, model and version in the record; the session is this
-        Memory's to drive only when the store names it the holder; a moved row's `active_at`
-        starts its idle time (an expiry under way keeps its `math.inf` mark)."""
+        """The row in the record: driven only when the store names this Memory the holder; a
+        moved row's `active_at` starts its idle time (an expiry keeps its `math.inf` mark)."""
         session.episode = row.episode
         session.changeset = row.changeset
         session.extraction_model = row.model
@@ -275,7 +270,6 @@ async def append(
     live: Sessions, session_id: str, observation: str, action: str,
     metadata: dict[str, Any] | None,
 ) -> StepInfo:
-    """A caller's append: the step checked, then stored in call order (`run_append`)."""
     session = await live.fetch(session_id)
     check_step(observation, action, metadata, limit=session.config.max_text_chars)
     await refuse_checked(live, session, "append")

@@ -1,10 +1,8 @@
-"""The background loops of one Memory's sessions: auto-commit's timers (`run`: an idle
-trajectory is flushed after `Config.flush_timeout`, an idle session expires after
-`Config.session_timeout`), only for the sessions this Memory holds and from their last use as
-the store knows it; the sweep that ends sessions idle past `Config.idle_session_timeout`; and
-the holder's heartbeat and takeover of work nobody holds any more (`holder`). Every due
-deadline is checked against the store, and every move is a compare-and-set on the version.
-"""
+"""The background loops of one Memory's sessions: auto-commit's timers (`run`: flushes after
+`Config.flush_timeout`, expiry after `Config.session_timeout`), only for the sessions this Memory
+holds, from their last use as the store knows it; the sweep of sessions idle past
+`Config.idle_session_timeout`; the holder's heartbeat and takeover (`holder`). Every due
+deadline is checked against the store, and every move is a compare-and-set on the version."""
 
 from __future__ import annotations
 
@@ -162,8 +160,7 @@ async def run(live: Sessions) -> None:
 
 
 def _check_deadlines(live: Sessions, session: SessionRecord, now: float) -> float:
-    """Starts a look at the store (`_due`) when a deadline of `session` is due; returns when
-    it next needs a look."""
+    """Starts `_due` when a deadline of `session` is due; returns when it next needs a look."""
     config = session.config
     if not config.auto_commit or session.ended or not session.driven:
         live.timed.discard(session.id)  # another Memory drives it; `drive` adds it again

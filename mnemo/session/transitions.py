@@ -1,9 +1,7 @@
 """The session machine's moves, and what the calls that move it write. A state change happens
 in `move`: under the session's lock it asks the table, persists, fires the trigger, starts what
-the move asks for (an `Effect`), then reports a "transition" event. `hold` takes the session's
-background work for this Memory, `wait_moved` waits for a move. A step's append and annotation
-sit below this module (`registry`), extraction and the operation queue above it.
-"""
+the move asks for (an `Effect`), then reports a "transition" event. A step's append and
+annotation sit below this module (`registry`), extraction and the operation queue above it."""
 
 from __future__ import annotations
 
@@ -160,8 +158,7 @@ async def start_extraction(
 
 
 async def close(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:
-    """Starts the episode's extraction, refused as `refuse_close` under the move's lock (an
-    `op` is a queued close)."""
+    """Starts the episode's extraction, refused as `refuse_close` under the move's lock."""
     await start_extraction(live, session, "close", op, facts=lambda: {
         "appends": appends_before(session, queued=op is not None)})
 
@@ -169,7 +166,6 @@ async def close(live: Sessions, session: SessionRecord, op: Op | None = None) ->
 async def commit(
     live: Sessions, session: SessionRecord, op: Op | None = None
 ) -> CommitReceipt | None:
-    """`ready`: applies the changeset (state `idle`); `failed`: extracts again, returns None."""
     if session.state is S.FAILED:
         session.failure = None
         await start_extraction(live, session, "commit", op)

@@ -58,12 +58,10 @@ class SqlSessions(SqlStore):
 
     @staticmethod
     def _json(text: str) -> object:
-        """JSON text as a statement's parameter."""
         return text
 
     @staticmethod
     def _list(values: list[str]) -> object:
-        """A list as the parameter of `ANY`."""
         return json.dumps(values)
 
     @classmethod

@@ -116,7 +116,6 @@ class Queued(Generic[T]):
             raise translated from exc
 
     def discard(self) -> None:
-        """Its result is not wanted: a failure is dropped, not reported as never retrieved."""
         if self._future.done():
             _retrieve(self._future)
         else:

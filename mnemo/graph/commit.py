@@ -68,7 +68,6 @@ class CommitPlan:
     links: list[Link]
     receipt: CommitReceipt
     created_at: str
-    # Where the changeset came from, for its commit record.
     session_id: str | None = None
     source_id: str | None = None
     # Facts the changeset's facts contradict: (id, valid_to as ISO text or None: now).
@@ -320,7 +319,6 @@ async def _apply_locked(
     if changeset.nodes and index.generation != changeset.generation:
         raise VectorsMoved(index.generation)
     if prepared is not None and index.snapshot() is prepared[0]:
-        # The intents were resolved against exactly these vectors, before the lock.
         resolution = Resolution(dict(prepared[1].remap), dict(prepared[1].rewordings))
     else:
         resolution = await _resolve_intents(commit, index, merge)

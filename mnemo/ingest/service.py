@@ -240,8 +240,7 @@ class IngestService:
         return IngestReceipt(source_id, node_ids, created=False)
 
     async def forget(self, repo: str, source_id: str) -> int:
-        """Removes every node the source produced; returns how many went (EmbeddingError, forgetting
-        nothing, when a wording could not be embedded)."""
+        """`Memory.forget` in a known repo, with its errors."""
         check_id(source_id, "source_id")
         runtime = self._runtime(repo)
         return await self._graph.withdraw(

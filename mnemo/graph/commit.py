@@ -238,8 +238,7 @@ async def _decide_merges(
 def _decided_merge(
     decided: dict[tuple[str, str], tuple[str, Vector] | None], *, final: bool
 ) -> IntentMerger:
-    """A merger that only looks up merges decided before the lock; an undecided one makes
-    the commit try again (in the `final` round it keeps the existing wording)."""
+    """Looks up merges decided before the lock; `_Undecided` for another, unless `final` (None)."""
 
     async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
         if (existing, new) not in decided and not final:

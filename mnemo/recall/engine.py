@@ -2,9 +2,7 @@
 docs/DECISIONS.md says where mnemo departs from it): plan the query's mode and search tags; hop
 0, BM25 and cosine fused by reciprocal rank; hops through routing nodes whose raw cosine to the
 query reaches the type's threshold; provenance; value; reinforcement of what is returned; and
-an optional synthesis. Every node scored is in `RecallResult.touched`, seconds per stage in
-`trace`.
-"""
+an optional synthesis."""
 
 from __future__ import annotations
 

@@ -189,10 +189,9 @@ class Recaller:
             return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
 
     async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:
-        """Counts an access of each returned memory (and of a returned fact's one step). A
-        store that refuses the write costs the counts (logged, and named in `degraded` when
-        refused before returning), never the recall."""
-        # A fact made from one step was recalled with that step as its evidence: it counts too.
+        """Counts an access of each returned memory, and of a returned fact's one step (the
+        fact's evidence, recalled with it). A store that refuses the write costs the counts
+        (logged, and named in `degraded` when refused before returning), never the recall."""
         ids = [*dict.fromkeys([*(r.node.id for r in ranked),
                                *(r.evidence[0] for r in ranked if len(r.evidence) == 1)])]
         try:

@@ -31,7 +31,6 @@ log = logging.getLogger("mnemo")
 
 # The key of the graph holding every row (type codes are >= 0).
 ALL = -1
-# 3: one file of records; links without vectors, a type graph's ids as places in `ALL`'s.
 FORMAT = 3
 # Labels compared per chunk at load (a chunk's vectors are copied once).
 _CHUNK = 50_000

@@ -12,7 +12,6 @@ from threadpoolctl import ThreadpoolController
 
 log = logging.getLogger("mnemo")
 
-# Environment variables by which a process chooses its BLAS threads itself.
 CHOSEN_BY = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 
 

@@ -68,7 +68,6 @@ class CommitPlan:
     links: list[Link]
     receipt: CommitReceipt
     created_at: str
-    # Where the changeset came from, for its commit record.
     session_id: str | None = None
     source_id: str | None = None
     # Facts the changeset's facts contradict: (id, valid_to as ISO text or None: now).
@@ -239,8 +238,7 @@ async def _decide_merges(
 def _decided_merge(
     decided: dict[tuple[str, str], tuple[str, Vector] | None], *, final: bool
 ) -> IntentMerger:
-    """A merger that only looks up merges decided before the lock; an undecided one makes
-    the commit try again (in the `final` round it keeps the existing wording)."""
+    """Looks up merges decided before the lock; `_Undecided` for another, unless `final` (None)."""
 
     async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
         if (existing, new) not in decided and not final:
@@ -320,7 +318,6 @@ async def _apply_locked(
     if changeset.nodes and index.generation != changeset.generation:
         raise VectorsMoved(index.generation)
     if prepared is not None and index.snapshot() is prepared[0]:
-        # The intents were resolved against exactly these vectors, before the lock.
         resolution = Resolution(dict(prepared[1].remap), dict(prepared[1].rewordings))
     else:
         resolution = await _resolve_intents(commit, index, merge)

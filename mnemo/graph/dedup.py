@@ -54,8 +54,7 @@ def _said(text: str) -> set[str]:
 
 
 def alike(a: str, b: str, said: Callable[[str], set[str]] = _said) -> bool:
-    """Whether two facts (or instructions) may be one node: the words of one (stemmed, bar
-    articles and joiners) are all the other's, and what the other adds is no negation."""
+    """Whether two facts (or instructions) may be one node: either `says_no_more` than the other."""
     return says_no_more(a, b, said) or says_no_more(b, a, said)
 
 

@@ -99,10 +99,8 @@ async def diff(graph: GraphWrites, repo: str, commit_id: str) -> CommitDiff:
 async def revert(
     graph: GraphWrites, repo: str, commit_id: str, *, embed: Embed, generation: int | None = None
 ) -> CommitDiff:
-    """Undoes the commit in one transaction and records the revert; an ingested source's id
-    is free again. `embed` makes the vectors of shared nodes' new wordings (of `generation`).
-    Returns what was undone, its record naming the revert. InvalidInputError: a blank id or no
-    such commit; ConflictError: a revert, reverted, or built on; EmbeddingError: nothing went."""
+    """`Memory.revert`, with its errors; `embed` makes the vectors of shared nodes' new
+    wordings (of `generation`). The diff returned holds the record naming the revert."""
     undone = await diff(graph, repo, commit_id)
 
     async def refused() -> None:

@@ -142,9 +142,7 @@ class HnswAccelerator:
     def search(
         self, queries: Vector, k: int, codes: Collection[int] | None
     ) -> list[list[tuple[str, float]] | None] | None:
-        """For each unit row of `queries`, the `k` best rows among these type codes, re-ranked
-        exactly, or None for a row the exact scan must answer; None for all when the graphs
-        cannot answer now."""
+        """`Accelerator.search`, the candidates re-ranked exactly; None for all when not `ready`."""
         if not self.ready or k <= 0:
             return None
         snap = self._index.snapshot()

@@ -77,13 +77,9 @@ class ValidationReport:
 async def consolidate(
     graph: GraphMaintenance, repo: str, config: Config, *, full: bool = False
 ) -> ConsolidationReport:
-    """Merges the repo's SEMANTIC near-duplicates (raw cosine >= `config.consolidate_threshold`)
-    in one transaction (StorageError: nothing changed). Each node not compared before (all with
-    `full=True`) is compared with every other SEMANTIC node. A group's survivor (highest
-    confidence, then oldest) takes the others' links, concepts, highest confidence, access
-    counts and ids (`data["merged_from"]`); they and the tags left unlinked are deleted. Nodes
-    of two sources or two scopes never merge.
-    """
+    """`Memory.consolidate`: a survivor (highest confidence, then oldest) takes the others'
+    links, concepts, confidence, access counts and ids (`data["merged_from"]`). One transaction
+    (StorageError: nothing changed); nodes of two sources or two scopes never merge."""
     threshold = config.consolidate_threshold
     async with graph.lock(repo):
         ids, matrix = await graph.vectors_of_type(repo, NodeType.SEMANTIC)
@@ -210,18 +206,15 @@ def _strings(value: object) -> list[str]:
 async def decay(
     graph: GraphMaintenance, repo: str, config: Config, *, now: datetime | None = None
 ) -> DecayReport:
-    """Deletes the repo's memories whose `node_value` at `now` (default: now) is below
-    `config.decay_threshold`, with their links, vectors and search entries; then the routing
-    nodes left with no links. One transaction (StorageError: nothing changed)."""
+    """`GraphMaintenance.decay_sweep` at `now` (default: now) under the repo's lock
+    (StorageError: nothing changed)."""
     async with graph.lock(repo):
         return await graph.decay_sweep(repo, config, now=now or now_utc())
 
 
 async def validate_episodic(graph: GraphMaintenance, repo: str) -> ValidationReport:
-    """Checks the repo's episodic integrity and repairs what can be repaired, in one
-    transaction (StorageError: nothing changed): an EPISODIC node without a SUBGOAL (SOURCE)
-    link is linked as `relinks` finds it; dangling links are deleted; bad vectors are counted;
-    the full-text index is rebuilt when it disagrees with the nodes."""
+    """`GraphMaintenance.validate` under the repo's lock (StorageError: nothing changed): an
+    EPISODIC node without a SUBGOAL (SOURCE) link is linked as `relinks` finds it."""
     dim = graph.dim(repo)
     async with graph.lock(repo):
         return await graph.validate(repo, dim)

@@ -209,7 +209,6 @@ class RecallReads(NodeReads, Protocol):
         ...
 
     async def inside(self, repo: str, scope: Scope, node_ids: Sequence[str]) -> set[str]:
-        """Those of `node_ids` inside the scope."""
         ...
 
     async def search_text(

@@ -77,10 +77,9 @@ async def reembed(
     batch: int,
     report: Report,
 ) -> Reembedded:
-    """Makes every node's vector of `repo` again with `embed` (the embedder of URI `embedder`,
-    `dim` dimensions) and switches the repo to them. ConflictError: another re-embedding is
-    under way; on EmbeddingError or StorageError the repo is as it was, its staged vectors kept.
-    """
+    """`Memory.reembed`'s work: `embed` is the embedder of URI `embedder`, `dim` dimensions.
+    ConflictError: another re-embedding is under way; on EmbeddingError or StorageError the
+    repo is as it was, its staged vectors kept."""
     async with graph.reembedding(repo):
         staging = await graph.begin_reembed(repo, embedder, dim)
         done, total = staging.staged, staging.total

@@ -23,7 +23,6 @@ Where = dict[str, tuple[str, ...]]
 MAX_KEYS = 32
 MAX_KEY_CHARS = 64
 MAX_VALUE_CHARS = 512
-# The most values one key of a `where` may list.
 MAX_WHERE_VALUES = 1_000
 
 

@@ -107,9 +107,8 @@ class IngestService:
     async def ingest(self, repo: str, trajectory: Trajectory, source_id: str,
                      progress: Progress | None = None,
                      metadata: Metadata | None = None) -> IngestReceipt:
-        """Stores the checked trajectory durably, once per (repo, source_id), reporting
-        progress. ConflictError: the source id is taken by another payload; PipelineError:
-        "extraction_failed" or "extraction_timeout" (nothing stored)."""
+        """`Memory.ingest` of a checked trajectory, with its errors; PipelineError's reason is
+        "extraction_failed" or "extraction_timeout"."""
         runtime = self._runtime(repo)
         chars = sum(len(step.observation) + len(step.action) for step in trajectory.steps)
         digest = await cpu.run(lambda: _digest(trajectory, metadata), chars)
@@ -240,8 +239,7 @@ class IngestService:
         return IngestReceipt(source_id, node_ids, created=False)
 
     async def forget(self, repo: str, source_id: str) -> int:
-        """Removes every node the source produced; returns how many went (EmbeddingError, forgetting
-        nothing, when a wording could not be embedded)."""
+        """`Memory.forget` in a known repo, with its errors."""
         check_id(source_id, "source_id")
         runtime = self._runtime(repo)
         return await self._graph.withdraw(

@@ -2,9 +2,7 @@
 docs/DECISIONS.md says where mnemo departs from it): plan the query's mode and search tags; hop
 0, BM25 and cosine fused by reciprocal rank; hops through routing nodes whose raw cosine to the
 query reaches the type's threshold; provenance; value; reinforcement of what is returned; and
-an optional synthesis. Every node scored is in `RecallResult.touched`, seconds per stage in
-`trace`.
-"""
+an optional synthesis."""
 
 from __future__ import annotations
 
@@ -47,7 +45,6 @@ from mnemo.recall.query import (
 )
 from mnemo.recall.tasks import planned, reranked, synthesis
 
-# The result types live in recall.model and are re-exported here.
 __all__ = ["RecallResult", "Recalled", "Recaller", "Touched"]
 
 log = logging.getLogger("mnemo")
@@ -122,8 +119,6 @@ class Recaller:
                 vectors = await self.tag_vectors.embed(self.embedder, parts.dense, plan.tags)
                 query_vector, tag_vectors = vectors[0], vectors[1:]
                 trace.mark("embed")
-                # Hop 0 and the routes' probes at once (each waits on a worker thread), or one
-                # after the other when the vectors answer on the event loop.
                 if words is None:
                     words = self.graph.start_search_text(repo, parts.terms, per_channel, searched,
                                                          scope)
@@ -155,8 +150,7 @@ class Recaller:
             trace.mark("hop0")
             reranking = self.reranker is not None
             width = max(k, config.recall_rerank_candidates) if reranking else k
-            # What ranking can pick from: the best `depth` candidates are read, the others only
-            # touched.
+            # Ranking picks from the best `depth` candidates (read); the others are only touched.
             depth = max(4 * width, config.recall_candidates)
             followed = await hops.follow(self.graph, config, repo, found, routes, query_vector, k,
                                          depth)
@@ -195,10 +189,9 @@ class Recaller:
             return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
 
     async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:
-        """Counts an access of each returned memory (and of a returned fact's one step). A
-        store that refuses the write costs the counts (logged, and named in `degraded` when
-        refused before returning), never the recall."""
-        # A fact made from one step was recalled with that step as its evidence: it counts too.
+        """Counts an access of each returned memory, and of a returned fact's one step (the
+        fact's evidence, recalled with it). A store that refuses the write costs the counts
+        (logged, and named in `degraded` when refused before returning), never the recall."""
         ids = [*dict.fromkeys([*(r.node.id for r in ranked),
                                *(r.evidence[0] for r in ranked if len(r.evidence) == 1)])]
         try:
@@ -216,8 +209,6 @@ class Recaller:
         reciprocal rank (with pseudo-relevance feedback when on)."""
         config = self.config
         width = _hop_zero_width(config, k)
-        # The two channels at once (each waits on something else); with the vectors on the
-        # event loop, the dense channel first, then the words.
         lexical: list[tuple[str, float]] = []
         dense: list[tuple[str, float]] = []
 
@@ -425,7 +416,6 @@ class Recaller:
 
 
 def _hop_zero_width(config: Config, k: int) -> int:
-    """How many candidates each of hop 0's channels brings."""
     return max(config.recall_candidates, 2 * k)
 
 
@@ -438,6 +428,5 @@ async def _side_by_side(*calls: Callable[[], Coroutine[object, object, None]]) -
 
 
 async def _in_turn(*calls: Callable[[], Coroutine[object, object, None]]) -> None:
-    """Runs the calls one after the other."""
     for call in calls:
         await call()

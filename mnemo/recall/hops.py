@@ -55,7 +55,6 @@ async def follow(
     for node_id, candidate in offered:
         offer(found, node_id, candidate)
     width = 2 * k
-    # The candidates best first, sorted again only when `found` changed.
     ranking = await _sorted(found)
     frontier = _ids(ranking, width)
     refinements = config.recall_refine_budget
@@ -91,12 +90,10 @@ async def follow(
 
 
 async def _sorted(found: dict[str, Candidate]) -> list[tuple[str, Candidate]]:
-    """`found`'s candidates best first (`by_score`)."""
     return await pure(lambda: sorted(found.items(), key=by_score), len(found))
 
 
 def _ids(ranking: list[tuple[str, Candidate]], n: int) -> set[str]:
-    """The ids of the first `n` of a ranking (`best` of what it was sorted from)."""
     return {i for i, _ in ranking[:n]}
 
 
@@ -112,8 +109,7 @@ async def _expand(
 ) -> set[str]:
     """One hop from `frontier` along the links a route allows; returns what it reached, and
     records each frontier node's MEMBERSHIP neighbours in `members`. A routing node leads on
-    to at most `2 * recall_candidates / 10` of its members, those nearest the query.
-    """
+    to at most `recall_candidates // 5` of its members (at least 2), those nearest the query."""
     typed, similarity = await graph.typed_links_near(repo, sorted(frontier), query_vector)
 
     def reach() -> set[str]:
@@ -238,7 +234,6 @@ config: Config, found: dict[str, Candidate], nodes: dict[str, Node], k: int
 async def keep_inside(
     graph: RecallReads, repo: str, scope: Scope, found: dict[str, Candidate]
 ) -> None:
-    """Drops from `found` the candidates outside the scope."""
     keep = await graph.inside(repo, scope, list(found))
     for node_id in [i for i in found if i not in keep]:
         del found[node_id]

@@ -39,7 +39,6 @@ class QueryParts:
 
 
 def query_parts(query: str, *, dense_without_names: bool) -> QueryParts:
-    """The parts of `query` (see `QueryParts`)."""
     return QueryParts(keywords(query), words(query),
                       without_names(query) if dense_without_names else query,
                       query_names(query))
@@ -312,8 +311,7 @@ class Plan:
 
 
 def offline_plan(query: str) -> Plan:
-    """The offline heuristics' plan: the mode from the query's question form (how-to:
-    procedural; when/did: episodic; what/who/which: semantic; else mixed), tags from its
-    concept labels."""
+    """The offline heuristics' plan: the mode from the query's question form (the first of
+    `_QUESTION_FORMS` that matches, else mixed), tags from its concept labels."""
     mode = next((mode for mode, form in _QUESTION_FORMS.items() if form.search(query)), "mixed")
     return Plan(mode, tuple(tag.lower() for tag in _text.concepts(query, limit=6)))

@@ -101,8 +101,7 @@ KNOWLEDGE = (N.SEMANTIC, N.PROCEDURAL)
 EVIDENCE_SHARE = 0.5
 # How well a fact must match (against the best memory's) to go above steps that matched less.
 MATCHING_SHARE = 0.5
-# How well a further fact of a step must match (against the best memory's) to be returned
-# beside the first.
+# How well a further fact of a step must match (against the best memory's) to join the first.
 SIBLING_SHARE = 0.95
 
 C = TypeVar("C")

@@ -74,7 +74,6 @@ class TaskFit:
 
 @dataclass(slots=True)
 class ServerReport:
-
     modes: list[Finding] = field(default_factory=list)
     at_once: dict[int, float] = field(default_factory=dict)
     at_once_error: str | None = None

@@ -92,8 +92,6 @@ def fold_request(*, snapshots: list[JSONObject], max_words: int) -> LLMRequest:
 
 
 class ToolDict(TypedDict):
-    """A tool in mnemo's neutral form (adapters turn it into their provider's)."""
-
     name: str
     description: str
     parameters: JSONObject

@@ -36,8 +36,6 @@ _PARALLEL_TOKENS = 16
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One check: what was checked, whether it passed, what was found, how long it took."""
-
     check: str
     ok: bool
     detail: str

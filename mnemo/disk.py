@@ -9,8 +9,7 @@ from pathlib import Path
 
 
 def fsync_directory(directory: Path) -> None:
-    """Makes the folder's new entries (a rename, a new file) durable, where the system can (not
-    on Windows, which has no O_DIRECTORY)."""
+    """Makes the folder's new entries durable (not on Windows, which has no O_DIRECTORY)."""
     flag = getattr(os, "O_DIRECTORY", None)
     if flag is None:
         return

@@ -26,7 +26,6 @@ COMMANDS: dict[str, str] = {
 
 
 def main() -> None:
-    """The console script's entry point."""
     args = sys.argv[1:]
     if args == ["--version"]:
         from mnemo.version import installed_version

@@ -68,7 +68,6 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Renderable
 
 
 def progress(console: Console, *, disable: bool = False) -> Progress:
-    """A progress display of bars (description, bar, done of total, time) on `console`."""
     return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                     MofNCompleteColumn(), TimeElapsedColumn(), console=console, disable=disable)
 

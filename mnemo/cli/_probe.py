@@ -36,8 +36,6 @@ _PARALLEL_TOKENS = 16
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One check: what was checked, whether it passed, what was found, how long it took."""
-
     check: str
     ok: bool
     detail: str
@@ -74,8 +72,6 @@ class TaskFit:
 
 @dataclass(slots=True)
 class ServerReport:
-    """What the probe measured of one LLM's server (see the module doc)."""
-
     modes: list[Finding] = field(default_factory=list)
     at_once: dict[int, float] = field(default_factory=dict)
     at_once_error: str | None = None
@@ -125,7 +121,6 @@ def state_probe() -> LLMRequest:
 
 
 async def probe_server(uri: str, llm: LLM) -> ServerReport:
-    """Measures the server of `llm`, built from `uri` (see the module doc)."""
     report = ServerReport()
     report.modes = await _modes(uri, llm)
     await _at_once(uri, report)
@@ -146,8 +141,6 @@ async def probe_server(uri: str, llm: LLM) -> ServerReport:
     return report
 
 
-# ---- the concurrency mnemo will use ---------------------------------------------------------
-
 
 def planned_concurrency(llm: LLM, served_at_once: int | None) -> int:
     """How many requests mnemo keeps in flight with `llm`: its pinned `concurrency`, else the
@@ -158,8 +151,6 @@ def planned_concurrency(llm: LLM, served_at_once: int | None) -> int:
     estimate = served_at_once or 1
     return min(estimate, limit.ceiling) if isinstance(limit, Limit) else estimate
 
-
-# ---- the measurements ----------------------------------------------------------------------
 
 
 async def _modes(uri: str, llm: LLM) -> list[Finding]:

@@ -29,14 +29,11 @@ DEFAULT_REPO = "assistant"
 
 
 def default_data() -> Path:
-    """The demo conversation shipped in the package."""
     return Path(str(resources.files("mnemo.cli").joinpath("data", "demo_conversation.json")))
 
 
 @dataclass(frozen=True, slots=True)
 class SessionOutcome:
-    """What running one session produced."""
-
     goal: str
     steps: int
     trajectories: int
@@ -68,7 +65,6 @@ def reset_database(db: Path) -> None:
 
 async def run_session(mem: Memory, repo: str, script: Session, number: int,
                       bars: Progress) -> SessionOutcome:
-    """Runs one session through start, appends, close and commit, then saves it as a thread too."""
     started = time.perf_counter()
     title = f"session {number}: {escape(shorten(script.goal, 40))}"
     task = bars.add_task(title, total=len(script.steps))

@@ -115,7 +115,6 @@ def _verdict(ok: bool | None, warn: str = "CUT") -> Text:
 
 
 def _print_server(console: Console, report: ServerReport, latency: float) -> None:
-    """The server's measurements as a table of measure, result, found."""
     shown = table("LLM server", ("measure", "result", "found~"))
     shown.add_row("latency", _verdict(True), f"one call in {latency:.2f} s")
     for mode in report.modes:

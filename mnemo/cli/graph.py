@@ -35,7 +35,6 @@ class GraphDump:
 
 
 async def dump_graph(mem: Memory, repo: str) -> GraphDump:
-    """Every node and link of `repo`."""
     nodes = await mem.get_nodes_by_type(repo, list(NodeType))
     return GraphDump(repo, nodes, await mem.links(repo))
 

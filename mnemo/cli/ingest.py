@@ -51,8 +51,6 @@ class IngestFile:
 
 
 class SourceReport(TypedDict):
-    """What an ingest did with one source."""
-
     source_id: str
     created: bool
     nodes: int

@@ -68,7 +68,6 @@ async def find_node(mem: Memory, repo: str | None, given: str) -> tuple[str, str
 
 
 async def node_report(mem: Memory, repo: str, node: Node) -> NodeReport:
-    """Reads what `mnemo show` prints about `node`."""
     linked = {kind: await mem.get_linked_nodes(repo, [node.id], kind) for kind in LinkType}
     if node.type is NodeType.EPISODIC:
         steps = [node]

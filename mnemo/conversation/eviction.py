@@ -62,7 +62,6 @@ class EvictionTools:
     done: list[str] = field(default_factory=list)
 
     def call(self, call: ToolCall) -> str:
-        """Runs one tool call; returns its result text."""
         self.calls.append(call)
         result = self._run(call)
         self.done.append(f"{call.name}: {result}")

@@ -166,9 +166,8 @@ class ConversationManager:
     async def _append_new(
         self, thread_id: str, history: Sequence[Mapping[str, object]], metadata: Metadata
     ) -> list[Message]:
-        """Appends the messages of `history` past the stored length once it extends the stored
-        history; returns them. A write the store's compare-and-set refuses is tried again, up
-        to `MAX_SAVE_ATTEMPTS` times (each message embedded once)."""
+        """`save`'s write: one the store's compare-and-set refuses is tried again, up to
+        `MAX_SAVE_ATTEMPTS` times (each message embedded once)."""
         store = self._service.store
         vectors: dict[int, Vector] = {}  # by index in `history`
         keys: list[bytes] = []  # of the history's first messages, as far as a check needed

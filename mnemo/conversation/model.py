@@ -12,8 +12,6 @@ from mnemo.errors import ConflictError, InvalidInputError
 from mnemo.graph.scope import Metadata
 from mnemo.ports import JSONObject, ToolCall, Usage
 
-# ---- policies -----------------------------------------------------------------------------
-
 
 def _positive(owner: str, name: str, value: object, *, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -70,8 +68,6 @@ class ToolOutputPruner:
 Retrieval = Recent | Semantic
 Compression = Summary | ToolOutputPruner
 
-
-# ---- stored values ------------------------------------------------------------------------
 
 # `data["content"]` of a message saved without a content key.
 NO_CONTENT: JSONObject = {"mnemo": "no content key"}

@@ -97,8 +97,6 @@ class ThreadStore(Protocol):
     """Every thread's log, compactions, vectors, goals, pins, snapshots and search index; a
     write computed from a stale read changes nothing."""
 
-    # ---- the log --------------------------------------------------------------------------
-
     async def state(self, thread_id: str) -> ThreadState | None:
         """The thread's counters, None for a thread never saved (or purged)."""
         ...
@@ -185,8 +183,6 @@ class ThreadStore(Protocol):
         """Erases the thread without a trace (its counter too); returns how many messages went."""
         ...
 
-    # ---- goals and pins -------------------------------------------------------------------
-
     async def add_goal(self, thread_id: str, description: str, now: datetime) -> str:
         """Adds an open goal to the thread; returns its id ("goal_<hex>")."""
         ...
@@ -199,8 +195,6 @@ class ThreadStore(Protocol):
     async def open_goals(self, thread_id: str) -> list[Goal]:
         """The thread's open goals, oldest first."""
         ...
-
-    # ---- viewport, eviction and snapshots -------------------------------------------------
 
     async def viewport_inputs(self, thread_id: str, token_limit: int) -> ViewportInputs:
         """What the viewport is laid out from, `newest` bounded by `token_limit`; an unknown
@@ -240,8 +234,6 @@ class ThreadStore(Protocol):
     async def snapshots(self, thread_id: str) -> list[Snapshot]:
         """Every snapshot of the thread, covered ones included, by level then start."""
         ...
-
-    # ---- search and drill-down ------------------------------------------------------------
 
     async def search(
         self,

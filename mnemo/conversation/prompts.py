@@ -20,8 +20,6 @@ class SummaryReply(Reply, frozen=True):
 
 SUMMARY_SCHEMA = reply_schema(SummaryReply)
 
-# ---- summary ------------------------------------------------------------------------------
-
 SUMMARY_SYSTEM = (
     "You compress the older part of a conversation into a summary that replaces it in the "
     "context window of an AI assistant."
@@ -68,8 +66,6 @@ def parse_summary(resp: LLMResponse) -> str:
     return summary
 
 
-# ---- snapshot_fold ------------------------------------------------------------------------
-
 FOLD_SYSTEM = (
     "You merge consecutive summaries of a long conversation into one shorter summary."
 )
@@ -94,12 +90,8 @@ def fold_request(*, snapshots: list[JSONObject], max_words: int) -> LLMRequest:
     )
 
 
-# ---- eviction -----------------------------------------------------------------------------
-
 
 class ToolDict(TypedDict):
-    """A tool in mnemo's neutral form (adapters turn it into their provider's)."""
-
     name: str
     description: str
     parameters: JSONObject

@@ -66,7 +66,6 @@ def memory_block(
 
 
 def recalled_line(hit: SearchHit) -> str:
-    """A recalled message in a memory block: where it is, and its snippet."""
     where = f"thread {hit.thread_id}, message {hit.seq}, {hit.role}, id {hit.message_id}"
     return f"[Recalled: {where}]\n{hit.snippet}"
 

@@ -12,13 +12,11 @@ from mnemo.conversation.model import Message
 
 
 def call_ids(message: Message) -> set[str]:
-    """The ids of the tool calls a message makes."""
     calls = message.data.get("tool_calls")
     return _ids([*(calls if isinstance(calls, list) else []), *message.parts("tool_use")], "id")
 
 
 def result_ids(message: Message) -> set[str]:
-    """The ids of the tool calls a message answers."""
     answered = message.data.get("tool_call_id")
     return ({answered} if isinstance(answered, str) else set()) | _ids(
         message.parts("tool_result"), "tool_use_id")

@@ -109,8 +109,6 @@ class ConversationService:
         check_models(llm, None)
         return self.llm if llm is None else self._limit(llm)
 
-    # ---- embeddings ---------------------------------------------------------------------
-
     async def dimension(self) -> int:
         """The embedder's dimension, asking it now if it learns it from its first reply."""
         try:
@@ -151,10 +149,7 @@ class ConversationService:
             stored.update(rows)
         return np.stack([stored[m.id] for m in messages]).astype(np.float32, copy=False)
 
-    # ---- viewport, eviction, goals ------------------------------------------------------
-
     async def viewport(self, thread_id: str, token_budget: int) -> Viewport:
-        """See `Memory.viewport`."""
         check_id(thread_id, "thread_id")
         check_count("token_budget", token_budget, minimum=1)
         view = layout(thread_id, token_budget,
@@ -188,7 +183,6 @@ class ConversationService:
         self, thread_id: str, token_budget: int, eviction_fraction: float,
         llm: LLM | None = None,
     ) -> EvictionResult:
-        """See `Memory.evict`."""
         check_id(thread_id, "thread_id")
         check_count("token_budget", token_budget, minimum=1)
         check_fraction(eviction_fraction)
@@ -229,11 +223,8 @@ class ConversationService:
             return await self.store.add_goal(thread_id, description.strip(), self.clock())
 
     async def complete_goal(self, goal_id: str) -> None:
-        """See `Memory.complete_goal`."""
         check_id(goal_id, "goal_id")
         await self.store.complete_goal(goal_id, self.clock())
-
-    # ---- search -------------------------------------------------------------------------
 
     async def search_messages(
         self,
@@ -263,20 +254,16 @@ class ConversationService:
         )
 
     async def message_ids(self, prefix: str, *, limit: int) -> list[str]:
-        """See `Memory.message_ids`."""
         check_id(prefix, "prefix")
         check_count("limit", limit, minimum=1, maximum=MAX_RADIUS)
         return await self.store.message_ids(prefix, limit)
 
     async def view_messages(self, message_id: str, *, radius: int) -> MessageView:
-        """See `Memory.view_messages`."""
         check_id(message_id, "message_id")
         check_count("radius", radius, minimum=0, maximum=MAX_RADIUS)
         view = await self.store.view(message_id, radius)
         # The window's tool outputs are reduced to ok/error; `target` stays as stored.
         return replace(view, messages=[reduced(m) for m in view.messages])
-
-    # ---- erasure ------------------------------------------------------------------------
 
     async def clear(self, thread_id: str) -> None:
         async with self.thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):

@@ -112,6 +112,5 @@ def _text(item: Mapping[str, object]) -> str:
 
 
 def _item(message: Message) -> TResponseInputItem:
-    """The input item a stored message holds."""
     return cast("TResponseInputItem",
                 message.data[ITEM_KEY] if ITEM_KEY in message.data else message.to_dict())

@@ -62,8 +62,6 @@ class Folder:
                 raise InvalidInputError(f"{path} must not climb out of {root} with '..'")
             self._below = relative.parts
 
-    # ---- descriptors ------------------------------------------------------------------------
-
     @contextlib.contextmanager
     def opened(self, *, create: bool) -> Iterator[int | None]:
         """The folder's descriptor for the block (created first when `create`), or None when it
@@ -134,8 +132,6 @@ class Folder:
                 continue
             if not stat.S_ISDIR(mode):
                 raise self._not_a_folder(name)
-
-    # ---- files ------------------------------------------------------------------------------
 
     def names(self) -> list[str]:
         """The names of the folder's `.md` files that are not hidden, sorted ([] when it does

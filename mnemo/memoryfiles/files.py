@@ -95,8 +95,6 @@ class MemoryFiles:
         self._lock = DirectoryLock(self._folder)
         self._writer = DirectoryLock(self._folder, WRITER_LOCK_FILE, wait_s=WRITER_WAIT_S)
 
-    # ---- reading --------------------------------------------------------------------------
-
     def list(self) -> builtins.list[MemoryFile]:
         """Every topic file, most recently updated first (hidden files skipped)."""
         return [stored.file() for stored in _select.newest_first(self._scan())]
@@ -124,8 +122,6 @@ class MemoryFiles:
                 for s in picked:
                     await anyio.to_thread.run_sync(self._touch, s.path, now)
         return [s.file() for s in picked]
-
-    # ---- writing --------------------------------------------------------------------------
 
     async def update(self, history: Sequence[Mapping[str, object]], *, llm: LLM | None,
                      iterations: int, is_subagent: bool = False) -> MemoryUpdate:
@@ -281,8 +277,6 @@ class MemoryFiles:
         self._folder.write(path.name, _format.render(
             topic=current.topic, description=current.description, updated=current.updated,
             used=when, content=current.body))
-
-    # ---- files ----------------------------------------------------------------------------
 
     def _scan(self) -> builtins.list[_select.Stored]:
         # Temporary files start with "." (see `_folder.Folder.write`), and so do hidden files.

@@ -48,7 +48,6 @@ class Filed:
     entry: str
 
 
-# ---- memory_update ------------------------------------------------------------------------
 # The reply holds edits (each topic's new entries and those a correction makes wrong), so its
 # length is bounded whatever the files' size.
 
@@ -130,8 +129,6 @@ def parse_update(resp: LLMResponse) -> list[TopicChange]:
                         tuple(dict.fromkeys(item.signals or ())), item.content,
                         tuple(item.remove or ())) for i, item in enumerate(reply.files)]
 
-
-# ---- memory_persist -----------------------------------------------------------------------
 
 class PersistReply(Reply, frozen=True, kw_only=True):
     topic: str
@@ -216,7 +213,6 @@ def _same_word(said: str, wrote: str) -> bool:
     return all(letter in rest for letter in said)
 
 
-# ---- memory_condense ----------------------------------------------------------------------
 # Asked when a write would take a file past `max_chars`; dropping the oldest is the fallback.
 
 class CondenseReply(Reply, frozen=True, kw_only=True):
@@ -271,8 +267,6 @@ def parse_condense(resp: LLMResponse, *, max_chars: int) -> Condensed:
     description = one_line(reply.description or "", MAX_DESCRIPTION_CHARS)
     return Condensed(description=description, lines=lines)
 
-
-# ---- shared field readers -----------------------------------------------------------------
 
 
 def _topic(value: str, where: str) -> str:

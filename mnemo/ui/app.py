@@ -94,8 +94,6 @@ async def _mnemo_error(request: Request, exc: Exception) -> Response:
     return page(request, "error.html", {"error": exc, "status": status}, status)
 
 
-# ---- pages ---------------------------------------------------------------------------------
-
 
 async def index(request: Request) -> Response:
     mem = view_of(request).memory

@@ -99,8 +99,7 @@ class Access:
 
     @classmethod
     def bound(cls, bind: str, allow: Iterable[str] = (), token: str | None = None) -> Access:
-        """The access of a server listening on `bind`: the loopback names, the bound address
-        itself (unless it binds every interface) and the `allow` patterns."""
+        """The access of a server listening on `bind` (`mnemo.access.hosts_of`)."""
         return cls(hosts_of(bind, allow), token)
 
     def answers(self, name: str) -> bool:

@@ -53,7 +53,6 @@ TEMPLATES = Jinja2Templates(env=_env)
 
 
 def view_of(request: Request) -> MemorySource:
-    """The `MemorySource` the app reads through."""
     view: MemorySource = request.app.state.view
     return view
 

@@ -1,9 +1,8 @@
-"""The files of mnemo a call runs through, counted as `/work/tools/measure_paths.py` counts
-them: the distinct source files under mnemo/, `adapters/` left out, of the Python functions
-called (`sys.setprofile` and `threading.setprofile` "call" events) on every thread while the
-call runs. The Memory's own periodic work (the holder's heartbeat and takeover looks,
-`timers.holder`) is switched off: it is not the call's, and would make the count depend on
-when it comes."""
+"""The files of mnemo a call runs through: the distinct source files under mnemo/, `adapters/` left
+out, of the Python functions called (`sys.setprofile` and `threading.setprofile` "call" events)
+on every thread while the call runs. The Memory's own periodic work (the holder's heartbeat and
+takeover looks, `timers.holder`) is switched off: it is not the call's, and would make the count
+depend on when it comes."""
 
 from __future__ import annotations
 

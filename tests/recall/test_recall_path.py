@@ -1,12 +1,11 @@
 """How far a query walks: the files of mnemo one recall runs through.
 
-What is counted is what `/work/tools/measure_paths.py` counts (as
-`tests/session/test_append_path.py` does for an append): the distinct source files under
-mnemo/, `adapters/` left out, of the Python functions called (`sys.setprofile` and
-`threading.setprofile` "call" events) on every thread from the call of `Memory.recall` until
-it returns. The recall is a second one (the first warmed the repo's caches up), on the offline
-model and the hashing embedder, over a SQLite file holding one committed session; the holder's
-periodic work (`timers.holder`) does not run, as it is not the recall's.
+What is counted (`tests/paths.py`, as `tests/session/test_append_path.py` counts for an append):
+the distinct source files under mnemo/, `adapters/` left out, of the Python functions called
+(`sys.setprofile` and `threading.setprofile` "call" events) on every thread from the call of
+`Memory.recall` until it returns. The recall is a second one (the first warmed the repo's caches
+up), on the offline model and the hashing embedder, over a SQLite file holding one committed
+session; the holder's periodic work (`timers.holder`) does not run, as it is not the recall's.
 """
 
 from __future__ import annotations

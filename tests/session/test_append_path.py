@@ -1,14 +1,14 @@
 """How far a step walks: the files of mnemo one append runs through, and the imports among the
 session modules.
 
-What `test_an_append_runs_through_few_files` counts is what `/work/tools/measure_paths.py`
-counts: the distinct source files under mnemo/, `adapters/` left out, of the Python functions
-called (`sys.setprofile` and `threading.setprofile` "call" events) on every thread from the
-call of `Memory.append` until it returns, its step stored and annotated. The append is a
-second one (the first has the session's record and the store warmed up), on the offline model
-and the hashing embedder, to a SQLite file. The Memory's own periodic work, the holder's
-heartbeat and takeover looks (`timers.holder`), does not run: it is not the append's, and
-would make the count depend on when it comes.
+What `test_an_append_runs_through_few_files` counts (`tests/paths.py`): the distinct source
+files under mnemo/, `adapters/` left out, of the Python functions called (`sys.setprofile` and
+`threading.setprofile` "call" events) on every thread from the call of `Memory.append` until it
+returns, its step stored and annotated. The append is a second one (the first has the session's
+record and the store warmed up), on the offline model and the hashing embedder, to a SQLite
+file. The Memory's own periodic work, the holder's heartbeat and takeover looks
+(`timers.holder`), does not run: it is not the append's, and would make the count depend on when
+it comes.
 """
 
 from __future__ import annotations

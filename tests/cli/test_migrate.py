@@ -55,6 +55,24 @@ def test_to_postgres_and_back(source: Path, pg_url: str, tmp_path: Path) -> None
             source, table, raw=True), table.name
 
 
+def test_a_time_on_a_whole_second_comes_back_as_it_was_written(
+    source: Path, pg_url: str, tmp_path: Path
+) -> None:
+    """A stored time whose fraction is zero (SQLite's clock stamps milliseconds, so one
+    stamp in a thousand) comes back from PostgreSQL as the same text, fraction included."""
+    whole = "2026-11-27T11:04:22.000000+00:00"
+    with sqlite3.connect(source) as conn:
+        conn.execute("UPDATE sessions SET updated_at = ?", (whole,))
+    conn.close()
+    assert migrate(source, pg_url).exit_code == 0
+    back = migrate(pg_url, tmp_path / "back.db")
+    assert back.exit_code == 0, back.stderr
+    with sqlite3.connect(tmp_path / "back.db") as conn:
+        stamps = {row[0] for row in conn.execute("SELECT updated_at FROM sessions")}
+    conn.close()
+    assert stamps == {whole}
+
+
 def test_second_run_says_nothing_to_copy(source: Path, pg_url: str) -> None:
     """Run twice, the command copies nothing the second time and says so."""
     assert migrate(source, pg_url).exit_code == 0

@@ -65,7 +65,7 @@ def _store(kind: Kind, value: object, half: bool = False, packed: bool = False) 
         return None
     if kind is Kind.TIME:
         assert isinstance(value, datetime)
-        return value.astimezone(UTC).isoformat()
+        return value.astimezone(UTC).isoformat(timespec="microseconds")
     if kind is Kind.JSON:
         text = json.dumps(value, sort_keys=True)
         return pack_text(text) if packed else text

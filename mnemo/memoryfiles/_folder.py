@@ -22,6 +22,10 @@ RELATIVE = {os.open, os.stat, os.mkdir, os.unlink}.issubset(os.supports_dir_fd) 
     os, "O_NOFOLLOW")
 _DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# Windows opens a descriptor in text mode (writing "\r\n" for "\n") without O_BINARY.
+_BINARY = getattr(os, "O_BINARY", 0)
+_READ = os.O_RDONLY | _NOFOLLOW | _BINARY | getattr(os, "O_NONBLOCK", 0)
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY
 
 
 def check_directory(directory: str | os.PathLike[str], what: str = "directory") -> Path:
@@ -152,8 +156,7 @@ class Folder:
             try:
                 if fd is None and not stat.S_ISREG(os.lstat(at).st_mode):
                     return None
-                handle = os.open(at, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0),
-                                 dir_fd=fd)
+                handle = os.open(at, _READ, dir_fd=fd)
             except OSError:
                 return None
         with os.fdopen(handle, "rb") as file:
@@ -184,8 +187,7 @@ class Folder:
                     os.unlink(self.path / name)
             target = self._at(fd, name)
             temporary = self._at(fd, f".{name[:200]}.{secrets.token_hex(6)}.tmp")
-            out = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600,
-                          dir_fd=fd)
+            out = os.open(temporary, _NEW, 0o600, dir_fd=fd)
             try:
                 with os.fdopen(out, "wb") as file:
                     file.write(text.encode("utf-8"))

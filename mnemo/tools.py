@@ -117,6 +117,11 @@ class _Node(msgspec.Struct):
     offset: Annotated[int, Meta(ge=0)] = 0
 
 
+def described(doc: str) -> str:
+    """A tool's docstring as its description: `PAGE_CHARS` written as the page size."""
+    return doc.replace("PAGE_CHARS", f"{PAGE_CHARS:,}")
+
+
 def _spec(name: str, kind: type[msgspec.Struct]) -> ToolSpec:
     (_,), defs = msgspec.json.schema_components([kind])
     schema = {k: v for k, v in defs[kind.__name__].items() if k not in ("title", "description")}
@@ -126,8 +131,7 @@ def _spec(name: str, kind: type[msgspec.Struct]) -> ToolSpec:
         key: next(o for o in prop["anyOf"] if o != {"type": "null"})
         if {"type": "null"} in prop.get("anyOf", ()) else prop
         for key, prop in schema["properties"].items()}
-    described = " ".join((kind.__doc__ or "").split()).replace("PAGE_CHARS", str(PAGE_CHARS))
-    return ToolSpec(name, described,
+    return ToolSpec(name, described(" ".join((kind.__doc__ or "").split())),
                     {**schema, "additionalProperties": False})
 
 

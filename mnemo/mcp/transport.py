@@ -31,7 +31,7 @@ from mnemo.errors import InvalidInputError
 from mnemo.mcp._stdio import MAX_REQUEST_BYTES, stdio_streams
 from mnemo.mcp.server import INSTRUCTIONS, TOOL_NAMES, MemoryTools, open_tools
 from mnemo.ports import LLM, Embedder
-from mnemo.tools import ERROR_CHARS, PAGE_CHARS, clip
+from mnemo.tools import ERROR_CHARS, clip, described
 from mnemo.version import installed_version
 
 # MCP's tool hints: read-only (changes nothing), destructive (may erase or overwrite what is
@@ -89,8 +89,7 @@ def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "")
     checked = {
         name: Tool.from_function(
             getattr(tools, name), name=name,
-            description=inspect.cleandoc(getattr(tools, name).__doc__ or "").replace(
-                "PAGE_CHARS", f"{PAGE_CHARS:,}"),
+            description=described(inspect.cleandoc(getattr(tools, name).__doc__ or "")),
             annotations=ToolAnnotations(
                 read_only_hint=name in read_only, destructive_hint=name in DESTRUCTIVE,
                 idempotent_hint=name in IDEMPOTENT, open_world_hint=False),

@@ -117,4 +117,4 @@ async def test_execute_eviction_tools(mem: mnemo.Memory) -> None:
 
 def test_get_node_states_the_page_it_reads() -> None:
     """get_node's description names the page size `tools.page` cuts at."""
-    assert f"a page of {tools.PAGE_CHARS} characters" in tools.TOOLS["get_node"].description
+    assert f"a page of {tools.PAGE_CHARS:,} characters" in tools.TOOLS["get_node"].description

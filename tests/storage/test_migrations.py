@@ -129,21 +129,28 @@ async def test_a_migration_after_the_baseline_is_applied_once_by_concurrent_open
     assert ledger(made) == [baseline(made), name]
 
 
+async def refusal(made: str) -> mnemo.StorageError:
+    """The error a Memory opening `made` raises, checked to be one line of
+    `StorageError("unavailable")` that left the store's schema and ledger as they were."""
+    before = (shape(made), ledger(made))
+    with pytest.raises(mnemo.StorageError) as refused:
+        async with mnemo.Memory(made, embedder=FakeEmbedder()):
+            pass
+    assert refused.value.reason == "unavailable"
+    assert "\n" not in str(refused.value)
+    assert (shape(made), ledger(made)) == before
+    return refused.value
+
+
 async def test_a_store_older_than_the_baseline_is_refused_and_left_as_it_was(made: str) -> None:
     """A store whose recorded migrations do not reach the baseline (a development build's,
     before 0.1.0) is refused when a Memory opens it: `StorageError("unavailable")` in one line
     saying so, not a driver's error, and neither its schema nor its ledger changes."""
     table = "mnemo_migrations" if made.startswith("postgresql") else "_sqlite_migrations"
     run(made, f"UPDATE {table} SET name = 'm019_unannotated_steps'", "DROP TABLE node_scopes")
-    before = (shape(made), ledger(made))
-    with pytest.raises(mnemo.StorageError) as refused:
-        async with mnemo.Memory(made, embedder=FakeEmbedder()):
-            pass
-    assert refused.value.reason == "unavailable"
-    assert "older than 0.1.0" in str(refused.value)
-    assert "\n" not in str(refused.value)
-    assert refused.value.__cause__ is None
-    assert (shape(made), ledger(made)) == before
+    refused = await refusal(made)
+    assert "older than 0.1.0" in str(refused)
+    assert refused.__cause__ is None
 
 
 async def test_a_store_a_newer_mnemo_upgraded_is_refused_and_left_as_it_was(made: str) -> None:
@@ -158,12 +165,6 @@ async def test_a_store_a_newer_mnemo_upgraded_is_refused_and_left_as_it_was(made
         run(made, "INSERT INTO _sqlite_migrations (migration_set, name, applied_at)"
                   " VALUES ('mnemo', 'm999_future', '2030-01-01 00:00:00+00:00')",
             "CREATE TABLE future (n INTEGER)")
-    before = (shape(made), ledger(made))
-    with pytest.raises(mnemo.StorageError) as refused:
-        async with mnemo.Memory(made, embedder=FakeEmbedder()):
-            pass
-    assert refused.value.reason == "unavailable"
-    assert "newer mnemo" in str(refused.value)
-    assert "m999_future" in str(refused.value)
-    assert "\n" not in str(refused.value)
-    assert (shape(made), ledger(made)) == before
+    refused = await refusal(made)
+    assert "newer mnemo" in str(refused)
+    assert "m999_future" in str(refused)

@@ -105,6 +105,7 @@ def add_later_migration(store: str, monkeypatch: pytest.MonkeyPatch) -> str:
                                       "INSERT INTO later VALUES (1);")
 
     monkeypatch.setattr(sqlite_schema, "MIGRATIONS", migrations)
+    monkeypatch.setattr(sqlite_schema, "NAMES", [*sqlite_schema.NAMES, "m029_later"])
     return "m029_later"
 
 

@@ -6,6 +6,7 @@ sqlite-utils' `Migrations`. An applied migration is never edited: a change is th
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
@@ -15,6 +16,17 @@ from mnemo.storage.tables import check_ledger, ddl
 
 MIGRATIONS = Migrations("mnemo")
 BASELINE = "m028_scopes"
+# The registered migrations' names, in order (the ledger check needs them).
+NAMES: list[str] = []
+
+
+Migration = Callable[[Database], None]
+
+
+def migration(name: str) -> Callable[[Migration], Migration]:
+    """Registers a migration with `MIGRATIONS` under `name`."""
+    NAMES.append(name)
+    return MIGRATIONS(name=name)
 
 
 def migrate(db: Database) -> None:
@@ -29,11 +41,9 @@ def migrate(db: Database) -> None:
 
 def _pending(db: Database) -> bool:
     """Whether a registered migration is not applied yet, the ledger read once and checked."""
-    applied = {migration.name for migration in MIGRATIONS.applied(db)}
-    # sqlite-utils keeps the registered migrations in `_migrations` only.
-    known = {migration.name for migration in MIGRATIONS._migrations}
-    check_ledger(applied, known, BASELINE)
-    return bool(known - applied)
+    applied = {done.name for done in MIGRATIONS.applied(db)}
+    check_ledger(applied, set(NAMES), BASELINE)
+    return bool(set(NAMES) - applied)
 
 
 def execute_all(db: Database, script: str) -> None:
@@ -48,7 +58,7 @@ def execute_all(db: Database, script: str) -> None:
         db.execute(pending)
 
 
-@MIGRATIONS(name=BASELINE)
+@migration(BASELINE)
 def baseline(db: Database) -> None:
     execute_all(db, ddl(postgres=False) + _searched("nodes") + _searched("messages") + _LEXICAL)
     # Planner statistics of the graph tables' usual shape, so reads by id seek rather than

@@ -154,11 +154,8 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
         lexical: LexicalIndex | None = None,
         ann_dir: Path | None = None,
     ) -> None:
-        self._pg = self._driver = pg
-        self._dims = dims
-        self._lexical = lexical
-        self._locks: dict[str, anyio.Lock] = {}
-        self._reembeds = set()
+        super().__init__(pg, dims, lexical)
+        self._pg = pg
         # At most half the pool holds repo locks, leaving connections for the work.
         self._lock_slots = anyio.CapacityLimiter(max(1, pg.max_size // 2))
         self._vectors = PgVectors(pg, dims, exact_below=exact_below, ann_dir=ann_dir)

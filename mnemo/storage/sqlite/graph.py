@@ -102,11 +102,8 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
                  lexical: LexicalIndex | None = None, ann_dir: Path | None = None) -> None:
         """`ann_threshold`: size past which searches use HNSW (None: always exact); `lexical`:
         the index for `search_text` (None: FTS5); `ann_dir`: where HNSW graphs are saved."""
-        self._database = self._driver = database
-        self._lexical = lexical
-        self._dims = dims
-        self._locks: dict[str, anyio.Lock] = {}
-        self._reembeds = set()
+        super().__init__(database, dims, lexical)
+        self._database = database
         self._vectors = SqliteVectors(database, dims, ann_threshold=ann_threshold, ann_dir=ann_dir)
 
     @asynccontextmanager

@@ -106,6 +106,7 @@ class GraphBase(RowReads):
         self._locks: dict[str, anyio.Lock] = {}  # this process's lock of each repo
         self._reembeds: set[str] = set()  # the repos this store is re-embedding
 
+    # The repo's lock across processes (this process's, `_locks`, is taken first).
     _repo_lock: Callable[[str], AbstractAsyncContextManager[None]]
     _reembed_lock: Callable[[str, ConflictError], AbstractAsyncContextManager[None]]
     # The store's own full-text search (`_store_text`), begun now or when awaited.
@@ -155,7 +156,7 @@ class GraphBase(RowReads):
     @asynccontextmanager
     async def lock(self, repo: str) -> AsyncIterator[None]:
         try:
-            async with self._repo_lock(repo):
+            async with self._locks.setdefault(repo, anyio.Lock()), self._repo_lock(repo):
                 yield
         finally:
             if self._lexical is not None:

@@ -183,8 +183,7 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
 
     @asynccontextmanager
     async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
-        async with (self._locks.setdefault(repo, anyio.Lock()), self._lock_slots,
-                    self._advisory("mnemo.repo:" + repo, None)):
+        async with self._lock_slots, self._advisory("mnemo.repo:" + repo, None):
             yield
 
     def _reembed_lock(self, repo: str, busy: ConflictError

@@ -106,13 +106,10 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
         self._database = database
         self._vectors = SqliteVectors(database, dims, ann_threshold=ann_threshold, ann_dir=ann_dir)
 
-    @asynccontextmanager
-    async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
+    def _repo_lock(self, repo: str) -> AbstractAsyncContextManager[None]:
         timeout = self._database.busy_timeout
         busy = StorageError("busy", f"another process held repo {repo!r}'s lock for {timeout}s")
-        async with self._locks.setdefault(repo, anyio.Lock()), self._holding(
-                repo, "repo", timeout, busy):
-            yield
+        return self._holding(repo, "repo", timeout, busy)
 
     @asynccontextmanager
     async def _holding(self, repo: str, kind: str, wait: float,

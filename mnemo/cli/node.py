@@ -69,10 +69,7 @@ async def find_node(mem: Memory, repo: str | None, given: str) -> tuple[str, str
 
 async def node_report(mem: Memory, repo: str, node: Node) -> NodeReport:
     linked = {kind: await mem.get_linked_nodes(repo, [node.id], kind) for kind in LinkType}
-    # Only a fact's or a procedure's PROVENANCE ends are where it came from (a source's are its
-    # steps): the others list none.
-    knowledge = node.type in (NodeType.SEMANTIC, NodeType.PROCEDURAL)
-    steps = steps_of(node, linked[LinkType.PROVENANCE] if knowledge else [])
+    steps = steps_of(node, linked[LinkType.PROVENANCE])
     if node.type is NodeType.SOURCE:
         sources = [node]
     else:

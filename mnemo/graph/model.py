@@ -231,11 +231,14 @@ def step_order(node: Node) -> tuple[str, int]:
 
 
 def steps_of(node: Node, provenance: Iterable[Node]) -> list[Node]:
-    """The steps a node's page shows, in `step_order`: the node itself when it is one, else the
-    steps among `provenance` (the nodes its PROVENANCE links reach)."""
-    steps = [node] if node.type is NodeType.EPISODIC else [
-        n for n in provenance if n.type is NodeType.EPISODIC]
-    return sorted(steps, key=step_order)
+    """The steps a node came from, in `step_order`: the node itself when it is one; for a fact
+    or procedure, the steps among `provenance` (the nodes its PROVENANCE links reach); none for
+    other nodes (a source's PROVENANCE ends are the steps that came from it)."""
+    if node.type is NodeType.EPISODIC:
+        return [node]
+    if node.type not in (NodeType.SEMANTIC, NodeType.PROCEDURAL):
+        return []
+    return sorted((n for n in provenance if n.type is NodeType.EPISODIC), key=step_order)
 
 
 # A tag's identity keeps this many characters of its label (it must fit an index entry).

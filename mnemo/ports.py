@@ -48,6 +48,13 @@ class Usage:
         return Usage(cost=cost, **counts)
 
 
+def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
+    """`total + more`, None meaning "not reported"."""
+    if total is None:
+        return more
+    return total if more is None else total + more
+
+
 # A JSON value and a JSON object, for annotations only (msgspec reads `object` for these).
 JSONValue: TypeAlias = (
     "str | int | float | bool | Sequence[JSONValue] | Mapping[str, JSONValue] | None")

@@ -147,13 +147,6 @@ def price_of(model: str, prices: Mapping[str, tuple[float, float]]) -> tuple[flo
     return prices[max(matches, key=len)] if matches else None
 
 
-def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
-    """`total + more`, None meaning "not reported"."""
-    if total is None:
-        return more
-    return total if more is None else total + more
-
-
 class HTTPModel(Closing):
     """What the HTTP adapters share: the key (`api_key`, else its variable's), one `Transport` to
     `base_url`, and `name`, the URI of `provider` (or, to another server, of `scheme`). Raises

@@ -19,7 +19,6 @@ from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
     TOOL_DESCRIPTION,
     HTTPModel,
-    add_usage,
     cut_note,
     more_room,
     reply_cap,
@@ -31,7 +30,7 @@ from mnemo.calls.retry import Budget, task_budget
 from mnemo.calls.tasks import Cut, decode_json
 from mnemo.errors import LLMError, LLMTimeout
 from mnemo.inputs import check_count
-from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
+from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage, add_usage
 
 ANTHROPIC_VERSION = "2023-06-01"
 

@@ -24,7 +24,6 @@ from mnemo.adapters._model import (
     TOOL_DESCRIPTION,
     HTTPModel,
     adapt,
-    add_usage,
     cut_note,
     example_of,
     more_room,
@@ -38,7 +37,7 @@ from mnemo.calls.retry import Budget, task_budget, waiting
 from mnemo.calls.tasks import Cut, decode_json
 from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMTimeout
 from mnemo.inputs import check_count
-from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
+from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage, add_usage
 
 Structured = Literal["auto", "json_schema", "tool", "json"]
 Mode = Literal["json_schema", "tool", "json"]

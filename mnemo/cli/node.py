@@ -21,7 +21,7 @@ from mnemo.cli._settings import Settings
 from mnemo.cli.history import RESOLVED, origin
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.history import goals as commit_goals
-from mnemo.graph.model import LinkType, Node, NodeType, step_order
+from mnemo.graph.model import LinkType, Node, NodeType, steps_of
 from mnemo.jsonable import commit_json, node_json
 from mnemo.memory import Memory
 from mnemo.text import shorten
@@ -69,13 +69,7 @@ async def find_node(mem: Memory, repo: str | None, given: str) -> tuple[str, str
 
 async def node_report(mem: Memory, repo: str, node: Node) -> NodeReport:
     linked = {kind: await mem.get_linked_nodes(repo, [node.id], kind) for kind in LinkType}
-    if node.type is NodeType.EPISODIC:
-        steps = [node]
-    elif node.type in (NodeType.SEMANTIC, NodeType.PROCEDURAL):
-        steps = [n for n in linked[LinkType.PROVENANCE] if n.type is NodeType.EPISODIC]
-    else:
-        steps = []
-    steps.sort(key=step_order)
+    steps = steps_of(node, linked[LinkType.PROVENANCE])
     if node.type is NodeType.SOURCE:
         sources = [node]
     else:

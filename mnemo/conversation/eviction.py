@@ -34,7 +34,7 @@ from mnemo.conversation.viewport import (
     snapshot_words,
 )
 from mnemo.errors import ConflictError
-from mnemo.ports import LLM, REQUIRED, Events, LLMRequest, LLMResponse, ToolCall, Usage
+from mnemo.ports import LLM, REQUIRED, Events, LLMRequest, LLMResponse, ToolCall, Usage, add_usage
 
 log = logging.getLogger("mnemo")
 
@@ -184,8 +184,7 @@ async def run_loop(
                     # Whatever the model did wrong, the boundary must still move: report.
                     log.warning("eviction LLM call failed", exc_info=True)
                     return f"the eviction model failed: {exc!r}", usage
-                if response.usage is not None:
-                    usage = response.usage if usage is None else usage + response.usage
+                usage = add_usage(usage, response.usage)
                 calls = snapshot_calls(response) if choice is None else response.tool_calls
                 if not calls:
                     if tools.snapshot_parts:

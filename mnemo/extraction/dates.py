@@ -7,15 +7,12 @@ import re
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 
-_MONTHS = {
-    name: number
-    for number, names in enumerate(
-        [("january", "jan"), ("february", "feb"), ("march", "mar"), ("april", "apr"),
-         ("may",), ("june", "jun"), ("july", "jul"), ("august", "aug"),
-         ("september", "sep", "sept"), ("october", "oct"), ("november", "nov"),
-         ("december", "dec")],
-        start=1)
-    for name in names}
+MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august",
+          "september", "october", "november", "december")
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+# A month's number by its name or its abbreviation.
+_MONTHS = {name: n for n, month in enumerate(MONTHS, 1) for name in (month, month[:3])} | {
+    "sept": 9}
 _MONTH = r"(?P<month>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
 _TIME = r"(?:(?P<hour>\d{1,2})(?::(?P<minute>\d{2}))?\s*(?P<ampm>am|pm)\s+on\s+)?"
 _ISO = re.compile(

@@ -9,6 +9,7 @@ import re
 from dataclasses import replace
 
 from mnemo import text as _text
+from mnemo.extraction.dates import MONTHS, WEEKDAYS
 from mnemo.graph.erasure import Embed
 from mnemo.graph.model import (
     Changeset,
@@ -29,9 +30,7 @@ _SPEAKER = re.compile(rf"^\s*({_NAME})\s*(?:{_TIME})?\s*:\s")
 # The same opening with its time (see `embedding_text`).
 _TIMED_SPEAKER = re.compile(rf"^(\s*{_NAME})\s*{_TIME}\s*:\s")
 # Capitalised, but a date rather than an entity.
-_CALENDAR = frozenset(
-    "january february march april may june july august september october november december "
-    "monday tuesday wednesday thursday friday saturday sunday".split())
+_CALENDAR = frozenset((*MONTHS, *WEEKDAYS))
 # The most tags one step gets: a long tool output names dozens of things.
 MAX_NAMES = 6
 

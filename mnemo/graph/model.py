@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -228,6 +228,17 @@ def step_order(node: Node) -> tuple[str, int]:
     """Where a step stands: its episode, then its index as a number (step 2 before step 10)."""
     index = node.data.get("index")
     return str(node.data.get("episode_id", "")), index if isinstance(index, int) else 0
+
+
+def steps_of(node: Node, provenance: Iterable[Node]) -> list[Node]:
+    """The steps a node came from, in `step_order`: the node itself when it is one; for a fact
+    or procedure, the steps among `provenance` (the nodes its PROVENANCE links reach); none for
+    other nodes (a source's PROVENANCE ends are the steps that came from it)."""
+    if node.type is NodeType.EPISODIC:
+        return [node]
+    if node.type not in (NodeType.SEMANTIC, NodeType.PROCEDURAL):
+        return []
+    return sorted((n for n in provenance if n.type is NodeType.EPISODIC), key=step_order)
 
 
 # A tag's identity keeps this many characters of its label (it must fit an index entry).

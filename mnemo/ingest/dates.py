@@ -8,11 +8,8 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import date, timedelta
 
-from mnemo.extraction.dates import whole_dates
+from mnemo.extraction.dates import MONTHS, WEEKDAYS, whole_dates
 
-_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august",
-           "september", "october", "november", "december")
-_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _COUNTS = {"a": 1, "an": 1, "one": 1, "two": 2, "a couple of": 2, "three": 3, "four": 4,
            "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
 
@@ -22,7 +19,7 @@ _RELATIVE = re.compile(
     r"|this afternoon|this evening)"
     rf"|{_COUNT}\s+(?P<unit>day|week|month|year)s?\s+ago"
     r"|(?P<which>last|this|next)\s+(?P<span>week(?:end)?|month|year)"
-    rf"|(?P<which_day>last|next)\s+(?P<weekday>{'|'.join(_WEEKDAYS)}))\b",
+    rf"|(?P<which_day>last|next)\s+(?P<weekday>{'|'.join(WEEKDAYS)}))\b",
     re.IGNORECASE)
 # Already followed by a date in brackets (written by hand, or resolved before): left alone.
 _RESOLVED = re.compile(r"\s*\((?:the )?(?:week(?:end)? of )?[^()]*\d{4}\)")
@@ -70,7 +67,7 @@ def _resolve(match: re.Match[str], on: date) -> str | None:
         return None if count is None else _ago(on, count, groups["unit"].lower())
     if groups["span"]:
         return _span(on, groups["which"].lower(), groups["span"].lower())
-    weekday = _WEEKDAYS.index(groups["weekday"].lower())
+    weekday = WEEKDAYS.index(groups["weekday"].lower())
     if groups["which_day"].lower() == "last":
         return _day(on - timedelta(days=(on.weekday() - weekday - 1) % 7 + 1))
     return _day(on + timedelta(days=(weekday - on.weekday() - 1) % 7 + 1))
@@ -115,11 +112,11 @@ def _months_back(on: date, count: int) -> tuple[int, int]:
 
 
 def _day(day: date) -> str:
-    return f"{day.day} {_MONTHS[day.month - 1].capitalize()} {day.year}"
+    return f"{day.day} {MONTHS[day.month - 1].capitalize()} {day.year}"
 
 
 def _month(year: int, month: int) -> str:
-    return f"{_MONTHS[month - 1].capitalize()} {year}"
+    return f"{MONTHS[month - 1].capitalize()} {year}"
 
 
 Resolver = Callable[[str], str]

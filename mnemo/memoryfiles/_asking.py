@@ -10,7 +10,7 @@ from typing import TypeVar
 from mnemo.calls import tasks
 from mnemo.calls.retry import fail_after
 from mnemo.errors import LLMContextError, LLMTimeout
-from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
+from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage, add_usage
 
 T = TypeVar("T")
 
@@ -28,8 +28,7 @@ class CountingLLM:
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         response = await self._llm.generate(request)
-        if response.usage is not None:
-            self.usage = response.usage if self.usage is None else self.usage + response.usage
+        self.usage = add_usage(self.usage, response.usage)
         return response
 
 

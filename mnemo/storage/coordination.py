@@ -12,8 +12,9 @@ import msgspec
 
 from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo, IdleSweep, SessionLease, StoredOp, StoredResult
+from mnemo.storage.clock import Clock
 from mnemo.storage.row import Row
-from mnemo.storage.sql import SqlStore, Statements, marks, moment, number
+from mnemo.storage.sql import Driver, SqlStore, Statements, marks, moment, number
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
 
@@ -52,12 +53,18 @@ class SqlCoordination(SqlStore):
     IDLE_LEFT = ""
     CHANGE_TOKEN = ""
 
-    now: Callable[[], datetime]
     _json: Callable[[object], object]  # a JSON value as a statement's parameter
     # Serialises the writes of the session's step claims until the transaction ends.
     _lock_claims: Callable[[Statements, str], Awaitable[None]]
     # Ends the idle sessions of `due` still due; returns their (id, repo).
     _end_due: Callable[[Statements, list[str], datetime], Awaitable[list[Row]]]
+
+    def __init__(self, driver: Driver, clock: Clock) -> None:
+        super().__init__(driver)
+        self._clock = clock
+
+    def now(self) -> datetime:
+        return self._clock.now()
 
     def _idle_params(self, now: datetime) -> tuple[object, ...]:
         return ()

@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iter
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
+import anyio
+
 from mnemo.errors import ConflictError
 from mnemo.graph import commit, erasure
 from mnemo.graph.commit import CommitPlan
@@ -39,7 +41,7 @@ from mnemo.storage.graph_rows import RowReads
 from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.row import Row
-from mnemo.storage.sql import marks
+from mnemo.storage.sql import Driver, marks
 from mnemo.storage.vector_log import CachedVectors, Hits
 from mnemo.storage.worker import DeferredRead, FallbackRead
 
@@ -94,11 +96,17 @@ def joined(first: NodeContext, more: NodeContext) -> NodeContext:
 
 class GraphBase(RowReads):
     WRITES: SqlGraphWrites
-    _lexical: LexicalIndex | None
     _vectors: CachedVectors
-    _dims: Callable[[str], int]
-    _reembeds: set[str]  # the repos this store is re-embedding
 
+    def __init__(self, driver: Driver, dims: Callable[[str], int],
+                 lexical: LexicalIndex | None) -> None:
+        super().__init__(driver)
+        self._dims = dims
+        self._lexical = lexical
+        self._locks: dict[str, anyio.Lock] = {}  # this process's lock of each repo
+        self._reembeds: set[str] = set()  # the repos this store is re-embedding
+
+    # The repo's lock across processes (this process's, `_locks`, is taken first).
     _repo_lock: Callable[[str], AbstractAsyncContextManager[None]]
     _reembed_lock: Callable[[str, ConflictError], AbstractAsyncContextManager[None]]
     # The store's own full-text search (`_store_text`), begun now or when awaited.
@@ -148,7 +156,7 @@ class GraphBase(RowReads):
     @asynccontextmanager
     async def lock(self, repo: str) -> AsyncIterator[None]:
         try:
-            async with self._repo_lock(repo):
+            async with self._locks.setdefault(repo, anyio.Lock()), self._repo_lock(repo):
                 yield
         finally:
             if self._lexical is not None:

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from mnemo.errors import ConflictError, StorageError
 from mnemo.storage.ports import is_postgres
@@ -108,6 +108,29 @@ class Dump(Protocol):
 
 
 class SqlDump(SqlStore):
+    # `table`'s page statements, each row led by its `width` ordering columns: (the first
+    # page's, given the limit; the next page's, given the last row's key then the limit; width).
+    _pages: Callable[[Table], tuple[Any, Any, int]]
+    _load: Callable[[Table, Kind, object], object]  # a stored value of `table` as a neutral one
+
+    async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
+        first, after, width = self._pages(table)
+        last: tuple[object, ...] | None = None
+        while True:
+            statement, params = (first, (batch,)) if last is None else (after, (*last, batch))
+            raw = await self._page(statement, params)
+            if not raw:
+                return
+            last = tuple(raw[-1][:width])
+            yield [tuple(self._load(table, kind, value)
+                         for kind, value in zip(table.kinds, row[width:], strict=True))
+                   for row in raw]
+            if len(raw) < batch:
+                return
+
+    async def _page(self, statement: Any, params: Sequence[object]) -> Sequence[Row]:
+        return await self._rows(statement, params)
+
     async def count(self, table: Table) -> int:
         [(count,)] = await self._rows(f'SELECT count(*) FROM "{table.name}"')
         return int(count)

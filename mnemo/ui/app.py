@@ -15,7 +15,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from mnemo.errors import ConflictError, InvalidInputError, MnemoError, NotFoundError
-from mnemo.graph.model import LinkType, Node, NodeType, step_order
+from mnemo.graph.model import LinkType, Node, NodeType, steps_of
 from mnemo.graph.scope import parse_where
 from mnemo.ports import JSONObject
 from mnemo.ui import history as history_pages
@@ -164,10 +164,7 @@ async def node_page(request: Request) -> Response:
     by_type: dict[LinkType, list[LinkedNode]] = {}
     for linked in links:
         by_type.setdefault(linked.link_type, []).append(linked)
-    steps = [node] if node.type is NodeType.EPISODIC else [
-        linked.node for linked in links
-        if linked.link_type is LinkType.PROVENANCE and linked.node.type is NodeType.EPISODIC]
-    steps.sort(key=step_order)
+    steps = steps_of(node, [linked.node for linked in by_type.get(LinkType.PROVENANCE, [])])
     return page(request, "node.html", {
         "repo": repo, "node": node, "links": by_type, "steps": steps,
         "step_sessions": await _sessions_of(view, steps), "members": _members(node, by_type),

@@ -92,6 +92,18 @@ async def test_ingested_step_is_marked_as_ingested(
     assert "/session?" not in provenance
 
 
+async def test_a_source_page_lists_its_steps_as_links_not_as_its_provenance(
+    client: httpx.AsyncClient, memory: mnemo.Memory
+) -> None:
+    """A source's PROVENANCE links end at the steps that came from it: its page lists them
+    among its links, never under "the steps it came from" (as `mnemo show` does)."""
+    [source, *_] = await memory.get_nodes_by_type(REPO, [mnemo.NodeType.SOURCE])
+    page = await client.get("/node", params={"repo": REPO, "id": source.id})
+    assert page.status_code == 200
+    assert 'id="provenance"' not in page.text
+    assert "provenance (" in page.text.split('id="links"')[1]
+
+
 async def test_tag_and_intent_pages_list_their_facts_and_procedures(
     client: httpx.AsyncClient, memory: mnemo.Memory
 ) -> None:

@@ -10,7 +10,7 @@ from psycopg.types.json import Jsonb
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
 from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.postgres.clock import ServerClock
-from mnemo.storage.postgres.connection import Postgres, lock_key
+from mnemo.storage.postgres.connection import lock_key
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
 
@@ -36,12 +36,7 @@ class PgCoordination(SqlCoordination):
     )
     CHANGE_TOKEN = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
 
-    def __init__(self, pg: Postgres, clock: ServerClock) -> None:
-        super().__init__(pg)
-        self._clock = clock
-
-    def now(self) -> datetime:
-        return self._clock.now()
+    _clock: ServerClock
 
     async def sync_clock(self) -> None:
         await self._clock.sync()

@@ -20,7 +20,7 @@ from mnemo.storage.transfer import TABLES, Kind, NodeChecksum, Row, SqlDump, Tab
 _STAGE = sql.Identifier("mnemo_transfer")
 
 
-def _load(kind: Kind, value: object) -> object:
+def _load(_table: Table, kind: Kind, value: object) -> object:
     if value is None:
         return None
     if kind is Kind.TIME:
@@ -50,33 +50,24 @@ class PostgresDump(SqlDump):
         super().__init__(pg)
         self._types: dict[str, list[int]] = {}
 
-    async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
+    _load = staticmethod(_load)
+
+    def _pages(self, table: Table) -> tuple[sql.Composed, sql.Composed, int]:
         order = _order(table)
-        select = sql.SQL("SELECT {} FROM {}").format(
-            _columns(table.names), sql.Identifier(table.name)
-        )
         keys = _columns(order)
-        first = sql.SQL("{} ORDER BY {} LIMIT %s").format(select, keys)
-        after = sql.SQL("{} WHERE ({}) > ({}) ORDER BY {} LIMIT %s").format(
-            select, keys, sql.SQL(", ").join(sql.Placeholder() for _ in order), keys
+        select = sql.SQL("SELECT {}, {} FROM {}").format(
+            keys, _columns(table.names), sql.Identifier(table.name)
         )
-        positions = [table.names.index(name) for name in order]
-        last: tuple[object, ...] | None = None
-        while True:
-            # Binary: a vector's text form costs more to parse than the rest of its row.
-            async with self._driver.connection() as conn, conn.cursor(binary=True) as cur:
-                statement, params = (first, (batch,)) if last is None else (after, (*last, batch))
-                await cur.execute(statement, params)
-                raw = await cur.fetchall()
-            if not raw:
-                return
-            last = tuple(raw[-1][i] for i in positions)
-            yield [
-                tuple(_load(kind, value) for kind, value in zip(table.kinds, row, strict=True))
-                for row in raw
-            ]
-            if len(raw) < batch:
-                return
+        return (sql.SQL("{} ORDER BY {} LIMIT %s").format(select, keys),
+                sql.SQL("{} WHERE ({}) > ({}) ORDER BY {} LIMIT %s").format(
+                    select, keys, sql.SQL(", ").join(sql.Placeholder() for _ in order), keys),
+                len(order))
+
+    async def _page(self, statement: sql.Composed, params: Sequence[object]) -> Sequence[Row]:
+        # Binary: a vector's text form costs more to parse than the rest of its row.
+        async with self._driver.connection() as conn, conn.cursor(binary=True) as cur:
+            await cur.execute(statement, params)
+            return await cur.fetchall()
 
     async def write(self, table: Table, rows: Sequence[Row]) -> int:
         if not rows:

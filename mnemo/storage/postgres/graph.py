@@ -154,11 +154,8 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
         lexical: LexicalIndex | None = None,
         ann_dir: Path | None = None,
     ) -> None:
-        self._pg = self._driver = pg
-        self._dims = dims
-        self._lexical = lexical
-        self._locks: dict[str, anyio.Lock] = {}
-        self._reembeds = set()
+        super().__init__(pg, dims, lexical)
+        self._pg = pg
         # At most half the pool holds repo locks, leaving connections for the work.
         self._lock_slots = anyio.CapacityLimiter(max(1, pg.max_size // 2))
         self._vectors = PgVectors(pg, dims, exact_below=exact_below, ann_dir=ann_dir)
@@ -186,8 +183,7 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
 
     @asynccontextmanager
     async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
-        async with (self._locks.setdefault(repo, anyio.Lock()), self._lock_slots,
-                    self._advisory("mnemo.repo:" + repo, None)):
+        async with self._lock_slots, self._advisory("mnemo.repo:" + repo, None):
             yield
 
     def _reembed_lock(self, repo: str, busy: ConflictError

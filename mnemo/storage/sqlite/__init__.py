@@ -38,7 +38,7 @@ class SqliteBackend:
         )
         self.sessions = SqliteSessions(self.database)
         self.threads = SqliteThreads(self.database)
-        self.coordination = SqliteCoordination(self.database)
+        self.coordination = SqliteCoordination(self.database, self.database.clock)
 
     async def open(self) -> None:
         await self.database.open()

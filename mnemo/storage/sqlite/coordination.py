@@ -23,9 +23,6 @@ class SqliteCoordination(SqlCoordination):
     CHANGE_TOKEN = "PRAGMA data_version"
     _driver: Database
 
-    def now(self) -> datetime:
-        return self._driver.clock.now()
-
     def _stamp(self, at: datetime) -> object:
         return at.isoformat(timespec="microseconds")
 

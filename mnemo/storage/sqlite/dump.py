@@ -41,7 +41,7 @@ _LINKS_READ = (
 )
 
 
-def _load(kind: Kind, value: object, half: bool = False) -> object:
+def _load(table: Table, kind: Kind, value: object) -> object:
     if value is None:
         return None
     if kind is Kind.TIME:
@@ -56,7 +56,7 @@ def _load(kind: Kind, value: object, half: bool = False) -> object:
         return float(value)  # type: ignore[arg-type]
     if kind is Kind.VECTOR:
         assert isinstance(value, bytes)
-        return vector_of_half(value) if half else vector_from_blob(value)
+        return vector_of_half(value) if table.name == "vectors" else vector_from_blob(value)
     return value
 
 
@@ -79,9 +79,9 @@ def _store(kind: Kind, value: object, half: bool = False, packed: bool = False) 
 
 class SqliteDump(SqlDump):
     _driver: Database
+    _load = staticmethod(_load)
 
-    async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
-        # Each row starts with the `order` columns (the next page's start).
+    def _pages(self, table: Table) -> tuple[str, str, int]:
         columns = ", ".join(f'"{name}"' for name in table.names)
         if table.name in _WITHOUT_ROWID:
             order: tuple[str, ...] = table.key
@@ -97,21 +97,9 @@ class SqliteDump(SqlDump):
             order = ("rowid",)
             select = f'SELECT rowid, {columns} FROM "{table.name}"'
         keys = ", ".join(name if "." in name else f'"{name}"' for name in order)
-        first = f"{select} ORDER BY {keys} LIMIT ?"
-        after = f"{select} WHERE ({keys}) > ({marks(len(order))}) ORDER BY {keys} LIMIT ?"
-        half, width = table.name == "vectors", len(order)
-        last: tuple[object, ...] | None = None
-        while True:
-            statement, params = (first, (batch,)) if last is None else (after, (*last, batch))
-            raw = await self._rows(statement, params)
-            if not raw:
-                return
-            last = tuple(raw[-1][:width])
-            yield [tuple(_load(kind, value, half)
-                         for kind, value in zip(table.kinds, row[width:], strict=True))
-                   for row in raw]
-            if len(raw) < batch:
-                return
+        return (f"{select} ORDER BY {keys} LIMIT ?",
+                f"{select} WHERE ({keys}) > ({marks(len(order))}) ORDER BY {keys} LIMIT ?",
+                len(order))
 
     async def write(self, table: Table, rows: Sequence[Row]) -> int:
         columns = ", ".join(f'"{name}"' for name in table.names)

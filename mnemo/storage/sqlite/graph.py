@@ -102,20 +102,14 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
                  lexical: LexicalIndex | None = None, ann_dir: Path | None = None) -> None:
         """`ann_threshold`: size past which searches use HNSW (None: always exact); `lexical`:
         the index for `search_text` (None: FTS5); `ann_dir`: where HNSW graphs are saved."""
-        self._database = self._driver = database
-        self._lexical = lexical
-        self._dims = dims
-        self._locks: dict[str, anyio.Lock] = {}
-        self._reembeds = set()
+        super().__init__(database, dims, lexical)
+        self._database = database
         self._vectors = SqliteVectors(database, dims, ann_threshold=ann_threshold, ann_dir=ann_dir)
 
-    @asynccontextmanager
-    async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
+    def _repo_lock(self, repo: str) -> AbstractAsyncContextManager[None]:
         timeout = self._database.busy_timeout
         busy = StorageError("busy", f"another process held repo {repo!r}'s lock for {timeout}s")
-        async with self._locks.setdefault(repo, anyio.Lock()), self._holding(
-                repo, "repo", timeout, busy):
-            yield
+        return self._holding(repo, "repo", timeout, busy)
 
     @asynccontextmanager
     async def _holding(self, repo: str, kind: str, wait: float,

@@ -114,6 +114,8 @@ class Recaller:
             words = (self.graph.start_search_text(repo, parts.terms, per_channel, searched, scope)
                      if on_loop else None)
             found: dict[str, Candidate] = {}
+            # The dense channel's cosine of each node it found at hop 0.
+            meaning: dict[str, float] = {}
             routes: list[tuple[str, Candidate]] = []
             try:
                 vectors = await self.tag_vectors.embed(self.embedder, parts.dense, plan.tags)
@@ -131,7 +133,7 @@ class Recaller:
 
                 async def zero() -> None:
                     found.update(await self._hop_zero(repo, parts.terms, lexical, query_vector,
-                                                      searched, k, on_loop, scope))
+                                                      searched, k, on_loop, scope, meaning))
 
                 async def route() -> None:
                     probed = await hops.routes(self.graph, config, repo, query_vector,
@@ -166,7 +168,7 @@ class Recaller:
             if boosts:
                 trace.mark("speaker")
             ranked = await self._rank(repo, found, context, parts, plan, wanted, width, boosts,
-                                      direct, when)
+                                      ranking.Matched(direct, meaning), when)
             ranked = (await ranking.in_time(self.graph, repo, ranked, when))[:width]
             trace.mark("rank")
             if reranking:
@@ -174,7 +176,7 @@ class Recaller:
                 ranked = (reordered if when.valid_at is not None
                           else ranking.successors_first(reordered, ranked)[:k])
                 trace.mark("rerank")
-            ranked = ranking.above_their_steps(ranked, direct)
+            ranked = ranking.above_their_steps(ranked, ranking.Matched(direct, meaning))
             if reranking or config.recall_mmr_lambda < 1.0:
                 ranked = ranking.descending(ranked)
             if ranked and reinforce:
@@ -204,9 +206,11 @@ class Recaller:
     async def _hop_zero(
         self, repo: str, terms: str, words: PendingRead[list[tuple[str, float]]], vector: Vector,
         searched: list[NodeType] | None, k: int, on_loop: bool, scope: Scope | None,
+        meaning: dict[str, float],
     ) -> dict[str, Candidate]:
         """Hop 0's candidates: the words search begun before and the dense channel, fused by
-        reciprocal rank (with pseudo-relevance feedback when on)."""
+        reciprocal rank (with pseudo-relevance feedback when on); `meaning` gets the dense
+        channel's cosines."""
         config = self.config
         width = _hop_zero_width(config, k)
         lexical: list[tuple[str, float]] = []
@@ -221,7 +225,8 @@ class Recaller:
         await _in_turn(by_meaning, by_words) if on_loop else await _side_by_side(by_words,
                                                                                by_meaning)
         lexical_ids = [node_id for node_id, _ in lexical]
-        dense_ids = [node_id for node_id, score in dense if score > 0.0]
+        meaning.update((node_id, score) for node_id, score in dense if score > 0.0)
+        dense_ids = list(meaning)
         rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]
         expanded = []
         if config.recall_prf_terms and lexical_ids:
@@ -315,10 +320,11 @@ class Recaller:
         wanted: set[NodeType] | None,
         k: int,
         boosts: Mapping[str, float],
-        direct: Mapping[str, float],
+        matched: ranking.Matched,
         when: ranking.When,
     ) -> list[Recalled]:
         config = self.config
+        direct = matched.fused
         nodes, stats = context.nodes, context.stats
         # Nodes of another time (`as_of`, `valid_at`) are no candidates at all.
         out = ranking.left_out(nodes.values(), context.sources, when) if (
@@ -355,7 +361,7 @@ class Recaller:
             if config.recall_distinct_steps:
                 steps.update(context.steps_of([n for _, n, _ in scored]))
                 # A step and a fact made from it are one memory: the fact, when it matches.
-                stand_ins.update(ranking.stand_ins(scored, direct, context.sources, restated,
+                stand_ins.update(ranking.stand_ins(scored, matched, context.sources, restated,
                                                    procedural=plan.mode == "procedural"))
             if restated:
                 scored = restatements_first(scored, restated)

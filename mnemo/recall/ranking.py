@@ -108,27 +108,42 @@ C = TypeVar("C")
 Scored = tuple[float, Node, C]
 
 
+@dataclass(frozen=True, slots=True)
+class Matched:
+    """How the query's own channels matched each node at hop 0: their fused score, and the
+    dense channel's cosine (`meaning`; absent where it found nothing)."""
+
+    fused: Mapping[str, float]
+    meaning: Mapping[str, float]
+
+    def answers(self, fact: str, step: str) -> bool:
+        """Whether a fact answers in place of the step it came from: the query's channels
+        matched it at least `EVIDENCE_SHARE` as well as the step, together or by meaning alone
+        (a step's words hold its action's and its neighbours', which a fact made from it lacks)."""
+        return (answers(self.fused.get(fact, 0.0), self.fused.get(step, 0.0))
+                or answers(self.meaning.get(fact, 0.0), self.meaning.get(step, 0.0)))
+
+
 def stand_ins(
-    scored: list[Scored[C]], direct: Mapping[str, float], sources: Mapping[str, Sequence[str]],
+    scored: list[Scored[C]], matched: Matched, sources: Mapping[str, Sequence[str]],
     restated: Mapping[str, int], *, procedural: bool = False,
 ) -> dict[str, list[Scored[C]]]:
     """For each step that facts or procedures of `scored` were made from (`sources`), those
-    that may take its place, best first: the ones the query's own channels matched at least
-    `EVIDENCE_SHARE` as well as the step. A step that restates the query stands for itself,
-    unless a fact of it restates it as closely; a `procedural` query takes the step's
-    procedure first, whatever its words."""
+    that may take its place (`Matched.answers`), best first. A step that restates the query
+    stands for itself, unless a fact of it restates it as closely; a `procedural` query takes
+    the step's procedure first, whatever its words."""
     found: dict[str, list[tuple[tuple[bool, float, float], Scored[C]]]] = {}
     for item in scored:
         score, node, _ = item
         if node.type not in KNOWLEDGE:
             continue
-        own = direct.get(node.id, 0.0)
+        own = matched.fused.get(node.id, 0.0)
         asked = procedural and node.type is N.PROCEDURAL
         for step in sources.get(node.id, ()):
             if step == node.id or (step in restated
                                    and restated.get(node.id, 2) > restated[step]):
                 continue  # the step restates the query more closely than the fact
-            if not asked and not answers(own, direct.get(step, 0.0)):
+            if not asked and not matched.answers(node.id, step):
                 continue
             found.setdefault(step, []).append(((asked, own, score), item))
     return {step: [item for _, item in sorted(ranked, key=lambda r: r[0], reverse=True)]
@@ -140,7 +155,7 @@ def answers(fact: float, step: float) -> bool:
     return fact > 0.0 and fact >= EVIDENCE_SHARE * step
 
 
-def above_their_steps(ranked: list[Recalled], direct: Mapping[str, float]) -> list[Recalled]:
+def above_their_steps(ranked: list[Recalled], matched: Matched) -> list[Recalled]:
     """`ranked` with each live fact or procedure placed above the steps it came from that
     rank before it and that it `answers` for, at the first one's place and the better score."""
     out = list(ranked)
@@ -148,9 +163,8 @@ def above_their_steps(ranked: list[Recalled], direct: Mapping[str, float]) -> li
         if r.node.type not in KNOWLEDGE or r.retired or not r.evidence:
             continue
         at = next(i for i, o in enumerate(out) if o.node.id == r.node.id)
-        own = direct.get(r.node.id, 0.0)
         first = next((i for i, o in enumerate(out[:at]) if o.node.id in r.evidence
-                      and answers(own, direct.get(o.node.id, 0.0))), None)
+                      and matched.answers(r.node.id, o.node.id)), None)
         if first is not None:
             out.insert(first, replace(out.pop(at), score=max(r.score, out[first].score)))
     return out

@@ -12,7 +12,7 @@ import mnemo
 from mnemo.adapters.uri import embedder_from_uri
 from mnemo.graph.model import Link, LinkType, Node, NodeId, NodeType, now_utc
 from mnemo.recall.model import Recalled
-from mnemo.recall.ranking import above_their_steps, matching_first, stand_ins
+from mnemo.recall.ranking import Matched, above_their_steps, matching_first, stand_ins
 from tests.backends import open_stores
 from tests.recall import fact_first
 from tests.recall.fact_first import SESSIONS, SuiteLLM, remember
@@ -29,13 +29,18 @@ FACT, STEP, OTHER = node("fact", N.SEMANTIC), node("step", N.EPISODIC), node("ot
 
 
 SOURCES = {"fact": ["step"], "proc": ["step"]}
+
+
+def fused(**scores: float) -> Matched:
+    """Hop 0's fused scores, the dense channel's cosines unknown."""
+    return Matched(scores, {})
 PROC = node("proc", N.PROCEDURAL)
 
 
 def test_a_matching_fact_stands_in_for_its_step() -> None:
     """A fact matched at least half as well as its step stands in for it."""
     scored = [(0.6, STEP, None), (0.5, FACT, None)]
-    found = stand_ins(scored, {"step": 0.9, "fact": 0.6}, SOURCES, {})
+    found = stand_ins(scored, fused(step=0.9, fact=0.6), SOURCES, {})
     assert {step: [i[1].id for i in items] for step, items in found.items()} == {
         "step": ["fact"]}
 
@@ -44,17 +49,29 @@ def test_a_fact_that_barely_matches_leaves_its_step() -> None:
     """A fact the query's channels matched less than half as well as its step does not stand
     in for it, nor does a fact for a step that restates the query more closely."""
     scored = [(0.6, STEP, None), (0.2, FACT, None)]
-    assert stand_ins(scored, {"step": 0.9, "fact": 0.3}, SOURCES, {}) == {}
-    assert stand_ins(scored, {"step": 0.9, "fact": 0.9}, SOURCES, {"step": 0}) == {}
+    assert stand_ins(scored, fused(step=0.9, fact=0.3), SOURCES, {}) == {}
+    assert stand_ins(scored, fused(step=0.9, fact=0.9), SOURCES, {"step": 0}) == {}
     # A fact that restates it as closely stands in.
-    assert stand_ins(scored, {"step": 0.9, "fact": 0.9}, SOURCES, {"step": 0, "fact": 0})
+    assert stand_ins(scored, fused(step=0.9, fact=0.9), SOURCES, {"step": 0, "fact": 0})
+
+
+def test_a_fact_as_close_in_meaning_as_its_step_stands_in_for_it() -> None:
+    """A fact the words missed (a step's words hold its action's and its neighbours') stands in
+    for its step when the dense channel found it at least half as close to the query; one far
+    in meaning too does not."""
+    scored = [(0.6, STEP, None), (0.3, FACT, None)]
+    words_missed = {"step": 1.0, "fact": 0.33}
+    found = stand_ins(scored, Matched(words_missed, {"step": 0.62, "fact": 0.58}), SOURCES, {})
+    assert [i[1].id for i in found["step"]] == ["fact"]
+    assert stand_ins(scored, Matched(words_missed, {"step": 0.62, "fact": 0.2}), SOURCES, {}) == {}
+    assert stand_ins(scored, Matched(words_missed, {"step": 0.62}), SOURCES, {}) == {}
 
 
 def test_a_question_of_what_to_do_is_answered_by_the_steps_procedure() -> None:
     """In procedural mode the procedure made from a step stands in for it, ahead of a fact
     that matches better and however little its own words match."""
     scored = [(0.6, STEP, None), (0.5, FACT, None), (0.3, PROC, None)]
-    direct = {"step": 0.9, "fact": 0.8}
+    direct = fused(step=0.9, fact=0.8)
     assert stand_ins(scored, direct, SOURCES, {})["step"][0][1].id == "fact"
     assert stand_ins(scored, direct, SOURCES, {}, procedural=True)["step"][0][1].id == "proc"
 
@@ -69,6 +86,28 @@ async def test_a_fact_takes_its_steps_place_and_names_it_as_evidence(store: str)
     assert first.node.text == "Password reset emails expire after one hour."
     assert len(first.evidence) == 1
     assert first.evidence[0] not in [m.node.id for m in result.memories]
+
+
+@pytest.mark.parametrize("embedder", ["hash", "default"])
+async def test_a_fact_answers_in_context_above_the_step_it_came_from(
+    store: str, embedder: str
+) -> None:
+    """In a session's context (its goal and steps join the question, whose words match the
+    step's action) the fact ranks first, its step its evidence, with either embedder; alone
+    the question's recall agrees."""
+    chosen = mnemo.HashEmbedder() if embedder == "hash" else None
+    async with mnemo.Memory(store, embedder=chosen) as mem:
+        await mem.open_repo("notes")
+        await mem.ingest("notes", mnemo.Trajectory("Chat", [
+            mnemo.Step("Dana lives in Lisbon.", "Note.")]), source_id="a")
+        sid = await mem.start_session("Find where Dana lives", repo="notes")
+        await mem.append(sid, "Looking up Dana's address.", "Search notes.")
+        for result in (await mem.recall_in_context("notes", sid, "city?"),
+                       await mem.recall("notes", "Find where Dana lives")):
+            first = result.memories[0]
+            assert (first.node.type, first.node.text) == (N.SEMANTIC, "Dana lives in Lisbon.")
+            assert first.evidence
+            assert first.evidence[0] not in [m.node.id for m in result.memories]
 
 
 def test_a_lever_never_lifts_an_unrelated_step_above_a_matching_fact() -> None:
@@ -164,9 +203,9 @@ def test_a_fact_that_answers_takes_the_place_of_its_first_step() -> None:
     third = node("third", N.EPISODIC)
     ranked = [recalled(OTHER, 0.9), recalled(STEP, 0.8), recalled(third, 0.7),
               recalled(FACT, 0.5, ("step", "third"))]
-    out = above_their_steps(ranked, {"step": 1.0, "fact": 0.6, "third": 0.2})
+    out = above_their_steps(ranked, fused(step=1.0, fact=0.6, third=0.2))
     assert [(r.node.id, r.score) for r in out] == [
         ("other", 0.9), ("fact", 0.8), ("step", 0.8), ("third", 0.7)]
-    assert above_their_steps(ranked, {"step": 1.0, "fact": 0.4, "third": 1.0}) == ranked
+    assert above_their_steps(ranked, fused(step=1.0, fact=0.4, third=1.0)) == ranked
     retired = replace(ranked[3], retired=True)
-    assert above_their_steps([*ranked[:3], retired], {"step": 1.0, "fact": 0.6})[3] == retired
+    assert above_their_steps([*ranked[:3], retired], fused(step=1.0, fact=0.6))[3] == retired

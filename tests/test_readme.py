@@ -4,6 +4,7 @@ directory; an agent of the OpenAI Agents SDK talks to a local fake server), and 
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -119,3 +120,30 @@ def test_there_are_blocks_to_run() -> None:
     """The extraction finds the README's blocks (a changed fence would silently skip them)."""
     assert len(RUNNABLE) >= 6
     assert len(PROVIDER_BLOCKS) >= 2
+
+
+def raised_reasons() -> set[str]:
+    """The reasons mnemo/ gives `SessionError`, `PipelineError` and `StorageError` as a literal
+    first argument, and every reason of the session's state table (`machine.REFUSALS`)."""
+    from mnemo.session.machine import REFUSALS
+
+    found = {reason for refusals in REFUSALS.values() for reason in refusals.values()}
+    package = Path(mnemo.__file__).parent
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("SessionError", "PipelineError", "StorageError")
+                    and node.args and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)):
+                found.add(node.args[0].value)
+    return found
+
+
+def test_every_reason_mnemo_raises_is_in_the_readme_errors_table() -> None:
+    """API.md: every reason a caller can see is listed in the README (its Errors section)."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("\n## Errors\n", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"`([a-z_]+)`", section))
+    reasons = raised_reasons()
+    assert {"not_collecting", "busy", "extraction_timeout"} <= reasons
+    assert reasons - listed == set()

@@ -233,7 +233,7 @@ TRIP = mnemo.Trajectory("Plan the Lisbon trip", [
 async def _intents_of_procedures(mem: mnemo.Memory) -> list[tuple[dict[str, object],
                                                                    list[dict[str, object]]]]:
     """Each procedure's metadata, with the metadata of the intents it hangs on."""
-    found = []
+    found: list[tuple[dict[str, object], list[dict[str, object]]]] = []
     for procedure in await mem.get_nodes_by_type(REPO, [N.PROCEDURAL]):
         linked = await mem.get_linked_nodes(REPO, [procedure.id],
                                             link_type=mnemo.LinkType.HIERARCHICAL)

@@ -288,3 +288,20 @@ async def test_forget_erases_a_scope_s_intent_an_unscoped_source_has_too(store: 
                                 where={"user_id": "alice"})
         assert hits.memories == []
         assert all(intents == [{}] for _, intents in await _intents_of_procedures(mem))
+
+
+async def test_an_intent_joins_its_scope_s_among_other_scopes_equal_ones(store: str) -> None:
+    """A scope's second ingest of an intent joins the scope's own intent node, however many
+    other scopes hold an equal one."""
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        for user in ("u0", "u1", "u2", "u3", "alice"):
+            await mem.ingest(REPO, TRIP, source_id=f"chat-{user}", metadata={"user_id": user})
+
+        async def alices() -> list[str]:
+            return sorted(n.id for n in await mem.nodes_where(REPO, {"user_id": "alice"})
+                          if n.type is N.INTENT)
+
+        before = await alices()
+        await mem.ingest(REPO, TRIP, source_id="chat-alice-2", metadata={"user_id": "alice"})
+        assert await alices() == before

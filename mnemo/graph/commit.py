@@ -1,8 +1,9 @@
 """How a changeset becomes part of a repo's graph, whatever the backend: `apply` decides what
 it adds from the backend's reads (`CommitTarget`) and writes it with its receipt in one
-transaction (applying it twice returns the first receipt). Tags dedup by key; intents, facts and
-instructions by raw cosine (`graph.dedup`). LLM merges are decided before the repo's lock and
-only looked up under it; one needed newly is decided with the lock let go, then it tries again.
+transaction (applying it twice returns the first receipt). Tags dedup by key and scope; intents,
+facts and instructions by raw cosine within their scope (`graph.dedup`). LLM merges are decided
+before the repo's lock and only looked up under it; one needed newly is decided with the lock
+let go, then it tries again.
 """
 
 from __future__ import annotations
@@ -86,6 +87,11 @@ class CommitTarget(GraphStore, Protocol):
         ...
 
     async def texts(self, node_ids: list[str]) -> dict[str, str]: ...
+
+    async def scope_texts(self, repo: str, node_ids: list[str], metadata: Metadata
+                          ) -> dict[str, str]:
+        """The texts of those of the nodes whose metadata is `metadata` (`scope.same`)."""
+        ...
 
     async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]: ...
 
@@ -249,8 +255,12 @@ def _decided_merge(
 
 
 async def _resolve_intents(commit: _Commit, index: VectorIndex, merge: IntentMerger) -> Resolution:
-    intents = commit.intents
-    return await resolve_intents(commit.changeset.nodes, index, commit.target.texts, merge,
+    intents, target, changeset = commit.intents, commit.target, commit.changeset
+
+    async def in_scope(node_ids: list[str]) -> dict[str, str]:
+        return await target.scope_texts(changeset.repo, node_ids, changeset.metadata)
+
+    return await resolve_intents(changeset.nodes, index, in_scope, target.texts, merge,
                                  identity_threshold=intents.identity_threshold,
                                  merge_threshold=intents.merge_threshold)
 

@@ -1,8 +1,8 @@
 """How a changeset's TAG, INTENT, SEMANTIC and PROCEDURAL nodes meet the ones already there.
 Tags are one when their normalised labels are; the others by raw cosine with nodes of their
 type: at the identity threshold the new one is dropped, at the merge threshold the LLM merges
-the wordings (the existing one stays on failure), below it is kept. Facts and instructions are
-one only when `alike` (cosine alone joins "port 8000" and "port 8001") and of one scope.
+the wordings (the existing one stays on failure), below it is kept. Nodes are one only when of
+one scope; facts and instructions only when `alike` too (cosine joins "port 8000" and "8001").
 """
 
 from __future__ import annotations
@@ -90,27 +90,47 @@ def resolve_tags(drafts: list[NodeDraft], existing: dict[str, str], out: Resolut
 async def resolve_intents(
     drafts: list[NodeDraft],
     index: VectorIndex,
+    in_scope: TextLookup,
     texts_of: TextLookup,
     merge: IntentMerger,
     *,
     identity_threshold: float,
     merge_threshold: float,
 ) -> Resolution:
-    """Drops, merges or keeps each INTENT draft against the graph's intents and earlier drafts."""
+    """Drops, merges or keeps each INTENT draft against the graph's intents of its scope and
+    earlier drafts. `in_scope` gives the texts of those of some intents in the drafts' scope
+    (`scope.same`); of the `SCOPED_CANDIDATES` nearest reaching the merge threshold, the
+    nearest in the scope is compared."""
     out = Resolution()
     intents = [d for d in drafts if d.type is NodeType.INTENT]
     if not intents:
         return out
     graph_ids, graph_matrix = await ann.of_type(index, NodeType.INTENT)
     nearest: Nearest = [[] for _ in intents]
+    known: dict[str, str] = {}
     if graph_ids:
         vectors = unit(np.stack([d.vector for d in intents]))
         to_graph = await ann.by_size(len(graph_ids), lambda: vectors @ graph_matrix.T)
-        best = np.argmax(to_graph, axis=1)
-        nearest = [[(graph_ids[j], float(to_graph[i, j]))] for i, j in enumerate(best)]
-    await resolve(intents, nearest, {}, texts_of, merge, identity_threshold=identity_threshold,
-                  merge_threshold=merge_threshold, out=out)
+        near = [_nearest_reaching(row, merge_threshold) for row in to_graph]
+        asked = sorted({graph_ids[j] for row in near for j in row})
+        known = await in_scope(asked) if asked else {}
+        nearest = [[(graph_ids[j], float(to_graph[i, j])) for j in row
+                    if graph_ids[j] in known][:1] for i, row in enumerate(near)]
+    await resolve(intents, nearest, known, texts_of, merge,
+                  identity_threshold=identity_threshold, merge_threshold=merge_threshold, out=out)
     return out
+
+
+# How many of the graph's intents reaching the merge threshold a draft is compared with at
+# most, nearest first (another scope's are passed over).
+SCOPED_CANDIDATES = 1_000
+
+
+def _nearest_reaching(similarities: Vector, threshold: float) -> list[int]:
+    """The columns reaching `threshold` (`reaches`), nearest first, at most `SCOPED_CANDIDATES`."""
+    columns = np.flatnonzero(similarities >= threshold - COSINE_TOLERANCE)
+    order = np.argsort(-similarities[columns], kind="stable")[:SCOPED_CANDIDATES]
+    return [int(j) for j in columns[order]]
 
 
 async def resolve(

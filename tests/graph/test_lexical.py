@@ -461,14 +461,21 @@ class IndexRules(RuleBasedStateMachine):
 
 
 @pytest.mark.slow
-def test_index_rules(fresh_stores: Callable[[], str], tmp_path: Path) -> None:
+def test_index_rules(
+    fresh_stores: Callable[[], str], tmp_path: Path, sqlite_template: Path
+) -> None:
     """The lexical index never disagrees with the store, on random histories."""
     files = iter(range(10**6))
 
     def fresh() -> str:
         store = fresh_stores()
-        # SQLite: a file (a `:memory:` database has no index, and is lost when reopened).
-        return str(tmp_path / f"{next(files)}.db") if store == ":memory:" else store
+        if store != ":memory:":
+            return store
+        # SQLite: a file (a `:memory:` database has no index, and is lost when reopened), a
+        # copy of the migrated template as the `store` fixture's.
+        path = tmp_path / f"{next(files)}.db"
+        shutil.copyfile(sqlite_template, path)
+        return str(path)
 
     class OnAFreshStore(IndexRules):
         def __init__(self) -> None:

@@ -135,11 +135,11 @@ class TwoDrivers(RuleBasedStateMachine):
 
 @pytest.mark.slow
 def test_auto_commit_programs_through_two_memories_extract_each_step_once(
-    fresh_stores: Callable[[], str], tmp_path: Path
+    fresh_stores: Callable[[], str], tmp_path: Path, sqlite_template: Path
 ) -> None:
     """Random auto-commit programs through two Memories, on each backend: every step is
     asked of a model once and is in the graph once."""
-    new_store = store_per_example(fresh_stores, tmp_path)
+    new_store = store_per_example(fresh_stores, tmp_path, sqlite_template)
 
     class OnAFreshStore(TwoDrivers):
         def __init__(self) -> None:

@@ -156,12 +156,12 @@ class TwoMemories(RuleBasedStateMachine):
 
 @pytest.mark.slow
 def test_programs_through_two_memories(
-    fresh_stores: Callable[[], str], tmp_path: Path
+    fresh_stores: Callable[[], str], tmp_path: Path, sqlite_template: Path
 ) -> None:
     """Random programs through two Memories on one store, with extractions held, Memories
     closed and reopened mid-way, and sessions ended: every accepted operation is called back
     once, and no session is wedged; on each backend."""
-    new_store = store_per_example(fresh_stores, tmp_path)
+    new_store = store_per_example(fresh_stores, tmp_path, sqlite_template)
 
     class OnAFreshStore(TwoMemories):
         def __init__(self) -> None:

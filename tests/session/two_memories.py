@@ -5,6 +5,7 @@ session to rest wherever its extraction runs, and a fresh store per hypothesis e
 from __future__ import annotations
 
 import itertools
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -58,13 +59,20 @@ async def at_rest(workers: list[Worker], sid: str, *states: State, within: float
     return landed[0]
 
 
-def store_per_example(fresh_stores: Callable[[], str], tmp_path: Path) -> Callable[[], str]:
-    """A new store for each hypothesis example: a file for SQLite (two Memories cannot share
-    `:memory:`), a fresh database for PostgreSQL."""
-    files: Iterator[str] = (str(tmp_path / f"{n}.db") for n in itertools.count())
+def store_per_example(
+    fresh_stores: Callable[[], str], tmp_path: Path, template: Path
+) -> Callable[[], str]:
+    """A new store for each hypothesis example: for SQLite a file (two Memories cannot share
+    `:memory:`), a copy of `template` (the `sqlite_template` fixture's migrated store, as the
+    `store` fixture's), a fresh database for PostgreSQL."""
+    files: Iterator[Path] = (tmp_path / f"{n}.db" for n in itertools.count())
 
     def new_store() -> str:
         fresh = fresh_stores()
-        return next(files) if fresh == ":memory:" else fresh
+        if fresh != ":memory:":
+            return fresh
+        path = next(files)
+        shutil.copyfile(template, path)
+        return str(path)
 
     return new_store

@@ -295,6 +295,9 @@ SELECT md5(string_agg(item, ',' ORDER BY item)) FROM (
 """
 
 
+_NEW_EPOCH = "UPDATE lexical_epoch SET epoch = md5(random()::text || clock_timestamp())"
+
+
 class Reused:
     """One database for a worker's tests, emptied between them.
 
@@ -322,6 +325,8 @@ class Reused:
         self._server.admin(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
             sql.Identifier(self.name), sql.Identifier(self._template)))
         with psycopg.connect(self.url, autocommit=True) as conn:
+            # A copy is a new store: not the template's epoch, which an earlier copy had.
+            conn.execute(_NEW_EPOCH)
             rows = conn.execute(
                 "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
                 " AND tablename NOT IN ('mnemo_migrations', 'lexical_epoch')"
@@ -333,7 +338,7 @@ class Reused:
             sql.SQL("BEGIN"),
             sql.SQL("SET LOCAL session_replication_role = replica"),
             *(sql.SQL("DELETE FROM {}").format(sql.Identifier(name)) for (name,) in rows),
-            sql.SQL("UPDATE lexical_epoch SET epoch = md5(random()::text || clock_timestamp())"),
+            sql.SQL(_NEW_EPOCH),
             sql.SQL("COMMIT"),
         ])
 

@@ -202,10 +202,13 @@ Kind = Literal["retry", "re_ask"]
 
 
 class Budget:
-    """What one task spent of its `RetryPolicy`; its seconds stop while a call is `waiting`."""
+    """What one task spent of its `RetryPolicy`; its seconds stop while a call is `waiting`.
+    `any_reply`: the task reads any reply (prose, a bare value), so an adapter passes up one that
+    is not valid JSON for the schema rather than re-asking."""
 
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
+        self.any_reply = False
         self.started = policy.clock.now()
         self.calls = self.retries = self.re_asks = 0
         self._next: Kind | None = None

@@ -65,13 +65,18 @@ def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> i
     return more
 
 
-def unfit(schema: Mapping[str, object], data: object) -> str | None:
+def unfit(schema: Mapping[str, object], data: object, budget: Budget) -> str | None:
     """Why `data` is no answer to an object `schema`: not an object, or without a key the schema's
-    top-level `required` lists; None when it is one, or when `schema` is of another type."""
-    if schema.get("type") != "object":
+    top-level `required` lists; None when it is one, when `schema` is of another type, or for what
+    the task checks itself (`Budget.task_reads`: its reply struct reads the keys, and its schema
+    asks for keys it does not need)."""
+    reads = budget.task_reads
+    if reads == "any" or schema.get("type") != "object":
         return None
     if not isinstance(data, dict):
         return f"the reply must be a JSON object, got {preview(data)}"
+    if reads == "keys":
+        return None
     required = schema.get("required")
     missing = [key for key in required if key not in data] if isinstance(required, list) else ()
     if not missing:
@@ -82,7 +87,7 @@ def unfit(schema: Mapping[str, object], data: object) -> str | None:
 def re_ask(name: str, request: LLMRequest, asked: LLMRequest, reply: LLMResponse, problem: str,
            budget: Budget) -> LLMRequest:
     """`request` again, showing `reply` and its `problem` (`re_asked`), charged to `budget` as its
-    re-ask; LLMReplyError naming `problem` when `asked` was that re-ask or `budget` allows none."""
+    re-ask; LLMReplyError naming `problem` when `asked` is the re-ask or `budget` allows none."""
     again = asked is not request
     if again or not budget.can_re_ask():
         raise LLMReplyError(f"{name}: the reply to task {request.task!r} is not valid JSON for its "

@@ -111,10 +111,10 @@ class Anthropic(HTTPModel):
             said = text if data is None else ""  # what a re-ask shows: the tool's input first
             try:
                 data = decode_json(text) if data is None else data
-                problem = unfit(schema, data)
+                problem = unfit(schema, data, budget)
             except ValueError as exc:
                 problem = str(exc)
-            if problem is None or budget.any_reply:  # the task reads it
+            if problem is None or budget.task_reads == "any":
                 return LLMResponse(text=text, data=data, usage=usage)
             asked = re_ask(self._http.name, request, asked, LLMResponse(text=said, data=data),
                            problem, budget)

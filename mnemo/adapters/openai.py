@@ -125,7 +125,7 @@ class OpenAICompatible(HTTPModel):
             raw = _structured_text(choice.message, mode, request.task)
             try:
                 data = decode_json(raw)
-                problem = unfit(schema, data)
+                problem = unfit(schema, data, budget)
             except ValueError as exc:
                 data, problem = None, str(exc)
             if problem is None:
@@ -134,7 +134,7 @@ class OpenAICompatible(HTTPModel):
             # No JSON, stopped unfinished with room left: the context filled.
             cut = at_cap or (choice.finish_reason in ("length", "tool_calls") and _is_cut(raw))
             if data is not None or not cut:
-                if budget.any_reply:  # the task reads it
+                if budget.task_reads == "any":
                     return LLMResponse(text=raw, data=data, usage=usage)
                 asked = re_ask(self._http.name, request, asked, LLMResponse(text=raw, data=data),
                                problem, budget)

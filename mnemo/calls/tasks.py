@@ -253,7 +253,7 @@ async def ask(
     `parse` reads a reply that is no JSON for the schema (prose, a bare value), which an adapter
     then passes up rather than re-asking."""
     with task_budget(policy or policy_of(llm)) as budget:
-        budget.any_reply = any_reply
+        budget.task_reads = "any" if any_reply else "keys"
         shrinks = 0
         asked = request
         while True:

@@ -304,7 +304,7 @@ async def annotate(
             action=action,
             previous_state=previous.state_summary if previous else None,
         )
-        results["state"] = await ask(llm, request, parse_state)
+        results["state"] = await ask(llm, request, parse_state, any_reply=True)
 
     async def subgoal() -> None:
         request = subgoal_request(
@@ -325,7 +325,8 @@ async def annotate(
             action=step.action,
             next_observation=observation,
         )
-        results["reward"] = await ask(llm, request, parse_reward, unusable=NEUTRAL_REWARD)
+        results["reward"] = await ask(llm, request, parse_reward, unusable=NEUTRAL_REWARD,
+                                      any_reply=True)
 
     # The three calls run at once, the state call in this task (one task start saved).
     with first_error():

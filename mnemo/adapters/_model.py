@@ -12,8 +12,9 @@ from mnemo.adapters._http import Closing, HTTPFailure, HTTPOptions, R, Transport
 from mnemo.adapters.limit import Limit, ServerProfile
 from mnemo.adapters.uri import KEY_VARIABLES
 from mnemo.calls.retry import Budget
-from mnemo.errors import AdapterError, InvalidInputError, LLMContextError, LLMError
-from mnemo.ports import JSONObject, ToolCall, Usage
+from mnemo.calls.tasks import preview, re_asked
+from mnemo.errors import AdapterError, InvalidInputError, LLMContextError, LLMError, LLMReplyError
+from mnemo.ports import JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
 # US dollars per million tokens (input, output), as published in 2025; a model matches its name
 # or its longest "-" prefix (`price_of`). `prices=` corrects or extends them.
@@ -62,6 +63,37 @@ def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> i
                    "%d", name, task, cap, more)
     budget.next_call("retry")
     return more
+
+
+def unfit(schema: Mapping[str, object], data: object, budget: Budget) -> str | None:
+    """Why `data` is no answer to an object `schema`: not an object, or without a key the schema's
+    top-level `required` lists; None when it is one, when `schema` is of another type, or for what
+    the task checks itself (`Budget.task_reads`: its reply struct reads the keys, and its schema
+    asks for keys it does not need)."""
+    reads = budget.task_reads
+    if reads == "any" or schema.get("type") != "object":
+        return None
+    if not isinstance(data, dict):
+        return f"the reply must be a JSON object, got {preview(data)}"
+    if reads == "keys":
+        return None
+    required = schema.get("required")
+    missing = [key for key in required if key not in data] if isinstance(required, list) else ()
+    if not missing:
+        return None
+    return f"the reply lacks {', '.join(map(repr, missing))}, which the schema requires"
+
+
+def re_ask(name: str, request: LLMRequest, asked: LLMRequest, reply: LLMResponse, problem: str,
+           budget: Budget) -> LLMRequest:
+    """`request` again, showing `reply` and its `problem` (`re_asked`), charged to `budget` as its
+    re-ask; LLMReplyError naming `problem` when `asked` is the re-ask or `budget` allows none."""
+    again = asked is not request
+    if again or not budget.can_re_ask():
+        raise LLMReplyError(f"{name}: the reply to task {request.task!r} is not valid JSON for its "
+                            f"schema{' after a re-ask' if again else ''}: {problem}")
+    budget.next_call("re_ask")
+    return re_asked(request, reply, problem)
 
 
 def adapt(exc: AdapterError, budget: Budget, refuses: Callable[[HTTPFailure], bool] | None,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from contextlib import suppress
 from typing import Unpack
 
 import msgspec
@@ -21,9 +20,11 @@ from mnemo.adapters._model import (
     HTTPModel,
     cut_note,
     more_room,
+    re_ask,
     reply_cap,
     tool_call,
     tool_spec,
+    unfit,
     warn_cut,
 )
 from mnemo.calls.retry import Budget, task_budget
@@ -91,6 +92,7 @@ class Anthropic(HTTPModel):
         }
         cap = reply_cap(request.max_tokens, self.max_tokens)
         usage: Usage | None = None
+        asked = request
         while True:
             reply = await self._send(
                 request, system, messages, budget, tools=[tool], force=request.task, cap=cap
@@ -106,10 +108,17 @@ class Anthropic(HTTPModel):
                     continue
                 raise Cut(f"{self._http.name}: the reply to task {request.task!r} was "
                           f"{cut_note('cut short', cap)}", text=text, data=data, at_cap=True)
-            if data is None:
-                with suppress(ValueError):  # no JSON: the task says so
-                    data = decode_json(text)
-            return LLMResponse(text=text, data=data, usage=usage)
+            said = text if data is None else ""  # what a re-ask shows: the tool's input first
+            try:
+                data = decode_json(text) if data is None else data
+                problem = unfit(schema, data, budget)
+            except ValueError as exc:
+                problem = str(exc)
+            if problem is None or budget.task_reads == "any":
+                return LLMResponse(text=text, data=data, usage=usage)
+            asked = re_ask(self._http.name, request, asked, LLMResponse(text=said, data=data),
+                           problem, budget)
+            system, messages = _translate(asked.system, asked.messages)
 
     async def _send(
         self,

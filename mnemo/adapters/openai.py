@@ -27,9 +27,11 @@ from mnemo.adapters._model import (
     cut_note,
     example_of,
     more_room,
+    re_ask,
     reply_cap,
     tool_call,
     tool_spec,
+    unfit,
     warn_cut,
 )
 from mnemo.adapters.limit import ServerProfile
@@ -115,20 +117,28 @@ class OpenAICompatible(HTTPModel):
     ) -> LLMResponse:
         cap = reply_cap(request.max_tokens, self.max_tokens)
         usage: Usage | None = None
+        asked = request
         while True:
-            reply, mode = await self._send_structured(request, schema, budget, cap)
+            reply, mode = await self._send_structured(asked, schema, budget, cap)
             usage = add_usage(usage, self._usage(*reply.tokens()))
             choice = reply.choices[0]
             raw = _structured_text(choice.message, mode, request.task)
             try:
-                return LLMResponse(text=raw, data=decode_json(raw), usage=usage)
+                data = decode_json(raw)
+                problem = unfit(schema, data, budget)
             except ValueError as exc:
-                problem = str(exc)
+                data, problem = None, str(exc)
+            if problem is None:
+                return LLMResponse(text=raw, data=data, usage=usage)
             at_cap = _was_cut(reply, choice.finish_reason, cap)
-            # Stopped unfinished with room left: the context filled.
-            if not at_cap and not (choice.finish_reason in ("length", "tool_calls")
-                                   and _is_cut(raw)):
-                return LLMResponse(text=raw, usage=usage)  # no JSON: the task says so
+            # No JSON, stopped unfinished with room left: the context filled.
+            cut = at_cap or (choice.finish_reason in ("length", "tool_calls") and _is_cut(raw))
+            if data is not None or not cut:
+                if budget.task_reads == "any":
+                    return LLMResponse(text=raw, data=data, usage=usage)
+                asked = re_ask(self._http.name, request, asked, LLMResponse(text=raw, data=data),
+                               problem, budget)
+                continue
             more = more_room(self._http.name, request.task, cap, self.max_tokens,
                              budget) if at_cap else None
             if more is None:

@@ -202,10 +202,13 @@ Kind = Literal["retry", "re_ask"]
 
 
 class Budget:
-    """What one task spent of its `RetryPolicy`; its seconds stop while a call is `waiting`."""
+    """What one task spent of its `RetryPolicy`; its seconds stop while a call is `waiting`.
+    `task_reads`, set by `ask`, is what the task checks itself, which an adapter leaves to it:
+    "keys" (a JSON object's keys), "any" (any reply: prose, a bare value)."""
 
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
+        self.task_reads: Literal["keys", "any"] | None = None
         self.started = policy.clock.now()
         self.calls = self.retries = self.re_asks = 0
         self._next: Kind | None = None

@@ -244,12 +244,16 @@ async def ask(
     policy: RetryPolicy | None = None,
     unusable: T | None = None,
     shorten: Callable[[LLMRequest], LLMRequest | None] | None = None,
+    any_reply: bool = False,
 ) -> T:
     """`parse` of the reply to `request`, asking again (showing the problem) while it raises
     ValueError, within the task's budget. A `Cut` reply is `salvage`d; a prompt the context refused
     is `shorten`ed, at most `MAX_SHRINKS` times. A reply still unusable when the re-asks are spent
-    gives `unusable`, else LLMReplyError; an LLM's error is raised as an LLMError."""
+    gives `unusable`, else LLMReplyError; an LLM's error is raised as an LLMError. `any_reply`:
+    `parse` reads a reply that is no JSON for the schema (prose, a bare value), which an adapter
+    then passes up rather than re-asking."""
     with task_budget(policy or policy_of(llm)) as budget:
+        budget.task_reads = "any" if any_reply else "keys"
         shrinks = 0
         asked = request
         while True:

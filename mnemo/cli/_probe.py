@@ -21,7 +21,7 @@ from mnemo.calls.tasks import read_reply
 from mnemo.cli._common import close
 from mnemo.cli._database import CliError
 from mnemo.episode import RewardReply, reward_request, state_request, subgoal_request
-from mnemo.errors import MnemoError, first_error
+from mnemo.errors import LLMReplyError, MnemoError, first_error
 from mnemo.extraction.prompts import procedural_request, semantic_request
 from mnemo.ports import LLM, JSONObject, LLMRequest
 
@@ -164,10 +164,10 @@ async def _modes(uri: str, llm: LLM) -> list[Finding]:
             with_settings(uri, structured=mode))
 
         async def ask(model: LLM = model) -> str:
-            reply = await model.generate(request)
-            try:
+            try:  # an adapter re-asks a reply that is not JSON for the schema, then raises
+                reply = await model.generate(request)
                 read_reply(reply, RewardReply, "reward")
-            except ValueError as exc:
+            except (ValueError, LLMReplyError) as exc:
                 raise CliError(f"the reply is not the task's: {exc}") from exc
             return f"answered {reply.data!r}"
 

@@ -310,7 +310,7 @@ class Evictor:
         )
         try:
             with fail_after(self.timeout):
-                text = await ask(llm, request, parse_summary)
+                text = await ask(llm, request, parse_summary, any_reply=True)
         except Exception:
             # Folding is an optimisation of the viewport: the level-1 snapshots stay visible.
             log.warning("folding snapshots of thread %r failed", thread_id, exc_info=True)

@@ -336,7 +336,7 @@ class ConversationManager:
             )
             try:
                 with fail_after(service.timeout):
-                    summary = await ask(self.llm, request, parse_summary)
+                    summary = await ask(self.llm, request, parse_summary, any_reply=True)
             except Exception:
                 # The messages stay uncompacted and whole: load shows them, nothing is lost.
                 log.warning("summarising thread %r failed", thread_id, exc_info=True)

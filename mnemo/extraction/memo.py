@@ -114,7 +114,8 @@ class TaskMemo:
         return self._kept.get((trajectory_id, request.task, request_digest(request)))
 
     async def ask(self, llm: LLM, trajectory_id: str, request: LLMRequest,
-                  parse: Callable[[LLMResponse], T], *, unusable: T | None = None) -> T:
+                  parse: Callable[[LLMResponse], T], *, unusable: T | None = None,
+                  any_reply: bool = False) -> T:
         """The parsed reply to `request` for `trajectory_id`: the kept one (its cost booked as
         saved), else asked through `calls.tasks.ask` and kept (LLMError as `ask`)."""
         kept = self._find(trajectory_id, request)
@@ -138,7 +139,8 @@ class TaskMemo:
         # Opened here so that `ask` and the adapter join this budget.
         with task_budget(policy_of(llm)) as budget:
             before = budget.calls
-            value = await ask(llm, request, keep, policy=budget.policy, unusable=unusable)
+            value = await ask(llm, request, keep, policy=budget.policy, unusable=unusable,
+                              any_reply=any_reply)
             calls = budget.calls - before
         if not passed:
             return value

@@ -221,7 +221,7 @@ async def _score_alone(work: _Round, step: StepRecord) -> float:
         action=step.action, next_observation=None,
     ), _chars([step]))
     return await work.memo.ask(work.llm, step.trajectory_id, request, parse_reward,
-                               unusable=NEUTRAL_REWARD)
+                               unusable=NEUTRAL_REWARD, any_reply=True)
 
 
 async def _scored_returns(work: _Round, steps: list[StepRecord],

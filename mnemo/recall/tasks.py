@@ -156,7 +156,7 @@ async def synthesis(llm: LLM, query: str, ranked: list[Recalled], degraded: list
         return None
     try:
         request = synthesis_request(query=query, memories=[r.node.text for r in ranked])
-        return await ask(llm, request, parse_synthesis)
+        return await ask(llm, request, parse_synthesis, any_reply=True)
     except Exception as exc:
         log.warning("recall synthesis failed: %r", exc)
         degraded.append(f"synthesis: {exc!r}")

@@ -121,11 +121,11 @@ async def test_fenced_json_is_accepted(server: ProviderServer, llm: OpenAICompat
     assert len(server.requests) == 1
 
 
-async def test_the_adapter_passes_any_json_up_unchecked(
+async def test_the_adapter_checks_only_the_top_level_keys(
     server: ProviderServer, llm: OpenAICompatible
 ) -> None:
-    """A reply the schema would refuse (a key it does not list, one it requires left out) is
-    the adapter's `data` as it came, in one call: the task reads it."""
+    """A reply the schema would refuse below its top level (a key it does not list, one a nested
+    object requires left out) is the adapter's `data` as it came, in one call: the task reads it."""
     loose = {"facts": [{"proposition": "Nginx is up."}], "extra": True}
     server.script(Answer(data=loose))
     response = await llm.generate(semantic())

@@ -90,7 +90,7 @@ async def test_a_local_server_samples_at_the_temperature_small_models_need(
 
     def answer(request: httpx.Request) -> httpx.Response:
         bodies.append(json.loads(request.content))
-        return httpx.Response(200, json={"choices": [{"message": {"content": "{}"}}]})
+        return httpx.Response(200, json={"choices": [{"message": {"content": '{"reward": 1}'}}]})
 
     transport = httpx.MockTransport(answer)
     for temperature in ("default", 0.7):

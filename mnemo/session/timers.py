@@ -58,6 +58,7 @@ class BackgroundWork:
         it is nobody's and this Memory's model for its repo is the one it started with."""
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = anyio.Event()
+        self.live.looks = registry.Looks()
 
         async def host() -> None:
             try:
@@ -65,6 +66,7 @@ class BackgroundWork:
                     await tg.start(self._run)
                     started.set_result(None)
                     await self._stop.wait()
+                    await self.live.looks.stop()
                     tg.cancel_scope.cancel()
             except BaseException as exc:
                 if not started.done():
@@ -137,7 +139,8 @@ async def sweep(live: Sessions) -> None:
     least every `Sessions.shortest_idle` seconds; runs until cancelled."""
     while True:
         live.idle_wake = anyio.Event()
-        due = await end_idle(live)
+        async with live.looks():
+            due = await end_idle(live)
         with anyio.move_on_after(min(due, live.shortest_idle)):
             await live.idle_wake.wait()
 
@@ -346,8 +349,9 @@ async def _beat(live: Sessions) -> None:
     while True:
         await anyio.sleep(live.lease.total_seconds() / 3)
         try:
-            await live.coordination.beat(live.holder_id, live.coordination.now(),
-                                         live.lease_until())
+            async with live.looks():
+                await live.coordination.beat(live.holder_id, live.coordination.now(),
+                                             live.lease_until())
         except MnemoError as exc:
             log.warning("%s: heartbeat failed: %r", live.holder_id, exc)
 
@@ -356,7 +360,8 @@ async def _takeover_loop(live: Sessions) -> None:
     while True:
         live.look = anyio.Event()
         try:
-            await take_over(live)
+            async with live.looks():
+                await take_over(live)
         except MnemoError as exc:
             log.warning("%s: looking for work failed: %r", live.holder_id, exc)
         with anyio.move_on_after(live.lease.total_seconds() / 2):

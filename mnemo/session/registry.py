@@ -9,8 +9,7 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -51,38 +50,6 @@ HOST = socket.gethostname()
 # least every `RECHECK` seconds regardless (a claimer that died writes nothing).
 SETTLE_INTERVAL = 0.2
 RECHECK = 1.0
-# Seconds a closing Memory lets its loops' looks at the store run on before it cancels them.
-LOOK_GRACE = 2.0
-
-
-class Looks:
-    """The looks at the store of a Memory's background loops (takeover, idle sweep, heartbeat)
-    under way. A closing Memory starts no new one and lets those under way end before it
-    cancels its loops: a query cancelled mid-way costs its pooled PostgreSQL connection."""
-
-    def __init__(self) -> None:
-        self.under_way = 0
-        self.stopping = False
-        self.ended = anyio.Event()
-
-    @asynccontextmanager
-    async def __call__(self) -> AsyncIterator[None]:
-        if self.stopping:
-            await anyio.sleep_forever()
-        self.under_way += 1
-        try:
-            yield
-        finally:
-            self.under_way -= 1
-            if self.stopping and not self.under_way:
-                self.ended.set()
-
-    async def stop(self) -> None:
-        """Starts no new look, and waits (at most `LOOK_GRACE` seconds) for those under way."""
-        self.stopping = True
-        if self.under_way:
-            with anyio.move_on_after(LOOK_GRACE):
-                await self.ended.wait()
 
 
 @dataclass(eq=False)
@@ -116,7 +83,8 @@ class Sessions:
     timed: set[str] = field(default_factory=set)  # the auto-commit sessions (they have timers)
     idle_wake: anyio.Event = field(default_factory=anyio.Event)
     look: anyio.Event = field(default_factory=anyio.Event)  # set: the takeover task looks now
-    looks: Looks = field(default_factory=Looks)
+    looking: int = 0  # the background loops' looks at the store under way (`timers.one_look`)
+    looks_end: anyio.Event | None = None  # closing: set once none is under way
 
     def start(self, session: SessionRecord, effect: Effect) -> None:
         self.effects(self, session, effect)

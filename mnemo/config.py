@@ -1,5 +1,5 @@
-"""`Config`: every tunable of a repo or session, frozen, with defaults; each field's range is a
-`msgspec.Meta` in its annotation, checked by `Config.__post_init__`."""
+"""`Config`: every tunable of a repo or session, frozen, with defaults; each field's type (and
+range, a `msgspec.Meta` in its annotation) is checked by `Config.__post_init__`."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ TextChars = Annotated[int, Meta(ge=1, le=MAX_TEXT_CHARS_LIMIT)]
 class Config:
     """Settings for a repo, inherited by its sessions.
 
-    An unknown field is a `TypeError` (dataclass behaviour); a value out of range is an
-    `InvalidInputError`. Times are seconds; `None` means never."""
+    An unknown field is a `TypeError` (dataclass behaviour); a value of the wrong type or out of
+    range is an `InvalidInputError`. Times are seconds; `None` means never."""
 
     auto_commit: bool = False
     flush_timeout: Inactivity | None = 120.0
@@ -185,9 +185,9 @@ class Config:
         return cls(**fields)
 
 
-class _Range(typing.NamedTuple):
-    """The check of one numeric field: its annotation (checked by `msgspec.convert`), what it
-    takes in words, and its ceiling (None: unbounded)."""
+class _Check(typing.NamedTuple):
+    """The check of one field: its annotation (checked by `msgspec.convert`), what it takes in
+    words, and its ceiling (None: unbounded or not a number)."""
 
     hint: Any
     wanted: str
@@ -200,8 +200,11 @@ class _Range(typing.NamedTuple):
             raise InvalidInputError(f"Config.{name} must be {self.wanted}, got {value!r}") from None
 
 
-def _phrase(kind: type, meta: Meta, optional: bool) -> str:
-    """What a field of `kind` within `meta`'s bounds takes, in words."""
+def _phrase(kind: type, meta: Meta | None, optional: bool) -> str:
+    """What a field of `kind` (within `meta`'s bounds) takes, in words."""
+    if meta is None:
+        text = "True or False" if kind is bool else "a string"
+        return f"{text} or None" if optional else text
     noun = "an integer" if kind is int else "a number"
     low = meta.ge if meta.ge is not None else meta.gt
     high = meta.le if meta.le is not None else meta.lt
@@ -222,18 +225,18 @@ def _num(value: float) -> str:
 
 
 @cache
-def _checks() -> dict[str, _Range]:
-    """Field name -> its check, for every Config field whose annotation carries a `Meta`."""
-    checks: dict[str, _Range] = {}
+def _checks() -> dict[str, _Check]:
+    """Field name -> its check, for every Config field."""
+    checks: dict[str, _Check] = {}
     for name, hint in typing.get_type_hints(Config, include_extras=True).items():
         union = typing.get_origin(hint) in (typing.Union, types.UnionType)
         parts = typing.get_args(hint) if union else (hint,)
-        optional = type(None) in parts
-        for part in parts:
-            if typing.get_origin(part) is Annotated:
-                kind, meta = typing.get_args(part)[:2]
-                high = meta.le if meta.le is not None else meta.lt
-                checks[name] = _Range(hint, _phrase(kind, meta, optional), high)
+        (kind,) = [part for part in parts if part is not type(None)]
+        meta = None
+        if typing.get_origin(kind) is Annotated:
+            kind, meta = typing.get_args(kind)[:2]
+        high = None if meta is None else meta.le if meta.le is not None else meta.lt
+        checks[name] = _Check(hint, _phrase(kind, meta, type(None) in parts), high)
     return checks
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,21 +20,53 @@ def configured(name: str, value: object) -> mnemo.Config:
     return mnemo.Config(**fields)
 
 
+NUMERIC = sorted(name for name, check in _checks().items()
+                 if check.wanted.startswith(("a number", "an integer")))
+
+
 def test_every_numeric_field_declares_its_range() -> None:
     """Every int or float field of Config carries a range check (its `Meta`)."""
     numeric = [f.name for f in dataclasses.fields(mnemo.Config)
                if isinstance(f.default, int | float) and not isinstance(f.default, bool)]
     assert numeric
-    assert [name for name in numeric if name not in _checks()] == []
+    assert [name for name in numeric if name not in NUMERIC] == []
 
 
-@pytest.mark.parametrize("name", sorted(_checks()))
+@pytest.mark.parametrize("name", NUMERIC)
 @pytest.mark.parametrize("bad", [math.nan, True, "1", -1e9])
 def test_a_value_out_of_range_names_its_field(name: str, bad: object) -> None:
     """NaN, a bool, a string or a number below a field's range is InvalidInputError naming
     the field and what it takes."""
     with pytest.raises(mnemo.InvalidInputError, match=rf"Config\.{name} (must be|is at most)"):
         configured(name, bad)
+
+
+def test_every_field_has_a_check() -> None:
+    """Every Config field, whatever its type, is checked at construction."""
+    assert sorted(_checks()) == sorted(f.name for f in dataclasses.fields(mnemo.Config))
+
+
+FLAGS = sorted(f.name for f in dataclasses.fields(mnemo.Config) if isinstance(f.default, bool))
+
+
+@pytest.mark.parametrize("name", FLAGS)
+@pytest.mark.parametrize("bad", ["false", "no", 0, 1, None])
+def test_a_flag_takes_only_a_bool(name: str, bad: object) -> None:
+    """A bool field refuses anything but True or False (the string "false" included) with
+    InvalidInputError naming the field, and takes both bools."""
+    assert FLAGS
+    with pytest.raises(mnemo.InvalidInputError, match=rf"Config\.{name} must be True or False"):
+        configured(name, bad)
+    assert getattr(configured(name, False), name) is False
+    assert getattr(configured(name, True), name) is True
+
+
+@pytest.mark.parametrize("name", ["recall_planner", "lexical_dir", "ann_dir"])
+def test_a_text_field_takes_only_a_string(name: str) -> None:
+    """A text field refuses a number or a path object (not storable as JSON) by name."""
+    for bad in (3, Path("/tmp")):
+        with pytest.raises(mnemo.InvalidInputError, match=rf"Config\.{name} must be a string"):
+            configured(name, bad)
 
 
 def test_a_numpy_float_in_range_is_taken() -> None:

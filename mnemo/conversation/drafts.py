@@ -74,6 +74,9 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
             f"{config.max_tool_calls_per_message:,} a message may hold "
             "(Config.max_tool_calls_per_message)"
         )
+    if "content" not in message and not calls:
+        raise InvalidInputError(
+            f"{where} has no content (only a message with tool_calls may leave it out)")
     if isinstance(raw_content, str):
         content = raw_content
     elif raw_content is None or isinstance(raw_content, list):

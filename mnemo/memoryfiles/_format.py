@@ -123,6 +123,12 @@ def entry_key(line: str) -> str:
     return " ".join(content.casefold().split()).rstrip(" .!;")
 
 
+def cut_short(short: str, line: str) -> bool:
+    """Whether entry `short` is entry `line` cut: its leading words, with or without an ellipsis."""
+    head, whole = entry_key(short.rstrip().removesuffix(_ELLIPSIS)), entry_key(line)
+    return bool(head) and head != whole and whole.startswith(head)
+
+
 def dedupe(lines: list[str]) -> list[str]:
     """`lines` without repeats (by `entry_key`) or empty entries, each kept at its first
     position."""

@@ -53,12 +53,14 @@ MIN_MAX_CHARS = 20
 @dataclass(frozen=True, slots=True)
 class _Planned:
     """A change ready to merge into its file: `base` is what the LLM was shown (None: it only
-    adds), `allow_removal` lets entries go, `condensed` what condensing gave up."""
+    adds), `allow_removal` lets entries go, `condensed` what condensing gave up, `truncated`
+    whether it cut an entry short (kept its leading words)."""
 
     change: TopicChange
     base: builtins.list[str] | None
     allow_removal: bool
     condensed: tuple[str, ...] | None = None
+    truncated: bool = False
 
     def merged(self, current: builtins.list[str]) -> builtins.list[str]:
         """The entries of a file of `current` entries with this change merged in, each once."""
@@ -213,8 +215,16 @@ class MemoryFiles:
         kept = {_format.entry_key(line) for line in condensed.lines}
         change = TopicChange(planned.change.topic, condensed.description or description,
                              planned.change.signals, _format.body(condensed.lines))
-        gone = tuple(line for line in lines if _format.entry_key(line) not in kept)
-        return _Planned(change, current, True, gone)
+        given = {_format.entry_key(line) for line in lines}
+        new = [line for line in condensed.lines if _format.entry_key(line) not in given]
+        # An entry kept only cut short is truncated, not given up; condensing that only cut
+        # entries condensed nothing.
+        cut = [line for line in lines if _format.entry_key(line) not in kept
+               and any(_format.cut_short(short, line) for short in new)]
+        gone = tuple(line for line in lines if _format.entry_key(line) not in kept
+                     and line not in cut)
+        rewritten = any(not any(_format.cut_short(short, line) for line in cut) for short in new)
+        return _Planned(change, current, True, gone if gone or rewritten else None, bool(cut))
 
     async def _commit(self, planned: builtins.list[_Planned], llm: LLM,
                       results: builtins.list[tuple[bool, MemoryFile]]) -> None:
@@ -267,7 +277,7 @@ class MemoryFiles:
         return True, MemoryFile(topic, description, path, updated, content,
                                 dropped=(planned.condensed or ()) + fitted.dropped,
                                 condensed=planned.condensed is not None,
-                                truncated=fitted.truncated)
+                                truncated=fitted.truncated or planned.truncated)
 
     def _touch(self, path: Path, when: datetime) -> None:
         """Records a use of the file at `path` in its front matter; its body is left as is."""

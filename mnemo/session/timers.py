@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -40,6 +42,8 @@ ORPHAN_GRACE = timedelta(hours=1)
 STORE_RETRY = 1.0
 # The most idle sessions one sweep ends; more are swept in rounds.
 SWEEP_LIMIT = 100
+# Seconds a closing Memory lets its loops' looks at the store run on before it cancels them.
+LOOK_GRACE = 2.0
 
 
 class BackgroundWork:
@@ -58,6 +62,7 @@ class BackgroundWork:
         it is nobody's and this Memory's model for its repo is the one it started with."""
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = anyio.Event()
+        self.live.looks_end = None
 
         async def host() -> None:
             try:
@@ -65,6 +70,10 @@ class BackgroundWork:
                     await tg.start(self._run)
                     started.set_result(None)
                     await self._stop.wait()
+                    self.live.looks_end = anyio.Event()
+                    if self.live.looking:
+                        with anyio.move_on_after(LOOK_GRACE):
+                            await self.live.looks_end.wait()
                     tg.cancel_scope.cancel()
             except BaseException as exc:
                 if not started.done():
@@ -112,6 +121,22 @@ class BackgroundWork:
                         await operations.fail_remote(live, session, "memory_closed")
 
 
+@asynccontextmanager
+async def one_look(live: Sessions) -> AsyncIterator[None]:
+    """One look of a background loop at the store. A closing Memory starts none and lets those
+    under way end before it cancels its loops: a query cancelled mid-way costs its pooled
+    PostgreSQL connection."""
+    if live.looks_end is not None:
+        await anyio.sleep_forever()
+    live.looking += 1
+    try:
+        yield
+    finally:
+        live.looking -= 1
+        if live.looks_end is not None and not live.looking:
+            live.looks_end.set()
+
+
 async def end_idle(live: Sessions) -> float:
     """Ends the idle sessions of the store that came due (at most `SWEEP_LIMIT`), drops their
     records here, answers what they owed, and reports each as "session_expired". Returns the
@@ -137,7 +162,8 @@ async def sweep(live: Sessions) -> None:
     least every `Sessions.shortest_idle` seconds; runs until cancelled."""
     while True:
         live.idle_wake = anyio.Event()
-        due = await end_idle(live)
+        async with one_look(live):
+            due = await end_idle(live)
         with anyio.move_on_after(min(due, live.shortest_idle)):
             await live.idle_wake.wait()
 
@@ -346,8 +372,9 @@ async def _beat(live: Sessions) -> None:
     while True:
         await anyio.sleep(live.lease.total_seconds() / 3)
         try:
-            await live.coordination.beat(live.holder_id, live.coordination.now(),
-                                         live.lease_until())
+            async with one_look(live):
+                await live.coordination.beat(live.holder_id, live.coordination.now(),
+                                             live.lease_until())
         except MnemoError as exc:
             log.warning("%s: heartbeat failed: %r", live.holder_id, exc)
 
@@ -356,7 +383,8 @@ async def _takeover_loop(live: Sessions) -> None:
     while True:
         live.look = anyio.Event()
         try:
-            await take_over(live)
+            async with one_look(live):
+                await take_over(live)
         except MnemoError as exc:
             log.warning("%s: looking for work failed: %r", live.holder_id, exc)
         with anyio.move_on_after(live.lease.total_seconds() / 2):

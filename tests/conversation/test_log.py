@@ -206,6 +206,22 @@ async def test_bad_messages_store_nothing(cmem: mnemo.Memory, bad: Any) -> None:
     assert await conv.raw("t") == []
 
 
+async def test_a_message_without_content_is_refused(cmem: mnemo.Memory) -> None:
+    """A message with no content key is InvalidInputError naming it, for save and append,
+    before anything is stored, unless it carries tool calls (it then loads back without one)."""
+    conv = cmem.conversation()
+    for bad in ([{"role": "user"}], [user("ok"), {"role": "assistant", "tool_calls": []}]):
+        with pytest.raises(mnemo.InvalidInputError, match=rf"messages\[{len(bad) - 1}\] has no "
+                           "content"):
+            await conv.save("t", bad)
+        with pytest.raises(mnemo.InvalidInputError, match="has no content"):
+            await conv.append("t", bad)
+    assert await conv.raw("t") == []
+    calls_only = {k: v for k, v in tool_call("c1").items() if k != "content"}
+    await conv.save("t", [user("run it"), calls_only])
+    assert [m.to_dict() for m in await conv.raw("t")] == [user("run it"), calls_only]
+
+
 @pytest.mark.parametrize("thread_id", ["", "  ", None, 7])
 async def test_bad_thread_id(cmem: mnemo.Memory, thread_id: Any) -> None:
     """A blank or non-string thread id is InvalidInputError for every call."""
@@ -502,15 +518,17 @@ async def test_clear_keeps_seq_going(cmem: mnemo.Memory) -> None:
 
 
 message_dicts = st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "assistant", "tool", "system"])},
-    optional={
-        # Absent too: an assistant message of only tool calls may leave content out.
+    {
+        "role": st.sampled_from(["user", "assistant", "tool", "system"]),
+        # Absent only with tool calls: test_a_message_without_content_is_refused.
         "content": st.one_of(
             st.none(),
             texts(max_size=40),
             st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts(max_size=20)}),
                      max_size=2),
         ),
+    },
+    optional={
         "name": texts(min_size=1, max_size=8),
         "extra": json_values,
     },

@@ -91,6 +91,41 @@ async def test_condense_reply_past_the_limit_is_asked_again(directory: Path, clo
     assert stored.truncated
 
 
+async def test_a_statement_too_long_for_its_file_is_truncated(
+    directory: Path, clock: Clock
+) -> None:
+    """Offline, a statement longer than max_chars is filed cut short (ending in an ellipsis),
+    and the result says truncated, not condensed, with nothing dropped; filed after another
+    entry, that entry makes room and is the only one dropped."""
+    files = mnemo.MemoryFiles(directory, max_chars=200, clock=clock)
+    alone = await files.persist(LONG, llm=None)
+    assert alone.content.endswith("\u2026\n")
+    assert len(alone.content) <= 200
+    assert (alone.truncated, alone.condensed, alone.dropped) == (True, False, ())
+
+    other = mnemo.MemoryFiles(directory / "other", max_chars=200, clock=clock)
+    await other.persist("The production deploy checklist lives in the wiki.", llm=None)
+    after = await other.persist(LONG, llm=None)
+    assert after.content.startswith("- The production deploy checklist: step 0")
+    assert after.content.endswith("\u2026\n")
+    assert (after.truncated, after.condensed) == (True, True)
+    assert after.dropped == ("- The production deploy checklist lives in the wiki.",)
+
+
+async def test_a_model_that_only_cuts_an_entry_truncates(directory: Path, clock: Clock) -> None:
+    """A condensed reply that keeps an entry's leading words (with or without an ellipsis) and
+    the other entries as they were is a truncation: nothing is dropped or condensed."""
+    files = mnemo.MemoryFiles(directory, max_chars=200, clock=clock)
+    short = "The staging cluster runs."
+    cut = "The production deploy checklist: step 0 verifies canary metric 0\u2026"
+    llm = scripted({"description": "Deploys", "content": f"- {short}\n- {cut}"})
+    await files.persist(short, llm=llm)
+    stored = await files.persist(LONG, llm=llm)
+    assert [r.task for r in llm.calls].count("memory_condense") == 1
+    assert stored.content == f"- {short}\n- {cut}\n"
+    assert (stored.truncated, stored.condensed, stored.dropped) == (True, False, ())
+
+
 async def test_condense_keeps_an_entry_written_meanwhile(directory: Path, clock: Clock) -> None:
     """The condensed reply is merged against the file as the write read it: an entry added
     by hand while the model condenses lands in the file, next to the condensed entries."""

@@ -254,15 +254,14 @@ async def test_full_file_drops_oldest_entries(directory: Path, clock: Clock) -> 
 
 async def test_long_statement_is_truncated(directory: Path, clock: Clock) -> None:
     """A single statement longer than max_chars is shortened, not dropped, and the result says
-    the original is no longer there."""
+    it was truncated (not condensed, nothing dropped)."""
     files = mnemo.MemoryFiles(directory, max_chars=100, clock=clock)
     statement = "The release checklist says " + "verify the staging canary " * 20
     stored = await files.persist(statement, llm=None)
     assert len(stored.content) <= 100
     assert stored.content.startswith("- The release checklist says verify")
     assert stored.content.endswith("\u2026\n")
-    assert stored.condensed
-    assert stored.dropped == (f"- {statement.strip()}",)
+    assert (stored.truncated, stored.condensed, stored.dropped) == (True, False, ())
 
 
 @settings(

@@ -140,7 +140,8 @@ def raised_reasons() -> set[str]:
 
 
 def test_every_reason_mnemo_raises_is_in_the_readme_errors_table() -> None:
-    """API.md: every reason a caller can see is listed in the README (its Errors section)."""
+    """The API contract: every reason a caller can see is listed in the README (its Errors
+    section)."""
     text = README.read_text(encoding="utf-8")
     section = text.split("\n## Errors\n", 1)[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"`([a-z_]+)`", section))

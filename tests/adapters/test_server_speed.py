@@ -49,6 +49,7 @@ async def test_a_requests_time_is_the_first_guess_then_what_its_tokens_need() ->
     await capped.aclose()
 
 
+@pytest.mark.slow
 async def test_a_server_slower_than_the_first_guess_is_given_the_time_it_needs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -74,6 +75,7 @@ async def test_a_server_slower_than_the_first_guess_is_given_the_time_it_needs(
         assert again.concurrency.unit_seconds == concurrency.unit_seconds
 
 
+@pytest.mark.slow
 async def test_a_timeout_given_to_the_adapter_stays_its_time() -> None:
     """The same slow server with `timeout=0.5` given: every attempt is cut at 0.5 s."""
     with ProviderServer(tokens_per_second=50.0) as server:

@@ -32,6 +32,7 @@ def doctor(server: ProviderServer, *args: str) -> tuple[int, dict[str, Any]]:
     return result.exit_code, json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_a_one_slot_server_is_measured_as_serving_one_at_once() -> None:
     """Against a server that answers one request at a time, the parallel probe's batches of
     1, 2 and 4 take one reply's time each in turn: it serves 1 at once, and mnemo's planned
@@ -44,6 +45,7 @@ def test_a_one_slot_server_is_measured_as_serving_one_at_once() -> None:
     assert server.max_in_flight == 1
 
 
+@pytest.mark.slow
 def test_a_server_with_room_serves_several_at_once() -> None:
     """A server without a slot limit answers a batch of 4 in about one reply's time."""
     with ProviderServer(latency=0.3) as server:
@@ -113,6 +115,7 @@ def test_an_embedder_answering_one_vector_per_token_is_explained() -> None:
     assert "--pooling mean" in checks["embedder"]["detail"]
 
 
+@pytest.mark.slow
 def test_the_servers_speed_and_each_tasks_time_are_reported() -> None:
     """The probe's calls measure the server's speed (tokens a second, a reply's tokens with a
     tenth of its prompt's and its overhead), and each task is reported with the seconds one

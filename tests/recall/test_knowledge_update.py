@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 import mnemo
 from tests.recall import knowledge_update
 from tests.recall.fact_first import SuiteLLM, evaluate, remember
 
 
+@pytest.mark.slow
 async def test_a_corrected_fact_answers_with_its_current_value(store: str) -> None:
     """Of 45 facts corrected in a later session, the current value ranks first for at least
     9 in 10 of their questions."""

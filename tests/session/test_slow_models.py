@@ -218,6 +218,7 @@ async def test_an_extraction_on_a_server_measured_slow_gets_the_time_its_calls_n
     assert all(s.committed_in for s in episode.steps)
 
 
+@pytest.mark.slow
 async def test_a_close_waits_while_the_steps_keep_being_annotated(store: str) -> None:
     """Six steps appended faster than their model annotates them (each under 1 s, the six
     past the close's extraction_timeout of 2 s): the close waits while steps keep being

@@ -88,11 +88,6 @@ class CommitTarget(GraphStore, Protocol):
 
     async def texts(self, node_ids: list[str]) -> dict[str, str]: ...
 
-    async def scope_texts(self, repo: str, node_ids: list[str], metadata: Metadata
-                          ) -> dict[str, str]:
-        """The texts of those of the nodes whose metadata is `metadata` (`scope.same`)."""
-        ...
-
     async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]: ...
 
     async def present(self, repo: str, node_ids: list[str]) -> set[str]: ...
@@ -258,7 +253,8 @@ async def _resolve_intents(commit: _Commit, index: VectorIndex, merge: IntentMer
     intents, target, changeset = commit.intents, commit.target, commit.changeset
 
     async def in_scope(node_ids: list[str]) -> dict[str, str]:
-        return await target.scope_texts(changeset.repo, node_ids, changeset.metadata)
+        return {n.id: n.text for n in await target.get_nodes(changeset.repo, node_ids)
+                if same(n.metadata, changeset.metadata)}
 
     return await resolve_intents(changeset.nodes, index, in_scope, target.texts, merge,
                                  identity_threshold=intents.identity_threshold,

@@ -35,7 +35,7 @@ from mnemo.graph.ports import (
     TypedLink,
     VectorsMoved,
 )
-from mnemo.graph.scope import SCOPE_LIMIT, WIDEN, Metadata, Scope, Where
+from mnemo.graph.scope import SCOPE_LIMIT, WIDEN, Scope, Where
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.graph_rows import RowReads
 from mnemo.storage.graph_writes import SqlGraphWrites
@@ -306,15 +306,6 @@ class GraphBase(RowReads):
         rows = await self._rows(*members(repo, where, SCOPE_LIMIT + 1))
         return Scope(where, None if len(rows) > SCOPE_LIMIT
                      else {str(i): (int(r), str(t)) for i, r, t in rows})
-
-    async def scope_texts(self, repo: str, node_ids: list[str], metadata: Metadata
-                          ) -> dict[str, str]:
-        # As `write_commit` stores it: equal text on SQLite (keys sorted), jsonb on PostgreSQL.
-        scoped, params = (("metadata = ?", [self.WRITES._json(dict(metadata))]) if metadata
-                          else ("metadata IS NULL", []))
-        rows = await self._among(f"SELECT id, text FROM nodes WHERE repo = ? AND {scoped}"
-                                 " AND id IN ({})", node_ids, repo, *params)
-        return {str(i): str(t) for i, t in rows}
 
     async def inside(self, repo: str, scope: Scope, node_ids: Sequence[str]) -> set[str]:
         ids = list(dict.fromkeys(node_ids))

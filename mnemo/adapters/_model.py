@@ -67,15 +67,14 @@ def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> i
 
 def unfit(schema: Mapping[str, object], data: object, budget: Budget) -> str | None:
     """Why `data` is no answer to an object `schema`: not an object, or without a key the schema's
-    top-level `required` lists; None when it is one, when `schema` is of another type, or for what
-    the task checks itself (`Budget.task_reads`: its reply struct reads the keys, and its schema
-    asks for keys it does not need)."""
-    reads = budget.task_reads
-    if reads == "any" or schema.get("type") != "object":
+    top-level `required` lists, unless a task reads the keys itself (`Budget.task_reads`: its
+    reply struct does, and its schema asks for keys it does not need); None when it is one, or
+    when `schema` is of another type. A task that reads any reply is the caller's to pass up."""
+    if schema.get("type") != "object":
         return None
     if not isinstance(data, dict):
         return f"the reply must be a JSON object, got {preview(data)}"
-    if reads == "keys":
+    if budget.task_reads == "keys":
         return None
     required = schema.get("required")
     missing = [key for key in required if key not in data] if isinstance(required, list) else ()

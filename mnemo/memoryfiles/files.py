@@ -217,13 +217,13 @@ class MemoryFiles:
                              planned.change.signals, _format.body(condensed.lines))
         given = {_format.entry_key(line) for line in lines}
         new = [line for line in condensed.lines if _format.entry_key(line) not in given]
+        left = [line for line in lines if _format.entry_key(line) not in kept]
         # An entry kept only cut short is truncated, not given up; condensing that only cut
         # entries condensed nothing.
-        cut = [line for line in lines if _format.entry_key(line) not in kept
-               and any(_format.cut_short(short, line) for short in new)]
-        gone = tuple(line for line in lines if _format.entry_key(line) not in kept
-                     and line not in cut)
-        rewritten = any(not any(_format.cut_short(short, line) for line in cut) for short in new)
+        cuts = [(short, line) for short in new for line in left if _format.cut_short(short, line)]
+        cut = {line for _, line in cuts}
+        gone = tuple(line for line in left if line not in cut)
+        rewritten = len({short for short, _ in cuts}) < len(set(new))
         return _Planned(change, current, True, gone if gone or rewritten else None, bool(cut))
 
     async def _commit(self, planned: builtins.list[_Planned], llm: LLM,

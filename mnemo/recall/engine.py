@@ -149,6 +149,7 @@ class Recaller:
                     words.discard()
             # What the query's own channels made of each candidate, before any hop or lever.
             direct = {node_id: c.score for node_id, c in found.items()}
+            matched = ranking.Matched(direct, meaning)
             trace.mark("hop0")
             reranking = self.reranker is not None
             width = max(k, config.recall_rerank_candidates) if reranking else k
@@ -168,7 +169,7 @@ class Recaller:
             if boosts:
                 trace.mark("speaker")
             ranked = await self._rank(repo, found, context, parts, plan, wanted, width, boosts,
-                                      ranking.Matched(direct, meaning), when)
+                                      matched, when)
             ranked = (await ranking.in_time(self.graph, repo, ranked, when))[:width]
             trace.mark("rank")
             if reranking:
@@ -176,7 +177,7 @@ class Recaller:
                 ranked = (reordered if when.valid_at is not None
                           else ranking.successors_first(reordered, ranked)[:k])
                 trace.mark("rerank")
-            ranked = ranking.above_their_steps(ranked, ranking.Matched(direct, meaning))
+            ranked = ranking.above_their_steps(ranked, matched)
             if reranking or config.recall_mmr_lambda < 1.0:
                 ranked = ranking.descending(ranked)
             if ranked and reinforce:

@@ -273,13 +273,6 @@ class Postgres:
             except psycopg.Error as exc:
                 raise storage_error(exc) from exc
 
-    @asynccontextmanager
-    async def reading(self) -> AsyncIterator[Connection]:
-        """A connection in one read-only REPEATABLE READ transaction (one snapshot)."""
-        async with self.transaction() as conn:
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            yield conn
-
     async def read(self, work: Work[T]) -> T:
         async with self.connection() as conn:
             return await work(PgStatements(conn))
@@ -287,7 +280,8 @@ class Postgres:
     one = read  # in autocommit, a statement is its own transaction
 
     async def together(self, work: Work[T]) -> T:
-        async with self.reading() as conn:
+        async with self.transaction() as conn:
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             return await work(PgStatements(conn))
 
     async def write(self, work: Work[T]) -> T:

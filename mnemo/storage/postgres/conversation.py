@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -107,14 +107,12 @@ def _jsonb_keeps(value: object) -> bool:
     return True
 
 
-def message_row(
-    message_id: str, thread_id: str, seq: int, role: str, text: str, content: str,
-    data: dict[str, Any], recorded_at: datetime, tokens: int,
-    metadata: Mapping[str, object] | None = None,
-) -> tuple[Any, ...]:
+def message_row(message_id: str, thread_id: str, seq: int, draft: MessageDraft,
+                recorded_at: datetime) -> Row:
     """The parameters of a row of `MESSAGE_COLUMNS` for a message: `data` as jsonb, or, when
     jsonb would not keep it or role or content holds NUL, as a jsonb string of its JSON text
     (or of `[data, content, role]`). The searched text has NUL as U+FFFD."""
+    role, text, content, data = draft.role, draft.text, draft.content, draft.data
     nul = "\x00" in content or "\x00" in role
     stored: object = data
     if nul or not _jsonb_keeps(data):
@@ -122,8 +120,8 @@ def message_row(
                             ensure_ascii=False)
     kept = None if nul or content == text else content
     return (message_id, thread_id, seq, role.replace("\x00", "\ufffd"),
-            text.replace("\x00", "\ufffd"), kept, Jsonb(stored), recorded_at, tokens,
-            Jsonb(dict(metadata)) if metadata else None)
+            text.replace("\x00", "\ufffd"), kept, Jsonb(stored), recorded_at, draft.tokens,
+            Jsonb(dict(draft.metadata)) if draft.metadata else None)
 
 
 class PgThreads(SqlThreads):
@@ -136,10 +134,7 @@ class PgThreads(SqlThreads):
         " SET thread_id = excluded.thread_id, vec = excluded.vec"
     )
 
-    def _message_row(self, message_id: str, thread_id: str, seq: int, draft: MessageDraft,
-                     at: datetime) -> Row:
-        return message_row(message_id, thread_id, seq, draft.role, draft.text, draft.content,
-                           draft.data, at, draft.tokens, draft.metadata)
+    _message_row = staticmethod(message_row)
 
     _vector = staticmethod(as_array)
 

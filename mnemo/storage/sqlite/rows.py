@@ -41,13 +41,6 @@ def vector_of_half(blob: bytes) -> Vector:
     return np.frombuffer(blob, dtype=np.float16).astype(np.float32)
 
 
-def vectors_of_halves(blobs: list[bytes], dim: int) -> Vector:
-    if not blobs:
-        return np.zeros((0, dim), dtype=np.float32)
-    return np.frombuffer(b"".join(blobs), dtype=np.float16).astype(np.float32).reshape(
-        len(blobs), dim)
-
-
 # A packed text: this version byte, then raw deflate with `_WORDS` as preset dictionary.
 # Never change `_WORDS` under this version.
 _PACKED = b"\x01"

@@ -17,7 +17,7 @@ from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage import vector_log
 from mnemo.storage.sqlite.database import Database
-from mnemo.storage.sqlite.rows import vector_of_half, vectors_of_halves
+from mnemo.storage.sqlite.rows import vector_of_half
 from mnemo.storage.vector_log import (
     CachedVectors,
     Change,
@@ -79,11 +79,10 @@ class SqliteVectors(CachedVectors):
         return self._database.start(lambda db: _changes(db, repo, since, generation))
 
     async def _load(self, repo: str) -> RepoVectors:
-        known = self._dims(repo)
         state, rowids, ids, types, vectors = await self._database.run(
-            lambda db: _load_vectors(db, repo, known))
+            lambda db: _load_vectors(db, repo))
         # The dimension the store records: another Memory may have made the vectors again.
-        dim = state.dim or known
+        dim = state.dim or self._dims(repo)
         followed = RepoVectors(VectorIndex(dim, generation=state.generation), state.seq)
         followed.load(rowids, ids, types, vectors.reshape(len(ids), dim))
         if self._ann_threshold is not None:
@@ -131,14 +130,14 @@ def _changes(
 
 
 def _load_vectors(
-    db: SqliteUtilsDatabase, repo: str, known: int
+    db: SqliteUtilsDatabase, repo: str
 ) -> tuple[VectorState, list[int], list[str], list[NodeType], Vector]:
     """The log's state, read first (what changes after it is applied again later; one read,
     so its generation is the vectors' read next), then the repo's rowids, ids, types and
-    vectors in rowid order (of the recorded dimension, else `known`)."""
+    vectors (flat) in rowid order."""
     state = _state(db, repo)
     rows = db.conn.execute(
         "SELECT n.rowid, n.id, n.type, v.vec FROM nodes n JOIN vectors v ON v.node = n.rowid"
         " WHERE n.repo = ? ORDER BY n.rowid", (repo,)).fetchall()
     return (state, [r[0] for r in rows], [r[1] for r in rows], [NodeType(r[2]) for r in rows],
-            vectors_of_halves([r[3] for r in rows], state.dim or known))
+            vector_of_half(b"".join(r[3] for r in rows)))

@@ -33,8 +33,7 @@ async def first_save_in_flight(conn: psycopg.AsyncConnection[Any], thread: str) 
     await conn.execute(
         f"INSERT INTO messages({MESSAGE_COLUMNS})"
         f" VALUES ({', '.join(['%s'] * len(MESSAGE_COLUMNS.split(',')))})",
-        message_row(f"msg_{uuid.uuid4().hex}", thread, 0, one.role, one.text, one.content,
-                    one.data, EPOCH, one.tokens))
+        message_row(f"msg_{uuid.uuid4().hex}", thread, 0, one, EPOCH))
 
 
 async def purge_held(conn: psycopg.AsyncConnection[Any], thread: str) -> None:

@@ -91,7 +91,6 @@ class Database:
             raise ValueError(f"synchronous must be NORMAL, FULL or EXTRA, got {synchronous!r}")
         self.path = str(path)
         self._synchronous = synchronous.upper()
-        self._busy_ms = max(int(busy_timeout * 1000), 0)
         self.busy_timeout = max(busy_timeout, 0.0)
         self._db: SqliteUtilsDatabase | None = None
         self._worker: Worker | None = None
@@ -116,9 +115,9 @@ class Database:
         # Autocommit: every transaction is opened by `atomic()`.
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
-            conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
             db = _Connection(conn, execute_plugins=False)
-            deadline = time.monotonic() + self._busy_ms / 1000
+            deadline = time.monotonic() + self.busy_timeout
             while True:
                 try:
                     self._set_up(db)

@@ -18,17 +18,14 @@ class SqliteLexicalSource(LexicalSource):
         self._busy_ms = int(busy_timeout * 1000)
         self._conn: sqlite3.Connection | None = None
 
-    def _db(self) -> sqlite3.Connection:
-        if self._conn is None:
-            uri = Path(self._path).resolve().as_uri() + "?mode=ro"
-            conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
-            conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
-            self._conn = conn
-        return self._conn
-
     def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[object]:
         try:
-            return self._db().execute(statement, params).fetchall()
+            if self._conn is None:
+                uri = Path(self._path).resolve().as_uri() + "?mode=ro"
+                conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+                conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+                self._conn = conn
+            return self._conn.execute(statement, params).fetchall()
         except sqlite3.Error as exc:
             raise storage_error(exc) from exc
 

@@ -266,12 +266,8 @@ class Postgres:
     async def transaction(self) -> AsyncIterator[Connection]:
         """A connection in one transaction: committed when the block ends, rolled back when
         it raises or is cancelled. Raises `StorageError` as `connection`."""
-        async with self.connection() as conn:
-            try:
-                async with conn.transaction():
-                    yield conn
-            except psycopg.Error as exc:
-                raise storage_error(exc) from exc
+        async with self.connection() as conn, conn.transaction():
+            yield conn
 
     async def read(self, work: Work[T]) -> T:
         async with self.connection() as conn:

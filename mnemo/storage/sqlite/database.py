@@ -261,14 +261,6 @@ class SqliteStatements:
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
-def boot_id() -> str:
-    """This boot's id ("" where the kernel tells none)."""
-    try:
-        return BOOT_ID.read_text().strip()
-    except OSError:
-        return ""
-
-
 class HostClock:
     """The store's time on SQLite: the anchor's wall time (`store_clock`, written by the first
     opener after boot) plus the boot clock elapsed since, the same in every process and never
@@ -286,7 +278,10 @@ class HostClock:
 
     def anchor(self, db: SqliteUtilsDatabase) -> None:
         """Reads the file's anchor, or writes one (forgetting holders) if of another boot."""
-        boot = boot_id()
+        try:
+            boot = BOOT_ID.read_text().strip()
+        except OSError:
+            boot = ""  # the kernel tells none
         row = _anchor_of(db)
         if not _this_boot(row, boot):
             with db.atomic():

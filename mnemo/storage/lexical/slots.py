@@ -86,10 +86,10 @@ class Slot:
             changed = [key(repo, r) for r in gone] + [key(repo, row.rowid) for row in present]
             rows = {row.rowid: row for row in present}
             held = self._holders(repo, changed) - rows.keys()
-            rows.update((row.rowid, row) for row in self._source.at(repo, sorted(held)))
+            rows.update((row.rowid, row) for row in self._source.by("rowid", repo, sorted(held)))
             read = {row.id for row in rows.values()}
             around = [i for i in to_rewrite(present) if i not in read]
-            rows.update((row.rowid, row) for row in self._source.rows(repo, around))
+            rows.update((row.rowid, row) for row in self._source.by("id", repo, around))
             docs = documents(self._source, repo, rows.values())
             stats = self._stats.get(repo)
             if stats is not None:

@@ -94,15 +94,9 @@ class LexicalSource:
         """The repo's nodes by rowid, after `after_rowid`, at most `limit`."""
         return changed_rows(self._read(_NODES, (repo, after_rowid, limit)))[0]
 
-    def rows(self, repo: str, ids: Sequence[str]) -> list[Row]:
-        """Those of these nodes that exist, by id."""
-        return self._by("id", repo, list(dict.fromkeys(ids)))
-
-    def at(self, repo: str, rowids: Sequence[int]) -> list[Row]:
-        """Those of these nodes that exist, by rowid."""
-        return self._by("rowid", repo, list(dict.fromkeys(rowids)))
-
-    def _by(self, column: str, repo: str, values: Sequence[object]) -> list[Row]:
+    def by(self, column: str, repo: str, values: Sequence[object]) -> list[Row]:
+        """Those of these nodes that exist, by `column` ("id" or "rowid")."""
+        values = list(dict.fromkeys(values))
         found: list[Row] = []
         for start in range(0, len(values), _CHUNK):
             chunk = values[start:start + _CHUNK]

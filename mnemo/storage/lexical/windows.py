@@ -39,7 +39,7 @@ def documents(source: LexicalSource, repo: str, rows: Iterable[Row]) -> list[Doc
     by_id = {row.id: row for row in rows}
     missing = [i for ids in around.values() for i in ids if i not in by_id]
     if missing:
-        by_id.update((row.id, row) for row in source.rows(repo, missing))
+        by_id.update((row.id, row) for row in source.by("id", repo, missing))
     out: list[Document] = []
     for row in rows:
         near = [n for i in around.get(row.id, ()) if (n := by_id.get(i)) and n.type == _STEP]

@@ -197,8 +197,7 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
         await self._vectors.switched(repo, dim)
 
     async def _committed(self, plan: CommitPlan) -> None:
-        self._vectors.added(plan.repo, len(plan.nodes))
-        await self._vectors.index_if_large(plan.repo)
+        await self._vectors.committed(plan.repo, len(plan.nodes))
 
     _node = staticmethod(node_of)
 

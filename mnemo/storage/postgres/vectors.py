@@ -58,9 +58,12 @@ class PgVectors(CachedVectors):
         self._sizes: dict[str, int] = {}
         self._indexed: set[str] = set()
 
-    async def index_if_large(self, repo: str) -> None:
-        """Creates the repo's HNSW index once it is past `exact_below` (a smaller repo would
-        only pay for it on insert)."""
+    async def committed(self, repo: str, new: int) -> None:
+        """A commit wrote `new` vectors (its routes arrive from the node log at next use): creates
+        the repo's HNSW index once it is past `exact_below` (a smaller repo would only pay for
+        it on insert)."""
+        if repo in self._sizes:
+            self._sizes[repo] += new
         if repo not in self._indexed and await self._size(repo) > self._exact_below:
             async with self._pg.connection() as conn:
                 await schema.ensure_vector_index(conn, repo, self._dims(repo))
@@ -83,11 +86,6 @@ class PgVectors(CachedVectors):
         folder = await self._graph_folder(repo)
         if folder is not None:
             await anyio.to_thread.run_sync(ann_files.discard, folder)
-
-    def added(self, repo: str, new: int) -> None:
-        """A commit wrote `new` vectors (its routes arrive from the node log at next use)."""
-        if repo in self._sizes:
-            self._sizes[repo] += new
 
     def on_loop(self, repo: str) -> bool:
         return False  # the database searches the nodes' vectors: a round trip each

@@ -20,7 +20,6 @@ def claims_lock_key(session_id: str) -> int:
 
 
 async def lock_claims(sql: Statements, session_id: str) -> None:
-    """Serialises the writes of the session's step claims until the transaction ends."""
     await sql.run("SELECT pg_advisory_xact_lock(?)", (claims_lock_key(session_id),))
 
 

@@ -116,13 +116,12 @@ def _changes(
     """The log's sequence and the nodes changed since `since` (None: none); raises `Reload`
     past the log's horizon, or for vectors of another `generation` (all made again)."""
     state = _state(db, repo)
-    seq = state.seq
     if state.generation != generation:
         raise vector_log.Reload
-    if not vector_log.moved(since, seq, state.horizon):
+    if not vector_log.moved(since, state.seq, state.horizon):
         return None
-    rows = db.conn.execute(_CHANGED, (repo, since, seq, repo)).fetchall()
-    return seq, [
+    rows = db.conn.execute(_CHANGED, (repo, since, state.seq, repo)).fetchall()
+    return state.seq, [
         (int(rowid), node_id, kind,
          None if blob is None else vector_of_half(blob))
         for rowid, node_id, kind, blob in rows

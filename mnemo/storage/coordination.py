@@ -109,10 +109,9 @@ class SqlCoordination(SqlStore):
         ]
 
     async def lease(self, session_id: str) -> SessionLease | None:
-        row = await self._driver.read(lambda sql: sql.row(
-            f"SELECT {_LEASE_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
-        ))
-        return None if row is None else self._lease(row)
+        rows = await self._rows(f"SELECT {_LEASE_COLUMNS} FROM sessions WHERE id = ?",
+                                (session_id,))
+        return self._lease(rows[0]) if rows else None
 
     async def claim(
         self,
@@ -286,10 +285,8 @@ class SqlCoordination(SqlStore):
         return await self._driver.one(lambda sql: sql.run(f"DELETE {where}", params))
 
     async def still_taken(self, op_id: str, holder_id: str) -> bool:
-        row = await self._driver.read(lambda sql: sql.row(
-            "SELECT 1 FROM ops WHERE id = ? AND taken_by = ?", (op_id, holder_id)
-        ))
-        return row is not None
+        return bool(await self._rows("SELECT 1 FROM ops WHERE id = ? AND taken_by = ?",
+                                     (op_id, holder_id)))
 
     async def drop_ops(self, op_ids: Sequence[str]) -> None:
         if op_ids:

@@ -109,10 +109,9 @@ class SqlCoordination(SqlStore):
         ]
 
     async def lease(self, session_id: str) -> SessionLease | None:
-        row = await self._driver.read(lambda sql: sql.row(
-            f"SELECT {_LEASE_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
-        ))
-        return None if row is None else self._lease(row)
+        rows = await self._rows(f"SELECT {_LEASE_COLUMNS} FROM sessions WHERE id = ?",
+                                (session_id,))
+        return self._lease(rows[0]) if rows else None
 
     async def claim(
         self,
@@ -150,30 +149,29 @@ class SqlCoordination(SqlStore):
         self, session_id: str, step_ids: Sequence[str], holder_id: str, *,
         unseen_since: datetime, gone: Sequence[str] = (),
     ) -> set[str]:
-        ids = list(step_ids)
-        if not ids:
+        if not step_ids:
             return set()
 
         async def write(sql: Statements) -> set[str]:
             await self._lock_claims(sql, session_id)
             await sql.run(
-                f"DELETE FROM step_claims WHERE step_id IN ({marks(len(ids))}) AND holder <> ?"
+                f"DELETE FROM step_claims WHERE step_id IN ({marks(len(step_ids))}) AND holder <> ?"
                 f" AND {_departed('step_claims.holder', gone)}",
-                (*ids, holder_id, self._stamp(unseen_since), *gone),
+                (*step_ids, holder_id, self._stamp(unseen_since), *gone),
             )
             # Not for an ended session: its end dropped every claim, a live holder's too.
             await sql.run(
                 "INSERT INTO step_claims(step_id, session_id, holder)"
                 " SELECT s.id, s.session_id, ? FROM steps s JOIN sessions ss"
-                f" ON ss.id = s.session_id WHERE s.id IN ({marks(len(ids))})"
+                f" ON ss.id = s.session_id WHERE s.id IN ({marks(len(step_ids))})"
                 " AND s.session_id = ? AND s.committed_in IS NULL AND ss.ended = false"
                 " ON CONFLICT DO NOTHING",
-                (holder_id, *ids, session_id),
+                (holder_id, *step_ids, session_id),
             )
             rows = await sql.rows(
-                f"SELECT step_id FROM step_claims WHERE step_id IN ({marks(len(ids))})"
+                f"SELECT step_id FROM step_claims WHERE step_id IN ({marks(len(step_ids))})"
                 " AND holder = ?",
-                (*ids, holder_id),
+                (*step_ids, holder_id),
             )
             return {str(step_id) for step_id, in rows}
 
@@ -182,16 +180,15 @@ class SqlCoordination(SqlStore):
     async def release_steps(
         self, session_id: str, holder_id: str, step_ids: Sequence[str]
     ) -> None:
-        ids = list(step_ids)
-        if not ids:
+        if not step_ids:
             return
 
         async def write(sql: Statements) -> None:
             await self._lock_claims(sql, session_id)
             await sql.run(
                 "DELETE FROM step_claims WHERE session_id = ? AND holder = ?"
-                f" AND step_id IN ({marks(len(ids))})",
-                (session_id, holder_id, *ids),
+                f" AND step_id IN ({marks(len(step_ids))})",
+                (session_id, holder_id, *step_ids),
             )
 
         await self._driver.write(write)
@@ -237,25 +234,23 @@ class SqlCoordination(SqlStore):
         await self._driver.write(write)
 
     async def orphan_ops(self, op_ids: Sequence[str]) -> None:
-        ids = list(op_ids)
-        if not ids:
+        if not op_ids:
             return
 
         async def write(sql: Statements) -> None:
-            await sql.run(f"DELETE FROM ops WHERE id IN ({marks(len(ids))})"
-                          " AND result IS NOT NULL", ids)
-            await sql.run(f"UPDATE ops SET accepted_by = '' WHERE id IN ({marks(len(ids))})",
-                          ids)
+            await sql.run(f"DELETE FROM ops WHERE id IN ({marks(len(op_ids))})"
+                          " AND result IS NOT NULL", op_ids)
+            await sql.run(f"UPDATE ops SET accepted_by = '' WHERE id IN ({marks(len(op_ids))})",
+                          op_ids)
 
         await self._driver.write(write)
 
     async def op_results(self, op_ids: Sequence[str]) -> dict[str, StoredResult]:
-        ids = list(op_ids)
-        if not ids:
+        if not op_ids:
             return {}
         rows = await self._rows(
-            f"SELECT id, {self.RESULT_TEXT} FROM ops WHERE id IN ({marks(len(ids))})"
-            " AND result IS NOT NULL", ids)
+            f"SELECT id, {self.RESULT_TEXT} FROM ops WHERE id IN ({marks(len(op_ids))})"
+            " AND result IS NOT NULL", op_ids)
         return {str(i): StoredResult.decode(str(r)) for i, r in rows}
 
     def _left(self, gone: Sequence[str]) -> str:
@@ -269,13 +264,12 @@ class SqlCoordination(SqlStore):
         self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = (), *,
         me: str | None = None,
     ) -> list[str]:
-        ids = list(op_ids)
-        if not ids:
+        if not op_ids:
             return []
         rows = await self._driver.one(lambda sql: sql.rows(
-            f"DELETE FROM ops WHERE id IN ({marks(len(ids))}) AND {self._left(gone)}"
+            f"DELETE FROM ops WHERE id IN ({marks(len(op_ids))}) AND {self._left(gone)}"
             " RETURNING id",
-            (*ids, me, self._stamp(unseen_since), *gone),
+            (*op_ids, me, self._stamp(unseen_since), *gone),
         ))
         return [str(op_id) for op_id, in rows]
 
@@ -291,16 +285,13 @@ class SqlCoordination(SqlStore):
         return await self._driver.one(lambda sql: sql.run(f"DELETE {where}", params))
 
     async def still_taken(self, op_id: str, holder_id: str) -> bool:
-        row = await self._driver.read(lambda sql: sql.row(
-            "SELECT 1 FROM ops WHERE id = ? AND taken_by = ?", (op_id, holder_id)
-        ))
-        return row is not None
+        return bool(await self._rows("SELECT 1 FROM ops WHERE id = ? AND taken_by = ?",
+                                     (op_id, holder_id)))
 
     async def drop_ops(self, op_ids: Sequence[str]) -> None:
-        ids = list(op_ids)
-        if ids:
+        if op_ids:
             await self._driver.one(lambda sql: sql.run(
-                f"DELETE FROM ops WHERE id IN ({marks(len(ids))})", ids))
+                f"DELETE FROM ops WHERE id IN ({marks(len(op_ids))})", op_ids))
 
     async def end_idle(self, limit: int) -> IdleSweep:
         now = self.now()

@@ -142,8 +142,16 @@ class GraphBase(RowReads):
     ) -> PendingRead[Hits]:
         kinds = None if types is None else [NodeType(t).value for t in types]
         if scope is not None:
-            return DeferredRead(lambda: self.scoped_text(
-                repo, query, limit, kinds, scope,
+            async def within(ids: list[str], rows: dict[str, tuple[int, str]]) -> Hits:
+                if self._lexical is not None:
+                    found = await self._lexical.search(
+                        repo, query, limit, kinds, [rows[i][0] for i in ids])
+                    if found is not None:
+                        return found
+                return await self._store_text(repo, query, limit, kinds, scope.where)
+
+            return DeferredRead(lambda: self.scoped(
+                repo, scope, limit, kinds, within,
                 lambda n: self.start_search_text(repo, query, n, types).result()))
         if self._lexical is None:
             return self._start_store_text(repo, query, limit, kinds)
@@ -258,10 +266,8 @@ class GraphBase(RowReads):
             return await self._vectors.search(repo, vector, limit, types)
         kinds = None if types is None else [NodeType(t).value for t in types]
 
-        async def within(ids: list[str]) -> Hits:
+        async def within(ids: list[str], rows: dict[str, tuple[int, str]]) -> Hits:
             # Exact cosine over the members; ties kept at the cut, ordered by rowid.
-            assert scope.members is not None
-            rows = scope.members
             similar = await self._vectors.similarities(repo, ids, vector, limit)
             return sorted(similar.items(), key=lambda hit: (-hit[1], rows[hit[0]][0]))[:limit]
 
@@ -326,7 +332,8 @@ class GraphBase(RowReads):
 
     async def scoped(
         self, repo: str, scope: Scope, limit: int, kinds: Collection[str] | None,
-        within: Callable[[list[str]], Awaitable[Hits]], wide: Callable[[int], Awaitable[Hits]],
+        within: Callable[[list[str], dict[str, tuple[int, str]]], Awaitable[Hits]],
+        wide: Callable[[int], Awaitable[Hits]],
     ) -> Hits:
         """A search `within` the scope's members, or for a scope too large to list, `wide`
         (`WIDEN` times as wide) cut to the scope."""
@@ -335,21 +342,4 @@ class GraphBase(RowReads):
             keep = await self.inside(repo, scope, [i for i, _ in hits])
             return [(i, score) for i, score in hits if i in keep][:limit]
         ids = scope.ids(kinds)
-        return await within(ids) if ids and limit > 0 else []
-
-    async def scoped_text(
-        self, repo: str, query: str, limit: int, kinds: list[str] | None, scope: Scope,
-        wide: Callable[[int], Awaitable[Hits]],
-    ) -> Hits:
-        lexical = self._lexical
-
-        async def within(ids: list[str]) -> Hits:
-            assert scope.members is not None
-            if lexical is not None:
-                rows = scope.members
-                found = await lexical.search(repo, query, limit, kinds, [rows[i][0] for i in ids])
-                if found is not None:
-                    return found
-            return await self._store_text(repo, query, limit, kinds, scope.where)
-
-        return await self.scoped(repo, scope, limit, kinds, within, wide)
+        return await within(ids, scope.members) if ids and limit > 0 else []

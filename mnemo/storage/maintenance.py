@@ -235,7 +235,6 @@ class SqlMaintenance(SqlGraphWrites):
 
     async def _orphans(self, sql: Statements, repo: str,
                        kinds: Sequence[NodeType]) -> list[str]:
-        """Nodes of these types with no link at all."""
         return [row[0] for row in await sql.rows(
             f"SELECT n.id FROM nodes n WHERE n.repo = ? AND n.type{self.ANY}"
             f" AND NOT EXISTS (SELECT 1 FROM links l WHERE l.src = n.{self.KEY})"

@@ -19,8 +19,6 @@ MAX_ROWID = 2**63 - 1
 
 
 class SqlReembeds:
-    """`graph.ports.Reembedding`'s statements (documented there) on one backend."""
-
     # The rows of `staged_vectors` or `vectors` of the repo (one parameter: the repo).
     OF_REPO = "node IN (SELECT rowid FROM nodes WHERE repo = ?)"
     # A staged vector `s` of the node `n`.

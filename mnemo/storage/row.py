@@ -27,11 +27,6 @@ def loads(text: str | bytes | bytearray | memoryview) -> object:
         return json.loads(bytes(text) if isinstance(text, memoryview) else text)
 
 
-def loads_object(text: str | bytes | bytearray | memoryview) -> JSONObject:
-    """The JSON object `text` holds; `StorageError("corrupt")` for another JSON value."""
-    return json_object(loads(text))
-
-
 def json_object(value: object) -> JSONObject:
     """`value`, a JSON object as read; `StorageError("corrupt")` for another value."""
     if not isinstance(value, dict):

@@ -140,11 +140,8 @@ class SqlThreads(SqlStore):
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
         at = self._stamp(utc(cutoff))
         # Nothing due: no lock taken, so reads that expire first never wait for a writer.
-        due = await self._driver.read(lambda sql: sql.row(
-            "SELECT 1 FROM messages WHERE thread_id = ? AND recorded_at < ? LIMIT 1",
-            (thread_id, at),
-        ))
-        if due is None:
+        if not await self._rows("SELECT 1 FROM messages WHERE thread_id = ? AND recorded_at < ?"
+                                " LIMIT 1", (thread_id, at)):
             return 0
 
         async def write(sql: Statements) -> int:

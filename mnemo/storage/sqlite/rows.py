@@ -10,7 +10,7 @@ import numpy as np
 
 from mnemo.graph.model import NODE_TYPES, Node, NodeId, Vector
 from mnemo.storage.graph_rows import NODE_COLUMNS
-from mnemo.storage.row import Row, loads_object
+from mnemo.storage.row import Row, json_object, loads
 
 NODE_WIDTH = len(NODE_COLUMNS.split(","))
 
@@ -20,7 +20,7 @@ def node(row: Row) -> Node:
     (node_id, kind, text, data, created_at, valid_from, valid_to, recorded_at, retired_at,
      metadata) = row[:NODE_WIDTH]
     return Node(
-        NodeId(node_id), NODE_TYPES[kind], text, loads_object(data),
+        NodeId(node_id), NODE_TYPES[kind], text, json_object(loads(data)),
         datetime.fromisoformat(created_at),
         _moment(valid_from), _moment(valid_to), _moment(recorded_at), _moment(retired_at),
         {} if metadata is None else json.loads(metadata),

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnemo.storage.row import Column
+from mnemo.storage.sql import marks
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,6 @@ class LexicalSource:
         found: list[Row] = []
         for start in range(0, len(values), _CHUNK):
             chunk = values[start:start + _CHUNK]
-            statement = _BY.format(column=column, marks=", ".join("?" * len(chunk)))
+            statement = _BY.format(column=column, marks=marks(len(chunk)))
             found += changed_rows(self._read(statement, (repo, *chunk)))[0]
         return found

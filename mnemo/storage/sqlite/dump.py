@@ -15,7 +15,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.graph.model import vector_from_blob, vector_to_blob
-from mnemo.storage.sql import marks
+from mnemo.storage.sql import marks, utc
 from mnemo.storage.sqlite.database import Database, inspect_file
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, SqlDump, Table
@@ -45,8 +45,7 @@ def _load(table: Table, kind: Kind, value: object) -> object:
     if value is None:
         return None
     if kind is Kind.TIME:
-        moment = datetime.fromisoformat(str(value))
-        return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC)
+        return utc(datetime.fromisoformat(str(value)))
     if kind is Kind.JSON:
         assert isinstance(value, str | bytes)
         return json.loads(unpack_text(value))

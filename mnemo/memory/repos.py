@@ -268,9 +268,7 @@ class Repos:
         base = self.get(repo)
         if embedder is None:
             check_dim(repo, base.embedder, base.dim)
-        if embedder is not None:
-            await detect_dim(embedder)
-        if embedder is not None and embedder.dim != base.dim:
+        elif await detect_dim(embedder) != base.dim:
             raise EmbeddingError(
                 f"repo {repo!r} holds vectors of dimension {base.dim}, but the "
                 f"embedder override {model_uri(embedder)} makes dimension {embedder.dim}"

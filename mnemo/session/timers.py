@@ -423,8 +423,6 @@ async def take_over(live: Sessions) -> None:
                      "that has closed", live.holder_id, forgotten)
 
 
-
-
 async def answer_abandoned(
     live: Sessions, unseen_since: datetime, gone: list[str]
 ) -> None:

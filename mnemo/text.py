@@ -140,7 +140,8 @@ def _within_words(between: re.Match[str]) -> str:
     # a joiner, when it is the run's only character besides those.
     joins = inside and sum(1 for c in run if not _in_word(c)) == 1
     return "".join(
-        character if (_in_word(character) and (inside or not _is_format(character)))
+        character if (_in_word(character)
+                      and (inside or unicodedata.category(character) != "Cf"))
         or (joins and character in JOINERS) else " "
         for character in run)
 
@@ -150,10 +151,6 @@ def _in_word(character: str) -> bool:
     combining mark (Unicode's M*) or an invisible format character (Cf)."""
     category = unicodedata.category(character)
     return category[0] == "M" or category == "Cf"
-
-
-def _is_format(character: str) -> bool:
-    return unicodedata.category(character) == "Cf"
 
 
 # A Snowball stemmer keeps state while it stems: one per thread (its own cache off).

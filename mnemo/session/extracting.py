@@ -75,8 +75,7 @@ async def _background_commit(
 
 
 class Ended(Enum):
-    """How a close's extraction ended: the session moved on (`MOVED`), to `failed`
-    (`FAILED`), or its result was stale (`STALE`)."""
+    """How a close's extraction ended: the session moved on, moved to `failed`, or stale."""
 
     MOVED = "moved"
     FAILED = "failed"

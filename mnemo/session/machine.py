@@ -230,8 +230,7 @@ def project(start: State, kinds: Iterable[str], *, auto_commit: bool) -> State |
 
 
 async def deliver(callback: Callback | None, result: OpResult) -> None:
-    """Calls an operation's callback, if any, shielded (`end_session` may cancel the task);
-    an exception it raises is logged, never propagated."""
+    """`ports.deliver` of an operation's callback, if any (`end_session` may cancel the task)."""
     if callback is not None:
         await call_back(callback, result, "an operation")
 

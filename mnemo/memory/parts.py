@@ -61,6 +61,5 @@ class Parts:
             )
 
     async def _save_profiles(self) -> None:
-        """Records what the repos' models learned of their servers (not when inspecting)."""
         if not self._inspect:
             await self._repos.save_profiles(self._sessions_store)

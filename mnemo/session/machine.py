@@ -15,6 +15,7 @@ run outside the machine (`Extract`, `CommitSteps`), and their results come back 
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -239,15 +240,13 @@ class TicketQueue:
     """Lets numbered tickets through one at a time, in order; an abandoned one is skipped."""
 
     def __init__(self) -> None:
-        self._next = 0
+        self._tickets = itertools.count()
         self._serving = 0
         self._waiting: dict[int, anyio.Event] = {}
         self._abandoned: set[int] = set()
 
     def take(self) -> int:
-        ticket = self._next
-        self._next += 1
-        return ticket
+        return next(self._tickets)
 
     async def wait(self, ticket: int) -> None:
         """Returns when it is `ticket`'s turn; the holder must then call `leave`."""

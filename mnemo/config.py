@@ -226,7 +226,6 @@ def _num(value: float) -> str:
 
 @cache
 def _checks() -> dict[str, _Check]:
-    """Field name -> its check, for every Config field."""
     checks: dict[str, _Check] = {}
     for name, hint in typing.get_type_hints(Config, include_extras=True).items():
         union = typing.get_origin(hint) in (typing.Union, types.UnionType)

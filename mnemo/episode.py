@@ -275,77 +275,6 @@ def parse_reward(resp: LLMResponse) -> float:
     return NEUTRAL_REWARD if score is None else score
 
 
-@dataclass(frozen=True, slots=True)
-class Annotation:
-    state_summary: str
-    subgoal: str
-    subgoal_vec: Vector
-    previous_reward: float | None
-
-
-async def annotate(
-    llm: LLM,
-    embedder: Embedder,
-    *,
-    goal: str,
-    observation: str,
-    action: str,
-    previous: StepRecord | None,
-    recent: Sequence[str],
-) -> Annotation:
-    """Asks the LLM for state, subgoal and the previous step's reward at once, then embeds
-    the subgoal; LLMError or EmbeddingError when the model or the embedder fails."""
-    results: dict[str, str | float] = {}
-
-    async def state() -> None:
-        request = state_request(
-            goal=goal,
-            observation=observation,
-            action=action,
-            previous_state=previous.state_summary if previous else None,
-        )
-        results["state"] = await ask(llm, request, parse_state, any_reply=True)
-
-    async def subgoal() -> None:
-        request = subgoal_request(
-            goal=goal,
-            observation=observation,
-            action=action,
-            previous_subgoal=previous.subgoal if previous else None,
-            recent_steps=list(recent),
-        )
-        results["subgoal"] = await ask(llm, request, parse_subgoal)
-
-    async def score(step: StepRecord) -> None:
-        # 0.5 when the reply is unusable; LLMError when the LLM itself failed.
-        request = reward_request(
-            goal=goal,
-            subgoal=step.subgoal,
-            observation=step.observation,
-            action=step.action,
-            next_observation=observation,
-        )
-        results["reward"] = await ask(llm, request, parse_reward, unusable=NEUTRAL_REWARD,
-                                      any_reply=True)
-
-    # The three calls run at once, the state call in this task (one task start saved).
-    with first_error():
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(subgoal)
-            if previous is not None:
-                tg.start_soon(score, previous)
-            await state()
-    subgoal_text = str(results["subgoal"])
-    vector = (await embed(embedder, [subgoal_text]))[0]
-    reward = results.get("reward")
-    return Annotation(
-        state_summary=str(results["state"]),
-        subgoal=subgoal_text,
-        subgoal_vec=vector,
-        previous_reward=float(reward) if isinstance(reward, float) else None,
-    )
-
-
 def annotation_timeout(config: Config) -> float:
     """Seconds one step's annotation may take (waits for a turn excluded): what its append,
     then a close, waits for it."""
@@ -364,31 +293,66 @@ async def annotate_step(
     name: str,
 ) -> tuple[StepRecord, float | None]:
     """`step`, appended after `steps`, annotated within `annotation_timeout(config)` seconds
-    (else LLMTimeout), and the previous step's reward. It goes in the previous step's
-    trajectory, or in `new_trajectory` when it starts one (`config`'s `trajectory_threshold`);
-    LLMError, EmbeddingError as `annotate`."""
+    (else LLMTimeout), and the previous step's reward: the LLM is asked for the state, the
+    subgoal and that reward at once, then the subgoal is embedded. The step goes in the
+    previous step's trajectory, or in `new_trajectory` when it starts one (`config`'s
+    `trajectory_threshold`); LLMError or EmbeddingError when the model or the embedder fails."""
     previous = steps[-1] if steps else None
+    model = llm()
+    results: dict[str, str | float] = {}
+
+    async def state() -> None:
+        request = state_request(
+            goal=goal,
+            observation=step.observation,
+            action=step.action,
+            previous_state=previous.state_summary if previous else None,
+        )
+        results["state"] = await ask(model, request, parse_state, any_reply=True)
+
+    async def subgoal() -> None:
+        request = subgoal_request(
+            goal=goal,
+            observation=step.observation,
+            action=step.action,
+            previous_subgoal=previous.subgoal if previous else None,
+            recent_steps=[s.line for s in steps[-3:]],
+        )
+        results["subgoal"] = await ask(model, request, parse_subgoal)
+
+    async def score(before: StepRecord) -> None:
+        # 0.5 when the reply is unusable; LLMError when the LLM itself failed.
+        request = reward_request(
+            goal=goal,
+            subgoal=before.subgoal,
+            observation=before.observation,
+            action=before.action,
+            next_observation=step.observation,
+        )
+        results["reward"] = await ask(model, request, parse_reward, unusable=NEUTRAL_REWARD,
+                                      any_reply=True)
+
     time_limit = annotation_timeout(config)
     try:
         with fail_after(time_limit, stretches=True):
-            note = await annotate(
-                llm(),
-                embedder,
-                goal=goal,
-                observation=step.observation,
-                action=step.action,
-                previous=previous,
-                recent=[s.line for s in steps[-3:]],
-            )
+            # The three calls run at once, the state call in this task (one task start saved).
+            with first_error():
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(subgoal)
+                    if previous is not None:
+                        tg.start_soon(score, previous)
+                    await state()
+            vector = (await embed(embedder, [str(results["subgoal"])]))[0]
     except TimeoutError as exc:
         if isinstance(exc, MnemoError):
             raise
         raise LLMTimeout(f"{name}: the annotation timed out after {time_limit}s") from exc
-    starts = starts_trajectory(previous, note.subgoal_vec, config.trajectory_threshold)
+    starts = starts_trajectory(previous, vector, config.trajectory_threshold)
     trajectory = previous.trajectory_id if previous is not None and not starts else new_trajectory
-    done = replace(step, trajectory_id=trajectory, state_summary=note.state_summary,
-                   subgoal=note.subgoal, subgoal_vec=note.subgoal_vec)
-    return done, note.previous_reward
+    done = replace(step, trajectory_id=trajectory, state_summary=str(results["state"]),
+                   subgoal=str(results["subgoal"]), subgoal_vec=vector)
+    reward = results.get("reward")
+    return done, float(reward) if isinstance(reward, float) else None
 
 
 def starts_trajectory(previous: StepRecord | None, vector: Vector, threshold: float) -> bool:

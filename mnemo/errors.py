@@ -108,8 +108,7 @@ def first_error() -> Iterator[None]:
     try:
         yield
     except BaseExceptionGroup as group:
-        leaves = list(_leaves(group))
-        for leaf in leaves:
+        for leaf in _leaves(group):
             if isinstance(leaf, Exception):
                 raise leaf from leaf.__cause__
         raise

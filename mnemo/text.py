@@ -140,7 +140,8 @@ def _within_words(between: re.Match[str]) -> str:
     # a joiner, when it is the run's only character besides those.
     joins = inside and sum(1 for c in run if not _in_word(c)) == 1
     return "".join(
-        character if (_in_word(character) and (inside or not _is_format(character)))
+        character if (_in_word(character)
+                      and (inside or unicodedata.category(character) != "Cf"))
         or (joins and character in JOINERS) else " "
         for character in run)
 
@@ -150,10 +151,6 @@ def _in_word(character: str) -> bool:
     combining mark (Unicode's M*) or an invisible format character (Cf)."""
     category = unicodedata.category(character)
     return category[0] == "M" or category == "Cf"
-
-
-def _is_format(character: str) -> bool:
-    return unicodedata.category(character) == "Cf"
 
 
 # A Snowball stemmer keeps state while it stems: one per thread (its own cache off).
@@ -219,9 +216,8 @@ def label_case(word: str) -> str:
 
 def is_informative(word: str) -> bool:
     """A content word: not a stopword, and 4+ characters long, or with a digit, or an acronym."""
-    if word.lower() in STOPWORDS:
-        return False
-    return len(word) >= 4 or any(c.isdigit() for c in word) or is_acronym(word)
+    return word.lower() not in STOPWORDS and (
+        len(word) >= 4 or any(c.isdigit() for c in word) or is_acronym(word))
 
 
 def content_stems(text: str) -> set[str]:
@@ -232,24 +228,15 @@ def content_stems(text: str) -> set[str]:
 def sentences(text: str) -> list[str]:
     """The sentences of `text`, split at line breaks and sentence-ending punctuation, without
     bullets, numbers or blank pieces."""
-    out: list[str] = []
-    for line in normalise(text).splitlines():
-        line = _BULLET.sub("", line).strip()
-        if not line:
-            continue
-        for piece in _SENTENCE_END.split(line):
-            piece = piece.strip()
-            if piece:
-                out.append(piece)
-    return out
+    lines = (_BULLET.sub("", line) for line in normalise(text).splitlines())
+    return [kept for line in lines for piece in _SENTENCE_END.split(line.strip())
+            if (kept := piece.strip())]
 
 
 def first_sentence(text: str, *, max_words: int = 40) -> str:
     """The first sentence of `text`, cut to `max_words` words ("" when there is none)."""
     found = sentences(text)
-    if not found:
-        return ""
-    return clip_words(found[0], max_words)
+    return clip_words(found[0], max_words) if found else ""
 
 
 def shorten(text: str, limit: int) -> str:

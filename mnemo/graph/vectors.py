@@ -124,28 +124,25 @@ class VectorIndex:
         if not fresh:
             # Rows replaced in place are a change too: whoever kept the old view sees it.
             self._view = self._view._replace()
-            self._version += 1
-            if self.accelerator is not None:
-                self.accelerator.added(ids)
-            return
-        need = self._count + len(fresh)
-        if need > len(self._matrix):
-            capacity = max(need, 2 * len(self._matrix), 1024)
-            matrix = np.zeros((capacity, self.dim), dtype=np.float32)
-            matrix[: self._count] = self._matrix[: self._count]
-            codes = np.zeros(capacity, dtype=np.int8)
-            codes[: self._count] = self._types[: self._count]
-            self._matrix, self._types = matrix, codes
-        start = self._count
-        self._matrix[start:need] = rows[fresh]
-        self._types[start:need] = [TYPE_CODES[types[i]] for i in fresh]
-        for offset, i in enumerate(fresh):
-            self._rows[ids[i]] = start + offset
-            self._ids.append(ids[i])
-        self._count = need
-        self._view = Snapshot(
-            self._count, self._matrix, self._types, self._ids, self._rows, self._dead
-        )
+        else:
+            need = self._count + len(fresh)
+            if need > len(self._matrix):
+                capacity = max(need, 2 * len(self._matrix), 1024)
+                matrix = np.zeros((capacity, self.dim), dtype=np.float32)
+                matrix[: self._count] = self._matrix[: self._count]
+                codes = np.zeros(capacity, dtype=np.int8)
+                codes[: self._count] = self._types[: self._count]
+                self._matrix, self._types = matrix, codes
+            start = self._count
+            self._matrix[start:need] = rows[fresh]
+            self._types[start:need] = [TYPE_CODES[types[i]] for i in fresh]
+            for offset, i in enumerate(fresh):
+                self._rows[ids[i]] = start + offset
+                self._ids.append(ids[i])
+            self._count = need
+            self._view = Snapshot(
+                self._count, self._matrix, self._types, self._ids, self._rows, self._dead
+            )
         self._version += 1
         if self.accelerator is not None:
             self.accelerator.added(ids)

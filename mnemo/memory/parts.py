@@ -20,12 +20,6 @@ if TYPE_CHECKING:
     from mnemo.session.timers import BackgroundWork
     from mnemo.storage.ports import Backend
 
-# What `memory.assembly.build` sets.
-BUILT = frozenset({
-    "_backend", "_sessions_store", "_repos", "_events", "_graph", "_background", "_live",
-    "_tag_vectors", "_ingests", "_conversations",
-})
-
 
 class Parts:
     """The stores and services of one `Memory`; `memory.assembly.build` sets every one."""
@@ -47,8 +41,9 @@ class Parts:
     if not TYPE_CHECKING:
 
         def __getattr__(self, name: str) -> object:
-            # Only for a part not built yet: a Memory opened cold builds them when entered.
-            if name in BUILT:
+            # Only for a part not built yet (each is annotated above): a Memory opened cold
+            # builds them when entered.
+            if name in Parts.__annotations__:
                 raise StorageError("closed", "the Memory is not open: enter it first")
             raise AttributeError(name)
 
@@ -61,6 +56,5 @@ class Parts:
             )
 
     async def _save_profiles(self) -> None:
-        """Records what the repos' models learned of their servers (not when inspecting)."""
         if not self._inspect:
             await self._repos.save_profiles(self._sessions_store)

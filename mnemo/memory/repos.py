@@ -38,11 +38,10 @@ class Repos:
         self.config = config
         self._stored = stored  # the store's repos: the one truth, other Memory objects' too
         self.llm: LLM = llm if llm is not None else OfflineLLM()
-        chosen: Embedder = default_embedder() if embedder is None else embedder
-        self.embedder = chosen
+        self.embedder: Embedder = default_embedder() if embedder is None else embedder
         # Without models given, each repo runs the ones it recorded.
         self._models = RepoModels(
-            self.llm, chosen, llm_given=llm is not None, embedder_given=embedder is not None
+            self.llm, self.embedder, llm_given=llm is not None, embedder_given=embedder is not None
         )
         self._runtimes: dict[str, Runtime] = {}
         self._recorded: dict[str, Config] = {}  # each repo's config as the store holds it
@@ -52,7 +51,7 @@ class Repos:
         # Every adapter this Memory made, closed with it (one may own an HTTP client).
         self._adapters: dict[int, object] = {}
         if embedder is None:
-            self.adopt(chosen)
+            self.adopt(self.embedder)
 
     def adopt(self, *adapters: object) -> None:
         """Closes these adapters with the Memory: it made them."""
@@ -268,9 +267,7 @@ class Repos:
         base = self.get(repo)
         if embedder is None:
             check_dim(repo, base.embedder, base.dim)
-        if embedder is not None:
-            await detect_dim(embedder)
-        if embedder is not None and embedder.dim != base.dim:
+        elif await detect_dim(embedder) != base.dim:
             raise EmbeddingError(
                 f"repo {repo!r} holds vectors of dimension {base.dim}, but the "
                 f"embedder override {model_uri(embedder)} makes dimension {embedder.dim}"

@@ -4,7 +4,6 @@ the methods (with the parts, off the event loop)."""
 
 from __future__ import annotations
 
-import math
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -179,21 +178,19 @@ class SessionMethods(Parts):
 
         live = self._live
         session = await live.fetch(session_id, fresh=True)
-        runs = 0  # extractions this call started
+        # Extractions this call started (or found running).
+        runs = 1 if session.state in (S.COLLECTING, S.IDLE, S.EXTRACTING) else 0
         if session.state in (S.COLLECTING, S.IDLE):
             refuse_close(session)
             await transitions.close(live, session)
-            runs = 1
-        elif session.state is S.EXTRACTING:
-            runs = 1
         retries = 0
         if max_polls is None:
             phases = 2 if session.config.auto_commit else 1
             wait = session.runtime.config.extraction_timeout * 1.1 * phases + 1.0
         else:
-            wait = max(max_polls, 1) * max(poll_interval, 0.0)
+            wait = max_polls * poll_interval
         while True:
-            with anyio.move_on_after(wait if wait > 0 else math.inf) as scope:
+            with anyio.move_on_after(wait) as scope:
                 while session.state is S.EXTRACTING and not session.ended:
                     await transitions.wait_moved(live, session)
             if scope.cancelled_caught:

@@ -75,8 +75,7 @@ async def _background_commit(
 
 
 class Ended(Enum):
-    """How a close's extraction ended: the session moved on (`MOVED`), to `failed`
-    (`FAILED`), or its result was stale (`STALE`)."""
+    """How a close's extraction ended: the session moved on, moved to `failed`, or stale."""
 
     MOVED = "moved"
     FAILED = "failed"
@@ -350,9 +349,7 @@ async def take_work(live: Sessions, now: datetime, gone: list[str]) -> None:
             continue
         if session.state is not State.EXTRACTING or session.scopes:
             continue  # moved on, or its work already runs here
-        if not _same_model(session):
-            continue
-        if await transitions.hold(live, session):
+        if _same_model(session) and await transitions.hold(live, session):
             log.info("%s: taking over its extraction", session.id)
             live.start(session, Extract())
     for session_id in await co.unannotated(now - live.lease, gone):
@@ -376,9 +373,7 @@ async def _take_timers(live: Sessions, session: SessionRecord) -> None:
         session.finished_steps()
     ):
         return  # no timers and nothing started: nothing to drive, so nothing written
-    if not _same_model(session):
-        return
-    if await transitions.hold(live, session):
+    if _same_model(session) and await transitions.hold(live, session):
         log.info("%s: taking over its auto-commit timers", session.id)
         # A background commit that went with its holder runs again here now.
         finished = session.finished_steps()

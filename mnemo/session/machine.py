@@ -15,6 +15,7 @@ run outside the machine (`Extract`, `CommitSteps`), and their results come back 
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -230,8 +231,7 @@ def project(start: State, kinds: Iterable[str], *, auto_commit: bool) -> State |
 
 
 async def deliver(callback: Callback | None, result: OpResult) -> None:
-    """Calls an operation's callback, if any, shielded (`end_session` may cancel the task);
-    an exception it raises is logged, never propagated."""
+    """`ports.deliver` of an operation's callback, if any (`end_session` may cancel the task)."""
     if callback is not None:
         await call_back(callback, result, "an operation")
 
@@ -240,15 +240,13 @@ class TicketQueue:
     """Lets numbered tickets through one at a time, in order; an abandoned one is skipped."""
 
     def __init__(self) -> None:
-        self._next = 0
+        self._tickets = itertools.count()
         self._serving = 0
         self._waiting: dict[int, anyio.Event] = {}
         self._abandoned: set[int] = set()
 
     def take(self) -> int:
-        ticket = self._next
-        self._next += 1
-        return ticket
+        return next(self._tickets)
 
     async def wait(self, ticket: int) -> None:
         """Returns when it is `ticket`'s turn; the holder must then call `leave`."""

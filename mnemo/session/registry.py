@@ -478,10 +478,8 @@ async def release(live: Sessions, session: SessionRecord, steps: Sequence[StepRe
 async def store_moved(live: Sessions, token: int) -> None:
     """Returns once the store's change token is no longer `token` (polled every
     `SETTLE_INTERVAL`), or after `RECHECK` seconds; StorageError if it cannot be read."""
-    waited = 0.0
-    while waited < RECHECK:
+    for _ in range(math.ceil(RECHECK / SETTLE_INTERVAL)):
         await anyio.sleep(SETTLE_INTERVAL)
-        waited += SETTLE_INTERVAL
         if await live.coordination.change_token() != token:
             return
 

@@ -340,7 +340,6 @@ def _restart(live: Sessions, session: SessionRecord) -> None:
 
 
 def _working(session: SessionRecord) -> bool:
-    """An operation or an append runs or waits, or steps commit in the background."""
     return (
         session.running is not None
         or bool(session.pending)
@@ -367,7 +366,6 @@ async def holder(live: Sessions, *, task_status: Any = anyio.TASK_STATUS_IGNORED
 
 
 async def _beat(live: Sessions) -> None:
-    """Renews this holder's leases every third of a lease, starting a third after registering."""
     await live.registered.wait()
     while True:
         await anyio.sleep(live.lease.total_seconds() / 3)
@@ -421,8 +419,6 @@ async def take_over(live: Sessions) -> None:
         if forgotten:
             log.info("%s: forgot %d stored operations a gone holder left, for a Memory "
                      "that has closed", live.holder_id, forgotten)
-
-
 
 
 async def answer_abandoned(

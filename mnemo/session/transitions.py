@@ -140,16 +140,10 @@ async def start_extraction(
 
     async def persist() -> int:
         # Extracting and held by this Memory in one compare-and-set (never nobody's).
-        await live.register()
-        version = await live.coordination.claim(
-            session.id, version=session.version, holder_id=live.holder_id,
-            lease_until=live.lease_until(), state=S.EXTRACTING, model=model,
-        )
-        if version is None:
+        if not await hold(live, session, state=S.EXTRACTING, model=model):
             raise StaleSession(session.id)
-        live.drive(session)  # held here now: so are its timers once it is idle again
         session.extraction_model = model
-        return version
+        return session.version
 
     # Started with the move: else a call in between takes it for another Memory's extraction.
     if not await move(live, session, event, persist, op=op, refuse=refuse, then=Extract(),
@@ -256,13 +250,16 @@ async def commit_steps(
     return receipt
 
 
-async def hold(live: Sessions, session: SessionRecord) -> bool:
+async def hold(
+    live: Sessions, session: SessionRecord, *, state: State | None = None, model: str | None = None
+) -> bool:
     """Holds the session's background work and drives its timers (compare-and-set on the
-    record's version); False when another Memory moved the session first."""
+    record's version, moving it to `state` and recording `model` when given); False when
+    another Memory moved the session first."""
     await live.register()
     version = await live.coordination.claim(
         session.id, version=session.version, holder_id=live.holder_id,
-        lease_until=live.lease_until(),
+        lease_until=live.lease_until(), state=state, model=model,
     )
     if version is None:
         return False

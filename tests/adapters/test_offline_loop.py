@@ -7,7 +7,7 @@ import pytest
 
 import mnemo
 from mnemo.adapters.offline import MAX_FACTS, OfflineLLM
-from mnemo.episode import annotate
+from mnemo.episode import NO_VECTOR, StepRecord, annotate_step
 from mnemo.extraction.prompts import parse_facts, procedural_request, semantic_request
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS
 from tests.fakes import FakeEmbedder, open_test_memory
@@ -37,9 +37,11 @@ async def test_loop_keeps_running_while_offline_llm_annotates_and_extracts() -> 
     llm = OfflineLLM()
     observation = big_observation()
     async with ticking() as ticker:
-        await annotate(
-            llm, FakeEmbedder(), goal="keep the fleet up", observation=observation,
-            action="restart the cache on every server", previous=None, recent=[],
+        step = StepRecord("episode_0:0", 0, "", observation, "restart the cache on every server",
+                          "", "", NO_VECTOR)
+        await annotate_step(
+            lambda: llm, FakeEmbedder(), mnemo.Config(), "keep the fleet up", step, [],
+            new_trajectory="trajectory_0", name="step 0",
         )
         steps = [{"index": 0, "observation": observation, "action": "restart the cache now"}]
         facts = parse_facts(await llm.generate(

@@ -96,9 +96,8 @@ def _draw(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Ext
     links: list[Link] = []
     valid: dict[str, datetime] = {}
     step_dates: dict[str, datetime | None] = {}
-    session_date = dates.metadata_date(
-        extracted[0].steps[0].metadata if extracted[0].steps else None
-    ) or dates.named_date(episode.goal[:MAX_DATED_CHARS])
+    session_date = (dates.metadata_date(extracted[0].steps[0].metadata)
+                    or dates.named_date(episode.goal[:MAX_DATED_CHARS]))
 
     def add(kind: NodeType, text: str, data: JSONObject, *, node_id: str | None = None,
             key: str | None = None) -> str:

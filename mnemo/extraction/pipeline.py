@@ -68,8 +68,7 @@ class _Round:
 
 async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: str, source: Source,
                   llm: LLM, embedder: Embedder, time_limit: float, score_last_step: bool,
-                  memo: TaskMemo | None = None, partial: bool = False,
-                  generation: int = 0) -> Changeset:
+                  memo: TaskMemo | None = None, partial: bool, generation: int) -> Changeset:
     """Extracts `steps` (grouped by trajectory) into one changeset embedded for `generation`,
     with the last step's deferred reward when `score_last_step`; with `partial`, a task that
     failed for good is left out (named in `missing`), else its LLMError or EmbeddingError is

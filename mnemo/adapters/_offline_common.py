@@ -144,9 +144,7 @@ def _is_fact(sentence: str) -> bool:
         for i, w in enumerate(ws)
         if _text.is_informative(w) or _text.is_name(w, sentence_initial=i == 0)
     )
-    if informative < 2:
-        return False
-    return not (_GREETING.match(sentence) and informative < 3)
+    return informative >= 2 and not (_GREETING.match(sentence) and informative < 3)
 
 
 def _sentence_score(sentence: str) -> float:

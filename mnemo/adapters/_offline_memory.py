@@ -179,11 +179,6 @@ def _entry_stems(line: str) -> set[str]:
     return _text.content_stems(_MEMORY_ENTRY_PREFIX.sub("", line, count=1))
 
 
-def _near_duplicate(stems: set[str], line: str) -> bool:
-    """Whether a statement with these content stems says nothing `line` does not."""
-    return bool(stems) and stems <= _entry_stems(line)
-
-
 def _corrected(stems: set[str], line: str) -> bool:
     """Whether a correction with these content stems replaces `line`: same subject, most
     words shared ("The API runs on port 8080" by "... port 8443")."""
@@ -216,7 +211,8 @@ def _memory_update(inputs: Inputs) -> Answer:
     ]
     for kind, statement, topic_words in _memory_signals(inputs.conversation):
         stems = _text.content_stems(statement)
-        if any(_near_duplicate(stems, line) for t in topics for line in t.lines):
+        # A statement that says nothing an entry does not is no news.
+        if stems and any(stems <= _entry_stems(line) for t in topics for line in t.lines):
             continue
         about = _topic_stems(topic_words)
         target = max(topics, key=lambda t: len(about & t.stems), default=None)

@@ -22,7 +22,7 @@ from mnemo.extraction.prompts import (
 )
 from mnemo.graph.contradiction import Question
 from mnemo.graph.model import Changeset, Vector
-from mnemo.graph.ports import IntentPolicy, Restamp
+from mnemo.graph.ports import IntentPolicy
 from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, embed
 
 log = logging.getLogger("mnemo")
@@ -85,11 +85,10 @@ Refresh = Callable[[str, int], Awaitable[Embedding]]
 
 
 def intent_policy(
-    config: Config, embedder: Embedder, llm: LLM, repo: str | None = None,
-    refresh: Refresh | None = None,
+    config: Config, embedder: Embedder, llm: LLM, repo: str, refresh: Refresh
 ) -> IntentPolicy:
     """How commits made with `config` and `embedder` merge intents and retire contradicted facts
-    through `llm`; with `refresh`, how an older changeset is embedded again."""
+    through `llm`, and how an older changeset of `repo` is embedded again (`refresh`)."""
     limit = config.extraction_timeout
 
     async def merge(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, Vector] | None]:
@@ -122,18 +121,12 @@ def intent_policy(
             log.warning("contradiction check failed, every fact stays live: %r", exc)
             return [set() for _ in questions]
 
-    restamp: Restamp | None = None
-    if refresh is not None and repo is not None:
-
-        async def again(changeset: Changeset, generation: int, refresh: Refresh = refresh,
-                        repo: str = repo) -> Changeset:
-            nonlocal embedder
-            fresh = await refresh(repo, generation)
-            made = await embedded_again(changeset, fresh.embedder, fresh.generation, limit)
-            embedder = fresh.embedder
-            return made
-
-        restamp = again
+    async def restamp(changeset: Changeset, generation: int) -> Changeset:
+        nonlocal embedder
+        fresh = await refresh(repo, generation)
+        made = await embedded_again(changeset, fresh.embedder, fresh.generation, limit)
+        embedder = fresh.embedder
+        return made
 
     return IntentPolicy(
         identity_threshold=config.intent_identity_threshold,

@@ -42,10 +42,6 @@ def procedure(ins: Instruction) -> JSONObject:
             "expected_outcome": ins.expected_outcome}
 
 
-def _new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
 @dataclass(slots=True)
 class Draft:
     """A changeset drawn up before the "return" scores are in, and where each score goes."""
@@ -62,7 +58,7 @@ class Draft:
         """The changeset, each instruction's return score as its trajectory has it now."""
         for data, part, index in self.scores:
             data["return_score"] = extracted[part].returns.get(index)
-        return Changeset(id=_new_id("changeset"), repo=self.repo, nodes=self.nodes,
+        return Changeset(id=f"changeset_{uuid.uuid4().hex}", repo=self.repo, nodes=self.nodes,
                          links=self.links, step_ids=self.step_ids,
                          generation=self.generation)
 
@@ -100,13 +96,12 @@ def _draw(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Ext
     links: list[Link] = []
     valid: dict[str, datetime] = {}
     step_dates: dict[str, datetime | None] = {}
-    session_date = dates.metadata_date(
-        extracted[0].steps[0].metadata if extracted[0].steps else None
-    ) or dates.named_date(episode.goal[:MAX_DATED_CHARS])
+    session_date = (dates.metadata_date(extracted[0].steps[0].metadata)
+                    or dates.named_date(episode.goal[:MAX_DATED_CHARS]))
 
     def add(kind: NodeType, text: str, data: JSONObject, *, node_id: str | None = None,
             key: str | None = None) -> str:
-        node_id = node_id or _new_id(kind.value)
+        node_id = node_id or f"{kind.value}_{uuid.uuid4().hex}"
         pending.append((node_id, kind, text, data, key))
         return node_id
 

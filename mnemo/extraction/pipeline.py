@@ -39,20 +39,6 @@ T = TypeVar("T")
 NEUTRAL_RETURN = 5
 
 
-class _Countdown:
-    """Set (`done`) once `one_in` was called `count` times: the tasks still out of a round."""
-
-    def __init__(self, count: int) -> None:
-        self.left, self.done = count, anyio.Event()
-        if count == 0:
-            self.done.set()
-
-    def one_in(self) -> None:
-        self.left -= 1
-        if self.left == 0:
-            self.done.set()
-
-
 class _Round:
     """What the tasks of one extraction share; each failure names its task and trajectory."""
 
@@ -68,8 +54,7 @@ class _Round:
 
 async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: str, source: Source,
                   llm: LLM, embedder: Embedder, time_limit: float, score_last_step: bool,
-                  memo: TaskMemo | None = None, partial: bool = False,
-                  generation: int = 0) -> Changeset:
+                  memo: TaskMemo | None = None, partial: bool, generation: int) -> Changeset:
     """Extracts `steps` (grouped by trajectory) into one changeset embedded for `generation`,
     with the last step's deferred reward when `score_last_step`; with `partial`, a task that
     failed for good is left out (named in `missing`), else its LLMError or EmbeddingError is
@@ -80,16 +65,23 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
     work = _Round(llm, memo, episode.goal)
     last = steps[-1] if steps else None
     deferred = last if score_last_step and last is not None else None
-    first_round = _Countdown(2 * len(groups))  # each trajectory's two first tasks
+    # Set once each trajectory's two first tasks are in.
+    first_round, first_left = anyio.Event(), 2 * len(groups)
     drafted: list[Draft] = []
     draft_failed: list[Exception] = []
+
+    def first_in() -> None:
+        nonlocal first_left
+        first_left -= 1
+        if first_left == 0:
+            first_round.set()
 
     async def one(i: int, group: list[StepRecord]) -> None:
         scores = deferred if deferred is not None and group[-1] is deferred else None
         trajectory = _Trajectory(i + 1, group)
         try:
             with fail_after(time_limit, stretches=True):
-                await _extract_trajectory(work, trajectory, parts[i], first_round.one_in,
+                await _extract_trajectory(work, trajectory, parts[i], first_in,
                                           scores_last=scores)
         except TimeoutError as exc:
             unanswered = ", ".join(sorted(trajectory.pending)) or "none"
@@ -98,7 +90,8 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
                 f"(unanswered: {unanswered})") from exc
 
     async def draft() -> None:
-        await first_round.done.wait()
+        if groups:
+            await first_round.wait()
         # The last trajectory's "return" request goes out before this work takes the loop.
         await anyio.lowlevel.checkpoint()
         if work.failures and not partial:

@@ -84,7 +84,6 @@ class CommitTarget(GraphStore, Protocol):
 
     async def vector_index(self, repo: str) -> VectorIndex:
         """Where the graph's intents are compared (`of_type(INTENT)`)."""
-        ...
 
     async def texts(self, node_ids: list[str]) -> dict[str, str]: ...
 
@@ -95,11 +94,9 @@ class CommitTarget(GraphStore, Protocol):
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         """Writes the plan and the side writes in one transaction (then updates what the
         backend keeps beside its rows)."""
-        ...
 
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         """Writes side writes alone, in one transaction (the changeset was applied before)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -215,6 +215,5 @@ async def decay(
 async def validate_episodic(graph: GraphMaintenance, repo: str) -> ValidationReport:
     """`GraphMaintenance.validate` under the repo's lock (StorageError: nothing changed): an
     EPISODIC node without a SUBGOAL (SOURCE) link is linked as `relinks` finds it."""
-    dim = graph.dim(repo)
     async with graph.lock(repo):
-        return await graph.validate(repo, dim)
+        return await graph.validate(repo, graph.dim(repo))

@@ -52,11 +52,9 @@ class PendingRead(Protocol[T_co]):
 
     async def result(self) -> T_co:
         """The read's answer (raises what the read raised: StorageError for a store's fault)."""
-        ...
 
     def discard(self) -> None:
         """The answer is not wanted: nothing waits for it, and its failure is dropped."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,14 +160,12 @@ class NodeReads(Protocol):
 
     def lock(self, repo: str) -> AbstractAsyncContextManager[None]:
         """The repo's write lock: commits and maintenance hold it."""
-        ...
 
     def dim(self, repo: str) -> int: ...
 
     async def generation(self, repo: str) -> int:
         """The generation of the repo's vectors, as of the enclosing `reading` block's look,
         else as the store holds them now."""
-        ...
 
     async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]: ...
 
@@ -182,11 +178,9 @@ class RecallReads(NodeReads, Protocol):
 
     def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
         """A block of reads that sees the repo at least as of its start (caches refreshed once)."""
-        ...
 
     def vectors_on_loop(self, repo: str) -> bool:
         """Whether vector searches of the repo now answer quickly on the event loop (a hint)."""
-        ...
 
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]: ...
 
@@ -194,7 +188,6 @@ class RecallReads(NodeReads, Protocol):
         self, repo: str, node_ids: Sequence[str], vector: Vector
     ) -> tuple[list[TypedLink], dict[str, float]]:
         """`typed_links`, and the similarity to `vector` of the nodes at their other ends."""
-        ...
 
     async def node_context(self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
                            link_type: LinkType, then: More | None = None) -> NodeContext:
@@ -202,11 +195,9 @@ class RecallReads(NodeReads, Protocol):
         `link_type` for those whose type is in `linked`, in one read. `then`, if given, is
         called once with that context and names more nodes and types to read in the same call;
         it runs where the store reads (SQLite: its worker thread), so it does no I/O."""
-        ...
 
     async def scope(self, repo: str, where: Where) -> Scope:
         """`where` resolved for one recall or search, from the scope index (`Scope`)."""
-        ...
 
     async def inside(self, repo: str, scope: Scope, node_ids: Sequence[str]) -> set[str]:
         ...
@@ -222,7 +213,6 @@ class RecallReads(NodeReads, Protocol):
     ) -> PendingRead[list[tuple[str, float]]]:
         """`search_text`, begun now where the store can (its lexical index's thread) and
         finished by `result`; every word of `query` is read off the event loop."""
-        ...
 
     async def search_vectors(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None,
@@ -241,11 +231,9 @@ class RecallReads(NodeReads, Protocol):
         """Counts one access of each node at `when`, seen by every later call of this store.
         PostgreSQL writes it before returning, skipping locked nodes; SQLite queues it on its
         connection's thread (a write refused after a 0.1 s wait is logged, never raised)."""
-        ...
 
     async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
         """The unit vector of each of these nodes that has one."""
-        ...
 
 class GraphWrites(NodeReads, Protocol):
     """Commits and erasures (`mnemo.graph.commit`, `mnemo.graph.erasure`, ingest), and the
@@ -263,7 +251,6 @@ class GraphWrites(NodeReads, Protocol):
 
     async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
         """(payload hash, node ids of its commit) of an ingested source, None if unknown."""
-        ...
 
     async def withdraw(
         self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
@@ -275,7 +262,6 @@ class GraphWrites(NodeReads, Protocol):
         the commit `key` and records its revert. Returns how many nodes went. On any error
         (EmbeddingError from `embed`; VectorsMoved when the repo's vectors are not of
         `generation`; what `reverting.refused` raises) nothing was deleted."""
-        ...
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int: ...
 
@@ -284,7 +270,6 @@ class GraphWrites(NodeReads, Protocol):
     ) -> list[CommitRecord]:
         """The repo's commits, newest first: the `limit` newest (None: all), or those after
         `after_seq`."""
-        ...
 
     async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None: ...
 
@@ -293,26 +278,21 @@ class GraphMaintenance(NodeReads, Protocol):
 
     async def unconsolidated(self, repo: str) -> set[str]:
         """The SEMANTIC nodes not yet compared by `consolidate`."""
-        ...
 
     async def merge_duplicates(
         self, repo: str, pairs: list[tuple[str, str]], examined: list[str]
     ) -> ConsolidationReport:
         """Merges each pair's second node into its survivor, marks `examined`: one transaction."""
-        ...
 
     async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> DecayReport:
         """Deletes the memories valued below `config.decay_threshold` at `now`, then the routing
         and source nodes left with no links, in one transaction."""
-        ...
 
     async def validate(self, repo: str, dim: int) -> ValidationReport:
         """Checks (and repairs) the repo's episodic integrity, in one transaction."""
-        ...
 
     async def vectors_of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
         """The ids and unit vectors (one row each) of every node of one type."""
-        ...
 
 class Reembedding(NodeReads, Protocol):
     """A repo's re-embedding: new vectors staged beside the old ones, then switched at once."""
@@ -320,43 +300,35 @@ class Reembedding(NodeReads, Protocol):
     def reembedding(self, repo: str) -> AbstractAsyncContextManager[None]:
         """The repo's re-embedding, one at a time across processes: entered at once or not at
         all (ConflictError); a process that dies lets it go."""
-        ...
 
     async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
         """Starts the repo's re-embedding with embedder URI `embedder` of `dim` dimensions, or
         carries on with the one under way if it matches (else its staged vectors are dropped)."""
-        ...
 
     async def unstaged(
         self, repo: str, after: int, limit: int, upto: int | None = None
     ) -> list[Unstaged]:
         """Up to `limit` nodes past rowid `after` (to `upto`) with no staged vector, by rowid."""
-        ...
 
     async def last_rowid(self, repo: str) -> int:
         """The highest rowid of the repo's nodes (0 when it has none)."""
-        ...
 
     async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
         """Stages a vector (a row of `vectors`) per node still in the repo: one transaction."""
-        ...
 
     async def unstage_changed(self, repo: str) -> None:
         """Drops the staged vectors of nodes whose text changed since the re-embedding last read
         the node log (all of them when the log no longer reaches back)."""
-        ...
 
     async def switch_vectors(self, repo: str) -> tuple[int, int]:
         """Puts the staged vectors in place, records their embedder, dimension and the next
         generation, and ends the re-embedding, in one transaction (the caller holds
         `lock(repo)`). Returns (the new generation, how many vectors were switched).
         StorageError: no re-embedding under way, or a node without a staged vector."""
-        ...
 
     async def vectors_switched(self, repo: str, dim: int) -> None:
         """Brings the backend's indexes beside the repo's vectors in step with the switched
         `dim`-dimension vectors (after the lock is let go: it may take long)."""
-        ...
 
 class GraphStore(RecallReads, GraphWrites, GraphMaintenance, Reembedding, Protocol):
     """A repo's knowledge graph, every role at once: what a backend implements."""
@@ -366,24 +338,20 @@ class GraphStore(RecallReads, GraphWrites, GraphMaintenance, Reembedding, Protoc
     async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
         """The ids of nodes matching LIKE `like`, not `unlike` (`\\` escapes), sorted, at most
         `limit`."""
-        ...
 
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]: ...
 
     async def links(self, repo: str) -> list[Link]:
         """Every link of the repo, by type, then source, then destination."""
-        ...
 
     async def scope_sources(
         self, repo: str, where: Where, limit: int | None = None
     ) -> list[tuple[str | None, str, str]]:
         """(source id or None, node id, type) of the nodes inside `where`, in the order added
         (the first `limit`; None: all)."""
-        ...
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's indexes built in the background have caught up."""
-        ...
 
     async def aclose(self) -> None: ...
 

@@ -5,7 +5,7 @@ the day finds it. English only, and only expressions with one clear answer ("rec
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import date, timedelta
 
 from mnemo.extraction.dates import MONTHS, WEEKDAYS, whole_dates
@@ -117,12 +117,3 @@ def _day(day: date) -> str:
 
 def _month(year: int, month: int) -> str:
     return f"{MONTHS[month - 1].capitalize()} {year}"
-
-
-Resolver = Callable[[str], str]
-
-
-def resolver(goal: str, metadata: Mapping[str, object] | None) -> Resolver | None:
-    """What resolves the relative dates of a trajectory's steps; None without a known day."""
-    on = reference_date(goal, metadata)
-    return None if on is None else (lambda text: resolve_dates(text, on))

@@ -20,7 +20,7 @@ from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.graph.model import now_utc
 from mnemo.graph.ports import GraphStore, IntentPolicy, SourceForgotten, SourceRecorded, SourceTaken
 from mnemo.graph.scope import Metadata, canonical
-from mnemo.ingest.dates import resolver
+from mnemo.ingest.dates import reference_date, resolve_dates
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
 from mnemo.inputs import check_id, check_json, check_name, check_step, check_text
 from mnemo.ports import LLM, Embedder, Events, JSONObject, deliver
@@ -207,11 +207,12 @@ class IngestService:
                         runtime: IngestRuntime,
                         report: Callable[[str, int], Awaitable[None]]) -> None:
         """Annotates and segments the steps as appends would, one after another."""
-        resolve = resolver(trajectory.goal, trajectory.metadata) \
+        on = reference_date(trajectory.goal, trajectory.metadata) \
             if runtime.config.ingest_resolve_dates else None
         for index, step in enumerate(trajectory.steps):
-            if resolve is not None:
-                step = Step(resolve(step.observation), resolve(step.action), step.metadata)
+            if on is not None:
+                step = Step(resolve_dates(step.observation, on), resolve_dates(step.action, on),
+                            step.metadata)
             # Checked to be JSON (`check_ingest`).
             stored = StepRecord(f"{episode.id}:{index}", index, "", step.observation,
                                 step.action, "", "", NO_VECTOR,

@@ -110,7 +110,7 @@ class Recaller:
             # and runs on its thread while the query is embedded; else it runs beside the dense
             # channel's thread in hop 0.
             on_loop = self.graph.vectors_on_loop(repo)
-            per_channel = _hop_zero_width(config, k)
+            per_channel = max(config.recall_candidates, 2 * k)
             words = (self.graph.start_search_text(repo, parts.terms, per_channel, searched, scope)
                      if on_loop else None)
             found: dict[str, Candidate] = {}
@@ -133,7 +133,8 @@ class Recaller:
 
                 async def zero() -> None:
                     found.update(await self._hop_zero(repo, parts.terms, lexical, query_vector,
-                                                      searched, k, on_loop, scope, meaning))
+                                                      searched, per_channel, on_loop, scope,
+                                                      meaning))
 
                 async def route() -> None:
                     probed = await hops.routes(self.graph, config, repo, query_vector,
@@ -206,14 +207,13 @@ class Recaller:
 
     async def _hop_zero(
         self, repo: str, terms: str, words: PendingRead[list[tuple[str, float]]], vector: Vector,
-        searched: list[NodeType] | None, k: int, on_loop: bool, scope: Scope | None,
+        searched: list[NodeType] | None, width: int, on_loop: bool, scope: Scope | None,
         meaning: dict[str, float],
     ) -> dict[str, Candidate]:
-        """Hop 0's candidates: the words search begun before and the dense channel, fused by
-        reciprocal rank (with pseudo-relevance feedback when on); `meaning` gets the dense
-        channel's cosines."""
+        """Hop 0's candidates, `width` per channel: the words search begun before and the dense
+        channel, fused by reciprocal rank (with pseudo-relevance feedback when on); `meaning`
+        gets the dense channel's cosines."""
         config = self.config
-        width = _hop_zero_width(config, k)
         lexical: list[tuple[str, float]] = []
         dense: list[tuple[str, float]] = []
 
@@ -420,10 +420,6 @@ class Recaller:
         # Quadratic: a long head is ordered in a worker thread.
         order = await cpu.run(diversified, len(by_id), on_loop_below=MMR_ON_LOOP + 1)
         return [by_id[i] for i in order] + scored[n:]
-
-
-def _hop_zero_width(config: Config, k: int) -> int:
-    return max(config.recall_candidates, 2 * k)
 
 
 async def _side_by_side(*calls: Callable[[], Coroutine[object, object, None]]) -> None:

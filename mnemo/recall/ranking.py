@@ -236,9 +236,8 @@ def _recorded(node: Node) -> datetime:
 
 def retired_by(node: Node, as_of: datetime | None) -> bool:
     """Whether `node` is a fact retired at `as_of` (None: now)."""
-    if node.retired_at is None or node.type not in TEMPORAL:
-        return False
-    return as_of is None or node.retired_at <= as_of
+    return (node.retired_at is not None and node.type in TEMPORAL
+            and (as_of is None or node.retired_at <= as_of))
 
 
 def weight(node: Node, when: When) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -79,14 +80,11 @@ def synthesis_request(*, query: str, memories: list[str]) -> LLMRequest:
 
 
 def parse_synthesis(response: LLMResponse) -> str:
-    try:
-        answer = read_reply(response, SynthesisReply, "recall_synthesis").answer.strip()
-    except ValueError:
-        answer = ""
-    if answer:
-        return answer
-    if response.text.strip():
-        return response.text.strip()
+    with suppress(ValueError):
+        if answer := read_reply(response, SynthesisReply, "recall_synthesis").answer.strip():
+            return answer
+    if text := response.text.strip():
+        return text
     raise ValueError("a synthesis needs a non-empty answer")
 
 

@@ -83,7 +83,6 @@ class SessionStore(Protocol):
     async def save_repo(self, row: RepoRow) -> None: ...
     async def load_profile(self, repo: str, model: str) -> str | None:
         """What `model` learned of its server for `repo` (`save_profile`, JSON text), or None."""
-        ...
     async def save_profile(self, repo: str, model: str, profile: str) -> None: ...
     async def create_session(
         self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
@@ -92,7 +91,6 @@ class SessionStore(Protocol):
     ) -> None:
         """Stores a new session collecting `episode`, held by `holder` until `lease_until`,
         its nodes to carry `metadata`."""
-        ...
     async def start_episode(
         self, session_id: str, episode: EpisodeRecord, *, version: int | None = None
     ) -> int: ...
@@ -107,7 +105,6 @@ class SessionStore(Protocol):
     ) -> int:
         """Stores the step (before its annotation) while the session still collects this
         episode; `holder` claims its annotation."""
-        ...
     async def annotate_step(
         self,
         session_id: str,
@@ -120,7 +117,6 @@ class SessionStore(Protocol):
         """Writes a stored step's annotation and the previous step's reward, once, while the
         episode is the session's, and drops `holder`'s claim; returns the session's new
         version, None when the step was annotated already or its episode is gone."""
-        ...
     async def set_state(
         self,
         session_id: str,
@@ -142,17 +138,13 @@ class SessionStore(Protocol):
     ) -> int: ...
     async def end(self, session_id: str, *, version: int | None = None) -> None:
         """Ends the session (given `version`: only while still at it, else `StaleSession`)."""
-        ...
     async def load_live(self) -> list[LiveSession]: ...
     async def version(self, session_id: str) -> int | None:
         """The session's version as stored now (None: unknown or ended). Reads only."""
-        ...
     async def load_one(self, session_id: str) -> LiveSession | None:
         """One live session as `load_live` brings it back (None: unknown or ended)."""
-        ...
     async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
         """Stores a task's validated reply with its open episode (until commit or discard)."""
-        ...
     async def kept_results(self, episode_id: str) -> list[KeptResult]: ...
     async def episodes(self, session_id: str) -> list[EpisodeLog]: ...
     async def episode(self, episode_id: str) -> EpisodeLog | None: ...
@@ -248,34 +240,27 @@ class Coordination(Protocol):
     def now(self) -> datetime:
         """The store's time, as this `Memory` knows it (no round trip): every time compared
         across Memories is stamped and judged with it, never a host's own clock."""
-        ...
 
     async def sync_clock(self) -> None:
         """Measures this host's clock against the store's again (SQLite: nothing to do);
         StorageError leaves `now` on the last measure."""
-        ...
 
     async def register(self, holder: HolderInfo) -> None:
         """Records an open `Memory` (again, after a restart with the same id: replaced)."""
-        ...
 
     async def beat(self, holder_id: str, now: datetime, lease_until: datetime) -> int:
         """The holder is alive at `now`: its `seen_at` moves on, and every lease it holds
         lasts until `lease_until`. Returns how many leases were renewed."""
-        ...
 
     async def retire(self, holder_id: str, now: datetime) -> None:
         """The holder closes: its record, leases and step claims end at `now`, so another
         `Memory` may take its work over at once."""
-        ...
 
     async def holders(self) -> list[HolderInfo]:
         """Every recorded holder, oldest first."""
-        ...
 
     async def lease(self, session_id: str) -> SessionLease | None:
         """The session's row (None for an unknown session)."""
-        ...
 
     async def claim(
         self,
@@ -290,7 +275,6 @@ class Coordination(Protocol):
         """Compare-and-set: when the session's version is still `version`, it becomes
         `version + 1`, held by `holder_id` until `lease_until` (None, None: nobody), in `state`
         and recording `model` when given. Returns the new version, or None (nothing written)."""
-        ...
 
     async def takeable(
         self, now: datetime, unseen_since: datetime, gone: Sequence[str] = ()
@@ -298,7 +282,6 @@ class Coordination(Protocol):
         """The live sessions whose background work nobody holds any more (extracting, or in
         auto-commit with timers): a lease ended before `now`, or a holder gone (in `gone`, or
         unseen since `unseen_since`). Oldest first. Reads only."""
-        ...
 
     async def claim_steps(
         self, session_id: str, step_ids: Sequence[str], holder_id: str, *,
@@ -307,41 +290,33 @@ class Coordination(Protocol):
         """Claims for `holder_id` the uncommitted steps among `step_ids` that no other live
         holder claims; returns those it holds now (also those held before). A step's commit
         and the session's end drop its claim."""
-        ...
 
     async def release_steps(
         self, session_id: str, holder_id: str, step_ids: Sequence[str]
     ) -> None:
         """Drops `holder_id`'s claims on the session's `step_ids`."""
-        ...
 
     async def unannotated(
         self, unseen_since: datetime, gone: Sequence[str] = ()
     ) -> list[str]:
         """The collecting sessions with a step of their open episode unannotated and not
         claimed by a live holder: work to take over. Reads only."""
-        ...
 
     async def queue_op(self, op: StoredOp) -> None:
         """Stores an async operation accepted while another Memory holds the session's work."""
-        ...
 
     async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
         """Takes the session's stored operations nobody took yet, once each, in order."""
-        ...
 
     async def finish_op(self, op_id: str, result: StoredResult) -> None:
         """Records a taken operation's result for the Memory that accepted it (forgotten if
         that Memory closed)."""
-        ...
 
     async def orphan_ops(self, op_ids: Sequence[str]) -> None:
         """The accepting Memory closes: these operations are forgotten (once done)."""
-        ...
 
     async def op_results(self, op_ids: Sequence[str]) -> dict[str, StoredResult]:
         """The results recorded so far of these operations."""
-        ...
 
     async def abandon_ops(
         self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = (), *,
@@ -349,32 +324,26 @@ class Coordination(Protocol):
     ) -> list[str]:
         """Forgets those of these operations another holder than `me` took and left without
         a result (it is gone, as `takeable` judges), so a late result goes nowhere; returns ids."""
-        ...
 
     async def forget_orphans(
         self, unseen_since: datetime, gone: Sequence[str] = (), *, me: str | None = None
     ) -> int:
         """Forgets the operations nobody waits for that a gone holder took and left without a
         result (as `abandon_ops` judges); returns how many."""
-        ...
 
     async def still_taken(self, op_id: str, holder_id: str) -> bool:
         """Whether the operation is still taken by `holder_id` (False once `abandon_ops`
         answered it). Reads only."""
-        ...
 
     async def drop_ops(self, op_ids: Sequence[str]) -> None:
         """Forgets operations whose results were delivered."""
-        ...
 
     async def end_idle(self, limit: int) -> IdleSweep:
         """Ends at most `limit` sessions idle past their `idle_session_timeout`, most overdue
         first, as `SessionStore.end` does; one that moved meanwhile is left alone."""
-        ...
 
     async def change_token(self) -> int:
         """A number that changes when another connection changed the store (a cheap poll)."""
-        ...
 
 
 class StepsCommittedElsewhere(Exception):

@@ -170,8 +170,8 @@ async def sessions(
     idle = len(found) - len(live)
     hidden = f", {idle} idle not shown: --all" if idle else ""
     # An id is shown short, never cut: `mnemo session ...` takes any unique prefix.
-    ids = short_ids([s.id for s in live], kind=False)
-    holders = short_ids({s.holder for s in live if s.holder}, kind=False)
+    ids = short_ids([s.id for s in live])
+    holders = short_ids({s.holder for s in live if s.holder})
     emit(as_json, [session_json(s) for s in live], table(
         f"{title} ({len(live)}{hidden})",
         ("session!", "repo~", "state!", "goal", "steps>!", "holder!", "lease until!"),
@@ -244,7 +244,7 @@ async def search(
     async with open_memory(settings) as mem:
         hits = await mem.search_messages(query, thread_id=thread, limit=limit, where=scope)
     # The message id shown short, whole: `mnemo view` takes any unique prefix.
-    ids = short_ids([h.message_id for h in hits], kind=False)
+    ids = short_ids([h.message_id for h in hits])
     emit(as_json, [hit_json(h) for h in hits], table(
         f"Messages matching: {escape(query)}",
         ("rank~", "thread~", "seq~", "role~", "snippet~", "message~!"),

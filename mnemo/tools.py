@@ -13,7 +13,7 @@ from msgspec import Meta
 
 from mnemo.conversation.eviction import EvictionTools
 from mnemo.conversation.model import Message
-from mnemo.conversation.prompts import EVICTION_ARGUMENTS, EVICTION_TOOL_SPECS
+from mnemo.conversation.prompts import EVICTION_ARGUMENTS, EVICTION_TOOL_SPECS, ToolDict
 from mnemo.conversation.render import ZONE_MESSAGE_CHARS
 from mnemo.conversation.search import render_hits
 from mnemo.errors import InvalidInputError, NotFoundError
@@ -54,26 +54,6 @@ def page(text: str, offset: int, size: int = PAGE_CHARS) -> Page:
     start = min(max(offset, 0), len(text))
     end = min(start + size, len(text))
     return Page(text[start:end], start, len(text), end if end < len(text) else None)
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """A tool: its name, what it does, and its JSON-schema parameters."""
-
-    name: str
-    description: str
-    parameters: JSONObject
-
-    def openai(self) -> JSONObject:
-        """The tool in OpenAI's chat-completions format."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name, "description": self.description, "parameters": self.parameters}}
-
-    def anthropic(self) -> JSONObject:
-        """The tool in Anthropic's messages format."""
-        return {"name": self.name, "description": self.description, "input_schema": self.parameters}
 
 
 # Each tool's arguments, read leniently (`strict=False`: "5" and 5.0 are 5): a struct whose
@@ -122,7 +102,7 @@ def described(doc: str) -> str:
     return doc.replace("PAGE_CHARS", f"{PAGE_CHARS:,}")
 
 
-def _spec(name: str, kind: type[msgspec.Struct]) -> ToolSpec:
+def _spec(name: str, kind: type[msgspec.Struct]) -> ToolDict:
     (_,), defs = msgspec.json.schema_components([kind])
     schema = {k: v for k, v in defs[kind.__name__].items() if k not in ("title", "description")}
     # An optional argument is stated as its plain type (some providers refuse `anyOf` with
@@ -131,21 +111,21 @@ def _spec(name: str, kind: type[msgspec.Struct]) -> ToolSpec:
         key: next(o for o in prop["anyOf"] if o != {"type": "null"})
         if {"type": "null"} in prop.get("anyOf", ()) else prop
         for key, prop in schema["properties"].items()}
-    return ToolSpec(name, described(" ".join((kind.__doc__ or "").split())),
-                    {**schema, "additionalProperties": False})
+    return {"name": name, "description": described(" ".join((kind.__doc__ or "").split())),
+            "parameters": {**schema, "additionalProperties": False}}
 
 
 _ARGUMENTS: dict[str, type[msgspec.Struct]] = {
     "search_messages": _Search, "view_messages": _View, "recall": _Recall, "get_node": _Node}
-TOOLS: dict[str, ToolSpec] = {
+# Each tool's name, description and JSON-schema parameters.
+TOOLS: dict[str, ToolDict] = {
     **{name: _spec(name, kind) for name, kind in _ARGUMENTS.items()},
-    **{t["name"]: ToolSpec(t["name"], t["description"], t["parameters"])
-       for t in EVICTION_TOOL_SPECS}}
+    **{t["name"]: t for t in EVICTION_TOOL_SPECS}}
 MEMORY_TOOLS = tuple(_ARGUMENTS)
 EVICTION_TOOL_NAMES = tuple(EVICTION_ARGUMENTS)
 
 
-def _specs(names: Iterable[str]) -> list[ToolSpec]:
+def _specs(names: Iterable[str]) -> list[ToolDict]:
     wanted = [names] if isinstance(names, str) else list(names)
     unknown = [n for n in wanted if n not in TOOLS]
     if unknown:
@@ -156,13 +136,16 @@ def _specs(names: Iterable[str]) -> list[ToolSpec]:
 def openai_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[JSONObject]:
     """The named tools (default: the memory tools) in OpenAI's format (InvalidInputError for an
     unknown name)."""
-    return [spec.openai() for spec in _specs(names)]
+    return [{"type": "function", "function": {
+        "name": spec["name"], "description": spec["description"], "parameters": spec["parameters"]}}
+        for spec in _specs(names)]
 
 
 def anthropic_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[JSONObject]:
     """The named tools (default: the memory tools) in Anthropic's format (InvalidInputError for an
     unknown name)."""
-    return [spec.anthropic() for spec in _specs(names)]
+    return [{"name": spec["name"], "description": spec["description"],
+             "input_schema": spec["parameters"]} for spec in _specs(names)]
 
 
 async def execute_tool(mem: Memory, call: ToolCall, **context: object) -> str:

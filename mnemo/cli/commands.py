@@ -196,14 +196,12 @@ async def graph(
     as_json: Json = False,
 ) -> None:
     """Count a repo's nodes and links by type, or export the graph as JSON or GraphML."""
-    fmt = export
-    if fmt is None and out is not None:
-        fmt = {".json": ExportFormat.JSON, ".graphml": ExportFormat.GRAPHML}.get(out.suffix.lower())
-
-    from mnemo.cli import graph as graph_export
-
+    fmt = export if export is not None or out is None else {
+        ".json": ExportFormat.JSON, ".graphml": ExportFormat.GRAPHML}.get(out.suffix.lower())
     if out is not None and fmt is None:
         raise CliError(f"cannot tell the export format of {out}: pass --export json|graphml")
+    from mnemo.cli import graph as graph_export
+
     async with open_memory(settings) as mem:
         await check_repo(mem, repo)
         dumped = await graph_export.dump_graph(mem, repo)

@@ -111,7 +111,7 @@ async def test_execute_eviction_tools(mem: mnemo.Memory) -> None:
     done = await tools.execute_tool(mem, mnemo.ToolCall("everything_ok", {}), eviction=eviction)
     assert done.startswith("ok")
     assert eviction.finished
-    assert eviction.snapshot_text == "The user wants tabs."
+    assert eviction.snapshot_parts == ["The user wants tabs."]
     assert eviction.pins == [(stored[0].id, goal)]
 
 

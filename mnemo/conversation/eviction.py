@@ -125,15 +125,6 @@ NO_SNAPSHOT_DATA = (
 )
 
 
-def fallback_note(start_seq: int, end_seq: int, error: str) -> str:
-    """The snapshot written when the LLM failed: an honest pointer, not a summary."""
-    return (
-        f"Messages {start_seq}-{end_seq} left the context window without a summary (the "
-        f"memory model failed: {error[:200]}). search_messages and view_messages still find "
-        "them word for word."
-    )
-
-
 # The forms of `tool_choice` tried in turn while no snapshot is saved, before asking for it as
 # structured output (`as_data`); any tool once one is saved.
 SNAPSHOT_CHOICES = ("save_snapshot", REQUIRED)
@@ -258,7 +249,11 @@ class Evictor:
             recalled=render_hits(recalled) if recalled else "", max_words=tools.max_words)
         error, usage = await run_loop(llm, tools, ask_round, goals=bool(goals),
                                       time_limit=self.timeout)
-        text = "\n".join(tools.snapshot_parts) or fallback_note(*span, error or "no snapshot")
+        # The LLM failed: an honest pointer, not a summary.
+        text = "\n".join(tools.snapshot_parts) or (
+            f"Messages {span[0]}-{span[1]} left the context window without a summary (the memory "
+            f"model failed: {(error or 'no snapshot')[:200]}). search_messages and view_messages "
+            "still find them word for word.")
         after = zone[-1].seq + 1
         snapshot = await self.store.commit_eviction(
             thread_id, boundary_before=boundary, boundary_after=after, zone=span,

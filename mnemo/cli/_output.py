@@ -32,7 +32,6 @@ def stderr_console() -> Console:
 
 
 def json_text(value: object) -> str:
-    """`value` as indented JSON text with sorted keys, ending in a newline."""
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 

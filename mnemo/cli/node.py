@@ -220,7 +220,6 @@ def report_text(report: NodeReport) -> Group:
 
 
 def _section(title: str, columns: int) -> Table:
-    """A titled table without borders or header, its last column folded."""
     return table(f"\n{escape(title)}", ("~!",) * (columns - 1) + ("~",), box=None,
                  show_header=False, title_style="bold")
 

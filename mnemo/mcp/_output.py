@@ -68,18 +68,15 @@ def node_output(node: Node, offset: int) -> dict[str, object]:
 
 
 def hits_output(hits: Sequence[SearchHit]) -> list[dict[str, object]]:
-    """The hits, each snippet within its share of the budget."""
     limit = _share(len(hits), SNIPPET_CHARS)
     return [{**hit_json(h), "snippet": clip(h.snippet, limit)} for h in hits]
 
 
 def _message(message: Message, limit: int) -> dict[str, object]:
-    """The CLI's JSON shape of a message, its content bounded."""
     return {**message_json(message), **_text(message.content, limit, "content")}
 
 
 def _snapshot(snapshot: Snapshot) -> dict[str, object]:
-    """The CLI's JSON shape of a snapshot, its text bounded."""
     return {**snapshot_json(snapshot), **_text(snapshot.text, MESSAGE_CHARS)}
 
 
@@ -112,6 +109,5 @@ def memory_file_output(file: MemoryFile, limit: int = PAGE_CHARS) -> dict[str, o
 
 
 def memory_files_output(files: Sequence[MemoryFile]) -> list[dict[str, object]]:
-    """Recalled memory files, each content within its share of the budget."""
     limit = _share(len(files), PAGE_CHARS)
     return [memory_file_output(f, limit) for f in files]

@@ -30,9 +30,9 @@ DATA_CHARS = 2_000
 MAX_LISTED = 200
 
 
-def size(value: object) -> int:
-    """The length of `value` as the JSON text a tool returns."""
-    return len(json.dumps(value, sort_keys=True, ensure_ascii=False))
+def dumps(value: object) -> str:
+    """`value` as the JSON text a tool returns."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def _share(n: int, cap: int) -> int:
@@ -91,8 +91,8 @@ def view_output(view: MessageView, offset: int) -> dict[str, object]:
         "snapshots_after": [_snapshot(s) for s in view.snapshots_after], "messages": [],
         "messages_left_out": 0}
     shown = {m.id: _message(m, MESSAGE_CHARS) for m in view.messages}
-    kept = nearest(view.messages, view.target.seq, MAX_OUTPUT_CHARS - size(out) - 100,
-                   lambda m: size(shown[m.id]) + 2)
+    kept = nearest(view.messages, view.target.seq, MAX_OUTPUT_CHARS - len(dumps(out)) - 100,
+                   lambda m: len(dumps(shown[m.id])) + 2)
     out["messages"] = [shown[m.id] for m in kept]
     out["messages_left_out"] = len(view.messages) - len(kept)
     return out

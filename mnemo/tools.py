@@ -117,7 +117,6 @@ def _spec(name: str, kind: type[msgspec.Struct]) -> ToolDict:
 
 _ARGUMENTS: dict[str, type[msgspec.Struct]] = {
     "search_messages": _Search, "view_messages": _View, "recall": _Recall, "get_node": _Node}
-# Each tool's name, description and JSON-schema parameters.
 TOOLS: dict[str, ToolDict] = {
     **{name: _spec(name, kind) for name, kind in _ARGUMENTS.items()},
     **{t["name"]: t for t in EVICTION_TOOL_SPECS}}

@@ -71,7 +71,6 @@ async def demo(
     if holds_memory(db):
         await confirm(f"{db} holds a memory: delete it for good and replay the demo there?",
                       given=force, flag="--force", as_json=as_json)
-    # With --json the show goes quiet and only the summary is printed.
     console = Console(quiet=True) if as_json else stdout_console()
     summary = await run_demo(db, data, console=console)
     if as_json:

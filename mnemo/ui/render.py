@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from mnemo.errors import InvalidInputError, NotFoundError
+from mnemo.jsonable import label
 from mnemo.tools import clip
 from mnemo.ui.drawing import shape
 from mnemo.ui.source import MemorySource
@@ -46,8 +47,7 @@ def short_id(value: str, keep: int = 8, prefix: bool = True) -> str:
 _env = Environment(loader=FileSystemLoader(HERE / "templates"),
                    autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
 _env.globals.update(href=href, shape=shape)
-_env.filters.update(label=lambda value: getattr(value, "value", value), short_id=short_id,
-                    short=clip)
+_env.filters.update(label=label, short_id=short_id, short=clip)
 TEMPLATES = Jinja2Templates(env=_env)
 
 

@@ -5,8 +5,10 @@ message views, and tool outputs cut or reduced to ok/error. Recalled text is wra
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -142,22 +144,15 @@ def _zone_block(
 def _ends(lines: list[str], cap: int, *, newest_only: bool) -> list[str]:
     """The first and last lines that fit in `cap` characters (only the last ones when
     `newest_only`), with a line counting those left out between them."""
-    head: list[str] = []
-    used = 0
-    for line in [] if newest_only else lines:
-        if used + len(line) + 1 > cap // 2:
-            break
-        head.append(line)
-        used += len(line) + 1
-    tail: list[str] = []
-    for line in reversed(lines[len(head):]):
-        if used + len(line) + 1 > cap:
-            break
-        tail.append(line)
-        used += len(line) + 1
-    tail.reverse()
+    head = [] if newest_only else _within(lines, cap // 2)
+    tail = _within(lines[len(head):][::-1], cap - sum(len(line) + 1 for line in head))[::-1]
     left_out = len(lines) - len(head) - len(tail)
     return [*head, f"[{left_out} lines left out here; search_messages finds them]", *tail]
+
+
+def _within(lines: list[str], cap: int) -> list[str]:
+    """The first `lines` that fit in `cap` characters, each with its newline."""
+    return lines[:bisect_right(list(accumulate(len(line) + 1 for line in lines)), cap)]
 
 
 def tool_status(message: Message) -> str:

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import msgspec
@@ -196,14 +198,9 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
 def nearest(messages: Sequence[Message], seq: int, budget: int,
             size: Callable[[Message], int]) -> list[Message]:
     """The messages nearest to `seq` (the target first) that fit in `budget`, in order."""
-    kept: set[int] = set()
-    used = 0
-    for i in sorted(range(len(messages)), key=lambda i: abs(messages[i].seq - seq)):
-        cost = size(messages[i])
-        if kept and used + cost > budget:
-            break
-        kept.add(i)
-        used += cost
+    order = sorted(range(len(messages)), key=lambda i: abs(messages[i].seq - seq))
+    fit = bisect_right(list(accumulate(size(messages[i]) for i in order)), budget)
+    kept = set(order[:max(1, fit)])
     return [m for i, m in enumerate(messages) if i in kept]
 
 

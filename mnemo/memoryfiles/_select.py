@@ -121,13 +121,9 @@ def _newest(conversation: builtins.list[dict[str, str]],
 def _first(files: builtins.list[dict[str, str]], budget: int) -> builtins.list[dict[str, str]]:
     """The first `files` whose names fit in `budget` characters, then as much of their newest
     entries as the rest holds."""
-    names: builtins.list[dict[str, str]] = []
-    for item in files:
-        name = {"topic": item["topic"], "description": item["description"]}
-        if _size(name) > budget:
-            break
-        names.append(name)
-        budget -= _size(name)
+    names = [{"topic": item["topic"], "description": item["description"]} for item in files]
+    names = names[:bisect_right(list(accumulate(map(_size, names))), budget)]
+    budget -= sum(map(_size, names))
     kept: builtins.list[dict[str, str]] = []
     for item, name in zip(files, names, strict=False):
         lines = _format.entries(item.get("content", ""))

@@ -230,20 +230,15 @@ def _cut_part(part: JSONValue, max_chars: int) -> JSONValue:
 def render_view(view: MessageView) -> str:
     """A `MessageView` as text: the snapshots before, the messages (the target marked with
     ">"), the snapshots after."""
-    lines: list[str] = []
-    if view.snapshots_before:
-        lines.append("Snapshots before:")
-        lines.extend(_snapshot_line(s) for s in view.snapshots_before)
+    lines = _snapshots("before", view.snapshots_before)
     lines.append(f"Messages of thread {view.target.thread_id}:")
     for message in view.messages:
         mark = ">" if message.id == view.target.id else " "
         lines.append(f"{mark} message {message.seq} [{message.id}] {message.role}: "
                      f"{flat(message.content)}")
-    if view.snapshots_after:
-        lines.append("Snapshots after:")
-        lines.extend(_snapshot_line(s) for s in view.snapshots_after)
-    return "\n".join(lines)
+    return "\n".join(lines + _snapshots("after", view.snapshots_after))
 
 
-def _snapshot_line(snap: Snapshot) -> str:
-    return f"- messages {snap.start_seq}-{snap.end_seq}: {flat(snap.text, 600)}"
+def _snapshots(where: str, found: Sequence[Snapshot]) -> list[str]:
+    lines = [f"- messages {s.start_seq}-{s.end_seq}: {flat(s.text, 600)}" for s in found]
+    return [f"Snapshots {where}:", *lines] if lines else []

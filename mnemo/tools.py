@@ -207,18 +207,16 @@ def nearest(messages: Sequence[Message], seq: int, budget: int,
 def _render_recall(memories: Sequence[Recalled]) -> str:
     if not memories:
         return "Nothing recalled."
-    lines: list[str] = []
-    size = 0
+    lines = []
     for i, m in enumerate(memories, 1):
         text = " ".join(m.node.text.split())
         more = f" [{len(text)} chars; get_node for all]" if len(text) > SNIPPET_CHARS else ""
-        line = f"{i}. [{m.node.type.value}] {m.node.id}: {clip(text, SNIPPET_CHARS)}{more}"
-        if lines and size + len(line) + 100 > MAX_OUTPUT_CHARS:
-            lines.append(f"({len(memories) - i + 1} more left out: ask for a smaller k)")
-            break
-        lines.append(line)
-        size += len(line) + 1
-    return "\n".join(lines)
+        lines.append(f"{i}. [{m.node.type.value}] {m.node.id}: {clip(text, SNIPPET_CHARS)}{more}")
+    # Each line with its newline, and room for the last line's note.
+    fit = bisect_right(list(accumulate(len(line) + 1 for line in lines)), MAX_OUTPUT_CHARS - 99)
+    shown = lines[:max(1, fit)]
+    left_out = f"\n({len(lines) - len(shown)} more left out: ask for a smaller k)"
+    return "\n".join(shown) + (left_out if len(shown) < len(lines) else "")
 
 
 def _render_node(node: Node, offset: int) -> str:

@@ -35,6 +35,7 @@ from mnemo.cli._output import (
     table,
 )
 from mnemo.cli._settings import Settings
+from mnemo.graph.model import NodeType
 from mnemo.graph.reads import node_types
 from mnemo.graph.scope import parse_where
 from mnemo.jsonable import hit_json, label, recall_json, session_json
@@ -203,7 +204,8 @@ async def graph(
 
     async with open_memory(settings) as mem:
         await check_repo(mem, repo)
-        dumped = await graph_export.dump_graph(mem, repo)
+        dumped = graph_export.GraphDump(
+            repo, await mem.get_nodes_by_type(repo, list(NodeType)), await mem.links(repo))
     counts = dumped.counts()
     if fmt is not None:
         text = (

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import msgspec
@@ -13,7 +15,7 @@ from msgspec import Meta
 
 from mnemo.conversation.eviction import EvictionTools
 from mnemo.conversation.model import Message
-from mnemo.conversation.prompts import EVICTION_ARGUMENTS, EVICTION_TOOL_SPECS
+from mnemo.conversation.prompts import EVICTION_ARGUMENTS, EVICTION_TOOL_SPECS, ToolDict
 from mnemo.conversation.render import ZONE_MESSAGE_CHARS
 from mnemo.conversation.search import render_hits
 from mnemo.errors import InvalidInputError, NotFoundError
@@ -54,26 +56,6 @@ def page(text: str, offset: int, size: int = PAGE_CHARS) -> Page:
     start = min(max(offset, 0), len(text))
     end = min(start + size, len(text))
     return Page(text[start:end], start, len(text), end if end < len(text) else None)
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """A tool: its name, what it does, and its JSON-schema parameters."""
-
-    name: str
-    description: str
-    parameters: JSONObject
-
-    def openai(self) -> JSONObject:
-        """The tool in OpenAI's chat-completions format."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name, "description": self.description, "parameters": self.parameters}}
-
-    def anthropic(self) -> JSONObject:
-        """The tool in Anthropic's messages format."""
-        return {"name": self.name, "description": self.description, "input_schema": self.parameters}
 
 
 # Each tool's arguments, read leniently (`strict=False`: "5" and 5.0 are 5): a struct whose
@@ -122,7 +104,7 @@ def described(doc: str) -> str:
     return doc.replace("PAGE_CHARS", f"{PAGE_CHARS:,}")
 
 
-def _spec(name: str, kind: type[msgspec.Struct]) -> ToolSpec:
+def _spec(name: str, kind: type[msgspec.Struct]) -> ToolDict:
     (_,), defs = msgspec.json.schema_components([kind])
     schema = {k: v for k, v in defs[kind.__name__].items() if k not in ("title", "description")}
     # An optional argument is stated as its plain type (some providers refuse `anyOf` with
@@ -131,21 +113,20 @@ def _spec(name: str, kind: type[msgspec.Struct]) -> ToolSpec:
         key: next(o for o in prop["anyOf"] if o != {"type": "null"})
         if {"type": "null"} in prop.get("anyOf", ()) else prop
         for key, prop in schema["properties"].items()}
-    return ToolSpec(name, described(" ".join((kind.__doc__ or "").split())),
-                    {**schema, "additionalProperties": False})
+    return {"name": name, "description": described(" ".join((kind.__doc__ or "").split())),
+            "parameters": {**schema, "additionalProperties": False}}
 
 
 _ARGUMENTS: dict[str, type[msgspec.Struct]] = {
     "search_messages": _Search, "view_messages": _View, "recall": _Recall, "get_node": _Node}
-TOOLS: dict[str, ToolSpec] = {
+TOOLS: dict[str, ToolDict] = {
     **{name: _spec(name, kind) for name, kind in _ARGUMENTS.items()},
-    **{t["name"]: ToolSpec(t["name"], t["description"], t["parameters"])
-       for t in EVICTION_TOOL_SPECS}}
+    **{t["name"]: t for t in EVICTION_TOOL_SPECS}}
 MEMORY_TOOLS = tuple(_ARGUMENTS)
 EVICTION_TOOL_NAMES = tuple(EVICTION_ARGUMENTS)
 
 
-def _specs(names: Iterable[str]) -> list[ToolSpec]:
+def _specs(names: Iterable[str]) -> list[ToolDict]:
     wanted = [names] if isinstance(names, str) else list(names)
     unknown = [n for n in wanted if n not in TOOLS]
     if unknown:
@@ -156,13 +137,16 @@ def _specs(names: Iterable[str]) -> list[ToolSpec]:
 def openai_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[JSONObject]:
     """The named tools (default: the memory tools) in OpenAI's format (InvalidInputError for an
     unknown name)."""
-    return [spec.openai() for spec in _specs(names)]
+    return [{"type": "function", "function": {
+        "name": spec["name"], "description": spec["description"], "parameters": spec["parameters"]}}
+        for spec in _specs(names)]
 
 
 def anthropic_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[JSONObject]:
     """The named tools (default: the memory tools) in Anthropic's format (InvalidInputError for an
     unknown name)."""
-    return [spec.anthropic() for spec in _specs(names)]
+    return [{"name": spec["name"], "description": spec["description"],
+             "input_schema": spec["parameters"]} for spec in _specs(names)]
 
 
 async def execute_tool(mem: Memory, call: ToolCall, **context: object) -> str:
@@ -214,32 +198,25 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
 def nearest(messages: Sequence[Message], seq: int, budget: int,
             size: Callable[[Message], int]) -> list[Message]:
     """The messages nearest to `seq` (the target first) that fit in `budget`, in order."""
-    kept: set[int] = set()
-    used = 0
-    for i in sorted(range(len(messages)), key=lambda i: abs(messages[i].seq - seq)):
-        cost = size(messages[i])
-        if kept and used + cost > budget:
-            break
-        kept.add(i)
-        used += cost
+    order = sorted(range(len(messages)), key=lambda i: abs(messages[i].seq - seq))
+    fit = bisect_right(list(accumulate(size(messages[i]) for i in order)), budget)
+    kept = set(order[:max(1, fit)])
     return [m for i, m in enumerate(messages) if i in kept]
 
 
 def _render_recall(memories: Sequence[Recalled]) -> str:
     if not memories:
         return "Nothing recalled."
-    lines: list[str] = []
-    size = 0
+    lines = []
     for i, m in enumerate(memories, 1):
         text = " ".join(m.node.text.split())
         more = f" [{len(text)} chars; get_node for all]" if len(text) > SNIPPET_CHARS else ""
-        line = f"{i}. [{m.node.type.value}] {m.node.id}: {clip(text, SNIPPET_CHARS)}{more}"
-        if lines and size + len(line) + 100 > MAX_OUTPUT_CHARS:
-            lines.append(f"({len(memories) - i + 1} more left out: ask for a smaller k)")
-            break
-        lines.append(line)
-        size += len(line) + 1
-    return "\n".join(lines)
+        lines.append(f"{i}. [{m.node.type.value}] {m.node.id}: {clip(text, SNIPPET_CHARS)}{more}")
+    # Each line with its newline, and room for the last line's note.
+    fit = bisect_right(list(accumulate(len(line) + 1 for line in lines)), MAX_OUTPUT_CHARS - 99)
+    shown = lines[:max(1, fit)]
+    left_out = f"\n({len(lines) - len(shown)} more left out: ask for a smaller k)"
+    return "\n".join(shown) + (left_out if len(shown) < len(lines) else "")
 
 
 def _render_node(node: Node, offset: int) -> str:

@@ -12,8 +12,8 @@ MIN_DIGITS = 8
 
 
 def short_ids(shown: Iterable[str], known: Iterable[str] = (), *,
-              kind: bool = True) -> dict[str, str]:
-    """Each shown id as its kind (unless `kind` is False), the shortest unique prefix of its digits
+              kind: bool = False) -> dict[str, str]:
+    """Each shown id as its kind (with `kind`), the shortest unique prefix of its digits
     (at least `MIN_DIGITS`) and its step index."""
     shown = list(shown)
     others = {*shown, *known}
@@ -52,7 +52,7 @@ def resolve_in_repos(given: str, candidates: Mapping[str, Sequence[str]],
     if not found:
         where = f" in repo {repos[0]!r}" if len(repos) == 1 else ""
         raise CliError(f"no {what} {given!r}{where}")
-    short = short_ids([c for _, c in found])
+    short = short_ids([c for _, c in found], kind=True)
     listed = ", ".join(short[c] + (f" ({repo})" if len(repos) > 1 else "")
                        for repo, c in found[:5])
     more = f" and {len(found) - 5} more" if len(found) > 5 else ""

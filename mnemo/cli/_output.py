@@ -32,7 +32,6 @@ def stderr_console() -> Console:
 
 
 def json_text(value: object) -> str:
-    """`value` as indented JSON text with sorted keys, ending in a newline."""
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
@@ -75,7 +74,7 @@ def progress(console: Console, *, disable: bool = False) -> Progress:
 def recall_table(result: RecallResult, query: str) -> Table:
     """A recall's memories, best first: score, short id (`mnemo show` takes it), type, phase,
     hop and text."""
-    ids = short_ids([m.node.id for m in result.memories], kind=False)
+    ids = short_ids([m.node.id for m in result.memories])
     return table(
         f"Recall: {escape(query)}", ("score>", "id!", "type", "phase", "hop>", "text~"),
         [(f"{m.score:.3f}", ids[m.node.id], m.node.type.value, str(m.phase), str(m.hop),

@@ -141,7 +141,6 @@ async def probe_server(uri: str, llm: LLM) -> ServerReport:
     return report
 
 
-
 def planned_concurrency(llm: LLM, served_at_once: int | None) -> int:
     """How many requests mnemo keeps in flight with `llm`: its pinned `concurrency`, else the
     parallel probe's estimate (1 without one), at most its `max_concurrency`."""
@@ -150,7 +149,6 @@ def planned_concurrency(llm: LLM, served_at_once: int | None) -> int:
         return limit.pinned
     estimate = served_at_once or 1
     return min(estimate, limit.ceiling) if isinstance(limit, Limit) else estimate
-
 
 
 async def _modes(uri: str, llm: LLM) -> list[Finding]:

@@ -35,6 +35,7 @@ from mnemo.cli._output import (
     table,
 )
 from mnemo.cli._settings import Settings
+from mnemo.graph.model import NodeType
 from mnemo.graph.reads import node_types
 from mnemo.graph.scope import parse_where
 from mnemo.jsonable import hit_json, label, recall_json, session_json
@@ -71,7 +72,6 @@ async def demo(
     if holds_memory(db):
         await confirm(f"{db} holds a memory: delete it for good and replay the demo there?",
                       given=force, flag="--force", as_json=as_json)
-    # With --json the show goes quiet and only the summary is printed.
     console = Console(quiet=True) if as_json else stdout_console()
     summary = await run_demo(db, data, console=console)
     if as_json:
@@ -170,8 +170,8 @@ async def sessions(
     idle = len(found) - len(live)
     hidden = f", {idle} idle not shown: --all" if idle else ""
     # An id is shown short, never cut: `mnemo session ...` takes any unique prefix.
-    ids = short_ids([s.id for s in live], kind=False)
-    holders = short_ids({s.holder for s in live if s.holder}, kind=False)
+    ids = short_ids([s.id for s in live])
+    holders = short_ids({s.holder for s in live if s.holder})
     emit(as_json, [session_json(s) for s in live], table(
         f"{title} ({len(live)}{hidden})",
         ("session!", "repo~", "state!", "goal", "steps>!", "holder!", "lease until!"),
@@ -196,17 +196,16 @@ async def graph(
     as_json: Json = False,
 ) -> None:
     """Count a repo's nodes and links by type, or export the graph as JSON or GraphML."""
-    fmt = export
-    if fmt is None and out is not None:
-        fmt = {".json": ExportFormat.JSON, ".graphml": ExportFormat.GRAPHML}.get(out.suffix.lower())
-
-    from mnemo.cli import graph as graph_export
-
+    fmt = export if export is not None or out is None else {
+        ".json": ExportFormat.JSON, ".graphml": ExportFormat.GRAPHML}.get(out.suffix.lower())
     if out is not None and fmt is None:
         raise CliError(f"cannot tell the export format of {out}: pass --export json|graphml")
+    from mnemo.cli import graph as graph_export
+
     async with open_memory(settings) as mem:
         await check_repo(mem, repo)
-        dumped = await graph_export.dump_graph(mem, repo)
+        dumped = graph_export.GraphDump(
+            repo, await mem.get_nodes_by_type(repo, list(NodeType)), await mem.links(repo))
     counts = dumped.counts()
     if fmt is not None:
         text = (
@@ -244,7 +243,7 @@ async def search(
     async with open_memory(settings) as mem:
         hits = await mem.search_messages(query, thread_id=thread, limit=limit, where=scope)
     # The message id shown short, whole: `mnemo view` takes any unique prefix.
-    ids = short_ids([h.message_id for h in hits], kind=False)
+    ids = short_ids([h.message_id for h in hits])
     emit(as_json, [hit_json(h) for h in hits], table(
         f"Messages matching: {escape(query)}",
         ("rank~", "thread~", "seq~", "role~", "snippet~", "message~!"),

@@ -10,7 +10,6 @@ from xml.etree import ElementTree as ET
 
 from mnemo.graph.model import Link, LinkType, Node, NodeType
 from mnemo.jsonable import label, link_json, node_json
-from mnemo.memory import Memory
 
 GRAPHML_NS = "http://graphml.graphdrawing.org/xmlns"
 # Characters XML 1.0 cannot carry at all, not even escaped.
@@ -32,11 +31,6 @@ class GraphDump:
         return {
             "nodes": {t.value: nodes[t.value] for t in NodeType},
             "links": {t.value: links[t.value] for t in LinkType}}
-
-
-async def dump_graph(mem: Memory, repo: str) -> GraphDump:
-    nodes = await mem.get_nodes_by_type(repo, list(NodeType))
-    return GraphDump(repo, nodes, await mem.links(repo))
 
 
 def to_json(graph: GraphDump) -> dict[str, object]:

@@ -53,8 +53,8 @@ async def history(
         commits = await mem.history(repo, limit=limit)
         goals = await commit_goals(partial(mem.get_node, repo), commits)
     # Ids shown short and whole (`mnemo diff` and `revert` take any unique prefix).
-    short = short_ids([c.id for c in commits], kind=False)
-    sessions = short_ids({c.session_id for c in commits if c.session_id}, kind=False)
+    short = short_ids([c.id for c in commits])
+    sessions = short_ids({c.session_id for c in commits if c.session_id})
     emit(as_json, [commit_json(c, goals.get(c.id)) for c in commits], table(
         f"Commits of {escape(repo)} ({len(commits)})",
         ("seq>", "commit!", "time!", "from~", "nodes>", "links>", "retired>"),
@@ -125,8 +125,7 @@ def print_diff(repo: str, changed: CommitDiff, goal: str | None, reworded: list[
     record = changed.commit
     ends = {end for link in changed.links for end in (link.src, link.dst)}
     short = short_ids(
-        [*(n.id for n in (*changed.nodes, *changed.retired, *reworded)), *sorted(ends)],
-        kind=False)
+        [*(n.id for n in (*changed.nodes, *changed.retired, *reworded)), *sorted(ends)])
     console = stdout_console()
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")

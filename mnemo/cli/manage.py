@@ -130,7 +130,7 @@ async def view(
                                f"{shorten(snapshot.text, 300)}", style="dim"))
 
     snapshots(shown.snapshots_before)
-    short = short_ids([m.id for m in shown.messages], kind=False)
+    short = short_ids([m.id for m in shown.messages])
     console.print(table(
         f"Thread {escape(shown.target.thread_id)}", ("seq>", "role", "content~", "message!"),
         [(str(m.seq), Text(m.role), Text(shorten(m.content, 200),

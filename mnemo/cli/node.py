@@ -156,13 +156,11 @@ def report_text(report: NodeReport) -> Group:
     short = short_ids(
         [node.id, *(n.id for n in (*report.steps, *report.sources, *report.superseded_by,
                                     *report.supersedes)),
-         *(n.id for nodes in listed.values() for n in nodes)],
-        kind=False)
+         *(n.id for nodes in listed.values() for n in nodes)])
     sessions = short_ids(
         {*(str(s.data["session_id"]) for s in report.sources if s.data.get("session_id")),
-         *(c.session_id for c, _ in report.history if c.session_id)},
-        kind=False)
-    commits = short_ids([c.id for c, _ in report.history], kind=False)
+         *(c.session_id for c, _ in report.history if c.session_id)})
+    commits = short_ids([c.id for c, _ in report.history])
     fields = Table.grid(padding=(0, 2))
     fields.add_column(style="bold", no_wrap=True)
     fields.add_column(overflow="fold")
@@ -222,7 +220,6 @@ def report_text(report: NodeReport) -> Group:
 
 
 def _section(title: str, columns: int) -> Table:
-    """A titled table without borders or header, its last column folded."""
     return table(f"\n{escape(title)}", ("~!",) * (columns - 1) + ("~",), box=None,
                  show_header=False, title_style="bold")
 

@@ -107,10 +107,6 @@ class EvictionTools:
         pinned = f"pinned {len(messages)} message(s) to {len(goals)} goal(s)"
         return f"ok: {pinned}" + (f"; ignored {'; '.join(problems)}" if problems else "")
 
-    @property
-    def snapshot_text(self) -> str:
-        return "\n".join(self.snapshot_parts)
-
 
 def _message_ref(raw: int | str, by_seq: dict[int, str]) -> str | None:
     """A message id from what the model wrote: a seq (int or digits, "message 12") or an id."""
@@ -129,26 +125,9 @@ NO_SNAPSHOT_DATA = (
 )
 
 
-def fallback_note(start_seq: int, end_seq: int, error: str) -> str:
-    """The snapshot written when the LLM failed: an honest pointer, not a summary."""
-    return (
-        f"Messages {start_seq}-{end_seq} left the context window without a summary (the "
-        f"memory model failed: {error[:200]}). search_messages and view_messages still find "
-        "them word for word."
-    )
-
-
 # The forms of `tool_choice` tried in turn while no snapshot is saved, before asking for it as
-# structured output (`as_data`).
+# structured output (`as_data`); any tool once one is saved.
 SNAPSHOT_CHOICES = ("save_snapshot", REQUIRED)
-
-
-def tool_choice(tools: EvictionTools, silent: int) -> str | None:
-    """What the next round's reply must call: `save_snapshot`, then any tool, until a snapshot
-    is saved (None: ask for it as data); any tool after."""
-    if tools.snapshot_parts:
-        return REQUIRED
-    return SNAPSHOT_CHOICES[silent] if silent < len(SNAPSHOT_CHOICES) else None
 
 
 def snapshot_calls(response: LLMResponse) -> list[ToolCall]:
@@ -175,7 +154,8 @@ async def run_loop(
             for _ in range(MAX_ROUNDS):
                 if tools.snapshot_parts and not goals:
                     break  # saved, and no goal to pin a message to: nothing is left to do
-                choice = tool_choice(tools, silent)
+                choice = REQUIRED if tools.snapshot_parts else (
+                    SNAPSHOT_CHOICES[silent] if silent < len(SNAPSHOT_CHOICES) else None)
                 request = ask_round(done=tools.done[-MAX_DONE:], tool_choice=choice,
                                     as_data=choice is None)
                 try:
@@ -269,7 +249,11 @@ class Evictor:
             recalled=render_hits(recalled) if recalled else "", max_words=tools.max_words)
         error, usage = await run_loop(llm, tools, ask_round, goals=bool(goals),
                                       time_limit=self.timeout)
-        text = tools.snapshot_text or fallback_note(*span, error or "no snapshot")
+        # The LLM failed: an honest pointer, not a summary.
+        text = "\n".join(tools.snapshot_parts) or (
+            f"Messages {span[0]}-{span[1]} left the context window without a summary (the memory "
+            f"model failed: {(error or 'no snapshot')[:200]}). search_messages and view_messages "
+            "still find them word for word.")
         after = zone[-1].seq + 1
         snapshot = await self.store.commit_eviction(
             thread_id, boundary_before=boundary, boundary_after=after, zone=span,

@@ -10,12 +10,8 @@ from datetime import datetime
 from mnemo.conversation.render import memory_block, render_view
 from mnemo.errors import ConflictError, InvalidInputError
 from mnemo.graph.scope import Metadata
+from mnemo.inputs import check_count
 from mnemo.ports import JSONObject, ToolCall, Usage
-
-
-def _positive(owner: str, name: str, value: object, *, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidInputError(f"{owner}.{name} must be an integer >= {minimum}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +21,7 @@ class _Retrieval:
     k: int = 10
 
     def __post_init__(self) -> None:
-        _positive(type(self).__name__, "k", self.k)
+        check_count(f"{type(self).__name__}.k", self.k, minimum=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +46,8 @@ class Summary:
     keep: int = 5
 
     def __post_init__(self) -> None:
-        _positive("Summary", "max_tokens", self.max_tokens)
-        _positive("Summary", "keep", self.keep, minimum=0)
+        check_count("Summary.max_tokens", self.max_tokens, minimum=1)
+        check_count("Summary.keep", self.keep)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +58,7 @@ class ToolOutputPruner:
     max_chars: int = 4000
 
     def __post_init__(self) -> None:
-        _positive("ToolOutputPruner", "max_chars", self.max_chars)
+        check_count("ToolOutputPruner.max_chars", self.max_chars, minimum=1)
 
 
 Retrieval = Recent | Semantic

@@ -99,11 +99,9 @@ class ThreadStore(Protocol):
 
     async def state(self, thread_id: str) -> ThreadState | None:
         """The thread's counters, None for a thread never saved (or purged)."""
-        ...
 
     async def threads(self) -> list[ThreadInfo]:
         """Every stored thread (not purged), oldest first, with its number of messages."""
-        ...
 
     async def append(
         self,
@@ -118,42 +116,34 @@ class ThreadStore(Protocol):
         """Appends `drafts` (with their vectors) after the stored history, chaining their keys
         onto its hash; ConflictError, writing nothing, when the stored length is not
         `expected_len` or its hash neither `expected_hash` nor unknown."""
-        ...
 
     async def first_difference(
         self, thread_id: str, from_seq: int, keys: Sequence[bytes]
     ) -> int | None:
         """The seq of the first stored message from `from_seq` on whose key differs from
         `keys`; None when all match."""
-        ...
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
         """Erases the messages recorded before `cutoff` and what only covered them; returns
         how many messages went."""
-        ...
 
     async def pop(self, thread_id: str) -> Message | None:
         """Erases the newest message and the compactions holding it; returns it (None if none).
         The seq counter and history length are untouched."""
-        ...
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
         """The thread's compaction records, by start."""
-        ...
 
     async def raw(self, thread_id: str) -> list[Message]:
         """Every stored message of the thread, by seq."""
-        ...
 
     async def uncompacted(self, thread_id: str) -> tuple[list[Compaction], list[Message]]:
         """The compactions and every message none of them covers, by seq, read together."""
-        ...
 
     async def recent_turns(
         self, thread_id: str, k: int
     ) -> tuple[list[Compaction], list[Message]]:
         """The compactions and uncompacted messages of the last `k` turns, by seq."""
-        ...
 
     async def add_compaction(
         self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime,
@@ -163,47 +153,37 @@ class ThreadStore(Protocol):
         the records inside (`replaces`, when given, names those the writer saw). NotFoundError:
         a thread never saved; InvalidInputError: a range past the last seq or partly
         overlapping a compaction; ConflictError: the records inside are not `replaces`."""
-        ...
 
     async def vectors(self, thread_id: str) -> dict[str, Vector]:
         """The stored vector of each message of the thread that has one, by message id."""
-        ...
 
     async def save_vectors(self, thread_id: str, rows: Sequence[tuple[str, Vector]]) -> None:
         """Stores (or replaces) vectors of existing messages (SQLite: StorageError("busy")
         after a tenth of a second's wait)."""
-        ...
 
     async def clear(self, thread_id: str) -> None:
         """Deletes the thread's messages, vectors, compactions, snapshots, goals and pins, and
         starts a new history; the seq counter goes on (no seq is reused)."""
-        ...
 
     async def purge(self, thread_id: str) -> int:
         """Erases the thread without a trace (its counter too); returns how many messages went."""
-        ...
 
     async def add_goal(self, thread_id: str, description: str, now: datetime) -> str:
         """Adds an open goal to the thread; returns its id ("goal_<hex>")."""
-        ...
 
     async def complete_goal(self, goal_id: str, now: datetime) -> int:
         """Marks the goal completed and releases its pins; returns how many went (NotFoundError for
         no such goal)."""
-        ...
 
     async def open_goals(self, thread_id: str) -> list[Goal]:
         """The thread's open goals, oldest first."""
-        ...
 
     async def viewport_inputs(self, thread_id: str, token_limit: int) -> ViewportInputs:
         """What the viewport is laid out from, `newest` bounded by `token_limit`; an unknown
         thread gives empty inputs."""
-        ...
 
     async def eviction_inputs(self, thread_id: str) -> EvictionInputs:
         """What an eviction of the thread starts from (NotFoundError when never saved)."""
-        ...
 
     async def commit_eviction(
         self,
@@ -218,22 +198,18 @@ class ThreadStore(Protocol):
     ) -> Snapshot | None:
         """Writes the level-1 snapshot of `zone` and the pins and moves the boundary, in one
         transaction; raises ConflictError, writing nothing, when the boundary moved meanwhile."""
-        ...
 
     async def uncovered_snapshots(self, thread_id: str) -> list[Snapshot]:
         """The thread's level-1 snapshots no level-2 one covers, oldest first."""
-        ...
 
     async def commit_fold(
         self, thread_id: str, covered: Sequence[Snapshot], text: str, now: datetime
     ) -> Snapshot | None:
         """Writes the level-2 snapshot over `covered` and marks them, unless one was covered or
         deleted meanwhile (then nothing, None)."""
-        ...
 
     async def snapshots(self, thread_id: str) -> list[Snapshot]:
         """Every snapshot of the thread, covered ones included, by level then start."""
-        ...
 
     async def search(
         self,
@@ -249,13 +225,10 @@ class ThreadStore(Protocol):
         """The best `limit` messages matching any of `words` (`search.rank_by_recency`), within
         `thread_id` and `where`, without what `exclude_viewport_of`'s viewport shows; each with
         a snippet."""
-        ...
 
     async def message_ids(self, prefix: str, limit: int) -> list[str]:
         """The ids of stored messages that start with `prefix`, sorted, at most `limit`."""
-        ...
 
     async def view(self, message_id: str, radius: int) -> MessageView:
         """The message, `radius` messages on each side, and the nearest level-1 snapshots
         (NotFoundError for no such message)."""
-        ...

@@ -90,7 +90,6 @@ def fold_request(*, snapshots: list[JSONObject], max_words: int) -> LLMRequest:
     )
 
 
-
 class ToolDict(TypedDict):
     name: str
     description: str

@@ -5,8 +5,10 @@ message views, and tool outputs cut or reduced to ok/error. Recalled text is wra
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -142,22 +144,15 @@ def _zone_block(
 def _ends(lines: list[str], cap: int, *, newest_only: bool) -> list[str]:
     """The first and last lines that fit in `cap` characters (only the last ones when
     `newest_only`), with a line counting those left out between them."""
-    head: list[str] = []
-    used = 0
-    for line in [] if newest_only else lines:
-        if used + len(line) + 1 > cap // 2:
-            break
-        head.append(line)
-        used += len(line) + 1
-    tail: list[str] = []
-    for line in reversed(lines[len(head):]):
-        if used + len(line) + 1 > cap:
-            break
-        tail.append(line)
-        used += len(line) + 1
-    tail.reverse()
+    head = [] if newest_only else _within(lines, cap // 2)
+    tail = _within(lines[len(head):][::-1], cap - sum(len(line) + 1 for line in head))[::-1]
     left_out = len(lines) - len(head) - len(tail)
     return [*head, f"[{left_out} lines left out here; search_messages finds them]", *tail]
+
+
+def _within(lines: list[str], cap: int) -> list[str]:
+    """The first `lines` that fit in `cap` characters, each with its newline."""
+    return lines[:bisect_right(list(accumulate(len(line) + 1 for line in lines)), cap)]
 
 
 def tool_status(message: Message) -> str:
@@ -235,20 +230,15 @@ def _cut_part(part: JSONValue, max_chars: int) -> JSONValue:
 def render_view(view: MessageView) -> str:
     """A `MessageView` as text: the snapshots before, the messages (the target marked with
     ">"), the snapshots after."""
-    lines: list[str] = []
-    if view.snapshots_before:
-        lines.append("Snapshots before:")
-        lines.extend(_snapshot_line(s) for s in view.snapshots_before)
+    lines = _snapshots("before", view.snapshots_before)
     lines.append(f"Messages of thread {view.target.thread_id}:")
     for message in view.messages:
         mark = ">" if message.id == view.target.id else " "
         lines.append(f"{mark} message {message.seq} [{message.id}] {message.role}: "
                      f"{flat(message.content)}")
-    if view.snapshots_after:
-        lines.append("Snapshots after:")
-        lines.extend(_snapshot_line(s) for s in view.snapshots_after)
-    return "\n".join(lines)
+    return "\n".join(lines + _snapshots("after", view.snapshots_after))
 
 
-def _snapshot_line(snap: Snapshot) -> str:
-    return f"- messages {snap.start_seq}-{snap.end_seq}: {flat(snap.text, 600)}"
+def _snapshots(where: str, found: Sequence[Snapshot]) -> list[str]:
+    lines = [f"- messages {s.start_seq}-{s.end_seq}: {flat(s.text, 600)}" for s in found]
+    return [f"Snapshots {where}:", *lines] if lines else []

@@ -23,7 +23,6 @@ def result_ids(message: Message) -> set[str]:
 
 
 def _ids(items: Iterable[object], field: str) -> set[str]:
-    """The string `field` of each dict among `items`."""
     return {item[field] for item in items
             if isinstance(item, dict) and isinstance(item.get(field), str)}
 

@@ -7,8 +7,10 @@ what is left, up to `RECALL_SHARE`."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from itertools import accumulate
 from typing import TypeVar
 
 from mnemo.conversation.model import Message, SearchHit, Snapshot, Viewport
@@ -146,12 +148,8 @@ def context_zones(
 
 def _leading(messages: Iterable[Message], target: float) -> int:
     """How many of `messages`, from the first, fit in `target` tokens; at least one."""
-    count = used = 0
-    for message in messages:
-        if count and used + message.tokens > target:
-            break
-        count, used = count + 1, used + message.tokens
-    return count
+    sizes = list(accumulate(message.tokens for message in messages))
+    return max(1, bisect_right(sizes, target)) if sizes else 0
 
 
 def snapshot_words(token_budget: int, level: int) -> int:

@@ -30,9 +30,9 @@ DATA_CHARS = 2_000
 MAX_LISTED = 200
 
 
-def size(value: object) -> int:
-    """The length of `value` as the JSON text a tool returns."""
-    return len(json.dumps(value, sort_keys=True, ensure_ascii=False))
+def dumps(value: object) -> str:
+    """`value` as the JSON text a tool returns."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def _share(n: int, cap: int) -> int:
@@ -68,18 +68,15 @@ def node_output(node: Node, offset: int) -> dict[str, object]:
 
 
 def hits_output(hits: Sequence[SearchHit]) -> list[dict[str, object]]:
-    """The hits, each snippet within its share of the budget."""
     limit = _share(len(hits), SNIPPET_CHARS)
     return [{**hit_json(h), "snippet": clip(h.snippet, limit)} for h in hits]
 
 
 def _message(message: Message, limit: int) -> dict[str, object]:
-    """The CLI's JSON shape of a message, its content bounded."""
     return {**message_json(message), **_text(message.content, limit, "content")}
 
 
 def _snapshot(snapshot: Snapshot) -> dict[str, object]:
-    """The CLI's JSON shape of a snapshot, its text bounded."""
     return {**snapshot_json(snapshot), **_text(snapshot.text, MESSAGE_CHARS)}
 
 
@@ -94,8 +91,8 @@ def view_output(view: MessageView, offset: int) -> dict[str, object]:
         "snapshots_after": [_snapshot(s) for s in view.snapshots_after], "messages": [],
         "messages_left_out": 0}
     shown = {m.id: _message(m, MESSAGE_CHARS) for m in view.messages}
-    kept = nearest(view.messages, view.target.seq, MAX_OUTPUT_CHARS - size(out) - 100,
-                   lambda m: size(shown[m.id]) + 2)
+    kept = nearest(view.messages, view.target.seq, MAX_OUTPUT_CHARS - len(dumps(out)) - 100,
+                   lambda m: len(dumps(shown[m.id])) + 2)
     out["messages"] = [shown[m.id] for m in kept]
     out["messages_left_out"] = len(view.messages) - len(kept)
     return out
@@ -112,6 +109,5 @@ def memory_file_output(file: MemoryFile, limit: int = PAGE_CHARS) -> dict[str, o
 
 
 def memory_files_output(files: Sequence[MemoryFile]) -> list[dict[str, object]]:
-    """Recalled memory files, each content within its share of the budget."""
     limit = _share(len(files), PAGE_CHARS)
     return [memory_file_output(f, limit) for f in files]

@@ -5,7 +5,6 @@ Memory files live under one root, and a tool's `directory` must lie inside it.""
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import KW_ONLY, dataclass, field
@@ -19,6 +18,7 @@ from mnemo.config import Config
 from mnemo.errors import InvalidInputError, MnemoError, NotFoundError
 from mnemo.jsonable import label, session_json, step_json
 from mnemo.mcp import _output
+from mnemo.mcp._output import dumps
 from mnemo.memory import Memory
 from mnemo.memoryfiles import MemoryFiles
 from mnemo.ports import LLM, Embedder
@@ -53,10 +53,6 @@ Offset = Annotated[int, Field(description="Where to start (next_offset).", ge=0)
 PAGE_ITEMS = 50
 
 
-def _dumps(value: object) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
-
-
 @dataclass(eq=False)
 class MemoryTools:
     """The server's tools over `mem`; the session tools go to `worker()` (None: `mem`). `reinforce`:
@@ -86,7 +82,7 @@ class MemoryTools:
         await self._check(repo)
         found = await self.mem.recall(repo, query, k=k, reinforce=self.reinforce,
                                        where=where)
-        return _dumps(_output.recall_output(found))
+        return dumps(_output.recall_output(found))
 
     async def get_node(
         self,
@@ -103,7 +99,7 @@ class MemoryTools:
         node = await self.mem.get_node(repo, node_id)
         if node is None:
             raise NotFoundError("node", clip(node_id, 100))
-        return _dumps(_output.node_output(node, offset))
+        return dumps(_output.node_output(node, offset))
 
     async def forget(
         self,
@@ -130,7 +126,7 @@ class MemoryTools:
             count = await self.mem.forget(repo, source_id)
         else:
             count = await self.mem.delete_nodes(repo, node_ids or [])
-        return _dumps({"forgotten": count})
+        return dumps({"forgotten": count})
 
     async def correct(
         self,
@@ -145,7 +141,7 @@ class MemoryTools:
         or procedural, not retired)."""
         await self._check(repo)
         receipt = await self.mem.correct(repo, node_id, text)
-        return _dumps({"node_id": receipt.node_ids[0], "commit_id": receipt.changeset_id})
+        return dumps({"node_id": receipt.node_ids[0], "commit_id": receipt.changeset_id})
 
     async def _working(self) -> Memory:
         return self.mem if self.worker is None else await self.worker()
@@ -169,7 +165,7 @@ class MemoryTools:
         first: each hit has its message_id (for `view_messages`), thread, seq and a snippet."""
         hits = await self.mem.search_messages(query, thread_id=thread_id, limit=limit,
                                                where=where)
-        return _dumps(_output.hits_output(hits))
+        return dumps(_output.hits_output(hits))
 
     async def view_messages(
         self,
@@ -186,7 +182,7 @@ class MemoryTools:
         to a snippet (`messages_left_out` counts the others). Errors: an unknown message
         id."""
         view = await self.mem.view_messages(message_id, radius=radius)
-        return _dumps(_output.view_output(view, offset))
+        return dumps(_output.view_output(view, offset))
 
     async def save_messages(
         self,
@@ -219,13 +215,13 @@ class MemoryTools:
 
     async def _stored(self, thread_id: str, added: Sequence[object]) -> str:
         total = len(await self.mem.conversation().raw(thread_id))
-        return _dumps({"thread_id": thread_id, "added": len(added), "messages": total})
+        return dumps({"thread_id": thread_id, "added": len(added), "messages": total})
 
     async def list_repos(self, offset: Offset = 0) -> str:
         """The repos (knowledge graphs) in this memory, oldest first, a page at a time
         (`next_offset` reads on; null on the last page)."""
         names = await self.mem.list_repos()
-        return _dumps(_page([clip(n, SNIPPET_CHARS) for n in names], offset, "repos"))
+        return dumps(_page([clip(n, SNIPPET_CHARS) for n in names], offset, "repos"))
 
     async def list_sessions(
         self,
@@ -238,7 +234,7 @@ class MemoryTools:
         rows = [
             {**session_json(s), "goal": None if s.goal is None else clip(s.goal, SNIPPET_CHARS)}
             for s in live]
-        return _dumps(_page(rows, offset, "sessions"))
+        return dumps(_page(rows, offset, "sessions"))
 
     async def discard_session(self, session_id: SessionId) -> str:
         """Drops a session's ready changeset or failed extraction (then `end_session`, or
@@ -246,12 +242,12 @@ class MemoryTools:
         mem = await self._working()
         await mem.discard(session_id)
         state = await mem.session_state(session_id)
-        return _dumps({"session_id": session_id, "state": label(state)})
+        return dumps({"session_id": session_id, "state": label(state)})
 
     async def end_session(self, session_id: SessionId) -> str:
         """Ends a session for good (what it committed stays); its id is then unknown."""
         await (await self._working()).end_session(session_id)
-        return _dumps({"session_id": session_id, "ended": True})
+        return dumps({"session_id": session_id, "ended": True})
 
     async def start_session(
         self,
@@ -267,7 +263,7 @@ class MemoryTools:
         if repo not in await mem.list_repos():
             await mem.open_repo(repo)
         session_id = await mem.start_session(goal, repo=repo, metadata=metadata)
-        return _dumps({"session_id": session_id, "repo": repo})
+        return dumps({"session_id": session_id, "repo": repo})
 
     async def append(
         self,
@@ -278,7 +274,7 @@ class MemoryTools:
         """Records one step of the session (once stored, it survives a restart); returns its
         index, trajectory and whether it began a new trajectory (a change of subgoal)."""
         mem = await self._working()
-        return _dumps(step_json(await mem.append(session_id, observation, action)))
+        return dumps(step_json(await mem.append(session_id, observation, action)))
 
     async def close_and_commit(self, session_id: SessionId) -> str:
         """Ends the session: extracts facts and procedures from its steps, commits them to the
@@ -287,7 +283,7 @@ class MemoryTools:
         receipt = await mem.close_and_commit(session_id)
         # No tool can start a new episode in an idle session, so it is ended.
         await mem.end_session(session_id)
-        return _dumps(
+        return dumps(
             {
                 "session_id": session_id, "node_ids": receipt.node_ids[: _output.MAX_LISTED],
                 "node_count": len(receipt.node_ids)})
@@ -303,7 +299,7 @@ class MemoryTools:
         `condensed`, whether an entry was cut (`entry_truncated`); `skipped` is "disabled"
         when the server's memory updates are off."""
         files = self._files_in(directory)
-        return _dumps(_output.memory_file_output(await files.persist(what, llm=self.llm)))
+        return dumps(_output.memory_file_output(await files.persist(what, llm=self.llm)))
 
     async def recall_memory(
         self,
@@ -315,7 +311,7 @@ class MemoryTools:
         recently used first."""
         files = self._files_in(directory)
         found = await files.recall(query, limit=limit)
-        return _dumps(_output.memory_files_output(found))
+        return dumps(_output.memory_files_output(found))
 
     def _files_in(self, directory: str | None) -> MemoryFiles:
         from mcp.server.mcpserver.exceptions import ToolError

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from mnemo import text as _text
+from mnemo.cpu import dumps
 from mnemo.storage.sql import utc
 
 MAX_TOPIC_CHARS = 80
@@ -71,7 +72,7 @@ def render(*, topic: str, description: str, updated: datetime, used: datetime | 
            content: str) -> str:
     """The full text of a topic file: the front matter, then `content` as it is."""
     head = [
-        "---", f"topic: {_quote(topic)}", f"description: {_quote(description)}",
+        "---", f"topic: {dumps(topic)}", f"description: {dumps(description)}",
         f"updated: {_stamp(updated)}"]
     if used is not None:
         head.append(f"used: {_stamp(used)}")
@@ -216,10 +217,6 @@ def _truncate(line: str, limit: int) -> str:
     if space > 0.8 * limit:
         cut = cut[:space]
     return cut.rstrip() + _ELLIPSIS
-
-
-def _quote(value: str) -> str:
-    return json.dumps(value, ensure_ascii=False)
 
 
 def _unquote(value: str) -> str:

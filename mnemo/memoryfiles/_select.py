@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import builtins
+from bisect import bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import accumulate
 from pathlib import Path
 
 from mnemo import text as _text
@@ -112,36 +114,22 @@ def views(
 
 def _newest(conversation: builtins.list[dict[str, str]],
             budget: int) -> builtins.list[dict[str, str]]:
-    kept: builtins.list[dict[str, str]] = []
-    total = 0
-    for message in reversed(conversation):
-        total += len(message["content"])
-        if total > budget and kept:
-            break
-        kept.append(message)
-    kept.reverse()
-    return kept
+    sizes = list(accumulate(len(message["content"]) for message in reversed(conversation)))
+    return conversation[len(conversation) - max(1, bisect_right(sizes, budget)):]
 
 
 def _first(files: builtins.list[dict[str, str]], budget: int) -> builtins.list[dict[str, str]]:
     """The first `files` whose names fit in `budget` characters, then as much of their newest
     entries as the rest holds."""
-    names: builtins.list[dict[str, str]] = []
-    for item in files:
-        name = {"topic": item["topic"], "description": item["description"]}
-        if _size(name) > budget:
-            break
-        names.append(name)
-        budget -= _size(name)
+    names = [{"topic": item["topic"], "description": item["description"]} for item in files]
+    names = names[:bisect_right(list(accumulate(map(_size, names))), budget)]
+    budget -= sum(map(_size, names))
     kept: builtins.list[dict[str, str]] = []
     for item, name in zip(files, names, strict=False):
-        newest: builtins.list[str] = []
-        for line in reversed(_format.entries(item.get("content", ""))):
-            if len(line) + 1 > budget:
-                break
-            newest.append(line)
-            budget -= len(line) + 1
-        newest.reverse()
+        lines = _format.entries(item.get("content", ""))
+        fit = bisect_right(list(accumulate(len(line) + 1 for line in reversed(lines))), budget)
+        newest = lines[len(lines) - fit:]
+        budget -= len(_format.body(newest))
         kept.append(name | ({"content": _format.body(newest)} if newest else {}))
     return kept
 

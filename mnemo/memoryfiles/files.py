@@ -280,7 +280,6 @@ class MemoryFiles:
                                 truncated=fitted.truncated or planned.truncated)
 
     def _touch(self, path: Path, when: datetime) -> None:
-        """Records a use of the file at `path` in its front matter; its body is left as is."""
         current = self._read(path)
         if current is None:
             return

@@ -268,7 +268,6 @@ def parse_condense(resp: LLMResponse, *, max_chars: int) -> Condensed:
     return Condensed(description=description, lines=lines)
 
 
-
 def _topic(value: str, where: str) -> str:
     topic = one_line(value, MAX_TOPIC_CHARS)
     if not topic:

@@ -16,6 +16,7 @@ from starlette.staticfiles import StaticFiles
 
 from mnemo.errors import ConflictError, InvalidInputError, MnemoError, NotFoundError
 from mnemo.graph.model import LinkType, Node, NodeType, steps_of
+from mnemo.graph.reads import node_types
 from mnemo.graph.scope import parse_where
 from mnemo.ports import JSONObject
 from mnemo.ui import history as history_pages
@@ -26,7 +27,6 @@ from mnemo.ui.render import (
     Params,
     form,
     known_repo,
-    node_types,
     page,
     required,
     view_of,
@@ -92,7 +92,6 @@ def create_app(view: MemorySource | None = None, *, open_view: ViewFactory | Non
 async def _mnemo_error(request: Request, exc: Exception) -> Response:
     status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
     return page(request, "error.html", {"error": exc, "status": status}, status)
-
 
 
 async def index(request: Request) -> Response:

@@ -66,7 +66,6 @@ async def commit(request: Request) -> Response:
 
 async def _texts(view: MemorySource, repo: str, diff: CommitDiff,
                  links: list[Link]) -> dict[str, Node | None]:
-    """The nodes at the ends of `links`: those of the diff, the others read one by one."""
     known: dict[str, Node | None] = {n.id: n for n in (*diff.nodes, *diff.retired)}
     for end in (end for link in links for end in (link.src, link.dst)):
         if end not in known:

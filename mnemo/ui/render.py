@@ -3,7 +3,7 @@ reading of its parameters (the query string of a GET, the bounded form of a POST
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from mnemo.errors import InvalidInputError, NotFoundError
-from mnemo.graph.model import NodeType
+from mnemo.jsonable import label
 from mnemo.tools import clip
 from mnemo.ui.drawing import shape
 from mnemo.ui.source import MemorySource
@@ -47,8 +47,7 @@ def short_id(value: str, keep: int = 8, prefix: bool = True) -> str:
 _env = Environment(loader=FileSystemLoader(HERE / "templates"),
                    autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
 _env.globals.update(href=href, shape=shape)
-_env.filters.update(label=lambda value: getattr(value, "value", value), short_id=short_id,
-                    short=clip)
+_env.filters.update(label=label, short_id=short_id, short=clip)
 TEMPLATES = Jinja2Templates(env=_env)
 
 
@@ -113,13 +112,3 @@ async def known_repo(view: MemorySource, params: Params) -> str:
         raise NotFoundError("repo", repo)
     return repo
 
-
-def node_types(values: Iterable[str]) -> list[NodeType]:
-    """Node types by their values (InvalidInputError for an unknown one)."""
-    chosen: list[NodeType] = []
-    for value in values:
-        try:
-            chosen.append(NodeType(value))
-        except ValueError:
-            raise InvalidInputError(f"unknown node type {value[:40]!r}") from None
-    return chosen

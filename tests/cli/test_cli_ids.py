@@ -16,11 +16,11 @@ C = "session_9e000000000000000000000000000000"
 def test_short_ids_are_eight_digits_or_as_many_as_tell_them_apart() -> None:
     """Each id is cut to 8 digits, or more where another id shares them; without its kind
     when asked."""
-    assert short_ids([A, B, C]) == {
+    assert short_ids([A, B, C], kind=True) == {
         A: "session_3f2a9c1b0", B: "session_3f2a9c1b7", C: "session_9e000000",
     }
-    assert short_ids([C], known=[A], kind=False) == {C: "9e000000"}
-    assert short_ids(["holder"]) == {"holder": "holder"}
+    assert short_ids([C], known=[A]) == {C: "9e000000"}
+    assert short_ids(["holder"], kind=True) == {"holder": "holder"}
 
 
 def test_a_prefix_names_one_id_or_is_refused() -> None:
@@ -57,13 +57,13 @@ def test_a_step_is_shown_and_named_with_its_index() -> None:
     """A step's short id is its episode's digits and its index; without the index a prefix
     names the episode's source, not its steps; a clash of 8 digits lengthens both."""
     other = STEP.replace(":3", ":13")
-    assert short_ids([STEP, other, SOURCE], kind=False) == {
+    assert short_ids([STEP, other, SOURCE]) == {
         STEP: "085d80d9:3", other: "085d80d9:13", SOURCE: "085d80d9"}
     assert resolve_id("085d80d9:3", [STEP, other, SOURCE], "node") == STEP
     assert resolve_id("085d80d9", [STEP, other, SOURCE], "node") == SOURCE
     assert resolve_id("episodic_episode_085d:13", [STEP, other], "node") == other
     twin = "semantic_" + "085d80d9" + "f" * 24
-    assert short_ids([SOURCE, twin], kind=False) == {SOURCE: "085d80d97", twin: "085d80d9f"}
+    assert short_ids([SOURCE, twin]) == {SOURCE: "085d80d97", twin: "085d80d9f"}
 
 
 def test_an_id_is_found_among_several_repos() -> None:

@@ -61,7 +61,7 @@ def test_optional_arguments_are_stated_as_their_plain_type() -> None:
         for prop in spec["function"]["parameters"]["properties"].values():
             assert "anyOf" not in prop
             assert prop.get("type") != "null"
-    thread = js(tools.TOOLS["search_messages"].parameters)["properties"]["thread_id"]
+    thread = js(tools.TOOLS["search_messages"]["parameters"])["properties"]["thread_id"]
     assert thread["type"] == "string"
     assert "Only this thread" in thread["description"]
 
@@ -111,10 +111,10 @@ async def test_execute_eviction_tools(mem: mnemo.Memory) -> None:
     done = await tools.execute_tool(mem, mnemo.ToolCall("everything_ok", {}), eviction=eviction)
     assert done.startswith("ok")
     assert eviction.finished
-    assert eviction.snapshot_text == "The user wants tabs."
+    assert eviction.snapshot_parts == ["The user wants tabs."]
     assert eviction.pins == [(stored[0].id, goal)]
 
 
 def test_get_node_states_the_page_it_reads() -> None:
     """get_node's description names the page size `tools.page` cuts at."""
-    assert f"a page of {tools.PAGE_CHARS:,} characters" in tools.TOOLS["get_node"].description
+    assert f"a page of {tools.PAGE_CHARS:,} characters" in tools.TOOLS["get_node"]["description"]

@@ -155,7 +155,7 @@ async def test_bad_recall_input_is_a_400_page_that_says_why(client: httpx.AsyncC
     assert "k must be between 1 and 50" in page.text
     page = await client.get("/recall", params={"repo": REPO, "q": "x", "types": "bogus"})
     assert page.status_code == 400
-    assert "unknown node type" in page.text
+    assert "types must be node types" in page.text
 
 
 async def test_sessions_page_shows_each_state(client: httpx.AsyncClient, sample: Sample) -> None:

@@ -137,12 +137,8 @@ class Recaller:
                                                       meaning))
 
                 async def route() -> None:
-                    probed = await hops.routes(self.graph, config, repo, query_vector,
-                                               tag_vectors)
-                    if scope is not None:
-                        keep = await self.graph.inside(repo, scope, [i for i, _ in probed])
-                        probed = [(i, c) for i, c in probed if i in keep]
-                    routes.extend(probed)
+                    routes.extend(await hops.routes(self.graph, config, repo, query_vector,
+                                                    tag_vectors, scope))
 
                 await _in_turn(route, zero) if on_loop else await _side_by_side(zero, route)
             finally:

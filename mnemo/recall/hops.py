@@ -10,13 +10,17 @@ import numpy as np
 
 from mnemo import cpu
 from mnemo.config import Config
+from mnemo.graph import ann
 from mnemo.graph.model import LinkType, Node, NodeType, Vector, reaches
 from mnemo.graph.ports import RecallReads
 from mnemo.graph.scope import Scope
+from mnemo.graph.vectors import top_per_row, unit
 from mnemo.recall.model import Candidate, adjacent_steps
 
 N = NodeType
 T = TypeVar("T")
+# The routes of each kind one probe offers.
+ROUTES_PER_PROBE = 3
 # Pure Python over more candidates or links than this runs off the loop, in `mnemo.cpu`'s slot.
 ON_LOOP_ITEMS = 1_000
 # The characters of candidates' text that weigh as one more item.
@@ -24,18 +28,49 @@ CHARS_PER_ITEM = 1_000
 
 
 async def routes(
-    graph: RecallReads, config: Config, repo: str, query_vector: Vector, tag_vectors: Vector
+    graph: RecallReads, config: Config, repo: str, query_vector: Vector, tag_vectors: Vector,
+    scope: Scope | None = None,
 ) -> list[tuple[str, Candidate]]:
     """Routes into the graph: tags near a search tag or the query, intents near the query
-    (only the query's vectors needed: asked for beside hop 0)."""
+    (only the query's vectors needed: asked for beside hop 0); with `scope`, its own only."""
     probes = np.vstack([query_vector[None, :], tag_vectors])
+    # A scope that knows its members is searched among them: each user's tags share their
+    # labels' vectors, so the repo's nearest may all be other users'.
+    own = (None if scope is None or scope.members is None
+           else await graph.vectors(repo, scope.ids([N.TAG.value, N.INTENT.value])))
     found: list[tuple[str, Candidate]] = []
     for kind, asked, threshold in ((N.TAG, probes, config.recall_tag_threshold),
                                    (N.INTENT, probes[:1], config.recall_intent_threshold)):
+        nearest = (await _nearest(graph, repo, asked, kind, scope) if own is None or scope is None
+                   else await _among(own, scope, asked, kind))
         found += [(node_id, Candidate(sim, "route", 0))
-                  for nearest in await graph.nearest_of_type(repo, asked, kind, 3)
-                  for node_id, sim in nearest if reaches(sim, threshold)]
+                  for hits in nearest for node_id, sim in hits if reaches(sim, threshold)]
     return found
+
+
+async def _nearest(
+    graph: RecallReads, repo: str, probes: Vector, kind: NodeType, scope: Scope | None
+) -> list[list[tuple[str, float]]]:
+    """The `ROUTES_PER_PROBE` nodes of `kind` nearest each probe; inside a large `scope`, those
+    inside of the repo's nearest ten times as many (as hop 0 reads a large scope)."""
+    if scope is None:
+        return await graph.nearest_of_type(repo, probes, kind, ROUTES_PER_PROBE)
+    wide = await graph.nearest_of_type(repo, probes, kind, 10 * ROUTES_PER_PROBE)
+    keep = await graph.inside(repo, scope, [i for hits in wide for i, _ in hits])
+    return [[(i, sim) for i, sim in hits if i in keep][:ROUTES_PER_PROBE] for hits in wide]
+
+
+async def _among(
+    vectors: dict[str, Vector], scope: Scope, probes: Vector, kind: NodeType
+) -> list[list[tuple[str, float]]]:
+    """`_nearest` among the scope's own members' `vectors`."""
+    members = scope.members or {}
+    ids = sorted(i for i in vectors if members[i][1] == kind.value)
+    if not ids:
+        return []
+    matrix = np.vstack([vectors[i] for i in ids])
+    return await ann.by_size(len(ids), lambda: top_per_row(unit(probes) @ matrix.T, ids,
+                                                           ROUTES_PER_PROBE))
 
 
 async def follow(

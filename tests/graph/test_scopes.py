@@ -305,3 +305,23 @@ async def test_an_intent_joins_its_scope_s_among_other_scopes_equal_ones(store: 
         before = await alices()
         await mem.ingest(REPO, TRIP, source_id="chat-alice-2", metadata={"user_id": "alice"})
         assert await alices() == before
+
+
+async def test_each_scope_s_recall_is_routed_by_its_own_tags_and_intents(store: str) -> None:
+    """A scoped recall's routes are its scope's own tags and intents, as many for the last of
+    six users as for the first, though every user's tags have the same labels (and vectors)."""
+    users = [f"u{i}" for i in range(6)]
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        for user in users:
+            await mem.ingest(REPO, TRIP, source_id=f"chat-{user}", metadata={"user_id": user})
+        routed: dict[str, int] = {}
+        for user in users:
+            where = {"user_id": user}
+            own = {n.id for n in await mem.nodes_where(REPO, where, limit=1000)}
+            result = await mem.recall(REPO, "the Lisbon trip's flight and taxi", where=where)
+            routes = {t.node_id for t in result.touched if t.phase == "route"}
+            assert routes <= own
+            routed[user] = len(routes)
+        assert routed["u0"] > 0
+        assert len(set(routed.values())) == 1, routed

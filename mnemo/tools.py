@@ -204,6 +204,10 @@ def nearest(messages: Sequence[Message], seq: int, budget: int,
     return [m for i, m in enumerate(messages) if i in kept]
 
 
+# Characters kept free at the end of a recall's answer for the note of what was left out.
+NOTE_ROOM = 99
+
+
 def _render_recall(memories: Sequence[Recalled]) -> str:
     if not memories:
         return "Nothing recalled."
@@ -212,8 +216,9 @@ def _render_recall(memories: Sequence[Recalled]) -> str:
         text = " ".join(m.node.text.split())
         more = f" [{len(text)} chars; get_node for all]" if len(text) > SNIPPET_CHARS else ""
         lines.append(f"{i}. [{m.node.type.value}] {m.node.id}: {clip(text, SNIPPET_CHARS)}{more}")
-    # Each line with its newline, and room for the last line's note.
-    fit = bisect_right(list(accumulate(len(line) + 1 for line in lines)), MAX_OUTPUT_CHARS - 99)
+    # Each line with its newline, and room for the note that lines were left out.
+    fit = bisect_right(list(accumulate(len(line) + 1 for line in lines)),
+                       MAX_OUTPUT_CHARS - NOTE_ROOM)
     shown = lines[:max(1, fit)]
     left_out = f"\n({len(lines) - len(shown)} more left out: ask for a smaller k)"
     return "\n".join(shown) + (left_out if len(shown) < len(lines) else "")

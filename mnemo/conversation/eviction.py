@@ -249,7 +249,7 @@ class Evictor:
             recalled=render_hits(recalled) if recalled else "", max_words=tools.max_words)
         error, usage = await run_loop(llm, tools, ask_round, goals=bool(goals),
                                       time_limit=self.timeout)
-        # The LLM failed: an honest pointer, not a summary.
+        # The model's snapshot, or, when it failed, an honest pointer rather than a summary.
         text = "\n".join(tools.snapshot_parts) or (
             f"Messages {span[0]}-{span[1]} left the context window without a summary (the memory "
             f"model failed: {(error or 'no snapshot')[:200]}). search_messages and view_messages "

@@ -6,11 +6,12 @@ are a cache (`ann_files`), never a truth.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio.to_thread
+import numpy as np
 
 from mnemo.cpu import import_kept
 from mnemo.graph.ann_files import GraphFolder
@@ -67,12 +68,17 @@ T = TypeVar("T")
 
 
 async def nearest_of_type(
-    index: VectorIndex, probes: Vector, kind: NodeType, k: int
+    index: VectorIndex, probes: Vector, kind: NodeType, k: int,
+    among: Sequence[str] | None = None,
 ) -> list[list[tuple[str, float]]]:
     """For each probe row, the `k` rows of one type nearest by cosine: one walk of the
-    type's graph when ready and the type has `WALK_FROM` rows, else a matrix product."""
+    type's graph when ready and the type has `WALK_FROM` rows, else a matrix product; with
+    `among` (ids of that type), the nearest of those only."""
     if k <= 0:
         return [[] for _ in range(len(probes))]
+    if among is not None:
+        return await nearest_among(
+            {i: v for i in among if (v := index.get(i)) is not None}, probes, k)
     accelerator = index.accelerator
     if (
         isinstance(accelerator, HnswAccelerator)
@@ -84,6 +90,17 @@ async def nearest_of_type(
     if not ids:
         return [[] for _ in range(len(probes))]
     return await by_size(len(ids), lambda: top_per_row(unit(probes) @ matrix.T, ids, k))
+
+
+async def nearest_among(
+    vectors: Mapping[str, Vector], probes: Vector, k: int
+) -> list[list[tuple[str, float]]]:
+    """For each probe row, the `k` of these unit `vectors` nearest by cosine."""
+    ids = list(vectors)
+    if not ids:
+        return [[] for _ in range(len(probes))]
+    return await by_size(len(ids), lambda: top_per_row(
+        unit(probes) @ np.stack([vectors[i] for i in ids]).T, ids, k))
 
 
 async def of_type(index: VectorIndex, kind: NodeType) -> tuple[list[str], Vector]:

@@ -220,8 +220,11 @@ class RecallReads(NodeReads, Protocol):
     ) -> list[tuple[str, float]]: ...
 
     async def nearest_of_type(
-        self, repo: str, probes: Vector, kind: NodeType, k: int
-    ) -> list[list[tuple[str, float]]]: ...
+        self, repo: str, probes: Vector, kind: NodeType, k: int,
+        among: Sequence[str] | None = None,
+    ) -> list[list[tuple[str, float]]]:
+        """For each probe row, the `k` nodes of `kind` nearest by cosine; with `among` (ids of
+        `kind`), the nearest of those only."""
 
     async def similarities(
         self, repo: str, node_ids: Sequence[str], vector: Vector

@@ -41,8 +41,8 @@ class Parts:
     if not TYPE_CHECKING:
 
         def __getattr__(self, name: str) -> object:
-            # Only for a part not built yet (each is annotated above): a Memory opened cold
-            # builds them when entered.
+            # Only for a part not built yet (the parts are annotated above; `_inspect` and
+            # `_parts` are set first): a Memory opened cold builds them when entered.
             if name in Parts.__annotations__:
                 raise StorageError("closed", "the Memory is not open: enter it first")
             raise AttributeError(name)

@@ -10,11 +10,9 @@ import numpy as np
 
 from mnemo import cpu
 from mnemo.config import Config
-from mnemo.graph import ann
 from mnemo.graph.model import LinkType, Node, NodeType, Vector, reaches
 from mnemo.graph.ports import RecallReads
-from mnemo.graph.scope import Scope
-from mnemo.graph.vectors import top_per_row, unit
+from mnemo.graph.scope import WIDEN, Scope
 from mnemo.recall.model import Candidate, adjacent_steps
 
 N = NodeType
@@ -34,43 +32,24 @@ async def routes(
     """Routes into the graph: tags near a search tag or the query, intents near the query
     (only the query's vectors needed: asked for beside hop 0); with `scope`, its own only."""
     probes = np.vstack([query_vector[None, :], tag_vectors])
-    # A scope that knows its members is searched among them: each user's tags share their
-    # labels' vectors, so the repo's nearest may all be other users'.
-    own = (None if scope is None or scope.members is None
-           else await graph.vectors(repo, scope.ids([N.TAG.value, N.INTENT.value])))
-    found: list[tuple[str, Candidate]] = []
-    for kind, asked, threshold in ((N.TAG, probes, config.recall_tag_threshold),
-                                   (N.INTENT, probes[:1], config.recall_intent_threshold)):
-        nearest = (await _nearest(graph, repo, asked, kind, scope) if own is None or scope is None
-                   else await _among(own, scope, asked, kind))
-        found += [(node_id, Candidate(sim, "route", 0))
-                  for hits in nearest for node_id, sim in hits if reaches(sim, threshold)]
-    return found
-
-
-async def _nearest(
-    graph: RecallReads, repo: str, probes: Vector, kind: NodeType, scope: Scope | None
-) -> list[list[tuple[str, float]]]:
-    """The `ROUTES_PER_PROBE` nodes of `kind` nearest each probe; inside a large `scope`, those
-    inside of the repo's nearest ten times as many (as hop 0 reads a large scope)."""
-    if scope is None:
-        return await graph.nearest_of_type(repo, probes, kind, ROUTES_PER_PROBE)
-    wide = await graph.nearest_of_type(repo, probes, kind, 10 * ROUTES_PER_PROBE)
-    keep = await graph.inside(repo, scope, [i for hits in wide for i, _ in hits])
-    return [[(i, sim) for i, sim in hits if i in keep][:ROUTES_PER_PROBE] for hits in wide]
-
-
-async def _among(
-    vectors: dict[str, Vector], scope: Scope, probes: Vector, kind: NodeType
-) -> list[list[tuple[str, float]]]:
-    """`_nearest` among the scope's own members' `vectors`."""
-    members = scope.members or {}
-    ids = sorted(i for i in vectors if members[i][1] == kind.value)
-    if not ids:
-        return []
-    matrix = np.vstack([vectors[i] for i in ids])
-    return await ann.by_size(len(ids), lambda: top_per_row(unit(probes) @ matrix.T, ids,
-                                                           ROUTES_PER_PROBE))
+    asked = ((N.TAG, probes, config.recall_tag_threshold),
+             (N.INTENT, probes[:1], config.recall_intent_threshold))
+    # A scope that lists its members is searched among them: each user's tags share their
+    # labels' vectors, so the repo's nearest may all be other users'. A larger one keeps what
+    # is inside of the repo's nearest `WIDEN` times as many, as hop 0 does.
+    wide = scope is not None and scope.members is None
+    nearest = [await graph.nearest_of_type(
+        repo, vectors, kind, WIDEN * ROUTES_PER_PROBE if wide else ROUTES_PER_PROBE,
+        among=None if scope is None or scope.members is None else scope.ids([kind.value]))
+        for kind, vectors, _ in asked]
+    if scope is not None and wide:
+        keep = await graph.inside(repo, scope, [i for hits in nearest for row in hits
+                                                for i, _ in row])
+        nearest = [[[(i, sim) for i, sim in row if i in keep][:ROUTES_PER_PROBE] for row in hits]
+                   for hits in nearest]
+    return [(node_id, Candidate(sim, "route", 0))
+            for (_, _, threshold), hits in zip(asked, nearest, strict=True)
+            for row in hits for node_id, sim in row if reaches(sim, threshold)]
 
 
 async def follow(

@@ -275,9 +275,10 @@ class GraphBase(RowReads):
                                  lambda n: self._vectors.search(repo, vector, n, types))
 
     async def nearest_of_type(
-        self, repo: str, probes: Vector, kind: NodeType, k: int
+        self, repo: str, probes: Vector, kind: NodeType, k: int,
+        among: Sequence[str] | None = None,
     ) -> list[Hits]:
-        return await self._vectors.nearest_of_type(repo, probes, kind, k)
+        return await self._vectors.nearest_of_type(repo, probes, kind, k, among)
 
     async def similarities(
         self, repo: str, node_ids: Sequence[str], vector: Vector

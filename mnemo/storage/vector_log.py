@@ -214,7 +214,8 @@ class CachedVectors(VectorCache):
 
     on_loop: Callable[[str], bool]
     search: Callable[[str, Vector, int, Iterable[NodeType] | None], Awaitable[Hits]]
-    nearest_of_type: Callable[[str, Vector, NodeType, int], Awaitable[list[Hits]]]
+    nearest_of_type: Callable[[str, Vector, NodeType, int, Sequence[str] | None],
+                              Awaitable[list[Hits]]]
     similarities: Callable[[str, Sequence[str], Vector, int | None], Awaitable[dict[str, float]]]
     of_nodes: Callable[[str, Sequence[str]], Awaitable[dict[str, Vector]]]
     of_type: Callable[[str, NodeType], Awaitable[tuple[list[str], Vector]]]

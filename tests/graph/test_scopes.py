@@ -307,9 +307,15 @@ async def test_an_intent_joins_its_scope_s_among_other_scopes_equal_ones(store: 
         assert await alices() == before
 
 
-async def test_each_scope_s_recall_is_routed_by_its_own_tags_and_intents(store: str) -> None:
+@pytest.mark.parametrize("listed", [True, False])
+async def test_each_scope_s_recall_is_routed_by_its_own_tags_and_intents(
+    store: str, listed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A scoped recall's routes are its scope's own tags and intents, as many for the last of
-    six users as for the first, though every user's tags have the same labels (and vectors)."""
+    six users as for the first, though every user's tags have the same labels (and vectors):
+    for a scope that lists its members and one past SCOPE_LIMIT."""
+    if not listed:
+        monkeypatch.setattr("mnemo.storage.graph_base.SCOPE_LIMIT", 0)
     users = [f"u{i}" for i in range(6)]
     async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as mem:
         await mem.open_repo(REPO)

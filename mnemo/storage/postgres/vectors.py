@@ -104,12 +104,15 @@ class PgVectors(CachedVectors):
         return (await self._nearest(repo, [vector], kinds, limit))[0]
 
     async def nearest_of_type(
-        self, repo: str, probes: Vector, kind: NodeType, k: int
+        self, repo: str, probes: Vector, kind: NodeType, k: int,
+        among: Sequence[str] | None = None,
     ) -> list[Hits]:
         if k <= 0:
             return [[] for _ in range(len(probes))]
         if kind in ROUTES:
-            return await ann.nearest_of_type(await self.index(repo), probes, kind, k)
+            return await ann.nearest_of_type(await self.index(repo), probes, kind, k, among)
+        if among is not None:
+            return await ann.nearest_among(await self.of_nodes(repo, among), probes, k)
         return await self._nearest(repo, list(probes), [kind.value], k)
 
     async def similarities(

@@ -51,10 +51,10 @@ class SqliteVectors(CachedVectors):
         return await ann.by_size(len(index), lambda: index.search(vector, limit, kinds))
 
     async def nearest_of_type(
-        self, repo: str, probes: Vector, kind: NodeType, k: int
+        self, repo: str, probes: Vector, kind: NodeType, k: int,
+        among: Sequence[str] | None = None,
     ) -> list[list[tuple[str, float]]]:
-        """For each probe row, the `k` nodes of one type nearest by cosine."""
-        return await ann.nearest_of_type(await self.index(repo), probes, kind, k)
+        return await ann.nearest_of_type(await self.index(repo), probes, kind, k, among)
 
     async def similarities(
         self, repo: str, node_ids: Sequence[str], vector: Vector, limit: int | None = None

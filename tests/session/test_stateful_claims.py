@@ -119,13 +119,17 @@ class TwoDrivers(RuleBasedStateMachine):
         run in either Memory: both are waited on)."""
         with anyio.fail_after(SETTLE):
             while (state := await self._at_rest(sid)) is not State.IDLE:
-                assert state is State.COLLECTING
+                assert state is State.COLLECTING, self._failures(sid)
                 reason = None
                 try:
                     await self.workers[0].mem.close(sid)
                 except mnemo.SessionError as refused:
                     reason = refused.reason
                 assert reason is None or reason in REFUSED
+
+    def _failures(self, sid: str) -> list[object]:
+        """What each Memory recorded as the session's failure (None where nothing)."""
+        return [getattr(w.mem._live.by_id.get(sid), "failure", None) for w in self.workers]
 
     async def _at_rest(self, sid: str) -> State:
         """The session's state once no extraction runs, wherever it runs."""

@@ -40,7 +40,7 @@ from mnemo.storage.postgres.text_search import SEARCH_VECTOR, WORD_QUERY
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import Column
-from mnemo.storage.sql import SqlStore, Statements
+from mnemo.storage.sql import Statements
 from mnemo.storage.worker import DeferredRead
 from mnemo.text import query_words
 
@@ -63,7 +63,10 @@ class PgReembeds(SqlReembeds):
     VECTOR_COLUMNS = "node_id, repo, vec"
 
     _vector = staticmethod(as_array)
-    _stamp = SqlStore._stamp  # the datetime itself
+
+    @staticmethod
+    def _stamp(at: datetime) -> object:
+        return at
 
 
 class PgGraphWrites(SqlGraphWrites):

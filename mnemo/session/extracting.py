@@ -84,6 +84,8 @@ class Ended(Enum):
 
 # Extractions of an auto-commit close that another Memory's commits overtook before giving up.
 _ATTEMPTS = 3
+# Seconds an auto-commit close waits before committing again after a busy store.
+BUSY_PAUSE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,19 +185,28 @@ class Extraction:
     async def _auto_commit_rest(self, started: float) -> bool:
         """An auto-commit close: extracts and commits the steps no background commit has (here
         or elsewhere), then `idle`; when another Memory's commits land in between, what is left
-        is extracted again, up to `_ATTEMPTS` times."""
+        is extracted again, up to `_ATTEMPTS` times. A store busy past its `busy_timeout` (a lock
+        another Memory held) is tried again while the extraction's time lasts: the commit is one
+        transaction, and the extraction's results are kept (`memo`), so nothing is asked twice."""
         live, session = self.live, self.session
-        for attempt in range(_ATTEMPTS):
+        attempt = 0
+        while True:
             await take_commits(live, session)
             changeset, steps = await self._close_changeset(started)
             try:
                 return await self._auto_commit_close(changeset, steps)
             except StepsCommittedElsewhere:
-                if attempt == _ATTEMPTS - 1:
+                attempt += 1
+                if attempt == _ATTEMPTS:
                     raise
                 log.info("%s: steps committed by another Memory meanwhile; extracting the rest",
                          session.id)
-        raise AssertionError("unreachable")
+            except StorageError as exc:
+                limit = started + session.runtime.config.extraction_timeout
+                if exc.reason != "busy" or anyio.current_time() + BUSY_PAUSE >= limit:
+                    raise
+                log.info("%s: the store was busy (%r); committing again", session.id, exc)
+                await anyio.sleep(BUSY_PAUSE)
 
     async def _close_changeset(
         self, started: float

@@ -84,7 +84,7 @@ class Ended(Enum):
 
 # Extractions of an auto-commit close that another Memory's commits overtook before giving up.
 _ATTEMPTS = 3
-# Seconds an auto-commit close waits before committing again after a busy store.
+# Seconds a close's extraction waits before it tries again after a busy store.
 BUSY_PAUSE = 0.1
 
 
@@ -119,27 +119,27 @@ class Extraction:
 
     async def run(self) -> Ended:
         """The close's extraction: ready (auto-commit: committed and idle) or failed; whatever
-        fails on the way, storing the result included, ends in `failed`."""
+        fails on the way, storing the result included, ends in `failed`. A store busy past its
+        `busy_timeout` (a lock another Memory held) is tried again while the extraction's time
+        lasts: its writes are single transactions and its results are kept (`memo`), so nothing
+        is asked twice."""
         live, session = self.live, self.session
         started = anyio.current_time()
         try:
             await self._annotated()
             while session.background:
                 await session.changed.wait()
-            if session.config.auto_commit:
-                moved = await self._auto_commit_rest(started)
-            else:
-                steps = session.uncommitted()
-                changeset = await self._changeset(steps)
-
-                async def persist() -> int:
-                    version = await live.store.save_extraction(
-                        session.id, changeset, steps[-1:], version=session.version
-                    )
-                    session.changeset = changeset
-                    return version
-
-                moved = await transitions.move(live, session, "extraction_succeeded", persist)
+            while True:
+                try:
+                    moved = await (self._auto_commit_rest(started) if session.config.auto_commit
+                                   else self._ready())
+                    break
+                except StorageError as exc:
+                    limit = started + session.runtime.config.extraction_timeout
+                    if exc.reason != "busy" or anyio.current_time() + BUSY_PAUSE >= limit:
+                        raise
+                    log.info("%s: the store was busy (%r); extracting again", session.id, exc)
+                    await anyio.sleep(BUSY_PAUSE)
         except Exception as exc:
             log.warning("%s: extraction failed: %r", session.id, exc)
             session.failure = exc
@@ -148,6 +148,21 @@ class Extraction:
                 await registry.release(live, session, session.uncommitted())
             return await self._extraction_failed()
         return Ended.MOVED if moved else Ended.STALE
+
+    async def _ready(self) -> bool:
+        """Stores the episode's changeset and moves the session to `ready`; False if stale."""
+        live, session = self.live, self.session
+        steps = session.uncommitted()
+        changeset = await self._changeset(steps)
+
+        async def persist() -> int:
+            version = await live.store.save_extraction(
+                session.id, changeset, steps[-1:], version=session.version
+            )
+            session.changeset = changeset
+            return version
+
+        return await transitions.move(live, session, "extraction_succeeded", persist)
 
     async def _annotated(self) -> None:
         """Waits until every stored step of the episode is annotated (starting the annotation
@@ -185,28 +200,19 @@ class Extraction:
     async def _auto_commit_rest(self, started: float) -> bool:
         """An auto-commit close: extracts and commits the steps no background commit has (here
         or elsewhere), then `idle`; when another Memory's commits land in between, what is left
-        is extracted again, up to `_ATTEMPTS` times. A store busy past its `busy_timeout` (a lock
-        another Memory held) is tried again while the extraction's time lasts: the commit is one
-        transaction, and the extraction's results are kept (`memo`), so nothing is asked twice."""
+        is extracted again, up to `_ATTEMPTS` times."""
         live, session = self.live, self.session
-        attempt = 0
-        while True:
+        for attempt in range(_ATTEMPTS):
             await take_commits(live, session)
             changeset, steps = await self._close_changeset(started)
             try:
                 return await self._auto_commit_close(changeset, steps)
             except StepsCommittedElsewhere:
-                attempt += 1
-                if attempt == _ATTEMPTS:
+                if attempt == _ATTEMPTS - 1:
                     raise
                 log.info("%s: steps committed by another Memory meanwhile; extracting the rest",
                          session.id)
-            except StorageError as exc:
-                limit = started + session.runtime.config.extraction_timeout
-                if exc.reason != "busy" or anyio.current_time() + BUSY_PAUSE >= limit:
-                    raise
-                log.info("%s: the store was busy (%r); committing again", session.id, exc)
-                await anyio.sleep(BUSY_PAUSE)
+        raise AssertionError("unreachable")
 
     async def _close_changeset(
         self, started: float

@@ -11,7 +11,7 @@ import pytest
 import mnemo
 from mnemo import State
 from tests.conftest import REPO, Enter
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, extracted_observations
 
 
 class Results:
@@ -189,3 +189,28 @@ async def test_a_fault_taking_stored_ops_after_an_extraction_still_runs_the_queu
             label: (True, values[label]) for label in labels
         }
         assert await m.session_state(sid) is State.COLLECTING
+
+
+async def test_a_close_whose_extraction_finds_the_store_busy_is_ready_on_retry(
+    mem: mnemo.Memory, llm: FakeLLM, events: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close whose extraction's write meets a lock held past `busy_timeout` tries again
+    within its extraction time: the session is ready, not failed, each step asked once."""
+    sid = await mem.start_session("explore", repo=REPO)
+    for observation in ("walk north", "walk east"):
+        await mem.append(sid, observation, "act")
+    store = mem._live.store
+    save = store.save_extraction
+    refused: list[bool] = []
+
+    async def busy_once(*args: Any, **kwargs: Any) -> Any:
+        if not refused:
+            refused.append(True)
+            raise mnemo.StorageError("busy", "PostgreSQL: canceling statement due to lock timeout")
+        return await save(*args, **kwargs)
+
+    monkeypatch.setattr(store, "save_extraction", busy_once)
+    await mem.close(sid)
+    assert await events.wait_state(mem, sid, State.READY, State.FAILED) is State.READY
+    assert refused == [True]
+    assert sorted(extracted_observations(llm)) == ["walk east", "walk north"]

@@ -405,3 +405,18 @@ def js(value: object) -> Any:
     """`value` (JSON a test reads back: a reply's data, a node's data, a request's inputs or
     messages) for the test to index; the assertions that read it are its check."""
     return value
+
+
+def busy_once(
+    call: Callable[..., Awaitable[Any]], refused: list[bool]
+) -> Callable[..., Awaitable[Any]]:
+    """`call`, its first call refused as a store busy past its lock timeout (noted in
+    `refused`), the others passed on."""
+
+    async def once(*args: Any, **kwargs: Any) -> Any:
+        if not refused:
+            refused.append(True)
+            raise mnemo.StorageError("busy", "PostgreSQL: canceling statement due to lock timeout")
+        return await call(*args, **kwargs)
+
+    return once

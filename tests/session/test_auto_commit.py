@@ -419,30 +419,3 @@ async def test_a_boundary_found_by_a_late_annotation_commits_the_trajectory_befo
     assert sorted(extracted_observations(llm)) == sorted(
         ["walk north", "walk east", "open door", "open window"])
 
-
-async def test_a_close_whose_commit_finds_the_store_busy_commits_on_retry(
-    auto_mem: mnemo.Memory, llm: FakeLLM, events: EventLog, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An auto-commit close whose commit meets a lock held past `busy_timeout` (another
-    Memory's work) tries again within its extraction time: the session ends idle, not failed,
-    each step in the graph once and asked of the model once."""
-    sid = await auto_mem.start_session("explore", repo=REPO)
-    for observation in ("walk north", "walk east"):
-        await auto_mem.append(sid, observation, "act")
-    graph = auto_mem._live.graph
-    apply = graph.apply
-    refused: list[bool] = []
-
-    async def busy_once(*args: object, **kwargs: object) -> object:
-        if not refused:
-            refused.append(True)
-            raise mnemo.StorageError("busy", "PostgreSQL: canceling statement due to lock timeout")
-        return await apply(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(graph, "apply", busy_once)
-    await auto_mem.close(sid)
-    assert await events.wait_state(auto_mem, sid, mnemo.State.IDLE,
-                                   mnemo.State.FAILED) is mnemo.State.IDLE
-    assert refused == [True]
-    assert await episodic_indices(auto_mem) == [0, 1]
-    assert sorted(extracted_observations(llm)) == ["walk east", "walk north"]

@@ -11,7 +11,7 @@ import pytest
 import mnemo
 from mnemo import State
 from tests.conftest import REPO, Enter
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM, extracted_observations
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, busy_once, extracted_observations
 
 
 class Results:
@@ -191,26 +191,28 @@ async def test_a_fault_taking_stored_ops_after_an_extraction_still_runs_the_queu
         assert await m.session_state(sid) is State.COLLECTING
 
 
-async def test_a_close_whose_extraction_finds_the_store_busy_is_ready_on_retry(
-    mem: mnemo.Memory, llm: FakeLLM, events: EventLog, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("auto_commit", [False, True])
+async def test_a_close_whose_write_finds_the_store_busy_tries_again(
+    store: str, llm: FakeLLM, embedder: FakeEmbedder, events: EventLog,
+    monkeypatch: pytest.MonkeyPatch, auto_commit: bool,
 ) -> None:
-    """A close whose extraction's write meets a lock held past `busy_timeout` tries again
-    within its extraction time: the session is ready, not failed, each step asked once."""
-    sid = await mem.start_session("explore", repo=REPO)
-    for observation in ("walk north", "walk east"):
-        await mem.append(sid, observation, "act")
-    store = mem._live.store
-    save = store.save_extraction
-    refused: list[bool] = []
-
-    async def busy_once(*args: Any, **kwargs: Any) -> Any:
-        if not refused:
-            refused.append(True)
-            raise mnemo.StorageError("busy", "PostgreSQL: canceling statement due to lock timeout")
-        return await save(*args, **kwargs)
-
-    monkeypatch.setattr(store, "save_extraction", busy_once)
-    await mem.close(sid)
-    assert await events.wait_state(mem, sid, State.READY, State.FAILED) is State.READY
-    assert refused == [True]
-    assert sorted(extracted_observations(llm)) == ["walk east", "walk north"]
+    """A close whose write (the ready changeset; with auto-commit, the graph commit) meets a
+    lock held past `busy_timeout` tries again within its extraction time: the session ends
+    ready (idle), not failed, each step asked of the model once and in the graph once."""
+    async with mnemo.Memory(store, llm=llm, embedder=embedder, on_event=events) as mem:
+        await mem.open_repo(REPO, config=mnemo.Config(auto_commit=auto_commit))
+        sid = await mem.start_session("explore", repo=REPO)
+        for observation in ("walk north", "walk east"):
+            await mem.append(sid, observation, "act")
+        target, write = ((mem._live.graph, "apply") if auto_commit
+                         else (mem._live.store, "save_extraction"))
+        refused: list[bool] = []
+        monkeypatch.setattr(target, write, busy_once(getattr(target, write), refused))
+        await mem.close(sid)
+        end = State.IDLE if auto_commit else State.READY
+        assert await events.wait_state(mem, sid, end, State.FAILED) is end
+        assert refused == [True]
+        assert sorted(extracted_observations(llm)) == ["walk east", "walk north"]
+        if auto_commit:
+            nodes = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+            assert len(nodes) == 2

@@ -87,9 +87,7 @@ async def nearest_of_type(
     ):
         return await anyio.to_thread.run_sync(lambda: index.search_rows(probes, k, [kind]))
     ids, matrix = await of_type(index, kind)
-    if not ids:
-        return [[] for _ in range(len(probes))]
-    return await by_size(len(ids), lambda: top_per_row(unit(probes) @ matrix.T, ids, k))
+    return await _nearest_rows(ids, lambda: matrix, probes, k)
 
 
 async def nearest_among(
@@ -97,10 +95,17 @@ async def nearest_among(
 ) -> list[list[tuple[str, float]]]:
     """For each probe row, the `k` of these unit `vectors` nearest by cosine."""
     ids = list(vectors)
+    return await _nearest_rows(ids, lambda: np.stack([vectors[i] for i in ids]), probes, k)
+
+
+async def _nearest_rows(
+    ids: list[str], rows: Callable[[], Vector], probes: Vector, k: int
+) -> list[list[tuple[str, float]]]:
+    """For each probe row, the `k` of `ids` nearest by cosine (`rows()`: their unit vectors,
+    built where the product runs)."""
     if not ids:
         return [[] for _ in range(len(probes))]
-    return await by_size(len(ids), lambda: top_per_row(
-        unit(probes) @ np.stack([vectors[i] for i in ids]).T, ids, k))
+    return await by_size(len(ids), lambda: top_per_row(unit(probes) @ rows().T, ids, k))
 
 
 async def of_type(index: VectorIndex, kind: NodeType) -> tuple[list[str], Vector]:

@@ -154,24 +154,32 @@ class HnswAccelerator:
                 return None
             pending = list(self._pending)
         candidates = [list(pending) for _ in range(len(q))]
-        with self._faiss_lock:
-            graphs = self._graphs
-            wanted, share = walks(graphs, codes)
-            # More candidates than efSearch cost a wider walk for nothing the re-rank needs.
-            params = self.params
-            wanted_rows = min(params.oversample * k, max(params.ef_search, k))
-            want = math.ceil(wanted_rows / share)
-            # As broad as the candidates need (faiss widens a walk to k by itself).
-            breadth = self._faiss.SearchParametersHNSW(
-                efSearch=min(params.ef_search, max(params.ef_min, wanted_rows)))
-            for code in wanted:
-                graph = graphs.get(code)
-                if graph is None or graph.index.ntotal == 0:
-                    continue
-                _, found = graph.index.search(q, min(graph.index.ntotal, want), params=breadth)
-                labels = graph.labels
-                for row, hits in zip(candidates, found.tolist(), strict=True):
-                    row.extend(labels[label] for label in hits if label >= 0)
+        faiss = self._faiss
+        # One OpenMP thread for the walks, on this thread only: a team's idle worker spins
+        # on a core for milliseconds after each walk of a few probes (BENCHMARKS.md).
+        threads = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)
+        try:
+            with self._faiss_lock:
+                graphs = self._graphs
+                wanted, share = walks(graphs, codes)
+                # More candidates than efSearch cost a wider walk for nothing the re-rank needs.
+                params = self.params
+                wanted_rows = min(params.oversample * k, max(params.ef_search, k))
+                want = math.ceil(wanted_rows / share)
+                # As broad as the candidates need (faiss widens a walk to k by itself).
+                breadth = faiss.SearchParametersHNSW(
+                    efSearch=min(params.ef_search, max(params.ef_min, wanted_rows)))
+                for code in wanted:
+                    graph = graphs.get(code)
+                    if graph is None or graph.index.ntotal == 0:
+                        continue
+                    _, found = graph.index.search(q, min(graph.index.ntotal, want), params=breadth)
+                    labels = graph.labels
+                    for row, hits in zip(candidates, found.tolist(), strict=True):
+                        row.extend(labels[label] for label in hits if label >= 0)
+        finally:
+            faiss.omp_set_num_threads(threads)
         # Each row as alone: one too few survivors sends only that row to the exact scan.
         pairs = zip(q, candidates, strict=True)
         return [rerank(snap, query, k, pool, codes) for query, pool in pairs]

@@ -500,7 +500,8 @@ def test_a_walk_is_as_broad_as_its_candidates_need(
         return faiss.SearchParametersHNSW(**kwargs)
 
     monkeypatch.setattr(accelerator, "_faiss", types.SimpleNamespace(
-        SearchParametersHNSW=recorded))
+        SearchParametersHNSW=recorded, omp_get_max_threads=faiss.omp_get_max_threads,
+        omp_set_num_threads=faiss.omp_set_num_threads))
     queries = clustered(20, seed=13)
     assert recall_at(index, queries, 3, None) == 1.0
     assert set(breadths) == {64}
@@ -508,6 +509,50 @@ def test_a_walk_is_as_broad_as_its_candidates_need(
     for k, breadth in ((10, 80), (50, 128)):
         index.search(queries[0], k, None)
         assert breadths[-1] == breadth
+
+
+@needs_faiss
+def test_a_walk_runs_on_its_thread_alone_and_leaves_its_openmp_setting(
+    built: tuple[VectorIndex, HnswAccelerator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search of several probes walks each graph with one OpenMP thread (a team's idle
+    worker would spin on a core for milliseconds after each walk), and the calling thread's
+    OpenMP setting is as it was afterwards, also when a walk raises."""
+    index, accelerator = built
+    faiss = accelerator._faiss
+    during: list[int] = []
+
+    class Walked:
+        """A graph's faiss index that notes the OpenMP threads a walk may use."""
+
+        def __init__(self, inner: Any, fails: bool) -> None:
+            self.inner, self.fails, self.ntotal = inner, fails, inner.ntotal
+
+        def search(self, *args: Any, **kwargs: Any) -> Any:
+            during.append(faiss.omp_get_max_threads())
+            if self.fails:
+                raise RuntimeError("walk failed")
+            return self.inner.search(*args, **kwargs)
+
+    def walks(fails: bool) -> int:
+        for graph in accelerator._graphs.values():
+            monkeypatch.setattr(graph, "index", Walked(graph.index, fails))
+        faiss.omp_set_num_threads(3)
+        try:
+            index.search_rows(clustered(4, seed=17), 5, None)
+        except RuntimeError:
+            pass
+        return int(faiss.omp_get_max_threads())
+
+    for fails in (False, True):
+        after: list[int] = []
+        thread = threading.Thread(target=lambda: after.append(walks(fails)))  # noqa: B023
+        thread.start()
+        thread.join()
+        assert set(during) == {1}
+        assert after == [3]
+        during.clear()
+        monkeypatch.undo()
 
 
 @pytest.mark.slow

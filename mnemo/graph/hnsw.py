@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -155,31 +156,24 @@ class HnswAccelerator:
             pending = list(self._pending)
         candidates = [list(pending) for _ in range(len(q))]
         faiss = self._faiss
-        # One OpenMP thread for the walks, on this thread only: a team's idle worker spins
-        # on a core for milliseconds after each walk of a few probes (BENCHMARKS.md).
-        threads = faiss.omp_get_max_threads()
-        faiss.omp_set_num_threads(1)
-        try:
-            with self._faiss_lock:
-                graphs = self._graphs
-                wanted, share = walks(graphs, codes)
-                # More candidates than efSearch cost a wider walk for nothing the re-rank needs.
-                params = self.params
-                wanted_rows = min(params.oversample * k, max(params.ef_search, k))
-                want = math.ceil(wanted_rows / share)
-                # As broad as the candidates need (faiss widens a walk to k by itself).
-                breadth = faiss.SearchParametersHNSW(
-                    efSearch=min(params.ef_search, max(params.ef_min, wanted_rows)))
-                for code in wanted:
-                    graph = graphs.get(code)
-                    if graph is None or graph.index.ntotal == 0:
-                        continue
-                    _, found = graph.index.search(q, min(graph.index.ntotal, want), params=breadth)
-                    labels = graph.labels
-                    for row, hits in zip(candidates, found.tolist(), strict=True):
-                        row.extend(labels[label] for label in hits if label >= 0)
-        finally:
-            faiss.omp_set_num_threads(threads)
+        with one_thread(faiss), self._faiss_lock:
+            graphs = self._graphs
+            wanted, share = walks(graphs, codes)
+            # More candidates than efSearch cost a wider walk for nothing the re-rank needs.
+            params = self.params
+            wanted_rows = min(params.oversample * k, max(params.ef_search, k))
+            want = math.ceil(wanted_rows / share)
+            # As broad as the candidates need (faiss widens a walk to k by itself).
+            breadth = faiss.SearchParametersHNSW(
+                efSearch=min(params.ef_search, max(params.ef_min, wanted_rows)))
+            for code in wanted:
+                graph = graphs.get(code)
+                if graph is None or graph.index.ntotal == 0:
+                    continue
+                _, found = graph.index.search(q, min(graph.index.ntotal, want), params=breadth)
+                labels = graph.labels
+                for row, hits in zip(candidates, found.tolist(), strict=True):
+                    row.extend(labels[label] for label in hits if label >= 0)
         # Each row as alone: one too few survivors sends only that row to the exact scan.
         pairs = zip(q, candidates, strict=True)
         return [rerank(snap, query, k, pool, codes) for query, pool in pairs]
@@ -372,7 +366,7 @@ class HnswAccelerator:
             if row is not None and row < snap.size and snap.codes[row] != DEAD:
                 by_code.setdefault(int(snap.codes[row]), []).append((node_id, s, row))
         inserted: list[tuple[str, int, Graph, int]] = []
-        with self._faiss_lock:
+        with one_thread(self._faiss), self._faiss_lock:
             every = self._graphs.get(ALL)
             if every is None:
                 every = self._graphs[ALL] = self._new_graph()
@@ -395,6 +389,19 @@ class HnswAccelerator:
                 if self._pending.get(node_id) == s:
                     del self._pending[node_id]
             self._unsaved += len(inserted)
+
+
+@contextmanager
+def one_thread(faiss: Any) -> Iterator[None]:
+    """faiss's calls from this thread use one OpenMP thread inside the block, the thread's own
+    setting again after it: after a walk or a small insert, a team's idle worker spins on a core
+    for milliseconds (BENCHMARKS.md). A build keeps the team."""
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(threads)
 
 
 def _kill(graphs: dict[int, Graph], ids: Iterable[str]) -> None:

@@ -512,47 +512,60 @@ def test_a_walk_is_as_broad_as_its_candidates_need(
 
 
 @needs_faiss
-def test_a_walk_runs_on_its_thread_alone_and_leaves_its_openmp_setting(
-    built: tuple[VectorIndex, HnswAccelerator], monkeypatch: pytest.MonkeyPatch
+def test_walks_and_small_inserts_use_one_openmp_thread_and_leave_its_setting(
+    accelerated: tuple[VectorIndex, HnswAccelerator], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A search of several probes walks each graph with one OpenMP thread (a team's idle
-    worker would spin on a core for milliseconds after each walk), and the calling thread's
-    OpenMP setting is as it was afterwards, also when a walk raises."""
-    index, accelerator = built
+    """A search of several probes and a small insert call faiss with one OpenMP thread (a
+    team's idle worker would spin on a core for milliseconds after each call), and the calling
+    thread's OpenMP setting is as it was afterwards, also when a walk raises."""
+    index, accelerator = accelerated
     faiss = accelerator._faiss
-    during: list[int] = []
+    seen: list[tuple[str, int]] = []
 
-    class Walked:
-        """A graph's faiss index that notes the OpenMP threads a walk may use."""
+    class Noted:
+        """A graph's faiss index that notes the OpenMP threads each call may use."""
 
         def __init__(self, inner: Any, fails: bool) -> None:
-            self.inner, self.fails, self.ntotal = inner, fails, inner.ntotal
+            self.inner, self.fails = inner, fails
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
 
         def search(self, *args: Any, **kwargs: Any) -> Any:
-            during.append(faiss.omp_get_max_threads())
+            seen.append(("search", faiss.omp_get_max_threads()))
             if self.fails:
                 raise RuntimeError("walk failed")
             return self.inner.search(*args, **kwargs)
 
-    def walks(fails: bool) -> int:
+        def add(self, vectors: Any) -> None:
+            seen.append(("add", faiss.omp_get_max_threads()))
+            self.inner.add(vectors)
+
+    def noted(fails: bool) -> None:
         for graph in accelerator._graphs.values():
-            monkeypatch.setattr(graph, "index", Walked(graph.index, fails))
+            monkeypatch.setattr(graph, "index", Noted(graph.index, fails))
+
+    def walks(after: list[int]) -> None:
         faiss.omp_set_num_threads(3)
         try:
             index.search_rows(clustered(4, seed=17), 5, None)
         except RuntimeError:
             pass
-        return int(faiss.omp_get_max_threads())
+        after.append(faiss.omp_get_max_threads())
 
     for fails in (False, True):
+        noted(fails)
         after: list[int] = []
-        thread = threading.Thread(target=lambda: after.append(walks(fails)))  # noqa: B023
+        thread = threading.Thread(target=walks, args=(after,))
         thread.start()
         thread.join()
-        assert set(during) == {1}
         assert after == [3]
-        during.clear()
         monkeypatch.undo()
+    noted(False)
+    index.add([f"m{i}" for i in range(40)], kinds(40), clustered(40, seed=19))
+    assert accelerator.wait(30)
+    assert {call for call, _ in seen} == {"search", "add"}
+    assert {threads for _, threads in seen} == {1}
 
 
 @pytest.mark.slow

@@ -156,7 +156,7 @@ class HnswAccelerator:
             pending = list(self._pending)
         candidates = [list(pending) for _ in range(len(q))]
         faiss = self._faiss
-        with one_thread(faiss), self._faiss_lock:
+        with one_openmp_thread(faiss), self._faiss_lock:
             graphs = self._graphs
             wanted, share = walks(graphs, codes)
             # More candidates than efSearch cost a wider walk for nothing the re-rank needs.
@@ -366,7 +366,7 @@ class HnswAccelerator:
             if row is not None and row < snap.size and snap.codes[row] != DEAD:
                 by_code.setdefault(int(snap.codes[row]), []).append((node_id, s, row))
         inserted: list[tuple[str, int, Graph, int]] = []
-        with one_thread(self._faiss), self._faiss_lock:
+        with one_openmp_thread(self._faiss), self._faiss_lock:
             every = self._graphs.get(ALL)
             if every is None:
                 every = self._graphs[ALL] = self._new_graph()
@@ -392,10 +392,10 @@ class HnswAccelerator:
 
 
 @contextmanager
-def one_thread(faiss: Any) -> Iterator[None]:
-    """faiss's calls from this thread use one OpenMP thread inside the block, the thread's own
-    setting again after it: after a walk or a small insert, a team's idle worker spins on a core
-    for milliseconds (BENCHMARKS.md). A build keeps the team."""
+def one_openmp_thread(faiss: Any) -> Iterator[None]:
+    """Limits this thread's faiss calls to one OpenMP thread inside the block and restores its
+    setting after. A team's idle worker spins on a core for milliseconds after a walk or a small
+    insert (BENCHMARKS.md); builds keep the team."""
     threads = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
     try:

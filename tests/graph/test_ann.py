@@ -512,14 +512,15 @@ def test_a_walk_is_as_broad_as_its_candidates_need(
 
 
 @needs_faiss
-def test_walks_and_small_inserts_use_one_openmp_thread_and_leave_its_setting(
+def test_walks_and_inserts_use_one_openmp_thread_and_leave_the_thread_s_setting(
     accelerated: tuple[VectorIndex, HnswAccelerator], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A search of several probes and a small insert call faiss with one OpenMP thread (a
-    team's idle worker would spin on a core for milliseconds after each call), and the calling
-    thread's OpenMP setting is as it was afterwards, also when a walk raises."""
+    """A search of several probes and an insert of new rows call faiss with one OpenMP thread
+    (a team's idle worker would spin on a core for milliseconds after each call), and the
+    calling thread's OpenMP setting is as it was afterwards, also when a walk raises."""
     index, accelerator = accelerated
     faiss = accelerator._faiss
+    # (call, the OpenMP threads it may use)
     seen: list[tuple[str, int]] = []
 
     class Noted:
@@ -541,12 +542,14 @@ def test_walks_and_small_inserts_use_one_openmp_thread_and_leave_its_setting(
             seen.append(("add", faiss.omp_get_max_threads()))
             self.inner.add(vectors)
 
+    plain = {code: graph.index for code, graph in accelerator._graphs.items()}
+
     def noted(fails: bool) -> None:
-        for graph in accelerator._graphs.values():
-            monkeypatch.setattr(graph, "index", Noted(graph.index, fails))
+        for code, graph in accelerator._graphs.items():
+            graph.index = Noted(plain[code], fails)
 
     def walks(after: list[int]) -> None:
-        faiss.omp_set_num_threads(3)
+        faiss.omp_set_num_threads(3)  # as if the thread's default were a team of three
         try:
             index.search_rows(clustered(4, seed=17), 5, None)
         except RuntimeError:
@@ -560,12 +563,20 @@ def test_walks_and_small_inserts_use_one_openmp_thread_and_leave_its_setting(
         thread.start()
         thread.join()
         assert after == [3]
-        monkeypatch.undo()
     noted(False)
+    insert = accelerator._insert
+
+    def inserting(batch: list[tuple[str, int]]) -> None:
+        faiss.omp_set_num_threads(3)  # the worker's thread, likewise
+        insert(batch)
+        seen.append(("after the insert", faiss.omp_get_max_threads()))
+
+    monkeypatch.setattr(accelerator, "_insert", inserting)
     index.add([f"m{i}" for i in range(40)], kinds(40), clustered(40, seed=19))
     assert accelerator.wait(30)
-    assert {call for call, _ in seen} == {"search", "add"}
-    assert {threads for _, threads in seen} == {1}
+    assert {call for call, _ in seen} == {"search", "add", "after the insert"}
+    assert {threads for call, threads in seen if call != "after the insert"} == {1}
+    assert {threads for call, threads in seen if call == "after the insert"} == {3}
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@ later wait in `pending`, scanned exactly; a quarter dead labels trigger a rebuil
 Threads: what the `VectorIndex` tells it (`start_if_due`, `added`, `removed`) runs on the event
 loop, `search` on any thread, the worker in its own: only it changes a graph's faiss index.
 `_faiss_lock` covers every call into a published graph, `_lock` the bookkeeping (labels'
-liveness, pending rows; order: `_faiss_lock`, then `_lock`).
+liveness, pending rows; order: `_faiss_lock`, then `_lock`). A search and an insert call faiss
+with one OpenMP thread (`one_openmp_thread`); a build uses faiss's team.
 """
 
 from __future__ import annotations

@@ -275,12 +275,6 @@ def parse_reward(resp: LLMResponse) -> float:
     return NEUTRAL_REWARD if score is None else score
 
 
-def annotation_timeout(config: Config) -> float:
-    """Seconds one step's annotation may take (waits for a turn excluded): what its append,
-    then a close, waits for it."""
-    return config.append_timeout + config.extraction_timeout
-
-
 async def annotate_step(
     llm: Callable[[], LLM],
     embedder: Embedder,
@@ -292,8 +286,9 @@ async def annotate_step(
     new_trajectory: str,
     name: str,
 ) -> tuple[StepRecord, float | None]:
-    """`step`, appended after `steps`, annotated within `annotation_timeout(config)` seconds
-    (else LLMTimeout), and the previous step's reward: the LLM is asked for the state, the
+    """`step`, appended after `steps`, annotated within `append_timeout + extraction_timeout`
+    seconds (what its append, then a close, waits for it; waits for a turn excluded; else
+    LLMTimeout), and the previous step's reward: the LLM is asked for the state, the
     subgoal and that reward at once, then the subgoal is embedded. The step goes in the
     previous step's trajectory, or in `new_trajectory` when it starts one (`config`'s
     `trajectory_threshold`); LLMError or EmbeddingError when the model or the embedder fails."""
@@ -302,37 +297,33 @@ async def annotate_step(
     results: dict[str, str | float] = {}
 
     async def state() -> None:
-        request = state_request(
+        results["state"] = await ask(model, state_request(
             goal=goal,
             observation=step.observation,
             action=step.action,
             previous_state=previous.state_summary if previous else None,
-        )
-        results["state"] = await ask(model, request, parse_state, any_reply=True)
+        ), parse_state, any_reply=True)
 
     async def subgoal() -> None:
-        request = subgoal_request(
+        results["subgoal"] = await ask(model, subgoal_request(
             goal=goal,
             observation=step.observation,
             action=step.action,
             previous_subgoal=previous.subgoal if previous else None,
             recent_steps=[s.line for s in steps[-3:]],
-        )
-        results["subgoal"] = await ask(model, request, parse_subgoal)
+        ), parse_subgoal)
 
     async def score(before: StepRecord) -> None:
         # 0.5 when the reply is unusable; LLMError when the LLM itself failed.
-        request = reward_request(
+        results["reward"] = await ask(model, reward_request(
             goal=goal,
             subgoal=before.subgoal,
             observation=before.observation,
             action=before.action,
             next_observation=step.observation,
-        )
-        results["reward"] = await ask(model, request, parse_reward, unusable=NEUTRAL_REWARD,
-                                      any_reply=True)
+        ), parse_reward, unusable=NEUTRAL_REWARD, any_reply=True)
 
-    time_limit = annotation_timeout(config)
+    time_limit = config.append_timeout + config.extraction_timeout
     try:
         with fail_after(time_limit, stretches=True):
             # The three calls run at once, the state call in this task (one task start saved).

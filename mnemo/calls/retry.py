@@ -365,11 +365,8 @@ class Limits:
 
     def llm_for(self, llm: LLM, config: Config, repo: str, session_id: str | None = None) -> LLM:
         """`llm` within its provider's limiter under `config`, booked to the repo (and session)."""
-
-        def meter(usage: Usage) -> None:
-            self.usage.add(repo, session_id, usage)
-
-        return LimitedLLM(llm, self.slots(llm, config), meter,
+        return LimitedLLM(llm, self.slots(llm, config),
+                          lambda usage: self.usage.add(repo, session_id, usage),
                           lambda: self.usage.calling(session_id))
 
 

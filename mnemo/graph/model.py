@@ -280,8 +280,7 @@ def cosine(a: Vector, b: Vector) -> float:
     return float(np.dot(a, b)) / math.sqrt(aa * bb)
 
 
-_FULL_FREQUENCY = 10  # accesses at which frequency reaches 1
-_LOG_FULL_FREQUENCY = math.log1p(_FULL_FREQUENCY)
+_LOG_FULL_FREQUENCY = math.log1p(10)  # 10 accesses: frequency reaches 1
 _NUMBER = (int, float)  # `int | float` is a new union object at each use
 
 def reward(kind: NodeType, data: Mapping[str, object]) -> float:

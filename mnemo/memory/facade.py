@@ -359,9 +359,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             context = None
         if context is not None:
             query = "\n".join([query, context.goal, *context.recent_steps])[:limit]
-        asked = query
         return await self._following_switches(repo, lambda: self._recall(
-            repo, asked, k=k, types=None, reinforce=not self._inspect,
+            repo, query, k=k, types=None, reinforce=not self._inspect,
             session_id=session_id, where=scope,
         ))
 

@@ -368,7 +368,7 @@ async def take_work(live: Sessions, now: datetime, gone: list[str]) -> None:
             continue  # moved on, or its work already runs here
         if _same_model(session) and await transitions.hold(live, session):
             log.info("%s: taking over its extraction", session.id)
-            live.start(session, Extract())
+            live.effects(live, session, Extract())
     for session_id in await co.unannotated(now - live.lease, gone):
         try:
             session = await live.fetch(session_id, fresh=True)
@@ -395,7 +395,7 @@ async def _take_timers(live: Sessions, session: SessionRecord) -> None:
         # A background commit that went with its holder runs again here now.
         finished = session.finished_steps()
         if finished:
-            live.start(session, CommitSteps(finished))
+            live.effects(live, session, CommitSteps(finished))
 
 
 def _same_model(session: SessionRecord) -> bool:

@@ -86,9 +86,6 @@ class Sessions:
     looking: int = 0  # the background loops' looks at the store under way (`timers.one_look`)
     looks_end: anyio.Event | None = None  # closing: set once none is under way
 
-    def start(self, session: SessionRecord, effect: Effect) -> None:
-        self.effects(self, session, effect)
-
     def lease_until(self) -> datetime:
         return self.coordination.now() + self.lease
 
@@ -409,8 +406,8 @@ async def annotation(live: Sessions, session: SessionRecord) -> None:
 async def _annotate(
     live: Sessions, session: SessionRecord, episode: EpisodeRecord, step: StepRecord
 ) -> None:
-    """Annotates one stored step (within `episode.annotation_timeout`) and writes it with the
-    previous step's reward."""
+    """Annotates one stored step (within `append_timeout + extraction_timeout`) and writes it
+    with the previous step's reward."""
     runtime = session.runtime
     previous = episode.steps[step.index - 1] if step.index else None
     done, reward = await annotate_step(
@@ -439,7 +436,7 @@ async def _annotate(
                 before.reward = reward
     session.notify()
     if boundary and session.config.auto_commit and (ready := session.finished_steps()):
-        live.start(session, CommitSteps(ready))
+        live.effects(live, session, CommitSteps(ready))
 
 
 async def claim(

@@ -254,7 +254,7 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
         ids = {s.id for s in mine}
         waiting = [s for s in session.uncommitted() if s.id in ids]
         if waiting:
-            live.start(session, CommitSteps(waiting))
+            live.effects(live, session, CommitSteps(waiting))
     except NotFoundError:
         return  # ended through another Memory
     except StorageError as exc:

@@ -92,7 +92,7 @@ async def move(
         session.trigger(event, **given)
         after = session.state
         if then is not None:
-            live.start(session, then)
+            live.effects(live, session, then)
         if op is not None:
             op.applied = True
     session.notify()
@@ -148,7 +148,7 @@ async def start_extraction(
     # Started with the move: else a call in between takes it for another Memory's extraction.
     if not await move(live, session, event, persist, op=op, refuse=refuse, then=Extract(),
                       facts=facts):
-        live.start(session, Extract())
+        live.effects(live, session, Extract())
 
 
 async def close(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:

@@ -155,18 +155,15 @@ def check_store(path: object) -> str:
 def check_models(llm: object, embedder: object, reranker: object = None) -> None:
     """Refuses (InvalidInputError) an `llm`, `embedder` or `reranker` that is neither None nor
     an object of its port (`dim` is not read: an `OpenAIEmbedder` learns it)."""
-    if llm is not None and not callable(getattr(llm, "generate", None)):
-        raise InvalidInputError(
-            f"llm must be an object with an async generate(request) (mnemo.LLM), got "
-            f"{llm!r}; a model's URI goes through mnemo.llm_from_uri")
-    if embedder is not None and not callable(getattr(embedder, "embed", None)):
-        raise InvalidInputError(
-            f"embedder must be an object with dim and an async embed(texts) (mnemo.Embedder), "
-            f"got {embedder!r}; a model's URI goes through mnemo.embedder_from_uri")
-    if reranker is not None and not callable(getattr(reranker, "rerank", None)):
-        raise InvalidInputError(
-            f"reranker must be an object with an async rerank(query, texts) (mnemo.Reranker), "
-            f"got {reranker!r}")
+    for what, value, method, port, hint in (
+        ("llm", llm, "generate", "an async generate(request) (mnemo.LLM)", "llm_from_uri"),
+        ("embedder", embedder, "embed", "dim and an async embed(texts) (mnemo.Embedder)",
+         "embedder_from_uri"),
+        ("reranker", reranker, "rerank", "an async rerank(query, texts) (mnemo.Reranker)", ""),
+    ):
+        if value is not None and not callable(getattr(value, method, None)):
+            uri = f"; a model's URI goes through mnemo.{hint}" if hint else ""
+            raise InvalidInputError(f"{what} must be an object with {port}, got {value!r}{uri}")
 
 
 def check_count(name: str, value: object, *, minimum: int = 0, maximum: float = math.inf,

@@ -402,7 +402,6 @@ def _loaded(path: str) -> bool:
 
 
 def _without_driver(path: str) -> bool:
-    """Whether `path` is a PostgreSQL URL and PostgreSQL's driver is not installed."""
     if not path.startswith(POSTGRES_SCHEMES):
         return False
     try:

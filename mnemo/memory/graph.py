@@ -249,8 +249,7 @@ class GraphMethods(Parts):
         if scope is None:
             raise InvalidInputError("nodes_where needs a where with at least one key")
         await self._repos.checked(repo, lambda config: check_count(
-            "limit", limit, minimum=1, maximum=config.max_results,
-            setting="Config.max_results"))
+            "limit", limit, minimum=1, maximum=config.max_results, setting=RESULTS))
         found = await self._graph.scope_sources(repo, scope, limit)
         return await self._graph.get_nodes(repo, [i for _, i, _ in found])
 
@@ -265,7 +264,7 @@ class GraphMethods(Parts):
         from mnemo.graph import history as commit_history
 
         await self._repos.checked(repo, lambda config: check_count(
-            "limit", limit, minimum=1, maximum=config.max_results, setting="Config.max_results"))
+            "limit", limit, minimum=1, maximum=config.max_results, setting=RESULTS))
         return await commit_history.history(self._graph, repo, limit)
 
     async def commit_diff(self, repo: str, commit_id: str) -> CommitDiff:

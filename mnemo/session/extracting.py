@@ -180,8 +180,7 @@ class Extraction:
             left = len(session.unannotated())
             with anyio.move_on_after(limit):
                 while len(session.unannotated()) == left and session.annotating:
-                    changed = session.changed
-                    await changed.wait()
+                    await session.changed.wait()
         if not session.unannotated():
             return
         if not session.annotating and session.annotation_failure is not None:

@@ -178,8 +178,7 @@ async def run(live: Sessions) -> None:
             if session is None:
                 live.timed.discard(session_id)
                 continue
-            due = _check_deadlines(live, session, now)
-            next_due = min(next_due, due)
+            next_due = min(next_due, _check_deadlines(live, session, now))
         live.timer_wake = anyio.Event()
         with anyio.move_on_after(max(next_due - anyio.current_time(), 0.0)):
             await live.timer_wake.wait()

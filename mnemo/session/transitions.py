@@ -228,10 +228,9 @@ async def commit_steps(
 ) -> CommitReceipt:
     """Applies `changeset` with the session's side (steps committed, and `state` unless None)
     in one transaction, then marks the steps committed in memory."""
-    episode_id = session.episode.id if session.episode else None
     side = StepsCommitted(
         session.id,
-        episode_id,
+        session.episode.id if session.episode else None,
         changeset.id,
         tuple((s.id, s.reward) for s in steps),
         None if state is None else state.value,
@@ -287,7 +286,6 @@ async def wait_moved(live: Sessions, session: SessionRecord) -> None:
             return
         if session.scopes or session.state is not State.EXTRACTING:
             return  # its work runs here now, or it moved while we looked at the store
-        current = await live.coordination.change_token()
-        if current != token:
+        if await live.coordination.change_token() != token:
             await live.fetch(session.id, fresh=True)
             return

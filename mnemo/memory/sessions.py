@@ -158,68 +158,61 @@ class SessionMethods(Parts):
         if max_polls is not None:
             check_count("max_polls", max_polls, minimum=1)
         check_seconds("poll_interval", poll_interval, DURATION_CEILINGS["wait"])
-        try:
-            return await self._close_and_commit(session_id, max_retries, max_polls,
-                                                poll_interval)
-        finally:
-            await self._save_profiles()
-
-    async def _close_and_commit(
-        self, session_id: str, max_retries: int, max_polls: int | None, poll_interval: float
-    ) -> CommitReceipt:
-        """Each wait lasts the session's `extraction_timeout` plus a grace (so that the
-        extraction's own timeout reports first; twice in auto-commit, whose close may wait for
-        another Memory's commit), extended while its model calls keep being answered; it is
-        woken by the state change, it does not poll."""
         from mnemo.extraction.pipeline import failure_reason
         from mnemo.session import transitions
         from mnemo.session.machine import State as S
         from mnemo.session.machine import refuse_close
 
-        live = self._live
-        session = await live.fetch(session_id, fresh=True)
-        # Extractions this call started (or found running).
-        runs = 1 if session.state in (S.COLLECTING, S.IDLE, S.EXTRACTING) else 0
-        if session.state in (S.COLLECTING, S.IDLE):
-            refuse_close(session)
-            await transitions.close(live, session)
-        retries = 0
-        if max_polls is None:
-            phases = 2 if session.config.auto_commit else 1
-            wait = session.runtime.config.extraction_timeout * 1.1 * phases + 1.0
-        else:
-            wait = max_polls * poll_interval
-        while True:
-            with anyio.move_on_after(wait) as scope:
-                while session.state is S.EXTRACTING and not session.ended:
-                    await transitions.wait_moved(live, session)
-            if scope.cancelled_caught:
-                last = self._repos.limits.usage.last_answer(session_id)
-                if max_polls is None and last is not None and anyio.current_time() - last < wait:
-                    continue  # still being answered: its calls queued, they did not hang
-                raise PipelineError("extraction_timeout", f"{session_id} still extracting")
-            if session.ended:
-                raise NotFoundError("session", session_id)
-            state = session.state
-            if state is S.READY:
-                receipt = await self._move(session_id, "commit")
-                assert receipt is not None
-                return receipt
-            if state is S.IDLE and session.config.auto_commit and session.last_receipt:
-                return session.last_receipt
-            if state is S.FAILED and retries < max_retries:
-                retries += 1
-                runs += 1
-                await self._move(session_id, "commit")
-                continue
-            if state is S.FAILED:
-                times = "once" if runs == 1 else f"{runs} times"
-                raise PipelineError(
-                    failure_reason(session.failure or Exception()),
-                    f"{session_id}: the extraction failed {times} in this call, last: "
-                    f"{session.failure}",
-                ) from session.failure
-            raise SessionError("not_ready", state=state, session_id=session_id)
+        try:
+            live = self._live
+            session = await live.fetch(session_id, fresh=True)
+            # Extractions this call started (or found running).
+            runs = 1 if session.state in (S.COLLECTING, S.IDLE, S.EXTRACTING) else 0
+            if session.state in (S.COLLECTING, S.IDLE):
+                refuse_close(session)
+                await transitions.close(live, session)
+            retries = 0
+            if max_polls is None:
+                # A grace past the time limit lets the extraction's own timeout report first; an
+                # auto-commit close may wait for another Memory's commit, then extract: twice.
+                phases = 2 if session.config.auto_commit else 1
+                wait = session.runtime.config.extraction_timeout * 1.1 * phases + 1.0
+            else:
+                wait = max_polls * poll_interval
+            while True:
+                with anyio.move_on_after(wait) as scope:
+                    while session.state is S.EXTRACTING and not session.ended:
+                        await transitions.wait_moved(live, session)
+                if scope.cancelled_caught:
+                    last = self._repos.limits.usage.last_answer(session_id)
+                    if (max_polls is None and last is not None
+                            and anyio.current_time() - last < wait):
+                        continue  # still being answered: its calls queued, they did not hang
+                    raise PipelineError("extraction_timeout", f"{session_id} still extracting")
+                if session.ended:
+                    raise NotFoundError("session", session_id)
+                state = session.state
+                if state is S.READY:
+                    receipt = await self._move(session_id, "commit")
+                    assert receipt is not None
+                    return receipt
+                if state is S.IDLE and session.config.auto_commit and session.last_receipt:
+                    return session.last_receipt
+                if state is S.FAILED and retries < max_retries:
+                    retries += 1
+                    runs += 1
+                    await self._move(session_id, "commit")
+                    continue
+                if state is S.FAILED:
+                    times = "once" if runs == 1 else f"{runs} times"
+                    raise PipelineError(
+                        failure_reason(session.failure or Exception()),
+                        f"{session_id}: the extraction failed {times} in this call, last: "
+                        f"{session.failure}",
+                    ) from session.failure
+                raise SessionError("not_ready", state=state, session_id=session_id)
+        finally:
+            await self._save_profiles()
 
     async def commit_async(self, session_id: str, callback: Callback | None = None) -> None:
         await self._submit(session_id, "commit", (), callback)

@@ -203,7 +203,16 @@ class Extraction:
         live, session = self.live, self.session
         for attempt in range(_ATTEMPTS):
             await take_commits(live, session)
-            changeset, steps = await self._close_changeset(started)
+            # The steps another Memory's commit claimed are waited for (`settle`) within the
+            # time limit from `started`, then the rest is extracted once (not while it waits).
+            steps = session.uncommitted()
+            mine = {s.id for s in await claim_or_all(live, session, steps)}
+            if len(mine) < len(steps):
+                limit = started + session.runtime.config.extraction_timeout
+                await settle(live, session, [s for s in steps if s.id not in mine],
+                             within=max(limit - anyio.current_time(), 0.0))
+                steps = session.uncommitted()
+            changeset = await self._changeset(steps)
             try:
                 return await self._auto_commit_close(changeset, steps)
             except StepsCommittedElsewhere:
@@ -212,23 +221,6 @@ class Extraction:
                 log.info("%s: steps committed by another Memory meanwhile; extracting the rest",
                          session.id)
         raise AssertionError("unreachable")
-
-    async def _close_changeset(
-        self, started: float
-    ) -> tuple[Changeset, list[StepRecord]]:
-        """The auto-commit close's changeset and the steps it commits: those no commit has.
-        It first waits for steps another Memory's commit claimed (`settle`), up to an
-        extraction's time limit from `started`, then extracts what is left, once (an extraction
-        while it waited would be asked again with the rest)."""
-        live, session = self.live, self.session
-        steps = session.uncommitted()
-        mine = {s.id for s in await claim_or_all(live, session, steps)}
-        if len(mine) < len(steps):
-            limit = started + session.runtime.config.extraction_timeout
-            await settle(live, session, [s for s in steps if s.id not in mine],
-                                within=max(limit - anyio.current_time(), 0.0))
-            steps = session.uncommitted()
-        return await self._changeset(steps), steps
 
     async def _store_kept(self) -> None:
         """Stores what a failed extraction kept, so a retry after a restart or a takeover asks

@@ -146,7 +146,17 @@ class Extraction:
             await self._store_kept()
             if session.config.auto_commit:
                 await registry.release(live, session, session.uncommitted())
-            return await self._extraction_failed()
+            try:
+                failed = await transitions.move(
+                    live, session, "extraction_failed",
+                    lambda: live.store.set_state(session.id, S.FAILED, version=session.version),
+                )
+            except StorageError as error:
+                # The store refuses even the failure: the session fails here all the same; the
+                # store still says extracting, so a reopened store (or a retry) extracts again.
+                log.warning("%s: could not store the failed state: %r", session.id, error)
+                failed = await transitions.move(live, session, "extraction_failed")
+            return Ended.FAILED if failed else Ended.STALE
         return Ended.MOVED if moved else Ended.STALE
 
     async def _ready(self) -> bool:
@@ -235,20 +245,6 @@ class Extraction:
             except StorageError as exc:
                 log.warning("%s: could not store a kept %s result: %r", session.id, kept.task, exc)
                 return
-
-    async def _extraction_failed(self) -> Ended:
-        live, session = self.live, self.session
-        try:
-            moved = await transitions.move(
-                live, session, "extraction_failed",
-                lambda: live.store.set_state(session.id, S.FAILED, version=session.version),
-            )
-        except StorageError as exc:
-            # The store refuses even the failure: the session fails here all the same; the
-            # store still says extracting, so a reopened store (or a retry) extracts again.
-            log.warning("%s: could not store the failed state: %r", session.id, exc)
-            moved = await transitions.move(live, session, "extraction_failed")
-        return Ended.FAILED if moved else Ended.STALE
 
     async def _auto_commit_close(
         self, changeset: Changeset, steps: list[StepRecord]

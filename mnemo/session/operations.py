@@ -124,7 +124,12 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     """Runs an accepted operation and reports it: exactly one callback, whatever happens."""
     try:
         await _still_taken(live, op)
-        await _execute(live, session, op)
+        if op.kind == "append":
+            assert op.ticket is not None
+            observation, action = op.args
+            await registry.run_append(live, session, op.ticket, observation, action, None)
+        else:
+            await transitions.call(live, session, op.kind, op.args, op)
     except Exception as exc:
         # Shielded: finding the session ended cancels this task; the callbacks are owed.
         with anyio.CancelScope(shield=True):
@@ -187,15 +192,6 @@ async def _finish_op(session: SessionRecord, op: Op, result: OpResult) -> None:
         session.running = None
     session.notify()
     await deliver(op.callback, result)
-
-
-async def _execute(live: Sessions, session: SessionRecord, op: Op) -> None:
-    if op.kind == "append":
-        assert op.ticket is not None
-        observation, action = op.args
-        await registry.run_append(live, session, op.ticket, observation, action, None)
-    else:
-        await transitions.call(live, session, op.kind, op.args, op)
 
 
 def start_next(live: Sessions, session: SessionRecord) -> None:

@@ -123,7 +123,12 @@ def handing_over(live: Sessions, session: SessionRecord) -> Iterator[None]:
 async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     """Runs an accepted operation and reports it: exactly one callback, whatever happens."""
     try:
-        await _still_taken(live, op)
+        # Not run when its accepting Memory answered it meanwhile, taking this one for gone:
+        # it would be done after its caller heard it failed.
+        taken = op.stored is None or await live.coordination.still_taken(op.stored, live.holder_id)
+        if not taken:
+            raise MnemoError(f"{op.kind} {op.stored} was answered as failed by the Memory that "
+                             "accepted it, which took this one for gone: not run")
         if op.kind == "append":
             assert op.ticket is not None
             observation, action = op.args
@@ -169,19 +174,6 @@ async def _still_live(live: Sessions, session: SessionRecord) -> bool:
         return True
     await live.forget(session)
     return False
-
-
-async def _still_taken(live: Sessions, op: Op) -> None:
-    """Raises MnemoError when `op` came from the store and its accepting Memory has answered
-    it meanwhile (taking this one for gone): run now, it would be done after its caller heard
-    it failed."""
-    if op.stored is None:
-        return
-    if not await live.coordination.still_taken(op.stored, live.holder_id):
-        raise MnemoError(
-            f"{op.kind} {op.stored} was answered as failed by the Memory that accepted it, "
-            "which took this one for gone: not run"
-        )
 
 
 async def _finish_op(session: SessionRecord, op: Op, result: OpResult) -> None:

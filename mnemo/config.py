@@ -26,15 +26,14 @@ COUNT_CEILINGS = {
 DAY = 86_400.0
 # The longest duration of each kind, in seconds (docs/DECISIONS.md, "Durations").
 DURATION_CEILINGS = {"wait": DAY, "inactivity": 365 * DAY, "age": 100 * 365 * DAY}
-# The longest and the default `Config.idle_session_timeout`.
-IDLE_SESSION_CEILING = 7 * DAY
+# The default `Config.idle_session_timeout` (at most a week: `IdleSeconds`).
 DEFAULT_IDLE_SESSION_TIMEOUT = 3600.0
 
 # The ranges of the fields, by what they measure.
 Seconds = Annotated[float, Meta(gt=0, le=DURATION_CEILINGS["wait"])]
 Wait = Annotated[float, Meta(ge=0, le=DURATION_CEILINGS["wait"])]
 Inactivity = Annotated[float, Meta(gt=0, le=DURATION_CEILINGS["inactivity"])]
-IdleSeconds = Annotated[float, Meta(gt=0, le=IDLE_SESSION_CEILING)]
+IdleSeconds = Annotated[float, Meta(gt=0, le=7 * DAY)]
 Days = Annotated[float, Meta(gt=0, le=DURATION_CEILINGS["age"] / DAY)]
 Share = Annotated[float, Meta(ge=0, le=1)]
 Cosine = Annotated[float, Meta(ge=-1, le=1)]

@@ -155,9 +155,8 @@ def _in_word(character: str) -> bool:
 
 # A Snowball stemmer keeps state while it stems: one per thread (its own cache off).
 _STEMMERS = threading.local()
-# word -> stem, cleared when full: a dict of strings, which the collector never walks.
+# word -> stem, cleared at 65,536 words: a dict of strings, which the collector never walks.
 _STEMS: dict[str, str] = {}
-_STEMS_KEPT = 65_536
 
 
 def stem(word: str) -> str:
@@ -166,7 +165,7 @@ def stem(word: str) -> str:
     stemmed = _STEMS.get(word)
     if stemmed is None:
         stemmed = _stem(word)
-        if len(_STEMS) >= _STEMS_KEPT:
+        if len(_STEMS) >= 65_536:
             _STEMS.clear()
         _STEMS[word] = stemmed
     return stemmed

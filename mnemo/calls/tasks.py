@@ -317,10 +317,9 @@ def re_asked(request: LLMRequest, response: LLMResponse, problem: str) -> LLMReq
     ])
 
 
-# How many times `ask` shortens a prompt the model's context refused, and how much of the
-# inputs' text each time keeps.
+# How many times `ask` shortens a prompt the model's context refused (to about half its
+# inputs' text each time).
 MAX_SHRINKS = 2
-SHRINK_TO = 0.5
 # Texts shorter than this are never cut; a cut text keeps its start and its end.
 SHORT_TEXT = 160
 
@@ -336,7 +335,7 @@ def shorter(request: LLMRequest) -> LLMRequest | None:
         inputs["recent"] = recent[len(recent) // 2:]
     texts = list(_texts(inputs))
     total = sum(len(text) for _, _, text in texts)
-    budget = int(total * SHRINK_TO)
+    budget = total // 2
     for holder, key, text in sorted(texts, key=lambda t: -len(t[2])):
         if total <= budget or len(text) <= SHORT_TEXT:
             break

@@ -19,7 +19,6 @@ from mnemo.ports import Embedder, embed
 
 TYPE_CODES: dict[NodeType, int] = {t: i for i, t in enumerate(NodeType)}
 DEAD = -1  # the type code of a removed row, until the next compaction
-_COMPACT_MIN = 1024
 
 
 def unit(vectors: npt.ArrayLike) -> npt.NDArray[np.float32]:
@@ -157,7 +156,7 @@ class VectorIndex:
             self._types[self._rows.pop(node_id)] = DEAD
         self._dead += len(gone)
         self._view = self._view._replace(dead=self._dead)
-        if self._dead > max(_COMPACT_MIN, self._count // 4):
+        if self._dead > max(1024, self._count // 4):
             keep = np.flatnonzero(self._types[: self._count] != DEAD)
             self._matrix = self._matrix[keep]
             self._types = self._types[keep]

@@ -42,8 +42,6 @@ ORPHAN_GRACE = timedelta(hours=1)
 STORE_RETRY = 1.0
 # The most idle sessions one sweep ends; more are swept in rounds.
 SWEEP_LIMIT = 100
-# Seconds a closing Memory lets its loops' looks at the store run on before it cancels them.
-LOOK_GRACE = 2.0
 
 
 class BackgroundWork:
@@ -71,8 +69,8 @@ class BackgroundWork:
                     started.set_result(None)
                     await self._stop.wait()
                     self.live.looks_end = anyio.Event()
-                    if self.live.looking:
-                        with anyio.move_on_after(LOOK_GRACE):
+                    if self.live.looking:  # the looks under way run on, 2 seconds at most
+                        with anyio.move_on_after(2.0):
                             await self.live.looks_end.wait()
                     tg.cancel_scope.cancel()
             except BaseException as exc:

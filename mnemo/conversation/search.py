@@ -78,8 +78,7 @@ def _fold(text: str) -> str:
     folded = text.casefold()
     if folded.isascii():  # most text: nothing to decompose
         return folded
-    decomposed = unicodedata.normalize("NFKD", folded)
-    return "".join(c for c in decomposed if not unicodedata.combining(c))
+    return "".join(c for c in unicodedata.normalize("NFKD", folded) if not unicodedata.combining(c))
 
 
 def render_hits(hits: Sequence[SearchHit]) -> str:

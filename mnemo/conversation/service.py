@@ -5,9 +5,9 @@ read-then-write of the log, the eviction lock for one eviction at a time)."""
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -52,24 +52,14 @@ SHOWN_KEPT = 1024
 
 
 class KeyedLocks:
-    """One `anyio.Lock` per key, alive only while someone holds or awaits it."""
+    """One `anyio.Lock` per key (`hold` gives it, to hold with `async with`), kept only while
+    someone holds or awaits it."""
 
     def __init__(self) -> None:
-        self._locks: dict[str, tuple[anyio.Lock, int]] = {}
+        self._locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
 
-    @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (anyio.Lock(), 0))
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
+    def hold(self, key: str) -> anyio.Lock:
+        return self._locks.setdefault(key, anyio.Lock())
 
 
 class ConversationService:
@@ -281,11 +271,10 @@ class ConversationService:
         return gone
 
 
-def check_fraction(value: object) -> float:
-    """An eviction fraction in (0, 1]; raises InvalidInputError for anything else."""
+def check_fraction(value: object) -> None:
+    """Raises InvalidInputError unless `value` is an eviction fraction, in (0, 1]."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
         raise InvalidInputError(f"eviction_fraction must be in (0, 1], got {value!r}")
-    return float(value)
 
 
 def compressions(

@@ -175,8 +175,7 @@ def follow(description: str, lines: list[str]) -> str:
     said = _text.content_stems(body(lines))
     if not lines or _text.content_stems(description) & said:
         return description
-    first = _BULLET.sub("", lines[0], count=1)
-    return one_line(first, MAX_DESCRIPTION_CHARS)
+    return one_line(_BULLET.sub("", lines[0], count=1), MAX_DESCRIPTION_CHARS)
 
 
 def merge(current: list[str], proposed: list[str], base: list[str] | None, *, allow_removal: bool,

@@ -50,9 +50,7 @@ class Stored:
 
 
 def newest_first(stored: builtins.list[Stored]) -> builtins.list[Stored]:
-    ordered = sorted(stored, key=lambda s: s.topic)
-    ordered.sort(key=lambda s: s.updated, reverse=True)
-    return ordered
+    return sorted(stored, key=lambda s: (-s.updated.timestamp(), s.topic))
 
 
 def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
@@ -90,8 +88,7 @@ def listing(stored: builtins.list[Stored],
     said = {stem for m in conversation for stem in _text.content_stems(m["content"])}
     overlap = {s.path: len(said & _text.content_stems(f"{s.topic} {s.description}"))
                for s in stored}
-    related = sorted(stored, key=lambda s: s.topic)
-    related.sort(key=lambda s: (overlap[s.path], s.updated), reverse=True)
+    related = sorted(stored, key=lambda s: (-overlap[s.path], -s.updated.timestamp(), s.topic))
     visible = {s.path for s in related[:_MAX_SHOWN_FILES]
                if len(stored) <= _MAX_SHOWN_FILES or overlap[s.path]}
     return [

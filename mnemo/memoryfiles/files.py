@@ -115,8 +115,7 @@ class MemoryFiles:
             return []
         stored = await anyio.to_thread.run_sync(self._scan)
         scored = [(score, s) for s in stored if (score := _select.relevance(wanted, s)) > 0]
-        scored.sort(key=lambda item: item[1].topic)
-        scored.sort(key=lambda item: (item[0], item[1].last_used), reverse=True)
+        scored.sort(key=lambda item: (-item[0], -item[1].last_used.timestamp(), item[1].topic))
         picked = [s for _, s in scored[:limit]]
         now = self._now()
         if picked:
@@ -242,8 +241,7 @@ class MemoryFiles:
                 by_key.setdefault(_format.topic_key(s.topic), s)
             taken = {s.path.name.casefold() for s in stored}
             for p in planned:
-                key = _format.topic_key(p.change.topic)
-                existing = by_key.get(key)
+                existing = by_key.get(_format.topic_key(p.change.topic))
                 if existing is not None:
                     path, topic = existing.path, existing.topic
                 else:

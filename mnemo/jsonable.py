@@ -19,13 +19,12 @@ def label(value: object) -> str:
     return str(value.value) if isinstance(value, enum.Enum) else str(value)
 
 
-def fields(value: object, names: str, **renamed: str) -> dict[str, object]:
-    """The attributes `names` (space-separated) of `value` as JSON values, and each of
-    `renamed` (key=attribute)."""
+def fields(value: object, names: str) -> dict[str, object]:
+    """The attributes `names` (space-separated) of `value` as JSON values."""
     out: dict[str, object] = {}
-    for key, name in [(n, n) for n in names.split()] + list(renamed.items()):
+    for name in names.split():
         item = getattr(value, name)
-        out[key] = (label(item) if isinstance(item, enum.Enum)
+        out[name] = (label(item) if isinstance(item, enum.Enum)
                     else item.isoformat() if isinstance(item, datetime) else item)
     return out
 
@@ -80,9 +79,8 @@ def step_json(info: StepInfo) -> dict[str, object]:
 def commit_json(commit: CommitRecord, goal: str | None = None) -> dict[str, object]:
     """A commit's record, and the goal it served (`mnemo.graph.history.goals`) when known."""
     return {
-        "id": commit.id, "goal": goal,
-        **fields(commit, "seq committed_at session_id source_id", nodes="node_count",
-                 links="link_count", retired="retired_count"),
+        "id": commit.id, "goal": goal, **fields(commit, "seq committed_at session_id source_id"),
+        "nodes": commit.node_count, "links": commit.link_count, "retired": commit.retired_count,
         "joined": len(commit.joined), **fields(commit, "reverted_by reverts")}
 
 

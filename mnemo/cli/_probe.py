@@ -30,8 +30,6 @@ CALL_SECONDS = 60.0
 PROBE = "The agent ran `nginx -t` and the configuration test passed."
 GOAL = "Check the web server's configuration."
 AT_ONCE = (1, 2, 4)
-# A copy of the parallel probe: short, so that the wait is the server's queue, not the reply.
-_PARALLEL_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +180,8 @@ async def _at_once(uri: str, report: ServerReport) -> None:
     and the estimate of how many the server serves at once."""
     # An adapter of its own, pinned so that every copy goes out at once.
     model = llm_from_uri(with_settings(uri, max_concurrency=max(AT_ONCE), concurrency=max(AT_ONCE)))
-    request = replace(state_probe(), schema=None, max_tokens=_PARALLEL_TOKENS)
+    # Each copy short, so that the wait is the server's queue, not the reply.
+    request = replace(state_probe(), schema=None, max_tokens=16)
     try:
         # An unmeasured batch first opens every connection and warms the server's prompt cache.
         for n in (max(AT_ONCE), *AT_ONCE):

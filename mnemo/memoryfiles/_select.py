@@ -24,7 +24,6 @@ _MAX_CONVERSATION_CHARS = 60_000
 _MAX_SHOWN_FILES = 8
 # How many ever smaller inputs a memory update tries when the model's context refuses them.
 _VIEWS = 6
-_ROLES = frozenset({"user", "assistant"})
 # Recall weights a query word by where it matches (the best place counts).
 _TOPIC_WEIGHT, _DESCRIPTION_WEIGHT, _CONTENT_WEIGHT = 3, 2, 1
 
@@ -71,7 +70,7 @@ def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
                 f"history[{index}].content holds {len(content):,} parts, more than {limit:,}")
         text = check_text(content_text(content), f"history[{index}].content", limit=limit,
                           blank_ok=True).strip()
-        if message.get("role") not in _ROLES or not text:
+        if message.get("role") not in ("user", "assistant") or not text:
             continue
         total += min(len(text), _MAX_MESSAGE_CHARS)
         if total > _MAX_CONVERSATION_CHARS and kept:

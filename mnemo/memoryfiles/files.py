@@ -47,7 +47,6 @@ log = logging.getLogger("mnemo")
 
 # A writer's longest wait for the writers before it.
 WRITER_WAIT_S = 5 * LLM_TIMEOUT_S
-MIN_MAX_CHARS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +82,7 @@ class MemoryFiles:
         enabled: bool = True, clock: Callable[[], datetime] | None = None,
         max_text_chars: int = DEFAULT_MAX_TEXT_CHARS, root: str | os.PathLike[str] | None = None,
     ) -> None:
-        check_count("max_chars", max_chars, minimum=MIN_MAX_CHARS, maximum=MAX_TEXT_CHARS_LIMIT)
+        check_count("max_chars", max_chars, minimum=20, maximum=MAX_TEXT_CHARS_LIMIT)
         check_count("min_iterations", min_iterations)
         check_count("max_text_chars", max_text_chars, minimum=1)
         self.max_text_chars = max_text_chars

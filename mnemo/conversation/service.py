@@ -52,8 +52,7 @@ SHOWN_KEPT = 1024
 
 
 class KeyedLocks:
-    """One `anyio.Lock` per key (`hold` gives it, to hold with `async with`), kept only while
-    someone holds or awaits it."""
+    """One `anyio.Lock` per key (`hold`), kept only while someone holds or awaits it."""
 
     def __init__(self) -> None:
         self._locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
@@ -182,10 +181,9 @@ class ConversationService:
 
     async def auto_evict(
         self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM
-    ) -> list[EvictionResult]:
+    ) -> None:
         """Evicts until the viewport of `token_budget` shows every message from the boundary
-        on; returns the evictions (none for a thread purged meanwhile)."""
-        done: list[EvictionResult] = []
+        on, or until the thread is purged meanwhile."""
         async with self._evict_locks.hold(thread_id):
             while layout(thread_id, token_budget,
                          await self.store.viewport_inputs(thread_id, token_budget))[1]:
@@ -196,8 +194,6 @@ class ConversationService:
                     break
                 if result.boundary_after == result.boundary_before:
                     break
-                done.append(result)
-        return done
 
     async def add_goal(self, thread_id: str, description: str) -> str:
         """See `Memory.add_goal`; the count of open goals is checked under the thread lock."""

@@ -119,8 +119,7 @@ def state_probe() -> LLMRequest:
 
 
 async def probe_server(uri: str, llm: LLM) -> ServerReport:
-    report = ServerReport()
-    report.modes = await _modes(uri, llm)
+    report = ServerReport(modes=await _modes(uri, llm))
     await _at_once(uri, report)
     report.concurrency = planned_concurrency(llm, report.served_at_once)
     requests = _task_requests()

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from functools import partial
 
-from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
-from mnemo.episode import StepInfo
+from mnemo.conversation.model import MessageView
 from mnemo.graph.history import CommitDiff, CommitRecord
-from mnemo.graph.model import Link, Node
 from mnemo.recall.engine import RecallResult
-from mnemo.session.machine import SessionInfo
 
 
 def label(value: object) -> str:
@@ -29,12 +27,13 @@ def fields(value: object, names: str) -> dict[str, object]:
     return out
 
 
-def node_json(node: Node) -> dict[str, object]:
-    return fields(node, "id type text data metadata created_at")
-
-
-def link_json(link: Link) -> dict[str, object]:
-    return fields(link, "src dst type")
+node_json = partial(fields, names="id type text data metadata created_at")
+link_json = partial(fields, names="src dst type")
+session_json = partial(fields, names="id repo state goal steps holder lease_until")
+hit_json = partial(fields, names="message_id thread_id seq role snippet rank")
+message_json = partial(fields, names="id thread_id seq role content recorded_at")
+snapshot_json = partial(fields, names="id level start_seq end_seq text")
+step_json = partial(fields, names="index trajectory_id boundary_detected annotated")
 
 
 def recall_json(result: RecallResult) -> dict[str, object]:
@@ -49,31 +48,11 @@ def with_degraded(out: dict[str, object], result: RecallResult) -> dict[str, obj
     return {**out, "degraded": result.degraded} if result.degraded else out
 
 
-def session_json(info: SessionInfo) -> dict[str, object]:
-    return fields(info, "id repo state goal steps holder lease_until")
-
-
-def hit_json(hit: SearchHit) -> dict[str, object]:
-    return fields(hit, "message_id thread_id seq role snippet rank")
-
-
-def message_json(message: Message) -> dict[str, object]:
-    return fields(message, "id thread_id seq role content recorded_at")
-
-
-def snapshot_json(snapshot: Snapshot) -> dict[str, object]:
-    return fields(snapshot, "id level start_seq end_seq text")
-
-
 def view_json(view: MessageView) -> dict[str, object]:
     return {
         "target": message_json(view.target), "messages": [message_json(m) for m in view.messages],
         "snapshots_before": [snapshot_json(s) for s in view.snapshots_before],
         "snapshots_after": [snapshot_json(s) for s in view.snapshots_after]}
-
-
-def step_json(info: StepInfo) -> dict[str, object]:
-    return fields(info, "index trajectory_id boundary_detected annotated")
 
 
 def commit_json(commit: CommitRecord, goal: str | None = None) -> dict[str, object]:

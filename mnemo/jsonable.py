@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from functools import partial
 
-from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
-from mnemo.episode import StepInfo
+from mnemo.conversation.model import MessageView
 from mnemo.graph.history import CommitDiff, CommitRecord
-from mnemo.graph.model import Link, Node
 from mnemo.recall.engine import RecallResult
-from mnemo.session.machine import SessionInfo
 
 
 def label(value: object) -> str:
@@ -19,23 +17,23 @@ def label(value: object) -> str:
     return str(value.value) if isinstance(value, enum.Enum) else str(value)
 
 
-def fields(value: object, names: str, **renamed: str) -> dict[str, object]:
-    """The attributes `names` (space-separated) of `value` as JSON values, and each of
-    `renamed` (key=attribute)."""
+def fields(value: object, names: str) -> dict[str, object]:
+    """The attributes `names` (space-separated) of `value` as JSON values."""
     out: dict[str, object] = {}
-    for key, name in [(n, n) for n in names.split()] + list(renamed.items()):
+    for name in names.split():
         item = getattr(value, name)
-        out[key] = (label(item) if isinstance(item, enum.Enum)
+        out[name] = (label(item) if isinstance(item, enum.Enum)
                     else item.isoformat() if isinstance(item, datetime) else item)
     return out
 
 
-def node_json(node: Node) -> dict[str, object]:
-    return fields(node, "id type text data metadata created_at")
-
-
-def link_json(link: Link) -> dict[str, object]:
-    return fields(link, "src dst type")
+node_json = partial(fields, names="id type text data metadata created_at")
+link_json = partial(fields, names="src dst type")
+session_json = partial(fields, names="id repo state goal steps holder lease_until")
+hit_json = partial(fields, names="message_id thread_id seq role snippet rank")
+message_json = partial(fields, names="id thread_id seq role content recorded_at")
+snapshot_json = partial(fields, names="id level start_seq end_seq text")
+step_json = partial(fields, names="index trajectory_id boundary_detected annotated")
 
 
 def recall_json(result: RecallResult) -> dict[str, object]:
@@ -50,22 +48,6 @@ def with_degraded(out: dict[str, object], result: RecallResult) -> dict[str, obj
     return {**out, "degraded": result.degraded} if result.degraded else out
 
 
-def session_json(info: SessionInfo) -> dict[str, object]:
-    return fields(info, "id repo state goal steps holder lease_until")
-
-
-def hit_json(hit: SearchHit) -> dict[str, object]:
-    return fields(hit, "message_id thread_id seq role snippet rank")
-
-
-def message_json(message: Message) -> dict[str, object]:
-    return fields(message, "id thread_id seq role content recorded_at")
-
-
-def snapshot_json(snapshot: Snapshot) -> dict[str, object]:
-    return fields(snapshot, "id level start_seq end_seq text")
-
-
 def view_json(view: MessageView) -> dict[str, object]:
     return {
         "target": message_json(view.target), "messages": [message_json(m) for m in view.messages],
@@ -73,16 +55,11 @@ def view_json(view: MessageView) -> dict[str, object]:
         "snapshots_after": [snapshot_json(s) for s in view.snapshots_after]}
 
 
-def step_json(info: StepInfo) -> dict[str, object]:
-    return fields(info, "index trajectory_id boundary_detected annotated")
-
-
 def commit_json(commit: CommitRecord, goal: str | None = None) -> dict[str, object]:
     """A commit's record, and the goal it served (`mnemo.graph.history.goals`) when known."""
     return {
-        "id": commit.id, "goal": goal,
-        **fields(commit, "seq committed_at session_id source_id", nodes="node_count",
-                 links="link_count", retired="retired_count"),
+        "id": commit.id, "goal": goal, **fields(commit, "seq committed_at session_id source_id"),
+        "nodes": commit.node_count, "links": commit.link_count, "retired": commit.retired_count,
         "joined": len(commit.joined), **fields(commit, "reverted_by reverts")}
 
 

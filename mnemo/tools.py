@@ -8,7 +8,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 from msgspec import Meta
@@ -168,7 +168,11 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
             return eviction.call(ToolCall(call.name, args, call.id))
         if call.name in ("recall", "get_node") and not isinstance(repo, str):
             return f"error: {call.name} is not available here (no repo)"
-        wanted = _read(args, _ARGUMENTS[call.name]) if call.name in _ARGUMENTS else None
+        kind = _ARGUMENTS.get(call.name)
+        try:
+            wanted = None if kind is None else msgspec.convert(args, kind, strict=False)
+        except msgspec.ValidationError as exc:
+            raise InvalidInputError(f"bad arguments: {exc}") from None
         if isinstance(wanted, _Search):
             thread = context.get("thread_id")
             return render_hits(await mem.search_messages(
@@ -204,10 +208,6 @@ def nearest(messages: Sequence[Message], seq: int, budget: int,
     return [m for i, m in enumerate(messages) if i in kept]
 
 
-# Characters kept free at the end of a recall's answer for the note of what was left out.
-NOTE_ROOM = 99
-
-
 def _render_recall(memories: Sequence[Recalled]) -> str:
     if not memories:
         return "Nothing recalled."
@@ -216,9 +216,8 @@ def _render_recall(memories: Sequence[Recalled]) -> str:
         text = " ".join(m.node.text.split())
         more = f" [{len(text)} chars; get_node for all]" if len(text) > SNIPPET_CHARS else ""
         lines.append(f"{i}. [{m.node.type.value}] {m.node.id}: {clip(text, SNIPPET_CHARS)}{more}")
-    # Each line with its newline, and room for the note that lines were left out.
-    fit = bisect_right(list(accumulate(len(line) + 1 for line in lines)),
-                       MAX_OUTPUT_CHARS - NOTE_ROOM)
+    # Each line with its newline, and 99 characters of room for the note that lines were left out.
+    fit = bisect_right(list(accumulate(len(line) + 1 for line in lines)), MAX_OUTPUT_CHARS - 99)
     shown = lines[:max(1, fit)]
     left_out = f"\n({len(lines) - len(shown)} more left out: ask for a smaller k)"
     return "\n".join(shown) + (left_out if len(shown) < len(lines) else "")
@@ -244,13 +243,3 @@ def _arguments(raw: object) -> JSONObject | None:
         except msgspec.DecodeError:
             return None
     return raw if isinstance(raw, dict) else None
-
-
-_A = TypeVar("_A", bound=msgspec.Struct)
-
-
-def _read(args: JSONObject, kind: type[_A]) -> _A:
-    try:
-        return msgspec.convert(args, kind, strict=False)
-    except msgspec.ValidationError as exc:
-        raise InvalidInputError(f"bad arguments: {exc}") from None

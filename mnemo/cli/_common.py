@@ -113,7 +113,6 @@ Where = Annotated[
                                  "KEY:=JSON for a number or true/false); repeat it for more "
                                  "keys, or a key for any of its values.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
-# The repo of an id a command looks up (None: every repo).
 SearchedRepo = Annotated[str | None, typer.Option(
     "--repo", "-r", help="The repo to look in (default: every repo is searched).")]
 

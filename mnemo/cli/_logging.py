@@ -8,8 +8,6 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-DRIVER_LOGGERS = ("psycopg", "psycopg.pool")
-
 
 class _Stderr(logging.Handler):
     """Writes to the current `sys.stderr` (a test's runner swaps it per command)."""
@@ -26,7 +24,7 @@ def command_logging(*, verbose: bool = False) -> Iterator[None]:
     """Routes log records as the module doc says while the block runs, then restores them."""
     root = logging.getLogger()
     handler = _Stderr(logging.INFO if verbose else logging.WARNING)
-    drivers = [logging.getLogger(name) for name in DRIVER_LOGGERS]
+    drivers = [logging.getLogger(name) for name in ("psycopg", "psycopg.pool")]
     saved = {logger: logger.level for logger in (root, *drivers)}
     root.addHandler(handler)
     if verbose:

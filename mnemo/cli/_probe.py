@@ -30,8 +30,6 @@ CALL_SECONDS = 60.0
 PROBE = "The agent ran `nginx -t` and the configuration test passed."
 GOAL = "Check the web server's configuration."
 AT_ONCE = (1, 2, 4)
-# A copy of the parallel probe: short, so that the wait is the server's queue, not the reply.
-_PARALLEL_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +119,7 @@ def state_probe() -> LLMRequest:
 
 
 async def probe_server(uri: str, llm: LLM) -> ServerReport:
-    report = ServerReport()
-    report.modes = await _modes(uri, llm)
+    report = ServerReport(modes=await _modes(uri, llm))
     await _at_once(uri, report)
     report.concurrency = planned_concurrency(llm, report.served_at_once)
     requests = _task_requests()
@@ -182,7 +179,8 @@ async def _at_once(uri: str, report: ServerReport) -> None:
     and the estimate of how many the server serves at once."""
     # An adapter of its own, pinned so that every copy goes out at once.
     model = llm_from_uri(with_settings(uri, max_concurrency=max(AT_ONCE), concurrency=max(AT_ONCE)))
-    request = replace(state_probe(), schema=None, max_tokens=_PARALLEL_TOKENS)
+    # Each copy short, so that the wait is the server's queue, not the reply.
+    request = replace(state_probe(), schema=None, max_tokens=16)
     try:
         # An unmeasured batch first opens every connection and warms the server's prompt cache.
         for n in (max(AT_ONCE), *AT_ONCE):

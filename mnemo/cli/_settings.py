@@ -19,7 +19,6 @@ from mnemo.cli._database import CliError
 from mnemo.config import Config
 from mnemo.storage.ports import has_postgres_driver, is_postgres
 
-DEFAULT_STORE = "memory.db"
 MODEL_KEYS = ("temperature", "llm_timeout", "extraction_timeout")
 FILE_KEYS = ("store", "llm", "embedder", *MODEL_KEYS)
 
@@ -165,7 +164,7 @@ def resolve(*, store: str | None = None, llm: str | None = None, embedder: str |
             value, source = from_file[key], str(path)
         chosen[key], sources[key] = value, source if value is not None else "default"
     return Settings(
-        store=chosen["store"] or DEFAULT_STORE, llm=chosen["llm"], embedder=chosen["embedder"],
+        store=chosen["store"] or "memory.db", llm=chosen["llm"], embedder=chosen["embedder"],
         sources=sources, temperature=_temperature(chosen["temperature"], sources["temperature"]),
         llm_timeout=_seconds(chosen["llm_timeout"], "llm_timeout", sources),
         extraction_timeout=_seconds(chosen["extraction_timeout"], "extraction_timeout", sources))

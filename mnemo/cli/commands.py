@@ -72,8 +72,7 @@ async def demo(
     if holds_memory(db):
         await confirm(f"{db} holds a memory: delete it for good and replay the demo there?",
                       given=force, flag="--force", as_json=as_json)
-    console = Console(quiet=True) if as_json else stdout_console()
-    summary = await run_demo(db, data, console=console)
+    summary = await run_demo(db, data, console=Console(quiet=True) if as_json else stdout_console())
     if as_json:
         print_json(summary)
 

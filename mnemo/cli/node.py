@@ -85,13 +85,12 @@ async def node_report(mem: Memory, repo: str, node: Node) -> NodeReport:
 async def _commits(mem: Memory, repo: str, node: Node) -> tuple[list[CommitRecord], bool]:
     """The newest commits back to the one that added `node` (no earlier one touches it),
     at most `RESOLVED`, and whether they reach it."""
-    limit = RECENT
-    while True:
+    for limit in (RECENT, RESOLVED):
         commits = await mem.history(repo, limit=limit)
         reached = len(commits) < limit or commits[-1].committed_at <= node.created_at
-        if reached or limit >= RESOLVED:
-            return commits, reached
-        limit = RESOLVED
+        if reached:
+            break
+    return commits, reached
 
 
 def _changes(commit: CommitRecord, node_id: str) -> list[str]:

@@ -15,9 +15,6 @@ from mnemo.errors import InvalidInputError
 from mnemo.inputs import check_json, check_name, check_text, check_tree
 from mnemo.ports import JSONObject
 
-# A message's JSON, at most this many times `Config.max_text_chars`.
-MESSAGE_LIMITS = 3
-
 
 @dataclass(frozen=True, slots=True)
 class MessageDraft:
@@ -57,7 +54,7 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
     where = f"messages[{index}]"
     # Before anything walks or serialises it: its text and other keys fit in `limit` each, so
     # its whole JSON fits in three.
-    check_tree(message, where, limit=MESSAGE_LIMITS * limit)
+    check_tree(message, where, limit=3 * limit)
     role = check_name(message.get("role"), f"{where}.role")
     raw_content = message.get("content")
     for key in ("name", "tool_call_id"):

@@ -164,8 +164,7 @@ def tool_status(message: Message) -> str:
         and any(isinstance(p, dict) and p.get("is_error") is True for p in parts)
     ):
         return "error"
-    head = _NO_ERROR.sub(" ", message.content[:800])
-    return "error" if _ERROR.search(head) else "ok"
+    return "error" if _ERROR.search(_NO_ERROR.sub(" ", message.content[:800])) else "ok"
 
 
 def reduced(message: Message) -> Message:

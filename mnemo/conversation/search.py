@@ -14,9 +14,6 @@ from mnemo.conversation.model import SearchHit
 from mnemo.conversation.render import flat
 from mnemo.text import is_stopword, stem
 
-POOL_FACTOR = 8
-MIN_POOL = 40
-HALF_LIFE_DAYS = 30.0
 SNIPPET_CHARS = 300
 # A snippet made here starts this many words before the word it shows, and holds this many.
 SNIPPET_LEAD = 8
@@ -30,12 +27,13 @@ K = TypeVar("K", int, str)
 def recency_weight(age_seconds: float) -> float:
     """0.5 + 0.5 * 2^(-age / 30 days); 1.0 for a message from now (or the future)."""
     age_days = max(0.0, age_seconds) / 86_400.0
-    return 0.5 + 0.5 * float(0.5 ** (age_days / HALF_LIFE_DAYS))
+    return 0.5 + 0.5 * float(0.5 ** (age_days / 30.0))
 
 
 def pool_size(limit: int) -> int:
-    """How many of the most relevant candidates recency may reorder for `limit` hits."""
-    return max(MIN_POOL, limit * POOL_FACTOR)
+    """How many of the most relevant candidates recency may reorder for `limit` hits (8 a hit,
+    40 at least)."""
+    return max(40, limit * 8)
 
 
 def rank_by_recency(
@@ -78,8 +76,7 @@ def _fold(text: str) -> str:
     folded = text.casefold()
     if folded.isascii():  # most text: nothing to decompose
         return folded
-    decomposed = unicodedata.normalize("NFKD", folded)
-    return "".join(c for c in decomposed if not unicodedata.combining(c))
+    return "".join(c for c in unicodedata.normalize("NFKD", folded) if not unicodedata.combining(c))
 
 
 def render_hits(hits: Sequence[SearchHit]) -> str:

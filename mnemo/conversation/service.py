@@ -5,9 +5,9 @@ read-then-write of the log, the eviction lock for one eviction at a time)."""
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -52,24 +52,13 @@ SHOWN_KEPT = 1024
 
 
 class KeyedLocks:
-    """One `anyio.Lock` per key, alive only while someone holds or awaits it."""
+    """One `anyio.Lock` per key (`hold`), kept only while someone holds or awaits it."""
 
     def __init__(self) -> None:
-        self._locks: dict[str, tuple[anyio.Lock, int]] = {}
+        self._locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
 
-    @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (anyio.Lock(), 0))
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
+    def hold(self, key: str) -> anyio.Lock:
+        return self._locks.setdefault(key, anyio.Lock())
 
 
 class ConversationService:
@@ -192,10 +181,9 @@ class ConversationService:
 
     async def auto_evict(
         self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM
-    ) -> list[EvictionResult]:
+    ) -> None:
         """Evicts until the viewport of `token_budget` shows every message from the boundary
-        on; returns the evictions (none for a thread purged meanwhile)."""
-        done: list[EvictionResult] = []
+        on, or until the thread is purged meanwhile."""
         async with self._evict_locks.hold(thread_id):
             while layout(thread_id, token_budget,
                          await self.store.viewport_inputs(thread_id, token_budget))[1]:
@@ -206,8 +194,6 @@ class ConversationService:
                     break
                 if result.boundary_after == result.boundary_before:
                     break
-                done.append(result)
-        return done
 
     async def add_goal(self, thread_id: str, description: str) -> str:
         """See `Memory.add_goal`; the count of open goals is checked under the thread lock."""
@@ -281,11 +267,10 @@ class ConversationService:
         return gone
 
 
-def check_fraction(value: object) -> float:
-    """An eviction fraction in (0, 1]; raises InvalidInputError for anything else."""
+def check_fraction(value: object) -> None:
+    """Raises InvalidInputError unless `value` is an eviction fraction, in (0, 1]."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
         raise InvalidInputError(f"eviction_fraction must be in (0, 1], got {value!r}")
-    return float(value)
 
 
 def compressions(

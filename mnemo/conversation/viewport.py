@@ -95,7 +95,7 @@ def layout(
     memory_used += more_used
     pinned = sorted([*pinned, *more], key=lambda m: m.seq)
     shown_ids.update(m.id for m in more)
-    viewport = Viewport(
+    return Viewport(
         thread_id=thread_id,
         token_budget=token_budget,
         boundary_seq=boundary,
@@ -105,8 +105,7 @@ def layout(
         tokens=used + memory_used,
         tokens_past_boundary=past,
         pins_left_out=[m.id for m in reversed(inputs.pinned) if m.id not in shown_ids],
-    )
-    return viewport, crowded
+    ), crowded
 
 
 def with_recalled(view: Viewport, hits: Sequence[SearchHit]) -> Viewport:

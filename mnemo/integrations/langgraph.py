@@ -134,9 +134,8 @@ class MnemoStore(BaseStore):
         return kept[op.offset:want]
 
     async def _namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
-        nodes = await self._mem.nodes_where(self._repo, {MARK: True},
-                                            limit=MOST)
-        found = {tuple(str(n.metadata[NAMESPACE]).split(".")) for n in nodes}
+        found = {tuple(str(n.metadata[NAMESPACE]).split("."))
+                 for n in await self._mem.nodes_where(self._repo, {MARK: True}, limit=MOST)}
         found = {ns for ns in found if all(_matches(c.match_type, c.path, ns)
                                            for c in op.match_conditions or ())}
         if op.max_depth is not None:

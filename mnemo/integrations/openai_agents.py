@@ -75,8 +75,7 @@ class MnemoSession:
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Appends `items` after the session's items in one write; an item that is not a JSON dict
         or past the bounds raises InvalidInputError, storing nothing."""
-        messages = [_message(item) for item in items]
-        await self._conversation.append(self.session_id, messages)
+        await self._conversation.append(self.session_id, [_message(item) for item in items])
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Removes the newest item and returns it (None for an empty session): its message is

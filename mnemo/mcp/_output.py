@@ -31,7 +31,6 @@ MAX_LISTED = 200
 
 
 def dumps(value: object) -> str:
-    """`value` as the JSON text a tool returns."""
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 

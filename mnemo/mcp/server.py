@@ -80,9 +80,8 @@ class MemoryTools:
         type and a snippet of its text (`chars` is the whole length; `get_node` reads it
         all). Errors: an unknown repo, a blank query, a malformed where."""
         await self._check(repo)
-        found = await self.mem.recall(repo, query, k=k, reinforce=self.reinforce,
-                                       where=where)
-        return dumps(_output.recall_output(found))
+        return dumps(_output.recall_output(await self.mem.recall(
+            repo, query, k=k, reinforce=self.reinforce, where=where)))
 
     async def get_node(
         self,
@@ -163,9 +162,8 @@ class MemoryTools:
     ) -> str:
         """Full-text search over stored conversation messages (every thread, or one), best
         first: each hit has its message_id (for `view_messages`), thread, seq and a snippet."""
-        hits = await self.mem.search_messages(query, thread_id=thread_id, limit=limit,
-                                               where=where)
-        return dumps(_output.hits_output(hits))
+        return dumps(_output.hits_output(await self.mem.search_messages(
+            query, thread_id=thread_id, limit=limit, where=where)))
 
     async def view_messages(
         self,
@@ -309,8 +307,7 @@ class MemoryTools:
     ) -> str:
         """The topic memory files matching the query (topic, description, content), most
         recently used first."""
-        files = self._files_in(directory)
-        found = await files.recall(query, limit=limit)
+        found = await self._files_in(directory).recall(query, limit=limit)
         return dumps(_output.memory_files_output(found))
 
     def _files_in(self, directory: str | None) -> MemoryFiles:

@@ -18,7 +18,6 @@ from mnemo.storage.sql import utc
 
 MAX_TOPIC_CHARS = 80
 MAX_DESCRIPTION_CHARS = 200
-_MAX_SLUG = 60
 _ELLIPSIS = "\u2026"
 # Names Windows refuses as file stems, whatever the extension.
 _RESERVED = frozenset(
@@ -59,7 +58,7 @@ def slug(topic: str) -> str:
     """A safe file stem for `topic`: lower-case ASCII letters, digits and single dashes, at most 60
     characters, never empty, never a name Windows reserves."""
     ascii_text = unicodedata.normalize("NFKD", topic).encode("ascii", "ignore").decode("ascii")
-    stem = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")[:_MAX_SLUG].rstrip("-")
+    stem = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")[:60].rstrip("-")
     if not stem:
         digest = hashlib.sha1(topic_key(topic).encode("utf-8")).hexdigest()[:10]
         stem = f"topic-{digest}"
@@ -73,9 +72,9 @@ def render(*, topic: str, description: str, updated: datetime, used: datetime | 
     """The full text of a topic file: the front matter, then `content` as it is."""
     head = [
         "---", f"topic: {dumps(topic)}", f"description: {dumps(description)}",
-        f"updated: {_stamp(updated)}"]
+        f"updated: {updated.astimezone(UTC).isoformat()}"]
     if used is not None:
-        head.append(f"used: {_stamp(used)}")
+        head.append(f"used: {used.astimezone(UTC).isoformat()}")
     head.append("---")
     return "\n".join(head) + "\n" + content
 
@@ -175,8 +174,7 @@ def follow(description: str, lines: list[str]) -> str:
     said = _text.content_stems(body(lines))
     if not lines or _text.content_stems(description) & said:
         return description
-    first = _BULLET.sub("", lines[0], count=1)
-    return one_line(first, MAX_DESCRIPTION_CHARS)
+    return one_line(_BULLET.sub("", lines[0], count=1), MAX_DESCRIPTION_CHARS)
 
 
 def merge(current: list[str], proposed: list[str], base: list[str] | None, *, allow_removal: bool,
@@ -229,10 +227,6 @@ def _unquote(value: str) -> str:
     if len(value) >= 2 and value[0] == value[-1] == "'":
         return value[1:-1].replace("''", "'")
     return value
-
-
-def _stamp(when: datetime) -> str:
-    return when.astimezone(UTC).isoformat()
 
 
 def _time(value: str | None) -> datetime | None:

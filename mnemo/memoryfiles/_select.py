@@ -24,7 +24,6 @@ _MAX_CONVERSATION_CHARS = 60_000
 _MAX_SHOWN_FILES = 8
 # How many ever smaller inputs a memory update tries when the model's context refuses them.
 _VIEWS = 6
-_ROLES = frozenset({"user", "assistant"})
 # Recall weights a query word by where it matches (the best place counts).
 _TOPIC_WEIGHT, _DESCRIPTION_WEIGHT, _CONTENT_WEIGHT = 3, 2, 1
 
@@ -50,9 +49,7 @@ class Stored:
 
 
 def newest_first(stored: builtins.list[Stored]) -> builtins.list[Stored]:
-    ordered = sorted(stored, key=lambda s: s.topic)
-    ordered.sort(key=lambda s: s.updated, reverse=True)
-    return ordered
+    return sorted(stored, key=lambda s: (-s.updated.timestamp(), s.topic))
 
 
 def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
@@ -73,7 +70,7 @@ def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
                 f"history[{index}].content holds {len(content):,} parts, more than {limit:,}")
         text = check_text(content_text(content), f"history[{index}].content", limit=limit,
                           blank_ok=True).strip()
-        if message.get("role") not in _ROLES or not text:
+        if message.get("role") not in ("user", "assistant") or not text:
             continue
         total += min(len(text), _MAX_MESSAGE_CHARS)
         if total > _MAX_CONVERSATION_CHARS and kept:
@@ -90,8 +87,7 @@ def listing(stored: builtins.list[Stored],
     said = {stem for m in conversation for stem in _text.content_stems(m["content"])}
     overlap = {s.path: len(said & _text.content_stems(f"{s.topic} {s.description}"))
                for s in stored}
-    related = sorted(stored, key=lambda s: s.topic)
-    related.sort(key=lambda s: (overlap[s.path], s.updated), reverse=True)
+    related = sorted(stored, key=lambda s: (-overlap[s.path], -s.updated.timestamp(), s.topic))
     visible = {s.path for s in related[:_MAX_SHOWN_FILES]
                if len(stored) <= _MAX_SHOWN_FILES or overlap[s.path]}
     return [

@@ -47,7 +47,6 @@ log = logging.getLogger("mnemo")
 
 # A writer's longest wait for the writers before it.
 WRITER_WAIT_S = 5 * LLM_TIMEOUT_S
-MIN_MAX_CHARS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +82,7 @@ class MemoryFiles:
         enabled: bool = True, clock: Callable[[], datetime] | None = None,
         max_text_chars: int = DEFAULT_MAX_TEXT_CHARS, root: str | os.PathLike[str] | None = None,
     ) -> None:
-        check_count("max_chars", max_chars, minimum=MIN_MAX_CHARS, maximum=MAX_TEXT_CHARS_LIMIT)
+        check_count("max_chars", max_chars, minimum=20, maximum=MAX_TEXT_CHARS_LIMIT)
         check_count("min_iterations", min_iterations)
         check_count("max_text_chars", max_text_chars, minimum=1)
         self.max_text_chars = max_text_chars
@@ -115,8 +114,7 @@ class MemoryFiles:
             return []
         stored = await anyio.to_thread.run_sync(self._scan)
         scored = [(score, s) for s in stored if (score := _select.relevance(wanted, s)) > 0]
-        scored.sort(key=lambda item: item[1].topic)
-        scored.sort(key=lambda item: (item[0], item[1].last_used), reverse=True)
+        scored.sort(key=lambda item: (-item[0], -item[1].last_used.timestamp(), item[1].topic))
         picked = [s for _, s in scored[:limit]]
         now = self._now()
         if picked:
@@ -242,8 +240,7 @@ class MemoryFiles:
                 by_key.setdefault(_format.topic_key(s.topic), s)
             taken = {s.path.name.casefold() for s in stored}
             for p in planned:
-                key = _format.topic_key(p.change.topic)
-                existing = by_key.get(key)
+                existing = by_key.get(_format.topic_key(p.change.topic))
                 if existing is not None:
                     path, topic = existing.path, existing.topic
                 else:

@@ -15,9 +15,6 @@ from mnemo.ui.app import create_app
 from mnemo.ui.guard import Access, Redaction, exposure
 from mnemo.ui.source import MemorySource
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8765
-
 
 @asynccontextmanager
 async def open_view(db: Path | str, *, allow_writes: bool = False, llm: LLM | None = None,
@@ -28,7 +25,7 @@ async def open_view(db: Path | str, *, allow_writes: bool = False, llm: LLM | No
         yield MemorySource(memory, writes=allow_writes)
 
 
-async def serve(db: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+async def serve(db: Path | str, *, host: str = "127.0.0.1", port: int = 8765,
                 allow_writes: bool = False, llm: LLM | None = None,
                 embedder: Embedder | None = None, token: str | None = None,
                 allow_hosts: Sequence[str] = ()) -> None:

@@ -34,14 +34,12 @@ from mnemo.ui.render import (
 )
 from mnemo.ui.source import LinkedNode, MemorySource
 
-# The graph page lists this many of the newest nodes of a type; search and recall cap too.
+# The graph page lists this many of the newest nodes of a type.
 LIST_LIMIT = 100
 # The graph page's picture: the newest facts and procedures and the nodes two links away.
 PICTURE_SEEDS = 24
 PICTURE_NODES = 160
 PICTURE_HOPS = 2
-SEARCH_LIMIT = 50
-MAX_K = 50
 # The thread page's default budget: a typical agent's context share for its history.
 DEFAULT_BUDGET = 8000
 # A budget no thread reaches: the viewport at it lists every snapshot and pin.
@@ -109,7 +107,7 @@ async def graph(request: Request) -> Response:
     repo = await known_repo(view, params)
     shown = node_types([params.get("type", NodeType.SEMANTIC.value)])[0]
     query, where = params.get("q", "").strip(), params.get("where", "")
-    found = (await mem.search_nodes(repo, query, limit=SEARCH_LIMIT, where=scope_of(where))
+    found = (await mem.search_nodes(repo, query, limit=50, where=scope_of(where))
              if query else None)
     focus = None
     if params.get("focus", "").strip():
@@ -200,7 +198,7 @@ async def recall(request: Request) -> Response:
     params: Params = await form(request) if writing else request.query_params
     repo = await known_repo(view, params)
     query, where = params.get("q", "").strip(), params.get("where", "")
-    k = whole(params, "k", 10, low=1, high=MAX_K)
+    k = whole(params, "k", 10, low=1, high=50)
     types = node_types(params.getlist("types"))
     result = (await view.recall(repo, query, k, types or None, reinforce=writing,
                                 where=scope_of(where)) if query else None)

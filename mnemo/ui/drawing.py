@@ -43,10 +43,6 @@ class Layout:
     label_chars: int
     beside: bool
 
-    @property
-    def label_x(self) -> float:
-        return self.mark_x + 2 * RADIUS + 2
-
 
 WIDE = Layout(width=720, box_width=184, box_chars=22, box_lines=6, mark_x=262,
               label_chars=54, beside=True)
@@ -189,7 +185,7 @@ def neighbourhood(node: Node, linked: Sequence[LinkedNode], layout: Layout = WID
         retired = " (retired)" if member.retired else ""
         label = shorten(member.text, layout.label_chars - len(retired)) + retired
         marks.append(Mark(member, layout.mark_x, mark_y, shape(member.type, layout.mark_x, mark_y),
-                          label, layout.label_x, kinds))
+                          label, layout.mark_x + 2 * RADIUS + 2, kinds))
         curves.append(Line(_curve(layout, box_y, box_height, mark_y), link_type,
                            ", ".join(k.value for k in kinds) + f": {shorten(member.text, 80)}"))
     present = {node.type, *(m.node.type for m in marks)}
@@ -237,11 +233,10 @@ class Picture:
     link_types: tuple[LinkType, ...]
 
 
-def force_layout(count: int, pairs: Sequence[tuple[int, int]], *, iterations: int = 300,
-                 seed: int = 7) -> npt.NDArray[np.float64]:
-    """Positions in the unit square for `count` nodes joined by `pairs` (Fruchterman-Reingold with
-    linear cooling and a weak pull to the middle)."""
-    rng = np.random.default_rng(seed)
+def force_layout(count: int, pairs: Sequence[tuple[int, int]]) -> npt.NDArray[np.float64]:
+    """Positions in the unit square for `count` nodes joined by `pairs` (Fruchterman-Reingold, 300
+    rounds of linear cooling from a seeded start, with a weak pull to the middle)."""
+    rng = np.random.default_rng(7)
     # A position is a complex number: one array op moves both coordinates.
     place = rng.random(count) + 1j * rng.random(count)
     if count < 2:
@@ -252,14 +247,14 @@ def force_layout(count: int, pairs: Sequence[tuple[int, int]], *, iterations: in
             joined[a, b] = joined[b, a] = 1.0
     ideal = 1.0 / math.sqrt(count)
     heat = 0.1
-    for _ in range(iterations):
+    for _ in range(300):
         delta = place[:, None] - place[None, :]
         distance = np.maximum(np.abs(delta), 0.01)
         pull = ideal * ideal / distance**2 - joined * distance / ideal
         shift = (delta * pull).sum(axis=1) - GRAVITY * (place - (0.5 + 0.5j))
         length = np.maximum(np.abs(shift), 1e-9)
         place += shift * (np.minimum(length, heat) / length)
-        heat -= 0.1 / (iterations + 1)
+        heat -= 0.1 / 301
     points = np.stack([place.real, place.imag], axis=1)
     low, high = points.min(axis=0), points.max(axis=0)
     return np.asarray((points - low) / np.maximum(high - low, 1e-9), dtype=np.float64)

@@ -15,7 +15,6 @@ from mnemo.graph.model import Link, Node, NodeType
 from mnemo.ui.render import form, href, known_repo, page, required, view_of, whole
 from mnemo.ui.source import MemorySource
 
-DEFAULT_COMMITS = 50
 MAX_COMMITS = 1000
 # A commit's page lists at most this many links (an ingest of a long document adds thousands).
 MAX_LINKS_SHOWN = 300
@@ -27,7 +26,7 @@ async def history(request: Request) -> Response:
     view = view_of(request)
     params = request.query_params
     repo = await known_repo(view, params)
-    limit = whole(params, "limit", DEFAULT_COMMITS, low=1, high=MAX_COMMITS)
+    limit = whole(params, "limit", 50, low=1, high=MAX_COMMITS)
     commits = await view.memory.history(repo, limit=limit)
     more = min(limit * 2, MAX_COMMITS) if len(commits) == limit < MAX_COMMITS else None
     goals = await commit_goals(partial(view.memory.get_node, repo), commits)

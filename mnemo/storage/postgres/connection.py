@@ -181,10 +181,7 @@ class Postgres:
             from mnemo.storage.postgres import schema
 
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True,
-                    connect_timeout=max(1, int(self.connect_timeout)),
-                )
+                conn = await self._connect()
             except psycopg.Error as exc:
                 raise storage_error(exc) from exc
             async with conn:
@@ -234,14 +231,16 @@ class Postgres:
         if self._lent >= self.max_size:
             raise storage_error(waited, "busy")
         try:
-            conn = await psycopg.AsyncConnection.connect(
-                self._conninfo, autocommit=True, connect_timeout=max(1, int(self.connect_timeout))
-            )
+            conn = await self._connect()
         except psycopg.Error as exc:
             full = "too many clients" in str(exc) or exc.sqlstate == "53300"
             raise storage_error(exc, "busy" if full else "unavailable") from exc
         await register_vector(conn)
         return conn
+
+    async def _connect(self) -> Connection:
+        return await psycopg.AsyncConnection.connect(
+            self._conninfo, autocommit=True, connect_timeout=max(1, int(self.connect_timeout)))
 
     async def _live_connection(self) -> Connection:
         """A pooled connection whose server is still there: one with input waiting (ended by

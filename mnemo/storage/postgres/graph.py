@@ -40,7 +40,7 @@ from mnemo.storage.postgres.text_search import SEARCH_VECTOR, WORD_QUERY
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import Column
-from mnemo.storage.sql import Statements
+from mnemo.storage.sql import Statements, number
 from mnemo.storage.worker import DeferredRead
 from mnemo.text import query_words
 
@@ -126,10 +126,8 @@ class PgMaintenance(SqlMaintenance, PgGraphWrites):
         return f"{node}.repo, "
 
     async def _bad_vectors(self, sql: Statements, repo: str, dim: int) -> int:
-        row = await sql.row(
-            "SELECT count(*) FROM vectors WHERE repo = ? AND vector_dims(vec) <> ?", (repo, dim)
-        )
-        return int(row[0]) if row else 0
+        return await number(
+            sql, "SELECT count(*) FROM vectors WHERE repo = ? AND vector_dims(vec) <> ?", repo, dim)
 
     async def _search_rebuilt(self, sql: Statements, repo: str) -> bool:
         # A generated column disagrees only after a configuration change; an UPDATE recomputes.

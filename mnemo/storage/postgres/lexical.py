@@ -23,16 +23,12 @@ def default_folder() -> Path:
     return Path(cache) / "mnemo" / "lexical"
 
 
-# The cluster's identifier and the database's oid: a recreated database gets its own folder.
+# The name of a database's folder under `default_folder()`: "pg-<the cluster's identifier>-<the
+# database's oid>", so a recreated database gets its own folder.
 PLACE = (
-    "SELECT (SELECT system_identifier FROM pg_control_system()),"
-    " (SELECT oid FROM pg_database WHERE datname = current_database())"
+    "SELECT 'pg-' || (SELECT system_identifier FROM pg_control_system()) || '-'"
+    " || (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
-
-
-def place(system: object, oid: object) -> str:
-    """The name of a database's folder under `default_folder()`, from `PLACE`'s row."""
-    return f"pg-{system}-{oid}"
 
 
 class PgLexicalSource(LexicalSource):
@@ -59,5 +55,5 @@ class PgLexicalSource(LexicalSource):
         raise AssertionError("unreachable")
 
     def place(self) -> str:
-        (system, oid), = self._rows(PLACE)
-        return place(system, oid)
+        (place,), = self._rows(PLACE)
+        return str(place)

@@ -204,13 +204,13 @@ class PgVectors(CachedVectors):
             return None
         if self._place is None:
             try:
-                (system, oid), = await self._pg.fetch_all(lexical.PLACE)
+                (place,), = await self._pg.fetch_all(lexical.PLACE)
             except StorageError as exc:
                 # pg_control_system() may be revoked: graphs are then built at each open.
                 log.warning("mnemo: the routes' HNSW graphs will not be saved (%s)", exc)
                 self._ann_dir = None
                 return None
-            self._place = lexical.place(system, oid)
+            self._place = str(place)
         return ann_files.repo_folder(self._ann_dir / self._place / "hnsw", repo)
 
     async def _size(self, repo: str) -> int:

@@ -40,19 +40,16 @@ class PgLexicalSource(LexicalSource):
 
     def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
         """The statement's rows, run once more on a new connection if the old one was gone."""
-        for attempt in range(2):
-            fresh = self._conn is None or self._conn.closed
+        retry = self._conn is not None and not self._conn.closed
+        while True:
             try:
                 if self._conn is None or self._conn.closed:
                     self._conn = psycopg.connect(self._conninfo, autocommit=True)
                 return self._conn.execute(statement, params).fetchall()
             except psycopg.Error as exc:
-                broken = self._conn is not None and self._conn.broken
-                if broken:
-                    self._conn = None
-                if not broken or fresh or attempt:
+                if not (retry and self._conn is not None and self._conn.broken):
                     raise storage_error(exc) from exc
-        raise AssertionError("unreachable")
+                retry = False
 
     def place(self) -> str:
         (place,), = self._rows(PLACE)

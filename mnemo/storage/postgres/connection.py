@@ -35,9 +35,6 @@ Connection = psycopg.AsyncConnection[tuple[object, ...]]
 
 T = TypeVar("T")
 
-# Rows a lazy read (`Statements.stream`) fetches at a time from a server-side cursor.
-PAGE = 64
-
 # lock_not_available, query_canceled (statement_timeout), serialization_failure, deadlock.
 _BUSY_STATES = {"55P03", "57014", "40001", "40P01"}
 
@@ -340,7 +337,7 @@ class PgStatements:
 
     async def stream(self, query: str, params: Sequence[Any] = ()) -> AsyncGenerator[Row, None]:
         async with self.conn.cursor(name="mnemo_rows") as cur:
-            cur.itersize = PAGE
+            cur.itersize = 64  # rows fetched at a time
             await cur.execute(placeholders(query), params)
             async for row in cur:
                 yield row

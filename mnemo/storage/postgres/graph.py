@@ -44,9 +44,6 @@ from mnemo.storage.sql import Statements, number
 from mnemo.storage.worker import DeferredRead
 from mnemo.text import query_words
 
-# Longer queries have their words read in a worker thread.
-_INLINE_CHARS = 2_000
-
 
 class PgReembeds(SqlReembeds):
     OF_REPO = "repo = ?"
@@ -259,7 +256,8 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
         self, repo: str, query: str, limit: int, kinds: list[str] | None,
         where: Where | None = None,
     ) -> list[tuple[str, float]]:
-        words = (query_words(query) if len(query) <= _INLINE_CHARS
+        # Longer queries have their words read in a worker thread.
+        words = (query_words(query) if len(query) <= 2_000
                  else await anyio.to_thread.run_sync(query_words, query))
         if not words or limit <= 0:
             return []

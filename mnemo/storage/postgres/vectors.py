@@ -191,9 +191,8 @@ class PgVectors(CachedVectors):
         async with self._pg.connection() as conn:
             for probe in probes:
                 cur = await conn.execute(statement, {"q": as_array(probe), "kinds": kinds, "k": k})
-                distances = [(str(i), float(d)) for i, d in await cur.fetchall()
-                             if isinstance(d, float)]
-                rows = [(i, 1.0 - d) for i, d in distances if math.isfinite(d)]
+                rows = [(str(i), 1.0 - d) for i, d in await cur.fetchall()
+                        if isinstance(d, float) and math.isfinite(d)]
                 # An iterative HNSW scan returns rows in roughly distance order.
                 results.append(rows if exact else sorted(rows, key=lambda r: -r[1]))
         return results

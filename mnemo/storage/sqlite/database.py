@@ -255,9 +255,6 @@ class SqliteStatements:
             cursor.close()
 
 
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-
-
 class HostClock:
     """The store's time on SQLite: the anchor's wall time (`store_clock`, written by the first
     opener after boot) plus the boot clock elapsed since, the same in every process and never
@@ -275,7 +272,7 @@ class HostClock:
     def anchor(self, db: SqliteUtilsDatabase) -> None:
         """Reads the file's anchor, or writes one (forgetting holders) if of another boot."""
         try:
-            boot = BOOT_ID.read_text().strip()
+            boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         except OSError:
             boot = ""  # the kernel tells none
         row = _anchor_of(db)

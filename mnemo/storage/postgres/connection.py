@@ -245,8 +245,7 @@ class Postgres:
         wait (cheaper than the pool's `check`, a round trip per use)."""
         deadline = anyio.current_time() + self._pool.timeout
         for _ in range(self.max_size + 1):
-            left = max(deadline - anyio.current_time(), 0.001)
-            conn = await self._pool.getconn(timeout=left)
+            conn = await self._pool.getconn(timeout=max(deadline - anyio.current_time(), 0.001))
             if not _has_input(conn):
                 return conn
             try:
@@ -319,8 +318,7 @@ class PgStatements:
         self.conn = conn
 
     async def rows(self, query: str, params: Sequence[Any] = ()) -> list[Row]:
-        cur = await self.conn.execute(placeholders(query), params)
-        return await rows_of(cur)
+        return await rows_of(await self.conn.execute(placeholders(query), params))
 
     async def row(self, query: str, params: Sequence[Any] = ()) -> Row | None:
         cur = await self.conn.execute(placeholders(query), params)

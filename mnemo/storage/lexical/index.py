@@ -335,8 +335,7 @@ class LexicalIndex(Slot):
             self._schema, self._analyzer = schema(), analyzer()  # tantivy imported here
             place = self._base / self._source.place()
             self._folder = place / FORMAT
-            if place.is_dir():
-                drop_older(place, FORMAT)  # a cache of an older layout, rebuilt here
+            drop_older(place, FORMAT)  # a cache of an older layout, rebuilt here
             epoch = self._source.epoch()
             for number in range(SLOTS):
                 folder = self._folder / f"slot-{number}"

@@ -153,7 +153,6 @@ class Postgres:
             raise ValueError(f"busy_timeout must be >= 0, got {busy_timeout}")
         self.url = url
         self.max_size = max_size
-        self.busy_timeout = busy_timeout
         self.connect_timeout = connect_timeout
         self._conninfo = conninfo(
             url, busy_timeout=busy_timeout, statement_timeout=statement_timeout)

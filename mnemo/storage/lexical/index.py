@@ -46,7 +46,6 @@ KEEP_RAREST = 2
 # A longer backlog is applied in the background while the store's own search answers.
 INLINE_CHANGES = 2_000
 BATCH = 5_000
-LOCK_WAIT = 5.0
 # A longer backlog is rebuilt from the nodes; the log's triggers keep no more per repo.
 LOG_KEEP = 50_000
 SLOTS = 16
@@ -104,7 +103,7 @@ class LexicalIndex(Slot):
             return []
         if repo in self._behind or repo in self._rebuilds:
             return None  # being rebuilt: read without the lock a batch holds
-        if not self._lock.acquire(timeout=LOCK_WAIT):
+        if not self._lock.acquire(timeout=5.0):
             return None
         try:
             if not self._open() or not self._current(repo):
@@ -336,8 +335,7 @@ class LexicalIndex(Slot):
             self._schema, self._analyzer = schema(), analyzer()  # tantivy imported here
             place = self._base / self._source.place()
             self._folder = place / FORMAT
-            if place.is_dir():
-                drop_older(place, FORMAT)  # a cache of an older layout, rebuilt here
+            drop_older(place, FORMAT)  # a cache of an older layout, rebuilt here
             epoch = self._source.epoch()
             for number in range(SLOTS):
                 folder = self._folder / f"slot-{number}"

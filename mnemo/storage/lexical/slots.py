@@ -214,8 +214,6 @@ class Slot:
 def wipe_free(place: Path, layout: str, *, keep: Path | None) -> None:
     """Deletes the documents of every free slot under `place` but `keep`, and the free slots
     of layouts older than `layout`."""
-    if not place.is_dir():
-        return
     drop_older(place, layout)
     current = place / layout
     if not current.is_dir():
@@ -225,8 +223,7 @@ def wipe_free(place: Path, layout: str, *, keep: Path | None) -> None:
         if folder == keep or not folder.is_dir():
             continue
         try:
-            index = open_index(folder, fields)
-            writer = index.writer(heap_size=HEAP, num_threads=1)
+            writer = open_index(folder, fields).writer(heap_size=HEAP, num_threads=1)
         except ValueError as error:
             if "LockBusy" not in str(error):
                 shutil.rmtree(folder, ignore_errors=True)
@@ -242,6 +239,8 @@ def wipe_free(place: Path, layout: str, *, keep: Path | None) -> None:
 
 def drop_older(place: Path, layout: str) -> None:
     """Deletes the free slots of layouts older than `layout`, and their emptied folders."""
+    if not place.is_dir():
+        return
     for older in place.iterdir():
         name = older.name
         if not (name[:1] == "v" and name[1:].isdigit() and name != layout and older.is_dir()):

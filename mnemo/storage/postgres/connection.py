@@ -35,9 +35,6 @@ Connection = psycopg.AsyncConnection[tuple[object, ...]]
 
 T = TypeVar("T")
 
-# Rows a lazy read (`Statements.stream`) fetches at a time from a server-side cursor.
-PAGE = 64
-
 # lock_not_available, query_canceled (statement_timeout), serialization_failure, deadlock.
 _BUSY_STATES = {"55P03", "57014", "40001", "40P01"}
 
@@ -156,7 +153,6 @@ class Postgres:
             raise ValueError(f"busy_timeout must be >= 0, got {busy_timeout}")
         self.url = url
         self.max_size = max_size
-        self.busy_timeout = busy_timeout
         self.connect_timeout = connect_timeout
         self._conninfo = conninfo(
             url, busy_timeout=busy_timeout, statement_timeout=statement_timeout)
@@ -181,10 +177,7 @@ class Postgres:
             from mnemo.storage.postgres import schema
 
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True,
-                    connect_timeout=max(1, int(self.connect_timeout)),
-                )
+                conn = await self._connect()
             except psycopg.Error as exc:
                 raise storage_error(exc) from exc
             async with conn:
@@ -234,14 +227,16 @@ class Postgres:
         if self._lent >= self.max_size:
             raise storage_error(waited, "busy")
         try:
-            conn = await psycopg.AsyncConnection.connect(
-                self._conninfo, autocommit=True, connect_timeout=max(1, int(self.connect_timeout))
-            )
+            conn = await self._connect()
         except psycopg.Error as exc:
             full = "too many clients" in str(exc) or exc.sqlstate == "53300"
             raise storage_error(exc, "busy" if full else "unavailable") from exc
         await register_vector(conn)
         return conn
+
+    async def _connect(self) -> Connection:
+        return await psycopg.AsyncConnection.connect(
+            self._conninfo, autocommit=True, connect_timeout=max(1, int(self.connect_timeout)))
 
     async def _live_connection(self) -> Connection:
         """A pooled connection whose server is still there: one with input waiting (ended by
@@ -249,8 +244,7 @@ class Postgres:
         wait (cheaper than the pool's `check`, a round trip per use)."""
         deadline = anyio.current_time() + self._pool.timeout
         for _ in range(self.max_size + 1):
-            left = max(deadline - anyio.current_time(), 0.001)
-            conn = await self._pool.getconn(timeout=left)
+            conn = await self._pool.getconn(timeout=max(deadline - anyio.current_time(), 0.001))
             if not _has_input(conn):
                 return conn
             try:
@@ -323,8 +317,7 @@ class PgStatements:
         self.conn = conn
 
     async def rows(self, query: str, params: Sequence[Any] = ()) -> list[Row]:
-        cur = await self.conn.execute(placeholders(query), params)
-        return await rows_of(cur)
+        return await rows_of(await self.conn.execute(placeholders(query), params))
 
     async def row(self, query: str, params: Sequence[Any] = ()) -> Row | None:
         cur = await self.conn.execute(placeholders(query), params)
@@ -341,7 +334,7 @@ class PgStatements:
 
     async def stream(self, query: str, params: Sequence[Any] = ()) -> AsyncGenerator[Row, None]:
         async with self.conn.cursor(name="mnemo_rows") as cur:
-            cur.itersize = PAGE
+            cur.itersize = 64  # rows fetched at a time
             await cur.execute(placeholders(query), params)
             async for row in cur:
                 yield row

@@ -9,12 +9,10 @@ import json
 import math
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from mnemo.conversation.drafts import MessageDraft
-from mnemo.graph.model import Vector
 from mnemo.storage.postgres.text_search import TEXT_SEARCH_CONFIG, WORD_QUERY
 from mnemo.storage.postgres.vectors import as_array
 from mnemo.storage.row import Row
@@ -137,10 +135,7 @@ class PgThreads(SqlThreads):
     _message_row = staticmethod(message_row)
 
     _vector = staticmethod(as_array)
-
-    def _vector_of(self, value: Any) -> Vector:
-        vector: Vector = value
-        return vector
+    _vector_of = staticmethod(as_array)
 
     def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
         return "starts_with(id, ?)", (prefix,)
@@ -149,8 +144,7 @@ class PgThreads(SqlThreads):
         """Nothing more: the search vector is a column of the row."""
 
     async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:
-        scoring, params = scoring_query(query)
-        return await sql.rows(scoring, params)
+        return await sql.rows(*scoring_query(query))
 
     async def _snippets(
         self, sql: Statements, words: Sequence[str], rowids: list[int]

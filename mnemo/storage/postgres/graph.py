@@ -40,12 +40,9 @@ from mnemo.storage.postgres.text_search import SEARCH_VECTOR, WORD_QUERY
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import Column
-from mnemo.storage.sql import Statements
+from mnemo.storage.sql import Statements, number
 from mnemo.storage.worker import DeferredRead
 from mnemo.text import query_words
-
-# Longer queries have their words read in a worker thread.
-_INLINE_CHARS = 2_000
 
 
 class PgReembeds(SqlReembeds):
@@ -126,10 +123,8 @@ class PgMaintenance(SqlMaintenance, PgGraphWrites):
         return f"{node}.repo, "
 
     async def _bad_vectors(self, sql: Statements, repo: str, dim: int) -> int:
-        row = await sql.row(
-            "SELECT count(*) FROM vectors WHERE repo = ? AND vector_dims(vec) <> ?", (repo, dim)
-        )
-        return int(row[0]) if row else 0
+        return await number(
+            sql, "SELECT count(*) FROM vectors WHERE repo = ? AND vector_dims(vec) <> ?", repo, dim)
 
     async def _search_rebuilt(self, sql: Statements, repo: str) -> bool:
         # A generated column disagrees only after a configuration change; an UPDATE recomputes.
@@ -261,7 +256,8 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
         self, repo: str, query: str, limit: int, kinds: list[str] | None,
         where: Where | None = None,
     ) -> list[tuple[str, float]]:
-        words = (query_words(query) if len(query) <= _INLINE_CHARS
+        # Longer queries have their words read in a worker thread.
+        words = (query_words(query) if len(query) <= 2_000
                  else await anyio.to_thread.run_sync(query_words, query))
         if not words or limit <= 0:
             return []

@@ -23,16 +23,12 @@ def default_folder() -> Path:
     return Path(cache) / "mnemo" / "lexical"
 
 
-# The cluster's identifier and the database's oid: a recreated database gets its own folder.
+# The name of a database's folder under `default_folder()`: "pg-<the cluster's identifier>-<the
+# database's oid>", so a recreated database gets its own folder.
 PLACE = (
-    "SELECT (SELECT system_identifier FROM pg_control_system()),"
-    " (SELECT oid FROM pg_database WHERE datname = current_database())"
+    "SELECT 'pg-' || (SELECT system_identifier FROM pg_control_system()) || '-'"
+    " || (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
-
-
-def place(system: object, oid: object) -> str:
-    """The name of a database's folder under `default_folder()`, from `PLACE`'s row."""
-    return f"pg-{system}-{oid}"
 
 
 class PgLexicalSource(LexicalSource):
@@ -44,20 +40,17 @@ class PgLexicalSource(LexicalSource):
 
     def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
         """The statement's rows, run once more on a new connection if the old one was gone."""
-        for attempt in range(2):
-            fresh = self._conn is None or self._conn.closed
+        retry = self._conn is not None and not self._conn.closed
+        while True:
             try:
                 if self._conn is None or self._conn.closed:
                     self._conn = psycopg.connect(self._conninfo, autocommit=True)
                 return self._conn.execute(statement, params).fetchall()
             except psycopg.Error as exc:
-                broken = self._conn is not None and self._conn.broken
-                if broken:
-                    self._conn = None
-                if not broken or fresh or attempt:
+                if not (retry and self._conn is not None and self._conn.broken):
                     raise storage_error(exc) from exc
-        raise AssertionError("unreachable")
+                retry = False
 
     def place(self) -> str:
-        (system, oid), = self._rows(PLACE)
-        return place(system, oid)
+        (place,), = self._rows(PLACE)
+        return str(place)

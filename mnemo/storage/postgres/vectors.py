@@ -191,9 +191,8 @@ class PgVectors(CachedVectors):
         async with self._pg.connection() as conn:
             for probe in probes:
                 cur = await conn.execute(statement, {"q": as_array(probe), "kinds": kinds, "k": k})
-                distances = [(str(i), float(d)) for i, d in await cur.fetchall()
-                             if isinstance(d, float)]
-                rows = [(i, 1.0 - d) for i, d in distances if math.isfinite(d)]
+                rows = [(str(i), 1.0 - d) for i, d in await cur.fetchall()
+                        if isinstance(d, float) and math.isfinite(d)]
                 # An iterative HNSW scan returns rows in roughly distance order.
                 results.append(rows if exact else sorted(rows, key=lambda r: -r[1]))
         return results
@@ -204,13 +203,13 @@ class PgVectors(CachedVectors):
             return None
         if self._place is None:
             try:
-                (system, oid), = await self._pg.fetch_all(lexical.PLACE)
+                (place,), = await self._pg.fetch_all(lexical.PLACE)
             except StorageError as exc:
                 # pg_control_system() may be revoked: graphs are then built at each open.
                 log.warning("mnemo: the routes' HNSW graphs will not be saved (%s)", exc)
                 self._ann_dir = None
                 return None
-            self._place = lexical.place(system, oid)
+            self._place = str(place)
         return ann_files.repo_folder(self._ann_dir / self._place / "hnsw", repo)
 
     async def _size(self, repo: str) -> int:

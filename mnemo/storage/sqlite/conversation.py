@@ -16,8 +16,6 @@ from mnemo.storage.sqlite.database import Database, truncate_wal
 from mnemo.storage.thread_rows import SearchQuery, read_state
 from mnemo.storage.threads import SqlThreads
 
-SNIPPET_TOKENS = 48
-
 
 def match_expression(words: Sequence[str]) -> str:
     """The FTS5 MATCH expression of a query's words, each quoted: never FTS5 syntax ("" if none)."""
@@ -120,7 +118,7 @@ class SqliteThreads(SqlThreads):
         for rowid in rowids:
             row = await sql.row(
                 "SELECT m.id, m.thread_id, m.seq, m.role,"
-                f" snippet(messages_fts, 0, '', '', '...', {SNIPPET_TOKENS}), m.text"
+                " snippet(messages_fts, 0, '', '', '...', 48), m.text"
                 " FROM messages_fts JOIN messages m ON m.rowid = messages_fts.rowid"
                 " WHERE messages_fts MATCH ? AND messages_fts.rowid = ?",
                 (match, rowid),

@@ -6,7 +6,6 @@ killed process, "FULL" also against power loss."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
 import sqlite3
@@ -180,9 +179,7 @@ class Database:
     def post(self, work: Work[object], failed: Callable[[StorageError], object]) -> None:
         """Queues `work(db)`, run in call order (a later read sees its writes); a failure,
         rolled back, goes to `failed` in the thread. Raises `StorageError("closed")`."""
-        worker, alone = self._worker, _alone(self.db, work)
-        if worker is None:
-            raise StorageError("closed", "the database is not open")
+        alone = _alone(self.db, work)
 
         def job() -> None:
             try:
@@ -190,23 +187,23 @@ class Database:
             except sqlite3.Error as exc:
                 failed(storage_error(exc))
 
-        worker.post(job)
+        self._running().post(job)
 
     def start(self, work: Work[T]) -> Queued[T]:
         """Queues `work(db)` as `run` does and returns at once (it runs even if never
         awaited). Raises `StorageError("closed")`."""
-        return Queued(self._queue(_alone(self.db, work)), _translated)
+        return Queued(self._running().start(_alone(self.db, work)), _translated)
 
     async def _call(self, fn: Callable[[], T]) -> T:
-        queued = Queued(self._queue(fn), _translated)
+        queued = Queued(self._running().start(fn), _translated)
         with anyio.CancelScope(shield=True):
             result = await queued.result()
         return result
 
-    def _queue(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+    def _running(self) -> Worker:
         if self._worker is None:
             raise StorageError("closed", "the database is not open")
-        return self._worker.start(fn)
+        return self._worker
 
 
 def _alone(db: SqliteUtilsDatabase, work: Work[T]) -> Callable[[], T]:
@@ -258,28 +255,24 @@ class SqliteStatements:
             cursor.close()
 
 
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-
-
 class HostClock:
     """The store's time on SQLite: the anchor's wall time (`store_clock`, written by the first
     opener after boot) plus the boot clock elapsed since, the same in every process and never
     stepped by the wall clock. A new boot anchors again and forgets the old holders."""
 
-    def __init__(self, wall: Callable[[], datetime] = host_now) -> None:
-        self.wall = wall
+    def __init__(self) -> None:
         self._anchor: tuple[datetime, float] | None = None
 
     def now(self) -> datetime:
         if self._anchor is None:
-            return self.wall()
+            return host_now()
         wall, at = self._anchor
         return wall + timedelta(seconds=elapsed() - at)
 
     def anchor(self, db: SqliteUtilsDatabase) -> None:
         """Reads the file's anchor, or writes one (forgetting holders) if of another boot."""
         try:
-            boot = BOOT_ID.read_text().strip()
+            boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         except OSError:
             boot = ""  # the kernel tells none
         row = _anchor_of(db)
@@ -287,7 +280,7 @@ class HostClock:
             with db.atomic():
                 row = _anchor_of(db)  # another process may have anchored meanwhile
                 if not _this_boot(row, boot):
-                    row = (boot, self.wall().isoformat(timespec="microseconds"), elapsed())
+                    row = (boot, host_now().isoformat(timespec="microseconds"), elapsed())
                     db.conn.execute("DELETE FROM store_clock")
                     db.conn.execute("INSERT INTO store_clock(boot, wall, at) VALUES (?, ?, ?)",
                                     row)

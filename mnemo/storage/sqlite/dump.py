@@ -142,15 +142,12 @@ class SqliteDump(SqlDump):
         """Nothing to do: the FTS5 triggers indexed each inserted row as it came."""
 
 
-def _is_mnemo(path: Path) -> bool:
-    return path.is_file() and inspect_file(path)[1]
-
-
 @asynccontextmanager
 async def open_sqlite_dump(path: Path, *, must_exist: bool) -> AsyncIterator[SqliteDump]:
     """The dump of the mnemo database at `path`, opened and migrated for the block; raises
     `StorageError("unavailable")` when `must_exist` and there is none."""
-    if must_exist and not await anyio.to_thread.run_sync(_is_mnemo, path):
+    if must_exist and not await anyio.to_thread.run_sync(
+            lambda: path.is_file() and inspect_file(path)[1]):
         raise StorageError("unavailable", f"no mnemo database at {path}")
     database = Database(path)
     await database.open()

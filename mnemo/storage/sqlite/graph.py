@@ -31,7 +31,7 @@ from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph, SqlMaintenance
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import loads
-from mnemo.storage.sql import Statements, marks
+from mnemo.storage.sql import Statements, marks, number
 from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write, truncate_wal
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text
@@ -53,11 +53,8 @@ class SqliteMaintenance(SqlMaintenance):
 
     async def _bad_vectors(self, sql: Statements, repo: str, dim: int) -> int:
         # Half floats: two bytes a number.
-        row = await sql.row(
-            "SELECT count(*) FROM nodes n JOIN vectors v ON v.node = n.rowid"
-            " WHERE n.repo = ? AND length(v.vec) != ?", (repo, 2 * dim),
-        )
-        return int(row[0]) if row else 0
+        return await number(sql, "SELECT count(*) FROM nodes n JOIN vectors v ON v.node = n.rowid"
+                            " WHERE n.repo = ? AND length(v.vec) != ?", repo, 2 * dim)
 
     async def _search_rebuilt(self, sql: Statements, repo: str) -> bool:
         try:

@@ -1,5 +1,5 @@
 """The SQLite `LexicalSource`: reads the log and nodes on a read-only connection of its own,
-never waiting for nor holding up the writing connection."""
+never waiting for nor holding up the writing one (so not for `:memory:`, which has no second)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from mnemo.storage.sqlite.database import storage_error
 
 
 class SqliteLexicalSource(LexicalSource):
-    """`LexicalSource` over a SQLite file (not `:memory:`, which has no second connection)."""
-
     def __init__(self, path: str | Path, busy_timeout: float) -> None:
         self._path = str(path)
         self._busy_ms = int(busy_timeout * 1000)

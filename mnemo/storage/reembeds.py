@@ -14,9 +14,6 @@ from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.sql import Statements, number
 
-# The largest rowid on both: no bound.
-MAX_ROWID = 2**63 - 1
-
 
 class SqlReembeds:
     # The rows of `staged_vectors` or `vectors` of the repo (one parameter: the repo).
@@ -69,7 +66,7 @@ class SqlReembeds:
             "SELECT n.rowid, n.id, n.type, n.text FROM nodes n WHERE n.repo = ?"
             f" AND n.rowid > ? AND n.rowid <= ? AND NOT EXISTS (SELECT 1 FROM staged_vectors s"
             f" WHERE {self.STAGED}) ORDER BY n.rowid LIMIT ?",
-            (repo, after, MAX_ROWID if upto is None else upto, limit),
+            (repo, after, 2**63 - 1 if upto is None else upto, limit),  # the largest rowid
         )
         return [Unstaged(int(rowid), node_id, NODE_TYPES[kind], text)
                 for rowid, node_id, kind, text in rows]

@@ -22,8 +22,6 @@ from mnemo.storage.tables import ddl
 # A neutral row: one value per column of its table, in the table's column order.
 Row = tuple[object, ...]
 
-BATCH = 1000
-
 
 class Kind(StrEnum):
     """What a column holds, and so how each backend stores it."""
@@ -186,7 +184,7 @@ VERIFY = "verify"
 
 
 async def transfer(
-    source: Dump, target: Dump, *, batch: int = BATCH, progress: Progress = lambda *_: None
+    source: Dump, target: Dump, *, batch: int = 1000, progress: Progress = lambda *_: None
 ) -> TransferReport:
     """Copies every table of `source` into `target` (keys present skipped), then verifies both
     stores' counts and node checksums. Raises `ConflictError` before writing when a node id

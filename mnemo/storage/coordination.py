@@ -62,9 +62,7 @@ class SqlCoordination(SqlStore):
     def __init__(self, driver: Driver, clock: Clock) -> None:
         super().__init__(driver)
         self._clock = clock
-
-    def now(self) -> datetime:
-        return self._clock.now()
+        self.now = clock.now
 
     def _idle_params(self, now: datetime) -> tuple[object, ...]:
         return ()

@@ -101,7 +101,7 @@ class GraphBase(RowReads):
     def __init__(self, driver: Driver, dims: Callable[[str], int],
                  lexical: LexicalIndex | None) -> None:
         super().__init__(driver)
-        self._dims = dims
+        self.dim = dims
         self._lexical = lexical
         self._locks: dict[str, anyio.Lock] = {}  # this process's lock of each repo
         self._reembeds: set[str] = set()  # the repos this store is re-embedding
@@ -157,9 +157,6 @@ class GraphBase(RowReads):
             return self._start_store_text(repo, query, limit, kinds)
         return FallbackRead(self._lexical.start_search(repo, query, limit, kinds),
                             lambda: self._store_text(repo, query, limit, kinds, None))
-
-    def dim(self, repo: str) -> int:
-        return self._dims(repo)
 
     @asynccontextmanager
     async def lock(self, repo: str) -> AsyncIterator[None]:

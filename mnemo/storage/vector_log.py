@@ -27,9 +27,7 @@ CHANGED = (
 )
 
 # `CHANGED` for a cache of some node types: the others' vectors are not read.
-CHANGED_OF_KINDS = CHANGED.replace(
-    "LEFT JOIN vectors v ON v.node_id = n.id", "LEFT JOIN vectors v ON v.node_id = n.id"
-    " AND n.type = ANY(?)")
+CHANGED_OF_KINDS = CHANGED + " AND n.type = ANY(?)"
 
 # A changed node as read: (rowid, id, type, vector), the last three None when it is gone.
 Change = tuple[int, str | None, str | None, Vector | None]

@@ -177,9 +177,7 @@ class SqlMaintenance(SqlGraphWrites):
             unlinked.append(steps)
             if steps:
                 restored += await self._relink(sql, repo, steps, kind, link, field, prefix)
-        dangling = await number(sql, f"SELECT count(*) FROM links WHERE {self.DANGLING}", repo)
-        if dangling:
-            await sql.run(f"DELETE FROM links WHERE {self.DANGLING}", (repo,))
+        dangling = await sql.run(f"DELETE FROM links WHERE {self.DANGLING}", (repo,))
         missing_vectors = await number(
             sql,
             "SELECT count(*) FROM nodes n WHERE n.repo = ?"

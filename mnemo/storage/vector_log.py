@@ -125,9 +125,6 @@ Start = Callable[[str, int, int], Look]
 
 
 class VectorCache:
-    """One owner's `RepoVectors`: loaded on first use, brought up to the log at each use or
-    once per `reading` block."""
-
     def __init__(self, changes: Changes, load: Load, start: Start | None = None) -> None:
         self._read_changes = changes
         self._read_all = load

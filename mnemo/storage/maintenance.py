@@ -34,7 +34,6 @@ class SqlMaintenance(SqlGraphWrites):
     FALSE, TRUE = "0", "1"
     # Appended to a JSON column read as its text.
     TEXT = ""
-    # A node `n` that has a vector `v`.
     HAS_VECTOR = "v.node = n.rowid"
     # A link with an end gone (one parameter: the repo).
     DANGLING = ""

@@ -18,16 +18,13 @@ from mnemo.storage.sql import Statements, number
 class SqlReembeds:
     # The rows of `staged_vectors` or `vectors` of the repo (one parameter: the repo).
     OF_REPO = "node IN (SELECT rowid FROM nodes WHERE repo = ?)"
-    # A staged vector `s` of the node `n`.
     STAGED = "s.node = n.rowid"
     # Appended to a SELECT whose rows stay locked until the transaction ends.
     LOCK = ""
-    # Stages a vector (the parameters: the vector, the node's rowid and id).
     STAGE = (
         "INSERT OR REPLACE INTO staged_vectors (node, vec) SELECT rowid, ? FROM nodes"
         " WHERE rowid = ? AND id = ?"
     )
-    # Drops the staged vectors of the nodes of the node log's entries (repo, after, upto).
     UNSTAGE_LOGGED = (
         "DELETE FROM staged_vectors WHERE node IN (SELECT node FROM lexical_log"
         " WHERE repo = ? AND seq > ? AND seq <= ?)"

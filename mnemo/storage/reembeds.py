@@ -68,11 +68,6 @@ class SqlReembeds:
         return [Unstaged(int(rowid), node_id, NODE_TYPES[kind], text)
                 for rowid, node_id, kind, text in rows]
 
-    async def last_rowid(self, sql: Statements, repo: str) -> int:
-        return await number(
-            sql, "SELECT coalesce(max(rowid), 0) FROM nodes WHERE repo = ?", repo
-        )
-
     async def stage(self, sql: Statements, nodes: Sequence[Unstaged], vectors: Vector) -> None:
         await sql.run_many(self.STAGE, [(self._vector(vector), node.rowid, node.id)
                                         for node, vector in zip(nodes, vectors, strict=True)])
@@ -144,7 +139,8 @@ class ReembeddedGraph(GraphBase):
         )
 
     async def last_rowid(self, repo: str) -> int:
-        return await self._driver.read(lambda sql: self.REEMBEDS.last_rowid(sql, repo))
+        return await self._driver.read(lambda sql: number(
+            sql, "SELECT coalesce(max(rowid), 0) FROM nodes WHERE repo = ?", repo))
 
     async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
         await self._driver.write(lambda sql: self.REEMBEDS.stage(sql, nodes, vectors))

@@ -79,12 +79,10 @@ class SqlReembeds:
         seen = int(found[0])
         seq, horizon = state_of(await sql.rows(STATE, (repo,)))
         try:
-            changed = vector_log.moved(seen, seq, horizon)
+            if vector_log.moved(seen, seq, horizon):
+                await sql.run(self.UNSTAGE_LOGGED, (repo, seen, seq))
         except vector_log.Reload:
             await sql.run(f"DELETE FROM staged_vectors WHERE {self.OF_REPO}", (repo,))
-            changed = False
-        if changed:
-            await sql.run(self.UNSTAGE_LOGGED, (repo, seen, seq))
         await sql.run("UPDATE reembeds SET seq = ? WHERE repo = ?", (seq, repo))
 
     async def switch(self, sql: Statements, repo: str) -> tuple[int, int]:

@@ -63,7 +63,7 @@ class SqlReembeds:
             "SELECT n.rowid, n.id, n.type, n.text FROM nodes n WHERE n.repo = ?"
             f" AND n.rowid > ? AND n.rowid <= ? AND NOT EXISTS (SELECT 1 FROM staged_vectors s"
             f" WHERE {self.STAGED}) ORDER BY n.rowid LIMIT ?",
-            (repo, after, 2**63 - 1 if upto is None else upto, limit),  # the largest rowid
+            (repo, after, 2**63 - 1 if upto is None else upto, limit),  # largest rowid: no bound
         )
         return [Unstaged(int(rowid), node_id, NODE_TYPES[kind], text)
                 for rowid, node_id, kind, text in rows]

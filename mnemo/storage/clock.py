@@ -19,9 +19,11 @@ def host_now() -> datetime:
     return datetime.now(UTC)
 
 
-# Seconds on a forward-only clock, the same for every process on the host: Linux's boot time
-# clock counts a suspended host's sleep; elsewhere, the monotonic clock.
+# Linux's boot time clock counts a suspended host's sleep; elsewhere, the monotonic clock.
+_BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+# Seconds on a forward-only clock, the same for every process on the host.
 elapsed: Callable[[], float] = (
-    functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
-    if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
+    time.monotonic if _BOOTTIME is None else functools.partial(time.clock_gettime, _BOOTTIME)
 )

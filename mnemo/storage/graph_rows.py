@@ -15,9 +15,6 @@ from mnemo.storage.sql import SqlStore, marks, moment
 NODE_COLUMNS = (
     "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
 )
-# The nodes a forget keeps while something links to them.
-ROUTES = ["tag", "intent", "source", "subgoal"]
-KNOWLEDGE = ["semantic", "procedural"]
 COMMIT_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
                   " reworded, joined, reverted_by, reverts")
 

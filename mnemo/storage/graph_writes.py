@@ -8,12 +8,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from mnemo.graph import shares
-from mnemo.graph.commit import CommitPlan
+from mnemo.graph.commit import KNOWLEDGE, CommitPlan
 from mnemo.graph.erasure import Inherited, Plan, Scope, Shared
+from mnemo.graph.maintenance import ROUTES
 from mnemo.graph.model import Vector, now_utc, times
 from mnemo.graph.ports import SideWrite
 from mnemo.graph.scope import pairs
-from mnemo.storage.graph_rows import COMMIT_COLUMNS, KNOWLEDGE, ROUTES
+from mnemo.storage.graph_rows import COMMIT_COLUMNS
 from mnemo.storage.row import Row, json_object
 from mnemo.storage.sessions import SqlSessions
 from mnemo.storage.sql import Statements

@@ -62,9 +62,7 @@ class SqlCoordination(SqlStore):
     def __init__(self, driver: Driver, clock: Clock) -> None:
         super().__init__(driver)
         self._clock = clock
-
-    def now(self) -> datetime:
-        return self._clock.now()
+        self.now = clock.now
 
     def _idle_params(self, now: datetime) -> tuple[object, ...]:
         return ()
@@ -279,8 +277,7 @@ class SqlCoordination(SqlStore):
         where = f"FROM ops WHERE accepted_by = '' AND {self._left(gone)}"
         params = (me, self._stamp(unseen_since), *gone)
         # Looked for first, without a lock.
-        found = await self._driver.read(lambda sql: sql.row(f"SELECT 1 {where} LIMIT 1", params))
-        if found is None:
+        if not await self._rows(f"SELECT 1 {where} LIMIT 1", params):
             return 0
         return await self._driver.one(lambda sql: sql.run(f"DELETE {where}", params))
 

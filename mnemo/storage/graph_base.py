@@ -3,10 +3,9 @@ its first key's range, each other key a seek per node: its cost is bounded by th
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import anyio
 
@@ -38,7 +37,6 @@ from mnemo.graph.ports import (
 from mnemo.graph.scope import SCOPE_LIMIT, WIDEN, Scope, Where
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.graph_rows import RowReads
-from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Driver, marks
@@ -95,13 +93,12 @@ def joined(first: NodeContext, more: NodeContext) -> NodeContext:
 
 
 class GraphBase(RowReads):
-    WRITES: SqlGraphWrites
     _vectors: CachedVectors
 
     def __init__(self, driver: Driver, dims: Callable[[str], int],
                  lexical: LexicalIndex | None) -> None:
         super().__init__(driver)
-        self._dims = dims
+        self.dim = dims
         self._lexical = lexical
         self._locks: dict[str, anyio.Lock] = {}  # this process's lock of each repo
         self._reembeds: set[str] = set()  # the repos this store is re-embedding
@@ -118,13 +115,6 @@ class GraphBase(RowReads):
                        Awaitable[NodeContext]]
     _links_near: Callable[[str, Sequence[str], Vector],
                           Awaitable[tuple[list[TypedLink], dict[str, float]]]]
-
-    def _ids(self, value: Any) -> list[Any]:
-        return list(self.WRITES._loads(value))
-
-    def _receipt(self, value: Any) -> CommitReceipt:
-        stored = self.WRITES._loads(value)  # a jsonb string on PostgreSQL if written as one
-        return CommitReceipt.from_json(stored if isinstance(stored, str) else json.dumps(stored))
 
     async def node_context(self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
                            link_type: LinkType, then: More | None = None) -> NodeContext:
@@ -157,9 +147,6 @@ class GraphBase(RowReads):
             return self._start_store_text(repo, query, limit, kinds)
         return FallbackRead(self._lexical.start_search(repo, query, limit, kinds),
                             lambda: self._store_text(repo, query, limit, kinds, None))
-
-    def dim(self, repo: str) -> int:
-        return self._dims(repo)
 
     @asynccontextmanager
     async def lock(self, repo: str) -> AsyncIterator[None]:

@@ -1,36 +1,40 @@
 """`RowReads`: the graph store's reads of plain rows (nodes, commit records), once for both
-backends over `_rows`; a backend decodes them (`_node`, `_receipt`, `_ids`)."""
+backends over `_rows`; a backend decodes them (`_node`, `WRITES._loads`)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, NodeType
 from mnemo.storage.row import Row
 from mnemo.storage.sql import SqlStore, marks, moment
 
+if TYPE_CHECKING:
+    from mnemo.storage.graph_writes import SqlGraphWrites
+
 NODE_COLUMNS = (
     "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
 )
-# The nodes a forget keeps while something links to them.
-ROUTES = ["tag", "intent", "source", "subgoal"]
-KNOWLEDGE = ["semantic", "procedural"]
 COMMIT_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
                   " reworded, joined, reverted_by, reverts")
 
 
 class RowReads(SqlStore):
-    _ids: Callable[[Any], list[Any]]  # a list of a commit's record as stored
+    WRITES: SqlGraphWrites
     _node: Callable[[Row], Node]  # the node of a row that starts with `NODE_COLUMNS`
-    _receipt: Callable[[Any], CommitReceipt]  # a stored receipt
+
+    def _receipt(self, value: Any) -> CommitReceipt:
+        stored = self.WRITES._loads(value)  # a jsonb string on PostgreSQL if written as one
+        return CommitReceipt.from_json(stored if isinstance(stored, str) else json.dumps(stored))
 
     def _commit(self, row: Row) -> CommitRecord:
         (commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded,
          joined, reverted_by, reverts) = row
-        ids = self._ids
+        ids = self.WRITES._loads
         return CommitRecord(
             id=str(commit_id), repo=str(repo), seq=int(seq), committed_at=moment(at),
             session_id=session_id, source_id=source_id, node_ids=tuple(map(str, ids(nodes))),

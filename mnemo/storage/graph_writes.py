@@ -8,12 +8,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from mnemo.graph import shares
-from mnemo.graph.commit import CommitPlan
+from mnemo.graph.commit import KNOWLEDGE, CommitPlan
 from mnemo.graph.erasure import Inherited, Plan, Scope, Shared
+from mnemo.graph.maintenance import ROUTES
 from mnemo.graph.model import Vector, now_utc, times
 from mnemo.graph.ports import SideWrite
 from mnemo.graph.scope import pairs
-from mnemo.storage.graph_rows import COMMIT_COLUMNS, KNOWLEDGE, ROUTES
+from mnemo.storage.graph_rows import COMMIT_COLUMNS
 from mnemo.storage.row import Row, json_object
 from mnemo.storage.sessions import SqlSessions
 from mnemo.storage.sql import Statements
@@ -31,7 +32,6 @@ class SqlGraphWrites:
     KEY = "rowid"
     # `column{ANY}`: the column is one of a list given as one parameter (`_list`).
     ANY = " IN (SELECT value FROM json_each(?))"
-    # A link by its ends' ids and its type (three parameters).
     LINK = (
         "src = (SELECT rowid FROM nodes WHERE id = ?) AND dst = (SELECT rowid FROM nodes"
         " WHERE id = ?) AND type = ?"
@@ -43,16 +43,12 @@ class SqlGraphWrites:
     )
     # How many of (src, dst, type, repo) `ADD_LINK` takes.
     LINK_PARAMS = 3
-    # Adds a node's vector (the vector, the node's id).
     ADD_VECTOR = (
         "INSERT INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?"
         " ON CONFLICT DO NOTHING"
     )
-    # The vector of a node (one parameter: its id).
     VECTOR_OF = "node = (SELECT rowid FROM nodes WHERE id = ?)"
-    # A node's data with its intent re-worded (one parameter: the wording).
     SET_INTENT = "json_set(data, '$.intent', ?)"
-    # Zeros as long as a step's subgoal vector.
     ZEROS = "zeroblob(length(subgoal_vec))"
     # The statements that end an erasure (the lexical index's slots wipe at a new epoch).
     SCRUB: tuple[str, ...] = ()

@@ -18,11 +18,6 @@ from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.sql import Statements, moment, number
 
-# The (kind, link, data field naming the group, prefix of the group's node) of the two links
-# `validate` restores: a step's subgoal (by trajectory), a step's source (by episode).
-_SUBGOAL = ("subgoal", "hierarchical", "trajectory_id", "subgoal_")
-_SOURCE = ("source", "provenance", "episode_id", "source_")
-
 
 def _group(value: object) -> str | None:
     """A trajectory or episode id from a node's data, as SQLite's json_extract gives it."""
@@ -39,7 +34,6 @@ class SqlMaintenance(SqlGraphWrites):
     FALSE, TRUE = "0", "1"
     # Appended to a JSON column read as its text.
     TEXT = ""
-    # A node `n` that has a vector `v`.
     HAS_VECTOR = "v.node = n.rowid"
     # A link with an end gone (one parameter: the repo).
     DANGLING = ""
@@ -169,7 +163,10 @@ class SqlMaintenance(SqlGraphWrites):
         )
         unlinked: list[list[tuple[str, str | None]]] = []
         restored = 0
-        for kind, link, field, prefix in (_SUBGOAL, _SOURCE):
+        # (kind, link, data field naming the group, prefix of the group's node) of the two
+        # links restored: a step's subgoal (by trajectory), a step's source (by episode).
+        for kind, link, field, prefix in (("subgoal", "hierarchical", "trajectory_id", "subgoal_"),
+                                          ("source", "provenance", "episode_id", "source_")):
             steps = [(node_id, _group(group)) for node_id, group in await sql.rows(
                 f"SELECT e.id, {self._field(field, 'e.')} FROM nodes e"
                 f" WHERE e.repo = ? AND e.type = 'episodic' AND NOT {self._linked_to(kind, link)}"
@@ -179,9 +176,7 @@ class SqlMaintenance(SqlGraphWrites):
             unlinked.append(steps)
             if steps:
                 restored += await self._relink(sql, repo, steps, kind, link, field, prefix)
-        dangling = await number(sql, f"SELECT count(*) FROM links WHERE {self.DANGLING}", repo)
-        if dangling:
-            await sql.run(f"DELETE FROM links WHERE {self.DANGLING}", (repo,))
+        dangling = await sql.run(f"DELETE FROM links WHERE {self.DANGLING}", (repo,))
         missing_vectors = await number(
             sql,
             "SELECT count(*) FROM nodes n WHERE n.repo = ?"
@@ -194,13 +189,10 @@ class SqlMaintenance(SqlGraphWrites):
                                 dangling, missing_vectors, bad_vectors, rebuilt)
 
     def _linked_to(self, kind: str, link: str) -> str:
-        key = self.KEY
-        return (
-            f"(EXISTS (SELECT 1 FROM links l JOIN nodes o ON o.{key} = l.src"
-            f" WHERE l.dst = e.{key} AND l.type = '{link}' AND o.type = '{kind}')"
-            f" OR EXISTS (SELECT 1 FROM links l JOIN nodes o ON o.{key} = l.dst"
-            f" WHERE l.src = e.{key} AND l.type = '{link}' AND o.type = '{kind}'))"
-        )
+        return "(" + " OR ".join(
+            f"EXISTS (SELECT 1 FROM links l JOIN nodes o ON o.{self.KEY} = l.{end}"
+            f" WHERE l.{other} = e.{self.KEY} AND l.type = '{link}' AND o.type = '{kind}')"
+            for end, other in (("src", "dst"), ("dst", "src"))) + ")"
 
     async def _relink(self, sql: Statements, repo: str, steps: list[tuple[str, str | None]],
                       kind: str, link: str, field: str, prefix: str) -> int:

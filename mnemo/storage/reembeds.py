@@ -14,23 +14,17 @@ from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.sql import Statements, number
 
-# The largest rowid on both: no bound.
-MAX_ROWID = 2**63 - 1
-
 
 class SqlReembeds:
     # The rows of `staged_vectors` or `vectors` of the repo (one parameter: the repo).
     OF_REPO = "node IN (SELECT rowid FROM nodes WHERE repo = ?)"
-    # A staged vector `s` of the node `n`.
     STAGED = "s.node = n.rowid"
     # Appended to a SELECT whose rows stay locked until the transaction ends.
     LOCK = ""
-    # Stages a vector (the parameters: the vector, the node's rowid and id).
     STAGE = (
         "INSERT OR REPLACE INTO staged_vectors (node, vec) SELECT rowid, ? FROM nodes"
         " WHERE rowid = ? AND id = ?"
     )
-    # Drops the staged vectors of the nodes of the node log's entries (repo, after, upto).
     UNSTAGE_LOGGED = (
         "DELETE FROM staged_vectors WHERE node IN (SELECT node FROM lexical_log"
         " WHERE repo = ? AND seq > ? AND seq <= ?)"
@@ -69,15 +63,10 @@ class SqlReembeds:
             "SELECT n.rowid, n.id, n.type, n.text FROM nodes n WHERE n.repo = ?"
             f" AND n.rowid > ? AND n.rowid <= ? AND NOT EXISTS (SELECT 1 FROM staged_vectors s"
             f" WHERE {self.STAGED}) ORDER BY n.rowid LIMIT ?",
-            (repo, after, MAX_ROWID if upto is None else upto, limit),
+            (repo, after, 2**63 - 1 if upto is None else upto, limit),  # largest rowid: no bound
         )
         return [Unstaged(int(rowid), node_id, NODE_TYPES[kind], text)
                 for rowid, node_id, kind, text in rows]
-
-    async def last_rowid(self, sql: Statements, repo: str) -> int:
-        return await number(
-            sql, "SELECT coalesce(max(rowid), 0) FROM nodes WHERE repo = ?", repo
-        )
 
     async def stage(self, sql: Statements, nodes: Sequence[Unstaged], vectors: Vector) -> None:
         await sql.run_many(self.STAGE, [(self._vector(vector), node.rowid, node.id)
@@ -90,12 +79,10 @@ class SqlReembeds:
         seen = int(found[0])
         seq, horizon = state_of(await sql.rows(STATE, (repo,)))
         try:
-            changed = vector_log.moved(seen, seq, horizon)
+            if vector_log.moved(seen, seq, horizon):
+                await sql.run(self.UNSTAGE_LOGGED, (repo, seen, seq))
         except vector_log.Reload:
             await sql.run(f"DELETE FROM staged_vectors WHERE {self.OF_REPO}", (repo,))
-            changed = False
-        if changed:
-            await sql.run(self.UNSTAGE_LOGGED, (repo, seen, seq))
         await sql.run("UPDATE reembeds SET seq = ? WHERE repo = ?", (seq, repo))
 
     async def switch(self, sql: Statements, repo: str) -> tuple[int, int]:
@@ -150,7 +137,8 @@ class ReembeddedGraph(GraphBase):
         )
 
     async def last_rowid(self, repo: str) -> int:
-        return await self._driver.read(lambda sql: self.REEMBEDS.last_rowid(sql, repo))
+        return await self._driver.read(lambda sql: number(
+            sql, "SELECT coalesce(max(rowid), 0) FROM nodes WHERE repo = ?", repo))
 
     async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
         await self._driver.write(lambda sql: self.REEMBEDS.stage(sql, nodes, vectors))

@@ -460,13 +460,9 @@ class SqlThreads(SqlStore):
             if not scored:
                 return []
             found = await self._snippets(sql, words, [rowid for _, rowid in scored])
-            hits: list[SearchHit] = []
-            for rank, rowid in scored:
-                if rowid in found:
-                    mid, tid, seq, role, snippet, text = found[rowid]
-                    hits.append(
-                        SearchHit(mid, tid, seq, hit_snippet(snippet, text, words), rank, role))
-            return hits
+            return [SearchHit(mid, tid, seq, hit_snippet(snippet, text, words), rank, role)
+                    for rank, rowid in scored if rowid in found
+                    for mid, tid, seq, role, snippet, text in [found[rowid]]]
 
         return await self._driver.together(read)
 

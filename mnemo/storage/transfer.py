@@ -1,5 +1,5 @@
 """Moving a memory from one store to another (`mnemo migrate`), backend-neutral: each
-backend's `Dump` reads and writes `TABLES` as neutral values, skipping rows the target holds
+backend's `SqlDump` reads and writes `TABLES` as neutral values, skipping rows the target holds
 (rerunnable), rowids kept. Work holders, leases, a re-embedding under way and search indexes
 are not copied."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from mnemo.errors import ConflictError, StorageError
 from mnemo.storage.ports import is_postgres
@@ -21,8 +21,6 @@ from mnemo.storage.tables import ddl
 
 # A neutral row: one value per column of its table, in the table's column order.
 Row = tuple[object, ...]
-
-BATCH = 1000
 
 
 class Kind(StrEnum):
@@ -86,34 +84,22 @@ NODES = next(t for t in TABLES if t.name == "nodes")
 _NODE_ID, _NODE_TEXT = NODES.names.index("id"), NODES.names.index("text")
 
 
-class Dump(Protocol):
+class SqlDump(SqlStore):
     """One open store, read and written table by table in neutral values."""
 
-    async def count(self, table: Table) -> int: ...
-
-    def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
-        """Every row of `table` in batches of at most `batch`, by rowid or else key."""
-
-    async def write(self, table: Table, rows: Sequence[Row]) -> int:
-        """Inserts `rows` in one transaction, skipping keys present; how many were inserted."""
-
-    async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
-        """The text of each node among `ids` that this store holds."""
-
-    async def checksum(self) -> str:
-        """`NodeChecksum` over every node, in the order of its id's UTF-8 bytes."""
-
-    async def finish(self) -> None:
-        """Brings what the copied rows need up to date (identity sequences, vector indexes)."""
-
-
-class SqlDump(SqlStore):
+    # Inserts `rows` in one transaction, skipping keys present; how many were inserted.
+    write: Callable[[Table, Sequence[Row]], Awaitable[int]]
+    # `NodeChecksum` over every node, in the order of its id's UTF-8 bytes.
+    checksum: Callable[[], Awaitable[str]]
+    # Brings what the copied rows need up to date (identity sequences, vector indexes).
+    finish: Callable[[], Awaitable[None]]
     # `table`'s page statements, each row led by its `width` ordering columns: (the first
     # page's, given the limit; the next page's, given the last row's key then the limit; width).
     _pages: Callable[[Table], tuple[Any, Any, int]]
     _load: Callable[[Table, Kind, object], object]  # a stored value of `table` as a neutral one
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
+        """Every row of `table` in batches of at most `batch`, by rowid or else key."""
         first, after, width = self._pages(table)
         last: tuple[object, ...] | None = None
         while True:
@@ -136,6 +122,7 @@ class SqlDump(SqlStore):
         return int(count)
 
     async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
+        """The text of each node among `ids` that this store holds."""
         rows = await self._among("SELECT id, text FROM nodes WHERE id IN ({})", ids)
         return {str(node_id): str(text) for node_id, text in rows}
 
@@ -186,7 +173,7 @@ VERIFY = "verify"
 
 
 async def transfer(
-    source: Dump, target: Dump, *, batch: int = BATCH, progress: Progress = lambda *_: None
+    source: SqlDump, target: SqlDump, *, batch: int = 1000, progress: Progress = lambda *_: None
 ) -> TransferReport:
     """Copies every table of `source` into `target` (keys present skipped), then verifies both
     stores' counts and node checksums. Raises `ConflictError` before writing when a node id
@@ -251,8 +238,8 @@ def same_store(a: str, b: str) -> bool:
 
 
 @asynccontextmanager
-async def open_dump(store: str, *, must_exist: bool) -> AsyncIterator[Dump]:
-    """The `Dump` of a SQLite file or `postgresql://` URL, opened and migrated; raises
+async def open_dump(store: str, *, must_exist: bool) -> AsyncIterator[SqlDump]:
+    """The `SqlDump` of a SQLite file or `postgresql://` URL, opened and migrated; raises
     `StorageError("unavailable")` when `must_exist` and there is no mnemo store."""
     if is_postgres(store):
         from mnemo.storage.postgres.dump import open_postgres_dump

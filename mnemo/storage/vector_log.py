@@ -27,9 +27,7 @@ CHANGED = (
 )
 
 # `CHANGED` for a cache of some node types: the others' vectors are not read.
-CHANGED_OF_KINDS = CHANGED.replace(
-    "LEFT JOIN vectors v ON v.node_id = n.id", "LEFT JOIN vectors v ON v.node_id = n.id"
-    " AND n.type = ANY(?)")
+CHANGED_OF_KINDS = CHANGED + " AND n.type = ANY(?)"
 
 # A changed node as read: (rowid, id, type, vector), the last three None when it is gone.
 Change = tuple[int, str | None, str | None, Vector | None]
@@ -127,9 +125,6 @@ Start = Callable[[str, int, int], Look]
 
 
 class VectorCache:
-    """One owner's `RepoVectors`: loaded on first use, brought up to the log at each use or
-    once per `reading` block."""
-
     def __init__(self, changes: Changes, load: Load, start: Start | None = None) -> None:
         self._read_changes = changes
         self._read_all = load

@@ -220,7 +220,7 @@ async def test_an_interrupted_copy_carries_on(source: Path, pg_url: str) -> None
             written += done if table.name == "messages" else 0
             return done
 
-        b.write = failing  # type: ignore[method-assign]
+        b.write = failing
         with pytest.raises(_Interrupted):
             await transfer(a, b, batch=4)
     assert len(postgres_rows(pg_url, MESSAGES)) == 4

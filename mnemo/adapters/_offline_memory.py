@@ -328,8 +328,6 @@ _SPEAKERS = {
     "summary": "Summary",
 }
 
-_SUMMARY_SENTENCE_WORDS = 40
-
 
 def _states_instruction(text: str) -> bool:
     return any(
@@ -351,7 +349,7 @@ def _extractive_summary(items: list[tuple[str, str]], max_words: int, previous: 
                 order += 1
             continue
         for raw in _text.sentences(text):
-            sentence = _text.clip_words(_strip_filler(raw), _SUMMARY_SENTENCE_WORDS)
+            sentence = _text.clip_words(_strip_filler(raw), 40)
             if len(_text.words(sentence)) < 3 or _GREETING.match(sentence):
                 continue
             score = _sentence_score(sentence)
@@ -373,12 +371,8 @@ def _extractive_summary(items: list[tuple[str, str]], max_words: int, previous: 
     return " ".join(s if s[-1:] in ".!?" else s + "." for _, s in sorted(picked.items()))
 
 
-def _speaker(role: str) -> str:
-    return _SPEAKERS.get(role, "Tool")
-
-
 def _summary_task(inputs: Inputs) -> Answer:
-    items = [(_speaker(m.role.strip()), m.text.strip()) for m in inputs.messages]
+    items = [(_SPEAKERS.get(m.role.strip(), "Tool"), m.text.strip()) for m in inputs.messages]
     max_words = max(16, inputs.max_words or 200)
     # With nothing informative said, the summary says so rather than invent content.
     return {"summary": _extractive_summary(items, max_words, inputs.previous_summary.strip())
@@ -407,7 +401,8 @@ def _eviction(inputs: Inputs) -> Answer:
             messages.append((int(found.group(1)), said.group(1), said.group(2)))
     max_words = max(16, 100 if inputs.max_words is None else inputs.max_words)
     calls: list[tuple[str, JSONObject]] = []
-    if snapshot := _extractive_summary([(_speaker(r), t) for _, r, t in messages], max_words):
+    spoken = [(_SPEAKERS.get(role, "Tool"), text) for _, role, text in messages]
+    if snapshot := _extractive_summary(spoken, max_words):
         calls.append(("save_snapshot", {"text": snapshot}))
     for seq, role, text in messages:
         if role in {"user", "system", "developer"} and _states_instruction(text) and (

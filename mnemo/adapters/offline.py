@@ -335,7 +335,6 @@ _FAILURE_WORDS = re.compile(
     re.IGNORECASE,
 )
 
-_MAX_ACTION_WORDS_IN_STATE = 40
 _SUBGOAL_WORDS = 5
 
 
@@ -345,7 +344,7 @@ def _state(inputs: Inputs) -> Answer:
         observed = (inputs.previous_state or "").strip() or "Nothing new was observed."
     if observed[-1] not in ".!?":
         observed += "."
-    action = _text.clip_words(inputs.action.strip(), _MAX_ACTION_WORDS_IN_STATE)
+    action = _text.clip_words(inputs.action.strip(), 40)
     return f"{observed} Last action: {action}" if action else observed
 
 

@@ -225,10 +225,9 @@ async def _scored_returns(work: _Round, steps: list[StepRecord],
         instructions=[{"index": i, **procedure(ins)} for i, ins in enumerate(instructions)],
         steps=_step_dicts(steps, work),
     ), _chars(steps))
-    count = len(instructions)
     try:
-        return await work.memo.ask(
-            work.llm, steps[0].trajectory_id, request, lambda r: parse_returns(r, count))
+        return await work.memo.ask(work.llm, steps[0].trajectory_id, request,
+                                   lambda r: parse_returns(r, len(instructions)))
     except LLMError as exc:
         log.warning("return scoring failed, keeping the cumulative-reward scores: %r", exc)
         return {}

@@ -19,11 +19,11 @@ from mnemo.adapters._offline_common import (
     Step,
     _capitalised,
     _is_fact,
-    _reward,
     _sentence_score,
     _strip_filler,
 )
 from mnemo.adapters._offline_memory import HANDLERS as MEMORY_HANDLERS
+from mnemo.calls.tasks import unit_score
 from mnemo.errors import LLMError
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse, Usage
 from mnemo.recall.query import offline_plan
@@ -250,7 +250,7 @@ def _matched_reward(instruction: str, steps: list[Step]) -> float | None:
         r
         for step in steps
         if " ".join(step.action.lower().split()) == wanted
-        and (r := _reward(step)) is not None
+        and (r := unit_score(step.reward)) is not None
     ]
     if exact:
         return sum(exact) / len(exact)
@@ -262,7 +262,7 @@ def _matched_reward(instruction: str, steps: list[Step]) -> float | None:
             continue
         overlap = len(got & wanted_tokens) / len(got | wanted_tokens)
         if overlap > best[0]:
-            best = (overlap, _reward(step))
+            best = (overlap, unit_score(step.reward))
     return best[1] if best[0] >= 0.5 else None
 
 

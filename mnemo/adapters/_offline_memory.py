@@ -131,8 +131,7 @@ def _memory_signal(sentence: str) -> tuple[str | None, str, str]:
         if kind == "context":
             # A context marker holds the subject ("Our database is ..."), so the whole
             # sentence names the topic, except what users say about themselves.
-            about_user = _MEMORY_ABOUT_USER.match(match.group(0))
-            topic_words = "user" if about_user else sentence
+            topic_words = "user" if _MEMORY_ABOUT_USER.match(match.group(0)) else sentence
         return ("correction" if corrected else kind), _memory_statement(sentence), topic_words
     return None, "", ""
 
@@ -357,8 +356,7 @@ def _extractive_summary(items: list[tuple[str, str]], max_words: int, previous: 
                 score *= 2
             if speaker == "Tool":
                 score /= 2
-            shown = f"{speaker}: {sentence}" if speaker else sentence
-            candidates.append((score, order, shown))
+            candidates.append((score, order, f"{speaker}: {sentence}" if speaker else sentence))
             order += 1
     picked: dict[int, str] = {}
     used = 0

@@ -142,8 +142,7 @@ def _confidence(sentence: str) -> float:
 def _semantic(inputs: Inputs) -> Answer:
     topic = (_text.key_phrase(inputs.subgoal.strip())
              or _text.key_phrase(inputs.goal.strip()))
-    facts: list[JSONObject] = []
-    seen: set[str] = set()
+    found: dict[str, JSONObject] = {}  # by proposition, case and spacing aside
     for position, step in enumerate(inputs.steps):
         index = position if step.index is None else step.index
         for part in (step.observation.strip(), step.action.strip()):
@@ -153,17 +152,14 @@ def _semantic(inputs: Inputs) -> Answer:
                     continue
                 proposition = _resolve_pronoun(sentence, topic)
                 key = " ".join(proposition.lower().split())
-                if key in seen:
-                    continue
-                seen.add(key)
-                facts.append(
-                    {
+                if key not in found:
+                    found[key] = {
                         "proposition": proposition,
                         "concepts": _text.concepts(sentence) or [topic or "general"],
                         "confidence": _confidence(sentence),
                         "steps": [index],
                     }
-                )
+    facts = list(found.values())
     if len(facts) > MAX_FACTS:
         # A trajectory's facts are linked pairwise: keep the most informative, in their order.
         ranked = sorted(

@@ -254,8 +254,7 @@ def _memory_persist(inputs: Inputs) -> Answer:
 
 
 def _memory_condense(inputs: Inputs) -> Answer:
-    texts = [_MEMORY_BULLET.sub("", e).strip() for e in inputs.entries]
-    texts = [t for t in texts if t]
+    texts = [t for e in inputs.entries if (t := _MEMORY_BULLET.sub("", e).strip())]
     stems = [_entry_stems(t) for t in texts]
     # Merging: an entry that says nothing a later entry does not say goes.
     merged = [

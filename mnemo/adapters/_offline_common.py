@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from typing import TypeAlias
 
@@ -81,11 +80,6 @@ class Inputs(msgspec.Struct):
             return msgspec.json.decode(input_json(request), type=cls, strict=False)
         except msgspec.DecodeError:
             return cls()
-
-
-def _reward(step: Step) -> float | None:
-    value = step.reward
-    return None if value is None or not math.isfinite(value) else min(1.0, max(0.0, value))
 
 
 # A heuristic's answer: the reply's text, its tool calls, or its data.

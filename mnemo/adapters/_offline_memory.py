@@ -131,8 +131,7 @@ def _memory_signal(sentence: str) -> tuple[str | None, str, str]:
         if kind == "context":
             # A context marker holds the subject ("Our database is ..."), so the whole
             # sentence names the topic, except what users say about themselves.
-            about_user = _MEMORY_ABOUT_USER.match(match.group(0))
-            topic_words = "user" if about_user else sentence
+            topic_words = "user" if _MEMORY_ABOUT_USER.match(match.group(0)) else sentence
         return ("correction" if corrected else kind), _memory_statement(sentence), topic_words
     return None, "", ""
 
@@ -255,8 +254,7 @@ def _memory_persist(inputs: Inputs) -> Answer:
 
 
 def _memory_condense(inputs: Inputs) -> Answer:
-    texts = [_MEMORY_BULLET.sub("", e).strip() for e in inputs.entries]
-    texts = [t for t in texts if t]
+    texts = [t for e in inputs.entries if (t := _MEMORY_BULLET.sub("", e).strip())]
     stems = [_entry_stems(t) for t in texts]
     # Merging: an entry that says nothing a later entry does not say goes.
     merged = [
@@ -328,8 +326,6 @@ _SPEAKERS = {
     "summary": "Summary",
 }
 
-_SUMMARY_SENTENCE_WORDS = 40
-
 
 def _states_instruction(text: str) -> bool:
     return any(
@@ -351,7 +347,7 @@ def _extractive_summary(items: list[tuple[str, str]], max_words: int, previous: 
                 order += 1
             continue
         for raw in _text.sentences(text):
-            sentence = _text.clip_words(_strip_filler(raw), _SUMMARY_SENTENCE_WORDS)
+            sentence = _text.clip_words(_strip_filler(raw), 40)
             if len(_text.words(sentence)) < 3 or _GREETING.match(sentence):
                 continue
             score = _sentence_score(sentence)
@@ -359,8 +355,7 @@ def _extractive_summary(items: list[tuple[str, str]], max_words: int, previous: 
                 score *= 2
             if speaker == "Tool":
                 score /= 2
-            shown = f"{speaker}: {sentence}" if speaker else sentence
-            candidates.append((score, order, shown))
+            candidates.append((score, order, f"{speaker}: {sentence}" if speaker else sentence))
             order += 1
     picked: dict[int, str] = {}
     used = 0
@@ -373,12 +368,8 @@ def _extractive_summary(items: list[tuple[str, str]], max_words: int, previous: 
     return " ".join(s if s[-1:] in ".!?" else s + "." for _, s in sorted(picked.items()))
 
 
-def _speaker(role: str) -> str:
-    return _SPEAKERS.get(role, "Tool")
-
-
 def _summary_task(inputs: Inputs) -> Answer:
-    items = [(_speaker(m.role.strip()), m.text.strip()) for m in inputs.messages]
+    items = [(_SPEAKERS.get(m.role.strip(), "Tool"), m.text.strip()) for m in inputs.messages]
     max_words = max(16, inputs.max_words or 200)
     # With nothing informative said, the summary says so rather than invent content.
     return {"summary": _extractive_summary(items, max_words, inputs.previous_summary.strip())
@@ -407,7 +398,8 @@ def _eviction(inputs: Inputs) -> Answer:
             messages.append((int(found.group(1)), said.group(1), said.group(2)))
     max_words = max(16, 100 if inputs.max_words is None else inputs.max_words)
     calls: list[tuple[str, JSONObject]] = []
-    if snapshot := _extractive_summary([(_speaker(r), t) for _, r, t in messages], max_words):
+    spoken = [(_SPEAKERS.get(role, "Tool"), text) for _, role, text in messages]
+    if snapshot := _extractive_summary(spoken, max_words):
         calls.append(("save_snapshot", {"text": snapshot}))
     for seq, role, text in messages:
         if role in {"user", "system", "developer"} and _states_instruction(text) and (

@@ -14,9 +14,6 @@ import httpx
 if TYPE_CHECKING:
     import aiohttp
 
-# httpx's default: an idle connection is dropped after this long.
-KEEPALIVE_EXPIRY = 5.0
-
 
 class Pool(httpx.AsyncBaseTransport):
     """An httpx transport over aiohttp: at most `max_connections` connections, https verified as
@@ -39,7 +36,7 @@ class Pool(httpx.AsyncBaseTransport):
             connector = aiohttp.TCPConnector(
                 limit=self._max_connections or 0,
                 limit_per_host=0,
-                keepalive_timeout=KEEPALIVE_EXPIRY,
+                keepalive_timeout=5.0,  # httpx's default for an idle connection
                 ssl=self._ssl,
             )
             # No cookie jar nor default headers: httpx keeps the cookies and sends the headers.

@@ -33,8 +33,6 @@ from mnemo.errors import LLMError, LLMTimeout
 from mnemo.inputs import check_count
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage, add_usage
 
-ANTHROPIC_VERSION = "2023-06-01"
-
 
 class Anthropic(HTTPModel):
     """An `LLM` speaking Anthropic's `POST {base_url}/v1/messages`; `api_key` defaults to
@@ -58,7 +56,7 @@ class Anthropic(HTTPModel):
         self._temperature = temperature
 
     def _headers(self, key: str | None) -> dict[str, str]:
-        return {"anthropic-version": ANTHROPIC_VERSION, **({"x-api-key": key} if key else {})}
+        return {"anthropic-version": "2023-06-01", **({"x-api-key": key} if key else {})}
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """The reply to `request` (with a schema, `data` is the forced tool's input, or the JSON its

@@ -23,7 +23,6 @@ from mnemo.calls.retry import Budget
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
 from mnemo.inputs import check_count
 
-_PROBE_TEXT = "dimension probe"
 Encoding = Literal["base64", "float"]
 # An error reply refuses base64 when its message names the parameter or the format.
 _COMPLAINT_WORDS = ("encoding_format", "encoding format", "base64")
@@ -85,7 +84,7 @@ class OpenAIEmbedder(HTTPModel):
     async def detect_dim(self) -> int:
         """The vector dimension, asking the server with one short text if it is not known."""
         if self._dim is None:
-            await self.embed([_PROBE_TEXT])
+            await self.embed(["dimension probe"])
         return self.dim
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:

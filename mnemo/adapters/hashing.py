@@ -22,7 +22,6 @@ _TYPE_WEIGHTS = np.array([1.0, 0.6, 0.3], dtype=np.float64)
 _TYPE_SHIFT = 32
 _HASH_MASK = (1 << 32) - 1
 _ROW_SHIFT = 34
-_CACHE_LIMIT = 200_000
 _MASK64 = np.uint64(_HASH_MASK)
 _GOLDEN, _M1, _M2 = np.uint64(0x9E3779B1), np.uint64(0x85EBCA6B), np.uint64(0xC2B2AE35)
 _S13, _S16 = np.uint64(13), np.uint64(16)
@@ -116,7 +115,7 @@ class HashEmbedder:
         return out.astype(np.float32)
 
     def _token(self, token: str) -> bytes:
-        if len(self._tokens) >= _CACHE_LIMIT:
+        if len(self._tokens) >= 200_000:
             self._tokens.clear()
         marked = f"<{token}>"
         entry = self._tokens[token] = np.array(

@@ -134,11 +134,9 @@ class MiniLMEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         await self.load()
         order, chunks = _by_length(texts, self.batch_size)
-        done = [
+        return _in_order(order, [
             await anyio.to_thread.run_sync(self._infer, chunk, limiter=self._slot)
-            for chunk in chunks
-        ]
-        return _in_order(order, done)
+            for chunk in chunks])
 
     def embed_sync(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         if len(texts) == 0:

@@ -19,11 +19,11 @@ from mnemo.adapters._offline_common import (
     Step,
     _capitalised,
     _is_fact,
-    _reward,
     _sentence_score,
     _strip_filler,
 )
 from mnemo.adapters._offline_memory import HANDLERS as MEMORY_HANDLERS
+from mnemo.calls.tasks import unit_score
 from mnemo.errors import LLMError
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse, Usage
 from mnemo.recall.query import offline_plan
@@ -142,8 +142,7 @@ def _confidence(sentence: str) -> float:
 def _semantic(inputs: Inputs) -> Answer:
     topic = (_text.key_phrase(inputs.subgoal.strip())
              or _text.key_phrase(inputs.goal.strip()))
-    facts: list[JSONObject] = []
-    seen: set[str] = set()
+    found: dict[str, JSONObject] = {}  # by proposition, case and spacing aside
     for position, step in enumerate(inputs.steps):
         index = position if step.index is None else step.index
         for part in (step.observation.strip(), step.action.strip()):
@@ -153,17 +152,14 @@ def _semantic(inputs: Inputs) -> Answer:
                     continue
                 proposition = _resolve_pronoun(sentence, topic)
                 key = " ".join(proposition.lower().split())
-                if key in seen:
-                    continue
-                seen.add(key)
-                facts.append(
-                    {
+                if key not in found:
+                    found[key] = {
                         "proposition": proposition,
                         "concepts": _text.concepts(sentence) or [topic or "general"],
                         "confidence": _confidence(sentence),
                         "steps": [index],
                     }
-                )
+    facts = list(found.values())
     if len(facts) > MAX_FACTS:
         # A trajectory's facts are linked pairwise: keep the most informative, in their order.
         ranked = sorted(
@@ -250,7 +246,7 @@ def _matched_reward(instruction: str, steps: list[Step]) -> float | None:
         r
         for step in steps
         if " ".join(step.action.lower().split()) == wanted
-        and (r := _reward(step)) is not None
+        and (r := unit_score(step.reward)) is not None
     ]
     if exact:
         return sum(exact) / len(exact)
@@ -262,7 +258,7 @@ def _matched_reward(instruction: str, steps: list[Step]) -> float | None:
             continue
         overlap = len(got & wanted_tokens) / len(got | wanted_tokens)
         if overlap > best[0]:
-            best = (overlap, _reward(step))
+            best = (overlap, unit_score(step.reward))
     return best[1] if best[0] >= 0.5 else None
 
 
@@ -335,7 +331,6 @@ _FAILURE_WORDS = re.compile(
     re.IGNORECASE,
 )
 
-_MAX_ACTION_WORDS_IN_STATE = 40
 _SUBGOAL_WORDS = 5
 
 
@@ -345,7 +340,7 @@ def _state(inputs: Inputs) -> Answer:
         observed = (inputs.previous_state or "").strip() or "Nothing new was observed."
     if observed[-1] not in ".!?":
         observed += "."
-    action = _text.clip_words(inputs.action.strip(), _MAX_ACTION_WORDS_IN_STATE)
+    action = _text.clip_words(inputs.action.strip(), 40)
     return f"{observed} Last action: {action}" if action else observed
 
 

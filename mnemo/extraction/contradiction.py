@@ -56,10 +56,9 @@ def contradiction_request(
         for k, (q, p) in enumerate(pairs)]}
     schema, max_tokens = bounded(
         CONTRADICTION_SCHEMA, "contradicted", len(pairs), most=None, floor=32)
-    request = task_request(
+    return task_request(
         "contradiction", system=CONTRADICTION_SYSTEM, instructions=CONTRADICTION_INSTRUCTIONS,
-        inputs=inputs, schema=schema, max_tokens=max_tokens)
-    return request, pairs
+        inputs=inputs, schema=schema, max_tokens=max_tokens), pairs
 
 
 def parse_contradiction(resp: LLMResponse, pairs: Sequence[tuple[int, int]],

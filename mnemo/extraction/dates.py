@@ -24,11 +24,11 @@ _MONTH_DAY_YEAR = re.compile(
     _TIME + r"\b" + _MONTH + r"\s+(?P<day>\d{1,2})(?:st|nd|rd|th)?,?\s+(?P<year>\d{4})\b",
     re.IGNORECASE)
 _MONTH_YEAR = re.compile(r"\b" + _MONTH + r",?\s+(?P<year>\d{4})\b", re.IGNORECASE)
-_NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
-            "seven": 7, "eight": 8, "nine": 9, "ten": 10, "few": 3, "couple of": 2}
+NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
+           "seven": 7, "eight": 8, "nine": 9, "ten": 10, "few": 3, "couple of": 2, "a couple of": 2}
 _UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
 _AGO = re.compile(
-    r"\b(?P<n>\d+|" + "|".join(_NUMBERS) + r")\s+(?P<unit>day|week|month|year)s?\s+ago\b",
+    r"\b(?P<n>\d+|" + "|".join(NUMBERS) + r")\s+(?P<unit>day|week|month|year)s?\s+ago\b",
     re.IGNORECASE)
 _RELATIVE = re.compile(
     r"\b(?P<word>yesterday|today|tomorrow|tonight|(?:last|next|this)\s+"
@@ -65,7 +65,7 @@ def _relative(text: str, anchor: datetime) -> datetime | None:
     found = _AGO.search(text)
     if found is not None:
         raw = found["n"].lower()
-        n = int(raw) if raw.isdigit() else _NUMBERS[raw]
+        n = int(raw) if raw.isdigit() else NUMBERS[raw]
         return anchor - timedelta(days=n * _UNIT_DAYS[found["unit"].lower()])
     found = _RELATIVE.search(text)
     if found is None:

@@ -93,8 +93,7 @@ def entity_names(text: str) -> list[str]:
 
 
 def _is_name(word: str) -> bool:
-    lower = word.lower()
-    return word[:1].isupper() and not _text.is_stopword(lower) and lower not in _CALENDAR
+    return _text.is_name(word, sentence_initial=False) and word.lower() not in _CALENDAR
 
 
 async def with_entity_tags(changeset: Changeset, embedder: Embedder) -> Changeset:

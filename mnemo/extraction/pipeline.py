@@ -63,8 +63,7 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
     groups = episode.trajectories(list(steps))
     parts = [Extracted(group) for group in groups]
     work = _Round(llm, memo, episode.goal)
-    last = steps[-1] if steps else None
-    deferred = last if score_last_step and last is not None else None
+    deferred = steps[-1] if score_last_step and steps else None
     # Set once each trajectory's two first tasks are in.
     first_round, first_left = anyio.Event(), 2 * len(groups)
     drafted: list[Draft] = []
@@ -225,10 +224,9 @@ async def _scored_returns(work: _Round, steps: list[StepRecord],
         instructions=[{"index": i, **procedure(ins)} for i, ins in enumerate(instructions)],
         steps=_step_dicts(steps, work),
     ), _chars(steps))
-    count = len(instructions)
     try:
-        return await work.memo.ask(
-            work.llm, steps[0].trajectory_id, request, lambda r: parse_returns(r, count))
+        return await work.memo.ask(work.llm, steps[0].trajectory_id, request,
+                                   lambda r: parse_returns(r, len(instructions)))
     except LLMError as exc:
         log.warning("return scoring failed, keeping the cumulative-reward scores: %r", exc)
         return {}

@@ -24,7 +24,6 @@ from mnemo.calls.tasks import preview, read_reply, reply_data, task_request, uni
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.ports import LLMRequest, LLMResponse
 
-DEFAULT_CONFIDENCE = 0.5
 MIN_RETURN, MAX_RETURN = 1, 10
 
 StepIndices = Annotated[list[int], Meta(description="The indices of the steps this came from.")]
@@ -320,7 +319,7 @@ def is_label(text: str) -> bool:
 
 def _confidence(value: float | None) -> float:
     score = unit_score(value)
-    return DEFAULT_CONFIDENCE if score is None else score
+    return 0.5 if score is None else score
 
 
 def _steps(value: list[int] | UnsetType | None) -> tuple[int, ...] | None:

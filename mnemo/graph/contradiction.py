@@ -43,11 +43,6 @@ class Question:
 # Answers every question of one commit at once: the positions in `existing` each new fact ends.
 Contradicts = Callable[[Sequence[Question]], Awaitable[list[set[int]]]]
 
-# Live facts compared with each new one, per channel (vector, words).
-CANDIDATES = 3
-# How close (cosine) an existing fact must be to a new one to be asked about.
-CLOSE = 0.6
-
 
 @dataclass(frozen=True, slots=True)
 class Retirement:

@@ -18,7 +18,6 @@ from mnemo.graph import ann
 from mnemo.graph.model import (
     COSINE_TOLERANCE,
     Link,
-    LinkType,
     NodeDraft,
     NodeType,
     Vector,
@@ -215,14 +214,6 @@ async def merged_knowledge(
 
 def remap_links(links: list[Link], resolution: Resolution) -> list[Link]:
     """Links redirected to survivors, without self-links or duplicates, in order."""
-    survivor = resolution.remap.get
-    seen: set[tuple[str, str, LinkType]] = set()
-    result: list[Link] = []
-    for link in links:
-        src, dst = survivor(link.src, link.src), survivor(link.dst, link.dst)
-        key = (src, dst, link.type)
-        if src == dst or key in seen:
-            continue
-        seen.add(key)
-        result.append(link if (src, dst) == (link.src, link.dst) else Link(src, dst, link.type))
-    return result
+    survivor = resolution.survivor
+    moved = dict.fromkeys(Link(survivor(k.src), survivor(k.dst), k.type) for k in links)
+    return [link for link in moved if link.src != link.dst]

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from mnemo.config import Config
-from mnemo.graph.contradiction import CANDIDATES, CLOSE, Contradicts
+from mnemo.graph.contradiction import Contradicts
 from mnemo.graph.dedup import IntentMerges
 from mnemo.graph.erasure import Embed
 from mnemo.graph.model import (
@@ -86,8 +86,8 @@ class IntentPolicy:
     merge: IntentMerges
     # Which existing facts new ones end; None: facts are never retired.
     contradicts: Contradicts | None = None
-    contradiction_candidates: int = CANDIDATES
-    contradiction_similarity: float = CLOSE
+    contradiction_candidates: int = Config().contradiction_candidates
+    contradiction_similarity: float = Config().contradiction_similarity
     # Re-embeds a changeset of an older generation; None: it is refused (EmbeddingError).
     restamp: Restamp | None = None
 

@@ -8,10 +8,7 @@ import re
 from collections.abc import Mapping
 from datetime import date, timedelta
 
-from mnemo.extraction.dates import MONTHS, WEEKDAYS, whole_dates
-
-_COUNTS = {"a": 1, "an": 1, "one": 1, "two": 2, "a couple of": 2, "three": 3, "four": 4,
-           "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+from mnemo.extraction.dates import MONTHS, NUMBERS, WEEKDAYS, whole_dates
 
 _COUNT = r"(?P<count>\d{1,3}|an?|one|two|three|four|five|six|seven|eight|nine|ten|a couple of)"
 _RELATIVE = re.compile(
@@ -75,7 +72,7 @@ def _resolve(match: re.Match[str], on: date) -> str | None:
 
 def _count(word: str) -> int | None:
     word = " ".join(word.lower().split())
-    return int(word) if word.isdigit() else _COUNTS.get(word)
+    return int(word) if word.isdigit() else NUMBERS.get(word)
 
 
 def _ago(on: date, count: int, unit: str) -> str:

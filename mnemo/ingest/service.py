@@ -162,10 +162,9 @@ class IngestService:
             return known
         key = hashlib.sha1(f"{repo}\0{source_id}".encode()).hexdigest()[:20]
         episode = EpisodeRecord(f"ingest_{key}", trajectory.goal)
-        llm = runtime.llm  # bounded by its provider's limiter and metered, by the Memory
         try:
             await report("annotating", 0)
-            await self._annotate(episode, trajectory, llm, runtime, report)
+            await self._annotate(episode, trajectory, runtime, report)
             await report("extracting", len(episode.steps))
             changeset = await extract(
                 episode,
@@ -177,7 +176,7 @@ class IngestService:
                     data={"source_id": source_id, "goal": trajectory.goal,
                           "metadata": cast("JSONObject | None", trajectory.metadata)},
                     source_id=source_id),
-                llm=runtime.llm,
+                llm=runtime.llm,  # bounded by its provider's limiter and metered, by the Memory
                 embedder=runtime.embedder,
                 generation=runtime.generation,
                 time_limit=runtime.config.extraction_timeout,
@@ -203,7 +202,7 @@ class IngestService:
                 if known is not None:
                     return known
 
-    async def _annotate(self, episode: EpisodeRecord, trajectory: Trajectory, llm: LLM,
+    async def _annotate(self, episode: EpisodeRecord, trajectory: Trajectory,
                         runtime: IngestRuntime,
                         report: Callable[[str, int], Awaitable[None]]) -> None:
         """Annotates and segments the steps as appends would, one after another."""
@@ -218,7 +217,7 @@ class IngestService:
                                 step.action, "", "", NO_VECTOR,
                                 metadata=cast("JSONObject | None", step.metadata))
             done, reward = await annotate_step(
-                lambda: llm, runtime.embedder, runtime.config, episode.goal, stored,
+                lambda: runtime.llm, runtime.embedder, runtime.config, episode.goal, stored,
                 episode.steps, new_trajectory=f"{episode.id}:t{index}",
                 name=f"ingest step {index}")
             if episode.steps:

@@ -14,10 +14,9 @@ from mnemo.adapters.uri import (
     ModelURIError,
     embedder_from_uri,
     llm_from_uri,
-    model_uri,
 )
 from mnemo.errors import EmbeddingError, LLMError
-from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
+from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, model_name
 
 # Names the embedders had before they were URIs, for repos recorded then.
 _LEGACY_EMBEDDERS = {"all-MiniLM-L6-v2-int8": "minilm", "hash-ngram-v1": "hash:{dim}"}
@@ -103,12 +102,12 @@ class RepoModels:
         legacy = _LEGACY_EMBEDDERS.get(embedder, embedder).format(dim=dim)
         built = self._recorded_embedder(repo, embedder, dim)
         if self.embedder_given and built is self._embedder and (
-            model_uri(self._embedder) not in (embedder, legacy) or self._embedder.dim != dim
+            model_name(self._embedder) not in (embedder, legacy) or self._embedder.dim != dim
         ):
             built = UnavailableEmbedder(
                 embedder, dim,
                 f"repo {repo!r} was re-embedded with {embedder} since this Memory opened it "
-                f"with {model_uri(self._embedder)}: open a Memory with that embedder, or "
+                f"with {model_name(self._embedder)}: open a Memory with that embedder, or "
                 "with none",
             )
         self._repos[repo] = (llm, built)
@@ -123,7 +122,7 @@ class RepoModels:
         uri = _successor(_LEGACY_EMBEDDERS.get(record[1], record[1]).format(dim=dim))
         if uri is None:
             return None
-        if uri == model_uri(self._embedder) and self._embedder.dim == dim:
+        if uri == model_name(self._embedder) and self._embedder.dim == dim:
             return self._embedder
         return embedder_from_uri(uri, dim=dim)
 
@@ -165,7 +164,7 @@ class RepoModels:
 
     def _recorded_llm(self, repo: str, uri: str | None) -> LLM:
         if (self._llm_given or uri is None or _scheme(uri) not in LLM_SCHEMES
-                or uri == model_uri(self._llm)):
+                or uri == model_name(self._llm)):
             return self._llm
         built = self._llms.get(uri)
         if built is None:
@@ -182,7 +181,7 @@ class RepoModels:
         if _scheme(uri) in _RETIRED_SCHEMES:
             return UnavailableEmbedder(uri, dim, _retired(repo, uri))
         if (self.embedder_given or _scheme(uri) not in EMBEDDER_SCHEMES
-                or uri == model_uri(self._embedder)):
+                or uri == model_name(self._embedder)):
             return self._embedder
         built = self._embedders.get((uri, dim))
         if built is None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
 from mnemo.errors import InvalidInputError
-from mnemo.ports import LLM, Embedder, model_name
+from mnemo.ports import LLM, Embedder
 
 if TYPE_CHECKING:
     import httpx
@@ -38,8 +38,6 @@ class ModelURIError(InvalidInputError):
         self.uri = uri
         self.variable = variable
 
-
-model_uri = model_name  # the URI a model object is recorded under
 
 
 LLM_SETTINGS = ("temperature", "timeout", "max_concurrency", "concurrency", "max_tokens")

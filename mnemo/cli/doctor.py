@@ -12,14 +12,14 @@ from rich.text import Text
 from mnemo.adapters.hashing import HashEmbedder
 from mnemo.adapters.minilm import default_embedder
 from mnemo.adapters.offline import OfflineLLM
-from mnemo.adapters.uri import embedder_from_uri, llm_from_uri, model_uri
+from mnemo.adapters.uri import embedder_from_uri, llm_from_uri
 from mnemo.cli._common import Json, app, check_store, close, model_options
 from mnemo.cli._database import CliError
 from mnemo.cli._output import print_json, stdout_console, table
 from mnemo.cli._probe import AT_ONCE, PROBE, Finding, ServerReport, probe_server, state_probe, timed
 from mnemo.cli._settings import Settings
 from mnemo.memory import Memory
-from mnemo.ports import LLM, Embedder
+from mnemo.ports import LLM, Embedder, model_name
 from mnemo.text import shorten
 from mnemo.version import DISTRIBUTION, foreign_distributions, installed_version
 
@@ -53,7 +53,7 @@ async def diagnose(settings: Settings, *,
         model: LLM = llm_from_uri(uri) if uri is not None else OfflineLLM()
         built.append(model)
         reply = await model.generate(state_probe())
-        return f"{model_uri(model)} answered: {shorten(reply.text or str(reply.data), 80)!r}"
+        return f"{model_name(model)} answered: {shorten(reply.text or str(reply.data), 80)!r}"
 
     async def embedder() -> str:
         model: Embedder = (
@@ -63,7 +63,7 @@ async def diagnose(settings: Settings, *,
             vectors = await model.embed([PROBE])
         finally:
             await close(model)
-        return f"{model_uri(model)} made a vector of dimension {len(vectors[0])}"
+        return f"{model_name(model)} made a vector of dimension {len(vectors[0])}"
 
     findings = [await timed("package", package), await timed("store", store)]
     report: ServerReport | None = None

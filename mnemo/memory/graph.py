@@ -383,12 +383,11 @@ class GraphMethods(Parts):
                 be built here (a recorded embedder without its key); the repo is as it was.
             ConflictError: the repo is being re-embedded by another Memory.
         """
-        from mnemo.adapters.uri import model_uri
         from mnemo.extraction.entities import vector_text
         from mnemo.graph import reembed as reembedding
         from mnemo.graph.reembed import ReembedProgress
         from mnemo.graph.vectors import embed_within
-        from mnemo.ports import deliver
+        from mnemo.ports import deliver, model_name
 
         self._works("reembed")
         check_count("batch_size", batch_size, minimum=1, maximum=MAX_REEMBED_BATCH)
@@ -409,7 +408,7 @@ class GraphMethods(Parts):
             await self._events.emit("reembed_progress", repo=repo, stage=update.stage,
                                      done=update.done, total=update.total)
 
-        uri = model_uri(target)
+        uri = model_name(target)
         done = await reembedding.reembed(
             self._graph, repo, embedder=uri, dim=target.dim, embed=embed_nodes,
             batch=batch_size, report=report,

@@ -12,7 +12,6 @@ from mnemo.adapters.limit import ServerProfile
 from mnemo.adapters.minilm import default_embedder
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.recorded import RepoModels, UnavailableEmbedder
-from mnemo.adapters.uri import model_uri
 from mnemo.calls.retry import Limits
 from mnemo.config import Config, ceilings, with_longer_timeouts
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
@@ -112,15 +111,15 @@ class Repos:
         if known is not None and known.dim != chosen_embedder.dim:
             raise EmbeddingError(
                 f"repo {name!r} holds vectors of dimension {known.dim}, but the "
-                f"embedder {model_uri(chosen_embedder)} makes dimension "
+                f"embedder {model_name(chosen_embedder)} makes dimension "
                 f"{chosen_embedder.dim}"
             )
         recorded = self._recorded.get(name)
         chosen_config = config or recorded or (known.config if known else self.config)
         # The models are recorded as URIs (never a key) for a Memory opened without them.
         row = RepoRow(
-            name, chosen_config, chosen_embedder.dim, model_uri(chosen_embedder),
-            model_uri(chosen_llm), known.generation if known is not None else 0,
+            name, chosen_config, chosen_embedder.dim, model_name(chosen_embedder),
+            model_name(chosen_llm), known.generation if known is not None else 0,
         )
         models_changed = self._models.record(name, row.llm, row.embedder)
         if save is not None and (
@@ -179,7 +178,7 @@ class Repos:
     def reembedded(self, name: str, embedder: Embedder, generation: int) -> None:
         """The repo's vectors are now `embedder`'s, of `generation`; its runtime runs it."""
         runtime = self.get(name)
-        self._models.record(name, self._models.recorded_llm(name), model_uri(embedder))
+        self._models.record(name, self._models.recorded_llm(name), model_name(embedder))
         self._models.remember(name, runtime.llm, embedder)
         runtime.embedder, runtime.dim, runtime.generation = embedder, embedder.dim, generation
 
@@ -270,7 +269,7 @@ class Repos:
         elif await detect_dim(embedder) != base.dim:
             raise EmbeddingError(
                 f"repo {repo!r} holds vectors of dimension {base.dim}, but the "
-                f"embedder override {model_uri(embedder)} makes dimension {embedder.dim}"
+                f"embedder override {model_name(embedder)} makes dimension {embedder.dim}"
             )
         override = None
         if llm is not None or embedder is not None:

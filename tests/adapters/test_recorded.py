@@ -11,6 +11,7 @@ import pytest
 import mnemo
 from mnemo.adapters import uri
 from mnemo.adapters.recorded import RepoModels, UnavailableEmbedder
+from mnemo.ports import model_name
 from tests.adapters.provider_server import ProviderServer
 
 REPO = "r"
@@ -213,12 +214,12 @@ def test_every_embedder_a_uri_builds_is_rebuilt_from_its_record(
     with e5-small-q4 ran MiniLM: both make 384 dimensions, the vectors do not compare)."""
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     built = mnemo.embedder_from_uri(_EMBEDDER_URIS[scheme], dim=16)
-    record = uri.model_uri(built)
+    record = model_name(built)
     default = _Default(built.dim)
     models = RepoModels(mnemo.OfflineLLM(), default, llm_given=False, embedder_given=False)
     _, rebuilt = models.load(REPO, None, record, built.dim)
     assert rebuilt is not default
-    assert (uri.model_uri(rebuilt), rebuilt.dim) == (record, built.dim)
+    assert (model_name(rebuilt), rebuilt.dim) == (record, built.dim)
 
 
 def test_a_record_no_uri_builds_any_more_is_refused_not_defaulted() -> None:
@@ -243,5 +244,5 @@ def test_every_llm_a_uri_builds_is_rebuilt_from_its_record(
     built = mnemo.llm_from_uri(forms[scheme])
     default = mnemo.OpenAICompatible("the-default", base_url="http://127.0.0.1:9/v1")
     models = RepoModels(default, _Default(8), llm_given=False, embedder_given=False)
-    rebuilt, _ = models.load(REPO, uri.model_uri(built), "hash2:8", 8)
-    assert uri.model_uri(rebuilt) == uri.model_uri(built)
+    rebuilt, _ = models.load(REPO, model_name(built), "hash2:8", 8)
+    assert model_name(rebuilt) == model_name(built)

@@ -8,8 +8,9 @@ import anyio
 import pytest
 
 import mnemo
-from mnemo.adapters.uri import ModelURIError, model_uri
+from mnemo.adapters.uri import ModelURIError
 from mnemo.calls.tasks import ask
+from mnemo.ports import model_name
 from tests.adapters.provider_server import ProviderServer, Slow
 
 KEYS = {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "ak-test"}
@@ -33,8 +34,8 @@ def test_each_llm_form_builds_its_adapter_named_by_its_uri(
     llm = mnemo.llm_from_uri(uri, env=KEYS)
     assert isinstance(llm, kind)
     assert getattr(llm, "model", None) == model
-    assert model_uri(llm) == uri.rstrip("/")
-    assert model_uri(mnemo.llm_from_uri(model_uri(llm), env=KEYS)) == model_uri(llm)
+    assert model_name(llm) == uri.rstrip("/")
+    assert model_name(mnemo.llm_from_uri(model_name(llm), env=KEYS)) == model_name(llm)
 
 
 @pytest.mark.parametrize(
@@ -52,16 +53,16 @@ def test_local_embedders_are_built_with_their_dimension(uri: str, dim: int, name
     """hash[:DIM] and minilm build local embedders whose name is the canonical URI (the
     hashed embedder's names its features' version, hash2)."""
     embedder = mnemo.embedder_from_uri(uri, env={})
-    assert (embedder.dim, model_uri(embedder)) == (dim, name)
+    assert (embedder.dim, model_name(embedder)) == (dim, name)
 
 
 def test_openai_embedder_takes_a_base_url_and_a_known_dimension() -> None:
     """openai:MODEL[@URL] builds OpenAIEmbedder, with `dim` given when the repo knows it."""
     own = mnemo.embedder_from_uri("openai:text-embedding-3-small", env=KEYS, dim=1536)
     assert isinstance(own, mnemo.OpenAIEmbedder)
-    assert (own.dim, model_uri(own)) == (1536, "openai:text-embedding-3-small")
+    assert (own.dim, model_name(own)) == (1536, "openai:text-embedding-3-small")
     local = mnemo.embedder_from_uri("openai:nomic@http://127.0.0.1:9/v1", env={})
-    assert model_uri(local) == "openai:nomic@http://127.0.0.1:9/v1"
+    assert model_name(local) == "openai:nomic@http://127.0.0.1:9/v1"
 
 
 def test_adapters_made_by_hand_carry_the_same_uris() -> None:
@@ -102,7 +103,7 @@ def test_keys_come_from_the_process_environment_by_default(
     with pytest.raises(ModelURIError, match="OPENAI_API_KEY"):
         mnemo.llm_from_uri("openai:gpt-4o-mini")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
-    assert model_uri(mnemo.llm_from_uri("openai:gpt-4o-mini")) == "openai:gpt-4o-mini"
+    assert model_name(mnemo.llm_from_uri("openai:gpt-4o-mini")) == "openai:gpt-4o-mini"
 
 
 @pytest.mark.parametrize(
@@ -150,7 +151,7 @@ def test_an_object_without_a_uri_is_recorded_by_its_class() -> None:
     class Custom:
         pass
 
-    assert model_uri(Custom()).endswith("Custom")
+    assert model_name(Custom()).endswith("Custom")
 
 
 async def test_settings_in_the_uri_reach_the_wire() -> None:
@@ -159,7 +160,7 @@ async def test_settings_in_the_uri_reach_the_wire() -> None:
     with ProviderServer() as server:
         uri = f"openai-compatible:m@{server.openai_url}?temperature=0.7&max_tokens=300"
         llm = mnemo.llm_from_uri(uri, env={})
-        assert model_uri(llm) == f"openai-compatible:m@{server.openai_url}"
+        assert model_name(llm) == f"openai-compatible:m@{server.openai_url}"
         assert isinstance(llm, mnemo.OpenAICompatible)
         async with llm:
             await llm.generate(
@@ -198,7 +199,7 @@ def test_embedder_uris_take_their_settings() -> None:
     embedder = mnemo.embedder_from_uri(
         "openai:nomic@http://127.0.0.1:9/v1?timeout=5&max_concurrency=2", env={}
     )
-    assert model_uri(embedder) == "openai:nomic@http://127.0.0.1:9/v1"
+    assert model_name(embedder) == "openai:nomic@http://127.0.0.1:9/v1"
     with pytest.raises(ModelURIError, match=r"unknown setting 'timeout'.*none"):
         mnemo.embedder_from_uri("hash:8?timeout=5", env={})
 

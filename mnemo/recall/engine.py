@@ -124,7 +124,6 @@ class Recaller:
                 if words is None:
                     words = self.graph.start_search_text(repo, parts.terms, per_channel, searched,
                                                          scope)
-                lexical = words
                 if self.generation is not None:
                     # Before any vector is compared: whether another Memory re-embedded the repo.
                     moved = await self.graph.generation(repo)
@@ -132,7 +131,7 @@ class Recaller:
                         raise VectorsMoved(moved)
 
                 async def zero() -> None:
-                    found.update(await self._hop_zero(repo, parts.terms, lexical, query_vector,
+                    found.update(await self._hop_zero(repo, parts.terms, words, query_vector,
                                                       searched, per_channel, on_loop, scope,
                                                       meaning))
 
@@ -145,8 +144,7 @@ class Recaller:
                 if words is not None:
                     words.discard()
             # What the query's own channels made of each candidate, before any hop or lever.
-            direct = {node_id: c.score for node_id, c in found.items()}
-            matched = ranking.Matched(direct, meaning)
+            matched = ranking.Matched({node_id: c.score for node_id, c in found.items()}, meaning)
             trace.mark("hop0")
             reranking = self.reranker is not None
             width = max(k, config.recall_rerank_candidates) if reranking else k
@@ -225,20 +223,19 @@ class Recaller:
         meaning.update((node_id, score) for node_id, score in dense if score > 0.0)
         dense_ids = list(meaning)
         rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]
-        expanded = []
-        if config.recall_prf_terms and lexical_ids:
-            expanded = await self._feedback(repo, terms, lexical_ids, width, searched, scope)
+        expanded = (await self._feedback(repo, terms, lexical_ids, width, searched, scope)
+                    if config.recall_prf_terms and lexical_ids else [])
         if expanded:  # nothing added (or found by it): nothing to weigh
             # Below the query's own ranking: the added words are guesses.
             rankings.append(expanded)
             weights.append(0.5)
             lexical_ids = [*lexical_ids, *expanded]
         fused = ranking.reciprocal_rank_fusion(rankings, config.rrf_k, weights)
-        in_lexical, in_dense = set(lexical_ids), set(dense_ids)
+        in_lexical = set(lexical_ids)
         return {
             node_id: Candidate(
                 score,
-                "hybrid" if node_id in in_lexical and node_id in in_dense
+                "hybrid" if node_id in in_lexical and node_id in meaning
                 else "lexical" if node_id in in_lexical else "dense",
                 0,
             )
@@ -413,7 +410,6 @@ class Recaller:
                 self.config.recall_mmr_lambda,
             )
 
-        # Quadratic: a long head is ordered in a worker thread.
         order = await cpu.run(diversified, len(by_id), on_loop_below=MMR_ON_LOOP + 1)
         return [by_id[i] for i in order] + scored[n:]
 

@@ -249,10 +249,9 @@ class Recaller:
         """The ranking of a second lexical query: `terms` and the words the best hits share."""
         documents = [n.text for n in await self.graph.get_nodes(repo, best[:FEEDBACK_DOCS])]
         n = self.config.recall_prf_terms
-        if sum(map(len, documents)) + len(terms) <= INLINE_CHARS:
-            extra = feedback_terms(terms, documents, n)
-        else:  # every word of every document is read: long texts are read off the loop
-            extra = await anyio.to_thread.run_sync(lambda: feedback_terms(terms, documents, n))
+        # Every word of every document is read: long texts are read off the loop.
+        extra = await cpu.run(lambda: feedback_terms(terms, documents, n),
+                              sum(map(len, documents)) + len(terms), on_loop_below=INLINE_CHARS + 1)
         if not extra:
             return []
         found = await self.graph.search_text(repo, f"{terms} {' '.join(extra)}", width, searched,
@@ -387,12 +386,8 @@ class Recaller:
         return await hops.pure(pick, len(scored))
 
     async def _diversify(
-        self,
-        repo: str,
-        scored: list[tuple[float, Node, Candidate]],
-        n: int,
-        known: Mapping[str, Vector],
-    ) -> list[tuple[float, Node, Candidate]]:
+        self, repo: str, scored: list[Scored], n: int, known: Mapping[str, Vector]
+    ) -> list[Scored]:
         """The best `n` of `scored` in MMR order, then the rest; vectors come with the nodes
         (`known`), the missing asked of the store."""
         head = scored[:n]
@@ -402,7 +397,7 @@ class Recaller:
         missing = [node.id for _, node, _ in head if node.id not in known]
         if missing:
             vectors.update(await self.graph.vectors(repo, missing))
-        by_id: dict[str, tuple[float, Node, Candidate]] = {item[1].id: item for item in head}
+        by_id: dict[str, Scored] = {item[1].id: item for item in head}
 
         def diversified() -> list[str]:
             return ranking.maximal_marginal_relevance(

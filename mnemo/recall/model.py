@@ -111,8 +111,7 @@ def restatements_first(
     best score (exact before near-exact): asked for in so many words, a memory is the answer.
     Otherwise the usual order."""
     best = max(score for score, _, _ in scored)
-    others = 2
-    scored.sort(key=lambda item: (restated.get(item[1].id, others), *best_first(item)))
+    scored.sort(key=lambda item: (restated.get(item[1].id, 2), *best_first(item)))
     out = []
     for score, node, candidate in scored:
         if node.id in restated:

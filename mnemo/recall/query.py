@@ -88,10 +88,6 @@ def words(query: str) -> list[str]:
     return _text.first_tokens(query, RESTATED_WORDS + 1)
 
 
-# A near-exact restatement may differ by one word only when it is at least this long.
-_NEAR_EXACT_WORDS = 5
-
-
 def restatement(query: Sequence[str], text: str) -> int | None:
     """How closely `text` restates the query whose lower-cased words are `query`: 0 for the
     same words in order, 1 for a near-exact restatement (five words or more, one word added,
@@ -104,7 +100,7 @@ def restatement(query: Sequence[str], text: str) -> int | None:
     other = _text.first_tokens(text, len(query) + 2)
     if other == list(query):
         return 0
-    if min(len(query), len(other)) < _NEAR_EXACT_WORDS or abs(len(query) - len(other)) > 1:
+    if min(len(query), len(other)) < 5 or abs(len(query) - len(other)) > 1:
         return None
     return 1 if _one_edit(list(query), other) else None
 
@@ -195,14 +191,11 @@ async def speaker_boosts(
     return {i: 1.0 / (1.0 + boost) for i in nodes if i not in said}
 
 
-# Tags kept across every repo's embedder.
-KEPT = 4096
-
-
 class TagVectors:
-    """`embed(query_side(embedder), [query, *tags])`, with the tags' vectors remembered."""
+    """`embed(query_side(embedder), [query, *tags])`, with the vectors of the last `size` tags
+    remembered (across every repo's embedder)."""
 
-    def __init__(self, size: int = KEPT) -> None:
+    def __init__(self, size: int = 4096) -> None:
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
         self._size = size

@@ -151,7 +151,7 @@ class ResultSelection:
         self, config: Config, k: int, steps: Mapping[str, str], sources: Mapping[str, list[str]],
         stand_ins: Mapping[str, list[tuple[float, Node, Candidate]]], strong: set[str],
     ) -> None:
-        self.config, self.k, self.steps, self.sources = config, k, steps, sources
+        self.k, self.steps, self.sources = k, steps, sources
         self.stand_ins, self.strong = stand_ins, strong
         # Each memory type's lowest score and most results (other types: 0 and no bound).
         self._min_score = {N.SEMANTIC: config.recall_min_score_semantic,

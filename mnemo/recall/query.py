@@ -57,8 +57,6 @@ async def split(
 
 @dataclass(slots=True)
 class _Queries:
-    """An embedder's query side, as an `Embedder`."""
-
     dim: int
     embed: Callable[[Sequence[str]], Coroutine[object, object, Vectors]]
 
@@ -245,20 +243,18 @@ def feedback_terms(query: str, documents: Sequence[str], n: int) -> list[str]:
     asked = {_text.stem(w.lower()) for w in _text.text_words(query)}
     shared: dict[str, int] = {}
     counts: dict[str, int] = {}
-    first: dict[str, int] = {}
     for document in documents:
         seen: set[str] = set()
         for lower in _search_words(document):
             if not _content(lower) or _text.is_stopword(lower) or _text.stem(lower) in asked:
                 continue
             counts[lower] = counts.get(lower, 0) + 1
-            first.setdefault(lower, len(first))
             if lower not in seen:
                 seen.add(lower)
                 shared[lower] = shared.get(lower, 0) + 1
     ranked = sorted(
         (w for w, docs in shared.items() if docs >= MIN_SHARED),
-        key=lambda w: (-shared[w], -counts[w], first[w]),
+        key=lambda w: (-shared[w], -counts[w]),  # stable: `shared` is in first-seen order
     )
     return ranked[:n]
 

@@ -124,7 +124,6 @@ class Recaller:
                 if words is None:
                     words = self.graph.start_search_text(repo, parts.terms, per_channel, searched,
                                                          scope)
-                lexical = words
                 if self.generation is not None:
                     # Before any vector is compared: whether another Memory re-embedded the repo.
                     moved = await self.graph.generation(repo)
@@ -132,7 +131,7 @@ class Recaller:
                         raise VectorsMoved(moved)
 
                 async def zero() -> None:
-                    found.update(await self._hop_zero(repo, parts.terms, lexical, query_vector,
+                    found.update(await self._hop_zero(repo, parts.terms, words, query_vector,
                                                       searched, per_channel, on_loop, scope,
                                                       meaning))
 
@@ -145,8 +144,7 @@ class Recaller:
                 if words is not None:
                     words.discard()
             # What the query's own channels made of each candidate, before any hop or lever.
-            direct = {node_id: c.score for node_id, c in found.items()}
-            matched = ranking.Matched(direct, meaning)
+            matched = ranking.Matched({node_id: c.score for node_id, c in found.items()}, meaning)
             trace.mark("hop0")
             reranking = self.reranker is not None
             width = max(k, config.recall_rerank_candidates) if reranking else k
@@ -225,20 +223,19 @@ class Recaller:
         meaning.update((node_id, score) for node_id, score in dense if score > 0.0)
         dense_ids = list(meaning)
         rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]
-        expanded = []
-        if config.recall_prf_terms and lexical_ids:
-            expanded = await self._feedback(repo, terms, lexical_ids, width, searched, scope)
+        expanded = (await self._feedback(repo, terms, lexical_ids, width, searched, scope)
+                    if config.recall_prf_terms and lexical_ids else [])
         if expanded:  # nothing added (or found by it): nothing to weigh
             # Below the query's own ranking: the added words are guesses.
             rankings.append(expanded)
             weights.append(0.5)
             lexical_ids = [*lexical_ids, *expanded]
         fused = ranking.reciprocal_rank_fusion(rankings, config.rrf_k, weights)
-        in_lexical, in_dense = set(lexical_ids), set(dense_ids)
+        in_lexical = set(lexical_ids)
         return {
             node_id: Candidate(
                 score,
-                "hybrid" if node_id in in_lexical and node_id in in_dense
+                "hybrid" if node_id in in_lexical and node_id in meaning
                 else "lexical" if node_id in in_lexical else "dense",
                 0,
             )
@@ -252,10 +249,9 @@ class Recaller:
         """The ranking of a second lexical query: `terms` and the words the best hits share."""
         documents = [n.text for n in await self.graph.get_nodes(repo, best[:FEEDBACK_DOCS])]
         n = self.config.recall_prf_terms
-        if sum(map(len, documents)) + len(terms) <= INLINE_CHARS:
-            extra = feedback_terms(terms, documents, n)
-        else:  # every word of every document is read: long texts are read off the loop
-            extra = await anyio.to_thread.run_sync(lambda: feedback_terms(terms, documents, n))
+        # Every word of every document is read: long texts are read off the loop.
+        extra = await cpu.run(lambda: feedback_terms(terms, documents, n),
+                              sum(map(len, documents)) + len(terms), on_loop_below=INLINE_CHARS + 1)
         if not extra:
             return []
         found = await self.graph.search_text(repo, f"{terms} {' '.join(extra)}", width, searched,
@@ -390,12 +386,8 @@ class Recaller:
         return await hops.pure(pick, len(scored))
 
     async def _diversify(
-        self,
-        repo: str,
-        scored: list[tuple[float, Node, Candidate]],
-        n: int,
-        known: Mapping[str, Vector],
-    ) -> list[tuple[float, Node, Candidate]]:
+        self, repo: str, scored: list[Scored], n: int, known: Mapping[str, Vector]
+    ) -> list[Scored]:
         """The best `n` of `scored` in MMR order, then the rest; vectors come with the nodes
         (`known`), the missing asked of the store."""
         head = scored[:n]
@@ -405,7 +397,7 @@ class Recaller:
         missing = [node.id for _, node, _ in head if node.id not in known]
         if missing:
             vectors.update(await self.graph.vectors(repo, missing))
-        by_id: dict[str, tuple[float, Node, Candidate]] = {item[1].id: item for item in head}
+        by_id: dict[str, Scored] = {item[1].id: item for item in head}
 
         def diversified() -> list[str]:
             return ranking.maximal_marginal_relevance(
@@ -413,7 +405,6 @@ class Recaller:
                 self.config.recall_mmr_lambda,
             )
 
-        # Quadratic: a long head is ordered in a worker thread.
         order = await cpu.run(diversified, len(by_id), on_loop_below=MMR_ON_LOOP + 1)
         return [by_id[i] for i in order] + scored[n:]
 

@@ -111,8 +111,7 @@ def restatements_first(
     best score (exact before near-exact): asked for in so many words, a memory is the answer.
     Otherwise the usual order."""
     best = max(score for score, _, _ in scored)
-    others = 2
-    scored.sort(key=lambda item: (restated.get(item[1].id, others), *best_first(item)))
+    scored.sort(key=lambda item: (restated.get(item[1].id, 2), *best_first(item)))
     out = []
     for score, node, candidate in scored:
         if node.id in restated:
@@ -152,7 +151,7 @@ class ResultSelection:
         self, config: Config, k: int, steps: Mapping[str, str], sources: Mapping[str, list[str]],
         stand_ins: Mapping[str, list[tuple[float, Node, Candidate]]], strong: set[str],
     ) -> None:
-        self.config, self.k, self.steps, self.sources = config, k, steps, sources
+        self.k, self.steps, self.sources = k, steps, sources
         self.stand_ins, self.strong = stand_ins, strong
         # Each memory type's lowest score and most results (other types: 0 and no bound).
         self._min_score = {N.SEMANTIC: config.recall_min_score_semantic,

@@ -57,8 +57,6 @@ async def split(
 
 @dataclass(slots=True)
 class _Queries:
-    """An embedder's query side, as an `Embedder`."""
-
     dim: int
     embed: Callable[[Sequence[str]], Coroutine[object, object, Vectors]]
 
@@ -88,10 +86,6 @@ def words(query: str) -> list[str]:
     return _text.first_tokens(query, RESTATED_WORDS + 1)
 
 
-# A near-exact restatement may differ by one word only when it is at least this long.
-_NEAR_EXACT_WORDS = 5
-
-
 def restatement(query: Sequence[str], text: str) -> int | None:
     """How closely `text` restates the query whose lower-cased words are `query`: 0 for the
     same words in order, 1 for a near-exact restatement (five words or more, one word added,
@@ -104,7 +98,7 @@ def restatement(query: Sequence[str], text: str) -> int | None:
     other = _text.first_tokens(text, len(query) + 2)
     if other == list(query):
         return 0
-    if min(len(query), len(other)) < _NEAR_EXACT_WORDS or abs(len(query) - len(other)) > 1:
+    if min(len(query), len(other)) < 5 or abs(len(query) - len(other)) > 1:
         return None
     return 1 if _one_edit(list(query), other) else None
 
@@ -195,14 +189,11 @@ async def speaker_boosts(
     return {i: 1.0 / (1.0 + boost) for i in nodes if i not in said}
 
 
-# Tags kept across every repo's embedder.
-KEPT = 4096
-
-
 class TagVectors:
-    """`embed(query_side(embedder), [query, *tags])`, with the tags' vectors remembered."""
+    """`embed(query_side(embedder), [query, *tags])`, with the vectors of the last `size` tags
+    remembered (across every repo's embedder)."""
 
-    def __init__(self, size: int = KEPT) -> None:
+    def __init__(self, size: int = 4096) -> None:
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
         self._size = size
@@ -252,20 +243,18 @@ def feedback_terms(query: str, documents: Sequence[str], n: int) -> list[str]:
     asked = {_text.stem(w.lower()) for w in _text.text_words(query)}
     shared: dict[str, int] = {}
     counts: dict[str, int] = {}
-    first: dict[str, int] = {}
     for document in documents:
         seen: set[str] = set()
         for lower in _search_words(document):
             if not _content(lower) or _text.is_stopword(lower) or _text.stem(lower) in asked:
                 continue
             counts[lower] = counts.get(lower, 0) + 1
-            first.setdefault(lower, len(first))
             if lower not in seen:
                 seen.add(lower)
                 shared[lower] = shared.get(lower, 0) + 1
     ranked = sorted(
         (w for w, docs in shared.items() if docs >= MIN_SHARED),
-        key=lambda w: (-shared[w], -counts[w], first[w]),
+        key=lambda w: (-shared[w], -counts[w]),  # stable: `shared` is in first-seen order
     )
     return ranked[:n]
 

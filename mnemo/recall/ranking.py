@@ -270,12 +270,10 @@ def left_out(nodes: Iterable[Node], sources: Mapping[str, Sequence[str]], when: 
 async def in_time(
     graph: NodeReads, repo: str, ranked: list[Recalled], when: When
 ) -> list[Recalled]:
-    """`ranked` as of `when.as_of` (None: now): later nodes left out, retired facts marked and
-    each placed right after its successor (read when the ranking did not reach it, up to
-    `CHAIN` links). For `valid_at`, facts that held then are only marked."""
+    """`ranked` (recorded by `when.as_of`, as `left_out` keeps) with its facts retired at `as_of`
+    (None: now) marked and each right after its successor (read when the ranking did not reach
+    it, up to `CHAIN` links). For `valid_at`, facts that held then are only marked."""
     as_of = when.as_of
-    if as_of is not None:
-        ranked = [r for r in ranked if _recorded(r.node) <= as_of]
     pool: dict[str, Recalled] = {r.node.id: r for r in ranked}
     asked = ranked
     for _ in range(CHAIN):

@@ -37,11 +37,6 @@ class RerankReply(Reply, frozen=True):
     order: list[Annotated[object, Meta(extra_json_schema={"type": "integer"})]]
 
 
-PLAN_SCHEMA = reply_schema(PlanReply)
-SYNTHESIS_SCHEMA = reply_schema(SynthesisReply)
-RERANK_SCHEMA = reply_schema(RerankReply)
-
-
 def plan_request(*, query: str) -> LLMRequest:
     return task_request(
         "recall_plan",
@@ -54,7 +49,7 @@ def plan_request(*, query: str) -> LLMRequest:
             "answer would be filed under; no question words."
         ),
         inputs={"query": query},
-        schema=PLAN_SCHEMA,
+        schema=reply_schema(PlanReply),
         max_tokens=256,
     )
 
@@ -74,7 +69,7 @@ def synthesis_request(*, query: str, memories: list[str]) -> LLMRequest:
             "in brackets. If they do not contain the answer, say so."
         ),
         inputs={"query": query, "memories": [f"[{i}] {m}" for i, m in enumerate(memories, 1)]},
-        schema=SYNTHESIS_SCHEMA,
+        schema=reply_schema(SynthesisReply),
         max_tokens=512,
     )
 
@@ -98,7 +93,7 @@ def rerank_request(*, query: str, memories: list[str]) -> LLMRequest:
             "multi-step answer) first. order: the memory numbers, best first; leave out none."
         ),
         inputs={"query": query, "memories": [f"[{i}] {m}" for i, m in enumerate(memories, 1)]},
-        schema=RERANK_SCHEMA,
+        schema=reply_schema(RerankReply),
         max_tokens=16 + 6 * len(memories),
     )
 

@@ -123,14 +123,13 @@ def fts_search(
         return []
     type_filter = "" if kinds is None else f" AND n.type IN ({marks(len(kinds))})"
     scoped, params = ("", []) if where is None else scopes.exists(repo, where, "n.rowid", 0)
-    rows = db.conn.execute(
+    return [(node_id, -float(score)) for node_id, score in db.conn.execute(
         "SELECT n.id, bm25(nodes_fts) AS score FROM nodes_fts"
         " JOIN nodes n ON n.rowid = nodes_fts.rowid"
         f" WHERE nodes_fts MATCH ? AND n.repo = ?{type_filter}{scoped}"
         " ORDER BY score LIMIT ?",
         [match, repo, *(kinds or []), *params, limit],
-    ).fetchall()
-    return [(node_id, -float(score)) for node_id, score in rows]
+    )]
 
 
 def fts_query(text: str) -> str:

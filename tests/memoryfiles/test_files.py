@@ -129,18 +129,22 @@ async def test_assistant_confirmation_is_filed(files: mnemo.MemoryFiles) -> None
 async def test_system_and_tool_messages_are_not_sent(
     files: mnemo.MemoryFiles, llm: RecordingLLM
 ) -> None:
-    """Only user and assistant text reaches the LLM (a system prompt holds the files)."""
+    """Only user and assistant text reaches the LLM (a system prompt holds the files); a
+    message with any other role, of any type, is left out as a system message is."""
     history: list[dict[str, Any]] = [
         {"role": "system", "content": "Memory: we decided to use MySQL."},
         {"role": "user", "content": [{"type": "text", "text": SIGNALS[0]}]},
         {"role": "tool", "content": "we decided to use Oracle", "tool_call_id": "1"},
+        {"role": ["user"], "content": "we decided to use DB2"},
+        {"role": None, "content": "we decided to use Sybase"},
         {"role": "assistant", "content": ""},
     ]
-    await files.update(history, llm=llm, iterations=10)
+    written = await files.update(history, llm=llm, iterations=10)
+    assert written.error is None
     inputs = task_inputs(llm.calls[0])
     assert inputs["conversation"] == [{"role": "user", "content": SIGNALS[0]}]
-    assert "MySQL" not in texts(files)
-    assert "Oracle" not in texts(files)
+    for left_out in ("MySQL", "Oracle", "DB2", "Sybase"):
+        assert left_out not in texts(files)
 
 
 async def test_update_request_shows_files(files: mnemo.MemoryFiles, llm: RecordingLLM) -> None:

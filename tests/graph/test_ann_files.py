@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import lzma
+import shutil
 from pathlib import Path
 from typing import IO
 
@@ -39,15 +40,22 @@ def accelerate(
     return accelerator
 
 
-@pytest.fixture
-def saved(tmp_path: Path) -> tuple[Vector, Path]:
-    """Graphs of N clustered rows, built and saved in a folder; the rows and the folder."""
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Vector, Path]:
+    """Graphs of N clustered rows, built and saved once a module; the rows and the folder."""
     vectors = clustered(N, seed=3)
-    folder = tmp_path / "graphs"
+    folder = tmp_path_factory.mktemp("built") / "graphs"
     accelerator = accelerate(index_of(vectors), folder)
     assert accelerator.stats()["read"] == 0
     accelerator.close(10)
     return vectors, folder
+
+
+@pytest.fixture
+def saved(built: tuple[Vector, Path], tmp_path: Path) -> tuple[Vector, Path]:
+    """A test's own copy of the saved graphs' folder, and the rows."""
+    vectors, folder = built
+    return vectors.copy(), Path(shutil.copytree(folder, tmp_path / "graphs"))
 
 
 @pytest.mark.slow

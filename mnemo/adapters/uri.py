@@ -39,7 +39,6 @@ class ModelURIError(InvalidInputError):
         self.variable = variable
 
 
-
 LLM_SETTINGS = ("temperature", "timeout", "max_concurrency", "concurrency", "max_tokens")
 OPENAI_SETTINGS = (*LLM_SETTINGS, "structured")
 EMBEDDER_SETTINGS = ("timeout", "max_concurrency", "concurrency")

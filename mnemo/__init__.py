@@ -7,58 +7,99 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mnemo.adapters.anthropic import Anthropic
-    from mnemo.adapters.e5 import E5SmallEmbedder
-    from mnemo.adapters.embeddings import OpenAIEmbedder
-    from mnemo.adapters.hashing import HashEmbedder
-    from mnemo.adapters.minilm import MiniLMEmbedder, default_embedder
-    from mnemo.adapters.offline import OfflineLLM
-    from mnemo.adapters.openai import OpenAICompatible
-    from mnemo.adapters.uri import ModelURIError, embedder_from_uri, llm_from_uri
-    from mnemo.calls.retry import Backoff, RetryPolicy
-    from mnemo.config import Config
-    from mnemo.conversation.manager import ConversationManager
+    # `X as X`: what a type checker sees re-exported.
+    from mnemo.adapters.anthropic import Anthropic as Anthropic
+    from mnemo.adapters.e5 import E5SmallEmbedder as E5SmallEmbedder
+    from mnemo.adapters.embeddings import OpenAIEmbedder as OpenAIEmbedder
+    from mnemo.adapters.hashing import HashEmbedder as HashEmbedder
+    from mnemo.adapters.minilm import (
+        MiniLMEmbedder as MiniLMEmbedder,
+        default_embedder as default_embedder,
+    )
+    from mnemo.adapters.offline import OfflineLLM as OfflineLLM
+    from mnemo.adapters.openai import OpenAICompatible as OpenAICompatible
+    from mnemo.adapters.uri import (
+        ModelURIError as ModelURIError,
+        embedder_from_uri as embedder_from_uri,
+        llm_from_uri as llm_from_uri,
+    )
+    from mnemo.calls.retry import Backoff as Backoff, RetryPolicy as RetryPolicy
+    from mnemo.config import Config as Config
+    from mnemo.conversation.manager import ConversationManager as ConversationManager
     from mnemo.conversation.model import (
-        Compaction,
-        EvictionResult,
-        Message,
-        MessageView,
-        Recent,
-        SearchHit,
-        Semantic,
-        Snapshot,
-        Summary,
-        ThreadInfo,
-        ToolOutputPruner,
-        Viewport,
+        Compaction as Compaction,
+        EvictionResult as EvictionResult,
+        Message as Message,
+        MessageView as MessageView,
+        Recent as Recent,
+        SearchHit as SearchHit,
+        Semantic as Semantic,
+        Snapshot as Snapshot,
+        Summary as Summary,
+        ThreadInfo as ThreadInfo,
+        ToolOutputPruner as ToolOutputPruner,
+        Viewport as Viewport,
     )
-    from mnemo.episode import EpisodeLog, StepInfo
+    from mnemo.episode import EpisodeLog as EpisodeLog, StepInfo as StepInfo
     from mnemo.errors import (
-        AdapterError,
-        ConflictError,
-        EmbeddingError,
-        InvalidInputError,
-        LLMContextError,
-        LLMError,
-        LLMReplyError,
-        LLMTimeout,
-        MnemoError,
-        NotFoundError,
-        PipelineError,
-        SessionError,
-        StorageError,
+        AdapterError as AdapterError,
+        ConflictError as ConflictError,
+        EmbeddingError as EmbeddingError,
+        InvalidInputError as InvalidInputError,
+        LLMContextError as LLMContextError,
+        LLMError as LLMError,
+        LLMReplyError as LLMReplyError,
+        LLMTimeout as LLMTimeout,
+        MnemoError as MnemoError,
+        NotFoundError as NotFoundError,
+        PipelineError as PipelineError,
+        SessionError as SessionError,
+        StorageError as StorageError,
     )
-    from mnemo.graph.history import CommitDiff, CommitRecord
-    from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
-    from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeId, NodeType
-    from mnemo.graph.reembed import ReembedProgress
-    from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
-    from mnemo.memory import Memory
-    from mnemo.memoryfiles import MemoryFile, MemoryFiles, MemoryUpdate
-    from mnemo.ports import LLM, Embedder, Event, LLMRequest, LLMResponse, Reranker, ToolCall, Usage
-    from mnemo.recall.engine import Recalled, RecallResult
-    from mnemo.recall.tasks import LLMReranker
-    from mnemo.session.machine import OpResult, SessionContext, SessionInfo, State
+    from mnemo.graph.history import CommitDiff as CommitDiff, CommitRecord as CommitRecord
+    from mnemo.graph.maintenance import (
+        ConsolidationReport as ConsolidationReport,
+        DecayReport as DecayReport,
+        ValidationReport as ValidationReport,
+    )
+    from mnemo.graph.model import (
+        CommitReceipt as CommitReceipt,
+        LinkType as LinkType,
+        Node as Node,
+        NodeId as NodeId,
+        NodeType as NodeType,
+    )
+    from mnemo.graph.reembed import ReembedProgress as ReembedProgress
+    from mnemo.ingest.model import (
+        IngestProgress as IngestProgress,
+        IngestReceipt as IngestReceipt,
+        Step as Step,
+        Trajectory as Trajectory,
+    )
+    from mnemo.memory import Memory as Memory
+    from mnemo.memoryfiles import (
+        MemoryFile as MemoryFile,
+        MemoryFiles as MemoryFiles,
+        MemoryUpdate as MemoryUpdate,
+    )
+    from mnemo.ports import (
+        LLM as LLM,
+        Embedder as Embedder,
+        Event as Event,
+        LLMRequest as LLMRequest,
+        LLMResponse as LLMResponse,
+        Reranker as Reranker,
+        ToolCall as ToolCall,
+        Usage as Usage,
+    )
+    from mnemo.recall.engine import Recalled as Recalled, RecallResult as RecallResult
+    from mnemo.recall.tasks import LLMReranker as LLMReranker
+    from mnemo.session.machine import (
+        OpResult as OpResult,
+        SessionContext as SessionContext,
+        SessionInfo as SessionInfo,
+        State as State,
+    )
 
 # Where each public name lives.
 _WHERE = {
@@ -100,84 +141,7 @@ _WHERE = {
     for name in names.split()
 }
 
-__all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
-    "AdapterError",
-    "Anthropic",
-    "Backoff",
-    "CommitDiff",
-    "CommitReceipt",
-    "CommitRecord",
-    "Compaction",
-    "Config",
-    "ConflictError",
-    "ConsolidationReport",
-    "ConversationManager",
-    "DecayReport",
-    "E5SmallEmbedder",
-    "Embedder",
-    "EmbeddingError",
-    "EpisodeLog",
-    "Event",
-    "EvictionResult",
-    "HashEmbedder",
-    "IngestProgress",
-    "IngestReceipt",
-    "InvalidInputError",
-    "LLM",
-    "LLMContextError",
-    "LLMError",
-    "LLMReplyError",
-    "LLMRequest",
-    "LLMReranker",
-    "LLMResponse",
-    "LLMTimeout",
-    "LinkType",
-    "Memory",
-    "MemoryFile",
-    "MemoryFiles",
-    "MemoryUpdate",
-    "Message",
-    "MessageView",
-    "MiniLMEmbedder",
-    "MnemoError",
-    "ModelURIError",
-    "Node",
-    "NodeId",
-    "NodeType",
-    "NotFoundError",
-    "OfflineLLM",
-    "OpResult",
-    "OpenAICompatible",
-    "OpenAIEmbedder",
-    "PipelineError",
-    "RecallResult",
-    "Recalled",
-    "Recent",
-    "ReembedProgress",
-    "Reranker",
-    "RetryPolicy",
-    "SearchHit",
-    "Semantic",
-    "SessionContext",
-    "SessionError",
-    "SessionInfo",
-    "Snapshot",
-    "State",
-    "Step",
-    "StepInfo",
-    "StorageError",
-    "Summary",
-    "ThreadInfo",
-    "ToolCall",
-    "ToolOutputPruner",
-    "Trajectory",
-    "Usage",
-    "ValidationReport",
-    "Viewport",
-    "default_embedder",
-    "embedder_from_uri",
-    "llm_from_uri",
-]
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> object:

@@ -63,8 +63,8 @@ from bench_recall import (
     VERBS,
     WordVectorEmbedder,
     generate,
+    queries as recall_queries,
 )
-from bench_recall import queries as recall_queries
 
 import mnemo
 

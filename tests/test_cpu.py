@@ -6,8 +6,7 @@ import hashlib
 import json
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import mnemo
 from mnemo import cpu

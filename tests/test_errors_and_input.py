@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import enum
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -246,9 +248,16 @@ def test_error_tree(name: str, builtin: type[Exception] | None) -> None:
         assert issubclass(error, builtin)
 
 
-def test_all_is_sorted() -> None:
-    """mnemo.__all__ is sorted."""
-    assert list(mnemo.__all__) == sorted(mnemo.__all__)
+def test_type_checkers_see_what_is_imported_lazily() -> None:
+    """The names mnemo re-exports for type checkers (`X as X` under TYPE_CHECKING) are the
+    names it imports when first used, each from the same module."""
+    tree = ast.parse(Path(mnemo.__file__).read_text(encoding="utf-8"))
+    guarded = next(node for node in tree.body if isinstance(node, ast.If))
+    seen = {alias.name: node.module for node in guarded.body
+            if isinstance(node, ast.ImportFrom) for alias in node.names
+            if alias.asname == alias.name}
+    assert seen == mnemo._WHERE
+    assert list(mnemo.__all__) == sorted(seen)
 
 
 def test_all_names_import() -> None:

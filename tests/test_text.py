@@ -11,8 +11,7 @@ import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from hypothesis import example, given
-from hypothesis import strategies as st
+from hypothesis import example, given, strategies as st
 
 from mnemo import text as _text
 from mnemo.storage.lexical.schema import analyzer

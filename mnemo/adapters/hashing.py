@@ -12,8 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from mnemo import cpu
-from mnemo import text as _text
+from mnemo import cpu, text as _text
 from mnemo.inputs import check_count
 
 _UNIGRAM, _BIGRAM, _TRIGRAM = 0, 1, 2

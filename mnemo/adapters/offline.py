@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from mnemo import cpu
-from mnemo import text as _text
+from mnemo import cpu, text as _text
 from mnemo.adapters import _contradiction
 from mnemo.adapters._offline_common import (
     Answer,

@@ -26,8 +26,7 @@ from mnemo.cli._ids import resolve_in_repos, short_ids
 from mnemo.cli._output import emit, print_json, stdout_console, table
 from mnemo.cli._settings import Settings
 from mnemo.errors import InvalidInputError
-from mnemo.graph.history import CommitDiff, CommitRecord
-from mnemo.graph.history import goals as commit_goals
+from mnemo.graph.history import CommitDiff, CommitRecord, goals as commit_goals
 from mnemo.graph.model import Node, NodeType
 from mnemo.jsonable import commit_json, diff_json, link_json, node_json
 from mnemo.memory import Memory

@@ -13,8 +13,7 @@ import msgspec
 from rich.progress import TaskID
 
 from mnemo.cli._database import CliError
-from mnemo.cli._output import progress as bars
-from mnemo.cli._output import stderr_console
+from mnemo.cli._output import progress as bars, stderr_console
 from mnemo.errors import InvalidInputError
 from mnemo.ingest.model import IngestProgress, Step, Trajectory
 from mnemo.ingest.service import check_ingest

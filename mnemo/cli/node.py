@@ -19,8 +19,7 @@ from mnemo.cli._ids import resolve_in_repos, short_ids
 from mnemo.cli._output import emit, table
 from mnemo.cli._settings import Settings
 from mnemo.cli.history import RESOLVED, origin
-from mnemo.graph.history import CommitRecord
-from mnemo.graph.history import goals as commit_goals
+from mnemo.graph.history import CommitRecord, goals as commit_goals
 from mnemo.graph.model import LinkType, Node, NodeType, steps_of
 from mnemo.jsonable import commit_json, node_json
 from mnemo.memory import Memory

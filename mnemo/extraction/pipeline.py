@@ -16,8 +16,13 @@ from mnemo import cpu
 from mnemo.calls.retry import fail_after
 from mnemo.episode import NEUTRAL_REWARD, EpisodeRecord, StepRecord, parse_reward, reward_request
 from mnemo.errors import AdapterError, LLMError, first_error
-from mnemo.extraction.draft import Draft, Extracted, draw_up, procedure
-from mnemo.extraction.draft import Source as Source  # the callers' import
+from mnemo.extraction.draft import (
+    Draft,
+    Extracted,
+    Source as Source,  # the callers' import
+    draw_up,
+    procedure,
+)
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.model import Instruction
 from mnemo.extraction.prompts import (

@@ -15,8 +15,7 @@ import numpy as np
 
 from mnemo.cpu import import_kept
 from mnemo.graph.ann_files import GraphFolder
-from mnemo.graph.hnsw import HnswAccelerator as HnswAccelerator
-from mnemo.graph.hnsw import HnswParams as HnswParams
+from mnemo.graph.hnsw import HnswAccelerator as HnswAccelerator, HnswParams as HnswParams
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import TYPE_CODES, VectorIndex, top_per_row, unit
 

@@ -160,8 +160,7 @@ class SessionMethods(Parts):
         check_seconds("poll_interval", poll_interval, DURATION_CEILINGS["wait"])
         from mnemo.extraction.pipeline import failure_reason
         from mnemo.session import transitions
-        from mnemo.session.machine import State as S
-        from mnemo.session.machine import refuse_close
+        from mnemo.session.machine import State as S, refuse_close
 
         try:
             live = self._live

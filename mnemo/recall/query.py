@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mnemo import cpu
-from mnemo import text as _text
+from mnemo import cpu, text as _text
 from mnemo.extraction.entities import speaker_of
 from mnemo.graph.model import Vector
 from mnemo.graph.ports import NodeReads

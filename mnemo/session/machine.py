@@ -38,8 +38,7 @@ from mnemo.errors import (
 from mnemo.extraction.memo import TaskMemo
 from mnemo.graph.model import Changeset, CommitReceipt
 from mnemo.inputs import check_step, check_text
-from mnemo.ports import LLM, Embedder, check_dim
-from mnemo.ports import deliver as call_back
+from mnemo.ports import LLM, Embedder, check_dim, deliver as call_back
 
 
 class State(StrEnum):

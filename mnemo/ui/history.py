@@ -9,8 +9,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from mnemo.errors import InvalidInputError
-from mnemo.graph.history import CommitDiff
-from mnemo.graph.history import goals as commit_goals
+from mnemo.graph.history import CommitDiff, goals as commit_goals
 from mnemo.graph.model import Link, Node, NodeType
 from mnemo.ui.render import form, href, known_repo, page, required, view_of, whole
 from mnemo.ui.source import MemorySource

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 import anyio
 import pytest
 import trio.testing
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from mnemo.adapters.limit import INITIAL, Limit, LimitState, ServerProfile
 from mnemo.calls.retry import fail_after, waiting

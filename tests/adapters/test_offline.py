@@ -3,8 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from mnemo.adapters.offline import OfflineLLM, outcome_reward
 from mnemo.episode import (

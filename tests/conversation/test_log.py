@@ -8,8 +8,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import mnemo
 from mnemo.conversation.model import Message

@@ -10,8 +10,7 @@ from typing import Any
 
 import anyio.from_thread
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,

@@ -6,8 +6,7 @@ from datetime import timedelta
 
 import anyio.from_thread
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import mnemo
 from mnemo.conversation.search import recency_weight

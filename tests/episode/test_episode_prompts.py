@@ -3,8 +3,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from mnemo.calls.schema import most_tokens
 from mnemo.calls.tasks import task_inputs

@@ -8,8 +8,7 @@ from collections.abc import Callable
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 import mnemo
 from mnemo.graph import history

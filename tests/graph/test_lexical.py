@@ -19,14 +19,12 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 import pytest
-from hypothesis import settings
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 from mnemo.graph import commit
 from mnemo.graph.model import Changeset, NodeType, step_window
-from mnemo.storage.lexical import LOG_KEEP, LexicalIndex
-from mnemo.storage.lexical import index as lexical_index
+from mnemo.storage.lexical import LOG_KEEP, LexicalIndex, index as lexical_index
 from mnemo.storage.lexical.fresh import bm25, idf
 from mnemo.storage.lexical.schema import analyzer
 from mnemo.storage.lexical.windows import WINDOW

@@ -11,12 +11,9 @@ from typing import Any
 import anyio.to_thread
 import pytest
 import tantivy as tv
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
-from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.lexical import fresh as lexical_fresh
-from mnemo.storage.lexical import index as lexical_index
+from mnemo.storage.lexical import LexicalIndex, fresh as lexical_fresh, index as lexical_index
 from mnemo.storage.lexical.fresh import (
     Fresh,
     FreshDoc,

@@ -13,8 +13,7 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 import mnemo

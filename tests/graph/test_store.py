@@ -11,8 +11,7 @@ from typing import Any, cast
 import anyio
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mnemo.errors import StorageError
 from mnemo.graph import commit

@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from mnemo.episode import StepRecord, starts_trajectory
 from mnemo.graph.model import NodeType, Vector, cosine, reaches

@@ -14,8 +14,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import mnemo
 from mnemo.graph.model import NodeType

@@ -6,8 +6,7 @@ import re
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from hypothesis import example, given
-from hypothesis import strategies as st
+from hypothesis import example, given, strategies as st
 
 from mnemo.memoryfiles import _format
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.calls.tasks import task_inputs

@@ -7,8 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import mnemo
 from mnemo.calls.tasks import task_inputs

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from mnemo import text as _text
 from mnemo.graph.model import Changeset, NodeDraft, NodeType, now_utc

@@ -8,8 +8,7 @@ from typing import Any
 
 import anyio.from_thread
 import pytest
-from hypothesis import settings
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,

@@ -19,8 +19,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import pytest
-from hypothesis import settings
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule, run_state_machine_as_test
 
 import mnemo

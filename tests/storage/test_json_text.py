@@ -7,8 +7,7 @@ import json
 import math
 from typing import Any
 
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from mnemo.graph.model import Node, NodeType
 from mnemo.storage.row import loads

@@ -16,8 +16,7 @@ from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
 import mnemo
-from mnemo.storage.postgres import migrations as pg_migrations
-from mnemo.storage.postgres import schema as pg_schema
+from mnemo.storage.postgres import migrations as pg_migrations, schema as pg_schema
 from mnemo.storage.sqlite import schema as sqlite_schema
 from tests.backends import BACKENDS, open_stores
 from tests.fakes import FakeEmbedder

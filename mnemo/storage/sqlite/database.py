@@ -21,8 +21,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.errors import StorageError
 from mnemo.storage.clock import elapsed, host_now
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Work as StatementsWork
-from mnemo.storage.sql import drive
+from mnemo.storage.sql import Work as StatementsWork, drive
 from mnemo.storage.sqlite.schema import MIGRATIONS, migrate
 from mnemo.storage.worker import Queued, Worker
 

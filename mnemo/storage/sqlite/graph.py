@@ -34,8 +34,7 @@ from mnemo.storage.row import loads
 from mnemo.storage.sql import Statements, marks, number
 from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write, truncate_wal
-from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text
-from mnemo.storage.sqlite.rows import node as node_of
+from mnemo.storage.sqlite.rows import half_blob, node as node_of, pack_text, unpack_text
 from mnemo.storage.sqlite.sessions import SqliteSessions
 from mnemo.storage.sqlite.vectors import SqliteVectors
 

@@ -11,8 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import psycopg
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from mnemo.errors import StorageError
 from mnemo.graph import ann

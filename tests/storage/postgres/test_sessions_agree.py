@@ -11,8 +11,7 @@ from typing import Any, ClassVar
 
 import anyio.from_thread
 import numpy as np
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 from hypothesis.stateful import (
     Bundle,

@@ -13,8 +13,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from psycopg import sql
 from sqlite_utils import Database as SqliteUtilsDatabase
 

@@ -48,6 +48,9 @@ REPO = "r"
 # open a store or an index on a loaded machine, which says nothing about the behaviour.
 settings.register_profile("mnemo", deadline=None)
 settings.load_profile("mnemo")
+# scripts/check's fast loop (`--hypothesis-profile=quick`): a fifth of the examples, which
+# scripts/test runs in full.
+settings.register_profile("quick", settings.get_profile("mnemo"), max_examples=20)
 
 Enter = Callable[[State], Awaitable[str]]
 

@@ -3,6 +3,7 @@ type filters, fallbacks, rebuilds, and exact search when faiss is absent."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 import types
@@ -58,27 +59,38 @@ def exact(index: VectorIndex, query: Vector, k: int, only: list[NodeType] | None
         index.accelerator = accelerator
 
 
-def build() -> Iterator[tuple[VectorIndex, HnswAccelerator]]:
+def build(folder: Path | None = None) -> Iterator[tuple[VectorIndex, HnswAccelerator]]:
+    """An index of 2,000 clustered rows with a ready HNSW accelerator (its graphs read from
+    `folder` when saved there, else built)."""
     vectors = clustered(2000)
     index = VectorIndex(DIM)
     index.add([f"n{i}" for i in range(2000)], kinds(2000), vectors)
-    accelerator = ann.attach(index, threshold=THRESHOLD)
+    accelerator = ann.attach(index, threshold=THRESHOLD, folder=folder)
     assert accelerator is not None
     assert accelerator.wait(30)
     yield index, accelerator
     accelerator.close(10)
 
 
-@pytest.fixture
-def accelerated() -> Iterator[tuple[VectorIndex, HnswAccelerator]]:
-    """An index of 2,000 clustered rows with a built HNSW accelerator, for one test."""
+@pytest.fixture(scope="module")
+def built() -> Iterator[tuple[VectorIndex, HnswAccelerator]]:
+    """`build()`'s accelerator, shared by the tests that only search."""
     yield from build()
 
 
 @pytest.fixture(scope="module")
-def built() -> Iterator[tuple[VectorIndex, HnswAccelerator]]:
-    """The same, shared by the tests that only search."""
-    yield from build()
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of `build()`'s graphs, built and saved once a module."""
+    folder = tmp_path_factory.mktemp("saved") / "graphs"
+    for _ in build(folder):
+        pass
+    return folder
+
+
+@pytest.fixture
+def accelerated(saved: Path, tmp_path: Path) -> Iterator[tuple[VectorIndex, HnswAccelerator]]:
+    """`build()`'s accelerator for one test, its graphs read from a copy of `saved`."""
+    yield from build(Path(shutil.copytree(saved, tmp_path / "graphs")))
 
 
 def recall_at(index: VectorIndex, queries: Vector, k: int, only: list[NodeType] | None) -> float:

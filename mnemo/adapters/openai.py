@@ -208,7 +208,11 @@ class OpenAICompatible(HTTPModel):
                       lambda _: setattr(self, "_tokens_field", "max_completion_tokens"))
 
     async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
-        reply = await self._complete(self._payload(request, None, None), budget, kind=request.task)
+        # A server's refusal of tools is final: the caller may ask again without them.
+        refusal = (partial(HTTPFailure.names_any, words=_COMPLAINT_WORDS["tool"])
+                   if request.tools else None)
+        reply = await self._complete(self._payload(request, None, None), budget, refusal,
+                                     kind=request.task)
         choice = reply.choices[0]
         cap = reply_cap(request.max_tokens, self.max_tokens)
         at_cap = _was_cut(reply, choice.finish_reason, cap)

@@ -126,7 +126,8 @@ NO_SNAPSHOT_DATA = (
 
 
 # The forms of `tool_choice` tried in turn while no snapshot is saved, before asking for it as
-# structured output (`as_data`); any tool once one is saved.
+# structured output (`as_data`), which a call refused with tools asks at once; any tool once
+# one is saved.
 SNAPSHOT_CHOICES = ("save_snapshot", REQUIRED)
 
 
@@ -161,8 +162,12 @@ async def run_loop(
                 try:
                     response = await llm.generate(request)
                 except Exception as exc:
-                    # Whatever the model did wrong, the boundary must still move: report.
                     log.warning("eviction LLM call failed", exc_info=True)
+                    if choice is not None and not tools.snapshot_parts:
+                        # A model or server without tools may still answer with data.
+                        silent = len(SNAPSHOT_CHOICES)
+                        continue
+                    # Whatever the model did wrong, the boundary must still move: report.
                     return f"the eviction model failed: {exc!r}", usage
                 usage = add_usage(usage, response.usage)
                 calls = snapshot_calls(response) if choice is None else response.tool_calls

@@ -161,7 +161,8 @@ class ProviderServer:
     `latency` delays every reply (the bench's model latency); `dim` is the embedding size;
     `every_nth_fails` replies with `flaky` instead of the default to every n-th request;
     `json_schema=False` makes it refuse `response_format` json_schema (like older Ollama,
-    vLLM and llama.cpp servers), `tools=False` refuse tools. `obeys` holds the forms of
+    vLLM and llama.cpp servers), `tools=False` refuse tools (forced or a request's own), each
+    with HTTP `refusal_status` (500: llama.cpp's server of 2024). `obeys` holds the forms of
     `tool_choice` it follows for a request's own tools: "named" (a tool's name; all that
     llama-cpp-python's server follows), "required" (llama.cpp's own server); hosted APIs follow
     both, the default. `per_token=True` answers embeddings with one vector per word.
@@ -195,8 +196,10 @@ class ProviderServer:
         obeys: frozenset[str] = frozenset({"named", "required"}),
         per_token: bool = False,
         shapes: str = "mnemo",
+        refusal_status: int = 400,
     ) -> None:
         self.latency = latency
+        self.refusal_status = refusal_status
         self.slots = slots
         self._line: deque[object] = deque()  # requests waiting for a slot, first come first
         self._busy = 0
@@ -291,9 +294,9 @@ class ProviderServer:
             if self.every_nth_fails and self._count % self.every_nth_fails == 0:
                 return self.flaky
         if recorded.mode == "json_schema" and not self.json_schema:
-            return REJECT_RESPONSE_FORMAT
-        if recorded.mode == "tool" and not self.tools:
-            return REJECT_TOOLS
+            return replace(REJECT_RESPONSE_FORMAT, status=self.refusal_status)
+        if recorded.mode in ("tool", "tools") and not self.tools:
+            return replace(REJECT_TOOLS, status=self.refusal_status)
         return Answer()
 
     @contextmanager

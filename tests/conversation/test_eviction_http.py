@@ -89,6 +89,21 @@ async def test_a_server_ignoring_tools_in_every_form_is_asked_for_data(
     assert third["response_format"]["json_schema"]["name"] == "eviction"
 
 
+@pytest.mark.parametrize("status", [400, 500])
+async def test_a_server_refusing_tools_is_asked_for_data_at_once(store: str, status: int) -> None:
+    """A server that refuses tools and json_schema, with a 400 or a 500 (llama.cpp's server of
+    2024), has its refusal of the first round taken at once, not retried; the next round asks
+    for save_snapshot's arguments as data, which JSON mode answers: that is the snapshot."""
+    with ProviderServer(json_schema=False, tools=False, refusal_status=status) as server:
+        llm = OpenAICompatible("m", base_url=server.openai_url, api_key="k")
+        result = await _evict(store, llm)
+        modes = [r.mode for r in server.requests]
+    assert result.error is None
+    assert result.snapshot is not None
+    assert result.snapshot.text.startswith("Messages 0-")
+    assert modes == ["tools", "json_schema", "tool", "json"]
+
+
 async def test_anthropic_forces_the_snapshot_tool(store: str, server: ProviderServer) -> None:
     """The Anthropic adapter sends the forced tool in its API's form and gets the snapshot."""
     llm = Anthropic("claude", base_url=server.url, api_key="k", max_retries=0)

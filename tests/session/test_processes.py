@@ -522,3 +522,34 @@ async def test_operations_stored_before_a_takeover_run_first_and_bound_the_queue
                 assert [(label, r.ok) for label, r in recorded.results] == [
                     ("commit", True), ("start", True)]
                 assert await mem.session_state(sid) is State.COLLECTING
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True, raises=TimeoutError,
+    reason="an operation the holder accepts behind its own extraction is queued in its memory "
+    "only (docs/DECISIONS.md, 'Operations accepted while another Memory extracts')")
+async def test_operations_a_killed_holder_accepted_behind_its_extraction_run_after_a_takeover(
+    store: str, tmp_path: Path
+) -> None:
+    """A child holding an extraction accepts a commit, a new episode and an append of it,
+    queued behind its own extraction, and is SIGKILLed: they were stored with the session, so
+    the Memory that takes the extraction over runs them, in order, once."""
+    events = EventLog()
+    async with children() as tg:
+        async with holding(tg, tmp_path, store, "hold_queued") as (holder, sid):
+            with anyio.fail_after(30):
+                await holder.wait_lines(2)
+            assert holder.lines[1:] == ["queued"]
+            await holder.kill()
+            async with mnemo.Memory(
+                store, llm=FakeLLM(), embedder=FakeEmbedder(), config=config(), on_event=events
+            ) as mem:
+                await mem.open_repo(REPO, config=config())
+                with anyio.fail_after(LEASE * 10):
+                    await events.wait_for(lambda e: e.kind == "step_appended"
+                                          and e.session_id == sid)
+                assert await mem.session_state(sid) is State.COLLECTING
+                [*_, last] = await mem.episodes(sid)
+                assert [s.observation for s in last.steps] == ["walk west"]
+                assert len([c for c in await mem.history(REPO) if c.session_id == sid]) == 1

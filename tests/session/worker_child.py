@@ -59,9 +59,11 @@ def config(lease: float) -> mnemo.Config:
 
 
 @asynccontextmanager
-async def holding(store: str, lease: float) -> AsyncIterator[tuple[FakeLLM, Hold]]:
+async def holding(
+    store: str, lease: float
+) -> AsyncIterator[tuple[FakeLLM, Hold, mnemo.Memory, str]]:
     """A Memory holding the extraction of a session it closed, its "semantic" task held (the
-    session's id printed once the task is asked): its LLM and that hold."""
+    session's id printed once the task is asked): its LLM, that hold, the Memory, the id."""
     llm = FakeLLM()
     async with mnemo.Memory(
         store, llm=llm, embedder=FakeEmbedder(), config=config(lease), on_event=EventLog()
@@ -75,7 +77,7 @@ async def holding(store: str, lease: float) -> AsyncIterator[tuple[FakeLLM, Hold
         with anyio.fail_after(30):
             await held.started.wait()
         print(sid, flush=True)
-        yield llm, held
+        yield llm, held, mem, sid
 
 
 async def hold(store: str, lease: float) -> None:
@@ -83,8 +85,19 @@ async def hold(store: str, lease: float) -> None:
         await anyio.sleep_forever()
 
 
+async def hold_queued(store: str, lease: float) -> None:
+    """`hold`, with a commit, a new episode and an append of it queued behind the extraction
+    ("queued" printed once they are accepted)."""
+    async with holding(store, lease) as (_, _, mem, sid):
+        await mem.commit_async(sid)
+        await mem.start_episode_async(sid, "walk back")
+        await mem.append_async(sid, "walk west", "go west")
+        print("queued", flush=True)
+        await anyio.sleep_forever()
+
+
 async def run_ops(store: str, lease: float) -> None:
-    async with holding(store, lease) as (llm, extraction):
+    async with holding(store, lease) as (llm, extraction, _, _):
         await anyio.to_thread.run_sync(sys.stdin.readline)
         append = llm.hold("state")
         extraction.release()
@@ -203,6 +216,8 @@ def main(argv: list[str]) -> None:
         anyio.run(hold, store, lease)
     elif mode == "run_ops":
         anyio.run(run_ops, store, lease)
+    elif mode == "hold_queued":
+        anyio.run(hold_queued, store, lease)
     elif mode == "hold_auto":
         anyio.run(hold_auto, store, lease)
     elif mode == "annotating":

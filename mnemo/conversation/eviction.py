@@ -162,12 +162,13 @@ async def run_loop(
                 try:
                     response = await llm.generate(request)
                 except Exception as exc:
-                    log.warning("eviction LLM call failed", exc_info=True)
                     if choice is not None and not tools.snapshot_parts:
                         # A model or server without tools may still answer with data.
+                        log.info("eviction asked with tools failed (%r): asked for data", exc)
                         silent = len(SNAPSHOT_CHOICES)
                         continue
                     # Whatever the model did wrong, the boundary must still move: report.
+                    log.warning("eviction LLM call failed", exc_info=True)
                     return f"the eviction model failed: {exc!r}", usage
                 usage = add_usage(usage, response.usage)
                 calls = snapshot_calls(response) if choice is None else response.tool_calls

@@ -296,7 +296,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         """Removes every node the source produced, with its links, vectors and search
         entries, and the tags and intents it left unlinked (an intent another source uses
         takes that source's wording). Returns how many nodes went (0 for an unknown source);
-        the source id can then be ingested again.
+        the source id can then be ingested again. A session of the repo goes whole, its
+        record, metadata, episodes and steps: a live one is ended first (as `end_session`).
 
         Raises:
             EmbeddingError: such an intent's new wording could not be embedded; nothing went.
@@ -305,13 +306,19 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         check_id(source_id, "source_id")
         await self._repos.known(repo)
         await self._repos.refresh(repo)
+        try:
+            session = await self._live.fetch(source_id)
+        except NotFoundError:
+            session = None
+        if session is not None and session.repo == repo:
+            await self._end(session)
         return await self._following_switches(
             repo, lambda: self._ingests.forget(repo, source_id), "forgotten")
 
     async def forget_where(self, repo: str, where: Mapping[str, object]) -> int:
         """Erases everything in the scope `where` selects, as `forget` erases a source: each
-        ingest and session with nodes in it, then any node of the scope still there. Returns
-        how many nodes went.
+        ingest with nodes in it, each session with nodes or metadata in it (a live one is
+        ended), then any node of the scope still there. Returns how many nodes went.
 
         Raises:
             InvalidInputError: a malformed or empty `where`.
@@ -324,6 +331,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         await self._repos.checked(repo, lambda config: None)
         found = await self._graph.scope_sources(repo, scope)
         sources = {s for s, _, _ in found if s is not None}
+        sources.update(await self._sessions_store.scoped(repo, scope))
         steps = [i for _, i, kind in found if kind == "source"]
         for node in await self._graph.get_nodes(repo, steps):
             if isinstance(session := node.data.get("session_id"), str):

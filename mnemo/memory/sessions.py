@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from mnemo.episode import EpisodeLog, StepInfo
     from mnemo.graph.model import CommitReceipt
     from mnemo.ports import LLM, Embedder
-    from mnemo.session.machine import Callback, SessionContext, SessionInfo, State
+    from mnemo.session.machine import Callback, SessionContext, SessionInfo, SessionRecord, State
 
 # The most extraction retries one `close_and_commit` may ask for.
 MAX_RETRIES = 100
@@ -265,8 +265,11 @@ class SessionMethods(Parts):
         """Stops the session: its background work is cancelled, queued operations get
         "session_ended", and its id becomes unknown. Uncommitted steps stay in the log."""
         self._works("end_session")
-        # Stored first: if the store refuses, nothing has changed and the session goes on.
-        session = await self._live.fetch(session_id)
+        await self._end(await self._live.fetch(session_id))
+
+    async def _end(self, session: SessionRecord) -> None:
+        """Ends the session in the store, then here (if the store refuses, nothing has changed
+        and the session goes on)."""
         await self._live.store.end(session.id)
         await self._live.forget(session)
 

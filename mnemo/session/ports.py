@@ -16,6 +16,7 @@ from mnemo.episode import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.errors import EmbeddingError, LLMError, LLMTimeout, MnemoError, SessionError
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset
+from mnemo.graph.scope import Where
 from mnemo.session.machine import OpResult, Runtime, State
 
 
@@ -148,6 +149,8 @@ class SessionStore(Protocol):
     async def kept_results(self, episode_id: str) -> list[KeptResult]: ...
     async def episodes(self, session_id: str) -> list[EpisodeLog]: ...
     async def episode(self, episode_id: str) -> EpisodeLog | None: ...
+    async def scoped(self, repo: str, where: Where) -> list[str]:
+        """The ids of the repo's sessions, live or ended, whose metadata is inside `where`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -250,7 +250,7 @@ class SqlGraphWrites:
         revert_id: str | None,
     ) -> list[str]:
         """See `GraphStore.withdraw` (`revert_id` for a revert): the ids of the nodes that went;
-        a forget erases the source's stored steps too."""
+        a forget erases the source's stored work too (`_erase_work`)."""
         scope = await self._scope(sql, repo, key, revert_id is not None)
         gone = await self._withdraw(sql, repo, key, scope, plan)
         if revert_id is not None:
@@ -267,18 +267,23 @@ class SqlGraphWrites:
         records = self._list(scope.records)
         await sql.run(f"DELETE FROM commits WHERE repo = ? AND (id{self.ANY} OR reverts{self.ANY})",
                       (repo, records, records))
-        await self._erase_steps(sql, key, scope.records)
+        await self._erase_work(sql, repo, key, scope.records)
         await self.SESSIONS.side_writes(sql, also)
         if gone or plan.heirs or plan.shared or scope.records:
             await self._scrub(sql)
         return gone
 
-    async def _erase_steps(self, sql: Statements, source_id: str, commits: list[str]) -> None:
-        """Erases a forgotten source's stored steps: a finished episode goes whole; an open
-        one's committed steps keep their index but lose words, metadata and vector."""
-        episodes = await sql.rows("SELECT id, status FROM episodes WHERE session_id = ? OR id = ?",
-                                  (source_id, source_id))
-        over = self._list([str(e) for e, status in episodes if status != "open"])
+    async def _erase_work(self, sql: Statements, repo: str, key: str,
+                           commits: list[str]) -> None:
+        """Erases a forgotten source's stored work: a session of the repo goes whole (its row,
+        episodes, steps, kept replies, operations and changeset); a finished episode goes
+        whole; an open one's committed steps keep their index but lose words, metadata and
+        vector."""
+        episodes = [(str(e), status != "open" or session == key) for e, status, session in
+                    await sql.rows(
+            "SELECT e.id, e.status, e.session_id FROM episodes e JOIN sessions s ON s.id ="
+            " e.session_id WHERE s.repo = ? AND (s.id = ? OR e.id = ?)", (repo, key, key))]
+        over = self._list([e for e, whole in episodes if whole])
         for table in ("steps", "task_results"):
             await sql.run(f"DELETE FROM {table} WHERE episode_id{self.ANY}", (over,))
         await sql.run(f"DELETE FROM episodes WHERE id{self.ANY}", (over,))
@@ -286,5 +291,7 @@ class SqlGraphWrites:
             "UPDATE steps SET observation = '', action = '', state_summary = '', subgoal = '',"
             f" metadata = NULL, subgoal_vec = {self.ZEROS} WHERE episode_id{self.ANY}"
             f" AND committed_in{self.ANY}",
-            (self._list([str(e) for e, status in episodes if status == "open"]),
-             self._list(commits)))
+            (self._list([e for e, whole in episodes if not whole]), self._list(commits)))
+        if await sql.run("DELETE FROM sessions WHERE id = ? AND repo = ?", (key, repo)):
+            for table in ("ops", "changesets"):
+                await sql.run(f"DELETE FROM {table} WHERE session_id = ?", (key,))

@@ -14,6 +14,7 @@ from mnemo.episode import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, vector_from_blob, vector_to_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
+from mnemo.graph.scope import Where, matches
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
 from mnemo.storage import coordination
@@ -351,6 +352,12 @@ class SqlSessions(SqlStore):
             lambda sql: self._load_episodes(sql, "id = ?", episode_id)
         )
         return found[0] if found else None
+
+    async def scoped(self, repo: str, where: Where) -> list[str]:
+        rows = await self._driver.read(lambda sql: sql.rows(
+            f"SELECT id, metadata{self.TEXT} FROM sessions WHERE repo = ?"
+            " AND metadata IS NOT NULL", (repo,)))
+        return [str(i) for i, metadata in rows if matches(json.loads(metadata), where)]
 
     async def _load(self, sql: Statements, where: str,
                     params: tuple[object, ...]) -> list[LiveSession]:

@@ -1,7 +1,8 @@
 """Erasure reaches the disk: after `forget` of an ingested source, of a session or of an
-episode, and after `purge` of a thread, no file of the store or beside it holds a byte of a
-planted word (SQLite: the file, its WAL, the lexical index's and the HNSW graphs' folders;
-PostgreSQL: the folders beside it, its tables' dead rows being the documented VACUUM case).
+episode, after `forget_where` and after `purge` of a thread, no file of the store or beside it
+holds a byte of a planted word (SQLite: the file, its WAL, the lexical index's and the HNSW
+graphs' folders; PostgreSQL: the folders beside it, its tables' dead rows being the documented
+VACUUM case).
 
 The lexical index's term dictionaries do not keep a word's bytes in one piece (an FST), so a
 byte scan cannot see it there: its segments are read instead, and a term any segment's
@@ -13,11 +14,15 @@ import uuid
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+import pytest
+
 import mnemo
+from mnemo.graph.scope import Metadata
 from mnemo.storage.lexical.schema import analyzer, open_index, schema
 from tests.backends import is_sqlite
 from tests.conversation._support import user
 from tests.fakes import FakeEmbedder
+from tests.graph.test_history_erasure import holding as rows_holding
 
 REPO = "r"
 
@@ -111,6 +116,84 @@ async def test_forget_of_a_session_removes_what_it_committed_and_leaves_no_byte(
         assert holding(tmp_path, word, needle) == []
         assert await searched(mem, "tomatoes")
         assert await mem.forget(REPO, sid) == 0
+
+
+async def test_forget_of_a_session_erases_it_whole_ended_or_live(
+    store: str, tmp_path: Path
+) -> None:
+    """Forgetting an ended session, and a live one with uncommitted steps, leaves no row or
+    file holding its goal, metadata or steps; the live one is ended (its id is then unknown);
+    another session stays whole, and a forget in another repo touches neither."""
+    word, needle = planted()
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        kept = await mem.start_session("water the garden", repo=REPO, metadata={"user": "bob"})
+        await mem.append(kept, "The tomatoes in the garden need water daily.", "Water them.")
+        await mem.close_and_commit(kept)
+        await mem.end_session(kept)
+        ended = await mem.start_session(f"fix the {word} service", repo=REPO,
+                                        metadata={"user": word})
+        await mem.append(ended, f"The {word} service listens on port 8080.", f"Restart {word}.")
+        await mem.close_and_commit(ended)
+        await mem.end_session(ended)
+        live = await mem.start_session(f"check {word} again", repo=REPO, metadata={"user": word})
+        await mem.append(live, f"The {word} service answers.", "Close the ticket.")
+        assert await rows_holding(mem, word)
+        await mem.open_repo("other")
+        assert await mem.forget("other", ended) == await mem.forget("other", live) == 0
+        assert len(await mem.episodes(ended)) == len(await mem.episodes(live)) == 1
+
+        assert await mem.forget(REPO, ended) > 0
+        assert await mem.forget(REPO, live) == 0
+
+        assert await rows_holding(mem, word) == {}
+        assert holding(tmp_path, word, needle) == []
+        assert await mem.episodes(ended) == await mem.episodes(live) == []
+        with pytest.raises(mnemo.NotFoundError):
+            await mem.session_state(live)
+        [episode] = await mem.episodes(kept)
+        assert [s.observation for s in episode.steps] == [
+            "The tomatoes in the garden need water daily."]
+    assert holding(tmp_path, word, needle) == []
+
+
+async def test_forget_where_erases_every_session_of_the_scope_only(
+    store: str, tmp_path: Path
+) -> None:
+    """`forget_where` erases each session whose metadata is inside the scope (every key, any
+    listed value), ended or live, committed or not, to the last byte; a session of another
+    user or another team keeps its steps and metadata."""
+    word, needle = planted()
+    where = {"user_id": ["alice", "nobody"], "team": word}
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+
+        async def session(goal: str, metadata: Metadata, *, commit: bool) -> str:
+            sid = await mem.start_session(goal, repo=REPO, metadata=metadata)
+            await mem.append(sid, f"{goal}: the tomatoes need water daily.", "Water them.")
+            if commit:
+                await mem.close_and_commit(sid)
+                await mem.end_session(sid)
+            return sid
+
+        ended = await session(f"garden {word}", {"user_id": "alice", "team": word}, commit=True)
+        live = await session(f"porch {word}", {"user_id": "alice", "team": word}, commit=False)
+        blue = await session("balcony", {"user_id": "alice", "team": "blue"}, commit=True)
+        bob = await session("orchard", {"user_id": "bob", "team": "blue"}, commit=False)
+        assert await rows_holding(mem, word)
+
+        assert await mem.forget_where(REPO, where) > 0
+
+        assert await rows_holding(mem, word) == {}
+        assert holding(tmp_path, word, needle) == []
+        assert await mem.episodes(ended) == await mem.episodes(live) == []
+        assert [s.id for s in await mem.list_sessions()] == [bob]
+        for sid, user_id in ((blue, "alice"), (bob, "bob")):
+            [episode] = await mem.episodes(sid)
+            assert len(episode.steps) == 1
+            assert await rows_holding(mem, user_id)
+        assert await mem.nodes_where(REPO, {"user_id": "alice", "team": "blue"})
+    assert holding(tmp_path, word, needle) == []
 
 
 async def test_forget_of_a_source_whose_words_a_shared_fact_took_leaves_no_byte(

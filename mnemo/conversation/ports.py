@@ -20,7 +20,7 @@ from mnemo.conversation.model import (
 )
 from mnemo.errors import ConflictError
 from mnemo.graph.model import Vector
-from mnemo.graph.scope import Where
+from mnemo.graph.scope import Metadata, Where
 
 __all__ = ["EvictionInputs", "ThreadState", "ThreadStore", "ViewportInputs"]
 
@@ -225,6 +225,9 @@ class ThreadStore(Protocol):
         """The best `limit` messages matching any of `words` (`search.rank_by_recency`), within
         `thread_id` and `where`, without what `exclude_viewport_of`'s viewport shows; each with
         a snippet."""
+
+    async def scopes(self, thread_id: str) -> list[Metadata]:
+        """The distinct metadata of the thread's messages (`{}` for those saved without)."""
 
     async def message_ids(self, prefix: str, limit: int) -> list[str]:
         """The ids of stored messages that start with `prefix`, sorted, at most `limit`."""

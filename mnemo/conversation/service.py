@@ -35,7 +35,7 @@ from mnemo.conversation.render import reduced
 from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.graph.model import now_utc
-from mnemo.graph.scope import Where
+from mnemo.graph.scope import Where, pairs
 from mnemo.graph.vectors import embed_within
 from mnemo.inputs import check_count, check_id, check_models, check_name, check_seconds, check_text
 from mnemo.ports import LLM, Embedder, Events, detect_dim
@@ -158,13 +158,19 @@ class ConversationService:
         whole_thread: bool = False,
     ) -> list[SearchHit]:
         """Passive recall: up to `RECALL_HITS` past messages a search for the open `goals`'
-        words finds, none of `shown` nor (unless `whole_thread`) of the thread's viewport."""
+        words finds, none of `shown` nor (unless `whole_thread`) of the thread's viewport.
+        Within the thread's scope, the metadata pairs all its messages share: when they share
+        none but carry some, only the thread's own; a thread without messages recalls none."""
         words = query_words(" ".join(goal.description for goal in goals))
-        if not words:
+        held = [set(pairs(m)) for m in await self.store.scopes(thread_id)] if words else []
+        if not held:
             return []
+        shared = set.intersection(*held)
         hits = await self.store.search(
             words, limit=min(MAX_SEARCH_LIMIT, RECALL_HITS + len(shown)), now=self.clock(),
+            thread_id=thread_id if any(held) and not shared else None,
             exclude_viewport_of=None if whole_thread else thread_id,
+            where={key: (value,) for key, value in shared} or None,
         )
         return [hit for hit in hits if hit.message_id not in shown][:RECALL_HITS]
 

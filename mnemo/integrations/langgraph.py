@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import operator
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -130,7 +131,7 @@ class MnemoStore(BaseStore):
             nodes = await self._mem.nodes_where(self._repo, where, limit=max(wide, 1))
             scored = [(node, None) for node in nodes]
         kept = [_item(node, SearchItem, score) for node, score in scored
-                if all(_value(node).get(k) == v for k, v in (op.filter or {}).items())]
+                if all(_fits(_value(node).get(k), v) for k, v in (op.filter or {}).items())]
         return kept[op.offset:want]
 
     async def _namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
@@ -149,6 +150,34 @@ def _matches(kind: str, path: Sequence[str], namespace: tuple[str, ...]) -> bool
         return False
     part = namespace[:len(path)] if kind == "prefix" else namespace[len(namespace) - len(path):]
     return all(p in ("*", n) for p, n in zip(path, part, strict=True))
+
+
+# LangGraph's filter operators; an order compares the two sides as floats.
+OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
+    "$eq": operator.eq, "$ne": operator.ne,
+    "$gt": lambda a, b: float(a) > float(b), "$gte": lambda a, b: float(a) >= float(b),
+    "$lt": lambda a, b: float(a) < float(b), "$lte": lambda a, b: float(a) <= float(b)}
+
+
+def _fits(value: Any, wanted: Any) -> bool:
+    """Whether a value matches a filter's value as LangGraph's InMemoryStore matches it: a dict
+    with "$" keys by its operators, another dict key by key, a list element by element, else
+    by equality. Raises ValueError on an unknown operator (TypeError, ValueError where `float`
+    does on an order's side)."""
+    if isinstance(wanted, dict):
+        if any(str(k).startswith("$") for k in wanted):
+            return all(_operator(name)(value, arg) for name, arg in wanted.items())
+        return isinstance(value, dict) and all(_fits(value.get(k), v) for k, v in wanted.items())
+    if isinstance(wanted, list | tuple):
+        return (isinstance(value, list | tuple) and len(value) == len(wanted)
+                and all(map(_fits, value, wanted)))
+    return bool(value == wanted)
+
+
+def _operator(name: str) -> Callable[[Any, Any], bool]:
+    if name not in OPERATORS:
+        raise ValueError(f"unsupported filter operator {name!r}: use {', '.join(OPERATORS)}")
+    return OPERATORS[name]
 
 
 def _text(value: Mapping[str, Any]) -> str:

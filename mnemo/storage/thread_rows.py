@@ -11,7 +11,7 @@ from typing import Any
 from mnemo.conversation.model import GOAL_OPEN, Compaction, Goal, Message, Snapshot
 from mnemo.conversation.ports import Shown, ThreadState
 from mnemo.errors import ConflictError
-from mnemo.graph.scope import Where
+from mnemo.graph.scope import Metadata, Where
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements, moment
 
@@ -38,8 +38,13 @@ def message_from_row(row: Sequence[Any]) -> Message:
         data=data,
         recorded_at=moment(recorded_at),
         tokens=tokens,
-        metadata=json.loads(metadata) if isinstance(metadata, str) else dict(metadata or {}),
+        metadata=metadata_of(metadata),
     )
+
+
+def metadata_of(stored: Any) -> Metadata:
+    """A message's stored metadata (JSON text, jsonb or NULL) as a dict."""
+    return json.loads(stored) if isinstance(stored, str) else dict(stored or {})
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from mnemo.conversation.ports import (
 from mnemo.conversation.search import VIEW_SNAPSHOTS, hit_snippet, pool_size, rank_by_recency
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector
-from mnemo.graph.scope import Where
+from mnemo.graph.scope import Metadata, Where
 from mnemo.storage import thread_rows as reads
 from mnemo.storage.row import Row
 from mnemo.storage.sql import SqlStore, Statements, marks, moment, number, utc
@@ -465,6 +465,11 @@ class SqlThreads(SqlStore):
                     for mid, tid, seq, role, snippet, text in [found[rowid]]]
 
         return await self._driver.together(read)
+
+    async def scopes(self, thread_id: str) -> list[Metadata]:
+        rows = await self._rows("SELECT DISTINCT metadata FROM messages WHERE thread_id = ?",
+                                (thread_id,))
+        return [reads.metadata_of(stored) for stored, in rows]
 
     async def message_ids(self, prefix: str, limit: int) -> list[str]:
         condition, params = self._prefix(prefix)

@@ -130,3 +130,35 @@ async def test_a_purged_thread_is_not_recalled(cmem: mnemo.Memory) -> None:
     assert (await cmem.viewport("t", token_budget=2000)).recalled
     await chat.purge("ops-2024")
     assert (await cmem.viewport("t", token_budget=2000)).recalled == []
+
+
+async def test_recall_stays_inside_the_thread_s_scope(cmem: mnemo.Memory) -> None:
+    """A thread saved with metadata recalls other threads' messages only inside the scope its
+    messages share (every pair): Bob's viewport and load never hold Alice's message, Alice's
+    second thread does; a thread whose messages share no pair recalls no other thread's, one
+    without messages recalls nothing, and a thread without metadata recalls every thread's."""
+    chat = cmem.conversation()
+    await chat.save("alice-1", OLD, metadata={"user_id": "alice"})
+
+    async def recalled(thread: str, messages: list[dict[str, str]],
+                       *metadata: dict[str, str]) -> set[str]:
+        """The threads `thread`'s viewport and load recall from, once `messages` are saved
+        (message i with `metadata[i]`, the last for the rest) and the goal is open."""
+        for i, message in enumerate(messages):
+            scope = metadata[min(i, len(metadata) - 1)] if metadata else None
+            await chat.append(thread, [message], metadata=scope)
+        await cmem.add_goal(thread, GOAL)
+        view = await cmem.viewport(thread, token_budget=2000)
+        loaded = await chat.load(thread)
+        zebra = "ingress-tls-zebra" in str(loaded)
+        assert zebra == any("ingress-tls-zebra" in h.snippet for h in view.recalled)
+        return {h.thread_id for h in view.recalled}
+
+    alice, ops, bob = {"user_id": "alice"}, {"user_id": "alice", "org": "ops"}, {"user_id": "bob"}
+    assert await recalled("bob-1", NOW, bob) == set()
+    assert await recalled("alice-2", NOW, ops, alice) == {"alice-1"}
+    assert await recalled("alice-ops", NOW, ops) == set()  # alice-1 is not of the org
+    assert await recalled("bob-2", NOW, {"org": "ops", **bob}, bob) == set()
+    assert await recalled("mixed", NOW, bob, alice) == set()
+    assert await recalled("empty", []) == set()
+    assert "alice-1" in await recalled("open", NOW)

@@ -8,8 +8,10 @@ from typing import Any, TypedDict
 
 import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import BaseStore, Item, SearchItem
+from langgraph.store.memory import InMemoryStore
 
 import mnemo
 from mnemo.integrations.langgraph import MnemoStore
@@ -129,3 +131,59 @@ async def test_forget_where_erases_a_user_s_items(mem: mnemo.Memory) -> None:
     assert await mem.forget_where(REPO, {"user_id": "alice"}) == 1
     assert await store.aget(("alice",), "k") is None
     assert await store.aget(("bob",), "k") is not None
+
+
+async def test_search_filter_operators(mem: mnemo.Memory) -> None:
+    """A filter's value may be LangGraph's operators ($eq, $ne, $gt, $gte, $lt, $lte), a dict
+    matched key by key or a list matched element by element; an unknown operator raises
+    ValueError, as InMemoryStore's do."""
+    store = MnemoStore(mem, REPO)
+    await store.aput(("prefs",), "a", {"level": 1, "who": {"name": "ann", "age": 30}})
+    await store.aput(("prefs",), "b", {"level": 2, "tags": ["x", "y"]})
+
+    async def keys(**wanted: Any) -> list[str]:
+        return sorted(i.key for i in await store.asearch(("prefs",), filter=wanted))
+
+    assert await keys(level={"$gt": 1}) == ["b"]
+    assert await keys(level={"$gte": 1, "$lt": 2}) == ["a"]
+    assert await keys(level={"$ne": 1}) == ["b"]
+    assert await keys(level={"$eq": 2}, tags=["x", "y"]) == ["b"]
+    assert await keys(who={"name": "ann"}) == ["a"]
+    assert await keys(who={"age": {"$lte": 29}}) == []
+    with pytest.raises(ValueError, match=r"\$like"):
+        await keys(level={"$like": 1})
+
+
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([0.5, 2.5]),
+                  st.sampled_from(["a", "b"]))
+_values = st.recursive(_leaf, lambda inner: st.one_of(
+    st.lists(inner, max_size=2), st.dictionaries(st.sampled_from(["p", "q"]), inner, max_size=2)),
+    max_leaves=4)
+_operators = st.dictionaries(st.sampled_from(["$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in"]),
+                             st.integers(-3, 3), min_size=1, max_size=2)
+_fields = st.sampled_from(["x", "y"])
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(st.dictionaries(_fields, _values, max_size=2), min_size=1, max_size=4),
+       wanted=st.dictionaries(_fields, st.one_of(_values, _operators), max_size=2))
+def test_search_filter_matches_in_memory_store(
+    items: list[dict[str, Any]], wanted: dict[str, Any]
+) -> None:
+    """For any items and filter, a filtered search finds the keys LangGraph's InMemoryStore
+    finds, or raises where it raises (an unknown operator, an order on a non-number)."""
+
+    async def found(store: BaseStore) -> list[str] | type[Exception]:
+        for key, value in enumerate(items):
+            await store.aput(("ns", str(key % 2)), str(key), {**value, "key": key})
+        try:
+            return sorted(i.key for i in await store.asearch(("ns",), filter=wanted))
+        except (TypeError, ValueError) as exc:
+            return type(exc)
+
+    async def both() -> None:
+        async with mnemo.Memory(":memory:") as mem:
+            await mem.open_repo(REPO)
+            assert await found(MnemoStore(mem, REPO)) == await found(InMemoryStore())
+
+    anyio.run(both)

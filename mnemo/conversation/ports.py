@@ -226,8 +226,9 @@ class ThreadStore(Protocol):
         `thread_id` and `where`, without what `exclude_viewport_of`'s viewport shows; each with
         a snippet."""
 
-    async def scopes(self, thread_id: str) -> list[Metadata]:
-        """The distinct metadata of the thread's messages (`{}` for those saved without)."""
+    async def scopes(self, thread_id: str, limit: int) -> list[Metadata]:
+        """The distinct metadata of the thread's messages (`{}` for those saved without), at
+        most `limit`."""
 
     async def message_ids(self, prefix: str, limit: int) -> list[str]:
         """The ids of stored messages that start with `prefix`, sorted, at most `limit`."""

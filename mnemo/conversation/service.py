@@ -49,6 +49,9 @@ MAX_SEARCH_LIMIT = 100
 MAX_RADIUS = 100
 # Threads whose last viewport a Memory remembers for `search_messages(exclude_viewport_of=)`.
 SHOWN_KEPT = 1024
+# The most distinct metadata of a thread's messages passive recall reads for its scope; a
+# thread with more is taken as sharing no pair (it recalls its own messages only).
+SCOPES = 16
 
 
 class KeyedLocks:
@@ -162,10 +165,11 @@ class ConversationService:
         Within the thread's scope, the metadata pairs all its messages share: when they share
         none but carry some, only the thread's own; a thread without messages recalls none."""
         words = query_words(" ".join(goal.description for goal in goals))
-        held = [set(pairs(m)) for m in await self.store.scopes(thread_id)] if words else []
+        held = ([set(pairs(m)) for m in await self.store.scopes(thread_id, SCOPES + 1)]
+                if words else [])
         if not held:
             return []
-        shared = set.intersection(*held)
+        shared = set.intersection(*held) if len(held) <= SCOPES else set()
         hits = await self.store.search(
             words, limit=min(MAX_SEARCH_LIMIT, RECALL_HITS + len(shown)), now=self.clock(),
             thread_id=thread_id if any(held) and not shared else None,

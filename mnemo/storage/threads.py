@@ -466,9 +466,9 @@ class SqlThreads(SqlStore):
 
         return await self._driver.together(read)
 
-    async def scopes(self, thread_id: str) -> list[Metadata]:
-        rows = await self._rows("SELECT DISTINCT metadata FROM messages WHERE thread_id = ?",
-                                (thread_id,))
+    async def scopes(self, thread_id: str, limit: int) -> list[Metadata]:
+        rows = await self._rows("SELECT DISTINCT metadata FROM messages WHERE thread_id = ?"
+                                " LIMIT ?", (thread_id, limit))
         return [reads.metadata_of(stored) for stored, in rows]
 
     async def message_ids(self, prefix: str, limit: int) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import mnemo
 from mnemo.calls.tasks import task_inputs
+from mnemo.conversation.service import SCOPES
 from tests.conversation._support import ScriptedEviction, assistant, snapshot_call, user
 from tests.fakes import FakeEmbedder
 
@@ -160,5 +161,9 @@ async def test_recall_stays_inside_the_thread_s_scope(cmem: mnemo.Memory) -> Non
     assert await recalled("alice-ops", NOW, ops) == set()  # alice-1 is not of the org
     assert await recalled("bob-2", NOW, {"org": "ops", **bob}, bob) == set()
     assert await recalled("mixed", NOW, bob, alice) == set()
+    many = [user(f"turn {i}") for i in range(SCOPES + 1)]
+    # Each of its messages says alice, but more distinct metadata than read: taken as mixed.
+    assert await recalled("alice-turns", many, *({**alice, "turn": str(i)}
+                                                 for i in range(SCOPES + 1))) == set()
     assert await recalled("empty", []) == set()
     assert "alice-1" in await recalled("open", NOW)

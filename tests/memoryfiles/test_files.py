@@ -225,17 +225,17 @@ async def test_entries_are_removed_only_by_a_correction(
     )
 
 
-async def test_change_without_signal_is_skipped(
+async def test_change_without_signal_is_written(
     files: mnemo.MemoryFiles, llm: RecordingLLM
 ) -> None:
-    """A change the LLM gives no signal for is not written."""
+    """A change the LLM gives no signal for adds its entries (signals only allow removal)."""
     llm.reply = lambda _request: {
         "files": [{"topic": "misc", "description": "", "signals": [], "content": "- Sunny."}]
     }
     result = await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
-    assert result.written == []
+    assert result.written == ["misc"]
     assert result.error is None
-    assert files.list() == []
+    assert [f.content for f in files.list()] == ["- Sunny.\n"]
 
 
 # ---- bounds -------------------------------------------------------------------------------

@@ -17,7 +17,16 @@ from mnemo.calls.tasks import task_inputs
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._lock import LOCK_FILE, WRITER_LOCK_FILE
 from tests.fakes import js
-from tests.memoryfiles.fakes import USAGE, Clock, RecordingLLM, SlowOffline, snapshot, user, write
+from tests.memoryfiles.fakes import (
+    USAGE,
+    Clock,
+    RecordingLLM,
+    SlowOffline,
+    snapshot,
+    stamps,
+    user,
+    write,
+)
 from tests.strategies import texts as stored_texts
 
 SIGNALS = [
@@ -525,6 +534,18 @@ async def test_recall_touches_what_it_returns(
     assert "\nused: " in text
     assert _format.parse(text).updated == vpn.updated
     assert [f.content for f in files.list()] == [wiki.content, vpn.content]
+
+
+async def test_recall_without_reinforce_writes_nothing(
+    files: mnemo.MemoryFiles, directory: Path
+) -> None:
+    """recall(reinforce=False) finds the same files and leaves the directory as it was (no
+    `used`, no lock file, no file rewritten)."""
+    await files.persist("Our wiki lives at wiki.acme.io.", llm=None)
+    before = stamps(directory)
+    found = await files.recall("wiki", reinforce=False)
+    assert [f.content for f in found] == [f.content for f in files.list()]
+    assert stamps(directory) == before
 
 
 # ---- concurrency --------------------------------------------------------------------------

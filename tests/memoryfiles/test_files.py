@@ -353,13 +353,15 @@ async def test_failed_rename_leaves_old_file_intact(
 async def test_llm_failure_is_reported_not_raised(
     files: mnemo.MemoryFiles, llm: RecordingLLM, directory: Path
 ) -> None:
-    """An LLM that raises makes update report an error; nothing raises, no file changes."""
+    """An LLM that raises makes update report an error and the call it made; nothing raises,
+    no file changes."""
     await files.persist("Our wiki lives at wiki.acme.io.", llm=None)
     before = snapshot(directory)
     llm.fail = True
     result = await files.update(user(*SIGNALS), llm=llm, iterations=10)
     assert result.written == []
-    assert result.usage is None
+    assert result.usage == mnemo.Usage()
+    assert result.usage.calls == 1
     assert result.error is not None
     assert "provider down" in result.error
     assert snapshot(directory) == before
@@ -394,10 +396,11 @@ async def test_invalid_reply_fields_are_reported(
 
 
 async def test_usage_is_reported(files: mnemo.MemoryFiles, llm: RecordingLLM) -> None:
-    """A successful update reports what its LLM call cost."""
+    """A successful update reports what its LLM call cost, and that it made one call."""
     result = await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
     assert result.error is None
     assert result.usage == USAGE
+    assert result.usage.calls == 1
 
 
 @pytest.mark.parametrize("history", [None, "We decided to use Go.", 42])

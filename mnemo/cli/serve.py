@@ -24,8 +24,9 @@ async def mcp(
     memory_updates: Annotated[bool, typer.Option(
         help="Let persist_memory write memory files (off: it writes nothing).")] = True,
     reinforce: Annotated[bool, typer.Option(
-        "--reinforce", help="Count the memories a recall returns as accesses, "
-                            "as an agent's own recall does.")] = False,
+        "--reinforce", help="Count the memories a recall returns as accesses, and mark the "
+                            "memory files recall_memory returns used, as an agent's recall "
+                            "does.")] = False,
     http: Annotated[
         bool, typer.Option("--http", help="Serve over streamable HTTP (at /mcp) instead of "
                                           "stdin/stdout.")

@@ -56,7 +56,8 @@ PAGE_ITEMS = 50
 @dataclass(eq=False)
 class MemoryTools:
     """The server's tools over `mem`; the session tools go to `worker()` (None: `mem`). `reinforce`:
-    a recall counts accesses; `llm` files `persist_memory`'s statements."""
+    a recall counts accesses, a recall of memory files stamps them used; `llm` files
+    `persist_memory`'s statements."""
 
     mem: Memory
     memory_dir: Path
@@ -307,7 +308,8 @@ class MemoryTools:
     ) -> str:
         """The topic memory files matching the query (topic, description, content), most
         recently used first."""
-        found = await self._files_in(directory).recall(query, limit=limit)
+        found = await self._files_in(directory).recall(
+            query, limit=limit, reinforce=self.reinforce)
         return dumps(_output.memory_files_output(found))
 
     def _files_in(self, directory: str | None) -> MemoryFiles:

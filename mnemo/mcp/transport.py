@@ -85,7 +85,7 @@ class _Bearer:
 def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "") -> MCPServer:
     """An `MCPServer` named "mnemo" exposing `tools`' methods (`TOOL_NAMES`), described by their
     docstrings, with hints and checked arguments; with `token`, every HTTP request must show it."""
-    read_only = READ_ONLY - ({"recall"} if tools.reinforce else set())
+    read_only = READ_ONLY - ({"recall", "recall_memory"} if tools.reinforce else set())
     checked = {
         name: Tool.from_function(
             getattr(tools, name), name=name,

@@ -7,8 +7,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import anyio
+
 from mnemo.calls import tasks
-from mnemo.calls.retry import fail_after
+from mnemo.calls.retry import LimitedLLM, fail_after
 from mnemo.errors import LLMContextError, LLMTimeout
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage, add_usage
 
@@ -19,17 +21,16 @@ log = logging.getLogger("mnemo")
 LLM_TIMEOUT_S = 120.0
 
 
-class CountingLLM:
-    """An LLM wrapper that sums the usage of every reply, retries included."""
+class CountingLLM(LimitedLLM):
+    """`llm`, one call at a time under its own retry policy, summing in `usage` the tokens of
+    every reply and the calls, retries and re-asks of every task (a failed call included)."""
 
     def __init__(self, llm: LLM) -> None:
-        self._llm = llm
+        super().__init__(llm, anyio.CapacityLimiter(1), self._add)
         self.usage: Usage | None = None
 
-    async def generate(self, request: LLMRequest) -> LLMResponse:
-        response = await self._llm.generate(request)
-        self.usage = add_usage(self.usage, response.usage)
-        return response
+    def _add(self, usage: Usage) -> None:
+        self.usage = add_usage(self.usage, usage)
 
 
 async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T], *,

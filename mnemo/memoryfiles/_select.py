@@ -135,12 +135,9 @@ def _size(item: Mapping[str, str]) -> int:
 
 
 def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
-    """One change per topic key (the LLM may name one twice), in first-seen order; changes
-    without a signal are dropped."""
+    """One change per topic key (the LLM may name one twice), in first-seen order."""
     combined: dict[str, TopicChange] = {}
     for change in changes:
-        if not change.signals:
-            continue
         key = _format.topic_key(change.topic)
         seen = combined.get(key)
         if seen is None:

@@ -100,9 +100,11 @@ class MemoryFiles:
         """Every topic file, most recently updated first (hidden files skipped)."""
         return [stored.file() for stored in _select.newest_first(self._scan())]
 
-    async def recall(self, query: str, *, limit: int = 5) -> builtins.list[MemoryFile]:
+    async def recall(self, query: str, *, limit: int = 5,
+                     reinforce: bool = True) -> builtins.list[MemoryFile]:
         """The files that match the words of `query`, most relevant first, at most `limit`, without
-        an LLM (topic words weigh 3, description 2, content 1); they get `used` set to now.
+        an LLM (topic words weigh 3, description 2, content 1); they get `used` set to now unless
+        `reinforce=False`, which writes nothing.
 
         Raises:
             InvalidInputError: a blank or too long `query`, or a `limit` below 1.
@@ -117,7 +119,7 @@ class MemoryFiles:
         scored.sort(key=lambda item: (-item[0], -item[1].last_used.timestamp(), item[1].topic))
         picked = [s for _, s in scored[:limit]]
         now = self._now()
-        if picked:
+        if picked and reinforce:
             async with self._lock.held():
                 for s in picked:
                     await anyio.to_thread.run_sync(self._touch, s.path, now)

@@ -12,11 +12,13 @@ import pytest
 from mcp import Client
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
+from mcp.types import TextContent
 
 import mnemo
 from mnemo.adapters.hashing import HashEmbedder
 from mnemo.mcp.server import TOOL_NAMES, MemoryTools
 from mnemo.mcp.transport import DESTRUCTIVE, READ_ONLY, build_server
+from tests.memoryfiles.fakes import stamps
 
 REPO = "ops"
 PORT = mnemo.Step("The blog's gunicorn worker binds port 8001.", "Point nginx at port 8001.")
@@ -102,6 +104,28 @@ async def test_every_tool_says_whether_it_reads_or_destroys(
     assert not any(h.open_world_hint for h in hints.values())
     async with Client(build_server(MemoryTools(mem, tmp_path, reinforce=True))) as client:
         assert not hints_of(await client.list_tools())["recall"].read_only_hint
+
+
+@pytest.mark.parametrize("reinforce", [False, True])
+async def test_recall_memory_writes_only_with_reinforce(
+    mem: mnemo.Memory, tmp_path: Path, reinforce: bool
+) -> None:
+    """recall_memory, read-only, leaves every file's bytes and time as they were; with
+    `--reinforce` it stamps the files it returns as used and says it writes."""
+    directory = tmp_path / "memory"
+    await mnemo.MemoryFiles(directory).persist("Deploys happen on Tuesdays.", llm=None)
+    before = stamps(directory)
+    async with Client(build_server(MemoryTools(mem, directory, reinforce=reinforce))) as client:
+        hint = hints_of(await client.list_tools())["recall_memory"].read_only_hint
+        found = await client.call_tool("recall_memory", {"query": "when do we deploy?"})
+    (block,) = found.content
+    assert isinstance(block, TextContent)
+    assert "Deploys happen on Tuesdays." in block.text
+    assert hint is not reinforce
+    after = stamps(directory)
+    (name,) = {p.name for p in directory.glob("*.md")}
+    assert (after == before) is not reinforce
+    assert ("\nused: " in after[name][0].decode()) is reinforce
 
 
 async def error_of(client: Client, tool: str, arguments: dict[str, Any]) -> str:

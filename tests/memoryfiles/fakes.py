@@ -69,6 +69,11 @@ def snapshot(directory: Path) -> dict[str, str]:
     return {p.name: p.read_text(encoding="utf-8") for p in sorted(directory.iterdir())}
 
 
+def stamps(directory: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file in `directory` (lock files included): its bytes and modification time."""
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in directory.iterdir()}
+
+
 def user(*texts: str) -> list[dict[str, str]]:
     """A history of user messages, each answered by a short assistant message."""
     history: list[dict[str, str]] = []

@@ -17,7 +17,16 @@ from mnemo.calls.tasks import task_inputs
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._lock import LOCK_FILE, WRITER_LOCK_FILE
 from tests.fakes import js
-from tests.memoryfiles.fakes import USAGE, Clock, RecordingLLM, SlowOffline, snapshot, user, write
+from tests.memoryfiles.fakes import (
+    USAGE,
+    Clock,
+    RecordingLLM,
+    SlowOffline,
+    snapshot,
+    stamps,
+    user,
+    write,
+)
 from tests.strategies import texts as stored_texts
 
 SIGNALS = [
@@ -225,17 +234,17 @@ async def test_entries_are_removed_only_by_a_correction(
     )
 
 
-async def test_change_without_signal_is_skipped(
+async def test_change_without_signal_is_written(
     files: mnemo.MemoryFiles, llm: RecordingLLM
 ) -> None:
-    """A change the LLM gives no signal for is not written."""
+    """A change the LLM gives no signal for adds its entries (signals only allow removal)."""
     llm.reply = lambda _request: {
         "files": [{"topic": "misc", "description": "", "signals": [], "content": "- Sunny."}]
     }
     result = await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
-    assert result.written == []
+    assert result.written == ["misc"]
     assert result.error is None
-    assert files.list() == []
+    assert [f.content for f in files.list()] == ["- Sunny.\n"]
 
 
 # ---- bounds -------------------------------------------------------------------------------
@@ -344,13 +353,15 @@ async def test_failed_rename_leaves_old_file_intact(
 async def test_llm_failure_is_reported_not_raised(
     files: mnemo.MemoryFiles, llm: RecordingLLM, directory: Path
 ) -> None:
-    """An LLM that raises makes update report an error; nothing raises, no file changes."""
+    """An LLM that raises makes update report an error and the call it made; nothing raises,
+    no file changes."""
     await files.persist("Our wiki lives at wiki.acme.io.", llm=None)
     before = snapshot(directory)
     llm.fail = True
     result = await files.update(user(*SIGNALS), llm=llm, iterations=10)
     assert result.written == []
-    assert result.usage is None
+    assert result.usage == mnemo.Usage()
+    assert result.usage.calls == 1
     assert result.error is not None
     assert "provider down" in result.error
     assert snapshot(directory) == before
@@ -385,10 +396,11 @@ async def test_invalid_reply_fields_are_reported(
 
 
 async def test_usage_is_reported(files: mnemo.MemoryFiles, llm: RecordingLLM) -> None:
-    """A successful update reports what its LLM call cost."""
+    """A successful update reports what its LLM call cost, and that it made one call."""
     result = await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
     assert result.error is None
     assert result.usage == USAGE
+    assert result.usage.calls == 1
 
 
 @pytest.mark.parametrize("history", [None, "We decided to use Go.", 42])
@@ -525,6 +537,18 @@ async def test_recall_touches_what_it_returns(
     assert "\nused: " in text
     assert _format.parse(text).updated == vpn.updated
     assert [f.content for f in files.list()] == [wiki.content, vpn.content]
+
+
+async def test_recall_without_reinforce_writes_nothing(
+    files: mnemo.MemoryFiles, directory: Path
+) -> None:
+    """recall(reinforce=False) finds the same files and leaves the directory as it was (no
+    `used`, no lock file, no file rewritten)."""
+    await files.persist("Our wiki lives at wiki.acme.io.", llm=None)
+    before = stamps(directory)
+    found = await files.recall("wiki", reinforce=False)
+    assert [f.content for f in found] == [f.content for f in files.list()]
+    assert stamps(directory) == before
 
 
 # ---- concurrency --------------------------------------------------------------------------

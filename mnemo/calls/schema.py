@@ -35,17 +35,19 @@ def items(at_most: int) -> Meta:
 
 def bounded(
     schema: JSONObject, field: str, count: int, *, most: int | None = MOST_ITEMS,
-    floor: int = 64,
+    floor: int = 64, cap: int | None = 4096,
 ) -> tuple[JSONObject, int]:
-    """A request's schema, its list `field` holding at most `count` items, and the max_tokens its
-    longest reply needs (`floor` to 4096)."""
+    """A request's schema, its list `field` holding at most `count` items (a string field: at
+    most `count` characters), and the max_tokens its longest reply needs (`floor` to `cap`)."""
     count = max(1, count if most is None else min(count, most))
     properties = schema.get("properties")
-    if not isinstance(properties, dict) or not isinstance(properties.get(field), dict):
-        raise KeyError(f"the schema has no list field {field!r}")
-    schema = {**schema, "properties": {**properties, field: {**properties[field],
-                                                             "maxItems": count}}}
-    return schema, max(floor, min(4096, most_tokens(schema) or 4096))
+    field_schema = properties.get(field) if isinstance(properties, dict) else None
+    if not isinstance(properties, dict) or not isinstance(field_schema, dict):
+        raise KeyError(f"the schema has no field {field!r}")
+    key = "maxLength" if field_schema.get("type") == "string" else "maxItems"
+    schema = {**schema, "properties": {**properties, field: {**field_schema, key: count}}}
+    longest = most_tokens(schema) or 4096
+    return schema, max(floor, longest if cap is None else min(cap, longest))
 
 
 def most_tokens(schema: Mapping[str, object]) -> int | None:

@@ -9,13 +9,13 @@ from typing import Annotated, TypedDict
 
 from msgspec import Meta
 
-from mnemo.calls.schema import Reply, most_tokens, reply_schema
+from mnemo.calls.schema import Reply, bounded, most_tokens, reply_schema
 from mnemo.calls.tasks import read_reply, reply_data, task_request
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse
 
 
 class SummaryReply(Reply, frozen=True):
-    summary: str
+    summary: str  # at most `max_words` words' worth of characters, bounded by each request
 
 
 SUMMARY_SCHEMA = reply_schema(SummaryReply)
@@ -41,6 +41,8 @@ def summary_request(
 ) -> LLMRequest:
     """The "summary" task: `messages` are {seq, role, text}; read the reply with
     `parse_summary`."""
+    schema, max_tokens = bounded(
+        SUMMARY_SCHEMA, "summary", CHARS_PER_WORD * max_words, most=None, cap=None)
     return task_request(
         "summary",
         system=SUMMARY_SYSTEM,
@@ -50,8 +52,8 @@ def summary_request(
             "messages": messages,
             "max_words": max_words,
         },
-        schema=SUMMARY_SCHEMA,
-        max_tokens=max_words * 2 + 64,
+        schema=schema,
+        max_tokens=max_tokens,
     )
 
 
@@ -80,13 +82,15 @@ Reply with JSON: {"summary": "..."}."""
 def fold_request(*, snapshots: list[JSONObject], max_words: int) -> LLMRequest:
     """The "snapshot_fold" task: `snapshots` are {start_seq, end_seq, text}; read the reply
     with `parse_summary`."""
+    schema, max_tokens = bounded(
+        SUMMARY_SCHEMA, "summary", CHARS_PER_WORD * max_words, most=None, cap=None)
     return task_request(
         "snapshot_fold",
         system=FOLD_SYSTEM,
         instructions=FOLD_INSTRUCTIONS,
         inputs={"snapshots": snapshots, "max_words": max_words},
-        schema=SUMMARY_SCHEMA,
-        max_tokens=max_words * 2 + 64,
+        schema=schema,
+        max_tokens=max_tokens,
     )
 
 

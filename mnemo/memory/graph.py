@@ -61,12 +61,14 @@ class GraphMethods(Parts):
 
         await self._repos.checked(repo, check)
         head, colon, index = prefix.partition(":")
-        # What the store returns holds `head` after an underscore (or at the start, given a
-        # kind); `names_id` keeps those it names.
-        start = literal(head) if "_" in head else "%\\_" + literal(head)
-        like = f"{start}%{literal(colon + index)}"
-        found = await self._graph.node_ids(repo, like, "" if colon else "%:%", limit)
-        return [node_id for node_id in found if names_id(prefix, node_id)]
+        # What the store returns starts with `head` or, when it holds no `_` (digits, or a
+        # kind cut anywhere), holds it after an underscore; `names_id` keeps those it names.
+        starts = [literal(head)] if "_" in head else [literal(head), "%\\_" + literal(head)]
+        found: set[str] = set()
+        for start in starts:
+            found.update(await self._graph.node_ids(
+                repo, f"{start}%{literal(colon + index)}", "" if colon else "%:%", limit))
+        return [node_id for node_id in sorted(found) if names_id(prefix, node_id)][:limit]
 
     async def get_linked_nodes(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None

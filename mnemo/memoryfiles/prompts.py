@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from mnemo import text as _text
-from mnemo.calls.schema import Reply, items, most_tokens, reply_schema, text
+from mnemo.calls.schema import Reply, bounded, items, most_tokens, reply_schema, text
 from mnemo.calls.tasks import preview, read_reply, task_request
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
@@ -131,9 +131,9 @@ def parse_update(resp: LLMResponse) -> list[TopicChange]:
 
 
 class PersistReply(Reply, frozen=True, kw_only=True):
-    topic: str
-    description: str | None = None
-    entry: str
+    topic: Annotated[str, text(MAX_TOPIC_CHARS)]
+    description: Annotated[str, text(_DESCRIPTION_BOUND)] | None = None
+    entry: str  # bounded by each request (`memory_persist_request`)
 
 
 MEMORY_PERSIST_SCHEMA = reply_schema(PersistReply)
@@ -155,11 +155,13 @@ Reply with JSON: {"topic", "description", "entry"}."""
 
 def memory_persist_request(*, statement: str, files: list[dict[str, str]]) -> LLMRequest:
     """The "memory_persist" task: which topic `statement` belongs to, and its entry (read with
-    `parse_persist`)."""
+    `parse_persist`), at most half again the statement's length (the words `statement_entry`
+    lets a rewording add)."""
+    schema, max_tokens = bounded(
+        MEMORY_PERSIST_SCHEMA, "entry", len(statement) * 3 // 2 + 40, most=None, cap=None)
     return task_request(
         "memory_persist", system=MEMORY_PERSIST_SYSTEM, instructions=MEMORY_PERSIST_INSTRUCTIONS,
-        inputs={"statement": statement, "files": files}, schema=MEMORY_PERSIST_SCHEMA,
-        max_tokens=512)
+        inputs={"statement": statement, "files": files}, schema=schema, max_tokens=max_tokens)
 
 
 def parse_persist(resp: LLMResponse) -> Filed:
@@ -216,8 +218,8 @@ def _same_word(said: str, wrote: str) -> bool:
 # Asked when a write would take a file past `max_chars`; dropping the oldest is the fallback.
 
 class CondenseReply(Reply, frozen=True, kw_only=True):
-    description: str | None = None
-    content: str
+    description: Annotated[str, text(_DESCRIPTION_BOUND)] | None = None
+    content: str  # bounded by each request (`memory_condense_request`)
 
 
 MEMORY_CONDENSE_SCHEMA = reply_schema(CondenseReply)
@@ -242,15 +244,19 @@ Reply with JSON: {"description", "content"}."""
 
 def memory_condense_request(*, topic: str, description: str, entries: list[str],
                             max_chars: int) -> LLMRequest:
-    """The "memory_condense" task: `entries` rewritten to fit in `max_chars` (`parse_condense`)."""
+    """The "memory_condense" task: `entries` rewritten to fit in `max_chars` (`parse_condense`);
+    the content's bound leaves room for the bullet and newline a line written without them
+    takes in the file."""
+    schema, max_tokens = bounded(
+        MEMORY_CONDENSE_SCHEMA, "content", max_chars - 3, most=None, cap=None)
     return task_request(
         "memory_condense",
         system=MEMORY_CONDENSE_SYSTEM,
         instructions=MEMORY_CONDENSE_INSTRUCTIONS,
         inputs={
             "topic": topic, "description": description, "entries": entries, "max_chars": max_chars},
-        schema=MEMORY_CONDENSE_SCHEMA,
-        max_tokens=256 + max_chars // 3)
+        schema=schema,
+        max_tokens=max_tokens)
 
 
 def parse_condense(resp: LLMResponse, *, max_chars: int) -> Condensed:

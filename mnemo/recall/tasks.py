@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from mnemo.calls.schema import Meta, Reply, reply_schema
+from mnemo.calls.schema import Meta, Reply, bounded, items, most_tokens, reply_schema, text
 from mnemo.calls.tasks import ask, read_reply, task_request
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Reranker
 from mnemo.recall.model import Recalled
@@ -24,17 +24,21 @@ log = logging.getLogger("mnemo")
 class PlanReply(Reply, frozen=True):
     mode: Literal["episodic", "semantic", "procedural", "mixed"]
     # At most 8 asked; more are cut when read, never a reason to refuse the plan.
-    tags: Annotated[list[str], Meta(extra_json_schema={"maxItems": 8})] = msgspec.field(
+    tags: Annotated[list[Annotated[str, text(32)]], items(8)] = msgspec.field(
         default_factory=list)
 
 
 class SynthesisReply(Reply, frozen=True):
-    answer: str
+    answer: Annotated[str, text(1500)]  # "brief": about 250 words
 
 
 class RerankReply(Reply, frozen=True):
-    # Numbers outside the memories, and anything but integers, are left out when read.
+    # Numbers outside the memories, and anything but integers, are left out when read; as
+    # many as the memories asked (`rerank_request`).
     order: list[Annotated[object, Meta(extra_json_schema={"type": "integer"})]]
+
+
+PLAN_SCHEMA, SYNTHESIS_SCHEMA = reply_schema(PlanReply), reply_schema(SynthesisReply)
 
 
 def plan_request(*, query: str) -> LLMRequest:
@@ -49,8 +53,8 @@ def plan_request(*, query: str) -> LLMRequest:
             "answer would be filed under; no question words."
         ),
         inputs={"query": query},
-        schema=reply_schema(PlanReply),
-        max_tokens=256,
+        schema=PLAN_SCHEMA,
+        max_tokens=most_tokens(PLAN_SCHEMA),
     )
 
 
@@ -69,8 +73,8 @@ def synthesis_request(*, query: str, memories: list[str]) -> LLMRequest:
             "in brackets. If they do not contain the answer, say so."
         ),
         inputs={"query": query, "memories": [f"[{i}] {m}" for i, m in enumerate(memories, 1)]},
-        schema=reply_schema(SynthesisReply),
-        max_tokens=512,
+        schema=SYNTHESIS_SCHEMA,
+        max_tokens=most_tokens(SYNTHESIS_SCHEMA),
     )
 
 
@@ -84,6 +88,7 @@ def parse_synthesis(response: LLMResponse) -> str:
 
 
 def rerank_request(*, query: str, memories: list[str]) -> LLMRequest:
+    schema, max_tokens = bounded(reply_schema(RerankReply), "order", len(memories), most=None)
     return task_request(
         "recall_rerank",
         system="You rank an agent's memories by how much they help answer a query.",
@@ -93,8 +98,8 @@ def rerank_request(*, query: str, memories: list[str]) -> LLMRequest:
             "multi-step answer) first. order: the memory numbers, best first; leave out none."
         ),
         inputs={"query": query, "memories": [f"[{i}] {m}" for i, m in enumerate(memories, 1)]},
-        schema=reply_schema(RerankReply),
-        max_tokens=16 + 6 * len(memories),
+        schema=schema,
+        max_tokens=max_tokens,
     )
 
 

@@ -110,6 +110,10 @@ def test_show_names_the_ambiguous_and_the_unknown_in_one_line(store: str) -> Non
     assert ambiguous.exit_code == 2
     assert re.search(r"node id 'semantic_' is ambiguous: semantic_[0-9a-f]{8}", ambiguous.stderr)
     assert len(ambiguous.stderr.strip().splitlines()) == 1
+    for prefix in ("semantic", "seman"):  # wherever a shared prefix ends
+        ambiguous = invoke("show", prefix, "--store", store)
+        assert ambiguous.exit_code == 2
+        assert f"node id {prefix!r} is ambiguous: semantic_" in ambiguous.stderr
     for args, said in ((["zzzz"], "no node 'zzzz'"), (["zzzz", "-r", "nope"], "unknown repo"),
                        ([" "], "no node id given")):
         refused = invoke("show", *args, "--store", store)

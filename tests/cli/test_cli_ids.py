@@ -105,6 +105,10 @@ async def test_node_ids_are_found_by_a_short_id(mem: mnemo.Memory) -> None:
     assert await mem.node_ids("r", "semantic\\_") == []
     assert len(await mem.node_ids("r", "semantic_", limit=100)) > 1
     assert len(await mem.node_ids("r", "semantic_", limit=1)) == 1
+    facts = sorted(i for i in ids if i.startswith("semantic_"))
+    for kind in ("semantic", "seman", "s"):  # a prefix of the kind, ending anywhere
+        assert (await mem.node_ids("r", kind, limit=100))[:len(facts)] == facts, kind
+    assert await mem.node_ids("r", "sourc") == [source]
     for prefix, limit in ((" ", 2), ("x", 0), ("x", 101)):
         with pytest.raises(mnemo.InvalidInputError):
             await mem.node_ids("r", prefix, limit=limit)

@@ -18,7 +18,7 @@ from mnemo.memory.repos import Repos
 from mnemo.ports import LLM, Embedder, EventCallback, Events, Reranker
 from mnemo.recall.engine import Recaller  # noqa: F401 - imported here, off the loop, for recall
 from mnemo.recall.query import TagVectors
-from mnemo.session import extracting, operations, timers
+from mnemo.session import extracting, operations
 from mnemo.session.registry import Sessions
 from mnemo.session.timers import BackgroundWork
 from mnemo.storage.ports import has_postgres_driver, is_postgres, open_backend
@@ -76,7 +76,6 @@ def build(
         shortest_idle=config.idle_session_timeout,
         effects=extracting.start,
         answer_ended=operations.answer_ended,
-        watch=timers.watch,
     )
     memory._backend, memory._sessions_store, memory._repos = backend, sessions, repos
     memory._events, memory._graph, memory._live = events, backend.graph, live

@@ -25,7 +25,6 @@ from mnemo.session.machine import (
     CommitSteps,
     Effect,
     Extract,
-    Op,
     SessionRecord,
     State,
 )
@@ -54,7 +53,7 @@ async def _extraction(live: Sessions, session: SessionRecord) -> None:
     (`operations.handing_over`): a call made in between queues behind the stored operations."""
     with operations.handing_over(live, session):
         try:
-            await _keep_queue(live, session)
+            await operations.keep_queue(live, session)
         except StorageError as exc:
             log.warning("%s: the queue behind its extraction not stored: %r", session.id, exc)
         ended = await Extraction(live, session).run()
@@ -67,23 +66,6 @@ async def _extraction(live: Sessions, session: SessionRecord) -> None:
                 await operations.run_stored(live, session)
             except StorageError as exc:
                 log.warning("%s: stored operations not taken: %r", session.id, exc)
-
-
-async def _keep_queue(live: Sessions, session: SessionRecord) -> None:
-    """Takes what a departed holder kept behind the extraction (`operations.keep`), first in
-    the queue (its results stored for that holder), then keeps what this Memory queued.
-    StorageError: some of it could not be taken or stored (what was not stays as it was)."""
-    async with session.storing:
-        left = await live.coordination.take_left(
-            session.id, live.holder_id, live.coordination.now() - live.lease, await live.gone())
-        taken = [Op(op.kind, tuple(op.args), operations.result_to(live, session, op.id),
-                    stored=op.id) for op in left]
-        for op in taken:
-            operations.accept(session, op)
-        session.pending.extendleft(reversed(taken))
-        for op in session.pending:
-            if op.stored is None:
-                await operations.keep(live, session, op)
 
 
 async def _background_commit(

@@ -76,7 +76,19 @@ async def _accept(live: Sessions, session: SessionRecord, kind: str, args: tuple
         raise SessionError("session_failed", state=session.state, session_id=session.id)
     op = Op(kind, args, callback)
     if session.state is S.EXTRACTING:  # behind the extraction this Memory holds
-        await _keep_for(live, session, op)
+        if live.closing:  # a callback of the close, which holds `storing`
+            raise RuntimeError("the Memory has closed")
+        async with session.storing:
+            if session.ended:
+                raise NotFoundError("session", session.id)
+            _check_queued(live, session, kind)
+            await keep(live, session, op)
+            if session.ended:  # while its row was written: the end did not answer it
+                with anyio.CancelScope(shield=True):
+                    await deliver(op.callback, failure(session, "session_ended"))
+                return
+            accept(session, op)
+            session.pending.append(op)
         return
     if session.busy or awaits_handover(live, session):
         _check_queued(live, session, kind)
@@ -113,61 +125,34 @@ def accept(session: SessionRecord, op: Op) -> None:
         op.ticket = session.ticket_queue.take()
 
 
-class Kept:
-    """The callback of an operation kept in the store (`keep`): drops its row (or, failing,
-    records its result, so no later holder takes it), then calls `callback`."""
-
-    def __init__(self, live: Sessions, session: SessionRecord, op_id: str,
-                 callback: Callback | None) -> None:
-        self.live, self.session, self.op_id, self.callback = live, session, op_id, callback
-
-    async def __call__(self, result: OpResult) -> None:
-        try:
-            await self.live.coordination.drop_ops([self.op_id])
-        except StorageError as exc:
-            log.warning("%s: its row not dropped (%r): its result is recorded", self.op_id, exc)
-            await _store_result(self.live, self.session, self.op_id, StoredResult.of(result))
-        finally:
-            await deliver(self.callback, result)
-
-
-async def _keep_for(live: Sessions, session: SessionRecord, op: Op) -> None:
-    """Queues an operation behind the extraction this Memory holds, stored first (`keep`)
-    behind what was queued before it. Raises as `submit`; StorageError: not accepted."""
-    if live.closing:  # a callback of the close, which holds `storing`
-        raise RuntimeError("the Memory has closed")
-    async with session.storing:
-        if session.ended:
-            raise NotFoundError("session", session.id)
-        _check_queued(live, session, op.kind)
-        for queued in [*session.pending, op]:
-            if queued.stored is None:
-                await keep(live, session, queued)
-        accept(session, op)
-        session.pending.append(op)
-        # What ended while the rows were written answered the queue without this one.
-        reason = ("memory_closed" if live.closing else "session_ended" if session.ended
-                  else "extraction_failed" if session.state is S.FAILED else None)
-        if reason is not None:
-            session.pending.remove(op)
-            if op.kind == "append":
-                session.appends_in_flight -= 1
-                assert op.ticket is not None
-                session.ticket_queue.leave(op.ticket)
-    if reason is None:
-        start_next(live, session)  # the extraction may have ended meanwhile
-    else:
-        await deliver(op.callback, failure(session, reason))
-
-
 async def keep(live: Sessions, session: SessionRecord, op: Op) -> None:
     """Stores an operation queued here behind the extraction this Memory holds, taken by it:
-    if it dies, whoever begins the extraction next runs it (`extracting`). Its row goes when
-    it is called back (`Kept`). StorageError: not stored."""
+    if it dies, whoever takes the extraction over runs the operation (`keep_queue`). Its row
+    goes when it is called back. StorageError: not stored."""
     op_id = f"op_{uuid.uuid4().hex}"
     await live.coordination.keep_op(StoredOp(
         op_id, session.id, op.kind, list(op.args), live.holder_id, live.coordination.now()))
-    op.stored, op.callback = op_id, Kept(live, session, op_id, op.callback)
+    op.stored, callback = op_id, op.callback
+
+    async def dropped_then(result: OpResult) -> None:
+        try:
+            await live.coordination.drop_ops([op_id])
+        except StorageError as exc:
+            log.warning("%s: a finished operation's row left in the store: %s", op_id, exc)
+        await deliver(callback, result)
+
+    op.callback = dropped_then
+
+
+async def keep_queue(live: Sessions, session: SessionRecord) -> None:
+    """At the start of an extraction here: frees what an earlier holder kept and left, to be
+    taken at its end (`run_stored`), and keeps what this Memory queued before it began.
+    StorageError: some of it could not be stored (it stays queued here)."""
+    async with session.storing:
+        await live.coordination.release_kept(session.id, live.holder_id)
+        for op in session.pending:
+            if op.stored is None:
+                await keep(live, session, op)
 
 
 def awaits_handover(live: Sessions, session: SessionRecord) -> bool:
@@ -193,17 +178,6 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
         # Not run when its accepting Memory answered it meanwhile, taking this one for gone:
         # it would be done after its caller heard it failed.
         taken = op.stored is None or await live.coordination.still_taken(op.stored, live.holder_id)
-        if not taken and isinstance(op.callback, Kept):
-            # Kept here, then taken by a Memory that took this one for gone: its result
-            # comes from the store, as for an operation stored for another's work.
-            if op.ticket is not None:
-                session.ticket_queue.leave(op.ticket)
-            _finish_quietly(session, op)
-            live.remote.setdefault(session.id, []).append(
-                (op.callback.op_id, op.kind, op.callback.callback))
-            live.watch(live, session)
-            start_next(live, session)
-            return
         if not taken:
             raise MnemoError(f"{op.kind} {op.stored} was answered as failed by the Memory that "
                              "accepted it, which took this one for gone: not run")
@@ -256,17 +230,12 @@ async def _still_live(live: Sessions, session: SessionRecord) -> bool:
 
 async def _finish_op(session: SessionRecord, op: Op, result: OpResult) -> None:
     """Ends the operation, then calls it back (a close in the callback finds it over)."""
-    _finish_quietly(session, op)
-    await deliver(op.callback, result)
-
-
-def _finish_quietly(session: SessionRecord, op: Op) -> None:
-    """Ends the operation without calling it back."""
     if op.kind == "append":
         session.appends_in_flight -= 1
     if session.running is op:
         session.running = None
     session.notify()
+    await deliver(op.callback, result)
 
 
 def start_next(live: Sessions, session: SessionRecord) -> None:
@@ -307,8 +276,54 @@ async def _fail(session: SessionRecord, ops: list[Op], reason: str) -> None:
         await deliver(op.callback, failure(session, reason))
 
 
-# How often a Memory waiting on stored operations looks at the store (`timers.watch`).
+# How often a Memory waiting on stored operations looks at the store's change token.
 WATCH_INTERVAL = transitions.POLL_INTERVAL
+# After storage faults in a row, the watcher pauses up to this many intervals.
+WATCH_BACKOFF = 64
+
+
+def watch(live: Sessions, session: SessionRecord) -> None:
+    """Waits, while operations this Memory stored wait for work held elsewhere, for their
+    results (then calls back), or for the work to end with nobody to run them (runs them)."""
+    if session.watching:
+        return
+    session.watching = True
+
+    async def wait_for_the_store() -> None:
+        token: int | None = None
+        faults = 0
+        try:
+            while live.remote.get(session.id):
+                try:
+                    current = await live.coordination.change_token()
+                    if current == token:
+                        await anyio.sleep(WATCH_INTERVAL)
+                        continue
+                    await deliver_results(live, session)
+                    if not live.remote.get(session.id):
+                        break
+                    try:
+                        await live.fetch(session.id, fresh=True)
+                    except NotFoundError:
+                        await fail_remote(live, session, "session_ended")
+                        break
+                    if session.state is not S.EXTRACTING:
+                        await run_stored(live, session)
+                except StorageError as exc:
+                    # The results are in the store: a fault ends nothing.
+                    faults += 1
+                    log.warning("%s: waiting for operations held elsewhere: %s (attempt %d)",
+                                session.id, exc, faults)
+                    await anyio.sleep(WATCH_INTERVAL * min(2**faults, WATCH_BACKOFF))
+                    continue
+                token, faults = current, 0
+        finally:
+            session.watching = False
+
+    try:
+        live.spawn(session, wait_for_the_store, waiting=True)
+    except RuntimeError:  # the Memory closed after the entry was kept: its close answers it
+        session.watching = False
 
 
 async def deliver_results(live: Sessions, session: SessionRecord) -> None:
@@ -358,7 +373,7 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
     # This Memory's own stored operations were accepted before any it queued here: first.
     first: list[Op] = []
     for stored in taken:
-        callback = result_to(live, session, stored.id) if stored.accepted_by else None
+        callback = _result_to(live, session, stored.id) if stored.accepted_by else None
         if session.state is S.FAILED:
             await deliver(callback, failure(session, "extraction_failed"))
             continue
@@ -372,7 +387,7 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
     session.pending.extendleft(reversed(first))
 
 
-def result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
+def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
     """Where a stored operation's result goes: its callback, when this Memory accepted it,
     else the store, for the Memory that did."""
     claimed = claim_waiting(live, session.id, {op_id})
@@ -474,7 +489,7 @@ async def _store_for(live: Sessions, session: SessionRecord, kind: str,
             with anyio.CancelScope(shield=True):
                 await fail_remote(live, session, "session_ended")
             return
-    live.watch(live, session)
+    watch(live, session)
 
 
 async def answer_ended(live: Sessions, session: SessionRecord) -> None:

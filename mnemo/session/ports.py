@@ -310,13 +310,11 @@ class Coordination(Protocol):
 
     async def keep_op(self, op: StoredOp) -> None:
         """Stores an async operation its accepting Memory queued behind the session's work it
-        holds, taken by that Memory (which runs it; `take_left` takes it if it dies)."""
+        holds, taken by that Memory (which runs it; `release_kept` frees it if it dies)."""
 
-    async def take_left(
-        self, session_id: str, holder_id: str, unseen_since: datetime, gone: Sequence[str] = ()
-    ) -> list[StoredOp]:
-        """Takes for `holder_id`, in order, the operations a departed holder of the session's
-        work kept and left without a result (departed as `abandon_ops` judges)."""
+    async def release_kept(self, session_id: str, holder_id: str) -> None:
+        """Frees for taking the operations another holder of the session's work kept and left
+        without a result (`holder_id` holds the work now)."""
 
     async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
         """Takes the session's stored operations nobody took yet, once each, in order."""

@@ -55,9 +55,8 @@ RECHECK = 1.0
 @dataclass(eq=False)
 class Sessions:
     """Every live session of one Memory, with the ports they use. `effects` starts what a move
-    asks for (an `Effect`) in the session's tasks, `answer_ended` answers what a session
-    ended elsewhere owes, `watch` waits for stored operations' results: given, so that this
-    module does not import their runners."""
+    asks for (an `Effect`) in the session's tasks, and `answer_ended` answers what a session
+    ended elsewhere owes: given, so that this module does not import their runners."""
 
     store: SessionStore
     coordination: Coordination
@@ -69,8 +68,6 @@ class Sessions:
     shortest_idle: float
     effects: Callable[[Sessions, SessionRecord, Effect], None]
     answer_ended: Callable[[Sessions, SessionRecord], Awaitable[None]]
-    # Waits in the background for the results of what this Memory stored (`timers.watch`).
-    watch: Callable[[Sessions, SessionRecord], None]
     # This Memory as a holder of background work, recorded at its first claim, alive while
     # its heartbeat renews its leases.
     holder_id: str = field(default_factory=lambda: f"holder_{uuid.uuid4().hex}")

@@ -1,9 +1,8 @@
 """The background loops of one Memory's sessions: auto-commit's timers (`run`: flushes after
-`Config.flush_timeout`, expiry after `Config.session_timeout`) for the sessions this Memory
+`Config.flush_timeout`, expiry after `Config.session_timeout`), only for the sessions this Memory
 holds, from their last use as the store knows it; the sweep of sessions idle past
-`Config.idle_session_timeout`; the holder's heartbeat and takeover (`holder`); the wait for
-stored operations' results (`watch`). Due deadlines are checked against the store, every move
-is a compare-and-set on the version."""
+`Config.idle_session_timeout`; the holder's heartbeat and takeover (`holder`). Every due
+deadline is checked against the store, and every move is a compare-and-set on the version."""
 
 from __future__ import annotations
 
@@ -123,7 +122,8 @@ class BackgroundWork:
 @asynccontextmanager
 async def one_look(live: Sessions) -> AsyncIterator[None]:
     """One look of a background loop at the store. A closing Memory starts none and lets those
-    under way end before it cancels its loops (a query cancelled costs its pooled connection)."""
+    under way end before it cancels its loops: a query cancelled mid-way costs its pooled
+    PostgreSQL connection."""
     if live.looks_end is not None:
         await anyio.sleep_forever()
     live.looking += 1
@@ -137,9 +137,9 @@ async def one_look(live: Sessions) -> AsyncIterator[None]:
 
 async def end_idle(live: Sessions) -> float:
     """Ends the idle sessions of the store that came due (at most `SWEEP_LIMIT`), drops their
-    records here (answering what they owed), and reports each as "session_expired". Returns
-    the seconds until the next comes due (0: more are due now; inf: none is idle;
-    `STORE_RETRY` when the store failed: nothing was ended, logged)."""
+    records here, answers what they owed, and reports each as "session_expired". Returns the
+    seconds until the next comes due (0: more are due now; inf: none is idle); when the store
+    failed, nothing was ended (logged), and it is looked at again in `STORE_RETRY` seconds."""
     try:
         swept = await live.coordination.end_idle(SWEEP_LIMIT)
     except StorageError as exc:
@@ -239,7 +239,8 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
             return
         async with session.lock:
             claimed = session.state is S.COLLECTING and await transitions.hold(live, session)
-            if not claimed:  # moved meanwhile: the loop looks again
+            if not claimed:
+                # Moved meanwhile: the loop looks again.
                 await live.reload(session, conflict=True)
         if not claimed:
             # Given back, but for those a boundary's commit here took meanwhile.
@@ -253,7 +254,8 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
             live.effects(live, session, CommitSteps(waiting))
     except NotFoundError:
         return  # ended through another Memory
-    except StorageError as exc:  # looked at again once the store may be back
+    except StorageError as exc:
+        # The store is away: the deadline is looked at again once it may be back.
         log.warning("%s: timers could not read the store: %r", session.id, exc)
         await anyio.sleep(STORE_RETRY)
     finally:
@@ -451,50 +453,3 @@ async def _answer_left(
             "result: whether it took effect is unknown (the session's state tells)"
         )
         await deliver(callback, OpResult(False, None, error))
-
-
-WATCH_BACKOFF = 64  # after storage faults in a row, the most intervals a watcher pauses
-
-
-def watch(live: Sessions, session: SessionRecord) -> None:
-    """Waits, while operations this Memory stored wait for work held elsewhere, for their
-    results (then calls back), or for the work to end with nobody to run them (runs them)."""
-    if session.watching:
-        return
-    session.watching = True
-
-    async def wait_for_the_store() -> None:
-        token: int | None = None
-        faults = 0
-        try:
-            while live.remote.get(session.id):
-                try:
-                    current = await live.coordination.change_token()
-                    if current == token:
-                        await anyio.sleep(operations.WATCH_INTERVAL)
-                        continue
-                    await operations.deliver_results(live, session)
-                    if not live.remote.get(session.id):
-                        break
-                    try:
-                        await live.fetch(session.id, fresh=True)
-                    except NotFoundError:
-                        await operations.fail_remote(live, session, "session_ended")
-                        break
-                    if session.state is not S.EXTRACTING:
-                        await operations.run_stored(live, session)
-                except StorageError as exc:
-                    # The results are in the store: a fault ends nothing.
-                    faults += 1
-                    log.warning("%s: waiting for operations held elsewhere: %s (attempt %d)",
-                                session.id, exc, faults)
-                    await anyio.sleep(operations.WATCH_INTERVAL * min(2**faults, WATCH_BACKOFF))
-                    continue
-                token, faults = current, 0
-        finally:
-            session.watching = False
-
-    try:
-        live.spawn(session, wait_for_the_store, waiting=True)
-    except RuntimeError:  # the Memory closed after the entry was kept: its close answers it
-        session.watching = False

@@ -215,20 +215,10 @@ class SqlCoordination(SqlStore):
     async def keep_op(self, op: StoredOp) -> None:
         await self.queue_op(op, op.accepted_by)
 
-    async def take_left(
-        self, session_id: str, holder_id: str, unseen_since: datetime, gone: Sequence[str] = ()
-    ) -> list[StoredOp]:
-        where = (f"WHERE session_id = ? AND taken_by = accepted_by AND taken_by <> ?"
-                 f" AND result IS NULL AND {_departed('ops.taken_by', gone)}")
-        params = (session_id, holder_id, self._stamp(unseen_since), *gone)
-        # Looked for first, without a lock.
-        if not await self._rows(f"SELECT 1 FROM ops {where} LIMIT 1", params):
-            return []
-        rows = await self._driver.one(lambda sql: sql.rows(
-            f"UPDATE ops SET taken_by = ? {where}"
-            " RETURNING id, session_id, kind, args, accepted_by, created_at",
-            (holder_id, *params)))
-        return self._ops(rows)
+    async def release_kept(self, session_id: str, holder_id: str) -> None:
+        await self._driver.one(lambda sql: sql.run(
+            "UPDATE ops SET taken_by = NULL WHERE session_id = ? AND taken_by = accepted_by"
+            " AND taken_by <> ? AND result IS NULL", (session_id, holder_id)))
 
     async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
         rows = await self._driver.one(lambda sql: sql.rows(
@@ -236,10 +226,6 @@ class SqlCoordination(SqlStore):
             " RETURNING id, session_id, kind, args, accepted_by, created_at",
             (holder_id, session_id),
         ))
-        return self._ops(rows)
-
-    @staticmethod
-    def _ops(rows: Sequence[Row]) -> list[StoredOp]:
         ops = [StoredOp(str(i), str(s), str(k), list(json.loads(a) if isinstance(a, str) else a),
                         str(by), moment(at))
                for i, s, k, a, by, at in rows]

@@ -22,7 +22,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.session import machine, operations, timers, transitions
+from mnemo.session import machine, operations, transitions
 from mnemo.session.machine import Op, SessionRecord
 from mnemo.session.ports import StaleSession, StoredOp
 from mnemo.session.registry import Sessions
@@ -514,7 +514,7 @@ async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callbac
         sid = await fill(a.mem)
         b = await open_worker(stack, store)
         held = await extracting(b, sid)
-        monkeypatch.setattr(timers, "WATCH_BACKOFF", 2)  # pauses of 0.1 s, not up to 3.2
+        monkeypatch.setattr(operations, "WATCH_BACKOFF", 2)  # pauses of 0.1 s, not up to 3.2
         coordination = a.mem._backend.coordination
         # Faults while B still extracts (the change token, the results), then one when A
         # drops the finished operation's row, after its result is there.

@@ -52,10 +52,6 @@ async def _extraction(live: Sessions, session: SessionRecord) -> None:
     "extraction_failed" when it did). Until then the session stays busy
     (`operations.handing_over`): a call made in between queues behind the stored operations."""
     with operations.handing_over(live, session):
-        try:
-            await operations.keep_queue(live, session)
-        except StorageError as exc:
-            log.warning("%s: the queue behind its extraction not stored: %r", session.id, exc)
         ended = await Extraction(live, session).run()
         if ended is Ended.FAILED:
             await operations.fail_pending(session, "extraction_failed")

@@ -1,11 +1,9 @@
 """The async operation queue of each session, and the operations stored with their session for
 work another `Memory` holds: each accepted operation gets exactly one callback. While another
 Memory extracts the session, an operation accepted here is stored (`_store_for`); whoever ends
-that work runs it and records its result, and this Memory calls back (`deliver_results`).
-Behind the extraction this Memory holds, an operation is queued here and stored too (`keep`),
-for whoever takes the extraction over if this Memory dies. Every path that calls back a
-waiting operation takes it out of `Sessions.remote` first, at once: one callback each, never
-none, never two."""
+that work runs it and records its result, and this Memory calls back (`deliver_results`). Every
+path that calls back a waiting operation takes it out of `Sessions.remote` first, at once: one
+callback each, never none, never two."""
 
 from __future__ import annotations
 
@@ -75,23 +73,11 @@ async def _accept(live: Sessions, session: SessionRecord, kind: str, args: tuple
     if session.state is S.FAILED:
         raise SessionError("session_failed", state=session.state, session_id=session.id)
     op = Op(kind, args, callback)
-    if session.state is S.EXTRACTING:  # behind the extraction this Memory holds
-        if live.closing:  # a callback of the close, which holds `storing`
-            raise RuntimeError("the Memory has closed")
-        async with session.storing:
-            if session.ended:
-                raise NotFoundError("session", session.id)
-            _check_queued(live, session, kind)
-            await keep(live, session, op)
-            if session.ended:  # while its row was written: the end did not answer it
-                with anyio.CancelScope(shield=True):
-                    await deliver(op.callback, failure(session, "session_ended"))
-                return
-            accept(session, op)
-            session.pending.append(op)
-        return
     if session.busy or awaits_handover(live, session):
-        _check_queued(live, session, kind)
+        # What this Memory stored while another held the extraction comes first in the queue.
+        kinds = [k for _, k, _ in live.remote.get(session.id, [])]
+        kinds += [o.kind for o in session.pending]
+        _check_queue(session, len(kinds), projection(session, [*kinds, kind]))
         accept(session, op)
         session.pending.append(op)
         return
@@ -100,14 +86,6 @@ async def _accept(live: Sessions, session: SessionRecord, kind: str, args: tuple
     accept(session, op)
     session.running = op
     live.spawn(session, _run_op, live, session, op)
-
-
-def _check_queued(live: Sessions, session: SessionRecord, kind: str) -> None:
-    """`_check_queue` for `kind` behind what is queued: what this Memory stored while another
-    held the extraction first, then its own queue."""
-    kinds = [k for _, k, _ in live.remote.get(session.id, [])]
-    kinds += [o.kind for o in session.pending]
-    _check_queue(session, len(kinds), projection(session, [*kinds, kind]))
 
 
 def _check_queue(session: SessionRecord, queued: int, projected: State | None) -> None:
@@ -123,36 +101,6 @@ def accept(session: SessionRecord, op: Op) -> None:
     if op.kind == "append":
         session.appends_in_flight += 1
         op.ticket = session.ticket_queue.take()
-
-
-async def keep(live: Sessions, session: SessionRecord, op: Op) -> None:
-    """Stores an operation queued here behind the extraction this Memory holds, taken by it:
-    if it dies, whoever takes the extraction over runs the operation (`keep_queue`). Its row
-    goes when it is called back. StorageError: not stored."""
-    op_id = f"op_{uuid.uuid4().hex}"
-    await live.coordination.keep_op(StoredOp(
-        op_id, session.id, op.kind, list(op.args), live.holder_id, live.coordination.now()))
-    op.stored, callback = op_id, op.callback
-
-    async def dropped_then(result: OpResult) -> None:
-        try:
-            await live.coordination.drop_ops([op_id])
-        except StorageError as exc:
-            log.warning("%s: a finished operation's row left in the store: %s", op_id, exc)
-        await deliver(callback, result)
-
-    op.callback = dropped_then
-
-
-async def keep_queue(live: Sessions, session: SessionRecord) -> None:
-    """At the start of an extraction here: frees what an earlier holder kept and left, to be
-    taken at its end (`run_stored`), and keeps what this Memory queued before it began.
-    StorageError: some of it could not be stored (it stays queued here)."""
-    async with session.storing:
-        await live.coordination.release_kept(session.id, live.holder_id)
-        for op in session.pending:
-            if op.stored is None:
-                await keep(live, session, op)
 
 
 def awaits_handover(live: Sessions, session: SessionRecord) -> bool:

@@ -308,14 +308,6 @@ class Coordination(Protocol):
     async def queue_op(self, op: StoredOp) -> None:
         """Stores an async operation accepted while another Memory holds the session's work."""
 
-    async def keep_op(self, op: StoredOp) -> None:
-        """Stores an async operation its accepting Memory queued behind the session's work it
-        holds, taken by that Memory (which runs it; `release_kept` frees it if it dies)."""
-
-    async def release_kept(self, session_id: str, holder_id: str) -> None:
-        """Frees for taking the operations another holder of the session's work kept and left
-        without a result (`holder_id` holds the work now)."""
-
     async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
         """Takes the session's stored operations nobody took yet, once each, in order."""
 

@@ -204,21 +204,13 @@ class SqlCoordination(SqlStore):
             (self._stamp(unseen_since), *gone))
         return [str(session_id) for session_id, in rows]
 
-    async def queue_op(self, op: StoredOp, taken_by: str | None = None) -> None:
+    async def queue_op(self, op: StoredOp) -> None:
         await self._driver.one(lambda sql: sql.run(
-            "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at, taken_by)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
             (op.id, op.session_id, op.kind, self._json(op.args), op.accepted_by,
-             self._stamp(op.created_at), taken_by),
+             self._stamp(op.created_at)),
         ))
-
-    async def keep_op(self, op: StoredOp) -> None:
-        await self.queue_op(op, op.accepted_by)
-
-    async def release_kept(self, session_id: str, holder_id: str) -> None:
-        await self._driver.one(lambda sql: sql.run(
-            "UPDATE ops SET taken_by = NULL WHERE session_id = ? AND taken_by = accepted_by"
-            " AND taken_by <> ? AND result IS NULL", (session_id, holder_id)))
 
     async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
         rows = await self._driver.one(lambda sql: sql.rows(

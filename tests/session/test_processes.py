@@ -525,6 +525,10 @@ async def test_operations_stored_before_a_takeover_run_first_and_bound_the_queue
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True, raises=TimeoutError,
+    reason="an operation the holder accepts behind its own extraction is queued in its memory "
+    "only (docs/DECISIONS.md, 'Operations accepted while another Memory extracts')")
 async def test_operations_a_killed_holder_accepted_behind_its_extraction_run_after_a_takeover(
     store: str, tmp_path: Path
 ) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, TypedDict
 
 from msgspec import Meta
 
-from mnemo.calls.schema import Reply, bounded, most_tokens, reply_schema
+from mnemo.calls.schema import Reply, bounded, items, most_tokens, reply_schema, text
 from mnemo.calls.tasks import read_reply, reply_data, task_request
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse
 
@@ -116,9 +116,13 @@ class AttachMessagesToGoals(Reply, frozen=True):
     values that a summary would blur."""
 
     message_ids: Annotated[
-        list[int | str], Meta(description="The numbers N of 'message N' lines to pin.")
+        list[int | Annotated[str, text(48)]], items(64),
+        Meta(description="The numbers N of 'message N' lines to pin."),
     ]
-    goal_ids: Annotated[list[str], Meta(description="The ids of the open goals they serve.")]
+    goal_ids: Annotated[
+        list[Annotated[str, text(48)]], items(32),
+        Meta(description="The ids of the open goals they serve."),
+    ]
 
 
 class EverythingOk(Reply, frozen=True):

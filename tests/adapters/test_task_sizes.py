@@ -4,6 +4,7 @@ longest reply fits it."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 
@@ -96,13 +97,16 @@ def test_every_task_s_longest_reply_fits_its_max_tokens(steps: int) -> None:
     """Each task's schema bounds every string and list, so that a model a server's grammar holds
     to it ends, and its max_tokens holds the longest reply the schema allows (up to the cap)."""
     contradiction, _ = contradiction_request([Question(new="n", existing=("e",) * steps)])
-    as_data = eviction_request(zone="z", middle="", recent="", zone_start=0, zone_end=1,
-                               goals=[], previous_snapshot="", max_words=100, done=[],
-                               as_data=True)
-    # The eviction's tools go without a schema (`as_data` is theirs).
+    eviction = partial(eviction_request, zone="z", middle="", recent="", zone_start=0,
+                       zone_end=1, goals=[], previous_snapshot="", max_words=100, done=[])
+    as_data = eviction(as_data=True)
+    # The eviction's tools go without a schema (`as_data` is theirs); their arguments are bounded.
     sized = [(r.task, most_tokens(r.schema), r.max_tokens or 0)
              for r in [*every_request(steps), contradiction, as_data] if r.schema is not None]
     assert [task for task, longest, _ in sized if longest is None] == []
+    tools = [(tool["name"], tool["parameters"]) for tool in eviction().tools or []]
+    assert [name for name, arguments in tools
+            if not isinstance(arguments, dict) or most_tokens(arguments) is None] == []
     # Past the 4096 cap, a list reply cut short keeps its whole items (`salvage`).
     assert [(task, longest, max_tokens) for task, longest, max_tokens in sized
             if longest is not None and longest > max_tokens < 4096] == []

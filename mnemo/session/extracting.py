@@ -39,7 +39,12 @@ S = State
 def start(live: Sessions, session: SessionRecord, effect: Effect) -> None:
     """Starts `effect` for `session` in the background work's group (cancelled with it)."""
     if isinstance(effect, Extract):
-        live.spawn(session, _extraction, live, session)
+        session.extracts = True
+        try:
+            live.spawn(session, _extraction, live, session)
+        except BaseException:
+            session.extracts = False
+            raise
         return
     assert isinstance(effect, CommitSteps)
     session.claimed.update(s.id for s in effect.steps)
@@ -52,7 +57,10 @@ async def _extraction(live: Sessions, session: SessionRecord) -> None:
     "extraction_failed" when it did). Until then the session stays busy
     (`operations.handing_over`): a call made in between queues behind the stored operations."""
     with operations.handing_over(live, session):
-        ended = await Extraction(live, session).run()
+        try:
+            ended = await Extraction(live, session).run()
+        finally:
+            session.extracts = False
         if ended is Ended.FAILED:
             await operations.fail_pending(session, "extraction_failed")
         if ended is not Ended.STALE:

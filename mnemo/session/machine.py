@@ -325,6 +325,8 @@ class SessionRecord:
     taking: anyio.Lock = field(default_factory=anyio.Lock)
     # Work that ends by handing stored operations over is under way.
     handing_over: int = 0
+    # This Memory runs the session's extraction (started, not yet over).
+    extracts: bool = False
     # The open episode's validated extraction results, so a retry re-asks only what failed.
     memo: TaskMemo | None = None
     # The annotation runs here; the steps whose annotation it claimed; what stopped the last.

@@ -67,7 +67,7 @@ async def submit(
 async def _accept(live: Sessions, session: SessionRecord, kind: str, args: tuple[Any, ...],
                   callback: Callback | None) -> None:
     check_args(session, kind, args)
-    if session.state is S.EXTRACTING and not session.scopes:
+    if session.state is S.EXTRACTING and not session.extracts:
         await _store_for(live, session, kind, args, callback)  # another Memory extracts it
         return
     if session.state is S.FAILED:

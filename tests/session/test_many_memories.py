@@ -377,6 +377,36 @@ def the_holder_takes_first(
     monkeypatch.setattr(accepting.mem._backend.coordination, "take_ops", accepting_takes)
 
 
+async def test_an_operation_accepted_while_this_memory_annotates_and_another_extracts_runs(
+    store: str,
+) -> None:
+    """Regression: A's step is still being annotated (its own task on the session) when B
+    closes and extracts the session; a commit accepted through A was taken as queued behind an
+    extraction of A's, kept in A's queue, never run, never called back. It is stored for B's
+    extraction, runs there, and calls back in A."""
+    config = mnemo.Config(append_timeout=0.5)
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store, config=config)
+        b = await open_worker(stack, store, config=config)
+        sid = await a.mem.start_session("explore the house", repo=REPO)
+        await a.mem.append(sid, *STEPS[0])
+        annotation = a.llm.hold("state")
+        info = await a.mem.append(sid, *STEPS[1])
+        assert not info.annotated  # its annotation goes on in A
+        held = b.llm.hold("semantic")
+        await b.mem.close(sid)  # B extracts, once A's annotation is over
+        callback = Called()
+        await a.mem.commit_async(sid, callback)
+        annotation.release()
+        with anyio.fail_after(10):
+            await held.started.wait()
+        held.release()
+        with anyio.fail_after(10):
+            await callback.done.wait()
+        assert callback.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
+        assert await b.mem.session_state(sid) is State.IDLE
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("finish_faults", [0, 1, 4], ids=["", "finish-fault", "past-budget"])
 async def test_an_async_operation_calls_back_where_it_was_accepted(

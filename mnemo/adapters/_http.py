@@ -231,6 +231,10 @@ class Transport(Closing):
         budget = budget if budget is not None else Budget(self.retry_policy)
         if not budget.can_call():
             raise self._error(f"{self.name}: no call left in {budget.describe()}")
+        if (held := self._gate.paused_for()) > self._backoff.max_retry_after:
+            raise self._error(
+                f"{self.name}: the provider asked to wait {held:.0f} s more (Retry-After of an "
+                f"earlier request), past max_retry_after {self._backoff.max_retry_after:g} s")
         try:  # msgspec: a twentieth of `json.dumps`'s time
             body = _ENCODER.encode(payload)
         except msgspec.EncodeError as exc:
@@ -250,8 +254,9 @@ class Transport(Closing):
                 failures += 1
                 delay = self._backoff.delay(failures, failed.retry_after)
                 if failed.rate_limited:
-                    # Other callers hold back too, but never longer than a wait we would accept.
-                    self._gate.pause(min(delay, self._backoff.max_retry_after))
+                    # Other callers hold back too: for the whole wait the server asked for (a
+                    # call that will not wait that long fails at once, above).
+                    self._gate.pause(delay)
                 # The server's whole Retry-After: one we will not wait fails now.
                 if not self._backoff.accepts(failed.retry_after):
                     raise self._give_up(

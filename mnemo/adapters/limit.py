@@ -331,6 +331,10 @@ class RateGate:
         """Holds every request back `seconds` from now (never shortening a longer pause)."""
         self._paused_until = max(self._paused_until, self._clock.now() + seconds)
 
+    def paused_for(self) -> float:
+        """The seconds the pause holds requests back from now (0 when none)."""
+        return max(self._paused_until - self._clock.now(), 0.0)
+
     def _wait(self, tokens: int) -> float:
         now = self._clock.now()
         wait = self._paused_until - now

@@ -138,6 +138,26 @@ async def test_retry_after_past_max_retry_after_fails_at_once(
     assert server.statuses == [429]
 
 
+async def test_calls_after_a_retry_after_past_the_cap_fail_at_once_until_it_is_near(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """After a 429 asking for 90 s (past the 60 s max_retry_after), the next call fails at once,
+    unsent, naming the wait left (it was held back 60 s, then sent before the server allowed);
+    once the wait left is within the cap, a call waits it out and is sent."""
+    server.script(rate_limited("90"), Answer())
+    async with transport(server.openai_url, clock, backoff=Backoff()) as t:
+        with pytest.raises(LLMError, match="HTTP 429"):
+            await t.post_json("/chat/completions", PAYLOAD, Completion)
+        with pytest.raises(LLMError, match=r"asked to wait 90 s more .*max_retry_after 60 s"):
+            await t.post_json("/chat/completions", PAYLOAD, Completion)
+        assert clock.sleeps == []
+        assert server.statuses == [429]
+        clock.time += 40
+        await t.post_json("/chat/completions", PAYLOAD, Completion)
+    assert clock.sleeps == [50.0]
+    assert server.statuses == [429, 200]
+
+
 def test_parse_retry_after_forms() -> None:
     """Seconds, milliseconds and HTTP dates are read; garbage is None; the past is 0."""
     now = 1_700_000_000.0

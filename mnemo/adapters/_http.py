@@ -22,7 +22,7 @@ import httpx
 import msgspec
 
 from mnemo.adapters._pool import Pool
-from mnemo.adapters.limit import Limit, RateGate, Ticket
+from mnemo.adapters.limit import Limit, Paused, RateGate, Ticket
 from mnemo.calls.retry import (
     Backoff,
     Budget,
@@ -231,10 +231,6 @@ class Transport(Closing):
         budget = budget if budget is not None else Budget(self.retry_policy)
         if not budget.can_call():
             raise self._error(f"{self.name}: no call left in {budget.describe()}")
-        if (held := self._gate.paused_for()) > self._backoff.max_retry_after:
-            raise self._error(
-                f"{self.name}: the provider asked to wait {held:.0f} s more (Retry-After of an "
-                f"earlier request), past max_retry_after {self._backoff.max_retry_after:g} s")
         try:  # msgspec: a twentieth of `json.dumps`'s time
             body = _ENCODER.encode(payload)
         except msgspec.EncodeError as exc:
@@ -255,7 +251,7 @@ class Transport(Closing):
                 delay = self._backoff.delay(failures, failed.retry_after)
                 if failed.rate_limited:
                     # Other callers hold back too: for the whole wait the server asked for (a
-                    # call that will not wait that long fails at once, above).
+                    # call that will not wait that long fails at the gate).
                     self._gate.pause(delay)
                 # The server's whole Retry-After: one we will not wait fails now.
                 if not self._backoff.accepts(failed.retry_after):
@@ -288,7 +284,14 @@ class Transport(Closing):
             if not self._gate.open:
                 # Only a wait stops the clocks: each stop and start moves the deadlines' timers.
                 with waiting():
-                    await self._gate.acquire(estimate)
+                    try:
+                        await self._gate.acquire(
+                            estimate, longest_pause=self._backoff.max_retry_after)
+                    except Paused as held:
+                        raise self._error(
+                            f"{self.name}: the provider asked to wait {held.seconds:.0f} s more"
+                            " (Retry-After of an earlier request), past max_retry_after"
+                            f" {self._backoff.max_retry_after:g} s") from None
             needed = self.needed_time(max_tokens, estimate)
             if needed is not None:
                 # The work this request serves gives it the time the server's speed says it needs.

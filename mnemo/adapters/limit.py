@@ -283,6 +283,14 @@ class _Bucket:
         return 0.0 if self.level >= need else (need - self.level) / self.rate
 
 
+class Paused(Exception):
+    """A request would wait out a pause longer than it accepts: `seconds` of it are left."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"paused for {seconds:.0f} s more")
+        self.seconds = seconds
+
+
 class RateGate:
     """Client-side rate limits with a shared pause after a 429; buckets hold `burst_seconds` of
     their rate, and callers pass in arrival order."""
@@ -309,13 +317,17 @@ class RateGate:
         return self._requests is None and self._tokens is None and not self._lock.locked() \
             and self._paused_until <= self._clock.now()
 
-    async def acquire(self, tokens: int) -> None:
-        """Waits until a request of about `tokens` tokens fits the limits, and takes it."""
+    async def acquire(self, tokens: int, *, longest_pause: float = math.inf) -> None:
+        """Waits until a request of about `tokens` tokens fits the limits, and takes it; raises
+        `Paused` instead of waiting out a pause longer than `longest_pause` seconds (one set
+        while it waits included)."""
         if self.open:
             # No trip through the event loop (anyio's Lock yields once even when free).
             return
         async with self._lock:
             while (wait := self._wait(tokens)) > 0:
+                if (held := self._paused_until - self._clock.now()) > longest_pause:
+                    raise Paused(held)
                 await self._clock.sleep(wait)
             if self._requests is not None:
                 self._requests.level -= 1
@@ -330,10 +342,6 @@ class RateGate:
     def pause(self, seconds: float) -> None:
         """Holds every request back `seconds` from now (never shortening a longer pause)."""
         self._paused_until = max(self._paused_until, self._clock.now() + seconds)
-
-    def paused_for(self) -> float:
-        """The seconds the pause holds requests back from now (0 when none)."""
-        return max(self._paused_until - self._clock.now(), 0.0)
 
     def _wait(self, tokens: int) -> float:
         now = self._clock.now()

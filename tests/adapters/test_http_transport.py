@@ -21,7 +21,7 @@ import pytest
 import mnemo
 from mnemo.adapters._http import HTTPFailure, Transport, parse_retry_after
 from mnemo.adapters.embeddings import Embeddings
-from mnemo.adapters.limit import RateGate
+from mnemo.adapters.limit import Paused, RateGate
 from mnemo.adapters.openai import Completion
 from mnemo.calls.retry import Backoff, registered
 from mnemo.errors import EmbeddingError, LLMError, LLMTimeout
@@ -347,6 +347,36 @@ async def test_pause_holds_everyone_back() -> None:
     gate.pause(1.0)
     await gate.acquire(1)
     assert clock.sleeps == [2.0]
+
+
+async def test_a_pause_longer_than_a_caller_accepts_is_refused_even_once_waiting() -> None:
+    """A caller waiting out a 30 s pause is refused (`Paused`, with the seconds left) when a
+    later 429 extends the pause past the longest it accepts, instead of waiting an hour."""
+    class Clock(VirtualClock):
+        async def sleep(self, seconds: float) -> None:
+            slept.set()
+            await super().sleep(seconds)
+
+    slept, clock = anyio.Event(), Clock()
+    gate = RateGate(requests_per_minute=None, tokens_per_minute=None, clock=clock)
+    gate.pause(30.0)
+    refused: list[Paused] = []
+
+    async def waiting() -> None:
+        try:
+            await gate.acquire(1, longest_pause=60.0)
+        except Paused as exc:
+            refused.append(exc)
+
+    async def extend() -> None:  # another caller's 429, while the first one waits
+        await slept.wait()
+        gate.pause(3600.0)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiting)
+        tg.start_soon(extend)
+    assert [exc.seconds for exc in refused] == [3600.0]
+    assert clock.sleeps == [30.0]
 
 
 def _ok_handler(usage_tokens: int) -> httpx.MockTransport:

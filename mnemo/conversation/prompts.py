@@ -19,6 +19,14 @@ class SummaryReply(Reply, frozen=True):
 
 
 SUMMARY_SCHEMA = reply_schema(SummaryReply)
+# Characters a summary of `max_words` words may take.
+CHARS_PER_WORD = 8
+
+
+def words_bound(schema: JSONObject, field: str, max_words: int) -> tuple[JSONObject, int]:
+    """`schema` with its string `field` bounded at `max_words` words' worth of characters, and
+    the max_tokens its longest reply needs."""
+    return bounded(schema, field, CHARS_PER_WORD * max_words, most=None, cap=None)
 
 SUMMARY_SYSTEM = (
     "You compress the older part of a conversation into a summary that replaces it in the "
@@ -41,8 +49,7 @@ def summary_request(
 ) -> LLMRequest:
     """The "summary" task: `messages` are {seq, role, text}; read the reply with
     `parse_summary`."""
-    schema, max_tokens = bounded(
-        SUMMARY_SCHEMA, "summary", CHARS_PER_WORD * max_words, most=None, cap=None)
+    schema, max_tokens = words_bound(SUMMARY_SCHEMA, "summary", max_words)
     return task_request(
         "summary",
         system=SUMMARY_SYSTEM,
@@ -82,8 +89,7 @@ Reply with JSON: {"summary": "..."}."""
 def fold_request(*, snapshots: list[JSONObject], max_words: int) -> LLMRequest:
     """The "snapshot_fold" task: `snapshots` are {start_seq, end_seq, text}; read the reply
     with `parse_summary`."""
-    schema, max_tokens = bounded(
-        SUMMARY_SCHEMA, "summary", CHARS_PER_WORD * max_words, most=None, cap=None)
+    schema, max_tokens = words_bound(SUMMARY_SCHEMA, "summary", max_words)
     return task_request(
         "snapshot_fold",
         system=FOLD_SYSTEM,
@@ -144,17 +150,10 @@ def _tool(name: str, kind: type[Reply]) -> ToolDict:
 
 
 EVICTION_TOOL_SPECS = [_tool(name, kind) for name, kind in EVICTION_ARGUMENTS.items()]
-# Characters a summary of `max_words` words may take.
-CHARS_PER_WORD = 8
-
-
 def snapshot_schema(max_words: int) -> JSONObject:
     """`save_snapshot`'s arguments with the summary bounded at `max_words` words' worth of
     characters (`maxLength`)."""
-    schema = EVICTION_TOOL_SPECS[0]["parameters"]
-    text: JSONObject = {"type": "string", "description": SNAPSHOT_TEXT,
-            "maxLength": CHARS_PER_WORD * max(1, max_words)}
-    return {**schema, "properties": {"text": text}}
+    return words_bound(EVICTION_TOOL_SPECS[0]["parameters"], "text", max_words)[0]
 
 
 EVICTION_AS_DATA = """

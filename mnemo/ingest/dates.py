@@ -87,16 +87,11 @@ def _ago(on: date, count: int, unit: str) -> str:
 
 def _span(on: date, which: str, span: str) -> str:
     step = {"last": -1, "this": 0, "next": 1}[which]
-    if span == "week":
-        return f"the week of {_day(_monday(on) + timedelta(weeks=step))}"
-    if span == "weekend":
-        # The Saturday of this week, a week earlier for "last" (said on a Monday: the two
-        # days before) and a week later for "next".
-        saturday = _monday(on) + timedelta(days=5, weeks=step)
-        return f"the weekend of {_day(saturday)}"
-    if span == "month":
-        return _month(*_months_back(on, -step))
-    return str(on.year + step)
+    if span != "weekend":
+        return _ago(on, -step, span)
+    # The Saturday of this week, a week earlier for "last" (said on a Monday: the two days
+    # before) and a week later for "next".
+    return f"the weekend of {_day(_monday(on) + timedelta(days=5, weeks=step))}"
 
 
 def _monday(day: date) -> date:

@@ -172,16 +172,15 @@ async def close(model: object) -> None:
 async def models(settings: Settings) -> AsyncIterator[tuple[LLM | None, Embedder | None]]:
     """The LLM and embedder the settings name (None: each repo's own), closed after the block;
     ModelURIError, or CliError for a temperature or timeout flag without an LLM."""
-    built: list[object] = []
+    llm: LLM | None = None
+    embedder: Embedder | None = None
     try:
         uri = settings.llm_uri
         llm = llm_from_uri(uri) if uri is not None else None
-        built.append(llm)
         embedder = embedder_from_uri(settings.embedder) if settings.embedder else None
-        built.append(embedder)
         yield llm, embedder
     finally:
-        for model in built:
+        for model in (llm, embedder):
             await close(model)
 
 

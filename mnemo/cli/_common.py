@@ -19,10 +19,11 @@ from typer.core import TyperGroup
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri
 from mnemo.cli._database import CliError, check_database
 from mnemo.cli._logging import command_logging
-from mnemo.cli._settings import MODEL_OPTIONS, Settings, check_backend, resolve
+from mnemo.cli._settings import MODEL_OPTIONS, Settings, resolve
 from mnemo.errors import MnemoError
 from mnemo.memory import Memory
 from mnemo.ports import LLM, Embedder, EventCallback
+from mnemo.storage.ports import has_postgres_driver, is_postgres
 from mnemo.version import installed_version
 
 _verbose = False
@@ -171,24 +172,26 @@ async def close(model: object) -> None:
 async def models(settings: Settings) -> AsyncIterator[tuple[LLM | None, Embedder | None]]:
     """The LLM and embedder the settings name (None: each repo's own), closed after the block;
     ModelURIError, or CliError for a temperature or timeout flag without an LLM."""
-    built: list[object] = []
+    llm: LLM | None = None
+    embedder: Embedder | None = None
     try:
         uri = settings.llm_uri
         llm = llm_from_uri(uri) if uri is not None else None
-        built.append(llm)
         embedder = embedder_from_uri(settings.embedder) if settings.embedder else None
-        built.append(embedder)
         yield llm, embedder
     finally:
-        for model in built:
+        for model in (llm, embedder):
             await close(model)
 
 
-def check_store(settings: Settings, *, writes: bool) -> None:
-    """Checks the store before `Memory` touches it (a read command needs it to exist)."""
-    check_backend(settings)
-    if not settings.is_url:
-        check_database(Path(settings.store), must_exist=not writes)
+def check_store(store: str, *, writes: bool) -> None:
+    """Checks the store before `Memory` touches it (a read command needs it to exist), and that
+    this installation can open a PostgreSQL one (CliError)."""
+    if not is_postgres(store):
+        check_database(Path(store), must_exist=not writes)
+    elif not has_postgres_driver():
+        raise CliError("this mnemo has no PostgreSQL driver, so it cannot open a postgresql:// "
+                       "store: pip install 'pymnemo[postgres]', or use a SQLite file")
 
 
 @asynccontextmanager
@@ -198,7 +201,7 @@ async def open_memory(settings: Settings, *, writes: bool = False, works: bool =
     `works` opens it to do work, else for inspection."""
     # The models first: a mistyped --llm is reported before anything about the store.
     async with models(settings) as (llm, embedder):
-        check_store(settings, writes=writes)
+        check_store(settings.store, writes=writes)
         async with Memory(settings.store, llm=llm, embedder=embedder, on_event=on_event,
                           config=settings.config, inspect=not works) as mem:
             yield mem

@@ -17,7 +17,7 @@ import typer
 from mnemo.adapters.uri import with_settings
 from mnemo.cli._database import CliError
 from mnemo.config import Config
-from mnemo.storage.ports import has_postgres_driver, is_postgres
+from mnemo.storage.ports import is_postgres
 
 MODEL_KEYS = ("temperature", "llm_timeout", "extraction_timeout")
 FILE_KEYS = ("store", "llm", "embedder", *MODEL_KEYS)
@@ -89,11 +89,6 @@ class Settings:
         if self.extraction_timeout is None:
             return None
         return Config(extraction_timeout=self.extraction_timeout)
-
-    @property
-    def is_url(self) -> bool:
-        """Whether the store is a PostgreSQL URL rather than a SQLite file."""
-        return is_postgres(self.store)
 
 
 def config_file(given: Path | None, env: Mapping[str, str], cwd: Path) -> tuple[Path | None, bool]:
@@ -192,11 +187,3 @@ def _number(value: str, least: float, rule: str) -> float:
     if not (math.isfinite(number) and number >= least):
         raise CliError(f"{rule}, got {value!r}")
     return number
-
-
-def check_backend(settings: Settings) -> None:
-    """Checks that this installation can open the store's backend (CliError if not)."""
-    if settings.is_url and not has_postgres_driver():
-        raise CliError(
-            "this mnemo has no PostgreSQL driver, so it cannot open a postgresql:// store: "
-            "pip install 'pymnemo[postgres]', or pass a SQLite file with --store")

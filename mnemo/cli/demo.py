@@ -88,11 +88,9 @@ async def run_session(mem: Memory, repo: str, script: Session, number: int,
                           len(receipt.node_ids), time.perf_counter() - started)
 
 
-async def run_demo(db: Path, data: Path | None = None, *,
-                   console: Console | None = None) -> dict[str, object]:
+async def run_demo(db: Path, data: Path | None, *, console: Console) -> dict[str, object]:
     """Replays the conversation into a fresh `db`, prints what was committed and recalled, and
     returns it as JSON-ready values (CliError as `load_conversation` and `reset_database`)."""
-    console = console or Console()
     started = time.perf_counter()
     conversation = load_conversation(data or default_data())
     repo = conversation.repo or DEFAULT_REPO

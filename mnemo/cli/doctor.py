@@ -38,7 +38,7 @@ async def diagnose(settings: Settings, *,
         return f"{DISTRIBUTION} {installed_version()}"
 
     async def store() -> str:
-        check_store(settings, writes=False)
+        check_store(settings.store, writes=False)
         async with Memory(settings.store, llm=OfflineLLM(), embedder=HashEmbedder(),
                           inspect=True) as mem:
             repos = await mem.list_repos()

@@ -11,11 +11,11 @@ from typing import Annotated
 import typer
 from rich.progress import TaskID, TextColumn
 
-from mnemo.cli._common import Json, app, runs
-from mnemo.cli._database import CliError, check_database
+from mnemo.cli._common import Json, app, check_store, runs
+from mnemo.cli._database import CliError
 from mnemo.cli._output import print_json, progress, stderr_console, stdout_console, table
 from mnemo.errors import StorageError
-from mnemo.storage.ports import has_postgres_driver, is_postgres
+from mnemo.storage.ports import is_postgres
 from mnemo.storage.transfer import open_dump, same_store, transfer
 
 SourceOpt = Annotated[
@@ -35,15 +35,10 @@ def display(store: str) -> str:
 
 def check_stores(source: str, target: str) -> None:
     """Refuses what `migrate` must not start on (CliError)."""
-    for store in (source, target):
-        if is_postgres(store) and not has_postgres_driver():
-            raise CliError("PostgreSQL needs the driver: pip install \"pymnemo[postgres]\"")
-    if not is_postgres(source):
-        if not Path(source).exists():
-            raise CliError(f"no database at {source}")
-        check_database(Path(source), must_exist=True)
-    if not is_postgres(target):
-        check_database(Path(target), must_exist=False)
+    if not is_postgres(source) and not Path(source).exists():
+        raise CliError(f"no database at {source}")
+    check_store(source, writes=False)
+    check_store(target, writes=True)
     if same_store(source, target):
         raise CliError(f"--from and --to name the same store ({display(source)})")
 

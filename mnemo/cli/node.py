@@ -57,15 +57,6 @@ class NodeReport:
                 if n.created_at <= self.node.created_at]
 
 
-async def find_node(mem: Memory, repo: str | None, given: str) -> tuple[str, str]:
-    """The repo and node `given` names (a whole id or a unique prefix, `Memory.node_ids`),
-    in `repo` or, when None, in every repo."""
-    repos = await searched_repos(mem, repo)
-    found = {name: await mem.node_ids(name, given.strip(), limit=100)
-             for name in repos} if given.strip() else {}
-    return resolve_in_repos(given, found, "node")
-
-
 async def node_report(mem: Memory, repo: str, node: Node) -> NodeReport:
     linked = {kind: await mem.get_linked_nodes(repo, [node.id], kind) for kind in LinkType}
     steps = steps_of(node, linked[LinkType.PROVENANCE])
@@ -119,7 +110,10 @@ async def show(
     """Show one node: its text, data and validity, where it came from (steps, episode,
     session or source), the nodes linked to it, and the commits that added or changed it."""
     async with open_memory(settings) as mem:
-        name, found = await find_node(mem, repo, node_id)
+        repos = await searched_repos(mem, repo)
+        ids = {name: await mem.node_ids(name, node_id.strip(), limit=100)
+               for name in repos} if node_id.strip() else {}
+        name, found = resolve_in_repos(node_id, ids, "node")
         node = await mem.get_node(name, found)
         if node is None:  # erased since its id was read
             raise CliError(f"no node {node_id!r}")

@@ -11,6 +11,7 @@ import typer
 from mnemo.cli._common import app, check_store, model_options, models
 from mnemo.cli._database import CliError
 from mnemo.cli._settings import Settings
+from mnemo.storage.ports import is_postgres
 
 
 @app.command()
@@ -58,8 +59,8 @@ async def mcp(
             "pip install --force-reinstall pymnemo") from exc
     served = Http(host or DEFAULT_HOST, DEFAULT_PORT if port is None else port, token,
                   tuple(allow_host or ())) if http else None
-    check_store(settings, writes=True)
-    if settings.is_url and memory_dir is None:
+    check_store(settings.store, writes=True)
+    if is_postgres(settings.store) and memory_dir is None:
         raise CliError("with a store URL, pass --memory-dir for the memory files")
     async with models(settings) as (chosen_llm, chosen_embedder):
         await serve(settings.store, llm=chosen_llm, embedder=chosen_embedder,
@@ -91,7 +92,7 @@ async def ui(
 ) -> None:
     """Serve a local web app to browse a memory: repos, graph, history, sessions, threads,
     recall."""
-    check_store(settings, writes=False)
+    check_store(settings.store, writes=False)
     try:
         from mnemo.ui import serve
     except ImportError as exc:

@@ -81,36 +81,24 @@ def _ago(on: date, count: int, unit: str) -> str:
     if unit == "week":
         return f"the week of {_day(_monday(on - timedelta(weeks=count)))}"
     if unit == "month":
-        return _month(*_months_back(on, count))
+        months = on.year * 12 + on.month - 1 - count  # since January of year 0
+        return f"{MONTHS[months % 12].capitalize()} {months // 12}"
     return str(on.year - count)
 
 
 def _span(on: date, which: str, span: str) -> str:
     step = {"last": -1, "this": 0, "next": 1}[which]
-    if span == "week":
-        return f"the week of {_day(_monday(on) + timedelta(weeks=step))}"
-    if span == "weekend":
-        # The Saturday of this week, a week earlier for "last" (said on a Monday: the two
-        # days before) and a week later for "next".
-        saturday = _monday(on) + timedelta(days=5, weeks=step)
-        return f"the weekend of {_day(saturday)}"
-    if span == "month":
-        return _month(*_months_back(on, -step))
-    return str(on.year + step)
+    if span != "weekend":
+        return _ago(on, -step, span)
+    # The Saturday of this week, a week earlier for "last" (said on a Monday: the two days
+    # before) and a week later for "next".
+    return f"the weekend of {_day(_monday(on) + timedelta(days=5, weeks=step))}"
 
 
 def _monday(day: date) -> date:
     return day - timedelta(days=day.weekday())
 
 
-def _months_back(on: date, count: int) -> tuple[int, int]:
-    index = on.year * 12 + on.month - 1 - count
-    return index // 12, index % 12 + 1
-
-
 def _day(day: date) -> str:
     return f"{day.day} {MONTHS[day.month - 1].capitalize()} {day.year}"
 
-
-def _month(year: int, month: int) -> str:
-    return f"{MONTHS[month - 1].capitalize()} {year}"

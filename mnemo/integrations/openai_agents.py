@@ -19,7 +19,7 @@ from mnemo.conversation.model import Message
 from mnemo.inputs import check_count, check_name
 
 try:
-    from agents.memory import SessionSettings
+    from agents.memory.session_settings import SessionSettings, resolve_session_limit
 except ImportError as exc:
     raise ImportError(
         'mnemo.integrations.openai_agents needs the OpenAI Agents SDK: pip install '
@@ -59,8 +59,7 @@ class MnemoSession:
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The session's items, oldest first; with `limit` (or `session_settings.limit`), the newest
         `limit`, else the viewport when the session has a `token_budget`."""
-        if limit is None and self.session_settings is not None:
-            limit = self.session_settings.limit
+        limit = resolve_session_limit(limit, self.session_settings)
         if limit is None and self._token_budget is not None:
             view = await self._mem.viewport(self.session_id, token_budget=self._token_budget)
             shown = view.to_messages()

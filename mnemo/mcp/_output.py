@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from functools import partial
 
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.graph.model import Node
@@ -22,16 +23,13 @@ from mnemo.tools import (
     page,
 )
 
+dumps = partial(json.dumps, sort_keys=True, ensure_ascii=False)
 # What one list item costs besides its text.
 _ITEM_OVERHEAD = 250
 # A node's data (JSON) is shown whole up to this size, else as a clipped preview.
 DATA_CHARS = 2_000
 # At most this many ids or dropped entries are listed; the count says how many there were.
 MAX_LISTED = 200
-
-
-def dumps(value: object) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def _share(n: int, cap: int) -> int:
@@ -57,7 +55,7 @@ def recall_output(result: RecallResult) -> dict[str, object]:
 def node_output(node: Node, offset: int) -> dict[str, object]:
     """One page of a node's text (`next_offset` reads on), whether it is retired, and its data."""
     part = page(node.text, offset)
-    data = json.dumps(node.data, sort_keys=True, ensure_ascii=False, default=str)
+    data = dumps(node.data, default=str)
     out: dict[str, object] = {
         **fields(node, "id type created_at retired"), "text": part.text, "offset": part.offset,
         "chars": part.total, "next_offset": part.next_offset}

@@ -88,9 +88,7 @@ class MemoryTools:
         self,
         repo: Annotated[str, Field(description="The repo the node is in.")],
         node_id: Annotated[str, Field(description="A node id from recall.")],
-        offset: Annotated[
-            int, Field(description="Where to start reading its text (next_offset).", ge=0)
-        ] = 0,
+        offset: Offset = 0,
     ) -> str:
         """One memory whole: its text a page of PAGE_CHARS characters at a time (pass the
         `next_offset` it returns to read on; null on the last page), and its data. Errors: an
@@ -172,9 +170,7 @@ class MemoryTools:
         radius: Annotated[
             int, Field(description="Messages to show on each side.", ge=0, le=100)
         ] = 10,
-        offset: Annotated[
-            int, Field(description="Where to start reading the target (next_offset).", ge=0)
-        ] = 0,
+        offset: Offset = 0,
     ) -> str:
         """The message (a page of its content from `offset`; `next_offset` reads on), the
         snapshots around it, and as many of its neighbours as fit, nearest first, each cut

@@ -1,6 +1,5 @@
 """`mnemo mcp`: an MCP server (the `mcp` SDK's `MCPServer`) over a store, on stdio or
-streamable HTTP; each tool carries MCP's hints and its arguments are checked strictly. Over
-HTTP (`Http`) it answers only allowed Host names and, with a token, only requests showing it."""
+streamable HTTP (`Http`); each tool carries MCP's hints and its arguments are checked strictly."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""What the web app reads: `MemorySource`, `Memory`'s public methods, none of which starts or
-resumes work; the two that write do so only with `writes=True`."""
+"""What the web app reads, and with `writes` changes: `MemorySource`, over `Memory`."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
@@ -99,11 +99,7 @@ class ConversationManager:
         check_name(thread_id, "thread_id")
         history = check_history(messages)
         scoped = check_metadata(metadata)
-        async with self._service.thread_locks.hold(thread_id):
-            appended = await self._append_new(thread_id, history, scoped)
-            await self._compress(thread_id, appended)
-        await self._evict(thread_id, appended)
-        return appended
+        return await self._written(thread_id, partial(self._append_new, thread_id, history, scoped))
 
     async def append(
         self, thread_id: str, messages: Sequence[Mapping[str, object]],
@@ -118,26 +114,26 @@ class ConversationManager:
         drafted = await cpu.run(partial(_drafts, history, 0, self._service.config, scoped),
                                 _chars(history))
         vectors = await self._embed(thread_id, drafted, {})
+        if not drafted:
+            return []
+        return await self._written(thread_id, lambda: self._service.store.append(
+            thread_id, list(drafted.values()), recorded_at=self.clock(),
+            vectors=None if vectors is None else list(vectors.values())))
+
+    async def _written(
+        self, thread_id: str, write: Callable[[], Awaitable[list[Message]]]
+    ) -> list[Message]:
+        """What `write` appends under the thread lock, the `Summary` policies' summaries made
+        under it too, then evicted (`auto_evict_budget`)."""
         async with self._service.thread_locks.hold(thread_id):
-            appended = await self._service.store.append(
-                thread_id, list(drafted.values()), recorded_at=self.clock(),
-                vectors=None if vectors is None else list(vectors.values()),
-            ) if drafted else []
-            await self._compress(thread_id, appended)
-        await self._evict(thread_id, appended)
-        return appended
-
-    async def _compress(self, thread_id: str, appended: Sequence[Message]) -> None:
-        """After an append, under the thread lock: the `Summary` policies' summaries."""
-        for policy in self.compression if appended else ():
-            if isinstance(policy, Summary):
-                await self._summarise(thread_id, policy)
-
-    async def _evict(self, thread_id: str, appended: Sequence[Message]) -> None:
+            appended = await write()
+            for policy in self.compression if appended else ():
+                if isinstance(policy, Summary):
+                    await self._summarise(thread_id, policy)
         if appended and self.auto_evict_budget is not None:
             await self._service.auto_evict(
-                thread_id, self.auto_evict_budget, self.eviction_fraction, self.llm
-            )
+                thread_id, self.auto_evict_budget, self.eviction_fraction, self.llm)
+        return appended
 
     def _check_count(self, new: int) -> None:
         most = self._service.config.max_messages_per_save

@@ -136,7 +136,6 @@ class PersistReply(Reply, frozen=True, kw_only=True):
     entry: str  # bounded by each request (`memory_persist_request`)
 
 
-MEMORY_PERSIST_SCHEMA = reply_schema(PersistReply)
 MEMORY_PERSIST_SYSTEM = (
     "You file statements into an agent's long-term memory: Markdown files, one per topic, "
     "that the agent reads before future work.")
@@ -158,7 +157,7 @@ def memory_persist_request(*, statement: str, files: list[dict[str, str]]) -> LL
     `parse_persist`), at most half again the statement's length (the words `statement_entry`
     lets a rewording add)."""
     schema, max_tokens = bounded(
-        MEMORY_PERSIST_SCHEMA, "entry", len(statement) * 3 // 2 + 40, most=None, cap=None)
+        reply_schema(PersistReply), "entry", len(statement) * 3 // 2 + 40, most=None, cap=None)
     return task_request(
         "memory_persist", system=MEMORY_PERSIST_SYSTEM, instructions=MEMORY_PERSIST_INSTRUCTIONS,
         inputs={"statement": statement, "files": files}, schema=schema, max_tokens=max_tokens)
@@ -222,7 +221,6 @@ class CondenseReply(Reply, frozen=True, kw_only=True):
     content: str  # bounded by each request (`memory_condense_request`)
 
 
-MEMORY_CONDENSE_SCHEMA = reply_schema(CondenseReply)
 MEMORY_CONDENSE_SYSTEM = (
     "You maintain an agent's long-term memory: Markdown files, one per topic, that the agent "
     "reads before future work. Each file has a size limit.")
@@ -248,7 +246,7 @@ def memory_condense_request(*, topic: str, description: str, entries: list[str],
     the content's bound leaves room for the bullet and newline a line written without them
     takes in the file."""
     schema, max_tokens = bounded(
-        MEMORY_CONDENSE_SCHEMA, "content", max_chars - 3, most=None, cap=None)
+        reply_schema(CondenseReply), "content", max_chars - 3, most=None, cap=None)
     return task_request(
         "memory_condense",
         system=MEMORY_CONDENSE_SYSTEM,

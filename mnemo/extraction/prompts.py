@@ -291,25 +291,18 @@ def _concepts(value: list[str] | None) -> tuple[str, ...]:
     # Tags are deduplicated by lower-cased label downstream; the first spelling wins here.
     labels: dict[str, str] = {}
     for label in (concept.strip() for concept in value or ()):
-        if is_label(label):
+        if is_words(label) and len(label) <= 64 and _NOT_IN_LABELS.search(label) is None:
             labels.setdefault(label.lower(), label)
     return tuple(labels.values())
 
 
 # A tag is a few words: no JSON or markup characters (a small model's `');{` became a tag).
 _NOT_IN_LABELS = re.compile(r"[{}\[\]<>\"`;\\]")
-MAX_LABEL_CHARS = 64
 
 
 def is_words(text: str) -> bool:
     """Whether `text` says something: it holds a letter or a digit (not only punctuation)."""
     return any(c.isalnum() for c in text)
-
-
-def is_label(text: str) -> bool:
-    """Whether `text` can be a concept's label: words, short, without JSON or markup."""
-    return (is_words(text) and len(text) <= MAX_LABEL_CHARS
-            and _NOT_IN_LABELS.search(text) is None)
 
 
 def _confidence(value: float | None) -> float:

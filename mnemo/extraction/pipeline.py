@@ -114,7 +114,10 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
             tg.start_soon(draft)
     if work.failures and not partial:
         where, failure = work.failures[0]
-        named = _named(where, failure)
+        try:  # the failure again, of its class, its message naming its task and trajectory
+            named = type(failure)(f"{where}: {failure}")
+        except TypeError:  # an error class that takes other arguments: as it is
+            named = failure
         if named is failure:
             raise failure
         raise named from failure
@@ -128,14 +131,6 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
     if deferred is not None:
         deferred.reward = work.rewards.get(deferred.id)
     return changeset
-
-
-def _named(where: str, failure: AdapterError) -> AdapterError:
-    """`failure` again, of its class, its message saying which task of which trajectory."""
-    try:
-        return type(failure)(f"{where}: {failure}")
-    except TypeError:  # an error class that takes other arguments: as it is
-        return failure
 
 
 @dataclass(slots=True)

@@ -48,10 +48,6 @@ class Stored:
         return max(self.used, self.updated) if self.used else self.updated
 
 
-def newest_first(stored: builtins.list[Stored]) -> builtins.list[Stored]:
-    return sorted(stored, key=lambda s: (-s.updated.timestamp(), s.topic))
-
-
 def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
     """The user and assistant messages of `history` that carry text, newest within budget
     (InvalidInputError for a history that is not messages, or past `limit`)."""

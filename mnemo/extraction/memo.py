@@ -31,10 +31,6 @@ class KeptResult:
     data: object
     cost: Usage
 
-    @property
-    def key(self) -> Key:
-        return (self.trajectory_id, self.task, self.digest)
-
     def reply_json(self) -> str:
         return json.dumps({"text": self.text, "data": self.data}, sort_keys=True, default=str)
 
@@ -87,7 +83,7 @@ class TaskMemo:
             self._add(result)
 
     def _add(self, result: KeptResult) -> None:
-        self._kept[result.key] = result
+        self._kept[(result.trajectory_id, result.task, result.digest)] = result
         self._tasks.add((result.trajectory_id, result.task))
 
     def _hashed(self, task: tuple[str, str]) -> None:

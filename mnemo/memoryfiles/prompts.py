@@ -15,7 +15,6 @@ from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
 from mnemo.ports import LLMRequest, LLMResponse
 
-SIGNALS = ("decision", "context", "correction", "preference")
 Signal = Literal["decision", "context", "correction", "preference"]
 
 
@@ -62,7 +61,7 @@ _DESCRIPTION_BOUND = 160
 class FileReply(Reply, frozen=True, kw_only=True):
     topic: Annotated[str, text(MAX_TOPIC_CHARS)]
     description: Annotated[str, text(_DESCRIPTION_BOUND)] | None = None
-    signals: Annotated[list[Signal], items(len(SIGNALS))] | None = None
+    signals: Annotated[list[Signal], items(4)] | None = None
     content: Annotated[str, text(MAX_NEW_CHARS)]
     remove: Annotated[list[Annotated[str, text(MAX_REMOVED_CHARS)]], items(MAX_REMOVED)] | None = (
         None)

@@ -281,13 +281,17 @@ class ConversationManager:
     async def pop(self, thread_id: str) -> Message | None:
         """Erases the thread's newest message and returns it (None if none; no seq reused)."""
         check_id(thread_id, "thread_id")
-        return await self._service.pop(thread_id)
+        service = self._service
+        async with service.thread_locks.hold(thread_id), service.evict_locks.hold(thread_id):
+            return await service.store.pop(thread_id)
 
     async def clear(self, thread_id: str) -> None:
         """Deletes the thread's messages, compactions, vectors, snapshots, goals and pins and starts
         a new history; seqs are not reused."""
         check_id(thread_id, "thread_id")
-        await self._service.clear(thread_id)
+        service = self._service
+        async with service.thread_locks.hold(thread_id), service.evict_locks.hold(thread_id):
+            await service.store.clear(thread_id)
 
     async def purge(self, thread_id: str) -> None:
         """Erases the thread and its seq counter, leaving nothing of it in the database file."""

@@ -92,7 +92,7 @@ class ConversationService:
         )
         # Held while a call reads then writes a thread's log; while one evicts it.
         self.thread_locks = KeyedLocks()
-        self._evict_locks = KeyedLocks()
+        self.evict_locks = KeyedLocks()
         # What the last viewport laid out here showed of each thread, for `search_messages`.
         self._shown: OrderedDict[str, Shown] = OrderedDict()
 
@@ -186,7 +186,7 @@ class ConversationService:
         check_count("token_budget", token_budget, minimum=1)
         check_fraction(eviction_fraction)
         model = self.model(llm)
-        async with self._evict_locks.hold(thread_id):
+        async with self.evict_locks.hold(thread_id):
             return await self.evictor.evict(thread_id, token_budget, eviction_fraction, model)
 
     async def auto_evict(
@@ -194,7 +194,7 @@ class ConversationService:
     ) -> None:
         """Evicts until the viewport of `token_budget` shows every message from the boundary
         on, or until the thread is purged meanwhile."""
-        async with self._evict_locks.hold(thread_id):
+        async with self.evict_locks.hold(thread_id):
             while layout(thread_id, token_budget,
                          await self.store.viewport_inputs(thread_id, token_budget))[1]:
                 try:
@@ -261,16 +261,8 @@ class ConversationService:
         # The window's tool outputs are reduced to ok/error; `target` stays as stored.
         return replace(view, messages=[reduced(m) for m in view.messages])
 
-    async def clear(self, thread_id: str) -> None:
-        async with self.thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
-            await self.store.clear(thread_id)
-
-    async def pop(self, thread_id: str) -> Message | None:
-        async with self.thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
-            return await self.store.pop(thread_id)
-
     async def purge(self, thread_id: str) -> int:
-        async with self.thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
+        async with self.thread_locks.hold(thread_id), self.evict_locks.hold(thread_id):
             gone = await self.store.purge(thread_id)
             self._shown.pop(thread_id, None)  # a new thread of that id shows nothing yet
         await self.events.emit("thread_purged", thread_id=thread_id, messages=gone)

@@ -18,7 +18,6 @@ class SummaryReply(Reply, frozen=True):
     summary: str  # at most `max_words` words' worth of characters, bounded by each request
 
 
-SUMMARY_SCHEMA = reply_schema(SummaryReply)
 # Characters a summary of `max_words` words may take.
 CHARS_PER_WORD = 8
 
@@ -27,6 +26,17 @@ def words_bound(schema: JSONObject, field: str, max_words: int) -> tuple[JSONObj
     """`schema` with its string `field` bounded at `max_words` words' worth of characters, and
     the max_tokens its longest reply needs."""
     return bounded(schema, field, CHARS_PER_WORD * max_words, most=None, cap=None)
+
+
+def _summarising(task: str, system: str, instructions: str, max_words: int,
+                 **inputs: object) -> LLMRequest:
+    """A task whose reply is one summary of at most `max_words` words (`parse_summary`), with
+    `max_words` last in its inputs."""
+    schema, max_tokens = words_bound(reply_schema(SummaryReply), "summary", max_words)
+    return task_request(task, system=system, instructions=instructions,
+                        inputs={**inputs, "max_words": max_words}, schema=schema,
+                        max_tokens=max_tokens)
+
 
 SUMMARY_SYSTEM = (
     "You compress the older part of a conversation into a summary that replaces it in the "
@@ -49,19 +59,8 @@ def summary_request(
 ) -> LLMRequest:
     """The "summary" task: `messages` are {seq, role, text}; read the reply with
     `parse_summary`."""
-    schema, max_tokens = words_bound(SUMMARY_SCHEMA, "summary", max_words)
-    return task_request(
-        "summary",
-        system=SUMMARY_SYSTEM,
-        instructions=SUMMARY_INSTRUCTIONS,
-        inputs={
-            "previous_summary": previous_summary,
-            "messages": messages,
-            "max_words": max_words,
-        },
-        schema=schema,
-        max_tokens=max_tokens,
-    )
+    return _summarising("summary", SUMMARY_SYSTEM, SUMMARY_INSTRUCTIONS, max_words,
+                        previous_summary=previous_summary, messages=messages)
 
 
 def parse_summary(resp: LLMResponse) -> str:
@@ -89,15 +88,8 @@ Reply with JSON: {"summary": "..."}."""
 def fold_request(*, snapshots: list[JSONObject], max_words: int) -> LLMRequest:
     """The "snapshot_fold" task: `snapshots` are {start_seq, end_seq, text}; read the reply
     with `parse_summary`."""
-    schema, max_tokens = words_bound(SUMMARY_SCHEMA, "summary", max_words)
-    return task_request(
-        "snapshot_fold",
-        system=FOLD_SYSTEM,
-        instructions=FOLD_INSTRUCTIONS,
-        inputs={"snapshots": snapshots, "max_words": max_words},
-        schema=schema,
-        max_tokens=max_tokens,
-    )
+    return _summarising("snapshot_fold", FOLD_SYSTEM, FOLD_INSTRUCTIONS, max_words,
+                        snapshots=snapshots)
 
 
 class ToolDict(TypedDict):

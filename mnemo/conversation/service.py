@@ -34,7 +34,6 @@ from mnemo.conversation.ports import Shown, ThreadStore
 from mnemo.conversation.render import reduced
 from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
-from mnemo.graph.model import now_utc
 from mnemo.graph.scope import Where, pairs
 from mnemo.graph.vectors import embed_within
 from mnemo.inputs import check_count, check_id, check_models, check_name, check_seconds, check_text
@@ -75,8 +74,8 @@ class ConversationService:
         embedder: Embedder,
         config: Config,
         events: Events,
-        clock: Clock = now_utc,
-        limit: Callable[[LLM], LLM] = lambda llm: llm,
+        clock: Clock,
+        limit: Callable[[LLM], LLM],
     ) -> None:
         self.store = store
         self.llm = llm

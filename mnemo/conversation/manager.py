@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import logging
-from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
-from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from mnemo import cpu
@@ -41,6 +39,7 @@ from mnemo.conversation.selection import (
     with_tool_pairs,
     without_orphaned_results,
 )
+from mnemo.conversation.viewport import leading
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
 from mnemo.graph.scope import Metadata, check_metadata
@@ -322,8 +321,7 @@ class ConversationManager:
         max_words = max(48, policy.max_tokens * 3 // 16)
         chunk_tokens = max(SUMMARY_CHUNK_TOKENS, 4 * policy.max_tokens)
         while pending:
-            # The longest run that fits in chunk_tokens, one message at least.
-            fits = max(1, bisect_right(list(accumulate(m.tokens for m in pending)), chunk_tokens))
+            fits = leading(pending, chunk_tokens)
             chunk, pending = pending[:fits], pending[fits:]
             previous = max((c for c in compactions if c.end_seq < chunk[0].seq),
                            key=lambda c: c.end_seq, default=None)

@@ -40,7 +40,6 @@ from mnemo.inputs import check_count, check_id, check_models, check_name, check_
 from mnemo.ports import LLM, Embedder, Events, detect_dim
 from mnemo.text import query_words
 
-Clock = Callable[[], datetime]
 log = logging.getLogger("mnemo")
 
 
@@ -74,7 +73,7 @@ class ConversationService:
         embedder: Embedder,
         config: Config,
         events: Events,
-        clock: Clock,
+        clock: Callable[[], datetime],
         limit: Callable[[LLM], LLM],
     ) -> None:
         self.store = store

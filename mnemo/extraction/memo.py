@@ -16,9 +16,6 @@ from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 
 T = TypeVar("T")
 
-# (trajectory id, task, digest of the request)
-Key = tuple[str, str, str]
-
 
 @dataclass(frozen=True, slots=True)
 class KeptResult:
@@ -75,7 +72,7 @@ class TaskMemo:
 
     def __init__(self, episode_id: str, kept: Iterable[KeptResult] = ()) -> None:
         self.episode_id = episode_id
-        self._kept: dict[Key, KeptResult] = {}
+        self._kept: dict[tuple[str, str, str], KeptResult] = {}
         self._tasks: set[tuple[str, str]] = set()
         self._fresh: dict[tuple[str, str], list[_Fresh]] = {}
         self._unsaved: list[_Fresh] = []

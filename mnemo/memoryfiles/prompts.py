@@ -48,13 +48,10 @@ class Filed:
 
 
 # The reply holds edits (each topic's new entries and those a correction makes wrong), so its
-# length is bounded whatever the files' size.
-
-# The most files one reply changes, the new text of one file, and the entries it removes.
+# length is bounded whatever the files' size: the most files one reply changes, and the new
+# text of one file.
 MAX_UPDATE_FILES = 4
 MAX_NEW_CHARS = 480
-MAX_REMOVED = 2
-MAX_REMOVED_CHARS = 200
 _DESCRIPTION_BOUND = 160
 
 
@@ -63,8 +60,7 @@ class FileReply(Reply, frozen=True, kw_only=True):
     description: Annotated[str, text(_DESCRIPTION_BOUND)] | None = None
     signals: Annotated[list[Signal], items(4)] | None = None
     content: Annotated[str, text(MAX_NEW_CHARS)]
-    remove: Annotated[list[Annotated[str, text(MAX_REMOVED_CHARS)]], items(MAX_REMOVED)] | None = (
-        None)
+    remove: Annotated[list[Annotated[str, text(200)]], items(2)] | None = None
 
 
 class UpdateReply(Reply, frozen=True):

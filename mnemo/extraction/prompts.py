@@ -24,8 +24,6 @@ from mnemo.calls.tasks import preview, read_reply, reply_data, task_request, uni
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.ports import LLMRequest, LLMResponse
 
-MIN_RETURN, MAX_RETURN = 1, 10
-
 StepIndices = Annotated[list[int], Meta(description="The indices of the steps this came from.")]
 Steps = Sequence[Mapping[str, object]]
 
@@ -209,8 +207,7 @@ def parse_returns(resp: LLMResponse, count: int) -> dict[int, int]:
         if math.isnan(item.return_score):
             raise ValueError(f"scores[{i}].return_score must be a number, got nan")
         if 0 <= item.index < count and item.index not in scores:
-            clamped = min(float(MAX_RETURN), max(float(MIN_RETURN), item.return_score))
-            scores[item.index] = round(clamped)
+            scores[item.index] = round(min(10.0, max(1.0, item.return_score)))
     return scores
 
 

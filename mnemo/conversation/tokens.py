@@ -23,8 +23,7 @@ def _encoder() -> Callable[[str], list[int]] | None:
 
 
 def count_tokens(text: str) -> int:
-    """Tokens in `text`: exact with tiktoken (cl100k_base), else ceil(ASCII characters / 4)
-    plus the other characters."""
+    """Tokens in `text`, counted or estimated as the module says (without `MESSAGE_OVERHEAD`)."""
     encode = _encoder()
     if encode is not None:
         return len(encode(text))

@@ -10,9 +10,9 @@ from mnemo.extraction import prompts
 from mnemo.ports import LLMResponse
 from tests.fakes import js
 
-SCHEMAS = [prompts.SEMANTIC_SCHEMA, prompts.PROCEDURAL_SCHEMA,
-           prompts.PROCEDURAL_SCORING_SCHEMA, prompts.RETURN_SCHEMA,
-           prompts.MERGE_INTENT_SCHEMA, prompts.MERGE_INTENTS_SCHEMA]
+SCHEMAS = [reply_schema(kind) for kind in (
+    prompts.SemanticReply, prompts.ProceduralReply, prompts.ScoringReply, prompts.ReturnReply,
+    prompts.MergedReply, prompts.MergedPairsReply)]
 
 
 class Item(Reply, frozen=True):
@@ -69,7 +69,7 @@ def test_semantic_schema_is_the_shape_models_were_sent() -> None:
     """The generated "semantic" schema is the one written by hand before it (facts with a
     required proposition, concepts and bounded confidence, optional step indices), with the
     bounds that keep a grammar-bound model's reply within max_tokens."""
-    assert prompts.SEMANTIC_SCHEMA == {
+    assert reply_schema(prompts.SemanticReply) == {
         "type": "object",
         "properties": {
             "facts": {
@@ -161,4 +161,4 @@ def test_a_procedure_repeated_is_kept_once_and_the_last_score_is_asked_for() -> 
             "instruction": said, "expected_outcome": "200 OK"}
     data = {"instructions": [item, {**item, "instruction": said.lower()}]}
     assert len(prompts.parse_instructions(LLMResponse(data=data))) == 1
-    assert "last_reward" in js(prompts.PROCEDURAL_SCORING_SCHEMA)["required"]
+    assert "last_reward" in js(reply_schema(prompts.ScoringReply))["required"]

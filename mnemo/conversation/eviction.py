@@ -44,10 +44,6 @@ MAX_ATTEMPTS = 3
 # The newest lines of `done` the model is shown.
 MAX_DONE = 20
 
-# Passive recall (`ConversationService.recalled`), leaving out the ids given.
-Recall = Callable[[str, Sequence[Goal], Collection[str]], Awaitable[list[SearchHit]]]
-
-
 @dataclass(slots=True)
 class EvictionTools:
     """The tools of one eviction and what the model did with them."""
@@ -203,7 +199,8 @@ class Evictor:
     events: Events
     clock: Callable[[], datetime]
     timeout: float
-    recall: Recall
+    # Passive recall (`ConversationService.recalled`), leaving out the ids given.
+    recall: Callable[[str, Sequence[Goal], Collection[str]], Awaitable[list[SearchHit]]]
 
     async def evict(
         self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM

@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import logging
-from bisect import bisect_right
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
-from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from mnemo import cpu
@@ -41,6 +39,7 @@ from mnemo.conversation.selection import (
     with_tool_pairs,
     without_orphaned_results,
 )
+from mnemo.conversation.viewport import leading
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
 from mnemo.graph.scope import Metadata, check_metadata
@@ -99,11 +98,7 @@ class ConversationManager:
         check_name(thread_id, "thread_id")
         history = check_history(messages)
         scoped = check_metadata(metadata)
-        async with self._service.thread_locks.hold(thread_id):
-            appended = await self._append_new(thread_id, history, scoped)
-            await self._compress(thread_id, appended)
-        await self._evict(thread_id, appended)
-        return appended
+        return await self._written(thread_id, partial(self._append_new, thread_id, history, scoped))
 
     async def append(
         self, thread_id: str, messages: Sequence[Mapping[str, object]],
@@ -118,26 +113,26 @@ class ConversationManager:
         drafted = await cpu.run(partial(_drafts, history, 0, self._service.config, scoped),
                                 _chars(history))
         vectors = await self._embed(thread_id, drafted, {})
+        if not drafted:
+            return []
+        return await self._written(thread_id, lambda: self._service.store.append(
+            thread_id, list(drafted.values()), recorded_at=self.clock(),
+            vectors=None if vectors is None else list(vectors.values())))
+
+    async def _written(
+        self, thread_id: str, write: Callable[[], Awaitable[list[Message]]]
+    ) -> list[Message]:
+        """What `write` appends under the thread lock, the `Summary` policies' summaries made
+        under it too, then evicted (`auto_evict_budget`)."""
         async with self._service.thread_locks.hold(thread_id):
-            appended = await self._service.store.append(
-                thread_id, list(drafted.values()), recorded_at=self.clock(),
-                vectors=None if vectors is None else list(vectors.values()),
-            ) if drafted else []
-            await self._compress(thread_id, appended)
-        await self._evict(thread_id, appended)
-        return appended
-
-    async def _compress(self, thread_id: str, appended: Sequence[Message]) -> None:
-        """After an append, under the thread lock: the `Summary` policies' summaries."""
-        for policy in self.compression if appended else ():
-            if isinstance(policy, Summary):
-                await self._summarise(thread_id, policy)
-
-    async def _evict(self, thread_id: str, appended: Sequence[Message]) -> None:
+            appended = await write()
+            for policy in self.compression if appended else ():
+                if isinstance(policy, Summary):
+                    await self._summarise(thread_id, policy)
         if appended and self.auto_evict_budget is not None:
             await self._service.auto_evict(
-                thread_id, self.auto_evict_budget, self.eviction_fraction, self.llm
-            )
+                thread_id, self.auto_evict_budget, self.eviction_fraction, self.llm)
+        return appended
 
     def _check_count(self, new: int) -> None:
         most = self._service.config.max_messages_per_save
@@ -285,13 +280,17 @@ class ConversationManager:
     async def pop(self, thread_id: str) -> Message | None:
         """Erases the thread's newest message and returns it (None if none; no seq reused)."""
         check_id(thread_id, "thread_id")
-        return await self._service.pop(thread_id)
+        service = self._service
+        async with service.thread_locks.hold(thread_id), service.evict_locks.hold(thread_id):
+            return await service.store.pop(thread_id)
 
     async def clear(self, thread_id: str) -> None:
         """Deletes the thread's messages, compactions, vectors, snapshots, goals and pins and starts
         a new history; seqs are not reused."""
         check_id(thread_id, "thread_id")
-        await self._service.clear(thread_id)
+        service = self._service
+        async with service.thread_locks.hold(thread_id), service.evict_locks.hold(thread_id):
+            await service.store.clear(thread_id)
 
     async def purge(self, thread_id: str) -> None:
         """Erases the thread and its seq counter, leaving nothing of it in the database file."""
@@ -322,8 +321,7 @@ class ConversationManager:
         max_words = max(48, policy.max_tokens * 3 // 16)
         chunk_tokens = max(SUMMARY_CHUNK_TOKENS, 4 * policy.max_tokens)
         while pending:
-            # The longest run that fits in chunk_tokens, one message at least.
-            fits = max(1, bisect_right(list(accumulate(m.tokens for m in pending)), chunk_tokens))
+            fits = leading(pending, chunk_tokens)
             chunk, pending = pending[:fits], pending[fits:]
             previous = max((c for c in compactions if c.end_seq < chunk[0].seq),
                            key=lambda c: c.end_seq, default=None)

@@ -22,8 +22,6 @@ from mnemo.errors import ConflictError
 from mnemo.graph.model import Vector
 from mnemo.graph.scope import Metadata, Where
 
-__all__ = ["EvictionInputs", "ThreadState", "ThreadStore", "ViewportInputs"]
-
 
 @dataclass(frozen=True, slots=True)
 class ThreadState:

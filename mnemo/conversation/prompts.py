@@ -9,7 +9,7 @@ from typing import Annotated, TypedDict
 
 from msgspec import Meta
 
-from mnemo.calls.schema import Reply, bounded, items, most_tokens, reply_schema, text
+from mnemo.calls.schema import Reply, bounded, items, reply_schema, text
 from mnemo.calls.tasks import read_reply, reply_data, task_request
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse
 
@@ -18,7 +18,6 @@ class SummaryReply(Reply, frozen=True):
     summary: str  # at most `max_words` words' worth of characters, bounded by each request
 
 
-SUMMARY_SCHEMA = reply_schema(SummaryReply)
 # Characters a summary of `max_words` words may take.
 CHARS_PER_WORD = 8
 
@@ -27,6 +26,17 @@ def words_bound(schema: JSONObject, field: str, max_words: int) -> tuple[JSONObj
     """`schema` with its string `field` bounded at `max_words` words' worth of characters, and
     the max_tokens its longest reply needs."""
     return bounded(schema, field, CHARS_PER_WORD * max_words, most=None, cap=None)
+
+
+def _summarising(task: str, system: str, instructions: str, max_words: int,
+                 **inputs: object) -> LLMRequest:
+    """A task whose reply is one summary of at most `max_words` words (`parse_summary`), with
+    `max_words` last in its inputs."""
+    schema, max_tokens = words_bound(reply_schema(SummaryReply), "summary", max_words)
+    return task_request(task, system=system, instructions=instructions,
+                        inputs={**inputs, "max_words": max_words}, schema=schema,
+                        max_tokens=max_tokens)
+
 
 SUMMARY_SYSTEM = (
     "You compress the older part of a conversation into a summary that replaces it in the "
@@ -49,19 +59,8 @@ def summary_request(
 ) -> LLMRequest:
     """The "summary" task: `messages` are {seq, role, text}; read the reply with
     `parse_summary`."""
-    schema, max_tokens = words_bound(SUMMARY_SCHEMA, "summary", max_words)
-    return task_request(
-        "summary",
-        system=SUMMARY_SYSTEM,
-        instructions=SUMMARY_INSTRUCTIONS,
-        inputs={
-            "previous_summary": previous_summary,
-            "messages": messages,
-            "max_words": max_words,
-        },
-        schema=schema,
-        max_tokens=max_tokens,
-    )
+    return _summarising("summary", SUMMARY_SYSTEM, SUMMARY_INSTRUCTIONS, max_words,
+                        previous_summary=previous_summary, messages=messages)
 
 
 def parse_summary(resp: LLMResponse) -> str:
@@ -89,15 +88,8 @@ Reply with JSON: {"summary": "..."}."""
 def fold_request(*, snapshots: list[JSONObject], max_words: int) -> LLMRequest:
     """The "snapshot_fold" task: `snapshots` are {start_seq, end_seq, text}; read the reply
     with `parse_summary`."""
-    schema, max_tokens = words_bound(SUMMARY_SCHEMA, "summary", max_words)
-    return task_request(
-        "snapshot_fold",
-        system=FOLD_SYSTEM,
-        instructions=FOLD_INSTRUCTIONS,
-        inputs={"snapshots": snapshots, "max_words": max_words},
-        schema=schema,
-        max_tokens=max_tokens,
-    )
+    return _summarising("snapshot_fold", FOLD_SYSTEM, FOLD_INSTRUCTIONS, max_words,
+                        snapshots=snapshots)
 
 
 class ToolDict(TypedDict):
@@ -106,14 +98,11 @@ class ToolDict(TypedDict):
     parameters: JSONObject
 
 
-SNAPSHOT_TEXT = "The summary, plain sentences."
-
-
 class SaveSnapshot(Reply, frozen=True):
     """Save a summary of the messages leaving the context window. It stays visible to the
     assistant in their place. Call once with the whole summary."""
 
-    text: Annotated[str, Meta(description=SNAPSHOT_TEXT)]
+    text: Annotated[str, Meta(description="The summary, plain sentences.")]
 
 
 class AttachMessagesToGoals(Reply, frozen=True):
@@ -150,11 +139,6 @@ def _tool(name: str, kind: type[Reply]) -> ToolDict:
 
 
 EVICTION_TOOL_SPECS = [_tool(name, kind) for name, kind in EVICTION_ARGUMENTS.items()]
-def snapshot_schema(max_words: int) -> JSONObject:
-    """`save_snapshot`'s arguments with the summary bounded at `max_words` words' worth of
-    characters (`maxLength`)."""
-    return words_bound(EVICTION_TOOL_SPECS[0]["parameters"], "text", max_words)[0]
-
 
 EVICTION_AS_DATA = """
 Your earlier replies reached us without tool calls. This time reply with the arguments of
@@ -206,11 +190,13 @@ def eviction_request(
 ) -> LLMRequest:
     """One round of the "eviction" task, whose `tool_choice` says which tool the reply must call;
     `as_data` asks for `save_snapshot`'s arguments as structured output instead."""
-    instructions = EVICTION_INSTRUCTIONS + (EVICTION_AS_DATA if as_data else "")
+    # `save_snapshot`'s arguments, the summary's length bounded for a server's grammar (not
+    # checked when read).
+    snapshot, longest = words_bound(EVICTION_TOOL_SPECS[0]["parameters"], "text", max_words)
     request = task_request(
         "eviction",
         system=EVICTION_SYSTEM,
-        instructions=instructions,
+        instructions=EVICTION_INSTRUCTIONS + (EVICTION_AS_DATA if as_data else ""),
         inputs={
             "zone": zone,
             "middle": middle,
@@ -223,13 +209,11 @@ def eviction_request(
             "max_words": max_words,
             "done": done,
         },
-        max_tokens=max_words * 2 + 256,
+        schema=snapshot if as_data else None,
+        max_tokens=max(max_words * 2 + 256, longest),
     )
-    # The summary's length in the schema, for a server's grammar (not checked when read).
-    snapshot = snapshot_schema(max_words)
-    max_tokens = max(request.max_tokens or 0, most_tokens(snapshot) or 0)
     if as_data:
-        return replace(request, schema=snapshot, max_tokens=max_tokens)
+        return request
     return replace(
-        request, max_tokens=max_tokens, tool_choice=tool_choice,
+        request, tool_choice=tool_choice,
         tools=[{**EVICTION_TOOL_SPECS[0], "parameters": snapshot}, *EVICTION_TOOL_SPECS[1:]])

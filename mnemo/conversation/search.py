@@ -49,7 +49,8 @@ def hit_snippet(snippet: str, text: str, words: Sequence[str]) -> str:
     """The engine's snippet when it shows a query word, else the text from a little before
     the first query word the hit holds (folded, lightly stemmed)."""
     clipped = flat(snippet, SNIPPET_CHARS)
-    keys = {key for word in words for key in _keys(word)}
+    folded = [word for word in map(_fold, words) if not is_stopword(word)]
+    keys = {key for word in folded for key in (word, stem(word)) if len(key) >= 3}
     if not keys:
         return clipped
     starts = re.compile("|".join(rf"(?<![^\W_]){re.escape(key)}" for key in sorted(keys)))
@@ -62,13 +63,6 @@ def hit_snippet(snippet: str, text: str, words: Sequence[str]) -> str:
             shown = ("..." if begin else "") + " ".join(tokens[begin:i + SNIPPET_WORDS])
             return flat(shown, SNIPPET_CHARS)
     return clipped
-
-
-def _keys(word: str) -> set[str]:
-    folded = _fold(word)
-    if is_stopword(folded):
-        return set()
-    return {key for key in (folded, stem(folded)) if len(key) >= 3}
 
 
 def _fold(text: str) -> str:

@@ -32,17 +32,16 @@ def with_tool_pairs(picked: Sequence[Message], pool: Sequence[Message]) -> list[
     chosen = {m.seq: m for m in picked}
     calls = {m.seq: call_ids(m) for m in pool}
     results = {m.seq: result_ids(m) for m in pool}
-    by_seq = {m.seq: m for m in pool}
     frontier = list(chosen.values())
     while frontier:
         message = frontier.pop()
         wanted_calls = result_ids(message)
         wanted_results = call_ids(message)
-        for seq, other in by_seq.items():
-            if seq in chosen:
+        for other in pool:
+            if other.seq in chosen:
                 continue
-            if calls[seq] & wanted_calls or results[seq] & wanted_results:
-                chosen[seq] = other
+            if calls[other.seq] & wanted_calls or results[other.seq] & wanted_results:
+                chosen[other.seq] = other
                 frontier.append(other)
     return [chosen[seq] for seq in sorted(chosen)]
 

@@ -34,14 +34,12 @@ from mnemo.conversation.ports import Shown, ThreadStore
 from mnemo.conversation.render import reduced
 from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
-from mnemo.graph.model import now_utc
 from mnemo.graph.scope import Where, pairs
 from mnemo.graph.vectors import embed_within
 from mnemo.inputs import check_count, check_id, check_models, check_name, check_seconds, check_text
 from mnemo.ports import LLM, Embedder, Events, detect_dim
 from mnemo.text import query_words
 
-Clock = Callable[[], datetime]
 log = logging.getLogger("mnemo")
 
 
@@ -75,8 +73,8 @@ class ConversationService:
         embedder: Embedder,
         config: Config,
         events: Events,
-        clock: Clock = now_utc,
-        limit: Callable[[LLM], LLM] = lambda llm: llm,
+        clock: Callable[[], datetime],
+        limit: Callable[[LLM], LLM],
     ) -> None:
         self.store = store
         self.llm = llm
@@ -92,7 +90,7 @@ class ConversationService:
         )
         # Held while a call reads then writes a thread's log; while one evicts it.
         self.thread_locks = KeyedLocks()
-        self._evict_locks = KeyedLocks()
+        self.evict_locks = KeyedLocks()
         # What the last viewport laid out here showed of each thread, for `search_messages`.
         self._shown: OrderedDict[str, Shown] = OrderedDict()
 
@@ -186,7 +184,7 @@ class ConversationService:
         check_count("token_budget", token_budget, minimum=1)
         check_fraction(eviction_fraction)
         model = self.model(llm)
-        async with self._evict_locks.hold(thread_id):
+        async with self.evict_locks.hold(thread_id):
             return await self.evictor.evict(thread_id, token_budget, eviction_fraction, model)
 
     async def auto_evict(
@@ -194,7 +192,7 @@ class ConversationService:
     ) -> None:
         """Evicts until the viewport of `token_budget` shows every message from the boundary
         on, or until the thread is purged meanwhile."""
-        async with self._evict_locks.hold(thread_id):
+        async with self.evict_locks.hold(thread_id):
             while layout(thread_id, token_budget,
                          await self.store.viewport_inputs(thread_id, token_budget))[1]:
                 try:
@@ -261,16 +259,8 @@ class ConversationService:
         # The window's tool outputs are reduced to ok/error; `target` stays as stored.
         return replace(view, messages=[reduced(m) for m in view.messages])
 
-    async def clear(self, thread_id: str) -> None:
-        async with self.thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
-            await self.store.clear(thread_id)
-
-    async def pop(self, thread_id: str) -> Message | None:
-        async with self.thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
-            return await self.store.pop(thread_id)
-
     async def purge(self, thread_id: str) -> int:
-        async with self.thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
+        async with self.thread_locks.hold(thread_id), self.evict_locks.hold(thread_id):
             gone = await self.store.purge(thread_id)
             self._shown.pop(thread_id, None)  # a new thread of that id shows nothing yet
         await self.events.emit("thread_purged", thread_id=thread_id, messages=gone)

@@ -5,13 +5,13 @@ character), plus `MESSAGE_OVERHEAD` a message."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 
 MESSAGE_OVERHEAD = 4
 
 
 @cache
-def _encoder() -> Callable[[str], int] | None:
+def _encoder() -> Callable[[str], list[int]] | None:
     try:
         import tiktoken  # type: ignore[import-not-found, unused-ignore]
 
@@ -19,20 +19,13 @@ def _encoder() -> Callable[[str], int] | None:
     except Exception:
         # Not installed, or the encoding could not be loaded (offline with no cache): estimate.
         return None
-
-    def count(text: str) -> int:
-        return len(encoding.encode(text, disallowed_special=()))
-
-    return count
-
-
-def estimate_tokens(text: str) -> int:
-    """The documented estimate: ceil(ASCII characters / 4) + non-ASCII characters."""
-    ascii_chars = len(text.encode("ascii", "ignore"))
-    return -(-ascii_chars // 4) + (len(text) - ascii_chars)
+    return partial(encoding.encode, disallowed_special=())
 
 
 def count_tokens(text: str) -> int:
-    """Tokens in `text`: exact with tiktoken (cl100k_base), else `estimate_tokens`."""
+    """Tokens in `text`, counted or estimated as the module says (without `MESSAGE_OVERHEAD`)."""
     encode = _encoder()
-    return encode(text) if encode is not None else estimate_tokens(text)
+    if encode is not None:
+        return len(encode(text))
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    return -(-ascii_chars // 4) + (len(text) - ascii_chars)

@@ -129,7 +129,7 @@ def eviction_zone(
     if evictable <= 0:
         return []
     target = fraction * min(token_budget, sum(m.tokens for m in past_boundary))
-    zone = list(past_boundary[:_leading(past_boundary[:evictable], target)])
+    zone = list(past_boundary[:leading(past_boundary[:evictable], target)])
     while len(zone) < evictable and past_boundary[len(zone)].is_tool_result:
         zone.append(past_boundary[len(zone)])
     return zone
@@ -141,11 +141,11 @@ def context_zones(
     """What stays past the eviction zone: the recent zone (newest up to `fraction` of the
     budget, one at least) and the middle one."""
     target = fraction * min(token_budget, sum(m.tokens for m in rest))
-    split = len(rest) - _leading(reversed(rest), target)
+    split = len(rest) - leading(reversed(rest), target)
     return list(rest[:split]), list(rest[split:])
 
 
-def _leading(messages: Iterable[Message], target: float) -> int:
+def leading(messages: Iterable[Message], target: float) -> int:
     """How many of `messages`, from the first, fit in `target` tokens; at least one."""
     sizes = list(accumulate(message.tokens for message in messages))
     return max(1, bisect_right(sizes, target)) if sizes else 0

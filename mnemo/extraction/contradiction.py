@@ -32,7 +32,6 @@ class ContradictionReply(Reply, frozen=True):
     contradicted: Annotated[list[int], items(MOST_ITEMS)]
 
 
-CONTRADICTION_SCHEMA = reply_schema(ContradictionReply)
 CONTRADICTION_SYSTEM = "You keep an agent's memory of facts consistent over time."
 CONTRADICTION_INSTRUCTIONS = """\
 Each pair holds an existing fact and a new fact. A pair contradicts when the new fact says
@@ -55,7 +54,7 @@ def contradiction_request(
         {"index": k, "existing": questions[q].existing[p], "new": questions[q].new}
         for k, (q, p) in enumerate(pairs)]}
     schema, max_tokens = bounded(
-        CONTRADICTION_SCHEMA, "contradicted", len(pairs), most=None, floor=32)
+        reply_schema(ContradictionReply), "contradicted", len(pairs), most=None, floor=32)
     return task_request(
         "contradiction", system=CONTRADICTION_SYSTEM, instructions=CONTRADICTION_INSTRUCTIONS,
         inputs=inputs, schema=schema, max_tokens=max_tokens), pairs

@@ -16,9 +16,6 @@ from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 
 T = TypeVar("T")
 
-# (trajectory id, task, digest of the request)
-Key = tuple[str, str, str]
-
 
 @dataclass(frozen=True, slots=True)
 class KeptResult:
@@ -30,10 +27,6 @@ class KeptResult:
     text: str
     data: object
     cost: Usage
-
-    @property
-    def key(self) -> Key:
-        return (self.trajectory_id, self.task, self.digest)
 
     def reply_json(self) -> str:
         return json.dumps({"text": self.text, "data": self.data}, sort_keys=True, default=str)
@@ -79,7 +72,7 @@ class TaskMemo:
 
     def __init__(self, episode_id: str, kept: Iterable[KeptResult] = ()) -> None:
         self.episode_id = episode_id
-        self._kept: dict[Key, KeptResult] = {}
+        self._kept: dict[tuple[str, str, str], KeptResult] = {}
         self._tasks: set[tuple[str, str]] = set()
         self._fresh: dict[tuple[str, str], list[_Fresh]] = {}
         self._unsaved: list[_Fresh] = []
@@ -87,7 +80,7 @@ class TaskMemo:
             self._add(result)
 
     def _add(self, result: KeptResult) -> None:
-        self._kept[result.key] = result
+        self._kept[(result.trajectory_id, result.task, result.digest)] = result
         self._tasks.add((result.trajectory_id, result.task))
 
     def _hashed(self, task: tuple[str, str]) -> None:

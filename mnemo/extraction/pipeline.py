@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TypeVar
 
 import anyio
@@ -82,15 +82,16 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
 
     async def one(i: int, group: list[StepRecord]) -> None:
         scores = deferred if deferred is not None and group[-1] is deferred else None
-        trajectory = _Trajectory(i + 1, group)
+        name = f"trajectory {i + 1} ({group[0].subgoal!r})"
+        pending: set[str] = set()
         try:
             with fail_after(time_limit, stretches=True):
-                await _extract_trajectory(work, trajectory, parts[i], first_in,
+                await _extract_trajectory(work, parts[i], name, pending, first_in,
                                           scores_last=scores)
         except TimeoutError as exc:
-            unanswered = ", ".join(sorted(trajectory.pending)) or "none"
+            unanswered = ", ".join(sorted(pending)) or "none"
             raise TimeoutError(
-                f"{trajectory.name} took more than {time_limit:g} s of its calls' time "
+                f"{name} took more than {time_limit:g} s of its calls' time "
                 f"(unanswered: {unanswered})") from exc
 
     async def draft() -> None:
@@ -114,7 +115,10 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
             tg.start_soon(draft)
     if work.failures and not partial:
         where, failure = work.failures[0]
-        named = _named(where, failure)
+        try:  # the failure again, of its class, its message naming its task and trajectory
+            named = type(failure)(f"{where}: {failure}")
+        except TypeError:  # an error class that takes other arguments: as it is
+            named = failure
         if named is failure:
             raise failure
         raise named from failure
@@ -130,45 +134,24 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
     return changeset
 
 
-def _named(where: str, failure: AdapterError) -> AdapterError:
-    """`failure` again, of its class, its message saying which task of which trajectory."""
-    try:
-        return type(failure)(f"{where}: {failure}")
-    except TypeError:  # an error class that takes other arguments: as it is
-        return failure
-
-
-@dataclass(slots=True)
-class _Trajectory:
-    """One trajectory being extracted, and the tasks of it not answered yet."""
-
-    number: int
-    steps: list[StepRecord]
-    pending: set[str] = field(default_factory=set)
-
-    @property
-    def name(self) -> str:
-        return f"trajectory {self.number} ({self.steps[0].subgoal!r})"
-
-
-async def _extract_trajectory(work: _Round, trajectory: _Trajectory, part: Extracted,
+async def _extract_trajectory(work: _Round, part: Extracted, name: str, pending: set[str],
                               first_round_in: Callable[[], None], *,
                               scores_last: StepRecord | None) -> None:
-    """One trajectory's facts, instructions and returns into `part` (a failed task leaves its
-    part empty, its failure in `work.failures`); `first_round_in` is called as each of the two
-    first replies is in."""
-    steps = trajectory.steps
+    """The facts, instructions and returns of trajectory `name` into `part` (a failed task leaves
+    its part empty, its failure in `work.failures`), its tasks in `pending` while they are
+    asked; `first_round_in` is called as each of the two first replies is in."""
+    steps = part.steps
     key, subgoal, chars = steps[0].trajectory_id, steps[0].subgoal, _chars(steps)
 
     async def asked(task: str, call: Awaitable[T]) -> T | None:
-        trajectory.pending.add(task)
+        pending.add(task)
         try:
             return await call
         except AdapterError as exc:
-            work.failures.append((f"{task} of {trajectory.name}", exc))
+            work.failures.append((f"{task} of {name}", exc))
             return None
         finally:
-            trajectory.pending.discard(task)
+            pending.discard(task)
 
     async def semantic() -> None:
         # The procedural requests go out first: round 2 waits for their replies.

@@ -24,8 +24,6 @@ from mnemo.calls.tasks import preview, read_reply, reply_data, task_request, uni
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.ports import LLMRequest, LLMResponse
 
-MIN_RETURN, MAX_RETURN = 1, 10
-
 StepIndices = Annotated[list[int], Meta(description="The indices of the steps this came from.")]
 Steps = Sequence[Mapping[str, object]]
 
@@ -43,7 +41,6 @@ class SemanticReply(Reply, frozen=True):
     facts: Annotated[list[FactReply], items(6)]
 
 
-SEMANTIC_SCHEMA = reply_schema(SemanticReply)
 SEMANTIC_SYSTEM = (
     "You extract durable facts from an agent's work so they can be remembered and recalled "
     "later, out of context.")
@@ -65,7 +62,7 @@ Reply with JSON: {"facts": [{"proposition", "concepts", "confidence", "steps"}, 
 
 def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
     """The "semantic" task over one trajectory's steps ({"index", "observation", "action"})."""
-    schema, max_tokens = bounded(SEMANTIC_SCHEMA, "facts", 3 + 2 * len(steps))
+    schema, max_tokens = bounded(reply_schema(SemanticReply), "facts", 3 + 2 * len(steps))
     return task_request("semantic", system=SEMANTIC_SYSTEM, instructions=SEMANTIC_INSTRUCTIONS,
                         inputs={"goal": goal, "subgoal": subgoal, "steps": steps}, schema=schema,
                         max_tokens=max_tokens)
@@ -97,7 +94,6 @@ class ProceduralReply(Reply, frozen=True):
     instructions: Annotated[list[InstructionReply], items(4)]
 
 
-PROCEDURAL_SCHEMA = reply_schema(ProceduralReply)
 PROCEDURAL_SYSTEM = (
     "You turn an agent's actions into reusable procedures: when a situation arises, what to "
     "do, and what to expect.")
@@ -125,7 +121,6 @@ class ScoringReply(ProceduralReply, frozen=True):
     last_reward: float | Annotated[str, text(16)] | None = None
 
 
-PROCEDURAL_SCORING_SCHEMA = reply_schema(ScoringReply)
 LAST_REWARD_INSTRUCTIONS = """\
 Also score the last step (its reward is null): last_reward, from 0 to 1, how much its action
 moved toward the subgoal, judged from the steps (1: achieved it, 0.5: neutral or unclear, 0:
@@ -141,7 +136,7 @@ def procedural_request(*, goal: str, subgoal: str, steps: Steps,
     if score_last:
         instructions = f"{instructions}\n{LAST_REWARD_INSTRUCTIONS}"
         inputs["score_last_step"] = True
-    schema, max_tokens = bounded(PROCEDURAL_SCORING_SCHEMA if score_last else PROCEDURAL_SCHEMA,
+    schema, max_tokens = bounded(reply_schema(ScoringReply if score_last else ProceduralReply),
                                  "instructions", 2 + len(steps))
     return task_request("procedural", system=PROCEDURAL_SYSTEM, instructions=instructions,
                         inputs=inputs, schema=schema, max_tokens=max_tokens)
@@ -181,7 +176,6 @@ class ReturnReply(Reply, frozen=True):
     scores: Annotated[list[ScoreReply], items(MOST_ITEMS)]
 
 
-RETURN_SCHEMA = reply_schema(ReturnReply)
 RETURN_SYSTEM = "You judge how much each procedure an agent followed contributed to its subgoal."
 RETURN_INSTRUCTIONS = """\
 Score each procedure in instructions (by its index) from 1 to 10 for how much following it
@@ -198,7 +192,7 @@ Reply with JSON: {"scores": [{"index": <int>, "return_score": <int 1-10>}, ...]}
 
 def return_request(*, goal: str, subgoal: str, instructions: Steps, steps: Steps) -> LLMRequest:
     """The "return" task: scores each extracted instruction 1..10 (read with `parse_returns`)."""
-    schema, max_tokens = bounded(RETURN_SCHEMA, "scores", len(instructions), most=None)
+    schema, max_tokens = bounded(reply_schema(ReturnReply), "scores", len(instructions), most=None)
     return task_request(
         "return", system=RETURN_SYSTEM, instructions=RETURN_INSTRUCTIONS,
         inputs={"goal": goal, "subgoal": subgoal, "instructions": instructions, "steps": steps},
@@ -213,8 +207,7 @@ def parse_returns(resp: LLMResponse, count: int) -> dict[int, int]:
         if math.isnan(item.return_score):
             raise ValueError(f"scores[{i}].return_score must be a number, got nan")
         if 0 <= item.index < count and item.index not in scores:
-            clamped = min(float(MAX_RETURN), max(float(MIN_RETURN), item.return_score))
-            scores[item.index] = round(clamped)
+            scores[item.index] = round(min(10.0, max(1.0, item.return_score)))
     return scores
 
 
@@ -222,7 +215,6 @@ class MergedReply(Reply, frozen=True):
     intent: Annotated[str, text(80)]
 
 
-MERGE_INTENT_SCHEMA = reply_schema(MergedReply)
 MERGE_INTENT_SYSTEM = "You maintain a catalogue of intents: short names for what procedures do."
 MERGE_INTENT_INSTRUCTIONS = """\
 Two intents, existing and new, name nearly the same purpose. Write one intent that covers
@@ -235,7 +227,8 @@ def merge_intent_request(*, existing: str, new: str) -> LLMRequest:
     """The "merge_intent" task: the reply's `data` is {"intent": str} covering both intents."""
     return task_request(
         "merge_intent", system=MERGE_INTENT_SYSTEM, instructions=MERGE_INTENT_INSTRUCTIONS,
-        inputs={"existing": existing, "new": new}, schema=MERGE_INTENT_SCHEMA, max_tokens=256)
+        inputs={"existing": existing, "new": new}, schema=reply_schema(MergedReply),
+        max_tokens=256)
 
 
 def parse_merged_intent(resp: LLMResponse) -> str:
@@ -253,7 +246,6 @@ class MergedPairsReply(Reply, frozen=True):
     intents: Annotated[list[PairReply], items(MOST_ITEMS)]
 
 
-MERGE_INTENTS_SCHEMA = reply_schema(MergedPairsReply)
 MERGE_INTENTS_INSTRUCTIONS = """\
 Each pair holds two intents, existing and new, that name nearly the same purpose. For each
 pair write one intent that covers both: a short verb phrase (at most 8 words). Prefer the
@@ -264,7 +256,7 @@ Reply with JSON: {"intents": [{"index": <the pair's index>, "intent": <the merge
 
 def merge_intents_request(pairs: list[tuple[str, str]]) -> LLMRequest:
     """The "merge_intents" task: "merge_intent" for several (existing, new) pairs at once."""
-    schema, max_tokens = bounded(MERGE_INTENTS_SCHEMA, "intents", len(pairs), most=None)
+    schema, max_tokens = bounded(reply_schema(MergedPairsReply), "intents", len(pairs), most=None)
     return task_request(
         "merge_intents",
         system=MERGE_INTENT_SYSTEM,
@@ -296,25 +288,18 @@ def _concepts(value: list[str] | None) -> tuple[str, ...]:
     # Tags are deduplicated by lower-cased label downstream; the first spelling wins here.
     labels: dict[str, str] = {}
     for label in (concept.strip() for concept in value or ()):
-        if is_label(label):
+        if is_words(label) and len(label) <= 64 and _NOT_IN_LABELS.search(label) is None:
             labels.setdefault(label.lower(), label)
     return tuple(labels.values())
 
 
 # A tag is a few words: no JSON or markup characters (a small model's `');{` became a tag).
 _NOT_IN_LABELS = re.compile(r"[{}\[\]<>\"`;\\]")
-MAX_LABEL_CHARS = 64
 
 
 def is_words(text: str) -> bool:
     """Whether `text` says something: it holds a letter or a digit (not only punctuation)."""
     return any(c.isalnum() for c in text)
-
-
-def is_label(text: str) -> bool:
-    """Whether `text` can be a concept's label: words, short, without JSON or markup."""
-    return (is_words(text) and len(text) <= MAX_LABEL_CHARS
-            and _NOT_IN_LABELS.search(text) is None)
 
 
 def _confidence(value: float | None) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 from bisect import bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,16 +47,12 @@ class Stored:
         return max(self.used, self.updated) if self.used else self.updated
 
 
-def newest_first(stored: builtins.list[Stored]) -> builtins.list[Stored]:
-    return sorted(stored, key=lambda s: (-s.updated.timestamp(), s.topic))
-
-
-def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
+def conversation(history: object, limit: int) -> list[dict[str, str]]:
     """The user and assistant messages of `history` that carry text, newest within budget
     (InvalidInputError for a history that is not messages, or past `limit`)."""
     if isinstance(history, str | bytes) or not isinstance(history, Sequence):
         raise InvalidInputError("history must be a list of message dicts")
-    kept: builtins.list[dict[str, str]] = []
+    kept: list[dict[str, str]] = []
     total = 0
     for index in range(len(history) - 1, -1, -1):
         message = history[index]
@@ -80,8 +75,7 @@ def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
     return kept
 
 
-def listing(stored: builtins.list[Stored],
-            conversation: builtins.list[dict[str, str]]) -> builtins.list[dict[str, str]]:
+def listing(stored: list[Stored], conversation: list[dict[str, str]]) -> list[dict[str, str]]:
     """Every file as the `memory_update` task is shown it, the most related first, with "content"
     for the files whose content the LLM sees."""
     said = {stem for m in conversation for stem in _text.content_stems(m["content"])}
@@ -97,8 +91,8 @@ def listing(stored: builtins.list[Stored],
 
 
 def views(
-    conversation: builtins.list[dict[str, str]], files: builtins.list[dict[str, str]]
-) -> Iterator[tuple[builtins.list[dict[str, str]], builtins.list[dict[str, str]]]]:
+    conversation: list[dict[str, str]], files: list[dict[str, str]]
+) -> Iterator[tuple[list[dict[str, str]], list[dict[str, str]]]]:
     """The inputs of a `memory_update`, whole, then each about half as long (`_VIEWS` in all)."""
     said = sum(len(m["content"]) for m in conversation)
     filed = sum(_size(f) for f in files)
@@ -108,19 +102,18 @@ def views(
         yield _newest(conversation, int(said * share)), _first(files, int(filed * share))
 
 
-def _newest(conversation: builtins.list[dict[str, str]],
-            budget: int) -> builtins.list[dict[str, str]]:
+def _newest(conversation: list[dict[str, str]], budget: int) -> list[dict[str, str]]:
     sizes = list(accumulate(len(message["content"]) for message in reversed(conversation)))
     return conversation[len(conversation) - max(1, bisect_right(sizes, budget)):]
 
 
-def _first(files: builtins.list[dict[str, str]], budget: int) -> builtins.list[dict[str, str]]:
+def _first(files: list[dict[str, str]], budget: int) -> list[dict[str, str]]:
     """The first `files` whose names fit in `budget` characters, then as much of their newest
     entries as the rest holds."""
     names = [{"topic": item["topic"], "description": item["description"]} for item in files]
     names = names[:bisect_right(list(accumulate(map(_size, names))), budget)]
     budget -= sum(map(_size, names))
-    kept: builtins.list[dict[str, str]] = []
+    kept: list[dict[str, str]] = []
     for item, name in zip(files, names, strict=False):
         lines = _format.entries(item.get("content", ""))
         fit = bisect_right(list(accumulate(len(line) + 1 for line in reversed(lines))), budget)
@@ -134,7 +127,7 @@ def _size(item: Mapping[str, str]) -> int:
     return sum(len(value) for value in item.values())
 
 
-def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
+def combine(changes: list[TopicChange]) -> list[TopicChange]:
     """One change per topic key (the LLM may name one twice), in first-seen order."""
     combined: dict[str, TopicChange] = {}
     for change in changes:
@@ -147,7 +140,7 @@ def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
             topic=seen.topic, description=seen.description or change.description,
             signals=tuple(dict.fromkeys(seen.signals + change.signals)),
             content=f"{seen.content}\n{change.content}", remove=seen.remove + change.remove)
-    return builtins.list(combined.values())
+    return list(combined.values())
 
 
 def stems(text: str) -> set[str]:
@@ -173,7 +166,7 @@ def content_text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence) and not isinstance(content, bytes | bytearray):
-        parts: builtins.list[str] = []
+        parts: list[str] = []
         for part in content:
             if isinstance(part, str):
                 parts.append(part)

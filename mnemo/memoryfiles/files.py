@@ -98,7 +98,8 @@ class MemoryFiles:
 
     def list(self) -> builtins.list[MemoryFile]:
         """Every topic file, most recently updated first (hidden files skipped)."""
-        return [stored.file() for stored in _select.newest_first(self._scan())]
+        newest = sorted(self._scan(), key=lambda s: (-s.updated.timestamp(), s.topic))
+        return [stored.file() for stored in newest]
 
     async def recall(self, query: str, *, limit: int = 5,
                      reinforce: bool = True) -> builtins.list[MemoryFile]:

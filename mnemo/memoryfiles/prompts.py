@@ -15,7 +15,6 @@ from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
 from mnemo.ports import LLMRequest, LLMResponse
 
-SIGNALS = ("decision", "context", "correction", "preference")
 Signal = Literal["decision", "context", "correction", "preference"]
 
 
@@ -49,23 +48,19 @@ class Filed:
 
 
 # The reply holds edits (each topic's new entries and those a correction makes wrong), so its
-# length is bounded whatever the files' size.
-
-# The most files one reply changes, the new text of one file, and the entries it removes.
+# length is bounded whatever the files' size: the most files one reply changes, and the new
+# text of one file.
 MAX_UPDATE_FILES = 4
 MAX_NEW_CHARS = 480
-MAX_REMOVED = 2
-MAX_REMOVED_CHARS = 200
 _DESCRIPTION_BOUND = 160
 
 
 class FileReply(Reply, frozen=True, kw_only=True):
     topic: Annotated[str, text(MAX_TOPIC_CHARS)]
     description: Annotated[str, text(_DESCRIPTION_BOUND)] | None = None
-    signals: Annotated[list[Signal], items(len(SIGNALS))] | None = None
+    signals: Annotated[list[Signal], items(4)] | None = None
     content: Annotated[str, text(MAX_NEW_CHARS)]
-    remove: Annotated[list[Annotated[str, text(MAX_REMOVED_CHARS)]], items(MAX_REMOVED)] | None = (
-        None)
+    remove: Annotated[list[Annotated[str, text(200)]], items(2)] | None = None
 
 
 class UpdateReply(Reply, frozen=True):
@@ -136,7 +131,6 @@ class PersistReply(Reply, frozen=True, kw_only=True):
     entry: str  # bounded by each request (`memory_persist_request`)
 
 
-MEMORY_PERSIST_SCHEMA = reply_schema(PersistReply)
 MEMORY_PERSIST_SYSTEM = (
     "You file statements into an agent's long-term memory: Markdown files, one per topic, "
     "that the agent reads before future work.")
@@ -158,7 +152,7 @@ def memory_persist_request(*, statement: str, files: list[dict[str, str]]) -> LL
     `parse_persist`), at most half again the statement's length (the words `statement_entry`
     lets a rewording add)."""
     schema, max_tokens = bounded(
-        MEMORY_PERSIST_SCHEMA, "entry", len(statement) * 3 // 2 + 40, most=None, cap=None)
+        reply_schema(PersistReply), "entry", len(statement) * 3 // 2 + 40, most=None, cap=None)
     return task_request(
         "memory_persist", system=MEMORY_PERSIST_SYSTEM, instructions=MEMORY_PERSIST_INSTRUCTIONS,
         inputs={"statement": statement, "files": files}, schema=schema, max_tokens=max_tokens)
@@ -222,7 +216,6 @@ class CondenseReply(Reply, frozen=True, kw_only=True):
     content: str  # bounded by each request (`memory_condense_request`)
 
 
-MEMORY_CONDENSE_SCHEMA = reply_schema(CondenseReply)
 MEMORY_CONDENSE_SYSTEM = (
     "You maintain an agent's long-term memory: Markdown files, one per topic, that the agent "
     "reads before future work. Each file has a size limit.")
@@ -248,7 +241,7 @@ def memory_condense_request(*, topic: str, description: str, entries: list[str],
     the content's bound leaves room for the bullet and newline a line written without them
     takes in the file."""
     schema, max_tokens = bounded(
-        MEMORY_CONDENSE_SCHEMA, "content", max_chars - 3, most=None, cap=None)
+        reply_schema(CondenseReply), "content", max_chars - 3, most=None, cap=None)
     return task_request(
         "memory_condense",
         system=MEMORY_CONDENSE_SYSTEM,

@@ -5,15 +5,15 @@ from typing import Any
 import pytest
 from hypothesis import given, strategies as st
 
-from mnemo.calls.schema import bounded
+from mnemo.calls.schema import bounded, reply_schema
 from mnemo.calls.tasks import task_inputs
 from mnemo.extraction.contradiction import contradiction_request, parse_contradiction
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (
-    MERGE_INTENT_SCHEMA,
-    PROCEDURAL_SCHEMA,
-    RETURN_SCHEMA,
-    SEMANTIC_SCHEMA,
+    MergedReply,
+    ProceduralReply,
+    ReturnReply,
+    SemanticReply,
     merge_intent_request,
     merge_intents_request,
     parse_facts,
@@ -51,7 +51,7 @@ def test_semantic_request_carries_inputs() -> None:
     round-trips goal, subgoal and steps."""
     request = semantic_request(goal="g", subgoal="s", steps=STEPS)
     assert request.task == "semantic"
-    assert request.schema == bounded(SEMANTIC_SCHEMA, "facts", 5)[0]
+    assert request.schema == bounded(reply_schema(SemanticReply), "facts", 5)[0]
     assert task_inputs(request) == {"goal": "g", "subgoal": "s", "steps": STEPS}
 
 
@@ -61,7 +61,7 @@ def test_procedural_request_carries_inputs() -> None:
     steps = [dict(STEPS[0], reward=None)]
     request = procedural_request(goal="g", subgoal="s", steps=steps)
     assert request.task == "procedural"
-    assert request.schema == bounded(PROCEDURAL_SCHEMA, "instructions", 3)[0]
+    assert request.schema == bounded(reply_schema(ProceduralReply), "instructions", 3)[0]
     assert task_inputs(request) == {"goal": "g", "subgoal": "s", "steps": steps}
 
 
@@ -73,7 +73,7 @@ def test_return_request_carries_inputs() -> None:
     ]
     request = return_request(goal="g", subgoal="s", instructions=instructions, steps=STEPS)
     assert request.task == "return"
-    assert request.schema == bounded(RETURN_SCHEMA, "scores", 1)[0]
+    assert request.schema == bounded(reply_schema(ReturnReply), "scores", 1)[0]
     assert task_inputs(request) == {
         "goal": "g",
         "subgoal": "s",
@@ -87,7 +87,7 @@ def test_merge_intent_request_carries_inputs() -> None:
     """The merge_intent request has its schema and round-trips both intents."""
     request = merge_intent_request(existing="restart nginx", new="reload nginx")
     assert request.task == "merge_intent"
-    assert request.schema == MERGE_INTENT_SCHEMA
+    assert request.schema == reply_schema(MergedReply)
     assert task_inputs(request) == {"existing": "restart nginx", "new": "reload nginx"}
 
 

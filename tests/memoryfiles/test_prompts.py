@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, strategies as st
 
 from mnemo.adapters.offline import OfflineLLM
-from mnemo.calls.schema import bounded
+from mnemo.calls.schema import bounded, reply_schema
 from mnemo.calls.tasks import task_inputs
 from mnemo.memoryfiles.prompts import (
-    MEMORY_PERSIST_SCHEMA,
     MEMORY_UPDATE_SCHEMA,
     Filed,
+    PersistReply,
     TopicChange,
     memory_condense_request,
     memory_persist_request,
@@ -57,7 +57,7 @@ def test_persist_request_carries_inputs_and_schema() -> None:
     """The persist request's inputs are the statement and the files."""
     request = memory_persist_request(statement="s", files=[])
     assert request.task == "memory_persist"
-    assert request.schema == bounded(MEMORY_PERSIST_SCHEMA, "entry", 41, most=None)[0]
+    assert request.schema == bounded(reply_schema(PersistReply), "entry", 41, most=None)[0]
     assert task_inputs(request) == {"statement": "s", "files": []}
 
 

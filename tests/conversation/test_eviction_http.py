@@ -196,3 +196,25 @@ async def test_eviction_replies_are_read_in_the_shapes_providers_send(
         assert error in (result.error or "")
         assert "search_messages" in result.snapshot.text
     assert len(result.pinned) == pinned
+
+
+async def test_a_slow_server_is_given_the_time_its_speed_says_an_eviction_needs(
+    store: str,
+) -> None:
+    """`extraction_timeout` is the eviction's first guess, as it is an extraction's: a server
+    measured slow (50 tokens a second) gets the time its replies need, and its snapshot is
+    saved, not cut off at 0.2 s."""
+    with ProviderServer(tokens_per_second=50.0) as server:
+        llm = _openai(server)
+        config = mnemo.Config(extraction_timeout=0.2)
+        async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
+                                     config=config) as mem:
+            # Measured on a first, short reply (its speed is what the eviction's time follows).
+            await llm.generate(mnemo.LLMRequest("warm", "Say hi.", [user("hi")], max_tokens=8))
+            server.script(Answer(tool_calls=(("save_snapshot", {"text": SNAPSHOT * 3}),)))
+            await mem.conversation().save("t", HISTORY)
+            with anyio.fail_after(30):
+                result = await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+    assert result.error is None
+    assert result.snapshot is not None
+    assert result.snapshot.text == SNAPSHOT * 3

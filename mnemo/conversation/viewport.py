@@ -95,6 +95,12 @@ def layout(
     memory_used += more_used
     pinned = sorted([*pinned, *more], key=lambda m: m.seq)
     shown_ids.update(m.id for m in more)
+    # Then to the snapshots before those shown, newest first, level 1 before level 2.
+    for level, kept in ((inputs.level1, l1), (inputs.level2, l2)):
+        older, older_used = _fit(((snapshot_tokens(s), s) for s in level[len(kept):]),
+                                 token_budget - memory_used - used, newest=True)
+        kept[:0] = older
+        memory_used += older_used
     return Viewport(
         thread_id=thread_id,
         token_budget=token_budget,

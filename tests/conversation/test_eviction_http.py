@@ -135,8 +135,11 @@ async def test_with_open_goals_the_second_round_requires_a_tool(
 async def test_the_rounds_share_one_deadline(store: str, server: ProviderServer) -> None:
     """Against a server that answers every round in prose, the rounds together stop at the
     model timeout (three rounds of 0.2 s pass 0.5 s): the zone gets the note snapshot and the
-    error says the model timed out."""
-    result = await _evict(store, _openai(server), seconds=0.5)
+    error says the model timed out. The adapter's fixed `timeout=` learns no speed that would
+    lengthen the eviction's time."""
+    llm = OpenAICompatible("m", base_url=server.openai_url, api_key="k", max_retries=0,
+                           timeout=5.0)
+    result = await _evict(store, llm, seconds=0.5)
     assert "timed out after 0.5 s" in (result.error or "")
     assert result.snapshot is not None
     assert "search_messages" in result.snapshot.text

@@ -10,7 +10,7 @@ import pytest
 import mnemo
 from mnemo.calls.tasks import task_inputs
 from mnemo.conversation.render import render_zone
-from mnemo.conversation.viewport import L1_SHARE, snapshot_tokens
+from mnemo.conversation.viewport import L1_SHARE, RECALL_SHARE, snapshot_tokens
 from tests.conversation._support import OfflineFake, assistant, tool_call, tool_result, user
 from tests.fakes import js
 
@@ -157,6 +157,12 @@ async def test_room_the_messages_leave_shows_the_older_snapshots(cmem: mnemo.Mem
     assert view.snapshots == written
     assert len(view.messages) * cost == past
     assert view.tokens == budget
+    # With an open goal, the older snapshots leave passive recall its share.
+    await cmem.add_goal("t", "message number 001 says plain things")
+    view = await cmem.viewport("t", token_budget=budget)
+    assert view.snapshots == written[len(written) - len(view.snapshots):]
+    assert past + sum(snapshot_tokens(s) for s in view.snapshots) <= budget * (1 - RECALL_SHARE)
+    assert view.tokens <= budget
 
 
 async def test_failed_eviction_still_advances(cmem: mnemo.Memory, offline: OfflineFake) -> None:

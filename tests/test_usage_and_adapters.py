@@ -30,6 +30,20 @@ async def test_usage_is_summed_per_session_and_repo(mem: mnemo.Memory, llm: Fake
     assert (mem.usage(sid).calls, mem.usage().retries, mem.usage().re_asks) == (calls, 0, 0)
 
 
+async def test_usage_counts_conversation_memorys_calls_in_the_total(
+    mem: mnemo.Memory, llm: FakeLLM
+) -> None:
+    """An eviction's model calls count in `usage()`'s total (booked to no repo or session)."""
+    history = [{"role": "user", "content": f"step {i}: deploy billing"} for i in range(12)]
+    await mem.conversation().save("t", history)
+    result = await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+    assert result.usage is not None
+    assert len(llm.calls) > 0
+    assert mem.usage() == mnemo.Usage(len(llm.calls), len(llm.calls))
+    assert mem.usage().calls == len(llm.calls)
+    assert mem.usage(repo=REPO) == mnemo.Usage()
+
+
 def test_usage_adds_call_counts_and_compares_what_was_spent() -> None:
     """`+` sums tokens, cost and the call counts; equality looks at tokens and cost only."""
     first = mnemo.Usage(1, 2, 0.5, calls=2, retries=1, re_asks=0)

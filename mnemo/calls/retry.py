@@ -374,12 +374,12 @@ class UsageBook:
     """Sums the `Usage` of every LLM reply, by repo and by session, for the Memory's life."""
 
     def __init__(self) -> None:
-        self._repos: dict[str, Usage] = {}
+        self._repos: dict[str | None, Usage] = {}  # None: conversation memory's calls
         self._sessions: dict[str, Usage] = {}
         self._active: dict[str, float] = {}
         self._calls: dict[str, int] = {}  # each session's model calls under way
 
-    def add(self, repo: str, session_id: str | None, usage: Usage) -> None:
+    def add(self, repo: str | None, session_id: str | None, usage: Usage) -> None:
         self._repos[repo] = self._repos.get(repo, Usage()) + usage
         if session_id is not None:
             self._sessions[session_id] = self._sessions.get(session_id, Usage()) + usage

@@ -143,11 +143,12 @@ async def run_loop(
     time_limit: float,
 ) -> tuple[str | None, Usage | None]:
     """Runs the eviction rounds through `ask_round`; returns the failure (or None) and the
-    usage. A snapshot saved before `time_limit` is kept."""
+    usage. `time_limit` is a first guess a slow server's requests lengthen; a snapshot saved
+    before it ends is kept."""
     usage: Usage | None = None
     silent = 0
     try:
-        with fail_after(time_limit):
+        with fail_after(time_limit, stretches=True):
             for _ in range(MAX_ROUNDS):
                 if tools.snapshot_parts and not goals:
                     break  # saved, and no goal to pin a message to: nothing is left to do
@@ -296,7 +297,7 @@ class Evictor:
             max_words=snapshot_words(token_budget, 2),
         )
         try:
-            with fail_after(self.timeout):
+            with fail_after(self.timeout, stretches=True):
                 text = await ask(llm, request, parse_summary, any_reply=True)
         except Exception:
             # Folding is an optimisation of the viewport: the level-1 snapshots stay visible.

@@ -142,9 +142,10 @@ class ConversationService:
     async def viewport(self, thread_id: str, token_budget: int) -> Viewport:
         check_id(thread_id, "thread_id")
         check_count("token_budget", token_budget, minimum=1)
-        view = layout(thread_id, token_budget,
-                      await self.store.viewport_inputs(thread_id, token_budget))[0]
         goals = await self.store.open_goals(thread_id)
+        view = layout(thread_id, token_budget,
+                      await self.store.viewport_inputs(thread_id, token_budget),
+                      recall=bool(goals))[0]
         if goals:
             pinned = {m.id for m in view.pinned}
             view = with_recalled(view, await self.recalled(thread_id, goals, pinned))

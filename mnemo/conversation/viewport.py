@@ -53,10 +53,11 @@ def _fit(items: Iterable[tuple[int, T]], allowance: float, *,
 
 
 def layout(
-    thread_id: str, token_budget: int, inputs: ViewportInputs
+    thread_id: str, token_budget: int, inputs: ViewportInputs, *, recall: bool = False
 ) -> tuple[Viewport, bool]:
     """The viewport, and whether it gave up memory for the messages from the boundary on
-    (eviction is behind). `inputs` are read with a token limit of at least `token_budget`."""
+    (eviction is behind). `inputs` are read with a token limit of at least `token_budget`;
+    with `recall`, older snapshots leave passive recall its share."""
     boundary = inputs.boundary_seq
     # Fitted newest first, kept oldest first: the order they are given up in below.
     pinned, pins_used = _fit(((m.tokens, m) for m in inputs.pinned), token_budget * PIN_SHARE)
@@ -95,6 +96,14 @@ def layout(
     memory_used += more_used
     pinned = sorted([*pinned, *more], key=lambda m: m.seq)
     shown_ids.update(m.id for m in more)
+    # Then to the snapshots before those shown, newest first, level 1 before level 2.
+    room = token_budget - memory_used - used - (token_budget * RECALL_SHARE if recall else 0)
+    for level, kept in ((inputs.level1, l1), (inputs.level2, l2)):
+        older, older_used = _fit(((snapshot_tokens(s), s) for s in level[len(kept):]), room,
+                                 newest=True)
+        room -= older_used
+        kept[:0] = older
+        memory_used += older_used
     return Viewport(
         thread_id=thread_id,
         token_budget=token_budget,

@@ -82,8 +82,9 @@ def build(
     memory._background = BackgroundWork(live)
     memory._tag_vectors = TagVectors()
     memory._ingests = IngestService(backend.graph, ingest_runtime, events)
-    def limited(llm: LLM) -> LLM:
-        return LimitedLLM(llm, repos.limits.slots(llm, config))
+    def limited(llm: LLM) -> LLM:  # conversation memory's calls count in `usage()`'s total
+        return LimitedLLM(llm, repos.limits.slots(llm, config),
+                          lambda usage: repos.limits.usage.add(None, None, usage))
 
     memory._conversations = ConversationService(
         backend.threads,

@@ -195,7 +195,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
     def usage(self, session_id: str | None = None, *, repo: str | None = None) -> Usage:
         """Tokens and cost the LLM spent for a session, a repo, or (neither given) everything,
-        since this Memory was opened."""
+        conversation memory's calls included, since this Memory was opened."""
         if session_id is not None:
             return self._repos.limits.usage.of_session(check_id(session_id, "session_id"))
         if repo is not None:

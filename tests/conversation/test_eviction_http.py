@@ -135,8 +135,11 @@ async def test_with_open_goals_the_second_round_requires_a_tool(
 async def test_the_rounds_share_one_deadline(store: str, server: ProviderServer) -> None:
     """Against a server that answers every round in prose, the rounds together stop at the
     model timeout (three rounds of 0.2 s pass 0.5 s): the zone gets the note snapshot and the
-    error says the model timed out."""
-    result = await _evict(store, _openai(server), seconds=0.5)
+    error says the model timed out. The adapter's fixed `timeout=` learns no speed that would
+    lengthen the eviction's time."""
+    llm = OpenAICompatible("m", base_url=server.openai_url, api_key="k", max_retries=0,
+                           timeout=5.0)
+    result = await _evict(store, llm, seconds=0.5)
     assert "timed out after 0.5 s" in (result.error or "")
     assert result.snapshot is not None
     assert "search_messages" in result.snapshot.text
@@ -196,3 +199,25 @@ async def test_eviction_replies_are_read_in_the_shapes_providers_send(
         assert error in (result.error or "")
         assert "search_messages" in result.snapshot.text
     assert len(result.pinned) == pinned
+
+
+async def test_a_slow_server_is_given_the_time_its_speed_says_an_eviction_needs(
+    store: str,
+) -> None:
+    """`extraction_timeout` is the eviction's first guess, as it is an extraction's: a server
+    measured slow (50 tokens a second) gets the time its replies need, and its snapshot is
+    saved, not cut off at 0.2 s."""
+    with ProviderServer(tokens_per_second=50.0) as server:
+        llm = _openai(server)
+        config = mnemo.Config(extraction_timeout=0.2)
+        async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
+                                     config=config) as mem:
+            # Measured on a first, short reply (its speed is what the eviction's time follows).
+            await llm.generate(mnemo.LLMRequest("warm", "Say hi.", [user("hi")], max_tokens=8))
+            server.script(Answer(tool_calls=(("save_snapshot", {"text": SNAPSHOT * 3}),)))
+            await mem.conversation().save("t", HISTORY)
+            with anyio.fail_after(30):
+                result = await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+    assert result.error is None
+    assert result.snapshot is not None
+    assert result.snapshot.text == SNAPSHOT * 3

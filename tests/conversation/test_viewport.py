@@ -10,6 +10,7 @@ import pytest
 import mnemo
 from mnemo.calls.tasks import task_inputs
 from mnemo.conversation.render import render_zone
+from mnemo.conversation.viewport import L1_SHARE, RECALL_SHARE, snapshot_tokens
 from tests.conversation._support import OfflineFake, assistant, tool_call, tool_result, user
 from tests.fakes import js
 
@@ -138,6 +139,30 @@ async def test_eviction_writes_a_snapshot_shown_in_the_viewport(cmem: mnemo.Memo
     assert memory["role"] == "system"
     assert "db2.internal" in memory["content"]
     assert 'trust="untrusted"' in memory["content"]
+
+
+async def test_room_the_messages_leave_shows_the_older_snapshots(cmem: mnemo.Memory) -> None:
+    """Snapshots past their share of the budget are shown where the messages leave room: what
+    left the window is not hidden behind a fixed share."""
+    cost = await saved(cmem, even(24))
+    results = [await cmem.evict("t", token_budget=cost * 12, eviction_fraction=0.25)
+               for _ in range(3)]
+    written = [r.snapshot for r in results]
+    assert all(s is not None and s.level == 1 for s in written)
+    total = sum(snapshot_tokens(s) for s in written if s is not None)
+    past = (await cmem.viewport("t", token_budget=cost * 100)).tokens_past_boundary
+    budget = past + total
+    assert budget * L1_SHARE < total  # the share alone holds fewer
+    view = await cmem.viewport("t", token_budget=budget)
+    assert view.snapshots == written
+    assert len(view.messages) * cost == past
+    assert view.tokens == budget
+    # With an open goal, the older snapshots leave passive recall its share.
+    await cmem.add_goal("t", "message number 001 says plain things")
+    view = await cmem.viewport("t", token_budget=budget)
+    assert view.snapshots == written[len(written) - len(view.snapshots):]
+    assert past + sum(snapshot_tokens(s) for s in view.snapshots) <= budget * (1 - RECALL_SHARE)
+    assert view.tokens <= budget
 
 
 async def test_failed_eviction_still_advances(cmem: mnemo.Memory, offline: OfflineFake) -> None:

@@ -88,9 +88,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         """Builds the parts (`memory.assembly`), once their modules are imported."""
         from mnemo.memory import assembly
 
-        path, llm, embedder, on_event, synchronous, reranker = self._parts
-        assembly.build(self, path, llm=llm, embedder=embedder, config=self._config,
-                       on_event=on_event, synchronous=synchronous, reranker=reranker)
+        assembly.build(self, *self._parts[:5], config=self._config)
 
     async def __aenter__(self) -> Memory:
         if "_backend" not in vars(self):

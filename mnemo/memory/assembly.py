@@ -44,14 +44,10 @@ def build(
     memory: Parts, path: str, llm: LLM | None, embedder: Embedder | None,
     on_event: EventCallback | None, synchronous: str, *, config: Config,
 ) -> None:
-    repos: Repos
-
-    def dim(repo: str) -> int:
-        return repos.dim(repo)
-
+    repos: Repos  # made once the backend is (`dims` is asked later)
     backend = open_backend(
-        path, dims=dim, busy_timeout=config.busy_timeout, synchronous=synchronous,
-        lexical_dir=config.lexical_dir, ann_dir=config.ann_dir,
+        path, dims=lambda repo: repos.dim(repo), busy_timeout=config.busy_timeout,
+        synchronous=synchronous, lexical_dir=config.lexical_dir, ann_dir=config.ann_dir,
     )
     sessions = backend.sessions
     repos = Repos(config, llm, embedder, sessions.load_repos)

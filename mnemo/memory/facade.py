@@ -10,7 +10,6 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from importlib.util import find_spec
-from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 import anyio
@@ -118,12 +117,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:

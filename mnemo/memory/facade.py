@@ -236,16 +236,15 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         re-embedded the repo; ConflictError if it was re-embedded again before that run."""
         from mnemo.graph.ports import VectorsMoved
 
-        for attempt in range(2):
-            try:
-                return await call()
-            except VectorsMoved as moved:
-                if attempt:
-                    raise ConflictError(
-                        f"repo {repo!r} was re-embedded twice while it was {doing}"
-                    ) from moved
-                await self._repos.refresh(repo, moved.generation)
-        raise AssertionError("the second run returns or raises")
+        try:
+            return await call()
+        except VectorsMoved as moved:
+            await self._repos.refresh(repo, moved.generation)
+        try:
+            return await call()
+        except VectorsMoved as moved:
+            raise ConflictError(
+                f"repo {repo!r} was re-embedded twice while it was {doing}") from moved
 
     async def ingest(
         self,

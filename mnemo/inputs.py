@@ -59,13 +59,21 @@ def check_step(observation: object, action: object, metadata: object, *, limit: 
 
 
 def check_id(value: object, what: str) -> str:
-    """`value`, checked to be an identifier every backend can store and look up (a non-blank
-    string `check_storable` passes); else InvalidInputError."""
+    """`value`, checked to be an identifier every backend can store and look up: a non-blank
+    string of at most `MAX_ID_BYTES` of UTF-8, without NUL or lone surrogate; else
+    InvalidInputError."""
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
     if not value.strip():
         raise InvalidInputError(f"{what} must not be blank, got {value!r}")
-    return check_storable(value, what)
+    # A character is 1 to 4 bytes of UTF-8: the length alone refuses a long key unencoded.
+    if len(value) > MAX_ID_BYTES or len(value.encode("utf-8", "replace")) > MAX_ID_BYTES:
+        raise InvalidInputError(
+            f"{what} is longer than the {MAX_ID_BYTES:,} bytes of UTF-8 allowed")
+    if "\x00" in value or not _encodable(value):
+        raise InvalidInputError(
+            f"{what} must not contain a NUL character (U+0000) or a lone surrogate")
+    return value
 
 
 def split_id(ident: str) -> tuple[str, str, str]:
@@ -114,19 +122,6 @@ def _nickname() -> Any:
     from precis_i18n import get_profile
 
     return get_profile("NicknameCasePreserved")
-
-
-def check_storable(value: str, what: str) -> str:
-    """`value`, checked to hold no NUL or lone surrogate and to be at most `MAX_ID_BYTES`
-    long; else InvalidInputError."""
-    # A character is 1 to 4 bytes of UTF-8: the length alone refuses a long key unencoded.
-    if len(value) > MAX_ID_BYTES or len(value.encode("utf-8", "replace")) > MAX_ID_BYTES:
-        raise InvalidInputError(
-            f"{what} is longer than the {MAX_ID_BYTES:,} bytes of UTF-8 allowed")
-    if "\x00" in value or not _encodable(value):
-        raise InvalidInputError(
-            f"{what} must not contain a NUL character (U+0000) or a lone surrogate")
-    return value
 
 
 # The URLs that name a store: a PostgreSQL database (libpq's schemes).

@@ -72,10 +72,6 @@ class NodeContext:
 More = Callable[[NodeContext], tuple[Sequence[str], Iterable[NodeType]]]
 
 
-# A changeset embedded again for the given generation of the repo's vectors.
-Restamp = Callable[[Changeset, int], Awaitable[Changeset]]
-
-
 @dataclass(frozen=True, slots=True)
 class IntentPolicy:
     """How a commit deduplicates intents, retires the facts its facts contradict, and embeds
@@ -88,8 +84,9 @@ class IntentPolicy:
     contradicts: Contradicts | None = None
     contradiction_candidates: int = Config().contradiction_candidates
     contradiction_similarity: float = Config().contradiction_similarity
-    # Re-embeds a changeset of an older generation; None: it is refused (EmbeddingError).
-    restamp: Restamp | None = None
+    # The changeset embedded again for the given generation of the repo's vectors; None: a
+    # changeset of an older generation is refused (EmbeddingError).
+    restamp: Callable[[Changeset, int], Awaitable[Changeset]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

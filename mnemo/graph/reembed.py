@@ -36,9 +36,6 @@ class Unstaged(NamedTuple):
     text: str
 
 
-# Embeds nodes (their type and text), one vector row each (the caller runs the embedder).
-EmbedNodes = Callable[[Sequence[Unstaged]], Awaitable[Vector]]
-
 # Catch-ups before the repo's lock, so the last, under it, has little left to embed.
 CATCH_UPS = 3
 
@@ -73,13 +70,13 @@ async def reembed(
     *,
     embedder: str,
     dim: int,
-    embed: EmbedNodes,
+    embed: Callable[[Sequence[Unstaged]], Awaitable[Vector]],
     batch: int,
     report: Report,
 ) -> Reembedded:
-    """`Memory.reembed`'s work: `embed` is the embedder of URI `embedder`, `dim` dimensions.
-    ConflictError: another re-embedding is under way; on EmbeddingError or StorageError the
-    repo is as it was, its staged vectors kept."""
+    """`Memory.reembed`'s work: `embed` runs the embedder of URI `embedder` (`dim` dimensions)
+    on nodes' type and text, a vector row each. ConflictError: another re-embedding is under
+    way; on EmbeddingError or StorageError the repo is as it was, its staged vectors kept."""
     async with graph.reembedding(repo):
         staging = await graph.begin_reembed(repo, embedder, dim)
         done, total = staging.staged, staging.total

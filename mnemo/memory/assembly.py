@@ -15,7 +15,7 @@ from mnemo.cpu import import_kept
 from mnemo.extraction.contradiction import intent_policy
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.memory.repos import Repos
-from mnemo.ports import LLM, Embedder, EventCallback, Events, Reranker
+from mnemo.ports import LLM, Embedder, EventCallback, Events
 from mnemo.recall.engine import Recaller  # noqa: F401 - imported here, off the loop, for recall
 from mnemo.recall.query import TagVectors
 from mnemo.session import extracting, operations
@@ -41,17 +41,13 @@ def backend_module(path: str) -> str:
 
 
 def build(
-    memory: Parts, path: str, *, llm: LLM | None, embedder: Embedder | None, config: Config,
-    on_event: EventCallback | None, synchronous: str, reranker: Reranker | None = None,
+    memory: Parts, path: str, llm: LLM | None, embedder: Embedder | None,
+    on_event: EventCallback | None, synchronous: str, *, config: Config,
 ) -> None:
-    repos: Repos
-
-    def dim(repo: str) -> int:
-        return repos.dim(repo)
-
+    repos: Repos  # made once the backend is (`dims` is asked later)
     backend = open_backend(
-        path, dims=dim, busy_timeout=config.busy_timeout, synchronous=synchronous,
-        lexical_dir=config.lexical_dir, ann_dir=config.ann_dir,
+        path, dims=lambda repo: repos.dim(repo), busy_timeout=config.busy_timeout,
+        synchronous=synchronous, lexical_dir=config.lexical_dir, ann_dir=config.ann_dir,
     )
     sessions = backend.sessions
     repos = Repos(config, llm, embedder, sessions.load_repos)

@@ -10,7 +10,6 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from importlib.util import find_spec
-from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 import anyio
@@ -88,9 +87,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         """Builds the parts (`memory.assembly`), once their modules are imported."""
         from mnemo.memory import assembly
 
-        path, llm, embedder, on_event, synchronous, reranker = self._parts
-        assembly.build(self, path, llm=llm, embedder=embedder, config=self._config,
-                       on_event=on_event, synchronous=synchronous, reranker=reranker)
+        assembly.build(self, *self._parts[:5], config=self._config)
 
     async def __aenter__(self) -> Memory:
         if "_backend" not in vars(self):
@@ -120,12 +117,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -244,16 +236,15 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         re-embedded the repo; ConflictError if it was re-embedded again before that run."""
         from mnemo.graph.ports import VectorsMoved
 
-        for attempt in range(2):
-            try:
-                return await call()
-            except VectorsMoved as moved:
-                if attempt:
-                    raise ConflictError(
-                        f"repo {repo!r} was re-embedded twice while it was {doing}"
-                    ) from moved
-                await self._repos.refresh(repo, moved.generation)
-        raise AssertionError("the second run returns or raises")
+        try:
+            return await call()
+        except VectorsMoved as moved:
+            await self._repos.refresh(repo, moved.generation)
+        try:
+            return await call()
+        except VectorsMoved as moved:
+            raise ConflictError(
+                f"repo {repo!r} was re-embedded twice while it was {doing}") from moved
 
     async def ingest(
         self,

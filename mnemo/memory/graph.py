@@ -160,8 +160,7 @@ class GraphMethods(Parts):
 
         await self._repos.checked(repo, lambda config: check_text(
             text, "text", limit=config.max_text_chars))
-        check_id(node_id, "node_id")
-        old = await self.get_node(repo, node_id)
+        old = await self.get_node(repo, node_id)  # which checks the id first
         if old is None:
             raise NotFoundError("node", node_id)
         if old.type not in TEMPORAL or old.retired:

@@ -108,12 +108,8 @@ class Repos:
         refusal = self._models.refusal(name) if known is not None else None
         if refusal is not None and embedder is not None:
             raise EmbeddingError(refusal)
-        if known is not None and known.dim != chosen_embedder.dim:
-            raise EmbeddingError(
-                f"repo {name!r} holds vectors of dimension {known.dim}, but the "
-                f"embedder {model_name(chosen_embedder)} makes dimension "
-                f"{chosen_embedder.dim}"
-            )
+        if known is not None:
+            check_dim(name, chosen_embedder, known.dim)
         recorded = self._recorded.get(name)
         chosen_config = config or recorded or (known.config if known else self.config)
         # The models are recorded as URIs (never a key) for a Memory opened without them.
@@ -264,13 +260,9 @@ class Repos:
         """The overrides of a session started with these arguments (None: its repo's models)
         and its config; NotFoundError, EmbeddingError as `Memory.start_session`."""
         base = self.get(repo)
-        if embedder is None:
-            check_dim(repo, base.embedder, base.dim)
-        elif await detect_dim(embedder) != base.dim:
-            raise EmbeddingError(
-                f"repo {repo!r} holds vectors of dimension {base.dim}, but the "
-                f"embedder override {model_name(embedder)} makes dimension {embedder.dim}"
-            )
+        if embedder is not None:
+            await detect_dim(embedder)
+        check_dim(repo, embedder or base.embedder, base.dim)
         override = None
         if llm is not None or embedder is not None:
             override = Runtime(

@@ -160,7 +160,7 @@ class SessionMethods(Parts):
         check_seconds("poll_interval", poll_interval, DURATION_CEILINGS["wait"])
         from mnemo.extraction.pipeline import failure_reason
         from mnemo.session import transitions
-        from mnemo.session.machine import State as S, refuse_close
+        from mnemo.session.machine import State as S
 
         try:
             live = self._live
@@ -168,8 +168,7 @@ class SessionMethods(Parts):
             # Extractions this call started (or found running).
             runs = 1 if session.state in (S.COLLECTING, S.IDLE, S.EXTRACTING) else 0
             if session.state in (S.COLLECTING, S.IDLE):
-                refuse_close(session)
-                await transitions.close(live, session)
+                await transitions.call(live, session, "close")
             retries = 0
             if max_polls is None:
                 # A grace past the time limit lets the extraction's own timeout report first; an

@@ -173,29 +173,21 @@ async def run(live: Sessions) -> None:
         next_due = math.inf
         for session_id in list(live.timed):
             session = live.by_id.get(session_id)
-            if session is None:
-                live.timed.discard(session_id)
+            if session is None or not session.config.auto_commit or session.ended or (
+                    not session.driven):
+                live.timed.discard(session_id)  # gone, or another Memory's (`drive` adds it)
                 continue
-            next_due = min(next_due, _check_deadlines(live, session, now))
+            if session.state not in (S.COLLECTING, S.IDLE) or session.checking:
+                continue
+            due = min(_deadlines(session))
+            if now < due:
+                next_due = min(next_due, due)
+            else:  # `_due` acts once the store agrees
+                session.checking = True
+                live.spawn(session, _due, live, session)
         live.timer_wake = anyio.Event()
         with anyio.move_on_after(max(next_due - anyio.current_time(), 0.0)):
             await live.timer_wake.wait()
-
-
-def _check_deadlines(live: Sessions, session: SessionRecord, now: float) -> float:
-    """Starts `_due` when a deadline of `session` is due; returns when it next needs a look."""
-    config = session.config
-    if not config.auto_commit or session.ended or not session.driven:
-        live.timed.discard(session.id)  # another Memory drives it; `drive` adds it again
-        return math.inf
-    if session.state not in (S.COLLECTING, S.IDLE) or session.checking:
-        return math.inf
-    expiry, flush_at = _deadlines(session)
-    if now >= min(expiry, flush_at):
-        session.checking = True
-        live.spawn(session, _due, live, session)
-        return math.inf
-    return min(expiry, flush_at)
 
 
 def _deadlines(session: SessionRecord) -> tuple[float, float]:

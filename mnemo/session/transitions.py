@@ -151,12 +151,6 @@ async def start_extraction(
         live.effects(live, session, Extract())
 
 
-async def close(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:
-    """Starts the episode's extraction, refused as `refuse_close` under the move's lock."""
-    await start_extraction(live, session, "close", op, facts=lambda: {
-        "appends": appends_before(session, queued=op is not None)})
-
-
 async def commit(
     live: Sessions, session: SessionRecord, op: Op | None = None
 ) -> CommitReceipt | None:
@@ -205,9 +199,10 @@ async def call(
 ) -> CommitReceipt | None:
     """A caller's `close`, `commit`, `discard` or `start_episode`, refused as the table says
     (`op`: run from the session's queue)."""
-    if kind == "close":
+    if kind == "close":  # refused as `refuse_close`, and again under the move's lock
         refuse_close(session, queued=op is not None)
-        await close(live, session, op)
+        await start_extraction(live, session, "close", op, facts=lambda: {
+            "appends": appends_before(session, queued=op is not None)})
         return None
     refuse_unless(session, kind)
     if kind == "commit":

@@ -80,7 +80,7 @@ class OpenAICompatible(HTTPModel):
         super().__init__(model, base_url, api_key, prices, options, provider="openai",
                          scheme="openai-compatible", error=LLMError, timeout_error=LLMTimeout)
         self._auto = structured == "auto"
-        self._mode: Mode = "json_schema" if structured == "auto" else structured
+        self.structured_mode: Mode = "json_schema" if structured == "auto" else structured
         # Until a structured reply came in the mode "auto" chose, one request at a time tries it.
         self._confirmed = not self._auto
         self._probing = anyio.Lock()
@@ -90,18 +90,14 @@ class OpenAICompatible(HTTPModel):
         )
         self._tokens_field = "max_tokens"
 
-    @property
-    def structured_mode(self) -> Mode:
-        return self._mode
-
     def server_profile(self) -> ServerProfile:
         return ServerProfile(self._http.limit.state(), structured=(
-            self._mode if self._auto and self._confirmed else None))
+            self.structured_mode if self._auto and self._confirmed else None))
 
     def adopt_server_profile(self, stored: ServerProfile) -> None:
         """Starts from an earlier adapter's `server_profile`; a mode given explicitly stays."""
         if self._auto and not self._confirmed and stored.structured in get_args(Mode):
-            self._mode, self._confirmed = cast(Mode, stored.structured), True
+            self.structured_mode, self._confirmed = cast(Mode, stored.structured), True
         super().adopt_server_profile(stored)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
@@ -162,7 +158,7 @@ class OpenAICompatible(HTTPModel):
             if probing:
                 with waiting():
                     await self._probing.acquire()
-            mode = self._mode
+            mode = self.structured_mode
             words = _COMPLAINT_WORDS.get(mode) if self._auto else None
             refusal = None if words is None else partial(HTTPFailure.names_any, words=words)
             try:
@@ -175,16 +171,16 @@ class OpenAICompatible(HTTPModel):
             finally:
                 if probing:
                     self._probing.release()
-            if self._mode == mode:
+            if self.structured_mode == mode:
                 self._confirmed = True
             return reply, mode
 
     def _next_mode(self, mode: Mode, failure: HTTPFailure) -> None:
         # Concurrent calls may see the same refusal: only the first one moves on.
-        if self._mode == mode:
-            self._mode = _NEXT_MODE[mode]
+        if self.structured_mode == mode:
+            self.structured_mode = _NEXT_MODE[mode]
             logger.warning("%s refused structured output %r (%s); using %r from now on",
-                           self._http.name, mode, failure, self._mode)
+                           self._http.name, mode, failure, self.structured_mode)
 
     async def _complete(
         self,

@@ -12,7 +12,7 @@ from mnemo.adapters._http import Closing, HTTPFailure, HTTPOptions, R, Transport
 from mnemo.adapters.limit import Limit, ServerProfile
 from mnemo.adapters.uri import KEY_VARIABLES
 from mnemo.calls.retry import Budget
-from mnemo.calls.tasks import preview, re_asked
+from mnemo.calls.tasks import decode_json, preview, re_asked
 from mnemo.errors import AdapterError, InvalidInputError, LLMContextError, LLMError, LLMReplyError
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
@@ -65,22 +65,27 @@ def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> i
     return more
 
 
-def unfit(schema: Mapping[str, object], data: object, budget: Budget) -> str | None:
-    """Why `data` is no answer to an object `schema`: not an object, or without a key the schema's
-    top-level `required` lists, unless a task reads the keys itself (`Budget.task_reads`: its
-    reply struct does, and its schema asks for keys it does not need); None when it is one, or
-    when `schema` is of another type. A task that reads any reply is the caller's to pass up."""
+def answer(schema: Mapping[str, object], text: str, data: object, budget: Budget
+           ) -> tuple[object, str | None]:
+    """A structured reply's value (`data`, else the JSON `text` holds) and why it is no answer to
+    an object `schema` (None when it is one, or `schema` is of another type): no JSON, not an
+    object, or without a key the top-level `required` lists, unless the task reads the keys itself
+    (`Budget.task_reads`). A task that reads any reply is the caller's to pass up."""
+    try:
+        data = decode_json(text) if data is None else data
+    except ValueError as exc:
+        return None, str(exc)
     if schema.get("type") != "object":
-        return None
+        return data, None
     if not isinstance(data, dict):
-        return f"the reply must be a JSON object, got {preview(data)}"
+        return data, f"the reply must be a JSON object, got {preview(data)}"
     if budget.task_reads == "keys":
-        return None
+        return data, None
     required = schema.get("required")
     missing = [key for key in required if key not in data] if isinstance(required, list) else ()
     if not missing:
-        return None
-    return f"the reply lacks {', '.join(map(repr, missing))}, which the schema requires"
+        return data, None
+    return data, f"the reply lacks {', '.join(map(repr, missing))}, which the schema requires"
 
 
 def re_ask(name: str, request: LLMRequest, asked: LLMRequest, reply: LLMResponse, problem: str,

@@ -18,17 +18,17 @@ from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
     TOOL_DESCRIPTION,
     HTTPModel,
+    answer,
     cut_note,
     more_room,
     re_ask,
     reply_cap,
     tool_call,
     tool_spec,
-    unfit,
     warn_cut,
 )
 from mnemo.calls.retry import Budget, task_budget
-from mnemo.calls.tasks import Cut, decode_json
+from mnemo.calls.tasks import Cut
 from mnemo.errors import LLMError, LLMTimeout
 from mnemo.inputs import check_count
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage, add_usage
@@ -107,11 +107,7 @@ class Anthropic(HTTPModel):
                 raise Cut(f"{self._http.name}: the reply to task {request.task!r} was "
                           f"{cut_note('cut short', cap)}", text=text, data=data, at_cap=True)
             said = text if data is None else ""  # what a re-ask shows: the tool's input first
-            try:
-                data = decode_json(text) if data is None else data
-                problem = unfit(schema, data, budget)
-            except ValueError as exc:
-                problem = str(exc)
+            data, problem = answer(schema, text, data, budget)
             if problem is None or budget.task_reads == "any":
                 return LLMResponse(text=text, data=data, usage=usage)
             asked = re_ask(self._http.name, request, asked, LLMResponse(text=said, data=data),

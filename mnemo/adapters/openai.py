@@ -24,6 +24,7 @@ from mnemo.adapters._model import (
     TOOL_DESCRIPTION,
     HTTPModel,
     adapt,
+    answer,
     cut_note,
     example_of,
     more_room,
@@ -31,7 +32,6 @@ from mnemo.adapters._model import (
     reply_cap,
     tool_call,
     tool_spec,
-    unfit,
     warn_cut,
 )
 from mnemo.adapters.limit import ServerProfile
@@ -119,11 +119,7 @@ class OpenAICompatible(HTTPModel):
             usage = add_usage(usage, self._usage(*reply.tokens()))
             choice = reply.choices[0]
             raw = _structured_text(choice.message, mode, request.task)
-            try:
-                data = decode_json(raw)
-                problem = unfit(schema, data, budget)
-            except ValueError as exc:
-                data, problem = None, str(exc)
+            data, problem = answer(schema, raw, None, budget)
             if problem is None:
                 return LLMResponse(text=raw, data=data, usage=usage)
             at_cap = _was_cut(reply, choice.finish_reason, cap)

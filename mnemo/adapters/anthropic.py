@@ -61,11 +61,10 @@ class Anthropic(HTTPModel):
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """The reply to `request` (with a schema, `data` is the forced tool's input, or the JSON its
         text holds); raises LLMTimeout, LLMContextError, Cut, or LLMError naming the status."""
-        system, messages = _translate(request.system, request.messages)
         with task_budget(self.retry_policy) as budget:
             if request.schema is None:
                 reply = await self._send(
-                    request, system, messages, budget, tools=request.tools,
+                    request, budget, tools=request.tools,
                     force=request.tool_choice if request.tools else None,
                 )
                 if reply.stop_reason == "max_tokens":
@@ -75,15 +74,10 @@ class Anthropic(HTTPModel):
                     text=_text(reply.content), tool_calls=self._tool_calls(reply.content),
                     usage=self._usage(*reply.tokens()),
                 )
-            return await self._structured(request, request.schema, system, messages, budget)
+            return await self._structured(request, request.schema, budget)
 
     async def _structured(
-        self,
-        request: LLMRequest,
-        schema: JSONObject,
-        system: str,
-        messages: list[dict[str, object]],
-        budget: Budget,
+        self, request: LLMRequest, schema: JSONObject, budget: Budget
     ) -> LLMResponse:
         tool: JSONObject = {
             "name": request.task, "description": TOOL_DESCRIPTION, "input_schema": schema,
@@ -92,9 +86,7 @@ class Anthropic(HTTPModel):
         usage: Usage | None = None
         asked = request
         while True:
-            reply = await self._send(
-                request, system, messages, budget, tools=[tool], force=request.task, cap=cap
-            )
+            reply = await self._send(asked, budget, tools=[tool], force=request.task, cap=cap)
             usage = add_usage(usage, self._usage(*reply.tokens()))
             text = _text(reply.content)
             data = next((block.input for block in reply.content
@@ -112,19 +104,17 @@ class Anthropic(HTTPModel):
                 return LLMResponse(text=text, data=data, usage=usage)
             asked = re_ask(self._http.name, request, asked, LLMResponse(text=said, data=data),
                            problem, budget)
-            system, messages = _translate(asked.system, asked.messages)
 
     async def _send(
         self,
         request: LLMRequest,
-        system: str,
-        messages: list[dict[str, object]],
         budget: Budget,
         *,
         tools: Sequence[Mapping[str, object]] | None,
         force: str | None = None,
         cap: int | None = None,
     ) -> Message:
+        system, messages = _translate(request.system, request.messages)
         payload: dict[str, object] = {
             "model": self.model,
             "max_tokens": cap or reply_cap(request.max_tokens, self.max_tokens),

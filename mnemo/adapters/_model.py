@@ -155,16 +155,19 @@ def example_of(schema: Mapping[str, object]) -> object:
     return None
 
 
-def tool_spec(tool: Mapping[str, object]) -> tuple[str, str, JSONObject]:
-    """(name, description, parameters) of a tool in mnemo's, OpenAI's or Anthropic's shape."""
+def tool_spec(tool: Mapping[str, object], schema_key: str) -> JSONObject:
+    """A tool in mnemo's, OpenAI's or Anthropic's shape as a provider's: its name, its parameters'
+    schema under `schema_key`, and its description if it has one."""
     inner = tool.get("function") if tool.get("type") == "function" else tool
     if not isinstance(inner, Mapping) or not isinstance(inner.get("name"), str):
         raise ValueError(f"a tool needs a name, got {tool!r}")
     parameters = inner.get("parameters", inner.get("input_schema"))
     if not isinstance(parameters, dict):
         parameters = {"type": "object", "properties": {}}
-    description = inner.get("description")
-    return inner["name"], description if isinstance(description, str) else "", parameters
+    spec: JSONObject = {"name": inner["name"], schema_key: parameters}
+    if isinstance(description := inner.get("description"), str) and description:
+        spec["description"] = description
+    return spec
 
 
 def tool_call(adapter: str, name: str, arguments: object, call_id: str | None) -> ToolCall:

@@ -125,7 +125,7 @@ class Anthropic(HTTPModel):
         if self._temperature is not None:
             payload["temperature"] = self._temperature
         if tools:
-            payload["tools"] = [_tool(tool) for tool in tools]
+            payload["tools"] = [tool_spec(tool, "input_schema") for tool in tools]
         if force == REQUIRED:
             payload["tool_choice"] = {"type": "any"}
         elif force is not None:
@@ -201,14 +201,6 @@ def _tool_use(call: Mapping[str, object]) -> dict[str, object]:
             arguments = {"arguments": arguments}
     return {"type": "tool_use", "id": call.get("id"), "name": source.get("name"),
             "input": arguments}
-
-
-def _tool(tool: Mapping[str, object]) -> JSONObject:
-    name, description, parameters = tool_spec(tool)
-    out: JSONObject = {"name": name, "input_schema": parameters}
-    if description:
-        out["description"] = description
-    return out
 
 
 def _text(blocks: list[_Block]) -> str:

@@ -249,13 +249,15 @@ class OpenAICompatible(HTTPModel):
                 "json_schema": {"name": request.task, "schema": schema, "strict": False},
             }
         elif schema is not None and mode == "tool":
-            payload["tools"] = [_function(request.task, TOOL_DESCRIPTION, schema)]
+            forced = {"name": request.task, "parameters": schema, "description": TOOL_DESCRIPTION}
+            payload["tools"] = [{"type": "function", "function": forced}]
             payload["tool_choice"] = {"type": "function", "function": {"name": request.task}}
         elif schema is not None:
             payload["response_format"] = {"type": "json_object"}
             system = f"{system}\n\n{json_instructions(request.task, schema)}".strip()
         elif request.tools:
-            payload["tools"] = [_function(*tool_spec(tool)) for tool in request.tools]
+            payload["tools"] = [{"type": "function", "function": tool_spec(tool, "parameters")}
+                                for tool in request.tools]
             if request.tool_choice == REQUIRED:
                 payload["tool_choice"] = REQUIRED
             elif request.tool_choice is not None:
@@ -308,13 +310,6 @@ def json_instructions(task: str, schema: Mapping[str, object]) -> str:
         f'It must match this JSON schema (named "{task}"):\n'
         f"{json.dumps(schema, ensure_ascii=False)}"
     )
-
-
-def _function(name: str, description: str, parameters: JSONObject) -> JSONObject:
-    function: JSONObject = {"name": name, "parameters": parameters}
-    if description:
-        function["description"] = description
-    return {"type": "function", "function": function}
 
 
 def _structured_text(message: _Message, mode: Mode, task: str) -> str:

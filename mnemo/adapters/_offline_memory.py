@@ -90,14 +90,6 @@ def _memory_statement(text: str) -> str:
     return text if text[-1] in ".!" else f"{text}."
 
 
-def _has_subject(text: str) -> bool:
-    """Whether `text` is about something: an informative word or a capitalised name."""
-    return any(
-        _text.is_informative(w) or (w[:1].isupper() and not _text.is_stopword(w))
-        for w in _text.words(text)
-    )
-
-
 def _memory_signal(sentence: str) -> tuple[str | None, str, str]:
     """The kind of signal `sentence` carries, the statement to keep, and the words naming its
     topic; ("pending", "", "") for a bare correction marker ("That's wrong.")."""
@@ -126,7 +118,9 @@ def _memory_signal(sentence: str) -> tuple[str | None, str, str]:
         if not match:
             continue
         topic_words = sentence[: match.start()] + " " + sentence[match.end() :]
-        if not _has_subject(topic_words):
+        # What is left must be about something: an informative word or a capitalised name.
+        if not any(_text.is_informative(w) or (w[:1].isupper() and not _text.is_stopword(w))
+                   for w in _text.words(topic_words)):
             continue
         if kind == "context":
             # A context marker holds the subject ("Our database is ..."), so the whole

@@ -12,7 +12,7 @@ from mnemo.adapters._http import Closing, HTTPFailure, HTTPOptions, R, Transport
 from mnemo.adapters.limit import Limit, ServerProfile
 from mnemo.adapters.uri import KEY_VARIABLES
 from mnemo.calls.retry import Budget
-from mnemo.calls.tasks import decode_json, preview, re_asked
+from mnemo.calls.tasks import Cut, decode_json, preview, re_asked
 from mnemo.errors import AdapterError, InvalidInputError, LLMContextError, LLMError, LLMReplyError
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
@@ -49,15 +49,16 @@ def reply_cap(requested: int | None, ceiling: int) -> int:
     return ceiling if requested is None else max(1, min(requested, ceiling))
 
 
-def cut_note(problem: str, max_tokens: int) -> str:
-    return f"{problem} (the reply was cut short at max_tokens={max_tokens}, so it is incomplete)"
-
-
-def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> int | None:
-    """Twice `cap` (at most `ceiling`), to ask a reply cut at `cap` again with (a retry); None when
-    the adapter or the budget allows no more."""
+def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget, *, text: str,
+              data: object = None, problem: str = "") -> int:
+    """Twice `cap` (at most `ceiling`), to ask a reply cut at `cap` again with (a retry); `Cut`
+    (naming the `problem` it caused, holding `text` and `data`) when the adapter or the budget
+    allows no more."""
     if cap >= ceiling or not budget.can_call():
-        return None
+        note = f"the reply was cut short at max_tokens={cap}, so it is incomplete"
+        raise Cut(f"{name}: the reply to task {task!r} was cut short "
+                  f"({f'{problem} ({note})' if problem else note})", text=text, data=data,
+                  at_cap=True)
     more = min(ceiling, cap * 2)
     logger.warning("%s: the reply to task %r was cut short at max_tokens=%d; asking again with "
                    "%d", name, task, cap, more)

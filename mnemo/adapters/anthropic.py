@@ -19,7 +19,6 @@ from mnemo.adapters._model import (
     TOOL_DESCRIPTION,
     HTTPModel,
     answer,
-    cut_note,
     more_room,
     re_ask,
     reply_cap,
@@ -28,7 +27,6 @@ from mnemo.adapters._model import (
     warn_cut,
 )
 from mnemo.calls.retry import Budget, task_budget
-from mnemo.calls.tasks import Cut
 from mnemo.errors import LLMError, LLMTimeout
 from mnemo.inputs import check_count
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage, add_usage
@@ -92,12 +90,9 @@ class Anthropic(HTTPModel):
             data = next((block.input for block in reply.content
                          if block.type == "tool_use" and block.name == request.task), None)
             if reply.stop_reason == "max_tokens":
-                more = more_room(self._http.name, request.task, cap, self.max_tokens, budget)
-                if more is not None:
-                    cap = more
-                    continue
-                raise Cut(f"{self._http.name}: the reply to task {request.task!r} was "
-                          f"{cut_note('cut short', cap)}", text=text, data=data, at_cap=True)
+                cap = more_room(self._http.name, request.task, cap, self.max_tokens, budget,
+                                text=text, data=data)
+                continue
             said = text if data is None else ""  # what a re-ask shows: the tool's input first
             data, problem = answer(schema, text, data, budget)
             if problem is None or budget.task_reads == "any":

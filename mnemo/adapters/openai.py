@@ -25,7 +25,6 @@ from mnemo.adapters._model import (
     HTTPModel,
     adapt,
     answer,
-    cut_note,
     example_of,
     more_room,
     re_ask,
@@ -131,15 +130,12 @@ class OpenAICompatible(HTTPModel):
                 asked = re_ask(self._http.name, request, asked, LLMResponse(text=raw, data=data),
                                problem, budget)
                 continue
-            more = more_room(self._http.name, request.task, cap, self.max_tokens,
-                             budget) if at_cap else None
-            if more is None:
-                where = (f"{self._http.name}: the reply to task {request.task!r} was cut short"
-                         + ("" if at_cap else f" with room left under max_tokens={cap}: the "
-                            "prompt filled the model's context"))
-                raise Cut(f"{where} ({cut_note(problem, cap) if at_cap else problem})",
-                          text=raw, at_cap=at_cap)
-            cap = more
+            if not at_cap:
+                raise Cut(f"{self._http.name}: the reply to task {request.task!r} was cut short "
+                          f"with room left under max_tokens={cap}: the prompt filled the model's "
+                          f"context ({problem})", text=raw, at_cap=False)
+            cap = more_room(self._http.name, request.task, cap, self.max_tokens, budget, text=raw,
+                            problem=problem)
 
     async def _send_structured(
         self,

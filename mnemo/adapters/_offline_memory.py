@@ -308,9 +308,9 @@ _CONVERSATION_CORRECTION = re.compile(
     re.IGNORECASE,
 )
 
-_ZONE_LINE = re.compile(r"^message (\d+)(?:-(\d+))?: (.*)$")
-
-_ZONE_ROLE = re.compile(r"^([\w-]+): (.*)$")
+# A zone's message line ("message N: role: text"); a collapsed run of tool calls ("message N-M:
+# [K tools called]") carries no sentence.
+_ZONE_LINE = re.compile(r"^message (\d+): ([\w-]+): (.*)$")
 
 _SPEAKERS = {
     "user": "User",
@@ -382,14 +382,8 @@ def _eviction(inputs: Inputs) -> Answer:
     if inputs.done:
         # The tools already ran in an earlier round: finish.
         return [ToolCall("everything_ok", {}, "call_0")]
-    messages: list[tuple[int, str, str]] = []
-    for line in inputs.zone.splitlines():
-        found = _ZONE_LINE.match(line.strip())
-        if not found or found.group(2):
-            continue  # a collapsed run of tool calls carries no sentence
-        said = _ZONE_ROLE.match(found.group(3))
-        if said:
-            messages.append((int(found.group(1)), said.group(1), said.group(2)))
+    messages = [(int(said.group(1)), said.group(2), said.group(3))
+                for line in inputs.zone.splitlines() if (said := _ZONE_LINE.match(line.strip()))]
     max_words = max(16, 100 if inputs.max_words is None else inputs.max_words)
     calls: list[tuple[str, JSONObject]] = []
     spoken = [(_SPEAKERS.get(role, "Tool"), text) for _, role, text in messages]

@@ -103,9 +103,23 @@ class OpenAICompatible(HTTPModel):
         """The reply to `request` (with a schema, `data` is the JSON value it holds); raises
         LLMTimeout, LLMContextError, Cut, or LLMError naming the HTTP status."""
         with task_budget(self.retry_policy) as budget:
-            if request.schema is None:
-                return await self._free(request, budget)
-            return await self._structured(request, request.schema, budget)
+            if request.schema is not None:
+                return await self._structured(request, request.schema, budget)
+            # A server's refusal of tools is final: the caller may ask again without them.
+            refusal = (partial(HTTPFailure.names_any, words=_COMPLAINT_WORDS["tool"])
+                       if request.tools else None)
+            reply = await self._complete(self._payload(request, None, None), budget, refusal,
+                                         kind=request.task)
+        choice = reply.choices[0]
+        cap = reply_cap(request.max_tokens, self.max_tokens)
+        at_cap = _was_cut(reply, choice.finish_reason, cap)
+        if at_cap or choice.finish_reason == "length":
+            warn_cut(self._http.name, request.task, cap if at_cap else None)
+        return LLMResponse(
+            text=choice.message.content or "",
+            tool_calls=self._tool_calls(choice.message),
+            usage=self._usage(*reply.tokens()),
+        )
 
     async def _structured(
         self, request: LLMRequest, schema: JSONObject, budget: Budget
@@ -194,23 +208,6 @@ class OpenAICompatible(HTTPModel):
                 fixable = not isinstance(exc, LLMContextError) and "max_tokens" in payload
                 adapt(exc, budget, _wants_completion_tokens if fixable else None,
                       lambda _: setattr(self, "_tokens_field", "max_completion_tokens"))
-
-    async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
-        # A server's refusal of tools is final: the caller may ask again without them.
-        refusal = (partial(HTTPFailure.names_any, words=_COMPLAINT_WORDS["tool"])
-                   if request.tools else None)
-        reply = await self._complete(self._payload(request, None, None), budget, refusal,
-                                     kind=request.task)
-        choice = reply.choices[0]
-        cap = reply_cap(request.max_tokens, self.max_tokens)
-        at_cap = _was_cut(reply, choice.finish_reason, cap)
-        if at_cap or choice.finish_reason == "length":
-            warn_cut(self._http.name, request.task, cap if at_cap else None)
-        return LLMResponse(
-            text=choice.message.content or "",
-            tool_calls=self._tool_calls(choice.message),
-            usage=self._usage(*reply.tokens()),
-        )
 
     def _tool_calls(self, message: _Message) -> list[ToolCall]:
         calls: list[ToolCall] = []

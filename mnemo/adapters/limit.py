@@ -175,15 +175,11 @@ class Limit:
         self._out.discard(ticket)
         self._learn(ticket, self._clock() - ticket.sent)
 
-    @property
-    def free(self) -> bool:
-        return self.in_flight < self.current
-
     async def _wait_turn(self) -> None:
         turn = anyio.Event()
         self._waiters.append(turn)
         try:
-            while not self.free or self._waiters[0] is not turn:
+            while self.in_flight >= self.current or self._waiters[0] is not turn:
                 await turn.wait()
                 # An anyio Event fires once: a fresh one takes its place in the line.
                 fresh = anyio.Event()
@@ -194,7 +190,7 @@ class Limit:
             self._wake()
 
     def _wake(self) -> None:
-        if self._waiters and self.free:
+        if self._waiters and self.in_flight < self.current:
             self._waiters[0].set()
 
     def _learn(self, ticket: Ticket, took: float) -> None:

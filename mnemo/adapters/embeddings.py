@@ -177,21 +177,17 @@ class OpenAIEmbedder(HTTPModel):
                     "not float32s")
             return np.frombuffer(packed, dtype="<f4")
         if raw and all(isinstance(item, list) for item in raw):
-            raise self._per_token(position, raw)
+            sizes = sorted({len(item) for item in raw if isinstance(item, list)})
+            size = str(sizes[0]) if len(sizes) == 1 else "/".join(map(str, sizes[:3]))
+            raise EmbeddingError(
+                f"{self._http.name} returned {len(raw)} vectors of dimension {size} for "
+                f"text {position}, one per token, instead of one vector per text: the server "
+                f"does not pool its token embeddings. {POOLING_FIX}"
+            )
         with suppress(TypeError, ValueError):
             if (row := np.asarray(raw, dtype=np.float32)).ndim == 1:
                 return row
         raise EmbeddingError(f"{self._http.name} returned non-numeric vectors")
-
-    def _per_token(self, position: int, raw: list[object]) -> EmbeddingError:
-        """The error for a text embedded as one vector per token (llama.cpp without pooling)."""
-        sizes = sorted({len(item) for item in raw if isinstance(item, list)})
-        size = str(sizes[0]) if len(sizes) == 1 else "/".join(map(str, sizes[:3]))
-        return EmbeddingError(
-            f"{self._http.name} returned {len(raw)} vectors of dimension {size} for "
-            f"text {position}, one per token, instead of one vector per text: the server does "
-            f"not pool its token embeddings. {POOLING_FIX}"
-        )
 
 
 POOLING_FIX = (

@@ -334,9 +334,8 @@ _SUBGOAL_WORDS = 5
 
 
 def _state(inputs: Inputs) -> Answer:
-    observed = _text.first_sentence(inputs.observation.strip())
-    if not observed:
-        observed = (inputs.previous_state or "").strip() or "Nothing new was observed."
+    observed = (_text.first_sentence(inputs.observation.strip())
+                or (inputs.previous_state or "").strip() or "Nothing new was observed.")
     if observed[-1] not in ".!?":
         observed += "."
     action = _text.clip_words(inputs.action.strip(), 40)

@@ -297,11 +297,7 @@ _CONVERSATION_INSTRUCTION = re.compile(
     r"\b(?:always|never|make sure|be sure to|remember (?:to|that)|from now on|going forward|"
     r"(?:don'?t|do not) (?:ever )?\w+|must(?: not)?|instead of|rather than|i prefer|"
     r"i want you to|you (?:should|must|need to|have to)|please (?:use|keep|avoid|stop|"
-    r"always|never|don'?t|do not|make sure)|avoid|stick (?:to|with)|only use|use only)\b",
-    re.IGNORECASE,
-)
-
-_CONVERSATION_CORRECTION = re.compile(
+    r"always|never|don'?t|do not|make sure)|avoid|stick (?:to|with)|only use|use only)\b|"
     r"^(?:no|nope|wrong|actually|correction|not quite|wait,? no)\b|"
     r"\b(?:that'?s (?:wrong|incorrect|not (?:right|correct|what i))|"
     r"you (?:misunderstood|got it wrong|were wrong)|i meant|not \w+(?: \w+)?,? but)\b",
@@ -322,10 +318,7 @@ _SPEAKERS = {
 
 
 def _states_instruction(text: str) -> bool:
-    return any(
-        _CONVERSATION_INSTRUCTION.search(s) or _CONVERSATION_CORRECTION.search(s)
-        for s in _text.sentences(text)
-    )
+    return any(_CONVERSATION_INSTRUCTION.search(s) for s in _text.sentences(text))
 
 
 def _extractive_summary(items: list[tuple[str, str]], max_words: int, previous: str = "") -> str:

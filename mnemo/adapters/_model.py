@@ -12,7 +12,7 @@ from mnemo.adapters._http import Closing, HTTPFailure, HTTPOptions, R, Transport
 from mnemo.adapters.limit import Limit, ServerProfile
 from mnemo.adapters.uri import KEY_VARIABLES
 from mnemo.calls.retry import Budget
-from mnemo.calls.tasks import preview, re_asked
+from mnemo.calls.tasks import Cut, decode_json, preview, re_asked
 from mnemo.errors import AdapterError, InvalidInputError, LLMContextError, LLMError, LLMReplyError
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
@@ -49,15 +49,16 @@ def reply_cap(requested: int | None, ceiling: int) -> int:
     return ceiling if requested is None else max(1, min(requested, ceiling))
 
 
-def cut_note(problem: str, max_tokens: int) -> str:
-    return f"{problem} (the reply was cut short at max_tokens={max_tokens}, so it is incomplete)"
-
-
-def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> int | None:
-    """Twice `cap` (at most `ceiling`), to ask a reply cut at `cap` again with (a retry); None when
-    the adapter or the budget allows no more."""
+def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget, *, text: str,
+              data: object = None, problem: str = "") -> int:
+    """Twice `cap` (at most `ceiling`), to ask a reply cut at `cap` again with (a retry); `Cut`
+    (naming the `problem` it caused, holding `text` and `data`) when the adapter or the budget
+    allows no more."""
     if cap >= ceiling or not budget.can_call():
-        return None
+        note = f"the reply was cut short at max_tokens={cap}, so it is incomplete"
+        raise Cut(f"{name}: the reply to task {task!r} was cut short "
+                  f"({f'{problem} ({note})' if problem else note})", text=text, data=data,
+                  at_cap=True)
     more = min(ceiling, cap * 2)
     logger.warning("%s: the reply to task %r was cut short at max_tokens=%d; asking again with "
                    "%d", name, task, cap, more)
@@ -65,22 +66,27 @@ def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> i
     return more
 
 
-def unfit(schema: Mapping[str, object], data: object, budget: Budget) -> str | None:
-    """Why `data` is no answer to an object `schema`: not an object, or without a key the schema's
-    top-level `required` lists, unless a task reads the keys itself (`Budget.task_reads`: its
-    reply struct does, and its schema asks for keys it does not need); None when it is one, or
-    when `schema` is of another type. A task that reads any reply is the caller's to pass up."""
+def answer(schema: Mapping[str, object], text: str, data: object, budget: Budget
+           ) -> tuple[object, str | None]:
+    """A structured reply's value (`data`, else the JSON `text` holds) and why it is no answer to
+    an object `schema` (None when it is one, or `schema` is of another type): no JSON, not an
+    object, or without a key the top-level `required` lists, unless the task reads the keys itself
+    (`Budget.task_reads`). A task that reads any reply is the caller's to pass up."""
+    try:
+        data = decode_json(text) if data is None else data
+    except ValueError as exc:
+        return None, str(exc)
     if schema.get("type") != "object":
-        return None
+        return data, None
     if not isinstance(data, dict):
-        return f"the reply must be a JSON object, got {preview(data)}"
+        return data, f"the reply must be a JSON object, got {preview(data)}"
     if budget.task_reads == "keys":
-        return None
+        return data, None
     required = schema.get("required")
     missing = [key for key in required if key not in data] if isinstance(required, list) else ()
     if not missing:
-        return None
-    return f"the reply lacks {', '.join(map(repr, missing))}, which the schema requires"
+        return data, None
+    return data, f"the reply lacks {', '.join(map(repr, missing))}, which the schema requires"
 
 
 def re_ask(name: str, request: LLMRequest, asked: LLMRequest, reply: LLMResponse, problem: str,
@@ -150,16 +156,19 @@ def example_of(schema: Mapping[str, object]) -> object:
     return None
 
 
-def tool_spec(tool: Mapping[str, object]) -> tuple[str, str, JSONObject]:
-    """(name, description, parameters) of a tool in mnemo's, OpenAI's or Anthropic's shape."""
+def tool_spec(tool: Mapping[str, object], schema_key: str) -> JSONObject:
+    """A tool in mnemo's, OpenAI's or Anthropic's shape as a provider's: its name, its parameters'
+    schema under `schema_key`, and its description if it has one."""
     inner = tool.get("function") if tool.get("type") == "function" else tool
     if not isinstance(inner, Mapping) or not isinstance(inner.get("name"), str):
         raise ValueError(f"a tool needs a name, got {tool!r}")
     parameters = inner.get("parameters", inner.get("input_schema"))
     if not isinstance(parameters, dict):
         parameters = {"type": "object", "properties": {}}
-    description = inner.get("description")
-    return inner["name"], description if isinstance(description, str) else "", parameters
+    spec: JSONObject = {"name": inner["name"], schema_key: parameters}
+    if isinstance(description := inner.get("description"), str) and description:
+        spec["description"] = description
+    return spec
 
 
 def tool_call(adapter: str, name: str, arguments: object, call_id: str | None) -> ToolCall:

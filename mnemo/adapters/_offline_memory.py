@@ -90,14 +90,6 @@ def _memory_statement(text: str) -> str:
     return text if text[-1] in ".!" else f"{text}."
 
 
-def _has_subject(text: str) -> bool:
-    """Whether `text` is about something: an informative word or a capitalised name."""
-    return any(
-        _text.is_informative(w) or (w[:1].isupper() and not _text.is_stopword(w))
-        for w in _text.words(text)
-    )
-
-
 def _memory_signal(sentence: str) -> tuple[str | None, str, str]:
     """The kind of signal `sentence` carries, the statement to keep, and the words naming its
     topic; ("pending", "", "") for a bare correction marker ("That's wrong.")."""
@@ -126,7 +118,9 @@ def _memory_signal(sentence: str) -> tuple[str | None, str, str]:
         if not match:
             continue
         topic_words = sentence[: match.start()] + " " + sentence[match.end() :]
-        if not _has_subject(topic_words):
+        # What is left must be about something: an informative word or a capitalised name.
+        if not any(_text.is_informative(w) or (w[:1].isupper() and not _text.is_stopword(w))
+                   for w in _text.words(topic_words)):
             continue
         if kind == "context":
             # A context marker holds the subject ("Our database is ..."), so the whole
@@ -303,20 +297,16 @@ _CONVERSATION_INSTRUCTION = re.compile(
     r"\b(?:always|never|make sure|be sure to|remember (?:to|that)|from now on|going forward|"
     r"(?:don'?t|do not) (?:ever )?\w+|must(?: not)?|instead of|rather than|i prefer|"
     r"i want you to|you (?:should|must|need to|have to)|please (?:use|keep|avoid|stop|"
-    r"always|never|don'?t|do not|make sure)|avoid|stick (?:to|with)|only use|use only)\b",
-    re.IGNORECASE,
-)
-
-_CONVERSATION_CORRECTION = re.compile(
+    r"always|never|don'?t|do not|make sure)|avoid|stick (?:to|with)|only use|use only)\b|"
     r"^(?:no|nope|wrong|actually|correction|not quite|wait,? no)\b|"
     r"\b(?:that'?s (?:wrong|incorrect|not (?:right|correct|what i))|"
     r"you (?:misunderstood|got it wrong|were wrong)|i meant|not \w+(?: \w+)?,? but)\b",
     re.IGNORECASE,
 )
 
-_ZONE_LINE = re.compile(r"^message (\d+)(?:-(\d+))?: (.*)$")
-
-_ZONE_ROLE = re.compile(r"^([\w-]+): (.*)$")
+# A zone's message line ("message N: role: text"); a collapsed run of tool calls ("message N-M:
+# [K tools called]") carries no sentence.
+_ZONE_LINE = re.compile(r"^message (\d+): ([\w-]+): (.*)$")
 
 _SPEAKERS = {
     "user": "User",
@@ -328,10 +318,7 @@ _SPEAKERS = {
 
 
 def _states_instruction(text: str) -> bool:
-    return any(
-        _CONVERSATION_INSTRUCTION.search(s) or _CONVERSATION_CORRECTION.search(s)
-        for s in _text.sentences(text)
-    )
+    return any(_CONVERSATION_INSTRUCTION.search(s) for s in _text.sentences(text))
 
 
 def _extractive_summary(items: list[tuple[str, str]], max_words: int, previous: str = "") -> str:
@@ -388,14 +375,8 @@ def _eviction(inputs: Inputs) -> Answer:
     if inputs.done:
         # The tools already ran in an earlier round: finish.
         return [ToolCall("everything_ok", {}, "call_0")]
-    messages: list[tuple[int, str, str]] = []
-    for line in inputs.zone.splitlines():
-        found = _ZONE_LINE.match(line.strip())
-        if not found or found.group(2):
-            continue  # a collapsed run of tool calls carries no sentence
-        said = _ZONE_ROLE.match(found.group(3))
-        if said:
-            messages.append((int(found.group(1)), said.group(1), said.group(2)))
+    messages = [(int(said.group(1)), said.group(2), said.group(3))
+                for line in inputs.zone.splitlines() if (said := _ZONE_LINE.match(line.strip()))]
     max_words = max(16, 100 if inputs.max_words is None else inputs.max_words)
     calls: list[tuple[str, JSONObject]] = []
     spoken = [(_SPEAKERS.get(role, "Tool"), text) for _, role, text in messages]

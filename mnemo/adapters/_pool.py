@@ -29,7 +29,7 @@ class Pool(httpx.AsyncBaseTransport):
                          if scheme in ("http", "https", "all")
                          and url.startswith(("http://", "https://"))}
 
-    def _session_now(self) -> aiohttp.ClientSession:
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         import aiohttp
 
         if self._session is None or self._session.closed:
@@ -45,12 +45,7 @@ class Pool(httpx.AsyncBaseTransport):
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"),
             )
-        return self._session
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        import aiohttp
-
-        session = self._session_now()
+        session = self._session
         timeout = request.extensions.get("timeout", {})
         body = await request.aread()
         with _as_httpx(request):

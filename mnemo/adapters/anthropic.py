@@ -18,17 +18,15 @@ from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
     TOOL_DESCRIPTION,
     HTTPModel,
-    cut_note,
+    answer,
     more_room,
     re_ask,
     reply_cap,
     tool_call,
     tool_spec,
-    unfit,
     warn_cut,
 )
 from mnemo.calls.retry import Budget, task_budget
-from mnemo.calls.tasks import Cut, decode_json
 from mnemo.errors import LLMError, LLMTimeout
 from mnemo.inputs import check_count
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage, add_usage
@@ -61,11 +59,10 @@ class Anthropic(HTTPModel):
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """The reply to `request` (with a schema, `data` is the forced tool's input, or the JSON its
         text holds); raises LLMTimeout, LLMContextError, Cut, or LLMError naming the status."""
-        system, messages = _translate(request.system, request.messages)
         with task_budget(self.retry_policy) as budget:
             if request.schema is None:
                 reply = await self._send(
-                    request, system, messages, budget, tools=request.tools,
+                    request, budget, tools=request.tools,
                     force=request.tool_choice if request.tools else None,
                 )
                 if reply.stop_reason == "max_tokens":
@@ -75,15 +72,10 @@ class Anthropic(HTTPModel):
                     text=_text(reply.content), tool_calls=self._tool_calls(reply.content),
                     usage=self._usage(*reply.tokens()),
                 )
-            return await self._structured(request, request.schema, system, messages, budget)
+            return await self._structured(request, request.schema, budget)
 
     async def _structured(
-        self,
-        request: LLMRequest,
-        schema: JSONObject,
-        system: str,
-        messages: list[dict[str, object]],
-        budget: Budget,
+        self, request: LLMRequest, schema: JSONObject, budget: Budget
     ) -> LLMResponse:
         tool: JSONObject = {
             "name": request.task, "description": TOOL_DESCRIPTION, "input_schema": schema,
@@ -92,43 +84,32 @@ class Anthropic(HTTPModel):
         usage: Usage | None = None
         asked = request
         while True:
-            reply = await self._send(
-                request, system, messages, budget, tools=[tool], force=request.task, cap=cap
-            )
+            reply = await self._send(asked, budget, tools=[tool], force=request.task, cap=cap)
             usage = add_usage(usage, self._usage(*reply.tokens()))
             text = _text(reply.content)
             data = next((block.input for block in reply.content
                          if block.type == "tool_use" and block.name == request.task), None)
             if reply.stop_reason == "max_tokens":
-                more = more_room(self._http.name, request.task, cap, self.max_tokens, budget)
-                if more is not None:
-                    cap = more
-                    continue
-                raise Cut(f"{self._http.name}: the reply to task {request.task!r} was "
-                          f"{cut_note('cut short', cap)}", text=text, data=data, at_cap=True)
+                cap = more_room(self._http.name, request.task, cap, self.max_tokens, budget,
+                                text=text, data=data)
+                continue
             said = text if data is None else ""  # what a re-ask shows: the tool's input first
-            try:
-                data = decode_json(text) if data is None else data
-                problem = unfit(schema, data, budget)
-            except ValueError as exc:
-                problem = str(exc)
+            data, problem = answer(schema, text, data, budget)
             if problem is None or budget.task_reads == "any":
                 return LLMResponse(text=text, data=data, usage=usage)
             asked = re_ask(self._http.name, request, asked, LLMResponse(text=said, data=data),
                            problem, budget)
-            system, messages = _translate(asked.system, asked.messages)
 
     async def _send(
         self,
         request: LLMRequest,
-        system: str,
-        messages: list[dict[str, object]],
         budget: Budget,
         *,
         tools: Sequence[Mapping[str, object]] | None,
         force: str | None = None,
         cap: int | None = None,
     ) -> Message:
+        system, messages = _translate(request.system, request.messages)
         payload: dict[str, object] = {
             "model": self.model,
             "max_tokens": cap or reply_cap(request.max_tokens, self.max_tokens),
@@ -139,7 +120,7 @@ class Anthropic(HTTPModel):
         if self._temperature is not None:
             payload["temperature"] = self._temperature
         if tools:
-            payload["tools"] = [_tool(tool) for tool in tools]
+            payload["tools"] = [tool_spec(tool, "input_schema") for tool in tools]
         if force == REQUIRED:
             payload["tool_choice"] = {"type": "any"}
         elif force is not None:
@@ -215,14 +196,6 @@ def _tool_use(call: Mapping[str, object]) -> dict[str, object]:
             arguments = {"arguments": arguments}
     return {"type": "tool_use", "id": call.get("id"), "name": source.get("name"),
             "input": arguments}
-
-
-def _tool(tool: Mapping[str, object]) -> JSONObject:
-    name, description, parameters = tool_spec(tool)
-    out: JSONObject = {"name": name, "input_schema": parameters}
-    if description:
-        out["description"] = description
-    return out
 
 
 def _text(blocks: list[_Block]) -> str:

@@ -57,7 +57,7 @@ class OpenAIEmbedder(HTTPModel):
         options.setdefault("max_concurrency", 4)
         super().__init__(model, base_url, api_key, prices, options, provider="openai",
                          error=EmbeddingError, kind="embedding model")
-        self._encoding: Encoding = encoding_format
+        self.encoding_format: Encoding = encoding_format
 
     @property
     def dim(self) -> int:
@@ -74,11 +74,11 @@ class OpenAIEmbedder(HTTPModel):
         self._dim = check_count("dim", value, minimum=1)
 
     def server_profile(self) -> ServerProfile:
-        return ServerProfile(self._http.limit.state(), encoding=self._encoding)
+        return ServerProfile(self._http.limit.state(), encoding=self.encoding_format)
 
     def adopt_server_profile(self, stored: ServerProfile) -> None:
         if stored.encoding == "float":
-            self._encoding = "float"
+            self.encoding_format = "float"
         super().adopt_server_profile(stored)
 
     async def detect_dim(self) -> int:
@@ -106,10 +106,6 @@ class OpenAIEmbedder(HTTPModel):
                         tg.start_soon(one, slot, start)
         return np.concatenate([part for part in parts if part is not None], axis=0)
 
-    @property
-    def encoding_format(self) -> Encoding:
-        return self._encoding
-
     async def _batch(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         reply = await self._send(list(texts))
         rows = self._rows(reply, len(texts))
@@ -129,7 +125,7 @@ class OpenAIEmbedder(HTTPModel):
         """POSTs one batch; a refusal of base64 switches to floats for good and asks again."""
         budget = Budget(self.retry_policy)
         while True:
-            encoding = self._encoding
+            encoding = self.encoding_format
             payload = {"model": self.model, "input": texts, "encoding_format": encoding}
             refusal = (partial(HTTPFailure.names_any, words=_COMPLAINT_WORDS)
                        if encoding == "base64" else None)
@@ -145,8 +141,8 @@ class OpenAIEmbedder(HTTPModel):
 
     def _to_floats(self, failure: HTTPFailure) -> None:
         # Concurrent batches may see the same refusal: only the first one logs it.
-        if self._encoding == "base64":
-            self._encoding = "float"
+        if self.encoding_format == "base64":
+            self.encoding_format = "float"
             logger.warning("%s refused base64 vectors (%s); asking for floats from now on",
                            self._http.name, failure)
 
@@ -181,21 +177,17 @@ class OpenAIEmbedder(HTTPModel):
                     "not float32s")
             return np.frombuffer(packed, dtype="<f4")
         if raw and all(isinstance(item, list) for item in raw):
-            raise self._per_token(position, raw)
+            sizes = sorted({len(item) for item in raw if isinstance(item, list)})
+            size = str(sizes[0]) if len(sizes) == 1 else "/".join(map(str, sizes[:3]))
+            raise EmbeddingError(
+                f"{self._http.name} returned {len(raw)} vectors of dimension {size} for "
+                f"text {position}, one per token, instead of one vector per text: the server "
+                f"does not pool its token embeddings. {POOLING_FIX}"
+            )
         with suppress(TypeError, ValueError):
             if (row := np.asarray(raw, dtype=np.float32)).ndim == 1:
                 return row
         raise EmbeddingError(f"{self._http.name} returned non-numeric vectors")
-
-    def _per_token(self, position: int, raw: list[object]) -> EmbeddingError:
-        """The error for a text embedded as one vector per token (llama.cpp without pooling)."""
-        sizes = sorted({len(item) for item in raw if isinstance(item, list)})
-        size = str(sizes[0]) if len(sizes) == 1 else "/".join(map(str, sizes[:3]))
-        return EmbeddingError(
-            f"{self._http.name} returned {len(raw)} vectors of dimension {size} for "
-            f"text {position}, one per token, instead of one vector per text: the server does "
-            f"not pool its token embeddings. {POOLING_FIX}"
-        )
 
 
 POOLING_FIX = (

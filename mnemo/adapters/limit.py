@@ -110,7 +110,7 @@ class Limit:
         self._clock = clock
         self._limit = float(max(1, min(pinned or initial or INITIAL, ceiling)))
         self._slow_start = True
-        self._in_flight = 0
+        self.in_flight = 0
         self._epoch = 0
         self._waiters: deque[anyio.Event] = deque()
         self._fastest: dict[str, deque[float]] = {}  # per kind, per unit of work
@@ -124,10 +124,6 @@ class Limit:
     def current(self) -> int:
         """Requests that may be in flight now."""
         return max(1, min(self.ceiling, int(self._limit)))
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
 
     def state(self) -> LimitState:
         return LimitState(self.current, self._slow_start, self.unit_seconds)
@@ -152,7 +148,7 @@ class Limit:
                    ) -> AsyncIterator[Ticket]:
         """Holds one slot for a request of `kind` (its task), waiting in line (a wait no timeout
         counts); the caller marks the ticket `answered` or `overloaded`."""
-        if self._in_flight >= self.current or self._waiters:
+        if self.in_flight >= self.current or self._waiters:
             with waiting():
                 await self._wait_turn()
         ticket = self.begin(kind, request_timeout)
@@ -165,29 +161,25 @@ class Limit:
 
     def begin(self, kind: str, request_timeout: float | None = None) -> Ticket:
         """Takes a slot now (the caller checked there is one)."""
-        self._in_flight += 1
+        self.in_flight += 1
         for other in self._out:
-            other.in_flight = max(other.in_flight, self._in_flight)
-        ticket = Ticket(kind, self._clock(), self._in_flight, self._epoch,
+            other.in_flight = max(other.in_flight, self.in_flight)
+        ticket = Ticket(kind, self._clock(), self.in_flight, self._epoch,
                         timeout=request_timeout)
         self._out.add(ticket)
         return ticket
 
     def end(self, ticket: Ticket) -> None:
         """Gives the slot back and learns from how the request ended."""
-        self._in_flight -= 1
+        self.in_flight -= 1
         self._out.discard(ticket)
         self._learn(ticket, self._clock() - ticket.sent)
-
-    @property
-    def free(self) -> bool:
-        return self._in_flight < self.current
 
     async def _wait_turn(self) -> None:
         turn = anyio.Event()
         self._waiters.append(turn)
         try:
-            while not self.free or self._waiters[0] is not turn:
+            while self.in_flight >= self.current or self._waiters[0] is not turn:
                 await turn.wait()
                 # An anyio Event fires once: a fresh one takes its place in the line.
                 fresh = anyio.Event()
@@ -198,7 +190,7 @@ class Limit:
             self._wake()
 
     def _wake(self) -> None:
-        if self._waiters and self.free:
+        if self._waiters and self.in_flight < self.current:
             self._waiters[0].set()
 
     def _learn(self, ticket: Ticket, took: float) -> None:

@@ -82,7 +82,6 @@ class MiniLMEmbedder:
         self._model_path = None if model_path is None else Path(model_path)
         self._model_sha256 = model_sha256
         self._slot = anyio.CapacityLimiter(1)
-        self._load_lock = threading.Lock()
         self._tokenizer: Tokenizer | None = None
         self._session: Any = None  # onnxruntime.InferenceSession; onnxruntime ships no types
 
@@ -97,17 +96,16 @@ class MiniLMEmbedder:
 
     def load_sync(self) -> None:
         """`load` without the event loop; a model is loaded once per process, file and threads."""
-        with self._load_lock:
-            if self._session is not None:
-                return
-            model = self._model_path if self._model_path is not None else bundled_model_path()
-            key = (str(model), self._model_sha256, self.threads)
-            with _SHARED_LOCK:
-                shared = _SHARED.get(key)
-                if shared is None:
-                    shared = self._load_files(model)
-                    _SHARED[key] = shared
-            self._tokenizer, self._session = shared
+        if self._session is not None:
+            return
+        model = self._model_path if self._model_path is not None else bundled_model_path()
+        key = (str(model), self._model_sha256, self.threads)
+        with _SHARED_LOCK:
+            shared = _SHARED.get(key)
+            if shared is None:
+                shared = self._load_files(model)
+                _SHARED[key] = shared
+        self._tokenizer, self._session = shared
 
     def _load_files(self, model: Path) -> tuple[Tokenizer, Any]:
         verify_sha256(model, self._model_sha256)

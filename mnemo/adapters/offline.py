@@ -334,9 +334,8 @@ _SUBGOAL_WORDS = 5
 
 
 def _state(inputs: Inputs) -> Answer:
-    observed = _text.first_sentence(inputs.observation.strip())
-    if not observed:
-        observed = (inputs.previous_state or "").strip() or "Nothing new was observed."
+    observed = (_text.first_sentence(inputs.observation.strip())
+                or (inputs.previous_state or "").strip() or "Nothing new was observed.")
     if observed[-1] not in ".!?":
         observed += "."
     action = _text.clip_words(inputs.action.strip(), 40)
@@ -353,33 +352,24 @@ def _subgoal(inputs: Inputs) -> Answer:
         or "continue the task"
     )
     if not previous:
-        return _subgoal_reply("first subgoal: the key phrase of the observation", fresh)
-    if shift := _TOPIC_SHIFT.search(observation):
+        reasoning, subgoal = "first subgoal: the key phrase of the observation", fresh
+    elif shift := _TOPIC_SHIFT.search(observation):
         # The new topic is named after the marker ("... Now let's set up backups").
         after = _text.key_phrase(observation[shift.end() :], max_words=_SUBGOAL_WORDS)
-        return _subgoal_reply(
-            f"topic shift: the observation says {shift.group(0)!r}; new key phrase",
-            after or fresh,
-        )
-    stems = _text.content_stems(observation)
-    if not stems:
-        return _subgoal_reply(
-            "continuity: the observation names no new topic, so the subgoal stays", previous
-        )
-    context = _text.content_stems("\n".join([previous, *inputs.recent_steps[-1:]]))
-    if shared := sorted(stems & context):
-        return _subgoal_reply(
-            f"continuity: the observation shares {', '.join(shared[:3])} with the previous "
-            "subgoal or the last step",
-            previous,
-        )
-    return _subgoal_reply(
-        "new topic: no informative word in common with the previous subgoal or the last step",
-        fresh,
-    )
-
-
-def _subgoal_reply(reasoning: str, subgoal: str) -> Answer:
+        reasoning = f"topic shift: the observation says {shift.group(0)!r}; new key phrase"
+        subgoal = after or fresh
+    elif not (stems := _text.content_stems(observation)):
+        reasoning = "continuity: the observation names no new topic, so the subgoal stays"
+        subgoal = previous
+    elif shared := sorted(stems & _text.content_stems(
+            "\n".join([previous, *inputs.recent_steps[-1:]]))):
+        reasoning = (f"continuity: the observation shares {', '.join(shared[:3])} with the "
+                     "previous subgoal or the last step")
+        subgoal = previous
+    else:
+        reasoning = ("new topic: no informative word in common with the previous subgoal or "
+                     "the last step")
+        subgoal = fresh
     return {"reasoning": reasoning, "subgoal": subgoal}
 
 

@@ -24,14 +24,13 @@ from mnemo.adapters._model import (
     TOOL_DESCRIPTION,
     HTTPModel,
     adapt,
-    cut_note,
+    answer,
     example_of,
     more_room,
     re_ask,
     reply_cap,
     tool_call,
     tool_spec,
-    unfit,
     warn_cut,
 )
 from mnemo.adapters.limit import ServerProfile
@@ -80,7 +79,7 @@ class OpenAICompatible(HTTPModel):
         super().__init__(model, base_url, api_key, prices, options, provider="openai",
                          scheme="openai-compatible", error=LLMError, timeout_error=LLMTimeout)
         self._auto = structured == "auto"
-        self._mode: Mode = "json_schema" if structured == "auto" else structured
+        self.structured_mode: Mode = "json_schema" if structured == "auto" else structured
         # Until a structured reply came in the mode "auto" chose, one request at a time tries it.
         self._confirmed = not self._auto
         self._probing = anyio.Lock()
@@ -90,27 +89,37 @@ class OpenAICompatible(HTTPModel):
         )
         self._tokens_field = "max_tokens"
 
-    @property
-    def structured_mode(self) -> Mode:
-        return self._mode
-
     def server_profile(self) -> ServerProfile:
         return ServerProfile(self._http.limit.state(), structured=(
-            self._mode if self._auto and self._confirmed else None))
+            self.structured_mode if self._auto and self._confirmed else None))
 
     def adopt_server_profile(self, stored: ServerProfile) -> None:
         """Starts from an earlier adapter's `server_profile`; a mode given explicitly stays."""
         if self._auto and not self._confirmed and stored.structured in get_args(Mode):
-            self._mode, self._confirmed = cast(Mode, stored.structured), True
+            self.structured_mode, self._confirmed = cast(Mode, stored.structured), True
         super().adopt_server_profile(stored)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """The reply to `request` (with a schema, `data` is the JSON value it holds); raises
         LLMTimeout, LLMContextError, Cut, or LLMError naming the HTTP status."""
         with task_budget(self.retry_policy) as budget:
-            if request.schema is None:
-                return await self._free(request, budget)
-            return await self._structured(request, request.schema, budget)
+            if request.schema is not None:
+                return await self._structured(request, request.schema, budget)
+            # A server's refusal of tools is final: the caller may ask again without them.
+            refusal = (partial(HTTPFailure.names_any, words=_COMPLAINT_WORDS["tool"])
+                       if request.tools else None)
+            reply = await self._complete(self._payload(request, None, None), budget, refusal,
+                                         kind=request.task)
+        choice = reply.choices[0]
+        cap = reply_cap(request.max_tokens, self.max_tokens)
+        at_cap = _was_cut(reply, choice.finish_reason, cap)
+        if at_cap or choice.finish_reason == "length":
+            warn_cut(self._http.name, request.task, cap if at_cap else None)
+        return LLMResponse(
+            text=choice.message.content or "",
+            tool_calls=self._tool_calls(choice.message),
+            usage=self._usage(*reply.tokens()),
+        )
 
     async def _structured(
         self, request: LLMRequest, schema: JSONObject, budget: Budget
@@ -123,11 +132,7 @@ class OpenAICompatible(HTTPModel):
             usage = add_usage(usage, self._usage(*reply.tokens()))
             choice = reply.choices[0]
             raw = _structured_text(choice.message, mode, request.task)
-            try:
-                data = decode_json(raw)
-                problem = unfit(schema, data, budget)
-            except ValueError as exc:
-                data, problem = None, str(exc)
+            data, problem = answer(schema, raw, None, budget)
             if problem is None:
                 return LLMResponse(text=raw, data=data, usage=usage)
             at_cap = _was_cut(reply, choice.finish_reason, cap)
@@ -139,15 +144,12 @@ class OpenAICompatible(HTTPModel):
                 asked = re_ask(self._http.name, request, asked, LLMResponse(text=raw, data=data),
                                problem, budget)
                 continue
-            more = more_room(self._http.name, request.task, cap, self.max_tokens,
-                             budget) if at_cap else None
-            if more is None:
-                where = (f"{self._http.name}: the reply to task {request.task!r} was cut short"
-                         + ("" if at_cap else f" with room left under max_tokens={cap}: the "
-                            "prompt filled the model's context"))
-                raise Cut(f"{where} ({cut_note(problem, cap) if at_cap else problem})",
-                          text=raw, at_cap=at_cap)
-            cap = more
+            if not at_cap:
+                raise Cut(f"{self._http.name}: the reply to task {request.task!r} was cut short "
+                          f"with room left under max_tokens={cap}: the prompt filled the model's "
+                          f"context ({problem})", text=raw, at_cap=False)
+            cap = more_room(self._http.name, request.task, cap, self.max_tokens, budget, text=raw,
+                            problem=problem)
 
     async def _send_structured(
         self,
@@ -162,7 +164,7 @@ class OpenAICompatible(HTTPModel):
             if probing:
                 with waiting():
                     await self._probing.acquire()
-            mode = self._mode
+            mode = self.structured_mode
             words = _COMPLAINT_WORDS.get(mode) if self._auto else None
             refusal = None if words is None else partial(HTTPFailure.names_any, words=words)
             try:
@@ -175,16 +177,16 @@ class OpenAICompatible(HTTPModel):
             finally:
                 if probing:
                     self._probing.release()
-            if self._mode == mode:
+            if self.structured_mode == mode:
                 self._confirmed = True
             return reply, mode
 
     def _next_mode(self, mode: Mode, failure: HTTPFailure) -> None:
         # Concurrent calls may see the same refusal: only the first one moves on.
-        if self._mode == mode:
-            self._mode = _NEXT_MODE[mode]
+        if self.structured_mode == mode:
+            self.structured_mode = _NEXT_MODE[mode]
             logger.warning("%s refused structured output %r (%s); using %r from now on",
-                           self._http.name, mode, failure, self._mode)
+                           self._http.name, mode, failure, self.structured_mode)
 
     async def _complete(
         self,
@@ -206,23 +208,6 @@ class OpenAICompatible(HTTPModel):
                 fixable = not isinstance(exc, LLMContextError) and "max_tokens" in payload
                 adapt(exc, budget, _wants_completion_tokens if fixable else None,
                       lambda _: setattr(self, "_tokens_field", "max_completion_tokens"))
-
-    async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
-        # A server's refusal of tools is final: the caller may ask again without them.
-        refusal = (partial(HTTPFailure.names_any, words=_COMPLAINT_WORDS["tool"])
-                   if request.tools else None)
-        reply = await self._complete(self._payload(request, None, None), budget, refusal,
-                                     kind=request.task)
-        choice = reply.choices[0]
-        cap = reply_cap(request.max_tokens, self.max_tokens)
-        at_cap = _was_cut(reply, choice.finish_reason, cap)
-        if at_cap or choice.finish_reason == "length":
-            warn_cut(self._http.name, request.task, cap if at_cap else None)
-        return LLMResponse(
-            text=choice.message.content or "",
-            tool_calls=self._tool_calls(choice.message),
-            usage=self._usage(*reply.tokens()),
-        )
 
     def _tool_calls(self, message: _Message) -> list[ToolCall]:
         calls: list[ToolCall] = []
@@ -257,13 +242,15 @@ class OpenAICompatible(HTTPModel):
                 "json_schema": {"name": request.task, "schema": schema, "strict": False},
             }
         elif schema is not None and mode == "tool":
-            payload["tools"] = [_function(request.task, TOOL_DESCRIPTION, schema)]
+            forced = {"name": request.task, "parameters": schema, "description": TOOL_DESCRIPTION}
+            payload["tools"] = [{"type": "function", "function": forced}]
             payload["tool_choice"] = {"type": "function", "function": {"name": request.task}}
         elif schema is not None:
             payload["response_format"] = {"type": "json_object"}
             system = f"{system}\n\n{json_instructions(request.task, schema)}".strip()
         elif request.tools:
-            payload["tools"] = [_function(*tool_spec(tool)) for tool in request.tools]
+            payload["tools"] = [{"type": "function", "function": tool_spec(tool, "parameters")}
+                                for tool in request.tools]
             if request.tool_choice == REQUIRED:
                 payload["tool_choice"] = REQUIRED
             elif request.tool_choice is not None:
@@ -316,13 +303,6 @@ def json_instructions(task: str, schema: Mapping[str, object]) -> str:
         f'It must match this JSON schema (named "{task}"):\n'
         f"{json.dumps(schema, ensure_ascii=False)}"
     )
-
-
-def _function(name: str, description: str, parameters: JSONObject) -> JSONObject:
-    function: JSONObject = {"name": name, "parameters": parameters}
-    if description:
-        function["description"] = description
-    return {"type": "function", "function": function}
 
 
 def _structured_text(message: _Message, mode: Mode, task: str) -> str:

@@ -144,9 +144,7 @@ class RepoModels:
     def refusal(self, repo: str) -> str | None:
         """Why no other embedder may be recorded for `repo` (its vectors are retired), or None."""
         record = self._records.get(repo)
-        if record is None or _scheme(_LEGACY_EMBEDDERS.get(record[1], record[1])) not in (
-            _RETIRED_SCHEMES
-        ):
+        if record is None or _successor(_LEGACY_EMBEDDERS.get(record[1], record[1])) is None:
             return None
         return _retired(repo, record[1])
 

@@ -65,8 +65,6 @@ def with_settings(uri: str, **settings: object) -> str:
 
 
 def _settings(uri: str, query: str, known: tuple[str, ...]) -> dict[str, Any]:
-    if not query:
-        return {}
     try:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
     except ValueError:

@@ -88,19 +88,15 @@ def decode_json(text: str) -> object:
     stripped = fenced.group(1).strip() if fenced else text.strip()
     if not stripped:
         raise ValueError("the reply is empty, expected a JSON object")
-    try:
+    with suppress(msgspec.DecodeError):
         return _DECODER.decode(stripped)
-    except msgspec.DecodeError:
-        pass
     try:
         return json.loads(stripped, strict=False)
     except json.JSONDecodeError as exc:
         start = stripped.find("{")
         if start >= 0:
-            try:
+            with suppress(json.JSONDecodeError):
                 return _LENIENT.raw_decode(stripped[start:])[0]
-            except json.JSONDecodeError:
-                pass
         raise ValueError(f"the reply is not valid JSON ({exc.msg} at char {exc.pos})") from exc
 
 

@@ -61,17 +61,24 @@ class Anthropic(HTTPModel):
         text holds); raises LLMTimeout, LLMContextError, Cut, or LLMError naming the status."""
         with task_budget(self.retry_policy) as budget:
             if request.schema is None:
-                reply = await self._send(
-                    request, budget, tools=request.tools,
-                    force=request.tool_choice if request.tools else None,
-                )
-                if reply.stop_reason == "max_tokens":
-                    warn_cut(self._http.name, request.task,
-                             reply_cap(request.max_tokens, self.max_tokens))
-                return LLMResponse(
-                    text=_text(reply.content), tool_calls=self._tool_calls(reply.content),
-                    usage=self._usage(*reply.tokens()),
-                )
+                cap = reply_cap(request.max_tokens, self.max_tokens)
+                usage: Usage | None = None
+                while True:
+                    reply = await self._send(
+                        request, budget, tools=request.tools,
+                        force=request.tool_choice if request.tools else None, cap=cap,
+                    )
+                    usage = add_usage(usage, self._usage(*reply.tokens()))
+                    cut = reply.stop_reason == "max_tokens"
+                    if not (cut and any(b.type == "tool_use" for b in reply.content)):
+                        break
+                    # A tool call cut midway holds no whole input: asked again with more room.
+                    cap = more_room(self._http.name, request.task, cap, self.max_tokens, budget,
+                                    text=_text(reply.content))
+                if cut:
+                    warn_cut(self._http.name, request.task, cap)
+                return LLMResponse(text=_text(reply.content),
+                                   tool_calls=self._tool_calls(reply.content), usage=usage)
             return await self._structured(request, request.schema, budget)
 
     async def _structured(

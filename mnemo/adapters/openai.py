@@ -108,18 +108,23 @@ class OpenAICompatible(HTTPModel):
             # A server's refusal of tools is final: the caller may ask again without them.
             refusal = (partial(HTTPFailure.names_any, words=_COMPLAINT_WORDS["tool"])
                        if request.tools else None)
-            reply = await self._complete(self._payload(request, None, None), budget, refusal,
-                                         kind=request.task)
-        choice = reply.choices[0]
-        cap = reply_cap(request.max_tokens, self.max_tokens)
-        at_cap = _was_cut(reply, choice.finish_reason, cap)
+            cap = reply_cap(request.max_tokens, self.max_tokens)
+            usage: Usage | None = None
+            while True:
+                reply = await self._complete(self._payload(request, None, None, cap), budget,
+                                             refusal, kind=request.task)
+                usage = add_usage(usage, self._usage(*reply.tokens()))
+                choice = reply.choices[0]
+                at_cap = _was_cut(reply, choice.finish_reason, cap)
+                if not (at_cap and choice.message.tool_calls):
+                    break
+                # A tool call cut midway holds no whole arguments: asked again with more room.
+                cap = more_room(self._http.name, request.task, cap, self.max_tokens, budget,
+                                text=choice.message.content or "")
         if at_cap or choice.finish_reason == "length":
             warn_cut(self._http.name, request.task, cap if at_cap else None)
-        return LLMResponse(
-            text=choice.message.content or "",
-            tool_calls=self._tool_calls(choice.message),
-            usage=self._usage(*reply.tokens()),
-        )
+        return LLMResponse(text=choice.message.content or "",
+                           tool_calls=self._tool_calls(choice.message), usage=usage)
 
     async def _structured(
         self, request: LLMRequest, schema: JSONObject, budget: Budget

@@ -221,3 +221,41 @@ async def test_a_slow_server_is_given_the_time_its_speed_says_an_eviction_needs(
     assert result.error is None
     assert result.snapshot is not None
     assert result.snapshot.text == SNAPSHOT * 3
+
+
+LONG_SNAPSHOT = " ".join(f"The billing service step {i} went to staging." for i in range(60))
+
+
+async def test_a_snapshot_call_cut_at_max_tokens_is_asked_again_with_more_room(
+    store: str,
+) -> None:
+    """A server that stops a reply at the request's max_tokens cuts save_snapshot's arguments
+    midway: the call is asked again with twice the room until it comes whole, and the snapshot
+    is the model's text (clipped at twice its words), not a fragment."""
+    with ProviderServer(context=1_000_000) as server:
+        server.script(*[Answer(tool_calls=(("save_snapshot", {"text": LONG_SNAPSHOT}),))] * 4)
+        llm = OpenAICompatible("m", base_url=server.openai_url, api_key="k", max_retries=2)
+        result = await _evict(store, llm)
+    caps = [r.body["max_tokens"] for r in server.requests]
+    assert caps == [caps[0] * 2**i for i in range(len(caps))]
+    assert len(caps) > 1
+    assert result.error is None
+    assert result.snapshot is not None
+    assert result.snapshot.text.startswith("The billing service step 0 went to staging.")
+    assert result.snapshot.text.endswith((".", "..."))
+
+
+async def test_anthropic_asks_a_snapshot_call_cut_at_max_tokens_again_with_more_room(
+    store: str, server: ProviderServer
+) -> None:
+    """Anthropic's tool_use stopped at max_tokens is asked again with twice the room."""
+    server.script(Answer(tool_calls=(("save_snapshot", {"text": "The billing"}),),
+                         finish="max_tokens"),
+                  Answer(tool_calls=(("save_snapshot", {"text": SNAPSHOT}),)))
+    llm = Anthropic("claude", base_url=server.url, api_key="k", max_retries=2)
+    result = await _evict(store, llm)
+    first, second = (r.body["max_tokens"] for r in server.requests)
+    assert second == first * 2
+    assert result.error is None
+    assert result.snapshot is not None
+    assert result.snapshot.text == SNAPSHOT

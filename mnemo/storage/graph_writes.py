@@ -17,7 +17,7 @@ from mnemo.graph.scope import pairs
 from mnemo.storage.graph_rows import COMMIT_COLUMNS
 from mnemo.storage.row import Row, json_object
 from mnemo.storage.sessions import SqlSessions
-from mnemo.storage.sql import Statements
+from mnemo.storage.sql import Dialect, Statements
 
 _ROUTES = ", ".join(f"'{kind}'" for kind in ROUTES)
 # A commit's record, `seq` the repo's last plus one (the caller holds the repo's lock).
@@ -27,11 +27,9 @@ _RECORD = (
 )
 
 
-class SqlGraphWrites:
+class SqlGraphWrites(Dialect):
     # The column of `nodes` that a link's ends name.
     KEY = "rowid"
-    # `column{ANY}`: the column is one of a list given as one parameter (`_list`).
-    ANY = " IN (SELECT value FROM json_each(?))"
     LINK = (
         "src = (SELECT rowid FROM nodes WHERE id = ?) AND dst = (SELECT rowid FROM nodes"
         " WHERE id = ?) AND type = ?"
@@ -54,10 +52,6 @@ class SqlGraphWrites:
     SCRUB: tuple[str, ...] = ()
     SESSIONS: type[SqlSessions] = SqlSessions
     _vector: Callable[[Vector], object]  # a vector as a parameter
-
-    @staticmethod
-    def _list(values: Sequence[str]) -> object:
-        return json.dumps(list(values))
 
     @staticmethod
     def _json(value: object) -> object:

@@ -29,11 +29,7 @@ def _group(value: object) -> str | None:
 class SqlMaintenance(SqlGraphWrites):
     # The columns of a new link: its repo (PostgreSQL's links keep it) and its ends.
     LINKS = "links(src, dst, type)"
-    # Appended to a SELECT whose rows stay locked until the transaction ends.
-    LOCK = ""
     FALSE, TRUE = "0", "1"
-    # Appended to a JSON column read as its text.
-    TEXT = ""
     HAS_VECTOR = "v.node = n.rowid"
     # A link with an end gone (one parameter: the repo).
     DANGLING = ""

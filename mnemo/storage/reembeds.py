@@ -12,15 +12,13 @@ from mnemo.graph.reembed import Staging, Unstaged
 from mnemo.storage import vector_log
 from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.lexical.source import STATE, state_of
-from mnemo.storage.sql import Statements, number
+from mnemo.storage.sql import Dialect, Statements, number
 
 
-class SqlReembeds:
+class SqlReembeds(Dialect):
     # The rows of `staged_vectors` or `vectors` of the repo (one parameter: the repo).
     OF_REPO = "node IN (SELECT rowid FROM nodes WHERE repo = ?)"
     STAGED = "s.node = n.rowid"
-    # Appended to a SELECT whose rows stay locked until the transaction ends.
-    LOCK = ""
     STAGE = (
         "INSERT OR REPLACE INTO staged_vectors (node, vec) SELECT rowid, ? FROM nodes"
         " WHERE rowid = ? AND id = ?"
@@ -32,10 +30,6 @@ class SqlReembeds:
     VECTOR_COLUMNS = "node, vec"
 
     _vector: Callable[[Vector], object]  # a vector as a statement's parameter
-
-    @staticmethod
-    def _stamp(at: datetime) -> object:
-        return at.isoformat()
 
     async def begin(self, sql: Statements, repo: str, embedder: str, dim: int) -> Staging:
         found = await sql.row(f"SELECT embedder, dim FROM reembeds WHERE repo = ?{self.LOCK}",

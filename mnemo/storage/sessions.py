@@ -41,29 +41,18 @@ def reward(value: float | None) -> float | None:
 
 
 class SqlSessions(SqlStore):
-    # Appended to a JSON column read as its text.
-    TEXT = ""
     # The time in a statement of a commit's side writes (the server's on PostgreSQL).
     NOW = ""
     # An ingest's creation time as a parameter.
     CREATED = "?"
-    # `column{ANY}`: the column is one of a list given as one parameter (`_list`).
-    ANY = ""
 
     def __init__(self, driver: Driver, clock: Clock) -> None:
         super().__init__(driver)
         self._clock = clock
 
-    def _stamp(self, at: datetime) -> object:
-        return at.isoformat(timespec="microseconds")  # text order is time order
-
     @staticmethod
     def _json(text: str) -> object:
         return text
-
-    @staticmethod
-    def _list(values: list[str]) -> object:
-        return json.dumps(values)
 
     @classmethod
     async def _lock_claims(cls, sql: Statements, session_id: str) -> None:

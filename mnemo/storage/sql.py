@@ -4,6 +4,7 @@ work to its end in the database's thread."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
@@ -53,18 +54,33 @@ class Driver(Protocol):
         """Runs a read's side write in one transaction (short lock wait on SQLite)."""
 
 
-class SqlStore:
-    """A store written once over `Statements`; a backend's subclass gives what differs."""
+class Dialect:
+    """What the backends write differently in a statement, as SQLite writes it (PostgreSQL:
+    `postgres.connection.PgDialect`)."""
 
     # Appended to an ORDER BY of ids: text compared byte by byte, as SQLite compares it.
     BYTE_ORDER = ""
+    # Appended to a SELECT whose rows stay locked until the transaction ends.
+    LOCK = ""
+    # Appended to a JSON column read as its text.
+    TEXT = ""
+    # `column{ANY}`: the column is one of a list given as one parameter (`_list`).
+    ANY = " IN (SELECT value FROM json_each(?))"
+
+    @staticmethod
+    def _list(values: Sequence[str]) -> object:
+        return json.dumps(list(values))
+
+    def _stamp(self, at: datetime) -> object:
+        """A time as a statement's parameter: ISO-8601 text (text order is time order)."""
+        return at.isoformat(timespec="microseconds")
+
+
+class SqlStore(Dialect):
+    """A store written once over `Statements`; a backend's subclass gives what differs."""
 
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
-
-    def _stamp(self, at: datetime) -> object:
-        """A time as a statement's parameter (PostgreSQL's: the datetime)."""
-        return at
 
     async def _rows(self, statement: str, params: Sequence[Any] = ()) -> list[Row]:
         return await self._driver.read(lambda sql: sql.rows(statement, params))

@@ -45,8 +45,6 @@ from mnemo.storage.sql import SqlStore, Statements, marks, moment, number, utc
 
 
 class SqlThreads(SqlStore):
-    # Appended to a SELECT whose rows stay locked until the transaction ends.
-    LOCK = ""
     # Upserts (message_id, thread_id, vec) of an existing message (4th parameter: its id).
     VECTOR_UPSERT = ""
 

@@ -14,6 +14,7 @@ import struct
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 import anyio
@@ -29,7 +30,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from mnemo.errors import StorageError
 from mnemo.storage.row import Row, loads
-from mnemo.storage.sql import Work
+from mnemo.storage.sql import Dialect, Work
 
 Connection = psycopg.AsyncConnection[tuple[object, ...]]
 
@@ -304,6 +305,20 @@ async def rows_of(cur: psycopg.AsyncCursor[Any]) -> list[Row]:
             await checkpoint()
             started = time.perf_counter()
     return rows
+
+
+class PgDialect(Dialect):
+    BYTE_ORDER = ' COLLATE "C"'
+    LOCK = " FOR UPDATE"
+    TEXT = "::text"
+    ANY = " = ANY(?)"
+
+    @staticmethod
+    def _list(values: Sequence[str]) -> object:
+        return list(values)
+
+    def _stamp(self, at: datetime) -> object:
+        return at  # the datetime itself
 
 
 @functools.lru_cache(maxsize=512)

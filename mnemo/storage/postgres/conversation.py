@@ -13,6 +13,7 @@ from datetime import datetime
 from psycopg.types.json import Jsonb
 
 from mnemo.conversation.drafts import MessageDraft
+from mnemo.storage.postgres.connection import PgDialect
 from mnemo.storage.postgres.text_search import TEXT_SEARCH_CONFIG, WORD_QUERY
 from mnemo.storage.postgres.vectors import as_array
 from mnemo.storage.row import Row
@@ -122,9 +123,7 @@ def message_row(message_id: str, thread_id: str, seq: int, draft: MessageDraft,
             Jsonb(dict(draft.metadata)) if draft.metadata else None)
 
 
-class PgThreads(SqlThreads):
-    LOCK = " FOR UPDATE"
-    BYTE_ORDER = ' COLLATE "C"'
+class PgThreads(PgDialect, SqlThreads):
     VECTOR_UPSERT = (
         "INSERT INTO message_vectors(message_id, thread_id, vec)"
         " SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?)"

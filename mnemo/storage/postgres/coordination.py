@@ -10,7 +10,7 @@ from psycopg.types.json import Jsonb
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
 from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.postgres.clock import ServerClock
-from mnemo.storage.postgres.connection import lock_key
+from mnemo.storage.postgres.connection import PgDialect, lock_key
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
 
@@ -23,8 +23,7 @@ async def lock_claims(sql: Statements, session_id: str) -> None:
     await sql.run("SELECT pg_advisory_xact_lock(?)", (claims_lock_key(session_id),))
 
 
-class PgCoordination(SqlCoordination):
-    BYTE_ORDER = ' COLLATE "C"'
+class PgCoordination(PgDialect, SqlCoordination):
     AUTO_COMMIT = "(config->>'auto_commit')::boolean"
     RESULT_PARAM = "?::jsonb"
     RESULT_TEXT = "result::text"

@@ -32,7 +32,7 @@ from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph, SqlMaintenance
 from mnemo.storage.postgres import recall_reads
-from mnemo.storage.postgres.connection import Postgres, lock_key
+from mnemo.storage.postgres.connection import PgDialect, Postgres, lock_key
 from mnemo.storage.postgres.recall_reads import node as node_of
 from mnemo.storage.postgres.schema import vector_index_name
 from mnemo.storage.postgres.sessions import PgSessions
@@ -45,10 +45,9 @@ from mnemo.storage.worker import DeferredRead
 from mnemo.text import query_words
 
 
-class PgReembeds(SqlReembeds):
+class PgReembeds(PgDialect, SqlReembeds):
     OF_REPO = "repo = ?"
     STAGED = "s.node_id = n.id"
-    LOCK = " FOR UPDATE"
     STAGE = (
         "INSERT INTO staged_vectors (node_id, repo, vec) SELECT id, repo, ? FROM nodes"
         " WHERE rowid = ? AND id = ? ON CONFLICT (node_id) DO UPDATE SET vec = excluded.vec"
@@ -61,14 +60,9 @@ class PgReembeds(SqlReembeds):
 
     _vector = staticmethod(as_array)
 
-    @staticmethod
-    def _stamp(at: datetime) -> object:
-        return at
 
-
-class PgGraphWrites(SqlGraphWrites):
+class PgGraphWrites(PgDialect, SqlGraphWrites):
     KEY = "id"
-    ANY = " = ANY(?)"
     LINK = "src = ? AND dst = ? AND type = ?"
     ADD_LINK = (
         "INSERT INTO links(src, dst, type, repo) VALUES (?, ?, ?, ?)"
@@ -87,10 +81,6 @@ class PgGraphWrites(SqlGraphWrites):
     _vector = staticmethod(as_array)
 
     @staticmethod
-    def _list(values: Sequence[str]) -> object:
-        return list(values)
-
-    @staticmethod
     def _json(value: object) -> object:
         return None if value is None else Jsonb(value)
 
@@ -105,9 +95,7 @@ class PgGraphWrites(SqlGraphWrites):
 
 class PgMaintenance(SqlMaintenance, PgGraphWrites):
     LINKS = "links(repo, src, dst, type)"
-    LOCK = " FOR UPDATE"
     FALSE, TRUE = "false", "true"
-    TEXT = "::text"
     HAS_VECTOR = "v.node_id = n.id"
     DANGLING = (
         "repo = ? AND (NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = links.src)"

@@ -22,10 +22,6 @@ class SqliteCoordination(SqlCoordination):
     )
     CHANGE_TOKEN = "PRAGMA data_version"
     _driver: Database
-
-    def _stamp(self, at: datetime) -> object:
-        return at.isoformat(timespec="microseconds")
-
     _json = staticmethod(json.dumps)
 
     def _idle_params(self, now: datetime) -> tuple[object, ...]:

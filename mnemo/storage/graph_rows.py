@@ -49,10 +49,6 @@ class RowReads(SqlStore):
             f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND id IN ({{}})", ids, repo))}
         return [found[i] for i in ids if i in found]
 
-    async def texts(self, node_ids: list[str]) -> dict[str, str]:
-        rows = await self._among("SELECT id, text FROM nodes WHERE id IN ({})", node_ids)
-        return {str(i): str(t) for i, t in rows}
-
     async def present(self, repo: str, node_ids: list[str]) -> set[str]:
         rows = await self._among("SELECT id FROM nodes WHERE id IN ({})", node_ids)
         return {str(i) for (i,) in rows}

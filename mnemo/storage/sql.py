@@ -93,6 +93,11 @@ class SqlStore(Dialect):
             rows += await self._rows(statement.format(marks(len(chunk))), [*before, *chunk])
         return rows
 
+    async def texts(self, node_ids: Sequence[str]) -> dict[str, str]:
+        """The text of each node among `node_ids` that the store holds."""
+        rows = await self._among("SELECT id, text FROM nodes WHERE id IN ({})", node_ids)
+        return {str(i): str(t) for i, t in rows}
+
 
 def utc(moment: datetime) -> datetime:
     """`moment` in UTC (a naive datetime is taken as UTC)."""

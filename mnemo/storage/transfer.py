@@ -121,11 +121,6 @@ class SqlDump(SqlStore):
         [(count,)] = await self._rows(f'SELECT count(*) FROM "{table.name}"')
         return int(count)
 
-    async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
-        """The text of each node among `ids` that this store holds."""
-        rows = await self._among("SELECT id, text FROM nodes WHERE id IN ({})", ids)
-        return {str(node_id): str(text) for node_id, text in rows}
-
 
 class NodeChecksum:
     """sha256 over each node's id and text, each length-prefixed."""
@@ -183,7 +178,7 @@ async def transfer(
     progress(CHECK, 0, nodes)
     async for rows in source.read(NODES, batch):
         pairs = {str(row[_NODE_ID]): str(row[_NODE_TEXT]) for row in rows}
-        for node_id, text in (await target.node_texts(list(pairs))).items():
+        for node_id, text in (await target.texts(list(pairs))).items():
             if pairs[node_id] != text:
                 conflicts += 1
                 example = example or node_id

@@ -12,7 +12,6 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from mnemo.errors import ConflictError
@@ -39,7 +38,6 @@ from mnemo.storage.postgres.sessions import PgSessions
 from mnemo.storage.postgres.text_search import SEARCH_VECTOR, WORD_QUERY
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
-from mnemo.storage.row import Column
 from mnemo.storage.sql import Statements, number
 from mnemo.storage.worker import DeferredRead
 from mnemo.text import query_words
@@ -249,14 +247,10 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
                  else await anyio.to_thread.run_sync(query_words, query))
         if not words or limit <= 0:
             return []
-        tsquery = sql.SQL(" || ".join(WORD_QUERY for _ in words))
         scoped, inside = ("", []) if where is None else scopes.exists(repo, where, "n.rowid", 0)
-        statement = sql.SQL(
-            "SELECT id, ts_rank_cd(search, q) AS score FROM nodes n, (SELECT {}) AS query(q)"
-            " WHERE repo = %s AND search @@ q{}{} ORDER BY score DESC, rowid LIMIT %s"
-        ).format(tsquery, sql.SQL("" if kinds is None else " AND type = ANY(%s)"),
-                 sql.SQL(scoped.replace("?", "%s")))
-        params: list[Column] = [*words, repo, *([] if kinds is None else [kinds]),
-                                *inside, limit]
-        rows = await self._pg.fetch_all(statement, params)
+        rows = await self._rows(
+            f"SELECT id, ts_rank_cd(search, q) AS score FROM nodes n, (SELECT"
+            f" {' || '.join(WORD_QUERY for _ in words)}) AS query(q) WHERE repo = ? AND search @@ q"
+            f"{'' if kinds is None else ' AND type = ANY(?)'}{scoped} ORDER BY score DESC, rowid"
+            " LIMIT ?", [*words, repo, *([] if kinds is None else [kinds]), *inside, limit])
         return [(str(i), float(score)) for i, score in rows]

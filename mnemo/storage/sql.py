@@ -5,7 +5,7 @@ work to its end in the database's thread."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
@@ -88,8 +88,7 @@ class SqlStore(Dialect):
     async def _among(self, statement: str, ids: Sequence[str], *before: object) -> list[Row]:
         """The rows of `statement` with `{}` a list for `ids`, 500 ids at a time."""
         rows: list[Row] = []
-        for at in range(0, len(ids), 500):
-            chunk = ids[at:at + 500]
+        for chunk in chunks(ids, 500):
             rows += await self._rows(statement.format(marks(len(chunk))), [*before, *chunk])
         return rows
 
@@ -118,6 +117,11 @@ def drive(work: Coroutine[Any, Any, T]) -> T:
         return result
     work.close()
     raise RuntimeError("a statement waited outside the database's thread")
+
+
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def marks(count: int) -> str:

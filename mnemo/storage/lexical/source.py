@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnemo.storage.row import Column
-from mnemo.storage.sql import marks
+from mnemo.storage.sql import chunks, marks
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +99,7 @@ class LexicalSource:
         """Those of these nodes that exist, by `column` ("id" or "rowid")."""
         values = list(dict.fromkeys(values))
         found: list[Row] = []
-        for start in range(0, len(values), _CHUNK):
-            chunk = values[start:start + _CHUNK]
+        for chunk in chunks(values, _CHUNK):
             statement = _BY.format(column=column, marks=marks(len(chunk)))
             found += changed_rows(self._read(statement, (repo, *chunk)))[0]
         return found

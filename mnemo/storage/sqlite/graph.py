@@ -31,9 +31,9 @@ from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph, SqlMaintenance
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import loads
-from mnemo.storage.sql import Statements, marks, number
+from mnemo.storage.sql import Statements, chunks, marks, number
 from mnemo.storage.sqlite import recall_reads
-from mnemo.storage.sqlite.database import Database, chunks, side_write, truncate_wal
+from mnemo.storage.sqlite.database import Database, side_write, truncate_wal
 from mnemo.storage.sqlite.rows import half_blob, node as node_of, pack_text, unpack_text
 from mnemo.storage.sqlite.sessions import SqliteSessions
 from mnemo.storage.sqlite.vectors import SqliteVectors

@@ -14,8 +14,7 @@ from mnemo.graph.scope import Where
 from mnemo.storage import graph_base as scopes
 from mnemo.storage.graph_base import joined, neighbors_seen_from_asked, seen_from_asked
 from mnemo.storage.graph_rows import NODE_COLUMNS
-from mnemo.storage.sql import marks
-from mnemo.storage.sqlite.database import chunks
+from mnemo.storage.sql import chunks, marks
 from mnemo.storage.sqlite.rows import NODE_WIDTH, node
 from mnemo.text import query_words
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 NODE_COLUMNS = (
     "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
 )
+NODE_WIDTH = len(NODE_COLUMNS.split(","))
 COMMIT_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
                   " reworded, joined, reverted_by, reverts")
 

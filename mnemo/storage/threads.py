@@ -464,6 +464,19 @@ class SqlThreads(SqlStore):
 
         return await self._driver.together(read)
 
+    def _unseen(self, query: reads.SearchQuery) -> tuple[list[str], list[object]]:
+        """The condition that a message `m` is not in the viewport of `exclude_viewport_of`
+        (from its boundary on, or, given `shown`, what it showed and still would: a pin still
+        shows it), and its parameters; none without such a thread."""
+        if (excluded := query.exclude_viewport_of) is None:
+            return [], []
+        boundary = "coalesce((SELECT boundary_seq FROM threads WHERE id = ?), 0)"
+        if query.shown is None:
+            return [f"NOT (m.thread_id = ? AND m.seq >= {boundary})"], [excluded, excluded]
+        return ([f"NOT (m.thread_id = ? AND m.id{self.ANY} AND (m.seq >= {boundary}"
+                 " OR EXISTS (SELECT 1 FROM pins p WHERE p.message_id = m.id)))"],
+                [excluded, self._list(sorted(query.shown.ids)), excluded])
+
     async def scopes(self, thread_id: str, limit: int) -> list[Metadata]:
         rows = await self._rows("SELECT DISTINCT metadata FROM messages WHERE thread_id = ?"
                                 " LIMIT ?", (thread_id, limit))

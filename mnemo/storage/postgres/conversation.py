@@ -59,29 +59,18 @@ _BM25 = (
 )
 
 
-def scoring_query(query: SearchQuery) -> tuple[str, list[object]]:
+def scoring_query(query: SearchQuery, unseen: Sequence[str] = (),
+                  hidden: Sequence[object] = ()) -> tuple[str, list[object]]:
     """The statement ranking the best `query.pool` candidates (rowid, bm25, recorded_at) for
-    the query's words, and its parameters."""
-    conditions = ["m.search @@ w.query"]
-    filters: list[object] = []
+    the query's words, and its parameters (`unseen`, `hidden`: `SqlThreads._unseen`'s)."""
+    conditions = ["m.search @@ w.query", *unseen]
+    filters: list[object] = [*hidden]
     if query.thread_id is not None:
         conditions.append("m.thread_id = %s")
         filters.append(query.thread_id)
     for key, values in (query.where or {}).items():
         conditions.append("m.metadata -> %s = ANY(%s::jsonb[])")
         filters += [key, list(values)]
-    if (excluded := query.exclude_viewport_of) is not None:
-        boundary = "coalesce((SELECT boundary_seq FROM threads WHERE id = %s), 0)"
-        if query.shown is not None:
-            # What the viewport showed and still would (as SQLite's search).
-            conditions.append(
-                f"NOT (m.thread_id = %s AND m.id = ANY(%s) AND (m.seq >= {boundary}"
-                " OR EXISTS (SELECT 1 FROM pins p WHERE p.message_id = m.id)))"
-            )
-            filters += [excluded, sorted(query.shown.ids), excluded]
-        else:
-            conditions.append(f"NOT (m.thread_id = %s AND m.seq >= {boundary})")
-            filters += [excluded, excluded]
     per_word, word_params = _per_word(query.words)
     return (
         f"WITH {per_word}"
@@ -143,7 +132,7 @@ class PgThreads(PgDialect, SqlThreads):
         """Nothing more: the search vector is a column of the row."""
 
     async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:
-        return await sql.rows(*scoring_query(query))
+        return await sql.rows(*scoring_query(query, *self._unseen(query)))
 
     async def _snippets(
         self, sql: Statements, words: Sequence[str], rowids: list[int]

@@ -54,8 +54,6 @@ class SqlCoordination(SqlStore):
     CHANGE_TOKEN = ""
 
     _json: Callable[[object], object]  # a JSON value as a statement's parameter
-    # Serialises the writes of the session's step claims until the transaction ends.
-    _lock_claims: Callable[[Statements, str], Awaitable[None]]
     # Ends the idle sessions of `due` still due; returns their (id, repo).
     _end_due: Callable[[Statements, list[str], datetime], Awaitable[list[Row]]]
 

@@ -55,10 +55,6 @@ class SqlSessions(SqlStore):
         return text
 
     @classmethod
-    async def _lock_claims(cls, sql: Statements, session_id: str) -> None:
-        """Serialises the writes of the session's step claims until the transaction ends."""
-
-    @classmethod
     async def _save_rewards(cls, sql: Statements, rewards: dict[str, float | None],
                             committed_in: str | None = None) -> bool:
         """Sets each step's reward (and its changeset, given `committed_in`); False when a

@@ -75,6 +75,11 @@ class Dialect:
         """A time as a statement's parameter: ISO-8601 text (text order is time order)."""
         return at.isoformat(timespec="microseconds")
 
+    @staticmethod
+    async def _lock_claims(sql: Statements, session_id: str) -> None:
+        """Serialises the writes of the session's step claims until the transaction ends
+        (SQLite's transaction holds the file's write lock from its start)."""
+
 
 class SqlStore(Dialect):
     """A store written once over `Statements`; a backend's subclass gives what differs."""

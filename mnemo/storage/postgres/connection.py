@@ -30,7 +30,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from mnemo.errors import StorageError
 from mnemo.storage.row import Row, loads
-from mnemo.storage.sql import Dialect, Work
+from mnemo.storage.sql import Dialect, Statements, Work
 
 Connection = psycopg.AsyncConnection[tuple[object, ...]]
 
@@ -47,6 +47,10 @@ HNSW_EF_SEARCH = 100
 def lock_key(name: str) -> int:
     """The key of the advisory lock `name`: 64 bits of a digest of it."""
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+def claims_lock_key(session_id: str) -> int:
+    return lock_key("mnemo.step_claims:" + session_id)
 
 
 def storage_error(exc: BaseException, reason: str | None = None) -> StorageError:
@@ -319,6 +323,10 @@ class PgDialect(Dialect):
 
     def _stamp(self, at: datetime) -> object:
         return at  # the datetime itself
+
+    @staticmethod
+    async def _lock_claims(sql: Statements, session_id: str) -> None:
+        await sql.run("SELECT pg_advisory_xact_lock(?)", (claims_lock_key(session_id),))
 
 
 @functools.lru_cache(maxsize=512)

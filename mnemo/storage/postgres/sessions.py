@@ -1,5 +1,5 @@
 """`PgSessions`: the `SessionStore` port over PostgreSQL. A session's step claims are
-serialised by an advisory lock (`coordination.lock_claims`)."""
+serialised by an advisory lock (`connection.PgDialect._lock_claims`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from psycopg.types.json import Jsonb
 from mnemo.episode import StepRecord
 from mnemo.session.ports import StaleSession
 from mnemo.storage.postgres.connection import PgDialect
-from mnemo.storage.postgres.coordination import lock_claims
 from mnemo.storage.sessions import ANNOTATE, STEP_COLUMNS, SqlSessions
 from mnemo.storage.sql import Statements
 
@@ -27,8 +26,6 @@ class PgSessions(PgDialect, SqlSessions):
     def _json(text: str) -> object:
         # The text is already JSON (sort_keys): sent as it is.
         return Jsonb(text, dumps=str)
-
-    _lock_claims = staticmethod(lock_claims)
 
     @classmethod
     async def _save_rewards(cls, sql: Statements, rewards: dict[str, float | None],

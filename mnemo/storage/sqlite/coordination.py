@@ -27,9 +27,6 @@ class SqliteCoordination(SqlCoordination):
     def _idle_params(self, now: datetime) -> tuple[object, ...]:
         return (self._stamp(now),)
 
-    async def _lock_claims(self, sql: Statements, session_id: str) -> None:
-        """Nothing: the transaction holds the file's write lock from its start."""
-
     async def _end_due(self, sql: Statements, due: list[str], now: datetime) -> list[Row]:
         at = self._stamp(now)
         return await sql.rows(

@@ -110,7 +110,7 @@ class PgVectors(CachedVectors):
         if k <= 0:
             return [[] for _ in range(len(probes))]
         if kind in ROUTES:
-            return await ann.nearest_of_type(await self.index(repo), probes, kind, k, among)
+            return await super().nearest_of_type(repo, probes, kind, k, among)
         if among is not None:
             return await ann.nearest_among(await self.of_nodes(repo, among), probes, k)
         return await self._nearest(repo, list(probes), [kind.value], k)
@@ -141,7 +141,7 @@ class PgVectors(CachedVectors):
 
     async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
         if kind in ROUTES:
-            return await ann.of_type(await self.index(repo), kind)
+            return await super().of_type(repo, kind)
         _, ids, _, matrix = await self._load(repo, [kind.value])
         return ids, unit(matrix) if ids else matrix
 

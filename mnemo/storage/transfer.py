@@ -96,7 +96,7 @@ class SqlDump(SqlStore):
     # `table`'s page statements, each row led by its `width` ordering columns: (the first
     # page's, given the limit; the next page's, given the last row's key then the limit; width).
     _pages: Callable[[Table], tuple[Any, Any, int]]
-    _load: Callable[[Table, Kind, object], object]  # a stored value of `table` as a neutral one
+    _load: Callable[[Table, Kind, object], object]  # a stored value (not NULL) as a neutral one
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
         """Every row of `table` in batches of at most `batch`, by rowid or else key."""
@@ -108,7 +108,7 @@ class SqlDump(SqlStore):
             if not raw:
                 return
             last = tuple(raw[-1][:width])
-            yield [tuple(self._load(table, kind, value)
+            yield [tuple(None if value is None else self._load(table, kind, value)
                          for kind, value in zip(table.kinds, row[width:], strict=True))
                    for row in raw]
             if len(raw) < batch:

@@ -21,8 +21,6 @@ _STAGE = sql.Identifier("mnemo_transfer")
 
 
 def _load(_table: Table, kind: Kind, value: object) -> object:
-    if value is None:
-        return None
     if kind is Kind.TIME:
         assert isinstance(value, datetime)
         return value.astimezone(UTC)

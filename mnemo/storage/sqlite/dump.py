@@ -42,8 +42,6 @@ _LINKS_READ = (
 
 
 def _load(table: Table, kind: Kind, value: object) -> object:
-    if value is None:
-        return None
     if kind is Kind.TIME:
         return utc(datetime.fromisoformat(str(value)))
     if kind is Kind.JSON:

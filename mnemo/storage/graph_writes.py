@@ -4,7 +4,7 @@ caller's transaction under the repo's lock; erasures end with the backend's `SCR
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 from mnemo.graph import shares
@@ -51,7 +51,6 @@ class SqlGraphWrites(Dialect):
     # The statements that end an erasure (the lexical index's slots wipe at a new epoch).
     SCRUB: tuple[str, ...] = ()
     SESSIONS: type[SqlSessions] = SqlSessions
-    _vector: Callable[[Vector], object]  # a vector as a parameter
 
     @staticmethod
     def _json(value: object) -> object:

@@ -3,7 +3,7 @@ staged in `staged_vectors`, then put in place in one transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from mnemo.errors import StorageError
@@ -28,8 +28,6 @@ class SqlReembeds(Dialect):
         " WHERE repo = ? AND seq > ? AND seq <= ?)"
     )
     VECTOR_COLUMNS = "node, vec"
-
-    _vector: Callable[[Vector], object]  # a vector as a statement's parameter
 
     async def begin(self, sql: Statements, repo: str, embedder: str, dim: int) -> Staging:
         found = await sql.row(f"SELECT embedder, dim FROM reembeds WHERE repo = ?{self.LOCK}",

@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Seque
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
+from mnemo.graph.model import Vector
 from mnemo.storage.row import Row
 
 T = TypeVar("T")
@@ -66,6 +67,7 @@ class Dialect:
     TEXT = ""
     # `column{ANY}`: the column is one of a list given as one parameter (`_list`).
     ANY = " IN (SELECT value FROM json_each(?))"
+    _vector: Callable[[Vector], object]  # a vector as a statement's parameter
 
     @staticmethod
     def _list(values: Sequence[str]) -> object:

@@ -50,9 +50,7 @@ class SqlThreads(SqlStore):
 
     # The parameters of a row of `reads.MESSAGE_COLUMNS` for a draft.
     _message_row: Callable[[str, str, int, MessageDraft, datetime], Row]
-    # A vector as a statement's parameter, and a stored one as read back.
-    _vector: Callable[[Vector], object]
-    _vector_of: Callable[[Any], Vector]
+    _vector_of: Callable[[Any], Vector]  # a stored vector as read back
     # The condition on `id` (and its parameters) of the ids starting with a prefix.
     _prefix: Callable[[str], tuple[str, tuple[object, ...]]]
     # The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words.

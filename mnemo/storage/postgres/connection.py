@@ -29,6 +29,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from mnemo.errors import StorageError
+from mnemo.graph.model import Vector
 from mnemo.storage.row import Row, loads
 from mnemo.storage.sql import Dialect, Statements, Work
 
@@ -130,6 +131,11 @@ async def register_vector(conn: Connection) -> None:
     conn.adapters.register_dumper(np.ndarray, VectorDumper)
     conn.adapters.register_loader(vector_oid, VectorLoader)
     conn.adapters.register_loader(vector_oid, VectorTextLoader)
+
+
+def as_array(vector: Vector) -> npt.NDArray[np.float32]:
+    """One vector as the float32 array that `register_vector` sends as a pgvector `vector`."""
+    return np.asarray(vector, dtype=np.float32).reshape(-1)
 
 
 def _has_input(conn: Connection) -> bool:
@@ -316,6 +322,8 @@ class PgDialect(Dialect):
     LOCK = " FOR UPDATE"
     TEXT = "::text"
     ANY = " = ANY(?)"
+
+    _vector = staticmethod(as_array)
 
     @staticmethod
     def _list(values: Sequence[str]) -> object:

@@ -13,9 +13,8 @@ from datetime import datetime
 from psycopg.types.json import Jsonb
 
 from mnemo.conversation.drafts import MessageDraft
-from mnemo.storage.postgres.connection import PgDialect
+from mnemo.storage.postgres.connection import PgDialect, as_array
 from mnemo.storage.postgres.text_search import TEXT_SEARCH_CONFIG, WORD_QUERY
-from mnemo.storage.postgres.vectors import as_array
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
 from mnemo.storage.thread_rows import SearchQuery
@@ -122,7 +121,6 @@ class PgThreads(PgDialect, SqlThreads):
 
     _message_row = staticmethod(message_row)
 
-    _vector = staticmethod(as_array)
     _vector_of = staticmethod(as_array)
 
     def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:

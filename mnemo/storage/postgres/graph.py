@@ -36,7 +36,7 @@ from mnemo.storage.postgres.recall_reads import node as node_of
 from mnemo.storage.postgres.schema import vector_index_name
 from mnemo.storage.postgres.sessions import PgSessions
 from mnemo.storage.postgres.text_search import SEARCH_VECTOR, WORD_QUERY
-from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array
+from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.sql import Statements, number
 from mnemo.storage.worker import DeferredRead
@@ -56,8 +56,6 @@ class PgReembeds(PgDialect, SqlReembeds):
     )
     VECTOR_COLUMNS = "node_id, repo, vec"
 
-    _vector = staticmethod(as_array)
-
 
 class PgGraphWrites(PgDialect, SqlGraphWrites):
     KEY = "id"
@@ -76,7 +74,6 @@ class PgGraphWrites(PgDialect, SqlGraphWrites):
     ZEROS = "decode(repeat('00', length(subgoal_vec)), 'hex')"
     SCRUB = ("UPDATE lexical_epoch SET epoch = md5(random()::text || clock_timestamp()::text)",)
     SESSIONS = PgSessions
-    _vector = staticmethod(as_array)
 
     @staticmethod
     def _json(value: object) -> object:

@@ -8,7 +8,6 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import anyio
 import numpy as np
@@ -20,7 +19,7 @@ from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage import vector_log
 from mnemo.storage.postgres import lexical, schema
-from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.connection import Postgres, as_array
 from mnemo.storage.row import Row
 from mnemo.storage.vector_log import (
     CachedVectors,
@@ -249,11 +248,6 @@ def unit_rows(rows: Sequence[Row]) -> dict[str, Vector]:
         return {}
     matrix = unit(np.stack([vector for _, vector in rows]))
     return {str(node_id): row for (node_id, _), row in zip(rows, matrix, strict=True)}
-
-
-def as_array(vector: Vector) -> np.ndarray[Any, np.dtype[np.float32]]:
-    """One vector as the float32 array that `register_vector` sends as a pgvector `vector`."""
-    return np.asarray(vector, dtype=np.float32).reshape(-1)
 
 
 def _exact_scan(repo: str, kinds: list[str] | None) -> sql.Composed:

@@ -53,7 +53,6 @@ class SqlCoordination(SqlStore):
     IDLE_LEFT = ""
     CHANGE_TOKEN = ""
 
-    _json: Callable[[object], object]  # a JSON value as a statement's parameter
     # Ends the idle sessions of `due` still due; returns their (id, repo).
     _end_due: Callable[[Statements, list[str], datetime], Awaitable[list[Row]]]
 

@@ -53,11 +53,6 @@ class SqlGraphWrites(Dialect):
     SESSIONS: type[SqlSessions] = SqlSessions
 
     @staticmethod
-    def _json(value: object) -> object:
-        """A JSON value as a parameter (None stays NULL)."""
-        return None if value is None else json.dumps(value, sort_keys=True)
-
-    @staticmethod
     def _record(values: list[Any], packed: bool) -> object:
         """A list of a commit's record as stored (`packed`: one that grows with the commit)."""
         return json.dumps(values)

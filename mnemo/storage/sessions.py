@@ -51,7 +51,7 @@ class SqlSessions(SqlStore):
         self._clock = clock
 
     @staticmethod
-    def _json(text: str) -> object:
+    def _json_text(text: str) -> object:
         return text
 
     @classmethod
@@ -78,7 +78,7 @@ class SqlSessions(SqlStore):
             step.action, step.state_summary, step.subgoal, vector_to_blob(step.subgoal_vec),
             reward(step.reward),
             None if step.metadata is None
-            else self._json(json.dumps(step.metadata, sort_keys=True)),
+            else self._json_text(json.dumps(step.metadata, sort_keys=True)),
             now,
         )
 
@@ -129,7 +129,7 @@ class SqlSessions(SqlStore):
             " ON CONFLICT (name) DO UPDATE SET config = excluded.config,"
             " embedder = CASE WHEN repos.vectors_generation = ? THEN excluded.embedder"
             " ELSE repos.embedder END, llm = excluded.llm",
-            (row.name, self._json(row.config.to_json()), row.dim, row.embedder, row.llm,
+            (row.name, self._json_text(row.config.to_json()), row.dim, row.embedder, row.llm,
              self._now(), row.generation),
         ))
 
@@ -145,7 +145,7 @@ class SqlSessions(SqlStore):
             "INSERT INTO server_profiles(repo, model, profile, updated_at)"
             " VALUES (?, ?, ?, ?) ON CONFLICT (repo, model) DO UPDATE SET"
             " profile = excluded.profile, updated_at = excluded.updated_at",
-            (repo, model, self._json(profile), self._now()),
+            (repo, model, self._json_text(profile), self._now()),
         ))
 
     async def create_session(
@@ -160,10 +160,10 @@ class SqlSessions(SqlStore):
                 "INSERT INTO sessions(id, repo, state, config, episode_id, created_at,"
                 " updated_at, active_at, holder, lease_until, metadata)"
                 f" VALUES ({marks(11)})",
-                (session_id, repo, State.COLLECTING.value, self._json(config.to_json()),
+                (session_id, repo, State.COLLECTING.value, self._json_text(config.to_json()),
                  episode.id, now, now, now, holder,
                  None if lease_until is None else self._stamp(lease_until),
-                 self._json(json.dumps(dict(metadata), sort_keys=True)) if metadata else None),
+                 self._json_text(json.dumps(dict(metadata), sort_keys=True)) if metadata else None),
             )
             await sql.run(EPISODE, (episode.id, session_id, episode.goal, now))
 
@@ -236,7 +236,7 @@ class SqlSessions(SqlStore):
 
     async def save_extraction(self, session_id: str, changeset: Changeset,
                               scored: Sequence[StepRecord], *, version: int | None = None) -> int:
-        payload = self._json(changeset.to_json())
+        payload = self._json_text(changeset.to_json())
         now = self._now()
 
         async def write(sql: Statements) -> int:
@@ -297,7 +297,7 @@ class SqlSessions(SqlStore):
             " ON CONFLICT (episode_id, trajectory_id, task, digest) DO UPDATE SET"
             " reply = excluded.reply, cost = excluded.cost, created_at = excluded.created_at",
             (episode_id, kept.trajectory_id, kept.task, kept.digest,
-             self._json(kept.reply_json()), self._json(kept.cost_json()), self._now()),
+             self._json_text(kept.reply_json()), self._json_text(kept.cost_json()), self._now()),
         ))
 
     async def kept_results(self, episode_id: str) -> list[KeptResult]:

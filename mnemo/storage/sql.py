@@ -73,6 +73,11 @@ class Dialect:
     def _list(values: Sequence[str]) -> object:
         return json.dumps(list(values))
 
+    @staticmethod
+    def _json(value: object) -> object:
+        """A JSON value as a parameter (None stays NULL)."""
+        return None if value is None else json.dumps(value, sort_keys=True)
+
     def _stamp(self, at: datetime) -> object:
         """A time as a statement's parameter: ISO-8601 text (text order is time order)."""
         return at.isoformat(timespec="microseconds")

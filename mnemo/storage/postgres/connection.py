@@ -25,7 +25,7 @@ from anyio.lowlevel import checkpoint
 from psycopg.adapt import Dumper, Loader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types import TypeInfo
-from psycopg.types.json import set_json_loads
+from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from mnemo.errors import StorageError
@@ -328,6 +328,10 @@ class PgDialect(Dialect):
     @staticmethod
     def _list(values: Sequence[str]) -> object:
         return list(values)
+
+    @staticmethod
+    def _json(value: object) -> object:
+        return None if value is None else Jsonb(value)
 
     def _stamp(self, at: datetime) -> object:
         return at  # the datetime itself

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from psycopg.types.json import Jsonb
-
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
 from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.postgres.clock import ServerClock
@@ -30,8 +28,6 @@ class PgCoordination(PgDialect, SqlCoordination):
 
     async def sync_clock(self) -> None:
         await self._clock.sync()
-
-    _json = staticmethod(Jsonb)
 
     async def _end_due(self, sql: Statements, due: list[str], now: datetime) -> list[Row]:
         # A row another writer holds is left for the next sweep: it may be moving on.

@@ -76,10 +76,6 @@ class PgGraphWrites(PgDialect, SqlGraphWrites):
     SESSIONS = PgSessions
 
     @staticmethod
-    def _json(value: object) -> object:
-        return None if value is None else Jsonb(value)
-
-    @staticmethod
     def _record(values: list[Any], packed: bool) -> object:
         return Jsonb(values)
 

@@ -23,7 +23,7 @@ class PgSessions(PgDialect, SqlSessions):
     CREATED = "?::timestamptz"
 
     @staticmethod
-    def _json(text: str) -> object:
+    def _json_text(text: str) -> object:
         # The text is already JSON (sort_keys): sent as it is.
         return Jsonb(text, dumps=str)
 

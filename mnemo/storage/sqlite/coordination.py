@@ -3,7 +3,6 @@ file. The change token is `PRAGMA data_version` (moves on another connection's c
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
@@ -22,7 +21,6 @@ class SqliteCoordination(SqlCoordination):
     )
     CHANGE_TOKEN = "PRAGMA data_version"
     _driver: Database
-    _json = staticmethod(json.dumps)
 
     def _idle_params(self, now: datetime) -> tuple[object, ...]:
         return (self._stamp(now),)

@@ -76,10 +76,7 @@ class SqlSessions(SqlStore):
         return (
             step.id, session_id, episode_id, step.index, step.trajectory_id, step.observation,
             step.action, step.state_summary, step.subgoal, vector_to_blob(step.subgoal_vec),
-            reward(step.reward),
-            None if step.metadata is None
-            else self._json_text(json.dumps(step.metadata, sort_keys=True)),
-            now,
+            reward(step.reward), self._json(step.metadata), now,
         )
 
     @classmethod
@@ -163,7 +160,7 @@ class SqlSessions(SqlStore):
                 (session_id, repo, State.COLLECTING.value, self._json_text(config.to_json()),
                  episode.id, now, now, now, holder,
                  None if lease_until is None else self._stamp(lease_until),
-                 self._json_text(json.dumps(dict(metadata), sort_keys=True)) if metadata else None),
+                 self._json(dict(metadata)) if metadata else None),
             )
             await sql.run(EPISODE, (episode.id, session_id, episode.goal, now))
 

@@ -138,9 +138,5 @@ class ReembeddedGraph(GraphBase):
     async def unstage_changed(self, repo: str) -> None:
         await self._driver.write(lambda sql: self.REEMBEDS.unstage_changed(sql, repo))
 
-    async def _before_switch(self, repo: str) -> None:
-        """What runs, in a transaction of its own, before the vectors are switched."""
-
     async def switch_vectors(self, repo: str) -> tuple[int, int]:
-        await self._before_switch(repo)
         return await self._driver.write(lambda sql: self.REEMBEDS.switch(sql, repo))

@@ -164,11 +164,12 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
                       ) -> AbstractAsyncContextManager[None]:
         return self._advisory("mnemo.reembed:" + repo, busy)
 
-    async def _before_switch(self, repo: str) -> None:
-        # Its cast to the old dimension would refuse the new vectors (rebuilt after).
+    async def switch_vectors(self, repo: str) -> tuple[int, int]:
+        # The index's cast to the old dimension would refuse the new vectors (rebuilt after).
         await self._pg.write(
             lambda sql: sql.run(f'DROP INDEX IF EXISTS "{vector_index_name(repo)}"')
         )
+        return await super().switch_vectors(repo)
 
     async def vectors_switched(self, repo: str, dim: int) -> None:
         await self._vectors.switched(repo, dim)

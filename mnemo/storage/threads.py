@@ -57,8 +57,10 @@ class SqlThreads(SqlStore):
     _candidates: Callable[[Statements, reads.SearchQuery], Awaitable[list[Row]]]
     # By rowid, (id, thread_id, seq, role, snippet, text) of the messages of these words.
     _snippets: Callable[[Statements, Sequence[str], list[int]], Awaitable[dict[int, Row]]]
-    # What a purge of this many messages does more, inside its transaction.
-    _erased: Callable[[Statements, int], Awaitable[None]]
+
+    async def _erased(self, sql: Statements, messages: int) -> None:
+        """What a purge of this many messages does more, inside its transaction (PostgreSQL:
+        nothing, the search vector is a column of the row)."""
 
     async def state(self, thread_id: str) -> ThreadState | None:
         return await self._driver.read(lambda sql: reads.read_state(sql, thread_id))

@@ -126,9 +126,6 @@ class PgThreads(PgDialect, SqlThreads):
     def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
         return "starts_with(id, ?)", (prefix,)
 
-    async def _erased(self, sql: Statements, messages: int) -> None:
-        """Nothing more: the search vector is a column of the row."""
-
     async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:
         return await sql.rows(*scoring_query(query, *self._unseen(query)))
 

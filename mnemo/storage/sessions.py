@@ -50,10 +50,6 @@ class SqlSessions(SqlStore):
         super().__init__(driver)
         self._clock = clock
 
-    @staticmethod
-    def _json_text(text: str) -> object:
-        return text
-
     @classmethod
     async def _save_rewards(cls, sql: Statements, rewards: dict[str, float | None],
                             committed_in: str | None = None) -> bool:

@@ -78,6 +78,11 @@ class Dialect:
         """A JSON value as a parameter (None stays NULL)."""
         return None if value is None else json.dumps(value, sort_keys=True)
 
+    @staticmethod
+    def _json_text(text: str) -> object:
+        """A JSON text as a parameter."""
+        return text
+
     def _stamp(self, at: datetime) -> object:
         """A time as a statement's parameter: ISO-8601 text (text order is time order)."""
         return at.isoformat(timespec="microseconds")

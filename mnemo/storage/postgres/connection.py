@@ -333,6 +333,10 @@ class PgDialect(Dialect):
     def _json(value: object) -> object:
         return None if value is None else Jsonb(value)
 
+    @staticmethod
+    def _json_text(text: str) -> object:
+        return Jsonb(text, dumps=str)  # already JSON (sort_keys): sent as it is
+
     def _stamp(self, at: datetime) -> object:
         return at  # the datetime itself
 

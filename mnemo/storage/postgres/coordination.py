@@ -15,8 +15,6 @@ from mnemo.storage.sql import Statements
 
 class PgCoordination(PgDialect, SqlCoordination):
     AUTO_COMMIT = "(config->>'auto_commit')::boolean"
-    RESULT_PARAM = "?::jsonb"
-    RESULT_TEXT = "result::text"
     # By the server's clock.
     IDLE_LEFT = (
         "extract(epoch FROM updated_at - clock_timestamp()) + coalesce("

@@ -3,8 +3,6 @@ serialised by an advisory lock (`connection.PgDialect._lock_claims`)."""
 
 from __future__ import annotations
 
-from psycopg.types.json import Jsonb
-
 from mnemo.episode import StepRecord
 from mnemo.session.ports import StaleSession
 from mnemo.storage.postgres.connection import PgDialect
@@ -21,11 +19,6 @@ _STEP_VALUES = (
 class PgSessions(PgDialect, SqlSessions):
     NOW = "clock_timestamp()"
     CREATED = "?::timestamptz"
-
-    @staticmethod
-    def _json_text(text: str) -> object:
-        # The text is already JSON (sort_keys): sent as it is.
-        return Jsonb(text, dumps=str)
 
     @classmethod
     async def _save_rewards(cls, sql: Statements, rewards: dict[str, float | None],

@@ -3,7 +3,6 @@ caller's transaction under the repo's lock; erasures end with the backend's `SCR
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -52,10 +51,9 @@ class SqlGraphWrites(Dialect):
     SCRUB: tuple[str, ...] = ()
     SESSIONS: type[SqlSessions] = SqlSessions
 
-    @staticmethod
-    def _record(values: list[Any], packed: bool) -> object:
+    def _record(self, values: list[Any], packed: bool) -> object:
         """A list of a commit's record as stored (`packed`: one that grows with the commit)."""
-        return json.dumps(values)
+        return self._json(values)
 
     @staticmethod
     def _receipt(text: str) -> object:

@@ -8,11 +8,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.to_thread
-from psycopg.types.json import Jsonb
 
 from mnemo.errors import ConflictError
 from mnemo.graph.commit import CommitPlan
@@ -74,10 +72,6 @@ class PgGraphWrites(PgDialect, SqlGraphWrites):
     ZEROS = "decode(repeat('00', length(subgoal_vec)), 'hex')"
     SCRUB = ("UPDATE lexical_epoch SET epoch = md5(random()::text || clock_timestamp()::text)",)
     SESSIONS = PgSessions
-
-    @staticmethod
-    def _record(values: list[Any], packed: bool) -> object:
-        return Jsonb(values)
 
     @staticmethod
     def _time(text: str | None) -> object:

@@ -45,9 +45,6 @@ from mnemo.storage.sql import SqlStore, Statements, marks, moment, number, utc
 
 
 class SqlThreads(SqlStore):
-    # Upserts (message_id, thread_id, vec) of an existing message (4th parameter: its id).
-    VECTOR_UPSERT = ""
-
     # The parameters of a row of `reads.MESSAGE_COLUMNS` for a draft.
     _message_row: Callable[[str, str, int, MessageDraft, datetime], Row]
     _vector_of: Callable[[Any], Vector]  # a stored vector as read back
@@ -263,7 +260,10 @@ class SqlThreads(SqlStore):
     async def save_vectors(self, thread_id: str, rows: Sequence[tuple[str, Vector]]) -> None:
         params = [(mid, thread_id, self._vector(vec), mid) for mid, vec in rows]
         if params:
-            await self._driver.side_write(lambda sql: sql.run_many(self.VECTOR_UPSERT, params))
+            await self._driver.side_write(lambda sql: sql.run_many(
+                "INSERT INTO message_vectors(message_id, thread_id, vec) SELECT ?, ?, ?"
+                " WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?) ON CONFLICT (message_id)"
+                " DO UPDATE SET thread_id = excluded.thread_id, vec = excluded.vec", params))
 
     async def clear(self, thread_id: str) -> None:
         async def write(sql: Statements) -> None:

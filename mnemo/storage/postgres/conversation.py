@@ -112,13 +112,6 @@ def message_row(message_id: str, thread_id: str, seq: int, draft: MessageDraft,
 
 
 class PgThreads(PgDialect, SqlThreads):
-    VECTOR_UPSERT = (
-        "INSERT INTO message_vectors(message_id, thread_id, vec)"
-        " SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?)"
-        " ON CONFLICT (message_id) DO UPDATE"
-        " SET thread_id = excluded.thread_id, vec = excluded.vec"
-    )
-
     _message_row = staticmethod(message_row)
 
     _vector_of = staticmethod(as_array)

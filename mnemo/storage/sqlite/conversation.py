@@ -25,10 +25,6 @@ def match_expression(words: Sequence[str]) -> str:
 
 class SqliteThreads(SqlThreads):
     _driver: Database
-    VECTOR_UPSERT = (
-        "INSERT OR REPLACE INTO message_vectors(message_id, thread_id, vec)"
-        " SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?)"
-    )
 
     def _stamp(self, at: datetime) -> object:
         return utc(at).isoformat(timespec="microseconds")

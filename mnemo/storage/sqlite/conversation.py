@@ -11,7 +11,7 @@ from mnemo.conversation.drafts import MessageDraft
 from mnemo.graph.model import vector_from_blob, vector_to_blob
 from mnemo.graph.scope import canonical
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, marks, utc
+from mnemo.storage.sql import Statements, marks
 from mnemo.storage.sqlite.database import Database, truncate_wal
 from mnemo.storage.thread_rows import SearchQuery
 from mnemo.storage.threads import SqlThreads
@@ -25,9 +25,6 @@ def match_expression(words: Sequence[str]) -> str:
 
 class SqliteThreads(SqlThreads):
     _driver: Database
-
-    def _stamp(self, at: datetime) -> object:
-        return utc(at).isoformat(timespec="microseconds")
 
     def _message_row(self, message_id: str, thread_id: str, seq: int, draft: MessageDraft,
                      at: datetime) -> Row:

@@ -12,11 +12,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from mnemo.errors import ConflictError, StorageError
 from mnemo.storage.ports import is_postgres
-from mnemo.storage.sql import SqlStore
+from mnemo.storage.sql import SqlStore, marks
 from mnemo.storage.tables import ddl
 
 # A neutral row: one value per column of its table, in the table's column order.
@@ -93,10 +92,21 @@ class SqlDump(SqlStore):
     checksum: Callable[[], Awaitable[str]]
     # Brings what the copied rows need up to date (identity sequences, vector indexes).
     finish: Callable[[], Awaitable[None]]
-    # `table`'s page statements, each row led by its `width` ordering columns: (the first
-    # page's, given the limit; the next page's, given the last row's key then the limit; width).
-    _pages: Callable[[Table], tuple[Any, Any, int]]
     _load: Callable[[Table, Kind, object], object]  # a stored value (not NULL) as a neutral one
+
+    def _source(self, table: Table) -> tuple[str, tuple[str, ...]]:
+        """`table`'s rows led by their ordering columns (its rowid, else its key), and those."""
+        order = ("rowid",) if table.has_rowid else table.key
+        return f'SELECT {quoted(order)}, {quoted(table.names)} FROM "{table.name}"', order
+
+    def _pages(self, table: Table) -> tuple[str, str, int]:
+        """`table`'s page statements: the first page's, given the limit; the next page's, given
+        the last row's ordering columns then the limit; and how many of them lead a row."""
+        select, order = self._source(table)
+        keys = ", ".join(name if "." in name else f'"{name}"' for name in order)
+        return (f"{select} ORDER BY {keys} LIMIT ?",
+                f"{select} WHERE ({keys}) > ({marks(len(order))}) ORDER BY {keys} LIMIT ?",
+                len(order))
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
         """Every row of `table` in batches of at most `batch`, by rowid or else key."""
@@ -114,12 +124,17 @@ class SqlDump(SqlStore):
             if len(raw) < batch:
                 return
 
-    async def _page(self, statement: Any, params: Sequence[object]) -> Sequence[Row]:
+    async def _page(self, statement: str, params: Sequence[object]) -> Sequence[Row]:
         return await self._rows(statement, params)
 
     async def count(self, table: Table) -> int:
         [(count,)] = await self._rows(f'SELECT count(*) FROM "{table.name}"')
         return int(count)
+
+
+def quoted(names: Sequence[str]) -> str:
+    """Column names as a statement's list of quoted identifiers."""
+    return ", ".join(f'"{name}"' for name in names)
 
 
 class NodeChecksum:

@@ -14,7 +14,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from mnemo.errors import StorageError
 from mnemo.storage.postgres import schema
-from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.connection import Postgres, placeholders
 from mnemo.storage.transfer import TABLES, Kind, NodeChecksum, Row, SqlDump, Table
 
 _STAGE = sql.Identifier("mnemo_transfer")
@@ -50,21 +50,10 @@ class PostgresDump(SqlDump):
 
     _load = staticmethod(_load)
 
-    def _pages(self, table: Table) -> tuple[sql.Composed, sql.Composed, int]:
-        order = _order(table)
-        keys = _columns(order)
-        select = sql.SQL("SELECT {}, {} FROM {}").format(
-            keys, _columns(table.names), sql.Identifier(table.name)
-        )
-        return (sql.SQL("{} ORDER BY {} LIMIT %s").format(select, keys),
-                sql.SQL("{} WHERE ({}) > ({}) ORDER BY {} LIMIT %s").format(
-                    select, keys, sql.SQL(", ").join(sql.Placeholder() for _ in order), keys),
-                len(order))
-
-    async def _page(self, statement: sql.Composed, params: Sequence[object]) -> Sequence[Row]:
+    async def _page(self, statement: str, params: Sequence[object]) -> Sequence[Row]:
         # Binary: a vector's text form costs more to parse than the rest of its row.
         async with self._driver.connection() as conn, conn.cursor(binary=True) as cur:
-            await cur.execute(statement, params)
+            await cur.execute(placeholders(statement), params)
             return await cur.fetchall()
 
     async def write(self, table: Table, rows: Sequence[Row]) -> int:

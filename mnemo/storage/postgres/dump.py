@@ -37,10 +37,6 @@ def _columns(names: Sequence[str]) -> sql.Composable:
     return sql.SQL(", ").join(sql.Identifier(name) for name in names)
 
 
-def _order(table: Table) -> tuple[str, ...]:
-    return ("rowid",) if table.has_rowid else table.key
-
-
 class PostgresDump(SqlDump):
     _driver: Postgres
 
@@ -81,7 +77,7 @@ class PostgresDump(SqlDump):
                 await cur.execute(
                     sql.SQL(
                         "INSERT INTO {} ({}) SELECT {} FROM {} ORDER BY {} ON CONFLICT DO NOTHING"
-                    ).format(target, columns, columns, _STAGE, _columns(_order(table)))
+                    ).format(target, columns, columns, _STAGE, _columns(self._source(table)[1]))
                 )
                 return max(cur.rowcount, 0)
 

@@ -26,7 +26,7 @@ from mnemo.graph.scope import Where
 from mnemo.storage import graph_base as scopes
 from mnemo.storage.graph_base import neighbors_seen_from_asked, seen_from_asked
 from mnemo.storage.graph_writes import SqlGraphWrites
-from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph, SqlMaintenance
 from mnemo.storage.postgres import recall_reads
 from mnemo.storage.postgres.connection import PgDialect, Postgres, lock_key

@@ -90,9 +90,11 @@ class SqlDump(SqlStore):
     write: Callable[[Table, Sequence[Row]], Awaitable[int]]
     # `NodeChecksum` over every node, in the order of its id's UTF-8 bytes.
     checksum: Callable[[], Awaitable[str]]
-    # Brings what the copied rows need up to date (identity sequences, vector indexes).
-    finish: Callable[[], Awaitable[None]]
     _load: Callable[[Table, Kind, object], object]  # a stored value (not NULL) as a neutral one
+
+    async def finish(self) -> None:
+        """Brings what the copied rows need up to date (PostgreSQL's identity sequences and
+        vector indexes; SQLite's FTS5 triggers indexed each row as it came)."""
 
     def _source(self, table: Table) -> tuple[str, tuple[str, ...]]:
         """`table`'s rows led by their ordering columns (its rowid, else its key), and those."""

@@ -124,9 +124,6 @@ class SqliteDump(SqlDump):
                 return digest.hexdigest()
             last = str(rows[-1][0])
 
-    async def finish(self) -> None:
-        """Nothing to do: the FTS5 triggers indexed each inserted row as it came."""
-
 
 @asynccontextmanager
 async def open_sqlite_dump(path: Path, *, must_exist: bool) -> AsyncIterator[SqliteDump]:

@@ -214,13 +214,10 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
             return
         # A read's side write skips locked nodes; NO KEY UPDATE, as FOR UPDATE would also
         # skip nodes a commit in flight links to.
-        async with self._pg.connection() as conn:
-            await conn.execute(
-                "UPDATE nodes SET access_count = access_count + 1, last_access = %s"
-                " WHERE id IN (SELECT id FROM nodes WHERE repo = %s AND id = ANY(%s)"
-                " FOR NO KEY UPDATE SKIP LOCKED)",
-                (when, repo, ids),
-            )
+        await self._driver.one(lambda sql: sql.run(
+            "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
+            " WHERE id IN (SELECT id FROM nodes WHERE repo = ? AND id = ANY(?)"
+            " FOR NO KEY UPDATE SKIP LOCKED)", (when, repo, ids)))
 
     def _start_store_text(self, repo: str, query: str, limit: int, kinds: list[str] | None
                           ) -> PendingRead[list[tuple[str, float]]]:

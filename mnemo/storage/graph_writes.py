@@ -64,11 +64,6 @@ class SqlGraphWrites(Dialect):
         """A JSON column's value as read (None for NULL)."""
         return value
 
-    @staticmethod
-    def _time(text: str | None) -> object:
-        """An ISO time as a parameter."""
-        return text
-
     async def write_commit(self, sql: Statements, plan: CommitPlan,
                            also: Sequence[SideWrite]) -> None:
         """See `CommitTarget.write_commit`: the rows only (the caller follows the vectors)."""

@@ -43,8 +43,6 @@ def reward(value: float | None) -> float | None:
 class SqlSessions(SqlStore):
     # The time in a statement of a commit's side writes (the server's on PostgreSQL).
     NOW = ""
-    # An ingest's creation time as a parameter.
-    CREATED = "?"
 
     def __init__(self, driver: Driver, clock: Clock) -> None:
         super().__init__(driver)
@@ -429,9 +427,9 @@ class SqlSessions(SqlStore):
             elif isinstance(write, SourceRecorded):
                 await sql.run(
                     "INSERT INTO ingests(repo, source_id, payload_hash, changeset_id,"
-                    f" created_at) VALUES (?, ?, ?, ?, {cls.CREATED})",
+                    " created_at) VALUES (?, ?, ?, ?, ?)",
                     (write.repo, write.source_id, write.payload_hash, write.changeset_id,
-                     write.created_at),
+                     cls._time(write.created_at)),
                 )
             else:
                 await sql.run("DELETE FROM ingests WHERE repo = ? AND source_id = ?",

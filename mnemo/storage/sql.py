@@ -88,6 +88,11 @@ class Dialect:
         return at.isoformat(timespec="microseconds")
 
     @staticmethod
+    def _time(text: str | None) -> object:
+        """An ISO time as a parameter."""
+        return text
+
+    @staticmethod
     async def _lock_claims(sql: Statements, session_id: str) -> None:
         """Serialises the writes of the session's step claims until the transaction ends
         (SQLite's transaction holds the file's write lock from its start)."""

@@ -341,6 +341,10 @@ class PgDialect(Dialect):
         return at  # the datetime itself
 
     @staticmethod
+    def _time(text: str | None) -> object:
+        return None if text is None else datetime.fromisoformat(text)
+
+    @staticmethod
     async def _lock_claims(sql: Statements, session_id: str) -> None:
         await sql.run("SELECT pg_advisory_xact_lock(?)", (claims_lock_key(session_id),))
 

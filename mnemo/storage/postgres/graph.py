@@ -73,10 +73,6 @@ class PgGraphWrites(PgDialect, SqlGraphWrites):
     SCRUB = ("UPDATE lexical_epoch SET epoch = md5(random()::text || clock_timestamp()::text)",)
     SESSIONS = PgSessions
 
-    @staticmethod
-    def _time(text: str | None) -> object:
-        return None if text is None else datetime.fromisoformat(text)
-
 
 class PgMaintenance(SqlMaintenance, PgGraphWrites):
     LINKS = "links(repo, src, dst, type)"

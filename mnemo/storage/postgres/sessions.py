@@ -18,7 +18,6 @@ _STEP_VALUES = (
 
 class PgSessions(PgDialect, SqlSessions):
     NOW = "clock_timestamp()"
-    CREATED = "?::timestamptz"
 
     @classmethod
     async def _save_rewards(cls, sql: Statements, rewards: dict[str, float | None],

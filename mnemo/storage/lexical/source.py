@@ -1,5 +1,5 @@
 """What the lexical index reads of a store (`LexicalSource`: the SQL both backends share; a
-backend brings `_rows` on its `_conn`, with `?` placeholders, and `place`)."""
+backend brings `_rows` on its `_conn`, with `?` placeholders, and PostgreSQL its `place`)."""
 
 from __future__ import annotations
 
@@ -62,8 +62,10 @@ class LexicalSource:
 
     _rows: Callable[[str, tuple[object, ...]], list[Column]]
     _conn: Any  # the backend's own connection, None until opened
-    # The store's own folder inside the index's base folder ("" for none).
-    place: Callable[[], str]
+
+    def place(self) -> str:
+        """The store's folder inside the index's base folder ("" for none: a SQLite file's own)."""
+        return ""
 
     def close(self) -> None:
         if self._conn is not None:

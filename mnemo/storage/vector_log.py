@@ -207,10 +207,12 @@ Hits = list[tuple[str, float]]
 class CachedVectors(VectorCache):
     """A backend's vector side: the cache, and the searches and reads of `GraphStore`'s names."""
 
-    on_loop: Callable[[str], bool]
     search: Callable[[str, Vector, int, Iterable[NodeType] | None], Awaitable[Hits]]
     similarities: Callable[[str, Sequence[str], Vector, int | None], Awaitable[dict[str, float]]]
     of_nodes: Callable[[str, Sequence[str]], Awaitable[dict[str, Vector]]]
+
+    def on_loop(self, repo: str) -> bool:
+        return False  # PostgreSQL searches the nodes' vectors: a round trip each
 
     async def nearest_of_type(self, repo: str, probes: Vector, kind: NodeType, k: int,
                               among: Sequence[str] | None = None) -> list[Hits]:

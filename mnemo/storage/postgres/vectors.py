@@ -86,9 +86,6 @@ class PgVectors(CachedVectors):
         if folder is not None:
             await anyio.to_thread.run_sync(ann_files.discard, folder)
 
-    def on_loop(self, repo: str) -> bool:
-        return False  # the database searches the nodes' vectors: a round trip each
-
     def forget(self, repo: str, node_ids: Sequence[str]) -> None:
         if repo in self._sizes:
             self._sizes[repo] = max(0, self._sizes[repo] - len(node_ids))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Protocol
 
 
@@ -27,18 +27,3 @@ _BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 elapsed: Callable[[], float] = (
     time.monotonic if _BOOTTIME is None else functools.partial(time.clock_gettime, _BOOTTIME)
 )
-
-
-class ReadClock:
-    """A clock read once (`_read`: the time read, and `elapsed` then), counting on `elapsed`
-    since; `host`, this host's wall clock, before the first read."""
-
-    def __init__(self, host: Callable[[], datetime] = host_now) -> None:
-        self.host = host
-        self._read: tuple[datetime, float] | None = None
-
-    def now(self) -> datetime:
-        if self._read is None:
-            return self.host()
-        read, at = self._read
-        return read + timedelta(seconds=elapsed() - at)

@@ -5,7 +5,7 @@ this host's monotonic time since."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from mnemo.errors import StorageError
 from mnemo.storage import clock as host_clock
@@ -14,10 +14,17 @@ from mnemo.storage.postgres.connection import Postgres
 SAMPLES = 3
 
 
-class ServerClock(host_clock.ReadClock):
+class ServerClock:
     def __init__(self, pg: Postgres, host: Callable[[], datetime] = host_clock.host_now) -> None:
-        super().__init__(host)
         self._pg = pg
+        self.host = host  # before the first read only
+        self._read: tuple[datetime, float] | None = None  # the server's time, and when
+
+    def now(self) -> datetime:
+        if self._read is None:
+            return self.host()
+        server, at = self._read
+        return server + timedelta(seconds=host_clock.elapsed() - at)
 
     async def sync(self) -> None:
         """Reads the server's time again; on `StorageError` the last read stays."""

@@ -11,7 +11,7 @@ import random
 import sqlite3
 import time
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,7 +19,7 @@ import anyio
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
-from mnemo.storage.clock import ReadClock, elapsed, host_now
+from mnemo.storage.clock import elapsed, host_now
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Work as StatementsWork, drive
 from mnemo.storage.sqlite.schema import MIGRATIONS, migrate
@@ -254,10 +254,19 @@ class SqliteStatements:
             cursor.close()
 
 
-class HostClock(ReadClock):
+class HostClock:
     """The store's time on SQLite: the anchor's wall time (`store_clock`, written by the first
     opener after boot) plus the boot clock elapsed since, the same in every process and never
     stepped by the wall clock. A new boot anchors again and forgets the old holders."""
+
+    def __init__(self) -> None:
+        self._anchor: tuple[datetime, float] | None = None
+
+    def now(self) -> datetime:
+        if self._anchor is None:
+            return host_now()
+        wall, at = self._anchor
+        return wall + timedelta(seconds=elapsed() - at)
 
     def anchor(self, db: SqliteUtilsDatabase) -> None:
         """Reads the file's anchor, or writes one (forgetting holders) if of another boot."""
@@ -276,7 +285,7 @@ class HostClock(ReadClock):
                                     row)
                     db.conn.execute("DELETE FROM holders")
         assert row is not None
-        self._read = (datetime.fromisoformat(str(row[1])), float(row[2]))
+        self._anchor = (datetime.fromisoformat(str(row[1])), float(row[2]))
 
 
 def _anchor_of(db: SqliteUtilsDatabase) -> tuple[Any, ...] | None:

@@ -48,6 +48,10 @@ class SqlSessions(SqlStore):
         super().__init__(driver)
         self._clock = clock
 
+    def _stamp(self, at: datetime) -> object:
+        # `Dialect._stamp`, in this file: an append runs through few (test_append_path.py).
+        return at.isoformat(timespec="microseconds")
+
     @classmethod
     async def _save_rewards(cls, sql: Statements, rewards: dict[str, float | None],
                             committed_in: str | None = None) -> bool:
@@ -70,7 +74,8 @@ class SqlSessions(SqlStore):
         return (
             step.id, session_id, episode_id, step.index, step.trajectory_id, step.observation,
             step.action, step.state_summary, step.subgoal, vector_to_blob(step.subgoal_vec),
-            reward(step.reward), self._json(step.metadata), now,
+            reward(step.reward), None if step.metadata is None else self._json(step.metadata),
+            now,
         )
 
     @classmethod

@@ -82,14 +82,8 @@ class PgMaintenance(SqlMaintenance, PgGraphWrites):
         "repo = ? AND (NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = links.src)"
         " OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = links.dst))"
     )
-
-    @staticmethod
-    def _field(name: str, node: str = "") -> str:
-        return f"{node}data -> '{name}'"
-
-    @staticmethod
-    def _repo(node: str) -> str:
-        return f"{node}.repo, "
+    FIELD = "{}data -> '{}'"
+    REPO = "{}.repo, "
 
     async def _bad_vectors(self, sql: Statements, repo: str, dim: int) -> int:
         return await number(

@@ -46,16 +46,10 @@ class SqlCoordination(SqlStore):
     DISTINCT = " IS DISTINCT FROM "
     # A session's config asks for auto-commit.
     AUTO_COMMIT = ""
-    # A stored operation's result as a parameter, and as JSON text read back.
-    RESULT_PARAM = "?"
-    RESULT_TEXT = "result"
     # Seconds until an idle session comes due, from `_idle_params`.
     IDLE_LEFT = ""
     CHANGE_TOKEN = ""
 
-    _json: Callable[[object], object]  # a JSON value as a statement's parameter
-    # Serialises the writes of the session's step claims until the transaction ends.
-    _lock_claims: Callable[[Statements, str], Awaitable[None]]
     # Ends the idle sessions of `due` still due; returns their (id, repo).
     _end_due: Callable[[Statements, list[str], datetime], Awaitable[list[Row]]]
 
@@ -226,8 +220,8 @@ class SqlCoordination(SqlStore):
     async def finish_op(self, op_id: str, result: StoredResult) -> None:
         async def write(sql: Statements) -> None:
             await sql.run("DELETE FROM ops WHERE id = ? AND accepted_by = ''", (op_id,))
-            await sql.run(f"UPDATE ops SET result = {self.RESULT_PARAM} WHERE id = ?",
-                          (msgspec.json.encode(result).decode(), op_id))
+            await sql.run("UPDATE ops SET result = ? WHERE id = ?",
+                          (self._json_text(msgspec.json.encode(result).decode()), op_id))
 
         await self._driver.write(write)
 
@@ -247,7 +241,7 @@ class SqlCoordination(SqlStore):
         if not op_ids:
             return {}
         rows = await self._rows(
-            f"SELECT id, {self.RESULT_TEXT} FROM ops WHERE id IN ({marks(len(op_ids))})"
+            f"SELECT id, result{self.TEXT} FROM ops WHERE id IN ({marks(len(op_ids))})"
             " AND result IS NOT NULL", op_ids)
         return {str(i): StoredResult.decode(str(r)) for i, r in rows}
 

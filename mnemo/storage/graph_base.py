@@ -37,7 +37,7 @@ from mnemo.graph.ports import (
 from mnemo.graph.scope import SCOPE_LIMIT, WIDEN, Scope, Where
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.graph_rows import RowReads
-from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Driver, marks
 from mnemo.storage.vector_log import CachedVectors, Hits

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 NODE_COLUMNS = (
     "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
 )
+NODE_WIDTH = len(NODE_COLUMNS.split(","))
 COMMIT_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
                   " reworded, joined, reverted_by, reverts")
 
@@ -48,10 +49,6 @@ class RowReads(SqlStore):
         found: dict[str, Node] = {node.id: node for node in map(self._node, await self._among(
             f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND id IN ({{}})", ids, repo))}
         return [found[i] for i in ids if i in found]
-
-    async def texts(self, node_ids: list[str]) -> dict[str, str]:
-        rows = await self._among("SELECT id, text FROM nodes WHERE id IN ({})", node_ids)
-        return {str(i): str(t) for i, t in rows}
 
     async def present(self, repo: str, node_ids: list[str]) -> set[str]:
         rows = await self._among("SELECT id FROM nodes WHERE id IN ({})", node_ids)

@@ -3,8 +3,7 @@ caller's transaction under the repo's lock; erasures end with the backend's `SCR
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 from mnemo.graph import shares
@@ -17,7 +16,7 @@ from mnemo.graph.scope import pairs
 from mnemo.storage.graph_rows import COMMIT_COLUMNS
 from mnemo.storage.row import Row, json_object
 from mnemo.storage.sessions import SqlSessions
-from mnemo.storage.sql import Statements
+from mnemo.storage.sql import Dialect, Statements
 
 _ROUTES = ", ".join(f"'{kind}'" for kind in ROUTES)
 # A commit's record, `seq` the repo's last plus one (the caller holds the repo's lock).
@@ -27,11 +26,9 @@ _RECORD = (
 )
 
 
-class SqlGraphWrites:
+class SqlGraphWrites(Dialect):
     # The column of `nodes` that a link's ends name.
     KEY = "rowid"
-    # `column{ANY}`: the column is one of a list given as one parameter (`_list`).
-    ANY = " IN (SELECT value FROM json_each(?))"
     LINK = (
         "src = (SELECT rowid FROM nodes WHERE id = ?) AND dst = (SELECT rowid FROM nodes"
         " WHERE id = ?) AND type = ?"
@@ -53,21 +50,10 @@ class SqlGraphWrites:
     # The statements that end an erasure (the lexical index's slots wipe at a new epoch).
     SCRUB: tuple[str, ...] = ()
     SESSIONS: type[SqlSessions] = SqlSessions
-    _vector: Callable[[Vector], object]  # a vector as a parameter
 
-    @staticmethod
-    def _list(values: Sequence[str]) -> object:
-        return json.dumps(list(values))
-
-    @staticmethod
-    def _json(value: object) -> object:
-        """A JSON value as a parameter (None stays NULL)."""
-        return None if value is None else json.dumps(value, sort_keys=True)
-
-    @staticmethod
-    def _record(values: list[Any], packed: bool) -> object:
+    def _record(self, values: list[Any], packed: bool) -> object:
         """A list of a commit's record as stored (`packed`: one that grows with the commit)."""
-        return json.dumps(values)
+        return self._json(values)
 
     @staticmethod
     def _receipt(text: str) -> object:
@@ -77,11 +63,6 @@ class SqlGraphWrites:
     def _loads(value: Any) -> Any:
         """A JSON column's value as read (None for NULL)."""
         return value
-
-    @staticmethod
-    def _time(text: str | None) -> object:
-        """An ISO time as a parameter."""
-        return text
 
     async def write_commit(self, sql: Statements, plan: CommitPlan,
                            also: Sequence[SideWrite]) -> None:

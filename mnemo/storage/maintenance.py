@@ -29,24 +29,15 @@ def _group(value: object) -> str | None:
 class SqlMaintenance(SqlGraphWrites):
     # The columns of a new link: its repo (PostgreSQL's links keep it) and its ends.
     LINKS = "links(src, dst, type)"
-    # Appended to a SELECT whose rows stay locked until the transaction ends.
-    LOCK = ""
     FALSE, TRUE = "0", "1"
-    # Appended to a JSON column read as its text.
-    TEXT = ""
     HAS_VECTOR = "v.node = n.rowid"
     # A link with an end gone (one parameter: the repo).
     DANGLING = ""
-
-    @staticmethod
-    def _field(name: str, node: str = "") -> str:
-        """A field of the data of the node `node` (an alias and a dot, or none)."""
-        return f"json_extract({node}data, '$.{name}')"
-
-    @staticmethod
-    def _repo(node: str) -> str:
-        """What a new link copied from the row `node` gives before its ends."""
-        return ""
+    # `.format(node, name)`: the field `name` of the data of the node `node` (an alias and a
+    # dot, or "").
+    FIELD = "json_extract({}data, '$.{}')"
+    # `.format(node)`: what a new link copied from the row `node` gives before its ends.
+    REPO = ""
 
     # How many of the repo's vectors are not of `dim` numbers.
     _bad_vectors: Callable[[Statements, str, int], Awaitable[int]]
@@ -108,9 +99,9 @@ class SqlMaintenance(SqlGraphWrites):
             ends = "?, l.dst" if end == "src" else "l.src, ?"
             back = "r.src = l.dst AND r.dst = ?" if end == "src" else "r.src = ? AND r.dst = l.src"
             moved += await sql.run(
-                f"INSERT INTO {self.LINKS} SELECT {self._repo('l')}{ends}, l.type FROM links l"
-                f" WHERE l.{end} = ? AND l.{other} <> ? AND NOT EXISTS (SELECT 1 FROM links r"
-                f" WHERE {back} AND r.type = l.type) ON CONFLICT DO NOTHING",
+                f"INSERT INTO {self.LINKS} SELECT {self.REPO.format('l')}{ends}, l.type"
+                f" FROM links l WHERE l.{end} = ? AND l.{other} <> ? AND NOT EXISTS (SELECT 1"
+                f" FROM links r WHERE {back} AND r.type = l.type) ON CONFLICT DO NOTHING",
                 (survivor, member, survivor, survivor),
             )
         return moved
@@ -139,8 +130,8 @@ class SqlMaintenance(SqlGraphWrites):
         `node_value` at `now` is below `config.decay_threshold`."""
         rows = await sql.rows(
             "SELECT id, type, created_at, last_access, access_count,"
-            f" {self._field('reward')}, {self._field('return_score')},"
-            f" {self._field('confidence')} FROM nodes WHERE {where} ORDER BY rowid"
+            f" {self.FIELD.format('', 'reward')}, {self.FIELD.format('', 'return_score')},"
+            f" {self.FIELD.format('', 'confidence')} FROM nodes WHERE {where} ORDER BY rowid"
             + (self.LOCK if lock else ""),
             params,
         )
@@ -168,7 +159,7 @@ class SqlMaintenance(SqlGraphWrites):
         for kind, link, field, prefix in (("subgoal", "hierarchical", "trajectory_id", "subgoal_"),
                                           ("source", "provenance", "episode_id", "source_")):
             steps = [(node_id, _group(group)) for node_id, group in await sql.rows(
-                f"SELECT e.id, {self._field(field, 'e.')} FROM nodes e"
+                f"SELECT e.id, {self.FIELD.format('e.', field)} FROM nodes e"
                 f" WHERE e.repo = ? AND e.type = 'episodic' AND NOT {self._linked_to(kind, link)}"
                 " ORDER BY e.rowid",
                 (repo,),
@@ -201,7 +192,7 @@ class SqlMaintenance(SqlGraphWrites):
         key = self.KEY
         owners: dict[str, str] = {}
         for group, owner in await sql.rows(
-            f"SELECT {self._field(field, 'e.')}, o.id FROM nodes e"
+            f"SELECT {self.FIELD.format('e.', field)}, o.id FROM nodes e"
             f" JOIN links l ON (l.dst = e.{key} OR l.src = e.{key}) AND l.type = ?"
             f" JOIN nodes o ON o.{key} = (CASE WHEN l.dst = e.{key} THEN l.src ELSE l.dst END)"
             " WHERE e.repo = ? AND e.type = 'episodic' AND o.type = ? ORDER BY e.rowid, o.rowid",
@@ -218,7 +209,7 @@ class SqlMaintenance(SqlGraphWrites):
         for src, dst in maintenance.relinks(steps, owners, existing, prefix,
                                             to_step=kind == "subgoal"):
             restored += await sql.run(
-                f"INSERT INTO {self.LINKS} SELECT {self._repo('a')}a.{key},"
+                f"INSERT INTO {self.LINKS} SELECT {self.REPO.format('a')}a.{key},"
                 f" b.{key}, ? FROM nodes a, nodes b WHERE a.repo = ? AND a.id = ?"
                 " AND b.repo = ? AND b.id = ? ON CONFLICT DO NOTHING",
                 (link, repo, src, repo, dst),

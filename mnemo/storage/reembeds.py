@@ -3,7 +3,7 @@ staged in `staged_vectors`, then put in place in one transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from mnemo.errors import StorageError
@@ -12,15 +12,13 @@ from mnemo.graph.reembed import Staging, Unstaged
 from mnemo.storage import vector_log
 from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.lexical.source import STATE, state_of
-from mnemo.storage.sql import Statements, number
+from mnemo.storage.sql import Dialect, Statements, number
 
 
-class SqlReembeds:
+class SqlReembeds(Dialect):
     # The rows of `staged_vectors` or `vectors` of the repo (one parameter: the repo).
     OF_REPO = "node IN (SELECT rowid FROM nodes WHERE repo = ?)"
     STAGED = "s.node = n.rowid"
-    # Appended to a SELECT whose rows stay locked until the transaction ends.
-    LOCK = ""
     STAGE = (
         "INSERT OR REPLACE INTO staged_vectors (node, vec) SELECT rowid, ? FROM nodes"
         " WHERE rowid = ? AND id = ?"
@@ -30,12 +28,6 @@ class SqlReembeds:
         " WHERE repo = ? AND seq > ? AND seq <= ?)"
     )
     VECTOR_COLUMNS = "node, vec"
-
-    _vector: Callable[[Vector], object]  # a vector as a statement's parameter
-
-    @staticmethod
-    def _stamp(at: datetime) -> object:
-        return at.isoformat()
 
     async def begin(self, sql: Statements, repo: str, embedder: str, dim: int) -> Staging:
         found = await sql.row(f"SELECT embedder, dim FROM reembeds WHERE repo = ?{self.LOCK}",
@@ -146,9 +138,5 @@ class ReembeddedGraph(GraphBase):
     async def unstage_changed(self, repo: str) -> None:
         await self._driver.write(lambda sql: self.REEMBEDS.unstage_changed(sql, repo))
 
-    async def _before_switch(self, repo: str) -> None:
-        """What runs, in a transaction of its own, before the vectors are switched."""
-
     async def switch_vectors(self, repo: str) -> tuple[int, int]:
-        await self._before_switch(repo)
         return await self._driver.write(lambda sql: self.REEMBEDS.switch(sql, repo))

@@ -41,33 +41,16 @@ def reward(value: float | None) -> float | None:
 
 
 class SqlSessions(SqlStore):
-    # Appended to a JSON column read as its text.
-    TEXT = ""
     # The time in a statement of a commit's side writes (the server's on PostgreSQL).
     NOW = ""
-    # An ingest's creation time as a parameter.
-    CREATED = "?"
-    # `column{ANY}`: the column is one of a list given as one parameter (`_list`).
-    ANY = ""
 
     def __init__(self, driver: Driver, clock: Clock) -> None:
         super().__init__(driver)
         self._clock = clock
 
     def _stamp(self, at: datetime) -> object:
-        return at.isoformat(timespec="microseconds")  # text order is time order
-
-    @staticmethod
-    def _json(text: str) -> object:
-        return text
-
-    @staticmethod
-    def _list(values: list[str]) -> object:
-        return json.dumps(values)
-
-    @classmethod
-    async def _lock_claims(cls, sql: Statements, session_id: str) -> None:
-        """Serialises the writes of the session's step claims until the transaction ends."""
+        # `Dialect._stamp`, in this file: an append runs through few (test_append_path.py).
+        return at.isoformat(timespec="microseconds")
 
     @classmethod
     async def _save_rewards(cls, sql: Statements, rewards: dict[str, float | None],
@@ -91,9 +74,7 @@ class SqlSessions(SqlStore):
         return (
             step.id, session_id, episode_id, step.index, step.trajectory_id, step.observation,
             step.action, step.state_summary, step.subgoal, vector_to_blob(step.subgoal_vec),
-            reward(step.reward),
-            None if step.metadata is None
-            else self._json(json.dumps(step.metadata, sort_keys=True)),
+            reward(step.reward), None if step.metadata is None else self._json(step.metadata),
             now,
         )
 
@@ -144,7 +125,7 @@ class SqlSessions(SqlStore):
             " ON CONFLICT (name) DO UPDATE SET config = excluded.config,"
             " embedder = CASE WHEN repos.vectors_generation = ? THEN excluded.embedder"
             " ELSE repos.embedder END, llm = excluded.llm",
-            (row.name, self._json(row.config.to_json()), row.dim, row.embedder, row.llm,
+            (row.name, self._json_text(row.config.to_json()), row.dim, row.embedder, row.llm,
              self._now(), row.generation),
         ))
 
@@ -160,7 +141,7 @@ class SqlSessions(SqlStore):
             "INSERT INTO server_profiles(repo, model, profile, updated_at)"
             " VALUES (?, ?, ?, ?) ON CONFLICT (repo, model) DO UPDATE SET"
             " profile = excluded.profile, updated_at = excluded.updated_at",
-            (repo, model, self._json(profile), self._now()),
+            (repo, model, self._json_text(profile), self._now()),
         ))
 
     async def create_session(
@@ -175,10 +156,10 @@ class SqlSessions(SqlStore):
                 "INSERT INTO sessions(id, repo, state, config, episode_id, created_at,"
                 " updated_at, active_at, holder, lease_until, metadata)"
                 f" VALUES ({marks(11)})",
-                (session_id, repo, State.COLLECTING.value, self._json(config.to_json()),
+                (session_id, repo, State.COLLECTING.value, self._json_text(config.to_json()),
                  episode.id, now, now, now, holder,
                  None if lease_until is None else self._stamp(lease_until),
-                 self._json(json.dumps(dict(metadata), sort_keys=True)) if metadata else None),
+                 self._json(dict(metadata)) if metadata else None),
             )
             await sql.run(EPISODE, (episode.id, session_id, episode.goal, now))
 
@@ -251,7 +232,7 @@ class SqlSessions(SqlStore):
 
     async def save_extraction(self, session_id: str, changeset: Changeset,
                               scored: Sequence[StepRecord], *, version: int | None = None) -> int:
-        payload = self._json(changeset.to_json())
+        payload = self._json_text(changeset.to_json())
         now = self._now()
 
         async def write(sql: Statements) -> int:
@@ -312,7 +293,7 @@ class SqlSessions(SqlStore):
             " ON CONFLICT (episode_id, trajectory_id, task, digest) DO UPDATE SET"
             " reply = excluded.reply, cost = excluded.cost, created_at = excluded.created_at",
             (episode_id, kept.trajectory_id, kept.task, kept.digest,
-             self._json(kept.reply_json()), self._json(kept.cost_json()), self._now()),
+             self._json_text(kept.reply_json()), self._json_text(kept.cost_json()), self._now()),
         ))
 
     async def kept_results(self, episode_id: str) -> list[KeptResult]:
@@ -451,9 +432,9 @@ class SqlSessions(SqlStore):
             elif isinstance(write, SourceRecorded):
                 await sql.run(
                     "INSERT INTO ingests(repo, source_id, payload_hash, changeset_id,"
-                    f" created_at) VALUES (?, ?, ?, ?, {cls.CREATED})",
+                    " created_at) VALUES (?, ?, ?, ?, ?)",
                     (write.repo, write.source_id, write.payload_hash, write.changeset_id,
-                     write.created_at),
+                     cls._time(write.created_at)),
                 )
             else:
                 await sql.run("DELETE FROM ingests WHERE repo = ? AND source_id = ?",

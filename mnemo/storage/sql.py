@@ -4,10 +4,12 @@ work to its end in the database's thread."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+import json
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
+from mnemo.graph.model import Vector
 from mnemo.storage.row import Row
 
 T = TypeVar("T")
@@ -53,18 +55,54 @@ class Driver(Protocol):
         """Runs a read's side write in one transaction (short lock wait on SQLite)."""
 
 
-class SqlStore:
-    """A store written once over `Statements`; a backend's subclass gives what differs."""
+class Dialect:
+    """What the backends write differently in a statement, as SQLite writes it (PostgreSQL:
+    `postgres.connection.PgDialect`)."""
 
     # Appended to an ORDER BY of ids: text compared byte by byte, as SQLite compares it.
     BYTE_ORDER = ""
+    # Appended to a SELECT whose rows stay locked until the transaction ends.
+    LOCK = ""
+    # Appended to a JSON column read as its text.
+    TEXT = ""
+    # `column{ANY}`: the column is one of a list given as one parameter (`_list`).
+    ANY = " IN (SELECT value FROM json_each(?))"
+    _vector: Callable[[Vector], object]  # a vector as a statement's parameter
+
+    @staticmethod
+    def _list(values: Sequence[str]) -> object:
+        return json.dumps(list(values))
+
+    @staticmethod
+    def _json(value: object) -> object:
+        """A JSON value as a parameter (None stays NULL)."""
+        return None if value is None else json.dumps(value, sort_keys=True)
+
+    @staticmethod
+    def _json_text(text: str) -> object:
+        """A JSON text as a parameter."""
+        return text
+
+    def _stamp(self, at: datetime) -> object:
+        """A time as a statement's parameter: ISO-8601 text (text order is time order)."""
+        return at.isoformat(timespec="microseconds")
+
+    @staticmethod
+    def _time(text: str | None) -> object:
+        """An ISO time as a parameter."""
+        return text
+
+    @staticmethod
+    async def _lock_claims(sql: Statements, session_id: str) -> None:
+        """Serialises the writes of the session's step claims until the transaction ends
+        (SQLite's transaction holds the file's write lock from its start)."""
+
+
+class SqlStore(Dialect):
+    """A store written once over `Statements`; a backend's subclass gives what differs."""
 
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
-
-    def _stamp(self, at: datetime) -> object:
-        """A time as a statement's parameter (PostgreSQL's: the datetime)."""
-        return at
 
     async def _rows(self, statement: str, params: Sequence[Any] = ()) -> list[Row]:
         return await self._driver.read(lambda sql: sql.rows(statement, params))
@@ -72,10 +110,14 @@ class SqlStore:
     async def _among(self, statement: str, ids: Sequence[str], *before: object) -> list[Row]:
         """The rows of `statement` with `{}` a list for `ids`, 500 ids at a time."""
         rows: list[Row] = []
-        for at in range(0, len(ids), 500):
-            chunk = ids[at:at + 500]
+        for chunk in chunks(ids, 500):
             rows += await self._rows(statement.format(marks(len(chunk))), [*before, *chunk])
         return rows
+
+    async def texts(self, node_ids: Sequence[str]) -> dict[str, str]:
+        """The text of each node among `node_ids` that the store holds."""
+        rows = await self._among("SELECT id, text FROM nodes WHERE id IN ({})", node_ids)
+        return {str(i): str(t) for i, t in rows}
 
 
 def utc(moment: datetime) -> datetime:
@@ -97,6 +139,11 @@ def drive(work: Coroutine[Any, Any, T]) -> T:
         return result
     work.close()
     raise RuntimeError("a statement waited outside the database's thread")
+
+
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def marks(count: int) -> str:

@@ -45,24 +45,19 @@ from mnemo.storage.sql import SqlStore, Statements, marks, moment, number, utc
 
 
 class SqlThreads(SqlStore):
-    # Appended to a SELECT whose rows stay locked until the transaction ends.
-    LOCK = ""
-    # Upserts (message_id, thread_id, vec) of an existing message (4th parameter: its id).
-    VECTOR_UPSERT = ""
-
     # The parameters of a row of `reads.MESSAGE_COLUMNS` for a draft.
     _message_row: Callable[[str, str, int, MessageDraft, datetime], Row]
-    # A vector as a statement's parameter, and a stored one as read back.
-    _vector: Callable[[Vector], object]
-    _vector_of: Callable[[Any], Vector]
+    _vector_of: Callable[[Any], Vector]  # a stored vector as read back
     # The condition on `id` (and its parameters) of the ids starting with a prefix.
     _prefix: Callable[[str], tuple[str, tuple[object, ...]]]
     # The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words.
     _candidates: Callable[[Statements, reads.SearchQuery], Awaitable[list[Row]]]
     # By rowid, (id, thread_id, seq, role, snippet, text) of the messages of these words.
     _snippets: Callable[[Statements, Sequence[str], list[int]], Awaitable[dict[int, Row]]]
-    # What a purge of this many messages does more, inside its transaction.
-    _erased: Callable[[Statements, int], Awaitable[None]]
+
+    async def _erased(self, sql: Statements, messages: int) -> None:
+        """What a purge of this many messages does more, inside its transaction (PostgreSQL:
+        nothing, the search vector is a column of the row)."""
 
     async def state(self, thread_id: str) -> ThreadState | None:
         return await self._driver.read(lambda sql: reads.read_state(sql, thread_id))
@@ -265,7 +260,10 @@ class SqlThreads(SqlStore):
     async def save_vectors(self, thread_id: str, rows: Sequence[tuple[str, Vector]]) -> None:
         params = [(mid, thread_id, self._vector(vec), mid) for mid, vec in rows]
         if params:
-            await self._driver.side_write(lambda sql: sql.run_many(self.VECTOR_UPSERT, params))
+            await self._driver.side_write(lambda sql: sql.run_many(
+                "INSERT INTO message_vectors(message_id, thread_id, vec) SELECT ?, ?, ?"
+                " WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?) ON CONFLICT (message_id)"
+                " DO UPDATE SET thread_id = excluded.thread_id, vec = excluded.vec", params))
 
     async def clear(self, thread_id: str) -> None:
         async def write(sql: Statements) -> None:
@@ -465,6 +463,19 @@ class SqlThreads(SqlStore):
                     for mid, tid, seq, role, snippet, text in [found[rowid]]]
 
         return await self._driver.together(read)
+
+    def _unseen(self, query: reads.SearchQuery) -> tuple[list[str], list[object]]:
+        """The condition that a message `m` is not in the viewport of `exclude_viewport_of`
+        (from its boundary on, or, given `shown`, what it showed and still would: a pin still
+        shows it), and its parameters; none without such a thread."""
+        if (excluded := query.exclude_viewport_of) is None:
+            return [], []
+        boundary = "coalesce((SELECT boundary_seq FROM threads WHERE id = ?), 0)"
+        if query.shown is None:
+            return [f"NOT (m.thread_id = ? AND m.seq >= {boundary})"], [excluded, excluded]
+        return ([f"NOT (m.thread_id = ? AND m.id{self.ANY} AND (m.seq >= {boundary}"
+                 " OR EXISTS (SELECT 1 FROM pins p WHERE p.message_id = m.id)))"],
+                [excluded, self._list(sorted(query.shown.ids)), excluded])
 
     async def scopes(self, thread_id: str, limit: int) -> list[Metadata]:
         rows = await self._rows("SELECT DISTINCT metadata FROM messages WHERE thread_id = ?"

@@ -12,11 +12,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from mnemo.errors import ConflictError, StorageError
 from mnemo.storage.ports import is_postgres
-from mnemo.storage.sql import SqlStore
+from mnemo.storage.sql import SqlStore, marks
 from mnemo.storage.tables import ddl
 
 # A neutral row: one value per column of its table, in the table's column order.
@@ -91,12 +90,25 @@ class SqlDump(SqlStore):
     write: Callable[[Table, Sequence[Row]], Awaitable[int]]
     # `NodeChecksum` over every node, in the order of its id's UTF-8 bytes.
     checksum: Callable[[], Awaitable[str]]
-    # Brings what the copied rows need up to date (identity sequences, vector indexes).
-    finish: Callable[[], Awaitable[None]]
-    # `table`'s page statements, each row led by its `width` ordering columns: (the first
-    # page's, given the limit; the next page's, given the last row's key then the limit; width).
-    _pages: Callable[[Table], tuple[Any, Any, int]]
-    _load: Callable[[Table, Kind, object], object]  # a stored value of `table` as a neutral one
+    _load: Callable[[Table, Kind, object], object]  # a stored value (not NULL) as a neutral one
+
+    async def finish(self) -> None:
+        """Brings what the copied rows need up to date (PostgreSQL's identity sequences and
+        vector indexes; SQLite's FTS5 triggers indexed each row as it came)."""
+
+    def _source(self, table: Table) -> tuple[str, tuple[str, ...]]:
+        """`table`'s rows led by their ordering columns (its rowid, else its key), and those."""
+        order = ("rowid",) if table.has_rowid else table.key
+        return f'SELECT {quoted(order)}, {quoted(table.names)} FROM "{table.name}"', order
+
+    def _pages(self, table: Table) -> tuple[str, str, int]:
+        """`table`'s page statements: the first page's, given the limit; the next page's, given
+        the last row's ordering columns then the limit; and how many of them lead a row."""
+        select, order = self._source(table)
+        keys = ", ".join(name if "." in name else f'"{name}"' for name in order)
+        return (f"{select} ORDER BY {keys} LIMIT ?",
+                f"{select} WHERE ({keys}) > ({marks(len(order))}) ORDER BY {keys} LIMIT ?",
+                len(order))
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
         """Every row of `table` in batches of at most `batch`, by rowid or else key."""
@@ -108,23 +120,23 @@ class SqlDump(SqlStore):
             if not raw:
                 return
             last = tuple(raw[-1][:width])
-            yield [tuple(self._load(table, kind, value)
+            yield [tuple(None if value is None else self._load(table, kind, value)
                          for kind, value in zip(table.kinds, row[width:], strict=True))
                    for row in raw]
             if len(raw) < batch:
                 return
 
-    async def _page(self, statement: Any, params: Sequence[object]) -> Sequence[Row]:
+    async def _page(self, statement: str, params: Sequence[object]) -> Sequence[Row]:
         return await self._rows(statement, params)
 
     async def count(self, table: Table) -> int:
         [(count,)] = await self._rows(f'SELECT count(*) FROM "{table.name}"')
         return int(count)
 
-    async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
-        """The text of each node among `ids` that this store holds."""
-        rows = await self._among("SELECT id, text FROM nodes WHERE id IN ({})", ids)
-        return {str(node_id): str(text) for node_id, text in rows}
+
+def quoted(names: Sequence[str]) -> str:
+    """Column names as a statement's list of quoted identifiers."""
+    return ", ".join(f'"{name}"' for name in names)
 
 
 class NodeChecksum:
@@ -183,7 +195,7 @@ async def transfer(
     progress(CHECK, 0, nodes)
     async for rows in source.read(NODES, batch):
         pairs = {str(row[_NODE_ID]): str(row[_NODE_TEXT]) for row in rows}
-        for node_id, text in (await target.node_texts(list(pairs))).items():
+        for node_id, text in (await target.texts(list(pairs))).items():
             if pairs[node_id] != text:
                 conflicts += 1
                 example = example or node_id

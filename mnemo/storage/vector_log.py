@@ -207,13 +207,19 @@ Hits = list[tuple[str, float]]
 class CachedVectors(VectorCache):
     """A backend's vector side: the cache, and the searches and reads of `GraphStore`'s names."""
 
-    on_loop: Callable[[str], bool]
     search: Callable[[str, Vector, int, Iterable[NodeType] | None], Awaitable[Hits]]
-    nearest_of_type: Callable[[str, Vector, NodeType, int, Sequence[str] | None],
-                              Awaitable[list[Hits]]]
     similarities: Callable[[str, Sequence[str], Vector, int | None], Awaitable[dict[str, float]]]
     of_nodes: Callable[[str, Sequence[str]], Awaitable[dict[str, Vector]]]
-    of_type: Callable[[str, NodeType], Awaitable[tuple[list[str], Vector]]]
+
+    def on_loop(self, repo: str) -> bool:
+        return False  # PostgreSQL searches the nodes' vectors: a round trip each
+
+    async def nearest_of_type(self, repo: str, probes: Vector, kind: NodeType, k: int,
+                              among: Sequence[str] | None = None) -> list[Hits]:
+        return await ann.nearest_of_type(await self.index(repo), probes, kind, k, among)
+
+    async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
+        return await ann.of_type(await self.index(repo), kind)
 
 
 @dataclass(slots=True)

@@ -24,8 +24,9 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 
 from mnemo.graph import commit
 from mnemo.graph.model import Changeset, NodeType, step_window
-from mnemo.storage.lexical import LOG_KEEP, LexicalIndex, index as lexical_index
+from mnemo.storage.lexical import index as lexical_index
 from mnemo.storage.lexical.fresh import bm25, idf
+from mnemo.storage.lexical.index import LOG_KEEP, LexicalIndex
 from mnemo.storage.lexical.schema import analyzer
 from mnemo.storage.lexical.windows import WINDOW
 from mnemo.storage.ports import Backend, open_backend

@@ -13,7 +13,7 @@ import pytest
 import tantivy as tv
 from hypothesis import given, strategies as st
 
-from mnemo.storage.lexical import LexicalIndex, fresh as lexical_fresh, index as lexical_index
+from mnemo.storage.lexical import fresh as lexical_fresh, index as lexical_index
 from mnemo.storage.lexical.fresh import (
     Fresh,
     FreshDoc,
@@ -25,6 +25,7 @@ from mnemo.storage.lexical.fresh import (
     stored_score,
     unstale_hits,
 )
+from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.ports import Backend
 from tests.backends import open_stores
 from tests.graph._support import DIM, REPO

@@ -1,5 +1,5 @@
 """What the lexical index reads of a store (`LexicalSource`: the SQL both backends share; a
-backend brings `_rows` on its `_conn`, its placeholder and `place`)."""
+backend brings `_rows` on its `_conn`, with `?` placeholders, and PostgreSQL its `place`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnemo.storage.row import Column
-from mnemo.storage.sql import marks
+from mnemo.storage.sql import chunks, marks
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,47 +60,43 @@ def changed_rows(rows: Iterable[tuple[Any, Any, Any, Any]]) -> tuple[list[Row], 
 class LexicalSource:
     """The store's side, read from worker threads, one call at a time, on its own connection."""
 
-    placeholder = "?"
-
     _rows: Callable[[str, tuple[object, ...]], list[Column]]
     _conn: Any  # the backend's own connection, None until opened
-    # The store's own folder inside the index's base folder ("" for none).
-    place: Callable[[], str]
+
+    def place(self) -> str:
+        """The store's folder inside the index's base folder ("" for none: a SQLite file's own)."""
+        return ""
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
-    def _read(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
-        return self._rows(statement.replace("?", self.placeholder), params)
-
     def epoch(self) -> str:
         """A random value of the store, renewed by each erasure (an index of another epoch
         wipes itself before answering)."""
-        return str(self._read("SELECT epoch FROM lexical_epoch")[0][0])
+        return str(self._rows("SELECT epoch FROM lexical_epoch", ())[0][0])
 
     def state(self, repo: str) -> tuple[int, int, str]:
         """(seq, horizon, epoch): the repo's last log sequence, the one below which the log is
         incomplete ((0, 0) if never written), and the store's epoch."""
-        (seq, horizon, epoch), = self._read(_STATE_AND_EPOCH, (repo,))
+        (seq, horizon, epoch), = self._rows(_STATE_AND_EPOCH, (repo,))
         return int(seq or 0), int(horizon or 0), str(epoch)
 
     def changes(self, repo: str, after: int, upto: int) -> tuple[list[Row], list[int]]:
         """The nodes touched by the log's entries in (after, upto]: those that exist, and the
         rowids of those gone."""
-        return changed_rows(self._read(_CHANGES, (repo, after, upto, repo)))
+        return changed_rows(self._rows(_CHANGES, (repo, after, upto, repo)))
 
     def nodes(self, repo: str, after_rowid: int, limit: int) -> list[Row]:
         """The repo's nodes by rowid, after `after_rowid`, at most `limit`."""
-        return changed_rows(self._read(_NODES, (repo, after_rowid, limit)))[0]
+        return changed_rows(self._rows(_NODES, (repo, after_rowid, limit)))[0]
 
     def by(self, column: str, repo: str, values: Sequence[object]) -> list[Row]:
         """Those of these nodes that exist, by `column` ("id" or "rowid")."""
         values = list(dict.fromkeys(values))
         found: list[Row] = []
-        for start in range(0, len(values), _CHUNK):
-            chunk = values[start:start + _CHUNK]
+        for chunk in chunks(values, _CHUNK):
             statement = _BY.format(column=column, marks=marks(len(chunk)))
-            found += changed_rows(self._read(statement, (repo, *chunk)))[0]
+            found += changed_rows(self._rows(statement, (repo, *chunk)))[0]
         return found

@@ -14,6 +14,7 @@ import struct
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 import anyio
@@ -24,12 +25,13 @@ from anyio.lowlevel import checkpoint
 from psycopg.adapt import Dumper, Loader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types import TypeInfo
-from psycopg.types.json import set_json_loads
+from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from mnemo.errors import StorageError
+from mnemo.graph.model import Vector
 from mnemo.storage.row import Row, loads
-from mnemo.storage.sql import Work
+from mnemo.storage.sql import Dialect, Statements, Work
 
 Connection = psycopg.AsyncConnection[tuple[object, ...]]
 
@@ -46,6 +48,10 @@ HNSW_EF_SEARCH = 100
 def lock_key(name: str) -> int:
     """The key of the advisory lock `name`: 64 bits of a digest of it."""
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+def claims_lock_key(session_id: str) -> int:
+    return lock_key("mnemo.step_claims:" + session_id)
 
 
 def storage_error(exc: BaseException, reason: str | None = None) -> StorageError:
@@ -125,6 +131,11 @@ async def register_vector(conn: Connection) -> None:
     conn.adapters.register_dumper(np.ndarray, VectorDumper)
     conn.adapters.register_loader(vector_oid, VectorLoader)
     conn.adapters.register_loader(vector_oid, VectorTextLoader)
+
+
+def as_array(vector: Vector) -> npt.NDArray[np.float32]:
+    """One vector as the float32 array that `register_vector` sends as a pgvector `vector`."""
+    return np.asarray(vector, dtype=np.float32).reshape(-1)
 
 
 def _has_input(conn: Connection) -> bool:
@@ -304,6 +315,38 @@ async def rows_of(cur: psycopg.AsyncCursor[Any]) -> list[Row]:
             await checkpoint()
             started = time.perf_counter()
     return rows
+
+
+class PgDialect(Dialect):
+    BYTE_ORDER = ' COLLATE "C"'
+    LOCK = " FOR UPDATE"
+    TEXT = "::text"
+    ANY = " = ANY(?)"
+
+    _vector = staticmethod(as_array)
+
+    @staticmethod
+    def _list(values: Sequence[str]) -> object:
+        return list(values)
+
+    @staticmethod
+    def _json(value: object) -> object:
+        return None if value is None else Jsonb(value)
+
+    @staticmethod
+    def _json_text(text: str) -> object:
+        return Jsonb(text, dumps=str)  # already JSON (sort_keys): sent as it is
+
+    def _stamp(self, at: datetime) -> object:
+        return at  # the datetime itself
+
+    @staticmethod
+    def _time(text: str | None) -> object:
+        return None if text is None else datetime.fromisoformat(text)
+
+    @staticmethod
+    async def _lock_claims(sql: Statements, session_id: str) -> None:
+        await sql.run("SELECT pg_advisory_xact_lock(?)", (claims_lock_key(session_id),))
 
 
 @functools.lru_cache(maxsize=512)

@@ -13,8 +13,8 @@ from datetime import datetime
 from psycopg.types.json import Jsonb
 
 from mnemo.conversation.drafts import MessageDraft
+from mnemo.storage.postgres.connection import PgDialect, as_array
 from mnemo.storage.postgres.text_search import TEXT_SEARCH_CONFIG, WORD_QUERY
-from mnemo.storage.postgres.vectors import as_array
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
 from mnemo.storage.thread_rows import SearchQuery
@@ -58,29 +58,18 @@ _BM25 = (
 )
 
 
-def scoring_query(query: SearchQuery) -> tuple[str, list[object]]:
+def scoring_query(query: SearchQuery, unseen: Sequence[str] = (),
+                  hidden: Sequence[object] = ()) -> tuple[str, list[object]]:
     """The statement ranking the best `query.pool` candidates (rowid, bm25, recorded_at) for
-    the query's words, and its parameters."""
-    conditions = ["m.search @@ w.query"]
-    filters: list[object] = []
+    the query's words, and its parameters (`unseen`, `hidden`: `SqlThreads._unseen`'s)."""
+    conditions = ["m.search @@ w.query", *unseen]
+    filters: list[object] = [*hidden]
     if query.thread_id is not None:
         conditions.append("m.thread_id = %s")
         filters.append(query.thread_id)
     for key, values in (query.where or {}).items():
         conditions.append("m.metadata -> %s = ANY(%s::jsonb[])")
         filters += [key, list(values)]
-    if (excluded := query.exclude_viewport_of) is not None:
-        boundary = "coalesce((SELECT boundary_seq FROM threads WHERE id = %s), 0)"
-        if query.shown is not None:
-            # What the viewport showed and still would (as SQLite's search).
-            conditions.append(
-                f"NOT (m.thread_id = %s AND m.id = ANY(%s) AND (m.seq >= {boundary}"
-                " OR EXISTS (SELECT 1 FROM pins p WHERE p.message_id = m.id)))"
-            )
-            filters += [excluded, sorted(query.shown.ids), excluded]
-        else:
-            conditions.append(f"NOT (m.thread_id = %s AND m.seq >= {boundary})")
-            filters += [excluded, excluded]
     per_word, word_params = _per_word(query.words)
     return (
         f"WITH {per_word}"
@@ -122,29 +111,16 @@ def message_row(message_id: str, thread_id: str, seq: int, draft: MessageDraft,
             Jsonb(dict(draft.metadata)) if draft.metadata else None)
 
 
-class PgThreads(SqlThreads):
-    LOCK = " FOR UPDATE"
-    BYTE_ORDER = ' COLLATE "C"'
-    VECTOR_UPSERT = (
-        "INSERT INTO message_vectors(message_id, thread_id, vec)"
-        " SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?)"
-        " ON CONFLICT (message_id) DO UPDATE"
-        " SET thread_id = excluded.thread_id, vec = excluded.vec"
-    )
-
+class PgThreads(PgDialect, SqlThreads):
     _message_row = staticmethod(message_row)
 
-    _vector = staticmethod(as_array)
     _vector_of = staticmethod(as_array)
 
     def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
         return "starts_with(id, ?)", (prefix,)
 
-    async def _erased(self, sql: Statements, messages: int) -> None:
-        """Nothing more: the search vector is a column of the row."""
-
     async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:
-        return await sql.rows(*scoring_query(query))
+        return await sql.rows(*scoring_query(query, *self._unseen(query)))
 
     async def _snippets(
         self, sql: Statements, words: Sequence[str], rowids: list[int]

@@ -5,29 +5,16 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from psycopg.types.json import Jsonb
-
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
 from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.postgres.clock import ServerClock
-from mnemo.storage.postgres.connection import lock_key
+from mnemo.storage.postgres.connection import PgDialect
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
 
 
-def claims_lock_key(session_id: str) -> int:
-    return lock_key("mnemo.step_claims:" + session_id)
-
-
-async def lock_claims(sql: Statements, session_id: str) -> None:
-    await sql.run("SELECT pg_advisory_xact_lock(?)", (claims_lock_key(session_id),))
-
-
-class PgCoordination(SqlCoordination):
-    BYTE_ORDER = ' COLLATE "C"'
+class PgCoordination(PgDialect, SqlCoordination):
     AUTO_COMMIT = "(config->>'auto_commit')::boolean"
-    RESULT_PARAM = "?::jsonb"
-    RESULT_TEXT = "result::text"
     # By the server's clock.
     IDLE_LEFT = (
         "extract(epoch FROM updated_at - clock_timestamp()) + coalesce("
@@ -39,10 +26,6 @@ class PgCoordination(SqlCoordination):
 
     async def sync_clock(self) -> None:
         await self._clock.sync()
-
-    _json = staticmethod(Jsonb)
-
-    _lock_claims = staticmethod(lock_claims)
 
     async def _end_due(self, sql: Statements, due: list[str], now: datetime) -> list[Row]:
         # A row another writer holds is left for the next sweep: it may be moving on.

@@ -14,15 +14,13 @@ from psycopg.conninfo import conninfo_to_dict
 
 from mnemo.errors import StorageError
 from mnemo.storage.postgres import schema
-from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.connection import Postgres, placeholders
 from mnemo.storage.transfer import TABLES, Kind, NodeChecksum, Row, SqlDump, Table
 
 _STAGE = sql.Identifier("mnemo_transfer")
 
 
 def _load(_table: Table, kind: Kind, value: object) -> object:
-    if value is None:
-        return None
     if kind is Kind.TIME:
         assert isinstance(value, datetime)
         return value.astimezone(UTC)
@@ -39,10 +37,6 @@ def _columns(names: Sequence[str]) -> sql.Composable:
     return sql.SQL(", ").join(sql.Identifier(name) for name in names)
 
 
-def _order(table: Table) -> tuple[str, ...]:
-    return ("rowid",) if table.has_rowid else table.key
-
-
 class PostgresDump(SqlDump):
     _driver: Postgres
 
@@ -52,21 +46,10 @@ class PostgresDump(SqlDump):
 
     _load = staticmethod(_load)
 
-    def _pages(self, table: Table) -> tuple[sql.Composed, sql.Composed, int]:
-        order = _order(table)
-        keys = _columns(order)
-        select = sql.SQL("SELECT {}, {} FROM {}").format(
-            keys, _columns(table.names), sql.Identifier(table.name)
-        )
-        return (sql.SQL("{} ORDER BY {} LIMIT %s").format(select, keys),
-                sql.SQL("{} WHERE ({}) > ({}) ORDER BY {} LIMIT %s").format(
-                    select, keys, sql.SQL(", ").join(sql.Placeholder() for _ in order), keys),
-                len(order))
-
-    async def _page(self, statement: sql.Composed, params: Sequence[object]) -> Sequence[Row]:
+    async def _page(self, statement: str, params: Sequence[object]) -> Sequence[Row]:
         # Binary: a vector's text form costs more to parse than the rest of its row.
         async with self._driver.connection() as conn, conn.cursor(binary=True) as cur:
-            await cur.execute(statement, params)
+            await cur.execute(placeholders(statement), params)
             return await cur.fetchall()
 
     async def write(self, table: Table, rows: Sequence[Row]) -> int:
@@ -94,7 +77,7 @@ class PostgresDump(SqlDump):
                 await cur.execute(
                     sql.SQL(
                         "INSERT INTO {} ({}) SELECT {} FROM {} ORDER BY {} ON CONFLICT DO NOTHING"
-                    ).format(target, columns, columns, _STAGE, _columns(_order(table)))
+                    ).format(target, columns, columns, _STAGE, _columns(self._source(table)[1]))
                 )
                 return max(cur.rowcount, 0)
 

@@ -8,12 +8,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.to_thread
-from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from mnemo.errors import ConflictError
 from mnemo.graph.commit import CommitPlan
@@ -29,26 +26,24 @@ from mnemo.graph.scope import Where
 from mnemo.storage import graph_base as scopes
 from mnemo.storage.graph_base import neighbors_seen_from_asked, seen_from_asked
 from mnemo.storage.graph_writes import SqlGraphWrites
-from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph, SqlMaintenance
 from mnemo.storage.postgres import recall_reads
-from mnemo.storage.postgres.connection import Postgres, lock_key
+from mnemo.storage.postgres.connection import PgDialect, Postgres, lock_key
 from mnemo.storage.postgres.recall_reads import node as node_of
 from mnemo.storage.postgres.schema import vector_index_name
 from mnemo.storage.postgres.sessions import PgSessions
 from mnemo.storage.postgres.text_search import SEARCH_VECTOR, WORD_QUERY
-from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array
+from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
-from mnemo.storage.row import Column
 from mnemo.storage.sql import Statements, number
 from mnemo.storage.worker import DeferredRead
 from mnemo.text import query_words
 
 
-class PgReembeds(SqlReembeds):
+class PgReembeds(PgDialect, SqlReembeds):
     OF_REPO = "repo = ?"
     STAGED = "s.node_id = n.id"
-    LOCK = " FOR UPDATE"
     STAGE = (
         "INSERT INTO staged_vectors (node_id, repo, vec) SELECT id, repo, ? FROM nodes"
         " WHERE rowid = ? AND id = ? ON CONFLICT (node_id) DO UPDATE SET vec = excluded.vec"
@@ -59,16 +54,9 @@ class PgReembeds(SqlReembeds):
     )
     VECTOR_COLUMNS = "node_id, repo, vec"
 
-    _vector = staticmethod(as_array)
 
-    @staticmethod
-    def _stamp(at: datetime) -> object:
-        return at
-
-
-class PgGraphWrites(SqlGraphWrites):
+class PgGraphWrites(PgDialect, SqlGraphWrites):
     KEY = "id"
-    ANY = " = ANY(?)"
     LINK = "src = ? AND dst = ? AND type = ?"
     ADD_LINK = (
         "INSERT INTO links(src, dst, type, repo) VALUES (?, ?, ?, ?)"
@@ -84,43 +72,18 @@ class PgGraphWrites(SqlGraphWrites):
     ZEROS = "decode(repeat('00', length(subgoal_vec)), 'hex')"
     SCRUB = ("UPDATE lexical_epoch SET epoch = md5(random()::text || clock_timestamp()::text)",)
     SESSIONS = PgSessions
-    _vector = staticmethod(as_array)
-
-    @staticmethod
-    def _list(values: Sequence[str]) -> object:
-        return list(values)
-
-    @staticmethod
-    def _json(value: object) -> object:
-        return None if value is None else Jsonb(value)
-
-    @staticmethod
-    def _record(values: list[Any], packed: bool) -> object:
-        return Jsonb(values)
-
-    @staticmethod
-    def _time(text: str | None) -> object:
-        return None if text is None else datetime.fromisoformat(text)
 
 
 class PgMaintenance(SqlMaintenance, PgGraphWrites):
     LINKS = "links(repo, src, dst, type)"
-    LOCK = " FOR UPDATE"
     FALSE, TRUE = "false", "true"
-    TEXT = "::text"
     HAS_VECTOR = "v.node_id = n.id"
     DANGLING = (
         "repo = ? AND (NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = links.src)"
         " OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = links.dst))"
     )
-
-    @staticmethod
-    def _field(name: str, node: str = "") -> str:
-        return f"{node}data -> '{name}'"
-
-    @staticmethod
-    def _repo(node: str) -> str:
-        return f"{node}.repo, "
+    FIELD = "{}data -> '{}'"
+    REPO = "{}.repo, "
 
     async def _bad_vectors(self, sql: Statements, repo: str, dim: int) -> int:
         return await number(
@@ -185,11 +148,12 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
                       ) -> AbstractAsyncContextManager[None]:
         return self._advisory("mnemo.reembed:" + repo, busy)
 
-    async def _before_switch(self, repo: str) -> None:
-        # Its cast to the old dimension would refuse the new vectors (rebuilt after).
+    async def switch_vectors(self, repo: str) -> tuple[int, int]:
+        # The index's cast to the old dimension would refuse the new vectors (rebuilt after).
         await self._pg.write(
             lambda sql: sql.run(f'DROP INDEX IF EXISTS "{vector_index_name(repo)}"')
         )
+        return await super().switch_vectors(repo)
 
     async def vectors_switched(self, repo: str, dim: int) -> None:
         await self._vectors.switched(repo, dim)
@@ -240,13 +204,10 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
             return
         # A read's side write skips locked nodes; NO KEY UPDATE, as FOR UPDATE would also
         # skip nodes a commit in flight links to.
-        async with self._pg.connection() as conn:
-            await conn.execute(
-                "UPDATE nodes SET access_count = access_count + 1, last_access = %s"
-                " WHERE id IN (SELECT id FROM nodes WHERE repo = %s AND id = ANY(%s)"
-                " FOR NO KEY UPDATE SKIP LOCKED)",
-                (when, repo, ids),
-            )
+        await self._driver.one(lambda sql: sql.run(
+            "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
+            " WHERE id IN (SELECT id FROM nodes WHERE repo = ? AND id = ANY(?)"
+            " FOR NO KEY UPDATE SKIP LOCKED)", (when, repo, ids)))
 
     def _start_store_text(self, repo: str, query: str, limit: int, kinds: list[str] | None
                           ) -> PendingRead[list[tuple[str, float]]]:
@@ -261,14 +222,10 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
                  else await anyio.to_thread.run_sync(query_words, query))
         if not words or limit <= 0:
             return []
-        tsquery = sql.SQL(" || ".join(WORD_QUERY for _ in words))
         scoped, inside = ("", []) if where is None else scopes.exists(repo, where, "n.rowid", 0)
-        statement = sql.SQL(
-            "SELECT id, ts_rank_cd(search, q) AS score FROM nodes n, (SELECT {}) AS query(q)"
-            " WHERE repo = %s AND search @@ q{}{} ORDER BY score DESC, rowid LIMIT %s"
-        ).format(tsquery, sql.SQL("" if kinds is None else " AND type = ANY(%s)"),
-                 sql.SQL(scoped.replace("?", "%s")))
-        params: list[Column] = [*words, repo, *([] if kinds is None else [kinds]),
-                                *inside, limit]
-        rows = await self._pg.fetch_all(statement, params)
+        rows = await self._rows(
+            f"SELECT id, ts_rank_cd(search, q) AS score FROM nodes n, (SELECT"
+            f" {' || '.join(WORD_QUERY for _ in words)}) AS query(q) WHERE repo = ? AND search @@ q"
+            f"{'' if kinds is None else ' AND type = ANY(?)'}{scoped} ORDER BY score DESC, rowid"
+            " LIMIT ?", [*words, repo, *([] if kinds is None else [kinds]), *inside, limit])
         return [(str(i), float(score)) for i, score in rows]

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 from mnemo.storage.lexical.source import LexicalSource
-from mnemo.storage.postgres.connection import conninfo, storage_error
+from mnemo.storage.postgres.connection import conninfo, placeholders, storage_error
 from mnemo.storage.row import Column
 
 
@@ -32,8 +32,6 @@ PLACE = (
 
 
 class PgLexicalSource(LexicalSource):
-    placeholder = "%s"
-
     def __init__(self, url: str, busy_timeout: float) -> None:
         self._conninfo = conninfo(url, busy_timeout=busy_timeout)
         self._conn: psycopg.Connection[Any] | None = None
@@ -45,7 +43,7 @@ class PgLexicalSource(LexicalSource):
             try:
                 if self._conn is None or self._conn.closed:
                     self._conn = psycopg.connect(self._conninfo, autocommit=True)
-                return self._conn.execute(statement, params).fetchall()
+                return self._conn.execute(placeholders(statement), params).fetchall()
             except psycopg.Error as exc:
                 if not (retry and self._conn is not None and self._conn.broken):
                     raise storage_error(exc) from exc

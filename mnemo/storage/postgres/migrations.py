@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mnemo.storage.lexical import LOG_KEEP
+from mnemo.storage.lexical.index import LOG_KEEP
 from mnemo.storage.postgres.text_search import SEARCH_VECTOR, TEXT_SEARCH_CONFIG
 from mnemo.storage.tables import ddl, statements
 

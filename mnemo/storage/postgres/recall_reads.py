@@ -11,12 +11,10 @@ from mnemo import cpu
 from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeId, NodeType, Vector
 from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
 from mnemo.storage.graph_base import joined
-from mnemo.storage.graph_rows import NODE_COLUMNS
-from mnemo.storage.postgres.connection import Connection, Postgres, rows_of
-from mnemo.storage.postgres.vectors import OF_NODES, as_array, unit_rows
+from mnemo.storage.graph_rows import NODE_COLUMNS, NODE_WIDTH
+from mnemo.storage.postgres.connection import Connection, Postgres, as_array, rows_of
+from mnemo.storage.postgres.vectors import OF_NODES, unit_rows
 from mnemo.storage.row import ON_LOOP_NODES, Row
-
-NODE_WIDTH = len(NODE_COLUMNS.split(","))
 
 
 def node(row: Row) -> Node:

@@ -1,15 +1,13 @@
 """`PgSessions`: the `SessionStore` port over PostgreSQL. A session's step claims are
-serialised by an advisory lock (`coordination.lock_claims`)."""
+serialised by an advisory lock (`connection.PgDialect._lock_claims`)."""
 
 from __future__ import annotations
 
-from psycopg.types.json import Jsonb
-
 from mnemo.episode import StepRecord
 from mnemo.session.ports import StaleSession
-from mnemo.storage.postgres.coordination import lock_claims
+from mnemo.storage.postgres.connection import PgDialect
 from mnemo.storage.sessions import ANNOTATE, STEP_COLUMNS, SqlSessions
-from mnemo.storage.sql import SqlStore, Statements
+from mnemo.storage.sql import Statements
 
 # One row of a step, typed: a NULL reward or metadata must not make its VALUES column text.
 _STEP_VALUES = (
@@ -18,25 +16,8 @@ _STEP_VALUES = (
 )
 
 
-class PgSessions(SqlSessions):
-    BYTE_ORDER = ' COLLATE "C"'
-    TEXT = "::text"
+class PgSessions(PgDialect, SqlSessions):
     NOW = "clock_timestamp()"
-    CREATED = "?::timestamptz"
-    ANY = " = ANY(?)"
-
-    _stamp = SqlStore._stamp  # the datetime itself
-
-    @staticmethod
-    def _json(text: str) -> object:
-        # The text is already JSON (sort_keys): sent as it is.
-        return Jsonb(text, dumps=str)
-
-    @staticmethod
-    def _list(values: list[str]) -> object:
-        return values
-
-    _lock_claims = staticmethod(lock_claims)
 
     @classmethod
     async def _save_rewards(cls, sql: Statements, rewards: dict[str, float | None],

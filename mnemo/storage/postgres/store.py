@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.conversation import PgThreads

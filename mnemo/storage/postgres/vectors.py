@@ -8,7 +8,6 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import anyio
 import numpy as np
@@ -20,7 +19,7 @@ from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage import vector_log
 from mnemo.storage.postgres import lexical, schema
-from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.connection import Postgres, as_array
 from mnemo.storage.row import Row
 from mnemo.storage.vector_log import (
     CachedVectors,
@@ -87,9 +86,6 @@ class PgVectors(CachedVectors):
         if folder is not None:
             await anyio.to_thread.run_sync(ann_files.discard, folder)
 
-    def on_loop(self, repo: str) -> bool:
-        return False  # the database searches the nodes' vectors: a round trip each
-
     def forget(self, repo: str, node_ids: Sequence[str]) -> None:
         if repo in self._sizes:
             self._sizes[repo] = max(0, self._sizes[repo] - len(node_ids))
@@ -110,7 +106,7 @@ class PgVectors(CachedVectors):
         if k <= 0:
             return [[] for _ in range(len(probes))]
         if kind in ROUTES:
-            return await ann.nearest_of_type(await self.index(repo), probes, kind, k, among)
+            return await super().nearest_of_type(repo, probes, kind, k, among)
         if among is not None:
             return await ann.nearest_among(await self.of_nodes(repo, among), probes, k)
         return await self._nearest(repo, list(probes), [kind.value], k)
@@ -141,7 +137,7 @@ class PgVectors(CachedVectors):
 
     async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
         if kind in ROUTES:
-            return await ann.of_type(await self.index(repo), kind)
+            return await super().of_type(repo, kind)
         _, ids, _, matrix = await self._load(repo, [kind.value])
         return ids, unit(matrix) if ids else matrix
 
@@ -249,11 +245,6 @@ def unit_rows(rows: Sequence[Row]) -> dict[str, Vector]:
         return {}
     matrix = unit(np.stack([vector for _, vector in rows]))
     return {str(node_id): row for (node_id, _), row in zip(rows, matrix, strict=True)}
-
-
-def as_array(vector: Vector) -> np.ndarray[Any, np.dtype[np.float32]]:
-    """One vector as the float32 array that `register_vector` sends as a pgvector `vector`."""
-    return np.asarray(vector, dtype=np.float32).reshape(-1)
 
 
 def _exact_scan(repo: str, kinds: list[str] | None) -> sql.Composed:

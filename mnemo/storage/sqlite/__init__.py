@@ -8,7 +8,7 @@ from pathlib import Path
 
 import anyio
 
-from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.sqlite.conversation import SqliteThreads
 from mnemo.storage.sqlite.coordination import SqliteCoordination
 from mnemo.storage.sqlite.database import Database

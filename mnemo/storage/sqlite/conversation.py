@@ -11,9 +11,9 @@ from mnemo.conversation.drafts import MessageDraft
 from mnemo.graph.model import vector_from_blob, vector_to_blob
 from mnemo.graph.scope import canonical
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, utc
+from mnemo.storage.sql import Statements, marks
 from mnemo.storage.sqlite.database import Database, truncate_wal
-from mnemo.storage.thread_rows import SearchQuery, read_state
+from mnemo.storage.thread_rows import SearchQuery
 from mnemo.storage.threads import SqlThreads
 
 
@@ -25,13 +25,6 @@ def match_expression(words: Sequence[str]) -> str:
 
 class SqliteThreads(SqlThreads):
     _driver: Database
-    VECTOR_UPSERT = (
-        "INSERT OR REPLACE INTO message_vectors(message_id, thread_id, vec)"
-        " SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?)"
-    )
-
-    def _stamp(self, at: datetime) -> object:
-        return utc(at).isoformat(timespec="microseconds")
 
     def _message_row(self, message_id: str, thread_id: str, seq: int, draft: MessageDraft,
                      at: datetime) -> Row:
@@ -76,22 +69,11 @@ class SqliteThreads(SqlThreads):
             conditions.append(
                 "EXISTS (SELECT 1 FROM json_each(m.metadata) j WHERE j.key = ? AND"
                 " (CASE WHEN j.type IN ('true', 'false') THEN j.type"
-                f" ELSE json_quote(j.value) END) IN ({', '.join('?' * len(values))}))")
+                f" ELSE json_quote(j.value) END) IN ({marks(len(values))}))")
             params += [key, *values]
-        if query.exclude_viewport_of is not None:
-            state = await read_state(sql, query.exclude_viewport_of)
-            boundary = state.boundary_seq if state else 0
-            if query.shown is not None:
-                # What the viewport showed and still would (a pin still shows it).
-                conditions.append(
-                    "NOT (m.thread_id = ? AND m.id IN (SELECT value FROM json_each(?)) AND"
-                    " (m.seq >= ? OR EXISTS (SELECT 1 FROM pins p WHERE p.message_id = m.id)))"
-                )
-                params += [query.exclude_viewport_of, json.dumps(sorted(query.shown.ids)),
-                           boundary]
-            else:
-                conditions.append("NOT (m.thread_id = ? AND m.seq >= ?)")
-                params += [query.exclude_viewport_of, boundary]
+        unseen, hidden = self._unseen(query)
+        conditions += unseen
+        params += hidden
         if conditions:
             rows = await sql.rows(
                 "SELECT m.rowid, bm25(messages_fts) AS score, m.recorded_at FROM messages_fts"

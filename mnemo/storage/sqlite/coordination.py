@@ -3,7 +3,6 @@ file. The change token is `PRAGMA data_version` (moves on another connection's c
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
@@ -23,16 +22,8 @@ class SqliteCoordination(SqlCoordination):
     CHANGE_TOKEN = "PRAGMA data_version"
     _driver: Database
 
-    def _stamp(self, at: datetime) -> object:
-        return at.isoformat(timespec="microseconds")
-
-    _json = staticmethod(json.dumps)
-
     def _idle_params(self, now: datetime) -> tuple[object, ...]:
         return (self._stamp(now),)
-
-    async def _lock_claims(self, sql: Statements, session_id: str) -> None:
-        """Nothing: the transaction holds the file's write lock from its start."""
 
     async def _end_due(self, sql: Statements, due: list[str], now: datetime) -> list[Row]:
         at = self._stamp(now)

@@ -356,8 +356,3 @@ def inspect_file(path: Path) -> tuple[bool, bool]:
             return True, applied > 0
     except sqlite3.Error as exc:
         raise storage_error(exc) from exc
-
-
-def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

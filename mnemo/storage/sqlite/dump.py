@@ -18,7 +18,7 @@ from mnemo.graph.model import vector_from_blob, vector_to_blob
 from mnemo.storage.sql import marks, utc
 from mnemo.storage.sqlite.database import Database, inspect_file
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
-from mnemo.storage.transfer import Kind, NodeChecksum, Row, SqlDump, Table
+from mnemo.storage.transfer import Kind, NodeChecksum, Row, SqlDump, Table, quoted
 
 # Declared WITHOUT ROWID in tables.py: read in key order.
 _WITHOUT_ROWID = {"compactions", "pins", "ingests", "task_results", "node_scopes"}
@@ -42,8 +42,6 @@ _LINKS_READ = (
 
 
 def _load(table: Table, kind: Kind, value: object) -> object:
-    if value is None:
-        return None
     if kind is Kind.TIME:
         return utc(datetime.fromisoformat(str(value)))
     if kind is Kind.JSON:
@@ -80,29 +78,17 @@ class SqliteDump(SqlDump):
     _driver: Database
     _load = staticmethod(_load)
 
-    def _pages(self, table: Table) -> tuple[str, str, int]:
-        columns = ", ".join(f'"{name}"' for name in table.names)
+    def _source(self, table: Table) -> tuple[str, tuple[str, ...]]:
+        if table.name == "vectors":
+            return _VECTORS_READ, ("v.node",)
+        if table.name == "links":
+            return _LINKS_READ, ("l.src", "l.dst", "l.type")
         if table.name in _WITHOUT_ROWID:
-            order: tuple[str, ...] = table.key
-            named = ", ".join(f'"{name}"' for name in order)
-            select = f'SELECT {named}, {columns} FROM "{table.name}"'
-        elif table.name == "vectors":
-            order = ("v.node",)
-            select = _VECTORS_READ
-        elif table.name == "links":
-            order = ("l.src", "l.dst", "l.type")
-            select = _LINKS_READ
-        else:
-            order = ("rowid",)
-            select = f'SELECT rowid, {columns} FROM "{table.name}"'
-        keys = ", ".join(name if "." in name else f'"{name}"' for name in order)
-        return (f"{select} ORDER BY {keys} LIMIT ?",
-                f"{select} WHERE ({keys}) > ({marks(len(order))}) ORDER BY {keys} LIMIT ?",
-                len(order))
+            return super()._source(table)
+        return f'SELECT rowid, {quoted(table.names)} FROM "{table.name}"', ("rowid",)
 
     async def write(self, table: Table, rows: Sequence[Row]) -> int:
-        columns = ", ".join(f'"{name}"' for name in table.names)
-        statement = (f'INSERT OR IGNORE INTO "{table.name}" ({columns})'
+        statement = (f'INSERT OR IGNORE INTO "{table.name}" ({quoted(table.names)})'
                      f" VALUES ({marks(len(table.names))})")
         half = table.name == "vectors"
         packed = [(table.name, name) in _PACKED for name in table.names]
@@ -137,9 +123,6 @@ class SqliteDump(SqlDump):
             if len(rows) < 1000:
                 return digest.hexdigest()
             last = str(rows[-1][0])
-
-    async def finish(self) -> None:
-        """Nothing to do: the FTS5 triggers indexed each inserted row as it came."""
 
 
 @asynccontextmanager

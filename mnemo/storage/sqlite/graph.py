@@ -27,13 +27,13 @@ from mnemo.graph.model import LinkType, NodeType, Vector
 from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead, TypedLink
 from mnemo.graph.scope import Where
 from mnemo.storage.graph_writes import SqlGraphWrites
-from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph, SqlMaintenance
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import loads
-from mnemo.storage.sql import Statements, marks, number
+from mnemo.storage.sql import Statements, chunks, marks, number
 from mnemo.storage.sqlite import recall_reads
-from mnemo.storage.sqlite.database import Database, chunks, side_write, truncate_wal
+from mnemo.storage.sqlite.database import Database, side_write, truncate_wal
 from mnemo.storage.sqlite.rows import half_blob, node as node_of, pack_text, unpack_text
 from mnemo.storage.sqlite.sessions import SqliteSessions
 from mnemo.storage.sqlite.vectors import SqliteVectors

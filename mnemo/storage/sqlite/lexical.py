@@ -26,6 +26,3 @@ class SqliteLexicalSource(LexicalSource):
             return self._conn.execute(statement, params).fetchall()
         except sqlite3.Error as exc:
             raise storage_error(exc) from exc
-
-    def place(self) -> str:
-        return ""  # the folder is the file's own

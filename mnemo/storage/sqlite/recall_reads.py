@@ -13,10 +13,9 @@ from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
 from mnemo.graph.scope import Where
 from mnemo.storage import graph_base as scopes
 from mnemo.storage.graph_base import joined, neighbors_seen_from_asked, seen_from_asked
-from mnemo.storage.graph_rows import NODE_COLUMNS
-from mnemo.storage.sql import marks
-from mnemo.storage.sqlite.database import chunks
-from mnemo.storage.sqlite.rows import NODE_WIDTH, node
+from mnemo.storage.graph_rows import NODE_COLUMNS, NODE_WIDTH
+from mnemo.storage.sql import chunks, marks
+from mnemo.storage.sqlite.rows import node
 from mnemo.text import query_words
 
 _CHUNK = 400

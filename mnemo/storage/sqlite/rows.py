@@ -9,10 +9,8 @@ from datetime import datetime
 import numpy as np
 
 from mnemo.graph.model import NODE_TYPES, Node, NodeId, Vector
-from mnemo.storage.graph_rows import NODE_COLUMNS
+from mnemo.storage.graph_rows import NODE_WIDTH
 from mnemo.storage.row import Row, json_object, loads
-
-NODE_WIDTH = len(NODE_COLUMNS.split(","))
 
 
 def node(row: Row) -> Node:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
-from mnemo.storage.lexical import LOG_KEEP
+from mnemo.storage.lexical.index import LOG_KEEP
 from mnemo.storage.tables import check_ledger, ddl
 
 MIGRATIONS = Migrations("mnemo")

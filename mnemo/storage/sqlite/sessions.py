@@ -10,7 +10,6 @@ from mnemo.storage.sqlite.database import Database
 class SqliteSessions(SqlSessions):
     # The host's wall clock, in milliseconds, written as `_stamp` writes a time.
     NOW = "strftime('%Y-%m-%dT%H:%M:%f000+00:00', 'now')"
-    ANY = " IN (SELECT value FROM json_each(?))"
 
     def __init__(self, database: Database) -> None:
         super().__init__(database, database.clock)

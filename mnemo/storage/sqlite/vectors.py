@@ -50,12 +50,6 @@ class SqliteVectors(CachedVectors):
         kinds = None if types is None else list(types)
         return await ann.by_size(len(index), lambda: index.search(vector, limit, kinds))
 
-    async def nearest_of_type(
-        self, repo: str, probes: Vector, kind: NodeType, k: int,
-        among: Sequence[str] | None = None,
-    ) -> list[list[tuple[str, float]]]:
-        return await ann.nearest_of_type(await self.index(repo), probes, kind, k, among)
-
     async def similarities(
         self, repo: str, node_ids: Sequence[str], vector: Vector, limit: int | None = None
     ) -> dict[str, float]:
@@ -65,9 +59,6 @@ class SqliteVectors(CachedVectors):
     async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
         index = await self.index(repo)
         return {i: v for i in dict.fromkeys(node_ids) if (v := index.get(i)) is not None}
-
-    async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
-        return await ann.of_type(await self.index(repo), kind)
 
     async def _changes(self, repo: str, followed: RepoVectors) -> tuple[int, list[Change]] | None:
         since, generation = followed.seq, followed.index.generation

@@ -14,8 +14,7 @@ import mnemo
 from mnemo.graph.ports import StepsCommitted
 from mnemo.session.ports import HolderInfo
 from mnemo.storage.postgres import sessions as pg_sessions
-from mnemo.storage.postgres.connection import PgStatements
-from mnemo.storage.postgres.coordination import claims_lock_key
+from mnemo.storage.postgres.connection import PgStatements, claims_lock_key
 from tests.backends import open_stores, sql
 from tests.fakes import FakeEmbedder, FakeLLM
 from tests.pg import until_a_lock_wait

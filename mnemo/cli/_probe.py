@@ -5,6 +5,7 @@ its `max_tokens`, and its speed with the seconds each task's request then gets."
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -179,8 +180,12 @@ async def _at_once(uri: str, report: ServerReport) -> None:
     and the estimate of how many the server serves at once."""
     # An adapter of its own, pinned so that every copy goes out at once.
     model = llm_from_uri(with_settings(uri, max_concurrency=max(AT_ONCE), concurrency=max(AT_ONCE)))
-    # Each copy short, so that the wait is the server's queue, not the reply.
+    # Each copy short, so that the wait is the server's queue, not the reply: cut on purpose,
+    # so the adapter's warnings for it are not shown (an error still is).
     request = replace(state_probe(), schema=None, max_tokens=16)
+    logger = logging.getLogger("mnemo")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
         # An unmeasured batch first opens every connection and warms the server's prompt cache.
         for n in (max(AT_ONCE), *AT_ONCE):
@@ -195,6 +200,7 @@ async def _at_once(uri: str, report: ServerReport) -> None:
     except MnemoError as exc:
         report.at_once_error = one_line(exc)
     finally:
+        logger.setLevel(level)
         await close(model)
     report.served_at_once = served_at_once(report.at_once)
 

@@ -133,3 +133,16 @@ def test_the_servers_speed_and_each_tasks_time_are_reported() -> None:
     shown = " ".join(table.stdout.replace("│", " ").split())  # cells wrap across lines
     assert "tokens a second" in shown
     assert "a request gets" in shown
+
+
+def test_the_at_once_probe_cut_on_purpose_prints_no_warning() -> None:
+    """The parallel probe's copies stop at 16 tokens on purpose (a server that stops at
+    max_tokens cuts them): no "cut short" warning for them reaches the terminal."""
+    with ProviderServer(context=1_000_000) as server:
+        result = invoke(
+            "doctor", "--json", "--store", "none.db",
+            "--llm", f"openai-compatible:m@{server.openai_url}",
+            "--embedder", f"openai:e@{server.openai_url}",
+        )
+    assert json.loads(result.stdout)["server"]["served_at_once"] is not None
+    assert "cut short" not in result.stderr

@@ -178,3 +178,16 @@ async def test_a_repo_reopened_with_an_embedder_of_another_dimension_is_refused(
         ):
             with pytest.raises(mnemo.EmbeddingError, match=r"dimension 8.*dimension 16"):
                 await attempt
+
+
+async def test_a_managers_model_given_back_to_evict_is_counted_once(
+    mem: mnemo.Memory, llm: FakeLLM
+) -> None:
+    """`mem.evict(..., llm=manager.llm)`: the manager's model, metered already, is not metered
+    a second time."""
+    history = [{"role": "user", "content": f"step {i}: deploy billing"} for i in range(12)]
+    manager = mem.conversation()
+    await manager.save("t", history)
+    await mem.evict("t", token_budget=4000, eviction_fraction=0.5, llm=manager.llm)
+    assert mem.usage().calls == len(llm.calls)
+    assert mem.usage() == mnemo.Usage(len(llm.calls), len(llm.calls))

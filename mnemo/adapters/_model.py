@@ -50,15 +50,15 @@ def reply_cap(requested: int | None, ceiling: int) -> int:
 
 
 def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget, *, text: str,
-              data: object = None, problem: str = "") -> int:
+              usage: Usage | None, data: object = None, problem: str = "") -> int:
     """Twice `cap` (at most `ceiling`), to ask a reply cut at `cap` again with (a retry); `Cut`
-    (naming the `problem` it caused, holding `text` and `data`) when the adapter or the budget
-    allows no more."""
+    (naming the `problem` it caused, holding `text`, `data` and the `usage` spent) when the
+    adapter or the budget allows no more."""
     if cap >= ceiling or not budget.can_call():
         note = f"the reply was cut short at max_tokens={cap}, so it is incomplete"
         raise Cut(f"{name}: the reply to task {task!r} was cut short "
                   f"({f'{problem} ({note})' if problem else note})", text=text, data=data,
-                  at_cap=True)
+                  at_cap=True, usage=usage)
     more = min(ceiling, cap * 2)
     logger.warning("%s: the reply to task %r was cut short at max_tokens=%d; asking again with "
                    "%d", name, task, cap, more)

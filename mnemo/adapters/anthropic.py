@@ -74,7 +74,7 @@ class Anthropic(HTTPModel):
                         break
                     # A tool call cut midway holds no whole input: asked again with more room.
                     cap = more_room(self._http.name, request.task, cap, self.max_tokens, budget,
-                                    text=_text(reply.content))
+                                    text=_text(reply.content), usage=usage)
                 if cut:
                     warn_cut(self._http.name, request.task, cap)
                 return LLMResponse(text=_text(reply.content),
@@ -98,7 +98,7 @@ class Anthropic(HTTPModel):
                          if block.type == "tool_use" and block.name == request.task), None)
             if reply.stop_reason == "max_tokens":
                 cap = more_room(self._http.name, request.task, cap, self.max_tokens, budget,
-                                text=text, data=data)
+                                text=text, data=data, usage=usage)
                 continue
             said = text if data is None else ""  # what a re-ask shows: the tool's input first
             data, problem = answer(schema, text, data, budget)

@@ -116,11 +116,12 @@ class OpenAICompatible(HTTPModel):
                 usage = add_usage(usage, self._usage(*reply.tokens()))
                 choice = reply.choices[0]
                 at_cap = _was_cut(reply, choice.finish_reason, cap)
-                if not (at_cap and choice.message.tool_calls):
+                if not (at_cap and choice.message.tool_calls
+                        and choice.finish_reason in ("length", None)):
                     break
                 # A tool call cut midway holds no whole arguments: asked again with more room.
                 cap = more_room(self._http.name, request.task, cap, self.max_tokens, budget,
-                                text=choice.message.content or "")
+                                text=choice.message.content or "", usage=usage)
         if at_cap or choice.finish_reason == "length":
             warn_cut(self._http.name, request.task, cap if at_cap else None)
         return LLMResponse(text=choice.message.content or "",
@@ -154,7 +155,7 @@ class OpenAICompatible(HTTPModel):
                           f"with room left under max_tokens={cap}: the prompt filled the model's "
                           f"context ({problem})", text=raw, at_cap=False)
             cap = more_room(self._http.name, request.task, cap, self.max_tokens, budget, text=raw,
-                            problem=problem)
+                            usage=usage, problem=problem)
 
     async def _send_structured(
         self,

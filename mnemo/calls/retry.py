@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import anyio
 
-from mnemo.errors import InvalidInputError
+from mnemo.errors import InvalidInputError, LLMError
 from mnemo.inputs import check_count
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 
@@ -321,6 +321,11 @@ class LimitedLLM:
                         await self._slots.acquire()
                 try:
                     response = await self._llm.generate(request)
+                except LLMError as exc:
+                    # Replies given up on (a `Cut`) spent their tokens all the same.
+                    if isinstance(spent := getattr(exc, "usage", None), Usage):
+                        self.book(spent)
+                    raise
                 finally:
                     self._slots.release()
             finally:

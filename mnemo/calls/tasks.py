@@ -19,7 +19,7 @@ from mnemo import cpu
 from mnemo.calls.retry import RetryPolicy, policy_of, task_budget
 from mnemo.calls.schema import Reply
 from mnemo.errors import LLMContextError, LLMError, LLMReplyError
-from mnemo.ports import LLM, JSONObject, LLMRequest, LLMResponse
+from mnemo.ports import LLM, JSONObject, LLMRequest, LLMResponse, Usage
 
 log = logging.getLogger("mnemo")
 T = TypeVar("T")
@@ -102,11 +102,13 @@ def decode_json(text: str) -> object:
 
 class Cut(LLMReplyError, LLMContextError):
     """A structured reply that stopped before its end: at its max_tokens (`at_cap`), or when the
-    model's context filled. `text` is what came, `data` what the provider read of it."""
+    model's context filled. `text` is what came, `data` what the provider read of it, `usage`
+    what the replies given up on spent."""
 
-    def __init__(self, message: str, *, text: str, data: object = None, at_cap: bool) -> None:
+    def __init__(self, message: str, *, text: str, data: object = None, at_cap: bool,
+                 usage: Usage | None = None) -> None:
         super().__init__(message)
-        self.text, self.data, self.at_cap = text, data, at_cap
+        self.text, self.data, self.at_cap, self.usage = text, data, at_cap, usage
 
 
 def salvage(cut: Cut) -> JSONObject | None:

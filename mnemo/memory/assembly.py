@@ -79,6 +79,8 @@ def build(
     memory._tag_vectors = TagVectors()
     memory._ingests = IngestService(backend.graph, ingest_runtime, events)
     def limited(llm: LLM) -> LLM:  # conversation memory's calls count in `usage()`'s total
+        if isinstance(llm, LimitedLLM):  # a manager's own model, given back: metered already
+            return llm
         return LimitedLLM(llm, repos.limits.slots(llm, config),
                           lambda usage: repos.limits.usage.add(None, None, usage))
 

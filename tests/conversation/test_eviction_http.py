@@ -259,3 +259,35 @@ async def test_anthropic_asks_a_snapshot_call_cut_at_max_tokens_again_with_more_
     assert result.error is None
     assert result.snapshot is not None
     assert result.snapshot.text == SNAPSHOT
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+async def test_the_tokens_of_cut_calls_given_up_on_are_in_usage(
+    store: str, server: ProviderServer, retries: int
+) -> None:
+    """A snapshot call cut at max_tokens every time it is asked, until no more room may be
+    asked for: the tokens of those replies count in the eviction's usage and `usage()`."""
+    server.script(*[Answer(tool_calls=(("save_snapshot", {"text": "The billing"}),),
+                           finish="max_tokens", usage=(1000, 500))] * (retries + 1))
+    llm = Anthropic("claude", base_url=server.url, api_key="k", max_retries=retries)
+    config = mnemo.Config(extraction_timeout=30)
+    async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config) as mem:
+        await mem.conversation().save("t", HISTORY)
+        await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+        spent = mem.usage()
+    assert spent.input_tokens >= 1000 * (retries + 1)
+    assert spent.output_tokens >= 500 * (retries + 1)
+
+
+async def test_a_whole_tool_call_that_used_every_token_is_taken(server: ProviderServer) -> None:
+    """A complete call (finish reason "tool_calls") whose reply used exactly its max_tokens is
+    not taken for cut: it is the answer, asked once."""
+    server.script(Answer(tool_calls=(("save_snapshot", {"text": "whole"}),), usage=(10, 64)))
+    tools = [{"name": "save_snapshot", "description": "d",
+              "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}]
+    async with _openai(server) as llm:
+        reply = await llm.generate(mnemo.LLMRequest(
+            "eviction", "s", [user("hi")], tools=tools, tool_choice="required", max_tokens=64))
+    assert [(c.name, c.arguments) for c in reply.tool_calls] == [("save_snapshot",
+                                                                  {"text": "whole"})]
+    assert len(server.requests) == 1

@@ -164,6 +164,9 @@ async def run_loop(
                         log.info("eviction asked with tools failed (%r): asked for data", exc)
                         silent = len(SNAPSHOT_CHOICES)
                         continue
+                    if tools.snapshot_parts:  # pins are optional; the snapshot covers the zone
+                        log.warning("eviction: a round after the snapshot failed: %r", exc)
+                        break
                     # Whatever the model did wrong, the boundary must still move: report.
                     log.warning("eviction LLM call failed", exc_info=True)
                     return f"the eviction model failed: {exc!r}", usage

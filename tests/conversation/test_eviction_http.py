@@ -12,7 +12,7 @@ import pytest
 import mnemo
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.openai import OpenAICompatible
-from tests.adapters.provider_server import Answer, ProviderServer
+from tests.adapters.provider_server import Answer, Fail, ProviderServer
 from tests.conversation._support import user
 from tests.fakes import FakeEmbedder
 
@@ -291,3 +291,22 @@ async def test_a_whole_tool_call_that_used_every_token_is_taken(server: Provider
     assert [(c.name, c.arguments) for c in reply.tool_calls] == [("save_snapshot",
                                                                   {"text": "whole"})]
     assert len(server.requests) == 1
+
+
+async def test_a_round_failing_after_the_snapshot_keeps_it_without_an_error(
+    store: str, server: ProviderServer
+) -> None:
+    """With a goal open, the round after the snapshot fails (a server error, no retries left):
+    the snapshot saved stands and the eviction reports no error (pins are optional)."""
+    server.script(Answer(tool_calls=(("save_snapshot", {"text": SNAPSHOT}),)), Fail(500))
+    llm = _openai(server)
+    config = mnemo.Config(extraction_timeout=30)
+    async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config) as mem:
+        await mem.conversation().save("t", HISTORY)
+        await mem.add_goal("t", "ship the billing service")
+        with anyio.fail_after(30):
+            result = await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+    assert len(server.requests) == 2
+    assert result.error is None
+    assert result.snapshot is not None
+    assert result.snapshot.text == SNAPSHOT

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import sys
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -18,7 +20,6 @@ from typer.core import TyperGroup
 
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri
 from mnemo.cli._database import CliError, check_database
-from mnemo.cli._logging import command_logging
 from mnemo.cli._settings import MODEL_OPTIONS, Settings, resolve
 from mnemo.errors import MnemoError
 from mnemo.memory import Memory
@@ -119,6 +120,37 @@ SearchedRepo = Annotated[str | None, typer.Option(
 
 
 Command = Callable[..., Awaitable[None]]
+
+
+class _Stderr(logging.Handler):
+    """Writes to the current `sys.stderr` (a test's runner swaps it per command)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(f"{record.levelname.lower()}: {record.name}: {record.getMessage()}\n")
+        except Exception:
+            self.handleError(record)
+
+
+@contextmanager
+def command_logging(*, verbose: bool = False) -> Iterator[None]:
+    """Routes log records while the block runs, then restores them: warnings on stderr, one
+    line each, the PostgreSQL driver's only from ERROR up; with `verbose`, mnemo's INFO too."""
+    root = logging.getLogger()
+    handler = _Stderr(logging.INFO if verbose else logging.WARNING)
+    drivers = [logging.getLogger(name) for name in ("psycopg", "psycopg.pool")]
+    saved = {logger: logger.level for logger in (root, *drivers)}
+    root.addHandler(handler)
+    if verbose:
+        root.setLevel(min(root.level, logging.INFO))
+    for driver in drivers:
+        driver.setLevel(logging.WARNING if verbose else logging.ERROR)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        for logger, level in saved.items():
+            logger.setLevel(level)
 
 
 def model_options(*, extraction: bool = True, only: Collection[str] = tuple(MODEL_OPTIONS)

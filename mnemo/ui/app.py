@@ -4,36 +4,43 @@ rendered on the server from a `MemorySource`, behind a `Gate` (`mnemo.ui.guard`)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode
 
+from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
+from starlette.datastructures import ImmutableMultiDict
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
 
 from mnemo.errors import ConflictError, InvalidInputError, MnemoError, NotFoundError
-from mnemo.graph.model import LinkType, Node, NodeType, steps_of
+from mnemo.graph.history import CommitDiff, goals as commit_goals
+from mnemo.graph.model import Link, LinkType, Node, NodeType, steps_of
 from mnemo.graph.reads import node_types
 from mnemo.graph.scope import parse_where
+from mnemo.jsonable import label
 from mnemo.ports import JSONObject
-from mnemo.ui import history as history_pages
-from mnemo.ui.drawing import NARROW, WIDE, neighbourhood, picture
+from mnemo.tools import clip
+from mnemo.ui.drawing import NARROW, WIDE, neighbourhood, picture, shape
 from mnemo.ui.guard import Access, Gate
-from mnemo.ui.render import (
-    HERE,
-    Params,
-    form,
-    known_repo,
-    page,
-    required,
-    view_of,
-    whole,
-)
 from mnemo.ui.source import LinkedNode, MemorySource
 
+HERE = Path(__file__).parent
+# A form the app's pages post is a few short fields: more is not one of them.
+MAX_FORM_BYTES = 16_384
+MAX_FORM_FIELDS = 32
+FORM_TYPE = "application/x-www-form-urlencoded"
+# The history page lists at most this many commits.
+MAX_COMMITS = 1000
+# A commit's page lists at most this many links (an ingest of a long document adds thousands).
+MAX_LINKS_SHOWN = 300
 # The graph page lists this many of the newest nodes of a type.
 LIST_LIMIT = 100
 # The graph page's picture: the newest facts and procedures and the nodes two links away.
@@ -47,6 +54,93 @@ ALL_TOKENS = 10**12
 
 _STATUS = ((NotFoundError, 404), (InvalidInputError, 400), (ConflictError, 409))
 ViewFactory = Callable[[], AbstractAsyncContextManager[MemorySource]]
+
+Params = ImmutableMultiDict[str, str]
+
+
+def href(path: str, **params: object) -> str:
+    """`path` with the non-None params as its query string."""
+    query = urlencode({k: str(v) for k, v in params.items() if v is not None})
+    return f"{path}?{query}" if query else path
+
+
+def short_id(value: str, keep: int = 8, prefix: bool = True) -> str:
+    """An id cut after `keep` characters of its hex part (`changeset_c244a5fd…`)."""
+    head, sep, rest = value.rpartition("_")
+    if not prefix:
+        head = sep = ""
+    if len(rest) <= keep + 1:
+        return head + sep + rest
+    return f"{head}{sep}{rest[:keep]}…"
+
+
+_env = Environment(loader=FileSystemLoader(HERE / "templates"),
+                   autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
+_env.globals.update(href=href, shape=shape)
+_env.filters.update(label=label, short_id=short_id, short=clip)
+TEMPLATES = Jinja2Templates(env=_env)
+
+
+def view_of(request: Request) -> MemorySource:
+    view: MemorySource = request.app.state.view
+    return view
+
+
+def page(request: Request, name: str, context: Mapping[str, object],
+         status_code: int = 200) -> Response:
+    """The template `name` rendered with `context` (and whether writes are allowed)."""
+    return TEMPLATES.TemplateResponse(
+        request, name, {"allow_writes": request.app.state.allow_writes, **context},
+        status_code=status_code)
+
+
+async def form(request: Request) -> Params:
+    """The fields of a POSTed URL-encoded form, within `MAX_FORM_BYTES` and `MAX_FORM_FIELDS`
+    (InvalidInputError)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != FORM_TYPE:
+        raise InvalidInputError(f"a form must be sent as {FORM_TYPE}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise InvalidInputError(f"a form holds at most {MAX_FORM_BYTES} bytes")
+    try:
+        fields = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True,
+                           max_num_fields=MAX_FORM_FIELDS)
+    except ValueError:
+        raise InvalidInputError(f"a form holds at most {MAX_FORM_FIELDS} fields") from None
+    return ImmutableMultiDict(fields)
+
+
+def required(params: Params, name: str) -> str:
+    """The parameter `name`, which must not be blank (InvalidInputError)."""
+    value = params.get(name, "")
+    if not value.strip():
+        raise InvalidInputError(f"the parameter {name!r} is required")
+    return value
+
+
+def whole(params: Params, name: str, default: int, *, low: int, high: int) -> int:
+    """The parameter `name` as a whole number in [low, high], `default` when absent."""
+    raw = params.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInputError(f"{name} must be a whole number, got {raw[:40]!r}") from None
+    if not low <= value <= high:
+        raise InvalidInputError(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+async def known_repo(view: MemorySource, params: Params) -> str:
+    """The `repo` parameter, a repo of the memory (InvalidInputError, NotFoundError)."""
+    repo = required(params, "repo")
+    if repo not in await view.memory.list_repos():
+        raise NotFoundError("repo", repo)
+    return repo
 
 
 def create_app(view: MemorySource | None = None, *, open_view: ViewFactory | None = None,
@@ -70,9 +164,9 @@ def create_app(view: MemorySource | None = None, *, open_view: ViewFactory | Non
             Route("/", index, name="index"), Route("/graph", graph, name="graph"),
             Route("/node", node_page, name="node"),
             Route("/recall", recall, name="recall", methods=["GET", "POST"]),
-            Route("/history", history_pages.history, name="history"),
-            Route("/commit", history_pages.commit, name="commit"),
-            Route("/revert", history_pages.revert, name="revert", methods=["POST"]),
+            Route("/history", history, name="history"),
+            Route("/commit", commit, name="commit"),
+            Route("/revert", revert, name="revert", methods=["POST"]),
             Route("/sessions", sessions, name="sessions"),
             Route("/session", session_page, name="session"),
             Route("/threads", threads, name="threads"),
@@ -251,3 +345,72 @@ def scope_of(text: str) -> JSONObject | None:
     """The `where` of a form's field: "KEY=VALUE" pairs (KEY:=JSON for a number or
     true/false) separated by commas (`mnemo.graph.scope.parse_where`)."""
     return parse_where(p for p in text.split(",") if p.strip())
+
+
+async def history(request: Request) -> Response:
+    """A repo's commits, newest first: each one's id (to its diff), time, origin (the session
+    or source, and the goal it served) and counts."""
+    view = view_of(request)
+    params = request.query_params
+    repo = await known_repo(view, params)
+    limit = whole(params, "limit", 50, low=1, high=MAX_COMMITS)
+    commits = await view.memory.history(repo, limit=limit)
+    more = min(limit * 2, MAX_COMMITS) if len(commits) == limit < MAX_COMMITS else None
+    goals = await commit_goals(partial(view.memory.get_node, repo), commits)
+    return page(
+        request,
+        "history.html",
+        {
+            "repo": repo, "commits": commits, "goals": goals, "more": more,
+            "reverted": params.get("reverted", "")})
+
+
+async def commit(request: Request) -> Response:
+    """One commit: the nodes and links it added, the facts it retired, the intents it reworded,
+    and the revert form when writes are allowed."""
+    view = view_of(request)
+    params = request.query_params
+    repo = await known_repo(view, params)
+    diff = await view.commit_diff(repo, required(params, "id"))
+    shown = diff.links[:MAX_LINKS_SHOWN]
+    texts = await _texts(view, repo, diff, shown)
+    reworded = [n for n in [await view.memory.get_node(repo, i) for i in diff.commit.reworded]
+                if n]
+    goal = (await commit_goals(partial(view.memory.get_node, repo), [diff.commit])).get(
+        diff.commit.id)
+    return page(
+        request,
+        "commit.html",
+        {
+            "repo": repo, "diff": diff, "record": diff.commit, "goal": goal,
+            "nodes_by_type": [(t, nodes) for t in NodeType
+                              if (nodes := [n for n in diff.nodes if n.type is t])],
+            "links": [(link, texts.get(link.src), texts.get(link.dst)) for link in shown],
+            "links_hidden": len(diff.links) - len(shown),
+            "gone": diff.commit.node_count - len(diff.nodes), "reworded": reworded})
+
+
+async def _texts(view: MemorySource, repo: str, diff: CommitDiff,
+                 links: list[Link]) -> dict[str, Node | None]:
+    known: dict[str, Node | None] = {n.id: n for n in (*diff.nodes, *diff.retired)}
+    for end in (end for link in links for end in (link.src, link.dst)):
+        if end not in known:
+            known[end] = await view.memory.get_node(repo, end)
+    return known
+
+
+async def revert(request: Request) -> Response:
+    """Undoes the commit a form names, then shows the history (403 without `--allow-writes`;
+    InvalidInputError for a malformed form or an unticked box; ConflictError, 409, when later
+    work built on the commit)."""
+    if not request.app.state.allow_writes:
+        refused = "this web app is read-only: start it with --allow-writes to revert a commit"
+        return page(request, "error.html", {"error": refused, "status": 403}, 403)
+    fields = await form(request)
+    view = view_of(request)
+    repo = await known_repo(view, fields)
+    commit_id = required(fields, "id")
+    if fields.get("confirm") != "yes":
+        raise InvalidInputError("tick the box to confirm the revert")
+    await view.revert(repo, commit_id)
+    return RedirectResponse(href("/history", repo=repo, reverted=commit_id), status_code=303)

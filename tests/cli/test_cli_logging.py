@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mnemo.cli._logging import command_logging
+from mnemo.cli._common import command_logging
 
 ROOT = Path(__file__).resolve().parents[2]
 NOISE = ("query cancellation interrupted", "discarding closed connection")

@@ -25,6 +25,7 @@ from mnemo.graph.dedup import (
     resolve_intents,
     resolve_tags,
 )
+from mnemo.graph.erasure import Contribution
 from mnemo.graph.model import (
     Changeset,
     CommitReceipt,
@@ -47,7 +48,6 @@ from mnemo.graph.ports import (
     VectorsMoved,
 )
 from mnemo.graph.scope import Metadata, canonical, same
-from mnemo.graph.shares import Contribution
 from mnemo.graph.vectors import Snapshot, VectorIndex, unit
 
 # How often a commit lets the lock go to ask the LLM for merges the graph newly needs.

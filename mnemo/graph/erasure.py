@@ -1,7 +1,12 @@
 """What withdrawing commits (`forget` of a source, `revert` of a commit) must re-word: an
 intent that outlives the source it has words of (it takes the wording of the oldest other
-source's procedure, or goes), and a fact or instruction other commits share
-(`mnemo.graph.shares`). A wording that cannot be embedded fails the forget with nothing deleted.
+source's procedure, or goes), and a fact or instruction other commits share. A wording that
+cannot be embedded fails the forget with nothing deleted.
+
+A fact or an instruction several commits are evidence for: a commit whose node joins one of
+the graph's adds its contribution (wording, data, source) to the node's owners. Withdrawing
+commits takes theirs off: a node left with none goes; else it keeps its wording if a remaining
+contribution has it, or takes the oldest remaining one's.
 """
 
 from __future__ import annotations
@@ -11,7 +16,54 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 from mnemo.graph.model import Vector
-from mnemo.graph.shares import Contribution, Left, Owners, withdraw
+from mnemo.ports import JSONObject
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """What one commit brought to a fact or an instruction: its own wording, data, source."""
+
+    text: str
+    data: JSONObject
+    source_id: str | None
+
+
+# A node's owners as stored: [commit id, or None for the creator, text, data, source id].
+Owners = list[list[object]]
+
+
+def joined(stored: Owners | None, node: Contribution, commit_id: str,
+           brought: Contribution) -> Owners:
+    """The owners of `node` (as it reads now) once `commit_id` joined it with `brought`."""
+    owners = list(stored) if stored else [[None, node.text, node.data, node.source_id]]
+    return [*owners, [commit_id, brought.text, brought.data, brought.source_id]]
+
+
+@dataclass(frozen=True, slots=True)
+class Left:
+    """A node that stays after a withdrawal: what it reads now (`heir`), its owners (None: its
+    creator alone), and whether its text changed."""
+
+    heir: Contribution
+    owners: Owners | None
+    reworded: bool
+
+
+def withdraw(
+    stored: Owners | None, node: Contribution, *, created: bool, commits: set[str]
+) -> Left | None:
+    """What becomes of `node` (as it reads now) when `commits` are withdrawn (`created`: its
+    creator among them): None when no owner is left."""
+    owners = stored or [[None, node.text, node.data, node.source_id]]
+    left = [o for o in owners if not (o[0] is None and created) and o[0] not in commits]
+    if not left:
+        return None
+    keep = next((o for o in left if o[1] == node.text), left[0])
+    data = keep[2] if isinstance(keep[2], dict) else {}
+    heir = Contribution(str(keep[1]), data, None if keep[3] is None else str(keep[3]))
+    alone = len(left) == 1 and left[0][0] is None
+    return Left(heir, None if alone else left, heir.text != node.text)
+
 
 # The repo's embedder as a forget needs it: texts -> a float32 matrix, one row a text.
 Embed = Callable[[Sequence[str]], Awaitable[Vector]]
@@ -68,7 +120,7 @@ Shared = tuple[str, Contribution, Owners | None, bool]
 
 @dataclass(frozen=True, slots=True)
 class Inherited:
-    """What `heirs` and `shares.withdraw` read: the intents the commits created or re-worded,
+    """What `heirs` and `withdraw` read: the intents the commits created or re-worded,
     the procedures linked to them (oldest first), the facts and instructions the commits
     created or joined, and the commits."""
 
@@ -130,7 +182,7 @@ async def forget(
 
 
 async def inheritance(inherited: Inherited, embed: Embed) -> Plan:
-    """The plan of `heirs` and `shares.withdraw`, new wordings embedded in one call."""
+    """The plan of `heirs` and `withdraw`, new wordings embedded in one call."""
     commits = set(inherited.commits)
     left = {node_id: withdraw(owners, now, created=created, commits=commits)
             for node_id, now, owners, created in inherited.shared}

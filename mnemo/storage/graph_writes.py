@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from mnemo.graph import shares
+from mnemo.graph import erasure
 from mnemo.graph.commit import KNOWLEDGE, CommitPlan
 from mnemo.graph.erasure import Inherited, Plan, Scope, Shared
 from mnemo.graph.maintenance import ROUTES
@@ -111,12 +111,12 @@ class SqlGraphWrites(Dialect):
         await self.SESSIONS.side_writes(sql, also)
 
     async def _joined(self, sql: Statements, plan: CommitPlan) -> None:
-        """Adds the commit's contribution to each node it joined (`graph.shares`)."""
+        """Adds the commit's contribution to each node it joined (`graph.erasure`)."""
         for node_id, brought in plan.joined.items():
             text, data, source, owners = cast(Row, await sql.row(
                 "SELECT text, data, source_id, owners FROM nodes WHERE id = ?", (node_id,)))
-            now = shares.Contribution(text, json_object(self._loads(data)), source)
-            await sql.run("UPDATE nodes SET owners = ? WHERE id = ?", (self._json(shares.joined(
+            now = erasure.Contribution(text, json_object(self._loads(data)), source)
+            await sql.run("UPDATE nodes SET owners = ? WHERE id = ?", (self._json(erasure.joined(
                 self._loads(owners), now, plan.changeset_id, brought)), node_id))
 
     async def _revector(self, sql: Statements, node_id: str, vector: Vector) -> None:
@@ -176,7 +176,7 @@ class SqlGraphWrites(Dialect):
             f" ('semantic', 'procedural') AND (source_id = ? OR id{self.ANY}) ORDER BY id",
             (repo, key, self._list(sorted(scope.added | scope.joined))))
         shared: list[Shared] = [
-            (str(i), shares.Contribution(str(text), json_object(self._loads(data)), source),
+            (str(i), erasure.Contribution(str(text), json_object(self._loads(data)), source),
              self._loads(owners), str(i) in scope.added or source == key)
             for i, text, data, source, owners in rows]
         return Inherited(intents, procedures, shared, frozenset(scope.commits))

@@ -3,20 +3,52 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
+from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
+from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.postgres.clock import ServerClock
-from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.connection import PgDialect, Postgres
 from mnemo.storage.postgres.conversation import PgThreads
-from mnemo.storage.postgres.coordination import PgCoordination
 from mnemo.storage.postgres.graph import PgGraph
 from mnemo.storage.postgres.lexical import PgLexicalSource, default_folder
 from mnemo.storage.postgres.sessions import PgSessions
+from mnemo.storage.row import Row
+from mnemo.storage.sql import Statements
 
 # Connections one Memory may hold: a commit holds one for its repo's advisory lock and uses
 # another, a recall runs its channels on two or three at once.
 MAX_CONNECTIONS = 10
+
+
+class PgCoordination(PgDialect, SqlCoordination):
+    """The `Coordination` port over PostgreSQL, for Memory objects on any hosts. The change
+    token is the server's next transaction id: a wake-up may be spurious, never missed."""
+
+    AUTO_COMMIT = "(config->>'auto_commit')::boolean"
+    # By the server's clock.
+    IDLE_LEFT = (
+        "extract(epoch FROM updated_at - clock_timestamp()) + coalesce("
+        f"(config->>'idle_session_timeout')::float8, {DEFAULT_IDLE_SESSION_TIMEOUT})"
+    )
+    CHANGE_TOKEN = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+
+    _clock: ServerClock
+
+    async def sync_clock(self) -> None:
+        await self._clock.sync()
+
+    async def _end_due(self, sql: Statements, due: list[str], now: datetime) -> list[Row]:
+        # A row another writer holds is left for the next sweep: it may be moving on.
+        return await sql.rows(
+            "UPDATE sessions SET ended = true, version = version + 1, holder = NULL,"
+            " lease_until = NULL, updated_at = clock_timestamp() WHERE id IN (SELECT id"
+            " FROM sessions WHERE id = ANY(?) AND NOT ended AND state = 'idle'"
+            f" AND {self.IDLE_LEFT} <= 0 FOR UPDATE SKIP LOCKED) RETURNING id, repo",
+            (due,),
+        )
 
 
 class PostgresBackend:

@@ -4,17 +4,47 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import anyio
 
+from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
+from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.lexical.index import LexicalIndex
+from mnemo.storage.row import Row
+from mnemo.storage.sql import Statements, marks
 from mnemo.storage.sqlite.conversation import SqliteThreads
-from mnemo.storage.sqlite.coordination import SqliteCoordination
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.graph import SqliteGraph
 from mnemo.storage.sqlite.lexical import SqliteLexicalSource
 from mnemo.storage.sqlite.sessions import SqliteSessions
+
+
+class SqliteCoordination(SqlCoordination):
+    """The `Coordination` port over SQLite, for Memory objects sharing a file. The change token
+    is `PRAGMA data_version` (moves on another connection's commit, no I/O)."""
+
+    DISTINCT = " IS NOT "
+    AUTO_COMMIT = "json_extract(config, '$.auto_commit')"
+    IDLE_LEFT = (
+        "(julianday(updated_at) - julianday(?)) * 86400.0 + coalesce("
+        f"json_extract(config, '$.idle_session_timeout'), {DEFAULT_IDLE_SESSION_TIMEOUT})"
+    )
+    CHANGE_TOKEN = "PRAGMA data_version"
+    _driver: Database
+
+    def _idle_params(self, now: datetime) -> tuple[object, ...]:
+        return (self._stamp(now),)
+
+    async def _end_due(self, sql: Statements, due: list[str], now: datetime) -> list[Row]:
+        at = self._stamp(now)
+        return await sql.rows(
+            "UPDATE sessions SET ended = 1, version = version + 1, holder = NULL,"
+            " lease_until = NULL, updated_at = ? WHERE ended = 0 AND state = 'idle'"
+            f" AND id IN ({marks(len(due))}) AND {self.IDLE_LEFT} <= 0 RETURNING id, repo",
+            (at, *due, at),
+        )
 
 
 class SqliteBackend:

@@ -1,6 +1,7 @@
 """`MemoryFiles`: a directory of topic files an agent reads at the start of work. A write holds
 the writer lock from its scan to its last file; files are merged and written under the shorter
-file lock, which `recall` takes alone."""
+file lock, which `recall` takes alone. Each ask is within `LLM_TIMEOUT_S`, usage summed, and a
+prompt the model's context refuses asked again smaller."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 import anyio.to_thread
 
 from mnemo.adapters.offline import OfflineLLM
-from mnemo.errors import InvalidInputError, LLMError
+from mnemo.calls import tasks
+from mnemo.calls.retry import LimitedLLM, fail_after
+from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMTimeout
 from mnemo.inputs import (
     DEFAULT_MAX_TEXT_CHARS,
     MAX_TEXT_CHARS_LIMIT,
@@ -26,7 +30,6 @@ from mnemo.inputs import (
     check_text,
 )
 from mnemo.memoryfiles import _format, _select
-from mnemo.memoryfiles._asking import LLM_TIMEOUT_S, CountingLLM, ask, ask_fitting
 from mnemo.memoryfiles._folder import Folder, check_directory
 from mnemo.memoryfiles._lock import WRITER_LOCK_FILE, DirectoryLock
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
@@ -40,13 +43,55 @@ from mnemo.memoryfiles.prompts import (
     parse_update,
     statement_entry,
 )
-from mnemo.ports import LLM
+from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage, add_usage
 from mnemo.storage.sql import utc
+
+T = TypeVar("T")
 
 log = logging.getLogger("mnemo")
 
+LLM_TIMEOUT_S = 120.0
+
 # A writer's longest wait for the writers before it.
 WRITER_WAIT_S = 5 * LLM_TIMEOUT_S
+
+
+class CountingLLM(LimitedLLM):
+    """`llm`, one call at a time under its own retry policy, summing in `usage` the tokens of
+    every reply and the calls, retries and re-asks of every task (a failed call included)."""
+
+    def __init__(self, llm: LLM) -> None:
+        super().__init__(llm, anyio.CapacityLimiter(1), self._add)
+        self.usage: Usage | None = None
+
+    def _add(self, usage: Usage) -> None:
+        self.usage = add_usage(self.usage, usage)
+
+
+async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T], *,
+              shorten: Callable[[LLMRequest], LLMRequest | None] | None = None) -> T:
+    """`calls.tasks.ask` (with `shorten`) within `LLM_TIMEOUT_S` (LLMError, LLMTimeout)."""
+    try:
+        with fail_after(LLM_TIMEOUT_S):
+            return await tasks.ask(llm, request, parse, shorten=shorten)
+    except TimeoutError as exc:
+        raise LLMTimeout(
+            f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s") from exc
+
+
+async def ask_fitting(llm: LLM, requests: Sequence[LLMRequest],
+                      parse: Callable[[LLMResponse], T]) -> T:
+    """`ask` the first of `requests` (each smaller than the one before), and the next while the
+    model's context refuses them (`LLMContextError` when the last did not fit either); `ask`
+    shortens none of them itself."""
+    *larger, smallest = requests
+    for request in larger:
+        try:
+            return await ask(llm, request, parse, shorten=lambda _: None)
+        except LLMContextError:
+            log.warning("task %s: the prompt did not fit the model's context; asking with "
+                        "smaller inputs", request.task)
+    return await ask(llm, smallest, parse, shorten=lambda _: None)
 
 
 @dataclass(frozen=True, slots=True)

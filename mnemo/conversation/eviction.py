@@ -7,34 +7,15 @@ fold into one level-2 snapshot (task "snapshot_fold")."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from functools import partial
 from itertools import product
 
 from mnemo.calls.retry import fail_after
-from mnemo.calls.tasks import ask, read_reply, reply_data
-from mnemo.conversation.model import EvictionResult, Goal, Message, SearchHit, Snapshot
-from mnemo.conversation.ports import EvictionInputs, ThreadStore
-from mnemo.conversation.prompts import (
-    EVICTION_ARGUMENTS,
-    AttachMessagesToGoals,
-    SaveSnapshot,
-    eviction_request,
-    fold_request,
-    parse_summary,
-)
-from mnemo.conversation.render import render_window
-from mnemo.conversation.search import render_hits
-from mnemo.conversation.viewport import (
-    FOLD_AFTER,
-    context_zones,
-    eviction_zone,
-    snapshot_words,
-)
-from mnemo.errors import ConflictError
-from mnemo.ports import LLM, REQUIRED, Events, LLMRequest, LLMResponse, ToolCall, Usage, add_usage
+from mnemo.calls.tasks import read_reply, reply_data
+from mnemo.conversation.model import Message
+from mnemo.conversation.prompts import EVICTION_ARGUMENTS, AttachMessagesToGoals, SaveSnapshot
+from mnemo.ports import LLM, REQUIRED, LLMRequest, LLMResponse, ToolCall, Usage, add_usage
 
 log = logging.getLogger("mnemo")
 
@@ -193,117 +174,3 @@ async def run_loop(
         return f"the eviction model replied {MAX_ROUNDS} times without calling a tool", usage
     cause = f" (last: {last})" if last else ""
     return f"the eviction model saved no snapshot in {MAX_ROUNDS} rounds{cause}", usage
-
-
-@dataclass(kw_only=True)
-class Evictor:
-    """Runs evictions and folds for the `ConversationService` (which holds the eviction lock)."""
-
-    store: ThreadStore
-    events: Events
-    clock: Callable[[], datetime]
-    timeout: float
-    # Passive recall (`ConversationService.recalled`), leaving out the ids given.
-    recall: Callable[[str, Sequence[Goal], Collection[str]], Awaitable[list[SearchHit]]]
-
-    async def evict(
-        self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM
-    ) -> EvictionResult:
-        """One eviction, its model calls made to `llm`. A boundary another writer advanced
-        meanwhile counts as this eviction; one that went back (a clear) is evicted again, up to
-        `MAX_ATTEMPTS` times (then ConflictError). NotFoundError: a thread never saved."""
-        read: int | None = None
-        attempts = 0
-        while True:
-            inputs = await self.store.eviction_inputs(thread_id)
-            if read is not None and inputs.boundary_seq > read:
-                return EvictionResult(thread_id, read, inputs.boundary_seq, None, None, 0, 0)
-            read = inputs.boundary_seq
-            try:
-                return await self._evict_from(
-                    inputs, thread_id, token_budget, eviction_fraction, llm
-                )
-            except ConflictError:
-                attempts += 1
-                if attempts == MAX_ATTEMPTS:
-                    raise
-
-    async def _evict_from(
-        self,
-        inputs: EvictionInputs,
-        thread_id: str,
-        token_budget: int,
-        eviction_fraction: float,
-        llm: LLM,
-    ) -> EvictionResult:
-        boundary, past = inputs.boundary_seq, inputs.past_boundary
-        goals = [{"id": g.id, "description": g.description} for g in inputs.goals]
-        zone = eviction_zone(past, token_budget, eviction_fraction)
-        if not zone:
-            return EvictionResult(thread_id, boundary, boundary, None, None, 0, 0)
-        span = (zone[0].seq, zone[-1].seq)
-        tools = EvictionTools(
-            zone=zone,
-            goal_ids={g["id"] for g in goals},
-            max_words=snapshot_words(token_budget, 1),
-        )
-        recalled = await self.recall(thread_id, inputs.goals, ()) if inputs.goals else []
-        zone_text, middle, recent = render_window(
-            zone, *context_zones(past[len(zone):], token_budget, eviction_fraction))
-        ask_round = partial(
-            eviction_request, zone=zone_text, middle=middle, recent=recent, zone_start=span[0],
-            zone_end=span[1], goals=goals, previous_snapshot=inputs.previous_snapshot,
-            recalled=render_hits(recalled) if recalled else "", max_words=tools.max_words)
-        error, usage = await run_loop(llm, tools, ask_round, goals=bool(goals),
-                                      time_limit=self.timeout)
-        # The model's snapshot, or, when it failed, an honest pointer rather than a summary.
-        text = "\n".join(tools.snapshot_parts) or (
-            f"Messages {span[0]}-{span[1]} left the context window without a summary (the memory "
-            f"model failed: {(error or 'no snapshot')[:200]}). search_messages and view_messages "
-            "still find them word for word.")
-        after = zone[-1].seq + 1
-        snapshot = await self.store.commit_eviction(
-            thread_id, boundary_before=boundary, boundary_after=after, zone=span,
-            snapshot_text=text, pins=tools.pins, now=self.clock(),
-        )
-        folded = await self.fold(thread_id, token_budget, llm)
-        pinned = list(dict.fromkeys(mid for mid, _ in tools.pins))
-        await self.events.emit(
-            "thread_evicted", thread_id=thread_id, start_seq=span[0], end_seq=span[1],
-            boundary=after, pinned=pinned, error=error,
-        )
-        return EvictionResult(
-            thread_id=thread_id,
-            boundary_before=boundary,
-            boundary_after=after,
-            start_seq=span[0],
-            end_seq=span[1],
-            evicted=len(zone),
-            tokens_evicted=sum(m.tokens for m in zone),
-            snapshot=snapshot,
-            folded=folded,
-            pinned=pinned,
-            tool_calls=list(tools.calls),
-            error=error,
-            usage=usage,
-        )
-
-    async def fold(self, thread_id: str, token_budget: int, llm: LLM) -> Snapshot | None:
-        """Folds the oldest 5 uncovered level-1 snapshots into a level-2 one, when due; a
-        failure is logged and left for the next eviction."""
-        due = list((await self.store.uncovered_snapshots(thread_id))[:FOLD_AFTER])
-        if len(due) < FOLD_AFTER:
-            return None
-        request = fold_request(
-            snapshots=[{"start_seq": s.start_seq, "end_seq": s.end_seq, "text": s.text}
-                       for s in due],
-            max_words=snapshot_words(token_budget, 2),
-        )
-        try:
-            with fail_after(self.timeout, stretches=True):
-                text = await ask(llm, request, parse_summary, any_reply=True)
-        except Exception:
-            # Folding is an optimisation of the viewport: the level-1 snapshots stay visible.
-            log.warning("folding snapshots of thread %r failed", thread_id, exc_info=True)
-            return None
-        return await self.store.commit_fold(thread_id, due, text, self.clock())

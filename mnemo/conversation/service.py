@@ -10,15 +10,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from functools import partial
 
 import anyio
 import numpy as np
 import numpy.typing as npt
 
 from mnemo.calls.retry import fail_after
+from mnemo.calls.tasks import ask
 from mnemo.config import DURATION_CEILINGS, Config
 from mnemo.conversation.drafts import search_text
-from mnemo.conversation.eviction import Evictor
+from mnemo.conversation.eviction import MAX_ATTEMPTS, EvictionTools, run_loop
 from mnemo.conversation.model import (
     Compression,
     EvictionResult,
@@ -26,14 +28,31 @@ from mnemo.conversation.model import (
     Message,
     MessageView,
     SearchHit,
+    Snapshot,
     Summary,
     ToolOutputPruner,
     Viewport,
 )
-from mnemo.conversation.ports import Shown, ThreadStore
-from mnemo.conversation.render import reduced
-from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
-from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
+from mnemo.conversation.ports import EvictionInputs, Shown, ThreadStore
+from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
+from mnemo.conversation.render import reduced, render_window
+from mnemo.conversation.search import render_hits
+from mnemo.conversation.viewport import (
+    FOLD_AFTER,
+    RECALL_HITS,
+    context_zones,
+    eviction_zone,
+    layout,
+    snapshot_words,
+    with_recalled,
+)
+from mnemo.errors import (
+    ConflictError,
+    EmbeddingError,
+    InvalidInputError,
+    NotFoundError,
+    StorageError,
+)
 from mnemo.graph.scope import Where, pairs
 from mnemo.graph.vectors import embed_within
 from mnemo.inputs import check_count, check_id, check_models, check_name, check_seconds, check_text
@@ -85,9 +104,6 @@ class ConversationService:
         self.config = config
         self.events = events
         self.clock = clock
-        self.evictor = Evictor(
-            store=store, events=events, clock=clock, timeout=self.timeout, recall=self.recalled
-        )
         # Held while a call reads then writes a thread's log; while one evicts it.
         self.thread_locks = KeyedLocks()
         self.evict_locks = KeyedLocks()
@@ -186,7 +202,7 @@ class ConversationService:
         check_fraction(eviction_fraction)
         model = self.model(llm)
         async with self.evict_locks.hold(thread_id):
-            return await self.evictor.evict(thread_id, token_budget, eviction_fraction, model)
+            return await self._evict(thread_id, token_budget, eviction_fraction, model)
 
     async def auto_evict(
         self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM
@@ -197,12 +213,115 @@ class ConversationService:
             while layout(thread_id, token_budget,
                          await self.store.viewport_inputs(thread_id, token_budget))[1]:
                 try:
-                    result = await self.evictor.evict(thread_id, token_budget,
+                    result = await self._evict(thread_id, token_budget,
                                                       eviction_fraction, llm)
                 except NotFoundError:
                     break
                 if result.boundary_after == result.boundary_before:
                     break
+
+    async def _evict(
+        self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM
+    ) -> EvictionResult:
+        """One eviction under the caller's eviction lock, its model calls made to `llm`. A
+        boundary another writer advanced meanwhile counts as this eviction; one that went back (a
+        clear) is evicted again, up to `MAX_ATTEMPTS` times (then ConflictError). NotFoundError:
+        a thread never saved."""
+        read: int | None = None
+        attempts = 0
+        while True:
+            inputs = await self.store.eviction_inputs(thread_id)
+            if read is not None and inputs.boundary_seq > read:
+                return EvictionResult(thread_id, read, inputs.boundary_seq, None, None, 0, 0)
+            read = inputs.boundary_seq
+            try:
+                return await self._evict_from(
+                    inputs, thread_id, token_budget, eviction_fraction, llm
+                )
+            except ConflictError:
+                attempts += 1
+                if attempts == MAX_ATTEMPTS:
+                    raise
+
+    async def _evict_from(
+        self,
+        inputs: EvictionInputs,
+        thread_id: str,
+        token_budget: int,
+        eviction_fraction: float,
+        llm: LLM,
+    ) -> EvictionResult:
+        boundary, past = inputs.boundary_seq, inputs.past_boundary
+        goals = [{"id": g.id, "description": g.description} for g in inputs.goals]
+        zone = eviction_zone(past, token_budget, eviction_fraction)
+        if not zone:
+            return EvictionResult(thread_id, boundary, boundary, None, None, 0, 0)
+        span = (zone[0].seq, zone[-1].seq)
+        tools = EvictionTools(
+            zone=zone,
+            goal_ids={g["id"] for g in goals},
+            max_words=snapshot_words(token_budget, 1),
+        )
+        recalled = await self.recalled(thread_id, inputs.goals, ()) if inputs.goals else []
+        zone_text, middle, recent = render_window(
+            zone, *context_zones(past[len(zone):], token_budget, eviction_fraction))
+        ask_round = partial(
+            eviction_request, zone=zone_text, middle=middle, recent=recent, zone_start=span[0],
+            zone_end=span[1], goals=goals, previous_snapshot=inputs.previous_snapshot,
+            recalled=render_hits(recalled) if recalled else "", max_words=tools.max_words)
+        error, usage = await run_loop(llm, tools, ask_round, goals=bool(goals),
+                                      time_limit=self.timeout)
+        # The model's snapshot, or, when it failed, an honest pointer rather than a summary.
+        text = "\n".join(tools.snapshot_parts) or (
+            f"Messages {span[0]}-{span[1]} left the context window without a summary (the memory "
+            f"model failed: {(error or 'no snapshot')[:200]}). search_messages and view_messages "
+            "still find them word for word.")
+        after = zone[-1].seq + 1
+        snapshot = await self.store.commit_eviction(
+            thread_id, boundary_before=boundary, boundary_after=after, zone=span,
+            snapshot_text=text, pins=tools.pins, now=self.clock(),
+        )
+        folded = await self._fold(thread_id, token_budget, llm)
+        pinned = list(dict.fromkeys(mid for mid, _ in tools.pins))
+        await self.events.emit(
+            "thread_evicted", thread_id=thread_id, start_seq=span[0], end_seq=span[1],
+            boundary=after, pinned=pinned, error=error,
+        )
+        return EvictionResult(
+            thread_id=thread_id,
+            boundary_before=boundary,
+            boundary_after=after,
+            start_seq=span[0],
+            end_seq=span[1],
+            evicted=len(zone),
+            tokens_evicted=sum(m.tokens for m in zone),
+            snapshot=snapshot,
+            folded=folded,
+            pinned=pinned,
+            tool_calls=list(tools.calls),
+            error=error,
+            usage=usage,
+        )
+
+    async def _fold(self, thread_id: str, token_budget: int, llm: LLM) -> Snapshot | None:
+        """Folds the oldest 5 uncovered level-1 snapshots into a level-2 one, when due; a
+        failure is logged and left for the next eviction."""
+        due = list((await self.store.uncovered_snapshots(thread_id))[:FOLD_AFTER])
+        if len(due) < FOLD_AFTER:
+            return None
+        request = fold_request(
+            snapshots=[{"start_seq": s.start_seq, "end_seq": s.end_seq, "text": s.text}
+                       for s in due],
+            max_words=snapshot_words(token_budget, 2),
+        )
+        try:
+            with fail_after(self.timeout, stretches=True):
+                text = await ask(llm, request, parse_summary, any_reply=True)
+        except Exception:
+            # Folding is an optimisation of the viewport: the level-1 snapshots stay visible.
+            log.warning("folding snapshots of thread %r failed", thread_id, exc_info=True)
+            return None
+        return await self.store.commit_fold(thread_id, due, text, self.clock())
 
     async def add_goal(self, thread_id: str, description: str) -> str:
         """See `Memory.add_goal`; the count of open goals is checked under the thread lock."""

@@ -1,37 +1,59 @@
 """`mnemo mcp`: an MCP server (the `mcp` SDK's `MCPServer`) over a store, on stdio or
-streamable HTTP (`Http`); each tool carries MCP's hints and its arguments are checked strictly."""
+streamable HTTP (`Http`); each tool carries MCP's hints and its arguments are checked strictly.
+On stdio, one JSON-RPC message a line, and an answer to every line (an unreadable or oversized
+one gets an error at once); while it runs, file descriptor 1 points at stderr, so a stray print
+never lands in the protocol's stream."""
 
 from __future__ import annotations
 
 import inspect
+import json
+import os
+import re
 import signal
 import socket
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import uvicorn
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server import MCPServer
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver.tools import Tool
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, ToolAnnotations
+from mcp.shared.message import SessionMessage
+from mcp_types import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    ErrorData,
+    JSONRPCError,
+    ToolAnnotations,
+    jsonrpc_message_adapter,
+)
 from pydantic import AnyHttpUrl, ValidationError
 
 from mnemo.access import check_token, hosts_of, is_loopback, same_token
 from mnemo.config import Config
 from mnemo.errors import InvalidInputError
-from mnemo.mcp._stdio import MAX_REQUEST_BYTES, stdio_streams
 from mnemo.mcp.server import INSTRUCTIONS, TOOL_NAMES, MemoryTools, open_tools
 from mnemo.ports import LLM, Embedder
 from mnemo.tools import ERROR_CHARS, clip, described
 from mnemo.version import installed_version
+
+# The most one request may take, over stdio as over HTTP (the SDK's default body bound).
+MAX_REQUEST_BYTES = DEFAULT_MAX_REQUEST_BODY_SIZE
+# JSON's tokens: a string (escapes included), a structural character, or a bare word.
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
+
 
 # MCP's tool hints: read-only (changes nothing), destructive (may erase or overwrite what is
 # stored: a correction retires a fact, a memory file drops entries), idempotent.
@@ -103,7 +125,7 @@ def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "")
             return await super().call_tool(name, arguments, context)
 
         async def run_stdio_async(self) -> None:
-            # The SDK's own stdio transport leaves malformed lines unanswered (`_stdio`).
+            # The SDK's own stdio transport leaves malformed lines unanswered (`stdio_streams`).
             low = self._lowlevel_server
             async with stdio_streams() as (read, write):
                 await low.run(read, write, low.create_initialization_options())
@@ -204,3 +226,92 @@ async def _serve_http(tools: MemoryTools, http: Http) -> None:
         tg.start_soon(stop_on_signal)
         await listener.serve(sockets=[sock])
         tg.cancel_scope.cancel()
+
+
+def request_id(line: bytes) -> str | int | None:
+    """The `id` a line's top-level JSON object names (a string or an integer), read without
+    parsing the rest, which may nest deeper than any parser goes; None when it names none."""
+    depth = 0
+    tokens = _TOKEN.finditer(line)
+    for match in tokens:
+        token = match.group()
+        if token in (b"{", b"["):
+            depth += 1
+        elif token in (b"}", b"]"):
+            depth -= 1
+        elif depth == 1 and token == b'"id"':
+            colon, value = next(tokens, None), next(tokens, None)
+            if colon is None or colon.group() != b":" or value is None:
+                continue
+            try:
+                found = json.loads(value.group())
+                if isinstance(found, str):
+                    found.encode()  # a lone surrogate could not be written back
+            except ValueError:
+                return None
+            return found if isinstance(found, str | int) and not isinstance(found, bool) else None
+    return None
+
+
+def answer(line: bytes) -> SessionMessage:
+    """The line as a JSON-RPC message, or the error that answers it."""
+    if len(line) > MAX_REQUEST_BYTES:
+        return _error(line, INVALID_REQUEST, f"a request holds at most {MAX_REQUEST_BYTES:,} bytes")
+    try:
+        return SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if first["type"] == "json_invalid":
+            return _error(line, PARSE_ERROR, f"Parse error: {first['msg']}")
+        return _error(line, INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message")
+
+
+def _error(line: bytes, code: int, message: str) -> SessionMessage:
+    error = ErrorData(code=code, message=clip(message, ERROR_CHARS))
+    return SessionMessage(JSONRPCError(jsonrpc="2.0", id=request_id(line), error=error))
+
+
+@asynccontextmanager
+async def stdio_streams() -> AsyncIterator[
+    tuple[MemoryObjectReceiveStream[SessionMessage | Exception],
+          MemoryObjectSendStream[SessionMessage]]]:
+    """The messages read from stdin, and a stream whose messages are written to stdout, for
+    as long as the block runs; a line that is no message is answered on stdout directly."""
+    wire = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    stdout = anyio.wrap_file(wire)
+
+    async def readline(limit: int) -> bytes:
+        return await anyio.to_thread.run_sync(sys.stdin.buffer.readline, limit)
+
+    inbox, messages = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    replies, outbox = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def read(answers: MemoryObjectSendStream[SessionMessage]) -> None:
+        async with inbox, answers:
+            while line := await readline(MAX_REQUEST_BYTES + 1):
+                if not line.strip():
+                    continue
+                rest = line
+                while len(line) > MAX_REQUEST_BYTES and rest and not rest.endswith(b"\n"):
+                    rest = await readline(MAX_REQUEST_BYTES)  # dropped, unparsed
+                message = answer(line)
+                target = answers if isinstance(message.message, JSONRPCError) else inbox
+                await target.send(message)
+
+    async def write() -> None:
+        async with outbox:
+            async for reply in outbox:
+                text = reply.message.model_dump_json(by_alias=True, exclude_unset=True)
+                await stdout.write(text.encode() + b"\n")
+                await stdout.flush()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read, replies.clone())
+            tg.start_soon(write)
+            yield messages, replies
+            replies.close()
+    finally:
+        os.dup2(wire.fileno(), 1)
+        wire.close()

@@ -1,23 +1,34 @@
 """`MemoryFiles`: a directory of topic files an agent reads at the start of work. A write holds
 the writer lock from its scan to its last file; files are merged and written under the shorter
-file lock, which `recall` takes alone."""
+file lock, which `recall` takes alone; `DirectoryLock` holds either across processes (an
+`anyio.Lock`, then `flock` on a hidden file). Each ask is within `LLM_TIMEOUT_S`, usage summed,
+and a prompt the model's context refuses asked again smaller."""
 
 from __future__ import annotations
 
 import builtins
+import contextlib
+import errno
 import functools
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
+import filelock
 
 from mnemo.adapters.offline import OfflineLLM
-from mnemo.errors import InvalidInputError, LLMError
+from mnemo.calls import tasks
+from mnemo.calls.retry import LimitedLLM, fail_after
+from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMTimeout
 from mnemo.inputs import (
     DEFAULT_MAX_TEXT_CHARS,
     MAX_TEXT_CHARS_LIMIT,
@@ -26,9 +37,7 @@ from mnemo.inputs import (
     check_text,
 )
 from mnemo.memoryfiles import _format, _select
-from mnemo.memoryfiles._asking import LLM_TIMEOUT_S, CountingLLM, ask, ask_fitting
 from mnemo.memoryfiles._folder import Folder, check_directory
-from mnemo.memoryfiles._lock import WRITER_LOCK_FILE, DirectoryLock
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
 from mnemo.memoryfiles.prompts import (
     TopicChange,
@@ -40,13 +49,142 @@ from mnemo.memoryfiles.prompts import (
     parse_update,
     statement_entry,
 )
-from mnemo.ports import LLM
+from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage, add_usage
 from mnemo.storage.sql import utc
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
+T = TypeVar("T")
 
 log = logging.getLogger("mnemo")
 
+LLM_TIMEOUT_S = 120.0
+# Hidden and not `.md`, so never listed as a topic.
+LOCK_FILE = ".memoryfiles.lock"
+WRITER_LOCK_FILE = ".memoryfiles.writer.lock"
+# The file lock's longest wait: it is held for a read-merge-write of a few small files.
+LOCK_WAIT_S = 60.0
+_TRY_S = 0.1
 # A writer's longest wait for the writers before it.
 WRITER_WAIT_S = 5 * LLM_TIMEOUT_S
+
+
+class CountingLLM(LimitedLLM):
+    """`llm`, one call at a time under its own retry policy, summing in `usage` the tokens of
+    every reply and the calls, retries and re-asks of every task (a failed call included)."""
+
+    def __init__(self, llm: LLM) -> None:
+        super().__init__(llm, anyio.CapacityLimiter(1), self._add)
+        self.usage: Usage | None = None
+
+    def _add(self, usage: Usage) -> None:
+        self.usage = add_usage(self.usage, usage)
+
+
+async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T], *,
+              shorten: Callable[[LLMRequest], LLMRequest | None] | None = None) -> T:
+    """`calls.tasks.ask` (with `shorten`) within `LLM_TIMEOUT_S` (LLMError, LLMTimeout)."""
+    try:
+        with fail_after(LLM_TIMEOUT_S):
+            return await tasks.ask(llm, request, parse, shorten=shorten)
+    except TimeoutError as exc:
+        raise LLMTimeout(
+            f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s") from exc
+
+
+async def ask_fitting(llm: LLM, requests: Sequence[LLMRequest],
+                      parse: Callable[[LLMResponse], T]) -> T:
+    """`ask` the first of `requests` (each smaller than the one before), and the next while the
+    model's context refuses them (`LLMContextError` when the last did not fit either); `ask`
+    shortens none of them itself."""
+    *larger, smallest = requests
+    for request in larger:
+        try:
+            return await ask(llm, request, parse, shorten=lambda _: None)
+        except LLMContextError:
+            log.warning("task %s: the prompt did not fit the model's context; asking with "
+                        "smaller inputs", request.task)
+    return await ask(llm, smallest, parse, shorten=lambda _: None)
+
+
+class DirectoryLock:
+    """A lock of `folder` held on the file `name` in it (both created when the lock is first
+    taken); a wait for another process's hold gives up after `wait_s` seconds."""
+
+    def __init__(self, folder: Folder, name: str = LOCK_FILE, *,
+                 wait_s: float = LOCK_WAIT_S) -> None:
+        self.folder = folder
+        self.name = name
+        self.path = folder.path / name
+        self.wait_s = wait_s
+        self._local = anyio.Lock()
+        # Not thread-local: taken in a worker thread, released on the event loop's.
+        self._path_lock = None if fcntl is not None else filelock.FileLock(
+            str(self.path), thread_local=False)
+        self._fd = -1
+
+    @asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """Holds the lock for the block. TimeoutError: another writer held it for `wait_s`
+        seconds; InvalidInputError: a folder below the root is a link; OSError: the directory
+        or the lock file could not be opened."""
+        async with self._local:
+            deadline = anyio.current_time() + self.wait_s
+            while True:
+                # Shielded: a lock the thread took must be released below; the checkpoint
+                # between tries lets a cancellation in.
+                with anyio.CancelScope(shield=True):
+                    taken = await anyio.to_thread.run_sync(self._try)
+                if taken:
+                    break
+                if anyio.current_time() >= deadline:
+                    raise TimeoutError(f"another writer held {self.path} for {self.wait_s:g} s")
+                await anyio.lowlevel.checkpoint()
+            try:
+                yield
+            finally:
+                self._release()
+
+    def _try(self) -> bool:
+        if self._path_lock is not None:
+            self.folder.path.mkdir(parents=True, exist_ok=True)
+            try:
+                self._path_lock.acquire(timeout=_TRY_S)
+            except filelock.Timeout:
+                return False
+            return True
+        fd = self.folder.open_lock(self.name)
+        deadline = time.monotonic() + _TRY_S
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    # Some file systems answer EACCES for a lock another holds.
+                    if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                        raise
+                    if time.monotonic() >= deadline:
+                        os.close(fd)
+                        return False
+                    time.sleep(0.01)
+                    continue
+                self._fd = fd
+                return True
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _release(self) -> None:
+        if self._path_lock is not None:
+            self._path_lock.release()
+            return
+        fd, self._fd = self._fd, -1
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)

@@ -298,8 +298,8 @@ async def test_a_save_whose_thread_is_purged_before_its_eviction_returns(
     (auto_evict_budget): nothing is left to evict, and the save returns what it appended
     (it raised the eviction's NotFoundError)."""
     conv = cmem.conversation(auto_evict_budget=100)
-    evictor = cmem._conversations.evictor
-    evict = evictor.evict
+    service = cmem._conversations
+    evict = service._evict
     async with mnemo.Memory(store, embedder=FakeEmbedder()) as other:
 
         async def purged_first(
@@ -308,7 +308,7 @@ async def test_a_save_whose_thread_is_purged_before_its_eviction_returns(
             await other.conversation().purge(thread_id)
             return await evict(thread_id, token_budget, fraction, llm)
 
-        monkeypatch.setattr(evictor, "evict", purged_first)
+        monkeypatch.setattr(service, "_evict", purged_first)
         saved = await conv.save("t", [tagged(i, "user", 60) for i in range(6)])
     assert [m.seq for m in saved] == list(range(6))
     assert await conv.raw("t") == []

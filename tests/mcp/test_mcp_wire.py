@@ -15,7 +15,7 @@ import anyio
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from mnemo.mcp._stdio import MAX_REQUEST_BYTES, request_id
+from mnemo.mcp.transport import MAX_REQUEST_BYTES, request_id
 from mnemo.storage.ports import is_postgres
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import mnemo
 from mnemo.calls.tasks import task_inputs
 from mnemo.memoryfiles import _format
-from mnemo.memoryfiles._lock import LOCK_FILE, WRITER_LOCK_FILE
+from mnemo.memoryfiles.files import LOCK_FILE, WRITER_LOCK_FILE
 from tests.fakes import js
 from tests.memoryfiles.fakes import (
     USAGE,

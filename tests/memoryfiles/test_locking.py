@@ -22,7 +22,7 @@ import pytest
 import mnemo
 from mnemo.calls.tasks import task_inputs
 from mnemo.memoryfiles._folder import Folder
-from mnemo.memoryfiles._lock import LOCK_FILE, WRITER_LOCK_FILE, DirectoryLock
+from mnemo.memoryfiles.files import LOCK_FILE, WRITER_LOCK_FILE, DirectoryLock
 from tests.memoryfiles.fakes import SlowOffline, user
 
 

@@ -1,16 +1,13 @@
-"""`SqlThreads`: the conversation store (`ThreadStore`), once for both backends, and the reads
-of its rows (`threads`, `messages` (never updated), `message_vectors`, `compactions`,
-`snapshots`, `goals`, `pins`). Every write is one transaction; one that depends on a thread's
-counters locks its row first (`LOCK`), so writers of a thread take turns; a read of several
-statements is one snapshot."""
+"""`SqlThreads`: the conversation store (`ThreadStore`), once for both backends. Every write is
+one transaction; one that depends on a thread's counters locks its row first (`LOCK`), so
+writers of a thread take turns; a read of several statements is one snapshot."""
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,166 +39,19 @@ from mnemo.conversation.search import VIEW_SNAPSHOTS, hit_snippet, pool_size, ra
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector
 from mnemo.graph.scope import Metadata, Where
+from mnemo.storage import thread_rows as reads
 from mnemo.storage.row import Row
 from mnemo.storage.sql import SqlStore, Statements, marks, moment, number, utc
 
-MESSAGE_COLUMNS = "id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata"
-SNAPSHOT_COLUMNS = "id, thread_id, level, start_seq, end_seq, text, created_at, covered_by"
-UNCOVERED = "level = 1 AND covered_by IS NULL"
-
-
-def message_from_row(row: Sequence[Any]) -> Message:
-    """A `Message` from a row of `MESSAGE_COLUMNS` (data as JSON text, jsonb, or PostgreSQL's
-    NUL-escaped string: `postgres.conversation.message_row`)."""
-    message_id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata = row
-    content = text if content is None else content
-    if isinstance(data, str):
-        data = json.loads(data)
-        if isinstance(data, list):
-            data, content, role = data
-    return Message(
-        id=message_id,
-        thread_id=thread_id,
-        seq=seq,
-        role=role,
-        content=content,
-        data=data,
-        recorded_at=moment(recorded_at),
-        tokens=tokens,
-        metadata=metadata_of(metadata),
-    )
-
-
-def metadata_of(stored: Any) -> Metadata:
-    """A message's stored metadata (JSON text, jsonb or NULL) as a dict."""
-    return json.loads(stored) if isinstance(stored, str) else dict(stored or {})
-
-
-@dataclass(frozen=True, slots=True)
-class SearchQuery:
-    """What a search asks a backend's full-text index for: the best `pool` candidates."""
-
-    words: Sequence[str]
-    pool: int
-    thread_id: str | None
-    exclude_viewport_of: str | None
-    shown: Shown | None
-    where: Where | None
-
-
-_LOCK_ATTEMPTS = 3
-
-
-async def lock_row(
-    sql: Statements, thread_id: str, stamp: object, lock: str
-) -> tuple[ThreadState, bool]:
-    """Locks the thread's row until the transaction ends, creating it at `stamp` first when
-    absent (True then), so saves and purges of a thread take turns. Raises `ConflictError`
-    when purges deleted the row under each of `_LOCK_ATTEMPTS` waits."""
-    for _ in range(_LOCK_ATTEMPTS):
-        state = await read_state(sql, thread_id, lock)
-        if state is not None:
-            return state, False
-        created = await sql.row(
-            "INSERT INTO threads(id, next_seq, history_len, boundary_seq, created_at,"
-            " history_hash) VALUES (?, 0, 0, 0, ?, '') ON CONFLICT (id) DO NOTHING"
-            " RETURNING id",
-            (thread_id, stamp),
-        )
-        state = await read_state(sql, thread_id, lock)
-        if state is not None:
-            return state, created is not None
-    raise ConflictError(f"thread {thread_id!r} was purged while waiting for it, each time")
-
-
-async def read_state(sql: Statements, thread_id: str, lock: str = "") -> ThreadState | None:
-    """The thread's counters; with `lock`, its row stays locked until the transaction ends."""
-    row = await sql.row(
-        "SELECT next_seq, history_len, boundary_seq, history_hash FROM threads WHERE id = ?"
-        + lock,
-        (thread_id,),
-    )
-    return None if row is None else ThreadState(*row)
-
-
-async def read_messages(
-    sql: Statements, thread_id: str, *, from_seq: int = 0, where: str = "", order: str = "ASC",
-    params: Sequence[Any] = (), limit: int | None = None,
-) -> list[Message]:
-    """The thread's messages from `from_seq` on matching `where` (SQL after AND, with
-    `params`), by seq in `order`, at most `limit`."""
-    rows = await sql.rows(
-        f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE thread_id = ? AND seq >= ?{where}"
-        f" ORDER BY seq {order}" + ("" if limit is None else " LIMIT ?"),
-        (thread_id, from_seq, *params, *(() if limit is None else (limit,))),
-    )
-    return [message_from_row(row) for row in rows]
-
-
-def stream_messages(
-    sql: Statements, thread_id: str, *, from_seq: int, newest_first: bool
-) -> AsyncGenerator[Row, None]:
-    return sql.stream(
-        f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE thread_id = ? AND seq >= ?"
-        f" ORDER BY seq {'DESC' if newest_first else 'ASC'}",
-        (thread_id, from_seq),
-    )
-
-
-async def read_snapshots(
-    sql: Statements, thread_id: str, where: str, order: str = "ASC", params: Sequence[Any] = (),
-    limit: int | None = None,
-) -> list[Snapshot]:
-    """The thread's first `limit` snapshots matching `where` (SQL over the snapshot's columns,
-    `params` its parameters) by level, start and the order written, each in `order`."""
-    rows = await sql.rows(
-        f"SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE thread_id = ? AND {where}"
-        f" ORDER BY level {order}, start_seq {order}, rowid {order}"
-        + (" LIMIT ?" if limit is not None else ""),
-        (thread_id, *params, *([] if limit is None else [limit])),
-    )
-    return [Snapshot(i, t, level, s, e, text, moment(at), by)
-            for i, t, level, s, e, text, at, by in rows]
-
-
-async def read_open_goals(sql: Statements, thread_id: str, byte_order: str) -> list[Goal]:
-    """The thread's open goals, oldest first (ids tie-break in `byte_order`)."""
-    rows = await sql.rows(
-        "SELECT id, description, status, created_at FROM goals"
-        f" WHERE thread_id = ? AND status = ? ORDER BY created_at, id{byte_order}",
-        (thread_id, GOAL_OPEN),
-    )
-    return [
-        Goal(gid, thread_id, description, status, moment(created_at))
-        for gid, description, status, created_at in rows
-    ]
-
-
-async def delete_thread_rows(sql: Statements, thread_id: str) -> int:
-    """Deletes a thread's rows but its counter row (search entries too); messages deleted."""
-    for table in ("pins", "goals", "snapshots", "compactions", "message_vectors"):
-        await sql.run(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
-    return await sql.run("DELETE FROM messages WHERE thread_id = ?", (thread_id,))
-
-
-async def read_compactions(sql: Statements, thread_id: str) -> list[Compaction]:
-    rows = await sql.rows(
-        "SELECT start_seq, end_seq, summary_text, created_at FROM compactions"
-        " WHERE thread_id = ? ORDER BY start_seq",
-        (thread_id,),
-    )
-    return [Compaction(thread_id, start, end, text, moment(created))
-            for start, end, text, created in rows]
-
 
 class SqlThreads(SqlStore):
-    # The parameters of a row of `MESSAGE_COLUMNS` for a draft.
+    # The parameters of a row of `reads.MESSAGE_COLUMNS` for a draft.
     _message_row: Callable[[str, str, int, MessageDraft, datetime], Row]
     _vector_of: Callable[[Any], Vector]  # a stored vector as read back
     # The condition on `id` (and its parameters) of the ids starting with a prefix.
     _prefix: Callable[[str], tuple[str, tuple[object, ...]]]
     # The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words.
-    _candidates: Callable[[Statements, SearchQuery], Awaitable[list[Row]]]
+    _candidates: Callable[[Statements, reads.SearchQuery], Awaitable[list[Row]]]
     # By rowid, (id, thread_id, seq, role, snippet, text) of the messages of these words.
     _snippets: Callable[[Statements, Sequence[str], list[int]], Awaitable[dict[int, Row]]]
 
@@ -210,7 +60,7 @@ class SqlThreads(SqlStore):
         nothing, the search vector is a column of the row)."""
 
     async def state(self, thread_id: str) -> ThreadState | None:
-        return await self._driver.read(lambda sql: read_state(sql, thread_id))
+        return await self._driver.read(lambda sql: reads.read_state(sql, thread_id))
 
     async def threads(self) -> list[ThreadInfo]:
         rows = await self._rows(
@@ -237,10 +87,10 @@ class SqlThreads(SqlStore):
         stored = None if vectors is None else [self._vector(v) for v in vectors]
 
         async def write(sql: Statements) -> ThreadState:
-            state, _ = await lock_row(sql, thread_id, self._stamp(at), self.LOCK)
+            state, _ = await reads.lock_row(sql, thread_id, self._stamp(at), self.LOCK)
             check_expected(thread_id, state, expected_len, expected_hash)
             await sql.run_many(
-                f"INSERT INTO messages({MESSAGE_COLUMNS}) VALUES ({marks(10)})",
+                f"INSERT INTO messages({reads.MESSAGE_COLUMNS}) VALUES ({marks(10)})",
                 [self._message_row(ids[i], thread_id, state.next_seq + i, d, at)
                  for i, d in enumerate(drafts)],
             )
@@ -270,10 +120,10 @@ class SqlThreads(SqlStore):
         self, thread_id: str, from_seq: int, keys: Sequence[bytes]
     ) -> int | None:
         async def read(sql: Statements) -> int | None:
-            rows = stream_messages(sql, thread_id, from_seq=from_seq, newest_first=False)
+            rows = reads.stream_messages(sql, thread_id, from_seq=from_seq, newest_first=False)
             async with aclosing(rows):
                 async for row in rows:
-                    message = message_from_row(row)
+                    message = reads.message_from_row(row)
                     if message.seq - from_seq >= len(keys):
                         break
                     if differs(message, from_seq, keys):
@@ -290,7 +140,7 @@ class SqlThreads(SqlStore):
             return 0
 
         async def write(sql: Statements) -> int:
-            state = await read_state(sql, thread_id, self.LOCK)
+            state = await reads.read_state(sql, thread_id, self.LOCK)
             if state is None:
                 return 0
             # Vectors and pins of the deleted messages go with them (ON DELETE CASCADE).
@@ -309,12 +159,12 @@ class SqlThreads(SqlStore):
 
     async def pop(self, thread_id: str) -> Message | None:
         async def write(sql: Statements) -> Message | None:
-            if await read_state(sql, thread_id, self.LOCK) is None:
+            if await reads.read_state(sql, thread_id, self.LOCK) is None:
                 return None
             # Vectors and pins go with the row (ON DELETE CASCADE), its search entry too.
             row = await sql.row(
                 "DELETE FROM messages WHERE rowid = (SELECT rowid FROM messages WHERE"
-                f" thread_id = ? ORDER BY seq DESC LIMIT 1) RETURNING {MESSAGE_COLUMNS}",
+                f" thread_id = ? ORDER BY seq DESC LIMIT 1) RETURNING {reads.MESSAGE_COLUMNS}",
                 (thread_id,),
             )
             if row is None:
@@ -324,20 +174,20 @@ class SqlThreads(SqlStore):
                 " AND end_seq >= ?",
                 (thread_id, row[2], row[2]),
             )
-            return message_from_row(row)
+            return reads.message_from_row(row)
 
         return await self._driver.write(write)
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
-        return await self._driver.read(lambda sql: read_compactions(sql, thread_id))
+        return await self._driver.read(lambda sql: reads.read_compactions(sql, thread_id))
 
     async def raw(self, thread_id: str) -> list[Message]:
-        return await self._driver.read(lambda sql: read_messages(sql, thread_id))
+        return await self._driver.read(lambda sql: reads.read_messages(sql, thread_id))
 
     async def uncompacted(self, thread_id: str) -> tuple[list[Compaction], list[Message]]:
         async def read(sql: Statements) -> tuple[list[Compaction], list[Message]]:
-            compactions = await read_compactions(sql, thread_id)
-            messages = await read_messages(
+            compactions = await reads.read_compactions(sql, thread_id)
+            messages = await reads.read_messages(
                 sql, thread_id, from_seq=compacted_floor(compactions))
             return compactions, [m for m in messages if not covered(m.seq, compactions)]
 
@@ -347,14 +197,14 @@ class SqlThreads(SqlStore):
         self, thread_id: str, k: int
     ) -> tuple[list[Compaction], list[Message]]:
         async def read(sql: Statements) -> tuple[list[Compaction], list[Message]]:
-            compactions = await read_compactions(sql, thread_id)
+            compactions = await reads.read_compactions(sql, thread_id)
             picked: list[Message] = []
             turns = 0
-            rows = stream_messages(sql, thread_id, from_seq=compacted_floor(compactions),
+            rows = reads.stream_messages(sql, thread_id, from_seq=compacted_floor(compactions),
                                          newest_first=True)
             async with aclosing(rows):
                 async for row in rows:
-                    message = message_from_row(row)
+                    message = reads.message_from_row(row)
                     if covered(message.seq, compactions):
                         continue
                     picked.append(message)
@@ -374,7 +224,7 @@ class SqlThreads(SqlStore):
         at = utc(now)
 
         async def write(sql: Statements) -> None:
-            state = await read_state(sql, thread_id, self.LOCK)
+            state = await reads.read_state(sql, thread_id, self.LOCK)
             if state is None:
                 raise NotFoundError("thread", thread_id)
             if end_seq >= state.next_seq:
@@ -417,9 +267,9 @@ class SqlThreads(SqlStore):
 
     async def clear(self, thread_id: str) -> None:
         async def write(sql: Statements) -> None:
-            _, created = await lock_row(
+            _, created = await reads.lock_row(
                 sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
-            await delete_thread_rows(sql, thread_id)  # goals of a thread never saved too
+            await reads.delete_thread_rows(sql, thread_id)  # goals of a thread never saved too
             if created:  # no thread was saved: none made by clearing it
                 await sql.run("DELETE FROM threads WHERE id = ?", (thread_id,))
                 return
@@ -433,8 +283,8 @@ class SqlThreads(SqlStore):
 
     async def purge(self, thread_id: str) -> int:
         async def write(sql: Statements) -> int:
-            await lock_row(sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
-            gone = await delete_thread_rows(sql, thread_id)
+            await reads.lock_row(sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
+            gone = await reads.delete_thread_rows(sql, thread_id)
             await sql.run("DELETE FROM threads WHERE id = ?", (thread_id,))
             await self._erased(sql, gone)
             return gone
@@ -465,26 +315,26 @@ class SqlThreads(SqlStore):
 
     async def open_goals(self, thread_id: str) -> list[Goal]:
         return await self._driver.read(
-            lambda sql: read_open_goals(sql, thread_id, self.BYTE_ORDER))
+            lambda sql: reads.read_open_goals(sql, thread_id, self.BYTE_ORDER))
 
     async def viewport_inputs(self, thread_id: str, token_limit: int) -> ViewportInputs:
         async def read(sql: Statements) -> ViewportInputs:
-            state = await read_state(sql, thread_id)
+            state = await reads.read_state(sql, thread_id)
             boundary = state.boundary_seq if state else 0
-            pinned = await read_messages(
+            pinned = await reads.read_messages(
                 sql, thread_id, where=" AND seq < ? AND id IN (SELECT message_id FROM pins"
                 " WHERE thread_id = ?)", order="DESC", params=(boundary, thread_id),
             )
-            level1 = await read_snapshots(sql, thread_id, UNCOVERED, "DESC")
-            level2 = await read_snapshots(sql, thread_id, "level = 2", "DESC")
+            level1 = await reads.read_snapshots(sql, thread_id, reads.UNCOVERED, "DESC")
+            level2 = await reads.read_snapshots(sql, thread_id, "level = 2", "DESC")
             past = await number(sql, "SELECT sum(tokens) FROM messages WHERE thread_id = ?"
                                 " AND seq >= ?", thread_id, boundary)
             newest: list[Message] = []
             used = 0
-            rows = stream_messages(sql, thread_id, from_seq=boundary, newest_first=True)
+            rows = reads.stream_messages(sql, thread_id, from_seq=boundary, newest_first=True)
             async with aclosing(rows):
                 async for row in rows:
-                    message = message_from_row(row)
+                    message = reads.message_from_row(row)
                     newest.append(message)
                     used += message.tokens
                     if used > token_limit:
@@ -495,12 +345,12 @@ class SqlThreads(SqlStore):
 
     async def eviction_inputs(self, thread_id: str) -> EvictionInputs:
         async def read(sql: Statements) -> EvictionInputs:
-            state = await read_state(sql, thread_id)
+            state = await reads.read_state(sql, thread_id)
             if state is None:
                 raise NotFoundError("thread", thread_id)
-            past = await read_messages(sql, thread_id, from_seq=state.boundary_seq)
-            last = await read_snapshots(sql, thread_id, UNCOVERED)
-            goals = await read_open_goals(sql, thread_id, self.BYTE_ORDER)
+            past = await reads.read_messages(sql, thread_id, from_seq=state.boundary_seq)
+            last = await reads.read_snapshots(sql, thread_id, reads.UNCOVERED)
+            goals = await reads.read_open_goals(sql, thread_id, self.BYTE_ORDER)
             return EvictionInputs(state.boundary_seq, past, goals, last[-1].text if last else "")
 
         return await self._driver.together(read)
@@ -524,7 +374,7 @@ class SqlThreads(SqlStore):
             )
 
         async def write(sql: Statements) -> None:
-            state = await read_state(sql, thread_id, self.LOCK)
+            state = await reads.read_state(sql, thread_id, self.LOCK)
             if state is None or state.boundary_seq != boundary_before:
                 raise ConflictError(f"thread {thread_id!r} changed during eviction")
             await sql.run("UPDATE threads SET boundary_seq = ? WHERE id = ?",
@@ -545,14 +395,14 @@ class SqlThreads(SqlStore):
 
     async def _insert_snapshot(self, sql: Statements, s: Snapshot) -> None:
         await sql.run(
-            f"INSERT INTO snapshots({SNAPSHOT_COLUMNS}) VALUES ({marks(8)})",
+            f"INSERT INTO snapshots({reads.SNAPSHOT_COLUMNS}) VALUES ({marks(8)})",
             (s.id, s.thread_id, s.level, s.start_seq, s.end_seq, s.text,
              self._stamp(s.created_at), s.covered_by),
         )
 
     async def uncovered_snapshots(self, thread_id: str) -> list[Snapshot]:
         return await self._driver.read(
-            lambda sql: read_snapshots(sql, thread_id, UNCOVERED))
+            lambda sql: reads.read_snapshots(sql, thread_id, reads.UNCOVERED))
 
     async def commit_fold(
         self, thread_id: str, covered: Sequence[Snapshot], text: str, now: datetime
@@ -581,7 +431,7 @@ class SqlThreads(SqlStore):
 
     async def snapshots(self, thread_id: str) -> list[Snapshot]:
         return await self._driver.read(
-            lambda sql: read_snapshots(sql, thread_id, "1 = 1"))
+            lambda sql: reads.read_snapshots(sql, thread_id, "1 = 1"))
 
     async def search(
         self,
@@ -596,7 +446,7 @@ class SqlThreads(SqlStore):
     ) -> list[SearchHit]:
         if not words:
             return []
-        query = SearchQuery(
+        query = reads.SearchQuery(
             words, pool_size(limit), thread_id, exclude_viewport_of, shown, where)
 
         async def read(sql: Statements) -> list[SearchHit]:
@@ -614,7 +464,7 @@ class SqlThreads(SqlStore):
 
         return await self._driver.together(read)
 
-    def _unseen(self, query: SearchQuery) -> tuple[list[str], list[object]]:
+    def _unseen(self, query: reads.SearchQuery) -> tuple[list[str], list[object]]:
         """The condition that a message `m` is not in the viewport of `exclude_viewport_of`
         (from its boundary on, or, given `shown`, what it showed and still would: a pin still
         shows it), and its parameters; none without such a thread."""
@@ -630,7 +480,7 @@ class SqlThreads(SqlStore):
     async def scopes(self, thread_id: str, limit: int) -> list[Metadata]:
         rows = await self._rows("SELECT DISTINCT metadata FROM messages WHERE thread_id = ?"
                                 " LIMIT ?", (thread_id, limit))
-        return [metadata_of(stored) for stored, in rows]
+        return [reads.metadata_of(stored) for stored, in rows]
 
     async def message_ids(self, prefix: str, limit: int) -> list[str]:
         condition, params = self._prefix(prefix)
@@ -641,19 +491,19 @@ class SqlThreads(SqlStore):
 
     async def view(self, message_id: str, radius: int) -> MessageView:
         async def read(sql: Statements) -> MessageView:
-            row = await sql.row(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?",
+            row = await sql.row(f"SELECT {reads.MESSAGE_COLUMNS} FROM messages WHERE id = ?",
                                 (message_id,))
             if row is None:
                 raise NotFoundError("message", message_id)
-            target = message_from_row(row)
+            target = reads.message_from_row(row)
             near = [
-                await read_messages(sql, target.thread_id, where=f" AND seq {op} ?",
+                await reads.read_messages(sql, target.thread_id, where=f" AND seq {op} ?",
                                           order=order, params=(target.seq,), limit=radius)
                 if radius else []
                 for op, order in (("<", "DESC"), (">", "ASC"))
             ]
             snapshots = [
-                await read_snapshots(sql, target.thread_id, f"level = 1 AND start_seq {op} ?",
+                await reads.read_snapshots(sql, target.thread_id, f"level = 1 AND start_seq {op} ?",
                                            order, (target.seq,), VIEW_SNAPSHOTS)
                 for op, order in (("<=", "DESC"), (">", "ASC"))
             ]

@@ -17,7 +17,8 @@ from mnemo.storage.postgres.connection import PgDialect, as_array
 from mnemo.storage.postgres.text_search import TEXT_SEARCH_CONFIG, WORD_QUERY
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
-from mnemo.storage.threads import SearchQuery, SqlThreads
+from mnemo.storage.thread_rows import SearchQuery
+from mnemo.storage.threads import SqlThreads
 
 # bm25's parameters, FTS5's: term-frequency saturation and length normalisation.
 K1 = 1.2

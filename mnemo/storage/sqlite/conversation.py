@@ -13,7 +13,8 @@ from mnemo.graph.scope import canonical
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements, marks
 from mnemo.storage.sqlite.database import Database, truncate_wal
-from mnemo.storage.threads import SearchQuery, SqlThreads
+from mnemo.storage.thread_rows import SearchQuery
+from mnemo.storage.threads import SqlThreads
 
 
 def match_expression(words: Sequence[str]) -> str:

@@ -26,7 +26,7 @@ from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.conversation import PgThreads, scoring_query
 from mnemo.storage.sqlite.conversation import SqliteThreads
 from mnemo.storage.sqlite.database import Database
-from mnemo.storage.threads import SearchQuery
+from mnemo.storage.thread_rows import SearchQuery
 from mnemo.text import query_words
 from tests.fakes import js
 from tests.strategies import json_values, texts

@@ -42,6 +42,16 @@ async def _evict(
             return await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
 
 
+async def _evict_with_a_goal(store: str, server: ProviderServer) -> mnemo.EvictionResult:
+    llm = _openai(server)
+    config = mnemo.Config(extraction_timeout=30)
+    async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config) as mem:
+        await mem.conversation().save("t", HISTORY)
+        await mem.add_goal("t", "ship the billing service")
+        with anyio.fail_after(30):
+            return await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+
+
 @pytest.mark.parametrize("server", [(NAMED, 0.0)], indirect=True)
 async def test_a_server_obeying_only_a_named_tool_saves_the_snapshot_at_once(
     store: str, server: ProviderServer
@@ -119,13 +129,7 @@ async def test_with_open_goals_the_second_round_requires_a_tool(
 ) -> None:
     """With a goal open, the round after the snapshot asks for any tool ("required") and the
     eviction ends at `everything_ok`."""
-    llm = _openai(server)
-    config = mnemo.Config(extraction_timeout=30)
-    async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config) as mem:
-        await mem.conversation().save("t", HISTORY)
-        await mem.add_goal("t", "ship the billing service")
-        with anyio.fail_after(30):
-            result = await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+    result = await _evict_with_a_goal(store, server)
     assert result.error is None
     assert [c.name for c in result.tool_calls] == ["save_snapshot", "everything_ok"]
     assert [r.body.get("tool_choice") for r in server.requests][1] == "required"
@@ -299,13 +303,7 @@ async def test_a_round_failing_after_the_snapshot_keeps_it_without_an_error(
     """With a goal open, the round after the snapshot fails (a server error, no retries left):
     the snapshot saved stands and the eviction reports no error (pins are optional)."""
     server.script(Answer(tool_calls=(("save_snapshot", {"text": SNAPSHOT}),)), Fail(500))
-    llm = _openai(server)
-    config = mnemo.Config(extraction_timeout=30)
-    async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config) as mem:
-        await mem.conversation().save("t", HISTORY)
-        await mem.add_goal("t", "ship the billing service")
-        with anyio.fail_after(30):
-            result = await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+    result = await _evict_with_a_goal(store, server)
     assert len(server.requests) == 2
     assert result.error is None
     assert result.snapshot is not None

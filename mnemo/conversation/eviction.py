@@ -140,14 +140,14 @@ async def run_loop(
                 try:
                     response = await llm.generate(request)
                 except Exception as exc:
-                    if choice is not None and not tools.snapshot_parts:
+                    if tools.snapshot_parts:  # pins are optional; the snapshot covers the zone
+                        log.warning("eviction: a round after the snapshot failed: %r", exc)
+                        break
+                    if choice is not None:
                         # A model or server without tools may still answer with data.
                         log.info("eviction asked with tools failed (%r): asked for data", exc)
                         silent = len(SNAPSHOT_CHOICES)
                         continue
-                    if tools.snapshot_parts:  # pins are optional; the snapshot covers the zone
-                        log.warning("eviction: a round after the snapshot failed: %r", exc)
-                        break
                     # Whatever the model did wrong, the boundary must still move: report.
                     log.warning("eviction LLM call failed", exc_info=True)
                     return f"the eviction model failed: {exc!r}", usage

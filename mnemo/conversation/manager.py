@@ -330,7 +330,7 @@ class ConversationManager:
                 max_words=max_words,
             )
             try:
-                with fail_after(service.timeout):
+                with fail_after(service.timeout, stretches=True):
                     summary = await ask(self.llm, request, parse_summary, any_reply=True)
             except Exception:
                 # The messages stay uncompacted and whole: load shows them, nothing is lost.

@@ -227,6 +227,26 @@ async def test_a_slow_server_is_given_the_time_its_speed_says_an_eviction_needs(
     assert result.snapshot.text == SNAPSHOT * 3
 
 
+
+async def test_a_slow_server_is_given_the_time_its_speed_says_a_summary_needs(
+    store: str,
+) -> None:
+    """An automatic summary's time follows the server's speed as an eviction's does: measured
+    slow (50 tokens a second), its summary is saved, not cut off at 0.2 s."""
+    with ProviderServer(tokens_per_second=50.0) as server:
+        llm = _openai(server)
+        config = mnemo.Config(extraction_timeout=0.2)
+        async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
+                                     config=config) as mem:
+            await llm.generate(mnemo.LLMRequest("warm", "Say hi.", [user("hi")], max_tokens=8))
+            server.script(Answer(data={"summary": SNAPSHOT * 3}))
+            conv = mem.conversation(compression=mnemo.Summary(max_tokens=60, keep=1))
+            with anyio.fail_after(30):
+                await conv.save("t", HISTORY)
+            records = await conv.compactions("t")
+    assert [c.summary_text for c in records] == [SNAPSHOT * 3]
+
+
 LONG_SNAPSHOT = " ".join(f"The billing service step {i} went to staging." for i in range(60))
 
 

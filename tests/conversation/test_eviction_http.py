@@ -3,7 +3,8 @@ snapshot comes through the tools whatever the server, and the rounds share one d
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 
 import anyio
@@ -205,27 +206,33 @@ async def test_eviction_replies_are_read_in_the_shapes_providers_send(
     assert len(result.pinned) == pinned
 
 
+@asynccontextmanager
+async def _measured_slow(store: str) -> AsyncIterator[tuple[ProviderServer, mnemo.Memory]]:
+    """A Memory (`extraction_timeout` 0.2 s) whose model's server, 50 tokens a second, was
+    measured on a first, short reply: its speed is what the deadlines follow."""
+    with ProviderServer(tokens_per_second=50.0) as server:
+        llm = _openai(server)
+        config = mnemo.Config(extraction_timeout=0.2)
+        async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
+                                     config=config) as mem:
+            await llm.generate(mnemo.LLMRequest("warm", "Say hi.", [user("hi")], max_tokens=8))
+            yield server, mem
+
+
 async def test_a_slow_server_is_given_the_time_its_speed_says_an_eviction_needs(
     store: str,
 ) -> None:
     """`extraction_timeout` is the eviction's first guess, as it is an extraction's: a server
     measured slow (50 tokens a second) gets the time its replies need, and its snapshot is
     saved, not cut off at 0.2 s."""
-    with ProviderServer(tokens_per_second=50.0) as server:
-        llm = _openai(server)
-        config = mnemo.Config(extraction_timeout=0.2)
-        async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
-                                     config=config) as mem:
-            # Measured on a first, short reply (its speed is what the eviction's time follows).
-            await llm.generate(mnemo.LLMRequest("warm", "Say hi.", [user("hi")], max_tokens=8))
-            server.script(Answer(tool_calls=(("save_snapshot", {"text": SNAPSHOT * 3}),)))
-            await mem.conversation().save("t", HISTORY)
-            with anyio.fail_after(30):
-                result = await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+    async with _measured_slow(store) as (server, mem):
+        server.script(Answer(tool_calls=(("save_snapshot", {"text": SNAPSHOT * 3}),)))
+        await mem.conversation().save("t", HISTORY)
+        with anyio.fail_after(30):
+            result = await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
     assert result.error is None
     assert result.snapshot is not None
     assert result.snapshot.text == SNAPSHOT * 3
-
 
 
 async def test_a_slow_server_is_given_the_time_its_speed_says_a_summary_needs(
@@ -233,17 +240,12 @@ async def test_a_slow_server_is_given_the_time_its_speed_says_a_summary_needs(
 ) -> None:
     """An automatic summary's time follows the server's speed as an eviction's does: measured
     slow (50 tokens a second), its summary is saved, not cut off at 0.2 s."""
-    with ProviderServer(tokens_per_second=50.0) as server:
-        llm = _openai(server)
-        config = mnemo.Config(extraction_timeout=0.2)
-        async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
-                                     config=config) as mem:
-            await llm.generate(mnemo.LLMRequest("warm", "Say hi.", [user("hi")], max_tokens=8))
-            server.script(Answer(data={"summary": SNAPSHOT * 3}))
-            conv = mem.conversation(compression=mnemo.Summary(max_tokens=60, keep=1))
-            with anyio.fail_after(30):
-                await conv.save("t", HISTORY)
-            records = await conv.compactions("t")
+    async with _measured_slow(store) as (server, mem):
+        server.script(Answer(data={"summary": SNAPSHOT * 3}))
+        conv = mem.conversation(compression=mnemo.Summary(max_tokens=60, keep=1))
+        with anyio.fail_after(30):
+            await conv.save("t", HISTORY)
+        records = await conv.compactions("t")
     assert [c.summary_text for c in records] == [SNAPSHOT * 3]
 
 

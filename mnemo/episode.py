@@ -12,7 +12,7 @@ from typing import Annotated
 import anyio
 import numpy as np
 
-from mnemo.calls.retry import fail_after
+from mnemo.calls.retry import allowed, fail_after
 from mnemo.calls.schema import Meta, Reply, most_tokens, reply_schema, text
 from mnemo.calls.tasks import ask, preview, read_reply, reply_data, task_request, unit_score
 from mnemo.config import Config
@@ -337,7 +337,8 @@ async def annotate_step(
     except TimeoutError as exc:
         if isinstance(exc, MnemoError):
             raise
-        raise LLMTimeout(f"{name}: the annotation timed out after {time_limit}s") from exc
+        raise LLMTimeout(f"{name}: the annotation timed out after {allowed(exc, time_limit):g} s"
+                         ) from exc
     starts = starts_trajectory(previous, vector, config.trajectory_threshold)
     trajectory = previous.trajectory_id if previous is not None and not starts else new_trajectory
     done = replace(step, trajectory_id=trajectory, state_summary=str(results["state"]),

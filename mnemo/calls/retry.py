@@ -45,6 +45,7 @@ class Deadline:
     def __init__(self, seconds: float, *, stretches: bool = False) -> None:
         self.scope = anyio.CancelScope(deadline=anyio.current_time() + seconds)
         self.stretches = stretches
+        self.granted = seconds  # the seconds allowed so far, stretches included
         self._paused = 0
         self._left = seconds
 
@@ -62,9 +63,15 @@ class Deadline:
     def allow(self, seconds: float) -> None:
         """Leaves at least `seconds` before the deadline, waits excluded."""
         if self._paused:
-            self._left = max(self._left, seconds)
+            more = seconds - self._left
         else:
-            self.scope.deadline = max(self.scope.deadline, anyio.current_time() + seconds)
+            more = anyio.current_time() + seconds - self.scope.deadline
+        if more > 0:
+            self.granted += more
+            if self._paused:
+                self._left = seconds
+            else:
+                self.scope.deadline += more
 
     def left(self) -> float:
         return self._left if self._paused else self.scope.deadline - anyio.current_time()
@@ -96,12 +103,25 @@ def registered(clock: Pausable) -> Iterator[None]:
 @contextmanager
 def fail_after(seconds: float, *, stretches: bool = False) -> Iterator[anyio.CancelScope]:
     """`anyio.fail_after(seconds)`, not counting the time calls inside it spend `waiting()`; with
-    `stretches`, a slow server's requests lengthen `seconds` (`allow`)."""
+    `stretches`, a slow server's requests lengthen `seconds` (`allow`). Raises `Expired`."""
     deadline = Deadline(seconds, stretches=stretches)
     with registered(deadline), deadline.scope:
         yield deadline.scope
     if deadline.scope.cancelled_caught and anyio.current_time() >= deadline.scope.deadline:
-        raise TimeoutError
+        raise Expired(deadline.granted)
+
+
+class Expired(TimeoutError):
+    """A `fail_after` deadline passed: `seconds` is the time it allowed, stretches included."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the deadline passed after {seconds:g} s")
+        self.seconds = seconds
+
+
+def allowed(exc: TimeoutError, seconds: float) -> float:
+    """The seconds the deadline that raised `exc` allowed (`seconds` for another timeout)."""
+    return exc.seconds if isinstance(exc, Expired) else seconds
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import product
 
-from mnemo.calls.retry import fail_after
+from mnemo.calls.retry import allowed, fail_after
 from mnemo.calls.tasks import read_reply, reply_data
 from mnemo.conversation.model import Message
 from mnemo.conversation.prompts import EVICTION_ARGUMENTS, AttachMessagesToGoals, SaveSnapshot
@@ -164,9 +164,9 @@ async def run_loop(
                     tools.call(call)
                 if tools.finished:
                     break
-    except TimeoutError:
+    except TimeoutError as exc:
         kept = " (the snapshot it saved is kept)" if tools.snapshot_parts else ""
-        return f"the eviction model timed out after {time_limit:g} s{kept}", usage
+        return f"the eviction model timed out after {allowed(exc, time_limit):g} s{kept}", usage
     if tools.snapshot_parts:
         return None, usage
     last = next((line for line in reversed(tools.done) if "error:" in line), "")

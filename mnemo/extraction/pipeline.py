@@ -13,7 +13,7 @@ import anyio
 import anyio.lowlevel
 
 from mnemo import cpu
-from mnemo.calls.retry import fail_after
+from mnemo.calls.retry import allowed, fail_after
 from mnemo.episode import NEUTRAL_REWARD, EpisodeRecord, StepRecord, parse_reward, reward_request
 from mnemo.errors import AdapterError, LLMError, first_error
 from mnemo.extraction.draft import (
@@ -91,7 +91,7 @@ async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: 
         except TimeoutError as exc:
             unanswered = ", ".join(sorted(pending)) or "none"
             raise TimeoutError(
-                f"{name} took more than {time_limit:g} s of its calls' time "
+                f"{name} took more than {allowed(exc, time_limit):g} s of its calls' time "
                 f"(unanswered: {unanswered})") from exc
 
     async def draft() -> None:

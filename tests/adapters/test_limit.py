@@ -19,7 +19,7 @@ import trio.testing
 from hypothesis import given, settings, strategies as st
 
 from mnemo.adapters.limit import INITIAL, Limit, LimitState, ServerProfile
-from mnemo.calls.retry import fail_after, waiting
+from mnemo.calls.retry import Expired, allow, fail_after, waiting
 
 
 def simulate(main: Callable[[], Awaitable[None]]) -> None:
@@ -266,6 +266,33 @@ def test_a_deadline_does_not_count_a_wait_for_a_turn() -> None:
             await anyio.sleep(5.0)
 
     simulate(main)
+
+
+def test_a_stretched_deadline_that_passes_says_how_long_it_allowed() -> None:
+    """A stretching deadline of 2 s that a slow request lengthens to 5 s (then asks for less,
+    which changes nothing) passes at 5 s, a wait for a turn not counted, and its error says 5 s,
+    not 2; a deadline that does not stretch keeps its 2 s."""
+    raised: list[Expired] = []
+
+    async def slow(stretches: bool) -> None:
+        try:
+            with fail_after(2.0, stretches=stretches):
+                allow(5.0)
+                allow(1.0)
+                with waiting():
+                    await anyio.sleep(3.0)
+                await anyio.sleep(10.0)
+        except Expired as exc:
+            raised.append(exc)
+
+    async def main() -> None:
+        await slow(stretches=True)
+        assert anyio.current_time() == pytest.approx(8.0)
+        await slow(stretches=False)
+
+    simulate(main)
+    assert [e.seconds for e in raised] == [pytest.approx(5.0), pytest.approx(2.0)]
+    assert "5 s" in str(raised[0])
 
 
 def test_tasks_started_inside_a_deadline_share_it() -> None:

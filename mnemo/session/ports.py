@@ -331,8 +331,9 @@ class Coordination(Protocol):
     async def forget_orphans(
         self, unseen_since: datetime, gone: Sequence[str] = (), *, me: str | None = None
     ) -> int:
-        """Forgets the operations nobody waits for that a gone holder took and left without a
-        result (as `abandon_ops` judges); returns how many."""
+        """Forgets the operations nobody waits for (their Memory closed, or left as a taker
+        does) that are answered or that a gone holder took and left without a result (as
+        `abandon_ops` judges); returns how many."""
 
     async def still_taken(self, op_id: str, holder_id: str) -> bool:
         """Whether the operation is still taken by `holder_id` (False once `abandon_ops`

@@ -397,8 +397,9 @@ async def take_over(live: Sessions) -> None:
         log.warning("%s: looking for operations left by a gone holder failed: %r",
                     live.holder_id, exc)
     try:
-        # What a holder took for a closed Memory and left: nobody would run or read it.
-        # Judged over longer than a lease (a late holder still runs what it took).
+        # What was answered for, or taken and left by, a holder that closed or left: nobody
+        # would run or read it. Judged over longer than a lease (a late holder still runs what
+        # it took, a late Memory reads its answers).
         forgotten = await co.forget_orphans(now - max(live.lease, ORPHAN_GRACE), gone,
                                             me=live.holder_id)
     except MnemoError as exc:
@@ -406,8 +407,8 @@ async def take_over(live: Sessions) -> None:
                     live.holder_id, exc)
     else:
         if forgotten:
-            log.info("%s: forgot %d stored operations a gone holder left, for a Memory "
-                     "that has closed", live.holder_id, forgotten)
+            log.info("%s: forgot %d stored operations nobody waits for", live.holder_id,
+                     forgotten)
 
 
 async def answer_abandoned(

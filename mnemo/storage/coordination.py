@@ -268,8 +268,11 @@ class SqlCoordination(SqlStore):
     async def forget_orphans(
         self, unseen_since: datetime, gone: Sequence[str] = (), *, me: str | None = None
     ) -> int:
-        where = f"FROM ops WHERE accepted_by = '' AND {self._left(gone)}"
-        params = (me, self._stamp(unseen_since), *gone)
+        # Nobody waits for it (its Memory closed or is gone), and it is answered or was left.
+        where = (f"FROM ops WHERE (accepted_by = '' OR {_departed('ops.accepted_by', gone)})"
+                 f" AND (result IS NOT NULL OR ({self._left(gone)}))")
+        stamp = self._stamp(unseen_since)
+        params = (stamp, *gone, me, stamp, *gone)
         # Looked for first, without a lock.
         if not await self._rows(f"SELECT 1 {where} LIMIT 1", params):
             return 0

@@ -173,28 +173,34 @@ async def test_abandon_ops_forgets_only_what_a_departed_taker_left_without_a_res
     assert await co.abandon_ops([], cut) == []
 
 
-async def test_forget_orphans_forgets_only_what_nobody_waits_for_and_a_departed_taker_left(
+async def test_forget_orphans_forgets_only_what_nobody_waits_for_and_is_answered_or_left(
     backend: Backend, store: str
 ) -> None:
-    """`forget_orphans` forgets the stored operations whose accepting Memory closed (they
-    wait for nobody) that a holder took and left without a result: retired, last seen
-    before the cut-off, or named gone; never one `me` took. One a Memory waits for (that is
-    `abandon_ops`' to answer), one nobody took and one a live holder took stay. Before,
-    nothing forgot them: their rows stayed for good."""
+    """`forget_orphans` forgets the stored operations whose accepting Memory closed or left
+    (retired, last seen before the cut-off, or named gone) that are answered, or that a holder
+    took and left without a result (likewise judged); never one `me` took. One a live Memory
+    waits for (that is `abandon_ops`' to answer, or its own to read), one nobody took (it
+    still runs) and one a live holder took stay. Before, an answer for a killed Memory
+    stayed for good."""
     co = backend.coordination
     sid = await a_session(backend, store)
     cut = await takers(backend)
     for op_id, accepted_by, taker in [
         ("retired", "", "retired"), ("late", "", "late"), ("gone", "", "dead_pid"),
-        ("alive", "", "alive"), ("waited_for", "a", "late"), ("untaken", "", None),
+        ("alive", "", "alive"), ("waited_for", "alive", "late"),
+        ("answered_for_the_gone", "dead_pid", "alive"), ("answered", "alive", "alive"),
+        ("answered_for_the_late", "late", "alive"),
+        ("untaken", "", None), ("untaken_for_the_gone", "dead_pid", None),
     ]:
         await co.queue_op(StoredOp(op_id, sid, "commit", [], accepted_by, T0))
         if taker is not None:
             assert [op.id for op in await co.take_ops(sid, taker)] == [op_id]
-    assert await co.forget_orphans(cut, me="late") == 1  # the retired one's
-    assert await co.forget_orphans(cut, ["dead_pid"]) == 2
+    for op_id in ["answered_for_the_gone", "answered", "answered_for_the_late"]:
+        await co.finish_op(op_id, StoredResult(True, "committed"))
+    assert await co.forget_orphans(cut, me="late") == 2  # the retired one's; the late's answer
+    assert await co.forget_orphans(cut, ["dead_pid"]) == 3
     assert sorted(r[0] for r in await sql(backend, "SELECT id FROM ops")) == [
-        "alive", "untaken", "waited_for"]
+        "alive", "answered", "untaken", "untaken_for_the_gone", "waited_for"]
     assert await co.forget_orphans(cut, ["dead_pid"]) == 0
 
 

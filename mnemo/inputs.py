@@ -26,16 +26,16 @@ MAX_JSON_DEPTH = 64
 
 
 def check_text(value: object, what: str, *, limit: int, blank_ok: bool = False,
-               stored: bool = True) -> str:
-    """`value`, checked to be a string of at most `limit` characters, not blank unless
-    `blank_ok`, and without NUL when `stored` (PostgreSQL's text cannot hold it); else
-    InvalidInputError."""
+               stored: bool = True, setting: str | None = "Config.max_text_chars") -> str:
+    """`value`, checked to be a string of at most `limit` characters (the bound `setting`
+    names, None: a fixed one), not blank unless `blank_ok`, and without NUL when `stored`
+    (PostgreSQL's text cannot hold it); else InvalidInputError."""
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
     if len(value) > limit:  # first: what follows reads every character
         raise InvalidInputError(
-            f"{what} is {len(value):,} characters long, more than the {limit:,} allowed "
-            "(Config.max_text_chars)")
+            f"{what} is {len(value):,} characters long, more than the {limit:,} allowed"
+            + ("" if setting is None else f" ({setting})"))
     if stored and "\x00" in value:
         raise InvalidInputError(f"{what} must not contain a NUL character (U+0000)")
     if not _encodable(value):

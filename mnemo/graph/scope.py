@@ -112,7 +112,7 @@ def same(a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> bool:
 def _key(key: object, what: str) -> str:
     if not isinstance(key, str) or not key.strip():
         raise InvalidInputError(f"{what}'s keys must be non-blank strings, got {key!r}")
-    return check_text(key, f"{what} key", limit=MAX_KEY_CHARS)
+    return check_text(key, f"{what} key", limit=MAX_KEY_CHARS, setting=None)
 
 
 def _value(value: object, what: str) -> Scalar:
@@ -124,7 +124,7 @@ def _value(value: object, what: str) -> Scalar:
             raise InvalidInputError(f"{what} must be a finite number, got {value!r}")
         return int(value) if value.is_integer() else value
     if isinstance(value, str):
-        return check_text(value, what, limit=MAX_VALUE_CHARS, blank_ok=True)
+        return check_text(value, what, limit=MAX_VALUE_CHARS, blank_ok=True, setting=None)
     raise InvalidInputError(
         f"{what} must be a str, int, float or bool, got {type(value).__name__}")
 

@@ -47,9 +47,10 @@ class Stored:
         return max(self.used, self.updated) if self.used else self.updated
 
 
-def conversation(history: object, limit: int) -> list[dict[str, str]]:
+def conversation(history: object, limit: int, setting: str) -> list[dict[str, str]]:
     """The user and assistant messages of `history` that carry text, newest within budget
-    (InvalidInputError for a history that is not messages, or past `limit`)."""
+    (InvalidInputError for a history that is not messages, or past `limit`, the bound
+    `setting` names)."""
     if isinstance(history, str | bytes) or not isinstance(history, Sequence):
         raise InvalidInputError("history must be a list of message dicts")
     kept: list[dict[str, str]] = []
@@ -64,7 +65,7 @@ def conversation(history: object, limit: int) -> list[dict[str, str]]:
             raise InvalidInputError(
                 f"history[{index}].content holds {len(content):,} parts, more than {limit:,}")
         text = check_text(content_text(content), f"history[{index}].content", limit=limit,
-                          blank_ok=True).strip()
+                          blank_ok=True, setting=setting).strip()
         if message.get("role") not in ("user", "assistant") or not text:
             continue
         total += min(len(text), _MAX_MESSAGE_CHARS)

@@ -206,6 +206,10 @@ class _Planned:
             allow_removal=self.allow_removal, removed=self.change.remove))
 
 
+# What `max_text_chars` bounds here, as an error names it.
+_BOUND = "MemoryFiles(max_text_chars=)"
+
+
 class MemoryFiles:
     """Long-term memory as one Markdown file per topic in `directory`, each at most `max_chars`
     (condensed by the LLM first, else its oldest entries dropped). `enabled=False` turns writing
@@ -248,7 +252,7 @@ class MemoryFiles:
         Raises:
             InvalidInputError: a blank or too long `query`, or a `limit` below 1.
             TimeoutError: another writer held the directory's lock too long."""
-        check_text(query, "query", limit=self.max_text_chars, stored=False)
+        check_text(query, "query", limit=self.max_text_chars, stored=False, setting=_BOUND)
         check_count("limit", limit, minimum=1)
         wanted = _select.stems(query)
         if not wanted:
@@ -278,7 +282,7 @@ class MemoryFiles:
                 return MemoryUpdate(skipped="disabled")
             if is_subagent or iterations < self.min_iterations:
                 return MemoryUpdate()
-            conversation = _select.conversation(history, self.max_text_chars)
+            conversation = _select.conversation(history, self.max_text_chars, _BOUND)
             if not conversation:
                 return MemoryUpdate()
             metered = CountingLLM(llm if llm is not None else OfflineLLM())
@@ -309,7 +313,7 @@ class MemoryFiles:
         if not isinstance(what, str) or not _format.entry_key(what):
             # Only bullets and punctuation (".") leave nothing to file.
             raise InvalidInputError(f"what must be a statement with words, got {what!r}")
-        check_text(what, "what", limit=self.max_text_chars)
+        check_text(what, "what", limit=self.max_text_chars, setting=_BOUND)
         check_models(llm, None)
         if not self.enabled:
             return MemoryFile("", "", self.directory, self._now(), "", skipped="disabled")

@@ -134,6 +134,15 @@ async def test_bad_metadata_is_refused_before_anything_is_stored(
     assert await mem.list_sessions() == []
 
 
+async def test_a_metadata_value_past_its_bound_names_that_bound(mem: mnemo.Memory) -> None:
+    """A metadata value past 512 characters is refused naming that bound, not `Config`'s
+    text bound (which does not govern it, and which it named)."""
+    with pytest.raises(mnemo.InvalidInputError) as refused:
+        await mem.start_session("g", repo=REPO, metadata={"k": "x" * 600})
+    assert "more than the 512 allowed" in str(refused.value)
+    assert "max_text_chars" not in str(refused.value)
+
+
 @pytest.mark.parametrize("bad", ["alice", {"k": []}, {"k": {"a": 1}}, {1: "a"}, {"k": None}])
 async def test_bad_where_is_refused(mem: mnemo.Memory, bad: object) -> None:
     """A malformed where is InvalidInputError for recall, search_nodes and forget_where."""

@@ -517,6 +517,15 @@ async def test_recall_refuses_blank_query(files: mnemo.MemoryFiles, query: str) 
     assert isinstance(caught.value, ValueError)
 
 
+async def test_a_query_past_the_bound_names_the_files_own_setting(directory: Path) -> None:
+    """A query past `MemoryFiles(max_text_chars=)` is refused naming that setting, not
+    `Config`'s, which does not govern memory files."""
+    files = mnemo.MemoryFiles(directory, max_text_chars=10)
+    with pytest.raises(mnemo.InvalidInputError) as refused:
+        await files.recall("a query of more than ten characters")
+    assert "MemoryFiles(max_text_chars=)" in str(refused.value)
+
+
 async def test_recall_touches_what_it_returns(
     files: mnemo.MemoryFiles, llm: RecordingLLM, directory: Path
 ) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, cast
 from mnemo.conversation.drafts import parts_text
 from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import Message
+from mnemo.graph.scope import check_metadata
 from mnemo.inputs import check_count, check_name
 
 try:
@@ -38,20 +39,25 @@ ITEM_KEY = "openai_item"
 
 class MnemoSession:
     """The OpenAI Agents SDK's `Session` over the mnemo thread `session_id` of `mem`. With
-    `token_budget`, `get_items()` without a limit gives mnemo's viewport of that budget.
+    `token_budget`, `get_items()` without a limit gives mnemo's viewport of that budget. Every
+    item added carries `metadata` (a scope such as `{"user_id": "bob"}`): `search_messages(...,
+    where=)` finds it, and the viewport's passive recall stays inside it.
 
     Raises:
-        InvalidInputError: a `session_id` that is no thread name, or a `token_budget` below 1."""
+        InvalidInputError: a `session_id` that is no thread name, a `token_budget` below 1, or
+            a `metadata` that is not a bounded flat dict of scalars."""
 
     session_settings: SessionSettings | None
 
     def __init__(self, mem: Memory, session_id: str, *,
                  conversation: ConversationManager | None = None, token_budget: int | None = None,
-                 session_settings: SessionSettings | None = None) -> None:
+                 session_settings: SessionSettings | None = None,
+                 metadata: Mapping[str, object] | None = None) -> None:
         self.session_id = check_name(session_id, "thread_id")
         if token_budget is not None:
             check_count("token_budget", token_budget, minimum=1)
         self.session_settings = session_settings
+        self._metadata = check_metadata(metadata)
         self._mem = mem
         self._token_budget = token_budget
         self._conversation = conversation or mem.conversation(auto_evict_budget=token_budget)
@@ -74,7 +80,8 @@ class MnemoSession:
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Appends `items` after the session's items in one write; an item that is not a JSON dict
         or past the bounds raises InvalidInputError, storing nothing."""
-        await self._conversation.append(self.session_id, [_message(item) for item in items])
+        await self._conversation.append(self.session_id, [_message(item) for item in items],
+                                        self._metadata)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Removes the newest item and returns it (None for an empty session): its message is

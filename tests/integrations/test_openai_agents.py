@@ -219,3 +219,29 @@ async def test_a_token_budget_gives_the_viewport(mem: mnemo.Memory) -> None:
     assert 0 < len(shown) < 30
     assert shown == added[-len(shown):]
     assert await session.get_items(limit=30) == added
+
+
+async def test_a_session_scoped_to_a_user_recalls_only_that_users_messages(
+    mem: mnemo.Memory,
+) -> None:
+    """Two users' sessions with `metadata`: with a goal open, bob's viewport items carry none
+    of alice's messages (without a scope his thread recalled every thread's, her garage code
+    among them) while alice's own session recalls them; `search_messages(where=)` finds each
+    user's session items; a metadata that is no flat dict is refused at once."""
+    from mnemo.integrations.openai_agents import MnemoSession
+
+    await mem.conversation().save("alice-chat", [
+        {"role": "user", "content": "My garage door code is 7391."}], {"user_id": "alice"})
+    contents: dict[str, str] = {}
+    for user in ("bob", "alice"):
+        session = MnemoSession(mem, f"{user}-agent", token_budget=2000,
+                               metadata={"user_id": user})
+        await session.add_items([{"role": "user", "content": "What is the garage door code?"}])
+        await mem.add_goal(f"{user}-agent", "find the garage door code")
+        contents[user] = " ".join(str(i.get("content")) for i in await session.get_items())
+        hits = await mem.search_messages("garage door", where={"user_id": user})
+        assert f"{user}-agent" in {h.thread_id for h in hits}
+    assert "7391" not in contents["bob"]
+    assert "7391" in contents["alice"]
+    with pytest.raises(mnemo.InvalidInputError):
+        MnemoSession(mem, "carol-agent", metadata={"user": {"id": "carol"}})

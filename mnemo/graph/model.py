@@ -200,14 +200,22 @@ def times(node: NodeDraft, recorded: str) -> tuple[str | None, str | None]:
     return recorded, recorded if node.valid_from is None else node.valid_from.isoformat()
 
 
+# What a correction keeps of the old fact's data: its worth, never a field that restates the
+# old wording or its source (concepts, a procedure's condition), which `forget` must erase.
+CORRECTION_KEEPS = ("confidence", "return_score")
+
+
 def correction(repo: str, old: Node, text: str, vector: Vector, generation: int) -> Changeset:
-    """A changeset of one fact, `text` (of `old`'s type, data and scope), that supersedes and
-    retires `old` when committed."""
+    """A changeset of one fact, `text` (of `old`'s type, scope and `CORRECTION_KEEPS` data; a
+    procedure's instruction is `text`), that supersedes and retires `old` when committed."""
     new_id = f"{old.type.value}_{uuid.uuid4().hex}"
+    data: JSONObject = {k: old.data[k] for k in CORRECTION_KEEPS if k in old.data}
+    if old.type is NodeType.PROCEDURAL:
+        data["instruction"] = text
     return Changeset(
         id=f"changeset_{uuid.uuid4().hex}",
         repo=repo,
-        nodes=[NodeDraft(new_id, old.type, text, dict(old.data), vector)],
+        nodes=[NodeDraft(new_id, old.type, text, data, vector)],
         links=[Link(new_id, old.id, LinkType.SUPERSEDES)],
         generation=generation,
         metadata=dict(old.metadata),

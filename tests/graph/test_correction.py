@@ -101,3 +101,30 @@ async def test_a_correction_to_what_a_live_fact_says_joins_it_and_retires_the_ol
         assert back is not None
         assert not back.retired
         assert await mem.get_node(REPO, said.id) == said
+
+
+async def test_a_correction_keeps_nothing_of_its_source_that_forget_erases(store: str) -> None:
+    """A fact and a procedure corrected to wordings without the source's word "zebrinox",
+    then the source forgotten: no node's text or data holds the word (the corrections copied
+    the old data: concepts, the procedure's condition, intent and old instruction). A
+    corrected procedure's instruction is its new text; its worth stays."""
+    marker = "zebrinox"
+    step = mnemo.Step(f"The {marker} router at the edge stopped answering pings.",
+                      f"Check the {marker} uplink cable and restart the router.")
+    async with mnemo.Memory(store, embedder=HashEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        await mem.ingest(REPO, mnemo.Trajectory(f"Fix the {marker} router", [step]),
+                         source_id="log")
+        (fact, *_), (procedure, *_) = [await mem.get_nodes_by_type(REPO, [kind]) for kind in (
+            mnemo.NodeType.SEMANTIC, mnemo.NodeType.PROCEDURAL)]
+        text = "Restart the edge router from its admin page."
+        new_ids = [(await mem.correct(REPO, old.id, text)).node_ids[0]
+                   for old in (fact, procedure)]
+        new_procedure = await mem.get_node(REPO, new_ids[1])
+        assert new_procedure is not None
+        assert new_procedure.data["instruction"] == text
+        assert new_procedure.data["return_score"] == procedure.data["return_score"]
+        await mem.forget(REPO, "log")
+        left = await mem.get_nodes_by_type(REPO, list(mnemo.NodeType))
+        assert {n.id for n in left} >= set(new_ids)
+        assert not [n.id for n in left if marker in n.text or marker in repr(n.data)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import shutil
 import sqlite3
 import threading
 from collections.abc import AsyncIterator
@@ -154,3 +155,29 @@ async def test_sqlite_work_runs_whole_in_the_connections_thread(tmp_path: Path) 
     with pytest.raises(RuntimeError, match="waited"):
         drive(work)
     assert inspect.getcoroutinestate(work) == inspect.CORO_CLOSED
+
+
+async def test_a_store_whose_folder_is_removed_while_open_refuses_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's folder removed under an open Memory: an append, a thread's save and a
+    commit raise StorageError("unavailable") naming the file (SQLite wrote on into the unlinked
+    files and every call returned as if stored); a store opened by a relative path keeps
+    working after the process changes its directory."""
+    folder = tmp_path / "store"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    async with mnemo.Memory("m.db", embedder=mnemo.HashEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("tidy the shed", repo=REPO)
+        monkeypatch.chdir(tmp_path)
+        await mem.append(sid, "the shed is full", "open a box")
+        shutil.rmtree(folder)
+        calls = [lambda: mem.append(sid, "the box holds tools", "sort them"),
+                 lambda: mem.conversation().save("t", [{"role": "user", "content": "hi"}]),
+                 lambda: mem.close_and_commit(sid)]
+        for call in calls:
+            with pytest.raises(mnemo.StorageError) as refused:
+                await call()
+            assert refused.value.reason == "unavailable"
+            assert "removed or replaced" in str(refused.value)

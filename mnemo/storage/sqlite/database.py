@@ -7,6 +7,7 @@ killed process, "FULL" also against power loss."""
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import sqlite3
 import time
@@ -39,7 +40,10 @@ _JITTER = random.Random()
 
 
 class _Connection(SqliteUtilsDatabase):
-    """sqlite-utils' `Database` whose outermost `atomic()` takes the write lock up front."""
+    """sqlite-utils' `Database` whose outermost `atomic()` takes the write lock up front and
+    commits only while the file opened (`opened`: its path, device and inode) is still there."""
+
+    opened: tuple[str, int, int] | None = None
 
     @contextlib.contextmanager
     def atomic(self) -> Generator[SqliteUtilsDatabase, None, None]:
@@ -51,11 +55,27 @@ class _Connection(SqliteUtilsDatabase):
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self
+            self._still_there()
             self.conn.execute("COMMIT")
         except BaseException:
             if self.conn.in_transaction:
                 self.conn.rollback()
             raise
+
+    def _still_there(self) -> None:
+        """sqlite3.OperationalError when the file opened was removed or replaced: SQLite would
+        write on into the unlinked file, which nothing reads again."""
+        if self.opened is None:
+            return
+        path, device, inode = self.opened
+        try:
+            now = os.stat(path)
+        except OSError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (device, inode):
+            raise sqlite3.OperationalError(
+                f"the database file {path} was removed or replaced while open: nothing more can"
+                " be stored in it (open it again)")
 
 
 def storage_error(exc: sqlite3.Error) -> StorageError:
@@ -128,6 +148,10 @@ class Database:
         except BaseException:
             conn.close()
             raise
+        if self.path != ":memory:":
+            path = os.path.abspath(self.path)  # what was opened, whatever the cwd becomes
+            opened = os.stat(path)
+            db.opened = (path, opened.st_dev, opened.st_ino)
         self._db = db
 
     def _set_up(self, db: SqliteUtilsDatabase) -> None:

@@ -18,8 +18,10 @@ import pytest
 
 import mnemo
 from mnemo.graph.scope import Metadata
+from mnemo.storage.lexical import index as lexical_index
+from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.lexical.schema import analyzer, open_index, schema
-from tests.backends import is_sqlite
+from tests.backends import backend_of, is_sqlite
 from tests.conversation._support import user
 from tests.fakes import FakeEmbedder
 from tests.graph.test_history_erasure import holding as rows_holding
@@ -32,7 +34,12 @@ def planted() -> tuple[str, bytes]:
     keeps a term after the prefix it shares with the term before it; "qz" survives
     stemming)."""
     word = f"zq{uuid.uuid4().hex}qz"
-    return word, word[4:].encode()
+    return word, planted_part(word)
+
+
+def planted_part(word: str) -> bytes:
+    """The stretch of a `planted` word a scan looks for."""
+    return word[4:].encode()
 
 
 def holding(folder: Path, word: str, needle: bytes) -> list[str]:
@@ -286,4 +293,103 @@ async def test_a_forget_wipes_the_slots_of_other_memories(store: str, tmp_path: 
         [held] = holding(tmp_path, word, needle)
         assert held.endswith("slot-2")
         assert not await searched(c, word)
+        assert holding(tmp_path, word, needle) == []
+
+
+def index_of(mem: mnemo.Memory) -> LexicalIndex:
+    index = backend_of(mem).graph._lexical  # type: ignore[attr-defined]
+    assert isinstance(index, LexicalIndex)
+    return index
+
+
+def killed(mem: mnemo.Memory) -> None:
+    """Lets go of the Memory's lexical slot as a killed process does: its lock goes, nothing
+    of its closing runs."""
+    index = index_of(mem)
+    with index._lock:
+        index._writer = index._index = None
+
+
+async def test_a_memory_holding_words_a_forget_erased_never_commits_them(
+    store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's slot holds a word in changes it applied and has not committed when A forgets it:
+    B's next commit wipes its slot instead of writing them, its close leaves nothing, and its
+    search does not find the word."""
+    monkeypatch.setattr(lexical_index, "COMMIT_AFTER", 3600.0)  # B's commit is the test's
+    monkeypatch.setattr(lexical_index, "COMMIT_WITHIN", 3600.0)
+    word, needle = planted()
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as a:
+        await a.open_repo(REPO)
+        await a.ingest(REPO, mnemo.Trajectory(f"learn about {word}", [mnemo.Step(
+            f"The {word} service listens on port 8080.", "Restart it.")]), source_id="doc")
+        async with mnemo.Memory(store, embedder=FakeEmbedder()) as b:
+            await b.recall(REPO, word, reinforce=False)
+            index = index_of(b)
+            assert len(index._fresh), "sanity: B's slot holds the word uncommitted"
+
+            assert await a.forget(REPO, "doc") > 0
+
+            with index._lock:
+                index._commit()
+            assert holding(tmp_path, word, needle) == []
+            found = await b.recall(REPO, word, reinforce=False)
+            assert not any(word in m.node.text for m in found.memories)
+        assert holding(tmp_path, word, needle) == []
+
+
+
+async def held_through_a_forget(a: mnemo.Memory, b: mnemo.Memory, tmp_path: Path) -> str:
+    """A ingests a planted word; A (slot-0) and B (slot-1) find it; A forgets it. The word,
+    which B's slot alone still holds."""
+    word, needle = planted()
+    await a.open_repo(REPO)
+    await a.ingest(REPO, mnemo.Trajectory(f"learn about {word}", [mnemo.Step(
+        f"The {word} service listens on port 8080.", "Restart it.")]), source_id="doc")
+    assert await searched(a, word)
+    assert await searched(b, word)
+    assert await a.forget(REPO, "doc") > 0
+    assert [h.rsplit("/", 1)[-1] for h in holding(tmp_path, word, needle)] == ["slot-1"]
+    return word
+
+
+async def test_a_memory_that_held_its_slot_through_a_forget_wipes_it_when_it_closes(
+    store: str, tmp_path: Path
+) -> None:
+    """B holds slot-1, words and all, through A's forget and closes without a search: B wipes
+    its slot as it lets it go (A, still open, has no part in it)."""
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as a:
+        async with mnemo.Memory(store, embedder=FakeEmbedder()) as b:
+            word = await held_through_a_forget(a, b, tmp_path)
+        assert holding(tmp_path, word, planted_part(word)) == []
+
+
+async def test_a_slot_a_killed_memory_held_through_a_forget_is_wiped_by_the_eraser(
+    store: str, tmp_path: Path
+) -> None:
+    """B holds slot-1, words and all, through A's forget and is killed: A wipes that slot
+    when A closes."""
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as b:
+        async with mnemo.Memory(store, embedder=FakeEmbedder()) as a:
+            word = await held_through_a_forget(a, b, tmp_path)
+            killed(b)
+        assert holding(tmp_path, word, planted_part(word)) == []
+
+
+async def test_a_slot_a_killed_memory_left_holding_erased_words_is_wiped_at_the_next_open(
+    store: str, tmp_path: Path
+) -> None:
+    """B holds slot-1, words and all, through A's forget, and is killed after A closed: the
+    next Memory to open the index (C, which takes slot-0) wipes slot-1."""
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as b:
+        async with mnemo.Memory(store, embedder=FakeEmbedder()) as a:
+            word = await held_through_a_forget(a, b, tmp_path)
+        killed(b)
+    needle = planted_part(word)
+    assert [h.rsplit("/", 1)[-1] for h in holding(tmp_path, word, needle)] == ["slot-1"]
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as c:
+        assert not await searched(c, word)
+        slot = index_of(c).slot
+        assert slot is not None
+        assert slot.name == "slot-0"
         assert holding(tmp_path, word, needle) == []

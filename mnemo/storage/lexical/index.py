@@ -27,7 +27,7 @@ from mnemo.storage.lexical.fresh import (
     unstale_hits,
 )
 from mnemo.storage.lexical.schema import analyzer, schema
-from mnemo.storage.lexical.slots import META, Slot, drop_older, wipe_free
+from mnemo.storage.lexical.slots import META, Slot, wipe_free
 from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.lexical.windows import (
     documents,
@@ -73,6 +73,7 @@ class LexicalIndex(Slot):
         self._wake = threading.Event()  # new work for the background thread
         # Searches run here one at a time (cheaper hop than `anyio.to_thread`; BENCHMARKS.md).
         self._searcher: Worker | None = None
+        self._held: Path | None = None  # where an erasure left a held slot behind it
 
     async def search(
         self, repo: str, query: str, limit: int, types: Iterable[str] | None,
@@ -196,9 +197,9 @@ class LexicalIndex(Slot):
             return False
         self._apply(repo, applied, seq)
         if len(self._fresh) >= COMMIT_ABOVE:
-            self._commit()  # scoring them here would cost more than the commit
-        else:
-            self._wake_worker()  # to commit them soon
+            # Scoring them here would cost more than the commit (False: an erasure wiped them).
+            return self._commit()
+        self._wake_worker()  # to commit them soon
         return True
 
     def _rebuild_step(self, repo: str) -> bool:
@@ -327,7 +328,8 @@ class LexicalIndex(Slot):
             self._fresh.postpone()
 
     def _open(self) -> bool:
-        """Takes a free slot; False if none can be used. Holds the lock."""
+        """Takes a free slot and wipes the free ones behind an erasure; False if none can be
+        used. Holds the lock."""
         if self._opened:
             return self._writer is not None
         self._opened = True
@@ -335,12 +337,15 @@ class LexicalIndex(Slot):
             self._schema, self._analyzer = schema(), analyzer()  # tantivy imported here
             place = self._base / self._source.place()
             self._folder = place / FORMAT
-            drop_older(place, FORMAT)  # a cache of an older layout, rebuilt here
             epoch = self._source.epoch()
             for number in range(SLOTS):
                 folder = self._folder / f"slot-{number}"
                 if self._take(folder, epoch):
                     self.slot = folder
+                    try:  # free slots behind an erasure (their holder killed); older layouts
+                        wipe_free(place, FORMAT, epoch, keep=folder)
+                    except Exception:
+                        log.exception("lexical index: wiping free slots in %s failed", place)
                     return True
             log.warning("lexical index: all %d slots in %s are taken", SLOTS, self._folder)
         except Exception:
@@ -350,21 +355,22 @@ class LexicalIndex(Slot):
 
     async def erase(self) -> None:
         """After an erasure (the store's epoch changed): wipes this slot, every free slot and
-        older layouts; a slot another process holds is wiped by it before its next answer."""
+        older layouts. A slot another process holds is wiped by it before its next commit,
+        answer or close; if it is killed, by this index's close or the next to open one."""
         await anyio.to_thread.run_sync(self._erase)
 
     def _erase(self) -> None:
         with self._lock:
             try:
+                epoch = self._source.epoch()
                 if self._writer is not None:
-                    epoch = self._source.epoch()
-                    if epoch != self._epoch:
-                        self._restart(epoch)
+                    self._follow(epoch)
                 place = self._base / self._source.place()
             except Exception:
                 log.exception("lexical index: wiping %s failed", self._folder)
                 return
-        wipe_free(place, FORMAT, keep=self.slot)
+        if wipe_free(place, FORMAT, epoch, keep=self.slot):
+            self._held = place
 
     async def aclose(self) -> None:
         if self._searcher is not None:
@@ -382,13 +388,25 @@ class LexicalIndex(Slot):
     def _close(self) -> None:
         with self._lock:
             try:
-                if self._writer is not None:
-                    # Applied changes are committed; a rebuild under way is dropped.
-                    if self._rebuilds:
-                        self._writer.rollback()
-                    elif len(self._fresh):
-                        self._commit()
-                    self._writer = None
-                    self._index = None
+                if self._writer is not None or self._held is not None:
+                    self._leave()
             finally:
                 self._source.close()
+
+    def _leave(self) -> None:
+        """Commits what was applied and lets the slot go; a slot behind an erasure is wiped
+        first, and what was applied is dropped if the store's epoch cannot be read, as is a
+        rebuild under way. Then wipes the free slots an erasure here found held. Holds the lock."""
+        try:
+            epoch = self._source.epoch()
+        except Exception:
+            log.exception("lexical index: closing %s unchecked; its changes are dropped",
+                          self._folder)
+            self._writer = self._index = None
+            return
+        if self._writer is not None:
+            if self._follow(epoch) and not self._rebuilds and len(self._fresh):
+                self._save()
+            self._writer = self._index = None
+        if self._held is not None:
+            wipe_free(self._held, FORMAT, epoch, keep=self.slot)

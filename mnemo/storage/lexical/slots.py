@@ -1,5 +1,7 @@
 """The lexical index's slots: `Slot`, the one a process holds (its tantivy writer and what it
-applied of the store's log), and `wipe_free`, `drop_older` for the slots it does not hold."""
+applied of the store's log), and `wipe_free`, `drop_older` for the slots it does not hold. A
+slot's documents are of one epoch of the store (renewed by each erasure): a slot of an older
+one is wiped before it is committed to, answers or is let go, and a free one when found."""
 
 from __future__ import annotations
 
@@ -74,9 +76,16 @@ class Slot:
         """The repo's log (sequence, horizon) and the slot's applied sequence (the slot started
         over first if the store's epoch moved)."""
         seq, horizon, epoch = self._source.state(repo)
-        if epoch != self._epoch:
-            self._restart(epoch)
+        self._follow(epoch)
         return seq, horizon, self._applied.get(repo, 0)
+
+    def _follow(self, epoch: str) -> bool:
+        """Whether the slot is of the store's `epoch`; if not (an erasure it has not applied),
+        wipes it first. Holds the lock."""
+        if epoch == self._epoch:
+            return True
+        self._restart(epoch)
+        return False
 
     def _apply(self, repo: str, after: int, upto: int) -> None:
         """Applies the log's entries in (after, upto]: the changed nodes' documents and those
@@ -154,7 +163,15 @@ class Slot:
             tv.Document(key=META + repo, id=repo.encode(), type=META, seq=seq))
         self._applied[repo] = seq
 
-    def _commit(self) -> None:
+    def _commit(self) -> bool:
+        """Commits what was applied, or wipes the slot instead if an erasure came since it was
+        read (the store's epoch moved); whether it committed. Holds the lock."""
+        if not self._follow(self._source.epoch()):
+            return False
+        self._save()
+        return True
+
+    def _save(self) -> None:
         upto = self._fresh.version
         self._writer.commit()
         self._index.reload()
@@ -183,8 +200,7 @@ class Slot:
         self._index, self._writer, self._repos, self._read = index, writer, None, {}
         self._generation += 1
         searcher = index.searcher()
-        marks = searcher.search(tv.Query.term_query(self._schema, "key", EPOCH), 1).hits
-        if not marks or searcher.doc(marks[0][1])["id"][0] != epoch.encode():
+        if not of_epoch(searcher, self._schema, epoch):
             self._restart(epoch)
             return True
         self._epoch = epoch
@@ -207,25 +223,45 @@ class Slot:
         self._stats.clear()
         self._fresh = Fresh()
         self._epoch = epoch
-        self._commit()
+        self._save()
         self._writer.garbage_collect_files()
 
 
-def wipe_free(place: Path, layout: str, *, keep: Path | None) -> None:
-    """Deletes the documents of every free slot under `place` but `keep`, and the free slots
-    of layouts older than `layout`."""
+def of_epoch(searcher: Any, fields: Any, epoch: str) -> bool:
+    """Whether the slot `searcher` reads is marked as of the store's `epoch`."""
+    import tantivy as tv
+
+    marks = searcher.search(tv.Query.term_query(fields, "key", EPOCH), 1).hits
+    return bool(marks) and searcher.doc(marks[0][1])["id"][0] == epoch.encode()
+
+
+def _clean(folder: Path, fields: Any, epoch: str) -> bool:
+    """Whether the slot in `folder` is empty or of the store's `epoch`."""
+    try:
+        searcher = open_index(folder, fields).searcher()
+    except ValueError:
+        return False
+    return not searcher.num_segments or of_epoch(searcher, fields, epoch)
+
+
+def wipe_free(place: Path, layout: str, epoch: str, *, keep: Path | None) -> bool:
+    """Deletes the documents of every free slot under `place` but `keep` that is neither empty
+    nor of the store's `epoch`, and the free slots of layouts older than `layout`; whether
+    such a slot was held (its holder wipes it)."""
     drop_older(place, layout)
     current = place / layout
     if not current.is_dir():
-        return
-    fields = schema()
+        return False
+    fields, held = schema(), False
     for folder in sorted(current.iterdir()):
-        if folder == keep or not folder.is_dir():
+        if folder == keep or not folder.is_dir() or _clean(folder, fields, epoch):
             continue
         try:
             writer = open_index(folder, fields).writer(heap_size=HEAP, num_threads=1)
         except ValueError as error:
-            if "LockBusy" not in str(error):
+            if "LockBusy" in str(error):
+                held = True
+            else:
                 shutil.rmtree(folder, ignore_errors=True)
             continue
         try:
@@ -235,6 +271,7 @@ def wipe_free(place: Path, layout: str, *, keep: Path | None) -> None:
             writer.garbage_collect_files()
         finally:
             del writer
+    return held
 
 
 def drop_older(place: Path, layout: str) -> None:

@@ -344,11 +344,12 @@ class GraphStore(RecallReads, GraphWrites, GraphMaintenance, Reembedding, Protoc
     async def links(self, repo: str) -> list[Link]:
         """Every link of the repo, by type, then source, then destination."""
 
-    async def scope_sources(
-        self, repo: str, where: Where, limit: int | None = None
-    ) -> list[tuple[str | None, str, str]]:
-        """(source id or None, node id, type) of the nodes inside `where`, in the order added
-        (the first `limit`; None: all)."""
+    async def scope_sources(self, repo: str, where: Where) -> list[tuple[str | None, str, str]]:
+        """(source id or None, node id, type) of every node inside `where`, in the order added."""
+
+    async def scope_nodes(self, repo: str, where: Where, limit: int, offset: int) -> list[Node]:
+        """`limit` nodes inside `where` in the order added, after the first `offset`, in one
+        read."""
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's indexes built in the background have caught up."""

@@ -15,6 +15,8 @@ RESULTS = "Config.max_results"
 MAX_TYPES = 100
 # The most ids `node_ids` returns.
 MAX_IDS = 100
+# The largest offset a listing takes: the largest integer both backends' SQL holds.
+MAX_OFFSET = 2**63 - 1
 
 def node_id_list(node_ids: object, config: Config) -> list[str]:
     """`node_ids` as a list of at most `config.max_results` checked ids (an iterable read no

@@ -7,7 +7,14 @@ graph = builder.compile(store=store)
 
 An item is one SEMANTIC fact whose scope is its namespace (label i under `keys[i]`), so
 `mem.recall(repo, q, where={"user_id": "alice"})` finds what a graph stored under
-`("alice", ...)`. `search(query=...)` is mnemo's recall inside the namespace prefix. No TTLs."""
+`("alice", ...)`; a label, key or joined namespace past a metadata value's 512 characters is
+there as its digest ("sha256:..."), the item's data holding it whole. `search(query=...)` is
+mnemo's recall inside the namespace prefix. No TTLs.
+
+A put writes the item's new version (a source of its own) before it forgets the versions
+before it, so a reader never finds the item missing, and a process stopped in between leaves
+two versions: every read takes the newest of the key's versions it finds as the item, and the
+key's next put forgets the others."""
 
 from __future__ import annotations
 
@@ -16,13 +23,15 @@ import hashlib
 import json
 import operator
 import threading
+import uuid
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from mnemo.config import Config
+from mnemo.errors import InvalidInputError
 from mnemo.graph.model import Node, NodeType
-from mnemo.graph.scope import Metadata
+from mnemo.graph.scope import MAX_VALUE_CHARS, Metadata
 
 try:
     from langgraph.store.base import (
@@ -46,8 +55,7 @@ if TYPE_CHECKING:
 __all__ = ["MnemoStore"]
 
 MARK, NAMESPACE, KEY = "langgraph", "langgraph.namespace", "langgraph.key"
-# The most items a filtered search or a listing of namespaces reads (`Config.max_results`).
-MOST = Config().max_results
+SOURCE = "langgraph.source"  # the source id of an item's version (each its own scope)
 
 
 class MnemoStore(BaseStore):
@@ -64,6 +72,9 @@ class MnemoStore(BaseStore):
         except RuntimeError:
             self._loop = None
         self._thread = threading.get_ident()  # the loop's, when there is one
+        # A lock per key being put (by `_digest`): this store's puts of one key run in turn.
+        self._puts: weakref.WeakValueDictionary[str, asyncio.Lock] = (
+            weakref.WeakValueDictionary())
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """`abatch`, run on the Memory's event loop and waited for from this thread (RuntimeError on
@@ -81,8 +92,8 @@ class MnemoStore(BaseStore):
         results: list[Result] = []
         for op in ops:
             if isinstance(op, GetOp):
-                node = await self._node(op.namespace, op.key)
-                results.append(None if node is None else _item(node, Item))
+                versions = await self._versions(op.namespace, op.key)
+                results.append(_item(versions[-1], Item) if versions else None)
             elif isinstance(op, PutOp):
                 await self._put(op.namespace, op.key, op.value)
                 results.append(None)
@@ -95,48 +106,81 @@ class MnemoStore(BaseStore):
         return results
 
     def _where(self, prefix: Sequence[str]) -> Metadata:
-        """The scope of a namespace prefix: label i under `keys[i]`, else "langgraph.i"."""
+        """The scope of a namespace prefix: label i under `keys[i]`, else "langgraph.i" (the
+        labels first: a scope is read by its first key's range)."""
         keys = [*self._keys, *(f"langgraph.{i}" for i in range(len(self._keys), len(prefix)))]
-        return {MARK: True, **dict(zip(keys, prefix, strict=False))}
+        return {**dict(zip(keys, map(_short, prefix), strict=False)), MARK: True}
 
-    async def _node(self, namespace: Sequence[str], key: str) -> Node | None:
-        found = await self._mem.nodes_where(
-            self._repo, {MARK: True, NAMESPACE: ".".join(namespace), KEY: key}, limit=1)
-        return found[0] if found else None
+    async def _every(self, where: Metadata) -> list[Node]:
+        """Every node of the scope `where`, in the order added, read a page at a time."""
+        most = (await self._mem.repo_config(self._repo)).max_results
+        nodes: list[Node] = []
+        while len(page := await self._mem.nodes_where(
+                self._repo, where, limit=most, offset=len(nodes))) == most:
+            nodes += page
+        return nodes + page
+
+    def _scope(self, namespace: Sequence[str], key: str) -> Metadata:
+        """The scope of one item: its key, joined namespace, then `_where`'s."""
+        return {KEY: _short(key), NAMESPACE: _short(".".join(namespace)), **self._where(namespace)}
+
+    async def _versions(self, namespace: Sequence[str], key: str) -> list[Node]:
+        """The versions of one item, oldest first (the last is the item)."""
+        found = await self._every(self._scope(namespace, key))
+        return [n for n in found if _identity(n) == (tuple(namespace), key)]
 
     async def _put(self, namespace: Sequence[str], key: str,
                    value: Mapping[str, Any] | None) -> None:
-        old = await self._node(namespace, key)
-        digest = hashlib.sha256(json.dumps([list(namespace), key]).encode()).hexdigest()
-        source = f"langgraph-{digest[:40]}"
-        if old is not None:
-            await self._mem.forget(self._repo, source)
-        if value is None:
-            return
-        created = None if old is None else old.data.get("created_at") or old.created_at.isoformat()
-        metadata = {**self._where(namespace), NAMESPACE: ".".join(namespace), KEY: key}
-        await self._mem.remember(self._repo, _text(value), source_id=source, metadata=metadata,
-                                 data={"value": dict(value), "created_at": created})
+        """Writes a new version then forgets the older ones (a None value: forgets them all);
+        InvalidInputError for a value that is not JSON."""
+        text = None if value is None else _text(value)
+        digest = _digest(json.dumps([list(namespace), key]))
+        async with self._puts.setdefault(digest, asyncio.Lock()):
+            old = await self._versions(namespace, key)
+            if value is None or text is None:  # a delete
+                for node in old:
+                    await self._mem.forget(self._repo, _source(node, digest))
+                return
+            source = f"langgraph-{digest[7:47]}-{uuid.uuid4().hex[:16]}"
+            await self._mem.remember(
+                self._repo, text, source_id=source,
+                metadata={**self._scope(namespace, key), SOURCE: source},
+                data={"value": dict(value), "namespace": list(namespace), "key": key,
+                      "created_at": _created(old[-1]).isoformat() if old else None})
+            # Only the versions before this one: a later one is another put's, newer.
+            sources = [_source(node, digest) for node in await self._versions(namespace, key)]
+            for older in sources[:sources.index(source)] if source in sources else ():
+                await self._mem.forget(self._repo, older)
 
     async def _search(self, op: SearchOp) -> list[SearchItem]:
+        """A query's recall ranks at most `Config.max_results` items: InvalidInputError past
+        it. Without a query, every item of the prefix is read."""
         want = max(op.offset, 0) + max(op.limit, 0)
-        wide = want if not op.filter else MOST
         where = self._where(op.namespace_prefix)
         scored: list[tuple[Node, float | None]]
         if op.query:
-            recalled = await self._mem.recall(self._repo, op.query, k=max(wide, 1),
+            most = (await self._mem.repo_config(self._repo)).max_results
+            if want > most:
+                raise InvalidInputError(
+                    f"offset + limit is {want:,}, more than the {most:,} items a search with a"
+                    " query ranks (Config.max_results)")
+            recalled = await self._mem.recall(self._repo, op.query,
+                                              k=max(most if op.filter else want, 1),
                                               types=[NodeType.SEMANTIC], where=where)
             scored = [(m.node, m.score) for m in recalled.memories]
         else:
-            nodes = await self._mem.nodes_where(self._repo, where, limit=max(wide, 1))
-            scored = [(node, None) for node in nodes]
-        kept = [_item(node, SearchItem, score) for node, score in scored
+            scored = [(node, None) for node in await self._every(where)]
+        newest: dict[tuple[tuple[str, ...], str], tuple[Node, float | None]] = {}
+        for node, score in scored:  # the newest of the versions read, at the first's rank
+            held = newest.setdefault(_identity(node), (node, score))
+            if node.created_at >= held[0].created_at:
+                newest[_identity(node)] = node, held[1]
+        kept = [_item(node, SearchItem, score) for node, score in newest.values()
                 if all(_fits(_value(node).get(k), v) for k, v in (op.filter or {}).items())]
         return kept[op.offset:want]
 
     async def _namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
-        found = {tuple(str(n.metadata[NAMESPACE]).split("."))
-                 for n in await self._mem.nodes_where(self._repo, {MARK: True}, limit=MOST)}
+        found = {_identity(n)[0] for n in await self._every({MARK: True})}
         found = {ns for ns in found if all(_matches(c.match_type, c.path, ns)
                                            for c in op.match_conditions or ())}
         if op.max_depth is not None:
@@ -181,9 +225,42 @@ def _operator(name: str) -> Callable[[Any, Any], bool]:
 
 
 def _text(value: Mapping[str, Any]) -> str:
-    """What recall reads of a value: its fields as "name: value"."""
-    fields = [f"{k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in value.items()]
+    """What recall reads of a value: its fields as "name: value"; InvalidInputError for a
+    field that is not JSON."""
+    try:
+        fields = [f"{k}: {v if isinstance(v, str) else json.dumps(v, allow_nan=False)}"
+                  for k, v in value.items()]
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"a LangGraph item's value must be JSON: {exc}") from exc
     return "; ".join(fields) or "{}"
+
+
+def _digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _short(text: str) -> str:
+    """`text` as a metadata value: itself, or past `MAX_VALUE_CHARS` its `_digest`."""
+    return text if len(text) <= MAX_VALUE_CHARS else _digest(text)
+
+
+def _source(node: Node, digest: str) -> str:
+    """The source of an item's version (of one stored without `SOURCE`: the key's own)."""
+    return str(node.metadata.get(SOURCE, f"langgraph-{digest[7:47]}"))
+
+
+def _identity(node: Node) -> tuple[tuple[str, ...], str]:
+    """An item's namespace and key (from its metadata when its data lacks them)."""
+    namespace = node.data.get("namespace")
+    if isinstance(namespace, list):
+        return tuple(map(str, namespace)), str(node.data["key"])
+    return tuple(str(node.metadata[NAMESPACE]).split(".")), str(node.metadata[KEY])
+
+
+def _created(node: Node) -> datetime:
+    """When the item was first put (its oldest version's time)."""
+    created = node.data.get("created_at")
+    return datetime.fromisoformat(created) if isinstance(created, str) else node.created_at
 
 
 def _value(node: Node) -> dict[str, Any]:
@@ -193,10 +270,7 @@ def _value(node: Node) -> dict[str, Any]:
 
 
 def _item(node: Node, kind: type[Any], score: float | None = None) -> Any:
-    created = node.data.get("created_at")
+    namespace, key = _identity(node)
     extra = {} if kind is Item else {"score": score}
-    return kind(
-        value=_value(node), key=str(node.metadata[KEY]),
-        namespace=tuple(str(node.metadata[NAMESPACE]).split(".")),
-        created_at=datetime.fromisoformat(created) if isinstance(created, str)
-        else node.created_at, updated_at=node.created_at, **extra)
+    return kind(value=_value(node), key=key, namespace=namespace, created_at=_created(node),
+                updated_at=node.created_at, **extra)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.reads import (
     MAX_IDS,
+    MAX_OFFSET,
     RESULTS,
     link_type_of,
     literal,
@@ -237,23 +238,23 @@ class GraphMethods(Parts):
         return vector[0], runtime.generation, policy
 
     async def nodes_where(
-        self, repo: str, where: Mapping[str, object], *, limit: int = 100
+        self, repo: str, where: Mapping[str, object], *, limit: int = 100, offset: int = 0
     ) -> list[Node]:
-        """The first `limit` nodes of the scope `where` (as `recall`'s), in the order added,
-        read through the scope index.
+        """`limit` nodes of the scope `where` (as `recall`'s) after the first `offset`, in the
+        order added, read through the scope index in one query.
 
         Raises:
-            InvalidInputError: a malformed or empty `where`, or a limit below 1 or past
-                `Config.max_results`.
+            InvalidInputError: a malformed or empty `where`, a limit below 1 or past
+                `Config.max_results`, or an offset below 0 or past `MAX_OFFSET`.
             NotFoundError: an unknown repo.
         """
         scope = check_where(where)
         if scope is None:
             raise InvalidInputError("nodes_where needs a where with at least one key")
+        check_count("offset", offset, maximum=MAX_OFFSET)
         await self._repos.checked(repo, lambda config: check_count(
             "limit", limit, minimum=1, maximum=config.max_results, setting=RESULTS))
-        found = await self._graph.scope_sources(repo, scope, limit)
-        return await self._graph.get_nodes(repo, [i for _, i, _ in found])
+        return await self._graph.scope_nodes(repo, scope, limit, offset)
 
     async def history(self, repo: str, *, limit: int = 20) -> list[CommitRecord]:
         """The repo's `limit` newest commits (sessions' and ingests'), newest first: id, time,

@@ -20,6 +20,7 @@ from mnemo.graph.model import (
     CommitReceipt,
     Link,
     LinkType,
+    Node,
     NodeType,
     Vector,
 )
@@ -36,7 +37,7 @@ from mnemo.graph.ports import (
 )
 from mnemo.graph.scope import SCOPE_LIMIT, WIDEN, Scope, Where
 from mnemo.graph.vectors import VectorIndex
-from mnemo.storage.graph_rows import RowReads
+from mnemo.storage.graph_rows import NODE_COLUMNS, RowReads
 from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Driver, marks
@@ -59,16 +60,17 @@ def exists(repo: str, where: Where, node: str, skip: int) -> tuple[str, list[obj
     return "".join(f" AND {c}" for c in clauses), params
 
 
-def members(repo: str, where: Where, limit: int, columns: str = "n.id, n.rowid, n.type"
-            ) -> tuple[str, list[object]]:
-    """(SQL, params) of `columns` of the first `limit` nodes inside `where`, by rowid."""
+def members(repo: str, where: Where, limit: int, columns: str = "n.id, n.rowid, n.type",
+            offset: int = 0) -> tuple[str, list[object]]:
+    """(SQL, params) of `columns` of `limit` nodes inside `where` by rowid, after the first
+    `offset`."""
     (key, values), *_ = where.items()
     others, params = exists(repo, where, "s.node", 1)
     return (
         f"SELECT {columns} FROM node_scopes s JOIN nodes n ON n.rowid = s.node"
         f" WHERE s.repo = ? AND s.key = ? AND s.value IN ({marks(len(values))})"
-        f"{others} ORDER BY s.node LIMIT ?",
-        [repo, key, *values, *params, limit],
+        f"{others} ORDER BY s.node LIMIT ? OFFSET ?",
+        [repo, key, *values, *params, limit, offset],
     )
 
 
@@ -311,12 +313,13 @@ class GraphBase(RowReads):
             ids, repo, *params)
         return {str(row[0]) for row in rows}
 
-    async def scope_sources(
-        self, repo: str, where: Where, limit: int | None = None
-    ) -> list[tuple[str | None, str, str]]:
+    async def scope_sources(self, repo: str, where: Where) -> list[tuple[str | None, str, str]]:
         return [(None if s is None else str(s), str(i), str(t)) for s, i, t in
-                await self._rows(*members(repo, where, 2**62 if limit is None else limit,
-                                                "n.source_id, n.id, n.type"))]
+                await self._rows(*members(repo, where, 2**62, "n.source_id, n.id, n.type"))]
+
+    async def scope_nodes(self, repo: str, where: Where, limit: int, offset: int) -> list[Node]:
+        rows = await self._rows(*members(repo, where, limit, NODE_COLUMNS, offset))
+        return [self._node(row) for row in rows]
 
     async def scoped(
         self, repo: str, scope: Scope, limit: int, kinds: Collection[str] | None,

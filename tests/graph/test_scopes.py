@@ -340,3 +340,17 @@ async def test_each_scope_s_recall_is_routed_by_its_own_tags_and_intents(
             routed[user] = len(routes)
         assert routed["u0"] > 0
         assert len(set(routed.values())) == 1, routed
+
+
+async def test_nodes_where_pages_by_offset(mem: mnemo.Memory) -> None:
+    """`nodes_where(limit=, offset=)` reads a scope page by page in the order added, empty past
+    its end; an offset below 0 or past what SQL's integers hold is InvalidInputError."""
+    ids = [(await mem.remember(REPO, f"fact number {i}", source_id=f"s{i}",
+                               metadata={"user_id": "alice"})).node_ids[0] for i in range(5)]
+    where = {"user_id": "alice"}
+    pages = [[n.id for n in await mem.nodes_where(REPO, where, limit=2, offset=at)]
+             for at in (0, 2, 4, 5)]
+    assert pages == [ids[:2], ids[2:4], ids[4:], []]
+    for bad in (-1, 2**63, 1.0):
+        with pytest.raises(mnemo.InvalidInputError, match="offset"):
+            await mem.nodes_where(REPO, where, offset=bad)  # type: ignore[arg-type]

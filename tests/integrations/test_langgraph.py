@@ -4,6 +4,8 @@ both backends."""
 
 from __future__ import annotations
 
+import asyncio
+from datetime import datetime
 from typing import Any, TypedDict
 
 import anyio
@@ -16,6 +18,7 @@ from langgraph.store.memory import InMemoryStore
 import mnemo
 from mnemo.integrations.langgraph import MnemoStore
 from tests.conftest import REPO
+from tests.fakes import FakeEmbedder
 
 
 class State(TypedDict):
@@ -187,3 +190,173 @@ def test_search_filter_matches_in_memory_store(
             assert await found(MnemoStore(mem, REPO)) == await found(InMemoryStore())
 
     anyio.run(both)
+
+
+async def _nodes(mem: mnemo.Memory, repo: str = REPO) -> list[mnemo.Node]:
+    return await mem.get_nodes_by_type(repo, [mnemo.NodeType.SEMANTIC])
+
+
+async def test_concurrent_puts_of_one_key_leave_the_last(mem: mnemo.Memory) -> None:
+    """Puts of one namespace and key at once (tasks, and sync puts from threads) never raise
+    and leave one item, the last put's: LangGraph's parallel branches may write one key."""
+    store = MnemoStore(mem, REPO)
+    for _ in range(2):  # a new key, then a replaced one
+        await asyncio.gather(*(store.aput(("ns",), "k", {"text": f"value {i}"})
+                               for i in range(3)))
+        item = await store.aget(("ns",), "k")
+        assert item is not None
+        assert item.value == {"text": "value 2"}
+        assert len(await _nodes(mem)) == 1
+
+    def put(text: str) -> None:
+        store.put(("ns",), "t", {"text": text})
+
+    async with anyio.create_task_group() as group:
+        for text in ("x", "y", "z"):
+            group.start_soon(anyio.to_thread.run_sync, put, text)
+    assert [i.key for i in await store.asearch(("ns",))] == ["k", "t"]
+    assert len(await _nodes(mem)) == 2
+
+
+async def test_puts_of_one_key_through_two_memories(store: str, embedder: FakeEmbedder) -> None:
+    """Two Memory objects (as two processes) on one store putting one key at once: none
+    raises, and both read one item, the one put last, held by one node."""
+    async with mnemo.Memory(store, embedder=embedder) as one, \
+            mnemo.Memory(store, embedder=embedder) as two:
+        await one.open_repo(REPO)
+        stores = [MnemoStore(one, REPO), MnemoStore(two, REPO)]
+        for round_ in range(3):
+            async with anyio.create_task_group() as group:
+                for n, each in enumerate(stores):
+                    group.start_soon(each.aput, ("ns",), "k", {"text": f"{round_}-{n}"})
+            first, second = [await each.aget(("ns",), "k") for each in stores]
+            assert first is not None
+            assert second is not None
+            assert first.value == second.value
+            assert first.value["text"].startswith(f"{round_}-")
+            assert len(await _nodes(one)) == 1
+
+
+async def test_a_reader_sees_the_item_while_a_put_replaces_it(
+    mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put writes the new version before it forgets the old: a get, a search and a listing
+    made before or after that forget see one item, the new one (never none, never two)."""
+    store = MnemoStore(mem, REPO)
+    await store.aput(("ns",), "k", {"text": "old"})
+    seen: list[Any] = []
+    forget = mnemo.Memory.forget
+
+    async def read() -> list[Any]:
+        item = await store.aget(("ns",), "k")
+        return [None if item is None else item.value["text"],
+                [i.value["text"] for i in await store.asearch(("ns",))],
+                [i.value["text"] for i in await store.asearch(("ns",), query="new")],
+                await store.alist_namespaces()]
+
+    async def reading_forget(self: mnemo.Memory, repo: str, source_id: str) -> int:
+        seen.append(await read())
+        gone = await forget(self, repo, source_id)
+        seen.append(await read())
+        return gone
+
+    monkeypatch.setattr(mnemo.Memory, "forget", reading_forget)
+    await store.aput(("ns",), "k", {"text": "new"})
+    assert seen == [["new", ["new"], ["new"], [("ns",)]]] * 2
+
+
+async def test_a_put_killed_before_its_forget_leaves_the_newest(
+    mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put stopped between its write and its forget (a killed process) leaves two versions:
+    every read shows one item, the newer, with the first put's created_at, and the next put
+    of the key forgets both older versions; a delete forgets every version."""
+    store = MnemoStore(mem, REPO)
+    await store.aput(("ns",), "k", {"text": "old"})
+    first = await store.aget(("ns",), "k")
+    assert first is not None
+
+    async def killed(self: mnemo.Memory, repo: str, source_id: str) -> int:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(mnemo.Memory, "forget", killed)
+        with pytest.raises(KeyboardInterrupt):
+            await store.aput(("ns",), "k", {"text": "new"})
+    assert len(await _nodes(mem)) == 2
+    item = await store.aget(("ns",), "k")
+    assert item is not None
+    assert (item.value, item.created_at) == ({"text": "new"}, first.created_at)
+    assert [i.value for i in await store.asearch(("ns",))] == [{"text": "new"}]
+    assert [i.value for i in await store.asearch(("ns",), query="new")] == [{"text": "new"}]
+    await store.aput(("ns",), "k", {"text": "newest"})
+    assert [n.data["value"] for n in await _nodes(mem)] == [{"text": "newest"}]
+    with monkeypatch.context() as patch:
+        patch.setattr(mnemo.Memory, "forget", killed)
+        with pytest.raises(KeyboardInterrupt):
+            await store.aput(("ns",), "k", {"text": "again"})
+    await store.adelete(("ns",), "k")
+    assert await store.aget(("ns",), "k") is None
+    assert await _nodes(mem) == []
+
+
+async def test_a_value_that_is_not_json_is_refused(mem: mnemo.Memory) -> None:
+    """A value holding what JSON cannot (a datetime, NaN) raises InvalidInputError and stores
+    nothing; the item it would have replaced stays."""
+    store = MnemoStore(mem, REPO)
+    for bad in ({"when": datetime(2026, 1, 1)}, {"x": float("nan")}, {"x": {"y": {1, 2}}}):
+        with pytest.raises(mnemo.InvalidInputError):
+            await store.aput(("ns",), "k", bad)
+    assert await _nodes(mem) == []
+    await store.aput(("ns",), "k", {"text": "kept"})
+    with pytest.raises(mnemo.InvalidInputError):
+        await store.aput(("ns",), "k", {"when": datetime(2026, 1, 1)})
+    item = await store.aget(("ns",), "k")
+    assert item is not None
+    assert item.value == {"text": "kept"}
+
+
+async def test_listings_page_past_max_results(mem: mnemo.Memory) -> None:
+    """A search without a query (with or without a filter) and list_namespaces read every item
+    of the namespace, past `Config.max_results`; a search with a query ranks at most that many
+    and says so when offset + limit passes it."""
+    await mem.open_repo("small", config=mnemo.Config(max_results=4))
+    store = MnemoStore(mem, "small")
+    for i in range(11):
+        await store.aput(("bulk", f"n{i % 6}"), f"k{i:02}", {"i": i})
+    every = [f"k{i:02}" for i in range(11)]
+    assert [i.key for i in await store.asearch(("bulk",), limit=50)] == every
+    assert [i.key for i in await store.asearch(("bulk",), offset=9, limit=5)] == every[9:]
+    assert [i.key for i in await store.asearch(("bulk",), filter={"i": 10})] == ["k10"]
+    assert [i.key for i in await store.asearch(
+        ("bulk",), filter={"i": {"$gte": 5}}, offset=4, limit=3)] == ["k09", "k10"]
+    assert await store.alist_namespaces(limit=50) == [("bulk", f"n{i}") for i in range(6)]
+    assert len(await store.asearch(("bulk",), query="i", offset=2, limit=2)) == 2
+    with pytest.raises(mnemo.InvalidInputError, match=r"offset \+ limit is 5, more than the 4"):
+        await store.asearch(("bulk",), query="i", offset=2, limit=3)
+
+
+async def test_long_keys_and_namespaces_round_trip(mem: mnemo.Memory) -> None:
+    """Keys, labels and joined namespaces past a metadata value's 512 characters are kept
+    exactly (a digest stands in for them in the metadata): put, get, search, list and
+    delete; two keys that differ past the 512th character are two items."""
+    store = MnemoStore(mem, REPO, keys=("user_id",))
+    long_key, label = "k" * 600, "u" * 600
+    deep = tuple(f"{i}" * 120 for i in range(5))
+    for namespace in ((label,), deep, ("a", "b")):
+        await store.aput(namespace, long_key, {"ns": list(namespace)})
+        await store.aput(namespace, long_key + "x", {"x": 1})
+    for namespace in ((label,), deep, ("a", "b")):
+        item = await store.aget(namespace, long_key)
+        assert item is not None
+        assert (item.namespace, item.key, item.value) == (
+            namespace, long_key, {"ns": list(namespace)})
+        found = await store.asearch(namespace)
+        assert [(i.namespace, i.key) for i in found] == [
+            (namespace, long_key), (namespace, long_key + "x")]
+    assert sorted(await store.alist_namespaces()) == sorted(
+        [(label,), deep, ("a", "b")])
+    assert await store.alist_namespaces(prefix=deep[:2], max_depth=3) == [deep[:3]]
+    await store.adelete(deep, long_key)
+    assert await store.aget(deep, long_key) is None
+    assert await store.aget(deep, long_key + "x") is not None

@@ -429,6 +429,7 @@ async def _store_for(live: Sessions, session: SessionRecord, kind: str,
         _check_queue(session, len(queued),
                      project(S.IDLE if auto else S.READY, [*queued, kind], auto_commit=auto))
         op_id = f"op_{uuid.uuid4().hex}"
+        await live.register()  # it beats: its answer is kept for it (`forget_orphans`)
         await live.coordination.queue_op(StoredOp(
             op_id, session.id, kind, list(args), live.holder_id, live.coordination.now()
         ))

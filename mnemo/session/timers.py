@@ -61,6 +61,9 @@ class BackgroundWork:
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = anyio.Event()
         self.live.looks_end = None
+        # A Memory opened again: its close retired it as a holder and refused to store work.
+        self.live.closing = False
+        self.live.registered = anyio.Event()
 
         async def host() -> None:
             try:

@@ -22,7 +22,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.session import machine, operations, transitions
+from mnemo.session import machine, operations, timers, transitions
 from mnemo.session.machine import Op, SessionRecord
 from mnemo.session.ports import StaleSession, StoredOp
 from mnemo.session.registry import Sessions
@@ -448,6 +448,88 @@ async def test_an_async_operation_calls_back_where_it_was_accepted(
         assert set((await node_texts(b.mem)).values()) == {1}
         assert "semantic" not in a.llm.tasks()
         assert await sql(b.mem, "SELECT id FROM ops") == []  # nobody is left to call back
+
+
+async def test_an_answer_for_a_memory_that_only_accepted_an_operation_is_kept_for_it(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """C, which did nothing but accept a commit while B extracts, gets its callback though
+    B's takeover look runs between B storing the answer and C's watcher reading it: C
+    records itself as a holder when it stores the operation, so the look keeps the answer
+    for it."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        c = await open_worker(stack, store)
+        callback = Called()
+        await c.mem.commit_async(sid, callback)
+        looked = anyio.Event()
+        watched = c.mem._backend.coordination
+        token = watched.change_token
+
+        async def after_the_look() -> int:
+            await looked.wait()
+            return await token()
+
+        monkeypatch.setattr(watched, "change_token", after_the_look)
+        answered = anyio.Event()
+        storing = b.mem._backend.coordination
+        finish_op = storing.finish_op
+
+        async def finishing(op_id: str, result: Any) -> None:
+            await finish_op(op_id, result)
+            answered.set()
+
+        monkeypatch.setattr(storing, "finish_op", finishing)
+        held.release()
+        with anyio.fail_after(10):
+            await answered.wait()
+        await timers.take_over(b.mem._live)
+        looked.set()
+        with anyio.fail_after(10):
+            await callback.done.wait()
+        assert callback.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
+
+
+async def test_a_memory_opened_again_records_itself_and_stores_work_for_others(
+    store: str,
+) -> None:
+    """A Memory closed and opened again records itself as a holder again (its close retired
+    it) and accepts an operation while another Memory extracts."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        await a.mem.aclose()
+        async with a.mem:
+            b = await open_worker(stack, store)
+            held = await extracting(b, sid)
+            callback = Called()
+            await a.mem.commit_async(sid, callback)
+            assert await sql(b.mem, "SELECT id FROM holders WHERE id = ?", a.mem._live.holder_id)
+            held.release()
+            with anyio.fail_after(10):
+                await callback.done.wait()
+        assert callback.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
+
+
+async def test_a_memory_closed_and_opened_again_goes_on(store: str) -> None:
+    """One Memory object entered twice: the second time it appends to and commits the session
+    of the first, recalls and extends a thread, on both backends."""
+    mem = mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder())
+    history = [{"role": "user", "content": "hello there"}]
+    async with mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        await mem.conversation().save("t", history)
+    async with mem:
+        await mem.append(sid, "walk east", "go east")
+        await mem.close_and_commit(sid)
+        assert (await mem.recall(REPO, "walk north")).memories
+        await mem.conversation().save("t", [*history, {"role": "assistant", "content": "hi"}])
+        assert len(await mem.conversation().raw("t")) == 2
 
 
 async def test_the_times_a_memory_compares_with_others_are_the_stores(

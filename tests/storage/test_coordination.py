@@ -180,8 +180,7 @@ async def test_forget_orphans_forgets_only_what_nobody_waits_for_and_is_answered
     (retired, last seen before the cut-off, or named gone) that are answered, or that a holder
     took and left without a result (likewise judged); never one `me` took. One a live Memory
     waits for (that is `abandon_ops`' to answer, or its own to read), one nobody took (it
-    still runs) and one a live holder took stay. Before, an answer for a killed Memory
-    stayed for good."""
+    still runs) and one a live holder took stay."""
     co = backend.coordination
     sid = await a_session(backend, store)
     cut = await takers(backend)

@@ -135,6 +135,13 @@ class Database:
         try:
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
             db = _Connection(conn, execute_plugins=False)
+            if self.path != ":memory:":
+                path = os.path.abspath(self.path)  # what was opened, whatever the cwd becomes
+                try:
+                    opened = os.stat(path)
+                except OSError as exc:
+                    raise sqlite3.OperationalError(f"unable to open database file: {exc}") from exc
+                db.opened = (path, opened.st_dev, opened.st_ino)
             deadline = time.monotonic() + self.busy_timeout
             while True:
                 try:
@@ -148,10 +155,6 @@ class Database:
         except BaseException:
             conn.close()
             raise
-        if self.path != ":memory:":
-            path = os.path.abspath(self.path)  # what was opened, whatever the cwd becomes
-            opened = os.stat(path)
-            db.opened = (path, opened.st_dev, opened.st_ino)
         self._db = db
 
     def _set_up(self, db: SqliteUtilsDatabase) -> None:

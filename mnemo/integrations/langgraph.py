@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from mnemo.errors import InvalidInputError
 from mnemo.graph.model import Node, NodeType
 from mnemo.graph.scope import MAX_VALUE_CHARS, Metadata
+from mnemo.inputs import check_json, check_text
 
 try:
     from langgraph.store.base import (
@@ -88,7 +89,19 @@ class MnemoStore(BaseStore):
         return asyncio.run_coroutine_threadsafe(self.abatch(list(ops)), loop).result()
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
-        """Runs the operations in order, each after the one before."""
+        """Runs the operations in order, each after the one before, once all are checked: an
+        operation of another kind is TypeError, a put of a value mnemo would refuse
+        InvalidInputError, before any runs."""
+        ops = list(ops)
+        for op in ops:
+            if not isinstance(op, GetOp | PutOp | SearchOp | ListNamespacesOp):
+                raise TypeError(f"MnemoStore cannot run a {type(op).__name__}")
+        values = [op.value for op in ops if isinstance(op, PutOp) and op.value is not None]
+        if values:
+            limit = (await self._mem.repo_config(self._repo)).max_text_chars
+            for value in values:
+                check_text(_text(value), "a LangGraph item's value", limit=limit)
+                check_json(dict(value), "a LangGraph item's value", limit=limit)
         results: list[Result] = []
         for op in ops:
             if isinstance(op, GetOp):
@@ -99,10 +112,8 @@ class MnemoStore(BaseStore):
                 results.append(None)
             elif isinstance(op, SearchOp):
                 results.append(await self._search(op))
-            elif isinstance(op, ListNamespacesOp):
-                results.append(await self._namespaces(op))
             else:
-                raise TypeError(f"MnemoStore cannot run a {type(op).__name__}")
+                results.append(await self._namespaces(op))
         return results
 
     def _where(self, prefix: Sequence[str]) -> Metadata:
@@ -112,13 +123,9 @@ class MnemoStore(BaseStore):
         return {**dict(zip(keys, map(_short, prefix), strict=False)), MARK: True}
 
     async def _every(self, where: Metadata) -> list[Node]:
-        """Every node of the scope `where`, in the order added, read a page at a time."""
-        most = (await self._mem.repo_config(self._repo)).max_results
-        nodes: list[Node] = []
-        while len(page := await self._mem.nodes_where(
-                self._repo, where, limit=most, offset=len(nodes))) == most:
-            nodes += page
-        return nodes + page
+        """Every node of the scope `where`, in the order added, read at one moment (pages
+        read one after another would skip an item while another put moves the rows)."""
+        return await self._mem.nodes_where(self._repo, where, limit=None)
 
     def _scope(self, namespace: Sequence[str], key: str) -> Metadata:
         """The scope of one item: its key, joined namespace, then `_where`'s."""
@@ -264,9 +271,9 @@ def _created(node: Node) -> datetime:
 
 
 def _value(node: Node) -> dict[str, Any]:
-    value = node.data["value"]
-    assert isinstance(value, dict)
-    return value
+    """The item's value; for a fact `Memory.correct` rewrote, `{"text": <its wording>}`."""
+    value = node.data.get("value")
+    return value if isinstance(value, dict) else {"text": node.text}
 
 
 def _item(node: Node, kind: type[Any], score: float | None = None) -> Any:

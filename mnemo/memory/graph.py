@@ -145,7 +145,8 @@ class GraphMethods(Parts):
 
     async def correct(self, repo: str, node_id: str, text: str) -> CommitReceipt:
         """Corrects a fact: commits `text` as a new fact of the old one's type, scope and worth
-        (a procedure's instruction is `text`; nothing restating the old wording is kept), and
+        (a procedure's instruction is `text`; nothing else of the old one's data, which a forget
+        of its source must erase: a LangGraph item's value reads as `{"text": text}`), and
         retires the old one as a contradicting fact does (the new one SUPERSEDES it). The
         correction is a commit like any other (`revert` undoes it) and calls no model but the
         repo's embedder. Returns the commit's receipt: the new fact's id, or, when a live fact
@@ -238,10 +239,12 @@ class GraphMethods(Parts):
         return vector[0], runtime.generation, policy
 
     async def nodes_where(
-        self, repo: str, where: Mapping[str, object], *, limit: int = 100, offset: int = 0
+        self, repo: str, where: Mapping[str, object], *, limit: int | None = 100,
+        offset: int = 0,
     ) -> list[Node]:
         """`limit` nodes of the scope `where` (as `recall`'s) after the first `offset`, in the
-        order added, read through the scope index in one query.
+        order added, read through the scope index in one query (`limit=None`: all of them,
+        as the store held them at one moment).
 
         Raises:
             InvalidInputError: a malformed or empty `where`, a limit below 1 or past
@@ -252,9 +255,10 @@ class GraphMethods(Parts):
         if scope is None:
             raise InvalidInputError("nodes_where needs a where with at least one key")
         check_count("offset", offset, maximum=MAX_OFFSET)
-        await self._repos.checked(repo, lambda config: check_count(
+        await self._repos.checked(repo, lambda config: None if limit is None else check_count(
             "limit", limit, minimum=1, maximum=config.max_results, setting=RESULTS))
-        return await self._graph.scope_nodes(repo, scope, limit, offset)
+        return await self._graph.scope_nodes(repo, scope, MAX_OFFSET if limit is None else limit,
+                                             offset)
 
     async def history(self, repo: str, *, limit: int = 20) -> list[CommitRecord]:
         """The repo's `limit` newest commits (sessions' and ingests'), newest first: id, time,

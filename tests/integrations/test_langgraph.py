@@ -12,7 +12,7 @@ import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from langgraph.graph import END, START, StateGraph
-from langgraph.store.base import BaseStore, Item, SearchItem
+from langgraph.store.base import BaseStore, Item, PutOp, SearchItem
 from langgraph.store.memory import InMemoryStore
 
 import mnemo
@@ -99,6 +99,22 @@ async def test_put_get_replace_delete(mem: mnemo.Memory) -> None:
     await store.adelete(("prefs", "alice"), "food")
     assert await store.aget(("prefs", "alice"), "food") is None
     assert await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC]) == []
+
+
+async def test_an_item_whose_fact_was_corrected_reads_as_its_new_wording(
+    mem: mnemo.Memory,
+) -> None:
+    """An item whose fact `Memory.correct` rewrote reads back, by get and search, as its new
+    wording: the correction keeps none of the old value."""
+    store = MnemoStore(mem, REPO)
+    await store.aput(("prefs", "alice"), "door", {"code": "1234"})
+    [fact] = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+    await mem.correct(REPO, fact.id, "The door code is 9999.")
+    item = await store.aget(("prefs", "alice"), "door")
+    assert item is not None
+    assert (item.key, item.value) == ("door", {"text": "The door code is 9999."})
+    [found] = await store.asearch(("prefs",))
+    assert found.value == item.value
 
 
 async def test_search_by_prefix_filter_and_namespaces(mem: mnemo.Memory) -> None:
@@ -316,6 +332,20 @@ async def test_a_value_that_is_not_json_is_refused(mem: mnemo.Memory) -> None:
     assert item.value == {"text": "kept"}
 
 
+async def test_a_batch_with_a_bad_put_runs_none_of_its_operations(mem: mnemo.Memory) -> None:
+    """A batch of a good put, then a put of NaN, then one of a value past the text bound, is
+    InvalidInputError and stores neither put; a batch with an operation of another kind is
+    TypeError and runs none."""
+    store = MnemoStore(mem, REPO)
+    good = PutOp(("ns",), "good", {"v": 1})
+    for bad in ({"v": float("nan")}, {"v": "x" * 200_000}):
+        with pytest.raises(mnemo.InvalidInputError):
+            await store.abatch([good, PutOp(("ns",), "bad", bad)])
+    with pytest.raises(TypeError):
+        await store.abatch([good, object()])  # type: ignore[list-item]
+    assert await _nodes(mem) == []
+
+
 async def test_listings_page_past_max_results(mem: mnemo.Memory) -> None:
     """A search without a query (with or without a filter) and list_namespaces read every item
     of the namespace, past `Config.max_results`; a search with a query ranks at most that many
@@ -334,6 +364,32 @@ async def test_listings_page_past_max_results(mem: mnemo.Memory) -> None:
     assert len(await store.asearch(("bulk",), query="i", offset=2, limit=2)) == 2
     with pytest.raises(mnemo.InvalidInputError, match=r"offset \+ limit is 5, more than the 4"):
         await store.asearch(("bulk",), query="i", offset=2, limit=3)
+
+
+async def test_a_listing_while_another_worker_replaces_an_item_misses_none(
+    mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another worker replaces an item right after the listing's first read of the store: the
+    listing still has every item, none skipped as the replace moves the rows (the listing
+    reads the store at one moment)."""
+    await mem.open_repo("small", config=mnemo.Config(max_results=3))
+    ours, other = MnemoStore(mem, "small"), MnemoStore(mem, "small")
+    for i in range(7):
+        await ours.aput(("docs",), f"k{i}", {"n": i})
+    read = mem.nodes_where
+    reads = 0
+
+    async def then_a_put(*args: Any, **kwargs: Any) -> list[mnemo.Node]:
+        nonlocal reads
+        nodes = await read(*args, **kwargs)
+        reads += 1
+        if reads == 1:
+            await other.aput(("docs",), "k0", {"n": 100})
+        return nodes
+
+    monkeypatch.setattr(mem, "nodes_where", then_a_put)
+    listed = await ours.asearch(("docs",), limit=100)
+    assert sorted(i.key for i in listed) == [f"k{i}" for i in range(7)]
 
 
 async def test_long_keys_and_namespaces_round_trip(mem: mnemo.Memory) -> None:

@@ -225,9 +225,9 @@ async def test_a_session_scoped_to_a_user_recalls_only_that_users_messages(
     mem: mnemo.Memory,
 ) -> None:
     """Two users' sessions with `metadata`: with a goal open, bob's viewport items carry none
-    of alice's messages (without a scope his thread recalled every thread's, her garage code
-    among them) while alice's own session recalls them; `search_messages(where=)` finds each
-    user's session items; a metadata that is no flat dict is refused at once."""
+    of alice's messages, her garage code among them, while alice's own session recalls them;
+    `search_messages(where=)` finds each user's session items; a metadata that is no flat
+    dict is refused at once."""
     from mnemo.integrations.openai_agents import MnemoSession
 
     await mem.conversation().save("alice-chat", [

@@ -108,10 +108,9 @@ class SqlSessions(SqlStore):
         return int(row[0])
 
     async def load_repos(self) -> list[RepoRow]:
-        rows = await self._driver.read(lambda sql: sql.rows(
+        rows = await self._rows(
             f"SELECT name, config{self.TEXT}, dim, embedder, llm, vectors_generation"
-            f" FROM repos ORDER BY created_at, name{self.BYTE_ORDER}"
-        ))
+            f" FROM repos ORDER BY created_at, name{self.BYTE_ORDER}")
         return [
             RepoRow(name, Config.from_json(config), int(dim), embedder, llm, int(generation))
             for name, config, dim, embedder, llm, generation in rows
@@ -130,11 +129,10 @@ class SqlSessions(SqlStore):
         ))
 
     async def load_profile(self, repo: str, model: str) -> str | None:
-        row = await self._driver.read(lambda sql: sql.row(
+        rows = await self._rows(
             f"SELECT profile{self.TEXT} FROM server_profiles WHERE repo = ? AND model = ?",
-            (repo, model),
-        ))
-        return None if row is None else str(row[0])
+            (repo, model))
+        return str(rows[0][0]) if rows else None
 
     async def save_profile(self, repo: str, model: str, profile: str) -> None:
         await self._driver.one(lambda sql: sql.run(
@@ -297,12 +295,10 @@ class SqlSessions(SqlStore):
         ))
 
     async def kept_results(self, episode_id: str) -> list[KeptResult]:
-        rows = await self._driver.read(lambda sql: sql.rows(
+        rows = await self._rows(
             f"SELECT trajectory_id, task, digest, reply{self.TEXT}, cost{self.TEXT}"
             f" FROM task_results WHERE episode_id = ? ORDER BY trajectory_id{self.BYTE_ORDER},"
-            f" task{self.BYTE_ORDER}, digest{self.BYTE_ORDER}",
-            (episode_id,),
-        ))
+            f" task{self.BYTE_ORDER}, digest{self.BYTE_ORDER}", (episode_id,))
         return [KeptResult.from_json(*row) for row in rows]
 
     async def version(self, session_id: str) -> int | None:
@@ -335,9 +331,8 @@ class SqlSessions(SqlStore):
         return found[0] if found else None
 
     async def scoped(self, repo: str, where: Where) -> list[str]:
-        rows = await self._driver.read(lambda sql: sql.rows(
-            f"SELECT id, metadata{self.TEXT} FROM sessions WHERE repo = ?"
-            " AND metadata IS NOT NULL", (repo,)))
+        rows = await self._rows(f"SELECT id, metadata{self.TEXT} FROM sessions WHERE repo = ?"
+                                " AND metadata IS NOT NULL", (repo,))
         return [str(i) for i, metadata in rows if matches(json.loads(metadata), where)]
 
     async def _load(self, sql: Statements, where: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -12,12 +13,12 @@ import anyio
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
 from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.lexical.index import LexicalIndex
+from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements, marks
 from mnemo.storage.sqlite.conversation import SqliteThreads
-from mnemo.storage.sqlite.database import Database
+from mnemo.storage.sqlite.database import Database, storage_error
 from mnemo.storage.sqlite.graph import SqliteGraph
-from mnemo.storage.sqlite.lexical import SqliteLexicalSource
 from mnemo.storage.sqlite.sessions import SqliteSessions
 
 
@@ -45,6 +46,27 @@ class SqliteCoordination(SqlCoordination):
             f" AND id IN ({marks(len(due))}) AND {self.IDLE_LEFT} <= 0 RETURNING id, repo",
             (at, *due, at),
         )
+
+
+class SqliteLexicalSource(LexicalSource):
+    """Reads the log and nodes on a read-only connection of its own, never waiting for nor
+    holding up the writing one (so not for `:memory:`, which has no second)."""
+
+    def __init__(self, path: str | Path, busy_timeout: float) -> None:
+        self._path = str(path)
+        self._busy_ms = int(busy_timeout * 1000)
+        self._conn: sqlite3.Connection | None = None
+
+    def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[object]:
+        try:
+            if self._conn is None:
+                uri = Path(self._path).resolve().as_uri() + "?mode=ro"
+                conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+                conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+                self._conn = conn
+            return self._conn.execute(statement, params).fetchall()
+        except sqlite3.Error as exc:
+            raise storage_error(exc) from exc
 
 
 class SqliteBackend:

@@ -1,15 +1,17 @@
-"""The PostgreSQL backend: every store of one database, over one pool of connections."""
+"""The PostgreSQL backend: every store of one database, over one pool of connections, and its
+clock (`ServerClock`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
+from mnemo.errors import StorageError
+from mnemo.storage import clock as host_clock
 from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.lexical.index import LexicalIndex
-from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import PgDialect, Postgres
 from mnemo.storage.postgres.conversation import PgThreads
 from mnemo.storage.postgres.graph import PgGraph
@@ -21,6 +23,40 @@ from mnemo.storage.sql import Statements
 # Connections one Memory may hold: a commit holds one for its repo's advisory lock and uses
 # another, a recall runs its channels on two or three at once.
 MAX_CONNECTIONS = 10
+SAMPLES = 3
+
+
+class ServerClock:
+    """The store's time on PostgreSQL, compared across hosts: the server's `clock_timestamp()`
+    read at open and at each takeover look (best of `SAMPLES` round trips), plus this host's
+    monotonic time since."""
+
+    def __init__(self, pg: Postgres, host: Callable[[], datetime] = host_clock.host_now) -> None:
+        self._pg = pg
+        self.host = host  # before the first read only
+        self._read: tuple[datetime, float] | None = None  # the server's time, and when
+
+    def now(self) -> datetime:
+        if self._read is None:
+            return self.host()
+        server, at = self._read
+        return server + timedelta(seconds=host_clock.elapsed() - at)
+
+    async def sync(self) -> None:
+        """Reads the server's time again; on `StorageError` the last read stays."""
+        samples: list[tuple[float, datetime, float]] = []  # (round trip, time, when)
+        async with self._pg.connection() as conn:
+            for _ in range(SAMPLES):
+                before = host_clock.elapsed()
+                cur = await conn.execute("SELECT clock_timestamp()")
+                after = host_clock.elapsed()
+                row = await cur.fetchone()
+                server = None if row is None else row[0]
+                if not isinstance(server, datetime):
+                    raise StorageError("unavailable", f"the server's time read {server!r}")
+                samples.append((after - before, server, before + (after - before) / 2))
+        _, server, at = min(samples, key=lambda sample: sample[0])
+        self._read = (server, at)
 
 
 class PgCoordination(PgDialect, SqlCoordination):

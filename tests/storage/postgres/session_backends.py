@@ -18,8 +18,8 @@ from mnemo.episode import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.graph.ports import SideWrite
 from mnemo.session.ports import LiveSession, RepoRow, SessionStore
 from mnemo.storage.postgres import sessions as pg_sessions
-from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import PgStatements, Postgres
+from mnemo.storage.postgres.store import ServerClock
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.sessions import SqliteSessions
 

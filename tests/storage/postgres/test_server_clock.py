@@ -17,8 +17,8 @@ import pytest
 import mnemo
 from mnemo import State
 from mnemo.storage import clock as clocks
-from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.store import ServerClock
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 
 REPO = "r"

@@ -16,9 +16,9 @@ from mnemo.graph.ports import SourceForgotten, SourceRecorded, StepsCommitted
 from mnemo.ports import Usage
 from mnemo.session.machine import State
 from mnemo.session.ports import RepoRow, StepsCommittedElsewhere
-from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import PgStatements, Postgres
 from mnemo.storage.postgres.sessions import PgSessions
+from mnemo.storage.postgres.store import ServerClock
 from tests.pg import pg_clones, pg_server, pg_template, pg_url
 from tests.storage.postgres.session_backends import (
     DIM,

@@ -16,7 +16,7 @@ from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
 import mnemo
-from mnemo.storage.postgres import migrations as pg_migrations, schema as pg_schema
+from mnemo.storage.postgres import schema as pg_schema
 from mnemo.storage.sqlite import schema as sqlite_schema
 from tests.backends import BACKENDS, open_stores
 from tests.fakes import FakeEmbedder
@@ -72,7 +72,7 @@ def shape(store: str) -> list[tuple[object, ...]]:
 
 
 def baseline(store: str) -> str:
-    return pg_migrations.BASELINE.name if store.startswith("postgresql") else (
+    return pg_schema.BASELINE.name if store.startswith("postgresql") else (
         sqlite_schema.BASELINE)
 
 
@@ -91,9 +91,9 @@ def add_later_migration(store: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """Registers, after the baseline, a migration that makes a table `later` and puts one
     row in it; returns its name."""
     if store.startswith("postgresql"):
-        later = pg_migrations.Migration(
+        later = pg_schema.Migration(
             "m021_later", ("CREATE TABLE later (n integer)", "INSERT INTO later VALUES (1)"))
-        monkeypatch.setattr(pg_schema, "MIGRATIONS", (*pg_migrations.MIGRATIONS, later))
+        monkeypatch.setattr(pg_schema, "MIGRATIONS", (*pg_schema.MIGRATIONS, later))
         return later.name
     migrations = Migrations("mnemo")
     migrations(name=sqlite_schema.BASELINE)(sqlite_schema.baseline)

@@ -15,7 +15,7 @@ from sqlite_utils import Database
 
 from mnemo import StorageError
 from mnemo.storage.lexical.schema import analyzer
-from mnemo.storage.postgres import migrations, schema, text_search
+from mnemo.storage.postgres import schema, text_search
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.sqlite.schema import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.pg import PgServer
@@ -104,7 +104,7 @@ async def test_apply_twice_is_a_no_op(pg_empty_url: str) -> None:
         first = await schema.apply(conn)
         before = _catalog(pg_empty_url)
         second = await schema.apply(conn)
-    assert first == [m.name for m in migrations.MIGRATIONS]
+    assert first == [m.name for m in schema.MIGRATIONS]
     assert second == []
     assert _catalog(pg_empty_url) == before
 
@@ -120,10 +120,10 @@ async def test_six_concurrent_appliers_all_succeed(pg_empty_url: str) -> None:
     async with anyio.create_task_group() as tg:
         for _ in range(6):
             tg.start_soon(applier)
-    assert sorted(map(len, results)) == [0] * 5 + [len(migrations.MIGRATIONS)]
+    assert sorted(map(len, results)) == [0] * 5 + [len(schema.MIGRATIONS)]
     with psycopg.connect(pg_empty_url) as conn:
         count = conn.execute("SELECT count(*) FROM mnemo_migrations").fetchone()
-    assert count == (len(migrations.MIGRATIONS),)
+    assert count == (len(schema.MIGRATIONS),)
 
 
 async def test_a_role_that_may_not_create_vector_gets_extension_missing(

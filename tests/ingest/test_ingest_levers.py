@@ -10,7 +10,7 @@ import pytest
 import mnemo
 from mnemo.extraction.dates import named_date
 from mnemo.extraction.entities import embedding_text, entity_names
-from mnemo.ingest.dates import parse_date, reference_date, resolve_dates
+from mnemo.ingest.service import parse_date, reference_date, resolve_dates
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM, RecordingEmbedder, js
 

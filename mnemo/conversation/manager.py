@@ -40,6 +40,7 @@ from mnemo.conversation.viewport import leading
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
 from mnemo.graph.scope import Metadata, check_metadata
+from mnemo.graph.vectors import unit
 from mnemo.inputs import check_count, check_id, check_name, check_text
 from mnemo.ports import LLM, JSONObject
 
@@ -443,11 +444,7 @@ def top_k(
     message. Returned by seq."""
     if not messages:
         return []
-    norms = np.linalg.norm(vectors, axis=1)
-    q_norm = float(np.linalg.norm(query))
-    scores = np.zeros(len(messages), dtype=np.float64)
-    if q_norm > 0:
-        np.divide(vectors @ query, norms * q_norm, out=scores, where=norms > 0)
+    scores = unit(vectors) @ unit(query)[0]  # a zero vector scores 0
     # Sort by score, then by recency (seq): lexsort takes its primary key last.
     order = np.lexsort((-np.array([m.seq for m in messages]), -scores))[:k]
     return sorted((messages[i] for i in order), key=lambda m: m.seq)

@@ -22,7 +22,7 @@ UNCOVERED = "level = 1 AND covered_by IS NULL"
 
 def message_from_row(row: Sequence[Any]) -> Message:
     """A `Message` from a row of `MESSAGE_COLUMNS` (data as JSON text, jsonb, or PostgreSQL's
-    NUL-escaped string: `postgres.conversation.message_row`)."""
+    NUL-escaped string: `postgres.store.message_row`)."""
     message_id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata = row
     content = text if content is None else content
     if isinstance(data, str):

@@ -18,7 +18,7 @@ import mnemo
 from mnemo.conversation.drafts import draft
 from mnemo.storage import thread_rows
 from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.postgres.conversation import PgThreads, message_row
+from mnemo.storage.postgres.store import PgThreads, message_row
 from mnemo.storage.thread_rows import MESSAGE_COLUMNS
 from tests.pg import until_a_lock_wait
 from tests.storage.postgres.test_threads import EPOCH, drafts, save

@@ -23,8 +23,8 @@ from mnemo.conversation.model import Message
 from mnemo.conversation.ports import ThreadState, ThreadStore
 from mnemo.conversation.search import SNIPPET_CHARS
 from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.postgres.conversation import PgThreads, scoring_query
-from mnemo.storage.sqlite.conversation import SqliteThreads
+from mnemo.storage.postgres.store import PgThreads, scoring_query
+from mnemo.storage.sqlite import SqliteThreads
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.thread_rows import SearchQuery
 from mnemo.text import query_words

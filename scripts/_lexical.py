@@ -15,7 +15,7 @@ from pathlib import Path
 from bench_recall import REPO
 
 from mnemo.recall.query import keywords
-from mnemo.storage.sqlite.recall_reads import fts_query
+from mnemo.storage.sqlite.graph import fts_query
 from mnemo.text import query_words
 
 BASELINE_SQL = (

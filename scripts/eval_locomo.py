@@ -58,7 +58,7 @@ from rich.table import Table
 import mnemo
 from mnemo.adapters.uri import embedder_from_uri
 from mnemo.recall.query import query_side
-from mnemo.storage.sqlite.recall_reads import fts_query
+from mnemo.storage.sqlite.graph import fts_query
 
 DATA = next((folder / "shared" / "data" / "locomo_dev.json"
              for folder in Path(__file__).resolve().parents

@@ -27,7 +27,7 @@ from mnemo.graph.model import (
 )
 from mnemo.graph.ports import GraphStore, Neighbor, SourceRecorded
 from mnemo.storage.ports import Backend
-from mnemo.storage.sqlite.recall_reads import fts_query
+from mnemo.storage.sqlite.graph import fts_query
 from mnemo.text import MAX_QUERY_TERMS
 from tests.backends import is_sqlite, link_end, links_table, open_stores, sql
 from tests.graph._support import DIM, REPO, Merger, at_cosine, axis, draft, policy, rounded

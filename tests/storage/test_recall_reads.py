@@ -13,8 +13,8 @@ import pytest
 
 import mnemo
 from mnemo.graph.model import NodeType
-from mnemo.storage.postgres import recall_reads as pg_reads
-from mnemo.storage.sqlite import recall_reads as sqlite_reads
+from mnemo.storage.postgres import graph as pg_reads
+from mnemo.storage.sqlite import graph as sqlite_reads
 from tests.backends import is_sqlite, sql
 from tests.recall.test_engine import REPO
 

@@ -1,10 +1,13 @@
 """`PgGraph`: the `GraphStore` port over PostgreSQL and pgvector. Commits to a repo are
 serialised by an in-process lock, then a session advisory lock (across processes); each is one
-transaction recorded in `applied_changesets` with its side writes."""
+transaction recorded in `applied_changesets` with its side writes. Recall's batched reads
+(`read_*`) are one round trip each: a candidate set's nodes, stats and links, and a hop's typed
+links with their far ends' cosine to the query."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+import math
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -12,33 +15,42 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
+from mnemo import cpu
 from mnemo.errors import ConflictError
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.model import LinkType, NodeType, Vector
-from mnemo.graph.ports import (
-    More,
-    Neighbor,
-    NodeContext,
-    PendingRead,
-    TypedLink,
-)
+from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeId, NodeType, Vector
+from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead, TypedLink
 from mnemo.graph.scope import Where
 from mnemo.storage import graph_base as scopes
-from mnemo.storage.graph_base import neighbors_seen_from_asked, seen_from_asked
+from mnemo.storage.graph_base import joined, neighbors_seen_from_asked, seen_from_asked
+from mnemo.storage.graph_rows import NODE_COLUMNS, NODE_WIDTH
 from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph, SqlMaintenance
-from mnemo.storage.postgres import recall_reads
-from mnemo.storage.postgres.connection import PgDialect, Postgres, lock_key
-from mnemo.storage.postgres.recall_reads import node as node_of
+from mnemo.storage.postgres.connection import (
+    Connection,
+    PgDialect,
+    Postgres,
+    as_array,
+    lock_key,
+    rows_of,
+)
 from mnemo.storage.postgres.schema import vector_index_name
 from mnemo.storage.postgres.sessions import PgSessions
 from mnemo.storage.postgres.text_search import SEARCH_VECTOR, WORD_QUERY
-from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors
+from mnemo.storage.postgres.vectors import EXACT_BELOW, OF_NODES, PgVectors, unit_rows
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
+from mnemo.storage.row import ON_LOOP_NODES, Row
 from mnemo.storage.sql import Statements, number
 from mnemo.storage.worker import DeferredRead
 from mnemo.text import query_words
+
+
+def node(row: Row) -> Node:
+    node_id, kind, text, data, created_at, start, end, recorded, retired, metadata = (
+        row[:NODE_WIDTH])
+    return Node(NodeId(str(node_id)), NODE_TYPES[kind], str(text), dict(data), created_at, start,
+                end, recorded, retired, dict(metadata or {}))
 
 
 class PgReembeds(PgDialect, SqlReembeds):
@@ -161,7 +173,7 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
     async def _committed(self, plan: CommitPlan) -> None:
         await self._vectors.committed(plan.repo, len(plan.nodes))
 
-    _node = staticmethod(node_of)
+    _node = staticmethod(node)
 
     async def neighbors(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
@@ -180,11 +192,11 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
 
     async def _context(self, repo: str, node_ids: Sequence[str], linked: list[NodeType],
                        link_type: LinkType, then: More | None) -> NodeContext:
-        return await recall_reads.node_context(self._pg, repo, node_ids, linked, link_type, then)
+        return await read_node_context(self._pg, repo, node_ids, linked, link_type, then)
 
     async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
                           ) -> tuple[list[TypedLink], dict[str, float]]:
-        return await recall_reads.typed_links_near(self._pg, repo, node_ids, vector)
+        return await read_typed_links_near(self._pg, repo, node_ids, vector)
 
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]:
         ids = list(dict.fromkeys(node_ids))
@@ -229,3 +241,100 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
             f"{'' if kinds is None else ' AND type = ANY(?)'}{scoped} ORDER BY score DESC, rowid"
             " LIMIT ?", [*words, repo, *([] if kinds is None else [kinds]), *inside, limit])
         return [(str(i), float(score)) for i, score in rows]
+
+
+
+_NODES = (
+    f"SELECT {NODE_COLUMNS}, access_count, last_access FROM nodes"
+    " WHERE repo = %(repo)s AND id = ANY(%(ids)s)"
+)
+# Seen from the end whose type was asked for: side 0 from `src`, side 1 from `dst`.
+_LINKS = (
+    "SELECT 0, l.src, l.dst FROM links l JOIN nodes n ON n.id = l.src"
+    " WHERE l.repo = %(repo)s AND l.src = ANY(%(ids)s) AND l.type = %(link)s"
+    " AND n.type = ANY(%(kinds)s)"
+    " UNION ALL SELECT 1, l.src, l.dst FROM links l JOIN nodes n ON n.id = l.dst"
+    " WHERE l.repo = %(repo)s AND l.dst = ANY(%(ids)s) AND l.type = %(link)s"
+    " AND n.type = ANY(%(kinds)s)"
+)
+
+
+async def read_node_context(
+    pg: Postgres, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
+    link_type: LinkType, then: More | None = None,
+) -> NodeContext:
+    """See `GraphStore.node_context`: `then`'s nodes on the same connection."""
+    async with pg.connection() as conn:
+        first = await _node_context(conn, repo, node_ids, linked, link_type)
+        more, more_linked = ((), ()) if then is None else then(first)
+        if not more:
+            return first
+        return joined(first, await _node_context(conn, repo, more, more_linked, link_type))
+
+
+async def _node_context(
+    conn: Connection, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
+    link_type: LinkType,
+) -> NodeContext:
+    ids = list(dict.fromkeys(node_ids))
+    params = {"repo": repo, "ids": ids, "link": link_type.value,
+              "kinds": sorted(NodeType(t).value for t in linked)}
+    async with conn.pipeline():
+        nodes = await conn.execute(_NODES, params)
+        links = await conn.execute(_LINKS, params)
+        vectors = await conn.execute(OF_NODES, params, binary=True)
+        node_rows = await rows_of(nodes)
+        link_rows = await rows_of(links)
+        vector_rows = await rows_of(vectors)
+
+    def built() -> NodeContext:
+        found: dict[str, Node] = {}
+        stats: dict[str, tuple[int, datetime | None]] = {}
+        for row in node_rows:
+            found[str(row[0])] = node(row)
+            count, last = row[NODE_WIDTH:]
+            stats[str(row[0])] = (int(count), last)
+        seen = [
+            Neighbor(str(src), str(dst), link_type) if side == 0
+            else Neighbor(str(dst), str(src), link_type)
+            for side, src, dst in link_rows
+        ]
+        return NodeContext([found[i] for i in ids if i in found], stats,
+                           list(dict.fromkeys(seen)), unit_rows(vector_rows))
+
+    return await cpu.run(built, len(node_rows), on_loop_below=ON_LOOP_NODES + 1)
+
+
+# `_LINKS` with the other end's cosine to the query (NULL without a vector).
+_HOP = (
+    "SELECT 0, l.src, a.type, l.dst, b.type, l.type, 1 - (v.vec <=> %(q)s) FROM links l"
+    " JOIN nodes a ON a.id = l.src JOIN nodes b ON b.id = l.dst"
+    " LEFT JOIN vectors v ON v.node_id = l.dst"
+    " WHERE l.repo = %(repo)s AND l.src = ANY(%(ids)s)"
+    " UNION ALL SELECT 1, l.src, a.type, l.dst, b.type, l.type, 1 - (v.vec <=> %(q)s)"
+    " FROM links l JOIN nodes a ON a.id = l.src JOIN nodes b ON b.id = l.dst"
+    " LEFT JOIN vectors v ON v.node_id = l.src"
+    " WHERE l.repo = %(repo)s AND l.dst = ANY(%(ids)s)"
+)
+
+
+async def read_typed_links_near(
+    pg: Postgres, repo: str, node_ids: Sequence[str], vector: Vector
+) -> tuple[list[TypedLink], dict[str, float]]:
+    ids = list(dict.fromkeys(node_ids))
+    rows = await pg.fetch_all(_HOP, {"repo": repo, "ids": ids, "q": as_array(vector)})
+    return await cpu.run(lambda: hop_links(rows), len(ids), on_loop_below=ON_LOOP_NODES + 1)
+
+
+def hop_links(rows: list[Row]) -> tuple[list[TypedLink], dict[str, float]]:
+    """A hop's rows (`_HOP`) as links seen from the end asked for, and the cosines."""
+    links: list[TypedLink] = []
+    similarity: dict[str, float] = {}
+    for side, src, src_type, dst, dst_type, kind, cosine in rows:
+        if side:  # seen from `dst`
+            src, src_type, dst, dst_type = dst, dst_type, src, src_type
+        links.append(
+            (str(src), NODE_TYPES[src_type], str(dst), NODE_TYPES[dst_type], LINK_TYPES[kind]))
+        if isinstance(cosine, float) and math.isfinite(cosine):
+            similarity[str(dst)] = cosine
+    return links, similarity

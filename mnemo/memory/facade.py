@@ -16,7 +16,7 @@ import anyio
 
 from mnemo.config import Config
 from mnemo.cpu import import_kept
-from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
+from mnemo.errors import ConflictError, InvalidInputError, NotFoundError, StorageError
 from mnemo.graph.scope import check_metadata, check_where
 from mnemo.inputs import POSTGRES_SCHEMES, check_id, check_models, check_store
 from mnemo.memory.conversation import ConversationMethods
@@ -44,7 +44,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
     URL; anything else, like an `on_event` that is not callable, is `InvalidInputError` before
     anything is created. `llm=None` is the offline LLM (deterministic heuristics, no network);
     `embedder=None` the embedded default embedder. Use it as an async context manager, or call
-    `aclose()`; it closes only the models it made, never those passed to it. Opening one that
+    `aclose()`; it closes only the models it made, never those passed to it. It is entered once
+    (again: `StorageError("closed")`; a new Memory opens the store again). Opening one that
     works ends the store's idle sessions past their `Config.idle_session_timeout`.
 
     `inspect=True` opens the store to look inside it (the command line's reads, the web app,
@@ -79,6 +80,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             )
         self._config = config or Config()
         self._inspect = inspect
+        self._entered = False
         self._parts = (path, llm, embedder, on_event, synchronous.upper(), reranker)
         if _loaded(path) or _without_driver(path):
             self._build()  # at once (without the driver: raises what to install)
@@ -90,6 +92,10 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         assembly.build(self, *self._parts[:5], config=self._config)
 
     async def __aenter__(self) -> Memory:
+        if self._entered:
+            raise StorageError("closed", "a Memory opens once: make a new mnemo.Memory to open "
+                               "the store again")
+        self._entered = True
         if "_backend" not in vars(self):
             # A cold start: the parts' modules (threadpoolctl's among them) are imported off
             # the event loop.

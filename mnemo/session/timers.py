@@ -61,9 +61,6 @@ class BackgroundWork:
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = anyio.Event()
         self.live.looks_end = None
-        # A Memory opened again: its close retired it as a holder and refused to store work.
-        self.live.closing = False
-        self.live.registered = anyio.Event()
 
         async def host() -> None:
             try:
@@ -94,6 +91,7 @@ class BackgroundWork:
         task, self._host = self._host, None
         if task is None:
             return False
+        self.live.closing = True  # from now on nothing is stored for another Memory
         self._stop.set()
         with anyio.CancelScope(shield=True):
             await asyncio.wait({task})

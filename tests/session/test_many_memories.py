@@ -493,43 +493,25 @@ async def test_an_answer_for_a_memory_that_only_accepted_an_operation_is_kept_fo
         assert callback.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
 
 
-async def test_a_memory_opened_again_records_itself_and_stores_work_for_others(
-    store: str,
-) -> None:
-    """A Memory closed and opened again records itself as a holder again (its close retired
-    it) and accepts an operation while another Memory extracts."""
-    async with AsyncExitStack() as stack:
-        a = await open_worker(stack, store)
-        sid = await fill(a.mem)
-        await a.mem.aclose()
-        async with a.mem:
-            b = await open_worker(stack, store)
-            held = await extracting(b, sid)
-            callback = Called()
-            await a.mem.commit_async(sid, callback)
-            assert await sql(b.mem, "SELECT id FROM holders WHERE id = ?", a.mem._live.holder_id)
-            held.release()
-            with anyio.fail_after(10):
-                await callback.done.wait()
-        assert callback.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
-
-
-async def test_a_memory_closed_and_opened_again_goes_on(store: str) -> None:
-    """One Memory object entered twice: the second time it appends to and commits the session
-    of the first, recalls and extends a thread, on both backends."""
+async def test_a_memory_is_entered_once(store: str) -> None:
+    """Entering a Memory again, open or closed, is StorageError("closed") and leaves it as it
+    was (its parts, the word index and the connection pool among them, open once); a new
+    Memory opens the store again and goes on."""
     mem = mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder())
-    history = [{"role": "user", "content": "hello there"}]
     async with mem:
         await mem.open_repo(REPO)
         sid = await mem.start_session("explore", repo=REPO)
+        with pytest.raises(mnemo.StorageError, match="opens once") as nested:
+            await mem.__aenter__()
+        assert nested.value.reason == "closed"
         await mem.append(sid, "walk north", "go north")
-        await mem.conversation().save("t", history)
-    async with mem:
-        await mem.append(sid, "walk east", "go east")
-        await mem.close_and_commit(sid)
-        assert (await mem.recall(REPO, "walk north")).memories
-        await mem.conversation().save("t", [*history, {"role": "assistant", "content": "hi"}])
-        assert len(await mem.conversation().raw("t")) == 2
+    with pytest.raises(mnemo.StorageError, match="opens once"):
+        async with mem:
+            pass
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as again:
+        await again.append(sid, "walk east", "go east")
+        await again.close_and_commit(sid)
+        assert (await again.recall(REPO, "walk north")).memories
 
 
 async def test_the_times_a_memory_compares_with_others_are_the_stores(

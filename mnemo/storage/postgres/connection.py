@@ -167,23 +167,18 @@ class Postgres:
         self.connect_timeout = connect_timeout
         self._conninfo = conninfo(
             url, busy_timeout=busy_timeout, statement_timeout=statement_timeout)
-        self._sizes, self._wait = (min_size, max_size), max(busy_timeout, 0.001)
-        self._pool = self._new_pool()
-        self._used = False  # a pool opens once: an open after a close makes a new one
-        self._lent = 0  # connections in the callers' hands
-
-    def _new_pool(self) -> AsyncConnectionPool[Connection]:
-        return AsyncConnectionPool(
+        self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
             self._conninfo,
             connection_class=psycopg.AsyncConnection,
             kwargs={"autocommit": True},
-            min_size=self._sizes[0],
-            max_size=self._sizes[1],
-            timeout=self._wait,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=max(busy_timeout, 0.001),
             open=False,
             name="mnemo",
             configure=register_vector,
         )
+        self._lent = 0  # connections in the callers' hands
 
     async def open(self, *, migrate: bool = False) -> None:
         """Opens the pool and waits for its first connections, after applying pending
@@ -198,9 +193,6 @@ class Postgres:
                 raise storage_error(exc) from exc
             async with conn:
                 await schema.apply(conn)
-        if self._used:
-            self._pool = self._new_pool()
-        self._used = True
         try:
             await self._pool.open(wait=True, timeout=self.connect_timeout)
         except (psycopg.Error, PoolTimeout) as exc:

@@ -144,9 +144,9 @@ class GraphMethods(Parts):
         return await self._graph.delete_nodes(repo, ids)
 
     async def correct(self, repo: str, node_id: str, text: str) -> CommitReceipt:
-        """Corrects a fact: commits `text` as a new fact of the old one's type, scope and worth
-        (a procedure's instruction is `text`; nothing else of the old one's data, which a forget
-        of its source must erase: a LangGraph item's value reads as `{"text": text}`), and
+        """Corrects a fact: commits `text` as a new fact of the old one's type, scope and data,
+        but for what restates the old wording (`graph.model.RESTATED`: a procedure's instruction
+        is `text`, a LangGraph item's value reads as `{"text": text}`), and
         retires the old one as a contradicting fact does (the new one SUPERSEDES it). The
         correction is a commit like any other (`revert` undoes it) and calls no model but the
         repo's embedder. Returns the commit's receipt: the new fact's id, or, when a live fact

@@ -105,9 +105,9 @@ async def test_a_correction_to_what_a_live_fact_says_joins_it_and_retires_the_ol
 
 async def test_a_correction_keeps_nothing_of_its_source_that_forget_erases(store: str) -> None:
     """A fact and a procedure corrected to wordings without the source's word "zebrinox",
-    then the source forgotten: no node's text or data holds the word (the corrections copied
-    the old data: concepts, the procedure's condition, intent and old instruction). A
-    corrected procedure's instruction is its new text; its worth stays."""
+    then the source forgotten: no node's text or data holds the word (not the concepts, nor
+    the procedure's condition, intent and old instruction). A corrected procedure's
+    instruction is its new text; its worth stays, and so does a remembered fact's own data."""
     marker = "zebrinox"
     step = mnemo.Step(f"The {marker} router at the edge stopped answering pings.",
                       f"Check the {marker} uplink cable and restart the router.")
@@ -128,3 +128,9 @@ async def test_a_correction_keeps_nothing_of_its_source_that_forget_erases(store
         left = await mem.get_nodes_by_type(REPO, list(mnemo.NodeType))
         assert {n.id for n in left} >= set(new_ids)
         assert not [n.id for n in left if marker in n.text or marker in repr(n.data)]
+        (said,) = (await mem.remember(REPO, "The door code is 1234.", source_id="note",
+                                      data={"ticket": 42})).node_ids
+        (fixed,) = (await mem.correct(REPO, said, "The door code is 9999.")).node_ids
+        corrected = await mem.get_node(REPO, fixed)
+        assert corrected is not None
+        assert corrected.data["ticket"] == 42

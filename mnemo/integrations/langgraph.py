@@ -26,13 +26,14 @@ import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from mnemo.errors import InvalidInputError
 from mnemo.graph.model import Node, NodeType
-from mnemo.graph.scope import MAX_VALUE_CHARS, Metadata
+from mnemo.graph.scope import MAX_VALUE_CHARS, Metadata, check_metadata
 from mnemo.inputs import check_json, check_text
+from mnemo.ports import JSONObject
 
 try:
     from langgraph.store.base import (
@@ -57,6 +58,8 @@ __all__ = ["MnemoStore"]
 
 MARK, NAMESPACE, KEY = "langgraph", "langgraph.namespace", "langgraph.key"
 SOURCE = "langgraph.source"  # the source id of an item's version (each its own scope)
+# A version's source id and first time as a batch checks its puts: as long as a put's.
+CHECKED_AS = (f"langgraph-{'0' * 40}-{'0' * 16}", datetime.now(UTC).isoformat())
 
 
 class MnemoStore(BaseStore):
@@ -96,12 +99,15 @@ class MnemoStore(BaseStore):
         for op in ops:
             if not isinstance(op, GetOp | PutOp | SearchOp | ListNamespacesOp):
                 raise TypeError(f"MnemoStore cannot run a {type(op).__name__}")
-        values = [op.value for op in ops if isinstance(op, PutOp) and op.value is not None]
-        if values:
+        puts = [op for op in ops if isinstance(op, PutOp) and op.value is not None]
+        if puts:
             limit = (await self._mem.repo_config(self._repo)).max_text_chars
-            for value in values:
-                check_text(_text(value), "a LangGraph item's value", limit=limit)
-                check_json(dict(value), "a LangGraph item's value", limit=limit)
+            for op in puts:
+                assert op.value is not None
+                text, data, metadata = self._draft(op.namespace, op.key, op.value, *CHECKED_AS)
+                check_text(text, "text", limit=limit)
+                check_json(data, "data", limit=limit)
+                check_metadata(metadata)
         results: list[Result] = []
         for op in ops:
             if isinstance(op, GetOp):
@@ -136,28 +142,34 @@ class MnemoStore(BaseStore):
         found = await self._every(self._scope(namespace, key))
         return [n for n in found if _identity(n) == (tuple(namespace), key)]
 
+    def _draft(self, namespace: Sequence[str], key: str, value: Mapping[str, Any], source: str,
+               created: str | None) -> tuple[str, JSONObject, Metadata]:
+        """The text, data and scope of an item's version (InvalidInputError for a value that
+        is not JSON)."""
+        data: JSONObject = {"value": dict(value), "namespace": list(namespace), "key": key,
+                            "created_at": created}
+        return _text(value), data, {**self._scope(namespace, key), SOURCE: source}
+
     async def _put(self, namespace: Sequence[str], key: str,
                    value: Mapping[str, Any] | None) -> None:
-        """Writes a new version then forgets the older ones (a None value: forgets them all);
-        InvalidInputError for a value that is not JSON."""
-        text = None if value is None else _text(value)
+        """Writes a new version then forgets the older ones (a None value: forgets them all),
+        each with what `Memory.correct` made of it."""
         digest = _digest(json.dumps([list(namespace), key]))
         async with self._puts.setdefault(digest, asyncio.Lock()):
-            old = await self._versions(namespace, key)
-            if value is None or text is None:  # a delete
-                for node in old:
-                    await self._mem.forget(self._repo, _source(node, digest))
+            if value is None:
+                await self._mem.forget_where(self._repo, self._scope(namespace, key))
                 return
+            old = await self._versions(namespace, key)
             source = f"langgraph-{digest[7:47]}-{uuid.uuid4().hex[:16]}"
-            await self._mem.remember(
-                self._repo, text, source_id=source,
-                metadata={**self._scope(namespace, key), SOURCE: source},
-                data={"value": dict(value), "namespace": list(namespace), "key": key,
-                      "created_at": _created(old[-1]).isoformat() if old else None})
+            text, data, metadata = self._draft(
+                namespace, key, value, source, _created(old[-1]).isoformat() if old else None)
+            await self._mem.remember(self._repo, text, source_id=source, metadata=metadata,
+                                     data=data)
             # Only the versions before this one: a later one is another put's, newer.
             sources = [_source(node, digest) for node in await self._versions(namespace, key)]
             for older in sources[:sources.index(source)] if source in sources else ():
-                await self._mem.forget(self._repo, older)
+                await self._mem.forget_where(
+                    self._repo, {**self._scope(namespace, key), SOURCE: older})
 
     async def _search(self, op: SearchOp) -> list[SearchItem]:
         """A query's recall ranks at most `Config.max_results` items: InvalidInputError past

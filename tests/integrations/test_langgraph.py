@@ -117,6 +117,27 @@ async def test_an_item_whose_fact_was_corrected_reads_as_its_new_wording(
     assert found.value == item.value
 
 
+async def test_an_item_whose_fact_was_corrected_is_replaced_and_deleted_whole(
+    mem: mnemo.Memory,
+) -> None:
+    """An item of a long key whose fact was corrected reads as its new wording under its own
+    key; a put replaces it (the correction goes with the version it corrected), and a delete
+    leaves no node of the item."""
+    store = MnemoStore(mem, REPO)
+    key = "k" * 600
+    await store.aput(("prefs",), key, {"code": "1234"})
+    [fact] = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+    await mem.correct(REPO, fact.id, "The door code is 9999.")
+    [found] = await store.asearch(("prefs",))
+    assert (found.key, found.value) == (key, {"text": "The door code is 9999."})
+    await store.aput(("prefs",), key, {"code": "4321"})
+    assert [(i.key, i.value) for i in await store.asearch(("prefs",))] == [
+        (key, {"code": "4321"})]
+    await store.adelete(("prefs",), key)
+    assert await store.aget(("prefs",), key) is None
+    assert await _nodes(mem) == []
+
+
 async def test_search_by_prefix_filter_and_namespaces(mem: mnemo.Memory) -> None:
     """search without a query lists a prefix's items, a filter keeps equal fields, limit and
     offset cut; list_namespaces matches prefixes, suffixes and depths."""
@@ -333,14 +354,23 @@ async def test_a_value_that_is_not_json_is_refused(mem: mnemo.Memory) -> None:
 
 
 async def test_a_batch_with_a_bad_put_runs_none_of_its_operations(mem: mnemo.Memory) -> None:
-    """A batch of a good put, then a put of NaN, then one of a value past the text bound, is
-    InvalidInputError and stores neither put; a batch with an operation of another kind is
-    TypeError and runs none."""
+    """A batch of a good put and one mnemo refuses (NaN, a value past the text bound or too
+    deep, a key past the data bound or holding NUL, a namespace past the scope's keys) is
+    InvalidInputError and stores neither; one with an operation of another kind is TypeError
+    and runs none."""
     store = MnemoStore(mem, REPO)
     good = PutOp(("ns",), "good", {"v": 1})
-    for bad in ({"v": float("nan")}, {"v": "x" * 200_000}):
+    nested: Any = 1
+    for _ in range(63):  # the value's depth within the bound, the item's data one past it
+        nested = [nested]
+    for bad in (PutOp(("ns",), "bad", {"v": float("nan")}),
+                PutOp(("ns",), "bad", {"v": "x" * 200_000}),
+                PutOp(("ns",), "bad", {"v": nested}),
+                PutOp(("ns",), "k" * 20_000, {"v": "x" * 15_000}),
+                PutOp(("ns",), "a\x00b", {"v": 1}),
+                PutOp(tuple(f"l{i}" for i in range(40)), "k", {"v": 1})):
         with pytest.raises(mnemo.InvalidInputError):
-            await store.abatch([good, PutOp(("ns",), "bad", bad)])
+            await store.abatch([good, bad])
     with pytest.raises(TypeError):
         await store.abatch([good, object()])  # type: ignore[list-item]
     assert await _nodes(mem) == []

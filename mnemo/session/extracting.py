@@ -64,8 +64,7 @@ async def _extraction(live: Sessions, session: SessionRecord) -> None:
         if ended is Ended.FAILED:
             await operations.fail_pending(session, "extraction_failed")
         if ended is not Ended.STALE:
-            # The operations stored for it, then the session's own queue (which runs even if
-            # the stored ones cannot be handed over: their accepting Memories' watchers run them).
+            # Not taken, they stay stored: their accepting Memories' watchers run them.
             try:
                 await operations.run_stored(live, session)
             except StorageError as exc:
@@ -106,8 +105,7 @@ class Extraction:
         runtime = session.runtime
         check_dim(session.repo, runtime.embedder, runtime.dim)
         if session.memo is None or session.memo.episode_id != episode.id:
-            # What an earlier extraction of this episode kept (here or before a restart) is
-            # asked no more.
+            # What an earlier extraction of this episode kept is asked no more.
             session.memo = TaskMemo(episode.id, await live.store.kept_results(episode.id))
         changeset = await extract(
             episode,
@@ -221,8 +219,6 @@ class Extraction:
         live, session = self.live, self.session
         for attempt in range(_ATTEMPTS):
             await take_commits(live, session)
-            # The steps another Memory's commit claimed are waited for (`settle`) within the
-            # time limit from `started`, then the rest is extracted once (not while it waits).
             steps = session.uncommitted()
             mine = {s.id for s in await claim_or_all(live, session, steps)}
             if len(mine) < len(steps):
@@ -288,8 +284,7 @@ class Extraction:
             assert episode is not None
             mine = {s.id for s in await claim_or_all(live, session, steps)}
             if len(mine) < len(steps):
-                # Committed or claimed by another Memory's commit: left to it (what the store
-                # says of them is taken in), and a flush looks again a full timeout from now.
+                # Left to another Memory's commit; a flush looks again a full timeout from now.
                 session.claimed.difference_update(s.id for s in steps if s.id not in mine)
                 session.flush_after = anyio.current_time()
                 await self._read_commits()
@@ -300,8 +295,6 @@ class Extraction:
             changeset = await self._extract_steps(episode, steps)
             receipt = await transitions.commit_steps(live, session, changeset, steps, None)
         except StepsCommittedElsewhere:
-            # Another Memory committed these steps first: the store refused them a second
-            # time. What it says of them is taken in; nothing failed.
             log.info("%s: %d steps were committed by another Memory", session.id, len(steps))
             await self._read_commits()
             await registry.release(live, session, steps)
@@ -434,7 +427,6 @@ async def settle(
                 token = await co.change_token()
                 lease = await co.lease(session.id)
                 if lease is None or lease.ended:
-                    # Ended through another Memory: nothing is left to wait for or extract.
                     raise NotFoundError("session", session.id)
                 await take_commits(live, session)
                 open_steps = [s for s in open_steps if s.committed_in is None]
@@ -444,7 +436,6 @@ async def settle(
                     return
                 await registry.store_moved(live, token)
             except StorageError as exc:
-                # Busy, or away for a moment: the wait goes on, and looks again.
                 log.warning("%s: could not look at the claims of others: %r", session.id, exc)
                 await anyio.sleep(registry.RECHECK)
     log.warning("%s: %d steps still claimed by another Memory after %.0f s: extracted here",

@@ -248,7 +248,6 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
     except NotFoundError:
         return  # ended through another Memory
     except StorageError as exc:
-        # The store is away: the deadline is looked at again once it may be back.
         log.warning("%s: timers could not read the store: %r", session.id, exc)
         await anyio.sleep(STORE_RETRY)
     finally:
@@ -292,8 +291,6 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
         if current_state(session) is not S.COLLECTING:
             break
         try:
-            # Refused, as any close, while an append runs, and when the store says it was
-            # used meanwhile.
             await transitions.start_extraction(live, session, "close", None, refuse=refuse)
         except SessionError:
             _restart(live, session)  # a call got in first (an append): not idle after all

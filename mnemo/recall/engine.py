@@ -143,7 +143,6 @@ class Recaller:
             finally:
                 if words is not None:
                     words.discard()
-            # What the query's own channels made of each candidate, before any hop or lever.
             matched = ranking.Matched({node_id: c.score for node_id, c in found.items()}, meaning)
             trace.mark("hop0")
             reranking = self.reranker is not None
@@ -319,7 +318,6 @@ class Recaller:
         config = self.config
         direct = matched.fused
         nodes, stats = context.nodes, context.stats
-        # Nodes of another time (`as_of`, `valid_at`) are no candidates at all.
         out = ranking.left_out(nodes.values(), context.sources, when) if (
             when.as_of or when.valid_at) else set()
         weights = ranking.MODE_WEIGHTS.get(plan.mode, {})
@@ -353,7 +351,6 @@ class Recaller:
                     restated[node_id] = tier
             if config.recall_distinct_steps:
                 steps.update(context.steps_of([n for _, n, _ in scored]))
-                # A step and a fact made from it are one memory: the fact, when it matches.
                 stand_ins.update(ranking.stand_ins(scored, matched, context.sources, restated,
                                                    procedural=plan.mode == "procedural"))
             if restated:

@@ -54,8 +54,7 @@ def start(live: Sessions, session: SessionRecord, effect: Effect) -> None:
 
 async def _extraction(live: Sessions, session: SessionRecord) -> None:
     """The close's extraction, then what was queued behind it (which fails with
-    "extraction_failed" when it did). Until then the session stays busy
-    (`operations.handing_over`): a call made in between queues behind the stored operations."""
+    "extraction_failed" when it did), the session busy until then (`operations.handing_over`)."""
     with operations.handing_over(live, session):
         try:
             ended = await Extraction(live, session).run()
@@ -213,9 +212,8 @@ class Extraction:
         return await self._extract_steps(episode, steps)
 
     async def _auto_commit_rest(self, started: float) -> bool:
-        """An auto-commit close: extracts and commits the steps no background commit has (here
-        or elsewhere), then `idle`; when another Memory's commits land in between, what is left
-        is extracted again, up to `_ATTEMPTS` times."""
+        """An auto-commit close: extracts and commits the steps no background commit has, then
+        `idle`; what another Memory's commits leave is extracted again, up to `_ATTEMPTS` times."""
         live, session = self.live, self.session
         for attempt in range(_ATTEMPTS):
             await take_commits(live, session)
@@ -237,8 +235,7 @@ class Extraction:
         raise AssertionError("unreachable")
 
     async def _store_kept(self) -> None:
-        """Stores what a failed extraction kept, so a retry after a restart or a takeover asks
-        only what failed (best effort)."""
+        """Stores what a failed extraction kept, so a retry asks only what failed (best effort)."""
         live, session = self.live, self.session
         memo = session.memo
         if memo is None:
@@ -402,8 +399,7 @@ def _same_model(session: SessionRecord) -> bool:
 async def claim_or_all(
     live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]
 ) -> list[StepRecord]:
-    """`claim`, but a store that refuses the claim yields all of `steps`: at worst another
-    Memory's work is done again, rather than failing for a write that only saves work."""
+    """`claim`, but a store that refuses the claim yields all of `steps` (done twice at worst)."""
     try:
         return await registry.claim(live, session, steps)
     except StorageError as exc:

@@ -157,9 +157,8 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
 
 
 async def _still_live(live: Sessions, session: SessionRecord) -> bool:
-    """Whether the store still holds the session of a failed operation: one ended elsewhere
-    is dropped here, and the operations behind it get `session_ended`, not
-    `preceding_op_failed`. A store that cannot say counts as live."""
+    """Whether the store still holds the session of a failed operation (one ended elsewhere is
+    dropped here); a store that cannot say counts as live."""
     if session.ended:
         return False
     try:

@@ -251,9 +251,8 @@ class Sessions:
 
 
 async def refuse_checked(live: Sessions, session: SessionRecord, event: str) -> None:
-    """`refuse_unless` for append and start_episode, which start from the record this Memory
-    holds: a refusal is final, so it is checked against the store first (read under the
-    session's lock, taken in only when newer)."""
+    """`refuse_unless` for append and start_episode: a refusal is final, so it is checked
+    against the store first (read under the session's lock, taken in only when newer)."""
     try:
         refuse_unless(session, event)
     except SessionError:
@@ -438,9 +437,8 @@ async def _annotate(
 async def claim(
     live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]
 ) -> list[StepRecord]:
-    """The steps among `steps` this Memory holds for its extraction now: those another live
-    holder claims are left to it (one that left has left its claims). StorageError: the store
-    could not be written."""
+    """The steps among `steps` this Memory holds for its extraction now (those another live
+    holder claims are left to it); StorageError: the store could not be written."""
     if not steps:
         return []
     await live.register()

@@ -186,9 +186,8 @@ class Recaller:
             return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
 
     async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:
-        """Counts an access of each returned memory, and of a returned fact's one step (the
-        fact's evidence, recalled with it). A store that refuses the write costs the counts
-        (logged, and named in `degraded` when refused before returning), never the recall."""
+        """Counts an access of each returned memory and of a returned fact's one step; a refused
+        write costs the counts (logged, and named in `degraded`), never the recall."""
         ids = [*dict.fromkeys([*(r.node.id for r in ranked),
                                *(r.evidence[0] for r in ranked if len(r.evidence) == 1)])]
         try:
@@ -203,9 +202,8 @@ class Recaller:
         searched: list[NodeType] | None, width: int, on_loop: bool, scope: Scope | None,
         meaning: dict[str, float],
     ) -> dict[str, Candidate]:
-        """Hop 0's candidates, `width` per channel: the words search begun before and the dense
-        channel, fused by reciprocal rank (with pseudo-relevance feedback when on); `meaning`
-        gets the dense channel's cosines."""
+        """Hop 0's candidates, `width` per channel: the words and dense channels fused by
+        reciprocal rank (pseudo-relevance feedback when on); `meaning` gets the dense cosines."""
         config = self.config
         lexical: list[tuple[str, float]] = []
         dense: list[tuple[str, float]] = []

@@ -377,10 +377,8 @@ class Limits:
         self.usage = UsageBook()
 
     def slots(self, llm: LLM, config: Config) -> anyio.CapacityLimiter:
-        """The limiter of calls to this LLM provider under configs with this
-        `llm_concurrency`: each setting caps the calls made under it, and configs with the same
-        setting share their cap (one limiter per provider would ignore a lower setting, or let
-        one session's low setting cap every other user)."""
+        """The limiter of calls to this LLM provider under configs with this `llm_concurrency`:
+        each setting caps the calls made under it, and configs with the same setting share it."""
         key = (id(llm), config.llm_concurrency)
         entry = self._limiters.get(key)
         if entry is None or entry[0] is not llm:

@@ -224,8 +224,7 @@ class Repos:
     async def checked(self, name: str, check: Callable[[Config], T]) -> T:
         """`check(config)` before the store is read: with the repo's config as known, or, for
         an unknown repo, with every bound at its ceiling and again with the repo's once read.
-        Raises what `check` raises, InvalidInputError for a bad name, NotFoundError for no
-        such repo."""
+        Raises what `check` raises; InvalidInputError: a bad name; NotFoundError: no such repo."""
         runtime = self._runtimes.get(check_id(name, "repo"))
         if runtime is not None:
             return check(runtime.config)

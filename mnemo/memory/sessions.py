@@ -267,8 +267,7 @@ class SessionMethods(Parts):
         await self._end(await self._live.fetch(session_id))
 
     async def _end(self, session: SessionRecord) -> None:
-        """Ends the session in the store, then here (if the store refuses, nothing has changed
-        and the session goes on)."""
+        """Ends the session in the store, then here (a store's refusal changes nothing)."""
         await self._live.store.end(session.id)
         await self._live.forget(session)
 

@@ -143,7 +143,6 @@ class Recaller:
             finally:
                 if words is not None:
                     words.discard()
-            # What the query's own channels made of each candidate, before any hop or lever.
             matched = ranking.Matched({node_id: c.score for node_id, c in found.items()}, meaning)
             trace.mark("hop0")
             reranking = self.reranker is not None
@@ -187,9 +186,8 @@ class Recaller:
             return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
 
     async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:
-        """Counts an access of each returned memory, and of a returned fact's one step (the
-        fact's evidence, recalled with it). A store that refuses the write costs the counts
-        (logged, and named in `degraded` when refused before returning), never the recall."""
+        """Counts an access of each returned memory and of a returned fact's one step; a refused
+        write costs the counts (logged, and named in `degraded`), never the recall."""
         ids = [*dict.fromkeys([*(r.node.id for r in ranked),
                                *(r.evidence[0] for r in ranked if len(r.evidence) == 1)])]
         try:
@@ -204,9 +202,8 @@ class Recaller:
         searched: list[NodeType] | None, width: int, on_loop: bool, scope: Scope | None,
         meaning: dict[str, float],
     ) -> dict[str, Candidate]:
-        """Hop 0's candidates, `width` per channel: the words search begun before and the dense
-        channel, fused by reciprocal rank (with pseudo-relevance feedback when on); `meaning`
-        gets the dense channel's cosines."""
+        """Hop 0's candidates, `width` per channel: the words and dense channels fused by
+        reciprocal rank (pseudo-relevance feedback when on); `meaning` gets the dense cosines."""
         config = self.config
         lexical: list[tuple[str, float]] = []
         dense: list[tuple[str, float]] = []
@@ -319,7 +316,6 @@ class Recaller:
         config = self.config
         direct = matched.fused
         nodes, stats = context.nodes, context.stats
-        # Nodes of another time (`as_of`, `valid_at`) are no candidates at all.
         out = ranking.left_out(nodes.values(), context.sources, when) if (
             when.as_of or when.valid_at) else set()
         weights = ranking.MODE_WEIGHTS.get(plan.mode, {})
@@ -353,7 +349,6 @@ class Recaller:
                     restated[node_id] = tier
             if config.recall_distinct_steps:
                 steps.update(context.steps_of([n for _, n, _ in scored]))
-                # A step and a fact made from it are one memory: the fact, when it matches.
                 stand_ins.update(ranking.stand_ins(scored, matched, context.sources, restated,
                                                    procedural=plan.mode == "procedural"))
             if restated:

@@ -202,8 +202,7 @@ def best(found: dict[str, Candidate], n: int) -> set[str]:
 
 
 def by_score(item: tuple[str, Candidate]) -> tuple[float, str]:
-    """Best score first, then the smaller id: an exact tie at a cut is decided by the nodes,
-    not by a store's order."""
+    """Best score first, then the smaller id (a tie is decided by the nodes, not a store)."""
     return -item[1].score, item[0]
 
 

@@ -107,9 +107,8 @@ class ReadContext:
 def restatements_first(
     scored: list[tuple[float, Node, Candidate]], restated: dict[str, int]
 ) -> list[tuple[float, Node, Candidate]]:
-    """`scored` best first, the memories that restate the query ahead of all others at the
-    best score (exact before near-exact): asked for in so many words, a memory is the answer.
-    Otherwise the usual order."""
+    """`scored` best first, but the memories that restate the query (exact before near-exact)
+    ahead of all others, at the best score."""
     best = max(score for score, _, _ in scored)
     scored.sort(key=lambda item: (restated.get(item[1].id, 2), *best_first(item)))
     out = []

@@ -61,15 +61,13 @@ class _Queries:
 
 
 def query_side(embedder: Embedder) -> Embedder:
-    """The embedder to embed a query with: its `embed_queries` when it has one (models
-    trained with prefixes, e5's "query: "), else `embed`."""
+    """The embedder's `embed_queries` when it has one (e5's "query: " prefix), else `embed`."""
     queries = getattr(embedder, "embed_queries", None)
     return embedder if queries is None else _Queries(embedder.dim, queries)
 
 
 def keywords(query: str) -> str:
-    """The query without stopwords, for BM25 ("when did", "the" and "to" only add noise to an
-    OR query), NFC-composed; all of it if nothing is left."""
+    """The query without stopwords, for BM25, NFC-composed; all of it if nothing is left."""
     kept = _text.without_stopwords(query)
     return kept if query_words(kept) else query
 
@@ -146,9 +144,8 @@ def query_names(query: str) -> frozenset[str]:
 
 def without_names(query: str) -> str:
     """The query as the dense channel embeds it: without the names it mentions ("What did
-    Melanie paint?" -> "What did paint?"; a name pulls the vector towards every line near it,
-    and the words channel and the speaker match use names), or as it is when it is nothing
-    but names. The first word counts only with a possessive ("Melanie's pets?")."""
+    Melanie paint?" -> "What did paint?"), or as it is when it is nothing but names. The first
+    word counts only with a possessive ("Melanie's pets?")."""
     head, _, rest = query.strip().partition(" ")
     names = query_names(rest)
     if _POSSESSIVE.search(head.strip(_PUNCTUATION)):

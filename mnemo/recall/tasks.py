@@ -132,8 +132,7 @@ class LLMReranker:
 
 async def reranked(reranker: Reranker | None, query: str, ranked: list[Recalled], k: int,
                    degraded: list[str]) -> list[Recalled]:
-    """`ranked` in the order the reranker gives, cut to `k`; on any failure the retrieval's
-    order (named in `degraded`)."""
+    """`ranked` in the reranker's order, cut to `k`; the retrieval's order when it fails."""
     if len(ranked) < 2 or reranker is None:
         return ranked[:k]
     try:
@@ -148,8 +147,7 @@ async def reranked(reranker: Reranker | None, query: str, ranked: list[Recalled]
 
 async def synthesis(llm: LLM, query: str, ranked: list[Recalled], degraded: list[str]
                     ) -> str | None:
-    """The model's answer from the memories; None without them, or when it fails (named in
-    `degraded`: the memories are the answer without it)."""
+    """The model's answer from the memories; None without them, or when it fails."""
     if not ranked:
         return None
     try:
@@ -162,8 +160,7 @@ async def synthesis(llm: LLM, query: str, ranked: list[Recalled], degraded: list
 
 
 async def planned(planner: LLM, query: str, degraded: list[str]) -> Plan:
-    """The model's plan of `query`; when it fails, mixed mode without tags (named in
-    `degraded`: a plan only steers the search)."""
+    """The model's plan of `query`; when it fails, mixed mode without tags."""
     try:
         return await ask(planner, plan_request(query=query), parse_plan)
     except Exception as exc:

@@ -54,8 +54,7 @@ def start(live: Sessions, session: SessionRecord, effect: Effect) -> None:
 
 async def _extraction(live: Sessions, session: SessionRecord) -> None:
     """The close's extraction, then what was queued behind it (which fails with
-    "extraction_failed" when it did). Until then the session stays busy
-    (`operations.handing_over`): a call made in between queues behind the stored operations."""
+    "extraction_failed" when it did), the session busy until then (`operations.handing_over`)."""
     with operations.handing_over(live, session):
         try:
             ended = await Extraction(live, session).run()
@@ -64,8 +63,7 @@ async def _extraction(live: Sessions, session: SessionRecord) -> None:
         if ended is Ended.FAILED:
             await operations.fail_pending(session, "extraction_failed")
         if ended is not Ended.STALE:
-            # The operations stored for it, then the session's own queue (which runs even if
-            # the stored ones cannot be handed over: their accepting Memories' watchers run them).
+            # Not taken, they stay stored: their accepting Memories' watchers run them.
             try:
                 await operations.run_stored(live, session)
             except StorageError as exc:
@@ -106,8 +104,7 @@ class Extraction:
         runtime = session.runtime
         check_dim(session.repo, runtime.embedder, runtime.dim)
         if session.memo is None or session.memo.episode_id != episode.id:
-            # What an earlier extraction of this episode kept (here or before a restart) is
-            # asked no more.
+            # What an earlier extraction of this episode kept is asked no more.
             session.memo = TaskMemo(episode.id, await live.store.kept_results(episode.id))
         changeset = await extract(
             episode,
@@ -215,14 +212,11 @@ class Extraction:
         return await self._extract_steps(episode, steps)
 
     async def _auto_commit_rest(self, started: float) -> bool:
-        """An auto-commit close: extracts and commits the steps no background commit has (here
-        or elsewhere), then `idle`; when another Memory's commits land in between, what is left
-        is extracted again, up to `_ATTEMPTS` times."""
+        """An auto-commit close: extracts and commits the steps no background commit has, then
+        `idle`; what another Memory's commits leave is extracted again, up to `_ATTEMPTS` times."""
         live, session = self.live, self.session
         for attempt in range(_ATTEMPTS):
             await take_commits(live, session)
-            # The steps another Memory's commit claimed are waited for (`settle`) within the
-            # time limit from `started`, then the rest is extracted once (not while it waits).
             steps = session.uncommitted()
             mine = {s.id for s in await claim_or_all(live, session, steps)}
             if len(mine) < len(steps):
@@ -241,8 +235,7 @@ class Extraction:
         raise AssertionError("unreachable")
 
     async def _store_kept(self) -> None:
-        """Stores what a failed extraction kept, so a retry after a restart or a takeover asks
-        only what failed (best effort)."""
+        """Stores what a failed extraction kept, so a retry asks only what failed (best effort)."""
         live, session = self.live, self.session
         memo = session.memo
         if memo is None:
@@ -288,8 +281,7 @@ class Extraction:
             assert episode is not None
             mine = {s.id for s in await claim_or_all(live, session, steps)}
             if len(mine) < len(steps):
-                # Committed or claimed by another Memory's commit: left to it (what the store
-                # says of them is taken in), and a flush looks again a full timeout from now.
+                # Left to another Memory's commit; a flush looks again a full timeout from now.
                 session.claimed.difference_update(s.id for s in steps if s.id not in mine)
                 session.flush_after = anyio.current_time()
                 await self._read_commits()
@@ -300,8 +292,6 @@ class Extraction:
             changeset = await self._extract_steps(episode, steps)
             receipt = await transitions.commit_steps(live, session, changeset, steps, None)
         except StepsCommittedElsewhere:
-            # Another Memory committed these steps first: the store refused them a second
-            # time. What it says of them is taken in; nothing failed.
             log.info("%s: %d steps were committed by another Memory", session.id, len(steps))
             await self._read_commits()
             await registry.release(live, session, steps)
@@ -409,8 +399,7 @@ def _same_model(session: SessionRecord) -> bool:
 async def claim_or_all(
     live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]
 ) -> list[StepRecord]:
-    """`claim`, but a store that refuses the claim yields all of `steps`: at worst another
-    Memory's work is done again, rather than failing for a write that only saves work."""
+    """`claim`, but a store that refuses the claim yields all of `steps` (done twice at worst)."""
     try:
         return await registry.claim(live, session, steps)
     except StorageError as exc:
@@ -434,7 +423,6 @@ async def settle(
                 token = await co.change_token()
                 lease = await co.lease(session.id)
                 if lease is None or lease.ended:
-                    # Ended through another Memory: nothing is left to wait for or extract.
                     raise NotFoundError("session", session.id)
                 await take_commits(live, session)
                 open_steps = [s for s in open_steps if s.committed_in is None]
@@ -444,7 +432,6 @@ async def settle(
                     return
                 await registry.store_moved(live, token)
             except StorageError as exc:
-                # Busy, or away for a moment: the wait goes on, and looks again.
                 log.warning("%s: could not look at the claims of others: %r", session.id, exc)
                 await anyio.sleep(registry.RECHECK)
     log.warning("%s: %d steps still claimed by another Memory after %.0f s: extracted here",

@@ -57,8 +57,7 @@ async def submit(
             "invalid_operation", "invalid_queued_operation", "session_failed"
         ):
             raise
-        # Checked against the store before it is raised, as a sync call's refusal is:
-        # nothing was accepted.
+        # Checked against the store first, as a sync call's refusal is.
         async with session.lock:
             await live.reload(session)
         await _accept(live, session, kind, args, callback)
@@ -123,8 +122,6 @@ def handing_over(live: Sessions, session: SessionRecord) -> Iterator[None]:
 async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     """Runs an accepted operation and reports it: exactly one callback, whatever happens."""
     try:
-        # Not run when its accepting Memory answered it meanwhile, taking this one for gone:
-        # it would be done after its caller heard it failed.
         taken = op.stored is None or await live.coordination.still_taken(op.stored, live.holder_id)
         if not taken:
             raise MnemoError(f"{op.kind} {op.stored} was answered as failed by the Memory that "
@@ -150,7 +147,6 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
                 )
                 await _fail(session, later, "preceding_op_failed")
     except BaseException:
-        # Cancelled: by `end_session` or by the Memory closing. The callback still comes.
         with anyio.CancelScope(shield=True):
             reason = "session_ended" if session.ended else "memory_closed"
             await _finish_op(session, op, failure(session, reason))
@@ -161,9 +157,8 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
 
 
 async def _still_live(live: Sessions, session: SessionRecord) -> bool:
-    """Whether the store still holds the session of a failed operation: one ended elsewhere
-    is dropped here, and the operations behind it get `session_ended`, not
-    `preceding_op_failed`. A store that cannot say counts as live."""
+    """Whether the store still holds the session of a failed operation (one ended elsewhere is
+    dropped here); a store that cannot say counts as live."""
     if session.ended:
         return False
     try:
@@ -351,7 +346,6 @@ def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
         try:
             await live.coordination.drop_ops([op_id])
         except StorageError as exc:
-            # The row stays, taken, and nobody waits for it: the callback still comes.
             log.warning("%s: a finished operation's row left in the store: %s", op_id, exc)
         await deliver(mine, result)
 
@@ -404,7 +398,6 @@ async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> No
         elif ids and reason == "session_ended":
             await live.coordination.drop_ops(ids)
     except (MnemoError, RuntimeError) as exc:  # RuntimeError: the store has closed
-        # The rows only: the callbacks are owed all the same.
         log.warning("%s: could not leave or drop its stored operations: %r", session.id, exc)
     for _, _, callback in entries:
         await deliver(callback, failure(session, reason))

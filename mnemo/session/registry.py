@@ -134,9 +134,8 @@ class Sessions:
             # Versions only grow: an older one is a read that began before a write here and
             # answered after it, not a move.
             moved = version is None or version > session.version
-            # Not while this Memory holds the session's lock: what the store holds may be its
-            # own write under way, which the move ends with. Looked at after the read: the
-            # write may have begun during it.
+            # Not while this Memory holds the lock: the store may hold its own write under way
+            # (looked at after the read: the write may have begun during it).
             if moved and not session.lock.locked():
                 await self.reload(session)
         return session
@@ -146,7 +145,6 @@ class Sessions:
         session = self.add(row.id, row.repo, row.state, row.config, None)
         session.recorded = True
         session.metadata = dict(row.metadata)
-        # Idle since its last use as stored, or, for a row without one, since now.
         session.last_activity = self.clock_of(row.active_at)
         self._take_row(session, row)
         return session
@@ -240,8 +238,7 @@ class Sessions:
                 try:
                     await fn(*args)
                 except Exception:
-                    # A bug in one session's work is logged; it must not take every session
-                    # down with the group.
+                    # One session's bug is logged: it must not take the group down.
                     log.exception("%s: background work crashed", session.id)
                 finally:
                     scopes.discard(scope)
@@ -254,9 +251,8 @@ class Sessions:
 
 
 async def refuse_checked(live: Sessions, session: SessionRecord, event: str) -> None:
-    """`refuse_unless` for append and start_episode, which start from the record this Memory
-    holds: a refusal is final, so it is checked against the store first (read under the
-    session's lock, taken in only when newer)."""
+    """`refuse_unless` for append and start_episode: a refusal is final, so it is checked
+    against the store first (read under the session's lock, taken in only when newer)."""
     try:
         refuse_unless(session, event)
     except SessionError:
@@ -330,7 +326,6 @@ async def _store(
     moved = False
     while True:
         if moved and not session.ended and session.state is not State.COLLECTING:
-            # Closed through another Memory while this append was under way.
             raise SessionError("not_collecting", state=session.state, session_id=session.id)
         refuse_unless(session, "append")
         session.runtime.check_usable(session.repo)
@@ -442,9 +437,8 @@ async def _annotate(
 async def claim(
     live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]
 ) -> list[StepRecord]:
-    """The steps among `steps` this Memory holds for its extraction now: those another live
-    holder claims are left to it (one that left has left its claims). StorageError: the store
-    could not be written."""
+    """The steps among `steps` this Memory holds for its extraction now (those another live
+    holder claims are left to it); StorageError: the store could not be written."""
     if not steps:
         return []
     await live.register()

@@ -56,8 +56,7 @@ class BackgroundWork:
 
     async def start(self, restored: list[LiveSession]) -> None:
         """Starts the work with the sessions a store holds that had not ended; returns once
-        it runs (raising what the work raised before). An extraction among them goes on when
-        it is nobody's and this Memory's model for its repo is the one it started with."""
+        it runs (raising what the work raised before)."""
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = anyio.Event()
         self.live.looks_end = None
@@ -122,9 +121,8 @@ class BackgroundWork:
 
 @asynccontextmanager
 async def one_look(live: Sessions) -> AsyncIterator[None]:
-    """One look of a background loop at the store. A closing Memory starts none and lets those
-    under way end before it cancels its loops: a query cancelled mid-way costs its pooled
-    PostgreSQL connection."""
+    """One look of a background loop at the store: a closing Memory starts none, and lets those
+    under way end before it cancels its loops (a cancelled query costs a pooled connection)."""
     if live.looks_end is not None:
         await anyio.sleep_forever()
     live.looking += 1
@@ -248,7 +246,6 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
     except NotFoundError:
         return  # ended through another Memory
     except StorageError as exc:
-        # The store is away: the deadline is looked at again once it may be back.
         log.warning("%s: timers could not read the store: %r", session.id, exc)
         await anyio.sleep(STORE_RETRY)
     finally:
@@ -257,10 +254,9 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
 
 
 async def _expire(live: Sessions, session: SessionRecord) -> None:
-    """Commits what is left of an expired session, then ends it. Work under way finishes
-    first, and again after the expiry's own close: if any of it was activity, the session was
-    not idle after all. The close and the end are compare-and-sets on the version, so an
-    append through another Memory in between keeps the session alive."""
+    """Commits what is left of an expired session, then ends it, once work under way finishes
+    (and again after its own close). The close and the end are compare-and-sets on the version,
+    so an append through another Memory in between keeps the session alive."""
     seen = session.active_at
 
     def used() -> bool:
@@ -292,8 +288,6 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
         if current_state(session) is not S.COLLECTING:
             break
         try:
-            # Refused, as any close, while an append runs, and when the store says it was
-            # used meanwhile.
             await transitions.start_extraction(live, session, "close", None, refuse=refuse)
         except SessionError:
             _restart(live, session)  # a call got in first (an append): not idle after all
@@ -416,9 +410,8 @@ async def answer_abandoned(
     live: Sessions, unseen_since: datetime, gone: list[str]
 ) -> None:
     """Calls back `operation_failed` for the operations this Memory stored that a holder took
-    and left without a result (whether it took effect is unknown; none is run again). They
-    are forgotten in the store first, so a late result goes nowhere; the callbacks run in
-    the sessions' own tasks."""
+    and left without a result (whether it took effect is unknown; none is run again), once
+    forgotten in the store, so a late result goes nowhere."""
     waiting = {op_id: session_id for session_id, entries in live.remote.items()
                for op_id, _, _ in entries}
     if not waiting:

@@ -213,8 +213,7 @@ class ConversationService:
             while layout(thread_id, token_budget,
                          await self.store.viewport_inputs(thread_id, token_budget))[1]:
                 try:
-                    result = await self._evict(thread_id, token_budget,
-                                                      eviction_fraction, llm)
+                    result = await self._evict(thread_id, token_budget, eviction_fraction, llm)
                 except NotFoundError:
                     break
                 if result.boundary_after == result.boundary_before:

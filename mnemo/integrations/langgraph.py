@@ -26,7 +26,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from mnemo.errors import InvalidInputError
@@ -58,8 +58,8 @@ __all__ = ["MnemoStore"]
 
 MARK, NAMESPACE, KEY = "langgraph", "langgraph.namespace", "langgraph.key"
 SOURCE = "langgraph.source"  # the source id of an item's version (each its own scope)
-# A version's source id and first time as a batch checks its puts: as long as a put's.
-CHECKED_AS = (f"langgraph-{'0' * 40}-{'0' * 16}", datetime.now(UTC).isoformat())
+# The version and first time a batch checks its puts with: as long as a put's.
+CHECKED_AS = ("0" * 16, "0001-01-01T00:00:00.000000+00:00")
 
 
 class MnemoStore(BaseStore):
@@ -104,7 +104,9 @@ class MnemoStore(BaseStore):
             limit = (await self._mem.repo_config(self._repo)).max_text_chars
             for op in puts:
                 assert op.value is not None
-                text, data, metadata = self._draft(op.namespace, op.key, op.value, *CHECKED_AS)
+                version, created = CHECKED_AS
+                text, data, metadata = self._draft(op.namespace, op.key, op.value,
+                                                   _source_id(_digest(""), version), created)
                 check_text(text, "text", limit=limit)
                 check_json(data, "data", limit=limit)
                 check_metadata(metadata)
@@ -160,7 +162,7 @@ class MnemoStore(BaseStore):
                 await self._mem.forget_where(self._repo, self._scope(namespace, key))
                 return
             old = await self._versions(namespace, key)
-            source = f"langgraph-{digest[7:47]}-{uuid.uuid4().hex[:16]}"
+            source = _source_id(digest, uuid.uuid4().hex[:16])
             text, data, metadata = self._draft(
                 namespace, key, value, source, _created(old[-1]).isoformat() if old else None)
             await self._mem.remember(self._repo, text, source_id=source, metadata=metadata,
@@ -265,7 +267,13 @@ def _short(text: str) -> str:
 
 def _source(node: Node, digest: str) -> str:
     """The source of an item's version (of one stored without `SOURCE`: the key's own)."""
-    return str(node.metadata.get(SOURCE, f"langgraph-{digest[7:47]}"))
+    return str(node.metadata.get(SOURCE, _source_id(digest)))
+
+
+def _source_id(digest: str, version: str = "") -> str:
+    """The source id of the item of key `_digest` `digest`, of one version (none: the id of an
+    item stored without versions)."""
+    return f"langgraph-{digest[7:47]}" + (f"-{version}" if version else "")
 
 
 def _identity(node: Node) -> tuple[tuple[str, ...], str]:

@@ -15,8 +15,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from mnemo.errors import InvalidInputError
-from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT
+from mnemo.errors import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT, InvalidInputError
 
 # The highest value of each per-call bound (docs/DECISIONS.md, "Per-call bounds").
 COUNT_CEILINGS = {

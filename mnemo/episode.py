@@ -17,8 +17,8 @@ from mnemo.calls.schema import Meta, Reply, most_tokens, reply_schema, text
 from mnemo.calls.tasks import ask, preview, read_reply, reply_data, task_request, unit_score
 from mnemo.config import Config
 from mnemo.errors import LLMTimeout, MnemoError, first_error
-from mnemo.graph.model import Vector, cosine, reaches
-from mnemo.ports import LLM, Embedder, JSONObject, LLMRequest, LLMResponse, embed
+from mnemo.graph.model import Vector
+from mnemo.ports import LLM, Embedder, JSONObject, LLMRequest, LLMResponse, cosine, embed, reaches
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,12 @@
 """The ports mnemo talks through (`LLM`, `Embedder` with its checked calls, `Reranker`), their
-values, and the `on_event` callback (`Event`, `Events`): what an adapter or a fake needs."""
+values (an embedder's float32 vectors: compared by cosine, stored as bytes), and the `on_event`
+callback (`Event`, `Events`): what an adapter or a fake needs."""
 
 from __future__ import annotations
 
 import inspect
 import logging
+import math
 import operator
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -177,6 +179,32 @@ async def embed(embedder: Embedder, texts: Sequence[str]) -> npt.NDArray[np.floa
     if not np.all(np.isfinite(matrix)):
         raise EmbeddingError("the embedder returned a vector with NaN or infinite values")
     return matrix
+
+
+def vector_to_blob(vector: npt.NDArray[np.float32]) -> bytes:
+    return np.asarray(vector, dtype=np.float32).tobytes()
+
+
+def vector_from_blob(blob: bytes) -> npt.NDArray[np.float32]:
+    return np.frombuffer(blob, dtype=np.float32)
+
+
+# A float32 cosine may land a few units in its seventh digit below an exact threshold.
+COSINE_TOLERANCE = 1e-5
+
+
+def reaches(similarity: float, threshold: float) -> bool:
+    """Whether a cosine computed from float32 vectors is at or above `threshold`."""
+    return similarity >= threshold - COSINE_TOLERANCE
+
+
+def cosine(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> float:
+    """Raw cosine similarity of two vectors (0 when either is zero)."""
+    # Three dot products: cheaper than np.linalg.norm on small vectors.
+    aa, bb = float(np.dot(a, a)), float(np.dot(b, b))
+    if aa == 0.0 or bb == 0.0:
+        return 0.0
+    return float(np.dot(a, b)) / math.sqrt(aa * bb)
 
 
 def check_dim(repo: str, embedder: Embedder, dim: int) -> None:

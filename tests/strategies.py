@@ -21,7 +21,7 @@ from mnemo.graph.model import (
 
 
 # Text a store keeps as given: valid Unicode but NUL, which PostgreSQL's text cannot hold
-# (`mnemo.inputs` refuses both on every backend).
+# (`mnemo.errors`' checks refuse both on every backend).
 def texts(*, min_size: int = 0, max_size: int | None = None) -> st.SearchStrategy[str]:
     alphabet = st.characters(exclude_characters="\x00", exclude_categories=["Cs"])
     return st.text(alphabet, min_size=min_size, max_size=max_size)

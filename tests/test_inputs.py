@@ -11,7 +11,7 @@ import pytest
 
 import mnemo
 from mnemo import State, text
-from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT, check_json, check_text
+from mnemo.errors import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT, check_json, check_text
 from mnemo.text import MAX_QUERY_TERMS, query_terms, query_words
 from tests.conftest import REPO
 from tests.fakes import open_test_memory

@@ -10,7 +10,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.inputs import MAX_JSON_DEPTH, check_name
+from mnemo.errors import MAX_JSON_DEPTH, check_name
 from tests.conftest import REPO, Enter
 from tests.fakes import maybe_await
 

@@ -14,7 +14,7 @@ import pytest
 import mnemo
 from mnemo.config import DURATION_CEILINGS
 from mnemo.conversation.drafts import draft
-from mnemo.inputs import check_json
+from mnemo.errors import check_json
 from tests.conftest import REPO
 from tests.fakes import FakeLLM
 

@@ -33,8 +33,7 @@ from mnemo.calls.retry import (
     remaining,
     waiting,
 )
-from mnemo.errors import AdapterError, InvalidInputError
-from mnemo.inputs import check_count
+from mnemo.errors import AdapterError, InvalidInputError, check_count
 from mnemo.text import shorten
 
 logger = logging.getLogger("mnemo.adapters")

@@ -27,8 +27,7 @@ from mnemo.adapters._model import (
     warn_cut,
 )
 from mnemo.calls.retry import Budget, task_budget
-from mnemo.errors import LLMError, LLMTimeout
-from mnemo.inputs import check_count
+from mnemo.errors import LLMError, LLMTimeout, check_count
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage, add_usage
 
 

@@ -13,8 +13,7 @@ import anyio.to_thread
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.errors import EmbeddingError
-from mnemo.inputs import check_count
+from mnemo.errors import EmbeddingError, check_count
 
 DIM = 384
 # Texts per engine call: a single query can slip in between the chunks of a long ingest batch.

@@ -20,8 +20,7 @@ from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens, logge
 from mnemo.adapters._model import OPENAI_BASE_URL, HTTPModel, adapt
 from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget
-from mnemo.errors import EmbeddingError, InvalidInputError, first_error
-from mnemo.inputs import check_count
+from mnemo.errors import EmbeddingError, InvalidInputError, check_count, first_error
 
 Encoding = Literal["base64", "float"]
 # An error reply refuses base64 when its message names the parameter or the format.

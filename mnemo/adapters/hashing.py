@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo import cpu, text as _text
-from mnemo.inputs import check_count
+from mnemo.errors import check_count
 
 _UNIGRAM, _BIGRAM, _TRIGRAM = 0, 1, 2
 _TYPE_WEIGHTS = np.array([1.0, 0.6, 0.3], dtype=np.float64)

@@ -25,8 +25,7 @@ import numpy.typing as npt
 
 from mnemo.adapters.hashing import HashEmbedder
 from mnemo.cpu import import_kept
-from mnemo.errors import EmbeddingError
-from mnemo.inputs import check_count
+from mnemo.errors import EmbeddingError, check_count
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

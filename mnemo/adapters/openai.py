@@ -36,8 +36,7 @@ from mnemo.adapters._model import (
 from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget, task_budget, waiting
 from mnemo.calls.tasks import Cut, decode_json
-from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMTimeout
-from mnemo.inputs import check_count
+from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMTimeout, check_count
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage, add_usage
 
 Structured = Literal["auto", "json_schema", "tool", "json"]

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import anyio
 
-from mnemo.errors import InvalidInputError, LLMError
-from mnemo.inputs import check_count
+from mnemo.errors import InvalidInputError, LLMError, check_count
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 
 if TYPE_CHECKING:

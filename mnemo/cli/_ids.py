@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from mnemo.cli._database import CliError
-from mnemo.inputs import names_id, split_id
+from mnemo.errors import names_id, split_id
 
 MIN_DIGITS = 8
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from mnemo.config import Config
 from mnemo.conversation.model import NO_CONTENT
 from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
-from mnemo.errors import InvalidInputError
-from mnemo.inputs import check_json, check_name, check_text, check_tree
+from mnemo.errors import InvalidInputError, check_json, check_name, check_text, check_tree
 from mnemo.ports import JSONObject
 
 

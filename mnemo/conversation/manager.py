@@ -37,11 +37,18 @@ from mnemo.conversation.ports import ThreadState
 from mnemo.conversation.prompts import parse_summary, summary_request
 from mnemo.conversation.render import compaction_message, flat, prune_tool_outputs, recalled_message
 from mnemo.conversation.viewport import leading
-from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
+from mnemo.errors import (
+    ConflictError,
+    EmbeddingError,
+    InvalidInputError,
+    check_count,
+    check_id,
+    check_name,
+    check_text,
+)
 from mnemo.graph.model import Vector
 from mnemo.graph.scope import Metadata, check_metadata
 from mnemo.graph.vectors import unit
-from mnemo.inputs import check_count, check_id, check_name, check_text
 from mnemo.ports import LLM, JSONObject
 
 if TYPE_CHECKING:

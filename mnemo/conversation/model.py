@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from mnemo.conversation.render import memory_block, render_view
-from mnemo.errors import ConflictError, InvalidInputError
+from mnemo.errors import ConflictError, InvalidInputError, check_count
 from mnemo.graph.scope import Metadata
-from mnemo.inputs import check_count
 from mnemo.ports import JSONObject, ToolCall, Usage
 
 

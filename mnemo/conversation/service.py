@@ -52,10 +52,15 @@ from mnemo.errors import (
     InvalidInputError,
     NotFoundError,
     StorageError,
+    check_count,
+    check_id,
+    check_models,
+    check_name,
+    check_seconds,
+    check_text,
 )
 from mnemo.graph.scope import Where, pairs
 from mnemo.graph.vectors import embed_within
-from mnemo.inputs import check_count, check_id, check_models, check_name, check_seconds, check_text
 from mnemo.ports import LLM, Embedder, Events, detect_dim
 from mnemo.text import query_words
 

@@ -14,19 +14,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mnemo.graph.dedup import says_no_more
-from mnemo.graph.model import (
-    COSINE_TOLERANCE,
-    TEMPORAL,
-    Changeset,
-    LinkType,
-    Node,
-    NodeDraft,
-    NodeType,
-    cosine,
-    reaches,
-)
+from mnemo.graph.model import TEMPORAL, Changeset, LinkType, Node, NodeDraft, NodeType
 from mnemo.graph.scope import check_where, same
 from mnemo.graph.vectors import TYPE_CODES, unit
+from mnemo.ports import COSINE_TOLERANCE, cosine, reaches
 
 if TYPE_CHECKING:
     from mnemo.graph.ports import IntentPolicy, RecallReads

@@ -15,16 +15,9 @@ import numpy as np
 
 from mnemo import text as _text
 from mnemo.graph import ann
-from mnemo.graph.model import (
-    COSINE_TOLERANCE,
-    Link,
-    NodeDraft,
-    NodeType,
-    Vector,
-    cosine,
-    reaches,
-)
+from mnemo.graph.model import Link, NodeDraft, NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
+from mnemo.ports import COSINE_TOLERANCE, cosine, reaches
 
 # Merges two intent wordings into one, with its vector; None keeps the existing wording.
 IntentMerger = Callable[[str, str], Awaitable[tuple[str, Vector] | None]]

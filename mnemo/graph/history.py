@@ -13,11 +13,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from mnemo.errors import ConflictError, InvalidInputError
+from mnemo.errors import ConflictError, InvalidInputError, check_count, check_id
 from mnemo.graph.erasure import Embed
 from mnemo.graph.model import Link, Node, NodeType
 from mnemo.graph.ports import Reverting
-from mnemo.inputs import check_count, check_id
 
 if TYPE_CHECKING:
     from mnemo.graph.ports import GraphWrites

@@ -15,10 +15,10 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.config import Config
-from mnemo.graph.model import COSINE_TOLERANCE, NodeType, Vector, now_utc
+from mnemo.graph.model import NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphMaintenance
 from mnemo.graph.scope import same
-from mnemo.ports import JSONObject
+from mnemo.ports import COSINE_TOLERANCE, JSONObject
 
 # Routing nodes (and SOURCE, provenance only): never valued, deleted once nothing links them.
 ROUTES = (NodeType.TAG, NodeType.INTENT, NodeType.SUBGOAL, NodeType.SOURCE)

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from mnemo.config import Config
 from mnemo.errors import StorageError
-from mnemo.ports import JSONObject
+from mnemo.ports import JSONObject, vector_from_blob, vector_to_blob
 
 NodeId = NewType("NodeId", str)
 Vector = npt.NDArray[np.float32]
@@ -260,32 +260,6 @@ def normalise_label(label: str) -> str:
 
 def now_utc() -> datetime:
     return datetime.now(UTC)
-
-
-def vector_to_blob(vector: Vector) -> bytes:
-    return np.asarray(vector, dtype=np.float32).tobytes()
-
-
-def vector_from_blob(blob: bytes) -> Vector:
-    return np.frombuffer(blob, dtype=np.float32)
-
-
-# A float32 cosine may land a few units in its seventh digit below an exact threshold.
-COSINE_TOLERANCE = 1e-5
-
-
-def reaches(similarity: float, threshold: float) -> bool:
-    """Whether a cosine computed from float32 vectors is at or above `threshold`."""
-    return similarity >= threshold - COSINE_TOLERANCE
-
-
-def cosine(a: Vector, b: Vector) -> float:
-    """Raw cosine similarity of two vectors (0 when either is zero)."""
-    # Three dot products: cheaper than np.linalg.norm on small vectors.
-    aa, bb = float(np.dot(a, a)), float(np.dot(b, b))
-    if aa == 0.0 or bb == 0.0:
-        return 0.0
-    return float(np.dot(a, b)) / math.sqrt(aa * bb)
 
 
 _LOG_FULL_FREQUENCY = math.log1p(10)  # 10 accesses: frequency reaches 1

@@ -6,9 +6,8 @@ from collections.abc import Iterable
 from itertools import islice
 
 from mnemo.config import Config
-from mnemo.errors import InvalidInputError
+from mnemo.errors import InvalidInputError, check_id
 from mnemo.graph.model import LinkType, NodeType
-from mnemo.inputs import check_id
 
 RESULTS = "Config.max_results"
 # The most node types one call takes (there are seven; a longer list repeats them).

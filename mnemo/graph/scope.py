@@ -11,8 +11,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from mnemo.errors import InvalidInputError
-from mnemo.inputs import check_text
+from mnemo.errors import InvalidInputError, check_text
 from mnemo.ports import JSONObject, JSONValue
 
 Scalar = str | int | float | bool

@@ -20,7 +20,16 @@ import anyio
 from mnemo import cpu
 from mnemo.config import Config
 from mnemo.episode import NO_VECTOR, EpisodeRecord, StepRecord, annotate_step
-from mnemo.errors import ConflictError, InvalidInputError, PipelineError
+from mnemo.errors import (
+    ConflictError,
+    InvalidInputError,
+    PipelineError,
+    check_id,
+    check_json,
+    check_name,
+    check_step,
+    check_text,
+)
 from mnemo.extraction.dates import MONTHS, NUMBERS, WEEKDAYS, whole_dates
 from mnemo.extraction.entities import with_entity_tags, wordings
 from mnemo.extraction.pipeline import Source, extract, failure_reason
@@ -28,7 +37,6 @@ from mnemo.graph.model import now_utc
 from mnemo.graph.ports import GraphStore, IntentPolicy, SourceForgotten, SourceRecorded, SourceTaken
 from mnemo.graph.scope import Metadata, canonical
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
-from mnemo.inputs import check_id, check_json, check_name, check_step, check_text
 from mnemo.ports import LLM, Embedder, Events, JSONObject, deliver
 
 Progress = Callable[[IngestProgress], Awaitable[None] | None]

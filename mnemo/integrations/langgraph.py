@@ -29,10 +29,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from mnemo.errors import InvalidInputError
+from mnemo.errors import InvalidInputError, check_json, check_text
 from mnemo.graph.model import Node, NodeType
 from mnemo.graph.scope import MAX_VALUE_CHARS, Metadata, check_metadata
-from mnemo.inputs import check_json, check_text
 from mnemo.ports import JSONObject
 
 try:

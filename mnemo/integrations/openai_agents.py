@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, cast
 from mnemo.conversation.drafts import parts_text
 from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import Message
+from mnemo.errors import check_count, check_name
 from mnemo.graph.scope import check_metadata
-from mnemo.inputs import check_count, check_name
 
 try:
     from agents.memory.session_settings import SessionSettings, resolve_session_limit

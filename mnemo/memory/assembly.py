@@ -24,7 +24,7 @@ from mnemo.session.timers import BackgroundWork
 from mnemo.storage.ports import has_postgres_driver, is_postgres, open_backend
 
 if TYPE_CHECKING:
-    from mnemo.memory.parts import Parts
+    from mnemo.memory.sessions import Parts
 
 
 def load(path: str) -> None:

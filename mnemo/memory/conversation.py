@@ -6,10 +6,9 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from mnemo.errors import InvalidInputError
+from mnemo.errors import InvalidInputError, check_count
 from mnemo.graph.scope import check_where
-from mnemo.inputs import check_count
-from mnemo.memory.parts import Parts
+from mnemo.memory.sessions import Parts
 from mnemo.ports import LLM
 
 if TYPE_CHECKING:

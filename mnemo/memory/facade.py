@@ -16,9 +16,17 @@ import anyio
 
 from mnemo.config import Config
 from mnemo.cpu import import_kept
-from mnemo.errors import ConflictError, InvalidInputError, NotFoundError, StorageError
+from mnemo.errors import (
+    POSTGRES_SCHEMES,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    StorageError,
+    check_id,
+    check_models,
+    check_store,
+)
 from mnemo.graph.scope import check_metadata, check_where
-from mnemo.inputs import POSTGRES_SCHEMES, check_id, check_models, check_store
 from mnemo.memory.conversation import ConversationMethods
 from mnemo.memory.graph import GraphMethods
 from mnemo.memory.sessions import SessionMethods

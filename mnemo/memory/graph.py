@@ -7,7 +7,17 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
+from mnemo.errors import (
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    check_count,
+    check_id,
+    check_json,
+    check_name,
+    check_text,
+    names_id,
+)
 from mnemo.graph.reads import (
     MAX_IDS,
     MAX_OFFSET,
@@ -18,8 +28,7 @@ from mnemo.graph.reads import (
     node_types,
 )
 from mnemo.graph.scope import check_metadata, check_where
-from mnemo.inputs import check_count, check_id, check_json, check_name, check_text, names_id
-from mnemo.memory.parts import Parts
+from mnemo.memory.sessions import Parts
 
 if TYPE_CHECKING:
     from mnemo.config import Config

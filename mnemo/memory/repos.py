@@ -14,8 +14,15 @@ from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.recorded import RepoModels, UnavailableEmbedder
 from mnemo.calls.retry import Limits
 from mnemo.config import Config, ceilings, with_longer_timeouts
-from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
-from mnemo.inputs import check_id, check_models, check_name
+from mnemo.errors import (
+    EmbeddingError,
+    InvalidInputError,
+    NotFoundError,
+    StorageError,
+    check_id,
+    check_models,
+    check_name,
+)
 from mnemo.ports import LLM, Embedder, check_dim, detect_dim, model_name
 from mnemo.session.machine import Runtime
 from mnemo.session.ports import RepoRow, SessionStore

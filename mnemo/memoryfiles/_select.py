@@ -10,8 +10,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from mnemo import text as _text
-from mnemo.errors import InvalidInputError
-from mnemo.inputs import check_text
+from mnemo.errors import InvalidInputError, check_text
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles.model import MemoryFile
 from mnemo.memoryfiles.prompts import TopicChange

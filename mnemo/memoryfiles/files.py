@@ -28,10 +28,13 @@ import filelock
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.calls import tasks
 from mnemo.calls.retry import LimitedLLM, fail_after
-from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMTimeout
-from mnemo.inputs import (
+from mnemo.errors import (
     DEFAULT_MAX_TEXT_CHARS,
     MAX_TEXT_CHARS_LIMIT,
+    InvalidInputError,
+    LLMContextError,
+    LLMError,
+    LLMTimeout,
     check_count,
     check_models,
     check_text,

@@ -10,9 +10,10 @@ import numpy as np
 
 from mnemo import cpu
 from mnemo.config import Config
-from mnemo.graph.model import LinkType, Node, NodeType, Vector, reaches
+from mnemo.graph.model import LinkType, Node, NodeType, Vector
 from mnemo.graph.ports import RecallReads
 from mnemo.graph.scope import WIDEN, Scope
+from mnemo.ports import reaches
 from mnemo.recall.model import Candidate, adjacent_steps
 
 N = NodeType

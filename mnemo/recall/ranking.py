@@ -15,11 +15,10 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.config import Config
-from mnemo.errors import InvalidInputError
+from mnemo.errors import InvalidInputError, check_count, check_text
 from mnemo.graph.model import TEMPORAL, LinkType, Node, NodeId, NodeType
 from mnemo.graph.ports import NodeReads
 from mnemo.graph.reads import node_types
-from mnemo.inputs import check_count, check_text
 from mnemo.recall.model import Recalled
 
 

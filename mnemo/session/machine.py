@@ -34,10 +34,11 @@ from mnemo.errors import (
     LLMError,
     NotFoundError,
     SessionError,
+    check_step,
+    check_text,
 )
 from mnemo.extraction.memo import TaskMemo
 from mnemo.graph.model import Changeset, CommitReceipt
-from mnemo.inputs import check_step, check_text
 from mnemo.ports import LLM, Embedder, check_dim, deliver as call_back
 
 

@@ -20,9 +20,8 @@ from transitions import Machine
 
 from mnemo.config import Config
 from mnemo.episode import NO_VECTOR, EpisodeRecord, StepInfo, StepRecord, annotate_step
-from mnemo.errors import NotFoundError, SessionError, StorageError
+from mnemo.errors import NotFoundError, SessionError, StorageError, check_id, check_step
 from mnemo.graph.ports import GraphStore
-from mnemo.inputs import check_id, check_step
 from mnemo.ports import Events
 from mnemo.session.machine import (
     Callback,

@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Protocol
 
 from mnemo.conversation.ports import ThreadStore
-from mnemo.errors import StorageError
+from mnemo.errors import POSTGRES_SCHEMES, StorageError
 from mnemo.graph.ports import GraphStore
-from mnemo.inputs import POSTGRES_SCHEMES
 from mnemo.session.ports import Coordination, SessionStore
 
 

@@ -12,9 +12,10 @@ from datetime import datetime
 from mnemo.config import Config
 from mnemo.episode import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
-from mnemo.graph.model import Changeset, vector_from_blob, vector_to_blob
+from mnemo.graph.model import Changeset
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
 from mnemo.graph.scope import Where, matches
+from mnemo.ports import vector_from_blob, vector_to_blob
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
 from mnemo.storage import coordination

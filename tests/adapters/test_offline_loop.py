@@ -8,8 +8,8 @@ import pytest
 import mnemo
 from mnemo.adapters.offline import MAX_FACTS, OfflineLLM
 from mnemo.episode import NO_VECTOR, StepRecord, annotate_step
+from mnemo.errors import DEFAULT_MAX_TEXT_CHARS
 from mnemo.extraction.prompts import parse_facts, procedural_request, semantic_request
-from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS
 from tests.fakes import FakeEmbedder, open_test_memory
 from tests.loop import ticking
 

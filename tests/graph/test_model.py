@@ -22,9 +22,8 @@ from mnemo.graph.model import (
     NodeType,
     normalise_label,
     step_order,
-    vector_from_blob,
-    vector_to_blob,
 )
+from mnemo.ports import vector_from_blob, vector_to_blob
 from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.graph._support import DIM, axis, draft, policy
 from tests.strategies import changesets, commit_receipts, json_objects, texts, vectors

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from mnemo.episode import StepRecord, starts_trajectory
-from mnemo.graph.model import NodeType, Vector, cosine, reaches
+from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import DEAD, VectorIndex, of_codes, unit
+from mnemo.ports import cosine, reaches
 from tests.graph._support import rounded
 from tests.strategies import matrices, node_types, vectors
 

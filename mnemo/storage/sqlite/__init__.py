@@ -13,8 +13,8 @@ import anyio
 
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
 from mnemo.conversation.drafts import MessageDraft
-from mnemo.graph.model import vector_from_blob, vector_to_blob
 from mnemo.graph.scope import canonical
+from mnemo.ports import vector_from_blob, vector_to_blob
 from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.lexical.source import LexicalSource

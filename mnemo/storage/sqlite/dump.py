@@ -14,7 +14,7 @@ import numpy as np
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
-from mnemo.graph.model import vector_from_blob, vector_to_blob
+from mnemo.ports import vector_from_blob, vector_to_blob
 from mnemo.storage.sql import marks, utc
 from mnemo.storage.sqlite.database import Database, inspect_file
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half

@@ -548,7 +548,7 @@ def _types(value: object) -> object:
 @given(messages=_MESSAGES)
 def test_messages_round_trip(pg_url: str, tmp_path: Path, messages: list[dict[str, Any]]) -> None:
     """Any message a caller may save (floats jsonb would turn into integers included; NUL
-    is refused by mnemo.inputs) reads back from either backend as it was saved, and as append
+    is refused by the input checks) reads back from either backend as it was saved, and as append
     returned it."""
     thread = f"t-{uuid.uuid4().hex}"
 

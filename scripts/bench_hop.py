@@ -3,7 +3,7 @@
 The same INSERT (WAL, `synchronous=NORMAL`, autocommit) is timed four ways from an asyncio task:
 inline on the loop thread (what appends once did, and what blocked the loop while
 another writer held the lock), through mnemo's own connection thread
-(`storage.worker.Worker`), through
+(`cpu.Worker`), through
 `anyio.to_thread.run_sync` with a limiter of one, and through a one-thread
 `ThreadPoolExecutor`. Each is the median of `--rounds` rounds of `--count`
 inserts; the hop is the difference from inline.
@@ -27,7 +27,7 @@ import anyio
 import anyio.to_thread
 from _bench import markdown_table
 
-from mnemo.storage.worker import Worker
+from mnemo.cpu import Worker
 
 
 def connect(directory: Path) -> sqlite3.Connection:

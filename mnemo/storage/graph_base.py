@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, cast
 
 import anyio
 
+from mnemo.cpu import DeferredRead, FallbackRead
 from mnemo.errors import ConflictError
 from mnemo.graph import commit, erasure
 from mnemo.graph.commit import CommitPlan
@@ -42,7 +43,6 @@ from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Driver, marks
 from mnemo.storage.vector_log import CachedVectors, Hits
-from mnemo.storage.worker import DeferredRead, FallbackRead
 
 if TYPE_CHECKING:
     from mnemo.graph.commit import CommitTarget

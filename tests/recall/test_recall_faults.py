@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import mnemo
-from mnemo.storage.worker import DeferredRead
+from mnemo.cpu import DeferredRead
 from tests.fakes import FakeEmbedder, FakeLLM
 
 REPO = "r"

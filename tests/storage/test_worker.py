@@ -7,7 +7,7 @@ import threading
 
 import anyio
 
-from mnemo.storage.worker import Worker
+from mnemo.cpu import Worker
 
 
 def test_a_job_that_ends_after_its_loop_closed_is_dropped_and_the_thread_goes_on() -> None:

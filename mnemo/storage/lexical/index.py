@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from mnemo.cpu import Queued, Worker
 from mnemo.storage.lexical.fresh import (
     Statistics,
     Totals,
@@ -34,7 +35,6 @@ from mnemo.storage.lexical.windows import (
     key,
     rowid_of,
 )
-from mnemo.storage.worker import Queued, Worker
 from mnemo.text import query_words
 
 log = logging.getLogger("mnemo.lexical")

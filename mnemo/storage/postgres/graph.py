@@ -16,6 +16,7 @@ import anyio
 import anyio.to_thread
 
 from mnemo import cpu
+from mnemo.cpu import DeferredRead
 from mnemo.errors import ConflictError
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeId, NodeType, Vector
@@ -42,7 +43,6 @@ from mnemo.storage.postgres.vectors import EXACT_BELOW, OF_NODES, PgVectors, uni
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import ON_LOOP_NODES, Row
 from mnemo.storage.sql import Statements, number
-from mnemo.storage.worker import DeferredRead
 from mnemo.text import query_words
 
 

@@ -19,12 +19,12 @@ from typing import Any, TypeVar
 import anyio
 from sqlite_utils import Database as SqliteUtilsDatabase
 
+from mnemo.cpu import Queued, Worker
 from mnemo.errors import StorageError
 from mnemo.storage.clock import elapsed, host_now
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Work as StatementsWork, drive
 from mnemo.storage.sqlite.schema import MIGRATIONS, migrate
-from mnemo.storage.worker import Queued, Worker
 
 T = TypeVar("T")
 

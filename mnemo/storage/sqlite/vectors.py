@@ -12,6 +12,7 @@ import anyio
 import anyio.to_thread
 from sqlite_utils import Database as SqliteUtilsDatabase
 
+from mnemo.cpu import Queued
 from mnemo.graph import ann, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex
@@ -24,7 +25,6 @@ from mnemo.storage.vector_log import (
     RepoVectors,
     VectorState,
 )
-from mnemo.storage.worker import Queued
 
 
 class SqliteVectors(CachedVectors):

@@ -114,8 +114,7 @@ class ConversationManager:
         if not drafted:
             return []
         return await self._written(thread_id, lambda: self._service.store.append(
-            thread_id, list(drafted.values()), recorded_at=self.clock(),
-            vectors=None if vectors is None else list(vectors.values())))
+            thread_id, list(drafted.values()), recorded_at=self.clock(), vectors=vectors))
 
     async def _written(
         self, thread_id: str, write: Callable[[], Awaitable[list[Message]]]
@@ -142,9 +141,9 @@ class ConversationManager:
 
     async def _embed(
         self, thread_id: str, drafts: Mapping[int, MessageDraft], done: dict[int, Vector]
-    ) -> dict[int, Vector] | None:
-        """With `Semantic` retrieval, the vectors of `drafts` (by index) not in `done`; None
-        without it, or when the embedder failed (logged: load embeds them later)."""
+    ) -> list[Vector] | None:
+        """With `Semantic` retrieval, the vectors of `drafts` (those not in `done` embedded into
+        it); None without it, or when the embedder failed (logged: load embeds them later)."""
         if not isinstance(self.retrieval, Semantic):
             return None
         missing = [i for i in drafts if i not in done]
@@ -154,7 +153,7 @@ class ConversationManager:
             log.warning("embedding new messages of %r failed", thread_id, exc_info=True)
             return None
         done.update(zip(missing, fresh, strict=True))
-        return {i: done[i] for i in drafts}
+        return [done[i] for i in drafts]
 
     async def _append_new(
         self, thread_id: str, history: Sequence[Mapping[str, object]], metadata: Metadata
@@ -181,8 +180,7 @@ class ConversationManager:
             embedded = await self._embed(thread_id, drafts, vectors)
             try:
                 return await store.append(
-                    thread_id, list(drafts.values()), recorded_at=self.clock(),
-                    vectors=None if embedded is None else list(embedded.values()),
+                    thread_id, list(drafts.values()), recorded_at=self.clock(), vectors=embedded,
                     expected_len=stored, expected_hash=digest,
                 )
             except ConflictError:

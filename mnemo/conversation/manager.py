@@ -402,19 +402,16 @@ def _ids(items: Iterable[object], field: str) -> set[str]:
 
 
 def with_tool_pairs(picked: Sequence[Message], pool: Sequence[Message]) -> list[Message]:
-    """`picked` plus the messages of `pool` that complete their tool calls, by seq."""
+    """`picked` (of `pool`) plus the messages of `pool` that complete their tool calls, by seq."""
     chosen = {m.seq: m for m in picked}
     calls = {m.seq: call_ids(m) for m in pool}
     results = {m.seq: result_ids(m) for m in pool}
     frontier = list(chosen.values())
     while frontier:
-        message = frontier.pop()
-        wanted_calls = result_ids(message)
-        wanted_results = call_ids(message)
+        seq = frontier.pop().seq
         for other in pool:
-            if other.seq in chosen:
-                continue
-            if calls[other.seq] & wanted_calls or results[other.seq] & wanted_results:
+            if other.seq not in chosen and (
+                    calls[other.seq] & results[seq] or results[other.seq] & calls[seq]):
                 chosen[other.seq] = other
                 frontier.append(other)
     return [chosen[seq] for seq in sorted(chosen)]

@@ -28,7 +28,7 @@ from mnemo.adapters._model import (
 )
 from mnemo.calls.retry import Budget, task_budget
 from mnemo.errors import LLMError, LLMTimeout, check_count
-from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage, add_usage
+from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, Usage, add_usage
 
 
 class Anthropic(HTTPModel):
@@ -76,8 +76,9 @@ class Anthropic(HTTPModel):
                                     text=_text(reply.content), usage=usage)
                 if cut:
                     warn_cut(self._http.name, request.task, cap)
-                return LLMResponse(text=_text(reply.content),
-                                   tool_calls=self._tool_calls(reply.content), usage=usage)
+                calls = [tool_call(self._http.name, b.name, b.input, b.id)
+                         for b in reply.content if b.type == "tool_use" and b.name is not None]
+                return LLMResponse(text=_text(reply.content), tool_calls=calls, usage=usage)
             return await self._structured(request, request.schema, budget)
 
     async def _structured(
@@ -133,10 +134,6 @@ class Anthropic(HTTPModel):
             payload["tool_choice"] = {"type": "tool", "name": force}
         return await self._post("/v1/messages", payload, Message, budget=budget,
                                 kind=request.task)
-
-    def _tool_calls(self, blocks: list[_Block]) -> list[ToolCall]:
-        return [tool_call(self._http.name, block.name, block.input, block.id) for block in blocks
-                if block.type == "tool_use" and block.name is not None]
 
 
 class _Block(msgspec.Struct):

@@ -121,8 +121,7 @@ class ConversationManager:
         if not drafted:
             return []
         return await self._written(thread_id, lambda: self._service.store.append(
-            thread_id, list(drafted.values()), recorded_at=self.clock(),
-            vectors=None if vectors is None else list(vectors.values())))
+            thread_id, list(drafted.values()), recorded_at=self.clock(), vectors=vectors))
 
     async def _written(
         self, thread_id: str, write: Callable[[], Awaitable[list[Message]]]
@@ -149,9 +148,9 @@ class ConversationManager:
 
     async def _embed(
         self, thread_id: str, drafts: Mapping[int, MessageDraft], done: dict[int, Vector]
-    ) -> dict[int, Vector] | None:
-        """With `Semantic` retrieval, the vectors of `drafts` (by index) not in `done`; None
-        without it, or when the embedder failed (logged: load embeds them later)."""
+    ) -> list[Vector] | None:
+        """With `Semantic` retrieval, the vectors of `drafts` (those not in `done` embedded into
+        it); None without it, or when the embedder failed (logged: load embeds them later)."""
         if not isinstance(self.retrieval, Semantic):
             return None
         missing = [i for i in drafts if i not in done]
@@ -161,7 +160,7 @@ class ConversationManager:
             log.warning("embedding new messages of %r failed", thread_id, exc_info=True)
             return None
         done.update(zip(missing, fresh, strict=True))
-        return {i: done[i] for i in drafts}
+        return [done[i] for i in drafts]
 
     async def _append_new(
         self, thread_id: str, history: Sequence[Mapping[str, object]], metadata: Metadata
@@ -188,8 +187,7 @@ class ConversationManager:
             embedded = await self._embed(thread_id, drafts, vectors)
             try:
                 return await store.append(
-                    thread_id, list(drafts.values()), recorded_at=self.clock(),
-                    vectors=None if embedded is None else list(embedded.values()),
+                    thread_id, list(drafts.values()), recorded_at=self.clock(), vectors=embedded,
                     expected_len=stored, expected_hash=digest,
                 )
             except ConflictError:
@@ -411,19 +409,16 @@ def _ids(items: Iterable[object], field: str) -> set[str]:
 
 
 def with_tool_pairs(picked: Sequence[Message], pool: Sequence[Message]) -> list[Message]:
-    """`picked` plus the messages of `pool` that complete their tool calls, by seq."""
+    """`picked` (of `pool`) plus the messages of `pool` that complete their tool calls, by seq."""
     chosen = {m.seq: m for m in picked}
     calls = {m.seq: call_ids(m) for m in pool}
     results = {m.seq: result_ids(m) for m in pool}
     frontier = list(chosen.values())
     while frontier:
-        message = frontier.pop()
-        wanted_calls = result_ids(message)
-        wanted_results = call_ids(message)
+        seq = frontier.pop().seq
         for other in pool:
-            if other.seq in chosen:
-                continue
-            if calls[other.seq] & wanted_calls or results[other.seq] & wanted_results:
+            if other.seq not in chosen and (
+                    calls[other.seq] & results[seq] or results[other.seq] & calls[seq]):
                 chosen[other.seq] = other
                 frontier.append(other)
     return [chosen[seq] for seq in sorted(chosen)]

@@ -155,24 +155,19 @@ def _within(lines: list[str], cap: int) -> list[str]:
     return lines[:bisect_right(list(accumulate(len(line) + 1 for line in lines)), cap)]
 
 
-def tool_status(message: Message) -> str:
-    """"error" when a tool output says it failed (an `is_error` flag, or error words such as
-    "Traceback", "failed", "not found" that are not negated), else "ok". A heuristic."""
-    parts = message.data.get("content")
-    if message.data.get("is_error") is True or (
-        isinstance(parts, list)
-        and any(isinstance(p, dict) and p.get("is_error") is True for p in parts)
-    ):
-        return "error"
-    return "error" if _ERROR.search(_NO_ERROR.sub(" ", message.content[:800])) else "ok"
-
-
 def reduced(message: Message) -> Message:
-    """A tool output reduced to "ok" or "error" (other messages unchanged)."""
+    """A tool output reduced to "error" when it says it failed (an `is_error` flag, or error words
+    such as "Traceback", "failed", "not found" that are not negated), else "ok", a heuristic;
+    other messages unchanged."""
     if not message.is_tool_result:
         return message
+    parts = message.data.get("content")
+    failed = message.data.get("is_error") is True or (
+        isinstance(parts, list)
+        and any(isinstance(p, dict) and p.get("is_error") is True for p in parts)
+    ) or _ERROR.search(_NO_ERROR.sub(" ", message.content[:800])) is not None
     data = {k: v for k, v in message.data.items() if k != "content"}
-    return replace(message, content=tool_status(message), data=data)
+    return replace(message, content="error" if failed else "ok", data=data)
 
 
 def prune_tool_outputs(

@@ -58,7 +58,6 @@ def layout(
     """The viewport, and whether it gave up memory for the messages from the boundary on
     (eviction is behind). `inputs` are read with a token limit of at least `token_budget`;
     with `recall`, older snapshots leave passive recall its share."""
-    boundary = inputs.boundary_seq
     # Fitted newest first, kept oldest first: the order they are given up in below.
     pinned, pins_used = _fit(((m.tokens, m) for m in inputs.pinned), token_budget * PIN_SHARE)
     pinned.reverse()
@@ -107,7 +106,7 @@ def layout(
     return Viewport(
         thread_id=thread_id,
         token_budget=token_budget,
-        boundary_seq=boundary,
+        boundary_seq=inputs.boundary_seq,
         messages=window,
         snapshots=l2 + l1,
         pinned=pinned,

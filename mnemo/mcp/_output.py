@@ -56,9 +56,8 @@ def node_output(node: Node, offset: int) -> dict[str, object]:
     """One page of a node's text (`next_offset` reads on), whether it is retired, and its data."""
     part = page(node.text, offset)
     data = dumps(node.data, default=str)
-    out: dict[str, object] = {
-        **fields(node, "id type created_at retired"), "text": part.text, "offset": part.offset,
-        "chars": part.total, "next_offset": part.next_offset}
+    out = {**fields(node, "id type created_at retired"),
+           **fields(part, "text offset next_offset"), "chars": part.total}
     if len(data) <= DATA_CHARS:
         return {**out, "data": node.data}
     return {**out, "data": None, "data_preview": clip(data, DATA_CHARS)}

@@ -1,5 +1,4 @@
-"""`mnemo history REPO`, `mnemo diff COMMIT` and `mnemo revert REPO COMMIT`, through the
-`Memory` facade."""
+"""`mnemo history REPO`, `mnemo diff COMMIT` and `mnemo revert REPO COMMIT`."""
 
 from __future__ import annotations
 

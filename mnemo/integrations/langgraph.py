@@ -98,13 +98,12 @@ class MnemoStore(BaseStore):
         for op in ops:
             if not isinstance(op, GetOp | PutOp | SearchOp | ListNamespacesOp):
                 raise TypeError(f"MnemoStore cannot run a {type(op).__name__}")
-        puts = [op for op in ops if isinstance(op, PutOp) and op.value is not None]
+        puts = [(op, op.value) for op in ops if isinstance(op, PutOp) and op.value is not None]
         if puts:
             limit = (await self._mem.repo_config(self._repo)).max_text_chars
-            for op in puts:
-                assert op.value is not None
-                version, created = CHECKED_AS
-                text, data, metadata = self._draft(op.namespace, op.key, op.value,
+            version, created = CHECKED_AS
+            for op, value in puts:
+                text, data, metadata = self._draft(op.namespace, op.key, value,
                                                    _source_id(_digest(""), version), created)
                 check_text(text, "text", limit=limit)
                 check_json(data, "data", limit=limit)

@@ -56,9 +56,8 @@ def node_output(node: Node, offset: int) -> dict[str, object]:
     """One page of a node's text (`next_offset` reads on), whether it is retired, and its data."""
     part = page(node.text, offset)
     data = dumps(node.data, default=str)
-    out: dict[str, object] = {
-        **fields(node, "id type created_at retired"), "text": part.text, "offset": part.offset,
-        "chars": part.total, "next_offset": part.next_offset}
+    out = {**fields(node, "id type created_at retired"),
+           **fields(part, "text offset next_offset"), "chars": part.total}
     if len(data) <= DATA_CHARS:
         return {**out, "data": node.data}
     return {**out, "data": None, "data_preview": clip(data, DATA_CHARS)}
@@ -98,11 +97,10 @@ def view_output(view: MessageView, offset: int) -> dict[str, object]:
 def memory_file_output(file: MemoryFile, limit: int = PAGE_CHARS) -> dict[str, object]:
     """A memory file with its content within `limit`, and what writing it cost."""
     return {
-        **fields(file, "topic description updated"), "path": str(file.path),
-        **_text(file.content, limit, "content"),
+        **fields(file, "topic description updated condensed skipped"), "path": str(file.path),
+        **_text(file.content, limit, "content"), "entry_truncated": file.truncated,
         "dropped": [clip(line, SNIPPET_CHARS) for line in file.dropped[:MAX_LISTED]],
-        "dropped_count": len(file.dropped), "condensed": file.condensed,
-        "entry_truncated": file.truncated, "skipped": file.skipped}
+        "dropped_count": len(file.dropped)}
 
 
 def memory_files_output(files: Sequence[MemoryFile]) -> list[dict[str, object]]:

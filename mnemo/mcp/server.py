@@ -66,7 +66,6 @@ class MemoryTools:
     worker: Callable[[], Awaitable[Memory]] | None = None
     reinforce: bool = False
     llm: LLM | None = None
-    # The repos whose embedder dimension was checked.
     _checked: set[str] = field(default_factory=set, init=False, repr=False)
 
     async def recall(

@@ -61,9 +61,7 @@ class Host(NamedTuple):
 
 def parse_host(header: str | None) -> Host | None:
     """The Host header's name and port, None for a missing or malformed header."""
-    if not header:
-        return None
-    match = _HOST.fullmatch(header.strip())
+    match = _HOST.fullmatch((header or "").strip())
     if match is None:
         return None
     name = match["name"].lower().rstrip(".")

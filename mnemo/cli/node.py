@@ -21,7 +21,7 @@ from mnemo.cli._settings import Settings
 from mnemo.cli.history import RESOLVED, origin
 from mnemo.graph.history import CommitRecord, goals as commit_goals
 from mnemo.graph.model import LinkType, Node, NodeType, steps_of
-from mnemo.jsonable import commit_json, node_json
+from mnemo.jsonable import commit_json, fields, node_json
 from mnemo.memory import Memory
 from mnemo.text import shorten
 
@@ -123,18 +123,16 @@ async def show(
 
 def report_json(report: NodeReport) -> dict[str, object]:
     node = report.node
-    times = {name: None if (at := getattr(node, name)) is None else at.isoformat()
-             for name in ("valid_from", "valid_to", "recorded_at", "retired_at")}
     successor = max(report.superseded_by, key=lambda n: n.created_at, default=None)
     return {
         "repo": report.repo,
         "node": {
-            **node_json(node), **times, "retired": node.retired,
+            **node_json(node), **fields(node, "valid_from valid_to recorded_at retired_at retired"),
             "superseded_by": None if successor is None else successor.id,
             "supersedes": [n.id for n in report.supersedes]},
         "provenance": {"steps": [node_json(s) for s in report.steps],
                        "sources": [node_json(s) for s in report.sources]},
-        "links": {kind.value: [{"id": n.id, "type": n.type.value, "text": n.text} for n in nodes]
+        "links": {kind.value: [fields(n, "id type text") for n in nodes]
                   for kind, nodes in report.linked.items() if nodes},
         "history": [{**commit_json(c, report.goals.get(c.id)), "changes": changes}
                     for c, changes in report.history],

@@ -101,22 +101,15 @@ class SqlDump(SqlStore):
         order = ("rowid",) if table.has_rowid else table.key
         return f'SELECT {quoted(order)}, {quoted(table.names)} FROM "{table.name}"', order
 
-    def _pages(self, table: Table) -> tuple[str, str, int]:
-        """`table`'s page statements: the first page's, given the limit; the next page's, given
-        the last row's ordering columns then the limit; and how many of them lead a row."""
-        select, order = self._source(table)
-        keys = ", ".join(name if "." in name else f'"{name}"' for name in order)
-        return (f"{select} ORDER BY {keys} LIMIT ?",
-                f"{select} WHERE ({keys}) > ({marks(len(order))}) ORDER BY {keys} LIMIT ?",
-                len(order))
-
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
         """Every row of `table` in batches of at most `batch`, by rowid or else key."""
-        first, after, width = self._pages(table)
-        last: tuple[object, ...] | None = None
+        select, order = self._source(table)
+        keys = ", ".join(name if "." in name else f'"{name}"' for name in order)
+        width = len(order)
+        last: tuple[object, ...] = ()
         while True:
-            statement, params = (first, (batch,)) if last is None else (after, (*last, batch))
-            raw = await self._page(statement, params)
+            after = f" WHERE ({keys}) > ({marks(width)})" if last else ""
+            raw = await self._page(f"{select}{after} ORDER BY {keys} LIMIT ?", (*last, batch))
             if not raw:
                 return
             last = tuple(raw[-1][:width])

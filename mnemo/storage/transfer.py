@@ -88,9 +88,12 @@ class SqlDump(SqlStore):
 
     # Inserts `rows` in one transaction, skipping keys present; how many were inserted.
     write: Callable[[Table, Sequence[Row]], Awaitable[int]]
-    # `NodeChecksum` over every node, in the order of its id's UTF-8 bytes.
-    checksum: Callable[[], Awaitable[str]]
     _load: Callable[[Table, Kind, object], object]  # a stored value (not NULL) as a neutral one
+
+    async def checksum(self) -> str:
+        """sha256 over every node's id and text, in the order of the id's UTF-8 bytes."""
+        return await self._driver.together(lambda sql: _checksum(sql.stream(
+            f"SELECT id, text FROM nodes ORDER BY id{self.BYTE_ORDER}")))
 
     async def finish(self) -> None:
         """Brings what the copied rows need up to date (PostgreSQL's identity sequences and
@@ -101,22 +104,15 @@ class SqlDump(SqlStore):
         order = ("rowid",) if table.has_rowid else table.key
         return f'SELECT {quoted(order)}, {quoted(table.names)} FROM "{table.name}"', order
 
-    def _pages(self, table: Table) -> tuple[str, str, int]:
-        """`table`'s page statements: the first page's, given the limit; the next page's, given
-        the last row's ordering columns then the limit; and how many of them lead a row."""
-        select, order = self._source(table)
-        keys = ", ".join(name if "." in name else f'"{name}"' for name in order)
-        return (f"{select} ORDER BY {keys} LIMIT ?",
-                f"{select} WHERE ({keys}) > ({marks(len(order))}) ORDER BY {keys} LIMIT ?",
-                len(order))
-
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
         """Every row of `table` in batches of at most `batch`, by rowid or else key."""
-        first, after, width = self._pages(table)
-        last: tuple[object, ...] | None = None
+        select, order = self._source(table)
+        keys = ", ".join(name if "." in name else f'"{name}"' for name in order)
+        width = len(order)
+        last: tuple[object, ...] = ()
         while True:
-            statement, params = (first, (batch,)) if last is None else (after, (*last, batch))
-            raw = await self._page(statement, params)
+            after = f" WHERE ({keys}) > ({marks(width)})" if last else ""
+            raw = await self._page(f"{select}{after} ORDER BY {keys} LIMIT ?", (*last, batch))
             if not raw:
                 return
             last = tuple(raw[-1][:width])
@@ -139,20 +135,15 @@ def quoted(names: Sequence[str]) -> str:
     return ", ".join(f'"{name}"' for name in names)
 
 
-class NodeChecksum:
-    """sha256 over each node's id and text, each length-prefixed."""
-
-    def __init__(self) -> None:
-        self._hash = hashlib.sha256()
-
-    def add(self, node_id: str, text: str) -> None:
-        for part in (node_id, text):
-            data = part.encode()
-            self._hash.update(len(data).to_bytes(8, "big"))
-            self._hash.update(data)
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
+async def _checksum(rows: AsyncIterator[Row]) -> str:
+    """sha256 over the texts of each row (a node's id, then its text), each length-prefixed."""
+    digest = hashlib.sha256()
+    async for row in rows:
+        for part in row:
+            data = str(part).encode()
+            digest.update(len(data).to_bytes(8, "big"))
+            digest.update(data)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

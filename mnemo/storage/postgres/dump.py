@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict
 from mnemo.errors import StorageError
 from mnemo.storage.postgres import schema
 from mnemo.storage.postgres.connection import Postgres, placeholders
-from mnemo.storage.transfer import TABLES, Kind, NodeChecksum, Row, SqlDump, Table
+from mnemo.storage.transfer import TABLES, Kind, Row, SqlDump, Table
 
 _STAGE = sql.Identifier("mnemo_transfer")
 
@@ -38,6 +38,7 @@ def _columns(names: Sequence[str]) -> sql.Composable:
 
 
 class PostgresDump(SqlDump):
+    BYTE_ORDER = ' COLLATE "C"'  # the UTF-8 ids' byte order, which is SQLite's BINARY order
     _driver: Postgres
 
     def __init__(self, pg: Postgres) -> None:
@@ -80,17 +81,6 @@ class PostgresDump(SqlDump):
                     ).format(target, columns, columns, _STAGE, _columns(self._source(table)[1]))
                 )
                 return max(cur.rowcount, 0)
-
-    async def checksum(self) -> str:
-        digest = NodeChecksum()
-        async with self._driver.connection() as conn, conn.transaction():
-            # COLLATE "C": byte order of the UTF-8 ids, which is SQLite's BINARY order.
-            async with conn.cursor(name="mnemo_checksum") as cur:
-                cur.itersize = 1000
-                await cur.execute('SELECT id, text FROM nodes ORDER BY id COLLATE "C"')
-                async for node_id, text in cur:
-                    digest.add(str(node_id), str(text))
-        return digest.hexdigest()
 
     async def finish(self) -> None:
         async with self._driver.transaction() as conn:

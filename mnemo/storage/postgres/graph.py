@@ -1,8 +1,8 @@
 """`PgGraph`: the `GraphStore` port over PostgreSQL and pgvector. Commits to a repo are
 serialised by an in-process lock, then a session advisory lock (across processes); each is one
 transaction recorded in `applied_changesets` with its side writes. Recall's batched reads
-(`read_*`) are one round trip each: a candidate set's nodes, stats and links, and a hop's typed
-links with their far ends' cosine to the query."""
+are one round trip each: a candidate set's nodes, stats and links (`_context`), and a hop's
+typed links with their far ends' cosine to the query (`_links_near`)."""
 
 from __future__ import annotations
 
@@ -192,11 +192,18 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
 
     async def _context(self, repo: str, node_ids: Sequence[str], linked: list[NodeType],
                        link_type: LinkType, then: More | None) -> NodeContext:
-        return await read_node_context(self._pg, repo, node_ids, linked, link_type, then)
+        async with self._pg.connection() as conn:  # `then`'s nodes on the same connection
+            first = await _node_context(conn, repo, node_ids, linked, link_type)
+            more, more_linked = ((), ()) if then is None else then(first)
+            if not more:
+                return first
+            return joined(first, await _node_context(conn, repo, more, more_linked, link_type))
 
     async def _links_near(self, repo: str, node_ids: Sequence[str], vector: Vector
                           ) -> tuple[list[TypedLink], dict[str, float]]:
-        return await read_typed_links_near(self._pg, repo, node_ids, vector)
+        ids = list(dict.fromkeys(node_ids))
+        rows = await self._pg.fetch_all(_HOP, {"repo": repo, "ids": ids, "q": as_array(vector)})
+        return await cpu.run(lambda: hop_links(rows), len(ids), on_loop_below=ON_LOOP_NODES + 1)
 
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]:
         ids = list(dict.fromkeys(node_ids))
@@ -243,7 +250,6 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
         return [(str(i), float(score)) for i, score in rows]
 
 
-
 _NODES = (
     f"SELECT {NODE_COLUMNS}, access_count, last_access FROM nodes"
     " WHERE repo = %(repo)s AND id = ANY(%(ids)s)"
@@ -257,19 +263,6 @@ _LINKS = (
     " WHERE l.repo = %(repo)s AND l.dst = ANY(%(ids)s) AND l.type = %(link)s"
     " AND n.type = ANY(%(kinds)s)"
 )
-
-
-async def read_node_context(
-    pg: Postgres, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
-    link_type: LinkType, then: More | None = None,
-) -> NodeContext:
-    """See `GraphStore.node_context`: `then`'s nodes on the same connection."""
-    async with pg.connection() as conn:
-        first = await _node_context(conn, repo, node_ids, linked, link_type)
-        more, more_linked = ((), ()) if then is None else then(first)
-        if not more:
-            return first
-        return joined(first, await _node_context(conn, repo, more, more_linked, link_type))
 
 
 async def _node_context(
@@ -316,14 +309,6 @@ _HOP = (
     " LEFT JOIN vectors v ON v.node_id = l.src"
     " WHERE l.repo = %(repo)s AND l.dst = ANY(%(ids)s)"
 )
-
-
-async def read_typed_links_near(
-    pg: Postgres, repo: str, node_ids: Sequence[str], vector: Vector
-) -> tuple[list[TypedLink], dict[str, float]]:
-    ids = list(dict.fromkeys(node_ids))
-    rows = await pg.fetch_all(_HOP, {"repo": repo, "ids": ids, "q": as_array(vector)})
-    return await cpu.run(lambda: hop_links(rows), len(ids), on_loop_below=ON_LOOP_NODES + 1)
 
 
 def hop_links(rows: list[Row]) -> tuple[list[TypedLink], dict[str, float]]:

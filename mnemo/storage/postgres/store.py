@@ -158,10 +158,9 @@ def message_row(message_id: str, thread_id: str, seq: int, draft: MessageDraft,
 
 
 class PgThreads(PgDialect, SqlThreads):
-    """The conversation store on PostgreSQL. Search runs on the messages' generated `search`
-    column (English stems, accents folded, no stop words); a message matches any query word
-    (`WORD_QUERY`, a parameter: never query syntax) and is ranked by FTS5's bm25, `tf` read
-    through `ts_rank`, `df`, `N` and `avglen` counted up to `COUNT_CAP` messages."""
+    """The conversation store on PostgreSQL: a message matches any query word (`WORD_QUERY`) in
+    its generated `search` column, ranked by FTS5's bm25 (`scoring_query`: `df`, `N` and
+    `avglen` counted up to `COUNT_CAP` messages)."""
 
     _message_row = staticmethod(message_row)
 

@@ -34,8 +34,7 @@ def match_expression(words: Sequence[str]) -> str:
 
 
 class SqliteThreads(SqlThreads):
-    """The conversation store on SQLite. Times are UTC ISO-8601 text (text order is time
-    order); search runs on FTS5 (`messages_fts`), query words quoted and OR-combined."""
+    """The conversation store on SQLite, searched by FTS5 (`messages_fts`, `match_expression`)."""
 
     _driver: Database
 

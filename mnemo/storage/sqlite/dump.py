@@ -18,7 +18,7 @@ from mnemo.ports import vector_from_blob, vector_to_blob
 from mnemo.storage.sql import marks, utc
 from mnemo.storage.sqlite.database import Database, inspect_file
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
-from mnemo.storage.transfer import Kind, NodeChecksum, Row, SqlDump, Table, quoted
+from mnemo.storage.transfer import Kind, Row, SqlDump, Table, quoted
 
 # Declared WITHOUT ROWID in tables.py: read in key order.
 _WITHOUT_ROWID = {"compactions", "pins", "ingests", "task_results", "node_scopes"}
@@ -110,19 +110,6 @@ class SqliteDump(SqlDump):
                 return db.conn.executemany(statement, stored).rowcount
 
         return await self._driver.run(work)
-
-    async def checksum(self) -> str:
-        digest = NodeChecksum()
-        last: str | None = None
-        while True:
-            after, params = ("", ()) if last is None else (" WHERE id > ?", (last,))
-            rows = await self._rows(f"SELECT id, text FROM nodes{after} ORDER BY id LIMIT 1000",
-                                    params)
-            for node_id, text in rows:
-                digest.add(str(node_id), str(text))
-            if len(rows) < 1000:
-                return digest.hexdigest()
-            last = str(rows[-1][0])
 
 
 @asynccontextmanager

@@ -230,9 +230,7 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
 
         self._database.post(write, refused)
 
-    async def typed_links(
-        self, repo: str, node_ids: Sequence[str]
-    ) -> list[tuple[str, NodeType, str, NodeType, LinkType]]:
+    async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]:
         """Every link touching these nodes, seen from each (`TypedLink`), in one query."""
         ids = list(dict.fromkeys(node_ids))
         if not ids:

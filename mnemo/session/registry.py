@@ -82,8 +82,8 @@ class Sessions:
     timed: set[str] = field(default_factory=set)  # the auto-commit sessions (they have timers)
     idle_wake: anyio.Event = field(default_factory=anyio.Event)
     look: anyio.Event = field(default_factory=anyio.Event)  # set: the takeover task looks now
-    looking: int = 0  # the background loops' looks at the store under way (`timers.one_look`)
-    looks_end: anyio.Event | None = None  # closing: set once none is under way
+    passes: int = 0  # background loops' passes at the store under way (`timers.background_pass`)
+    passes_end: anyio.Event | None = None  # closing: set once none is under way
 
     def lease_until(self) -> datetime:
         return self.coordination.now() + self.lease

@@ -59,7 +59,7 @@ class BackgroundWork:
         it runs (raising what the work raised before)."""
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = anyio.Event()
-        self.live.looks_end = None
+        self.live.passes_end = None
 
         async def host() -> None:
             try:
@@ -67,10 +67,10 @@ class BackgroundWork:
                     await tg.start(self._run)
                     started.set_result(None)
                     await self._stop.wait()
-                    self.live.looks_end = anyio.Event()
-                    if self.live.looking:  # the looks under way run on, 2 seconds at most
+                    self.live.passes_end = anyio.Event()
+                    if self.live.passes:  # the passes under way run on, 2 seconds at most
                         with anyio.move_on_after(2.0):
-                            await self.live.looks_end.wait()
+                            await self.live.passes_end.wait()
                     tg.cancel_scope.cancel()
             except BaseException as exc:
                 if not started.done():
@@ -120,18 +120,18 @@ class BackgroundWork:
 
 
 @asynccontextmanager
-async def one_look(live: Sessions) -> AsyncIterator[None]:
-    """One look of a background loop at the store: a closing Memory starts none, and lets those
+async def background_pass(live: Sessions) -> AsyncIterator[None]:
+    """One pass of a background loop at the store: a closing Memory starts none, and lets those
     under way end before it cancels its loops (a cancelled query costs a pooled connection)."""
-    if live.looks_end is not None:
+    if live.passes_end is not None:
         await anyio.sleep_forever()
-    live.looking += 1
+    live.passes += 1
     try:
         yield
     finally:
-        live.looking -= 1
-        if live.looks_end is not None and not live.looking:
-            live.looks_end.set()
+        live.passes -= 1
+        if live.passes_end is not None and not live.passes:
+            live.passes_end.set()
 
 
 async def end_idle(live: Sessions) -> float:
@@ -159,7 +159,7 @@ async def sweep(live: Sessions) -> None:
     least every `Sessions.shortest_idle` seconds; runs until cancelled."""
     while True:
         live.idle_wake = anyio.Event()
-        async with one_look(live):
+        async with background_pass(live):
             due = await end_idle(live)
         with anyio.move_on_after(min(due, live.shortest_idle)):
             await live.idle_wake.wait()
@@ -354,7 +354,7 @@ async def _beat(live: Sessions) -> None:
     while True:
         await anyio.sleep(live.lease.total_seconds() / 3)
         try:
-            async with one_look(live):
+            async with background_pass(live):
                 await live.coordination.beat(live.holder_id, live.coordination.now(),
                                              live.lease_until())
         except MnemoError as exc:
@@ -365,7 +365,7 @@ async def _takeover_loop(live: Sessions) -> None:
     while True:
         live.look = anyio.Event()
         try:
-            async with one_look(live):
+            async with background_pass(live):
                 await take_over(live)
         except MnemoError as exc:
             log.warning("%s: looking for work failed: %r", live.holder_id, exc)

@@ -14,7 +14,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from mnemo.errors import StorageError
 from mnemo.storage.postgres import schema
-from mnemo.storage.postgres.connection import Postgres, placeholders
+from mnemo.storage.postgres.connection import PgDialect, Postgres, placeholders
 from mnemo.storage.transfer import TABLES, Kind, Row, SqlDump, Table
 
 _STAGE = sql.Identifier("mnemo_transfer")
@@ -38,7 +38,7 @@ def _columns(names: Sequence[str]) -> sql.Composable:
 
 
 class PostgresDump(SqlDump):
-    BYTE_ORDER = ' COLLATE "C"'  # the UTF-8 ids' byte order, which is SQLite's BINARY order
+    BYTE_ORDER = PgDialect.BYTE_ORDER
     _driver: Postgres
 
     def __init__(self, pg: Postgres) -> None:

@@ -1,18 +1,44 @@
 """Incoming chat messages, checked and turned into what the log stores: a JSON mapping with a
-non-blank string `role`, a `content` and any other keys; `load` returns exactly what was saved."""
+non-blank string `role`, a `content` and any other keys; `load` returns exactly what was saved.
+Token counts for budgets: tiktoken's `cl100k_base` when it loads (looked up on first use), else
+an estimate that errs high (a token per 4 ASCII characters plus one per other character), plus
+`MESSAGE_OVERHEAD` a message."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache, partial
 
 from mnemo.config import Config
 from mnemo.conversation.model import NO_CONTENT
-from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
 from mnemo.errors import InvalidInputError, check_json, check_name, check_text, check_tree
 from mnemo.ports import JSONObject
+
+MESSAGE_OVERHEAD = 4
+
+
+@cache
+def _encoder() -> Callable[[str], list[int]] | None:
+    try:
+        import tiktoken  # type: ignore[import-not-found, unused-ignore]
+
+        encoding = tiktoken.get_encoding("cl100k_base")
+    except Exception:
+        # Not installed, or the encoding could not be loaded (offline with no cache): estimate.
+        return None
+    return partial(encoding.encode, disallowed_special=())
+
+
+def count_tokens(text: str) -> int:
+    """Tokens in `text`, counted or estimated as the module says (without `MESSAGE_OVERHEAD`)."""
+    encode = _encoder()
+    if encode is not None:
+        return len(encode(text))
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    return -(-ascii_chars // 4) + (len(text) - ascii_chars)
 
 
 @dataclass(frozen=True, slots=True)

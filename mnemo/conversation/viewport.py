@@ -13,10 +13,10 @@ from dataclasses import replace
 from itertools import accumulate
 from typing import TypeVar
 
+from mnemo.conversation.drafts import MESSAGE_OVERHEAD, count_tokens
 from mnemo.conversation.model import Message, SearchHit, Snapshot, Viewport
 from mnemo.conversation.ports import ViewportInputs
 from mnemo.conversation.render import recalled_line
-from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
 
 L1_SHARE = 0.15
 L2_SHARE = 0.05

@@ -21,8 +21,7 @@ from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements, marks
 from mnemo.storage.sqlite.database import Database, storage_error, truncate_wal
-from mnemo.storage.sqlite.graph import SqliteGraph
-from mnemo.storage.sqlite.sessions import SqliteSessions
+from mnemo.storage.sqlite.graph import SqliteGraph, SqliteSessions
 from mnemo.storage.thread_rows import SearchQuery
 from mnemo.storage.threads import SqlThreads
 

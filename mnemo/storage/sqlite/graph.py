@@ -36,10 +36,10 @@ from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.maintenance import MaintainedGraph, SqlMaintenance
 from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import loads
+from mnemo.storage.sessions import SqlSessions
 from mnemo.storage.sql import Statements, chunks, marks, number
 from mnemo.storage.sqlite.database import Database, side_write, truncate_wal
 from mnemo.storage.sqlite.rows import half_blob, node, pack_text, unpack_text
-from mnemo.storage.sqlite.sessions import SqliteSessions
 from mnemo.storage.sqlite.vectors import SqliteVectors
 from mnemo.text import query_words
 
@@ -68,6 +68,17 @@ class SqliteMaintenance(SqlMaintenance):
         except sqlite3.DatabaseError:
             await sql.run("INSERT INTO nodes_fts(nodes_fts) VALUES ('rebuild')")
             return True
+
+
+class SqliteSessions(SqlSessions):
+    """The `SessionStore` port over SQLite (times as UTC ISO-8601 text, JSON as text, a list
+    parameter a JSON array read by `json_each`)."""
+
+    # The host's wall clock, in milliseconds, written as `_stamp` writes a time.
+    NOW = "strftime('%Y-%m-%dT%H:%M:%f000+00:00', 'now')"
+
+    def __init__(self, database: Database) -> None:
+        super().__init__(database, database.clock)
 
 
 class SqliteReembeds(SqlReembeds):

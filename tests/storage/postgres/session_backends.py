@@ -21,7 +21,7 @@ from mnemo.storage.postgres import sessions as pg_sessions
 from mnemo.storage.postgres.connection import PgStatements, Postgres
 from mnemo.storage.postgres.store import ServerClock
 from mnemo.storage.sqlite.database import Database
-from mnemo.storage.sqlite.sessions import SqliteSessions
+from mnemo.storage.sqlite.graph import SqliteSessions
 
 REPO = "repo"
 DIM = 4

@@ -24,8 +24,9 @@ from mnemo.errors import AdapterError, LLMError, first_error
 from mnemo.extraction import dates
 from mnemo.extraction.entities import vector_text
 from mnemo.extraction.memo import TaskMemo
-from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (
+    Fact,
+    Instruction,
     parse_facts,
     parse_procedural,
     parse_returns,

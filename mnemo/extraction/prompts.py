@@ -1,12 +1,14 @@
-"""The extraction tasks: facts, procedures, their returns and intent merges, with parsers.
-Each `*_request` builds one `LLMRequest` through `task_request`; the parsers raise ValueError
-naming the first offending field."""
+"""The extraction tasks: facts, procedures, their returns and intent merges, with parsers into
+what the workers produce from one trajectory (`Fact`, `Instruction`), before it becomes graph
+nodes. Each `*_request` builds one `LLMRequest` through `task_request`; the parsers raise
+ValueError naming the first offending field."""
 
 from __future__ import annotations
 
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Annotated
 
 from mnemo.calls.schema import (
@@ -21,11 +23,32 @@ from mnemo.calls.schema import (
     text,
 )
 from mnemo.calls.tasks import preview, read_reply, reply_data, task_request, unit_score
-from mnemo.extraction.model import Fact, Instruction
 from mnemo.ports import LLMRequest, LLMResponse
 
 StepIndices = Annotated[list[int], Meta(description="The indices of the steps this came from.")]
 Steps = Sequence[Mapping[str, object]]
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """A semantic memory: one self-contained proposition; `steps` are the trajectory-local
+    indices of the steps it came from (None: all of them)."""
+
+    proposition: str
+    concepts: tuple[str, ...]
+    confidence: float
+    steps: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Instruction:
+    """A procedural memory: WHEN `condition`, DO `instruction`, EXPECT `expected_outcome`."""
+
+    intent: str
+    condition: str
+    instruction: str
+    expected_outcome: str
+    steps: tuple[int, ...] | None = None
 
 
 # The bounds of a reply (`mnemo.calls.schema.text`, `items`), so it fits the task's max_tokens.

@@ -8,8 +8,9 @@ from hypothesis import given, strategies as st
 from mnemo.calls.schema import bounded, reply_schema
 from mnemo.calls.tasks import task_inputs
 from mnemo.extraction.contradiction import contradiction_request, parse_contradiction
-from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (
+    Fact,
+    Instruction,
     MergedReply,
     ProceduralReply,
     ReturnReply,

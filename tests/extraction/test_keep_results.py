@@ -14,9 +14,8 @@ import mnemo
 from mnemo.calls.retry import LimitedLLM
 from mnemo.extraction import memo as memo_module
 from mnemo.extraction.memo import TaskMemo, request_digest
-from mnemo.extraction.model import Instruction
 from mnemo.extraction.pipeline import cumulative_returns
-from mnemo.extraction.prompts import parse_facts, semantic_request
+from mnemo.extraction.prompts import Instruction, parse_facts, semantic_request
 from tests.conftest import REPO
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 

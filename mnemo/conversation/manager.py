@@ -202,12 +202,11 @@ class ConversationManager:
         digest = history_hash(keys)
         if len(keys) == stored and digest == state.history_hash:
             return digest
-        first = state.next_seq - stored  # the seq of the history's first message
-        seq = await self._service.store.first_difference(thread_id, first, keys)
-        if seq is not None:
-            where = f"messages[{seq - first}] differs from the stored message seq {seq}"
+        found = await self._service.store.first_difference(thread_id, keys)
+        if found is not None:
+            where = f"messages[{found[0]}] differs from the stored message seq {found[1]}"
         elif state.history_hash is not None and len(keys) == stored:
-            where = f"it differs in messages the ttl erased (seq {first} on)"
+            where = "it differs in messages the ttl erased"
         else:
             return digest
         raise InvalidInputError(

@@ -321,6 +321,7 @@ class ConversationManager:
             return
         pending = tail[:split]
         max_words = max(48, policy.max_tokens * 3 // 16)
+        parse = partial(parse_summary, max_words=max_words)
         chunk_tokens = max(SUMMARY_CHUNK_TOKENS, 4 * policy.max_tokens)
         while pending:
             fits = leading(pending, chunk_tokens)
@@ -336,7 +337,7 @@ class ConversationManager:
             )
             try:
                 with fail_after(service.timeout, stretches=True):
-                    summary = await ask(self.llm, request, parse_summary, any_reply=True)
+                    summary = await ask(self.llm, request, parse, any_reply=True)
             except Exception:
                 # The messages stay uncompacted and whole: load shows them, nothing is lost.
                 log.warning("summarising thread %r failed", thread_id, exc_info=True)

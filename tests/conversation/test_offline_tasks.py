@@ -37,7 +37,7 @@ def _sentences(summary: str) -> list[str]:
 async def test_summary_is_extractive_and_bounded() -> None:
     """Every summary sentence is a sentence of the input; greetings are left out."""
     request = summary_request(previous_summary="", messages=MESSAGES, max_words=40)
-    summary = parse_summary(await OfflineLLM().generate(request))
+    summary = parse_summary(await OfflineLLM().generate(request), max_words=40)
     assert len(summary.split()) <= 40
     inputs = " ".join(m["text"] for m in MESSAGES)
     for sentence in _sentences(summary):
@@ -55,7 +55,7 @@ async def test_summary_rolls_previous_in() -> None:
         messages=MESSAGES[:2],
         max_words=200,
     )
-    summary = parse_summary(await OfflineLLM().generate(request))
+    summary = parse_summary(await OfflineLLM().generate(request), max_words=200)
     assert summary.startswith("The database is PostgreSQL 16 on db2.internal.")
 
 
@@ -64,7 +64,7 @@ async def test_summary_of_nothing_says_so() -> None:
     request = summary_request(
         previous_summary="", messages=[MESSAGES[0], MESSAGES[4]], max_words=50
     )
-    summary = parse_summary(await OfflineLLM().generate(request))
+    summary = parse_summary(await OfflineLLM().generate(request), max_words=50)
     assert summary == "2 earlier messages held no informative statement."
 
 
@@ -127,7 +127,7 @@ async def test_fold_is_bounded() -> None:
         for i in range(5)
     ]
     summary = parse_summary(
-        await OfflineLLM().generate(fold_request(snapshots=snapshots, max_words=30))
+        await OfflineLLM().generate(fold_request(snapshots=snapshots, max_words=30)), max_words=30
     )
     assert 0 < len(summary.split()) <= 30
     assert "invoice export" in summary

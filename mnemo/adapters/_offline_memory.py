@@ -381,7 +381,7 @@ def _eviction(inputs: Inputs) -> Answer:
     calls: list[tuple[str, JSONObject]] = []
     spoken = [(_SPEAKERS.get(role, "Tool"), text) for _, role, text in messages]
     if snapshot := _extractive_summary(spoken, max_words) or _text.clip_words(
-            " ".join(f"{who}: {text}" for who, text in spoken), max_words):
+            " ".join(f"{who}: {text}" for who, text in spoken) or inputs.zone, max_words):
         calls.append(("save_snapshot", {"text": snapshot}))
     for seq, role, text in messages:
         if role in {"user", "system", "developer"} and _states_instruction(text) and (

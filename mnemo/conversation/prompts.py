@@ -66,10 +66,8 @@ def summary_request(
 def parse_summary(resp: LLMResponse, max_words: int) -> str:
     """The summary of a "summary" or "snapshot_fold" reply asked of `max_words` words (its data,
     else its text), clipped to their characters; raises ValueError when there is none."""
-    if resp.data is None and not isinstance(reply_data(resp), dict) and resp.text.strip():
-        summary = resp.text.strip()
-    else:
-        summary = read_reply(resp, SummaryReply, "summary").summary.strip()
+    prose = resp.data is None and not isinstance(reply_data(resp), dict)
+    summary = (resp.text if prose else read_reply(resp, SummaryReply, "summary").summary).strip()
     if not summary:
         raise ValueError("summary must be a non-empty string")
     return summary[:CHARS_PER_WORD * max_words].rstrip()

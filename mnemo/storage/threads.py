@@ -119,9 +119,8 @@ class SqlThreads(SqlStore):
         self, thread_id: str, keys: Sequence[bytes]
     ) -> tuple[int, int] | None:
         async def read(sql: Statements) -> tuple[int, int] | None:
-            state = await reads.read_state(sql, thread_id)
-            index = (state.history_len if state else 0) - await number(
-                sql, "SELECT count(*) FROM messages WHERE thread_id = ?", thread_id)
+            index = await number(sql, "SELECT history_len - (SELECT count(*) FROM messages WHERE"
+                                 " thread_id = ?) FROM threads WHERE id = ?", thread_id, thread_id)
             rows = reads.stream_messages(sql, thread_id, from_seq=0, newest_first=False)
             async with aclosing(rows):
                 async for row in rows:
@@ -172,7 +171,6 @@ class SqlThreads(SqlStore):
             )
             if row is None:
                 return None
-            # The history is one shorter; its hash unknown until a save checks the messages.
             await sql.run("UPDATE threads SET history_len = history_len - 1, history_hash = NULL"
                           " WHERE id = ?", (thread_id,))
             await sql.run(

@@ -105,17 +105,19 @@ async def test_eviction_pins_instructions_and_corrections() -> None:
 
 
 async def test_eviction_of_chit_chat_saves_the_messages_clipped() -> None:
-    """A zone with no informative sentence still gets a snapshot: its messages, clipped to
-    max_words."""
-    zone = _zone("message 0: user: hello there zqxdrop", "message 1: assistant: hi",
+    """A zone with no informative sentence still gets a snapshot: its messages (else its
+    lines, as of tool calls only), clipped to max_words."""
+    chat = _zone("message 0: user: hello there zqxdrop", "message 1: assistant: hi",
                  f"message 2: user: {'la ' * 40}")
-    reply = await OfflineLLM().generate(
-        eviction_request(zone=zone, middle="", recent="", zone_start=0, zone_end=2, goals=[],
-                         previous_snapshot="", max_words=16, done=[]))
-    [(name, arguments), finish] = [(c.name, c.arguments) for c in reply.tool_calls]
-    assert (name, finish) == ("save_snapshot", ("everything_ok", {}))
-    assert str(arguments["text"]).startswith("User: hello there zqxdrop Assistant: hi User: la")
-    assert len(str(arguments["text"]).split()) <= 16
+    for zone, start in [(chat, "User: hello there zqxdrop Assistant: hi User: la"),
+                        ("message 0-1: [2 tools called]", "message 0-1: [2 tools called]")]:
+        reply = await OfflineLLM().generate(
+            eviction_request(zone=zone, middle="", recent="", zone_start=0, zone_end=2,
+                             goals=[], previous_snapshot="", max_words=16, done=[]))
+        [(name, arguments), finish] = [(c.name, c.arguments) for c in reply.tool_calls]
+        assert (name, finish) == ("save_snapshot", ("everything_ok", {}))
+        assert str(arguments["text"]).startswith(start)
+        assert len(str(arguments["text"]).split()) <= 16
 
 
 async def test_eviction_without_goals_pins_nothing_and_finishes_when_done() -> None:

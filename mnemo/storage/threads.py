@@ -161,8 +161,7 @@ class SqlThreads(SqlStore):
 
     async def pop(self, thread_id: str) -> Message | None:
         async def write(sql: Statements) -> Message | None:
-            if await reads.read_state(sql, thread_id, self.LOCK) is None:
-                return None
+            await reads.read_state(sql, thread_id, self.LOCK)  # no thread: no message either
             # Vectors and pins go with the row (ON DELETE CASCADE), its search entry too.
             row = await sql.row(
                 "DELETE FROM messages WHERE rowid = (SELECT rowid FROM messages WHERE"

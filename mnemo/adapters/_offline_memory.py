@@ -380,7 +380,8 @@ def _eviction(inputs: Inputs) -> Answer:
     max_words = max(16, 100 if inputs.max_words is None else inputs.max_words)
     calls: list[tuple[str, JSONObject]] = []
     spoken = [(_SPEAKERS.get(role, "Tool"), text) for _, role, text in messages]
-    if snapshot := _extractive_summary(spoken, max_words):
+    if snapshot := _extractive_summary(spoken, max_words) or _text.clip_words(
+            " ".join(f"{who}: {text}" for who, text in spoken) or inputs.zone, max_words):
         calls.append(("save_snapshot", {"text": snapshot}))
     for seq, role, text in messages:
         if role in {"user", "system", "developer"} and _states_instruction(text) and (

@@ -66,8 +66,10 @@ class EvictionTools:
         if not text.strip():
             return "error: text must be a non-empty string"
         words = text.split()
-        # Twice the asked length is tolerated; beyond that the snapshot would crowd out others.
-        limit = self.max_words * 2
+        # Twice the asked length, all parts together; more would crowd out other snapshots.
+        limit = self.max_words * 2 - sum(len(part.split()) for part in self.snapshot_parts)
+        if limit <= 0:
+            return f"error: the snapshot holds the most words it may ({self.max_words * 2})"
         clipped = " ".join(words[:limit]) + (" ..." if len(words) > limit else "")
         self.snapshot_parts.append(clipped)
         return f"ok: snapshot saved ({min(len(words), limit)} words)"

@@ -202,12 +202,11 @@ class ConversationManager:
         digest = history_hash(keys)
         if len(keys) == stored and digest == state.history_hash:
             return digest
-        first = state.next_seq - stored  # the seq of the history's first message
-        seq = await self._service.store.first_difference(thread_id, first, keys)
-        if seq is not None:
-            where = f"messages[{seq - first}] differs from the stored message seq {seq}"
+        found = await self._service.store.first_difference(thread_id, keys)
+        if found is not None:
+            where = f"messages[{found[0]}] differs from the stored message seq {found[1]}"
         elif state.history_hash is not None and len(keys) == stored:
-            where = f"it differs in messages the ttl erased (seq {first} on)"
+            where = "it differs in messages the ttl erased"
         else:
             return digest
         raise InvalidInputError(
@@ -322,6 +321,7 @@ class ConversationManager:
             return
         pending = tail[:split]
         max_words = max(48, policy.max_tokens * 3 // 16)
+        parse = partial(parse_summary, max_words=max_words)
         chunk_tokens = max(SUMMARY_CHUNK_TOKENS, 4 * policy.max_tokens)
         while pending:
             fits = leading(pending, chunk_tokens)
@@ -337,7 +337,7 @@ class ConversationManager:
             )
             try:
                 with fail_after(service.timeout, stretches=True):
-                    summary = await ask(self.llm, request, parse_summary, any_reply=True)
+                    summary = await ask(self.llm, request, parse, any_reply=True)
             except Exception:
                 # The messages stay uncompacted and whole: load shows them, nothing is lost.
                 log.warning("summarising thread %r failed", thread_id, exc_info=True)

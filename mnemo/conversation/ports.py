@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from mnemo.conversation.drafts import MessageDraft, history_hash, message_key
+from mnemo.conversation.drafts import MessageDraft, history_hash
 from mnemo.conversation.model import (
     Compaction,
     Goal,
@@ -53,11 +53,6 @@ def next_hash(state: ThreadState, drafts: Sequence[MessageDraft], digest: str | 
     hash; an unknown one stays unknown)."""
     start = state.history_hash if digest is None else digest
     return None if start is None else history_hash((d.key for d in drafts), start)
-
-
-def differs(message: Message, from_seq: int, keys: Sequence[bytes]) -> bool:
-    """Whether a stored message is not the one of `keys` at its place (seq - `from_seq`)."""
-    return message_key(message.to_dict(), message.seq - from_seq) != keys[message.seq - from_seq]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +111,10 @@ class ThreadStore(Protocol):
         `expected_len` or its hash neither `expected_hash` nor unknown."""
 
     async def first_difference(
-        self, thread_id: str, from_seq: int, keys: Sequence[bytes]
-    ) -> int | None:
-        """The seq of the first stored message from `from_seq` on whose key differs from
-        `keys`; None when all match."""
+        self, thread_id: str, keys: Sequence[bytes]
+    ) -> tuple[int, int] | None:
+        """(index in the history, seq) of the first stored message whose key is not `keys`'s
+        there (they are the history's last: a ttl erases its oldest); None when all match."""
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
         """Erases the messages recorded before `cutoff` and what only covered them; returns
@@ -127,7 +122,7 @@ class ThreadStore(Protocol):
 
     async def pop(self, thread_id: str) -> Message | None:
         """Erases the newest message and the compactions holding it; returns it (None if none).
-        The seq counter and history length are untouched."""
+        The seq counter is untouched; the history is one shorter, its hash unknown."""
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
         """The thread's compaction records, by start."""

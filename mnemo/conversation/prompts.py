@@ -63,15 +63,14 @@ def summary_request(
                         previous_summary=previous_summary, messages=messages)
 
 
-def parse_summary(resp: LLMResponse) -> str:
-    """The summary of a "summary" or "snapshot_fold" reply (its data, else its text); raises
-    ValueError when there is none."""
-    if resp.data is None and not isinstance(reply_data(resp), dict) and resp.text.strip():
-        return resp.text.strip()
-    summary = read_reply(resp, SummaryReply, "summary").summary.strip()
+def parse_summary(resp: LLMResponse, max_words: int) -> str:
+    """The summary of a "summary" or "snapshot_fold" reply asked of `max_words` words (its data,
+    else its text), clipped to their characters; raises ValueError when there is none."""
+    prose = resp.data is None and not isinstance(reply_data(resp), dict)
+    summary = (resp.text if prose else read_reply(resp, SummaryReply, "summary").summary).strip()
     if not summary:
         raise ValueError("summary must be a non-empty string")
-    return summary
+    return summary[:CHARS_PER_WORD * max_words].rstrip()
 
 
 FOLD_SYSTEM = (

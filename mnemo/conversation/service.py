@@ -316,11 +316,12 @@ class ConversationService:
         request = fold_request(
             snapshots=[{"start_seq": s.start_seq, "end_seq": s.end_seq, "text": s.text}
                        for s in due],
-            max_words=snapshot_words(token_budget, 2),
+            max_words=(words := snapshot_words(token_budget, 2)),
         )
         try:
             with fail_after(self.timeout, stretches=True):
-                text = await ask(llm, request, parse_summary, any_reply=True)
+                text = await ask(llm, request, partial(parse_summary, max_words=words),
+                                 any_reply=True)
         except Exception:
             # Folding is an optimisation of the viewport: the level-1 snapshots stay visible.
             log.warning("folding snapshots of thread %r failed", thread_id, exc_info=True)

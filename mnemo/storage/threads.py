@@ -11,7 +11,7 @@ from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Any
 
-from mnemo.conversation.drafts import MessageDraft
+from mnemo.conversation.drafts import MessageDraft, message_key
 from mnemo.conversation.model import (
     GOAL_COMPLETED,
     GOAL_OPEN,
@@ -32,7 +32,6 @@ from mnemo.conversation.ports import (
     ThreadState,
     ViewportInputs,
     check_expected,
-    differs,
     next_hash,
 )
 from mnemo.conversation.search import VIEW_SNAPSHOTS, hit_snippet, pool_size, rank_by_recency
@@ -117,17 +116,20 @@ class SqlThreads(SqlStore):
         ]
 
     async def first_difference(
-        self, thread_id: str, from_seq: int, keys: Sequence[bytes]
-    ) -> int | None:
-        async def read(sql: Statements) -> int | None:
-            rows = reads.stream_messages(sql, thread_id, from_seq=from_seq, newest_first=False)
+        self, thread_id: str, keys: Sequence[bytes]
+    ) -> tuple[int, int] | None:
+        async def read(sql: Statements) -> tuple[int, int] | None:
+            index = await number(sql, "SELECT history_len - (SELECT count(*) FROM messages WHERE"
+                                 " thread_id = ?) FROM threads WHERE id = ?", thread_id, thread_id)
+            rows = reads.stream_messages(sql, thread_id, from_seq=0, newest_first=False)
             async with aclosing(rows):
                 async for row in rows:
                     message = reads.message_from_row(row)
-                    if message.seq - from_seq >= len(keys):
+                    if index >= len(keys):
                         break
-                    if differs(message, from_seq, keys):
-                        return message.seq
+                    if message_key(message.to_dict(), index) != keys[index]:
+                        return index, message.seq
+                    index += 1
             return None
 
         return await self._driver.together(read)
@@ -159,8 +161,7 @@ class SqlThreads(SqlStore):
 
     async def pop(self, thread_id: str) -> Message | None:
         async def write(sql: Statements) -> Message | None:
-            if await reads.read_state(sql, thread_id, self.LOCK) is None:
-                return None
+            await reads.read_state(sql, thread_id, self.LOCK)  # no thread: no message either
             # Vectors and pins go with the row (ON DELETE CASCADE), its search entry too.
             row = await sql.row(
                 "DELETE FROM messages WHERE rowid = (SELECT rowid FROM messages WHERE"
@@ -169,6 +170,8 @@ class SqlThreads(SqlStore):
             )
             if row is None:
                 return None
+            await sql.run("UPDATE threads SET history_len = history_len - 1, history_hash = NULL"
+                          " WHERE id = ?", (thread_id,))
             await sql.run(
                 "DELETE FROM compactions WHERE thread_id = ? AND start_seq <= ?"
                 " AND end_seq >= ?",

@@ -10,6 +10,7 @@ import pytest
 
 import mnemo
 from mnemo.calls.tasks import task_inputs
+from mnemo.conversation.viewport import snapshot_words
 from tests.conversation._support import ScriptedEviction, prose, snapshot_call, user
 from tests.fakes import FakeEmbedder, js
 
@@ -117,3 +118,20 @@ async def test_a_reply_not_used_is_reported(
     assert "search_messages" in result.snapshot.text
     assert result.snapshot.end_seq == result.boundary_after - 1 >= 0
     assert llm.requests
+
+
+async def test_many_snapshot_parts_are_bounded_together(
+    scripted: tuple[mnemo.Memory, ScriptedEviction],
+) -> None:
+    """Parts of a snapshot saved by many calls hold twice the asked words at most, together
+    (a word more marks the cut); calls past it are refused and add nothing."""
+    mem, llm = scripted
+    llm.replies = [mnemo.LLMResponse(tool_calls=[
+        *(mnemo.ToolCall("save_snapshot", {"text": f"part {i} " + "word " * 500}, f"c{i}")
+          for i in range(40)),
+        mnemo.ToolCall("everything_ok", {}, "done")])]
+    result = await mem.evict("t", token_budget=300, eviction_fraction=0.5)
+    assert result.error is None
+    assert result.snapshot is not None
+    assert len(result.snapshot.text.split()) <= 2 * snapshot_words(300, 1) + 1
+    assert result.snapshot.text.startswith("part 0 word")

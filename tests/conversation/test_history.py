@@ -131,9 +131,9 @@ async def test_a_save_reads_no_stored_message(
     read: list[int] = []
     first_difference = store.first_difference
 
-    async def counted(thread_id: str, from_seq: int, keys: Any) -> int | None:
+    async def counted(thread_id: str, keys: Any) -> tuple[int, int] | None:
         read.append(len(keys))
-        return await first_difference(thread_id, from_seq, keys)
+        return await first_difference(thread_id, keys)
 
     monkeypatch.setattr(store, "first_difference", counted)
     monkeypatch.setattr(store, "raw", None)  # a save that read the whole log would fail here

@@ -37,7 +37,7 @@ def _sentences(summary: str) -> list[str]:
 async def test_summary_is_extractive_and_bounded() -> None:
     """Every summary sentence is a sentence of the input; greetings are left out."""
     request = summary_request(previous_summary="", messages=MESSAGES, max_words=40)
-    summary = parse_summary(await OfflineLLM().generate(request))
+    summary = parse_summary(await OfflineLLM().generate(request), max_words=40)
     assert len(summary.split()) <= 40
     inputs = " ".join(m["text"] for m in MESSAGES)
     for sentence in _sentences(summary):
@@ -55,7 +55,7 @@ async def test_summary_rolls_previous_in() -> None:
         messages=MESSAGES[:2],
         max_words=200,
     )
-    summary = parse_summary(await OfflineLLM().generate(request))
+    summary = parse_summary(await OfflineLLM().generate(request), max_words=200)
     assert summary.startswith("The database is PostgreSQL 16 on db2.internal.")
 
 
@@ -64,7 +64,7 @@ async def test_summary_of_nothing_says_so() -> None:
     request = summary_request(
         previous_summary="", messages=[MESSAGES[0], MESSAGES[4]], max_words=50
     )
-    summary = parse_summary(await OfflineLLM().generate(request))
+    summary = parse_summary(await OfflineLLM().generate(request), max_words=50)
     assert summary == "2 earlier messages held no informative statement."
 
 
@@ -104,6 +104,22 @@ async def test_eviction_pins_instructions_and_corrections() -> None:
     assert calls[-1] == ("everything_ok", {})
 
 
+async def test_eviction_of_chit_chat_saves_the_messages_clipped() -> None:
+    """A zone with no informative sentence still gets a snapshot: its messages (else its
+    lines, as of tool calls only), clipped to max_words."""
+    chat = _zone("message 0: user: hello there zqxdrop", "message 1: assistant: hi",
+                 f"message 2: user: {'la ' * 40}")
+    for zone, start in [(chat, "User: hello there zqxdrop Assistant: hi User: la"),
+                        ("message 0-1: [2 tools called]", "message 0-1: [2 tools called]")]:
+        reply = await OfflineLLM().generate(
+            eviction_request(zone=zone, middle="", recent="", zone_start=0, zone_end=2,
+                             goals=[], previous_snapshot="", max_words=16, done=[]))
+        [(name, arguments), finish] = [(c.name, c.arguments) for c in reply.tool_calls]
+        assert (name, finish) == ("save_snapshot", ("everything_ok", {}))
+        assert str(arguments["text"]).startswith(start)
+        assert len(str(arguments["text"]).split()) <= 16
+
+
 async def test_eviction_without_goals_pins_nothing_and_finishes_when_done() -> None:
     """No goals: nothing is pinned. A second round only calls everything_ok."""
     zone = _zone("message 0: user: Always answer in French.")
@@ -127,7 +143,7 @@ async def test_fold_is_bounded() -> None:
         for i in range(5)
     ]
     summary = parse_summary(
-        await OfflineLLM().generate(fold_request(snapshots=snapshots, max_words=30))
+        await OfflineLLM().generate(fold_request(snapshots=snapshots, max_words=30)), max_words=30
     )
     assert 0 < len(summary.split()) <= 30
     assert "invoice export" in summary

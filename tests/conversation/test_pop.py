@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 import mnemo
-from tests.conversation._support import user
+from tests.conversation._support import ManualClock, assistant, user
 from tests.fakes import FakeEmbedder
 
 
@@ -77,3 +77,40 @@ async def test_concurrent_pops_of_two_memories_take_different_messages(
             tg.start_soon(pop, two)
         assert sorted(popped) == ["m1", "m2"]
         assert [m.content for m in await two.conversation().raw("t")] == ["m0"]
+
+
+async def test_a_save_after_pop_stores_the_new_tail(cmem: mnemo.Memory) -> None:
+    """After pop the history is one shorter: saving the same history stores the popped message
+    again, a regenerated reply is appended, and the next turns extend it."""
+    conv = cmem.conversation()
+    question, wrong, right = user("What is 2+2?"), assistant("5"), assistant("4")
+    await conv.save("t", [question, wrong])
+    await conv.pop("t")
+    assert [m.seq for m in await conv.save("t", [question, wrong])] == [2]
+    await conv.pop("t")
+    assert [m.content for m in await conv.save("t", [question, right])] == ["4"]
+    assert [m.seq for m in await conv.save("t", [question, right, user("thanks")])] == [4]
+    with pytest.raises(mnemo.InvalidInputError, match=r"messages\[1\] differs .* seq 3"):
+        await conv.save("t", [question, wrong, user("thanks"), user("more")])
+    assert [m.content for m in await conv.raw("t")] == ["What is 2+2?", "4", "thanks"]
+
+
+async def test_a_save_after_pop_of_a_ttl_erased_history(store: str) -> None:
+    """Pop after the ttl erased the oldest messages: the history is one shorter, what follows
+    is appended, and a refusal names the history's index of the stored message that differs."""
+    clock = ManualClock()
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        conv = mem.conversation(ttl=60, clock=clock)
+        history = [user(f"message {i}") for i in range(4)]
+        await conv.save("t", history[:3])
+        clock.advance(seconds=120)
+        await conv.save("t", history)
+        assert [m.seq for m in await conv.raw("t")] == [3]
+        assert (await conv.pop("t")) is not None
+        assert [m.seq for m in await conv.save("t", [*history[:3], user("again")])] == [4]
+        longer = [*history[:3], user("again"), *history]
+        assert [m.seq for m in await conv.save("t", longer)] == [5, 6, 7, 8]
+        with pytest.raises(mnemo.InvalidInputError, match=r"messages\[3\] differs .* seq 4"):
+            await conv.save("t", [*history, *history])
+        with pytest.raises(mnemo.InvalidInputError, match="ttl erased"):
+            await conv.save("t", [user("other"), *longer[1:], user("x")])

@@ -266,7 +266,7 @@ async def purge(
     """Erase a conversation thread for good: messages, summaries, snapshots, search entries."""
     async with open_memory(settings) as mem:
         conversation = mem.conversation()
-        messages = len(await conversation.raw(thread))
+        messages = await conversation.count(thread)
         if repo is not None:
             await check_repo(mem, repo)
         elif not messages:

@@ -208,7 +208,7 @@ class MemoryTools:
             thread_id, messages))
 
     async def _stored(self, thread_id: str, added: Sequence[object]) -> str:
-        total = len(await self.mem.conversation().raw(thread_id))
+        total = await self.mem.conversation().count(thread_id)
         return dumps({"thread_id": thread_id, "added": len(added), "messages": total})
 
     async def list_repos(self, offset: Offset = 0) -> str:

@@ -24,6 +24,7 @@ _RESERVED = frozenset(
     ["con", "prn", "aux", "nul"] + [f"com{i}" for i in range(10)] + [f"lpt{i}" for i in range(10)])
 _BULLET = re.compile(r"^(?:[-*+\u2022]|\d+[.)])\s+|^[-*+\u2022]$")
 _FRONT_LINE = re.compile(r"^([A-Za-z_][\w-]*)\s*:\s?(.*)$")
+_MARKS = re.compile(r"[^\w\s]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +47,13 @@ def one_line(text: str, max_chars: int) -> str:
 
 def topic_key(topic: str) -> str:
     """The identity of a topic: its content words' stems, sorted and deduplicated (else all its
-    words, else its case-folded text)."""
+    words, else its case-folded text), then its runs of punctuation in order ("C++" is not "C#")."""
     toks = _text.tokens(topic)
     content = [t for t in toks if not _text.is_stopword(t)] or toks
     if not content:
         return " ".join(topic.casefold().split())
-    return " ".join(sorted({_text.stem(t) for t in content}))
+    marks = _MARKS.findall(_text.normalise(topic))
+    return " ".join(sorted({_text.stem(t) for t in content}) + marks)
 
 
 def slug(topic: str) -> str:

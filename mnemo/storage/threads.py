@@ -184,8 +184,14 @@ class SqlThreads(SqlStore):
     async def compactions(self, thread_id: str) -> list[Compaction]:
         return await self._driver.read(lambda sql: reads.read_compactions(sql, thread_id))
 
-    async def raw(self, thread_id: str) -> list[Message]:
-        return await self._driver.read(lambda sql: reads.read_messages(sql, thread_id))
+    async def raw(self, thread_id: str, from_seq: int = 0, limit: int | None = None
+                  ) -> list[Message]:
+        return await self._driver.read(
+            lambda sql: reads.read_messages(sql, thread_id, from_seq=from_seq, limit=limit))
+
+    async def count(self, thread_id: str) -> int:
+        return await self._driver.read(
+            lambda sql: number(sql, "SELECT count(*) FROM messages WHERE thread_id = ?", thread_id))
 
     async def uncompacted(self, thread_id: str) -> tuple[list[Compaction], list[Message]]:
         async def read(sql: Statements) -> tuple[list[Compaction], list[Message]]:

@@ -41,7 +41,7 @@ FORM_TYPE = "application/x-www-form-urlencoded"
 MAX_COMMITS = 1000
 # A commit's page lists at most this many links (an ingest of a long document adds thousands).
 MAX_LINKS_SHOWN = 300
-# The graph page lists this many of the newest nodes of a type.
+# The graph page lists this many of the newest nodes of a type; the thread page, of messages.
 LIST_LIMIT = 100
 # The graph page's picture: the newest facts and procedures and the nodes two links away.
 PICTURE_SEEDS = 24
@@ -325,20 +325,28 @@ async def threads(request: Request) -> Response:
 
 async def thread_page(request: Request) -> Response:
     """A thread: what the agent sees within a budget (boundary, snapshots, pins, messages),
-    and every stored message marked by where it stands."""
-    mem = view_of(request).memory
-    thread_id = required(request.query_params, "id")
-    budget = whole(request.query_params, "budget", DEFAULT_BUDGET, low=1, high=10_000_000)
+    and `LIST_LIMIT` stored messages from seq `start` (the newest by default), each marked by
+    where it stands, with links to the pages before and after."""
+    mem, params = view_of(request).memory, request.query_params
+    thread_id = required(params, "id")
+    budget = whole(params, "budget", DEFAULT_BUDGET, low=1, high=10_000_000)
     known = {t.id: t for t in await mem.list_threads()}
-    if thread_id not in known:
+    if (thread := known.get(thread_id)) is None:
         raise NotFoundError("thread", thread_id)
+    # Pages end at the next seq, LIST_LIMIT seqs apart, and start at `floor` (the oldest kept).
+    floor, newest = thread.next_seq - thread.messages, thread.next_seq
+    start = whole(params, "start", max(floor, newest - LIST_LIMIT), low=0, high=newest)
+    end = newest - (newest - start - 1) // LIST_LIMIT * LIST_LIMIT
+    messages = [m for m in await mem.conversation().raw(
+        thread_id, from_seq=start, limit=end - start) if m.seq < end]
     seen = await mem.viewport(thread_id, token_budget=budget)
     everything = await mem.viewport(thread_id, token_budget=ALL_TOKENS)
     return page(request, "thread.html", {
-        "thread": known[thread_id], "budget": budget, "viewport": seen,
+        "thread": thread, "budget": budget, "viewport": seen, "messages": messages,
         "snapshots": everything.snapshots, "pinned": everything.pinned,
-        "messages": await mem.conversation().raw(thread_id), "shown": {m.id for m in seen.messages},
-        "pinned_ids": {m.id for m in everything.pinned}})
+        "earlier": max(floor, end - 2 * LIST_LIMIT) if floor < start else None,
+        "later": end if end < newest else None,
+        "shown": {m.id for m in seen.messages}, "pinned_ids": {m.id for m in everything.pinned}})
 
 
 def scope_of(text: str) -> JSONObject | None:

@@ -14,6 +14,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 import mnemo
 from mnemo.adapters.hashing import HashEmbedder
 from mnemo.mcp.server import TOOL_NAMES, MemoryTools
+from mnemo.storage.threads import SqlThreads
 from mnemo.tools import ERROR_CHARS, MAX_OUTPUT_CHARS, SNIPPET_CHARS
 
 REPO = "blog"
@@ -180,6 +181,21 @@ async def test_save_messages_appends_only_the_new_ones(tools: MemoryTools) -> No
     assert again == {"thread_id": "t1", "added": 1, "messages": 3}
     hits = json.loads(await tools.search_messages("gunicorn"))
     assert [h["thread_id"] for h in hits] == ["t1"]
+
+
+async def test_save_and_append_count_the_thread_without_reading_it(
+    tools: MemoryTools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """save_messages and append_messages report the thread's length from a count: none reads
+    the thread's messages."""
+
+    async def refused(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the whole thread was read")
+
+    monkeypatch.setattr(SqlThreads, "raw", refused)
+    history = [{"role": "user", "content": f"message {i}"} for i in range(3)]
+    assert json.loads(await tools.save_messages("t1", history))["messages"] == 3
+    assert json.loads(await tools.append_messages("t1", history[:1]))["messages"] == 4
 
 
 async def test_save_messages_refuses_a_window_and_append_messages_adds_it(

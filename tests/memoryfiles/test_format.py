@@ -132,6 +132,12 @@ def test_topic_key_separates_topics() -> None:
     assert _format.topic_key("database") != _format.topic_key("deployment")
 
 
+@pytest.mark.parametrize(("a", "b"), [("C++", "C#"), ("Go", "Go!"), ("C++", "C")])
+def test_topic_key_keeps_punctuation(a: str, b: str) -> None:
+    """Names that differ in punctuation are different topics."""
+    assert _format.topic_key(a) != _format.topic_key(b)
+
+
 def test_entries_are_bullets() -> None:
     """Blank lines go, bullets and numbers become "- ", headings stay."""
     body = "## Decisions\n\n* Use Go.\n1. Ship Fridays.\n  plain line  \n-\n"

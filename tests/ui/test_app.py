@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import mnemo
-from mnemo.ui.app import create_app
+from mnemo.ui.app import DEFAULT_BUDGET, LIST_LIMIT, create_app
 from tests.ui.conftest import BASE, REPO, THREAD, Sample, dump
 
 
@@ -203,6 +203,32 @@ async def test_threads_and_thread_page_show_boundary_snapshots_and_goal_pins(
     pins = page.text.split('id="pins"')[1].split("</ul>")[0]
     assert "Never run the orders_stage migration" in pins
     assert '<li class="message pinned" id="seq-0">' in page.text
+
+
+async def test_long_thread_page_shows_one_page_and_links_the_others(
+    client: httpx.AsyncClient, memory: mnemo.Memory
+) -> None:
+    """A thread longer than a page shows its newest `LIST_LIMIT` messages; the earlier and
+    later links reach every other message, a page at a time, pages ending at the newest."""
+    await memory.conversation().append(
+        "long", [{"role": "user", "content": f"note {i}"} for i in range(2 * LIST_LIMIT + 5)])
+    address: str | None = "/thread?id=long"
+    seen: list[int] = []
+    while address is not None:
+        page = await client.get(address)
+        shown = [int(n) for n in re.findall(r'class="message [a-z]+" id="seq-(\d+)"', page.text)]
+        assert 0 < len(shown) <= LIST_LIMIT
+        seen = shown + seen
+        earlier = re.search(r'id="earlier" href="([^"]+)"', page.text)
+        address = earlier.group(1).replace("&amp;", "&") if earlier else None
+    assert seen == list(range(2 * LIST_LIMIT + 5))
+    first = await client.get("/thread", params={"id": "long", "start": 0})
+    assert "note 4 <" in first.text
+    assert "note 5 <" not in first.text
+    later = re.search(r'id="later" href="([^"]+)"', first.text)
+    assert later is not None
+    assert later.group(1).replace("&amp;", "&") == (
+        f"/thread?id=long&budget={DEFAULT_BUDGET}&start=5")
 
 
 @pytest.mark.parametrize(

@@ -274,14 +274,10 @@ class ConversationManager:
         await self._expire(thread_id)
         return await self._service.store.compactions(thread_id)
 
-    async def raw(self, thread_id: str, *, from_seq: int = 0, limit: int | None = None
-                  ) -> list[Message]:
-        """The stored messages of the thread from seq `from_seq` on, by seq, at most `limit`
-        (every one by default), after the ttl's erasure, if any."""
-        check_count("from_seq", from_seq)
-        check_count("limit", 1 if limit is None else limit, minimum=1)
+    async def raw(self, thread_id: str) -> list[Message]:
+        """Every stored message of the thread, by seq (after the ttl's erasure, if any)."""
         await self._expire(thread_id)
-        return await self._service.store.raw(thread_id, from_seq, limit)
+        return await self._service.store.raw(thread_id)
 
     async def count(self, thread_id: str) -> int:
         """How many messages the thread stores (after the ttl's erasure, if any)."""

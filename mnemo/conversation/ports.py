@@ -127,9 +127,8 @@ class ThreadStore(Protocol):
     async def compactions(self, thread_id: str) -> list[Compaction]:
         """The thread's compaction records, by start."""
 
-    async def raw(self, thread_id: str, from_seq: int = 0, limit: int | None = None
-                  ) -> list[Message]:
-        """The thread's stored messages from seq `from_seq` on, by seq, at most `limit`."""
+    async def raw(self, thread_id: str) -> list[Message]:
+        """Every stored message of the thread, by seq."""
 
     async def count(self, thread_id: str) -> int:
         """How many messages the thread stores."""

@@ -184,10 +184,8 @@ class SqlThreads(SqlStore):
     async def compactions(self, thread_id: str) -> list[Compaction]:
         return await self._driver.read(lambda sql: reads.read_compactions(sql, thread_id))
 
-    async def raw(self, thread_id: str, from_seq: int = 0, limit: int | None = None
-                  ) -> list[Message]:
-        return await self._driver.read(
-            lambda sql: reads.read_messages(sql, thread_id, from_seq=from_seq, limit=limit))
+    async def raw(self, thread_id: str) -> list[Message]:
+        return await self._driver.read(lambda sql: reads.read_messages(sql, thread_id))
 
     async def count(self, thread_id: str) -> int:
         return await self._driver.read(

@@ -337,8 +337,7 @@ async def thread_page(request: Request) -> Response:
     floor, newest = thread.next_seq - thread.messages, thread.next_seq
     start = whole(params, "start", max(floor, newest - LIST_LIMIT), low=0, high=newest)
     end = newest - (newest - start - 1) // LIST_LIMIT * LIST_LIMIT
-    messages = [m for m in await mem.conversation().raw(
-        thread_id, from_seq=start, limit=end - start) if m.seq < end]
+    messages = [m for m in await mem.conversation().raw(thread_id) if start <= m.seq < end]
     seen = await mem.viewport(thread_id, token_budget=budget)
     everything = await mem.viewport(thread_id, token_budget=ALL_TOKENS)
     return page(request, "thread.html", {

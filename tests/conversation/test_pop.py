@@ -31,18 +31,12 @@ async def test_pop_erases_the_newest_message_from_every_view(cmem: mnemo.Memory)
     assert after.seq == 2
 
 
-async def test_raw_reads_a_page_and_count_counts_what_pop_left(cmem: mnemo.Memory) -> None:
-    """`raw(from_seq=, limit=)` reads a page by seq, `count` the messages stored (a popped
-    one gone); a negative start or a limit below 1 is refused."""
+async def test_count_counts_what_pop_left(cmem: mnemo.Memory) -> None:
+    """`count` is the number of messages stored (a popped one gone; 0 for no thread)."""
     conv = cmem.conversation()
     await conv.append("t", [user(f"message {i}") for i in range(6)])
     await conv.pop("t")
-    assert [m.seq for m in await conv.raw("t", from_seq=2, limit=2)] == [2, 3]
-    assert [m.seq for m in await conv.raw("t", from_seq=3)] == [3, 4]
     assert (await conv.count("t"), await conv.count("nobody")) == (5, 0)
-    for bad in ({"from_seq": -1}, {"limit": 0}):
-        with pytest.raises(mnemo.InvalidInputError):
-            await conv.raw("t", **bad)
 
 
 async def test_pop_of_an_empty_or_unknown_thread_is_none(cmem: mnemo.Memory) -> None:

@@ -28,7 +28,7 @@ from mnemo.storage.lexical import index as lexical_index
 from mnemo.storage.lexical.fresh import bm25, idf
 from mnemo.storage.lexical.index import LOG_KEEP, LexicalIndex
 from mnemo.storage.lexical.schema import analyzer
-from mnemo.storage.lexical.windows import WINDOW
+from mnemo.storage.lexical.source import WINDOW
 from mnemo.storage.ports import Backend, open_backend
 from mnemo.text import query_words
 from tests.backends import backend_of, is_sqlite, open_stores, sql

@@ -341,8 +341,7 @@ async def test_a_repo_with_documents_and_no_mark_is_rebuilt_not_applied_from_the
     never names a document the rebuild wrote for a node the backup does not hold, and that
     document stayed searchable. Such a repo is rebuilt."""
     from mnemo.storage.lexical.slots import META
-    from mnemo.storage.lexical.source import Row
-    from mnemo.storage.lexical.windows import Document
+    from mnemo.storage.lexical.source import Document, Row
 
     folder = str(tmp_path / "lexical")
     async with open_stores(store, DIM, lexical_dir=folder) as backend:

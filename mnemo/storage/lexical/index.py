@@ -29,12 +29,7 @@ from mnemo.storage.lexical.fresh import (
 )
 from mnemo.storage.lexical.schema import analyzer, schema
 from mnemo.storage.lexical.slots import META, Slot, wipe_free
-from mnemo.storage.lexical.source import LexicalSource
-from mnemo.storage.lexical.windows import (
-    documents,
-    key,
-    rowid_of,
-)
+from mnemo.storage.lexical.source import LexicalSource, documents, key, rowid_of
 from mnemo.text import query_words
 
 log = logging.getLogger("mnemo.lexical")

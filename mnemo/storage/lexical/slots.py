@@ -25,10 +25,10 @@ from mnemo.storage.lexical.fresh import (
     unstale_hits,
 )
 from mnemo.storage.lexical.schema import open_index, schema
-from mnemo.storage.lexical.source import LexicalSource
-from mnemo.storage.lexical.windows import (
+from mnemo.storage.lexical.source import (
     WINDOW,
     Document,
+    LexicalSource,
     documents,
     key,
     rowid_of,

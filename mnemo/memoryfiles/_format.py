@@ -24,7 +24,7 @@ _RESERVED = frozenset(
     ["con", "prn", "aux", "nul"] + [f"com{i}" for i in range(10)] + [f"lpt{i}" for i in range(10)])
 _BULLET = re.compile(r"^(?:[-*+\u2022]|\d+[.)])\s+|^[-*+\u2022]$")
 _FRONT_LINE = re.compile(r"^([A-Za-z_][\w-]*)\s*:\s?(.*)$")
-_MARKS = re.compile(r"[^\w\s]+")
+_MARKS = re.compile(r"[#$%&*+<=>@^|~]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +47,8 @@ def one_line(text: str, max_chars: int) -> str:
 
 def topic_key(topic: str) -> str:
     """The identity of a topic: its content words' stems, sorted and deduplicated (else all its
-    words, else its case-folded text), then its runs of punctuation in order ("C++" is not "C#")."""
+    words, else its case-folded text), then its runs of symbols in order ("C++" is not "C#";
+    sentence punctuation folds: "Go!" is "Go")."""
     toks = _text.tokens(topic)
     content = [t for t in toks if not _text.is_stopword(t)] or toks
     if not content:

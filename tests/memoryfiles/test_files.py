@@ -215,25 +215,24 @@ async def test_topic_identity_is_normalised(files: mnemo.MemoryFiles, llm: Recor
 async def test_topics_differing_in_punctuation_keep_their_own_files(
     directory: Path, llm: RecordingLLM, clock: Clock
 ) -> None:
-    """"C++" and "C#", "Go" and "Go!" are four topics: four files, each with its own entries;
-    a file written before (its topic in its front matter) still takes its topic's entries."""
+    """"C++", "C#" and "C" are three topics: three files, each with its own entries; a file
+    written before (its topic in its front matter) still takes its topic's entries."""
     files = mnemo.MemoryFiles(directory, max_chars=120, clock=clock)
     write(directory / "c.md", '---\ntopic: "C++"\n---\n- Use RAII for every C++ resource.\n')
     llm.reply = lambda _request: {"files": [
         change("C++", "- Prefer std::span over raw pointers in C++."),
         change("C#", "- Use async/await in every C# service."),
-        change("Go", "- Go services use contexts."),
-        change("Go!", "- The Go! board is 19x19."),
+        change("C", "- Check every malloc in C."),
     ]}
     result = await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
     assert result.error is None
-    assert sorted(result.written) == ["C#", "C++", "Go", "Go!"]
+    assert sorted(result.written) == ["C", "C#", "C++"]
     by_topic = {f.topic: f for f in files.list()}
     assert by_topic["C++"].path.name == "c.md"
     assert by_topic["C++"].content.count("C++") == 2
     assert "C#" not in by_topic["C++"].content
     assert by_topic["C#"].content == "- Use async/await in every C# service.\n"
-    assert "19x19" not in by_topic["Go"].content
+    assert by_topic["C"].content == "- Check every malloc in C.\n"
     assert all(re.fullmatch(r"[a-z0-9-]+\.md", f.path.name) for f in by_topic.values())
 
 

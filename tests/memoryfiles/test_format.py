@@ -132,10 +132,17 @@ def test_topic_key_separates_topics() -> None:
     assert _format.topic_key("database") != _format.topic_key("deployment")
 
 
-@pytest.mark.parametrize(("a", "b"), [("C++", "C#"), ("Go", "Go!"), ("C++", "C")])
-def test_topic_key_keeps_punctuation(a: str, b: str) -> None:
-    """Names that differ in punctuation are different topics."""
+@pytest.mark.parametrize(("a", "b"), [("C++", "C#"), ("C++", "C"), ("F#", "F"), ("R&D", "RD")])
+def test_topic_key_keeps_symbols(a: str, b: str) -> None:
+    """Names that differ in symbols are different topics."""
     assert _format.topic_key(a) != _format.topic_key(b)
+
+
+@pytest.mark.parametrize(("a", "b"), [("Go", "Go!"), ("Notes: deploys", "notes deploys"),
+                                      ("Deploys.", "deploys"), ("user's notes", "users notes")])
+def test_topic_key_folds_sentence_punctuation(a: str, b: str) -> None:
+    """Sentence punctuation and apostrophes do not make another topic."""
+    assert _format.topic_key(a) == _format.topic_key(b)
 
 
 def test_entries_are_bullets() -> None:

@@ -8,9 +8,10 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mnemo.conversation.model import GOAL_OPEN, Compaction, Goal, Message, Snapshot
+from mnemo.conversation.model import GOAL_OPEN, Compaction, Goal, Message, MessageView, Snapshot
 from mnemo.conversation.ports import Shown, ThreadState
-from mnemo.errors import ConflictError
+from mnemo.conversation.search import VIEW_SNAPSHOTS
+from mnemo.errors import ConflictError, NotFoundError
 from mnemo.graph.scope import Metadata, Where
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements, moment
@@ -162,3 +163,28 @@ async def read_compactions(sql: Statements, thread_id: str) -> list[Compaction]:
     )
     return [Compaction(thread_id, start, end, text, moment(created))
             for start, end, text, created in rows]
+
+
+async def read_view(sql: Statements, message_id: str, radius: int) -> MessageView:
+    """`ThreadStore.view`'s read: the message, its neighbours and the snapshots around it."""
+    row = await sql.row(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,))
+    if row is None:
+        raise NotFoundError("message", message_id)
+    target = message_from_row(row)
+    near = [
+        await read_messages(sql, target.thread_id, where=f" AND seq {op} ?", order=order,
+                            params=(target.seq,), limit=radius)
+        if radius else []
+        for op, order in (("<", "DESC"), (">", "ASC"))
+    ]
+    snapshots = [
+        await read_snapshots(sql, target.thread_id, f"level = 1 AND start_seq {op} ?", order,
+                             (target.seq,), VIEW_SNAPSHOTS)
+        for op, order in (("<=", "DESC"), (">", "ASC"))
+    ]
+    return MessageView(
+        target=target,
+        messages=[*reversed(near[0]), target, *near[1]],
+        snapshots_before=list(reversed(snapshots[0])),
+        snapshots_after=snapshots[1],
+    )

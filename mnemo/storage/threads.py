@@ -34,7 +34,7 @@ from mnemo.conversation.ports import (
     check_expected,
     next_hash,
 )
-from mnemo.conversation.search import VIEW_SNAPSHOTS, hit_snippet, pool_size, rank_by_recency
+from mnemo.conversation.search import hit_snippet, pool_size, rank_by_recency
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector
 from mnemo.graph.scope import Metadata, Where
@@ -497,28 +497,4 @@ class SqlThreads(SqlStore):
         return [str(row[0]) for row in rows]
 
     async def view(self, message_id: str, radius: int) -> MessageView:
-        async def read(sql: Statements) -> MessageView:
-            row = await sql.row(f"SELECT {reads.MESSAGE_COLUMNS} FROM messages WHERE id = ?",
-                                (message_id,))
-            if row is None:
-                raise NotFoundError("message", message_id)
-            target = reads.message_from_row(row)
-            near = [
-                await reads.read_messages(sql, target.thread_id, where=f" AND seq {op} ?",
-                                          order=order, params=(target.seq,), limit=radius)
-                if radius else []
-                for op, order in (("<", "DESC"), (">", "ASC"))
-            ]
-            snapshots = [
-                await reads.read_snapshots(sql, target.thread_id, f"level = 1 AND start_seq {op} ?",
-                                           order, (target.seq,), VIEW_SNAPSHOTS)
-                for op, order in (("<=", "DESC"), (">", "ASC"))
-            ]
-            return MessageView(
-                target=target,
-                messages=[*reversed(near[0]), target, *near[1]],
-                snapshots_before=list(reversed(snapshots[0])),
-                snapshots_after=snapshots[1],
-            )
-
-        return await self._driver.together(read)
+        return await self._driver.together(lambda sql: reads.read_view(sql, message_id, radius))

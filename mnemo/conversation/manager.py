@@ -188,7 +188,7 @@ class ConversationManager:
             try:
                 return await store.append(
                     thread_id, list(drafts.values()), recorded_at=self.clock(), vectors=embedded,
-                    expected_len=stored, expected_hash=digest,
+                    expected_len=stored, expected_hash=digest, expected_seq=state.next_seq,
                 )
             except ConflictError:
                 attempts += 1

@@ -34,10 +34,11 @@ class ThreadState:
 
 
 def check_expected(
-    thread_id: str, state: ThreadState, length: int | None, digest: str | None
+    thread_id: str, state: ThreadState, length: int | None, digest: str | None, seq: int | None
 ) -> None:
     """Refuses (ConflictError) an append checked against another stored history than `state`'s."""
     if (length is not None and state.history_len != length) or (
+        seq is not None and state.next_seq != seq) or (
         digest is not None and state.history_hash not in (digest, None)
     ):
         raise ConflictError(
@@ -105,10 +106,11 @@ class ThreadStore(Protocol):
         vectors: Sequence[Vector] | None = None,
         expected_len: int | None = None,
         expected_hash: str | None = None,
+        expected_seq: int | None = None,
     ) -> list[Message]:
         """Appends `drafts` (with their vectors) after the stored history, chaining their keys
         onto its hash; ConflictError, writing nothing, when the stored length is not
-        `expected_len` or its hash neither `expected_hash` nor unknown."""
+        `expected_len`, the next seq not `expected_seq`, or a known hash not `expected_hash`."""
 
     async def first_difference(
         self, thread_id: str, keys: Sequence[bytes]

@@ -24,7 +24,7 @@ _RESERVED = frozenset(
     ["con", "prn", "aux", "nul"] + [f"com{i}" for i in range(10)] + [f"lpt{i}" for i in range(10)])
 _BULLET = re.compile(r"^(?:[-*+\u2022]|\d+[.)])\s+|^[-*+\u2022]$")
 _FRONT_LINE = re.compile(r"^([A-Za-z_][\w-]*)\s*:\s?(.*)$")
-_MARKS = re.compile(r"[#$%&*+<=>@^|~]+")
+_MARKS = re.compile(r"(?<=\w)[#&+]+|[#&+]+(?=\w)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +47,14 @@ def one_line(text: str, max_chars: int) -> str:
 
 def topic_key(topic: str) -> str:
     """The identity of a topic: its content words' stems, sorted and deduplicated (else all its
-    words, else its case-folded text), then its runs of symbols in order ("C++" is not "C#";
-    sentence punctuation folds: "Go!" is "Go")."""
+    words, else its case-folded text), then its runs of "#", "&" or "+" next to a word, sorted
+    ("C++" is not "C#"; other punctuation and Markdown fold: "**Go!**" is "Go")."""
     toks = _text.tokens(topic)
     content = [t for t in toks if not _text.is_stopword(t)] or toks
     if not content:
         return " ".join(topic.casefold().split())
     marks = _MARKS.findall(_text.normalise(topic))
-    return " ".join(sorted({_text.stem(t) for t in content}) + marks)
+    return " ".join(sorted({_text.stem(t) for t in content}) + sorted(marks))
 
 
 def slug(topic: str) -> str:

@@ -80,6 +80,7 @@ class SqlThreads(SqlStore):
         vectors: Sequence[Vector] | None = None,
         expected_len: int | None = None,
         expected_hash: str | None = None,
+        expected_seq: int | None = None,
     ) -> list[Message]:
         at = utc(recorded_at)
         ids = [f"msg_{uuid.uuid4().hex}" for _ in drafts]
@@ -87,7 +88,7 @@ class SqlThreads(SqlStore):
 
         async def write(sql: Statements) -> ThreadState:
             state, _ = await reads.lock_row(sql, thread_id, self._stamp(at), self.LOCK)
-            check_expected(thread_id, state, expected_len, expected_hash)
+            check_expected(thread_id, state, expected_len, expected_hash, expected_seq)
             await sql.run_many(
                 f"INSERT INTO messages({reads.MESSAGE_COLUMNS}) VALUES ({marks(10)})",
                 [self._message_row(ids[i], thread_id, state.next_seq + i, d, at)

@@ -333,11 +333,12 @@ async def thread_page(request: Request) -> Response:
     known = {t.id: t for t in await mem.list_threads()}
     if (thread := known.get(thread_id)) is None:
         raise NotFoundError("thread", thread_id)
+    stored = await mem.conversation().raw(thread_id)
     # Pages end at the next seq, LIST_LIMIT seqs apart, and start at `floor` (the oldest kept).
-    floor, newest = thread.next_seq - thread.messages, thread.next_seq
+    floor, newest = stored[0].seq if stored else thread.next_seq, thread.next_seq
     start = whole(params, "start", max(floor, newest - LIST_LIMIT), low=0, high=newest)
     end = newest - (newest - start - 1) // LIST_LIMIT * LIST_LIMIT
-    messages = [m for m in await mem.conversation().raw(thread_id) if start <= m.seq < end]
+    messages = [m for m in stored if start <= m.seq < end]
     seen = await mem.viewport(thread_id, token_budget=budget)
     everything = await mem.viewport(thread_id, token_budget=ALL_TOKENS)
     return page(request, "thread.html", {

@@ -123,3 +123,26 @@ async def test_a_save_after_pop_of_a_ttl_erased_history(store: str) -> None:
             await conv.save("t", [*history, *history])
         with pytest.raises(mnemo.InvalidInputError, match="ttl erased"):
             await conv.save("t", [user("other"), *longer[1:], user("x")])
+
+
+async def test_a_save_refuses_a_history_another_memory_popped_and_extended_meanwhile(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between a save's check of the stored history and its write, another Memory pops the last
+    message and appends its own (the stored length is as checked again): the save is refused,
+    not written after a message its history never had."""
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as a_mem, \
+            mnemo.Memory(store, embedder=FakeEmbedder()) as b_mem:
+        a, b = a_mem.conversation(), b_mem.conversation()
+        await a.save("t", [user("q"), assistant("wrong"), user("more")])
+        embed = a._embed  # runs between the check and the write
+
+        async def racing(*args: object, **kwargs: object) -> object:
+            if await b.pop("t") is not None:
+                await b.append("t", [user("other")])
+            return await embed(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(a, "_embed", racing)
+        with pytest.raises(mnemo.InvalidInputError, match="differs"):
+            await a.save("t", [user("q"), assistant("wrong"), user("more"), user("next")])
+        assert [m.content for m in await a.raw("t")] == ["q", "wrong", "other"]

@@ -138,10 +138,13 @@ def test_topic_key_keeps_symbols(a: str, b: str) -> None:
     assert _format.topic_key(a) != _format.topic_key(b)
 
 
-@pytest.mark.parametrize(("a", "b"), [("Go", "Go!"), ("Notes: deploys", "notes deploys"),
-                                      ("Deploys.", "deploys"), ("user's notes", "users notes")])
+@pytest.mark.parametrize(("a", "b"), [
+    ("Go", "Go!"), ("Notes: deploys", "notes deploys"), ("Deploys.", "deploys"),
+    ("user's notes", "users notes"), ("**Deploys**", "deploys"), ("# Deploys", "deploys"),
+    ("C++ / C#", "C# and C++")])
 def test_topic_key_folds_sentence_punctuation(a: str, b: str) -> None:
-    """Sentence punctuation and apostrophes do not make another topic."""
+    """Sentence punctuation, apostrophes, Markdown and the order of names do not make another
+    topic."""
     assert _format.topic_key(a) == _format.topic_key(b)
 
 

@@ -205,13 +205,19 @@ async def test_threads_and_thread_page_show_boundary_snapshots_and_goal_pins(
     assert '<li class="message pinned" id="seq-0">' in page.text
 
 
+@pytest.mark.parametrize("popped", [False, True])
 async def test_long_thread_page_shows_one_page_and_links_the_others(
-    client: httpx.AsyncClient, memory: mnemo.Memory
+    client: httpx.AsyncClient, memory: mnemo.Memory, popped: bool
 ) -> None:
     """A thread longer than a page shows its newest `LIST_LIMIT` messages; the earlier and
-    later links reach every other message, a page at a time, pages ending at the newest."""
-    await memory.conversation().append(
+    later links reach every other message, a page at a time, pages ending at the newest (also
+    after a pop, whose seq is not reused)."""
+    conv = memory.conversation()
+    await conv.append(
         "long", [{"role": "user", "content": f"note {i}"} for i in range(2 * LIST_LIMIT + 5)])
+    if popped:
+        await conv.pop("long")
+        await conv.append("long", [{"role": "user", "content": "again"}])
     address: str | None = "/thread?id=long"
     seen: list[int] = []
     while address is not None:
@@ -221,7 +227,9 @@ async def test_long_thread_page_shows_one_page_and_links_the_others(
         seen = shown + seen
         earlier = re.search(r'id="earlier" href="([^"]+)"', page.text)
         address = earlier.group(1).replace("&amp;", "&") if earlier else None
-    assert seen == list(range(2 * LIST_LIMIT + 5))
+    assert seen == [m.seq for m in await conv.raw("long")]
+    if popped:
+        return
     first = await client.get("/thread", params={"id": "long", "start": 0})
     assert "note 4 <" in first.text
     assert "note 5 <" not in first.text

@@ -28,7 +28,7 @@ DURATION_CEILINGS = {"wait": DAY, "inactivity": 365 * DAY, "age": 100 * 365 * DA
 # The default `Config.idle_session_timeout` (at most a week: `IdleSeconds`).
 DEFAULT_IDLE_SESSION_TIMEOUT = 3600.0
 
-# The ranges of the fields, by what they measure.
+# The ranges of the fields, by what they measure; a count is at most `max_results`' ceiling.
 Seconds = Annotated[float, Meta(gt=0, le=DURATION_CEILINGS["wait"])]
 Wait = Annotated[float, Meta(ge=0, le=DURATION_CEILINGS["wait"])]
 Inactivity = Annotated[float, Meta(gt=0, le=DURATION_CEILINGS["inactivity"])]
@@ -36,14 +36,14 @@ IdleSeconds = Annotated[float, Meta(gt=0, le=7 * DAY)]
 Days = Annotated[float, Meta(gt=0, le=DURATION_CEILINGS["age"] / DAY)]
 Share = Annotated[float, Meta(ge=0, le=1)]
 Cosine = Annotated[float, Meta(ge=-1, le=1)]
-Whole = Annotated[int, Meta(ge=0)]
-Count = Annotated[int, Meta(ge=1)]
+Whole = Annotated[int, Meta(ge=0, le=COUNT_CEILINGS["max_results"])]
+Count = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_results"])]
 Steps = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_steps_per_ingest"])]
 Messages = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_messages_per_save"])]
 ToolCalls = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_tool_calls_per_message"])]
 Goals = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_open_goals"])]
 Results = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_results"])]
-# At most what PostgreSQL's full-text search can index (`inputs.MAX_TEXT_CHARS_LIMIT`).
+# At most what PostgreSQL's full-text search can index (`errors.MAX_TEXT_CHARS_LIMIT`).
 TextChars = Annotated[int, Meta(ge=1, le=MAX_TEXT_CHARS_LIMIT)]
 
 
@@ -102,7 +102,7 @@ class Config:
     # Steps next to each top episodic hit join the candidates at this share of its score (0: off).
     recall_neighbour_weight: Share = 0.9
     # How many steps on each side of a hit are its neighbours (2 measured best on LoCoMo).
-    recall_neighbour_width: Count = 2
+    recall_neighbour_width: Annotated[int, Meta(ge=1, le=100)] = 2
     # Re-rank the best `recall_rerank_candidates` with the repo's LLM (one call per recall;
     # the offline LLM keeps the order).
     recall_rerank: bool = False
@@ -135,7 +135,7 @@ class Config:
     # numpy's BLAS threads, set when a Memory opens; None (or a BLAS env variable): untouched.
     blas_threads: Count | None = 1
     # Live facts per recall channel each new fact is checked against for contradiction (0: none).
-    contradiction_candidates: Whole = 3
+    contradiction_candidates: Annotated[int, Meta(ge=0, le=100)] = 3
     # The cosine a live fact must reach to be checked for contradiction.
     contradiction_similarity: Cosine = 0.6
     # An extraction task that fails for good: False fails the extraction; True commits the

@@ -109,7 +109,8 @@ def test_optional_fields_take_none() -> None:
     config = mnemo.Config(flush_timeout=None, session_timeout=None, blas_threads=None)
     assert config.flush_timeout is None
     assert config.blas_threads is None
-    with pytest.raises(mnemo.InvalidInputError, match=r"Config\.rrf_k must be an integer >= 1,"):
+    with pytest.raises(mnemo.InvalidInputError,
+                       match=r"Config\.rrf_k must be an integer from 1 to 10,000,"):
         configured("rrf_k", None)
 
 
@@ -128,3 +129,19 @@ def test_the_idle_session_timeout_is_bounded() -> None:
     stored = mnemo.Config().to_json().replace('"idle_session_timeout": 3600.0, ', "")
     assert "idle_session_timeout" not in stored
     assert mnemo.Config.from_json(stored).idle_session_timeout == 3600.0
+
+
+def test_every_count_has_a_ceiling() -> None:
+    """Every whole-number field refuses a value past its ceiling and is read at it from a
+    stored config: a count bounds the work of one call (a `recall_neighbour_width` of 2**63 ran
+    a recall out of memory; a huge `contradiction_candidates` overflowed PostgreSQL's bigint)."""
+    counts = {name: check.high for name, check in _checks().items() if "int" in str(check.hint)}
+    assert {"max_pending_ops", "recall_neighbour_width", "contradiction_candidates"} <= set(counts)
+    for name, high in counts.items():
+        assert high is not None, name
+        with pytest.raises(mnemo.InvalidInputError, match=rf"Config\.{name} must be"):
+            mnemo.Config(**dict[str, Any]({name: int(high) + 1}))
+        stored = json.dumps({**json.loads(mnemo.Config().to_json()), name: 2**63})
+        assert getattr(mnemo.Config.from_json(stored), name) == high
+    assert (counts["recall_neighbour_width"], counts["contradiction_candidates"],
+            counts["max_pending_ops"]) == (100, 100, 10_000)

@@ -61,7 +61,7 @@ async def _extraction(live: Sessions, session: SessionRecord) -> None:
         finally:
             session.extracts = False
         if ended is Ended.FAILED:
-            await operations.fail_pending(session, "extraction_failed")
+            await operations.fail_pending(live, session, "extraction_failed")
         if ended is not Ended.STALE:
             # Not taken, they stay stored: their accepting Memories' watchers run them.
             try:
@@ -77,7 +77,7 @@ async def _background_commit(
     if await Extraction(live, session).commit_in_background(steps):
         operations.start_next(live, session)
     else:
-        await operations.fail_pending(session, "extraction_failed")
+        await operations.fail_pending(live, session, "extraction_failed")
 
 
 class Ended(Enum):
@@ -335,7 +335,8 @@ def _background_done(session: SessionRecord, steps: list[StepRecord]) -> None:
 
 async def take_work(live: Sessions, now: datetime, gone: list[str]) -> None:
     """Takes over the work nobody holds any more (as of `now`; `gone`: holders whose process
-    left this host) when this Memory's model for the repo is the one it started with."""
+    left this host) when this Memory's model for the repo is the one it started with, and the
+    operations a gone holder queued behind work that ended."""
     co = live.coordination
     for lease in await co.takeable(now, now - live.lease, gone):
         if lease.holder == live.holder_id:
@@ -364,6 +365,14 @@ async def take_work(live: Sessions, now: datetime, gone: list[str]) -> None:
         ):
             log.info("%s: taking over the annotation of its stored steps", session.id)
             registry.annotate(live, session)
+    for session_id in await co.left_queues(now - live.lease, gone):
+        try:
+            session = await live.fetch(session_id, fresh=True)
+        except MnemoError:
+            continue
+        if session.state is not State.EXTRACTING and not session.extracts:
+            log.info("%s: taking over the operations a gone holder queued", session.id)
+            live.spawn(session, operations.run_stored, live, session)
 
 
 async def _take_timers(live: Sessions, session: SessionRecord) -> None:

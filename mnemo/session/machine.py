@@ -205,7 +205,7 @@ VALUES = {"commit": "committed", "discard": "discarded", "start_episode": "start
 @dataclass(slots=True)
 class Op:
     """One accepted async operation: `applied` once its state change happened; `stored` the
-    row of an operation taken from the store."""
+    row of an operation taken from the store, `queued` the row of one this Memory queued."""
 
     kind: str
     args: tuple[Any, ...]
@@ -213,6 +213,7 @@ class Op:
     ticket: int | None = None
     applied: bool = False
     stored: str | None = None
+    queued: str | None = None
 
 
 def project(start: State, kinds: Iterable[str], *, auto_commit: bool) -> State | None:

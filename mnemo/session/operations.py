@@ -3,7 +3,9 @@ work another `Memory` holds: each accepted operation gets exactly one callback. 
 Memory extracts the session, an operation accepted here is stored (`_store_for`); whoever ends
 that work runs it and records its result, and this Memory calls back (`deliver_results`). Every
 path that calls back a waiting operation takes it out of `Sessions.remote` first, at once: one
-callback each, never none, never two."""
+callback each, never none, never two. An operation queued here behind the session's work is
+stored too (`_queue`), and forgotten just before it runs or is answered: if this Memory dies
+first, the Memory that takes its work over runs it."""
 
 from __future__ import annotations
 
@@ -73,18 +75,41 @@ async def _accept(live: Sessions, session: SessionRecord, kind: str, args: tuple
         raise SessionError("session_failed", state=session.state, session_id=session.id)
     op = Op(kind, args, callback)
     if session.busy or awaits_handover(live, session):
-        # What this Memory stored while another held the extraction comes first in the queue.
-        kinds = [k for _, k, _ in live.remote.get(session.id, [])]
-        kinds += [o.kind for o in session.pending]
-        _check_queue(session, len(kinds), projection(session, [*kinds, kind]))
-        accept(session, op)
-        session.pending.append(op)
+        await _queue(live, session, op)
         return
     if refusal(session, kind, appends=session.appends_in_flight) is not None:
         raise SessionError("invalid_operation", state=session.state, session_id=session.id)
     accept(session, op)
     session.running = op
     live.spawn(session, _run_op, live, session, op)
+
+
+async def _queue(live: Sessions, session: SessionRecord, op: Op) -> None:
+    """Queues `op` behind the session's work, stored first (`Op.queued`); checked at once, and
+    again after the write, which the work may have ended meanwhile."""
+
+    def check() -> None:
+        # What this Memory stored while another held the extraction comes first in the queue.
+        kinds = [k for _, k, _ in live.remote.get(session.id, [])]
+        kinds += [o.kind for o in session.pending]
+        _check_queue(session, len(kinds), projection(session, [*kinds, op.kind]))
+
+    check()
+    async with session.storing:  # from the check to the append, one call at a time
+        op_id = f"op_{uuid.uuid4().hex}"
+        co = live.coordination
+        await live.register()  # it beats: while it does, nobody takes the row over
+        await co.queue_op(StoredOp(op_id, session.id, op.kind, list(op.args), live.holder_id,
+                                   co.now()), own=True)
+        try:
+            check()
+        except SessionError:
+            await co.drop_ops([op_id])
+            raise
+        op.queued = op_id
+        accept(session, op)
+        session.pending.append(op)
+    start_next(live, session)
 
 
 def _check_queue(session: SessionRecord, queued: int, projected: State | None) -> None:
@@ -122,8 +147,11 @@ def handing_over(live: Sessions, session: SessionRecord) -> Iterator[None]:
 async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     """Runs an accepted operation and reports it: exactly one callback, whatever happens."""
     try:
-        taken = op.stored is None or await live.coordination.still_taken(op.stored, live.holder_id)
-        if not taken:
+        co = live.coordination
+        if op.queued is not None and not await co.drop_queued(op.queued, live.holder_id):
+            raise MnemoError(f"{op.kind} {op.queued} was taken over by a Memory that took this "
+                             "one for gone: not run here")
+        if op.stored is not None and not await co.still_taken(op.stored, live.holder_id):
             raise MnemoError(f"{op.kind} {op.stored} was answered as failed by the Memory that "
                              "accepted it, which took this one for gone: not run")
         if op.kind == "append":
@@ -140,12 +168,12 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
             later = _take_pending(session)
             if ended:  # through another Memory: as `end_session` answers
                 await _finish_op(session, op, failure(session, "session_ended"))
-                await _fail(session, later, "session_ended")
+                await _fail(live, session, later, "session_ended")
             else:
                 await _finish_op(
                     session, op, OpResult(False, None, as_session_error(exc, session))
                 )
-                await _fail(session, later, "preceding_op_failed")
+                await _fail(live, session, later, "preceding_op_failed")
     except BaseException:
         with anyio.CancelScope(shield=True):
             reason = "session_ended" if session.ended else "memory_closed"
@@ -194,10 +222,10 @@ def start_next(live: Sessions, session: SessionRecord) -> None:
     live.spawn(session, _run_op, live, session, op)
 
 
-async def fail_pending(session: SessionRecord, reason: str) -> None:
+async def fail_pending(live: Sessions, session: SessionRecord, reason: str) -> None:
     """Answers every queued operation with `SessionError(reason)`, all taken out of the queue
     before the first callback runs."""
-    await _fail(session, _take_pending(session), reason)
+    await _fail(live, session, _take_pending(session), reason)
 
 
 def _take_pending(session: SessionRecord) -> list[Op]:
@@ -214,7 +242,15 @@ def _take_pending(session: SessionRecord) -> list[Op]:
     return taken
 
 
-async def _fail(session: SessionRecord, ops: list[Op], reason: str) -> None:
+async def _fail(live: Sessions, session: SessionRecord, ops: list[Op], reason: str) -> None:
+    """Answers `ops` unrun, their rows forgotten first (a row left is logged: run by a
+    Memory that takes this one's work over)."""
+    queued = [op.queued for op in ops if op.queued is not None]
+    try:
+        await live.coordination.drop_ops(queued)
+    except (MnemoError, RuntimeError) as exc:  # RuntimeError: the store has closed
+        log.warning("%s: %d queued operations answered %r left in the store: %r",
+                    session.id, len(queued), reason, exc)
     for op in ops:
         await deliver(op.callback, failure(session, reason))
 
@@ -305,7 +341,10 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
 
 async def _take_stored(live: Sessions, session: SessionRecord) -> None:
     await live.register()  # it beats: one that stops has left them (`answer_abandoned`)
-    taken = await live.coordination.take_ops(session.id, live.holder_id)
+    co = live.coordination
+    # Also what a gone holder queued here, as the Memory that takes its work over.
+    taken = await co.take_ops(session.id, live.holder_id, co.now() - live.lease,
+                              await live.gone())
     # An operation whose Memory closed before it ran has nobody to call back: its row goes.
     orphans = [op.id for op in taken if not op.accepted_by]
     try:
@@ -314,42 +353,36 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
         log.warning("%s: %d finished operation rows left in the store: %s",
                     session.id, len(orphans), exc)
     # This Memory's own stored operations were accepted before any it queued here: first.
+    # Taken by the Memory that accepted them, they are its queue's (`Op.queued`).
     first: list[Op] = []
+    ops: list[Op] = []
     for stored in taken:
-        callback = _result_to(live, session, stored.id) if stored.accepted_by else None
-        if session.state is S.FAILED:
-            await deliver(callback, failure(session, "extraction_failed"))
-            continue
-        op = Op(stored.kind, tuple(stored.args), callback,
-                stored=stored.id if stored.accepted_by else None)
-        accept(session, op)
-        if stored.accepted_by and stored.accepted_by == live.holder_id:
+        claimed = claim_waiting(live, session.id, {stored.id})
+        op = Op(stored.kind, tuple(stored.args), claimed[0][2] if claimed else None)
+        if claimed:
+            op.queued = stored.id
             first.append(op)
-        else:
-            session.pending.append(op)
+            continue
+        if stored.accepted_by:
+            op.callback, op.stored = _result_to(live, session, stored.id), stored.id
+        ops.append(op)
+    ops[:0] = first
+    if session.state is S.FAILED:
+        await _fail(live, session, ops, "extraction_failed")
+        return
+    for op in ops:
+        accept(session, op)
     session.pending.extendleft(reversed(first))
+    session.pending.extend(ops[len(first):])
 
 
 def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
-    """Where a stored operation's result goes: its callback, when this Memory accepted it,
-    else the store, for the Memory that did."""
-    claimed = claim_waiting(live, session.id, {op_id})
-    if not claimed:
+    """Where the result of an operation another Memory accepted goes: the store."""
 
-        async def report(result: OpResult) -> None:
-            await _store_result(live, session, op_id, StoredResult.of(result))
+    async def report(result: OpResult) -> None:
+        await _store_result(live, session, op_id, StoredResult.of(result))
 
-        return report
-    [(_, _, mine)] = claimed
-
-    async def call_back(result: OpResult) -> None:
-        try:
-            await live.coordination.drop_ops([op_id])
-        except StorageError as exc:
-            log.warning("%s: a finished operation's row left in the store: %s", op_id, exc)
-        await deliver(mine, result)
-
-    return call_back
+    return report
 
 
 # A result for another Memory is stored again after a fault, pausing from WATCH_INTERVAL up, for
@@ -436,5 +469,5 @@ async def _store_for(live: Sessions, session: SessionRecord, kind: str,
 
 async def answer_ended(live: Sessions, session: SessionRecord) -> None:
     """Answers `session_ended` to what an ended session owed: queued and stored operations."""
-    await fail_pending(session, "session_ended")
+    await fail_pending(live, session, "session_ended")
     await fail_remote(live, session, "session_ended")

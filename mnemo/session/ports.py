@@ -305,11 +305,16 @@ class Coordination(Protocol):
         """The collecting sessions with a step of their open episode unannotated and not
         claimed by a live holder: work to take over. Reads only."""
 
-    async def queue_op(self, op: StoredOp) -> None:
-        """Stores an async operation accepted while another Memory holds the session's work."""
+    async def queue_op(self, op: StoredOp, *, own: bool = False) -> None:
+        """Stores an async operation accepted while another Memory holds the session's work,
+        or (`own`) one its accepting Memory queued behind the session's work there."""
 
-    async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
-        """Takes the session's stored operations nobody took yet, once each, in order."""
+    async def take_ops(
+        self, session_id: str, holder_id: str, unseen_since: datetime | None = None,
+        gone: Sequence[str] = (),
+    ) -> list[StoredOp]:
+        """Takes the session's stored operations nobody took yet, once each, in order; with
+        `unseen_since`, also those queued by a holder gone (as `takeable` judges)."""
 
     async def finish_op(self, op_id: str, result: StoredResult) -> None:
         """Records a taken operation's result for the Memory that accepted it (forgotten if
@@ -339,8 +344,16 @@ class Coordination(Protocol):
         """Whether the operation is still taken by `holder_id` (False once `abandon_ops`
         answered it). Reads only."""
 
+    async def drop_queued(self, op_id: str, holder_id: str) -> bool:
+        """Forgets an operation `holder_id` queued, about to run it; False if another holder
+        took it over meanwhile (or it is gone)."""
+
+    async def left_queues(self, unseen_since: datetime, gone: Sequence[str] = ()) -> list[str]:
+        """The live sessions, not extracting, with operations queued by a holder gone (as
+        `takeable` judges) before it ran them. Reads only."""
+
     async def drop_ops(self, op_ids: Sequence[str]) -> None:
-        """Forgets operations whose results were delivered."""
+        """Forgets operations whose results were delivered, or that were answered unrun."""
 
     async def end_idle(self, limit: int) -> IdleSweep:
         """Ends at most `limit` sessions idle past their `idle_session_timeout`, most overdue

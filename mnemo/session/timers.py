@@ -114,7 +114,7 @@ class BackgroundWork:
             live.closing = True
             with anyio.CancelScope(shield=True):
                 for session in list(live.by_id.values()):
-                    await operations.fail_pending(session, "memory_closed")
+                    await operations.fail_pending(live, session, "memory_closed")
                     async with session.storing:
                         await operations.fail_remote(live, session, "memory_closed")
 

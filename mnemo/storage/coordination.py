@@ -20,15 +20,20 @@ _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
 
 
 async def drop_ended_work(sql: Statements, session_ids: Sequence[str]) -> None:
-    """Drops the just-ended sessions' untaken stored operations and their step claims."""
+    """Drops the just-ended sessions' stored operations not yet run (untaken, or queued by
+    their holder) and their step claims."""
     if not session_ids:
         return
     await sql.run(
         f"DELETE FROM ops WHERE session_id IN ({marks(len(session_ids))})"
-        " AND taken_by IS NULL AND result IS NULL", session_ids,
+        f" AND (taken_by IS NULL OR {_QUEUED}) AND result IS NULL", session_ids,
     )
     await sql.run(f"DELETE FROM step_claims WHERE session_id IN ({marks(len(session_ids))})",
                   session_ids)
+
+
+# An `ops` row a holder stored for its own queue (`queue_op(own=True)`).
+_QUEUED = "taken_by = accepted_by"
 
 
 def _departed(column: str, gone: Sequence[str]) -> str:
@@ -198,19 +203,25 @@ class SqlCoordination(SqlStore):
             (self._stamp(unseen_since), *gone))
         return [str(session_id) for session_id, in rows]
 
-    async def queue_op(self, op: StoredOp) -> None:
+    async def queue_op(self, op: StoredOp, *, own: bool = False) -> None:
         await self._driver.one(lambda sql: sql.run(
-            "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at, taken_by)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (op.id, op.session_id, op.kind, self._json(op.args), op.accepted_by,
-             self._stamp(op.created_at)),
+             self._stamp(op.created_at), op.accepted_by if own else None),
         ))
 
-    async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
+    async def take_ops(
+        self, session_id: str, holder_id: str, unseen_since: datetime | None = None,
+        gone: Sequence[str] = (),
+    ) -> list[StoredOp]:
+        left = ("" if unseen_since is None else f" OR ({_QUEUED} AND taken_by <> ?"
+                f" AND result IS NULL AND {_departed('ops.taken_by', gone)})")
+        also = () if unseen_since is None else (holder_id, self._stamp(unseen_since), *gone)
         rows = await self._driver.one(lambda sql: sql.rows(
-            "UPDATE ops SET taken_by = ? WHERE session_id = ? AND taken_by IS NULL"
+            f"UPDATE ops SET taken_by = ? WHERE session_id = ? AND (taken_by IS NULL{left})"
             " RETURNING id, session_id, kind, args, accepted_by, created_at",
-            (holder_id, session_id),
+            (holder_id, session_id, *also),
         ))
         ops = [StoredOp(str(i), str(s), str(k), list(json.loads(a) if isinstance(a, str) else a),
                         str(by), moment(at))
@@ -249,7 +260,7 @@ class SqlCoordination(SqlStore):
         """The condition that another holder took an `ops` row and left without a result."""
         return (
             f"result IS NULL AND taken_by IS NOT NULL AND taken_by{self.DISTINCT}?"
-            f" AND {_departed('ops.taken_by', gone)}"
+            f" AND NOT {_QUEUED} AND {_departed('ops.taken_by', gone)}"
         )
 
     async def abandon_ops(
@@ -281,6 +292,18 @@ class SqlCoordination(SqlStore):
     async def still_taken(self, op_id: str, holder_id: str) -> bool:
         return bool(await self._rows("SELECT 1 FROM ops WHERE id = ? AND taken_by = ?",
                                      (op_id, holder_id)))
+
+    async def drop_queued(self, op_id: str, holder_id: str) -> bool:
+        return bool(await self._driver.one(lambda sql: sql.run(
+            f"DELETE FROM ops WHERE id = ? AND taken_by = ? AND {_QUEUED}", (op_id, holder_id))))
+
+    async def left_queues(self, unseen_since: datetime, gone: Sequence[str] = ()) -> list[str]:
+        rows = await self._rows(
+            "SELECT DISTINCT o.session_id FROM ops o JOIN sessions s ON s.id = o.session_id"
+            f" WHERE s.ended = false AND s.state <> 'extracting' AND o.{_QUEUED}"
+            f" AND o.result IS NULL AND {_departed('o.taken_by', gone)}",
+            (self._stamp(unseen_since), *gone))
+        return [str(session_id) for session_id, in rows]
 
     async def drop_ops(self, op_ids: Sequence[str]) -> None:
         if op_ids:

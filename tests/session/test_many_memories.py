@@ -793,15 +793,16 @@ async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(
 
 
 def take_faked(monkeypatch: pytest.MonkeyPatch, live: Sessions,
-               take_ops: Callable[[str, str], Awaitable[list[StoredOp]]]) -> None:
-    """The store's take replaced by `take_ops`, and its check before a taken operation runs
-    by one that always passes (the operation handed over has no row to check)."""
+               take_ops: Callable[..., Awaitable[list[StoredOp]]]) -> None:
+    """The store's take replaced by `take_ops`, and its checks before a taken operation runs
+    by ones that always pass (the operation handed over has no row to check)."""
 
     async def still_taken(op_id: str, holder_id: str) -> bool:
         return True
 
     monkeypatch.setattr(live.coordination, "take_ops", take_ops)
     monkeypatch.setattr(live.coordination, "still_taken", still_taken)
+    monkeypatch.setattr(live.coordination, "drop_queued", still_taken)
 
 
 async def with_a_stored_commit(
@@ -825,8 +826,8 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
     were still on their way into it, so a `start_episode` queued here ran before the stored
     `commit` it was accepted behind, and was refused. Taking is one at
     a time now. Placed deterministically: the first take answers only once everything else
-    has run. With a fault when the stored commit's row is dropped once it ran, its callback
-    still comes (it was lost: the fault ended the report before it)."""
+    has run. With a fault when the stored commit's row is taken off the queue before it runs,
+    both callbacks still come, as failures."""
     async with workers(store, 1) as [w]:
         recorded = Callbacks()
         sid, live, session = await with_a_stored_commit(w, recorded)
@@ -835,7 +836,7 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
         gate = anyio.Event()
         takes = 0
 
-        async def take_ops(session_id: str, holder_id: str) -> list[StoredOp]:
+        async def take_ops(session_id: str, holder_id: str, *_: object) -> list[StoredOp]:
             nonlocal takes
             takes += 1
             if takes > 1:
@@ -843,25 +844,26 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
             await gate.wait()
             return [StoredOp("op_stored", sid, "commit", [], holder_id, datetime.now(UTC))]
 
-        drop_ops = live.coordination.drop_ops
         faults = [mnemo.StorageError("unavailable", "the store is away")] if drop_fails else []
 
-        async def failing(op_ids: Any) -> None:
-            if op_ids and faults:
+        async def failing(op_id: str, holder_id: str) -> bool:
+            if faults:
                 raise faults.pop()
-            await drop_ops(op_ids)
+            return True
 
         take_faked(monkeypatch, live, take_ops)
-        monkeypatch.setattr(live.coordination, "drop_ops", failing)
+        monkeypatch.setattr(live.coordination, "drop_queued", failing)
         async with anyio.create_task_group() as tg:
             tg.start_soon(operations.run_stored, live, session)
             tg.start_soon(operations.run_stored, live, session)
             await anyio.wait_all_tasks_blocked()
             gate.set()
+        ran = not drop_fails  # a commit whose row cannot be taken off the queue is not run
         assert [(label, r.ok, r.value) for label, r in await recorded.wait(2)] == [
-            ("commit", True, "committed"), ("start", True, "started")]
+            ("commit", ran, "committed" if ran else None),
+            ("start", ran, "started" if ran else None)]
         assert faults == []  # the fault, if any, was met
-        assert await w.mem.session_state(sid) is State.COLLECTING
+        assert await w.mem.session_state(sid) is (State.COLLECTING if ran else State.READY)
 
 
 async def test_a_call_made_while_a_stored_operation_runs_queues_behind_it(
@@ -877,7 +879,7 @@ async def test_a_call_made_while_a_stored_operation_runs_queues_behind_it(
         in_store = [StoredOp("op_stored", sid, "commit", [], live.holder_id or "",
                            datetime.now(UTC))]
 
-        async def take_ops(session_id: str, holder_id: str) -> list[StoredOp]:
+        async def take_ops(session_id: str, holder_id: str, *_: object) -> list[StoredOp]:
             taken = in_store[:]
             in_store.clear()
             return taken
@@ -914,7 +916,7 @@ async def test_a_call_made_while_stored_operations_are_taken_queues_behind_them(
         sid, live, session = await with_a_stored_commit(w, recorded)
         taking, gate = anyio.Event(), anyio.Event()
 
-        async def take_ops(session_id: str, holder_id: str) -> list[StoredOp]:
+        async def take_ops(session_id: str, holder_id: str, *_: object) -> list[StoredOp]:
             # The first take (the extraction's own, or the one started here) is held and
             # hands the commit over; any later one finds nothing.
             if taking.is_set():

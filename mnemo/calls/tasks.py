@@ -80,6 +80,8 @@ def preview(value: object) -> str:
 _FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
 _LENIENT = json.JSONDecoder(strict=False)
 _DECODER = msgspec.json.Decoder()
+# The most braces a reply amid prose is read from.
+_STARTS = 64
 
 
 def decode_json(text: str) -> object:
@@ -93,11 +95,29 @@ def decode_json(text: str) -> object:
     try:
         return json.loads(stripped, strict=False)
     except json.JSONDecodeError as exc:
-        start = stripped.find("{")
-        if start >= 0:
-            with suppress(json.JSONDecodeError):
-                return _LENIENT.raw_decode(stripped[start:])[0]
+        found = _last_object(stripped)
+        if found is not None:
+            return found
         raise ValueError(f"the reply is not valid JSON ({exc.msg} at char {exc.pos})") from exc
+
+
+def _last_object(text: str) -> object | None:
+    """The last whole JSON object in prose that may hold braces of its own (a reasoning
+    model's draft, "the keys {a, b}"), read from at most `_STARTS` braces; None past an
+    object cut short (the objects inside it are not the reply)."""
+    found, start = None, text.find("{")
+    for _ in range(_STARTS):
+        if start < 0:
+            break
+        try:
+            found, end = _LENIENT.raw_decode(text, start)
+        except json.JSONDecodeError:
+            with suppress(Exception):  # the parser's own errors: not a cut object
+                json.loads("".join(fix_fast(text[start:], Allow.ALL)), strict=False)
+                return None
+            end = start + 1
+        start = text.find("{", end)
+    return found
 
 
 class Cut(LLMReplyError, LLMContextError):

@@ -113,11 +113,36 @@ def test_decode_json_tolerates_fences_and_prose() -> None:
         decode_json("  ")
 
 
+def test_decode_json_reads_the_last_object_past_braces_in_prose() -> None:
+    """Prose with braces of its own before the object (a reasoning model's draft, a lead-in
+    naming the keys) is read past; an object's own nested objects are not taken for it."""
+    answer = {"reasoning": "new task", "subgoal": "fix nginx", "seen": [{"a": 1}]}
+    text = json.dumps(answer)
+    assert decode_json(f'<think>Answer like {{"subgoal": "..."}}.</think>\n{text}') == answer
+    assert decode_json(f"The keys {{reasoning, subgoal}}: {text}") == answer
+    with pytest.raises(ValueError, match="not valid JSON"):  # past the braces it reads
+        decode_json("{ " * 100 + text)
+    with pytest.raises(ValueError, match="not valid JSON"):  # a cut reply: not its first fact
+        decode_json('{"facts": [{"p": 1}, {"p": ')
+
+
 async def test_fenced_json_is_accepted(server: ProviderServer, llm: OpenAICompatible) -> None:
     """A reply wrapped in a ```json fence is parsed without a re-ask."""
     server.script(Answer(data={"facts": [FACT]}, fenced=True))
     response = await llm.generate(semantic())
     assert response.data == {"facts": [FACT]}
+    assert len(server.requests) == 1
+
+
+async def test_a_json_mode_reply_after_a_reasoning_draft_is_read_in_one_call(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """A reply whose object follows a `<think>` block holding a draft object of its own is the
+    answer, without a re-ask."""
+    draft = '<think>Something like {"facts": []} will do.</think>\n'
+    server.script(Answer(text=draft + json.dumps({"facts": [FACT]})))
+    assert [f.proposition for f in await ask(llm, semantic(), parse_facts)] == [
+        FACT["proposition"]]
     assert len(server.requests) == 1
 
 

@@ -238,11 +238,13 @@ class HTTPModel(Closing):
             self._http.limit.restore(stored.concurrency)
 
     def _usage(self, input_tokens: int | None, output_tokens: int | None) -> Usage | None:
-        """A reply's usage, priced, added to `total_usage`; None when it reported none."""
+        """A reply's usage (one call), priced, added to `total_usage`; None when it reported
+        none."""
         if input_tokens is None and output_tokens is None:
             return None
         inp, out, price = input_tokens or 0, output_tokens or 0, self._price
-        usage = Usage(inp, out, None if price is None else (inp * price[0] + out * price[1]) / 1e6)
+        usage = Usage(inp, out, None if price is None else (inp * price[0] + out * price[1]) / 1e6,
+                      calls=1)
         self.total_usage += usage
         return usage
 

@@ -351,10 +351,13 @@ class LimitedLLM:
                 # Booked even when the call failed: a 429 storm's calls were spent all the same.
                 budget.charge_bare(before)
                 calls, retries, re_asks = budget.counts()
-                self.book(Usage(calls=calls - before[0], retries=retries - before[1],
-                                re_asks=re_asks - before[2]))
-        if response.usage is not None:
-            self.book(response.usage)
+                counts = Usage(calls=calls - before[0], retries=retries - before[1],
+                               re_asks=re_asks - before[2])
+                self.book(counts)
+        if response.usage is not None:  # its tokens booked, and this call's counts carried
+            self.book(replace(response.usage, calls=0))
+            response = replace(response, usage=replace(
+                response.usage, calls=counts.calls, retries=counts.retries, re_asks=counts.re_asks))
         return response
 
     def book(self, usage: Usage) -> None:

@@ -330,3 +330,19 @@ async def test_a_round_failing_after_the_snapshot_keeps_it_without_an_error(
     assert result.error is None
     assert result.snapshot is not None
     assert result.snapshot.text == SNAPSHOT
+
+
+async def test_an_evictions_usage_counts_its_calls_everywhere_once(
+    store: str, server: ProviderServer
+) -> None:
+    """The calls an eviction made over HTTP are in its `EvictionResult.usage`, the adapter's
+    `total_usage` and `mem.usage()`, each once."""
+    llm = _openai(server)
+    async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.conversation().save("t", HISTORY)
+        result = await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+        calls = len(server.requests)
+        assert calls >= 1
+        assert result.usage is not None
+        assert (result.usage.calls, llm.total_usage.calls, mem.usage().calls) == (calls,) * 3
+        assert mem.usage() == result.usage  # the tokens and cost, booked once

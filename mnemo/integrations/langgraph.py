@@ -8,8 +8,9 @@ graph = builder.compile(store=store)
 An item is one SEMANTIC fact whose scope is its namespace (label i under `keys[i]`), so
 `mem.recall(repo, q, where={"user_id": "alice"})` finds what a graph stored under
 `("alice", ...)`; a label, key or joined namespace past a metadata value's 512 characters is
-there as its digest ("sha256:..."), the item's data holding it whole. `search(query=...)` is
-mnemo's recall inside the namespace prefix. No TTLs.
+there as its digest ("sha256:..."), the item's data holding it whole. `get`, `put` and
+`delete` find an item whatever `keys` it was put under; `search(query=...)` is mnemo's recall
+inside the namespace prefix, read under this store's `keys`. No TTLs.
 
 A put writes the item's new version (a source of its own) before it forgets the versions
 before it, so a reader never finds the item missing, and a process stopped in between leaves
@@ -133,9 +134,11 @@ class MnemoStore(BaseStore):
         read one after another would skip an item while another put moves the rows)."""
         return await self._mem.nodes_where(self._repo, where, limit=None)
 
-    def _scope(self, namespace: Sequence[str], key: str) -> Metadata:
-        """The scope of one item: its key, joined namespace, then `_where`'s."""
-        return {KEY: _short(key), NAMESPACE: _short(".".join(namespace)), **self._where(namespace)}
+    @staticmethod
+    def _scope(namespace: Sequence[str], key: str) -> Metadata:
+        """The scope of one item, whatever `keys` it was put under: its key and joined
+        namespace (two namespaces that join alike are told apart by `_identity`)."""
+        return {KEY: _short(key), NAMESPACE: _short(".".join(namespace)), MARK: True}
 
     async def _versions(self, namespace: Sequence[str], key: str) -> list[Node]:
         """The versions of one item, oldest first (the last is the item)."""
@@ -148,7 +151,8 @@ class MnemoStore(BaseStore):
         is not JSON)."""
         data: JSONObject = {"value": dict(value), "namespace": list(namespace), "key": key,
                             "created_at": created}
-        return _text(value), data, {**self._scope(namespace, key), SOURCE: source}
+        return _text(value), data, {**self._scope(namespace, key), **self._where(namespace),
+                                    SOURCE: source}
 
     async def _put(self, namespace: Sequence[str], key: str,
                    value: Mapping[str, Any] | None) -> None:
@@ -156,20 +160,31 @@ class MnemoStore(BaseStore):
         each with what `Memory.correct` made of it."""
         digest = _digest(json.dumps([list(namespace), key]))
         async with self._puts.setdefault(digest, asyncio.Lock()):
-            if value is None:
-                await self._mem.forget_where(self._repo, self._scope(namespace, key))
-                return
             old = await self._versions(namespace, key)
+            if value is None:
+                for node in old:
+                    await self._forget(namespace, key, node, digest)
+                return
             source = _source_id(digest, uuid.uuid4().hex[:16])
             text, data, metadata = self._draft(
                 namespace, key, value, source, _created(old[-1]).isoformat() if old else None)
             await self._mem.remember(self._repo, text, source_id=source, metadata=metadata,
                                      data=data)
             # Only the versions before this one: a later one is another put's, newer.
-            sources = [_source(node, digest) for node in await self._versions(namespace, key)]
-            for older in sources[:sources.index(source)] if source in sources else ():
-                await self._mem.forget_where(
-                    self._repo, {**self._scope(namespace, key), SOURCE: older})
+            versions = await self._versions(namespace, key)
+            sources = [_source(node, digest) for node in versions]
+            for older in versions[:sources.index(source)] if source in sources else ():
+                await self._forget(namespace, key, older, digest)
+
+    async def _forget(self, namespace: Sequence[str], key: str, version: Node,
+                      digest: str) -> None:
+        """Forgets one version of an item, with what `Memory.correct` made of it (one stored
+        without versions, by its source)."""
+        source = _source(version, digest)
+        if SOURCE not in version.metadata:
+            await self._mem.forget(self._repo, source)
+            return
+        await self._mem.forget_where(self._repo, {**self._scope(namespace, key), SOURCE: source})
 
     async def _search(self, op: SearchOp) -> list[SearchItem]:
         """A query's recall ranks at most `Config.max_results` items: InvalidInputError past

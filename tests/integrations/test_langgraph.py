@@ -446,3 +446,22 @@ async def test_long_keys_and_namespaces_round_trip(mem: mnemo.Memory) -> None:
     await store.adelete(deep, long_key)
     assert await store.aget(deep, long_key) is None
     assert await store.aget(deep, long_key + "x") is not None
+
+
+async def test_an_item_put_under_other_keys_is_read_replaced_and_deleted(
+    mem: mnemo.Memory,
+) -> None:
+    """A store whose `keys` changed (an app that scopes by user later, or two graphs set up
+    differently on one repo) reads, replaces and deletes the items put before, as BaseStore
+    promises; its search finds what it put."""
+    before, after = MnemoStore(mem, REPO), MnemoStore(mem, REPO, keys=("user_id",))
+    await before.aput(("alice",), "diet", {"text": "alice is vegetarian"})
+    got = await after.aget(("alice",), "diet")
+    assert got is not None
+    assert got.value == {"text": "alice is vegetarian"}
+    await after.aput(("alice",), "diet", {"text": "alice eats fish now"})
+    assert [i.value for i in await before.asearch(())] == [{"text": "alice eats fish now"}]
+    assert [i.value for i in await after.asearch(("alice",))] == [{"text": "alice eats fish now"}]
+    await after.adelete(("alice",), "diet")
+    assert await before.aget(("alice",), "diet") is None
+    assert await _nodes(mem) == []

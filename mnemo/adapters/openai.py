@@ -201,18 +201,28 @@ class OpenAICompatible(HTTPModel):
         *,
         kind: str,
     ) -> Completion:
-        """POSTs a chat completion; the cap goes as `max_completion_tokens` from the first refusal
-        of `max_tokens` on (OpenAI's reasoning models)."""
+        """POSTs a chat completion; from the first refusal of `max_tokens` on, the cap goes as
+        `max_completion_tokens`, and from the first refusal of its temperature, none is sent
+        (OpenAI's reasoning models)."""
         while True:
             if self._tokens_field != "max_tokens" and "max_tokens" in payload:
                 payload[self._tokens_field] = payload.pop("max_tokens")
+            if self._temperature is None:
+                payload.pop("temperature", None)
             try:
                 return await self._post("/chat/completions", payload, Completion,
                                         budget=budget, refusal=refusal, kind=kind)
             except LLMError as exc:
-                fixable = not isinstance(exc, LLMContextError) and "max_tokens" in payload
-                adapt(exc, budget, _wants_completion_tokens if fixable else None,
-                      lambda _: setattr(self, "_tokens_field", "max_completion_tokens"))
+                fixable = not isinstance(exc, LLMContextError)
+                adapt(exc, budget, partial(_refused, payload) if fixable else None,
+                      self._comply)
+
+    def _comply(self, failure: HTTPFailure) -> None:
+        """Adopts what a refusal (`_refused`) asks for, for every later request."""
+        if "max_completion_tokens" in failure.message:
+            self._tokens_field = "max_completion_tokens"
+        else:
+            self._temperature = None
 
     def _tool_calls(self, message: _Message) -> list[ToolCall]:
         calls: list[ToolCall] = []
@@ -320,8 +330,12 @@ def _structured_text(message: _Message, mode: Mode, task: str) -> str:
     return message.content or ""
 
 
-def _wants_completion_tokens(failure: HTTPFailure) -> bool:
-    return failure.status == 400 and "max_completion_tokens" in failure.message
+def _refused(payload: Mapping[str, object], failure: HTTPFailure) -> bool:
+    """Whether a 400 refuses the `max_tokens` or the temperature `payload` sends."""
+    return failure.status == 400 and any(
+        name in payload and words in failure.message
+        for name, words in (("max_tokens", "max_completion_tokens"),
+                            ("temperature", "temperature")))
 
 
 def _was_cut(reply: Completion, finish: str | None, cap: int) -> bool:

@@ -575,6 +575,20 @@ async def test_reasoning_model_gets_max_completion_tokens(
     assert llm.structured_mode == "json_schema"
 
 
+async def test_reasoning_model_gets_no_temperature_once_it_refuses_one(
+    server: ProviderServer,
+) -> None:
+    """OpenAI's refusal of a temperature its reasoning models do not support resends the
+    request without one, and later requests go without it too."""
+    server.script(Fail(400, "Unsupported value: 'temperature' does not support 0.2 with this "
+                            "model. Only the default (1) value is supported."))
+    async with OpenAICompatible("o3-mini", base_url=server.openai_url, temperature=0.2) as llm:
+        response = await llm.generate(semantic())
+        await llm.generate(semantic())
+    assert js(response.data)["facts"]
+    assert [r.body.get("temperature") for r in server.requests] == [0.2, None, None]
+
+
 def test_httpxs_own_network_transport_still_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     """A transport that is httpx's own network one (retries, a proxy) goes to OpenAI over
     the network: refused without a key, as with none given."""

@@ -136,6 +136,9 @@ class OpenAICompatible(HTTPModel):
             reply, mode = await self._send_structured(asked, schema, budget, cap)
             usage = add_usage(usage, self._usage(*reply.tokens()))
             choice = reply.choices[0]
+            if choice.message.refusal:  # a decision, not a malformed reply: not asked again
+                raise LLMError(f"{self._http.name}: the model refused task {request.task!r}: "
+                               f"{choice.message.refusal}")
             raw = _structured_text(choice.message, mode, request.task)
             data, problem = answer(schema, raw, None, budget)
             if problem is None:
@@ -291,6 +294,7 @@ class _Call(msgspec.Struct):
 class _Message(msgspec.Struct):
     content: str | None = None
     tool_calls: list[_Call] | None = None
+    refusal: str | None = None
 
 
 class _Choice(msgspec.Struct):

@@ -452,6 +452,24 @@ async def test_messages_given_as_read_only_mappings_are_sent() -> None:
     assert (answer.text, sent) == ("hi", [[{"role": "user", "content": "hello"}]])
 
 
+async def test_a_refusal_is_an_error_that_quotes_it_without_a_re_ask() -> None:
+    """A structured output the model refuses (`message.refusal`, content null, as OpenAI
+    documents) is an LLMError quoting the refusal, asked once."""
+    sent: list[httpx.Request] = []
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        message = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+        return httpx.Response(200, json={"choices": [{"message": message,
+                                                      "finish_reason": "stop"}]})
+
+    async with OpenAICompatible("m", base_url="http://x/v1",
+                                transport=httpx.MockTransport(reply)) as llm:
+        with pytest.raises(LLMError, match="refused task 'semantic': I can't help with that"):
+            await llm.generate(semantic())
+    assert len(sent) == 1
+
+
 # ---- local servers -------------------------------------------------------------------------------
 
 LLAMA_CPP_PYTHON_500 = Fail(

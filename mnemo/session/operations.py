@@ -86,26 +86,33 @@ async def _accept(live: Sessions, session: SessionRecord, kind: str, args: tuple
 
 async def _queue(live: Sessions, session: SessionRecord, op: Op) -> None:
     """Queues `op` behind the session's work, stored first (`Op.queued`); checked at once, and
-    again after the write, which the work may have ended meanwhile."""
+    again after the write, during which the work, the session or this Memory may have ended
+    (NotFoundError, RuntimeError as `_store_for`)."""
 
     def check() -> None:
+        if live.closing:  # its close answers only what was queued before
+            raise RuntimeError("the Memory has closed")
+        if session.ended:
+            raise NotFoundError("session", session.id)
         # What this Memory stored while another held the extraction comes first in the queue.
         kinds = [k for _, k, _ in live.remote.get(session.id, [])]
         kinds += [o.kind for o in session.pending]
         _check_queue(session, len(kinds), projection(session, [*kinds, op.kind]))
 
     check()
-    async with session.storing:  # from the check to the append, one call at a time
-        op_id = f"op_{uuid.uuid4().hex}"
-        co = live.coordination
-        await live.register()  # it beats: while it does, nobody takes the row over
-        await co.queue_op(StoredOp(op_id, session.id, op.kind, list(op.args), live.holder_id,
-                                   co.now()), own=True)
-        try:
-            check()
-        except SessionError:
-            await co.drop_ops([op_id])
-            raise
+    # From the check to the append, one call at a time; a cancelled caller leaves no row unrun.
+    async with session.storing:
+        with anyio.CancelScope(shield=True):
+            op_id = f"op_{uuid.uuid4().hex}"
+            co = live.coordination
+            await live.register()  # it beats: while it does, nobody takes the row over
+            await co.queue_op(StoredOp(op_id, session.id, op.kind, list(op.args),
+                                       live.holder_id, co.now()), own=True)
+            try:
+                check()
+            except (MnemoError, RuntimeError):
+                await co.drop_ops([op_id])
+                raise
         op.queued = op_id
         accept(session, op)
         session.pending.append(op)

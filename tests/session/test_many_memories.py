@@ -1216,13 +1216,13 @@ def held_look(
 def held_after_its_row(
     monkeypatch: pytest.MonkeyPatch, mem: mnemo.Memory
 ) -> tuple[anyio.Event, anyio.Event]:
-    """The Memory's insert of an operation it stores for another, held once written: the
-    first event is set then, and the call goes on when the second is."""
+    """The Memory's insert of an operation it stores (for another, or queued for itself), held
+    once written: the first event is set then, and the call goes on when the second is."""
     coordination = mem._backend.coordination
     queue_op, written, go = coordination.queue_op, anyio.Event(), anyio.Event()
 
-    async def written_then_held(op: StoredOp) -> None:
-        await queue_op(op)
+    async def written_then_held(op: StoredOp, *, own: bool = False) -> None:
+        await queue_op(op, own=own)
         written.set()
         await go.wait()
 

@@ -6,13 +6,25 @@ from __future__ import annotations
 
 import uuid
 
+import anyio
+import pytest
+
+import mnemo
 from mnemo import State
 from mnemo.session import timers
 from mnemo.session.ports import StoredOp
 from mnemo.session.registry import Sessions
 from tests.backends import sql
 from tests.fakes import Callbacks
-from tests.session.test_many_memories import REPO, extracting, fill, ready, workers
+from tests.session.test_many_memories import (
+    REPO,
+    extracting,
+    fill,
+    held_after_its_row,
+    outcome_of,
+    ready,
+    workers,
+)
 
 
 async def test_operations_queued_behind_the_work_are_stored_until_they_run(store: str) -> None:
@@ -79,3 +91,27 @@ async def test_what_a_gone_holder_queued_after_its_work_ended_runs_in_another(
         assert len([c for c in await b.mem.history(REPO) if c.session_id == sid]) == 1
         # Taken by B (its result kept for the holder that accepted it, until forgotten).
         assert await sql(b.mem, "SELECT taken_by FROM ops") == [(live.holder_id,)]
+
+
+async def test_a_call_queued_while_its_session_ends_is_refused_and_leaves_no_row(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit queued behind A's extraction whose row is written as the session ends through
+    A is refused (NotFoundError, never called back): the end answered the queue before it."""
+    async with workers(store, 1) as [a]:
+        sid = await fill(a.mem)
+        held = await extracting(a, sid)
+        written, go = held_after_its_row(monkeypatch, a.mem)
+        callbacks = Callbacks()
+        outcome: list[BaseException | None] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(outcome_of, outcome, lambda: a.mem.commit_async(sid, callbacks("c")))
+            with anyio.fail_after(5):
+                await written.wait()
+            await a.mem.end_session(sid)
+            go.set()
+        held.release()
+        [refused] = outcome
+        assert isinstance(refused, mnemo.NotFoundError)
+        assert callbacks.results == []
+        assert await sql(a.mem, "SELECT id FROM ops") == []

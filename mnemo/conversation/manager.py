@@ -395,17 +395,14 @@ def _chars(messages: Sequence[Mapping[str, object]]) -> int:
 
 def with_tool_pairs(picked: Sequence[Message], pool: Sequence[Message]) -> list[Message]:
     """`picked` (of `pool`) plus the messages of `pool` that complete their tool calls, by seq."""
-    chosen = {m.seq: m for m in picked}
-    ids = {m.seq: tool_ids(m) for m in pool}
-    frontier = list(chosen.values())
-    while frontier:
-        calls, results = ids[frontier.pop().seq]
-        for other in pool:
-            made, answered = ids[other.seq]
-            if other.seq not in chosen and (made & results or answered & calls):
-                chosen[other.seq] = other
-                frontier.append(other)
-    return [chosen[seq] for seq in sorted(chosen)]
+    ids = {m.seq: set[str]().union(*tool_ids(m)) for m in pool}
+    chosen = {m.seq for m in picked}
+    while True:
+        wanted = set[str]().union(*(ids[seq] for seq in chosen))
+        more = {seq for seq, own in ids.items() if own & wanted} - chosen
+        if not more:
+            return [m for m in pool if m.seq in chosen]
+        chosen |= more
 
 
 def top_k(

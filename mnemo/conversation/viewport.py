@@ -59,10 +59,9 @@ def _fit(items: Iterable[tuple[int, T]], allowance: float, *,
 def layout(
     thread_id: str, token_budget: int, inputs: ViewportInputs, *, recall: bool = False
 ) -> tuple[Viewport, bool]:
-    """The viewport, and whether eviction is behind: the messages from the boundary on took
-    memory's room, or one of them is a tool result whose call is before the boundary (the
-    window leaves it out). `inputs` are read with a token limit of at least `token_budget`;
-    with `recall`, older snapshots leave passive recall its share."""
+    """The viewport, and whether eviction is behind (the messages from the boundary on took memory's
+    room, or one is a result lacking its call). `inputs` are read with a token limit of at least
+    `token_budget`; with `recall`, older snapshots leave recall its share."""
     # Fitted newest first, kept oldest first: the order they are given up in below.
     pinned, pins_used = _fit(((m.tokens, m) for m in inputs.pinned), token_budget * PIN_SHARE)
     pinned.reverse()
@@ -167,14 +166,12 @@ def tool_ids(message: Message) -> tuple[set[str], set[str]]:
     """The ids of the tool calls `message` makes, and of those it answers: Chat Completions'
     `tool_calls` and `tool_call_id`, Anthropic's tool_use and tool_result parts, or the
     `call_id` of a Responses item (`ITEM_KEY`), which answers when its type is `*_output`."""
-    calls, answered = message.data.get("tool_calls"), message.data.get("tool_call_id")
-    item = message.data.get(ITEM_KEY)
+    calls, item = message.data.get("tool_calls"), message.data.get(ITEM_KEY)
     output = isinstance(item, dict) and str(item.get("type")).endswith("_output")
     made = _ids([*(calls if isinstance(calls, list) else []), *message.parts("tool_use")], "id")
     answers = _ids(message.parts("tool_result"), "tool_use_id")
-    answers |= {answered} if isinstance(answered, str) else set()
     (answers if output else made).update(_ids([item], "call_id"))
-    return made, answers
+    return made, answers | _ids([message.data], "tool_call_id")
 
 
 def _ids(items: Iterable[object], field: str) -> set[str]:
@@ -183,9 +180,8 @@ def _ids(items: Iterable[object], field: str) -> set[str]:
 
 
 def answered_at(messages: Sequence[Message]) -> list[int]:
-    """For each of `messages`, the index of the latest one before it making a call it answers
-    (-1 when none does), or its own index when it answers none (a result without ids, which
-    no API takes, pairs with nothing)."""
+    """For each of `messages`, the index of the latest one before it making a call it answers: -1
+    when none does, its own when it answers none (a result without ids pairs with nothing)."""
     made: dict[str, int] = {}
     out: list[int] = []
     for i, message in enumerate(messages):

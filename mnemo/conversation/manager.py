@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
@@ -36,7 +36,7 @@ from mnemo.conversation.model import (
 from mnemo.conversation.ports import ThreadState
 from mnemo.conversation.prompts import parse_summary, summary_request
 from mnemo.conversation.render import compaction_message, flat, prune_tool_outputs, recalled_message
-from mnemo.conversation.viewport import leading
+from mnemo.conversation.viewport import answered_at, leading, safe_cuts, tool_ids
 from mnemo.errors import (
     ConflictError,
     EmbeddingError,
@@ -237,7 +237,8 @@ class ConversationManager:
             picked = with_tool_pairs(chosen, pool)
         else:
             compactions, picked = await service.store.recent_turns(thread_id, self.retrieval.k)
-        shown = without_orphaned_results(picked)
+        # Less each tool result whose call is not before it (compacted, expired, never saved).
+        shown = [m for m, at in zip(picked, answered_at(picked), strict=True) if at >= 0]
         out = [compaction_message(c) for c in compactions]
         goals = await service.store.open_goals(thread_id)
         if goals:
@@ -318,10 +319,8 @@ class ConversationManager:
         compactions, tail = await service.store.uncompacted(thread_id)
         if sum(m.tokens for m in tail) <= policy.max_tokens or len(tail) <= policy.keep:
             return
-        split = len(tail) - policy.keep
-        # The kept tail never starts with a tool result: its call stays too.
-        while 0 < split < len(tail) and (tail[split].is_tool_result or result_ids(tail[split])):
-            split -= 1
+        safe = safe_cuts(tail)  # the kept tail holds no tool result without its call
+        split = next((i for i in range(len(tail) - policy.keep, 0, -1) if safe[i]), 0)
         if split == 0:
             return
         pending = tail[:split]
@@ -394,53 +393,16 @@ def _chars(messages: Sequence[Mapping[str, object]]) -> int:
     return sum(len(c) if isinstance(c := m.get("content"), str) else 64 for m in messages)
 
 
-# Choosing messages for `load`: semantic ranking, and keeping tool calls with their results
-# (OpenAI's and Anthropic's ids), since chat APIs refuse a result without its call.
-
-def call_ids(message: Message) -> set[str]:
-    calls = message.data.get("tool_calls")
-    return _ids([*(calls if isinstance(calls, list) else []), *message.parts("tool_use")], "id")
-
-
-def result_ids(message: Message) -> set[str]:
-    answered = message.data.get("tool_call_id")
-    return ({answered} if isinstance(answered, str) else set()) | _ids(
-        message.parts("tool_result"), "tool_use_id")
-
-
-def _ids(items: Iterable[object], field: str) -> set[str]:
-    return {item[field] for item in items
-            if isinstance(item, dict) and isinstance(item.get(field), str)}
-
-
 def with_tool_pairs(picked: Sequence[Message], pool: Sequence[Message]) -> list[Message]:
     """`picked` (of `pool`) plus the messages of `pool` that complete their tool calls, by seq."""
-    chosen = {m.seq: m for m in picked}
-    calls = {m.seq: call_ids(m) for m in pool}
-    results = {m.seq: result_ids(m) for m in pool}
-    frontier = list(chosen.values())
-    while frontier:
-        seq = frontier.pop().seq
-        for other in pool:
-            if other.seq not in chosen and (
-                    calls[other.seq] & results[seq] or results[other.seq] & calls[seq]):
-                chosen[other.seq] = other
-                frontier.append(other)
-    return [chosen[seq] for seq in sorted(chosen)]
-
-
-def without_orphaned_results(messages: Sequence[Message]) -> list[Message]:
-    """`messages` less each tool result none of whose calls an earlier one makes (its call
-    was compacted, expired, or never saved): chat APIs refuse such a result."""
-    made: set[str] = set()
-    kept: list[Message] = []
-    for message in messages:
-        answered = result_ids(message)
-        if answered and not answered & made:
-            continue
-        made |= call_ids(message)
-        kept.append(message)
-    return kept
+    ids = {m.seq: set[str]().union(*tool_ids(m)) for m in pool}
+    chosen = {m.seq for m in picked}
+    while True:
+        wanted = set[str]().union(*(ids[seq] for seq in chosen))
+        more = {seq for seq, own in ids.items() if own & wanted} - chosen
+        if not more:
+            return [m for m in pool if m.seq in chosen]
+        chosen |= more
 
 
 def top_k(

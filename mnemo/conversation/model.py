@@ -66,6 +66,8 @@ Compression = Summary | ToolOutputPruner
 
 # `data["content"]` of a message saved without a content key.
 NO_CONTENT: JSONObject = {"mnemo": "no content key"}
+# Where a message keeps an OpenAI Responses item without a role (the Agents SDK's items).
+ITEM_KEY = "openai_item"
 
 
 @dataclass(frozen=True, slots=True)

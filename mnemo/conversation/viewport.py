@@ -2,7 +2,11 @@
 Nothing hides: a message is shown, pinned, or in a snapshot's range and found by search. Pins
 take up to `PIN_SHARE`, snapshots the rest of `MEMORY_SHARE`, messages from the boundary the
 remainder (when eviction is behind they take snapshots' then pins' room); passive recall takes
-what is left, up to `RECALL_SHARE`."""
+what is left, up to `RECALL_SHARE`. OpenAI's Chat Completions and Responses and Anthropic's
+Messages refuse a tool result without its call before it, and a call its results do not follow:
+the window and the boundary start only where no result lacks its call (`safe_cuts`), `load`
+leaves such results out, and a call's stored results come with it (the window runs to the
+newest message; `load` adds them). A call whose result is not stored yet is shown as is."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from itertools import accumulate
 from typing import TypeVar
 
 from mnemo.conversation.drafts import MESSAGE_OVERHEAD, count_tokens
-from mnemo.conversation.model import Message, SearchHit, Snapshot, Viewport
+from mnemo.conversation.model import ITEM_KEY, Message, SearchHit, Snapshot, Viewport
 from mnemo.conversation.ports import ViewportInputs
 from mnemo.conversation.render import recalled_line
 
@@ -55,9 +59,9 @@ def _fit(items: Iterable[tuple[int, T]], allowance: float, *,
 def layout(
     thread_id: str, token_budget: int, inputs: ViewportInputs, *, recall: bool = False
 ) -> tuple[Viewport, bool]:
-    """The viewport, and whether it gave up memory for the messages from the boundary on
-    (eviction is behind). `inputs` are read with a token limit of at least `token_budget`;
-    with `recall`, older snapshots leave passive recall its share."""
+    """The viewport, and whether eviction is behind (the messages from the boundary on took memory's
+    room, or one is a result lacking its call). `inputs` are read with a token limit of at least
+    `token_budget`; with `recall`, older snapshots leave recall its share."""
     # Fitted newest first, kept oldest first: the order they are given up in below.
     pinned, pins_used = _fit(((m.tokens, m) for m in inputs.pinned), token_budget * PIN_SHARE)
     pinned.reverse()
@@ -82,10 +86,9 @@ def layout(
     # walk of the whole thread would.
     window, used = _fit(((m.tokens, m) for m in inputs.newest), token_budget - memory_used,
                         newest=True)
-    if len(window) < len(inputs.newest):
-        # A tool result whose call was cut off would be refused by chat APIs: drop it too.
-        while window and window[0].is_tool_result:
-            used -= window.pop(0).tokens
+    safe = safe_cuts(inputs.newest[::-1])
+    while not safe[len(inputs.newest) - len(window)]:
+        used -= window.pop(0).tokens
     # The room left goes to the pins not shown yet (those past their share, or given up).
     shown_ids = {m.id for m in pinned}
     more, more_used = _fit(
@@ -113,7 +116,7 @@ def layout(
         tokens=used + memory_used,
         tokens_past_boundary=past,
         pins_left_out=[m.id for m in reversed(inputs.pinned) if m.id not in shown_ids],
-    ), crowded
+    ), crowded or not safe[0]
 
 
 def with_recalled(view: Viewport, hits: Sequence[SearchHit]) -> Viewport:
@@ -129,18 +132,18 @@ def with_recalled(view: Viewport, hits: Sequence[SearchHit]) -> Viewport:
 def eviction_zone(
     past_boundary: Sequence[Message], token_budget: int, fraction: float
 ) -> list[Message]:
-    """The oldest messages past the boundary up to `eviction_fraction` of the budget, over the
-    tool results of the last; [] when there is nothing to take."""
-    # The newest message stays unless it alone exceeds the budget.
+    """The oldest messages past the boundary up to `eviction_fraction` of the budget, ending
+    where the messages left hold no tool result without its call (`safe_cuts`): at the first
+    such place from there on, else the last before it, else past the newest message, which
+    otherwise stays unless it alone exceeds the budget. [] when there is nothing to take."""
     keep = 1 if past_boundary and past_boundary[-1].tokens <= token_budget else 0
     evictable = len(past_boundary) - keep
-    if evictable <= 0:
-        return []
     target = fraction * min(token_budget, sum(m.tokens for m in past_boundary))
-    zone = list(past_boundary[:leading(past_boundary[:evictable], target)])
-    while len(zone) < evictable and past_boundary[len(zone)].is_tool_result:
-        zone.append(past_boundary[len(zone)])
-    return zone
+    end = leading(past_boundary[:evictable], target)
+    safe = safe_cuts(past_boundary)
+    ends = ([i for i in range(end, evictable + 1) if safe[i]]
+            or [i for i in range(end - 1, 0, -1) if safe[i]] or [safe.index(True, end)])
+    return list(past_boundary[:ends[0]])
 
 
 def context_zones(
@@ -157,6 +160,42 @@ def leading(messages: Iterable[Message], target: float) -> int:
     """How many of `messages`, from the first, fit in `target` tokens; at least one."""
     sizes = list(accumulate(message.tokens for message in messages))
     return max(1, bisect_right(sizes, target)) if sizes else 0
+
+
+def tool_ids(message: Message) -> tuple[set[str], set[str]]:
+    """The ids of the tool calls `message` makes, and of those it answers: Chat Completions'
+    `tool_calls` and `tool_call_id`, Anthropic's tool_use and tool_result parts, or the
+    `call_id` of a Responses item (`ITEM_KEY`), which answers when its type is `*_output`."""
+    calls, item = message.data.get("tool_calls"), message.data.get(ITEM_KEY)
+    output = isinstance(item, dict) and str(item.get("type")).endswith("_output")
+    made = _ids([*(calls if isinstance(calls, list) else []), *message.parts("tool_use")], "id")
+    answers = _ids(message.parts("tool_result"), "tool_use_id")
+    (answers if output else made).update(_ids([item], "call_id"))
+    return made, answers | _ids([message.data], "tool_call_id")
+
+
+def _ids(items: Iterable[object], field: str) -> set[str]:
+    return {item[field] for item in items
+            if isinstance(item, dict) and isinstance(item.get(field), str)}
+
+
+def answered_at(messages: Sequence[Message]) -> list[int]:
+    """For each of `messages`, the index of the latest one before it making a call it answers: -1
+    when none does, its own when it answers none (a result without ids pairs with nothing)."""
+    made: dict[str, int] = {}
+    out: list[int] = []
+    for i, message in enumerate(messages):
+        calls, answered = tool_ids(message)
+        out.append(max((made[c] for c in answered if c in made), default=-1) if answered else i)
+        made.update(dict.fromkeys(calls, i))
+    return out
+
+
+def safe_cuts(messages: Sequence[Message]) -> list[bool]:
+    """For each i from 0 to len(messages), whether messages[i:] hold no tool result without
+    its call: where a view of them or the eviction boundary may start."""
+    lows = [*accumulate(reversed(answered_at(messages)), min, initial=len(messages))][::-1]
+    return [low >= i for i, low in enumerate(lows)]
 
 
 def snapshot_words(token_budget: int, level: int) -> int:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, cast
 
 from mnemo.conversation.drafts import parts_text
 from mnemo.conversation.manager import ConversationManager
-from mnemo.conversation.model import Message
+from mnemo.conversation.model import ITEM_KEY, Message
 from mnemo.errors import check_count, check_name
 from mnemo.graph.scope import check_metadata
 
@@ -32,9 +32,6 @@ if TYPE_CHECKING:
     from mnemo.memory import Memory
 
 __all__ = ["ITEM_KEY", "MnemoSession"]
-
-# Where a message keeps an input item that has no role of its own.
-ITEM_KEY = "openai_item"
 
 
 class MnemoSession:

@@ -73,9 +73,9 @@ class ConversationMethods(Parts):
 
     async def viewport(self, thread_id: str, *, token_budget: int) -> Viewport:
         """What the agent sees of the thread within `token_budget` tokens: the messages from
-        the eviction boundary on (the newest that fit), snapshots, messages pinned to open
-        goals and past messages recalled for them (`mnemo.Viewport`). An unknown thread is
-        empty.
+        the eviction boundary on (the newest that fit, never a tool result without its call),
+        snapshots, messages pinned to open goals and past messages recalled for them
+        (`mnemo.Viewport`). An unknown thread is empty.
 
         Raises:
             InvalidInputError: a blank thread id or a budget below 1.
@@ -86,11 +86,11 @@ class ConversationMethods(Parts):
         self, thread_id: str, *, token_budget: int, eviction_fraction: float = 0.33,
         llm: LLM | None = None,
     ) -> EvictionResult:
-        """Moves the oldest `eviction_fraction` of the viewport (never its newest message)
-        out of it: the LLM (`llm`, else the Memory's) saves a snapshot and pins what must
-        stay word for word; the boundary advances even when the LLM fails
-        (`EvictionResult.error` says why). One eviction per thread at a time: a second one
-        waits and starts from the new boundary.
+        """Moves the oldest `eviction_fraction` of the viewport out of it, never parting a
+        tool call from its results (its newest message stays unless its call goes): the LLM
+        (`llm`, else the Memory's) saves a snapshot and pins what must stay word for word; the
+        boundary advances even when the LLM fails (`EvictionResult.error` says why). One
+        eviction per thread at a time: a second one waits and starts from the new boundary.
 
         Raises:
             InvalidInputError: a blank thread id, a budget below 1, a fraction outside

@@ -9,6 +9,7 @@ from typing import Any
 import mnemo
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.conversation.model import Message
+from mnemo.conversation.viewport import safe_cuts
 
 
 class ManualClock:
@@ -120,7 +121,8 @@ async def hidden(mem: mnemo.Memory, thread_id: str, token_budget: int) -> list[s
     Every message must be in the viewport's messages, or before the boundary inside a
     snapshot's range (covered ones included), or pinned and in the viewport's pinned; and
     `search_messages(exclude_viewport_of=...)` must leave out only messages the viewport shows
-    (each message holds the word `tag<seq>`, see `tagged`).
+    (each message holds the word `tag<seq>`, see `tagged`); and no tool result it shows may
+    lack its call.
     """
     view = await mem.viewport(thread_id, token_budget=token_budget)
     raw = await mem.conversation().raw(thread_id)
@@ -131,6 +133,8 @@ async def hidden(mem: mnemo.Memory, thread_id: str, token_budget: int) -> list[s
     problems: list[str] = []
     if view.tokens > token_budget:
         problems.append(f"the viewport costs {view.tokens} tokens, over {token_budget}")
+    if not safe_cuts(view.messages)[0]:
+        problems.append("the viewport shows a tool result without its call")
     unseen: list[Message] = []
     for message in raw:
         covered = message.seq < view.boundary_seq and any(

@@ -153,9 +153,10 @@ async def test_snapshots_give_way_to_the_messages_past_the_boundary(store: str) 
 
 
 class ThreadRules(RuleBasedStateMachine):
-    """Random saves (auto-evicting at the thread's budget), evictions at any budget, goals
-    opened and completed (the offline model pins instructions to them), with an eviction
-    model that works, answers in prose, or fails: nothing ever hides."""
+    """Random saves (auto-evicting at the thread's budget; a tool call saved with its result
+    or before it), evictions at any budget, goals opened and completed (the offline model
+    pins instructions to them), with an eviction model that works, answers in prose, or
+    fails: nothing ever hides."""
 
     goals = Bundle("goals")
 
@@ -193,8 +194,9 @@ class ThreadRules(RuleBasedStateMachine):
         sizes=st.lists(st.integers(min_value=0, max_value=400), min_size=1, max_size=4),
         instruction=st.booleans(),
         tool=st.booleans(),
+        apart=st.booleans(),
     )
-    def save(self, sizes: list[int], instruction: bool, tool: bool) -> None:
+    def save(self, sizes: list[int], instruction: bool, tool: bool, apart: bool) -> None:
         for size in sizes:
             role = "user" if len(self.history) % 2 == 0 else "assistant"
             message = tagged(len(self.history), role, size)
@@ -204,7 +206,10 @@ class ThreadRules(RuleBasedStateMachine):
         if tool:
             seq = len(self.history)
             call = {**tool_call(f"c{seq}", "run", f'{{"q": "tag{seq}"}}'), "content": f"tag{seq}"}
-            self.history += [call, tool_result(f"c{seq}", f"tag{seq + 1} " + "out " * sizes[0])]
+            self.history.append(call)
+            if apart:  # the call saved alone first, as an approval flow does
+                self.portal.call(self.conv.save, self.thread, self.history)
+            self.history.append(tool_result(f"c{seq}", f"tag{seq + 1} " + "out " * sizes[0]))
         self.portal.call(self.conv.save, self.thread, self.history)
 
     @precondition(lambda self: bool(self.history))

@@ -221,6 +221,63 @@ async def test_a_token_budget_gives_the_viewport(mem: mnemo.Memory) -> None:
     assert await session.get_items(limit=30) == added
 
 
+async def test_an_approved_tools_output_never_reaches_the_model_without_its_call(
+    mem: mnemo.Memory, server: ProviderServer
+) -> None:
+    """A tool that needs approval: the Runner stores its call, then (approved) its output in a
+    later add_items. With a token budget whose eviction would fall between them, no request
+    holds a tool output without its call (OpenAI refuses one with HTTP 400), the viewport
+    items hold none either, and the output is shown or in a snapshot."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
+    from openai import AsyncOpenAI
+
+    from mnemo.integrations.openai_agents import MnemoSession
+
+    @function_tool(needs_approval=True)
+    def track_parcel(parcel: str) -> str:
+        """Where a parcel is now."""
+        return f"parcel {parcel} is in the depot " + "depot " * 550
+
+    client = AsyncOpenAI(base_url=server.openai_url, api_key="x")
+    agent = Agent(
+        name="Support", instructions="Answer briefly.", tools=[track_parcel],
+        model=OpenAIChatCompletionsModel(model="fake-model", openai_client=client),
+    )
+    # The output fits the budget, but not with the question and the call before it.
+    session = MnemoSession(mem, "user-42", token_budget=1000)
+    server.script(
+        Answer(text="", tool_calls=(("track_parcel", {"parcel": "7781"}),)),
+        Answer(text="Your parcel waits in the depot."),
+        Answer(text="It was parcel 7781."),
+    )
+    try:
+        asked = await Runner.run(agent, "Where is my parcel 7781? " + "context " * 120,
+                                 session=session)
+        state = asked.to_state()
+        for approval in asked.interruptions:
+            state.approve(approval)
+        await Runner.run(agent, state, session=session)
+        await Runner.run(agent, "Which parcel was it?", session=session)
+    finally:
+        await client.close()
+
+    assert len(server.requests) == 3
+    for request in server.requests:
+        called: set[str] = set()
+        for sent in request.messages:
+            if sent["role"] == "tool":
+                assert sent["tool_call_id"] in called, request.messages
+            called |= {call["id"] for call in sent.get("tool_calls") or []}
+    items: list[Any] = await session.get_items()
+    called = {i["call_id"] for i in items if i.get("type") == "function_call"}
+    assert all(i["call_id"] in called for i in items if i.get("type") == "function_call_output")
+    view = await mem.viewport("user-42", token_budget=1000)
+    assert view.boundary_seq > 0
+    output = next(m for m in await mem.conversation().raw("user-42") if m.role == "tool")
+    assert output in view.messages or any(
+        s.start_seq <= output.seq <= s.end_seq for s in view.snapshots)
+
+
 async def test_a_session_scoped_to_a_user_recalls_only_that_users_messages(
     mem: mnemo.Memory,
 ) -> None:

@@ -218,8 +218,7 @@ class Recaller:
                                                                                by_meaning)
         lexical_ids = [node_id for node_id, _ in lexical]
         meaning.update((node_id, score) for node_id, score in dense if score > 0.0)
-        dense_ids = list(meaning)
-        rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]
+        rankings, weights = [lexical_ids, list(meaning)], [1.0, config.recall_dense_weight]
         expanded = (await self._feedback(repo, terms, lexical_ids, width, searched, scope)
                     if config.recall_prf_terms and lexical_ids else [])
         if expanded:  # nothing added (or found by it): nothing to weigh
@@ -393,14 +392,9 @@ class Recaller:
         if missing:
             vectors.update(await self.graph.vectors(repo, missing))
         by_id: dict[str, Scored] = {item[1].id: item for item in head}
-
-        def diversified() -> list[str]:
-            return ranking.maximal_marginal_relevance(
-                list(by_id), {i: item[0] for i, item in by_id.items()}, vectors,
-                self.config.recall_mmr_lambda,
-            )
-
-        order = await cpu.run(diversified, len(by_id), on_loop_below=MMR_ON_LOOP + 1)
+        order = await cpu.run(lambda: ranking.maximal_marginal_relevance(
+            list(by_id), {i: item[0] for i, item in by_id.items()}, vectors,
+            self.config.recall_mmr_lambda), len(by_id), on_loop_below=MMR_ON_LOOP + 1)
         return [by_id[i] for i in order] + scored[n:]
 
 

@@ -4,10 +4,10 @@ Memory files live under one root, and a tool's `directory` must lie inside it.""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import KW_ONLY, dataclass, field
+from functools import partial, wraps
 from pathlib import Path, PurePath
 from typing import Annotated, Any
 
@@ -18,11 +18,11 @@ from mnemo.config import Config
 from mnemo.errors import InvalidInputError, MnemoError, NotFoundError
 from mnemo.jsonable import label, session_json, step_json
 from mnemo.mcp import _output
-from mnemo.mcp._output import dumps
+from mnemo.mcp._output import dumps, fit
 from mnemo.memory import Memory
 from mnemo.memoryfiles import MemoryFiles
 from mnemo.ports import LLM, Embedder
-from mnemo.tools import ERROR_CHARS, SNIPPET_CHARS, clip
+from mnemo.tools import ERROR_CHARS, PAGE_CHARS, SNIPPET_CHARS, clip
 
 INSTRUCTIONS = """\
 mnemo is long-term memory. Before a task, `recall` what the repo knows about it (snippets;
@@ -49,8 +49,6 @@ SessionId = Annotated[str, Field(description="From start_session.")]
 Directory = Annotated[
     str | None, Field(description="A sub-folder of the memory directory (default: its root).")]
 Offset = Annotated[int, Field(description="Where to start (next_offset).", ge=0)]
-# At most this many repos or sessions a page (`offset` reads on).
-PAGE_ITEMS = 50
 
 
 @dataclass(eq=False)
@@ -80,8 +78,8 @@ class MemoryTools:
         type and a snippet of its text (`chars` is the whole length; `get_node` reads it
         all). Errors: an unknown repo, a blank query, a malformed where."""
         await self._check(repo)
-        return dumps(_output.recall_output(await self.mem.recall(
-            repo, query, k=k, reinforce=self.reinforce, where=where)))
+        result = await self.mem.recall(repo, query, k=k, reinforce=self.reinforce, where=where)
+        return fit(partial(_output.recall_output, result), SNIPPET_CHARS)
 
     async def get_node(
         self,
@@ -96,7 +94,7 @@ class MemoryTools:
         node = await self.mem.get_node(repo, node_id)
         if node is None:
             raise NotFoundError("node", clip(node_id, 100))
-        return dumps(_output.node_output(node, offset))
+        return fit(partial(_output.node_output, node, offset), PAGE_CHARS)
 
     async def forget(
         self,
@@ -160,8 +158,8 @@ class MemoryTools:
     ) -> str:
         """Full-text search over stored conversation messages (every thread, or one), best
         first: each hit has its message_id (for `view_messages`), thread, seq and a snippet."""
-        return dumps(_output.hits_output(await self.mem.search_messages(
-            query, thread_id=thread_id, limit=limit, where=where)))
+        hits = await self.mem.search_messages(query, thread_id=thread_id, limit=limit, where=where)
+        return fit(partial(_output.hits_output, hits), SNIPPET_CHARS)
 
     async def view_messages(
         self,
@@ -176,7 +174,7 @@ class MemoryTools:
         to a snippet (`messages_left_out` counts the others). Errors: an unknown message
         id."""
         view = await self.mem.view_messages(message_id, radius=radius)
-        return dumps(_output.view_output(view, offset))
+        return fit(partial(_output.view_output, view, offset), PAGE_CHARS)
 
     async def save_messages(
         self,
@@ -215,7 +213,7 @@ class MemoryTools:
         """The repos (knowledge graphs) in this memory, oldest first, a page at a time
         (`next_offset` reads on; null on the last page)."""
         names = await self.mem.list_repos()
-        return dumps(_page([clip(n, SNIPPET_CHARS) for n in names], offset, "repos"))
+        return fit(partial(_output.page_output, "repos", names, offset, clip), SNIPPET_CHARS)
 
     async def list_sessions(
         self,
@@ -225,10 +223,9 @@ class MemoryTools:
         """The live sessions (not ended), oldest first, a page at a time: id, repo, state,
         the open episode's goal (a snippet) and its number of steps."""
         live = [s for s in await self.mem.list_sessions() if repo is None or s.repo == repo]
-        rows = [
-            {**session_json(s), "goal": None if s.goal is None else clip(s.goal, SNIPPET_CHARS)}
-            for s in live]
-        return dumps(_page(rows, offset, "sessions"))
+        return fit(partial(_output.page_output, "sessions", live, offset, lambda s, limit: {
+            **session_json(s), "repo": clip(s.repo, limit),
+            "goal": s.goal and clip(s.goal, limit)}), SNIPPET_CHARS)
 
     async def discard_session(self, session_id: SessionId) -> str:
         """Drops a session's ready changeset or failed extraction (then `end_session`, or
@@ -292,8 +289,8 @@ class MemoryTools:
         entries `dropped` (merged by condensing, or the oldest left out), whether it was
         `condensed`, whether an entry was cut (`entry_truncated`); `skipped` is "disabled"
         when the server's memory updates are off."""
-        files = self._files_in(directory)
-        return dumps(_output.memory_file_output(await files.persist(what, llm=self.llm)))
+        filed = await self._files_in(directory).persist(what, llm=self.llm)
+        return fit(partial(_output.memory_file_output, filed), PAGE_CHARS)
 
     async def recall_memory(
         self,
@@ -305,7 +302,7 @@ class MemoryTools:
         recently used first."""
         found = await self._files_in(directory).recall(
             query, limit=limit, reinforce=self.reinforce)
-        return dumps(_output.memory_files_output(found))
+        return fit(lambda limit: [_output.memory_file_output(f, limit) for f in found], PAGE_CHARS)
 
     def _files_in(self, directory: str | None) -> MemoryFiles:
         from mcp.server.mcpserver.exceptions import ToolError
@@ -326,7 +323,7 @@ class MemoryTools:
 def _tool(method: Callable[..., Awaitable[str]]) -> Callable[..., Awaitable[str]]:
     """`method`, mnemo's deliberate errors made tool errors whose message the agent sees."""
 
-    @functools.wraps(method)
+    @wraps(method)
     async def tool(*args: Any, **kwargs: Any) -> str:
         from mcp.server.mcpserver.exceptions import ToolError
 
@@ -341,14 +338,6 @@ def _tool(method: Callable[..., Awaitable[str]]) -> Callable[..., Awaitable[str]
 
 for _name in TOOL_NAMES:
     setattr(MemoryTools, _name, _tool(getattr(MemoryTools, _name)))
-
-
-def _page(items: Sequence[object], offset: int, key: str) -> dict[str, object]:
-    """One page of `items` (at most PAGE_ITEMS), the total, and where the next page starts."""
-    end = offset + PAGE_ITEMS
-    return {
-        key: items[offset:end], "total": len(items), "offset": offset,
-        "next_offset": end if end < len(items) else None}
 
 
 @asynccontextmanager

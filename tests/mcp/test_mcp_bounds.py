@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import anyio.lowlevel
@@ -217,7 +218,7 @@ async def test_save_messages_refuses_a_window_and_append_messages_adds_it(
 
 async def test_list_repos_pages_with_next_offset(mem: mnemo.Memory, tools: MemoryTools) -> None:
     """list_repos returns at most PAGE_ITEMS a page and a next_offset that reads the rest."""
-    from mnemo.mcp.server import PAGE_ITEMS
+    from mnemo.mcp._output import PAGE_ITEMS
 
     for i in range(PAGE_ITEMS + 5):
         await mem.open_repo(f"repo-{i:03d}")
@@ -280,7 +281,7 @@ def test_a_recall_that_did_without_a_stage_says_so_in_its_output() -> None:
 
     healthy = mnemo.RecallResult([])
     degraded = mnemo.RecallResult([], degraded=["rerank: LLMError('HTTP 503')"])
-    for render in (recall_output, recall_json):
+    for render in (partial(recall_output, limit=SNIPPET_CHARS), recall_json):
         assert "degraded" not in render(healthy)
         assert render(degraded)["degraded"] == ["rerank: LLMError('HTTP 503')"]
 

@@ -150,10 +150,11 @@ async def test_every_request_is_answered_and_foreign_hosts_refused(
     store: str, tmp_path: Path
 ) -> None:
     """Raw POSTs, on each backend: a lone surrogate, 100,000-deep JSON and a body that is not
-    JSON get a JSON-RPC parse error; a body past 4 MiB a 413 before it is parsed; "5" for an
-    integer and an unknown argument an "invalid params" error naming them; on both the
-    session protocol and the per-request one. A foreign Host gets 421 and a foreign Origin
-    403, whatever the body."""
+    JSON get a JSON-RPC parse error, and JSON that is no JSON-RPC message -32602 (per-request:
+    -32600), all with id null (the SDK's answers, as README states them); a body past 4 MiB a
+    413 before it is parsed; "5" for an integer and an unknown argument an "invalid params"
+    error naming them; on both the session protocol and the per-request one. A foreign Host
+    gets 421 and a foreign Origin 403, whatever the body."""
     call = ('{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{%s"name":"recall",'
             '"arguments":%s}}')
     meta = ('"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",'
@@ -169,14 +170,18 @@ async def test_every_request_is_answered_and_foreign_hosts_refused(
                    session)
         per_request = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
                        "mcp-name": "recall"}
-        for headers, envelope in ((session, ""), (per_request, meta)):
+        for headers, envelope, invalid in ((session, "", -32602), (per_request, meta, -32600)):
             for arguments in ('{"repo":"r","query":' + "[" * 100_000 + "]" * 100_000 + "}",
                               "not JSON at all"):
                 answer = await post(client, url, call % (1, envelope, arguments), headers)
                 assert answer.status_code == 400
-                assert answer.json()["error"]["code"] == -32700
+                assert (answer.json()["id"], answer.json()["error"]["code"]) == (None, -32700)
+            answer = await post(client, url, '{"id": 8}', headers)
+            assert answer.status_code == 400
+            assert (answer.json()["id"], answer.json()["error"]["code"]) == (None, invalid)
             huge = call % (2, envelope, '{"repo":"r","query":"' + "a" * (5 << 20) + '"}')
-            assert (await post(client, url, huge, headers)).status_code == 413
+            answer = await post(client, url, huge, headers)
+            assert (answer.status_code, answer.text) == (413, "Request body too large")
             for arguments, text in (
                 ('{"repo":"r","query":"x","k":"5"}', "invalid arguments for recall: k: "),
                 ('{"repo":"r","query":"x","bogus":1}', "unknown arguments for recall: 'bogus'"),

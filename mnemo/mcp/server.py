@@ -45,6 +45,10 @@ Where = Annotated[
     dict[str, str | int | float | bool | list[str | int | float | bool]] | None,
     Field(description="Only the memories of this scope: metadata key -> value (or a list of "
                       "values), e.g. {\"user_id\": \"alice\"}; every key must match.")]
+# Who what a call stores belongs to.
+Owner = Annotated[dict[str, str | int | float | bool] | None, Field(
+    description="Who it belongs to, e.g. {\"user_id\": \"alice\"}: what it stores carries it "
+                "(what `where` selects).")]
 SessionId = Annotated[str, Field(description="From start_session.")]
 Directory = Annotated[
     str | None, Field(description="A sub-folder of the memory directory (default: its root).")]
@@ -183,6 +187,7 @@ class MemoryTools:
             list[dict[str, Any]],
             Field(description="The thread's whole history so far: dicts with role and content "
                               "(only those past the stored length are added).")],
+        metadata: Owner = None,
     ) -> str:
         """Stores a conversation thread's messages (for `search_messages` and
         `view_messages`): pass the whole history each time, and only the new messages are
@@ -190,7 +195,7 @@ class MemoryTools:
         latest ones) is an error that stores nothing: `append_messages` takes new messages
         only. Returns how many were added and the thread's length."""
         return await self._stored(thread_id, await self.mem.conversation().save(
-            thread_id, messages))
+            thread_id, messages, metadata=metadata))
 
     async def append_messages(
         self,
@@ -198,12 +203,13 @@ class MemoryTools:
         messages: Annotated[
             list[dict[str, Any]],
             Field(description="New messages only: dicts with role and content.")],
+        metadata: Owner = None,
     ) -> str:
         """Adds messages after a conversation thread's stored ones, all of them (for a client
         that keeps a window of its history: pass only what is new). Returns how many were
         added and the thread's length."""
         return await self._stored(thread_id, await self.mem.conversation().append(
-            thread_id, messages))
+            thread_id, messages, metadata=metadata))
 
     async def _stored(self, thread_id: str, added: Sequence[object]) -> str:
         total = await self.mem.conversation().count(thread_id)
@@ -244,9 +250,7 @@ class MemoryTools:
         self,
         goal: Annotated[str, Field(description="What this piece of work is trying to do.")],
         repo: Annotated[str, Field(description="The repo to commit into (created if new).")],
-        metadata: Annotated[dict[str, str | int | float | bool] | None, Field(
-            description="Who its memories belong to, e.g. {\"user_id\": \"alice\"}: "
-                        "every node it commits carries it (what `where` selects).")] = None,
+        metadata: Owner = None,
     ) -> str:
         """Starts a session collecting steps towards the goal; returns its session_id for
         `append` and `close_and_commit`. An unknown repo is created."""

@@ -121,8 +121,6 @@ def import_kept(name: str) -> ModuleType:
     return module
 
 
-
-
 class Worker:
     """A daemon thread that runs one job at a time, in arrival order, until `stop`."""
 

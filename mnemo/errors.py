@@ -356,5 +356,3 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-

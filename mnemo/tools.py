@@ -16,7 +16,7 @@ from msgspec import Meta
 from mnemo.conversation.eviction import EvictionTools
 from mnemo.conversation.model import Message
 from mnemo.conversation.prompts import EVICTION_ARGUMENTS, EVICTION_TOOL_SPECS, ToolDict
-from mnemo.conversation.render import ZONE_MESSAGE_CHARS
+from mnemo.conversation.render import ZONE_MESSAGE_CHARS, lines_within
 from mnemo.conversation.search import render_hits
 from mnemo.errors import InvalidInputError, NotFoundError
 from mnemo.ports import JSONObject, ToolCall
@@ -216,9 +216,8 @@ def _render_recall(memories: Sequence[Recalled]) -> str:
         text = " ".join(m.node.text.split())
         more = f" [{len(text)} chars; get_node for all]" if len(text) > SNIPPET_CHARS else ""
         lines.append(f"{i}. [{m.node.type.value}] {m.node.id}: {clip(text, SNIPPET_CHARS)}{more}")
-    # Each line with its newline, and 99 characters of room for the note that lines were left out.
-    fit = bisect_right(list(accumulate(len(line) + 1 for line in lines)), MAX_OUTPUT_CHARS - 99)
-    shown = lines[:max(1, fit)]
+    # 99 characters of room for the note that lines were left out (the first line shown anyway).
+    shown = lines_within(lines, MAX_OUTPUT_CHARS - 99) or lines[:1]
     left_out = f"\n({len(lines) - len(shown)} more left out: ask for a smaller k)"
     return "\n".join(shown) + (left_out if len(shown) < len(lines) else "")
 

@@ -198,5 +198,3 @@ def _call_text(name: object, arguments: object) -> str:
     if not isinstance(arguments, str):
         arguments = "" if arguments is None else json.dumps(arguments, sort_keys=True)
     return f"{name if isinstance(name, str) else 'tool'}({arguments})"
-
-

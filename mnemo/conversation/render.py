@@ -144,13 +144,13 @@ def _zone_block(
 def _ends(lines: list[str], cap: int, *, newest_only: bool) -> list[str]:
     """The first and last lines that fit in `cap` characters (only the last ones when
     `newest_only`), with a line counting those left out between them."""
-    head = [] if newest_only else _within(lines, cap // 2)
-    tail = _within(lines[len(head):][::-1], cap - sum(len(line) + 1 for line in head))[::-1]
+    head = [] if newest_only else lines_within(lines, cap // 2)
+    tail = lines_within(lines[len(head):][::-1], cap - sum(len(line) + 1 for line in head))[::-1]
     left_out = len(lines) - len(head) - len(tail)
     return [*head, f"[{left_out} lines left out here; search_messages finds them]", *tail]
 
 
-def _within(lines: list[str], cap: int) -> list[str]:
+def lines_within(lines: list[str], cap: int) -> list[str]:
     """The first `lines` that fit in `cap` characters, each with its newline."""
     return lines[:bisect_right(list(accumulate(len(line) + 1 for line in lines)), cap)]
 

@@ -4,9 +4,10 @@ take up to `PIN_SHARE`, snapshots the rest of `MEMORY_SHARE`, messages from the 
 remainder (when eviction is behind they take snapshots' then pins' room); passive recall takes
 what is left, up to `RECALL_SHARE`. OpenAI's Chat Completions and Responses and Anthropic's
 Messages refuse a tool result without its call before it, and a call its results do not follow:
-the window and the boundary start only where no result lacks its call (`safe_cuts`), `load`
-leaves such results out, and a call's stored results come with it (the window runs to the
-newest message; `load` adds them). A call whose result is not stored yet is shown as is."""
+the window and the boundary start only where no result lacks its call, nor an item the
+reasoning before it (`safe_cuts`), `load` leaves such results out, and a call's stored results
+come with it (the window runs to the newest message; `load` adds them). A call whose result is
+not stored yet is shown as is."""
 
 from __future__ import annotations
 
@@ -181,12 +182,16 @@ def _ids(items: Iterable[object], field: str) -> set[str]:
 
 def answered_at(messages: Sequence[Message]) -> list[int]:
     """For each of `messages`, the index of the latest one before it making a call it answers: -1
-    when none does, its own when it answers none (a result without ids pairs with nothing)."""
+    when none does, its own when it answers none (a result without ids pairs with nothing); the
+    item after a Responses reasoning item is tied to it too (neither is sent without the other)."""
     made: dict[str, int] = {}
     out: list[int] = []
     for i, message in enumerate(messages):
         calls, answered = tool_ids(message)
-        out.append(max((made[c] for c in answered if c in made), default=-1) if answered else i)
+        at = max((made[c] for c in answered if c in made), default=-1) if answered else i
+        item = messages[i - 1].data.get(ITEM_KEY) if i else None
+        out.append(min(at, i - 1) if isinstance(item, dict) and item.get("type") == "reasoning"
+                   else at)
         made.update(dict.fromkeys(calls, i))
     return out
 

@@ -66,6 +66,17 @@ def test_a_cut_between_a_call_and_its_result_is_not_safe(shape: str) -> None:
     assert safe_cuts(messages) == [False, True, True, False, True, True, True]
 
 
+def test_a_cut_between_a_reasoning_item_and_the_item_after_it_is_not_safe() -> None:
+    """OpenAI's Responses refuse a reasoning item without the item after it, and a call
+    without the reasoning before it: no view starts between them."""
+    reasoning = {"role": "assistant", "content": "", ITEM_KEY: {
+        "type": "reasoning", "id": "rs_1", "summary": []}}
+    messages = [message(i, m) for i, m in enumerate([
+        user("go"), reasoning, responses_call("c1"), responses_output("c1", "out"),
+        user("next")])]
+    assert safe_cuts(messages) == [True, True, False, False, True, True]
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_an_eviction_zone_never_parts_a_call_from_its_result(shape: str) -> None:
     """The zone ends at the first safe cut from its share on, else the last one before it,

@@ -168,7 +168,7 @@ class GraphMethods(Parts):
             EmbeddingError: the text could not be embedded within `Config.extraction_timeout`;
                 nothing was stored.
         """
-        from mnemo.graph.model import TEMPORAL, NodeId, correction
+        from mnemo.graph.model import TEMPORAL, correction
 
         await self._repos.checked(repo, lambda config: check_text(
             text, "text", limit=config.max_text_chars))
@@ -182,10 +182,15 @@ class GraphMethods(Parts):
             )
         vector, generation, policy = await self._fact_vector(repo, old.type, text)
         changeset = correction(repo, old, text, vector, generation)
-        receipt = await self._graph.apply(changeset, intents=policy)
-        # A correction to the wording of another live fact joins it: the receipt names it.
+        return await self._naming_joined(await self._graph.apply(changeset, intents=policy))
+
+    async def _naming_joined(self, receipt: CommitReceipt) -> CommitReceipt:
+        """A one-fact commit's receipt; when the fact joined a live fact of the same words
+        rather than creating one, naming that fact."""
+        from mnemo.graph.model import NodeId
+
         record = None if receipt.node_ids else await self._graph.commit_record(
-            repo, receipt.changeset_id)
+            receipt.repo, receipt.changeset_id)
         return replace(receipt, node_ids=[NodeId(i) for i in record.joined]) if record else receipt
 
     async def remember(
@@ -194,7 +199,8 @@ class GraphMethods(Parts):
     ) -> CommitReceipt:
         """Stores `text` as it is, one SEMANTIC fact (no model but the embedder; it retires no
         fact), with `data` as its data and `metadata` as its scope, recorded as the source
-        `source_id` (`forget(source_id)` erases it). Returns the commit's receipt.
+        `source_id` (`forget(source_id)` erases it). Returns the commit's receipt, naming
+        the fact (a live fact of the same words in the same scope, when there is one).
 
         Raises:
             InvalidInputError: a blank text or one past `Config.max_text_chars`, a source id
@@ -225,7 +231,8 @@ class GraphMethods(Parts):
         record = SourceRecorded(repo, source_id, digest.hexdigest(), changeset.id,
                                 now_utc().isoformat())
         try:
-            return await self._graph.apply(changeset, intents=policy, also=[record])
+            return await self._naming_joined(
+                await self._graph.apply(changeset, intents=policy, also=[record]))
         except SourceTaken as exc:
             raise ConflictError(f"source {source_id!r} of repo {repo!r} is taken") from exc
 

@@ -134,3 +134,17 @@ async def test_a_correction_keeps_nothing_of_its_source_that_forget_erases(store
         corrected = await mem.get_node(REPO, fixed)
         assert corrected is not None
         assert corrected.data["ticket"] == 42
+
+
+async def test_remember_names_the_fact_its_words_joined(store: str) -> None:
+    """A fact remembered again under another source, or one an ingest already extracted, is
+    stored once; its receipt names that fact (it named none), as a correction's does."""
+    async with mnemo.Memory(store, embedder=HashEmbedder()) as mem:
+        fact = await a_fact(mem)
+        (first,) = (await mem.remember(REPO, "The door code is 1234.", source_id="a")).node_ids
+        again = await mem.remember(REPO, "The door code is 1234.", source_id="b")
+        assert again.node_ids == [first]
+        extracted = await mem.remember(REPO, fact.text, source_id="c")
+        assert extracted.node_ids == [fact.id]
+        await mem.forget(REPO, "a")
+        assert await mem.get_node(REPO, first) is not None  # "b" still holds it

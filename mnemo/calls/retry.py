@@ -343,7 +343,7 @@ class LimitedLLM:
                 except LLMError as exc:
                     # Replies given up on (a `Cut`) spent their tokens all the same.
                     if isinstance(spent := getattr(exc, "usage", None), Usage):
-                        self.book(spent)
+                        self._book_tokens(spent)
                     raise
                 finally:
                     self._slots.release()
@@ -355,7 +355,7 @@ class LimitedLLM:
                                re_asks=re_asks - before[2])
                 self.book(counts)
         if response.usage is not None:  # its tokens booked, and this call's counts carried
-            self.book(replace(response.usage, calls=0))
+            self._book_tokens(response.usage)
             response = replace(response, usage=replace(
                 response.usage, calls=counts.calls, retries=counts.retries, re_asks=counts.re_asks))
         return response
@@ -363,6 +363,10 @@ class LimitedLLM:
     def book(self, usage: Usage) -> None:
         if self._meter is not None:
             self._meter(usage)
+
+    def _book_tokens(self, usage: Usage) -> None:
+        """Books a reply's tokens and cost; its calls are the budget's, booked by `generate`."""
+        self.book(replace(usage, calls=0, retries=0, re_asks=0))
 
 
 def book(llm: LLM, usage: Usage) -> None:

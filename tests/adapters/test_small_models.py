@@ -8,10 +8,12 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import anyio
 import pytest
 
 import mnemo
 from mnemo.adapters.openai import OpenAICompatible
+from mnemo.calls.retry import LimitedLLM
 from mnemo.calls.tasks import ask, shorter, task_inputs, task_request
 from mnemo.extraction.prompts import parse_facts, semantic_request
 from tests.adapters.provider_server import Answer, ProviderServer
@@ -70,6 +72,20 @@ async def test_a_reply_cut_with_no_more_room_keeps_its_whole_items(
         facts = await ask(llm, request, parse_facts)
     assert [f.proposition for f in facts] == ["Dana lives in Porto."]
     assert len(server.requests) == 1
+
+
+async def test_a_metered_cut_reply_books_its_call_once(server: ProviderServer) -> None:
+    """A reply given up on as cut (its whole items kept) books its tokens and its one call on
+    the Memory's meter, the call counted once."""
+    text = _cut({"facts": [FACT, {**FACT, "proposition": "The port is 8000."}]}, 130)
+    server.script(Answer(text=text, finish="length", usage=(10, 64)))
+    booked: list[mnemo.Usage] = []
+    request = semantic_request(goal="g", subgoal="s", steps=STEPS)
+    async with OpenAICompatible("m", base_url=server.openai_url, max_tokens=64) as llm:
+        metered = LimitedLLM(llm, anyio.CapacityLimiter(1), booked.append)
+        await ask(metered, request, parse_facts)
+    total = sum(booked, mnemo.Usage())
+    assert (total.input_tokens, total.output_tokens, total.calls) == (10, 64, 1)
 
 
 async def test_a_reply_cut_because_the_context_filled_shortens_the_prompt(

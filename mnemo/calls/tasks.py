@@ -111,10 +111,13 @@ def _last_object(text: str) -> object | None:
             break
         try:
             found, end = _LENIENT.raw_decode(text, start)
-        except json.JSONDecodeError:
-            with suppress(Exception):  # the parser's own errors: not a cut object
-                json.loads("".join(fix_fast(text[start:], Allow.ALL)), strict=False)
-                return None
+        except json.JSONDecodeError as exc:
+            # Only an error at the end (a partial `false` at most) or in a string left open
+            # can be a cut object's, asked of the partial parser; prose fails before.
+            if exc.pos >= len(text) - len("false") or exc.msg.startswith("Unterminated"):
+                with suppress(Exception):  # the parser's own errors: not a cut object
+                    json.loads("".join(fix_fast(text[start:], Allow.ALL)), strict=False)
+                    return None
             end = start + 1
         start = text.find("{", end)
     return found

@@ -15,6 +15,7 @@ import mnemo
 from mnemo.config import DURATION_CEILINGS
 from mnemo.conversation.drafts import draft
 from mnemo.errors import check_json
+from mnemo.graph.scope import check_where
 from tests.conftest import REPO
 from tests.fakes import FakeLLM
 
@@ -207,4 +208,13 @@ async def test_a_memory_file_update_reads_a_long_history_back_to_its_budget(
     update = await files.update(parts, llm=llm, iterations=10)
     assert update.error is not None
     assert "parts" in update.error
+    assert Watched.read == 0
+
+
+def test_a_where_of_ten_million_values_is_refused_unread() -> None:
+    """A `where` listing 10M values for a key is refused on its length before one value is
+    read (the values were copied into a list first: 0.12 s on the event loop per call)."""
+    Watched.read = 0
+    with pytest.raises(mnemo.InvalidInputError, match="10000000 values"):
+        check_where({"k": Watched(range(BIG))})
     assert Watched.read == 0

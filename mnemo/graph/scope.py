@@ -52,7 +52,7 @@ def check_where(where: object) -> Where | None:
     out: Where = {}
     for key, wanted in where.items():
         name = _key(key, "where")
-        values = list(wanted) if isinstance(wanted, list | tuple | set | frozenset) else [wanted]
+        values = wanted if isinstance(wanted, list | tuple | set | frozenset) else [wanted]
         if not values or len(values) > MAX_WHERE_VALUES:
             raise InvalidInputError(
                 f"where[{key!r}] lists {len(values)} values: between 1 and {MAX_WHERE_VALUES}")

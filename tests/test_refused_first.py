@@ -218,3 +218,19 @@ def test_a_where_of_ten_million_values_is_refused_unread() -> None:
     with pytest.raises(mnemo.InvalidInputError, match="10000000 values"):
         check_where({"k": Watched(range(BIG))})
     assert Watched.read == 0
+
+
+async def test_a_bad_where_of_a_repo_this_memory_never_saw_is_refused_unread(store: str) -> None:
+    """`where` is checked before the store is asked about the repo: with the store closed,
+    a bad `where` on a repo this Memory does not know is InvalidInputError for every call
+    taking one (search_nodes asked the store first: StorageError, or NotFoundError)."""
+    mem, _ = await closed_memory(store)
+    calls = {
+        "recall": lambda: mem.recall("elsewhere", "q", where=5),  # type: ignore[arg-type]
+        "search_nodes": lambda: mem.search_nodes("elsewhere", "q", where=5),  # type: ignore[arg-type]
+        "nodes_where": lambda: mem.nodes_where("elsewhere", 5),  # type: ignore[arg-type]
+        "forget_where": lambda: mem.forget_where("elsewhere", 5),  # type: ignore[arg-type]
+    }
+    for call in calls.values():
+        with pytest.raises(mnemo.InvalidInputError, match="where must be a dict"):
+            await call()

@@ -141,9 +141,9 @@ class GraphMethods(Parts):
             check_count("limit", limit, minimum=1, maximum=config.max_results, setting=RESULTS)
             return None if types is None else node_types(types)
 
+        scoped = check_where(where)
         kinds = await self._repos.checked(repo, check)
-        scope = None if (where := check_where(where)) is None else await self._graph.scope(
-            repo, where)
+        scope = None if scoped is None else await self._graph.scope(repo, scoped)
         found = await self._graph.search_text(repo, query, limit, kinds, scope)
         return await self._graph.get_nodes(repo, [node_id for node_id, _ in found])
 

@@ -34,6 +34,21 @@ async def test_saved_messages_carry_metadata_and_search_keeps_to_the_scope(
     assert await mem.search_messages("kettle", thread_id="t2", where={"user_id": "alice"}) == []
 
 
+
+@pytest.mark.parametrize("value", ["José", "東京", "a\x7fb", 0.1 + 0.2, 1e-300, 2**63])
+async def test_search_finds_a_scope_whatever_its_value(mem: mnemo.Memory, value: object) -> None:
+    """A where on a value SQLite's json_quote spells unlike Python's JSON (a non-ASCII
+    string, a float it rounds, an int past 64 bits) finds that scope's messages on both
+    backends: SQLite compared its re-spelling of the stored value with Python's, and found
+    nothing for {"user_id": "José"}."""
+    conv = mem.conversation()
+    await conv.save("t1", [{"role": "user", "content": "my kettle is blue"}],
+                    metadata={"user_id": value})
+    await conv.save("t2", [{"role": "user", "content": "my kettle is red"}],
+                    metadata={"user_id": "bob"})
+    found = await mem.search_messages("kettle", limit=10, where={"user_id": value})
+    assert [h.thread_id for h in found] == ["t1"]
+
 async def test_bad_message_metadata_or_where_is_refused(mem: mnemo.Memory) -> None:
     """A metadata or a where outside the bounds is InvalidInputError; nothing is stored."""
     conv = mem.conversation()

@@ -76,12 +76,12 @@ class SqliteThreads(SqlThreads):
             conditions.append("messages_fts.rowid BETWEEN ? AND ?")
             params += [span[0], span[1]]
         for key, values in (query.where or {}).items():
-            # Each of the scope's keys: the message's metadata value at that key, as JSON.
+            # Each of the scope's keys: the message's value at that key is one of its values,
+            # both read back by SQLite (same type and value, however either JSON spells it).
             conditions.append(
                 "EXISTS (SELECT 1 FROM json_each(m.metadata) j WHERE j.key = ? AND"
-                " (CASE WHEN j.type IN ('true', 'false') THEN j.type"
-                f" ELSE json_quote(j.value) END) IN ({marks(len(values))}))")
-            params += [key, *values]
+                " (j.type, j.value) IN (SELECT type, value FROM json_each(?)))")
+            params += [key, f"[{','.join(values)}]"]
         unseen, hidden = self._unseen(query)
         conditions += unseen
         params += hidden

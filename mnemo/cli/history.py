@@ -63,12 +63,13 @@ async def history(
 
 
 def origin(commit: CommitRecord, sessions: dict[str, str], goal: str | None) -> str:
-    """Where a commit came from, its session (short) or source, or the commit it reverts, the
-    goal it served, and whether it was reverted."""
+    """Where a commit came from, its session (short) or source, the commit it reverts or the
+    maintenance it was, the goal it served, and whether it was reverted."""
     origin = (f"session {sessions.get(commit.session_id, commit.session_id)}"
               if commit.session_id else f"source {commit.source_id}" if commit.source_id
               else f"revert of {commit.reverts.removeprefix('changeset_')[:8]}"
-              if commit.reverts else "")
+              if commit.reverts else f"{commit.maintenance}, {len(commit.removed)} removed"
+              if commit.maintenance else "")
     origin = ": ".join(part for part in (origin, goal) if part)
     return f"{origin} (reverted)" if commit.reverted_by else origin
 
@@ -171,7 +172,7 @@ async def revert(
     async with open_memory(settings) as mem:
         _, commit_id = await _commit_id(mem, repo, commit)
         record = (await mem.commit_diff(repo, commit_id)).commit
-        if not (record.reverts or record.reverted_by):  # else refused unasked
+        if not (record.reverts or record.reverted_by or record.maintenance):  # else refused
             await confirm(
                 f"Revert commit {commit_id} of {repo!r}: remove its {record.node_count} "
                 f"nodes and {record.link_count} links for good (those another commit "

@@ -30,7 +30,9 @@ _HELD = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
 class CommitRecord:
     """One applied changeset of a repo, or the revert of one: its id, its place (`seq`), when,
     its session or source, and the ids of what it added, linked, retired, reworded and joined;
-    `reverted_by` / `reverts` link a commit and its revert."""
+    `reverted_by` / `reverts` link a commit and its revert. A maintenance record names its
+    operation (`maintenance`: "consolidate", "decay", "validate_episodic") and the nodes it
+    deleted (`removed`)."""
 
     id: str
     repo: str
@@ -45,6 +47,8 @@ class CommitRecord:
     joined: tuple[str, ...] = ()
     reverted_by: str | None = None
     reverts: str | None = None
+    maintenance: str | None = None
+    removed: tuple[str, ...] = ()
 
     @property
     def node_count(self) -> int:
@@ -104,7 +108,9 @@ async def revert(
 
     async def refused() -> None:
         record = await _record(graph, repo, commit_id)
-        reason = (f"it is a revert of {record.reverts!r}" if record.reverts else
+        reason = (f"it is maintenance ({record.maintenance}): what it removed is gone"
+                  if record.maintenance else
+                  f"it is a revert of {record.reverts!r}" if record.reverts else
                   f"it was reverted by {record.reverted_by!r}" if record.reverted_by else
                   await _built_on(graph, record))
         if reason:

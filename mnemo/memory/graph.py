@@ -277,8 +277,9 @@ class GraphMethods(Parts):
                                              offset)
 
     async def history(self, repo: str, *, limit: int = 20) -> list[CommitRecord]:
-        """The repo's `limit` newest commits (sessions' and ingests'), newest first: id, time,
-        session or source, and the ids of what each added, retired and reworded.
+        """The repo's `limit` newest commits (sessions', ingests', reverts and maintenance),
+        newest first: id, time, session or source, and the ids of what each added, retired,
+        reworded or (maintenance) removed.
 
         Raises:
             InvalidInputError: a limit below 1 or past `Config.max_results`.
@@ -311,9 +312,9 @@ class GraphMethods(Parts):
 
         Raises:
             InvalidInputError: no such commit in the repo.
-            ConflictError: the commit is a revert or was reverted, or a later commit built on
-                it (retired one of its facts, or linked to a node only it holds); the message
-                names the commit to revert first.
+            ConflictError: the commit is a revert, was reverted or is maintenance, or a later
+                commit built on it (retired one of its facts, or linked to a node only it
+                holds); the message names the commit to revert first.
             EmbeddingError: a shared node's new wording could not be embedded; nothing went.
             NotFoundError: an unknown repo.
         """

@@ -20,8 +20,10 @@ NODE_COLUMNS = (
     "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
 )
 NODE_WIDTH = len(NODE_COLUMNS.split(","))
+# A commit record's columns as a commit writes them; read with maintenance's after them.
 COMMIT_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
                   " reworded, joined, reverted_by, reverts")
+_READ = f"{COMMIT_COLUMNS}, maintenance, removed"
 
 
 class RowReads(SqlStore):
@@ -34,14 +36,15 @@ class RowReads(SqlStore):
 
     def _commit(self, row: Row) -> CommitRecord:
         (commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded,
-         joined, reverted_by, reverts) = row
+         joined, reverted_by, reverts, maintenance, removed) = row
         ids = self.WRITES._loads
         return CommitRecord(
             id=str(commit_id), repo=str(repo), seq=int(seq), committed_at=moment(at),
             session_id=session_id, source_id=source_id, node_ids=tuple(map(str, ids(nodes))),
             links=tuple(Link(str(s), str(d), LinkType(t)) for s, d, t in ids(links)),
             retired=tuple(map(str, ids(retired))), reworded=tuple(map(str, ids(reworded))),
-            joined=tuple(map(str, ids(joined))), reverted_by=reverted_by, reverts=reverts)
+            joined=tuple(map(str, ids(joined))), reverted_by=reverted_by, reverts=reverts,
+            maintenance=maintenance, removed=tuple(map(str, ids(removed))))
 
     async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]:
         """The nodes with these ids, in the order asked (unknown ids are left out)."""
@@ -92,11 +95,11 @@ class RowReads(SqlStore):
         after, params = ("", []) if after_seq is None else (" AND seq > ?", [after_seq])
         cut = "" if after_seq is not None or limit is None else f" LIMIT {int(limit)}"
         return [self._commit(row) for row in await self._rows(
-            f"SELECT {COMMIT_COLUMNS} FROM commits WHERE repo = ?{after} ORDER BY seq DESC{cut}",
+            f"SELECT {_READ} FROM commits WHERE repo = ?{after} ORDER BY seq DESC{cut}",
             [repo, *params])]
 
     async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
-        rows = await self._rows(f"SELECT {COMMIT_COLUMNS} FROM commits WHERE repo = ? AND id = ?",
+        rows = await self._rows(f"SELECT {_READ} FROM commits WHERE repo = ? AND id = ?",
                                 [repo, commit_id])
         return self._commit(rows[0]) if rows else None
 

@@ -5,6 +5,7 @@ links, vector and search entry go with it (ON DELETE CASCADE); ids come back in 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from mnemo.config import Config
 from mnemo.graph import maintenance
 from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
-from mnemo.graph.model import NodeType, node_value
+from mnemo.graph.model import NodeType, node_value, now_utc
 from mnemo.ports import JSONObject
 from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.graph_writes import SqlGraphWrites
@@ -86,6 +87,7 @@ class SqlMaintenance(SqlGraphWrites):
         await self._delete(sql, merged)
         tags = await self._orphans(sql, repo, (NodeType.TAG,))
         await self._delete(sql, tags)
+        await self._recorded(sql, repo, "consolidate", merged + tags)
         if examined:
             await sql.run(f"UPDATE nodes SET consolidated = {self.TRUE}"
                           f" WHERE repo = ? AND id{self.ANY}", (repo, self._list(examined)))
@@ -121,6 +123,7 @@ class SqlMaintenance(SqlGraphWrites):
         await self._delete(sql, doomed)
         pruned = await self._orphans(sql, repo, maintenance.ROUTES)
         await self._delete(sql, pruned)
+        await self._recorded(sql, repo, "decay", doomed + pruned)
         return doomed + pruned, DecayReport(examined, len(doomed), len(pruned))
 
     async def _below_threshold(self, sql: Statements, where: str, params: tuple[object, ...],
@@ -168,6 +171,7 @@ class SqlMaintenance(SqlGraphWrites):
             if steps:
                 restored += await self._relink(sql, repo, steps, kind, link, field, prefix)
         dangling = await sql.run(f"DELETE FROM links WHERE {self.DANGLING}", (repo,))
+        await self._recorded(sql, repo, "validate_episodic", [], changed=bool(restored or dangling))
         missing_vectors = await number(
             sql,
             "SELECT count(*) FROM nodes n WHERE n.repo = ?"
@@ -225,6 +229,20 @@ class SqlMaintenance(SqlGraphWrites):
             " ORDER BY n.rowid",
             (repo, self._list([kind.value for kind in kinds])),
         )]
+
+    async def _recorded(self, sql: Statements, repo: str, operation: str, removed: list[str],
+                        *, changed: bool = False) -> None:
+        """The history's record of a maintenance that `removed` these nodes or else `changed`
+        the graph (ids, never text); none for one that changed nothing."""
+        if removed or changed:
+            none = self._record([], False)
+            await sql.run(
+                "INSERT INTO commits(id, repo, seq, committed_at, nodes, links, retired, reworded,"
+                " maintenance, removed) SELECT ?, ?, coalesce(max(seq), 0) + 1, ?, ?, ?, ?, ?, ?,"
+                " ? FROM commits WHERE repo = ?",
+                (f"maintenance_{uuid.uuid4().hex}", repo, self._time(now_utc().isoformat()),
+                 self._record([], True), self._record([], True), none, none, operation,
+                 self._record(removed, False), repo))
 
     async def _delete(self, sql: Statements, node_ids: list[str]) -> None:
         if node_ids:

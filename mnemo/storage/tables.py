@@ -41,10 +41,10 @@ _TYPES = {
 _TYPE = re.compile(r"\b(" + "|".join(_TYPES) + r")\b")
 
 
-def ddl(postgres: bool) -> str:
-    """`TABLES` as SQLite (`postgres` false) or PostgreSQL runs it."""
+def ddl(postgres: bool, script: str = "") -> str:
+    """`script` (default: `TABLES`) as SQLite (`postgres` false) or PostgreSQL runs it."""
     mine, other = ("postgres:", "sqlite:") if postgres else ("sqlite:", "postgres:")
-    lines = [line.removeprefix(mine) for line in TABLES.splitlines(keepends=True)
+    lines = [line.removeprefix(mine) for line in (script or TABLES).splitlines(keepends=True)
              if not line.startswith(other)]
     script = _TYPE.sub(lambda word: _TYPES[word[0]][postgres], "".join(lines))
     return script.replace(") WITHOUT ROWID;", ");") if postgres else script
@@ -384,3 +384,10 @@ sqlite:CREATE INDEX commits_by_session ON commits(session_id) WHERE session_id I
 """
 
 TABLES = _SESSIONS + _GRAPH + _CONVERSATION + _WORK + _LEXICAL + _HISTORY
+
+# After the baseline (`ddl(postgres, MAINTENANCE)`, then `transfer` copies them too): a record of
+# maintenance names its operation and the nodes it deleted.
+MAINTENANCE = """
+ALTER TABLE commits ADD COLUMN maintenance TEXT;
+ALTER TABLE commits ADD COLUMN removed JSON NOT NULL DEFAULT '[]';
+"""

@@ -16,7 +16,7 @@ from pathlib import Path
 from mnemo.errors import ConflictError, StorageError
 from mnemo.storage.ports import is_postgres
 from mnemo.storage.sql import SqlStore, marks
-from mnemo.storage.tables import ddl
+from mnemo.storage.tables import MAINTENANCE, ddl
 
 # A neutral row: one value per column of its table, in the table's column order.
 Row = tuple[object, ...]
@@ -59,8 +59,8 @@ _NOT_COPIED = {"holders", "ops", "step_claims", "reembeds", "staged_vectors", "l
 
 
 def _tables() -> tuple[Table, ...]:
-    """`tables.TABLES` as PostgreSQL's columns name them, in creation order (a row's parents
-    are copied before it: both backends check foreign keys)."""
+    """`tables.TABLES` and the later columns (`MAINTENANCE`) as PostgreSQL's columns name them,
+    in creation order (a row's parents are copied before it: both backends check foreign keys)."""
     tables = []
     for name, body in re.findall(r"CREATE TABLE (\w+) \(\n(.*?)\n\)", ddl(postgres=True), re.S):
         columns: list[tuple[str, Kind]] = []
@@ -72,6 +72,8 @@ def _tables() -> tuple[Table, ...]:
                 columns.append((column, _KINDS[kind.lower()]))
                 if "PRIMARY" in rest:
                     key = (column,)
+        columns += [(column, _KINDS[kind.lower()]) for column, kind in re.findall(
+            rf"ALTER TABLE {name} ADD COLUMN (\w+) (\w+)", ddl(True, MAINTENANCE))]
         if name not in _NOT_COPIED:
             names, kinds = zip(*columns, strict=True)
             tables.append(Table(name, names, kinds, key))

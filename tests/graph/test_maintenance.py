@@ -18,7 +18,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 import mnemo
 from mnemo.config import Config
-from mnemo.graph import maintenance, model
+from mnemo.graph import history, maintenance, model
 from mnemo.graph.commit import CommitTarget
 from mnemo.graph.maintenance import (
     ConsolidationReport,
@@ -240,6 +240,9 @@ async def test_consolidate_merges_duplicates_keeping_links_and_metadata(
     report = await consolidate(graph, REPO, CONFIG)
     assert report == ConsolidationReport(examined=3, merged=1, links_moved=2, tags_pruned=1)
     assert await ids(backend) == {"A", "C", "T1", "T2", "E1", "E2"}
+    record = (await history.history(graph, REPO, 10))[0]
+    assert (record.maintenance, record.removed, record.node_ids) == ("consolidate",
+                                                                     ("B", "lonely"), ())
     assert await links_of(backend, "A") == [
         ("A", "E1", "provenance"),
         ("A", "E2", "provenance"),
@@ -266,7 +269,9 @@ async def test_consolidate_compares_new_nodes_only_unless_full(
     compares everything again."""
     graph = kitchen
     await consolidate(graph, REPO, CONFIG)
+    records = len(await history.history(graph, REPO, 100))
     assert await consolidate(graph, REPO, CONFIG) == ConsolidationReport(0, 0, 0, 0)
+    assert len(await history.history(graph, REPO, 100)) == records  # nothing changed
     await commit(
         graph, "c4", [fact("D", "a shed stands in the garden", at_cosine(0.95, 3, 4), 0.5)], []
     )
@@ -433,6 +438,7 @@ async def test_validate_a_healthy_graph(trajectory: GraphStore) -> None:
     report = await validate_episodic(trajectory, REPO)
     assert report.ok
     assert report.episodic == 2
+    assert [c.maintenance for c in await history.history(trajectory, REPO, 10)] == [None]
 
 
 async def test_validate_relinks_steps(trajectory: GraphStore, backend: Backend) -> None:
@@ -445,6 +451,8 @@ async def test_validate_relinks_steps(trajectory: GraphStore, backend: Backend) 
     report = await validate_episodic(graph, REPO)
     assert (report.missing_subgoal, report.missing_source, report.links_restored) == (1, 2, 3)
     assert not report.ok
+    assert [c.maintenance for c in await history.history(graph, REPO, 10)] == [
+        "validate_episodic", None]
     assert (await validate_episodic(graph, REPO)).ok
     assert ("subgoal_t1", "s2", "hierarchical") in await links_of(backend, "s2")
     assert ("s1", "source_ep1", "provenance") in await links_of(backend, "s1")
@@ -674,5 +682,11 @@ async def test_memory_maintenance_methods(store: str) -> None:
         report = await mem.decay("r", now=far)
         assert report.deleted >= 2
         assert [n for n in receipt.node_ids if await mem.get_node("r", n)] == []
+        decayed, ingested = await mem.history("r")
+        assert (decayed.maintenance, ingested.source_id) == ("decay", "tea")
+        assert set(receipt.node_ids) <= set(decayed.removed)
+        assert len(decayed.removed) == report.deleted + report.pruned
+        with pytest.raises(mnemo.ConflictError, match="maintenance"):
+            await mem.revert("r", decayed.id)
         with pytest.raises(mnemo.NotFoundError):
             await mem.decay("nope")

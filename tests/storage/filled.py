@@ -14,7 +14,7 @@ import numpy as np
 import psycopg
 
 import mnemo
-from mnemo.storage.sqlite.rows import unpack_text
+from mnemo.storage.sqlite.rows import pack_text, unpack_text
 from mnemo.storage.transfer import TABLES, Kind, Table
 from tests.conversation._support import ScriptedEviction, assistant, user
 from tests.fakes import FakeEmbedder
@@ -30,7 +30,7 @@ async def fill(path: Path) -> None:
     """Fills a new SQLite memory at `path` through the public API: a committed session, an
     ingest, a thread with vectors, a compaction, a goal, a pin and a snapshot; then one row
     each in the tables that hold rows only while work is under way (changesets,
-    task_results) and in server_profiles."""
+    task_results), in server_profiles and a maintenance record."""
     llm = ScriptedEviction()
     async with mnemo.Memory(path, llm=llm, embedder=FakeEmbedder()) as mem:
         await mem.open_repo(REPO)
@@ -80,6 +80,13 @@ async def fill(path: Path) -> None:
             (episode, "trajectory-1", "semantic", "d1",
              json.dumps({"facts": ["x"]}, sort_keys=True),
              json.dumps({"input_tokens": 3}, sort_keys=True), now),
+        )
+        # A maintenance record, its columns added after the baseline.
+        conn.execute(
+            "INSERT INTO commits(id, repo, seq, committed_at, nodes, links, retired, reworded,"
+            " maintenance, removed) VALUES (?, ?, 99, ?, ?, ?, '[]', '[]', 'decay', ?)",
+            ("maintenance-1", REPO, now, pack_text("[]"), pack_text("[]"),
+             json.dumps(["semantic_gone"])),
         )
         # What a model learned of its server (the fake LLM learns nothing of one).
         conn.execute(

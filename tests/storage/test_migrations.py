@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
@@ -76,15 +77,24 @@ def baseline(store: str) -> str:
         sqlite_schema.BASELINE)
 
 
-def test_a_new_store_records_the_baseline_alone(made: str) -> None:
-    """A store made by this version holds the baseline's tables and records it, and nothing
-    else, as its one migration."""
-    assert ledger(made) == [baseline(made)]
+def registered(store: str) -> list[str]:
+    """The backend's migrations, the baseline first."""
+    if store.startswith("postgresql"):
+        return [migration.name for migration in pg_schema.MIGRATIONS]
+    return list(sqlite_schema.NAMES)
+
+
+def test_a_new_store_records_the_baseline_then_each_later_migration(made: str) -> None:
+    """A store made by this version holds the baseline's tables and the later columns, and
+    records the baseline, then each later migration, once."""
+    assert ledger(made) == registered(made)
+    assert registered(made)[0] == baseline(made)
     tables = run(made, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
                  if made.startswith("postgresql") else
                  "SELECT name FROM sqlite_master WHERE type = 'table'")
     assert {"nodes", "commits", "node_scopes", "lexical_epoch"} <= {t for (t,) in tables}
     assert run(made, "SELECT count(*) FROM lexical_epoch") == [(1,)]
+    assert run(made, "SELECT maintenance, removed FROM commits") == []
 
 
 def add_later_migration(store: str, monkeypatch: pytest.MonkeyPatch) -> str:
@@ -92,20 +102,21 @@ def add_later_migration(store: str, monkeypatch: pytest.MonkeyPatch) -> str:
     row in it; returns its name."""
     if store.startswith("postgresql"):
         later = pg_schema.Migration(
-            "m021_later", ("CREATE TABLE later (n integer)", "INSERT INTO later VALUES (1)"))
+            "m099_later", ("CREATE TABLE later (n integer)", "INSERT INTO later VALUES (1)"))
         monkeypatch.setattr(pg_schema, "MIGRATIONS", (*pg_schema.MIGRATIONS, later))
         return later.name
     migrations = Migrations("mnemo")
-    migrations(name=sqlite_schema.BASELINE)(sqlite_schema.baseline)
+    for known in sqlite_schema.MIGRATIONS._migrations:
+        migrations(name=known.name)(known.fn)
 
-    @migrations(name="m029_later")
-    def m029_later(db: Database) -> None:
+    @migrations(name="m099_later")
+    def m099_later(db: Database) -> None:
         sqlite_schema.execute_all(db, "CREATE TABLE later (n INTEGER);\n"
                                       "INSERT INTO later VALUES (1);")
 
     monkeypatch.setattr(sqlite_schema, "MIGRATIONS", migrations)
-    monkeypatch.setattr(sqlite_schema, "NAMES", [*sqlite_schema.NAMES, "m029_later"])
-    return "m029_later"
+    monkeypatch.setattr(sqlite_schema, "NAMES", [*sqlite_schema.NAMES, "m099_later"])
+    return "m099_later"
 
 
 async def test_a_migration_after_the_baseline_is_applied_once_by_concurrent_openers(
@@ -126,7 +137,8 @@ async def test_a_migration_after_the_baseline_is_applied_once_by_concurrent_open
     async with open_stores(made, 8, lexical_dir=""):
         pass
     assert run(made, "SELECT n FROM later") == [(1,)]
-    assert ledger(made) == [baseline(made), name]
+    assert ledger(made) == registered(made)
+    assert ledger(made)[-1] == name
 
 
 async def refusal(made: str) -> mnemo.StorageError:
@@ -147,7 +159,8 @@ async def test_a_store_older_than_the_baseline_is_refused_and_left_as_it_was(mad
     before 0.1.0) is refused when a Memory opens it: `StorageError("unavailable")` in one line
     saying so, not a driver's error, and neither its schema nor its ledger changes."""
     table = "mnemo_migrations" if made.startswith("postgresql") else "_sqlite_migrations"
-    run(made, f"UPDATE {table} SET name = 'm019_unannotated_steps'", "DROP TABLE node_scopes")
+    run(made, f"DELETE FROM {table} WHERE name <> '{baseline(made)}'",
+        f"UPDATE {table} SET name = 'm019_unannotated_steps'", "DROP TABLE node_scopes")
     refused = await refusal(made)
     assert "older than 0.1.0" in str(refused)
     assert refused.__cause__ is None
@@ -168,3 +181,25 @@ async def test_a_store_a_newer_mnemo_upgraded_is_refused_and_left_as_it_was(made
     refused = await refusal(made)
     assert "newer mnemo" in str(refused)
     assert "m999_future" in str(refused)
+
+
+async def test_a_store_of_the_baseline_gets_the_maintenance_columns_its_commits_kept(
+    made: str
+) -> None:
+    """A store of the baseline alone (0.1.0's), holding a commit, is upgraded when a Memory
+    opens it: the commit reads as before, and maintenance is recorded from then on."""
+    async with mnemo.Memory(made, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo("r")
+        step = mnemo.Step("Dana lives in Lisbon.", "Note.")
+        await mem.ingest("r", mnemo.Trajectory("Chat", [step]), source_id="a")
+    table = "mnemo_migrations" if made.startswith("postgresql") else "_sqlite_migrations"
+    run(made, f"DELETE FROM {table} WHERE name <> '{baseline(made)}'",
+        "ALTER TABLE commits DROP COLUMN maintenance", "ALTER TABLE commits DROP COLUMN removed")
+    async with mnemo.Memory(made, embedder=FakeEmbedder()) as mem:
+        [ingest] = await mem.history("r")
+        assert (ingest.source_id, ingest.maintenance, ingest.removed) == ("a", None, ())
+        decayed = await mem.decay("r", now=datetime(2200, 1, 1, tzinfo=UTC))
+        record = (await mem.history("r"))[0]
+        assert (record.maintenance, len(record.removed)) == ("decay", decayed.deleted
+                                                             + decayed.pruned)
+    assert ledger(made) == registered(made)

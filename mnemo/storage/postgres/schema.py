@@ -19,7 +19,7 @@ from mnemo.errors import StorageError
 from mnemo.storage.lexical.index import LOG_KEEP
 from mnemo.storage.postgres.connection import Connection, lock_key, storage_error
 from mnemo.storage.postgres.text_search import SEARCH_VECTOR, TEXT_SEARCH_CONFIG
-from mnemo.storage.tables import check_ledger, ddl, statements
+from mnemo.storage.tables import MAINTENANCE, check_ledger, ddl, statements
 
 SCHEMA_LOCK = lock_key("mnemo.schema")
 
@@ -115,7 +115,8 @@ BASELINE = Migration("m020_scopes", (
     *_LEXICAL,
 ))
 
-MIGRATIONS: tuple[Migration, ...] = (BASELINE,)
+MIGRATIONS: tuple[Migration, ...] = (
+    BASELINE, Migration("m021_maintenance", statements(ddl(True, MAINTENANCE))))
 
 
 async def apply(conn: Connection) -> list[str]:

@@ -46,30 +46,6 @@ from mnemo.text import query_words
 log = logging.getLogger("mnemo")
 
 
-class SqliteMaintenance(SqlMaintenance):
-    # Neither end in another repo (links have no repo: it is their ends').
-    DANGLING = (
-        "(NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid = links.src)"
-        " OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid = links.dst))"
-        " AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid IN (links.src, links.dst)"
-        " AND n.repo != ?)"
-    )
-
-    async def _bad_vectors(self, sql: Statements, repo: str, dim: int) -> int:
-        # Half floats: two bytes a number.
-        return await number(sql, "SELECT count(*) FROM nodes n JOIN vectors v ON v.node = n.rowid"
-                            " WHERE n.repo = ? AND length(v.vec) != ?", repo, 2 * dim)
-
-    async def _search_rebuilt(self, sql: Statements, repo: str) -> bool:
-        try:
-            # rank = 1: also compare the index with its content table (the nodes).
-            await sql.run("INSERT INTO nodes_fts(nodes_fts, rank) VALUES ('integrity-check', 1)")
-            return False
-        except sqlite3.DatabaseError:
-            await sql.run("INSERT INTO nodes_fts(nodes_fts) VALUES ('rebuild')")
-            return True
-
-
 class SqliteSessions(SqlSessions):
     """The `SessionStore` port over SQLite (times as UTC ISO-8601 text, JSON as text, a list
     parameter a JSON array read by `json_each`)."""
@@ -101,6 +77,30 @@ class SqliteGraphWrites(SqlGraphWrites):
     @staticmethod
     def _loads(value: Any) -> Any:
         return None if value is None else loads(unpack_text(value))
+
+
+class SqliteMaintenance(SqlMaintenance, SqliteGraphWrites):
+    # Neither end in another repo (links have no repo: it is their ends').
+    DANGLING = (
+        "(NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid = links.src)"
+        " OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid = links.dst))"
+        " AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid IN (links.src, links.dst)"
+        " AND n.repo != ?)"
+    )
+
+    async def _bad_vectors(self, sql: Statements, repo: str, dim: int) -> int:
+        # Half floats: two bytes a number.
+        return await number(sql, "SELECT count(*) FROM nodes n JOIN vectors v ON v.node = n.rowid"
+                            " WHERE n.repo = ? AND length(v.vec) != ?", repo, 2 * dim)
+
+    async def _search_rebuilt(self, sql: Statements, repo: str) -> bool:
+        try:
+            # rank = 1: also compare the index with its content table (the nodes).
+            await sql.run("INSERT INTO nodes_fts(nodes_fts, rank) VALUES ('integrity-check', 1)")
+            return False
+        except sqlite3.DatabaseError:
+            await sql.run("INSERT INTO nodes_fts(nodes_fts) VALUES ('rebuild')")
+            return True
 
 
 class SqliteGraph(MaintainedGraph, ReembeddedGraph):

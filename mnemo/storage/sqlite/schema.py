@@ -12,7 +12,7 @@ from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
 from mnemo.storage.lexical.index import LOG_KEEP
-from mnemo.storage.tables import check_ledger, ddl
+from mnemo.storage.tables import MAINTENANCE, check_ledger, ddl
 
 MIGRATIONS = Migrations("mnemo")
 BASELINE = "m028_scopes"
@@ -76,6 +76,11 @@ def baseline(db: Database) -> None:
         ],
     )
     db.execute("ANALYZE sqlite_schema")
+
+
+@migration("m029_maintenance")
+def maintenance(db: Database) -> None:
+    execute_all(db, ddl(False, MAINTENANCE))
 
 
 def _searched(table: str) -> str:

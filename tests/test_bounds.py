@@ -217,15 +217,16 @@ async def test_every_read_count_is_bounded_by_max_results(mem: mnemo.Memory) -> 
 @pytest.mark.parametrize(
     "arguments",
     [{"max_retries": 101}, {"max_retries": -1}, {"max_retries": "2"}, {"max_polls": 0},
-     {"max_polls": 2.5}, {"poll_interval": 0}, {"poll_interval": float("inf")},
-     {"poll_interval": "fast"}],
+     {"max_polls": 2.5}, {"max_polls": 10**400}, {"max_polls": 1_728_001}, {"poll_interval": 0},
+     {"poll_interval": float("inf")}, {"poll_interval": "fast"}],
 )
 async def test_close_and_commit_takes_bounded_retries_and_waits(
     mem: mnemo.Memory, enter: Enter, arguments: dict[str, Any]
 ) -> None:
     """close_and_commit with more retries than MAX_RETRIES (each runs the extraction's model
-    calls again), or a max_polls or poll_interval that is no count or time, is
-    InvalidInputError, and the session is not closed."""
+    calls again), or a max_polls or poll_interval that is no count or time, or a wait
+    (max_polls * poll_interval) past a day, is InvalidInputError, and the session is not
+    closed."""
     sid = await enter(mnemo.State.COLLECTING)
     with pytest.raises(mnemo.InvalidInputError):
         await mem.close_and_commit(sid, **arguments)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from mnemo.config import DURATION_CEILINGS, Config
+from mnemo.config import DAY, DURATION_CEILINGS, Config
 from mnemo.errors import (
     InvalidInputError,
     NotFoundError,
@@ -209,14 +209,14 @@ class SessionMethods(Parts):
 
         Raises:
             InvalidInputError: `max_retries` not an integer in 0..`MAX_RETRIES`, `max_polls`
-                not None or a positive integer, `poll_interval` not in (0, a day] seconds.
+                not None or an integer >= 1, `poll_interval` not in (0, a day] s, a wait > a day.
             PipelineError: "extraction_failed" or "extraction_timeout".
         """
         self._works("close_and_commit")
         check_count("max_retries", max_retries, maximum=MAX_RETRIES)
-        if max_polls is not None:
-            check_count("max_polls", max_polls, minimum=1)
         check_seconds("poll_interval", poll_interval, DURATION_CEILINGS["wait"])
+        if max_polls is not None:  # a wait, at most a day as poll_interval is
+            check_count("max_polls", max_polls, minimum=1, maximum=DAY / poll_interval)
         from mnemo.extraction.pipeline import failure_reason
         from mnemo.session import transitions
         from mnemo.session.machine import State as S

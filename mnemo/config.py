@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from mnemo.errors import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT, InvalidInputError
+from mnemo.errors import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT, InvalidInputError, check_text
 
 # The highest value of each per-call bound (docs/DECISIONS.md, "Per-call bounds").
 COUNT_CEILINGS = {
@@ -194,6 +194,8 @@ class _Check(typing.NamedTuple):
     def __call__(self, name: str, value: object) -> None:
         try:  # a float's subclass (numpy's float64) is checked as the float it is
             msgspec.convert(float(value) if isinstance(value, float) else value, self.hint)
+            if isinstance(value, str):  # stored as JSON: no NUL, no lone surrogate (PostgreSQL)
+                check_text(value, f"Config.{name}", limit=MAX_TEXT_CHARS_LIMIT, blank_ok=True)
         except msgspec.ValidationError:
             raise InvalidInputError(f"Config.{name} must be {self.wanted}, got {value!r}") from None
 
@@ -211,9 +213,7 @@ def _phrase(kind: type, meta: Meta | None, optional: bool) -> str:
     elif low is not None and high is not None:
         opened, closed = "(" if meta.ge is None else "[", ")" if meta.le is None else "]"
         text = f"{noun} within {opened}{_num(low)}, {_num(high)}{closed}"
-    elif low is not None:
-        text = f"{noun} {'>' if meta.ge is None else '>='} {_num(low)}"
-    else:
+    else:  # unused: every numeric field has both bounds (tests/test_config.py)
         text = noun
     return f"{text} or None" if optional else text
 

@@ -145,3 +145,15 @@ def test_every_count_has_a_ceiling() -> None:
         assert getattr(mnemo.Config.from_json(stored), name) == high
     assert (counts["recall_neighbour_width"], counts["contradiction_candidates"],
             counts["max_pending_ops"]) == (100, 100, 10_000)
+
+
+@pytest.mark.parametrize("name", ["lexical_dir", "ann_dir"])
+@pytest.mark.parametrize("bad", ["a\x00b", "lexical\udcff"])
+async def test_a_text_field_the_store_cannot_hold_is_refused(
+    mem: mnemo.Memory, name: str, bad: str
+) -> None:
+    """A NUL or a lone surrogate in a text field is InvalidInputError on both backends, and no
+    repo is stored: PostgreSQL refused the stored config (StorageError) where SQLite kept it."""
+    with pytest.raises(mnemo.InvalidInputError, match=rf"Config\.{name}"):
+        await mem.open_repo("r2", config=configured(name, bad))
+    assert "r2" not in await mem.list_repos()

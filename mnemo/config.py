@@ -170,8 +170,7 @@ class Config:
         raw = json.loads(text)
         if not isinstance(raw, dict):
             raise InvalidInputError(f"a stored Config must be a JSON object, got {text[:80]!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        fields = {k: v for k, v in raw.items() if k in known}
+        fields = {k: v for k, v in raw.items() if k in _checks()}  # the known fields
         for name, check in _checks().items():
             wanted, high = fields.get(name), check.high
             if isinstance(wanted, int | float) and high is not None and wanted > high:

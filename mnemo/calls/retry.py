@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
 
-from mnemo.errors import InvalidInputError, LLMError, check_count
+from mnemo.errors import MAX_JSON_DEPTH, LLMError, check_count, check_seconds
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 
 if TYPE_CHECKING:
@@ -61,16 +61,11 @@ class Deadline:
 
     def allow(self, seconds: float) -> None:
         """Leaves at least `seconds` before the deadline, waits excluded."""
-        if self._paused:
-            more = seconds - self._left
-        else:
-            more = anyio.current_time() + seconds - self.scope.deadline
+        more = seconds - self.left()
         if more > 0:
             self.granted += more
-            if self._paused:
-                self._left = seconds
-            else:
-                self.scope.deadline += more
+            self._left += more  # what it has left while paused
+            self.scope.deadline += more  # while paused, infinite: unchanged
 
     def left(self) -> float:
         return self._left if self._paused else self.scope.deadline - anyio.current_time()
@@ -188,12 +183,8 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         check_count("max_calls", self.max_calls, minimum=1)
         check_count("max_re_asks", self.max_re_asks, minimum=0)
-        if self.max_seconds is not None and not (
-            isinstance(self.max_seconds, int | float) and self.max_seconds > 0
-        ):
-            raise InvalidInputError(
-                f"max_seconds must be positive or None, got {self.max_seconds!r}"
-            )
+        if self.max_seconds is not None:
+            check_seconds("max_seconds", self.max_seconds, math.inf)
 
 
 def policy_from(
@@ -354,6 +345,7 @@ class LimitedLLM:
                 counts = Usage(calls=calls - before[0], retries=retries - before[1],
                                re_asks=re_asks - before[2])
                 self.book(counts)
+        response = replace(response, text=_storable(response.text), data=_storable(response.data))
         if response.usage is not None:  # its tokens booked, and this call's counts carried
             self._book_tokens(response.usage)
             response = replace(response, usage=replace(
@@ -367,6 +359,17 @@ class LimitedLLM:
     def _book_tokens(self, usage: Usage) -> None:
         """Books a reply's tokens and cost; its calls are the budget's, booked by `generate`."""
         self.book(replace(usage, calls=0, retries=0, re_asks=0))
+
+
+def _storable(value: Any, depth: int = 0) -> Any:
+    """A reply's value, its strings without NUL (PostgreSQL's text has none) or lone surrogates."""
+    if isinstance(value, str):
+        return value.replace("\x00", "").encode("utf-8", "replace").decode()
+    if isinstance(value, list) and depth < MAX_JSON_DEPTH:
+        return [_storable(item, depth + 1) for item in value]
+    if isinstance(value, dict) and depth < MAX_JSON_DEPTH:
+        return {_storable(k): _storable(v, depth + 1) for k, v in value.items()}
+    return value
 
 
 def book(llm: LLM, usage: Usage) -> None:

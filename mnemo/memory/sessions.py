@@ -224,7 +224,7 @@ class SessionMethods(Parts):
         try:
             live = self._live
             session = await live.fetch(session_id, fresh=True)
-            # Extractions this call started (or found running).
+            # Extractions this call started (or found running), besides its retries.
             runs = 1 if session.state in (S.COLLECTING, S.IDLE, S.EXTRACTING) else 0
             if session.state in (S.COLLECTING, S.IDLE):
                 await transitions.call(live, session, "close")
@@ -248,26 +248,24 @@ class SessionMethods(Parts):
                     raise PipelineError("extraction_timeout", f"{session_id} still extracting")
                 if session.ended:
                     raise NotFoundError("session", session_id)
-                state = session.state
-                if state is S.READY:
+                if session.state is S.READY:
                     receipt = await self._move(session_id, "commit")
                     assert receipt is not None
                     return receipt
-                if state is S.IDLE and session.config.auto_commit and session.last_receipt:
+                if session.state is S.IDLE and session.config.auto_commit and session.last_receipt:
                     return session.last_receipt
-                if state is S.FAILED and retries < max_retries:
+                if session.state is S.FAILED and retries < max_retries:
                     retries += 1
-                    runs += 1
                     await self._move(session_id, "commit")
                     continue
-                if state is S.FAILED:
-                    times = "once" if runs == 1 else f"{runs} times"
+                if session.state is S.FAILED:
+                    times = "once" if runs + retries == 1 else f"{runs + retries} times"
                     raise PipelineError(
                         failure_reason(session.failure or Exception()),
                         f"{session_id}: the extraction failed {times} in this call, last: "
                         f"{session.failure}",
                     ) from session.failure
-                raise SessionError("not_ready", state=state, session_id=session_id)
+                raise SessionError("not_ready", state=session.state, session_id=session_id)
         finally:
             await self._save_profiles()
 

@@ -345,7 +345,7 @@ class LimitedLLM:
                 counts = Usage(calls=calls - before[0], retries=retries - before[1],
                                re_asks=re_asks - before[2])
                 self.book(counts)
-        response = replace(response, text=_storable(response.text), data=_storable(response.data))
+        response = replace(response, text=storable(response.text), data=storable(response.data))
         if response.usage is not None:  # its tokens booked, and this call's counts carried
             self._book_tokens(response.usage)
             response = replace(response, usage=replace(
@@ -361,14 +361,14 @@ class LimitedLLM:
         self.book(replace(usage, calls=0, retries=0, re_asks=0))
 
 
-def _storable(value: Any, depth: int = 0) -> Any:
+def storable(value: Any, depth: int = 0) -> Any:
     """A reply's value, its strings without NUL (PostgreSQL's text has none) or lone surrogates."""
     if isinstance(value, str):
         return value.replace("\x00", "").encode("utf-8", "replace").decode()
     if isinstance(value, list) and depth < MAX_JSON_DEPTH:
-        return [_storable(item, depth + 1) for item in value]
+        return [storable(item, depth + 1) for item in value]
     if isinstance(value, dict) and depth < MAX_JSON_DEPTH:
-        return {_storable(k): _storable(v, depth + 1) for k, v in value.items()}
+        return {storable(k): storable(v, depth + 1) for k, v in value.items()}
     return value
 
 

@@ -16,7 +16,7 @@ from msgspec import inspect as mi
 from partial_json_parser import Allow, fix_fast
 
 from mnemo import cpu
-from mnemo.calls.retry import RetryPolicy, policy_of, task_budget
+from mnemo.calls.retry import RetryPolicy, policy_of, storable, task_budget
 from mnemo.calls.schema import Reply
 from mnemo.errors import LLMContextError, LLMError, LLMReplyError
 from mnemo.ports import LLM, JSONObject, LLMRequest, LLMResponse, Usage
@@ -52,7 +52,7 @@ def reply_data(response: LLMResponse, *, strict: bool = False) -> object:
     if response.data is not None or not response.text.strip():
         return response.data
     try:
-        return decode_json(response.text)
+        return storable(decode_json(response.text))  # as `LimitedLLM` leaves `data`
     except ValueError:
         if strict:
             raise

@@ -3,15 +3,23 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
+
+import pytest
 
 import mnemo
 from tests.fakes import FakeEmbedder, FakeLLM
 
 
 class Garbled(FakeLLM):
-    """A `FakeLLM` whose state summaries, subgoals and facts carry a NUL and a lone surrogate."""
+    """A `FakeLLM` whose state summaries, subgoals and facts carry a NUL and a lone surrogate;
+    `as_text`: its facts come as JSON in the reply's text (escaped: `\\u0000`)."""
+
+    def __init__(self, as_text: bool = False) -> None:
+        super().__init__()
+        self.as_text = as_text
 
     def _answer(self, task: str, inputs: dict[str, Any]) -> mnemo.LLMResponse:
         reply = super()._answer(task, inputs)
@@ -21,19 +29,21 @@ class Garbled(FakeLLM):
         if task == "subgoal":
             return replace(reply, data={**data, "subgoal": data["subgoal"] + "\x00"})
         if task == "semantic":
-            return replace(reply, data={"facts": [
-                {**fact, "proposition": fact["proposition"] + " \x00\udcff"}
-                for fact in data["facts"]]})
+            facts = {"facts": [{**fact, "proposition": fact["proposition"] + " \x00\udcff"}
+                               for fact in data["facts"]]}
+            return mnemo.LLMResponse(text=json.dumps(facts)) if self.as_text else replace(
+                reply, data=facts)
         return reply
 
 
+@pytest.mark.parametrize("as_text", [False, True])
 async def test_a_nul_or_a_lone_surrogate_in_a_reply_is_stored_on_both_backends(
-    store: str, embedder: FakeEmbedder
+    store: str, embedder: FakeEmbedder, as_text: bool
 ) -> None:
     """The step is annotated and the episode committed, and the fact reads the same on both
     (a lone surrogate failed the annotation and the extraction on both; a NUL, on PostgreSQL,
-    where SQLite stored it)."""
-    async with mnemo.Memory(store, llm=Garbled(), embedder=embedder) as mem:
+    where SQLite stored it), whether the reply's JSON came as data or in its text."""
+    async with mnemo.Memory(store, llm=Garbled(as_text), embedder=embedder) as mem:
         await mem.open_repo("r")
         sid = await mem.start_session("explore", repo="r")
         assert (await mem.append(sid, "walk north", "go north")).annotated

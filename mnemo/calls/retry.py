@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
 
-from mnemo.errors import MAX_JSON_DEPTH, LLMError, check_count, check_seconds
+from mnemo.errors import MAX_JSON_DEPTH, MAX_TEXT_CHARS_LIMIT, LLMError, check_count, check_seconds
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 
 if TYPE_CHECKING:
@@ -362,9 +362,9 @@ class LimitedLLM:
 
 
 def storable(value: Any, depth: int = 0) -> Any:
-    """A reply's value, its strings without NUL (PostgreSQL's text has none) or lone surrogates."""
+    """A reply's strings as both backends store and index them: cut, no NUL, no lone surrogate."""
     if isinstance(value, str):
-        return value.replace("\x00", "").encode("utf-8", "replace").decode()
+        return value[:MAX_TEXT_CHARS_LIMIT].replace("\x00", "").encode("utf-8", "replace").decode()
     if isinstance(value, list) and depth < MAX_JSON_DEPTH:
         return [storable(item, depth + 1) for item in value]
     if isinstance(value, dict) and depth < MAX_JSON_DEPTH:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import mnemo
+from mnemo.errors import MAX_TEXT_CHARS_LIMIT
 from tests.fakes import FakeEmbedder, FakeLLM
 
 
@@ -52,3 +53,35 @@ async def test_a_nul_or_a_lone_surrogate_in_a_reply_is_stored_on_both_backends(
         assert [fact.text for fact in facts] == ["fact: walk north ?"]
         subgoals = await mem.get_nodes_by_type("r", [mnemo.NodeType.SUBGOAL])
         assert [node.text for node in subgoals] == ["walk"]
+
+
+class Verbose(FakeLLM):
+    """A `FakeLLM` whose subgoals and instructions run past a million characters of words."""
+
+    LONG = " ".join(f"w{i}z" for i in range(150_000))
+
+    def _answer(self, task: str, inputs: dict[str, Any]) -> mnemo.LLMResponse:
+        reply = super()._answer(task, inputs)
+        data: Any = reply.data
+        if task == "subgoal":
+            return replace(reply, data={**data, "subgoal": self.LONG})
+        if task == "procedural":
+            return replace(reply, data={**data, "instructions": [
+                {**item, "instruction": self.LONG} for item in data["instructions"]]})
+        return reply
+
+
+async def test_a_reply_past_the_text_limit_is_cut_to_it_on_both_backends(
+    store: str, embedder: FakeEmbedder
+) -> None:
+    """A reply string past `MAX_TEXT_CHARS_LIMIT` is cut to it, so the episode commits on both
+    backends: PostgreSQL's full-text index refused the whole text (StorageError "unavailable"
+    at every commit) where SQLite stored it."""
+    async with mnemo.Memory(store, llm=Verbose(), embedder=embedder) as mem:
+        await mem.open_repo("r")
+        sid = await mem.start_session("explore", repo="r")
+        await mem.append(sid, "walk north", "go north")
+        await mem.close_and_commit(sid)
+        kinds = [mnemo.NodeType.SUBGOAL, mnemo.NodeType.PROCEDURAL]
+        nodes = await mem.get_nodes_by_type("r", kinds)
+        assert sorted(len(node.text) for node in nodes) == [MAX_TEXT_CHARS_LIMIT] * 2

@@ -218,7 +218,8 @@ async def test_every_read_count_is_bounded_by_max_results(mem: mnemo.Memory) -> 
     "arguments",
     [{"max_retries": 101}, {"max_retries": -1}, {"max_retries": "2"}, {"max_polls": 0},
      {"max_polls": 2.5}, {"max_polls": 10**400}, {"max_polls": 1_728_001}, {"poll_interval": 0},
-     {"poll_interval": float("inf")}, {"poll_interval": "fast"}],
+     {"poll_interval": float("inf")}, {"poll_interval": "fast"},
+     {"max_polls": 10**400, "poll_interval": 1e-310}],
 )
 async def test_close_and_commit_takes_bounded_retries_and_waits(
     mem: mnemo.Memory, enter: Enter, arguments: dict[str, Any]

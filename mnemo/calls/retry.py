@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
 
+from mnemo.config import DURATION_CEILINGS
 from mnemo.errors import MAX_JSON_DEPTH, MAX_TEXT_CHARS_LIMIT, LLMError, check_count, check_seconds
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 
@@ -184,7 +185,7 @@ class RetryPolicy:
         check_count("max_calls", self.max_calls, minimum=1)
         check_count("max_re_asks", self.max_re_asks, minimum=0)
         if self.max_seconds is not None:
-            check_seconds("max_seconds", self.max_seconds, math.inf)
+            check_seconds("max_seconds", self.max_seconds, DURATION_CEILINGS["wait"])
 
 
 def policy_from(
@@ -345,7 +346,8 @@ class LimitedLLM:
                 counts = Usage(calls=calls - before[0], retries=retries - before[1],
                                re_asks=re_asks - before[2])
                 self.book(counts)
-        response = replace(response, text=storable(response.text), data=storable(response.data))
+        # The text whole (a JSON reply is cut only once decoded: `reply_data`), its data cut.
+        response = replace(response, text=clean(response.text), data=storable(response.data))
         if response.usage is not None:  # its tokens booked, and this call's counts carried
             self._book_tokens(response.usage)
             response = replace(response, usage=replace(
@@ -361,10 +363,16 @@ class LimitedLLM:
         self.book(replace(usage, calls=0, retries=0, re_asks=0))
 
 
+def clean(text: str) -> str:
+    """`text` without NUL, its lone surrogates as "?" (neither backend stores them)."""
+    return text.replace("\x00", "").encode("utf-8", "replace").decode()
+
+
 def storable(value: Any, depth: int = 0) -> Any:
-    """A reply's strings as both backends store and index them: cut, no NUL, no lone surrogate."""
+    """A reply's strings as both backends store and index them: cut to `MAX_TEXT_CHARS_LIMIT`,
+    `clean`."""
     if isinstance(value, str):
-        return value[:MAX_TEXT_CHARS_LIMIT].replace("\x00", "").encode("utf-8", "replace").decode()
+        return clean(value[:MAX_TEXT_CHARS_LIMIT])
     if isinstance(value, list) and depth < MAX_JSON_DEPTH:
         return [storable(item, depth + 1) for item in value]
     if isinstance(value, dict) and depth < MAX_JSON_DEPTH:

@@ -6,6 +6,7 @@ session modules are imported inside the methods (with the parts, off the event l
 
 from __future__ import annotations
 
+import sys
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -216,7 +217,8 @@ class SessionMethods(Parts):
         check_count("max_retries", max_retries, maximum=MAX_RETRIES)
         check_seconds("poll_interval", poll_interval, DURATION_CEILINGS["wait"])
         if max_polls is not None:  # a wait, at most a day as poll_interval is
-            check_count("max_polls", max_polls, minimum=1, maximum=DAY / poll_interval)
+            check_count("max_polls", max_polls, minimum=1,
+                        maximum=min(DAY / poll_interval, sys.maxsize))
         from mnemo.extraction.pipeline import failure_reason
         from mnemo.session import transitions
         from mnemo.session.machine import State as S

@@ -350,12 +350,14 @@ async def test_a_failed_task_still_books_its_calls(clock: VirtualClock) -> None:
     [
         lambda: RetryPolicy(max_calls=0),
         lambda: RetryPolicy(max_seconds=0),
+        lambda: RetryPolicy(max_seconds=10**400),
         lambda: RetryPolicy(max_re_asks=-1),
         lambda: policy_from(None, max_retries=-1),
     ],
 )
 def test_a_bad_policy_is_refused(make: Callable[[], object]) -> None:
-    """No calls, no seconds, negative re-asks or negative retries are InvalidInputError."""
+    """No calls, no seconds or more than a day's, negative re-asks or negative retries are
+    InvalidInputError."""
     with pytest.raises(InvalidInputError):
         make()
 

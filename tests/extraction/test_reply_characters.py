@@ -7,9 +7,12 @@ import json
 from dataclasses import replace
 from typing import Any
 
+import anyio
 import pytest
 
 import mnemo
+from mnemo.calls.retry import LimitedLLM
+from mnemo.calls.tasks import reply_data
 from mnemo.errors import MAX_TEXT_CHARS_LIMIT
 from tests.fakes import FakeEmbedder, FakeLLM
 
@@ -85,3 +88,24 @@ async def test_a_reply_past_the_text_limit_is_cut_to_it_on_both_backends(
         kinds = [mnemo.NodeType.SUBGOAL, mnemo.NodeType.PROCEDURAL]
         nodes = await mem.get_nodes_by_type("r", kinds)
         assert sorted(len(node.text) for node in nodes) == [MAX_TEXT_CHARS_LIMIT] * 2
+
+
+
+class Listing:
+    """A model answering 1,500 short facts as JSON text: 130,000 characters, every string of
+    them short."""
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        facts = [{"proposition": f"walk north fact {i}", "confidence": 0.9} for i in range(1500)]
+        return mnemo.LLMResponse(text=json.dumps({"facts": facts}, indent=2))
+
+
+async def test_a_reply_whose_text_passes_the_limit_in_short_strings_is_read_whole() -> None:
+    """Only a reply's strings are cut, never the JSON text that holds them: a reply of short
+    facts past `MAX_TEXT_CHARS_LIMIT` reads whole (cut, it was not JSON)."""
+    llm = LimitedLLM(Listing(), anyio.CapacityLimiter(1))
+    response = await llm.generate(mnemo.LLMRequest(task="semantic", system="", messages=[]))
+    assert len(response.text) > MAX_TEXT_CHARS_LIMIT
+    data = reply_data(response, strict=True)
+    assert isinstance(data, dict)
+    assert len(data["facts"]) == 1500

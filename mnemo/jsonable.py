@@ -60,10 +60,11 @@ def commit_json(commit: CommitRecord, goal: str | None = None) -> dict[str, obje
     return {
         "id": commit.id, "goal": goal, **fields(commit, "seq committed_at session_id source_id"),
         "nodes": commit.node_count, "links": commit.link_count, "retired": commit.retired_count,
-        "joined": len(commit.joined), **fields(commit, "reverted_by reverts")}
+        "joined": len(commit.joined), **fields(commit, "reverted_by reverts maintenance"),
+        "removed": len(commit.removed)}
 
 
 def diff_json(diff: CommitDiff) -> dict[str, object]:
     return {
         **commit_json(diff.commit), "node_ids": list(diff.commit.node_ids),
-        "retired_ids": list(diff.commit.retired)}
+        "retired_ids": list(diff.commit.retired), "removed_ids": list(diff.commit.removed)}

@@ -246,6 +246,7 @@ class SqlGraphWrites(Dialect):
         await sql.run(
             "UPDATE nodes SET source_id = NULL WHERE repo = ? AND source_id = ?", (repo, key))
         records = self._list(scope.records)
+        await self._unnamed(sql, repo, records)
         await sql.run(f"DELETE FROM commits WHERE repo = ? AND (id{self.ANY} OR reverts{self.ANY})",
                       (repo, records, records))
         await self._erase_work(sql, repo, key, scope.records)
@@ -253,6 +254,20 @@ class SqlGraphWrites(Dialect):
         if gone or plan.heirs or plan.shared or scope.records:
             await self._scrub(sql)
         return gone
+
+    async def _unnamed(self, sql: Statements, repo: str, records: object) -> None:
+        """Leaves no id of a node these commits made in a maintenance record's `removed`."""
+        made = {node_id for (nodes,) in await sql.rows(
+            f"SELECT nodes FROM commits WHERE repo = ? AND id{self.ANY}", (repo, records))
+            for node_id in self._loads(nodes)}
+        for commit_id, removed in await sql.rows(
+                "SELECT id, removed FROM commits WHERE repo = ? AND maintenance IS NOT NULL",
+                (repo,)):
+            ids = self._loads(removed)
+            kept = [node_id for node_id in ids if node_id not in made]
+            if len(kept) < len(ids):
+                await sql.run("UPDATE commits SET removed = ? WHERE id = ?",
+                              (self._record(kept, False), commit_id))
 
     async def _erase_work(self, sql: Statements, repo: str, key: str,
                            commits: list[str]) -> None:

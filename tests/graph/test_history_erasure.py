@@ -4,6 +4,7 @@ holds a byte of what was erased, commit records included; on each backend."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 import mnemo
 from tests.backends import is_sqlite, sql
@@ -88,3 +89,24 @@ async def test_a_shared_tag_no_longer_names_a_forgotten_source(mem: mnemo.Memory
     await mem.forget(REPO, f"doc-{marker}")
     assert await mem.get_nodes_by_type(REPO, [mnemo.NodeType.TAG])
     assert await holding(mem, marker) == {}
+
+
+async def test_a_forgotten_source_leaves_no_node_id_in_a_maintenance_record(
+    mem: mnemo.Memory
+) -> None:
+    """A decay that removed a source's nodes keeps their ids until the source is forgotten:
+    then its record names none of them (a source's ids are hashes of its name)."""
+    await mem.open_repo(REPO)
+    receipts = [await mem.ingest(REPO, mnemo.Trajectory(goal, [mnemo.Step(text, "Note.")]),
+                                 source_id=source)
+                for source, goal, text in [("alice-medical", "Visit", "Alice saw Dr Ruiz."),
+                                           ("bob", "Trip", "Bob flew to Oslo.")]]
+    decayed = await mem.decay(REPO, now=datetime(2200, 1, 1, tzinfo=UTC))
+    [record] = [c for c in await mem.history(REPO) if c.maintenance == "decay"]
+    assert len(record.removed) == decayed.deleted + decayed.pruned
+    assert {*receipts[0].node_ids, *receipts[1].node_ids} <= set(record.removed)
+    await mem.forget(REPO, "alice-medical")
+    [after] = [c for c in await mem.history(REPO) if c.maintenance == "decay"]
+    assert not set(receipts[0].node_ids) & set(after.removed)
+    assert set(after.removed) == set(record.removed) - set(receipts[0].node_ids)
+    assert set(receipts[1].node_ids) <= set(after.removed)

@@ -4,6 +4,7 @@ asked to before the repo records it."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import mnemo
@@ -191,3 +192,21 @@ async def test_a_managers_model_given_back_to_evict_is_counted_once(
     await mem.evict("t", token_budget=4000, eviction_fraction=0.5, llm=manager.llm)
     assert mem.usage().calls == len(llm.calls)
     assert mem.usage() == mnemo.Usage(len(llm.calls), len(llm.calls))
+
+
+async def test_an_embedder_whose_dim_is_a_numpy_integer_opens_and_reembeds(store: str) -> None:
+    """`dim` as a numpy integer (`vectors.shape[1]`, an array's item) is accepted as its number:
+    the repo's record holds the int, so the store reads back after ingest and re-embed."""
+    numpy_dim = FakeEmbedder(8)
+    numpy_dim.dim = np.int64(8)  # type: ignore[assignment]
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=numpy_dim) as mem:
+        await mem.open_repo(REPO)
+        await mem.ingest(REPO, mnemo.Trajectory("g", [mnemo.Step("walk north", "go")]),
+                         source_id="s")
+        assert (await mem.recall(REPO, "walk")).memories
+        wider = FakeEmbedder(16)
+        wider.dim = np.int64(16)  # type: ignore[assignment]
+        assert await mem.reembed(REPO, embedder=wider)
+        assert (await mem.recall(REPO, "walk")).memories
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(16)) as mem:
+        assert (await mem.recall(REPO, "walk")).memories

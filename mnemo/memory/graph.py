@@ -419,7 +419,7 @@ class GraphMethods(Parts):
             raise InvalidInputError(f"progress must be a callable, got {progress!r}")
         runtime = await self._repos.known(repo)
         await self._repos.refresh(repo)
-        target = await self._repos.reembed_target(repo, embedder)
+        target, dim = await self._repos.reembed_target(repo, embedder)
         limit = runtime.config.extraction_timeout
 
         async def embed_nodes(nodes: Sequence[Unstaged]) -> Vector:
@@ -434,13 +434,13 @@ class GraphMethods(Parts):
 
         uri = model_name(target)
         done = await reembedding.reembed(
-            self._graph, repo, embedder=uri, dim=target.dim, embed=embed_nodes,
+            self._graph, repo, embedder=uri, dim=dim, embed=embed_nodes,
             batch=batch_size, report=report,
         )
-        self._repos.reembedded(repo, target, done.generation)
+        self._repos.reembedded(repo, target, dim, done.generation)
         await report(ReembedProgress(repo, "indexing", done.vectors, done.vectors))
-        await self._graph.vectors_switched(repo, target.dim)
+        await self._graph.vectors_switched(repo, dim)
         await report(ReembedProgress(repo, "done", done.vectors, done.vectors))
-        await self._events.emit("repo_reembedded", repo=repo, embedder=uri, dim=target.dim,
+        await self._events.emit("repo_reembedded", repo=repo, embedder=uri, dim=dim,
                                 nodes=done.vectors, resumed=done.resumed)
         return done.vectors

@@ -110,7 +110,7 @@ class Repos:
                     raise
         chosen_embedder: Embedder = embedder or self._models.embedder(name)
         chosen_llm: LLM = llm or self._models.llm(name)
-        await detect_dim(chosen_embedder)
+        dim = await detect_dim(chosen_embedder)
         known = self._runtimes.get(name)
         refusal = self._models.refusal(name) if known is not None else None
         if refusal is not None and embedder is not None:
@@ -121,7 +121,7 @@ class Repos:
         chosen_config = config or recorded or (known.config if known else self.config)
         # The models are recorded as URIs (never a key) for a Memory opened without them.
         row = RepoRow(
-            name, chosen_config, chosen_embedder.dim, model_name(chosen_embedder),
+            name, chosen_config, dim, model_name(chosen_embedder),
             model_name(chosen_llm), known.generation if known is not None else 0,
         )
         models_changed = self._models.record(name, row.llm, row.embedder)
@@ -133,9 +133,7 @@ class Repos:
         if config is None:
             chosen_config = with_longer_timeouts(chosen_config, self.config)
         if known is None:
-            self._runtimes[name] = Runtime(
-                chosen_llm, chosen_embedder, chosen_config, chosen_embedder.dim
-            )
+            self._runtimes[name] = Runtime(chosen_llm, chosen_embedder, chosen_config, dim)
         else:
             # Sessions hold this Runtime: updating it in place is what they see next.
             known.llm = chosen_llm
@@ -159,10 +157,10 @@ class Repos:
         runtime.embedder, runtime.dim, runtime.generation = embedder, row.dim, row.generation
         return runtime
 
-    async def reembed_target(self, name: str, embedder: Embedder | None) -> Embedder:
-        """The embedder `Memory.reembed` uses: `embedder`, else the Memory's, else the repo's
-        own as this mnemo builds it (a retired hashed embedder's record gets `hash2`), with its
-        dimension known. InvalidInputError: not an Embedder; EmbeddingError: the repo's own
+    async def reembed_target(self, name: str, embedder: Embedder | None) -> tuple[Embedder, int]:
+        """The embedder `Memory.reembed` uses and its dimension: `embedder`, else the Memory's,
+        else the repo's own as this mnemo builds it (a retired hashed embedder's record gets
+        `hash2`). InvalidInputError: not an Embedder; EmbeddingError: the repo's own
         cannot be built here, or its dimension cannot be learned."""
         check_models(None, embedder)
         runtime = self.get(name)
@@ -175,15 +173,14 @@ class Repos:
             embedder = successor or runtime.embedder
         if isinstance(embedder, UnavailableEmbedder):
             raise EmbeddingError(embedder.problem)
-        await detect_dim(embedder)
-        return embedder
+        return embedder, await detect_dim(embedder)
 
-    def reembedded(self, name: str, embedder: Embedder, generation: int) -> None:
+    def reembedded(self, name: str, embedder: Embedder, dim: int, generation: int) -> None:
         """The repo's vectors are now `embedder`'s, of `generation`; its runtime runs it."""
         runtime = self.get(name)
         self._models.record(name, self._models.recorded_llm(name), model_name(embedder))
         self._models.remember(name, runtime.llm, embedder)
-        runtime.embedder, runtime.dim, runtime.generation = embedder, embedder.dim, generation
+        runtime.embedder, runtime.dim, runtime.generation = embedder, dim, generation
 
     async def adopt_profiles(self, store: SessionStore) -> None:
         """Each repo's models that learn their servers start from the repo's record of them

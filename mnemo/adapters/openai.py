@@ -233,6 +233,8 @@ class OpenAICompatible(HTTPModel):
             name, arguments = call.function.name, call.function.arguments
             if name is None:
                 raise LLMError(f"{self._http.name}: a tool call has no function name: {call!r}")
+            if isinstance(arguments, str) and not arguments.strip():
+                arguments = None  # no arguments, as some compatible servers send a call of none
             try:
                 parsed = decode_json(arguments) if isinstance(arguments, str) else arguments
             except ValueError as exc:

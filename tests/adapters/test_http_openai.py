@@ -470,6 +470,25 @@ async def test_a_refusal_is_an_error_that_quotes_it_without_a_re_ask() -> None:
     assert len(sent) == 1
 
 
+async def test_a_tool_call_with_empty_arguments_is_a_call_of_none() -> None:
+    """A call whose `arguments` is "" (some OpenAI-compatible servers send it for a tool of no
+    parameters, where OpenAI sends "{}") is a ToolCall with {} arguments, not an LLMError."""
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        call = {"id": "c1", "type": "function",
+                "function": {"name": "everything_ok", "arguments": ""}}
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        return httpx.Response(200, json={"choices": [{"message": message,
+                                                      "finish_reason": "tool_calls"}]})
+
+    async with OpenAICompatible("m", base_url="http://x/v1",
+                                transport=httpx.MockTransport(reply)) as llm:
+        answer = await llm.generate(LLMRequest(
+            "evict", "Evict.", [{"role": "user", "content": "x"}],
+            tools=[{"name": "everything_ok", "parameters": {}}]))
+    assert answer.tool_calls == [ToolCall("everything_ok", {}, "c1")]
+
+
 # ---- local servers -------------------------------------------------------------------------------
 
 LLAMA_CPP_PYTHON_500 = Fail(

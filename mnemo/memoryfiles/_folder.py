@@ -30,7 +30,9 @@ _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY
 
 def check_directory(directory: str | os.PathLike[str], what: str = "directory") -> Path:
     """`directory` as a `Path` the system can name (no NUL, within `NAME_MAX` and `PATH_MAX`
-    bytes), else InvalidInputError."""
+    bytes; a str not blank: "" would be the working folder), else InvalidInputError."""
+    if isinstance(directory, str) and not directory.strip():
+        raise InvalidInputError(f"{what} must not be blank, got {directory!r}")
     try:
         path = Path(directory)
         raw = os.fsencode(path)

@@ -640,6 +640,13 @@ def test_bad_settings_are_refused(tmp_path: Path, kwargs: dict[str, Any]) -> Non
         mnemo.MemoryFiles(tmp_path, **kwargs)
 
 
+@pytest.mark.parametrize("directory", ["", "   ", "\t"])
+def test_a_blank_directory_is_refused(directory: str) -> None:
+    """A blank str is no folder (Path("") is the working one): InvalidInputError."""
+    with pytest.raises(mnemo.InvalidInputError, match="blank"):
+        mnemo.MemoryFiles(directory)
+
+
 def test_directory_may_be_a_string(tmp_path: Path) -> None:
     """The directory may be given as a str; nothing is created until the first write."""
     files = mnemo.MemoryFiles(str(tmp_path / "m"))

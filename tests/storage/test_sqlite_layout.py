@@ -4,8 +4,11 @@ float16 rows packed in their pages, and commit records stay in their pages."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
+
+import pytest
 
 import mnemo
 from mnemo.storage.sqlite.rows import unpack_text
@@ -66,3 +69,17 @@ async def test_vectors_are_float16_rows_and_commits_and_links_are_compact(
     assert isinstance(links, bytes)
     assert json.loads(unpack_text(nodes))[0].startswith("source_")
     assert len(links) < len(unpack_text(links)) / 2
+
+
+async def test_a_file_named_like_a_uri_is_that_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store path SQLite would read as a URI ("file:notes.db") is the file of that name: it
+    opened "notes.db" instead, then failed (StorageError) leaving that file behind."""
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):  # made, then opened again
+        async with mnemo.Memory("file:notes.db") as mem:
+            await mem.open_repo("r")
+            assert await mem.list_repos() == ["r"]
+    assert [name for name in sorted(os.listdir(tmp_path)) if name.endswith(".db")] == [
+        "file:notes.db"]

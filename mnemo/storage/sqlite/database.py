@@ -130,8 +130,10 @@ class Database:
             raise
 
     def _open_sync(self) -> None:
-        # Autocommit: every transaction is opened by `atomic()`.
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        # Autocommit: every transaction is opened by `atomic()`. A file by its URI, so that a
+        # name SQLite would read as one ("file:a.db") is the file of that name.
+        target = self.path if self.path == ":memory:" else Path(self.path).absolute().as_uri()
+        conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None, uri=True)
         try:
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
             db = _Connection(conn, execute_plugins=False)

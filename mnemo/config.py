@@ -212,7 +212,7 @@ def _phrase(kind: type, meta: Meta | None, optional: bool) -> str:
     elif low is not None and high is not None:
         opened, closed = "(" if meta.ge is None else "[", ")" if meta.le is None else "]"
         text = f"{noun} within {opened}{_num(low)}, {_num(high)}{closed}"
-    else:  # unused: every numeric field has both bounds (tests/test_config.py)
+    else:  # unreached: every numeric field has both bounds
         text = noun
     return f"{text} or None" if optional else text
 

@@ -62,6 +62,7 @@ def _tables() -> tuple[Table, ...]:
     """`tables.TABLES` and the later columns (`MAINTENANCE`) as PostgreSQL's columns name them,
     in creation order (a row's parents are copied before it: both backends check foreign keys)."""
     tables = []
+    added = re.findall(r"ALTER TABLE (\w+) ADD COLUMN (\w+) (\w+)", ddl(True, MAINTENANCE))
     for name, body in re.findall(r"CREATE TABLE (\w+) \(\n(.*?)\n\)", ddl(postgres=True), re.S):
         columns: list[tuple[str, Kind]] = []
         key: tuple[str, ...] = ()
@@ -72,8 +73,8 @@ def _tables() -> tuple[Table, ...]:
                 columns.append((column, _KINDS[kind.lower()]))
                 if "PRIMARY" in rest:
                     key = (column,)
-        columns += [(column, _KINDS[kind.lower()]) for column, kind in re.findall(
-            rf"ALTER TABLE {name} ADD COLUMN (\w+) (\w+)", ddl(True, MAINTENANCE))]
+        columns += [(column, _KINDS[kind.lower()]) for table, column, kind in added
+                    if table == name]
         if name not in _NOT_COPIED:
             names, kinds = zip(*columns, strict=True)
             tables.append(Table(name, names, kinds, key))

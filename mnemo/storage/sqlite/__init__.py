@@ -20,7 +20,7 @@ from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements, marks
-from mnemo.storage.sqlite.database import Database, storage_error, truncate_wal
+from mnemo.storage.sqlite.database import Database, file_uri, storage_error, truncate_wal
 from mnemo.storage.sqlite.graph import SqliteGraph, SqliteSessions
 from mnemo.storage.thread_rows import SearchQuery
 from mnemo.storage.threads import SqlThreads
@@ -159,8 +159,8 @@ class SqliteLexicalSource(LexicalSource):
     def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[object]:
         try:
             if self._conn is None:
-                uri = Path(self._path).resolve().as_uri() + "?mode=ro"
-                conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+                conn = sqlite3.connect(file_uri(self._path, read_only=True), uri=True,
+                                       check_same_thread=False, isolation_level=None)
                 conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
                 self._conn = conn
             return self._conn.execute(statement, params).fetchall()

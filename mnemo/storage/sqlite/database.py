@@ -130,9 +130,8 @@ class Database:
             raise
 
     def _open_sync(self) -> None:
-        # Autocommit: every transaction is opened by `atomic()`. A file by its URI, so that a
-        # name SQLite would read as one ("file:a.db") is the file of that name.
-        target = self.path if self.path == ":memory:" else Path(self.path).absolute().as_uri()
+        # Autocommit: every transaction is opened by `atomic()`.
+        target = self.path if self.path == ":memory:" else file_uri(self.path)
         conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None, uri=True)
         try:
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
@@ -366,12 +365,18 @@ def _close_sync(db: SqliteUtilsDatabase) -> None:
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
+def file_uri(path: str | Path, *, read_only: bool = False) -> str:
+    """The URI SQLite opens the file at `path` by (so "file:a.db" is the file of that name)."""
+    uri = Path(path).resolve().as_uri()
+    return f"{uri}?mode=ro" if read_only else uri
+
+
 def inspect_file(path: Path) -> tuple[bool, bool]:
     """(the file has tables, it has mnemo's migrations), read without changing the file.
     Raises `StorageError` ("corrupt", "unavailable")."""
     try:
         with contextlib.closing(
-                sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+                sqlite3.connect(file_uri(path, read_only=True), uri=True)) as conn:
             tables = {
                 name
                 for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")

@@ -6,6 +6,7 @@ value), which a `where` reads: a value keeps its JSON type ("1", "true" and '"1"
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Collection, Iterable, Mapping
@@ -23,6 +24,9 @@ MAX_KEYS = 32
 MAX_KEY_CHARS = 64
 MAX_VALUE_CHARS = 512
 MAX_WHERE_VALUES = 1_000
+# The longest encoded value `node_scopes` holds as it is; a longer one it holds by digest, so
+# an index entry fits a PostgreSQL btree page beside a repo name of 1,000 bytes.
+MAX_INDEXED_CHARS = 256
 
 
 def check_metadata(metadata: object, what: str = "metadata") -> Metadata:
@@ -85,6 +89,14 @@ def encoded(value: Scalar) -> str:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return json.dumps(value)
+
+
+def indexed(value: str) -> str:
+    """An encoded value as `node_scopes` holds it: itself, or past `MAX_INDEXED_CHARS`
+    "sha256:" and its digest (never JSON, so never another value)."""
+    if len(value) <= MAX_INDEXED_CHARS:
+        return value
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
 
 
 def canonical(metadata: Mapping[str, Scalar]) -> str | None:

@@ -36,7 +36,7 @@ from mnemo.graph.ports import (
     TypedLink,
     VectorsMoved,
 )
-from mnemo.graph.scope import SCOPE_LIMIT, WIDEN, Scope, Where
+from mnemo.graph.scope import SCOPE_LIMIT, WIDEN, Scope, Where, indexed
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.graph_rows import NODE_COLUMNS, RowReads
 from mnemo.storage.lexical.index import LexicalIndex
@@ -56,7 +56,7 @@ def exists(repo: str, where: Where, node: str, skip: int) -> tuple[str, list[obj
         clauses.append(
             "EXISTS (SELECT 1 FROM node_scopes t WHERE t.repo = ? AND t.key = ?"
             f" AND t.value IN ({marks(len(values))}) AND t.node = {node})")
-        params += [repo, key, *values]
+        params += [repo, key, *map(indexed, values)]
     return "".join(f" AND {c}" for c in clauses), params
 
 
@@ -70,7 +70,7 @@ def members(repo: str, where: Where, limit: int, columns: str = "n.id, n.rowid, 
         f"SELECT {columns} FROM node_scopes s JOIN nodes n ON n.rowid = s.node"
         f" WHERE s.repo = ? AND s.key = ? AND s.value IN ({marks(len(values))})"
         f"{others} ORDER BY s.node LIMIT ? OFFSET ?",
-        [repo, key, *values, *params, limit, offset],
+        [repo, key, *map(indexed, values), *params, limit, offset],
     )
 
 

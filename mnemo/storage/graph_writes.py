@@ -12,7 +12,7 @@ from mnemo.graph.erasure import Inherited, Plan, Scope, Shared
 from mnemo.graph.maintenance import ROUTES
 from mnemo.graph.model import Vector, now_utc, times
 from mnemo.graph.ports import SideWrite
-from mnemo.graph.scope import pairs
+from mnemo.graph.scope import indexed, pairs
 from mnemo.storage.graph_rows import COMMIT_COLUMNS
 from mnemo.storage.row import Row, json_object
 from mnemo.storage.sessions import SqlSessions
@@ -80,7 +80,7 @@ class SqlGraphWrites(Dialect):
         await sql.run_many(
             "INSERT INTO node_scopes(repo, key, value, node) SELECT ?, ?, ?, rowid FROM nodes"
             " WHERE id = ? ON CONFLICT DO NOTHING",
-            [(repo, key, value, n.id) for n, _, _ in plan.nodes
+            [(repo, key, indexed(value), n.id) for n, _, _ in plan.nodes
              for key, value in pairs(plan.metadata)],
         )
         await sql.run_many(self.ADD_VECTOR,

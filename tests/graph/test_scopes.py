@@ -3,6 +3,8 @@ selecting by it in recall, search and forget (mnemo/graph/scope.py, mnemo/storag
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
@@ -103,6 +105,33 @@ async def test_forget_where_erases_the_scope_only(mem: mnemo.Memory) -> None:
     again = await mem.ingest(REPO, trajectory("the kettle is blue"), source_id="a",
                              metadata={"user_id": "alice", "turn": 1})
     assert again.created
+
+
+async def test_values_and_names_at_their_bounds_are_scoped_on_every_backend(
+    mem: mnemo.Memory
+) -> None:
+    """Metadata at its bounds in the widest encodings (512 astral, control or BMP characters, 64
+    CJK keys) in a repo of the longest name is stored, selected and erased by `where`; a
+    value one character off is another scope."""
+    repo = "仓" * 333
+    await mem.open_repo(repo)
+    rng = random.Random(7)
+    ranges = [(0x1F300, 0x1FAFF), (1, 32), (0x100, 0xD7FF)]
+    wide: dict[str, str | int | float | bool] = {
+        "键" * 63 + str(i): "".join(chr(rng.randrange(low, high)) for _ in range(512))
+        for i, (low, high) in enumerate(ranges)}
+    for source, metadata in (("a", wide), ("b", {**wide, "键" * 63 + "0": "😀"})):
+        step = mnemo.Step(f"the kettle of {source} is blue", "look")
+        await mem.ingest(repo, mnemo.Trajectory("look", [step]), source_id=source,
+                         metadata=metadata)
+    found = await mem.recall(repo, "kettle", k=20, where=wide)
+    assert found.memories
+    assert all(m.node.metadata == wide for m in found.memories)
+    assert await mem.search_nodes(repo, "kettle", where={"键" * 63 + "1": wide["键" * 63 + "1"]})
+    assert await mem.forget_where(repo, wide) > 0
+    left = await mem.get_nodes_by_type(repo, list(N))
+    assert left
+    assert all(n.metadata["键" * 63 + "0"] == "😀" for n in left)
 
 
 async def test_tags_are_not_shared_across_scopes(mem: mnemo.Memory, llm: FakeLLM) -> None:

@@ -5,6 +5,7 @@ one line, nothing of it changed."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from datetime import UTC, datetime
@@ -17,6 +18,7 @@ from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
 import mnemo
+from mnemo.graph import scope as scopes
 from mnemo.storage.postgres import schema as pg_schema
 from mnemo.storage.sqlite import schema as sqlite_schema
 from tests.backends import BACKENDS, open_stores
@@ -202,4 +204,30 @@ async def test_a_store_of_the_baseline_gets_the_maintenance_columns_its_commits_
         record = (await mem.history("r"))[0]
         assert (record.maintenance, len(record.removed)) == ("decay", decayed.deleted
                                                              + decayed.pruned)
+    assert ledger(made) == registered(made)
+
+
+async def test_a_store_whose_scope_index_holds_long_values_whole_finds_them_by_digest(
+    made: str
+) -> None:
+    """A store whose `node_scopes` holds a value past `MAX_INDEXED_CHARS` as it is (written
+    before values were held by digest) is upgraded when a Memory opens it: `where` finds the
+    node by that value, and no other."""
+    long, other = "x" * 300, "x" * 299 + "y"
+    async with mnemo.Memory(made, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo("r")
+        for source, value in (("a", long), ("b", other)):
+            step = mnemo.Step(f"The kettle of {source} is blue.", "Note.")
+            await mem.ingest("r", mnemo.Trajectory("Chat", [step]), source_id=source,
+                             metadata={"user_id": value})
+    table = "mnemo_migrations" if made.startswith("postgresql") else "_sqlite_migrations"
+    for value in (long, other):
+        run(made, f"UPDATE node_scopes SET value = '{json.dumps(value)}'"
+                  f" WHERE value = '{scopes.indexed(json.dumps(value))}'")
+    run(made, f"DELETE FROM {table} WHERE name LIKE '%scope_digests'")
+    assert run(made, "SELECT count(*) FROM node_scopes WHERE value LIKE 'sha256:%'") == [(0,)]
+    async with mnemo.Memory(made, embedder=FakeEmbedder()) as mem:
+        found = await mem.search_nodes("r", "kettle", where={"user_id": long})
+        assert found
+        assert all(node.metadata == {"user_id": long} for node in found)
     assert ledger(made) == registered(made)

@@ -16,6 +16,7 @@ import psycopg
 from psycopg import sql
 
 from mnemo.errors import StorageError
+from mnemo.graph.scope import MAX_INDEXED_CHARS
 from mnemo.storage.lexical.index import LOG_KEEP
 from mnemo.storage.postgres.connection import Connection, lock_key, storage_error
 from mnemo.storage.postgres.text_search import SEARCH_VECTOR, TEXT_SEARCH_CONFIG
@@ -116,7 +117,10 @@ BASELINE = Migration("m020_scopes", (
 ))
 
 MIGRATIONS: tuple[Migration, ...] = (
-    BASELINE, Migration("m021_maintenance", statements(ddl(True, MAINTENANCE))))
+    BASELINE, Migration("m021_maintenance", statements(ddl(True, MAINTENANCE))),
+    Migration("m022_scope_digests", (
+        "UPDATE node_scopes SET value = 'sha256:' || encode(sha256(convert_to(value, 'UTF8')),"
+        f" 'hex') WHERE length(value) > {MAX_INDEXED_CHARS}",)))
 
 
 async def apply(conn: Connection) -> list[str]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
+from mnemo.graph.scope import MAX_INDEXED_CHARS, indexed
 from mnemo.storage.lexical.index import LOG_KEEP
 from mnemo.storage.tables import MAINTENANCE, check_ledger, ddl
 
@@ -81,6 +82,13 @@ def baseline(db: Database) -> None:
 @migration("m029_maintenance")
 def maintenance(db: Database) -> None:
     execute_all(db, ddl(False, MAINTENANCE))
+
+
+@migration("m030_scope_digests")
+def scope_digests(db: Database) -> None:
+    db.conn.create_function("mnemo_indexed", 1, indexed, deterministic=True)
+    db.execute("UPDATE node_scopes SET value = mnemo_indexed(value)"
+               f" WHERE length(value) > {MAX_INDEXED_CHARS}")
 
 
 def _searched(table: str) -> str:

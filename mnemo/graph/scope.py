@@ -32,8 +32,8 @@ MAX_INDEXED_CHARS = 256
 def check_metadata(metadata: object, what: str = "metadata") -> Metadata:
     """`metadata` checked (None is `{}`), as a new dict (an integral float as its integer):
     InvalidInputError for a non-dict, more than `MAX_KEYS` keys, a key not a non-blank string
-    of at most `MAX_KEY_CHARS`, or a value not a str (at most `MAX_VALUE_CHARS`), an int, a
-    finite float or a bool."""
+    of at most `MAX_KEY_CHARS`, or a value not a str (at most `MAX_VALUE_CHARS`), an int of 64
+    bits, a finite float or a bool."""
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):
@@ -86,9 +86,12 @@ def parse_where(pairs: Iterable[str]) -> JSONObject | None:
 
 def encoded(value: Scalar) -> str:
     """A value as the scope index holds it: its JSON, an integral float as its integer."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return json.dumps(value)
+    return json.dumps(_integral(value) if isinstance(value, float) else value)
+
+
+def _integral(value: float) -> int | float:
+    """An integral float of 64 bits as its integer, any other float as it is."""
+    return int(value) if value.is_integer() and -(2**63) <= value < 2**63 else value
 
 
 def indexed(value: str) -> str:
@@ -127,13 +130,17 @@ def _key(key: object, what: str) -> str:
 
 
 def _value(value: object, what: str) -> Scalar:
-    """`value` checked, an integral float as its integer."""
-    if isinstance(value, bool | int):
+    """`value` checked (an int of 64 bits), an integral float as its integer."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:
+            raise InvalidInputError(f"{what} must be an int of 64 bits, got {value.bit_length()}")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidInputError(f"{what} must be a finite number, got {value!r}")
-        return int(value) if value.is_integer() else value
+        return _integral(value)
     if isinstance(value, str):
         return check_text(value, what, limit=MAX_VALUE_CHARS, blank_ok=True, setting=None)
     raise InvalidInputError(

@@ -119,7 +119,7 @@ async def test_values_and_names_at_their_bounds_are_scoped_on_every_backend(
     ranges = [(0x1F300, 0x1FAFF), (1, 32), (0x100, 0xD7FF)]
     wide: dict[str, str | int | float | bool] = {
         "键" * 63 + str(i): "".join(chr(rng.randrange(low, high)) for _ in range(512))
-        for i, (low, high) in enumerate(ranges)}
+        for i, (low, high) in enumerate(ranges)} | {"n": 2**63 - 1, "m": -(2**63)}
     for source, metadata in (("a", wide), ("b", {**wide, "键" * 63 + "0": "😀"})):
         step = mnemo.Step(f"the kettle of {source} is blue", "look")
         await mem.ingest(repo, mnemo.Trajectory("look", [step]), source_id=source,
@@ -148,7 +148,7 @@ async def test_tags_are_not_shared_across_scopes(mem: mnemo.Memory, llm: FakeLLM
 
 @pytest.mark.parametrize("bad", [
     "alice", {"": 1}, {"k": None}, {"k": [1]}, {"k": float("nan")}, {"k": "x" * 600},
-    {f"k{i}": 1 for i in range(40)}, {"k" * 100: 1},
+    {f"k{i}": 1 for i in range(40)}, {"k" * 100: 1}, {"k": 2**63}, {"k": -(2**63) - 1},
 ])
 async def test_bad_metadata_is_refused_before_anything_is_stored(
     mem: mnemo.Memory, bad: object
@@ -172,7 +172,8 @@ async def test_a_metadata_value_past_its_bound_names_that_bound(mem: mnemo.Memor
     assert "max_text_chars" not in str(refused.value)
 
 
-@pytest.mark.parametrize("bad", ["alice", {"k": []}, {"k": {"a": 1}}, {1: "a"}, {"k": None}])
+@pytest.mark.parametrize("bad", [
+    "alice", {"k": []}, {"k": {"a": 1}}, {1: "a"}, {"k": None}, {"k": [1, 2**64]}])
 async def test_bad_where_is_refused(mem: mnemo.Memory, bad: object) -> None:
     """A malformed where is InvalidInputError for recall, search_nodes and forget_where."""
     with pytest.raises(mnemo.InvalidInputError):
@@ -190,6 +191,8 @@ def test_values_keep_their_json_type() -> None:
     assert scopes.matches({"k": 2}, where)
     assert not scopes.matches({"k": "2"}, where)
     assert scopes.check_where({}) is None
+    assert scopes.check_where({"k": [2**63 - 1, 1e300, 2.0**63]}) == {
+        "k": ("1e+300", "9.223372036854776e+18", "9223372036854775807")}
 
 
 @pytest.mark.parametrize("path", ["store's own search", "scope too large to list"])

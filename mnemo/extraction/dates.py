@@ -61,12 +61,16 @@ def _moment(found: re.Match[str]) -> datetime | None:
         return None
 
 
+def count_of(word: str) -> int:
+    """A count as `_AGO` finds it: digits, or a word of `NUMBERS` ("three", "a couple of")."""
+    word = word.lower()
+    return int(word) if word.isdigit() else NUMBERS[word]
+
+
 def _relative(text: str, anchor: datetime) -> datetime | None:
     found = _AGO.search(text)
     if found is not None:
-        raw = found["n"].lower()
-        n = int(raw) if raw.isdigit() else NUMBERS[raw]
-        return anchor - timedelta(days=n * _UNIT_DAYS[found["unit"].lower()])
+        return anchor - timedelta(days=count_of(found["n"]) * _UNIT_DAYS[found["unit"].lower()])
     found = _RELATIVE.search(text)
     if found is None:
         return None

@@ -30,7 +30,7 @@ from mnemo.errors import (
     check_step,
     check_text,
 )
-from mnemo.extraction.dates import MONTHS, NUMBERS, WEEKDAYS, whole_dates
+from mnemo.extraction.dates import MONTHS, WEEKDAYS, count_of, whole_dates
 from mnemo.extraction.entities import with_entity_tags, wordings
 from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.graph.model import now_utc
@@ -311,19 +311,13 @@ def _resolve(match: re.Match[str], on: date) -> str | None:
         shift = {"yesterday": -1, "last night": -1, "tomorrow": 1}.get(word, 0)
         return _day(on + timedelta(days=shift))
     if groups["unit"]:
-        count = _count(groups["count"])
-        return None if count is None else _ago(on, count, groups["unit"].lower())
+        return _ago(on, count_of(groups["count"]), groups["unit"].lower())
     if groups["span"]:
         return _span(on, groups["which"].lower(), groups["span"].lower())
     weekday = WEEKDAYS.index(groups["weekday"].lower())
     if groups["which_day"].lower() == "last":
         return _day(on - timedelta(days=(on.weekday() - weekday - 1) % 7 + 1))
     return _day(on + timedelta(days=(weekday - on.weekday() - 1) % 7 + 1))
-
-
-def _count(word: str) -> int | None:
-    word = " ".join(word.lower().split())
-    return int(word) if word.isdigit() else NUMBERS.get(word)
 
 
 def _ago(on: date, count: int, unit: str) -> str:

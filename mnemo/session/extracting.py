@@ -264,10 +264,7 @@ class Extraction:
             data=lambda: {"node_ids": receipts[0].node_ids},
         )
         if moved:
-            await live.events.emit(
-                "changeset_applied", session_id=session.id, repo=session.repo,
-                node_ids=receipts[0].node_ids, changeset_id=changeset.id,
-            )
+            await transitions.applied(live, session, receipts[0])
         return moved
 
     async def commit_in_background(
@@ -307,10 +304,7 @@ class Extraction:
             return False
         _background_done(session, steps)
         trajectories = sorted({s.trajectory_id for s in steps})
-        await live.events.emit(
-            "changeset_applied", session_id=session.id, repo=session.repo,
-            node_ids=receipt.node_ids, changeset_id=receipt.changeset_id,
-        )
+        await transitions.applied(live, session, receipt)
         await live.events.emit(
             "trajectory_committed", session_id=session.id, repo=session.repo,
             node_ids=receipt.node_ids, trajectory_ids=trajectories,

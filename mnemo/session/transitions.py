@@ -174,11 +174,14 @@ async def commit(
                       data=lambda: {"node_ids": receipt.node_ids if receipt else []}):
         raise NotFoundError("session", session.id)
     assert receipt is not None
-    await live.events.emit(
-        "changeset_applied", session_id=session.id, repo=session.repo,
-        node_ids=receipt.node_ids, changeset_id=receipt.changeset_id,
-    )
+    await applied(live, session, receipt)
     return receipt
+
+
+async def applied(live: Sessions, session: SessionRecord, receipt: CommitReceipt) -> None:
+    """Reports a commit of the session's changeset ("changeset_applied")."""
+    await live.events.emit("changeset_applied", session_id=session.id, repo=session.repo,
+                           node_ids=receipt.node_ids, changeset_id=receipt.changeset_id)
 
 
 async def discard(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:

@@ -5,11 +5,14 @@ start work (the API contract, "Inspection never works")."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
+import psycopg
 import pytest
 
 import mnemo
@@ -202,3 +205,64 @@ async def test_the_mcp_server_opens_a_working_memory_only_for_session_tools(
         await tools.append(sid, "walk north through the garden", "go north")
         assert '"node_count"' in await tools.close_and_commit(sid)
         assert "garden" in await tools.recall(REPO, "garden")
+
+
+def _run(store: str, *statements: str) -> list[tuple[object, ...]]:
+    """Runs the statements on the store, committed; the last one's rows."""
+    if store.startswith("postgresql"):
+        with psycopg.connect(store, autocommit=True) as pg:
+            cursors = [pg.execute(statement) for statement in statements]
+            return cursors[-1].fetchall() if cursors[-1].description else []
+    with contextlib.closing(sqlite3.connect(store, isolation_level=None)) as conn:
+        return [conn.execute(statement).fetchall() for statement in statements][-1]
+
+
+async def test_a_look_never_upgrades_a_store_others_still_run(store: str) -> None:
+    """A store a migration behind this mnemo (its agents run the older one) is refused by an
+    inspecting Memory, left as it was (an upgrade would lock the older agents out); a
+    working Memory upgrades it, and then the look goes through."""
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+    ledger = ("mnemo_migrations" if store.startswith("postgresql") else "_sqlite_migrations")
+    _run(store, f"DELETE FROM {ledger} WHERE name LIKE '%scope_digests'")
+    before = _run(store, f"SELECT name FROM {ledger} ORDER BY name")
+    with pytest.raises(mnemo.StorageError) as refused:
+        async with mnemo.Memory(store, embedder=FakeEmbedder(), inspect=True):
+            pass
+    assert refused.value.reason == "read_only"
+    assert "scope_digests not applied" in str(refused.value)
+    assert _run(store, f"SELECT name FROM {ledger} ORDER BY name") == before
+    async with mnemo.Memory(store, embedder=FakeEmbedder()):
+        pass
+    async with mnemo.Memory(store, embedder=FakeEmbedder(), inspect=True) as mem:
+        assert await mem.list_repos() == [REPO]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """The folder's files and their bytes; SQLite's shared memory (-shm) by name only."""
+    return {p.name: b"" if p.name.endswith("-shm") else p.read_bytes()
+            for p in folder.iterdir() if p.is_file()}
+
+
+async def test_a_look_writes_nothing_to_a_sqlite_file(tmp_path: Path) -> None:
+    """An inspecting Memory leaves a SQLite store's bytes as they were: it folds no other
+    process's WAL into the file when it closes (which waited out the busy timeout while a
+    writer held the lock), and keeps a new boot's clock anchor to itself, forgetting no
+    holder."""
+    path = str(tmp_path / "memory.db")
+    async with mnemo.Memory(path, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+    writer = sqlite3.connect(path, isolation_level=None)
+    try:
+        writer.execute("PRAGMA wal_autocheckpoint=0")
+        writer.execute("UPDATE store_clock SET boot = 'another boot'")
+        writer.execute("INSERT INTO holders VALUES ('h', 'host', 1, 'then', 'then')")
+        files = _files(tmp_path)
+        assert len(files["memory.db-wal"]) > 0
+        async with mnemo.Memory(path, embedder=FakeEmbedder(), inspect=True) as mem:
+            assert await mem.list_repos() == [REPO]
+        assert _files(tmp_path) == files
+        assert writer.execute("SELECT boot FROM store_clock").fetchall() == [("another boot",)]
+        assert writer.execute("SELECT id FROM holders").fetchall() == [("h",)]
+    finally:
+        writer.close()

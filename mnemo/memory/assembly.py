@@ -42,12 +42,13 @@ def backend_module(path: str) -> str:
 
 def build(
     memory: Parts, path: str, llm: LLM | None, embedder: Embedder | None,
-    on_event: EventCallback | None, synchronous: str, *, config: Config,
+    on_event: EventCallback | None, synchronous: str, *, config: Config, inspect: bool,
 ) -> None:
     repos: Repos  # made once the backend is (`dims` is asked later)
     backend = open_backend(
         path, dims=lambda repo: repos.dim(repo), busy_timeout=config.busy_timeout,
         synchronous=synchronous, lexical_dir=config.lexical_dir, ann_dir=config.ann_dir,
+        inspect=inspect,
     )
     sessions = backend.sessions
     repos = Repos(config, llm, embedder, sessions.load_repos)

@@ -60,7 +60,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
     MCP read tools): the Memory starts no background task, records no repo's settings or
     models, calls no model but for its own calls, counts no access in `recall` unless
     `reinforce=True`, and refuses what would start work (`open_repo` of an unknown repo, a
-    session's calls, `ingest`) with `StorageError("read_only")`. Deliberate edits (`forget`,
+    session's calls, `ingest`, a store older than this mnemo, which it leaves so) with
+    `StorageError("read_only")`. Deliberate edits (`forget`,
     `revert`, a thread's `purge`) go through.
     """
 
@@ -97,7 +98,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         """Builds the parts (`memory.assembly`), once their modules are imported."""
         from mnemo.memory import assembly
 
-        assembly.build(self, *self._parts[:5], config=self._config)
+        assembly.build(self, *self._parts[:5], config=self._config, inspect=self._inspect)
 
     async def __aenter__(self) -> Memory:
         if self._entered:

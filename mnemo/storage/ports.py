@@ -56,9 +56,11 @@ def open_backend(
     synchronous: str = "NORMAL",
     lexical_dir: str | Path | None = None,
     ann_dir: str | Path | None = None,
+    inspect: bool = False,
 ) -> Backend:
     """The backend `path` names, to `open()` before use. `lexical_dir`, `ann_dir`: where the
-    lexical index and HNSW graphs live (None: default; "": none). Raises
+    lexical index and HNSW graphs live (None: default; "": none); `inspect`: the store is only
+    looked at (never upgraded; on SQLite, no checkpoint or clock anchor written). Raises
     `StorageError("unavailable")` for a PostgreSQL URL without the `postgres` extra."""
     if is_postgres(path):
         if not has_postgres_driver():
@@ -71,7 +73,7 @@ def open_backend(
 
         return PostgresBackend(
             str(path), dims=dims, busy_timeout=busy_timeout, lexical_dir=lexical_dir,
-            ann_dir=ann_dir,
+            ann_dir=ann_dir, inspect=inspect,
         )
     from mnemo.storage.sqlite import SqliteBackend
 
@@ -82,4 +84,5 @@ def open_backend(
         synchronous=synchronous,
         lexical_dir=lexical_dir,
         ann_dir=ann_dir,
+        inspect=inspect,
     )

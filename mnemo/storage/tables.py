@@ -10,9 +10,12 @@ from collections.abc import Collection
 from mnemo.errors import StorageError
 
 
-def check_ledger(applied: Collection[str], known: Collection[str], baseline: str) -> None:
+def check_ledger(
+    applied: Collection[str], known: Collection[str], baseline: str, *, upgrade: bool = True
+) -> None:
     """Refuses (`StorageError("unavailable")`) a store whose recorded migrations do not reach
-    `baseline`, or that records one this version does not know (a newer mnemo's)."""
+    `baseline`, or that records one this version does not know (a newer mnemo's); without
+    `upgrade`, one that lacks a migration (`StorageError("read_only")`)."""
     if applied and baseline not in applied:
         raise StorageError(
             "unavailable", "the store was made by a development build of mnemo older than 0.1.0,"
@@ -22,6 +25,12 @@ def check_ledger(applied: Collection[str], known: Collection[str], baseline: str
         raise StorageError(
             "unavailable", f"the store was upgraded by a newer mnemo (its schema has {newer[-1]},"
             " which this version does not know): open it with that version or a later one")
+    pending = sorted(set(known) - set(applied))
+    if applied and pending and not upgrade:
+        raise StorageError(
+            "read_only", f"the store's schema is older than this mnemo's ({pending[0]} not"
+            " applied), and a look leaves it as it is: open it once to work (a Memory, or a"
+            " command that writes) to upgrade it")
 
 _TYPES = {
     "JSON": ("TEXT", "jsonb"),

@@ -180,10 +180,10 @@ class Postgres:
         )
         self._lent = 0  # connections in the callers' hands
 
-    async def open(self, *, migrate: bool = False) -> None:
+    async def open(self, *, migrate: bool = False, upgrade: bool = True) -> None:
         """Opens the pool and waits for its first connections, after applying pending
-        migrations on a connection of its own with `migrate`. Raises `StorageError`
-        ("unavailable" past `connect_timeout`; as `schema.apply`)."""
+        migrations on a connection of its own with `migrate` (`schema.apply`'s `upgrade`).
+        Raises `StorageError` ("unavailable" past `connect_timeout`; as `schema.apply`)."""
         if migrate:
             from mnemo.storage.postgres import schema
 
@@ -192,7 +192,7 @@ class Postgres:
             except psycopg.Error as exc:
                 raise storage_error(exc) from exc
             async with conn:
-                await schema.apply(conn)
+                await schema.apply(conn, upgrade=upgrade)
         try:
             await self._pool.open(wait=True, timeout=self.connect_timeout)
         except (psycopg.Error, PoolTimeout) as exc:

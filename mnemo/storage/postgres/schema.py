@@ -123,13 +123,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         f" 'hex') WHERE length(value) > {MAX_INDEXED_CHARS}",)))
 
 
-async def apply(conn: Connection) -> list[str]:
+async def apply(conn: Connection, *, upgrade: bool = True) -> list[str]:
     """Creates the `vector` and `unaccent` extensions if needed and applies every pending
     migration in one transaction under the schema's advisory lock (concurrent callers all
     succeed); returns the names applied. `conn` must not be in a transaction. Raises
     `StorageError`: "extension_missing" (absent, pgvector older than 0.5, or not creatable by
     this role), "busy" past `lock_timeout`, "unavailable" for a pre-baseline schema or a newer
-    mnemo's."""
+    mnemo's; "read_only" for an older one without `upgrade` (`tables.check_ledger`)."""
     try:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
@@ -138,7 +138,8 @@ async def apply(conn: Connection) -> list[str]:
             await conn.execute(_LEDGER)
             cur = await conn.execute("SELECT name FROM mnemo_migrations")
             done = {str(name) for (name,) in await cur.fetchall()}
-            check_ledger(done, {migration.name for migration in MIGRATIONS}, BASELINE.name)
+            check_ledger(done, {migration.name for migration in MIGRATIONS}, BASELINE.name,
+                         upgrade=upgrade)
             applied = []
             for migration in MIGRATIONS:
                 if migration.name in done:

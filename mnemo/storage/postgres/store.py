@@ -224,9 +224,11 @@ class PostgresBackend:
         max_connections: int = MAX_CONNECTIONS,
         lexical_dir: str | Path | None = None,
         ann_dir: str | Path | None = None,
+        inspect: bool = False,
     ) -> None:
         """`lexical_dir`, `ann_dir`: the lexical index's and the HNSW graphs' folder (None:
-        `lexical.default_folder()`; "": none)."""
+        `lexical.default_folder()`; "": none); `inspect`: the store is never upgraded."""
+        self.inspect = inspect
         self.postgres = Postgres(url, busy_timeout=busy_timeout, max_size=max_connections)
         lexical, graphs = (None if folder == "" else Path(folder) if folder else default_folder()
                            for folder in (lexical_dir, ann_dir))
@@ -240,7 +242,7 @@ class PostgresBackend:
     async def open(self) -> None:
         """Applies pending migrations, opens the pool and reads the server's time (closing the
         pool if that fails). Raises `StorageError` ("unavailable", "extension_missing", "busy")."""
-        await self.postgres.open(migrate=True)
+        await self.postgres.open(migrate=True, upgrade=not self.inspect)
         try:
             await self.clock.sync()
         except BaseException:

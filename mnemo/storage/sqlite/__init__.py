@@ -178,10 +178,12 @@ class SqliteBackend:
         synchronous: str = "NORMAL",
         lexical_dir: str | Path | None = None,
         ann_dir: str | Path | None = None,
+        inspect: bool = False,
     ) -> None:
         """`lexical_dir`, `ann_dir`: the lexical index's and HNSW graphs' folder (None: beside
-        the file; "" or `:memory:`: none)."""
-        self.database = Database(path, synchronous=synchronous, busy_timeout=busy_timeout)
+        the file; "" or `:memory:`: none); `inspect`: as `Database`'s."""
+        self.database = Database(path, synchronous=synchronous, busy_timeout=busy_timeout,
+                                 inspect=inspect)
         self.graph = SqliteGraph(
             self.database, dims, ann_dir=_beside(path, ann_dir, "hnsw"),
             lexical=None if (where := _beside(path, lexical_dir, "lexical")) is None

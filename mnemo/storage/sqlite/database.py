@@ -104,12 +104,16 @@ class Database:
         *,
         synchronous: str = "NORMAL",
         busy_timeout: float = 5.0,
+        inspect: bool = False,
     ) -> None:
+        """`inspect`: the file is only looked at: never upgraded (`schema.migrate`), its clock
+        anchor and holders left as they are, its WAL not checkpointed at close."""
         if synchronous.upper() not in {"NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"synchronous must be NORMAL, FULL or EXTRA, got {synchronous!r}")
         self.path = str(path)
         self._synchronous = synchronous.upper()
         self.busy_timeout = max(busy_timeout, 0.0)
+        self.inspect = inspect
         self._db: SqliteUtilsDatabase | None = None
         self._worker: Worker | None = None
         self.clock = HostClock()  # the store's time, anchored in the file when it opens
@@ -167,8 +171,8 @@ class Database:
         conn.execute("PRAGMA foreign_keys=ON")
         # Erasure: freed pages are zeroed.
         conn.execute("PRAGMA secure_delete=ON")
-        migrate(db)
-        self.clock.anchor(db)
+        migrate(db, upgrade=not self.inspect)
+        self.clock.anchor(db, write=not self.inspect)
 
     async def close(self) -> None:
         if self._worker is None:
@@ -178,7 +182,7 @@ class Database:
         try:
             if db is not None:
                 with anyio.CancelScope(shield=True):
-                    await worker.call(lambda: _close_sync(db))
+                    await worker.call(lambda: _close_sync(db, checkpoint=not self.inspect))
         except sqlite3.Error as exc:
             raise storage_error(exc) from exc
         finally:
@@ -296,13 +300,16 @@ class HostClock:
         wall, at = self._anchor
         return wall + timedelta(seconds=elapsed() - at)
 
-    def anchor(self, db: SqliteUtilsDatabase) -> None:
-        """Reads the file's anchor, or writes one (forgetting holders) if of another boot."""
+    def anchor(self, db: SqliteUtilsDatabase, *, write: bool = True) -> None:
+        """Reads the file's anchor, or (if of another boot) writes one, forgetting holders; with
+        `write` false, keeps that new anchor to itself."""
         try:
             boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         except OSError:
             boot = ""  # the kernel tells none
         row = _anchor_of(db)
+        if not write and not _this_boot(row, boot):
+            row = (boot, host_now().isoformat(timespec="microseconds"), elapsed())
         if not _this_boot(row, boot):
             with db.atomic():
                 row = _anchor_of(db)  # another process may have anchored meanwhile
@@ -354,11 +361,12 @@ def truncate_wal(db: SqliteUtilsDatabase) -> None:
         db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
 
-def _close_sync(db: SqliteUtilsDatabase) -> None:
+def _close_sync(db: SqliteUtilsDatabase, *, checkpoint: bool) -> None:
     if db.conn.in_transaction:
         db.conn.rollback()
     with contextlib.suppress(sqlite3.Error):  # another process may hold the WAL
-        truncate_wal(db)
+        if checkpoint:
+            truncate_wal(db)
     db.conn.close()
 
 

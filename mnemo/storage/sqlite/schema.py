@@ -30,20 +30,20 @@ def migration(name: str) -> Callable[[Migration], Migration]:
     return MIGRATIONS(name=name)
 
 
-def migrate(db: Database) -> None:
+def migrate(db: Database, *, upgrade: bool = True) -> None:
     """Applies the pending migrations in one IMMEDIATE transaction (a second process waits,
-    then finds nothing pending). Raises `StorageError("unavailable")` for a pre-baseline store
-    or a newer mnemo's (`tables.check_ledger`)."""
-    if _pending(db):
+    then finds nothing pending). Raises `StorageError` as `tables.check_ledger`, whose
+    `upgrade` it takes."""
+    if _pending(db, upgrade):
         with db.atomic():
-            if _pending(db):
+            if _pending(db, upgrade):
                 MIGRATIONS.apply(db)
 
 
-def _pending(db: Database) -> bool:
+def _pending(db: Database, upgrade: bool) -> bool:
     """Whether a registered migration is not applied yet, the ledger read once and checked."""
     applied = {done.name for done in MIGRATIONS.applied(db)}
-    check_ledger(applied, set(NAMES), BASELINE)
+    check_ledger(applied, set(NAMES), BASELINE, upgrade=upgrade)
     return bool(set(NAMES) - applied)
 
 

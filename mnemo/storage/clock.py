@@ -6,17 +6,12 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Protocol
 
 
 class Clock(Protocol):
     def now(self) -> datetime: ...
-
-
-def host_now() -> datetime:
-    """This host's wall clock, in UTC."""
-    return datetime.now(UTC)
 
 
 # Linux's boot time clock counts a suspended host's sleep; elsewhere, the monotonic clock.

@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
 from mnemo.conversation.drafts import MessageDraft
 from mnemo.errors import StorageError
+from mnemo.graph.model import now_utc
 from mnemo.storage import clock as host_clock
 from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.lexical.index import LexicalIndex
@@ -38,7 +39,7 @@ class ServerClock:
     read at open and at each takeover look (best of `SAMPLES` round trips), plus this host's
     monotonic time since."""
 
-    def __init__(self, pg: Postgres, host: Callable[[], datetime] = host_clock.host_now) -> None:
+    def __init__(self, pg: Postgres, host: Callable[[], datetime] = now_utc) -> None:
         self._pg = pg
         self.host = host  # before the first read only
         self._read: tuple[datetime, float] | None = None  # the server's time, and when

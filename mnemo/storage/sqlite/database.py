@@ -21,7 +21,8 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.cpu import Queued, Worker
 from mnemo.errors import StorageError
-from mnemo.storage.clock import elapsed, host_now
+from mnemo.graph.model import now_utc
+from mnemo.storage.clock import elapsed
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Work as StatementsWork, drive
 from mnemo.storage.sqlite.schema import MIGRATIONS, migrate
@@ -296,7 +297,7 @@ class HostClock:
 
     def now(self) -> datetime:
         if self._anchor is None:
-            return host_now()
+            return now_utc()
         wall, at = self._anchor
         return wall + timedelta(seconds=elapsed() - at)
 
@@ -314,7 +315,7 @@ class HostClock:
             with db.atomic():
                 row = _anchor_of(db)  # another process may have anchored meanwhile
                 if not _this_boot(row, boot):
-                    row = (boot, host_now().isoformat(timespec="microseconds"), elapsed())
+                    row = (boot, now_utc().isoformat(timespec="microseconds"), elapsed())
                     db.conn.execute("DELETE FROM store_clock")
                     db.conn.execute("INSERT INTO store_clock(boot, wall, at) VALUES (?, ?, ?)",
                                     row)

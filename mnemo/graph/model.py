@@ -299,13 +299,13 @@ def node_value(
     frequency never drops below `config.frequency_floor`. Naive datetimes are UTC.
     """
     # `reward` times recency and frequency inlined (a hot path).
-    seen = created_at if created_at.tzinfo is not None else _utc(created_at)
+    seen = created_at if created_at.tzinfo is not None else created_at.replace(tzinfo=UTC)
     if last_access is not None:
-        last = last_access if last_access.tzinfo is not None else _utc(last_access)
+        last = last_access if last_access.tzinfo is not None else last_access.replace(tzinfo=UTC)
         if last > seen:
             seen = last
-    age_days = (((now if now.tzinfo is not None else _utc(now)) - seen).total_seconds()
-                // 3600 / 24)
+    age_days = (((now if now.tzinfo is not None else now.replace(tzinfo=UTC)) - seen)
+                .total_seconds() // 3600 / 24)
     raw = math.log1p(access_count if access_count > 0 else 0) / _LOG_FULL_FREQUENCY
     floor = config.frequency_floor
     return (
@@ -313,7 +313,3 @@ def node_value(
         * max(floor, min(1.0, raw))
         * reward(kind, data)
     )
-
-
-def _utc(moment: datetime) -> datetime:
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment

@@ -141,15 +141,14 @@ def wanted(steps: list[tuple[str, str | None]], owners: Mapping[str, str], prefi
 
 
 def merge_groups(
-    pairs: list[tuple[str, str]],
-    rows: Mapping[str, tuple[int, JSONObject, int, str | None]],
-    sources: Mapping[str, str | None],
+    pairs: list[tuple[str, str]], rows: Mapping[str, tuple[int, JSONObject, int, str | None]]
 ) -> dict[str, list[str]]:
-    """Survivor -> the nodes merged into it. A node joins the best-ranked similar node still
-    free, never a chain; only nodes of one source (`sources`) merge."""
+    """Survivor -> the nodes merged into it, of `rows` (rowid, data, access count, source) by
+    id. A node joins the best-ranked similar node still free, never a chain; only nodes of one
+    source merge."""
     neighbours: dict[str, list[str]] = {}
     for a, b in pairs:
-        if a in rows and b in rows and sources.get(a) == sources.get(b):
+        if a in rows and b in rows and rows[a][3] == rows[b][3]:
             neighbours.setdefault(a, []).append(b)
             neighbours.setdefault(b, []).append(a)
 

@@ -69,8 +69,7 @@ class SqlMaintenance(SqlGraphWrites):
             rows[node_id] = (int(rowid), json.loads(data), int(count), source)
         moved = 0
         merged: list[str] = []
-        groups = maintenance.merge_groups(pairs, rows, {i: row[3] for i, row in rows.items()})
-        for survivor, members in groups.items():
+        for survivor, members in maintenance.merge_groups(pairs, rows).items():
             _, data, count, _ = rows[survivor]
             last = keys[survivor][1]
             for member in members:

@@ -189,7 +189,7 @@ class SqliteBackend:
             lexical=None if (where := _beside(path, lexical_dir, "lexical")) is None
             else LexicalIndex(where, SqliteLexicalSource(path, busy_timeout)),
         )
-        self.sessions = SqliteSessions(self.database)
+        self.sessions = SqliteSessions(self.database, self.database.clock)
         self.threads = SqliteThreads(self.database)
         self.coordination = SqliteCoordination(self.database, self.database.clock)
 

@@ -53,9 +53,6 @@ class SqliteSessions(SqlSessions):
     # The host's wall clock, in milliseconds, written as `_stamp` writes a time.
     NOW = "strftime('%Y-%m-%dT%H:%M:%f000+00:00', 'now')"
 
-    def __init__(self, database: Database) -> None:
-        super().__init__(database, database.clock)
-
 
 class SqliteReembeds(SqlReembeds):
     _vector = staticmethod(half_blob)

@@ -64,7 +64,7 @@ async def open_backend(name: str, where: Path | str) -> AsyncIterator[Backend]:
         database = Database(Path(where) / "mnemo.db")
         await database.open()
         try:
-            yield Backend(name, SqliteSessions(database), database=database)
+            yield Backend(name, SqliteSessions(database, database.clock), database=database)
         finally:
             await database.close()
     else:

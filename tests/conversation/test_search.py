@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 import mnemo
 from mnemo.conversation.search import recency_weight
 from mnemo.graph.model import now_utc
-from mnemo.storage.sqlite import match_expression as fts_match
+from mnemo.storage.sqlite.graph import match_expression as fts_match
 from mnemo.text import MAX_QUERY_TERMS, query_words
 from tests.conversation._support import (
     ManualClock,

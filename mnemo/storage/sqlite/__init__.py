@@ -21,15 +21,9 @@ from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements, marks
 from mnemo.storage.sqlite.database import Database, file_uri, storage_error, truncate_wal
-from mnemo.storage.sqlite.graph import SqliteGraph, SqliteSessions
+from mnemo.storage.sqlite.graph import SqliteGraph, SqliteSessions, match_expression
 from mnemo.storage.thread_rows import SearchQuery
 from mnemo.storage.threads import SqlThreads
-
-
-def match_expression(words: Sequence[str]) -> str:
-    """The FTS5 MATCH expression of a query's words, each quoted: never FTS5 syntax ("" if none)."""
-    # A query word holds no double quote to escape.
-    return " OR ".join(f'"{word}"' for word in words)
 
 
 class SqliteThreads(SqlThreads):

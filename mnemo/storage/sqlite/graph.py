@@ -367,7 +367,12 @@ def fts_search(
 
 
 def fts_query(text: str) -> str:
-    """Any user text as a safe FTS5 query: its distinct words (`query_words`, at most
-    `MAX_QUERY_TERMS`: the cost must not grow with the text) quoted, OR-combined ('' if none)."""
-    words = query_words(text)
-    return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
+    """Any user text as a safe FTS5 query: the `match_expression` of its distinct words
+    (`query_words`, at most `MAX_QUERY_TERMS`: the cost must not grow with the text)."""
+    return match_expression(query_words(text))
+
+
+def match_expression(words: Sequence[str]) -> str:
+    """The FTS5 MATCH expression of a query's words, each quoted: never FTS5 syntax ("" if none)."""
+    # A query word holds no double quote to escape.
+    return " OR ".join(f'"{word}"' for word in words)

@@ -108,8 +108,6 @@ class GraphBase(RowReads):
     # The repo's lock across processes (this process's, `_locks`, is taken first).
     _repo_lock: Callable[[str], AbstractAsyncContextManager[None]]
     _reembed_lock: Callable[[str, ConflictError], AbstractAsyncContextManager[None]]
-    # The store's own full-text search (`_store_text`), begun now or when awaited.
-    _start_store_text: Callable[[str, str, int, list[str] | None], PendingRead[Hits]]
     # The store's own full-text search (see `search_text`), inside the `Where` when given.
     _store_text: Callable[[str, str, int, list[str] | None, Where | None], Awaitable[Hits]]
     _committed: Callable[[CommitPlan], Awaitable[None]]  # the vector side follows a commit
@@ -117,6 +115,11 @@ class GraphBase(RowReads):
                        Awaitable[NodeContext]]
     _links_near: Callable[[str, Sequence[str], Vector],
                           Awaitable[tuple[list[TypedLink], dict[str, float]]]]
+
+    def _start_store_text(self, repo: str, query: str, limit: int, kinds: list[str] | None
+                          ) -> PendingRead[Hits]:
+        """`_store_text` (no `Where`), begun when awaited (SQLite: queued now)."""
+        return DeferredRead(lambda: self._store_text(repo, query, limit, kinds, None))
 
     async def node_context(self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType],
                            link_type: LinkType, then: More | None = None) -> NodeContext:

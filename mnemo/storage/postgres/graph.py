@@ -16,11 +16,10 @@ import anyio
 import anyio.to_thread
 
 from mnemo import cpu
-from mnemo.cpu import DeferredRead
 from mnemo.errors import ConflictError
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeId, NodeType, Vector
-from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead, TypedLink
+from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
 from mnemo.graph.scope import Where
 from mnemo.storage import graph_base as scopes
 from mnemo.storage.graph_base import joined, neighbors_seen_from_asked, seen_from_asked
@@ -227,10 +226,6 @@ class PgGraph(ReembeddedGraph, MaintainedGraph):
             "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
             " WHERE id IN (SELECT id FROM nodes WHERE repo = ? AND id = ANY(?)"
             " FOR NO KEY UPDATE SKIP LOCKED)", (when, repo, ids)))
-
-    def _start_store_text(self, repo: str, query: str, limit: int, kinds: list[str] | None
-                          ) -> PendingRead[list[tuple[str, float]]]:
-        return DeferredRead(lambda: self._store_text(repo, query, limit, kinds, None))
 
     async def _store_text(
         self, repo: str, query: str, limit: int, kinds: list[str] | None,

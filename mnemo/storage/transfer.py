@@ -91,7 +91,13 @@ class SqlDump(SqlStore):
 
     # Inserts `rows` in one transaction, skipping keys present; how many were inserted.
     write: Callable[[Table, Sequence[Row]], Awaitable[int]]
-    _load: Callable[[Table, Kind, object], object]  # a stored value (not NULL) as a neutral one
+
+    def _load(self, table: Table, kind: Kind, value: object) -> object:
+        """A stored value (not NULL) as a neutral one (a backend converts first the kinds it
+        stores its own way)."""
+        if kind is Kind.FLOAT:
+            return float(value)  # type: ignore[arg-type]
+        return bool(value) if kind is Kind.BOOL else value
 
     async def checksum(self) -> str:
         """sha256 over every node's id and text, in the order of the id's UTF-8 bytes."""

@@ -20,19 +20,6 @@ from mnemo.storage.transfer import TABLES, Kind, Row, SqlDump, Table
 _STAGE = sql.Identifier("mnemo_transfer")
 
 
-def _load(_table: Table, kind: Kind, value: object) -> object:
-    if kind is Kind.TIME:
-        assert isinstance(value, datetime)
-        return value.astimezone(UTC)
-    if kind is Kind.FLOAT:
-        return float(value)  # type: ignore[arg-type]
-    if kind is Kind.BOOL:
-        return bool(value)
-    if kind is Kind.VECTOR:
-        return np.asarray(value, dtype=np.float32)
-    return value
-
-
 def _columns(names: Sequence[str]) -> sql.Composable:
     return sql.SQL(", ").join(sql.Identifier(name) for name in names)
 
@@ -45,7 +32,13 @@ class PostgresDump(SqlDump):
         super().__init__(pg)
         self._types: dict[str, list[int]] = {}
 
-    _load = staticmethod(_load)
+    def _load(self, table: Table, kind: Kind, value: object) -> object:
+        if kind is Kind.TIME:
+            assert isinstance(value, datetime)
+            return value.astimezone(UTC)
+        if kind is Kind.VECTOR:
+            return np.asarray(value, dtype=np.float32)
+        return super()._load(table, kind, value)
 
     async def _page(self, statement: str, params: Sequence[object]) -> Sequence[Row]:
         # Binary: a vector's text form costs more to parse than the rest of its row.

@@ -41,22 +41,6 @@ _LINKS_READ = (
 )
 
 
-def _load(table: Table, kind: Kind, value: object) -> object:
-    if kind is Kind.TIME:
-        return utc(datetime.fromisoformat(str(value)))
-    if kind is Kind.JSON:
-        assert isinstance(value, str | bytes)
-        return json.loads(unpack_text(value))
-    if kind is Kind.BOOL:
-        return bool(value)
-    if kind is Kind.FLOAT:
-        return float(value)  # type: ignore[arg-type]
-    if kind is Kind.VECTOR:
-        assert isinstance(value, bytes)
-        return vector_of_half(value) if table.name == "vectors" else vector_from_blob(value)
-    return value
-
-
 def _store(kind: Kind, value: object, half: bool = False, packed: bool = False) -> object:
     if value is None:
         return None
@@ -76,7 +60,17 @@ def _store(kind: Kind, value: object, half: bool = False, packed: bool = False) 
 
 class SqliteDump(SqlDump):
     _driver: Database
-    _load = staticmethod(_load)
+
+    def _load(self, table: Table, kind: Kind, value: object) -> object:
+        if kind is Kind.TIME:
+            return utc(datetime.fromisoformat(str(value)))
+        if kind is Kind.JSON:
+            assert isinstance(value, str | bytes)
+            return json.loads(unpack_text(value))
+        if kind is Kind.VECTOR:
+            assert isinstance(value, bytes)
+            return vector_of_half(value) if table.name == "vectors" else vector_from_blob(value)
+        return super()._load(table, kind, value)
 
     def _source(self, table: Table) -> tuple[str, tuple[str, ...]]:
         if table.name == "vectors":

@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# bm25's term-frequency saturation and length normalisation, FTS5's (PostgreSQL's too).
 K1, B = 1.2, 0.75
 
 

@@ -17,6 +17,7 @@ from mnemo.errors import StorageError
 from mnemo.graph.model import now_utc
 from mnemo.storage import clock as host_clock
 from mnemo.storage.coordination import SqlCoordination
+from mnemo.storage.lexical.fresh import K1, B
 from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.postgres.connection import PgDialect, Postgres, as_array
 from mnemo.storage.postgres.graph import PgGraph
@@ -67,9 +68,6 @@ class ServerClock:
         self._read = (server, at)
 
 
-# bm25's parameters, FTS5's: term-frequency saturation and length normalisation.
-K1 = 1.2
-B = 0.75
 # `ts_rank` of a word found once (weight D, 0.1, times 6 / pi^2): the ratio is a saturating tf.
 TS_RANK_ONE = 0.1 * 6 / math.pi**2
 

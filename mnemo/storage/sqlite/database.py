@@ -310,7 +310,7 @@ class HostClock:
             boot = ""  # the kernel tells none
         row = _anchor_of(db)
         if not write and not _this_boot(row, boot):
-            row = (boot, host_now().isoformat(timespec="microseconds"), elapsed())
+            row = (boot, now_utc().isoformat(timespec="microseconds"), elapsed())
         if not _this_boot(row, boot):
             with db.atomic():
                 row = _anchor_of(db)  # another process may have anchored meanwhile

@@ -374,5 +374,4 @@ def fts_query(text: str) -> str:
 
 def match_expression(words: Sequence[str]) -> str:
     """The FTS5 MATCH expression of a query's words, each quoted: never FTS5 syntax ("" if none)."""
-    # A query word holds no double quote to escape.
-    return " OR ".join(f'"{word}"' for word in words)
+    return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)

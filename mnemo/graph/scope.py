@@ -130,12 +130,12 @@ def _key(key: object, what: str) -> str:
 
 
 def _value(value: object, what: str) -> Scalar:
-    """`value` checked (an int of 64 bits), an integral float as its integer."""
+    """`value` checked (an int between -2**63 and 2**63 - 1), an integral float as its integer."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int):
         if not -(2**63) <= value < 2**63:
-            raise InvalidInputError(f"{what} must be an int of 64 bits, got {value.bit_length()}")
+            raise InvalidInputError(f"{what} must be an int between -2**63 and 2**63 - 1")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):

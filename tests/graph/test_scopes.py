@@ -195,6 +195,17 @@ def test_values_keep_their_json_type() -> None:
         "k": ("1e+300", "9.223372036854776e+18", "9223372036854775807")}
 
 
+@pytest.mark.parametrize(
+    "big", [2**63, -(2**63) - 1, 10**5000], ids=["2**63", "-2**63-1", "10**5000"])
+def test_an_int_past_64_bits_is_refused_naming_the_range(big: int) -> None:
+    """An int past 64 bits, in a metadata or a where, is refused naming the range an int must
+    be in, never the int (it may be millions of digits long) nor its bit length."""
+    for check in (scopes.check_metadata, scopes.check_where):
+        with pytest.raises(mnemo.InvalidInputError) as refused:
+            check({"k": big})
+        assert str(refused.value).endswith("must be an int between -2**63 and 2**63 - 1")
+
+
 @pytest.mark.parametrize("path", ["store's own search", "scope too large to list"])
 async def test_every_search_path_keeps_to_the_scope(
     store: str, path: str, monkeypatch: pytest.MonkeyPatch

@@ -15,7 +15,7 @@ import anyio
 from pydantic import Field
 
 from mnemo.config import Config
-from mnemo.errors import InvalidInputError, MnemoError, NotFoundError
+from mnemo.errors import InvalidInputError, MnemoError, NotFoundError, check_id
 from mnemo.jsonable import label, session_json, step_json
 from mnemo.mcp import _output
 from mnemo.mcp._output import dumps, fit
@@ -227,7 +227,9 @@ class MemoryTools:
         offset: Offset = 0,
     ) -> str:
         """The live sessions (not ended), oldest first, a page at a time: id, repo, state,
-        the open episode's goal (a snippet) and its number of steps."""
+        the open episode's goal (a snippet) and its number of steps. Errors: an unknown repo."""
+        if repo is not None and check_id(repo, "repo") not in await self.mem.list_repos():
+            raise NotFoundError("repo", repo)
         live = [s for s in await self.mem.list_sessions() if repo is None or s.repo == repo]
         return fit(partial(_output.page_output, "sessions", live, offset, lambda s, limit: {
             **session_json(s), "repo": clip(s.repo, limit),

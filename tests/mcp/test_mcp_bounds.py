@@ -256,6 +256,20 @@ async def test_list_discard_and_end_sessions(mem: mnemo.Memory, tools: MemoryToo
         await tools.end_session(sid)
 
 
+@pytest.mark.parametrize(("repo", "says"), [
+    ("nope", "unknown repo: 'nope'"), ("", "repo must not be blank"),
+    (" ", "repo must not be blank")])
+async def test_list_sessions_refuses_an_unknown_or_blank_repo(
+    tools: MemoryTools, repo: str, says: str
+) -> None:
+    """list_sessions answers an unknown or blank repo as recall and get_node do, with a tool
+    error, not with an empty page."""
+    for call in (partial(tools.list_sessions, repo=repo), partial(tools.recall, repo, "q"),
+                 partial(tools.get_node, repo, "x")):
+        with pytest.raises(ToolError, match=says):
+            await call()
+
+
 def test_validation_errors_are_one_line_naming_the_field() -> None:
     """A pydantic rejection becomes one line naming the field and the rule, not the value."""
     from pydantic import BaseModel, Field, ValidationError

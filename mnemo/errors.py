@@ -146,7 +146,8 @@ def check_text(value: object, what: str, *, limit: int, blank_ok: bool = False,
                stored: bool = True, setting: str | None = "Config.max_text_chars") -> str:
     """`value`, checked to be a string of at most `limit` characters (the bound `setting`
     names, None: a fixed one), not blank unless `blank_ok`, and without NUL when `stored`
-    (PostgreSQL's text cannot hold it); else InvalidInputError."""
+    (PostgreSQL's text cannot hold it); else InvalidInputError. A query (not `stored`) of
+    nothing but whitespace, control and format characters is blank too: it finds nothing."""
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
     if len(value) > limit:  # first: what follows reads every character
@@ -157,9 +158,14 @@ def check_text(value: object, what: str, *, limit: int, blank_ok: bool = False,
         raise InvalidInputError(f"{what} must not contain a NUL character (U+0000)")
     if not _encodable(value):
         raise InvalidInputError(f"{what} is not valid Unicode (a lone surrogate)")
-    if not blank_ok and not value.strip():
+    if not blank_ok and not (value.strip() if stored else _shown(value)):
         raise InvalidInputError(f"{what} must not be blank")
     return value
+
+
+def _shown(text: str) -> bool:
+    """Whether `text` holds a character besides whitespace, controls (Cc) and formats (Cf)."""
+    return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf") for c in text)
 
 
 def check_step(observation: object, action: object, metadata: object, *, limit: int,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import enum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,21 @@ async def test_recall_blank_query(mem: mnemo.Memory, query: str) -> None:
     """recall with a blank query raises InvalidInputError."""
     with pytest.raises(mnemo.InvalidInputError):
         await maybe_await(mem.recall(REPO, query))
+
+
+@pytest.mark.parametrize("query", ["\x00", "\u200b", "\u200b\ufeff", " \x00\u200d\n"])
+async def test_a_query_of_nothing_but_controls_and_formats_is_blank(
+    mem: mnemo.Memory, query: str
+) -> None:
+    """A query of nothing but whitespace, control (NUL) and format (zero-width, BOM) characters
+    is blank, InvalidInputError for recall, search_nodes and search_messages; one with real
+    characters (around a NUL, an emoji, CJK) is searched."""
+    searches = (partial(mem.recall, REPO), partial(mem.search_nodes, REPO), mem.search_messages)
+    for search in searches:
+        with pytest.raises(mnemo.InvalidInputError, match="query must not be blank"):
+            await search(query)
+        for real in (f"walk{query}north", "\U0001f680", "\u5317\u4eac"):
+            await search(real)
 
 
 def test_config_unknown_field() -> None:

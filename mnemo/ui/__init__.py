@@ -31,16 +31,16 @@ async def serve(db: Path | str, *, host: str = "127.0.0.1", port: int = 8765,
                 allow_hosts: Sequence[str] = ()) -> None:
     """Serves the web app over the memory at `db` until interrupted, answering only allowed
     hosts and, with `token`, only requests showing it; InvalidInputError for a malformed host
-    or token before anything is opened."""
+    or token before anything is opened, and what opening the memory raises (StorageError for
+    a corrupt store) before anything is served."""
     access = Access.bound(host, allow_hosts, token)
-    app = create_app(
-        open_view=lambda: open_view(db, allow_writes=allow_writes, llm=llm, embedder=embedder),
-        allow_writes=allow_writes, access=access)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
-    # After uvicorn.Config, which configures these loggers.
-    access_log = logging.getLogger("uvicorn.access")
-    if not any(isinstance(f, Redaction) for f in access_log.filters):
-        access_log.addFilter(Redaction())
-    for line in exposure(host, access):
-        logging.getLogger("uvicorn.error").warning(line)
-    await server.serve()
+    async with open_view(db, allow_writes=allow_writes, llm=llm, embedder=embedder) as view:
+        app = create_app(view, allow_writes=allow_writes, access=access)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
+        # After uvicorn.Config, which configures these loggers.
+        access_log = logging.getLogger("uvicorn.access")
+        if not any(isinstance(f, Redaction) for f in access_log.filters):
+            access_log.addFilter(Redaction())
+        for line in exposure(host, access):
+            logging.getLogger("uvicorn.error").warning(line)
+        await server.serve()

@@ -4,10 +4,12 @@ loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -39,6 +41,41 @@ def test_ui_refuses_a_missing_database(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "no database at" in result.output
     assert not missing.exists()
+
+
+def _corrupt(db: Path) -> None:
+    """Overwrites the root page of the repos table, which opening a memory reads (the header
+    and migrations `mnemo` checks first stay readable)."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        ((root,),) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'repos'")
+        ((size,),) = conn.execute("PRAGMA page_size")
+    with db.open("r+b") as file:
+        file.seek((root - 1) * size)
+        file.write(b"\xff" * size)
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "foreign", "text", "missing"])
+def test_ui_refuses_a_store_it_cannot_open_in_one_line(
+    sample: Sample, tmp_path: Path, kind: str
+) -> None:
+    """A corrupt store, a SQLite file that is no mnemo store, a text file or none: one error
+    line and status 2, as `mnemo repos` answers, before anything is served (not the web
+    server's traceback and status 3)."""
+    db = sample.db if kind == "corrupt" else tmp_path / "other.db"
+    if kind == "corrupt":
+        _corrupt(db)
+    elif kind == "foreign":
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            conn.execute("CREATE TABLE t (x)")
+    elif kind == "text":
+        db.write_text("not a database\n")
+    served = CliRunner().invoke(app, ["ui", "--db", str(db), "--port", str(_free_port())])
+    listed = CliRunner().invoke(app, ["repos", "--db", str(db)])
+    assert (served.exit_code, listed.exit_code) == (2, 2), served.output
+    assert served.output == listed.output
+    assert served.output.startswith("error: ")
+    assert served.output.count("\n") == 1
 
 
 @pytest.mark.parametrize(

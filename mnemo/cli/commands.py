@@ -188,8 +188,10 @@ async def graph(
     export: Annotated[ExportFormat | None, typer.Option(
         help="Export every node and link (to stdout, or to --out).")] = None,
     out: Annotated[Path | None, typer.Option(
-        help="Write the export here (format from --export or the suffix).",
+        help="Write the export here (format from --export or the suffix); an existing file "
+             "is replaced once you agree, never the store or what is kept beside it.",
         dir_okay=False)] = None,
+    yes: Yes = False,
     *,
     settings: Settings,
     as_json: Json = False,
@@ -201,8 +203,14 @@ async def graph(
         raise CliError(f"cannot tell the export format of {out}: pass --export json|graphml")
     from mnemo.cli import graph as graph_export
 
+    if out is not None and graph_export.is_kept_beside(out, settings.store):
+        raise CliError(f"--out {out} is the store or a file mnemo keeps beside it: write the "
+                       "export elsewhere")
     async with open_memory(settings) as mem:
         await check_repo(mem, repo)
+        if out is not None and out.exists():
+            await confirm(f"{out} exists: replace it with the export?", given=yes,
+                          as_json=as_json)
         dumped = graph_export.GraphDump(
             repo, await mem.get_nodes_by_type(repo, list(NodeType)), await mem.links(repo))
     counts = dumped.counts()
@@ -213,7 +221,7 @@ async def graph(
         if out is None:
             typer.echo(text, nl=False)
             return
-        out.write_text(text, encoding="utf-8")
+        graph_export.write_whole(out, text)
         stderr_console().print(
             f"wrote {len(dumped.nodes)} nodes and {len(dumped.links)} links to "
             f"{escape(str(out))}")

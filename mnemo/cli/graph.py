@@ -1,15 +1,22 @@
-"""`mnemo graph REPO`: counts by node and link type, and the whole graph as JSON or GraphML."""
+"""`mnemo graph REPO`: counts by node and link type, and the whole graph as JSON or GraphML,
+written to a file all or nothing, never over the store."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import secrets
+import stat
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from mnemo.graph.model import Link, LinkType, Node, NodeType
 from mnemo.jsonable import label, link_json, node_json
+from mnemo.storage.ports import is_postgres
 
 GRAPHML_NS = "http://graphml.graphdrawing.org/xmlns"
 # Characters XML 1.0 cannot carry at all, not even escaped.
@@ -69,3 +76,39 @@ def to_graphml(graph: GraphDump) -> str:
 
 def _data(parent: ET.Element, key: str, value: str) -> None:
     ET.SubElement(parent, f"{{{GRAPHML_NS}}}data", {"key": key}).text = _NOT_XML.sub("", value)
+
+
+# What mnemo keeps beside a SQLite store "<file>": its journals, its caches, its memory files.
+_BESIDE = ("", "-wal", "-shm", "-journal", ".lexical", ".hnsw", ".memory")
+
+
+def is_kept_beside(path: Path, store: str) -> bool:
+    """Whether `path` is the SQLite file `store`, or one mnemo keeps beside it (see `_BESIDE`,
+    and its locks "<file>-*.lock"), whatever link or relative path names it."""
+    if is_postgres(store):
+        return False
+    base, path = Path(store).resolve(), path.resolve()
+    kept = [Path(f"{base}{tail}") for tail in _BESIDE]
+    return any(path == k or k in path.parents for k in kept) or (
+        path.parent == base.parent and path.name.startswith(f"{base.name}-")
+        and path.suffix == ".lock")
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Replaces the file at `path` (through a link) with `text`, all or nothing: a temporary
+    file beside it, fsynced, renamed over it; a replaced file keeps its permission bits."""
+    target = path.resolve()
+    temporary = target.with_name(f".{target.name[:200]}.{secrets.token_hex(6)}.tmp")
+    try:
+        with temporary.open("x", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISREG(mode := target.stat().st_mode):
+                temporary.chmod(stat.S_IMODE(mode))
+        temporary.replace(target)
+    except OSError as exc:  # named by the path given, not the temporary file's
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+    finally:
+        temporary.unlink(missing_ok=True)

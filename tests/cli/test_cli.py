@@ -364,6 +364,44 @@ def test_graph_export_into_a_missing_folder_is_one_line(filled: str) -> None:
                               "/nonexistent/x.json", "--db", str(filled)), "/nonexistent/x.json")
 
 
+def test_graph_out_never_replaces_the_store_and_asks_before_replacing_a_file(
+    db: str, tmp_path: Path
+) -> None:
+    """--out refuses in one line (status 2), --yes or not, the store and what mnemo keeps
+    beside it (its -wal and -shm, its .lexical folder), however named, and the store stays
+    whole; another file is replaced only once the user agrees (no answer or "n" keeps it,
+    --json needs --yes), all or nothing, keeping its permission bits."""
+    if not is_postgres(db):
+        repos = ok_json("repos", "--db", db)
+        link = tmp_path / "link.json"
+        link.symlink_to(db)
+        beside = [f"{db}-wal", f"{db}-shm", f"{db}.lexical/x.json", str(link),
+                  str(Path(db).parent / "sub" / ".." / Path(db).name)]
+        for named in (db, *beside):
+            assert_clear_error(invoke("graph", REPO, "--export", "json", "--out", named,
+                                      "--db", db, "--yes"), "keeps beside it")
+        assert ok_json("repos", "--db", db) == repos
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    out = folder / "graph.json"
+    out.write_text("mine\n")
+    out.chmod(0o640)
+    for answer in (None, "n\n"):
+        kept = invoke("graph", REPO, "--out", str(out), "--db", db, input=answer)
+        assert kept.exit_code == 1, kept.output
+        assert out.read_text() == "mine\n"
+    assert_clear_error(invoke("graph", REPO, "--out", str(out), "--db", db, "--json"), "--yes")
+    assert out.read_text() == "mine\n"
+    agreed = invoke("graph", REPO, "--out", str(out), "--db", db, input="y\n")
+    assert agreed.exit_code == 0, agreed.output
+    assert json.loads(out.read_text())["repo"] == REPO
+    out.write_text("mine\n")
+    assert ok_json("graph", REPO, "--out", str(out), "--db", db, "--yes")["out"] == str(out)
+    assert json.loads(out.read_text())["repo"] == REPO
+    assert out.stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in folder.iterdir()] == ["graph.json"]  # no temporary file left
+
+
 # ---- search and purge -----------------------------------------------------------------------
 
 

@@ -1,8 +1,10 @@
 """The models a repo runs with when its `Memory` was given none: the ones the repo recorded.
 
-An unknown record runs the Memory's default; one that cannot be built here (no key) becomes a
-stand-in that raises when called, saying what to set, as does a record of the retired hashed
-embedder (`hash`, `hash:DIM`, `hash-ngram-v1`), which `Memory.reembed` replaces by `hash2`."""
+One this mnemo cannot build (the caller's own model, a URI without its key) is a stand-in of the
+recorded name and dimension whose calls raise saying how to pass it or what to set, never the
+Memory's default (that mixed two embedders' vectors in a repo and rewrote its record); as is one
+of the retired hashed embedder (`hash`, `hash:DIM`, `hash-ngram-v1`), replaced by `Memory.reembed`
+with `hash2`."""
 
 from __future__ import annotations
 
@@ -50,6 +52,11 @@ def _scheme(uri: str) -> str:
     return uri.partition(":")[0].strip().lower()
 
 
+def _uri(name: str, dim: int) -> str:
+    """The URI of a recorded embedder: a legacy name's, else the name (braces and all)."""
+    return _LEGACY_EMBEDDERS[name].format(dim=dim) if name in _LEGACY_EMBEDDERS else name
+
+
 def _retired(repo: str, uri: str) -> str:
     return (
         f"repo {repo!r} holds vectors of the embedder {uri}, the hashed embedder's earlier "
@@ -67,8 +74,11 @@ def _successor(uri: str) -> str | None:
 
 
 def _problem(repo: str, kind: str, uri: str, exc: ModelURIError) -> str:
-    fix = f"set {exc.variable}" if exc.variable else "fix the record"
     flag = "--llm / llm=" if kind == "LLM" else "--embedder / embedder="
+    if _scheme(uri) not in (LLM_SCHEMES if kind == "LLM" else EMBEDDER_SCHEMES):
+        return (f"repo {repo!r} runs the {kind} {uri}, which mnemo cannot build from its name: "
+                f"pass that {kind} with {flag}")
+    fix = f"set {exc.variable}" if exc.variable else "fix the record"
     return (
         f"repo {repo!r} runs the {kind} {uri}, which cannot be built here: {exc}; {fix}, "
         f"or choose another with {flag}"
@@ -99,7 +109,7 @@ class RepoModels:
     def reload(self, repo: str, embedder: str, dim: int, llm: LLM) -> Embedder:
         """The embedder `repo` runs with now that its record names `embedder` of `dim` (a stand-in
         when the Memory was given an embedder of another URI)."""
-        legacy = _LEGACY_EMBEDDERS.get(embedder, embedder).format(dim=dim)
+        legacy = _uri(embedder, dim)
         built = self._recorded_embedder(repo, embedder, dim)
         if self.embedder_given and built is self._embedder and (
             model_name(self._embedder) not in (embedder, legacy) or self._embedder.dim != dim
@@ -119,7 +129,7 @@ class RepoModels:
         record = self._records.get(repo)
         if record is None:
             return None
-        uri = _successor(_LEGACY_EMBEDDERS.get(record[1], record[1]).format(dim=dim))
+        uri = _successor(_uri(record[1], dim))
         if uri is None:
             return None
         if uri == model_name(self._embedder) and self._embedder.dim == dim:
@@ -161,8 +171,7 @@ class RepoModels:
         return [*self._llms.values(), *self._embedders.values()]
 
     def _recorded_llm(self, repo: str, uri: str | None) -> LLM:
-        if (self._llm_given or uri is None or _scheme(uri) not in LLM_SCHEMES
-                or uri == model_name(self._llm)):
+        if self._llm_given or uri is None or uri == model_name(self._llm):
             return self._llm
         built = self._llms.get(uri)
         if built is None:
@@ -173,13 +182,12 @@ class RepoModels:
         return built
 
     def _recorded_embedder(self, repo: str, uri: str, dim: int) -> Embedder:
-        uri = _LEGACY_EMBEDDERS.get(uri, uri).format(dim=dim)
+        uri = _uri(uri, dim)
         if uri in ("hash:512", "hash2:512"):
             uri = uri.removesuffix(":512")
         if _scheme(uri) in _RETIRED_SCHEMES:
             return UnavailableEmbedder(uri, dim, _retired(repo, uri))
-        if (self.embedder_given or _scheme(uri) not in EMBEDDER_SCHEMES
-                or uri == model_name(self._embedder)):
+        if self.embedder_given or uri == model_name(self._embedder):
             return self._embedder
         built = self._embedders.get((uri, dim))
         if built is None:

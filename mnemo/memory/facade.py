@@ -284,6 +284,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
                 past `Config.max_text_chars` or `inputs.MAX_JSON_DEPTH`, or a bad `metadata`.
             NotFoundError: an unknown repo.
             ConflictError: the source id was used with a different payload.
+            EmbeddingError: the repo's embedder cannot run here (a record not built here).
             PipelineError: "extraction_failed".
         """
         from mnemo.ingest.service import check_ingest

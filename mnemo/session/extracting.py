@@ -14,6 +14,7 @@ from enum import Enum
 
 import anyio
 
+from mnemo.adapters.recorded import UnavailableLLM
 from mnemo.episode import EpisodeRecord, StepRecord
 from mnemo.errors import LLMTimeout, MnemoError, NotFoundError, StorageError
 from mnemo.extraction.memo import TaskMemo
@@ -389,9 +390,12 @@ async def _take_timers(live: Sessions, session: SessionRecord) -> None:
 def _same_model(session: SessionRecord) -> bool:
     """Whether this Memory's model for the session's repo is the one its work started with."""
     try:
-        here = model_name(session.repo_runtime.llm)
+        llm = session.repo_runtime.llm
     except NotFoundError:
         return False  # a repo this Memory has not opened
+    if isinstance(llm, UnavailableLLM):
+        return False  # a stand-in of the model's name: the model cannot run here
+    here = model_name(llm)
     if session.extraction_model is not None and session.extraction_model != here:
         log.info("%s: its work started with %s, not %s: left to a Memory with that model",
                  session.id, session.extraction_model, here)

@@ -5,14 +5,17 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import mnemo
 from mnemo.adapters import uri
-from mnemo.adapters.recorded import RepoModels, UnavailableEmbedder
+from mnemo.adapters.recorded import RepoModels, UnavailableEmbedder, UnavailableLLM
 from mnemo.ports import model_name
 from tests.adapters.provider_server import ProviderServer
+from tests.backends import sql
+from tests.fakes import FakeLLM
 
 REPO = "r"
 
@@ -178,6 +181,87 @@ async def test_a_repo_of_todays_hashed_features_reopens_with_them(tmp_path: Path
     assert recorded(db)[REPO] == ("hash2:64", "offline", 64)
 
 
+class _CompanyEmbedder(mnemo.HashEmbedder):
+    """An embedder of the caller's own (no URI builds it) of the default's dimension (384),
+    keeping the texts it embedded."""
+
+    def __init__(self) -> None:
+        super().__init__(384)
+        self.name = "my-company-embedder"
+        self.texts: list[str] = []
+
+    async def embed(self, texts: Sequence[str]) -> Any:
+        self.texts.extend(texts)
+        return await super().embed(texts)
+
+
+class _CompanyLLM(FakeLLM):
+    """An LLM of the caller's own: no URI builds it."""
+
+    name = "my-company-llm"
+
+
+async def _record(mem: mnemo.Memory) -> list[tuple[object, ...]]:
+    return await sql(mem, "SELECT name, embedder, llm, dim FROM repos ORDER BY name")
+
+
+async def test_a_repo_of_ones_own_embedder_is_never_embedded_by_the_default(store: str) -> None:
+    """A repo opened with an embedder of the caller's own, reopened by a Memory given none:
+    its nodes read, while an ingest or a recall raise EmbeddingError naming the repo, the
+    recorded embedder and how to pass it; nothing is stored, the record stays, and the repo's
+    vectors are all its own embedder's. Before, the default (MiniLM, also 384) embedded the
+    ingest beside them and the repo was recorded as minilm."""
+    own = _CompanyEmbedder()
+    async with mnemo.Memory(store, embedder=own) as mem:
+        await mem.open_repo(REPO)
+        await mem.ingest(REPO, mnemo.Trajectory("g", [mnemo.Step("nginx on 80", "ok")]),
+                         source_id="s")
+        record = await _record(mem)
+        nodes = await sql(mem, "SELECT id FROM nodes ORDER BY id")
+    assert record == [(REPO, "my-company-embedder", "offline", 384)]
+    embedded = len(own.texts)
+    async with mnemo.Memory(store) as mem:
+        assert await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+        with pytest.raises(mnemo.EmbeddingError) as caught:
+            await mem.ingest(REPO, mnemo.Trajectory("g", [mnemo.Step("redis on 6379", "ok")]),
+                             source_id="t")
+        for words in ("repo 'r'", "my-company-embedder", "embedder="):
+            assert words in str(caught.value)
+        assert "\n" not in str(caught.value)
+        with pytest.raises(mnemo.EmbeddingError, match="my-company-embedder"):
+            await mem.recall(REPO, "nginx")
+        await mem.open_repo(REPO)
+        assert await _record(mem) == record
+        assert await sql(mem, "SELECT id FROM nodes ORDER BY id") == nodes
+        assert await sql(mem, "SELECT count(*) FROM vectors") == [(len(nodes),)]
+    async with mnemo.Memory(store, embedder=own) as mem:
+        result = await mem.recall(REPO, "nginx")
+        assert any("nginx" in m.node.text for m in result.memories)
+        assert await _record(mem) == record
+    assert len(own.texts) > embedded
+
+
+async def test_a_repo_of_ones_own_llm_keeps_it_and_runs_no_other(store: str) -> None:
+    """A repo opened with an LLM of the caller's own, reopened by a Memory given none:
+    open_repo leaves the record, and a session's model call raises LLMError naming the repo,
+    the recorded LLM and how to pass it. Before, open_repo recorded the offline LLM and the
+    session ran it."""
+    async with mnemo.Memory(store, llm=_CompanyLLM(), embedder=mnemo.HashEmbedder(64)) as mem:
+        await mem.open_repo(REPO)
+        record = await _record(mem)
+    assert record == [(REPO, "hash2:64", "my-company-llm", 64)]
+    async with mnemo.Memory(store) as mem:
+        await mem.open_repo(REPO)
+        assert await _record(mem) == record
+        sid = await mem.start_session("g", repo=REPO)
+        with pytest.raises(mnemo.LLMError) as caught:
+            await mem.append(sid, "nginx on 80", "ok")
+        for words in ("repo 'r'", "my-company-llm", "llm="):
+            assert words in str(caught.value)
+    async with mnemo.Memory(store) as mem:
+        assert await _record(mem) == record
+
+
 class _Default:
     """The Memory's default embedder in these tests: named apart from every URI's adapter,
     of whatever dimension the repo's record has (MiniLM and e5-small-q4 both make 384)."""
@@ -229,6 +313,17 @@ def test_a_record_no_uri_builds_any_more_is_refused_not_defaulted() -> None:
     _, embedder = models.load(REPO, None, "hash:64", 64)
     assert isinstance(embedder, UnavailableEmbedder)
     assert embedder.dim == 64
+
+
+def test_a_record_of_ones_own_models_is_a_stand_in_of_its_name_whatever_it_holds() -> None:
+    """A record no URI builds, braces and all, is a stand-in of that name and dimension (a
+    name with braces was formatted as a legacy name's template, and raised KeyError)."""
+    models = RepoModels(mnemo.OfflineLLM(), _Default(8), llm_given=False, embedder_given=False)
+    llm, embedder = models.load(REPO, "my-{company}-llm", "my-{company}-embedder", 8)
+    assert isinstance(embedder, UnavailableEmbedder)
+    assert (embedder.name, embedder.dim) == ("my-{company}-embedder", 8)
+    assert isinstance(llm, UnavailableLLM)
+    assert llm.name == "my-{company}-llm"
 
 
 @pytest.mark.parametrize("scheme", sorted(uri.LLM_SCHEMES))

@@ -263,6 +263,49 @@ async def test_sessions_shows_the_holder_of_a_running_extraction(db: str) -> Non
     assert until > datetime.now(UTC)
 
 
+class CompanyLLM(FakeLLM):
+    """An LLM of the caller's own: no URI builds it."""
+
+    name = "my-company-llm"
+
+
+async def leave_extracting(db: str) -> str:
+    """A session of a repo opened with the caller's own LLM, left extracting by a Memory that
+    went away (its lease ends at once)."""
+    llm = CompanyLLM()
+    async with mnemo.Memory(db, llm=llm, embedder=mnemo.HashEmbedder()) as mem:
+        await mem.open_repo(REPO, llm=llm)
+        sid = await mem.start_session("Rotate the TLS certificate", repo=REPO)
+        await mem.append(sid, "certbot says the certificate expires in 3 days.", "Renew it.")
+        held = llm.hold("semantic")
+        await mem.close(sid)
+        with anyio.fail_after(10):
+            await held.started.wait()
+    llm.release_all()
+    return sid
+
+
+def test_a_refused_session_close_leaves_the_repos_own_llm_recorded(db: str) -> None:
+    """`mnemo session close` (no --llm) of a session extracting on the repo's own LLM is
+    refused, and leaves the repo's record as it was and the session extracting: the CLI has
+    only a stand-in of that LLM, which takes no work over. Before, the refused close recorded
+    the offline LLM for the repo."""
+    sid = anyio.run(leave_extracting, db)
+
+    async def records() -> list[tuple[Any, ...]]:
+        async with mnemo.Memory(db, embedder=mnemo.HashEmbedder(), inspect=True) as mem:
+            return await sql(mem, "SELECT name, embedder, llm FROM repos ORDER BY name")
+
+    before = anyio.run(records)
+    assert (REPO, "hash2", "my-company-llm") in before
+    refused = invoke("session", "close", sid, "--db", db)
+    assert refused.exit_code == 2
+    assert "extraction_in_progress" in refused.stderr
+    assert anyio.run(records) == before
+    [listed] = ok_json("sessions", "--db", db)
+    assert (listed["id"], listed["state"]) == (sid, "extracting")
+
+
 def _earlier_hash() -> mnemo.HashEmbedder:
     """The hashed embedder recorded under its earlier features' name (`hash`)."""
     embedder = mnemo.HashEmbedder()

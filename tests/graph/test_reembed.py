@@ -514,7 +514,7 @@ async def test_a_memory_given_another_embedder_does_not_write_a_repo_reembedded_
             await a.reembed(REPO, embedder=Renamed(64, "other-64"))
         with pytest.raises(mnemo.EmbeddingError, match="re-embedded with other-64 since"):
             await b.recall(REPO, "nginx")
-        with pytest.raises(mnemo.PipelineError):
+        with pytest.raises(mnemo.EmbeddingError, match="re-embedded with other-64 since"):
             await fill(b, start=1, count=1)
         await b.open_repo(REPO)
         assert await record(b) == ("other-64", 64, 1)

@@ -182,7 +182,7 @@ async def test_forget_embeds_outside_the_repo_lock(store: str) -> None:
     embedder = HeldEmbedder(384)
     config = mnemo.Config(busy_timeout=0.5)
     async with mnemo.Memory(store, llm=MergingLLM(), embedder=embedder) as a, \
-            mnemo.Memory(store, embedder=OvenEmbedder(384), config=config) as b:
+            mnemo.Memory(store, llm=OfflineLLM(), embedder=OvenEmbedder(384), config=config) as b:
         await two_sources(a)
 
         async def commit_meanwhile() -> None:
@@ -206,7 +206,7 @@ async def test_a_forget_that_keeps_meeting_changes_embeds_under_the_lock(
     rounds embeds under the lock, so the forget ends, the intent in a's wording."""
     embedder = HeldEmbedder(384)
     async with mnemo.Memory(store, llm=MergingLLM(), embedder=embedder) as a, \
-            mnemo.Memory(store, embedder=OvenEmbedder(384)) as b:
+            mnemo.Memory(store, llm=OfflineLLM(), embedder=OvenEmbedder(384)) as b:
         await two_sources(a)
 
         async def commit_meanwhile() -> None:

@@ -10,6 +10,7 @@ word hashes to: so a test decides where trajectories split by the first word of 
 from __future__ import annotations
 
 import inspect
+import os
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -291,6 +292,25 @@ class EventLog:
                 return mnemo.State(current)
             await waiter.seen.wait()
             return mnemo.State(js(waiter.matched[0].data)["to"])
+
+
+async def leave_extracting(store: str | os.PathLike[str], llm: FakeLLM, *, repo: str,
+                           embedder: mnemo.Embedder | None = None) -> str:
+    """A Memory on `llm` closes a session of `repo` and goes away while it extracts (its lease
+    ends at once: a Memory with that model may take the work over); `llm` keeps no hold or
+    call of it."""
+    async with mnemo.Memory(store, llm=llm, embedder=embedder or FakeEmbedder()) as mem:
+        await mem.open_repo(repo)
+        sid = await mem.start_session("explore", repo=repo)
+        await mem.append(sid, "walk north to the kitchen", "go north")
+        held = llm.hold("semantic")
+        await mem.close(sid)
+        with anyio.fail_after(10):
+            await held.started.wait()
+    llm.release_all()
+    llm.holds.clear()
+    llm.calls.clear()
+    return sid
 
 
 @asynccontextmanager

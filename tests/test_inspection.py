@@ -19,28 +19,11 @@ import mnemo
 from mnemo import State
 from mnemo.mcp.server import open_tools
 from mnemo.ui import open_view
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, leave_extracting
 
 REPO = "r"
 # Built without touching the network; any call to it fails at once (nothing listens on 9).
 DEAD = "openai-compatible:dead@http://127.0.0.1:9/v1"
-
-
-async def _leave_extracting(store: str, llm: FakeLLM) -> str:
-    """A Memory on `llm` closes a session and goes away while it extracts (its lease ends at
-    once: any Memory with that model may take the work over)."""
-    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
-        await mem.open_repo(REPO)
-        sid = await mem.start_session("explore", repo=REPO)
-        await mem.append(sid, "walk north to the kitchen", "go north")
-        held = llm.hold("semantic")
-        await mem.close(sid)
-        with anyio.fail_after(10):
-            await held.started.wait()
-    llm.release_all()
-    llm.holds.clear()
-    llm.calls.clear()
-    return sid
 
 
 async def test_an_inspecting_memory_takes_no_extraction_over(store: str) -> None:
@@ -48,7 +31,7 @@ async def test_an_inspecting_memory_takes_no_extraction_over(store: str) -> None
     repo and recalls, and never extracts; a working Memory with that model then does at
     once (the work was there to take)."""
     llm = FakeLLM()
-    sid = await _leave_extracting(store, llm)
+    sid = await leave_extracting(store, llm, repo=REPO)
     async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), inspect=True) as mem:
         assert await mem.session_state(sid) is State.EXTRACTING
         assert await mem.session_context(sid) is not None

@@ -16,7 +16,7 @@ import mnemo
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.cli import app
 from mnemo.session.machine import SessionInfo
-from tests.fakes import FakeLLM
+from tests.fakes import FakeLLM, leave_extracting
 
 REPO = "ops"
 # Built without touching the network; any call to it fails (nothing listens on port 9).
@@ -34,19 +34,9 @@ class OfflineNamed(FakeLLM):
 
 
 async def _leave_extracting(store: str) -> str:
-    """A Memory closes a session of a repo recorded with the offline LLM and goes away while
-    it extracts (its lease ends at once)."""
-    llm = OfflineNamed()
-    async with mnemo.Memory(store, llm=llm, embedder=mnemo.HashEmbedder()) as mem:
-        await mem.open_repo(REPO)
-        sid = await mem.start_session("explore", repo=REPO)
-        await mem.append(sid, "walk north to the kitchen", "go north")
-        held = llm.hold("semantic")
-        await mem.close(sid)
-        with anyio.fail_after(10):
-            await held.started.wait()
-    llm.release_all()
-    return sid
+    """A session of a repo recorded with the offline LLM, left extracting."""
+    return await leave_extracting(store, OfflineNamed(), repo=REPO,
+                                  embedder=mnemo.HashEmbedder())
 
 
 async def _sessions(store: str) -> list[SessionInfo]:

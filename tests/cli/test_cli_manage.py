@@ -15,7 +15,7 @@ from typer.testing import CliRunner, Result
 import mnemo
 from mnemo.cli import app
 from tests.backends import sql
-from tests.fakes import FakeLLM
+from tests.fakes import FakeLLM, leave_extracting
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -269,28 +269,13 @@ class CompanyLLM(FakeLLM):
     name = "my-company-llm"
 
 
-async def leave_extracting(db: str) -> str:
-    """A session of a repo opened with the caller's own LLM, left extracting by a Memory that
-    went away (its lease ends at once)."""
-    llm = CompanyLLM()
-    async with mnemo.Memory(db, llm=llm, embedder=mnemo.HashEmbedder()) as mem:
-        await mem.open_repo(REPO, llm=llm)
-        sid = await mem.start_session("Rotate the TLS certificate", repo=REPO)
-        await mem.append(sid, "certbot says the certificate expires in 3 days.", "Renew it.")
-        held = llm.hold("semantic")
-        await mem.close(sid)
-        with anyio.fail_after(10):
-            await held.started.wait()
-    llm.release_all()
-    return sid
-
-
 def test_a_refused_session_close_leaves_the_repos_own_llm_recorded(db: str) -> None:
     """`mnemo session close` (no --llm) of a session extracting on the repo's own LLM is
     refused, and leaves the repo's record as it was and the session extracting: the CLI has
     only a stand-in of that LLM, which takes no work over. Before, the refused close recorded
     the offline LLM for the repo."""
-    sid = anyio.run(leave_extracting, db)
+    sid = anyio.run(lambda: leave_extracting(db, CompanyLLM(), repo=REPO,
+                                             embedder=mnemo.HashEmbedder()))
 
     async def records() -> list[tuple[Any, ...]]:
         async with mnemo.Memory(db, embedder=mnemo.HashEmbedder(), inspect=True) as mem:

@@ -13,7 +13,7 @@ import mnemo
 from mnemo import State
 from mnemo.session import timers
 from tests.conftest import REPO
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, leave_extracting
 
 
 class OtherModel(FakeLLM):
@@ -46,26 +46,11 @@ async def test_close_and_commit_waits_as_long_as_the_extraction_may_take(
         assert await mem.session_state(sid) is State.IDLE
 
 
-async def _leave_extracting(path: Path) -> str:
-    """A Memory with FakeLLM closes a session and goes away while it extracts."""
-    llm = FakeLLM()
-    async with mnemo.Memory(path, llm=llm, embedder=FakeEmbedder()) as mem:
-        await mem.open_repo(REPO)
-        sid = await mem.start_session("explore", repo=REPO)
-        await mem.append(sid, "The kitchen is north.", "go north")
-        held = llm.hold("semantic")
-        await mem.close(sid)
-        with anyio.fail_after(5):
-            await held.started.wait()
-    llm.release_all()
-    return sid
-
-
 async def test_reads_through_another_model_never_resume_an_extraction(tmp_path: Path) -> None:
     """A Memory with another model reads the session (state, context, list, recall), opens
     the repo, and never extracts; a Memory with the session's own model then finishes it."""
     path = tmp_path / "m.db"
-    sid = await _leave_extracting(path)
+    sid = await leave_extracting(path, FakeLLM(), repo=REPO)
 
     other = OtherModel()
     async with mnemo.Memory(path, llm=other, embedder=FakeEmbedder()) as mem:

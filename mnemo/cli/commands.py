@@ -201,6 +201,7 @@ async def graph(
         ".json": ExportFormat.JSON, ".graphml": ExportFormat.GRAPHML}.get(out.suffix.lower())
     if out is not None and fmt is None:
         raise CliError(f"cannot tell the export format of {out}: pass --export json|graphml")
+    from mnemo import disk
     from mnemo.cli import graph as graph_export
 
     if out is not None and graph_export.is_kept_beside(out, settings.store):
@@ -221,7 +222,7 @@ async def graph(
         if out is None:
             typer.echo(text, nl=False)
             return
-        graph_export.write_whole(out, text)
+        disk.replace_file(out, lambda file: file.write(text.encode("utf-8")))
         stderr_console().print(
             f"wrote {len(dumped.nodes)} nodes and {len(dumped.links)} links to "
             f"{escape(str(out))}")

@@ -1,14 +1,10 @@
-"""`mnemo graph REPO`: counts by node and link type, and the whole graph as JSON or GraphML,
-written to a file all or nothing, never over the store."""
+"""`mnemo graph REPO`: counts by node and link type, and the whole graph as JSON or GraphML
+(written never over the store)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import secrets
-import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,22 +89,3 @@ def is_kept_beside(path: Path, store: str) -> bool:
         path.parent == base.parent and path.name.startswith(f"{base.name}-")
         and path.suffix == ".lock")
 
-
-def write_whole(path: Path, text: str) -> None:
-    """Replaces the file at `path` (through a link) with `text`, all or nothing: a temporary
-    file beside it, fsynced, renamed over it; a replaced file keeps its permission bits."""
-    target = path.resolve()
-    temporary = target.with_name(f".{target.name[:200]}.{secrets.token_hex(6)}.tmp")
-    try:
-        with temporary.open("x", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISREG(mode := target.stat().st_mode):
-                temporary.chmod(stat.S_IMODE(mode))
-        temporary.replace(target)
-    except OSError as exc:  # named by the path given, not the temporary file's
-        raise OSError(exc.errno, exc.strerror, str(path)) from exc
-    finally:
-        temporary.unlink(missing_ok=True)

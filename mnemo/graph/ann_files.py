@@ -12,9 +12,7 @@ import hashlib
 import json
 import logging
 import lzma
-import os
 import shutil
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,18 +110,14 @@ class GraphFolder:
         """Writes the graphs in place of the saved ones (in the builder's thread); a save that
         fails leaves the saved ones as they were."""
         self.folder.mkdir(parents=True, exist_ok=True)
+
+        def write(file: IO[bytes]) -> None:
+            with lzma.open(file, "wb", preset=_PRESET) as out:
+                self._write(out, graphs, faiss)
+
         with _lock(self.folder):
             _clear(self.folder, keep=(self.path.name,))
-            tmp = self.folder / f".{uuid.uuid4().hex}.tmp"
-            try:
-                with lzma.open(tmp, "wb", preset=_PRESET) as out:
-                    self._write(out, graphs, faiss)
-                with open(tmp, "rb+") as handle:
-                    os.fsync(handle.fileno())
-                os.replace(tmp, self.path)
-            finally:
-                tmp.unlink(missing_ok=True)
-            disk.fsync_directory(self.folder)
+            disk.replace_file(self.path, write)
 
     def _write(self, out: IO[bytes], graphs: Mapping[int, Graph], faiss: Any) -> None:
         """The records of a save, each its length (8 bytes) then its bytes."""

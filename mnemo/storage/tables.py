@@ -29,8 +29,8 @@ def check_ledger(
     if applied and pending and not upgrade:
         raise StorageError(
             "read_only", f"the store's schema is older than this mnemo's ({pending[0]} not"
-            " applied), and a look leaves it as it is: open it once to work (a Memory, or a"
-            " command that writes) to upgrade it")
+            " applied), and a look leaves it as it is: a Memory that works upgrades it when it"
+            " opens (your agent, or a writing command such as `mnemo ingest`)")
 
 _TYPES = {
     "JSON": ("TEXT", "jsonb"),

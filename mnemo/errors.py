@@ -158,12 +158,12 @@ def check_text(value: object, what: str, *, limit: int, blank_ok: bool = False,
         raise InvalidInputError(f"{what} must not contain a NUL character (U+0000)")
     if not _encodable(value):
         raise InvalidInputError(f"{what} is not valid Unicode (a lone surrogate)")
-    if not blank_ok and not (value.strip() if stored else _shown(value)):
+    if not blank_ok and not (value.strip() if stored else has_words(value)):
         raise InvalidInputError(f"{what} must not be blank")
     return value
 
 
-def _shown(text: str) -> bool:
+def has_words(text: str) -> bool:
     """Whether `text` holds a character besides whitespace, controls (Cc) and formats (Cf)."""
     return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf") for c in text)
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from mnemo.errors import InvalidInputError, check_json, check_text
+from mnemo.errors import InvalidInputError, check_json, check_text, has_words
 from mnemo.graph.model import Node, NodeType
 from mnemo.graph.scope import MAX_VALUE_CHARS, Metadata, check_metadata
 from mnemo.ports import JSONObject
@@ -188,11 +188,12 @@ class MnemoStore(BaseStore):
 
     async def _search(self, op: SearchOp) -> list[SearchItem]:
         """A query's recall ranks at most `Config.max_results` items: InvalidInputError past
-        it. Without a query, every item of the prefix is read."""
+        it. Without a query (or a blank one, as LangGraph's own stores read it), every item of
+        the prefix is read."""
         want = max(op.offset, 0) + max(op.limit, 0)
         where = self._where(op.namespace_prefix)
         scored: list[tuple[Node, float | None]]
-        if op.query:
+        if op.query and has_words(op.query):
             most = (await self._mem.repo_config(self._repo)).max_results
             if want > most:
                 raise InvalidInputError(

@@ -61,15 +61,16 @@ class MnemoSession:
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The session's items, oldest first; with `limit` (or `session_settings.limit`), the newest
-        `limit`, else the viewport when the session has a `token_budget`."""
+        `limit` (a negative one: all, as the SDK's `SQLiteSession`), else the viewport when the
+        session has a `token_budget`."""
         limit = resolve_session_limit(limit, self.session_settings)
         if limit is None and self._token_budget is not None:
             view = await self._mem.viewport(self.session_id, token_budget=self._token_budget)
             shown = view.to_messages()
             memory = cast("list[TResponseInputItem]", shown[: len(shown) - len(view.messages)])
             return memory + [_item(m) for m in view.messages]
-        if limit is not None:
-            check_count("limit", limit)
+        if limit is not None and check_count("limit", limit, minimum=-(2**63)) < 0:
+            limit = None
         messages = await self._conversation.raw(self.session_id)
         start = 0 if limit is None else max(len(messages) - limit, 0)
         return [_item(m) for m in messages[start:]]

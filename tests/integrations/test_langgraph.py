@@ -139,8 +139,8 @@ async def test_an_item_whose_fact_was_corrected_is_replaced_and_deleted_whole(
 
 
 async def test_search_by_prefix_filter_and_namespaces(mem: mnemo.Memory) -> None:
-    """search without a query lists a prefix's items, a filter keeps equal fields, limit and
-    offset cut; list_namespaces matches prefixes, suffixes and depths."""
+    """search without a query (or a blank one) lists a prefix's items, a filter keeps equal
+    fields, limit and offset cut; list_namespaces matches prefixes, suffixes and depths."""
     store = MnemoStore(mem, REPO)
     await store.aput(("docs", "a", "v1"), "1", {"kind": "note", "text": "first"})
     await store.aput(("docs", "a", "v2"), "2", {"kind": "todo", "text": "second"})
@@ -148,6 +148,8 @@ async def test_search_by_prefix_filter_and_namespaces(mem: mnemo.Memory) -> None
     await store.aput(("other",), "4", {"kind": "note", "text": "fourth"})
     docs = await store.asearch(("docs",))
     assert [i.key for i in docs] == ["1", "2", "3"]
+    for blank in ("", " ", "\u200b"):  # no query, as InMemoryStore reads a blank one
+        assert await store.asearch(("docs",), query=blank) == docs
     assert all(isinstance(i, SearchItem) for i in docs)
     assert [i.key for i in await store.asearch(("docs",), filter={"kind": "note"})] == ["1", "3"]
     assert [i.key for i in await store.asearch(("docs",), limit=1, offset=1)] == ["2"]

@@ -128,6 +128,7 @@ async def test_items_come_back_exactly_as_added(mem: mnemo.Memory) -> None:
     assert await session.get_items(limit=2) == ITEMS[-2:]
     assert await session.get_items(limit=100) == ITEMS
     assert await session.get_items(limit=0) == []
+    assert await session.get_items(limit=-1) == ITEMS  # as the SDK's SQLiteSession reads it
     stored = await mem.conversation().raw("s")
     assert [m.role for m in stored] == [
         "user", "assistant", "assistant", "tool", "assistant", "assistant", "assistant"]
@@ -153,7 +154,7 @@ async def test_bad_input_is_refused_before_anything_is_stored(mem: mnemo.Memory)
     with pytest.raises(mnemo.InvalidInputError):
         await session.add_items([ITEMS[1], "not an item"])  # type: ignore[list-item]
     with pytest.raises(mnemo.InvalidInputError):
-        await session.get_items(limit=-1)
+        await session.get_items(limit="1")  # type: ignore[arg-type]
     assert await session.get_items() == ITEMS[:1]
 
 

@@ -78,11 +78,6 @@ def open_backend(
     from mnemo.storage.sqlite import SqliteBackend
 
     return SqliteBackend(
-        path,
-        dims=dims,
-        busy_timeout=busy_timeout,
-        synchronous=synchronous,
-        lexical_dir=lexical_dir,
-        ann_dir=ann_dir,
-        inspect=inspect,
+        path, dims=dims, busy_timeout=busy_timeout, synchronous=synchronous,
+        lexical_dir=lexical_dir, ann_dir=ann_dir, inspect=inspect,
     )

@@ -191,8 +191,8 @@ def test_values_keep_their_json_type() -> None:
     assert scopes.matches({"k": 2}, where)
     assert not scopes.matches({"k": "2"}, where)
     assert scopes.check_where({}) is None
-    assert scopes.check_where({"k": [2**63 - 1, 1e300, 2.0**63]}) == {
-        "k": ("1e+300", "9.223372036854776e+18", "9223372036854775807")}
+    assert scopes.check_where({"k": [2**63 - 1, 2.0**63]}) == {
+        "k": ("9223372036854775807", "9223372036854775808")}
 
 
 @pytest.mark.parametrize(

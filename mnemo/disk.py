@@ -17,7 +17,7 @@ def replace_file(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     temporary file beside it, fsynced, renamed over it, the folder fsynced; a replaced file
     keeps its permission bits. An OSError names `path`, not the temporary file."""
     target = path.resolve()
-    temporary = target.with_name(f".{target.name[:200]}.{secrets.token_hex(6)}.tmp")
+    temporary = target.with_name(f".{secrets.token_hex(8)}.tmp")
     try:
         with temporary.open("xb") as file:
             write(file)

@@ -209,7 +209,7 @@ async def graph(
                        "export elsewhere")
     async with open_memory(settings) as mem:
         await check_repo(mem, repo)
-        if out is not None and out.exists():
+        if out is not None and out.is_file():
             await confirm(f"{out} exists: replace it with the export?", given=yes,
                           as_json=as_json)
         dumped = graph_export.GraphDump(
@@ -222,7 +222,10 @@ async def graph(
         if out is None:
             typer.echo(text, nl=False)
             return
-        disk.replace_file(out, lambda file: file.write(text.encode("utf-8")))
+        if out.exists() and not out.is_file():  # a device or a pipe: written into
+            out.write_text(text, encoding="utf-8")
+        else:
+            disk.replace_file(out, lambda file: file.write(text.encode("utf-8")))
         stderr_console().print(
             f"wrote {len(dumped.nodes)} nodes and {len(dumped.links)} links to "
             f"{escape(str(out))}")

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -80,12 +82,18 @@ _BESIDE = ("", "-wal", "-shm", "-journal", ".lexical", ".hnsw", ".memory")
 
 def is_kept_beside(path: Path, store: str) -> bool:
     """Whether `path` is the SQLite file `store`, or one mnemo keeps beside it (see `_BESIDE`,
-    and its locks "<file>-*.lock"), whatever link or relative path names it."""
+    and its locks "<file>-*.lock") under the name `store` gives or the file's own, whatever
+    link, relative path or letter case names it."""
     if is_postgres(store):
         return False
-    base, path = Path(store).resolve(), path.resolve()
-    kept = [Path(f"{base}{tail}") for tail in _BESIDE]
-    return any(path == k or k in path.parents for k in kept) or (
-        path.parent == base.parent and path.name.startswith(f"{base.name}-")
-        and path.suffix == ".lock")
+    with contextlib.suppress(OSError):
+        if os.path.samefile(path, store):
+            return True
+    names = {path.absolute(), path.resolve()}
+    return any(
+        name == k or k in name.parents or (
+            name.parent == base.parent and name.name.startswith(f"{base.name}-")
+            and name.suffix == ".lock")
+        for base in {Path(store).absolute(), Path(store).resolve()} for name in names
+        for k in [Path(f"{base}{tail}") for tail in _BESIDE])
 

@@ -6,8 +6,10 @@ No `__init__.py` in this folder (as for `tests/mcp`): test module names are uniq
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 import uuid
@@ -400,6 +402,31 @@ def test_graph_out_never_replaces_the_store_and_asks_before_replacing_a_file(
     assert json.loads(out.read_text())["repo"] == REPO
     assert out.stat().st_mode & 0o777 == 0o640
     assert [p.name for p in folder.iterdir()] == ["graph.json"]  # no temporary file left
+
+
+def test_graph_out_writes_into_a_pipe_and_guards_a_linked_store(db: str, tmp_path: Path) -> None:
+    """--out into a FIFO writes through it, unasked, leaving it a FIFO (it was renamed over);
+    a file name of 245 bytes is written; a store opened through a link keeps the files named
+    after the link (its .lexical folder, its locks) from --out too."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # the export fits the pipe's buffer
+    try:
+        assert invoke("graph", REPO, "--export", "json", "--out", str(fifo),
+                      "--db", db).exit_code == 0
+        assert stat.S_ISFIFO(fifo.stat().st_mode)
+        assert json.loads(os.read(reader, 1 << 20))["repo"] == REPO
+    finally:
+        os.close(reader)
+    wide = tmp_path / ("图" * 80 + ".json")
+    assert invoke("graph", REPO, "--out", str(wide), "--db", db).exit_code == 0
+    assert json.loads(wide.read_text())["repo"] == REPO
+    if not is_postgres(db):
+        link = tmp_path / "link.db"
+        link.symlink_to(db)
+        for named in (f"{link}.lexical/x.json", f"{link}-graph-abc.lock"):
+            assert_clear_error(invoke("graph", REPO, "--export", "json", "--out", named,
+                                      "--db", str(link), "--yes"), "keeps beside it")
 
 
 # ---- search and purge -----------------------------------------------------------------------

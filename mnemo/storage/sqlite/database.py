@@ -108,7 +108,8 @@ class Database:
         inspect: bool = False,
     ) -> None:
         """`inspect`: the file is only looked at: never upgraded (`schema.migrate`), its clock
-        anchor and holders left as they are, its WAL not checkpointed at close."""
+        anchor and holders left as they are, no checkpoint of its own at close (SQLite's, as
+        the last connection, may still fold the WAL into the file)."""
         if synchronous.upper() not in {"NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"synchronous must be NORMAL, FULL or EXTRA, got {synchronous!r}")
         self.path = str(path)

@@ -93,12 +93,13 @@ class MnemoSession:
 
 
 def _message(item: Mapping[str, object]) -> Mapping[str, object]:
-    """The message that stores `item` (anything but a dict is left for `append` to refuse)."""
-    if not isinstance(item, Mapping) or "role" in item:
+    """The message that stores `item` (anything but a dict is left for `append` to refuse): a
+    message item as it is, another (or one holding `ITEM_KEY` itself) kept whole in its data."""
+    if not isinstance(item, Mapping) or ("role" in item and ITEM_KEY not in item):
         return item
     kind = item.get("type")
     role = "tool" if isinstance(kind, str) and kind.endswith("_output") else "assistant"
-    return {"role": role, "content": _text(item), ITEM_KEY: dict(item)}
+    return {"role": item.get("role", role), "content": _text(item), ITEM_KEY: dict(item)}
 
 
 def _text(item: Mapping[str, object]) -> str:

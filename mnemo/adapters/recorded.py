@@ -48,6 +48,14 @@ class UnavailableEmbedder:
         raise EmbeddingError(self.problem)
 
 
+def check_runnable(model: LLM | Embedder) -> None:
+    """Raises a stand-in's `LLMError` / `EmbeddingError` (its model cannot run here)."""
+    if isinstance(model, UnavailableLLM):
+        raise LLMError(model.problem)
+    if isinstance(model, UnavailableEmbedder):
+        raise EmbeddingError(model.problem)
+
+
 def _scheme(uri: str) -> str:
     return uri.partition(":")[0].strip().lower()
 

@@ -18,12 +18,11 @@ from typing import cast
 import anyio
 
 from mnemo import cpu
-from mnemo.adapters.recorded import UnavailableEmbedder
+from mnemo.adapters.recorded import check_runnable
 from mnemo.config import Config
 from mnemo.episode import NO_VECTOR, EpisodeRecord, StepRecord, annotate_step
 from mnemo.errors import (
     ConflictError,
-    EmbeddingError,
     InvalidInputError,
     PipelineError,
     check_id,
@@ -176,8 +175,7 @@ class IngestService:
         known = await self._known(repo, source_id, digest)
         if known is not None:
             return known
-        if isinstance(runtime.embedder, UnavailableEmbedder):  # before anything is stored
-            raise EmbeddingError(runtime.embedder.problem)
+        check_runnable(runtime.embedder)  # before anything is stored
         key = hashlib.sha1(f"{repo}\0{source_id}".encode()).hexdigest()[:20]
         episode = EpisodeRecord(f"ingest_{key}", trajectory.goal)
         try:

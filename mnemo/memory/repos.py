@@ -11,7 +11,7 @@ from typing import TypeVar
 from mnemo.adapters.limit import ServerProfile
 from mnemo.adapters.minilm import default_embedder
 from mnemo.adapters.offline import OfflineLLM
-from mnemo.adapters.recorded import RepoModels, UnavailableEmbedder
+from mnemo.adapters.recorded import RepoModels, check_runnable
 from mnemo.calls.retry import Limits
 from mnemo.config import Config, ceilings, with_longer_timeouts
 from mnemo.errors import (
@@ -171,8 +171,7 @@ class Repos:
             if successor is not None and successor is not self.embedder:
                 self.adopt(successor)  # made here for the repo
             embedder = successor or runtime.embedder
-        if isinstance(embedder, UnavailableEmbedder):
-            raise EmbeddingError(embedder.problem)
+        check_runnable(embedder)
         return embedder, await detect_dim(embedder)
 
     def reembedded(self, name: str, embedder: Embedder, dim: int, generation: int) -> None:

@@ -26,12 +26,10 @@ from typing import Any, ClassVar, Final
 import anyio
 from transitions import Machine
 
-from mnemo.adapters.recorded import UnavailableEmbedder, UnavailableLLM
+from mnemo.adapters.recorded import check_runnable
 from mnemo.config import Config, with_longer_timeouts
 from mnemo.episode import EpisodeRecord, StepRecord
 from mnemo.errors import (
-    EmbeddingError,
-    LLMError,
     NotFoundError,
     SessionError,
     check_step,
@@ -164,10 +162,8 @@ class Runtime:
         """`check_dim`, and the LLMError or EmbeddingError of a recorded model that cannot be
         built here (before an append stores a step no model here could annotate)."""
         check_dim(repo, self.embedder, self.dim)
-        if isinstance(self.llm, UnavailableLLM):
-            raise LLMError(self.llm.problem)
-        if isinstance(self.embedder, UnavailableEmbedder):
-            raise EmbeddingError(self.embedder.problem)
+        check_runnable(self.llm)
+        check_runnable(self.embedder)
 
 
 @dataclass(frozen=True, slots=True)

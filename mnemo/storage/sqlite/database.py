@@ -310,19 +310,25 @@ class HostClock:
         except OSError:
             boot = ""  # the kernel tells none
         row = _anchor_of(db)
-        if not write and not _this_boot(row, boot):
-            row = (boot, now_utc().isoformat(timespec="microseconds"), elapsed())
         if not _this_boot(row, boot):
-            with db.atomic():
-                row = _anchor_of(db)  # another process may have anchored meanwhile
-                if not _this_boot(row, boot):
-                    row = (boot, now_utc().isoformat(timespec="microseconds"), elapsed())
-                    db.conn.execute("DELETE FROM store_clock")
-                    db.conn.execute("INSERT INTO store_clock(boot, wall, at) VALUES (?, ?, ?)",
-                                    row)
-                    db.conn.execute("DELETE FROM holders")
+            row = (boot, now_utc().isoformat(timespec="microseconds"), elapsed())
+            if write:
+                row = _written(db, boot, row)
         assert row is not None
         self._anchor = (datetime.fromisoformat(str(row[1])), float(row[2]))
+
+
+def _written(db: SqliteUtilsDatabase, boot: str, fresh: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The file's anchor of this boot: one another process wrote meanwhile, else `fresh`,
+    written in place of the old one (its holders forgotten)."""
+    with db.atomic():
+        row = _anchor_of(db)
+        if row is not None and _this_boot(row, boot):
+            return row
+        db.conn.execute("DELETE FROM store_clock")
+        db.conn.execute("INSERT INTO store_clock(boot, wall, at) VALUES (?, ?, ?)", fresh)
+        db.conn.execute("DELETE FROM holders")
+    return fresh
 
 
 def _anchor_of(db: SqliteUtilsDatabase) -> tuple[Any, ...] | None:

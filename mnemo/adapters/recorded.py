@@ -2,9 +2,9 @@
 
 One this mnemo cannot build (the caller's own model, a URI without its key) is a stand-in of the
 recorded name and dimension whose calls raise saying how to pass it or what to set, never the
-Memory's default (that mixed two embedders' vectors in a repo and rewrote its record); as is one
-of the retired hashed embedder (`hash`, `hash:DIM`, `hash-ngram-v1`), replaced by `Memory.reembed`
-with `hash2`."""
+Memory's default (so a repo's vectors stay one embedder's and its record stays); as is one of the
+retired hashed embedder (`hash`, `hash:DIM`, `hash-ngram-v1`), replaced by `Memory.reembed` with
+`hash2`."""
 
 from __future__ import annotations
 

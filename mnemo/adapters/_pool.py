@@ -4,6 +4,8 @@ its session made, on the first request."""
 
 from __future__ import annotations
 
+import functools
+import ssl
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,13 +17,19 @@ if TYPE_CHECKING:
     import aiohttp
 
 
+@functools.cache
+def _verified() -> ssl.SSLContext:
+    """httpx's verifying TLS context, made once a process: loading the CA bundle takes tens of
+    milliseconds, and every Pool verifies alike."""
+    return httpx.create_ssl_context()
+
+
 class Pool(httpx.AsyncBaseTransport):
     """An httpx transport over aiohttp: at most `max_connections` connections, https verified as
     httpx does."""
 
     def __init__(self, *, max_connections: int | None = None) -> None:
         self._max_connections = max_connections
-        self._ssl = httpx.create_ssl_context()
         self._session: aiohttp.ClientSession | None = None
         # HTTP(S)_PROXY and ALL_PROXY, read once as httpx reads them (it honours them only without
         # a transport of its own); NO_PROXY is checked per host; aiohttp speaks no socks://.
@@ -37,7 +45,7 @@ class Pool(httpx.AsyncBaseTransport):
                 limit=self._max_connections or 0,
                 limit_per_host=0,
                 keepalive_timeout=5.0,  # httpx's default for an idle connection
-                ssl=self._ssl,
+                ssl=_verified(),
             )
             # No cookie jar nor default headers: httpx keeps the cookies and sends the headers.
             # No trust_env: aiohttp would read ~/.netrc on a thread for every request.

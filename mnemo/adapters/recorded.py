@@ -82,10 +82,12 @@ def _successor(uri: str) -> str | None:
 
 
 def _problem(repo: str, kind: str, uri: str, exc: ModelURIError) -> str:
-    flag = "--llm / llm=" if kind == "LLM" else "--embedder / embedder="
+    argument = "llm" if kind == "LLM" else "embedder"
+    flag = f"--{argument} / {argument}="
     if _scheme(uri) not in (LLM_SCHEMES if kind == "LLM" else EMBEDDER_SCHEMES):
         return (f"repo {repo!r} runs the {kind} {uri}, which mnemo cannot build from its name: "
-                f"pass that {kind} with {flag}")
+                f"pass that {kind} as Memory({argument}=...) (the command line runs only "
+                "models named by URI)")
     fix = f"set {exc.variable}" if exc.variable else "fix the record"
     return (
         f"repo {repo!r} runs the {kind} {uri}, which cannot be built here: {exc}; {fix}, "

@@ -225,8 +225,10 @@ async def test_a_repo_of_ones_own_embedder_is_never_embedded_by_the_default(stor
         with pytest.raises(mnemo.EmbeddingError) as caught:
             await mem.ingest(REPO, mnemo.Trajectory("g", [mnemo.Step("redis on 6379", "ok")]),
                              source_id="t")
-        for words in ("repo 'r'", "my-company-embedder", "embedder="):
+        for words in ("repo 'r'", "my-company-embedder", "Memory(embedder=...)",
+                      "command line runs only models named by URI"):
             assert words in str(caught.value)
+        assert "--embedder" not in str(caught.value)  # it takes URIs, not one's own object
         assert "\n" not in str(caught.value)
         with pytest.raises(mnemo.EmbeddingError, match="my-company-embedder"):
             await mem.recall(REPO, "nginx")
@@ -256,7 +258,7 @@ async def test_a_repo_of_ones_own_llm_keeps_it_and_runs_no_other(store: str) -> 
         sid = await mem.start_session("g", repo=REPO)
         with pytest.raises(mnemo.LLMError) as caught:
             await mem.append(sid, "nginx on 80", "ok")
-        for words in ("repo 'r'", "my-company-llm", "llm="):
+        for words in ("repo 'r'", "my-company-llm", "Memory(llm=...)"):
             assert words in str(caught.value)
     async with mnemo.Memory(store) as mem:
         assert await _record(mem) == record

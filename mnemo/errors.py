@@ -320,10 +320,11 @@ def check_json(value: object, what: str, *, limit: int) -> str:
     return text
 
 
-def check_tree(value: object, what: str, *, limit: int) -> None:
+def check_tree(value: object, what: str, *, limit: int,
+               setting: str = "Config.max_text_chars") -> None:
     """Checks a JSON-like value without recursion: at most `MAX_JSON_DEPTH` deep, `limit`
-    characters as JSON (counted as walked, so the cost is bounded by `limit`), and no string
-    with a NUL or a lone surrogate; else InvalidInputError."""
+    characters as JSON (counted as walked, so the cost is bounded by `limit`; the bound
+    `setting` names), and no string with a NUL or a lone surrogate; else InvalidInputError."""
     stack: list[tuple[object, int]] = [(value, 0)]
     size = 0
     while stack:
@@ -337,8 +338,7 @@ def check_tree(value: object, what: str, *, limit: int) -> None:
             size += 1
         if size > limit:
             raise InvalidInputError(
-                f"{what} is longer than the {limit:,} characters allowed as JSON "
-                "(Config.max_text_chars)")
+                f"{what} is longer than the {limit:,} characters allowed as JSON ({setting})")
         if isinstance(item, str):
             if "\x00" in item or not _encodable(item):
                 raise InvalidInputError(

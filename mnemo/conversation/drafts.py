@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cache, partial
 
 from mnemo.config import Config
-from mnemo.conversation.model import NO_CONTENT
+from mnemo.conversation.model import ITEM_KEY, MAX_ITEM_CHARS, NO_CONTENT
 from mnemo.errors import InvalidInputError, check_json, check_name, check_text, check_tree
 from mnemo.ports import JSONObject
 
@@ -77,9 +77,15 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
     config = config or Config()
     limit = config.max_text_chars
     where = f"messages[{index}]"
-    # Before anything walks or serialises it: its text and other keys fit in `limit` each, so
-    # its whole JSON fits in three.
-    check_tree(message, where, limit=3 * limit)
+    # An item kept whole (an Agents SDK item) is bounded by `MAX_ITEM_CHARS`, its text held
+    # once more as the content; anything else is checked before it is walked or serialised.
+    kept = ITEM_KEY in message
+    if kept:
+        check_tree(message[ITEM_KEY], f"{where}.{ITEM_KEY}", limit=MAX_ITEM_CHARS,
+                   setting="MAX_ITEM_CHARS, more than any model's context window")
+    # Its text and other keys fit in `limit` each, so its whole JSON fits in three.
+    check_tree({k: v for k, v in message.items() if k != ITEM_KEY} if kept else message, where,
+               limit=MAX_ITEM_CHARS + 2 * limit if kept else 3 * limit)
     role = check_name(message.get("role"), f"{where}.role")
     raw_content = message.get("content")
     for key in ("name", "tool_call_id"):
@@ -100,7 +106,7 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
         raise InvalidInputError(
             f"{where} has no content (only a message with tool_calls may leave it out)")
     if isinstance(raw_content, str):
-        content = raw_content
+        content = raw_content[:limit] if kept else raw_content
     elif raw_content is None or isinstance(raw_content, list):
         content = parts_text(raw_content or [])
         if isinstance(raw_content, list) and not all(
@@ -125,8 +131,11 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
         raise InvalidInputError(f"{where} is not JSON-serialisable: {exc}") from exc
     text = check_text(search_text(content, calls or []), f"{where}.content", limit=limit,
                       blank_ok=True)
-    check_json({k: v for k, v in data.items() if k != "content"}, where, limit=limit)
-    return MessageDraft(role, content, data, text, count_tokens(text) + MESSAGE_OVERHEAD,
+    check_json({k: v for k, v in data.items() if k not in ("content", ITEM_KEY)}, where,
+               limit=limit)
+    # A kept item costs what its whole text does, though search reads the first `limit`.
+    shown = raw_content if kept and isinstance(raw_content, str) else text
+    return MessageDraft(role, content, data, text, count_tokens(shown) + MESSAGE_OVERHEAD,
                         message_key(message, index))
 
 

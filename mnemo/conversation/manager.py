@@ -79,6 +79,11 @@ class ConversationManager:
     clock: Callable[[], datetime] = field(repr=False)
     llm: LLM
 
+    @property
+    def max_text_chars(self) -> int:
+        """The longest text a message may hold (the Memory's `Config.max_text_chars`)."""
+        return self._service.config.max_text_chars
+
     def __await__(self) -> Generator[object, None, ConversationManager]:
         """`await mem.conversation(...)` gives the manager too (the factory is synchronous)."""
         yield from ()

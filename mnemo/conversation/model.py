@@ -66,8 +66,11 @@ Compression = Summary | ToolOutputPruner
 
 # `data["content"]` of a message saved without a content key.
 NO_CONTENT: JSONObject = {"mnemo": "no content key"}
-# Where a message keeps an OpenAI Responses item without a role (the Agents SDK's items).
+# Where a message keeps an OpenAI Responses item whole (the Agents SDK's items): its text,
+# which search, embedding and eviction read, is the first `Config.max_text_chars` characters.
 ITEM_KEY = "openai_item"
+# The longest item kept whole, as JSON: about a million tokens, past any model's context.
+MAX_ITEM_CHARS = 4_000_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ session = MnemoSession(mem, "user-42")
 result = await Runner.run(agent, "Hello", session=session)
 ```
 
-Each item is one message (items without a `role` stored whole under `openai_item`), and
+Each item is one message (an item without a `role`, or with a text past
+`Config.max_text_chars`, stored whole under `openai_item`, up to `MAX_ITEM_CHARS`), and
 `get_items` gives back exactly the items added."""
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ class MnemoSession:
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Appends `items` after the session's items in one write; an item that is not a JSON dict
         or past the bounds raises InvalidInputError, storing nothing."""
-        await self._conversation.append(self.session_id, [_message(item) for item in items],
-                                        self._metadata)
+        limit = self._conversation.max_text_chars
+        await self._conversation.append(
+            self.session_id, [_message(item, limit) for item in items], self._metadata)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Removes the newest item and returns it (None for an empty session): its message is
@@ -92,10 +94,12 @@ class MnemoSession:
         await self._conversation.purge(self.session_id)
 
 
-def _message(item: Mapping[str, object]) -> Mapping[str, object]:
+def _message(item: Mapping[str, object], limit: int) -> Mapping[str, object]:
     """The message that stores `item` (anything but a dict is left for `append` to refuse): a
-    message item as it is, another (or one holding `ITEM_KEY` itself) kept whole in its data."""
-    if not isinstance(item, Mapping) or ("role" in item and ITEM_KEY not in item):
+    message item of at most `limit` characters of text as it is, another (or one holding
+    `ITEM_KEY` itself) kept whole in its data, its text cut to `limit` for search."""
+    if not isinstance(item, Mapping) or (
+            "role" in item and ITEM_KEY not in item and len(_text(item)) <= limit):
         return item
     kind = item.get("type")
     role = "tool" if isinstance(kind, str) and kind.endswith("_output") else "assistant"

@@ -142,6 +142,60 @@ async def test_items_come_back_exactly_as_added(mem: mnemo.Memory) -> None:
     assert [h.seq for h in await mem.search_messages("track_parcel")] == [2]
 
 
+async def test_a_tool_output_past_the_text_bound_is_kept_whole_under_the_runner(
+    mem: mnemo.Memory, server: ProviderServer
+) -> None:
+    """A tool that returns 150,000 characters (past `Config.max_text_chars`, and past its
+    ceiling) does not fail `Runner.run`: the next turn's request carries the whole output,
+    `get_items` gives it back whole, search finds its opening words, its stored text is cut to
+    the bound and its tokens count the whole. So is an answer past the bound kept whole; an
+    item past `MAX_ITEM_CHARS` is refused, storing nothing."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
+    from openai import AsyncOpenAI
+
+    from mnemo.conversation.drafts import count_tokens
+    from mnemo.conversation.model import MAX_ITEM_CHARS
+    from mnemo.integrations.openai_agents import ITEM_KEY, MnemoSession
+
+    page = "zebrafinch " + "lorem ipsum dolor " * 8_333  # 150,005 characters
+
+    @function_tool
+    def fetch_page(url: str) -> str:
+        """The page at `url`."""
+        return page
+
+    client = AsyncOpenAI(base_url=server.openai_url, api_key="x")
+    agent = Agent(name="Reader", instructions="Answer briefly.", tools=[fetch_page],
+                  model=OpenAIChatCompletionsModel(model="fake-model", openai_client=client))
+    session = MnemoSession(mem, "reader")
+    long_answer = "kingfisher " + "x" * 40_000
+    server.script(Answer(text="", tool_calls=(("fetch_page", {"url": "https://a.example"}),)),
+                  Answer(text=long_answer), Answer(text="Done."))
+    try:
+        await Runner.run(agent, "Read the page.", session=session)
+        await Runner.run(agent, "Again?", session=session)
+    finally:
+        await client.close()
+
+    assert [m["content"] for m in server.requests[-1].messages if m["role"] == "tool"] == [page]
+    items: list[Any] = await session.get_items()
+    assert [i["output"] for i in items if i.get("type") == "function_call_output"] == [page]
+    assert items[3]["content"][0]["text"] == long_answer
+    limit = mnemo.Config().max_text_chars
+    stored = await mem.conversation().raw("reader")
+    output = next(m for m in stored if m.role == "tool")
+    assert output.content == page[:limit]
+    assert output.data[ITEM_KEY] == items[2]
+    assert output.tokens > count_tokens(page)  # the whole page's cost, not the cut's
+    assert stored[3].content == long_answer[:limit]
+    assert [h.seq for h in await mem.search_messages("zebrafinch")] == [output.seq]
+    assert [h.seq for h in await mem.search_messages("kingfisher")] == [3]
+    huge = {"type": "function_call_output", "call_id": "c", "output": "y" * MAX_ITEM_CHARS}
+    with pytest.raises(mnemo.InvalidInputError, match="MAX_ITEM_CHARS"):
+        await session.add_items([huge])  # type: ignore[list-item]
+    assert await session.get_items() == items
+
+
 async def test_bad_input_is_refused_before_anything_is_stored(mem: mnemo.Memory) -> None:
     """A session id that is no thread name, a budget or limit out of range, an item that is
     no dict: InvalidInputError, and the session stays as it was."""

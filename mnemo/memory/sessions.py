@@ -147,14 +147,15 @@ class SessionMethods(Parts):
     ) -> StepInfo:
         """Stores one step (durable before the model is asked), then waits for its annotation
         at most `Config.append_timeout`: `StepInfo.annotated` is False if the model has not
-        answered by then or failed (the step is annotated later, by close at the latest).
+        answered by then (the step is annotated later, by close at the latest).
 
         Raises:
             InvalidInputError: observation or action is not a string or is longer than the
                 session's `Config.max_text_chars` (metadata: its JSON); no step was added.
             SessionError: the session is not collecting.
-            LLMError, EmbeddingError: a model that cannot work here at all (an embedder of
-                another dimension, a recorded model that cannot be built); no step was added.
+            LLMError, EmbeddingError: the model or the embedder failed within that time (the
+                adapter's exception as `__cause__`), or cannot work here at all; no step was
+                added.
             StorageError: the step could not be stored.
         """
         self._works("append")

@@ -30,6 +30,9 @@ from mnemo.adapters.recorded import check_runnable
 from mnemo.config import Config, with_longer_timeouts
 from mnemo.episode import EpisodeRecord, StepRecord
 from mnemo.errors import (
+    EmbeddingError,
+    LLMError,
+    LLMTimeout,
     NotFoundError,
     SessionError,
     check_step,
@@ -354,6 +357,12 @@ class SessionRecord:
         self.changed.set()
         self.changed = anyio.Event()
 
+    def advance(self, version: int) -> None:
+        """Takes `version`, what this Memory's write left, when it follows the record's (else
+        another Memory wrote meanwhile, and a reload reads it)."""
+        if version == self.version + 1:
+            self.version = version
+
     def step_at(self, episode_id: str, index: int) -> StepRecord | None:
         """The step `index` of episode `episode_id` as the record holds it now, None once the
         episode is not the session's."""
@@ -361,6 +370,13 @@ class SessionRecord:
         if episode is None or episode.id != episode_id or index >= len(episode.steps):
             return None
         return episode.steps[index]
+
+    def model_failure(self) -> BaseException | None:
+        """The model's or embedder's failure (not a timeout) that ended the last annotation."""
+        failure = self.annotation_failure
+        if self.annotating or isinstance(failure, LLMTimeout):
+            return None
+        return failure if isinstance(failure, LLMError | EmbeddingError) else None
 
     def unannotated(self) -> list[StepRecord]:
         return [s for s in self.episode.steps if not s.annotated] if self.episode else []

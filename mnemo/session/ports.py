@@ -106,6 +106,10 @@ class SessionStore(Protocol):
     ) -> int:
         """Stores the step (before its annotation) while the session still collects this
         episode; `holder` claims its annotation."""
+    async def remove_step(self, session_id: str, episode_id: str, step_id: str) -> int | None:
+        """Removes a step not annotated yet, with its claims, while it is its episode's last
+        and the session still collects that episode; returns the session's new version, None
+        (nothing written) otherwise."""
     async def annotate_step(
         self,
         session_id: str,

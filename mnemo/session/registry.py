@@ -280,15 +280,12 @@ async def run_append(
     live: Sessions, session: SessionRecord, ticket: int, observation: str, action: str,
     metadata: dict[str, Any] | None,
 ) -> StepInfo:
-    """Stores the step when the ticket queue reaches `ticket` (steps keep their call order)
-    and starts the annotation; returns once the step is annotated, or `append_timeout` after
-    it was stored (annotated later)."""
+    """Stores the step when the ticket queue reaches `ticket` (appends run one at a time, in
+    call order) and starts the annotation; returns once the step is annotated, or
+    `append_timeout` after it was stored (annotated later); a model's failure is raised."""
     await session.ticket_queue.wait(ticket)
     try:
-        try:
-            stored, episode_id = await _store(live, session, observation, action, metadata)
-        finally:
-            session.ticket_queue.leave(ticket)
+        stored, episode_id = await _store(live, session, observation, action, metadata)
         with anyio.move_on_after(session.runtime.config.append_timeout):
             while True:
                 changed = session.changed
@@ -296,7 +293,9 @@ async def run_append(
                 if now is None or now.annotated or not session.annotating:
                     break
                 await changed.wait()
+        await _unless_failed(live, session, episode_id, stored)
     finally:
+        session.ticket_queue.leave(ticket)
         live.touch(session)  # activity until it returns: an expiry finds it used
     info = StepInfo(stored.index, None, None, annotated=False)
     now = session.step_at(episode_id, stored.index)
@@ -310,6 +309,25 @@ async def run_append(
         annotated=info.annotated,
     )
     return info
+
+
+async def _unless_failed(live: Sessions, session: SessionRecord, episode_id: str,
+                         step: StepRecord) -> None:
+    """Raises the model's failure that ended the annotation while `step`'s append waited, once
+    `step` is removed (kept when no longer the last: another Memory moved the session on)."""
+    failure = session.model_failure()
+    if failure is None:
+        return
+    async with session.lock:
+        episode, now = session.episode, session.step_at(episode_id, step.index)
+        if (episode is None or now is None or now.annotated or episode.steps[-1] is not now
+                or (version := await live.store.remove_step(session.id, episode_id,
+                                                            step.id)) is None):
+            return
+        session.advance(version)
+        episode.steps.pop()
+        session.held.discard(step.id)
+    raise failure
 
 
 async def _store(
@@ -386,8 +404,7 @@ async def annotation(live: Sessions, session: SessionRecord) -> None:
     except NotFoundError:
         pass  # ended through another Memory: nothing is left to annotate
     except Exception as exc:
-        log.warning("%s: a step's annotation failed; the step is kept and annotated later: "
-                    "%r", session.id, exc)
+        log.warning("%s: a step's annotation failed: %r", session.id, exc)
         session.annotation_failure = exc
         held = [s for s in session.unannotated() if s.id in session.held]
         session.held.clear()
@@ -421,8 +438,7 @@ async def _annotate(
             # Annotated by another Memory, or the episode moved on: the store says how.
             await live.reload(session, conflict=True)
         else:
-            if version == session.version + 1:  # else another Memory wrote meanwhile
-                session.version = version
+            session.advance(version)
             for name in ("trajectory_id", "state_summary", "subgoal", "subgoal_vec"):
                 setattr(here, name, getattr(done, name))
             before = session.step_at(episode.id, step.index - 1) if step.index else None
@@ -480,5 +496,5 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # another user's
     return True

@@ -196,6 +196,25 @@ class SqlSessions(SqlStore):
 
         return await self._driver.write(write)
 
+    async def remove_step(self, session_id: str, episode_id: str, step_id: str) -> int | None:
+        async def write(sql: Statements) -> int:
+            await self._lock_claims(sql, session_id)
+            moved = await self.bump(sql, session_id, None, now=self._now(),
+                                    expect=State.COLLECTING, episode_id=episode_id)
+            if not await sql.run(
+                    "DELETE FROM steps WHERE id = ? AND session_id = ? AND episode_id = ?"
+                    " AND trajectory_id = '' AND NOT EXISTS (SELECT 1 FROM steps later"
+                    " WHERE later.episode_id = steps.episode_id AND later.idx > steps.idx)",
+                    (step_id, session_id, episode_id)):
+                raise StaleSession(session_id)  # the bump is rolled back with it
+            await sql.run("DELETE FROM step_claims WHERE step_id = ?", (step_id,))
+            return moved
+
+        try:
+            return await self._driver.write(write)
+        except StaleSession:
+            return None
+
     async def annotate_step(self, session_id: str, episode_id: str, step: StepRecord,
                             previous: StepRecord | None, *,
                             holder: str | None = None) -> int | None:

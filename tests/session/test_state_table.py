@@ -318,48 +318,50 @@ async def episode_steps(mem: mnemo.Memory, sid: str) -> list[tuple[str, bool]]:
 
 
 @pytest.mark.parametrize("task", ["state", "subgoal"])
-async def test_append_llm_failure_keeps_the_step(
-    mem: mnemo.Memory, llm: FakeLLM, enter: Enter, task: str
+async def test_an_append_whose_llm_fails_raises_and_adds_no_step(
+    mem: mnemo.Memory, llm: FakeLLM, enter: Enter, store: str, task: str
 ) -> None:
-    """An append whose LLM fails keeps its step, stored but unannotated (no trajectory, no
-    boundary said), and stays collecting; the next append annotates it first, in order."""
+    """The contract: an append whose LLM fails raises LLMError (the adapter's exception as
+    `__cause__`), adds no step, in the store too, and leaves the session collecting; the
+    next append takes the free index and is annotated as usual."""
     sid = await enter(State.COLLECTING)
     await mem.append(sid, "walk north", "go north")
     llm.fail_tasks.add(task)
-    lost = await mem.append(sid, "walk lost", "go lost")
-    assert lost == mnemo.StepInfo(1, None, None, annotated=False)
-    assert llm.raised
+    with pytest.raises(mnemo.LLMError) as caught:
+        await mem.append(sid, "walk lost", "go lost")
+    assert caught.value.__cause__ in llm.raised
     assert await state_of(mem, sid) == State.COLLECTING
     context = await maybe_await(mem.session_context(sid))
     assert context is not None
-    assert "walk lost -> go lost" in context.recent_steps
-    assert await episode_steps(mem, sid) == [("walk north -> go north", True),
-                                             ("walk lost -> go lost", False)]
+    assert context.recent_steps == ["walk north -> go north"]
+    assert await episode_steps(mem, sid) == [("walk north -> go north", True)]
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as other:
+        assert await episode_steps(other, sid) == [("walk north -> go north", True)]
     llm.fail_tasks.discard(task)
     info = await mem.append(sid, "walk south", "go south")
-    assert (info.index, info.annotated, info.boundary_detected) == (2, True, False)
+    assert (info.index, info.annotated, info.boundary_detected) == (1, True, False)
     assert await episode_steps(mem, sid) == [("walk north -> go north", True),
-                                             ("walk lost -> go lost", True),
                                              ("walk south -> go south", True)]
 
 
-async def test_append_embedder_failure_keeps_the_step(
+async def test_an_append_whose_embedder_fails_raises_and_adds_no_step(
     mem: mnemo.Memory, embedder: FakeEmbedder, enter: Enter
 ) -> None:
-    """An append whose embedder fails keeps its step unannotated; the close annotates it
-    before the extraction, which commits it."""
+    """An append whose embedder fails raises EmbeddingError and adds no step; the close
+    commits the steps that were added."""
     sid = await enter(State.COLLECTING)
     await mem.append(sid, "walk north", "go north")
     embedder.fail = True
     # A new subgoal ("look"), so no implementation can reuse an earlier embedding.
-    info = await mem.append(sid, "look around", "stare")
-    assert (info.index, info.annotated, info.trajectory_id) == (1, False, None)
-    assert embedder.raised
+    with pytest.raises(mnemo.EmbeddingError) as caught:
+        await mem.append(sid, "look around", "stare")
+    assert caught.value.__cause__ in embedder.raised
     assert await state_of(mem, sid) == State.COLLECTING
     embedder.fail = False
     receipt = await mem.close_and_commit(sid)
     steps = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
-    assert any("look around" in n.text for n in steps)
+    assert [n.text for n in steps if "look around" in n.text] == []
+    assert any("walk north" in n.text for n in steps)
     assert receipt.node_ids
 
 

@@ -250,7 +250,8 @@ class GraphWrites(NodeReads, Protocol):
     async def receipt(self, changeset_id: str) -> CommitReceipt | None: ...
 
     async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
-        """(payload hash, node ids of its commit) of an ingested source, None if unknown."""
+        """(payload hash, node ids of its commit still in the graph) of an ingested source,
+        None if unknown (never ingested, forgotten, or its SOURCE node deleted)."""
 
     async def withdraw(
         self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),

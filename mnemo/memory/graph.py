@@ -148,7 +148,8 @@ class GraphMethods(Parts):
         return await self._graph.get_nodes(repo, [node_id for node_id, _ in found])
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
-        """Deletes nodes with their links, vectors and search entries; returns how many."""
+        """Deletes nodes with their links, vectors and search entries; returns how many. An
+        ingested source whose SOURCE node is deleted is no longer known: it ingests anew."""
         ids = await self._repos.checked(repo, lambda config: node_id_list(node_ids, config))
         return await self._graph.delete_nodes(repo, ids)
 

@@ -81,7 +81,11 @@ class RowReads(SqlStore):
         rows = await self._rows(
             "SELECT i.payload_hash, a.receipt FROM ingests i JOIN applied_changesets a"
             " ON a.id = i.changeset_id WHERE i.repo = ? AND i.source_id = ?", [repo, source_id])
-        return (str(rows[0][0]), self._receipt(rows[0][1]).node_ids) if rows else None
+        if not rows:
+            return None
+        made = self._receipt(rows[0][1]).node_ids
+        live = await self.present(repo, list(made))
+        return str(rows[0][0]), [i for i in made if i in live]
 
     async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
         order = " ORDER BY rowid" if newest is None else " ORDER BY rowid DESC LIMIT ?"

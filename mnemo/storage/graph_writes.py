@@ -128,13 +128,18 @@ class SqlGraphWrites(Dialect):
             await sql.run(statement)
 
     async def delete_nodes(self, sql: Statements, repo: str, ids: list[str]) -> list[str]:
-        """See `GraphStore.delete_nodes`: returns those of `ids` that were rows."""
-        gone = [str(i) for (i,) in await sql.rows(
-            f"DELETE FROM nodes WHERE repo = ? AND id{self.ANY} RETURNING id",
-            (repo, self._list(ids)))]
-        if gone:
+        """See `GraphStore.delete_nodes`: returns those of `ids` that were rows. A source whose
+        SOURCE node goes is no longer ingested: its payload ingests anew."""
+        rows = await sql.rows(
+            f"DELETE FROM nodes WHERE repo = ? AND id{self.ANY} RETURNING id, type, source_id",
+            (repo, self._list(ids)))
+        sources = [str(s) for _, kind, s in rows if kind == "source" and s is not None]
+        if sources:
+            await sql.run(f"DELETE FROM ingests WHERE repo = ? AND source_id{self.ANY}",
+                          (repo, self._list(sources)))
+        if rows:
             await self._scrub(sql)
-        return gone
+        return [str(i) for i, _, _ in rows]
 
     async def _scope(self, sql: Statements, repo: str, key: str, one: bool) -> Scope:
         """The work of the source `key`'s commits (with `one`: of the commit `key`, to revert)."""

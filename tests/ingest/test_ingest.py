@@ -214,6 +214,25 @@ async def test_forget_removes_what_the_source_produced(mem: mnemo.Memory) -> Non
     assert (await mem.ingest(REPO, trajectory("open window"), source_id="gone")).created
 
 
+async def test_a_source_whose_nodes_were_deleted_by_hand_ingests_anew(mem: mnemo.Memory) -> None:
+    """After `delete_nodes` of everything a source made, the same payload ingests anew
+    (created, its nodes back); after deleting a part, the receipt names only live nodes. The
+    receipt named deleted ids and the source stayed empty."""
+    first = await mem.ingest(REPO, trajectory("walk north"), source_id="a")
+    await mem.delete_nodes(REPO, first.node_ids)
+    again = await mem.ingest(REPO, trajectory("walk north"), source_id="a")
+    assert again.created
+    assert all([await mem.get_node(REPO, i) for i in again.node_ids])
+    assert [m.node.text for m in (await mem.recall(REPO, "walk north")).memories]
+    other = await mem.ingest(REPO, trajectory("open door"), source_id="b")
+    (fact,) = [i for i in other.node_ids if i.startswith("episodic_")]
+    await mem.delete_nodes(REPO, [fact])
+    kept = await mem.ingest(REPO, trajectory("open door"), source_id="b")
+    assert not kept.created
+    assert kept.node_ids == [i for i in other.node_ids if i != fact]
+    assert all([await mem.get_node(REPO, i) for i in kept.node_ids])
+
+
 @pytest.mark.parametrize(
     ("source_id", "payload"),
     [

@@ -137,6 +137,11 @@ DEFAULT_MAX_TEXT_CHARS = 32_000
 MAX_TEXT_CHARS_LIMIT = 120_000
 # The longest identifier, in UTF-8 bytes (PostgreSQL's btree entries hold 2,704 bytes).
 MAX_ID_BYTES = 1_000
+# The largest token budget (a viewport's, an eviction's, a summary's): ten times the longest
+# context window a model has.
+MAX_TOKEN_BUDGET = 10_000_000
+# The largest count of messages, files or results a policy or call takes.
+MAX_COUNT = 10_000
 # The deepest JSON value accepted, in containers (a dict in a dict counts 2); recursive readers
 # stop near 1,000.
 MAX_JSON_DEPTH = 64
@@ -294,6 +299,11 @@ def check_count(name: str, value: object, *, minimum: int = 0, maximum: float = 
         where = f" ({setting})" if setting else ""
         raise InvalidInputError(f"{name} must be an integer {bound}{where}, got {value!r}")
     return value
+
+
+def check_budget(name: str, value: object) -> int:
+    """A token budget: an integer from 1 to `MAX_TOKEN_BUDGET`, else InvalidInputError."""
+    return check_count(name, value, minimum=1, maximum=MAX_TOKEN_BUDGET)
 
 
 def check_seconds(name: str, value: object, most: float) -> float:

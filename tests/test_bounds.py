@@ -4,7 +4,9 @@ message, open goals, what a read asks for. Long ingests report their progress.""
 
 from __future__ import annotations
 
+import inspect
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -212,6 +214,60 @@ async def test_every_read_count_is_bounded_by_max_results(mem: mnemo.Memory) -> 
         with pytest.raises(mnemo.InvalidInputError, match=r"Config\.max_results"):
             await call(1_001)
         await call(1_000)
+
+
+async def test_every_budget_and_policy_count_has_a_ceiling(
+    mem: mnemo.Memory, tmp_path: Path
+) -> None:
+    """Token budgets stop at `MAX_TOKEN_BUDGET`, policy and memory-file counts at `MAX_COUNT`,
+    a tool-output cut at `MAX_ITEM_CHARS`: one more is InvalidInputError, the bound is fine.
+    They took any integer (a viewport of 10**30 tokens)."""
+    from mnemo.conversation.model import MAX_ITEM_CHARS
+    from mnemo.errors import MAX_COUNT, MAX_TOKEN_BUDGET
+
+    await mem.conversation().save("t", talk(2))
+    files = mnemo.MemoryFiles(tmp_path / "files")
+    calls: list[tuple[int, Any]] = [
+        (MAX_TOKEN_BUDGET, lambda n: mem.viewport("t", token_budget=n)),
+        (MAX_TOKEN_BUDGET, lambda n: mem.evict("t", token_budget=n)),
+        (MAX_TOKEN_BUDGET, lambda n: mem.conversation(auto_evict_budget=n)),
+        (MAX_TOKEN_BUDGET, lambda n: mnemo.Summary(max_tokens=n)),
+        (MAX_COUNT, lambda n: mnemo.Summary(keep=n)),
+        (MAX_COUNT, lambda n: mnemo.Recent(k=n)),
+        (MAX_COUNT, lambda n: mnemo.Semantic(k=n)),
+        (MAX_ITEM_CHARS, lambda n: mnemo.ToolOutputPruner(max_chars=n)),
+        (MAX_COUNT, lambda n: mnemo.MemoryFiles(tmp_path / "files", min_iterations=n)),
+        (MAX_COUNT, lambda n: files.recall("deploys", limit=n)),
+    ]
+
+    async def run(call: Any, n: int) -> None:
+        made = call(n)
+        if inspect.isawaitable(made):
+            await made
+
+    for most, call in calls:
+        with pytest.raises(mnemo.InvalidInputError, match=f"{most:,}"):
+            await run(call, most + 1)
+        await run(call, most)
+
+
+async def test_memory_files_refuse_a_file_for_a_folder_and_report_bad_updates(
+    tmp_path: Path
+) -> None:
+    """A file where the folder should be is InvalidInputError at once (list and persist raised
+    bare OS errors); an update's iterations that are no count, and a history holding no
+    message dict, come back as InvalidInputError in `error` (a TypeError, and silence)."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(mnemo.InvalidInputError, match="is a file"):
+        mnemo.MemoryFiles(tmp_path / "afile")
+    files = mnemo.MemoryFiles(tmp_path / "files", min_iterations=0)
+    said = [{"role": "user", "content": "We decided the staging database is orders_stage."}]
+    bad = await files.update(said, llm=None, iterations="30")  # type: ignore[arg-type]
+    assert bad.error is not None
+    assert bad.error.startswith("InvalidInputError: iterations")
+    odd = await files.update([*said, 3], llm=None, iterations=30)  # type: ignore[list-item]
+    assert odd.error == "InvalidInputError: history[1] must be a message dict, got int"
+    assert files.list() == []
 
 
 @pytest.mark.parametrize(

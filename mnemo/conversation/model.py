@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from mnemo.conversation.render import memory_block, render_view
-from mnemo.errors import ConflictError, InvalidInputError, check_count
+from mnemo.errors import (
+    MAX_COUNT,
+    ConflictError,
+    InvalidInputError,
+    check_budget,
+    check_count,
+)
 from mnemo.graph.scope import Metadata
 from mnemo.ports import JSONObject, ToolCall, Usage
 
@@ -20,7 +26,7 @@ class _Retrieval:
     k: int = 10
 
     def __post_init__(self) -> None:
-        check_count(f"{type(self).__name__}.k", self.k, minimum=1)
+        check_count(f"{type(self).__name__}.k", self.k, minimum=1, maximum=MAX_COUNT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +51,8 @@ class Summary:
     keep: int = 5
 
     def __post_init__(self) -> None:
-        check_count("Summary.max_tokens", self.max_tokens, minimum=1)
-        check_count("Summary.keep", self.keep)
+        check_budget("Summary.max_tokens", self.max_tokens)
+        check_count("Summary.keep", self.keep, maximum=MAX_COUNT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +63,8 @@ class ToolOutputPruner:
     max_chars: int = 4000
 
     def __post_init__(self) -> None:
-        check_count("ToolOutputPruner.max_chars", self.max_chars, minimum=1)
+        check_count("ToolOutputPruner.max_chars", self.max_chars, minimum=1,
+                    maximum=MAX_ITEM_CHARS)
 
 
 Retrieval = Recent | Semantic

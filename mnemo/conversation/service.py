@@ -52,6 +52,7 @@ from mnemo.errors import (
     InvalidInputError,
     NotFoundError,
     StorageError,
+    check_budget,
     check_count,
     check_id,
     check_models,
@@ -162,7 +163,7 @@ class ConversationService:
 
     async def viewport(self, thread_id: str, token_budget: int) -> Viewport:
         check_id(thread_id, "thread_id")
-        check_count("token_budget", token_budget, minimum=1)
+        check_budget("token_budget", token_budget)
         goals = await self.store.open_goals(thread_id)
         view = layout(thread_id, token_budget,
                       await self.store.viewport_inputs(thread_id, token_budget),
@@ -203,7 +204,7 @@ class ConversationService:
         llm: LLM | None = None,
     ) -> EvictionResult:
         check_id(thread_id, "thread_id")
-        check_count("token_budget", token_budget, minimum=1)
+        check_budget("token_budget", token_budget)
         check_fraction(eviction_fraction)
         model = self.model(llm)
         async with self.evict_locks.hold(thread_id):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 from mnemo.conversation.drafts import parts_text
 from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import ITEM_KEY, Message
-from mnemo.errors import check_count, check_name
+from mnemo.errors import check_budget, check_count, check_name
 from mnemo.graph.scope import check_metadata
 
 try:
@@ -53,7 +53,7 @@ class MnemoSession:
                  metadata: Mapping[str, object] | None = None) -> None:
         self.session_id = check_name(session_id, "thread_id")
         if token_budget is not None:
-            check_count("token_budget", token_budget, minimum=1)
+            check_budget("token_budget", token_budget)
         self.session_settings = session_settings
         self._metadata = check_metadata(metadata)
         self._mem = mem

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from mnemo.errors import InvalidInputError, check_count
+from mnemo.errors import InvalidInputError, check_budget
 from mnemo.graph.scope import check_where
 from mnemo.memory.sessions import Parts
 from mnemo.ports import LLM
@@ -57,7 +57,7 @@ class ConversationMethods(Parts):
             raise InvalidInputError(
                 f"retrieval must be mnemo.Recent or mnemo.Semantic, got {retrieval!r}")
         if auto_evict_budget is not None:
-            check_count("auto_evict_budget", auto_evict_budget, minimum=1)
+            check_budget("auto_evict_budget", auto_evict_budget)
         check_fraction(eviction_fraction)
         service = self._conversations
         return ConversationManager(

@@ -30,7 +30,8 @@ _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY
 
 def check_directory(directory: str | os.PathLike[str], what: str = "directory") -> Path:
     """`directory` as a `Path` the system can name (no NUL, within `NAME_MAX` and `PATH_MAX`
-    bytes; a str not blank: "" would be the working folder), else InvalidInputError."""
+    bytes; a str not blank: "" would be the working folder) and no file's, else
+    InvalidInputError."""
     if isinstance(directory, str) and not directory.strip():
         raise InvalidInputError(f"{what} must not be blank, got {directory!r}")
     try:
@@ -48,6 +49,8 @@ def check_directory(directory: str | os.PathLike[str], what: str = "directory") 
             raise InvalidInputError(
                 f"{what} holds a name of {len(os.fsencode(part)):,} bytes, more than the "
                 f"{NAME_MAX} a file system takes")
+    if path.exists() and not path.is_dir():
+        raise InvalidInputError(f"{what} {str(path)!r} is a file, not a folder")
     return path
 
 

@@ -57,7 +57,8 @@ def conversation(history: object, limit: int, setting: str) -> list[dict[str, st
     for index in range(len(history) - 1, -1, -1):
         message = history[index]
         if not isinstance(message, Mapping):
-            continue
+            raise InvalidInputError(
+                f"history[{index}] must be a message dict, got {type(message).__name__}")
         content = message.get("content")
         if isinstance(content, Sequence) and not isinstance(content, str) and (
             len(content) > limit):

@@ -30,6 +30,7 @@ from mnemo.calls import tasks
 from mnemo.calls.retry import LimitedLLM, fail_after
 from mnemo.errors import (
     DEFAULT_MAX_TEXT_CHARS,
+    MAX_COUNT,
     MAX_TEXT_CHARS_LIMIT,
     InvalidInputError,
     LLMContextError,
@@ -228,7 +229,7 @@ class MemoryFiles:
         max_text_chars: int = DEFAULT_MAX_TEXT_CHARS, root: str | os.PathLike[str] | None = None,
     ) -> None:
         check_count("max_chars", max_chars, minimum=20, maximum=MAX_TEXT_CHARS_LIMIT)
-        check_count("min_iterations", min_iterations)
+        check_count("min_iterations", min_iterations, maximum=MAX_COUNT)
         check_count("max_text_chars", max_text_chars, minimum=1)
         self.max_text_chars = max_text_chars
         self.directory = check_directory(directory)
@@ -256,7 +257,7 @@ class MemoryFiles:
             InvalidInputError: a blank or too long `query`, or a `limit` below 1.
             TimeoutError: another writer held the directory's lock too long."""
         check_text(query, "query", limit=self.max_text_chars, stored=False, setting=_BOUND)
-        check_count("limit", limit, minimum=1)
+        check_count("limit", limit, minimum=1, maximum=MAX_COUNT)
         wanted = _select.stems(query)
         if not wanted:
             return []
@@ -281,6 +282,7 @@ class MemoryFiles:
         error = None
         try:
             check_models(llm, None)
+            check_count("iterations", iterations)
             if not self.enabled:
                 return MemoryUpdate(skipped="disabled")
             if is_subagent or iterations < self.min_iterations:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         AdapterError as AdapterError,
         ConflictError as ConflictError,
         EmbeddingError as EmbeddingError,
+        EmbeddingTimeout as EmbeddingTimeout,
         InvalidInputError as InvalidInputError,
         LLMContextError as LLMContextError,
         LLMError as LLMError,
@@ -122,7 +123,8 @@ _WHERE = {
         ),
         "mnemo.episode": "EpisodeLog StepInfo",
         "mnemo.errors": (
-            "AdapterError ConflictError EmbeddingError InvalidInputError LLMContextError LLMError "
+            "AdapterError ConflictError EmbeddingError EmbeddingTimeout InvalidInputError "
+            "LLMContextError LLMError "
             "LLMReplyError LLMTimeout MnemoError NotFoundError PipelineError SessionError "
             "StorageError"
         ),

@@ -14,6 +14,7 @@ MnemoError
     │   ├── LLMContextError              a prompt longer than the model's context
     │   └── LLMTimeout (TimeoutError)
     └── EmbeddingError
+        └── EmbeddingTimeout (TimeoutError)
 ```
 
 Foreign errors become the `__cause__` of an `LLMError`, `EmbeddingError` or `StorageError`.
@@ -108,6 +109,10 @@ class LLMTimeout(LLMError, TimeoutError):
 
 class EmbeddingError(AdapterError):
     """The embedder failed or produced vectors of the wrong shape."""
+
+
+class EmbeddingTimeout(EmbeddingError, TimeoutError):
+    """The embedder did not answer in time."""
 
 
 @contextmanager

@@ -16,7 +16,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.errors import EmbeddingError, InvalidInputError
+from mnemo.errors import EmbeddingError, EmbeddingTimeout, InvalidInputError
 
 log = logging.getLogger("mnemo")
 
@@ -164,7 +164,8 @@ async def embed(embedder: Embedder, texts: Sequence[str]) -> npt.NDArray[np.floa
     except EmbeddingError:
         raise  # says what failed already
     except Exception as exc:
-        raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
+        kind = EmbeddingTimeout if isinstance(exc, TimeoutError) else EmbeddingError
+        raise kind(f"the embedder failed: {exc!r}") from exc
     try:
         matrix = np.asarray(raw, dtype=np.float32)
     except (TypeError, ValueError) as exc:

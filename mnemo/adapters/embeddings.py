@@ -20,7 +20,13 @@ from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens, logge
 from mnemo.adapters._model import OPENAI_BASE_URL, HTTPModel, adapt
 from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget
-from mnemo.errors import EmbeddingError, InvalidInputError, check_count, first_error
+from mnemo.errors import (
+    EmbeddingError,
+    EmbeddingTimeout,
+    InvalidInputError,
+    check_count,
+    first_error,
+)
 
 Encoding = Literal["base64", "float"]
 # An error reply refuses base64 when its message names the parameter or the format.
@@ -55,7 +61,8 @@ class OpenAIEmbedder(HTTPModel):
         self._dim = None if dim is None else check_count("dim", dim, minimum=1)
         options.setdefault("max_concurrency", 4)
         super().__init__(model, base_url, api_key, prices, options, provider="openai",
-                         error=EmbeddingError, kind="embedding model")
+                         error=EmbeddingError, timeout_error=EmbeddingTimeout,
+                         kind="embedding model")
         self.encoding_format: Encoding = encoding_format
 
     @property

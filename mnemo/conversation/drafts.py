@@ -147,14 +147,16 @@ def message_key(message: Mapping[str, object], index: int) -> bytes:
     """The digest of what `save` compares of a message (`COMPARED`); InvalidInputError when
     they are not JSON-serialisable."""
     role, content = message.get("role"), message.get("content")
+    # An item kept whole is compared by itself: the message stores its content cut.
+    compared = ("role", ITEM_KEY) if ITEM_KEY in message else COMPARED
     if isinstance(role, str) and isinstance(content, str) and not any(
-        key in message for key in COMPARED[2:]
+        key in message for key in (ITEM_KEY, *COMPARED[2:])
     ):
         # Most messages: a third of the time JSON takes (no "[" starts this form).
         text = f"{len(role)}:{role}{content}"
     else:
         try:
-            text = json.dumps({k: message[k] for k in COMPARED if k in message}, sort_keys=True)
+            text = json.dumps({k: message[k] for k in compared if k in message}, sort_keys=True)
         except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidInputError(f"messages[{index}] is not JSON-serialisable: {exc}") from exc
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()

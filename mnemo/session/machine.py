@@ -32,7 +32,6 @@ from mnemo.episode import EpisodeRecord, StepRecord
 from mnemo.errors import (
     EmbeddingError,
     LLMError,
-    LLMTimeout,
     NotFoundError,
     SessionError,
     check_step,
@@ -334,6 +333,7 @@ class SessionRecord:
     annotating: bool = False
     held: set[str] = field(default_factory=set)
     annotation_failure: BaseException | None = None
+    failed_step: str | None = None  # the step whose annotation raised `annotation_failure`
 
     # Set on the record by `Machine.add_model`.
     may_trigger: ClassVar[Callable[..., bool]]
@@ -371,10 +371,11 @@ class SessionRecord:
             return None
         return episode.steps[index]
 
-    def model_failure(self) -> BaseException | None:
-        """The model's or embedder's failure (not a timeout) that ended the last annotation."""
+    def model_failure(self, step_id: str) -> BaseException | None:
+        """The model's or embedder's failure (not a timeout) that ended the last annotation,
+        at the step `step_id`."""
         failure = self.annotation_failure
-        if self.annotating or isinstance(failure, LLMTimeout):
+        if self.annotating or self.failed_step != step_id or isinstance(failure, TimeoutError):
             return None
         return failure if isinstance(failure, LLMError | EmbeddingError) else None
 

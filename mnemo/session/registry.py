@@ -315,8 +315,7 @@ async def _unless_failed(live: Sessions, session: SessionRecord, episode_id: str
                          step: StepRecord) -> None:
     """Raises the model's failure that ended the annotation while `step`'s append waited, once
     `step` is removed (kept when no longer the last: another Memory moved the session on)."""
-    failure = session.model_failure()
-    if failure is None:
+    if (failure := session.model_failure(step.id)) is None:
         return
     async with session.lock:
         episode, now = session.episode, session.step_at(episode_id, step.index)
@@ -325,8 +324,7 @@ async def _unless_failed(live: Sessions, session: SessionRecord, episode_id: str
                                                             step.id)) is None):
             return
         session.advance(version)
-        episode.steps.pop()
-        session.held.discard(step.id)
+        episode.steps.pop()  # unheld: the failed run let its claims go
     raise failure
 
 
@@ -380,6 +378,7 @@ def annotate(live: Sessions, session: SessionRecord) -> None:
 async def annotation(live: Sessions, session: SessionRecord) -> None:
     """Annotates the stored steps in order until none is left: a step another live Memory
     holds is waited for, one whose holder is gone is taken over."""
+    step: StepRecord | None = None
     try:
         while session.state in (State.COLLECTING, State.EXTRACTING) and not session.ended:
             episode, pending = session.episode, session.unannotated()
@@ -406,6 +405,7 @@ async def annotation(live: Sessions, session: SessionRecord) -> None:
     except Exception as exc:
         log.warning("%s: a step's annotation failed: %r", session.id, exc)
         session.annotation_failure = exc
+        session.failed_step = None if step is None else step.id
         held = [s for s in session.unannotated() if s.id in session.held]
         session.held.clear()
         await release(live, session, held)

@@ -204,7 +204,9 @@ class SqlSessions(SqlStore):
             if not await sql.run(
                     "DELETE FROM steps WHERE id = ? AND session_id = ? AND episode_id = ?"
                     " AND trajectory_id = '' AND NOT EXISTS (SELECT 1 FROM steps later"
-                    " WHERE later.episode_id = steps.episode_id AND later.idx > steps.idx)",
+                    " WHERE later.episode_id = steps.episode_id AND later.idx > steps.idx)"
+                    " AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = steps.session_id"
+                    " AND s.ended = false)",
                     (step_id, session_id, episode_id)):
                 raise StaleSession(session_id)  # the bump is rolled back with it
             await sql.run("DELETE FROM step_claims WHERE step_id = ?", (step_id,))

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import pytest
 
 import mnemo
 from mnemo import State
+from mnemo.calls.tasks import task_inputs
+from tests.backends import sql
 from tests.conftest import REPO, Enter
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM, js, maybe_await
 
@@ -363,6 +366,105 @@ async def test_an_append_whose_embedder_fails_raises_and_adds_no_step(
     assert [n.text for n in steps if "look around" in n.text] == []
     assert any("walk north" in n.text for n in steps)
     assert receipt.node_ids
+
+
+class _FailsOn(FakeLLM):
+    """Fails the "state" task of the step whose observation is `observation`, once released."""
+
+    def __init__(self, observation: str) -> None:
+        super().__init__()
+        self.observation = observation
+        self.gate = anyio.Event()
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        if request.task == "state" and task_inputs(request).get("observation") == (
+                self.observation):
+            await self.gate.wait()
+            raise RuntimeError(f"boom for {self.observation}")
+        return await super().generate(request)
+
+
+async def test_an_earlier_kept_steps_failure_takes_no_later_append_back(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step kept past `append_timeout` whose annotation fails later fails no other append:
+    the append waiting behind it keeps its step (annotated later), nothing is raised or
+    removed. Before, the later append raised the earlier step's error and lost its step."""
+    llm = _FailsOn("walk A")
+    config = mnemo.Config(append_timeout=1.0)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO, config=config)
+        sid = await mem.start_session("explore the house", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        assert not (await mem.append(sid, "walk A", "go A")).annotated
+        stored, add = anyio.Event(), mem._sessions_store.add_step
+
+        async def add_step(*args: Any, **kwargs: Any) -> int:
+            version = await add(*args, **kwargs)
+            stored.set()
+            return version
+
+        monkeypatch.setattr(mem._sessions_store, "add_step", add_step)
+        got: list[mnemo.StepInfo] = []
+
+        async def append_b() -> None:
+            got.append(await mem.append(sid, "walk B", "go B"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(append_b)
+            await stored.wait()
+            llm.gate.set()  # A's annotation fails while B's append waits behind it
+        assert [(i.index, i.annotated) for i in got] == [(2, False)]
+        assert [line for line, _ in await episode_steps(mem, sid)] == [
+            "walk north -> go north", "walk A -> go A", "walk B -> go B"]
+
+
+async def test_an_append_waiting_when_the_session_ends_raises_no_older_failure(
+    mem: mnemo.Memory, llm: FakeLLM, enter: Enter, store: str
+) -> None:
+    """An append still waiting when `end_session` cancels the annotation raises no failure of
+    an earlier append's, and removes no step of the ended session. Before, it raised that
+    earlier LLMError and deleted its own step from the ended session."""
+    sid = await enter(State.COLLECTING)
+    await mem.append(sid, "walk north", "go north")
+    llm.fail_tasks.add("state")
+    with pytest.raises(mnemo.LLMError):
+        await mem.append(sid, "walk lost", "go lost")
+    llm.fail_tasks.discard("state")
+    held = llm.hold("state")
+    outcome: list[object] = []
+
+    async def third() -> None:
+        try:
+            outcome.append(await mem.append(sid, "walk east", "go east"))
+        except mnemo.MnemoError as exc:
+            outcome.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(third)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        await mem.end_session(sid)
+    held.release()
+    assert not any(isinstance(o, mnemo.LLMError) for o in outcome), outcome
+    rows = await sql(mem, "SELECT observation FROM steps WHERE session_id = ? ORDER BY idx", sid)
+    assert [r[0] for r in rows] == ["walk north", "walk east"]
+
+
+async def test_an_embedder_timeout_keeps_the_step(
+    mem: mnemo.Memory, embedder: FakeEmbedder, enter: Enter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An embedder that times out is the model not answering in time: the step is kept
+    (`annotated=False`), as for an LLM's timeout; only a failure takes it back."""
+    sid = await enter(State.COLLECTING)
+
+    async def slow(texts: object) -> object:
+        raise TimeoutError("the embedder took too long")
+
+    monkeypatch.setattr(embedder, "embed", slow)
+    info = await mem.append(sid, "look around", "stare")
+    assert (info.index, info.annotated) == (0, False)
+    assert [line for line, _ in await episode_steps(mem, sid)] == ["look around -> stare"]
 
 
 async def test_unparsable_reward_does_not_fail_append(

@@ -144,7 +144,8 @@ class ResultSelection:
     """The results, best first, chosen from scored candidates: at most `k`, each type within
     its minimum score and top-k, one result per step and per wording. A step's place goes to
     the first fact not taken yet that may stand in for it (`stand_ins`), at the better score;
-    further facts of a returned fact's step are `deferred` unless `strong`."""
+    further facts of a returned fact's step are `deferred` unless `strong`, and every fact of a
+    step returned itself."""
 
     def __init__(
         self, config: Config, k: int, steps: Mapping[str, str], sources: Mapping[str, list[str]],
@@ -177,16 +178,18 @@ class ResultSelection:
             stand_in = None if place in self._claimed else next(
                 (s for s in self.stand_ins.get(place, ()) if s[1].id not in self._taken), None)
             if stand_in is not None:
+                if node.type is not N.EPISODIC and stand_in[1].id != node.id:
+                    self.deferred.append(item)  # a fact of the step beside the one standing in
                 node, candidate = stand_in[1], stand_in[2]
                 score = max(score, stand_in[0])
             if node.id in self._taken or score < self._min_score.get(node.type, 0.0):
                 continue
             step = self.steps.get(node.id)
-            if step is not None and (step in self._returned or (
-                    node.type is N.EPISODIC and step in self._claimed)):
+            if step is not None and node.type is N.EPISODIC and step in self._claimed:
                 continue
+            # A step's further facts come after every other step's (a strong one after a fact).
             if defer and step is not None and step in self._claimed and (
-                    node.id not in self.strong):
+                    step in self._returned or node.id not in self.strong):
                 self.deferred.append(item)
                 continue
             if self._per_type.get(node.type, 0) >= self._top_k.get(node.type, 1_000_000):

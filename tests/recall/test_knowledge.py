@@ -11,7 +11,7 @@ import pytest
 import mnemo
 from mnemo.adapters.uri import embedder_from_uri
 from mnemo.graph.model import Link, LinkType, Node, NodeId, NodeType, now_utc
-from mnemo.recall.model import Recalled
+from mnemo.recall.model import Candidate, Recalled, ResultSelection
 from mnemo.recall.ranking import Matched, above_their_steps, matching_first, stand_ins
 from tests.backends import open_stores
 from tests.recall import fact_first
@@ -190,6 +190,27 @@ async def test_a_fact_made_from_many_steps_answers_above_them(store: str, embedd
             result = await mem.recall(fact_first.REPO, case.question, reinforce=False)
             first = result.memories[0]
             assert (first.node.text, len(first.evidence)) == (case.answer, 6), case.question
+
+
+def _selected(scored: list[tuple[float, Node]], standing: dict[str, list[Node]]) -> list[str]:
+    """What recall's selection returns of `scored` (every node made from "step"), with
+    `standing` the stand-ins of each step, k = 10: both passes, as `Recaller._rank` runs."""
+    items = [(score, n, Candidate(score, "hybrid", 0)) for score, n in scored]
+    by_id = {n.id: item for item in items for n in [item[1]]}
+    picks = ResultSelection(mnemo.Config(), 10, {n.id: "step" for _, n in scored}, SOURCES,
+                            {s: [by_id[n.id] for n in ns] for s, ns in standing.items()}, set())
+    picks.take(items)
+    picks.take(picks.deferred, defer=False)
+    return [r.node.id for r in picks.ranked]
+
+
+def test_a_steps_facts_follow_it_when_k_has_room() -> None:
+    """A step returned itself (its facts matched too little to stand in) is followed by its
+    fact and procedure while k has room; a fact that a procedure's stand-in passed over comes
+    after it. Both were dropped, and routes took their places."""
+    assert _selected([(0.54, STEP), (0.28, FACT), (0.27, PROC)], {}) == ["step", "fact", "proc"]
+    assert _selected([(0.8, FACT), (0.77, STEP), (0.77, PROC)], {"step": [PROC]}) == [
+        "proc", "fact"]
 
 
 def recalled(node: Node, score: float, evidence: tuple[str, ...] = ()) -> Recalled:

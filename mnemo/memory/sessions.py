@@ -161,6 +161,7 @@ class SessionMethods(Parts):
         self._works("append")
         from mnemo.session.registry import append
 
+        await (await self._live.fetch(session_id)).after_accepted()
         return await append(self._live, session_id, observation, action, metadata)
 
     async def close(self, session_id: str) -> None:
@@ -186,6 +187,7 @@ class SessionMethods(Parts):
 
         session = await self._live.fetch(session_id)
         check_text(goal, "goal", limit=session.config.max_text_chars)
+        await session.after_accepted()
         await registry.refuse_checked(self._live, session, "start_episode")
         await transitions.start_episode(self._live, session, goal)
 
@@ -193,6 +195,7 @@ class SessionMethods(Parts):
         """`close`, `commit` or `discard` on the session as the store holds it now."""
         from mnemo.session import transitions
 
+        await (await self._live.fetch(session_id)).after_accepted()
         return await transitions.call(self._live, await self._live.fetch(session_id, fresh=True),
                                       kind)
 
@@ -226,6 +229,7 @@ class SessionMethods(Parts):
 
         try:
             live = self._live
+            await (await live.fetch(session_id)).after_accepted()
             session = await live.fetch(session_id, fresh=True)
             # Extractions this call started (or found running), besides its retries.
             runs = 1 if session.state in (S.COLLECTING, S.IDLE, S.EXTRACTING) else 0

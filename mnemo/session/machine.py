@@ -357,6 +357,14 @@ class SessionRecord:
         self.changed.set()
         self.changed = anyio.Event()
 
+    async def after_accepted(self) -> None:
+        """Returns once the operations accepted before this call have run (or an extraction
+        holds the rest back): a synchronous call keeps call order with the queue."""
+        ahead = {id(op) for op in (self.running, *self.pending) if op is not None}
+        while not self.ended and self.state is not S.EXTRACTING and ahead & {
+                id(op) for op in (self.running, *self.pending) if op is not None}:
+            await self.changed.wait()
+
     def advance(self, version: int) -> None:
         """Takes `version`, what this Memory's write left, when it follows the record's (else
         another Memory wrote meanwhile, and a reload reads it)."""

@@ -476,6 +476,36 @@ async def test_queued_close_behind_a_running_append(
     assert await state_of(mem, sid) == State.COLLECTING
 
 
+async def test_a_sync_call_keeps_call_order_with_the_queue(
+    mem: mnemo.Memory, llm: FakeLLM, callbacks: Callbacks
+) -> None:
+    """A sync append made after a close_async was accepted (behind a running append) runs
+    after it: the close succeeds and the append is refused as extracting. Before, the sync
+    append ran first and the accepted close failed with `append_in_progress`."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    held = llm.hold("state")
+    await submit(mem, sid, "append", callbacks, label="running append")
+    with anyio.fail_after(5):
+        await held.started.wait()
+    await submit(mem, sid, "close", callbacks)
+    extraction = llm.hold("semantic")
+    outcome: list[object] = []
+
+    async def late_append() -> None:
+        try:
+            outcome.append(await mem.append(sid, "walk late", "go late"))
+        except mnemo.SessionError as exc:
+            outcome.append(exc.reason)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(late_append)
+        held.release()
+    results = await callbacks.wait(2)
+    assert [(r.ok, r.value) for _, r in results] == [(True, "appended"), (True, "closed")]
+    assert outcome == ["extraction_in_progress"]
+    extraction.release()
+
+
 @pytest.mark.parametrize("close", ["close", "close_async"])
 async def test_a_close_from_an_appends_callback_runs(
     mem: mnemo.Memory, events: EventLog, close: str

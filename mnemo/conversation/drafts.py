@@ -106,7 +106,7 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
         raise InvalidInputError(
             f"{where} has no content (only a message with tool_calls may leave it out)")
     if isinstance(raw_content, str):
-        content = raw_content[:limit] if kept else raw_content
+        content = raw_content
     elif raw_content is None or isinstance(raw_content, list):
         content = parts_text(raw_content or [])
         if isinstance(raw_content, list) and not all(
@@ -129,13 +129,13 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
         data = json.loads(json.dumps(data, sort_keys=True, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{where} is not JSON-serialisable: {exc}") from exc
-    text = check_text(search_text(content, calls or []), f"{where}.content", limit=limit,
+    # A kept item's search text is its first `limit` characters; it costs what all of it does.
+    searched = search_text(content, calls or [])
+    text = check_text(searched[:limit] if kept else searched, f"{where}.content", limit=limit,
                       blank_ok=True)
     check_json({k: v for k, v in data.items() if k not in ("content", ITEM_KEY)}, where,
                limit=limit)
-    # A kept item costs what its whole text does, though search reads the first `limit`.
-    shown = raw_content if kept and isinstance(raw_content, str) else text
-    return MessageDraft(role, content, data, text, count_tokens(shown) + MESSAGE_OVERHEAD,
+    return MessageDraft(role, content, data, text, count_tokens(searched) + MESSAGE_OVERHEAD,
                         message_key(message, index))
 
 
@@ -147,16 +147,14 @@ def message_key(message: Mapping[str, object], index: int) -> bytes:
     """The digest of what `save` compares of a message (`COMPARED`); InvalidInputError when
     they are not JSON-serialisable."""
     role, content = message.get("role"), message.get("content")
-    # An item kept whole is compared by itself: the message stores its content cut.
-    compared = ("role", ITEM_KEY) if ITEM_KEY in message else COMPARED
     if isinstance(role, str) and isinstance(content, str) and not any(
-        key in message for key in (ITEM_KEY, *COMPARED[2:])
+        key in message for key in COMPARED[2:]
     ):
         # Most messages: a third of the time JSON takes (no "[" starts this form).
         text = f"{len(role)}:{role}{content}"
     else:
         try:
-            text = json.dumps({k: message[k] for k in compared if k in message}, sort_keys=True)
+            text = json.dumps({k: message[k] for k in COMPARED if k in message}, sort_keys=True)
         except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidInputError(f"messages[{index}] is not JSON-serialisable: {exc}") from exc
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()

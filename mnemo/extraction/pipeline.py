@@ -254,7 +254,7 @@ def _step_dicts(steps: list[StepRecord], work: _Round | None = None) -> list[JSO
 
 def failure_reason(exc: BaseException) -> str:
     """The `PipelineError` reason for an extraction that raised `exc`."""
-    if isinstance(exc, TimeoutError) and not isinstance(exc, LLMError):
+    if isinstance(exc, TimeoutError) and not isinstance(exc, AdapterError):
         return "extraction_timeout"
     return "extraction_failed"
 

@@ -46,6 +46,8 @@ async def embed_within(embedder: Embedder, texts: Sequence[str], seconds: float)
     try:
         with fail_after(seconds):
             return await embed(embedder, texts)
+    except EmbeddingError:
+        raise  # the embedder's own, an `EmbeddingTimeout` too
     except TimeoutError as exc:
         raise EmbeddingError(
             f"the embedder took more than {seconds:g} s for {len(texts)} texts") from exc

@@ -178,11 +178,11 @@ class ResultSelection:
             stand_in = None if place in self._claimed else next(
                 (s for s in self.stand_ins.get(place, ()) if s[1].id not in self._taken), None)
             if stand_in is not None:
-                if node.type is not N.EPISODIC and stand_in[1].id != node.id:
+                if defer and node.type is not N.EPISODIC and stand_in[1].id != node.id:
                     self.deferred.append(item)  # a fact of the step beside the one standing in
                 node, candidate = stand_in[1], stand_in[2]
                 score = max(score, stand_in[0])
-            if node.id in self._taken or score < self._min_score.get(node.type, 0.0):
+            if not self._fits(node, score):
                 continue
             step = self.steps.get(node.id)
             if step is not None and node.type is N.EPISODIC and step in self._claimed:
@@ -192,13 +192,7 @@ class ResultSelection:
                     step in self._returned or node.id not in self.strong):
                 self.deferred.append(item)
                 continue
-            if self._per_type.get(node.type, 0) >= self._top_k.get(node.type, 1_000_000):
-                continue
-            # Nodes of one wording are one answer, the better placed; steps are each their own.
-            said = " ".join(node.text.casefold().split()) if node.type is not N.EPISODIC else None
-            if said is not None and said in self._said:
-                continue
-            if said is not None:
+            if (said := _wording(node)) is not None:
                 self._said.add(said)
             self._per_type[node.type] = self._per_type.get(node.type, 0) + 1
             self._taken.add(node.id)
@@ -210,6 +204,18 @@ class ResultSelection:
                     self._returned.add(step)
             self.ranked.append(Recalled(node, score, candidate.phase, candidate.hop,
                                         evidence=tuple(map(NodeId, self.sources.get(node.id, ())))))
+
+    def _fits(self, node: Node, score: float) -> bool:
+        """Whether `node` at `score` may still be a result: not taken, within its type's minimum
+        score and top-k, and of a wording not returned yet."""
+        return (node.id not in self._taken and score >= self._min_score.get(node.type, 0.0)
+                and self._per_type.get(node.type, 0) < self._top_k.get(node.type, 1_000_000)
+                and _wording(node) not in self._said)
+
+
+def _wording(node: Node) -> str | None:
+    """What makes nodes one answer, the better placed: their words (a step is its own)."""
+    return " ".join(node.text.casefold().split()) if node.type is not N.EPISODIC else None
 
 
 class Trace:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -276,6 +277,10 @@ class TicketQueue:
             event.set()
 
 
+# The session whose operation's callback runs in this context.
+CALLED_BACK: ContextVar[SessionRecord | None] = ContextVar("mnemo_called_back", default=None)
+
+
 @dataclass(eq=False)
 class SessionRecord:
     """One live session of this Memory, the model its machine moves. Not slotted: the machine
@@ -359,10 +364,13 @@ class SessionRecord:
 
     async def after_accepted(self) -> None:
         """Returns once the operations accepted before this call have run (or an extraction
-        holds the rest back): a synchronous call keeps call order with the queue."""
-        ahead = {id(op) for op in (self.running, *self.pending) if op is not None}
-        while not self.ended and self.state is not S.EXTRACTING and ahead & {
-                id(op) for op in (self.running, *self.pending) if op is not None}:
+        holds the rest back): a synchronous call keeps call order with the queue. A call from
+        an operation's callback goes first: the next operation waits for the callback."""
+        if CALLED_BACK.get() is self:
+            return
+        ahead = [op for op in (self.running, *self.pending) if op is not None]
+        while not self.ended and self.state is not S.EXTRACTING and any(
+                op is self.running or any(op is p for p in self.pending) for op in ahead):
             await self.changed.wait()
 
     def advance(self, version: int) -> None:

@@ -20,6 +20,7 @@ import anyio
 from mnemo.errors import InvalidInputError, MnemoError, NotFoundError, SessionError, StorageError
 from mnemo.session import registry, transitions
 from mnemo.session.machine import (
+    CALLED_BACK,
     VALUES,
     Callback,
     Op,
@@ -80,8 +81,7 @@ async def _accept(live: Sessions, session: SessionRecord, kind: str, args: tuple
     if refusal(session, kind, appends=session.appends_in_flight) is not None:
         raise SessionError("invalid_operation", state=session.state, session_id=session.id)
     accept(session, op)
-    session.running = op
-    live.spawn(session, _run_op, live, session, op)
+    _start(live, session, op)
 
 
 async def _queue(live: Sessions, session: SessionRecord, op: Op) -> None:
@@ -131,7 +131,15 @@ def _check_queue(session: SessionRecord, queued: int, projected: State | None) -
 def accept(session: SessionRecord, op: Op) -> None:
     if op.kind == "append":
         session.appends_in_flight += 1
+
+
+def _start(live: Sessions, session: SessionRecord, op: Op) -> None:
+    """Runs `op`; an append takes its turn among the appends now (a queued one when it starts:
+    a sync append in the callback of the operation before it goes first)."""
+    if op.kind == "append" and op.ticket is None:
         op.ticket = session.ticket_queue.take()
+    session.running = op
+    live.spawn(session, _run_op, live, session, op)
 
 
 def awaits_handover(live: Sessions, session: SessionRecord) -> bool:
@@ -213,7 +221,11 @@ async def _finish_op(session: SessionRecord, op: Op, result: OpResult) -> None:
     if session.running is op:
         session.running = None
     session.notify()
-    await deliver(op.callback, result)
+    called = CALLED_BACK.set(session)
+    try:
+        await deliver(op.callback, result)
+    finally:
+        CALLED_BACK.reset(called)
 
 
 def start_next(live: Sessions, session: SessionRecord) -> None:
@@ -224,9 +236,7 @@ def start_next(live: Sessions, session: SessionRecord) -> None:
         return  # started once what this Memory stored is queued
     if session.state is S.EXTRACTING or session.background:
         return
-    op = session.pending.popleft()
-    session.running = op
-    live.spawn(session, _run_op, live, session, op)
+    _start(live, session, session.pending.popleft())
 
 
 async def fail_pending(live: Sessions, session: SessionRecord, reason: str) -> None:

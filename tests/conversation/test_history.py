@@ -120,17 +120,17 @@ async def test_a_ttl_erased_prefix_still_extends(store: str) -> None:
 
 
 async def test_an_item_kept_whole_past_the_bound_still_extends_after_a_pop(store: str) -> None:
-    """A message holding an item kept whole (`openai_item`) stores its content cut to the
-    bound, and is compared by its item: after a `pop` (which makes `save` compare message by
-    message) the same history extends. Before, its cut content never matched the caller's and
-    every later save of the thread was refused."""
+    """A message holding an item kept whole (`openai_item`) past the bound is stored whole,
+    search reading the bound's worth: after a `pop` (which makes `save` compare message by
+    message) the same history extends. Before, its content was stored cut, never matched the
+    caller's, and every later save of the thread was refused."""
     config = mnemo.Config(max_text_chars=100)
     async with mnemo.Memory(store, embedder=FakeEmbedder(), config=config) as mem:
         conv = mem.conversation()
         page = {"type": "function_call_output", "call_id": "c", "output": "x" * 500}
         first = {"role": "tool", "content": "x" * 500, "openai_item": page}
         await conv.save("t", [first, user("hi")])
-        assert [len(m.content) for m in await conv.raw("t")] == [100, 2]
+        assert [len(m.content) for m in await conv.raw("t")] == [500, 2]
         await conv.pop("t")
         added = await conv.save("t", [first, user("again")])
         assert [m.content for m in added] == ["again"]

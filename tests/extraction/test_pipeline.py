@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import pytest
 
 import mnemo
 from mnemo.calls.tasks import task_inputs
@@ -323,3 +324,23 @@ async def test_intent_merge_uses_the_llm_and_keeps_links(
         assert procedure.text == "go"
         steps = await mem.get_linked_nodes(REPO, [procedure.id], L.PROVENANCE)
         assert sorted(str(s.data["observation"]) for s in steps) == ["run east", "walk north"]
+
+
+async def test_a_models_timeout_is_a_failed_extraction_whichever_model() -> None:
+    """An embedder's timeout (`EmbeddingTimeout`) fails an extraction as an LLM's does
+    ("extraction_failed"; "extraction_timeout" is the extraction's own deadline), and a
+    deadline around the embedder passes it through as itself."""
+    from mnemo.extraction.pipeline import failure_reason
+    from mnemo.graph.vectors import embed_within
+
+    assert failure_reason(mnemo.EmbeddingTimeout("slow")) == "extraction_failed"
+    assert failure_reason(mnemo.LLMTimeout("slow")) == "extraction_failed"
+    assert failure_reason(TimeoutError()) == "extraction_timeout"
+
+    class Slow(FakeEmbedder):
+        async def embed(self, texts: Sequence[str]) -> Sequence[Sequence[float]]:
+            raise TimeoutError("no answer")
+
+    with pytest.raises(mnemo.EmbeddingTimeout) as caught:
+        await embed_within(Slow(), ["x"], 5)
+    assert isinstance(caught.value.__cause__, TimeoutError)

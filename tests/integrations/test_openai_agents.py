@@ -147,8 +147,8 @@ async def test_a_tool_output_past_the_text_bound_is_kept_whole_under_the_runner(
 ) -> None:
     """A tool that returns 150,000 characters (past `Config.max_text_chars`, and past its
     ceiling) does not fail `Runner.run`: the next turn's request carries the whole output,
-    `get_items` gives it back whole, search finds its opening words, its stored text is cut to
-    the bound and its tokens count the whole. So is an answer past the bound kept whole; an
+    `get_items` gives it back whole, search finds its opening words (it reads the bound's worth)
+    and its tokens count the whole. So is an answer past the bound kept whole; an
     item past `MAX_ITEM_CHARS` is refused, storing nothing."""
     from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
     from openai import AsyncOpenAI
@@ -181,13 +181,12 @@ async def test_a_tool_output_past_the_text_bound_is_kept_whole_under_the_runner(
     items: list[Any] = await session.get_items()
     assert [i["output"] for i in items if i.get("type") == "function_call_output"] == [page]
     assert items[3]["content"][0]["text"] == long_answer
-    limit = mnemo.Config().max_text_chars
     stored = await mem.conversation().raw("reader")
     output = next(m for m in stored if m.role == "tool")
-    assert output.content == page[:limit]
+    assert output.content == page
     assert output.data[ITEM_KEY] == items[2]
     assert output.tokens > count_tokens(page)  # the whole page's cost, not the cut's
-    assert stored[3].content == long_answer[:limit]
+    assert stored[3].content == long_answer
     assert [h.seq for h in await mem.search_messages("zebrafinch")] == [output.seq]
     assert [h.seq for h in await mem.search_messages("kingfisher")] == [3]
     huge = {"type": "function_call_output", "call_id": "c", "output": "y" * MAX_ITEM_CHARS}

@@ -213,6 +213,23 @@ def test_a_steps_facts_follow_it_when_k_has_room() -> None:
         "proc", "fact"]
 
 
+def test_a_stand_in_that_cannot_be_returned_ends_the_selection() -> None:
+    """A procedure that may stand in for a step but repeats a returned one's wording is
+    refused, and the selection ends with the deferred list as long as what it was given.
+    Before, the second pass appended the fact it stood for to the list it read, without end."""
+    first, again = node("p1", N.PROCEDURAL), node("p2", N.PROCEDURAL)
+    first, again = replace(first, text="go north"), replace(again, text="Go  north")
+    fact = node("f2", N.SEMANTIC)
+    items = [(s, n, Candidate(s, "hybrid", 0)) for s, n in [(0.9, first), (0.8, fact)]]
+    stand_in = (0.7, again, Candidate(0.7, "hybrid", 0))
+    picks = ResultSelection(mnemo.Config(), 10, {"p1": "s1", "p2": "s2", "f2": "s2"},
+                            {}, {"s2": [stand_in]}, set())
+    picks.take(items)
+    picks.take(picks.deferred, defer=False)
+    assert [r.node.id for r in picks.ranked][:1] == ["p1"]
+    assert len(picks.deferred) <= len(items)
+
+
 def recalled(node: Node, score: float, evidence: tuple[str, ...] = ()) -> Recalled:
     return Recalled(node, score, "hybrid", 0, evidence=tuple(map(NodeId, evidence)))
 

@@ -506,6 +506,41 @@ async def test_a_sync_call_keeps_call_order_with_the_queue(
     extraction.release()
 
 
+async def test_a_sync_call_from_a_callback_goes_before_the_queued_operations(
+    mem: mnemo.Memory, llm: FakeLLM
+) -> None:
+    """A sync append made in an operation's callback, while another append waits in the
+    queue, runs at once (the queued one starts after the callback, then takes its turn).
+    Before, the sync append waited for the queued append's turn, taken when it was accepted,
+    which waited for the callback: both hung, and so did the Memory's close."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    held = llm.hold("state")
+    order: list[str] = []
+    appended = anyio.Event()
+
+    async def then_append(result: mnemo.OpResult) -> None:
+        order.append(f"first: {result.value}")
+        info = await mem.append(sid, "walk inside", "go inside")
+        order.append(f"sync append {info.index}")
+        appended.set()
+
+    await mem.append_async(sid, "walk north", "go north", callback=then_append)
+    with anyio.fail_after(5):
+        await held.started.wait()
+    done = anyio.Event()
+
+    def second(result: mnemo.OpResult) -> None:
+        order.append(f"second: {result.value}")
+        done.set()
+
+    await mem.append_async(sid, "walk east", "go east", callback=second)
+    held.release()
+    with anyio.fail_after(10):
+        await done.wait()
+        await appended.wait()
+    assert order == ["first: appended", "sync append 1", "second: appended"]
+
+
 @pytest.mark.parametrize("close", ["close", "close_async"])
 async def test_a_close_from_an_appends_callback_runs(
     mem: mnemo.Memory, events: EventLog, close: str

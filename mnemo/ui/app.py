@@ -20,7 +20,13 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from mnemo.errors import ConflictError, InvalidInputError, MnemoError, NotFoundError
+from mnemo.errors import (
+    MAX_TOKEN_BUDGET,
+    ConflictError,
+    InvalidInputError,
+    MnemoError,
+    NotFoundError,
+)
 from mnemo.graph.history import CommitDiff, goals as commit_goals
 from mnemo.graph.model import Link, LinkType, Node, NodeType, steps_of
 from mnemo.graph.reads import node_types
@@ -49,8 +55,8 @@ PICTURE_NODES = 160
 PICTURE_HOPS = 2
 # The thread page's default budget: a typical agent's context share for its history.
 DEFAULT_BUDGET = 8000
-# A budget no thread reaches: the viewport at it lists every snapshot and pin.
-ALL_TOKENS = 10**12
+# The largest budget: the viewport at it lists every snapshot and pin of a thread below it.
+ALL_TOKENS = MAX_TOKEN_BUDGET
 
 _STATUS = ((NotFoundError, 404), (InvalidInputError, 400), (ConflictError, 409))
 ViewFactory = Callable[[], AbstractAsyncContextManager[MemorySource]]
@@ -329,7 +335,7 @@ async def thread_page(request: Request) -> Response:
     where it stands, with links to the pages before and after."""
     mem, params = view_of(request).memory, request.query_params
     thread_id = required(params, "id")
-    budget = whole(params, "budget", DEFAULT_BUDGET, low=1, high=10_000_000)
+    budget = whole(params, "budget", DEFAULT_BUDGET, low=1, high=MAX_TOKEN_BUDGET)
     known = {t.id: t for t in await mem.list_threads()}
     if (thread := known.get(thread_id)) is None:
         raise NotFoundError("thread", thread_id)

@@ -96,4 +96,3 @@ def is_kept_beside(path: Path, store: str) -> bool:
             and name.suffix == ".lock")
         for base in {Path(store).absolute(), Path(store).resolve()} for name in names
         for k in [Path(f"{base}{tail}") for tail in _BESIDE])
-

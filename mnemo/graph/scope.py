@@ -86,9 +86,12 @@ def parse_where(pairs: Iterable[str]) -> JSONObject | None:
 
 def encoded(value: Scalar) -> str:
     """A value as the scope index holds it: its JSON, an integral float as its integer."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return json.dumps(value)
+    return json.dumps(_integral(value) if isinstance(value, float) else value)
+
+
+def _integral(value: float) -> int | float:
+    """An integral float as its integer, any other float as it is."""
+    return int(value) if value.is_integer() else value
 
 
 def indexed(value: str) -> str:
@@ -137,7 +140,7 @@ def _value(value: object, what: str) -> Scalar:
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidInputError(f"{what} must be a finite number, got {value!r}")
-        return int(value) if value.is_integer() else value
+        return _integral(value)
     if isinstance(value, str):
         return check_text(value, what, limit=MAX_VALUE_CHARS, blank_ok=True, setting=None)
     raise InvalidInputError(

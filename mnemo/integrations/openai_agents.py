@@ -98,16 +98,18 @@ def _message(item: Mapping[str, object], limit: int) -> Mapping[str, object]:
     """The message that stores `item` (anything but a dict is left for `append` to refuse): a
     message item of at most `limit` characters of text as it is, another (or one holding
     `ITEM_KEY` itself) kept whole in its data, its text cut to `limit` for search."""
-    if not isinstance(item, Mapping) or (
-            "role" in item and ITEM_KEY not in item and len(_text(item)) <= limit):
+    if not isinstance(item, Mapping):
+        return item
+    text = _text(item)
+    if "role" in item and ITEM_KEY not in item and len(text) <= limit:
         return item
     kind = item.get("type")
     role = "tool" if isinstance(kind, str) and kind.endswith("_output") else "assistant"
-    return {"role": item.get("role", role), "content": _text(item), ITEM_KEY: dict(item)}
+    return {"role": item.get("role", role), "content": text, ITEM_KEY: dict(item)}
 
 
 def _text(item: Mapping[str, object]) -> str:
-    """What search and eviction read of an item without a role."""
+    """What search and eviction read of an item."""
     for key in ("output", "summary", "content"):
         value = item.get(key)
         if isinstance(value, str):

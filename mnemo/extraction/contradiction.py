@@ -8,6 +8,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Protocol
 
+import anyio
+
 from mnemo.calls.retry import fail_after
 from mnemo.calls.schema import MOST_ITEMS, Reply, bounded, items, reply_schema
 from mnemo.calls.tasks import ask, read_reply, task_request
@@ -73,6 +75,37 @@ def parse_contradiction(resp: LLMResponse, pairs: Sequence[tuple[int, int]],
     return ended
 
 
+async def merged_intents(llm: LLM, pairs: Sequence[tuple[str, str]]) -> dict[int, str]:
+    """Pair index -> the merged wording of each (existing, new) intent pair: several in one
+    "merge_intents" call; one pair, or pairs the model refused that call for (the contract's
+    table lists only "merge_intent"), in one "merge_intent" call a pair, at once, where a
+    failed pair stays unmerged (absent)."""
+    if len(pairs) == 1:
+        existing, new = pairs[0]
+        return {0: await ask(llm, merge_intent_request(existing=existing, new=new),
+                             parse_merged_intent)}
+    try:
+        return await ask(llm, merge_intents_request(list(pairs)),
+                         lambda reply: parse_merged_intents(reply, len(pairs)))
+    except LLMError as exc:
+        if isinstance(exc, TimeoutError):
+            raise
+        log.info("a batch of intent merges was refused, asking pair by pair: %r", exc)
+    texts: dict[int, str] = {}
+
+    async def one(index: int, existing: str, new: str) -> None:
+        try:
+            texts[index] = await ask(llm, merge_intent_request(existing=existing, new=new),
+                                     parse_merged_intent)
+        except LLMError as exc:
+            log.warning("an intent merge failed, keeping %r: %r", existing, exc)
+
+    async with anyio.create_task_group() as group:
+        for index, (existing, new) in enumerate(pairs):
+            group.start_soon(one, index, existing, new)
+    return texts
+
+
 class Embedding(Protocol):
     embedder: Embedder
     generation: int
@@ -92,14 +125,7 @@ def intent_policy(
     async def merge(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, Vector] | None]:
         try:
             with fail_after(limit):
-                if len(pairs) == 1:
-                    existing, new = pairs[0]
-                    texts = {0: await ask(llm, merge_intent_request(existing=existing, new=new),
-                                          parse_merged_intent)}
-                else:
-                    texts = await ask(llm, merge_intents_request(list(pairs)),
-                                      lambda reply: parse_merged_intents(reply, len(pairs)))
-                merged = sorted(texts.items())
+                merged = sorted((await merged_intents(llm, pairs)).items())
                 vectors = await embed(embedder, [text for _, text in merged])
         except (LLMError, EmbeddingError, TimeoutError) as exc:
             log.warning("intent merges failed, keeping the existing wordings: %r", exc)

@@ -326,6 +326,50 @@ async def test_intent_merge_uses_the_llm_and_keeps_links(
         assert sorted(str(s.data["observation"]) for s in steps) == ["run east", "walk north"]
 
 
+@pytest.mark.parametrize("knows_batches", [True, False])
+async def test_intent_merges_of_one_commit_reach_a_contract_model(
+    store: str, knows_batches: bool
+) -> None:
+    """Several intents of one commit are merged in one "merge_intents" call; a model that
+    answers only the contract's tasks ("merge_intent") still merges each of them, one call a
+    pair (it left them unmerged, as new intents beside the old)."""
+    llm = FakeLLM()
+    if not knows_batches:
+        llm.garbage_tasks.add("merge_intents")
+
+    class TiltedEmbedder:
+        """"do walk" ~ "do run" and "do swim" ~ "do dive" at cosine 0.9; other texts on
+        one of four further axes (the subgoals of a session's two steps on two)."""
+
+        dim = 8
+
+        async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+            table = {"do walk": 0, "do run": 0, "do swim": 1, "do dive": 1}
+            rows = []
+            for text in texts:
+                row = [0.0] * 8
+                if text in table:
+                    row[table[text]] = 0.9 if text in ("do run", "do dive") else 1.0
+                    row[2 + table[text]] = 0.43589 if text in ("do run", "do dive") else 0.0
+                else:
+                    row[4 + sum(map(ord, text)) % 4] = 1.0
+                rows.append(row)
+            return rows
+
+    async with mnemo.Memory(store, llm=llm, embedder=TiltedEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        for pair in (("walk north", "swim east"), ("run south", "dive west")):
+            sid = await mem.start_session("explore", repo=REPO)
+            for observation in pair:
+                await mem.append(sid, observation, "go")
+            await mem.close_and_commit(sid)
+        intents = await mem.get_nodes_by_type(REPO, [N.INTENT])
+    assert sorted(i.text for i in intents) == ["do swim", "do walk"]
+    asked = llm.tasks()
+    assert "merge_intents" in asked  # asked again once when refused
+    assert asked.count("merge_intent") == (0 if knows_batches else 2)
+
+
 async def test_a_models_timeout_is_a_failed_extraction_whichever_model() -> None:
     """An embedder's timeout (`EmbeddingTimeout`) fails an extraction as an LLM's does
     ("extraction_failed"; "extraction_timeout" is the extraction's own deadline), and a

@@ -607,7 +607,11 @@ def task_data(task: str | None, inputs: dict[str, Any]) -> Any:
 def contract_data(task: str | None, inputs: dict[str, Any]) -> Any:
     """The answer of the API contract's task table ("The LLM and embedder ports"), exactly its
     documented shape: facts and procedures without their steps, a procedural reply without
-    the score of the last step it may be asked for. Other tasks as `task_data`."""
+    the score of the last step it may be asked for. Extraction tasks the table does not list
+    ("merge_intents", "contradiction") get prose, as from a model that does not know them;
+    other tasks as `task_data`."""
+    if task in ("merge_intents", "contradiction"):
+        return None
     data = task_data(task, inputs)
     if task == "semantic":
         return {"facts": [{k: f[k] for k in ("proposition", "concepts", "confidence")}

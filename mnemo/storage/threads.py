@@ -55,8 +55,11 @@ class SqlThreads(SqlStore):
     _snippets: Callable[[Statements, Sequence[str], list[int]], Awaitable[dict[int, Row]]]
 
     async def _erased(self, sql: Statements, messages: int) -> None:
-        """What a purge of this many messages does more, inside its transaction (PostgreSQL:
-        nothing, the search vector is a column of the row)."""
+        """What an erasure of this many messages does more, inside its transaction
+        (PostgreSQL: nothing, the search vector is a column of the row)."""
+
+    async def _flush(self) -> None:
+        """What an erasure does more after its transaction (PostgreSQL: nothing)."""
 
     async def state(self, thread_id: str) -> ThreadState | None:
         return await self._driver.read(lambda sql: reads.read_state(sql, thread_id))
@@ -156,9 +159,13 @@ class SqlThreads(SqlStore):
                 for table in ("compactions", "snapshots"):
                     await sql.run(f"DELETE FROM {table} WHERE thread_id = ? AND end_seq < ?",
                                   (thread_id, first))
+                await self._erased(sql, gone)
             return gone
 
-        return await self._driver.write(write)
+        gone = await self._driver.write(write)
+        if gone:
+            await self._flush()
+        return gone
 
     async def pop(self, thread_id: str) -> Message | None:
         async def write(sql: Statements) -> Message | None:
@@ -178,9 +185,13 @@ class SqlThreads(SqlStore):
                 " AND end_seq >= ?",
                 (thread_id, row[2], row[2]),
             )
+            await self._erased(sql, 1)
             return reads.message_from_row(row)
 
-        return await self._driver.write(write)
+        popped = await self._driver.write(write)
+        if popped is not None:
+            await self._flush()
+        return popped
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
         return await self._driver.read(lambda sql: reads.read_compactions(sql, thread_id))
@@ -277,7 +288,8 @@ class SqlThreads(SqlStore):
         async def write(sql: Statements) -> None:
             _, created = await reads.lock_row(
                 sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
-            await reads.delete_thread_rows(sql, thread_id)  # goals of a thread never saved too
+            # Goals of a thread never saved too.
+            await self._erased(sql, await reads.delete_thread_rows(sql, thread_id))
             if created:  # no thread was saved: none made by clearing it
                 await sql.run("DELETE FROM threads WHERE id = ?", (thread_id,))
                 return
@@ -288,6 +300,7 @@ class SqlThreads(SqlStore):
             )
 
         await self._driver.write(write)
+        await self._flush()
 
     async def purge(self, thread_id: str) -> int:
         async def write(sql: Statements) -> int:
@@ -297,7 +310,9 @@ class SqlThreads(SqlStore):
             await self._erased(sql, gone)
             return gone
 
-        return await self._driver.write(write)
+        gone = await self._driver.write(write)
+        await self._flush()
+        return gone
 
     async def add_goal(self, thread_id: str, description: str, now: datetime) -> str:
         goal_id = f"goal_{uuid.uuid4().hex}"

@@ -1,5 +1,6 @@
 """Erasure reaches the disk: after `forget` of an ingested source, of a session or of an
-episode, after `forget_where` and after `purge` of a thread, no file of the store or beside it
+episode, after `forget_where` and after a thread's `purge`, `clear`, `pop` or ttl, no file of the
+store or beside it
 holds a byte of a planted word (SQLite: the file, its WAL, the lexical index's and the HNSW
 graphs' folders; PostgreSQL: the folders beside it, its tables' dead rows being the documented
 VACUUM case).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -267,6 +269,33 @@ async def test_purge_of_a_thread_leaves_no_byte_on_disk(store: str, tmp_path: Pa
         await conv.purge("t")
         assert holding(tmp_path, word, needle) == []
         assert await mem.search_messages(word) == []
+
+
+@pytest.mark.parametrize("erasure", ["pop", "clear", "ttl"])
+async def test_every_erasure_of_messages_leaves_no_byte_on_disk(
+    store: str, tmp_path: Path, erasure: str
+) -> None:
+    """A message that `pop`, `clear` or a thread's ttl erased is in no file while the store is
+    open, and none once it is closed (SQLite: its words stayed in the full-text index's old
+    segments and in the WAL)."""
+    word, needle = planted()
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        conv = mem.conversation(ttl=60, clock=lambda: now)
+        await conv.save("t", [user("the garden"), user(f"remember the {word} release")])
+        if is_sqlite(mem):
+            assert holding(tmp_path, word, needle)
+        if erasure == "ttl":
+            now += timedelta(seconds=61)  # `raw` erases what the ttl ended
+        elif erasure == "pop":
+            assert (await conv.pop("t")) is not None
+        elif erasure == "clear":
+            await conv.clear("t")
+        assert [m.content for m in await conv.raw("t")] == (
+            ["the garden"] if erasure == "pop" else [])
+        assert holding(tmp_path, word, needle) == []
+        assert await mem.search_messages(word) == []
+    assert holding(tmp_path, word, needle) == []
 
 
 async def test_a_forget_wipes_the_slots_of_other_memories(store: str, tmp_path: Path) -> None:

@@ -44,10 +44,8 @@ class SqliteThreads(SqlThreads):
     def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
         return "id >= ? AND id < ?", (prefix, prefix + "\U0010ffff")
 
-    async def purge(self, thread_id: str) -> int:
-        gone = await super().purge(thread_id)
+    async def _flush(self) -> None:
         await self._driver.run(truncate_wal)
-        return gone
 
     async def _erased(self, sql: Statements, messages: int) -> None:
         if messages:  # deleted words stay in old segments until a merge

@@ -416,8 +416,6 @@ def top_k(
 ) -> list[Message]:
     """The `k` messages whose vectors are most cosine-similar to `query`; ties go to the newer
     message. Returned by seq."""
-    if not messages:
-        return []
     scores = unit(vectors) @ unit(query)[0]  # a zero vector scores 0
     # Sort by score, then by recency (seq): lexsort takes its primary key last.
     order = np.lexsort((-np.array([m.seq for m in messages]), -scores))[:k]

@@ -25,11 +25,11 @@ import json
 import operator
 import threading
 import uuid
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from mnemo.conversation.service import KeyedLocks
 from mnemo.errors import InvalidInputError, check_json, check_text, has_words
 from mnemo.graph.model import Node, NodeType
 from mnemo.graph.scope import MAX_VALUE_CHARS, Metadata, check_metadata
@@ -77,8 +77,7 @@ class MnemoStore(BaseStore):
             self._loop = None
         self._thread = threading.get_ident()  # the loop's, when there is one
         # A lock per key being put (by `_digest`): this store's puts of one key run in turn.
-        self._puts: weakref.WeakValueDictionary[str, asyncio.Lock] = (
-            weakref.WeakValueDictionary())
+        self._puts = KeyedLocks()
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """`abatch`, run on the Memory's event loop and waited for from this thread (RuntimeError on
@@ -159,7 +158,7 @@ class MnemoStore(BaseStore):
         """Writes a new version then forgets the older ones (a None value: forgets them all),
         each with what `Memory.correct` made of it."""
         digest = _digest(json.dumps([list(namespace), key]))
-        async with self._puts.setdefault(digest, asyncio.Lock()):
+        async with self._puts.hold(digest):
             old = await self._versions(namespace, key)
             if value is None:
                 for node in old:

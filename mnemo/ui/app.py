@@ -55,8 +55,6 @@ PICTURE_NODES = 160
 PICTURE_HOPS = 2
 # The thread page's default budget: a typical agent's context share for its history.
 DEFAULT_BUDGET = 8000
-# The largest budget: the viewport at it lists every snapshot and pin of a thread below it.
-ALL_TOKENS = MAX_TOKEN_BUDGET
 
 _STATUS = ((NotFoundError, 404), (InvalidInputError, 400), (ConflictError, 409))
 ViewFactory = Callable[[], AbstractAsyncContextManager[MemorySource]]
@@ -346,7 +344,8 @@ async def thread_page(request: Request) -> Response:
     end = newest - (newest - start - 1) // LIST_LIMIT * LIST_LIMIT
     messages = [m for m in stored if start <= m.seq < end]
     seen = await mem.viewport(thread_id, token_budget=budget)
-    everything = await mem.viewport(thread_id, token_budget=ALL_TOKENS)
+    # At the largest budget the viewport lists every snapshot and pin of a thread below it.
+    everything = await mem.viewport(thread_id, token_budget=MAX_TOKEN_BUDGET)
     return page(request, "thread.html", {
         "thread": thread, "budget": budget, "viewport": seen, "messages": messages,
         "snapshots": everything.snapshots, "pinned": everything.pinned,

@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from mnemo.conversation.model import GOAL_OPEN, Compaction, Goal, Message, MessageView, Snapshot
+from mnemo.conversation.model import (
+    GOAL_OPEN,
+    Compaction,
+    Goal,
+    Message,
+    MessageView,
+    Snapshot,
+    compacted_floor,
+    covered,
+)
 from mnemo.conversation.ports import Shown, ThreadState
 from mnemo.conversation.search import VIEW_SNAPSHOTS
 from mnemo.errors import ConflictError, NotFoundError
@@ -163,6 +173,39 @@ async def read_compactions(sql: Statements, thread_id: str) -> list[Compaction]:
     )
     return [Compaction(thread_id, start, end, text, moment(created))
             for start, end, text, created in rows]
+
+
+async def read_uncompacted(
+    sql: Statements, thread_id: str
+) -> tuple[list[Compaction], list[Message]]:
+    """The thread's compactions and the messages none of them covers, oldest first."""
+    compactions = await read_compactions(sql, thread_id)
+    messages = await read_messages(sql, thread_id, from_seq=compacted_floor(compactions))
+    return compactions, [m for m in messages if not covered(m.seq, compactions)]
+
+
+async def read_recent_turns(
+    sql: Statements, thread_id: str, k: int
+) -> tuple[list[Compaction], list[Message]]:
+    """The thread's compactions and its last `k` turns of messages no compaction covers
+    (a turn starts at a user message), oldest first."""
+    compactions = await read_compactions(sql, thread_id)
+    picked: list[Message] = []
+    turns = 0
+    rows = stream_messages(sql, thread_id, from_seq=compacted_floor(compactions),
+                           newest_first=True)
+    async with aclosing(rows):
+        async for row in rows:
+            message = message_from_row(row)
+            if covered(message.seq, compactions):
+                continue
+            picked.append(message)
+            if message.starts_turn:
+                turns += 1
+                if turns == k:
+                    break
+    picked.reverse()
+    return compactions, picked
 
 
 async def read_view(sql: Statements, message_id: str, radius: int) -> MessageView:

@@ -22,8 +22,6 @@ from mnemo.conversation.model import (
     SearchHit,
     Snapshot,
     ThreadInfo,
-    compacted_floor,
-    covered,
     replaced_compactions,
 )
 from mnemo.conversation.ports import (
@@ -40,7 +38,7 @@ from mnemo.graph.model import Vector
 from mnemo.graph.scope import Metadata, Where
 from mnemo.storage import thread_rows as reads
 from mnemo.storage.row import Row
-from mnemo.storage.sql import SqlStore, Statements, marks, moment, number, utc
+from mnemo.storage.sql import SqlStore, Statements, T, Work, marks, moment, number, utc
 
 
 class SqlThreads(SqlStore):
@@ -58,8 +56,10 @@ class SqlThreads(SqlStore):
         """What an erasure of this many messages does more, inside its transaction
         (PostgreSQL: nothing, the search vector is a column of the row)."""
 
-    async def _flush(self) -> None:
-        """What an erasure does more after its transaction (PostgreSQL: nothing)."""
+    async def _erase(self, write: Work[T]) -> T:
+        """`write`, a transaction that erases messages, then what the backend does after it
+        (SQLite: truncates the WAL; PostgreSQL: nothing)."""
+        return await self._driver.write(write)
 
     async def state(self, thread_id: str) -> ThreadState | None:
         return await self._driver.read(lambda sql: reads.read_state(sql, thread_id))
@@ -162,10 +162,7 @@ class SqlThreads(SqlStore):
                 await self._erased(sql, gone)
             return gone
 
-        gone = await self._driver.write(write)
-        if gone:
-            await self._flush()
-        return gone
+        return await self._erase(write)
 
     async def pop(self, thread_id: str) -> Message | None:
         async def write(sql: Statements) -> Message | None:
@@ -188,10 +185,7 @@ class SqlThreads(SqlStore):
             await self._erased(sql, 1)
             return reads.message_from_row(row)
 
-        popped = await self._driver.write(write)
-        if popped is not None:
-            await self._flush()
-        return popped
+        return await self._erase(write)
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
         return await self._driver.read(lambda sql: reads.read_compactions(sql, thread_id))
@@ -204,37 +198,12 @@ class SqlThreads(SqlStore):
             lambda sql: number(sql, "SELECT count(*) FROM messages WHERE thread_id = ?", thread_id))
 
     async def uncompacted(self, thread_id: str) -> tuple[list[Compaction], list[Message]]:
-        async def read(sql: Statements) -> tuple[list[Compaction], list[Message]]:
-            compactions = await reads.read_compactions(sql, thread_id)
-            messages = await reads.read_messages(
-                sql, thread_id, from_seq=compacted_floor(compactions))
-            return compactions, [m for m in messages if not covered(m.seq, compactions)]
-
-        return await self._driver.together(read)
+        return await self._driver.together(lambda sql: reads.read_uncompacted(sql, thread_id))
 
     async def recent_turns(
         self, thread_id: str, k: int
     ) -> tuple[list[Compaction], list[Message]]:
-        async def read(sql: Statements) -> tuple[list[Compaction], list[Message]]:
-            compactions = await reads.read_compactions(sql, thread_id)
-            picked: list[Message] = []
-            turns = 0
-            rows = reads.stream_messages(sql, thread_id, from_seq=compacted_floor(compactions),
-                                         newest_first=True)
-            async with aclosing(rows):
-                async for row in rows:
-                    message = reads.message_from_row(row)
-                    if covered(message.seq, compactions):
-                        continue
-                    picked.append(message)
-                    if message.starts_turn:
-                        turns += 1
-                        if turns == k:
-                            break
-            picked.reverse()
-            return compactions, picked
-
-        return await self._driver.together(read)
+        return await self._driver.together(lambda sql: reads.read_recent_turns(sql, thread_id, k))
 
     async def add_compaction(
         self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime,
@@ -299,8 +268,7 @@ class SqlThreads(SqlStore):
                 (thread_id,),
             )
 
-        await self._driver.write(write)
-        await self._flush()
+        await self._erase(write)
 
     async def purge(self, thread_id: str) -> int:
         async def write(sql: Statements) -> int:
@@ -310,9 +278,7 @@ class SqlThreads(SqlStore):
             await self._erased(sql, gone)
             return gone
 
-        gone = await self._driver.write(write)
-        await self._flush()
-        return gone
+        return await self._erase(write)
 
     async def add_goal(self, thread_id: str, description: str, now: datetime) -> str:
         goal_id = f"goal_{uuid.uuid4().hex}"

@@ -19,7 +19,7 @@ from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, marks
+from mnemo.storage.sql import Statements, T, Work, marks
 from mnemo.storage.sqlite.database import Database, file_uri, storage_error, truncate_wal
 from mnemo.storage.sqlite.graph import SqliteGraph, SqliteSessions, match_expression
 from mnemo.storage.thread_rows import SearchQuery
@@ -44,8 +44,10 @@ class SqliteThreads(SqlThreads):
     def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
         return "id >= ? AND id < ?", (prefix, prefix + "\U0010ffff")
 
-    async def _flush(self) -> None:
+    async def _erase(self, write: Work[T]) -> T:
+        done = await self._driver.write(write)
         await self._driver.run(truncate_wal)
+        return done
 
     async def _erased(self, sql: Statements, messages: int) -> None:
         if messages:  # deleted words stay in old segments until a merge

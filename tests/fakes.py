@@ -20,8 +20,8 @@ import anyio
 import pytest
 
 import mnemo
-from mnemo.adapters._contradiction import contradicts as offline_contradicts
 from mnemo.calls.tasks import task_inputs
+from mnemo.graph.contradiction import contradicts as offline_contradicts
 from mnemo.session import extracting
 from mnemo.storage.ports import Backend
 from mnemo.storage.sqlite import SqliteBackend

@@ -11,7 +11,6 @@ import re
 from collections.abc import Callable
 
 from mnemo import cpu, text as _text
-from mnemo.adapters import _contradiction
 from mnemo.adapters._offline_common import (
     Answer,
     Inputs,
@@ -24,6 +23,7 @@ from mnemo.adapters._offline_common import (
 from mnemo.adapters._offline_memory import HANDLERS as MEMORY_HANDLERS
 from mnemo.calls.tasks import unit_score
 from mnemo.errors import LLMError
+from mnemo.graph.contradiction import contradicts
 from mnemo.ports import JSONObject, LLMRequest, LLMResponse, Usage
 from mnemo.recall.query import offline_plan
 
@@ -275,7 +275,7 @@ def _merge_intents(inputs: Inputs) -> Answer:
 def _contradiction_task(inputs: Inputs) -> Answer:
     return {"contradicted": [
         i if pair.index is None else pair.index for i, pair in enumerate(inputs.pairs)
-        if _contradiction.contradicts(pair.existing.strip(), pair.new.strip())]}
+        if contradicts(pair.existing.strip(), pair.new.strip())]}
 
 
 def _recall_plan(inputs: Inputs) -> Answer:

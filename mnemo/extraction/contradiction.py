@@ -22,7 +22,7 @@ from mnemo.extraction.prompts import (
     parse_merged_intent,
     parse_merged_intents,
 )
-from mnemo.graph.contradiction import Question
+from mnemo.graph.contradiction import Question, contradicts as contradicts_offline
 from mnemo.graph.model import Changeset, Vector
 from mnemo.graph.ports import IntentPolicy
 from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, embed
@@ -141,9 +141,12 @@ def intent_policy(
                     llm, request, lambda reply: parse_contradiction(reply, pairs, len(questions))
                 )
         except (LLMError, TimeoutError) as exc:
-            # Not knowing is not contradicting: the facts stay live.
-            log.warning("contradiction check failed, every fact stays live: %r", exc)
-            return [set() for _ in questions]
+            # A model that cannot judge (the contract's table does not list the task) or
+            # failed: the offline heuristic judges, as the offline LLM does.
+            log.warning("contradiction check failed, judged offline: %r", exc)
+            return [{p for p, existing in enumerate(q.existing)
+                     if contradicts_offline(existing, q.new)}
+                    for q in questions]
 
     async def restamp(changeset: Changeset, generation: int) -> Changeset:
         nonlocal embedder

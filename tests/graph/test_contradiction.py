@@ -10,9 +10,8 @@ from datetime import UTC, datetime
 import pytest
 
 import mnemo
-from mnemo.adapters._contradiction import contradicts
 from mnemo.graph import history
-from mnemo.graph.contradiction import Question
+from mnemo.graph.contradiction import Question, contradicts
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType
 from mnemo.graph.ports import GraphStore, IntentPolicy
 from tests.backends import open_stores
@@ -183,6 +182,25 @@ async def test_ingests_retire_what_they_contradict(mem: mnemo.Memory) -> None:
     assert lisbon.valid_to == datetime(2023, 6, 1, tzinfo=UTC)
     assert not porto.retired
     assert (await mem.history(REPO, limit=1))[0].retired == (lisbon.id,)
+
+
+@pytest.mark.parametrize("reply", ["prose", "error"])
+async def test_a_model_that_cannot_judge_retires_by_the_offline_heuristic(
+    store: str, embedder: FakeEmbedder, reply: str
+) -> None:
+    """A model that answers only the contract's tasks (prose to "contradiction"), or fails it,
+    still retires "Dana lives in Lisbon" once "Dana lives in Porto" is learnt: the offline
+    heuristic judges the pairs (both stayed live)."""
+    llm = FakeLLM()
+    (llm.garbage_tasks if reply == "prose" else llm.fail_tasks).add("contradiction")
+    async with mnemo.Memory(store, llm=llm, embedder=embedder) as mem:
+        await mem.open_repo(REPO)
+        for source, text in (("m", "Dana lives in Lisbon."), ("j", "Dana lives in Porto.")):
+            await mem.ingest(REPO, mnemo.Trajectory("chat", [mnemo.Step(text, "Note it.")]),
+                             source_id=source)
+        facts = {f.text: f for f in await mem.get_nodes_by_type(REPO, [NodeType.SEMANTIC])}
+    assert "contradiction" in llm.tasks()
+    assert [t for t, f in facts.items() if f.retired] == ["fact: Dana lives in Lisbon."]
 
 
 async def test_no_candidates_means_nothing_is_retired(

@@ -165,6 +165,18 @@ async def delete_thread_rows(sql: Statements, thread_id: str) -> int:
     return await sql.run("DELETE FROM messages WHERE thread_id = ?", (thread_id,))
 
 
+async def unsnapshot(sql: Statements, thread_id: str, seq: int) -> None:
+    """Erases every snapshot (of any level) that tells a message from `seq` on, uncovers what
+    an erased fold covered, and moves the eviction boundary back to `seq` if it was past it:
+    the messages those snapshots told are shown as messages again."""
+    await sql.run("UPDATE snapshots SET covered_by = NULL WHERE thread_id = ? AND covered_by IN"
+                  " (SELECT id FROM snapshots WHERE thread_id = ? AND end_seq >= ?)",
+                  (thread_id, thread_id, seq))
+    await sql.run("DELETE FROM snapshots WHERE thread_id = ? AND end_seq >= ?", (thread_id, seq))
+    await sql.run("UPDATE threads SET boundary_seq = ? WHERE id = ? AND boundary_seq > ?",
+                  (seq, thread_id, seq))
+
+
 async def read_compactions(sql: Statements, thread_id: str) -> list[Compaction]:
     rows = await sql.rows(
         "SELECT start_seq, end_seq, summary_text, created_at FROM compactions"

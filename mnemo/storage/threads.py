@@ -156,6 +156,9 @@ class SqlThreads(SqlStore):
             if gone:
                 first = await number(sql, "SELECT coalesce(min(seq), ?) FROM messages"
                                      " WHERE thread_id = ?", state.next_seq, thread_id)
+                if await sql.rows("SELECT 1 FROM snapshots WHERE thread_id = ? AND start_seq < ?"
+                                  " AND end_seq >= ? LIMIT 1", (thread_id, first, first)):
+                    await reads.unsnapshot(sql, thread_id, first)  # it told erased ones too
                 for table in ("compactions", "snapshots"):
                     await sql.run(f"DELETE FROM {table} WHERE thread_id = ? AND end_seq < ?",
                                   (thread_id, first))
@@ -182,6 +185,7 @@ class SqlThreads(SqlStore):
                 " AND end_seq >= ?",
                 (thread_id, row[2], row[2]),
             )
+            await reads.unsnapshot(sql, thread_id, row[2])
             await self._erased(sql, 1)
             return reads.message_from_row(row)
 

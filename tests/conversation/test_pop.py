@@ -146,3 +146,50 @@ async def test_a_save_refuses_a_history_another_memory_popped_and_extended_meanw
         with pytest.raises(mnemo.InvalidInputError, match="differs"):
             await a.save("t", [user("q"), assistant("wrong"), user("more"), user("next")])
         assert [m.content for m in await a.raw("t")] == ["q", "wrong", "other"]
+
+
+async def test_a_popped_message_leaves_no_snapshot_telling_it(cmem: mnemo.Memory) -> None:
+    """Popping messages eviction had folded into snapshots erases those snapshots too (a
+    fold of them as well), and moves the boundary back: what they told of the messages left
+    is shown as messages again, so nothing hides, and nothing tells a popped word."""
+    words = ["xylophone", "quark", "pelican", "sprocket", "cascade", "anvil", "marmot", "lattice"]
+    conv = cmem.conversation(auto_evict_budget=120)
+    for i, word in enumerate(words):
+        await conv.append("t", [user(f"Note {i}: the codeword is {word}. " + "filler " * 12)])
+    before = await cmem.viewport("t", token_budget=100_000)
+    assert before.snapshots
+    assert before.boundary_seq > 0
+    while len(await conv.raw("t")) > 2:
+        popped = await conv.pop("t")
+        assert popped is not None
+        view = await cmem.viewport("t", token_budget=100_000)
+        told = " ".join(s.text for s in view.snapshots)
+        assert not any(w in told for w in words[popped.seq:])
+        kept = {m.seq for m in await conv.raw("t")}
+        shown = {m.seq for m in view.messages} | {
+            seq for s in view.snapshots for seq in range(s.start_seq, s.end_seq + 1)}
+        assert kept <= shown
+        assert view.boundary_seq <= popped.seq
+
+
+async def test_a_ttl_that_ends_part_of_a_snapshot_erases_it(cmem: mnemo.Memory) -> None:
+    """A snapshot that told messages a thread's ttl erased and messages it kept goes with
+    them: the kept ones are shown as messages again (nothing hides), and no snapshot tells an
+    erased one."""
+    clock = ManualClock()
+    words = ["xylophone", "quark", "pelican", "sprocket", "cascade", "anvil", "marmot", "lattice"]
+    conv = cmem.conversation(auto_evict_budget=120, ttl=3600, clock=clock)
+    for i, word in enumerate(words):
+        await conv.append("t", [user(f"Note {i}: the codeword is {word}. " + "filler " * 12)])
+        clock.advance(seconds=60)
+    [told] = [s for s in (await cmem.viewport("t", token_budget=100_000)).snapshots
+              if s.end_seq > s.start_seq]
+    clock.advance(seconds=3600 - 60 * (len(words) - told.start_seq - 1))  # ends its first
+    kept = {m.seq for m in await conv.raw("t")}
+    assert told.start_seq not in kept
+    assert told.end_seq in kept
+    view = await cmem.viewport("t", token_budget=100_000)
+    assert not any(words[told.start_seq] in s.text for s in view.snapshots)
+    shown = {m.seq for m in view.messages} | {
+        seq for s in view.snapshots for seq in range(s.start_seq, s.end_seq + 1)}
+    assert kept <= shown

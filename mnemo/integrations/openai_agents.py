@@ -12,6 +12,7 @@ Each item is one message (an item without a `role`, or with a text past
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
 from mnemo.conversation.drafts import parts_text
@@ -37,7 +38,8 @@ __all__ = ["ITEM_KEY", "MnemoSession"]
 
 class MnemoSession:
     """The OpenAI Agents SDK's `Session` over the mnemo thread `session_id` of `mem`. With
-    `token_budget`, `get_items()` without a limit gives mnemo's viewport of that budget. Every
+    `token_budget`, each add evicts to it (unless `conversation` evicts to a budget of its own)
+    and `get_items()` without a limit gives mnemo's viewport of that budget. Every
     item added carries `metadata` (a scope such as `{"user_id": "bob"}`): `search_messages(...,
     where=)` finds it, and the viewport's passive recall stays inside it.
 
@@ -58,7 +60,11 @@ class MnemoSession:
         self._metadata = check_metadata(metadata)
         self._mem = mem
         self._token_budget = token_budget
-        self._conversation = conversation or mem.conversation(auto_evict_budget=token_budget)
+        if conversation is None:
+            conversation = mem.conversation(auto_evict_budget=token_budget)
+        elif conversation.auto_evict_budget is None and token_budget is not None:
+            conversation = replace(conversation, auto_evict_budget=token_budget)
+        self._conversation = conversation
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The session's items, oldest first; with `limit` (or `session_settings.limit`), the newest

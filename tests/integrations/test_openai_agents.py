@@ -252,13 +252,16 @@ async def test_concurrent_adds_of_two_memories_are_all_kept(
     assert sorted(runs, key=lambda run: run[0]["content"]) == batches
 
 
-async def test_a_token_budget_gives_the_viewport(mem: mnemo.Memory) -> None:
+@pytest.mark.parametrize("own_manager", [False, True])
+async def test_a_token_budget_gives_the_viewport(mem: mnemo.Memory, own_manager: bool) -> None:
     """With a token budget, adds evict old history into snapshots: get_items() starts with
     one system item holding them and ends with the newest items, while a limit still reads
-    the log's newest items."""
+    the log's newest items; so too through a manager of one's own that has no budget of its
+    own (its adds evicted nothing, and get_items() left the older items out unseen)."""
     from mnemo.integrations.openai_agents import MnemoSession
 
-    session = MnemoSession(mem, "long", token_budget=200)
+    manager = mem.conversation(ttl=3600) if own_manager else None
+    session = MnemoSession(mem, "long", token_budget=200, conversation=manager)
     added: list[Any] = [{"role": "user" if i % 2 == 0 else "assistant",
               "content": f"note {i}: the deployment of service {i} went to the staging cluster"}
              for i in range(30)]

@@ -11,6 +11,7 @@ Each item is one message (an item without a `role`, or with a text past
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
@@ -107,11 +108,27 @@ def _message(item: Mapping[str, object], limit: int) -> Mapping[str, object]:
     if not isinstance(item, Mapping):
         return item
     text = _text(item)
-    if "role" in item and ITEM_KEY not in item and len(text) <= limit:
+    plain = _plain(item)
+    if "role" in item and ITEM_KEY not in item and len(text) <= limit and plain:
         return item
     kind = item.get("type")
     role = "tool" if isinstance(kind, str) and kind.endswith("_output") else "assistant"
-    return {"role": item.get("role", role), "content": text, ITEM_KEY: dict(item)}
+    # No store keeps a NUL or a lone surrogate: such an item is kept as its escaped JSON.
+    kept = dict(item) if plain else json.dumps(item)
+    if not plain:
+        text = text.replace("\x00", " ").encode("utf-8", "replace").decode("utf-8")
+    return {"role": item.get("role", role), "content": text, ITEM_KEY: kept}
+
+
+def _plain(value: object) -> bool:
+    """Whether the strings of `value` (a JSON value) hold no NUL and no lone surrogate."""
+    if isinstance(value, str):
+        return "\x00" not in value and not any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, Mapping):
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(map(_plain, value))
+    return True
 
 
 def _text(item: Mapping[str, object]) -> str:
@@ -128,5 +145,5 @@ def _text(item: Mapping[str, object]) -> str:
 
 
 def _item(message: Message) -> TResponseInputItem:
-    return cast("TResponseInputItem",
-                message.data[ITEM_KEY] if ITEM_KEY in message.data else message.to_dict())
+    kept = message.data[ITEM_KEY] if ITEM_KEY in message.data else message.to_dict()
+    return cast("TResponseInputItem", json.loads(kept) if isinstance(kept, str) else kept)

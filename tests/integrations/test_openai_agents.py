@@ -195,6 +195,24 @@ async def test_a_tool_output_past_the_text_bound_is_kept_whole_under_the_runner(
     assert await session.get_items() == items
 
 
+async def test_an_item_holding_a_nul_or_a_lone_surrogate_is_kept_whole(
+    mem: mnemo.Memory
+) -> None:
+    """A tool output read from a binary file (a NUL, a lone surrogate) is kept and given back
+    equal, as the SDK's SQLiteSession keeps it; search reads its text with those characters
+    replaced. Storing it refused the add, and so failed the whole `Runner.run`."""
+    from mnemo.integrations.openai_agents import MnemoSession
+
+    odd = [{"type": "function_call_output", "call_id": "c1", "output": "header\x00binary\ud800"},
+           {"role": "user", "content": "the zebra\x00file"}]
+    session = MnemoSession(mem, "bin")
+    await session.add_items(odd)  # type: ignore[arg-type]
+    assert await session.get_items() == odd
+    assert [h.seq for h in await mem.search_messages("binary")] == [0]
+    assert [h.seq for h in await mem.search_messages("zebra")] == [1]
+    assert await session.pop_item() == odd[1]
+
+
 async def test_bad_input_is_refused_before_anything_is_stored(mem: mnemo.Memory) -> None:
     """A session id that is no thread name, a budget or limit out of range, an item that is
     no dict: InvalidInputError, and the session stays as it was."""

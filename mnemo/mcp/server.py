@@ -94,7 +94,6 @@ class MemoryTools:
         """One memory whole: its text a page of PAGE_CHARS characters at a time (pass the
         `next_offset` it returns to read on; null on the last page), and its data. Errors: an
         unknown repo or node."""
-        await self._check(repo)
         node = await self.mem.get_node(repo, node_id)
         if node is None:
             raise NotFoundError("node", clip(node_id, 100))

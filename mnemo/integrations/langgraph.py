@@ -105,8 +105,9 @@ class MnemoStore(BaseStore):
             for op, value in puts:
                 text, data, metadata = self._draft(op.namespace, op.key, value,
                                                    _source_id(_digest(""), version), created)
-                check_text(text, "text", limit=limit)
-                check_json(data, "data", limit=limit)
+                what = f"the value of item {op.key!r}"
+                check_text(text, what, limit=limit)
+                check_json(data, f"{what} as JSON", limit=limit)
                 check_metadata(metadata)
         results: list[Result] = []
         for op in ops:

@@ -353,6 +353,12 @@ async def test_a_value_that_is_not_json_is_refused(mem: mnemo.Memory) -> None:
     item = await store.aget(("ns",), "k")
     assert item is not None
     assert item.value == {"text": "kept"}
+    limit = (await mem.repo_config(REPO)).max_text_chars
+    with pytest.raises(mnemo.InvalidInputError,
+                       match=r"the value of item 'big' is [\d,]+ characters long"):
+        await store.aput(("ns",), "big", {"text": "x" * limit})
+    with pytest.raises(mnemo.InvalidInputError, match=r"the value of item 'nul' must not"):
+        await store.aput(("ns",), "nul", {"text": "a\x00b"})
 
 
 async def test_a_batch_with_a_bad_put_runs_none_of_its_operations(mem: mnemo.Memory) -> None:

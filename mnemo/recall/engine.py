@@ -182,7 +182,7 @@ class Recaller:
             trace.mark("synthesis")
             touched = await hops.pure(lambda: sorted(
                 (Touched(NodeId(i), c.phase, c.hop, c.score) for i, c in found.items()),
-                key=lambda t: -t.score), len(found))
+                key=lambda t: (-t.score, t.node_id)), len(found))
             return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
 
     async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:

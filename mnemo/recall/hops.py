@@ -173,7 +173,7 @@ async def _bridge_tags(
         links = await graph.neighbors(repo, unread, LinkType.MEMBERSHIP)
         _record_members(members, unread, ((n.origin, n.node_id, n.link_type) for n in links))
     shared: dict[str, list[float]] = {}
-    for origin in top:
+    for origin in sorted(top):  # one order of summing, whatever order `top` came in
         for tag_id in members[origin]:
             shared.setdefault(tag_id, []).append(found[origin].score)
     bridges: set[str] = set()

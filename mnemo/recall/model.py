@@ -12,6 +12,7 @@ from datetime import datetime
 from mnemo.config import Config
 from mnemo.graph.model import Node, NodeId, NodeType, Vector, step_window
 from mnemo.graph.ports import Neighbor
+from mnemo.graph.scope import canonical
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +167,7 @@ class ResultSelection:
         self._claimed: set[str] = set()  # steps a result stands for
         self._returned: set[str] = set()  # steps returned themselves
         self._taken: set[str] = set()
-        self._said: set[str] = set()  # the texts returned (of nodes other than steps)
+        self._said: set[str] = set()  # the wordings returned (of nodes other than steps)
 
     def take(self, scored: Iterable[tuple[float, Node, Candidate]], *, defer: bool = True
              ) -> None:
@@ -214,8 +215,11 @@ class ResultSelection:
 
 
 def _wording(node: Node) -> str | None:
-    """What makes nodes one answer, the better placed: their words (a step is its own)."""
-    return " ".join(node.text.casefold().split()) if node.type is not N.EPISODIC else None
+    """What makes nodes one answer, the better placed: their words in one scope (a step is its
+    own; two users' facts, or two items of a LangGraph store, are two answers)."""
+    if node.type is N.EPISODIC:
+        return None
+    return f"{canonical(node.metadata)}\x00{' '.join(node.text.casefold().split())}"
 
 
 class Trace:

@@ -175,6 +175,20 @@ async def test_forget_where_erases_a_user_s_items(mem: mnemo.Memory) -> None:
     assert await store.aget(("bob",), "k") is not None
 
 
+async def test_a_query_finds_every_item_of_equal_value(mem: mnemo.Memory) -> None:
+    """Items of one value under two keys, or under several users' namespaces, are each an
+    item a query finds (recall gave back one wording once, so the others vanished)."""
+    store = MnemoStore(mem, REPO, keys=("kind", "user_id"))
+    await store.aput(("memories", "bob"), "a", {"text": "I like green tea"})
+    await store.aput(("memories", "bob"), "b", {"text": "I like green tea"})
+    await store.aput(("memories", "alice"), "a", {"text": "i LIKE   green tea"})
+    assert sorted(i.key for i in await store.asearch(("memories", "bob"), query="tea")) == [
+        "a", "b"]
+    assert sorted((tuple(i.namespace), i.key)
+                  for i in await store.asearch(("memories",), query="green tea")) == [
+        (("memories", "alice"), "a"), (("memories", "bob"), "a"), (("memories", "bob"), "b")]
+
+
 async def test_search_filter_operators(mem: mnemo.Memory) -> None:
     """A filter's value may be LangGraph's operators ($eq, $ne, $gt, $gte, $lt, $lte), a dict
     matched key by key or a list matched element by element; an unknown operator raises

@@ -61,6 +61,10 @@ MMR_ON_LOOP = 64
 Scored = ranking.Scored[Candidate]
 
 
+class _ScopeMoved(Exception):
+    """A node of a scope's listed members went while a recall read them."""
+
+
 @dataclass(frozen=True, slots=True)
 class Recaller:
     """What a recall needs: the graph, the repo's embedder and config, and its models
@@ -91,13 +95,24 @@ class Recaller:
         where: Where | None = None,
     ) -> RecallResult:
         """With `where`, every candidate comes from inside that scope: the channels search its
-        nodes only, and what hops bring from outside is dropped before anything is ranked."""
+        nodes only, and what hops bring from outside is dropped before anything is ranked. A
+        scope's members are listed again, once, when one went while the recall read them (an
+        item replaced by a put, the new version added after the listing)."""
+        asked = (repo, query, k, types, reinforce, ranking.When(as_of, valid_at), where)
+        try:
+            return await self._recall(*asked, again=True)
+        except _ScopeMoved:
+            return await self._recall(*asked, again=False)
+
+    async def _recall(
+        self, repo: str, query: str, k: int, types: Iterable[NodeType] | None, reinforce: bool,
+        when: ranking.When, where: Where | None, *, again: bool,
+    ) -> RecallResult:
         trace = Trace()
         # What the store keeps in memory is brought up to it once, here, not at each read.
         async with self.graph.reading(repo):
             scope = None if where is None else await self.graph.scope(repo, where)
             trace.mark("look")
-            when = ranking.When(as_of, valid_at)
             config = self.config
             wanted = None if types is None else {NodeType(t) for t in types}
             degraded: list[str] = []
@@ -156,6 +171,9 @@ class Recaller:
                 followed = [(i, c) for i, c in followed if i in found]
             trace.mark("hops")
             context = await self._context(repo, found, followed, k, depth, trace)
+            if again and scope is not None and scope.members is not None and any(
+                    i not in context.nodes for i, _ in followed[:depth]):
+                raise _ScopeMoved
             if scope is not None:  # what provenance and neighbours brought in
                 await hops.keep_inside(self.graph, repo, scope, found)
             boosts = await speaker_boosts(self.graph, repo, parts.names, context,

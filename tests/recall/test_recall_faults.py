@@ -43,3 +43,30 @@ async def test_a_storage_fault_in_any_read_is_a_storage_error(
         monkeypatch.setattr(graph, read, begun if read.startswith("start_") else fails)
         with pytest.raises(mnemo.StorageError, match="away"):
             await mem.recall(REPO, "kettle kitchen", k=3)
+
+
+async def test_a_scoped_recall_finds_an_item_replaced_while_it_read(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put replaces an item (the new version, then the old forgotten) after a scoped recall
+    listed the scope's members and before it read their nodes: the recall lists the scope
+    again and finds the new version (it found nothing)."""
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        alice = {"user_id": "alice"}
+        await mem.remember(REPO, "kettle version one", source_id="v1", metadata=alice)
+        graph = mem._backend.graph
+        read = graph.node_context
+        replaced: list[bool] = []
+
+        async def replacing(*args: Any, **kwargs: Any) -> Any:
+            if not replaced:
+                replaced.append(True)
+                await mem.remember(REPO, "kettle version two", source_id="v2", metadata=alice)
+                await mem.forget(REPO, "v1")
+            return await read(*args, **kwargs)
+
+        monkeypatch.setattr(graph, "node_context", replacing)
+        result = await mem.recall(REPO, "kettle version", k=3, where=alice)
+    assert replaced
+    assert [m.node.text for m in result.memories] == ["kettle version two"]

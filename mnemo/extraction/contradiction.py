@@ -80,17 +80,14 @@ async def merged_intents(llm: LLM, pairs: Sequence[tuple[str, str]]) -> dict[int
     "merge_intents" call; one pair, or pairs the model refused that call for (the contract's
     table lists only "merge_intent"), in one "merge_intent" call a pair, at once, where a
     failed pair stays unmerged (absent)."""
-    if len(pairs) == 1:
-        existing, new = pairs[0]
-        return {0: await ask(llm, merge_intent_request(existing=existing, new=new),
-                             parse_merged_intent)}
-    try:
-        return await ask(llm, merge_intents_request(list(pairs)),
-                         lambda reply: parse_merged_intents(reply, len(pairs)))
-    except LLMError as exc:
-        if isinstance(exc, TimeoutError):
-            raise
-        log.info("a batch of intent merges was refused, asking pair by pair: %r", exc)
+    if len(pairs) > 1:
+        try:
+            return await ask(llm, merge_intents_request(list(pairs)),
+                             lambda reply: parse_merged_intents(reply, len(pairs)))
+        except LLMError as exc:
+            if isinstance(exc, TimeoutError):
+                raise
+            log.info("a batch of intent merges was refused, asking pair by pair: %r", exc)
     texts: dict[int, str] = {}
 
     async def one(index: int, existing: str, new: str) -> None:

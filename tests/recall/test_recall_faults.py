@@ -53,7 +53,7 @@ async def test_a_scoped_recall_finds_an_item_replaced_while_it_read(
     again and finds the new version (it found nothing)."""
     async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
         await mem.open_repo(REPO)
-        alice = {"user_id": "alice"}
+        alice: dict[str, str | int | float | bool] = {"user_id": "alice"}
         await mem.remember(REPO, "kettle version one", source_id="v1", metadata=alice)
         graph = mem._backend.graph
         read = graph.node_context

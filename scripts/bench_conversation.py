@@ -19,9 +19,10 @@ default hashed one, so what is measured is mnemo's own work.
    history and saves the whole history (so each save stores 2 new messages), over many
    threads; then every thread is loaded with `Recent(10)` and with `Semantic(10)` and a query.
    Throughput in calls/s and messages/s.
-3. Purge. Erasing one 100-message thread from each search file: `purge` deletes the rows
-   with `secure_delete` on and merges the whole FTS index so no deleted word survives, so its
-   cost grows with the index.
+3. Erasure. Erasing one 100-message thread from each search file (`purge`), its newest
+   message (`pop`) and the five oldest messages of a thread whose ttl just ended them: each
+   deletes with `secure_delete` on and merges the whole FTS index so no deleted word
+   survives, so its cost grows with the index.
 
 Run: `.venv/bin/python scripts/bench_conversation.py [--quick]`. The full run builds the
 1M-message file first (a few minutes); `--quick` takes well under a minute.
@@ -179,6 +180,8 @@ class SearchResult:
     one_thread: Latency
     mean_hits: float
     purge_s: float
+    pop_s: float
+    expire_s: float
 
 
 async def build_file(path: Path, messages: int) -> float:
@@ -257,6 +260,16 @@ async def bench_search(tmp: Path, messages: int) -> SearchResult:
         started_s = time.perf_counter()
         await conv.purge("thread-0")
         purge_s = time.perf_counter() - started_s
+        started_s = time.perf_counter()
+        await conv.pop("thread-1")
+        pop_s = time.perf_counter() - started_s
+        # A ttl that has just ended the oldest five messages of a thread: the next read erases.
+        fifth = (await conv.raw("thread-2"))[5].recorded_at
+        aging = mem.conversation(ttl=3600, clock=lambda: fifth + timedelta(seconds=3600))
+        started_s = time.perf_counter()
+        left = await aging.count("thread-2")
+        expire_s = time.perf_counter() - started_s
+        assert left == THREAD_SIZE - 5
     return SearchResult(
         messages=messages,
         build_s=build_s,
@@ -265,20 +278,23 @@ async def bench_search(tmp: Path, messages: int) -> SearchResult:
         one_thread=Latency.of(one_thread),
         mean_hits=hits / QUERIES,
         purge_s=purge_s,
+        pop_s=pop_s,
+        expire_s=expire_s,
     )
 
 
 def search_table(results: list[SearchResult]) -> Table:
     table = Table(title="Search (search_messages, limit 5)")
     for column in ("messages", "file", "build", "all threads p50 / p90 / p99",
-                   "one thread p50 / p90 / p99", "hits/query", "purge one thread"):
+                   "one thread p50 / p90 / p99", "hits/query", "purge one thread", "pop",
+                   "ttl erases 5"):
         table.add_column(column, justify="right")
     for r in results:
         table.add_row(
             f"{r.messages:,}", f"{r.file_mb:,.0f} MB",
             f"{r.build_s:,.0f} s ({r.messages / r.build_s:,.0f}/s)",
             _latency(r.everywhere), _latency(r.one_thread), f"{r.mean_hits:.1f}",
-            f"{r.purge_s:,.2f} s",
+            f"{r.purge_s:,.2f} s", f"{r.pop_s * 1000:,.0f} ms", f"{r.expire_s * 1000:,.0f} ms",
         )
     return table
 
@@ -387,6 +403,8 @@ def summary(searches: list[SearchResult], throughput: ThroughputResult, sizes: S
         [f"search p50 / p90 / p99, {r.messages:,} messages, one thread", _latency(r.one_thread)]
         for r in searches
     ]
+    rows += [[f"pop one message / a ttl erasing 5, {r.messages:,} messages",
+              f"{r.pop_s * 1000:,.0f} / {r.expire_s * 1000:,.0f} ms"] for r in searches]
     rows += [[f"purge one 100-message thread, {r.messages:,} messages", f"{r.purge_s:,.2f} s"]
              for r in searches]
     rows += [[call, f"{rate}; {latency}"] for call, rate, latency in

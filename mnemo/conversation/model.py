@@ -3,6 +3,7 @@ check their arguments when built."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -102,6 +103,15 @@ class Message:
         if out["content"] == NO_CONTENT:
             del out["content"]
         return out
+
+    @property
+    def item(self) -> JSONObject | None:
+        """The OpenAI Responses item kept whole (`ITEM_KEY`; one holding a NUL or a lone
+        surrogate is kept as its escaped JSON), None for none."""
+        kept = self.data.get(ITEM_KEY)
+        if isinstance(kept, str):
+            kept = json.loads(kept)
+        return kept if isinstance(kept, dict) else None
 
     def parts(self, kind: str) -> list[JSONObject]:
         """The content parts of type `kind` (Anthropic's shape: "tool_use", "tool_result")."""

@@ -19,7 +19,7 @@ from itertools import accumulate
 from typing import TypeVar
 
 from mnemo.conversation.drafts import MESSAGE_OVERHEAD, count_tokens
-from mnemo.conversation.model import ITEM_KEY, Message, SearchHit, Snapshot, Viewport
+from mnemo.conversation.model import Message, SearchHit, Snapshot, Viewport
 from mnemo.conversation.ports import ViewportInputs
 from mnemo.conversation.render import recalled_line
 
@@ -167,8 +167,8 @@ def tool_ids(message: Message) -> tuple[set[str], set[str]]:
     """The ids of the tool calls `message` makes, and of those it answers: Chat Completions'
     `tool_calls` and `tool_call_id`, Anthropic's tool_use and tool_result parts, or the
     `call_id` of a Responses item (`ITEM_KEY`), which answers when its type is `*_output`."""
-    calls, item = message.data.get("tool_calls"), message.data.get(ITEM_KEY)
-    output = isinstance(item, dict) and str(item.get("type")).endswith("_output")
+    calls, item = message.data.get("tool_calls"), message.item
+    output = item is not None and str(item.get("type")).endswith("_output")
     made = _ids([*(calls if isinstance(calls, list) else []), *message.parts("tool_use")], "id")
     answers = _ids(message.parts("tool_result"), "tool_use_id")
     (answers if output else made).update(_ids([item], "call_id"))
@@ -189,8 +189,8 @@ def answered_at(messages: Sequence[Message]) -> list[int]:
     for i, message in enumerate(messages):
         calls, answered = tool_ids(message)
         at = max((made[c] for c in answered if c in made), default=-1) if answered else i
-        item = messages[i - 1].data.get(ITEM_KEY) if i else None
-        out.append(min(at, i - 1) if isinstance(item, dict) and item.get("type") == "reasoning"
+        item = messages[i - 1].item if i else None
+        out.append(min(at, i - 1) if item is not None and item.get("type") == "reasoning"
                    else at)
         made.update(dict.fromkeys(calls, i))
     return out

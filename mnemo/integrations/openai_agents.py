@@ -145,5 +145,5 @@ def _text(item: Mapping[str, object]) -> str:
 
 
 def _item(message: Message) -> TResponseInputItem:
-    kept = message.data[ITEM_KEY] if ITEM_KEY in message.data else message.to_dict()
-    return cast("TResponseInputItem", json.loads(kept) if isinstance(kept, str) else kept)
+    item = message.item
+    return cast("TResponseInputItem", message.to_dict() if item is None else item)

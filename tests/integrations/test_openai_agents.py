@@ -201,6 +201,7 @@ async def test_an_item_holding_a_nul_or_a_lone_surrogate_is_kept_whole(
     """A tool output read from a binary file (a NUL, a lone surrogate) is kept and given back
     equal, as the SDK's SQLiteSession keeps it; search reads its text with those characters
     replaced. Storing it refused the add, and so failed the whole `Runner.run`."""
+    from mnemo.conversation.viewport import answered_at
     from mnemo.integrations.openai_agents import MnemoSession
 
     odd = [{"type": "function_call_output", "call_id": "c1", "output": "header\x00binary\ud800"},
@@ -211,6 +212,12 @@ async def test_an_item_holding_a_nul_or_a_lone_surrogate_is_kept_whole(
     assert [h.seq for h in await mem.search_messages("binary")] == [0]
     assert [h.seq for h in await mem.search_messages("zebra")] == [1]
     assert await session.pop_item() == odd[1]
+    # Kept as escaped JSON, the output still answers its call: no viewport shows it alone.
+    call = {"type": "function_call", "call_id": "c2", "name": "read", "arguments": "{}"}
+    await session.add_items([call, {"type": "function_call_output", "call_id": "c2",  # type: ignore[list-item]
+                                    "output": "\x00"}])
+    stored = await mem.conversation().raw("bin")
+    assert answered_at(stored)[-2:] == [1, 1]
 
 
 async def test_bad_input_is_refused_before_anything_is_stored(mem: mnemo.Memory) -> None:

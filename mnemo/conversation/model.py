@@ -223,6 +223,14 @@ class Snapshot:
     covered_by: str | None = None
 
 
+def untold(start_seq: int, end_seq: int) -> str:
+    """The text of a snapshot of messages `start_seq`..`end_seq` whose summary was erased with
+    older messages it also told (a ttl ended them)."""
+    return (f"Messages {start_seq}-{end_seq} left the context window; their summary went with "
+            "older messages a ttl erased. search_messages and view_messages still find them "
+            "word for word.")
+
+
 GOAL_OPEN, GOAL_COMPLETED = "open", "completed"
 
 

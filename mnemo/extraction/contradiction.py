@@ -14,7 +14,7 @@ from mnemo.calls.retry import fail_after
 from mnemo.calls.schema import MOST_ITEMS, Reply, bounded, items, reply_schema
 from mnemo.calls.tasks import ask, read_reply, task_request
 from mnemo.config import Config
-from mnemo.errors import EmbeddingError, LLMError
+from mnemo.errors import EmbeddingError, LLMError, LLMReplyError
 from mnemo.extraction.entities import embedded_again
 from mnemo.extraction.prompts import (
     merge_intent_request,
@@ -77,16 +77,14 @@ def parse_contradiction(resp: LLMResponse, pairs: Sequence[tuple[int, int]],
 
 async def merged_intents(llm: LLM, pairs: Sequence[tuple[str, str]]) -> dict[int, str]:
     """Pair index -> the merged wording of each (existing, new) intent pair: several in one
-    "merge_intents" call; one pair, or pairs the model refused that call for (the contract's
-    table lists only "merge_intent"), in one "merge_intent" call a pair, at once, where a
-    failed pair stays unmerged (absent)."""
+    "merge_intents" call; one pair, or pairs whose call the model answered with no usable reply
+    (the contract's table lists only "merge_intent"), in one "merge_intent" call a pair, at
+    once, where a failed pair stays unmerged (absent). Another failure of the batch raises."""
     if len(pairs) > 1:
         try:
             return await ask(llm, merge_intents_request(list(pairs)),
                              lambda reply: parse_merged_intents(reply, len(pairs)))
-        except LLMError as exc:
-            if isinstance(exc, TimeoutError):
-                raise
+        except LLMReplyError as exc:
             log.info("a batch of intent merges was refused, asking pair by pair: %r", exc)
     texts: dict[int, str] = {}
 
@@ -137,13 +135,17 @@ def intent_policy(
                 return await ask(
                     llm, request, lambda reply: parse_contradiction(reply, pairs, len(questions))
                 )
-        except (LLMError, TimeoutError) as exc:
-            # A model that cannot judge (the contract's table does not list the task) or
-            # failed: the offline heuristic judges, as the offline LLM does.
-            log.warning("contradiction check failed, judged offline: %r", exc)
+        except LLMReplyError as exc:
+            # A model that cannot judge (the contract's table does not list the task): the
+            # offline heuristic judges, as the offline LLM does.
+            log.warning("no usable contradiction answer, judged offline: %r", exc)
             return [{p for p, existing in enumerate(q.existing)
                      if contradicts_offline(existing, q.new)}
                     for q in questions]
+        except (LLMError, TimeoutError) as exc:
+            # Not knowing is not contradicting: the facts stay live.
+            log.warning("contradiction check failed, every fact stays live: %r", exc)
+            return [set() for _ in questions]
 
     async def restamp(changeset: Changeset, generation: int) -> Changeset:
         nonlocal embedder

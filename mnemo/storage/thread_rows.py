@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -18,13 +19,14 @@ from mnemo.conversation.model import (
     Snapshot,
     compacted_floor,
     covered,
+    untold,
 )
 from mnemo.conversation.ports import Shown, ThreadState
 from mnemo.conversation.search import VIEW_SNAPSHOTS
 from mnemo.errors import ConflictError, NotFoundError
 from mnemo.graph.scope import Metadata, Where
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, moment
+from mnemo.storage.sql import Statements, moment, number
 
 MESSAGE_COLUMNS = "id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata"
 SNAPSHOT_COLUMNS = "id, thread_id, level, start_seq, end_seq, text, created_at, covered_by"
@@ -166,15 +168,34 @@ async def delete_thread_rows(sql: Statements, thread_id: str) -> int:
 
 
 async def unsnapshot(sql: Statements, thread_id: str, seq: int) -> None:
-    """Erases every snapshot (of any level) that tells a message from `seq` on, uncovers what
-    an erased fold covered, and moves the eviction boundary back to `seq` if it was past it:
-    the messages those snapshots told are shown as messages again."""
+    """Erases every snapshot (of any level) that tells the message `seq` or a later one,
+    uncovers what an erased fold covered, and moves the eviction boundary back to the first
+    message an erased level-1 snapshot told: those messages are shown as messages again."""
+    back = min(seq, await number(
+        sql, "SELECT coalesce(min(start_seq), ?) FROM snapshots WHERE thread_id = ? AND level = 1"
+        " AND end_seq >= ?", seq, thread_id, seq))
     await sql.run("UPDATE snapshots SET covered_by = NULL WHERE thread_id = ? AND covered_by IN"
                   " (SELECT id FROM snapshots WHERE thread_id = ? AND end_seq >= ?)",
                   (thread_id, thread_id, seq))
     await sql.run("DELETE FROM snapshots WHERE thread_id = ? AND end_seq >= ?", (thread_id, seq))
     await sql.run("UPDATE threads SET boundary_seq = ? WHERE id = ? AND boundary_seq > ?",
-                  (seq, thread_id, seq))
+                  (back, thread_id, back))
+
+
+async def untell(sql: Statements, thread_id: str, first: int) -> list[Snapshot]:
+    """Erases what told messages before `first` (a ttl erased them): compactions and snapshots
+    reaching before it, a fold's covering undone. A level-1 snapshot that also tells messages
+    from `first` on goes too; returned, to be written again as a pointer to those (`untold`)."""
+    straddling = await read_snapshots(
+        sql, thread_id, "level = 1 AND start_seq < ? AND end_seq >= ?", params=(first, first))
+    await sql.run("UPDATE snapshots SET covered_by = NULL WHERE thread_id = ? AND covered_by IN"
+                  " (SELECT id FROM snapshots WHERE thread_id = ? AND start_seq < ?)",
+                  (thread_id, thread_id, first))
+    for table in ("compactions", "snapshots"):
+        await sql.run(f"DELETE FROM {table} WHERE thread_id = ? AND start_seq < ?",
+                      (thread_id, first))
+    return [Snapshot(f"snap_{uuid.uuid4().hex}", thread_id, 1, first, s.end_seq,
+                     untold(first, s.end_seq), s.created_at) for s in straddling]
 
 
 async def read_compactions(sql: Statements, thread_id: str) -> list[Compaction]:

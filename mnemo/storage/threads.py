@@ -156,12 +156,8 @@ class SqlThreads(SqlStore):
             if gone:
                 first = await number(sql, "SELECT coalesce(min(seq), ?) FROM messages"
                                      " WHERE thread_id = ?", state.next_seq, thread_id)
-                if await sql.rows("SELECT 1 FROM snapshots WHERE thread_id = ? AND start_seq < ?"
-                                  " AND end_seq >= ? LIMIT 1", (thread_id, first, first)):
-                    await reads.unsnapshot(sql, thread_id, first)  # it told erased ones too
-                for table in ("compactions", "snapshots"):
-                    await sql.run(f"DELETE FROM {table} WHERE thread_id = ? AND end_seq < ?",
-                                  (thread_id, first))
+                for pointer in await reads.untell(sql, thread_id, first):
+                    await self._insert_snapshot(sql, pointer)
                 await self._erased(sql, gone)
             return gone
 
@@ -368,7 +364,11 @@ class SqlThreads(SqlStore):
 
         async def write(sql: Statements) -> None:
             state = await reads.read_state(sql, thread_id, self.LOCK)
-            if state is None or state.boundary_seq != boundary_before:
+            # A ttl erases the oldest messages, `pop` the newest: either, in the zone, takes an end.
+            ends = await number(sql, "SELECT count(*) FROM messages WHERE thread_id = ? AND seq"
+                                " IN (?, ?)", thread_id, zone[0], zone[1])
+            if (state is None or state.boundary_seq != boundary_before
+                    or ends != len(set(zone))):
                 raise ConflictError(f"thread {thread_id!r} changed during eviction")
             await sql.run("UPDATE threads SET boundary_seq = ? WHERE id = ?",
                           (boundary_after, thread_id))

@@ -3,6 +3,8 @@ pages and `count` over what it leaves."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import anyio
 import pytest
 
@@ -148,18 +150,26 @@ async def test_a_save_refuses_a_history_another_memory_popped_and_extended_meanw
         assert [m.content for m in await a.raw("t")] == ["q", "wrong", "other"]
 
 
-async def test_a_popped_message_leaves_no_snapshot_telling_it(cmem: mnemo.Memory) -> None:
+@pytest.mark.parametrize("fillers", [12, 3])
+async def test_a_popped_message_leaves_no_snapshot_telling_it(
+    cmem: mnemo.Memory, fillers: int
+) -> None:
     """Popping messages eviction had folded into snapshots erases those snapshots too (a
-    fold of them as well), and moves the boundary back: what they told of the messages left
-    is shown as messages again, so nothing hides, and nothing tells a popped word."""
-    words = ["xylophone", "quark", "pelican", "sprocket", "cascade", "anvil", "marmot", "lattice"]
+    fold of them as well), and moves the boundary back to the first message they told: those
+    left are shown as messages again, so nothing hides, and nothing tells a popped word (with
+    short messages a snapshot tells two; the boundary stopped at the popped one and hid the
+    other)."""
+    words = [f"zq{i:02d}mark" for i in range(16)]
     conv = cmem.conversation(auto_evict_budget=120)
-    for i, word in enumerate(words):
-        await conv.append("t", [user(f"Note {i}: the codeword is {word}. " + "filler " * 12)])
+    filler = "filler " * fillers
+    for i in range(0, len(words), 2):
+        await conv.append("t", [user(f"Note {i}: the codeword is {words[i]}. {filler}"),
+                                assistant(f"Note {i + 1}: it is {words[i + 1]}. {filler}")])
     before = await cmem.viewport("t", token_budget=100_000)
-    assert before.snapshots
     assert before.boundary_seq > 0
-    while len(await conv.raw("t")) > 2:
+    everything = await cmem._conversations.store.snapshots("t")
+    assert any(s.level == 1 and s.end_seq > s.start_seq for s in everything) == (fillers == 3)
+    while len(await conv.raw("t")) > 1:
         popped = await conv.pop("t")
         assert popped is not None
         view = await cmem.viewport("t", token_budget=100_000)
@@ -172,24 +182,54 @@ async def test_a_popped_message_leaves_no_snapshot_telling_it(cmem: mnemo.Memory
         assert view.boundary_seq <= popped.seq
 
 
-async def test_a_ttl_that_ends_part_of_a_snapshot_erases_it(cmem: mnemo.Memory) -> None:
-    """A snapshot that told messages a thread's ttl erased and messages it kept goes with
-    them: the kept ones are shown as messages again (nothing hides), and no snapshot tells an
-    erased one."""
+def _shown(view: mnemo.Viewport) -> set[int]:
+    return {m.seq for m in view.messages} | {
+        seq for s in view.snapshots for seq in range(s.start_seq, s.end_seq + 1)}
+
+
+async def test_a_ttl_that_ends_part_of_a_snapshot_retells_it(cmem: mnemo.Memory) -> None:
+    """A snapshot that told messages a thread's ttl erased and messages it kept is written
+    again as a pointer to the kept ones: no snapshot tells an erased word, nothing hides, and
+    the snapshots after it stay (the thread is not evicted again)."""
     clock = ManualClock()
-    words = ["xylophone", "quark", "pelican", "sprocket", "cascade", "anvil", "marmot", "lattice"]
+    words = [f"zq{i:02d}mark" for i in range(24)]
     conv = cmem.conversation(auto_evict_budget=120, ttl=3600, clock=clock)
-    for i, word in enumerate(words):
-        await conv.append("t", [user(f"Note {i}: the codeword is {word}. " + "filler " * 12)])
+    for i in range(len(words)):
+        said = f"Note {i}: the codeword is {words[i]}. " + "filler " * 3
+        await conv.append("t", [assistant(said) if i % 2 else user(said)])
         clock.advance(seconds=60)
-    [told] = [s for s in (await cmem.viewport("t", token_budget=100_000)).snapshots
-              if s.end_seq > s.start_seq]
+    store = cmem._conversations.store
+    before = await cmem.viewport("t", token_budget=100_000)
+    written = await store.snapshots("t")
+    told = next(s for s in written if s.level == 1 and s.end_seq > s.start_seq)
     clock.advance(seconds=3600 - 60 * (len(words) - told.start_seq - 1))  # ends its first
     kept = {m.seq for m in await conv.raw("t")}
     assert told.start_seq not in kept
     assert told.end_seq in kept
     view = await cmem.viewport("t", token_budget=100_000)
-    assert not any(words[told.start_seq] in s.text for s in view.snapshots)
-    shown = {m.seq for m in view.messages} | {
-        seq for s in view.snapshots for seq in range(s.start_seq, s.end_seq + 1)}
-    assert kept <= shown
+    left = await store.snapshots("t")
+    assert not any(w in s.text for s in left for w in words[:told.start_seq + 1])
+    assert kept <= _shown(view)
+    assert view.boundary_seq == before.boundary_seq
+    later = [(s.start_seq, s.text) for s in written if s.level == 1 and s.start_seq > told.end_seq]
+    assert later
+    assert later == [(s.start_seq, s.text) for s in left
+                     if s.level == 1 and s.start_seq > told.end_seq]
+    pointer = next(s for s in left if s.level == 1 and s.end_seq == told.end_seq)
+    assert (pointer.start_seq, "search_messages" in pointer.text) == (told.start_seq + 1, True)
+
+
+async def test_an_eviction_that_lost_a_message_of_its_zone_writes_nothing(
+    cmem: mnemo.Memory
+) -> None:
+    """An eviction whose zone lost its oldest message to a ttl, or its newest to `pop`, while
+    the model wrote the snapshot, is refused: the snapshot would tell an erased message."""
+    conv = cmem.conversation()
+    await conv.append("t", [user(f"message {i}") for i in range(6)])
+    store = cmem._conversations.store
+    await store.expire("t", datetime.now(UTC) + timedelta(seconds=1))  # the ttl ended them all
+    with pytest.raises(mnemo.ConflictError):
+        await store.commit_eviction("t", boundary_before=0, boundary_after=3, zone=(0, 2),
+                                    snapshot_text="message 0 said it", pins=[],
+                                    now=datetime.now(UTC))
+    assert await store.snapshots("t") == []

@@ -113,9 +113,10 @@ def _message(item: Mapping[str, object], limit: int) -> Mapping[str, object]:
         return item
     kind = item.get("type")
     role = "tool" if isinstance(kind, str) and kind.endswith("_output") else "assistant"
-    # No store keeps a NUL or a lone surrogate: such an item is kept as its escaped JSON.
-    kept = dict(item) if plain else json.dumps(item)
-    if not plain:
+    kept: object = dict(item)
+    if not plain:  # no store keeps a NUL or a lone surrogate: the item's escaped JSON is kept
+        kept = json.dumps(item, ensure_ascii=False)  # a NUL escaped, other text as it is
+        kept = kept if _plain(kept) else json.dumps(item)  # a lone surrogate: ASCII only
         text = text.replace("\x00", " ").encode("utf-8", "replace").decode("utf-8")
     return {"role": item.get("role", role), "content": text, ITEM_KEY: kept}
 

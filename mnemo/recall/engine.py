@@ -95,9 +95,9 @@ class Recaller:
         where: Where | None = None,
     ) -> RecallResult:
         """With `where`, every candidate comes from inside that scope: the channels search its
-        nodes only, and what hops bring from outside is dropped before anything is ranked. A
-        scope's members are listed again, once, when one went while the recall read them (an
-        item replaced by a put, the new version added after the listing)."""
+        nodes only, and what hops bring from outside is dropped before anything is ranked. A scoped
+        recall runs again, once, when a node it found went before it was read (an item replaced
+        by a put, the new version added after the search)."""
         asked = (repo, query, k, types, reinforce, ranking.When(as_of, valid_at), where)
         try:
             return await self._recall(*asked, again=True)
@@ -171,7 +171,7 @@ class Recaller:
                 followed = [(i, c) for i, c in followed if i in found]
             trace.mark("hops")
             context = await self._context(repo, found, followed, k, depth, trace)
-            if again and scope is not None and scope.members is not None and any(
+            if again and scope is not None and any(
                     i not in context.nodes for i, _ in followed[:depth]):
                 raise _ScopeMoved
             if scope is not None:  # what provenance and neighbours brought in

@@ -365,10 +365,10 @@ class SqlThreads(SqlStore):
         async def write(sql: Statements) -> None:
             state = await reads.read_state(sql, thread_id, self.LOCK)
             # A ttl erases the oldest messages, `pop` the newest: either, in the zone, takes an end.
-            ends = await number(sql, "SELECT count(*) FROM messages WHERE thread_id = ? AND seq"
-                                " IN (?, ?)", thread_id, zone[0], zone[1])
-            if (state is None or state.boundary_seq != boundary_before
-                    or ends != len(set(zone))):
+            lost = zone[0] <= zone[1] and await number(
+                sql, "SELECT count(*) FROM messages WHERE thread_id = ? AND seq IN (?, ?)",
+                thread_id, zone[0], zone[1]) != len(set(zone))
+            if state is None or state.boundary_seq != boundary_before or lost:
                 raise ConflictError(f"thread {thread_id!r} changed during eviction")
             await sql.run("UPDATE threads SET boundary_seq = ? WHERE id = ?",
                           (boundary_after, thread_id))

@@ -298,6 +298,31 @@ async def test_every_erasure_of_messages_leaves_no_byte_on_disk(
     assert holding(tmp_path, word, needle) == []
 
 
+async def test_a_ttl_that_ends_part_of_a_snapshot_leaves_no_byte_of_it(
+    store: str, tmp_path: Path
+) -> None:
+    """Messages a ttl erased that a snapshot told with messages it kept: no file holds their
+    words once the snapshot is written again as a pointer (SQLite: the file and its WAL)."""
+    planted_words = [planted() for _ in range(24)]
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        conv = mem.conversation(auto_evict_budget=120, ttl=3600, clock=lambda: now)
+        for i, (word, _) in enumerate(planted_words):
+            said = f"Note {i}: {word}."
+            await conv.append("t", [{"role": "assistant" if i % 2 else "user", "content": said}])
+            now += timedelta(seconds=60)
+        told = next(s for s in await mem._conversations.store.snapshots("t")
+                    if s.level == 1 and s.end_seq > s.start_seq)
+        now += timedelta(seconds=3600 - 60 * (len(planted_words) - told.start_seq - 1))
+        kept = {m.seq for m in await conv.raw("t")}
+        assert told.start_seq not in kept
+        assert told.end_seq in kept
+        for word, needle in planted_words[:told.start_seq + 1]:
+            assert holding(tmp_path, word, needle) == []
+        word, needle = planted_words[told.end_seq]
+        assert holding(tmp_path, word, needle) if is_sqlite(mem) else True
+
+
 async def test_a_forget_wipes_the_slots_of_other_memories(store: str, tmp_path: Path) -> None:
     """Each Memory keeps its own slot of the lexical index. A forget through A wipes A's
     slot and every slot no Memory holds (B's, once B closed) at once; a slot another open

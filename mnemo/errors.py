@@ -203,7 +203,7 @@ def check_id(value: object, what: str) -> str:
     if len(value) > MAX_ID_BYTES or len(value.encode("utf-8", "replace")) > MAX_ID_BYTES:
         raise InvalidInputError(
             f"{what} is longer than the {MAX_ID_BYTES:,} bytes of UTF-8 allowed")
-    if "\x00" in value or not _encodable(value):
+    if not storable_text(value):
         raise InvalidInputError(
             f"{what} must not contain a NUL character (U+0000) or a lone surrogate")
     return value
@@ -355,7 +355,7 @@ def check_tree(value: object, what: str, *, limit: int,
             raise InvalidInputError(
                 f"{what} is longer than the {limit:,} characters allowed as JSON ({setting})")
         if isinstance(item, str):
-            if "\x00" in item or not _encodable(item):
+            if not storable_text(item):
                 raise InvalidInputError(
                     f"{what} must not contain a NUL character (U+0000) or a lone surrogate")
             continue
@@ -369,6 +369,11 @@ def check_tree(value: object, what: str, *, limit: int,
             raise InvalidInputError(
                 f"{what} nests more than {MAX_JSON_DEPTH} levels of dicts and lists")
         stack.extend((child, depth + 1) for child in children)
+
+
+def storable_text(text: str) -> bool:
+    """Whether both backends store `text`: it holds no NUL and no lone surrogate."""
+    return "\x00" not in text and _encodable(text)
 
 
 def _encodable(text: str) -> bool:

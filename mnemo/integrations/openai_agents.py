@@ -16,10 +16,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
+from mnemo.calls.retry import clean
 from mnemo.conversation.drafts import parts_text
 from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import ITEM_KEY, Message
-from mnemo.errors import check_budget, check_count, check_name
+from mnemo.errors import check_budget, check_count, check_name, storable_text
 from mnemo.graph.scope import check_metadata
 
 try:
@@ -117,14 +118,14 @@ def _message(item: Mapping[str, object], limit: int) -> Mapping[str, object]:
     if not plain:  # no store keeps a NUL or a lone surrogate: the item's escaped JSON is kept
         kept = json.dumps(item, ensure_ascii=False)  # a NUL escaped, other text as it is
         kept = kept if _plain(kept) else json.dumps(item)  # a lone surrogate: ASCII only
-        text = text.replace("\x00", " ").encode("utf-8", "replace").decode("utf-8")
+        text = clean(text.replace("\x00", " "))
     return {"role": item.get("role", role), "content": text, ITEM_KEY: kept}
 
 
 def _plain(value: object) -> bool:
     """Whether the strings of `value` (a JSON value) hold no NUL and no lone surrogate."""
     if isinstance(value, str):
-        return "\x00" not in value and not any("\ud800" <= c <= "\udfff" for c in value)
+        return storable_text(value)
     if isinstance(value, Mapping):
         return all(_plain(k) and _plain(v) for k, v in value.items())
     if isinstance(value, list | tuple):

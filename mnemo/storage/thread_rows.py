@@ -174,10 +174,7 @@ async def unsnapshot(sql: Statements, thread_id: str, seq: int) -> None:
     back = min(seq, await number(
         sql, "SELECT coalesce(min(start_seq), ?) FROM snapshots WHERE thread_id = ? AND level = 1"
         " AND end_seq >= ?", seq, thread_id, seq))
-    await sql.run("UPDATE snapshots SET covered_by = NULL WHERE thread_id = ? AND covered_by IN"
-                  " (SELECT id FROM snapshots WHERE thread_id = ? AND end_seq >= ?)",
-                  (thread_id, thread_id, seq))
-    await sql.run("DELETE FROM snapshots WHERE thread_id = ? AND end_seq >= ?", (thread_id, seq))
+    await _drop_snapshots(sql, thread_id, "end_seq >= ?", seq)
     await sql.run("UPDATE threads SET boundary_seq = ? WHERE id = ? AND boundary_seq > ?",
                   (back, thread_id, back))
 
@@ -188,14 +185,20 @@ async def untell(sql: Statements, thread_id: str, first: int) -> list[Snapshot]:
     from `first` on goes too; returned, to be written again as a pointer to those (`untold`)."""
     straddling = await read_snapshots(
         sql, thread_id, "level = 1 AND start_seq < ? AND end_seq >= ?", params=(first, first))
-    await sql.run("UPDATE snapshots SET covered_by = NULL WHERE thread_id = ? AND covered_by IN"
-                  " (SELECT id FROM snapshots WHERE thread_id = ? AND start_seq < ?)",
-                  (thread_id, thread_id, first))
-    for table in ("compactions", "snapshots"):
-        await sql.run(f"DELETE FROM {table} WHERE thread_id = ? AND start_seq < ?",
-                      (thread_id, first))
+    await _drop_snapshots(sql, thread_id, "start_seq < ?", first)
+    await sql.run("DELETE FROM compactions WHERE thread_id = ? AND start_seq < ?",
+                  (thread_id, first))
     return [Snapshot(f"snap_{uuid.uuid4().hex}", thread_id, 1, first, s.end_seq,
                      untold(first, s.end_seq), s.created_at) for s in straddling]
+
+
+async def _drop_snapshots(sql: Statements, thread_id: str, where: str, seq: int) -> None:
+    """Erases the thread's snapshots matching `where` (SQL whose one parameter is `seq`), and
+    uncovers what an erased fold covered."""
+    await sql.run("UPDATE snapshots SET covered_by = NULL WHERE thread_id = ? AND covered_by IN"
+                  f" (SELECT id FROM snapshots WHERE thread_id = ? AND {where})",
+                  (thread_id, thread_id, seq))
+    await sql.run(f"DELETE FROM snapshots WHERE thread_id = ? AND {where}", (thread_id, seq))
 
 
 async def read_compactions(sql: Statements, thread_id: str) -> list[Compaction]:

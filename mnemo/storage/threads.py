@@ -52,13 +52,10 @@ class SqlThreads(SqlStore):
     # By rowid, (id, thread_id, seq, role, snippet, text) of the messages of these words.
     _snippets: Callable[[Statements, Sequence[str], list[int]], Awaitable[dict[int, Row]]]
 
-    async def _erased(self, sql: Statements, messages: int) -> None:
-        """What an erasure of this many messages does more, inside its transaction
-        (PostgreSQL: nothing, the search vector is a column of the row)."""
-
     async def _erase(self, write: Work[T]) -> T:
-        """`write`, a transaction that erases messages, then what the backend does after it
-        (SQLite: truncates the WAL; PostgreSQL: nothing)."""
+        """`write`, a transaction that erases messages (returning what it erased: falsy for
+        nothing), with what the backend does more (SQLite: merges the full-text index and
+        truncates the WAL; PostgreSQL: nothing, the search vector is a column of the row)."""
         return await self._driver.write(write)
 
     async def state(self, thread_id: str) -> ThreadState | None:
@@ -158,7 +155,6 @@ class SqlThreads(SqlStore):
                                      " WHERE thread_id = ?", state.next_seq, thread_id)
                 for pointer in await reads.untell(sql, thread_id, first):
                     await self._insert_snapshot(sql, pointer)
-                await self._erased(sql, gone)
             return gone
 
         return await self._erase(write)
@@ -182,7 +178,6 @@ class SqlThreads(SqlStore):
                 (thread_id, row[2], row[2]),
             )
             await reads.unsnapshot(sql, thread_id, row[2])
-            await self._erased(sql, 1)
             return reads.message_from_row(row)
 
         return await self._erase(write)
@@ -254,19 +249,19 @@ class SqlThreads(SqlStore):
                 " DO UPDATE SET thread_id = excluded.thread_id, vec = excluded.vec", params))
 
     async def clear(self, thread_id: str) -> None:
-        async def write(sql: Statements) -> None:
+        async def write(sql: Statements) -> int:
             _, created = await reads.lock_row(
                 sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
-            # Goals of a thread never saved too.
-            await self._erased(sql, await reads.delete_thread_rows(sql, thread_id))
+            gone = await reads.delete_thread_rows(sql, thread_id)  # goals of one never saved too
             if created:  # no thread was saved: none made by clearing it
                 await sql.run("DELETE FROM threads WHERE id = ?", (thread_id,))
-                return
+                return gone
             await sql.run(
                 "UPDATE threads SET history_len = 0, boundary_seq = next_seq,"
                 " history_hash = '' WHERE id = ?",
                 (thread_id,),
             )
+            return gone
 
         await self._erase(write)
 
@@ -275,7 +270,6 @@ class SqlThreads(SqlStore):
             await reads.lock_row(sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
             gone = await reads.delete_thread_rows(sql, thread_id)
             await sql.run("DELETE FROM threads WHERE id = ?", (thread_id,))
-            await self._erased(sql, gone)
             return gone
 
         return await self._erase(write)

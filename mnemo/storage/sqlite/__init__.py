@@ -45,13 +45,15 @@ class SqliteThreads(SqlThreads):
         return "id >= ? AND id < ?", (prefix, prefix + "\U0010ffff")
 
     async def _erase(self, write: Work[T]) -> T:
-        done = await self._driver.write(write)
+        async def merged(sql: Statements) -> T:
+            done = await write(sql)
+            if done:  # deleted words stay in old segments until a merge
+                await sql.run("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
+            return done
+
+        done = await self._driver.write(merged)
         await self._driver.run(truncate_wal)
         return done
-
-    async def _erased(self, sql: Statements, messages: int) -> None:
-        if messages:  # deleted words stay in old segments until a merge
-            await sql.run("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
 
     async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:
         match = match_expression(query.words)

@@ -66,6 +66,7 @@ class LexicalIndex(Slot):
         self._worker: threading.Thread | None = None
         self._closing = threading.Event()
         self._wake = threading.Event()  # new work for the background thread
+        self._settling = 0  # settles waiting: the worker commits without the quiet time
         # Searches run here one at a time (cheaper hop than `anyio.to_thread`; BENCHMARKS.md).
         self._searcher: Worker | None = None
         self._held: Path | None = None  # where an erasure left a held slot behind it
@@ -239,21 +240,27 @@ class LexicalIndex(Slot):
         return False
 
     async def settle(self, repo: str) -> None:
-        """Brings the repo's documents up to the store and returns when done (recall never
-        waits for this)."""
+        """Brings the repo's documents up to the store, commits them at once and returns when
+        done (recall never waits for this)."""
         await anyio.to_thread.run_sync(self._settle, repo)
 
     def _settle(self, repo: str) -> None:
         with self._lock:
             if not self._open():
                 return
-        self._enqueue(self._dirty, repo)
-        while True:
+        with self._queue:
+            self._settling += 1
+        try:
+            self._enqueue(self._dirty, repo)
+            while True:
+                with self._queue:
+                    worker = self._worker
+                if worker is None:
+                    return
+                worker.join()
+        finally:
             with self._queue:
-                worker = self._worker
-            if worker is None:
-                return
-            worker.join()
+                self._settling -= 1
 
     def changed(self, repo: str) -> None:
         """The repo was written: brings the slot up in the background (an unopened index
@@ -282,12 +289,14 @@ class LexicalIndex(Slot):
                 self._wake.clear()
                 repo = next(iter(self._behind), None) or next(iter(self._dirty), None)
             if repo is None:
-                wait = self._fresh.commit_wait(COMMIT_AFTER, COMMIT_WITHIN)  # a hint: no lock
+                # Hints, read without a lock.
+                wait = 0.0 if self._settling else self._fresh.commit_wait(COMMIT_AFTER,
+                                                                          COMMIT_WITHIN)
                 if wait > 0 and self._wake.wait(wait):
                     continue
                 # The fsync holds `_lock` only: `changed` (event loop) takes `_queue`.
                 with self._lock:
-                    self._commit_due(quiet=not self._wake.is_set())
+                    self._commit_due(quiet=bool(self._settling) or not self._wake.is_set())
                     with self._queue:
                         if self._wake.is_set():
                             continue

@@ -355,8 +355,9 @@ class SessionRecord:
 
     @property
     def busy(self) -> bool:
+        """Whether an operation accepted now queues: work or an append is under way."""
         return (self.state is S.EXTRACTING or self.background > 0 or self.running is not None
-                or bool(self.pending))
+                or bool(self.pending) or self.appends_in_flight > 0)
 
     def notify(self) -> None:
         self.changed.set()

@@ -27,6 +27,7 @@ from mnemo.session.machine import (
     OpResult,
     SessionRecord,
     State,
+    appends_before,
     as_session_error,
     check_args,
     deliver,
@@ -174,6 +175,9 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
             observation, action = op.args
             await registry.run_append(live, session, op.ticket, observation, action, None)
         else:
+            if op.kind == "close":  # after the synchronous appends called before it
+                while appends_before(session, queued=True):
+                    await session.changed.wait()
             await transitions.call(live, session, op.kind, op.args, op)
     except Exception as exc:
         # Shielded: finding the session ended cancels this task; the callbacks are owed.

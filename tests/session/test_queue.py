@@ -476,6 +476,27 @@ async def test_queued_close_behind_a_running_append(
     assert await state_of(mem, sid) == State.COLLECTING
 
 
+async def test_a_close_async_during_a_synchronous_append_queues_behind_it(
+    mem: mnemo.Memory, llm: FakeLLM, callbacks: Callbacks
+) -> None:
+    """A synchronous append is work under way: a close_async and a commit_async made while
+    it runs are queued and run once it returns (they were refused "invalid_operation")."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    held = llm.hold("state")
+    async with anyio.create_task_group() as group:
+        group.start_soon(mem.append, sid, "The hall is dark.", "Switch on the light.")
+        with anyio.fail_after(5):
+            await held.started.wait()
+        for op in ["close", "commit"]:
+            await submit(mem, sid, op, callbacks)
+        assert await state_of(mem, sid) == State.COLLECTING
+        held.release()
+    results = await callbacks.wait(2)
+    assert [(r.ok, r.value) for _, r in results] == [(True, "closed"), (True, "committed")]
+    assert await state_of(mem, sid) == State.IDLE
+    assert [len(e.steps) for e in await mem.episodes(sid)] == [1]
+
+
 async def test_a_sync_call_keeps_call_order_with_the_queue(
     mem: mnemo.Memory, llm: FakeLLM, callbacks: Callbacks
 ) -> None:

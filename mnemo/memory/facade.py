@@ -137,9 +137,17 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
     async def aclose(self) -> None:
         """Stops background work (an interrupted extraction resumes on the next open), closes
-        the models this Memory made (never those it was given) and the database."""
+        the models this Memory made (never those it was given) and the database.
+
+        Raises:
+            RuntimeError: called from this Memory's operation callback or event handler,
+                which its close would wait for; nothing is closed.
+        """
         if "_backend" not in vars(self):
             return  # never built: nothing was opened
+        if self._background.hosts_this_task():
+            raise RuntimeError("aclose() from a callback or event handler of this Memory would "
+                               "wait for itself: close the Memory after the handler returns")
         try:
             if await self._background.stop():
                 with anyio.move_on_after(2, shield=True):

@@ -279,6 +279,8 @@ class TicketQueue:
 
 # The session whose operation's callback runs in this context.
 CALLED_BACK: ContextVar[SessionRecord | None] = ContextVar("mnemo_called_back", default=None)
+# The sessions (one Memory's) whose background work runs the current task, if any.
+WORKING: ContextVar[object] = ContextVar("mnemo_working", default=None)
 
 
 @dataclass(eq=False)

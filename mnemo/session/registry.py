@@ -24,6 +24,7 @@ from mnemo.errors import NotFoundError, SessionError, StorageError, check_id, ch
 from mnemo.graph.ports import GraphStore
 from mnemo.ports import Events
 from mnemo.session.machine import (
+    WORKING,
     Callback,
     CommitSteps,
     Effect,
@@ -67,8 +68,7 @@ class Sessions:
     shortest_idle: float
     effects: Callable[[Sessions, SessionRecord, Effect], None]
     answer_ended: Callable[[Sessions, SessionRecord], Awaitable[None]]
-    # This Memory as a holder of background work, recorded at its first claim, alive while
-    # its heartbeat renews its leases.
+    # This Memory as a holder of work, recorded at its first claim, alive while it beats.
     holder_id: str = field(default_factory=lambda: f"holder_{uuid.uuid4().hex}")
     registered: anyio.Event = field(default_factory=anyio.Event)
     registering: anyio.Lock = field(default_factory=anyio.Lock)
@@ -233,6 +233,7 @@ class Sessions:
         scopes.add(scope)
 
         async def owned() -> None:
+            WORKING.set(self)  # a callback or handler it runs closes no Memory (`hosts_this_task`)
             with scope:
                 try:
                     await fn(*args)
@@ -335,8 +336,7 @@ async def _store(
     """Stores the step (claimed for its annotation) and starts the annotation. When another
     Memory moved the session meanwhile (nothing written), the step goes to the episode as the
     store now holds it, or is refused."""
-    # The store's state once this append's turn came: only a move during the append is
-    # `not_collecting`.
+    # The store's state once this append's turn came: a move during it is `not_collecting`.
     await live.fetch(session.id, fresh=True)
     moved = False
     while True:

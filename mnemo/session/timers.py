@@ -19,6 +19,7 @@ import anyio
 from mnemo.errors import MnemoError, NotFoundError, SessionError, StorageError
 from mnemo.session import extracting, operations, registry, transitions
 from mnemo.session.machine import (
+    WORKING,
     CommitSteps,
     OpResult,
     SessionRecord,
@@ -62,6 +63,7 @@ class BackgroundWork:
         self.live.passes_end = None
 
         async def host() -> None:
+            WORKING.set(self.live)  # seen by the tasks started from it
             try:
                 async with anyio.create_task_group() as tg:
                     await tg.start(self._run)
@@ -84,6 +86,11 @@ class BackgroundWork:
             if row.id not in self.live.by_id:  # the takeover task may have taken it already
                 self.live.adopt(row)
         self.live.look.set()
+
+    def hosts_this_task(self) -> bool:
+        """Whether the running task is part of this work (an operation's callback, an event
+        handler): a stop from it would wait for itself."""
+        return self._host is not None and WORKING.get() is self.live
 
     async def stop(self) -> bool:
         """Cancels the work and waits until it is gone; False when it was not running."""

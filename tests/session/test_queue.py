@@ -592,6 +592,34 @@ async def test_a_close_from_an_appends_callback_runs(
     assert await events.wait_state(mem, sid, State.READY, State.FAILED) == State.READY
 
 
+async def test_aclose_from_a_callback_is_refused_at_once_and_the_memory_stays_usable(
+    mem: mnemo.Memory, events: EventLog
+) -> None:
+    """A callback closing its own Memory would wait for itself (the close waits for every
+    callback): it raises at once (it hung, whatever timeout the caller set), nothing closes,
+    and a close after the callback returns works."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    outcome: list[object] = []
+    done = anyio.Event()
+
+    async def then_aclose(result: mnemo.OpResult) -> None:
+        outcome.append(result.value)
+        try:
+            with anyio.fail_after(5):
+                await mem.aclose()
+            outcome.append("closed")
+        except (RuntimeError, TimeoutError) as exc:
+            outcome.append(type(exc).__name__)
+        done.set()
+
+    await mem.append_async(sid, "walk north", "go north", callback=then_aclose)
+    with anyio.fail_after(10):
+        await done.wait()
+    assert outcome == ["appended", "RuntimeError"]
+    await mem.close(sid)
+    assert await events.wait_state(mem, sid, State.READY, State.FAILED) == State.READY
+
+
 async def test_a_failed_background_commit_fails_every_queued_op_even_with_slow_callbacks(
     auto_mem: mnemo.Memory, llm: FakeLLM
 ) -> None:

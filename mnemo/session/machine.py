@@ -204,7 +204,8 @@ VALUES = {"commit": "committed", "discard": "discarded", "start_episode": "start
 @dataclass(slots=True)
 class Op:
     """One accepted async operation: `applied` once its state change happened; `stored` the
-    row of an operation taken from the store, `queued` the row of one this Memory queued."""
+    row of an operation taken from the store, `queued` the row of one this Memory queued,
+    `at` when that row was accepted (the store's time: the queue runs in that order)."""
 
     kind: str
     args: tuple[Any, ...]
@@ -213,6 +214,7 @@ class Op:
     applied: bool = False
     stored: str | None = None
     queued: str | None = None
+    at: datetime | None = None
 
 
 def project(start: State, kinds: Iterable[str], *, auto_commit: bool) -> State | None:
@@ -430,6 +432,21 @@ def check_args(session: SessionRecord, kind: str, args: tuple[Any, ...]) -> None
         check_step(args[0], args[1], None, limit=session.config.max_text_chars)
     elif kind == "start_episode":
         check_text(args[0], "goal", limit=session.config.max_text_chars)
+
+
+def check_queue(session: SessionRecord, queued: int, projected: State | None) -> None:
+    """Raises the queue rules' SessionError: the queue is full, or no state is `projected`."""
+    if queued >= session.config.max_pending_ops:
+        raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
+    if projected is None:
+        raise SessionError("invalid_queued_operation", state=session.state,
+                           session_id=session.id)
+
+
+def accept(session: SessionRecord, op: Op) -> None:
+    """Counts an accepted append in flight."""
+    if op.kind == "append":
+        session.appends_in_flight += 1
 
 
 def projection(session: SessionRecord, queued: list[str]) -> State | None:

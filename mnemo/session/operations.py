@@ -27,12 +27,13 @@ from mnemo.session.machine import (
     OpResult,
     SessionRecord,
     State,
+    accept,
     appends_before,
     as_session_error,
     check_args,
+    check_queue,
     deliver,
     failure,
-    project,
     projection,
     refusal,
 )
@@ -88,50 +89,50 @@ async def _accept(live: Sessions, session: SessionRecord, kind: str, args: tuple
 async def _queue(live: Sessions, session: SessionRecord, op: Op) -> None:
     """Queues `op` behind the session's work, stored first (`Op.queued`); checked at once, and
     again after the write, during which the work, the session or this Memory may have ended
-    (NotFoundError, RuntimeError as `_store_for`)."""
+    (NotFoundError, RuntimeError as `_store_for`). While the session extracts, the queue is
+    every Memory's stored operations (`_check_stored`)."""
 
-    def check() -> None:
+    async def check(op_id: str | None) -> None:
         if live.closing:  # its close answers only what was queued before
             raise RuntimeError("the Memory has closed")
         if session.ended:
             raise NotFoundError("session", session.id)
+        if session.state is S.EXTRACTING:
+            await _check_stored(live, session, op.kind, op_id)
+            return
         # What this Memory stored while another held the extraction comes first in the queue.
         kinds = [k for _, k, _ in live.remote.get(session.id, [])]
         kinds += [o.kind for o in session.pending]
-        _check_queue(session, len(kinds), projection(session, [*kinds, op.kind]))
+        check_queue(session, len(kinds), projection(session, [*kinds, op.kind]))
 
-    check()
+    await check(None)
     # From the check to the append, one call at a time; a cancelled caller leaves no row unrun.
     async with session.storing:
         with anyio.CancelScope(shield=True):
-            op_id = f"op_{uuid.uuid4().hex}"
             co = live.coordination
+            stored = StoredOp(f"op_{uuid.uuid4().hex}", session.id, op.kind, list(op.args),
+                              live.holder_id, co.now())
             await live.register()  # it beats: while it does, nobody takes the row over
-            await co.queue_op(StoredOp(op_id, session.id, op.kind, list(op.args),
-                                       live.holder_id, co.now()), own=True)
+            await co.queue_op(stored, own=True)
             try:
-                check()
+                await check(stored.id)
             except (MnemoError, RuntimeError):
-                await co.drop_ops([op_id])
+                await co.drop_ops([stored.id])
                 raise
-        op.queued = op_id
+        op.queued, op.at = stored.id, stored.created_at
         accept(session, op)
         session.pending.append(op)
     start_next(live, session)
 
 
-def _check_queue(session: SessionRecord, queued: int, projected: State | None) -> None:
-    """Raises the queue rules' SessionError: the queue is full, or no state is `projected`."""
-    if queued >= session.config.max_pending_ops:
-        raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
-    if projected is None:
-        raise SessionError("invalid_queued_operation", state=session.state,
-                           session_id=session.id)
-
-
-def accept(session: SessionRecord, op: Op) -> None:
-    if op.kind == "append":
-        session.appends_in_flight += 1
+async def _check_stored(live: Sessions, session: SessionRecord, kind: str,
+                        op_id: str | None = None) -> None:
+    """`check_queue` for `kind` behind the session's stored operations, whichever Memory
+    accepted them, unanswered, accepted before `op_id` (None: all of them)."""
+    queued = await live.coordination.queued_ops(session.id)
+    ids = [i for i, _, _ in queued]
+    kinds = [k for _, k, _ in queued[:ids.index(op_id) if op_id in ids else len(ids)]]
+    check_queue(session, len(kinds), projection(session, [*kinds, kind]))
 
 
 def _start(live: Sessions, session: SessionRecord, op: Op) -> None:
@@ -379,7 +380,8 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
     ops: list[Op] = []
     for stored in taken:
         claimed = claim_waiting(live, session.id, {stored.id})
-        op = Op(stored.kind, tuple(stored.args), claimed[0][2] if claimed else None)
+        op = Op(stored.kind, tuple(stored.args), claimed[0][2] if claimed else None,
+                at=stored.created_at)
         if claimed:
             op.queued = stored.id
             first.append(op)
@@ -393,8 +395,10 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
         return
     for op in ops:
         accept(session, op)
-    session.pending.extendleft(reversed(first))
-    session.pending.extend(ops[len(first):])
+    # In the order they were accepted, wherever; what this Memory queued itself among them.
+    merged = sorted([*ops, *session.pending], key=lambda o: (o.at is None, o.at or 0))
+    session.pending.clear()
+    session.pending.extend(merged)
 
 
 def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
@@ -464,27 +468,29 @@ async def _store_for(live: Sessions, session: SessionRecord, kind: str,
     `submit`, NotFoundError if the session ended, RuntimeError once the Memory has closed."""
     if live.closing:  # a callback of the close itself, say, which holds `storing`
         raise RuntimeError("the Memory has closed")
-    # From the check to the append, one call at a time: the insert is awaited, and a second
-    # call checked meanwhile would pass the bound without the first.
+    # From the check to the append, one call at a time (else both could pass the bound).
     async with session.storing:
         if session.ended:
             raise NotFoundError("session", session.id)
         if live.closing:
             raise RuntimeError("the Memory has closed")
-        queued = [k for _, k, _ in live.remote.get(session.id, [])]
-        auto = session.config.auto_commit
-        _check_queue(session, len(queued),
-                     project(S.IDLE if auto else S.READY, [*queued, kind], auto_commit=auto))
+        await _check_stored(live, session, kind)
         op_id = f"op_{uuid.uuid4().hex}"
         await live.register()  # it beats: its answer is kept for it (`forget_orphans`)
-        await live.coordination.queue_op(StoredOp(
-            op_id, session.id, kind, list(args), live.holder_id, live.coordination.now()
-        ))
+        co = live.coordination
+        await co.queue_op(StoredOp(op_id, session.id, kind, list(args), live.holder_id, co.now()))
         live.remote.setdefault(session.id, []).append((op_id, kind, callback))
         if session.ended:  # while its row was written: the end did not answer it
             with anyio.CancelScope(shield=True):
                 await fail_remote(live, session, "session_ended")
             return
+        try:  # another Memory's, accepted meanwhile, may come before it
+            await _check_stored(live, session, kind, op_id)
+        except MnemoError:
+            if claim_waiting(live, session.id, {op_id}):  # else answered meanwhile: accepted
+                with anyio.CancelScope(shield=True):
+                    await co.drop_ops([op_id])
+                raise
     watch(live, session)
 
 

@@ -320,6 +320,10 @@ class Coordination(Protocol):
         """Takes the session's stored operations nobody took yet, once each, in order; with
         `unseen_since`, also those queued by a holder gone (as `takeable` judges)."""
 
+    async def queued_ops(self, session_id: str) -> list[tuple[str, str, datetime]]:
+        """The session's stored operations not answered yet, whichever Memory accepted them,
+        as (id, kind, accepted at) in the order they were accepted. Reads only."""
+
     async def finish_op(self, op_id: str, result: StoredResult) -> None:
         """Records a taken operation's result for the Memory that accepted it (forgotten if
         that Memory closed)."""

@@ -228,6 +228,13 @@ class SqlCoordination(SqlStore):
                for i, s, k, a, by, at in rows]
         return sorted(ops, key=lambda op: (op.created_at, op.id))
 
+    async def queued_ops(self, session_id: str) -> list[tuple[str, str, datetime]]:
+        rows = await self._rows(
+            "SELECT id, kind, created_at FROM ops WHERE session_id = ? AND result IS NULL"
+            " AND accepted_by <> ''", (session_id,))
+        return sorted(((str(i), str(k), moment(at)) for i, k, at in rows),
+                      key=lambda op: (op[2], op[0]))
+
     async def finish_op(self, op_id: str, result: StoredResult) -> None:
         async def write(sql: Statements) -> None:
             await sql.run("DELETE FROM ops WHERE id = ? AND accepted_by = ''", (op_id,))

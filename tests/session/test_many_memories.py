@@ -923,9 +923,10 @@ async def test_a_call_made_while_stored_operations_are_taken_queues_behind_them(
                 return []
             taking.set()
             await gate.wait()
-            return [StoredOp("op_stored", sid, "commit", [], holder_id, datetime.now(UTC))]
+            return [StoredOp("op_stored", sid, "commit", [], holder_id, accepted)]
 
         take_faked(monkeypatch, live, take_ops)
+        accepted = live.coordination.now()  # before the start: the queue runs in that order
         async with anyio.create_task_group() as tg:
             tg.start_soon(operations.run_stored, live, session)
             with anyio.fail_after(5):

@@ -30,6 +30,8 @@ DEFAULT_IDLE_SESSION_TIMEOUT = 3600.0
 
 # The ranges of the fields, by what they measure; a count is at most `max_results`' ceiling.
 Seconds = Annotated[float, Meta(gt=0, le=DURATION_CEILINGS["wait"])]
+# Below a second, a heartbeat (a third of it) slower than a store write loses a live holder's work.
+Lease = Annotated[float, Meta(ge=1, le=DURATION_CEILINGS["wait"])]
 Wait = Annotated[float, Meta(ge=0, le=DURATION_CEILINGS["wait"])]
 Inactivity = Annotated[float, Meta(gt=0, le=DURATION_CEILINGS["inactivity"])]
 IdleSeconds = Annotated[float, Meta(gt=0, le=7 * DAY)]
@@ -69,7 +71,7 @@ class Config:
     # Seconds a write waits for another writer before `StorageError("busy")` (off the loop).
     busy_timeout: Wait = 5.0
     # Seconds after which background work held by a vanished `Memory` is taken over.
-    lease_timeout: Seconds = 30.0
+    lease_timeout: Lease = 30.0
     # Recall: candidates per channel, reciprocal-rank-fusion constant, score kept per hop.
     recall_candidates: Count = 50
     rrf_k: Count = 60
@@ -172,13 +174,17 @@ class Config:
             raise InvalidInputError(f"a stored Config must be a JSON object, got {text[:80]!r}")
         fields = {k: v for k, v in raw.items() if k in _checks()}  # the known fields
         for name, check in _checks().items():
-            wanted, high = fields.get(name), check.high
-            if isinstance(wanted, int | float) and high is not None and wanted > high:
-                # Stored before there was a ceiling: the store opens, at the ceiling.
+            wanted, high, low = fields.get(name), check.high, check.low
+            if not isinstance(wanted, int | float) or isinstance(wanted, bool):
+                continue
+            bound = (high if high is not None and wanted > high
+                     else low if low is not None and wanted < low else None)
+            if bound is not None:
+                # Stored before there was this ceiling (or floor): the store opens, at it.
                 logging.getLogger("mnemo").warning(
-                    "a stored Config.%s of %s is lowered to its ceiling, %s", name, wanted,
-                    _num(high))
-                fields[name] = type(wanted)(high)
+                    "a stored Config.%s of %s is brought to its bound, %s", name, wanted,
+                    _num(bound))
+                fields[name] = type(wanted)(bound)
         return cls(**fields)
 
 
@@ -189,6 +195,7 @@ class _Check(typing.NamedTuple):
     hint: Any
     wanted: str
     high: float | None
+    low: float | None = None  # a floor a stored value may be below (`ge`)
 
     def __call__(self, name: str, value: object) -> None:
         try:  # a float's subclass (numpy's float64) is checked as the float it is
@@ -232,7 +239,8 @@ def _checks() -> dict[str, _Check]:
         if typing.get_origin(kind) is Annotated:
             kind, meta = typing.get_args(kind)[:2]
         high = None if meta is None else meta.le if meta.le is not None else meta.lt
-        checks[name] = _Check(hint, _phrase(kind, meta, type(None) in parts), high)
+        checks[name] = _Check(hint, _phrase(kind, meta, type(None) in parts), high,
+                              None if meta is None else meta.ge)
     return checks
 
 

@@ -84,6 +84,18 @@ DURATIONS = {
 }
 
 
+def test_a_lease_shorter_than_a_second_is_refused_and_one_stored_is_read_at_it() -> None:
+    """A lease below a second would let another Memory take a live holder's work (its
+    heartbeat, a third of the lease, slower than a store write): refused naming the range;
+    one stored before the floor opens at it (it was accepted, and two Memories extracted)."""
+    assert configured("lease_timeout", 1).lease_timeout == 1
+    with pytest.raises(mnemo.InvalidInputError, match=r"lease_timeout must be a number "
+                       r"within \[1, 86,400\], got 0.001"):
+        configured("lease_timeout", 0.001)
+    stored = json.dumps({**json.loads(mnemo.Config().to_json()), "lease_timeout": 0.001})
+    assert mnemo.Config.from_json(stored).lease_timeout == 1
+
+
 @pytest.mark.parametrize(("name", "kind"), DURATIONS.items())
 def test_every_duration_has_a_ceiling(name: str, kind: str) -> None:
     """A duration takes up to its kind's ceiling (a day for a wait, a year of inactivity),
@@ -92,7 +104,7 @@ def test_every_duration_has_a_ceiling(name: str, kind: str) -> None:
     assert getattr(configured(name, ceiling), name) == ceiling
     for bad in (ceiling * 1.5, math.inf):
         with pytest.raises(mnemo.InvalidInputError, match=rf"Config\.{name} must be a number "
-                           rf"within .0, {ceiling:,.0f}\]"):
+                           rf"within .[01], {ceiling:,.0f}\]"):
             configured(name, bad)
     stored = json.dumps({**json.loads(mnemo.Config().to_json()), name: ceiling * 10})
     assert getattr(mnemo.Config.from_json(stored), name) == ceiling

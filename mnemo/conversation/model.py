@@ -249,7 +249,9 @@ class Goal:
 class Viewport:
     """What an agent sees of a thread within `token_budget` tokens: `messages` from the eviction
     boundary on, `snapshots`, `pinned` messages of open goals, `pins_left_out` (pins that did
-    not fit) and `recalled` messages found for the open goals (see `viewport`)."""
+    not fit) and `recalled` messages found for the open goals (see `viewport`). `behind` while
+    eviction is behind: the messages from the boundary on leave the memory too little room
+    (`evict` until it is False, as `auto_evict_budget` does)."""
 
     thread_id: str
     token_budget: int
@@ -261,6 +263,7 @@ class Viewport:
     tokens_past_boundary: int
     pins_left_out: list[str] = field(default_factory=list)
     recalled: list[SearchHit] = field(default_factory=list)
+    behind: bool = False
 
     def to_messages(self) -> list[JSONObject]:
         """The viewport as chat messages: a memory system message (untrusted), then the rest."""

@@ -167,7 +167,7 @@ class ConversationService:
         goals = await self.store.open_goals(thread_id)
         view = layout(thread_id, token_budget,
                       await self.store.viewport_inputs(thread_id, token_budget),
-                      recall=bool(goals))[0]
+                      recall=bool(goals))
         if goals:
             pinned = {m.id for m in view.pinned}
             view = with_recalled(view, await self.recalled(thread_id, goals, pinned))
@@ -217,7 +217,7 @@ class ConversationService:
         on, or until the thread is purged meanwhile."""
         async with self.evict_locks.hold(thread_id):
             while layout(thread_id, token_budget,
-                         await self.store.viewport_inputs(thread_id, token_budget))[1]:
+                         await self.store.viewport_inputs(thread_id, token_budget)).behind:
                 try:
                     result = await self._evict(thread_id, token_budget, eviction_fraction, llm)
                 except NotFoundError:

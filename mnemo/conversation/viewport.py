@@ -59,9 +59,9 @@ def _fit(items: Iterable[tuple[int, T]], allowance: float, *,
 
 def layout(
     thread_id: str, token_budget: int, inputs: ViewportInputs, *, recall: bool = False
-) -> tuple[Viewport, bool]:
-    """The viewport, and whether eviction is behind (the messages from the boundary on took memory's
-    room, or one is a result lacking its call). `inputs` are read with a token limit of at least
+) -> Viewport:
+    """The viewport (`behind`: the messages from the boundary on took memory's room, or one is
+    a result lacking its call). `inputs` are read with a token limit of at least
     `token_budget`; with `recall`, older snapshots leave recall its share."""
     # Fitted newest first, kept oldest first: the order they are given up in below.
     pinned, pins_used = _fit(((m.tokens, m) for m in inputs.pinned), token_budget * PIN_SHARE)
@@ -117,7 +117,8 @@ def layout(
         tokens=used + memory_used,
         tokens_past_boundary=past,
         pins_left_out=[m.id for m in reversed(inputs.pinned) if m.id not in shown_ids],
-    ), crowded or not safe[0]
+        behind=crowded or not safe[0],
+    )
 
 
 def with_recalled(view: Viewport, hits: Sequence[SearchHit]) -> Viewport:

@@ -76,35 +76,57 @@ async def test_auto_eviction_keeps_room_for_a_large_pin(cmem: mnemo.Memory) -> N
     assert len(shown_after) > 20
 
 
+async def test_evicting_while_the_viewport_is_behind_shows_the_pin(cmem: mnemo.Memory) -> None:
+    """The README's manual loop, `evict` while `Viewport.behind`, ends with the pin shown, as
+    auto-eviction does. The loop it gave before, until `tokens_past_boundary` fits the budget,
+    stopped while the messages past the boundary still took the pin's room."""
+    await cmem.add_goal("t", "deploy the nginx proxy")
+    history: list[dict[str, Any]] = [user(pin_text(20))]
+    history += [tagged(i, "user", 12) for i in range(1, 41)]
+    stored = await cmem.conversation().save("t", history)
+    budget = 200
+    assert (await cmem.viewport("t", token_budget=budget)).behind
+    for _ in range(40):
+        if not (await cmem.viewport("t", token_budget=budget)).behind:
+            break
+        await cmem.evict("t", token_budget=budget)
+    view = await cmem.viewport("t", token_budget=budget)
+    assert not view.behind
+    assert [m.id for m in view.pinned] == [stored[0].id]
+    assert view.pins_left_out == []
+    assert view.tokens <= budget
+    assert await hidden(cmem, "t", budget) == []
+
+
 def test_pins_past_their_share_take_the_room_left() -> None:
     """Two pins of 700 and 600 tokens at a 2,000-token budget: the newest takes the pins'
     half, the older the room the 200 tokens of messages leave; with 900 tokens of messages
     the older no longer fits, is left out whole and named."""
-    view, crowded = layout("t", 2000, inputs([600, 700], [100, 100]))
+    view = layout("t", 2000, inputs([600, 700], [100, 100]))
     assert [m.seq for m in view.pinned] == [0, 1]
-    assert (view.pins_left_out, view.tokens, crowded) == ([], 1500, False)
-    view, crowded = layout("t", 2000, inputs([600, 700], [450, 450]))
+    assert (view.pins_left_out, view.tokens, view.behind) == ([], 1500, False)
+    view = layout("t", 2000, inputs([600, 700], [450, 450]))
     assert [m.seq for m in view.pinned] == [1]
     assert [m.seq for m in view.messages] == [100, 101]
-    assert (view.pins_left_out, view.tokens, crowded) == (["m0"], 1600, False)
+    assert (view.pins_left_out, view.tokens, view.behind) == (["m0"], 1600, False)
 
 
 def test_pins_alone_past_the_budget_show_the_newest_that_fit() -> None:
     """Pins of 1,500, 1,200 and 800 tokens (oldest first) at a 2,000-token budget: the newest
     is shown, the two others are left out whole (never cut) and named, oldest first; the
     viewport stays within the budget and the messages keep their room."""
-    view, crowded = layout("t", 2000, inputs([1500, 1200, 800], [100]))
+    view = layout("t", 2000, inputs([1500, 1200, 800], [100]))
     assert [(m.seq, m.tokens) for m in view.pinned] == [(2, 800)]
     assert view.pins_left_out == ["m0", "m1"]
     assert [m.seq for m in view.messages] == [100]
-    assert (view.tokens, crowded) == (900, False)
+    assert (view.tokens, view.behind) == (900, False)
 
 
 def test_messages_past_the_boundary_outrank_pins() -> None:
     """When the messages past the boundary need the pins' room (eviction is behind), the pins
     give way, oldest first, and the layout says eviction is behind."""
-    view, crowded = layout("t", 2000, inputs([400, 500], [600, 600, 600]))
-    assert crowded
+    view = layout("t", 2000, inputs([400, 500], [600, 600, 600]))
+    assert view.behind
     assert [m.seq for m in view.messages] == [100, 101, 102]
     assert [m.seq for m in view.pinned] == []
     assert view.pins_left_out == ["m0", "m1"]

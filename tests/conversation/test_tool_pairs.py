@@ -108,8 +108,8 @@ def test_a_window_never_starts_with_a_result_whose_call_is_behind_it(shape: str)
 
     def shown(budget: int) -> tuple[list[int], bool]:
         inputs = ports.ViewportInputs(10, [], [], [], sum(m.tokens for m in newest), newest[::-1])
-        view, behind = layout("t", budget, inputs)
-        return [m.seq for m in view.messages], behind
+        view = layout("t", budget, inputs)
+        return [m.seq for m in view.messages], view.behind
 
     assert shown(1000) == ([11, 12, 13, 14], True)
     assert shown(20) == ([14], True)

@@ -266,11 +266,12 @@ class SessionMethods(Parts):
                     await self._move(session_id, "commit")
                     continue
                 if session.state is S.FAILED:
-                    times = "once" if runs + retries == 1 else f"{runs + retries} times"
+                    runs += retries
+                    times = ("before this call" if runs == 0 else "once in this call"
+                             if runs == 1 else f"{runs} times in this call")
                     raise PipelineError(
                         failure_reason(session.failure or Exception()),
-                        f"{session_id}: the extraction failed {times} in this call, last: "
-                        f"{session.failure}",
+                        f"{session_id}: the extraction failed {times}, last: {session.failure}",
                     ) from session.failure
                 raise SessionError("not_ready", state=session.state, session_id=session_id)
         finally:

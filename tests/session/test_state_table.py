@@ -289,6 +289,18 @@ async def test_close_and_commit_nodes_are_stored(mem: mnemo.Memory, enter: Enter
     assert await state_of(mem, sid) == State.IDLE
 
 
+async def test_close_and_commit_of_a_failed_session_without_retries_says_it_failed_before(
+    mem: mnemo.Memory, enter: Enter
+) -> None:
+    """`max_retries=0` on a failed session runs no extraction: the error says the extraction
+    failed before the call (it said "failed 0 times in this call"); the session stays failed."""
+    sid = await enter(State.FAILED)
+    with pytest.raises(mnemo.PipelineError, match="failed before this call, last: ") as caught:
+        await mem.close_and_commit(sid, max_retries=0)
+    assert "0 times" not in str(caught.value)
+    assert await state_of(mem, sid) == State.FAILED
+
+
 async def test_step_indices_count_from_zero(mem: mnemo.Memory, enter: Enter) -> None:
     """Each append returns a StepInfo whose index counts 0, 1, 2 within the episode."""
     sid = await enter(State.COLLECTING)

@@ -195,7 +195,7 @@ class _Check(typing.NamedTuple):
     hint: Any
     wanted: str
     high: float | None
-    low: float | None = None  # a floor a stored value may be below (`ge`)
+    low: float | None = None  # a floor raised since a stored value may have been written
 
     def __call__(self, name: str, value: object) -> None:
         try:  # a float's subclass (numpy's float64) is checked as the float it is
@@ -228,6 +228,10 @@ def _num(value: float) -> str:
     return f"{value:,.0f}" if value == int(value) else f"{value:g}"
 
 
+# Fields whose floor was raised: a config stored before opens at the floor.
+_RAISED_FLOORS = frozenset({"lease_timeout"})
+
+
 @cache
 def _checks() -> dict[str, _Check]:
     checks: dict[str, _Check] = {}
@@ -239,8 +243,8 @@ def _checks() -> dict[str, _Check]:
         if typing.get_origin(kind) is Annotated:
             kind, meta = typing.get_args(kind)[:2]
         high = None if meta is None else meta.le if meta.le is not None else meta.lt
-        checks[name] = _Check(hint, _phrase(kind, meta, type(None) in parts), high,
-                              None if meta is None else meta.ge)
+        low = meta.ge if meta is not None and name in _RAISED_FLOORS else None
+        checks[name] = _Check(hint, _phrase(kind, meta, type(None) in parts), high, low)
     return checks
 
 

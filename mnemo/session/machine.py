@@ -15,6 +15,7 @@ run outside the machine (`Extract`, `CommitSteps`), and their results come back 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -281,8 +282,19 @@ class TicketQueue:
 
 # The session whose operation's callback runs in this context.
 CALLED_BACK: ContextVar[SessionRecord | None] = ContextVar("mnemo_called_back", default=None)
-# The sessions (one Memory's) whose background work runs the current task, if any.
-WORKING: ContextVar[object] = ContextVar("mnemo_working", default=None)
+# The sessions (one Memory's) whose background work the current task is, and that task.
+_WORKING: ContextVar[tuple[object, object] | None] = ContextVar("mnemo_working", default=None)
+
+
+def working(sessions: object) -> None:
+    """Marks the running task as part of `sessions`' background work (a task it starts is not)."""
+    _WORKING.set((sessions, asyncio.current_task()))
+
+
+def working_for(sessions: object) -> bool:
+    """Whether the running task is part of `sessions`' background work (`working`)."""
+    marked = _WORKING.get()
+    return marked is not None and marked[0] is sessions and marked[1] is asyncio.current_task()
 
 
 @dataclass(eq=False)
@@ -359,9 +371,10 @@ class SessionRecord:
 
     @property
     def busy(self) -> bool:
-        """Whether an operation accepted now queues: work or an append is under way."""
+        """Whether an operation accepted now queues: an extraction, or an accepted operation,
+        is under way (the contract's "busy"; a synchronous append is neither)."""
         return (self.state is S.EXTRACTING or self.background > 0 or self.running is not None
-                or bool(self.pending) or self.appends_in_flight > 0)
+                or bool(self.pending))
 
     def notify(self) -> None:
         self.changed.set()

@@ -9,6 +9,7 @@ first, the Memory that takes its work over runs it."""
 
 from __future__ import annotations
 
+import heapq
 import logging
 import uuid
 from collections.abc import Collection, Iterator
@@ -28,7 +29,6 @@ from mnemo.session.machine import (
     SessionRecord,
     State,
     accept,
-    appends_before,
     as_session_error,
     check_args,
     check_queue,
@@ -174,11 +174,8 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
         if op.kind == "append":
             assert op.ticket is not None
             observation, action = op.args
-            await registry.run_append(live, session, op.ticket, observation, action, None)
+            await registry.run_append(live, session, op.ticket, observation, action, None, op)
         else:
-            if op.kind == "close":  # after the synchronous appends called before it
-                while appends_before(session, queued=True):
-                    await session.changed.wait()
             await transitions.call(live, session, op.kind, op.args, op)
     except Exception as exc:
         # Shielded: finding the session ended cancels this task; the callbacks are owed.
@@ -195,9 +192,11 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
                 )
                 await _fail(live, session, later, "preceding_op_failed")
     except BaseException:
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):  # a stored step is appended, annotated later
+            stored = op.kind == "append" and op.applied and not session.ended
             reason = "session_ended" if session.ended else "memory_closed"
-            await _finish_op(session, op, failure(session, reason))
+            await _finish_op(session, op, OpResult(True, VALUES[op.kind]) if stored
+                             else failure(session, reason))
         raise
     else:
         await _finish_op(session, op, OpResult(True, VALUES[op.kind]))
@@ -374,9 +373,7 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
     except StorageError as exc:
         log.warning("%s: %d finished operation rows left in the store: %s",
                     session.id, len(orphans), exc)
-    # This Memory's own stored operations were accepted before any it queued here: first.
     # Taken by the Memory that accepted them, they are its queue's (`Op.queued`).
-    first: list[Op] = []
     ops: list[Op] = []
     for stored in taken:
         claimed = claim_waiting(live, session.id, {stored.id})
@@ -384,19 +381,16 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
                 at=stored.created_at)
         if claimed:
             op.queued = stored.id
-            first.append(op)
-            continue
-        if stored.accepted_by:
+        elif stored.accepted_by:
             op.callback, op.stored = _result_to(live, session, stored.id), stored.id
         ops.append(op)
-    ops[:0] = first
     if session.state is S.FAILED:
         await _fail(live, session, ops, "extraction_failed")
         return
     for op in ops:
         accept(session, op)
-    # In the order they were accepted, wherever; what this Memory queued itself among them.
-    merged = sorted([*ops, *session.pending], key=lambda o: (o.at is None, o.at or 0))
+    # In the order they were accepted, wherever; those this Memory queued itself keep theirs.
+    merged = list(heapq.merge(session.pending, ops, key=lambda o: o.at.timestamp() if o.at else 0))
     session.pending.clear()
     session.pending.extend(merged)
 
@@ -478,19 +472,20 @@ async def _store_for(live: Sessions, session: SessionRecord, kind: str,
         op_id = f"op_{uuid.uuid4().hex}"
         await live.register()  # it beats: its answer is kept for it (`forget_orphans`)
         co = live.coordination
-        await co.queue_op(StoredOp(op_id, session.id, kind, list(args), live.holder_id, co.now()))
-        live.remote.setdefault(session.id, []).append((op_id, kind, callback))
-        if session.ended:  # while its row was written: the end did not answer it
-            with anyio.CancelScope(shield=True):
+        # Once written, a cancelled caller leaves no row without its watcher.
+        with anyio.CancelScope(shield=True):
+            await co.queue_op(StoredOp(op_id, session.id, kind, list(args), live.holder_id,
+                                       co.now()))
+            live.remote.setdefault(session.id, []).append((op_id, kind, callback))
+            if session.ended:  # while its row was written: the end did not answer it
                 await fail_remote(live, session, "session_ended")
-            return
-        try:  # another Memory's, accepted meanwhile, may come before it
-            await _check_stored(live, session, kind, op_id)
-        except MnemoError:
-            if claim_waiting(live, session.id, {op_id}):  # else answered meanwhile: accepted
-                with anyio.CancelScope(shield=True):
+                return
+            try:  # another Memory's, accepted meanwhile, may come before it
+                await _check_stored(live, session, kind, op_id)
+            except MnemoError:
+                if claim_waiting(live, session.id, {op_id}):  # else answered: accepted
                     await co.drop_ops([op_id])
-                raise
+                    raise
     watch(live, session)
 
 

@@ -24,15 +24,16 @@ from mnemo.errors import NotFoundError, SessionError, StorageError, check_id, ch
 from mnemo.graph.ports import GraphStore
 from mnemo.ports import Events
 from mnemo.session.machine import (
-    WORKING,
     Callback,
     CommitSteps,
     Effect,
+    Op,
     Runtime,
     SessionRecord,
     State,
     new_machine,
     refuse_unless,
+    working,
 )
 from mnemo.session.ports import (
     Coordination,
@@ -64,8 +65,7 @@ class Sessions:
     events: Events
     repos: Runtimes
     lease: timedelta
-    # The shortest `idle_session_timeout` known: the most the idle sweep waits.
-    shortest_idle: float
+    shortest_idle: float  # the shortest `idle_session_timeout` known: the idle sweep's wait
     effects: Callable[[Sessions, SessionRecord, Effect], None]
     answer_ended: Callable[[Sessions, SessionRecord], Awaitable[None]]
     # This Memory as a holder of work, recorded at its first claim, alive while it beats.
@@ -110,8 +110,7 @@ class Sessions:
         session = SessionRecord(session_id, repo, self.repos.get(repo), override, config)
         self.machine.add_model(session, initial=state)
         self.by_id[session_id] = session
-        if config.idle_session_timeout < self.shortest_idle:
-            # It may come due that long after its last change: the idle sweep looks that often.
+        if config.idle_session_timeout < self.shortest_idle:  # the idle sweep looks that often
             self.shortest_idle = config.idle_session_timeout
             self.idle_wake.set()
         return session
@@ -126,8 +125,7 @@ class Sessions:
             if row is None:
                 raise NotFoundError("session", session_id)
             await self.repos.learn(row.repo)  # opened through another Memory, maybe
-            # Another call may have loaded it meanwhile.
-            return self.by_id.get(session_id) or self.adopt(row)
+            return self.by_id.get(session_id) or self.adopt(row)  # or another call's load
         if fresh:
             version = await self.store.version(session_id)
             # Versions only grow: an older one is a read that began before a write here and
@@ -233,7 +231,7 @@ class Sessions:
         scopes.add(scope)
 
         async def owned() -> None:
-            WORKING.set(self)  # a callback or handler it runs closes no Memory (`hosts_this_task`)
+            working(self)  # a callback or handler it runs closes no Memory
             with scope:
                 try:
                     await fn(*args)
@@ -279,14 +277,16 @@ async def append(
 
 async def run_append(
     live: Sessions, session: SessionRecord, ticket: int, observation: str, action: str,
-    metadata: dict[str, Any] | None,
+    metadata: dict[str, Any] | None, op: Op | None = None,
 ) -> StepInfo:
     """Stores the step when the ticket queue reaches `ticket` (appends run one at a time, in
-    call order) and starts the annotation; returns once the step is annotated, or
-    `append_timeout` after it was stored (annotated later); a model's failure is raised."""
+    call order; `op.applied` once stored) and starts the annotation; returns once the step is
+    annotated, or `append_timeout` after it was stored; a model's failure is raised."""
     await session.ticket_queue.wait(ticket)
     try:
         stored, episode_id = await _store(live, session, observation, action, metadata)
+        if op is not None:
+            op.applied = True
         with anyio.move_on_after(session.runtime.config.append_timeout):
             while True:
                 changed = session.changed

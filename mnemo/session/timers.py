@@ -19,7 +19,6 @@ import anyio
 from mnemo.errors import MnemoError, NotFoundError, SessionError, StorageError
 from mnemo.session import extracting, operations, registry, transitions
 from mnemo.session.machine import (
-    WORKING,
     CommitSteps,
     OpResult,
     SessionRecord,
@@ -27,6 +26,8 @@ from mnemo.session.machine import (
     current_state,
     deliver,
     refuse_close,
+    working,
+    working_for,
 )
 from mnemo.session.ports import LiveSession, StaleSession
 from mnemo.session.registry import Sessions
@@ -63,7 +64,7 @@ class BackgroundWork:
         self.live.passes_end = None
 
         async def host() -> None:
-            WORKING.set(self.live)  # seen by the tasks started from it
+            working(self.live)
             try:
                 async with anyio.create_task_group() as tg:
                     await tg.start(self._run)
@@ -90,7 +91,7 @@ class BackgroundWork:
     def hosts_this_task(self) -> bool:
         """Whether the running task is part of this work (an operation's callback, an event
         handler): a stop from it would wait for itself."""
-        return self._host is not None and WORKING.get() is self.live
+        return self._host is not None and working_for(self.live)
 
     async def stop(self) -> bool:
         """Cancels the work and waits until it is gone; False when it was not running."""
@@ -164,6 +165,7 @@ async def end_idle(live: Sessions) -> float:
 async def sweep(live: Sessions) -> None:
     """Ends idle sessions as they come due, looking at the store when the next is due and at
     least every `Sessions.shortest_idle` seconds; runs until cancelled."""
+    working(live)
     while True:
         live.idle_wake = anyio.Event()
         async with background_pass(live):
@@ -174,6 +176,7 @@ async def sweep(live: Sessions) -> None:
 
 async def run(live: Sessions) -> None:
     """Flushes idle trajectories and expires idle auto-commit sessions until cancelled."""
+    working(live)
     while True:
         now = anyio.current_time()
         next_due = math.inf
@@ -342,6 +345,7 @@ def _working(session: SessionRecord) -> bool:
 async def holder(live: Sessions, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
     """Looks for work to take over and, once this Memory holds work, beats; retires when
     cancelled (its leases end at once)."""
+    working(live)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_beat, live)

@@ -831,8 +831,10 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
     async with workers(store, 1) as [w]:
         recorded = Callbacks()
         sid, live, session = await with_a_stored_commit(w, recorded)
+        accepted = live.coordination.now() - timedelta(seconds=1)  # the stored commit
         # A start_episode this Memory queued behind its stored commit once the work was its own.
-        session.pending.append(Op("start_episode", ("walk west",), recorded("start")))
+        session.pending.append(Op("start_episode", ("walk west",), recorded("start"),
+                                  at=live.coordination.now()))
         gate = anyio.Event()
         takes = 0
 
@@ -842,7 +844,7 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
             if takes > 1:
                 return []
             await gate.wait()
-            return [StoredOp("op_stored", sid, "commit", [], holder_id, datetime.now(UTC))]
+            return [StoredOp("op_stored", sid, "commit", [], holder_id, accepted)]
 
         faults = [mnemo.StorageError("unavailable", "the store is away")] if drop_fails else []
 
@@ -926,7 +928,7 @@ async def test_a_call_made_while_stored_operations_are_taken_queues_behind_them(
             return [StoredOp("op_stored", sid, "commit", [], holder_id, accepted)]
 
         take_faked(monkeypatch, live, take_ops)
-        accepted = live.coordination.now()  # before the start: the queue runs in that order
+        accepted = live.coordination.now() - timedelta(seconds=1)  # before the start
         async with anyio.create_task_group() as tg:
             tg.start_soon(operations.run_stored, live, session)
             with anyio.fail_after(5):

@@ -112,6 +112,27 @@ async def test_ops_still_queued_when_the_memory_closes_get_their_callback(
     assert results.got["commit"].error.reason == "memory_closed"
 
 
+async def test_an_async_append_whose_step_was_stored_is_appended_when_the_memory_closes(
+    llm: FakeLLM, embedder: Any, store: str
+) -> None:
+    """The Memory closes while an append_async's step, stored, waits for its annotation: it
+    is called back "appended" (it was "memory_closed", and an app that tried again stored the
+    step twice), and the next Memory finds the step once."""
+    results = Results()
+    async with mnemo.Memory(store, llm=llm, embedder=embedder) as m:
+        await m.open_repo(REPO)
+        sid = await m.start_session("goal", repo=REPO)
+        held = llm.hold("state")
+        await m.append_async(sid, "walk north", "go north", callback=results("append"))
+        with anyio.fail_after(5):
+            await held.started.wait()
+    llm.release_all()
+    assert results.got["append"] == mnemo.OpResult(True, "appended", None)
+    async with mnemo.Memory(store, llm=llm, embedder=embedder) as m:
+        assert [[s.observation for s in e.steps] for e in await m.episodes(sid)] == [
+            ["walk north"]]
+
+
 @pytest.mark.parametrize("failing", ["llm", "embedder", "store"])
 async def test_a_failure_in_an_async_append(
     mem: mnemo.Memory, llm: FakeLLM, embedder: FakeEmbedder, failing: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 import mnemo
 from mnemo import State
 from tests.conftest import REPO, Enter
-from tests.fakes import Callbacks, EventLog, FakeLLM, Hold, maybe_await
+from tests.fakes import Callbacks, EventLog, FakeEmbedder, FakeLLM, Hold, maybe_await
 
 Callback = Callable[[mnemo.OpResult], Any]
 Op = Callable[[mnemo.Memory, str, Callback], Awaitable[None] | None]
@@ -476,24 +477,25 @@ async def test_queued_close_behind_a_running_append(
     assert await state_of(mem, sid) == State.COLLECTING
 
 
-async def test_a_close_async_during_a_synchronous_append_queues_behind_it(
+async def test_a_close_async_during_a_synchronous_append_is_refused_as_not_busy(
     mem: mnemo.Memory, llm: FakeLLM, callbacks: Callbacks
 ) -> None:
-    """A synchronous append is work under way: a close_async and a commit_async made while
-    it runs are queued and run once it returns (they were refused "invalid_operation")."""
+    """A synchronous append is no accepted operation: the session is not busy (the contract's
+    word), so a close_async made while it runs is checked at once and refused
+    invalid_operation, and nothing is queued; the append ends as it would, and a close after
+    it works. Queuing it instead let the append's event handler deadlock on it."""
     sid = await mem.start_session("explore the house", repo=REPO)
     held = llm.hold("state")
     async with anyio.create_task_group() as group:
         group.start_soon(mem.append, sid, "The hall is dark.", "Switch on the light.")
         with anyio.fail_after(5):
             await held.started.wait()
-        for op in ["close", "commit"]:
-            await submit(mem, sid, op, callbacks)
-        assert await state_of(mem, sid) == State.COLLECTING
+        with pytest.raises(mnemo.SessionError) as refused:
+            await submit(mem, sid, "close", callbacks)
+        assert refused.value.reason == "invalid_operation"
         held.release()
-    results = await callbacks.wait(2)
-    assert [(r.ok, r.value) for _, r in results] == [(True, "closed"), (True, "committed")]
-    assert await state_of(mem, sid) == State.IDLE
+    await mem.close(sid)
+    assert callbacks.results == []
     assert [len(e.steps) for e in await mem.episodes(sid)] == [1]
 
 
@@ -618,6 +620,36 @@ async def test_aclose_from_a_callback_is_refused_at_once_and_the_memory_stays_us
     assert outcome == ["appended", "RuntimeError"]
     await mem.close(sid)
     assert await events.wait_state(mem, sid, State.READY, State.FAILED) == State.READY
+
+
+async def test_a_task_a_callback_starts_may_close_the_memory(
+    store: str, llm: FakeLLM, embedder: FakeEmbedder
+) -> None:
+    """A callback that schedules the shutdown in a task of its own: that task is no part of
+    the Memory's work, so its aclose() closes the Memory (it was refused as the callback's)."""
+    closed = anyio.Event()
+    outcome: list[str] = []
+
+    async def shut_down(mem: mnemo.Memory) -> None:
+        await mem.aclose()
+        outcome.append("closed")
+        closed.set()
+
+    mem = mnemo.Memory(store, llm=llm, embedder=embedder)
+    await mem.__aenter__()
+    try:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore the house", repo=REPO)
+        tasks: list[asyncio.Task[None]] = []
+        await mem.append_async(sid, "walk north", "go north",
+                               callback=lambda _: tasks.append(asyncio.create_task(shut_down(mem))))
+        with anyio.fail_after(10):
+            await closed.wait()
+        assert outcome == ["closed"]
+        with pytest.raises(mnemo.StorageError):
+            await mem.start_session("explore the garden", repo=REPO)
+    finally:
+        await mem.aclose()
 
 
 async def test_a_failed_background_commit_fails_every_queued_op_even_with_slow_callbacks(

@@ -6,7 +6,9 @@ order they were accepted."""
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
+from typing import Any
 
+import anyio
 import pytest
 
 import mnemo
@@ -73,3 +75,39 @@ async def test_each_operation_is_projected_from_every_one_accepted_before_it(
         episodes = await a.mem.episodes(sid)
         assert [(e.goal, [s.observation for s in e.steps]) for e in episodes][1:] == [
             ("next goal", ["walk west"])]
+
+
+async def test_a_call_cancelled_after_its_row_is_stored_is_still_called_back(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit_async through B whose caller is cancelled while B checks its stored row again:
+    the row stays and runs where the work ends, and B calls it back (no watcher was started,
+    so the commit ran and its callback never came)."""
+    async with AsyncExitStack() as stack:
+        a, b = await open_worker(stack, store), await open_worker(stack, store)
+        sid = await fill(a.mem)
+        held = await extracting(a, sid)
+        coordination = b.mem._backend.coordination
+        queued_ops, checking, go = coordination.queued_ops, anyio.Event(), anyio.Event()
+        reads = 0
+
+        async def a_held_second_read(session_id: str) -> Any:
+            nonlocal reads
+            reads += 1
+            if reads == 2:  # the check after the insert
+                checking.set()
+                await go.wait()
+            return await queued_ops(session_id)
+
+        monkeypatch.setattr(coordination, "queued_ops", a_held_second_read)
+        callbacks = Callbacks()
+        async with anyio.create_task_group() as group:
+            group.start_soon(b.mem.commit_async, sid, callbacks("commit"))
+            with anyio.fail_after(5):
+                await checking.wait()
+            group.cancel_scope.cancel()
+            go.set()
+        held.release()
+        results = await callbacks.wait(1, within=10)
+        assert [(label, r.ok, r.value) for label, r in results] == [("commit", True, "committed")]
+        assert await a.mem.session_state(sid) is State.IDLE

@@ -249,3 +249,39 @@ async def test_a_look_writes_nothing_to_a_sqlite_file(tmp_path: Path) -> None:
         assert writer.execute("SELECT id FROM holders").fetchall() == [("h",)]
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_a_look_at_a_place_holding_no_store_makes_none(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """An inspecting Memory where no store is (a missing file, an empty database) is refused
+    and leaves nothing there: no file, no table, no extension (it made a whole store, so a
+    read command pointed at a mistyped database gave it mnemo's tables)."""
+    where = (str(tmp_path / "missing.db") if backend == "sqlite"
+             else str(request.getfixturevalue("pg_empty_url")))
+    with pytest.raises(mnemo.StorageError):
+        async with mnemo.Memory(where, inspect=True):
+            pass
+    if backend == "sqlite":
+        assert not (tmp_path / "missing.db").exists()
+        return
+    with psycopg.connect(where) as conn:
+        tables = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+        extensions = conn.execute("SELECT extname FROM pg_extension ORDER BY extname")
+        assert (tables.fetchone(), extensions.fetchall()) == ((0,), [("plpgsql",)])
+
+
+async def test_a_look_needs_no_write_on_postgresql(pg_url: str) -> None:
+    """A store opened for a look over a connection that may not write (a standby, a role that
+    may only SELECT): repos and a recall are read (it ran CREATE TABLE and failed)."""
+    async with mnemo.Memory(pg_url, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        await mem.ingest(REPO, mnemo.Trajectory("note the port", [mnemo.Step(
+            "The proxy listens on port 8443.", "Note it.")]), source_id="doc")
+    options = "options=-c%20default_transaction_read_only%3Don"
+    read_only = f"{pg_url}{'&' if '?' in pg_url else '?'}{options}"
+    async with mnemo.Memory(read_only, embedder=FakeEmbedder(), inspect=True) as look:
+        assert await look.list_repos() == [REPO]
+        found = await look.recall(REPO, "which port does the proxy use", reinforce=False)
+        assert any("8443" in m.node.text for m in found.memories)

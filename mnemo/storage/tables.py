@@ -25,6 +25,11 @@ def check_ledger(
         raise StorageError(
             "unavailable", f"the store was upgraded by a newer mnemo (its schema has {newer[-1]},"
             " which this version does not know): open it with that version or a later one")
+    if not applied and not upgrade:
+        raise StorageError(
+            "read_only", "the store holds no mnemo data, and a look makes none: a Memory that"
+            " works creates it when it opens (your agent, or a writing command such as"
+            " `mnemo ingest`)")
     pending = sorted(set(known) - set(applied))
     if applied and pending and not upgrade:
         raise StorageError(

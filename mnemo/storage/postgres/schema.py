@@ -129,8 +129,21 @@ async def apply(conn: Connection, *, upgrade: bool = True) -> list[str]:
     succeed); returns the names applied. `conn` must not be in a transaction. Raises
     `StorageError`: "extension_missing" (absent, pgvector older than 0.5, or not creatable by
     this role), "busy" past `lock_timeout`, "unavailable" for a pre-baseline schema or a newer
-    mnemo's; "read_only" for an older one without `upgrade` (`tables.check_ledger`)."""
+    mnemo's; "read_only" for an older one without `upgrade` (`tables.check_ledger`). A current
+    store, and any store without `upgrade` (a look), is only read: no statement writes, so a
+    read-only connection (a standby, a SELECT-only role) serves a look."""
     try:
+        async with conn.transaction():
+            cur = await conn.execute("SELECT to_regclass('mnemo_migrations') IS NOT NULL")
+            row = await cur.fetchone()
+            done: set[str] = set()
+            if row is not None and row[0]:
+                cur = await conn.execute("SELECT name FROM mnemo_migrations")
+                done = {str(name) for (name,) in await cur.fetchall()}
+            known = {migration.name for migration in MIGRATIONS}
+            check_ledger(done, known, BASELINE.name, upgrade=upgrade)
+            if known <= done:
+                return []
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
             await _ensure_vector(conn)

@@ -137,7 +137,11 @@ class Database:
 
     def _open_sync(self) -> None:
         # Autocommit: every transaction is opened by `atomic()`.
-        target = self.path if self.path == ":memory:" else file_uri(self.path)
+        if self.inspect and self.path != ":memory:" and not os.path.exists(self.path):
+            raise StorageError("unavailable", f"no store at {self.path}, and a look makes none")
+        # A look never creates the file (`mode=rw`, should it go meanwhile).
+        target = (self.path if self.path == ":memory:"
+                  else file_uri(self.path) + ("?mode=rw" if self.inspect else ""))
         conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None, uri=True)
         try:
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")

@@ -256,6 +256,13 @@ class Events:
             return
         await deliver(self._callback, Event(kind, session_id, repo, data), f"on_event ({kind})")
 
+    async def applied(self, repo: str, node_ids: Sequence[str], changeset_id: str, *,
+                      session_id: str | None = None, **data: JSONValue) -> None:
+        """Reports a changeset committed to the graph, by a session, an ingest, a `remember`
+        or a `correct` ("changeset_applied")."""
+        await self.emit("changeset_applied", session_id=session_id, repo=repo,
+                        node_ids=list(node_ids), changeset_id=changeset_id, **data)
+
 
 async def deliver(callback: Callable[[T], Awaitable[None] | None], value: T, what: str) -> None:
     """Calls the user's sync or async `callback` with `value`, shielded; an exception it

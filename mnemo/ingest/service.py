@@ -209,6 +209,8 @@ class IngestService:
             try:
                 commit = await self._graph.apply(changeset, intents=runtime.intents,
                                                  also=[record])
+                await self._events.applied(repo, commit.node_ids, commit.changeset_id,
+                                           source_id=source_id)
                 return IngestReceipt(source_id, commit.node_ids, created=True,
                                      missing=commit.missing)
             except SourceTaken:

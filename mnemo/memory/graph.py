@@ -186,13 +186,16 @@ class GraphMethods(Parts):
         return await self._naming_joined(await self._graph.apply(changeset, intents=policy))
 
     async def _naming_joined(self, receipt: CommitReceipt) -> CommitReceipt:
-        """A one-fact commit's receipt; when the fact joined a live fact of the same words
-        rather than creating one, naming that fact."""
+        """A one-fact commit's receipt, reported ("changeset_applied"); when the fact joined a
+        live fact of the same words rather than creating one, naming that fact."""
         from mnemo.graph.model import NodeId
 
         record = None if receipt.node_ids else await self._graph.commit_record(
             receipt.repo, receipt.changeset_id)
-        return replace(receipt, node_ids=[NodeId(i) for i in record.joined]) if record else receipt
+        if record:
+            receipt = replace(receipt, node_ids=[NodeId(i) for i in record.joined])
+        await self._events.applied(receipt.repo, receipt.node_ids, receipt.changeset_id)
+        return receipt
 
     async def remember(
         self, repo: str, text: str, *, source_id: str, data: Mapping[str, JSONValue] | None = None,

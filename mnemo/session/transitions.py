@@ -180,8 +180,8 @@ async def commit(
 
 async def applied(live: Sessions, session: SessionRecord, receipt: CommitReceipt) -> None:
     """Reports a commit of the session's changeset ("changeset_applied")."""
-    await live.events.emit("changeset_applied", session_id=session.id, repo=session.repo,
-                           node_ids=receipt.node_ids, changeset_id=receipt.changeset_id)
+    await live.events.applied(session.repo, receipt.node_ids, receipt.changeset_id,
+                              session_id=session.id)
 
 
 async def discard(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:

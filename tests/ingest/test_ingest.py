@@ -8,9 +8,10 @@ import anyio
 import pytest
 
 import mnemo
+from mnemo import State
 from tests.backends import sql
-from tests.conftest import REPO
-from tests.fakes import FakeEmbedder, FakeLLM, js
+from tests.conftest import REPO, Enter
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, js
 
 N = mnemo.NodeType
 L = mnemo.LinkType
@@ -36,6 +37,27 @@ async def test_ingest_stores_a_trajectory_and_keeps_step_metadata(mem: mnemo.Mem
         assert await mem.get_node(REPO, node_id) is not None
     hits = await mem.recall(REPO, "open door")
     assert hits.memories
+
+
+async def test_every_commit_to_the_graph_is_reported_as_changeset_applied(
+    mem: mnemo.Memory, events: EventLog, enter: Enter
+) -> None:
+    """An ingest, a `remember`, a `correct` and a session's commit each report
+    "changeset_applied" with the nodes it names (an app mirroring commits missed every ingested
+    node: only sessions reported); an ingest that finds its source stored commits nothing and
+    reports nothing."""
+    def applied() -> list[tuple[str | None, list[str]]]:
+        return [(e.session_id, list(e.data["node_ids"]))  # type: ignore[arg-type]
+                for e in events.events if e.kind == "changeset_applied" and e.repo == REPO]
+
+    ingested = await mem.ingest(REPO, trajectory("walk north"), source_id="s1")
+    await mem.ingest(REPO, trajectory("walk north"), source_id="s1")
+    remembered = await mem.remember(REPO, "The hall light is broken.", source_id="note")
+    corrected = await mem.correct(REPO, remembered.node_ids[0], "The hall light works.")
+    sid = await enter(State.IDLE)
+    assert applied()[:3] == [(None, ingested.node_ids), (None, remembered.node_ids),
+                             (None, corrected.node_ids)]
+    assert [session for session, _ in applied()[3:]] == [sid]
 
 
 async def test_same_payload_again_adds_nothing(mem: mnemo.Memory, llm: FakeLLM) -> None:

@@ -279,9 +279,8 @@ async def run_append(
     live: Sessions, session: SessionRecord, ticket: int, observation: str, action: str,
     metadata: dict[str, Any] | None, op: Op | None = None,
 ) -> StepInfo:
-    """Stores the step when the ticket queue reaches `ticket` (appends run one at a time, in
-    call order; `op.applied` once stored) and starts the annotation; returns once the step is
-    annotated, or `append_timeout` after it was stored; a model's failure is raised."""
+    """Stores the step at `ticket`'s turn (appends run one at a time, in call order; `op.applied`
+    while it stays stored) and annotates it: returns once annotated, or `append_timeout` after."""
     await session.ticket_queue.wait(ticket)
     try:
         stored, episode_id = await _store(live, session, observation, action, metadata)
@@ -294,6 +293,8 @@ async def run_append(
                 if now is None or now.annotated or not session.annotating:
                     break
                 await changed.wait()
+        if op is not None:  # a model's failure removes the step (raised by `_unless_failed`)
+            op.applied = session.model_failure(stored.id) is None
         await _unless_failed(live, session, episode_id, stored)
     finally:
         session.ticket_queue.leave(ticket)
@@ -304,11 +305,9 @@ async def run_append(
         before = session.step_at(episode_id, stored.index - 1) if stored.index else None
         boundary = before is not None and before.trajectory_id != now.trajectory_id
         info = StepInfo(stored.index, now.trajectory_id, boundary)
-    await live.events.emit(
-        "step_appended", session_id=session.id, repo=session.repo, index=info.index,
-        trajectory_id=info.trajectory_id, boundary_detected=info.boundary_detected,
-        annotated=info.annotated,
-    )
+    await live.events.emit("step_appended", session_id=session.id, repo=session.repo,
+                           index=info.index, trajectory_id=info.trajectory_id,
+                           boundary_detected=info.boundary_detected, annotated=info.annotated)
     return info
 
 

@@ -133,6 +133,35 @@ async def test_an_async_append_whose_step_was_stored_is_appended_when_the_memory
             ["walk north"]]
 
 
+async def test_an_async_append_whose_step_a_model_failure_removed_is_not_appended(
+    llm: FakeLLM, embedder: Any, store: str
+) -> None:
+    """The model fails the step's annotation, and the Memory closes while the step's removal
+    is answered: the callback is no success (it said "appended" of a step no longer stored)."""
+    results = Results()
+    removed = anyio.Event()
+    async with mnemo.Memory(store, llm=llm, embedder=embedder) as m:
+        await m.open_repo(REPO)
+        sid = await m.start_session("goal", repo=REPO)
+        remove_step = m._live.store.remove_step
+
+        async def answered_after_the_close(*args: Any) -> Any:
+            version = await remove_step(*args)
+            removed.set()
+            await anyio.sleep_forever()  # the close cancels the append here
+            return version
+
+        setattr(m._live.store, "remove_step", answered_after_the_close)  # noqa: B010
+        llm.fail_tasks.add("state")
+        await m.append_async(sid, "walk north", "go north", callback=results("append"))
+        with anyio.fail_after(5):
+            await removed.wait()
+    llm.fail_tasks.clear()
+    assert not results.got["append"].ok
+    async with mnemo.Memory(store, llm=llm, embedder=embedder) as m:
+        assert [[s.observation for s in e.steps] for e in await m.episodes(sid)] == [[]]
+
+
 @pytest.mark.parametrize("failing", ["llm", "embedder", "store"])
 async def test_a_failure_in_an_async_append(
     mem: mnemo.Memory, llm: FakeLLM, embedder: FakeEmbedder, failing: str,

@@ -134,7 +134,9 @@ async def apply(conn: Connection, *, upgrade: bool = True) -> list[str]:
     read-only connection (a standby, a SELECT-only role) serves a look."""
     try:
         async with conn.transaction():
-            cur = await conn.execute("SELECT to_regclass('mnemo_migrations') IS NOT NULL")
+            # In the schema the tables go to (`current_schema()`), not the whole search_path.
+            cur = await conn.execute("SELECT to_regclass(quote_ident(current_schema())"
+                                     " || '.mnemo_migrations') IS NOT NULL")
             row = await cur.fetchone()
             done: set[str] = set()
             if row is not None and row[0]:

@@ -109,6 +109,25 @@ async def test_apply_twice_is_a_no_op(pg_empty_url: str) -> None:
     assert _catalog(pg_empty_url) == before
 
 
+async def test_a_schema_of_its_own_gets_its_own_store_beside_one_in_public(
+    pg_empty_url: str,
+) -> None:
+    """With `search_path=b,public` (pgvector in public) and a store in public, apply makes the
+    store in b: the ledger is looked for where the tables go, not along the search path (the
+    look found public's, and the Memory worked on public's store)."""
+    async with await _connect(pg_empty_url) as conn:
+        await schema.apply(conn)
+    with psycopg.connect(pg_empty_url, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA b")
+    own = make_conninfo(pg_empty_url, options="-c search_path=b,public")
+    async with await _connect(own) as conn:
+        assert await schema.apply(conn) == [m.name for m in schema.MIGRATIONS]
+    with psycopg.connect(pg_empty_url) as conn:
+        ledgers = conn.execute("SELECT schemaname FROM pg_tables"
+                               " WHERE tablename = 'mnemo_migrations' ORDER BY 1").fetchall()
+    assert ledgers == [("b",), ("public",)]
+
+
 async def test_six_concurrent_appliers_all_succeed(pg_empty_url: str) -> None:
     """Six connections applying at once on a new database: one migrates, five find it done."""
     results: list[list[str]] = []

@@ -138,7 +138,7 @@ async def test_an_mcp_servers_reads_record_no_model(store: str, tmp_path: Path) 
         store, llm=mnemo.llm_from_uri(DEAD), embedder=FakeEmbedder(), memory_dir=tmp_path
     ) as tools:
         assert "memories" in await tools.recall(REPO, "gunicorn")
-        assert REPO in await tools.list_repos()
+        assert json.loads(await tools.list_repos())["repos"] == [REPO]
     await _recorded_model_serves_the_next_ingest(store)
 
 
@@ -285,3 +285,18 @@ async def test_a_look_needs_no_write_on_postgresql(pg_url: str) -> None:
         assert await look.list_repos() == [REPO]
         found = await look.recall(REPO, "which port does the proxy use", reinforce=False)
         assert any("8443" in m.node.text for m in found.memories)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_an_mcp_server_starts_where_no_store_is_yet_and_makes_it(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The agent's MCP server started before any store (README: "created if missing"): its
+    working Memory makes the store, and its reads and session tools work (the reader, opened
+    first, was refused, and the server did not start)."""
+    where = (str(tmp_path / "agent.db") if backend == "sqlite"
+             else str(request.getfixturevalue("pg_empty_url")))
+    async with open_tools(where, embedder=FakeEmbedder(), memory_dir=tmp_path / "files") as tools:
+        sid = json.loads(await tools.start_session("explore the house", REPO))["session_id"]
+        assert sid.startswith("session_")
+        assert REPO in await tools.list_repos()

@@ -15,7 +15,7 @@ import anyio
 from pydantic import Field
 
 from mnemo.config import Config
-from mnemo.errors import InvalidInputError, MnemoError, NotFoundError, check_id
+from mnemo.errors import InvalidInputError, MnemoError, NotFoundError, StorageError, check_id
 from mnemo.jsonable import label, session_json, step_json
 from mnemo.mcp import _output
 from mnemo.mcp._output import dumps, fit
@@ -351,10 +351,9 @@ async def open_tools(store: str | Path, *, llm: LLM | None = None, embedder: Emb
                      reinforce: bool = False,
                      config: Config | None = None) -> AsyncIterator[MemoryTools]:
     """The server's tools over the store while the block runs: reads through a Memory opened for
-    inspection, session tools through one that works, opened at the first of them."""
+    inspection, session tools through one that works, opened at the first of them (at once
+    where no store is yet, or an older mnemo's: it makes or upgrades it, which a look does not)."""
     async with AsyncExitStack() as stack:
-        reader = await stack.enter_async_context(
-            Memory(store, llm=llm, embedder=embedder, config=config, inspect=True))
         opening = anyio.Lock()
         opened: list[Memory] = []
 
@@ -364,6 +363,17 @@ async def open_tools(store: str | Path, *, llm: LLM | None = None, embedder: Emb
                     opened.append(await stack.enter_async_context(
                         Memory(store, llm=llm, embedder=embedder, config=config)))
             return opened[0]
+
+        def look() -> Memory:
+            return Memory(store, llm=llm, embedder=embedder, config=config, inspect=True)
+
+        try:
+            reader = await stack.enter_async_context(look())
+        except StorageError as exc:
+            if exc.reason != "read_only":
+                raise
+            await worker()
+            reader = await stack.enter_async_context(look())
 
         yield MemoryTools(
             reader, memory_dir or Path(f"{Path(store)}.memory"),  # beside the database

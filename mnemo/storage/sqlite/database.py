@@ -138,7 +138,7 @@ class Database:
     def _open_sync(self) -> None:
         # Autocommit: every transaction is opened by `atomic()`.
         if self.inspect and self.path != ":memory:" and not os.path.exists(self.path):
-            raise StorageError("unavailable", f"no store at {self.path}, and a look makes none")
+            raise StorageError("read_only", f"no store at {self.path}, and a look makes none")
         # A look never creates the file (`mode=rw`, should it go meanwhile).
         target = (self.path if self.path == ":memory:"
                   else file_uri(self.path) + ("?mode=rw" if self.inspect else ""))

@@ -258,8 +258,8 @@ class Events:
 
     async def applied(self, repo: str, node_ids: Sequence[str], changeset_id: str, *,
                       session_id: str | None = None, **data: JSONValue) -> None:
-        """Reports a changeset committed to the graph, by a session, an ingest, a `remember`
-        or a `correct` ("changeset_applied")."""
+        """Reports a changeset that added to the graph: a session's, an ingest's, a
+        `remember`'s or a `correct`'s ("changeset_applied")."""
         await self.emit("changeset_applied", session_id=session_id, repo=repo,
                         node_ids=list(node_ids), changeset_id=changeset_id, **data)
 

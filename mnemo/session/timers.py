@@ -345,7 +345,6 @@ def _working(session: SessionRecord) -> bool:
 async def holder(live: Sessions, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
     """Looks for work to take over and, once this Memory holds work, beats; retires when
     cancelled (its leases end at once)."""
-    working(live)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_beat, live)
@@ -373,6 +372,7 @@ async def _beat(live: Sessions) -> None:
 
 
 async def _takeover_loop(live: Sessions) -> None:
+    working(live)  # it may call back what a gone Memory left
     while True:
         live.look = anyio.Event()
         try:

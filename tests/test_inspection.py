@@ -22,6 +22,8 @@ from mnemo.ui import open_view
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM, leave_extracting
 
 REPO = "r"
+# The backends of a test that makes its own store (the PostgreSQL one needs the server).
+BOTH = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 # Built without touching the network; any call to it fails at once (nothing listens on 9).
 DEAD = "openai-compatible:dead@http://127.0.0.1:9/v1"
 
@@ -251,7 +253,7 @@ async def test_a_look_writes_nothing_to_a_sqlite_file(tmp_path: Path) -> None:
         writer.close()
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.parametrize("backend", BOTH)
 async def test_a_look_at_a_place_holding_no_store_makes_none(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -287,7 +289,7 @@ async def test_a_look_needs_no_write_on_postgresql(pg_url: str) -> None:
         assert any("8443" in m.node.text for m in found.memories)
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.parametrize("backend", BOTH)
 async def test_an_mcp_server_starts_where_no_store_is_yet_and_makes_it(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

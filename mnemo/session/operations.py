@@ -131,6 +131,8 @@ async def _check_stored(live: Sessions, session: SessionRecord, kind: str,
     accepted them, unanswered, accepted before `op_id` (None: all of them)."""
     queued = await live.coordination.queued_ops(session.id)
     ids = [i for i, _, _ in queued]
+    if op_id is not None and op_id not in ids:
+        return  # answered already (run where the work ended): it was accepted
     kinds = [k for _, k, _ in queued[:ids.index(op_id) if op_id in ids else len(ids)]]
     check_queue(session, len(kinds), projection(session, [*kinds, kind]))
 

@@ -21,7 +21,7 @@ from typer.core import TyperGroup
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri
 from mnemo.cli._database import CliError, check_database
 from mnemo.cli._settings import MODEL_OPTIONS, Settings, resolve
-from mnemo.errors import MnemoError
+from mnemo.errors import InvalidInputError, MnemoError, check_store as name_store
 from mnemo.memory import Memory
 from mnemo.ports import LLM, Embedder, EventCallback
 from mnemo.storage.ports import has_postgres_driver, is_postgres
@@ -219,6 +219,10 @@ async def models(settings: Settings) -> AsyncIterator[tuple[LLM | None, Embedder
 def check_store(store: str, *, writes: bool) -> None:
     """Checks the store before `Memory` touches it (a read command needs it to exist), and that
     this installation can open a PostgreSQL one (CliError)."""
+    try:
+        name_store(store)  # a URL of another database is no path
+    except InvalidInputError as exc:
+        raise CliError(str(exc)) from exc
     if not is_postgres(store):
         check_database(Path(store), must_exist=not writes)
     elif not has_postgres_driver():

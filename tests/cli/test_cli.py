@@ -493,6 +493,9 @@ def test_read_commands_need_a_mnemo_database(command: list[str], tmp_path: Path)
     conn.close()
     assert_clear_error(invoke(*command, "--db", str(foreign)), "not a mnemo one")
 
+    # A URL of another database (it was taken for a path: "no database at mysql:/x/y").
+    assert_clear_error(invoke(*command, "--db", "mysql://x/y"), "a store mnemo does not know")
+
 
 def test_writers_refuse_a_foreign_file_and_leave_it_alone(tmp_path: Path) -> None:
     """ingest and demo never write into a SQLite file that is not mnemo's."""

@@ -55,7 +55,7 @@ class SqlThreads(SqlStore):
     async def _erase(self, write: Work[T]) -> T:
         """`write`, a transaction that erases messages (returning what it erased: falsy for
         nothing), with what the backend does more (SQLite: merges the full-text index and
-        truncates the WAL; PostgreSQL: nothing, the search vector is a column of the row)."""
+        rewrites the file; PostgreSQL: nothing, the search vector is a column of the row)."""
         return await self._driver.write(write)
 
     async def state(self, thread_id: str) -> ThreadState | None:

@@ -205,6 +205,59 @@ async def test_forget_where_erases_every_session_of_the_scope_only(
     assert holding(tmp_path, word, needle) == []
 
 
+@pytest.mark.parametrize("erasure", ["forget", "purge"])
+async def test_an_old_image_in_a_pages_unused_space_goes_with_an_erasure(
+    tmp_path: Path, erasure: str
+) -> None:
+    """SQLite leaves old images of moved rows in the unused space of a page it rebuilds
+    (`secure_delete` zeroes freed cells only); after a forget or a thread's purge no file
+    holds one. The image is written there as SQLite leaves it (SQLite only: PostgreSQL's
+    dead rows are the documented VACUUM case)."""
+    store = tmp_path / "memory.db"
+    word, needle = planted()
+    fact, message = ((word, "") if erasure == "forget" else ("", word))
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        for source, said in (("first", f"The tomatoes need water daily {fact}."),
+                             ("second", "The roses need pruning in March.")):
+            await mem.ingest(REPO, mnemo.Trajectory("tend the garden", [mnemo.Step(
+                said, "Do it.")]), source_id=source)
+        await mem.conversation().save("t", [user(f"remember the {message} release")])
+    old_image_in_unused_space(store, f"the {word} release".encode())
+    assert holding(tmp_path, word, needle)
+
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        if erasure == "forget":
+            await mem.forget(REPO, "first")
+        else:
+            await mem.conversation().purge("t")
+        assert holding(tmp_path, word, needle) == []
+        assert await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+
+
+def old_image_in_unused_space(path: Path, image: bytes) -> None:
+    """Writes `image` into the unused space (between the cell pointers and the cells) of the
+    b-tree page of the closed SQLite file at `path` that has the most of it."""
+    assert not Path(f"{path}-wal").exists() or not Path(f"{path}-wal").stat().st_size
+    data = bytearray(path.read_bytes())
+    size = int.from_bytes(data[16:18], "big")
+    best = (0, 0)
+    for start in range(0, len(data), size):
+        header = start + (100 if start == 0 else 0)
+        kind = data[header]
+        if kind not in (2, 5, 10, 13):
+            continue
+        pointers = header + (8 if kind in (10, 13) else 12)
+        cells = int.from_bytes(data[header + 3:header + 5], "big")
+        free_from = pointers + 2 * cells
+        content = int.from_bytes(data[header + 5:header + 7], "big") or 65536
+        best = max(best, (start + content - free_from, free_from))
+    room, at = best
+    assert room > len(image) + 16
+    data[at + 8:at + 8 + len(image)] = image
+    path.write_bytes(bytes(data))
+
+
 async def test_forget_of_a_source_whose_words_a_shared_fact_took_leaves_no_byte(
     store: str, tmp_path: Path
 ) -> None:

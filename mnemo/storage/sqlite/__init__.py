@@ -20,7 +20,7 @@ from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements, T, Work, marks
-from mnemo.storage.sqlite.database import Database, file_uri, storage_error, truncate_wal
+from mnemo.storage.sqlite.database import Database, file_uri, scrub, storage_error
 from mnemo.storage.sqlite.graph import SqliteGraph, SqliteSessions, match_expression
 from mnemo.storage.thread_rows import SearchQuery
 from mnemo.storage.threads import SqlThreads
@@ -52,7 +52,8 @@ class SqliteThreads(SqlThreads):
             return done
 
         done = await self._driver.write(merged)
-        await self._driver.run(truncate_wal)
+        if done:
+            await self._driver.run(scrub)
         return done
 
     async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:

@@ -366,6 +366,15 @@ def side_write(db: SqliteUtilsDatabase) -> Iterator[None]:
         conn.execute(f"PRAGMA busy_timeout={int(before)}")
 
 
+def scrub(db: SqliteUtilsDatabase) -> None:
+    """After an erasure: rewrites the file (`VACUUM`) and empties the WAL. `secure_delete`
+    zeroes a deleted cell, but a page SQLite rebuilt keeps old images of the rows it moved in
+    its unused space; only a rewrite leaves none."""
+    if not db.memory:
+        db.conn.execute("VACUUM")
+    truncate_wal(db)
+
+
 def truncate_wal(db: SqliteUtilsDatabase) -> None:
     """Checkpoints and empties the WAL, so no erased row's page image survives in it (frames a
     reader holds go at a later checkpoint)."""

@@ -38,7 +38,7 @@ from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import loads
 from mnemo.storage.sessions import SqlSessions
 from mnemo.storage.sql import Statements, chunks, marks, number
-from mnemo.storage.sqlite.database import Database, side_write, truncate_wal
+from mnemo.storage.sqlite.database import Database, scrub, side_write
 from mnemo.storage.sqlite.rows import half_blob, node, pack_text, unpack_text
 from mnemo.storage.sqlite.vectors import SqliteVectors
 from mnemo.text import query_words
@@ -158,8 +158,10 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
     _node = staticmethod(node)
 
     async def _erased(self) -> None:
-        await self._database.run(truncate_wal)
-        await super()._erased()
+        try:
+            await self._database.run(scrub)
+        finally:
+            await super()._erased()
 
     def _reembed_lock(self, repo: str, busy: ConflictError
                       ) -> AbstractAsyncContextManager[None]:

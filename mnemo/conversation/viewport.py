@@ -1,13 +1,13 @@
 """The viewport: what an agent sees of a thread within a token budget, and the eviction zone.
 Nothing hides: a message is shown, pinned, or in a snapshot's range and found by search. Pins
-take up to `PIN_SHARE`, snapshots the rest of `MEMORY_SHARE`, messages from the boundary the
-remainder (when eviction is behind they take snapshots' then pins' room); passive recall takes
-what is left, up to `RECALL_SHARE`. OpenAI's Chat Completions and Responses and Anthropic's
-Messages refuse a tool result without its call before it, and a call its results do not follow:
-the window and the boundary start only where no result lacks its call, nor an item the
-reasoning before it (`safe_cuts`), `load` leaves such results out, and a call's stored results
-come with it (the window runs to the newest message; `load` adds them). A call whose result is
-not stored yet is shown as is."""
+take up to `PIN_SHARE`, snapshots the rest of `MEMORY_SHARE` (a level's newest one whole, beyond
+the level's share), messages from the boundary the remainder (when eviction is behind they take
+snapshots' then pins' room); passive recall takes what is left, up to `RECALL_SHARE`. OpenAI's
+Chat Completions and Responses and Anthropic's Messages refuse a tool result without its call
+before it, and a call its results do not follow: the window and the boundary start only where no
+result lacks its call, nor an item the reasoning before it (`safe_cuts`), `load` leaves such
+results out, and a call's stored results come with it (the window runs to the newest message;
+`load` adds them). A call whose result is not stored yet is shown as is."""
 
 from __future__ import annotations
 
@@ -57,6 +57,13 @@ def _fit(items: Iterable[tuple[int, T]], allowance: float, *,
     return kept[::-1] if newest else kept, used
 
 
+def _share(snapshots: Sequence[Snapshot], share: float, room: float) -> float:
+    """A level's allowance: its share, or its newest snapshot's size (`snapshots` newest
+    first) when that is larger, within the memory's `room`."""
+    newest = snapshot_tokens(snapshots[0]) if snapshots else 0
+    return min(max(share, newest), room)
+
+
 def layout(
     thread_id: str, token_budget: int, inputs: ViewportInputs, *, recall: bool = False
 ) -> Viewport:
@@ -68,9 +75,11 @@ def layout(
     pinned.reverse()
     memory = token_budget * MEMORY_SHARE
     l1, l1_used = _fit(((snapshot_tokens(s), s) for s in inputs.level1),
-                       min(token_budget * L1_SHARE, memory - pins_used), newest=True)
+                       _share(inputs.level1, token_budget * L1_SHARE, memory - pins_used),
+                       newest=True)
     l2, l2_used = _fit(((snapshot_tokens(s), s) for s in inputs.level2),
-                       min(token_budget * L2_SHARE, memory - pins_used - l1_used), newest=True)
+                       _share(inputs.level2, token_budget * L2_SHARE,
+                              memory - pins_used - l1_used), newest=True)
     past = inputs.tokens_past_boundary
     shown: list[tuple[int, list[Snapshot] | list[Message]]] = [(snapshot_tokens(s), l2) for s in l2]
     shown += [(snapshot_tokens(s), l1) for s in l1]

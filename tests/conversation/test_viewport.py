@@ -267,6 +267,24 @@ async def test_auto_eviction(cmem: mnemo.Memory, offline: OfflineFake) -> None:
     assert [m.seq for m in view.messages] == list(range(view.boundary_seq, 30))
 
 
+async def test_a_small_budget_still_shows_the_newest_snapshot(cmem: mnemo.Memory) -> None:
+    """A budget whose snapshot shares hold no whole snapshot still shows the newest one, in
+    the memory's share, eviction keeping that room free: what left the window stays in view
+    (it was shown nowhere, and eviction never fell behind)."""
+    budget = 120
+    conv = cmem.conversation(auto_evict_budget=budget)
+    await conv.save("t", even(30))
+    view = await cmem.viewport("t", token_budget=budget)
+    assert view.boundary_seq > 0
+    every = (await cmem.viewport("t", token_budget=10_000)).snapshots
+    newest = max(every, key=lambda s: s.end_seq)
+    assert snapshot_tokens(newest) > budget * L1_SHARE
+    assert view.snapshots
+    assert view.snapshots[-1] == newest
+    assert not view.behind
+    assert view.tokens <= budget
+
+
 async def test_evict_refuses(cmem: mnemo.Memory) -> None:
     """Bad arguments and unknown threads are refused."""
     with pytest.raises(mnemo.NotFoundError):

@@ -27,6 +27,7 @@ from mnemo.errors import (
     check_count,
     first_error,
 )
+from mnemo.ports import MAX_DIM
 
 Encoding = Literal["base64", "float"]
 # An error reply refuses base64 when its message names the parameter or the format.
@@ -58,7 +59,7 @@ class OpenAIEmbedder(HTTPModel):
             raise InvalidInputError(
                 f"encoding_format must be 'base64' or 'float', got {encoding_format!r}")
         self._batch_size = check_count("batch_size", batch_size, minimum=1)
-        self._dim = None if dim is None else check_count("dim", dim, minimum=1)
+        self._dim = None if dim is None else check_count("dim", dim, minimum=1, maximum=MAX_DIM)
         options.setdefault("max_concurrency", 4)
         super().__init__(model, base_url, api_key, prices, options, provider="openai",
                          error=EmbeddingError, timeout_error=EmbeddingTimeout,
@@ -77,7 +78,7 @@ class OpenAIEmbedder(HTTPModel):
 
     @dim.setter
     def dim(self, value: int) -> None:
-        self._dim = check_count("dim", value, minimum=1)
+        self._dim = check_count("dim", value, minimum=1, maximum=MAX_DIM)
 
     def server_profile(self) -> ServerProfile:
         return ServerProfile(self._http.limit.state(), encoding=self.encoding_format)

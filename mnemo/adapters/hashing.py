@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from mnemo import cpu, text as _text
 from mnemo.errors import check_count
+from mnemo.ports import MAX_DIM
 
 _UNIGRAM, _BIGRAM, _TRIGRAM = 0, 1, 2
 _TYPE_WEIGHTS = np.array([1.0, 0.6, 0.3], dtype=np.float64)
@@ -49,7 +50,7 @@ class HashEmbedder:
     """An `Embedder` of hashed n-gram features: deterministic, offline, fast."""
 
     def __init__(self, dim: int = 512) -> None:
-        self.dim = dim = check_count("dim", dim, minimum=1)
+        self.dim = dim = check_count("dim", dim, minimum=1, maximum=MAX_DIM)
         # The URI `mnemo.embedder_from_uri` builds this from again; "hash" names retired features.
         self.name = "hash2" if dim == 512 else f"hash2:{dim}"
         # token -> its features as uint32s (is_stopword, unigram hash, trigram hashes), cleared

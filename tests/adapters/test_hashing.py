@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from mnemo.adapters.hashing import HashEmbedder
+from mnemo.adapters.uri import embedder_from_uri
+from mnemo.errors import InvalidInputError
 from mnemo.ports import Embedder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,10 +152,14 @@ def test_paraphrase_scores_above_unrelated(anchor: str, paraphrase: str, unrelat
     assert cosine(embedder, anchor, paraphrase) > cosine(embedder, anchor, unrelated) + 0.3
 
 
-def test_rejects_bad_dimension() -> None:
-    """A non-positive dimension is a ValueError."""
-    with pytest.raises(ValueError, match="dim"):
-        HashEmbedder(dim=0)
+@pytest.mark.parametrize("dim", [0, 16_001, 10**9])
+def test_rejects_bad_dimension(dim: int) -> None:
+    """A dimension below 1 or above what pgvector holds is refused before any vector is
+    made: a billion would ask for gigabytes at the first embed."""
+    with pytest.raises(InvalidInputError, match="dim"):
+        HashEmbedder(dim=dim)
+    with pytest.raises(InvalidInputError, match="dim"):
+        embedder_from_uri(f"hash:{dim}")
 
 
 @given(st.lists(st.text(max_size=200), max_size=5))

@@ -128,8 +128,9 @@ async def test_empty_input_and_bad_arguments(server: ProviderServer) -> None:
     async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8) as embedder:
         assert (await embedder.embed([])).shape == (0, 8)
     assert server.requests == []
-    with pytest.raises(InvalidInputError):
-        OpenAIEmbedder("e", base_url=server.openai_url, dim=0)
+    for dim in (0, 16_001):
+        with pytest.raises(InvalidInputError):
+            OpenAIEmbedder("e", base_url=server.openai_url, dim=dim)
     with pytest.raises(InvalidInputError):
         OpenAIEmbedder("e", base_url=server.openai_url, batch_size=0)
 

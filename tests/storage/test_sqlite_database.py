@@ -181,3 +181,15 @@ async def test_a_store_whose_folder_is_removed_while_open_refuses_writes(
                 await call()
             assert refused.value.reason == "unavailable"
             assert "removed or replaced" in str(refused.value)
+
+
+async def test_a_file_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
+    """A store in a folder that does not exist is StorageError("unavailable") naming the
+    path (SQLite's own message names no file)."""
+    path = tmp_path / "no such folder" / "m.db"
+    with pytest.raises(mnemo.StorageError) as refused:
+        async with mnemo.Memory(path, embedder=mnemo.HashEmbedder()):
+            pass
+    assert refused.value.reason == "unavailable"
+    assert str(path) in str(refused.value)
+    assert not path.parent.exists()

@@ -142,7 +142,11 @@ class Database:
         # A look never creates the file (`mode=rw`, should it go meanwhile).
         target = (self.path if self.path == ":memory:"
                   else file_uri(self.path) + ("?mode=rw" if self.inspect else ""))
-        conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None, uri=True)
+        try:
+            conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None,
+                                   uri=True)
+        except sqlite3.OperationalError as exc:
+            raise StorageError("unavailable", f"SQLite cannot open {self.path}: {exc}") from exc
         try:
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
             db = _Connection(conn, execute_plugins=False)

@@ -85,7 +85,10 @@ def layout(
     shown += [(snapshot_tokens(s), l1) for s in l1]
     shown += [(m.tokens, pinned) for m in pinned]
     memory_used = l2_used + l1_used + pins_used
-    crowded = past > token_budget - memory_used
+    # Behind only where eviction can move the boundary: the newest message stays unless it
+    # alone is past the budget.
+    movable = len(inputs.newest) > 1 or past > token_budget
+    crowded = movable and past > token_budget - memory_used
     # Messages past the boundary outrank the memory: oldest snapshots go first, pins last.
     for cost, owner in shown:
         if past <= token_budget - memory_used:

@@ -160,11 +160,14 @@ async def read_open_goals(sql: Statements, thread_id: str, byte_order: str) -> l
     ]
 
 
-async def delete_thread_rows(sql: Statements, thread_id: str) -> int:
-    """Deletes a thread's rows but its counter row (search entries too); messages deleted."""
+async def delete_thread_rows(sql: Statements, thread_id: str) -> tuple[int, int]:
+    """Deletes a thread's rows but its counter row (search entries too): (messages deleted,
+    rows deleted in all)."""
+    rows = 0
     for table in ("pins", "goals", "snapshots", "compactions", "message_vectors"):
-        await sql.run(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
-    return await sql.run("DELETE FROM messages WHERE thread_id = ?", (thread_id,))
+        rows += await sql.run(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
+    messages = await sql.run("DELETE FROM messages WHERE thread_id = ?", (thread_id,))
+    return messages, rows + messages
 
 
 async def unsnapshot(sql: Statements, thread_id: str, seq: int) -> None:

@@ -52,9 +52,9 @@ class SqlThreads(SqlStore):
     # By rowid, (id, thread_id, seq, role, snippet, text) of the messages of these words.
     _snippets: Callable[[Statements, Sequence[str], list[int]], Awaitable[dict[int, Row]]]
 
-    async def _erase(self, write: Work[T]) -> T:
-        """`write`, a transaction that erases messages (returning what it erased: falsy for
-        nothing), with what the backend does more (SQLite: merges the full-text index and
+    async def _erase(self, write: Work[T], erased: Callable[[T], object] = bool) -> T:
+        """`write`, a transaction that erases (`erased` of what it returns: whether it erased
+        anything), with what the backend does more (SQLite: merges the full-text index and
         rewrites the file; PostgreSQL: nothing, the search vector is a column of the row)."""
         return await self._driver.write(write)
 
@@ -252,7 +252,8 @@ class SqlThreads(SqlStore):
         async def write(sql: Statements) -> int:
             _, created = await reads.lock_row(
                 sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
-            gone = await reads.delete_thread_rows(sql, thread_id)  # goals of one never saved too
+            # Goals of one never saved too.
+            _, gone = await reads.delete_thread_rows(sql, thread_id)
             if created:  # no thread was saved: none made by clearing it
                 await sql.run("DELETE FROM threads WHERE id = ?", (thread_id,))
                 return gone
@@ -266,13 +267,15 @@ class SqlThreads(SqlStore):
         await self._erase(write)
 
     async def purge(self, thread_id: str) -> int:
-        async def write(sql: Statements) -> int:
-            await reads.lock_row(sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
-            gone = await reads.delete_thread_rows(sql, thread_id)
+        async def write(sql: Statements) -> tuple[int, bool]:
+            _, created = await reads.lock_row(
+                sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
+            messages, rows = await reads.delete_thread_rows(sql, thread_id)
             await sql.run("DELETE FROM threads WHERE id = ?", (thread_id,))
-            return gone
+            return messages, bool(rows) or not created  # a thread's own row is erased too
 
-        return await self._erase(write)
+        messages, _ = await self._erase(write, lambda done: done[1])
+        return messages
 
     async def add_goal(self, thread_id: str, description: str, now: datetime) -> str:
         goal_id = f"goal_{uuid.uuid4().hex}"

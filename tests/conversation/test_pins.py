@@ -131,3 +131,16 @@ def test_messages_past_the_boundary_outrank_pins() -> None:
     assert [m.seq for m in view.pinned] == []
     assert view.pins_left_out == ["m0", "m1"]
     assert view.tokens == 1800
+
+
+def test_a_lone_newest_message_is_not_behind() -> None:
+    """One message past the boundary, the newest, which eviction never takes unless it alone
+    is past the budget, takes the memory's room without the layout saying eviction is
+    behind (`evict` until it is not would never end); a second message past it is behind."""
+    pin = 100
+    view = layout("t", 300, inputs([pin], [261]))
+    assert [m.seq for m in view.messages] == [100]
+    assert view.pinned == []
+    assert not view.behind
+    assert layout("t", 300, inputs([pin], [130, 131])).behind
+    assert layout("t", 300, inputs([pin], [301])).behind

@@ -11,10 +11,12 @@ dictionary holds counts, a deleted document's too (tantivy keeps it until a merg
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +25,7 @@ from mnemo.graph.scope import Metadata
 from mnemo.storage.lexical import index as lexical_index
 from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.lexical.schema import analyzer, open_index, schema
+from mnemo.storage.sqlite import database
 from tests.backends import backend_of, is_sqlite
 from tests.conversation._support import user
 from tests.fakes import FakeEmbedder
@@ -233,6 +236,52 @@ async def test_an_old_image_in_a_pages_unused_space_goes_with_an_erasure(
             await mem.conversation().purge("t")
         assert holding(tmp_path, word, needle) == []
         assert await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+
+
+@pytest.mark.parametrize("then", ["again", "close"])
+async def test_a_rewrite_that_failed_is_done_by_the_next_erasure_or_the_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """A purge whose rewrite of the file fails (another process held the write lock) says the
+    erasure is stored but not yet rewritten; a purge again, though it erases nothing more,
+    or the close, rewrites it."""
+    store = tmp_path / "memory.db"
+    word, needle = planted()
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.conversation().save("t", [user(f"remember the {word} release")])
+    old_image_in_unused_space(store, f"the {word} release".encode())
+    rewrite, failures = database.scrub, [sqlite3.OperationalError("database is locked")]
+
+    def busy_once(db: Any) -> None:
+        if failures:
+            raise failures.pop()
+        rewrite(db)
+
+    monkeypatch.setattr(database, "scrub", busy_once)
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        with pytest.raises(mnemo.StorageError, match="not rewritten") as refused:
+            await mem.conversation().purge("t")
+        assert refused.value.reason == "busy"
+        assert holding(tmp_path, word, needle)
+        if then == "again":
+            await mem.conversation().purge("t")
+            assert holding(tmp_path, word, needle) == []
+    assert holding(tmp_path, word, needle) == []
+
+
+@pytest.mark.parametrize("erasure", ["purge", "clear"])
+async def test_a_thread_of_goals_only_leaves_no_byte_of_them(
+    store: str, tmp_path: Path, erasure: str
+) -> None:
+    """A thread that holds a goal and no message: its purge or clear leaves no byte of the
+    goal in any file, the WAL included, while the store is still open."""
+    word, needle = planted()
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.add_goal("t", f"ship the {word} release")
+        if is_sqlite(mem):
+            assert holding(tmp_path, word, needle)
+        await getattr(mem.conversation(), erasure)("t")
+        assert holding(tmp_path, word, needle) == []
 
 
 def old_image_in_unused_space(path: Path, image: bytes) -> None:

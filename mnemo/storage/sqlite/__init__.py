@@ -20,7 +20,7 @@ from mnemo.storage.lexical.index import LexicalIndex
 from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements, T, Work, marks
-from mnemo.storage.sqlite.database import Database, file_uri, scrub, storage_error
+from mnemo.storage.sqlite.database import Database, file_uri, storage_error
 from mnemo.storage.sqlite.graph import SqliteGraph, SqliteSessions, match_expression
 from mnemo.storage.thread_rows import SearchQuery
 from mnemo.storage.threads import SqlThreads
@@ -44,16 +44,15 @@ class SqliteThreads(SqlThreads):
     def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
         return "id >= ? AND id < ?", (prefix, prefix + "\U0010ffff")
 
-    async def _erase(self, write: Work[T]) -> T:
+    async def _erase(self, write: Work[T], erased: Callable[[T], object] = bool) -> T:
         async def merged(sql: Statements) -> T:
             done = await write(sql)
-            if done:  # deleted words stay in old segments until a merge
+            if erased(done):  # deleted words stay in old segments until a merge
                 await sql.run("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
             return done
 
         done = await self._driver.write(merged)
-        if done:
-            await self._driver.run(scrub)
+        await self._driver.scrub(erased=bool(erased(done)))
         return done
 
     async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:

@@ -119,6 +119,9 @@ class Database:
         self._db: SqliteUtilsDatabase | None = None
         self._worker: Worker | None = None
         self.clock = HostClock()  # the store's time, anchored in the file when it opens
+        # An erasure's rewrite of the file (`scrub`) not done yet: the next erasure or the
+        # close does it.
+        self._scrub_due = False
 
     @property
     def db(self) -> SqliteUtilsDatabase:
@@ -192,11 +195,26 @@ class Database:
         try:
             if db is not None:
                 with anyio.CancelScope(shield=True):
-                    await worker.call(lambda: _close_sync(db, checkpoint=not self.inspect))
+                    await worker.call(lambda: _close_sync(db, checkpoint=not self.inspect,
+                                                          rewrite=self._scrub_due))
         except sqlite3.Error as exc:
             raise storage_error(exc) from exc
         finally:
             worker.stop()
+
+    async def scrub(self, *, erased: bool = True) -> None:
+        """After an erasure's transaction (`erased`), or while an earlier one's is due: rewrites
+        the file and empties its WAL (`scrub`). One that fails (another process held the write
+        lock past `busy_timeout`) stays due, for the next erasure or the close, and says so."""
+        self._scrub_due = self._scrub_due or erased
+        if not self._scrub_due:
+            return
+        try:
+            await self.run(scrub)
+        except StorageError as exc:
+            raise StorageError(exc.reason, "the erasure is stored but the file is not rewritten"
+                               f" yet (the next erasure or the close does it): {exc}") from exc
+        self._scrub_due = False
 
     async def run(self, work: Work[T]) -> T:
         """Runs `work(db)` alone on the connection; raises `StorageError` (its transaction
@@ -386,11 +404,13 @@ def truncate_wal(db: SqliteUtilsDatabase) -> None:
         db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
 
-def _close_sync(db: SqliteUtilsDatabase, *, checkpoint: bool) -> None:
+def _close_sync(db: SqliteUtilsDatabase, *, checkpoint: bool, rewrite: bool = False) -> None:
     if db.conn.in_transaction:
         db.conn.rollback()
     with contextlib.suppress(sqlite3.Error):  # another process may hold the WAL
-        if checkpoint:
+        if rewrite:
+            scrub(db)
+        elif checkpoint:
             truncate_wal(db)
     db.conn.close()
 

@@ -38,7 +38,7 @@ from mnemo.storage.reembeds import ReembeddedGraph, SqlReembeds
 from mnemo.storage.row import loads
 from mnemo.storage.sessions import SqlSessions
 from mnemo.storage.sql import Statements, chunks, marks, number
-from mnemo.storage.sqlite.database import Database, scrub, side_write
+from mnemo.storage.sqlite.database import Database, side_write
 from mnemo.storage.sqlite.rows import half_blob, node, pack_text, unpack_text
 from mnemo.storage.sqlite.vectors import SqliteVectors
 from mnemo.text import query_words
@@ -159,7 +159,7 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
 
     async def _erased(self) -> None:
         try:
-            await self._database.run(scrub)
+            await self._database.scrub()
         finally:
             await super()._erased()
 

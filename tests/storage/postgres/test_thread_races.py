@@ -66,7 +66,7 @@ async def test_an_erasure_of_a_thread_being_created_takes_its_turn(
     deleted, committed = anyio.Event(), anyio.Event()
     delete_rows = thread_rows.delete_thread_rows
 
-    async def delete_then_wait(conn: Any, thread_id: str) -> int:
+    async def delete_then_wait(conn: Any, thread_id: str) -> tuple[int, int]:
         gone = await delete_rows(conn, thread_id)
         deleted.set()
         await committed.wait()

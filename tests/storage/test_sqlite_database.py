@@ -183,13 +183,17 @@ async def test_a_store_whose_folder_is_removed_while_open_refuses_writes(
             assert "removed or replaced" in str(refused.value)
 
 
-async def test_a_file_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
-    """A store in a folder that does not exist is StorageError("unavailable") naming the
-    path (SQLite's own message names no file)."""
+@pytest.mark.parametrize("kind", ["no folder", "not a database"])
+async def test_a_file_that_cannot_be_opened_is_named(tmp_path: Path, kind: str) -> None:
+    """A store in a folder that does not exist ("unavailable"), or a file that is no database
+    ("corrupt"), is a StorageError naming the path (SQLite's own message names no file)."""
     path = tmp_path / "no such folder" / "m.db"
+    if kind == "not a database":
+        path = tmp_path / "notes.db"
+        path.write_bytes(b"plain notes, not a database\n" * 200)
     with pytest.raises(mnemo.StorageError) as refused:
         async with mnemo.Memory(path, embedder=mnemo.HashEmbedder()):
             pass
-    assert refused.value.reason == "unavailable"
+    assert refused.value.reason == ("unavailable" if kind == "no folder" else "corrupt")
     assert str(path) in str(refused.value)
-    assert not path.parent.exists()
+    assert not (tmp_path / "no such folder").exists()

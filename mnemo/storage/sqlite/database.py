@@ -133,9 +133,12 @@ class Database:
         self._worker = Worker(f"mnemo-db:{Path(self.path).name}")
         try:
             await self._call(self._open_sync)
-        except BaseException:
+        except BaseException as exc:
             self._worker.stop()
             self._worker = None
+            if isinstance(exc, StorageError) and self.path not in str(exc):
+                detail = str(exc).removeprefix(f"{exc.reason}: ")
+                raise StorageError(exc.reason, f"{self.path}: {detail}") from exc.__cause__
             raise
 
     def _open_sync(self) -> None:
@@ -145,11 +148,7 @@ class Database:
         # A look never creates the file (`mode=rw`, should it go meanwhile).
         target = (self.path if self.path == ":memory:"
                   else file_uri(self.path) + ("?mode=rw" if self.inspect else ""))
-        try:
-            conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None,
-                                   uri=True)
-        except sqlite3.OperationalError as exc:
-            raise StorageError("unavailable", f"SQLite cannot open {self.path}: {exc}") from exc
+        conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None, uri=True)
         try:
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
             db = _Connection(conn, execute_plugins=False)

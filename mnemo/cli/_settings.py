@@ -158,6 +158,9 @@ def resolve(*, store: str | None = None, llm: str | None = None, embedder: str |
         if value is None and key in from_file:
             value, source = from_file[key], str(path)
         chosen[key], sources[key] = value, source if value is not None else "default"
+    if chosen["store"] is not None and not chosen["store"].strip():
+        raise CliError(f"the store from {sources['store']} is blank: name a SQLite file or a"
+                       " postgresql:// URL")
     return Settings(
         store=chosen["store"] or "memory.db", llm=chosen["llm"], embedder=chosen["embedder"],
         sources=sources, temperature=_temperature(chosen["temperature"], sources["temperature"]),

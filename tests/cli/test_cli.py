@@ -495,6 +495,9 @@ def test_read_commands_need_a_mnemo_database(command: list[str], tmp_path: Path)
 
     # A URL of another database (it was taken for a path: "no database at mysql:/x/y").
     assert_clear_error(invoke(*command, "--db", "mysql://x/y"), "a store mnemo does not know")
+    # An empty one (it was ./memory.db without a word) or a blank one.
+    for blank in ("", " "):
+        assert_clear_error(invoke(*command, "--db", blank), "blank")
 
 
 def test_writers_refuse_a_foreign_file_and_leave_it_alone(tmp_path: Path) -> None:

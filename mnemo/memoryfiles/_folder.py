@@ -181,6 +181,19 @@ class Folder:
                 return False
             return True
 
+    def remove(self, name: str) -> None:
+        """Removes the file `name` (gone already: nothing to do), then fsyncs the folder."""
+        with self.opened(create=False) as fd:
+            if fd is None and RELATIVE:
+                return
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._at(fd, name), dir_fd=fd)
+            if fd is None:
+                disk.fsync_directory(self.path)
+            else:
+                with contextlib.suppress(OSError):
+                    os.fsync(fd)
+
     def write(self, name: str, text: str) -> None:
         """Replaces the file `name` with `text`, all or nothing (a fsynced temporary file renamed
         over it, then the folder fsynced), never writing through a link; a replaced file keeps

@@ -403,10 +403,16 @@ class MemoryFiles:
     def _merge_write(self, path: Path, topic: str,
                      planned: _Planned) -> tuple[bool, MemoryFile | None]:
         """Merges the change into the file at `path` and writes it; returns whether it changed
-        and the file as it now is (None: an empty file is never created)."""
+        and the file as it now is (None: an empty file is never created; one a correction
+        empties is removed, returned without content)."""
         current = self._read(path)
         current_lines = _format.entries(current.body) if current else []
         fitted = _format.bound(planned.merged(current_lines), self.max_chars)
+        if not fitted.lines and current_lines:
+            # A correction took back every entry: nothing true is left of the topic.
+            self._folder.remove(path.name)
+            return True, MemoryFile(topic, "", path, self._now(), "",
+                                    dropped=tuple(current_lines))
         if not fitted.lines:
             return False, current.file() if current else None
         description = planned.change.description or (current.description if current else "")

@@ -259,6 +259,26 @@ async def test_entries_are_removed_only_by_a_correction(
     )
 
 
+async def test_a_correction_that_takes_back_every_entry_removes_the_file(
+    files: mnemo.MemoryFiles, llm: RecordingLLM
+) -> None:
+    """A correction that removes a topic's last entry removes its file (it was kept, the wrong
+    statement still listed and recalled): the update names it, with no content left."""
+    await files.persist("The database is MySQL.", llm=None)
+    [stored] = files.list()
+    llm.reply = lambda _request: {"files": [
+        change(stored.topic, "", "correction") | {"remove": ["- The database is MySQL."]}
+    ]}
+    result = await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
+    assert result.error is None
+    assert result.written == [stored.topic]
+    [gone] = result.files
+    assert (gone.content, gone.dropped) == ("", ("- The database is MySQL.",))
+    assert files.list() == []
+    assert not stored.path.exists()
+    assert await files.recall("which database do we use?") == []
+
+
 async def test_change_without_signal_is_written(
     files: mnemo.MemoryFiles, llm: RecordingLLM
 ) -> None:

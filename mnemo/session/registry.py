@@ -128,8 +128,7 @@ class Sessions:
             return self.by_id.get(session_id) or self.adopt(row)  # or another call's load
         if fresh:
             version = await self.store.version(session_id)
-            # Versions only grow: an older one is a read that began before a write here and
-            # answered after it, not a move.
+            # Versions only grow: an older one is a read that crossed a write here, not a move.
             moved = version is None or version > session.version
             # Not while this Memory holds the lock: the store may hold its own write under way
             # (looked at after the read: the write may have begun during it).
@@ -157,16 +156,13 @@ class Sessions:
         if row.active_at is None or row.active_at == session.active_at:
             return
         session.active_at = row.active_at
-        if session.last_activity == math.inf:
-            return
-        session.last_activity = max(session.last_activity, self.clock_of(row.active_at))
+        if session.last_activity != math.inf:
+            session.last_activity = max(session.last_activity, self.clock_of(row.active_at))
 
     def clock_of(self, moment: datetime | None) -> float:
         """A time from the store on the event loop's clock (`Coordination.now`); None: now."""
-        now = anyio.current_time()
-        if moment is None:
-            return now
-        return now - max((self.coordination.now() - moment).total_seconds(), 0.0)
+        ago = 0.0 if moment is None else (self.coordination.now() - moment).total_seconds()
+        return anyio.current_time() - max(ago, 0.0)
 
     async def reload(self, session: SessionRecord, *, conflict: bool = False) -> None:
         """Reads the session again from the store, which another Memory changed. A row no
@@ -202,9 +198,8 @@ class Sessions:
             await self.answer_ended(self, session)
 
     def touch(self, session: SessionRecord) -> None:
-        """Records activity; an auto-commit session this Memory drives may now have an earlier
-        deadline, so its timers look again (other sessions have no timers here: waking for
-        them would scan every session at each append)."""
+        """Records activity; the timers of an auto-commit session this Memory drives look again
+        (its deadline may be earlier; no other session has timers here to wake)."""
         session.last_activity = anyio.current_time()
         if session.driven:
             self.drive(session)
@@ -296,6 +291,8 @@ async def run_append(
         if op is not None:  # a model's failure removes the step (raised by `_unless_failed`)
             op.applied = session.model_failure(stored.id) is None
         await _unless_failed(live, session, episode_id, stored)
+        if op is not None:
+            op.applied = True
     finally:
         session.ticket_queue.leave(ticket)
         live.touch(session)  # activity until it returns: an expiry finds it used
@@ -314,14 +311,19 @@ async def run_append(
 async def _unless_failed(live: Sessions, session: SessionRecord, episode_id: str,
                          step: StepRecord) -> None:
     """Raises the model's failure that ended the annotation while `step`'s append waited, once
-    `step` is removed (kept when no longer the last: another Memory moved the session on)."""
+    `step` is removed (kept, to be annotated later, when no longer the last or not removed)."""
     if (failure := session.model_failure(step.id)) is None:
         return
     async with session.lock:
         episode, now = session.episode, session.step_at(episode_id, step.index)
-        if (episode is None or now is None or now.annotated or episode.steps[-1] is not now
-                or (version := await live.store.remove_step(session.id, episode_id,
-                                                            step.id)) is None):
+        if episode is None or now is None or now.annotated or episode.steps[-1] is not now:
+            return
+        try:
+            version = await live.store.remove_step(session.id, episode_id, step.id)
+        except StorageError as exc:
+            log.warning("%s: a step the model failed on is kept: %r", session.id, exc)
+            return
+        if version is None:
             return
         session.advance(version)
         episode.steps.pop()  # unheld: the failed run let its claims go
@@ -476,8 +478,7 @@ async def release(live: Sessions, session: SessionRecord, steps: Sequence[StepRe
         await live.coordination.release_steps(session.id, live.holder_id,
                                               [s.id for s in steps])
     except StorageError as exc:
-        log.warning("%s: could not give up its claim on %d steps: %r", session.id, len(steps),
-                    exc)
+        log.warning("%s: its claim on %d steps is kept: %r", session.id, len(steps), exc)
 
 
 async def store_moved(live: Sessions, token: int) -> None:

@@ -162,6 +162,35 @@ async def test_an_async_append_whose_step_a_model_failure_removed_is_not_appende
         assert [[s.observation for s in e.steps] for e in await m.episodes(sid)] == [[]]
 
 
+@pytest.mark.parametrize("call", ["append", "append_async"])
+async def test_a_step_the_model_failed_on_whose_removal_failed_is_kept_and_appended(
+    mem: mnemo.Memory, llm: FakeLLM, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """The model fails the step's annotation and the store refuses the step's removal: the
+    step is kept, so the append reports it appended, unannotated (it raised the model's
+    failure, or called back a failure, for a step still stored: a retry stored it twice)."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+
+    async def refused(*args: object, **kwargs: object) -> int:
+        raise mnemo.StorageError("busy", "the step's removal was refused")
+
+    monkeypatch.setattr(mem._sessions_store, "remove_step", refused)
+    llm.fail_tasks.add("state")
+    if call == "append":
+        info = await mem.append(sid, "walk north", "go north")
+        assert (info.index, info.annotated) == (0, False)
+    else:
+        results = Results()
+        await mem.append_async(sid, "walk north", "go north", callback=results("append"))
+        await results.wait("append")
+        assert results.got["append"] == mnemo.OpResult(True, "appended", None)
+    [episode] = await mem.episodes(sid)
+    assert [s.observation for s in episode.steps] == ["walk north"]
+    llm.fail_tasks.clear()
+    await mem.close(sid)
+    assert await mem.session_state(sid) in (State.EXTRACTING, State.READY)
+
+
 @pytest.mark.parametrize("failing", ["llm", "embedder", "store"])
 async def test_a_failure_in_an_async_append(
     mem: mnemo.Memory, llm: FakeLLM, embedder: FakeEmbedder, failing: str,

@@ -5,7 +5,9 @@ annotation sit below this module (`registry`), extraction and the operation queu
 
 from __future__ import annotations
 
+import itertools
 import logging
+import random
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -57,8 +59,9 @@ async def move(
     checked under the lock; `facts` (the condition's arguments) are taken once. SessionError
     where the table refuses `event`; NotFoundError when the session ended.
     """
+    deadline = None
     async with session.lock:
-        for attempt in range(_ATTEMPTS):
+        for attempt in itertools.count():
             if session.ended:
                 return False
             before = session.state
@@ -76,10 +79,13 @@ async def move(
             try:
                 written = await persist()
             except StaleSession as exc:
-                if attempt == _ATTEMPTS - 1:
-                    raise StorageError(
-                        "busy", f"{session.id}: other Memory objects keep moving it"
-                    ) from exc
+                now = anyio.current_time()
+                deadline = now + session.config.busy_timeout if deadline is None else deadline
+                if attempt >= _ATTEMPTS - 1 and now >= deadline:
+                    raise StorageError("busy", f"{session.id}: other Memory objects kept moving"
+                                       f" it for {session.config.busy_timeout:g} s") from exc
+                # Backs off (jittered, at most `_MOST_WAIT`) so a writer in a loop lets it in.
+                await anyio.sleep(random.uniform(0, min(_MOST_WAIT, 0.001 * 2**attempt)))
                 await live.reload(session, conflict=True)
                 continue
             if isinstance(written, int):
@@ -109,8 +115,10 @@ async def move(
 
 # How often a wait for work another Memory holds looks at the store's change token.
 POLL_INTERVAL = 0.05
-# A write that finds the session moved reads it and asks the table again, this many times.
+# A write that finds the session moved reads it and asks the table again, at least this many
+# times and until `Config.busy_timeout` has passed, waiting at most `_MOST_WAIT` s between.
 _ATTEMPTS = 3
+_MOST_WAIT = 0.05
 
 
 async def start_episode(

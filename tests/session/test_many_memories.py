@@ -236,6 +236,39 @@ async def test_an_append_stored_before_a_close_through_another_memory_lands(
         assert extracted_observations(b.llm) == ["walk north", "walk east"]
 
 
+async def test_a_write_that_finds_the_session_moved_tries_until_the_busy_timeout(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close whose write finds the session moved six times in a row (another Memory
+    appending in a loop) reads it again and tries until `busy_timeout`, waiting a little
+    between: it lands (it gave up `busy` after three tries, in about 40 ms); past the
+    timeout it is `busy`, saying for how long."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store, config=mnemo.Config(busy_timeout=1.0))
+        real_hold = transitions.hold
+        moved = [6]
+
+        async def hold(*args: Any, **kwargs: Any) -> bool:
+            if moved[0] > 0:
+                moved[0] -= 1
+                return False
+            return await real_hold(*args, **kwargs)
+
+        monkeypatch.setattr(transitions, "hold", hold)
+        sid = await a.mem.start_session("explore the house", repo=REPO)
+        await a.mem.append(sid, "walk north", "go north")
+        await a.mem.close(sid)
+        assert moved == [0]
+        assert await a.mem.session_state(sid) in (State.EXTRACTING, State.READY)
+
+        other = await a.mem.start_session("explore the garden", repo=REPO)
+        await a.mem.append(other, "walk east", "go east")
+        moved[0] = 10**6
+        with pytest.raises(mnemo.StorageError, match="kept moving it for 1 s") as refused:
+            await a.mem.close(other)
+        assert refused.value.reason == "busy"
+
+
 async def test_appends_through_several_memories_are_serialised(store: str) -> None:
     """Appends racing through A, B and C to one session all land, with unique, contiguous
     indexes, and the stored episode holds every one."""

@@ -132,19 +132,10 @@ def state_request(
 ) -> LLMRequest:
     """The "state" task: the reply's `data` is {"state": str}, one paragraph (a paragraph
     alone in `text` is read too), its length bound in the schema."""
-    return task_request(
-        "state",
-        system=STATE_SYSTEM,
-        instructions=STATE_INSTRUCTIONS,
-        inputs={
-            "goal": goal,
-            "observation": observation,
-            "action": action,
-            "previous_state": previous_state,
-        },
-        schema=STATE_SCHEMA,
-        max_tokens=STATE_TOKENS,
-    )
+    inputs = {"goal": goal, "observation": observation, "action": action,
+              "previous_state": previous_state}
+    return task_request("state", system=STATE_SYSTEM, instructions=STATE_INSTRUCTIONS,
+                        inputs=inputs, schema=STATE_SCHEMA, max_tokens=STATE_TOKENS)
 
 
 def parse_state(resp: LLMResponse) -> str:
@@ -197,20 +188,10 @@ def subgoal_request(
     recent_steps: list[str],
 ) -> LLMRequest:
     """The "subgoal" task: the reply's `data` is {"reasoning": str, "subgoal": str}."""
-    return task_request(
-        "subgoal",
-        system=SUBGOAL_SYSTEM,
-        instructions=SUBGOAL_INSTRUCTIONS,
-        inputs={
-            "goal": goal,
-            "observation": observation,
-            "action": action,
-            "previous_subgoal": previous_subgoal,
-            "recent_steps": recent_steps,
-        },
-        schema=SUBGOAL_SCHEMA,
-        max_tokens=256,
-    )
+    inputs = {"goal": goal, "observation": observation, "action": action,
+              "previous_subgoal": previous_subgoal, "recent_steps": recent_steps}
+    return task_request("subgoal", system=SUBGOAL_SYSTEM, instructions=SUBGOAL_INSTRUCTIONS,
+                        inputs=inputs, schema=SUBGOAL_SCHEMA, max_tokens=256)
 
 
 def parse_subgoal(resp: LLMResponse) -> str:
@@ -251,20 +232,10 @@ def reward_request(
 ) -> LLMRequest:
     """The "reward" task: the reply's `data` is {"reward": number in [0, 1]};
     `next_observation` is None for the episode's last step."""
-    return task_request(
-        "reward",
-        system=REWARD_SYSTEM,
-        instructions=REWARD_INSTRUCTIONS,
-        inputs={
-            "goal": goal,
-            "subgoal": subgoal,
-            "observation": observation,
-            "action": action,
-            "next_observation": next_observation,
-        },
-        schema=REWARD_SCHEMA,
-        max_tokens=128,
-    )
+    inputs = {"goal": goal, "subgoal": subgoal, "observation": observation, "action": action,
+              "next_observation": next_observation}
+    return task_request("reward", system=REWARD_SYSTEM, instructions=REWARD_INSTRUCTIONS,
+                        inputs=inputs, schema=REWARD_SCHEMA, max_tokens=128)
 
 
 def parse_reward(resp: LLMResponse) -> float:

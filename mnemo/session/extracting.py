@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import Enum
@@ -340,9 +340,7 @@ async def take_work(live: Sessions, now: datetime, gone: list[str]) -> None:
             session = await live.fetch(lease.id, fresh=True)
         except MnemoError:
             continue
-        if session.state in (State.COLLECTING, State.IDLE) and lease.state is not (
-            State.EXTRACTING
-        ):
+        if session.state in (State.COLLECTING, State.IDLE) and lease.state is not State.EXTRACTING:
             await _take_timers(live, session)
             continue
         if session.state is not State.EXTRACTING or session.scopes:
@@ -350,24 +348,24 @@ async def take_work(live: Sessions, now: datetime, gone: list[str]) -> None:
         if _same_model(session) and await transitions.hold(live, session):
             log.info("%s: taking over its extraction", session.id)
             live.effects(live, session, Extract())
-    for session_id in await co.unannotated(now - live.lease, gone):
-        try:
-            session = await live.fetch(session_id, fresh=True)
-        except MnemoError:
-            continue
-        if session.state is State.COLLECTING and not session.annotating and (
-            _same_model(session)
-        ):
+    async for session in _fresh(live, await co.unannotated(now - live.lease, gone)):
+        if session.state is State.COLLECTING and not session.annotating and _same_model(session):
             log.info("%s: taking over the annotation of its stored steps", session.id)
             registry.annotate(live, session)
-    for session_id in await co.left_queues(now - live.lease, gone):
-        try:
-            session = await live.fetch(session_id, fresh=True)
-        except MnemoError:
-            continue
+    async for session in _fresh(live, await co.left_queues(now - live.lease, gone)):
         if session.state is not State.EXTRACTING and not session.extracts:
             log.info("%s: taking over the operations a gone holder queued", session.id)
             live.spawn(session, operations.run_stored, live, session)
+
+
+async def _fresh(live: Sessions, session_ids: list[str]) -> AsyncIterator[SessionRecord]:
+    """The records of these sessions, each read again from the store; one that cannot be read
+    (ended meanwhile, or the store failed) is skipped."""
+    for session_id in session_ids:
+        try:
+            yield await live.fetch(session_id, fresh=True)
+        except MnemoError:
+            continue
 
 
 async def _take_timers(live: Sessions, session: SessionRecord) -> None:

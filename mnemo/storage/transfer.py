@@ -6,12 +6,16 @@ are not copied."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
+
+import numpy as np
 
 from mnemo.errors import ConflictError, StorageError
 from mnemo.storage.ports import is_postgres
@@ -206,6 +210,8 @@ async def transfer(
             f"{conflicts} node id(s) of the source hold another text in the target"
             f" (e.g. {example!r}); nothing was copied"
         )
+    for table in TABLES:
+        await _held_as_in(source, target, table, batch)
     inserted: dict[str, int] = {}
     for table in TABLES:
         total = await source.count(table)
@@ -237,6 +243,53 @@ async def transfer(
         )
     progress(VERIFY, steps, steps)
     return TransferReport(tuple(counts), checksum)
+
+
+async def _held_as_in(source: SqlDump, target: SqlDump, table: Table, batch: int) -> None:
+    """Raises `StorageError("mismatch")`, before anything is copied, unless every row the
+    target holds of `table` is the source's row of that key as it is now: a copy cut short is
+    completed, but one the source has changed since (or another store's) is not mixed in."""
+    if not await target.count(table):
+        return
+    held = {_key(table, row): _digest(table, row)
+            async for rows in target.read(table, batch) for row in rows}
+    changed = None
+    async for rows in source.read(table, batch):
+        for row in rows:
+            digest = held.pop(_key(table, row), None)
+            if digest is not None and digest != _digest(table, row):
+                changed = changed or _key(table, row)
+    if changed is not None or held:
+        example = changed if changed is not None else next(iter(held))
+        raise StorageError(
+            "mismatch", f"table {table.name}: the target holds rows the source holds otherwise"
+            f" or not at all (e.g. {example!r}), so it is no copy of the source as it is now;"
+            " nothing was copied: migrate into an empty database")
+
+
+def _key(table: Table, row: Row) -> tuple[object, ...]:
+    return tuple(row[table.names.index(name)] for name in table.key or ("rowid",))
+
+
+def _digest(table: Table, row: Row) -> bytes:
+    """A row's values in one form on both backends (times in UTC, JSON with sorted keys,
+    vectors as float16, as SQLite keeps a node's)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for kind, value in zip(table.kinds, row, strict=True):
+        if value is None:
+            part = b"\x00"
+        elif isinstance(value, datetime):
+            part = value.astimezone(UTC).isoformat(timespec="microseconds").encode()
+        elif kind is Kind.JSON:
+            part = json.dumps(value, sort_keys=True).encode()
+        elif kind is Kind.VECTOR:
+            part = np.asarray(value, dtype=np.float32).astype(np.float16).tobytes()
+        elif isinstance(value, bytes | bytearray | memoryview):
+            part = bytes(value)
+        else:
+            part = repr(value).encode()
+        digest.update(len(part).to_bytes(8, "big") + part)
+    return digest.digest()
 
 
 def same_store(a: str, b: str) -> bool:

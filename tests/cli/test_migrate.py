@@ -7,14 +7,18 @@ import json
 import sqlite3
 from pathlib import Path
 
+import anyio
 import psycopg
 import pytest
 from typer.testing import CliRunner, Result
 
+import mnemo
 from mnemo.cli import app
 from mnemo.cli.migrate import display
 from mnemo.storage.transfer import TABLES
-from tests.storage.filled import fill, sqlite_rows
+from tests.conversation._support import user
+from tests.fakes import FakeEmbedder
+from tests.storage.filled import THREAD, fill, sqlite_rows
 
 runner = CliRunner()
 
@@ -73,9 +77,15 @@ def test_a_time_on_a_whole_second_comes_back_as_it_was_written(
     assert stamps == {whole}
 
 
-def test_second_run_says_nothing_to_copy(source: Path, pg_url: str) -> None:
-    """Run twice, the command copies nothing the second time and says so."""
+def test_second_run_says_nothing_to_copy(source: Path, pg_url: str, tmp_path: Path) -> None:
+    """Run twice, the command copies nothing the second time and says so, each way (every
+    row the target holds is compared with the source's: vectors, times and JSON alike)."""
+    back = tmp_path / "back.db"
     assert migrate(source, pg_url).exit_code == 0
+    assert migrate(pg_url, back).exit_code == 0
+    again = migrate(pg_url, back)
+    assert again.exit_code == 0, again.stderr
+    assert "Nothing to copy" in again.stdout
     again = migrate(source, pg_url)
     assert again.exit_code == 0, again.stderr
     assert "Nothing to copy" in again.stdout
@@ -131,6 +141,47 @@ def test_a_copy_that_does_not_verify_exits_1(source: Path, pg_url: str) -> None:
     assert result.exit_code == 1, result.output
     assert "table goals" in result.stderr
     assert "does not verify" in result.stderr
+
+
+def test_a_second_run_after_the_source_changed_copies_nothing_and_exits_1(
+    source: Path, pg_url: str
+) -> None:
+    """Migrated, then a message saved to the thread in the source: a second run refuses
+    before copying anything (exit 1, the table named). It copied the new message and kept
+    the thread's old counter, exited 0 "verified", and every later save there failed."""
+    assert migrate(source, pg_url).exit_code == 0
+
+    async def one_more_message() -> None:
+        async with mnemo.Memory(source, embedder=FakeEmbedder()) as mem:
+            await mem.conversation().append(THREAD, [user("and one more step")])
+
+    anyio.run(one_more_message)
+    with psycopg.connect(pg_url) as pg:
+        [(messages,)] = pg.execute("SELECT count(*) FROM messages").fetchall()
+    result = migrate(source, pg_url)
+    assert result.exit_code == 1, result.output
+    assert "table threads" in result.stderr
+    assert "nothing was copied" in result.stderr
+    with psycopg.connect(pg_url) as pg:
+        assert pg.execute("SELECT count(*) FROM messages").fetchall() == [(messages,)]
+
+    async def save_there() -> None:
+        async with mnemo.Memory(pg_url, embedder=FakeEmbedder()) as mem:
+            await mem.conversation().append(THREAD, [user("a step on PostgreSQL")])
+
+    anyio.run(save_there)
+
+
+def test_a_copy_cut_short_is_completed(source: Path, pg_url: str) -> None:
+    """A target holding part of the source, each row as the source holds it (a copy cut
+    short), is completed by a second run, verified."""
+    assert migrate(source, pg_url).exit_code == 0
+    with psycopg.connect(pg_url) as pg:
+        pg.execute("DELETE FROM goals")
+    again = migrate(source, pg_url, "--json")
+    assert again.exit_code == 0, again.stderr
+    copied = {t["table"]: t["copied"] for t in json.loads(again.stdout)["tables"]}
+    assert {name: n for name, n in copied.items() if n} == {"goals": 1, "pins": 1}  # cascaded
 
 
 def test_a_password_is_never_printed() -> None:

@@ -267,7 +267,10 @@ class TicketQueue:
             raise
 
     def leave(self, ticket: int) -> None:
-        """Ends `ticket`'s turn (or abandons it, if its turn has not come)."""
+        """Ends `ticket`'s turn (or abandons it, if its turn has not come; one left already
+        stays left)."""
+        if ticket < self._serving:
+            return
         if ticket != self._serving:
             self._abandoned.add(ticket)
             return

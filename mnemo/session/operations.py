@@ -202,6 +202,9 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
         raise
     else:
         await _finish_op(session, op, OpResult(True, VALUES[op.kind]))
+    finally:
+        if op.ticket is not None:  # an append that failed before its turn passes it on
+            session.ticket_queue.leave(op.ticket)
     start_next(live, session)
 
 

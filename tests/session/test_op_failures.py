@@ -191,6 +191,43 @@ async def test_a_step_the_model_failed_on_whose_removal_failed_is_kept_and_appen
     assert await mem.session_state(sid) in (State.EXTRACTING, State.READY)
 
 
+async def test_an_async_append_that_fails_before_its_turn_passes_its_turn_on(
+    llm: FakeLLM, store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored async append (accepted while the session extracts) whose run fails as it
+    starts (its stored row cannot be dropped) is answered as failed, and the next append
+    runs: it waited for good behind the failed one's turn."""
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as m:
+        await m.open_repo(REPO)
+        sid = await m.start_session("explore the house", repo=REPO)
+        await m.append(sid, "walk north", "go north")
+        held = llm.hold("semantic")
+        await m.close(sid)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        coordination = m._live.coordination
+        drop_queued = coordination.drop_queued
+        calls = []
+
+        async def faulty_for_the_append(*args: Any, **kwargs: Any) -> bool:
+            calls.append(args)
+            if len(calls) == 3:  # commit, start_episode, then the append
+                raise mnemo.StorageError("busy", "injected: database is locked")
+            return await drop_queued(*args, **kwargs)
+
+        monkeypatch.setattr(coordination, "drop_queued", faulty_for_the_append)
+        results = Results()
+        await m.commit_async(sid, callback=results("commit"))
+        await m.start_episode_async(sid, "explore again", callback=results("start"))
+        await m.append_async(sid, "open door", "push door", callback=results("append"))
+        held.release()
+        await results.wait("commit", "start", "append")
+        assert [results.got[k].ok for k in ("commit", "start", "append")] == [True, True, False]
+        with anyio.fail_after(10):
+            info = await m.append(sid, "open the window", "push it")
+        assert info.index == 0
+
+
 @pytest.mark.parametrize("failing", ["llm", "embedder", "store"])
 async def test_a_failure_in_an_async_append(
     mem: mnemo.Memory, llm: FakeLLM, embedder: FakeEmbedder, failing: str,

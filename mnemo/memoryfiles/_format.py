@@ -180,6 +180,12 @@ def follow(description: str, lines: list[str]) -> str:
     return one_line(_BULLET.sub("", lines[0], count=1), MAX_DESCRIPTION_CHARS)
 
 
+def restates(description: str, lines: Sequence[str]) -> bool:
+    """Whether `description` says every content word of one of the entries `lines`."""
+    said = _text.content_stems(description)
+    return any((stems := _text.content_stems(line)) and stems <= said for line in lines)
+
+
 def merge(current: list[str], proposed: list[str], base: list[str] | None, *, allow_removal: bool,
           removed: Sequence[str] = ()) -> list[str]:
     """The entries of a file after a change, merged three ways from `current`, `proposed` (the

@@ -279,6 +279,28 @@ async def test_a_correction_that_takes_back_every_entry_removes_the_file(
     assert await files.recall("which database do we use?") == []
 
 
+async def test_a_description_that_said_an_entry_taken_back_follows_the_entries_left(
+    files: mnemo.MemoryFiles, llm: RecordingLLM
+) -> None:
+    """A correction that takes back the entry the topic's description restates leaves a
+    description of an entry still there (the wrong statement stayed in it, listed and
+    recalled)."""
+    await files.persist("The vault password hint is zanzibar.", llm=None)
+    await files.persist("The vault is in Frankfurt.", llm=None)
+    [stored] = files.list()
+    assert "zanzibar" in stored.description
+    llm.reply = lambda _request: {"files": [
+        change(stored.topic, "", "correction")
+        | {"remove": ["- The vault password hint is zanzibar."]}
+    ]}
+    result = await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
+    assert result.error is None
+    [kept] = files.list()
+    assert kept.content == "- The vault is in Frankfurt.\n"
+    assert kept.description == "The vault is in Frankfurt."
+    assert "zanzibar" not in stored.path.read_text().split("---")[-1]
+
+
 async def test_change_without_signal_is_written(
     files: mnemo.MemoryFiles, llm: RecordingLLM
 ) -> None:

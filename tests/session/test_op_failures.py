@@ -11,7 +11,7 @@ import pytest
 import mnemo
 from mnemo import State
 from tests.conftest import REPO, Enter
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM, busy_once, extracted_observations
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold, busy_once, extracted_observations
 
 
 class Results:
@@ -191,6 +191,20 @@ async def test_a_step_the_model_failed_on_whose_removal_failed_is_kept_and_appen
     assert await mem.session_state(sid) in (State.EXTRACTING, State.READY)
 
 
+async def extracting(
+    m: mnemo.Memory, llm: FakeLLM, config: mnemo.Config | None = None
+) -> tuple[str, Hold]:
+    """A session of `m` closed after one step, its extraction held at the semantic task."""
+    await m.open_repo(REPO, config=config)
+    sid = await m.start_session("explore the house", repo=REPO)
+    await m.append(sid, "walk north", "go north")
+    held = llm.hold("semantic")
+    await m.close(sid)
+    with anyio.fail_after(5):
+        await held.started.wait()
+    return sid, held
+
+
 async def test_an_async_append_that_fails_before_its_turn_passes_its_turn_on(
     llm: FakeLLM, store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -198,13 +212,7 @@ async def test_an_async_append_that_fails_before_its_turn_passes_its_turn_on(
     starts (its stored row cannot be dropped) is answered as failed, and the next append
     runs: it waited for good behind the failed one's turn."""
     async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as m:
-        await m.open_repo(REPO)
-        sid = await m.start_session("explore the house", repo=REPO)
-        await m.append(sid, "walk north", "go north")
-        held = llm.hold("semantic")
-        await m.close(sid)
-        with anyio.fail_after(5):
-            await held.started.wait()
+        sid, held = await extracting(m, llm)
         coordination = m._live.coordination
         drop_queued = coordination.drop_queued
         calls = []
@@ -270,13 +278,7 @@ async def test_a_fault_taking_stored_ops_after_an_extraction_still_runs_the_queu
     stale: no callback came, and every later operation queued behind them for good)."""
     config = mnemo.Config(auto_commit=auto_commit, flush_timeout=None, session_timeout=None)
     async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as m:
-        await m.open_repo(REPO, config=config)
-        sid = await m.start_session("explore the house", repo=REPO)
-        await m.append(sid, "walk north", "go north")
-        held = llm.hold("semantic")
-        await m.close(sid)
-        with anyio.fail_after(5):
-            await held.started.wait()
+        sid, held = await extracting(m, llm, config)
         coordination = m._live.coordination
         take_ops = coordination.take_ops
         faults = [mnemo.StorageError("unavailable", "injected: connection lost")]

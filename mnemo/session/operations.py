@@ -202,9 +202,6 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
         raise
     else:
         await _finish_op(session, op, OpResult(True, VALUES[op.kind]))
-    finally:
-        if op.ticket is not None:  # an append that failed before its turn passes it on
-            session.ticket_queue.leave(op.ticket)
     start_next(live, session)
 
 
@@ -224,9 +221,12 @@ async def _still_live(live: Sessions, session: SessionRecord) -> bool:
 
 
 async def _finish_op(session: SessionRecord, op: Op, result: OpResult) -> None:
-    """Ends the operation, then calls it back (a close in the callback finds it over)."""
+    """Ends the operation, then calls it back (a close in the callback finds it over, an
+    append in it its turn passed on, by one that failed before its turn too)."""
     if op.kind == "append":
         session.appends_in_flight -= 1
+        if op.ticket is not None:
+            session.ticket_queue.leave(op.ticket)
     if session.running is op:
         session.running = None
     session.notify()

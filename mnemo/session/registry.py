@@ -288,11 +288,7 @@ async def run_append(
                 if now is None or now.annotated or not session.annotating:
                     break
                 await changed.wait()
-        if op is not None:  # a model's failure removes the step (raised by `_unless_failed`)
-            op.applied = session.model_failure(stored.id) is None
-        await _unless_failed(live, session, episode_id, stored)
-        if op is not None:
-            op.applied = True
+        await _unless_failed(live, session, episode_id, stored, op)
     finally:
         session.ticket_queue.leave(ticket)
         live.touch(session)  # activity until it returns: an expiry finds it used
@@ -309,21 +305,25 @@ async def run_append(
 
 
 async def _unless_failed(live: Sessions, session: SessionRecord, episode_id: str,
-                         step: StepRecord) -> None:
+                         step: StepRecord, op: Op | None) -> None:
     """Raises the model's failure that ended the annotation while `step`'s append waited, once
-    `step` is removed (kept, to be annotated later, when no longer the last or not removed)."""
+    `step` is removed, `op` unapplied (kept, to be annotated later: not the last, not removed)."""
     if (failure := session.model_failure(step.id)) is None:
         return
     async with session.lock:
         episode, now = session.episode, session.step_at(episode_id, step.index)
         if episode is None or now is None or now.annotated or episode.steps[-1] is not now:
             return
+        if op is not None:
+            op.applied = False  # a close from the removal on cannot tell: not appended
         try:
             version = await live.store.remove_step(session.id, episode_id, step.id)
         except StorageError as exc:
             log.warning("%s: a step the model failed on is kept: %r", session.id, exc)
-            return
+            version = None
         if version is None:
+            if op is not None:
+                op.applied = True
             return
         session.advance(version)
         episode.steps.pop()  # unheld: the failed run let its claims go

@@ -191,6 +191,34 @@ async def test_a_step_the_model_failed_on_whose_removal_failed_is_kept_and_appen
     assert await mem.session_state(sid) in (State.EXTRACTING, State.READY)
 
 
+async def test_a_close_while_a_failed_steps_removal_waits_reports_it_appended(
+    llm: FakeLLM, store: str
+) -> None:
+    """The model fails an async append's step, and the Memory closes while the step's removal
+    waits for the session (another move holds it): the step stays stored, and its callback
+    says "appended" (it said memory_closed: a retry stored it twice)."""
+    results = Results()
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as m:
+        await m.open_repo(REPO)
+        sid = await m.start_session("goal", repo=REPO)
+        session = m._live.by_id[sid]
+        held = llm.hold("state")
+        await m.append_async(sid, "walk north", "go north", callback=results("append"))
+        with anyio.fail_after(5):
+            await held.started.wait()
+        await session.lock.acquire()  # released by nobody: the close comes first
+        llm.fail_tasks.add("state")
+        held.release()
+        with anyio.fail_after(5):
+            while not session.lock.statistics().tasks_waiting:
+                await anyio.wait_all_tasks_blocked()
+    llm.fail_tasks.clear()
+    assert results.got["append"] == mnemo.OpResult(True, "appended", None)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as m:
+        assert [[s.observation for s in e.steps] for e in await m.episodes(sid)] == [
+            ["walk north"]]
+
+
 async def extracting(
     m: mnemo.Memory, llm: FakeLLM, config: mnemo.Config | None = None
 ) -> tuple[str, Hold]:
@@ -209,8 +237,10 @@ async def test_an_async_append_that_fails_before_its_turn_passes_its_turn_on(
     llm: FakeLLM, store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stored async append (accepted while the session extracts) whose run fails as it
-    starts (its stored row cannot be dropped) is answered as failed, and the next append
-    runs: it waited for good behind the failed one's turn."""
+    starts (its stored row cannot be dropped) is answered as failed, and an append in its
+    callback runs, as the next one does: they waited for good behind the failed one's turn
+    (the one in the callback, and so the Memory's close, until its turn was passed on
+    before the callback)."""
     async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as m:
         sid, held = await extracting(m, llm)
         coordination = m._live.coordination
@@ -225,15 +255,22 @@ async def test_an_async_append_that_fails_before_its_turn_passes_its_turn_on(
 
         monkeypatch.setattr(coordination, "drop_queued", faulty_for_the_append)
         results = Results()
+        inside: list[int] = []
+
+        async def append_inside(result: mnemo.OpResult) -> None:
+            results("append")(result)
+            with anyio.fail_after(10):
+                inside.append((await m.append(sid, "open the window", "push it")).index)
+
         await m.commit_async(sid, callback=results("commit"))
         await m.start_episode_async(sid, "explore again", callback=results("start"))
-        await m.append_async(sid, "open door", "push door", callback=results("append"))
+        await m.append_async(sid, "open door", "push door", callback=append_inside)
         held.release()
         await results.wait("commit", "start", "append")
         assert [results.got[k].ok for k in ("commit", "start", "append")] == [True, True, False]
         with anyio.fail_after(10):
-            info = await m.append(sid, "open the window", "push it")
-        assert info.index == 0
+            info = await m.append(sid, "close the window", "pull it")
+        assert (inside, info.index) == ([0], 1)
 
 
 @pytest.mark.parametrize("failing", ["llm", "embedder", "store"])

@@ -67,7 +67,7 @@ async def migrate(source: SourceOpt, target: TargetOpt, as_json: Json = False) -
     except StorageError as exc:
         if exc.reason != "mismatch":
             raise
-        typer.echo(f"error: the copy does not verify: {exc}", err=True)
+        typer.echo(f"error: {str(exc).removeprefix('mismatch: ')}", err=True)
         raise typer.Exit(1) from None
     if as_json:
         print_json({"from": display(source), "to": display(target), "copied": report.copied,

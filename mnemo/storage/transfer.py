@@ -232,15 +232,15 @@ async def transfer(
         if have != held:
             raise StorageError(
                 "mismatch",
-                f"table {table.name}: the source holds {have} rows, the target {held}"
+                f"the copy does not verify: table {table.name}: the source holds {have} rows,"
+                f" the target {held}"
                 " (the target held other rows, or the source changed during the copy)",
             )
         counts.append(TableCount(table.name, have, inserted[table.name], held))
     checksum = await source.checksum()
     if await target.checksum() != checksum:
-        raise StorageError(
-            "mismatch", "table nodes: the node texts differ (checksums of ids and texts)"
-        )
+        raise StorageError("mismatch", "the copy does not verify: table nodes: the node texts"
+                           " differ (checksums of ids and texts)")
     progress(VERIFY, steps, steps)
     return TransferReport(tuple(counts), checksum)
 
@@ -281,7 +281,7 @@ def _digest(table: Table, row: Row) -> bytes:
         elif isinstance(value, datetime):
             part = value.astimezone(UTC).isoformat(timespec="microseconds").encode()
         elif kind is Kind.JSON:
-            part = json.dumps(value, sort_keys=True).encode()
+            part = json.dumps(_numbers(value), sort_keys=True).encode()
         elif kind is Kind.VECTOR:
             part = np.asarray(value, dtype=np.float32).astype(np.float16).tobytes()
         elif isinstance(value, bytes | bytearray | memoryview):
@@ -290,6 +290,17 @@ def _digest(table: Table, row: Row) -> bytes:
             part = repr(value).encode()
         digest.update(len(part).to_bytes(8, "big") + part)
     return digest.digest()
+
+
+def _numbers(value: object) -> object:
+    """JSON `value` with each whole float an int (jsonb gives 1e16 back as an int, -0.0 as 0)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_numbers(item) for item in value]
+    return value
 
 
 def same_store(a: str, b: str) -> bool:

@@ -133,14 +133,38 @@ def test_conflicting_node_exits_2(source: Path, pg_url: str) -> None:
         assert pg.execute("SELECT count(*) FROM ingests").fetchone() == (0,)
 
 
-def test_a_copy_that_does_not_verify_exits_1(source: Path, pg_url: str) -> None:
-    """A target with rows the source lacks fails verification: exit 1, the table named."""
+def test_a_target_holding_rows_the_source_lacks_exits_1(source: Path, pg_url: str) -> None:
+    """A target with rows the source lacks is refused before anything is copied: exit 1, the
+    table named."""
     with psycopg.connect(pg_url) as pg:
         pg.execute("INSERT INTO goals VALUES ('g-other', 't', 'other', 'open', now(), NULL)")
     result = migrate(source, pg_url)
     assert result.exit_code == 1, result.output
     assert "table goals" in result.stderr
-    assert "does not verify" in result.stderr
+    assert "nothing was copied" in result.stderr
+    with psycopg.connect(pg_url) as pg:
+        assert pg.execute("SELECT count(*) FROM nodes").fetchall() == [(0,)]
+
+
+def test_json_numbers_jsonb_writes_otherwise_are_the_same_row(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A step's metadata holding 1e16 and -0.0 (jsonb gives them back as 10000000000000000
+    and 0): a second run of an unchanged source copies nothing (it was refused as changed)."""
+    path = tmp_path / "numbers.db"
+
+    async def step_with_numbers() -> None:
+        async with mnemo.Memory(path, embedder=FakeEmbedder()) as mem:
+            await mem.open_repo("r")
+            sid = await mem.start_session("count", repo="r")
+            await mem.append(sid, "big numbers", "note them", metadata={"big": 1e16, "neg": -0.0,
+                                                                        "half": 0.5})
+
+    anyio.run(step_with_numbers)
+    assert migrate(path, pg_url).exit_code == 0
+    again = migrate(path, pg_url)
+    assert again.exit_code == 0, again.stderr
+    assert "Nothing to copy" in again.stdout
 
 
 def test_a_second_run_after_the_source_changed_copies_nothing_and_exits_1(

@@ -58,6 +58,21 @@ async def test_a_full_file_is_condensed_by_the_llm(directory: Path, clock: Clock
     assert files.list()[0].content == stored.content
 
 
+async def test_a_condensed_description_saying_an_entry_again_is_kept(
+    directory: Path, clock: Clock
+) -> None:
+    """Condensing is no correction: the condensed file's description stands even when it says
+    an entry the condensing reworded (it was replaced by the first entry left)."""
+    files = mnemo.MemoryFiles(directory, max_chars=200, clock=clock)
+    described = "The staging cluster runs on three m5.large nodes in eu-west-1"
+    llm = scripted({"description": described,
+                    "content": "- Staging: 3 m5.large nodes, eu-west-1.\n- 12 canary checks."})
+    await files.persist(OLD, llm=llm)
+    stored = await files.persist(LONG, llm=llm)
+    assert stored.condensed
+    assert stored.description == described
+
+
 async def test_failed_condense_falls_back_to_dropping_visibly(
     directory: Path, clock: Clock
 ) -> None:

@@ -10,7 +10,9 @@ out and negated words marked. Two facts sharing a subject word and a relation co
 one denies a word the other states ("the cache is enabled" / "the cache is not enabled"), or
 when every run of words one says beyond the shared ones is a specific value standing where the
 other has another ("Dana lives in Lisbon" / "Dana moved to Porto"). Relations of many values
-("likes"), other subjects or relations, and additions never contradict.
+("likes"), other subjects or relations, and additions never contradict; nor do two facts that
+each name, before their relation, something specific the other never says ("pear2 listens on
+9002" / "pear3 listens on 9003": two things, not one that changed).
 """
 
 from __future__ import annotations
@@ -221,6 +223,8 @@ def contradicts(existing: str, new: str) -> bool:
     relations = {k for k in keys_a ^ keys_b if k[0] == "="} - {_COPULA}
     if relations or not (changed or any(k[0] == "=" for k in shared)):
         return False  # other relations, or none
+    if _subject(a) - keys_b and _subject(b) - keys_a:
+        return False  # each names something before its relation the other never says
     stated_a, denied_a = {k for k, d, _ in a if not d}, {k for k, d, _ in a if d}
     stated_b, denied_b = {k for k, d, _ in b if not d}, {k for k, d, _ in b if d}
     if stated_a & denied_b or denied_a & stated_b:
@@ -230,6 +234,13 @@ def contradicts(existing: str, new: str) -> bool:
         return False
     return (all(_replaced(v, values_a) for v in values_b)
             or all(_replaced(v, values_b) for v in values_a))
+
+
+def _subject(items: list[_Item]) -> set[str]:
+    """The specific words before the fact's first relation (what it is about: "pear2 listens
+    on 9002", "the service number 2 named pear2"); none without a relation."""
+    first = next((i for i, (key, _, _) in enumerate(items) if key[0] == "="), 0)
+    return {key for key, _, specific in items[:first] if specific}
 
 
 def _items(fact: str) -> tuple[list[_Item], bool]:

@@ -31,6 +31,10 @@ SUPERSEDES = LinkType.SUPERSEDES
         ("Dana moved to Lisbon in March", "Dana moved to Porto in June", True),
         ("Dana likes tea.", "Dana likes coffee.", False),
         ("Dana lives in Lisbon.", "Sam lives in Porto.", False),
+        # Each names what it is about before its relation, and the other never says it.
+        ("pear2 listens on port 9002.", "pear3 listens on port 9003.", False),
+        ("The service number 2 named pear2 listens on port 9002.",
+         "The service number 3 named pear3 listens on port 9003.", False),
         ("Dana lives in Lisbon.", "Dana lives in Lisbon.", False),
         ("Dana lives in Lisbon.", "Dana lives in Lisbon with her cat.", False),
         ("Caroline (8 May, 2023): I went to a support group and it was great",

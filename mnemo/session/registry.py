@@ -314,17 +314,16 @@ async def _unless_failed(live: Sessions, session: SessionRecord, episode_id: str
         episode, now = session.episode, session.step_at(episode_id, step.index)
         if episode is None or now is None or now.annotated or episode.steps[-1] is not now:
             return
-        if op is not None:
-            op.applied = False  # a close from the removal on cannot tell: not appended
         try:
-            version = await live.store.remove_step(session.id, episode_id, step.id)
+            with anyio.CancelScope(shield=True):  # a close must know whether it went
+                version = await live.store.remove_step(session.id, episode_id, step.id)
         except StorageError as exc:
             log.warning("%s: a step the model failed on is kept: %r", session.id, exc)
-            version = None
-        if version is None:
-            if op is not None:
-                op.applied = True
             return
+        if version is None:
+            return
+        if op is not None:
+            op.applied = False
         session.advance(version)
         episode.steps.pop()  # unheld: the failed run let its claims go
     raise failure

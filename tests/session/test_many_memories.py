@@ -264,7 +264,7 @@ async def test_a_write_that_finds_the_session_moved_tries_until_the_busy_timeout
         other = await a.mem.start_session("explore the garden", repo=REPO)
         await a.mem.append(other, "walk east", "go east")
         moved[0] = 10**6
-        with pytest.raises(mnemo.StorageError, match="kept moving it for 0.6 s") as refused:
+        with pytest.raises(mnemo.StorageError, match=r"kept moving it for 0\.6 s") as refused:
             await a.mem.close(other)
         assert refused.value.reason == "busy"
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
 
@@ -293,9 +294,10 @@ def _digest(table: Table, row: Row) -> bytes:
 
 
 def _numbers(value: object) -> object:
-    """JSON `value` with each whole float an int (jsonb gives 1e16 back as an int, -0.0 as 0)."""
+    """JSON `value` with each whole float the int of its written digits (jsonb gives 1e23 back
+    as 100000000000000000000000, -0.0 as 0)."""
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        return int(Decimal(repr(value)))
     if isinstance(value, dict):
         return {key: _numbers(item) for key, item in value.items()}
     if isinstance(value, list):

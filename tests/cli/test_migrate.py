@@ -149,16 +149,17 @@ def test_a_target_holding_rows_the_source_lacks_exits_1(source: Path, pg_url: st
 def test_json_numbers_jsonb_writes_otherwise_are_the_same_row(
     tmp_path: Path, pg_url: str
 ) -> None:
-    """A step's metadata holding 1e16 and -0.0 (jsonb gives them back as 10000000000000000
-    and 0): a second run of an unchanged source copies nothing (it was refused as changed)."""
+    """A step's metadata holding 1e16, 1e23, 2.0**60 and -0.0 (jsonb gives them back as the
+    ints of their written digits, and 0): a second run of an unchanged source copies nothing
+    (it was refused as changed)."""
     path = tmp_path / "numbers.db"
 
     async def step_with_numbers() -> None:
         async with mnemo.Memory(path, embedder=FakeEmbedder()) as mem:
             await mem.open_repo("r")
             sid = await mem.start_session("count", repo="r")
-            await mem.append(sid, "big numbers", "note them", metadata={"big": 1e16, "neg": -0.0,
-                                                                        "half": 0.5})
+            await mem.append(sid, "big numbers", "note them", metadata={
+                "big": 1e16, "bigger": 1e23, "power": 2.0**60, "neg": -0.0, "half": 0.5})
 
     anyio.run(step_with_numbers)
     assert migrate(path, pg_url).exit_code == 0

@@ -419,9 +419,9 @@ class MemoryFiles:
         if fitted.dropped:
             # The entries the description was written for may be among those dropped.
             description = _format.follow(description, fitted.lines)
-        left = {_format.entry_key(line) for line in fitted.lines}
-        taken_back = [line for line in current_lines if _format.entry_key(line) not in left]
-        if "correction" in planned.change.signals and _format.restates(description, taken_back):
+        named = {_format.entry_key(line) for line in planned.change.remove}
+        taken_back = [line for line in current_lines if _format.entry_key(line) in named]
+        if planned.allow_removal and _format.restates(description, taken_back):
             description = _format.follow("", fitted.lines)  # it said what a correction undid
         unchanged = current is not None and fitted.lines == current_lines
         if current is not None and unchanged and description == current.description:

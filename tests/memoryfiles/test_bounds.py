@@ -73,6 +73,36 @@ async def test_a_condensed_description_saying_an_entry_again_is_kept(
     assert stored.description == described
 
 
+async def test_a_condensed_correction_keeps_the_condensed_description(
+    directory: Path, clock: Clock
+) -> None:
+    """A correction whose write is condensed: the condensed description, which says an entry
+    the condensing reworded and not the one the correction took back, stands."""
+    files = mnemo.MemoryFiles(directory, max_chars=200, clock=clock)
+    described = "The staging cluster runs on three m5.large nodes in eu-west-1"
+    llm = RecordingLLM()
+
+    def reply(request: mnemo.LLMRequest) -> Any:
+        if request.task == "memory_persist":
+            statement = task_inputs(request)["statement"]
+            return {"topic": "deploy", "description": "Where staging runs", "entry": statement}
+        if request.task == "memory_condense":
+            return {"description": described, "content":
+                    "- Staging: 3 m5.large nodes, eu-west-1.\n- Deploys: Thursday, 12 checks."}
+        return {"files": [{"topic": "deploy", "description": "", "signals": ["correction"],
+                           "content": f"- The deploy window is Thursday. {LONG}",
+                           "remove": ["- The deploy window is Tuesday."]}]}
+
+    llm.reply = reply
+    await files.persist(OLD, llm=llm)
+    await files.persist("The deploy window is Tuesday.", llm=llm)
+    result = await files.update([{"role": "user", "content": "Correction: it is Thursday."}],
+                                llm=llm, iterations=10)
+    [written] = result.files
+    assert written.condensed
+    assert files.list()[0].description == described
+
+
 async def test_failed_condense_falls_back_to_dropping_visibly(
     directory: Path, clock: Clock
 ) -> None:

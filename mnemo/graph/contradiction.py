@@ -10,9 +10,9 @@ out and negated words marked. Two facts sharing a subject word and a relation co
 one denies a word the other states ("the cache is enabled" / "the cache is not enabled"), or
 when every run of words one says beyond the shared ones is a specific value standing where the
 other has another ("Dana lives in Lisbon" / "Dana moved to Porto"). Relations of many values
-("likes"), other subjects or relations, and additions never contradict; nor do two facts that
-each name, before their relation, something specific the other never says ("pear2 listens on
-9002" / "pear3 listens on 9003": two things, not one that changed).
+("likes"), other subjects or relations, and additions never contradict; nor do two facts each
+about something specific the other never says, named right before their relation or by a naming
+one ("pear2 listens on 9002" / "pear3 listens on 9003": two things, not one that changed).
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ def contradicts(existing: str, new: str) -> bool:
     if relations or not (changed or any(k[0] == "=" for k in shared)):
         return False  # other relations, or none
     if _subject(a) - keys_b and _subject(b) - keys_a:
-        return False  # each names something before its relation the other never says
+        return False  # each is about something the other never says
     stated_a, denied_a = {k for k, d, _ in a if not d}, {k for k, d, _ in a if d}
     stated_b, denied_b = {k for k, d, _ in b if not d}, {k for k, d, _ in b if d}
     if stated_a & denied_b or denied_a & stated_b:
@@ -237,10 +237,16 @@ def contradicts(existing: str, new: str) -> bool:
 
 
 def _subject(items: list[_Item]) -> set[str]:
-    """The specific words before the fact's first relation (what it is about: "pear2 listens
-    on 9002", "the service number 2 named pear2"); none without a relation."""
-    first = next((i for i, (key, _, _) in enumerate(items) if key[0] == "="), 0)
-    return {key for key, _, specific in items[:first] if specific}
+    """What the fact is about, when something specific names it: the word right before its
+    first relation ("pear2 listens on 9002"), and the name a naming relation gives ("the
+    service number 2 named pear2"); a date or label leading the fact is not it."""
+    first = next((i for i, (key, _, _) in enumerate(items) if key[0] == "="), None)
+    if first is None:
+        return set()
+    around = items[max(first - 1, 0):first]
+    if items[first][0] == "=name":
+        around += items[first + 1:first + 2]
+    return {key for key, _, specific in around if specific}
 
 
 def _items(fact: str) -> tuple[list[_Item], bool]:

@@ -31,10 +31,18 @@ SUPERSEDES = LinkType.SUPERSEDES
         ("Dana moved to Lisbon in March", "Dana moved to Porto in June", True),
         ("Dana likes tea.", "Dana likes coffee.", False),
         ("Dana lives in Lisbon.", "Sam lives in Porto.", False),
-        # Each names what it is about before its relation, and the other never says it.
+        # Each is about something specific the other never says: two things.
         ("pear2 listens on port 9002.", "pear3 listens on port 9003.", False),
         ("The service number 2 named pear2 listens on port 9002.",
          "The service number 3 named pear3 listens on port 9003.", False),
+        ("web1 runs nginx 1.24.", "web2 runs nginx 1.25.", False),
+        # A date, version or label leading the fact is not what it is about: an update.
+        ("[8 May 2023] Caroline lives in Boston.", "[20 June 2023] Caroline moved to Seattle.",
+         True),
+        ("Since v2.1 the service listens on port 8080.",
+         "Since v2.4 the service listens on port 9090.", True),
+        ("Sprint 12: the service runs on port 8080.", "Sprint 13: the service runs on port 8443.",
+         True),
         ("Dana lives in Lisbon.", "Dana lives in Lisbon.", False),
         ("Dana lives in Lisbon.", "Dana lives in Lisbon with her cat.", False),
         ("Caroline (8 May, 2023): I went to a support group and it was great",

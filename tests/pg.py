@@ -33,7 +33,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from mnemo.session.registry import _alive
+from mnemo.session.ports import process_gone
 from mnemo.storage.postgres import schema
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ def reap_orphans(folder: Path) -> list[Path]:
             owner = int((parent / OWNER).read_text())
         except (OSError, ValueError):
             continue
-        if _alive(owner):
+        if not process_gone(owner):
             continue
         data = parent / "data"
         try:  # the postmaster's pid is the first line of its pid file; it runs in its data

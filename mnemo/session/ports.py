@@ -3,6 +3,7 @@ reads back; every accepted step, episode and state change is written before its 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -166,6 +167,21 @@ class HolderInfo:
     pid: int
     started_at: datetime
     seen_at: datetime
+
+    def gone_from(self, host: str) -> bool:
+        """Whether it ran on `host`, this one, and its process is gone."""
+        return self.host == host and process_gone(self.pid)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether no process of this host has the id `pid`."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # another user's
+    return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,7 +102,7 @@ class Sessions:
     async def gone(self) -> list[str]:
         """The holders on this host, other than this one, whose process is gone."""
         return [h.id for h in await self.coordination.holders()
-                if h.id != self.holder_id and h.host == HOST and not _alive(h.pid)]
+                if h.id != self.holder_id and h.gone_from(HOST)]
 
     def add(
         self, session_id: str, repo: str, state: State, config: Config, override: Runtime | None
@@ -369,10 +369,14 @@ async def _store(
 
 
 def annotate(live: Sessions, session: SessionRecord) -> None:
-    """Starts the annotation of the open episode's stored steps (one task a session)."""
+    """Starts the annotation of the open episode's stored steps (one task a session; none once
+    the Memory closed: the next one on the store annotates them)."""
     if not session.annotating:
         session.annotating = True
-        live.spawn(session, annotation, live, session)
+        try:
+            live.spawn(session, annotation, live, session)
+        except RuntimeError:
+            session.annotating = False
 
 
 async def annotation(live: Sessions, session: SessionRecord) -> None:
@@ -487,13 +491,3 @@ async def store_moved(live: Sessions, token: int) -> None:
         await anyio.sleep(SETTLE_INTERVAL)
         if await live.coordination.change_token() != token:
             return
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's
-    return True

@@ -195,6 +195,37 @@ async def test_a_close_while_a_failed_steps_removal_waits_reports_it_appended(
             ["walk north"]]
 
 
+async def test_an_append_in_a_callback_as_the_memory_closes_is_stored_unannotated(
+    llm: FakeLLM, store: str
+) -> None:
+    """An async append's callback, run as its Memory closes, appends again: that step is
+    stored and returns unannotated, to be annotated by the next Memory (it raised a raw
+    RuntimeError, the annotation's task group gone, for a step it had stored)."""
+    inside: list[object] = []
+
+    async def append_again(result: mnemo.OpResult) -> None:
+        try:
+            with anyio.fail_after(10):
+                inside.append(await m.append(sid, "open the window", "push it"))
+        except Exception as exc:  # what it raises is checked below
+            inside.append(exc)
+
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as m:
+        await m.open_repo(REPO)
+        sid = await m.start_session("goal", repo=REPO)
+        held = llm.hold("state")
+        for step in ("north", "south"):
+            await m.append_async(sid, f"walk {step}", f"go {step}", callback=append_again)
+        with anyio.fail_after(5):
+            await held.started.wait()
+    llm.release_all()
+    assert [type(i) for i in inside] == [mnemo.StepInfo, mnemo.StepInfo], inside
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as m:
+        [episode] = await m.episodes(sid)
+        assert len(episode.steps) == 1 + len(inside)
+        await m.close_and_commit(sid)
+
+
 async def extracting(
     m: mnemo.Memory, llm: FakeLLM, config: mnemo.Config | None = None
 ) -> tuple[str, Hold]:

@@ -88,7 +88,7 @@ def _tables() -> tuple[Table, ...]:
 
 TABLES = _tables()
 NODES = next(t for t in TABLES if t.name == "nodes")
-_NODE_ID, _NODE_TEXT = NODES.names.index("id"), NODES.names.index("text")
+_NODE_TEXT = NODES.names.index("text")
 
 
 class SqlDump(SqlStore):
@@ -192,27 +192,12 @@ VERIFY = "verify"
 async def transfer(
     source: SqlDump, target: SqlDump, *, batch: int = 1000, progress: Progress = lambda *_: None
 ) -> TransferReport:
-    """Copies every table of `source` into `target` (keys present skipped), then verifies both
-    stores' counts and node checksums. Raises `ConflictError` before writing when a node id
-    holds another text in the target; `StorageError("mismatch")` naming what differs after."""
-    conflicts, example, checked = 0, "", 0
-    nodes = await source.count(NODES)
-    progress(CHECK, 0, nodes)
-    async for rows in source.read(NODES, batch):
-        pairs = {str(row[_NODE_ID]): str(row[_NODE_TEXT]) for row in rows}
-        for node_id, text in (await target.texts(list(pairs))).items():
-            if pairs[node_id] != text:
-                conflicts += 1
-                example = example or node_id
-        checked += len(rows)
-        progress(CHECK, checked, max(nodes, checked))
-    if conflicts:
-        raise ConflictError(
-            f"{conflicts} node id(s) of the source hold another text in the target"
-            f" (e.g. {example!r}); nothing was copied"
-        )
-    for table in TABLES:
-        await _held_as_in(source, target, table, batch)
+    """Copies every table of `source` into `target` (keys present skipped, each as the source
+    holds it: `_held_as_in`), then verifies both stores' counts and node checksums. Raises
+    `ConflictError` or `StorageError("mismatch")` naming what differs, before writing or after."""
+    # The nodes first: a node id the target holds with another text is a conflict.
+    for table in sorted(TABLES, key=lambda t: t is not NODES):
+        await _held_as_in(source, target, table, batch, progress)
     inserted: dict[str, int] = {}
     for table in TABLES:
         total = await source.count(table)
@@ -246,22 +231,41 @@ async def transfer(
     return TransferReport(tuple(counts), checksum)
 
 
-async def _held_as_in(source: SqlDump, target: SqlDump, table: Table, batch: int) -> None:
-    """Raises `StorageError("mismatch")`, before anything is copied, unless every row the
-    target holds of `table` is the source's row of that key as it is now: a copy cut short is
-    completed, but one the source has changed since (or another store's) is not mixed in."""
-    if not await target.count(table):
-        return
+async def _held_as_in(
+    source: SqlDump, target: SqlDump, table: Table, batch: int, progress: Progress
+) -> None:
+    """Raises, before anything is copied, unless every row the target holds of `table` is the
+    source's row of that key as it is now: `ConflictError` when a node id holds another text,
+    else `StorageError("mismatch")`. A copy cut short is completed, but one the source has
+    changed since (or another store's) is not mixed in."""
+    nodes = table is NODES
+    total = await source.count(table) if nodes else 0
+    if nodes:
+        progress(CHECK, 0, total)
     held = {_key(table, row): _digest(table, row)
             async for rows in target.read(table, batch) for row in rows}
-    changed = None
-    async for rows in source.read(table, batch):
-        for row in rows:
-            digest = held.pop(_key(table, row), None)
-            if digest is not None and digest != _digest(table, row):
-                changed = changed or _key(table, row)
-    if changed is not None or held:
-        example = changed if changed is not None else next(iter(held))
+    changed: dict[tuple[object, ...], object] = {}  # key -> a node's text
+    done = 0
+    if held:
+        async for rows in source.read(table, batch):
+            for row in rows:
+                key = _key(table, row)
+                digest = held.pop(key, None)
+                if digest is not None and digest != _digest(table, row):
+                    changed[key] = row[_NODE_TEXT] if nodes else None
+            done += len(rows)
+            if nodes:
+                progress(CHECK, done, max(total, done))
+    if nodes:
+        progress(CHECK, total, total)
+        theirs = await target.texts([str(key[0]) for key in changed])
+        conflicts = [key[0] for key, text in changed.items()
+                     if theirs.get(str(key[0]), text) != text]
+        if conflicts:
+            raise ConflictError(f"{len(conflicts)} node id(s) of the source hold another text"
+                                f" in the target (e.g. {conflicts[0]!r}); nothing was copied")
+    if changed or held:
+        example = next(iter(changed or held))
         raise StorageError(
             "mismatch", f"table {table.name}: the target holds rows the source holds otherwise"
             f" or not at all (e.g. {example!r}), so it is no copy of the source as it is now;"

@@ -28,7 +28,7 @@ from mnemo.storage.lexical import index as lexical_index
 from mnemo.storage.lexical.fresh import bm25, idf
 from mnemo.storage.lexical.index import LOG_KEEP, LexicalIndex
 from mnemo.storage.lexical.schema import analyzer
-from mnemo.storage.lexical.source import WINDOW
+from mnemo.storage.lexical.source import OWN, WINDOW
 from mnemo.storage.ports import Backend, open_backend
 from mnemo.text import query_words
 from tests.backends import backend_of, is_sqlite, open_stores, sql
@@ -441,8 +441,8 @@ class IndexRules(RuleBasedStateMachine):
     def scores(self, word: str) -> dict[str, float]:
         """BM25 of each node whose document holds `word`, recounted from the model."""
         analyze = analyzer().analyze
-        docs = {i: analyze(" ".join([text, *(self.texts[n] for n in step_window(i, WINDOW)
-                                            if i in self.steps and n in self.steps)]))
+        docs = {i: analyze(" ".join([text] * OWN + [self.texts[n] for n in step_window(i, WINDOW)
+                                                   if i in self.steps and n in self.steps]))
                 for i, text in self.texts.items()}
         [stem] = analyze(word)
         if not docs:

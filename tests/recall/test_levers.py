@@ -314,6 +314,19 @@ async def test_the_index_finds_a_turn_by_the_words_of_the_turns_around_it(
     assert set(await found()) == set()
 
 
+async def test_a_step_comes_before_its_neighbours_on_the_words_it_says(
+    graph: GraphStore,
+) -> None:
+    """Every document around it holds "pear2", but the step that says it is the words
+    channel's first hit, above its shorter neighbour's document."""
+    await add_episode(graph, "p", "p", [f"the service named pear{i} listens on port 900{i}"
+                                        for i in range(1, 5)])
+    hits = await graph.search_text("p", "pear2", 4)
+    assert len(hits) == 4
+    assert hits[0][0] == "episodic_p:1"
+    assert hits[0][1] > hits[1][1]
+
+
 async def test_neighbour_width_brings_the_steps_that_far_from_a_hit(
     words_alone: GraphStore,
 ) -> None:

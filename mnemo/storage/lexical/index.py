@@ -45,7 +45,7 @@ BATCH = 5_000
 LOG_KEEP = 50_000
 SLOTS = 16
 # The folder's layout; a new one gets a new folder (older ones go at the next erasure).
-FORMAT = "v6"
+FORMAT = "v7"
 # Applied changes are committed after this quiet time, at most `COMMIT_WITHIN` after the
 # oldest; a search commits rather than score more than `COMMIT_ABOVE` uncommitted ones.
 COMMIT_AFTER = 0.5

@@ -1,7 +1,8 @@
 """What the lexical index reads of a store (`LexicalSource`: the SQL both backends share; a
 backend brings `_rows` on its `_conn`, with `?` placeholders, and PostgreSQL its `place`), and
 what it holds for a node (`documents`): its text and, for a step, the text of the steps up to
-`WINDOW` each side in its episode (an answer's turn often shares no word with the question).
+`WINDOW` each side in its episode (an answer's turn often shares no word with the question),
+its own text counted `OWN` times, so a step outranks its neighbours on the words it says.
 A document records the keys whose text it holds (`holds`), so a change or erasure of a node
 rewrites every document that held its words."""
 
@@ -110,6 +111,8 @@ class LexicalSource:
 
 # Steps each side of a step in its document (BENCHMARKS.md).
 WINDOW = 2
+# How many times a node's own text counts in its document, a neighbour's once (BENCHMARKS.md).
+OWN = 2
 _STEP = NodeType.EPISODIC.value
 
 
@@ -140,7 +143,7 @@ def documents(source: LexicalSource, repo: str, rows: Iterable[Row]) -> list[Doc
     for row in rows:
         near = [n for i in around.get(row.id, ()) if (n := by_id.get(i)) and n.type == _STEP]
         # Composed as query words are, so both forms of an accent are one word.
-        text = unicodedata.normalize("NFC", " ".join([row.text, *(n.text for n in near)]))
+        text = unicodedata.normalize("NFC", " ".join([row.text] * OWN + [n.text for n in near]))
         out.append(Document(row, text, tuple(key(repo, n.rowid) for n in near)))
     return out
 

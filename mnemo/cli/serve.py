@@ -52,6 +52,7 @@ async def mcp(
     if not http and (host, port, allow_host) != (None, None, None):
         raise CliError("--host, --port and --allow-host go with --http")
     try:
+        from mnemo.mcp.server import open_tools
         from mnemo.mcp.transport import DEFAULT_HOST, DEFAULT_PORT, Http, serve
     except ImportError as exc:
         raise CliError(
@@ -62,10 +63,10 @@ async def mcp(
     check_store(settings.store, writes=True)
     if is_postgres(settings.store) and memory_dir is None:
         raise CliError("with a store URL, pass --memory-dir for the memory files")
-    async with models(settings) as (chosen_llm, chosen_embedder):
-        await serve(settings.store, llm=chosen_llm, embedder=chosen_embedder,
-                    memory_dir=memory_dir, memory_updates=memory_updates, reinforce=reinforce,
-                    config=settings.config, http=served)
+    async with models(settings) as (chosen_llm, chosen_embedder), open_tools(
+            settings.store, llm=chosen_llm, embedder=chosen_embedder, memory_dir=memory_dir,
+            memory_updates=memory_updates, reinforce=reinforce, config=settings.config) as tools:
+        await serve(tools, served)
 
 
 @app.command()

@@ -16,7 +16,6 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -42,10 +41,8 @@ from mcp_types import (
 from pydantic import AnyHttpUrl, ValidationError
 
 from mnemo.access import check_token, hosts_of, is_loopback, same_token
-from mnemo.config import Config
 from mnemo.errors import InvalidInputError
-from mnemo.mcp.server import INSTRUCTIONS, TOOL_NAMES, MemoryTools, open_tools
-from mnemo.ports import LLM, Embedder
+from mnemo.mcp.server import INSTRUCTIONS, TOOL_NAMES, MemoryTools
 from mnemo.tools import ERROR_CHARS, clip, described
 from mnemo.version import installed_version
 
@@ -172,19 +169,13 @@ class Http:
                              for h in (name, f"{name}:*")])
 
 
-async def serve(store: str | Path, *, llm: LLM | None = None, embedder: Embedder | None = None,
-                memory_dir: Path | None = None, memory_updates: bool = True,
-                reinforce: bool = False, config: Config | None = None,
-                http: Http | None = None) -> None:
-    """Serves MCP over the store, on stdin/stdout until the client closes it, or with `http`
-    until interrupted; `llm`/`embedder` None: each repo runs its recorded models."""
-    async with open_tools(store, llm=llm, embedder=embedder, memory_dir=memory_dir,
-                          memory_updates=memory_updates, reinforce=reinforce,
-                          config=config) as tools:
-        if http is None:
-            await build_server(tools).run_stdio_async()
-        else:
-            await _serve_http(tools, http)
+async def serve(tools: MemoryTools, http: Http | None = None) -> None:
+    """Serves MCP with `tools`, on stdin/stdout until the client closes it, or with `http`
+    until interrupted."""
+    if http is None:
+        await build_server(tools).run_stdio_async()
+    else:
+        await _serve_http(tools, http)
 
 
 class _Listener(uvicorn.Server):

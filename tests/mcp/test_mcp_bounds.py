@@ -154,8 +154,8 @@ def test_the_cli_switch_turns_memory_updates_off(
 
     seen: list[bool] = []
 
-    async def fake_serve(db: str | Path, *, memory_updates: bool, **options: object) -> None:
-        seen.append(memory_updates)
+    async def fake_serve(tools: MemoryTools, http: object = None) -> None:
+        seen.append(tools.memory_updates)
 
     monkeypatch.setattr(mnemo.mcp.transport, "serve", fake_serve)
     db = str(tmp_path / "agent.db")

@@ -310,13 +310,11 @@ class MemoryTools:
         return fit(lambda limit: [_output.memory_file_output(f, limit) for f in found], PAGE_CHARS)
 
     def _files_in(self, directory: str | None) -> MemoryFiles:
-        from mcp.server.mcpserver.exceptions import ToolError
-
         path = self.memory_dir
         if directory:
             relative = PurePath(directory)
             if relative.is_absolute() or ".." in relative.parts:
-                raise ToolError(
+                raise InvalidInputError(
                     f"directory must be a relative folder inside the memory directory, "
                     f"got {clip(directory, 100)!r}")
             path = path / relative

@@ -95,12 +95,14 @@ async def ui(
     recall."""
     check_store(settings.store, writes=False)
     try:
-        from mnemo.ui import serve
+        from mnemo.ui import open_view, serve
+        from mnemo.ui.guard import Access
     except ImportError as exc:
         raise CliError(
             f"the web app needs the `ui` extra ({exc}); install it with "
             "pip install 'pymnemo[ui]'") from exc
     async with models(settings) as (chosen_llm, chosen_embedder):
-        await serve(
-            settings.store, host=host, port=port, allow_writes=allow_writes,
-            llm=chosen_llm, embedder=chosen_embedder, token=token, allow_hosts=allow_host or ())
+        access = Access.bound(host, allow_host or (), token)  # refused before the store opens
+        async with open_view(settings.store, allow_writes=allow_writes, llm=chosen_llm,
+                             embedder=chosen_embedder) as view:
+            await serve(view, access, host=host, port=port, allow_writes=allow_writes)

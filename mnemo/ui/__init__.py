@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -25,22 +25,17 @@ async def open_view(db: Path | str, *, allow_writes: bool = False, llm: LLM | No
         yield MemorySource(memory, writes=allow_writes)
 
 
-async def serve(db: Path | str, *, host: str = "127.0.0.1", port: int = 8765,
-                allow_writes: bool = False, llm: LLM | None = None,
-                embedder: Embedder | None = None, token: str | None = None,
-                allow_hosts: Sequence[str] = ()) -> None:
-    """Serves the web app over the memory at `db` until interrupted, answering only allowed
-    hosts and, with `token`, only requests showing it; InvalidInputError for a malformed host
-    or token before anything is opened, and what opening the memory raises (StorageError for
-    a corrupt store) before anything is served."""
-    access = Access.bound(host, allow_hosts, token)
-    async with open_view(db, allow_writes=allow_writes, llm=llm, embedder=embedder) as view:
-        app = create_app(view, allow_writes=allow_writes, access=access)
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
-        # After uvicorn.Config, which configures these loggers.
-        access_log = logging.getLogger("uvicorn.access")
-        if not any(isinstance(f, Redaction) for f in access_log.filters):
-            access_log.addFilter(Redaction())
-        for line in exposure(host, access):
-            logging.getLogger("uvicorn.error").warning(line)
-        await server.serve()
+async def serve(view: MemorySource, access: Access, *, host: str = "127.0.0.1", port: int = 8765,
+                allow_writes: bool = False) -> None:
+    """Serves the web app over `view` on `host`:`port` until interrupted, answering as `access`
+    allows (`Access.bound`: make it before opening the view, so a bad host or token stops the
+    command first)."""
+    app = create_app(view, allow_writes=allow_writes, access=access)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
+    # After uvicorn.Config, which configures these loggers.
+    access_log = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, Redaction) for f in access_log.filters):
+        access_log.addFilter(Redaction())
+    for line in exposure(host, access):
+        logging.getLogger("uvicorn.error").warning(line)
+    await server.serve()

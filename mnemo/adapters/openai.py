@@ -256,27 +256,24 @@ class OpenAICompatible(HTTPModel):
         if self._temperature is not None:
             payload["temperature"] = self._temperature
         payload["max_tokens"] = cap or reply_cap(request.max_tokens, self.max_tokens)
+        tools, force = (request.tools, request.tool_choice) if schema is None else ((), None)
         if schema is not None and mode == "json_schema":
             payload["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": request.task, "schema": schema, "strict": False},
             }
         elif schema is not None and mode == "tool":
-            forced = {"name": request.task, "parameters": schema, "description": TOOL_DESCRIPTION}
-            payload["tools"] = [{"type": "function", "function": forced}]
-            payload["tool_choice"] = {"type": "function", "function": {"name": request.task}}
+            tools = [{"name": request.task, "parameters": schema, "description": TOOL_DESCRIPTION}]
+            force = request.task
         elif schema is not None:
             payload["response_format"] = {"type": "json_object"}
             system = f"{system}\n\n{json_instructions(request.task, schema)}".strip()
-        elif request.tools:
+        if tools:
             payload["tools"] = [{"type": "function", "function": tool_spec(tool, "parameters")}
-                                for tool in request.tools]
-            if request.tool_choice == REQUIRED:
-                payload["tool_choice"] = REQUIRED
-            elif request.tool_choice is not None:
-                payload["tool_choice"] = {
-                    "type": "function", "function": {"name": request.tool_choice}
-                }
+                                for tool in tools]
+            if force is not None:
+                payload["tool_choice"] = REQUIRED if force == REQUIRED else {
+                    "type": "function", "function": {"name": force}}
         head = [{"role": "system", "content": system}] if system else []
         payload["messages"] = [*head, *map(dict, request.messages)]
         return payload

@@ -325,13 +325,6 @@ class ConversationService:
             return None
         return await self.store.commit_fold(thread_id, due, text, self.clock())
 
-    async def purge(self, thread_id: str) -> int:
-        async with self.thread_locks.hold(thread_id), self.evict_locks.hold(thread_id):
-            gone = await self.store.purge(thread_id)
-            self.shown.pop(thread_id, None)  # a new thread of that id shows nothing yet
-        await self.events.emit("thread_purged", thread_id=thread_id, messages=gone)
-        return gone
-
 
 def check_fraction(value: object) -> None:
     """Raises InvalidInputError unless `value` is an eviction fraction, in (0, 1]."""

@@ -25,7 +25,6 @@ from mnemo.errors import (
     ConflictError,
     InvalidInputError,
     PipelineError,
-    check_id,
     check_json,
     check_name,
     check_step,
@@ -257,8 +256,7 @@ class IngestService:
         return IngestReceipt(source_id, node_ids, created=False)
 
     async def forget(self, repo: str, source_id: str) -> int:
-        """`Memory.forget` in a known repo, with its errors."""
-        check_id(source_id, "source_id")
+        """`Memory.forget` of a checked source id in a known repo, with its errors."""
         runtime = self._runtime(repo)
         return await self._graph.withdraw(
             repo, source_id, embed=wordings(runtime.embedder, runtime.config.extraction_timeout),

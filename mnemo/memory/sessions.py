@@ -166,18 +166,15 @@ class SessionMethods(Parts):
 
     async def close(self, session_id: str) -> None:
         """Ends the episode and starts extraction in the background (state `extracting`)."""
-        self._works("close")
         await self._move(session_id, "close")
 
     async def commit(self, session_id: str) -> CommitReceipt | None:
         """`ready`: applies the changeset durably and returns its receipt (state `idle`).
         `failed`: retries the extraction (state `extracting`) and returns None."""
-        self._works("commit")
         return await self._move(session_id, "commit")
 
     async def discard(self, session_id: str) -> None:
         """Drops a ready changeset or a failed extraction (state `idle`)."""
-        self._works("discard")
         await self._move(session_id, "discard")
 
     async def start_episode(self, session_id: str, goal: str) -> None:
@@ -192,7 +189,8 @@ class SessionMethods(Parts):
         await transitions.start_episode(self._live, session, goal)
 
     async def _move(self, session_id: str, kind: str) -> CommitReceipt | None:
-        """`close`, `commit` or `discard` on the session as the store holds it now."""
+        """`close`, `commit` or `discard` (`_works`) on the session as the store holds it now."""
+        self._works(kind)
         from mnemo.session import transitions
 
         await (await self._live.fetch(session_id)).after_accepted()

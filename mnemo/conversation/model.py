@@ -3,6 +3,7 @@ check their arguments when built."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from mnemo.errors import (
     InvalidInputError,
     check_budget,
     check_count,
+    storable_text,
 )
 from mnemo.graph.scope import Metadata
 from mnemo.ports import JSONObject, ToolCall, Usage
@@ -79,6 +81,19 @@ NO_CONTENT: JSONObject = {"mnemo": "no content key"}
 ITEM_KEY = "openai_item"
 # The longest item kept whole, as JSON: about a million tokens, past any model's context.
 MAX_ITEM_CHARS = 4_000_000
+# An item kept with a lone surrogate: this, then its JSON's UTF-8 in base64, each surrogate
+# encoded alone (escaped JSON reads two adjacent ones back as one character).
+_SURROGATES = "utf-8+surrogates:"
+
+
+def kept_item(item: object) -> str:
+    """`item` (a JSON value holding a NUL or a lone surrogate, which no store keeps) as text
+    both stores keep and `Message.item` gives back equal: its JSON, a NUL escaped; with a lone
+    surrogate, `_SURROGATES` and its UTF-8 in base64."""
+    kept = json.dumps(item, ensure_ascii=False)
+    if storable_text(kept):
+        return kept
+    return _SURROGATES + base64.b64encode(kept.encode("utf-8", "surrogatepass")).decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +125,8 @@ class Message:
         surrogate is kept as its escaped JSON), None for none."""
         kept = self.data.get(ITEM_KEY)
         if isinstance(kept, str):
-            kept = json.loads(kept)
+            kept = json.loads(base64.b64decode(kept.removeprefix(_SURROGATES)).decode(
+                "utf-8", "surrogatepass") if kept.startswith(_SURROGATES) else kept)
         return kept if isinstance(kept, dict) else None
 
     def parts(self, kind: str) -> list[JSONObject]:

@@ -11,7 +11,6 @@ Each item is one message (an item without a `role`, or with a text past
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 from mnemo.calls.retry import clean
 from mnemo.conversation.drafts import parts_text
 from mnemo.conversation.manager import ConversationManager
-from mnemo.conversation.model import ITEM_KEY, Message
+from mnemo.conversation.model import ITEM_KEY, Message, kept_item
 from mnemo.errors import check_budget, check_count, check_name, storable_text
 from mnemo.graph.scope import check_metadata
 
@@ -115,9 +114,8 @@ def _message(item: Mapping[str, object], limit: int) -> Mapping[str, object]:
     kind = item.get("type")
     role = "tool" if isinstance(kind, str) and kind.endswith("_output") else "assistant"
     kept: object = dict(item)
-    if not plain:  # no store keeps a NUL or a lone surrogate: the item's escaped JSON is kept
-        kept = json.dumps(item, ensure_ascii=False)  # a NUL escaped, other text as it is
-        kept = kept if _plain(kept) else json.dumps(item)  # a lone surrogate: ASCII only
+    if not plain:
+        kept = kept_item(item)
         text = clean(text.replace("\x00", " "))
     return {"role": item.get("role", role), "content": text, ITEM_KEY: kept}
 

@@ -205,7 +205,8 @@ async def test_an_item_holding_a_nul_or_a_lone_surrogate_is_kept_whole(
     from mnemo.integrations.openai_agents import ITEM_KEY, MnemoSession
 
     odd = [{"type": "function_call_output", "call_id": "c1", "output": "header\x00binary\ud800"},
-           {"role": "user", "content": "the zebra\x00file 漢字"}]
+           {"role": "user", "content": "the zebra\x00file 漢字"},
+           {"role": "user", "content": "a pair left apart \ud83d\ude00"}]
     session = MnemoSession(mem, "bin")
     await session.add_items(odd)  # type: ignore[arg-type]
     assert await session.get_items() == odd
@@ -213,6 +214,7 @@ async def test_an_item_holding_a_nul_or_a_lone_surrogate_is_kept_whole(
     assert [h.seq for h in await mem.search_messages("zebra")] == [1]
     stored = await mem.conversation().raw("bin")
     assert "漢字" in str(stored[1].data[ITEM_KEY])  # escaped where it must be, no more
+    assert await session.pop_item() == odd[2]  # two lone surrogates, not the one character
     assert await session.pop_item() == odd[1]
     # Kept as escaped JSON, the output still answers its call: no viewport shows it alone.
     call = {"type": "function_call", "call_id": "c2", "name": "read", "arguments": "{}"}

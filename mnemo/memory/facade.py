@@ -312,7 +312,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         entries, and the tags and intents it left unlinked (an intent another source uses
         takes that source's wording). Returns how many nodes went (0 for an unknown source);
         the source id can then be ingested again. A session of the repo goes whole, its
-        record, metadata, episodes and steps: a live one is ended first (as `end_session`).
+        record, metadata, episodes and steps: a live one is ended first (as `end_session`), and
+        so is the session of an episode still open, whose stored steps go with it.
 
         Raises:
             EmbeddingError: such an intent's new wording could not be embedded; nothing went.
@@ -321,8 +322,10 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         check_id(source_id, "source_id")
         await self._repos.known(repo)
         await self._repos.refresh(repo)
+        episode = await self._sessions_store.episode(source_id)
+        live = episode.session_id if episode is not None and episode.status == "open" else source_id
         try:
-            session = await self._live.fetch(source_id)
+            session = await self._live.fetch(live)
         except NotFoundError:
             session = None
         if session is not None and session.repo == repo:

@@ -277,13 +277,14 @@ class SqlGraphWrites(Dialect):
     async def _erase_work(self, sql: Statements, repo: str, key: str,
                            commits: list[str]) -> None:
         """Erases a forgotten source's stored work: a session of the repo goes whole (its row,
-        episodes, steps, kept replies, operations and changeset); a finished episode goes
-        whole; an open one's committed steps keep their index but lose words, metadata and
-        vector."""
-        episodes = [(str(e), status != "open" or session == key) for e, status, session in
-                    await sql.rows(
-            "SELECT e.id, e.status, e.session_id FROM episodes e JOIN sessions s ON s.id ="
-            " e.session_id WHERE s.repo = ? AND (s.id = ? OR e.id = ?)", (repo, key, key))]
+        episodes, steps, kept replies, operations and changeset); an episode goes whole once
+        finished or its session ended; an open one's committed steps keep their index but lose
+        words, metadata and vector."""
+        episodes = [(str(e), status != "open" or session == key or bool(ended))
+                    for e, status, session, ended in await sql.rows(
+            "SELECT e.id, e.status, e.session_id, s.ended FROM episodes e JOIN sessions s ON"
+            f" s.id = e.session_id WHERE s.repo = ? AND (s.id = ? OR e.id = ?){self.LOCK}",
+            (repo, key, key))]  # locked first: a reply being kept is in before it goes
         over = self._list([e for e, whole in episodes if whole])
         for table in ("steps", "task_results"):
             await sql.run(f"DELETE FROM {table} WHERE episode_id{self.ANY}", (over,))

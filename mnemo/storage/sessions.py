@@ -277,12 +277,12 @@ class SqlSessions(SqlStore):
         async def write(sql: Statements) -> int:
             moved = await self.bump(sql, session_id, version, now=now, state=State.IDLE)
             await sql.run("DELETE FROM changesets WHERE session_id = ?", (session_id,))
-            if episode_id is not None:
-                await sql.run("DELETE FROM task_results WHERE episode_id = ?", (episode_id,))
+            if episode_id is not None:  # the episode ended first: no reply is kept after
                 await sql.run(
                     "UPDATE episodes SET status = 'discarded', closed_at = ? WHERE id = ?",
                     (now, episode_id),
                 )
+                await sql.run("DELETE FROM task_results WHERE episode_id = ?", (episode_id,))
             return moved
 
         return await self._driver.write(write)
@@ -306,15 +306,25 @@ class SqlSessions(SqlStore):
         await self._driver.write(write)
 
     async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
-        # The last reply kept for a key wins.
-        await self._driver.one(lambda sql: sql.run(
-            "INSERT INTO task_results(episode_id, trajectory_id, task, digest, reply,"
-            " cost, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (episode_id, trajectory_id, task, digest) DO UPDATE SET"
-            " reply = excluded.reply, cost = excluded.cost, created_at = excluded.created_at",
-            (episode_id, kept.trajectory_id, kept.task, kept.digest,
-             self._json_text(kept.reply_json()), self._json_text(kept.cost_json()), self._now()),
-        ))
+        params = (episode_id, kept.trajectory_id, kept.task, kept.digest,
+                  self._json_text(kept.reply_json()), self._json_text(kept.cost_json()),
+                  self._now())
+
+        async def write(sql: Statements) -> None:
+            # Only for an open episode, held so until the reply is in: a forget, discard or
+            # commit that ends it meanwhile deletes the reply after, or finds none to keep.
+            if not await sql.rows("SELECT 1 FROM episodes WHERE id = ? AND status = 'open'"
+                                  f"{self.SHARE}", (episode_id,)):
+                return
+            # The last reply kept for a key wins.
+            await sql.run(
+                "INSERT INTO task_results(episode_id, trajectory_id, task, digest, reply,"
+                " cost, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (episode_id, trajectory_id, task, digest) DO UPDATE SET"
+                " reply = excluded.reply, cost = excluded.cost, created_at = excluded.created_at",
+                params)
+
+        await self._driver.write(write)
 
     async def kept_results(self, episode_id: str) -> list[KeptResult]:
         rows = await self._rows(

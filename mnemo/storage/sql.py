@@ -63,6 +63,8 @@ class Dialect:
     BYTE_ORDER = ""
     # Appended to a SELECT whose rows stay locked until the transaction ends.
     LOCK = ""
+    # The same, shared: others may read them locked so, none may change them.
+    SHARE = ""
     # Appended to a JSON column read as its text.
     TEXT = ""
     # `column{ANY}`: the column is one of a list given as one parameter (`_list`).

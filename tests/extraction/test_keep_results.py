@@ -16,6 +16,7 @@ from mnemo.extraction import memo as memo_module
 from mnemo.extraction.memo import TaskMemo, request_digest
 from mnemo.extraction.pipeline import cumulative_returns
 from mnemo.extraction.prompts import Instruction, parse_facts, semantic_request
+from tests.backends import sql
 from tests.conftest import REPO
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 
@@ -283,3 +284,37 @@ async def test_kept_results_survive_a_restart_and_go_with_the_commit(tmp_path: P
 def _kept_rows(path: Path) -> int:
     with sqlite3.connect(path) as conn:
         return int(conn.execute("SELECT count(*) FROM task_results").fetchone()[0])
+
+
+async def test_a_reply_given_after_its_session_was_forgotten_is_not_kept(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory A extracts; Memory B forgets the session while A's model answers: what A's
+    extraction keeps after the forget is not kept for the gone episode, so once it ended no
+    row holds the episode's replies."""
+    from mnemo.session.extracting import Extraction
+
+    ended = anyio.Event()
+    run = Extraction.run
+
+    async def extraction(self: Extraction) -> object:
+        try:
+            return await run(self)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(Extraction, "run", extraction)
+    llm = FakeLLM()
+    held = llm.hold("semantic")
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as a, \
+            mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as b:
+        await a.open_repo(REPO)
+        sid = await _collect(a)
+        await a.close(sid)
+        await held.started.wait()
+        assert await b.forget(REPO, sid) == 0
+        held.release()
+        with anyio.fail_after(10):
+            await ended.wait()
+        assert await sql(a, "SELECT task FROM task_results") == []
+        assert await sql(a, "SELECT id FROM episodes") == []

@@ -357,6 +357,34 @@ async def test_forget_of_an_episode_removes_that_episode_only(store: str, tmp_pa
         assert await searched(mem, "tomatoes")
 
 
+async def test_forget_of_an_open_episode_ends_its_session_and_erases_its_steps(
+    store: str, tmp_path: Path
+) -> None:
+    """An episode still open (its steps stored, not committed) is forgotten as a live
+    session is: its session is ended first, so nothing of it is committed later, and its
+    stored steps go to the last byte; the session's committed episode stays."""
+    word, needle = planted()
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("water the garden", repo=REPO)
+        await mem.append(sid, "The tomatoes in the garden need water daily.", "Water them.")
+        await mem.close_and_commit(sid)
+        await mem.start_episode(sid, f"fix the {word} service")
+        await mem.append(sid, f"The {word} service listens on port 8080.", f"Restart {word}.")
+        first, second = await mem.episodes(sid)
+        assert second.status == "open"
+
+        assert await mem.forget(REPO, second.id) == 0
+
+        with pytest.raises(mnemo.NotFoundError):
+            await mem.close_and_commit(sid)
+        assert [e.id for e in await mem.episodes(sid)] == [first.id]
+        assert await rows_holding(mem, word) == {}
+        assert holding(tmp_path, word, needle) == []
+        assert not await searched(mem, word)
+        assert await searched(mem, "tomatoes")
+
+
 async def test_purge_of_a_thread_leaves_no_byte_on_disk(store: str, tmp_path: Path) -> None:
     """A thread's words are in no file once it is purged (SQLite: the file and its WAL; on
     PostgreSQL nothing beside the database holds messages)."""

@@ -320,6 +320,7 @@ async def rows_of(cur: psycopg.AsyncCursor[Any]) -> list[Row]:
 class PgDialect(Dialect):
     BYTE_ORDER = ' COLLATE "C"'
     LOCK = " FOR UPDATE"
+    SHARE = " FOR SHARE"
     TEXT = "::text"
     ANY = " = ANY(?)"
 

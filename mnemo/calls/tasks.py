@@ -18,7 +18,7 @@ from partial_json_parser import Allow, fix_fast
 from mnemo import cpu
 from mnemo.calls.retry import RetryPolicy, policy_of, storable, task_budget
 from mnemo.calls.schema import Reply
-from mnemo.errors import LLMContextError, LLMError, LLMReplyError
+from mnemo.errors import LLMContextError, LLMError, LLMReplyError, LLMTimeout
 from mnemo.ports import LLM, JSONObject, LLMRequest, LLMResponse, Usage
 
 log = logging.getLogger("mnemo")
@@ -302,8 +302,8 @@ async def ask(
                 if capped is None:
                     if isinstance(exc, LLMReplyError) and unusable is not None:
                         return _stands_for(request, unusable, exc)
-                    kind = (LLMContextError if isinstance(exc, LLMContextError) else
-                            LLMReplyError if isinstance(exc, LLMReplyError) else LLMError)
+                    kind = next((k for k in (LLMContextError, LLMReplyError, LLMTimeout)
+                                 if isinstance(exc, k)), LLMError)
                     raise kind(f"the LLM failed on task {request.task!r}: {exc!r}") from exc
                 response, problem = LLMResponse(text=capped.text, data=capped.data), str(exc)
             else:

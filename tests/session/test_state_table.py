@@ -359,6 +359,29 @@ async def test_an_append_whose_llm_fails_raises_and_adds_no_step(
                                              ("walk south -> go south", True)]
 
 
+async def test_an_append_whose_model_timed_out_keeps_its_step(
+    mem: mnemo.Memory, llm: FakeLLM, enter: Enter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model call that gave up on time (the adapter's LLMTimeout, after its retries) is a
+    timeout, not a failure: the append returns its step kept and unannotated, and the close
+    annotates it once the model answers."""
+    sid = await enter(State.COLLECTING)
+    answer = llm.generate
+
+    async def timed_out(request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        if request.task == "state":
+            raise mnemo.LLMTimeout("no reply within 1 s, after 3 attempts")
+        return await answer(request)
+
+    monkeypatch.setattr(llm, "generate", timed_out)
+    info = await mem.append(sid, "walk north", "go north")
+    assert (info.index, info.annotated) == (0, False)
+    assert await episode_steps(mem, sid) == [("walk north -> go north", False)]
+    monkeypatch.setattr(llm, "generate", answer)
+    await mem.close_and_commit(sid)
+    assert await episode_steps(mem, sid) == [("walk north -> go north", True)]
+
+
 async def test_an_append_whose_embedder_fails_raises_and_adds_no_step(
     mem: mnemo.Memory, embedder: FakeEmbedder, enter: Enter
 ) -> None:

@@ -112,7 +112,7 @@ class Limit:
         self._slow_start = True
         self.in_flight = 0
         self._epoch = 0
-        self._slots = anyio.CapacityLimiter(self.current)  # first come, first served
+        self._waiters: deque[anyio.Event] = deque()
         self._fastest: dict[str, deque[float]] = {}  # per kind, per unit of work
         self._sized: set[str] = set()  # the kinds whose replies reported their tokens
         self._out: set[Ticket] = set()
@@ -135,7 +135,7 @@ class Limit:
         if self.pinned is None:
             self._limit = float(max(1, min(state.limit, self.ceiling)))
             self._slow_start = state.slow_start
-            self._slots.total_tokens = self.current
+            self._wake()
 
     def request_time(self, max_tokens: int, prompt_tokens: int = 0) -> float | None:
         """The seconds a request gets at the measured speed; None while none is measured."""
@@ -148,19 +148,16 @@ class Limit:
                    ) -> AsyncIterator[Ticket]:
         """Holds one slot for a request of `kind` (its task), waiting in line (a wait no timeout
         counts); the caller marks the ticket `answered` or `overloaded`."""
-        borrower = object()
-        try:
-            self._slots.acquire_on_behalf_of_nowait(borrower)
-        except anyio.WouldBlock:
+        if self.in_flight >= self.current or self._waiters:
             with waiting():
-                await self._slots.acquire_on_behalf_of(borrower)
+                await self._wait_turn()
         ticket = self.begin(kind, request_timeout)
         ticket.max_tokens, ticket.prompt_tokens = max_tokens, prompt_tokens
         try:
             yield ticket
         finally:
             self.end(ticket)
-            self._slots.release_on_behalf_of(borrower)
+            self._wake()
 
     def begin(self, kind: str, request_timeout: float | None = None) -> Ticket:
         """Takes a slot now (the caller checked there is one)."""
@@ -177,7 +174,24 @@ class Limit:
         self.in_flight -= 1
         self._out.discard(ticket)
         self._learn(ticket, self._clock() - ticket.sent)
-        self._slots.total_tokens = self.current
+
+    async def _wait_turn(self) -> None:
+        turn = anyio.Event()
+        self._waiters.append(turn)
+        try:
+            while self.in_flight >= self.current or self._waiters[0] is not turn:
+                await turn.wait()
+                # An anyio Event fires once: a fresh one takes its place in the line.
+                fresh = anyio.Event()
+                self._waiters[self._waiters.index(turn)] = fresh
+                turn = fresh
+        finally:
+            self._waiters.remove(turn)
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._waiters and self.in_flight < self.current:
+            self._waiters[0].set()
 
     def _learn(self, ticket: Ticket, took: float) -> None:
         cost = took / self._work(ticket)
@@ -217,7 +231,7 @@ class Limit:
         if queued >= max(QUEUE, 6 * scale) or slow:
             self._decrease(ticket, halve=self._slow_start)
         elif queued <= max(NO_QUEUE, scale) and (
-            ticket.in_flight * 2 >= self.current or self._slots.statistics().tasks_waiting
+            ticket.in_flight * 2 >= self.current or self._waiters
         ):
             self._limit += 1.0 if self._slow_start else 1.0 / self._limit
             self._limit = min(self._limit, float(self.ceiling))

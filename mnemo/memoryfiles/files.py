@@ -94,6 +94,8 @@ async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T], 
     try:
         with fail_after(LLM_TIMEOUT_S):
             return await tasks.ask(llm, request, parse, shorten=shorten)
+    except LLMTimeout:  # the model's own, after its retries
+        raise
     except TimeoutError as exc:
         raise LLMTimeout(
             f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s") from exc

@@ -278,13 +278,18 @@ class SqlGraphWrites(Dialect):
                            commits: list[str]) -> None:
         """Erases a forgotten source's stored work: a session of the repo goes whole (its row,
         episodes, steps, kept replies, operations and changeset); an episode goes whole once
-        finished or its session ended; an open one's committed steps keep their index but lose
-        words, metadata and vector."""
+        finished or its session ended (an open one with its session's changeset and
+        operations); an open one's committed steps keep their index but lose words, metadata
+        and vector."""
+        rows = await sql.rows(  # locked first (not the sessions): a reply being kept is in
+            "SELECT e.id, e.status, e.session_id, (SELECT s.ended FROM sessions s WHERE s.id ="
+            " e.session_id) FROM episodes e WHERE e.session_id IN (SELECT id FROM sessions"
+            f" WHERE repo = ?) AND (e.session_id = ? OR e.id = ?){self.LOCK}", (repo, key, key))
         episodes = [(str(e), status != "open" or session == key or bool(ended))
-                    for e, status, session, ended in await sql.rows(
-            "SELECT e.id, e.status, e.session_id, s.ended FROM episodes e JOIN sessions s ON"
-            f" s.id = e.session_id WHERE s.repo = ? AND (s.id = ? OR e.id = ?){self.LOCK}",
-            (repo, key, key))]  # locked first: a reply being kept is in before it goes
+                    for e, status, session, ended in rows]
+        # What an ended session left of its open episode (changeset, operations) goes with it.
+        left = [str(session) for e, status, session, ended in rows
+                if e == key and status == "open" and ended]
         over = self._list([e for e, whole in episodes if whole])
         for table in ("steps", "task_results"):
             await sql.run(f"DELETE FROM {table} WHERE episode_id{self.ANY}", (over,))
@@ -295,5 +300,6 @@ class SqlGraphWrites(Dialect):
             f" AND committed_in{self.ANY}",
             (self._list([e for e, whole in episodes if not whole]), self._list(commits)))
         if await sql.run("DELETE FROM sessions WHERE id = ? AND repo = ?", (key, repo)):
-            for table in ("ops", "changesets"):
-                await sql.run(f"DELETE FROM {table} WHERE session_id = ?", (key,))
+            left.append(key)
+        for table in ("ops", "changesets"):
+            await sql.run(f"DELETE FROM {table} WHERE session_id{self.ANY}", (self._list(left),))

@@ -720,3 +720,21 @@ async def test_an_llm_that_is_not_one_is_refused(
     assert update.error is not None
     assert update.error.startswith("InvalidInputError")
     assert files.list() == []
+
+
+async def test_a_model_that_timed_out_is_reported_in_its_own_words() -> None:
+    """A model call that gave up on time (the adapter's LLMTimeout) is raised as it is, not as
+    the memory files' own deadline having passed."""
+    from mnemo.memoryfiles.files import ask
+
+    class TimedOut:
+        name = "timed-out"
+
+        async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+            raise mnemo.LLMTimeout("no reply within 1 s, after 3 attempts")
+
+    request = mnemo.LLMRequest(task="memory_update", system="",
+                               messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(mnemo.LLMTimeout, match="no reply within 1 s") as caught:
+        await ask(TimedOut(), request, lambda response: response)
+    assert "120" not in str(caught.value)

@@ -28,7 +28,7 @@ from mnemo.storage.lexical.schema import analyzer, open_index, schema
 from mnemo.storage.sqlite import database
 from tests.backends import backend_of, is_sqlite
 from tests.conversation._support import user
-from tests.fakes import FakeEmbedder
+from tests.fakes import EventLog, FakeEmbedder
 from tests.graph.test_history_erasure import holding as rows_holding
 
 REPO = "r"
@@ -357,20 +357,26 @@ async def test_forget_of_an_episode_removes_that_episode_only(store: str, tmp_pa
         assert await searched(mem, "tomatoes")
 
 
+@pytest.mark.parametrize("extracted", [False, True])
 async def test_forget_of_an_open_episode_ends_its_session_and_erases_its_steps(
-    store: str, tmp_path: Path
+    store: str, tmp_path: Path, extracted: bool
 ) -> None:
-    """An episode still open (its steps stored, not committed) is forgotten as a live
-    session is: its session is ended first, so nothing of it is committed later, and its
-    stored steps go to the last byte; the session's committed episode stays."""
+    """An episode still open (its steps stored, not committed; collecting, or extracted and
+    ready with its changeset) is forgotten as a live session is: its session is ended first,
+    so nothing of it is committed later, and its stored steps and changeset go to the last
+    byte; the session's committed episode stays."""
     word, needle = planted()
-    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+    events = EventLog()
+    async with mnemo.Memory(store, embedder=FakeEmbedder(), on_event=events) as mem:
         await mem.open_repo(REPO)
         sid = await mem.start_session("water the garden", repo=REPO)
         await mem.append(sid, "The tomatoes in the garden need water daily.", "Water them.")
         await mem.close_and_commit(sid)
         await mem.start_episode(sid, f"fix the {word} service")
         await mem.append(sid, f"The {word} service listens on port 8080.", f"Restart {word}.")
+        if extracted:
+            await mem.close(sid)
+            assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY
         first, second = await mem.episodes(sid)
         assert second.status == "open"
 

@@ -13,7 +13,8 @@ import heapq
 import logging
 import uuid
 from collections.abc import Collection, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from functools import partial
 from typing import Any
 
 import anyio
@@ -387,7 +388,8 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
         if claimed:
             op.queued = stored.id
         elif stored.accepted_by:
-            op.callback, op.stored = _result_to(live, session, stored.id), stored.id
+            # Its result goes to the store, for the Memory that accepted it.
+            op.callback, op.stored = partial(_store_result, live, session, stored.id), stored.id
         ops.append(op)
     if session.state is S.FAILED:
         await _fail(live, session, ops, "extraction_failed")
@@ -400,24 +402,16 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
     session.pending.extend(merged)
 
 
-def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
-    """Where the result of an operation another Memory accepted goes: the store."""
-
-    async def report(result: OpResult) -> None:
-        await _store_result(live, session, op_id, StoredResult.of(result))
-
-    return report
-
-
 # A result for another Memory is stored again after a fault, pausing from WATCH_INTERVAL up, for
 # this many seconds in the callback, then in the background while this Memory is open.
 FINISH_BUDGET = 10.0
 
 
 async def _store_result(
-    live: Sessions, session: SessionRecord, op_id: str, result: StoredResult
+    live: Sessions, session: SessionRecord, op_id: str, outcome: OpResult
 ) -> None:
     """Stores another Memory's operation's result, trying again after a fault (`FINISH_BUDGET`)."""
+    result = StoredResult.of(outcome)
     with anyio.move_on_after(FINISH_BUDGET):
         await _keep_storing(live, op_id, result)
         return
@@ -495,6 +489,9 @@ async def _store_for(live: Sessions, session: SessionRecord, kind: str,
 
 
 async def answer_ended(live: Sessions, session: SessionRecord) -> None:
-    """Answers `session_ended` to what an ended session owed: queued and stored operations."""
+    """Answers what an ended session owed: a stored operation that ran before the end its own
+    result, the others (queued, stored) `session_ended`."""
+    with suppress(MnemoError, RuntimeError):  # unread (a fault, a closed store): ended
+        await deliver_results(live, session)
     await fail_pending(live, session, "session_ended")
     await fail_remote(live, session, "session_ended")

@@ -440,6 +440,11 @@ class SqlSessions(SqlStore):
                 # Of a step listed twice, the last reward.
                 rewards = {step_id: reward(value) for step_id, value in write.steps}
                 if not await cls._save_rewards(sql, rewards, write.changeset_id):
+                    # Its steps gone with the session that moved (ended, forgotten): stale.
+                    if write.version is not None and not await sql.rows(
+                            "SELECT 1 FROM sessions WHERE id = ? AND version = ? AND NOT ended",
+                            (write.session_id, write.version)):
+                        raise StaleSession(write.session_id)
                     raise StepsCommittedElsewhere(write.session_id)
                 await cls._lock_claims(sql, write.session_id)
                 await sql.run(f"DELETE FROM step_claims WHERE step_id{cls.ANY}",

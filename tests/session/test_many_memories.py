@@ -628,6 +628,112 @@ async def test_end_session_calls_back_the_operations_it_stored_for_another(store
         assert result.error.reason == "session_ended"
 
 
+async def test_an_operation_that_ran_before_its_session_ended_calls_back_its_result(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B accepts a commit while A extracts; A runs it and stores its result; the session then
+    ends before B looked for it: B's callback gets the commit's own result, not session_ended
+    (the commit happened)."""
+    from mnemo.session import operations
+
+    monkeypatch.setattr(operations, "watch", lambda live, session: None)  # B never looks
+    async with workers(store, 2) as (a, b):
+        stored = anyio.Event()
+        coordination = a.mem._live.coordination
+        finish = coordination.finish_op
+
+        async def finish_op(op_id: str, result: Any) -> None:
+            await finish(op_id, result)
+            stored.set()
+
+        monkeypatch.setattr(coordination, "finish_op", finish_op)
+        sid = await fill(a.mem)
+        held = await extracting(a, sid)
+        callback = Called()
+        await b.mem.commit_async(sid, callback)
+        held.release()
+        with anyio.fail_after(10):
+            await stored.wait()
+        await b.mem.end_session(sid)
+        with anyio.fail_after(5):
+            await callback.done.wait()
+        [result] = callback.results
+        assert (result.ok, result.value) == (True, "committed")
+
+
+async def test_a_commit_overtaken_by_a_forget_of_its_session_is_not_found(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A's commit reaches the store after B forgot the session (its steps gone): the commit
+    raises NotFoundError, as one that came after the forget does, not an internal error."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        await ready(a, sid)
+        reached, go = anyio.Event(), anyio.Event()
+        graph = a.mem._live.graph
+        apply = graph.apply
+
+        async def held(*args: Any, **kwargs: Any) -> Any:
+            reached.set()
+            await go.wait()
+            return await apply(*args, **kwargs)
+
+        monkeypatch.setattr(graph, "apply", held)
+
+        async def commit() -> None:
+            with pytest.raises(mnemo.NotFoundError):
+                await a.mem.commit(sid)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(commit)
+            with anyio.fail_after(5):
+                await reached.wait()
+            await b.mem.forget(REPO, sid)
+            go.set()
+        assert await sql(a.mem, "SELECT id FROM steps") == []
+
+
+async def test_a_forgotten_open_episode_leaves_its_answered_operations_results_not_words(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B accepts a new episode and an append while A extracts; A runs both and stores their
+    results; C forgets the new, open episode before B looked: no row holds the append's words,
+    and B's callbacks still get what A answered."""
+    from mnemo.session import operations
+
+    monkeypatch.setattr(operations, "watch", lambda live, session: None)  # B never looks
+    async with workers(store, 3) as (a, b, c):
+        answered = anyio.Event()
+        coordination = a.mem._live.coordination
+        finish = coordination.finish_op
+        finished: list[str] = []
+
+        async def finish_op(op_id: str, result: Any) -> None:
+            await finish(op_id, result)
+            finished.append(op_id)
+            if len(finished) == 3:
+                answered.set()
+
+        monkeypatch.setattr(coordination, "finish_op", finish_op)
+        sid = await fill(a.mem)
+        held = await extracting(a, sid)
+        called = Callbacks()
+        await b.mem.commit_async(sid, called("commit"))
+        await b.mem.start_episode_async(sid, "again", called("start"))
+        await b.mem.append_async(sid, "walk to the zqwordqz", "go", called("append"))
+        held.release()
+        with anyio.fail_after(10):
+            await answered.wait()
+        episode = (await a.mem.episodes(sid))[-1]
+        await c.mem.forget(REPO, episode.id)
+        assert not [args for args, in await sql(a.mem, "SELECT args FROM ops")
+                    if "zqwordqz" in str(args)]
+        await b.mem.end_session(sid)
+        results = dict(await called.wait(3))
+        assert [(results[k].ok, results[k].value) for k in ("commit", "start", "append")] == [
+            (True, "committed"), (True, "started"), (True, "appended")]
+
+
 @pytest.mark.slow
 async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callback(
     store: str, monkeypatch: pytest.MonkeyPatch

@@ -628,6 +628,23 @@ async def test_end_session_calls_back_the_operations_it_stored_for_another(store
         assert result.error.reason == "session_ended"
 
 
+def results_stored(monkeypatch: pytest.MonkeyPatch, mem: mnemo.Memory, count: int) -> anyio.Event:
+    """An event set once `mem` has stored `count` results of operations another Memory
+    accepted."""
+    stored, done = anyio.Event(), []
+    coordination = mem._live.coordination
+    finish = coordination.finish_op
+
+    async def finish_op(op_id: str, result: Any) -> None:
+        await finish(op_id, result)
+        done.append(op_id)
+        if len(done) == count:
+            stored.set()
+
+    monkeypatch.setattr(coordination, "finish_op", finish_op)
+    return stored
+
+
 async def test_an_operation_that_ran_before_its_session_ended_calls_back_its_result(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -638,15 +655,7 @@ async def test_an_operation_that_ran_before_its_session_ended_calls_back_its_res
 
     monkeypatch.setattr(operations, "watch", lambda live, session: None)  # B never looks
     async with workers(store, 2) as (a, b):
-        stored = anyio.Event()
-        coordination = a.mem._live.coordination
-        finish = coordination.finish_op
-
-        async def finish_op(op_id: str, result: Any) -> None:
-            await finish(op_id, result)
-            stored.set()
-
-        monkeypatch.setattr(coordination, "finish_op", finish_op)
+        stored = results_stored(monkeypatch, a.mem, 1)
         sid = await fill(a.mem)
         held = await extracting(a, sid)
         callback = Called()
@@ -703,18 +712,7 @@ async def test_a_forgotten_open_episode_leaves_its_answered_operations_results_n
 
     monkeypatch.setattr(operations, "watch", lambda live, session: None)  # B never looks
     async with workers(store, 3) as (a, b, c):
-        answered = anyio.Event()
-        coordination = a.mem._live.coordination
-        finish = coordination.finish_op
-        finished: list[str] = []
-
-        async def finish_op(op_id: str, result: Any) -> None:
-            await finish(op_id, result)
-            finished.append(op_id)
-            if len(finished) == 3:
-                answered.set()
-
-        monkeypatch.setattr(coordination, "finish_op", finish_op)
+        answered = results_stored(monkeypatch, a.mem, 3)
         sid = await fill(a.mem)
         held = await extracting(a, sid)
         called = Callbacks()

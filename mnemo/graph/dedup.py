@@ -57,6 +57,18 @@ def says_no_more(new: str, old: str, said: Callable[[str], set[str]] = _said) ->
     return small <= big and not (big - small) & _NEGATIONS
 
 
+def differ_in_specifics(a: str, b: str) -> bool:
+    """Whether two wordings differ in what a cosine barely weighs: a word with a digit (a
+    number, a version, a code) one says and the other not, or a negation."""
+    return _specifics(a) != _specifics(b)
+
+
+def _specifics(text: str) -> set[str]:
+    said = _said(text)
+    negated = {"not"} if said & _NEGATIONS else set()
+    return {w for w in said if any(c.isdigit() for c in w)} | negated
+
+
 @dataclass(slots=True)
 class Resolution:
     """What survives of a changeset: drafts to insert, id remaps, and rewordings."""

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.config import Config
+from mnemo.graph.dedup import differ_in_specifics
 from mnemo.graph.model import NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphMaintenance
 from mnemo.graph.scope import same
@@ -141,19 +142,21 @@ def wanted(steps: list[tuple[str, str | None]], owners: Mapping[str, str], prefi
 
 
 def merge_groups(
-    pairs: list[tuple[str, str]], rows: Mapping[str, tuple[int, JSONObject, int, str | None]]
+    pairs: list[tuple[str, str]], rows: Mapping[str, tuple[int, JSONObject, int, str | None, str]]
 ) -> dict[str, list[str]]:
-    """Survivor -> the nodes merged into it, of `rows` (rowid, data, access count, source) by
-    id. A node joins the best-ranked similar node still free, never a chain; only nodes of one
-    source merge."""
+    """Survivor -> the nodes merged into it, of `rows` (rowid, data, access count, source,
+    text) by id. A node joins the best-ranked similar node still free, never a chain; only
+    nodes of one source merge, and never two that `differ_in_specifics` ("invoice 1042 was
+    paid", "invoice 1043 was not paid")."""
     neighbours: dict[str, list[str]] = {}
     for a, b in pairs:
-        if a in rows and b in rows and rows[a][3] == rows[b][3]:
+        if (a in rows and b in rows and rows[a][3] == rows[b][3]
+                and not differ_in_specifics(rows[a][4], rows[b][4])):
             neighbours.setdefault(a, []).append(b)
             neighbours.setdefault(b, []).append(a)
 
     def rank(node_id: str) -> tuple[float, int]:
-        rowid, data, _, _ = rows[node_id]
+        rowid, data, _, _, _ = rows[node_id]
         confidence = data.get("confidence")
         value = float(confidence) if isinstance(confidence, int | float) else 0.0
         return (-value, rowid)

@@ -56,25 +56,25 @@ class SqlMaintenance(SqlGraphWrites):
         """Folds each group of `merge_groups(pairs)` into its survivor, deletes the members and
         the tags left unlinked, and marks `examined` as consolidated; the ids deleted."""
         involved = sorted({node_id for pair in pairs for node_id in pair})
-        # By id: (key, last access); (rowid, data, access count, source) as `merge_groups`
-        # reads them. Locked: a recall counting a member's access waits for this transaction.
+        # By id: (key, last access); (rowid, data, access count, source, text) as
+        # `merge_groups` reads them. Locked: a recall counting a member's access waits.
         keys: dict[str, tuple[Any, Any]] = {}
-        rows: dict[str, tuple[int, JSONObject, int, str | None]] = {}
-        for node_id, rowid, key, data, count, last, source in await sql.rows(
+        rows: dict[str, tuple[int, JSONObject, int, str | None, str]] = {}
+        for node_id, rowid, key, data, count, last, source, text in await sql.rows(
             f"SELECT id, rowid, {self.KEY}, data{self.TEXT}, access_count, last_access,"
-            f" source_id FROM nodes WHERE repo = ? AND id{self.ANY} ORDER BY rowid{self.LOCK}",
-            (repo, self._list(involved)),
+            f" source_id, text FROM nodes WHERE repo = ? AND id{self.ANY}"
+            f" ORDER BY rowid{self.LOCK}", (repo, self._list(involved)),
         ):
             keys[node_id] = (key, last)
-            rows[node_id] = (int(rowid), json.loads(data), int(count), source)
+            rows[node_id] = (int(rowid), json.loads(data), int(count), source, str(text))
         moved = 0
         merged: list[str] = []
         for survivor, members in maintenance.merge_groups(pairs, rows).items():
-            _, data, count, _ = rows[survivor]
+            _, data, count, _, _ = rows[survivor]
             last = keys[survivor][1]
             for member in members:
                 moved += await self._move_links(sql, keys[member][0], keys[survivor][0])
-                _, other, other_count, _ = rows[member]
+                _, other, other_count, _, _ = rows[member]
                 data = maintenance.merged_data(data, other, member)
                 count += other_count
                 last = max(filter(None, (last, keys[member][1])), key=moment, default=None)

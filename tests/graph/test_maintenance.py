@@ -289,6 +289,19 @@ async def test_consolidate_threshold(graph: GraphStore, cos: float, merged: int)
     assert (await consolidate(graph, REPO, CONFIG)).merged == merged
 
 
+@pytest.mark.parametrize(("other", "merged"), [
+    ("Invoice 1043 was paid.", 0), ("Invoice 1042 was not paid.", 0),
+    ("Invoice 1042 has been paid.", 1)])
+async def test_consolidate_never_merges_facts_that_differ_in_a_number_or_a_negation(
+    graph: GraphStore, other: str, merged: int
+) -> None:
+    """One vector apart is not one fact when a number or a negation differs (a cosine barely
+    weighs them): those stay two nodes; a rewording merges."""
+    await commit(graph, "c", [fact("X", "Invoice 1042 was paid.", axis(0), 0.5),
+                              fact("Y", other, at_cosine(0.99), 0.5)], [])
+    assert (await consolidate(graph, REPO, CONFIG)).merged == merged
+
+
 async def test_survivor_is_the_most_confident_then_the_oldest(
     graph: GraphStore, backend: Backend
 ) -> None:
@@ -591,11 +604,11 @@ async def _never_lose_a_commit(backend: Backend, monkeypatch: pytest.MonkeyPatch
                 NodeDraft(
                     f"dup{i}",
                     N.SEMANTIC,
-                    f"the same fact {i}",
+                    f"the same fact, {word}",
                     {"confidence": 1.0},
                     base + 0.05 * random_unit(rng),
                 )
-                for i in range(4)
+                for i, word in enumerate(("alpha", "beta", "gamma", "delta"))
             ],
         ),
         intents=policy(),

@@ -92,7 +92,8 @@ async def ingest(
     as_json: Json = False,
 ) -> None:
     """Ingest a file: each session becomes one source (idempotent: again adds nothing)."""
-    from mnemo.cli.ingest import ingest_file, load_file
+    from mnemo.cli.ingest import check_sources, ingest_file, load_file
+    from mnemo.config import Config
 
     if not file.is_file():
         raise CliError(f"no file at {file}")
@@ -100,6 +101,7 @@ async def ingest(
     target = repo or parsed.repo
     if not target:
         raise CliError(f"{file} names no repo: pass --repo")
+    check_sources(parsed, settings.config or Config())  # before the store is made
     async with open_memory(settings, writes=True, works=True) as mem:
         report = await ingest_file(mem, target, parsed, threads=threads, quiet=as_json)
     summary = {"repo": target, "format": parsed.shape, "sources": report,

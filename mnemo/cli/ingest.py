@@ -14,7 +14,8 @@ from rich.progress import TaskID
 
 from mnemo.cli._database import CliError
 from mnemo.cli._output import progress as bars, stderr_console
-from mnemo.errors import InvalidInputError
+from mnemo.config import Config
+from mnemo.errors import ConflictError, InvalidInputError
 from mnemo.ingest.model import IngestProgress, Step, Trajectory
 from mnemo.ingest.service import check_ingest
 from mnemo.memory import Memory
@@ -178,19 +179,23 @@ def _normalise_dia_id(raw: str) -> str:
     return f"D{digits[0]}:{digits[1]}" if len(digits) >= 2 else raw.strip()
 
 
-async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bool,
-                      quiet: bool) -> list[SourceReport]:
-    """Ingests every source of the file into `repo`, with progress bars on stderr (unless
-    `quiet`), and with `threads` saves each session as a thread. Every source is checked first
-    (CliError naming it), so a file that cannot go in whole stores nothing."""
-    await mem.open_repo(repo)
-    config = await mem.repo_config(repo)
+def check_sources(parsed: IngestFile, config: Config) -> None:
+    """CliError naming the first source of the file that `config` refuses."""
     for batch in parsed.batches:
         for source in batch.sources:
             try:
                 check_ingest(source.trajectory, source.source_id, None, config)
             except InvalidInputError as exc:
                 raise CliError(f"source {source.source_id!r}: {exc}") from exc
+
+
+async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bool,
+                      quiet: bool) -> list[SourceReport]:
+    """Ingests every source of the file into `repo`, with progress bars on stderr (unless
+    `quiet`), and with `threads` saves each session as a thread. Every source is checked first
+    (CliError naming it), so a file that cannot go in whole stores nothing."""
+    await mem.open_repo(repo)
+    check_sources(parsed, await mem.repo_config(repo))
     conversation = mem.conversation()
     report: list[SourceReport] = []
     with bars(stderr_console(), disable=quiet) as progress:
@@ -204,13 +209,18 @@ async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bo
                     progress.update(steps, completed=update.done,
                                     description=f"  {update.source_id}: {update.stage}")
 
-                receipt = await mem.ingest(
-                    repo, source.trajectory, source_id=source.source_id, progress=advance)
-                progress.remove_task(steps)
                 saved = 0
-                if threads:
-                    # `save` stores only what is new: a second ingest appends nothing.
-                    saved = len(await conversation.save(source.source_id, source.messages))
+                try:
+                    if threads:  # only what is new: a second ingest appends nothing
+                        saved = len(await conversation.save(source.source_id, source.messages))
+                    receipt = await mem.ingest(
+                        repo, source.trajectory, source_id=source.source_id, progress=advance)
+                except (ConflictError, InvalidInputError) as exc:
+                    raise CliError(  # as a source or thread ingested before, or forgotten
+                        f"source {source.source_id!r}: {exc}; to replace what was ingested under"
+                        f" it, `mnemo purge {source.source_id} --repo {repo}` erases it and its"
+                        " thread") from exc
+                progress.remove_task(steps)
                 report.append(
                     {
                         "source_id": source.source_id, "created": receipt.created,

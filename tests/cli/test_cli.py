@@ -157,6 +157,33 @@ def test_ingest_reports_each_session_and_is_idempotent(filled: str, tmp_path: Pa
     assert all(s["nodes"] > 0 and s["messages_saved"] == 0 for s in report["sources"])
 
 
+def test_a_changed_session_ingested_again_is_refused_whole_until_purged(tmp_path: Path) -> None:
+    """A session edited after its ingest is refused (its thread and its source hold the old
+    one), naming the purge that replaces it; nothing of the new session goes in meanwhile,
+    not even after `mnemo forget` (which leaves the thread); once purged it goes in."""
+    db, source = tmp_path / "m.db", tmp_path / "notes.json"
+
+    def write(city: str) -> None:
+        source.write_text(json.dumps({"repo": "w", "sessions": [
+            {"goal": "Eve", "steps": [{"observation": f"Eve lives in {city}.", "action": "ok"}]}]}))
+
+    def cities() -> set[str]:
+        found = ok_json("recall", "w", "where does Eve live?", "-k", "10", "--db", str(db))
+        return {c for c in ("Rome", "Milan") for m in found["memories"] if c in m["node"]["text"]}
+
+    write("Rome")
+    ok_json("ingest", str(source), "--db", str(db), "--embedder", "hash:64")
+    write("Milan")
+    for held in ({"Rome"}, set()):  # before `mnemo forget`, then after it
+        assert_clear_error(invoke("ingest", str(source), "--db", str(db), "--embedder",
+                                  "hash:64", "--json"), "notes/1", "mnemo purge notes/1 --repo w")
+        assert cities() == held
+        ok_json("forget", "w", "notes/1", "--yes", "--db", str(db))
+    ok_json("purge", "notes/1", "--repo", "w", "--yes", "--db", str(db))
+    assert ok_json("ingest", str(source), "--db", str(db), "--embedder", "hash:64")["created"] == 1
+    assert cities() == {"Milan"}
+
+
 def test_ingest_reads_a_locomo_file_one_source_per_session(tmp_path: Path) -> None:
     """A LoCoMo-style file: one source per session, turns kept with their dia_id."""
     source = tmp_path / "locomo.json"
@@ -211,9 +238,9 @@ def test_ingest_of_a_file_no_parser_can_read_is_one_line(tmp_path: Path) -> None
 
 
 def test_ingest_checks_every_source_before_storing_any(tmp_path: Path) -> None:
-    """A file whose second session has more steps than Config.max_steps_per_ingest (100) is
-    a clear error naming that source and the bound, and the first session is not stored
-    either (it was, before the second failed, or the second went in whole)."""
+    """A file whose second session has more steps than Config.max_steps_per_ingest (100), or
+    holds a NUL, is a clear error naming that source, and nothing is stored: not the first
+    session, nor the store or the repo (they were made before the sources were checked)."""
     db = tmp_path / "memory.db"
     long = [{"observation": f"turn {i} of the talk", "action": "ok"} for i in range(101)]
     source = tmp_path / "week.json"
@@ -224,7 +251,11 @@ def test_ingest_checks_every_source_before_storing_any(tmp_path: Path) -> None:
         invoke("ingest", str(source), "--db", str(db), "--embedder", "hash:64"),
         "week/2", "101 steps", "max_steps_per_ingest",
     )
-    assert ok_json("history", REPO, "--db", str(db)) == []
+    assert not db.exists()
+    source.write_text(json.dumps({"repo": REPO, "sessions": [
+        {"goal": "Talk", "steps": [{"observation": "a\u0000b", "action": "ok"}]}]}))
+    assert_clear_error(invoke("ingest", str(source), "--db", str(db)), "week/1", "NUL")
+    assert not db.exists()
 
 
 # ---- recall ---------------------------------------------------------------------------------

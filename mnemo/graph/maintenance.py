@@ -150,7 +150,7 @@ def merge_groups(
     paid", "invoice 1043 was not paid")."""
     neighbours: dict[str, list[str]] = {}
     for a, b in pairs:
-        if (a in rows and b in rows and rows[a][3] == rows[b][3]
+        if (a in rows and b in rows and origin(rows[a]) == origin(rows[b])
                 and not differ_in_specifics(rows[a][4], rows[b][4])):
             neighbours.setdefault(a, []).append(b)
             neighbours.setdefault(b, []).append(a)
@@ -177,6 +177,14 @@ def merge_groups(
             taken.update(members)
             groups[node_id] = members
     return groups
+
+
+def origin(row: tuple[int, JSONObject, int, str | None, str]) -> str | None:
+    """The source a node came from: its ingest's, else its trajectory's (a session commits
+    facts without a source id; one trajectory is one session's)."""
+    _, data, _, source, _ = row
+    trajectory = data.get("trajectory_id")
+    return source if source is not None or not isinstance(trajectory, str) else trajectory
 
 
 def merged_data(

@@ -37,11 +37,12 @@ def memory(store: str) -> mnemo.Memory:
     return mnemo.Memory(store, embedder=mnemo.HashEmbedder(64))
 
 
-async def committed(mem: mnemo.Memory, goal: str, observation: str, action: str) -> None:
-    """One step through a session, committed (no ingest source)."""
+async def committed(mem: mnemo.Memory, goal: str, observation: str, action: str) -> str:
+    """One step through a session, committed (no ingest source); the session's id."""
     session = await mem.start_session(goal, repo=REPO)
     await mem.append(session, observation, action)
     await mem.close_and_commit(session)
+    return session
 
 
 async def loaded(mem: mnemo.Memory) -> None:
@@ -78,17 +79,19 @@ async def test_an_intent_another_memory_committed_is_deduplicated(store: str) ->
         assert max(intents.values()) == 1, intents
 
 
+BEES = ("Bees make their honey in the summer months.", "Bees make our honey in the summer months.")
+
+
 async def test_recall_and_consolidate_see_what_another_memory_committed(store: str) -> None:
     """Regression (SQLite): recall through A missed B's nodes in its dense channel, and A's
-    consolidate never compared B's new fact with its duplicate. Two wordings alike to the
-    embedder (one vector) but not to a commit's dedup (each has a word the other lacks)."""
-    fact, other = ("Bees make their honey in the summer months.",
-                   "Bees make our honey in the summer months.")
+    consolidate never compared B's new facts, duplicates of one source. Two wordings alike to
+    the embedder (one vector) but not to a commit's dedup (each has a word the other lacks)."""
+    fact, other = BEES
     async with memory(store) as a, memory(store) as b:
         await loaded(a)
-        await committed(a, "bees", fact, "note it")
         await a.consolidate(REPO)
-        await committed(b, "bees again", other, "note it again")
+        await b.ingest(REPO, trajectory("bees", (fact, "note it"), (other, "note it again")),
+                       source_id="bees")
         vectors = await a._graph.search_vectors(
             REPO, mnemo.HashEmbedder(64).embed_sync([fact])[0], 50)
         facts = [n for n in await b.get_nodes_by_type(REPO, [N.SEMANTIC])
@@ -100,6 +103,20 @@ async def test_recall_and_consolidate_see_what_another_memory_committed(store: s
         left = [n for n in await b.get_nodes_by_type(REPO, [N.SEMANTIC])
                 if n.text in (fact, other)]
         assert len(left) == 1
+
+
+async def test_consolidate_leaves_the_facts_of_two_sessions_apart(store: str) -> None:
+    """The same fact in two sessions' words stays two facts (each session is a source), so
+    forgetting one session leaves the other's."""
+    fact, other = BEES
+    async with memory(store) as mem:
+        await loaded(mem)
+        first = await committed(mem, "bees", fact, "note it")
+        await committed(mem, "bees again", other, "note it again")
+        assert (await mem.consolidate(REPO)).merged == 0
+        await mem.forget(REPO, first)
+        assert [n.text for n in await mem.get_nodes_by_type(REPO, [N.SEMANTIC])
+                if n.text in BEES] == [other]
 
 
 async def test_a_recall_looks_at_the_log_once_and_sees_what_was_written_before(

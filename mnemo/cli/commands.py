@@ -6,6 +6,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
+import anyio
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -101,9 +102,11 @@ async def ingest(
     target = repo or parsed.repo
     if not target:
         raise CliError(f"{file} names no repo: pass --repo")
-    check_sources(parsed, settings.config or Config())  # before the store is made
+    given = settings.config or Config()
+    if "://" not in settings.store and not await anyio.Path(settings.store).exists():
+        check_sources(parsed, given)  # before a new store is made: its repo's config
     async with open_memory(settings, writes=True, works=True) as mem:
-        report = await ingest_file(mem, target, parsed, threads=threads, quiet=as_json)
+        report = await ingest_file(mem, target, parsed, given, threads=threads, quiet=as_json)
     summary = {"repo": target, "format": parsed.shape, "sources": report,
                "created": sum(s["created"] for s in report),
                "nodes": sum(s["nodes"] for s in report)}

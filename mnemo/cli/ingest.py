@@ -15,7 +15,7 @@ from rich.progress import TaskID
 from mnemo.cli._database import CliError
 from mnemo.cli._output import progress as bars, stderr_console
 from mnemo.config import Config
-from mnemo.errors import ConflictError, InvalidInputError
+from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.ingest.model import IngestProgress, Step, Trajectory
 from mnemo.ingest.service import check_ingest
 from mnemo.memory import Memory
@@ -189,13 +189,18 @@ def check_sources(parsed: IngestFile, config: Config) -> None:
                 raise CliError(f"source {source.source_id!r}: {exc}") from exc
 
 
-async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bool,
-                      quiet: bool) -> list[SourceReport]:
+async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, given: Config, *,
+                      threads: bool, quiet: bool) -> list[SourceReport]:
     """Ingests every source of the file into `repo`, with progress bars on stderr (unless
-    `quiet`), and with `threads` saves each session as a thread. Every source is checked first
-    (CliError naming it), so a file that cannot go in whole stores nothing."""
+    `quiet`), and with `threads` saves each session as a thread. Every source is checked first,
+    by the repo's config (`given` for a new repo; CliError naming it), so a file that cannot go
+    in whole stores nothing, not even the repo."""
+    try:  # checked before a new repo is made: by the config it will have
+        config = await mem.repo_config(repo)
+    except NotFoundError:
+        config = given
+    check_sources(parsed, config)
     await mem.open_repo(repo)
-    check_sources(parsed, await mem.repo_config(repo))
     conversation = mem.conversation()
     report: list[SourceReport] = []
     with bars(stderr_console(), disable=quiet) as progress:

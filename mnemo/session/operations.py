@@ -439,8 +439,11 @@ async def _keep_storing(live: Sessions, op_id: str, result: StoredResult) -> Non
 
 
 async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> None:
-    """Answers every operation this Memory stored for the session with `reason`; on a close
-    they stay stored, an ended session's are dropped."""
+    """Answers every operation this Memory stored for the session: one that ran first with its
+    stored result, the others with `reason`; on a close they stay stored, an ended session's
+    are dropped."""
+    with suppress(MnemoError, RuntimeError):  # unread (a fault, a closed store): `reason`
+        await deliver_results(live, session)
     entries = live.remote.pop(session.id, [])
     ids = [op_id for op_id, _, _ in entries]
     try:
@@ -489,9 +492,6 @@ async def _store_for(live: Sessions, session: SessionRecord, kind: str,
 
 
 async def answer_ended(live: Sessions, session: SessionRecord) -> None:
-    """Answers what an ended session owed: a stored operation that ran before the end its own
-    result, the others (queued, stored) `session_ended`."""
-    with suppress(MnemoError, RuntimeError):  # unread (a fault, a closed store): ended
-        await deliver_results(live, session)
+    """Answers `session_ended` to what an ended session owed: queued and stored operations."""
     await fail_pending(live, session, "session_ended")
     await fail_remote(live, session, "session_ended")

@@ -287,8 +287,8 @@ class SqlGraphWrites(Dialect):
             f" WHERE repo = ?) AND (e.session_id = ? OR e.id = ?){self.LOCK}", (repo, key, key))
         episodes = [(str(e), status != "open" or session == key or bool(ended))
                     for e, status, session, ended in rows]
-        # What an ended session left of its open episode goes with it: its changeset, and its
-        # operations' words.
+        # What a forgotten session, or an ended one of its open episode, left goes with it:
+        # its changeset, and its operations' words.
         left = [str(session) for e, status, session, ended in rows
                 if e == key and status == "open" and ended]
         over = self._list([e for e, whole in episodes if whole])
@@ -301,8 +301,7 @@ class SqlGraphWrites(Dialect):
             f" AND committed_in{self.ANY}",
             (self._list([e for e, whole in episodes if not whole]), self._list(commits)))
         if await sql.run("DELETE FROM sessions WHERE id = ? AND repo = ?", (key, repo)):
-            for table in ("ops", "changesets"):
-                await sql.run(f"DELETE FROM {table} WHERE session_id = ?", (key,))
+            left.append(key)
         if left:  # an answered operation keeps its result for the Memory that accepted it
             ended = (self._list(left),)
             await sql.run(f"DELETE FROM changesets WHERE session_id{self.ANY}", ended)

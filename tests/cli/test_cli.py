@@ -157,6 +157,24 @@ def test_ingest_reports_each_session_and_is_idempotent(filled: str, tmp_path: Pa
     assert all(s["nodes"] > 0 and s["messages_saved"] == 0 for s in report["sources"])
 
 
+def test_ingest_checks_a_file_by_the_config_of_its_repo(tmp_path: Path) -> None:
+    """Into a repo opened with room for 500 steps a session of 150 goes in (the defaults take
+    100); a file refused into a new repo of an existing store leaves no repo behind."""
+    db, source = tmp_path / "m.db", tmp_path / "week.json"
+
+    async def make() -> None:
+        async with mnemo.Memory(db, embedder=mnemo.HashEmbedder(64)) as mem:
+            await mem.open_repo("w", config=mnemo.Config(max_steps_per_ingest=500))
+
+    anyio.run(make)
+    long = [{"observation": f"turn {i} of the talk", "action": "ok"} for i in range(150)]
+    source.write_text(json.dumps({"repo": "w", "sessions": [{"goal": "Talk", "steps": long}]}))
+    assert ok_json("ingest", str(source), "--db", str(db))["created"] == 1
+    assert_clear_error(invoke("ingest", str(source), "--repo", "fresh", "--db", str(db),
+                              "--json"), "week/1", "max_steps_per_ingest")
+    assert [r["repo"] for r in ok_json("repos", "--db", str(db))] == ["w"]
+
+
 def test_a_changed_session_ingested_again_is_refused_whole_until_purged(tmp_path: Path) -> None:
     """A session edited after its ingest is refused (its thread and its source hold the old
     one), naming the purge that replaces it; nothing of the new session goes in meanwhile,

@@ -645,16 +645,20 @@ def results_stored(monkeypatch: pytest.MonkeyPatch, mem: mnemo.Memory, count: in
     return stored
 
 
-async def test_an_operation_that_ran_before_its_session_ended_calls_back_its_result(
-    store: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("end", ["end_session by B", "end_session by C", "forget by C",
+                                 "B closes"])
+async def test_an_operation_that_ran_before_its_end_calls_back_its_result(
+    store: str, monkeypatch: pytest.MonkeyPatch, end: str
 ) -> None:
-    """B accepts a commit while A extracts; A runs it and stores its result; the session then
-    ends before B looked for it: B's callback gets the commit's own result, not session_ended
-    (the commit happened)."""
+    """B accepts a commit while A extracts; A runs it and stores its result; then, before B
+    looked for it, the session ends (through B or C, or C forgets it) or B closes: B's
+    callback gets the commit's own result, not session_ended or memory_closed (it happened)."""
     from mnemo.session import operations
 
     monkeypatch.setattr(operations, "watch", lambda live, session: None)  # B never looks
-    async with workers(store, 2) as (a, b):
+    async with AsyncExitStack() as stack, AsyncExitStack() as of_b:
+        a, c = await open_worker(stack, store), await open_worker(stack, store)
+        b = await open_worker(of_b, store)
         stored = results_stored(monkeypatch, a.mem, 1)
         sid = await fill(a.mem)
         held = await extracting(a, sid)
@@ -663,7 +667,17 @@ async def test_an_operation_that_ran_before_its_session_ended_calls_back_its_res
         held.release()
         with anyio.fail_after(10):
             await stored.wait()
-        await b.mem.end_session(sid)
+        if end == "end_session by B":
+            await b.mem.end_session(sid)
+        elif end == "end_session by C":
+            await c.mem.end_session(sid)
+        elif end == "forget by C":
+            await c.mem.forget(REPO, sid)
+        else:
+            await of_b.aclose()
+        if end.endswith("by C"):  # B learns of it at its next call
+            with pytest.raises(mnemo.NotFoundError):
+                await b.mem.session_state(sid)
         with anyio.fail_after(5):
             await callback.done.wait()
         [result] = callback.results

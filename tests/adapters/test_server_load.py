@@ -43,16 +43,16 @@ async def _session(server: ProviderServer, *, request_timeout: float) -> list[mn
 
 @pytest.mark.slow
 async def test_a_one_slot_server_gets_every_fact_at_little_more_than_the_calls_needed() -> None:
-    """A server of one slot answering in 0.5 s, an adapter timeout of 2.5 s: the session
+    """A server of one slot answering in 0.25 s, an adapter timeout of 1.25 s: the session
     commits all six facts, and the server sees at most 1.25 times the requests the same
     session sends to a server with room (a fixed eight in flight queued past the timeout,
     and the retries piled on)."""
     with ProviderServer() as roomy:
-        facts = await _session(roomy, request_timeout=2.5)
+        facts = await _session(roomy, request_timeout=1.25)
         needed = len(roomy.requests)
     assert len(facts) == len(TOPICS)
-    with ProviderServer(slots=1, latency=0.5) as one_slot:
-        facts = await _session(one_slot, request_timeout=2.5)
+    with ProviderServer(slots=1, latency=0.25) as one_slot:
+        facts = await _session(one_slot, request_timeout=1.25)
         sent = len(one_slot.requests)
         assert one_slot.max_in_flight == 1
     assert sorted(f.text for f in facts) == sorted(

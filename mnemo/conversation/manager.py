@@ -308,11 +308,7 @@ class ConversationManager:
     async def purge(self, thread_id: str) -> None:
         """Erases the thread and its seq counter, leaving nothing of it in the database file."""
         check_id(thread_id, "thread_id")
-        service = self._service
-        async with service.thread_locks.hold(thread_id), service.evict_locks.hold(thread_id):
-            gone = await service.store.purge(thread_id)
-            service.shown.pop(thread_id, None)  # a new thread of that id shows nothing yet
-        await service.events.emit("thread_purged", thread_id=thread_id, messages=gone)
+        await self._service.purge(thread_id)
 
     async def _expire(self, thread_id: str) -> None:
         """Erases what the ttl ended of the thread (a blank thread id refused)."""

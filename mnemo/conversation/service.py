@@ -8,6 +8,7 @@ import logging
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import partial
 
@@ -25,6 +26,7 @@ from mnemo.conversation.model import (
     EvictionResult,
     Goal,
     Message,
+    MessageView,
     SearchHit,
     Snapshot,
     Summary,
@@ -33,7 +35,7 @@ from mnemo.conversation.model import (
 )
 from mnemo.conversation.ports import EvictionInputs, Shown, ThreadStore
 from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
-from mnemo.conversation.render import render_window
+from mnemo.conversation.render import reduced, render_window
 from mnemo.conversation.search import render_hits
 from mnemo.conversation.viewport import (
     FOLD_AFTER,
@@ -51,11 +53,14 @@ from mnemo.errors import (
     NotFoundError,
     StorageError,
     check_budget,
+    check_count,
     check_id,
     check_models,
+    check_name,
     check_seconds,
+    check_text,
 )
-from mnemo.graph.scope import pairs
+from mnemo.graph.scope import Where, pairs
 from mnemo.graph.vectors import embed_within
 from mnemo.ports import LLM, Embedder, Events, detect_dim
 from mnemo.text import query_words
@@ -83,8 +88,7 @@ class KeyedLocks:
 
 
 class ConversationService:
-    """Threads, viewports, eviction, passive recall and erasure over one `ThreadStore` (the
-    Memory checks goals and searches and reads its store itself)."""
+    """Threads, viewports, eviction, goals, search and erasure over one `ThreadStore`."""
 
     def __init__(
         self,
@@ -110,7 +114,7 @@ class ConversationService:
         self.thread_locks = KeyedLocks()
         self.evict_locks = KeyedLocks()
         # What the last viewport laid out here showed of each thread, for `search_messages`.
-        self.shown: OrderedDict[str, Shown] = OrderedDict()
+        self._shown: OrderedDict[str, Shown] = OrderedDict()
 
     def model(self, llm: LLM | None) -> LLM:
         """A manager's or eviction's model: `llm` within its provider's limit, else the Memory's."""
@@ -167,10 +171,10 @@ class ConversationService:
         if goals:
             pinned = {m.id for m in view.pinned}
             view = with_recalled(view, await self.recalled(thread_id, goals, pinned))
-        self.shown[thread_id] = Shown(frozenset(m.id for m in [*view.messages, *view.pinned]))
-        self.shown.move_to_end(thread_id)
-        while len(self.shown) > SHOWN_KEPT:
-            self.shown.popitem(last=False)
+        self._shown[thread_id] = Shown(frozenset(m.id for m in [*view.messages, *view.pinned]))
+        self._shown.move_to_end(thread_id)
+        while len(self._shown) > SHOWN_KEPT:
+            self._shown.popitem(last=False)
         return view
 
     async def recalled(
@@ -324,6 +328,69 @@ class ConversationService:
             log.warning("folding snapshots of thread %r failed", thread_id, exc_info=True)
             return None
         return await self.store.commit_fold(thread_id, due, text, self.clock())
+
+    async def add_goal(self, thread_id: str, description: str) -> str:
+        """See `Memory.add_goal`; the count of open goals is checked under the thread lock."""
+        check_name(thread_id, "thread_id")
+        check_text(description, "description", limit=self.config.max_text_chars)
+        most = self.config.max_open_goals
+        async with self.thread_locks.hold(thread_id):
+            if len(await self.store.open_goals(thread_id)) >= most:
+                raise InvalidInputError(
+                    f"thread {thread_id!r} has {most:,} open goals, the most it may have "
+                    "(Config.max_open_goals): complete one first"
+                )
+            return await self.store.add_goal(thread_id, description.strip(), self.clock())
+
+    async def complete_goal(self, goal_id: str) -> None:
+        check_id(goal_id, "goal_id")
+        await self.store.complete_goal(goal_id, self.clock())
+
+    async def search_messages(
+        self,
+        query: str,
+        *,
+        thread_id: str | None,
+        limit: int,
+        exclude_viewport_of: str | None,
+        where: Where | None = None,
+    ) -> list[SearchHit]:
+        """See `Memory.search_messages`; `exclude_viewport_of` leaves out what that thread's
+        viewport showed here, else its messages from the boundary on."""
+        check_text(query, "query", limit=self.config.max_text_chars, stored=False)
+        check_count("limit", limit, minimum=1, maximum=MAX_SEARCH_LIMIT)
+        if thread_id is not None:
+            check_id(thread_id, "thread_id")
+        if exclude_viewport_of is not None:
+            check_id(exclude_viewport_of, "thread_id")
+        words = query_words(query)
+        if not words:
+            return []
+        return await self.store.search(
+            words, limit=limit, now=self.clock(), thread_id=thread_id,
+            exclude_viewport_of=exclude_viewport_of,
+            shown=None if exclude_viewport_of is None else self._shown.get(exclude_viewport_of),
+            where=where,
+        )
+
+    async def message_ids(self, prefix: str, *, limit: int) -> list[str]:
+        check_id(prefix, "prefix")
+        check_count("limit", limit, minimum=1, maximum=MAX_RADIUS)
+        return await self.store.message_ids(prefix, limit)
+
+    async def view_messages(self, message_id: str, *, radius: int) -> MessageView:
+        check_id(message_id, "message_id")
+        check_count("radius", radius, minimum=0, maximum=MAX_RADIUS)
+        view = await self.store.view(message_id, radius)
+        # The window's tool outputs are reduced to ok/error; `target` stays as stored.
+        return replace(view, messages=[reduced(m) for m in view.messages])
+
+    async def purge(self, thread_id: str) -> int:
+        async with self.thread_locks.hold(thread_id), self.evict_locks.hold(thread_id):
+            gone = await self.store.purge(thread_id)
+            self._shown.pop(thread_id, None)  # a new thread of that id shows nothing yet
+        await self.events.emit("thread_purged", thread_id=thread_id, messages=gone)
+        return gone
 
 
 def check_fraction(value: object) -> None:

@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from mnemo.errors import (
-    InvalidInputError,
-    check_budget,
-    check_count,
-    check_id,
-    check_name,
-    check_text,
-)
+from mnemo.errors import InvalidInputError, check_budget
 from mnemo.graph.scope import check_where
 from mnemo.memory.sessions import Parts
 from mnemo.ports import LLM
@@ -114,17 +106,7 @@ class ConversationMethods(Parts):
             InvalidInputError: a thread id that is no name, a blank description or one past
                 `Config.max_text_chars`, or a thread with `Config.max_open_goals` open goals.
         """
-        service = self._conversations
-        check_name(thread_id, "thread_id")
-        check_text(description, "description", limit=service.config.max_text_chars)
-        most = service.config.max_open_goals
-        async with service.thread_locks.hold(thread_id):  # the count checked under it
-            if len(await service.store.open_goals(thread_id)) >= most:
-                raise InvalidInputError(
-                    f"thread {thread_id!r} has {most:,} open goals, the most it may have "
-                    "(Config.max_open_goals): complete one first"
-                )
-            return await service.store.add_goal(thread_id, description.strip(), service.clock())
+        return await self._conversations.add_goal(thread_id, description)
 
     async def complete_goal(self, goal_id: str) -> None:
         """Completes the goal (again: nothing); messages it was the last open goal of are freed.
@@ -132,8 +114,7 @@ class ConversationMethods(Parts):
         Raises:
             NotFoundError: an unknown goal.
         """
-        check_id(goal_id, "goal_id")
-        await self._conversations.store.complete_goal(goal_id, self._conversations.clock())
+        await self._conversations.complete_goal(goal_id)
 
     async def search_messages(
         self,
@@ -155,23 +136,10 @@ class ConversationMethods(Parts):
             InvalidInputError: a blank query, one longer than `Config.max_text_chars`, a
                 limit outside 1..100, or a malformed `where`.
         """
-        from mnemo.conversation.service import MAX_SEARCH_LIMIT
-        from mnemo.text import query_words
-
-        scope, service = check_where(where), self._conversations
-        check_text(query, "query", limit=service.config.max_text_chars, stored=False)
-        check_count("limit", limit, minimum=1, maximum=MAX_SEARCH_LIMIT)
-        for given in (thread_id, exclude_viewport_of):
-            if given is not None:
-                check_id(given, "thread_id")
-        words = query_words(query)
-        if not words:
-            return []
-        # Without what that thread's viewport showed here, else its messages from the boundary on.
-        shown = None if exclude_viewport_of is None else service.shown.get(exclude_viewport_of)
-        return await service.store.search(
-            words, limit=limit, now=service.clock(), thread_id=thread_id,
-            exclude_viewport_of=exclude_viewport_of, shown=shown, where=scope)
+        return await self._conversations.search_messages(
+            query, thread_id=thread_id, limit=limit, exclude_viewport_of=exclude_viewport_of,
+            where=check_where(where),
+        )
 
     async def message_ids(self, prefix: str, *, limit: int = 2) -> list[str]:
         """The ids of stored messages (of every thread) that start with `prefix`, sorted, at
@@ -180,11 +148,7 @@ class ConversationMethods(Parts):
         Raises:
             InvalidInputError: a blank prefix, or a limit outside 1..100.
         """
-        from mnemo.conversation.service import MAX_RADIUS
-
-        check_id(prefix, "prefix")
-        check_count("limit", limit, minimum=1, maximum=MAX_RADIUS)
-        return await self._conversations.store.message_ids(prefix, limit)
+        return await self._conversations.message_ids(prefix, limit=limit)
 
     async def view_messages(self, message_id: str, *, radius: int = 10) -> MessageView:
         """The message with `radius` messages on each side (tool outputs reduced to ok or
@@ -194,11 +158,4 @@ class ConversationMethods(Parts):
             InvalidInputError: a blank id, or a radius outside 0..100.
             NotFoundError: an unknown message.
         """
-        from mnemo.conversation.render import reduced
-        from mnemo.conversation.service import MAX_RADIUS
-
-        check_id(message_id, "message_id")
-        check_count("radius", radius, minimum=0, maximum=MAX_RADIUS)
-        view = await self._conversations.store.view(message_id, radius)
-        # The window's tool outputs are reduced to ok/error; `target` stays as stored.
-        return replace(view, messages=[reduced(m) for m in view.messages])
+        return await self._conversations.view_messages(message_id, radius=radius)

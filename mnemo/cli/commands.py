@@ -95,6 +95,7 @@ async def ingest(
     """Ingest a file: each session becomes one source (idempotent: again adds nothing)."""
     from mnemo.cli.ingest import check_sources, ingest_file, load_file
     from mnemo.config import Config
+    from mnemo.storage.ports import is_postgres
 
     if not file.is_file():
         raise CliError(f"no file at {file}")
@@ -103,7 +104,7 @@ async def ingest(
     if not target:
         raise CliError(f"{file} names no repo: pass --repo")
     given = settings.config or Config()
-    if "://" not in settings.store and not await anyio.Path(settings.store).exists():
+    if not is_postgres(settings.store) and not await anyio.Path(settings.store).exists():
         check_sources(parsed, given)  # before a new store is made: its repo's config
     async with open_memory(settings, writes=True, works=True) as mem:
         report = await ingest_file(mem, target, parsed, given, threads=threads, quiet=as_json)

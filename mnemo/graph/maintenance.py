@@ -141,13 +141,15 @@ def wanted(steps: list[tuple[str, str | None]], owners: Mapping[str, str], prefi
     return sorted({prefix + g for _, g in steps if g is not None and g not in owners})
 
 
-def merge_groups(
-    pairs: list[tuple[str, str]], rows: Mapping[str, tuple[int, JSONObject, int, str | None, str]]
-) -> dict[str, list[str]]:
-    """Survivor -> the nodes merged into it, of `rows` (rowid, data, access count, source,
-    text) by id. A node joins the best-ranked similar node still free, never a chain; only
-    nodes of one source merge, and never two that `differ_in_specifics` ("invoice 1042 was
-    paid", "invoice 1043 was not paid")."""
+# A node as `merge_groups` reads it: rowid, data, access count, source id, text.
+MergeRow = tuple[int, JSONObject, int, str | None, str]
+
+
+def merge_groups(pairs: list[tuple[str, str]], rows: Mapping[str, MergeRow]
+                 ) -> dict[str, list[str]]:
+    """Survivor -> the nodes merged into it, of `rows` by id. A node joins the best-ranked
+    similar node still free, never a chain; only nodes of one `origin` merge, and never two
+    that `differ_in_specifics` ("invoice 1042 was paid", "invoice 1043 was not paid")."""
     neighbours: dict[str, list[str]] = {}
     for a, b in pairs:
         if (a in rows and b in rows and origin(rows[a]) == origin(rows[b])
@@ -179,12 +181,14 @@ def merge_groups(
     return groups
 
 
-def origin(row: tuple[int, JSONObject, int, str | None, str]) -> str | None:
+def origin(row: MergeRow) -> str | None:
     """The source a node came from: its ingest's, else its trajectory's (a session commits
     facts without a source id; one trajectory is one session's)."""
     _, data, _, source, _ = row
+    if source is not None:
+        return source
     trajectory = data.get("trajectory_id")
-    return source if source is not None or not isinstance(trajectory, str) else trajectory
+    return trajectory if isinstance(trajectory, str) else None
 
 
 def merged_data(

@@ -14,7 +14,6 @@ from mnemo.config import Config
 from mnemo.graph import maintenance
 from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
 from mnemo.graph.model import NodeType, node_value, now_utc
-from mnemo.ports import JSONObject
 from mnemo.storage.graph_base import GraphBase
 from mnemo.storage.graph_writes import SqlGraphWrites
 from mnemo.storage.sql import Statements, moment, number
@@ -56,10 +55,10 @@ class SqlMaintenance(SqlGraphWrites):
         """Folds each group of `merge_groups(pairs)` into its survivor, deletes the members and
         the tags left unlinked, and marks `examined` as consolidated; the ids deleted."""
         involved = sorted({node_id for pair in pairs for node_id in pair})
-        # By id: (key, last access); (rowid, data, access count, source, text) as
-        # `merge_groups` reads them. Locked: a recall counting a member's access waits.
+        # By id: (key, last access); the rows as `merge_groups` reads them. Locked: a recall
+        # counting a member's access waits for this transaction.
         keys: dict[str, tuple[Any, Any]] = {}
-        rows: dict[str, tuple[int, JSONObject, int, str | None, str]] = {}
+        rows: dict[str, maintenance.MergeRow] = {}
         for node_id, rowid, key, data, count, last, source, text in await sql.rows(
             f"SELECT id, rowid, {self.KEY}, data{self.TEXT}, access_count, last_access,"
             f" source_id, text FROM nodes WHERE repo = ? AND id{self.ANY}"

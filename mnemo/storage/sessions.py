@@ -442,7 +442,7 @@ class SqlSessions(SqlStore):
                 if not await cls._save_rewards(sql, rewards, write.changeset_id):
                     # Its steps gone with the session that moved (ended, forgotten): stale.
                     if write.version is not None and not await sql.rows(
-                            "SELECT 1 FROM sessions WHERE id = ? AND version = ? AND NOT ended",
+                            "SELECT 1 FROM sessions WHERE id = ? AND version = ? AND ended = false",
                             (write.session_id, write.version)):
                         raise StaleSession(write.session_id)
                     raise StepsCommittedElsewhere(write.session_id)

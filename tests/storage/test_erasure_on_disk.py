@@ -335,17 +335,24 @@ async def test_forget_of_a_source_whose_words_a_shared_fact_took_leaves_no_byte(
         assert await searched(mem, "tomatoes")
 
 
+async def second_episode(mem: mnemo.Memory, word: str) -> str:
+    """A session of repo "r" with a committed episode about tomatoes and a second, open,
+    holding `word`; its id."""
+    await mem.open_repo(REPO)
+    sid = await mem.start_session("water the garden", repo=REPO)
+    await mem.append(sid, "The tomatoes in the garden need water daily.", "Water them.")
+    await mem.close_and_commit(sid)
+    await mem.start_episode(sid, f"fix the {word} service")
+    await mem.append(sid, f"The {word} service listens on port 8080.", f"Restart {word}.")
+    return sid
+
+
 async def test_forget_of_an_episode_removes_that_episode_only(store: str, tmp_path: Path) -> None:
     """An episode's id forgets what that episode committed and its stored steps; the same
     session's other episode stays, words and all."""
     word, needle = planted()
     async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
-        await mem.open_repo(REPO)
-        sid = await mem.start_session("water the garden", repo=REPO)
-        await mem.append(sid, "The tomatoes in the garden need water daily.", "Water them.")
-        await mem.close_and_commit(sid)
-        await mem.start_episode(sid, f"fix the {word} service")
-        await mem.append(sid, f"The {word} service listens on port 8080.", f"Restart {word}.")
+        sid = await second_episode(mem, word)
         await mem.close_and_commit(sid)
         first, second = await mem.episodes(sid)
         assert await searched(mem, word)
@@ -368,12 +375,7 @@ async def test_forget_of_an_open_episode_ends_its_session_and_erases_its_steps(
     word, needle = planted()
     events = EventLog()
     async with mnemo.Memory(store, embedder=FakeEmbedder(), on_event=events) as mem:
-        await mem.open_repo(REPO)
-        sid = await mem.start_session("water the garden", repo=REPO)
-        await mem.append(sid, "The tomatoes in the garden need water daily.", "Water them.")
-        await mem.close_and_commit(sid)
-        await mem.start_episode(sid, f"fix the {word} service")
-        await mem.append(sid, f"The {word} service listens on port 8080.", f"Restart {word}.")
+        sid = await second_episode(mem, word)
         if extracted:
             await mem.close(sid)
             assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY

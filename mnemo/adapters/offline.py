@@ -39,8 +39,8 @@ _PARTICIPLES = {
     "s": frozenset({"been", "got", "gotten", "had"}),  # "It's done" stays "is done"
     "d": frozenset({"been", "got", "gotten", "had", "done", "gone"}),
 }
-# A "this"/"that" followed by one of these is a pronoun subject ("That is why..."), otherwise it
-# is a determiner ("This server runs...").
+# A "this"/"that" followed by one of these, or by a past tense ("That fixed it"), is a pronoun
+# subject ("That is why..."), otherwise it is a determiner ("This server runs...").
 _VERB_AFTER_DEMONSTRATIVE = frozenset(
     """is was are were will would can could should may might must has had have does did do
     means meant seems seemed works worked fails failed happens happened makes made gives gave
@@ -105,9 +105,11 @@ class OfflineLLM:
 
 
 def _resolve_pronoun(sentence: str, topic: str) -> str:
-    """Replaces an opening "It/They/This/That" with `topic` (a heuristic, see the module doc)."""
+    """Replaces an opening "It/They/This/That" with `topic` (a heuristic, see the module doc),
+    unless the topic says nothing the sentence does not (its own key phrase) or is mostly
+    numbers (a time)."""
     match = _LEADING_PRONOUN.match(sentence)
-    if not match or not topic:
+    if not match or not _names_something(topic, sentence):
         return sentence
     pronoun = match.group(1).lower()
     rest = sentence[match.end() :]
@@ -123,17 +125,31 @@ def _resolve_pronoun(sentence: str, topic: str) -> str:
         verb = _PERFECT[suffix] if suffix in _PERFECT and perfect else _CONTRACTED[suffix]
         rest = f"{verb} {rest}"
     next_word = rest.split(maxsplit=1)[0].lower().strip(",.;:")
-    if pronoun in {"this", "that", "these", "those"} and next_word not in (
+    past = len(next_word) > 4 and next_word.endswith("ed") and not next_word.endswith("eed")
+    if pronoun in {"this", "that", "these", "those"} and not past and next_word not in (
         _VERB_AFTER_DEMONSTRATIVE
     ):
         rest = f"the {rest}"
     return f"{_capitalised(topic)}: {rest}"
 
 
+def _names_something(topic: str, sentence: str) -> bool:
+    """Whether `topic` can stand for a pronoun of `sentence`: more words than numbers, and a
+    content word the sentence lacks."""
+    ws = topic.split()
+    numbers = sum(1 for w in ws if any(c.isdigit() for c in w))
+    return 2 * numbers < len(ws) and not _text.content_stems(topic) <= _text.content_stems(sentence)
+
+
+def _is_specific(sentence: str) -> bool:
+    """Whether a word of `sentence` holds a digit or is an acronym."""
+    return any(any(c.isdigit() for c in w) or _text.is_acronym(w) for w in _text.words(sentence))
+
+
 def _confidence(sentence: str) -> float:
     ws = _text.words(sentence)
     informative = sum(1 for w in ws if _text.is_informative(w))
-    specific = any(any(c.isdigit() for c in w) or _text.is_acronym(w) for w in ws)
+    specific = _is_specific(sentence)
     score = 0.6 + 0.05 * min(max(informative - 2, 0), 4) + (0.1 if specific else 0.0)
     return round(min(0.9, score), 2)
 
@@ -144,10 +160,13 @@ def _semantic(inputs: Inputs) -> Answer:
     found: dict[str, JSONObject] = {}  # by proposition, case and spacing aside
     for position, step in enumerate(inputs.steps):
         index = position if step.index is None else step.index
-        for part in (step.observation.strip(), step.action.strip()):
+        for part, acted in ((step.observation.strip(), False), (step.action.strip(), True)):
             for raw in _text.sentences(part):
                 sentence = _strip_filler(raw)
-                if not _is_fact(sentence):
+                # An action's command is an instruction (`_procedural`); a fact only when it
+                # sets a value ("Bind gunicorn to port 8000.") that holds after it.
+                if not _is_fact(sentence) or (acted and _is_action(sentence)
+                                              and not _is_specific(sentence)):
                     continue
                 proposition = _resolve_pronoun(sentence, topic)
                 key = " ".join(proposition.lower().split())

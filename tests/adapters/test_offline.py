@@ -223,11 +223,34 @@ async def test_facts_are_self_contained_sentences_with_step_index() -> None:
     assert server.steps == (0,)
     assert "ubuntu" in server.concepts
     assert 0.6 <= server.confidence <= 0.9
-    assert by_text["Restart nginx with sudo systemctl restart nginx."].steps == (1,)
+    assert by_text["Nginx 502 error: fixed it, the site loads now."].steps == (2,)
     for fact in facts:
         assert 1 <= len(fact.concepts) <= 4
         assert all(concept == concept.lower() or concept in fact.proposition
                    for concept in fact.concepts)
+
+
+async def test_an_actions_command_is_a_fact_only_when_it_sets_a_value() -> None:
+    """A command the agent ran is an instruction, not a fact ("Note the wifi password." once
+    ranked above the password's fact); one that sets a value tells what holds after it."""
+    steps = [{"index": 0, "observation": "The office wifi password is hunter2.",
+              "action": "Note the wifi password."},
+             {"index": 1, "observation": "gunicorn listens on port 8001.",
+              "action": "Bind gunicorn to 127.0.0.1:8000."}]
+    request = semantic_request(goal=GOAL, subgoal="set up the office", steps=steps)
+    facts = [fact.proposition for fact in parse_facts(await OfflineLLM().generate(request))]
+    assert facts == ["The office wifi password is hunter2.", "Gunicorn listens on port 8001.",
+                     "Bind gunicorn to 127.0.0.1:8000."]
+
+
+async def test_a_pronoun_is_kept_when_the_topic_is_its_own_phrase_or_a_time() -> None:
+    """"It" becomes the topic only when the topic names something the sentence does not: not
+    the sentence's own key phrase, not a time made of numbers."""
+    for subgoal in ("Dana last week", "10 31 13 2023", "7 55 2023 melanie"):
+        request = semantic_request(goal=GOAL, subgoal=subgoal, steps=[{
+            "index": 0, "observation": "It was set up by Dana last week.", "action": "ok"}])
+        facts = parse_facts(await OfflineLLM().generate(request))
+        assert [fact.proposition for fact in facts] == ["It was set up by Dana last week."]
 
 
 async def test_questions_and_greetings_are_not_facts() -> None:

@@ -214,17 +214,20 @@ async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, given: Config,
                     progress.update(steps, completed=update.done,
                                     description=f"  {update.source_id}: {update.stage}")
 
-                saved = 0
+                saved, sid = 0, source.source_id
                 try:
-                    if threads:  # only what is new: a second ingest appends nothing
-                        saved = len(await conversation.save(source.source_id, source.messages))
+                    if threads:  # the stored part checked, nothing new saved yet
+                        stored = len(await conversation.raw(sid))
+                        await conversation.save(sid, source.messages[:stored])
                     receipt = await mem.ingest(
-                        repo, source.trajectory, source_id=source.source_id, progress=advance)
+                        repo, source.trajectory, source_id=sid, progress=advance)
+                    if threads:  # only what is new: a second ingest appends nothing
+                        saved = len(await conversation.save(sid, source.messages))
                 except (ConflictError, InvalidInputError) as exc:
+                    named = str(exc) if repr(sid) in str(exc) else f"source {sid!r}: {exc}"
                     raise CliError(  # as a source or thread ingested before, or forgotten
-                        f"source {source.source_id!r}: {exc}; to replace what was ingested under"
-                        f" it, `mnemo purge {source.source_id} --repo {repo}` erases it and its"
-                        " thread") from exc
+                        f"{named}; to replace what was ingested under it, `mnemo purge {sid}"
+                        f" --repo {repo}` erases it and its thread") from exc
                 progress.remove_task(steps)
                 report.append(
                     {

@@ -202,6 +202,21 @@ def test_a_changed_session_ingested_again_is_refused_whole_until_purged(tmp_path
     assert cities() == {"Milan"}
 
 
+def test_a_session_extended_after_its_ingest_leaves_its_thread_as_it_was(tmp_path: Path) -> None:
+    """A step added to an ingested session extends its thread, but the source refuses the new
+    payload: the command fails before the thread takes the new messages."""
+    db, source = tmp_path / "m.db", tmp_path / "notes.json"
+    steps = [{"observation": "Eve lives in Rome.", "action": "ok"}]
+    source.write_text(json.dumps({"repo": "w", "sessions": [{"goal": "Eve", "steps": steps}]}))
+    ok_json("ingest", str(source), "--db", str(db), "--embedder", "hash:64")
+    steps.append({"observation": "The migration 0042 failed with a lock timeout.", "action": "ok"})
+    source.write_text(json.dumps({"repo": "w", "sessions": [{"goal": "Eve", "steps": steps}]}))
+    result = invoke("ingest", str(source), "--db", str(db), "--embedder", "hash:64", "--json")
+    assert_clear_error(result, "notes/1", "mnemo purge notes/1 --repo w")
+    assert "'notes/1': source 'notes/1'" not in result.stderr
+    assert ok_json("search", "lock timeout", "--db", str(db)) == []
+
+
 def test_ingest_reads_a_locomo_file_one_source_per_session(tmp_path: Path) -> None:
     """A LoCoMo-style file: one source per session, turns kept with their dia_id."""
     source = tmp_path / "locomo.json"

@@ -45,24 +45,24 @@ def rank_by_recency(
                                   for key, relevance, at in candidates))
 
 
-def hit_snippet(snippet: str, text: str, words: Sequence[str]) -> str:
-    """The engine's snippet when it shows a query word, else the text from a little before
-    the first query word the hit holds (folded, lightly stemmed)."""
-    clipped = flat(snippet, SNIPPET_CHARS)
+def hit_snippet(text: str, words: Sequence[str]) -> str:
+    """The message's text on one line when it fits `SNIPPET_CHARS`, else from a little before
+    the first query word it holds (folded, lightly stemmed), else its start; the same on every
+    backend."""
+    tokens = text.split()
+    whole = " ".join(tokens)
+    if len(whole) <= SNIPPET_CHARS:
+        return whole
     folded = [word for word in map(_fold, words) if not is_stopword(word)]
     keys = {key for word in folded for key in (word, stem(word)) if len(key) >= 3}
-    if not keys:
-        return clipped
-    starts = re.compile("|".join(rf"(?<![^\W_]){re.escape(key)}" for key in sorted(keys)))
-    if starts.search(_fold(clipped)) or not starts.search(_fold(text)):
-        return clipped
-    tokens = text.split()
-    for i, token in enumerate(tokens):
-        if starts.search(_fold(token)):
-            begin = max(0, i - SNIPPET_LEAD)
-            shown = ("..." if begin else "") + " ".join(tokens[begin:i + SNIPPET_WORDS])
-            return flat(shown, SNIPPET_CHARS)
-    return clipped
+    if keys:
+        starts = re.compile("|".join(rf"(?<![^\W_]){re.escape(key)}" for key in sorted(keys)))
+        for i, token in enumerate(tokens):
+            if starts.search(_fold(token)):
+                begin = max(0, i - SNIPPET_LEAD)
+                shown = ("..." if begin else "") + " ".join(tokens[begin:i + SNIPPET_WORDS])
+                return flat(shown, SNIPPET_CHARS)
+    return flat(" ".join(tokens[:SNIPPET_WORDS]), SNIPPET_CHARS)
 
 
 def _fold(text: str) -> str:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Any
@@ -37,8 +38,10 @@ from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector
 from mnemo.graph.scope import Metadata, Where
 from mnemo.storage import thread_rows as reads
+from mnemo.storage.lexical.fresh import bm25, idf
 from mnemo.storage.row import Row
 from mnemo.storage.sql import SqlStore, Statements, T, Work, marks, moment, number, utc
+from mnemo.text import stem, text_words
 
 
 class SqlThreads(SqlStore):
@@ -47,10 +50,14 @@ class SqlThreads(SqlStore):
     _vector_of: Callable[[Any], Vector]  # a stored vector as read back
     # The condition on `id` (and its parameters) of the ids starting with a prefix.
     _prefix: Callable[[str], tuple[str, tuple[object, ...]]]
-    # The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words.
+    # The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words, by
+    # the backend's own ranking (`search` scores them alike on both).
     _candidates: Callable[[Statements, reads.SearchQuery], Awaitable[list[Row]]]
-    # By rowid, (id, thread_id, seq, role, snippet, text) of the messages of these words.
-    _snippets: Callable[[Statements, Sequence[str], list[int]], Awaitable[dict[int, Row]]]
+    # The statement counting (up to its second parameter) the messages holding a word, and
+    # the word as its first parameter.
+    _holding: Callable[[str], tuple[str, object]]
+    # How many messages there are, estimated past `STATISTICS_CAP`.
+    ESTIMATED_SIZE: str
 
     async def _erase(self, write: Work[T], erased: Callable[[T], object] = bool) -> T:
         """`write`, a transaction that erases (`erased` of what it returns: whether it erased
@@ -440,19 +447,38 @@ class SqlThreads(SqlStore):
             words, pool_size(limit), thread_id, exclude_viewport_of, shown, where)
 
         async def read(sql: Statements) -> list[SearchHit]:
-            scored = rank_by_recency(
-                ((int(rowid), float(score), moment(at))
-                 for rowid, score, at in await self._candidates(sql, query)),
-                now=now, limit=limit,
-            )
-            if not scored:
+            pool = {int(rowid): moment(at) for rowid, _, at in await self._candidates(sql, query)}
+            if not pool:
                 return []
-            found = await self._snippets(sql, words, [rowid for _, rowid in scored])
-            return [SearchHit(mid, tid, seq, hit_snippet(snippet, text, words), rank, role)
-                    for rank, rowid in scored if rowid in found
-                    for mid, tid, seq, role, snippet, text in [found[rowid]]]
+            found = {int(rowid): row for rowid, *row in await sql.rows(
+                "SELECT rowid, id, thread_id, seq, role, text, tokens FROM messages"
+                f" WHERE rowid IN ({marks(len(pool))})", list(pool))}
+            weights, average = await self._weights(sql, words)
+            scored = rank_by_recency(
+                ((rowid, relevance(row[4], row[5], weights, average), pool[rowid])
+                 for rowid, row in found.items()), now=now, limit=limit)
+            return [SearchHit(mid, tid, seq, hit_snippet(text, words), rank, role)
+                    for rank, rowid in scored
+                    for mid, tid, seq, role, text, _ in [found[rowid]]]
 
         return await self._driver.together(read)
+
+    async def _weights(self, sql: Statements,
+                       words: Sequence[str]) -> tuple[dict[str, float], float]:
+        """Each query word's idf by its stem (documents and frequencies counted up to
+        `STATISTICS_CAP`, the size estimated past it), and the messages' average length in
+        tokens (of the first `STATISTICS_CAP`)."""
+        cap = STATISTICS_CAP
+        size = await number(sql, "SELECT count(*) FROM (SELECT 1 FROM messages LIMIT ?) c", cap)
+        if size >= cap:
+            size = max(size, await number(sql, self.ESTIMATED_SIZE))
+        row = await sql.row("SELECT avg(tokens) FROM (SELECT tokens FROM messages ORDER BY rowid"
+                            " LIMIT ?) t", (cap,))
+        weights: dict[str, float] = {}
+        for word in words:
+            statement, parameter = self._holding(word)
+            weights[stem(word.lower())] = idf(size, await number(sql, statement, parameter, cap))
+        return weights, max(1.0, float(row[0] or 1) if row else 1.0)
 
     def _unseen(self, query: reads.SearchQuery) -> tuple[list[str], list[object]]:
         """The condition that a message `m` is not in the viewport of `exclude_viewport_of`
@@ -481,3 +507,14 @@ class SqlThreads(SqlStore):
 
     async def view(self, message_id: str, radius: int) -> MessageView:
         return await self._driver.together(lambda sql: reads.read_view(sql, message_id, radius))
+
+
+# The most messages `search` counts for its statistics.
+STATISTICS_CAP = 10_000
+
+
+def relevance(text: str, tokens: int, weights: Mapping[str, float], average: float) -> float:
+    """BM25 of a message from the count of each query stem among its words and its length in
+    tokens: the same on every backend, whichever index found it."""
+    counts = Counter(stem(word.lower()) for word in text_words(text))
+    return bm25([(weight, counts[key]) for key, weight in weights.items()], tokens, average)

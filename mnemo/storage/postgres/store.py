@@ -23,7 +23,7 @@ from mnemo.storage.postgres.connection import PgDialect, Postgres, as_array
 from mnemo.storage.postgres.graph import PgGraph
 from mnemo.storage.postgres.lexical import PgLexicalSource, default_folder
 from mnemo.storage.postgres.sessions import PgSessions
-from mnemo.storage.postgres.text_search import TEXT_SEARCH_CONFIG, WORD_QUERY
+from mnemo.storage.postgres.text_search import WORD_QUERY
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
 from mnemo.storage.thread_rows import SearchQuery
@@ -70,10 +70,6 @@ class ServerClock:
 
 # `ts_rank` of a word found once (weight D, 0.1, times 6 / pi^2): the ratio is a saturating tf.
 TS_RANK_ONE = 0.1 * 6 / math.pi**2
-
-# About SQLite's 48-token snippet; `hit_snippet` then bounds it to SNIPPET_CHARS.
-HEADLINE_OPTIONS = 'StartSel="", StopSel="", MaxWords=48, MinWords=24, ShortWord=0'
-
 
 COUNT_CAP = 10_000
 
@@ -168,21 +164,15 @@ class PgThreads(PgDialect, SqlThreads):
     def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
         return "starts_with(id, ?)", (prefix,)
 
+    ESTIMATED_SIZE = "SELECT reltuples::bigint FROM pg_class WHERE oid = 'messages'::regclass"
+
+    @staticmethod
+    def _holding(word: str) -> tuple[str, object]:
+        return (f"SELECT count(*) FROM (SELECT 1 FROM messages WHERE search @@ {WORD_QUERY}"
+                " LIMIT ?) c", word)
+
     async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:
         return await sql.rows(*scoring_query(query, *self._unseen(query)))
-
-    async def _snippets(
-        self, sql: Statements, words: Sequence[str], rowids: list[int]
-    ) -> dict[int, Row]:
-        query = " || ".join(WORD_QUERY for _ in words)  # any word
-        rows = await sql.rows(
-            f"WITH q AS (SELECT {query} AS query)"
-            " SELECT m.rowid, m.id, m.thread_id, m.seq, m.role,"
-            f" ts_headline('{TEXT_SEARCH_CONFIG}', m.text, q.query, %s), m.text"
-            " FROM messages m, q WHERE m.rowid = ANY(%s)",
-            [*words, HEADLINE_OPTIONS, rowids],
-        )
-        return {int(row[0]): row[1:] for row in rows}
 
 
 class PgCoordination(PgDialect, SqlCoordination):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -55,6 +55,13 @@ class SqliteThreads(SqlThreads):
         await self._driver.scrub(erased=bool(erased(done)))
         return done
 
+    ESTIMATED_SIZE = "SELECT coalesce(max(rowid), 0) FROM messages"
+
+    @staticmethod
+    def _holding(word: str) -> tuple[str, object]:
+        return ("SELECT count(*) FROM (SELECT 1 FROM messages_fts WHERE messages_fts MATCH ?"
+                " LIMIT ?) c", match_expression([word]))
+
     async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:
         match = match_expression(query.words)
         conditions: list[str] = []
@@ -98,23 +105,6 @@ class SqliteThreads(SqlThreads):
                 (match, query.pool),
             )
         return [(rowid, -score, at) for rowid, score, at in rows]
-
-    async def _snippets(
-        self, sql: Statements, words: Sequence[str], rowids: list[int]
-    ) -> dict[int, Row]:
-        match = match_expression(words)
-        found: dict[int, Row] = {}
-        for rowid in rowids:
-            row = await sql.row(
-                "SELECT m.id, m.thread_id, m.seq, m.role,"
-                " snippet(messages_fts, 0, '', '', '...', 48), m.text"
-                " FROM messages_fts JOIN messages m ON m.rowid = messages_fts.rowid"
-                " WHERE messages_fts MATCH ? AND messages_fts.rowid = ?",
-                (match, rowid),
-            )
-            if row is not None:
-                found[rowid] = row
-        return found
 
 
 class SqliteCoordination(SqlCoordination):

@@ -43,6 +43,14 @@ from mnemo.storage.row import Row
 from mnemo.storage.sql import SqlStore, Statements, T, Work, marks, moment, number, utc
 from mnemo.text import stem, text_words
 
+# The most messages `search` counts for its statistics.
+STATISTICS_CAP = 10_000
+# What a search reads of a candidate message `m`, after its rowid and its index's score.
+HIT_COLUMNS = "m.recorded_at, m.id, m.thread_id, m.seq, m.role, m.text, m.tokens"
+# What a search's BM25 counts: messages, their average length in tokens, and each query word's
+# document frequency.
+Statistics = tuple[int, float, list[int]]
+
 
 class SqlThreads(SqlStore):
     # The parameters of a row of `reads.MESSAGE_COLUMNS` for a draft.
@@ -50,11 +58,11 @@ class SqlThreads(SqlStore):
     _vector_of: Callable[[Any], Vector]  # a stored vector as read back
     # The condition on `id` (and its parameters) of the ids starting with a prefix.
     _prefix: Callable[[str], tuple[str, tuple[object, ...]]]
-    # The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words, by
+    # The best `query.pool` (rowid, relevance, `HIT_COLUMNS`) rows for the query's words, by
     # the backend's own ranking (`search` scores them alike on both).
-    _candidates: Callable[[Statements, reads.SearchQuery], Awaitable[list[Row]]]
-    # The statement counting (up to its second parameter) the messages holding a word, and
-    # the word as its first parameter.
+    _candidates: Callable[[Statements, reads.SearchQuery, Statistics], Awaitable[list[Row]]]
+    # The query counting (up to its second parameter) the messages holding a word, and the
+    # word as its first parameter.
     _holding: Callable[[str], tuple[str, object]]
     # How many messages there are, estimated past `STATISTICS_CAP`.
     ESTIMATED_SIZE: str
@@ -447,38 +455,36 @@ class SqlThreads(SqlStore):
             words, pool_size(limit), thread_id, exclude_viewport_of, shown, where)
 
         async def read(sql: Statements) -> list[SearchHit]:
-            pool = {int(rowid): moment(at) for rowid, _, at in await self._candidates(sql, query)}
-            if not pool:
-                return []
-            found = {int(rowid): row for rowid, *row in await sql.rows(
-                "SELECT rowid, id, thread_id, seq, role, text, tokens FROM messages"
-                f" WHERE rowid IN ({marks(len(pool))})", list(pool))}
-            weights, average = await self._weights(sql, words)
+            statistics = await self._statistics(sql, words)
+            found = {int(rowid): row for rowid, _, *row
+                     in await self._candidates(sql, query, statistics)}
+            size, average, frequencies = statistics
+            weights = {stem(word.lower()): idf(size, df)
+                       for word, df in zip(words, frequencies, strict=True)}
             scored = rank_by_recency(
-                ((rowid, relevance(row[4], row[5], weights, average), pool[rowid])
+                ((rowid, relevance(row[5], row[6], weights, average), moment(row[0]))
                  for rowid, row in found.items()), now=now, limit=limit)
             return [SearchHit(mid, tid, seq, hit_snippet(text, words), rank, role)
                     for rank, rowid in scored
-                    for mid, tid, seq, role, text, _ in [found[rowid]]]
+                    for _, mid, tid, seq, role, text, _ in [found[rowid]]]
 
         return await self._driver.together(read)
 
-    async def _weights(self, sql: Statements,
-                       words: Sequence[str]) -> tuple[dict[str, float], float]:
-        """Each query word's idf by its stem (documents and frequencies counted up to
-        `STATISTICS_CAP`, the size estimated past it), and the messages' average length in
-        tokens (of the first `STATISTICS_CAP`)."""
+    async def _statistics(self, sql: Statements, words: Sequence[str]) -> Statistics:
+        """How many messages there are, their average length in tokens, and how many hold each
+        query word: counted up to `STATISTICS_CAP` (the size estimated past it), in one read."""
         cap = STATISTICS_CAP
-        size = await number(sql, "SELECT count(*) FROM (SELECT 1 FROM messages LIMIT ?) c", cap)
+        holding = [self._holding(word) for word in words]
+        row = await sql.row(
+            "SELECT (SELECT count(*) FROM (SELECT 1 FROM messages LIMIT ?) c), (SELECT avg(tokens)"
+            " FROM (SELECT tokens FROM messages ORDER BY rowid LIMIT ?) t)"
+            + "".join(f", ({statement})" for statement, _ in holding),
+            [cap, cap, *(v for _, parameter in holding for v in (parameter, cap))])
+        assert row is not None
+        size, average, *frequencies = row
         if size >= cap:
             size = max(size, await number(sql, self.ESTIMATED_SIZE))
-        row = await sql.row("SELECT avg(tokens) FROM (SELECT tokens FROM messages ORDER BY rowid"
-                            " LIMIT ?) t", (cap,))
-        weights: dict[str, float] = {}
-        for word in words:
-            statement, parameter = self._holding(word)
-            weights[stem(word.lower())] = idf(size, await number(sql, statement, parameter, cap))
-        return weights, max(1.0, float(row[0] or 1) if row else 1.0)
+        return int(size), max(1.0, float(average or 1)), [int(f) for f in frequencies]
 
     def _unseen(self, query: reads.SearchQuery) -> tuple[list[str], list[object]]:
         """The condition that a message `m` is not in the viewport of `exclude_viewport_of`
@@ -508,9 +514,6 @@ class SqlThreads(SqlStore):
     async def view(self, message_id: str, radius: int) -> MessageView:
         return await self._driver.together(lambda sql: reads.read_view(sql, message_id, radius))
 
-
-# The most messages `search` counts for its statistics.
-STATISTICS_CAP = 10_000
 
 
 def relevance(text: str, tokens: int, weights: Mapping[str, float], average: float) -> float:

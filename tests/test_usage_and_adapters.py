@@ -100,6 +100,25 @@ async def test_usage_counts_transport_retries(store: str) -> None:
     assert (usage.calls, usage.retries, usage.re_asks) == (len(server.requests), 1, 0)
 
 
+async def test_usage_counts_no_call_the_retry_after_gate_refused(store: str) -> None:
+    """After a 429 asking for 90 s (past max_retry_after), the appends that fail at the gate
+    sent nothing, and `usage().calls` counts the one request the server got."""
+    with ProviderServer() as server:
+        server.script(rate_limited("90"))
+        async with (
+            OpenAICompatible("m", base_url=server.openai_url) as llm,
+            mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem,
+        ):
+            await mem.open_repo(REPO)
+            sid = await mem.start_session("explore", repo=REPO)
+            for _ in range(3):
+                with pytest.raises(mnemo.LLMError):
+                    await mem.append(sid, "walk north", "go north")
+            usage = mem.usage()
+    assert server.statuses == [429]
+    assert (usage.calls, usage.retries) == (1, 0)
+
+
 class ClosingEmbedder(FakeEmbedder):
     """An embedder with an HTTP client to close, that learns its dimension late."""
 

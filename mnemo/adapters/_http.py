@@ -228,6 +228,7 @@ class Transport(Closing):
         """The reply to `payload` POSTed to `path`, each attempt charged to `budget`; an error
         reply `refusal` recognises is final."""
         budget = budget if budget is not None else Budget(self.retry_policy)
+        budget.transported = True
         if not budget.can_call():
             raise self._error(f"{self.name}: no call left in {budget.describe()}")
         try:  # msgspec: a twentieth of `json.dumps`'s time
@@ -240,10 +241,10 @@ class Transport(Closing):
         max_tokens = cap if isinstance(cap, int) else None
         failures = 0
         while True:
-            budget.charge(retry=failures > 0)
             try:
                 return await self._attempt(
                     path, body, reply, headers, estimate, budget, refusal, kind, max_tokens,
+                    retry=failures > 0,
                 )
             except _Retryable as failed:
                 failures += 1
@@ -276,7 +277,8 @@ class Transport(Closing):
     async def _attempt(self, path: str, body: bytes, reply: type[R],
                        headers: Mapping[str, str] | None, estimate: int, budget: Budget,
                        refusal: Callable[[HTTPFailure], bool] | None, kind: str,
-                       max_tokens: int | None) -> R:
+                       max_tokens: int | None, *, retry: bool) -> R:
+        """One attempt, charged to `budget` once it is sent (not when the gate refuses it)."""
         allowed = self.attempt_timeout(max_tokens, estimate)
         async with self.limit.slot(kind, allowed, max_tokens=max_tokens,
                                    prompt_tokens=estimate) as ticket:
@@ -297,6 +299,7 @@ class Transport(Closing):
                 allow(needed)
             # Cut to the budget's seconds only now: the waits above did not spend them.
             seconds = ticket.timeout = min(allowed, budget.seconds_left())
+            budget.charge(retry=retry)
             try:
                 with anyio.fail_after(seconds):
                     response = await self._send(path, body, headers)

@@ -223,6 +223,8 @@ class Budget:
         self.started = policy.clock.now()
         self.calls = self.retries = self.re_asks = 0
         self._next: Kind | None = None
+        # Whether a transport took up this budget's calls (charging those it sends).
+        self.transported = False
         self._paused = 0
         self._paused_at = 0.0
 
@@ -271,8 +273,9 @@ class Budget:
         return self.calls, self.retries, self.re_asks
 
     def charge_bare(self, before: tuple[int, int, int]) -> None:
-        """Charges one call if none was charged since `before` (an LLM without a transport)."""
-        if self.calls == before[0]:
+        """Charges one call if none was charged since `before` by an LLM without a transport
+        (one a transport refused unsent is no call)."""
+        if self.calls == before[0] and not self.transported:
             self.charge()
 
     def describe(self) -> str:

@@ -23,7 +23,7 @@ from mnemo.adapters._http import HTTPFailure, Transport, parse_retry_after
 from mnemo.adapters.embeddings import Embeddings
 from mnemo.adapters.limit import Paused, RateGate
 from mnemo.adapters.openai import Completion
-from mnemo.calls.retry import Backoff, registered
+from mnemo.calls.retry import Backoff, Budget, registered
 from mnemo.errors import EmbeddingError, LLMError, LLMTimeout
 from tests.adapters.provider_server import (
     Answer,
@@ -156,6 +156,22 @@ async def test_calls_after_a_retry_after_past_the_cap_fail_at_once_until_it_is_n
         await t.post_json("/chat/completions", PAYLOAD, Completion)
     assert clock.sleeps == [50.0]
     assert server.statuses == [429, 200]
+
+
+async def test_a_call_refused_at_the_gate_charges_no_call(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """A call the Retry-After gate refuses was never sent: its budget (what `usage().calls`
+    counts) holds no call, where it counted one for each refused call."""
+    server.script(rate_limited("90"), Answer())
+    async with transport(server.openai_url, clock, backoff=Backoff()) as t:
+        sent, refused = Budget(t.retry_policy), Budget(t.retry_policy)
+        with pytest.raises(LLMError, match="HTTP 429"):
+            await t.post_json("/chat/completions", PAYLOAD, Completion, budget=sent)
+        with pytest.raises(LLMError, match="asked to wait"):
+            await t.post_json("/chat/completions", PAYLOAD, Completion, budget=refused)
+    assert (sent.calls, refused.calls) == (1, 0)
+    assert server.statuses == [429]
 
 
 def test_parse_retry_after_forms() -> None:

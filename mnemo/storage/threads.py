@@ -44,7 +44,7 @@ from mnemo.storage.sql import SqlStore, Statements, T, Work, marks, moment, numb
 from mnemo.text import stem, text_words
 
 # The most messages `search` counts for its statistics.
-STATISTICS_CAP = 10_000
+STATISTICS_CAP = 3_000
 # What a search reads of a candidate message `m`, after its rowid and its index's score.
 HIT_COLUMNS = "m.recorded_at, m.id, m.thread_id, m.seq, m.role, m.text, m.tokens"
 # What a search's BM25 counts: messages, their average length in tokens, and each query word's

@@ -161,6 +161,22 @@ async def test_a_recall_returns_while_another_writer_holds_the_store(store: str)
         assert all(count == 1 for count, _ in stats.values())
 
 
+async def test_a_recall_whose_embedder_fails_answers_by_its_words(
+    mem: mnemo.Memory, embedder: FakeEmbedder
+) -> None:
+    """A hosted embedder down: the recall answers from the words channel and the graph, and
+    `degraded` names the embedding (it raised EmbeddingError)."""
+    await mem.ingest(REPO, mnemo.Trajectory("Tend the garden", [
+        mnemo.Step("The garden hose leaks at the tap.", "Replace the washer."),
+        mnemo.Step("The tomatoes need water daily.", "Water them.")]), source_id="garden")
+    embedder.fail = True
+    found = await mem.recall(REPO, "garden hose tap", reinforce=False)
+    assert found.memories
+    assert "hose" in found.memories[0].node.text
+    assert [note.split(":")[0] for note in found.degraded] == ["embedding"]
+    assert "embed boom" in found.degraded[0]
+
+
 async def test_a_recall_under_another_writers_lock_holds_up_nothing_for_long(
     store: str,
 ) -> None:

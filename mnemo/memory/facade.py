@@ -241,6 +241,9 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
                 an `as_of` or `valid_at` not a datetime, or a malformed `where`.
             NotFoundError: an unknown repo.
             ConflictError: the repo was re-embedded twice by another Memory meanwhile.
+            EmbeddingError: the repo's embedder cannot run here (a record not built here).
+                One that fails leaves the words channel and the graph to answer, and
+                `RecallResult.degraded` names it.
         """
         from mnemo.recall.ranking import check_recall
 
@@ -397,10 +400,12 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
     ) -> RecallResult:
         """The recall of checked input with the repo's runtime (its LLM only when the config
         asks a model to plan, re-rank or synthesise), reported as "recall_executed"."""
+        from mnemo.adapters.recorded import check_runnable
         from mnemo.recall.engine import Recaller
         from mnemo.recall.tasks import LLMReranker
 
         runtime = self._repos.embedding(repo)
+        check_runnable(runtime.embedder)  # a failing one leaves the words: `degraded`
         config = runtime.config
         asks = config.recall_planner == "llm" or config.recall_rerank or config.recall_synthesis
         llm = self._repos.limits.llm_for(runtime.llm, runtime.config, repo) if asks else None

@@ -7,7 +7,7 @@ an optional synthesis."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -15,7 +15,7 @@ import anyio
 
 from mnemo import cpu
 from mnemo.config import Config
-from mnemo.errors import StorageError, first_error
+from mnemo.errors import EmbeddingError, StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, node_value, now_utc
 from mnemo.graph.ports import NodeContext, PendingRead, RecallReads, VectorsMoved
 from mnemo.graph.scope import Scope, Where
@@ -133,8 +133,8 @@ class Recaller:
             meaning: dict[str, float] = {}
             routes: list[tuple[str, Candidate]] = []
             try:
-                vectors = await self.tag_vectors.embed(self.embedder, parts.dense, plan.tags)
-                query_vector, tag_vectors = vectors[0], vectors[1:]
+                vectors = await self._vectors(parts.dense, plan.tags, degraded)
+                query_vector = None if vectors is None else vectors[0]
                 trace.mark("embed")
                 if words is None:
                     words = self.graph.start_search_text(repo, parts.terms, per_channel, searched,
@@ -151,8 +151,9 @@ class Recaller:
                                                       meaning))
 
                 async def route() -> None:
-                    routes.extend(await hops.routes(self.graph, config, repo, query_vector,
-                                                    tag_vectors, scope))
+                    if vectors is not None:
+                        routes.extend(await hops.routes(self.graph, config, repo, *vectors,
+                                                        scope))
 
                 await _in_turn(route, zero) if on_loop else await _side_by_side(zero, route)
             finally:
@@ -203,6 +204,18 @@ class Recaller:
                 key=lambda t: (-t.score, t.node_id)), len(found))
             return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
 
+    async def _vectors(self, query: str, tags: Sequence[str],
+                       degraded: list[str]) -> tuple[Vector, Vector] | None:
+        """The query's vector and its tags'; None when the embedder fails (the words alone
+        answer, and `degraded` says why)."""
+        try:
+            vectors = await self.tag_vectors.embed(self.embedder, query, tags)
+        except EmbeddingError as exc:
+            log.warning("recall without its dense channel: %s", exc)
+            degraded.append(f"embedding: {exc}")
+            return None
+        return vectors[0], vectors[1:]
+
     async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:
         """Counts an access of each returned memory and of a returned fact's one step; a refused
         write costs the counts (logged, and named in `degraded`), never the recall."""
@@ -216,7 +229,8 @@ class Recaller:
             degraded.append(f"access counts: {exc!r}")
 
     async def _hop_zero(
-        self, repo: str, terms: str, words: PendingRead[list[tuple[str, float]]], vector: Vector,
+        self, repo: str, terms: str, words: PendingRead[list[tuple[str, float]]],
+        vector: Vector | None,
         searched: list[NodeType] | None, width: int, on_loop: bool, scope: Scope | None,
         meaning: dict[str, float],
     ) -> dict[str, Candidate]:
@@ -230,7 +244,9 @@ class Recaller:
             lexical.extend(await words.result())
 
         async def by_meaning() -> None:
-            dense.extend(await self.graph.search_vectors(repo, vector, width, searched, scope))
+            if vector is not None:
+                dense.extend(await self.graph.search_vectors(repo, vector, width, searched,
+                                                             scope))
 
         await _in_turn(by_meaning, by_words) if on_loop else await _side_by_side(by_words,
                                                                                by_meaning)

@@ -59,7 +59,7 @@ async def follow(
     repo: str,
     found: dict[str, Candidate],
     offered: list[tuple[str, Candidate]],
-    query_vector: Vector,
+    query_vector: Vector | None,
     k: int,
     depth: int,
 ) -> list[tuple[str, Candidate]]:
@@ -118,14 +118,17 @@ async def _expand(
     repo: str,
     frontier: set[str],
     found: dict[str, Candidate],
-    query_vector: Vector,
+    query_vector: Vector | None,
     hop: int,
     members: dict[str, list[str]],
 ) -> set[str]:
     """One hop from `frontier` along the links a route allows; returns what it reached, and
     records each frontier node's MEMBERSHIP neighbours in `members`. A routing node leads on
-    to at most `recall_candidates // 5` of its members (at least 2), those nearest the query."""
-    typed, similarity = await graph.typed_links_near(repo, sorted(frontier), query_vector)
+    to at most `recall_candidates // 5` of its members (at least 2), those nearest the query
+    (none nearer without its vector)."""
+    typed, similarity = (
+        await graph.typed_links_near(repo, sorted(frontier), query_vector)
+        if query_vector is not None else (await graph.typed_links(repo, sorted(frontier)), {}))
 
     def reach() -> set[str]:
         _record_members(members, frontier, ((o, t, link) for o, _, t, _, link in typed))

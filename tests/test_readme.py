@@ -90,6 +90,7 @@ def test_the_quickstart_run_twice_recalls_each_sentence_once(
     assert {line.split(" ", 2)[2] for line in first} <= set(said)
 
 
+@pytest.mark.slow  # whole programs on the default models, beside the unit tests
 @pytest.mark.parametrize(("line", "code"), RUNNABLE[1:], ids=[f"line{n}" for n, _ in RUNNABLE[1:]])
 def test_every_python_block_runs(
     line: int,

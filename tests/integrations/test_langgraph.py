@@ -20,6 +20,9 @@ from mnemo.integrations.langgraph import MnemoStore
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder
 
+# The real framework runs: an integration, beside the suite's unit tests (scripts/check).
+pytestmark = pytest.mark.slow
+
 
 class State(TypedDict):
     user: str

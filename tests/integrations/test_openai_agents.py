@@ -12,6 +12,9 @@ import pytest
 import mnemo
 from tests.adapters.provider_server import Answer, ProviderServer
 
+# The real framework runs: an integration, beside the suite's unit tests (scripts/check).
+pytestmark = pytest.mark.slow
+
 # The SDK (and mnemo.integrations.openai_agents, which imports it) is imported inside the tests:
 # its import takes 2 s of CPU, which every pytest worker would pay to collect this module.
 

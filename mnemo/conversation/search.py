@@ -15,8 +15,10 @@ from mnemo.conversation.render import flat
 from mnemo.text import is_stopword, stem
 
 SNIPPET_CHARS = 300
-# A snippet made here starts this many words before the word it shows, and holds this many.
+# A snippet starts at most this many words (and characters) before the word it shows, and
+# holds this many words.
 SNIPPET_LEAD = 8
+LEAD_CHARS = 100
 SNIPPET_WORDS = 48
 VIEW_SNAPSHOTS = 3
 
@@ -47,19 +49,23 @@ def rank_by_recency(
 
 def hit_snippet(text: str, words: Sequence[str]) -> str:
     """The message's text on one line when it fits `SNIPPET_CHARS`, else from a little before
-    the first query word it holds (folded, lightly stemmed), else its start; the same on every
-    backend."""
+    the first query word it holds (folded, lightly stemmed; up to `SNIPPET_LEAD` words and
+    `LEAD_CHARS` characters before it), else its start; the same on every backend."""
     tokens = text.split()
     whole = " ".join(tokens)
     if len(whole) <= SNIPPET_CHARS:
         return whole
     folded = [word for word in map(_fold, words) if not is_stopword(word)]
-    keys = {key for word in folded for key in (word, stem(word)) if len(key) >= 3}
+    keys = {key for word in folded for key in (word, stem(word)) if len(key) >= 2}
     if keys:
         starts = re.compile("|".join(rf"(?<![^\W_]){re.escape(key)}" for key in sorted(keys)))
         for i, token in enumerate(tokens):
             if starts.search(_fold(token)):
-                begin = max(0, i - SNIPPET_LEAD)
+                begin, lead = i, 0
+                while (begin > max(0, i - SNIPPET_LEAD)
+                       and lead + len(tokens[begin - 1]) < LEAD_CHARS):
+                    begin -= 1
+                    lead += len(tokens[begin]) + 1
                 shown = ("..." if begin else "") + " ".join(tokens[begin:i + SNIPPET_WORDS])
                 return flat(shown, SNIPPET_CHARS)
     return flat(" ".join(tokens[:SNIPPET_WORDS]), SNIPPET_CHARS)

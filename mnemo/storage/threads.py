@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections import Counter
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Any
@@ -38,18 +37,8 @@ from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector
 from mnemo.graph.scope import Metadata, Where
 from mnemo.storage import thread_rows as reads
-from mnemo.storage.lexical.fresh import bm25, idf
 from mnemo.storage.row import Row
 from mnemo.storage.sql import SqlStore, Statements, T, Work, marks, moment, number, utc
-from mnemo.text import stem, text_words
-
-# The most messages `search` counts for its statistics.
-STATISTICS_CAP = 3_000
-# What a search reads of a candidate message `m`, after its rowid and its index's score.
-HIT_COLUMNS = "m.recorded_at, m.id, m.thread_id, m.seq, m.role, m.text, m.tokens"
-# What a search's BM25 counts: messages, their average length in tokens, and each query word's
-# document frequency.
-Statistics = tuple[int, float, list[int]]
 
 
 class SqlThreads(SqlStore):
@@ -58,14 +47,8 @@ class SqlThreads(SqlStore):
     _vector_of: Callable[[Any], Vector]  # a stored vector as read back
     # The condition on `id` (and its parameters) of the ids starting with a prefix.
     _prefix: Callable[[str], tuple[str, tuple[object, ...]]]
-    # The best `query.pool` (rowid, relevance, `HIT_COLUMNS`) rows for the query's words, by
-    # the backend's own ranking (`search` scores them alike on both).
-    _candidates: Callable[[Statements, reads.SearchQuery, Statistics], Awaitable[list[Row]]]
-    # The query counting (up to its second parameter) the messages holding a word, and the
-    # word as its first parameter.
-    _holding: Callable[[str], tuple[str, object]]
-    # How many messages there are, estimated past `STATISTICS_CAP`.
-    ESTIMATED_SIZE: str
+    # The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words.
+    _candidates: Callable[[Statements, reads.SearchQuery], Awaitable[list[Row]]]
 
     async def _erase(self, write: Work[T], erased: Callable[[T], object] = bool) -> T:
         """`write`, a transaction that erases (`erased` of what it returns: whether it erased
@@ -455,36 +438,21 @@ class SqlThreads(SqlStore):
             words, pool_size(limit), thread_id, exclude_viewport_of, shown, where)
 
         async def read(sql: Statements) -> list[SearchHit]:
-            statistics = await self._statistics(sql, words)
-            found = {int(rowid): row for rowid, _, *row
-                     in await self._candidates(sql, query, statistics)}
-            size, average, frequencies = statistics
-            weights = {stem(word.lower()): idf(size, df)
-                       for word, df in zip(words, frequencies, strict=True)}
             scored = rank_by_recency(
-                ((rowid, relevance(row[5], row[6], weights, average), moment(row[0]))
-                 for rowid, row in found.items()), now=now, limit=limit)
+                ((int(rowid), float(score), moment(at))
+                 for rowid, score, at in await self._candidates(sql, query)),
+                now=now, limit=limit,
+            )
+            if not scored:
+                return []
+            found = {int(rowid): row for rowid, *row in await sql.rows(
+                "SELECT rowid, id, thread_id, seq, role, text FROM messages"
+                f" WHERE rowid IN ({marks(len(scored))})", [rowid for _, rowid in scored])}
             return [SearchHit(mid, tid, seq, hit_snippet(text, words), rank, role)
-                    for rank, rowid in scored
-                    for _, mid, tid, seq, role, text, _ in [found[rowid]]]
+                    for rank, rowid in scored if rowid in found
+                    for mid, tid, seq, role, text in [found[rowid]]]
 
         return await self._driver.together(read)
-
-    async def _statistics(self, sql: Statements, words: Sequence[str]) -> Statistics:
-        """How many messages there are, their average length in tokens, and how many hold each
-        query word: counted up to `STATISTICS_CAP` (the size estimated past it), in one read."""
-        cap = STATISTICS_CAP
-        holding = [self._holding(word) for word in words]
-        row = await sql.row(
-            "SELECT (SELECT count(*) FROM (SELECT 1 FROM messages LIMIT ?) c), (SELECT avg(tokens)"
-            " FROM (SELECT tokens FROM messages ORDER BY rowid LIMIT ?) t)"
-            + "".join(f", ({statement})" for statement, _ in holding),
-            [cap, cap, *(v for _, parameter in holding for v in (parameter, cap))])
-        assert row is not None
-        size, average, *frequencies = row
-        if size >= cap:
-            size = max(size, await number(sql, self.ESTIMATED_SIZE))
-        return int(size), max(1.0, float(average or 1)), [int(f) for f in frequencies]
 
     def _unseen(self, query: reads.SearchQuery) -> tuple[list[str], list[object]]:
         """The condition that a message `m` is not in the viewport of `exclude_viewport_of`
@@ -513,11 +481,3 @@ class SqlThreads(SqlStore):
 
     async def view(self, message_id: str, radius: int) -> MessageView:
         return await self._driver.together(lambda sql: reads.read_view(sql, message_id, radius))
-
-
-
-def relevance(text: str, tokens: int, weights: Mapping[str, float], average: float) -> float:
-    """BM25 of a message from the count of each query stem among its words and its length in
-    tokens: the same on every backend, whichever index found it."""
-    counts = Counter(stem(word.lower()) for word in text_words(text))
-    return bm25([(weight, counts[key]) for key, weight in weights.items()], tokens, average)

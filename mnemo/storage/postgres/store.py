@@ -27,7 +27,7 @@ from mnemo.storage.postgres.text_search import WORD_QUERY
 from mnemo.storage.row import Row
 from mnemo.storage.sql import Statements
 from mnemo.storage.thread_rows import SearchQuery
-from mnemo.storage.threads import HIT_COLUMNS, SqlThreads, Statistics
+from mnemo.storage.threads import SqlThreads
 
 # Connections one Memory may hold: a commit holds one for its repo's advisory lock and uses
 # another, a recall runs its channels on two or three at once.
@@ -71,18 +71,38 @@ class ServerClock:
 # `ts_rank` of a word found once (weight D, 0.1, times 6 / pi^2): the ratio is a saturating tf.
 TS_RANK_ONE = 0.1 * 6 / math.pi**2
 
-# One word's bm25 in message `m`, from `w` (each word's tsquery and statistics) and `tf.f`
-# (`_TF`, once a row).
+
+COUNT_CAP = 10_000
+
+
+def _per_word(words: Sequence[str]) -> tuple[str, list[object]]:
+    """SQL of `w`, one tsquery per word with `df`, `n` and `avglen`, and its parameters."""
+    rows = ", ".join(f"({WORD_QUERY})" for _ in words)
+    sql = (
+        f"words (query) AS (VALUES {rows}),"
+        " size (n, avglen) AS MATERIALIZED (SELECT greatest(1,"
+        " (SELECT reltuples FROM pg_class WHERE oid = 'messages'::regclass),"
+        " (SELECT count(*) FROM (SELECT 1 FROM messages LIMIT %s) c)),"
+        " (SELECT greatest(avg(length(search)), 1)::float8 FROM"
+        " (SELECT search FROM messages LIMIT %s) l)),"
+        " w AS MATERIALIZED (SELECT words.query, size.n, size.avglen,"
+        " (SELECT count(*) FROM (SELECT 1 FROM messages d"
+        " WHERE d.search @@ words.query LIMIT %s) c) AS df FROM words, size)"
+    )
+    return sql, [*words, COUNT_CAP, COUNT_CAP, COUNT_CAP]
+
+
+# One word's bm25 in message `m`, from `w` of `_per_word` and `tf.f` (`_TF`, once a row).
 _TF = f"LATERAL (SELECT ts_rank(m.search, w.query, 0) / {TS_RANK_ONE} AS f) tf"
 _BM25 = (
     "ln(1 + (w.n - w.df + 0.5) / (w.df + 0.5))"
-    f" * tf.f * ({K1} + 1) / (tf.f + {K1} * (1 - {B} + {B} * m.tokens / w.avglen))"
+    f" * tf.f * ({K1} + 1) / (tf.f + {K1} * (1 - {B} + {B} * length(m.search) / w.avglen))"
 )
 
 
-def scoring_query(query: SearchQuery, statistics: Statistics, unseen: Sequence[str] = (),
+def scoring_query(query: SearchQuery, unseen: Sequence[str] = (),
                   hidden: Sequence[object] = ()) -> tuple[str, list[object]]:
-    """The statement ranking the best `query.pool` candidates (rowid, bm25, `HIT_COLUMNS`) for
+    """The statement ranking the best `query.pool` candidates (rowid, bm25, recorded_at) for
     the query's words, and its parameters (`unseen`, `hidden`: `SqlThreads._unseen`'s)."""
     conditions = ["m.search @@ w.query", *unseen]
     filters: list[object] = [*hidden]
@@ -92,15 +112,13 @@ def scoring_query(query: SearchQuery, statistics: Statistics, unseen: Sequence[s
     for key, values in (query.where or {}).items():
         conditions.append("m.metadata -> %s = ANY(%s::jsonb[])")
         filters += [key, list(values)]
-    size, average, frequencies = statistics
-    words = ", ".join(f"({WORD_QUERY}, %s::float8, %s::float8, %s::float8)" for _ in query.words)
+    per_word, word_params = _per_word(query.words)
     return (
-        f"WITH w (query, n, avglen, df) AS (VALUES {words}), best AS (SELECT m.rowid,"
-        f" sum({_BM25}) AS score FROM messages m JOIN w ON {' AND '.join(conditions)}"
-        f" CROSS JOIN {_TF} GROUP BY m.rowid ORDER BY 2 DESC, m.rowid DESC LIMIT %s)"
-        f" SELECT m.rowid, best.score, {HIT_COLUMNS} FROM best JOIN messages m USING (rowid)",
-        [*(v for word, df in zip(query.words, frequencies, strict=True)
-           for v in (word, max(size, df), average, df)), *filters, query.pool],
+        f"WITH {per_word}"
+        f" SELECT m.rowid, sum({_BM25}), m.recorded_at"
+        f" FROM messages m JOIN w ON {' AND '.join(conditions)} CROSS JOIN {_TF}"
+        " GROUP BY m.rowid, m.recorded_at ORDER BY 2 DESC, m.rowid DESC LIMIT %s",
+        [*word_params, *filters, query.pool],
     )
 
 
@@ -137,7 +155,8 @@ def message_row(message_id: str, thread_id: str, seq: int, draft: MessageDraft,
 
 class PgThreads(PgDialect, SqlThreads):
     """The conversation store on PostgreSQL: a message matches any query word (`WORD_QUERY`) in
-    its generated `search` column, its candidates ranked by a BM25 (`scoring_query`)."""
+    its generated `search` column, ranked by FTS5's bm25 (`scoring_query`: `df`, `N` and
+    `avglen` counted up to `COUNT_CAP` messages)."""
 
     _message_row = staticmethod(message_row)
 
@@ -146,17 +165,8 @@ class PgThreads(PgDialect, SqlThreads):
     def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
         return "starts_with(id, ?)", (prefix,)
 
-    ESTIMATED_SIZE = "SELECT reltuples::bigint FROM pg_class WHERE oid = 'messages'::regclass"
-
-    @staticmethod
-    def _holding(word: str) -> tuple[str, object]:
-        # The tsquery made once (`SELECT`), not once a row as a prepared plan would.
-        return (f"SELECT count(*) FROM (SELECT 1 FROM messages WHERE search @@ (SELECT"
-                f" {WORD_QUERY}) LIMIT ?) c", word)
-
-    async def _candidates(self, sql: Statements, query: SearchQuery,
-                          statistics: Statistics) -> list[Row]:
-        return await sql.rows(*scoring_query(query, statistics, *self._unseen(query)))
+    async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:
+        return await sql.rows(*scoring_query(query, *self._unseen(query)))
 
 
 class PgCoordination(PgDialect, SqlCoordination):

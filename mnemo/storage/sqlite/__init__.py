@@ -23,7 +23,7 @@ from mnemo.storage.sql import Statements, T, Work, marks
 from mnemo.storage.sqlite.database import Database, file_uri, storage_error
 from mnemo.storage.sqlite.graph import SqliteGraph, SqliteSessions, match_expression
 from mnemo.storage.thread_rows import SearchQuery
-from mnemo.storage.threads import HIT_COLUMNS, SqlThreads, Statistics
+from mnemo.storage.threads import SqlThreads
 
 
 class SqliteThreads(SqlThreads):
@@ -55,15 +55,7 @@ class SqliteThreads(SqlThreads):
         await self._driver.scrub(erased=bool(erased(done)))
         return done
 
-    ESTIMATED_SIZE = "SELECT coalesce(max(rowid), 0) FROM messages"
-
-    @staticmethod
-    def _holding(word: str) -> tuple[str, object]:
-        return ("SELECT count(*) FROM (SELECT 1 FROM messages_fts WHERE messages_fts MATCH ?"
-                " LIMIT ?) c", match_expression([word]))
-
-    async def _candidates(self, sql: Statements, query: SearchQuery,
-                          statistics: Statistics) -> list[Row]:
+    async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:
         match = match_expression(query.words)
         conditions: list[str] = []
         params: list[object] = []
@@ -91,7 +83,7 @@ class SqliteThreads(SqlThreads):
         params += hidden
         if conditions:
             rows = await sql.rows(
-                f"SELECT m.rowid, bm25(messages_fts) AS score, {HIT_COLUMNS} FROM messages_fts"
+                "SELECT m.rowid, bm25(messages_fts) AS score, m.recorded_at FROM messages_fts"
                 " JOIN messages m ON m.rowid = messages_fts.rowid"
                 f" WHERE messages_fts MATCH ? AND {' AND '.join(conditions)}"
                 " ORDER BY score LIMIT ?",
@@ -100,12 +92,12 @@ class SqliteThreads(SqlThreads):
         else:
             # Without a filter FTS5 orders by rank itself, keeping only the best `pool` rows.
             rows = await sql.rows(
-                f"SELECT f.rowid, f.rank, {HIT_COLUMNS} FROM"
+                "SELECT f.rowid, f.rank, m.recorded_at FROM"
                 " (SELECT rowid, rank FROM messages_fts WHERE messages_fts MATCH ?"
                 "  ORDER BY rank LIMIT ?) AS f JOIN messages m ON m.rowid = f.rowid",
                 (match, query.pool),
             )
-        return rows
+        return [(rowid, -score, at) for rowid, score, at in rows]
 
 
 class SqliteCoordination(SqlCoordination):

@@ -685,23 +685,21 @@ def _subplan_loops(plan: dict[str, Any]) -> list[int]:
     return found
 
 
-async def test_message_search_counts_no_statistic_per_message(pg_url: str) -> None:
-    """The scoring statement takes each word's document frequency counted before it, never
-    per message it matches (an inlined per-word count took 131 ms a search at 500 messages,
-    5,000 about 5 s): its plan holds no subplan."""
+async def test_message_search_counts_each_words_df_once(pg_url: str) -> None:
+    """The scoring statement counts a word's document frequency once per search, not once per
+    message it matches: the planner inlined the per-word CTE, and 500 messages took 131 ms a
+    search, 5,000 about 5 s. The plan's subplans run at most once a word."""
     async with mnemo.Memory(pg_url, embedder=mnemo.HashEmbedder(8)) as mem:
         await mem.conversation().save(
             "t", [{"role": "user", "content": f"nginx cache python note {i}"} for i in range(60)]
         )
     words = ["nginx", "cache", "python"]
-    statement, params = scoring_query(SearchQuery(words, 50, None, None, None, None),
-                                      (60, 9.0, [60, 60, 60]))
+    statement, params = scoring_query(SearchQuery(words, 50, None, None, None, None))
     async with Postgres(pg_url) as pg, pg.connection() as conn:
         cur = await conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", params)
         row = await cur.fetchone()
-        cur = await conn.execute(statement, params)
-        ranked = await cur.fetchall()
     assert row is not None
     plans: Any = row[0]
-    assert _subplan_loops(plans[0]["Plan"]) == []
-    assert len(ranked) == 50
+    loops = _subplan_loops(plans[0]["Plan"])
+    assert loops
+    assert max(loops) <= len(words), loops

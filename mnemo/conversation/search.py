@@ -55,20 +55,40 @@ def hit_snippet(text: str, words: Sequence[str]) -> str:
     whole = " ".join(tokens)
     if len(whole) <= SNIPPET_CHARS:
         return whole
+    at = _first_word(whole, tokens, words)
+    if at is None:
+        return flat(" ".join(tokens[:SNIPPET_WORDS]), SNIPPET_CHARS)
+    begin, lead = at, 0
+    while begin > max(0, at - SNIPPET_LEAD) and lead + len(tokens[begin - 1]) < LEAD_CHARS:
+        begin -= 1
+        lead += len(tokens[begin]) + 1
+    shown = ("..." if begin else "") + " ".join(tokens[begin:at + SNIPPET_WORDS])
+    return flat(shown, SNIPPET_CHARS)
+
+
+def _first_word(whole: str, tokens: list[str], words: Sequence[str]) -> int | None:
+    """The index in `tokens` (`whole`'s, space-joined) of the first that holds a query word."""
     folded = [word for word in map(_fold, words) if not is_stopword(word)]
     keys = {key for word in folded for key in (word, stem(word)) if len(key) >= 2}
-    if keys:
-        starts = re.compile("|".join(rf"(?<![^\W_]){re.escape(key)}" for key in sorted(keys)))
-        for i, token in enumerate(tokens):
-            if starts.search(_fold(token)):
-                begin, lead = i, 0
-                while (begin > max(0, i - SNIPPET_LEAD)
-                       and lead + len(tokens[begin - 1]) < LEAD_CHARS):
-                    begin -= 1
-                    lead += len(tokens[begin]) + 1
-                shown = ("..." if begin else "") + " ".join(tokens[begin:i + SNIPPET_WORDS])
-                return flat(shown, SNIPPET_CHARS)
-    return flat(" ".join(tokens[:SNIPPET_WORDS]), SNIPPET_CHARS)
+    if not keys:
+        return None
+    keyed = re.compile("|".join(map(re.escape, sorted(keys))))
+    if whole.isascii():  # one scan of the text, which folds to its own length
+        at = _word_start(keyed, whole.lower())
+        return None if at is None else whole.count(" ", 0, at)
+    for i, token in enumerate(tokens):
+        if _word_start(keyed, _fold(token)) is not None:
+            return i
+    return None
+
+
+def _word_start(keyed: re.Pattern[str], text: str) -> int | None:
+    """Where the first match of `keyed` in `text` that starts a word (after no letter or
+    digit: an underscore splits words) begins."""
+    for found in keyed.finditer(text):
+        if found.start() == 0 or not text[found.start() - 1].isalnum():
+            return found.start()
+    return None
 
 
 def _fold(text: str) -> str:

@@ -11,6 +11,7 @@ from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Any
 
+from mnemo import cpu
 from mnemo.conversation.drafts import MessageDraft, message_key
 from mnemo.conversation.model import (
     GOAL_COMPLETED,
@@ -437,7 +438,7 @@ class SqlThreads(SqlStore):
         query = reads.SearchQuery(
             words, pool_size(limit), thread_id, exclude_viewport_of, shown, where)
 
-        async def read(sql: Statements) -> list[SearchHit]:
+        async def read(sql: Statements) -> list[tuple[float, Row]]:
             scored = rank_by_recency(
                 ((int(rowid), float(score), moment(at))
                  for rowid, score, at in await self._candidates(sql, query)),
@@ -445,14 +446,15 @@ class SqlThreads(SqlStore):
             )
             if not scored:
                 return []
-            found = {int(rowid): row for rowid, *row in await sql.rows(
+            found = {int(row[0]): row[1:] for row in await sql.rows(
                 "SELECT rowid, id, thread_id, seq, role, text FROM messages"
                 f" WHERE rowid IN ({marks(len(scored))})", [rowid for _, rowid in scored])}
-            return [SearchHit(mid, tid, seq, hit_snippet(text, words), rank, role)
-                    for rank, rowid in scored if rowid in found
-                    for mid, tid, seq, role, text in [found[rowid]]]
+            return [(rank, found[rowid]) for rank, rowid in scored if rowid in found]
 
-        return await self._driver.together(read)
+        hits = await self._driver.together(read)
+        return await cpu.run(lambda: [  # long texts' snippets are made off the loop
+            SearchHit(mid, tid, seq, hit_snippet(text, words), rank, role)
+            for rank, (mid, tid, seq, role, text) in hits], sum(len(h[1][4]) for h in hits))
 
     def _unseen(self, query: reads.SearchQuery) -> tuple[list[str], list[object]]:
         """The condition that a message `m` is not in the viewport of `exclude_viewport_of`

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import mnemo
-from mnemo.conversation.search import recency_weight
+from mnemo.conversation.search import hit_snippet, recency_weight
 from mnemo.graph.model import now_utc
 from mnemo.storage.sqlite.graph import match_expression as fts_match
 from mnemo.text import MAX_QUERY_TERMS, query_words
@@ -93,6 +93,22 @@ async def test_a_snippet_is_the_message_when_it_fits_else_shows_the_word(
     await conv.save("db", [user("word " * 100 + "then the db fell over" + " word" * 100)])
     [hit] = await cmem.search_messages("db", thread_id="db")
     assert "db fell over" in hit.snippet
+
+
+@pytest.mark.parametrize(("text", "query", "shown"), [
+    ("x " * 200 + "snake_case_name here", "name", "snake_case_name here"),
+    ("x " * 200 + "rename it, then name it", "name", "rename it, then name it"),
+    ("x " * 200 + "Le Café ouvre " + "y " * 200, "cafe", "Le Café ouvre"),
+    ("é " * 200 + "the kafka broker " + "y " * 200, "kafka", "the kafka broker"),
+])
+def test_a_snippet_finds_the_word_as_the_indexes_split_and_fold_it(
+    text: str, query: str, shown: str
+) -> None:
+    """An underscore splits words, a word inside another is not the word, accents and case
+    fold; the text is not ASCII as well."""
+    snippet = hit_snippet(text, query_words(query))
+    assert shown in snippet
+    assert snippet.startswith("...")
 
 
 async def test_search_filters_by_thread(cmem: mnemo.Memory) -> None:

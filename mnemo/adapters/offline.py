@@ -106,8 +106,7 @@ class OfflineLLM:
 
 def _resolve_pronoun(sentence: str, topic: str) -> str:
     """Replaces an opening "It/They/This/That" with `topic` (a heuristic, see the module doc),
-    unless the topic says nothing the sentence does not (its own key phrase) or is mostly
-    numbers (a time)."""
+    unless the topic cannot stand for it (`_names_something`)."""
     match = _LEADING_PRONOUN.match(sentence)
     if not match or not _names_something(topic, sentence):
         return sentence
@@ -124,32 +123,53 @@ def _resolve_pronoun(sentence: str, topic: str) -> str:
         )
         verb = _PERFECT[suffix] if suffix in _PERFECT and perfect else _CONTRACTED[suffix]
         rest = f"{verb} {rest}"
-    next_word = rest.split(maxsplit=1)[0].lower().strip(",.;:")
-    past = len(next_word) > 4 and next_word.endswith("ed") and not next_word.endswith("eed")
-    if pronoun in {"this", "that", "these", "those"} and not past and next_word not in (
-        _VERB_AFTER_DEMONSTRATIVE
-    ):
+    next_word, *after = rest.lower().split(maxsplit=2)[:2]
+    if pronoun in {"this", "that", "these", "those"} and not _is_verb(
+            next_word.strip(",.;:!"), after[0] if after and next_word[-1].isalnum() else ""):
         rest = f"the {rest}"
     return f"{_capitalised(topic)}: {rest}"
 
 
+def _is_verb(word: str, then: str) -> bool:
+    """Whether `word` after "this"/"that" is its verb ("That is why", "That fixed it", "That
+    failed."), not a word of the noun it determines ("That shared folder"); `then` is the
+    word after it ("" at the sentence's end)."""
+    if word in _VERB_AFTER_DEMONSTRATIVE:
+        return True
+    past = len(word) > 4 and word.endswith("ed") and not word.endswith("eed")
+    return past and (not then or then.strip(",.;:!") in _OBJECTS)
+
+
+# What follows a verb of the past after "that" ("That fixed it"), not a noun it describes.
+_OBJECTS = frozenset("""it them me us him her everything nothing all the a an this that my
+    our your their his its things""".split())
+
+
 def _names_something(topic: str, sentence: str) -> bool:
-    """Whether `topic` can stand for a pronoun of `sentence`: more words than numbers, and a
-    content word the sentence lacks."""
+    """Whether `topic` can stand for a pronoun of `sentence`: not a time ("7 55 2023 melanie":
+    two numbers or more, more numbers than words), and a content word the sentence lacks (not
+    its own key phrase)."""
     ws = topic.split()
-    numbers = sum(1 for w in ws if any(c.isdigit() for c in w))
-    return 2 * numbers < len(ws) and not _text.content_stems(topic) <= _text.content_stems(sentence)
+    numbers = sum(1 for w in ws if w.isdigit())
+    time = numbers >= 2 and 2 * numbers > len(ws)
+    return not time and not _text.content_stems(topic) <= _text.content_stems(sentence)
 
 
-def _is_specific(sentence: str) -> bool:
-    """Whether a word of `sentence` holds a digit or is an acronym."""
-    return any(any(c.isdigit() for c in w) or _text.is_acronym(w) for w in _text.words(sentence))
+def _names_a_value(sentence: str) -> bool:
+    """Whether `sentence` names a value: a word with a digit ("port 8000", "v2"), or what a
+    setting verb sets it to ("Set the timezone to Europe/Rome.")."""
+    return any(c.isdigit() for c in sentence) or bool(_SETS.match(sentence))
+
+
+# A command that sets something to a value.
+_SETS = re.compile(r"(?i)^(?:set|change|switch|move|bind|point|rename|update|pin|raise|lower)\b"
+                   r".*\s(?:to|as|=)\s+\S")
 
 
 def _confidence(sentence: str) -> float:
     ws = _text.words(sentence)
     informative = sum(1 for w in ws if _text.is_informative(w))
-    specific = _is_specific(sentence)
+    specific = any(any(c.isdigit() for c in w) or _text.is_acronym(w) for w in ws)
     score = 0.6 + 0.05 * min(max(informative - 2, 0), 4) + (0.1 if specific else 0.0)
     return round(min(0.9, score), 2)
 
@@ -164,9 +184,9 @@ def _semantic(inputs: Inputs) -> Answer:
             for raw in _text.sentences(part):
                 sentence = _strip_filler(raw)
                 # An action's command is an instruction (`_procedural`); a fact only when it
-                # sets a value ("Bind gunicorn to port 8000.") that holds after it.
+                # names a value ("Bind gunicorn to port 8000.") that holds after it.
                 if not _is_fact(sentence) or (acted and _is_action(sentence)
-                                              and not _is_specific(sentence)):
+                                              and not _names_a_value(sentence)):
                     continue
                 proposition = _resolve_pronoun(sentence, topic)
                 key = " ".join(proposition.lower().split())

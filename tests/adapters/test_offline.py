@@ -230,27 +230,46 @@ async def test_facts_are_self_contained_sentences_with_step_index() -> None:
                    for concept in fact.concepts)
 
 
-async def test_an_actions_command_is_a_fact_only_when_it_sets_a_value() -> None:
+async def test_an_actions_command_is_a_fact_only_when_it_names_a_value() -> None:
     """A command the agent ran is an instruction, not a fact ("Note the wifi password." once
-    ranked above the password's fact); one that sets a value tells what holds after it."""
+    ranked above the password's fact); one that names a value (a number, or what a setting
+    verb sets) tells what holds after it."""
     steps = [{"index": 0, "observation": "The office wifi password is hunter2.",
               "action": "Note the wifi password."},
              {"index": 1, "observation": "gunicorn listens on port 8001.",
-              "action": "Bind gunicorn to 127.0.0.1:8000."}]
+              "action": "Bind gunicorn to 127.0.0.1:8000."},
+             {"index": 2, "observation": "The cron jobs run at midnight UTC.",
+              "action": "Restart the nginx service over SSH."},
+             {"index": 3, "observation": "The server clock is wrong.",
+              "action": "Set the default timezone to Europe/Rome."}]
     request = semantic_request(goal=GOAL, subgoal="set up the office", steps=steps)
     facts = [fact.proposition for fact in parse_facts(await OfflineLLM().generate(request))]
     assert facts == ["The office wifi password is hunter2.", "Gunicorn listens on port 8001.",
-                     "Bind gunicorn to 127.0.0.1:8000."]
+                     "Bind gunicorn to 127.0.0.1:8000.", "The cron jobs run at midnight UTC.",
+                     "The server clock is wrong.", "Set the default timezone to Europe/Rome."]
 
 
-async def test_a_pronoun_is_kept_when_the_topic_is_its_own_phrase_or_a_time() -> None:
-    """"It" becomes the topic only when the topic names something the sentence does not: not
-    the sentence's own key phrase, not a time made of numbers."""
-    for subgoal in ("Dana last week", "10 31 13 2023", "7 55 2023 melanie"):
-        request = semantic_request(goal=GOAL, subgoal=subgoal, steps=[{
-            "index": 0, "observation": "It was set up by Dana last week.", "action": "ok"}])
-        facts = parse_facts(await OfflineLLM().generate(request))
-        assert [fact.proposition for fact in facts] == ["It was set up by Dana last week."]
+@pytest.mark.parametrize(("subgoal", "sentence", "fact"), [
+    ("Dana last week", "It was set up by Dana last week.", "It was set up by Dana last week."),
+    ("10 31 13 2023", "It was set up by Dana in Lisbon.", "It was set up by Dana in Lisbon."),
+    ("7 55 2023 melanie", "It was set up by Dana in Lisbon.",
+     "It was set up by Dana in Lisbon."),
+    ("nginx 502", "It happens after every deploy.", "Nginx 502: happens after every deploy."),
+    ("Q3 2024 report", "It was sent on Friday.", "Q3 2024 report: was sent on Friday."),
+    ("staging server", "That shared folder holds the logs.",
+     "Staging server: the shared folder holds the logs."),
+    ("staging server", "That fixed it for the team.", "Staging server: fixed it for the team."),
+])
+async def test_a_pronoun_becomes_a_topic_that_names_something(
+    subgoal: str, sentence: str, fact: str
+) -> None:
+    """"It" becomes the topic only when the topic names something the sentence does not (not
+    its own key phrase, not a time of numbers); "That" before a noun's words is "the", before
+    its verb ("That fixed it") it goes."""
+    request = semantic_request(goal=GOAL, subgoal=subgoal, steps=[{
+        "index": 0, "observation": sentence, "action": "ok"}])
+    facts = parse_facts(await OfflineLLM().generate(request))
+    assert [f.proposition for f in facts] == [fact]
 
 
 async def test_questions_and_greetings_are_not_facts() -> None:

@@ -228,7 +228,7 @@ class Transport(Closing):
         """The reply to `payload` POSTed to `path`, each attempt charged to `budget`; an error
         reply `refusal` recognises is final."""
         budget = budget if budget is not None else Budget(self.retry_policy)
-        budget.transported = True
+        budget.taken += 1
         if not budget.can_call():
             raise self._error(f"{self.name}: no call left in {budget.describe()}")
         try:  # msgspec: a twentieth of `json.dumps`'s time

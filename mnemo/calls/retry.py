@@ -223,8 +223,8 @@ class Budget:
         self.started = policy.clock.now()
         self.calls = self.retries = self.re_asks = 0
         self._next: Kind | None = None
-        # Whether a transport took up this budget's calls (charging those it sends).
-        self.transported = False
+        # How many calls a transport took up (charging those it sends).
+        self.taken = 0
         self._paused = 0
         self._paused_at = 0.0
 
@@ -272,10 +272,14 @@ class Budget:
     def counts(self) -> tuple[int, int, int]:
         return self.calls, self.retries, self.re_asks
 
-    def charge_bare(self, before: tuple[int, int, int]) -> None:
-        """Charges one call if none was charged since `before` by an LLM without a transport
-        (one a transport refused unsent is no call)."""
-        if self.calls == before[0] and not self.transported:
+    def mark(self) -> tuple[int, int, int, int]:
+        """`counts()` and the calls a transport took up, for `charge_bare`."""
+        return self.calls, self.retries, self.re_asks, self.taken
+
+    def charge_bare(self, before: tuple[int, int, int, int]) -> None:
+        """Charges one call if none was charged, nor taken up by a transport, since `before`
+        (`mark()`): an LLM without a transport (one a transport refused unsent is no call)."""
+        if self.calls == before[0] and self.taken == before[3]:
             self.charge()
 
     def describe(self) -> str:
@@ -326,7 +330,7 @@ class LimitedLLM:
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         with task_budget(self.retry_policy) as budget, self._calling():
-            before = budget.counts()
+            before = budget.mark()
             try:
                 try:  # anyio's `acquire` always yields once, even with a token free
                     self._slots.acquire_nowait()

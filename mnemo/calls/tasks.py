@@ -278,7 +278,7 @@ async def ask(
         shrinks = 0
         asked = request
         while True:
-            before = budget.counts()
+            before = budget.mark()
             try:
                 response = await llm.generate(asked)
             except Exception as exc:

@@ -17,7 +17,14 @@ import pytest
 
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.openai import OpenAICompatible
-from mnemo.calls.retry import Backoff, LimitedLLM, RetryPolicy, SystemClock, policy_from
+from mnemo.calls.retry import (
+    Backoff,
+    Budget,
+    LimitedLLM,
+    RetryPolicy,
+    SystemClock,
+    policy_from,
+)
 from mnemo.calls.tasks import ask
 from mnemo.episode import parse_subgoal, subgoal_request
 from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
@@ -370,3 +377,22 @@ def test_max_retries_is_shorthand_for_max_calls() -> None:
     )
     assert (policy.max_calls, policy.max_seconds, policy.backoff) == (5, 7, FAST)
     assert policy.clock is clock
+
+
+def test_a_bare_call_after_one_a_transport_took_up_in_one_task_is_counted() -> None:
+    """A task's budget counts each call once: one a transport took up (and charged when it
+    sent it), then one of an LLM without a transport (a wrapper asking a local model after a
+    hosted one), which a flag left set by the first had counted as none."""
+    budget = Budget(RetryPolicy())
+    before = budget.mark()
+    budget.taken += 1  # what `Transport.post_json` does, charging when it sends
+    budget.charge()
+    budget.charge_bare(before)
+    assert budget.calls == 1
+    before = budget.mark()
+    budget.charge_bare(before)
+    assert budget.calls == 2
+    before = budget.mark()
+    budget.taken += 1  # refused at the Retry-After gate: taken up, never sent
+    budget.charge_bare(before)
+    assert budget.calls == 2

@@ -217,17 +217,22 @@ async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, given: Config,
                 saved, sid = 0, source.source_id
                 try:
                     if threads:  # the stored part checked, nothing new saved yet
-                        stored = len(await conversation.raw(sid))
+                        stored = await conversation.count(sid)
                         await conversation.save(sid, source.messages[:stored])
                     receipt = await mem.ingest(
                         repo, source.trajectory, source_id=sid, progress=advance)
-                    if threads:  # only what is new: a second ingest appends nothing
-                        saved = len(await conversation.save(sid, source.messages))
                 except (ConflictError, InvalidInputError) as exc:
                     named = str(exc) if repr(sid) in str(exc) else f"source {sid!r}: {exc}"
                     raise CliError(  # as a source or thread ingested before, or forgotten
                         f"{named}; to replace what was ingested under it, `mnemo purge {sid}"
                         f" --repo {repo}` erases it and its thread") from exc
+                try:
+                    if threads:  # only what is new: a second ingest appends nothing
+                        saved = len(await conversation.save(sid, source.messages))
+                except (ConflictError, InvalidInputError) as exc:
+                    raise CliError(  # another writer changed the thread meanwhile
+                        f"source {sid!r} was ingested, but its thread refused the messages:"
+                        f" {exc}; `mnemo purge {sid} --repo {repo}` erases both") from exc
                 progress.remove_task(steps)
                 report.append(
                     {

@@ -217,6 +217,40 @@ def test_a_session_extended_after_its_ingest_leaves_its_thread_as_it_was(tmp_pat
     assert ok_json("search", "lock timeout", "--db", str(db)) == []
 
 
+def test_a_thread_another_writer_changed_during_the_ingest_is_named_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer appends to the session's thread while its source is ingested: the source
+    is stored, and the error says so (it said nothing was stored), naming the purge."""
+    from mnemo.cli._database import CliError
+    from mnemo.cli.ingest import ingest_file, load_file
+
+    source = tmp_path / "notes.json"
+    source.write_text(json.dumps({"repo": "w", "sessions": [
+        {"goal": "Eve", "steps": [{"observation": "Eve lives in Rome.", "action": "ok"}]}]}))
+
+    async def run() -> str:
+        async with mnemo.Memory(tmp_path / "m.db", embedder=mnemo.HashEmbedder(64)) as mem:
+            ingest = mem.ingest
+
+            async def meanwhile(*args: Any, **kwargs: Any) -> mnemo.IngestReceipt:
+                await mem.conversation().append("notes/1", [
+                    {"role": "user", "content": "hi from the agent"}])
+                return await ingest(*args, **kwargs)
+
+            monkeypatch.setattr(mem, "ingest", meanwhile)
+            with pytest.raises(CliError) as refused:
+                await ingest_file(mem, "w", load_file(source), mnemo.Config(), threads=True,
+                                  quiet=True)
+            assert [n.text for n in await mem.get_nodes_by_type(
+                "w", [mnemo.NodeType.EPISODIC])] == ["Eve lives in Rome. -> ok"]
+            return str(refused.value)
+
+    said = anyio.run(run)
+    assert "'notes/1' was ingested, but its thread refused the messages" in said
+    assert "mnemo purge notes/1 --repo w" in said
+
+
 def test_ingest_reads_a_locomo_file_one_source_per_session(tmp_path: Path) -> None:
     """A LoCoMo-style file: one source per session, turns kept with their dia_id."""
     source = tmp_path / "locomo.json"

@@ -31,14 +31,15 @@ mnemo is long-term memory. Before a task, `recall` what the repo knows about it 
 `close_and_commit` at the end: the steps become facts and procedures that later `recall` calls
 find (`discard_session` drops a failed extraction, `end_session` ends a session). `correct`
 replaces a wrong fact (the old one is kept, retired), `forget` erases memories for good.
-`save_messages` stores a conversation (`append_messages` its new messages alone), and
+`save_messages` stores a conversation (`append_messages` its new messages alone, and
+`purge_thread` erases one), and
 `search_messages` and `view_messages` search stored conversations; `list_repos` and
 `list_sessions` show what there is; `persist_memory` files a statement to remember under a
 topic, and `recall_memory` reads those topic files back."""
 
 TOOL_NAMES = ("recall", "get_node", "search_messages", "view_messages", "save_messages",
-              "append_messages", "list_repos", "list_sessions", "start_session", "append",
-              "close_and_commit", "discard_session", "end_session", "forget", "correct",
+              "append_messages", "purge_thread", "list_repos", "list_sessions", "start_session",
+              "append", "close_and_commit", "discard_session", "end_session", "forget", "correct",
               "persist_memory", "recall_memory")
 # A scope: metadata key -> a value, or a list of values any of which matches.
 Where = Annotated[
@@ -114,7 +115,8 @@ class MemoryTools:
         produced, or everything in a scope (`where`), with their links, vectors and search
         entries (the history keeps no trace of their text). Give one of node_ids, source_id
         and where. Returns how many nodes went; to replace a wrong fact and keep its trail,
-        use `correct`. Errors: an unknown repo, a malformed where."""
+        use `correct`; stored messages belong to no repo (`purge_thread` erases a thread).
+        Errors: an unknown repo, a malformed where."""
         if [node_ids, source_id, where].count(None) != 2:
             raise InvalidInputError("forget takes node_ids or source_id or where, one of them")
         await self._check(repo)
@@ -209,6 +211,18 @@ class MemoryTools:
         added and the thread's length."""
         return await self._stored(thread_id, await self.mem.conversation().append(
             thread_id, messages, metadata=metadata))
+
+    async def purge_thread(
+        self,
+        thread_id: Annotated[str, Field(description="The conversation thread's id.")],
+    ) -> str:
+        """Erases a conversation thread for good: its messages, summaries, snapshots, pins,
+        search entries and vectors (threads belong to no repo: `forget` leaves them). Returns
+        how many messages went; a thread of that id starts again at seq 0."""
+        conversation = self.mem.conversation()
+        count = await conversation.count(thread_id)
+        await conversation.purge(thread_id)
+        return dumps({"thread_id": thread_id, "purged": count})
 
     async def _stored(self, thread_id: str, added: Sequence[object]) -> str:
         total = await self.mem.conversation().count(thread_id)

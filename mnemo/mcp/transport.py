@@ -57,8 +57,9 @@ _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
 READ_ONLY = frozenset({"recall", "get_node", "search_messages", "view_messages", "list_repos",
                        "list_sessions", "recall_memory"})
 DESTRUCTIVE = frozenset({"discard_session", "end_session", "forget", "correct",
-                         "persist_memory"})
-IDEMPOTENT = READ_ONLY | {"save_messages", "discard_session", "end_session", "forget"}
+                         "persist_memory", "purge_thread"})
+IDEMPOTENT = READ_ONLY | {"save_messages", "discard_session", "end_session", "forget",
+                          "purge_thread"}
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8766
 PATH = "/mcp"

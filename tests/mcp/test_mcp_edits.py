@@ -44,6 +44,23 @@ async def fact_about(mem: mnemo.Memory, word: str) -> mnemo.Node:
     return next(f for f in facts if word in f.text and not f.retired)
 
 
+async def test_purge_thread_erases_a_users_messages_that_forget_leaves(
+    mem: mnemo.Memory, tools: MemoryTools
+) -> None:
+    """A thread saved with a user's scope is not the repo's: `forget(where=)` leaves it, and
+    `purge_thread` erases it (an MCP client could store a user's messages and never erase
+    them); a thread of that id then starts again."""
+    said = [{"role": "user", "content": "My PIN is 4321 and my dog is Fluffernutter."}]
+    await tools.save_messages("bob-chat", said, metadata={"user_id": "bob"})
+    await tools.forget(REPO, where={"user_id": "bob"})
+    assert json.loads(await tools.search_messages("Fluffernutter"))
+    assert json.loads(await tools.purge_thread("bob-chat")) == {
+        "thread_id": "bob-chat", "purged": 1}
+    assert json.loads(await tools.search_messages("Fluffernutter")) == []
+    assert await mem.conversation().raw("bob-chat") == []
+    assert json.loads(await tools.purge_thread("bob-chat"))["purged"] == 0
+
+
 async def test_forget_erases_nodes_or_a_source(mem: mnemo.Memory, tools: MemoryTools) -> None:
     """forget erases the nodes named, or every node of a source, and says how many went;
     without either, with both, or in an unknown repo it is a tool error that erases

@@ -37,6 +37,7 @@ TOOLS = {
     "recall_memory",
     "save_messages",
     "append_messages",
+    "purge_thread",
     "list_repos",
     "list_sessions",
     "discard_session",

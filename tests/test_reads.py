@@ -165,7 +165,7 @@ async def test_a_recall_whose_embedder_fails_answers_by_its_words(
     mem: mnemo.Memory, embedder: FakeEmbedder
 ) -> None:
     """A hosted embedder down: the recall answers from the words channel and the graph, and
-    `degraded` names the embedding (it raised EmbeddingError)."""
+    `degraded` names the embedding."""
     await mem.ingest(REPO, mnemo.Trajectory("Tend the garden", [
         mnemo.Step("The garden hose leaks at the tap.", "Replace the washer."),
         mnemo.Step("The tomatoes need water daily.", "Water them.")]), source_id="garden")

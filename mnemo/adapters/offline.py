@@ -123,26 +123,35 @@ def _resolve_pronoun(sentence: str, topic: str) -> str:
         )
         verb = _PERFECT[suffix] if suffix in _PERFECT and perfect else _CONTRACTED[suffix]
         rest = f"{verb} {rest}"
-    next_word, *after = rest.lower().split(maxsplit=2)[:2]
-    if pronoun in {"this", "that", "these", "those"} and not _is_verb(
-            next_word.strip(",.;:!"), after[0] if after and next_word[-1].isalnum() else ""):
+    if pronoun in {"this", "that", "these", "those"} and not _is_verb(rest.lower().split()[:4]):
         rest = f"the {rest}"
     return f"{_capitalised(topic)}: {rest}"
 
 
-def _is_verb(word: str, then: str) -> bool:
-    """Whether `word` after "this"/"that" is its verb ("That is why", "That fixed it", "That
-    failed."), not a word of the noun it determines ("That shared folder"); `then` is the
-    word after it ("" at the sentence's end)."""
+def _is_verb(words: list[str]) -> bool:
+    """Whether the first of `words` (those after "this"/"that") is the pronoun's verb ("That
+    is why", "That fixed CI", "That failed."), not a word of the noun it determines ("That
+    shared folder holds the logs": a past form before a noun and a verb of its own)."""
+    word, *after = [w.strip(",.;:!?") for w in words] or [""]
     if word in _VERB_AFTER_DEMONSTRATIVE:
         return True
-    past = len(word) > 4 and word.endswith("ed") and not word.endswith("eed")
-    return past and (not then or then.strip(",.;:!") in _OBJECTS)
+    if not (len(word) > 4 and word.endswith("ed") and not word.endswith("eed")):
+        return False
+    if words[0][-1] in ",.;:!?" or not after or after[0] in _OBJECTS:
+        return True  # "That worked.", "That fixed it"
+    verb = after[1] if len(after) > 1 else ""
+    return not (verb in _VERB_AFTER_DEMONSTRATIVE or (
+        len(verb) > 3 and verb.endswith("s") and not verb.endswith(("ss", "ous"))
+        and verb not in _NOT_VERBS))
 
 
-# What follows a verb of the past after "that" ("That fixed it"), not a noun it describes.
+# Words in -s that are not a noun's verb ("That caused errors sometimes").
+_NOT_VERBS = frozenset("sometimes always perhaps afterwards towards nowadays".split())
+
+
+# What follows a past form that is the verb ("That fixed it", "That failed in CI").
 _OBJECTS = frozenset("""it them me us him her everything nothing all the a an this that my
-    our your their his its things""".split())
+    our your their his its things on in at to for by with from""".split())
 
 
 def _names_something(topic: str, sentence: str) -> bool:
@@ -156,14 +165,17 @@ def _names_something(topic: str, sentence: str) -> bool:
 
 
 def _names_a_value(sentence: str) -> bool:
-    """Whether `sentence` names a value: a word with a digit ("port 8000", "v2"), or what a
-    setting verb sets it to ("Set the timezone to Europe/Rome.")."""
-    return any(c.isdigit() for c in sentence) or bool(_SETS.match(sentence))
+    """Whether `sentence` names a value: a word with a digit ("port 8000", "v2"), an
+    assignment ("LOG_LEVEL=debug"), or what a setting verb sets its object to ("I'll set the
+    timezone to Europe/Rome.")."""
+    body = _ACTION_LEAD_IN.sub("", sentence, count=1)
+    return (any(c.isdigit() for c in sentence) or bool(re.search(r"\w=\S", sentence))
+            or bool(_SETS.match(body)))
 
 
-# A command that sets something to a value.
-_SETS = re.compile(r"(?i)^(?:set|change|switch|move|bind|point|rename|update|pin|raise|lower)\b"
-                   r".*\s(?:to|as|=)\s+\S")
+# A command that sets an object (not "Switch to ...", "Move on to ...") to a value.
+_SETS = re.compile(r"(?i)^(?:set|change|switch|move|bind|point|rename|update|pin|raise|lower)"
+                   r"\s+(?!(?:to|on|back|over|into)\b)\S.*\s(?:to|as)\s+\S")
 
 
 def _confidence(sentence: str) -> float:

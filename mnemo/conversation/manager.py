@@ -305,10 +305,11 @@ class ConversationManager:
         async with service.thread_locks.hold(thread_id), service.evict_locks.hold(thread_id):
             await service.store.clear(thread_id)
 
-    async def purge(self, thread_id: str) -> None:
-        """Erases the thread and its seq counter, leaving nothing of it in the database file."""
+    async def purge(self, thread_id: str) -> int:
+        """Erases the thread and its seq counter, leaving nothing of it in the database file;
+        returns how many messages went."""
         check_id(thread_id, "thread_id")
-        await self._service.purge(thread_id)
+        return await self._service.purge(thread_id)
 
     async def _expire(self, thread_id: str) -> None:
         """Erases what the ttl ended of the thread (a blank thread id refused)."""

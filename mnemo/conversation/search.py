@@ -15,8 +15,8 @@ from mnemo.conversation.render import flat
 from mnemo.text import is_stopword, stem
 
 SNIPPET_CHARS = 300
-# A snippet starts at most this many words (and characters) before the word it shows, and
-# holds this many words.
+# A snippet starts at most `SNIPPET_LEAD` words and `LEAD_CHARS` characters before the word
+# it shows, and holds `SNIPPET_WORDS` words.
 SNIPPET_LEAD = 8
 LEAD_CHARS = 100
 SNIPPET_WORDS = 48
@@ -72,7 +72,7 @@ def _first_word(whole: str, tokens: list[str], words: Sequence[str]) -> int | No
     keys = {key for word in folded for key in (word, stem(word)) if len(key) >= 2}
     if not keys:
         return None
-    keyed = re.compile("|".join(map(re.escape, sorted(keys))))
+    keyed = re.compile("|".join(map(re.escape, sorted(keys, key=lambda k: (-len(k), k)))))
     if whole.isascii():  # one scan of the text, which folds to its own length
         at = _word_start(keyed, whole.lower())
         return None if at is None else whole.count(" ", 0, at)
@@ -83,11 +83,14 @@ def _first_word(whole: str, tokens: list[str], words: Sequence[str]) -> int | No
 
 
 def _word_start(keyed: re.Pattern[str], text: str) -> int | None:
-    """Where the first match of `keyed` in `text` that starts a word (after no letter or
-    digit: an underscore splits words) begins."""
+    """Where the first match of `keyed` (longest keys first) in `text` that starts a word
+    (after no letter or digit: an underscore splits words) begins; a key of two letters must
+    be the whole word ("id" of "ids" is not "idea")."""
     for found in keyed.finditer(text):
-        if found.start() == 0 or not text[found.start() - 1].isalnum():
-            return found.start()
+        start, end = found.span()
+        if (start == 0 or not text[start - 1].isalnum()) and (
+                end - start > 2 or end == len(text) or not text[end].isalnum()):
+            return start
     return None
 
 

@@ -219,10 +219,8 @@ class MemoryTools:
         """Erases a conversation thread for good: its messages, summaries, snapshots, pins,
         search entries and vectors (threads belong to no repo: `forget` leaves them). Returns
         how many messages went; a thread of that id starts again at seq 0."""
-        conversation = self.mem.conversation()
-        count = await conversation.count(thread_id)
-        await conversation.purge(thread_id)
-        return dumps({"thread_id": thread_id, "purged": count})
+        return dumps({"thread_id": thread_id,
+                      "purged": await self.mem.conversation().purge(thread_id)})
 
     async def _stored(self, thread_id: str, added: Sequence[object]) -> str:
         total = await self.mem.conversation().count(thread_id)

@@ -162,7 +162,7 @@ async def test_a_call_refused_at_the_gate_charges_no_call(
     server: ProviderServer, clock: VirtualClock
 ) -> None:
     """A call the Retry-After gate refuses was never sent: its budget (what `usage().calls`
-    counts) holds no call, where it counted one for each refused call."""
+    counts) holds no call."""
     server.script(rate_limited("90"), Answer())
     async with transport(server.openai_url, clock, backoff=Backoff()) as t:
         sent, refused = Budget(t.retry_policy), Budget(t.retry_policy)

@@ -231,9 +231,9 @@ async def test_facts_are_self_contained_sentences_with_step_index() -> None:
 
 
 async def test_an_actions_command_is_a_fact_only_when_it_names_a_value() -> None:
-    """A command the agent ran is an instruction, not a fact ("Note the wifi password." once
-    ranked above the password's fact); one that names a value (a number, or what a setting
-    verb sets) tells what holds after it."""
+    """A command the agent ran is an instruction, not a fact ("Note the wifi password." would
+    rank above the password's fact); one that names a value (a number, an assignment, or what
+    a setting verb sets its object to) tells what holds after it."""
     steps = [{"index": 0, "observation": "The office wifi password is hunter2.",
               "action": "Note the wifi password."},
              {"index": 1, "observation": "gunicorn listens on port 8001.",
@@ -241,12 +241,18 @@ async def test_an_actions_command_is_a_fact_only_when_it_names_a_value() -> None
              {"index": 2, "observation": "The cron jobs run at midnight UTC.",
               "action": "Restart the nginx service over SSH."},
              {"index": 3, "observation": "The server clock is wrong.",
-              "action": "Set the default timezone to Europe/Rome."}]
+              "action": "I'll set the default timezone to Europe/Rome."},
+             {"index": 4, "observation": "The logs are too quiet.",
+              "action": "Set LOG_LEVEL=debug on the staging server."},
+             {"index": 5, "observation": "The deploy job is flaky.",
+              "action": "Switch to the staging branch first."}]
     request = semantic_request(goal=GOAL, subgoal="set up the office", steps=steps)
     facts = [fact.proposition for fact in parse_facts(await OfflineLLM().generate(request))]
     assert facts == ["The office wifi password is hunter2.", "Gunicorn listens on port 8001.",
                      "Bind gunicorn to 127.0.0.1:8000.", "The cron jobs run at midnight UTC.",
-                     "The server clock is wrong.", "Set the default timezone to Europe/Rome."]
+                     "The server clock is wrong.", "I'll set the default timezone to Europe/Rome.",
+                     "The logs are too quiet.", "Set LOG_LEVEL=debug on the staging server.",
+                     "The deploy job is flaky."]
 
 
 @pytest.mark.parametrize(("subgoal", "sentence", "fact"), [
@@ -259,6 +265,9 @@ async def test_an_actions_command_is_a_fact_only_when_it_names_a_value() -> None
     ("staging server", "That shared folder holds the logs.",
      "Staging server: the shared folder holds the logs."),
     ("staging server", "That fixed it for the team.", "Staging server: fixed it for the team."),
+    ("staging server", "That fixed CI for everyone.", "Staging server: fixed CI for everyone."),
+    ("staging server", "That embedded device reboots nightly.",
+     "Staging server: the embedded device reboots nightly."),
 ])
 async def test_a_pronoun_becomes_a_topic_that_names_something(
     subgoal: str, sentence: str, fact: str

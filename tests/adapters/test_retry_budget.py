@@ -382,7 +382,7 @@ def test_max_retries_is_shorthand_for_max_calls() -> None:
 def test_a_bare_call_after_one_a_transport_took_up_in_one_task_is_counted() -> None:
     """A task's budget counts each call once: one a transport took up (and charged when it
     sent it), then one of an LLM without a transport (a wrapper asking a local model after a
-    hosted one), which a flag left set by the first had counted as none."""
+    hosted one); a call a transport took up and never sent counts as none."""
     budget = Budget(RetryPolicy())
     before = budget.mark()
     budget.taken += 1  # what `Transport.post_json` does, charging when it sends

@@ -221,7 +221,7 @@ def test_a_thread_another_writer_changed_during_the_ingest_is_named_as_such(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another writer appends to the session's thread while its source is ingested: the source
-    is stored, and the error says so (it said nothing was stored), naming the purge."""
+    is stored, and the error says so, naming the purge."""
     from mnemo.cli._database import CliError
     from mnemo.cli.ingest import ingest_file, load_file
 

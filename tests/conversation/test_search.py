@@ -74,8 +74,8 @@ async def test_a_snippet_is_the_message_when_it_fits_else_shows_the_word(
     cmem: mnemo.Memory,
 ) -> None:
     """The snippet is made from the text alike on both backends: the whole message when it
-    fits (PostgreSQL's headline cut its start), else from a little before the first query word
-    (a two-letter word too), which long words before it never push out of the snippet."""
+    fits, else from a little before the first query word (a two-letter word too), which long
+    words before it never push out of the snippet."""
     conv = cmem.conversation()
     told = "old thread 7: the kafka broker k7 password rotation happens weekly " + "ok " * 60
     await conv.save("old", [user(told)])
@@ -100,6 +100,8 @@ async def test_a_snippet_is_the_message_when_it_fits_else_shows_the_word(
     ("x " * 200 + "rename it, then name it", "name", "rename it, then name it"),
     ("x " * 200 + "Le Café ouvre " + "y " * 200, "cafe", "Le Café ouvre"),
     ("é " * 200 + "the kafka broker " + "y " * 200, "kafka", "the kafka broker"),
+    ("That idea was ideal " + "x " * 200 + "The ids collide.", "ids", "The ids collide."),
+    ("I opened it " + "x " * 200 + "Ask ops to restart it.", "ops", "Ask ops to restart it."),
 ])
 def test_a_snippet_finds_the_word_as_the_indexes_split_and_fold_it(
     text: str, query: str, shown: str

@@ -48,8 +48,8 @@ async def test_purge_thread_erases_a_users_messages_that_forget_leaves(
     mem: mnemo.Memory, tools: MemoryTools
 ) -> None:
     """A thread saved with a user's scope is not the repo's: `forget(where=)` leaves it, and
-    `purge_thread` erases it (an MCP client could store a user's messages and never erase
-    them); a thread of that id then starts again."""
+    `purge_thread` erases it, saying how many messages went; a thread of that id then starts
+    again."""
     said = [{"role": "user", "content": "My PIN is 4321 and my dog is Fluffernutter."}]
     await tools.save_messages("bob-chat", said, metadata={"user_id": "bob"})
     await tools.forget(REPO, where={"user_id": "bob"})

@@ -155,8 +155,8 @@ def message_row(message_id: str, thread_id: str, seq: int, draft: MessageDraft,
 
 class PgThreads(PgDialect, SqlThreads):
     """The conversation store on PostgreSQL: a message matches any query word (`WORD_QUERY`) in
-    its generated `search` column, ranked by FTS5's bm25 (`scoring_query`: `df`, `N` and
-    `avglen` counted up to `COUNT_CAP` messages)."""
+    its generated `search` column, ranked by a BM25 per word (`scoring_query`: Lucene's idf,
+    `df`, `N` and `avglen` counted up to `COUNT_CAP` messages, tf through `ts_rank`)."""
 
     _message_row = staticmethod(message_row)
 

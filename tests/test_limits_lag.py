@@ -17,7 +17,7 @@ from tests.loop import ticking
 pytestmark = pytest.mark.slow
 
 CHARS = 32_000
-COUNT = 20
+COUNT = 10
 BOUND = 0.5  # seconds
 
 

@@ -330,7 +330,7 @@ class LimitedLLM:
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         with task_budget(self.retry_policy) as budget, self._calling():
-            before = budget.mark()
+            before, called = budget.mark(), False
             try:
                 try:  # anyio's `acquire` always yields once, even with a token free
                     self._slots.acquire_nowait()
@@ -338,6 +338,7 @@ class LimitedLLM:
                     with waiting():
                         await self._slots.acquire()
                 try:
+                    called = True
                     response = await self._llm.generate(request)
                 except LLMError as exc:
                     # Replies given up on (a `Cut`) spent their tokens all the same.
@@ -347,8 +348,10 @@ class LimitedLLM:
                 finally:
                     self._slots.release()
             finally:
-                # Booked even when the call failed: a 429 storm's calls were spent all the same.
-                budget.charge_bare(before)
+                # Booked even when the call failed (a 429 storm's calls were spent all the
+                # same), not when it was cancelled waiting for its slot.
+                if called:
+                    budget.charge_bare(before)
                 calls, retries, re_asks = budget.counts()
                 counts = Usage(calls=calls - before[0], retries=retries - before[1],
                                re_asks=re_asks - before[2])

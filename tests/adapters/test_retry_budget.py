@@ -396,3 +396,19 @@ def test_a_bare_call_after_one_a_transport_took_up_in_one_task_is_counted() -> N
     budget.taken += 1  # refused at the Retry-After gate: taken up, never sent
     budget.charge_bare(before)
     assert budget.calls == 2
+
+
+async def test_a_call_cancelled_waiting_for_its_slot_is_booked_as_none() -> None:
+    """A call cancelled while another holds the only slot never reached the model: it books
+    no call (one that reached it and failed books one)."""
+    booked: list[Usage] = []
+    slots = anyio.CapacityLimiter(1)
+    llm = LimitedLLM(FakeLLM(), slots, booked.append)
+    holder = object()
+    await slots.acquire_on_behalf_of(holder)
+    with anyio.move_on_after(0.05):  # the wait, which no release ends, is cut short
+        await llm.generate(subgoal())
+    slots.release_on_behalf_of(holder)
+    assert [usage.calls for usage in booked] == [0]
+    await llm.generate(subgoal())
+    assert sum(usage.calls for usage in booked) == 1

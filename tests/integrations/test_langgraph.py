@@ -240,8 +240,8 @@ def test_search_filter_matches_in_memory_store(
         except (TypeError, ValueError) as exc:
             return type(exc)
 
-    async def both() -> None:
-        async with mnemo.Memory(":memory:") as mem:
+    async def both() -> None:  # filters read no vector: the hashed embedder loads at once
+        async with mnemo.Memory(":memory:", embedder=mnemo.HashEmbedder()) as mem:
             await mem.open_repo(REPO)
             assert await found(MnemoStore(mem, REPO)) == await found(InMemoryStore())
 

@@ -132,7 +132,7 @@ def _is_verb(words: list[str]) -> bool:
     """Whether the first of `words` (those after "this"/"that") is the pronoun's verb ("That
     is why", "That fixed CI", "That failed."), not a word of the noun it determines ("That
     shared folder holds the logs": a past form before a noun and a verb of its own)."""
-    word, *after = [w.strip(",.;:!?") for w in words] or [""]
+    word, *after = [w.strip(",.;:!?") for w in words]
     if word in _VERB_AFTER_DEMONSTRATIVE:
         return True
     if not (len(word) > 4 and word.endswith("ed") and not word.endswith("eed")):

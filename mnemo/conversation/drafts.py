@@ -89,8 +89,9 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
     role = check_name(message.get("role"), f"{where}.role")
     raw_content = message.get("content")
     for key in ("name", "tool_call_id"):
-        if key in message and not isinstance(message[key], str):
-            raise InvalidInputError(f"{where}.{key} must be a string, got {message[key]!r}")
+        if message.get(key) is not None and not isinstance(message[key], str):
+            raise InvalidInputError(
+                f"{where}.{key} must be a string or None, got {message[key]!r}")
     calls = message.get("tool_calls")
     if calls is not None and not (
         isinstance(calls, list) and all(isinstance(c, Mapping) for c in calls)

@@ -135,6 +135,10 @@ async def test_items_come_back_exactly_as_added(mem: mnemo.Memory) -> None:
     own = {"role": "user", "content": "hi", ITEM_KEY: {"note": "the app's own field"}}
     await MnemoSession(mem, "own").add_items([own])  # type: ignore[list-item]
     assert await MnemoSession(mem, "own").get_items() == [own]
+    # A pydantic item's `model_dump()` gives its unset fields as None.
+    dumped = {"role": "user", "content": "hello", "name": None, "tool_call_id": None}
+    await MnemoSession(mem, "dumped").add_items([dumped])  # type: ignore[list-item]
+    assert await MnemoSession(mem, "dumped").get_items() == [dumped]
     stored = await mem.conversation().raw("s")
     assert [m.role for m in stored] == [
         "user", "assistant", "assistant", "tool", "assistant", "assistant", "assistant"]

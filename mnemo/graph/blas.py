@@ -33,6 +33,6 @@ def limit_blas_threads(threads: int | None, environ: Mapping[str, str] = os.envi
 @functools.cache
 def _own_blas() -> list[LibController]:
     """The process's "pthreads" BLAS libraries, found once: threadpoolctl walks every loaded
-    library (15 ms once faiss and onnxruntime are loaded), and each Memory opened limits them."""
+    library, and each Memory opened limits them on the event loop."""
     return [lib for lib in ThreadpoolController().select(user_api="blas").lib_controllers
             if lib.info().get("threading_layer") == "pthreads"]

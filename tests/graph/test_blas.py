@@ -72,8 +72,8 @@ def test_blas_threads_must_be_a_positive_integer_or_none(value: object) -> None:
 
 
 async def test_the_libraries_are_walked_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Finding the libraries walks every one loaded (15 ms with faiss and onnxruntime, on the
-    event loop): a Memory opened after the first one limits the ones found then."""
+    """Finding the libraries walks every one loaded, on the event loop: a Memory opened after
+    the first one limits the ones found then."""
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                  "BLIS_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)

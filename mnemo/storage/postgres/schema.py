@@ -153,8 +153,7 @@ async def apply(conn: Connection, *, upgrade: bool = True) -> list[str]:
             await conn.execute(_LEDGER)
             cur = await conn.execute("SELECT name FROM mnemo_migrations")
             done = {str(name) for (name,) in await cur.fetchall()}
-            check_ledger(done, {migration.name for migration in MIGRATIONS}, BASELINE.name,
-                         upgrade=upgrade)
+            check_ledger(done, known, BASELINE.name, upgrade=upgrade)
             applied = []
             for migration in MIGRATIONS:
                 if migration.name in done:

@@ -178,12 +178,10 @@ class SqliteGraph(MaintainedGraph, ReembeddedGraph):
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
     ) -> list[Neighbor]:
         """Every link touching these nodes, seen from each of them, in either direction."""
-        if not node_ids:
-            return []
         ids = list(dict.fromkeys(node_ids))
-        return await self._database.run(
-            lambda db: read_neighbors(db, repo, ids, link_type)
-        )
+        if not ids:
+            return []
+        return await self._database.run(lambda db: read_neighbors(db, repo, ids, link_type))
 
     async def _context(self, repo: str, node_ids: Sequence[str], kinds: list[NodeType],
                        link_type: LinkType, then: More | None) -> NodeContext:

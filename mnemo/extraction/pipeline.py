@@ -227,14 +227,10 @@ def cumulative_returns(instructions: Sequence[Instruction],
     trajectory's end, mapped onto 1..10 (`NEUTRAL_RETURN` when none is known)."""
     scores: dict[int, int] = {}
     for i, ins in enumerate(instructions):
-        valid = [k for k in ins.steps or () if 0 <= k < len(rewards)]
-        start = min(valid) if valid else 0
+        start = min((k for k in ins.steps or () if 0 <= k < len(rewards)), default=0)
         known = [r for r in rewards[start:] if r is not None]
-        if not known:
-            scores[i] = NEUTRAL_RETURN
-            continue
-        mean = sum(known) / len(known)
-        scores[i] = min(10, max(1, int(1 + 9 * mean + 0.5)))
+        mean = sum(known) / len(known) if known else None
+        scores[i] = NEUTRAL_RETURN if mean is None else min(10, max(1, int(1 + 9 * mean + 0.5)))
     return scores
 
 

@@ -269,11 +269,8 @@ class Budget:
         self.retries += kind == "retry"
         self.re_asks += kind == "re_ask"
 
-    def counts(self) -> tuple[int, int, int]:
-        return self.calls, self.retries, self.re_asks
-
     def mark(self) -> tuple[int, int, int, int]:
-        """`counts()` and the calls a transport took up, for `charge_bare`."""
+        """The calls, retries, re-asks and calls a transport took up, for `charge_bare`."""
         return self.calls, self.retries, self.re_asks, self.taken
 
     def charge_bare(self, before: tuple[int, int, int, int]) -> None:
@@ -352,9 +349,8 @@ class LimitedLLM:
                 # same), not when it was cancelled waiting for its slot.
                 if called:
                     budget.charge_bare(before)
-                calls, retries, re_asks = budget.counts()
-                counts = Usage(calls=calls - before[0], retries=retries - before[1],
-                               re_asks=re_asks - before[2])
+                counts = Usage(calls=budget.calls - before[0], retries=budget.retries - before[1],
+                               re_asks=budget.re_asks - before[2])
                 self.book(counts)
         # The text whole (a JSON reply is cut only once decoded: `reply_data`), its data cut.
         response = replace(response, text=clean(response.text), data=storable(response.data))

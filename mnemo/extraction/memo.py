@@ -98,20 +98,15 @@ class TaskMemo:
     def __len__(self) -> int:
         return len(self._kept) + sum(len(fresh) for fresh in self._fresh.values())
 
-    def _find(self, trajectory_id: str, request: LLMRequest) -> KeptResult | None:
-        task = (trajectory_id, request.task)
-        if task in self._fresh:
-            self._hashed(task)
-        if task not in self._tasks:
-            return None
-        return self._kept.get((trajectory_id, request.task, request_digest(request)))
-
     async def ask(self, llm: LLM, trajectory_id: str, request: LLMRequest,
                   parse: Callable[[LLMResponse], T], *, unusable: T | None = None,
                   any_reply: bool = False) -> T:
         """The parsed reply to `request` for `trajectory_id`: the kept one (its cost booked as
         saved), else asked through `calls.tasks.ask` and kept (LLMError as `ask`)."""
-        kept = self._find(trajectory_id, request)
+        task = (trajectory_id, request.task)
+        if task in self._fresh:
+            self._hashed(task)
+        kept = self._kept.get((*task, request_digest(request))) if task in self._tasks else None
         if kept is not None:
             with suppress(ValueError):  # kept under another parser's rules: ask again
                 value = parse(LLMResponse(text=kept.text, data=kept.data))
@@ -140,7 +135,7 @@ class TaskMemo:
         reply = passed[-1]
         fresh = _Fresh(trajectory_id, request, reply.text, reply.data,
                        Usage(spent.input_tokens, spent.output_tokens, calls=calls))
-        self._fresh.setdefault((trajectory_id, request.task), []).append(fresh)
+        self._fresh.setdefault(task, []).append(fresh)
         self._unsaved.append(fresh)
         return value
 

@@ -127,8 +127,7 @@ class TaskMemo:
         # Opened here so that `ask` and the adapter join this budget.
         with task_budget(policy_of(llm)) as budget:
             before = budget.calls
-            value = await ask(llm, request, keep, policy=budget.policy, unusable=unusable,
-                              any_reply=any_reply)
+            value = await ask(llm, request, keep, unusable=unusable, any_reply=any_reply)
             calls = budget.calls - before
         if not passed:
             return value

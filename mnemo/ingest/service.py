@@ -60,8 +60,13 @@ class _InFlight:
     error: BaseException | None = None
 
 
-def check_trajectory(trajectory: Trajectory, config: Config) -> None:
-    """Checks the trajectory's steps, texts and metadata against `config` (InvalidInputError)."""
+def check_ingest(trajectory: Trajectory, source_id: str, progress: Progress | None,
+                 config: Config) -> None:
+    """An ingest's input (the trajectory's steps, texts and metadata) checked against the repo's
+    `config` (InvalidInputError), once, before the store is read."""
+    check_name(source_id, "source_id")
+    if progress is not None and not callable(progress):
+        raise InvalidInputError(f"progress must be a callable, got {progress!r}")
     limit = config.max_text_chars
     if not isinstance(trajectory, Trajectory):
         raise InvalidInputError(
@@ -83,16 +88,6 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> None:
         raise InvalidInputError("trajectory.metadata must be a dict or None")
     if trajectory.metadata is not None:
         check_json(trajectory.metadata, "trajectory.metadata", limit=limit)
-
-
-def check_ingest(trajectory: Trajectory, source_id: str, progress: Progress | None,
-                 config: Config) -> None:
-    """An ingest's input checked against the repo's `config` (InvalidInputError), once, before the
-    store is read."""
-    check_name(source_id, "source_id")
-    if progress is not None and not callable(progress):
-        raise InvalidInputError(f"progress must be a callable, got {progress!r}")
-    check_trajectory(trajectory, config)
 
 
 def _digest(trajectory: Trajectory, metadata: Metadata | None) -> str:

@@ -79,13 +79,14 @@ async def test_an_ingest_checks_its_trajectory_once(
     from mnemo.ingest import service
 
     checks: list[mnemo.Trajectory] = []
-    check = service.check_trajectory
+    check = service.check_ingest
 
-    def counted(given: mnemo.Trajectory, config: mnemo.Config) -> None:
+    def counted(given: mnemo.Trajectory, source_id: str, progress: service.Progress | None,
+                config: mnemo.Config) -> None:
         checks.append(given)
-        check(given, config)
+        check(given, source_id, progress, config)
 
-    monkeypatch.setattr(service, "check_trajectory", counted)
+    monkeypatch.setattr(service, "check_ingest", counted)
     await mem.ingest(REPO, trajectory("walk north", "open door"), source_id="s1")
     assert len(checks) == 1
 

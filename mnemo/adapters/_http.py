@@ -89,8 +89,7 @@ class HTTPFailure(Exception):
         """Whether the message names one of `words` (never for a 408 or 429)."""
         if self.status in (408, 429):
             return False
-        message = self.message.lower()
-        return any(word in message for word in words)
+        return any(word in self.message.lower() for word in words)
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:

@@ -116,9 +116,8 @@ def adapt(exc: AdapterError, budget: Budget, refuses: Callable[[HTTPFailure], bo
 
 def warn_cut(name: str, task: str, cap: int | None) -> None:
     """Logs that a free-text reply stopped at `cap`, or (None) when the model's context filled."""
-    why = "the model's context filled" if cap is None else f"at max_tokens={cap}"
     logger.warning("%s: the reply to task %r was cut short %s, so it is incomplete", name, task,
-                   why)
+                   "the model's context filled" if cap is None else f"at max_tokens={cap}")
 
 
 def example_of(schema: Mapping[str, object]) -> object:

@@ -83,7 +83,6 @@ def _successor(uri: str) -> str | None:
 
 def _problem(repo: str, kind: str, uri: str, exc: ModelURIError) -> str:
     argument = "llm" if kind == "LLM" else "embedder"
-    flag = f"--{argument} / {argument}="
     if _scheme(uri) not in (LLM_SCHEMES if kind == "LLM" else EMBEDDER_SCHEMES):
         return (f"repo {repo!r} runs the {kind} {uri}, which mnemo cannot build from its name: "
                 f"pass that {kind} as Memory({argument}=...) (the command line runs only "
@@ -91,7 +90,7 @@ def _problem(repo: str, kind: str, uri: str, exc: ModelURIError) -> str:
     fix = f"set {exc.variable}" if exc.variable else "fix the record"
     return (
         f"repo {repo!r} runs the {kind} {uri}, which cannot be built here: {exc}; {fix}, "
-        f"or choose another with {flag}"
+        f"or choose another with --{argument} / {argument}="
     )
 
 

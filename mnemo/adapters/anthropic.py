@@ -59,27 +59,25 @@ class Anthropic(HTTPModel):
         """The reply to `request` (with a schema, `data` is the forced tool's input, or the JSON its
         text holds); raises LLMTimeout, LLMContextError, Cut, or LLMError naming the status."""
         with task_budget(self.retry_policy) as budget:
-            if request.schema is None:
-                cap = reply_cap(request.max_tokens, self.max_tokens)
-                usage: Usage | None = None
-                while True:
-                    reply = await self._send(
-                        request, budget, tools=request.tools,
-                        force=request.tool_choice if request.tools else None, cap=cap,
-                    )
-                    usage = add_usage(usage, self._usage(*reply.tokens()))
-                    cut = reply.stop_reason == "max_tokens"
-                    if not (cut and any(b.type == "tool_use" for b in reply.content)):
-                        break
-                    # A tool call cut midway holds no whole input: asked again with more room.
-                    cap = more_room(self._http.name, request.task, cap, self.max_tokens, budget,
-                                    text=_text(reply.content), usage=usage)
-                if cut:
-                    warn_cut(self._http.name, request.task, cap)
-                calls = [tool_call(self._http.name, b.name, b.input, b.id)
-                         for b in reply.content if b.type == "tool_use" and b.name is not None]
-                return LLMResponse(text=_text(reply.content), tool_calls=calls, usage=usage)
-            return await self._structured(request, request.schema, budget)
+            if request.schema is not None:
+                return await self._structured(request, request.schema, budget)
+            cap = reply_cap(request.max_tokens, self.max_tokens)
+            usage: Usage | None = None
+            while True:
+                reply = await self._send(request, budget, tools=request.tools, cap=cap,
+                                         force=request.tool_choice if request.tools else None)
+                usage = add_usage(usage, self._usage(*reply.tokens()))
+                cut = reply.stop_reason == "max_tokens"
+                if not (cut and any(b.type == "tool_use" for b in reply.content)):
+                    break
+                # A tool call cut midway holds no whole input: asked again with more room.
+                cap = more_room(self._http.name, request.task, cap, self.max_tokens, budget,
+                                text=_text(reply.content), usage=usage)
+        if cut:
+            warn_cut(self._http.name, request.task, cap)
+        calls = [tool_call(self._http.name, b.name, b.input, b.id)
+                 for b in reply.content if b.type == "tool_use" and b.name is not None]
+        return LLMResponse(text=_text(reply.content), tool_calls=calls, usage=usage)
 
     async def _structured(
         self, request: LLMRequest, schema: JSONObject, budget: Budget
@@ -114,12 +112,12 @@ class Anthropic(HTTPModel):
         *,
         tools: Sequence[Mapping[str, object]] | None,
         force: str | None = None,
-        cap: int | None = None,
+        cap: int,
     ) -> Message:
         system, messages = _translate(request.system, request.messages)
         payload: dict[str, object] = {
             "model": self.model,
-            "max_tokens": cap or reply_cap(request.max_tokens, self.max_tokens),
+            "max_tokens": cap,
             "messages": messages,
         }
         if system:

@@ -249,13 +249,13 @@ class OpenAICompatible(HTTPModel):
         request: LLMRequest,
         mode: Mode | None,
         schema: JSONObject | None,
-        cap: int | None = None,
+        cap: int,
     ) -> dict[str, object]:
         system = request.system
         payload: dict[str, object] = {"model": self.model}
         if self._temperature is not None:
             payload["temperature"] = self._temperature
-        payload["max_tokens"] = cap or reply_cap(request.max_tokens, self.max_tokens)
+        payload["max_tokens"] = cap
         tools, force = (request.tools, request.tool_choice) if schema is None else ((), None)
         if schema is not None and mode == "json_schema":
             payload["response_format"] = {

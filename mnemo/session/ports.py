@@ -392,7 +392,6 @@ class StepsCommittedElsewhere(Exception):
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"{session_id}: steps committed by another Memory")
-        self.session_id = session_id
 
 
 class StaleSession(Exception):
@@ -400,4 +399,3 @@ class StaleSession(Exception):
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"{session_id}: moved by another Memory")
-        self.session_id = session_id

@@ -34,8 +34,6 @@ from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
 
-S = State
-
 
 def start(live: Sessions, session: SessionRecord, effect: Effect) -> None:
     """Starts `effect` for `session` in the background work's group (cancelled with it)."""
@@ -155,7 +153,7 @@ class Extraction:
             try:
                 failed = await transitions.move(
                     live, session, "extraction_failed",
-                    lambda: live.store.set_state(session.id, S.FAILED, version=session.version),
+                    lambda: live.store.set_state(session.id, State.FAILED, version=session.version),
                 )
             except StorageError as error:
                 # The store refuses even the failure: the session fails here all the same; the
@@ -256,7 +254,8 @@ class Extraction:
         receipts: list[CommitReceipt] = []
 
         async def persist() -> None:
-            receipts.append(await transitions.commit_steps(live, session, changeset, steps, S.IDLE))
+            receipts.append(
+                await transitions.commit_steps(live, session, changeset, steps, State.IDLE))
             session.last_receipt = receipts[0]
             session.episode = None
 

@@ -41,8 +41,6 @@ from mnemo.session.machine import (
 from mnemo.session.ports import StoredOp, StoredResult
 from mnemo.session.registry import Sessions
 
-S = State
-
 log = logging.getLogger("mnemo")
 
 
@@ -72,10 +70,10 @@ async def submit(
 async def _accept(live: Sessions, session: SessionRecord, kind: str, args: tuple[Any, ...],
                   callback: Callback | None) -> None:
     check_args(session, kind, args)
-    if session.state is S.EXTRACTING and not session.extracts:
+    if session.state is State.EXTRACTING and not session.extracts:
         await _store_for(live, session, kind, args, callback)  # another Memory extracts it
         return
-    if session.state is S.FAILED:
+    if session.state is State.FAILED:
         raise SessionError("session_failed", state=session.state, session_id=session.id)
     op = Op(kind, args, callback)
     if session.busy or awaits_handover(live, session):
@@ -98,7 +96,7 @@ async def _queue(live: Sessions, session: SessionRecord, op: Op) -> None:
             raise RuntimeError("the Memory has closed")
         if session.ended:
             raise NotFoundError("session", session.id)
-        if session.state is S.EXTRACTING:
+        if session.state is State.EXTRACTING:
             await _check_stored(live, session, op.kind, op_id)
             return
         # What this Memory stored while another held the extraction comes first in the queue.
@@ -244,7 +242,7 @@ def start_next(live: Sessions, session: SessionRecord) -> None:
         return
     if awaits_handover(live, session):
         return  # started once what this Memory stored is queued
-    if session.state is S.EXTRACTING or session.background:
+    if session.state is State.EXTRACTING or session.background:
         return
     _start(live, session, session.pending.popleft())
 
@@ -313,7 +311,7 @@ def watch(live: Sessions, session: SessionRecord) -> None:
                     except NotFoundError:
                         await fail_remote(live, session, "session_ended")
                         break
-                    if session.state is not S.EXTRACTING:
+                    if session.state is not State.EXTRACTING:
                         await run_stored(live, session)
                 except StorageError as exc:
                     # The results are in the store: a fault ends nothing.
@@ -391,7 +389,7 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
             # Its result goes to the store, for the Memory that accepted it.
             op.callback, op.stored = partial(_store_result, live, session, stored.id), stored.id
         ops.append(op)
-    if session.state is S.FAILED:
+    if session.state is State.FAILED:
         await _fail(live, session, ops, "extraction_failed")
         return
     for op in ops:

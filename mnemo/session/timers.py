@@ -34,8 +34,6 @@ from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
 
-S = State
-
 # A holder not seen for this long (and for a lease at least) is gone for good: what it took
 # for a closed Memory is forgotten.
 ORPHAN_GRACE = timedelta(hours=1)
@@ -157,7 +155,7 @@ async def end_idle(live: Sessions) -> float:
         if session is not None:
             await live.forget(session)
         await live.events.emit(
-            "session_expired", session_id=session_id, repo=repo, state=S.IDLE, committed=False
+            "session_expired", session_id=session_id, repo=repo, state=State.IDLE, committed=False
         )
     return math.inf if swept.next_due is None else swept.next_due
 
@@ -186,7 +184,7 @@ async def run(live: Sessions) -> None:
                     not session.driven):
                 live.timed.discard(session_id)  # gone, or another Memory's (`drive` adds it)
                 continue
-            if session.state not in (S.COLLECTING, S.IDLE) or session.checking:
+            if session.state not in (State.COLLECTING, State.IDLE) or session.checking:
                 continue
             due = min(_deadlines(session))
             if now < due:
@@ -217,7 +215,7 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
     the session by a compare-and-set on its version, so no other Memory extracts its steps."""
     try:
         await live.fetch(session.id, fresh=True)  # read again only when its version moved
-        if not session.driven or session.state not in (S.COLLECTING, S.IDLE):
+        if not session.driven or session.state not in (State.COLLECTING, State.IDLE):
             return
         now = anyio.current_time()
         expiry, flush_at = _deadlines(session)
@@ -239,7 +237,7 @@ async def _due(live: Sessions, session: SessionRecord) -> None:
             await extracting.take_commits(live, session)
             return
         async with session.lock:
-            claimed = session.state is S.COLLECTING and await transitions.hold(live, session)
+            claimed = session.state is State.COLLECTING and await transitions.hold(live, session)
             if not claimed:
                 # Moved meanwhile: the loop looks again.
                 await live.reload(session, conflict=True)
@@ -279,7 +277,7 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
             raise SessionError("not_idle", state=session.state, session_id=session.id)
 
     while True:
-        while (_working(session) or current_state(session) is S.EXTRACTING) and not (
+        while (_working(session) or current_state(session) is State.EXTRACTING) and not (
             session.ended
         ):
             if session.scopes or _working(session):
@@ -291,11 +289,11 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
         if used():
             _restart(live, session)  # used meanwhile: its deadline runs again from that use
             return
-        if current_state(session) is S.FAILED:
+        if current_state(session) is State.FAILED:
             # Ending it would leave its steps out of the graph: keep it for a retry.
             log.warning("%s: expired, but its last extraction failed; kept", session.id)
             return
-        if current_state(session) is not S.COLLECTING:
+        if current_state(session) is not State.COLLECTING:
             break
         try:
             await transitions.start_extraction(live, session, "close", None, refuse=refuse)

@@ -37,8 +37,6 @@ from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
 
-S = State
-
 
 async def move(
     live: Sessions,
@@ -148,7 +146,7 @@ async def start_extraction(
 
     async def persist() -> int:
         # Extracting and held by this Memory in one compare-and-set (never nobody's).
-        if not await hold(live, session, state=S.EXTRACTING, model=model):
+        if not await hold(live, session, state=State.EXTRACTING, model=model):
             raise StaleSession(session.id)
         session.extraction_model = model
         return session.version
@@ -162,7 +160,7 @@ async def start_extraction(
 async def commit(
     live: Sessions, session: SessionRecord, op: Op | None = None
 ) -> CommitReceipt | None:
-    if session.state is S.FAILED:
+    if session.state is State.FAILED:
         session.failure = None
         await start_extraction(live, session, "commit", op)
         return None
@@ -174,7 +172,7 @@ async def commit(
         assert changeset is not None, "a ready session holds its changeset"
         wanted = set(changeset.step_ids)
         steps = [s for s in episode.steps if s.id in wanted] if episode else []
-        receipt = await commit_steps(live, session, changeset, steps, S.IDLE)
+        receipt = await commit_steps(live, session, changeset, steps, State.IDLE)
         session.changeset = session.episode = None
         session.last_receipt = receipt
 

@@ -280,8 +280,6 @@ async def _fail(live: Sessions, session: SessionRecord, ops: list[Op], reason: s
         await deliver(op.callback, failure(session, reason))
 
 
-# How often a Memory waiting on stored operations looks at the store's change token.
-WATCH_INTERVAL = transitions.POLL_INTERVAL
 # After storage faults in a row, the watcher pauses up to this many intervals.
 WATCH_BACKOFF = 64
 
@@ -301,7 +299,7 @@ def watch(live: Sessions, session: SessionRecord) -> None:
                 try:
                     current = await live.coordination.change_token()
                     if current == token:
-                        await anyio.sleep(WATCH_INTERVAL)
+                        await anyio.sleep(transitions.POLL_INTERVAL)
                         continue
                     await deliver_results(live, session)
                     if not live.remote.get(session.id):
@@ -318,7 +316,7 @@ def watch(live: Sessions, session: SessionRecord) -> None:
                     faults += 1
                     log.warning("%s: waiting for operations held elsewhere: %s (attempt %d)",
                                 session.id, exc, faults)
-                    await anyio.sleep(WATCH_INTERVAL * min(2**faults, WATCH_BACKOFF))
+                    await anyio.sleep(transitions.POLL_INTERVAL * min(2**faults, WATCH_BACKOFF))
                     continue
                 token, faults = current, 0
         finally:
@@ -400,8 +398,8 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
     session.pending.extend(merged)
 
 
-# A result for another Memory is stored again after a fault, pausing from WATCH_INTERVAL up, for
-# this many seconds in the callback, then in the background while this Memory is open.
+# A result for another Memory is stored again after a fault, pausing from `POLL_INTERVAL` up,
+# for this many seconds in the callback, then in the background while this Memory is open.
 FINISH_BUDGET = 10.0
 
 
@@ -433,7 +431,7 @@ async def _keep_storing(live: Sessions, op_id: str, result: StoredResult) -> Non
         except StorageError as exc:
             attempt += 1
             log.warning("%s: storing its result failed (attempt %d): %r", op_id, attempt, exc)
-        await anyio.sleep(WATCH_INTERVAL * 2 ** min(attempt - 1, 6))
+        await anyio.sleep(transitions.POLL_INTERVAL * 2 ** min(attempt - 1, 6))
 
 
 async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> None:

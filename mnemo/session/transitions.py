@@ -139,9 +139,8 @@ async def start_extraction(
     refuse: Callable[[], None] | None = None,
     facts: Callable[[], dict[str, object]] | None = None,
 ) -> None:
-    """Moves the session to `extracting` (recording its repo's model: who may take the work
-    over) and asks for its extraction; `refuse` as `move`'s."""
-    # The repo's model (only a Memory with it may resume the work); overrides are not persisted.
+    """Moves the session to `extracting` (recording its repo's model, as overrides are not
+    persisted: who may take the work over) and asks for its extraction; `refuse` as `move`'s."""
     model = model_name(session.repo_runtime.llm)
 
     async def persist() -> int:

@@ -234,11 +234,9 @@ async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, given: Config,
                         f"source {sid!r} was ingested, but its thread refused the messages:"
                         f" {exc}; `mnemo purge {sid} --repo {repo}` erases both") from exc
                 progress.remove_task(steps)
-                report.append(
-                    {
-                        "source_id": source.source_id, "created": receipt.created,
-                        "nodes": len(receipt.node_ids), "steps": len(source.trajectory.steps),
-                        "thread_id": source.source_id if threads else None, "messages_saved": saved}
-                )
+                report.append({
+                    "source_id": source.source_id, "created": receipt.created,
+                    "nodes": len(receipt.node_ids), "steps": len(source.trajectory.steps),
+                    "thread_id": source.source_id if threads else None, "messages_saved": saved})
                 progress.advance(task)
     return report

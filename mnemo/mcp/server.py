@@ -291,10 +291,8 @@ class MemoryTools:
         receipt = await mem.close_and_commit(session_id)
         # No tool can start a new episode in an idle session, so it is ended.
         await mem.end_session(session_id)
-        return dumps(
-            {
-                "session_id": session_id, "node_ids": receipt.node_ids[: _output.MAX_LISTED],
-                "node_count": len(receipt.node_ids)})
+        return dumps({"session_id": session_id, "node_ids": receipt.node_ids[:_output.MAX_LISTED],
+                      "node_count": len(receipt.node_ids)})
 
     async def persist_memory(
         self,

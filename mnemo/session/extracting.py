@@ -188,9 +188,8 @@ class Extraction:
         registry.annotate(live, session)
         limit = session.runtime.config.extraction_timeout
         left = -1
-        while session.unannotated() and left != len(session.unannotated()) and (
-            session.annotating
-        ):
+        while (session.unannotated() and left != len(session.unannotated())
+               and session.annotating):
             left = len(session.unannotated())
             with anyio.move_on_after(limit):
                 while len(session.unannotated()) == left and session.annotating:
@@ -246,9 +245,7 @@ class Extraction:
                 log.warning("%s: could not store a kept %s result: %r", session.id, kept.task, exc)
                 return
 
-    async def _auto_commit_close(
-        self, changeset: Changeset, steps: list[StepRecord]
-    ) -> bool:
+    async def _auto_commit_close(self, changeset: Changeset, steps: list[StepRecord]) -> bool:
         """Commits the close's changeset and moves the session to `idle`; False if stale."""
         live, session = self.live, self.session
         receipts: list[CommitReceipt] = []
@@ -267,9 +264,7 @@ class Extraction:
             await transitions.applied(live, session, receipts[0])
         return moved
 
-    async def commit_in_background(
-        self, steps: list[StepRecord]
-    ) -> bool:
+    async def commit_in_background(self, steps: list[StepRecord]) -> bool:
         """Auto-commit of finished steps while the session keeps collecting (`steps` claimed
         and counted in `background` by the caller); False when it failed."""
         live, session = self.live, self.session
@@ -372,9 +367,8 @@ async def _take_timers(live: Sessions, session: SessionRecord) -> None:
     config = session.config
     if session.driven or not config.auto_commit:
         return
-    if config.flush_timeout is None and config.session_timeout is None and not (
-        session.finished_steps()
-    ):
+    if (config.flush_timeout is None and config.session_timeout is None
+            and not session.finished_steps()):
         return  # no timers and nothing started: nothing to drive, so nothing written
     if _same_model(session) and await transitions.hold(live, session):
         log.info("%s: taking over its auto-commit timers", session.id)

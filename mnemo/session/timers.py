@@ -277,9 +277,8 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
             raise SessionError("not_idle", state=session.state, session_id=session.id)
 
     while True:
-        while (_working(session) or current_state(session) is State.EXTRACTING) and not (
-            session.ended
-        ):
+        while (_working(session) or current_state(session) is State.EXTRACTING) and (
+                not session.ended):
             if session.scopes or _working(session):
                 await session.changed.wait()
             else:

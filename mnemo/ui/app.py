@@ -370,12 +370,9 @@ async def history(request: Request) -> Response:
     commits = await view.memory.history(repo, limit=limit)
     more = min(limit * 2, MAX_COMMITS) if len(commits) == limit < MAX_COMMITS else None
     goals = await commit_goals(partial(view.memory.get_node, repo), commits)
-    return page(
-        request,
-        "history.html",
-        {
-            "repo": repo, "commits": commits, "goals": goals, "more": more,
-            "reverted": params.get("reverted", "")})
+    return page(request, "history.html", {
+        "repo": repo, "commits": commits, "goals": goals, "more": more,
+        "reverted": params.get("reverted", "")})
 
 
 async def commit(request: Request) -> Response:
@@ -391,16 +388,13 @@ async def commit(request: Request) -> Response:
                 if n]
     goal = (await commit_goals(partial(view.memory.get_node, repo), [diff.commit])).get(
         diff.commit.id)
-    return page(
-        request,
-        "commit.html",
-        {
-            "repo": repo, "diff": diff, "record": diff.commit, "goal": goal,
-            "nodes_by_type": [(t, nodes) for t in NodeType
-                              if (nodes := [n for n in diff.nodes if n.type is t])],
-            "links": [(link, texts.get(link.src), texts.get(link.dst)) for link in shown],
-            "links_hidden": len(diff.links) - len(shown),
-            "gone": diff.commit.node_count - len(diff.nodes), "reworded": reworded})
+    return page(request, "commit.html", {
+        "repo": repo, "diff": diff, "record": diff.commit, "goal": goal,
+        "nodes_by_type": [(t, nodes) for t in NodeType
+                          if (nodes := [n for n in diff.nodes if n.type is t])],
+        "links": [(link, texts.get(link.src), texts.get(link.dst)) for link in shown],
+        "links_hidden": len(diff.links) - len(shown),
+        "gone": diff.commit.node_count - len(diff.nodes), "reworded": reworded})
 
 
 async def _texts(view: MemorySource, repo: str, diff: CommitDiff,

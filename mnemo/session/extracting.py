@@ -261,7 +261,8 @@ class Extraction:
             data=lambda: {"node_ids": receipts[0].node_ids},
         )
         if moved:
-            await transitions.applied(live, session, receipts[0])
+            await live.events.applied(session.repo, receipts[0].node_ids,
+                                      receipts[0].changeset_id, session_id=session.id)
         return moved
 
     async def commit_in_background(self, steps: list[StepRecord]) -> bool:
@@ -299,7 +300,8 @@ class Extraction:
             return False
         _background_done(session, steps)
         trajectories = sorted({s.trajectory_id for s in steps})
-        await transitions.applied(live, session, receipt)
+        await live.events.applied(session.repo, receipt.node_ids, receipt.changeset_id,
+                                  session_id=session.id)
         await live.events.emit(
             "trajectory_committed", session_id=session.id, repo=session.repo,
             node_ids=receipt.node_ids, trajectory_ids=trajectories,

@@ -179,14 +179,9 @@ async def commit(
                       data=lambda: {"node_ids": receipt.node_ids if receipt else []}):
         raise NotFoundError("session", session.id)
     assert receipt is not None
-    await applied(live, session, receipt)
-    return receipt
-
-
-async def applied(live: Sessions, session: SessionRecord, receipt: CommitReceipt) -> None:
-    """Reports a commit of the session's changeset ("changeset_applied")."""
     await live.events.applied(session.repo, receipt.node_ids, receipt.changeset_id,
                               session_id=session.id)
+    return receipt
 
 
 async def discard(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:

@@ -200,8 +200,6 @@ class VectorIndex:
         """The cosine to `vector` of each of these ids that has a row, in one product."""
         size, matrix, _, _, rows, _ = self._view
         found = [i for i in dict.fromkeys(node_ids) if rows.get(i, size) < size]
-        if not found:
-            return {}
         at = np.fromiter((rows[i] for i in found), dtype=np.intp, count=len(found))
         scores = matrix[at] @ unit(vector)[0]
         return dict(zip(found, scores.tolist(), strict=True))

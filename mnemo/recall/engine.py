@@ -329,8 +329,6 @@ class Recaller:
 
         context = await hops.pure(gathered, len(read.nodes) + len(read.links))
         trace.mark("provenance")
-        if self.config.recall_neighbour_weight > 0:
-            trace.mark("neighbours")
         return context
 
     async def _rank(

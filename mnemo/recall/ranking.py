@@ -27,8 +27,6 @@ def reciprocal_rank_fusion(
 ) -> dict[str, float]:
     """Fuses rankings (best first) into scores, first place in every ranking scoring 1.0:
     score(d) = sum over rankings of w / (k + rank(d)), divided by its maximum."""
-    if not rankings:
-        return {}
     weights = [1.0] * len(rankings) if weights is None else list(weights)
     best = sum(weights) / (k + 1)
     if best <= 0:

@@ -228,7 +228,6 @@ class ConversationManager:
         Raises:
             InvalidInputError: a blank thread id, or a bad query.
             EmbeddingError: `Semantic` with a query, and embedding failed."""
-        check_id(thread_id, "thread_id")
         if query is not None:
             check_text(query, "query", limit=self._service.config.max_text_chars, stored=False)
         await self._expire(thread_id)

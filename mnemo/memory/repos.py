@@ -40,7 +40,6 @@ class Repos:
         embedder: Embedder | None,
         stored: Callable[[], Awaitable[list[RepoRow]]],
     ) -> None:
-        check_models(llm, embedder)
         self.config = config
         self._stored = stored  # the store's repos: the one truth, other Memory objects' too
         self.llm: LLM = llm if llm is not None else OfflineLLM()

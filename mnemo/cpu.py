@@ -242,9 +242,7 @@ class DeferredRead(Generic[T]):
 class FallbackRead(Generic[T]):
     """`first`'s result, or, when it is None, the result of `otherwise` (run then)."""
 
-    def __init__(
-        self, first: Queued[T | None], otherwise: Callable[[], Awaitable[T]]
-    ) -> None:
+    def __init__(self, first: Queued[T | None], otherwise: Callable[[], Awaitable[T]]) -> None:
         self._first = first
         self._otherwise = otherwise
 

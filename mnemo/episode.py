@@ -115,8 +115,7 @@ STATE_SCHEMA = reply_schema(StateReply)
 STATE_TOKENS = most_tokens(STATE_SCHEMA)
 STATE_SYSTEM = (
     "You keep track of the state of the environment an agent is working in. "
-    "You write short, factual state summaries."
-)
+    "You write short, factual state summaries.")
 STATE_INSTRUCTIONS = """\
 Summarise the state of the environment right after the agent's latest step.
 - goal: what the agent is trying to achieve overall.
@@ -150,8 +149,7 @@ def parse_state(resp: LLMResponse) -> str:
         return resp.text.strip()  # the paragraph alone (a JSON object in it is the step's)
     raise ValueError(
         "state reply holds no summary: expected a non-blank \"state\" in data (or the "
-        f"paragraph in text), got text={resp.text!r} and data={preview(resp.data)}"
-    )
+        f"paragraph in text), got text={resp.text!r} and data={preview(resp.data)}")
 
 
 class SubgoalReply(Reply, frozen=True, kw_only=True):
@@ -164,8 +162,7 @@ class SubgoalReply(Reply, frozen=True, kw_only=True):
 SUBGOAL_SCHEMA = reply_schema(SubgoalReply)
 SUBGOAL_SYSTEM = (
     "You segment an agent's work into sub-tasks. For each step you name the sub-task "
-    "(subgoal) that the step serves."
-)
+    "(subgoal) that the step serves.")
 SUBGOAL_INSTRUCTIONS = """\
 Name the subgoal of the agent's latest step: the concrete sub-task, toward the goal, that the
 observation and action are about. Write it as a short imperative phrase of 3 to 8 words, for

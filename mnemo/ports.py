@@ -44,9 +44,8 @@ class Usage:
     def __add__(self, other: Usage) -> Usage:
         counts = {f.name: getattr(self, f.name) + getattr(other, f.name)
                   for f in fields(self) if f.name != "cost"}
-        cost = None if self.cost is None and other.cost is None else (self.cost or 0.0) + (
-            other.cost or 0.0
-        )
+        cost = None if self.cost is None and other.cost is None else (
+            (self.cost or 0.0) + (other.cost or 0.0))
         return Usage(cost=cost, **counts)
 
 
@@ -175,8 +174,7 @@ async def embed(embedder: Embedder, texts: Sequence[str]) -> npt.NDArray[np.floa
     if matrix.shape[1] != embedder.dim:
         raise EmbeddingError(
             f"the embedder returned vectors of dimension {matrix.shape[1]}, "
-            f"but it declares dimension {embedder.dim}"
-        )
+            f"but it declares dimension {embedder.dim}")
     if not np.all(np.isfinite(matrix)):
         raise EmbeddingError("the embedder returned a vector with NaN or infinite values")
     return matrix
@@ -214,8 +212,7 @@ def check_dim(repo: str, embedder: Embedder, dim: int) -> None:
         raise EmbeddingError(
             f"repo {repo!r} holds vectors of dimension {dim}, but the embedder "
             f"{getattr(embedder, 'name', type(embedder).__name__)} makes "
-            f"dimension {embedder.dim}; open the repo with an embedder of its dimension"
-        )
+            f"dimension {embedder.dim}; open the repo with an embedder of its dimension")
 
 
 def model_name(model: object) -> str:

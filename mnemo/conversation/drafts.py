@@ -60,13 +60,11 @@ def check_history(messages: object) -> Sequence[Mapping[str, object]]:
     """The history as a sequence of mappings; raises InvalidInputError for anything else."""
     if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
         raise InvalidInputError(
-            f"messages must be a list of message dicts, got {type(messages).__name__}"
-        )
+            f"messages must be a list of message dicts, got {type(messages).__name__}")
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
             raise InvalidInputError(
-                f"messages[{index}] must be a dict, got {type(message).__name__}"
-            )
+                f"messages[{index}] must be a dict, got {type(message).__name__}")
     return messages
 
 
@@ -94,15 +92,13 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
                 f"{where}.{key} must be a string or None, got {message[key]!r}")
     calls = message.get("tool_calls")
     if calls is not None and not (
-        isinstance(calls, list) and all(isinstance(c, Mapping) for c in calls)
-    ):
+            isinstance(calls, list) and all(isinstance(c, Mapping) for c in calls)):
         raise InvalidInputError(f"{where}.tool_calls must be a list of dicts, got {calls!r}")
     if calls is not None and len(calls) > config.max_tool_calls_per_message:
         raise InvalidInputError(
             f"{where}.tool_calls holds {len(calls):,} calls, more than the "
             f"{config.max_tool_calls_per_message:,} a message may hold "
-            "(Config.max_tool_calls_per_message)"
-        )
+            "(Config.max_tool_calls_per_message)")
     if "content" not in message and not calls:
         raise InvalidInputError(
             f"{where} has no content (only a message with tool_calls may leave it out)")
@@ -111,14 +107,12 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
     elif raw_content is None or isinstance(raw_content, list):
         content = parts_text(raw_content or [])
         if isinstance(raw_content, list) and not all(
-            isinstance(p, str | Mapping) for p in raw_content
-        ):
+                isinstance(p, str | Mapping) for p in raw_content):
             raise InvalidInputError(f"{where}.content parts must be strings or dicts")
     else:
         raise InvalidInputError(
             f"{where}.content must be a string, None or a list of parts, got "
-            f"{type(raw_content).__name__}"
-        )
+            f"{type(raw_content).__name__}")
     data = {k: v for k, v in message.items() if k not in {"role", "content"}}
     if "content" not in message:
         data["content"] = NO_CONTENT
@@ -149,8 +143,7 @@ def message_key(message: Mapping[str, object], index: int) -> bytes:
     they are not JSON-serialisable."""
     role, content = message.get("role"), message.get("content")
     if isinstance(role, str) and isinstance(content, str) and not any(
-        key in message for key in COMPARED[2:]
-    ):
+            key in message for key in COMPARED[2:]):
         # Most messages: a third of the time JSON takes (no "[" starts this form).
         text = f"{len(role)}:{role}{content}"
     else:

@@ -96,12 +96,10 @@ def _message_ref(raw: int | str, by_seq: dict[int, str]) -> str | None:
 
 
 NO_TOOL_CALL = (
-    "error: your reply called no tool and was discarded; answer only through the tools"
-)
+    "error: your reply called no tool and was discarded; answer only through the tools")
 NO_SNAPSHOT_DATA = (
     'error: your reply was not save_snapshot\'s arguments {"text": "<the summary>"} and was '
-    "discarded"
-)
+    "discarded")
 
 
 # The forms of `tool_choice` tried in turn while no snapshot is saved, before asking for it as

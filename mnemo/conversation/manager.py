@@ -148,8 +148,7 @@ class ConversationManager:
         if new > most:
             raise InvalidInputError(
                 f"messages holds {new:,} new messages, more than the {most:,} one call "
-                "stores (Config.max_messages_per_save): save the history in slices of it"
-            )
+                "stores (Config.max_messages_per_save): save the history in slices of it")
 
     async def _embed(
         self, thread_id: str, drafts: Mapping[int, MessageDraft], done: dict[int, Vector]
@@ -217,8 +216,7 @@ class ConversationManager:
         raise InvalidInputError(
             f"messages does not extend the {stored:,} messages stored in thread {thread_id!r}"
             f": {where} (role, content, name, tool_calls or tool_call_id); nothing was "
-            "stored. save takes the whole history so far; append takes new messages only"
-        )
+            "stored. save takes the whole history so far; append takes new messages only")
 
     async def load(self, thread_id: str, query: str | None = None) -> list[JSONObject]:
         """The thread for a model: compactions as system messages, passive recall for open
@@ -271,8 +269,7 @@ class ConversationManager:
         check_text(summary_text, "summary_text", limit=self._service.config.max_text_chars)
         async with self._service.thread_locks.hold(thread_id):
             return await self._service.store.add_compaction(
-                thread_id, start_seq, end_seq, summary_text, self.clock()
-            )
+                thread_id, start_seq, end_seq, summary_text, self.clock())
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
         """The thread's compaction records, by start_seq."""
@@ -356,8 +353,7 @@ class ConversationManager:
                     if start <= c.start_seq and c.end_seq <= chunk[-1].seq]
             try:
                 record = await service.store.add_compaction(
-                    thread_id, start, chunk[-1].seq, summary, self.clock(), replaces=seen
-                )
+                    thread_id, start, chunk[-1].seq, summary, self.clock(), replaces=seen)
             except (ConflictError, InvalidInputError):
                 # Another Memory compacted the thread meanwhile: its record stands.
                 log.warning("thread %r was compacted by another writer while summarising; "
@@ -366,13 +362,10 @@ class ConversationManager:
             compactions = [c for c in compactions if not start <= c.start_seq <= chunk[-1].seq]
             compactions.append(record)
             await service.events.emit(
-                "thread_compacted", thread_id=thread_id, start_seq=start, end_seq=chunk[-1].seq
-            )
+                "thread_compacted", thread_id=thread_id, start_seq=start, end_seq=chunk[-1].seq)
 
 
-def _summary_inputs(
-    chunk: Sequence[Message], inner: Sequence[Compaction]
-) -> list[JSONObject]:
+def _summary_inputs(chunk: Sequence[Message], inner: Sequence[Compaction]) -> list[JSONObject]:
     """The "summary" task's messages: the chunk's, each cut short, and each inner compaction
     as a "summary" message at its start seq, in seq order."""
     items = [(m.seq, m.role, flat(m.content, SUMMARY_TOOL_CHARS if m.is_tool_result

@@ -171,13 +171,11 @@ def replaced_compactions(
         if not (start_seq <= s and e <= end_seq):
             raise InvalidInputError(
                 f"compaction {start_seq}-{end_seq} overlaps compaction {s}-{e} of"
-                f" thread {thread_id!r} without containing it"
-            )
+                f" thread {thread_id!r} without containing it")
     inside = [s for s, _ in overlapping]
     if expected is not None and set(inside) != set(expected):
         raise ConflictError(
-            f"thread {thread_id!r} was compacted by another writer meanwhile"
-        )
+            f"thread {thread_id!r} was compacted by another writer meanwhile")
     return inside
 
 

@@ -38,13 +38,11 @@ def check_expected(
 ) -> None:
     """Refuses (ConflictError) an append checked against another stored history than `state`'s."""
     if (length is not None and state.history_len != length) or (
-        seq is not None and state.next_seq != seq) or (
-        digest is not None and state.history_hash not in (digest, None)
-    ):
+            seq is not None and state.next_seq != seq) or (
+            digest is not None and state.history_hash not in (digest, None)):
         raise ConflictError(
             f"thread {thread_id!r} changed while saving: {state.history_len} messages "
-            f"stored, expected {length}"
-        )
+            f"stored, expected {length}")
 
 
 def next_hash(state: ThreadState, drafts: Sequence[MessageDraft], digest: str | None) -> (

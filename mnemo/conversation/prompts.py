@@ -40,8 +40,7 @@ def _summarising(task: str, system: str, instructions: str, max_words: int,
 
 SUMMARY_SYSTEM = (
     "You compress the older part of a conversation into a summary that replaces it in the "
-    "context window of an AI assistant."
-)
+    "context window of an AI assistant.")
 SUMMARY_INSTRUCTIONS = """\
 Summarise these messages of a conversation so that the assistant can continue without them.
 If a previous summary is given, merge it with the new messages into one summary.
@@ -74,8 +73,7 @@ def parse_summary(resp: LLMResponse, max_words: int) -> str:
 
 
 FOLD_SYSTEM = (
-    "You merge consecutive summaries of a long conversation into one shorter summary."
-)
+    "You merge consecutive summaries of a long conversation into one shorter summary.")
 FOLD_INSTRUCTIONS = """\
 These summaries cover consecutive parts of one conversation, oldest first. Merge them into a
 single summary of at most max_words words that keeps what a reader needs later: goals,
@@ -146,8 +144,7 @@ save_snapshot alone, as one JSON object: {"text": "<the summary>"}."""
 EVICTION_SYSTEM = (
     "You manage the memory of an AI assistant whose context window is full. The oldest "
     "messages are about to leave it; decide what of them must stay visible. You communicate "
-    "only through your tools: any text you write is discarded, unread."
-)
+    "only through your tools: any text you write is discarded, unread.")
 EVICTION_INSTRUCTIONS = """\
 The assistant's context window comes in three zones, oldest first, one message per line as
 "message N: role: text"; runs of tool calls are collapsed to "[K tools called]":

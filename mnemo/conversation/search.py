@@ -109,5 +109,4 @@ def render_hits(hits: Sequence[SearchHit]) -> str:
     return "\n".join(
         f"{i}. [{h.message_id}] thread {h.thread_id}, message {h.seq} ({h.role}): "
         f"{flat(h.snippet, SNIPPET_CHARS + 20)}"
-        for i, h in enumerate(hits, 1)
-    )
+        for i, h in enumerate(hits, 1))

@@ -239,8 +239,7 @@ class ConversationService:
             read = inputs.boundary_seq
             try:
                 return await self._evict_from(
-                    inputs, thread_id, token_budget, eviction_fraction, llm
-                )
+                    inputs, thread_id, token_budget, eviction_fraction, llm)
             except ConflictError:
                 attempts += 1
                 if attempts == MAX_ATTEMPTS:
@@ -336,8 +335,7 @@ class ConversationService:
             if len(await self.store.open_goals(thread_id)) >= most:
                 raise InvalidInputError(
                     f"thread {thread_id!r} has {most:,} open goals, the most it may have "
-                    "(Config.max_open_goals): complete one first"
-                )
+                    "(Config.max_open_goals): complete one first")
             return await self.store.add_goal(thread_id, description.strip(), self.clock())
 
     async def complete_goal(self, goal_id: str) -> None:
@@ -406,8 +404,7 @@ def compressions(
         if not isinstance(item, Summary | ToolOutputPruner):
             raise InvalidInputError(
                 f"compression must be mnemo.Summary or mnemo.ToolOutputPruner (or a list of "
-                f"them), got {item!r}"
-            )
+                f"them), got {item!r}")
     return items
 
 

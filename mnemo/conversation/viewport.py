@@ -138,8 +138,7 @@ def with_recalled(view: Viewport, hits: Sequence[SearchHit]) -> Viewport:
     `RECALL_SHARE` of its budget."""
     room = min(view.token_budget * RECALL_SHARE, view.token_budget - view.tokens)
     kept, used = _fit(
-        ((count_tokens(recalled_line(hit)) + MESSAGE_OVERHEAD, hit) for hit in hits), room
-    )
+        ((count_tokens(recalled_line(hit)) + MESSAGE_OVERHEAD, hit) for hit in hits), room)
     return replace(view, recalled=kept, tokens=view.tokens + used)
 
 

@@ -79,11 +79,8 @@ async def nearest_of_type(
         return await nearest_among(
             {i: v for i in among if (v := index.get(i)) is not None}, probes, k)
     accelerator = index.accelerator
-    if (
-        isinstance(accelerator, HnswAccelerator)
-        and accelerator.ready
-        and accelerator.rows_of(TYPE_CODES[kind]) >= WALK_FROM
-    ):
+    if (isinstance(accelerator, HnswAccelerator) and accelerator.ready
+            and accelerator.rows_of(TYPE_CODES[kind]) >= WALK_FROM):
         return await anyio.to_thread.run_sync(lambda: index.search_rows(probes, k, [kind]))
     ids, matrix = await of_type(index, kind)
     return await _nearest_rows(ids, lambda: matrix, probes, k)

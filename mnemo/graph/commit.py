@@ -170,16 +170,14 @@ async def apply(
         except VectorsMoved as moved:  # seen under the lock
             changeset = await _restamp(changeset, intents, moved.generation)
     raise EmbeddingError(
-        f"repo {changeset.repo!r} was re-embedded {RESTAMPS} times while one commit waited"
-    )
+        f"repo {changeset.repo!r} was re-embedded {RESTAMPS} times while one commit waited")
 
 
 async def _restamp(changeset: Changeset, intents: IntentPolicy, generation: int) -> Changeset:
     if intents.restamp is None:
         raise EmbeddingError(
             f"changeset {changeset.id} was embedded for generation {changeset.generation} of "
-            f"repo {changeset.repo!r}'s vectors, which are of generation {generation} now"
-        )
+            f"repo {changeset.repo!r}'s vectors, which are of generation {generation} now")
     return await intents.restamp(changeset, generation)
 
 
@@ -263,8 +261,7 @@ def _check_dim(dim: int, vectors: list[tuple[str, Vector]]) -> None:
     for node_id, vector in vectors:
         if np.shape(vector) != (dim,):
             raise ValueError(
-                f"node {node_id}: vector of shape {np.shape(vector)}, expected ({dim},)"
-            )
+                f"node {node_id}: vector of shape {np.shape(vector)}, expected ({dim},)")
 
 
 async def _resolve_knowledge(commit: _Commit, merge: IntentMerger, out: Resolution
@@ -295,8 +292,7 @@ async def _resolve_knowledge(commit: _Commit, merge: IntentMerger, out: Resoluti
                     if i != d.id and (d.id, i) not in apart
                     and same(seen[i].metadata, changeset.metadata)),
                    key=lambda o: -o[1])[:NEAREST]
-            for d, row in zip(drafts, sims, strict=True)
-        ]
+            for d, row in zip(drafts, sims, strict=True)]
         await resolve(drafts, nearest, {i: n.text for i, n in seen.items()}, target.texts,
                       merge, identity_threshold=intents.identity_threshold,
                       merge_threshold=intents.merge_threshold, out=out, knowledge=True)
@@ -332,11 +328,8 @@ async def _apply_locked(
     drafts = [n for n in drafts if n.id not in resolution.remap and n.id not in present]
     nodes = [(n, *resolution.rewordings.get(n.id, (n.text, n.vector))) for n in drafts]
     new_ids = {n.id for n in drafts}
-    rewordings = {
-        node_id: value
-        for node_id, value in resolution.rewordings.items()
-        if node_id not in new_ids
-    }
+    rewordings = {node_id: value for node_id, value in resolution.rewordings.items()
+                  if node_id not in new_ids}
     _check_dim(target.dim(repo), [(i, v) for i, (_, v) in resolution.rewordings.items()])
     joined: dict[str, Contribution] = {}
     for draft in changeset.nodes:

@@ -101,8 +101,7 @@ async def retirements(
     if not asked:
         return []
     verdicts = await contradicts(
-        [Question(node.text, tuple(old.text for old in olds)) for node, olds in asked]
-    )
+        [Question(node.text, tuple(old.text for old in olds)) for node, olds in asked])
     found: list[Retirement] = []
     seen: set[str] = set()
     for (node, olds), ended in zip(asked, verdicts, strict=True):
@@ -189,24 +188,20 @@ _RELATIONS = {
         "study": "study studies studying",
         "expire": "expire expires",
     }.items()
-    for word in words.split()
-}
+    for word in words.split()}
 _COPULA = "=be"
 # Words that say only that something changed: a new fact may state a change with one of them
 # instead of a relation ("the limit was raised to 500").
 _CHANGE = frozenset(
     "now new newly changed change changes updated raised lowered increased decreased reduced "
-    "bumped set upgraded downgraded pinned replaced renamed currently anymore longer".split()
-)
+    "bumped set upgraded downgraded pinned replaced renamed currently anymore longer".split())
 # A word after one of these is denied ("not 8000", "instead of JSON", "moved from Lisbon").
 _DENIAL = frozenset(
     "not no never nor isn't aren't wasn't weren't doesn't don't didn't won't can't cannot "
-    "hasn't haven't instead from".split()
-)
+    "hasn't haven't instead from".split())
 _NUMBERS = frozenset(
     "zero one two three four five six seven eight nine ten eleven twelve fifteen twenty thirty "
-    "forty fifty sixty hundred thousand million half once twice".split()
-)
+    "forty fifty sixty hundred thousand million half once twice".split())
 _ASIDE = re.compile(r"\([^()]*\)")
 
 # A fact as the frame rule reads it: (key, denied, specific) per content word, in order.
@@ -306,5 +301,4 @@ def _replaced(run: _Run, others: list[_Run]) -> bool:
     before, after, value = run
     return value and any(
         other and ((before and other_before == before) or (after and other_after == after))
-        for other_before, other_after, other in others
-    )
+        for other_before, other_after, other in others)

@@ -138,8 +138,7 @@ class HnswAccelerator:
             self._ready
             and self.failure is None
             and len(self._pending) <= self.params.max_pending
-            and len(self._index) > self.threshold
-        )
+            and len(self._index) > self.threshold)
 
     def search(
         self, queries: Vector, k: int, codes: Collection[int] | None
@@ -249,8 +248,7 @@ class HnswAccelerator:
 
     def _new_graph(self) -> Graph:
         graph = self._faiss.IndexHNSWFlat(
-            self._index.dim, self.params.m, self._faiss.METRIC_INNER_PRODUCT
-        )
+            self._index.dim, self.params.m, self._faiss.METRIC_INNER_PRODUCT)
         graph.hnsw.efConstruction = self.params.ef_construction
         graph.hnsw.efSearch = self.params.ef_search
         return Graph(graph)

@@ -71,8 +71,7 @@ class ValidationReport:
         """Whether nothing was wrong."""
         return not (
             self.missing_subgoal or self.missing_source or self.dangling_links
-            or self.missing_vectors or self.bad_vectors or self.fts_rebuilt
-        )
+            or self.missing_vectors or self.bad_vectors or self.fts_rebuilt)
 
 
 async def consolidate(
@@ -191,25 +190,20 @@ def origin(row: MergeRow) -> str | None:
     return trajectory if isinstance(trajectory, str) else None
 
 
-def merged_data(
-    survivor: JSONObject, member: JSONObject, member_id: str
-) -> JSONObject:
+def merged_data(survivor: JSONObject, member: JSONObject, member_id: str) -> JSONObject:
     data = dict(survivor)
     concepts = [*_strings(survivor.get("concepts")), *_strings(member.get("concepts"))]
     if concepts:
         data["concepts"] = list(dict.fromkeys(concepts))
     confidences = [
         c for c in (survivor.get("confidence"), member.get("confidence"))
-        if isinstance(c, int | float)
-    ]
+        if isinstance(c, int | float)]
     if confidences:
         data["confidence"] = max(confidences)
     data["merged_from"] = list(
         dict.fromkeys(
             [*_strings(survivor.get("merged_from")), member_id,
-             *_strings(member.get("merged_from"))]
-        )
-    )
+             *_strings(member.get("merged_from"))]))
     return data
 
 

@@ -311,5 +311,4 @@ def node_value(
     return (
         float(2.0 ** (-(age_days if age_days > 0.0 else 0.0) / config.recency_half_life_days))
         * max(floor, min(1.0, raw))
-        * reward(kind, data)
-    )
+        * reward(kind, data))

@@ -24,14 +24,12 @@ def node_id_list(node_ids: object, config: Config) -> list[str]:
     if isinstance(node_ids, str | bytes) or not isinstance(node_ids, Iterable):
         raise InvalidInputError(
             f"node_ids must be a list of node ids, got {type(node_ids).__name__}"
-            + (f" (write [{node_ids!r}] for one id)" if isinstance(node_ids, str) else "")
-        )
+            + (f" (write [{node_ids!r}] for one id)" if isinstance(node_ids, str) else ""))
     most = config.max_results
     ids = list(islice(node_ids, most + 1))
     if len(ids) > most:
         raise InvalidInputError(
-            f"node_ids holds more than the {most:,} ids one call takes ({RESULTS})"
-        )
+            f"node_ids holds more than the {most:,} ids one call takes ({RESULTS})")
     return [check_id(node_id, "node id") for node_id in ids]
 
 

@@ -26,8 +26,7 @@ def unit(vectors: npt.ArrayLike) -> npt.NDArray[np.float32]:
     matrix = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
     result: npt.NDArray[np.float32] = np.divide(
-        matrix, norms, out=np.zeros_like(matrix), where=norms > 0
-    )
+        matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
     return result
 
 
@@ -142,8 +141,7 @@ class VectorIndex:
                 self._ids.append(ids[i])
             self._count = need
             self._view = Snapshot(
-                self._count, self._matrix, self._types, self._ids, self._rows, self._dead
-            )
+                self._count, self._matrix, self._types, self._ids, self._rows, self._dead)
         self._version += 1
         if self.accelerator is not None:
             self.accelerator.added(ids)

@@ -85,8 +85,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             raise InvalidInputError(f"on_event must be callable or None, got {on_event!r}")
         if not isinstance(synchronous, str) or synchronous.upper() not in SYNCHRONOUS:
             raise InvalidInputError(
-                f"synchronous must be one of {', '.join(SYNCHRONOUS)}, got {synchronous!r}"
-            )
+                f"synchronous must be one of {', '.join(SYNCHRONOUS)}, got {synchronous!r}")
         self._config = config or Config()
         self._inspect = inspect
         self._entered = False

@@ -179,8 +179,7 @@ class GraphMethods(Parts):
         if old.type not in TEMPORAL or old.retired:
             raise InvalidInputError(
                 f"node {node_id!r} is not a live fact (a {old.type.value} node"
-                f"{', retired' if old.retired else ''}): only facts are corrected"
-            )
+                f"{', retired' if old.retired else ''}): only facts are corrected")
         vector, generation, policy = await self._fact_vector(repo, old.type, text)
         changeset = correction(repo, old, text, vector, generation)
         return await self._naming_joined(await self._graph.apply(changeset, intents=policy))

@@ -46,8 +46,7 @@ class Repos:
         self.embedder: Embedder = default_embedder() if embedder is None else embedder
         # Without models given, each repo runs the ones it recorded.
         self._models = RepoModels(
-            self.llm, self.embedder, llm_given=llm is not None, embedder_given=embedder is not None
-        )
+            self.llm, self.embedder, llm_given=llm is not None, embedder_given=embedder is not None)
         self._runtimes: dict[str, Runtime] = {}
         self._recorded: dict[str, Config] = {}  # each repo's config as the store holds it
         self.limits = Limits()
@@ -125,8 +124,7 @@ class Repos:
         )
         models_changed = self._models.record(name, row.llm, row.embedder)
         if save is not None and (
-            known is None or chosen_config != recorded or models_changed
-        ):
+                known is None or chosen_config != recorded or models_changed):
             await save(row)
             self._recorded[name] = chosen_config
         if config is None:
@@ -267,6 +265,5 @@ class Repos:
         override = None
         if llm is not None or embedder is not None:
             override = Runtime(
-                llm or base.llm, embedder or base.embedder, config or base.config, base.dim
-            )
+                llm or base.llm, embedder or base.embedder, config or base.config, base.dim)
         return override, config or base.config

@@ -77,8 +77,7 @@ class Parts:
         if self._inspect:
             raise StorageError(
                 "read_only", f"{call} needs a Memory that works; this one was opened with "
-                "inspect=True"
-            )
+                "inspect=True")
 
     async def _save_profiles(self) -> None:
         if not self._inspect:
@@ -358,5 +357,4 @@ class SessionMethods(Parts):
                 s.holder if s.state is State.EXTRACTING else None,
                 s.lease_until if s.state is State.EXTRACTING else None,
             )
-            for s in await self._live.store.load_live()
-        ]
+            for s in await self._live.store.load_live()]

@@ -269,8 +269,7 @@ class Recaller:
                 else "lexical" if node_id in in_lexical else "dense",
                 0,
             )
-            for node_id, score in fused.items()
-        }
+            for node_id, score in fused.items()}
 
     async def _feedback(
         self, repo: str, terms: str, best: list[str], width: int, searched: list[NodeType] | None,
@@ -418,8 +417,7 @@ class Recaller:
         (`known`), the missing asked of the store."""
         head = scored[:n]
         vectors: dict[str, Vector] = {
-            node.id: known[node.id] for _, node, _ in head if node.id in known
-        }
+            node.id: known[node.id] for _, node, _ in head if node.id in known}
         missing = [node.id for _, node, _ in head if node.id not in known]
         if missing:
             vectors.update(await self.graph.vectors(repo, missing))

@@ -137,8 +137,7 @@ def query_names(query: str) -> frozenset[str]:
     names = {
         _POSSESSIVE.sub("", word).lower()
         for word in _text.words(_text.normalise(query))
-        if word[:1].isupper()
-    }
+        if word[:1].isupper()}
     return frozenset(n for n in names if n and not _text.is_stopword(n))
 
 
@@ -169,8 +168,7 @@ async def speaker_boosts(
     speakers = {i: s for i, n in nodes.items() if (s := speaker_of(n.text)) is not None}
     step_of = {
         i: step for i, step in context.steps_of(list(nodes.values())).items()
-        if step != i and i not in speakers
-    }
+        if step != i and i not in speakers}
     missing = sorted({s for s in step_of.values() if s not in nodes})
     texts = {i: n.text for i, n in nodes.items()}
     texts |= {n.id: n.text for n in await graph.get_nodes(repo, missing)}
@@ -266,8 +264,7 @@ def _content(word: str) -> bool:
     underscores a word keeps allowed)."""
     return len(word) >= 3 and any(c.isalpha() for c in word) and all(
         unicodedata.category(c)[0] in "LM" or unicodedata.category(c) in ("Cf", "Pc")
-        for c in word
-    )
+        for c in word)
 
 
 # Each mode's question forms, tried in this order by the offline heuristics.

@@ -141,8 +141,10 @@ class ConversationService:
                                                              dtype=np.float32)
 
     async def message_vectors(self, messages: Sequence[Message]) -> npt.NDArray[np.float32]:
-        """The vectors of one thread's `messages` (at least one), missing ones embedded first."""
+        """The vectors of one thread's `messages`, the missing ones embedded and stored first."""
         dim = await self.dimension()
+        if not messages:
+            return np.zeros((0, dim), dtype=np.float32)
         stored = await self.store.vectors(messages[0].thread_id)
         missing = [m for m in messages if m.id not in stored or stored[m.id].shape != (dim,)]
         texts = [search_text(m.content, m.data.get("tool_calls")) for m in missing]

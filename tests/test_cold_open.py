@@ -26,8 +26,9 @@ async def main() -> None:
     sys.addaudithook(lambda event, args: event == "import"
                      and seen.append((threading.current_thread().name, args[0])))
     import mnemo
-    async with mnemo.Memory(os.path.join(tempfile.mkdtemp(), "m.db")):
-        pass
+    with tempfile.TemporaryDirectory() as folder:
+        async with mnemo.Memory(os.path.join(folder, "m.db")):
+            pass
     loop = threading.current_thread().name
     print(json.dumps({"loop": [m for t, m in seen if t == loop],
                       "off": [m for t, m in seen if t != loop]}))

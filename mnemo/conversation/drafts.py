@@ -136,19 +136,22 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
 
 # What `save` compares of a stored message and the message at its place in a history.
 COMPARED = ("role", "content", "name", "tool_calls", "tool_call_id")
+NULLABLE = ("name", "tool_call_id")
 
 
 def message_key(message: Mapping[str, object], index: int) -> bytes:
     """The digest of what `save` compares of a message (`COMPARED`); InvalidInputError when
     they are not JSON-serialisable."""
-    role, content = message.get("role"), message.get("content")
-    if isinstance(role, str) and isinstance(content, str) and not any(
-            key in message for key in COMPARED[2:]):
+    # A None name or tool_call_id (a pydantic item's `model_dump()`) is no name at all.
+    compared = {k: message[k] for k in COMPARED
+                if k in message and not (k in NULLABLE and message[k] is None)}
+    role, content = compared.get("role"), compared.get("content")
+    if isinstance(role, str) and isinstance(content, str) and len(compared) == 2:
         # Most messages: a third of the time JSON takes (no "[" starts this form).
         text = f"{len(role)}:{role}{content}"
     else:
         try:
-            text = json.dumps({k: message[k] for k in COMPARED if k in message}, sort_keys=True)
+            text = json.dumps(compared, sort_keys=True)
         except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidInputError(f"messages[{index}] is not JSON-serialisable: {exc}") from exc
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()

@@ -68,6 +68,10 @@ def check_history(messages: object) -> Sequence[Mapping[str, object]]:
     return messages
 
 
+# A message's keys whose None (a pydantic item's `model_dump()`) stands for no key.
+NULLABLE = ("name", "tool_call_id")
+
+
 def draft(message: Mapping[str, object], index: int, config: Config | None = None) -> MessageDraft:
     """Checks one message against `config`'s bounds (the defaults when None) and prepares its row.
 
@@ -86,7 +90,7 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
                limit=MAX_ITEM_CHARS + 2 * limit if kept else 3 * limit)
     role = check_name(message.get("role"), f"{where}.role")
     raw_content = message.get("content")
-    for key in ("name", "tool_call_id"):
+    for key in NULLABLE:
         if message.get(key) is not None and not isinstance(message[key], str):
             raise InvalidInputError(
                 f"{where}.{key} must be a string or None, got {message[key]!r}")
@@ -136,13 +140,11 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
 
 # What `save` compares of a stored message and the message at its place in a history.
 COMPARED = ("role", "content", "name", "tool_calls", "tool_call_id")
-NULLABLE = ("name", "tool_call_id")
 
 
 def message_key(message: Mapping[str, object], index: int) -> bytes:
     """The digest of what `save` compares of a message (`COMPARED`); InvalidInputError when
     they are not JSON-serialisable."""
-    # A None name or tool_call_id (a pydantic item's `model_dump()`) is no name at all.
     compared = {k: message[k] for k in COMPARED
                 if k in message and not (k in NULLABLE and message[k] is None)}
     role, content = compared.get("role"), compared.get("content")

@@ -68,10 +68,6 @@ def check_history(messages: object) -> Sequence[Mapping[str, object]]:
     return messages
 
 
-# A message's keys whose None (a pydantic item's `model_dump()`) stands for no key.
-NULLABLE = ("name", "tool_call_id")
-
-
 def draft(message: Mapping[str, object], index: int, config: Config | None = None) -> MessageDraft:
     """Checks one message against `config`'s bounds (the defaults when None) and prepares its row.
 
@@ -90,7 +86,7 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
                limit=MAX_ITEM_CHARS + 2 * limit if kept else 3 * limit)
     role = check_name(message.get("role"), f"{where}.role")
     raw_content = message.get("content")
-    for key in NULLABLE:
+    for key in ("name", "tool_call_id"):  # None: a pydantic item's `model_dump()`
         if message.get(key) is not None and not isinstance(message[key], str):
             raise InvalidInputError(
                 f"{where}.{key} must be a string or None, got {message[key]!r}")
@@ -143,10 +139,10 @@ COMPARED = ("role", "content", "name", "tool_calls", "tool_call_id")
 
 
 def message_key(message: Mapping[str, object], index: int) -> bytes:
-    """The digest of what `save` compares of a message (`COMPARED`); InvalidInputError when
-    they are not JSON-serialisable."""
-    compared = {k: message[k] for k in COMPARED
-                if k in message and not (k in NULLABLE and message[k] is None)}
+    """The digest of what `save` compares of a message (`COMPARED`, a None value as no key:
+    what `model_dump()` and `model_dump(exclude_none=True)` give are one message);
+    InvalidInputError when they are not JSON-serialisable."""
+    compared = {k: message[k] for k in COMPARED if message.get(k) is not None}
     role, content = compared.get("role"), compared.get("content")
     if isinstance(role, str) and isinstance(content, str) and len(compared) == 2:
         # Most messages: a third of the time JSON takes (no "[" starts this form).

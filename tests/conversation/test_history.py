@@ -102,19 +102,24 @@ async def test_after_clear_the_seq_named_is_the_stored_ones(cmem: mnemo.Memory) 
     assert [m.seq for m in await chat.save("t", [C, D, A])] == [4]
 
 
-async def test_a_none_name_or_call_id_is_the_message_without_it(cmem: mnemo.Memory) -> None:
-    """A message with `"name": None` or `"tool_call_id": None` (a pydantic item's
-    `model_dump()`) is the same message as without the key: either history extends the other,
-    also where `save` compares message by message (after a `pop`); another name differs."""
+async def test_a_none_key_is_the_message_without_it(cmem: mnemo.Memory) -> None:
+    """A message with `"name"`, `"tool_call_id"`, `"tool_calls"` or `"content"` None (a
+    pydantic item's `model_dump()`) is the same message as without the key (`exclude_none`):
+    either history extends the other, also where `save` compares message by message (after a
+    `pop`); another name differs."""
     chat = cmem.conversation()
-    await chat.save("t", [A, {**B, "name": None}])
-    assert [m.seq for m in await chat.save("t", [A, B, {**C, "tool_call_id": None}])] == [2]
-    dumped = [{**m, "name": None, "tool_call_id": None} for m in (A, B, C, D)]
-    assert [m.seq for m in await chat.save("t", dumped)] == [3]
+    call = tool_call("c1")
+    bare = {k: v for k, v in call.items() if k != "content"}
+    await chat.save("t", [A, {**B, "name": None}, call])
+    assert [m.seq for m in await chat.save("t", [A, B, bare, {**C, "tool_call_id": None}])
+            ] == [3]
+    dumped = [{**m, "name": None, "tool_call_id": None, "tool_calls": None} for m in (A, B)]
+    dumped += [{**call, "name": None}, {**C, "tool_calls": None}, D]
+    assert [m.seq for m in await chat.save("t", dumped)] == [4]
     await chat.pop("t")
-    assert [m.seq for m in await chat.save("t", [A, B, C, D])] == [4]
+    assert [m.seq for m in await chat.save("t", [A, B, bare, C, D])] == [5]
     with pytest.raises(mnemo.InvalidInputError, match=r"messages\[1\] differs .* seq 1"):
-        await chat.save("t", [A, {**B, "name": "bob"}, C, D, user("echo")])
+        await chat.save("t", [A, {**B, "name": "bob"}, bare, C, D, user("echo")])
 
 
 async def test_a_ttl_erased_prefix_still_extends(store: str) -> None:

@@ -5,6 +5,7 @@ one line, nothing of it changed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sqlite3
@@ -18,6 +19,7 @@ from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
 import mnemo
+from mnemo.conversation.drafts import history_hash, message_key
 from mnemo.graph import scope as scopes
 from mnemo.storage.postgres import schema as pg_schema
 from mnemo.storage.sqlite import schema as sqlite_schema
@@ -230,4 +232,32 @@ async def test_a_store_whose_scope_index_holds_long_values_whole_finds_them_by_d
         found = await mem.search_nodes("r", "kettle", where={"user_id": long})
         assert found
         assert all(node.metadata == {"user_id": long} for node in found)
+    assert sorted(ledger(made)) == sorted(registered(made))
+
+
+async def test_a_thread_hashed_with_none_keys_extends_after_the_upgrade(made: str) -> None:
+    """A thread whose hash counted a None content or tool_calls as a key (written before a
+    None was read as no key) takes the same history without those keys once a Memory opens it,
+    and goes on."""
+    used = {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    call: dict[str, object] = {"role": "assistant", "content": None, "refusal": None,
+                               "tool_calls": [used]}
+    dumped: list[dict[str, object]] = [{"role": "user", "content": "list it"}, call,
+              {"role": "tool", "tool_call_id": "c1", "content": "a b"},
+              {"role": "assistant", "content": "Two files.", "tool_calls": None}]
+    async with mnemo.Memory(made, embedder=FakeEmbedder()) as mem:
+        await mem.conversation().save("t", dumped)
+    written = [hashlib.sha256(json.dumps(m, sort_keys=True).encode()).digest()
+               for m in ({k: v for k, v in m.items() if k != "refusal"} for m in dumped)]
+    written[0] = message_key(dumped[0], 0)  # role and content strings: not JSON
+    table = "mnemo_migrations" if made.startswith("postgresql") else "_sqlite_migrations"
+    run(made, f"UPDATE threads SET history_hash = '{history_hash(written)}'",
+        f"DELETE FROM {table} WHERE name LIKE '%null_keys'")
+    bare = [{k: v for k, v in m.items() if v is not None} for m in dumped]
+    async with mnemo.Memory(made, embedder=FakeEmbedder()) as mem:
+        chat = mem.conversation()
+        assert [m.seq for m in await chat.save("t", [*bare, {"role": "user", "content": "ok"}])
+                ] == [4]
+        assert [m.seq for m in await chat.save("t", [*dumped, {"role": "user", "content": "ok"},
+                                                     {"role": "user", "content": "bye"}])] == [5]
     assert ledger(made) == registered(made)

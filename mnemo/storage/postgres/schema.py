@@ -120,7 +120,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     BASELINE, Migration("m021_maintenance", statements(ddl(True, MAINTENANCE))),
     Migration("m022_scope_digests", (
         "UPDATE node_scopes SET value = 'sha256:' || encode(sha256(convert_to(value, 'UTF8')),"
-        f" 'hex') WHERE length(value) > {MAX_INDEXED_CHARS}",)))
+        f" 'hex') WHERE length(value) > {MAX_INDEXED_CHARS}",)),
+    Migration("m023_null_keys", (
+        "UPDATE threads SET history_hash = NULL WHERE id IN (SELECT thread_id FROM messages"
+        " WHERE data -> 'content' = 'null' OR data -> 'tool_calls' = 'null')",)))
 
 
 async def apply(conn: Connection, *, upgrade: bool = True) -> list[str]:

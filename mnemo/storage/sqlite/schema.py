@@ -91,6 +91,15 @@ def scope_digests(db: Database) -> None:
                f" WHERE length(value) > {MAX_INDEXED_CHARS}")
 
 
+@migration("m031_null_keys")
+def null_keys(db: Database) -> None:
+    # A message key reads a None content or tool_calls as no key: such a thread's hash is
+    # unknown until its next save (`ThreadState.history_hash`).
+    db.execute("UPDATE threads SET history_hash = NULL WHERE id IN (SELECT thread_id FROM"
+               " messages WHERE json_type(data, '$.content') = 'null'"
+               " OR json_type(data, '$.tool_calls') = 'null')")
+
+
 def _searched(table: str) -> str:
     """`table`'s FTS5 index of its `text` (external content: the rows' own), kept by triggers."""
     index = f"{table}_fts"

@@ -113,10 +113,15 @@ async def fill(mem: mnemo.Memory) -> str:
 
 
 async def ready(worker: Worker, sid: str) -> None:
-    """Closes the session through `worker` and waits for its extraction there."""
+    """Closes the session through `worker` and waits for its extraction there to end: READY,
+    then the stored operations it takes on (`operations.run_stored`) taken."""
     await worker.mem.close(sid)
     landed = await worker.events.wait_state(worker.mem, sid, State.READY, State.FAILED)
     assert landed is State.READY
+    record = worker.mem._live.by_id.get(sid)
+    with anyio.fail_after(5):
+        while record is not None and record.handing_over:
+            await record.changed.wait()
 
 
 async def node_texts(mem: mnemo.Memory) -> Counter[str]:

@@ -19,7 +19,6 @@ from mnemo.graph.model import (
     Link,
     LinkType,
     Node,
-    NodeId,
     NodeType,
     Vector,
 )
@@ -249,9 +248,9 @@ class GraphWrites(NodeReads, Protocol):
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None: ...
 
-    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
-        """(payload hash, node ids of its commit still in the graph) of an ingested source,
-        None if unknown (never ingested, forgotten, or its SOURCE node deleted)."""
+    async def ingested(self, repo: str, source_id: str) -> tuple[str, CommitReceipt] | None:
+        """(payload hash, its commit's receipt naming the nodes still in the graph) of a
+        recorded source, None if unknown (never recorded, or forgotten)."""
 
     async def withdraw(
         self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),

@@ -243,12 +243,12 @@ class IngestService:
         found = await self._graph.ingested(repo, source_id)
         if found is None:
             return None
-        known_digest, node_ids = found
+        known_digest, receipt = found
         if known_digest != digest:
             raise ConflictError(
                 f"source {source_id!r} of repo {repo!r} was ingested with a different "
                 "payload; forget it first to replace it")
-        return IngestReceipt(source_id, node_ids, created=False)
+        return IngestReceipt(source_id, receipt.node_ids, created=False)
 
     async def forget(self, repo: str, source_id: str) -> int:
         """`Memory.forget` of a checked source id in a known repo, with its errors."""

@@ -184,16 +184,18 @@ class GraphMethods(Parts):
         changeset = correction(repo, old, text, vector, generation)
         return await self._naming_joined(await self._graph.apply(changeset, intents=policy))
 
-    async def _naming_joined(self, receipt: CommitReceipt) -> CommitReceipt:
-        """A one-fact commit's receipt, reported ("changeset_applied"); when the fact joined a
-        live fact of the same words rather than creating one, naming that fact."""
+    async def _naming_joined(self, receipt: CommitReceipt, *, report: bool = True
+                             ) -> CommitReceipt:
+        """A one-fact commit's receipt, reported ("changeset_applied") with `report`; when the
+        fact joined a live fact of the same words rather than creating one, naming that fact."""
         from mnemo.graph.model import NodeId
 
         record = None if receipt.node_ids else await self._graph.commit_record(
             receipt.repo, receipt.changeset_id)
         if record:
             receipt = replace(receipt, node_ids=[NodeId(i) for i in record.joined])
-        await self._events.applied(receipt.repo, receipt.node_ids, receipt.changeset_id)
+        if report:
+            await self._events.applied(receipt.repo, receipt.node_ids, receipt.changeset_id)
         return receipt
 
     async def remember(
@@ -203,12 +205,15 @@ class GraphMethods(Parts):
         """Stores `text` as it is, one SEMANTIC fact (no model but the embedder; it retires no
         fact), with `data` as its data and `metadata` as its scope, recorded as the source
         `source_id` (`forget(source_id)` erases it). Returns the commit's receipt, naming
-        the fact (a live fact of the same words in the same scope, when there is one).
+        the fact (a live fact of the same words in the same scope, when there is one). The
+        same text, data and metadata under a source id taken by them stores nothing and
+        returns the first call's receipt.
 
         Raises:
             InvalidInputError: a blank text or one past `Config.max_text_chars`, a source id
                 that is no name, data that is not JSON within that bound, or a bad metadata.
-            ConflictError: the source id is taken (forget it first).
+            ConflictError: the source id is taken by another text, data or metadata (forget
+                it first).
             NotFoundError: an unknown repo.
             EmbeddingError: as `correct`'s; nothing was stored.
         """
@@ -225,19 +230,34 @@ class GraphMethods(Parts):
         await self._repos.checked(repo, lambda config: (
             check_text(text, "text", limit=config.max_text_chars),
             check_json(body, "data", limit=config.max_text_chars)))
+        digest = hashlib.sha256(json.dumps([text, body, scoped], sort_keys=True).encode())
+
+        async def known() -> CommitReceipt | None:
+            found = await self._graph.ingested(repo, source_id)
+            if found is None:
+                return None
+            if found[0] != digest.hexdigest():
+                raise ConflictError(f"source {source_id!r} of repo {repo!r} is taken by another"
+                                    " text, data or metadata; forget it first to replace it")
+            return await self._naming_joined(found[1], report=False)
+
+        if (first := await known()) is not None:
+            return first
         vector, generation, policy = await self._fact_vector(repo, NodeType.SEMANTIC, text)
         node = NodeDraft(f"semantic_{uuid.uuid4().hex}", NodeType.SEMANTIC, text, body, vector,
                          source_id=source_id)
         changeset = Changeset(f"changeset_{uuid.uuid4().hex}", repo, [node],
                               generation=generation, metadata=scoped)
-        digest = hashlib.sha256(json.dumps([text, body, scoped], sort_keys=True).encode())
         record = SourceRecorded(repo, source_id, digest.hexdigest(), changeset.id,
                                 now_utc().isoformat())
-        try:
-            return await self._naming_joined(
-                await self._graph.apply(changeset, intents=policy, also=[record]))
-        except SourceTaken as exc:
-            raise ConflictError(f"source {source_id!r} of repo {repo!r} is taken") from exc
+        while True:
+            try:
+                return await self._naming_joined(
+                    await self._graph.apply(changeset, intents=policy, also=[record]))
+            except SourceTaken:
+                # Another call recorded the source meanwhile (or, forgotten since, it is free).
+                if (first := await known()) is not None:
+                    return first
 
     async def _fact_vector(
         self, repo: str, kind: NodeType, text: str

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from mnemo.graph.history import CommitRecord
-from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeId, NodeType
+from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType
 from mnemo.storage.row import Row
 from mnemo.storage.sql import SqlStore, marks, moment
 
@@ -77,15 +78,15 @@ class RowReads(SqlStore):
                                 [changeset_id])
         return self._receipt(rows[0][0]) if rows else None
 
-    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
+    async def ingested(self, repo: str, source_id: str) -> tuple[str, CommitReceipt] | None:
         rows = await self._rows(
             "SELECT i.payload_hash, a.receipt FROM ingests i JOIN applied_changesets a"
             " ON a.id = i.changeset_id WHERE i.repo = ? AND i.source_id = ?", [repo, source_id])
         if not rows:
             return None
-        made = self._receipt(rows[0][1]).node_ids
-        live = await self.present(repo, list(made))
-        return str(rows[0][0]), [i for i in made if i in live]
+        made = self._receipt(rows[0][1])
+        live = await self.present(repo, list(made.node_ids))
+        return str(rows[0][0]), replace(made, node_ids=[i for i in made.node_ids if i in live])
 
     async def _of_types(self, repo: str, kinds: list[str], newest: int | None) -> list[Node]:
         order = " ORDER BY rowid" if newest is None else " ORDER BY rowid DESC LIMIT ?"

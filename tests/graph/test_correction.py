@@ -3,6 +3,9 @@ in a commit of the history that revert undoes; on each backend."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
 import mnemo
@@ -134,6 +137,39 @@ async def test_a_correction_keeps_nothing_of_its_source_that_forget_erases(store
         corrected = await mem.get_node(REPO, fixed)
         assert corrected is not None
         assert corrected.data["ticket"] == 42
+
+
+async def test_remember_again_of_the_same_fact_returns_the_first_receipt(store: str) -> None:
+    """A script run twice: `remember` of the same text, data and metadata under its source id
+    stores nothing and returns the first receipt (also when the fact joined another, and for
+    calls racing); another text, data or metadata under that id is ConflictError until it is
+    forgotten."""
+    async with mnemo.Memory(store, embedder=HashEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        args: dict[str, Any] = {"source_id": "note", "data": {"ticket": 42},
+                                "metadata": {"user_id": "alice"}}
+        first = await mem.remember(REPO, "The door code is 1234.", **args)
+        commits = len(await mem.history(REPO))
+        assert await mem.remember(REPO, "The door code is 1234.", **args) == first
+        assert len(await mem.history(REPO)) == commits
+        for other in ({"data": {"ticket": 43}}, {"metadata": {"user_id": "bob"}}):
+            with pytest.raises(mnemo.ConflictError, match="note"):
+                await mem.remember(REPO, "The door code is 1234.", **{**args, **other})
+        with pytest.raises(mnemo.ConflictError, match="note"):
+            await mem.remember(REPO, "The door code is 9999.", **args)
+        joined = await mem.remember(REPO, "The door code is 1234.", **{**args, "source_id": "b"})
+        assert joined.node_ids == first.node_ids
+        assert await mem.remember(REPO, "The door code is 1234.",
+                                  **{**args, "source_id": "b"}) == joined
+        raced = await asyncio.gather(*(mem.remember(REPO, "The gate code is 77.", source_id="c")
+                                       for _ in range(3)))
+        assert len({r.changeset_id for r in raced}) == 1
+        facts = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+        assert [f.text for f in facts].count("The gate code is 77.") == 1
+        await mem.forget(REPO, "note")
+        await mem.forget(REPO, "b")
+        again = await mem.remember(REPO, "The door code is 9999.", **args)
+        assert again.changeset_id != first.changeset_id
 
 
 async def test_remember_names_the_fact_its_words_joined(store: str) -> None:

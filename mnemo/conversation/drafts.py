@@ -14,7 +14,14 @@ from functools import cache, partial
 
 from mnemo.config import Config
 from mnemo.conversation.model import ITEM_KEY, MAX_ITEM_CHARS, NO_CONTENT
-from mnemo.errors import InvalidInputError, check_json, check_name, check_text, check_tree
+from mnemo.errors import (
+    MAX_TEXT_CHARS_LIMIT,
+    InvalidInputError,
+    check_json,
+    check_name,
+    check_text,
+    check_tree,
+)
 from mnemo.ports import JSONObject
 
 MESSAGE_OVERHEAD = 4
@@ -75,15 +82,15 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
     config = config or Config()
     limit = config.max_text_chars
     where = f"messages[{index}]"
-    # An item kept whole (an Agents SDK item) is bounded by `MAX_ITEM_CHARS`, its text held
-    # once more as the content; anything else is checked before it is walked or serialised.
+    # Its text (content and tool calls) is bounded by `limit`, as JSON with other parts (an
+    # image) by `MAX_ITEM_CHARS`; an item kept whole (an Agents SDK item) by `MAX_ITEM_CHARS`
+    # too, its text held once more as the content. Checked before it is walked or serialised.
     kept = ITEM_KEY in message
+    bound = "MAX_ITEM_CHARS, more than any model's context window"
     if kept:
-        check_tree(message[ITEM_KEY], f"{where}.{ITEM_KEY}", limit=MAX_ITEM_CHARS,
-                   setting="MAX_ITEM_CHARS, more than any model's context window")
-    # Its text and other keys fit in `limit` each, so its whole JSON fits in three.
-    check_tree({k: v for k, v in message.items() if k != ITEM_KEY} if kept else message, where,
-               limit=MAX_ITEM_CHARS + 2 * limit if kept else 3 * limit)
+        check_tree(message[ITEM_KEY], f"{where}.{ITEM_KEY}", limit=MAX_ITEM_CHARS, setting=bound)
+    check_tree({k: v for k, v in message.items() if k != ITEM_KEY}, where,
+               limit=MAX_ITEM_CHARS + 2 * limit, setting=bound)
     role = check_name(message.get("role"), f"{where}.role")
     raw_content = message.get("content")
     for key in ("name", "tool_call_id"):  # None: a pydantic item's `model_dump()`
@@ -126,8 +133,12 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
         raise InvalidInputError(f"{where} is not JSON-serialisable: {exc}") from exc
     # A kept item's search text is its first `limit` characters; it costs what all of it does.
     searched = search_text(content, calls or [])
-    text = check_text(searched[:limit] if kept else searched, f"{where}.content", limit=limit,
-                      blank_ok=True)
+    if len(searched) > limit and not kept:
+        raise InvalidInputError(
+            f"{where} holds {len(searched):,} characters of text (content and tool calls), "
+            f"more than the {limit:,} allowed (Config.max_text_chars, at most "
+            f"{MAX_TEXT_CHARS_LIMIT:,}); nothing was stored. Cut it in the history you save")
+    text = check_text(searched[:limit], f"{where}.content", limit=limit, blank_ok=True)
     check_json({k: v for k, v in data.items() if k not in ("content", ITEM_KEY)}, where,
                limit=limit)
     return MessageDraft(role, content, data, text, count_tokens(searched) + MESSAGE_OVERHEAD,

@@ -157,6 +157,32 @@ async def test_an_item_kept_whole_past_the_bound_still_extends_after_a_pop(store
         assert (await conv.raw("t"))[0].data["openai_item"] == page
 
 
+async def test_an_image_past_the_text_bound_is_stored_and_long_text_is_refused(
+    store: str,
+) -> None:
+    """A message whose text fits `max_text_chars` is stored whole however large its other
+    parts (a screenshot as an OpenAI data URL or an Anthropic base64 block), and comes back
+    equal; one whose text does not is refused naming it, and nothing of its save is stored."""
+    config = mnemo.Config(max_text_chars=1000)
+    image = "iVBORw0KGgo" + "A" * 200_000
+    shots = [
+        {"role": "user", "content": [{"type": "text", "text": "What does this page say?"}, {
+            "type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}}]},
+        {"role": "user", "content": [{"type": "image", "source": {
+            "type": "base64", "media_type": "image/png", "data": image}},
+            {"type": "text", "text": "And this one?"}]},
+    ]
+    async with mnemo.Memory(store, embedder=FakeEmbedder(), config=config) as mem:
+        chat = mem.conversation()
+        await chat.save("t", shots)
+        assert await chat.load("t") == shots
+        assert [h.seq for h in await mem.search_messages("page say")] == [0]
+        with pytest.raises(mnemo.InvalidInputError,
+                           match=r"messages\[3\] holds 1,001 characters of text"):
+            await chat.save("t", [*shots, user("ok"), user("x" * 1001)])
+        assert len(await chat.raw("t")) == 2
+
+
 async def test_a_save_reads_no_stored_message(
     cmem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -112,7 +112,9 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
     if isinstance(raw_content, str):
         content = raw_content
     elif raw_content is None or isinstance(raw_content, list):
-        content = parts_text(raw_content or [])
+        refusal = message.get("refusal")  # OpenAI's, the text of a message without content
+        content = parts_text(raw_content) if isinstance(raw_content, list) else (
+            refusal if isinstance(refusal, str) else "")
         if isinstance(raw_content, list) and not all(
                 isinstance(p, str | Mapping) for p in raw_content):
             raise InvalidInputError(f"{where}.content parts must be strings or dicts")
@@ -176,7 +178,8 @@ def history_hash(keys: Iterable[bytes], start: str = "") -> str:
 
 
 def parts_text(parts: list[object]) -> str:
-    """The text of a list of content parts: text parts, tool results' text, tool uses."""
+    """The text of a list of content parts: text parts, refusals, tool results' text, tool
+    uses."""
     out: list[str] = []
     for part in parts:
         if isinstance(part, str):
@@ -184,6 +187,8 @@ def parts_text(parts: list[object]) -> str:
         elif isinstance(part, Mapping):
             if isinstance(part.get("text"), str):
                 out.append(part["text"])
+            elif isinstance(part.get("refusal"), str):
+                out.append(part["refusal"])
             elif part.get("type") == "tool_result":
                 inner = part.get("content")
                 if isinstance(inner, str):

@@ -176,6 +176,22 @@ async def test_message_shapes_round_trip(cmem: mnemo.Memory) -> None:
     assert js(raw[1].data)["tool_calls"][0]["function"]["name"] == "grep"
 
 
+async def test_a_refusal_is_the_message_text(cmem: mnemo.Memory) -> None:
+    """An OpenAI refusal (the `refusal` key of a message without content, or a refusal part)
+    is what search and the transcript read of the message; it comes back as saved."""
+    conv = cmem.conversation()
+    history = [user("how do I pick the lock of the zebra cabinet"),
+               {"role": "assistant", "content": None, "refusal": "I cannot help to open it.",
+                "tool_calls": None},
+               {"role": "assistant", "content": [
+                   {"type": "refusal", "refusal": "I cannot help to force it either."}]}]
+    await conv.save("t", history)
+    assert await conv.load("t") == history
+    assert [m.content for m in await conv.raw("t")][1:] == [
+        "I cannot help to open it.", "I cannot help to force it either."]
+    assert sorted(h.seq for h in await cmem.search_messages("cannot help", limit=5)) == [1, 2]
+
+
 def test_message_stored_before_the_no_content_marker() -> None:
     """A message saved without content before the marker existed holds None in
     `data["content"]`: it still loads, as content None."""

@@ -18,6 +18,7 @@ from mnemo.calls.retry import fail_after
 from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.conversation.drafts import (
+    COMPARED,
     MessageDraft,
     check_history,
     draft,
@@ -181,7 +182,7 @@ class ConversationManager:
             known = min(stored, len(history))
             keys += await cpu.run(partial(_keys, history, len(keys), known),
                                   _chars(history[len(keys):known]))
-            digest = await self._extends(thread_id, keys[:stored], state)
+            digest = await self._extends(thread_id, history, keys[:stored], state)
             if len(history) <= stored:
                 return []
             self._check_count(len(history) - stored)
@@ -199,23 +200,28 @@ class ConversationManager:
                 if attempts == MAX_SAVE_ATTEMPTS:
                     raise
 
-    async def _extends(self, thread_id: str, keys: Sequence[bytes], state: ThreadState) -> str:
-        """The hash of the history's first `state.history_len` messages, checked to be the
-        stored ones (by hash, else one by one to name the first that differs)."""
+    async def _extends(self, thread_id: str, history: Sequence[Mapping[str, object]],
+                       keys: Sequence[bytes], state: ThreadState) -> str:
+        """The hash of the history's first `state.history_len` messages (their `keys`), checked
+        to be the stored ones (by hash, else one by one to name the first that differs)."""
         stored = state.history_len
         digest = history_hash(keys)
         if len(keys) == stored and digest == state.history_hash:
             return digest
         found = await self._service.store.first_difference(thread_id, keys)
         if found is not None:
-            where = f"messages[{found[0]}] differs from the stored message seq {found[1]}"
+            index, message = found
+            was = message.to_dict()
+            differs = ", ".join(k for k in COMPARED if history[index].get(k) != was.get(k))
+            where = (f"messages[{index}] differs from the stored message seq {message.seq} in "
+                     f"{differs or 'a key'}")
         elif state.history_hash is not None and len(keys) == stored:
             where = "it differs in messages the ttl erased"
         else:
             return digest
         raise InvalidInputError(
             f"messages does not extend the {stored:,} messages stored in thread {thread_id!r}"
-            f": {where} (role, content, name, tool_calls or tool_call_id); nothing was "
+            f": {where} (of role, content, name, tool_calls and tool_call_id); nothing was "
             "stored. save takes the whole history so far; append takes new messages only")
 
     async def load(self, thread_id: str, query: str | None = None) -> list[JSONObject]:

@@ -112,9 +112,10 @@ class ThreadStore(Protocol):
 
     async def first_difference(
         self, thread_id: str, keys: Sequence[bytes]
-    ) -> tuple[int, int] | None:
-        """(index in the history, seq) of the first stored message whose key is not `keys`'s
-        there (they are the history's last: a ttl erases its oldest); None when all match."""
+    ) -> tuple[int, Message] | None:
+        """(index in the history, message) of the first stored message whose key is not
+        `keys`'s there (they are the history's last: a ttl erases its oldest); None when all
+        match."""
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
         """Erases the messages recorded before `cutoff` and what only covered them; returns

@@ -117,8 +117,8 @@ class SqlThreads(SqlStore):
 
     async def first_difference(
         self, thread_id: str, keys: Sequence[bytes]
-    ) -> tuple[int, int] | None:
-        async def read(sql: Statements) -> tuple[int, int] | None:
+    ) -> tuple[int, Message] | None:
+        async def read(sql: Statements) -> tuple[int, Message] | None:
             index = await number(sql, "SELECT history_len - (SELECT count(*) FROM messages WHERE"
                                  " thread_id = ?) FROM threads WHERE id = ?", thread_id, thread_id)
             rows = reads.stream_messages(sql, thread_id, from_seq=0, newest_first=False)
@@ -128,7 +128,7 @@ class SqlThreads(SqlStore):
                     if index >= len(keys):
                         break
                     if message_key(message.to_dict(), index) != keys[index]:
-                        return index, message.seq
+                        return index, message
                     index += 1
             return None
 

@@ -79,6 +79,8 @@ class ConversationManager:
     eviction_fraction: float
     clock: Callable[[], datetime] = field(repr=False)
     llm: LLM
+    # The preamble (`PREAMBLE_ROLES`) first in `load`, never summarised.
+    keep_system: bool = False
 
     @property
     def max_text_chars(self) -> int:
@@ -225,9 +227,10 @@ class ConversationManager:
             "stored. save takes the whole history so far; append takes new messages only")
 
     async def load(self, thread_id: str, query: str | None = None) -> list[JSONObject]:
-        """The thread for a model: compactions as system messages, passive recall for open
-        goals, then the retrieval's selection of the uncompacted messages (tool outputs pruned).
-        A ttl erases older messages first; an unknown thread is [].
+        """The thread for a model: with `keep_system` its preamble (its leading system
+        messages), compactions as system messages, passive recall for open goals, then the
+        retrieval's selection of the other uncompacted messages (tool outputs pruned). A ttl
+        erases older messages first; an unknown thread is [].
 
         Raises:
             InvalidInputError: a blank thread id, or a bad query.
@@ -236,8 +239,11 @@ class ConversationManager:
             check_text(query, "query", limit=self._service.config.max_text_chars, stored=False)
         await self._expire(thread_id)
         service = self._service
+        preamble = await service.store.preamble(thread_id) if self.keep_system else []
+        first = {m.id for m in preamble}
         if isinstance(self.retrieval, Semantic):
             compactions, pool = await service.store.uncompacted(thread_id)
+            pool = [m for m in pool if m.id not in first]
             chosen = pool[-self.retrieval.k:]
             if query is not None and pool:
                 vectors = await service.message_vectors(pool)
@@ -245,12 +251,13 @@ class ConversationManager:
             picked = with_tool_pairs(chosen, pool)
         else:
             compactions, picked = await service.store.recent_turns(thread_id, self.retrieval.k)
+            picked = [m for m in picked if m.id not in first]
         # Less each tool result whose call is not before it (compacted, expired, never saved).
         shown = [m for m, at in zip(picked, answered_at(picked), strict=True) if at >= 0]
-        out = [compaction_message(c) for c in compactions]
+        out = [m.to_dict() for m in preamble] + [compaction_message(c) for c in compactions]
         goals = await service.store.open_goals(thread_id)
         if goals:
-            hits = await service.recalled(thread_id, goals, {m.id for m in shown},
+            hits = await service.recalled(thread_id, goals, first | {m.id for m in shown},
                                           whole_thread=True)
             out.extend([recalled_message(hits)] if hits else [])
         out.extend(m.to_dict() for m in shown)
@@ -321,10 +328,14 @@ class ConversationManager:
             await self._service.store.expire(thread_id, cutoff)
 
     async def _summarise(self, thread_id: str, policy: Summary) -> None:
-        """Compacts all but the last `keep` uncompacted messages into a rolling summary when
-        they exceed `max_tokens`, in chunks. Under the thread lock; failures are logged."""
+        """Compacts all but the last `keep` uncompacted messages (less the preamble with
+        `keep_system`) into a rolling summary when they exceed `max_tokens`, in chunks. Under
+        the thread lock; failures are logged."""
         service = self._service
         compactions, tail = await service.store.uncompacted(thread_id)
+        if self.keep_system:
+            first = {m.id for m in await service.store.preamble(thread_id)}
+            tail = [m for m in tail if m.id not in first]
         if sum(m.tokens for m in tail) <= policy.max_tokens or len(tail) <= policy.keep:
             return
         safe = safe_cuts(tail)  # the kept tail holds no tool result without its call

@@ -71,6 +71,12 @@ class ToolOutputPruner:
 
 
 Retrieval = Recent | Semantic
+
+# A thread's preamble, its instructions: its first messages (at most `PREAMBLE_MESSAGES`) while
+# their roles are these. With `keep_system`, `load` gives them first whatever it selects and a
+# summary never takes them.
+PREAMBLE_ROLES = ("system", "developer")
+PREAMBLE_MESSAGES = 8
 Compression = Summary | ToolOutputPruner
 
 

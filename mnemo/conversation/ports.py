@@ -137,6 +137,10 @@ class ThreadStore(Protocol):
     async def uncompacted(self, thread_id: str) -> tuple[list[Compaction], list[Message]]:
         """The compactions and every message none of them covers, by seq, read together."""
 
+    async def preamble(self, thread_id: str) -> list[Message]:
+        """The thread's first messages while their role is in `model.PREAMBLE_ROLES` (at most
+        `model.PREAMBLE_MESSAGES`), by seq."""
+
     async def recent_turns(
         self, thread_id: str, k: int
     ) -> tuple[list[Compaction], list[Message]]:

@@ -35,6 +35,7 @@ class ConversationMethods(Parts):
         eviction_fraction: float = 0.33,
         clock: Callable[[], datetime] | None = None,
         llm: LLM | None = None,
+        keep_system: bool = False,
     ) -> ConversationManager:
         """A `ConversationManager` over this Memory's database: `retrieval` is `Recent(k)`
         or `Semantic(k)` (None: `Recent(k=10)`), `compression` a `Summary`, a
@@ -42,11 +43,14 @@ class ConversationMethods(Parts):
         are erased (at load). With `auto_evict_budget`, each save evicts when the tokens past
         the boundary exceed it. `clock` (returning an aware datetime) stamps messages and
         judges the ttl; `llm` writes the manager's summaries and evictions instead of the
-        Memory's model.
+        Memory's model. With `keep_system`, a thread's first messages while they are system
+        or developer messages (at most 8: its instructions) come first in every `load`, and
+        a summary never takes them in.
 
         Raises:
             InvalidInputError: a policy of the wrong type, a ttl that is not a positive number
-                of seconds up to 100 years, a bad auto-eviction budget or fraction, or a bad `llm`.
+                of seconds up to 100 years, a bad auto-eviction budget or fraction, a bad `llm`,
+                or a `keep_system` that is not a bool.
         """
         from mnemo.conversation.manager import ConversationManager
         from mnemo.conversation.model import Recent, Semantic
@@ -59,12 +63,14 @@ class ConversationMethods(Parts):
         if auto_evict_budget is not None:
             check_budget("auto_evict_budget", auto_evict_budget)
         check_fraction(eviction_fraction)
+        if not isinstance(keep_system, bool):
+            raise InvalidInputError(f"keep_system must be a bool, got {keep_system!r}")
         service = self._conversations
         return ConversationManager(
             service, retrieval=retrieval, compression=compressions(compression),
             ttl=ttl_seconds(ttl), auto_evict_budget=auto_evict_budget,
             eviction_fraction=eviction_fraction, clock=clock or service.clock,
-            llm=service.model(llm))
+            llm=service.model(llm), keep_system=keep_system)
 
     async def list_threads(self) -> list[ThreadInfo]:
         """Every stored thread (not purged), oldest first: raw message count, next seq and

@@ -12,6 +12,8 @@ from typing import Any
 
 from mnemo.conversation.model import (
     GOAL_OPEN,
+    PREAMBLE_MESSAGES,
+    PREAMBLE_ROLES,
     Compaction,
     Goal,
     Message,
@@ -119,6 +121,15 @@ async def read_messages(
         (thread_id, from_seq, *params, *(() if limit is None else (limit,))),
     )
     return [message_from_row(row) for row in rows]
+
+
+async def read_preamble(sql: Statements, thread_id: str) -> list[Message]:
+    """`ThreadStore.preamble`'s read."""
+    roles = ", ".join(f"'{role}'" for role in PREAMBLE_ROLES)
+    end = await sql.row(f"SELECT seq FROM messages WHERE thread_id = ? AND role NOT IN ({roles})"
+                        " ORDER BY seq LIMIT 1", (thread_id,))
+    return await read_messages(sql, thread_id, where=" AND seq < ?",
+                               params=(end[0] if end else 2**62,), limit=PREAMBLE_MESSAGES)
 
 
 def stream_messages(

@@ -194,6 +194,9 @@ class SqlThreads(SqlStore):
     async def uncompacted(self, thread_id: str) -> tuple[list[Compaction], list[Message]]:
         return await self._driver.together(lambda sql: reads.read_uncompacted(sql, thread_id))
 
+    async def preamble(self, thread_id: str) -> list[Message]:
+        return await self._driver.read(lambda sql: reads.read_preamble(sql, thread_id))
+
     async def recent_turns(
         self, thread_id: str, k: int
     ) -> tuple[list[Compaction], list[Message]]:

@@ -297,6 +297,34 @@ async def test_summary_saves_a_compaction(cmem: mnemo.Memory, offline: OfflineFa
     assert len(await conv.raw("t")) == 12, "raw messages are never touched"
 
 
+async def test_keep_system_gives_the_instructions_first_and_never_summarises_them(
+    cmem: mnemo.Memory,
+) -> None:
+    """With `keep_system`, a thread's leading system and developer messages come first in
+    every load (Recent past its k turns, Semantic past its k messages, after a summary) and no
+    summary takes them; a system message later in the thread is a message like any other."""
+    rules = [{"role": "system", "content": "You are a travel agent. Answer in French."},
+             {"role": "developer", "content": "Never book a flight."}]
+    history = [*rules, *chat(6), {"role": "system", "content": "The user is now on mobile."},
+               user("last question")]
+    for retrieval in (mnemo.Recent(k=1), mnemo.Semantic(k=1)):
+        conv = cmem.conversation(retrieval=retrieval, keep_system=True)
+        await conv.save(f"t-{retrieval}", history)
+        assert await conv.load(f"t-{retrieval}") == [*rules, history[-1]]
+    assert await cmem.conversation(retrieval=mnemo.Recent(k=1)).load(
+        f"t-{mnemo.Recent(k=1)}") == history[-1:]
+    summed = cmem.conversation(retrieval=mnemo.Recent(k=50), keep_system=True,
+                               compression=mnemo.Summary(max_tokens=100, keep=2))
+    await summed.save("s", history)
+    assert [(c.start_seq, c.end_seq) for c in await summed.compactions("s")] == [(2, 13)]
+    loaded = await summed.load("s")
+    assert loaded[:2] == rules
+    assert 'trust="untrusted"' in js(loaded[2])["content"]
+    assert loaded[3:] == history[-2:]
+    with pytest.raises(mnemo.InvalidInputError, match="keep_system"):
+        cmem.conversation(keep_system="yes")  # type: ignore[arg-type]
+
+
 async def test_summary_rolls_the_previous_one_in(cmem: mnemo.Memory) -> None:
     """A later summary absorbs the earlier one: a thread keeps one rolling compaction."""
     conv = cmem.conversation(compression=mnemo.Summary(max_tokens=100, keep=2))

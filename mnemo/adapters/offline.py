@@ -58,6 +58,11 @@ _NOT_AN_ACTION = frozenset(
     what why how when where who which is are was were do does did can could would should i you
     we he she it they this that there the a an my your our""".split()
 )
+# Words an imperative's object opens with, right after its verb.
+_OBJECT_LEADS = frozenset(
+    "the a an this that these those my your his her its our their all every each some it them"
+    .split()
+)
 # Verbs an imperative or progressive action opens with (matched by stem, so "Checking" and
 # "checked" count as "check").
 _VERBS = frozenset(
@@ -240,6 +245,10 @@ def _is_action(action: str) -> bool:
     if re.match(r"[\w.\-]+\s*[\[(]", body):
         return True
     if _text.stem(first.lower()) in _VERBS:
+        return True
+    # A verb the list lacks, read by its object ("Renew the certificate", "Rotate your keys").
+    if (len(body_words) > 1 and body_words[1].lower() in _OBJECT_LEADS
+            and first.lower() not in _NOT_AN_ACTION and not _text.is_stopword(first)):
         return True
     # A lower-case opening word that is not a function word reads as a command ("git status",
     # "kubectl get pods"); a capitalised one may just start a statement ("Paris is ...").

@@ -245,14 +245,16 @@ async def test_an_actions_command_is_a_fact_only_when_it_names_a_value() -> None
              {"index": 4, "observation": "The logs are too quiet.",
               "action": "Set LOG_LEVEL=debug on the staging server."},
              {"index": 5, "observation": "The deploy job is flaky.",
-              "action": "Switch to the staging branch first."}]
+              "action": "Switch to the staging branch first."},
+             {"index": 6, "observation": "The TLS certificate expired.",
+              "action": "Renew the certificate with certbot."}]
     request = semantic_request(goal=GOAL, subgoal="set up the office", steps=steps)
     facts = [fact.proposition for fact in parse_facts(await OfflineLLM().generate(request))]
     assert facts == ["The office wifi password is hunter2.", "Gunicorn listens on port 8001.",
                      "Bind gunicorn to 127.0.0.1:8000.", "The cron jobs run at midnight UTC.",
                      "The server clock is wrong.", "I'll set the default timezone to Europe/Rome.",
                      "The logs are too quiet.", "Set LOG_LEVEL=debug on the staging server.",
-                     "The deploy job is flaky."]
+                     "The deploy job is flaky.", "The TLS certificate expired."]
 
 
 @pytest.mark.parametrize(("subgoal", "sentence", "fact"), [
@@ -409,10 +411,13 @@ async def test_command_style_actions_are_procedures() -> None:
             "reward": 0.5,
         },
         {"index": 3, "observation": "o", "action": "I think that is right.", "reward": 0.5},
+        {"index": 4, "observation": "o", "action": "Renew the certificate with certbot.",
+         "reward": 0.5},
+        {"index": 5, "observation": "o", "action": "All the pods are healthy.", "reward": 0.5},
     ]
     request = procedural_request(goal=GOAL, subgoal="s", steps=steps)
     instructions = parse_instructions(await OfflineLLM().generate(request))
-    assert [i.steps for i in instructions] == [(0,), (1,)]
+    assert [i.steps for i in instructions] == [(0,), (1,), (4,)]
 
 
 async def test_returns_follow_step_rewards() -> None:

@@ -104,9 +104,14 @@ def re_ask(name: str, request: LLMRequest, asked: LLMRequest, reply: LLMResponse
 def adapt(exc: AdapterError, budget: Budget, refuses: Callable[[HTTPFailure], bool] | None,
           switch: Callable[[HTTPFailure], None]) -> None:
     """When `refuses` recognises the refusal behind `exc`, `switch` adapts the adapter and a retry
-    is charged to `budget`; otherwise `exc` is raised again."""
+    is charged to `budget`; otherwise `exc` is raised again (a model's as LLMContextError for a
+    prompt past its context, whatever else the message names)."""
     failure = exc.__cause__
     if refuses is None or not isinstance(failure, HTTPFailure) or not refuses(failure):
+        raise exc
+    if failure.context_overflow:
+        if isinstance(exc, LLMError):
+            raise LLMContextError(str(exc)) from failure
         raise exc
     switch(failure)
     if not budget.can_call():

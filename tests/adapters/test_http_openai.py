@@ -17,7 +17,7 @@ from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.calls.retry import Backoff
 from mnemo.calls.tasks import Cut, ask, decode_json
-from mnemo.errors import InvalidInputError, LLMError, LLMReplyError
+from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMReplyError
 from mnemo.extraction.prompts import parse_facts, semantic_request
 from mnemo.ports import LLMRequest, ToolCall, Usage
 from tests.adapters.provider_server import (
@@ -277,6 +277,21 @@ async def test_unrelated_400_does_not_fall_back(
     with pytest.raises(LLMError, match="HTTP 400 Bad Request: context_length_exceeded"):
         await llm.generate(semantic())
     assert llm.structured_mode == "json_schema"
+
+
+async def test_a_context_overflow_naming_functions_is_no_refusal_of_tools(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """OpenAI's context-length 400 in tool mode names "functions": it is LLMContextError, and
+    the mode stays tool (a prompt too long, not a server refusing the mode)."""
+    overflow = ("This model's maximum context length is 8192 tokens. However, your messages "
+                "resulted in 8300 tokens (8000 in the messages, 300 in the functions). Please "
+                "reduce the length of the messages or functions.")
+    server.script(REJECT_RESPONSE_FORMAT, Fail(400, overflow))
+    with pytest.raises(LLMContextError, match="maximum context length"):
+        await llm.generate(semantic())
+    assert llm.structured_mode == "tool"
+    assert [r.mode for r in server.requests] == ["json_schema", "tool"]
 
 
 async def test_explicit_mode_never_falls_back(server: ProviderServer) -> None:

@@ -312,6 +312,8 @@ class Transport(Closing):
                 if isinstance(exc, httpx.ConnectError):
                     ticket.overloaded()
                 raise _Retryable(f"connection failed: {exc!r}", exc) from exc
+            except httpx.RequestError as exc:  # a body its encoding does not decode, ...
+                raise _Retryable(f"the reply could not be read: {exc!r}", exc) from exc
             return self._read(response, reply, estimate, refusal, ticket)
 
     async def _send(

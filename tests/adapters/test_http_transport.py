@@ -304,6 +304,21 @@ async def test_body_that_is_not_json_is_retried(
             await t.post_json("/chat/completions", PAYLOAD, Completion)
 
 
+async def test_a_body_its_encoding_does_not_decode_is_retried_then_an_error(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """A 200 saying gzip whose body is not gzip (a broken proxy) is retried; for good, the
+    adapter's error, never httpx's."""
+    broken = Raw(b"not gzip at all", headers={"content-encoding": "gzip"})
+    server.script(broken, Answer(text="whole"))
+    async with transport(server.openai_url, clock, max_retries=1) as t:
+        reply = await t.post_json("/chat/completions", PAYLOAD, Completion)
+        assert reply.choices[0].message.content == "whole"
+        server.script(broken, broken)
+        with pytest.raises(LLMError, match=r"2 attempts: .*DecodingError"):
+            await t.post_json("/chat/completions", PAYLOAD, Completion)
+
+
 async def test_a_body_that_is_sloppy_but_whole_json_is_read(
     server: ProviderServer, clock: VirtualClock
 ) -> None:

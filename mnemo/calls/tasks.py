@@ -270,9 +270,9 @@ async def ask(
     """`parse` of the reply to `request`, asking again (showing the problem) while it raises
     ValueError, within the task's budget. A `Cut` reply is `salvage`d; a prompt the context refused
     is `shorten`ed, at most `MAX_SHRINKS` times. A reply still unusable when the re-asks are spent
-    gives `unusable`, else LLMReplyError; an LLM's error is raised as an LLMError. `any_reply`:
-    `parse` reads a reply that is no JSON for the schema (prose, a bare value), which an adapter
-    then passes up rather than re-asking."""
+    gives `unusable`, else LLMReplyError (from the last cut or parse error); an LLM's error is
+    raised as an LLMError. `any_reply`: `parse` reads a reply that is no JSON for the schema
+    (prose, a bare value), which an adapter then passes up rather than re-asking."""
     with task_budget(policy or policy_of(llm)) as budget:
         budget.task_reads = "any" if any_reply else "keys"
         shrinks = 0
@@ -306,12 +306,13 @@ async def ask(
                                  if isinstance(exc, k)), LLMError)
                     raise kind(f"the LLM failed on task {request.task!r}: {exc!r}") from exc
                 response, problem = LLMResponse(text=capped.text, data=capped.data), str(exc)
+                cause: Exception = capped
             else:
                 budget.charge_bare(before)
                 try:
                     return parse(response)
                 except ValueError as exc:
-                    problem = str(exc)
+                    problem, cause = str(exc), exc
             if not budget.can_re_ask():
                 error = LLMReplyError(
                     f"the LLM's reply to task {request.task!r} was unusable after "
@@ -319,7 +320,7 @@ async def ask(
                 )
                 if unusable is not None:
                     return _stands_for(request, unusable, error)
-                raise error
+                raise error from cause
             asked = re_asked(request, response, problem)
             budget.next_call("re_ask")
 

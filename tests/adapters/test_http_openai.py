@@ -194,7 +194,7 @@ async def test_second_bad_reply_raises_saying_what_was_wrong(
     server: ProviderServer, llm: OpenAICompatible
 ) -> None:
     """An unusable reply is re-asked once (the API contract); an unusable second one raises
-    `LLMReplyError` naming the task and the second reply's problem."""
+    `LLMReplyError` naming the task and the second reply's problem, from that problem."""
     server.script(
         Answer(data={"facts": "none"}), *[Answer(data={"facts": [{"concepts": []}]})] * 3
     )
@@ -202,9 +202,11 @@ async def test_second_bad_reply_raises_saying_what_was_wrong(
         LLMReplyError,
         match=r"task 'semantic' was unusable after 2 of 3 calls.*: "
         r"facts\[0\]\.proposition must be a string, got nothing",
-    ):
+    ) as caught:
         await ask(llm, semantic(), parse_facts)
     assert len(server.requests) == 2
+    assert isinstance(caught.value.__cause__, ValueError)
+    assert "facts[0].proposition" in str(caught.value.__cause__)
 
 
 async def test_cut_short_reply_says_so(server: ProviderServer) -> None:
@@ -218,6 +220,11 @@ async def test_cut_short_reply_says_so(server: ProviderServer) -> None:
             await capped.generate(semantic())
     assert cut.value.at_cap
     assert cut.value.text == '{"facts": ['
+    server.script(*[Answer(text='{"facts": [', finish="length", usage=(10, cap))] * 4)
+    async with OpenAICompatible("m", base_url=server.openai_url, max_tokens=cap) as capped:
+        with pytest.raises(LLMReplyError, match="unusable after") as spent:
+            await ask(capped, semantic(), parse_facts)
+    assert isinstance(spent.value.__cause__, Cut)
 
 
 # ---- structured-output modes and the auto fallback -------------------------------------------

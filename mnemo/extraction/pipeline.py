@@ -145,14 +145,14 @@ async def _extract_trajectory(work: _Round, part: Extracted, name: str, pending:
     key, subgoal, chars = steps[0].trajectory_id, steps[0].subgoal, _chars(steps)
 
     async def asked(task: str, call: Awaitable[T]) -> T | None:
-        pending.add(task)
+        pending.add(task)  # until answered: a timeout names it
         try:
-            return await call
+            answer = await call
         except AdapterError as exc:
             work.failures.append((f"{task} of {name}", exc))
-            return None
-        finally:
-            pending.discard(task)
+            answer = None
+        pending.discard(task)
+        return answer
 
     async def semantic() -> None:
         # The procedural requests go out first: round 2 waits for their replies.

@@ -388,3 +388,17 @@ async def test_a_models_timeout_is_a_failed_extraction_whichever_model() -> None
     with pytest.raises(mnemo.EmbeddingTimeout) as caught:
         await embed_within(Slow(), ["x"], 5)
     assert isinstance(caught.value.__cause__, TimeoutError)
+
+
+async def test_an_extraction_timeout_names_the_tasks_still_unanswered(store: str) -> None:
+    """An extraction past `extraction_timeout` fails naming the task whose reply never came."""
+    inner = FakeLLM()
+    inner.hold("semantic")
+    config = mnemo.Config(extraction_timeout=0.2)
+    async with mnemo.Memory(store, llm=inner, embedder=FakeEmbedder(), config=config) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        with pytest.raises(mnemo.PipelineError, match=r"\(unanswered: semantic\)"):
+            await mem.close_and_commit(sid, max_retries=0)
+        inner.release_all()

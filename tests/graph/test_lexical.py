@@ -320,15 +320,19 @@ async def test_an_unreadable_slot_is_rebuilt_from_the_store(store: str, tmp_path
 
 
 async def test_an_index_that_cannot_be_made_leaves_the_store_answering(
-    store: str, tmp_path: Path
+    store: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A folder that cannot be written (a file in its place) turns the index off, not recall."""
+    """A folder that cannot be written (a file in its place) turns the index off, not recall:
+    a warning (the answer is whole), never an error."""
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     async with open_stores(store, DIM, lexical_dir=str(blocker)) as backend:
         await add(backend, "c1", {"a": "copper pot"})
         assert await lexical(backend).search(REPO, "copper", 10, None) is None
         assert [n for n, _ in await backend.graph.search_text(REPO, "copper", 10)] == ["a"]
+    said = [r for r in caplog.records if "cannot be used" in r.getMessage()]
+    assert said
+    assert {r.levelname for r in said} == {"WARNING"}
 
 
 async def test_sqlite_index_lives_beside_the_file(tmp_path: Path) -> None:

@@ -353,7 +353,9 @@ class LexicalIndex(Slot):
                     return True
             log.warning("lexical index: all %d slots in %s are taken", SLOTS, self._folder)
         except Exception:
-            log.exception("lexical index: %s cannot be used", self._folder)
+            # The store's full-text search answers instead: a degraded answer, not a failure.
+            log.warning("lexical index: %s cannot be used; the store's full-text search "
+                        "answers", self._folder, exc_info=True)
         self._writer = None
         return False
 

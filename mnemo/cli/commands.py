@@ -264,7 +264,7 @@ async def search(
     emit(as_json, [hit_json(h) for h in hits], table(
         f"Messages matching: {escape(query)}",
         ("rank~", "thread~", "seq~", "role~", "snippet~", "message~!"),
-        [(f"{h.rank:.3f}", Text(h.thread_id), str(h.seq), Text(h.role),
+        [(f"{h.rank:.3g}", Text(h.thread_id), str(h.seq), Text(h.role),
           Text(shorten(h.snippet, 200)), ids[h.message_id]) for h in hits],
         empty=(4, "(no message matches)")))
 

@@ -543,6 +543,25 @@ def test_search_finds_ingested_messages(filled: str) -> None:
     assert "week/2" in table.stdout
 
 
+def test_search_shows_a_small_rank_to_three_digits(tmp_path: Path) -> None:
+    """A rank is shown to three significant digits, however small it is (a few messages' BM25
+    is about 1e-6)."""
+    path = str(tmp_path / "few.db")
+
+    async def save() -> None:
+        async with mnemo.Memory(path) as mem:
+            await mem.conversation().save("t", [
+                {"role": "user", "content": "The staging database is orders_stage."},
+                {"role": "assistant", "content": "Noted the staging database."},
+                {"role": "user", "content": "thanks"}])
+
+    anyio.run(save)
+    ranks = [f"{h['rank']:.3g}" for h in ok_json("search", "staging", "--db", path)]
+    table = invoke("search", "staging", "--db", path).stdout
+    assert len(ranks) == 2
+    assert all(rank in table and rank != "0" for rank in ranks)
+
+
 def test_purge_asks_then_erases_the_thread(db: str) -> None:
     """Without --yes it asks (no keeps everything); with --yes the thread is gone from search,
     and --repo also forgets the session's graph source."""

@@ -5,7 +5,9 @@ log) keep the order they were given in."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import os
 import shutil
 import sqlite3
 import threading
@@ -179,6 +181,32 @@ async def test_a_store_whose_folder_is_removed_while_open_refuses_writes(
         for call in calls:
             with pytest.raises(mnemo.StorageError) as refused:
                 await call()
+            assert refused.value.reason == "unavailable"
+            assert "removed or replaced" in str(refused.value)
+
+
+@pytest.mark.parametrize("inspecting", [False, True])
+async def test_a_store_replaced_while_open_refuses_reads(
+    tmp_path: Path, inspecting: bool
+) -> None:
+    """The store's file replaced by another store under an open Memory (or an inspecting one):
+    a read raises StorageError("unavailable") rather than answer from the old file or mix the
+    two."""
+    path = tmp_path / "m.db"
+    async with mnemo.Memory(path, embedder=mnemo.HashEmbedder()) as mem:
+        await mem.open_repo("alpha")
+    async with mnemo.Memory(path, embedder=mnemo.HashEmbedder(), inspect=inspecting) as reader:
+        assert await reader.list_repos() == ["alpha"]
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(f"{path}{suffix}")
+        async with mnemo.Memory(path, embedder=mnemo.HashEmbedder()) as other:
+            await other.open_repo("beta")
+        reads = [reader.list_repos, reader.list_sessions, reader.list_threads,
+                 lambda: reader.search_messages("anything")]
+        for read in reads:
+            with pytest.raises(mnemo.StorageError) as refused:
+                await read()
             assert refused.value.reason == "unavailable"
             assert "removed or replaced" in str(refused.value)
 

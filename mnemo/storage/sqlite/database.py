@@ -56,14 +56,14 @@ class _Connection(SqliteUtilsDatabase):
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self
-            self._still_there()
+            self.still_there()
             self.conn.execute("COMMIT")
         except BaseException:
             if self.conn.in_transaction:
                 self.conn.rollback()
             raise
 
-    def _still_there(self) -> None:
+    def still_there(self) -> None:
         """sqlite3.OperationalError when the file opened was removed or replaced: SQLite would
         write on into the unlinked file, which nothing reads again."""
         if self.opened is None:
@@ -116,7 +116,7 @@ class Database:
         self._synchronous = synchronous.upper()
         self.busy_timeout = max(busy_timeout, 0.0)
         self.inspect = inspect
-        self._db: SqliteUtilsDatabase | None = None
+        self._db: _Connection | None = None
         self._worker: Worker | None = None
         self.clock = HostClock()  # the store's time, anchored in the file when it opens
         # An erasure's rewrite of the file (`scrub`) not done yet: the next erasure or the
@@ -124,7 +124,7 @@ class Database:
         self._scrub_due = False
 
     @property
-    def db(self) -> SqliteUtilsDatabase:
+    def db(self) -> _Connection:
         if self._db is None:
             raise StorageError("closed", "the database is not open")
         return self._db
@@ -221,8 +221,16 @@ class Database:
         return await self._call(_alone(self.db, work))
 
     async def read(self, work: StatementsWork[T]) -> T:
-        """Runs `work` (`storage.sql`) outside a transaction."""
-        return await self.run(lambda db: drive(work(SqliteStatements(db.conn))))
+        """Runs `work` (`storage.sql`) outside a transaction; StorageError ("unavailable") when
+        the file was removed or replaced meanwhile (its answer may be the old file's)."""
+        db = self.db
+
+        def job(_: object) -> T:
+            answer = drive(work(SqliteStatements(db.conn)))
+            db.still_there()
+            return answer
+
+        return await self.run(job)
 
     together = read
 

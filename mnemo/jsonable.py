@@ -60,7 +60,8 @@ def commit_json(commit: CommitRecord, goal: str | None = None) -> dict[str, obje
     return {
         "id": commit.id, "goal": goal, **fields(commit, "seq committed_at session_id source_id"),
         "nodes": commit.node_count, "links": commit.link_count, "retired": commit.retired_count,
-        "joined": len(commit.joined), **fields(commit, "reverted_by reverts maintenance"),
+        "joined": len(commit.joined),
+        **fields(commit, "reverted_by reverts maintenance corrects"),
         "removed": len(commit.removed)}
 
 

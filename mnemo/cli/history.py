@@ -63,13 +63,15 @@ async def history(
 
 
 def origin(commit: CommitRecord, sessions: dict[str, str], goal: str | None) -> str:
-    """Where a commit came from, its session (short) or source, the commit it reverts or the
-    maintenance it was, the goal it served, and whether it was reverted."""
+    """Where a commit came from, its session (short) or source, the commit it reverts, the
+    maintenance it was or the node it corrects, the goal it served, and whether it was
+    reverted."""
     origin = (f"session {sessions.get(commit.session_id, commit.session_id)}"
               if commit.session_id else f"source {commit.source_id}" if commit.source_id
               else f"revert of {commit.reverts.removeprefix('changeset_')[:8]}"
               if commit.reverts else f"{commit.maintenance}, {len(commit.removed)} removed"
-              if commit.maintenance else "")
+              if commit.maintenance else f"correction of {commit.corrects}"
+              if commit.corrects else "")
     origin = ": ".join(part for part in (origin, goal) if part)
     return f"{origin} (reverted)" if commit.reverted_by else origin
 

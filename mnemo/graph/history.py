@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from mnemo.errors import ConflictError, InvalidInputError, check_count, check_id
 from mnemo.graph.erasure import Embed
-from mnemo.graph.model import Link, Node, NodeType
+from mnemo.graph.model import Link, LinkType, Node, NodeType
 from mnemo.graph.ports import Reverting
 
 if TYPE_CHECKING:
@@ -61,6 +61,14 @@ class CommitRecord:
     @property
     def retired_count(self) -> int:
         return len(self.retired)
+
+    @property
+    def corrects(self) -> str | None:
+        """The node a correction (`Memory.correct`: a commit of no session or source)
+        superseded; None for any other commit."""
+        if self.session_id or self.source_id or self.reverts or self.maintenance:
+            return None
+        return next((link.dst for link in self.links if link.type is LinkType.SUPERSEDES), None)
 
 
 @dataclass(frozen=True, slots=True)

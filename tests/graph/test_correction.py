@@ -10,6 +10,7 @@ import pytest
 
 import mnemo
 from mnemo.adapters.hashing import HashEmbedder
+from mnemo.cli.history import origin
 from mnemo.graph.model import Link, LinkType
 
 REPO = "ops"
@@ -51,8 +52,10 @@ async def test_a_correction_retires_the_fact_and_revert_brings_it_back(store: st
         assert next(m for m in found if m.node.id == old.id).superseded_by == new_id
 
         (newest, *_) = await mem.history(REPO, limit=1)
-        assert (newest.id, newest.node_ids, newest.retired) == (
-            receipt.changeset_id, (new_id,), (old.id,))
+        assert (newest.id, newest.node_ids, newest.retired, newest.corrects) == (
+            receipt.changeset_id, (new_id,), (old.id,), old.id)
+        assert [c.corrects for c in await mem.history(REPO)][1:] == [None]
+        assert origin(newest, {}, None) == f"correction of {old.id}"
         await mem.revert(REPO, receipt.changeset_id)
         back = await mem.get_node(REPO, old.id)
         assert back is not None

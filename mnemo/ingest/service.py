@@ -13,7 +13,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import date, timedelta
-from typing import cast
+from typing import Protocol, cast
 
 import anyio
 
@@ -103,14 +103,32 @@ def _digest(trajectory: Trajectory, metadata: Metadata | None) -> str:
     return digest.hexdigest()
 
 
+class Claims(Protocol):
+    """Which Memory on the store extracts a source: one claim a source, a live holder's."""
+
+    async def claim(self, repo: str, source_id: str, digest: str) -> str | None:
+        """None when this Memory holds the claim now, else the payload digest of the claim
+        another live Memory holds."""
+
+    async def release(self, repo: str, source_id: str) -> None: ...
+
+    async def token(self) -> int:
+        """The store's change token (`moved` waits for another)."""
+
+    async def moved(self, token: int) -> None:
+        """Returns once the store's change token is not `token`, or after a while."""
+
+
 class IngestService:
-    """Ingest and forget for every repo of one `Memory`."""
+    """Ingest and forget for every repo of one `Memory`; `claims` keeps an identical ingest of
+    another Memory on the store from asking the model again."""
 
     def __init__(self, graph: GraphStore, runtime: Callable[[str], IngestRuntime],
-                 events: Events | None = None) -> None:
+                 events: Events | None = None, claims: Claims | None = None) -> None:
         self._graph = graph
         self._runtime = runtime
         self._events = events or Events(None)
+        self._claims = claims
         self._inflight: dict[tuple[str, str], _InFlight] = {}
 
     async def ingest(self, repo: str, trajectory: Trajectory, source_id: str,
@@ -170,6 +188,41 @@ class IngestService:
         if known is not None:
             return known
         check_runnable(runtime.embedder)  # before anything is stored
+        if self._claims is None:
+            return await self._extracted(repo, trajectory, source_id, digest, runtime, report,
+                                         metadata)
+        known = await self._claimed(repo, source_id, digest)
+        if known is not None:
+            return known
+        try:
+            return await self._extracted(repo, trajectory, source_id, digest, runtime, report,
+                                         metadata)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._claims.release(repo, source_id)
+
+    async def _claimed(self, repo: str, source_id: str, digest: str) -> IngestReceipt | None:
+        """None once this Memory holds the source's claim; while another live Memory holds it
+        (an identical ingest), waits for that one's commit and returns its receipt. Raises
+        ConflictError for another payload."""
+        assert self._claims is not None
+        while True:
+            token = await self._claims.token()
+            held = await self._claims.claim(repo, source_id, digest)
+            if held is None:
+                return None
+            if held != digest:
+                raise ConflictError(
+                    f"source {source_id!r} is being ingested with a different payload")
+            await self._claims.moved(token)
+            if (known := await self._known(repo, source_id, digest)) is not None:
+                return known
+
+    async def _extracted(self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
+                         runtime: IngestRuntime, report: Callable[[str, int], Awaitable[None]],
+                         metadata: Metadata) -> IngestReceipt:
+        """The source annotated, extracted and committed (PipelineError when extraction
+        fails); another Memory's commit of it meanwhile is its receipt."""
         key = hashlib.sha1(f"{repo}\0{source_id}".encode()).hexdigest()[:20]
         episode = EpisodeRecord(f"ingest_{key}", trajectory.goal)
         try:

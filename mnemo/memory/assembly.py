@@ -4,6 +4,8 @@ thread (`load`)."""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -12,6 +14,7 @@ from mnemo.calls.retry import LimitedLLM
 from mnemo.config import Config
 from mnemo.conversation.service import ConversationService
 from mnemo.cpu import import_kept
+from mnemo.errors import StorageError
 from mnemo.extraction.contradiction import intent_policy
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.memory.repos import Repos
@@ -19,12 +22,45 @@ from mnemo.ports import LLM, Embedder, EventCallback, Events
 from mnemo.recall.engine import Recaller  # noqa: F401 - imported here, off the loop, for recall
 from mnemo.recall.query import TagVectors
 from mnemo.session import extracting, operations
-from mnemo.session.registry import Sessions
+from mnemo.session.registry import Sessions, store_moved
 from mnemo.session.timers import BackgroundWork
 from mnemo.storage.ports import has_postgres_driver, is_postgres, open_backend
 
 if TYPE_CHECKING:
     from mnemo.memory.sessions import Parts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceClaims:
+    """`ingest.service.Claims` of the Memory `live` serves: a claim lapses with its holder (a
+    process gone, or unseen for a lease)."""
+
+    live: Sessions
+
+    async def claim(self, repo: str, source_id: str, digest: str) -> str | None:
+        live, co = self.live, self.live.coordination
+        await live.register()
+        cut = co.now() - live.lease
+        held = await co.claim_source(repo, source_id, digest, live.holder_id, unseen_since=cut)
+        if held is not None and (gone := await live.gone()):
+            held = await co.claim_source(repo, source_id, digest, live.holder_id,
+                                         unseen_since=cut, gone=gone)
+        return held
+
+    async def release(self, repo: str, source_id: str) -> None:
+        try:
+            await self.live.coordination.release_source(repo, source_id, self.live.holder_id)
+        except StorageError as exc:  # the ingest's own outcome stands
+            log.warning("the claim on source %r of repo %r stays until this Memory closes: %r",
+                        source_id, repo, exc)
+
+    async def token(self) -> int:
+        return await self.live.coordination.change_token()
+
+    async def moved(self, token: int) -> None:
+        await store_moved(self.live, token)
 
 
 def load(path: str) -> None:
@@ -78,7 +114,7 @@ def build(
     memory._events, memory._graph, memory._live = events, backend.graph, live
     memory._background = BackgroundWork(live)
     memory._tag_vectors = TagVectors()
-    memory._ingests = IngestService(backend.graph, ingest_runtime, events)
+    memory._ingests = IngestService(backend.graph, ingest_runtime, events, SourceClaims(live))
     def limited(llm: LLM) -> LLM:  # conversation memory's calls count in `usage()`'s total
         if isinstance(llm, LimitedLLM):  # a manager's own model, given back: metered already
             return llm

@@ -319,6 +319,17 @@ class Coordination(Protocol):
     ) -> None:
         """Drops `holder_id`'s claims on the session's `step_ids`."""
 
+    async def claim_source(
+        self, repo: str, source_id: str, payload_hash: str, holder_id: str, *,
+        unseen_since: datetime, gone: Sequence[str] = (),
+    ) -> str | None:
+        """Claims `source_id` of `repo` (an ingest of `payload_hash`) for `holder_id` unless
+        another live holder claims it: None when this holder holds it now, else the payload
+        hash the other claimed."""
+
+    async def release_source(self, repo: str, source_id: str, holder_id: str) -> None:
+        """Drops `holder_id`'s claim on `source_id` of `repo`."""
+
     async def unannotated(
         self, unseen_since: datetime, gone: Sequence[str] = ()
     ) -> list[str]:

@@ -190,6 +190,30 @@ class SqlCoordination(SqlStore):
 
         await self._driver.write(write)
 
+    async def claim_source(
+        self, repo: str, source_id: str, payload_hash: str, holder_id: str, *,
+        unseen_since: datetime, gone: Sequence[str] = (),
+    ) -> str | None:
+        async def write(sql: Statements) -> str | None:
+            await sql.run(
+                "DELETE FROM source_claims WHERE repo = ? AND source_id = ? AND holder <> ?"
+                f" AND {_departed('source_claims.holder', gone)}",
+                (repo, source_id, holder_id, self._stamp(unseen_since), *gone))
+            await sql.run(
+                "INSERT INTO source_claims(repo, source_id, payload_hash, holder)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (repo, source_id, payload_hash, holder_id))
+            row = await sql.row("SELECT holder, payload_hash FROM source_claims"
+                                " WHERE repo = ? AND source_id = ?", (repo, source_id))
+            return None if row is None or row[0] == holder_id else str(row[1])
+
+        return await self._driver.write(write)
+
+    async def release_source(self, repo: str, source_id: str, holder_id: str) -> None:
+        await self._driver.write(lambda sql: sql.run(
+            "DELETE FROM source_claims WHERE repo = ? AND source_id = ? AND holder = ?",
+            (repo, source_id, holder_id)))
+
     async def unannotated(
         self, unseen_since: datetime, gone: Sequence[str] = ()
     ) -> list[str]:

@@ -405,3 +405,15 @@ MAINTENANCE = """
 ALTER TABLE commits ADD COLUMN maintenance TEXT;
 ALTER TABLE commits ADD COLUMN removed JSON NOT NULL DEFAULT '[]';
 """
+
+# After them, not copied by `transfer`: the sources a Memory's ingest is extracting, so that
+# another Memory's identical ingest waits for its commit rather than ask the model again.
+SOURCE_CLAIMS = """
+CREATE TABLE source_claims (
+    repo TEXT NOT NULL,
+    source_id TEXT NOT NULL,
+    payload_hash TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    PRIMARY KEY (repo, source_id)
+) WITHOUT ROWID;
+"""

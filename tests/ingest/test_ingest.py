@@ -278,12 +278,11 @@ async def test_bad_input_is_refused_before_anything_is_stored(
 async def test_one_source_ingested_through_two_memories_at_once(
     store: str, same_payload: bool
 ) -> None:
-    """Two Memory objects ingest one source at once: the first commit is the source's; the
-    second, whose extraction ran meanwhile, writes nothing and gets that receipt
-    (created=False), or ConflictError for another payload (it used to fail with
-    StorageError on the ingests table's key)."""
+    """Two Memory objects ingest one source at once: the first claims it and asks its model;
+    the second asks none, waits for that commit and gets its receipt (created=False), or is
+    ConflictError at once for another payload."""
     llms = [FakeLLM(), FakeLLM()]
-    holds = [llm.hold("semantic") for llm in llms]
+    held = llms[0].hold("semantic")
     async with (
         mnemo.Memory(store, llm=llms[0], embedder=FakeEmbedder()) as a,
         mnemo.Memory(store, llm=llms[1], embedder=FakeEmbedder()) as b,
@@ -291,25 +290,22 @@ async def test_one_source_ingested_through_two_memories_at_once(
         await a.open_repo(REPO)
         await b.open_repo(REPO)
         results: dict[str, mnemo.IngestReceipt | Exception] = {}
-        first_done = anyio.Event()
 
         async def ingest(name: str, mem: mnemo.Memory, text: str) -> None:
             try:
                 results[name] = await mem.ingest(REPO, trajectory(text), source_id="s1")
             except mnemo.MnemoError as exc:
                 results[name] = exc
-            if name == "a":
-                first_done.set()
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(ingest, "a", a, "walk north")
-            tg.start_soon(ingest, "b", b, "walk north" if same_payload else "walk south")
-            with anyio.fail_after(10):
-                for held in holds:
-                    await held.started.wait()
-                holds[0].release()
-                await first_done.wait()
-            holds[1].release()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ingest, "a", a, "walk north")
+                await held.started.wait()  # A holds the claim: its extraction asks
+                tg.start_soon(ingest, "b", b, "walk north" if same_payload else "walk south")
+                if not same_payload:
+                    while "b" not in results:
+                        await anyio.wait_all_tasks_blocked()
+                held.release()
         first, second = results["a"], results["b"]
         assert isinstance(first, mnemo.IngestReceipt)
         assert first.created
@@ -318,8 +314,32 @@ async def test_one_source_ingested_through_two_memories_at_once(
             assert (second.created, second.node_ids) == (False, first.node_ids)
         else:
             assert isinstance(second, mnemo.ConflictError)
+            assert "being ingested" in str(second)
+        assert llms[1].calls == []
         stored = await b.get_nodes_by_type(REPO, list(N))
         assert sorted(n.id for n in stored) == sorted(first.node_ids)
+
+
+async def test_a_claim_of_a_gone_or_failed_ingest_is_taken(store: str) -> None:
+    """A source claimed by a holder no longer seen is ingested at once; one whose ingest
+    failed in another Memory (its claim released) is ingested by the next caller."""
+    async with (
+        mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as a,
+        mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as b,
+    ):
+        await a.open_repo(REPO)
+        await sql(a, "INSERT INTO source_claims(repo, source_id, payload_hash, holder)"
+                     " VALUES (?, 's1', 'x', 'gone-holder')", REPO)
+        with anyio.fail_after(10):
+            assert (await a.ingest(REPO, trajectory("walk north"), source_id="s1")).created
+        failing = FakeLLM()
+        failing.fail_tasks.add("semantic")
+        async with mnemo.Memory(store, llm=failing, embedder=FakeEmbedder()) as c:
+            with pytest.raises(mnemo.PipelineError):
+                await c.ingest(REPO, trajectory("walk east"), source_id="s2")
+        with anyio.fail_after(10):
+            assert (await b.ingest(REPO, trajectory("walk east"), source_id="s2")).created
+        assert await sql(a, "SELECT count(*) FROM source_claims") == [(0,)]
 
 
 async def test_a_fact_two_sources_state_is_one_node_that_outlives_either(

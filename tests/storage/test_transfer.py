@@ -31,9 +31,10 @@ LEXICAL = {"lexical_repos", "lexical_log", "lexical_epoch"}
 # A re-embedding under way is the store's own too: it starts over on the copy.
 REEMBEDDING = {"reembeds", "staged_vectors"}
 SQLITE_SKIPPED = {"_sqlite_migrations", "sqlite_stat1", "store_clock", "holders", "ops",
-                  "step_claims",
+                  "step_claims", "source_claims",
                   *LEXICAL, *REEMBEDDING}
-POSTGRES_SKIPPED = {"mnemo_migrations", "holders", "ops", "step_claims", *LEXICAL,
+POSTGRES_SKIPPED = {"mnemo_migrations", "holders", "ops", "step_claims", "source_claims",
+                    *LEXICAL,
                     *REEMBEDDING}
 HELD = {"holder", "lease_until"}  # columns of sessions
 MESSAGES = next(t for t in TABLES if t.name == "messages")

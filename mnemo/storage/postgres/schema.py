@@ -20,7 +20,7 @@ from mnemo.graph.scope import MAX_INDEXED_CHARS
 from mnemo.storage.lexical.index import LOG_KEEP
 from mnemo.storage.postgres.connection import Connection, lock_key, storage_error
 from mnemo.storage.postgres.text_search import SEARCH_VECTOR, TEXT_SEARCH_CONFIG
-from mnemo.storage.tables import MAINTENANCE, check_ledger, ddl, statements
+from mnemo.storage.tables import MAINTENANCE, SOURCE_CLAIMS, check_ledger, ddl, statements
 
 SCHEMA_LOCK = lock_key("mnemo.schema")
 
@@ -123,7 +123,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         f" 'hex') WHERE length(value) > {MAX_INDEXED_CHARS}",)),
     Migration("m023_null_keys", (
         "UPDATE threads SET history_hash = NULL WHERE id IN (SELECT thread_id FROM messages"
-        " WHERE data -> 'content' = 'null' OR data -> 'tool_calls' = 'null')",)))
+        " WHERE data -> 'content' = 'null' OR data -> 'tool_calls' = 'null')",)),
+    Migration("m024_source_claims", statements(ddl(True, SOURCE_CLAIMS))))
 
 
 async def apply(conn: Connection, *, upgrade: bool = True) -> list[str]:

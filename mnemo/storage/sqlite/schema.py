@@ -13,7 +13,7 @@ from sqlite_utils.migrations import Migrations
 
 from mnemo.graph.scope import MAX_INDEXED_CHARS, indexed
 from mnemo.storage.lexical.index import LOG_KEEP
-from mnemo.storage.tables import MAINTENANCE, check_ledger, ddl
+from mnemo.storage.tables import MAINTENANCE, SOURCE_CLAIMS, check_ledger, ddl
 
 MIGRATIONS = Migrations("mnemo")
 BASELINE = "m028_scopes"
@@ -98,6 +98,11 @@ def null_keys(db: Database) -> None:
     db.execute("UPDATE threads SET history_hash = NULL WHERE id IN (SELECT thread_id FROM"
                " messages WHERE json_type(data, '$.content') = 'null'"
                " OR json_type(data, '$.tool_calls') = 'null')")
+
+
+@migration("m032_source_claims")
+def source_claims(db: Database) -> None:
+    execute_all(db, ddl(False, SOURCE_CLAIMS))
 
 
 def _searched(table: str) -> str:

@@ -194,12 +194,15 @@ class IngestService:
         known = await self._claimed(repo, source_id, digest)
         if known is not None:
             return known
+        receipt = None
         try:
-            return await self._extracted(repo, trajectory, source_id, digest, runtime, report,
-                                         metadata)
+            receipt = await self._extracted(repo, trajectory, source_id, digest, runtime,
+                                            report, metadata)
+            return receipt
         finally:
-            with anyio.CancelScope(shield=True):
-                await self._claims.release(repo, source_id)
+            if receipt is None or not receipt.created:  # its commit took the claim off
+                with anyio.CancelScope(shield=True):
+                    await self._claims.release(repo, source_id)
 
     async def _claimed(self, repo: str, source_id: str, digest: str) -> IngestReceipt | None:
         """None once this Memory holds the source's claim; while another live Memory holds it

@@ -468,6 +468,9 @@ class SqlSessions(SqlStore):
                     (write.repo, write.source_id, write.payload_hash, write.changeset_id,
                      cls._time(write.created_at)),
                 )
+                # Recorded: no ingest of another Memory waits on its claim any more.
+                await sql.run("DELETE FROM source_claims WHERE repo = ? AND source_id = ?",
+                              (write.repo, write.source_id))
             else:
                 await sql.run("DELETE FROM ingests WHERE repo = ? AND source_id = ?",
                               (write.repo, write.source_id))

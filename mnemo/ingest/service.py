@@ -9,6 +9,7 @@ the day finds it. English only, and only expressions with one clear answer ("rec
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -40,6 +41,8 @@ from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
 from mnemo.ports import LLM, Embedder, Events, JSONObject, deliver
 
 Progress = Callable[[IngestProgress], Awaitable[None] | None]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,35 +194,41 @@ class IngestService:
         if self._claims is None:
             return await self._extracted(repo, trajectory, source_id, digest, runtime, report,
                                          metadata)
-        known = await self._claimed(repo, source_id, digest)
-        if known is not None:
-            return known
         receipt = None
         try:
-            receipt = await self._extracted(repo, trajectory, source_id, digest, runtime,
-                                            report, metadata)
+            receipt = (await self._claimed(repo, source_id, digest, runtime.config)
+                       or await self._extracted(repo, trajectory, source_id, digest, runtime,
+                                                report, metadata))
             return receipt
         finally:
-            if receipt is None or not receipt.created:  # its commit took the claim off
+            if receipt is None or not receipt.created:  # a commit takes its claim off
                 with anyio.CancelScope(shield=True):
                     await self._claims.release(repo, source_id)
 
-    async def _claimed(self, repo: str, source_id: str, digest: str) -> IngestReceipt | None:
-        """None once this Memory holds the source's claim; while another live Memory holds it
-        (an identical ingest), waits for that one's commit and returns its receipt. Raises
-        ConflictError for another payload."""
+    async def _claimed(self, repo: str, source_id: str, digest: str,
+                       config: Config) -> IngestReceipt | None:
+        """None once this Memory holds the source's claim, the source not recorded yet; the
+        receipt of another Memory's commit of it, waited for while that one holds the claim
+        (an identical ingest), at most `extraction_timeout` and `lease_timeout` (then None:
+        this one ingests too, its commit joining the other's). ConflictError for another
+        payload."""
         assert self._claims is not None
-        while True:
-            token = await self._claims.token()
-            held = await self._claims.claim(repo, source_id, digest)
-            if held is None:
-                return None
-            if held != digest:
-                raise ConflictError(
-                    f"source {source_id!r} is being ingested with a different payload")
-            await self._claims.moved(token)
-            if (known := await self._known(repo, source_id, digest)) is not None:
-                return known
+        with anyio.move_on_after(config.extraction_timeout + config.lease_timeout):
+            while True:
+                token = await self._claims.token()
+                held = await self._claims.claim(repo, source_id, digest)
+                if held is None:
+                    return await self._known(repo, source_id, digest)  # recorded meanwhile?
+                if held != digest:
+                    raise ConflictError(
+                        f"source {source_id!r} is being ingested with a different payload")
+                await self._claims.moved(token)
+                if (known := await self._known(repo, source_id, digest)) is not None:
+                    return known
+        log.warning("source %r of repo %r: another Memory's ingest of it held its claim past "
+                    "%g s; ingesting it here too", source_id, repo,
+                    config.extraction_timeout + config.lease_timeout)
+        return None
 
     async def _extracted(self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
                          runtime: IngestRuntime, report: Callable[[str, int], Awaitable[None]],

@@ -22,7 +22,7 @@ from mnemo.ports import LLM, Embedder, EventCallback, Events
 from mnemo.recall.engine import Recaller  # noqa: F401 - imported here, off the loop, for recall
 from mnemo.recall.query import TagVectors
 from mnemo.session import extracting, operations
-from mnemo.session.registry import Sessions, store_moved
+from mnemo.session.registry import Sessions, claimed, store_moved
 from mnemo.session.timers import BackgroundWork
 from mnemo.storage.ports import has_postgres_driver, is_postgres, open_backend
 
@@ -40,14 +40,10 @@ class SourceClaims:
     live: Sessions
 
     async def claim(self, repo: str, source_id: str, digest: str) -> str | None:
-        live, co = self.live, self.live.coordination
-        await live.register()
-        cut = co.now() - live.lease
-        held = await co.claim_source(repo, source_id, digest, live.holder_id, unseen_since=cut)
-        if held is not None and (gone := await live.gone()):
-            held = await co.claim_source(repo, source_id, digest, live.holder_id,
-                                         unseen_since=cut, gone=gone)
-        return held
+        live = self.live
+        return await claimed(live, lambda cut, gone: live.coordination.claim_source(
+            repo, source_id, digest, live.holder_id, unseen_since=cut, gone=gone),
+            lambda held: held is None)
 
     async def release(self, repo: str, source_id: str) -> None:
         try:

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -45,6 +45,7 @@ from mnemo.session.ports import (
 )
 
 log = logging.getLogger("mnemo")
+T = TypeVar("T")
 
 HOST = socket.gethostname()
 # A wait for another Memory's claims looks at the store's change token this often, and at
@@ -460,17 +461,24 @@ async def claim(
     holder claims are left to it); StorageError: the store could not be written."""
     if not steps:
         return []
-    await live.register()
-    ids, co = [s.id for s in steps], live.coordination
-    cut = co.now() - live.lease
-    granted = await co.claim_steps(session.id, ids, live.holder_id, unseen_since=cut)
-    if len(granted) < len(ids):
-        # Only then is the read of the holders worth it (a gone process's claims lapse).
-        gone = await live.gone()
-        if gone:
-            granted = await co.claim_steps(session.id, ids, live.holder_id, unseen_since=cut,
-                                           gone=gone)
+    ids = [s.id for s in steps]
+    granted = await claimed(live, lambda cut, gone: live.coordination.claim_steps(
+        session.id, ids, live.holder_id, unseen_since=cut, gone=gone),
+        lambda granted: len(granted) == len(ids))
     return [s for s in steps if s.id in granted]
+
+
+async def claimed(live: Sessions, attempt: Callable[[datetime, Sequence[str]], Awaitable[T]],
+                  enough: Callable[[T], bool]) -> T:
+    """`attempt(unseen_since, gone)` of a claim for this Memory (registered first), the
+    holders unseen for a lease lapsing; when not `enough`, again with this host's holders whose
+    process is gone (only then is that read worth it)."""
+    await live.register()
+    cut = live.coordination.now() - live.lease
+    result = await attempt(cut, ())
+    if not enough(result) and (gone := await live.gone()):
+        result = await attempt(cut, gone)
+    return result
 
 
 async def release(live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]) -> None:

@@ -199,13 +199,18 @@ class SqlCoordination(SqlStore):
                 "DELETE FROM source_claims WHERE repo = ? AND source_id = ? AND holder <> ?"
                 f" AND {_departed('source_claims.holder', gone)}",
                 (repo, source_id, holder_id, self._stamp(unseen_since), *gone))
-            await sql.run(
-                "INSERT INTO source_claims(repo, source_id, payload_hash, holder)"
-                " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (repo, source_id, payload_hash, holder_id))
-            row = await sql.row("SELECT holder, payload_hash FROM source_claims"
-                                " WHERE repo = ? AND source_id = ?", (repo, source_id))
-            return None if row is None or row[0] == holder_id else str(row[1])
+            while True:
+                # The holder's own claim takes the payload it ingests now.
+                await sql.run(
+                    "INSERT INTO source_claims(repo, source_id, payload_hash, holder)"
+                    " VALUES (?, ?, ?, ?) ON CONFLICT (repo, source_id) DO UPDATE"
+                    " SET payload_hash = excluded.payload_hash"
+                    " WHERE source_claims.holder = excluded.holder",
+                    (repo, source_id, payload_hash, holder_id))
+                row = await sql.row("SELECT holder, payload_hash FROM source_claims"
+                                    " WHERE repo = ? AND source_id = ?", (repo, source_id))
+                if row is not None:  # else the conflicting claim went meanwhile: again
+                    return None if row[0] == holder_id else str(row[1])
 
         return await self._driver.write(write)
 

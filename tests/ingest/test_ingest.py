@@ -9,6 +9,7 @@ import pytest
 
 import mnemo
 from mnemo import State
+from mnemo.ingest.service import _digest
 from tests.backends import sql
 from tests.conftest import REPO, Enter
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM, js
@@ -337,9 +338,32 @@ async def test_a_claim_of_a_gone_or_failed_ingest_is_taken(store: str) -> None:
         async with mnemo.Memory(store, llm=failing, embedder=FakeEmbedder()) as c:
             with pytest.raises(mnemo.PipelineError):
                 await c.ingest(REPO, trajectory("walk east"), source_id="s2")
-        with anyio.fail_after(10):
-            assert (await b.ingest(REPO, trajectory("walk east"), source_id="s2")).created
+            assert await sql(a, "SELECT count(*) FROM source_claims") == [(0,)]
+            with anyio.fail_after(10):  # c, alive, holds no claim
+                assert (await b.ingest(REPO, trajectory("walk east"), source_id="s2")).created
         assert await sql(a, "SELECT count(*) FROM source_claims") == [(0,)]
+
+
+async def test_a_claim_its_live_holder_kept_holds_an_identical_ingest_back_for_a_while(
+    store: str,
+) -> None:
+    """A claim a live Memory kept (its release failed) makes an identical ingest elsewhere
+    wait at most `extraction_timeout` and `lease_timeout`, then ingest itself; another
+    payload is ConflictError at once."""
+    config = mnemo.Config(extraction_timeout=0.5, lease_timeout=1.0)
+    async with (
+        mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(), config=config) as a,
+        mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(), config=config) as b,
+    ):
+        await a.open_repo(REPO)
+        await a.ingest(REPO, trajectory("walk north"), source_id="s0")  # a is a live holder
+        walk = trajectory("walk west")
+        await sql(a, "INSERT INTO source_claims(repo, source_id, payload_hash, holder)"
+                     " VALUES (?, 's1', ?, ?)", REPO, _digest(walk, None), a._live.holder_id)
+        with pytest.raises(mnemo.ConflictError, match="being ingested"):
+            await b.ingest(REPO, trajectory("walk south"), source_id="s1")
+        with anyio.fail_after(10):
+            assert (await b.ingest(REPO, walk, source_id="s1")).created
 
 
 async def test_a_fact_two_sources_state_is_one_node_that_outlives_either(

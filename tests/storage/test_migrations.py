@@ -24,6 +24,7 @@ from mnemo.graph import scope as scopes
 from mnemo.storage.postgres import schema as pg_schema
 from mnemo.storage.sqlite import schema as sqlite_schema
 from tests.backends import BACKENDS, open_stores
+from tests.conversation._support import ManualClock
 from tests.fakes import FakeEmbedder
 
 # What each backend's schema is read as: its tables and columns, indexes and triggers.
@@ -239,20 +240,29 @@ async def test_a_store_whose_scope_index_holds_long_values_whole_finds_them_by_d
 async def test_a_thread_hashed_with_none_keys_extends_after_the_upgrade(made: str) -> None:
     """A thread whose hash counted a None content or tool_calls as a key (written before a
     None was read as no key) takes the same history without those keys once a Memory opens it,
-    and goes on."""
+    and goes on; so does one whose such messages a ttl erased."""
     used = {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
     call: dict[str, object] = {"role": "assistant", "content": None, "refusal": None,
                                "tool_calls": [used]}
     dumped: list[dict[str, object]] = [{"role": "user", "content": "list it"}, call,
               {"role": "tool", "tool_call_id": "c1", "content": "a b"},
               {"role": "assistant", "content": "Two files.", "tool_calls": None}]
+    later: dict[str, object] = {"role": "user", "content": "later"}
+    clock = ManualClock()
     async with mnemo.Memory(made, embedder=FakeEmbedder()) as mem:
         await mem.conversation().save("t", dumped)
-    written = [hashlib.sha256(json.dumps(m, sort_keys=True).encode()).digest()
-               for m in ({k: v for k, v in m.items() if k != "refusal"} for m in dumped)]
-    written[0] = message_key(dumped[0], 0)  # role and content strings: not JSON
+        erasing = mem.conversation(ttl=60, clock=clock)
+        await erasing.save("e", dumped)
+        clock.advance(seconds=120)
+        await erasing.save("e", [*dumped, later])
+        assert len(await erasing.raw("e")) == 1
+    written = [message_key(m, 0) if len(m) == 2 else hashlib.sha256(json.dumps(
+        {k: v for k, v in m.items() if k != "refusal"}, sort_keys=True).encode()).digest()
+        for m in [*dumped, later]]  # role and content strings alone: not JSON
     table = "mnemo_migrations" if made.startswith("postgresql") else "_sqlite_migrations"
-    run(made, f"UPDATE threads SET history_hash = '{history_hash(written)}'",
+    run(made, f"UPDATE threads SET history_hash = '{history_hash(written[:4])}'"
+              " WHERE id = 't'",
+        f"UPDATE threads SET history_hash = '{history_hash(written)}' WHERE id = 'e'",
         f"DELETE FROM {table} WHERE name LIKE '%null_keys'")
     bare = [{k: v for k, v in m.items() if v is not None} for m in dumped]
     async with mnemo.Memory(made, embedder=FakeEmbedder()) as mem:
@@ -261,4 +271,6 @@ async def test_a_thread_hashed_with_none_keys_extends_after_the_upgrade(made: st
                 ] == [4]
         assert [m.seq for m in await chat.save("t", [*dumped, {"role": "user", "content": "ok"},
                                                      {"role": "user", "content": "bye"}])] == [5]
+        erasing = mem.conversation(ttl=60, clock=clock)
+        assert [m.seq for m in await erasing.save("e", [*bare, later, later])] == [5]
     assert sorted(map(str, ledger(made))) == sorted(registered(made))

@@ -123,7 +123,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         f" 'hex') WHERE length(value) > {MAX_INDEXED_CHARS}",)),
     Migration("m023_null_keys", (
         "UPDATE threads SET history_hash = NULL WHERE id IN (SELECT thread_id FROM messages"
-        " WHERE data -> 'content' = 'null' OR data -> 'tool_calls' = 'null')",)),
+        " WHERE data -> 'content' = 'null' OR data -> 'tool_calls' = 'null') OR history_len >"
+        " (SELECT count(*) FROM messages m WHERE m.thread_id = threads.id)",)),
     Migration("m024_source_claims", statements(ddl(True, SOURCE_CLAIMS))))
 
 

@@ -93,11 +93,13 @@ def scope_digests(db: Database) -> None:
 
 @migration("m031_null_keys")
 def null_keys(db: Database) -> None:
-    # A message key reads a None content or tool_calls as no key: such a thread's hash is
-    # unknown until its next save (`ThreadState.history_hash`).
+    # A message key reads a None content or tool_calls as no key: the hash of a thread that
+    # holds one, or held messages a ttl erased, is unknown until its next save
+    # (`ThreadState.history_hash`).
     db.execute("UPDATE threads SET history_hash = NULL WHERE id IN (SELECT thread_id FROM"
                " messages WHERE json_type(data, '$.content') = 'null'"
-               " OR json_type(data, '$.tool_calls') = 'null')")
+               " OR json_type(data, '$.tool_calls') = 'null') OR history_len >"
+               " (SELECT count(*) FROM messages m WHERE m.thread_id = threads.id)")
 
 
 @migration("m032_source_claims")

@@ -56,7 +56,8 @@ _ACTION_LEAD_IN = re.compile(
 _NOT_AN_ACTION = frozenset(
     """ok okay thanks thank yes no sure yeah yep nope hi hello hey great cool nice perfect fine
     what why how when where who which is are was were do does did can could would should i you
-    we he she it they this that there the a an my your our""".split()
+    we he she it they this that there the a an my your our yesterday today tomorrow tonight
+    meanwhile still also again later earlier once""".split()
 )
 # Words an imperative's object opens with, right after its verb.
 _OBJECT_LEADS = frozenset(
@@ -246,9 +247,11 @@ def _is_action(action: str) -> bool:
         return True
     if _text.stem(first.lower()) in _VERBS:
         return True
-    # A verb the list lacks, read by its object ("Renew the certificate", "Rotate your keys").
+    # A verb the list lacks, read by its object ("Renew the certificate", "Rotate your keys");
+    # not an adverb opening a statement ("Apparently the key expired", "Yesterday the ...").
     if (len(body_words) > 1 and body_words[1].lower() in _OBJECT_LEADS
-            and first.lower() not in _NOT_AN_ACTION and not _text.is_stopword(first)):
+            and first.lower() not in _NOT_AN_ACTION and not _text.is_stopword(first)
+            and not first.lower().endswith("ly")):
         return True
     # A lower-case opening word that is not a function word reads as a command ("git status",
     # "kubectl get pods"); a capitalised one may just start a statement ("Paris is ...").

@@ -414,6 +414,10 @@ async def test_command_style_actions_are_procedures() -> None:
         {"index": 4, "observation": "o", "action": "Renew the certificate with certbot.",
          "reward": 0.5},
         {"index": 5, "observation": "o", "action": "All the pods are healthy.", "reward": 0.5},
+        *({"index": 6 + i, "observation": "o", "action": statement, "reward": 0.5}
+          for i, statement in enumerate((
+              "Yesterday the deploy failed on staging.", "Currently the database holds 3 GB.",
+              "Apparently the key expired.", "Unfortunately the cache is stale.")))
     ]
     request = procedural_request(goal=GOAL, subgoal="s", steps=steps)
     instructions = parse_instructions(await OfflineLLM().generate(request))

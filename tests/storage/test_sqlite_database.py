@@ -203,12 +203,26 @@ async def test_a_store_replaced_while_open_refuses_reads(
         async with mnemo.Memory(path, embedder=mnemo.HashEmbedder()) as other:
             await other.open_repo("beta")
         reads = [reader.list_repos, reader.list_sessions, reader.list_threads,
-                 lambda: reader.search_messages("anything")]
+                 lambda: reader.search_messages("anything"),
+                 lambda: reader.recall("alpha", "anything")]
         for read in reads:
             with pytest.raises(mnemo.StorageError) as refused:
                 await read()
             assert refused.value.reason == "unavailable"
             assert "removed or replaced" in str(refused.value)
+
+
+async def test_a_removed_store_in_a_folder_named_busy_is_unavailable(tmp_path: Path) -> None:
+    """A store removed under an open Memory is "unavailable" (for good), not "busy" (to try
+    again) because its path holds the word."""
+    path = tmp_path / "busybox" / "m.db"
+    path.parent.mkdir()
+    async with mnemo.Memory(path, embedder=mnemo.HashEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        shutil.rmtree(path.parent)
+        with pytest.raises(mnemo.StorageError) as refused:
+            await mem.list_repos()
+        assert refused.value.reason == "unavailable"
 
 
 @pytest.mark.parametrize("kind", ["no folder", "not a database"])

@@ -64,8 +64,8 @@ class _Connection(SqliteUtilsDatabase):
             raise
 
     def still_there(self) -> None:
-        """sqlite3.OperationalError when the file opened was removed or replaced: SQLite would
-        write on into the unlinked file, which nothing reads again."""
+        """`_Gone` when the file opened was removed or replaced: SQLite would write on into the
+        unlinked file, which nothing reads again."""
         if self.opened is None:
             return
         path, device, inode = self.opened
@@ -74,9 +74,14 @@ class _Connection(SqliteUtilsDatabase):
         except OSError:
             now = None
         if now is None or (now.st_dev, now.st_ino) != (device, inode):
-            raise sqlite3.OperationalError(
+            raise _Gone(
                 f"the database file {path} was removed or replaced while open: nothing more can"
                 " be stored in it (open it again)")
+
+
+class _Gone(sqlite3.OperationalError):
+    """The file a connection opened was removed or replaced ("unavailable", whatever its path
+    says)."""
 
 
 def storage_error(exc: sqlite3.Error) -> StorageError:
@@ -84,7 +89,8 @@ def storage_error(exc: sqlite3.Error) -> StorageError:
     code = getattr(exc, "sqlite_errorcode", None)
     primary = code & 0xFF if isinstance(code, int) else None
     note = ""
-    if primary in _BUSY_CODES or "locked" in str(exc) or "busy" in str(exc):
+    if not isinstance(exc, _Gone) and (
+            primary in _BUSY_CODES or "locked" in str(exc) or "busy" in str(exc)):
         reason = "busy"
     elif primary in _CORRUPT_CODES:
         reason = "corrupt"
@@ -221,16 +227,8 @@ class Database:
         return await self._call(_alone(self.db, work))
 
     async def read(self, work: StatementsWork[T]) -> T:
-        """Runs `work` (`storage.sql`) outside a transaction; StorageError ("unavailable") when
-        the file was removed or replaced meanwhile (its answer may be the old file's)."""
-        db = self.db
-
-        def job(_: object) -> T:
-            answer = drive(work(SqliteStatements(db.conn)))
-            db.still_there()
-            return answer
-
-        return await self.run(job)
+        """Runs `work` (`storage.sql`) outside a transaction."""
+        return await self.run(lambda db: drive(work(SqliteStatements(db.conn))))
 
     together = read
 
@@ -272,15 +270,18 @@ class Database:
         return self._worker
 
 
-def _alone(db: SqliteUtilsDatabase, work: Work[T]) -> Callable[[], T]:
-    """`work(db)` as a job; a transaction it leaves open is rolled back."""
+def _alone(db: _Connection, work: Work[T]) -> Callable[[], T]:
+    """`work(db)` as a job; a transaction it leaves open is rolled back. Its answer is refused
+    (`_Gone`) when the file was removed or replaced meanwhile: it may be the old file's."""
 
     def job() -> T:
         try:
-            return work(db)
+            answer = work(db)
         finally:
             if db.conn.in_transaction:
                 db.conn.rollback()
+        db.still_there()
+        return answer
 
     return job
 

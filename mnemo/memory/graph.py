@@ -207,7 +207,7 @@ class GraphMethods(Parts):
         `source_id` (`forget(source_id)` erases it). Returns the commit's receipt, naming
         the fact (a live fact of the same words in the same scope, when there is one). The
         same text, data and metadata under a source id taken by them stores nothing and
-        returns the first call's receipt.
+        returns the first call's receipt, while its fact is live.
 
         Raises:
             InvalidInputError: a blank text or one past `Config.max_text_chars`, a source id
@@ -239,7 +239,11 @@ class GraphMethods(Parts):
             if found[0] != digest.hexdigest():
                 raise ConflictError(f"source {source_id!r} of repo {repo!r} is taken by another"
                                     " text, data or metadata; forget it first to replace it")
-            return await self._naming_joined(found[1], report=False)
+            first = await self._naming_joined(found[1], report=False)
+            if first.node_ids:
+                return first
+            await self._ingests.forget(repo, source_id)  # its fact was deleted: the id is free
+            return None
 
         if (first := await known()) is not None:
             return first

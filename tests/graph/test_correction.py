@@ -173,6 +173,11 @@ async def test_remember_again_of_the_same_fact_returns_the_first_receipt(store: 
         await mem.forget(REPO, "b")
         again = await mem.remember(REPO, "The door code is 9999.", **args)
         assert again.changeset_id != first.changeset_id
+        await mem.delete_nodes(REPO, again.node_ids)  # by hand: the source id is free
+        anew = await mem.remember(REPO, "The door code is 9999.", **args)
+        assert anew.node_ids
+        assert anew.node_ids != again.node_ids
+        assert await mem.get_node(REPO, anew.node_ids[0]) is not None
 
 
 async def test_remember_names_the_fact_its_words_joined(store: str) -> None:

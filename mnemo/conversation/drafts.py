@@ -84,13 +84,16 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
     where = f"messages[{index}]"
     # Its text (content and tool calls) is bounded by `limit`, as JSON with other parts (an
     # image) by `MAX_ITEM_CHARS`; an item kept whole (an Agents SDK item) by `MAX_ITEM_CHARS`
-    # too, its text held once more as the content. Checked before it is walked or serialised.
+    # too, its text held once more as the content (and its other keys). Checked before it is
+    # walked or serialised.
     kept = ITEM_KEY in message
     bound = "MAX_ITEM_CHARS, more than any model's context window"
     if kept:
         check_tree(message[ITEM_KEY], f"{where}.{ITEM_KEY}", limit=MAX_ITEM_CHARS, setting=bound)
-    check_tree({k: v for k, v in message.items() if k != ITEM_KEY}, where,
-               limit=MAX_ITEM_CHARS + 2 * limit, setting=bound)
+        check_tree({k: v for k, v in message.items() if k != ITEM_KEY}, where,
+                   limit=MAX_ITEM_CHARS + 2 * limit, setting=bound)
+    else:
+        check_tree(message, where, limit=MAX_ITEM_CHARS, setting=bound)
     role = check_name(message.get("role"), f"{where}.role")
     raw_content = message.get("content")
     for key in ("name", "tool_call_id"):  # None: a pydantic item's `model_dump()`

@@ -182,6 +182,10 @@ async def test_an_image_past_the_text_bound_is_stored_and_long_text_is_refused(
         with pytest.raises(mnemo.InvalidInputError,
                            match=r"messages\[3\] holds 1,001 characters of text"):
             await chat.save("t", [*shots, user("ok"), user("x" * 1001)])
+        huge = {"role": "user", "content": [{"type": "image_url", "image_url": {
+            "url": "data:image/png;base64," + "A" * 4_000_000}}]}
+        with pytest.raises(mnemo.InvalidInputError, match=r"messages\[2\] .* 4,000,000 "):
+            await chat.save("t", [*shots, huge])
         assert len(await chat.raw("t")) == 2
 
 

@@ -104,14 +104,11 @@ def re_ask(name: str, request: LLMRequest, asked: LLMRequest, reply: LLMResponse
 def adapt(exc: AdapterError, budget: Budget, refuses: Callable[[HTTPFailure], bool] | None,
           switch: Callable[[HTTPFailure], None]) -> None:
     """When `refuses` recognises the refusal behind `exc`, `switch` adapts the adapter and a retry
-    is charged to `budget`; otherwise `exc` is raised again (a model's as LLMContextError for a
-    prompt past its context, whatever else the message names)."""
+    is charged to `budget`; otherwise (and for a prompt past the model's context, whatever else
+    its message names) `exc` is raised again."""
     failure = exc.__cause__
-    if refuses is None or not isinstance(failure, HTTPFailure) or not refuses(failure):
-        raise exc
-    if failure.context_overflow:
-        if isinstance(exc, LLMError):
-            raise LLMContextError(str(exc)) from failure
+    if (refuses is None or not isinstance(failure, HTTPFailure) or failure.context_overflow
+            or not refuses(failure)):
         raise exc
     switch(failure)
     if not budget.can_call():

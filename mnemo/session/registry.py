@@ -470,9 +470,8 @@ async def claim(
 
 async def claimed(live: Sessions, attempt: Callable[[datetime, Sequence[str]], Awaitable[T]],
                   enough: Callable[[T], bool]) -> T:
-    """`attempt(unseen_since, gone)` of a claim for this Memory (registered first), the
-    holders unseen for a lease lapsing; when not `enough`, again with this host's holders whose
-    process is gone (only then is that read worth it)."""
+    """`attempt(unseen_since, gone)` of a claim for this Memory (registered first); when not
+    `enough`, again with this host's holders whose process is gone (only then worth reading)."""
     await live.register()
     cut = live.coordination.now() - live.lease
     result = await attempt(cut, ())

@@ -30,7 +30,7 @@ from tests.fakes import (
     extracted_observations,
     waiting_for_claims,
 )
-from tests.session.worker_child import chaos_embedder
+from tests.session.worker_child import INGESTED, chaos_embedder
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "r"
@@ -127,6 +127,42 @@ async def holding(
             await holder.wait_lines(1)
         assert holder.lines, log.read_text()
         yield holder, holder.lines[0]
+
+
+@pytest.mark.slow
+async def test_an_ingest_waits_on_a_live_process_claim_and_takes_a_killed_ones(
+    store: str, tmp_path: Path
+) -> None:
+    """A child ingesting a source (its LLM hangs) holds its claim: an identical ingest here
+    asks no model while the child lives; once the child is SIGKILLed, it ingests the source
+    itself, once."""
+    llm = FakeLLM()
+    async with children() as tg:
+        async with child(tg, tmp_path / "ingesting.log", store, "ingesting", str(LEASE)) as holder:
+            with anyio.fail_after(60):
+                await holder.wait_lines(1)
+            assert holder.lines == ["claimed"], (tmp_path / "ingesting.log").read_text()
+            async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
+                                    config=config()) as mem:
+                await mem.open_repo(REPO, config=config())
+                done: list[mnemo.IngestReceipt] = []
+                ended = anyio.Event()
+
+                async def ingest() -> None:
+                    done.append(await mem.ingest(REPO, INGESTED, source_id="s1"))
+                    ended.set()
+
+                async with anyio.create_task_group() as mine:
+                    mine.start_soon(ingest)
+                    with anyio.move_on_after(LEASE / 2):
+                        await ended.wait()
+                    assert not done
+                    assert llm.calls == [], "asked its model while a live process held the claim"
+                    await holder.kill()
+                    with anyio.fail_after(LEASE * 3):
+                        await ended.wait()
+                assert done[0].created
+                assert len(await mem.history(REPO)) == 1
 
 
 @pytest.mark.slow

@@ -23,6 +23,10 @@ one hangs at "semantic".
 "state" task): once the task is asked (the step is stored first), it prints the session id and
 waits forever.
 
+"ingesting": ingests the trajectory `INGESTED` as source "s1" of repo "r" while its
+"semantic" task hangs: once the task is asked (the source claimed) it prints "claimed" and
+waits forever.
+
 "chaos": does OPS random operations (start a session, append, close, commit, start an
 episode, discard) on random live sessions of the store, from any process; some appends say
 what other workers' do (`SHARED`). Each operation that
@@ -52,6 +56,7 @@ from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold
 REPO = "r"
 SHARED = 3  # the observations every chaos worker may append
 STEPS = [("walk north", "go north"), ("walk east", "go east"), ("walk south", "go south")]
+INGESTED = mnemo.Trajectory("map the house", [mnemo.Step(o, a) for o, a in STEPS])
 
 
 def config(lease: float) -> mnemo.Config:
@@ -118,6 +123,19 @@ async def annotating(store: str, lease: float) -> None:
             with anyio.fail_after(30):
                 await held.started.wait()
             print(sid, flush=True)
+            await anyio.sleep_forever()
+
+
+async def ingesting(store: str, lease: float) -> None:
+    llm = FakeLLM()
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config(lease)) as mem:
+        await mem.open_repo(REPO, config=config(lease))
+        held = llm.hold("semantic")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: mem.ingest(REPO, INGESTED, source_id="s1"))
+            with anyio.fail_after(30):
+                await held.started.wait()
+            print("claimed", flush=True)
             await anyio.sleep_forever()
 
 
@@ -220,6 +238,8 @@ def main(argv: list[str]) -> None:
         anyio.run(hold_queued, store, lease)
     elif mode == "hold_auto":
         anyio.run(hold_auto, store, lease)
+    elif mode == "ingesting":
+        anyio.run(ingesting, store, lease)
     elif mode == "annotating":
         anyio.run(annotating, store, lease)
     elif mode == "chaos":

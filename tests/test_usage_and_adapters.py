@@ -200,6 +200,33 @@ async def test_a_repo_reopened_with_an_embedder_of_another_dimension_is_refused(
                 await attempt
 
 
+async def test_a_repo_opened_with_another_embedder_of_its_dimension_says_so(
+    store: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A repo written by one embedder, opened with another of the same dimension (OpenAI's
+    ada-002 and 3-small are both 1536): recall would compare two spaces, so a warning names
+    both and `reembed`; the same embedder again says nothing."""
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=mnemo.HashEmbedder(dim=8)) as mem:
+        await mem.open_repo(REPO)
+        await mem.ingest(REPO, mnemo.Trajectory("g", [mnemo.Step("walk north", "go")]),
+                         source_id="s")
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=mnemo.HashEmbedder(dim=8)) as mem:
+        await mem.open_repo(REPO)
+    assert "vectors were made by" not in caplog.text
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(8)) as mem:
+        await mem.open_repo(REPO)
+    said = [r.getMessage() for r in caplog.records if "vectors were made by" in r.getMessage()]
+    assert len(said) == 1
+    assert "made by hash2:8, and tests.fakes.FakeEmbedder is given" in said[0]
+    assert "reembed" in said[0]
+    caplog.clear()
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(8)) as mem:
+        await mem.open_repo(REPO, embedder=mnemo.HashEmbedder(dim=8))  # given to the repo
+    said = [r.getMessage() for r in caplog.records if "vectors were made by" in r.getMessage()]
+    assert len(said) == 1
+    assert "made by tests.fakes.FakeEmbedder, and hash2:8 is given" in said[0]
+
+
 async def test_a_managers_model_given_back_to_evict_is_counted_once(
     mem: mnemo.Memory, llm: FakeLLM
 ) -> None:

@@ -8,6 +8,7 @@ retired hashed embedder (`hash`, `hash:DIM`, `hash-ngram-v1`), replaced by `Memo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from mnemo.adapters.uri import (
@@ -19,6 +20,8 @@ from mnemo.adapters.uri import (
 )
 from mnemo.errors import EmbeddingError, LLMError
 from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, model_name
+
+logger = logging.getLogger("mnemo")
 
 # Names the embedders had before they were URIs, for repos recorded then.
 _LEGACY_EMBEDDERS = {"all-MiniLM-L6-v2-int8": "minilm", "hash-ngram-v1": "hash:{dim}"}
@@ -63,6 +66,15 @@ def _scheme(uri: str) -> str:
 def _uri(name: str, dim: int) -> str:
     """The URI of a recorded embedder: a legacy name's, else the name (braces and all)."""
     return _LEGACY_EMBEDDERS[name].format(dim=dim) if name in _LEGACY_EMBEDDERS else name
+
+
+def _warn_other(repo: str, made_by: str, given: str) -> None:
+    """Warns that `repo`'s vectors, made by `made_by`, are compared with `given`'s, another
+    embedder's of their dimension."""
+    if made_by != given and "{" not in made_by:
+        logger.warning("repo %r: its vectors were made by %s, and %s is given: recall compares "
+                       "the two until reembed(%r, embedder=...) makes them anew", repo, made_by,
+                       given, repo)
 
 
 def _retired(repo: str, uri: str) -> str:
@@ -110,6 +122,8 @@ class RepoModels:
         self._embedders: dict[tuple[str, int], Embedder] = {}
 
     def load(self, repo: str, llm: str | None, embedder: str, dim: int) -> tuple[LLM, Embedder]:
+        if self.embedder_given and getattr(self._embedder, "dim", None) == dim:  # else refused
+            _warn_other(repo, _uri(embedder, dim), model_name(self._embedder))
         models = (self._recorded_llm(repo, llm), self._recorded_embedder(repo, embedder, dim))
         self._repos[repo] = models
         self._records[repo] = (llm, embedder)
@@ -147,7 +161,12 @@ class RepoModels:
 
     def record(self, repo: str, llm: str | None, embedder: str) -> bool:
         """Notes the URIs `repo` now runs with; whether they differ from its stored record."""
-        changed = self._records.get(repo) != (llm, embedder)
+        before = self._records.get(repo)
+        # The Memory's own embedder was warned of as the repo was loaded.
+        if before is not None and not (
+                self.embedder_given and embedder == model_name(self._embedder)):
+            _warn_other(repo, _LEGACY_EMBEDDERS.get(before[1], before[1]), embedder)
+        changed = before != (llm, embedder)
         self._records[repo] = (llm, embedder)
         return changed
 

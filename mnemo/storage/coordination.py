@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import msgspec
 
+from mnemo.config import DAY
 from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo, IdleSweep, SessionLease, StoredOp, StoredResult
 from mnemo.storage.clock import Clock
@@ -70,13 +71,18 @@ class SqlCoordination(SqlStore):
         return None
 
     async def register(self, holder: HolderInfo) -> None:
-        await self._driver.one(lambda sql: sql.run(
-            "INSERT INTO holders(id, host, pid, started_at, seen_at) VALUES (?, ?, ?, ?, ?)"
-            " ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,"
-            " started_at = excluded.started_at, seen_at = excluded.seen_at",
-            (holder.id, holder.host, holder.pid, self._stamp(holder.started_at),
-             self._stamp(holder.seen_at)),
-        ))
+        async def write(sql: Statements) -> None:
+            await sql.run(
+                "INSERT INTO holders(id, host, pid, started_at, seen_at) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,"
+                " started_at = excluded.started_at, seen_at = excluded.seen_at",
+                (holder.id, holder.host, holder.pid, self._stamp(holder.started_at),
+                 self._stamp(holder.seen_at)))
+            # A killed process's row (no retire): unseen past any lease, it has left either way.
+            await sql.run("DELETE FROM holders WHERE seen_at < ?",
+                          (self._stamp(holder.seen_at - timedelta(seconds=2 * DAY)),))
+
+        await self._driver.write(write)
 
     async def beat(self, holder_id: str, now: datetime, lease_until: datetime) -> int:
         async def write(sql: Statements) -> int:

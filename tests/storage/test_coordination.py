@@ -53,6 +53,18 @@ async def test_holders_register_beat_and_retire(backend: Backend) -> None:
     assert [h.id for h in await co.holders()] == ["b"]
 
 
+async def test_a_holder_unseen_for_two_days_goes_when_another_registers(
+    backend: Backend,
+) -> None:
+    """A killed process never retires: its row goes once another holder registers two days
+    after it was last seen (past any lease); a row seen since stays."""
+    co = backend.coordination
+    await co.register(holder("killed"))
+    await co.register(holder("quiet", seen=T0 + timedelta(days=1)))
+    await co.register(holder("new", seen=T0 + timedelta(days=2, seconds=1)))
+    assert [h.id for h in await co.holders()] == ["new", "quiet"]
+
+
 async def test_claim_is_compare_and_set_on_the_version(backend: Backend, store: str) -> None:
     """A claim at the current version wins and moves the version on; a second claim at the
     same (now stale) version changes nothing; the lease and the state are written."""

@@ -127,10 +127,10 @@ class IngestService:
     another Memory on the store from asking the model again."""
 
     def __init__(self, graph: GraphStore, runtime: Callable[[str], IngestRuntime],
-                 events: Events | None = None, claims: Claims | None = None) -> None:
+                 events: Events, claims: Claims) -> None:
         self._graph = graph
         self._runtime = runtime
-        self._events = events or Events(None)
+        self._events = events
         self._claims = claims
         self._inflight: dict[tuple[str, str], _InFlight] = {}
 
@@ -191,9 +191,6 @@ class IngestService:
         if known is not None:
             return known
         check_runnable(runtime.embedder)  # before anything is stored
-        if self._claims is None:
-            return await self._extracted(repo, trajectory, source_id, digest, runtime, report,
-                                         metadata)
         receipt = None
         try:
             receipt = (await self._claimed(repo, source_id, digest, runtime.config)
@@ -212,8 +209,8 @@ class IngestService:
         (an identical ingest), at most `extraction_timeout` and `lease_timeout` (then None:
         this one ingests too, its commit joining the other's). ConflictError for another
         payload."""
-        assert self._claims is not None
-        with anyio.move_on_after(config.extraction_timeout + config.lease_timeout):
+        patience = config.extraction_timeout + config.lease_timeout
+        with anyio.move_on_after(patience):
             while True:
                 token = await self._claims.token()
                 held = await self._claims.claim(repo, source_id, digest)
@@ -226,8 +223,7 @@ class IngestService:
                 if (known := await self._known(repo, source_id, digest)) is not None:
                     return known
         log.warning("source %r of repo %r: another Memory's ingest of it held its claim past "
-                    "%g s; ingesting it here too", source_id, repo,
-                    config.extraction_timeout + config.lease_timeout)
+                    "%g s; ingesting it here too", source_id, repo, patience)
         return None
 
     async def _extracted(self, repo: str, trajectory: Trajectory, source_id: str, digest: str,

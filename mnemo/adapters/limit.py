@@ -230,8 +230,10 @@ class Limit:
         scale = math.log10(ticket.in_flight) if ticket.in_flight > 1 else 0.0
         if queued >= max(QUEUE, 6 * scale) or slow:
             self._decrease(ticket, halve=self._slow_start)
+        # No queue grows it while more than half of it was in use (a request alone says
+        # nothing of a second one), or requests wait for it.
         elif queued <= max(NO_QUEUE, scale) and (
-            ticket.in_flight * 2 >= self.current or self._waiters
+            ticket.in_flight * 2 > self.current or self._waiters
         ):
             self._limit += 1.0 if self._slow_start else 1.0 / self._limit
             self._limit = min(self._limit, float(self.ceiling))

@@ -20,7 +20,7 @@ import numpy as np
 
 from mnemo.errors import ConflictError, StorageError
 from mnemo.storage.ports import is_postgres
-from mnemo.storage.sql import SqlStore, marks
+from mnemo.storage.sql import SqlStore, marks, moment, utc
 from mnemo.storage.tables import MAINTENANCE, ddl
 
 # A neutral row: one value per column of its table, in the table's column order.
@@ -102,6 +102,8 @@ class SqlDump(SqlStore):
         stores its own way)."""
         if kind is Kind.FLOAT:
             return float(value)  # type: ignore[arg-type]
+        if kind is Kind.TIME:  # SQLite's ISO text, PostgreSQL's datetime: in UTC
+            return utc(moment(value))  # type: ignore[arg-type]
         return bool(value) if kind is Kind.BOOL else value
 
     async def checksum(self) -> str:
@@ -126,7 +128,7 @@ class SqlDump(SqlStore):
         last: tuple[object, ...] = ()
         while True:
             after = f" WHERE ({keys}) > ({marks(width)})" if last else ""
-            raw = await self._page(f"{select}{after} ORDER BY {keys} LIMIT ?", (*last, batch))
+            raw = await self._rows(f"{select}{after} ORDER BY {keys} LIMIT ?", (*last, batch))
             if not raw:
                 return
             last = tuple(raw[-1][:width])
@@ -136,8 +138,6 @@ class SqlDump(SqlStore):
             if len(raw) < batch:
                 return
 
-    async def _page(self, statement: str, params: Sequence[object]) -> Sequence[Row]:
-        return await self._rows(statement, params)
 
     async def count(self, table: Table) -> int:
         [(count,)] = await self._rows(f'SELECT count(*) FROM "{table.name}"')

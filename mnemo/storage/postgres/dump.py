@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 
 import numpy as np
 from psycopg import sql
@@ -33,14 +32,11 @@ class PostgresDump(SqlDump):
         self._types: dict[str, list[int]] = {}
 
     def _load(self, table: Table, kind: Kind, value: object) -> object:
-        if kind is Kind.TIME:
-            assert isinstance(value, datetime)
-            return value.astimezone(UTC)
         if kind is Kind.VECTOR:
             return np.asarray(value, dtype=np.float32)
         return super()._load(table, kind, value)
 
-    async def _page(self, statement: str, params: Sequence[object]) -> Sequence[Row]:
+    async def _rows(self, statement: str, params: Sequence[object] = ()) -> list[Row]:
         # Binary: a vector's text form costs more to parse than the rest of its row.
         async with self._driver.connection() as conn, conn.cursor(binary=True) as cur:
             await cur.execute(placeholders(statement), params)

@@ -15,7 +15,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.ports import vector_from_blob, vector_to_blob
-from mnemo.storage.sql import marks, utc
+from mnemo.storage.sql import marks
 from mnemo.storage.sqlite.database import Database, inspect_file
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
 from mnemo.storage.transfer import Kind, Row, SqlDump, Table, quoted
@@ -62,8 +62,6 @@ class SqliteDump(SqlDump):
     _driver: Database
 
     def _load(self, table: Table, kind: Kind, value: object) -> object:
-        if kind is Kind.TIME:
-            return utc(datetime.fromisoformat(str(value)))
         if kind is Kind.JSON:
             assert isinstance(value, str | bytes)
             return json.loads(unpack_text(value))

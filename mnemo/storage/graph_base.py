@@ -50,14 +50,13 @@ if TYPE_CHECKING:
 
 def exists(repo: str, where: Where, node: str, skip: int) -> tuple[str, list[object]]:
     """EXISTS clauses for `where`'s keys after the first `skip`, about rowid `node`."""
-    clauses: list[str] = []
+    clauses = ""
     params: list[object] = []
     for key, values in list(where.items())[skip:]:
-        clauses.append(
-            "EXISTS (SELECT 1 FROM node_scopes t WHERE t.repo = ? AND t.key = ?"
-            f" AND t.value IN ({marks(len(values))}) AND t.node = {node})")
+        clauses += (" AND EXISTS (SELECT 1 FROM node_scopes t WHERE t.repo = ? AND t.key = ?"
+                    f" AND t.value IN ({marks(len(values))}) AND t.node = {node})")
         params += [repo, key, *map(indexed, values)]
-    return "".join(f" AND {c}" for c in clauses), params
+    return clauses, params
 
 
 def members(repo: str, where: Where, limit: int, columns: str = "n.id, n.rowid, n.type",

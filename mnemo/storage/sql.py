@@ -82,7 +82,6 @@ class Dialect:
 
     @staticmethod
     def _json_text(text: str) -> object:
-        """A JSON text as a parameter."""
         return text
 
     def _stamp(self, at: datetime) -> object:
@@ -91,7 +90,6 @@ class Dialect:
 
     @staticmethod
     def _time(text: str | None) -> object:
-        """An ISO time as a parameter."""
         return text
 
     @staticmethod

@@ -256,14 +256,10 @@ class SqlThreads(SqlStore):
                 sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
             # Goals of one never saved too.
             _, gone = await reads.delete_thread_rows(sql, thread_id)
-            if created:  # no thread was saved: none made by clearing it
-                await sql.run("DELETE FROM threads WHERE id = ?", (thread_id,))
-                return gone
-            await sql.run(
-                "UPDATE threads SET history_len = 0, boundary_seq = next_seq,"
-                " history_hash = '' WHERE id = ?",
-                (thread_id,),
-            )
+            # No thread was saved: none is made by clearing it.
+            await sql.run("DELETE FROM threads WHERE id = ?" if created else
+                          "UPDATE threads SET history_len = 0, boundary_seq = next_seq,"
+                          " history_hash = '' WHERE id = ?", (thread_id,))
             return gone
 
         await self._erase(write)

@@ -256,15 +256,13 @@ class Postgres:
         deadline = anyio.current_time() + self._pool.timeout
         for _ in range(self.max_size + 1):
             conn = await self._pool.getconn(timeout=max(deadline - anyio.current_time(), 0.001))
-            if not _has_input(conn):
-                return conn
             try:
-                await conn.execute("")
+                if _has_input(conn):
+                    await conn.execute("")
+                return conn
             except psycopg.Error:
                 await conn.close()
                 await self._pool.putconn(conn)
-                continue
-            return conn
         return await self._pool.getconn(timeout=max(deadline - anyio.current_time(), 0.001))
 
     @asynccontextmanager

@@ -159,19 +159,15 @@ async def apply(conn: Connection, *, upgrade: bool = True) -> list[str]:
             cur = await conn.execute("SELECT name FROM mnemo_migrations")
             done = {str(name) for (name,) in await cur.fetchall()}
             check_ledger(done, known, BASELINE.name, upgrade=upgrade)
-            applied = []
-            for migration in MIGRATIONS:
-                if migration.name in done:
-                    continue
+            pending = [migration for migration in MIGRATIONS if migration.name not in done]
+            for migration in pending:
                 for statement in migration.statements:
                     await conn.execute(statement)
                 await conn.execute(
-                    "INSERT INTO mnemo_migrations (name) VALUES (%s)", (migration.name,)
-                )
-                applied.append(migration.name)
+                    "INSERT INTO mnemo_migrations (name) VALUES (%s)", (migration.name,))
     except psycopg.Error as exc:
         raise storage_error(exc) from exc
-    return applied
+    return [migration.name for migration in pending]
 
 
 async def _ensure_vector(conn: Connection) -> None:
@@ -214,9 +210,7 @@ def vector_index_name(repo: str) -> str:
     return "vectors_hnsw_" + hashlib.sha256(repo.encode()).hexdigest()[:24]
 
 
-async def ensure_vector_index(
-    conn: Connection, repo: str, dim: int
-) -> None:
+async def ensure_vector_index(conn: Connection, repo: str, dim: int) -> None:
     """Creates `repo`'s cosine HNSW index on `vec::vector(dim)` unless it exists, under the
     schema lock. `conn` must not be in a transaction. Raises `StorageError` as `apply`."""
     statement = _vector_index(repo, dim, concurrently=False)

@@ -125,9 +125,7 @@ class Database:
         self._db: _Connection | None = None
         self._worker: Worker | None = None
         self.clock = HostClock()  # the store's time, anchored in the file when it opens
-        # An erasure's rewrite of the file (`scrub`) not done yet: the next erasure or the
-        # close does it.
-        self._scrub_due = False
+        self._scrub_due = False  # an erasure's rewrite of the file (`scrub`) still to do
 
     @property
     def db(self) -> _Connection:

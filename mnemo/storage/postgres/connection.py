@@ -160,8 +160,6 @@ class Postgres:
         min_size: int = 1,
         max_size: int = 10,
     ) -> None:
-        if busy_timeout < 0:
-            raise ValueError(f"busy_timeout must be >= 0, got {busy_timeout}")
         self.url = url
         self.max_size = max_size
         self.connect_timeout = connect_timeout

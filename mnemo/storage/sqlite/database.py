@@ -115,11 +115,10 @@ class Database:
     ) -> None:
         """`inspect`: the file is only looked at: never upgraded (`schema.migrate`), its clock
         anchor and holders left as they are, no checkpoint of its own at close (SQLite's, as
-        the last connection, may still fold the WAL into the file)."""
-        if synchronous.upper() not in {"NORMAL", "FULL", "EXTRA"}:
-            raise ValueError(f"synchronous must be NORMAL, FULL or EXTRA, got {synchronous!r}")
+        the last connection, may still fold the WAL into the file). `synchronous`: as
+        `Memory` checked it."""
         self.path = str(path)
-        self._synchronous = synchronous.upper()
+        self._synchronous = synchronous
         self.busy_timeout = max(busy_timeout, 0.0)
         self.inspect = inspect
         self._db: _Connection | None = None

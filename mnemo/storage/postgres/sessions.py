@@ -62,12 +62,9 @@ class PgSessions(PgDialect, SqlSessions):
             f" SELECT v.* FROM (VALUES {_STEP_VALUES}) AS v, moved"
             " RETURNING (SELECT version FROM moved)"
         )
-        params: list[object] = [now, now, session_id, episode_id]
-        if version is not None:
-            params.append(version)
-        if holder is not None:
-            params.extend((step.id, session_id, holder))
-        params.extend(self._step_row(session_id, episode_id, step, now))
+        params = [now, now, session_id, episode_id, *([] if version is None else [version]),
+                  *([] if holder is None else [step.id, session_id, holder]),
+                  *self._step_row(session_id, episode_id, step, now)]
         row = await self._driver.one(lambda sql: sql.row(statement, params))
         if row is None:
             raise StaleSession(session_id)

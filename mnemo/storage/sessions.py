@@ -334,9 +334,10 @@ class SqlSessions(SqlStore):
         return [KeptResult.from_json(*row) for row in rows]
 
     async def version(self, session_id: str) -> int | None:
-        rows = await self._rows("SELECT version FROM sessions WHERE id = ? AND ended = false",
-                                (session_id,))
-        return int(rows[0][0]) if rows else None
+        row = await self._driver.read(lambda sql: sql.row(
+            "SELECT version FROM sessions WHERE id = ? AND ended = false", (session_id,)
+        ))
+        return None if row is None else int(row[0])
 
     async def load_live(self) -> list[LiveSession]:
         return await self._driver.together(lambda sql: self._load(

@@ -33,8 +33,7 @@ class SqlMaintenance(SqlGraphWrites):
     HAS_VECTOR = "v.node = n.rowid"
     # A link with an end gone (one parameter: the repo).
     DANGLING = ""
-    # `.format(node, name)`: the field `name` of the data of the node `node` (an alias and a
-    # dot, or "").
+    # `.format(alias, name)`: the data field `name` of the node `alias` ("e." or "").
     FIELD = "json_extract({}data, '$.{}')"
     # `.format(node)`: what a new link copied from the row `node` gives before its ends.
     REPO = ""

@@ -278,15 +278,10 @@ def scores(
     average: float,
 ) -> list[tuple[str, str, float]]:
     """(key, id, BM25) of each document holding a stem of `idf`, of the wanted kinds."""
-    found = []
-    for key, doc in docs.items():
-        if kinds is not None and doc.type not in kinds:
-            continue
-        score = bm25([(w, doc.terms.get(stem, 0)) for stem, w in idf.items()], doc.length,
-                     average)
-        if score > 0:
-            found.append((key, doc.id, score))
-    return found
+    scored = ((key, doc.id, bm25([(w, doc.terms.get(stem, 0)) for stem, w in idf.items()],
+                                 doc.length, average))
+              for key, doc in docs.items() if kinds is None or doc.type in kinds)
+    return [hit for hit in scored if hit[2] > 0]
 
 
 # What tantivy's BM25 counts: all its documents (deleted ones and other repos' too) and

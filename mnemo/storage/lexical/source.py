@@ -52,16 +52,11 @@ def state_of(rows: Sequence[Sequence[Column]]) -> tuple[int, int]:
     return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
 
 
-def changed_rows(rows: Iterable[tuple[Any, Any, Any, Any]]) -> tuple[list[Row], list[int]]:
+def changed_rows(rows: Sequence[tuple[Any, Any, Any, Any]]) -> tuple[list[Row], list[int]]:
     """Rows of (logged rowid, id, type, text) as (existing nodes, rowids of those gone)."""
-    present: list[Row] = []
-    gone: list[int] = []
-    for rowid, node_id, kind, text in rows:
-        if node_id is None:
-            gone.append(int(rowid))
-        else:
-            present.append(Row(int(rowid), str(node_id), str(kind), str(text)))
-    return present, gone
+    return ([Row(int(rowid), str(node_id), str(kind), str(text))
+             for rowid, node_id, kind, text in rows if node_id is not None],
+            [int(rowid) for rowid, node_id, _, _ in rows if node_id is None])
 
 
 class LexicalSource:

@@ -276,12 +276,8 @@ async def _node_context(
         vector_rows = await rows_of(vectors)
 
     def built() -> NodeContext:
-        found: dict[str, Node] = {}
-        stats: dict[str, tuple[int, datetime | None]] = {}
-        for row in node_rows:
-            found[str(row[0])] = node(row)
-            count, last = row[NODE_WIDTH:]
-            stats[str(row[0])] = (int(count), last)
+        found = {str(row[0]): node(row) for row in node_rows}
+        stats = {str(row[0]): (int(row[NODE_WIDTH]), row[NODE_WIDTH + 1]) for row in node_rows}
         seen = [
             Neighbor(str(src), str(dst), link_type) if side == 0
             else Neighbor(str(dst), str(src), link_type)

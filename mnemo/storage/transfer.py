@@ -138,7 +138,6 @@ class SqlDump(SqlStore):
             if len(raw) < batch:
                 return
 
-
     async def count(self, table: Table) -> int:
         [(count,)] = await self._rows(f'SELECT count(*) FROM "{table.name}"')
         return int(count)

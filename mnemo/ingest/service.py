@@ -331,21 +331,13 @@ _RELATIVE = re.compile(
 _RESOLVED = re.compile(r"\s*\((?:the )?(?:week(?:end)? of )?[^()]*\d{4}\)")
 
 
-def parse_date(text: str) -> date | None:
-    """The first whole date (its day, month and year) written in `text`, or None: a month
-    alone names no day to resolve "yesterday" against."""
-    return next((moment.date() for moment in whole_dates(text)), None)
-
-
 def reference_date(goal: str, metadata: Mapping[str, object] | None) -> date | None:
-    """The day a trajectory happened: its metadata's "date" when that parses, else the first
-    date written in its goal ("Conversation session 3 on 1:56 pm on 8 May, 2023")."""
+    """The day a trajectory happened: the first whole date (day, month and year: a month alone
+    names no day to resolve "yesterday" against) in its metadata's "date", else in its goal
+    ("Conversation session 3 on 1:56 pm on 8 May, 2023")."""
     given = (metadata or {}).get("date")
-    if isinstance(given, str):
-        found = parse_date(given)
-        if found is not None:
-            return found
-    return parse_date(goal)
+    texts = [given, goal] if isinstance(given, str) else [goal]
+    return next((moment.date() for text in texts for moment in whole_dates(text)), None)
 
 
 def resolve_dates(text: str, on: date) -> str:

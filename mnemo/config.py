@@ -211,16 +211,15 @@ def _phrase(kind: type, meta: Meta | None, optional: bool) -> str:
     if meta is None:
         text = "True or False" if kind is bool else "a string"
         return f"{text} or None" if optional else text
-    noun = "an integer" if kind is int else "a number"
     low = meta.ge if meta.ge is not None else meta.gt
     high = meta.le if meta.le is not None else meta.lt
-    if low is not None and high is not None and kind is int:
-        text = f"{noun} from {low:,} to {high:,}"
-    elif low is not None and high is not None:
+    assert low is not None, "every numeric field has both bounds"
+    assert high is not None, "every numeric field has both bounds"
+    if kind is int:
+        text = f"an integer from {low:,} to {high:,}"
+    else:
         opened, closed = "(" if meta.ge is None else "[", ")" if meta.le is None else "]"
-        text = f"{noun} within {opened}{_num(low)}, {_num(high)}{closed}"
-    else:  # unreached: every numeric field has both bounds
-        text = noun
+        text = f"a number within {opened}{_num(low)}, {_num(high)}{closed}"
     return f"{text} or None" if optional else text
 
 

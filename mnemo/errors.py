@@ -121,18 +121,13 @@ def first_error() -> Iterator[None]:
     try:
         yield
     except BaseExceptionGroup as group:
-        for leaf in _leaves(group):
-            if isinstance(leaf, Exception):
-                raise leaf from leaf.__cause__
-        raise
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
+        # The group's errors, nested as they were (None: none), down to the first.
+        first: BaseException | None = group.split(Exception)[0]
+        if first is None:
+            raise
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from first.__cause__
 
 
 # About 8,000 tokens.

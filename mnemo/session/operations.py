@@ -184,14 +184,10 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
             ended = not await _still_live(live, session)
             # The later ones are taken out at once: nothing may start one while callbacks run.
             later = _take_pending(session)
-            if ended:  # through another Memory: as `end_session` answers
-                await _finish_op(session, op, failure(session, "session_ended"))
-                await _fail(live, session, later, "session_ended")
-            else:
-                await _finish_op(
-                    session, op, OpResult(False, None, as_session_error(exc, session))
-                )
-                await _fail(live, session, later, "preceding_op_failed")
+            # Ended through another Memory: answered as `end_session` answers.
+            await _finish_op(session, op, failure(session, "session_ended") if ended
+                             else OpResult(False, None, as_session_error(exc, session)))
+            await _fail(live, session, later, "session_ended" if ended else "preceding_op_failed")
     except BaseException:
         with anyio.CancelScope(shield=True):  # a stored step is appended, annotated later
             stored = op.kind == "append" and op.applied and not session.ended

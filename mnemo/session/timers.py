@@ -180,8 +180,7 @@ async def run(live: Sessions) -> None:
         next_due = math.inf
         for session_id in list(live.timed):
             session = live.by_id.get(session_id)
-            if session is None or not session.config.auto_commit or session.ended or (
-                    not session.driven):
+            if session is None or session.ended or not session.driven:
                 live.timed.discard(session_id)  # gone, or another Memory's (`drive` adds it)
                 continue
             if session.state not in (State.COLLECTING, State.IDLE) or session.checking:

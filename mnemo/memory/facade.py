@@ -183,7 +183,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             await self._repos.learn(name)
             if name not in self._repos.names():
                 self._works(f"open_repo of the new repo {name!r}")
-        if isinstance(name, str) and name in self._repos.names():
+        if name in self._repos.names():
             await self._repos.refresh(name)  # its record, as another Memory may have moved it
         await self._repos.open(
             name, llm=llm, embedder=embedder, config=config,
@@ -380,7 +380,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         check_id(session_id, "session_id")
         scope = check_where(where)
         await self._repos.checked(repo, lambda c: check_recall(c, query, k, None, None))
-        limit = self._repos.max_chars(repo)
+        limit = self._repos.get(repo).config.max_text_chars  # a known repo, once checked
         try:
             context = await self._session_context(session_id, 3)
         except NotFoundError:

@@ -133,8 +133,7 @@ class Repos:
             self._runtimes[name] = Runtime(chosen_llm, chosen_embedder, chosen_config, dim)
         else:
             # Sessions hold this Runtime: updating it in place is what they see next.
-            known.llm = chosen_llm
-            known.embedder, known.config = chosen_embedder, chosen_config
+            known.llm, known.embedder, known.config = chosen_llm, chosen_embedder, chosen_config
 
     def names(self) -> list[str]:
         return list(self._runtimes)
@@ -237,11 +236,6 @@ class Repos:
         if runtime is None:
             raise NotFoundError("repo", name)
         return runtime
-
-    def max_chars(self, repo: str) -> int:
-        """The text bound of the repo's config, or of this Memory's for an unknown repo."""
-        runtime = self._runtimes.get(repo) if isinstance(repo, str) else None
-        return (runtime.config if runtime is not None else self.config).max_text_chars
 
     def embedding(self, name: str) -> Runtime:
         """The repo's runtime, checked to embed in the repo's dimension (else EmbeddingError,

@@ -299,7 +299,6 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
             _restart(live, session)  # a call got in first (an append): not idle after all
             return
     state, committed = session.state, bool(session.last_receipt)
-    moved = False
     # Ended before it is reported: whoever hears "session_expired" finds the id unknown.
     # Shielded: ending the session cancels this task, and the event must still go out.
     with anyio.CancelScope(shield=True):
@@ -307,19 +306,19 @@ async def _expire(live: Sessions, session: SessionRecord) -> None:
             await live.store.end(session.id, version=session.version)
             await live.forget(session)
         except StaleSession:
-            moved = True  # used through another Memory since the close (a new episode)
+            pass  # used through another Memory since the close (a new episode)
         else:
             await live.events.emit(
                 "session_expired", session_id=session.id, repo=session.repo,
                 state=state, committed=committed,
             )
-    if moved:
-        try:
-            async with session.lock:
-                await live.reload(session, conflict=True)
-        except NotFoundError:
             return
-        _restart(live, session)
+    try:
+        async with session.lock:
+            await live.reload(session, conflict=True)
+    except NotFoundError:
+        return
+    _restart(live, session)
 
 
 def _restart(live: Sessions, session: SessionRecord) -> None:

@@ -188,9 +188,7 @@ async def discard(live: Sessions, session: SessionRecord, op: Op | None = None) 
     async def persist() -> int:
         episode_id = session.episode.id if session.episode else None
         version = await live.store.discard(session.id, episode_id, version=session.version)
-        session.changeset = None
-        session.episode = None
-        session.failure = None
+        session.changeset = session.episode = session.failure = None
         return version
 
     await move(live, session, "discard", persist, op=op)

@@ -317,10 +317,10 @@ class SessionMethods(Parts):
         from mnemo.session.machine import SessionContext, State
 
         session = await self._live.fetch(session_id, fresh=True)
-        if session.state is State.IDLE or session.episode is None:
+        episode = session.episode
+        if session.state is State.IDLE or episode is None:
             return None
-        recent = [step.line for step in session.episode.steps[-steps:]] if steps else []
-        return SessionContext(session.episode.goal, recent)
+        return SessionContext(episode.goal, [s.line for s in episode.steps[-steps:]])
 
     async def end_session(self, session_id: str) -> None:
         """Stops the session: its background work is cancelled, queued operations get

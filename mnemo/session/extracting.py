@@ -45,7 +45,6 @@ def start(live: Sessions, session: SessionRecord, effect: Effect) -> None:
             session.extracts = False
             raise
         return
-    assert isinstance(effect, CommitSteps)
     session.claimed.update(s.id for s in effect.steps)
     session.background += 1
     live.spawn(session, _background_commit, live, session, effect.steps)

@@ -10,6 +10,7 @@ first, the Memory that takes its work over runs it."""
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import uuid
 from collections.abc import Collection, Iterator
@@ -419,13 +420,11 @@ async def _store_result(
 
 
 async def _keep_storing(live: Sessions, op_id: str, result: StoredResult) -> None:
-    attempt = 0
-    while True:
+    for attempt in itertools.count(1):
         try:
             await live.coordination.finish_op(op_id, result)
             return
         except StorageError as exc:
-            attempt += 1
             log.warning("%s: storing its result failed (attempt %d): %r", op_id, attempt, exc)
         await anyio.sleep(transitions.POLL_INTERVAL * 2 ** min(attempt - 1, 6))
 

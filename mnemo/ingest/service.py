@@ -363,7 +363,12 @@ def _resolve(match: re.Match[str], on: date) -> str | None:
     if groups["unit"]:
         return _ago(on, count_of(groups["count"]), groups["unit"].lower())
     if groups["span"]:
-        return _span(on, groups["which"].lower(), groups["span"].lower())
+        step = {"last": -1, "this": 0, "next": 1}[groups["which"].lower()]
+        if groups["span"].lower() != "weekend":
+            return _ago(on, -step, groups["span"].lower())
+        # The Saturday of this week, a week earlier for "last" (said on a Monday: the two days
+        # before) and a week later for "next".
+        return f"the weekend of {_day(_monday(on) + timedelta(days=5, weeks=step))}"
     weekday = WEEKDAYS.index(groups["weekday"].lower())
     if groups["which_day"].lower() == "last":
         return _day(on - timedelta(days=(on.weekday() - weekday - 1) % 7 + 1))
@@ -379,15 +384,6 @@ def _ago(on: date, count: int, unit: str) -> str:
         months = on.year * 12 + on.month - 1 - count  # since January of year 0
         return f"{MONTHS[months % 12].capitalize()} {months // 12}"
     return str(on.year - count)
-
-
-def _span(on: date, which: str, span: str) -> str:
-    step = {"last": -1, "this": 0, "next": 1}[which]
-    if span != "weekend":
-        return _ago(on, -step, span)
-    # The Saturday of this week, a week earlier for "last" (said on a Monday: the two days
-    # before) and a week later for "next".
-    return f"the weekend of {_day(_monday(on) + timedelta(days=5, weeks=step))}"
 
 
 def _monday(day: date) -> date:

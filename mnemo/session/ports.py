@@ -168,10 +168,6 @@ class HolderInfo:
     started_at: datetime
     seen_at: datetime
 
-    def gone_from(self, host: str) -> bool:
-        """Whether it ran on `host`, this one, and its process is gone."""
-        return self.host == host and process_gone(self.pid)
-
 
 def process_gone(pid: int) -> bool:
     """Whether no process of this host has the id `pid`."""

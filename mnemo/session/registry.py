@@ -1,6 +1,5 @@
-"""`Sessions`, what the session modules share; a step's path: `append` stores it in call order,
-then `annotation` annotates the stored steps in order; and the step claims that say which Memory
-annotates or extracts which steps (what another live holder claimed is left to it)."""
+"""`Sessions`, what the session modules share; a step's path (`append` stores steps in call
+order, `annotation` annotates them in order); the step claims: which Memory works on which."""
 
 from __future__ import annotations
 
@@ -42,6 +41,7 @@ from mnemo.session.ports import (
     Runtimes,
     SessionStore,
     StaleSession,
+    process_gone,
 )
 
 log = logging.getLogger("mnemo")
@@ -103,7 +103,7 @@ class Sessions:
     async def gone(self) -> list[str]:
         """The holders on this host, other than this one, whose process is gone."""
         return [h.id for h in await self.coordination.holders()
-                if h.id != self.holder_id and h.gone_from(HOST)]
+                if h.id != self.holder_id and h.host == HOST and process_gone(h.pid)]
 
     def add(
         self, session_id: str, repo: str, state: State, config: Config, override: Runtime | None

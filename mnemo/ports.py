@@ -134,8 +134,7 @@ async def detect_dim(embedder: Embedder) -> int:
     """The embedder's dimension, letting one that learns it from its first reply ask first
     (reading `dim` raises while it is unknown). EmbeddingError: the request failed;
     InvalidInputError: no `dim`, or not a whole number from 1 to `MAX_DIM`."""
-    detect = getattr(embedder, "detect_dim", None)
-    if detect is not None:
+    if (detect := getattr(embedder, "detect_dim", None)) is not None:
         await detect()
     try:
         dim = embedder.dim

@@ -153,8 +153,7 @@ class IngestService:
                                     done=done, total=total)
 
         while (running := self._inflight.get(key)) is not None:
-            joined = await self._join(running, digest, source_id)
-            if joined is not None:
+            if (joined := await self._join(running, digest, source_id)) is not None:
                 await report("done", total)
                 return joined
             # The call it joined was cancelled (by its own caller): this one does the work.
@@ -187,8 +186,7 @@ class IngestService:
     async def _ingest_once(self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
                            runtime: IngestRuntime, report: Callable[[str, int], Awaitable[None]],
                            metadata: Metadata) -> IngestReceipt:
-        known = await self._known(repo, source_id, digest)
-        if known is not None:
+        if (known := await self._known(repo, source_id, digest)) is not None:
             return known
         check_runnable(runtime.embedder)  # before anything is stored
         receipt = None
@@ -271,8 +269,7 @@ class IngestService:
             except SourceTaken:
                 # Another Memory ingested the source meanwhile: its commit is the source's
                 # (or, forgotten since, the id is free: try again).
-                known = await self._known(repo, source_id, digest)
-                if known is not None:
+                if (known := await self._known(repo, source_id, digest)) is not None:
                     return known
 
     async def _annotate(self, episode: EpisodeRecord, trajectory: Trajectory,

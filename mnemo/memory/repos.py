@@ -66,8 +66,7 @@ class Repos:
     async def close_adapters(self) -> None:
         """Closes every adapter this Memory made; a failure is logged, the others still close."""
         for adapter in list(self._adapters.values()):
-            close = getattr(adapter, "aclose", None)
-            if close is not None:
+            if (close := getattr(adapter, "aclose", None)) is not None:
                 try:
                     await close()
                 except Exception:
@@ -224,8 +223,7 @@ class Repos:
         """`check(config)` before the store is read: with the repo's config as known, or, for
         an unknown repo, with every bound at its ceiling and again with the repo's once read.
         Raises what `check` raises; InvalidInputError: a bad name; NotFoundError: no such repo."""
-        runtime = self._runtimes.get(check_id(name, "repo"))
-        if runtime is not None:
+        if (runtime := self._runtimes.get(check_id(name, "repo"))) is not None:
             return check(runtime.config)
         check(ceilings())
         return check((await self.known(name)).config)

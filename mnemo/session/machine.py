@@ -111,8 +111,7 @@ def refuse_unless(session: SessionRecord, event: str, **facts: object) -> None:
     """Raises NotFoundError for an ended session, SessionError where the table refuses."""
     if session.ended:  # ended while this call waited for its turn
         raise NotFoundError("session", session.id)
-    reason = refusal(session, event, **facts)
-    if reason is not None:
+    if (reason := refusal(session, event, **facts)) is not None:
         raise SessionError(reason, state=session.state, session_id=session.id)
 
 
@@ -278,8 +277,7 @@ class TicketQueue:
         while self._serving in self._abandoned:
             self._abandoned.discard(self._serving)
             self._serving += 1
-        event = self._waiting.pop(self._serving, None)
-        if event is not None:
+        if (event := self._waiting.pop(self._serving, None)) is not None:
             event.set()
 
 

@@ -151,8 +151,7 @@ async def end_idle(live: Sessions) -> float:
         log.warning("idle sessions could not be ended: %r", exc)
         return STORE_RETRY
     for session_id, repo in swept.ended:
-        session = live.by_id.get(session_id)
-        if session is not None:
+        if (session := live.by_id.get(session_id)) is not None:
             await live.forget(session)
         await live.events.emit(
             "session_expired", session_id=session_id, repo=repo, state=State.IDLE, committed=False

@@ -218,7 +218,6 @@ class Transport(Closing):
         path: str,
         payload: Mapping[str, object],
         reply: type[R],
-        headers: Mapping[str, str] | None = None,
         *,
         budget: Budget | None = None,
         refusal: Callable[[HTTPFailure], bool] | None = None,
@@ -242,7 +241,7 @@ class Transport(Closing):
         while True:
             try:
                 return await self._attempt(
-                    path, body, reply, headers, estimate, budget, refusal, kind, max_tokens,
+                    path, body, reply, estimate, budget, refusal, kind, max_tokens,
                     retry=failures > 0,
                 )
             except _Retryable as failed:
@@ -273,8 +272,7 @@ class Transport(Closing):
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def _attempt(self, path: str, body: bytes, reply: type[R],
-                       headers: Mapping[str, str] | None, estimate: int, budget: Budget,
+    async def _attempt(self, path: str, body: bytes, reply: type[R], estimate: int, budget: Budget,
                        refusal: Callable[[HTTPFailure], bool] | None, kind: str,
                        max_tokens: int | None, *, retry: bool) -> R:
         """One attempt, charged to `budget` once it is sent (not when the gate refuses it)."""
@@ -301,7 +299,7 @@ class Transport(Closing):
             budget.charge(retry=retry)
             try:
                 with anyio.fail_after(seconds):
-                    response = await self._send(path, body, headers)
+                    response = await self._send(path, body)
             except TimeoutError as exc:
                 ticket.overloaded(timed_out=True)
                 raise _Retryable(f"no reply within {seconds:g}s", exc, timed_out=True) from exc
@@ -316,17 +314,13 @@ class Transport(Closing):
                 raise _Retryable(f"the reply could not be read: {exc!r}", exc) from exc
             return self._read(response, reply, estimate, refusal, ticket)
 
-    async def _send(
-        self, path: str, body: bytes, headers: Mapping[str, str] | None
-    ) -> httpx.Response:
+    async def _send(self, path: str, body: bytes) -> httpx.Response:
         """`AsyncClient.post` of `body`, read whole, without the steps that do nothing here."""
         client = self._client
         if client.is_closed:
             raise RuntimeError("Cannot send a request, as the client has been closed.")
-        if headers or client.cookies:
-            request = client.build_request(
-                "POST", path, content=body, headers={**_JSON_HEADERS, **(headers or {})}
-            )
+        if client.cookies:
+            request = client.build_request("POST", path, content=body, headers=_JSON_HEADERS)
         else:
             template = self._templates.get(path)
             if template is None:

@@ -286,21 +286,15 @@ class Paused(Exception):
 
 
 class RateGate:
-    """Client-side rate limits with a shared pause after a 429; buckets hold `burst_seconds` of
-    their rate, and callers pass in arrival order."""
+    """Client-side rate limits with a shared pause after a 429; buckets hold one second of their
+    rate, and callers pass in arrival order."""
 
-    def __init__(
-        self,
-        *,
-        requests_per_minute: float | None,
-        tokens_per_minute: float | None,
-        clock: Clock,
-        burst_seconds: float = 1.0,
-    ) -> None:
+    def __init__(self, *, requests_per_minute: float | None, tokens_per_minute: float | None,
+                 clock: Clock) -> None:
         now = clock.now()
         self._clock = clock
         self._requests, self._tokens = (
-            _Bucket(rate, max(1.0, rate / 60.0 * burst_seconds), now) if rate else None
+            _Bucket(rate, max(1.0, rate / 60.0), now) if rate else None
             for rate in (requests_per_minute, tokens_per_minute))
         self._paused_until = -math.inf
         self._lock = anyio.Lock()

@@ -223,8 +223,7 @@ class Budget:
         self.started = policy.clock.now()
         self.calls = self.retries = self.re_asks = 0
         self._next: Kind | None = None
-        # How many calls a transport took up (charging those it sends).
-        self.taken = 0
+        self.taken = 0  # calls a transport took up (charging those it sends)
         self._paused = 0
         self._paused_at = 0.0
 
@@ -403,11 +402,9 @@ class Limits:
         """The limiter of calls to this LLM provider under configs with this `llm_concurrency`:
         each setting caps the calls made under it, and configs with the same setting share it."""
         key = (id(llm), config.llm_concurrency)
-        entry = self._limiters.get(key)
-        if entry is None or entry[0] is not llm:
-            entry = (llm, anyio.CapacityLimiter(config.llm_concurrency))
-            self._limiters[key] = entry
-        return entry[1]
+        if key not in self._limiters:  # the entry holds `llm`: its id is not reused meanwhile
+            self._limiters[key] = (llm, anyio.CapacityLimiter(config.llm_concurrency))
+        return self._limiters[key][1]
 
     def llm_for(self, llm: LLM, config: Config, repo: str, session_id: str | None = None) -> LLM:
         """`llm` within its provider's limiter under `config`, booked to the repo (and session)."""

@@ -346,12 +346,11 @@ async def test_requests_per_minute_bucket() -> None:
     assert clock.sleeps == [0.5]
 
 
-async def test_nth_plus_one_request_in_a_minute_waits() -> None:
-    """With a minute's burst and rpm=N, N requests pass and the (N+1)th waits 60/N s."""
+async def test_a_slow_rate_holds_one_request_and_then_waits_its_interval() -> None:
+    """rpm=N below 60 holds a burst of one request: the next waits 60/N s."""
     clock = VirtualClock()
-    gate = RateGate(requests_per_minute=5, tokens_per_minute=None, clock=clock, burst_seconds=60)
-    for _ in range(5):
-        await gate.acquire(1)
+    gate = RateGate(requests_per_minute=5, tokens_per_minute=None, clock=clock)
+    await gate.acquire(1)
     assert clock.sleeps == []
     await gate.acquire(1)
     assert clock.sleeps == [pytest.approx(12.0)]

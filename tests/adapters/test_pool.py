@@ -40,9 +40,10 @@ async def test_a_transport_without_one_given_sends_through_the_pool(
 ) -> None:
     """A Transport made without `transport=` sends over aiohttp's pool, with its headers and
     JSON body as given."""
-    async with _transport(server.openai_url, headers={"authorization": "Bearer k"}) as t:
+    async with _transport(server.openai_url,
+                          headers={"authorization": "Bearer k", "x-trace": "1"}) as t:
         assert isinstance(t._client._transport, Pool)
-        reply = await t.post_json("/chat/completions", PAYLOAD, Completion, {"x-trace": "1"})
+        reply = await t.post_json("/chat/completions", PAYLOAD, Completion)
     assert reply.choices[0].message.content is not None
     (request,) = server.requests
     assert request.body == PAYLOAD

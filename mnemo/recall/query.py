@@ -200,29 +200,19 @@ class TagVectors:
 
     async def embed(self, embedder: Embedder, query: str, tags: Sequence[str]) -> Vector:
         """The vectors of `query` then of each of `tags`, as rows of one matrix."""
-        unique = dict.fromkeys(tags)
-        known = {tag: vector for tag in unique if (vector := self._get(embedder, tag)) is not None}
-        missing = [tag for tag in unique if tag not in known]
+        known: dict[str, Vector] = {}
+        for tag in dict.fromkeys(tags):
+            if (entry := self._kept.get((id(embedder), tag))) is not None:
+                self._kept.move_to_end((id(embedder), tag))
+                known[tag] = entry[1]
+        missing = [tag for tag in dict.fromkeys(tags) if tag not in known]
         fresh = await embed(query_side(embedder), [query, *missing])
         for tag, vector in zip(missing, fresh[1:], strict=True):
             known[tag] = vector
-            self._put(embedder, tag, vector)
+            self._kept[(id(embedder), tag)] = (embedder, vector.copy())
+            while len(self._kept) > self._size:
+                self._kept.popitem(last=False)
         return np.vstack([fresh[0], *(known[tag] for tag in tags)]) if tags else fresh
-
-    def _get(self, embedder: Embedder, tag: str) -> Vector | None:
-        entry = self._kept.get((id(embedder), tag))
-        if entry is None or entry[0] is not embedder:
-            return None
-        self._kept.move_to_end((id(embedder), tag))
-        return entry[1]
-
-    def _put(self, embedder: Embedder, tag: str, vector: Vector) -> None:
-        if self._size == 0:
-            return
-        self._kept[(id(embedder), tag)] = (embedder, vector.copy())
-        self._kept.move_to_end((id(embedder), tag))
-        while len(self._kept) > self._size:
-            self._kept.popitem(last=False)
 
 
 # How many of the best lexical hits feed back, and in how many of them a word must appear.

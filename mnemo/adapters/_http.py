@@ -87,9 +87,7 @@ class HTTPFailure(Exception):
 
     def names_any(self, words: tuple[str, ...]) -> bool:
         """Whether the message names one of `words` (never for a 408 or 429)."""
-        if self.status in (408, 429):
-            return False
-        return any(word in self.message.lower() for word in words)
+        return self.status not in (408, 429) and any(word in self.message.lower() for word in words)
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:

@@ -170,25 +170,21 @@ class Http:
                              for h in (name, f"{name}:*")])
 
 
-async def serve(tools: MemoryTools, http: Http | None = None) -> None:
-    """Serves MCP with `tools`, on stdin/stdout until the client closes it, or with `http`
-    until interrupted."""
-    if http is None:
-        await build_server(tools).run_stdio_async()
-    else:
-        await _serve_http(tools, http)
-
-
 class _Listener(uvicorn.Server):
-    """uvicorn's server, stopped by `_serve_http` on SIGINT or SIGTERM so the store is closed
-    before the process ends."""
+    """uvicorn's server, stopped by `serve` on SIGINT or SIGTERM so the store is closed before
+    the process ends."""
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
 
 
-async def _serve_http(tools: MemoryTools, http: Http) -> None:
+async def serve(tools: MemoryTools, http: Http | None = None) -> None:
+    """Serves MCP with `tools`, on stdin/stdout until the client closes it, or with `http`
+    until interrupted."""
+    if http is None:
+        await build_server(tools).run_stdio_async()
+        return
     shown = f"[{http.host}]" if ":" in http.host else http.host
     mcp = build_server(tools, token=http.token, url=f"http://{shown}:{http.port}")
     app = mcp.streamable_http_app(

@@ -51,6 +51,7 @@ Owner = Annotated[dict[str, str | int | float | bool] | None, Field(
     description="Who it belongs to, e.g. {\"user_id\": \"alice\"}: what it stores carries it "
                 "(what `where` selects).")]
 SessionId = Annotated[str, Field(description="From start_session.")]
+ThreadId = Annotated[str, Field(description="The conversation thread's id.")]
 Directory = Annotated[
     str | None, Field(description="A sub-folder of the memory directory (default: its root).")]
 Offset = Annotated[int, Field(description="Where to start (next_offset).", ge=0)]
@@ -183,7 +184,7 @@ class MemoryTools:
 
     async def save_messages(
         self,
-        thread_id: Annotated[str, Field(description="The conversation thread's id.")],
+        thread_id: ThreadId,
         messages: Annotated[
             list[dict[str, Any]],
             Field(description="The thread's whole history so far: dicts with role and content "
@@ -200,7 +201,7 @@ class MemoryTools:
 
     async def append_messages(
         self,
-        thread_id: Annotated[str, Field(description="The conversation thread's id.")],
+        thread_id: ThreadId,
         messages: Annotated[
             list[dict[str, Any]],
             Field(description="New messages only: dicts with role and content.")],
@@ -212,10 +213,7 @@ class MemoryTools:
         return await self._stored(thread_id, await self.mem.conversation().append(
             thread_id, messages, metadata=metadata))
 
-    async def purge_thread(
-        self,
-        thread_id: Annotated[str, Field(description="The conversation thread's id.")],
-    ) -> str:
+    async def purge_thread(self, thread_id: ThreadId) -> str:
         """Erases a conversation thread for good: its messages, summaries, snapshots, pins,
         search entries and vectors (threads belong to no repo: `forget` leaves them). Returns
         how many messages went; a thread of that id starts again at seq 0."""

@@ -97,8 +97,7 @@ class HnswAccelerator:
         """Starts the first build once the index holds more than `threshold` rows."""
         with self._lock:
             if not self._started and len(self._index) > self.threshold:
-                self._started = True
-                self._rebuild_due = True
+                self._started = self._rebuild_due = True
                 self._kick()
 
     def added(self, ids: Sequence[str]) -> None:

@@ -188,11 +188,7 @@ class Folder:
                 return
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._at(fd, name), dir_fd=fd)
-            if fd is None:
-                disk.fsync_directory(self.path)
-            else:
-                with contextlib.suppress(OSError):
-                    os.fsync(fd)
+            self._fsync(fd)
 
     def write(self, name: str, text: str) -> None:
         """Replaces the file `name` with `text`, all or nothing (a fsynced temporary file renamed
@@ -220,11 +216,14 @@ class Folder:
                 with contextlib.suppress(OSError):
                     os.unlink(temporary, dir_fd=fd)
                 raise
-            if fd is None:
-                disk.fsync_directory(self.path)
-            else:
-                with contextlib.suppress(OSError):
-                    os.fsync(fd)
+            self._fsync(fd)
+
+    def _fsync(self, fd: int | None) -> None:
+        if fd is None:
+            disk.fsync_directory(self.path)
+        else:
+            with contextlib.suppress(OSError):
+                os.fsync(fd)
 
     def open_lock(self, name: str) -> int:
         """A descriptor of the lock file `name` (created if missing), never through a link."""

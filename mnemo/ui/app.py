@@ -384,8 +384,7 @@ async def commit(request: Request) -> Response:
     diff = await view.commit_diff(repo, required(params, "id"))
     shown = diff.links[:MAX_LINKS_SHOWN]
     texts = await _texts(view, repo, diff, shown)
-    reworded = [n for n in [await view.memory.get_node(repo, i) for i in diff.commit.reworded]
-                if n]
+    reworded = [n for i in diff.commit.reworded if (n := await view.memory.get_node(repo, i))]
     goal = (await commit_goals(partial(view.memory.get_node, repo), [diff.commit])).get(
         diff.commit.id)
     return page(request, "commit.html", {

@@ -50,10 +50,13 @@ def memory_block(
     snapshots: Sequence[Snapshot], pinned: Sequence[Message], recalled: Sequence[SearchHit] = ()
 ) -> str:
     """The viewport's memory: snapshots (level 2, then 1), pins and recalled messages, or ""."""
-    lines = [f"[{'Long-range summary' if s.level >= 2 else 'Summary'} of messages "
-             f"{s.start_seq}-{s.end_seq}]\n{s.text}" for s in snapshots]
-    lines += [f"[Pinned message {m.seq}, {m.role}]\n{m.content}" for m in pinned]
-    lines += map(recalled_line, recalled)
+    lines: list[str] = []
+    for snap in snapshots:
+        kind = "Long-range summary" if snap.level >= 2 else "Summary"
+        lines.append(f"[{kind} of messages {snap.start_seq}-{snap.end_seq}]\n{snap.text}")
+    for message in pinned:
+        lines.append(f"[Pinned message {message.seq}, {message.role}]\n{message.content}")
+    lines.extend(recalled_line(hit) for hit in recalled)
     if not lines:
         return ""
     return untrusted(

@@ -161,6 +161,8 @@ class ConversationManager:
         if not isinstance(self.retrieval, Semantic):
             return None
         missing = [i for i in drafts if i not in done]
+        if not missing:  # nothing to ask the embedder, not even its dimension
+            return [done[i] for i in drafts]
         try:
             fresh = await self._service.embed([drafts[i].text for i in missing])
         except EmbeddingError:

@@ -49,3 +49,27 @@ async def test_a_semantic_load_embeds_what_it_lacks_in_batches(store: str) -> No
         embedder.sizes.clear()
         await semantic.load("t", query="note on the deploy")
         assert embedder.sizes == [1]
+
+
+class Probing(Batches):
+    """A `Batches` that, as an HTTP embedder, learns its dimension by asking (`detect_dim`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.probes = 0
+
+    async def detect_dim(self) -> int:
+        self.probes += 1
+        return self.dim
+
+
+async def test_a_save_or_append_with_nothing_new_asks_the_embedder_nothing(store: str) -> None:
+    history = [user("note on the deploy"), user("the rollout is done")]
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.conversation(retrieval=mnemo.Semantic(k=5)).save("t", history)
+    embedder = Probing()
+    async with mnemo.Memory(store, embedder=embedder) as mem:
+        semantic = mem.conversation(retrieval=mnemo.Semantic(k=5))
+        assert await semantic.save("t", history) == []
+        assert await semantic.append("t", []) == []
+        assert (embedder.sizes, embedder.probes) == ([], 0)

@@ -54,8 +54,9 @@ async def move(
     `then` is started right after the event fires, before anything else may run. `persist`
     writes with the record's version and returns the new one; on `StaleSession` the record
     is read again and the table asked again. `refuse` raises what else refuses the move,
-    checked under the lock; `facts` (the condition's arguments) are taken once. SessionError
-    where the table refuses `event`; NotFoundError when the session ended.
+    checked under the lock; `facts` (the condition's arguments) are taken once. False for a
+    session ended before the move; SessionError where the table refuses `event`; NotFoundError
+    when the session ends while its write is retried.
     """
     deadline = None
     async with session.lock:

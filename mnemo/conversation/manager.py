@@ -48,6 +48,7 @@ from mnemo.errors import (
     check_text,
 )
 from mnemo.graph.model import Vector
+from mnemo.graph.reads import MAX_OFFSET
 from mnemo.graph.scope import Metadata, check_metadata
 from mnemo.graph.vectors import unit
 from mnemo.ports import LLM, JSONObject
@@ -291,10 +292,16 @@ class ConversationManager:
         await self._expire(thread_id)
         return await self._service.store.compactions(thread_id)
 
-    async def raw(self, thread_id: str) -> list[Message]:
-        """Every stored message of the thread, by seq (after the ttl's erasure, if any)."""
+    async def raw(self, thread_id: str, *, from_seq: int = 0, limit: int | None = None,
+                  newest: bool = False) -> list[Message]:
+        """The thread's stored messages (after the ttl's erasure, if any) from seq `from_seq`
+        on, by seq: every one, or at most `limit`, the first ones or, with `newest`, the last
+        ones. InvalidInputError for a negative `from_seq` or `limit`."""
+        check_count("from_seq", from_seq, maximum=MAX_OFFSET)
+        if limit is not None:
+            check_count("limit", limit, maximum=MAX_OFFSET)
         await self._expire(thread_id)
-        return await self._service.store.raw(thread_id)
+        return await self._service.store.raw(thread_id, from_seq, limit, newest)
 
     async def count(self, thread_id: str) -> int:
         """How many messages the thread stores (after the ttl's erasure, if any)."""

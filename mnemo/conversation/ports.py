@@ -128,8 +128,10 @@ class ThreadStore(Protocol):
     async def compactions(self, thread_id: str) -> list[Compaction]:
         """The thread's compaction records, by start."""
 
-    async def raw(self, thread_id: str) -> list[Message]:
-        """Every stored message of the thread, by seq."""
+    async def raw(self, thread_id: str, from_seq: int = 0, limit: int | None = None,
+                  newest: bool = False) -> list[Message]:
+        """The thread's stored messages from seq `from_seq` on, by seq: at most `limit`, the
+        first ones or, with `newest`, the last ones."""
 
     async def count(self, thread_id: str) -> int:
         """How many messages the thread stores."""

@@ -79,9 +79,8 @@ class MnemoSession:
             return memory + [_item(m) for m in view.messages]
         if limit is not None and check_count("limit", limit, minimum=-(2**63)) < 0:
             limit = None
-        messages = await self._conversation.raw(self.session_id)
-        start = 0 if limit is None else max(len(messages) - limit, 0)
-        return [_item(m) for m in messages[start:]]
+        messages = await self._conversation.raw(self.session_id, limit=limit, newest=True)
+        return [_item(m) for m in messages]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Appends `items` after the session's items in one write; an item that is not a JSON dict

@@ -184,8 +184,11 @@ class SqlThreads(SqlStore):
     async def compactions(self, thread_id: str) -> list[Compaction]:
         return await self._driver.read(lambda sql: reads.read_compactions(sql, thread_id))
 
-    async def raw(self, thread_id: str) -> list[Message]:
-        return await self._driver.read(lambda sql: reads.read_messages(sql, thread_id))
+    async def raw(self, thread_id: str, from_seq: int = 0, limit: int | None = None,
+                  newest: bool = False) -> list[Message]:
+        messages = await self._driver.read(lambda sql: reads.read_messages(
+            sql, thread_id, from_seq=from_seq, order="DESC" if newest else "ASC", limit=limit))
+        return messages[::-1] if newest else messages
 
     async def count(self, thread_id: str) -> int:
         return await self._driver.read(

@@ -337,12 +337,14 @@ async def thread_page(request: Request) -> Response:
     known = {t.id: t for t in await mem.list_threads()}
     if (thread := known.get(thread_id)) is None:
         raise NotFoundError("thread", thread_id)
-    stored = await mem.conversation().raw(thread_id)
+    conversation = mem.conversation()
+    oldest = await conversation.raw(thread_id, limit=1)
     # Pages end at the next seq, LIST_LIMIT seqs apart, and start at `floor` (the oldest kept).
-    floor, newest = stored[0].seq if stored else thread.next_seq, thread.next_seq
+    floor, newest = oldest[0].seq if oldest else thread.next_seq, thread.next_seq
     start = whole(params, "start", max(floor, newest - LIST_LIMIT), low=0, high=newest)
     end = newest - (newest - start - 1) // LIST_LIMIT * LIST_LIMIT
-    messages = [m for m in stored if start <= m.seq < end]
+    messages = [m for m in await conversation.raw(thread_id, from_seq=start, limit=end - start)
+                if m.seq < end]
     seen = await mem.viewport(thread_id, token_budget=budget)
     # At the largest budget the viewport lists every snapshot and pin of a thread below it.
     everything = await mem.viewport(thread_id, token_budget=MAX_TOKEN_BUDGET)

@@ -6,10 +6,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 import mnemo
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.conversation.model import Message
 from mnemo.conversation.viewport import safe_cuts
+from mnemo.storage.threads import SqlThreads
 
 
 class ManualClock:
@@ -157,3 +160,17 @@ async def hidden(mem: mnemo.Memory, thread_id: str, token_budget: int) -> list[s
             for m in batch if m.id not in found
         ]
     return problems
+
+
+def count_log_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many messages each read of a thread's log returns, from now on."""
+    counts: list[int] = []
+    raw = SqlThreads.raw
+
+    async def counted(self: SqlThreads, *args: Any) -> list[Message]:
+        messages = await raw(self, *args)
+        counts.append(len(messages))
+        return messages
+
+    monkeypatch.setattr(SqlThreads, "raw", counted)
+    return counts

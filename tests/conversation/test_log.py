@@ -35,6 +35,31 @@ async def test_empty_load(cmem: mnemo.Memory) -> None:
     assert await conv.compactions("nobody") == []
 
 
+async def test_raw_reads_a_slice_by_seq(cmem: mnemo.Memory) -> None:
+    """`raw` gives the messages from a seq on, the first or the newest `limit` of them, oldest
+    first (seqs a pop freed are skipped); a negative or non-integer bound stores nothing."""
+    conv = cmem.conversation()
+    await conv.append("t", [user(f"note {i}") for i in range(6)])
+    await conv.pop("t")
+    await conv.append("t", [user("again")])  # seqs 0-4 and 6
+
+    def seqs(messages: list[Message]) -> list[int]:
+        return [m.seq for m in messages]
+
+    assert seqs(await conv.raw("t")) == [0, 1, 2, 3, 4, 6]
+    assert seqs(await conv.raw("t", from_seq=3)) == [3, 4, 6]
+    assert seqs(await conv.raw("t", from_seq=2, limit=2)) == [2, 3]
+    assert seqs(await conv.raw("t", limit=2, newest=True)) == [4, 6]
+    assert seqs(await conv.raw("t", from_seq=4, limit=9, newest=True)) == [4, 6]
+    assert await conv.raw("t", limit=0) == []
+    assert await conv.raw("t", from_seq=7) == []
+    bad: list[dict[str, Any]] = [
+        {"from_seq": -1}, {"limit": -1}, {"limit": True}, {"from_seq": 2**63}]
+    for arguments in bad:
+        with pytest.raises(mnemo.InvalidInputError):
+            await conv.raw("t", **arguments)
+
+
 async def test_seq_counts_from_zero(cmem: mnemo.Memory) -> None:
     """Messages get seq 0..n-1 in order, and load gives back what was saved."""
     conv = cmem.conversation(retrieval=mnemo.Recent(k=100))

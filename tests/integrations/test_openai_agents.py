@@ -11,6 +11,7 @@ import pytest
 
 import mnemo
 from tests.adapters.provider_server import Answer, ProviderServer
+from tests.conversation._support import count_log_reads
 
 # The real framework runs: an integration, beside the suite's unit tests (scripts/check).
 pytestmark = pytest.mark.slow
@@ -117,7 +118,9 @@ async def test_a_runner_keeps_two_turns_then_pops_and_clears(
     assert "user-42" not in [t.id for t in await mem.list_threads()]
 
 
-async def test_items_come_back_exactly_as_added(mem: mnemo.Memory) -> None:
+async def test_items_come_back_exactly_as_added(
+    mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every kind of item comes back equal to what was added, a limit gives the newest ones
     in order, and an item without a role is a message whose role and text mnemo reads."""
     from mnemo.integrations.openai_agents import ITEM_KEY, MnemoSession
@@ -128,7 +131,9 @@ async def test_items_come_back_exactly_as_added(mem: mnemo.Memory) -> None:
     await session.add_items(ITEMS[4:])
 
     assert await session.get_items() == ITEMS
+    read = count_log_reads(monkeypatch)
     assert await session.get_items(limit=2) == ITEMS[-2:]
+    assert read == [2]  # the newest two, not the whole log
     assert await session.get_items(limit=100) == ITEMS
     assert await session.get_items(limit=0) == []
     assert await session.get_items(limit=-1) == ITEMS  # as the SDK's SQLiteSession reads it

@@ -11,6 +11,7 @@ import pytest
 
 import mnemo
 from mnemo.ui.app import DEFAULT_BUDGET, LIST_LIMIT, create_app
+from tests.conversation._support import count_log_reads
 from tests.ui.conftest import BASE, REPO, THREAD, Sample, dump
 
 
@@ -207,12 +208,14 @@ async def test_threads_and_thread_page_show_boundary_snapshots_and_goal_pins(
 
 @pytest.mark.parametrize("popped", [False, True])
 async def test_long_thread_page_shows_one_page_and_links_the_others(
-    client: httpx.AsyncClient, memory: mnemo.Memory, popped: bool
+    client: httpx.AsyncClient, memory: mnemo.Memory, popped: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A thread longer than a page shows its newest `LIST_LIMIT` messages; the earlier and
-    later links reach every other message, a page at a time, pages ending at the newest (also
-    after a pop, whose seq is not reused)."""
+    """A thread longer than a page shows its newest `LIST_LIMIT` messages, reading no more of
+    the thread than its page; the earlier and later links reach every other message, a page at
+    a time, pages ending at the newest (also after a pop, whose seq is not reused)."""
     conv = memory.conversation()
+    read = count_log_reads(monkeypatch)
     await conv.append(
         "long", [{"role": "user", "content": f"note {i}"} for i in range(2 * LIST_LIMIT + 5)])
     if popped:
@@ -225,6 +228,8 @@ async def test_long_thread_page_shows_one_page_and_links_the_others(
         shown = [int(n) for n in re.findall(r'class="message [a-z]+" id="seq-(\d+)"', page.text)]
         assert 0 < len(shown) <= LIST_LIMIT
         seen = shown + seen
+        assert max(read) <= LIST_LIMIT
+        read.clear()
         earlier = re.search(r'id="earlier" href="([^"]+)"', page.text)
         address = earlier.group(1).replace("&amp;", "&") if earlier else None
     assert seen == [m.seq for m in await conv.raw("long")]

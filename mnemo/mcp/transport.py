@@ -25,12 +25,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.server import MCPServer
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
-from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp_types import (
-    INVALID_PARAMS,
     INVALID_REQUEST,
     PARSE_ERROR,
     ErrorData,
@@ -75,18 +74,18 @@ def validation_message(tool: str, exc: ValidationError) -> str:
 
 
 def check_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
-    """Refuses an unknown argument or a value of another type than its parameter's (strict), as
-    JSON-RPC "invalid params" (MCPError naming the arguments), before the tool runs."""
+    """Refuses an unknown argument or a value of another type than its parameter's (strict)
+    before the tool runs, as a tool error naming the arguments (the model sees it: SEP-1303)."""
     taken = tool.parameters.get("properties", {})
     unknown = [repr(clip(name, 64)) for name in arguments if name not in taken]
     if unknown:
-        raise MCPError(INVALID_PARAMS, clip(
+        raise ToolError(clip(
             f"unknown arguments for {tool.name}: {', '.join(unknown)} (it takes "
             f"{', '.join(taken)})", ERROR_CHARS))
     try:
         tool.fn_metadata.arg_model.model_validate(arguments, strict=True)
     except ValidationError as exc:
-        raise MCPError(INVALID_PARAMS, validation_message(tool.name, exc)) from exc
+        raise ToolError(validation_message(tool.name, exc)) from exc
 
 
 class _Bearer:

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from mcp import Client
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.shared.exceptions import MCPError
 from mcp.types import TextContent
 
 import mnemo
@@ -146,11 +145,13 @@ async def test_recall_memory_writes_only_with_reinforce(
 
 
 async def error_of(client: Client, tool: str, arguments: dict[str, Any]) -> str:
-    """The message of the JSON-RPC "invalid params" error a call is refused with."""
-    with pytest.raises(MCPError) as refused:
-        await client.call_tool(tool, arguments)
-    assert refused.value.error.code == -32602
-    return refused.value.error.message
+    """The text of the tool error a call is refused with (SEP-1303: a result the model reads,
+    not a JSON-RPC error)."""
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error
+    (content,) = result.content
+    assert isinstance(content, TextContent)
+    return content.text
 
 
 @pytest.mark.parametrize(
@@ -167,7 +168,7 @@ async def test_arguments_of_another_type_are_refused_not_coerced(
     mem: mnemo.Memory, tmp_path: Path, arguments: dict[str, Any], named: str
 ) -> None:
     """A recall whose argument is of another type than its parameter's ("5", true or 5.0 for
-    an integer, a number or a list for a string) is a JSON-RPC error naming the argument; the
+    an integer, a number or a list for a string) is a tool error naming the argument; the
     same call with the right type answers."""
     call = {"repo": REPO, "query": "gunicorn port", "k": 5}
     async with Client(build_server(MemoryTools(mem, tmp_path))) as client:
@@ -177,7 +178,7 @@ async def test_arguments_of_another_type_are_refused_not_coerced(
 
 
 async def test_unknown_arguments_are_named(mem: mnemo.Memory, tmp_path: Path) -> None:
-    """A call with arguments the tool does not take is a JSON-RPC error naming them (and what
+    """A call with arguments the tool does not take is a tool error naming them (and what
     the tool takes) instead of a call that drops them; a JSON string for a list is not
     parsed into one."""
     async with Client(build_server(MemoryTools(mem, tmp_path))) as client:

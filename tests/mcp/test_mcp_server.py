@@ -16,7 +16,6 @@ import anyio
 import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.shared.exceptions import MCPError
 from mcp.types import TextContent
 
 from mnemo.storage.ports import is_postgres
@@ -92,11 +91,12 @@ async def test_a_session_committed_over_mcp_is_recalled(tmp_path: Path, store: s
             get_node = next(tool for tool in listed.tools if tool.name == "get_node")
             assert f"a page of {PAGE_CHARS:,} characters" in (get_node.description or "")
 
-            with pytest.raises(MCPError) as refused:
-                await session.call_tool("recall", {"repo": "assistant", "query": "x", "k": 0})
-            assert refused.value.error.code == -32602
-            assert "\n" not in refused.value.error.message
-            assert "invalid arguments for recall: k:" in refused.value.error.message
+            refused = await session.call_tool("recall", {"repo": "assistant", "query": "x", "k": 0})
+            assert refused.is_error
+            (content,) = refused.content
+            assert isinstance(content, TextContent)
+            assert "\n" not in content.text
+            assert "invalid arguments for recall: k:" in content.text
 
             started = await call(
                 session, "start_session", goal="Deploy the blog", repo="assistant"

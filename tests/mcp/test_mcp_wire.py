@@ -47,7 +47,8 @@ PROTOCOL_ERRORS: list[tuple[bytes, object, int]] = [
     (b'{"jsonrpc":"2.0","id":5,"method":7}', 5, -32600),
     (recall(6, '{"repo":"r","query":"' + "a" * (MAX_REQUEST_BYTES + 10) + '"}'), 6, -32600),
 ]
-INVALID_PARAMS: list[tuple[bytes, object, str]] = [
+# Refused as tool errors, which the model reads (SEP-1303).
+INVALID_ARGUMENTS: list[tuple[bytes, object, str]] = [
     (recall(7, '{"repo":"r","query":"x","k":"5"}'), 7, "invalid arguments for recall: k: "),
     (recall(8, '{"repo":"r","query":"x","k":true}'), 8, "invalid arguments for recall: k: "),
     (recall(9, '{"repo":"r","query":"x","bogus":1}'), 9, "unknown arguments for recall: 'bogus'"),
@@ -94,10 +95,10 @@ async def test_every_line_is_answered(store: str, tmp_path: Path) -> None:
             for line, request, code in PROTOCOL_ERRORS:
                 reply = await ask(line)
                 assert (reply["id"], reply["error"]["code"]) == (request, code), reply
-            for line, request, text in INVALID_PARAMS:
+            for line, request, text in INVALID_ARGUMENTS:
                 reply = await ask(line)
-                assert (reply["id"], reply["error"]["code"]) == (request, -32602), reply
-                assert reply["error"]["message"].startswith(text), reply
+                assert (reply["id"], reply["result"]["isError"]) == (request, True), reply
+                assert reply["result"]["content"][0]["text"].startswith(text), reply
             listed = await ask(b'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":'
                                b'{"name":"list_repos","arguments":{}}}')
             assert json.loads(listed["result"]["content"][0]["text"])["repos"] == []

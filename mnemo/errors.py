@@ -334,7 +334,8 @@ def check_tree(value: object, what: str, *, limit: int,
                setting: str = "Config.max_text_chars") -> None:
     """Checks a JSON-like value without recursion: at most `MAX_JSON_DEPTH` deep, `limit`
     characters as JSON (counted as walked, so the cost is bounded by `limit`; the bound
-    `setting` names), and no string with a NUL or a lone surrogate; else InvalidInputError."""
+    `setting` names), only string keys, and no string with a NUL or a lone surrogate; else
+    InvalidInputError."""
     stack: list[tuple[object, int]] = [(value, 0)]
     size = 0
     while stack:
@@ -355,6 +356,9 @@ def check_tree(value: object, what: str, *, limit: int,
                     f"{what} must not contain a NUL character (U+0000) or a lone surrogate")
             continue
         if isinstance(item, Mapping):
+            if not all(isinstance(key, str) for key in item):
+                raise InvalidInputError(
+                    f"{what} has a key that is not a string (JSON would make it one)")
             children = [*item.keys(), *item.values()]
         elif isinstance(item, list | tuple):
             children = item

@@ -236,6 +236,8 @@ def test_message_stored_before_the_no_content_marker() -> None:
         [user("ok"), {"role": "user", "content": "x", "tool_calls": "nope"}],
         [user("ok"), {"role": "user", "content": "x", "when": object()}],
         [user("ok"), {"role": "user", "content": "x", "score": float("nan")}],
+        # JSON would give the key back as "1": the log would not hold what was saved.
+        [user("ok"), {"role": "user", "content": "x", "scores": {1: "top"}}],
     ],
 )
 async def test_bad_messages_store_nothing(cmem: mnemo.Memory, bad: Any) -> None:

@@ -357,10 +357,12 @@ async def test_a_put_killed_before_its_forget_leaves_the_newest(
 
 
 async def test_a_value_that_is_not_json_is_refused(mem: mnemo.Memory) -> None:
-    """A value holding what JSON cannot (a datetime, NaN) raises InvalidInputError and stores
-    nothing; the item it would have replaced stays."""
+    """A value holding what JSON cannot (a datetime, NaN, a key that is not a string, which
+    would come back as one) raises InvalidInputError and stores nothing; the item it would have
+    replaced stays."""
     store = MnemoStore(mem, REPO)
-    for bad in ({"when": datetime(2026, 1, 1)}, {"x": float("nan")}, {"x": {"y": {1, 2}}}):
+    for bad in ({"when": datetime(2026, 1, 1)}, {"x": float("nan")}, {"x": {"y": {1, 2}}},
+                {1: "x"}, {"x": {None: 2}}):
         with pytest.raises(mnemo.InvalidInputError):
             await store.aput(("ns",), "k", bad)
     assert await _nodes(mem) == []

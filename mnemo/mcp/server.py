@@ -4,6 +4,8 @@ Memory files live under one root, and a tool's `directory` must lie inside it.""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import KW_ONLY, dataclass, field
@@ -40,7 +42,7 @@ topic, and `recall_memory` reads those topic files back."""
 TOOL_NAMES = ("recall", "get_node", "search_messages", "view_messages", "save_messages",
               "append_messages", "purge_thread", "list_repos", "list_sessions", "start_session",
               "append", "close_and_commit", "discard_session", "end_session", "forget", "correct",
-              "persist_memory", "recall_memory")
+              "remember", "persist_memory", "recall_memory")
 # A scope: metadata key -> a value, or a list of values any of which matches.
 Where = Annotated[
     dict[str, str | int | float | bool | list[str | int | float | bool]] | None,
@@ -143,6 +145,27 @@ class MemoryTools:
         await self._check(repo)
         receipt = await self.mem.correct(repo, node_id, text)
         return dumps({"node_id": receipt.node_ids[0], "commit_id": receipt.changeset_id})
+
+    async def remember(
+        self,
+        repo: Annotated[str, Field(description="The repo to store the fact in.")],
+        text: Annotated[str, Field(description="The fact, self-contained, as it should read.")],
+        metadata: Owner = None,
+        source_id: Annotated[str | None, Field(
+            description="An id to forget it by (default: one made of the text and metadata).")
+        ] = None,
+    ) -> str:
+        """Stores one fact as it is, no model reading it; the same fact again stores nothing.
+        Returns the fact's id (a live fact of the same words in the scope, if there is one),
+        the commit's and the source id that `forget` erases it by. Errors: an unknown repo, a
+        blank or too long text, a source id already taken by another fact."""
+        await self._check(repo)
+        if source_id is None:
+            made = json.dumps([text, metadata], sort_keys=True, ensure_ascii=False)
+            source_id = "mcp-" + hashlib.sha256(made.encode("utf-8", "replace")).hexdigest()[:32]
+        receipt = await self.mem.remember(repo, text, source_id=source_id, metadata=metadata)
+        return dumps({"node_id": receipt.node_ids[0] if receipt.node_ids else None,
+                      "commit_id": receipt.changeset_id, "source_id": source_id})
 
     async def _working(self) -> Memory:
         return self.mem if self.worker is None else await self.worker()

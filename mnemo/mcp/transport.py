@@ -58,7 +58,7 @@ READ_ONLY = frozenset({"recall", "get_node", "search_messages", "view_messages",
 DESTRUCTIVE = frozenset({"discard_session", "end_session", "forget", "correct",
                          "persist_memory", "purge_thread"})
 IDEMPOTENT = READ_ONLY | {"save_messages", "discard_session", "end_session", "forget",
-                          "purge_thread"}
+                          "purge_thread", "remember"}
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8766
 PATH = "/mcp"

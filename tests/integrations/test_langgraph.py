@@ -361,8 +361,9 @@ async def test_a_value_that_is_not_json_is_refused(mem: mnemo.Memory) -> None:
     would come back as one) raises InvalidInputError and stores nothing; the item it would have
     replaced stays."""
     store = MnemoStore(mem, REPO)
-    for bad in ({"when": datetime(2026, 1, 1)}, {"x": float("nan")}, {"x": {"y": {1, 2}}},
-                {1: "x"}, {"x": {None: 2}}):
+    refused: list[Any] = [{"when": datetime(2026, 1, 1)}, {"x": float("nan")},
+                          {"x": {"y": {1, 2}}}, {1: "x"}, {"x": {None: 2}}]
+    for bad in refused:
         with pytest.raises(mnemo.InvalidInputError):
             await store.aput(("ns",), "k", bad)
     assert await _nodes(mem) == []

@@ -97,6 +97,38 @@ async def test_correct_retires_the_fact_in_a_commit(
         await tools.correct(REPO, old.id, "The worker binds port 8002.")
 
 
+async def test_remember_stores_a_fact_once_in_its_scope_and_forget_erases_it(
+    mem: mnemo.Memory, tools: MemoryTools
+) -> None:
+    """`remember` stores a fact as given in one call; the same call again stores nothing and
+    names the same fact; its scope keeps it from another user's recall; `forget` by the source
+    id it returns erases it; a blank text is refused before anything is stored."""
+    text = "Alice's preferred deploy window is Tuesday 10:00 UTC."
+    first = json.loads(await tools.remember(REPO, text, metadata={"user_id": "alice"}))
+    commits = len(await mem.history(REPO))
+    again = json.loads(await tools.remember(REPO, text, metadata={"user_id": "alice"}))
+    assert again == first
+    assert len(await mem.history(REPO)) == commits
+    node = await mem.get_node(REPO, first["node_id"])
+    assert node is not None
+    assert (node.text, node.type, node.metadata) == (
+        text, mnemo.NodeType.SEMANTIC, {"user_id": "alice"})
+
+    def found(recalled: str) -> list[str]:
+        return [m["node"]["id"] for m in json.loads(recalled)["memories"]]
+
+    assert first["node_id"] in found(
+        await tools.recall(REPO, "deploy window", where={"user_id": "alice"}))
+    assert found(await tools.recall(REPO, "deploy window", where={"user_id": "bob"})) == []
+    assert json.loads(await tools.forget(REPO, source_id=first["source_id"])) == {
+        "forgotten": 1}
+    assert await mem.get_node(REPO, first["node_id"]) is None
+    history = await mem.history(REPO)
+    with pytest.raises(ToolError, match="text"):
+        await tools.remember(REPO, "   ")
+    assert await mem.history(REPO) == history
+
+
 def hints_of(listed: Any) -> dict[str, Any]:
     return {tool.name: tool.annotations for tool in listed.tools}
 

@@ -43,6 +43,7 @@ TOOLS = {
     "end_session",
     "forget",
     "correct",
+    "remember",
 }
 
 

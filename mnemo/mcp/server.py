@@ -31,8 +31,9 @@ mnemo is long-term memory. Before a task, `recall` what the repo knows about it 
 `get_node` reads one memory whole). While working,
 `start_session` with the task's goal, `append` each step (what you observed, what you did), and
 `close_and_commit` at the end: the steps become facts and procedures that later `recall` calls
-find (`discard_session` drops a failed extraction, `end_session` ends a session). `correct`
-replaces a wrong fact (the old one is kept, retired), `forget` erases memories for good.
+find (`discard_session` drops a failed extraction, `end_session` ends a session). `remember`
+stores one fact as given, `correct` replaces a wrong fact (the old one is kept, retired),
+`forget` erases memories for good.
 `save_messages` stores a conversation (`append_messages` its new messages alone, and
 `purge_thread` erases one), and
 `search_messages` and `view_messages` search stored conversations; `list_repos` and

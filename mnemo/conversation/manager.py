@@ -296,7 +296,12 @@ class ConversationManager:
                   newest: bool = False) -> list[Message]:
         """The thread's stored messages (after the ttl's erasure, if any) from seq `from_seq`
         on, by seq: every one, or at most `limit`, the first ones or, with `newest`, the last
-        ones. InvalidInputError for a negative `from_seq` or `limit`."""
+        ones.
+
+        Raises:
+            InvalidInputError: a blank thread id, or a `from_seq` or `limit` that is not an
+                integer from 0 to 2**63 - 1.
+        """
         check_count("from_seq", from_seq, maximum=MAX_OFFSET)
         if limit is not None:
             check_count("limit", limit, maximum=MAX_OFFSET)

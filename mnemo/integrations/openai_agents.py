@@ -77,8 +77,8 @@ class MnemoSession:
             shown = view.to_messages()
             memory = cast("list[TResponseInputItem]", shown[: len(shown) - len(view.messages)])
             return memory + [_item(m) for m in view.messages]
-        if limit is not None and check_count("limit", limit, minimum=-(2**63)) < 0:
-            limit = None
+        if limit is not None and not 0 <= check_count("limit", limit, minimum=-(2**63)) < 2**63:
+            limit = None  # a negative one, or one past any log: all
         messages = await self._conversation.raw(self.session_id, limit=limit, newest=True)
         return [_item(m) for m in messages]
 

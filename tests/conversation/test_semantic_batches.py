@@ -64,6 +64,8 @@ class Probing(Batches):
 
 
 async def test_a_save_or_append_with_nothing_new_asks_the_embedder_nothing(store: str) -> None:
+    """With Semantic retrieval, a re-save of a stored history and an append of no message ask
+    the embedder nothing, not even its dimension (an HTTP embedder's request)."""
     history = [user("note on the deploy"), user("the rollout is done")]
     async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
         await mem.conversation(retrieval=mnemo.Semantic(k=5)).save("t", history)

@@ -137,6 +137,7 @@ async def test_items_come_back_exactly_as_added(
     assert await session.get_items(limit=100) == ITEMS
     assert await session.get_items(limit=0) == []
     assert await session.get_items(limit=-1) == ITEMS  # as the SDK's SQLiteSession reads it
+    assert await session.get_items(limit=2**70) == ITEMS
     own = {"role": "user", "content": "hi", ITEM_KEY: {"note": "the app's own field"}}
     await MnemoSession(mem, "own").add_items([own])  # type: ignore[list-item]
     assert await MnemoSession(mem, "own").get_items() == [own]

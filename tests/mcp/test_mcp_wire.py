@@ -1,7 +1,7 @@
 """`mnemo mcp` over stdio answers every line a client writes, as raw JSON-RPC lines to a real
 server process: a line it cannot read gets a JSON-RPC error carrying the request's id, a call
-whose arguments are of the wrong type or unknown gets the JSON-RPC error "invalid params"
-naming them, and the server goes on answering."""
+whose arguments are of the wrong type or unknown gets a tool error naming them, and the server
+goes on answering."""
 
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ async def test_every_line_is_answered(store: str, tmp_path: Path) -> None:
     """Over stdio, on each backend: a lone surrogate, 100,000-deep JSON, invalid UTF-8, a
     line that is not JSON, one that is not JSON-RPC and one past MAX_REQUEST_BYTES each get
     a JSON-RPC error with their id (null when the line names none); "5" or true for an
-    integer and an unknown argument get "invalid params" errors naming them; the server then
-    still answers."""
+    integer and an unknown argument get tool errors naming them; the server then still
+    answers."""
     args = [sys.executable, "-m", "mnemo", "mcp", "--db", store]
     if is_postgres(store):
         args += ["--memory-dir", str(tmp_path / "files")]

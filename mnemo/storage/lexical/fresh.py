@@ -249,7 +249,11 @@ def stored_doc(node_id: str, kind: str, stored: bytes) -> FreshDoc:
 def bm25(counts: Iterable[tuple[float, int]], length: int, average: float) -> float:
     """BM25 of a document from (idf, term frequency) of each query stem, in query order."""
     norm = K1 * (1 - B + B * length / average)
-    return sum((weight * tf * (K1 + 1) / (tf + norm) for weight, tf in counts if tf), 0.0)
+    score = 0.0  # added left to right: `sum` of floats rounds otherwise from Python 3.12 on
+    for weight, tf in counts:
+        if tf:
+            score += weight * tf * (K1 + 1) / (tf + norm)
+    return score
 
 
 def stored_score(stored: bytes, needles: Sequence[tuple[str, bytes, float]],

@@ -200,16 +200,16 @@ def times(node: NodeDraft, recorded: str) -> tuple[str | None, str | None]:
     return recorded, recorded if node.valid_from is None else node.valid_from.isoformat()
 
 
-# What a correction leaves out of the old fact's data: what restates the old wording or its
-# trajectory (a LangGraph item's value among them), which a forget of that source erases.
-RESTATED = ("concepts", "condition", "intent", "expected_outcome", "trajectory_id", "value")
+# What a correction keeps of the old fact's data: no words of its source (a forget of that
+# source erases them), only its confidence, its return score and a LangGraph item's address.
+KEPT = ("confidence", "return_score", "namespace", "key", "created_at")
 
 
 def correction(repo: str, old: Node, text: str, vector: Vector, generation: int) -> Changeset:
-    """A changeset of one fact, `text` (of `old`'s type, scope and data but `RESTATED`; a
+    """A changeset of one fact, `text` (of `old`'s type and scope, with its data's `KEPT`; a
     procedure's instruction is `text`), that supersedes and retires `old` when committed."""
     new_id = f"{old.type.value}_{uuid.uuid4().hex}"
-    data: JSONObject = {k: v for k, v in old.data.items() if k not in RESTATED}
+    data: JSONObject = {k: v for k, v in old.data.items() if k in KEPT}
     if old.type is NodeType.PROCEDURAL:
         data["instruction"] = text
     return Changeset(

@@ -154,13 +154,14 @@ class GraphMethods(Parts):
         return await self._graph.delete_nodes(repo, ids)
 
     async def correct(self, repo: str, node_id: str, text: str) -> CommitReceipt:
-        """Corrects a fact: commits `text` as a new fact of the old one's type, scope and data,
-        but for what restates the old wording (`graph.model.RESTATED`: a procedure's instruction
-        is `text`, a LangGraph item's value reads as `{"text": text}`), and
-        retires the old one as a contradicting fact does (the new one SUPERSEDES it). The
-        correction is a commit like any other (`revert` undoes it) and calls no model but the
-        repo's embedder. Returns the commit's receipt: the new fact's id, or, when a live fact
-        already says `text`, that fact's (it then supersedes the old one).
+        """Corrects a fact: commits `text` as a new fact of the old one's type and scope, with
+        none of the old data but its confidence, return score and a LangGraph item's address
+        (`graph.model.KEPT`: a procedure's instruction is `text`, an item's value reads as
+        `{"text": text}`), and retires the old one as a contradicting fact does (the new one
+        SUPERSEDES it). The correction is a commit like any other (`revert` undoes it) and
+        calls no model but the repo's embedder. Returns the commit's receipt: the new fact's
+        id, or, when a live fact already says `text`, that fact's (it then supersedes the old
+        one).
 
         Raises:
             InvalidInputError: a blank text or one past `Config.max_text_chars`, or a node that

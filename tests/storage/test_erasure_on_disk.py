@@ -335,6 +335,31 @@ async def test_forget_of_a_source_whose_words_a_shared_fact_took_leaves_no_byte(
         assert await searched(mem, "tomatoes")
 
 
+async def test_forget_of_a_corrected_facts_source_leaves_no_byte_of_its_data(
+    store: str, tmp_path: Path
+) -> None:
+    """A fact remembered with data of the caller's and then corrected: the correction keeps
+    none of that data, so forgetting the source leaves the correction (its own wording) and
+    no file holds the data."""
+    word, needle = planted()
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        remembered = await mem.remember(REPO, "The vault code is 7781.", source_id="note",
+                                        data={"origin": f"told by {word}", "confidence": 0.5})
+        corrected = await mem.correct(REPO, remembered.node_ids[0], "The vault code changed.")
+        node = await mem.get_node(REPO, corrected.node_ids[0])
+        assert node is not None
+        assert node.data == {"confidence": 0.5}
+        assert await rows_holding(mem, word)
+        assert holding(tmp_path, word, needle) or not is_sqlite(mem)
+
+        await mem.forget(REPO, "note")
+
+        assert await mem.get_node(REPO, corrected.node_ids[0]) == node
+        assert await rows_holding(mem, word) == {}
+        assert holding(tmp_path, word, needle) == []
+
+
 async def second_episode(mem: mnemo.Memory, word: str) -> str:
     """A session of repo "r" with a committed episode about tomatoes and a second, open,
     holding `word`; its id."""

@@ -309,13 +309,27 @@ def _numbers(value: object) -> object:
 
 
 def same_store(a: str, b: str) -> bool:
-    """Whether `a` and `b` name the same store (one file, or one PostgreSQL URL)."""
+    """Whether `a` and `b` name the same store: one file, or one database of one server
+    (whichever scheme, port spelling or other parameters its URLs have)."""
     if is_postgres(a) or is_postgres(b):
-        return a.rstrip("/") == b.rstrip("/")
+        return is_postgres(a) and is_postgres(b) and _database(a) == _database(b)
     first, second = Path(a), Path(b)
     if first.exists() and second.exists():
         return first.samefile(second)
     return first.resolve() == second.resolve()
+
+
+def _database(url: str) -> tuple[object, ...]:
+    """The server and database a PostgreSQL URL names (its text, where libpq cannot read it)."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        given = conninfo_to_dict(url)
+    except Exception:  # no driver, or a URL libpq refuses (opening it says why)
+        return (url.rstrip("/"),)
+    # libpq's defaults: port 5432, the database named as the user.
+    return given.get("host"), str(given.get("port") or 5432), given.get("dbname") or given.get(
+        "user")
 
 
 @asynccontextmanager

@@ -13,7 +13,15 @@ import pytest
 import mnemo
 from mnemo.storage.postgres.schema import vector_index_name
 from mnemo.storage.sqlite.dump import _WITHOUT_ROWID
-from mnemo.storage.transfer import TABLES, Row, Table, TransferReport, open_dump, transfer
+from mnemo.storage.transfer import (
+    TABLES,
+    Row,
+    Table,
+    TransferReport,
+    open_dump,
+    same_store,
+    transfer,
+)
 from tests.fakes import FakeEmbedder
 from tests.storage.filled import (
     MESSAGE_WORD,
@@ -230,3 +238,25 @@ async def test_an_interrupted_copy_carries_on(source: Path, pg_url: str) -> None
     assert 0 < report.copied < expected
     for table in TABLES:
         assert postgres_rows(pg_url, table) == sqlite_rows(source, table), table.name
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("postgresql://me@db.example/mem", "postgres://me@db.example/mem", True),
+        ("postgresql://db.example:5432/mem", "postgresql://db.example/mem?sslmode=require", True),
+        ("postgresql://me:pw@/mem?host=/run/pg", "postgres://you@/mem?host=/run/pg", True),
+        ("postgresql://db.example/mem", "postgresql://db.example/other", False),
+        ("postgresql://db.example/mem", "postgresql://db.example:5433/mem", False),
+        ("postgresql://one.example/mem", "postgresql://two.example/mem", False),
+        ("postgresql://db.example/mem", "mem.db", False),
+        ("postgresql://me@db.example", "postgresql://you@db.example", False),
+    ],
+)
+def test_one_database_is_the_same_store_however_its_urls_spell_it(
+    a: str, b: str, same: bool
+) -> None:
+    """Two URLs of one database of one server are one store (`mnemo migrate` refuses to copy
+    it onto itself), whichever scheme, port spelling, user or parameters they have."""
+    assert same_store(a, b) is same
+    assert same_store(b, a) is same

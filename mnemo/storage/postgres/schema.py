@@ -201,7 +201,8 @@ async def _ensure_extension(conn: Connection, name: str, package: str) -> None:
         raise StorageError(
             "extension_missing",
             f"{name}: this role may not create it; a superuser must run"
-            f" `CREATE EXTENSION {name}` in this database once",
+            f" `CREATE EXTENSION {name}` in this database once (for a trusted extension,"
+            " such as unaccent, granting this role CREATE on the database is enough)",
         ) from exc
 
 

@@ -149,6 +149,10 @@ def _has_input(conn: Connection) -> bool:
     return bool(readable)
 
 
+# How long the pool retries a lost connection before the next call that waits starts anew.
+RECONNECTING = 2.0
+
+
 class Postgres:
     def __init__(
         self,
@@ -172,6 +176,10 @@ class Postgres:
             min_size=min_size,
             max_size=max_size,
             timeout=max(busy_timeout, 0.001),
+            # A lost connection's reconnection backs off (1, 2, 4 s...) only this long, then
+            # the next call that waits starts one at once: a server back after an outage
+            # serves within seconds, not at the end of a backoff grown during the outage.
+            reconnect_timeout=RECONNECTING,
             open=False,
             name="mnemo",
             configure=register_vector,

@@ -200,16 +200,27 @@ def times(node: NodeDraft, recorded: str) -> tuple[str | None, str | None]:
     return recorded, recorded if node.valid_from is None else node.valid_from.isoformat()
 
 
-# What a correction keeps of the old fact's data: no words of its source (a forget of that
-# source erases them), only its confidence, its return score and a LangGraph item's address.
-KEPT = ("confidence", "return_score", "namespace", "key", "created_at")
+# What a correction keeps of the old fact's data, no words of its source (a forget of that
+# source erases them): its numbers, and a LangGraph item's address (its metadata's mark).
+NUMBERS = ("confidence", "return_score")
+ADDRESS = ("namespace", "key", "created_at")
+
+
+def kept(old: Node) -> JSONObject:
+    """Of `old`'s data, what a correction of it keeps."""
+    data: JSONObject = {k: v for k in NUMBERS if isinstance(v := old.data.get(k), int | float)
+                        and not isinstance(v, bool)}
+    if old.metadata.get("langgraph") is True:
+        data.update({k: old.data[k] for k in ADDRESS if k in old.data})
+    return data
 
 
 def correction(repo: str, old: Node, text: str, vector: Vector, generation: int) -> Changeset:
-    """A changeset of one fact, `text` (of `old`'s type and scope, with its data's `KEPT`; a
-    procedure's instruction is `text`), that supersedes and retires `old` when committed."""
+    """A changeset of one fact, `text` (of `old`'s type and scope, with what it `kept` of its
+    data; a procedure's instruction is `text`), that supersedes and retires `old` when
+    committed."""
     new_id = f"{old.type.value}_{uuid.uuid4().hex}"
-    data: JSONObject = {k: v for k, v in old.data.items() if k in KEPT}
+    data = kept(old)
     if old.type is NodeType.PROCEDURAL:
         data["instruction"] = text
     return Changeset(

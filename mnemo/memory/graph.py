@@ -156,7 +156,7 @@ class GraphMethods(Parts):
     async def correct(self, repo: str, node_id: str, text: str) -> CommitReceipt:
         """Corrects a fact: commits `text` as a new fact of the old one's type and scope, with
         none of the old data but its confidence, return score and a LangGraph item's address
-        (`graph.model.KEPT`: a procedure's instruction is `text`, an item's value reads as
+        (`graph.model.kept`: a procedure's instruction is `text`, an item's value reads as
         `{"text": text}`), and retires the old one as a contradicting fact does (the new one
         SUPERSEDES it). The correction is a commit like any other (`revert` undoes it) and
         calls no model but the repo's embedder. Returns the commit's receipt: the new fact's
@@ -241,9 +241,11 @@ class GraphMethods(Parts):
                 raise ConflictError(f"source {source_id!r} of repo {repo!r} is taken by another"
                                     " text, data or metadata; forget it first to replace it")
             first = await self._naming_joined(found[1], report=False)
-            if first.node_ids:
+            facts = [await self.get_node(repo, node_id) for node_id in first.node_ids]
+            if any(fact is not None and not fact.retired for fact in facts):
                 return first
-            await self._ingests.forget(repo, source_id)  # its fact was deleted: the id is free
+            # Its fact was deleted, or retired (corrected, contradicted): the id is free.
+            await self._ingests.forget(repo, source_id)
             return None
 
         if (first := await known()) is not None:

@@ -309,8 +309,8 @@ def _numbers(value: object) -> object:
 
 
 def same_store(a: str, b: str) -> bool:
-    """Whether `a` and `b` name the same store: one file, or one database of one server
-    (whichever scheme, port spelling or other parameters its URLs have)."""
+    """Whether `a` and `b` name the same store: one file, or PostgreSQL URLs of the same
+    host, address, port, database, service and options, whichever scheme they use."""
     if is_postgres(a) or is_postgres(b):
         return is_postgres(a) and is_postgres(b) and _database(a) == _database(b)
     first, second = Path(a), Path(b)
@@ -328,8 +328,8 @@ def _database(url: str) -> tuple[object, ...]:
     except Exception:  # no driver, or a URL libpq refuses (opening it says why)
         return (url.rstrip("/"),)
     # libpq's defaults: port 5432, the database named as the user.
-    return given.get("host"), str(given.get("port") or 5432), given.get("dbname") or given.get(
-        "user")
+    return (given.get("host"), given.get("hostaddr"), str(given.get("port") or 5432),
+            given.get("dbname") or given.get("user"), given.get("service"), given.get("options"))
 
 
 @asynccontextmanager

@@ -147,7 +147,7 @@ async def test_remember_again_of_the_same_fact_returns_the_first_receipt(store: 
     """A script run twice: `remember` of the same text, data and metadata under its source id
     stores nothing and returns the first receipt (also when the fact joined another, and for
     calls racing); another text, data or metadata under that id is ConflictError until it is
-    forgotten."""
+    forgotten; a fact deleted or retired since is stored again."""
     async with mnemo.Memory(store, embedder=HashEmbedder()) as mem:
         await mem.open_repo(REPO)
         args: dict[str, Any] = {"source_id": "note", "data": {"ticket": 42},
@@ -179,6 +179,14 @@ async def test_remember_again_of_the_same_fact_returns_the_first_receipt(store: 
         assert anew.node_ids
         assert anew.node_ids != again.node_ids
         assert await mem.get_node(REPO, anew.node_ids[0]) is not None
+        # Corrected since, the fact is retired: the same call stores it again, live.
+        await mem.correct(REPO, anew.node_ids[0], "The door code is 5555.")
+        back = await mem.remember(REPO, "The door code is 9999.", **args)
+        assert back.node_ids != anew.node_ids
+        fact = await mem.get_node(REPO, back.node_ids[0])
+        assert fact is not None
+        assert (fact.text, fact.retired) == ("The door code is 9999.", False)
+        assert await mem.remember(REPO, "The door code is 9999.", **args) == back
 
 
 async def test_remember_names_the_fact_its_words_joined(store: str) -> None:

@@ -344,8 +344,10 @@ async def test_forget_of_a_corrected_facts_source_leaves_no_byte_of_its_data(
     word, needle = planted()
     async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
         await mem.open_repo(REPO)
-        remembered = await mem.remember(REPO, "The vault code is 7781.", source_id="note",
-                                        data={"origin": f"told by {word}", "confidence": 0.5})
+        # Keys a correction keeps of a LangGraph item or as numbers, here the caller's words.
+        remembered = await mem.remember(REPO, "The vault code is 7781.", source_id="note", data={
+            "origin": f"told by {word}", "confidence": 0.5, "return_score": f"by {word}",
+            "key": word, "namespace": [word], "created_at": word})
         corrected = await mem.correct(REPO, remembered.node_ids[0], "The vault code changed.")
         node = await mem.get_node(REPO, corrected.node_ids[0])
         assert node is not None

@@ -251,12 +251,18 @@ async def test_an_interrupted_copy_carries_on(source: Path, pg_url: str) -> None
         ("postgresql://one.example/mem", "postgresql://two.example/mem", False),
         ("postgresql://db.example/mem", "mem.db", False),
         ("postgresql://me@db.example", "postgresql://you@db.example", False),
+        ("postgresql://?service=prod", "postgresql://?service=staging", False),
+        ("postgresql://?hostaddr=10.0.0.1&dbname=m", "postgresql://?hostaddr=10.0.0.2&dbname=m",
+         False),
+        ("postgresql://h/m?options=-csearch_path%3Da", "postgresql://h/m?options=-csearch_path%3Db",
+         False),
     ],
 )
 def test_one_database_is_the_same_store_however_its_urls_spell_it(
     a: str, b: str, same: bool
 ) -> None:
     """Two URLs of one database of one server are one store (`mnemo migrate` refuses to copy
-    it onto itself), whichever scheme, port spelling, user or parameters they have."""
+    it onto itself), whichever scheme, default port, user or other parameters they have; another
+    service, address or search path is another store."""
     assert same_store(a, b) is same
     assert same_store(b, a) is same

@@ -42,6 +42,7 @@ from mnemo.graph.ports import (
     GraphStore,
     IntentPolicy,
     SideWrite,
+    SourceForgotten,
     SourceRecorded,
     SourceTaken,
     StepsCommitted,
@@ -309,9 +310,12 @@ async def _apply_locked(
         if also:
             await target.write_side(also)
         return done
+    # A source this commit forgets first (its record giving way) is free for it.
+    freed = {write.source_id for write in also if isinstance(write, SourceForgotten)}
     for write in also:
         # Under the lock every commit of the repo takes: two ingests of one source cannot pass.
-        if isinstance(write, SourceRecorded) and await target.ingested(repo, write.source_id):
+        if (isinstance(write, SourceRecorded) and write.source_id not in freed
+                and await target.ingested(repo, write.source_id)):
             raise SourceTaken(write.source_id)
     index = await target.vector_index(repo)
     if changeset.nodes and index.generation != changeset.generation:

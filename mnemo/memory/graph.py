@@ -223,7 +223,7 @@ class GraphMethods(Parts):
         import uuid
 
         from mnemo.graph.model import Changeset, NodeDraft, NodeType, now_utc
-        from mnemo.graph.ports import SourceRecorded, SourceTaken
+        from mnemo.graph.ports import SideWrite, SourceForgotten, SourceRecorded, SourceTaken
 
         scoped = check_metadata(metadata)
         check_name(source_id, "source_id")
@@ -233,10 +233,13 @@ class GraphMethods(Parts):
             check_json(body, "data", limit=config.max_text_chars)))
         digest = hashlib.sha256(json.dumps([text, body, scoped], sort_keys=True).encode())
 
-        async def known() -> CommitReceipt | None:
+        async def known() -> CommitReceipt | list[SideWrite]:
+            """The first call's receipt while its fact is live, else what this call's commit
+            writes beside it: a record of the source id that gives way to its own (the fact
+            deleted, or retired by a correction or contradiction, which stays)."""
             found = await self._graph.ingested(repo, source_id)
             if found is None:
-                return None
+                return []
             if found[0] != digest.hexdigest():
                 raise ConflictError(f"source {source_id!r} of repo {repo!r} is taken by another"
                                     " text, data or metadata; forget it first to replace it")
@@ -244,11 +247,9 @@ class GraphMethods(Parts):
             facts = [await self.get_node(repo, node_id) for node_id in first.node_ids]
             if any(fact is not None and not fact.retired for fact in facts):
                 return first
-            # Its fact was deleted, or retired (corrected, contradicted): the id is free.
-            await self._ingests.forget(repo, source_id)
-            return None
+            return [SourceForgotten(repo, source_id)]
 
-        if (first := await known()) is not None:
+        if not isinstance(first := await known(), list):
             return first
         vector, generation, policy = await self._fact_vector(repo, NodeType.SEMANTIC, text)
         node = NodeDraft(f"semantic_{uuid.uuid4().hex}", NodeType.SEMANTIC, text, body, vector,
@@ -260,10 +261,10 @@ class GraphMethods(Parts):
         while True:
             try:
                 return await self._naming_joined(
-                    await self._graph.apply(changeset, intents=policy, also=[record]))
+                    await self._graph.apply(changeset, intents=policy, also=[*first, record]))
             except SourceTaken:
                 # Another call recorded the source meanwhile (or, forgotten since, it is free).
-                if (first := await known()) is not None:
+                if not isinstance(first := await known(), list):
                     return first
 
     async def _fact_vector(

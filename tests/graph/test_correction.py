@@ -179,14 +179,23 @@ async def test_remember_again_of_the_same_fact_returns_the_first_receipt(store: 
         assert anew.node_ids
         assert anew.node_ids != again.node_ids
         assert await mem.get_node(REPO, anew.node_ids[0]) is not None
-        # Corrected since, the fact is retired: the same call stores it again, live.
-        await mem.correct(REPO, anew.node_ids[0], "The door code is 5555.")
+        # Corrected since, the fact is retired: the same call stores it again, live, and the
+        # retired one stays, superseded, as the correction left it.
+        correction = await mem.correct(REPO, anew.node_ids[0], "The door code is 5555.")
         back = await mem.remember(REPO, "The door code is 9999.", **args)
         assert back.node_ids != anew.node_ids
         fact = await mem.get_node(REPO, back.node_ids[0])
         assert fact is not None
         assert (fact.text, fact.retired) == ("The door code is 9999.", False)
+        retired = await mem.get_node(REPO, anew.node_ids[0])
+        assert retired is not None
+        assert retired.retired
+        assert Link(correction.node_ids[0], retired.id, LinkType.SUPERSEDES) in await mem.links(
+            REPO)
         assert await mem.remember(REPO, "The door code is 9999.", **args) == back
+        await mem.forget(REPO, "note")  # both facts the source id stored go
+        assert await mem.get_node(REPO, retired.id) is None
+        assert await mem.get_node(REPO, fact.id) is None
 
 
 async def test_remember_names_the_fact_its_words_joined(store: str) -> None:
